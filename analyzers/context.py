@@ -1,0 +1,467 @@
+"""Shared per-file metadata that every rule reads during the one traversal.
+
+libcst's QualifiedNameProvider/ScopeProvider/PositionProvider cost several times the parse
+itself, so this module keeps its own cheaper equivalents:
+
+* an import table that resolves names through every import form and alias
+  (``import torch as th``, ``from torch import nn``, ``import torch.nn.functional as F``...);
+* scope-aware "last assignment" bindings, maintained in source order as the walk proceeds;
+* stacks of the enclosing functions, classes, loops and ``with`` blocks;
+* a parent map, and positions computed afterwards only for nodes that are reported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Union
+
+import libcst as cst
+
+FunctionNode = Union[cst.FunctionDef, cst.Lambda]
+LoopNode = Union[cst.For, cst.While]
+# Comprehensions iterate too: a call inside one runs once per element.
+ComprehensionNode = Union[cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp]
+
+
+def dotted_name(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """``a.b.c`` for a Name/Attribute chain, else None (calls, subscripts...)."""
+    parts: list[str] = []
+    while isinstance(expr, cst.Attribute):
+        parts.append(expr.attr.value)
+        expr = expr.value
+    if isinstance(expr, cst.Name):
+        parts.append(expr.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def call_receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """For ``x.y.step()`` the expression ``x.y``; None for plain function calls."""
+    func = call.func
+    return func.value if isinstance(func, cst.Attribute) else None
+
+
+def method_name(call: cst.Call) -> Optional[str]:
+    """For ``anything.step(...)`` the string ``"step"``; for ``f(...)`` the name ``"f"``."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    if isinstance(func, cst.Name):
+        return func.value
+    return None
+
+
+def keyword_arg(call: cst.Call, name: str) -> Optional[cst.Arg]:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def positional_args(call: cst.Call) -> list[cst.Arg]:
+    return [a for a in call.args if a.keyword is None and not a.star]
+
+
+def argument(call: cst.Call, position: int, name: str) -> Optional[cst.BaseExpression]:
+    """The value passed for a parameter, by keyword or by position."""
+    kw = keyword_arg(call, name)
+    if kw is not None:
+        return kw.value
+    positional = positional_args(call)
+    if position < len(positional):
+        return positional[position].value
+    return None
+
+
+def is_true(expr: Optional[cst.BaseExpression]) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "True"
+
+
+def is_false(expr: Optional[cst.BaseExpression]) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "False"
+
+
+def is_none(expr: Optional[cst.BaseExpression]) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def iter_names(expr: cst.CSTNode) -> Iterator[str]:
+    """Every dotted name used anywhere inside ``expr`` (cheap manual walk, no visitor)."""
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+        if name is not None:
+            yield name
+            if isinstance(node, cst.Attribute):
+                # also yield the prefixes: ``x.grad`` uses ``x``
+                continue
+        else:
+            stack.extend(node.children)
+
+
+def string_value(expr: Optional[cst.BaseExpression]) -> Optional[str]:
+    if isinstance(expr, cst.SimpleString):
+        try:
+            value = expr.evaluated_value
+        except Exception:  # pragma: no cover - odd prefixes
+            return None
+        return value if isinstance(value, str) else None
+    return None
+
+
+@dataclass
+class Binding:
+    """One assignment to a name (or dotted attribute target such as ``self.opt``)."""
+
+    value: Optional[cst.BaseExpression]  # None when the value is not a single expression
+    node: cst.CSTNode  # the statement/target node that assigned it
+    kind: str  # assign | augassign | annassign | for | with | param | import | def | walrus
+    loop: Optional[LoopNode]  # innermost loop (in the same function) at the assignment
+
+
+@dataclass
+class Scope:
+    node: Optional[cst.CSTNode]  # FunctionDef / ClassDef / Lambda, None for the module
+    bindings: dict[str, Binding] = field(default_factory=dict)
+
+
+class ImportTable:
+    """Maps local names to fully qualified ones from a file's import statements."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.modules: set[str] = set()  # every module imported from, fully qualified
+        self.star_modules: set[str] = set()
+
+    def add(self, node: Union[cst.Import, cst.ImportFrom]) -> None:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = dotted_name(alias.name)
+                if full is None:
+                    continue
+                self.modules.add(full)
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    self.names[alias.asname.name.value] = full
+                else:
+                    head = full.split(".", 1)[0]
+                    self.names[head] = head
+            return
+        if node.relative:
+            return  # project-local modules: never torch/sklearn
+        module = dotted_name(node.module) if node.module is not None else None
+        if module is None:
+            return
+        self.modules.add(module)
+        if isinstance(node.names, cst.ImportStar):
+            self.star_modules.add(module)
+            return
+        for alias in node.names:
+            name = dotted_name(alias.name)
+            if name is None:
+                continue
+            local = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self.names[local] = f"{module}.{name}"
+            self.modules.add(f"{module}.{name}")
+
+    def imports_root(self, root: str) -> bool:
+        prefix = root + "."
+        return any(m == root or m.startswith(prefix) for m in self.modules)
+
+    def resolve(self, dotted: str) -> Optional[str]:
+        head, _, rest = dotted.partition(".")
+        target = self.names.get(head)
+        if target is None:
+            return None
+        return f"{target}.{rest}" if rest else target
+
+
+def _collect_module_imports(module: cst.Module, table: ImportTable) -> None:
+    """Imports anywhere outside functions and classes (``try: import torch`` included).
+
+    Walks statements only, never expressions, so it costs next to nothing. Imports inside
+    functions are added during the main walk, before the code after them is visited.
+    """
+    stack: list[cst.CSTNode] = list(reversed(module.body))
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    table.add(small)
+        elif isinstance(stmt, (cst.If, cst.Try, cst.TryStar, cst.With, cst.For, cst.While, cst.Else,
+                               cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)):
+            body = stmt.body
+            children = list(body.body) if isinstance(body, (cst.IndentedBlock, cst.SimpleStatementSuite)) else []
+            for attr in ("orelse", "finalbody"):
+                extra = getattr(stmt, attr, None)
+                if extra is not None:
+                    children.append(extra)
+            children.extend(getattr(stmt, "handlers", ()))
+            stack.extend(reversed(children))
+
+
+class FileContext:
+    """Everything a rule may ask about the file and the node being visited."""
+
+    def __init__(self, path: str, source: str, module: cst.Module) -> None:
+        self.path = path
+        self.source = source
+        self.module = module
+        self.imports = ImportTable()
+        _collect_module_imports(module, self.imports)
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        # Enclosing structure, innermost last. Maintained by the engine's walker.
+        self.functions: list[FunctionNode] = []
+        self.classes: list[cst.ClassDef] = []
+        self.loops: list[LoopNode | ComprehensionNode] = []  # only loops whose *body* we are in
+        self.withs: list[cst.With] = []  # only ``with`` blocks whose body we are in
+        self.scopes: list[Scope] = [Scope(None)]
+        self.class_attributes: list[dict[str, Binding]] = []  # ``self.x = ...`` per enclosing class
+        # Every loop's enclosing function (None at module level), for "same function" checks.
+        self.loop_function: dict[cst.CSTNode, Optional[FunctionNode]] = {}
+
+    # ---- names -------------------------------------------------------------------------
+    def qualified_name(self, expr: Optional[cst.CSTNode]) -> Optional[str]:
+        """Fully qualified name of a Name/Attribute chain through the file's imports.
+
+        ``th.nn.functional.softmax`` → ``torch.nn.functional.softmax`` after ``import torch as th``;
+        also follows simple module aliases assigned in the file (``F = torch.nn.functional``).
+        Returns None for names that were not imported (locals, builtins...).
+        """
+        dotted = dotted_name(expr)
+        if dotted is None:
+            return None
+        resolved = self.imports.resolve(dotted)
+        if resolved is not None:
+            return resolved
+        head, _, rest = dotted.partition(".")
+        binding = self.binding(head)
+        if binding is not None and binding.kind == "assign" and isinstance(binding.value, (cst.Name, cst.Attribute)):
+            target = self.imports.resolve(dotted_name(binding.value) or "")
+            if target is not None:
+                return f"{target}.{rest}" if rest else target
+        return None
+
+    def call_name(self, call: cst.Call) -> Optional[str]:
+        """Qualified name of the called function, e.g. ``torch.load``; None if not imported."""
+        return self.qualified_name(call.func)
+
+    def is_call_to(self, node: Optional[cst.CSTNode], *names: str) -> bool:
+        return isinstance(node, cst.Call) and self.call_name(node) in names
+
+    def uses_torch(self) -> bool:
+        return self.imports.imports_root("torch") or self.imports.imports_root("lightning") or \
+            self.imports.imports_root("pytorch_lightning")
+
+    # ---- structure ---------------------------------------------------------------------
+    @property
+    def function(self) -> Optional[FunctionNode]:
+        return self.functions[-1] if self.functions else None
+
+    @property
+    def function_def(self) -> Optional[cst.FunctionDef]:
+        for fn in reversed(self.functions):
+            if isinstance(fn, cst.FunctionDef):
+                return fn
+        return None
+
+    @property
+    def class_def(self) -> Optional[cst.ClassDef]:
+        return self.classes[-1] if self.classes else None
+
+    @property
+    def loop(self) -> Optional[LoopNode | ComprehensionNode]:
+        """Innermost loop whose body encloses the current node, within the current function."""
+        if not self.loops:
+            return None
+        innermost = self.loops[-1]
+        return innermost if self.loop_function.get(innermost) is self.function else None
+
+    def loops_in_function(self) -> list[LoopNode | ComprehensionNode]:
+        fn = self.function
+        return [lp for lp in self.loops if self.loop_function.get(lp) is fn]
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.parents.get(node)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        current = self.parents.get(node)
+        while current is not None:
+            yield current
+            current = self.parents.get(current)
+
+    def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The simple statement (or compound statement header) that contains ``node``."""
+        current = node
+        while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            current = self.parents.get(current)
+        return current if current is not None else node
+
+    def inside(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+        return any(a is ancestor for a in self.ancestors(node))
+
+    def class_bases(self, cls: Optional[cst.ClassDef] = None) -> list[str]:
+        """Qualified (or, failing that, dotted) names of a class's bases."""
+        cls = cls or self.class_def
+        if cls is None:
+            return []
+        names = []
+        for base in cls.bases:
+            names.append(self.qualified_name(base.value) or dotted_name(base.value) or "")
+        return names
+
+    def is_module_subclass(self, cls: Optional[cst.ClassDef] = None) -> bool:
+        """True for ``class X(nn.Module)`` / Lightning modules / subclasses of a module class in this file."""
+        cls = cls or self.class_def
+        if cls is None:
+            return False
+        for base in self.class_bases(cls):
+            if base in MODULE_BASES or base.startswith("torch.nn.") and base.rsplit(".", 1)[-1][:1].isupper():
+                return True
+            if base in self.module_classes_in_file:
+                return True
+        return False
+
+    @property
+    def module_classes_in_file(self) -> set[str]:
+        cached = getattr(self, "_module_classes", None)
+        if cached is None:
+            cached = set()
+            self._module_classes = cached  # filled lazily below, classes referencing earlier ones
+            for stmt in self.module.body:
+                if isinstance(stmt, cst.ClassDef):
+                    for base in stmt.bases:
+                        name = self.qualified_name(base.value) or dotted_name(base.value) or ""
+                        if name in MODULE_BASES or name in cached or (
+                            name.startswith("torch.nn.") and name.rsplit(".", 1)[-1][:1].isupper()
+                        ):
+                            cached.add(stmt.name.value)
+                            break
+        return cached
+
+    def decorators_of(self, fn: Optional[FunctionNode]) -> list[str]:
+        if not isinstance(fn, cst.FunctionDef):
+            return []
+        out = []
+        for dec in fn.decorators:
+            expr = dec.decorator.func if isinstance(dec.decorator, cst.Call) else dec.decorator
+            out.append(self.qualified_name(expr) or dotted_name(expr) or "")
+        return out
+
+    def in_context_manager(self, *qualified: str) -> bool:
+        """Inside ``with <one of qualified>(...):`` or a function decorated with one of them."""
+        wanted = set(qualified)
+        for with_node in self.withs:
+            for item in with_node.items:
+                call = item.item if isinstance(item.item, cst.Call) else None
+                expr = call.func if call is not None else item.item
+                name = self.qualified_name(expr)
+                if name in wanted:
+                    if name == "torch.set_grad_enabled" and call is not None and is_true(argument(call, 0, "mode")):
+                        continue  # set_grad_enabled(True) enables grad
+                    return True
+        for fn in self.functions:
+            if any(d in wanted for d in self.decorators_of(fn)):
+                return True
+        return False
+
+    def in_no_grad(self) -> bool:
+        return self.in_context_manager(*NO_GRAD_CONTEXTS)
+
+    # ---- dataflow ------------------------------------------------------------------------
+    def binding(self, name: str) -> Optional[Binding]:
+        """The latest assignment (before the current point) of a name or ``self.attr`` target."""
+        for scope in reversed(self.scopes):
+            found = scope.bindings.get(name)
+            if found is not None:
+                return found
+            if scope.node is not None and isinstance(scope.node, cst.ClassDef):
+                continue  # class bodies do not enclose their methods' names
+        if name.startswith("self.") and self.class_attributes:
+            return self.class_attributes[-1].get(name)
+        return None
+
+    def assigned_value(self, name_or_expr: Union[str, cst.CSTNode, None]) -> Optional[cst.BaseExpression]:
+        """Where ``name`` was last assigned from (the value expression), if known."""
+        name = name_or_expr if isinstance(name_or_expr, str) else dotted_name(name_or_expr)
+        if name is None:
+            return None
+        binding = self.binding(name)
+        return binding.value if binding is not None else None
+
+    def origin(self, expr: Optional[cst.BaseExpression], depth: int = 4) -> Optional[cst.BaseExpression]:
+        """Follow plain name-to-name assignments to the expression that produced a value."""
+        seen = 0
+        while expr is not None and seen < depth and isinstance(expr, (cst.Name, cst.Attribute)):
+            value = self.assigned_value(expr)
+            if value is None:
+                return expr
+            expr = value
+            seen += 1
+        return expr
+
+    def origin_call_name(self, expr: Optional[cst.BaseExpression]) -> Optional[str]:
+        """``torch.optim.Adam`` for ``opt`` after ``opt = optim.Adam(...)``; None if unknown."""
+        value = self.origin(expr)
+        if isinstance(value, cst.Call):
+            return self.call_name(value)
+        return None
+
+    def record_binding(self, target: cst.BaseExpression, value: Optional[cst.BaseExpression],
+                       node: cst.CSTNode, kind: str) -> None:
+        loop = self.loop
+        loop = loop if isinstance(loop, (cst.For, cst.While)) else None
+        if isinstance(target, (cst.Tuple, cst.List)):
+            values = None
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
+                values = [e.value for e in value.elements]
+            for i, element in enumerate(target.elements):
+                self.record_binding(element.value, values[i] if values else None, node, kind)
+            return
+        if isinstance(target, cst.StarredElement):
+            self.record_binding(target.value, None, node, kind)
+            return
+        name = dotted_name(target)
+        if name is None:
+            return
+        binding = Binding(value, node, kind, loop)
+        self.scopes[-1].bindings[name] = binding
+        if name.startswith("self.") and self.class_attributes:
+            self.class_attributes[-1][name] = binding
+
+    # ---- positions -----------------------------------------------------------------------
+    def positions(self, nodes: Iterable[cst.CSTNode]) -> dict[cst.CSTNode, "cst.metadata.CodeRange"]:
+        """Positions for the given nodes only; one code generation pass over the module."""
+        return compute_positions(self.module, set(nodes))
+
+
+MODULE_BASES = {
+    "torch.nn.Module",
+    "torch.nn.modules.module.Module",
+    "torch.nn.modules.Module",
+    "lightning.LightningModule",
+    "lightning.pytorch.LightningModule",
+    "pytorch_lightning.LightningModule",
+    "pytorch_lightning.core.LightningModule",
+    "pytorch_lightning.core.module.LightningModule",
+}
+
+NO_GRAD_CONTEXTS = (
+    "torch.no_grad",
+    "torch.inference_mode",
+    "torch.autograd.no_grad",
+    "torch.autograd.grad_mode.no_grad",
+    "torch.autograd.grad_mode.inference_mode",
+    "torch.set_grad_enabled",  # only counts when its argument is not literally True
+)
+
+
+def compute_positions(module: cst.Module, wanted: set[cst.CSTNode]) -> dict[cst.CSTNode, "cst.metadata.CodeRange"]:
+    from libcst.metadata.position_provider import PositionProvider
+
+    provider = PositionProvider()
+    provider._gen_impl(module)  # fills provider._computed for every node: one codegen pass
+    computed = provider._computed
+    return {node: computed[node] for node in wanted if node in computed}

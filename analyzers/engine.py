@@ -1,0 +1,517 @@
+"""Parse each file once, walk it once, run every active rule on the shared context."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import libcst as cst
+
+from analyzers.config import Config
+from analyzers.context import FileContext, dotted_name
+from analyzers.model import FileError, FileResult, Finding, Fix, Severity
+from analyzers.rules import all_rules
+from analyzers.rules.base import Rule
+
+MAX_FILE_BYTES = 1_000_000  # ~25k lines; libcst needs >1 GB for files much larger than that
+ML_LIBRARIES = ("torch", "sklearn", "tensorflow", "lightning", "pytorch_lightning")
+_ML_HINT = re.compile(r"\b(?:torch|sklearn|tensorflow|lightning)\b")
+_SUPPRESS = re.compile(r"#\s*(?:torchreview\s*:\s*ignore|noqa)\b(?:\s*(?:\[|:)\s*([A-Za-z0-9_,\s-]+)\]?)?", re.I)
+_SKIP_FILE = re.compile(r"^\s*#\s*torchreview\s*:\s*skip-file\b", re.I | re.M)
+
+
+class _Walker(cst.CSTVisitor):
+    """Maintains the context's stacks and dispatches nodes to rule handlers."""
+
+    def __init__(self, ctx: FileContext, rules: list[Rule], on_rule_error) -> None:
+        self.ctx = ctx
+        self.visit_table: dict[type, list] = {}
+        self.leave_table: dict[type, list] = {}
+        for rule in rules:
+            for node_cls, name in type(rule)._visit_handlers.items():
+                self.visit_table.setdefault(node_cls, []).append((rule, getattr(rule, name)))
+            for node_cls, name in type(rule)._leave_handlers.items():
+                self.leave_table.setdefault(node_cls, []).append((rule, getattr(rule, name)))
+        self.on_rule_error = on_rule_error
+        self.failed: set[int] = set()
+        self.stack: list[cst.CSTNode] = []
+
+    def _dispatch(self, handlers, node) -> None:
+        ctx = self.ctx
+        for rule, handler in handlers:
+            if id(rule) in self.failed:
+                continue
+            try:
+                handler(node, ctx)
+            except Exception as exc:  # one broken rule must not stop the others
+                self.failed.add(id(rule))
+                self.on_rule_error(rule, exc)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        stack = self.stack
+        if stack:
+            parent = stack[-1]
+            ctx.parents[node] = parent
+            node_type = type(node)
+            if node_type is cst.IndentedBlock or node_type is cst.SimpleStatementSuite:
+                self._enter_block(parent, node)
+        else:
+            node_type = type(node)
+        stack.append(node)
+        if node_type is cst.FunctionDef or node_type is cst.Lambda:
+            ctx.functions.append(node)
+            ctx.scopes.append(_scope(node))
+            self._bind_params(node)
+        elif node_type is cst.ClassDef:
+            ctx.classes.append(node)
+            ctx.scopes.append(_scope(node))
+            ctx.class_attributes.append({})
+        elif node_type in _COMPREHENSIONS:
+            ctx.loop_function[node] = ctx.function
+            ctx.loops.append(node)
+        elif node_type is cst.Import or node_type is cst.ImportFrom:
+            if ctx.functions or ctx.classes:
+                ctx.imports.add(node)
+        handlers = self.visit_table.get(node_type)
+        if handlers:
+            self._dispatch(handlers, node)
+        return True
+
+    def _enter_block(self, parent: cst.CSTNode, block: cst.CSTNode) -> None:
+        parent_type = type(parent)
+        ctx = self.ctx
+        if (parent_type is cst.For or parent_type is cst.While) and parent.body is block:
+            if parent_type is cst.For:
+                # the target is bound from its iterable before the body runs
+                ctx.record_binding(parent.target, parent.iter, parent, "for")
+            ctx.loop_function[parent] = ctx.function
+            ctx.loops.append(parent)
+        elif parent_type is cst.With and parent.body is block:
+            ctx.withs.append(parent)
+
+    def on_leave(self, node: cst.CSTNode) -> None:
+        ctx = self.ctx
+        node_type = type(node)
+        handlers = self.leave_table.get(node_type)
+        if handlers:
+            self._dispatch(handlers, node)
+        stack = self.stack
+        stack.pop()
+        if node_type is cst.IndentedBlock or node_type is cst.SimpleStatementSuite:
+            parent = stack[-1] if stack else None
+            parent_type = type(parent)
+            if (parent_type is cst.For or parent_type is cst.While) and parent.body is node:
+                ctx.loops.pop()
+            elif parent_type is cst.With and parent.body is node:
+                ctx.withs.pop()
+        elif node_type is cst.FunctionDef or node_type is cst.Lambda:
+            ctx.functions.pop()
+            ctx.scopes.pop()
+            if node_type is cst.FunctionDef:
+                ctx.record_binding(node.name, None, node, "def")
+        elif node_type is cst.ClassDef:
+            ctx.classes.pop()
+            ctx.scopes.pop()
+            ctx.class_attributes.pop()
+            ctx.record_binding(node.name, None, node, "def")
+        elif node_type in _COMPREHENSIONS:
+            ctx.loops.pop()
+        elif node_type is cst.Assign:
+            for target in node.targets:
+                ctx.record_binding(target.target, node.value, node, "assign")
+            if not ctx.functions and not ctx.classes:
+                self._maybe_module_alias(node)
+        elif node_type is cst.AnnAssign:
+            ctx.record_binding(node.target, node.value, node, "annassign")
+        elif node_type is cst.AugAssign:
+            ctx.record_binding(node.target, node, node, "augassign")
+        elif node_type is cst.NamedExpr:
+            ctx.record_binding(node.target, node.value, node, "walrus")
+        elif node_type is cst.WithItem:
+            if node.asname is not None:
+                ctx.record_binding(node.asname.name, node.item, node, "with")
+        elif node_type is cst.CompFor:
+            ctx.record_binding(node.target, None, node, "for")
+
+    # libcst calls these for every attribute of every node; nothing here needs them.
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        return None
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        return None
+
+    def _bind_params(self, fn) -> None:
+        params = fn.params
+        for group in (params.posonly_params, params.params, params.kwonly_params):
+            for param in group:
+                self.ctx.record_binding(param.name, param.default, param, "param")
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                self.ctx.record_binding(star.name, None, star, "param")
+
+    def _maybe_module_alias(self, node: cst.Assign) -> None:
+        # ``F = torch.nn.functional`` makes F resolve like an import alias.
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            resolved = self.ctx.qualified_name(node.value) if isinstance(node.value, (cst.Name, cst.Attribute)) else None
+            if resolved and resolved.split(".", 1)[0] in ML_LIBRARIES:
+                self.ctx.imports.names[node.targets[0].target.value] = resolved
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _scope(node):
+    from analyzers.context import Scope
+
+    return Scope(node)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running rules over one source string
+
+
+def imported_libraries(ctx: FileContext) -> set[str]:
+    libraries = {lib for lib in ML_LIBRARIES if ctx.imports.imports_root(lib)}
+    if libraries & {"lightning", "pytorch_lightning"}:
+        libraries.add("torch")  # Lightning code is torch code
+    return libraries
+
+
+def analyze_source(source: str, path: str = "<string>", config: Optional[Config] = None,
+                   rules: Optional[Sequence[type[Rule]]] = None) -> FileResult:
+    """Analyze Python source text. ``rules`` overrides the config's selection (used by tests)."""
+    config = config or Config()
+    result = FileResult(path)
+    if _SKIP_FILE.search(source):
+        return result
+    if not _ML_HINT.search(source):
+        return result  # cannot import torch/sklearn: not ML code, not worth a parse
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        result.errors.append(FileError(path, "syntax-error", f"line {exc.raw_line}, column {exc.raw_column}: {exc.message}"))
+        return result
+    except RecursionError:
+        result.errors.append(FileError(path, "syntax-error", "expression nested too deeply to parse"))
+        return result
+    ctx = FileContext(path, source, module)
+    libraries = imported_libraries(ctx)
+    candidates = rules if rules is not None else config.enabled_rules(all_rules())
+    classes = [cls for cls in candidates if cls.requires in libraries]
+    if not classes:
+        return result
+    result.analyzed = True
+    instances = [cls(ctx) for cls in classes]
+
+    def rule_error(rule: Rule, exc: BaseException) -> None:
+        result.errors.append(FileError(path, "rule-error", f"{rule.id} ({rule.slug}) failed: {type(exc).__name__}: {exc}"))
+
+    walker = _Walker(ctx, instances, rule_error)
+    try:
+        module.visit(walker)
+    except RecursionError:
+        result.errors.append(FileError(path, "rule-error", "code nested too deeply to analyze"))
+        return result
+    for rule in instances:
+        if id(rule) in walker.failed:
+            continue
+        try:
+            rule.end_file(ctx)
+        except Exception as exc:
+            rule_error(rule, exc)
+    pending = [(rule, p) for rule in instances for p in rule.pending]
+    if not pending:
+        return result
+    positions = ctx.positions(p.node for _, p in pending)
+    lines = source.splitlines(keepends=True)
+    suppressions = _suppressions(lines) if ("noqa" in source or "torchreview" in source) else {}
+    seen: set[tuple] = set()
+    for rule, p in pending:
+        pos = positions.get(p.node)
+        if pos is None:
+            continue
+        start, end = pos.start, pos.end
+        if _suppressed(suppressions, rule.id, start.line, end.line):
+            continue
+        severity = config.severity_for(rule.id, p.severity or rule.severity)
+        key = (rule.id, start.line, start.column, p.message)
+        if key in seen:
+            continue
+        seen.add(key)
+        fix = _render_fix(module, lines, pos, p.replacement) if p.replacement is not None else None
+        result.findings.append(Finding(
+            path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
+            rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
+            message=p.message, fix=fix,
+        ))
+    result.findings = [f for f in result.findings if f.severity >= config.min_severity]
+    result.findings.sort(key=lambda f: f.sort_key)
+    return result
+
+
+def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode) -> Optional[Fix]:
+    start, end = pos.start, pos.end
+    if start.line < 1 or end.line > len(lines):
+        return None
+    first = lines[start.line - 1]
+    last = lines[end.line - 1]
+    new_code = module.code_for_node(replacement)
+    newline = "\n" if not last.endswith("\r\n") else "\r\n"
+    tail = last[end.column:].rstrip("\r\n")
+    text = first[: start.column] + new_code + tail + newline
+    return Fix(start.line, end.line, text)
+
+
+def _suppressions(lines: list[str]) -> dict[int, Optional[set[str]]]:
+    """line number -> set of suppressed rule ids (None: every rule)."""
+    out: dict[int, Optional[set[str]]] = {}
+    for number, line in enumerate(lines, 1):
+        if "#" not in line:
+            continue
+        match = _SUPPRESS.search(line)
+        if not match:
+            continue
+        codes = match.group(1)
+        if not codes:
+            out[number] = None
+            continue
+        ids = {c.strip().upper() for c in re.split(r"[,\s]+", codes) if c.strip()}
+        ids = {c for c in ids if c.startswith("TR")}
+        if "noqa" in match.group(0).lower() and not ids:
+            continue  # ``# noqa: E501`` is for other linters
+        out[number] = ids or None
+    return out
+
+
+def _suppressed(table: dict[int, Optional[set[str]]], rule_id: str, line: int, end_line: int) -> bool:
+    for number in (line, end_line):
+        if number in table:
+            ids = table[number]
+            if ids is None or rule_id in ids:
+                return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and notebooks
+
+
+def read_source(path: Path, display: str) -> tuple[Optional[str], Optional[FileError]]:
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            return None, FileError(display, "too-large", f"{size} bytes is over the {MAX_FILE_BYTES}-byte limit; not analyzed")
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, FileError(display, "read-error", str(exc))
+    return decode_source(data, display)
+
+
+def decode_source(data: bytes, display: str) -> tuple[Optional[str], Optional[FileError]]:
+    if len(data) > MAX_FILE_BYTES:
+        return None, FileError(display, "too-large", f"{len(data)} bytes is over the {MAX_FILE_BYTES}-byte limit; not analyzed")
+    if b"\x00" in data[:8192]:
+        return None, FileError(display, "binary-file", "contains NUL bytes; not a text file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return None, FileError(display, "decode-error", f"not valid UTF-8 at byte {exc.start}: {exc.reason}")
+    return text, None
+
+
+_MAGIC = re.compile(r"^\s*(?:[%!?]|\w+\?\s*$)")
+
+
+def analyze_notebook_text(text: str, path: str, config: Config) -> FileResult:
+    """Analyze a notebook's code cells as one program; report cell numbers and cell lines."""
+    result = FileResult(path)
+    try:
+        notebook = json.loads(text)
+        cells = notebook["cells"] if isinstance(notebook, dict) else None
+        if not isinstance(cells, list):
+            raise ValueError("no 'cells' list")
+    except (ValueError, KeyError, TypeError) as exc:
+        result.errors.append(FileError(path, "notebook-error", f"not a readable .ipynb notebook: {exc}"))
+        return result
+    pieces: list[str] = []
+    line_map: list[tuple[int, int]] = []  # program line -> (cell number, line in cell)
+    cell_sources: list[tuple[int, str]] = []
+    for number, cell in enumerate(cells, 1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else str(source)
+        # IPython magics and shell escapes are not Python: blank them, keep the line count.
+        cell_lines = [("" if _MAGIC.match(line) else line) for line in source.split("\n")]
+        source = "\n".join(cell_lines)
+        cell_sources.append((number, source))
+        for i in range(len(cell_lines)):
+            line_map.append((number, i + 1))
+        pieces.append(source)
+    program = "\n".join(pieces) + "\n"
+    combined = analyze_source(program, path, config)
+    if not any(e.kind == "syntax-error" for e in combined.errors):
+        _remap(combined, line_map)
+        return combined
+    # One broken cell should not hide the others: fall back to cell by cell.
+    result.analyzed = False
+    for number, source in cell_sources:
+        part = analyze_source(source + "\n", path, config)
+        for error in part.errors:
+            result.errors.append(FileError(path, error.kind, f"cell {number}: {error.message}"))
+        for f in part.findings:
+            result.findings.append(_with_cell(f, number, f.line, f.end_line))
+        result.analyzed |= part.analyzed
+    return result
+
+
+def _with_cell(f: Finding, cell: int, line: int, end_line: int) -> Finding:
+    fix = f.fix
+    if fix is not None:
+        fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement)
+    return Finding(f.path, line, f.column, end_line, f.end_column, f.rule, f.slug, f.category, f.severity,
+                   f.message, fix, cell)
+
+
+def _remap(result: FileResult, line_map: list[tuple[int, int]]) -> None:
+    remapped = []
+    for f in result.findings:
+        if f.line - 1 >= len(line_map):
+            continue
+        cell, line = line_map[f.line - 1]
+        end_cell, end_line = line_map[min(f.end_line, len(line_map)) - 1]
+        if end_cell != cell:
+            end_line = line
+        remapped.append(_with_cell(f, cell, line, end_line))
+    result.findings = remapped
+
+
+def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Config] = None) -> FileResult:
+    config = config or Config()
+    display = display or str(path)
+    text, error = read_source(path, display)
+    if error is not None:
+        result = FileResult(display)
+        result.errors.append(error)
+        return result
+    return analyze_text(text, display, config)
+
+
+def analyze_text(text: str, display: str, config: Config) -> FileResult:
+    if display.endswith(".ipynb"):
+        return analyze_notebook_text(text, display, config)
+    return analyze_source(text, display, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Many files
+
+
+@dataclass
+class RunResult:
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[FileError] = field(default_factory=list)
+    files: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "findings": [f.to_dict() for f in self.findings],
+            "errors": [e.to_dict() for e in self.errors],
+            "stats": {"files": self.files, "seconds": round(self.seconds, 3)},
+        }
+
+
+def discover(paths: Iterable[str], config: Config) -> list[tuple[Path, str]]:
+    """Expand files and directories into (path, display path) for .py and .ipynb files."""
+    out: list[tuple[Path, str]] = []
+    seen: set[str] = set()
+    for raw in paths:
+        root = Path(raw)
+        if root.is_dir():
+            candidates = []
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
+                for name in sorted(filenames):
+                    if name.endswith((".py", ".ipynb")):
+                        candidates.append(Path(dirpath) / name)
+        else:
+            candidates = [root]
+        for candidate in candidates:
+            display = candidate.as_posix()
+            if display.startswith("./"):
+                display = display[2:]
+            if display in seen:
+                continue
+            explicit = not root.is_dir()
+            if not explicit and not config.path_included(display):
+                continue
+            if explicit and config.path_excluded(display):
+                continue
+            seen.add(display)
+            out.append((candidate, display))
+    return out
+
+
+_SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", ".venv", "venv", ".git", ".tox", "build", "dist"}
+
+
+def _analyze_one(args: tuple[str, str, Config]) -> FileResult:
+    path, display, config = args
+    return analyze_file(Path(path), display, config)
+
+
+def analyze_paths(paths: Iterable[str], config: Optional[Config] = None, jobs: Optional[int] = None) -> RunResult:
+    config = config or Config()
+    started = time.perf_counter()
+    files = discover(paths, config)
+    return analyze_files(files, config, jobs, started)
+
+
+def analyze_files(files: list[tuple[Path, str]], config: Config, jobs: Optional[int] = None,
+                  started: Optional[float] = None) -> RunResult:
+    started = started if started is not None else time.perf_counter()
+    jobs = jobs or os.cpu_count() or 1
+    work = [(str(p), d, config) for p, d in files]
+    run = RunResult(files=len(work))
+    if jobs <= 1 or len(work) < 4:
+        results = map(_analyze_one, work)
+        _collect(run, results)
+    else:
+        # Larger files first so one big file does not finish last on an idle pool.
+        work.sort(key=lambda w: -_size(w[0]))
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            _collect(run, pool.map(_analyze_one, work, chunksize=4))
+    run.findings.sort(key=lambda f: f.sort_key)
+    run.errors.sort(key=lambda e: (e.path, e.kind))
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _collect(run: RunResult, results: Iterable[FileResult]) -> None:
+    for result in results:
+        run.findings.extend(result.findings)
+        run.errors.extend(result.errors)
+
+
+def fails(findings: Iterable[Finding], level: Severity) -> bool:
+    return any(f.severity >= level for f in findings)
+
+
+__all__ = [
+    "analyze_source", "analyze_file", "analyze_text", "analyze_paths", "analyze_files", "discover", "RunResult",
+    "dotted_name", "fails", "MAX_FILE_BYTES",
+]

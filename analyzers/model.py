@@ -1,0 +1,134 @@
+"""The values the engine produces: severities, categories, findings, fixes and per-file errors."""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+
+class Severity(enum.IntEnum):
+    """Ordered so that ``Severity.HIGH > Severity.MEDIUM`` reads naturally."""
+
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+    CRITICAL = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: "str | Severity") -> "Severity":
+        if isinstance(value, Severity):
+            return value
+        try:
+            return cls[str(value).strip().upper()]
+        except KeyError:
+            choices = ", ".join(s.label for s in cls)
+            raise ValueError(f"unknown severity {value!r} (choose one of {choices})") from None
+
+
+class Category(str, enum.Enum):
+    TRAINING = "training-loop"
+    INFERENCE = "inference"
+    ARCHITECTURE = "architecture"
+    NUMERICS = "numerics"
+    AUTOGRAD = "autograd"
+    SECURITY = "serialization"
+    DEVICE = "device-performance"
+    DEPRECATION = "mixed-precision-deprecation"
+    REPRODUCIBILITY = "reproducibility"
+    DATA_LEAKAGE = "data-leakage"
+
+    @property
+    def title(self) -> str:
+        return {
+            "training-loop": "Training loop",
+            "inference": "Inference",
+            "architecture": "Architecture",
+            "numerics": "Numerics",
+            "autograd": "Autograd",
+            "serialization": "Serialization & security",
+            "device-performance": "Device & performance",
+            "mixed-precision-deprecation": "Mixed precision & deprecations",
+            "reproducibility": "Reproducibility",
+            "data-leakage": "Data leakage",
+        }[self.value]
+
+
+@dataclass(frozen=True)
+class Fix:
+    """Replace source lines ``start_line..end_line`` (1-based, inclusive) with ``replacement``.
+
+    Whole lines, so the fix renders directly as a GitHub committable suggestion.
+    """
+
+    start_line: int
+    end_line: int
+    replacement: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def apply(self, source: str) -> str:
+        lines = source.splitlines(keepends=True)
+        return "".join(lines[: self.start_line - 1]) + self.replacement + "".join(lines[self.end_line:])
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    rule: str
+    slug: str
+    category: str
+    severity: Severity
+    message: str
+    fix: Optional[Fix] = None
+    cell: Optional[int] = None  # notebook cell number (1-based) when the file is a .ipynb
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "path": self.path,
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+            "rule": self.rule,
+            "slug": self.slug,
+            "category": self.category,
+            "severity": self.severity.label,
+            "message": self.message,
+            "fix": self.fix.to_dict() if self.fix else None,
+        }
+        if self.cell is not None:
+            data["cell"] = self.cell
+        return data
+
+    @property
+    def sort_key(self) -> tuple:
+        return (self.path, self.cell or 0, self.line, self.column, self.rule)
+
+
+@dataclass(frozen=True)
+class FileError:
+    """Something that stopped (part of) one file from being analyzed; the run goes on."""
+
+    path: str
+    kind: str  # syntax-error | decode-error | binary-file | too-large | rule-error | read-error | notebook-error
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class FileResult:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[FileError] = field(default_factory=list)
+    analyzed: bool = False  # False when skipped (not ML code, excluded, skip-file)

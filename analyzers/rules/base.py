@@ -1,0 +1,138 @@
+"""The rule base class: one small class per check, carrying its own docs and examples.
+
+A rule declares handlers named after libcst node classes, like fixit/libcst visitors but
+with the shared :class:`~analyzers.context.FileContext` passed in::
+
+    class UnsafeTorchLoad(Rule):
+        id = "TR601"
+        ...
+        def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+            if ctx.call_name(node) == "torch.load" and ...:
+                self.report(node, "...")
+
+``visit_X`` runs when the walk enters an ``X`` node, ``leave_X`` when it leaves it (after
+all of its children), and ``end_file`` once after the walk. Rules never walk the tree
+themselves; the engine walks it once for all rules. One instance is created per file, so
+rules may keep per-file state on ``self``.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Union
+
+import libcst as cst
+
+from analyzers.model import Category, Severity
+
+if TYPE_CHECKING:
+    from analyzers.context import FileContext
+
+
+@dataclass(frozen=True)
+class Valid:
+    code: str
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Code that must produce a finding of the rule.
+
+    ``line`` (1-based, after dedent) pins where; ``message`` is a substring the message must
+    contain (so messages naming the concrete object are tested); ``fixed`` is the whole file
+    after applying the rule's fix, when the rule offers one.
+    """
+
+    code: str
+    line: Optional[int] = None
+    message: Optional[str] = None
+    fixed: Optional[str] = None
+    count: int = 1
+
+
+Example = Union[str, Valid, Invalid]
+
+
+@dataclass
+class PendingFinding:
+    node: cst.CSTNode
+    message: str
+    replacement: Optional[cst.CSTNode]  # a node replacing ``node`` (mechanical fix), or None
+    severity: Optional[Severity]
+
+
+REGISTRY: dict[str, type["Rule"]] = {}
+
+# libcst node class name -> class, for resolving handler names like ``visit_Call``.
+_NODE_CLASSES = {name: obj for name, obj in vars(cst).items() if isinstance(obj, type) and issubclass(obj, cst.CSTNode)}
+
+
+class Rule:
+    id: ClassVar[str]
+    slug: ClassVar[str]
+    category: ClassVar[Category]
+    severity: ClassVar[Severity]
+    #: which library the file must import for this rule to run: torch, sklearn or tensorflow
+    requires: ClassVar[str] = "torch"
+    #: short one-liner used in rule tables and comment headers
+    summary: ClassVar[str]
+    #: ruff-style docs: what it does / why is this bad / example / use instead
+    what: ClassVar[str]
+    why: ClassVar[str]
+    example: ClassVar[str]
+    fix_example: ClassVar[str]
+    VALID: ClassVar[list[Example]] = []
+    INVALID: ClassVar[list[Example]] = []
+
+    # Filled by __init_subclass__: node class -> handler method names
+    _visit_handlers: ClassVar[dict[type, str]]
+    _leave_handlers: ClassVar[dict[type, str]]
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._visit_handlers = {}
+        cls._leave_handlers = {}
+        for attr in dir(cls):
+            for prefix, table in (("visit_", cls._visit_handlers), ("leave_", cls._leave_handlers)):
+                if attr.startswith(prefix):
+                    node_cls = _NODE_CLASSES.get(attr[len(prefix):])
+                    if node_cls is None:
+                        raise TypeError(f"{cls.__name__}.{attr}: no libcst node class {attr[len(prefix):]!r}")
+                    table[node_cls] = attr
+        if getattr(cls, "id", None) is None:
+            return  # abstract helper base
+        for required in ("slug", "category", "severity", "summary", "what", "why", "example", "fix_example"):
+            if not getattr(cls, required, None):
+                raise TypeError(f"rule {cls.id} lacks {required}")
+        if cls.id in REGISTRY and REGISTRY[cls.id] is not cls:
+            raise TypeError(f"duplicate rule id {cls.id}: {REGISTRY[cls.id].__name__} and {cls.__name__}")
+        REGISTRY[cls.id] = cls
+
+    def __init__(self, ctx: "FileContext") -> None:
+        self.ctx = ctx
+        self.pending: list[PendingFinding] = []
+
+    def report(self, node: cst.CSTNode, message: str, *, replacement: Optional[cst.CSTNode] = None,
+               severity: Optional[Severity] = None) -> None:
+        """Report ``node``. ``replacement`` is a node that replaces it as a mechanical fix."""
+        self.pending.append(PendingFinding(node, message, replacement, severity))
+
+    def end_file(self, ctx: "FileContext") -> None:
+        """Called once after the walk; override for whole-file checks."""
+
+    @classmethod
+    def docs(cls) -> str:
+        def block(text: str) -> str:
+            return textwrap.dedent(text).strip("\n")
+
+        return (
+            f"# {cls.id} {cls.slug}\n\n"
+            f"Category: {cls.category.value} · default severity: {cls.severity.label}\n\n"
+            f"## What it does\n{block(cls.what)}\n\n"
+            f"## Why is this bad?\n{block(cls.why)}\n\n"
+            f"## Example\n```python\n{block(cls.example)}\n```\n\n"
+            f"## Use instead\n```python\n{block(cls.fix_example)}\n```\n"
+        )
+
+
+HandlerTable = dict[type, list[tuple["Rule", Callable]]]

@@ -1,0 +1,180 @@
+"""Serialization and security: pickle-based loading and whole-module saving."""
+from __future__ import annotations
+
+import libcst as cst
+
+from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Rule, Valid
+
+TORCH_LOAD = {"torch.load", "torch.serialization.load"}
+# Names whose values come from outside the program: CLI arguments, env, config, downloads.
+_EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "url", "download",
+                   "request", "hub", "config", "cfg", "opt.", "flags", "hparams", "sys.")
+
+
+class UnsafeTorchLoad(Rule):
+    id = "TR601"
+    slug = "unsafe-torch-load"
+    category = Category.SECURITY
+    severity = Severity.HIGH
+    summary = "torch.load without weights_only=True can execute arbitrary code"
+    what = """
+        Flags `torch.load(...)` calls that pass `weights_only=False`, or that do not pass
+        `weights_only=True`. The finding is critical when the path comes from outside the
+        program (command-line arguments, environment, configuration, a download).
+    """
+    why = """
+        `torch.load` unpickles its input. A pickle can run any code while it loads, so a
+        checkpoint from an untrusted place is a remote-code-execution vector. torch >= 2.6
+        defaults to `weights_only=True`, but an explicit `weights_only=False` (often added to
+        silence an error) turns the protection off, and code that runs on older torch or that
+        copies the call elsewhere has no protection at all.
+    """
+    example = """
+        state = torch.load(args.checkpoint)
+    """
+    fix_example = """
+        state = torch.load(args.checkpoint, weights_only=True)
+        # for custom classes: torch.serialization.add_safe_globals([MyConfig])
+    """
+    VALID = [
+        "import torch\nstate = torch.load('model.pt', weights_only=True)\n",
+        "import torch\nstate = torch.load(path, map_location='cpu', weights_only=True)\n",
+        "import torch as th\nstate = th.load(f, weights_only=True)\n",
+        # not torch.load
+        "import torch\nimport pickle\nobj = json.load(f)\n",
+        "import torch\nclass Loader:\n    def load(self, p):\n        return p\nLoader().load('x')\n",
+    ]
+    INVALID = [
+        Invalid(
+            "import torch\nstate = torch.load('model.pt')\n",
+            line=2,
+            message="torch.load('model.pt')",
+            fixed="import torch\nstate = torch.load('model.pt', weights_only=True)\n",
+        ),
+        Invalid(
+            "import torch\nstate = torch.load(args.ckpt, weights_only=False)\n",
+            line=2,
+            message="weights_only=False",
+            fixed="import torch\nstate = torch.load(args.ckpt, weights_only=True)\n",
+        ),
+        Invalid("import torch as th\nsd = th.load(\n    path,\n    map_location='cpu',\n)\n", line=2),
+        Invalid("from torch import load\nsd = load(p)\n", line=2, fixed="from torch import load\nsd = load(p, weights_only=True)\n"),
+        Invalid("import torch.serialization\nsd = torch.serialization.load(p)\n", line=2),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if ctx.call_name(node) not in TORCH_LOAD:
+            return
+        weights_only = keyword_arg(node, "weights_only")
+        if weights_only is not None and is_true(weights_only.value):
+            return
+        if weights_only is not None and not is_false(weights_only.value):
+            return  # a variable: the author decides at run time; nothing mechanical to say
+        source = argument(node, 0, "f")
+        source_text = ctx.module.code_for_node(source) if source is not None else "?"
+        external = _looks_external(source, ctx)
+        severity = Severity.CRITICAL if external else None
+        shown = f"torch.load({source_text})"
+        if weights_only is not None:
+            message = (f"{shown} passes weights_only=False: unpickling can run arbitrary code"
+                       + (" and the path comes from outside the program" if external else "")
+                       + "; load with weights_only=True")
+            new_args = [a.with_changes(value=cst.Name("True")) if a is weights_only else a for a in node.args]
+        else:
+            message = (f"{shown} without weights_only=True unpickles arbitrary objects"
+                       + (" from a path that comes from outside the program" if external else "")
+                       + "; pass weights_only=True")
+            new_args = list(node.args)
+            if new_args:
+                last = new_args[-1]
+                # keep a trailing comma layout intact: drop it from the last arg, add ours
+                new_args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            new_args.append(cst.Arg(value=cst.Name("True"), keyword=cst.Name("weights_only"),
+                                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        self.report(node, message, replacement=node.with_changes(args=new_args), severity=severity)
+
+
+def _looks_external(expr, ctx: FileContext) -> bool:
+    if expr is None:
+        return False
+    origin = ctx.origin(expr) or expr
+    text = ctx.module.code_for_node(origin) + " " + ctx.module.code_for_node(expr)
+    lowered = text.lower()
+    return any(h in lowered for h in _EXTERNAL_HINTS)
+
+
+class SaveWholeModel(Rule):
+    id = "TR602"
+    slug = "save-whole-model"
+    category = Category.SECURITY
+    severity = Severity.MEDIUM
+    summary = "torch.save of a whole nn.Module instead of its state_dict()"
+    what = """
+        Flags `torch.save(model, ...)` where `model` is an `nn.Module` instance (built in this
+        file from a module class, or an attribute/variable named like a model) rather than
+        `model.state_dict()`.
+    """
+    why = """
+        Saving the module pickles the class by reference: the checkpoint only loads with the
+        exact same code layout, breaks on refactors, and can only be read back with
+        `weights_only=False`, i.e. by executing pickled code.
+    """
+    example = """
+        torch.save(model, "model.pt")
+    """
+    fix_example = """
+        torch.save(model.state_dict(), "model.pt")
+    """
+    VALID = [
+        "import torch\ntorch.save(model.state_dict(), 'm.pt')\n",
+        "import torch\ntorch.save({'model': model.state_dict(), 'epoch': 3}, 'ckpt.pt')\n",
+        "import torch\ntorch.save(tensor, 't.pt')\n",
+    ]
+    INVALID = [
+        Invalid("import torch\nmodel = Net()\ntorch.save(model, 'm.pt')\n", line=3, message="model",
+                fixed="import torch\nmodel = Net()\ntorch.save(model.state_dict(), 'm.pt')\n"),
+        Invalid("import torch\nimport torch.nn as nn\nnet = nn.Sequential(nn.Linear(2, 2))\ntorch.save(net, 'm.pt')\n", line=4),
+        Invalid("import torch\ntorch.save(self.model, path)\n", line=2, message="self.model"),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if ctx.call_name(node) not in ("torch.save", "torch.serialization.save"):
+            return
+        obj = argument(node, 0, "obj")
+        if obj is None or not isinstance(obj, (cst.Name, cst.Attribute)):
+            return
+        if not _is_module_value(obj, ctx):
+            return
+        name = dotted_name(obj)
+        replacement = cst.Call(func=cst.Attribute(value=obj, attr=cst.Name("state_dict")))
+        self.report(obj, f"torch.save({name}, ...) pickles the whole module; save {name}.state_dict() instead",
+                    replacement=replacement)
+
+
+_MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
+                "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer"}
+
+
+def _is_module_value(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    origin = ctx.origin(expr)
+    if isinstance(origin, cst.Call):
+        called = ctx.call_name(origin)
+        if called and called.startswith("torch.nn.") and called.rsplit(".", 1)[-1][:1].isupper():
+            return True
+        local = dotted_name(origin.func)
+        if local and local in ctx.module_classes_in_file:
+            return True
+        if local and local[:1].isupper() and _name_is_model_like(dotted_name(expr) or ""):
+            return True
+    name = dotted_name(expr) or ""
+    return _name_is_model_like(name) and not isinstance(origin, cst.Call) or (
+        isinstance(origin, cst.Call) and _name_is_model_like(name) and
+        (dotted_name(origin.func) or "").rsplit(".", 1)[-1] in {"to", "cuda", "cpu", "eval", "train", "half", "float"}
+    )
+
+
+def _name_is_model_like(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1].lower()
+    return last in _MODEL_NAMES or last.endswith(("_model", "_net", "model", "net")) and not last.endswith(("_path", "state"))

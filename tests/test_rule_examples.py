@@ -1,0 +1,63 @@
+"""Every rule's own VALID/INVALID examples, run automatically (fixit style)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from analyzers.engine import analyze_source
+from analyzers.rules import all_rules
+from analyzers.rules.base import Invalid, Valid
+
+
+def _cases(kind):
+    for rule in all_rules():
+        for index, example in enumerate(getattr(rule, kind)):
+            yield pytest.param(rule, example, id=f"{rule.id}-{rule.slug}-{kind.lower()}-{index}")
+
+
+def _code(example) -> str:
+    code = example if isinstance(example, str) else example.code
+    return textwrap.dedent(code)
+
+
+def test_every_rule_has_examples():
+    for rule in all_rules():
+        assert len(rule.VALID) >= 2, f"{rule.id} needs at least two VALID examples"
+        assert len(rule.INVALID) >= 2, f"{rule.id} needs at least two INVALID examples"
+
+
+@pytest.mark.parametrize("rule,example", list(_cases("VALID")))
+def test_valid_example_has_no_finding(rule, example):
+    code = _code(example if not isinstance(example, Valid) else example.code)
+    result = analyze_source(code, "example.py", rules=[rule])
+    assert not result.errors, result.errors
+    assert [f for f in result.findings if f.rule == rule.id] == [], code
+
+
+@pytest.mark.parametrize("rule,example", list(_cases("INVALID")))
+def test_invalid_example_is_found(rule, example):
+    example = example if isinstance(example, Invalid) else Invalid(example)
+    code = _code(example.code)
+    result = analyze_source(code, "example.py", rules=[rule])
+    assert not result.errors, result.errors
+    findings = [f for f in result.findings if f.rule == rule.id]
+    assert len(findings) == example.count, f"expected {example.count} finding(s) of {rule.id} in:\n{code}\ngot {findings}"
+    first = findings[0]
+    assert first.severity is not None and first.slug == rule.slug and first.category == rule.category.value
+    if example.line is not None:
+        assert first.line == example.line, f"{rule.id} reported line {first.line}, expected {example.line}:\n{code}"
+    if example.message is not None:
+        assert example.message in first.message, f"{first.message!r} lacks {example.message!r}"
+    if example.fixed is not None:
+        assert first.fix is not None, f"{rule.id} offered no fix"
+        assert first.fix.apply(code) == textwrap.dedent(example.fixed)
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.id)
+def test_rule_docs_are_complete(rule):
+    docs = rule.docs()
+    for heading in ("## What it does", "## Why is this bad?", "## Example", "## Use instead"):
+        assert heading in docs
+    assert rule.id[:2] == "TR" and len(rule.id) == 5 and rule.id[2:].isdigit()
+    assert rule.slug == rule.slug.lower() and " " not in rule.slug
