@@ -214,5 +214,5 @@ _SPECS: dict[tuple[str, ...], pathspec.PathSpec] = {}
 def _spec(patterns: tuple[str, ...]) -> pathspec.PathSpec:
     spec = _SPECS.get(patterns)
     if spec is None:
-        spec = _SPECS[patterns] = pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+        spec = _SPECS[patterns] = pathspec.PathSpec.from_lines("gitignore", patterns)
     return spec

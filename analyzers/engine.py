@@ -25,8 +25,47 @@ _SUPPRESS = re.compile(r"#\s*(?:torchreview\s*:\s*ignore|noqa)\b(?:\s*(?:\[|:)\s
 _SKIP_FILE = re.compile(r"^\s*#\s*torchreview\s*:\s*skip-file\b", re.I | re.M)
 
 
-class _Walker(cst.CSTVisitor):
-    """Maintains the context's stacks and dispatches nodes to rule handlers."""
+# Fields that only hold whitespace, punctuation or operators: no rule needs to visit them, and
+# skipping them halves the number of nodes walked.
+_SKIPPED_FIELDS = {
+    "lpar", "rpar", "comma", "colon", "first_colon", "second_colon", "semicolon", "equal", "dot",
+    "leading_lines", "lines_after_decorators", "header", "footer", "empty_lines", "trailing_whitespace",
+    "newline", "asynchronous", "lbrace", "rbrace", "lbracket", "rbracket", "operator", "posonly_ind",
+    "trailing_comma", "default_indent", "default_newline", "encoding", "has_trailing_newline", "indent",
+    "leading_whitespace", "relative", "separator", "comment", "whitespace", "first_line", "last_line",
+    "star",
+}
+# Where libcst's field order is not the order the code runs in (decorators, keyword=value...).
+_FIELD_ORDER = {
+    cst.FunctionDef: ("decorators", "name", "params", "returns", "body"),
+    cst.ClassDef: ("decorators", "name", "bases", "keywords", "body"),
+    cst.Arg: ("keyword", "value"),
+    cst.ListComp: ("for_in", "elt"),
+    cst.SetComp: ("for_in", "elt"),
+    cst.GeneratorExp: ("for_in", "elt"),
+    cst.DictComp: ("for_in", "key", "value"),
+}
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(node_type: type) -> tuple[str, ...]:
+    import dataclasses
+
+    names = _FIELD_ORDER.get(node_type)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(node_type)
+                      if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace"))
+    _FIELDS[node_type] = names
+    return names
+
+
+class _Walker:
+    """Walks a module once, maintaining the context's stacks and dispatching to rule handlers.
+
+    Iterative (deeply nested expressions cannot overflow the stack) and read-only: libcst's
+    own visitor rebuilds every node and visits every whitespace token, which costs more than
+    all the rules together.
+    """
 
     def __init__(self, ctx: FileContext, rules: list[Rule], on_rule_error) -> None:
         self.ctx = ctx
@@ -52,7 +91,7 @@ class _Walker(cst.CSTVisitor):
                 self.failed.add(id(rule))
                 self.on_rule_error(rule, exc)
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
+    def on_visit(self, node: cst.CSTNode) -> None:
         ctx = self.ctx
         stack = self.stack
         if stack:
@@ -78,10 +117,11 @@ class _Walker(cst.CSTVisitor):
         elif node_type is cst.Import or node_type is cst.ImportFrom:
             if ctx.functions or ctx.classes:
                 ctx.imports.add(node)
+        elif node_type is cst.CompFor:
+            ctx.record_binding(node.target, None, node, "for")
         handlers = self.visit_table.get(node_type)
         if handlers:
             self._dispatch(handlers, node)
-        return True
 
     def _enter_block(self, parent: cst.CSTNode, block: cst.CSTNode) -> None:
         parent_type = type(parent)
@@ -136,15 +176,31 @@ class _Walker(cst.CSTVisitor):
         elif node_type is cst.WithItem:
             if node.asname is not None:
                 ctx.record_binding(node.asname.name, node.item, node, "with")
-        elif node_type is cst.CompFor:
-            ctx.record_binding(node.target, None, node, "for")
 
-    # libcst calls these for every attribute of every node; nothing here needs them.
-    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        return None
-
-    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        return None
+    def walk(self, root: cst.CSTNode) -> None:
+        fields = _FIELDS
+        CSTNode = cst.CSTNode
+        todo: list = [root]
+        leave_marker = _LEAVE
+        while todo:
+            item = todo.pop()
+            if item is leave_marker:
+                self.on_leave(todo.pop())
+                continue
+            self.on_visit(item)
+            todo.append(item)
+            todo.append(leave_marker)
+            node_type = type(item)
+            names = fields.get(node_type) or _child_fields(node_type)
+            children = []
+            for name in names:
+                value = getattr(item, name)
+                if isinstance(value, CSTNode):
+                    children.append(value)
+                elif type(value) is tuple or type(value) is list:
+                    children.extend(v for v in value if isinstance(v, CSTNode))
+            children.reverse()
+            todo.extend(children)
 
     def _bind_params(self, fn) -> None:
         params = fn.params
@@ -163,6 +219,7 @@ class _Walker(cst.CSTVisitor):
                 self.ctx.imports.names[node.targets[0].target.value] = resolved
 
 
+_LEAVE = object()
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
@@ -214,7 +271,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
 
     walker = _Walker(ctx, instances, rule_error)
     try:
-        module.visit(walker)
+        walker.walk(module)
     except RecursionError:
         result.errors.append(FileError(path, "rule-error", "code nested too deeply to analyze"))
         return result
@@ -339,8 +396,6 @@ def analyze_notebook_text(text: str, path: str, config: Config) -> FileResult:
     except (ValueError, KeyError, TypeError) as exc:
         result.errors.append(FileError(path, "notebook-error", f"not a readable .ipynb notebook: {exc}"))
         return result
-    pieces: list[str] = []
-    line_map: list[tuple[int, int]] = []  # program line -> (cell number, line in cell)
     cell_sources: list[tuple[int, str]] = []
     for number, cell in enumerate(cells, 1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
@@ -349,25 +404,32 @@ def analyze_notebook_text(text: str, path: str, config: Config) -> FileResult:
         source = "".join(source) if isinstance(source, list) else str(source)
         # IPython magics and shell escapes are not Python: blank them, keep the line count.
         cell_lines = [("" if _MAGIC.match(line) else line) for line in source.split("\n")]
-        source = "\n".join(cell_lines)
-        cell_sources.append((number, source))
-        for i in range(len(cell_lines)):
-            line_map.append((number, i + 1))
-        pieces.append(source)
-    program = "\n".join(pieces) + "\n"
-    combined = analyze_source(program, path, config)
+        cell_sources.append((number, "\n".join(cell_lines)))
+    combined = _analyze_cells(cell_sources, path, config)
     if not any(e.kind == "syntax-error" for e in combined.errors):
-        _remap(combined, line_map)
         return combined
-    # One broken cell should not hide the others: fall back to cell by cell.
-    result.analyzed = False
+    # One broken cell should not hide the others: report it, analyze the rest together.
+    broken: list[FileError] = []
+    broken_cells: set[int] = set()
     for number, source in cell_sources:
-        part = analyze_source(source + "\n", path, config)
-        for error in part.errors:
-            result.errors.append(FileError(path, error.kind, f"cell {number}: {error.message}"))
-        for f in part.findings:
-            result.findings.append(_with_cell(f, number, f.line, f.end_line))
-        result.analyzed |= part.analyzed
+        try:
+            cst.parse_module(source + "\n")
+        except (cst.ParserSyntaxError, RecursionError) as exc:
+            detail = f"line {exc.raw_line}: {exc.message}" if isinstance(exc, cst.ParserSyntaxError) else "too deeply nested"
+            broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}"))
+            broken_cells.add(number)
+    result = _analyze_cells([c for c in cell_sources if c[0] not in broken_cells], path, config)
+    result.errors = broken + [e for e in result.errors if e.kind != "syntax-error"]
+    return result
+
+
+def _analyze_cells(cell_sources: list[tuple[int, str]], path: str, config: Config) -> FileResult:
+    line_map: list[tuple[int, int]] = []  # program line -> (cell number, line in cell)
+    for number, source in cell_sources:
+        line_map.extend((number, i + 1) for i in range(source.count("\n") + 1))
+    program = "\n".join(source for _, source in cell_sources) + "\n"
+    result = analyze_source(program, path, config)
+    _remap(result, line_map)
     return result
 
 

@@ -1,1 +1,691 @@
-"""Rules of this category."""
+"""Device placement and input-pipeline performance on CUDA."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, keyword_arg,
+                               method_name, string_value)
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Rule
+
+# ---------------------------------------------------------------------------------------------
+# "Does this file use CUDA?" — facts shared by the rules of this module, collected once per call
+# node whichever rule sees it first, and judged only at end_file (``.cuda()`` may come last).
+
+# Roots of expressions that carry run configuration: ``args.device``, ``cfg.device``...
+_CONFIG_ROOTS = {"args", "arg", "cfg", "config", "conf", "opt", "opts", "options", "hparams", "hp", "params",
+                 "settings", "flags", "FLAGS", "training_args", "train_args", "accelerator", "fabric", "CFG",
+                 "Config", "cfgs", "hyperparams", "hyp", "trainer"}
+_WRAPPERS = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.DistributedDataParallel",
+             "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.DistributedDataParallel"}
+_DTYPE_NAMES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "int8", "int16",
+                "int32", "int64", "long", "short", "bool", "uint8", "complex64", "complex128", "cfloat", "cdouble"}
+_FACTS_ATTR = "_torchreview_device_facts"
+
+
+def _device_like_name(dotted: Optional[str]) -> bool:
+    """An unresolved device variable: ``device``, ``args.device``, ``self.cfg.device``, ``local_device``."""
+    if not dotted:
+        return False
+    parts = dotted.split(".")
+    last = parts[-1].lower()
+    if not (last in ("device", "dev") or last.endswith("_device")):
+        return False
+    if len(parts) == 1:
+        return True
+    if parts[0] == "self":
+        # ``self.device`` of a Lightning/HF module is wherever the module is, not CUDA per se;
+        # ``self.args.device`` / ``self.cfg.device`` are configuration
+        parts = parts[1:]
+        if len(parts) < 2:
+            return False
+    root = parts[0]
+    return root in _CONFIG_ROOTS or root.lower().endswith(("args", "cfg", "config"))
+
+
+def _is_cuda_device(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> bool:
+    """Whether ``expr`` names a CUDA device (``"cuda:0"``, ``torch.device("cuda")``, the usual ternary...)."""
+    if expr is None or depth > 5:
+        return False
+    text = string_value(expr)
+    if text is not None:
+        return text.startswith("cuda")
+    if isinstance(expr, cst.Integer):
+        return True  # ``.to(0)`` / ``.cuda(1)``: a CUDA device index
+    if isinstance(expr, cst.FormattedString):
+        first = expr.parts[0] if expr.parts else None
+        return isinstance(first, cst.FormattedStringText) and first.value.startswith("cuda")
+    if isinstance(expr, cst.IfExp):
+        return _is_cuda_device(expr.body, ctx, depth + 1) or _is_cuda_device(expr.orelse, ctx, depth + 1)
+    if isinstance(expr, cst.Call):
+        name = method_name(expr)
+        if name == "device":
+            if ctx.call_name(expr) not in ("torch.device", "torch.cuda.device"):
+                return False
+            arg = argument(expr, 0, "type")
+            if arg is None:
+                arg = argument(expr, 0, "device")
+            if isinstance(arg, (cst.Name, cst.Attribute)) and _device_like_name(dotted_name(arg)):
+                return True  # torch.device(args.device)
+            return _is_cuda_device(arg, ctx, depth + 1)
+        if name == "current_device":
+            return ctx.call_name(expr) == "torch.cuda.current_device"
+        if name == "format":
+            receiver = string_value(call_receiver(expr))
+            return receiver is not None and receiver.startswith("cuda")
+        return False
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        dotted = dotted_name(expr)
+        if dotted in _facts(ctx).cuda_names:
+            return True  # assigned a CUDA device in one branch (``if use_cuda: device = ...``)
+        binding = ctx.binding(dotted) if dotted else None
+        if binding is not None and binding.kind in ("assign", "annassign", "walrus") and binding.value is not None:
+            return _is_cuda_device(binding.value, ctx, depth + 1) or (
+                isinstance(binding.value, (cst.Name, cst.Attribute)) and _device_like_name(dotted_name(binding.value))
+                and ctx.binding(dotted_name(binding.value) or "") is None)
+        if binding is None or binding.kind in ("param", "for", "with"):
+            return _device_like_name(dotted)
+    return False
+
+
+def _receiver_root(expr: Optional[cst.BaseExpression]) -> Optional[str]:
+    """``batch`` for ``batch["x"].float()``; the root variable of a receiver chain."""
+    while expr is not None:
+        if isinstance(expr, cst.Name):
+            return expr.value
+        if isinstance(expr, cst.Attribute):
+            expr = expr.value
+        elif isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            expr = expr.func
+        else:
+            return None
+    return None
+
+
+@dataclass
+class _DeviceFacts:
+    last: Optional[cst.CSTNode] = None
+    last_assign: Optional[cst.CSTNode] = None
+    cuda_evidence: bool = False
+    batch_moves: bool = False
+    # names/roots later moved with ``.to``/``.cuda``/``.type_as`` per enclosing function
+    moved_roots: dict[int, set[str]] = field(default_factory=dict)
+    # names assigned a CUDA device anywhere so far, whichever branch assigned them last
+    cuda_names: set[str] = field(default_factory=set)
+
+    def observe_assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        value = node.value
+        if isinstance(value, cst.SimpleString):
+            cuda = (string_value(value) or "").startswith("cuda")
+        elif isinstance(value, cst.Call) and method_name(value) == "device":
+            cuda = _is_cuda_device(value, ctx)
+        else:
+            return
+        if cuda:
+            for target in node.targets:
+                name = dotted_name(target.target)
+                if name is not None:
+                    self.cuda_names.add(name)
+
+    def observe(self, node: cst.Call, name: Optional[str], ctx: FileContext) -> None:
+        if node is self.last:
+            return
+        self.last = node
+        if name in ("to", "cuda", "type_as"):
+            receiver = call_receiver(node)
+            if receiver is None:
+                return
+            root = _receiver_root(receiver)
+            if root is not None and (name != "to" or _to_moves_device(node, ctx)):
+                self.moved_roots.setdefault(id(ctx.function_def), set()).add(root)
+            if name == "type_as":
+                return
+            if name == "cuda":
+                moved = True
+            else:
+                target = keyword_arg(node, "device")
+                target_expr = target.value if target is not None else argument(node, 0, "device")
+                moved = _is_cuda_device(target_expr, ctx)
+            if moved:
+                self.cuda_evidence = True
+                if not self.batch_moves and ctx.loop is not None and root is not None and _loop_variable(root, ctx):
+                    self.batch_moves = True
+            return
+        if name == "device" or name == "set_device":
+            if ctx.call_name(node) in ("torch.cuda.set_device",) or _is_cuda_device(node, ctx):
+                self.cuda_evidence = True
+            return
+        if name in ("DataParallel", "DistributedDataParallel"):
+            if ctx.call_name(node) in _WRAPPERS:
+                self.cuda_evidence = True
+            return
+        if name == "prepare":
+            receiver = call_receiver(node)
+            origin = ctx.origin_call_name(receiver) if receiver is not None else None
+            if origin in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"):
+                self.cuda_evidence = True
+            return
+        if not self.cuda_evidence:
+            for arg in node.args:
+                if arg.keyword is not None and arg.keyword.value == "device" and _is_cuda_device(arg.value, ctx):
+                    self.cuda_evidence = True
+                    return
+
+
+def _loop_variable(root: str, ctx: FileContext) -> bool:
+    """A variable bound by, or assigned inside, a loop: a batch, not the model."""
+    binding = ctx.binding(root)
+    if binding is None:
+        return True  # comprehension targets are bound after their element is visited
+    return binding.kind == "for" or binding.loop is not None
+
+
+def _facts(ctx: FileContext) -> _DeviceFacts:
+    facts = getattr(ctx, _FACTS_ATTR, None)
+    if facts is None:
+        facts = _DeviceFacts()
+        setattr(ctx, _FACTS_ATTR, facts)
+    return facts
+
+
+_OBSERVED = {"to", "cuda", "type_as", "device", "set_device", "DataParallel", "DistributedDataParallel", "prepare"}
+
+
+def _observe(node: cst.Call, ctx: FileContext) -> Optional[str]:
+    name = method_name(node)
+    facts = _facts(ctx)
+    if name in _OBSERVED or (not facts.cuda_evidence and node.args and any(
+            a.keyword is not None and a.keyword.value == "device" for a in node.args)):
+        facts.observe(node, name, ctx)
+    return name
+
+
+def _observe_assign(node: cst.Assign, ctx: FileContext) -> None:
+    facts = _facts(ctx)
+    if node is not facts.last_assign:
+        facts.last_assign = node
+        facts.observe_assign(node, ctx)
+
+
+def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 70) -> str:
+    text = " ".join(ctx.module.code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 5] + "...)"
+
+
+# ---------------------------------------------------------------------------------------------
+
+_CREATION = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace", "logspace",
+             "eye", "tensor", "as_tensor", "randperm"}
+_MOVES = {"to", "cuda", "type_as"}
+# Host-side use of a freshly created tensor: bookkeeping, not model math.
+_HOST_USES = {"item", "tolist", "numpy", "cpu"}
+_HOST_SINKS = {"log", "log_dict", "print", "append", "extend", "format", "info", "debug", "add_scalar", "write"}
+
+
+@dataclass
+class _Candidate:
+    call: cst.Call
+    fn: cst.FunctionDef
+    owner: str
+    target: Optional[str]
+
+
+class TensorWithoutDevice(Rule):
+    id = "TR701"
+    slug = "tensor-without-device"
+    category = Category.DEVICE
+    severity = Severity.HIGH
+    summary = "tensor created in forward/training step without device= in a model that runs on CUDA"
+    what = """
+        Flags `torch.zeros/ones/empty/full/rand/randn/randint/arange/linspace/eye/tensor/as_tensor`
+        calls without `device=` inside the `forward` of an `nn.Module` subclass or inside a
+        training-step function, in a file that moves its model to CUDA (`.cuda()`,
+        `.to("cuda")`, `.to(device)` with a CUDA device, `device="cuda"`...).
+        Creation followed by `.to(...)`, `.cuda()` or `.type_as(...)`, `*_like` factories and
+        `x.new_*` methods are fine.
+    """
+    why = """
+        Factory functions allocate on the CPU by default. When the model lives on the GPU the
+        new tensor either breaks the step with "Expected all tensors to be on the same
+        device", or, for 0-dim tensors that PyTorch silently accepts, adds a host-to-device
+        copy (and often a synchronization) to every forward pass.
+    """
+    example = """
+        def forward(self, x):
+            mask = torch.ones(x.size(0), x.size(1))
+            return self.encoder(x, mask)
+    """
+    fix_example = """
+        def forward(self, x):
+            mask = torch.ones(x.size(0), x.size(1), device=x.device)
+            # or: x.new_ones(x.size(0), x.size(1)) / torch.ones_like(x)
+            return self.encoder(x, mask)
+    """
+    VALID = [
+        # device passed
+        """
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def forward(self, x):
+                h = torch.zeros(x.size(0), 16, device=x.device)
+                return x + h.sum()
+        model = Net().cuda()
+        """,
+        # *_like / new_* / moved in the same expression / moved later in the function
+        """
+        import torch
+        from torch import nn
+        class Net(nn.Module):
+            def forward(self, x):
+                a = torch.zeros_like(x)
+                b = x.new_ones(x.shape)
+                c = torch.arange(x.size(1)).unsqueeze(0).to(x.device)
+                d = torch.tensor([1.0, 2.0]).type_as(x)
+                pos = torch.arange(x.size(1))
+                pos = pos.to(x.device)
+                return a + b + c + d + pos
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = Net().to(device)
+        """,
+        # file never moves the model to CUDA
+        """
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def forward(self, x):
+                return x + torch.ones(x.shape)
+        model = Net()
+        """,
+        # register_buffer in __init__ is the right place
+        """
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("scale", torch.tensor(2.0))
+            def forward(self, x):
+                return x * self.scale
+        model = Net().cuda()
+        """,
+        # not an nn.Module; host-side bookkeeping in a training step
+        """
+        import torch
+        class Helper:
+            def forward(self, x):
+                return torch.zeros(3)
+        def train_step(model, batch, opt):
+            loss = model(batch)
+            print(torch.tensor([loss.item()]).mean().item())
+            return loss
+        model = torch.nn.Linear(2, 2).cuda()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            class Encoder(nn.Module):
+                def forward(self, x):
+                    h0 = torch.zeros(2, x.size(0), 64)
+                    return self.rnn(x, h0)
+            model = Encoder().cuda()
+            """,
+            line=6, message="torch.zeros(2, x.size(0), 64) in Encoder.forward()",
+        ),
+        Invalid(
+            """
+            import torch as th
+            from torch import nn
+            class Attention(nn.Module):
+                def forward(self, q, k):
+                    scores = q @ k.transpose(-2, -1)
+                    return scores / th.sqrt(th.tensor(q.size(-1)))
+            device = th.device("cuda:0")
+            model = Attention().to(device)
+            """,
+            line=7, message="th.tensor(q.size(-1))",
+        ),
+        Invalid(
+            """
+            import torch
+            def train_step(model, batch, optimizer, device):
+                x, y = batch
+                noise = torch.randn(x.shape)
+                loss = model(x.to(device) + noise, y.to(device))
+                loss.backward()
+                optimizer.step()
+            """,
+            line=5, message="train_step()",
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            class Net(nn.Module):
+                def forward(self, x):
+                    idx = torch.arange(x.size(1))
+                    return x[:, idx]
+            def main(args):
+                net = Net()
+                net.to(args.device)
+            """,
+            line=6, message="torch.arange",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.candidates: list[_Candidate] = []
+
+    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        _observe_assign(node, ctx)
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = _observe(node, ctx)
+        if name not in _CREATION:
+            return
+        fn = ctx.function_def
+        if fn is None:
+            return
+        fname = fn.name.value
+        lowered = fname.lower()
+        owner = None
+        if fname == "forward":
+            cls = ctx.class_def
+            if cls is not None and ctx.parent(ctx.parent(fn)) is cls and ctx.is_module_subclass(cls):
+                owner = f"{cls.name.value}.forward()"
+        elif lowered == "training_step" or ("train" in lowered and "step" in lowered):
+            owner = f"{fname}()"
+        if owner is None:
+            return
+        qualified = ctx.call_name(node)
+        if qualified is None or qualified != f"torch.{name}":
+            return
+        if any(a.star for a in node.args) or keyword_arg(node, "device") is not None or keyword_arg(node, "out"):
+            return
+        if self._moved_or_host(node, ctx):
+            return
+        target = None
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            target = dotted_name(parent.targets[0].target)
+        elif isinstance(parent, (cst.AnnAssign, cst.NamedExpr)):
+            target = dotted_name(parent.target)
+        self.candidates.append(_Candidate(node, fn, owner, target))
+
+    def _moved_or_host(self, node: cst.Call, ctx: FileContext) -> bool:
+        current: cst.CSTNode = node
+        while True:
+            parent = ctx.parent(current)
+            grand = ctx.parent(parent) if parent is not None else None
+            if isinstance(parent, cst.Attribute) and parent.value is current and isinstance(grand, cst.Call) \
+                    and grand.func is parent:
+                attr = parent.attr.value
+                if attr in _MOVES:
+                    if attr == "to" and not _to_moves_device(grand, ctx):
+                        current = grand
+                        continue
+                    return True
+                if attr in _HOST_USES:
+                    return True
+                current = grand
+                continue
+            if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)) or (
+                    isinstance(parent, cst.Subscript) and parent.value is current):
+                current = parent  # ``(torch.arange(n) + 1).to(device)``, ``torch.ones(n)[None].cuda()``
+                continue
+            if isinstance(parent, cst.Arg) and isinstance(grand, cst.Call):
+                sink = method_name(grand)
+                if sink in _HOST_SINKS:
+                    return True
+                if isinstance(grand.func, cst.Attribute) and (ctx.call_name(grand) or "").startswith("torch."):
+                    current = grand  # ``torch.triu(torch.ones(n, n)).to(device)``: follow the torch op
+                    continue
+                return False
+            return False
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.candidates or not _facts(ctx).cuda_evidence:
+            return
+        moved = _facts(ctx).moved_roots
+        for cand in self.candidates:
+            if cand.target is not None and cand.target.split(".")[0] in moved.get(id(cand.fn), ()):
+                continue
+            shown = _short(ctx, cand.call)
+            fn = cand.fn
+            params = [p.name.value for p in fn.params.params if p.name.value not in ("self", "cls")]
+            devices = [p for p in params if _device_like_name(p)]
+            if devices:
+                hint = f"device={devices[0]}"
+            elif fn.name.value == "forward" and params:
+                hint = f"device={params[0]}.device"
+            else:
+                hint = "device=<the batch's device>"
+            self.report(cand.call, f"{shown} in {cand.owner} creates a CPU tensor without device=, but this file "
+                                   f"runs the model on CUDA: a device mismatch or a host-to-device copy every "
+                                   f"step; pass {hint} (or use *_like / x.new_*)")
+
+
+def _to_moves_device(call: cst.Call, ctx: FileContext) -> bool:
+    """``.to(x.device)``/``.to(device)``/``.to(other)`` move; ``.to(torch.float32)``/``.to(dtype=...)`` do not."""
+    if keyword_arg(call, "device") is not None:
+        return True
+    first = argument(call, 0, "device")
+    if first is None:
+        return False
+    dotted = dotted_name(first)
+    if dotted is not None:
+        last = dotted.rsplit(".", 1)[-1]
+        if last in _DTYPE_NAMES and (ctx.qualified_name(first) or "").startswith("torch."):
+            return False
+        if last == "dtype" or last.endswith("_dtype"):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# DataLoader rules
+
+_DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+
+
+@dataclass
+class _Loader:
+    call: cst.Call
+    label: str  # ``train_loader = DataLoader(train_ds, ...)`` → "train_loader"
+    training: bool
+
+
+def _loader(node: cst.Call, ctx: FileContext) -> Optional[_Loader]:
+    if ctx.call_name(node) not in _DATALOADERS:
+        return None
+    if any(a.star for a in node.args):
+        return None  # ``**loader_kwargs`` may carry the setting
+    dataset = argument(node, 0, "dataset")
+    dataset_name = dotted_name(dataset) if dataset is not None else None
+    parent = ctx.parent(node)
+    target = None
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        target = dotted_name(parent.targets[0].target)
+    elif isinstance(parent, cst.AnnAssign):
+        target = dotted_name(parent.target)
+    fn = ctx.function_def
+    training = is_true(argument(node, 2, "shuffle")) or any(
+        n is not None and "train" in n.lower() for n in (dataset_name, target))
+    if not training and isinstance(parent, cst.Return) and fn is not None and "train" in fn.name.value.lower():
+        training = True
+    label = target or (f"DataLoader({dataset_name})" if dataset_name else _short(ctx, node, 50))
+    return _Loader(node, label, training)
+
+
+class _LoaderRule(Rule):
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.loaders: list[_Loader] = []
+
+    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        _observe_assign(node, ctx)
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = _observe(node, ctx)
+        if name == "DataLoader" or (name is not None and name[:1].isupper() and isinstance(node.func, cst.Name)
+                                    and name in ctx.imports.names):
+            loader = _loader(node, ctx)
+            if loader is not None and self.wants(loader):
+                self.loaders.append(loader)
+
+    def wants(self, loader: _Loader) -> bool:
+        raise NotImplementedError
+
+
+class DataLoaderNoWorkers(_LoaderRule):
+    id = "TR702"
+    slug = "dataloader-no-workers"
+    category = Category.DEVICE
+    severity = Severity.LOW
+    summary = "training DataLoader loads batches in the main process (no num_workers) on a CUDA job"
+    what = """
+        Flags a training `DataLoader` (`shuffle=True`, or a dataset/loader named `train*`) that
+        does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA.
+    """
+    why = """
+        With `num_workers=0` every batch is loaded, decoded and collated in the training
+        process, between GPU steps: the GPU idles while Python reads files and augments images.
+        Worker processes prepare the next batches in parallel with the step.
+    """
+    example = """
+        train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)
+        model = model.cuda()
+    """
+    fix_example = """
+        train_loader = DataLoader(train_ds, batch_size=64, shuffle=True,
+                                  num_workers=4, pin_memory=True, persistent_workers=True)
+        model = model.cuda()
+    """
+    VALID = [
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(train_ds, batch_size=32, shuffle=True, num_workers=8)\nmodel.cuda()\n",
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(train_ds, batch_size=32, shuffle=True, num_workers=args.workers)\nmodel.cuda()\n",
+        # CPU-only file
+        "import torch\nfrom torch.utils.data import DataLoader\nloader = DataLoader(train_ds, shuffle=True)\n",
+        # evaluation loader
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "test_loader = DataLoader(test_ds, batch_size=256)\nmodel.to('cuda')\n",
+        # settings passed through **kwargs
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(train_ds, shuffle=True, **loader_kwargs)\nmodel.cuda()\n",
+    ]
+    INVALID = [
+        Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
+                "train_loader = DataLoader(train_ds, batch_size=32, shuffle=True)\nmodel = Net().cuda()\n",
+                line=3, message="train_loader"),
+        Invalid("import torch\nfrom torch.utils.data import DataLoader as DL\n"
+                "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+                "loader = DL(trainset, batch_size=32, num_workers=0)\nmodel.to(device)\n",
+                line=4, message="num_workers=0"),
+        Invalid("import torch.utils.data as tud\nimport torch\n"
+                "dl = tud.DataLoader(ds, batch_size=8, shuffle=True)\n"
+                "for x, y in dl:\n    x = x.to('cuda')\n",
+                line=3, message="dl"),
+    ]
+
+    def wants(self, loader: _Loader) -> bool:
+        if not loader.training:
+            return False
+        workers = keyword_arg(loader.call, "num_workers")
+        if workers is None:
+            return len([a for a in loader.call.args if a.keyword is None]) < 6  # positional num_workers
+        return isinstance(workers.value, cst.Integer) and workers.value.evaluated_value == 0
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.loaders or not _facts(ctx).cuda_evidence:
+            return
+        for loader in self.loaders:
+            workers = keyword_arg(loader.call, "num_workers")
+            how = "num_workers=0" if workers is not None else "no num_workers"
+            self.report(loader.call, f"training DataLoader {loader.label} has {how}: batches are loaded in the "
+                                     f"training process and the GPU waits for them; pass num_workers>0 "
+                                     f"(e.g. num_workers=4, persistent_workers=True)")
+
+
+class MissingPinMemory(_LoaderRule):
+    id = "TR703"
+    slug = "missing-pin-memory"
+    category = Category.DEVICE
+    severity = Severity.LOW
+    summary = "DataLoader without pin_memory=True while batches are copied to CUDA"
+    what = """
+        Flags a `DataLoader` without `pin_memory=True` (absent or `False`) in a script whose
+        loop copies batches to the GPU (`batch.to(device)`, `x.cuda()`...).
+    """
+    why = """
+        Host-to-device copies from pageable memory go through an extra staging copy and cannot
+        overlap with compute. Pinned (page-locked) batches copy faster, and with
+        `.to(device, non_blocking=True)` the copy overlaps with the GPU work.
+    """
+    example = """
+        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=4)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+    """
+    fix_example = """
+        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=4, pin_memory=True)
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    """
+    VALID = [
+        "import torch\nfrom torch.utils.data import DataLoader\ndevice = torch.device('cuda')\n"
+        "loader = DataLoader(ds, num_workers=4, pin_memory=True)\nfor x, y in loader:\n    x = x.to(device)\n",
+        # batches never moved to CUDA in a loop (only the model)
+        "import torch\nfrom torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4)\n"
+        "model = model.cuda()\n",
+        # CPU training
+        "import torch\nfrom torch.utils.data import DataLoader\ndevice = torch.device('cpu')\n"
+        "loader = DataLoader(ds, num_workers=4)\nfor x, y in loader:\n    x = x.to(device)\n",
+        # decided at run time
+        "import torch\nfrom torch.utils.data import DataLoader\nloader = DataLoader(ds, pin_memory=use_cuda)\n"
+        "for x, y in loader:\n    x = x.cuda()\n",
+    ]
+    INVALID = [
+        Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
+                "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+                "train_loader = DataLoader(train_ds, batch_size=64, num_workers=4)\n"
+                "for x, y in train_loader:\n    x, y = x.to(device), y.to(device)\n",
+                line=4, message="train_loader"),
+        Invalid("import torch\nfrom torch.utils import data\n"
+                "loader = data.DataLoader(ds, num_workers=2, pin_memory=False)\n"
+                "def train(model, args):\n    for batch in loader:\n"
+                "        batch = {k: v.to(args.device) for k, v in batch.items()}\n",
+                line=3, message="pin_memory=False"),
+        Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
+                "loader = DataLoader(ds, num_workers=2)\nfor step, (x, y) in enumerate(loader):\n"
+                "    out = model(x.cuda(non_blocking=True))\n",
+                line=3),
+    ]
+
+    def wants(self, loader: _Loader) -> bool:
+        pin = keyword_arg(loader.call, "pin_memory")
+        if pin is None:
+            return len([a for a in loader.call.args if a.keyword is None]) < 8  # positional pin_memory
+        return is_false(pin.value)
+
+    def end_file(self, ctx: FileContext) -> None:
+        facts = _facts(ctx)
+        if not self.loaders or not facts.cuda_evidence or not facts.batch_moves:
+            return
+        for loader in self.loaders:
+            pin = keyword_arg(loader.call, "pin_memory")
+            how = "pin_memory=False" if pin is not None else "no pin_memory=True"
+            self.report(loader.call, f"DataLoader {loader.label} has {how} while its batches are copied to CUDA: "
+                                     f"copies from pageable memory are slower and cannot overlap compute; pass "
+                                     f"pin_memory=True and move batches with non_blocking=True")
+

@@ -1,1 +1,380 @@
-"""Rules of this category."""
+"""Reproducibility: seeding and cuDNN determinism settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, argument, call_receiver, dotted_name, is_false, is_true, method_name
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Rule
+
+# Calls named like seeding that do not seed torch's global generators.
+_NOT_TORCH_SEED = {
+    "random.seed", "numpy.random.seed", "tensorflow.random.set_seed", "tensorflow.set_random_seed",
+    "torch.seed", "torch.random.seed", "torch.cuda.seed", "torch.cuda.seed_all", "torch.initial_seed",
+    "torch.random.initial_seed", "torch.cuda.initial_seed",
+}
+_READ_SEED = ("initial_seed", "get_seed", "get_rng_state")
+# Seeding calls known to seed torch (TR902 counts only these as a determinism request).
+_TORCH_SEEDS = {
+    "torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all",
+    "lightning.seed_everything", "lightning.pytorch.seed_everything", "pytorch_lightning.seed_everything",
+    "lightning.fabric.seed_everything", "lightning.pytorch.utilities.seed.seed_everything",
+    "pytorch_lightning.utilities.seed.seed_everything", "lightning_fabric.utilities.seed.seed_everything",
+    "transformers.set_seed", "transformers.trainer_utils.set_seed", "accelerate.utils.set_seed",
+}
+# Per-iteration helpers: library code called by an entry point, not the entry point itself.
+_HELPER_WORDS = ("epoch", "step", "batch", "one", "iter", "single")
+
+
+def _is_main_guard(test: cst.BaseExpression) -> bool:
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    if not isinstance(target.operator, cst.Equal):
+        return False
+    sides = {dotted_name(test.left), dotted_name(target.comparator)}
+    strings = [s for s in (test.left, target.comparator) if isinstance(s, cst.SimpleString)]
+    return "__name__" in sides and any(s.evaluated_value == "__main__" for s in strings)
+
+
+def _entry_function(name: str) -> bool:
+    lowered = name.lower()
+    if lowered == "main" or lowered.endswith("_main") or lowered.startswith("main_"):
+        return True
+    return lowered.startswith("train") and not any(w in lowered for w in _HELPER_WORDS)
+
+
+def _is_test_file(path: str) -> bool:
+    base = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
+
+
+def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
+    text = " ".join(ctx.module.code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 5] + "...)"
+
+
+class UnseededTraining(Rule):
+    id = "TR901"
+    slug = "unseeded-training"
+    category = Category.REPRODUCIBILITY
+    severity = Severity.LOW
+    summary = "training entry point never seeds torch"
+    what = """
+        Flags a training script — a file with an `if __name__ == "__main__":` block, a
+        `main`/`train*` function, or module-level code that runs `.backward()` and `.step()` —
+        that never seeds torch: no `torch.manual_seed`, `torch.cuda.manual_seed(_all)`,
+        `seed_everything`, `transformers.set_seed`, `accelerate.utils.set_seed`, and no call to a
+        function whose name contains `seed` (your own `set_seed(42)` counts). Reported once,
+        on the first `.backward()` call. Modules without an entry point are not checked.
+    """
+    why = """
+        Weight initialization, dropout, data shuffling and augmentation all draw from torch's
+        random generators. Without a seed two runs of the same script give different results,
+        so a change cannot be told apart from noise and a reported number cannot be reproduced.
+        `random.seed`/`numpy.random.seed` alone do not seed torch.
+    """
+    example = """
+        def main():
+            model = Net()
+            for x, y in loader:
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+    """
+    fix_example = """
+        def main():
+            torch.manual_seed(42)  # or lightning.seed_everything(42) / transformers.set_seed(42)
+            model = Net()
+            ...
+    """
+    VALID = [
+        # seeded
+        """
+        import torch
+        def main():
+            torch.manual_seed(0)
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+        if __name__ == "__main__":
+            main()
+        """,
+        # own helper
+        """
+        import torch
+        from utils import set_seed
+        set_seed(1234)
+        for x, y in loader:
+            loss = crit(model(x), y)
+            loss.backward()
+            opt.step()
+        """,
+        # library module: no entry point
+        """
+        import torch
+        def train_one_epoch(model, loader, opt):
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+        """,
+        # Lightning seeding
+        """
+        import torch
+        import lightning as L
+        def train(cfg):
+            L.seed_everything(cfg.seed)
+            loss = step(model)
+            loss.backward()
+            opt.step()
+        """,
+        # no training loop (inference script)
+        """
+        import torch
+        if __name__ == "__main__":
+            with torch.no_grad():
+                print(model(x))
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            def main():
+                for x, y in loader:
+                    loss = model(x).sum()
+                    loss.backward()
+                    opt.step()
+            if __name__ == "__main__":
+                main()
+            """,
+            line=6, message="loss.backward()",
+        ),
+        Invalid(
+            """
+            import random
+            import numpy as np
+            import torch
+            random.seed(0)
+            np.random.seed(0)
+            def train(model, loader, optimizer):
+                for batch in loader:
+                    optimizer.zero_grad()
+                    model(batch).mean().backward()
+                    optimizer.step()
+            """,
+            line=10, message="train()",
+        ),
+        Invalid(
+            """
+            import torch
+            for epoch in range(10):
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+            """,
+            line=6,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.main_guard: Optional[cst.If] = None
+        self.backward: Optional[cst.Call] = None  # first backward
+        self.backward_owner: Optional[str] = None
+        self.entry_backward = False
+        self.has_step = False
+        self.seeded = False
+
+    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
+        if self.main_guard is None and not ctx.functions and _is_main_guard(node.test):
+            self.main_guard = node
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = method_name(node)
+        if name is None:
+            return
+        if name == "backward":
+            if call_receiver(node) is None:
+                return
+            fn = ctx.function_def
+            entry = fn is None or _entry_function(fn.name.value)
+            if self.backward is None:
+                self.backward = node
+                self.backward_owner = f"{fn.name.value}()" if fn is not None else "the module-level loop"
+            self.entry_backward = self.entry_backward or entry
+        elif name == "step":
+            if call_receiver(node) is not None:
+                self.has_step = True
+        elif not self.seeded and "seed" in name.lower():
+            if name.endswith(_READ_SEED):
+                return
+            qualified = ctx.call_name(node)
+            if qualified not in _NOT_TORCH_SEED:
+                self.seeded = True
+
+    def end_file(self, ctx: FileContext) -> None:
+        if self.seeded or self.backward is None or not self.has_step or _is_test_file(ctx.path):
+            return
+        if self.main_guard is None and not self.entry_backward:
+            return
+        shown = _short(ctx, self.backward)
+        self.report(self.backward, f"{shown} in {self.backward_owner} trains, but this script never seeds torch: "
+                                   f"initialization, dropout and shuffling differ on every run; call "
+                                   f"torch.manual_seed(seed) (or seed_everything/set_seed) at start-up")
+
+
+@dataclass
+class _Flag:
+    node: cst.CSTNode
+    text: str
+    block: Optional[cst.CSTNode]
+    seed: bool = False
+
+
+def _block_of(node: cst.CSTNode, ctx: FileContext) -> Optional[cst.CSTNode]:
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
+            return ancestor
+    return None
+
+
+def _exclusive(a: cst.CSTNode, b: cst.CSTNode, ctx: FileContext) -> bool:
+    """``a`` and ``b`` sit in different branches of one ``if``/``else``."""
+    for ancestor in ctx.ancestors(a):
+        if isinstance(ancestor, cst.If) and ancestor.orelse is not None and ctx.inside(b, ancestor):
+            a_body = ctx.inside(a, ancestor.body)
+            b_body = ctx.inside(b, ancestor.body)
+            if a_body != b_body and (a_body or ctx.inside(a, ancestor.orelse)) and \
+                    (b_body or ctx.inside(b, ancestor.orelse)):
+                return True
+    return False
+
+
+_BENCHMARK = "torch.backends.cudnn.benchmark"
+_DETERMINISTIC = "torch.backends.cudnn.deterministic"
+
+
+class CudnnBenchmarkWithDeterminism(Rule):
+    id = "TR902"
+    slug = "cudnn-benchmark-with-determinism"
+    category = Category.REPRODUCIBILITY
+    severity = Severity.LOW
+    summary = "cudnn.benchmark = True in a file that asks for deterministic/reproducible runs"
+    what = """
+        Flags `torch.backends.cudnn.benchmark = True` (under any import alias) in a file that also
+        asks for determinism: `torch.backends.cudnn.deterministic = True`,
+        `torch.use_deterministic_algorithms(True)`, or seeding torch (`torch.manual_seed`,
+        `seed_everything`...). Requests in the other branch of an `if`/`else`, requests next to
+        `cudnn.benchmark = False`, and seeds in a file that switches benchmark off somewhere are fine.
+    """
+    why = """
+        With `benchmark = True` cuDNN times several convolution algorithms on the first batches
+        and keeps the fastest, which can differ from run to run and includes non-deterministic
+        ones. The seed or the determinism flag then does not give reproducible results, and the
+        two settings contradict each other.
+    """
+    example = """
+        torch.manual_seed(0)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = True
+    """
+    fix_example = """
+        torch.manual_seed(0)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        # or, when speed matters more than bitwise reproducibility, drop the determinism request
+    """
+    VALID = [
+        "import torch\ntorch.backends.cudnn.benchmark = True\n",
+        "import torch\ntorch.manual_seed(0)\ntorch.backends.cudnn.deterministic = True\n"
+        "torch.backends.cudnn.benchmark = False\n",
+        # either/or on a flag
+        """
+        import torch
+        from torch.backends import cudnn
+        if args.deterministic:
+            cudnn.deterministic = True
+        else:
+            cudnn.benchmark = True
+        """,
+        # the seed helper switches benchmark off itself
+        """
+        import torch
+        def set_seed(s):
+            torch.manual_seed(s)
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        """,
+    ]
+    INVALID = [
+        Invalid("import torch\ntorch.manual_seed(42)\ntorch.backends.cudnn.benchmark = True\n",
+                line=3, message="torch.manual_seed(42)"),
+        Invalid("import torch\nfrom torch.backends import cudnn\ncudnn.benchmark = True\n"
+                "cudnn.deterministic = True\n", line=3, message="cudnn.deterministic = True"),
+        Invalid("import torch\nimport torch.backends.cudnn as cudnn\n"
+                "def setup():\n    torch.use_deterministic_algorithms(True)\n    cudnn.benchmark = True\n",
+                line=5, message="use_deterministic_algorithms"),
+        Invalid("import torch\nimport lightning as L\nL.seed_everything(7)\ntorch.backends.cudnn.benchmark = True\n",
+                line=4),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.benchmarks: list[_Flag] = []
+        self.requests: list[_Flag] = []
+        self.off_blocks: set[int] = set()  # blocks with ``cudnn.benchmark = False``
+
+    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        value = node.value
+        if not (is_true(value) or is_false(value)):
+            return
+        for target in node.targets:
+            expr = target.target
+            if not isinstance(expr, cst.Attribute) or expr.attr.value not in ("benchmark", "deterministic"):
+                continue
+            qualified = ctx.qualified_name(expr)
+            if qualified == _BENCHMARK:
+                if is_true(value):
+                    self.benchmarks.append(_Flag(node, _short(ctx, expr) + " = True", _block_of(node, ctx)))
+                else:
+                    block = _block_of(node, ctx)
+                    if block is not None:
+                        self.off_blocks.add(id(block))
+            elif qualified == _DETERMINISTIC and is_true(value):
+                self.requests.append(_Flag(node, _short(ctx, node), _block_of(node, ctx)))
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = method_name(node)
+        if name is None:
+            return
+        if name == "use_deterministic_algorithms":
+            if ctx.call_name(node) == "torch.use_deterministic_algorithms" and is_true(argument(node, 0, "mode")):
+                self.requests.append(_Flag(node, _short(ctx, node), _block_of(node, ctx)))
+        elif "seed" in name and ctx.call_name(node) in _TORCH_SEEDS:
+            self.requests.append(_Flag(node, _short(ctx, node), _block_of(node, ctx), seed=True))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.benchmarks or not self.requests:
+            return
+        requests = sorted(self.requests, key=lambda r: r.seed)  # name an explicit determinism request first
+        for bench in self.benchmarks:
+            for request in requests:
+                if request.block is not None and id(request.block) in self.off_blocks \
+                        and request.block is not bench.block:
+                    continue  # benchmark switched off right where determinism is requested
+                if request.seed and self.off_blocks:
+                    continue  # a seed alone is a weak request, and the file switches benchmark off somewhere
+                if _exclusive(bench.node, request.node, ctx):
+                    continue
+                self.report(bench.node, f"{bench.text} lets cuDNN pick non-deterministic, run-dependent algorithms, "
+                                        f"contradicting {request.text}: runs will not be reproducible; set "
+                                        f"benchmark = False when you need determinism")
+                break

@@ -157,22 +157,26 @@ _MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator
                 "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer"}
 
 
+_CHAINED_MODULE_METHODS = {"to", "cuda", "cpu", "eval", "train", "half", "float", "double", "bfloat16", "requires_grad_"}
+
+
 def _is_module_value(expr: cst.BaseExpression, ctx: FileContext) -> bool:
     origin = ctx.origin(expr)
-    if isinstance(origin, cst.Call):
-        called = ctx.call_name(origin)
-        if called and called.startswith("torch.nn.") and called.rsplit(".", 1)[-1][:1].isupper():
-            return True
-        local = dotted_name(origin.func)
-        if local and local in ctx.module_classes_in_file:
-            return True
-        if local and local[:1].isupper() and _name_is_model_like(dotted_name(expr) or ""):
-            return True
+    # ``Net().to(device)`` and friends return the module itself
+    while (isinstance(origin, cst.Call) and isinstance(origin.func, cst.Attribute)
+           and origin.func.attr.value in _CHAINED_MODULE_METHODS):
+        origin = ctx.origin(origin.func.value)
     name = dotted_name(expr) or ""
-    return _name_is_model_like(name) and not isinstance(origin, cst.Call) or (
-        isinstance(origin, cst.Call) and _name_is_model_like(name) and
-        (dotted_name(origin.func) or "").rsplit(".", 1)[-1] in {"to", "cuda", "cpu", "eval", "train", "half", "float"}
-    )
+    if isinstance(origin, cst.Call):
+        called = ctx.call_name(origin) or dotted_name(origin.func) or ""
+        last = called.rsplit(".", 1)[-1]
+        if called.startswith("torch.nn.") and last[:1].isupper():
+            return True
+        if called in ctx.module_classes_in_file:
+            return True
+        # an unknown class (imported from the project) assigned to a model-like name
+        return last[:1].isupper() and _name_is_model_like(name)
+    return _name_is_model_like(name)
 
 
 def _name_is_model_like(name: str) -> bool:

@@ -1,0 +1,77 @@
+"""Which lines a change added or modified: the filter the CLI's ``--diff`` and the bot share."""
+from __future__ import annotations
+
+import subprocess
+from typing import Iterable, Mapping, Optional
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from analyzers.model import Finding
+
+# path -> added/modified line numbers in the new file; None means "the whole file" (new notebook,
+# or a file whose diff has no line information)
+ChangedLines = dict[str, Optional[set[int]]]
+
+
+class DiffError(RuntimeError):
+    pass
+
+
+def changed_lines_from_patch(patch_text: str) -> ChangedLines:
+    """Parse a unified diff (``git diff`` output) into the new-side lines each file adds."""
+    try:
+        patch = PatchSet(patch_text)
+    except UnidiffParseError as exc:
+        raise DiffError(f"unreadable diff: {exc}") from None
+    changed: ChangedLines = {}
+    for patched in patch:
+        if patched.is_removed_file:
+            continue
+        path = patched.path
+        if patched.is_binary_file:
+            continue
+        lines = {line.target_line_no for hunk in patched for line in hunk if line.is_added}
+        changed[path] = None if path.endswith(".ipynb") else lines
+    return changed
+
+
+def changed_lines_from_file_patch(path: str, patch: str) -> set[int]:
+    """Lines added by one file's patch as GitHub's PR files API returns it (hunks, no headers)."""
+    header = f"--- a/{path}\n+++ b/{path}\n"
+    parsed = changed_lines_from_patch(header + patch + ("" if patch.endswith("\n") else "\n"))
+    return parsed.get(path) or set()
+
+
+def git_changed_lines(ref: str, cwd: Optional[str] = None) -> ChangedLines:
+    """Lines changed in the working tree since ``ref`` (committed or not), plus untracked files."""
+    try:
+        diff = _git(["diff", "--no-color", "--no-ext-diff", "-U0", "--relative", ref, "--"], cwd)
+        untracked = _git(["ls-files", "--others", "--exclude-standard"], cwd)
+    except FileNotFoundError:
+        raise DiffError("--diff needs git, which is not installed") from None
+    changed = changed_lines_from_patch(diff) if diff.strip() else {}
+    for path in untracked.splitlines():
+        if path.endswith((".py", ".ipynb")):
+            changed[path] = None
+    return changed
+
+
+def _git(args: list[str], cwd: Optional[str]) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DiffError(f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def keep_changed(findings: Iterable[Finding], changed: Mapping[str, Optional[set[int]]]) -> list[Finding]:
+    """Findings whose reported range touches a changed line of a changed file."""
+    kept = []
+    for finding in findings:
+        path = finding.path[2:] if finding.path.startswith("./") else finding.path
+        if path not in changed:
+            continue
+        lines = changed[path]
+        if lines is None or any(n in lines for n in range(finding.line, finding.end_line + 1)):
+            kept.append(finding)
+    return kept

@@ -1,0 +1,167 @@
+"""Render a run's results: text (for people), json (the contract), sarif (code scanning), github."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import IO
+
+from analyzers.engine import RunResult
+from analyzers.model import Finding, Severity
+
+SEVERITY_STYLE = {
+    Severity.CRITICAL: "bold white on red",
+    Severity.HIGH: "bold red",
+    Severity.MEDIUM: "yellow",
+    Severity.LOW: "cyan",
+}
+FORMATS = ("text", "json", "sarif", "github")
+
+
+def render(run: RunResult, fmt: str, stream: IO[str], *, color: bool | None = None) -> None:
+    if fmt == "json":
+        json.dump(run.to_dict(), stream, indent=2)
+        stream.write("\n")
+    elif fmt == "sarif":
+        json.dump(to_sarif(run), stream, indent=2)
+        stream.write("\n")
+    elif fmt == "github":
+        render_github(run, stream)
+    else:
+        render_text(run, stream, color=color)
+
+
+def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=stream, force_terminal=color, no_color=color is False, highlight=False,
+                      soft_wrap=True)
+    by_file: dict[str, list[Finding]] = defaultdict(list)
+    for finding in run.findings:
+        by_file[finding.path].append(finding)
+    for path in sorted(by_file):
+        findings = sorted(by_file[path], key=lambda f: (-f.severity, f.cell or 0, f.line, f.column))
+        console.print(Text(path, style="bold underline"))
+        for f in findings:
+            where = f"cell {f.cell}, line {f.line}" if f.cell else f"{f.line}:{f.column}"
+            line = Text("  ")
+            line.append(f"{f.severity.label.upper():<8}", style=SEVERITY_STYLE[f.severity])
+            line.append(f" {where:<10} ", style="dim")
+            line.append(f"{f.rule} ", style="bold")
+            line.append(f"{f.slug}: ", style="magenta")
+            line.append(f.message)
+            if f.fix is not None:
+                line.append("  [fix available]", style="green")
+            console.print(line)
+        console.print()
+    for error in run.errors:
+        console.print(Text.assemble(("error ", "bold red"), (f"{error.path}", "bold"), f" [{error.kind}] {error.message}"))
+    counts = {s: sum(1 for f in run.findings if f.severity is s) for s in Severity}
+    parts = [f"{counts[s]} {s.label}" for s in sorted(Severity, reverse=True) if counts[s]]
+    summary = Text()
+    total = len(run.findings)
+    summary.append(f"{total} finding{'s' if total != 1 else ''}", style="bold red" if total else "bold green")
+    if parts:
+        summary.append(" (" + ", ".join(parts) + ")")
+    summary.append(f" in {run.files} file{'s' if run.files != 1 else ''}")
+    if run.errors:
+        summary.append(f", {len(run.errors)} file error{'s' if len(run.errors) != 1 else ''}", style="red")
+    summary.append(f" · {run.seconds:.2f}s", style="dim")
+    console.print(summary)
+
+
+def render_github(run: RunResult, stream: IO[str]) -> None:
+    """GitHub Actions workflow commands: annotations on the PR's Files view."""
+    level = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning", Severity.LOW: "notice"}
+    for f in run.findings:
+        title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label})")
+        message = _escape_data(f.message)
+        stream.write(f"::{level[f.severity]} file={_escape_property(f.path)},line={f.line},endLine={f.end_line},"
+                     f"col={f.column},title={title}::{message}\n")
+    for e in run.errors:
+        stream.write(f"::warning file={_escape_property(e.path)},title=torchreview {e.kind}::{_escape_data(e.message)}\n")
+
+
+def _escape_data(value: str) -> str:
+    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(value: str) -> str:
+    return _escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+
+SARIF_LEVEL = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning", Severity.LOW: "note"}
+SECURITY_SEVERITY = {Severity.CRITICAL: "9.5", Severity.HIGH: "7.5", Severity.MEDIUM: "5.0", Severity.LOW: "2.0"}
+
+
+def to_sarif(run: RunResult) -> dict:
+    """SARIF 2.1.0 as GitHub code scanning accepts it."""
+    from analyzers.rules import all_rules
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tool_version = version("torchreview")
+    except PackageNotFoundError:  # running from a source tree
+        tool_version = "0.0.0"
+    rules = all_rules()
+    index = {r.id: i for i, r in enumerate(rules)}
+    descriptors = []
+    for rule in rules:
+        descriptors.append({
+            "id": rule.id,
+            "name": "".join(part.capitalize() for part in rule.slug.split("-")),
+            "shortDescription": {"text": rule.summary},
+            "fullDescription": {"text": " ".join(rule.what.split())},
+            "help": {"text": rule.docs(), "markdown": rule.docs()},
+            "defaultConfiguration": {"level": SARIF_LEVEL[rule.severity]},
+            "properties": {
+                "tags": [rule.category.value, "pytorch"] + (["security"] if rule.category.value == "serialization" else []),
+                "security-severity": SECURITY_SEVERITY[rule.severity],
+                "precision": "high",
+            },
+        })
+    results = []
+    for f in run.findings:
+        result = {
+            "ruleId": f.rule,
+            "ruleIndex": index.get(f.rule, 0),
+            "level": SARIF_LEVEL[f.severity],
+            "message": {"text": f.message},
+            "locations": [{
+                "physicalLocation": {
+                    "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
+                    "region": {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line,
+                               "endColumn": f.end_column},
+                }
+            }],
+            "partialFingerprints": {"torchreview/v1": f"{f.rule}:{f.path}:{f.line}"},
+            "properties": {"severity": f.severity.label, "category": f.category},
+        }
+        if f.fix is not None:
+            result["fixes"] = [{
+                "description": {"text": f"Apply the {f.slug} fix"},
+                "artifactChanges": [{
+                    "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
+                    "replacements": [{
+                        # a region with lines only covers those whole lines
+                        "deletedRegion": {"startLine": f.fix.start_line, "endLine": f.fix.end_line},
+                        "insertedContent": {"text": f.fix.replacement},
+                    }],
+                }],
+            }]
+        results.append(result)
+    notifications = [{
+        "level": "warning",
+        "message": {"text": f"{e.path}: {e.kind}: {e.message}"},
+        "locations": [{"physicalLocation": {"artifactLocation": {"uri": e.path, "uriBaseId": "%SRCROOT%"}}}],
+    } for e in run.errors]
+    return {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "torchreview", "version": tool_version,
+                                "informationUri": "https://github.com/torchreview/torchreview", "rules": descriptors}},
+            "results": results,
+            "invocations": [{"executionSuccessful": True, "toolExecutionNotifications": notifications}],
+        }],
+    }

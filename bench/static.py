@@ -1,0 +1,146 @@
+"""Static-analysis speed on a real corpus nobody here wrote: the installed torch package's own .py files.
+
+Prints, in one run and on the same files: a bare libcst parse (the floor), torchreview with one
+job and with all jobs, and TorchFix (``pip install torchfix``) with one job and all jobs; files,
+seconds, files/s and peak memory (max RSS of the measuring process tree) for each.
+
+    python bench/static.py                 # every .py file of torch
+    python bench/static.py --sample 5      # every 5th file (TorchFix takes ~50 CPU-minutes on all)
+    python bench/static.py --skip torchfix
+
+Each measurement runs in a fresh subprocess so memory and import costs do not leak between tools.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def torch_files(sample: int) -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("torch is not installed: pip install torch==2.13.0")
+    root = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(str(p) for p in root.rglob("*.py"))
+    return files[::sample]
+
+
+def measure(argv: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS in MiB (largest process of its tree), stdout."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, cwd=ROOT)
+        # wait4 gives this child's own rusage (its reaped descendants included), not a running max
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"{argv[:3]} exited {proc.returncode}: {stderr[-2000:]}")
+    return seconds, usage.ru_maxrss / 1024, stdout
+
+
+# ---- workers (run in the subprocess) -----------------------------------------------------------
+
+
+def worker_parse(filelist: str) -> None:
+    import libcst as cst
+
+    ok = failed = 0
+    for path in Path(filelist).read_text().splitlines():
+        try:
+            cst.parse_module(Path(path).read_text(encoding="utf-8"))
+            ok += 1
+        except Exception:
+            failed += 1
+    print(json.dumps({"parsed": ok, "failed": failed}))
+
+
+def worker_torchreview(filelist: str, jobs: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    from analyzers.config import Config
+    from analyzers.engine import analyze_files
+
+    files = [(Path(p), p) for p in Path(filelist).read_text().splitlines()]
+    run = analyze_files(files, Config(), jobs=jobs)
+    internal = [e for e in run.errors if e.kind == "rule-error"]
+    print(json.dumps({"findings": len(run.findings), "errors": len(run.errors), "rule_errors": len(internal),
+                      "rule_error_samples": [e.to_dict() for e in internal[:5]]}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sample", type=int, default=1, help="take every Nth file (default: all)")
+    parser.add_argument("--skip", action="append", default=[], choices=["parse", "torchreview", "torchfix"])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--filelist", help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "parse":
+        return worker_parse(args.filelist)
+    if args.worker == "torchreview":
+        return worker_torchreview(args.filelist, args.jobs)
+
+    files = torch_files(args.sample)
+    cores = os.cpu_count() or 1
+    lines = sum(1 for f in files for _ in open(f, encoding="utf-8", errors="replace"))
+    print(f"corpus: {len(files)} .py files of the installed torch package ({lines:,} lines), {cores} cores")
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+        handle.write("\n".join(files))
+        filelist = handle.name
+    me = [sys.executable, __file__, "--filelist", filelist]
+    rows = []
+    notes = []
+    if "parse" not in args.skip:
+        seconds, peak, out = measure([*me, "--worker", "parse"])
+        rows.append(("libcst parse only (floor)", 1, seconds, peak))
+        notes.append(f"parse: {out.strip()}")
+    if "torchreview" not in args.skip:
+        for jobs in (1, cores):
+            seconds, peak, out = measure([*me, "--worker", "torchreview", "--jobs", str(jobs)])
+            rows.append((f"torchreview ({_rule_count()} rules)", jobs, seconds, peak))
+            notes.append(f"torchreview -j{jobs}: {out.strip()}")
+    if "torchfix" not in args.skip:
+        exe = Path(sys.executable).with_name("torchfix")
+        if not exe.exists():
+            notes.append("torchfix: not installed (pip install torchfix); skipped")
+        else:
+            for jobs in (1, cores):
+                seconds, peak, out = measure([str(exe), "--select", "ALL", "--jobs", str(jobs), *files])
+                rows.append(("TorchFix (--select ALL, 16 rules)", jobs, seconds, peak))
+                notes.append(f"torchfix -j{jobs}: {len(out.splitlines())} findings")
+    os.unlink(filelist)
+
+    print()
+    print(f"| {'tool':<36} | jobs | files | seconds | files/s | peak RSS MiB | x parse |")
+    print(f"|{'-' * 38}|-----:|------:|--------:|--------:|-------------:|--------:|")
+    floor = next((r[2] for r in rows if r[0].startswith("libcst")), None)
+    for name, jobs, seconds, peak in rows:
+        ratio = f"{seconds / floor:.2f}" if floor else ""
+        print(f"| {name:<36} | {jobs:>4} | {len(files):>5} | {seconds:>7.1f} | {len(files) / seconds:>7.1f} "
+              f"| {peak:>12.0f} | {ratio:>7} |")
+    for note in notes:
+        print(note)
+
+
+def _rule_count() -> int:
+    sys.path.insert(0, str(ROOT))
+    from analyzers.rules import all_rules
+
+    return len(all_rules())
+
+
+if __name__ == "__main__":
+    main()

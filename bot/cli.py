@@ -1,0 +1,142 @@
+"""The ``torchreview`` command line."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from analyzers.output import FORMATS
+
+    parser = argparse.ArgumentParser(prog="torchreview", description="Review PyTorch code like a senior engineer.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = sub.add_parser("check", help="analyze files or directories",
+                           description="Analyze Python files and notebooks. Exit 0: nothing at or above the fail "
+                                       "level; 1: findings; 2: usage or configuration error.")
+    check.add_argument("paths", nargs="*", default=["."], metavar="PATH")
+    check.add_argument("--format", choices=FORMATS, default="text")
+    check.add_argument("--select", type=_csv, help="rule ids, prefixes (TR1), slugs or categories, comma-separated")
+    check.add_argument("--ignore", type=_csv, help="rules to skip, same forms as --select")
+    check.add_argument("--min-severity", choices=["low", "medium", "high", "critical"], help="hide findings below this")
+    check.add_argument("--fail-on", choices=["low", "medium", "high", "critical"],
+                       help="exit 1 when a finding is at or above this severity (config fail_on, default high)")
+    check.add_argument("--diff", metavar="GIT_REF", help="only report findings on lines changed since GIT_REF")
+    check.add_argument("--jobs", "-j", type=int, default=0, help="parallel processes (default: all cores)")
+    check.add_argument("--config", metavar="FILE", help="a .torchreview.toml or pyproject.toml to use")
+    check.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    check.set_defaults(handler=cmd_check)
+
+    rules = sub.add_parser("rules", help="list every rule")
+    rules.add_argument("--format", choices=["text", "json"], default="text")
+    rules.set_defaults(handler=cmd_rules)
+
+    rule = sub.add_parser("rule", help="show one rule's documentation")
+    rule.add_argument("rule_id", metavar="RULE", help="a rule id (TR101) or slug (missing-zero-grad)")
+    rule.set_defaults(handler=cmd_rule)
+    return parser
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from analyzers.config import ConfigError, find_config, load_config_file
+    from analyzers.diff import DiffError, git_changed_lines, keep_changed
+    from analyzers.engine import analyze_paths, fails
+    from analyzers.output import render
+
+    for path in args.paths:
+        if not Path(path).exists():
+            raise UsageError(f"{path}: no such file or directory")
+    if args.jobs < 0:
+        raise UsageError("--jobs must be 0 (all cores) or more")
+    try:
+        config = load_config_file(Path(args.config)) if args.config else find_config(Path.cwd())
+        config = config.merged_with_cli(select=args.select, ignore=args.ignore, min_severity=args.min_severity,
+                                        fail_on=args.fail_on)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    paths = [_relative(p) for p in args.paths]
+    run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count())
+    if args.diff:
+        try:
+            run.findings = keep_changed(run.findings, git_changed_lines(args.diff))
+        except DiffError as exc:
+            raise UsageError(str(exc)) from None
+    color = {"always": True, "never": False}.get(args.color)
+    render(run, args.format, sys.stdout, color=color)
+    return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
+
+
+def _relative(path: str) -> str:
+    """Show paths relative to the working directory, as git does, so --diff can match them."""
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix() or "."
+    except ValueError:
+        return path
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from analyzers.rules import all_rules
+
+    if args.format == "json":
+        print(json.dumps([{"id": r.id, "slug": r.slug, "category": r.category.value, "severity": r.severity.label,
+                           "summary": r.summary, "requires": r.requires} for r in all_rules()], indent=2))
+        return EXIT_OK
+    table = Table(title="torchreview rules", show_lines=False)
+    for column in ("id", "slug", "category", "severity", "summary"):
+        table.add_column(column, overflow="fold")
+    for r in all_rules():
+        table.add_row(r.id, r.slug, r.category.value, r.severity.label, r.summary)
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_rule(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from analyzers.rules import get_rule
+
+    rule = get_rule(args.rule_id)
+    if rule is None:
+        raise UsageError(f"no rule {args.rule_id!r}; `torchreview rules` lists them")
+    console = Console()
+    if console.is_terminal:
+        console.print(Markdown(rule.docs()))
+    else:
+        sys.stdout.write(rule.docs())
+    return EXIT_OK
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"torchreview: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

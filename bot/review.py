@@ -1,0 +1,648 @@
+"""Turn one pull request's findings into a GitHub review and a check run, as plain data.
+
+Pure functions only: no network and no PyGithub objects. The worker sends what comes out:
+
+* :func:`plan_review` -> :class:`ReviewPlan`: the body and ``comments[]`` of ONE
+  ``POST /repos/{o}/{r}/pulls/{n}/reviews`` (event ``COMMENT``).
+* :func:`plan_check_run` -> :class:`CheckRunPlan`: conclusion and ``output`` of a check run;
+  send the annotations 50 at a time with :func:`batches` (GitHub's per-request limit).
+
+GitHub rejects a whole review with 422 when a single comment targets a line outside the diff,
+so every inline comment is placed on a line that appears in a hunk of the file's patch; what
+cannot be placed goes into the review body instead of being lost.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import textwrap
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from analyzers.model import Category, Finding, Fix, Severity
+from analyzers.rules import get_rule
+
+# GitHub's limits: check-run summary/text (documented maxLength), review and comment bodies.
+MAX_MARKDOWN_CHARS = 65_535
+MAX_ANNOTATION_BYTES = 64 * 1024
+MAX_ANNOTATION_TITLE_CHARS = 255
+ANNOTATIONS_PER_REQUEST = 50
+# Long lists (files reviewed, notes) are capped so the findings keep most of the room.
+MAX_LISTED_FILES = 200
+MAX_LISTED_NOTES = 200
+
+FILTER_MODES = ("added", "diff_context", "file")
+
+SEVERITY_BADGES = {
+    Severity.CRITICAL: "🔴 **critical**",
+    Severity.HIGH: "🟠 **high**",
+    Severity.MEDIUM: "🟡 **medium**",
+    Severity.LOW: "🔵 **low**",
+}
+ANNOTATION_LEVELS = {
+    Severity.CRITICAL: "failure",
+    Severity.HIGH: "failure",
+    Severity.MEDIUM: "warning",
+    Severity.LOW: "notice",
+}
+# Why a file was not analyzed, in words a PR author understands; keyed by FileError.kind.
+NOTE_EXPLANATIONS = {
+    "binary-file": "binary file, not analyzed",
+    "no-patch": "GitHub sent no diff for this file (binary or too large), so its lines could not be reviewed",
+    "too-large": "file too large to analyze",
+    "syntax-error": "could not be parsed (syntax error), so no rule ran on it",
+    "decode-error": "not valid UTF-8 text, not analyzed",
+    "read-error": "could not be read",
+    "notebook-error": "notebook could not be read",
+    "rule-error": "a rule failed on this file; other rules still ran",
+}
+
+FINGERPRINT_RE = re.compile(r"<!-- torchreview:fingerprint=([0-9a-f]+) rule=[^\s>]+ -->")
+
+
+class FileNote(Protocol):
+    """Anything shaped like :class:`analyzers.model.FileError`."""
+
+    path: str
+    kind: str
+    message: str
+
+
+# ---- diff information ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FileDiff:
+    """New-side (RIGHT) line numbers of one changed file, from its GitHub ``patch``.
+
+    ``hunks`` holds each hunk's commentable lines; a multi-line comment must stay inside one.
+    ``has_patch`` is False when GitHub sent no patch (binary or huge diff): then no line is
+    known, findings in the file are kept whatever the filter but never placed inline.
+    """
+
+    path: str
+    added: frozenset[int] = frozenset()
+    commentable: frozenset[int] = frozenset()
+    hunks: tuple[frozenset[int], ...] = ()
+    has_patch: bool = True
+
+    def in_one_hunk(self, first: int, last: int) -> bool:
+        wanted = set(range(first, last + 1))
+        return bool(wanted) and any(wanted <= hunk for hunk in self.hunks)
+
+
+def parse_file_patch(path: str, patch: Optional[str]) -> FileDiff:
+    """A :class:`FileDiff` from the ``patch`` field of GitHub's PR files API (None: no patch)."""
+    if not patch:
+        return FileDiff(path, has_patch=False)
+    text = f"--- a/{path}\n+++ b/{path}\n{patch}" + ("" if patch.endswith("\n") else "\n")
+    try:
+        patched_files = list(PatchSet(text))
+    except UnidiffParseError:
+        return FileDiff(path, has_patch=False)
+    hunks = [
+        frozenset(line.target_line_no for line in hunk if line.target_line_no is not None)
+        for patched in patched_files for hunk in patched
+    ]
+    added = {line.target_line_no for patched in patched_files for hunk in patched for line in hunk if line.is_added}
+    return FileDiff(path, frozenset(added), frozenset().union(*hunks), tuple(hunks))
+
+
+# ---- inputs and settings -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReviewSettings:
+    max_inline_comments: int = 30
+    fail_on: Severity = Severity.HIGH
+    filter: str = "added"  # added | diff_context | file
+    context_lines: int = 3  # N for filter="diff_context"
+
+    def __post_init__(self) -> None:
+        if self.filter not in FILTER_MODES:
+            raise ValueError(f"unknown filter {self.filter!r} (choose one of {', '.join(FILTER_MODES)})")
+        object.__setattr__(self, "fail_on", Severity.parse(self.fail_on))
+
+
+@dataclass
+class PullRequestAnalysis:
+    """What the worker knows about one pull request after running the engine.
+
+    ``diffs``: one entry per changed file (path relative to the repository root).
+    ``sources``: head text of analyzed files, for fingerprints and fix checks.
+    ``reviewed_files``: files that were analyzed. ``notes``: files (or parts) not analyzed.
+    """
+
+    findings: Sequence[Finding]
+    diffs: Mapping[str, FileDiff]
+    sources: Mapping[str, str] = field(default_factory=dict)
+    reviewed_files: Sequence[str] = ()
+    notes: Sequence[FileNote] = ()
+
+
+def is_notebook_finding(finding: Finding) -> bool:
+    # Notebook line numbers count inside a cell, not in the .ipynb JSON the diff shows.
+    return finding.cell is not None or finding.path.endswith(".ipynb")
+
+
+def finding_lines(finding: Finding) -> range:
+    return range(finding.line, max(finding.line, finding.end_line) + 1)
+
+
+def keep_findings(findings: Iterable[Finding], diffs: Mapping[str, FileDiff],
+                  settings: ReviewSettings = ReviewSettings()) -> list[Finding]:
+    """Findings the pull request is responsible for, per ``settings.filter``; most severe first."""
+    kept = [f for f in findings if _is_kept(f, diffs.get(f.path), settings)]
+    return sorted(kept, key=severity_order)
+
+
+def severity_order(finding: Finding) -> tuple:
+    return (-finding.severity, finding.path, finding.cell or 0, finding.line, finding.column, finding.rule)
+
+
+def _is_kept(finding: Finding, diff: Optional[FileDiff], settings: ReviewSettings) -> bool:
+    if diff is None:
+        return False  # the file is not part of the pull request
+    if settings.filter == "file" or not diff.has_patch or is_notebook_finding(finding):
+        return True
+    reach = settings.context_lines if settings.filter == "diff_context" else 0
+    return any(abs(line - added) <= reach for line in finding_lines(finding) for added in diff.added)
+
+
+# ---- text helpers ---------------------------------------------------------------------------
+
+def normalize_whitespace(text: str) -> str:
+    return " ".join(text.split())
+
+
+def neutralize(text: str) -> str:
+    """Make untrusted text (it can quote PR code) harmless in GitHub markdown.
+
+    ``@name`` would ping people and ``<!--`` could hide text or forge our fingerprint marker.
+    """
+    return text.replace("@", "@\u200b").replace("<!--", "<\u200b!--")
+
+
+def table_cell(text: str) -> str:
+    """Untrusted text as one markdown table cell: one line, pipes escaped."""
+    return neutralize(normalize_whitespace(text)).replace("|", "\\|")
+
+
+def code_span(text: str) -> str:
+    """``text`` as inline code, with a fence longer than any backtick run inside it."""
+    fence = "`" * (_longest_backtick_run(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
+def first_sentence(text: str) -> str:
+    flat = normalize_whitespace(textwrap.dedent(text))
+    match = re.match(r"(.+?[.!?])\s+(?=[A-Z`(\"'])", flat)
+    return match.group(1) if match else flat
+
+
+def location(finding: Finding) -> str:
+    if finding.cell is not None:
+        return f"{finding.path} (cell {finding.cell}, line {finding.line})"
+    return f"{finding.path}:{finding.line}"
+
+
+def rule_title(finding: Finding) -> str:
+    return f"{finding.rule} {finding.slug}"
+
+
+def rule_summary(finding: Finding) -> str:
+    rule = get_rule(finding.rule)
+    return rule.summary if rule else finding.message
+
+
+def rule_why(finding: Finding) -> str:
+    rule = get_rule(finding.rule)
+    return first_sentence(rule.why) if rule else ""
+
+
+def severity_totals(findings: Sequence[Finding]) -> str:
+    counts = Counter(f.severity for f in findings)
+    return " · ".join(f"{SEVERITY_BADGES[s].split()[0]} {counts[s]} {s.label}" for s in sorted(Severity, reverse=True))
+
+
+def count_phrase(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# ---- fingerprints -------------------------------------------------------------------------
+
+def flagged_text(finding: Finding, source_lines: Sequence[str]) -> str:
+    """Whitespace-normalised text of the flagged lines; the message when lines are unknown."""
+    if is_notebook_finding(finding) or finding.line > len(source_lines):
+        return normalize_whitespace(finding.message)
+    return normalize_whitespace("\n".join(source_lines[finding.line - 1: finding.end_line]))
+
+
+def fingerprint(finding: Finding, source_lines: Sequence[str], occurrence: int = 0) -> str:
+    """Identity of a finding that survives unrelated edits: no line numbers, only content.
+
+    ``occurrence`` tells apart identical (rule, path, text) findings in one file, in file order.
+    """
+    key = "\0".join([finding.rule, finding.path, flagged_text(finding, source_lines), str(occurrence)])
+    return hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def fingerprints_for(findings: Iterable[Finding], sources: Mapping[str, str]) -> dict[Finding, str]:
+    lines_by_path = {path: text.splitlines() for path, text in sources.items()}
+    seen: Counter = Counter()
+    result: dict[Finding, str] = {}
+    for finding in sorted(set(findings), key=lambda f: f.sort_key):
+        lines = lines_by_path.get(finding.path, [])
+        key = (finding.rule, finding.path, flagged_text(finding, lines))
+        result[finding] = fingerprint(finding, lines, seen[key])
+        seen[key] += 1
+    return result
+
+
+def fingerprint_marker(finding: Finding, digest: str) -> str:
+    return f"<!-- torchreview:fingerprint={digest} rule={finding.rule} -->"
+
+
+def parse_fingerprint(comment_body: str) -> Optional[str]:
+    """The fingerprint hidden in one of our comment bodies, or None."""
+    # The marker is always our last line; take the last match so quoted text cannot spoof it.
+    matches = FINGERPRINT_RE.findall(comment_body or "")
+    return matches[-1] if matches else None
+
+
+# ---- truncation ---------------------------------------------------------------------------
+
+def fit_shown_count(render: Callable[[int], str], total: int, limit: int = MAX_MARKDOWN_CHARS) -> str:
+    """``render(k)`` for the largest k <= total whose text fits in ``limit`` characters.
+
+    ``render(k)`` shows the first k findings and an "… and N more" line for the rest, and
+    its length grows with k, so a binary search finds the largest k that fits.
+    """
+    text = render(total)
+    if len(text) <= limit:
+        return text
+    low, high = 0, total - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(render(middle)) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return hard_cap(render(low), limit)
+
+
+def hard_cap(text: str, limit: int = MAX_MARKDOWN_CHARS) -> str:
+    """Last resort: cut whole lines so the text fits, saying so."""
+    if len(text) <= limit:
+        return text
+    marker = "\n\n… (truncated to fit GitHub's size limit)"
+    cut = text.rfind("\n", 0, limit - len(marker))
+    return text[: max(cut, 0)] + marker
+
+
+def more_findings_line(hidden: int, where: str) -> str:
+    return f"… and {count_phrase(hidden, 'more finding')} ({where})" if hidden else ""
+
+
+def truncate_utf8(text: str, max_bytes: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    return data[: max_bytes - 3].decode("utf-8", errors="ignore") + "…"
+
+
+# ---- review -------------------------------------------------------------------------------
+
+@dataclass
+class ReviewPlan:
+    body: str
+    comments: list[dict]
+    event: str = "COMMENT"
+    findings_count: int = 0
+
+    @property
+    def should_post(self) -> bool:
+        return self.findings_count > 0
+
+    def to_request(self, commit_id: Optional[str] = None) -> dict:
+        """The JSON body of ``POST /repos/{o}/{r}/pulls/{n}/reviews``."""
+        request = {"event": self.event, "body": self.body, "comments": list(self.comments)}
+        if commit_id:
+            request["commit_id"] = commit_id
+        return request
+
+
+def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings()) -> ReviewPlan:
+    findings = keep_findings(pr.findings, pr.diffs, settings)
+    if not findings:
+        return ReviewPlan(body=no_issues_verdict(pr), comments=[], findings_count=0)
+    digests = fingerprints_for(findings, pr.sources)
+    comments, overflow, unplaceable = [], [], []
+    for finding in findings:  # most severe first, so the limit cuts the least severe
+        where = placement(finding, pr.diffs[finding.path], pr.sources.get(finding.path))
+        if where is None:
+            unplaceable.append(finding)
+        elif len(comments) >= settings.max_inline_comments:
+            overflow.append(finding)
+        else:
+            comments.append(review_comment(finding, where, digests[finding]))
+    body = review_body(findings, overflow, unplaceable, pr, settings)
+    return ReviewPlan(body=body, comments=comments, findings_count=len(findings))
+
+
+def no_issues_verdict(pr: PullRequestAnalysis) -> str:
+    text = "✅ **torchreview**: no issues found on the changed lines."
+    if pr.notes:
+        text += f" {count_phrase(len(pr.notes), 'file note')} in the check run (files not analyzed)."
+    return text
+
+
+def review_verdict(findings: Sequence[Finding], settings: ReviewSettings) -> str:
+    blocking = sum(1 for f in findings if f.severity >= settings.fail_on)
+    badge = SEVERITY_BADGES[max(f.severity for f in findings)].split()[0]
+    verdict = f"{badge} **torchreview found {count_phrase(len(findings), 'issue')}** in this pull request"
+    if blocking:
+        verdict += f"; {blocking} at or above `{settings.fail_on.label}` fail the check"
+    return verdict + "."
+
+
+def review_body(findings: Sequence[Finding], overflow: Sequence[Finding], unplaceable: Sequence[Finding],
+                pr: PullRequestAnalysis, settings: ReviewSettings) -> str:
+    head = [review_verdict(findings, settings), "", f"**Totals:** {severity_totals(findings)}"]
+    if pr.notes:
+        head += ["", f"ℹ️ {count_phrase(len(pr.notes), 'file')} could not be fully analyzed; see the check run."]
+    sections = [
+        ("More findings (over the inline comment limit)", list(overflow)),
+        ("Not on lines of the diff (notebooks, unchanged lines)", list(unplaceable)),
+    ]
+    listed = [(title, f) for title, group in sections for f in group]
+
+    def render(shown: int) -> str:
+        lines = list(head)
+        for title, group in sections:
+            rows = [f for t, f in listed[:shown] if t == title]
+            if rows:
+                lines += ["", f"#### {title}", "", *findings_table(rows, with_rule=True)]
+        more = more_findings_line(len(listed) - shown, "see the check run")
+        return "\n".join(lines + (["", more] if more else []))
+
+    return fit_shown_count(render, len(listed))
+
+
+def findings_table(findings: Sequence[Finding], *, with_rule: bool) -> list[str]:
+    if with_rule:
+        rows = ["| Severity | File:line | Rule | Message |", "|---|---|---|---|"]
+        rows += [f"| {SEVERITY_BADGES[f.severity]} | {table_cell(code_span(location(f)))} | "
+                 f"{table_cell(code_span(f.rule))} {table_cell(f.slug)} | {table_cell(f.message)} |" for f in findings]
+    else:
+        rows = ["| Severity | File:line | Issue |", "|---|---|---|"]
+        rows += [f"| {SEVERITY_BADGES[f.severity]} | {table_cell(code_span(location(f)))} | "
+                 f"{table_cell(code_span(f.rule))} {table_cell(f.message)} |" for f in findings]
+    return rows
+
+
+# ---- inline comments ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Placement:
+    start_line: int
+    line: int
+    suggestion: Optional[Fix] = None
+
+
+def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
+    """Where an inline comment can go so GitHub accepts it, or None (then it goes in the body)."""
+    if is_notebook_finding(finding) or not diff.has_patch:
+        return None
+    fix = finding.fix
+    if fix is not None and suggestion_fits(fix, diff, source):
+        return Placement(fix.start_line, fix.end_line, fix)
+    lines = list(finding_lines(finding))
+    for candidates in (diff.added, diff.commentable):  # an added line reads better than context
+        line = next((n for n in lines if n in candidates), None)
+        if line is not None:
+            return Placement(line, line)
+    return None
+
+
+def suggestion_fits(fix: Fix, diff: FileDiff, source: Optional[str]) -> bool:
+    """A suggestion replaces exactly the commented lines, so they must all lie in one hunk."""
+    if fix.start_line < 1 or fix.end_line < fix.start_line:
+        return False
+    if source is not None and fix.end_line > len(source.splitlines()):
+        return False  # the fix was computed on another version of the file
+    return diff.in_one_hunk(fix.start_line, fix.end_line)
+
+
+def review_comment(finding: Finding, where: Placement, digest: str) -> dict:
+    """One ``comments[]`` item of the create-review request."""
+    comment = {"path": finding.path, "line": where.line, "side": "RIGHT",
+               "body": comment_body(finding, digest, where.suggestion)}
+    if where.start_line != where.line:
+        comment.update(start_line=where.start_line, start_side="RIGHT")
+    return comment
+
+
+def comment_body(finding: Finding, digest: str, suggestion: Optional[Fix] = None) -> str:
+    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {finding.slug}",
+             "", neutralize(finding.message)]
+    why = rule_why(finding)
+    if why:
+        parts += ["", f"**Why:** {neutralize(why)}"]
+    if suggestion is not None:
+        parts += ["", suggestion_block(suggestion.replacement)]
+    body = hard_cap("\n".join(parts), MAX_MARKDOWN_CHARS - 200)
+    return body + "\n\n" + fingerprint_marker(finding, digest)
+
+
+def suggestion_block(replacement: str) -> str:
+    """A committable suggestion; the fence outgrows any backtick run in the code."""
+    code = replacement[:-1] if replacement.endswith("\n") else replacement
+    fence = "`" * max(3, _longest_backtick_run(code) + 1)
+    return f"{fence}suggestion\n{code}\n{fence}"
+
+
+# ---- check run -----------------------------------------------------------------------------
+
+@dataclass
+class CheckRunPlan:
+    conclusion: str  # success | failure
+    title: str
+    summary: str
+    text: str = ""
+    annotations: list[dict] = field(default_factory=list)
+
+    def output(self, annotations: Optional[list[dict]] = None) -> dict:
+        """The ``output`` object of a create/update check-run request (at most 50 annotations)."""
+        chosen = self.annotations[:ANNOTATIONS_PER_REQUEST] if annotations is None else annotations
+        output = {"title": self.title, "summary": self.summary, "annotations": list(chosen)}
+        if self.text:
+            output["text"] = self.text
+        return output
+
+
+def no_files_plan(notes: Sequence[FileNote] = ()) -> CheckRunPlan:
+    summary = "This pull request changes no Python files or notebooks that torchreview analyzes."
+    if notes:
+        summary += "\n\n" + "\n".join(notes_section(notes))
+    return CheckRunPlan("success", "No PyTorch files changed", hard_cap(summary))
+
+
+def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings()) -> CheckRunPlan:
+    if not pr.reviewed_files and not pr.findings:
+        return no_files_plan(pr.notes)
+    findings = keep_findings(pr.findings, pr.diffs, settings)
+    failing = any(f.severity >= settings.fail_on for f in findings)
+    return CheckRunPlan(
+        conclusion="failure" if failing else "success",
+        title=check_title(findings, settings),
+        summary=check_summary(findings, pr, settings),
+        text=rule_reference(findings),
+        annotations=[annotation(f) for f in findings],
+    )
+
+
+def check_title(findings: Sequence[Finding], settings: ReviewSettings) -> str:
+    if not findings:
+        return "No issues found"
+    blocking = sum(1 for f in findings if f.severity >= settings.fail_on)
+    title = count_phrase(len(findings), "issue")
+    return f"{title} ({blocking} at or above {settings.fail_on.label})" if blocking else title
+
+
+def check_summary(findings: Sequence[Finding], pr: PullRequestAnalysis, settings: ReviewSettings) -> str:
+    hidden = len(pr.findings) - len(findings)
+    head = [summary_verdict(findings, settings), "", f"**Totals:** {severity_totals(findings)}"]
+    if hidden > 0:
+        head += ["", f"{count_phrase(hidden, 'finding')} on lines this pull request did not change "
+                     f"{'is' if hidden == 1 else 'are'} not reported (filter: `{settings.filter}`)."]
+    tail = ["", *actions_section(findings), "", *files_section(pr.reviewed_files)]
+    if pr.notes:
+        tail += ["", *notes_section(pr.notes)]
+
+    def render(shown: int) -> str:
+        lines = head + category_tables(findings[:shown])
+        more = more_findings_line(len(findings) - shown, "see annotations")
+        return "\n".join(lines + (["", more] if more else []) + tail)
+
+    return fit_shown_count(render, len(findings))
+
+
+def summary_verdict(findings: Sequence[Finding], settings: ReviewSettings) -> str:
+    if not findings:
+        return "### ✅ No issues found on the changed lines"
+    blocking = sum(1 for f in findings if f.severity >= settings.fail_on)
+    if blocking:
+        return (f"### ❌ {count_phrase(blocking, 'issue')} at or above `{settings.fail_on.label}` "
+                f"must be fixed ({len(findings)} in total)")
+    return f"### ⚠️ {count_phrase(len(findings), 'issue')} below `{settings.fail_on.label}`; the check passes"
+
+
+def category_tables(findings: Sequence[Finding]) -> list[str]:
+    lines: list[str] = []
+    for category in Category:
+        rows = [f for f in findings if f.category == category.value]
+        if rows:
+            lines += ["", f"#### {category.title}", "", *findings_table(rows, with_rule=False)]
+    known = {c.value for c in Category}
+    others = [f for f in findings if f.category not in known]
+    if others:
+        lines += ["", "#### Other", "", *findings_table(others, with_rule=False)]
+    return lines
+
+
+def actions_section(findings: Sequence[Finding]) -> list[str]:
+    if not findings:
+        return []
+    counts = Counter(f.rule for f in findings)
+    first_by_rule: dict[str, Finding] = {}
+    for finding in findings:  # already most severe first
+        first_by_rule.setdefault(finding.rule, finding)
+    lines = ["### Recommended actions", ""]
+    for rule_id, finding in first_by_rule.items():
+        times = f" ({counts[rule_id]}×)" if counts[rule_id] > 1 else ""
+        lines.append(f"- [ ] {SEVERITY_BADGES[finding.severity]} {code_span(rule_id)} {finding.slug}{times}: "
+                     f"{table_cell(rule_summary(finding))}")
+    return lines
+
+
+def files_section(reviewed_files: Sequence[str]) -> list[str]:
+    files = sorted(reviewed_files)
+    lines = [f"<details><summary>Files reviewed ({len(files)})</summary>", ""]
+    lines += [f"- {code_span(table_cell(path))}" for path in files[:MAX_LISTED_FILES]]
+    if len(files) > MAX_LISTED_FILES:
+        lines.append(f"- … and {len(files) - MAX_LISTED_FILES} more files")
+    return lines + ["", "</details>"]
+
+
+def notes_section(notes: Sequence[FileNote]) -> list[str]:
+    lines = ["### Files not (fully) analyzed", ""]
+    for note in notes[:MAX_LISTED_NOTES]:
+        explanation = NOTE_EXPLANATIONS.get(note.kind, note.kind)
+        detail = f": {table_cell(note.message)}" if note.message else ""
+        lines.append(f"- {code_span(table_cell(note.path))}: {explanation}{detail}")
+    if len(notes) > MAX_LISTED_NOTES:
+        lines.append(f"- … and {len(notes) - MAX_LISTED_NOTES} more files not analyzed")
+    return lines
+
+
+def rule_reference(findings: Sequence[Finding]) -> str:
+    """Check-run ``text``: the docs of each rule found, most severe first."""
+    blocks = []
+    for rule_id in dict.fromkeys(f.rule for f in findings):
+        rule = get_rule(rule_id)
+        if rule is not None:
+            blocks.append(f"#### {rule.id} {rule.slug}\n\n{textwrap.dedent(rule.why).strip()}")
+
+    def render(shown: int) -> str:
+        hidden = len(blocks) - shown
+        more = [f"… and {count_phrase(hidden, 'more rule')} (run `torchreview rule ID`)"] if hidden else []
+        return "\n\n".join(blocks[:shown] + more)
+
+    return fit_shown_count(render, len(blocks))
+
+
+def annotation(finding: Finding) -> dict:
+    """A check-run annotation; notebook findings sit on line 1 with the cell named in the message."""
+    message = finding.message
+    if is_notebook_finding(finding):
+        start = end = 1
+        message = f"{location(finding)}: {message}"
+    else:
+        start, end = finding.line, max(finding.line, finding.end_line)
+    result = {
+        "path": finding.path,
+        "start_line": start,
+        "end_line": end,
+        "annotation_level": ANNOTATION_LEVELS[finding.severity],
+        "message": truncate_utf8(message, MAX_ANNOTATION_BYTES),
+        "title": rule_title(finding)[:MAX_ANNOTATION_TITLE_CHARS],
+    }
+    if start == end and not is_notebook_finding(finding) and finding.column >= 1:
+        result["start_column"] = finding.column
+        result["end_column"] = max(finding.column, finding.end_column - 1)  # engine columns end exclusive
+    details = annotation_details(finding)
+    if details:
+        result["raw_details"] = truncate_utf8(details, MAX_ANNOTATION_BYTES)
+    return result
+
+
+def annotation_details(finding: Finding) -> str:
+    parts = [rule_why(finding)]
+    if finding.fix is not None:
+        parts.append(f"Suggested replacement for lines {finding.fix.start_line}-{finding.fix.end_line}:\n"
+                     f"{finding.fix.replacement}")
+    return "\n\n".join(p for p in parts if p)
+
+
+def batches(annotations: Sequence[dict], size: int = ANNOTATIONS_PER_REQUEST) -> Iterator[list[dict]]:
+    """Annotations in groups GitHub accepts per create/update request."""
+    for start in range(0, len(annotations), size):
+        yield list(annotations[start: start + size])

@@ -1,0 +1,100 @@
+"""Process settings from the environment, validated at start with messages naming the variable."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+
+class SettingsError(ValueError):
+    pass
+
+
+DEFAULT_API_URL = "https://api.github.com"
+DEFAULT_WEBHOOK_PATH = "/api/github/webhooks"
+MAX_WEBHOOK_BYTES = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
+
+
+@dataclass(frozen=True)
+class Settings:
+    app_id: Optional[int]
+    private_key: Optional[str]
+    webhook_secret: Optional[str]
+    api_url: str = DEFAULT_API_URL
+    redis_url: Optional[str] = None
+    data_dir: Path = Path(".torchreview-data")
+    webhook_path: str = DEFAULT_WEBHOOK_PATH
+    port: int = 3000
+    review_drafts: bool = False
+    bot_login: Optional[str] = None  # our own bot account (``<slug>[bot]``), to ignore our comments
+
+    @property
+    def broker_url(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        return f"sqla+sqlite:///{(self.data_dir / 'broker.sqlite').resolve()}"
+
+    @property
+    def embedded(self) -> bool:
+        return not self.redis_url
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None, *, require_github: bool = True) -> "Settings":
+        env = os.environ if env is None else env
+        app_id = env.get("GITHUB_APP_ID", "").strip()
+        secret = env.get("GITHUB_WEBHOOK_SECRET", "")
+        key = env.get("GITHUB_PRIVATE_KEY", "")
+        key_path = env.get("GITHUB_PRIVATE_KEY_PATH", "").strip()
+        if not key and key_path:
+            try:
+                key = Path(key_path).read_text()
+            except OSError as exc:
+                raise SettingsError(f"GITHUB_PRIVATE_KEY_PATH: cannot read {key_path}: {exc.strerror or exc}") from None
+        key = key.replace("\\n", "\n").strip()
+        if require_github:
+            if not app_id:
+                raise SettingsError("GITHUB_APP_ID is not set (the numeric id of your GitHub App)")
+            if not key:
+                raise SettingsError("GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH must be set (the App's PEM key)")
+            if not secret:
+                raise SettingsError("GITHUB_WEBHOOK_SECRET is not set (the secret configured on the App's webhook)")
+        if app_id and not app_id.isdigit():
+            raise SettingsError(f"GITHUB_APP_ID must be a number, got {app_id!r}")
+        if key and "PRIVATE KEY" not in key:
+            raise SettingsError("GITHUB_PRIVATE_KEY does not look like a PEM private key (-----BEGIN ... PRIVATE KEY-----)")
+        if key:
+            _check_key(key)
+        api_url = env.get("GITHUB_API_URL", DEFAULT_API_URL).strip().rstrip("/") or DEFAULT_API_URL
+        if not api_url.startswith(("http://", "https://")):
+            raise SettingsError(f"GITHUB_API_URL must be an http(s) URL, got {api_url!r}")
+        path = env.get("TORCHREVIEW_WEBHOOK_PATH", DEFAULT_WEBHOOK_PATH).strip() or DEFAULT_WEBHOOK_PATH
+        if not path.startswith("/"):
+            raise SettingsError(f"TORCHREVIEW_WEBHOOK_PATH must start with '/', got {path!r}")
+        port = env.get("PORT", "3000").strip()
+        if not port.isdigit():
+            raise SettingsError(f"PORT must be a number, got {port!r}")
+        redis_url = env.get("REDIS_URL", "").strip() or None
+        if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
+        return cls(
+            app_id=int(app_id) if app_id else None,
+            private_key=key or None,
+            webhook_secret=secret or None,
+            api_url=api_url,
+            redis_url=redis_url,
+            data_dir=Path(env.get("TORCHREVIEW_DATA_DIR", ".torchreview-data")),
+            webhook_path=path,
+            port=int(port),
+            review_drafts=env.get("TORCHREVIEW_REVIEW_DRAFTS", "").lower() in {"1", "true", "yes"},
+            bot_login=env.get("TORCHREVIEW_BOT_LOGIN") or None,
+        )
+
+
+def _check_key(pem: str) -> None:
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        load_pem_private_key(pem.encode(), password=None)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the same user error
+        raise SettingsError(f"GITHUB_PRIVATE_KEY is not a readable PEM private key: {exc}") from None

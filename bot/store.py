@@ -1,0 +1,100 @@
+"""Small shared state: delivery de-duplication and per-PR locks.
+
+Redis in production (``SET NX`` with a TTL, shared by every web process and worker); a SQLite
+file in the embedded single-machine mode, with the same semantics.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional, Protocol
+
+
+class Store(Protocol):
+    def claim(self, key: str, ttl: int) -> bool:
+        """Set ``key`` if absent; True when this caller set it (first delivery), False otherwise."""
+
+    def release(self, key: str) -> None:
+        ...
+
+    def acquire(self, key: str, ttl: int) -> Optional[str]:
+        """A lock token when ``key`` was free (held for at most ``ttl`` s), else None."""
+
+    def unlock(self, key: str, token: str) -> None:
+        ...
+
+
+class RedisStore:
+    _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+    def claim(self, key: str, ttl: int) -> bool:
+        return bool(self.client.set(key, "1", nx=True, ex=ttl))
+
+    def release(self, key: str) -> None:
+        self.client.delete(key)
+
+    def acquire(self, key: str, ttl: int) -> Optional[str]:
+        token = uuid.uuid4().hex
+        return token if self.client.set(key, token, nx=True, ex=ttl) else None
+
+    def unlock(self, key: str, token: str) -> None:
+        self.client.eval(self._UNLOCK, 1, key, token)  # only the holder may unlock
+
+
+class SqliteStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self._local = threading.local()
+        with self._db() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, value TEXT, expires REAL)")
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            self._local.db = db
+        yield db
+
+    def _set_nx(self, key: str, value: str, ttl: int) -> bool:
+        now = time.time()
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM keys WHERE key = ? AND expires < ?", (key, now))
+                inserted = db.execute("INSERT OR IGNORE INTO keys VALUES (?, ?, ?)", (key, value, now + ttl)).rowcount
+                db.execute("COMMIT")
+            except Exception:
+                db.execute("ROLLBACK")
+                raise
+        return inserted == 1
+
+    def claim(self, key: str, ttl: int) -> bool:
+        return self._set_nx(key, "1", ttl)
+
+    def release(self, key: str) -> None:
+        with self._db() as db:
+            db.execute("DELETE FROM keys WHERE key = ?", (key,))
+
+    def acquire(self, key: str, ttl: int) -> Optional[str]:
+        token = uuid.uuid4().hex
+        return token if self._set_nx(key, token, ttl) else None
+
+    def unlock(self, key: str, token: str) -> None:
+        with self._db() as db:
+            db.execute("DELETE FROM keys WHERE key = ? AND value = ?", (key, token))
+
+
+def make_store(redis_url: Optional[str], data_dir: Path) -> Store:
+    return RedisStore(redis_url) if redis_url else SqliteStore(data_dir / "state.sqlite")

@@ -1,0 +1,128 @@
+"""The CLI as users run it: the installed ``torchreview`` entry point, in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BAD = "import torch\nstate = torch.load('model.pt')\nmodel = torch.load(path, weights_only=False)\n"
+
+
+def run(*args, cwd=None, check=None):
+    exe = Path(sys.executable).with_name("torchreview")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bot.cli"]
+    proc = subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    if check is not None:
+        assert proc.returncode == check, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "train.py").write_text(BAD)
+    (tmp_path / "clean.py").write_text("import torch\nstate = torch.load('m.pt', weights_only=True)\n")
+    (tmp_path / "util.py").write_text("def load(x):\n    return x\n")
+    return tmp_path
+
+
+def test_json_contract(project):
+    proc = run("check", ".", "--format", "json", cwd=project, check=1)
+    data = json.loads(proc.stdout)
+    assert set(data) == {"findings", "errors", "stats"}
+    assert data["stats"]["files"] == 3 and data["stats"]["seconds"] >= 0
+    keys = {"path", "line", "column", "end_line", "end_column", "rule", "slug", "category", "severity", "message", "fix"}
+    for finding in data["findings"]:
+        assert set(finding) == keys
+        assert finding["severity"] in {"critical", "high", "medium", "low"}
+        assert finding["fix"] is None or set(finding["fix"]) == {"start_line", "end_line", "replacement"}
+    assert [(f["path"], f["line"], f["rule"]) for f in data["findings"]] == [("train.py", 2, "TR601"), ("train.py", 3, "TR601")]
+
+
+def test_exit_codes(project):
+    run("check", "clean.py", cwd=project, check=0)
+    run("check", "train.py", cwd=project, check=1)
+    # below the fail level: reported but exit 0
+    proc = run("check", "train.py", "--fail-on", "critical", "--format", "json", cwd=project, check=0)
+    assert json.loads(proc.stdout)["findings"]
+    run("check", "missing.py", cwd=project, check=2)
+    run("check", "--select", "TR999", cwd=project, check=2)
+    run("check", "--format", "xml", cwd=project, check=2)
+
+
+def test_bad_config_exit_2_with_message(project):
+    (project / ".torchreview.toml").write_text('fail_on = "sometimes"\n')
+    proc = run("check", ".", cwd=project, check=2)
+    assert "fail_on" in proc.stderr and ".torchreview.toml" in proc.stderr
+
+
+def test_select_ignore_min_severity(project):
+    out = json.loads(run("check", ".", "--format", "json", "--ignore", "TR601", cwd=project, check=0).stdout)
+    assert out["findings"] == []
+    out = json.loads(run("check", ".", "--format", "json", "--min-severity", "critical", cwd=project).stdout)
+    assert all(f["severity"] == "critical" for f in out["findings"])
+
+
+def test_text_output_is_grouped_with_summary(project):
+    proc = run("check", ".", "--color", "never", cwd=project, check=1)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "train.py"
+    assert "TR601 unsafe-torch-load" in proc.stdout
+    assert "2 findings" in lines[-1] and "3 files" in lines[-1]
+
+
+def test_sarif(project):
+    proc = run("check", ".", "--format", "sarif", cwd=project, check=1)
+    sarif = json.loads(proc.stdout)
+    assert sarif["version"] == "2.1.0"
+    driver = sarif["runs"][0]["tool"]["driver"]
+    assert {r["id"] for r in driver["rules"]} >= {"TR601"}
+    result = sarif["runs"][0]["results"][0]
+    assert result["ruleId"] == "TR601"
+    region = result["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] == 2 and region["startColumn"] >= 1
+    assert driver["rules"][result["ruleIndex"]]["id"] == "TR601"
+
+
+def test_github_format(project):
+    proc = run("check", "train.py", "--format", "github", cwd=project, check=1)
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("::error file=train.py,line=2,")
+    assert "TR601" in first
+
+
+def test_rules_and_rule_docs():
+    proc = run("rules", "--format", "json", check=0)
+    rules = json.loads(proc.stdout)
+    assert any(r["id"] == "TR601" for r in rules)
+    proc = run("rule", "TR601", check=0)
+    assert "## Why is this bad?" in proc.stdout or "Why is this bad?" in proc.stdout
+    run("rule", "unsafe-torch-load", check=0)
+    run("rule", "TR999", check=2)
+
+
+def test_diff_reports_only_changed_lines(tmp_path):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "train.py").write_text("import torch\nold = torch.load('old.pt')\n")
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
+    (tmp_path / "train.py").write_text("import torch\nold = torch.load('old.pt')\nnew = torch.load('new.pt')\n")
+    (tmp_path / "fresh.py").write_text("import torch\nx = torch.load('x.pt')\n")  # untracked: all lines new
+    data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=1).stdout)
+    assert sorted((f["path"], f["line"]) for f in data["findings"]) == [("fresh.py", 2), ("train.py", 3)]
+    run("check", ".", "--diff", "no-such-ref", cwd=tmp_path, check=2)
+
+
+def test_example_shows_real_findings():
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads(run("check", "examples", "--format", "json", cwd=root, check=1).stdout)
+    rules = {f["rule"] for f in data["findings"]}
+    assert len(rules) >= 10, rules
+    assert data["errors"] == []

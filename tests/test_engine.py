@@ -1,0 +1,169 @@
+"""The engine's contract: name resolution, ML gating, suppressions, bad input, notebooks, fixes."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import libcst as cst
+import pytest
+
+from analyzers.config import Config
+from analyzers.context import FileContext
+from analyzers.engine import analyze_file, analyze_paths, analyze_source, analyze_text, MAX_FILE_BYTES
+from analyzers.rules import get_rule
+from analyzers.rules.base import Rule
+
+UNSAFE = get_rule("TR601")
+
+
+def findings(code: str, **kwargs):
+    return analyze_source(textwrap.dedent(code), "t.py", **kwargs).findings
+
+
+@pytest.mark.parametrize("imports,call", [
+    ("import torch", "torch.nn.functional.softmax"),
+    ("import torch as th", "th.nn.functional.softmax"),
+    ("from torch import nn", "nn.functional.softmax"),
+    ("import torch.nn.functional as F", "F.softmax"),
+    ("from torch.nn import functional as F", "F.softmax"),
+    ("from torch.nn.functional import softmax", "softmax"),
+    ("from torch.nn.functional import softmax as sm", "sm"),
+    ("import torch.nn.functional", "torch.nn.functional.softmax"),
+    ("import torch\nF = torch.nn.functional", "F.softmax"),
+    ("try:\n    import torch.nn.functional as F\nexcept ImportError:\n    F = None", "F.softmax"),
+])
+def test_qualified_names_through_every_import_form(imports, call):
+    module = cst.parse_module(f"{imports}\n{call}(x)\n")
+    seen = []
+
+    class Probe(Rule):
+        def visit_Call(self, node, ctx):
+            seen.append(ctx.call_name(node))
+
+    ctx_holder = []
+    from analyzers.engine import _Walker
+
+    ctx = FileContext("t.py", "", module)
+    walker = _Walker(ctx, [Probe(ctx)], lambda r, e: (_ for _ in ()).throw(e))
+    walker.walk(module)
+    assert "torch.nn.functional.softmax" in seen
+    del ctx_holder
+
+
+def test_dataloader_alias_resolves():
+    module = cst.parse_module("from torch.utils.data import DataLoader as DL\n")
+    ctx = FileContext("t.py", "", module)
+    assert ctx.imports.resolve("DL") == "torch.utils.data.DataLoader"
+
+
+def test_file_without_torch_gets_no_torch_findings():
+    assert findings("import pickle\nstate = load('x')\n") == []
+    # mentions torch only in a comment/string: parsed, but no torch import -> no torch rules
+    assert findings("# torch.load('x')\ndef load(p):\n    return p\nx = torch.load('m.pt')\n") == []
+
+
+def test_suppression_forms():
+    code = "import torch\n"
+    assert len(findings(code + "a = torch.load('a')\n")) == 1
+    assert findings(code + "a = torch.load('a')  # torchreview: ignore[TR601]\n") == []
+    assert findings(code + "a = torch.load('a')  # torchreview: ignore\n") == []
+    assert findings(code + "a = torch.load('a')  # noqa: TR601\n") == []
+    assert findings(code + "a = torch.load('a')  # noqa: TR601, TR101\n") == []
+    # suppressing another rule, or another linter's code, does not hide this one
+    assert len(findings(code + "a = torch.load('a')  # torchreview: ignore[TR101]\n")) == 1
+    assert len(findings(code + "a = torch.load('a')  # noqa: E501\n")) == 1
+    assert findings("# torchreview: skip-file\n" + code + "a = torch.load('a')\n") == []
+
+
+def test_multiline_call_suppressed_on_last_line():
+    code = "import torch\na = torch.load(\n    'a',\n)  # torchreview: ignore[TR601]\n"
+    assert findings(code) == []
+
+
+def test_finding_has_position_and_fix():
+    (f,) = findings("import torch\n\nstate = torch.load(path)\n")
+    assert (f.line, f.column, f.end_line) == (3, 9, 3)
+    assert f.fix is not None and f.fix.replacement == "state = torch.load(path, weights_only=True)\n"
+    assert f.to_dict()["severity"] in {"high", "critical"}
+
+
+def test_syntax_error_is_reported_not_raised():
+    result = analyze_source("import torch\ndef broken(:\n", "bad.py")
+    assert result.findings == []
+    assert [e.kind for e in result.errors] == ["syntax-error"]
+    assert "line 2" in result.errors[0].message
+
+
+def test_binary_non_utf8_and_huge_files(tmp_path):
+    (tmp_path / "bin.py").write_bytes(b"import torch\x00\x01\x02")
+    (tmp_path / "latin.py").write_bytes("import torch\n# caf\xe9\n".encode("latin-1"))
+    (tmp_path / "huge.py").write_text("import torch\n" + "x = 1\n" * (MAX_FILE_BYTES // 6 + 10))
+    (tmp_path / "good.py").write_text("import torch\nm = torch.load('m.pt')\n")
+    run = analyze_paths([str(tmp_path)], Config(), jobs=1)
+    kinds = {e.path.rsplit("/", 1)[-1]: e.kind for e in run.errors}
+    assert kinds == {"bin.py": "binary-file", "latin.py": "decode-error", "huge.py": "too-large"}
+    assert [f.rule for f in run.findings] == ["TR601"]
+    assert run.files == 4
+
+
+def test_rule_crash_becomes_error_and_other_rules_continue(monkeypatch):
+    class Exploding(Rule):
+        def visit_Call(self, node, ctx):
+            raise ValueError("boom")
+
+    Exploding.id, Exploding.slug = "TR000", "exploding"
+    result = analyze_source("import torch\nx = torch.load('a')\n", "t.py", rules=[Exploding, UNSAFE])
+    assert [f.rule for f in result.findings] == ["TR601"]
+    assert result.errors[0].kind == "rule-error" and "boom" in result.errors[0].message
+
+
+def test_parallel_run_matches_serial(tmp_path):
+    for i in range(12):
+        (tmp_path / f"m{i}.py").write_text(f"import torch\nx{i} = torch.load('a{i}')\n")
+    serial = analyze_paths([str(tmp_path)], Config(), jobs=1)
+    parallel = analyze_paths([str(tmp_path)], Config(), jobs=2)
+    assert [f.to_dict() for f in serial.findings] == [f.to_dict() for f in parallel.findings]
+    assert len(serial.findings) == 12
+
+
+def _notebook(*cells):
+    return json.dumps({"cells": [{"cell_type": kind, "source": src, "metadata": {}, "outputs": []}
+                                 for kind, src in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def test_notebook_cells_and_lines():
+    nb = _notebook(
+        ("markdown", "# Title"),
+        ("code", "import torch\n%matplotlib inline\n!pip install x"),
+        ("code", ["x = 1\n", "state = torch.load('m.pt')\n"]),
+    )
+    result = analyze_text(nb, "nb.ipynb", Config())
+    (f,) = result.findings
+    assert (f.cell, f.line) == (3, 2)
+    assert f.to_dict()["cell"] == 3
+    assert f.fix is not None and f.fix.start_line == 2
+
+
+def test_notebook_with_broken_cell_still_analyzes_others():
+    nb = _notebook(("code", "import torch\nstate = torch.load('m.pt')"), ("code", "def broken(:"))
+    result = analyze_text(nb, "nb.ipynb", Config())
+    assert [(f.cell, f.line) for f in result.findings] == [(1, 2)]
+    assert any(e.kind == "syntax-error" and "cell 2" in e.message for e in result.errors)
+
+
+def test_notebook_not_json():
+    result = analyze_text("{not json", "nb.ipynb", Config())
+    assert result.errors[0].kind == "notebook-error"
+
+
+def test_min_severity_and_severity_override():
+    code = "import torch\nx = torch.load('a')\n"
+    assert findings(code, config=Config(min_severity=__import__("analyzers.model").model.Severity.CRITICAL)) == []
+    cfg = Config.from_mapping({"severity": {"TR601": "low"}})
+    (f,) = findings(code, config=cfg)
+    assert f.severity.label == "low"
+
+
+def test_analyze_file_missing(tmp_path):
+    result = analyze_file(tmp_path / "missing.py")
+    assert result.errors[0].kind == "read-error"

@@ -1,0 +1,370 @@
+"""Realistic multi-function scenarios for the inference (TR2xx), architecture (TR3xx) and autograd (TR5xx) rules."""
+from __future__ import annotations
+
+import textwrap
+
+from analyzers.engine import analyze_source
+from analyzers.rules import all_rules
+
+RULES = [r for r in all_rules() if r.id[:3] in ("TR2", "TR3", "TR5")]
+
+
+def findings(code: str, path: str = "train.py"):
+    result = analyze_source(textwrap.dedent(code), path, rules=RULES)
+    assert not result.errors, result.errors
+    return result.findings
+
+
+def ids(code: str, path: str = "train.py") -> list[str]:
+    return [f.rule for f in findings(code, path)]
+
+
+CORRECT_SCRIPT = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Net(nn.Module):
+        def __init__(self, hidden=(128, 64), p=0.5):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(784, hidden[0]), nn.Linear(hidden[0], hidden[1])])
+            self.drop = nn.Dropout(p)
+            self.out = nn.Linear(hidden[1], 10)
+            self.sizes = list(hidden)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = self.drop(F.relu(block(x)))
+            return self.out(x)
+
+
+    def train_one_epoch(model, loader, optimizer, device):
+        model.train()
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+
+    @torch.no_grad()
+    def validate(model, loader, device):
+        model.eval()
+        correct = 0
+        for x, y in loader:
+            pred = model(x.to(device)).argmax(1)
+            correct += (pred == y.to(device)).sum().item()
+        return correct / len(loader.dataset)
+
+
+    def main():
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = Net().to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for epoch in range(10):
+            train_one_epoch(model, train_loader, optimizer, device)
+            acc = validate(model, val_loader, device)
+            print(epoch, acc)
+        torch.save(model.state_dict(), "model.pt")
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_correct_train_validate_script_has_no_findings():
+    assert findings(CORRECT_SCRIPT) == []
+
+
+def test_validate_without_eval_names_the_model():
+    code = """
+        import torch
+
+        def validate(net, loader):
+            total = 0
+            with torch.no_grad():
+                for x, y in loader:
+                    total += (net(x).argmax(1) == y).sum().item()
+            return total
+
+        def main(net, loader):
+            for epoch in range(3):
+                net.train()
+                print(validate(net, loader))
+    """
+    found = findings(code)
+    assert [f.rule for f in found] == ["TR201"]
+    assert "`net`" in found[0].message and "validate()" in found[0].message
+    assert found[0].line == 8
+
+
+def test_eval_and_no_grad_in_the_caller_are_accepted():
+    code = """
+        import torch
+
+        def evaluate(model, loader):
+            return [model(x) for x in loader]
+
+        def run(model, loader):
+            model.eval()
+            with torch.no_grad():
+                scores = evaluate(model, loader)
+            model.train()
+            return scores
+    """
+    assert ids(code) == []
+
+
+def test_eval_in_a_caller_of_the_caller_is_accepted():
+    code = """
+        import torch
+
+        def evaluate(model, loader):
+            return [model(x) for x in loader]
+
+        def evaluate_all(model, loaders):
+            return {k: evaluate(model, v) for k, v in loaders.items()}
+
+        @torch.no_grad()
+        def main(model, loaders):
+            model.eval()
+            evaluate_all(model, loaders)
+    """
+    assert ids(code) == []
+
+
+def test_per_epoch_validation_inside_a_training_function():
+    code = """
+        import torch
+
+        def fit(model, train_loader, val_loader, optimizer, epochs):
+            for epoch in range(epochs):
+                model.train()
+                for x, y in train_loader:
+                    optimizer.zero_grad()
+                    model(x).mean().backward()
+                    optimizer.step()
+                for x, y in val_loader:
+                    val_out = model(x)
+    """
+    found = findings(code)
+    assert sorted(f.rule for f in found) == ["TR201", "TR202"]
+    assert all("val_loader" in f.message for f in found)
+
+
+def test_per_epoch_validation_done_right():
+    code = """
+        import torch
+
+        def fit(model, train_loader, val_loader, optimizer, epochs):
+            for epoch in range(epochs):
+                model.train()
+                for x, y in train_loader:
+                    optimizer.zero_grad()
+                    model(x).mean().backward()
+                    optimizer.step()
+                model.eval()
+                with torch.no_grad():
+                    for x, y in val_loader:
+                        val_out = model(x)
+    """
+    assert ids(code) == []
+
+
+def test_phase_loop_tutorial_pattern():
+    code = """
+        import torch
+
+        def train_model(model, dataloaders, criterion, optimizer, num_epochs=25):
+            for epoch in range(num_epochs):
+                for phase in ["train", "val"]:
+                    if phase == "train":
+                        model.train()
+                    else:
+                        model.eval()
+                    for inputs, labels in dataloaders[phase]:
+                        optimizer.zero_grad()
+                        with torch.set_grad_enabled(phase == "train"):
+                            outputs = model(inputs)
+                            loss = criterion(outputs, labels)
+                            if phase == "train":
+                                loss.backward()
+                                optimizer.step()
+    """
+    assert ids(code) == []
+
+
+def test_trainer_class_methods():
+    bad = """
+        import torch
+
+        class Trainer:
+            def __init__(self, model, val_loader):
+                self.model = model
+                self.val_loader = val_loader
+
+            def validate(self):
+                losses = []
+                for batch in self.val_loader:
+                    losses.append(self.model(batch).mean())
+                return losses
+    """
+    found = findings(bad)
+    assert sorted(f.rule for f in found) == ["TR201", "TR202"]
+    assert all("self.model" in f.message for f in found)
+
+    bad = textwrap.dedent(bad)
+    good = bad.replace("losses = []", "self.model.eval()\n        losses = []").replace(
+        "    def validate(self):", "    @torch.inference_mode()\n    def validate(self):")
+    assert ids(good) == []
+
+
+def test_pytest_and_test_files_are_not_inference_paths():
+    code = """
+        import torch
+
+        def test_forward_shape():
+            model = torch.nn.Linear(3, 2)
+            assert model(torch.zeros(1, 3)).shape == (1, 2)
+
+        def run_inference(model, x):
+            return model(x)
+    """
+    assert sorted(ids(code, "train.py")) == ["TR201", "TR202"]
+    assert ids(code, "tests/test_model.py") == []
+
+
+def test_lightning_module_is_skipped():
+    code = """
+        import torch
+        import pytorch_lightning as pl
+
+        class Lit(pl.LightningModule):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                return self.model(x)
+
+            def test_step(self, batch, batch_idx):
+                return self.model(batch[0])
+    """
+    assert ids(code) == []
+
+
+def test_module_predict_helper_without_loop_is_not_flagged():
+    code = """
+        import torch
+        import torch.nn as nn
+
+        class Classifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.backbone = nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.backbone(x)
+
+            def predict(self, x):
+                return self.backbone(x).argmax(-1)
+    """
+    assert ids(code) == []
+
+
+def test_import_aliases():
+    code = """
+        import torch as th
+        from torch import nn
+
+        class Head(nn.Module):
+            def __init__(self, dims=[]):
+                self.layers = [nn.Linear(d, d) for d in dims]
+    """
+    found = findings(code)
+    assert sorted(f.rule for f in found) == ["TR301", "TR302", "TR303"]
+    fix = next(f for f in found if f.rule == "TR302").fix
+    assert fix is not None and "nn.ModuleList([nn.Linear(d, d) for d in dims])" in fix.replacement
+
+
+def test_plain_list_fix_uses_torch_nn_when_only_torch_is_imported():
+    code = """
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.heads = {"a": torch.nn.Linear(2, 2)}
+    """
+    found = findings(code)
+    assert [f.rule for f in found] == ["TR302"]
+    assert "torch.nn.ModuleDict({" in found[0].fix.replacement
+
+
+def test_local_list_assigned_to_self_is_flagged_unless_registered():
+    bad = """
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self, depth):
+                super().__init__()
+                layers = []
+                for _ in range(depth):
+                    layers.append(nn.Linear(8, 8))
+                self.layers = layers
+    """
+    found = findings(bad)
+    assert [f.rule for f in found] == ["TR302"]
+    assert found[0].fix.replacement.strip() == "self.layers = nn.ModuleList(layers)"
+    good = textwrap.dedent(bad) + "        self.seq = nn.Sequential(*layers)\n"
+    assert ids(good) == []
+
+
+def test_manual_sgd_and_parameter_updates():
+    code = """
+        import torch
+
+        w = torch.randn(3, 1, requires_grad=True)
+        b = torch.zeros(1, requires_grad=True)
+        for epoch in range(100):
+            loss = ((x @ w + b - y) ** 2).mean()
+            loss.backward()
+            w -= 0.01 * w.grad
+            with torch.no_grad():
+                b -= 0.01 * b.grad
+            w.grad.zero_()
+            b.grad.zero_()
+    """
+    found = findings(code)
+    assert [(f.rule, f.line) for f in found] == [("TR501", 9)]
+    assert "`w`" in found[0].message
+
+
+def test_no_grad_update_helpers_are_accepted():
+    code = """
+        import torch
+        import torch.nn as nn
+
+        class EMA:
+            def __init__(self, model):
+                self.shadow = [p.detach().clone() for p in model.parameters()]
+
+            @torch.no_grad()
+            def update(self, model, decay=0.999):
+                for s, p in zip(self.shadow, model.parameters()):
+                    s.mul_(decay).add_(p, alpha=1 - decay)
+
+        def clip(model):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.clamp_(-1, 1)
+
+        def reset(model):
+            for p in model.parameters():
+                p.data.zero_()
+    """
+    assert ids(code) == []
