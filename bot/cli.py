@@ -47,6 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
     rule = sub.add_parser("rule", help="show one rule's documentation")
     rule.add_argument("rule_id", metavar="RULE", help="a rule id (TR101) or slug (missing-zero-grad)")
     rule.set_defaults(handler=cmd_rule)
+
+    serve = sub.add_parser("serve", help="run the GitHub App webhook (and, without REDIS_URL, a worker too)")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, help="default: $PORT or 3000")
+    serve.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
+    serve.add_argument("--concurrency", type=int, default=2, help="review jobs at once in the embedded worker")
+    serve.set_defaults(handler=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run review workers (scale out: more of these, same REDIS_URL)")
+    worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument("--queues", default="reviews", help="comma-separated queues (gpu for smoke runners)")
+    worker.set_defaults(handler=cmd_worker)
+
+    demo = sub.add_parser("demo", help="watch a pull request get reviewed, with a local GitHub emulator")
+    demo.add_argument("--keep", action="store_true", help="leave the emulator and app running until Ctrl-C")
+    demo.set_defaults(handler=cmd_demo)
     return parser
 
 
@@ -124,6 +140,71 @@ def cmd_rule(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(rule.docs())
     return EXIT_OK
+
+
+def _settings():
+    from bot.settings import Settings, SettingsError
+
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def worker_command(concurrency: int, queues: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "bot.tasks:celery_app", "worker", "--loglevel=INFO",
+            f"--concurrency={concurrency}", "-Q", queues, "--without-gossip", "--without-mingle",
+            "--without-heartbeat"]
+
+
+def web_command(host: str, port: int, workers: int) -> list[str]:
+    return [sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", str(workers),
+            "--access-logfile", "-", "--graceful-timeout", "10", "bot.webhook:create_app()"]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import subprocess
+
+    settings = _settings()
+    port = args.port or settings.port
+    children = []
+    try:
+        if settings.embedded:
+            print(f"torchreview: embedded mode (no REDIS_URL): broker and state in {settings.data_dir}/; "
+                  "starting a worker alongside the web server", file=sys.stderr)
+            children.append(subprocess.Popen(worker_command(args.concurrency, "reviews")))
+        web = subprocess.Popen(web_command(args.host, port, args.web_workers))
+        children.append(web)
+        print(f"torchreview: webhook on http://{args.host}:{port}{settings.webhook_path}", file=sys.stderr)
+        return web.wait()
+    finally:
+        _stop(children)
+
+
+def _stop(children) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=15)
+        except Exception:  # noqa: BLE001
+            child.kill()
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _settings()
+    if settings.embedded:
+        print(f"torchreview: no REDIS_URL: using the embedded broker in {settings.data_dir}/ "
+              "(only workers on this machine share it)", file=sys.stderr)
+    os.execv(sys.executable, worker_command(args.concurrency, args.queues))
+    return EXIT_OK  # pragma: no cover - execv does not return
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from bot.demo import run_demo
+
+    return run_demo(keep=args.keep)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -168,7 +168,7 @@ def _is_kept(finding: Finding, diff: Optional[FileDiff], settings: ReviewSetting
     if settings.filter == "file" or not diff.has_patch or is_notebook_finding(finding):
         return True
     reach = settings.context_lines if settings.filter == "diff_context" else 0
-    return any(abs(line - added) <= reach for line in finding_lines(finding) for added in diff.added)
+    return any(line + offset in diff.added for line in finding_lines(finding) for offset in range(-reach, reach + 1))
 
 
 # ---- text helpers ---------------------------------------------------------------------------
@@ -329,7 +329,7 @@ class ReviewPlan:
 
     @property
     def should_post(self) -> bool:
-        return self.findings_count > 0
+        return self.findings_count > 0 or bool(self.comments)
 
     def to_request(self, commit_id: Optional[str] = None) -> dict:
         """The JSON body of ``POST /repos/{o}/{r}/pulls/{n}/reviews``."""
@@ -546,15 +546,12 @@ def summary_verdict(findings: Sequence[Finding], settings: ReviewSettings) -> st
 
 
 def category_tables(findings: Sequence[Finding]) -> list[str]:
+    """One table per category; the category holding the most severe finding comes first."""
+    titles = {c.value: c.title for c in Category}
     lines: list[str] = []
-    for category in Category:
-        rows = [f for f in findings if f.category == category.value]
-        if rows:
-            lines += ["", f"#### {category.title}", "", *findings_table(rows, with_rule=False)]
-    known = {c.value for c in Category}
-    others = [f for f in findings if f.category not in known]
-    if others:
-        lines += ["", "#### Other", "", *findings_table(others, with_rule=False)]
+    for category in dict.fromkeys(f.category for f in findings):  # findings are most severe first
+        rows = [f for f in findings if f.category == category]
+        lines += ["", f"#### {titles.get(category, table_cell(category))}", "", *findings_table(rows, with_rule=False)]
     return lines
 
 

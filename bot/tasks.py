@@ -79,5 +79,11 @@ def review_pull_request(self, request: dict) -> str:
     return outcome
 
 
-def enqueue_review(job: ReviewRequest) -> None:
-    review_pull_request.apply_async(args=[job.to_dict()], queue=REVIEW_QUEUE)
+def enqueuer_for(settings: Settings):
+    """A function that enqueues review jobs on the broker ``settings`` name."""
+    producer = celery_app if settings.broker_url == celery_app.conf.broker_url else make_celery(settings)
+
+    def enqueue(job: ReviewRequest) -> None:
+        producer.send_task(review_pull_request.name, args=[job.to_dict()], queue=REVIEW_QUEUE)
+
+    return enqueue

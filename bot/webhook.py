@@ -105,9 +105,9 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
 
         store = make_store(settings.redis_url, settings.data_dir)
     if enqueue is None:
-        from bot.tasks import enqueue_review
+        from bot.tasks import enqueuer_for
 
-        enqueue = enqueue_review
+        enqueue = enqueuer_for(settings)
     from bot import metrics
 
     app = Flask("torchreview")

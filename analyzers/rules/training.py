@@ -53,6 +53,7 @@ _LOG_SINKS = {"print", "log", "info", "debug", "warning", "warn", "set_postfix",
               "set_description", "add_scalar", "add_scalars", "log_metrics", "log_metric", "log_dict", "write",
               "append"}
 _SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
+_MATH_MODULES = {"math", "np", "numpy", "torch", "F", "cmath", "jnp"}
 _RANK_HINTS = ("rank", "main", "master", "process_zero", "is_zero")
 LoopStack = tuple  # tuple of cst.For | cst.While, outermost first
 
@@ -1277,7 +1278,8 @@ class LossAccumulatedWithGraph(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        self.candidates: list[tuple[cst.CSTNode, str, str, str, object]] = []  # node, acc, loss, shown, fn
+        # node, accumulator, loss name, (message template, accumulator target), function
+        self.candidates: list[tuple[cst.CSTNode, str, str, tuple, object]] = []
         self.backward_names: dict[int, set] = {}
         self.returned_names: dict[int, set] = {}
 
@@ -1304,7 +1306,7 @@ class LossAccumulatedWithGraph(Rule):
             return  # rebuilt in this iteration (multi-term loss, per-iteration list)
         if ctx.in_no_grad():
             return
-        self.candidates.append((node, acc, loss_name, shown.format(acc=acc, loss=loss_name), ctx.function))
+        self.candidates.append((node, acc, loss_name, (shown, acc_expr), ctx.function))
 
     def visit_AugAssign(self, node: cst.AugAssign, ctx: FileContext) -> None:
         if isinstance(node.operator, cst.AddAssign) and ctx.loops:
@@ -1345,9 +1347,11 @@ class LossAccumulatedWithGraph(Rule):
             _returned_tensors(node.value, ctx, names, 0)
 
     def end_file(self, ctx: FileContext) -> None:
-        for node, acc, loss_name, shown, fn in self.candidates:
+        for node, acc, loss_name, (template, acc_expr), fn in self.candidates:
             if acc in self.backward_names.get(id(fn), ()) or acc in self.returned_names.get(id(fn), ()):
                 continue
+            target = dotted_name(acc_expr) or ctx.module.code_for_node(acc_expr)  # reporting: render once
+            shown = template.format(acc=target, loss=loss_name)
             self.report(node, (f"{shown} keeps the autograd graph of every iteration alive ({loss_name} is never "
                                f"detached): memory grows each step; accumulate {loss_name}.item() "
                                f"or {loss_name}.detach() instead"))
@@ -1537,7 +1541,7 @@ class PerStepSyncForLogging(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        self.events: list[tuple[cst.CSTNode, int, str]] = []  # node, id(loop), message
+        self.events: list[tuple[cst.CSTNode, int, int, str]] = []  # node, id(loop), id(sink call), message
         self.backward_loops: set = set()
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
@@ -1550,9 +1554,12 @@ class PerStepSyncForLogging(Rule):
                 self.backward_loops.add(id(stack[-1]))
             return
         if name in _SYNC_METHODS:
-            self._sync_call(node, name, ctx)
+            if not _in_lightning(ctx):
+                self._sync_call(node, name, ctx)
         elif name in _LOG_SINKS and name != "append":
-            self._printed_tensor(node, name, ctx)
+            receiver = call_receiver(node)
+            if not (receiver is not None and dotted_name(receiver) in _MATH_MODULES) and not _in_lightning(ctx):
+                self._printed_tensor(node, name, ctx)
 
     def _sync_call(self, node: cst.Call, name: str, ctx: FileContext) -> None:
         receiver = call_receiver(node)
@@ -1573,11 +1580,12 @@ class PerStepSyncForLogging(Rule):
         stack = _loop_stack(ctx)
         if not stack:
             return
-        sink = _sink_of(node, ctx)
-        if sink is None or _guard_between(node, stack[-1], ctx):
+        found = _sink_of(node, ctx)
+        if found is None or _guard_between(node, stack[-1], ctx):
             return
+        sink, sink_node = found
         shown = f"{root_name}.{name}()"
-        self.events.append((node, id(stack[-1]), (
+        self.events.append((node, id(stack[-1]), id(sink_node), (
             f"{shown} runs every training step only to be logged via {sink}(): each call blocks until the GPU "
             f"catches up; log every N steps (e.g. `if step % log_every == 0:`) or accumulate on the device")))
 
@@ -1596,24 +1604,29 @@ class PerStepSyncForLogging(Rule):
                 stack = _loop_stack(ctx)
                 if not stack or _guard_between(node, stack[-1], ctx):
                     return
-                self.events.append((expr, id(stack[-1]), (
+                self.events.append((expr, id(stack[-1]), id(node), (
                     f"{name}() of the tensor {shown} every training step converts it on the host and forces a "
                     f"GPU sync each iteration; log every N steps, and log {shown}.item() rather than the tensor")))
                 return
 
     def end_file(self, ctx: FileContext) -> None:
-        for node, loop, message in self.events:
-            if loop in self.backward_loops:
+        reported: set = set()
+        for node, loop, sink, message in self.events:
+            if loop in self.backward_loops and sink not in reported:
+                reported.add(sink)  # one finding per logging call, however many values it reads
                 self.report(node, message)
 
 
-def _sink_of(node: cst.CSTNode, ctx: FileContext) -> Optional[str]:
+def _sink_of(node: cst.CSTNode, ctx: FileContext) -> Optional[tuple[str, cst.Call]]:
     """The logging call that consumes ``node``'s value within its statement, if any."""
     for ancestor in ctx.ancestors(node):
         if isinstance(ancestor, cst.Call):
             name = method_name(ancestor)
             if name in _LOG_SINKS:
-                return dotted_name(ancestor.func) or name
+                receiver = call_receiver(ancestor)
+                if name == "log" and receiver is not None and dotted_name(receiver) in _MATH_MODULES:
+                    return None  # ``math.log(loss.item())`` computes, it does not log
+                return dotted_name(ancestor.func) or name, ancestor
         elif isinstance(ancestor, (cst.Comparison, cst.BooleanOperation, cst.IfExp)):
             return None
         elif isinstance(ancestor, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
@@ -2179,6 +2192,10 @@ class EvalWithoutTrainRestore(Rule):
         if not self.helpers or not self.training:
             return
         trainers = _closure(self.trainers_direct, self.calls)
+        self._by_loop: dict[int, list] = {}
+        for entry in self.loop_calls:
+            for lp in entry[2]:
+                self._by_loop.setdefault(id(lp), []).append(entry)
         for call, name, stack, fn, _ in self.loop_calls:
             candidates = self.helpers.get(name)
             if not candidates or name in trainers:
@@ -2193,9 +2210,10 @@ class EvalWithoutTrainRestore(Rule):
             obj = self._evaluated_object(helper, call)
             if obj is None:
                 continue
+            if any(self._restored_in(loop, fn, trainers) for loop in stack):
+                continue  # ``model.train()`` somewhere in an enclosing loop re-runs every iteration
             for loop in stack:
-                if self._training_loop(loop, fn) and not self._restored_in(loop, fn, trainers) and \
-                        self._used_in(loop, fn, obj, call):
+                if self._training_loop(loop, fn) and self._used_in(loop, fn, obj, call):
                     self.report(call, (
                         f"{name}() puts {obj} into eval mode ({obj}.eval()) and never switches it back, and this "
                         f"training loop keeps training {obj} after the call without calling {obj}.train(): every "
@@ -2225,16 +2243,11 @@ class EvalWithoutTrainRestore(Rule):
     def _restored_in(self, loop, fn, trainers: set) -> bool:
         if any(f is fn and any(lp is loop for lp in stack) for stack, f in self.train_calls):
             return True
-        return any(f is fn and name in trainers and any(lp is loop for lp in stack)
-                   for _, name, stack, f, _ in self.loop_calls)
+        return any(f is fn and name in trainers for _, name, _, f, _ in self._by_loop.get(id(loop), ()))
 
     def _used_in(self, loop, fn, obj: str, call: cst.Call) -> bool:
-        for other, _, stack, f, used in self.loop_calls:
-            if other is call or f is not fn or not any(lp is loop for lp in stack):
-                continue
-            if obj in used:
-                return True
-        return False
+        return any(other is not call and f is fn and obj in used
+                   for other, _, _, f, used in self._by_loop.get(id(loop), ()))
 
 
 __all__ = [

@@ -1,0 +1,412 @@
+"""bot.review: findings -> one GitHub review + one check run, validated against GitHub's schemas."""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from openapi_schema_validator import OAS30Validator
+
+from analyzers.model import FileError, Finding, Fix, Severity
+from bot.review import (
+    MAX_MARKDOWN_CHARS,
+    FileDiff,
+    PullRequestAnalysis,
+    ReviewSettings,
+    batches,
+    fingerprints_for,
+    keep_findings,
+    no_files_plan,
+    parse_file_patch,
+    parse_fingerprint,
+    plan_check_run,
+    plan_review,
+    suggestion_block,
+)
+
+OPENAPI = Path("/work/shared/github/openapi/api.github.com.trimmed.json")
+REVIEWS = ("/repos/{owner}/{repo}/pulls/{pull_number}/reviews", "post")
+CHECK_RUNS = ("/repos/{owner}/{repo}/check-runs", "post")
+
+RULES = {  # real rules, so the rule catalog (why, summary) is exercised
+    "TR301": ("missing-super-init", "architecture"),
+    "TR601": ("unsafe-torch-load", "serialization"),
+    "TR202": ("missing-no-grad", "inference"),
+    "TR105": ("per-step-sync-for-logging", "training-loop"),
+}
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def request_validator(path: str, method: str) -> OAS30Validator:
+    spec = json.loads(OPENAPI.read_text())
+    schema = spec["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+    return OAS30Validator(dict(schema, components=spec["components"]))
+
+
+def assert_valid_review(plan, diffs: dict[str, FileDiff]) -> None:
+    """Schema-valid, and every comment on lines GitHub accepts (else the whole review is a 422)."""
+    request_validator(*REVIEWS).validate(plan.to_request(commit_id="a" * 40))
+    for comment in plan.comments:
+        assert comment["side"] == "RIGHT"
+        first = comment.get("start_line", comment["line"])
+        assert first < comment["line"] or "start_line" not in comment
+        assert diffs[comment["path"]].in_one_hunk(first, comment["line"])
+        assert set(comment) <= {"path", "line", "side", "body", "start_line", "start_side"}
+
+
+def assert_valid_check_run(plan) -> None:
+    validator = request_validator(*CHECK_RUNS)
+    for batch in list(batches(plan.annotations)) or [[]]:
+        validator.validate({"name": "torchreview", "head_sha": "a" * 40, "status": "completed",
+                            "conclusion": plan.conclusion, "output": plan.output(batch)})
+    assert len(plan.summary) <= MAX_MARKDOWN_CHARS and len(plan.text) <= MAX_MARKDOWN_CHARS
+
+
+def finding(path="train.py", line=1, severity=Severity.HIGH, rule="TR601", *, end_line=None, message=None,
+            fix=None, cell=None, column=5, end_column=15) -> Finding:
+    slug, category = RULES[rule]
+    return Finding(path, line, column, end_line or line, end_column, rule, slug, category, severity,
+                   message or f"{slug} at line {line}", fix, cell)
+
+
+def numbered(count: int, prefix: str = "x") -> str:
+    return "".join(f"{prefix}{n} = {n}\n" for n in range(1, count + 1))
+
+
+def github_patch(old: str, new: str) -> str:
+    """The ``patch`` field GitHub's PR files API gives: unified hunks, no file headers."""
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), n=3)
+    return "".join(list(lines)[2:])
+
+
+def changed_file(path: str, old: str, new: str) -> FileDiff:
+    return parse_file_patch(path, github_patch(old, new))
+
+
+def replace_lines(text: str, replacements: dict[int, str]) -> str:
+    lines = text.splitlines(keepends=True)
+    for number, new in replacements.items():
+        lines[number - 1] = new
+    return "".join(lines)
+
+
+@pytest.fixture()
+def edited_file():
+    """train.py with 100 lines: lines 50-51 changed (one hunk 47-54), line 90 changed (hunk 87-93)."""
+    old = numbered(100)
+    new = replace_lines(old, {50: "y50 = torch.load(p)\n", 51: "y51 = 1\n", 90: "y90 = 2\n"})
+    return new, {"train.py": changed_file("train.py", old, new)}
+
+
+# ---- diff parsing ------------------------------------------------------------------------------
+
+def test_parse_file_patch_knows_added_and_context_lines(edited_file):
+    _, diffs = edited_file
+    diff = diffs["train.py"]
+    assert diff.added == {50, 51, 90}
+    assert diff.commentable == set(range(47, 55)) | set(range(87, 94))
+    assert diff.in_one_hunk(47, 54) and not diff.in_one_hunk(50, 90)
+
+
+def test_file_without_patch_is_never_commentable():
+    diff = parse_file_patch("big.py", None)
+    assert not diff.has_patch and not diff.commentable
+
+
+# ---- review ---------------------------------------------------------------------------------
+
+def test_45_findings_give_30_inline_comments_most_severe_first_and_15_in_the_body():
+    source = numbered(60)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    severities = [Severity.LOW, Severity.MEDIUM, Severity.HIGH, Severity.CRITICAL]
+    findings = [finding(line=n, severity=severities[n % 4], rule="TR601") for n in range(1, 46)]
+    plan = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}))
+
+    assert len(plan.comments) == 30
+    order = ["critical", "high", "medium", "low"]
+    ranks = [order.index(re.search(r"\*\*(\w+)\*\*", c["body"]).group(1)) for c in plan.comments]
+    assert ranks == sorted(ranks)
+    body_rows = [row for row in plan.body.splitlines() if row.startswith("| ") and "train.py" in row]
+    assert len(body_rows) == 15
+    assert all("🔵 **low**" in row or "🟡 **medium**" in row for row in body_rows)
+    assert plan.body.splitlines()[0].startswith("🔴 **torchreview found 45 issues**")
+    assert "🔴 11 critical" in plan.body  # totals by severity
+    assert plan.should_post and plan.event == "COMMENT"
+    assert_valid_review(plan, diffs)
+
+
+def test_finding_outside_the_diff_is_not_inline(edited_file):
+    source, diffs = edited_file
+    outside = finding(line=10, message="far away")
+    inside = finding(line=50)
+    sources = {"train.py": source}
+
+    plan = plan_review(PullRequestAnalysis([outside, inside], diffs, sources), ReviewSettings(filter="file"))
+    assert [c["line"] for c in plan.comments] == [50]
+    assert "`train.py:10`" in plan.body and "Not on lines of the diff" in plan.body
+    assert_valid_review(plan, diffs)
+
+    # With the default filter the unchanged line is not the PR's business at all.
+    assert keep_findings([outside, inside], diffs) == [inside]
+
+
+def test_diff_context_filter_keeps_findings_near_added_lines(edited_file):
+    _, diffs = edited_file
+    near, far = finding(line=53), finding(line=60)
+    assert keep_findings([near, far], diffs, ReviewSettings(filter="diff_context", context_lines=3)) == [near]
+    assert keep_findings([near, far], diffs) == []
+
+
+def test_comment_prefers_an_added_line_within_the_finding_range(edited_file):
+    source, diffs = edited_file
+    plan = plan_review(PullRequestAnalysis([finding(line=48, end_line=52)], diffs, {"train.py": source}))
+    assert plan.comments[0]["line"] == 50 and "start_line" not in plan.comments[0]
+
+
+def test_fix_spanning_diff_lines_becomes_a_multi_line_suggestion(edited_file):
+    source, diffs = edited_file
+    fix = Fix(49, 51, "y50 = torch.load(p, weights_only=True)\ny51 = 1\n")
+    plan = plan_review(PullRequestAnalysis([finding(line=50, fix=fix)], diffs, {"train.py": source}))
+
+    (comment,) = plan.comments
+    assert (comment["start_line"], comment["line"]) == (49, 51)
+    assert comment["start_side"] == comment["side"] == "RIGHT"
+    assert "```suggestion\ny50 = torch.load(p, weights_only=True)\ny51 = 1\n```" in comment["body"]
+    assert "🟠 **high**" in comment["body"] and "`TR601` unsafe-torch-load" in comment["body"]
+    assert "**Why:** `torch.load` unpickles its input." in comment["body"]
+    assert_valid_review(plan, diffs)
+
+
+def test_fix_across_two_hunks_is_no_suggestion(edited_file):
+    source, diffs = edited_file
+    plan = plan_review(PullRequestAnalysis([finding(line=50, fix=Fix(50, 90, "x\n"))], diffs, {"train.py": source}))
+    (comment,) = plan.comments
+    assert comment["line"] == 50 and "start_line" not in comment and "suggestion" not in comment["body"]
+
+
+def test_single_line_fix_is_a_single_line_comment(edited_file):
+    source, diffs = edited_file
+    plan = plan_review(PullRequestAnalysis([finding(line=90, fix=Fix(90, 90, "y90 = 3\n"))], diffs,
+                                           {"train.py": source}))
+    (comment,) = plan.comments
+    assert comment["line"] == 90 and "start_line" not in comment
+    assert "```suggestion\ny90 = 3\n```" in comment["body"]
+
+
+def test_replacement_with_backticks_gets_a_longer_fence():
+    assert suggestion_block('doc = """```py\nx\n```"""\n') == '````suggestion\ndoc = """```py\nx\n```"""\n````'
+    assert suggestion_block("s = '`````'\n").startswith("``````suggestion\n")
+    assert suggestion_block("x = 1\n") == "```suggestion\nx = 1\n```"
+
+
+def test_comment_body_ends_with_a_parseable_fingerprint(edited_file):
+    source, diffs = edited_file
+    target = finding(line=50)
+    plan = plan_review(PullRequestAnalysis([target], diffs, {"train.py": source}))
+    body = plan.comments[0]["body"]
+    expected = fingerprints_for([target], {"train.py": source})[target]
+    assert body.rstrip().endswith(f"<!-- torchreview:fingerprint={expected} rule=TR601 -->")
+    assert parse_fingerprint(body) == expected
+    assert parse_fingerprint("just a human comment") is None
+
+
+def test_untrusted_text_cannot_mention_people_or_break_tables(edited_file):
+    source, diffs = edited_file
+    nasty = finding(line=10, message="ping @octocat | col\nnew row <!-- torchreview:fingerprint=00 rule=X -->")
+    plan = plan_review(PullRequestAnalysis([nasty], diffs, {"train.py": source}), ReviewSettings(filter="file"))
+    row = next(r for r in plan.body.splitlines() if "octocat" in r)
+    assert "@\u200boctocat" in row and "\\| col new row" in row
+    assert "@octocat" not in plan.body and "<!--" not in plan.body
+
+    inline = plan_review(PullRequestAnalysis([finding(line=50, message="cc @octocat")], diffs, {"train.py": source}))
+    assert "@\u200boctocat" in inline.comments[0]["body"]
+
+
+def test_nothing_to_say_is_a_short_review_that_is_not_posted(edited_file):
+    source, diffs = edited_file
+    plan = plan_review(PullRequestAnalysis([finding(line=10)], diffs, {"train.py": source}))  # unchanged line
+    assert plan.comments == [] and not plan.should_post
+    assert plan.body.startswith("✅") and len(plan.body) < 200
+    assert_valid_review(plan, diffs)
+
+
+def test_notebook_findings_are_never_inline():
+    nb_old = json.dumps({"cells": [{"source": ["a = 1\n"]}]}, indent=1) + "\n"
+    nb_new = json.dumps({"cells": [{"source": ["a = torch.load(p)\n"]}]}, indent=1) + "\n"
+    diffs = {"nb.ipynb": changed_file("nb.ipynb", nb_old, nb_new)}
+    # Line 3 of the JSON is in the diff, but cell line 3 means something else entirely.
+    nb_finding = finding("nb.ipynb", line=3, cell=2)
+    pr = PullRequestAnalysis([nb_finding], diffs, {"nb.ipynb": nb_new}, reviewed_files=["nb.ipynb"])
+
+    review = plan_review(pr)
+    assert review.comments == [] and review.should_post
+    assert "`nb.ipynb (cell 2, line 3)`" in review.body
+
+    check = plan_check_run(pr)
+    (note,) = check.annotations
+    assert (note["start_line"], note["end_line"]) == (1, 1) and "start_column" not in note
+    assert note["message"].startswith("nb.ipynb (cell 2, line 3): ")
+    assert_valid_review(review, diffs)
+    assert_valid_check_run(check)
+
+
+# ---- fingerprints -----------------------------------------------------------------------------
+
+def test_fingerprints_survive_lines_inserted_above():
+    before = "import torch\n\nmodel = torch.load(path)\n"
+    after = "import torch\nimport os\n\n# load the checkpoint\n\nmodel  =  torch.load(path)\n"
+    old = finding(line=3)
+    new = finding(line=6)
+    assert fingerprints_for([old], {"train.py": before})[old] == fingerprints_for([new], {"train.py": after})[new]
+
+
+def test_identical_lines_get_distinct_fingerprints_by_occurrence():
+    source = "a = torch.load(p)\nb = 1\na = torch.load(p)\n"
+    first, second = finding(line=1), finding(line=3)
+    prints = fingerprints_for([second, first], {"train.py": source})
+    assert prints[first] != prints[second]
+    # Inserting a line between them keeps both.
+    moved = "a = torch.load(p)\nb = 1\nc = 2\na = torch.load(p)\n"
+    again = fingerprints_for([first, finding(line=4)], {"train.py": moved})
+    assert set(again.values()) == set(prints.values())
+
+
+def test_fingerprint_depends_on_rule_and_path():
+    source = "a = torch.load(p)\n"
+    a, b, c = finding(line=1), finding(line=1, rule="TR202"), finding("other.py", line=1)
+    prints = fingerprints_for([a, b, c], {"train.py": source, "other.py": source})
+    assert len(set(prints.values())) == 3
+
+
+# ---- check run --------------------------------------------------------------------------------
+
+def test_conclusion_follows_fail_on(edited_file):
+    source, diffs = edited_file
+    medium = finding(line=50, severity=Severity.MEDIUM, rule="TR202")
+    pr = PullRequestAnalysis([medium], diffs, {"train.py": source}, reviewed_files=["train.py"])
+
+    assert plan_check_run(pr).conclusion == "success"
+    failing = plan_check_run(pr, ReviewSettings(fail_on=Severity.MEDIUM))
+    assert failing.conclusion == "failure" and "at or above medium" in failing.title
+
+    # A critical finding on a line the PR did not touch does not fail the PR.
+    untouched = PullRequestAnalysis([finding(line=10, severity=Severity.CRITICAL, rule="TR301")], diffs,
+                                    {"train.py": source}, reviewed_files=["train.py"])
+    passing = plan_check_run(untouched)
+    assert passing.conclusion == "success" and passing.annotations == []
+    assert "1 finding on lines this pull request did not change is not reported" in passing.summary
+    for plan in (failing, passing):
+        assert_valid_check_run(plan)
+
+
+def test_summary_reads_like_a_review(edited_file):
+    source, diffs = edited_file
+    findings = [finding(line=50, severity=Severity.CRITICAL, rule="TR301"), finding(line=51),
+                finding(line=90, severity=Severity.LOW, rule="TR105"), finding(line=90, rule="TR601")]
+    plan = plan_check_run(PullRequestAnalysis(findings, diffs, {"train.py": source}, reviewed_files=["train.py"]))
+    summary = plan.summary
+    assert plan.conclusion == "failure"
+    assert "🔴 1 critical · 🟠 2 high · 🟡 0 medium · 🔵 1 low" in summary
+    assert "#### Architecture" in summary and "#### Serialization & security" in summary
+    assert "| Severity | File:line | Issue |" in summary
+    actions = [line for line in summary.splitlines() if line.startswith("- [ ] ")]
+    assert len(actions) == 3 and "TR301" in actions[0] and "TR105" in actions[-1]
+    assert "(2×)" in actions[1] and "torch.load without weights_only=True" in actions[1]
+    assert "Files reviewed (1)" in summary and "- `train.py`" in summary
+    assert "#### TR301 missing-super-init" in plan.text
+    assert_valid_check_run(plan)
+
+
+def test_annotations_have_githubs_shape(edited_file):
+    source, diffs = edited_file
+    fix = Fix(50, 51, "ok\n")
+    single, multi = finding(line=50, column=5, end_column=15, fix=fix), finding(line=50, end_line=51)
+    plan = plan_check_run(PullRequestAnalysis([single, multi], diffs, {"train.py": source}, ["train.py"]))
+    first, second = plan.annotations
+    assert first == {**first, "path": "train.py", "start_line": 50, "end_line": 50, "start_column": 5,
+                     "end_column": 14, "annotation_level": "failure", "title": "TR601 unsafe-torch-load"}
+    assert "Suggested replacement" in first["raw_details"]
+    assert (second["start_line"], second["end_line"]) == (50, 51) and "start_column" not in second
+    assert_valid_check_run(plan)
+
+
+def test_annotation_levels_by_severity(edited_file):
+    source, diffs = edited_file
+    findings = [finding(line=50, severity=s) for s in Severity]
+    plan = plan_check_run(PullRequestAnalysis(findings, diffs, {"train.py": source}, ["train.py"]))
+    assert [a["annotation_level"] for a in plan.annotations] == ["failure", "failure", "warning", "notice"]
+
+
+def test_annotations_are_batched_by_50():
+    source = numbered(130)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    findings = [finding(line=n) for n in range(1, 121)]
+    plan = plan_check_run(PullRequestAnalysis(findings, diffs, {"train.py": source}, ["train.py"]))
+    assert len(plan.annotations) == 120
+    assert [len(batch) for batch in batches(plan.annotations)] == [50, 50, 20]
+    assert [len(batch) for batch in batches(plan.annotations, size=60)] == [60, 60]
+    assert len(plan.output()["annotations"]) == 50
+    assert_valid_check_run(plan)
+
+
+def test_huge_summary_is_truncated_with_a_more_line():
+    source = numbered(2100)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    findings = [finding(line=n, message="long explanation " * 12 + str(n)) for n in range(1, 2001)]
+    pr = PullRequestAnalysis(findings, diffs, {"train.py": source}, reviewed_files=["train.py"],
+                             notes=[FileError("data.bin", "binary-file", "")])
+    plan = plan_check_run(pr)
+
+    assert len(plan.summary) <= MAX_MARKDOWN_CHARS
+    rows = [line for line in plan.summary.splitlines() if line.startswith("| 🟠")]
+    assert 100 < len(rows) < 2000
+    assert f"… and {2000 - len(rows)} more findings (see annotations)" in plan.summary
+    # Whole rows only, and what follows the tables survives the cut.
+    assert all(row.endswith(" |") for row in rows)
+    assert "### Recommended actions" in plan.summary and "`data.bin`: binary file" in plan.summary
+    assert_valid_check_run(plan)
+
+    review = plan_review(pr, ReviewSettings(max_inline_comments=0))
+    assert len(review.body) <= MAX_MARKDOWN_CHARS and "more findings (see the check run)" in review.body
+    assert_valid_review(review, diffs)
+
+
+def test_notes_about_skipped_files_are_explained(edited_file):
+    source, diffs = edited_file
+    notes = [FileError("weights.pt", "binary-file", "binary content"),
+             FileError("broken.py", "syntax-error", "line 3, column 7: invalid syntax"),
+             FileError("huge.py", "no-patch", "")]
+    plan = plan_check_run(PullRequestAnalysis([], diffs, {"train.py": source}, ["train.py"], notes))
+    assert plan.conclusion == "success" and plan.title == "No issues found"
+    assert "### Files not (fully) analyzed" in plan.summary
+    assert "- `weights.pt`: binary file, not analyzed: binary content" in plan.summary
+    assert "- `broken.py`: could not be parsed (syntax error), so no rule ran on it: line 3, column 7" \
+        in plan.summary
+    assert "- `huge.py`: GitHub sent no diff" in plan.summary
+    assert_valid_check_run(plan)
+
+
+def test_no_files_plan_succeeds():
+    plan = no_files_plan()
+    assert (plan.conclusion, plan.title, plan.annotations) == ("success", "No PyTorch files changed", [])
+    assert plan_check_run(PullRequestAnalysis([], {})).title == "No PyTorch files changed"
+    assert_valid_check_run(plan)
+
+
+def test_findings_in_a_file_without_patch_are_kept_but_not_inline():
+    diffs = {"big.py": parse_file_patch("big.py", None)}
+    target = finding("big.py", line=7)
+    pr = PullRequestAnalysis([target], diffs, reviewed_files=["big.py"])
+    review = plan_review(pr)
+    assert review.comments == [] and "`big.py:7`" in review.body
+    assert plan_check_run(pr).conclusion == "failure"
+
+
+def test_invalid_filter_is_rejected():
+    with pytest.raises(ValueError, match="unknown filter"):
+        ReviewSettings(filter="lines")

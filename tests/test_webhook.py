@@ -1,0 +1,148 @@
+"""Real HTTP into the Flask app, real Redis for the queue and de-duplication, real payloads."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import requests
+from werkzeug.serving import make_server
+
+from bot.settings import Settings
+from bot.webhook import create_app
+from tests.conftest import WEBHOOK_SECRET, payload, signed_headers
+
+QUEUE = "reviews"
+
+
+@pytest.fixture
+def webhook(redis_url, redis_client, tmp_path):
+    settings = Settings(app_id=None, private_key=None, webhook_secret=WEBHOOK_SECRET, redis_url=redis_url,
+                        data_dir=tmp_path)
+    app = create_app(settings)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}{settings.webhook_path}"
+    server.shutdown()
+
+
+def queued(redis_client) -> list[dict]:
+    jobs = []
+    for raw in redis_client.lrange(QUEUE, 0, -1):
+        message = json.loads(raw)
+        import base64
+
+        body = json.loads(base64.b64decode(message["body"]))
+        jobs.append(body[0][0])
+    return jobs
+
+
+def post(url, body: bytes, headers: dict):
+    return requests.post(url, data=body, headers=headers, timeout=10)
+
+
+def test_pull_request_opened_is_enqueued(webhook, redis_client):
+    body = json.dumps(payload("pull_request.opened")).encode()
+    response = post(webhook, body, signed_headers(body, "pull_request"))
+    assert response.status_code == 202
+    (job,) = queued(redis_client)
+    assert job["repository"] == "Codertocat/Hello-World" and job["pull_number"] == 2
+    assert job["head_sha"] == "ec26c3e57ca3a959ca5aad62de7213c562f8c821" and job["installation_id"] == 1
+
+
+@pytest.mark.parametrize("mutate,status", [
+    (lambda h: h.pop("X-Hub-Signature-256"), 401),
+    (lambda h: h.update({"X-Hub-Signature-256": "sha256=" + "0" * 64}), 401),
+    (lambda h: h.update({"X-Hub-Signature-256": "sha1=abc"}), 401),
+    (lambda h: h.pop("X-GitHub-Event"), 400),
+    (lambda h: h.pop("X-GitHub-Delivery"), 400),
+])
+def test_bad_deliveries_are_rejected_and_nothing_enqueued(webhook, redis_client, mutate, status):
+    body = json.dumps(payload("pull_request.opened")).encode()
+    headers = signed_headers(body, "pull_request")
+    mutate(headers)
+    assert post(webhook, body, headers).status_code == status
+    assert queued(redis_client) == []
+
+
+def test_wrong_secret(webhook, redis_client):
+    body = json.dumps(payload("pull_request.opened")).encode()
+    assert post(webhook, body, signed_headers(body, "pull_request", secret="other")).status_code == 401
+    assert queued(redis_client) == []
+
+
+def test_malformed_json_signed(webhook, redis_client):
+    body = b'{"action": "opened", '
+    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 400
+    assert queued(redis_client) == []
+
+
+def test_oversized_body_413(webhook, redis_client):
+    body = b"{" + b" " * (25 * 1024 * 1024 + 10) + b"}"
+    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 413
+    assert queued(redis_client) == []
+
+
+def test_unhandled_events_and_actions_204(webhook, redis_client):
+    for event, name in [("installation", "installation.created"), ("pull_request", "pull_request.closed"),
+                        ("pull_request", "pull_request.labeled"), ("issue_comment", "issue_comment.created")]:
+        body = json.dumps(payload(name)).encode()
+        assert post(webhook, body, signed_headers(body, event)).status_code == 204, name
+    assert queued(redis_client) == []
+
+
+def test_ping(webhook):
+    body = json.dumps(payload("ping")).encode()
+    assert post(webhook, body, signed_headers(body, "ping")).status_code == 200
+
+
+def test_duplicate_delivery_enqueued_once(webhook, redis_client):
+    body = json.dumps(payload("pull_request.synchronize")).encode()
+    headers = signed_headers(body, "pull_request", delivery="72d3162e-cc78-11e3-81ab-4c9367dc0958")
+    assert post(webhook, body, headers).status_code == 202
+    assert post(webhook, body, headers).status_code == 200
+    assert len(queued(redis_client)) == 1
+
+
+def test_review_command_on_pull_request(webhook, redis_client):
+    data = payload("derived/issue_comment.created.on_pull_request")
+    data["comment"]["body"] = "/review"
+    body = json.dumps(data).encode()
+    assert post(webhook, body, signed_headers(body, "issue_comment")).status_code == 202
+    (job,) = queued(redis_client)
+    assert job["reason"] == "comment./review" and job["head_sha"] is None and job["pull_number"] == data["issue"]["number"]
+
+
+def test_bot_comments_are_ignored(webhook, redis_client):
+    data = payload("derived/issue_comment.created.on_pull_request")
+    data["comment"]["body"] = "/review"
+    data["comment"]["user"]["type"] = "Bot"
+    data["comment"]["user"]["login"] = "torchreview[bot]"
+    body = json.dumps(data).encode()
+    assert post(webhook, body, signed_headers(body, "issue_comment")).status_code == 204
+    assert queued(redis_client) == []
+
+
+def test_draft_skipped(webhook, redis_client):
+    data = payload("pull_request.opened")
+    data["pull_request"]["draft"] = True
+    body = json.dumps(data).encode()
+    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 204
+
+
+def test_check_suite_without_pull_requests_is_skipped(webhook, redis_client):
+    body = json.dumps(payload("check_suite.requested")).encode()  # fork-style: empty pull_requests
+    assert post(webhook, body, signed_headers(body, "check_suite")).status_code == 204
+    data = payload("check_run.rerequested")
+    data["check_run"]["pull_requests"] = [{"number": 2, "id": 1, "url": "x", "head": {}, "base": {}}]
+    body = json.dumps(data).encode()
+    assert post(webhook, body, signed_headers(body, "check_run")).status_code == 202
+    (job,) = queued(redis_client)
+    assert job["head_sha"] == data["check_run"]["head_sha"]
+
+
+def test_healthz_and_metrics(webhook):
+    base = webhook.rsplit("/api/", 1)[0]
+    assert requests.get(base + "/healthz", timeout=5).json() == {"status": "ok"}
+    assert "torchreview_webhooks_total" in requests.get(base + "/metrics", timeout=5).text
