@@ -95,9 +95,15 @@ class FileDiff:
 
 
 def parse_file_patch(path: str, patch: Optional[str]) -> FileDiff:
-    """A :class:`FileDiff` from the ``patch`` field of GitHub's PR files API (None: no patch)."""
-    if not patch:
+    """A :class:`FileDiff` from the ``patch`` field of GitHub's PR files API.
+
+    ``None`` means GitHub sent no patch for a changed file (binary or too large): lines unknown.
+    Pass ``""`` for a change without content lines (a pure rename): nothing is new there.
+    """
+    if patch is None:
         return FileDiff(path, has_patch=False)
+    if not patch.strip():
+        return FileDiff(path)
     text = f"--- a/{path}\n+++ b/{path}\n{patch}" + ("" if patch.endswith("\n") else "\n")
     try:
         patched_files = list(PatchSet(text))

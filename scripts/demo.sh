@@ -2,7 +2,7 @@
 # Set up (once) and run torchreview on the bundled examples: no GitHub account, no Redis needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/_venv.sh
+source scripts/_venv.sh demo
 echo "== torchreview check examples/"
 status=0
 torchreview check examples/ || status=$?

@@ -118,6 +118,11 @@ def test_file_without_patch_is_never_commentable():
     assert not diff.has_patch and not diff.commentable
 
 
+def test_pure_rename_reports_nothing_from_the_file():
+    diffs = {"moved.py": parse_file_patch("moved.py", "")}
+    assert diffs["moved.py"].has_patch and keep_findings([finding("moved.py", line=3)], diffs) == []
+
+
 # ---- review ---------------------------------------------------------------------------------
 
 def test_45_findings_give_30_inline_comments_most_severe_first_and_15_in_the_body():

@@ -562,6 +562,16 @@ class MissingZeroGrad(Rule):
             for o in (opt_g, opt_d):
                 o.step()
         """,
+        # no backward in the loop: gradients are assigned by hand, nothing accumulates
+        """
+        import torch
+        opt = torch.optim.SGD([w], lr=0.1)
+        for _ in range(5):
+            w.grad = torch.ones_like(w)
+            opt.step()
+        for _ in range(5):
+            opt.step()
+        """,
         # train_step that is zeroed by its caller in this file
         """
         import torch
@@ -667,6 +677,8 @@ class MissingZeroGrad(Rule):
         self.loop_calls: list[tuple[str, LoopStack, object]] = []
         self.calls: dict[str, set] = {}
         self.zeroing_functions: set = set()
+        self.backwards: list[tuple[LoopStack, object]] = []
+        self.backward_functions: set = set()
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
@@ -675,6 +687,11 @@ class MissingZeroGrad(Rule):
         fn_name = _fn_name(ctx)
         if fn_name is not None:
             self.calls.setdefault(fn_name, set()).add(name)
+        if name in _BACKWARD_METHODS:
+            self.backwards.append((_loop_stack(ctx), ctx.function))
+            if fn_name is not None:
+                self.backward_functions.add(fn_name)
+            return
         if name == "step":
             if _in_lightning(ctx):
                 return
@@ -704,9 +721,8 @@ class MissingZeroGrad(Rule):
                 self.loop_calls.append((name, stack, ctx.function))
 
     def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
-        # ``p.grad = None``
-        if isinstance(node.value, cst.Name) and node.value.value == "None" and \
-                any(_is_grad_attr(t.target) for t in node.targets):
+        # ``p.grad = None`` (or any other assignment that replaces the gradient)
+        if any(_is_grad_attr(t.target) for t in node.targets):
             self.zeros.append((None, _loop_stack(ctx), ctx.function))
             fn_name = _fn_name(ctx)
             if fn_name is not None:
@@ -716,6 +732,7 @@ class MissingZeroGrad(Rule):
         if not self.steps:
             return
         zeroing = _closure(self.zeroing_functions, self.calls)
+        backward = _closure(self.backward_functions, self.calls)
         reported: set = set()
         for step, loops, fn, fn_name in self.steps:
             if step.has_args:
@@ -724,12 +741,12 @@ class MissingZeroGrad(Rule):
             if key in reported:
                 continue
             if loops:
-                if self._zeroed_in(step, loops, fn, zeroing):
-                    continue
+                if self._zeroed_in(step, loops, fn, zeroing) or not self._backward_in(loops, fn, backward):
+                    continue  # no backward in the loop: nothing accumulates (e.g. gradients set by hand)
                 reported.add(key)
                 self.report(step.node, self._loop_message(step))
             elif fn_name is not None and _is_train_step_name(fn_name):
-                if self._zeroed_anywhere(step, zeroing, fn_name):
+                if self._zeroed_anywhere(step, zeroing, fn_name) or fn_name not in backward:
                     continue
                 reported.add(key)
                 self.report(step.node, (
@@ -750,6 +767,14 @@ class MissingZeroGrad(Rule):
             if cfn is fn and (name in zeroing or _zeroing_name(name)) and any(id(lp) in loop_ids for lp in cloops):
                 return True
         return False
+
+    def _backward_in(self, loops: LoopStack, fn, backward: set) -> bool:
+        loop_ids = {id(lp) for lp in loops}
+        for bloops, bfn in self.backwards:
+            if bfn is fn and any(id(lp) in loop_ids for lp in bloops):
+                return True
+        return any(cfn is fn and name in backward and any(id(lp) in loop_ids for lp in cloops)
+                   for name, cloops, cfn in self.loop_calls)
 
     def _zeroed_anywhere(self, step: _Step, zeroing: set, fn_name: str) -> bool:
         if fn_name in zeroing:
