@@ -42,7 +42,10 @@ class GitHubClients:
             if client is None:
                 auth = self.app_auth.get_installation_auth(installation_id)
                 # No in-request retries: the task retries as a whole, idempotently, honouring Retry-After.
-                client = github.Github(base_url=self.settings.api_url, auth=auth, retry=None, timeout=20, per_page=100)
+                # Lazy objects: `repo.get_commit(sha)` must not cost a request when only its sha is used.
+                client = github.Github(base_url=self.settings.api_url, auth=auth, retry=None, timeout=20, per_page=100,
+                                       seconds_between_requests=None, lazy=True,
+                                       seconds_between_writes=self.settings.github_write_interval or None)
                 self._clients[installation_id] = client
             return client
 

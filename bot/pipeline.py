@@ -91,10 +91,12 @@ def _review_locked(job, repo, pr, head: str) -> str:
         findings.extend(result.findings)
         changed.notes.extend(result.errors)
     settings = compose.ReviewSettings(fail_on=config.fail_on)
-    diffs = {path: compose.FileDiff.from_patch(path, changed.patches[path], changed.sources[path])
-             for path in changed.reviewed}
-    review_plan = compose.plan_review(findings, diffs, settings, notes=changed.notes)
-    check_plan = compose.plan_check_run(findings, diffs, settings, files_reviewed=changed.reviewed, notes=changed.notes)
+    analysis = compose.PullRequestAnalysis(
+        findings=findings,
+        diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
+        sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes)
+    review_plan = compose.plan_review(analysis, settings)
+    check_plan = compose.plan_check_run(analysis, settings)
     # A push may have arrived while we analyzed: never post on a stale head.
     current = repo.get_pull(pr.number).head.sha
     if current != head:
@@ -103,7 +105,7 @@ def _review_locked(job, repo, pr, head: str) -> str:
     if review_plan.should_post:
         marker = review_marker(head, job_key)
         if not _already_posted(pr, marker):
-            post_review(pr, repo, head, review_plan, marker, diffs)
+            post_review(pr, repo, head, review_plan, marker)
     _complete(check_run, check_plan)
     return f"{len(findings)} finding(s), {len(review_plan.comments)} inline; check {check_plan.conclusion}"
 
@@ -187,14 +189,9 @@ def _check_run_for(repo, head: str, reuse: bool):
 def _complete(check_run, plan) -> None:
     from bot.review import batches
 
-    annotations = list(plan.annotations)
-    chunks = list(batches(annotations)) or [[]]
+    chunks = list(batches(plan.annotations)) or [[]]
     for index, chunk in enumerate(chunks):
-        output = {"title": plan.title, "summary": plan.summary}
-        if plan.text:
-            output["text"] = plan.text
-        if chunk:
-            output["annotations"] = chunk
+        output = plan.output(chunk)  # GitHub appends each update's annotations: send each once
         last = index == len(chunks) - 1
         if last:
             check_run.edit(status="completed", conclusion=plan.conclusion, output=output)
@@ -206,7 +203,7 @@ def _already_posted(pr, marker: str) -> bool:
     return any(marker in (r.body or "") for r in pr.get_reviews())
 
 
-def post_review(pr, repo, head: str, plan, marker: str, diffs) -> None:
+def post_review(pr, repo, head: str, plan, marker: str) -> None:
     body = plan.body + "\n\n" + marker
     commit = repo.get_commit(head)  # lazy: only its sha is used
     try:
@@ -218,9 +215,9 @@ def post_review(pr, repo, head: str, plan, marker: str, diffs) -> None:
         log.warning("review rejected (%s); re-checking comment lines against the current diff", exc.data)
     # GitHub rejects the whole review for one bad line: keep only comments on lines of the
     # diff as GitHub now reports it, and say in the body what moved out of the diff.
-    from bot.review import FileDiff
+    from bot.review import parse_file_patch
 
-    current = {f.filename: FileDiff.from_patch(f.filename, f.patch or "", None) for f in pr.get_files()}
+    current = {f.filename: parse_file_patch(f.filename, f.patch) for f in pr.get_files()}
     kept = [c for c in plan.comments if _comment_fits(c, current.get(c["path"]))]
     dropped = len(plan.comments) - len(kept)
     note = f"\n\n_{dropped} inline comment(s) could not be placed on the diff and are listed above._" if dropped else ""

@@ -501,6 +501,25 @@ def no_files_plan(notes: Sequence[FileNote] = ()) -> CheckRunPlan:
     return CheckRunPlan("success", "No PyTorch files changed", hard_cap(summary))
 
 
+def config_error_plan(message: str) -> CheckRunPlan:
+    """Invalid repository configuration: say exactly what is wrong; no review comments."""
+    summary = ("torchreview could not read this repository's configuration (read from the base branch), "
+               "so nothing was reviewed. Fix it and re-run.\n\n```\n" + neutralize(message) + "\n```")
+    return CheckRunPlan("failure", "Invalid torchreview configuration", hard_cap(summary))
+
+
+def superseded_plan(old_sha: str, new_sha: str) -> CheckRunPlan:
+    return CheckRunPlan("neutral", "Superseded by a newer commit",
+                        f"A newer commit ({new_sha[:7]}) was pushed; see the torchreview check run on that commit. "
+                        f"This run for {old_sha[:7]} was stopped.")
+
+
+def job_failed_plan(message: str) -> CheckRunPlan:
+    summary = ("The review job failed and will not be retried. Comment `/review` on the pull request or "
+               "re-run this check to try again.\n\n```\n" + neutralize(message)[:2000] + "\n```")
+    return CheckRunPlan("failure", "torchreview could not complete the review", hard_cap(summary))
+
+
 def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings()) -> CheckRunPlan:
     if not pr.reviewed_files and not pr.findings:
         return no_files_plan(pr.notes)

@@ -28,6 +28,8 @@ class Settings:
     port: int = 3000
     review_drafts: bool = False
     bot_login: Optional[str] = None  # our own bot account (``<slug>[bot]``), to ignore our comments
+    # GitHub asks integrators to space content-creating requests by about a second.
+    github_write_interval: float = 1.0
 
     @property
     def broker_url(self) -> str:
@@ -74,6 +76,11 @@ class Settings:
         port = env.get("PORT", "3000").strip()
         if not port.isdigit():
             raise SettingsError(f"PORT must be a number, got {port!r}")
+        interval = env.get("TORCHREVIEW_GITHUB_WRITE_INTERVAL", "1.0").strip()
+        try:
+            write_interval = float(interval)
+        except ValueError:
+            raise SettingsError(f"TORCHREVIEW_GITHUB_WRITE_INTERVAL must be a number of seconds, got {interval!r}") from None
         redis_url = env.get("REDIS_URL", "").strip() or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
@@ -88,6 +95,7 @@ class Settings:
             port=int(port),
             review_drafts=env.get("TORCHREVIEW_REVIEW_DRAFTS", "").lower() in {"1", "true", "yes"},
             bot_login=env.get("TORCHREVIEW_BOT_LOGIN") or None,
+            github_write_interval=write_interval,
         )
 
 

@@ -19,6 +19,7 @@ MAX_RETRIES = 8
 
 def make_celery(settings: Settings) -> Celery:
     app = Celery("torchreview", broker=settings.broker_url)
+    visibility = int(os.environ.get("TORCHREVIEW_VISIBILITY_TIMEOUT", "900"))
     if settings.embedded:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     app.conf.update(
@@ -31,8 +32,14 @@ def make_celery(settings: Settings) -> Celery:
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
-        # Redis re-delivers unacknowledged jobs of a dead worker after this many seconds.
-        broker_transport_options={"visibility_timeout": int(os.environ.get("TORCHREVIEW_VISIBILITY_TIMEOUT", "900"))},
+        # Redis re-delivers the unacknowledged jobs of a dead worker after ``visibility`` seconds;
+        # surviving workers sweep for them every few seconds (kombu's default is ~100 s).
+        broker_transport_options={
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": max(1, min(10, visibility // 2)),
+            "unacked_restore_throttle": 1,
+            "polling_interval": 0.5,  # the embedded SQLite broker polls
+        },
     )
     return app
 

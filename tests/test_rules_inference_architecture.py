@@ -368,3 +368,69 @@ def test_no_grad_update_helpers_are_accepted():
                 p.data.zero_()
     """
     assert ids(code) == []
+
+
+def test_model_built_in_eval_mode_counts_until_trained():
+    loader = """
+        import torch
+
+        def load_model(path):
+            model = Net()
+            model.load_state_dict(torch.load(path, weights_only=True))
+            return model.eval()
+
+        model = load_model("m.pt")
+
+        @torch.no_grad()
+        def infer(x):
+            return model(x)
+    """
+    assert ids(loader) == []
+    hf = """
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_pretrained("bert-base-uncased")
+
+        def train_epoch(loader, opt):
+            model.train()
+            for batch in loader:
+                model(**batch).loss.backward()
+                opt.step()
+
+        @torch.no_grad()
+        def evaluate(eval_loader):
+            return [model(**batch).logits for batch in eval_loader]
+    """
+    assert ids(hf) == ["TR201"]
+
+
+def test_helper_that_leaves_the_model_in_eval_mode():
+    code = """
+        import torch
+
+        def evaluate(model, loader):
+            model.eval()
+            with torch.no_grad():
+                return sum(model(x).sum() for x in loader)
+
+        evaluate(model, val_loader)
+        with torch.no_grad():
+            for x in test_loader:
+                preds = model(x)
+    """
+    assert ids(code) == []
+
+
+def test_list_of_module_attributes_is_registered_already():
+    code = """
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(3, 8, 3)
+                self.conv2 = nn.Conv2d(8, 8, 3)
+                self.convs = [self.conv1, self.conv2]
+    """
+    assert ids(code) == []

@@ -357,3 +357,93 @@ while True:
 
 def test_rl_loop_with_env_step_is_fine():
     assert _findings(RL_LOOP) == []
+
+
+MULTI_OPTIMIZER_WRAPPER = """
+import torch
+
+
+class MultipleOptimizer:
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+
+    def zero_grad(self):
+        for op in self.optimizers:
+            op.zero_grad()
+
+    def step(self):
+        for op in self.optimizers:
+            op.step()
+
+
+def freeze_bn(model):
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.eval()
+
+
+for epoch in range(3):
+    for x, y in loader:
+        freeze_bn(model)
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_optimizer_wrappers_and_bn_freezing_are_fine():
+    assert _findings(MULTI_OPTIMIZER_WRAPPER) == []
+
+
+VALIDATION_MID_EPOCH = """
+import torch
+
+
+class Trainer:
+    def sample(self):
+        self.model.eval()
+        return self.model.generate()
+
+    def fit(self):
+        self.model.train()
+        for epoch in range(3):
+            for step, batch in enumerate(self.loader):
+                self.optimizer.zero_grad()
+                loss = self.model(batch).loss
+                loss.backward()
+                self.optimizer.step()
+                if step % 100 == 0:
+                    self.sample()
+                    print(f"D {loss.item():.3f} lr {self.optimizer.param_groups[0]['lr']}")
+"""
+
+
+def test_mid_epoch_sampling_without_restore():
+    findings = _findings(VALIDATION_MID_EPOCH)
+    assert [f.rule for f in findings] == ["TR108"], findings
+    assert "self.model" in findings[0].message and "sample()" in findings[0].message
+    # with train() at the top of each epoch the same code is fine
+    fixed = VALIDATION_MID_EPOCH.replace("for epoch in range(3):\n", "for epoch in range(3):\n            self.model.train()\n")
+    assert _findings(fixed) == []
+
+
+PER_STEP_PRINT = """
+import torch
+for epoch in range(n_epochs):
+    for i, imgs in enumerate(dataloader):
+        optimizer_G.zero_grad()
+        g_loss = adversarial_loss(discriminator(generator(z)), valid)
+        g_loss.backward()
+        optimizer_G.step()
+        optimizer_D.zero_grad()
+        d_loss = adversarial_loss(discriminator(imgs), valid)
+        d_loss.backward()
+        optimizer_D.step()
+        print("[D loss: %f] [G loss: %f]" % (d_loss.item(), g_loss.item()))
+"""
+
+
+def test_per_step_print_reported_once_per_log_call():
+    findings = _findings(PER_STEP_PRINT)
+    assert [f.rule for f in findings] == ["TR105"], findings
+    assert "d_loss.item()" in findings[0].message

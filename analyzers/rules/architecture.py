@@ -8,7 +8,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, method_name
 from analyzers.model import Category, Severity
-from analyzers.rules.base import Invalid, Rule, Valid
+from analyzers.rules.base import Invalid, Rule
 
 _PARAMETER = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
 _CONTAINERS = {"Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}
@@ -44,6 +44,8 @@ def _nn_name(ctx: FileContext, container: str) -> Optional[str]:
 def _module_kind(expr: Optional[cst.BaseExpression], ctx: FileContext, follow: bool = True) -> Optional[str]:
     """"module" / "parameter" when ``expr`` builds an nn.Module / nn.Parameter, else None."""
     if isinstance(expr, (cst.Name, cst.Attribute)) and follow:
+        if (dotted_name(expr) or "").startswith("self."):
+            return None  # already an attribute of the module: registered there
         origin = ctx.origin(expr)
         return _module_kind(origin, ctx, follow=False) if origin is not expr else None
     if not isinstance(expr, cst.Call):
@@ -62,7 +64,7 @@ def _module_kind(expr: Optional[cst.BaseExpression], ctx: FileContext, follow: b
             name = (dotted_name(arg) or "").rsplit(".", 1)[-1].lower()
             if name in _CLONE_NAMES or name.endswith(("_layer", "_block", "_module")):
                 return "module"
-            return _module_kind(arg, ctx) if isinstance(arg, (cst.Name, cst.Attribute)) else None
+            return _module_kind(arg, ctx) if arg is not None else None
     local = dotted_name(expr.func)
     if local is None:
         return None
@@ -176,8 +178,8 @@ def _trivial_body(node: cst.FunctionDef) -> bool:
         for small in smalls:
             if isinstance(small, (cst.Pass, cst.Raise)):
                 continue
-            if isinstance(small, cst.Expr) and isinstance(small.value, (cst.Ellipsis, cst.SimpleString,
-                                                                       cst.ConcatenatedString)):
+            if isinstance(small, cst.Expr) and isinstance(
+                    small.value, (cst.Ellipsis, cst.SimpleString, cst.ConcatenatedString)):
                 continue
             return False
     return True

@@ -688,4 +688,3 @@ class MissingPinMemory(_LoaderRule):
             self.report(loader.call, f"DataLoader {loader.label} has {how} while its batches are copied to CUDA: "
                                      f"copies from pageable memory are slower and cannot overlap compute; pass "
                                      f"pin_memory=True and move batches with non_blocking=True")
-

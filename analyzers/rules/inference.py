@@ -96,7 +96,7 @@ def _val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
 
 class _FnState:
     __slots__ = ("node", "name", "eval_named", "skip", "evals", "nograd_dec", "grad_off", "has_backward",
-                 "needs_grad", "val_loops", "cls")
+                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval")
 
     def __init__(self, node: Optional[cst.FunctionDef], name: str, cls: Optional[cst.ClassDef]) -> None:
         self.node = node
@@ -110,6 +110,8 @@ class _FnState:
         self.needs_grad = False  # enable_grad / autograd.grad / requires_grad_ : gradients wanted
         self.val_loops: list[_ValLoop] = []
         self.cls = cls
+        self.returns_eval = False  # ``return model.eval()`` / eval() before a return: a loader of eval models
+        self.leaves_eval = False  # still has something in eval mode when it ends
 
 
 class _ValLoop:
@@ -123,7 +125,7 @@ class _ValLoop:
 
 class _ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain")
+                 "eval_chain", "origin_func")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -154,6 +156,7 @@ class _Facts:
         self.functions: dict[str, list[_FnState]] = {}
         self.class_evals: dict[cst.ClassDef, set[str]] = {}
         self.module_evals: set[str] = set()
+        self.trained: set[str] = set()  # receivers of an explicit .train() anywhere in the file
         self.skipped_classes: dict[cst.ClassDef, bool] = {}
         path = ctx.path.replace("\\", "/")
         base = path.rsplit("/", 1)[-1]
@@ -177,7 +180,15 @@ class _Facts:
         self.functions.setdefault(name, []).append(state)
 
     def leave_function(self) -> None:
-        self.stack.pop()
+        state = self.stack.pop()
+        state.leaves_eval = any(state.evals.values())
+
+    def on_return(self, node: cst.Return) -> None:
+        state = self.stack[-1]
+        if state.node is None or node.value is None:
+            return
+        if any(state.evals.values()) or _eval_chain(node.value):
+            state.returns_eval = True
 
     def _framework_class(self, cls: cst.ClassDef, ctx: FileContext) -> bool:
         """Lightning modules and HF Trainers put the model in eval mode themselves."""
@@ -237,6 +248,7 @@ class _Facts:
             if (receiver == "self" or receiver.startswith("self.")) and ctx.class_def is not None:
                 self.class_evals.setdefault(ctx.class_def, set()).add(receiver)
             return
+        self.trained.add(receiver)
         # model.train(): only an unconditional one undoes an earlier eval()
         for ancestor in ctx.ancestors(call):
             if isinstance(ancestor, (cst.If, cst.Else, cst.Try, cst.ExceptHandler, cst.Match, cst.IfExp)):
@@ -292,6 +304,12 @@ class _Facts:
                 self._record_eval(target, True, ctx, node)
             return
         self.sites.setdefault(callee, []).append(_CallSite(callee, state, self.evaled_any(), self.nograd_now()))
+        defined = self.functions.get(callee)
+        if defined and any(s.leaves_eval for s in defined if s.node is not None and s not in self.stack):
+            # a helper defined above that leaves its argument in eval mode (evaluate(model) without train())
+            targets = [dotted_name(a.value) for a in node.args if isinstance(a.value, (cst.Name, cst.Attribute))]
+            for target in [t for t in targets if t] or ["*"]:
+                self._record_eval(target, True, ctx, node)
         if node.args:
             self._maybe_model_call(node, ctx)
 
@@ -351,8 +369,8 @@ class _Facts:
             return
         cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)
         if head == "self" and cls is not None and ctx.is_module_subclass(cls):
-            # a module's own predict()/infer() helper: the caller decides the mode, unless it loops over data
-            if not ctx.loops_in_function():
+            # a module's own predict()/inference() helper: the caller decides the mode, unless it loops over data
+            if not self.stack[-1].val_loops and not _loops_over_loader(ctx):
                 return
         aliases = {model}
         origin_name = dotted_name(origin) if isinstance(origin, (cst.Name, cst.Attribute)) else None
@@ -364,6 +382,7 @@ class _Facts:
             loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,
             eval_local=eval_local, nograd_local=self.nograd_now(), cls=cls,
             is_global=head != "self" and not _bound_locally(head, ctx), eval_chain=eval_chain,
+            origin_func=_origin_func(origin),
         ))
 
     # ---- decisions -------------------------------------------------------------------------
@@ -397,7 +416,13 @@ class _Facts:
         return result
 
     def eval_covered(self, call: _ModelCall) -> bool:
-        if call.eval_local or call.eval_chain:
+        if call.eval_local:
+            return True
+        # built in eval mode (``Net().eval()``, ``from_pretrained``, ``load_model()`` returning ``model.eval()``)
+        # and never put back into training mode in this file
+        built_eval = call.eval_chain or (call.origin_func and any(
+            s.returns_eval for s in self.functions.get(call.origin_func, ())))
+        if built_eval and not any(_covers(t, a) and t != "self" for t in self.trained for a in call.aliases):
             return True
         if call.cls is not None and any(_covers(k, a) for k in self.class_evals.get(call.cls, ()) for a in call.aliases):
             return True
@@ -422,6 +447,44 @@ def _bound_locally(head: str, ctx: FileContext) -> bool:
     return False
 
 
+def _eval_chain(expr: Optional[cst.BaseExpression]) -> bool:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        attr = expr.func.attr.value
+        if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
+            return True
+        if attr not in _CHAIN_METHODS:
+            return False
+        expr = expr.func.value
+    return False
+
+
+def _origin_func(origin: Optional[cst.BaseExpression]) -> Optional[str]:
+    """``load_model`` for ``model = load_model(path).to(device)``."""
+    expr = origin
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _CHAIN_METHODS:
+        expr = expr.func.value
+    return method_name(expr) if isinstance(expr, cst.Call) else None
+
+
+def _loops_over_loader(ctx: FileContext) -> bool:
+    for loop in ctx.loops_in_function():
+        iter_expr = loop.iter if isinstance(loop, cst.For) else getattr(getattr(loop, "for_in", None), "iter", None)
+        if iter_expr is None or isinstance(loop, cst.While):
+            continue
+        stack = [iter_expr]
+        budget = 20
+        while stack and budget:
+            budget -= 1
+            node = stack.pop()
+            dotted = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+            if dotted is not None:
+                if "loader" in dotted.lower() or "dataset" in dotted.lower():
+                    return True
+            elif isinstance(node, cst.Call):
+                stack.extend(a.value for a in node.args)
+    return False
+
+
 def _constructs_module(origin: Optional[cst.BaseExpression], ctx: FileContext) -> tuple[bool, bool]:
     """(origin builds an nn.Module, the chain puts it in eval mode / loads a pretrained HF model)."""
     eval_chain = False
@@ -436,6 +499,8 @@ def _constructs_module(origin: Optional[cst.BaseExpression], ctx: FileContext) -
     if isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "from_pretrained":
         return True, True  # transformers returns pretrained models in eval mode
     called = ctx.call_name(expr)
+    if called in ("torch.jit.load", "torch.export.load"):
+        return True, True  # scripted models keep the mode they were saved in: normally eval
     if called:
         leaf = called.rsplit(".", 1)[-1]
         if called.startswith("torch.nn.") and leaf[:1].isupper():
@@ -504,6 +569,10 @@ class _InferencePathRule(Rule):
         if self._owner:
             self.facts.on_call(node, ctx)
 
+    def visit_Return(self, node: cst.Return, ctx: FileContext) -> None:
+        if self._owner:
+            self.facts.on_return(node)
+
     def end_file(self, ctx: FileContext) -> None:
         seen: set[tuple] = set()
         for call in self.facts.model_calls:
@@ -569,7 +638,8 @@ class MissingEvalMode(_InferencePathRule):
         "def main(model, loader):\n    model.eval()\n    evaluate(model, loader)\n",
         # Lightning sets eval mode for validation_step / test_step / predict_step
         "import torch\nimport lightning as L\nclass Lit(L.LightningModule):\n    def validation_step(self, batch, i):\n"
-        "        x, y = batch\n        return self.model(x)\n    def predict_step(self, batch, i):\n        return self.model(batch)\n",
+        "        x, y = batch\n        return self.model(x)\n    def test_step(self, batch, i):\n        return self.model(batch[0])\n"
+        "    def predict_step(self, batch, i):\n        return self.model(batch)\n",
         # pytest tests that only run a model
         "import torch\ndef test_forward_shape():\n    model = torch.nn.Linear(2, 3)\n    assert model(torch.zeros(1, 2)).shape == (1, 3)\n",
         # self.eval() of an enclosing module covers self.model

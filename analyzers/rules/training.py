@@ -26,13 +26,13 @@ from analyzers.context import (
     string_value,
 )
 from analyzers.model import Category, Severity
-from analyzers.rules.base import Invalid, Rule, Valid
+from analyzers.rules.base import Invalid, Rule
 
 # ---------------------------------------------------------------------------------------------
 # Shared classification helpers (each looks at one expression's immediate structure only)
 
-_OPT_NAME = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\w*)?$", re.I)
-_OPT_NAME_CASED = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\w*)?$")
+# opt, optim, optimizer, g_opt, opt_d, optG, optimizerD, generator_optimizer (not options/optuna/opts)
+_OPT_NAME = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\w*)?$")
 _MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
                 "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer",
                 "netg", "netd", "gen", "disc", "student", "ddp_model", "wrapped_model"}
@@ -104,11 +104,11 @@ def _is_optimizer(expr: cst.BaseExpression, ctx: FileContext) -> bool:
         if qualified.startswith("torch.optim.") and ".lr_scheduler" not in qualified:
             return True
     last = _last(name)
-    if _OPT_NAME_CASED.match(last) or _OPT_NAME.match(last) and last.islower():
+    if _OPT_NAME.match(last):
         return True
     if isinstance(origin, (cst.Name, cst.Attribute)):
         origin_last = _last(dotted_name(origin))
-        return bool(_OPT_NAME_CASED.match(origin_last))
+        return bool(_OPT_NAME.match(origin_last))
     return False
 
 

@@ -62,9 +62,10 @@ def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
         body: dict[str, Any] = {"message": error.message}
         if error.errors is not None:
             body["errors"] = error.errors
-        body["documentation_url"] = (
-            GRAPHQL_DOCS if route is graphql_route else docs.get(route.operation_id, GENERIC_DOCS) if route else GENERIC_DOCS
-        )
+        if route is graphql_route:
+            body["documentation_url"] = GRAPHQL_DOCS
+        else:
+            body["documentation_url"] = docs.get(route.operation_id, GENERIC_DOCS) if route else GENERIC_DOCS
         body["status"] = str(error.status)
         response = jsonify(body)
         response.status_code = error.status
@@ -265,10 +266,15 @@ class _QuietRequestHandler(WSGIRequestHandler):
         pass  # state.requests already records every request
 
 
-def serve(state: EmulatorState, host: str = "127.0.0.1", port: int = 0, check_responses: bool = False) -> RunningEmulator:
+def serve(
+    state: EmulatorState, host: str = "127.0.0.1", port: int = 0, check_responses: bool = False
+) -> RunningEmulator:
     """Serve `state` from a background thread; port 0 picks a free port."""
     app = create_app(state, check_responses=check_responses)
     server = make_server(host, port, app, threaded=True, request_handler=_QuietRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, name="github-emulator", daemon=True)
+    # A short poll interval keeps shutdown() (which waits for the loop to notice) fast.
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="github-emulator", daemon=True
+    )
     thread.start()
     return RunningEmulator(f"http://{host}:{server.server_port}", state, app, server, thread)

@@ -67,7 +67,9 @@ def verify_app_jwt(encoded: str | None, app: App) -> None:
         raise AuthError("'Issuer' claim ('iss') must be an Integer")
     now = time.time()
     if claims["iat"] > now + CLOCK_SKEW_S:
-        raise AuthError("'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued")
+        raise AuthError(
+            "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued"
+        )
     if claims["exp"] - claims["iat"] > MAX_JWT_LIFETIME_S + CLOCK_SKEW_S:
         raise AuthError("'Expiration time' claim ('exp') is too far in the future")
 

@@ -272,7 +272,7 @@ def _thread_root(thread: ReviewThread, ctx: Context) -> ReviewComment:
     return ctx.state.review_comments[thread.root_comment_id]
 
 
-def _thread_is_outdated(thread: ReviewThread, ctx: Context) -> bool:
+def _thread_is_outdated(thread: ReviewThread, args: dict[str, Any], ctx: Context) -> bool:
     """Outdated when the commented line is gone from, or changed in, the current diff."""
     root = _thread_root(thread, ctx)
     if root.subject_type == "file" or root.line is None:
@@ -288,7 +288,9 @@ def _set_resolution(resolved: bool) -> Resolver:
         parsed = parse_node_id(str(payload.get("threadId", "")))
         thread = ctx.state.review_threads.get(parsed[1]) if parsed and parsed[0] == "PullRequestReviewThread" else None
         if thread is None or not ctx.principal.can_access(thread.pr.repo):
-            raise GraphQLError(f"Could not resolve to a node with the global id of '{payload.get('threadId')}'", "NOT_FOUND")
+            raise GraphQLError(
+                f"Could not resolve to a node with the global id of '{payload.get('threadId')}'", "NOT_FOUND"
+            )
         if not ctx.principal.has_permission("pull_requests", "write"):
             raise GraphQLError("Resource not accessible by integration", "FORBIDDEN")
         thread.is_resolved = resolved
@@ -310,7 +312,10 @@ SCHEMA: dict[str, dict[str, tuple[str, Resolver]]] = {
     "Query": {
         "repository": ("Repository", _repository),
         "viewer": ("Actor", lambda _, args, ctx: ctx.state.app.bot),
-        "rateLimit": ("RateLimit", lambda _, args, ctx: ctx.state.rate_limit_bucket(f"installation:{ctx.principal.installation.id}")),
+        "rateLimit": (
+            "RateLimit",
+            lambda _, args, ctx: ctx.state.rate_limit_bucket(f"installation:{ctx.principal.installation.id}"),
+        ),
     },
     "Mutation": {
         "resolveReviewThread": ("ResolveReviewThreadPayload", _set_resolution(True)),
@@ -365,7 +370,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Resolver]]] = {
         "isOutdated": (SCALAR, _thread_is_outdated),
         "isCollapsed": (SCALAR, _attr("is_resolved")),
         "path": (SCALAR, lambda t, args, ctx: _thread_root(t, ctx).path),
-        "line": (SCALAR, lambda t, args, ctx: None if _thread_is_outdated(t, ctx) else _thread_root(t, ctx).line),
+        "line": (SCALAR, lambda t, args, ctx: None if _thread_is_outdated(t, args, ctx) else _thread_root(t, ctx).line),
         "originalLine": (SCALAR, lambda t, args, ctx: _thread_root(t, ctx).line),
         "startLine": (SCALAR, lambda t, args, ctx: _thread_root(t, ctx).start_line),
         "originalStartLine": (SCALAR, lambda t, args, ctx: _thread_root(t, ctx).start_line),
@@ -397,7 +402,10 @@ SCHEMA: dict[str, dict[str, tuple[str, Resolver]]] = {
         "outdated": (SCALAR, lambda c, args, ctx: c.commit_id != c.pr.head_sha),
         "createdAt": (SCALAR, lambda c, args, ctx: iso(c.created_at)),
         "updatedAt": (SCALAR, lambda c, args, ctx: iso(c.updated_at)),
-        "url": (SCALAR, lambda c, args, ctx: f"{ctx.base_url}/{c.pr.repo.full_name}/pull/{c.pr.number}#discussion_r{c.id}"),
+        "url": (
+            SCALAR,
+            lambda c, args, ctx: f"{ctx.base_url}/{c.pr.repo.full_name}/pull/{c.pr.number}#discussion_r{c.id}",
+        ),
         "author": ("Actor", _attr("user")),
         "replyTo": ("PullRequestReviewComment", lambda c, args, ctx: ctx.state.review_comments.get(c.in_reply_to_id)),
         "commit": ("Commit", lambda c, args, ctx: c.commit_id),
@@ -462,16 +470,16 @@ def _check_fields(type_name: str, selections: list[Field], path: list[str]) -> l
         if selection.name == "__typename":
             continue
         if selection.name not in fields:
-            errors.append(GraphQLError(
-                f"Field '{selection.name}' doesn't exist on type '{_public_name(type_name)}'", path=path + [selection.name]
-            ))
+            message = f"Field '{selection.name}' doesn't exist on type '{_public_name(type_name)}'"
+            errors.append(GraphQLError(message, path=path + [selection.name]))
             continue
         field_type = fields[selection.name][0].strip("[]")
         if field_type == SCALAR and selection.selections:
             errors.append(GraphQLError(f"Selections can't be made on scalars (field '{selection.name}')"))
         elif field_type != SCALAR:
             if not selection.selections:
-                errors.append(GraphQLError(f"Field must have selections (field '{selection.name}' returns {_public_name(field_type)})"))
+                message = f"Field must have selections (field '{selection.name}' returns {_public_name(field_type)})"
+                errors.append(GraphQLError(message))
             errors += _check_fields(field_type, selection.selections, path + [selection.key])
     return errors
 
@@ -512,7 +520,9 @@ def _complete(field_type: str, value: Any, selection: Field, ctx: Context, varia
     return _execute(field_type, value, selection.selections, ctx, variables, path, errors)
 
 
-def execute(state: EmulatorState, principal: InstallationPrincipal, base_url: str, body: dict[str, Any]) -> dict[str, Any]:
+def execute(
+    state: EmulatorState, principal: InstallationPrincipal, base_url: str, body: dict[str, Any]
+) -> dict[str, Any]:
     """Run a GraphQL request body ({query, variables}); returns GitHub's response JSON."""
     try:
         operation = parse(str(body.get("query") or ""))

@@ -8,6 +8,7 @@ present, which the test-suite checks with response validation switched on.
 from __future__ import annotations
 
 import base64
+import zlib
 from typing import Any
 from urllib.parse import quote
 
@@ -130,7 +131,9 @@ class Renderer:
             "repository_selection": installation.repository_selection,
             "access_tokens_url": f"{self.api}/app/installations/{installation.id}/access_tokens",
             "repositories_url": f"{self.api}/installation/repositories",
-            "html_url": f"{self.web}/organizations/{installation.account.login}/settings/installations/{installation.id}",
+            "html_url": (
+                f"{self.web}/organizations/{installation.account.login}/settings/installations/{installation.id}"
+            ),
             "app_id": app.id,
             "client_id": app.client_id,
             "app_slug": app.slug,
@@ -155,9 +158,8 @@ class Renderer:
             "repository_selection": "all" if token.repository_names is None else "selected",
         }
         if token.repository_names is not None:
-            body["repositories"] = [
-                self.repository(self.state.repos[name]) for name in sorted(token.repository_names) if name in self.state.repos
-            ]
+            repos = [self.state.repos[name] for name in sorted(token.repository_names) if name in self.state.repos]
+            body["repositories"] = [self.repository(repo) for repo in repos]
         return body
 
     # ------------------------------------------------------------------ repositories
@@ -192,7 +194,7 @@ class Renderer:
             "stargazers_count": 0,
             "watchers_count": 0,
             "watchers": 0,
-            "size": sum(len(c) for sha in repo.branches.values() for c in self.state.commits[sha].tree.values()) // 1024,
+            "size": self._size_kb(repo),
             "default_branch": repo.default_branch,
             "open_issues_count": 0,
             "open_issues": 0,
@@ -231,6 +233,10 @@ class Renderer:
                 body["source"] = self.repository(repo.fork_of)
         return body
 
+    def _size_kb(self, repo: Repository) -> int:
+        default_head = repo.branches.get(repo.default_branch)
+        return sum(map(len, self.state.commits[default_head].tree.values())) // 1024 if default_head else 0
+
     def _host(self) -> str:
         return self.api.split("://", 1)[-1]
 
@@ -250,7 +256,7 @@ class Renderer:
     # ------------------------------------------------------------------ pull requests
 
     def _label(self, repo: Repository, name: str) -> dict[str, Any]:
-        label_id = abs(hash((repo.full_name, name))) % 10**9
+        label_id = zlib.crc32(f"{repo.full_name}:{name}".encode())
         return {
             "id": label_id,
             "node_id": node_id("Label", label_id),
@@ -275,7 +281,8 @@ class Renderer:
         issue = f"{self.repo_api_url(pr.repo)}/issues/{pr.number}"
         html = f"{self.web}/{pr.repo.full_name}/pull/{pr.number}"
         files = self.state.pull_files(pr)
-        head_commits = [sha for sha in self.state.ancestors(pr.head_sha) if not self.state.is_ancestor(sha, pr.base_sha)]
+        base_history = set(self.state.ancestors(pr.base_sha))
+        head_commits = [sha for sha in self.state.ancestors(pr.head_sha) if sha not in base_history]
         links = {
             "self": api,
             "html": html,
@@ -510,7 +517,9 @@ class Renderer:
             "_links": {"self": url, "git": git_url, "html": html},
         }
 
-    def content_file(self, repo: Repository, path: str, ref: str, content: bytes, sha: str, inline_limit: int) -> dict[str, Any]:
+    def content_file(
+        self, repo: Repository, path: str, ref: str, content: bytes, sha: str, inline_limit: int
+    ) -> dict[str, Any]:
         body = {
             "type": "file",
             "name": path.rsplit("/", 1)[-1],

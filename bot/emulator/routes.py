@@ -37,6 +37,7 @@ MAX_PR_FILES = 3000  # GitHub lists at most 3000 files of a pull request
 MAX_COMPARE_FILES = 300
 MAX_CONTENT_INLINE_BYTES = 1024 * 1024  # larger files come back with encoding "none"
 ARCHIVE_LINK_LIFETIME_S = 300
+REVIEW_STATE_FOR_EVENT = {"APPROVE": "APPROVED", "REQUEST_CHANGES": "CHANGES_REQUESTED", "COMMENT": "COMMENTED"}
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def unprocessable(*messages: str) -> EmulatorError:
 
 
 def validation_failed(resource: str, field: str, message: str, code: str = "invalid") -> EmulatorError:
-    return EmulatorError(422, "Validation Failed", [{"resource": resource, "field": field, "code": code, "message": message}])
+    error = {"resource": resource, "field": field, "code": code, "message": message}
+    return EmulatorError(422, "Validation Failed", [error])
 
 
 def not_found(message: str = "Not Found") -> EmulatorError:
@@ -144,11 +146,18 @@ class RestApi:
         page = max(request.args.get("page", 1, type=int), 1)
         last_page = max((len(items) + per_page - 1) // per_page, 1)
         response = jsonify([render(item) for item in items[(page - 1) * per_page : page * per_page]])
-        links = []
-        for rel, target in (("prev", page - 1), ("next", page + 1), ("last", last_page), ("first", 1)):
-            if (rel in ("prev", "first") and page > 1) or (rel in ("next", "last") and page < last_page):
-                query = {**request.args.to_dict(), "per_page": per_page, "page": target}
-                links.append(f'<{request.base_url}?{urlencode(query)}>; rel="{rel}"')
+        targets: dict[str, int] = {}
+        if page > 1:
+            targets["prev"] = page - 1
+        if page < last_page:
+            targets.update(next=page + 1, last=last_page)
+        if page > 1:
+            targets["first"] = 1
+        links = [
+            f'<{request.base_url}?{urlencode({**request.args.to_dict(), "per_page": per_page, "page": target})}>; '
+            f'rel="{rel}"'
+            for rel, target in targets.items()
+        ]
         if links:
             response.headers["Link"] = ", ".join(links)
         return response
@@ -239,8 +248,8 @@ class RestApi:
         # Anchor every comment first: one bad line rejects the whole review, like GitHub.
         files = {f.filename: f for f in self.state.pull_files(pr, commit_id)}
         anchors = [_anchor(files, c) for c in comments]
-        state = {"APPROVE": "APPROVED", "REQUEST_CHANGES": "CHANGES_REQUESTED", "COMMENT": "COMMENTED"}.get(event, "PENDING")
-        review = self.state.new_review(pr, reviewer, body.get("body", ""), state, commit_id)
+        review_state = REVIEW_STATE_FOR_EVENT.get(event, "PENDING")
+        review = self.state.new_review(pr, reviewer, body.get("body", ""), review_state, commit_id)
         for comment, anchor in zip(comments, anchors):
             self._store_comment(review, comment, anchor, commit_id)
         return jsonify(self.render.review(review))
@@ -457,9 +466,8 @@ class RestApi:
         commit = self._commit_at(ref)
         link_token = secrets.token_urlsafe(16)
         self.state.archive_tokens[link_token] = (g.repo.full_name, time.time() + ARCHIVE_LINK_LIFETIME_S)
-        location = (
-            f"{self.render.api}/_codeload/{g.repo.full_name}/legacy.tar.gz/{commit.sha}?{urlencode({'token': link_token})}"
-        )
+        query = urlencode({"token": link_token})
+        location = f"{self.render.api}/_codeload/{g.repo.full_name}/legacy.tar.gz/{commit.sha}?{query}"
         return Response(status=302, headers={"Location": location})
 
     def codeload_tarball(self, owner: str, repo: str, ref: str) -> Response:
@@ -605,7 +613,8 @@ def _anchor(files: dict[str, FileDiff], comment: dict[str, Any]) -> _Anchor:
             raise unprocessable("Pull request review thread start and end lines must be part of the same hunk")
         if diff.position_of(start_row) >= diff.position_of(row):
             raise unprocessable("Pull request review thread start_line must precede the end line")
-    return _Anchor(diff.diff_hunk_for(row), comment["line"], side, start_line, start_side, diff.position_of(row), "line")
+    position = diff.position_of(row)
+    return _Anchor(diff.diff_hunk_for(row), comment["line"], side, start_line, start_side, position, "line")
 
 
 # ---------------------------------------------------------------------- small helpers

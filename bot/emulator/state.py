@@ -12,6 +12,7 @@ import fnmatch
 import functools
 import hashlib
 import itertools
+import re
 import secrets
 import threading
 import time
@@ -324,6 +325,7 @@ class EmulatorState:
         self.blobs: dict[str, bytes] = {}
         self.trees: dict[str, tuple[str, str]] = {}  # tree sha -> (commit sha, directory prefix)
         self._tree_cache: dict[tuple[str, str, bool], tuple[str, list[dict[str, Any]]]] = {}
+        self._diff_cache: dict[tuple[str, str, int], list[FileDiff]] = {}
         self.pulls: dict[tuple[str, int], PullRequest] = {}
         self.issue_numbers: dict[str, int] = {}
         self.reviews: dict[int, Review] = {}
@@ -354,9 +356,11 @@ class EmulatorState:
         account_type: str = "Organization",
     ) -> Installation:
         """Install the app on `account`: on all its repos, or only the named full names."""
+        account_user = self.user(account, type=account_type)
+        account_user.type = account_type
         installation = Installation(
             id=installation_id or self.next_id(),
-            account=self.user(account, type=account_type),
+            account=account_user,
             repository_selection="all" if repositories is None else "selected",
             repository_names=set(repositories or ()),
             permissions=dict(permissions or DEFAULT_INSTALLATION_PERMISSIONS),
@@ -488,11 +492,10 @@ class EmulatorState:
                 return self.commits[repo.branches[ref[len(prefix) :]]]
         if ref in repo.branches:
             return self.commits[repo.branches[ref]]
-        pull_ref = ref.removeprefix("refs/").removeprefix("pull/").split("/")
-        if ref.removeprefix("refs/").startswith("pull/") and len(pull_ref) == 2 and pull_ref[0].isdigit():
-            pr = self.pulls.get((repo.full_name, int(pull_ref[0])))
-            if pr and pull_ref[1] == "head":
-                return self.commits[pr.head_sha]
+        pull_ref = re.fullmatch(r"(?:refs/)?pull/(\d+)/head", ref)
+        if pull_ref:
+            pr = self.pulls.get((repo.full_name, int(pull_ref.group(1))))
+            return self.commits[pr.head_sha] if pr else None
         if len(ref) >= 7 and all(c in "0123456789abcdef" for c in ref.lower()):
             matches = [c for sha, c in self.commits.items() if sha.startswith(ref.lower())]
             matches = [c for c in matches if c.network == repo.network]
@@ -519,7 +522,9 @@ class EmulatorState:
         base_ancestry = set(self.ancestors(base))
         return next((sha for sha in self.ancestors(head) if sha in base_ancestry), None)
 
-    def tree_listing(self, commit_sha: str, directory: str = "", recursive: bool = False) -> tuple[str, list[dict[str, Any]]]:
+    def tree_listing(
+        self, commit_sha: str, directory: str = "", recursive: bool = False
+    ) -> tuple[str, list[dict[str, Any]]]:
         """(tree sha, entries) of a directory in a commit, in git's ls-tree shape.
 
         Tree shas are derived from the direct entries and remembered, so a sub-tree
@@ -556,7 +561,10 @@ class EmulatorState:
     def diff(self, base: str, head: str) -> list[FileDiff]:
         """Three-dot diff like GitHub's: merge-base(base, head) .. head."""
         start = self.merge_base(base, head) or base
-        return diff_trees(self.commits[start].tree, self.commits[head].tree, self.patch_size_limit)
+        key = (start, head, self.patch_size_limit)
+        if key not in self._diff_cache:  # commits are immutable; paginated listings re-ask
+            self._diff_cache[key] = diff_trees(self.commits[start].tree, self.commits[head].tree, self.patch_size_limit)
+        return self._diff_cache[key]
 
     # ----------------------------------------------------------------- pull requests
 
@@ -624,7 +632,9 @@ class EmulatorState:
     @_locked
     def push(self, pr: PullRequest, files: Mapping[str, FileContent | None], message: str = "Address review") -> str:
         """Add a commit on the PR's head branch (like `git push`); returns the new head sha."""
-        sha = self.commit(pr.head_repo, files, parent=pr.head_sha, branch=pr.head_ref, message=message, author=pr.user.login)
+        sha = self.commit(
+            pr.head_repo, files, parent=pr.head_sha, branch=pr.head_ref, message=message, author=pr.user.login
+        )
         pr.head_sha, pr.updated_at = sha, _now()
         return sha
 
@@ -637,10 +647,9 @@ class EmulatorState:
     # ----------------------------------------------------------------- conversation
 
     @_locked
-    def add_issue_comment(self, pr_or_repo: PullRequest | Repository | str, body: str, user: str, number: int | None = None) -> IssueComment:
-        """A comment by a human on a PR's conversation (e.g. a '/torchreview' command)."""
-        repo = pr_or_repo.repo if isinstance(pr_or_repo, PullRequest) else self.repo(pr_or_repo)
-        issue_number = pr_or_repo.number if isinstance(pr_or_repo, PullRequest) else number
+    def add_issue_comment(self, pr: PullRequest, body: str, user: str) -> IssueComment:
+        """A comment on a PR's conversation, e.g. a human's '@torchreview review'."""
+        repo, issue_number = pr.repo, pr.number
         author = self.user(user)
         comment = IssueComment(
             id=self.next_id(),
@@ -770,11 +779,13 @@ class EmulatorState:
     def issue_token(
         self, installation: Installation, permissions: Mapping[str, str] | None, repository_names: set[str] | None
     ) -> InstallationToken:
+        granted = dict(permissions or installation.permissions)
+        granted.setdefault("metadata", "read")  # GitHub always grants metadata read
         token = InstallationToken(
             token="ghs_" + secrets.token_urlsafe(27).replace("-", "A").replace("_", "b")[:36],
             installation_id=installation.id,
             expires_at=_now() + self.token_lifetime,
-            permissions=dict(permissions or installation.permissions),
+            permissions=granted,
             repository_names=repository_names,
         )
         self.tokens[token.token] = token

@@ -1,0 +1,296 @@
+"""The App end to end: real payloads over real HTTP into Flask, real Redis, a real Celery worker
+process, and PyGithub talking to the GitHub emulator."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+from werkzeug.serving import make_server
+
+from bot.emulator import EmulatorState, generate_app_key, serve
+from bot.settings import Settings
+from bot.webhook import create_app
+from tests.conftest import ROOT, WEBHOOK_SECRET, payload, signed_headers
+
+BUGGY = (ROOT / "examples" / "buggy_train.py").read_text()
+BASE_TRAIN = "import torch\n\n\ndef load(path):\n    return torch.load(path, weights_only=True)\n"
+HEAD_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path)\n    return state\n"
+FIXED_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path, weights_only=True)\n    return state\n"
+
+
+@pytest.fixture(scope="module")
+def app_key():
+    return generate_app_key()
+
+
+@pytest.fixture(scope="module")
+def emulator(app_key):
+    _private, public = app_key
+    state = EmulatorState(app_public_key_pem=public, app_id=4242)
+    running = serve(state)
+    yield running
+    running.shutdown()
+
+
+def worker_env(emulator, app_key, redis_url, data_dir) -> dict:
+    private, _public = app_key
+    return {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "GITHUB_APP_ID": "4242",
+        "GITHUB_PRIVATE_KEY": private,
+        "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "GITHUB_API_URL": emulator.url,
+        "TORCHREVIEW_DATA_DIR": str(data_dir),
+        "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0",
+        "TORCHREVIEW_VISIBILITY_TIMEOUT": "4",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+class Worker:
+    def __init__(self, env: dict) -> None:
+        from bot.cli import worker_command
+
+        self.log = open(Path(env["TORCHREVIEW_DATA_DIR"]) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
+        self.proc = subprocess.Popen(worker_command(2, "reviews"), env=env, cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool), like a machine dying."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def stack(emulator, app_key, redis_url, tmp_path_factory):
+    """The webhook (in-process, real HTTP) and one worker process, sharing a private Redis."""
+    data_dir = tmp_path_factory.mktemp("torchreview")
+    env = worker_env(emulator, app_key, redis_url, data_dir)
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    settings = Settings(app_id=4242, private_key=app_key[0], webhook_secret=WEBHOOK_SECRET, redis_url=redis_url,
+                        data_dir=data_dir, api_url=emulator.url)
+    server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    worker = Worker(env)
+    stack = {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}", "env": env,
+             "worker": worker, "state": emulator.state}
+    yield stack
+    stack["worker"].stop()
+    server.shutdown()
+
+
+_repo_counter = iter(range(1, 10_000))
+
+
+def new_repo(state: EmulatorState, files: dict, extra_base: dict | None = None):
+    name = f"octo-org/models-{next(_repo_counter)}"
+    if not state.installations:
+        state.add_installation("octo-org", installation_id=1)
+    repo = state.add_repo(name, files={"README.md": "# models\n", **(extra_base or {})})
+    return repo, name
+
+
+def deliver(stack, event: str, data: dict, delivery: str | None = None) -> requests.Response:
+    body = json.dumps(data).encode()
+    response = requests.post(stack["url"], data=body, headers=signed_headers(body, event, delivery), timeout=10)
+    return response
+
+
+def pr_payload(action: str, repo_name: str, pr) -> dict:
+    """The real ``pull_request.<action>`` payload, pointed at the emulator's repository and PR."""
+    data = payload(f"pull_request.{action}")
+    owner, name = repo_name.split("/")
+    data["repository"]["full_name"] = repo_name
+    data["repository"]["name"] = name
+    data["repository"]["owner"]["login"] = owner
+    data["installation"]["id"] = 1
+    data["number"] = pr.number
+    data["pull_request"]["number"] = pr.number
+    data["pull_request"]["head"]["sha"] = pr.head_sha
+    data["pull_request"]["base"]["sha"] = pr.base_sha
+    data["pull_request"]["draft"] = False
+    data["pull_request"]["state"] = "open"
+    return data
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def completed_run(state, sha: str, timeout: float = 60.0):
+    def done():
+        runs = [r for r in state.check_runs_for(sha, name="torchreview") if r.status == "completed"]
+        return runs[0] if runs else None
+
+    return wait_for(done, timeout, f"a completed torchreview check run on {sha[:7]}")
+
+
+def test_pull_request_review_then_fix(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {"train.py": BASE_TRAIN})
+    pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN, "models/buggy.py": BUGGY}, user="alice")
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion == "failure"
+    (review,) = state.reviews_for(pr)
+    comments = state.review_comments_for(pr)
+    assert 0 < len(comments) <= 30
+    by_place = {(c.path, c.line) for c in comments}
+    assert ("train.py", 9) in by_place  # the new torch.load without weights_only
+    unsafe = next(c for c in comments if c.path == "train.py" and c.line == 9)
+    assert "TR601" in unsafe.body and "```suggestion" in unsafe.body and "weights_only=True" in unsafe.body
+    assert "<!-- torchreview:fingerprint=" in unsafe.body
+    assert all(c.path != "train.py" or c.line >= 7 for c in comments)  # never on unchanged base lines
+    assert len(run.annotations) >= len(comments)
+    assert "Recommended actions" in run.output_summary
+
+    # The author fixes it: synchronize → success, nothing new posted for the fixed head.
+    new_head = state.push(pr, {"train.py": FIXED_TRAIN, "models/buggy.py": None})
+    assert deliver(stack, "pull_request", pr_payload("synchronize", name, pr)).status_code == 202
+    run = completed_run(state, new_head)
+    assert run.conclusion == "success"
+    assert len(state.reviews_for(pr)) == 1
+
+
+def test_duplicate_delivery_reviewed_once(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
+    data = pr_payload("opened", name, pr)
+    delivery = str(uuid.uuid4())
+    assert deliver(stack, "pull_request", data, delivery).status_code == 202
+    assert deliver(stack, "pull_request", data, delivery).status_code == 200
+    # a different delivery for the same head (e.g. check_suite.requested) does not re-post either
+    assert deliver(stack, "pull_request", pr_payload("reopened", name, pr)).status_code == 202
+    completed_run(state, pr.head_sha)
+    time.sleep(2)
+    assert len(state.reviews_for(pr)) == 1
+    assert len(state.check_runs_for(pr.head_sha, name="torchreview")) == 1
+
+
+def test_github_errors_are_retried_and_posted_once(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
+    state.faults.fail("GET", f"/repos/{name}/pulls/{pr.number}/files*", status=502, times=2)
+    state.faults.secondary_rate_limit("POST", f"/repos/{name}/pulls/{pr.number}/reviews", times=1, retry_after=1)
+    try:
+        assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+        run = completed_run(state, pr.head_sha, timeout=90)
+    finally:
+        state.faults.clear()
+    assert run.conclusion == "failure"
+    assert len(state.reviews_for(pr)) == 1
+    posts = state.requests_matching("POST", f"/repos/{name}/pulls/{pr.number}/reviews")
+    assert [r.status for r in posts] == [403, 200]
+
+
+def test_worker_killed_mid_job_still_posts_once(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
+    # Keep the job busy retrying until the worker is killed.
+    state.faults.fail("POST", f"/repos/{name}/pulls/{pr.number}/reviews", status=502, times=None)
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    wait_for(lambda: state.requests_matching("POST", f"/repos/{name}/pulls/{pr.number}/reviews"), 60, "a review attempt")
+    stack["worker"].kill()
+    state.faults.clear()
+    stack["worker"] = Worker(stack["env"])  # a fresh worker picks the job up again
+    run = completed_run(state, pr.head_sha, timeout=90)
+    assert run.conclusion == "failure"
+    assert len(state.reviews_for(pr)) == 1
+    assert run.status == "completed"
+
+
+def test_big_and_odd_pull_request(stack):
+    state = stack["state"]
+    base = {"cfg.bin": b"\x00\x01", "models/ok.py": "import torch\n"}
+    repo, name = new_repo(state, {}, base)
+    files = {f"pkg/mod_{i:03d}.py": f"import torch\nX_{i} = torch.zeros(1)\n" for i in range(396)}
+    files["weights.py"] = b"import torch\x00\xff\xfe binary"
+    files["broken.py"] = "import torch\ndef broken(:\n"
+    files["huge_diff.py"] = "import torch\n" + "".join(f"v{i} = torch.ones({i})\n" for i in range(20000))
+    files["train.py"] = HEAD_TRAIN
+    pr = state.open_pull_request(repo, files)
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    run = completed_run(state, pr.head_sha, timeout=240)
+    summary = run.output_summary
+    assert run.conclusion == "failure"
+    assert "broken.py" in summary and "weights.py" in summary and "huge_diff.py" in summary
+    comments = state.review_comments_for(pr)
+    assert any(c.path == "train.py" for c in comments)
+
+
+def test_config_is_read_from_the_base_branch(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {".torchreview.toml": 'ignore = ["TR601"]\n'})
+    # The PR tries to turn on everything and fail on low: ignored, the base config rules.
+    pr = state.open_pull_request(repo, {".torchreview.toml": 'fail_on = "low"\n', "train.py": HEAD_TRAIN})
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion == "success"
+    assert state.reviews_for(pr) == []
+
+
+def test_invalid_base_config_fails_the_check_with_the_error(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {".torchreview.toml": 'fail_on = "sometimes"\n'})
+    pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion == "failure" and "fail_on" in run.output_summary
+    assert state.reviews_for(pr) == []
+
+
+def test_no_pytorch_files(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"docs/guide.md": "# hi\n"})
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion == "success" and "No PyTorch files changed" in run.output_title
+
+
+def test_review_comment_command_reruns(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
+    data = payload("derived/issue_comment.created.on_pull_request")
+    owner, short = name.split("/")
+    data["repository"].update(full_name=name, name=short)
+    data["repository"]["owner"]["login"] = owner
+    data["installation"]["id"] = 1
+    data["issue"]["number"] = pr.number
+    data["comment"]["body"] = "/review"
+    assert deliver(stack, "issue_comment", data).status_code == 202
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion == "failure"
+    assert len(state.reviews_for(pr)) == 1
