@@ -33,13 +33,13 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         # Redis re-delivers the unacknowledged jobs of a dead worker after ``visibility`` seconds;
-        # surviving workers sweep for them every few seconds (kombu's default is ~100 s).
+        # surviving workers sweep for them every few seconds (kombu's default is ~100 s). The
+        # SQLAlchemy transport hands its options to create_engine, so it gets none.
         broker_transport_options={
             "visibility_timeout": visibility,
             "unacked_restore_interval": max(1, min(10, visibility // 2)),
             "unacked_restore_throttle": 1,
-            "polling_interval": 0.5,  # the embedded SQLite broker polls
-        },
+        } if settings.redis_url else {},
     )
     return app
 

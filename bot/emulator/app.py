@@ -30,6 +30,7 @@ from .validation import check_request, check_response, spec_request
 GENERIC_DOCS = "https://docs.github.com/rest"
 GRAPHQL_DOCS = "https://docs.github.com/graphql"
 API_VERSION = "2022-11-28"
+ANONYMOUS = "anonymous"  # rate-limit bucket reported on requests without valid credentials
 
 
 def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
@@ -123,8 +124,8 @@ def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
         response.headers["X-GitHub-Request-Id"] = uuid.uuid4().hex[:8].upper() + ":" + uuid.uuid4().hex[:12].upper()
         response.headers["X-GitHub-Media-Type"] = "github.v3; format=json"
         response.headers["X-GitHub-Api-Version-Selected"] = API_VERSION
-        if g.get("rate_limit_principal") and "x-ratelimit-remaining" not in response.headers:
-            bucket = state.rate_limit_bucket(g.rate_limit_principal)
+        if "x-ratelimit-remaining" not in response.headers:  # a fault may set its own
+            bucket = state.rate_limit_bucket(g.get("rate_limit_principal") or ANONYMOUS)
             response.headers.update({
                 "x-ratelimit-limit": str(bucket.limit),
                 "x-ratelimit-remaining": str(bucket.remaining),
@@ -215,7 +216,7 @@ def _validate(route: Route) -> None:
 
 
 def _checked(route: Route, response: Response, problems: list[dict[str, Any]]) -> Response:
-    if response.mimetype != "application/json" and response.status_code != 302:
+    if response.mimetype != "application/json":
         return response
     if route.operation_id == "repos/get-content" and response.get_data().startswith(b"["):
         # The description puts a `type` discriminator on a oneOf whose first branch is

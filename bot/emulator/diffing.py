@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 from dataclasses import dataclass, field
 
 CONTEXT_LINES = 3
@@ -21,6 +22,8 @@ DEFAULT_PATCH_SIZE_LIMIT = 1_000_000
 RENAME_SIMILARITY = 0.5
 # Fuzzy rename detection is quadratic, so only try it on small change sets.
 MAX_FUZZY_RENAME_CANDIDATES = 50
+# Beyond this many changed lines a file diff falls back to difflib's heuristics.
+MAX_MYERS_EDITS = 2000
 NO_NEWLINE_MARKER = "\\ No newline at end of file"
 
 
@@ -107,11 +110,81 @@ def _hunk_range(start: int, length: int) -> str:
     return f"{first},{length}"
 
 
+def _myers_edit_script(old: list[str], new: list[str], max_edits: int) -> list[str] | None:
+    """Myers' O(ND) shortest edit script as a list of '=', '-', '+' steps.
+
+    Fast when few lines change, whatever the file size (difflib is quadratic on
+    files with many repeated lines). Returns None past `max_edits` changes."""
+    n, m = len(old), len(new)
+    frontier = {1: 0}  # diagonal k -> furthest x reached
+    history = []
+    for edits in range(max_edits + 1):
+        history.append(dict(frontier))
+        for k in range(-edits, edits + 1, 2):
+            down = k == -edits or (k != edits and frontier[k - 1] < frontier[k + 1])
+            x = frontier[k + 1] if down else frontier[k - 1] + 1
+            y = x - k
+            while x < n and y < m and old[x] == new[y]:
+                x, y = x + 1, y + 1
+            frontier[k] = x
+            if x >= n and y >= m:
+                return _backtrack(history, n, m)
+    return None
+
+
+def _backtrack(history: list[dict[int, int]], x: int, y: int) -> list[str]:
+    steps: list[str] = []
+    for edits in range(len(history) - 1, -1, -1):
+        frontier, k = history[edits], x - y
+        down = k == -edits or (k != edits and frontier[k - 1] < frontier[k + 1])
+        previous_k = k + 1 if down else k - 1
+        previous_x = frontier[previous_k]
+        previous_y = previous_x - previous_k
+        while x > previous_x and y > previous_y:
+            steps.append("=")
+            x, y = x - 1, y - 1
+        if edits > 0:
+            steps.append("+" if down else "-")
+        x, y = previous_x, previous_y
+    return steps[::-1]
+
+
+def _opcodes(old: list[str], new: list[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib-style opcodes; each run of changes becomes one block (all '-' before '+', like git)."""
+    steps = _myers_edit_script(old, new, MAX_MYERS_EDITS)
+    if steps is None:  # a near-total rewrite: difflib's junk heuristic keeps it tractable
+        return difflib.SequenceMatcher(None, old, new, autojunk=True).get_opcodes()
+    opcodes: list[tuple[str, int, int, int, int]] = []
+    i = j = 0
+    for is_equal, run in itertools.groupby(steps, key=lambda step: step == "="):
+        run = list(run)
+        removed, added = run.count("-"), run.count("+")
+        if is_equal:
+            opcodes.append(("equal", i, i + len(run), j, j + len(run)))
+            i, j = i + len(run), j + len(run)
+            continue
+        tag = "replace" if removed and added else "delete" if removed else "insert"
+        opcodes.append((tag, i, i + removed, j, j + added))
+        i, j = i + removed, j + added
+    return opcodes
+
+
+class _PrecomputedMatcher(difflib.SequenceMatcher):
+    """Reuses difflib's hunk grouping on opcodes computed elsewhere."""
+
+    def __init__(self, opcodes: list[tuple[str, int, int, int, int]]) -> None:
+        super().__init__(None, [], [])
+        self._precomputed = opcodes
+
+    def get_opcodes(self) -> list[tuple[str, int, int, int, int]]:
+        return list(self._precomputed) or [("equal", 0, 0, 0, 0)]
+
+
 def build_patch(old: list[str], new: list[str]) -> tuple[list[PatchRow], int, int]:
     """Hunks of a unified diff as rows, plus (additions, deletions)."""
     rows: list[PatchRow] = []
     additions = deletions = 0
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    matcher = _PrecomputedMatcher(_opcodes(old, new))
 
     def emit(kind: str, line: str, old_no: int | None, new_no: int | None, hunk: int) -> None:
         rows.append(PatchRow(kind, kind + line.rstrip("\r\n"), old_no, new_no, hunk))

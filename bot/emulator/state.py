@@ -803,7 +803,10 @@ class EmulatorState:
         self.tokens.clear()
 
     def rate_limit_bucket(self, principal: str) -> RateLimitBucket:
-        bucket = self.rate_limits.setdefault(principal, RateLimitBucket())
+        """The primary rate-limit bucket of "installation:<id>", "app:<id>" or "anonymous"."""
+        if principal not in self.rate_limits:
+            self.rate_limits[principal] = RateLimitBucket(limit=60 if principal == "anonymous" else 5000)
+        bucket = self.rate_limits[principal]
         if bucket.reset <= time.time():
             bucket.used, bucket.reset = 0, int(time.time()) + 3600
         return bucket

@@ -1,0 +1,177 @@
+"""``torchreview demo``: the whole App on embedded defaults, reviewing a PR on a local GitHub emulator.
+
+No GitHub account and no Redis: the emulator plays GitHub (checking the App's JWT, tokens and
+every request body against GitHub's OpenAPI description), ``torchreview serve`` runs the webhook
+and an embedded worker, and a real ``pull_request.opened`` payload is signed and delivered.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import requests
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.panel import Panel
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO = "octo-org/vision"
+SECRET = "demo-webhook-secret"
+BASE_TRAIN = '''import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(784, 10)
+
+    def forward(self, x):
+        return self.fc(x)
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _pull_request_payload(action: str, pr) -> bytes:
+    from bot.emulator import spec_dir
+
+    data = json.loads((spec_dir() / "webhooks" / f"pull_request.{action}.json").read_text())
+    owner, name = REPO.split("/")
+    data["repository"].update(full_name=REPO, name=name)
+    data["repository"]["owner"]["login"] = owner
+    data["installation"]["id"] = 1
+    data["number"] = pr.number
+    data["pull_request"].update(number=pr.number, draft=False, state="open", title=pr.title)
+    data["pull_request"]["head"]["sha"] = pr.head_sha
+    data["pull_request"]["base"]["sha"] = pr.base_sha
+    return json.dumps(data).encode()
+
+
+def _deliver(url: str, event: str, body: bytes) -> requests.Response:
+    headers = {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": str(uuid.uuid4()),
+        "X-Hub-Signature-256": "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest(),
+    }
+    return requests.post(url, data=body, headers=headers, timeout=10)
+
+
+def run_demo(keep: bool = False) -> int:
+    from bot.emulator import EmulatorState, generate_app_key, serve
+
+    console = Console()
+    private_key, public_key = generate_app_key()
+    state = EmulatorState(app_public_key_pem=public_key, app_id=1)
+    emulator = serve(state)
+    state.add_installation("octo-org", installation_id=1)
+    repo = state.add_repo(REPO, files={"README.md": "# vision\n", "train.py": BASE_TRAIN})
+    buggy = (ROOT / "examples" / "buggy_train.py").read_text()
+    pr = state.open_pull_request(repo, {"train.py": buggy}, title="Train the classifier with AMP", user="alice")
+    console.print(f"[bold]GitHub emulator[/] at {emulator.url}: {REPO}#{pr.number} \"{pr.title}\" by alice "
+                  f"(head {pr.head_sha[:7]})")
+
+    port = _free_port()
+    data_dir = Path(tempfile.mkdtemp(prefix="torchreview-demo-"))
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # embedded defaults
+    env.update(GITHUB_APP_ID="1", GITHUB_PRIVATE_KEY=private_key, GITHUB_WEBHOOK_SECRET=SECRET,
+               GITHUB_API_URL=emulator.url, TORCHREVIEW_DATA_DIR=str(data_dir), PORT=str(port),
+               TORCHREVIEW_GITHUB_WRITE_INTERVAL="0")
+    log_path = data_dir / "serve.log"
+    log = open(log_path, "w")
+    server = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--web-workers", "1",
+                               "--concurrency", "1"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        console.print(f"[bold]torchreview serve[/] (embedded broker in {data_dir}, log {log_path}) on {base}")
+        _wait(lambda: _healthy(base), 60, "the webhook server to start")
+        started = time.perf_counter()
+        response = _deliver(f"{base}/api/github/webhooks", "pull_request", _pull_request_payload("opened", pr))
+        console.print(f"delivered signed [cyan]pull_request.opened[/]: HTTP {response.status_code} "
+                      f"{response.json().get('message', '') if response.content else ''}")
+        run = _wait(lambda: _completed(state, pr.head_sha), 180, "the review")
+        console.print(f"review posted {time.perf_counter() - started:.1f}s after the delivery\n")
+        _show(console, state, pr, run)
+
+        # The author fixes the critical and high findings and pushes: the check turns green.
+        fixed = (ROOT / "examples" / "fixed_train.py").read_text()
+        new_head = state.push(pr, {"train.py": fixed}, message="Address torchreview's review")
+        console.print(Panel(f"alice pushes a fix ({new_head[:7]}); delivering [cyan]pull_request.synchronize[/]"))
+        _deliver(f"{base}/api/github/webhooks", "pull_request", _pull_request_payload("synchronize", pr))
+        run = _wait(lambda: _completed(state, new_head), 180, "the second review")
+        colour = "green" if run.conclusion == "success" else "red"
+        console.print(f"check run [bold]torchreview[/] on {new_head[:7]}: [{colour}]{run.conclusion}[/] — {run.output_title}")
+        if keep:
+            console.print(f"\nleaving everything running (emulator {emulator.url}, app {base}); Ctrl-C to stop")
+            server.wait()
+        return 0
+    except TimeoutError as exc:
+        console.print(f"[red]{exc}[/]; last lines of {log_path}:")
+        log.flush()
+        console.print("".join(log_path.read_text().splitlines(keepends=True)[-30:]))
+        return 1
+    finally:
+        import signal
+
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+        emulator.shutdown()
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return requests.get(base + "/healthz", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _completed(state, sha: str):
+    runs = [r for r in state.check_runs_for(sha, name="torchreview") if r.status == "completed"]
+    return runs[0] if runs else None
+
+
+def _show(console: Console, state, pr, run) -> None:
+    reviews = state.reviews_for(pr)
+    comments = state.review_comments_for(pr)
+    console.print(Panel(f"[bold]{len(reviews)} review[/] with [bold]{len(comments)} inline comments[/] on "
+                        f"{REPO}#{pr.number}", style="bold"))
+    for comment in sorted(comments, key=lambda c: (c.path, c.line or 0)):
+        body = comment.body.split("<!--")[0].strip()
+        console.print(f"[bold cyan]{comment.path}:{comment.line}[/]")
+        console.print(Markdown(body))
+        console.print()
+    colour = "green" if run.conclusion == "success" else "red"
+    console.print(Panel(Markdown(run.output_summary or ""),
+                        title=f"check run torchreview: {run.conclusion} — {run.output_title}",
+                        border_style=colour))
+    console.print(f"{len(run.annotations)} annotations on the check run")
