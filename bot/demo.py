@@ -6,16 +6,12 @@ and an embedded worker, and a real ``pull_request.opened`` payload is signed and
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import requests
@@ -56,33 +52,16 @@ def _wait(predicate, timeout: float, what: str):
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def _pull_request_payload(action: str, pr) -> bytes:
-    from bot.emulator import spec_dir
+def _deliver(url: str, event: str, data: dict) -> requests.Response:
+    from bot.emulator.webhooks import signed_delivery
 
-    data = json.loads((spec_dir() / "webhooks" / f"pull_request.{action}.json").read_text())
-    owner, name = REPO.split("/")
-    data["repository"].update(full_name=REPO, name=name)
-    data["repository"]["owner"]["login"] = owner
-    data["installation"]["id"] = 1
-    data["number"] = pr.number
-    data["pull_request"].update(number=pr.number, draft=False, state="open", title=pr.title)
-    data["pull_request"]["head"]["sha"] = pr.head_sha
-    data["pull_request"]["base"]["sha"] = pr.base_sha
-    return json.dumps(data).encode()
-
-
-def _deliver(url: str, event: str, body: bytes) -> requests.Response:
-    headers = {
-        "Content-Type": "application/json",
-        "X-GitHub-Event": event,
-        "X-GitHub-Delivery": str(uuid.uuid4()),
-        "X-Hub-Signature-256": "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest(),
-    }
+    body, headers = signed_delivery(event, data, SECRET)
     return requests.post(url, data=body, headers=headers, timeout=10)
 
 
 def run_demo(keep: bool = False) -> int:
     from bot.emulator import EmulatorState, generate_app_key, serve
+    from bot.emulator.webhooks import pull_request_payload
 
     console = Console()
     private_key, public_key = generate_app_key()
@@ -111,7 +90,7 @@ def run_demo(keep: bool = False) -> int:
         console.print(f"[bold]torchreview serve[/] (embedded broker in {data_dir}, log {log_path}) on {base}")
         _wait(lambda: _healthy(base), 60, "the webhook server to start")
         started = time.perf_counter()
-        response = _deliver(f"{base}/api/github/webhooks", "pull_request", _pull_request_payload("opened", pr))
+        response = _deliver(f"{base}/api/github/webhooks", "pull_request", pull_request_payload("opened", pr))
         console.print(f"delivered signed [cyan]pull_request.opened[/]: HTTP {response.status_code} "
                       f"{response.json().get('message', '') if response.content else ''}")
         run = _wait(lambda: _completed(state, pr.head_sha), 180, "the review")
@@ -122,7 +101,7 @@ def run_demo(keep: bool = False) -> int:
         fixed = (ROOT / "examples" / "fixed_train.py").read_text()
         new_head = state.push(pr, {"train.py": fixed}, message="Address torchreview's review")
         console.print(Panel(f"alice pushes a fix ({new_head[:7]}); delivering [cyan]pull_request.synchronize[/]"))
-        _deliver(f"{base}/api/github/webhooks", "pull_request", _pull_request_payload("synchronize", pr))
+        _deliver(f"{base}/api/github/webhooks", "pull_request", pull_request_payload("synchronize", pr))
         run = _wait(lambda: _completed(state, new_head), 180, "the second review")
         colour = "green" if run.conclusion == "success" else "red"
         console.print(f"check run [bold]torchreview[/] on {new_head[:7]}: [{colour}]{run.conclusion}[/] — {run.output_title}")

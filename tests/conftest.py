@@ -1,10 +1,8 @@
 """Shared fixtures: a real redis-server on a free port, real webhook payloads, signing."""
 from __future__ import annotations
 
-import copy
 import hashlib
 import hmac
-import json
 import os
 import shutil
 import socket
@@ -65,14 +63,17 @@ def redis_client(redis_url):
 
 def payload(name: str) -> dict:
     """A real GitHub webhook payload from shared/github/webhooks (``derived/`` ones are marked there)."""
-    return copy.deepcopy(json.loads((SHARED / "webhooks" / f"{name}.json").read_text()))
+    from bot.emulator.webhooks import real_payload
+
+    return real_payload(name)
 
 
 def signed_headers(body: bytes, event: str, delivery: str | None = None, secret: str = WEBHOOK_SECRET) -> dict:
-    return {
+    """Headers for exactly these bytes (tests also send bodies that are not valid JSON)."""
+    headers = {
         "Content-Type": "application/json",
-        "User-Agent": "GitHub-Hookshot/test",
         "X-GitHub-Event": event,
         "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
         "X-Hub-Signature-256": "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest(),
     }
+    return headers

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -17,9 +16,10 @@ import requests
 from werkzeug.serving import make_server
 
 from bot.emulator import EmulatorState, generate_app_key, serve
+from bot.emulator.webhooks import issue_comment_payload, pull_request_payload
 from bot.settings import Settings
 from bot.webhook import create_app
-from tests.conftest import ROOT, WEBHOOK_SECRET, payload, signed_headers
+from tests.conftest import ROOT, WEBHOOK_SECRET, signed_headers
 
 BUGGY = (ROOT / "examples" / "buggy_train.py").read_text()
 BASE_TRAIN = "import torch\n\n\ndef load(path):\n    return torch.load(path, weights_only=True)\n"
@@ -119,20 +119,8 @@ def deliver(stack, event: str, data: dict, delivery: str | None = None) -> reque
 
 
 def pr_payload(action: str, repo_name: str, pr) -> dict:
-    """The real ``pull_request.<action>`` payload, pointed at the emulator's repository and PR."""
-    data = payload(f"pull_request.{action}")
-    owner, name = repo_name.split("/")
-    data["repository"]["full_name"] = repo_name
-    data["repository"]["name"] = name
-    data["repository"]["owner"]["login"] = owner
-    data["installation"]["id"] = 1
-    data["number"] = pr.number
-    data["pull_request"]["number"] = pr.number
-    data["pull_request"]["head"]["sha"] = pr.head_sha
-    data["pull_request"]["base"]["sha"] = pr.base_sha
-    data["pull_request"]["draft"] = False
-    data["pull_request"]["state"] = "open"
-    return data
+    assert pr.repo.full_name == repo_name
+    return pull_request_payload(action, pr)
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
@@ -283,13 +271,7 @@ def test_review_comment_command_reruns(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
-    data = payload("derived/issue_comment.created.on_pull_request")
-    owner, short = name.split("/")
-    data["repository"].update(full_name=name, name=short)
-    data["repository"]["owner"]["login"] = owner
-    data["installation"]["id"] = 1
-    data["issue"]["number"] = pr.number
-    data["comment"]["body"] = "/review"
+    data = issue_comment_payload(pr, "/review", user="octo-maintainer")
     assert deliver(stack, "issue_comment", data).status_code == 202
     run = completed_run(state, pr.head_sha)
     assert run.conclusion == "failure"

@@ -5,7 +5,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
 from analyzers.model import Category, Severity
-from analyzers.rules.base import Invalid, Rule, Valid
+from analyzers.rules.base import Invalid, Rule
 
 TORCH_LOAD = {"torch.load", "torch.serialization.load"}
 # Names whose values come from outside the program: CLI arguments, env, config, downloads.

@@ -1,0 +1,68 @@
+"""Real webhook payloads (shared/github/webhooks), pointed at the emulator's objects, and signed."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import json
+import uuid
+from functools import lru_cache
+from typing import Any, Optional
+
+from .spec import spec_dir
+
+
+@lru_cache(maxsize=None)
+def _load(name: str) -> str:
+    return (spec_dir() / "webhooks" / f"{name}.json").read_text()
+
+
+def real_payload(name: str) -> dict[str, Any]:
+    """A real GitHub example delivery, e.g. ``pull_request.opened`` or ``derived/issue_comment...``."""
+    return copy.deepcopy(json.loads(_load(name)))
+
+
+def _point_at_repo(data: dict[str, Any], full_name: str, installation_id: int) -> None:
+    owner, name = full_name.split("/")
+    data["repository"].update(full_name=full_name, name=name)
+    data["repository"]["owner"]["login"] = owner
+    data.setdefault("installation", {})["id"] = installation_id
+
+
+def pull_request_payload(action: str, pr, installation_id: int = 1) -> dict[str, Any]:
+    """The real ``pull_request.<action>`` payload for an emulator pull request."""
+    data = real_payload(f"pull_request.{action}")
+    _point_at_repo(data, pr.repo.full_name, installation_id)
+    data["number"] = pr.number
+    data["pull_request"].update(number=pr.number, draft=pr.draft, state="open", title=pr.title)
+    data["pull_request"]["head"]["sha"] = pr.head_sha
+    data["pull_request"]["base"]["sha"] = pr.base_sha
+    data["pull_request"]["user"]["login"] = pr.user.login
+    data["pull_request"]["author_association"] = pr.author_association
+    return data
+
+
+def issue_comment_payload(pr, body: str, user: str, installation_id: int = 1,
+                          author_association: str = "COLLABORATOR") -> dict[str, Any]:
+    """The ``issue_comment.created`` payload of a comment on an emulator pull request."""
+    data = real_payload("derived/issue_comment.created.on_pull_request")
+    _point_at_repo(data, pr.repo.full_name, installation_id)
+    data["issue"]["number"] = pr.number
+    data["comment"].update(body=body, author_association=author_association)
+    data["comment"]["user"].update(login=user, type="User")
+    data["sender"].update(login=user, type="User")
+    return data
+
+
+def signed_delivery(event: str, data: dict[str, Any], secret: str,
+                    delivery: Optional[str] = None) -> tuple[bytes, dict[str, str]]:
+    """The exact bytes and headers GitHub would send for ``data``."""
+    body = json.dumps(data).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "GitHub-Hookshot/emulator",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+        "X-Hub-Signature-256": "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest(),
+    }
+    return body, headers
