@@ -12,6 +12,7 @@ silently ignored::
     exclude = ["tests/**"]
     min_severity = "low"                # drop findings below this
     fail_on = "high"                    # exit 1 / failing check at or above this
+    max_inline_comments = 30            # the App: inline comments per review (the rest go in its body)
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class Config:
     exclude: tuple[str, ...] = ()
     min_severity: Severity = Severity.LOW
     fail_on: Severity = Severity.HIGH
+    max_inline_comments: int = 30
     source: str = "defaults"  # where it came from, for messages and `/review config`
 
     # ---- rule selection ----------------------------------------------------------------
@@ -82,6 +84,11 @@ class Config:
         for key in ("min_severity", "fail_on"):
             if key in data:
                 values[key] = _severity(data[key], f"{source}: {key}")
+        if "max_inline_comments" in data:
+            value = data["max_inline_comments"]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+                raise ConfigError(f"{source}: max_inline_comments must be a whole number from 0 to 100, got {value!r}")
+            values["max_inline_comments"] = value
         if "severity" in data:
             table = data["severity"]
             if not isinstance(table, Mapping):
@@ -117,10 +124,11 @@ class Config:
             "severity": {k: v.label for k, v in self.severity.items()},
             "include": list(self.include), "exclude": list(self.exclude),
             "min_severity": self.min_severity.label, "fail_on": self.fail_on.label,
+            "max_inline_comments": self.max_inline_comments,
         }
 
 
-_KEYS = {"select", "ignore", "severity", "include", "exclude", "min_severity", "fail_on"}
+_KEYS = {"select", "ignore", "severity", "include", "exclude", "min_severity", "fail_on", "max_inline_comments"}
 
 
 def parse_toml_config(text: str, filename: str) -> Optional[Config]:

@@ -151,23 +151,34 @@ def _settings():
         raise UsageError(str(exc)) from None
 
 
+def _log_level() -> str:
+    return os.environ.get("LOG_LEVEL", "INFO").upper()
+
+
 def worker_command(concurrency: int, queues: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "bot.tasks:celery_app", "worker", "--loglevel=INFO",
+    return [sys.executable, "-m", "celery", "-A", "bot.tasks:celery_app", "worker", f"--loglevel={_log_level()}",
             f"--concurrency={concurrency}", "-Q", queues, "--without-gossip", "--without-mingle",
             "--without-heartbeat"]
 
 
 def web_command(host: str, port: int, workers: int) -> list[str]:
     return [sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", str(workers),
-            "--access-logfile", "-", "--graceful-timeout", "10", "bot.webhook:create_app()"]
+            "--access-logfile", "-", "--log-level", _log_level().lower(), "--graceful-timeout", "10",
+            "bot.webhook:create_app()"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
     import subprocess
 
     settings = _settings()
     port = args.port or settings.port
     children = []
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)  # runs the cleanup below; as PID 1 SIGTERM is otherwise ignored
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         if settings.embedded:
             print(f"torchreview: embedded mode (no REDIS_URL): broker and state in {settings.data_dir}/; "

@@ -90,7 +90,7 @@ def _review_locked(job, repo, pr, head: str) -> str:
         result = analyze_text(changed.sources[path], path, config)
         findings.extend(result.findings)
         changed.notes.extend(result.errors)
-    settings = compose.ReviewSettings(fail_on=config.fail_on)
+    settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments)
     analysis = compose.PullRequestAnalysis(
         findings=findings,
         diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},

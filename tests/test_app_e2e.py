@@ -276,3 +276,17 @@ def test_review_comment_command_reruns(stack):
     run = completed_run(state, pr.head_sha)
     assert run.conclusion == "failure"
     assert len(state.reviews_for(pr)) == 1
+
+
+def test_inline_comment_limit_from_base_config(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {"pyproject.toml": "[tool.torchreview]\nmax_inline_comments = 2\n"})
+    pr = state.open_pull_request(repo, {"train.py": BUGGY})
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    run = completed_run(state, pr.head_sha)
+    (review,) = state.reviews_for(pr)
+    comments = state.review_comments_for(pr)
+    assert len(comments) == 2
+    assert all("critical" in c.body for c in comments)  # most severe first
+    assert "More findings" in review.body
+    assert len(run.annotations) > 10  # every finding is still an annotation

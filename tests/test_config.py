@@ -50,6 +50,8 @@ def test_dot_torchreview_toml_wins(tmp_path):
     ('severity = {TR999 = "low"}', "'TR999' is not a rule id"),
     ('select = "TR1"\nignore = [1]', "ignore must be a list of strings"),
     ('select = [', "invalid TOML"),
+    ('max_inline_comments = -1', "max_inline_comments must be a whole number"),
+    ('max_inline_comments = "5"', "max_inline_comments must be a whole number"),
 ])
 def test_bad_config_is_a_clear_error(text, needle):
     with pytest.raises(ConfigError) as info:
