@@ -1,27 +1,42 @@
 """Configuration: one validated schema for the CLI and the bot.
 
-Read from ``[tool.torchreview]`` in ``pyproject.toml`` or from a ``.torchreview.toml`` (top-level
-keys). Every key is checked; a typo is an error that names the key and the file, never
-silently ignored::
+Read from the first of :data:`CONFIG_FILES_IN_ORDER` that exists: ``.github/torchreview.yml`` (or
+``.yaml``), ``.torchreview.toml`` (top-level keys) or ``[tool.torchreview]`` in ``pyproject.toml``.
+Every key and value is checked; a typo is an error ``FILE:LINE: KEY: PROBLEM`` (the line when it can
+be found), never silently ignored::
 
-    [tool.torchreview]
-    select = ["TR1", "numerics"]        # rule ids, id prefixes, slugs or categories ("ALL" by default)
-    ignore = ["TR105", "per-step-sync-for-logging"]
-    severity = { TR702 = "medium" }    # per-rule severity override
-    include = ["src/**", "train.py"]    # gitignore-style globs, relative to the repository root
-    exclude = ["tests/**"]
-    min_severity = "low"                # drop findings below this
-    fail_on = "high"                    # exit 1 / failing check at or above this
-    max_inline_comments = 30            # the App: inline comments per review (the rest go in its body)
+    rules:
+      select: [TR1, numerics]          # rule ids, id prefixes, slugs or categories ("ALL" by default)
+      ignore: [TR105, per-step-sync-for-logging]
+      severity: {TR702: medium}        # per-rule severity override
+    paths:
+      include: ["src/**", train.py]    # gitignore-style globs, relative to the repository root
+      exclude: ["tests/**"]
+    min_severity: low                  # drop findings below this
+    fail_on: high                      # exit 1 / failing check at or above this
+    max_inline_comments: 30            # the App: inline comments per review (the rest go in its body)
+    review_event: comment              # or request_changes when something at or above fail_on is found
+    filter: added                      # added | file | {diff_context: 3}
+    skip: {drafts: true, labels: ["torchreview:skip"], bots: true,
+           title_markers: ["[skip torchreview]", "[torchreview skip]"]}
+    cleanup: resolve                   # or delete: what happens to the comment of a fixed finding
+    smoke: {enabled: false}            # the GPU smoke runner (see SMOKE_DEFAULTS)
+
+``select``/``ignore``/``severity`` and ``include``/``exclude`` may also be written at the top level
+(the original flat form); giving one both ways is an error.
 """
 from __future__ import annotations
 
+import copy
+import math
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import pathspec
+import yaml
 
 from analyzers.model import Category, Severity
 
@@ -30,11 +45,34 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-CONFIG_FILES = (".torchreview.toml", "pyproject.toml")
+CONFIG_FILES_IN_ORDER = (".github/torchreview.yml", ".github/torchreview.yaml", ".torchreview.toml", "pyproject.toml")
+CONFIG_FILES = CONFIG_FILES_IN_ORDER  # the former name
+
+REVIEW_EVENTS = ("comment", "request_changes")
+FILTERS = ("added", "diff_context", "file")
+CLEANUPS = ("resolve", "delete")
+SMOKE_DEVICES = ("auto", "cpu", "cuda")
+SMOKE_TRUST = ("collaborators", "everyone", "maintainers")
+SMOKE_DEFAULTS: Mapping[str, Any] = {
+    "enabled": False,
+    "targets": (),
+    "timeout": 300,
+    "memory": "4GiB",
+    "device": "auto",
+    "trust": "collaborators",
+    "regression": {"step_time": 0.25, "memory": 0.25},
+}
+
+KeyPath = tuple[str, ...]
+KeyLine = Callable[[KeyPath], Optional[int]]
 
 
 class ConfigError(ValueError):
-    """A configuration problem, with the file (and key) it came from."""
+    """A configuration problem, with the file (and line and key) it came from."""
+
+
+def _default_smoke() -> dict[str, Any]:
+    return copy.deepcopy(dict(SMOKE_DEFAULTS))
 
 
 @dataclass(frozen=True)
@@ -47,6 +85,15 @@ class Config:
     min_severity: Severity = Severity.LOW
     fail_on: Severity = Severity.HIGH
     max_inline_comments: int = 30
+    review_event: str = "comment"
+    filter: str = "added"
+    diff_context_lines: int = 3
+    skip_drafts: bool = True
+    skip_labels: tuple[str, ...] = ("torchreview:skip",)
+    skip_title_markers: tuple[str, ...] = ("[skip torchreview]", "[torchreview skip]")
+    skip_bots: bool = True
+    cleanup: str = "resolve"
+    smoke: Mapping[str, Any] = field(default_factory=_default_smoke)
     source: str = "defaults"  # where it came from, for messages and `/review config`
 
     # ---- rule selection ----------------------------------------------------------------
@@ -67,40 +114,12 @@ class Config:
 
     # ---- loading ------------------------------------------------------------------------
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], source: str = "<config>") -> "Config":
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{source}: configuration must be a table, got {type(data).__name__}")
-        unknown = sorted(set(data) - _KEYS)
-        if unknown:
-            raise ConfigError(f"{source}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(_KEYS))})")
-        values: dict[str, Any] = {"source": source}
-        for key in ("select", "ignore", "include", "exclude"):
-            if key in data:
-                values[key] = tuple(_string_list(data[key], f"{source}: {key}"))
-        for key in ("select", "ignore"):
-            for selector in values.get(key, ()):
-                if not _known_selector(selector):
-                    raise ConfigError(f"{source}: {key}: {selector!r} matches no rule id, prefix, slug or category")
-        for key in ("min_severity", "fail_on"):
-            if key in data:
-                values[key] = _severity(data[key], f"{source}: {key}")
-        if "max_inline_comments" in data:
-            value = data["max_inline_comments"]
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
-                raise ConfigError(f"{source}: max_inline_comments must be a whole number from 0 to 100, got {value!r}")
-            values["max_inline_comments"] = value
-        if "severity" in data:
-            table = data["severity"]
-            if not isinstance(table, Mapping):
-                raise ConfigError(f"{source}: severity must be a table of rule id = severity")
-            overrides = {}
-            for rule_id, value in table.items():
-                resolved = _resolve_rule_id(str(rule_id))
-                if resolved is None:
-                    raise ConfigError(f"{source}: severity: {rule_id!r} is not a rule id or slug")
-                overrides[resolved] = _severity(value, f"{source}: severity.{rule_id}")
-            values["severity"] = overrides
-        return cls(**values)
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "<config>", *,
+                     filename: Optional[str] = None, key_line: Optional[KeyLine] = None) -> "Config":
+        """Validate ``data`` (the parsed file). Errors start with ``source``, or ``filename:LINE``
+        when ``key_line`` finds the line of the offending key."""
+        check = _Checker(source, filename or source, key_line)
+        return cls(source=source, **_settings(check.table(data, (), _TOP_KEYS), check))
 
     def merged_with_cli(self, *, select=None, ignore=None, min_severity=None, fail_on=None) -> "Config":
         changes: dict[str, Any] = {}
@@ -118,17 +137,248 @@ class Config:
                     raise ConfigError(f"--{key}: {selector!r} matches no rule id, prefix, slug or category")
         return replace(self, **changes) if changes else self
 
+    # ---- reporting ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The full effective configuration in the documented (nested) form; plain JSON/YAML types."""
+        smoke = copy.deepcopy(dict(self.smoke))
+        smoke["targets"] = list(smoke["targets"])
         return {
-            "select": list(self.select), "ignore": list(self.ignore),
-            "severity": {k: v.label for k, v in self.severity.items()},
-            "include": list(self.include), "exclude": list(self.exclude),
-            "min_severity": self.min_severity.label, "fail_on": self.fail_on.label,
+            "rules": {
+                "select": list(self.select), "ignore": list(self.ignore),
+                "severity": {k: v.label for k, v in self.severity.items()},
+            },
+            "paths": {"include": list(self.include), "exclude": list(self.exclude)},
+            "min_severity": self.min_severity.label,
+            "fail_on": self.fail_on.label,
             "max_inline_comments": self.max_inline_comments,
+            "review_event": self.review_event,
+            "filter": self.filter,
+            "diff_context_lines": self.diff_context_lines,
+            "skip": {
+                "drafts": self.skip_drafts, "labels": list(self.skip_labels),
+                "title_markers": list(self.skip_title_markers), "bots": self.skip_bots,
+            },
+            "cleanup": self.cleanup,
+            "smoke": smoke,
         }
 
+    def describe_source(self) -> str:
+        if self.source == "defaults":
+            return "defaults (no configuration file found)"
+        return self.source
 
-_KEYS = {"select", "ignore", "severity", "include", "exclude", "min_severity", "fail_on", "max_inline_comments"}
+
+# ---- the schema ------------------------------------------------------------------------------
+
+_RULE_KEYS = ("select", "ignore", "severity")
+_PATH_KEYS = ("include", "exclude")
+_NESTED_FORMS = {"rules": _RULE_KEYS, "paths": _PATH_KEYS}
+_TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "min_severity", "fail_on", "max_inline_comments",
+             "review_event", "filter", "diff_context_lines", "skip", "cleanup", "smoke")
+_SKIP_KEYS = ("drafts", "labels", "title_markers", "bots")
+_REGRESSION_KEYS = ("step_time", "memory")
+_MEMORY = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B?|B)?", re.IGNORECASE)
+
+
+def _settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
+    """Config field values from a validated top-level table."""
+    written = _unfold_nested_forms(data, check)
+    values: dict[str, Any] = {}
+    for key in ("select", "ignore"):
+        if key in written:
+            values[key] = check.selectors(*written[key])
+    for key in _PATH_KEYS:
+        if key in written:
+            values[key] = check.strings(*written[key])
+    if "severity" in written:
+        values["severity"] = check.severity_overrides(*written["severity"])
+    for key in ("min_severity", "fail_on"):
+        if key in data:
+            values[key] = check.severity(data[key], (key,))
+    if "max_inline_comments" in data:
+        values["max_inline_comments"] = check.whole_number(data["max_inline_comments"], ("max_inline_comments",), 0, 100)
+    if "review_event" in data:
+        values["review_event"] = check.choice(data["review_event"], ("review_event",), REVIEW_EVENTS)
+    if "cleanup" in data:
+        values["cleanup"] = check.choice(data["cleanup"], ("cleanup",), CLEANUPS)
+    values.update(_filter_settings(data, check))
+    if "skip" in data:
+        values.update(_skip_settings(data["skip"], check))
+    if "smoke" in data:
+        values["smoke"] = _smoke_settings(data["smoke"], check)
+    return values
+
+
+def _unfold_nested_forms(data: Mapping[str, Any], check: "_Checker") -> dict[str, tuple[Any, KeyPath]]:
+    """``rules.select`` → ``select`` etc.: each setting's value and the key path it was written at."""
+    written = {key: (value, (key,)) for key, value in data.items() if key not in _NESTED_FORMS}
+    for section, keys in _NESTED_FORMS.items():
+        if section not in data:
+            continue
+        for key, value in check.table(data[section], (section,), keys).items():
+            if key in data:
+                raise check.error((section, key), f"{section}.{key}: also given as the top-level {key!r}; use one form")
+            written[key] = (value, (section, key))
+    return written
+
+
+def _filter_settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if "filter" in data:
+        value = data["filter"]
+        if isinstance(value, Mapping):
+            table = check.table(value, ("filter",), ("diff_context",))
+            if not table:
+                raise check.error(("filter",), "filter: a table must be {diff_context: N}")
+            values["filter"] = "diff_context"
+            values["diff_context_lines"] = check.whole_number(table["diff_context"], ("filter", "diff_context"), 0, 50)
+        else:
+            values["filter"] = check.choice(value, ("filter",), FILTERS)
+    if "diff_context_lines" in data:
+        if "diff_context_lines" in values:
+            raise check.error(("diff_context_lines",),
+                              "diff_context_lines: also given as filter.diff_context; use one form")
+        values["diff_context_lines"] = check.whole_number(data["diff_context_lines"], ("diff_context_lines",), 0, 50)
+    return values
+
+
+def _skip_settings(value: Any, check: "_Checker") -> dict[str, Any]:
+    table = check.table(value, ("skip",), _SKIP_KEYS)
+    values: dict[str, Any] = {}
+    for key in ("drafts", "bots"):
+        if key in table:
+            values[f"skip_{key}"] = check.boolean(table[key], ("skip", key))
+    for key in ("labels", "title_markers"):
+        if key in table:
+            values[f"skip_{key}"] = check.strings(table[key], ("skip", key))
+    return values
+
+
+def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
+    table = check.table(value, ("smoke",), tuple(SMOKE_DEFAULTS))
+    smoke = _default_smoke()
+    if "enabled" in table:
+        smoke["enabled"] = check.boolean(table["enabled"], ("smoke", "enabled"))
+    if "targets" in table:
+        smoke["targets"] = check.strings(table["targets"], ("smoke", "targets"))
+    if "timeout" in table:
+        smoke["timeout"] = check.whole_number(table["timeout"], ("smoke", "timeout"), 1, 3600)
+    if "memory" in table:
+        smoke["memory"] = check.memory(table["memory"], ("smoke", "memory"))
+    if "device" in table:
+        smoke["device"] = check.choice(table["device"], ("smoke", "device"), SMOKE_DEVICES)
+    if "trust" in table:
+        smoke["trust"] = check.choice(table["trust"], ("smoke", "trust"), SMOKE_TRUST)
+    if "regression" in table:
+        regression = check.table(table["regression"], ("smoke", "regression"), _REGRESSION_KEYS)
+        for key, fraction in regression.items():
+            smoke["regression"][key] = check.fraction(fraction, ("smoke", "regression", key))
+    return smoke
+
+
+class _Checker:
+    """Type checks that raise a ConfigError naming the file, the line (when found) and the key."""
+
+    def __init__(self, source: str, filename: str, key_line: Optional[KeyLine]):
+        self.source, self.filename, self.key_line = source, filename, key_line
+
+    def error(self, path: KeyPath, message: str) -> ConfigError:
+        line = self.key_line(path) if self.key_line and path else None
+        return ConfigError(f"{self.filename}:{line}: {message}" if line else f"{self.source}: {message}")
+
+    def table(self, value: Any, path: KeyPath, known: Iterable[str]) -> dict[str, Any]:
+        name = _dotted(path) or "configuration"
+        if not isinstance(value, Mapping):
+            raise self.error(path, f"{name} must be a table (mapping), got {_kind(value)}")
+        known = tuple(known)
+        for key in value:
+            if str(key) not in known:
+                raise self.error((*path, str(key)), f"{_dotted((*path, str(key)))}: unknown key {str(key)!r} "
+                                                    f"(known keys: {', '.join(sorted(known))})")
+        return {str(k): v for k, v in value.items()}
+
+    def strings(self, value: Any, path: KeyPath) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise self.error(path, f"{_dotted(path)} must be a list of strings")
+        return tuple(v.strip() for v in value)
+
+    def selectors(self, value: Any, path: KeyPath) -> tuple[str, ...]:
+        selectors = self.strings(value, path)
+        for selector in selectors:
+            if not _known_selector(selector):
+                raise self.error(path, f"{_dotted(path)}: {selector!r} matches no rule id, prefix, slug or category")
+        return selectors
+
+    def severity(self, value: Any, path: KeyPath) -> Severity:
+        try:
+            return Severity.parse(value)
+        except ValueError as exc:
+            raise self.error(path, f"{_dotted(path)}: {exc}") from None
+
+    def severity_overrides(self, value: Any, path: KeyPath) -> dict[str, Severity]:
+        if not isinstance(value, Mapping):
+            raise self.error(path, f"{_dotted(path)} must be a table of rule id = severity")
+        overrides = {}
+        for rule_id, severity in value.items():
+            resolved = _resolve_rule_id(str(rule_id))
+            if resolved is None:
+                raise self.error((*path, str(rule_id)), f"{_dotted(path)}: {str(rule_id)!r} is not a rule id or slug")
+            overrides[resolved] = self.severity(severity, (*path, str(rule_id)))
+        return overrides
+
+    def boolean(self, value: Any, path: KeyPath) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(path, f"{_dotted(path)} must be true or false, got {value!r}")
+        return value
+
+    def whole_number(self, value: Any, path: KeyPath, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.error(path, f"{_dotted(path)} must be a whole number from {low} to {high}, got {value!r}")
+        return value
+
+    def fraction(self, value: Any, path: KeyPath) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise self.error(path, f"{_dotted(path)} must be a non-negative fraction such as 0.25, got {value!r}")
+        return float(value)
+
+    def choice(self, value: Any, path: KeyPath, choices: Iterable[str]) -> str:
+        choices = tuple(choices)
+        normalized = value.strip().lower() if isinstance(value, str) else value
+        if normalized not in choices:
+            raise self.error(path, f"{_dotted(path)} must be one of {', '.join(sorted(choices))}, got {value!r}")
+        return normalized
+
+    def memory(self, value: Any, path: KeyPath) -> "int | str":
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        if isinstance(value, str) and _MEMORY.fullmatch(value.strip()):
+            return value.strip()
+        raise self.error(path, f"{_dotted(path)} must be a size such as \"4GiB\" or a number of MiB, got {value!r}")
+
+
+def _dotted(path: KeyPath) -> str:
+    return ".".join(path)
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", tuple: "a list", str: "a string", bool: "true/false", type(None): "nothing"}.get(
+        type(value), type(value).__name__)
+
+
+# ---- files -----------------------------------------------------------------------------------
+
+
+def parse_config_text(text: str, filename: str) -> Optional[Config]:
+    """Config from a file's text, by its name: ``*.yml``/``*.yaml`` (YAML), ``pyproject.toml`` (its
+    ``[tool.torchreview]`` section; None when it has none) or ``*.toml`` (top-level keys)."""
+    name = Path(filename).name
+    if name.endswith((".yml", ".yaml")):
+        return _parse_yaml(text, filename)
+    if name.endswith(".toml"):
+        return parse_toml_config(text, filename)
+    raise ConfigError(f"{filename}: not a configuration file (use .yml, .yaml or .toml)")
 
 
 def parse_toml_config(text: str, filename: str) -> Optional[Config]:
@@ -136,13 +386,78 @@ def parse_toml_config(text: str, filename: str) -> Optional[Config]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{filename}: invalid TOML: {exc}") from None
+        raise _toml_syntax_error(exc, text, filename) from None
     if Path(filename).name == "pyproject.toml":
         section = data.get("tool", {}).get("torchreview")
         if section is None:
             return None
-        return Config.from_mapping(section, f"{filename} [tool.torchreview]")
-    return Config.from_mapping(data, filename)
+        return Config.from_mapping(section, f"{filename} [tool.torchreview]", filename=filename,
+                                   key_line=lambda path: _toml_key_line(text, ("tool", "torchreview", *path)))
+    return Config.from_mapping(data, filename, key_line=lambda path: _toml_key_line(text, path))
+
+
+def _parse_yaml(text: str, filename: str) -> Config:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise _yaml_syntax_error(exc, filename) from None
+    if data is None:  # an empty file (or only comments): the defaults
+        return Config(source=filename)
+    return Config.from_mapping(data, filename, key_line=lambda path: _yaml_key_line(text, path))
+
+
+def _toml_syntax_error(exc: Exception, text: str, filename: str) -> ConfigError:
+    message = str(exc)
+    located = re.fullmatch(r"(?s)(.*) \(at line (\d+), column (\d+)\)", message)
+    if located:
+        problem, line, column = located.groups()
+        return ConfigError(f"{filename}:{line}: invalid TOML: {problem} (column {column})")
+    at_end = re.fullmatch(r"(?s)(.*) \(at end of document\)", message)
+    if at_end:
+        last_line = text.count("\n") + (0 if text.endswith("\n") else 1)
+        return ConfigError(f"{filename}:{max(last_line, 1)}: invalid TOML: {at_end.group(1)} (at end of file)")
+    return ConfigError(f"{filename}: invalid TOML: {message}")
+
+
+def _yaml_syntax_error(exc: yaml.YAMLError, filename: str) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return ConfigError(f"{filename}: invalid YAML: {problem}")
+    return ConfigError(f"{filename}:{mark.line + 1}: invalid YAML: {problem} (column {mark.column + 1})")
+
+
+def _yaml_key_line(text: str, path: KeyPath) -> Optional[int]:
+    """1-based line of the deepest key of ``path`` found in the YAML document."""
+    node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
+    for key in path:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+        if match is None:
+            break
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
+
+
+def _toml_key_line(text: str, path: KeyPath) -> Optional[int]:
+    """1-based line of the deepest key of ``path``: a line starting with the key (``key =``,
+    ``key.sub =``) or a table header ending in it, searched in order. Good enough for messages."""
+    lines, start, found = text.splitlines(), 0, None
+    for key in path:
+        hit = next((i for i in range(start, len(lines)) if _toml_line_defines(lines[i], key)), None)
+        if hit is None:
+            break
+        start = found = hit
+    return None if found is None else found + 1
+
+
+def _toml_line_defines(line: str, key: str) -> bool:
+    stripped = line.strip()
+    header = re.fullmatch(r"\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?", stripped)
+    if header:
+        return key in [part.strip().strip("\"'") for part in header.group(1).split(".")]
+    return re.match(rf"[\"']?{re.escape(key)}[\"']?\s*[=.]", stripped) is not None
 
 
 def load_config_file(path: Path) -> Config:
@@ -150,20 +465,21 @@ def load_config_file(path: Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    config = parse_toml_config(text, str(path))
+    config = parse_config_text(text, str(path))
     if config is None:
         raise ConfigError(f"{path}: has no [tool.torchreview] section")
     return config
 
 
 def find_config(start: Path) -> Config:
-    """The nearest ``.torchreview.toml`` or ``pyproject.toml`` with a section, walking up."""
+    """The nearest configuration, walking up to the repository root: in each directory the first
+    of :data:`CONFIG_FILES_IN_ORDER` that exists (a pyproject.toml only with a section) wins."""
     start = start.resolve()
     for directory in [start, *start.parents]:
-        for name in CONFIG_FILES:
+        for name in CONFIG_FILES_IN_ORDER:
             candidate = directory / name
             if candidate.is_file():
-                config = parse_toml_config(candidate.read_text(encoding="utf-8"), str(candidate))
+                config = parse_config_text(candidate.read_text(encoding="utf-8"), str(candidate))
                 if config is not None:
                     return config
         if (directory / ".git").exists():
@@ -172,14 +488,6 @@ def find_config(start: Path) -> Config:
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _string_list(value: Any, where: str) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where} must be a list of strings")
-    return [v.strip() for v in value]
 
 
 def _severity(value: Any, where: str) -> Severity:

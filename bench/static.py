@@ -35,6 +35,15 @@ def torch_files(sample: int) -> list[str]:
     return files[::sample]
 
 
+def within_size_cap(files: list[str]) -> tuple[list[str], list[str]]:
+    """torchreview reports files over its size cap as errors instead of parsing them; compare like with like."""
+    sys.path.insert(0, str(ROOT))
+    from analyzers.engine import MAX_FILE_BYTES
+
+    kept = [f for f in files if os.path.getsize(f) <= MAX_FILE_BYTES]
+    return kept, sorted(set(files) - set(kept))
+
+
 def measure(argv: list[str]) -> tuple[float, float, str]:
     """Wall seconds, peak RSS in MiB (largest process of its tree), stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -93,10 +102,12 @@ def main() -> None:
     if args.worker == "torchreview":
         return worker_torchreview(args.filelist, args.jobs)
 
-    files = torch_files(args.sample)
+    files, oversized = within_size_cap(torch_files(args.sample))
     cores = os.cpu_count() or 1
     lines = sum(1 for f in files for _ in open(f, encoding="utf-8", errors="replace"))
     print(f"corpus: {len(files)} .py files of the installed torch package ({lines:,} lines), {cores} cores")
+    for path in oversized:
+        print(f"  left out for every tool (over torchreview's {os.path.getsize(path):,}-byte file cap): {path}")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(files))
         filelist = handle.name

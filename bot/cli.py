@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="exit 1 when a finding is at or above this severity (config fail_on, default high)")
     check.add_argument("--diff", metavar="GIT_REF", help="only report findings on lines changed since GIT_REF")
     check.add_argument("--jobs", "-j", type=int, default=0, help="parallel processes (default: all cores)")
-    check.add_argument("--config", metavar="FILE", help="a .torchreview.toml or pyproject.toml to use")
+    check.add_argument("--config", metavar="FILE", help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml to use")
     check.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     check.set_defaults(handler=cmd_check)
 

@@ -34,7 +34,14 @@ class GitHubClients:
         self.app_auth = Auth.AppAuth(settings.app_id, settings.private_key)
         self.integration = GithubIntegration(base_url=settings.api_url, auth=self.app_auth, retry=None)
         self._clients: dict[int, github.Github] = {}
+        self._bot_login: Optional[str] = None
         self._lock = threading.Lock()
+
+    def bot_login(self) -> Optional[str]:
+        """``<app slug>[bot]``: the account our comments are written by (one GET /app per process)."""
+        if self._bot_login is None:
+            self._bot_login = self.settings.bot_login or f"{self.integration.get_app().slug}[bot]"
+        return self._bot_login
 
     def for_installation(self, installation_id: int) -> github.Github:
         with self._lock:
@@ -42,9 +49,8 @@ class GitHubClients:
             if client is None:
                 auth = self.app_auth.get_installation_auth(installation_id)
                 # No in-request retries: the task retries as a whole, idempotently, honouring Retry-After.
-                # Lazy objects: `repo.get_commit(sha)` must not cost a request when only its sha is used.
                 client = github.Github(base_url=self.settings.api_url, auth=auth, retry=None, timeout=20, per_page=100,
-                                       seconds_between_requests=None, lazy=True,
+                                       seconds_between_requests=None,
                                        seconds_between_writes=self.settings.github_write_interval or None)
                 self._clients[installation_id] = client
             return client
@@ -78,3 +84,13 @@ def classify(exc: BaseException, attempt: int) -> Optional[TransientGitHubError]
 def backoff(attempt: int, base: float = 2.0, cap: float = 300.0) -> float:
     """Exponential back-off with jitter: 2, 4, 8... seconds, capped."""
     return min(cap, base * (2 ** attempt)) * (0.75 + random.random() * 0.5)
+
+
+def commit_ref(repo, sha: str):
+    """A Commit object for ``sha`` without fetching it (only its sha and URL are used)."""
+    return github.Commit.Commit(repo.requester, url=f"{repo.url}/commits/{sha}", completed=False)
+
+
+def issue_ref(repo, number: int):
+    """The Issue of a PR without fetching it (GET /issues/{n} is not needed for comments)."""
+    return github.Issue.Issue(repo.requester, url=f"{repo.url}/issues/{number}", completed=False)

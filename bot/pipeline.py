@@ -1,11 +1,13 @@
-"""One review job: fetch the PR, analyze the changed files, post one review and the check run.
+"""One review job: fetch the PR, analyze the changed files, then talk back like a good colleague.
 
-Idempotent and safe to retry: the check run for a head SHA is found and reused, a review carries
-a marker of the head (and, for explicit re-runs, of the request) and is never posted twice, and a
-lock keeps two jobs for one PR from interleaving.
+Idempotent and safe to retry: the check run of a head SHA is found and reused; every inline comment
+carries a fingerprint, and a finding that already has a comment is never commented again; findings
+that are gone get their thread resolved (or the comment deleted); one summary comment is edited in
+place; a per-PR lock keeps two jobs from interleaving, and a job for a superseded head posts nothing.
 """
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,16 +15,22 @@ from typing import Optional
 
 from github import GithubException
 
-from analyzers.config import Config, ConfigError, parse_toml_config
+from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
 from analyzers.engine import analyze_text, decode_source
 from analyzers.model import FileError, Finding
+from bot import review as compose
+from bot.conversation import close_gone, our_review_comments, upsert_summary
+from bot.github_client import commit_ref
+from bot.store import WriteBudget
 
 log = logging.getLogger("torchreview.pipeline")
 
 CHECK_NAME = "torchreview"
 LOCK_TTL = 900
 REVIEWED_SUFFIXES = (".py", ".ipynb")
-FORCED_REASONS = {"comment./review", "check_run.rerequested", "check_suite.rerequested"}
+RERUN_ACTION = {"label": "Re-run review", "description": "Review this commit again", "identifier": "rerun"}
+# Explicit requests: a fresh check run, and policy skips (draft, label...) do not apply.
+FORCED_REASONS = {"command.review", "check_run.rerequested", "check_suite.rerequested", "check_run.requested_action"}
 
 
 class LockBusy(Exception):
@@ -41,10 +49,6 @@ class ChangedFiles:
     reviewed: list[str] = field(default_factory=list)
 
 
-def review_marker(head_sha: str, job_key: str) -> str:
-    return f"<!-- torchreview:review head={head_sha} job={job_key} -->"
-
-
 def run_review(job, clients, store) -> str:
     from bot import metrics
 
@@ -53,8 +57,9 @@ def run_review(job, clients, store) -> str:
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
     head = pr.head.sha
+    budget = WriteBudget(store, job.installation_id)
     if job.head_sha and job.head_sha != head:
-        _close_superseded(repo, job.head_sha, head)
+        _close_superseded(repo, job.head_sha, head, budget)
         metrics.REVIEWS.labels(outcome="superseded").inc()
         return f"superseded: {job.head_sha[:7]} is no longer the head ({head[:7]})"
     lock_key = f"torchreview:lock:{job.repository}#{job.pull_number}"
@@ -62,61 +67,144 @@ def run_review(job, clients, store) -> str:
     if token is None:
         raise LockBusy()
     try:
-        outcome = _review_locked(job, repo, pr, head)
+        outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login()).run()
     finally:
         store.unlock(lock_key, token)
-    metrics.REVIEWS.labels(outcome="posted").inc()
+    metrics.REVIEWS.labels(outcome="done").inc()
     metrics.REVIEW_SECONDS.observe(time.perf_counter() - started)
     return outcome
 
 
-def _review_locked(job, repo, pr, head: str) -> str:
-    from bot import review as compose
+@dataclass
+class ReviewRun:
+    job: object
+    gh: object
+    repo: object
+    pr: object
+    head: str
+    budget: WriteBudget
+    bot_login: Optional[str]
 
-    forced = job.reason in FORCED_REASONS
-    job_key = job.delivery if forced else "auto"
-    check_run = _check_run_for(repo, head, reuse=not forced)
-    try:
-        config = load_base_config(repo, pr.base.sha)
-    except ConfigError as exc:
-        _complete(check_run, compose.config_error_plan(str(exc)))
-        return f"configuration error: {exc}"
-    changed = collect_changed_files(repo, pr, head, config)
-    if not changed.reviewed:
-        _complete(check_run, compose.no_files_plan(changed.notes))
-        return "no PyTorch files changed"
-    findings: list[Finding] = []
-    for path in changed.reviewed:
-        result = analyze_text(changed.sources[path], path, config)
-        findings.extend(result.findings)
-        changed.notes.extend(result.errors)
-    settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments)
-    analysis = compose.PullRequestAnalysis(
-        findings=findings,
-        diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
-        sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes)
-    review_plan = compose.plan_review(analysis, settings)
-    check_plan = compose.plan_check_run(analysis, settings)
-    # A push may have arrived while we analyzed: never post on a stale head.
-    current = repo.get_pull(pr.number).head.sha
-    if current != head:
-        _complete(check_run, compose.superseded_plan(head, current))
-        return f"superseded during review by {current[:7]}"
-    if review_plan.should_post:
-        marker = review_marker(head, job_key)
-        if not _already_posted(pr, marker):
-            post_review(pr, repo, head, review_plan, marker)
-    _complete(check_run, check_plan)
-    return f"{len(findings)} finding(s), {len(review_plan.comments)} inline; check {check_plan.conclusion}"
+    def run(self) -> str:
+        try:
+            config = load_base_config(self.repo, self.pr.base.sha)
+        except ConfigError as exc:
+            self.complete(self.check_run(), compose.config_error_plan(str(exc)))
+            return f"configuration error: {exc}"
+        skip = None if self.job.reason in FORCED_REASONS else skip_reason(self.pr, config)
+        if skip:
+            return f"skipped: {skip}"
+        check_run = self.check_run()
+        changed = collect_changed_files(self.repo, self.pr, self.head, config)
+        if not changed.reviewed:
+            self.complete(check_run, compose.no_files_plan(changed.notes))
+            return "no PyTorch files changed"
+        findings: list[Finding] = []
+        for path in changed.reviewed:
+            result = analyze_text(changed.sources[path], path, config)
+            findings.extend(result.findings)
+            changed.notes.extend(result.errors)
+        settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
+                                          filter=config.filter, context_lines=config.diff_context_lines)
+        analysis = compose.PullRequestAnalysis(
+            findings=findings,
+            diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
+            sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes)
+        existing = our_review_comments(self.pr, self.bot_login)
+        plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
+        check_plan = compose.plan_check_run(analysis, settings)
+        # A push may have arrived while we analyzed: never post on a stale head.
+        current = self.repo.get_pull(self.pr.number).head.sha
+        if current != self.head:
+            self.complete(check_run, compose.superseded_plan(self.head, current))
+            return f"superseded during review by {current[:7]}"
+        if plan.comments:
+            event = "REQUEST_CHANGES" if config.review_event == "request_changes" and plan.blocking else "COMMENT"
+            self.post_review(plan, event)
+        gone = [c for fp, c in existing.items() if fp not in plan.fingerprints]
+        resolved, deleted = close_gone(self.gh, self.job.repository, self.pr, gone, config.cleanup, self.bot_login,
+                                       self.budget.spend)
+        if plan.findings_count or existing:
+            upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
+        self.complete(check_run, check_plan)
+        return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, {len(existing) - len(gone)} "
+                f"already commented, {resolved} resolved, {deleted} deleted; check {check_plan.conclusion}")
+
+    # ---- check runs ----------------------------------------------------------------------
+    def check_run(self):
+        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs."""
+        if self.job.reason not in FORCED_REASONS:
+            for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
+                return run
+        self.budget.spend()
+        return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",
+                                          output={"title": "Reviewing…", "summary": "torchreview is reviewing this commit."})
+
+    def complete(self, check_run, plan) -> None:
+        complete_check_run(check_run, plan, self.budget)
+
+    # ---- the review ----------------------------------------------------------------------
+    def post_review(self, plan, event: str) -> None:
+        body = (f"torchreview: {len(plan.comments)} new finding(s) on {self.head[:7]}. "
+                "The summary comment and the check run have the whole picture.")
+        commit = commit_ref(self.repo, self.head)  # not fetched: only its sha is used
+        self.budget.spend()
+        try:
+            self.pr.create_review(commit=commit, body=body, event=event, comments=plan.comments)
+            return
+        except GithubException as exc:
+            if exc.status != 422:
+                raise
+            log.warning("review rejected (%s); re-checking comment lines against the current diff", exc.data)
+        # GitHub rejects the whole review for one bad line: keep the comments that fit the diff
+        # as GitHub reports it now; the summary comment still lists every finding.
+        current = {f.filename: compose.parse_file_patch(f.filename, f.patch) for f in self.pr.get_files()}
+        kept = [c for c in plan.comments if _comment_fits(c, current.get(c["path"]))]
+        if kept:
+            self.budget.spend()
+            try:
+                self.pr.create_review(commit=commit, body=body, event=event, comments=kept)
+            except GithubException as exc:
+                if exc.status != 422:
+                    raise
+                log.warning("review still rejected; the findings stay in the summary comment and check run")
+
+
+def complete_check_run(check_run, plan, budget: WriteBudget) -> None:
+    chunks = list(compose.batches(plan.annotations)) or [[]]
+    for index, chunk in enumerate(chunks):
+        output = plan.output(chunk)  # GitHub appends each update's annotations: send each once
+        budget.spend()
+        if index == len(chunks) - 1:
+            check_run.edit(status="completed", conclusion=plan.conclusion, output=output, actions=[RERUN_ACTION])
+        else:
+            check_run.edit(output=output)
+
+
+def skip_reason(pr, config: Config) -> Optional[str]:
+    """Repository policy: drafts, skip labels, title markers, bot authors."""
+    if config.skip_drafts and pr.draft:
+        return "draft pull request"
+    labels = {label.name for label in pr.labels}
+    for label in config.skip_labels:
+        if label in labels:
+            return f"label {label!r}"
+    title = (pr.title or "").lower()
+    for marker in config.skip_title_markers:
+        if marker.lower() in title:
+            return f"title marker {marker!r}"
+    if config.skip_bots and (pr.user.type == "Bot" or pr.user.login.endswith("[bot]")):
+        return f"opened by the bot {pr.user.login}"
+    return None
 
 
 def load_base_config(repo, base_sha: str) -> Config:
     """The repository's config from the BASE commit: a PR cannot switch its own checks off."""
-    for name in (".torchreview.toml", "pyproject.toml"):
+    for name in CONFIG_FILES_IN_ORDER:
         text = _file_text(repo, name, base_sha)
         if text is None:
             continue
-        config = parse_toml_config(text, name)
+        config = parse_config_text(text, name)
         if config is not None:
             return config
     return Config()
@@ -138,9 +226,7 @@ def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
     changed = ChangedFiles()
     for f in pr.get_files():  # all pages, up to GitHub's 3000 files
         path = f.filename
-        if not path.endswith(REVIEWED_SUFFIXES):
-            continue
-        if f.status == "removed":
+        if not path.endswith(REVIEWED_SUFFIXES) or f.status == "removed":
             continue
         if not config.path_included(path):
             changed.notes.append(FileError(path, "excluded", "excluded by the repository's include/exclude settings"))
@@ -171,93 +257,79 @@ def _blob_bytes(repo, path: str, blob_sha: Optional[str], head: str) -> Optional
         if exc.status not in (403, 404):  # 403: over the contents API's size limit
             raise
     if blob_sha:  # large files: the git blob API has no 1 MB limit
-        import base64
-
         blob = repo.get_git_blob(blob_sha)
         return base64.b64decode(blob.content) if blob.encoding == "base64" else blob.content.encode()
     return None
 
 
-def _check_run_for(repo, head: str, reuse: bool):
-    if reuse:  # one run per head: a retried or duplicate job completes the same run again
-        for run in repo.get_commit(head).get_check_runs(check_name=CHECK_NAME):
-            return run
-    return repo.create_check_run(name=CHECK_NAME, head_sha=head, status="in_progress",
-                                 output={"title": "Reviewing…", "summary": "torchreview is reviewing this commit."})
-
-
-def _complete(check_run, plan) -> None:
-    from bot.review import batches
-
-    chunks = list(batches(plan.annotations)) or [[]]
-    for index, chunk in enumerate(chunks):
-        output = plan.output(chunk)  # GitHub appends each update's annotations: send each once
-        last = index == len(chunks) - 1
-        if last:
-            check_run.edit(status="completed", conclusion=plan.conclusion, output=output)
-        else:
-            check_run.edit(output=output)
-
-
-def _already_posted(pr, marker: str) -> bool:
-    return any(marker in (r.body or "") for r in pr.get_reviews())
-
-
-def post_review(pr, repo, head: str, plan, marker: str) -> None:
-    body = plan.body + "\n\n" + marker
-    commit = repo.get_commit(head)  # lazy: only its sha is used
-    try:
-        pr.create_review(commit=commit, body=body, event=plan.event, comments=plan.comments)
-        return
-    except GithubException as exc:
-        if exc.status != 422 or not plan.comments:
-            raise
-        log.warning("review rejected (%s); re-checking comment lines against the current diff", exc.data)
-    # GitHub rejects the whole review for one bad line: keep only comments on lines of the
-    # diff as GitHub now reports it, and say in the body what moved out of the diff.
-    from bot.review import parse_file_patch
-
-    current = {f.filename: parse_file_patch(f.filename, f.patch) for f in pr.get_files()}
-    kept = [c for c in plan.comments if _comment_fits(c, current.get(c["path"]))]
-    dropped = len(plan.comments) - len(kept)
-    note = f"\n\n_{dropped} inline comment(s) could not be placed on the diff and are listed above._" if dropped else ""
-    try:
-        pr.create_review(commit=commit, body=body + note, event=plan.event, comments=kept)
-    except GithubException as exc:
-        if exc.status != 422:
-            raise
-        pr.create_review(commit=commit, body=body + "\n\n_Inline comments could not be placed on this diff._",
-                         event=plan.event, comments=[])
-
-
 def _comment_fits(comment: dict, diff) -> bool:
     if diff is None:
         return False
-    lines = diff.commentable
     start = comment.get("start_line", comment["line"])
-    return all(n in lines for n in range(start, comment["line"] + 1))
+    return all(n in diff.commentable for n in range(start, comment["line"] + 1))
 
 
-def _close_superseded(repo, old_sha: str, new_sha: str) -> None:
-    """Never leave an older head's check run in progress."""
-    from bot.review import superseded_plan
-
-    for run in repo.get_commit(old_sha).get_check_runs(check_name=CHECK_NAME):
+def _close_superseded(repo, old_sha: str, new_sha: str, budget: WriteBudget) -> None:
+    """Never leave an older head's check run in progress; point it at the newer one."""
+    for run in commit_ref(repo, old_sha).get_check_runs(check_name=CHECK_NAME):
         if run.status != "completed":
-            _complete(run, superseded_plan(old_sha, new_sha))
+            complete_check_run(run, compose.superseded_plan(old_sha, new_sha), budget)
 
 
-def fail_check_run(job, clients, message: str) -> None:
+def fail_check_run(job, clients, store, message: str) -> None:
     """The job failed for good: say so on the check run instead of leaving it in progress."""
-    from bot.review import job_failed_plan
-
     try:
+        budget = WriteBudget(store, job.installation_id)
         repo = clients.for_installation(job.installation_id).get_repo(job.repository)
         head = job.head_sha or repo.get_pull(job.pull_number).head.sha
-        runs = [r for r in repo.get_commit(head).get_check_runs(check_name=CHECK_NAME) if r.status != "completed"]
+        runs = [r for r in commit_ref(repo, head).get_check_runs(check_name=CHECK_NAME) if r.status != "completed"]
         if not runs:
             runs = [repo.create_check_run(name=CHECK_NAME, head_sha=head, status="in_progress")]
         for run in runs:
-            _complete(run, job_failed_plan(message))
+            complete_check_run(run, compose.job_failed_plan(message), budget)
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
         log.exception("could not mark the check run failed")
+
+
+def run_command(job, clients, store) -> str:
+    """A ``/review`` comment: check who asked, acknowledge with 👀, then do what it says."""
+    from dataclasses import replace
+
+    from bot import commands
+
+    command = commands.parse_command(job.command or "")
+    if command is None:
+        return "not a command"
+    repo = clients.for_installation(job.installation_id).get_repo(job.repository)
+    budget = WriteBudget(store, job.installation_id)
+    key = f"command-{job.comment_id}"  # a retried job answers once
+    if not commands.may_run(repo, job.requested_by or "", job.author_association):
+        budget.spend()
+        commands.reply(job.pull_number, repo, commands.refusal_text(job.requested_by or "someone"), dedupe_key=key)
+        return f"refused /review {command.name} from {job.requested_by}"
+    if job.comment_id:
+        budget.spend()
+        try:
+            commands.acknowledge(repo, job.comment_id)
+        except GithubException as exc:
+            if exc.status != 404:
+                raise
+            log.info("command comment %s is gone; not acknowledged", job.comment_id)
+    if command.name == "review":
+        return run_review(replace(job, reason="command.review"), clients, store)
+    if command.name == "config":
+        pr = repo.get_pull(job.pull_number)
+        try:
+            config = load_base_config(repo, pr.base.sha)
+            text = commands.config_reply(config, pr.base.ref, pr.base.sha)
+        except ConfigError as exc:
+            text = f"The repository's torchreview configuration on `{pr.base.ref}` is invalid:\n\n```\n{exc}\n```"
+    elif command.name == "smoke":
+        text = commands.smoke_not_configured_reply()
+    elif command.name == "help":
+        text = commands.help_reply()
+    else:
+        text = commands.unknown_reply(command)
+    budget.spend()
+    commands.reply(job.pull_number, repo, text, dedupe_key=key)
+    return f"/review {command.name} answered"

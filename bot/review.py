@@ -332,6 +332,8 @@ class ReviewPlan:
     comments: list[dict]
     event: str = "COMMENT"
     findings_count: int = 0
+    fingerprints: frozenset[str] = frozenset()  # of every kept finding, inline or not
+    blocking: bool = False  # a kept finding is at or above fail_on
 
     @property
     def should_post(self) -> bool:
@@ -345,13 +347,18 @@ class ReviewPlan:
         return request
 
 
-def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings()) -> ReviewPlan:
+def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings(),
+                posted: frozenset[str] = frozenset()) -> ReviewPlan:
+    """The review to post. Findings whose fingerprint is in ``posted`` already have a comment from an
+    earlier run: they are not commented again and do not use up the inline limit."""
     findings = keep_findings(pr.findings, pr.diffs, settings)
     if not findings:
         return ReviewPlan(body=no_issues_verdict(pr), comments=[], findings_count=0)
     digests = fingerprints_for(findings, pr.sources)
     comments, overflow, unplaceable = [], [], []
     for finding in findings:  # most severe first, so the limit cuts the least severe
+        if digests[finding] in posted:
+            continue
         where = placement(finding, pr.diffs[finding.path], pr.sources.get(finding.path))
         if where is None:
             unplaceable.append(finding)
@@ -360,7 +367,9 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
         else:
             comments.append(review_comment(finding, where, digests[finding]))
     body = review_body(findings, overflow, unplaceable, pr, settings)
-    return ReviewPlan(body=body, comments=comments, findings_count=len(findings))
+    return ReviewPlan(body=body, comments=comments, findings_count=len(findings),
+                      fingerprints=frozenset(digests.values()),
+                      blocking=any(f.severity >= settings.fail_on for f in findings))
 
 
 def no_issues_verdict(pr: PullRequestAnalysis) -> str:

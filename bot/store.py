@@ -27,6 +27,9 @@ class Store(Protocol):
     def unlock(self, key: str, token: str) -> None:
         ...
 
+    def count(self, key: str, ttl: int) -> int:
+        """Increment a counter that expires ``ttl`` s after its first increment; the new value."""
+
 
 class RedisStore:
     _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
@@ -48,6 +51,12 @@ class RedisStore:
 
     def unlock(self, key: str, token: str) -> None:
         self.client.eval(self._UNLOCK, 1, key, token)  # only the holder may unlock
+
+    def count(self, key: str, ttl: int) -> int:
+        pipe = self.client.pipeline()
+        pipe.set(key, 0, nx=True, ex=ttl)
+        pipe.incr(key)
+        return int(pipe.execute()[1])
 
 
 class SqliteStore:
@@ -94,6 +103,42 @@ class SqliteStore:
     def unlock(self, key: str, token: str) -> None:
         with self._db() as db:
             db.execute("DELETE FROM keys WHERE key = ? AND value = ?", (key, token))
+
+    def count(self, key: str, ttl: int) -> int:
+        now = time.time()
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM keys WHERE key = ? AND expires < ?", (key, now))
+                db.execute("INSERT OR IGNORE INTO keys VALUES (?, '0', ?)", (key, now + ttl))
+                db.execute("UPDATE keys SET value = CAST(value AS INTEGER) + 1 WHERE key = ?", (key,))
+                value = db.execute("SELECT value FROM keys WHERE key = ?", (key,)).fetchone()[0]
+                db.execute("COMMIT")
+            except Exception:
+                db.execute("ROLLBACK")
+                raise
+        return int(value)
+
+
+class WriteBudget:
+    """At most ``per_minute`` content-creating GitHub requests per installation, across all workers.
+
+    GitHub's secondary rate limits start at about 80 content-creating requests a minute; staying under
+    them is cheaper than being throttled. ``spend()`` waits for the next minute when the budget is used.
+    """
+
+    def __init__(self, store: "Store", installation_id: int, per_minute: int = 80,
+                 sleep=time.sleep, clock=time.time) -> None:
+        self.store, self.installation_id, self.per_minute = store, installation_id, per_minute
+        self.sleep, self.clock = sleep, clock
+
+    def spend(self) -> None:
+        while True:
+            minute = int(self.clock() // 60)
+            used = self.store.count(f"torchreview:writes:{self.installation_id}:{minute}", 120)
+            if used <= self.per_minute:
+                return
+            self.sleep(max(0.05, (minute + 1) * 60 - self.clock()))
 
 
 def make_store(redis_url: Optional[str], data_dir: Path) -> Store:

@@ -66,12 +66,12 @@ def _fresh_clients(**_kwargs) -> None:
                  reject_on_worker_lost=True)
 def review_pull_request(self, request: dict) -> str:
     from bot.github_client import classify
-    from bot.pipeline import LockBusy, fail_check_run, run_review
+    from bot.pipeline import LockBusy, fail_check_run, run_command, run_review
 
     job = ReviewRequest(**request)
     settings, store, clients = _runtime()
     try:
-        outcome = run_review(job, clients, store)
+        outcome = run_command(job, clients, store) if job.reason == "command" else run_review(job, clients, store)
     except LockBusy as busy:
         raise self.retry(countdown=busy.delay, max_retries=MAX_RETRIES * 4)
     except Exception as exc:  # noqa: BLE001 - classified below
@@ -80,7 +80,7 @@ def review_pull_request(self, request: dict) -> str:
             log.warning("review %s#%s: %s; retrying in %.0fs", job.repository, job.pull_number, transient, transient.delay)
             raise self.retry(exc=transient, countdown=transient.delay)
         log.exception("review %s#%s failed for good", job.repository, job.pull_number)
-        fail_check_run(job, clients, f"{type(exc).__name__}: {exc}")
+        fail_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
         raise
     log.info("review %s#%s: %s", job.repository, job.pull_number, outcome)
     return outcome

@@ -30,6 +30,10 @@ class ReviewRequest:
     reason: str
     delivery: str
     requested_by: Optional[str] = None
+    # for ``/review`` commands: the comment, its author's association, and its text
+    comment_id: Optional[int] = None
+    author_association: Optional[str] = None
+    command: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -64,16 +68,26 @@ def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Se
             return []
         if _is_bot(comment.get("user") or {}, settings) or _is_bot(sender, settings):
             return []
-        body = (comment.get("body") or "").strip()
-        if not (body == "/review" or body.startswith(("/review ", "/review\n"))):
+        from bot.commands import parse_command
+
+        body = comment.get("body") or ""
+        if parse_command(body) is None:
             return []
-        return [ReviewRequest(installation, repo, issue.get("number"), None, "comment./review", delivery,
-                              requested_by=(comment.get("user") or {}).get("login"))]
+        return [ReviewRequest(installation, repo, issue.get("number"), None, "command", delivery,
+                              requested_by=(comment.get("user") or {}).get("login"), comment_id=comment.get("id"),
+                              author_association=comment.get("author_association"), command=body)]
     if event == "check_run":
         run = payload.get("check_run") or {}
-        if payload.get("action") != "rerequested":
+        action = payload.get("action")
+        if (run.get("app") or {}).get("id") not in (None, settings.app_id) and settings.app_id is not None:
+            return []  # another App's check run
+        if action == "requested_action":
+            if (payload.get("requested_action") or {}).get("identifier") != "rerun":
+                return []
+        elif action != "rerequested":
             return []
-        return [ReviewRequest(installation, repo, pr.get("number"), run.get("head_sha"), "check_run.rerequested", delivery)
+        return [ReviewRequest(installation, repo, pr.get("number"), run.get("head_sha"), f"check_run.{action}", delivery,
+                              requested_by=sender.get("login"))
                 for pr in run.get("pull_requests") or []]
     if event == "check_suite":
         suite = payload.get("check_suite") or {}

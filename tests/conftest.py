@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TORCHREVIEW_GITHUB_SPEC_DIR", ROOT.parent / "shared" / "github"))
@@ -77,3 +81,133 @@ def signed_headers(body: bytes, event: str, delivery: str | None = None, secret:
         "X-Hub-Signature-256": "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest(),
     }
     return headers
+
+
+# ---- the App end to end: emulator + webhook (real HTTP) + a Celery worker process + Redis -------
+
+
+@pytest.fixture(scope="module")
+def app_key():
+    from bot.emulator import generate_app_key
+
+    return generate_app_key()
+
+
+@pytest.fixture(scope="module")
+def emulator(app_key):
+    from bot.emulator import EmulatorState, serve
+
+    _private, public = app_key
+    state = EmulatorState(app_public_key_pem=public, app_id=4242)
+    running = serve(state)
+    yield running
+    running.shutdown()
+
+
+def worker_env(emulator, app_key, redis_url, data_dir) -> dict:
+    private, _public = app_key
+    return {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "GITHUB_APP_ID": "4242",
+        "GITHUB_PRIVATE_KEY": private,
+        "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "GITHUB_API_URL": emulator.url,
+        "TORCHREVIEW_DATA_DIR": str(data_dir),
+        "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0",
+        "TORCHREVIEW_VISIBILITY_TIMEOUT": "4",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+class Worker:
+    def __init__(self, env: dict) -> None:
+        from bot.cli import worker_command
+
+        self.log = open(Path(env["TORCHREVIEW_DATA_DIR"]) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
+        self.proc = subprocess.Popen(worker_command(2, "reviews"), env=env, cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool), like a machine dying."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def stack(emulator, app_key, redis_url, tmp_path_factory):
+    """The webhook (in-process, real HTTP) and one worker process, sharing a private Redis."""
+    from werkzeug.serving import make_server
+
+    from bot.settings import Settings
+    from bot.webhook import create_app
+
+    data_dir = tmp_path_factory.mktemp("torchreview")
+    env = worker_env(emulator, app_key, redis_url, data_dir)
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    settings = Settings(app_id=4242, private_key=app_key[0], webhook_secret=WEBHOOK_SECRET, redis_url=redis_url,
+                        data_dir=data_dir, api_url=emulator.url)
+    server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    worker = Worker(env)
+    stack = {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}", "env": env,
+             "worker": worker, "state": emulator.state}
+    yield stack
+    stack["worker"].stop()
+    server.shutdown()
+
+
+_repo_counter = iter(range(1, 10_000))
+
+
+def new_repo(state, files: dict, extra_base: dict | None = None):
+    name = f"octo-org/models-{next(_repo_counter)}"
+    if not state.installations:
+        state.add_installation("octo-org", installation_id=1)
+    repo = state.add_repo(name, files={"README.md": "# models\n", **(extra_base or {})})
+    return repo, name
+
+
+def deliver(stack, event: str, data: dict, delivery: str | None = None) -> requests.Response:
+    body = json.dumps(data).encode()
+    response = requests.post(stack["url"], data=body, headers=signed_headers(body, event, delivery), timeout=10)
+    return response
+
+
+def pr_payload(action: str, repo_name: str, pr) -> dict:
+    from bot.emulator.webhooks import pull_request_payload
+
+    assert pr.repo.full_name == repo_name
+    return pull_request_payload(action, pr)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def completed_run(state, sha: str, timeout: float = 60.0):
+    def done():
+        runs = [r for r in state.check_runs_for(sha, name="torchreview") if r.status == "completed"]
+        return runs[0] if runs else None
+
+    return wait_for(done, timeout, f"a completed torchreview check run on {sha[:7]}")
+
+

@@ -2,143 +2,16 @@
 process, and PyGithub talking to the GitHub emulator."""
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import threading
 import time
 import uuid
-from pathlib import Path
 
-import pytest
-import requests
-from werkzeug.serving import make_server
-
-from bot.emulator import EmulatorState, generate_app_key, serve
-from bot.emulator.webhooks import issue_comment_payload, pull_request_payload
-from bot.settings import Settings
-from bot.webhook import create_app
-from tests.conftest import ROOT, WEBHOOK_SECRET, signed_headers
+from bot.emulator.webhooks import issue_comment_payload
+from tests.conftest import ROOT, Worker, completed_run, deliver, new_repo, pr_payload, wait_for
 
 BUGGY = (ROOT / "examples" / "buggy_train.py").read_text()
 BASE_TRAIN = "import torch\n\n\ndef load(path):\n    return torch.load(path, weights_only=True)\n"
 HEAD_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path)\n    return state\n"
 FIXED_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path, weights_only=True)\n    return state\n"
-
-
-@pytest.fixture(scope="module")
-def app_key():
-    return generate_app_key()
-
-
-@pytest.fixture(scope="module")
-def emulator(app_key):
-    _private, public = app_key
-    state = EmulatorState(app_public_key_pem=public, app_id=4242)
-    running = serve(state)
-    yield running
-    running.shutdown()
-
-
-def worker_env(emulator, app_key, redis_url, data_dir) -> dict:
-    private, _public = app_key
-    return {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "GITHUB_APP_ID": "4242",
-        "GITHUB_PRIVATE_KEY": private,
-        "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
-        "GITHUB_API_URL": emulator.url,
-        "TORCHREVIEW_DATA_DIR": str(data_dir),
-        "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0",
-        "TORCHREVIEW_VISIBILITY_TIMEOUT": "4",
-        "PYTHONPATH": str(ROOT),
-    }
-
-
-class Worker:
-    def __init__(self, env: dict) -> None:
-        from bot.cli import worker_command
-
-        self.log = open(Path(env["TORCHREVIEW_DATA_DIR"]) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
-        self.proc = subprocess.Popen(worker_command(2, "reviews"), env=env, cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker (main process and pool), like a machine dying."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.close()
-
-
-@pytest.fixture(scope="module")
-def stack(emulator, app_key, redis_url, tmp_path_factory):
-    """The webhook (in-process, real HTTP) and one worker process, sharing a private Redis."""
-    data_dir = tmp_path_factory.mktemp("torchreview")
-    env = worker_env(emulator, app_key, redis_url, data_dir)
-    import redis
-
-    redis.Redis.from_url(redis_url).flushdb()
-    settings = Settings(app_id=4242, private_key=app_key[0], webhook_secret=WEBHOOK_SECRET, redis_url=redis_url,
-                        data_dir=data_dir, api_url=emulator.url)
-    server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    worker = Worker(env)
-    stack = {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}", "env": env,
-             "worker": worker, "state": emulator.state}
-    yield stack
-    stack["worker"].stop()
-    server.shutdown()
-
-
-_repo_counter = iter(range(1, 10_000))
-
-
-def new_repo(state: EmulatorState, files: dict, extra_base: dict | None = None):
-    name = f"octo-org/models-{next(_repo_counter)}"
-    if not state.installations:
-        state.add_installation("octo-org", installation_id=1)
-    repo = state.add_repo(name, files={"README.md": "# models\n", **(extra_base or {})})
-    return repo, name
-
-
-def deliver(stack, event: str, data: dict, delivery: str | None = None) -> requests.Response:
-    body = json.dumps(data).encode()
-    response = requests.post(stack["url"], data=body, headers=signed_headers(body, event, delivery), timeout=10)
-    return response
-
-
-def pr_payload(action: str, repo_name: str, pr) -> dict:
-    assert pr.repo.full_name == repo_name
-    return pull_request_payload(action, pr)
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def completed_run(state, sha: str, timeout: float = 60.0):
-    def done():
-        runs = [r for r in state.check_runs_for(sha, name="torchreview") if r.status == "completed"]
-        return runs[0] if runs else None
-
-    return wait_for(done, timeout, f"a completed torchreview check run on {sha[:7]}")
 
 
 def test_pull_request_review_then_fix(stack):
@@ -271,7 +144,7 @@ def test_review_comment_command_reruns(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
-    data = issue_comment_payload(pr, "/review", user="octo-maintainer")
+    data = issue_comment_payload(state, pr, "/review", user="octo-maintainer")
     assert deliver(stack, "issue_comment", data).status_code == 202
     run = completed_run(state, pr.head_sha)
     assert run.conclusion == "failure"
@@ -284,9 +157,9 @@ def test_inline_comment_limit_from_base_config(stack):
     pr = state.open_pull_request(repo, {"train.py": BUGGY})
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
     run = completed_run(state, pr.head_sha)
-    (review,) = state.reviews_for(pr)
     comments = state.review_comments_for(pr)
     assert len(comments) == 2
     assert all("critical" in c.body for c in comments)  # most severe first
-    assert "More findings" in review.body
+    (summary,) = [c for c in state.issue_comments_for(pr) if "torchreview:summary" in c.body]
+    assert "More findings" in summary.body
     assert len(run.annotations) > 10  # every finding is still an annotation

@@ -111,7 +111,7 @@ def test_review_command_on_pull_request(webhook, redis_client):
     body = json.dumps(data).encode()
     assert post(webhook, body, signed_headers(body, "issue_comment")).status_code == 202
     (job,) = queued(redis_client)
-    assert job["reason"] == "comment./review" and job["head_sha"] is None and job["pull_number"] == data["issue"]["number"]
+    assert job["reason"] == "command" and job["command"] == "/review" and job["head_sha"] is None and job["pull_number"] == data["issue"]["number"]
 
 
 def test_bot_comments_are_ignored(webhook, redis_client):

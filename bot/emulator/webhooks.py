@@ -42,13 +42,14 @@ def pull_request_payload(action: str, pr, installation_id: int = 1) -> dict[str,
     return data
 
 
-def issue_comment_payload(pr, body: str, user: str, installation_id: int = 1,
+def issue_comment_payload(state, pr, body: str, user: str, installation_id: int = 1,
                           author_association: str = "COLLABORATOR") -> dict[str, Any]:
-    """The ``issue_comment.created`` payload of a comment on an emulator pull request."""
+    """Post a comment on an emulator pull request; its ``issue_comment.created`` payload."""
+    comment = state.add_issue_comment(pr, body, user=user)
     data = real_payload("derived/issue_comment.created.on_pull_request")
     _point_at_repo(data, pr.repo.full_name, installation_id)
     data["issue"]["number"] = pr.number
-    data["comment"].update(body=body, author_association=author_association)
+    data["comment"].update(id=comment.id, body=body, author_association=author_association)
     data["comment"]["user"].update(login=user, type="User")
     data["sender"].update(login=user, type="User")
     return data

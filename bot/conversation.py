@@ -1,0 +1,128 @@
+"""The bot's side of a PR conversation across pushes: its earlier comments, resolving the threads of
+findings that are gone, and the one summary comment it edits in place."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from github import GithubException
+
+from bot.github_client import issue_ref
+from bot.review import parse_fingerprint
+
+log = logging.getLogger("torchreview.conversation")
+
+SUMMARY_MARKER = "<!-- torchreview:summary -->"
+
+THREADS_QUERY = """
+query($owner: String!, $name: String!, $number: Int!, $after: String) {
+  repository(owner: $owner, name: $name) {
+    pullRequest(number: $number) {
+      reviewThreads(first: 100, after: $after) {
+        pageInfo { hasNextPage endCursor }
+        nodes { id isResolved comments(first: 100) { nodes { databaseId author { login } } } }
+      }
+    }
+  }
+}
+"""
+RESOLVE_MUTATION = "mutation($id: ID!) { resolveReviewThread(input: {threadId: $id}) { thread { id isResolved } } }"
+
+
+@dataclass
+class BotComment:
+    id: int
+    fingerprint: str
+    comment: object  # PyGithub PullRequestComment
+
+
+def is_ours(user, bot_login: Optional[str]) -> bool:
+    """Our own account: the App's ``<slug>[bot]`` login when known, else any App bot."""
+    if user is None:
+        return False
+    login = getattr(user, "login", "") or ""
+    if bot_login:
+        return login == bot_login
+    return getattr(user, "type", "") == "Bot" and login.endswith("[bot]")
+
+
+def our_review_comments(pr, bot_login: Optional[str]) -> dict[str, BotComment]:
+    """fingerprint -> our review comment carrying it (never other users').
+
+    Only the bot's finding comments carry a fingerprint, and the bot never replies in threads, so
+    these are thread roots.
+    """
+    found: dict[str, BotComment] = {}
+    for comment in pr.get_review_comments():
+        if not is_ours(comment.user, bot_login):
+            continue
+        fingerprint = parse_fingerprint(comment.body or "")
+        if fingerprint and fingerprint not in found:
+            found[fingerprint] = BotComment(comment.id, fingerprint, comment)
+    return found
+
+
+def close_gone(gh, repo_full_name: str, pr, gone: list[BotComment], cleanup: str, bot_login: Optional[str],
+               spend: Callable[[], None]) -> tuple[int, int]:
+    """Resolve (or, with ``cleanup = "delete"`` and no replies, delete) threads of fixed findings."""
+    if not gone:
+        return 0, 0
+    owner, name = repo_full_name.split("/")
+    threads = _threads_by_root_comment(gh, owner, name, pr.number)
+    resolved = deleted = 0
+    for item in gone:
+        thread = threads.get(item.id)
+        replied = thread is not None and any(not _login_is_ours(login, bot_login) for login in thread["authors"][1:])
+        if cleanup == "delete" and not replied:
+            spend()
+            try:
+                item.comment.delete()
+                deleted += 1
+                continue
+            except GithubException as exc:
+                if exc.status != 404:
+                    raise
+                continue  # already gone
+        if thread is not None and not thread["resolved"]:
+            spend()
+            gh.requester.graphql_query(RESOLVE_MUTATION, {"id": thread["id"]})
+            resolved += 1
+    return resolved, deleted
+
+
+def _login_is_ours(login: str, bot_login: Optional[str]) -> bool:
+    return login == bot_login if bot_login else login.endswith("[bot]")
+
+
+def _threads_by_root_comment(gh, owner: str, name: str, number: int) -> dict[int, dict]:
+    threads: dict[int, dict] = {}
+    after = None
+    while True:
+        _, data = gh.requester.graphql_query(THREADS_QUERY, {"owner": owner, "name": name, "number": number,
+                                                            "after": after})
+        connection = data["data"]["repository"]["pullRequest"]["reviewThreads"]
+        for node in connection["nodes"]:
+            comments = node["comments"]["nodes"]
+            if comments:
+                threads[comments[0]["databaseId"]] = {
+                    "id": node["id"], "resolved": node["isResolved"],
+                    "authors": [(c.get("author") or {}).get("login", "") for c in comments],
+                }
+        if not connection["pageInfo"]["hasNextPage"]:
+            return threads
+        after = connection["pageInfo"]["endCursor"]
+
+
+def upsert_summary(repo, pr_number: int, body: str, bot_login: Optional[str], spend: Callable[[], None]) -> None:
+    """One summary comment per PR, edited in place on every run."""
+    text = body.rstrip() + "\n\n" + SUMMARY_MARKER
+    issue = issue_ref(repo, pr_number)
+    for comment in issue.get_comments():
+        if SUMMARY_MARKER in (comment.body or "") and is_ours(comment.user, bot_login):
+            if comment.body != text:
+                spend()
+                comment.edit(text)
+            return
+    spend()
+    issue.create_comment(text)

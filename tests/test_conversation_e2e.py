@@ -1,0 +1,194 @@
+"""Review like a good colleague, across pushes and commands: end to end against the emulator."""
+from __future__ import annotations
+
+import time
+
+from bot.conversation import SUMMARY_MARKER
+from bot.emulator.webhooks import issue_comment_payload, real_payload
+from tests.conftest import completed_run, deliver, new_repo, pr_payload, wait_for
+
+THREE = 'import torch\n\na = torch.load("a.pt")\nb = torch.load("b.pt")\nc = torch.load("c.pt")\n'
+FIX_B_ADD_D = ('import torch\n\na = torch.load("a.pt")\nb = torch.load("b.pt", weights_only=True)\n'
+               'c = torch.load("c.pt")\nd = torch.load("d.pt")\n')
+MOVED = "# a comment\n# and another\n\n" + FIX_B_ADD_D
+
+
+def bot_comments(state, pr):
+    return [c for c in state.review_comments_for(pr) if c.user.login.endswith("[bot]")]
+
+
+def summary_comments(state, pr):
+    return [c for c in state.issue_comments_for(pr) if SUMMARY_MARKER in c.body]
+
+
+def test_pushes_comment_only_new_findings_and_resolve_fixed_ones(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    first = bot_comments(state, pr)
+    assert sorted(c.line for c in first) == [3, 4, 5]
+    assert len(summary_comments(state, pr)) == 1
+
+    head = state.push(pr, {"train.py": FIX_B_ADD_D})
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    completed_run(state, head)
+    after = bot_comments(state, pr)
+    assert len(after) == 4  # exactly one new comment, nothing re-posted
+    (new,) = [c for c in after if c.id not in {f.id for f in first}]
+    assert new.line == 6 and 'torch.load("d.pt")' in new.body
+    resolved = [t for t in state.threads_for(pr) if t.is_resolved]
+    assert [state.thread_comments(t)[0].line for t in resolved] == [4]  # b's thread: fixed
+    assert len(summary_comments(state, pr)) == 1  # edited in place, not re-posted
+    assert len(state.reviews_for(pr)) == 2
+
+    # An unrelated edit moves every line down: no duplicates, nothing resolved.
+    head = state.push(pr, {"train.py": MOVED})
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    completed_run(state, head)
+    assert len(bot_comments(state, pr)) == 4
+    assert len([t for t in state.threads_for(pr) if t.is_resolved]) == 1
+    assert len(state.reviews_for(pr)) == 2
+
+
+def test_cleanup_delete_removes_unanswered_comments_only(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "cleanup: delete\n"})
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    comments = {c.line: c for c in bot_comments(state, pr)}
+    state.reply_to_review_comment(comments[3].id, "Intentional: trusted file.", user="alice")
+    fixed = THREE.replace('"a.pt")', '"a.pt", weights_only=True)').replace('"b.pt")', '"b.pt", weights_only=True)')
+    head = state.push(pr, {"train.py": fixed})
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    completed_run(state, head)
+    remaining = {c.line for c in bot_comments(state, pr)}
+    assert remaining == {3, 5}  # b (no reply) deleted; a kept (alice replied) and resolved
+    assert any(t.is_resolved and state.thread_comments(t)[0].line == 3 for t in state.threads_for(pr))
+    assert any(c.user.login == "alice" for c in state.review_comments_for(pr))  # never touches others' comments
+
+
+def test_review_command_from_read_only_user_is_refused(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    state.add_collaborator(repo, "reader", role="read")
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    data = issue_comment_payload(state, pr, "/review", user="reader", author_association="CONTRIBUTOR")
+    assert deliver(stack, "issue_comment", data).status_code == 202
+    reply = wait_for(lambda: [c for c in state.issue_comments_for(pr) if "write access" in c.body], 60, "the refusal")
+    assert len(reply) == 1 and "@" not in reply[0].body.split("<!--")[0].replace("@\u200b", "")
+    time.sleep(1)
+    assert state.check_runs_for(pr.head_sha, name="torchreview") == []
+    assert state.reviews_for(pr) == []
+
+
+def test_review_command_by_collaborator_runs_and_acknowledges(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    state.add_collaborator(repo, "maintainer", role="write")
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    data = issue_comment_payload(state, pr, "/review", user="maintainer", author_association="NONE")
+    comment = state.issue_comments[data["comment"]["id"]]
+    assert deliver(stack, "issue_comment", data).status_code == 202
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion == "failure" and len(bot_comments(state, pr)) == 3
+    assert [r.content for r in comment.reactions] == ["eyes"]
+
+
+def test_review_config_and_help_commands(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "fail_on: medium\nrules:\n  ignore: [TR105]\n"})
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review config", user="octo-maintainer"))
+    reply = wait_for(lambda: [c for c in state.issue_comments_for(pr) if "fail_on" in c.body], 60, "the config reply")
+    assert "medium" in reply[0].body and ".github/torchreview.yml" in reply[0].body
+    deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review frobnicate", user="octo-maintainer"))
+    wait_for(lambda: [c for c in state.issue_comments_for(pr) if "/review smoke" in c.body], 60, "the usage reply")
+    deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review smoke", user="octo-maintainer"))
+    wait_for(lambda: [c for c in state.issue_comments_for(pr) if "not configured" in c.body], 60, "the smoke reply")
+
+
+def test_a_rule_disabled_on_the_base_branch_stays_disabled_and_the_pr_cannot_disable(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "rules:\n  ignore: [TR601]\n"})
+    code = THREE + "model = Net()\ntorch.save(model, 'm.pt')\n"
+    pr = state.open_pull_request(repo, {"train.py": code,
+                                        ".github/torchreview.yml": "rules:\n  ignore: [TR601, TR602]\n"})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    rules = {c.body.split("TR", 1)[1][:3] for c in bot_comments(state, pr)}
+    assert rules == {"602"}
+
+
+def test_invalid_config_names_the_line(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "fail_on: high\nskip:\n  drafts: maybe\n"})
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion in {"failure", "action_required"}
+    assert ".github/torchreview.yml:3" in run.output_summary and "drafts" in run.output_summary
+    assert state.reviews_for(pr) == []
+
+
+def test_two_hundred_findings(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    code = "import torch\n" + "".join(f'x{i} = torch.load("{i}.pt")\n' for i in range(200))
+    pr = state.open_pull_request(repo, {"train.py": code})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    run = completed_run(state, pr.head_sha, timeout=120)
+    assert len(bot_comments(state, pr)) == 30
+    (summary,) = summary_comments(state, pr)
+    assert "170" in summary.body or "More findings" in summary.body
+    assert len(run.annotations) == 200
+
+
+def test_two_rapid_pushes_only_the_latest_head_is_reviewed(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    first = pr.head_sha
+    first_payload = pr_payload("synchronize", name, pr)
+    second = state.push(pr, {"train.py": FIX_B_ADD_D})
+    deliver(stack, "pull_request", first_payload)  # arrives late, after the second push
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    completed_run(state, second)
+    time.sleep(2)
+    assert {r.commit_id for r in state.reviews_for(pr)} == {second}
+    assert all(r.status == "completed" for r in state.check_runs_for(first))
+
+
+def test_skip_label_and_drafts(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": THREE}, labels=["torchreview:skip"])
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    pr2 = state.open_pull_request(repo, {"train.py": THREE}, head="other", title="WIP [skip torchreview]")
+    deliver(stack, "pull_request", pr_payload("opened", name, pr2))
+    time.sleep(3)
+    assert state.check_runs_for(pr.head_sha) == [] and state.check_runs_for(pr2.head_sha) == []
+
+
+def test_rerun_button(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": THREE})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    run = completed_run(state, pr.head_sha)
+    assert [a["identifier"] for a in run.actions] == ["rerun"]
+    data = real_payload("check_run.requested_action")
+    owner, short = name.split("/")
+    data["repository"].update(full_name=name, name=short)
+    data["repository"]["owner"]["login"] = owner
+    data["installation"]["id"] = 1
+    data["requested_action"] = {"identifier": "rerun"}
+    data["check_run"]["head_sha"] = pr.head_sha
+    data["check_run"]["app"]["id"] = 4242
+    data["check_run"]["pull_requests"][0]["number"] = pr.number
+    assert deliver(stack, "check_run", data).status_code == 202
+    wait_for(lambda: len([r for r in state.check_runs_for(pr.head_sha, name="torchreview")
+                          if r.status == "completed"]) == 2, 60, "a second check run")
+    assert len(bot_comments(state, pr)) == 3  # re-run, but nothing re-posted
