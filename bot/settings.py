@@ -26,7 +26,6 @@ class Settings:
     data_dir: Path = Path(".torchreview-data")
     webhook_path: str = DEFAULT_WEBHOOK_PATH
     port: int = 3000
-    review_drafts: bool = False
     bot_login: Optional[str] = None  # our own bot account (``<slug>[bot]``), to ignore our comments
     # GitHub asks integrators to space content-creating requests by about a second.
     github_write_interval: float = 1.0
@@ -93,7 +92,6 @@ class Settings:
             data_dir=Path(env.get("TORCHREVIEW_DATA_DIR", ".torchreview-data")),
             webhook_path=path,
             port=int(port),
-            review_drafts=env.get("TORCHREVIEW_REVIEW_DRAFTS", "").lower() in {"1", "true", "yes"},
             bot_login=env.get("TORCHREVIEW_BOT_LOGIN") or None,
             github_write_interval=write_interval,
         )

@@ -57,8 +57,6 @@ def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Se
         pr = payload.get("pull_request") or {}
         if payload.get("action") not in PR_ACTIONS or pr.get("state") == "closed":
             return []
-        if pr.get("draft") and not settings.review_drafts:
-            return []
         return [ReviewRequest(installation, repo, pr.get("number"), (pr.get("head") or {}).get("sha"),
                               f"pull_request.{payload['action']}", delivery)]
     if event == "issue_comment":

@@ -168,8 +168,14 @@ def test_skip_label_and_drafts(stack):
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     pr2 = state.open_pull_request(repo, {"train.py": THREE}, head="other", title="WIP [skip torchreview]")
     deliver(stack, "pull_request", pr_payload("opened", name, pr2))
+    draft = state.open_pull_request(repo, {"train.py": THREE + "# draft\n"}, head="draft", draft=True)
+    deliver(stack, "pull_request", pr_payload("opened", name, draft))
     time.sleep(3)
-    assert state.check_runs_for(pr.head_sha) == [] and state.check_runs_for(pr2.head_sha) == []
+    assert [state.check_runs_for(p.head_sha) for p in (pr, pr2, draft)] == [[], [], []]
+    # ready for review: reviewed
+    draft.draft = False
+    deliver(stack, "pull_request", pr_payload("ready_for_review", name, draft))
+    assert completed_run(state, draft.head_sha).conclusion == "failure"
 
 
 def test_rerun_button(stack):

@@ -124,11 +124,11 @@ def test_bot_comments_are_ignored(webhook, redis_client):
     assert queued(redis_client) == []
 
 
-def test_draft_skipped(webhook, redis_client):
+def test_drafts_are_enqueued_for_the_repository_policy_to_decide(webhook, redis_client):
     data = payload("pull_request.opened")
     data["pull_request"]["draft"] = True
     body = json.dumps(data).encode()
-    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 204
+    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 202
 
 
 def test_check_suite_without_pull_requests_is_skipped(webhook, redis_client):
