@@ -48,6 +48,21 @@ _FIELD_ORDER = {
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
+def _all_node_types() -> set[type]:
+    found: set[type] = set()
+    todo = [cst.CSTNode]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return found
+
+
+_NODE_TYPES = _all_node_types()
+
+
 def _child_fields(node_type: type) -> tuple[str, ...]:
     import dataclasses
 
@@ -82,8 +97,9 @@ class _Walker:
 
     def _dispatch(self, handlers, node) -> None:
         ctx = self.ctx
+        failed = self.failed
         for rule, handler in handlers:
-            if id(rule) in self.failed:
+            if failed and id(rule) in failed:
                 continue
             try:
                 handler(node, ctx)
@@ -179,7 +195,7 @@ class _Walker:
 
     def walk(self, root: cst.CSTNode) -> None:
         fields = _FIELDS
-        CSTNode = cst.CSTNode
+        node_types = _NODE_TYPES  # a set lookup: isinstance against the CSTNode ABC is slow
         todo: list = [root]
         leave_marker = _LEAVE
         while todo:
@@ -195,10 +211,11 @@ class _Walker:
             children = []
             for name in names:
                 value = getattr(item, name)
-                if isinstance(value, CSTNode):
+                value_type = type(value)
+                if value_type in node_types:
                     children.append(value)
-                elif type(value) is tuple or type(value) is list:
-                    children.extend(v for v in value if isinstance(v, CSTNode))
+                elif value_type is tuple or value_type is list:
+                    children.extend(v for v in value if type(v) in node_types)
             children.reverse()
             todo.extend(children)
 

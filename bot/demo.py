@@ -105,6 +105,9 @@ def run_demo(keep: bool = False) -> int:
         run = _wait(lambda: _completed(state, new_head), 180, "the second review")
         colour = "green" if run.conclusion == "success" else "red"
         console.print(f"check run [bold]torchreview[/] on {new_head[:7]}: [{colour}]{run.conclusion}[/] — {run.output_title}")
+        resolved = sum(1 for thread in state.threads_for(pr) if thread.is_resolved)
+        console.print(f"{resolved} of {len(state.threads_for(pr))} review threads resolved (their findings are fixed); "
+                      f"{len(state.reviews_for(pr))} review in total — nothing was re-posted")
         if keep:
             console.print(f"\nleaving everything running (emulator {emulator.url}, app {base}); Ctrl-C to stop")
             server.wait()
