@@ -60,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--queues", default="reviews", help="comma-separated queues (gpu for smoke runners)")
     worker.set_defaults(handler=cmd_worker)
 
+    smoke = sub.add_parser("smoke", help="smoke-train nn.Modules for a few steps, sandboxed, and check them",
+                           description="Build and train the nn.Module classes of a file (or one class) for a few "
+                                       "steps in a sandboxed process, run the smoke checks, and compare with a base "
+                                       "revision. Exit 1 when a check fails or a regression is flagged.")
+    smoke.add_argument("target", metavar="PATH[:Class]", help="a .py file, optionally :ClassOrFactory")
+    smoke.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    smoke.add_argument("--steps", type=int, default=50, help="optimizer steps for the overfit check (default 50)")
+    smoke.add_argument("--base", metavar="GIT_REF", help="also run the same targets at this revision and compare")
+    smoke.add_argument("--timeout", type=float, default=300.0, help="seconds per target and revision")
+    smoke.add_argument("--format", choices=["text", "json"], default="text")
+    smoke.set_defaults(handler=cmd_smoke)
+
     demo = sub.add_parser("demo", help="watch a pull request get reviewed, with a local GitHub emulator")
     demo.add_argument("--keep", action="store_true", help="leave the emulator and app running until Ctrl-C")
     demo.set_defaults(handler=cmd_demo)
@@ -184,6 +196,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"torchreview: embedded mode (no REDIS_URL): broker and state in {settings.data_dir}/; "
                   "starting a worker alongside the web server", file=sys.stderr)
             children.append(subprocess.Popen(worker_command(args.concurrency, "reviews")))
+            # smoke training on its own worker, so static reviews never wait behind it
+            children.append(subprocess.Popen(worker_command(1, "gpu")))
         web = subprocess.Popen(web_command(args.host, port, args.web_workers))
         children.append(web)
         print(f"torchreview: webhook on http://{args.host}:{port}{settings.webhook_path}", file=sys.stderr)
@@ -210,6 +224,84 @@ def cmd_worker(args: argparse.Namespace) -> int:
               "(only workers on this machine share it)", file=sys.stderr)
     os.execv(sys.executable, worker_command(args.concurrency, args.queues))
     return EXIT_OK  # pragma: no cover - execv does not return
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    import json
+    import subprocess
+    import tempfile
+
+    from bot.smoke import default_device
+    from gpu_runner.runner import TargetRequest, smoke
+    from gpu_runner.sandbox import SandboxLimits
+    from gpu_runner.targets import find_targets
+
+    path, _, name = args.target.partition(":")
+    file = Path(path).resolve()
+    if not file.is_file() or file.suffix != ".py":
+        raise UsageError(f"{path}: not a Python file")
+    if args.steps < 1:
+        raise UsageError("--steps must be at least 1")
+    try:
+        root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=file.parent, capture_output=True,
+                                   text=True, check=True).stdout.strip())
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        if args.base:
+            raise UsageError("--base needs the file to be inside a git repository") from None
+        root = file.parent
+    relative = file.relative_to(root).as_posix()
+    if name:
+        requests_ = [TargetRequest(f"{relative}:{name}")]
+    else:
+        found = find_targets({relative: file.read_text()}, {relative: None})
+        if not found:
+            raise UsageError(f"{path}: defines no nn.Module subclass; name a factory with {path}:build_model")
+        requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line) for t in found]
+    with tempfile.TemporaryDirectory(prefix="torchreview-base-") as base_dir:
+        base = None
+        if args.base:
+            archive = subprocess.run(["git", "archive", "--format=tar", args.base], cwd=root, capture_output=True)
+            if archive.returncode != 0:
+                raise UsageError(f"--base {args.base}: {archive.stderr.decode(errors='replace').strip()}")
+            subprocess.run(["tar", "-x", "-C", base_dir], input=archive.stdout, check=True)
+            base = Path(base_dir)
+        run = smoke(root, requests_, base_dir=base, device=default_device(args.device), steps=args.steps,
+                    limits=SandboxLimits(timeout_s=args.timeout))
+    if args.format == "json":
+        print(json.dumps(run.to_dict(), indent=2, default=str))
+    else:
+        _print_smoke(run)
+    return EXIT_FINDINGS if run.failed else EXIT_OK
+
+
+def _print_smoke(run) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for warning in run.warnings:
+        console.print(f"[yellow]sandbox:[/] {warning}")
+    for outcome in run.outcomes:
+        head = outcome.head
+        colour = {"passed": "green", "failed": "red", "skipped": "yellow"}.get(outcome.status, "red")
+        console.print(f"[bold]{outcome.target}[/]: [{colour}]{outcome.status}[/] {head.get('reason', '')}")
+        if head.get("checks"):
+            table = Table(show_header=True, header_style="bold")
+            for column in ("check", "result", "message"):
+                table.add_column(column, overflow="fold")
+            for check in head["checks"]:
+                style = {"pass": "green", "fail": "red", "warn": "yellow"}.get(check["status"], "dim")
+                table.add_row(check["name"], f"[{style}]{check['status']}[/]", check["message"])
+            console.print(table)
+        measures = head.get("measures") or {}
+        if measures:
+            console.print(f"  params {measures.get('params', 0):,} · step {measures.get('step_time_ms', 0):.2f} ms · "
+                          f"peak memory {(measures.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB · "
+                          f"loss after steps {measures.get('loss_after_steps')}")
+        for row in outcome.comparison:
+            flag = "[red]regression[/] " if row.get("regression") else ""
+            console.print(f"  vs base: {flag}{row['measure']} {row['change']} (head {row['head']}, base {row['base']})")
+    console.print(f"{len(run.outcomes)} target(s) on {run.device} in {run.seconds:.1f}s")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -109,7 +109,7 @@ USAGE = """\
 | Command | What it does |
 |---|---|
 | `/review` | Review the current head of this pull request again: a fresh review and check run. |
-| `/review smoke` | Run the repository's GPU smoke test on the current head (when the repository configures one). |
+| `/review smoke` | Smoke-train the models this pull request changes, at the current head, in the sandboxed GPU runner. |
 | `/review config` | Show the configuration torchreview uses for this pull request and where it was read from. |
 | `/review help` | Show this help. |
 
@@ -133,12 +133,6 @@ def refusal_text(login: str) -> str:
     return (f"Sorry `{_code(login, 39)}`, only users with write access to this repository can run `/review` "
             "commands (the repository owner, organization members, and collaborators with the write, maintain "
             "or admin role). A maintainer can run `/review` for you; `/review help` lists the commands.")
-
-
-def smoke_not_configured_reply() -> str:
-    return ("`/review smoke` asks the GPU runner to smoke-train the models this pull request changes, but smoke "
-            "training is not configured on this torchreview installation yet, so nothing was run.\n\n"
-            "The static review is unaffected: comment `/review` to review the current head again.")
 
 
 def config_reply(config: Any, base_ref: str, base_sha: str) -> str:

@@ -127,6 +127,12 @@ class ReviewRun:
         if plan.findings_count or existing:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
         self.complete(check_run, check_plan)
+        if config.smoke.get("enabled") and self.job.reason.startswith("pull_request."):
+            from dataclasses import replace
+
+            from bot.tasks import enqueue_smoke
+
+            enqueue_smoke(replace(self.job, reason="smoke.auto", head_sha=self.head))  # the trust policy is checked there
         return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, {len(existing) - len(gone)} "
                 f"already commented, {resolved} resolved, {deleted} deleted; check {check_plan.conclusion}")
 
@@ -325,7 +331,12 @@ def run_command(job, clients, store) -> str:
         except ConfigError as exc:
             text = f"The repository's torchreview configuration on `{pr.base.ref}` is invalid:\n\n```\n{exc}\n```"
     elif command.name == "smoke":
-        text = commands.smoke_not_configured_reply()
+        from bot.tasks import enqueue_smoke
+
+        head = repo.get_pull(job.pull_number).head.sha  # pinned: later pushes do not change what runs
+        enqueue_smoke(replace(job, reason="command.smoke", head_sha=head))
+        text = (f"Smoke training of {head[:7]} is queued; its results will arrive as the "
+                "`torchreview / smoke` check run.")
     elif command.name == "help":
         text = commands.help_reply()
     else:

@@ -14,6 +14,7 @@ from bot.webhook import ReviewRequest
 log = logging.getLogger("torchreview.tasks")
 
 REVIEW_QUEUE = "reviews"
+GPU_QUEUE = "gpu"  # smoke training: `torchreview worker --queues gpu` on GPU machines
 MAX_RETRIES = 8
 
 
@@ -84,6 +85,30 @@ def review_pull_request(self, request: dict) -> str:
         raise
     log.info("review %s#%s: %s", job.repository, job.pull_number, outcome)
     return outcome
+
+
+@celery_app.task(bind=True, name="torchreview.smoke_pull_request", max_retries=3, acks_late=True,
+                 reject_on_worker_lost=True)
+def smoke_pull_request(self, request: dict) -> str:
+    from bot.github_client import classify
+    from bot.smoke import run_smoke_job
+
+    job = ReviewRequest(**request)
+    settings, store, clients = _runtime()
+    try:
+        outcome = run_smoke_job(job, clients, store)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        transient = classify(exc, self.request.retries)
+        if transient is not None and self.request.retries < self.max_retries:
+            raise self.retry(exc=transient, countdown=transient.delay)
+        log.exception("smoke %s#%s failed for good", job.repository, job.pull_number)
+        raise
+    log.info("smoke %s#%s: %s", job.repository, job.pull_number, outcome)
+    return outcome
+
+
+def enqueue_smoke(job: ReviewRequest) -> None:
+    smoke_pull_request.apply_async(args=[job.to_dict()], queue=GPU_QUEUE)
 
 
 def enqueuer_for(settings: Settings):

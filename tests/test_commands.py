@@ -135,11 +135,6 @@ def test_config_reply_yaml_source_renders_yaml():
     assert yaml.safe_load(_block(text, "yaml")) == YamlConfig().to_dict()
 
 
-def test_smoke_not_configured_reply():
-    text = commands.smoke_not_configured_reply()
-    assert "`/review smoke`" in text and "nothing was run" in text
-
-
 def test_own_reply_detection():
     assert commands.is_own_reply("done\n\n" + REPLY_MARKER)
     assert not commands.is_own_reply("/review")

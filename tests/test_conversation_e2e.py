@@ -107,7 +107,7 @@ def test_review_config_and_help_commands(stack):
     deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review frobnicate", user="octo-maintainer"))
     wait_for(lambda: [c for c in state.issue_comments_for(pr) if "/review smoke" in c.body], 60, "the usage reply")
     deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review smoke", user="octo-maintainer"))
-    wait_for(lambda: [c for c in state.issue_comments_for(pr) if "not configured" in c.body], 60, "the smoke reply")
+    wait_for(lambda: [c for c in state.issue_comments_for(pr) if "is queued" in c.body], 60, "the smoke reply")
 
 
 def test_a_rule_disabled_on_the_base_branch_stays_disabled_and_the_pr_cannot_disable(stack):

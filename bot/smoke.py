@@ -1,0 +1,223 @@
+"""The ``torchreview / smoke`` check: fetch head and base as data, smoke-train the changed modules in the
+sandbox, and report a second check run plus inline comments on failing targets.
+
+The worker holds the GitHub token; the sandboxed children get only directories of code.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import requests
+
+from bot.review import CheckRunPlan, neutralize, table_cell
+
+log = logging.getLogger("torchreview.smoke")
+
+SMOKE_CHECK_NAME = "torchreview / smoke"
+TRUSTED = {
+    "collaborators": {"OWNER", "MEMBER", "COLLABORATOR"},
+    "maintainers": {"OWNER", "MEMBER"},
+    "everyone": None,  # any author, but still never a fork automatically
+}
+STATUS_BADGE = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped", "error": "⚠️ error"}
+MAX_TARBALL_BYTES = 200 << 20
+
+
+def may_run_automatically(pr, smoke: dict) -> tuple[bool, str]:
+    """The trust policy for runs nobody asked for: smoke.enabled, the author's association, no forks."""
+    if not smoke.get("enabled"):
+        return False, "smoke.enabled is false"
+    head_repo = pr.head.repo
+    if head_repo is None or head_repo.full_name != pr.base.repo.full_name:
+        return False, "pull requests from forks only run on `/review smoke` by a maintainer"
+    allowed = TRUSTED.get(smoke.get("trust", "collaborators"), TRUSTED["collaborators"])
+    association = (pr.raw_data.get("author_association") or "NONE").upper()
+    if allowed is not None and association not in allowed:
+        return False, f"the author's association is {association}; a user with write access can comment `/review smoke`"
+    return True, ""
+
+
+def default_device(configured: str) -> str:
+    if configured in ("cpu", "cuda"):
+        return configured
+    return "cuda" if any(Path("/dev").glob("nvidia[0-9]*")) else "cpu"
+
+
+# ---- fetching code as data ---------------------------------------------------------------------
+
+
+def download_tree(repo, ref: str, into: Path) -> Path:
+    """The repository at ``ref`` from the tarball endpoint, extracted safely (no links, no escapes)."""
+    url = repo.get_archive_link("tarball", ref)
+    response = requests.get(url, timeout=60, stream=True)
+    response.raise_for_status()
+    data = io.BytesIO()
+    for chunk in response.iter_content(1 << 20):
+        data.write(chunk)
+        if data.tell() > MAX_TARBALL_BYTES:
+            raise ValueError(f"the repository tarball at {ref[:7]} is over {MAX_TARBALL_BYTES >> 20} MiB")
+    data.seek(0)
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=data, mode="r:gz") as archive:
+        members = []
+        for member in archive.getmembers():
+            parts = Path(member.name).parts
+            if len(parts) < 2 or not (member.isfile() or member.isdir()):
+                continue  # the top-level folder itself, links, devices
+            member.name = str(Path(*parts[1:]))  # strip GitHub's "<owner>-<repo>-<sha>/" prefix
+            members.append(member)
+        archive.extractall(into, members=members, filter="data")
+    return into
+
+
+# ---- reporting ---------------------------------------------------------------------------------
+
+
+def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
+    targets = run["targets"]
+    failing = [t for t in targets if t["status"] in ("failed", "error")]
+    regressions = [(t, c) for t in targets for c in t.get("comparison", []) if c.get("regression")]
+    skipped = [t for t in targets if t["status"] == "skipped"]
+    if not targets:
+        return CheckRunPlan("neutral", "No nn.Module changed", "This pull request adds or changes no `nn.Module`.")
+    conclusion = "failure" if failing or regressions else ("neutral" if len(skipped) == len(targets) else "success")
+    title = (f"{len(failing)} of {len(targets)} model(s) failed the smoke checks" if failing else
+             f"{len(targets) - len(skipped)} model(s) passed" + (f", {len(skipped)} skipped" if skipped else ""))
+    if regressions:
+        title += f"; {len(regressions)} regression(s) against the base"
+    lines = [f"Smoke-trained on **{run['device']}** at {head_sha[:7]} in {run['seconds']:.1f}s, each target in a "
+             "sandboxed process (no network, no credentials, time and memory limits).", ""]
+    lines += ["| target | check | result | head vs base |", "|---|---|---|---|"]
+    for t in targets:
+        name = table_cell(t["target"])
+        delta = "; ".join(f"{c['measure']} {c['change']}" for c in t.get("comparison", [])) or "—"
+        if t["status"] in ("skipped", "error"):
+            lines.append(f"| `{name}` | — | {STATUS_BADGE[t['status']]}: {table_cell(t['head'].get('reason', ''))} | — |")
+            continue
+        for check in t["head"].get("checks", []):
+            result = {"pass": "✅", "fail": "❌", "skip": "⏭️", "warn": "⚠️"}.get(check["status"], check["status"])
+            lines.append(f"| `{name}` | {table_cell(check['name'])} | {result} {table_cell(check['message'])} | {table_cell(delta)} |")
+            delta = ""  # once per target
+    for t, c in regressions:
+        lines.append(f"\n⚠️ `{table_cell(t['target'])}`: {neutralize(c['message'])}")
+    measures = [t for t in targets if t["head"].get("measures")]
+    if measures:
+        lines += ["", "| target | parameters | step time | peak memory | loss after steps |", "|---|---|---|---|---|"]
+        for t in measures:
+            m = t["head"]["measures"]
+            lines.append(f"| `{table_cell(t['target'])}` | {m.get('params', '—'):,} | {m.get('step_time_ms', 0):.2f} ms | "
+                         f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {m.get('loss_after_steps', '—')} |")
+    if run.get("warnings"):
+        lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {neutralize(w)}" for w in run["warnings"]]
+    summary = "\n".join(lines)[:65000]
+    return CheckRunPlan(conclusion, title, summary)
+
+
+def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
+    """Inline comments on the class of each failing target, on a line of the diff."""
+    comments = []
+    for t in run["targets"]:
+        if t["status"] not in ("failed", "error"):
+            continue
+        path = t["target"].split(":", 1)[0]
+        diff = diffs.get(path)
+        start, end = spans.get(t["target"], (t.get("line", 1), t.get("line", 1)))
+        if diff is None:
+            continue
+        line = next((n for n in range(start, end + 1) if n in diff.commentable), None)
+        if line is None:
+            continue
+        failed = [c for c in t["head"].get("checks", []) if c["status"] == "fail"]
+        body = [f"🔥 **smoke** · `{neutralize(t['target'])}` failed when trained for a few steps:", ""]
+        body += [f"- **{neutralize(c['name'])}**: {neutralize(c['message'])}" for c in failed] or \
+                [f"- {neutralize(t['head'].get('reason', 'error'))}"]
+        comments.append({"path": path, "line": line, "side": "RIGHT", "body": "\n".join(body)})
+    return comments
+
+
+# ---- the job -----------------------------------------------------------------------------------
+
+
+def run_smoke_job(job, clients, store) -> str:
+    from analyzers.config import ConfigError
+    from bot.github_client import commit_ref
+    from bot.pipeline import complete_check_run, load_base_config
+    from bot.review import parse_file_patch
+    from bot.store import WriteBudget
+    from gpu_runner.runner import TargetRequest, smoke
+    from gpu_runner.sandbox import SandboxLimits
+    from gpu_runner.targets import find_targets, parse_target_spec
+
+    gh = clients.for_installation(job.installation_id)
+    repo = gh.get_repo(job.repository)
+    pr = repo.get_pull(job.pull_number)
+    head = job.head_sha or pr.head.sha
+    budget = WriteBudget(store, job.installation_id)
+    try:
+        config = load_base_config(repo, pr.base.sha)
+    except ConfigError as exc:
+        return f"configuration error: {exc}"
+    settings = dict(config.smoke)
+    if job.reason != "command.smoke":
+        allowed, why = may_run_automatically(pr, settings)
+        if not allowed:
+            return f"smoke not run: {why}"
+    budget.spend()
+    check_run = repo.create_check_run(name=SMOKE_CHECK_NAME, head_sha=head, status="in_progress",
+                                      output={"title": "Smoke-training…", "summary": "Building and training the changed models."})
+    workdir = Path(tempfile.mkdtemp(prefix="torchreview-smoke-"))
+    try:
+        head_dir = download_tree(repo, head, workdir / "head")
+        base_dir = download_tree(repo, pr.base.sha, workdir / "base")
+        files = [f for f in pr.get_files() if f.filename.endswith(".py") and f.status != "removed"]
+        diffs = {f.filename: parse_file_patch(f.filename, f.patch) for f in files}
+        sources = {f.filename: (head_dir / f.filename).read_text(errors="replace") for f in files
+                   if (head_dir / f.filename).is_file()}
+        changed = {path: set(diff.added) for path, diff in diffs.items()}
+        found = find_targets(sources, changed)
+        spans = {f"{t.path}:{t.name}": (t.line, t.end_line) for t in found}
+        requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line) for t in found]
+        for spec in settings.get("targets") or ():
+            parsed = parse_target_spec(spec)
+            requests_.append(TargetRequest(str(spec), 1, {"factory": str(spec)} if parsed else None))
+        limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
+        run = smoke(head_dir, requests_, base_dir=base_dir, device=default_device(settings.get("device", "auto")),
+                    limits=limits, thresholds=settings.get("regression"))
+        report = run.to_dict()
+        current = repo.get_pull(pr.number).head.sha
+        if current != head:
+            from bot.review import superseded_plan
+
+            complete_check_run(check_run, superseded_plan(head, current), budget)
+            return f"smoke superseded by {current[:7]}"
+        comments = failing_target_comments(report, diffs, spans)
+        if comments:
+            budget.spend()
+            pr.create_review(commit=commit_ref(repo, head), event="COMMENT", comments=comments,
+                             body=f"torchreview smoke: {len(comments)} model(s) failed when trained for a few steps.")
+        plan = plan_smoke_check_run(report, head)
+        complete_check_run(check_run, plan, budget)
+        return f"smoke: {plan.title}"
+    except Exception as exc:
+        from bot.review import job_failed_plan
+
+        complete_check_run(check_run, job_failed_plan(f"{type(exc).__name__}: {exc}"), budget)
+        raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _memory_bytes(value) -> int:
+    if isinstance(value, int):
+        return value << 20
+    text = str(value or "4GiB").strip().lower()
+    units = {"gib": 30, "gb": 30, "g": 30, "mib": 20, "mb": 20, "m": 20}
+    for suffix, shift in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * (1 << shift))
+    return int(text) << 20

@@ -1,0 +1,55 @@
+"""What the smoke checks run on: a built model, a way to make batches, and a loss.
+
+``gpu_runner.build`` turns a target (a module class or factory in the PR's code) into a Subject;
+``gpu_runner.checks`` runs the smoke checks on it. Both run inside the sandboxed child process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+@dataclass
+class Batch:
+    """One batch: positional and keyword inputs for ``model(*args, **kwargs)`` and a target for the loss."""
+
+    args: tuple
+    kwargs: dict
+    target: Any
+    batch_size: int
+
+
+@dataclass
+class Subject:
+    name: str  # "models/net.py:Net"
+    model: Any  # torch.nn.Module, already on ``device``
+    make_batch: Callable[[int, int], Batch]  # (batch_size, seed) -> Batch on ``device``
+    loss_fn: Callable[[Any, Any], Any]  # (model output, target) -> scalar loss tensor
+    task: str  # classification | language_model | regression | custom
+    device: str
+    num_classes: Optional[int] = None  # for the loss-at-init check (ln C)
+    integer_inputs: bool = False  # token ids: leakage is checked through the first embedding
+    notes: list[str] = field(default_factory=list)  # how it was built (guessed args, inferred input...)
+
+
+@dataclass
+class CheckResult:
+    name: str  # forward-contract, loss-at-init, gradients, params-change, overfit-batch, ...
+    status: str  # pass | fail | skip | warn
+    message: str  # one sentence a reviewer can act on
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class TargetReport:
+    target: str
+    status: str  # passed | failed | skipped | error
+    checks: list[CheckResult] = field(default_factory=list)
+    measures: dict = field(default_factory=dict)  # params, step_time_ms, peak_memory_bytes, loss_after_steps
+    reason: str = ""  # for skipped/error: what happened and how to configure it
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)

@@ -1,0 +1,208 @@
+"""Which nn.Module classes a change touches, found with ``ast`` alone (no torch: this runs in the worker).
+
+A class is a module when one of its bases resolves, through the file's imports, to a class in
+``torch.nn`` (``nn.Module``, ``torch.nn.Module``, ``th.nn.Sequential``, ``from torch.nn import Module``...),
+to a Lightning ``LightningModule``, or to another module class defined in the same file or in another
+file of ``sources`` (``from .layers import Block``).
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+_TORCH_NN_NON_MODULES = {"Parameter", "UninitializedParameter", "UninitializedBuffer", "Buffer"}
+_TORCH_NN_NON_MODULE_PACKAGES = ("torch.nn.functional", "torch.nn.init", "torch.nn.utils", "torch.nn.parameter")
+_LIGHTNING_PACKAGES = ("pytorch_lightning", "lightning")
+_DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+@dataclass(frozen=True)
+class Target:
+    path: str  # "models/net.py"
+    name: str  # "Net", or "Outer.Inner" for a nested class
+    line: int  # first line (decorators included)
+    end_line: int
+    kind: str = "class"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.path}:{self.name}"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A configured or command-line target: a file, optionally with a class or factory in it."""
+
+    path: str  # "models/net.py"
+    name: Optional[str] = None  # "Net", "build_model"; None: pick the model the file defines
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.name}" if self.name else self.path
+
+
+def parse_target_spec(spec: str) -> Optional[TargetSpec]:
+    """``"models/net.py:build_model"``, ``"models/net.py:Net"``, ``"models/net.py"`` or the module form
+    ``"models.net:Net"``; None when ``spec`` is none of these."""
+    text = str(spec).strip()
+    path, name = text, None
+    if ":" in text:
+        path, _, name = text.rpartition(":")
+        if not _DOTTED_NAME.fullmatch(name):
+            return None
+    path = path.strip()
+    if not path:
+        return None
+    if not path.endswith(".py"):
+        if not _DOTTED_NAME.fullmatch(path):
+            return None
+        path = path.replace(".", "/") + ".py"
+    return TargetSpec(path=path.removeprefix("./"), name=name)
+
+
+def module_name_for_path(path: str) -> str:
+    """``"models/net.py"`` -> ``"models.net"``; ``"models/__init__.py"`` -> ``"models"``."""
+    parts = path.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(p for p in parts if p not in ("", "."))
+
+
+def find_targets(sources: dict[str, str], changed_lines: dict[str, Optional[set[int]]]) -> list[Target]:
+    """Every nn.Module subclass in ``changed_lines``' files whose lines overlap a changed line
+    (``None``: the whole file is new). ``sources`` may hold more files than changed, for resolving
+    base classes imported from them. Files that do not parse are left out."""
+    files = {path: _FileInfo.parse(path, source) for path, source in sources.items()}
+    files = {path: info for path, info in files.items() if info is not None}
+    module_classes = _resolve_module_classes(files.values())
+    found = []
+    for path, changed in changed_lines.items():
+        info = files.get(path)
+        if info is None:
+            continue
+        for cls in info.classes:
+            if f"{info.module}.{cls.name}" not in module_classes:
+                continue
+            if changed is None or any(cls.line <= n <= cls.end_line for n in changed):
+                found.append(Target(path=path, name=cls.name, line=cls.line, end_line=cls.end_line))
+    return sorted(found, key=lambda t: (t.path, t.line))
+
+
+# ---- per-file facts ------------------------------------------------------------------------------
+
+
+@dataclass
+class _ClassInfo:
+    name: str
+    line: int
+    end_line: int
+    bases: list[str]  # dotted base names as written, resolved through imports when they were imported
+
+
+@dataclass
+class _FileInfo:
+    module: str
+    classes: list[_ClassInfo]
+
+    @classmethod
+    def parse(cls, path: str, source: str) -> Optional["_FileInfo"]:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return None
+        module = module_name_for_path(path)
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        aliases = _import_aliases(tree, package)
+        classes = [
+            _ClassInfo(name=qualname, line=min([node.lineno] + [d.lineno for d in node.decorator_list]),
+                       end_line=node.end_lineno or node.lineno,
+                       bases=[_resolve(base, aliases) for base in node.bases if _dotted(base)])
+            for qualname, node in _classes(tree)
+        ]
+        local_names = {c.name for c in classes}
+        for info in classes:  # a base defined in this file refers to this file's class
+            info.bases = [f"{module}.{b}" if b in local_names else b for b in info.bases]
+        return cls(module=module, classes=classes)
+
+
+def _classes(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.ClassDef]]:
+    """Class definitions with their qualified names, not descending into functions."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.ClassDef):
+            qualname = prefix + node.name
+            yield qualname, node
+            yield from _classes(node, qualname + ".")
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _classes(node, prefix)
+
+
+def _import_aliases(tree: ast.AST, package: str) -> dict[str, str]:
+    """Local name -> the dotted name it was imported as (``nn`` -> ``torch.nn``)."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    head = alias.name.split(".")[0]
+                    aliases.setdefault(head, head)
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                source = ".".join(base + ([source] if source else []))
+            for alias in node.names:
+                if alias.name != "*":
+                    aliases[alias.asname or alias.name] = f"{source}.{alias.name}" if source else alias.name
+    return aliases
+
+
+def _dotted(node: ast.expr) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head else None
+    return None
+
+
+def _resolve(base: ast.expr, aliases: dict[str, str]) -> str:
+    dotted = _dotted(base) or ""
+    head, _, rest = dotted.partition(".")
+    if head in aliases:
+        return aliases[head] + (f".{rest}" if rest else "")
+    return dotted
+
+
+# ---- which classes are modules -------------------------------------------------------------------
+
+
+def _is_library_module(dotted: str) -> bool:
+    parts = dotted.split(".")
+    last = parts[-1]
+    if dotted.startswith("torch.nn.") and not dotted.startswith(_TORCH_NN_NON_MODULE_PACKAGES):
+        return last.lstrip("_")[:1].isupper() and last not in _TORCH_NN_NON_MODULES
+    return last == "LightningModule" and parts[0] in _LIGHTNING_PACKAGES
+
+
+def _resolve_module_classes(files) -> set[str]:
+    """Fully qualified names (``models.layers.Block``) of every module class in ``files``. A class is
+    also known by the suffixes of its module path, so that ``src/pkg/a.py`` answers ``pkg.a.X``."""
+    known: set[str] = set()
+    pending = [(info.module, cls) for info in files for cls in info.classes]
+    changed = True
+    while changed:
+        changed = False
+        for module, cls in pending:
+            qualified = f"{module}.{cls.name}"
+            if qualified in known:
+                continue
+            if any(_is_library_module(b) or b in known for b in cls.bases):
+                parts = module.split(".")
+                known.update(".".join(parts[i:] + [cls.name]) for i in range(len(parts)))
+                known.add(qualified)
+                changed = True
+    return known
