@@ -260,7 +260,7 @@ def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
     if "enabled" in table:
         smoke["enabled"] = check.boolean(table["enabled"], ("smoke", "enabled"))
     if "targets" in table:
-        smoke["targets"] = check.strings(table["targets"], ("smoke", "targets"))
+        smoke["targets"] = _smoke_targets(table["targets"], check)
     if "timeout" in table:
         smoke["timeout"] = check.whole_number(table["timeout"], ("smoke", "timeout"), 1, 3600)
     if "memory" in table:
@@ -274,6 +274,34 @@ def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
         for key, fraction in regression.items():
             smoke["regression"][key] = check.fraction(fraction, ("smoke", "regression", key))
     return smoke
+
+
+_TARGET_KEYS = ("target", "input", "task", "loss", "num_classes")
+_TASKS = ("classification", "language_model", "regression", "custom")
+
+
+def _smoke_targets(value: Any, check: "_Checker") -> tuple:
+    """Each target: "models/net.py:build_model", or a table that also says how to feed and train it:
+    {target = "models/net.py:Net", input = {shape = [3, 32, 32], dtype = "float32"}, task = "classification"}."""
+    path = ("smoke", "targets")
+    if isinstance(value, (str, Mapping)):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise check.error(path, "smoke.targets must be a list of target strings or tables")
+    targets = []
+    for item in value:
+        if isinstance(item, str):
+            targets.append(item.strip())
+            continue
+        entry = check.table(item, path, _TARGET_KEYS)
+        if not isinstance(entry.get("target"), str):
+            raise check.error(path, "smoke.targets: each table needs target = \"path/to/file.py:NameOrFactory\"")
+        if "task" in entry:
+            entry["task"] = check.choice(entry["task"], (*path, "task"), _TASKS)
+        if "input" in entry and not isinstance(entry["input"], (Mapping, list)):
+            raise check.error((*path, "input"), "smoke.targets.input must be a table {shape, dtype, low, high} or a list of them")
+        targets.append(dict(entry))
+    return tuple(targets)
 
 
 class _Checker:

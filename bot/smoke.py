@@ -182,9 +182,12 @@ def run_smoke_job(job, clients, store) -> str:
         found = find_targets(sources, changed)
         spans = {f"{t.path}:{t.name}": (t.line, t.end_line) for t in found}
         requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line) for t in found]
-        for spec in settings.get("targets") or ():
-            parsed = parse_target_spec(spec)
-            requests_.append(TargetRequest(str(spec), 1, {"factory": str(spec)} if parsed else None))
+        for entry in settings.get("targets") or ():
+            spec = entry if isinstance(entry, str) else entry["target"]
+            if parse_target_spec(spec) is None:
+                continue  # validated config: cannot happen for a well-formed spec
+            options = None if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "target"}
+            requests_.append(TargetRequest(spec, 1, options))
         limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
         run = smoke(head_dir, requests_, base_dir=base_dir, device=default_device(settings.get("device", "auto")),
                     limits=limits, thresholds=settings.get("regression"))

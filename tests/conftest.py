@@ -121,11 +121,11 @@ def worker_env(emulator, app_key, redis_url, data_dir) -> dict:
 
 
 class Worker:
-    def __init__(self, env: dict) -> None:
+    def __init__(self, env: dict, queues: str = "reviews", concurrency: int = 2) -> None:
         from bot.cli import worker_command
 
-        self.log = open(Path(env["TORCHREVIEW_DATA_DIR"]) / f"worker-{uuid.uuid4().hex[:6]}.log", "w")
-        self.proc = subprocess.Popen(worker_command(2, "reviews"), env=env, cwd=ROOT, stdout=self.log,
+        self.log = open(Path(env["TORCHREVIEW_DATA_DIR"]) / f"worker-{queues}-{uuid.uuid4().hex[:6]}.log", "w")
+        self.proc = subprocess.Popen(worker_command(concurrency, queues), env=env, cwd=ROOT, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill(self) -> None:

@@ -236,7 +236,7 @@ def test_flat_and_nested_forms_together_are_an_error(text, needle):
     ("smoke: yes", "smoke must be a table"),
     ("smoke:\n  gpus: 2", "smoke.gpus: unknown key 'gpus'"),
     ("smoke:\n  enabled: on-demand", "smoke.enabled must be true or false"),
-    ("smoke:\n  targets: 3", "smoke.targets must be a list of strings"),
+    ("smoke:\n  targets: 3", "smoke.targets must be a list of target strings or tables"),
     ("smoke:\n  timeout: 0", "smoke.timeout must be a whole number from 1 to 3600"),
     ("smoke:\n  timeout: 3601", "smoke.timeout must be a whole number from 1 to 3600"),
     ("smoke:\n  memory: lots", "smoke.memory must be a size such as \"4GiB\" or a number of MiB"),

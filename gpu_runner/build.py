@@ -1,0 +1,1022 @@
+"""Build a Subject from a smoke target: import the PR's module, construct the model, infer an input that
+its forward accepts, and pick a task and loss from what it returns. Runs inside the sandboxed child.
+
+Everything guessed is verified by running the model and recorded in ``Subject.notes``; when a target
+cannot be built with confidence the answer is a ``Skip`` that says how to configure it, never a failure.
+An explicit configuration is honoured as given: a configured input that the forward rejects still
+builds a Subject, so that the checks report the failure.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_runner.subject import Batch, Subject
+from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
+
+SEQUENCE_LENGTH = 16  # tokens / time steps in inferred inputs; the guessed max_len/block_size is the same
+PROBE_BATCH = 4
+SECOND_PROBE_BATCH = 2  # a second forward tells which output axis is the batch
+MAX_PROBES = 40
+FACTORY_NAMES = ("build_model", "create_model", "make_model", "get_model", "model_fn")
+CONFIGURE_HINT = "configure smoke.targets with a factory and an input shape"
+
+
+@dataclass
+class Skip:
+    reason: str  # what could not be inferred and how to configure it
+
+
+class BuildError(Exception):
+    """The PR's module cannot be imported, or an explicit configuration cannot be honoured."""
+
+
+def build_subject(code_root: Path, target: str, *, device: str, config: Optional[dict] = None,
+                  seed: int = 0) -> Union[Subject, Skip]:
+    """Build ``target`` (``"models/net.py:Net"``, ``"models/net.py:build_model"`` or ``"models/net.py"``)
+    from the code under ``code_root``. ``config`` is the repo's smoke entry for it: ``factory``,
+    ``input`` (``{"shape", "dtype", "low", "high"}`` or a list of them, ``name`` for a keyword input),
+    ``task``, ``loss`` (``"module.path:callable"`` called with (model output, target)), ``num_classes``
+    and ``target`` (a tensor description like ``input``, for a configured loss)."""
+    config = dict(config or {})
+    code_root = Path(code_root).resolve()
+    _add_to_sys_path(code_root)
+    notes: list[str] = []
+    torch.manual_seed(seed)
+    built = _construct(code_root, target, config, notes)
+    if isinstance(built, Skip):
+        return built
+    model, resolved_name = built
+    requested = parse_target_spec(target)
+    name = str(requested) if requested is not None and requested.name else resolved_name
+    if not isinstance(model, nn.Module):
+        raise BuildError(f"{resolved_name} returned {type(model).__name__}, not an nn.Module")
+    if type(model).forward is nn.Module.forward:
+        return Skip(f"{name} does not define forward (a base class?); name a concrete model or {CONFIGURE_HINT}")
+    model.to(device)
+    model.train()
+    float_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    prober = _Prober(model, device, float_dtype)
+
+    if config.get("input") is not None:
+        plan = _plan_from_config(config["input"])
+        notes.append(f"input: configured {plan.describe()}")
+        output = prober.try_plan(plan)
+        if output is _FAILED:
+            notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
+    else:
+        plan, output = _infer_input(model, prober, notes)
+        if plan is None:
+            return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
+                        f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
+
+    task = _choose_task(plan, output, prober, config, code_root, notes)
+    if isinstance(task, Skip):
+        return task
+    return Subject(name=name, model=model, make_batch=_BatchMaker(plan, task, device, float_dtype),
+                   loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
+                   integer_inputs=plan.has_token_inputs(), notes=notes)
+
+
+# ---- importing the PR's code ---------------------------------------------------------------------
+
+
+def _add_to_sys_path(code_root: Path) -> None:
+    for folder in (code_root / "src", code_root):  # code_root ends first on sys.path
+        if folder.is_dir():
+            if str(folder) in sys.path:
+                sys.path.remove(str(folder))
+            sys.path.insert(0, str(folder))
+
+
+def _forget_modules_from_elsewhere(package: str, code_root: Path) -> None:
+    """A package of the same name imported from another tree (another revision, a test) would shadow ours."""
+    loaded = sys.modules.get(package)
+    if loaded is None:
+        return
+    locations = [getattr(loaded, "__file__", None) or ""] + list(getattr(loaded, "__path__", []) or [])
+    if any(Path(location).resolve().is_relative_to(code_root) for location in locations if location):
+        return
+    for key in [k for k in sys.modules if k == package or k.startswith(package + ".")]:
+        del sys.modules[key]
+
+
+def import_file(code_root: Path, relative_path: str):
+    """Import ``relative_path`` under ``code_root`` as the module its package layout makes it
+    (``models/net.py`` -> ``models.net``), so that its absolute and relative imports work."""
+    file_path = (code_root / relative_path).resolve()
+    module_name = module_name_for_path(Path(relative_path).as_posix())
+    valid = bool(module_name) and all(part.isidentifier() for part in module_name.split("."))
+    top = module_name.split(".")[0]
+    if not valid or ("." not in module_name and (top in sys.stdlib_module_names or top in sys.builtin_module_names)):
+        module_name = "torchreview_smoke_" + re.sub(r"\W", "_", Path(relative_path).stem)
+        sys.path.insert(0, str(file_path.parent))  # a script's sibling imports
+    else:
+        _forget_modules_from_elsewhere(top, code_root)
+        parent = module_name.rpartition(".")[0]
+        if parent:
+            importlib.import_module(parent)
+    existing = sys.modules.get(module_name)
+    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == file_path:
+        return existing
+    spec = importlib.util.spec_from_file_location(module_name, file_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
+def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, Skip]:
+    file_path = code_root / spec.path
+    if not file_path.is_file():
+        package_init = spec.path.removesuffix(".py") + "/__init__.py"  # "models:Net" -> models/__init__.py
+        if (code_root / package_init).is_file():
+            spec = TargetSpec(package_init, spec.name)
+        else:
+            return Skip(f"{what} {spec}: {spec.path} does not exist in the pull request's code")
+    try:
+        module = import_file(code_root, spec.path)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing and not (code_root / missing).exists() and not (code_root / f"{missing}.py").exists():
+            return Skip(f"importing {spec.path} needs '{exc.name}', which is not installed on the smoke runner; "
+                        "install it in the runner image")
+        raise BuildError(f"importing {spec.path} failed: {exc}") from exc
+    except (Exception, SystemExit) as exc:
+        raise BuildError(f"importing {spec.path} failed: {type(exc).__name__}: {exc}") from exc
+    if spec.name is None:
+        return module
+    value: Any = module
+    for part in spec.name.split("."):
+        if not hasattr(value, part):
+            return Skip(f"{what} {spec}: {spec.path} defines no '{spec.name}'")
+        value = getattr(value, part)
+    return value
+
+
+def load_callable(code_root: Path, reference: str) -> Any:
+    """``"models/losses.py:focal"``, ``"models.losses:focal"`` or an installed ``"torch.nn.functional:l1_loss"``."""
+    module_part, _, name = str(reference).rpartition(":")
+    if not module_part or not name:
+        raise BuildError(f"'{reference}' is not 'module.path:callable'")
+    local = parse_target_spec(reference)
+    if local is not None and (code_root / local.path).is_file():
+        value = _load_attribute(code_root, local, "smoke loss")
+        if isinstance(value, Skip):
+            raise BuildError(value.reason)
+        return value
+    try:
+        value = importlib.import_module(module_part)
+        for part in name.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise BuildError(f"cannot load '{reference}': {exc}") from exc
+    return value
+
+
+# ---- constructing the model ----------------------------------------------------------------------
+
+
+def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> Union[tuple[nn.Module, str], Skip]:
+    if config.get("factory"):
+        spec = parse_target_spec(config["factory"])
+        if spec is None or spec.name is None:
+            if spec is None:
+                raise BuildError(f"smoke factory '{config['factory']}' is not 'path/to/file.py:name'")
+            target = str(spec)  # a bare file: pick its model like an unnamed target
+        else:
+            factory = _load_attribute(code_root, spec, "smoke factory")
+            if isinstance(factory, Skip):
+                return factory
+            model = _call_with_guessed_arguments(factory, str(spec), notes, explicit=True)
+            if isinstance(model, Skip):
+                return model
+            notes.append(f"built by the configured factory {spec}")
+            return model, str(spec)
+    spec = parse_target_spec(target)
+    if spec is None:
+        raise BuildError(f"'{target}' is not a smoke target (path/to/file.py[:ClassOrFactory])")
+    if spec.name is None:
+        chosen = _choose_model_in_file(code_root, spec.path, notes)
+        if isinstance(chosen, Skip):
+            return chosen
+        spec = chosen
+    obj = _load_attribute(code_root, spec, "smoke target")
+    if isinstance(obj, Skip):
+        return obj
+    if isinstance(obj, nn.Module):
+        return obj, str(spec)
+    if not callable(obj):
+        return Skip(f"{spec} is a {type(obj).__name__}, neither a module class nor a factory; {CONFIGURE_HINT}")
+    is_class = inspect.isclass(obj)
+    if is_class and not issubclass(obj, nn.Module):
+        return Skip(f"{spec} is not an nn.Module subclass; {CONFIGURE_HINT}")
+    if is_class and inspect.isabstract(obj):
+        return Skip(f"{spec} is abstract; name a concrete subclass or {CONFIGURE_HINT}")
+    model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
+    if isinstance(model, Skip):
+        return model
+    return model, str(spec)
+
+
+def _choose_model_in_file(code_root: Path, path: str, notes: list[str]) -> Union[TargetSpec, Skip]:
+    """For a target naming only a file: its factory function, its only module class, or the one module
+    class that no other module class of the file uses."""
+    file_path = code_root / path
+    if not file_path.is_file():
+        return Skip(f"smoke target {path} does not exist in the pull request's code")
+    source = file_path.read_text(errors="replace")
+    tree = ast.parse(source)
+    functions = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for factory in FACTORY_NAMES:
+        if factory in functions:
+            notes.append(f"used the factory {factory}() that {path} defines")
+            return TargetSpec(path, factory)
+    classes = [t.name for t in find_targets({path: source}, {path: None}) if "." not in t.name]
+    if not classes:
+        return Skip(f"{path} defines no nn.Module subclass and no {FACTORY_NAMES[0]}(); name one with {path}:Name")
+    if len(classes) == 1:
+        return TargetSpec(path, classes[0])
+    used = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            used |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id != node.name}
+    roots = [c for c in classes if c not in used]
+    if len(roots) == 1:
+        notes.append(f"picked {roots[0]}, the module class of {path} that no other one uses")
+        return TargetSpec(path, roots[0])
+    candidates = roots or classes
+    return Skip(f"{path} defines several models ({', '.join(candidates)}); name one, e.g. {path}:{candidates[0]}")
+
+
+_ARGUMENT_GUESSES: list[tuple[str, Any]] = [
+    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|image_channels|img_channels|in_c", 3),
+    (r"out_channels|out_ch|base_channels|base_width|num_filters|n_filters|filters|out_c", 16),
+    (r"in_features|in_dim|input_dim|input_size|input_features|d_in|n_inputs|num_inputs|in_size|n_in|num_features|"
+     r"n_features|feature_dim|features|obs_dim|state_dim", 16),
+    (r"hidden_dims|hidden_sizes|hidden_layers|layer_sizes|widths", [32, 32]),
+    (r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner|ffn_hidden", 64),
+    (r"hidden|hidden_dim|hidden_size|hidden_features|hidden_channels|hidden_units|n_hidden|num_hidden|nhid|hid_dim|"
+     r"d_hidden|d_model|embed_dim|emb_dim|embedding_dim|embedding_size|n_embd|n_embed|dim|width|latent_dim|"
+     r"latent_size|model_dim|z_dim|noise_dim", 32),
+    (r"num_classes|n_classes|nclasses|out_features|output_dim|output_size|out_dim|out_size|num_labels|n_labels|"
+     r"n_outputs|num_outputs|d_out|n_out|action_dim|num_actions|n_actions", 10),
+    (r"vocab_size|num_embeddings|n_tokens|ntoken|ntokens|n_vocab|num_tokens|vocab|vocab_len", 100),
+    (r"num_layers|n_layers|n_layer|nlayers|depth|num_blocks|n_blocks|num_hidden_layers|num_encoder_layers|"
+     r"num_decoder_layers", 2),
+    (r"num_heads|nhead|nheads|n_heads|n_head|heads|num_attention_heads|attention_heads", 4),
+    (r"num_kv_heads|n_kv_heads|num_key_value_heads", 2),
+    (r"head_dim|head_size|d_head|d_k|d_v", 8),
+    (r"dropout|p|drop|drop_rate|dropout_rate|dropout_p|p_drop|attn_dropout|attn_drop|proj_drop|drop_prob|"
+     r"embd_pdrop|resid_pdrop|attn_pdrop", 0.1),
+    (r"max_len|seq_len|block_size|context_length|max_seq_len|max_length|max_position_embeddings|n_positions|"
+     r"seq_length|n_ctx|context_size|max_seq_length|max_positions", SEQUENCE_LENGTH),
+    (r"kernel_size|kernel|ksize", 3),
+    (r"stride", 1),
+    (r"padding", 1),
+    (r"image_size|img_size|input_resolution|resolution", 32),
+    (r"patch_size|patch", 4),
+    (r"num_experts|n_experts", 4),
+    (r"top_k|topk", 2),
+    (r"eps|layer_norm_eps|norm_eps|epsilon", 1e-5),
+    (r"groups|num_groups", 1),
+    (r"expansion|expand_ratio|mlp_ratio|expansion_factor", 4),
+    (r"window_size", 4),
+    (r"bias|batch_first", True),
+]
+_NAMES_TO_GUESS = [(re.compile(f"(?:{pattern})", re.IGNORECASE), value) for pattern, value in _ARGUMENT_GUESSES]
+
+
+def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tuple[bool, Any]:
+    """(found, value) for a required constructor argument, by its name (and annotation for lists/bools)."""
+    for pattern, value in _NAMES_TO_GUESS:
+        if pattern.fullmatch(name):
+            origin = typing.get_origin(annotation)
+            if isinstance(value, list) and annotation is int:
+                value = value[0]
+            elif not isinstance(value, list) and (annotation in (list, tuple) or origin in (list, tuple)):
+                value = [value, value]
+            elif annotation is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            return True, value
+    if annotation is bool:
+        return True, False
+    return False, None
+
+
+def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, explicit: bool):
+    """Call ``fn`` with its defaults and its required arguments guessed by name. A factory that raises
+    with no guessed arguments is a real error (BuildError); a guess that fails is a Skip."""
+    arguments = _guess_arguments(fn, label, notes)
+    if isinstance(arguments, Skip):
+        return arguments
+    try:
+        return fn(**arguments)
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        if explicit and not arguments:
+            raise BuildError(f"the smoke factory {label}() raised {detail}") from exc
+        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+        return Skip(f"constructing {label}({shown}) raised {detail}; configure smoke.targets with a factory")
+
+
+def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0) -> Union[dict, Skip]:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return {}
+    try:
+        hints = typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
+    except Exception:
+        hints = {}
+    arguments: dict[str, Any] = {}
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if parameter.default is not parameter.empty:
+            continue
+        annotation = hints.get(parameter.name, parameter.annotation)
+        if dataclasses.is_dataclass(annotation) and isinstance(annotation, type) and depth == 0:
+            fields = _guess_arguments(annotation, annotation.__name__, notes, depth + 1)
+            if isinstance(fields, Skip):
+                return fields
+            arguments[parameter.name] = annotation(**fields)
+            how = "with the guesses above" if fields else "with its defaults"
+            notes.append(f"constructor: {parameter.name}={annotation.__name__}(...) {how}")
+            continue
+        found, value = guess_argument(parameter.name, annotation)
+        if not found:
+            return Skip(f"cannot guess constructor argument '{parameter.name}' of {label}; "
+                        "configure smoke.targets with a factory")
+        arguments[parameter.name] = value
+        notes.append(f"constructor: {parameter.name}={value!r} guessed")
+    return arguments
+
+
+# ---- tensors and inputs --------------------------------------------------------------------------
+
+_DTYPES = {"float": torch.float32, "float32": torch.float32, "float16": torch.float16, "half": torch.float16,
+           "bfloat16": torch.bfloat16, "float64": torch.float64, "double": torch.float64,
+           "long": torch.long, "int64": torch.long, "int": torch.long, "int32": torch.int32, "bool": torch.bool}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input tensor, described without its batch axis."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float"  # float (the model's parameter dtype), long, bool, or an explicit torch dtype name
+    low: int = 0  # integer tensors: values in [low, high)
+    high: int = 2
+    fill: Optional[float] = None  # a constant tensor (masks) instead of random values
+    batch_axis: int = 0  # 1 for sequence-first RNN / Transformer inputs
+    is_target: bool = False  # fed to a forward(x, targets) parameter, not an input of the model
+
+    def batched_shape(self, batch_size: int) -> list[int]:
+        shape = list(self.shape)
+        shape.insert(self.batch_axis, batch_size)
+        return shape
+
+    def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str) -> torch.Tensor:
+        shape = self.batched_shape(batch_size)
+        dtype = float_dtype if self.dtype == "float" else _DTYPES[self.dtype]
+        if self.fill is not None:
+            tensor = torch.full(shape, self.fill, dtype=dtype)
+        elif dtype.is_floating_point:
+            tensor = torch.randn(shape, generator=generator).to(dtype)
+        elif dtype == torch.bool:
+            tensor = torch.rand(shape, generator=generator) < 0.5
+        else:
+            tensor = torch.randint(self.low, self.high, shape, generator=generator, dtype=dtype)
+        return tensor.to(device)
+
+    def describe(self) -> str:
+        dims = [str(d) for d in self.shape]
+        dims.insert(self.batch_axis, "B")
+        text = f"{self.dtype} [{', '.join(dims)}]"
+        if self.fill is not None:
+            return text + f" filled with {self.fill:g}"
+        if self.dtype in ("long", "int64", "int", "int32"):
+            return text + f" in [{self.low}, {self.high})"
+        return text
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """How to call the model: positional and keyword input tensors."""
+
+    args: tuple[TensorSpec, ...]
+    kwargs: tuple[tuple[str, TensorSpec], ...] = ()
+    source: str = ""  # how it was found, for the notes
+
+    def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str):
+        args = tuple(spec.make(batch_size, generator, float_dtype, device) for spec in self.args)
+        kwargs = {name: spec.make(batch_size, generator, float_dtype, device) for name, spec in self.kwargs}
+        return args, kwargs
+
+    def all_specs(self) -> list[TensorSpec]:
+        return list(self.args) + [spec for _, spec in self.kwargs]
+
+    def has_token_inputs(self) -> bool:
+        return any(s.dtype == "long" and s.fill is None and not s.is_target and s.shape for s in self.all_specs())
+
+    def describe(self) -> str:
+        parts = [spec.describe() for spec in self.args] + [f"{name}={spec.describe()}" for name, spec in self.kwargs]
+        return ", ".join(parts)
+
+    def key(self) -> tuple:
+        return self.args, self.kwargs
+
+
+def _spec_from_config(entry: dict) -> TensorSpec:
+    dtype = str(entry.get("dtype", "float32")).replace("torch.", "")
+    if dtype not in _DTYPES:
+        raise BuildError(f"smoke input dtype '{dtype}' is not one of {', '.join(sorted(_DTYPES))}")
+    dtype = "float" if dtype in ("float", "float32") else ("long" if dtype in ("long", "int64", "int") else dtype)
+    shape = tuple(int(d) for d in entry.get("shape") or ())
+    return TensorSpec(shape=shape, dtype=dtype, low=int(entry.get("low", 0)), high=int(entry.get("high", 2)),
+                      fill=entry.get("fill"), batch_axis=int(entry.get("batch_axis", 0)))
+
+
+def _plan_from_config(entry: Union[dict, list]) -> InputPlan:
+    entries = entry if isinstance(entry, list) else [entry]
+    args, kwargs = [], []
+    for item in entries:
+        if not isinstance(item, dict):
+            raise BuildError(f"smoke input entries are mappings with a shape, got {item!r}")
+        spec = _spec_from_config(item)
+        if item.get("name"):
+            kwargs.append((str(item["name"]), spec))
+        else:
+            args.append(spec)
+    return InputPlan(tuple(args), tuple(kwargs), source="configured")
+
+
+def _plan_from_example(example: Any) -> Optional[InputPlan]:
+    """A Lightning-style ``example_input_array``: its first axis is the batch."""
+
+    def spec_of(tensor: torch.Tensor) -> Optional[TensorSpec]:
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            return None
+        if tensor.is_floating_point():
+            return TensorSpec(tuple(tensor.shape[1:]))
+        if tensor.dtype == torch.bool:
+            return TensorSpec(tuple(tensor.shape[1:]), "bool")
+        high = int(tensor.max().item()) + 1 if tensor.numel() else 2
+        return TensorSpec(tuple(tensor.shape[1:]), "long", 0, max(high, 2))
+
+    if isinstance(example, dict):
+        kwargs = tuple((str(k), spec_of(v)) for k, v in example.items())
+        return InputPlan((), kwargs, "example_input_array") if all(s for _, s in kwargs) else None
+    items = example if isinstance(example, (tuple, list)) else (example,)
+    specs = tuple(spec_of(t) for t in items)
+    return InputPlan(specs, (), "example_input_array") if specs and all(specs) else None
+
+
+# ---- inferring the input -------------------------------------------------------------------------
+
+_TOKEN_NAMES = re.compile(r"input_ids|ids|x_ids|idx|tokens?|token_ids|src_tokens|tgt_tokens|src_ids|text|words")
+_MASK_NAMES = re.compile(r"(attention_|attn_)?mask|\w*_mask")
+_PADDING_MASK_NAMES = re.compile(r"\w*padding_mask")
+_NON_TOKEN_EMBEDDINGS = re.compile(r"pos|wpe|type|segment|time", re.IGNORECASE)
+_TARGET_NAMES = re.compile(r"targets?|labels?|y_true|gold")
+_SEQUENCE_LAYERS = (nn.RNNBase, nn.TransformerEncoder, nn.TransformerEncoderLayer, nn.TransformerDecoder,
+                    nn.TransformerDecoderLayer, nn.MultiheadAttention)
+_ENTRY_LAYERS = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm,
+                 nn.modules.batchnorm._BatchNorm) + _SEQUENCE_LAYERS
+
+
+def _common_shapes(token_high: int) -> list[TensorSpec]:
+    """The last resort. Token ids stay below every embedding's size: an out-of-range id on a GPU is a
+    device-side assert that ruins the whole process, not an exception."""
+    return [TensorSpec((3, 32, 32)), TensorSpec((1, 28, 28)), TensorSpec((16,)), TensorSpec((784,)),
+            TensorSpec((SEQUENCE_LENGTH,), "long", 0, token_high), TensorSpec((SEQUENCE_LENGTH, 16)),
+            TensorSpec((3, 64, 64)), TensorSpec((1, 32, 32)), TensorSpec((32,)), TensorSpec((3, 224, 224)),
+            TensorSpec((1, 64)), TensorSpec((10,)), TensorSpec((8,), "long", 0, token_high)]
+
+
+@dataclass
+class _ForwardParameter:
+    name: str
+    role: str  # input | tokens | mask | padding_mask | target
+    keyword: bool  # passed by keyword (optional or keyword-only)
+
+
+def _forward_parameters(model: nn.Module) -> list[_ForwardParameter]:
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return [_ForwardParameter("input", "input", False)]
+    found = []
+    for p in parameters:
+        if p.kind == p.VAR_KEYWORD:
+            continue
+        if p.kind == p.VAR_POSITIONAL:
+            if not found:
+                found.append(_ForwardParameter(p.name, "input", False))
+            continue
+        name = p.name.lower()
+        optional = p.default is not p.empty
+        if _PADDING_MASK_NAMES.fullmatch(name):
+            role = "padding_mask"
+        elif _MASK_NAMES.fullmatch(name):
+            role = "mask"
+        elif _TARGET_NAMES.fullmatch(name):
+            role = "target"
+        elif _TOKEN_NAMES.fullmatch(name):
+            role = "tokens"
+        else:
+            role = "input"
+        if optional and role not in ("mask", "padding_mask"):
+            continue  # optional extras (labels=None, cache=None...) keep their defaults
+        found.append(_ForwardParameter(p.name, role, optional or p.kind == p.KEYWORD_ONLY))
+    return found
+
+
+def _entry_layers(model: nn.Module) -> list[nn.Module]:
+    """Layers that could consume an input, in registration order, not descending into one found."""
+    found: list[nn.Module] = []
+    inside: set[str] = set()
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in inside):
+            continue
+        if isinstance(module, _ENTRY_LAYERS):
+            found.append(module)
+            inside.add(name)
+            if name == "":
+                break
+    return found
+
+
+def describe_layer(layer: nn.Module) -> str:
+    if isinstance(layer, nn.Linear):
+        return f"Linear({layer.in_features}→{layer.out_features})"
+    if isinstance(layer, nn.modules.conv._ConvNd):
+        return f"{type(layer).__name__}({layer.in_channels}→{layer.out_channels})"
+    if isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
+        return f"{type(layer).__name__}({layer.num_embeddings}, {layer.embedding_dim})"
+    if isinstance(layer, nn.RNNBase):
+        return f"{type(layer).__name__}(input_size={layer.input_size}, batch_first={layer.batch_first})"
+    return type(layer).__name__
+
+
+def _sequence_layer_width(layer: nn.Module) -> tuple[int, bool]:
+    """(feature width, batch_first) of a recurrent or attention layer."""
+    if isinstance(layer, nn.RNNBase):
+        return layer.input_size, layer.batch_first
+    attention = layer
+    if isinstance(layer, (nn.TransformerEncoder, nn.TransformerDecoder)):
+        attention = layer.layers[0].self_attn
+    elif isinstance(layer, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+        attention = layer.self_attn
+    return attention.embed_dim, attention.batch_first
+
+
+def specs_for_layer(layer: nn.Module, as_tokens: bool = False) -> list[TensorSpec]:
+    """Inputs the layer would accept as the first thing it sees, most likely first."""
+    T = SEQUENCE_LENGTH
+    if isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
+        return [TensorSpec((T,), "long", 0, layer.num_embeddings)]
+    if isinstance(layer, _SEQUENCE_LAYERS):
+        width, batch_first = _sequence_layer_width(layer)
+        return [TensorSpec((T, width), batch_axis=0 if batch_first else 1)]
+    if as_tokens:
+        return []
+    if isinstance(layer, (nn.Linear, nn.Bilinear)):
+        width = layer.in_features if isinstance(layer, nn.Linear) else layer.in1_features
+        if not width:  # a Lazy layer
+            return []
+        specs = [TensorSpec((width,)), TensorSpec((T, width))]
+        for channels in (1, 3):  # an image flattened by the forward: 784 = 1x28x28, 3072 = 3x32x32
+            side = math.isqrt(width // channels) if width % channels == 0 else 0
+            if side > 1 and channels * side * side == width:
+                specs.append(TensorSpec((channels, side, side)))
+        return specs
+    if isinstance(layer, nn.modules.conv._ConvNd):
+        c = layer.in_channels
+        if not c:
+            return []
+        spatial = {1: [(32,), (64,), (128,)], 2: [(32, 32), (28, 28), (64, 64), (224, 224)],
+                   3: [(8, 16, 16), (16, 32, 32)]}[len(layer.kernel_size)]
+        return [TensorSpec((c,) + size) for size in spatial]
+    if isinstance(layer, nn.LayerNorm):
+        shape = tuple(layer.normalized_shape)
+        return [TensorSpec((T,) + shape), TensorSpec(shape)]
+    if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+        c = layer.num_features
+        if isinstance(layer, nn.BatchNorm1d):
+            return [TensorSpec((c,)), TensorSpec((c, 32))]
+        return [TensorSpec((c, 32, 32))] if isinstance(layer, nn.BatchNorm2d) else [TensorSpec((c, 8, 16, 16))]
+    return []
+
+
+def _specs_from_fx(model: nn.Module) -> dict[str, list[TensorSpec]]:
+    """Per forward parameter, specs from the first layer its value reaches in a ``torch.fx`` trace."""
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception:
+        return {}
+    modules = dict(model.named_modules())
+    found: dict[str, list[TensorSpec]] = {}
+    for placeholder in (n for n in graph.nodes if n.op == "placeholder"):
+        queue, seen = list(placeholder.users), set()
+        while queue:
+            node = queue.pop(0)
+            if node in seen:
+                continue
+            seen.add(node)
+            module = modules.get(node.target) if node.op == "call_module" else None
+            specs = specs_for_layer(module) if module is not None else []
+            if specs:
+                found[placeholder.target.lstrip("*")] = specs
+                break
+            queue.extend(node.users)
+    return found
+
+
+class _Failed:
+    pass
+
+
+_FAILED = _Failed()
+
+
+class _Prober:
+    """Runs the model on candidate inputs without changing its state (buffers are restored)."""
+
+    def __init__(self, model: nn.Module, device: str, float_dtype: torch.dtype):
+        self.model, self.device, self.float_dtype = model, device, float_dtype
+        self.tried = 0
+        self.first_error: Optional[str] = None
+        self.last_error: Optional[str] = None
+
+    def try_plan(self, plan: InputPlan, batch_size: int = PROBE_BATCH) -> Any:
+        self.tried += 1
+        generator = torch.Generator().manual_seed(0)
+        buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+        try:
+            args, kwargs = plan.make(batch_size, generator, self.float_dtype, self.device)
+            with torch.no_grad():
+                return self.model(*args, **kwargs)
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            self.first_error = self.first_error or self.last_error
+            return _FAILED
+        finally:
+            with torch.no_grad():
+                for name, buffer in self.model.named_buffers():
+                    if name in buffers and buffer.shape == buffers[name].shape:
+                        buffer.copy_(buffers[name])
+
+
+def _infer_input(model: nn.Module, prober: _Prober, notes: list[str]) -> tuple[Optional[InputPlan], Any]:
+    example = getattr(model, "example_input_array", None)
+    if example is not None:
+        plan = _plan_from_example(example)
+        if plan is not None:
+            output = prober.try_plan(plan)
+            if output is not _FAILED:
+                notes.append(f"input from example_input_array: {plan.describe()}")
+                return plan, output
+    seen: set = set()
+    for plan in _candidate_plans(model):
+        if plan.key() in seen:
+            continue
+        if len(seen) >= MAX_PROBES:
+            break
+        seen.add(plan.key())
+        output = prober.try_plan(plan)
+        if output is not _FAILED:
+            notes.append(f"input inferred {plan.source}: {plan.describe()}")
+            return plan, output
+    return None, None
+
+
+def _candidate_plans(model: nn.Module) -> Iterator[InputPlan]:
+    """Input plans, most likely first: from the parameter names and the entry layers in registration
+    order, then (only when those all fail) from a torch.fx trace, then common shapes. Optional masks are
+    offered with, then without. Plans may repeat; the caller skips repeats."""
+    parameters = _forward_parameters(model)
+    tensors = [p for p in parameters if p.role in ("input", "tokens", "target")]
+    if not tensors:
+        tensors = [_ForwardParameter("input", "input", False)]
+    masks = [p for p in parameters if p.role in ("mask", "padding_mask")]
+    layers = _entry_layers(model)
+    vocab = _token_vocabulary(model)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features]
+    classes = linears[-1].out_features if linears else 2
+
+    def heuristic_options(index: int, parameter: _ForwardParameter) -> list[tuple[TensorSpec, str]]:
+        choices: list[tuple[TensorSpec, str]] = []
+        as_tokens = parameter.role == "tokens"
+        if as_tokens:
+            choices.append((TensorSpec((SEQUENCE_LENGTH,), "long", 0, vocab), f"from the name '{parameter.name}'"))
+        if parameter.role == "target":
+            choices += [(TensorSpec((), "long", 0, classes, is_target=True), "as class labels"),
+                        (TensorSpec((SEQUENCE_LENGTH,), "long", 0, vocab, is_target=True), "as next tokens"),
+                        (TensorSpec((classes,), is_target=True), "as regression targets")]
+        # the i-th input likely feeds the i-th entry layer (two-input models); else the first one
+        for layer in ([layers[index]] if index < len(layers) else []) + layers[:1]:
+            choices += [(spec, f"from the first {describe_layer(layer)}") for spec in specs_for_layer(layer, as_tokens)]
+        return _unique(choices)
+
+    def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:
+        for rank in range(sum(len(o) for o in options)):
+            for combination in _combinations_of_rank(options, rank):
+                args = tuple(spec for (spec, _), p in zip(combination, tensors) if not p.keyword)
+                kwargs = tuple((p.name, spec) for (spec, _), p in zip(combination, tensors) if p.keyword)
+                sources = [source for _, source in combination]
+                source = sources[0] if len(set(sources)) == 1 else "; ".join(
+                    f"{p.name} {source}" for source, p in zip(sources, tensors))
+                mask_specs = tuple((m.name, _mask_spec(m, combination[0][0])) for m in masks)
+                yield InputPlan(args, kwargs + mask_specs, source)
+                if masks and all(m.keyword for m in masks):
+                    yield InputPlan(args, kwargs, source + ", without the optional masks")
+
+    heuristic = [heuristic_options(i, p) for i, p in enumerate(tensors)]
+    if all(heuristic):
+        yield from plans(heuristic)
+    traced = _specs_from_fx(model)  # only reached when the heuristics failed: tracing costs time
+    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    common = [(spec, "by a search over common shapes") for spec in _common_shapes(min(sizes + [100]))]
+    yield from plans([_unique(options + [(spec, "from a torch.fx trace") for spec in traced.get(p.name, [])] + common)
+                      for options, p in zip(heuristic, tensors)])
+
+
+def _token_vocabulary(model: nn.Module) -> int:
+    """The size of the embedding that token ids index: the first one not named like a position or segment table."""
+    embeddings = [(name, m) for name, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    for name, embedding in embeddings:
+        if not _NON_TOKEN_EMBEDDINGS.search(name.rsplit(".", 1)[-1]):
+            return embedding.num_embeddings
+    return embeddings[0][1].num_embeddings if embeddings else 100
+
+
+def _unique(choices: list[tuple[TensorSpec, str]]) -> list[tuple[TensorSpec, str]]:
+    seen: set = set()
+    return [c for c in choices if not (c[0] in seen or seen.add(c[0]))]
+
+
+def _combinations_of_rank(options: list[list], rank: int) -> Iterator[tuple]:
+    """Combinations whose option indices sum to ``rank``: all first choices, then one step off..."""
+    if len(options) == 1:
+        if rank < len(options[0]):
+            yield (options[0][rank],)
+        return
+    for first in range(min(rank, len(options[0]) - 1) + 1):
+        for rest in _combinations_of_rank(options[1:], rank - first):
+            yield (options[0][first],) + rest
+
+
+def _mask_spec(parameter: _ForwardParameter, first_input: TensorSpec) -> TensorSpec:
+    """Masks that hide nothing: ones for attention masks, False for padding masks."""
+    if first_input.dtype == "long":
+        shape = first_input.shape
+    elif len(first_input.shape) >= 2:
+        shape = first_input.shape[:1]
+    else:
+        shape = (SEQUENCE_LENGTH,)
+    if parameter.role == "padding_mask":
+        return TensorSpec(shape, "bool", fill=0)
+    return TensorSpec(shape, "long", fill=1)
+
+
+# ---- task, target and loss -----------------------------------------------------------------------
+
+
+@dataclass
+class _Task:
+    name: str
+    loss_fn: Callable[[Any, Any], Any]
+    make_target: Callable[[int, torch.Generator, tuple, str], Any]  # (batch_size, generator, args, device)
+    num_classes: Optional[int] = None
+
+
+def _select_primary(output: Any) -> tuple[Optional[Callable[[Any], Any]], str]:
+    """A function picking the tensor to train on from the model's output, and a note when it is not the output."""
+    if isinstance(output, torch.Tensor):
+        return (lambda out: out), ""
+    if isinstance(output, dict) or hasattr(output, "keys"):
+        keys = list(output.keys())
+        loss = output.get("loss") if "loss" in keys else None
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            return (lambda out: out["loss"]), "output is a mapping; trained on its 'loss'"
+        for key in ["logits"] + keys:
+            if key in keys and isinstance(output[key], torch.Tensor):
+                return (lambda out, key=key: out[key]), f"output is a mapping; trained on its '{key}'"
+        return None, ""
+    if isinstance(output, (tuple, list)):
+        for index, item in enumerate(output):
+            if isinstance(item, torch.Tensor):
+                note = f"output is a {type(output).__name__}; trained on element {index}"
+                return (lambda out, index=index: out[index]), note
+        return None, ""
+    if isinstance(getattr(output, "logits", None), torch.Tensor):
+        return (lambda out: out.logits), "trained on the output's .logits"
+    return None, ""
+
+
+def _batch_axis(primary_at_probe: torch.Tensor, primary_at_second: Optional[torch.Tensor]) -> Optional[int]:
+    if primary_at_second is None or primary_at_second.dim() != primary_at_probe.dim():
+        return 0 if primary_at_probe.dim() and primary_at_probe.shape[0] == PROBE_BATCH else None
+    for axis, (a, b) in enumerate(zip(primary_at_probe.shape, primary_at_second.shape)):
+        if a == PROBE_BATCH and b == SECOND_PROBE_BATCH:
+            return axis
+    return None
+
+
+def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, code_root: Path,
+                 notes: list[str]) -> Union[_Task, Skip]:
+    configured_task = config.get("task")
+    if configured_task not in (None, "classification", "language_model", "regression", "custom"):
+        raise BuildError(f"smoke task '{configured_task}' is not classification, language_model, regression or custom")
+    configured_loss = load_callable(code_root, config["loss"]) if config.get("loss") else None
+    if inspect.isclass(configured_loss):
+        configured_loss = configured_loss()
+    if output is _FAILED:  # a configured input the forward rejects: the checks report it
+        return _task_without_output(configured_task or "custom", configured_loss, config)
+
+    select, selection_note = _select_primary(output)
+    if select is None:
+        return Skip(f"forward returned {type(output).__name__} with no tensor to train on; configure smoke.targets "
+                    "with a task and a loss")
+    if selection_note:
+        notes.append(selection_note)
+    primary = select(output)
+    second = prober.try_plan(plan, SECOND_PROBE_BATCH)
+    axis = _batch_axis(primary, select(second) if second is not _FAILED else None)
+    tokens_index = next((i for i, s in enumerate(plan.args) if s.dtype == "long" and len(s.shape) == 1), None)
+
+    task = configured_task or _infer_task_name(primary, axis, plan, tokens_index)
+    if configured_task is not None:
+        notes.append(f"task: configured {task}")
+    else:
+        notes.append(f"task inferred from the output {_shape_text(primary, axis)}: {task}")
+    built = _task_for(task, primary, axis, plan, tokens_index, select, config, notes)
+    if isinstance(built, Skip):
+        return built
+    if configured_loss is not None:
+        built.loss_fn = configured_loss  # called with the model's whole output and the target
+        notes.append(f"loss: the configured {config['loss']}")
+    if config.get("target") is not None:
+        built.make_target = _target_from_spec(_spec_from_config(config["target"]))
+    return built
+
+
+def _shape_text(tensor: torch.Tensor, batch_axis: Optional[int]) -> str:
+    dims = [str(d) for d in tensor.shape]
+    if batch_axis is not None:
+        dims[batch_axis] = "B"
+    return f"[{', '.join(dims)}]"
+
+
+def _infer_task_name(primary: torch.Tensor, axis: Optional[int], plan: InputPlan, tokens_index: Optional[int]) -> str:
+    if primary.dim() == 0 or (axis is None and primary.numel() == 1):
+        return "custom"  # the model computes its own loss
+    if primary.is_floating_point() and axis == 0:
+        if primary.dim() == 2 and primary.shape[1] > 1:
+            return "classification"
+        if primary.dim() == 3 and tokens_index is not None and primary.shape[2] > 1:
+            return "language_model"
+    return "regression"
+
+
+def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: InputPlan, tokens_index: Optional[int],
+              select: Callable, config: dict, notes: list[str]) -> Union[_Task, Skip]:
+    if task == "custom":
+        if primary.numel() != 1 and not config.get("loss"):
+            return Skip("task custom needs a scalar output or a configured loss; the output is "
+                        f"{_shape_text(primary, axis)}")
+        return _Task("custom", _ScalarOutputLoss(select), lambda b, g, args, device: None)
+    if task == "classification":
+        if primary.dim() != 2 or axis != 0:
+            return Skip(f"task classification needs an output [B, C]; the output is {_shape_text(primary, axis)}; "
+                        "configure smoke.targets with a task and a loss")
+        classes = int(config.get("num_classes") or primary.shape[1])
+        return _Task("classification", _CrossEntropyLoss(select), _random_labels((), classes), classes)
+    if task == "language_model":
+        if primary.dim() != 3 or axis != 0 or tokens_index is None:
+            return Skip(f"task language_model needs token ids [B, T] and logits [B, T, V]; the output is "
+                        f"{_shape_text(primary, axis)}; configure smoke.targets with a task and a loss")
+        vocab = int(primary.shape[2])
+        tokens = plan.args[tokens_index]
+        if primary.shape[1] == tokens.shape[0] and tokens.high <= vocab:
+            make_target = _shifted_tokens(tokens_index)
+        else:
+            make_target = _random_labels((int(primary.shape[1]),), vocab)
+            notes.append(f"the logits [B, {primary.shape[1]}, {vocab}] do not line up with the input tokens "
+                         f"{tokens.describe()}; their targets are random tokens")
+        return _Task("language_model", _CrossEntropyLoss(select), make_target, vocab)
+    shape = list(primary.shape)
+    if axis is not None:
+        del shape[axis]
+    return _Task("regression", _MeanSquaredError(select), _random_regression_targets(tuple(shape), axis))
+
+
+def _task_without_output(task: str, configured_loss: Optional[Callable], config: dict) -> _Task:
+    identity = lambda out: out  # noqa: E731
+    classes = config.get("num_classes")
+    if configured_loss is not None:
+        loss: Callable = configured_loss
+    elif task in ("classification", "language_model"):
+        loss = _CrossEntropyLoss(identity)
+    elif task == "regression":
+        loss = _MeanSquaredError(identity)
+    else:
+        loss = _ScalarOutputLoss(identity)
+    make_target = (_target_from_spec(_spec_from_config(config["target"])) if config.get("target") is not None
+                   else _random_labels((), int(classes or 2)) if task == "classification"
+                   else (lambda b, g, args, device: None))
+    return _Task(task, loss, make_target, int(classes) if classes else None)
+
+
+class _CrossEntropyLoss:
+    def __init__(self, select: Callable):
+        self.select = select
+
+    def __call__(self, output, target):
+        logits = self.select(output)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=-100)
+
+
+class _MeanSquaredError:
+    def __init__(self, select: Callable):
+        self.select = select
+
+    def __call__(self, output, target):
+        return F.mse_loss(self.select(output).float(), target)
+
+
+class _ScalarOutputLoss:
+    def __init__(self, select: Callable):
+        self.select = select
+
+    def __call__(self, output, target):
+        return self.select(output).reshape(())
+
+
+def _random_labels(shape: tuple, classes: int):
+    def make(batch_size, generator, args, device):
+        return torch.randint(0, classes, (batch_size,) + shape, generator=generator).to(device)
+
+    return make
+
+
+def _shifted_tokens(tokens_index: int):
+    """Next-token targets: position t predicts token t+1; the last position is ignored (-100)."""
+
+    def make(batch_size, generator, args, device):
+        tokens = args[tokens_index]
+        target = torch.full_like(tokens, -100)
+        target[:, :-1] = tokens[:, 1:]
+        return target
+
+    return make
+
+
+def _random_regression_targets(shape: tuple, batch_axis: Optional[int]):
+    def make(batch_size, generator, args, device):
+        full = list(shape)
+        if batch_axis is not None:
+            full.insert(batch_axis, batch_size)
+        return torch.randn(full, generator=generator).to(device)
+
+    return make
+
+
+def _target_from_spec(spec: TensorSpec):
+    def make(batch_size, generator, args, device):
+        return spec.make(batch_size, generator, torch.float32, device)
+
+    return make
+
+
+class _BatchMaker:
+    """``make_batch(batch_size, seed)``: the same tensors for the same arguments, on the device."""
+
+    def __init__(self, plan: InputPlan, task: _Task, device: str, float_dtype: torch.dtype):
+        self.plan, self.task, self.device, self.float_dtype = plan, task, device, float_dtype
+
+    def __call__(self, batch_size: int, seed: int) -> Batch:
+        generator = torch.Generator().manual_seed(int(seed))
+        args, kwargs = self.plan.make(batch_size, generator, self.float_dtype, self.device)
+        target = self.task.make_target(batch_size, generator, args, self.device)
+        return Batch(args=args, kwargs=kwargs, target=target, batch_size=batch_size)

@@ -1,0 +1,953 @@
+"""Smoke checks on a built Subject: Karpathy's recipe turned into numeric pass/fail checks.
+
+``run_checks`` runs every check on its own deep copy of the model (and a copy of one fixed batch), seeded,
+so no check can disturb another and a rerun gives the same report. A check that raises becomes a ``fail``
+carrying the exception text; the remaining checks still run.
+
+Checks, in order (see each function's docstring for its exact criterion):
+forward-contract, loss-at-init, gradients, params-change, overfit-batch, input-dependence, batch-leakage,
+eval-determinism, train-eval-differ, device-placement, nan-localization.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+import resource
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.nn as nn
+from torch.utils import _pytree as pytree
+
+from gpu_runner.subject import Batch, CheckResult, Subject, TargetReport
+
+# --- thresholds (calibrated on the healthy fixtures in tests/test_runner_checks.py) -----------------------
+
+OVERFIT_LEARNING_RATES = (1e-3, 3e-3)  # Adam; the second is only tried when the first does not get there
+OVERFIT_TARGET_FRACTION = 0.5  # pass when the loss falls to half its initial value (or less)
+PARAMS_CHANGE_LR = 1e-3
+# |loss0 - ln C| must stay below LOSS_AT_INIT_RELATIVE * ln C + LOSS_AT_INIT_ABSOLUTE
+LOSS_AT_INIT_RELATIVE = 0.5
+LOSS_AT_INIT_ABSOLUTE = 0.5
+LOSS_AT_INIT_BATCHES = 3  # the fixed batch and two more, averaged, so 8 samples of noise do not decide it
+LEAKAGE_RELATIVE_TOLERANCE = 1e-6  # |d out[i] / d x[j]| against |d out[i] / d x[i]|
+OUTPUT_MATCH_TOLERANCE = 1e-4  # eval determinism and batch-size invariance, relative to the output's scale
+INPUT_DEPENDENCE_TOLERANCE = 1e-6  # relative change of the output when the inputs are blanked
+TRAIN_EVAL_MIN_DIFFERENCE = 1e-6  # relative; Dropout/BatchNorm move outputs by far more (>1e-2 on the fixtures)
+TIMING_WARMUP_STEPS = 3
+TIMING_STEPS = 10
+
+CHECK_NAMES = ("forward-contract", "loss-at-init", "gradients", "params-change", "overfit-batch",
+               "input-dependence", "batch-leakage", "eval-determinism", "train-eval-differ",
+               "device-placement", "nan-localization")
+
+DEFAULT_THRESHOLDS = {"step_time": 0.25, "memory": 0.25}
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_THIS_FILE = os.path.abspath(__file__)
+
+
+# --- shared state of one run ------------------------------------------------------------------------------
+
+@dataclass
+class NonFiniteEvent:
+    """Where a check saw NaN/Inf, so that nan-localization can replay exactly that computation."""
+
+    check: str
+    what: str  # "output", "loss", "gradient"
+    lr: Optional[float] = None  # set when it happened during training
+    step: Optional[int] = None
+
+
+@dataclass
+class _Run:
+    subject: Subject
+    steps: int
+    seed: int
+    batch_size: int
+    fixed_batch: Batch
+    nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
+    loss_after_steps: Optional[float] = None
+
+    def model(self) -> nn.Module:
+        return copy.deepcopy(self.subject.model)
+
+    def batch(self) -> Batch:
+        """A private copy of the fixed batch (a forward that modifies its input in place cannot leak)."""
+        return copy.deepcopy(self.fixed_batch)
+
+    def seed_everything(self, offset: int = 0) -> None:
+        torch.manual_seed(self.seed + offset)
+
+    def note_nonfinite(self, check: str, what: str, lr: Optional[float] = None, step: Optional[int] = None) -> None:
+        self.nonfinite_events.append(NonFiniteEvent(check, what, lr, step))
+
+
+# --- public API -------------------------------------------------------------------------------------------
+
+def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: int = 8) -> TargetReport:
+    """Run every smoke check on ``subject`` and take its measures; status is "failed" when any check failed."""
+    with torch.random.fork_rng(devices=_cuda_devices(subject.device)):  # leave the caller's RNG state alone
+        try:
+            torch.manual_seed(seed)
+            fixed_batch = subject.make_batch(batch_size, seed)
+        except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
+            return TargetReport(target=subject.name, status="error",
+                                reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
+        run = _Run(subject, steps, seed, batch_size, fixed_batch)
+        checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
+        measures, notes = _take_measures(run)
+    status = "failed" if any(check.status == "fail" for check in checks) else "passed"
+    return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes)
+
+
+def compare(head: TargetReport, base: TargetReport, thresholds: Optional[dict] = None) -> list[dict]:
+    """Head-vs-base deltas (params, step time, peak memory, loss after steps), one dict per measure.
+
+    Each row carries ``status``: "warning" when step time or peak memory grew by more than its threshold
+    (a fraction: 0.25 = +25%), else "ok". The arithmetic lives in ``gpu_runner.compare`` so the worker,
+    which has no torch, computes the same rows from report dicts.
+    """
+    from gpu_runner.compare import compare_reports
+
+    rows = compare_reports(asdict(head), asdict(base), dict(thresholds or DEFAULT_THRESHOLDS))
+    for row in rows:
+        row["status"] = "warning" if row["regression"] else "ok"
+    return rows
+
+
+def _cuda_devices(device: str) -> list[int]:
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return []
+    index = torch.device(device).index
+    return [torch.cuda.current_device() if index is None else index]
+
+
+def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run) -> CheckResult:
+    run.seed_everything()
+    started = time.perf_counter()
+    try:
+        result = function(run)
+    except Exception as exc:  # noqa: BLE001 - a check that crashes is a finding, and must not stop the others
+        result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}",
+                             {"error": True, "where": _user_frame(exc.__traceback__),
+                              "traceback": traceback.format_exc(limit=-6)})
+    result.details["seconds"] = round(time.perf_counter() - started, 4)
+    return result
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+def _forward(model: nn.Module, batch: Batch) -> Any:
+    return model(*batch.args, **batch.kwargs)
+
+
+def _primary_output(output: Any) -> Optional[torch.Tensor]:
+    """The tensor the checks look at: the output itself, ``.logits``, or the first tensor in a tuple/dict."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, dict):
+        if isinstance(output.get("logits"), torch.Tensor):
+            return output["logits"]
+        candidates: Iterable = output.values()
+    elif isinstance(output, (tuple, list)):
+        candidates = output
+    else:
+        return None
+    for item in candidates:
+        found = _primary_output(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _require_output(output: Any) -> torch.Tensor:
+    primary = _primary_output(output)
+    if primary is None:
+        raise TypeError(f"forward returned {type(output).__name__}, which holds no tensor")
+    return primary
+
+
+def _loss(run: _Run, output: Any, batch: Batch) -> torch.Tensor:
+    loss = run.subject.loss_fn(output, batch.target)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(f"loss_fn returned {shape}, expected a scalar tensor")
+    return loss.reshape(())
+
+
+def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _is_finite(tensor: torch.Tensor) -> bool:
+    return not tensor.is_floating_point() and not tensor.is_complex() or bool(torch.isfinite(tensor).all())
+
+
+def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:
+    """(label, tensor) for every tensor input; labels read like "input 0" or "input 'mask'"."""
+    found = []
+    for index, arg in enumerate(batch.args):
+        for leaf in pytree.tree_leaves(arg):
+            if isinstance(leaf, torch.Tensor):
+                found.append((f"input {index}", leaf))
+    for key, value in batch.kwargs.items():
+        for leaf in pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                found.append((f"input '{key}'", leaf))
+    return found
+
+
+def _map_inputs(batch: Batch, function: Callable[[torch.Tensor], Any]) -> Batch:
+    """A Batch whose tensor inputs are replaced by ``function(tensor)`` (the target is kept)."""
+    def apply(value):
+        return function(value) if isinstance(value, torch.Tensor) else value
+
+    return Batch(args=tuple(pytree.tree_map(apply, arg) for arg in batch.args),
+                 kwargs={key: pytree.tree_map(apply, value) for key, value in batch.kwargs.items()},
+                 target=batch.target, batch_size=batch.batch_size)
+
+
+def _relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over the larger of their max magnitudes; inf when shapes or NaN/Inf positions differ."""
+    if a.shape != b.shape:
+        return math.inf
+    a, b = a.detach().double(), b.detach().double()
+    finite_a, finite_b = torch.isfinite(a), torch.isfinite(b)
+    if not torch.equal(finite_a, finite_b) or not torch.equal(a[~finite_a].nan_to_num(), b[~finite_b].nan_to_num()):
+        return math.inf
+    a, b = a[finite_a], b[finite_b]
+    if a.numel() == 0:
+        return 0.0
+    scale = max(float(a.abs().max()), float(b.abs().max()), 1e-12)
+    return float((a - b).abs().max()) / scale
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _is_user_file(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return not path.startswith(_TORCH_DIR) and path != _THIS_FILE and "importlib" not in path
+
+
+def _format_frame(frame: traceback.FrameSummary) -> str:
+    code = f": `{frame.line.strip()}`" if frame.line else ""
+    return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}{code}"
+
+
+def _user_frame(tb) -> str:
+    """The innermost frame of the traceback that is the PR's code (not torch, not this file)."""
+    frames = [f for f in traceback.extract_tb(tb) if _is_user_file(f.filename)] if tb is not None else []
+    return _format_frame(frames[-1]) if frames else ""
+
+
+def _thin(curve: list[float], points: int = 11) -> list[float]:
+    """About ``points`` evenly spaced values of a loss curve, first and last included."""
+    if len(curve) <= points:
+        return list(curve)
+    stride = (len(curve) - 1) / (points - 1)
+    return [curve[round(i * stride)] for i in range(points)]
+
+
+def _train(run: _Run, model: nn.Module, batch: Batch, lr: float, steps: int,
+           stop_below: Optional[float] = None) -> tuple[list[float], Optional[int]]:
+    """Adam on one batch; returns the loss before every step plus the loss after the last one, and the step
+    at which the loss became non-finite (training stops there), if it did."""
+    model.train()
+    optimizer = torch.optim.Adam([p for _, p in _trainable(model)], lr=lr)
+    curve: list[float] = []
+    for step in range(steps + 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = _loss(run, _forward(model, batch), batch)
+        curve.append(float(loss.detach()))
+        if not math.isfinite(curve[-1]):
+            return curve, step
+        if step == steps or (stop_below is not None and curve[-1] <= stop_below):
+            break
+        loss.backward()
+        optimizer.step()
+    return curve, None
+
+
+# --- the checks -------------------------------------------------------------------------------------------
+
+def check_forward_contract(run: _Run) -> CheckResult:
+    """The output's first dim is the batch size, its dtype is floating (integer allowed for custom tasks),
+    and every value is finite."""
+    name, batch_size = "forward-contract", run.batch_size
+    model = run.model().train()
+    with torch.no_grad():
+        output = _primary_output(_forward(model, run.batch()))
+    if output is None:
+        return CheckResult(name, "fail", "forward returned no tensor (nor a tuple/dict/object with .logits holding one)")
+    shape = tuple(output.shape)
+    details = {"shape": list(shape), "dtype": str(output.dtype)}
+    problems = []
+    if not shape or shape[0] != batch_size:
+        where = [dim for dim, size in enumerate(shape) if size == batch_size]
+        hint = f" (the batch is on dim {where[0]}: sequence-first output?)" if where else ""
+        problems.append(f"output shape {shape} does not start with the batch size {batch_size}{hint}")
+    integer_ok = run.subject.task == "custom" and not output.is_floating_point() and not output.is_complex()
+    if not output.is_floating_point() and not integer_ok:
+        problems.append(f"output dtype is {output.dtype}, expected a floating dtype for a {run.subject.task} task")
+    if output.is_floating_point() and not _is_finite(output):
+        bad = int((~torch.isfinite(output)).sum())
+        run.note_nonfinite(name, "output")
+        problems.append(f"the output has {bad} non-finite values (NaN/Inf) out of {output.numel()} at init")
+    if problems:
+        return CheckResult(name, "fail", problems[0] + ".", {**details, "problems": problems})
+    return CheckResult(name, "pass", f"output {shape} {str(output.dtype).replace('torch.', '')}, all finite.", details)
+
+
+def _num_classes(run: _Run, output: torch.Tensor) -> tuple[Optional[int], str]:
+    if run.subject.num_classes:
+        return int(run.subject.num_classes), "given"
+    if output.dim() in (2, 3) and output.is_floating_point():
+        return int(output.shape[-1]), "inferred from the output's last dim"
+    return None, ""
+
+
+def check_loss_at_init(run: _Run) -> CheckResult:
+    """For classification/LM: the mean initial loss over a few batches is within
+    ``0.5·ln C + 0.5`` of ln C, the loss of a uniform prediction over C classes."""
+    name, task = "loss-at-init", run.subject.task
+    if task not in ("classification", "language_model"):
+        return CheckResult(name, "skip", f"no expected initial loss for a {task} task.")
+    model = run.model().train()
+    losses, classes, source = [], None, ""
+    with torch.no_grad():
+        for index in range(LOSS_AT_INIT_BATCHES):
+            batch = run.batch() if index == 0 else run.subject.make_batch(run.batch_size, run.seed + index)
+            output = _forward(model, batch)
+            if classes is None:
+                classes, source = _num_classes(run, _require_output(output))
+            losses.append(float(_loss(run, output, batch)))
+    if classes is None or classes < 2:
+        return CheckResult(name, "skip", "the number of classes is unknown: set num_classes for the target.")
+    loss = sum(losses) / len(losses)
+    expected = math.log(classes)
+    tolerance = LOSS_AT_INIT_RELATIVE * expected + LOSS_AT_INIT_ABSOLUTE
+    details = {"initial_loss": loss, "losses": losses, "expected": expected, "tolerance": tolerance,
+               "num_classes": classes, "num_classes_source": source}
+    if not math.isfinite(loss):
+        run.note_nonfinite(name, "loss")
+        return CheckResult(name, "fail", f"the initial loss is {loss}: the forward or the loss produces NaN/Inf at init.",
+                           details)
+    if loss > expected + tolerance:
+        return CheckResult(name, "fail", f"initial loss {loss:.3g} is far above ln({classes})={expected:.3g}: the "
+                           "output layer is initialised too hot (or the targets do not match the outputs).", details)
+    if loss < expected - tolerance:
+        return CheckResult(name, "fail", f"initial loss {loss:.3g} is far below ln({classes})={expected:.3g}: the loss "
+                           f"is not a cross-entropy over {classes} classes, or the target leaks into the input.", details)
+    return CheckResult(name, "pass", f"initial loss {loss:.3g} is close to ln({classes})={expected:.3g}.", details)
+
+
+def check_gradients(run: _Run) -> CheckResult:
+    """One backward: every trainable parameter gets a gradient that is not None, finite and not all zero."""
+    name = "gradients"
+    model = run.model().train()
+    batch = run.batch()
+    loss = _loss(run, _forward(model, batch), batch)
+    if not loss.requires_grad:
+        return CheckResult(name, "fail", "the loss does not require grad: the whole forward is detached "
+                           "(torch.no_grad, .detach() or .item() on the output).")
+    loss.backward()
+    missing, non_finite, zero = [], [], []
+    for param_name, param in _trainable(model):
+        if param.grad is None:
+            missing.append(param_name)
+        elif not _is_finite(param.grad):
+            non_finite.append(param_name)
+        elif not bool(param.grad.any()):
+            zero.append(param_name)
+    loss_is_finite = math.isfinite(float(loss.detach()))
+    if not loss_is_finite or non_finite:
+        run.note_nonfinite(name, "gradient" if loss_is_finite else "loss")
+    details = {"no_gradient": missing, "non_finite_gradient": non_finite, "zero_gradient": zero,
+               "trainable": len(_trainable(model))}
+    if missing:
+        verb = "gets" if len(missing) == 1 else "get"
+        return CheckResult(name, "fail", f"{_names(missing)} {verb} no gradient: detached from the loss or unused "
+                           "in forward.", details)
+    if non_finite:
+        return CheckResult(name, "fail", f"{_names(non_finite)} {'has' if len(non_finite) == 1 else 'have'} a "
+                           "non-finite gradient (NaN/Inf): see nan-localization.", details)
+    if zero:
+        return CheckResult(name, "fail", f"{_names(zero)} {'has' if len(zero) == 1 else 'have'} an all-zero "
+                           "gradient: the path to the loss is dead (multiplied by zero, dead ReLU, a constant).",
+                           details)
+    return CheckResult(name, "pass", f"all {details['trainable']} trainable parameters get a finite, non-zero "
+                       "gradient.", details)
+
+
+def check_params_change(run: _Run) -> CheckResult:
+    """After one Adam step (lr 1e-3), every trainable parameter that got a non-zero gradient has changed."""
+    name = "params-change"
+    model = run.model().train()
+    batch = run.batch()
+    trainable = _trainable(model)
+    before = {param_name: param.detach().clone() for param_name, param in trainable}
+    optimizer = torch.optim.Adam([p for _, p in trainable], lr=PARAMS_CHANGE_LR)
+    _loss(run, _forward(model, batch), batch).backward()
+    optimizer.step()
+    stepped = [(n, p) for n, p in trainable if p.grad is not None and bool(p.grad.any())]
+    unchanged = [n for n, p in stepped if torch.equal(p.detach(), before[n])]
+    details = {"stepped": len(stepped), "unchanged": unchanged}
+    if not stepped:
+        return CheckResult(name, "skip", "no parameter got a non-zero gradient (see gradients).", details)
+    if unchanged:
+        return CheckResult(name, "fail", f"{_names(unchanged)} did not change after an optimizer step although "
+                           "it has a gradient: something resets it in forward, or its dtype cannot hold the update.",
+                           details)
+    return CheckResult(name, "pass", f"all {len(stepped)} parameters with a gradient changed after one Adam step.",
+                       details)
+
+
+def _looks_like_probabilities(output: torch.Tensor) -> bool:
+    if not output.is_floating_point() or output.dim() < 2 or not _is_finite(output):
+        return False
+    sums = output.detach().sum(dim=-1)
+    return bool((output >= 0).all()) and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3))
+
+
+def check_overfit_batch(run: _Run) -> CheckResult:
+    """Adam on one fixed batch gets the loss to half its initial value within ``steps`` steps, at lr 1e-3 or,
+    failing that, 3e-3. The lr 1e-3 curve also gives the loss_after_steps measure."""
+    name = "overfit-batch"
+    runs: dict = {}
+    for lr in OVERFIT_LEARNING_RATES:
+        run.seed_everything()
+        first_run = not runs  # goes all the way: its end point is the loss_after_steps measure
+        stop_below = None if first_run else next(iter(runs.values()))["target"]
+        curve, nonfinite_step = _train(run, run.model(), run.batch(), lr, run.steps, stop_below=stop_below)
+        initial = curve[0]
+        target = initial - OVERFIT_TARGET_FRACTION * abs(initial)
+        finite = [value for value in curve if math.isfinite(value)]
+        best = min(finite) if finite else math.nan
+        runs[f"{lr:g}"] = {"initial": initial, "final": curve[-1], "best": best, "target": target,
+                    "steps": len(curve) - 1, "nonfinite_step": nonfinite_step,
+                    "curve": _thin(curve)}
+        if first_run and nonfinite_step is None:
+            run.loss_after_steps = curve[-1]
+        if nonfinite_step is not None:
+            run.note_nonfinite(name, "loss", lr=lr, step=nonfinite_step)
+        if not math.isfinite(initial):
+            return CheckResult(name, "fail", f"the initial loss is {initial}: nothing to overfit (see "
+                               "nan-localization).", {"runs": runs})
+        if initial == 0:
+            return CheckResult(name, "skip", "the initial loss is already 0.", {"runs": runs})
+        if best <= target:
+            return CheckResult(name, "pass", f"loss fell from {initial:.3g} to {best:.3g} in {runs[f'{lr:g}']['steps']} "
+                               f"Adam steps at lr {lr:g} on one batch.", {"runs": runs, "lr": lr})
+    first = next(iter(runs.values()))
+    message = (f"loss only fell from {first['initial']:.3g} to {min(r['best'] for r in runs.values()):.3g} in "
+               f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}): "
+               "the model cannot fit a single batch")
+    diverged = [(lr, r["nonfinite_step"]) for lr, r in runs.items() if r["nonfinite_step"] is not None]
+    if diverged:
+        message += f"; the loss became NaN/Inf at step {diverged[0][1]} (lr {diverged[0][0]})"
+    with torch.no_grad():
+        output = _primary_output(_forward(run.model().eval(), run.batch()))
+    if run.subject.task in ("classification", "language_model") and output is not None \
+            and _looks_like_probabilities(output):
+        message += ("; the output already sums to 1 over its last dim, so a softmax is applied before a loss that "
+                    "expects logits (double softmax)")
+    return CheckResult(name, "fail", message + ".", {"runs": runs})
+
+
+def _blank(tensor: torch.Tensor) -> torch.Tensor:
+    """Zeros for float inputs; for integer/bool inputs a constant (the first value, so token ids stay valid)."""
+    if tensor.is_floating_point() or tensor.is_complex():
+        return torch.zeros_like(tensor)
+    return torch.full_like(tensor, tensor.reshape(-1)[0].item()) if tensor.numel() else tensor.clone()
+
+
+def _output_moves(model: nn.Module, reference: torch.Tensor, batch: Batch) -> Optional[float]:
+    """Relative change of the output for ``batch`` against ``reference``; None when the forward raises (which
+    means the input is used: the model cannot even run without it)."""
+    try:
+        with torch.no_grad():
+            output = _require_output(_forward(model, batch))
+    except Exception:  # noqa: BLE001
+        return None
+    return _relative_difference(reference, output)
+
+
+def check_input_dependence(run: _Run) -> CheckResult:
+    """In eval mode, replacing every input by zeros (constant tokens for integer inputs) changes the output;
+    with several inputs, each one on its own should change it too (warn when one does not)."""
+    name = "input-dependence"
+    model = run.model().eval()
+    batch = run.batch()
+    with torch.no_grad():
+        reference = _require_output(_forward(model, batch))
+    inputs = _input_tensors(batch)
+    blankable = [(label, tensor) for label, tensor in inputs if not torch.equal(_blank(tensor), tensor)]
+    if not blankable:
+        return CheckResult(name, "skip", "every input is already constant, so there is nothing to blank.")
+    blank_ids = {id(tensor) for _, tensor in blankable}
+    all_blank = _map_inputs(batch, lambda t: _blank(t) if id(t) in blank_ids else t)
+    change = _output_moves(model, reference, all_blank)
+    details = {"change_all_blank": change}
+    if change is not None and change <= INPUT_DEPENDENCE_TOLERANCE:
+        return CheckResult(name, "fail", "the output does not depend on the input: replacing every input with zeros "
+                           "(constant tokens) leaves it unchanged.", details)
+    ignored = []
+    if len(blankable) > 1:
+        for label, tensor in blankable:
+            one_blank = _map_inputs(batch, lambda t, target=tensor: _blank(t) if t is target else t)
+            one_change = _output_moves(model, reference, one_blank)
+            details[f"change_{label}"] = one_change
+            if one_change is not None and one_change <= INPUT_DEPENDENCE_TOLERANCE:
+                ignored.append(label)
+    if ignored:
+        return CheckResult(name, "warn", f"{_names(ignored)} does not affect the output: blanking it leaves the output "
+                           "unchanged (ignored or overwritten in forward).", details)
+    return CheckResult(name, "pass", "the output changes when the input is replaced by zeros/constant tokens.",
+                       details)
+
+
+def _first_embedding_output_hook(model: nn.Module, batch_size: int, captured: list):
+    """Hooks every nn.Embedding: the first output with the batch on dim 0 is replaced by a leaf that requires
+    grad, so the leakage check can differentiate with respect to it. Returns the hook handles."""
+    def hook(module, inputs, output):
+        if captured or not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != batch_size:
+            return None
+        leaf = output.detach().requires_grad_(True)
+        captured.append((module, leaf))
+        return leaf
+
+    return [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Embedding)]
+
+
+def check_batch_leakage(run: _Run) -> CheckResult:
+    """In eval mode, ∂out[i]/∂x[j] is ~0 for j ≠ i (i = first and last row; relative tolerance 1e-6 against
+    ∂out[i]/∂x[i]). Integer inputs are differentiated through the output of the first nn.Embedding."""
+    name, batch_size = "batch-leakage", run.batch_size
+    if batch_size < 2:
+        return CheckResult(name, "skip", "needs a batch of at least 2.")
+    model = run.model().eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    batch = run.batch()
+    labelled = [(label, t) for label, t in _input_tensors(batch)
+                if t.is_floating_point() and t.dim() > 0 and t.shape[0] == batch_size]
+    leaf_of = {id(t): t.detach().clone().requires_grad_(True) for _, t in labelled}
+    leaves: list[tuple[str, torch.Tensor]] = [(label, leaf_of[id(t)]) for label, t in labelled]
+    batch = _map_inputs(batch, lambda t: leaf_of.get(id(t), t))
+    handles = []
+    captured: list = []
+    if not leaves:
+        handles = _first_embedding_output_hook(model, batch_size, captured)
+    try:
+        output = _require_output(_forward(model, batch))
+    finally:
+        for handle in handles:
+            handle.remove()
+    if captured:
+        module, leaf = captured[0]
+        leaves = [(f"the output of embedding '{_module_name(model, module)}'", leaf)]
+    if not leaves:
+        return CheckResult(name, "skip", "no float input with the batch on dim 0 and no nn.Embedding to "
+                           "differentiate through.")
+    if output.dim() == 0 or output.shape[0] != batch_size or not output.is_floating_point():
+        return CheckResult(name, "skip", f"the output {tuple(output.shape)} {output.dtype} has no float batch dim 0.")
+    generator = torch.Generator(device="cpu").manual_seed(run.seed)
+    weights = torch.randn(output.shape[1:], generator=generator, dtype=output.dtype).to(output.device)
+    rows = sorted({0, batch_size - 1})
+    leak: Optional[tuple[int, int, float, str]] = None  # (output row, input row, relative gradient, through)
+    judged = False
+    for row in rows:
+        gradients = torch.autograd.grad((output[row] * weights).sum(), [leaf for _, leaf in leaves],
+                                        retain_graph=True, allow_unused=True)
+        for (label, _), gradient in zip(leaves, gradients):
+            if gradient is None:
+                continue
+            per_row = gradient.detach().abs().reshape(batch_size, -1).amax(dim=1).double()
+            own = float(per_row[row])
+            others = per_row.clone()
+            others[row] = 0
+            other_row = int(others.argmax())
+            other = float(others[other_row])
+            judged = judged or own > 0 or other > 0
+            if leak is None and other > 0 and other > LEAKAGE_RELATIVE_TOLERANCE * own:
+                leak = (row, other_row, other / own if own > 0 else math.inf, label)
+    details = {"rows_checked": rows, "inputs": [label for label, _ in leaves]}
+    if leak is not None:
+        row, other_row, ratio, label = leak
+        details.update({"row": row, "leaks_from": other_row, "relative_gradient": ratio, "through": label})
+        return CheckResult(name, "fail", f"output row {row} depends on input row {other_row} (through {label}): "
+                           "information leaks across the batch (e.g. softmax/normalization over dim 0).", details)
+    if not judged:
+        return CheckResult(name, "skip", "the output's gradient with respect to the input is zero, so leakage "
+                           "cannot be judged (see input-dependence).", details)
+    return CheckResult(name, "pass", f"output rows {' and '.join(map(str, rows))} depend only on their own input "
+                       "row in eval mode.", details)
+
+
+def _module_name(model: nn.Module, target: nn.Module) -> str:
+    for module_name, module in model.named_modules():
+        if module is target:
+            return module_name or type(model).__name__
+    return type(target).__name__
+
+
+def check_eval_determinism(run: _Run) -> CheckResult:
+    """In eval mode two forwards on the same batch agree, and the first k = B/2 rows of the batch give the same
+    outputs as a batch made of just those k rows (relative tolerance 1e-4)."""
+    name, batch_size = "eval-determinism", run.batch_size
+    model = run.model().eval()
+    batch = run.batch()
+    with torch.no_grad():
+        first = _require_output(_forward(model, batch))
+        second = _require_output(_forward(model, batch))
+    repeat_difference = _relative_difference(first, second)
+    details: dict = {"repeat_difference": repeat_difference}
+    if repeat_difference > OUTPUT_MATCH_TOLERANCE:
+        return CheckResult(name, "fail", f"two eval-mode forwards on the same batch differ (relative {repeat_difference:.2g}): "
+                           "something random runs in eval mode (F.dropout without training=self.training, noise "
+                           "not gated on self.training).", details)
+    if batch_size < 2 or first.dim() == 0 or first.shape[0] != batch_size:
+        return CheckResult(name, "pass", "two eval-mode forwards agree (batch-size invariance not checked: the output "
+                           "has no batch dim 0).", details)
+    rows = batch_size // 2
+    sliced = _map_inputs(batch, lambda t: t[:rows] if t.dim() > 0 and t.shape[0] == batch_size else t)
+    try:
+        with torch.no_grad():
+            small = _require_output(_forward(model, sliced))
+    except Exception as exc:  # noqa: BLE001
+        return CheckResult(name, "fail", f"a batch of {rows} fails where a batch of {batch_size} works "
+                           f"({type(exc).__name__}: {_one_line(exc, 160)}): the batch size is hard-coded.", details)
+    size_difference = _relative_difference(first[:rows], small)
+    details["batch_size_difference"] = size_difference
+    if size_difference > OUTPUT_MATCH_TOLERANCE:
+        return CheckResult(name, "fail", f"the first {rows} rows of a batch of {batch_size} give different outputs than "
+                           f"the same {rows} rows alone (relative {size_difference:.2g}): outputs depend on the batch "
+                           "they are in (padding to the batch's longest item, statistics over the batch).", details)
+    return CheckResult(name, "pass", f"eval mode is deterministic and the first {rows} rows give the same outputs in "
+                       f"a batch of {rows} and of {batch_size}.", details)
+
+
+_DROPOUT_TYPES = (nn.modules.dropout._DropoutNd,)
+_NORM_TYPES = (nn.modules.batchnorm._BatchNorm,)
+
+
+def check_train_eval_differ(run: _Run) -> CheckResult:
+    """Only for models with Dropout (p > 0) or BatchNorm tracking running stats: train-mode and eval-mode
+    outputs differ (otherwise model.train()/eval() does not reach those modules)."""
+    name = "train-eval-differ"
+    model = run.model()
+    mode_dependent = [f"{module_name} ({type(module).__name__})" for module_name, module in model.named_modules()
+                      if (isinstance(module, _DROPOUT_TYPES) and module.p > 0)
+                      or (isinstance(module, _NORM_TYPES) and module.track_running_stats)]
+    if not mode_dependent:
+        return CheckResult(name, "skip", "no Dropout or BatchNorm, so train and eval mode may match.")
+    batch = run.batch()
+    with torch.no_grad():
+        evaluated = _require_output(_forward(model.eval(), batch))
+        trained = _require_output(_forward(model.train(), batch))
+    difference = _relative_difference(evaluated, trained)
+    details = {"modules": mode_dependent, "difference": difference}
+    if difference <= TRAIN_EVAL_MIN_DIFFERENCE:
+        return CheckResult(name, "fail", f"train-mode and eval-mode outputs are identical although the model has "
+                           f"{_names(mode_dependent, 2)}: train()/eval() does not reach them (self.training "
+                           "overridden, F.dropout(training=False), modules kept in a plain list).", details)
+    return CheckResult(name, "pass", f"train and eval outputs differ (relative {difference:.2g}), as "
+                       f"{_names(mode_dependent, 2)} should make them.", details)
+
+
+# --- device placement -------------------------------------------------------------------------------------
+
+_DEVICE_MISMATCH = re.compile(r"same device|expected device|found at least two devices|device mismatch", re.I)
+_HARD_CODED_CUDA = re.compile(r"not compiled with CUDA|not linked with support for cuda|no NVIDIA driver|"
+                              r"CUDA driver|cuda is not available", re.I)
+_FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "range",
+              "linspace", "logspace", "eye", "tensor", "as_tensor", "tril_indices", "triu_indices", "bernoulli")
+
+
+def _run_on_fake_meta(model: nn.Module, batch: Batch, recorder: "_FactoryRecorder") -> None:
+    """Forward with every parameter, buffer and input replaced by a fake tensor on the 'meta' device.
+
+    FakeTensorMode propagates devices for every op (matmul included, unlike plain meta tensors), so a tensor
+    made in forward without ``device=`` — a fake *CPU* tensor — meets the model's meta tensors and raises
+    "Expected all tensors to be on the same device", just as it would meet CUDA tensors on a GPU. CPU
+    0-dim tensors (``torch.tensor(2.0)``) and CPU index tensors stay legal, as they are on CUDA.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import functional_call
+
+    meta = torch.device("meta")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        state = {state_name: torch.empty(t.shape, dtype=t.dtype, device=meta)
+                 for state_name, t in [*model.named_parameters(), *model.named_buffers()]}
+        fake_batch = _map_inputs(batch, lambda t: torch.empty(t.shape, dtype=t.dtype, device=meta))
+        with recorder:
+            functional_call(model, state, fake_batch.args, fake_batch.kwargs, strict=False)
+
+
+class _FactoryRecorder(torch.overrides.TorchFunctionMode):
+    """Records tensor factories (torch.zeros, torch.arange, torch.tensor, ...) called without ``device=``
+    that return a tensor with at least one dim (0-dim CPU tensors mix with CUDA tensors, so they are fine)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+        self._factories = {getattr(torch, n) for n in _FACTORIES if hasattr(torch, n)}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        caller = sys._getframe(1)  # __torch_function__ is entered from C: this is the code that called func
+        if func in self._factories and kwargs.get("device") is None and isinstance(result, torch.Tensor) \
+                and result.dim() > 0 and _is_user_file(caller.f_code.co_filename) \
+                and not (func is torch.as_tensor and args and isinstance(args[0], torch.Tensor)):
+            self.calls.append(f"torch.{func.__name__} at {_format_frame(traceback.extract_stack(caller, limit=1)[0])}")
+        return result
+
+
+def _unregistered_tensor_attributes(model: nn.Module) -> list[str]:
+    """Tensors kept as plain attributes: model.to(device) does not move them (register_buffer does)."""
+    found = []
+    for module_name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.dim() > 0:
+                found.append(f"{module_name + '.' if module_name else ''}{attribute}")
+    return found
+
+
+def check_device_placement(run: _Run) -> CheckResult:
+    """Forward (train and eval mode) on fake 'meta' tensors: any tensor the forward creates on the CPU (no
+    ``device=``), or moves to a hard-coded device, and mixes with the model's tensors raises a device
+    mismatch. When the model cannot run on fake tensors (data-dependent ops such as .item() or nonzero, or
+    ops without a meta kernel), fall back to recording factory calls without ``device=`` during a real
+    forward (a warning: the tensor might be moved later) and to listing unregistered tensor attributes."""
+    name = "device-placement"
+    model = run.model()
+    fake_error: Optional[BaseException] = None
+    for training in (True, False):
+        recorder = _FactoryRecorder()
+        try:
+            _run_on_fake_meta(model.train(training), run.batch(), recorder)
+        except Exception as exc:  # noqa: BLE001
+            text = _one_line(exc, 200)
+            where = _user_frame(exc.__traceback__)
+            details = {"mode": "fake-meta", "training": training, "error": text, "where": where,
+                       "factory_calls": recorder.calls}
+            at = f" at {where}" if where else ""
+            if _DEVICE_MISMATCH.search(str(exc)) and "cuda" in str(exc).lower():
+                return CheckResult(name, "fail", f"forward moves a tensor to a hard-coded CUDA device{at}: {text}",
+                                   details)
+            if _DEVICE_MISMATCH.search(str(exc)):
+                made = f" ({_names(recorder.calls, 2)})" if recorder.calls else ""
+                return CheckResult(name, "fail", f"forward creates a tensor on the CPU without device={made} and mixes "
+                                   f"it with the model's tensors{at}: {text}", details)
+            if _HARD_CODED_CUDA.search(str(exc)):
+                return CheckResult(name, "fail", f"forward moves a tensor to a hard-coded CUDA device{at}: {text}",
+                                   details)
+            fake_error = exc
+            break
+    if fake_error is None:
+        return CheckResult(name, "pass", "forward runs with every tensor on a non-CPU device (fake 'meta' tensors, "
+                           "train and eval mode): no tensor is created without device=.", {"mode": "fake-meta"})
+
+    reason = f"{type(fake_error).__name__}: {_one_line(fake_error, 160)}"
+    recorder = _FactoryRecorder()
+    model = run.model().train()
+    with torch.no_grad(), recorder:
+        _forward(model, run.batch())
+    attributes = _unregistered_tensor_attributes(model)
+    details = {"mode": "recorded factory calls", "fake_tensor_error": reason, "factory_calls": recorder.calls,
+               "unregistered_tensors": attributes}
+    if recorder.calls or attributes:
+        problem = (f"forward calls {recorder.calls[0]} without device=" if recorder.calls else
+                   f"{attributes[0]} is a tensor attribute that model.to(device) does not move (use register_buffer)")
+        return CheckResult(name, "warn", f"{problem}, which stays on the CPU when the model is on a GPU (could not run "
+                           f"on fake tensors to confirm: {reason}).", details)
+    return CheckResult(name, "pass", "no tensor factory without device= and no unregistered tensor attribute (checked "
+                       f"by recording, since the model cannot run on fake tensors: {reason}).", details)
+
+
+# --- NaN localisation -------------------------------------------------------------------------------------
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def _has_nonfinite(value: Any) -> bool:
+    return any(not _is_finite(t.detach()) for t in _tensors_in(value))
+
+
+class _NonFiniteTracer:
+    """Forward pre-hooks and hooks on every module: remembers the first module whose input or output holds a
+    NaN/Inf. A non-finite *input* to a module whose producers were all finite points at the code between
+    modules (the parent's forward), reported as such."""
+
+    def __init__(self, model: nn.Module):
+        self.first: Optional[tuple[str, str, str]] = None  # (kind, module name, module type)
+        self._handles = []
+        for module_name, module in model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(module_name, module)))
+            self._handles.append(module.register_forward_hook(self._hook(module_name, module)))
+
+    def _pre_hook(self, module_name, module):
+        def hook(_module, inputs):
+            if self.first is None and _has_nonfinite(inputs):
+                self.first = ("input", module_name, type(module).__name__)
+        return hook
+
+    def _hook(self, module_name, module):
+        def hook(_module, _inputs, output):
+            if self.first is None and _has_nonfinite(output):
+                self.first = ("output", module_name, type(module).__name__)
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _describe_first_nonfinite(first: tuple[str, str, str]) -> str:
+    kind, module_name, module_type = first
+    if kind == "output":
+        if module_name == "":
+            return f"first non-finite value is made in the model's own forward ({module_type}), outside any submodule"
+        return f"first non-finite output in module '{module_name}' ({module_type})"
+    if module_name == "":
+        return "the model's input already holds NaN/Inf (the batch, not the model)"
+    return (f"first non-finite value is an input to module '{module_name}' ({module_type}): it is made by code in the "
+            "enclosing forward, between submodules")
+
+
+def check_nan_localization(run: _Run) -> CheckResult:
+    """If an earlier check saw NaN/Inf, replay that computation (one step at init, or the training run up to
+    the failing step) with hooks on every module and anomaly detection on, and name the first module whose
+    output is non-finite; pass when no earlier check saw a non-finite value."""
+    name = "nan-localization"
+    if not run.nonfinite_events:
+        return CheckResult(name, "pass", "no NaN/Inf appeared in the outputs, losses or gradients of the checks above.")
+    event = run.nonfinite_events[0]
+    replay_steps = event.step if event.step is not None else 0
+    lr = event.lr if event.lr is not None else PARAMS_CHANGE_LR
+    run.seed_everything()
+    model = run.model().train()
+    batch = run.batch()
+    optimizer = torch.optim.Adam([p for _, p in _trainable(model)], lr=lr)
+    tracer = _NonFiniteTracer(model)
+    anomaly, anomaly_trace, step = "", "", 0
+    try:
+        for step in range(replay_steps + 1):
+            optimizer.zero_grad(set_to_none=True)
+            loss = _loss(run, _forward(model, batch), batch)
+            if tracer.first is not None or not math.isfinite(float(loss.detach())):
+                break
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # record (never raise) anomaly mode's warnings
+                try:
+                    with torch.autograd.detect_anomaly(check_nan=True):
+                        loss.backward()
+                except RuntimeError as exc:
+                    anomaly = _one_line(exc, 200)
+                    anomaly_trace = next((str(w.message) for w in caught if "Traceback of forward" in str(w.message)), "")
+                    break
+            optimizer.step()
+    finally:
+        tracer.remove()
+    when = f" at step {step} of training at lr {lr:g}" if event.step else " at init"
+    details = {"event": asdict(event), "replayed_steps": step, "anomaly": anomaly}
+    if anomaly_trace:
+        user_lines = [line.strip() for line in anomaly_trace.splitlines() if line.strip().startswith("File")
+                      and _is_user_file(line.strip().split('"')[1] if '"' in line else "")]
+        details["forward_trace"] = user_lines[-3:]
+    if tracer.first is not None:
+        details["first"] = list(tracer.first)
+        return CheckResult(name, "fail", f"{_describe_first_nonfinite(tracer.first)}{when}.", details)
+    if not math.isfinite(float(loss.detach())):
+        return CheckResult(name, "fail", f"every module output is finite but the loss is {float(loss.detach())}{when}: the "
+                           "loss function produces it (log of 0, division by 0).", details)
+    if anomaly:
+        return CheckResult(name, "fail", f"the forward is finite but the backward is not{when}: {anomaly}", details)
+    return CheckResult(name, "warn", f"{event.check} saw a non-finite {event.what}, but the replay{when} stayed finite "
+                       "(non-deterministic ops?).", details)
+
+
+_CHECKS: tuple[tuple[str, Callable[[_Run], CheckResult]], ...] = (
+    ("forward-contract", check_forward_contract),
+    ("loss-at-init", check_loss_at_init),
+    ("gradients", check_gradients),
+    ("params-change", check_params_change),
+    ("overfit-batch", check_overfit_batch),
+    ("input-dependence", check_input_dependence),
+    ("batch-leakage", check_batch_leakage),
+    ("eval-determinism", check_eval_determinism),
+    ("train-eval-differ", check_train_eval_differ),
+    ("device-placement", check_device_placement),
+    ("nan-localization", check_nan_localization),
+)
+
+
+# --- measures ---------------------------------------------------------------------------------------------
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux reports KiB
+
+
+def _take_measures(run: _Run) -> tuple[dict, list[str]]:
+    """params, step_time_ms (median of 10 Adam steps after 3 warm-up steps), peak_memory_bytes,
+    loss_after_steps (from overfit-batch's lr 1e-3 run)."""
+    subject = run.subject
+    notes: list[str] = []
+    measures: dict = {"params": sum(p.numel() for _, p in _trainable(subject.model)),
+                      "loss_after_steps": run.loss_after_steps}
+    on_cuda = str(subject.device).startswith("cuda") and torch.cuda.is_available()
+    threads = torch.get_num_threads()
+    try:
+        run.seed_everything()
+        model = run.model().train()
+        batch = run.batch()
+        optimizer = torch.optim.Adam([p for _, p in _trainable(model)], lr=PARAMS_CHANGE_LR)
+        if on_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            torch.set_num_threads(1)
+        timings = []
+        for step in range(TIMING_WARMUP_STEPS + TIMING_STEPS):
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            _loss(run, _forward(model, batch), batch).backward()
+            optimizer.step()
+            if on_cuda:
+                torch.cuda.synchronize()
+            if step >= TIMING_WARMUP_STEPS:
+                timings.append(time.perf_counter() - started)
+        measures["step_time_ms"] = statistics.median(timings) * 1000
+        if on_cuda:
+            measures["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
+        else:
+            measures["peak_memory_bytes"] = _peak_rss_bytes()
+            notes.append("step_time_ms is single-threaded on CPU; peak_memory_bytes is the process's peak RSS")
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"could not time a training step: {type(exc).__name__}: {_one_line(exc, 160)}")
+    finally:
+        torch.set_num_threads(threads)
+    return measures, notes

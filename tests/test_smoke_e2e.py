@@ -1,0 +1,83 @@
+"""The GPU runner wired into the App: static review first, then the ``torchreview / smoke`` check run."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bot.emulator.webhooks import issue_comment_payload
+from tests.conftest import Worker, completed_run, deliver, new_repo, pr_payload, wait_for
+
+SMOKE_CONFIG = ".github/torchreview.yml"
+MODELS = '''import torch
+import torch.nn as nn
+
+
+class HealthyMLP(nn.Module):
+    def __init__(self, in_features=16, hidden=32, num_classes=4):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class DetachedEncoder(nn.Module):
+    def __init__(self, in_features=16, hidden=32, num_classes=4):
+        super().__init__()
+        self.encoder = nn.Linear(in_features, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        features = self.encoder(x).detach()
+        return self.head(torch.relu(features))
+'''
+
+
+@pytest.fixture(scope="module")
+def gpu_worker(stack):
+    worker = Worker(stack["env"], queues="gpu", concurrency=1)
+    yield worker
+    worker.stop()
+
+
+def smoke_run(state, sha: str, timeout: float = 240.0):
+    def done():
+        runs = [r for r in state.check_runs_for(sha, name="torchreview / smoke") if r.status == "completed"]
+        return runs[0] if runs else None
+
+    return wait_for(done, timeout, f"a completed smoke check run on {sha[:7]}")
+
+
+def test_collaborator_pr_gets_static_review_then_smoke_results(stack, gpu_worker):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    state.add_collaborator(repo, "alice", role="write")
+    pr = state.open_pull_request(repo, {"models/net.py": MODELS}, user="alice")
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    static = completed_run(state, pr.head_sha)
+    smoke = smoke_run(state, pr.head_sha)
+    assert static.completed_at <= smoke.completed_at  # static review posts first
+    assert smoke.conclusion == "failure"
+    summary = smoke.output_summary
+    assert "models/net.py:HealthyMLP" in summary and "models/net.py:DetachedEncoder" in summary
+    assert "encoder.weight" in summary  # the gradients check names the parameters that get none
+    comments = [c for c in state.review_comments_for(pr) if "smoke" in c.body]
+    assert len(comments) == 1 and comments[0].path == "models/net.py"
+    assert 14 <= comments[0].line <= 23  # on the DetachedEncoder class
+
+
+def test_fork_prs_never_smoke_automatically_but_review_smoke_runs_pinned(stack, gpu_worker):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    fork = state.fork(repo, "mallory")
+    pr = state.open_pull_request(repo, {"models/net.py": MODELS.split("class DetachedEncoder")[0]},
+                                 user="mallory", head_repo=fork)
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    completed_run(state, pr.head_sha)
+    time.sleep(3)
+    assert state.check_runs_for(pr.head_sha, name="torchreview / smoke") == []
+    # a maintainer asks for it explicitly
+    deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review smoke", user="octo-maintainer"))
+    smoke = smoke_run(state, pr.head_sha)
+    assert smoke.conclusion == "success"
