@@ -143,7 +143,27 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
 # ---- the job -----------------------------------------------------------------------------------
 
 
+class SmokeBusy(Exception):
+    """Another worker is running this smoke job (a redelivery): try again later."""
+
+
 def run_smoke_job(job, clients, store) -> str:
+    """Idempotent: a job that already finished returns at once; a copy of a running one waits."""
+    key = f"torchreview:smoke:{job.repository}#{job.pull_number}:{job.head_sha}:{job.delivery}"
+    if store.exists(key + ":done"):
+        return "already done"
+    token = store.acquire(key + ":lock", 4 * 3600)
+    if token is None:
+        raise SmokeBusy()
+    try:
+        outcome = _run_smoke_job(job, clients, store)
+        store.claim(key + ":done", 7 * 24 * 3600)
+        return outcome
+    finally:
+        store.unlock(key + ":lock", token)
+
+
+def _run_smoke_job(job, clients, store) -> str:
     from analyzers.config import ConfigError
     from bot.github_client import commit_ref
     from bot.pipeline import complete_check_run, load_base_config

@@ -21,6 +21,9 @@ class Store(Protocol):
     def release(self, key: str) -> None:
         ...
 
+    def exists(self, key: str) -> bool:
+        ...
+
     def acquire(self, key: str, ttl: int) -> Optional[str]:
         """A lock token when ``key`` was free (held for at most ``ttl`` s), else None."""
 
@@ -44,6 +47,9 @@ class RedisStore:
 
     def release(self, key: str) -> None:
         self.client.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return bool(self.client.exists(key))
 
     def acquire(self, key: str, ttl: int) -> Optional[str]:
         token = uuid.uuid4().hex
@@ -95,6 +101,11 @@ class SqliteStore:
     def release(self, key: str) -> None:
         with self._db() as db:
             db.execute("DELETE FROM keys WHERE key = ?", (key,))
+
+    def exists(self, key: str) -> bool:
+        with self._db() as db:
+            row = db.execute("SELECT 1 FROM keys WHERE key = ? AND expires >= ?", (key, time.time())).fetchone()
+        return row is not None
 
     def acquire(self, key: str, ttl: int) -> Optional[str]:
         token = uuid.uuid4().hex

@@ -91,12 +91,14 @@ def review_pull_request(self, request: dict) -> str:
                  reject_on_worker_lost=True)
 def smoke_pull_request(self, request: dict) -> str:
     from bot.github_client import classify
-    from bot.smoke import run_smoke_job
+    from bot.smoke import SmokeBusy, run_smoke_job
 
     job = ReviewRequest(**request)
     settings, store, clients = _runtime()
     try:
         outcome = run_smoke_job(job, clients, store)
+    except SmokeBusy:
+        raise self.retry(countdown=30, max_retries=200)  # a redelivered copy waits for the running one
     except Exception as exc:  # noqa: BLE001 - classified below
         transient = classify(exc, self.request.retries)
         if transient is not None and self.request.retries < self.max_retries:

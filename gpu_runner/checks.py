@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 import traceback
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -44,10 +43,6 @@ INPUT_DEPENDENCE_TOLERANCE = 1e-6  # relative change of the output when the inpu
 TRAIN_EVAL_MIN_DIFFERENCE = 1e-6  # relative; Dropout/BatchNorm move outputs by far more (>1e-2 on the fixtures)
 TIMING_WARMUP_STEPS = 3
 TIMING_STEPS = 10
-
-CHECK_NAMES = ("forward-contract", "loss-at-init", "gradients", "params-change", "overfit-batch",
-               "input-dependence", "batch-leakage", "eval-determinism", "train-eval-differ",
-               "device-placement", "nan-localization")
 
 DEFAULT_THRESHOLDS = {"step_time": 0.25, "memory": 0.25}
 
@@ -192,7 +187,9 @@ def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def _is_finite(tensor: torch.Tensor) -> bool:
-    return not tensor.is_floating_point() and not tensor.is_complex() or bool(torch.isfinite(tensor).all())
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return True  # integer and bool tensors cannot hold NaN/Inf
+    return bool(torch.isfinite(tensor).all())
 
 
 def _input_tensors(batch: Batch) -> list[tuple[str, torch.Tensor]]:
@@ -292,16 +289,24 @@ def _train(run: _Run, model: nn.Module, batch: Batch, lr: float, steps: int,
 
 def check_forward_contract(run: _Run) -> CheckResult:
     """The output's first dim is the batch size, its dtype is floating (integer allowed for custom tasks),
-    and every value is finite."""
+    and every value is finite. A custom task may instead return a scalar: the model's own loss."""
     name, batch_size = "forward-contract", run.batch_size
     model = run.model().train()
     with torch.no_grad():
         output = _primary_output(_forward(model, run.batch()))
     if output is None:
-        return CheckResult(name, "fail", "forward returned no tensor (nor a tuple/dict/object with .logits holding one)")
+        return CheckResult(name, "fail", "forward returned no tensor (nor a tuple/dict/object with .logits "
+                           "holding one).")
     shape = tuple(output.shape)
     details = {"shape": list(shape), "dtype": str(output.dtype)}
     problems = []
+    returns_its_loss = not shape and run.subject.task == "custom"  # forward(x, targets) -> scalar loss
+    if returns_its_loss:
+        if not _is_finite(output):
+            run.note_nonfinite(name, "output")
+            return CheckResult(name, "fail", f"the model's own loss is {float(output)} at init.", details)
+        return CheckResult(name, "pass", f"forward returns a finite scalar {float(output):.4g} (the model computes its "
+                           "own loss); the per-row checks do not apply.", details)
     if not shape or shape[0] != batch_size:
         where = [dim for dim, size in enumerate(shape) if size == batch_size]
         hint = f" (the batch is on dim {where[0]}: sequence-first output?)" if where else ""
@@ -350,14 +355,15 @@ def check_loss_at_init(run: _Run) -> CheckResult:
                "num_classes": classes, "num_classes_source": source}
     if not math.isfinite(loss):
         run.note_nonfinite(name, "loss")
-        return CheckResult(name, "fail", f"the initial loss is {loss}: the forward or the loss produces NaN/Inf at init.",
-                           details)
+        return CheckResult(name, "fail", f"the initial loss is {loss}: the forward or the loss produces NaN/Inf "
+                           "at init.", details)
     if loss > expected + tolerance:
         return CheckResult(name, "fail", f"initial loss {loss:.3g} is far above ln({classes})={expected:.3g}: the "
                            "output layer is initialised too hot (or the targets do not match the outputs).", details)
     if loss < expected - tolerance:
-        return CheckResult(name, "fail", f"initial loss {loss:.3g} is far below ln({classes})={expected:.3g}: the loss "
-                           f"is not a cross-entropy over {classes} classes, or the target leaks into the input.", details)
+        return CheckResult(name, "fail", f"initial loss {loss:.3g} is far below ln({classes})={expected:.3g}: the "
+                           f"loss is not a cross-entropy over {classes} classes, or the target leaks into the input.",
+                           details)
     return CheckResult(name, "pass", f"initial loss {loss:.3g} is close to ln({classes})={expected:.3g}.", details)
 
 
@@ -431,21 +437,21 @@ def _looks_like_probabilities(output: torch.Tensor) -> bool:
 
 def check_overfit_batch(run: _Run) -> CheckResult:
     """Adam on one fixed batch gets the loss to half its initial value within ``steps`` steps, at lr 1e-3 or,
-    failing that, 3e-3. The lr 1e-3 curve also gives the loss_after_steps measure."""
+    failing that, 3e-3. The lr 1e-3 run always goes all ``steps``: its end point is the loss_after_steps measure."""
     name = "overfit-batch"
     runs: dict = {}
     for lr in OVERFIT_LEARNING_RATES:
         run.seed_everything()
-        first_run = not runs  # goes all the way: its end point is the loss_after_steps measure
+        first_run = not runs
         stop_below = None if first_run else next(iter(runs.values()))["target"]
         curve, nonfinite_step = _train(run, run.model(), run.batch(), lr, run.steps, stop_below=stop_below)
         initial = curve[0]
         target = initial - OVERFIT_TARGET_FRACTION * abs(initial)
+        reached_at = next((step for step, value in enumerate(curve) if value <= target), None)
         finite = [value for value in curve if math.isfinite(value)]
-        best = min(finite) if finite else math.nan
-        runs[f"{lr:g}"] = {"initial": initial, "final": curve[-1], "best": best, "target": target,
-                    "steps": len(curve) - 1, "nonfinite_step": nonfinite_step,
-                    "curve": _thin(curve)}
+        runs[f"{lr:g}"] = {"initial": initial, "final": curve[-1], "best": min(finite) if finite else math.nan,
+                           "target": target, "reached_at": reached_at, "steps": len(curve) - 1,
+                           "nonfinite_step": nonfinite_step, "curve": _thin(curve)}
         if first_run and nonfinite_step is None:
             run.loss_after_steps = curve[-1]
         if nonfinite_step is not None:
@@ -455,9 +461,11 @@ def check_overfit_batch(run: _Run) -> CheckResult:
                                "nan-localization).", {"runs": runs})
         if initial == 0:
             return CheckResult(name, "skip", "the initial loss is already 0.", {"runs": runs})
-        if best <= target:
-            return CheckResult(name, "pass", f"loss fell from {initial:.3g} to {best:.3g} in {runs[f'{lr:g}']['steps']} "
-                               f"Adam steps at lr {lr:g} on one batch.", {"runs": runs, "lr": lr})
+        if reached_at is not None:
+            further = f", and to {curve[-1]:.3g} after {len(curve) - 1}" if len(curve) - 1 > reached_at else ""
+            return CheckResult(name, "pass", f"loss fell from {initial:.3g} to {curve[reached_at]:.3g} (half or "
+                               f"less) in {reached_at} Adam steps at lr {lr:g} on one batch{further}.",
+                               {"runs": runs, "lr": lr})
     first = next(iter(runs.values()))
     message = (f"loss only fell from {first['initial']:.3g} to {min(r['best'] for r in runs.values()):.3g} in "
                f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}): "
@@ -520,8 +528,9 @@ def check_input_dependence(run: _Run) -> CheckResult:
             if one_change is not None and one_change <= INPUT_DEPENDENCE_TOLERANCE:
                 ignored.append(label)
     if ignored:
-        return CheckResult(name, "warn", f"{_names(ignored)} does not affect the output: blanking it leaves the output "
-                           "unchanged (ignored or overwritten in forward).", details)
+        verb, pronoun = ("does", "it") if len(ignored) == 1 else ("do", "them")
+        return CheckResult(name, "warn", f"{_names(ignored)} {verb} not affect the output: blanking {pronoun} leaves "
+                           "the output unchanged (ignored or overwritten in forward).", details)
     return CheckResult(name, "pass", "the output changes when the input is replaced by zeros/constant tokens.",
                        details)
 
@@ -582,6 +591,9 @@ def check_batch_leakage(run: _Run) -> CheckResult:
         for (label, _), gradient in zip(leaves, gradients):
             if gradient is None:
                 continue
+            if not _is_finite(gradient):
+                return CheckResult(name, "skip", "the gradient with respect to the input is non-finite, so leakage "
+                                   "cannot be judged (see nan-localization).")
             per_row = gradient.detach().abs().reshape(batch_size, -1).amax(dim=1).double()
             own = float(per_row[row])
             others = per_row.clone()
@@ -623,9 +635,9 @@ def check_eval_determinism(run: _Run) -> CheckResult:
     repeat_difference = _relative_difference(first, second)
     details: dict = {"repeat_difference": repeat_difference}
     if repeat_difference > OUTPUT_MATCH_TOLERANCE:
-        return CheckResult(name, "fail", f"two eval-mode forwards on the same batch differ (relative {repeat_difference:.2g}): "
-                           "something random runs in eval mode (F.dropout without training=self.training, noise "
-                           "not gated on self.training).", details)
+        return CheckResult(name, "fail", f"two eval-mode forwards on the same batch differ (relative "
+                           f"{repeat_difference:.2g}): something random runs in eval mode (F.dropout without "
+                           "training=self.training, noise not gated on self.training).", details)
     if batch_size < 2 or first.dim() == 0 or first.shape[0] != batch_size:
         return CheckResult(name, "pass", "two eval-mode forwards agree (batch-size invariance not checked: the output "
                            "has no batch dim 0).", details)
@@ -640,9 +652,9 @@ def check_eval_determinism(run: _Run) -> CheckResult:
     size_difference = _relative_difference(first[:rows], small)
     details["batch_size_difference"] = size_difference
     if size_difference > OUTPUT_MATCH_TOLERANCE:
-        return CheckResult(name, "fail", f"the first {rows} rows of a batch of {batch_size} give different outputs than "
-                           f"the same {rows} rows alone (relative {size_difference:.2g}): outputs depend on the batch "
-                           "they are in (padding to the batch's longest item, statistics over the batch).", details)
+        return CheckResult(name, "fail", f"the first {rows} rows of a batch of {batch_size} give different outputs "
+                           f"than the same {rows} rows alone (relative {size_difference:.2g}): outputs depend on "
+                           "the batch they are in (padding to the batch's longest item, statistics over the batch).", details)
     return CheckResult(name, "pass", f"eval mode is deterministic and the first {rows} rows give the same outputs in "
                        f"a batch of {rows} and of {batch_size}.", details)
 
@@ -757,6 +769,12 @@ def check_device_placement(run: _Run) -> CheckResult:
                 return CheckResult(name, "fail", f"forward moves a tensor to a hard-coded CUDA device{at}: {text}",
                                    details)
             if _DEVICE_MISMATCH.search(str(exc)):
+                attributes = _unregistered_tensor_attributes(model)
+                if attributes and not recorder.calls:
+                    details["unregistered_tensors"] = attributes
+                    return CheckResult(name, "fail", f"{_names(attributes, 2)} is a plain tensor attribute that "
+                                       "model.to(device) does not move (use register_buffer), and forward mixes it "
+                                       f"with the model's tensors{at}: {text}", details)
                 made = f" ({_names(recorder.calls, 2)})" if recorder.calls else ""
                 return CheckResult(name, "fail", f"forward creates a tensor on the CPU without device={made} and mixes "
                                    f"it with the model's tensors{at}: {text}", details)
@@ -825,6 +843,41 @@ class _NonFiniteTracer:
             handle.remove()
 
 
+def _watch_backward(loss: torch.Tensor, culprit: list) -> list:
+    """Hooks on every autograd node behind ``loss``: the first node whose incoming gradients are finite but whose
+    outgoing ones are not is appended to ``culprit`` as (node name, forward line). Returns the hook handles."""
+    def all_finite(gradients) -> bool:
+        return all(g is None or _is_finite(g) for g in gradients)
+
+    handles, seen, pending = [], set(), [loss.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+
+        def hook(grad_inputs, grad_outputs, node=node):
+            if not culprit and all_finite(grad_outputs) and not all_finite(grad_inputs):
+                trace = "".join(node.metadata.get("traceback_", []) if hasattr(node, "metadata") else [])
+                culprit.append((node.name(), _last_user_line(trace)))
+
+        handles.append(node.register_hook(hook))
+        pending.extend(next_node for next_node, _ in node.next_functions)
+    return handles
+
+
+_TRACE_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)\n\s*(?P<code>[^\n]*)')
+
+
+def _last_user_line(forward_trace: str) -> str:
+    """The innermost frame of the PR's code in a forward stack recorded by anomaly mode."""
+    frames = [m for m in _TRACE_FRAME.finditer(forward_trace) if _is_user_file(m["file"])]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"{os.path.basename(last['file'])}:{last['line']} in {last['name']}: `{last['code'].strip()}`"
+
+
 def _describe_first_nonfinite(first: tuple[str, str, str]) -> str:
     kind, module_name, module_type = first
     if kind == "output":
@@ -839,8 +892,10 @@ def _describe_first_nonfinite(first: tuple[str, str, str]) -> str:
 
 def check_nan_localization(run: _Run) -> CheckResult:
     """If an earlier check saw NaN/Inf, replay that computation (one step at init, or the training run up to
-    the failing step) with hooks on every module and anomaly detection on, and name the first module whose
-    output is non-finite; pass when no earlier check saw a non-finite value."""
+    the failing step) with hooks on every module and name the first module whose output is non-finite; when the
+    forward stays finite, hooks on every autograd node (with anomaly mode recording forward stacks) name the
+    first backward op that turns finite gradients into NaN/Inf and the line of code that made it. Pass when no
+    earlier check saw a non-finite value."""
     name = "nan-localization"
     if not run.nonfinite_events:
         return CheckResult(name, "pass", "no NaN/Inf appeared in the outputs, losses or gradients of the checks above.")
@@ -852,39 +907,39 @@ def check_nan_localization(run: _Run) -> CheckResult:
     batch = run.batch()
     optimizer = torch.optim.Adam([p for _, p in _trainable(model)], lr=lr)
     tracer = _NonFiniteTracer(model)
-    anomaly, anomaly_trace, step = "", "", 0
+    backward_culprit: list[tuple[str, str]] = []
+    step = 0
     try:
-        for step in range(replay_steps + 1):
-            optimizer.zero_grad(set_to_none=True)
-            loss = _loss(run, _forward(model, batch), batch)
-            if tracer.first is not None or not math.isfinite(float(loss.detach())):
-                break
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")  # record (never raise) anomaly mode's warnings
-                try:
-                    with torch.autograd.detect_anomaly(check_nan=True):
-                        loss.backward()
-                except RuntimeError as exc:
-                    anomaly = _one_line(exc, 200)
-                    anomaly_trace = next((str(w.message) for w in caught if "Traceback of forward" in str(w.message)), "")
+        # anomaly mode records each autograd node's forward stack, so a backward culprit maps to a line of code
+        with torch.autograd.set_detect_anomaly(True, check_nan=False):
+            for step in range(replay_steps + 1):
+                optimizer.zero_grad(set_to_none=True)
+                loss = _loss(run, _forward(model, batch), batch)
+                if tracer.first is not None or not math.isfinite(float(loss.detach())):
                     break
-            optimizer.step()
+                handles = _watch_backward(loss, backward_culprit)
+                loss.backward()
+                for handle in handles:
+                    handle.remove()
+                if backward_culprit:
+                    break
+                optimizer.step()
     finally:
         tracer.remove()
     when = f" at step {step} of training at lr {lr:g}" if event.step else " at init"
-    details = {"event": asdict(event), "replayed_steps": step, "anomaly": anomaly}
-    if anomaly_trace:
-        user_lines = [line.strip() for line in anomaly_trace.splitlines() if line.strip().startswith("File")
-                      and _is_user_file(line.strip().split('"')[1] if '"' in line else "")]
-        details["forward_trace"] = user_lines[-3:]
+    details = {"event": asdict(event), "replayed_steps": step}
     if tracer.first is not None:
         details["first"] = list(tracer.first)
         return CheckResult(name, "fail", f"{_describe_first_nonfinite(tracer.first)}{when}.", details)
     if not math.isfinite(float(loss.detach())):
-        return CheckResult(name, "fail", f"every module output is finite but the loss is {float(loss.detach())}{when}: the "
-                           "loss function produces it (log of 0, division by 0).", details)
-    if anomaly:
-        return CheckResult(name, "fail", f"the forward is finite but the backward is not{when}: {anomaly}", details)
+        return CheckResult(name, "fail", f"every module output is finite but the loss is {float(loss.detach())}"
+                           f"{when}: the loss function produces it (log of 0, division by 0).", details)
+    if backward_culprit:
+        node, forward_line = backward_culprit[0]
+        details.update({"backward_node": node, "forward_line": forward_line})
+        made_at = f" (the op at {forward_line})" if forward_line else ""
+        return CheckResult(name, "fail", f"the forward is finite but the backward is not{when}: {node} turns finite "
+                           f"gradients into NaN/Inf{made_at}.", details)
     return CheckResult(name, "warn", f"{event.check} saw a non-finite {event.what}, but the replay{when} stayed finite "
                        "(non-deterministic ops?).", details)
 
@@ -902,6 +957,7 @@ _CHECKS: tuple[tuple[str, Callable[[_Run], CheckResult]], ...] = (
     ("device-placement", check_device_placement),
     ("nan-localization", check_nan_localization),
 )
+CHECK_NAMES = tuple(check_name for check_name, _ in _CHECKS)
 
 
 # --- measures ---------------------------------------------------------------------------------------------

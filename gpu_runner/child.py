@@ -47,6 +47,10 @@ def main() -> int:
     job = json.loads(sys.stdin.read())
     code_root = Path(job["code_root"])
     sys.path.insert(0, str(code_root))
+    if not str(job.get("device", "cpu")).startswith("cuda"):
+        import torch
+
+        torch.set_num_threads(1)  # stable step times; spinning worker threads only slow a shared CPU
     for item in job["targets"]:
         result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                            int(job.get("steps", 50)), int(job.get("seed", 0)))

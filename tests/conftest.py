@@ -115,7 +115,7 @@ def worker_env(emulator, app_key, redis_url, data_dir) -> dict:
         "GITHUB_API_URL": emulator.url,
         "TORCHREVIEW_DATA_DIR": str(data_dir),
         "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0",
-        "TORCHREVIEW_VISIBILITY_TIMEOUT": "4",
+        "TORCHREVIEW_VISIBILITY_TIMEOUT": "20",
         "PYTHONPATH": str(ROOT),
     }
 

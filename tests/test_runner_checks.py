@@ -332,6 +332,22 @@ def test_nan_made_between_modules_points_at_the_enclosing_forward():
     assert localization.message.startswith("first non-finite value is an input to module 'head' (Linear)")
 
 
+class SqrtOfZero(MLPClassifier):
+    def forward(self, x):
+        hidden = self.encoder(x)
+        return self.head(hidden + torch.sqrt(hidden - hidden.detach()))  # 0 forward, inf/nan backward
+
+
+def test_nan_only_in_backward_names_the_forward_line():
+    report = run_checks(classification_subject(SqrtOfZero(), (20,), 10), steps=STEPS)
+    assert "non-finite gradient" in check(report, "gradients").message
+    localization = check(report, "nan-localization")
+    assert localization.status == "fail"
+    assert localization.message.startswith("the forward is finite but the backward is not at init: SqrtBackward0 "
+                                           "turns finite gradients into NaN/Inf (the op at test_runner_checks.py:")
+    assert "return self.head(hidden + torch.sqrt(hidden - hidden.detach()))" in localization.message
+
+
 class LogGate(nn.Module):
     def __init__(self):
         super().__init__()
@@ -409,6 +425,23 @@ def test_matmul_with_cpu_constant_fails_device_placement():
     placement = check(run_checks(classification_subject(MatmulWithCPUConstant(), (20,), 10), steps=STEPS),
                       "device-placement")
     assert placement.status == "fail" and "torch.eye(10)" in placement.message
+
+
+class UnregisteredTensorAttribute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(20, 10)
+        self.class_bias = torch.linspace(-1, 1, 10)  # not a buffer: model.to("cuda") leaves it on the CPU
+
+    def forward(self, x):
+        return self.encoder(x) + self.class_bias
+
+
+def test_unregistered_tensor_attribute_fails_device_placement():
+    placement = check(run_checks(classification_subject(UnregisteredTensorAttribute(), (20,), 10), steps=STEPS),
+                      "device-placement")
+    assert placement.status == "fail"
+    assert placement.message.startswith("class_bias is a plain tensor attribute that model.to(device) does not move")
 
 
 class DataDependentWithoutDevice(nn.Module):
@@ -528,6 +561,31 @@ def test_regression_task_skips_loss_at_init():
     report = run_checks(subject, steps=20)
     assert check(report, "loss-at-init").status == "skip"
     assert report.status == "passed"
+
+
+class ComputesItsOwnLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(20, 6)
+
+    def forward(self, x, targets):
+        return F.cross_entropy(self.body(x), targets)
+
+
+def test_custom_model_returning_its_own_loss_passes():
+    def make_batch(batch_size: int, seed: int) -> Batch:
+        generator = torch.Generator().manual_seed(seed)
+        return Batch(args=(torch.randn(batch_size, 20, generator=generator),
+                           torch.randint(0, 6, (batch_size,), generator=generator)), kwargs={}, target=None,
+                     batch_size=batch_size)
+
+    subject = Subject(name="own-loss", model=ComputesItsOwnLoss(), make_batch=make_batch,
+                      loss_fn=lambda output, target: output, task="custom", device="cpu")
+    report = run_checks(subject, steps=STEPS)
+    assert report.status == "passed", [(c.name, c.message) for c in report.checks if c.status != "pass"]
+    assert check(report, "forward-contract").message.startswith("forward returns a finite scalar")
+    assert {c.name for c in report.checks if c.status == "skip"} == {"loss-at-init", "batch-leakage",
+                                                                       "train-eval-differ"}
 
 
 # --- compare ----------------------------------------------------------------------------------------------
