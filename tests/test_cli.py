@@ -125,3 +125,48 @@ def test_example_shows_real_findings():
     rules = {f["rule"] for f in data["findings"]}
     assert len(rules) >= 10, rules
     assert data["errors"] == []
+
+
+SMALL = '''import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self, in_features=16, hidden=HIDDEN, num_classes=4):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Broken(nn.Module):
+    def __init__(self, in_features=16, num_classes=4):
+        super().__init__()
+        self.encoder = nn.Linear(in_features, 32)
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).detach())
+'''
+
+
+def test_smoke_cli_compares_against_a_base_revision(tmp_path):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "models.py").write_text(SMALL.replace("HIDDEN", "32"))
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
+    (tmp_path / "models.py").write_text(SMALL.replace("HIDDEN", "64"))
+    proc = run("smoke", "models.py:Net", "--base", "HEAD", "--format", "json", "--steps", "50", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    data = json.loads(proc.stdout)
+    (target,) = data["targets"]
+    assert target["status"] == "passed" and target["base"]["status"] == "passed"
+    params = next(row for row in target["comparison"] if row["measure"] == "parameters")
+    assert params["head"] > params["base"]  # hidden 32 -> 64
+
+    proc = run("smoke", "models.py:Broken", "--format", "json", cwd=tmp_path, check=1)
+    broken = json.loads(proc.stdout)["targets"][0]
+    failed = {c["name"]: c["message"] for c in broken["head"]["checks"] if c["status"] == "fail"}
+    assert "gradients" in failed and "encoder.weight" in failed["gradients"]
+    run("smoke", "missing.py", cwd=tmp_path, check=2)
