@@ -190,6 +190,14 @@ def _run_smoke_job(job, clients, store) -> str:
     budget.spend()
     check_run = repo.create_check_run(name=SMOKE_CHECK_NAME, head_sha=head, status="in_progress",
                                       output={"title": "Smoke-training…", "summary": "Building and training the changed models."})
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        complete_check_run(check_run, CheckRunPlan(
+            "neutral", "No GPU runner on this installation",
+            "This torchreview worker has no torch: install `torchreview[runner]` (torch first, pinned to your "
+            "CUDA build) on the machines that run `torchreview worker --queues gpu`."), budget)
+        return "smoke: no torch on this worker"
     workdir = Path(tempfile.mkdtemp(prefix="torchreview-smoke-"))
     try:
         head_dir = download_tree(repo, head, workdir / "head")
