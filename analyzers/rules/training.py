@@ -1809,6 +1809,13 @@ class BackwardOnNonScalar(Rule):
         loss = criterion(model(x), y)
         loss.mean().backward()
         """,
+        # a model that returns its own loss (DDP tests, HF-style models)
+        """
+        import torch
+        ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+        for _ in range(6):
+            ddp_model().backward(create_graph=True)
+        """,
         """
         import torch
         import torch.nn.functional as F
@@ -1895,7 +1902,9 @@ class BackwardOnNonScalar(Rule):
         if reason is None:
             return
         if reason == "model":
-            if shown is not None and not _output_like(shown):
+            # ``model(x).backward()`` is common for models that return their own loss: only a value
+            # named like an output (out, logits, preds...) is clearly not a loss
+            if shown is None or not _output_like(shown):
                 return
             what = f"{shown or 'the output'} is the raw output of the model"
         else:
