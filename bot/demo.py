@@ -22,6 +22,8 @@ from rich.panel import Panel
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "octo-org/vision"
 SECRET = "demo-webhook-secret"
+SMOKE_CHECK = "torchreview / smoke"
+SMOKE_CONFIG = "smoke:\n  enabled: true\n  timeout: 120\n"
 BASE_TRAIN = '''import torch
 import torch.nn as nn
 
@@ -68,9 +70,13 @@ def run_demo(keep: bool = False) -> int:
     state = EmulatorState(app_public_key_pem=public_key, app_id=1)
     emulator = serve(state)
     state.add_installation("octo-org", installation_id=1)
-    repo = state.add_repo(REPO, files={"README.md": "# vision\n", "train.py": BASE_TRAIN})
+    repo = state.add_repo(REPO, files={"README.md": "# vision\n", "train.py": BASE_TRAIN,
+                                       ".github/torchreview.yml": SMOKE_CONFIG})
+    state.add_collaborator(repo, "alice", role="write")  # collaborators' PRs are smoke-trained automatically
     buggy = (ROOT / "examples" / "buggy_train.py").read_text()
-    pr = state.open_pull_request(repo, {"train.py": buggy}, title="Train the classifier with AMP", user="alice")
+    models = (ROOT / "examples" / "smoke_models.py").read_text()
+    pr = state.open_pull_request(repo, {"train.py": buggy, "models.py": models},
+                                 title="Train the classifier with AMP", user="alice")
     console.print(f"[bold]GitHub emulator[/] at {emulator.url}: {REPO}#{pr.number} \"{pr.title}\" by alice "
                   f"(head {pr.head_sha[:7]})")
 
@@ -96,18 +102,26 @@ def run_demo(keep: bool = False) -> int:
         run = _wait(lambda: _completed(state, pr.head_sha), 180, "the review")
         console.print(f"review posted {time.perf_counter() - started:.1f}s after the delivery\n")
         _show(console, state, pr, run)
+        smoke = _wait(lambda: _completed(state, pr.head_sha, SMOKE_CHECK), 300, "the smoke check run")
+        console.print(f"\nsmoke results {time.perf_counter() - started:.1f}s after the delivery")
+        _show_smoke(console, state, pr, smoke)
 
         # The author fixes the critical and high findings and pushes: the check turns green.
         fixed = (ROOT / "examples" / "fixed_train.py").read_text()
-        new_head = state.push(pr, {"train.py": fixed}, message="Address torchreview's review")
+        fixed_models = models.replace("torch.softmax(self.score(h), dim=0)", "torch.sigmoid(self.score(h))") \
+                             .replace("h * weights * x.shape[0]", "h * weights")
+        new_head = state.push(pr, {"train.py": fixed, "models.py": fixed_models}, message="Address torchreview's review")
         console.print(Panel(f"alice pushes a fix ({new_head[:7]}); delivering [cyan]pull_request.synchronize[/]"))
         _deliver(f"{base}/api/github/webhooks", "pull_request", pull_request_payload("synchronize", pr))
         run = _wait(lambda: _completed(state, new_head), 180, "the second review")
         colour = "green" if run.conclusion == "success" else "red"
         console.print(f"check run [bold]torchreview[/] on {new_head[:7]}: [{colour}]{run.conclusion}[/] — {run.output_title}")
+        smoke = _wait(lambda: _completed(state, new_head, SMOKE_CHECK), 300, "the second smoke check run")
+        colour = "green" if smoke.conclusion == "success" else "red"
+        console.print(f"check run [bold]{SMOKE_CHECK}[/] on {new_head[:7]}: [{colour}]{smoke.conclusion}[/] — {smoke.output_title}")
         resolved = sum(1 for thread in state.threads_for(pr) if thread.is_resolved)
         console.print(f"{resolved} of {len(state.threads_for(pr))} review threads resolved (their findings are fixed); "
-                      f"{len(state.reviews_for(pr))} review in total — nothing was re-posted")
+                      f"{len(state.reviews_for(pr))} reviews in total (static and smoke) — nothing was re-posted")
         if keep:
             console.print(f"\nleaving everything running (emulator {emulator.url}, app {base}); Ctrl-C to stop")
             server.wait()
@@ -137,9 +151,19 @@ def _healthy(base: str) -> bool:
         return False
 
 
-def _completed(state, sha: str):
-    runs = [r for r in state.check_runs_for(sha, name="torchreview") if r.status == "completed"]
+def _completed(state, sha: str, name: str = "torchreview"):
+    runs = [r for r in state.check_runs_for(sha, name=name) if r.status == "completed"]
     return runs[0] if runs else None
+
+
+def _show_smoke(console: Console, state, pr, run) -> None:
+    colour = "green" if run.conclusion == "success" else ("yellow" if run.conclusion == "neutral" else "red")
+    console.print(Panel(Markdown(run.output_summary or ""), title=f"check run {SMOKE_CHECK}: {run.conclusion} — "
+                        f"{run.output_title}", border_style=colour))
+    for comment in state.review_comments_for(pr):
+        if "**smoke**" in comment.body:
+            console.print(f"[bold cyan]{comment.path}:{comment.line}[/]")
+            console.print(Markdown(comment.body))
 
 
 def _show(console: Console, state, pr, run) -> None:

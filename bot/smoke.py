@@ -99,10 +99,16 @@ def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
         if t["status"] in ("skipped", "error"):
             lines.append(f"| `{name}` | — | {STATUS_BADGE[t['status']]}: {table_cell(t['head'].get('reason', ''))} | — |")
             continue
-        for check in t["head"].get("checks", []):
-            result = {"pass": "✅", "fail": "❌", "skip": "⏭️", "warn": "⚠️"}.get(check["status"], check["status"])
+        checks = t["head"].get("checks", [])
+        failed = [c for c in checks if c["status"] in ("fail", "warn")]
+        passed = sum(1 for c in checks if c["status"] == "pass")
+        for check in failed:  # reviewers act on failures: each gets its own row
+            result = "❌" if check["status"] == "fail" else "⚠️"
             lines.append(f"| `{name}` | {table_cell(check['name'])} | {result} {table_cell(check['message'])} | {table_cell(delta)} |")
             delta = ""  # once per target
+        skipped_checks = len(checks) - passed - len(failed)
+        rest = f"✅ {passed} passed" + (f", {skipped_checks} not applicable" if skipped_checks else "")
+        lines.append(f"| `{name}` | {'other checks' if failed else 'all checks'} | {rest} | {table_cell(delta)} |")
     for t, c in regressions:
         lines.append(f"\n⚠️ `{table_cell(t['target'])}`: {neutralize(c['message'])}")
     measures = [t for t in targets if t["head"].get("measures")]

@@ -2,7 +2,7 @@
 # Set up (once) and watch torchreview review a pull request: no GitHub account, no Redis needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/_venv.sh demo
+source scripts/_venv.sh demo,runner
 torchreview demo
 echo
 echo "== the same engine as a CLI: torchreview check examples/"
