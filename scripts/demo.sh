@@ -2,6 +2,9 @@
 # Set up (once) and watch torchreview review a pull request: no GitHub account, no Redis needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/_apt.sh
+# The smoke runner isolates PR code with bubblewrap; without it, it degrades with a warning.
+apt_install_for bwrap bubblewrap "the sandbox for pull-request code" || echo "no bubblewrap: the sandbox degrades" >&2
 source scripts/_venv.sh demo,runner
 torchreview demo
 echo
