@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,22 +26,6 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SECRET = "bench-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError(what)
 
 
 def percentiles(samples: list[float]) -> str:
@@ -66,6 +49,11 @@ def main() -> None:
 
     from bot.cli import web_command, worker_command
     from bot.emulator import EmulatorState, generate_app_key, serve
+    from functools import partial
+
+    from bot.emulator.local import free_port, wait_until
+
+    wait = partial(wait_until, interval=0.05)  # latency is measured: poll often
     from bot.emulator.webhooks import pull_request_payload, signed_delivery
 
     workdir = Path(tempfile.mkdtemp(prefix="torchreview-bench-"))

@@ -7,7 +7,6 @@ and an embedded worker, and a real ``pull_request.opened`` payload is signed and
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,22 +37,6 @@ class Net(nn.Module):
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def _deliver(url: str, event: str, data: dict) -> requests.Response:
     from bot.emulator.webhooks import signed_delivery
 
@@ -63,6 +46,7 @@ def _deliver(url: str, event: str, data: dict) -> requests.Response:
 
 def run_demo(keep: bool = False) -> int:
     from bot.emulator import EmulatorState, generate_app_key, serve
+    from bot.emulator.local import free_port, wait_until
     from bot.emulator.webhooks import pull_request_payload
 
     console = Console()
@@ -80,7 +64,7 @@ def run_demo(keep: bool = False) -> int:
     console.print(f"[bold]GitHub emulator[/] at {emulator.url}: {REPO}#{pr.number} \"{pr.title}\" by alice "
                   f"(head {pr.head_sha[:7]})")
 
-    port = _free_port()
+    port = free_port()
     data_dir = Path(tempfile.mkdtemp(prefix="torchreview-demo-"))
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # embedded defaults
     env.update(GITHUB_APP_ID="1", GITHUB_PRIVATE_KEY=private_key, GITHUB_WEBHOOK_SECRET=SECRET,
@@ -94,15 +78,15 @@ def run_demo(keep: bool = False) -> int:
     base = f"http://127.0.0.1:{port}"
     try:
         console.print(f"[bold]torchreview serve[/] (embedded broker in {data_dir}, log {log_path}) on {base}")
-        _wait(lambda: _healthy(base), 60, "the webhook server to start")
+        wait_until(lambda: _healthy(base), 60, "the webhook server to start")
         started = time.perf_counter()
         response = _deliver(f"{base}/api/github/webhooks", "pull_request", pull_request_payload("opened", pr))
         console.print(f"delivered signed [cyan]pull_request.opened[/]: HTTP {response.status_code} "
                       f"{response.json().get('message', '') if response.content else ''}")
-        run = _wait(lambda: _completed(state, pr.head_sha), 180, "the review")
+        run = wait_until(lambda: _completed(state, pr.head_sha), 180, "the review")
         console.print(f"review posted {time.perf_counter() - started:.1f}s after the delivery\n")
         _show(console, state, pr, run)
-        smoke = _wait(lambda: _completed(state, pr.head_sha, SMOKE_CHECK), 300, "the smoke check run")
+        smoke = wait_until(lambda: _completed(state, pr.head_sha, SMOKE_CHECK), 300, "the smoke check run")
         console.print(f"\nsmoke results {time.perf_counter() - started:.1f}s after the delivery")
         _show_smoke(console, state, pr, smoke)
 
@@ -113,10 +97,10 @@ def run_demo(keep: bool = False) -> int:
         new_head = state.push(pr, {"train.py": fixed, "models.py": fixed_models}, message="Address torchreview's review")
         console.print(Panel(f"alice pushes a fix ({new_head[:7]}); delivering [cyan]pull_request.synchronize[/]"))
         _deliver(f"{base}/api/github/webhooks", "pull_request", pull_request_payload("synchronize", pr))
-        run = _wait(lambda: _completed(state, new_head), 180, "the second review")
+        run = wait_until(lambda: _completed(state, new_head), 180, "the second review")
         colour = "green" if run.conclusion == "success" else "red"
         console.print(f"check run [bold]torchreview[/] on {new_head[:7]}: [{colour}]{run.conclusion}[/] — {run.output_title}")
-        smoke = _wait(lambda: _completed(state, new_head, SMOKE_CHECK), 300, "the second smoke check run")
+        smoke = wait_until(lambda: _completed(state, new_head, SMOKE_CHECK), 300, "the second smoke check run")
         colour = "green" if smoke.conclusion == "success" else "red"
         console.print(f"check run [bold]{SMOKE_CHECK}[/] on {new_head[:7]}: [{colour}]{smoke.conclusion}[/] — {smoke.output_title}")
         resolved = sum(1 for thread in state.threads_for(pr) if thread.is_resolved)

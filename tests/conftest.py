@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -17,15 +16,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from bot.emulator.local import free_port, wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TORCHREVIEW_GITHUB_SPEC_DIR", ROOT.parent / "shared" / "github"))
 WEBHOOK_SECRET = "test-webhook-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -194,13 +189,10 @@ def pr_payload(action: str, repo_name: str, pr) -> dict:
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    try:
+        return wait_until(predicate, timeout, what)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def completed_run(state, sha: str, timeout: float = 60.0):
