@@ -44,7 +44,6 @@ TRAIN_EVAL_MIN_DIFFERENCE = 1e-6  # relative; Dropout/BatchNorm move outputs by 
 TIMING_WARMUP_STEPS = 3
 TIMING_STEPS = 10
 
-DEFAULT_THRESHOLDS = {"step_time": 0.25, "memory": 0.25}
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
@@ -102,21 +101,6 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
         measures, notes = _take_measures(run)
     status = "failed" if any(check.status == "fail" for check in checks) else "passed"
     return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes)
-
-
-def compare(head: TargetReport, base: TargetReport, thresholds: Optional[dict] = None) -> list[dict]:
-    """Head-vs-base deltas (params, step time, peak memory, loss after steps), one dict per measure.
-
-    Each row carries ``status``: "warning" when step time or peak memory grew by more than its threshold
-    (a fraction: 0.25 = +25%), else "ok". The arithmetic lives in ``gpu_runner.compare`` so the worker,
-    which has no torch, computes the same rows from report dicts.
-    """
-    from gpu_runner.compare import compare_reports
-
-    rows = compare_reports(asdict(head), asdict(base), dict(thresholds or DEFAULT_THRESHOLDS))
-    for row in rows:
-        row["status"] = "warning" if row["regression"] else "ok"
-    return rows
 
 
 def _cuda_devices(device: str) -> list[int]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+DEFAULT_THRESHOLDS = {"step_time": 0.25, "memory": 0.25}  # +25% step time or peak memory is a regression
+
 
 def _ratio(head: Optional[float], base: Optional[float]) -> Optional[float]:
     if head is None or base is None or base <= 0:
@@ -13,8 +15,9 @@ def _ratio(head: Optional[float], base: Optional[float]) -> Optional[float]:
     return head / base
 
 
-def compare_reports(head: dict, base: dict, thresholds: dict) -> list[dict]:
-    """One row per measure: head, base, the change, and whether it is a regression."""
+def compare_reports(head: dict, base: dict, thresholds: Optional[dict] = None) -> list[dict]:
+    """One row per measure: head, base, the change, and whether it is a regression (``status`` warning)."""
+    thresholds = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     h, b = head.get("measures") or {}, base.get("measures") or {}
     rows = []
     for key, label, threshold in (("step_time_ms", "step time", thresholds.get("step_time")),
@@ -34,4 +37,6 @@ def compare_reports(head: dict, base: dict, thresholds: dict) -> list[dict]:
         rows.append({"measure": "loss after steps", "head": h["loss_after_steps"], "base": b["loss_after_steps"],
                      "change": f"{h['loss_after_steps'] - b['loss_after_steps']:+.4f}", "regression": False,
                      "message": ""})
+    for row in rows:
+        row["status"] = "warning" if row["regression"] else "ok"
     return rows

@@ -20,7 +20,6 @@ from gpu_runner.sandbox import SandboxLimits, run_sandboxed
 
 log = logging.getLogger("torchreview.smoke")
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # makes ``gpu_runner`` importable in the child
-DEFAULT_THRESHOLDS = {"step_time": 0.25, "memory": 0.25}
 
 
 @dataclass
@@ -120,7 +119,7 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
             _merge(warnings, base_warnings)
             if base.get("status") in ("passed", "failed"):
                 outcome.base = base
-                outcome.comparison = compare_reports(head, base, thresholds or DEFAULT_THRESHOLDS)
+                outcome.comparison = compare_reports(head, base, thresholds)
         outcomes.append(outcome)
     return SmokeRun(outcomes, device, time.perf_counter() - started, warnings)
 

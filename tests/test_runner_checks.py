@@ -3,6 +3,7 @@ caught by the check meant for it (and named in its message)."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -10,7 +11,8 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from gpu_runner.checks import CHECK_NAMES, compare, run_checks  # noqa: E402
+from gpu_runner.checks import CHECK_NAMES, run_checks  # noqa: E402
+from gpu_runner.compare import compare_reports  # noqa: E402
 from gpu_runner.subject import Batch, Subject, TargetReport  # noqa: E402
 
 BATCH = 8
@@ -595,10 +597,11 @@ def test_compare_flags_step_time_and_memory_regressions():
                                                  "loss_after_steps": 0.5})
     head = TargetReport("t", "passed", measures={"params": 120, "step_time_ms": 13.0, "peak_memory_bytes": 1100,
                                                  "loss_after_steps": 0.4})
-    rows = {row["measure"]: row for row in compare(head, base)}
+    rows = {row["measure"]: row for row in compare_reports(asdict(head), asdict(base))}
     assert rows["step time"]["status"] == "warning" and rows["step time"]["change"] == "+30%"
     assert rows["peak memory"]["status"] == "ok"
     assert rows["parameters"]["change"] == "+20" and rows["parameters"]["status"] == "ok"
     assert rows["loss after steps"]["change"] == "-0.1000"
-    strict_memory = {row["measure"]: row for row in compare(head, base, {"step_time": 0.5, "memory": 0.05})}
+    strict_memory = {row["measure"]: row for row in compare_reports(asdict(head), asdict(base),
+                                                                   {"step_time": 0.5, "memory": 0.05})}
     assert strict_memory["peak memory"]["status"] == "warning" and strict_memory["step time"]["status"] == "ok"
