@@ -46,7 +46,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CONFIG_FILES_IN_ORDER = (".github/torchreview.yml", ".github/torchreview.yaml", ".torchreview.toml", "pyproject.toml")
-CONFIG_FILES = CONFIG_FILES_IN_ORDER  # the former name
 
 REVIEW_EVENTS = ("comment", "request_changes")
 FILTERS = ("added", "diff_context", "file")

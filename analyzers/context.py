@@ -80,10 +80,6 @@ def is_false(expr: Optional[cst.BaseExpression]) -> bool:
     return isinstance(expr, cst.Name) and expr.value == "False"
 
 
-def is_none(expr: Optional[cst.BaseExpression]) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
 def iter_names(expr: cst.CSTNode) -> Iterator[str]:
     """Every dotted name used anywhere inside ``expr`` (cheap manual walk, no visitor)."""
     stack: list[cst.CSTNode] = [expr]
@@ -247,9 +243,6 @@ class FileContext:
     def call_name(self, call: cst.Call) -> Optional[str]:
         """Qualified name of the called function, e.g. ``torch.load``; None if not imported."""
         return self.qualified_name(call.func)
-
-    def is_call_to(self, node: Optional[cst.CSTNode], *names: str) -> bool:
-        return isinstance(node, cst.Call) and self.call_name(node) in names
 
     def uses_torch(self) -> bool:
         return self.imports.imports_root("torch") or self.imports.imports_root("lightning") or \

@@ -36,13 +36,6 @@ def changed_lines_from_patch(patch_text: str) -> ChangedLines:
     return changed
 
 
-def changed_lines_from_file_patch(path: str, patch: str) -> set[int]:
-    """Lines added by one file's patch as GitHub's PR files API returns it (hunks, no headers)."""
-    header = f"--- a/{path}\n+++ b/{path}\n"
-    parsed = changed_lines_from_patch(header + patch + ("" if patch.endswith("\n") else "\n"))
-    return parsed.get(path) or set()
-
-
 def git_changed_lines(ref: str, cwd: Optional[str] = None) -> ChangedLines:
     """Lines changed in the working tree since ``ref`` (committed or not), plus untracked files."""
     try:

@@ -280,7 +280,6 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     classes = [cls for cls in candidates if cls.requires in libraries]
     if not classes:
         return result
-    result.analyzed = True
     instances = [cls(ctx) for cls in classes]
 
     def rule_error(rule: Rule, exc: BaseException) -> None:

@@ -131,4 +131,3 @@ class FileResult:
     path: str
     findings: list[Finding] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
-    analyzed: bool = False  # False when skipped (not ML code, excluded, skip-file)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, ClassVar, Optional, Union
 
 import libcst as cst
 
@@ -134,5 +134,3 @@ class Rule:
             f"## Use instead\n```python\n{block(cls.fix_example)}\n```\n"
         )
 
-
-HandlerTable = dict[type, list[tuple["Rule", Callable]]]

@@ -42,11 +42,6 @@ def _load_json(path: str) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def spec_document() -> dict[str, Any]:
-    """The trimmed OpenAPI document as plain JSON (read-only by convention)."""
-    return _load_json(str(spec_dir() / TRIMMED_SPEC))
-
-
 def operations_index() -> list[dict[str, Any]]:
     """The 26 operations the app uses (operations.json)."""
     return _load_json(str(spec_dir() / OPERATIONS_INDEX))["operations"]
