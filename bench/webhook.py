@@ -48,13 +48,13 @@ def main() -> None:
     args = parser.parse_args()
 
     from bot.cli import web_command, worker_command
-    from bot.emulator import EmulatorState, generate_app_key, serve
+    from github_emulator import EmulatorState, generate_app_key, serve
     from functools import partial
 
-    from bot.emulator.local import free_port, wait_until
+    from github_emulator.local import free_port, wait_until
 
     wait = partial(wait_until, interval=0.05)  # latency is measured: poll often
-    from bot.emulator.webhooks import pull_request_payload, signed_delivery
+    from github_emulator.webhooks import pull_request_payload, signed_delivery
 
     workdir = Path(tempfile.mkdtemp(prefix="torchreview-bench-"))
     redis_port = free_port()

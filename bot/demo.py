@@ -38,16 +38,16 @@ class Net(nn.Module):
 
 
 def _deliver(url: str, event: str, data: dict) -> requests.Response:
-    from bot.emulator.webhooks import signed_delivery
+    from github_emulator.webhooks import signed_delivery
 
     body, headers = signed_delivery(event, data, SECRET)
     return requests.post(url, data=body, headers=headers, timeout=10)
 
 
 def run_demo(keep: bool = False) -> int:
-    from bot.emulator import EmulatorState, generate_app_key, serve
-    from bot.emulator.local import free_port, wait_until
-    from bot.emulator.webhooks import pull_request_payload
+    from github_emulator import EmulatorState, generate_app_key, serve
+    from github_emulator.local import free_port, wait_until
+    from github_emulator.webhooks import pull_request_payload
 
     console = Console()
     private_key, public_key = generate_app_key()

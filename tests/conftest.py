@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bot.emulator.local import free_port, wait_until
+from github_emulator.local import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TORCHREVIEW_GITHUB_SPEC_DIR", ROOT.parent / "shared" / "github"))
@@ -62,7 +62,7 @@ def redis_client(redis_url):
 
 def payload(name: str) -> dict:
     """A real GitHub webhook payload from shared/github/webhooks (``derived/`` ones are marked there)."""
-    from bot.emulator.webhooks import real_payload
+    from github_emulator.webhooks import real_payload
 
     return real_payload(name)
 
@@ -83,14 +83,14 @@ def signed_headers(body: bytes, event: str, delivery: str | None = None, secret:
 
 @pytest.fixture(scope="module")
 def app_key():
-    from bot.emulator import generate_app_key
+    from github_emulator import generate_app_key
 
     return generate_app_key()
 
 
 @pytest.fixture(scope="module")
 def emulator(app_key):
-    from bot.emulator import EmulatorState, serve
+    from github_emulator import EmulatorState, serve
 
     _private, public = app_key
     state = EmulatorState(app_public_key_pem=public, app_id=4242)
@@ -182,7 +182,7 @@ def deliver(stack, event: str, data: dict, delivery: str | None = None) -> reque
 
 
 def pr_payload(action: str, repo_name: str, pr) -> dict:
-    from bot.emulator.webhooks import pull_request_payload
+    from github_emulator.webhooks import pull_request_payload
 
     assert pr.repo.full_name == repo_name
     return pull_request_payload(action, pr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from bot.emulator.webhooks import issue_comment_payload
+from github_emulator.webhooks import issue_comment_payload
 from tests.conftest import ROOT, Worker, completed_run, deliver, new_repo, pr_payload, wait_for
 
 BUGGY = (ROOT / "examples" / "buggy_train.py").read_text()

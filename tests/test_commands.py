@@ -8,7 +8,7 @@ import pytest
 from analyzers.config import Config, parse_toml_config
 from bot import commands
 from bot.commands import REPLY_MARKER, USAGE, Command, parse_command
-from bot.emulator import EmulatorState, generate_app_key, serve
+from github_emulator import EmulatorState, generate_app_key, serve
 from bot.github_client import GitHubClients
 from bot.settings import Settings
 

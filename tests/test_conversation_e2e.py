@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from bot.conversation import SUMMARY_MARKER
-from bot.emulator.webhooks import issue_comment_payload, real_payload
+from github_emulator.webhooks import issue_comment_payload, real_payload
 from tests.conftest import completed_run, deliver, new_repo, pr_payload, wait_for
 
 THREE = 'import torch\n\na = torch.load("a.pt")\nb = torch.load("b.pt")\nc = torch.load("c.pt")\n'

@@ -18,10 +18,10 @@ import requests
 from github import Auth, GithubException
 from github.GithubException import BadCredentialsException, RateLimitExceededException, UnknownObjectException
 
-from bot.emulator import EmulatorState, generate_app_key, serve
-from bot.emulator.diffing import diff_trees
-from bot.emulator.routes import ROUTES
-from bot.emulator.spec import SPEC_DIR_ENV, SpecNotFoundError, openapi, operations_index, spec_dir
+from github_emulator import EmulatorState, generate_app_key, serve
+from github_emulator.diffing import diff_trees
+from github_emulator.routes import ROUTES
+from github_emulator.spec import SPEC_DIR_ENV, SpecNotFoundError, openapi, operations_index, spec_dir
 
 APP_ID = 4242
 BASE_FILES = {

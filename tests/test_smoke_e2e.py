@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from bot.emulator.webhooks import issue_comment_payload
+from github_emulator.webhooks import issue_comment_payload
 from tests.conftest import Worker, completed_run, deliver, new_repo, pr_payload, wait_for
 
 SMOKE_CONFIG = ".github/torchreview.yml"

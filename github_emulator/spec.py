@@ -16,8 +16,8 @@ SPEC_DIR_ENV = "TORCHREVIEW_GITHUB_SPEC_DIR"
 TRIMMED_SPEC = "openapi/api.github.com.trimmed.json"
 OPERATIONS_INDEX = "openapi/operations.json"
 
-# Repo root is the parent of the `bot` package directory.
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+# Repo root is the parent of this package directory.
+_REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class SpecNotFoundError(RuntimeError):
