@@ -8,18 +8,24 @@
         gh = github.Github(base_url=emulator.url, auth=...)
 """
 
-from .app import RunningEmulator, create_app, serve
-from .auth import generate_app_key
-from .spec import SPEC_DIR_ENV, SpecNotFoundError, spec_dir
-from .state import EmulatorState
+from importlib import import_module
+
+# Imported on first use, so `python -m github_emulator.contract` (which fetches the data the app needs) runs
+# without loading the app, and without runpy's warning about a module imported twice.
+_EXPORTS = {"RunningEmulator": "app", "create_app": "app", "serve": "app", "generate_app_key": "auth",
+            "EmulatorState": "state"}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "EmulatorState",
     "RunningEmulator",
-    "SPEC_DIR_ENV",
-    "SpecNotFoundError",
     "create_app",
     "generate_app_key",
     "serve",
-    "spec_dir",
 ]

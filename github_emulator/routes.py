@@ -1,4 +1,4 @@
-"""REST handlers for the 26 operations the app uses (see shared/github operations.json).
+"""REST handlers for the 26 operations the app uses (see contract.OPERATIONS).
 
 `ROUTES` declares, per operation, its URL rule and who may call it; app.py runs the
 common pipeline (faults, auth, rate limit, OpenAPI validation) from that table

@@ -1,4 +1,4 @@
-"""Real webhook payloads (shared/github/webhooks), pointed at the emulator's objects, and signed."""
+"""Real webhook payloads (from the contract cache, see contract.py), pointed at the emulator's objects, and signed."""
 from __future__ import annotations
 
 import copy
@@ -9,12 +9,12 @@ import uuid
 from functools import lru_cache
 from typing import Any, Optional
 
-from .spec import spec_dir
+from .contract import require
 
 
 @lru_cache(maxsize=None)
 def _load(name: str) -> str:
-    return (spec_dir() / "webhooks" / f"{name}.json").read_text()
+    return require(f"webhooks/{name}.json").read_text()
 
 
 def real_payload(name: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ source scripts/_apt.sh
 # The smoke runner isolates PR code with bubblewrap; without it, it degrades with a warning.
 apt_install_for bwrap bubblewrap "the sandbox for pull-request code" || echo "no bubblewrap: the sandbox degrades" >&2
 source scripts/_venv.sh demo,runner
+source scripts/_contract.sh
 torchreview demo
 echo
 echo "== the same engine as a CLI: torchreview check examples/"

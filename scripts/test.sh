@@ -8,4 +8,5 @@ apt_install_for redis-server redis-server "the tests start a private one"
 # gpu_runner.sandbox isolates PR code with bubblewrap; without it the tests only see the weaker fallbacks.
 apt_install_for bwrap bubblewrap "the sandbox for pull-request code"
 source scripts/_venv.sh dev
-python -m pytest -q "$@"
+source scripts/_contract.sh
+python -m pytest -q -n auto "$@"

@@ -19,7 +19,6 @@ import requests
 from github_emulator.local import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TORCHREVIEW_GITHUB_SPEC_DIR", ROOT.parent / "shared" / "github"))
 WEBHOOK_SECRET = "test-webhook-secret"
 
 
@@ -61,7 +60,7 @@ def redis_client(redis_url):
 
 
 def payload(name: str) -> dict:
-    """A real GitHub webhook payload from shared/github/webhooks (``derived/`` ones are marked there)."""
+    """A real GitHub webhook payload from the contract cache (``derived/`` ones are documented edits)."""
     from github_emulator.webhooks import real_payload
 
     return real_payload(name)

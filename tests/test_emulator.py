@@ -21,7 +21,8 @@ from github.GithubException import BadCredentialsException, RateLimitExceededExc
 from github_emulator import EmulatorState, generate_app_key, serve
 from github_emulator.diffing import diff_trees
 from github_emulator.routes import ROUTES
-from github_emulator.spec import SPEC_DIR_ENV, SpecNotFoundError, openapi, operations_index, spec_dir
+from github_emulator.contract import CONTRACT_DIR_ENV, FETCH_COMMAND, ContractError, require
+from github_emulator.spec import openapi, operations_index
 
 APP_ID = 4242
 BASE_FILES = {
@@ -469,10 +470,11 @@ def test_every_described_operation_is_routed():
     assert routed == described and len(described) == 26
 
 
-def test_missing_spec_dir_names_the_variable(monkeypatch, tmp_path):
-    monkeypatch.setenv(SPEC_DIR_ENV, str(tmp_path))
-    with pytest.raises(SpecNotFoundError, match=SPEC_DIR_ENV):
-        spec_dir()
+def test_missing_contract_names_the_command_that_fetches_it(monkeypatch, tmp_path):
+    monkeypatch.setenv(CONTRACT_DIR_ENV, str(tmp_path))
+    with pytest.raises(ContractError) as error:
+        require("openapi/operations.json")
+    assert FETCH_COMMAND in str(error.value) and CONTRACT_DIR_ENV in str(error.value)
 
 
 def test_diff_details():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from openapi_schema_validator import OAS30Validator
 
+from github_emulator.contract import TRIMMED_SPEC, require
 from analyzers.model import FileError, Finding, Fix, Severity
 from bot.review import (
     MAX_MARKDOWN_CHARS,
@@ -27,7 +28,6 @@ from bot.review import (
     suggestion_block,
 )
 
-OPENAPI = Path("/work/shared/github/openapi/api.github.com.trimmed.json")
 REVIEWS = ("/repos/{owner}/{repo}/pulls/{pull_number}/reviews", "post")
 CHECK_RUNS = ("/repos/{owner}/{repo}/check-runs", "post")
 
@@ -43,7 +43,7 @@ RULES = {  # real rules, so the rule catalog (why, summary) is exercised
 
 @lru_cache(maxsize=None)
 def request_validator(path: str, method: str) -> OAS30Validator:
-    spec = json.loads(OPENAPI.read_text())
+    spec = json.loads(require(TRIMMED_SPEC).read_text())
     schema = spec["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
     return OAS30Validator(dict(schema, components=spec["components"]))
 
