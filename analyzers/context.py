@@ -12,7 +12,7 @@ itself, so this module keeps its own cheaper equivalents:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional, TypeVar, Union
 
 import libcst as cst
 
@@ -198,6 +198,9 @@ def _collect_module_imports(module: cst.Module, table: ImportTable) -> None:
             stack.extend(reversed(children))
 
 
+_Fact = TypeVar("_Fact")
+
+
 class FileContext:
     """Everything a rule may ask about the file and the node being visited."""
 
@@ -217,6 +220,14 @@ class FileContext:
         self.class_attributes: list[dict[str, Binding]] = []  # ``self.x = ...`` per enclosing class
         # Every loop's enclosing function (None at module level), for "same function" checks.
         self.loop_function: dict[cst.CSTNode, Optional[FunctionNode]] = {}
+        self._facts: dict[type, object] = {}
+
+    def facts(self, kind: type[_Fact]) -> _Fact:
+        """The program model's ``kind`` of facts about this file (built once, on first use, by any rule)."""
+        found = self._facts.get(kind)
+        if found is None:
+            found = self._facts[kind] = kind(self)
+        return found  # type: ignore[return-value]
 
     # ---- names -------------------------------------------------------------------------
     def qualified_name(self, expr: Optional[cst.CSTNode]) -> Optional[str]:

@@ -5,9 +5,12 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
 from analyzers.model import Category, Severity
+from analyzers.program import CheckpointWrites, call_site_values, in_compat_fallback
+from analyzers.program.roles import describe
 from analyzers.rules.base import Invalid, Rule
 
 TORCH_LOAD = {"torch.load", "torch.serialization.load"}
+SAFE_GLOBALS = ("torch.serialization.safe_globals",)
 # Names whose values come from outside the program: CLI arguments, env, config, downloads.
 _EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "url", "download",
                    "request", "hub", "config", "cfg", "opt.", "flags", "hparams", "sys.")
@@ -21,8 +24,14 @@ class UnsafeTorchLoad(Rule):
     summary = "torch.load without weights_only=True can execute arbitrary code"
     what = """
         Flags `torch.load(...)` calls that pass `weights_only=False`, or that do not pass
-        `weights_only=True`. The finding is critical when the path comes from outside the
-        program (command-line arguments, environment, configuration, a download).
+        `weights_only=True`, on a file the program did not write itself. The finding is critical
+        when the path comes from outside the program (command-line arguments, environment,
+        configuration, a download). Not flagged: a checkpoint the same file saved (the best-model
+        reload of a training script or notebook, a cache), loads inside
+        `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
+        `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
+        The `weights_only=True` fix is offered only when nothing in the file saves a payload that
+        weights-only loading refuses (a whole module, an `argparse.Namespace`, NumPy arrays).
     """
     why = """
         `torch.load` unpickles its input. A pickle can run any code while it loads, so a
@@ -45,6 +54,20 @@ class UnsafeTorchLoad(Rule):
         # not torch.load
         "import torch\nimport pickle\nobj = json.load(f)\n",
         "import torch\nclass Loader:\n    def load(self, p):\n        return p\nLoader().load('x')\n",
+        # the best checkpoint this script wrote a few lines earlier
+        "import torch\nfor epoch in range(3):\n    torch.save(model.state_dict(), 'best-model.pt')\n"
+        "model.load_state_dict(torch.load('best-model.pt'))\n",
+        # written through a helper whose argument is the same file
+        "import torch\ntorch.save(ckpt, 'checkpoint.pth')\ndef load_checkpoint(filepath):\n"
+        "    return torch.load(filepath)\nmodel = load_checkpoint('checkpoint.pth')\n",
+        # a cache the program writes and reads back
+        "import torch, os\nif os.path.isfile(args.vector_cache):\n    vectors = torch.load(args.vector_cache)\n"
+        "else:\n    torch.save(vectors, args.vector_cache)\n",
+        # weights-only with an allowlist
+        "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
+        # the fallback for torch builds without the keyword
+        "import torch\ntry:\n    sd = torch.load(p, map_location='cpu', weights_only=True)\nexcept TypeError:\n"
+        "    sd = torch.load(p, map_location='cpu')\n",
     ]
     INVALID = [
         Invalid(
@@ -62,6 +85,10 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch as th\nsd = th.load(\n    path,\n    map_location='cpu',\n)\n", line=2),
         Invalid("from torch import load\nsd = load(p)\n", line=2, fixed="from torch import load\nsd = load(p, weights_only=True)\n"),
         Invalid("import torch.serialization\nsd = torch.serialization.load(p)\n", line=2),
+        # a resume path from the command line, in a file that saves the args into its checkpoints:
+        # weights_only=True would refuse them, so no mechanical fix, and the message says why
+        Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
+                "ckpt = torch.load(args.resume, map_location='cpu')\n", line=3, message="add_safe_globals"),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
@@ -72,20 +99,24 @@ class UnsafeTorchLoad(Rule):
             return
         if weights_only is not None and not is_false(weights_only.value):
             return  # a variable: the author decides at run time; nothing mechanical to say
+        if ctx.in_context_manager(*SAFE_GLOBALS) or in_compat_fallback(ctx, node):
+            return
         source = argument(node, 0, "f")
+        checkpoints = ctx.facts(CheckpointWrites)
+        if source is not None and self._self_written(source, ctx, checkpoints):
+            return  # the program reloads what it saved: no trust boundary is crossed
         source_text = ctx.module.code_for_node(source) if source is not None else "?"
         external = _looks_external(source, ctx)
         severity = Severity.CRITICAL if external else None
         shown = f"torch.load({source_text})"
+        refused = {kind for kind in checkpoints.payload_kinds() if not kind.loads_weights_only}
         if weights_only is not None:
-            message = (f"{shown} passes weights_only=False: unpickling can run arbitrary code"
-                       + (" and the path comes from outside the program" if external else "")
-                       + "; load with weights_only=True")
+            message = (f"`{shown}` passes `weights_only=False`: unpickling can run arbitrary code"
+                       + (" and the path comes from outside the program" if external else ""))
             new_args = [a.with_changes(value=cst.Name("True")) if a is weights_only else a for a in node.args]
         else:
-            message = (f"{shown} without weights_only=True unpickles arbitrary objects"
-                       + (" from a path that comes from outside the program" if external else "")
-                       + "; pass weights_only=True")
+            message = (f"`{shown}` without `weights_only=True` unpickles arbitrary objects"
+                       + (" from a path that comes from outside the program" if external else ""))
             new_args = list(node.args)
             if new_args:
                 last = new_args[-1]
@@ -93,7 +124,27 @@ class UnsafeTorchLoad(Rule):
                 new_args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             new_args.append(cst.Arg(value=cst.Name("True"), keyword=cst.Name("weights_only"),
                                     equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
-        self.report(node, message, replacement=node.with_changes(args=new_args), severity=severity)
+        if refused:
+            # weights_only=True would refuse this program's own checkpoints: no committable suggestion
+            self.report(node, message + f"; this file saves {describe(refused)} into checkpoints, which "
+                        "`weights_only=True` refuses: save `state_dict()`s and plain values, or allow the "
+                        "classes with `torch.serialization.add_safe_globals([...])` and load with "
+                        "`weights_only=True`", severity=severity)
+            return
+        self.report(node, message + "; pass `weights_only=True`", replacement=node.with_changes(args=new_args),
+                    severity=severity)
+
+    @staticmethod
+    def _self_written(source: cst.BaseExpression, ctx: FileContext, checkpoints: CheckpointWrites) -> bool:
+        if checkpoints.written_before_loaded(source, ctx.origin(source)):
+            return True
+        # a helper's parameter: self-written when every call in the file passes a self-written path
+        fn = ctx.function_def
+        if isinstance(source, cst.Name) and fn is not None and ctx.binding(source.value) is not None \
+                and ctx.binding(source.value).kind == "param":
+            values = call_site_values(ctx.module, fn, source.value)
+            return bool(values) and all(checkpoints.written_before_loaded(v, None) for v in values)
+        return False
 
 
 def _looks_external(expr, ctx: FileContext) -> bool:

@@ -1,0 +1,115 @@
+"""Value flow inside one file: mutations, stores, and the values call sites pass to a parameter."""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from analyzers.context import dotted_name
+
+# Methods that change a list / dict / set in place.
+MUTATING_METHODS = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add", "discard",
+    "sort", "reverse", "popitem", "__setitem__",
+})
+
+
+def subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node under ``node`` (iterative: deep expressions cannot overflow the stack)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
+
+
+def _target_root(target: cst.BaseExpression) -> Optional[str]:
+    """``x`` for ``x[...]`` / ``x.attr[...]`` targets (the container that is written into)."""
+    while isinstance(target, cst.Subscript):
+        target = target.value
+    return dotted_name(target)
+
+
+def mutated_names(scope: cst.CSTNode) -> set[str]:
+    """Dotted names whose value is changed in place anywhere under ``scope``.
+
+    ``x.append(..)``, ``x[k] = ..``, ``x += ..``, ``del x[k]`` mutate ``x``; a plain ``x = ..`` rebinds it
+    and does not.
+    """
+    mutated: set[str] = set()
+    for node in subtree(scope):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value in MUTATING_METHODS:
+                name = _target_root(node.func.value)
+                if name:
+                    mutated.add(name)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Subscript):
+                    name = _target_root(target.target)
+                    if name:
+                        mutated.add(name)
+        elif isinstance(node, cst.AugAssign):
+            name = _target_root(node.target)
+            if name:
+                mutated.add(name)
+        elif isinstance(node, cst.Del):
+            for element in subtree(node.target):
+                if isinstance(element, cst.Subscript):
+                    name = _target_root(element)
+                    if name:
+                        mutated.add(name)
+    return mutated
+
+
+def stored_attributes(scope: cst.CSTNode, names: set[str]) -> dict[str, str]:
+    """``{"layers": "self.layers"}`` for ``self.layers = layers``: which of ``names`` are kept on an object."""
+    stored: dict[str, str] = {}
+    for node in subtree(scope):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Name) and node.value.value in names:
+            for target in node.targets:
+                if isinstance(target.target, cst.Attribute):
+                    attribute = dotted_name(target.target)
+                    if attribute:
+                        stored[node.value.value] = attribute
+    return stored
+
+
+def parameter_index(fn: cst.FunctionDef, name: str) -> Optional[int]:
+    """Position of parameter ``name`` as a call passes it positionally (``self`` excluded for methods)."""
+    positional = [*fn.params.posonly_params, *fn.params.params]
+    names = [p.name.value for p in positional]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return names.index(name) if name in names else None
+
+
+def call_site_values(module: cst.Module, fn: cst.FunctionDef, name: str) -> Optional[list[cst.BaseExpression]]:
+    """The expressions every call of ``fn`` in this file passes for parameter ``name``.
+
+    None when the answer is unknown: no call in the file, or a call that passes it through ``*args`` /
+    ``**kwargs`` or relies on the default (callers elsewhere may pass anything).
+    """
+    function_name = fn.name.value
+    position = parameter_index(fn, name)
+    values: list[cst.BaseExpression] = []
+    for node in subtree(module):
+        if not isinstance(node, cst.Call):
+            continue
+        called = node.func.attr.value if isinstance(node.func, cst.Attribute) else dotted_name(node.func)
+        if called != function_name:
+            continue
+        value = None
+        for arg in node.args:
+            if arg.star:
+                return None
+            if arg.keyword is not None and arg.keyword.value == name:
+                value = arg.value
+        if value is None and position is not None:
+            positional = [a for a in node.args if a.keyword is None]
+            if position < len(positional):
+                value = positional[position].value
+        if value is None:
+            return None
+        values.append(value)
+    return values or None

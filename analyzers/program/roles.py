@@ -1,0 +1,201 @@
+"""What role code plays: compatibility fallbacks, and the checkpoints a program writes before loading them."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Iterable, Optional
+
+import libcst as cst
+
+from analyzers.context import argument, dotted_name, string_value
+from analyzers.program.flow import subtree
+
+if TYPE_CHECKING:
+    from analyzers.context import FileContext
+
+# An ``except`` for one of these around a call means "this is the fallback for another library version".
+_COMPAT_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "TypeError", "AttributeError", "NameError"}
+TORCH_SAVE = {"torch.save", "torch.serialization.save"}
+
+
+def _handler_types(handler: cst.ExceptHandler) -> set[str]:
+    if handler.type is None:
+        return set()
+    elements = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
+    names = set()
+    for element in elements:
+        value = element.value if isinstance(element, cst.Element) else element
+        dotted = dotted_name(value)
+        if dotted:
+            names.add(dotted.rsplit(".", 1)[-1])
+    return names
+
+
+def in_compat_fallback(ctx: "FileContext", node: cst.CSTNode) -> bool:
+    """``node`` runs only when an import, a keyword or an attribute is missing (an older library)."""
+    return any(isinstance(a, cst.ExceptHandler) and _handler_types(a) & _COMPAT_EXCEPTIONS
+               for a in ctx.ancestors(node))
+
+
+class Payload(enum.Enum):
+    """What a checkpoint holds, as far as ``weights_only=True`` is concerned."""
+
+    TENSORS = "tensors, state dicts and plain values"
+    MODULE = "a whole nn.Module"
+    NAMESPACE = "an argparse.Namespace / config object"
+    NUMPY = "NumPy arrays"
+
+    @property
+    def loads_weights_only(self) -> bool:
+        return self is Payload.TENSORS
+
+
+_CONFIG_NAMES = {"args", "opt", "opts", "cfg", "config", "hparams", "hyperparameters", "flags", "conf"}
+_MODEL_WORDS = ("model", "net", "module", "generator", "discriminator", "encoder", "decoder", "backbone", "ema")
+
+
+def _last(name: str) -> str:
+    return name.rsplit(".", 1)[-1].lower()
+
+
+@dataclass
+class CheckpointWrite:
+    call: cst.Call
+    path: Optional[cst.BaseExpression]
+    payloads: set[Payload]
+    path_literals: set[str] = field(default_factory=set)
+    path_text: str = ""
+
+
+class CheckpointWrites:
+    """Every ``torch.save`` in a file: where it writes and what it puts there. Built on first use."""
+
+    def __init__(self, ctx: "FileContext") -> None:
+        self.ctx = ctx
+
+    @cached_property
+    def _assignments(self) -> dict[str, list[cst.BaseExpression]]:
+        found: dict[str, list[cst.BaseExpression]] = {}
+        for node in subtree(self.ctx.module):
+            if isinstance(node, cst.Assign):
+                for target in node.targets:
+                    name = dotted_name(target.target)
+                    if name:
+                        found.setdefault(name, []).append(node.value)
+            elif isinstance(node, cst.Param) and node.default is not None:
+                found.setdefault(node.name.value, []).append(node.default)
+        return found
+
+    @cached_property
+    def _subscript_stores(self) -> dict[str, list[tuple[Optional[str], cst.BaseExpression]]]:
+        """``ckpt["args"] = args`` → {"ckpt": [("args", <args>)]}."""
+        found: dict[str, list[tuple[Optional[str], cst.BaseExpression]]] = {}
+        for node in subtree(self.ctx.module):
+            if isinstance(node, cst.Assign):
+                for target in node.targets:
+                    sub = target.target
+                    if isinstance(sub, cst.Subscript) and len(sub.slice) == 1:
+                        container = dotted_name(sub.value)
+                        index = sub.slice[0].slice
+                        key = string_value(index.value) if isinstance(index, cst.Index) else None
+                        if container:
+                            found.setdefault(container, []).append((key, node.value))
+        return found
+
+    @cached_property
+    def writes(self) -> list[CheckpointWrite]:
+        ctx = self.ctx
+        result = []
+        for node in subtree(ctx.module):
+            if isinstance(node, cst.Call) and ctx.qualified_name(node.func) in TORCH_SAVE:
+                path = argument(node, 1, "f")
+                obj = argument(node, 0, "obj")
+                write = CheckpointWrite(node, path, self.payloads(obj) if obj is not None else set())
+                if path is not None:
+                    write.path_text = _normalized(ctx, path)
+                    write.path_literals = self.literals(path)
+                result.append(write)
+        return result
+
+    def literals(self, expr: cst.BaseExpression, depth: int = 2) -> set[str]:
+        """File names spelled in a path expression, following simple assignments of the names in it."""
+        found = set()
+        for node in subtree(expr):
+            value = string_value(node) if isinstance(node, cst.SimpleString) else None
+            if value and "." in value.rsplit("/", 1)[-1]:
+                found.add(value.rsplit("/", 1)[-1])
+            elif isinstance(node, cst.FormattedStringText) and "." in node.value:
+                found.add(node.value.rsplit("/", 1)[-1])
+            if depth and isinstance(node, (cst.Name, cst.Attribute)):
+                name = dotted_name(node)
+                for value_expr in self._assignments.get(name or "", ())[:4]:
+                    found |= self.literals(value_expr, depth - 1)
+        return found
+
+    def payloads(self, obj: cst.BaseExpression, depth: int = 2) -> set[Payload]:
+        if isinstance(obj, cst.Dict):
+            kinds: set[Payload] = set()
+            for element in obj.elements:
+                if isinstance(element, cst.DictElement):
+                    kinds |= self._value_payload(element.value, string_value(element.key), depth)
+                elif isinstance(element, cst.StarredDictElement):
+                    kinds |= self.payloads(element.value, depth - 1) if depth else set()
+            return kinds or {Payload.TENSORS}
+        name = dotted_name(obj)
+        if name and depth and name in self._assignments:
+            kinds = set()
+            for value in self._assignments[name][:4]:
+                kinds |= self.payloads(value, depth - 1)
+            for key, value in self._subscript_stores.get(name, ()):
+                kinds |= self._value_payload(value, key, depth - 1)
+            return kinds or {Payload.TENSORS}
+        return self._value_payload(obj, None, depth)
+
+    def _value_payload(self, value: cst.BaseExpression, key: Optional[str], depth: int) -> set[Payload]:
+        if isinstance(value, cst.Dict):
+            return self.payloads(value, depth)
+        if isinstance(value, cst.Call):
+            called = dotted_name(value.func) or ""
+            method = called.rsplit(".", 1)[-1]
+            qualified = self.ctx.qualified_name(value.func) or ""
+            if method in ("state_dict", "item", "tolist", "detach", "cpu", "clone", "vars", "dict", "int", "float",
+                          "str", "len"):
+                return {Payload.TENSORS}
+            if method == "numpy" or qualified.startswith("numpy."):
+                return {Payload.NUMPY}
+            if method in ("deepcopy", "half", "float", "to") and value.args:
+                inner = value.args[0].value if method == "deepcopy" else value.func.value \
+                    if isinstance(value.func, cst.Attribute) else value.args[0].value
+                return self._value_payload(inner, key, depth)
+            return {Payload.TENSORS}
+        name = dotted_name(value)
+        if name:
+            last = _last(name)
+            if last in _CONFIG_NAMES or (key or "").lower() in _CONFIG_NAMES:
+                return {Payload.NAMESPACE}
+            if any(word in last for word in _MODEL_WORDS) and not last.endswith(("_state", "state_dict", "_sd")):
+                return {Payload.MODULE}
+        return {Payload.TENSORS}
+
+    def written_before_loaded(self, path: cst.BaseExpression, origin: Optional[cst.BaseExpression]) -> bool:
+        """Does this file save to the same path it loads from (same expression or same file name)?"""
+        if not self.writes:
+            return False
+        texts = {_normalized(self.ctx, path)} | ({_normalized(self.ctx, origin)} if origin is not None else set())
+        literals = self.literals(path) | (self.literals(origin) if origin is not None else set())
+        return any(w.path_text in texts or (literals & w.path_literals) for w in self.writes)
+
+    def payload_kinds(self) -> set[Payload]:
+        kinds: set[Payload] = set()
+        for write in self.writes:
+            kinds |= write.payloads
+        return kinds
+
+
+def _normalized(ctx: "FileContext", expr: cst.CSTNode) -> str:
+    return "".join(ctx.module.code_for_node(expr).split())
+
+
+def describe(kinds: Iterable[Payload]) -> str:
+    return ", ".join(sorted(k.value for k in kinds))
