@@ -300,6 +300,7 @@ def severity_lines(matches: list[Match]) -> list[str]:
 
 
 def repo_table(runs: list[RepoRun], matches: list[Match], missed: list[Label]) -> list[str]:
+    """Labeled verdicts only: a finding that only a judgment covers counts as new here."""
     rows = ["| repository | files | errors | findings | TP | NOISE | FP | new | TP missed | "
             "App: inline comments | App: summary only |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -307,7 +308,8 @@ def repo_table(runs: list[RepoRun], matches: list[Match], missed: list[Label]) -
         if run.root is None:
             rows.append(f"| {run.repo} | not found | | | | | | | | | |")
             continue
-        mine = Counter(m.verdict or "new" for m in matches if m.repo == run.repo)
+        mine = Counter("new" if m.label is None or m.label.judged else m.label.verdict
+                       for m in matches if m.repo == run.repo)
         lost = sum(1 for lab in missed if lab.repo == run.repo and lab.verdict == "TP" and not lab.judged)
         rows.append(f"| {run.repo} | {run.files} | {run.errors} | {len(run.findings)} | {mine['TP']} | "
                     f"{mine['NOISE']} | {mine['FP']} | {mine['new']} | {lost} | {run.inline_comments} | "
