@@ -3,7 +3,8 @@
 The dev set is a directory with ``repos.txt`` (``owner/name commit`` per line) and ``labels.json`` (a
 list of ``{repo, commit, path, cell, line, rule, severity, verdict, reason}``, ``verdict`` one of TP,
 NOISE, FP). The repositories themselves are not part of this project: extract each one at its commit
-under ``--repos`` as ``NAME`` (or ``owner+name`` or ``owner/name``) first.
+under ``--repos`` as ``NAME`` (or ``owner+name`` or ``owner/name``) first; a git checkout there
+at another commit gets a warning (an extracted archive cannot be checked).
 
     python bench/precision.py --dev-set DIR [--repos /tmp/realcode] [--list-new] [--judgments FILE]
 
@@ -12,10 +13,11 @@ default configuration, the same file discovery as ``torchreview check``), matche
 label by (repo, path, cell, rule) and a line within ``--line-tolerance`` (default 3; the nearest
 label wins, one finding per label, exact lines first), and prints per rule and overall:
 
-- TP: labeled TPs still found (recall of the TPs), NOISE / FP: labeled ones still reported,
-  new: findings no label matches (``--list-new`` lists them, ``path:line rule message``),
-- precision over labeled findings, TP / (TP + NOISE + FP + judged new), and the strict precision,
-  TP / all findings, where a new finding that nobody judged counts against it,
+- TP: labeled TPs still found (recall of the TPs; ``--list-missed`` lists the lost ones), NOISE / FP:
+  labeled ones still reported, new: findings no label matches (``--list-new`` lists them,
+  ``path:line rule message``),
+- precision over judged findings (labels and judgments), TP / (TP + NOISE + FP), and the strict
+  precision, TP / all findings, where a new finding that nobody judged counts against it,
 - the precision of what is reported at high or critical severity (current severity),
 - per repository: findings, and what the App would post if one pull request added the whole
   repository: ``plan_review`` (the bot's own review composition, default settings) gives the inline
@@ -116,6 +118,16 @@ def repo_dir(repos: Path, repo: str) -> Optional[Path]:
         if candidate.is_dir():
             return candidate
     return None
+
+
+def checked_out_commit(root: Path) -> Optional[str]:
+    """HEAD of a git checkout; None for an extracted archive (which cannot be checked)."""
+    if not (root / ".git").exists():
+        return None
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 # ---- running the engine --------------------------------------------------------------------------
@@ -352,6 +364,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         root = repo_dir(args.repos, repo)
         if root is None:
             print(f"warning: {repo} not found under {args.repos}; its labels count as missed", file=sys.stderr)
+        elif (head := checked_out_commit(root)) and not head.startswith(commit):
+            print(f"warning: {repo} is at {head[:12]}, the labels are for {commit[:12]}", file=sys.stderr)
         run = analyze_repo(repo, commit, root, args.jobs)
         runs.append(run)
         found, lost = match(repo, run.findings, labels, args.line_tolerance)
