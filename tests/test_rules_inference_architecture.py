@@ -283,6 +283,7 @@ def test_import_aliases():
 
         class Head(nn.Module):
             def __init__(self, dims=[]):
+                dims.append(4)
                 self.layers = [nn.Linear(d, d) for d in dims]
     """
     found = findings(code)

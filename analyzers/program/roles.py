@@ -179,18 +179,50 @@ class CheckpointWrites:
         return {Payload.TENSORS}
 
     def written_before_loaded(self, path: cst.BaseExpression, origin: Optional[cst.BaseExpression]) -> bool:
-        """Does this file save to the same path it loads from (same expression or same file name)?"""
+        """Does this file save to the path it loads from: the same expression, or the same file name in
+        the same directory expression (``os.path.join(out_dir, "best.pt")`` both times)?"""
         if not self.writes:
             return False
-        texts = {_normalized(self.ctx, path)} | ({_normalized(self.ctx, origin)} if origin is not None else set())
-        literals = self.literals(path) | (self.literals(origin) if origin is not None else set())
-        return any(w.path_text in texts or (literals & w.path_literals) for w in self.writes)
+        candidates = [path] + ([origin] if origin is not None else [])
+        for expr in candidates:
+            text = _normalized(self.ctx, expr)
+            literals = self.literals(expr)
+            names = self._names(expr)
+            for write in self.writes:
+                if write.path_text == text:
+                    return True
+                if literals & write.path_literals and write.path is not None and names <= self._names(write.path):
+                    return True
+        return False
+
+    def _names(self, expr: cst.BaseExpression) -> set[str]:
+        """The variables a path is built from (one assignment deep), not the functions that join it."""
+        names = _value_names(expr)
+        for name in list(names):
+            for value in self._assignments.get(name, ())[:2]:
+                names |= _value_names(value)
+        return names
 
     def payload_kinds(self) -> set[Payload]:
         kinds: set[Payload] = set()
         for write in self.writes:
             kinds |= write.payloads
         return kinds
+
+
+def _value_names(expr: cst.BaseExpression) -> set[str]:
+    """Dotted names whose values an expression is built from: ``os.path.join(a.b, c)`` → {"a.b", "c"}."""
+    found: set[str] = set()
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            stack.extend(arg.value for arg in node.args)
+        elif isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node):
+            found.add(dotted_name(node))
+        else:
+            stack.extend(node.children)
+    return found
 
 
 def _normalized(ctx: "FileContext", expr: cst.CSTNode) -> str:

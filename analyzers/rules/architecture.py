@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, method_name
+from analyzers.program import mutated_names, stored_attributes
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -476,7 +477,10 @@ class MutableDefaultArgument(Rule):
     what = """
         Flags mutable default values (`[]`, `{}`, `set()`, `list()`, `dict()`, displays and
         comprehensions) of the parameters of an `nn.Module`'s `__init__` or of a training
-        function (a function whose name contains `train` or `fit`).
+        function (a function whose name contains `train` or `fit`) when the default is changed in
+        place: in the function (`append`, `x[k] = ...`, `+=`...), or after being stored on the
+        instance (`self.x = x`, then `self.x.append(...)` in any method). A default that is only
+        read is harmless and not reported.
     """
     why = """
         A default value is evaluated once, when the `def` runs, and shared by every call. A
@@ -504,14 +508,29 @@ class MutableDefaultArgument(Rule):
         "import torch\ndef collate(batch, keys=[]):\n    return batch\n",
         "import torch\nclass Config:\n    def __init__(self, layers=[1, 2]):\n        self.layers = layers\n",
         "import torch\ndef constrain(x, bounds=[0, 1]):\n    return x\n",
+        # only read: indexed, iterated, splatted or passed on
+        "import torch.nn as nn\nclass ViT(nn.Module):\n    def __init__(self, img_size=[224], depths=[2, 2]):\n"
+        "        super().__init__()\n        self.size = img_size[0]\n        self.n = sum(depths)\n",
+        "import torch.nn as nn\nclass VQ(nn.Module):\n    def __init__(self, ignore_keys=[], kw={}):\n"
+        "        super().__init__()\n        for k in ignore_keys:\n            print(k)\n"
+        "        self.block = Block(**kw)\n",
+        "import torch.nn as nn\nclass Sub(Base):\n    def __init__(self, ignore_keys=[]):\n"
+        "        super().__init__(ignore_keys=ignore_keys)\n",
     ]
     INVALID = [
         Invalid("import torch.nn as nn\nclass MLP(nn.Module):\n    def __init__(self, hidden=[64, 64]):\n"
-                "        super().__init__()\n", line=3, message="`hidden`"),
-        Invalid("import torch\ndef train_one_epoch(model, loader, metrics={}):\n    pass\n", line=2, message="metrics"),
-        Invalid("import torch\ndef fit(model, data, *, callbacks=list()):\n    pass\n", line=2, message="callbacks"),
+                "        super().__init__()\n        hidden.append(10)\n", line=3, message="`hidden`"),
+        Invalid("import torch\ndef train_one_epoch(model, loader, metrics={}):\n    metrics['loss'] = 0.0\n",
+                line=2, message="metrics"),
+        Invalid("import torch\ndef fit(model, data, *, callbacks=list()):\n    callbacks += [Logger()]\n",
+                line=2, message="callbacks"),
         Invalid("from torch.nn import Module\nclass Enc(Module):\n    def __init__(self, dims=[1], skip=set()):\n"
-                "        super().__init__()\n", count=2),
+                "        super().__init__()\n        dims.append(2)\n        skip.add(3)\n", count=2),
+        # stored on the instance, then changed by another method: every instance shares one list
+        Invalid("import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self, history=[]):\n"
+                "        super().__init__()\n        self.history = history\n"
+                "    def forward(self, x):\n        self.history.append(x.mean())\n        return x\n",
+                line=3, message="self.history"),
     ]
 
     def visit_FunctionDef(self, node: cst.FunctionDef, ctx: FileContext) -> None:
@@ -526,12 +545,27 @@ class MutableDefaultArgument(Rule):
         else:
             return
         params = node.params
-        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
-            default = param.default
-            if default is not None and _is_mutable_default(default):
-                shown = ctx.module.code_for_node(default)
-                if len(shown) > 30:
-                    shown = shown[:27] + "..."
-                self.report(default, f"parameter `{param.name.value}` of {where} defaults to the mutable `{shown}`: "
-                                     f"it is created once and shared by every call/instance; default to None and "
-                                     f"create it inside")
+        mutable = {param.name.value: param.default for param in (*params.posonly_params, *params.params,
+                                                                  *params.kwonly_params)
+                   if param.default is not None and _is_mutable_default(param.default)}
+        if not mutable:
+            return
+        # A default that is only read (indexed, iterated, splatted, passed on) is harmless; the bug is a
+        # default that is changed in place, here or — once stored on the instance — anywhere in the class.
+        mutated = mutated_names(node.body)
+        stored = stored_attributes(node.body, set(mutable))
+        cls = ctx.class_def
+        class_mutated = mutated_names(cls.body) if cls is not None and stored else set()
+        for name, default in mutable.items():
+            if name in mutated:
+                how = "changed in place here"
+            elif name in stored and stored[name] in class_mutated:
+                how = f"stored as `{stored[name]}` and changed in place"
+            else:
+                continue
+            shown = ctx.module.code_for_node(default)
+            if len(shown) > 30:
+                shown = shown[:27] + "..."
+            self.report(default, f"parameter `{name}` of {where} defaults to the mutable `{shown}`, {how}: the "
+                                 f"default is created once and shared by every call/instance; default to None "
+                                 f"and create it inside")

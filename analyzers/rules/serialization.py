@@ -61,8 +61,8 @@ class UnsafeTorchLoad(Rule):
         "import torch\ntorch.save(ckpt, 'checkpoint.pth')\ndef load_checkpoint(filepath):\n"
         "    return torch.load(filepath)\nmodel = load_checkpoint('checkpoint.pth')\n",
         # a cache the program writes and reads back
-        "import torch, os\nif os.path.isfile(args.vector_cache):\n    vectors = torch.load(args.vector_cache)\n"
-        "else:\n    torch.save(vectors, args.vector_cache)\n",
+        "import torch, os\nif os.path.isfile(cache_file):\n    vectors = torch.load(cache_file)\n"
+        "else:\n    torch.save(vectors, cache_file)\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # the fallback for torch builds without the keyword
@@ -85,6 +85,12 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch as th\nsd = th.load(\n    path,\n    map_location='cpu',\n)\n", line=2),
         Invalid("from torch import load\nsd = load(p)\n", line=2, fixed="from torch import load\nsd = load(p, weights_only=True)\n"),
         Invalid("import torch.serialization\nsd = torch.serialization.load(p)\n", line=2),
+        # the same file name, but read from a directory the user names (features dumped by another run)
+        Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
+                "feats = torch.load(os.path.join(args.load_dir, 'feat.pth'))\n", line=3),
+        # a resume path from configuration: reported even though this program also writes it
+        Invalid("import torch\ntorch.save(snapshot, self.config.snapshot_path)\n"
+                "data = torch.load(self.config.snapshot_path)\n", line=3),
         # a resume path from the command line, in a file that saves the args into its checkpoints:
         # weights_only=True would refuse them, so no mechanical fix, and the message says why
         Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
@@ -103,10 +109,10 @@ class UnsafeTorchLoad(Rule):
             return
         source = argument(node, 0, "f")
         checkpoints = ctx.facts(CheckpointWrites)
-        if source is not None and self._self_written(source, ctx, checkpoints):
-            return  # the program reloads what it saved: no trust boundary is crossed
-        source_text = ctx.module.code_for_node(source) if source is not None else "?"
         external = _looks_external(source, ctx)
+        if source is not None and not external and self._self_written(source, ctx, checkpoints):
+            return  # the program reloads what it saved itself: no trust boundary is crossed
+        source_text = ctx.module.code_for_node(source) if source is not None else "?"
         severity = Severity.CRITICAL if external else None
         shown = f"torch.load({source_text})"
         refused = {kind for kind in checkpoints.payload_kinds() if not kind.loads_weights_only}
