@@ -381,6 +381,18 @@ class HalfPrecisionTraining(Rule):
         def export(model):
             return model.half()
         """,
+        # a half-precision copy for the checkpoint, a round trip, a profiler matching the input dtype
+        """
+        import torch
+        from copy import deepcopy
+        for epoch in range(3):
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+            ckpt = {"model": deepcopy(model).half(), "ema": deepcopy(ema.ema).half()}
+            model.half().float()
+            m = m.half() if x.dtype is torch.float16 else m
+        """,
         # halving for a checkpoint after training has finished
         """
         import torch
@@ -459,6 +471,8 @@ class HalfPrecisionTraining(Rule):
         elif name in ("half", "to", "type") and self._is_fp16_cast(node, name, ctx):
             if ctx.in_no_grad() or ctx.in_context_manager(*_AUTOCAST):
                 return
+            if self._not_the_trained_model(node, ctx):
+                return
             loops = tuple(ctx.loops_in_function())
             if any(isinstance(lp, _COMPREHENSIONS) for lp in loops):
                 return
@@ -474,6 +488,22 @@ class HalfPrecisionTraining(Rule):
             self._counts[fn] = self._counts.get(fn, 0) + 1
             self._evidence.setdefault(fn, node)
         self._train_loops.update(ctx.loops)
+
+    @staticmethod
+    def _not_the_trained_model(node: cst.Call, ctx: FileContext) -> bool:
+        """A cast whose result is not what trains: a copy (``deepcopy(model).half()`` into a checkpoint),
+        a round trip (``model.half().float()`` to round values), or a conditional match of an input's
+        dtype (``m.half() if x.dtype is torch.float16 else m`` in a profiling helper)."""
+        receiver = node.func.value if isinstance(node.func, cst.Attribute) else None
+        while isinstance(receiver, cst.Call):
+            called = ctx.qualified_name(receiver.func) or dotted_name(receiver.func) or ""
+            if called.rsplit(".", 1)[-1] == "deepcopy":
+                return True
+            receiver = receiver.func.value if isinstance(receiver.func, cst.Attribute) else None
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("float", "to", "type", "double"):
+            return True
+        return isinstance(parent, cst.IfExp)
 
     @staticmethod
     def _is_optimizer(receiver: cst.BaseExpression, ctx: FileContext) -> bool:

@@ -14,6 +14,7 @@ from analyzers.context import (
     keyword_arg,
     positional_args,
 )
+from analyzers.program.flow import subtree
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -959,6 +960,10 @@ class _NumpyState:
     kind: Optional[str]  # forward | loss | None
     label: str
     tainted: set[str] = field(default_factory=set)
+    # in forward: names computed by the module's own layers (a gradient reaches parameters through them)
+    activations: set[str] = field(default_factory=set)
+    on_raw_input: set = field(default_factory=set)  # findings on the input, before any layer ran
+    calls_layers: bool = False
     found: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     statements: set = field(default_factory=set)
     uses_torch: bool = False
@@ -974,7 +979,10 @@ class NumpyInForward(Rule):
         Flags `.numpy()` and NumPy calls (`np.exp`, `np.log`, `np.sum`, `np.array(t)`,
         `np.asarray`...) on tensors inside the `forward` of an `nn.Module` subclass or inside a
         loss function (a function whose name contains "loss", or a `*Loss` class). NumPy on
-        shapes and constants (`np.sqrt(self.d_model)`, `np.prod(x.shape)`, `np.pi`) is fine.
+        shapes and constants (`np.sqrt(self.d_model)`, `np.prod(x.shape)`, `np.pi`) is fine, and
+        so is NumPy on the raw input of a module that runs its own layers on another path
+        (pre-processing, or an inference dispatcher handing the input to ONNX Runtime / OpenCV),
+        and anything in an inference-only `forward` (`@torch.inference_mode()`, `@torch.no_grad()`).
     """
     why = """
         Autograd only records torch operations. A value that goes through NumPy is a plain
@@ -993,6 +1001,19 @@ class NumpyInForward(Rule):
             return torch.exp(h)
     """
     VALID = [
+        # an inference dispatcher: the input goes to another runtime on one branch, to the layers on another
+        """
+        import torch
+        import torch.nn as nn
+        class Backend(nn.Module):
+            def forward(self, im):
+                if self.pt:
+                    y = self.model(im)
+                elif self.onnx:
+                    im = im.cpu().numpy()
+                    y = self.session.run(None, {"images": im})
+                return y
+        """,
         """
         import numpy as np
         import torch
@@ -1137,6 +1158,10 @@ class NumpyInForward(Rule):
         if state.kind == "loss" and not state.uses_torch:
             return
         for found, message in state.found:
+            if state.calls_layers and found in state.on_raw_input:
+                # NumPy on the raw input of a module that runs its own layers elsewhere: pre-processing or a
+                # hand-off to another runtime (ONNX Runtime, OpenCV), not a cut in this module's gradient path
+                continue
             self.report(found, message)
 
     def _state(self) -> Optional[_NumpyState]:
@@ -1161,12 +1186,36 @@ class NumpyInForward(Rule):
 
     def _taint(self, targets, value, state: _NumpyState) -> None:
         tensor = self._uses_tensor(value, state)
+        activation = state.kind == "forward" and self._is_activation(value, state)
         for target in targets:
             for name in _target_names(target):
                 if tensor:
                     state.tainted.add(name)
                 else:
                     state.tainted.discard(name)
+                if activation:
+                    state.activations.add(name)
+                else:
+                    state.activations.discard(name)
+
+    @staticmethod
+    def _is_activation(expr: cst.CSTNode, state: _NumpyState) -> bool:
+        """Computed by a layer of this module (``self.fc(x)``), or from such a value."""
+        for node in subtree(expr):
+            if isinstance(node, cst.Name) and node.value in state.activations:
+                return True
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                receiver = node.func.value
+                while isinstance(receiver, cst.Attribute):
+                    receiver = receiver.value
+                if isinstance(receiver, cst.Name) and receiver.value == "self" and \
+                        isinstance(node.func.value, cst.Name):
+                    return True  # self.layer(x)
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                    isinstance(node.func.value, cst.Attribute) and dotted_name(node.func.value) and \
+                    dotted_name(node.func.value).startswith("self."):
+                return True  # self.blocks.forward(x) / self.head.fc(x)
+        return False
 
     def _uses_tensor(self, expr: cst.CSTNode, state: _NumpyState) -> Optional[str]:
         """The first tensor-valued name used in ``expr`` outside shape/scalar/NumPy contexts."""
@@ -1218,6 +1267,9 @@ class NumpyInForward(Rule):
         if state is None:
             return
         func = node.func
+        if state.kind == "forward" and isinstance(func, cst.Attribute) and \
+                (dotted_name(func.value) or "").startswith("self") and func.attr.value not in _SCALAR_METHODS:
+            state.calls_layers = True
         if state.kind == "loss" and not state.uses_torch:
             name = ctx.call_name(node) if isinstance(func, (cst.Name, cst.Attribute)) else None
             if name is not None and name.startswith("torch"):
@@ -1245,8 +1297,11 @@ class NumpyInForward(Rule):
                 return
 
     def _found(self, state: _NumpyState, node: cst.Call, message: str) -> None:
-        if state.kind == "loss" and self.ctx.in_no_grad():
-            return  # a loss only computed for logging: no gradient is wanted there
+        if self.ctx.in_no_grad() or any("inference" in d or "no_grad" in d
+                                        for d in self.ctx.decorators_of(state.node)):
+            return  # no gradient is wanted there (a loss for logging, an inference-only forward)
+        if state.kind == "forward" and not self._is_activation(node, state):
+            state.on_raw_input.add(node)
         statement = self.ctx.statement_of(node)
         if statement in state.statements:
             return
