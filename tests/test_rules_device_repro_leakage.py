@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.backends import cudnn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
 
 
 class Classifier(nn.Module):
@@ -73,8 +74,8 @@ def main():
     args = parser.parse_args()
     set_seed(0)
     device = torch.device(args.device if torch.cuda.is_available() else "cpu")
-    train_ds = TensorDataset(torch.randn(512, 16), torch.randint(0, 3, (512,)))
-    val_ds = TensorDataset(torch.randn(128, 16), torch.randint(0, 3, (128,)))
+    train_ds = ImageFolder(args.train_dir, transform=train_transform)
+    val_ds = ImageFolder(args.val_dir, transform=eval_transform)
     train_loader = DataLoader(train_ds, batch_size=32, shuffle=True,
                               num_workers=args.workers, pin_memory=True, persistent_workers=True)
     val_loader = DataLoader(val_ds, batch_size=128, num_workers=2, pin_memory=True)

@@ -113,6 +113,7 @@ class _DeviceFacts:
     last_assign: Optional[cst.CSTNode] = None
     cuda_evidence: bool = False
     batch_moves: bool = False
+    non_blocking: bool = False  # some copy asks to overlap with compute, which needs pinned memory
     # names/roots later moved with ``.to``/``.cuda``/``.type_as`` per enclosing function
     moved_roots: dict[int, set[str]] = field(default_factory=dict)
     # names assigned a CUDA device anywhere so far, whichever branch assigned them last
@@ -137,6 +138,8 @@ class _DeviceFacts:
             return
         self.last = node
         if name in ("to", "cuda", "type_as"):
+            if is_true(argument(node, 99, "non_blocking")):
+                self.non_blocking = True
             receiver = call_receiver(node)
             if receiver is None:
                 return
@@ -502,6 +505,28 @@ class _Loader:
     call: cst.Call
     label: str  # ``train_loader = DataLoader(train_ds, ...)`` → "train_loader"
     training: bool
+    in_memory: bool = False  # MNIST-like or TensorDataset: nothing to decode, little to copy
+
+
+# Data sets that live in memory as small tensors: loading them costs nothing worth a worker or pinning.
+_IN_MEMORY_DATASETS = {"TensorDataset", "MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST"}
+_EVALUATION_WORDS = ("val", "test", "eval", "dev", "holdout")
+
+
+def _is_evaluation_name(name: Optional[str]) -> bool:
+    last = (name or "").rsplit(".", 1)[-1].lower()
+    return any(word in last for word in _EVALUATION_WORDS)
+
+
+def _in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    origin = ctx.origin(dataset) if dataset is not None else None
+    if not isinstance(origin, cst.Call):
+        return False
+    called = (ctx.call_name(origin) or dotted_name(origin.func) or "").rsplit(".", 1)[-1]
+    if called not in _IN_MEMORY_DATASETS:
+        return False
+    # random augmentation makes even MNIST worth decoding in workers
+    return "Random" not in ctx.module.code_for_node(origin)
 
 
 def _loader(node: cst.Call, ctx: FileContext) -> Optional[_Loader]:
@@ -522,8 +547,10 @@ def _loader(node: cst.Call, ctx: FileContext) -> Optional[_Loader]:
         n is not None and "train" in n.lower() for n in (dataset_name, target))
     if not training and isinstance(parent, cst.Return) and fn is not None and "train" in fn.name.value.lower():
         training = True
+    if _is_evaluation_name(target) or _is_evaluation_name(dataset_name):
+        training = False  # a shuffled test loader is still a test loader
     label = target or (f"DataLoader({dataset_name})" if dataset_name else _short(ctx, node, 50))
-    return _Loader(node, label, training)
+    return _Loader(node, label, training, _in_memory(dataset, ctx))
 
 
 class _LoaderRule(Rule):
@@ -571,6 +598,12 @@ class DataLoaderNoWorkers(_LoaderRule):
         model = model.cuda()
     """
     VALID = [
+        # in-memory data: MNIST with ToTensor only, a TensorDataset; and a (shuffled) test loader
+        "import torch\nfrom torchvision import datasets, transforms\nfrom torch.utils.data import DataLoader\n"
+        "train_ds = datasets.MNIST('data', train=True, transform=transforms.ToTensor())\n"
+        "train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)\n"
+        "test_loader = DataLoader(test_folder, batch_size=64, shuffle=True)\n"
+        "for x, y in train_loader:\n    x = x.cuda()\n",
         "import torch\nfrom torch.utils.data import DataLoader\n"
         "loader = DataLoader(train_ds, batch_size=32, shuffle=True, num_workers=8)\nmodel.cuda()\n",
         "import torch\nfrom torch.utils.data import DataLoader\n"
@@ -599,7 +632,7 @@ class DataLoaderNoWorkers(_LoaderRule):
     ]
 
     def wants(self, loader: _Loader) -> bool:
-        if not loader.training:
+        if not loader.training or loader.in_memory:
             return False
         workers = keyword_arg(loader.call, "num_workers")
         if workers is None:
@@ -643,6 +676,12 @@ class MissingPinMemory(_LoaderRule):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     """
     VALID = [
+        # in-memory data: MNIST with ToTensor only, a TensorDataset; and a (shuffled) test loader
+        "import torch\nfrom torchvision import datasets, transforms\nfrom torch.utils.data import DataLoader\n"
+        "train_ds = datasets.MNIST('data', train=True, transform=transforms.ToTensor())\n"
+        "train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)\n"
+        "test_loader = DataLoader(test_folder, batch_size=64, shuffle=True)\n"
+        "for x, y in train_loader:\n    x = x.cuda()\n",
         "import torch\nfrom torch.utils.data import DataLoader\ndevice = torch.device('cuda')\n"
         "loader = DataLoader(ds, num_workers=4, pin_memory=True)\nfor x, y in loader:\n    x = x.to(device)\n",
         # batches never moved to CUDA in a loop (only the model)
@@ -662,7 +701,7 @@ class MissingPinMemory(_LoaderRule):
                 "for x, y in train_loader:\n    x, y = x.to(device), y.to(device)\n",
                 line=4, message="train_loader"),
         Invalid("import torch\nfrom torch.utils import data\n"
-                "loader = data.DataLoader(ds, num_workers=2, pin_memory=False)\n"
+                "train_loader = data.DataLoader(ds, num_workers=2, pin_memory=False)\n"
                 "def train(model, args):\n    for batch in loader:\n"
                 "        batch = {k: v.to(args.device) for k, v in batch.items()}\n",
                 line=3, message="pin_memory=False"),
@@ -673,6 +712,8 @@ class MissingPinMemory(_LoaderRule):
     ]
 
     def wants(self, loader: _Loader) -> bool:
+        if loader.in_memory:
+            return False
         pin = keyword_arg(loader.call, "pin_memory")
         if pin is None:
             return len([a for a in loader.call.args if a.keyword is None]) < 8  # positional pin_memory
@@ -683,6 +724,8 @@ class MissingPinMemory(_LoaderRule):
         if not self.loaders or not facts.cuda_evidence or not facts.batch_moves:
             return
         for loader in self.loaders:
+            if not loader.training and not facts.non_blocking:
+                continue  # pinning pays on training loaders, or wherever non_blocking copies rely on it
             pin = keyword_arg(loader.call, "pin_memory")
             how = "pin_memory=False" if pin is not None else "no pin_memory=True"
             self.report(loader.call, f"DataLoader {loader.label} has {how} while its batches are copied to CUDA: "
