@@ -65,7 +65,8 @@ class UnseededTraining(Rule):
     summary = "training entry point never seeds torch"
     what = """
         Flags a training script — a file with an `if __name__ == "__main__":` block, a
-        `main`/`train*` function, or module-level code that runs `.backward()` and `.step()` —
+        `main`/`train*` function that the file itself calls, or a module-level loop that runs
+        `.backward()` and `.step()` —
         that never seeds torch: no `torch.manual_seed`, `torch.cuda.manual_seed(_all)`,
         `seed_everything`, `transformers.set_seed`, `accelerate.utils.set_seed`, and no call to a
         function whose name contains `seed` (your own `set_seed(42)` counts). Reported once,
@@ -133,6 +134,25 @@ class UnseededTraining(Rule):
             loss.backward()
             opt.step()
         """,
+        # a helper module: defines train() but never runs it
+        """
+        import torch
+        def train(model, trainloader, criterion, optimizer, epochs=5):
+            for e in range(epochs):
+                for images, labels in trainloader:
+                    optimizer.zero_grad()
+                    loss = criterion(model(images), labels)
+                    loss.backward()
+                    optimizer.step()
+        """,
+        # an autograd demonstration, not a training loop
+        """
+        import torch
+        x = torch.ones(2, requires_grad=True)
+        y = (x * 2).sum()
+        y.backward()
+        optimizer.step()
+        """,
         # no training loop (inference script)
         """
         import torch
@@ -167,6 +187,7 @@ class UnseededTraining(Rule):
                     optimizer.zero_grad()
                     model(batch).mean().backward()
                     optimizer.step()
+            train(model, loader, optimizer)
             """,
             line=10, message="train()",
         ),
@@ -189,7 +210,9 @@ class UnseededTraining(Rule):
         self.main_guard: Optional[cst.If] = None
         self.backward: Optional[cst.Call] = None  # first backward
         self.backward_owner: Optional[str] = None
-        self.entry_backward = False
+        self.entry_backward = False  # a training step at module level, in a loop
+        self.entry_functions: set[str] = set()  # main()/train*() that train
+        self.called_at_module_level: set[str] = set()
         self.has_step = False
         self.seeded = False
 
@@ -201,15 +224,21 @@ class UnseededTraining(Rule):
         name = method_name(node)
         if name is None:
             return
+        if not ctx.functions and isinstance(node.func, cst.Name):
+            self.called_at_module_level.add(node.func.value)
         if name == "backward":
             if call_receiver(node) is None:
                 return
             fn = ctx.function_def
-            entry = fn is None or _entry_function(fn.name.value)
+            if fn is None and ctx.loop is None:
+                return  # a one-off autograd demonstration (``y.backward()`` in an API tour), not training
             if self.backward is None:
                 self.backward = node
                 self.backward_owner = f"{fn.name.value}()" if fn is not None else "the module-level loop"
-            self.entry_backward = self.entry_backward or entry
+            if fn is None:
+                self.entry_backward = True
+            elif _entry_function(fn.name.value):
+                self.entry_functions.add(fn.name.value)
         elif name == "step":
             if call_receiver(node) is not None:
                 self.has_step = True
@@ -223,7 +252,11 @@ class UnseededTraining(Rule):
     def end_file(self, ctx: FileContext) -> None:
         if self.seeded or self.backward is None or not self.has_step or _is_test_file(ctx.path):
             return
-        if self.main_guard is None and not self.entry_backward:
+        # A script runs: a __main__ guard, a training loop at module level, or a main()/train() it calls
+        # itself. A module that only defines train() is a library: seeding belongs to whoever calls it.
+        runs = self.main_guard is not None or self.entry_backward or \
+            bool(self.entry_functions & self.called_at_module_level)
+        if not runs:
             return
         shown = _short(ctx, self.backward)
         self.report(self.backward, f"{shown} in {self.backward_owner} trains, but this script never seeds torch: "
