@@ -113,6 +113,11 @@ class Binding:
     node: cst.CSTNode  # the statement/target node that assigned it
     kind: str  # assign | augassign | annassign | for | with | param | import | def | walrus
     loop: Optional[LoopNode]  # innermost loop (in the same function) at the assignment
+    # the binding this one replaced in the same scope: ``D = D.to(device)`` reads the previous ``D``
+    previous: Optional["Binding"] = None
+    # ``out, h = model(x)``: the call a tuple target was unpacked from, and this name's position in it
+    unpacked_from: Optional[cst.BaseExpression] = None
+    element: Optional[int] = None
 
 
 @dataclass
@@ -221,6 +226,8 @@ class FileContext:
         # Every loop's enclosing function (None at module level), for "same function" checks.
         self.loop_function: dict[cst.CSTNode, Optional[FunctionNode]] = {}
         self._facts: dict[type, object] = {}
+        # the rest of the code base (analyzers.program.modules.RepositoryIndex), when the file has one
+        self.repository = None
 
     def facts(self, kind: type[_Fact]) -> _Fact:
         """The program model's ``kind`` of facts about this file (built once, on first use, by any rule)."""
@@ -423,6 +430,11 @@ class FileContext:
                 values = [e.value for e in value.elements]
             for i, element in enumerate(target.elements):
                 self.record_binding(element.value, values[i] if values else None, node, kind)
+                if values is None and isinstance(value, cst.Call) and isinstance(element.value, (cst.Name,
+                                                                                                 cst.Attribute)):
+                    unpacked = self.binding(dotted_name(element.value) or "")
+                    if unpacked is not None and unpacked.node is node:
+                        unpacked.unpacked_from, unpacked.element = value, i
             return
         if isinstance(target, cst.StarredElement):
             self.record_binding(target.value, None, node, kind)
@@ -430,7 +442,7 @@ class FileContext:
         name = dotted_name(target)
         if name is None:
             return
-        binding = Binding(value, node, kind, loop)
+        binding = Binding(value, node, kind, loop, self.scopes[-1].bindings.get(name))
         self.scopes[-1].bindings[name] = binding
         if name.startswith("self.") and self.class_attributes:
             self.class_attributes[-1][name] = binding

@@ -15,6 +15,7 @@ import libcst as cst
 from analyzers.config import Config
 from analyzers.context import FileContext, dotted_name
 from analyzers.model import FileError, FileResult, Finding, Fix, Severity
+from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules
 from analyzers.rules.base import Rule
 
@@ -258,8 +259,10 @@ def imported_libraries(ctx: FileContext) -> set[str]:
 
 
 def analyze_source(source: str, path: str = "<string>", config: Optional[Config] = None,
-                   rules: Optional[Sequence[type[Rule]]] = None) -> FileResult:
-    """Analyze Python source text. ``rules`` overrides the config's selection (used by tests)."""
+                   rules: Optional[Sequence[type[Rule]]] = None,
+                   repository: Optional[RepositoryIndex] = None) -> FileResult:
+    """Analyze Python source text. ``rules`` overrides the config's selection (used by tests);
+    ``repository`` is the rest of the code base, for questions that cross files."""
     config = config or Config()
     result = FileResult(path)
     if _SKIP_FILE.search(source):
@@ -275,6 +278,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         result.errors.append(FileError(path, "syntax-error", "expression nested too deeply to parse"))
         return result
     ctx = FileContext(path, source, module)
+    ctx.repository = repository
     libraries = imported_libraries(ctx)
     candidates = rules if rules is not None else config.enabled_rules(all_rules())
     classes = [cls for cls in candidates if cls.requires in libraries]
@@ -401,7 +405,8 @@ def decode_source(data: bytes, display: str) -> tuple[Optional[str], Optional[Fi
 _MAGIC = re.compile(r"^\s*(?:[%!?]|\w+\?\s*$)")
 
 
-def analyze_notebook_text(text: str, path: str, config: Config) -> FileResult:
+def analyze_notebook_text(text: str, path: str, config: Config,
+                          repository: Optional[RepositoryIndex] = None) -> FileResult:
     """Analyze a notebook's code cells as one program; report cell numbers and cell lines."""
     result = FileResult(path)
     try:
@@ -421,7 +426,7 @@ def analyze_notebook_text(text: str, path: str, config: Config) -> FileResult:
         # IPython magics and shell escapes are not Python: blank them, keep the line count.
         cell_lines = [("" if _MAGIC.match(line) else line) for line in source.split("\n")]
         cell_sources.append((number, "\n".join(cell_lines)))
-    combined = _analyze_cells(cell_sources, path, config)
+    combined = _analyze_cells(cell_sources, path, config, repository)
     if not any(e.kind == "syntax-error" for e in combined.errors):
         return combined
     # One broken cell should not hide the others: report it, analyze the rest together.
@@ -434,17 +439,18 @@ def analyze_notebook_text(text: str, path: str, config: Config) -> FileResult:
             detail = f"line {exc.raw_line}: {exc.message}" if isinstance(exc, cst.ParserSyntaxError) else "too deeply nested"
             broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}"))
             broken_cells.add(number)
-    result = _analyze_cells([c for c in cell_sources if c[0] not in broken_cells], path, config)
+    result = _analyze_cells([c for c in cell_sources if c[0] not in broken_cells], path, config, repository)
     result.errors = broken + [e for e in result.errors if e.kind != "syntax-error"]
     return result
 
 
-def _analyze_cells(cell_sources: list[tuple[int, str]], path: str, config: Config) -> FileResult:
+def _analyze_cells(cell_sources: list[tuple[int, str]], path: str, config: Config,
+                   repository: Optional[RepositoryIndex] = None) -> FileResult:
     line_map: list[tuple[int, int]] = []  # program line -> (cell number, line in cell)
     for number, source in cell_sources:
         line_map.extend((number, i + 1) for i in range(source.count("\n") + 1))
     program = "\n".join(source for _, source in cell_sources) + "\n"
-    result = analyze_source(program, path, config)
+    result = analyze_source(program, path, config, repository=repository)
     _remap(result, line_map)
     return result
 
@@ -478,13 +484,14 @@ def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Con
         result = FileResult(display)
         result.errors.append(error)
         return result
-    return analyze_text(text, display, config)
+    return analyze_text(text, display, config, repository=index_for(path))
 
 
-def analyze_text(text: str, display: str, config: Config) -> FileResult:
+def analyze_text(text: str, display: str, config: Config,
+                 repository: Optional[RepositoryIndex] = None) -> FileResult:
     if display.endswith(".ipynb"):
-        return analyze_notebook_text(text, display, config)
-    return analyze_source(text, display, config)
+        return analyze_notebook_text(text, display, config, repository=repository)
+    return analyze_source(text, display, config, repository=repository)
 
 
 # ---------------------------------------------------------------------------------------------

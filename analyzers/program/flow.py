@@ -92,11 +92,16 @@ def call_site_values(module: cst.Module, fn: cst.FunctionDef, name: str) -> Opti
     """
     function_name = fn.name.value
     position = parameter_index(fn, name)
+    first = [*fn.params.posonly_params, *fn.params.params][:1]
+    method = bool(first) and first[0].name.value in ("self", "cls")
     values: list[cst.BaseExpression] = []
     for node in subtree(module):
         if not isinstance(node, cst.Call):
             continue
-        called = node.func.attr.value if isinstance(node.func, cst.Attribute) else dotted_name(node.func)
+        if method:  # obj.train_step(...)
+            called = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
+        else:  # train(...), not model.train()
+            called = node.func.value if isinstance(node.func, cst.Name) else None
         if called != function_name:
             continue
         value = None
@@ -113,3 +118,31 @@ def call_site_values(module: cst.Module, fn: cst.FunctionDef, name: str) -> Opti
             return None
         values.append(value)
     return values or None
+
+
+def assignment_before(ctx, use: cst.CSTNode, name: str) -> Optional[cst.BaseExpression]:
+    """The value last assigned to ``name`` in the function (or module) that holds ``use``, before it.
+
+    For questions asked after the walk, when the walk's own scopes are gone: the model variable at a call
+    site, ``model = Net().to(device)`` two lines above ``train(model, ...)``.
+    """
+    scope: Optional[cst.CSTNode] = use
+    while scope is not None and not isinstance(scope, (cst.FunctionDef, cst.Module)):
+        scope = ctx.parents.get(scope)
+    if scope is None:
+        return None
+    found: Optional[cst.BaseExpression] = None
+    stack: list[cst.CSTNode] = [scope.body] if isinstance(scope, cst.FunctionDef) else list(reversed(scope.body))
+    order: list[cst.CSTNode] = []
+    while stack:  # source order, without entering nested functions or classes
+        node = stack.pop()
+        if node is use:
+            break
+        order.append(node)
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        stack.extend(reversed(node.children))
+    for node in order:
+        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+            found = node.value
+    return found

@@ -14,7 +14,8 @@ from analyzers.context import (
     keyword_arg,
     positional_args,
 )
-from analyzers.program.flow import subtree
+from analyzers.program.flow import assignment_before, call_site_values, subtree
+from analyzers.program.modules import ModuleFacts
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -71,35 +72,49 @@ def _is_conditional(binding: Binding, use: cst.CSTNode, ctx: FileContext) -> boo
 def _resolve(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst.CSTNode,
              depth: int = 6) -> Optional[cst.BaseExpression]:
     """Follow unconditional name/attribute assignments to the producing expression."""
+    return _follow(expr, ctx, use, None, depth)[0]
+
+
+def _follow(expr, ctx: FileContext, use: cst.CSTNode, inside: Optional[tuple[str, Binding]], depth: int = 6):
+    """``_resolve`` that knows which binding's value it is reading: in ``D = D.to(device)`` the ``D`` on the
+    right is the binding before this one. Returns (expression, the binding it came from)."""
     for _ in range(depth):
         if not isinstance(expr, (cst.Name, cst.Attribute)):
-            return expr
+            return expr, inside
         name = dotted_name(expr)
         if name is None:
-            return expr
-        binding = ctx.binding(name)
+            return expr, inside
+        binding = inside[1].previous if inside is not None and inside[0] == name else ctx.binding(name)
+        if binding is not None and binding.value is None and binding.element == 0:
+            # ``output, hidden = model(x)``: the first element is what a model's forward returns first
+            if _is_conditional(binding, use, ctx):
+                return None, inside
+            return binding.unpacked_from, (name, binding)
         if binding is None or binding.value is None or binding.kind not in _FOLLOWED_KINDS:
-            return expr
+            return expr, inside
         if _is_conditional(binding, use, ctx):
-            return None
+            return None, inside
+        inside = (name, binding)
         expr = binding.value
-    return expr
+    return expr, inside
 
 
 def _module_value(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst.CSTNode) -> Optional[cst.BaseExpression]:
-    """The constructor call of a module object, through ``.to(device)`` / ``torch.compile`` / DDP."""
-    expr = _resolve(expr, ctx, use)
+    """The constructor call of a module object, through ``.to(device)`` / ``torch.compile`` / DDP,
+    also when the wrapped module is reassigned to its own name (``D = D.to(device)``)."""
+    expr, inside = _follow(expr, ctx, use, None)
     for _ in range(6):
         if not isinstance(expr, cst.Call):
             return expr
         func = expr.func
         if isinstance(func, cst.Attribute) and func.attr.value in _MODULE_CHAIN and ctx.qualified_name(func) is None:
-            expr = _resolve(func.value, ctx, use)
+            expr, inside = _follow(func.value, ctx, use, inside)
             continue
         if isinstance(func, (cst.Name, cst.Attribute)) and func_last(func) in ("compile", "DataParallel",
                                                                                "DistributedDataParallel"):
             if ctx.qualified_name(func) in _MODULE_WRAPPERS:
-                expr = _resolve(argument(expr, 0, "model" if func_last(func) == "compile" else "module"), ctx, use)
+                wrapped = argument(expr, 0, "model" if func_last(func) == "compile" else "module")
+                expr, inside = _follow(wrapped, ctx, use, inside)
                 continue
         return expr
     return expr
@@ -122,6 +137,10 @@ class _Act:
     class_name: Optional[str] = None
 
 
+_LIBRARY_ROOTS = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
+                  "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers", "accelerate"}
+
+
 def _module_kind(target: Optional[cst.BaseExpression], ctx: FileContext) -> tuple[Optional[str], Optional[str]]:
     """(activation kind, local class name) of a module object's constructor call."""
     if not isinstance(target, cst.Call):
@@ -134,10 +153,11 @@ def _module_kind(target: Optional[cst.BaseExpression], ctx: FileContext) -> tupl
         if layers and not layers[-1].star and isinstance(layers[-1].value, cst.Call):
             return _ACT_MODULES.get(ctx.call_name(layers[-1].value) or ""), None
         return None, None
-    if name is None:
+    if name is None or name.split(".", 1)[0] not in _LIBRARY_ROOTS:
+        # a class of this repository (defined here, or imported from a sibling module)
         local = dotted_name(target.func)
         if local and local.rsplit(".", 1)[-1][:1].isupper():
-            return "class", local.rsplit(".", 1)[-1]
+            return "class", local
     return None, None
 
 
@@ -168,17 +188,36 @@ def _call_activation(call: cst.Call, ctx: FileContext, use: cst.CSTNode) -> tupl
         cls = ctx.class_def
         return ("class", "class", cls.name.value) if cls is not None else (None, "", None)
     if isinstance(func, (cst.Name, cst.Attribute)):
-        kind, cls = _module_kind(_module_value(func, ctx, use), ctx)
+        module = _module_value(func, ctx, use)
+        kind, cls = _module_kind(module, ctx)
         if kind:
             return kind, "class" if kind == "class" else "module", cls
+        if isinstance(module, cst.Name) and ctx.function_def is not None:
+            binding = ctx.binding(module.value)
+            if binding is not None and binding.kind == "param":
+                # ``def train(model, ...)``: what the model is depends on the callers; decided at the end
+                return "param", "class", module.value
     return None, "", None
+
+
+_SHAPE_METHODS = {"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "view_as", "reshape_as"}
+
+
+def _unshaped(expr: cst.BaseExpression, ctx: FileContext) -> cst.BaseExpression:
+    """``criterion(output.squeeze(), y)``: reshaping keeps what the values are."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+            expr.func.attr.value in _SHAPE_METHODS and ctx.qualified_name(expr.func) is None:
+        expr = expr.func.value
+    return expr
 
 
 def activation_of(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst.CSTNode) -> Optional[_Act]:
     """Which activation (or which local model class) produced ``expr``, if known."""
     if expr is None:
         return None
-    value = _resolve(expr, ctx, use)
+    value = _resolve(_unshaped(expr, ctx), ctx, use)
+    if value is not None:
+        value = _unshaped(value, ctx)  # ``outputs = model(x).squeeze()``
     if not isinstance(value, cst.Call):
         return None
     kind, form, cls = _call_activation(value, ctx, use)
@@ -320,17 +359,39 @@ class _ActivationIntoLoss(Rule):
         act = activation_of(value, ctx, node)
         if act is None:
             return
-        if act.kind == "class":
-            self._deferred.append((node, value, act, crit_text, loss))
+        if act.kind in ("class", "param"):
+            self._deferred.append((node, value, act, crit_text, loss, ctx.function_def))
             return
         if act.kind in self.KINDS.get(loss, ()):
             self._emit(node, value, act, act.kind, crit_text, loss, None)
 
     def end_file(self, ctx: FileContext) -> None:
-        for node, value, act, crit_text, loss in self._deferred:
-            kind = self._forwards.kind(act.class_name)
+        for node, value, act, crit_text, loss, fn in self._deferred:
+            cls = act.class_name
+            if act.kind == "param":
+                cls = self._class_passed_to(fn, act.class_name, ctx)
+                if cls is None:
+                    continue
+            kind = self._forwards.kind(cls) or ctx.facts(ModuleFacts).forward_activation(cls)
             if kind in self.KINDS.get(loss, ()):
-                self._emit(node, value, act, kind, crit_text, loss, act.class_name)
+                self._emit(node, value, act, kind, crit_text, loss, cls)
+
+    def _class_passed_to(self, fn, parameter: str, ctx: FileContext) -> Optional[str]:
+        """The one model class every call of ``fn`` in this file passes for ``parameter``, if there is one."""
+        if fn is None:
+            return None
+        values = call_site_values(ctx.module, fn, parameter)
+        if not values:
+            return None
+        classes = set()
+        for value in values:
+            if isinstance(value, cst.Name) and ctx.binding(value.value) is None:
+                value = assignment_before(ctx, value, value.value) or value  # a local of the calling function
+            kind, cls = _module_kind(_module_value(value, ctx, value), ctx)
+            if kind != "class":
+                return None
+            classes.add(cls)
+        return classes.pop() if len(classes) == 1 else None
 
     def _emit(self, call, value, act: _Act, kind: str, crit_text: str, loss: str, cls: Optional[str]) -> None:
         ctx = self.ctx
@@ -619,6 +680,71 @@ class SigmoidBeforeBCE(_ActivationIntoLoss):
         """,
     ]
     INVALID = [
+        # a Sequential ending in Sigmoid, moved to the device under its own name
+        Invalid("""
+            import torch.nn as nn
+            D = nn.Sequential(nn.Linear(784, 1), nn.Sigmoid())
+            D = D.to(device)
+            criterion = nn.BCELoss()
+            d_loss = criterion(D(images), real_labels)
+            """, line=6, message="BCELoss"),
+        # forward returns the Sequential's output reshaped, on both data-parallel branches
+        Invalid("""
+            import torch.nn as nn
+            class Discriminator(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.main = nn.Sequential(nn.Conv2d(3, 1, 4), nn.Sigmoid())
+                def forward(self, x):
+                    if x.is_cuda and self.ngpu > 1:
+                        output = nn.parallel.data_parallel(self.main, x, range(self.ngpu))
+                    else:
+                        output = self.main(x)
+                    return output.view(-1, 1).squeeze(1)
+            netD = Discriminator().to(device)
+            criterion = nn.BCELoss()
+            errD = criterion(netD(real), label)
+            """, line=15, message="Discriminator.forward returns sigmoid"),
+        # a tuple return (output, hidden), unpacked, squeezed
+        Invalid("""
+            import torch.nn as nn
+            class RNN(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.lstm = nn.LSTM(8, 8, batch_first=True)
+                    self.fc = nn.Linear(8, 1)
+                    self.sig = nn.Sigmoid()
+                def forward(self, x, hidden):
+                    out, hidden = self.lstm(x, hidden)
+                    out = self.sig(self.fc(out))
+                    out = out[:, -1]
+                    return out, hidden
+            net = RNN()
+            criterion = nn.BCELoss()
+            for inputs, labels in loader:
+                output, h = net(inputs, h)
+                loss = criterion(output.squeeze(), labels.float())
+            """, line=18),
+        # the model arrives as a parameter; the caller passes the class
+        Invalid("""
+            import torch.nn as nn
+            class Siamese(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Linear(4, 1)
+                    self.sigmoid = nn.Sigmoid()
+                def forward(self, a, b):
+                    output = self.fc(a - b)
+                    output = self.sigmoid(output)
+                    return output
+            def train(args, model, loader, optimizer):
+                criterion = nn.BCELoss()
+                for x1, x2, y in loader:
+                    loss = criterion(model(x1, x2).squeeze(), y)
+            def main():
+                model = Siamese().to(device)
+                train(args, model, loader, optimizer)
+            """, line=15, message="Siamese.forward returns sigmoid"),
         Invalid(
             """
             import torch

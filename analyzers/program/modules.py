@@ -1,0 +1,511 @@
+"""What the repository's ``nn.Module`` classes are: a cheap ``ast`` summary per file, and an index across files.
+
+A rule that meets ``output = model(x)`` with ``model = Discriminator()`` asks this module what
+``Discriminator.forward`` returns, whether its layers include dropout or BatchNorm, or whether it is recurrent,
+wherever the class is defined: in the same file, in ``model.py`` beside it (``from model import Net``), or
+behind a package's re-export (``from .models import Net`` in ``__init__.py``).
+
+Summaries use the standard library's ``ast`` (about 20x cheaper than libcst) and are cached by file content,
+so a repository of thousands of files costs only the files a review actually reaches.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+# Activations a forward may end in, by the callable that applies them.
+_ACTIVATION_CALLS = {
+    "softmax": "softmax", "log_softmax": "log_softmax", "sigmoid": "sigmoid",
+}
+_ACTIVATION_MODULES = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmoid": "sigmoid"}
+# Calls that return their input's values reshaped: an activation stays an activation.
+_SHAPE_METHODS = {"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "permute", "transpose",
+                  "view_as", "reshape_as", "float", "double", "half", "to", "cpu", "cuda", "clone"}
+_DROPOUT = {"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"}
+_NORM_WITH_STATS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InstanceNorm1d",
+                    "InstanceNorm2d", "InstanceNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"}
+_RECURRENT = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"}
+_TRANSFORMER = {"Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
+                "TransformerDecoderLayer", "MultiheadAttention"}
+_CONTAINERS = {"Sequential"}
+
+
+def _last(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def _dotted(node: ast.AST) -> Optional[str]:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+@dataclass
+class Layer:
+    """What ``self.x = <constructor>`` registers, as far as a forward's output is concerned."""
+
+    activation: Optional[str] = None  # the module's output is this activation (nn.Sigmoid, Sequential ending in one)
+    kinds: set[str] = field(default_factory=set)  # dropout | batchnorm | recurrent | transformer | <class name>
+
+
+@dataclass
+class ClassSummary:
+    name: str
+    path: str
+    bases: list[str]
+    layers: dict[str, Layer] = field(default_factory=dict)
+    forward_activation: Optional[str] = None  # every return path of forward ends in this activation
+    has_forward: bool = False
+    functional_dropout: bool = False  # F.dropout in forward
+    features: set[str] = field(default_factory=set)  # dropout | batchnorm | recurrent | transformer
+
+    @property
+    def changes_in_eval(self) -> bool:
+        """Does ``eval()`` change what this module computes (dropout, BatchNorm statistics)?"""
+        return bool(self.features & {"dropout", "batchnorm"}) or self.functional_dropout
+
+
+@dataclass
+class FileSummary:
+    path: str
+    classes: dict[str, ClassSummary] = field(default_factory=dict)
+    # local name -> (module, imported name or None for ``import m``, relative level)
+    imports: dict[str, tuple[str, Optional[str], int]] = field(default_factory=dict)
+    star_imports: list[tuple[str, int]] = field(default_factory=list)
+    module_layers: dict[str, Layer] = field(default_factory=dict)  # D = nn.Sequential(..., nn.Sigmoid())
+
+
+def _layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[Layer]:
+    """The layer a constructor call builds; ``extra`` holds layers appended to a Sequential later."""
+    if not isinstance(call, ast.Call):
+        return None
+    name = _last(call.func)
+    if name is None:
+        return None
+    layer = Layer()
+    if name in _ACTIVATION_MODULES:
+        layer.activation = _ACTIVATION_MODULES[name]
+    elif name in _CONTAINERS:
+        items = [a for a in call.args if not isinstance(a, ast.Starred)] + list(extra or [])
+        for item in items:
+            sub = _layer_of(item)
+            if sub is not None:
+                layer.kinds |= sub.kinds
+        last = _layer_of(items[-1]) if items else None
+        layer.activation = last.activation if last is not None else None
+    elif name in ("ModuleList", "ModuleDict"):
+        for arg in call.args:
+            for node in ast.walk(arg):
+                sub = _layer_of(node) if isinstance(node, ast.Call) and node is not arg else None
+                if sub is not None:
+                    layer.kinds |= sub.kinds
+    if name in _DROPOUT:
+        layer.kinds.add("dropout")
+    elif name in _NORM_WITH_STATS:
+        layer.kinds.add("batchnorm")
+    elif name in _RECURRENT:
+        layer.kinds.add("recurrent")
+        for keyword in call.keywords:
+            if keyword.arg == "dropout" and not (isinstance(keyword.value, ast.Constant) and not keyword.value.value):
+                layer.kinds.add("dropout")
+    elif name in _TRANSFORMER:
+        layer.kinds |= {"transformer", "dropout"}  # their dropout defaults to 0.1
+    elif name[:1].isupper() and name not in _ACTIVATION_MODULES and name not in _CONTAINERS:
+        layer.kinds.add(name)  # a project class: resolved through the index on demand
+    return layer
+
+
+def _appended_layers(body: list[ast.stmt]) -> dict[str, list[ast.AST]]:
+    """``layers.append(nn.Sigmoid())`` / ``layers += [...]``: what is added to a list before ``Sequential(*layers)``."""
+    added: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("append",
+                                                                                                      "add_module"):
+            target = _dotted(node.func.value)
+            if target and node.args:
+                added.setdefault(target, []).append(node.args[-1])
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and isinstance(node.value, ast.List):
+            target = _dotted(node.target)
+            if target:
+                added.setdefault(target, []).extend(node.value.elts)
+    return added
+
+
+class _ForwardReader:
+    """What activation every return path of a forward ends in."""
+
+    def __init__(self, cls: ClassSummary, fn: ast.FunctionDef) -> None:
+        self.cls = cls
+        # name -> [(line, value, assigned inside a branch)] in source order
+        self.assignments: dict[str, list[tuple[int, ast.AST, bool]]] = {}
+        self._collect(fn.body, False)
+        self.returns = [(n.lineno, n.value) for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+
+    def _collect(self, body: list[ast.stmt], conditional: bool) -> None:
+        for stmt in body:
+            if isinstance(stmt, ast.Assign):
+                for target in stmt.targets:
+                    if isinstance(target, ast.Name):
+                        self.assignments.setdefault(target.id, []).append((stmt.lineno, stmt.value, conditional))
+                    elif isinstance(target, ast.Tuple) and isinstance(stmt.value, ast.Tuple) and \
+                            len(target.elts) == len(stmt.value.elts):
+                        for sub_target, sub_value in zip(target.elts, stmt.value.elts):
+                            if isinstance(sub_target, ast.Name):
+                                self.assignments.setdefault(sub_target.id, []).append(
+                                    (stmt.lineno, sub_value, conditional))
+            elif isinstance(stmt, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+                for field_name in ("body", "orelse", "finalbody"):
+                    self._collect(getattr(stmt, field_name, []) or [], conditional or not isinstance(stmt, ast.With))
+                for handler in getattr(stmt, "handlers", []):
+                    self._collect(handler.body, True)
+
+    def activation(self) -> Optional[str]:
+        kinds = {self.of(value, 0, frozenset(), line) for line, value in self.returns}
+        return kinds.pop() if len(kinds) == 1 else None
+
+    def _reaching(self, name: str, line: int) -> list[tuple[int, ast.AST]]:
+        """The assignments that may give ``name`` its value at ``line``: the last unconditional one before it,
+        and every branch assignment after that one."""
+        reaching = []
+        for assigned_line, value, conditional in reversed(self.assignments.get(name, [])):
+            if assigned_line >= line:
+                continue
+            reaching.append((assigned_line, value))
+            if not conditional:
+                break
+        return reaching
+
+    def of(self, expr: ast.AST, depth: int, visiting: frozenset, line: int) -> Optional[str]:
+        if depth > 12:
+            return None
+        if isinstance(expr, ast.Tuple) and expr.elts:
+            return self.of(expr.elts[0], depth + 1, visiting, line)  # (output, hidden): what a loss gets
+        if isinstance(expr, ast.Subscript):
+            return self.of(expr.value, depth + 1, visiting, line)
+        if isinstance(expr, ast.Name):
+            kinds = {self.of(v, depth + 1, visiting, assigned) for assigned, v in self._reaching(expr.id, line)}
+            return kinds.pop() if len(kinds) == 1 else None
+        if not isinstance(expr, ast.Call):
+            return None
+        func = expr.func
+        name = _last(func)
+        on_self = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+        if name in _ACTIVATION_CALLS and not on_self:  # F.softmax(x), torch.sigmoid(x), x.softmax(-1)
+            return _ACTIVATION_CALLS[name]
+        if isinstance(func, ast.Attribute) and name in _SHAPE_METHODS:
+            return self.of(func.value, depth + 1, visiting, line)
+        if isinstance(func, ast.Call):  # nn.Sigmoid()(x)
+            layer = _layer_of(func)
+            return layer.activation if layer is not None else None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+            layer = self.cls.layers.get(func.attr)
+            return layer.activation if layer is not None else None
+        if name == "data_parallel" and expr.args:  # nn.parallel.data_parallel(self.main, x, ...)
+            module = expr.args[0]
+            if isinstance(module, ast.Attribute) and isinstance(module.value, ast.Name) and module.value.id == "self":
+                layer = self.cls.layers.get(module.attr)
+                return layer.activation if layer is not None else None
+        return None
+
+
+def summarize(source: str, path: str) -> FileSummary:
+    """A summary of one file; a file that does not parse summarizes to nothing."""
+    summary = FileSummary(path)
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return summary
+    for node in tree.body:
+        _note_import(node, summary)
+        if isinstance(node, (ast.If, ast.Try)):
+            for inner in ast.walk(node):
+                _note_import(inner, summary)
+    appended = _appended_layers(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            layer = _layer_of(node.value)
+            if layer is not None:
+                summary.module_layers[node.targets[0].id] = layer
+        elif isinstance(node, ast.ClassDef):
+            summary.classes[node.name] = _summarize_class(node, path)
+    for name, extra in appended.items():
+        if name in summary.module_layers:
+            summary.module_layers[name].activation = (_layer_of(extra[-1]) or Layer()).activation
+    return summary
+
+
+def _note_import(node: ast.AST, summary: FileSummary) -> None:
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            local = alias.asname or alias.name.split(".")[0]
+            summary.imports[local] = (alias.name if alias.asname else local, None, 0)
+    elif isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        for alias in node.names:
+            if alias.name == "*":
+                summary.star_imports.append((module, node.level))
+            else:
+                summary.imports[alias.asname or alias.name] = (module, alias.name, node.level)
+
+
+def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
+    cls = ClassSummary(node.name, path, [b for b in (_dotted(base) for base in node.bases) if b])
+    methods = {item.name: item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    init = methods.get("__init__")
+    if init is not None:
+        appended = _appended_layers(init.body)
+        local_layers: dict[str, ast.AST] = {}
+        for stmt in ast.walk(init):
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target = stmt.targets[0]
+                if isinstance(target, ast.Name):
+                    local_layers[target.id] = stmt.value
+                elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                        target.value.id == "self":
+                    value = stmt.value
+                    extra = None
+                    if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Starred):
+                        listed = _dotted(value.args[0].value)  # nn.Sequential(*layers)
+                        source = local_layers.get(listed or "")
+                        extra = (list(source.elts) if isinstance(source, ast.List) else []) + appended.get(listed, [])
+                    elif isinstance(value, ast.Name) and value.id in local_layers:
+                        extra = appended.get(value.id)
+                        value = local_layers[value.id]
+                    layer = _layer_of(value, extra)
+                    if layer is not None:
+                        layer_extra = appended.get(f"self.{target.attr}")
+                        if layer_extra:  # self.main.add_module('sigmoid', nn.Sigmoid())
+                            layer.activation = (_layer_of(layer_extra[-1]) or Layer()).activation
+                            for item in layer_extra:
+                                layer.kinds |= (_layer_of(item) or Layer()).kinds
+                        cls.layers[target.attr] = layer
+                        cls.features |= layer.kinds & {"dropout", "batchnorm", "recurrent", "transformer"}
+    forward = methods.get("forward")
+    if isinstance(forward, ast.FunctionDef):
+        cls.has_forward = True
+        cls.forward_activation = _ForwardReader(cls, forward).activation()
+        for inner in ast.walk(forward):
+            if isinstance(inner, ast.Call) and _last(inner.func) in ("dropout", "dropout2d", "dropout1d",
+                                                                    "alpha_dropout"):
+                cls.functional_dropout = True
+    return cls
+
+
+class RepositoryIndex:
+    """Summaries of a repository's files, read on demand and cached by content."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self._by_digest: dict[str, FileSummary] = {}
+        self._by_path: dict[Path, tuple[tuple[int, int], FileSummary]] = {}
+
+    def summary(self, path: Path, source: Optional[str] = None) -> Optional[FileSummary]:
+        try:
+            stat = path.stat()
+        except OSError:
+            if source is None:
+                return None
+            stat = None
+        key = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
+        cached = self._by_path.get(path)
+        if cached is not None and key is not None and cached[0] == key and source is None:
+            return cached[1]
+        if source is None:
+            try:
+                if stat.st_size > 2_000_000:
+                    return None
+                source = path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return None
+        digest = hashlib.blake2b(source.encode("utf-8", "replace"), digest_size=16).hexdigest()
+        found = self._by_digest.get(digest)
+        if found is None:
+            found = self._by_digest[digest] = summarize(source, str(path))
+        if key is not None:
+            self._by_path[path] = (key, found)
+        return found
+
+    # ---- resolving names ---------------------------------------------------------------------------
+    def _module_files(self, module: str, level: int, importer: Path) -> list[Path]:
+        parts = [p for p in module.split(".") if p]
+        if level:
+            base = importer.parent
+            for _ in range(level - 1):
+                base = base.parent
+            bases = [base]
+        else:
+            # a sibling module (scripts run from their own folder), then the repository root, then its src/
+            bases = [importer.parent, self.root, self.root / "src"]
+        found = []
+        for base in bases:
+            target = base.joinpath(*parts) if parts else base
+            for candidate in (target.with_suffix(".py") if parts else None, target / "__init__.py"):
+                if candidate is not None and candidate.is_file() and self._inside(candidate):
+                    found.append(candidate)
+        return found
+
+    def _inside(self, path: Path) -> bool:
+        try:
+            path.resolve().relative_to(self.root)
+            return True
+        except ValueError:
+            return False
+
+    def find_class(self, importer: Path, local_name: str, source: Optional[str] = None,
+                   depth: int = 0) -> Optional[ClassSummary]:
+        """The class ``local_name`` means in ``importer``: defined there, imported, or re-exported."""
+        if depth > 4:
+            return None
+        summary = self.summary(importer, source)
+        if summary is None:
+            return None
+        head, _, rest = local_name.partition(".")
+        if not rest and head in summary.classes:
+            return summary.classes[head]
+        imported = summary.imports.get(head)
+        if imported is not None:
+            module, name, level = imported
+            if name is None:  # import models as M; M.Net
+                target_module, target_name = module, rest
+            elif rest:  # from pkg import models; models.Net
+                target_module, target_name = f"{module}.{name}" if module else name, rest
+            else:
+                target_module, target_name = module, name
+            if not target_name:
+                return None
+            for path in self._module_files(target_module, level, importer):
+                found = self.find_class(path, target_name, depth=depth + 1)
+                if found is not None:
+                    return found
+            if name is not None and not rest:  # from pkg import Net, where pkg/Net.py... or a submodule
+                for path in self._module_files(f"{module}.{name}" if module else name, level, importer):
+                    found = self.find_class(path, name, depth=depth + 1)
+                    if found is not None:
+                        return found
+            return None
+        for module, level in summary.star_imports:
+            for path in self._module_files(module, level, importer):
+                found = self.find_class(path, local_name, depth=depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def module_layer(self, importer: Path, local_name: str, source: Optional[str] = None) -> Optional[Layer]:
+        """A module-level ``D = nn.Sequential(...)`` of ``importer`` (or imported into it)."""
+        summary = self.summary(importer, source)
+        if summary is None:
+            return None
+        return summary.module_layers.get(local_name)
+
+    def features(self, cls: ClassSummary, seen: Optional[set[str]] = None) -> set[str]:
+        """dropout / batchnorm / recurrent / transformer of a class, its submodules and bases, across files."""
+        seen = seen if seen is not None else set()
+        key = f"{cls.path}:{cls.name}"
+        if key in seen:
+            return set()
+        seen.add(key)
+        found = set(cls.features)
+        if cls.functional_dropout:
+            found.add("dropout")
+        path = Path(cls.path)
+        for layer in cls.layers.values():
+            for kind in layer.kinds - {"dropout", "batchnorm", "recurrent", "transformer"}:
+                sub = self.find_class(path, kind)
+                if sub is not None:
+                    found |= self.features(sub, seen)
+        for base in cls.bases:
+            sub = self.find_class(path, base)
+            if sub is not None:
+                found |= self.features(sub, seen)
+        return found
+
+    def forward_activation(self, cls: ClassSummary) -> Optional[str]:
+        if cls.has_forward:
+            return cls.forward_activation
+        for base in cls.bases:  # an inherited forward
+            sub = self.find_class(Path(cls.path), base)
+            if sub is not None:
+                return self.forward_activation(sub)
+        return None
+
+
+_INDEXES: dict[Path, RepositoryIndex] = {}
+
+
+def index_for(path: Path) -> RepositoryIndex:
+    """The process-wide index of the repository holding ``path`` (one per root, kept for later files)."""
+    root = repository_root(path)
+    index = _INDEXES.get(root)
+    if index is None:
+        index = _INDEXES[root] = RepositoryIndex(root)
+    return index
+
+
+class ModuleFacts:
+    """The module questions a rule asks about its file, answered from the repository when there is one."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self._local: Optional[FileSummary] = None
+
+    def _summary(self) -> FileSummary:
+        if self._local is None:
+            self._local = summarize(self.ctx.source, self.ctx.path)
+        return self._local
+
+    def find_class(self, name: str) -> Optional[ClassSummary]:
+        index = self.ctx.repository
+        if index is not None:
+            return index.find_class(Path(self.ctx.path), name, self.ctx.source)
+        return self._summary().classes.get(name)
+
+    def forward_activation(self, name: str) -> Optional[str]:
+        cls = self.find_class(name)
+        if cls is None:
+            return None
+        index = self.ctx.repository
+        if index is not None:
+            return index.forward_activation(cls)
+        if cls.has_forward:
+            return cls.forward_activation
+        for base in cls.bases:
+            parent = self._summary().classes.get(base)
+            if parent is not None and parent.has_forward:
+                return parent.forward_activation
+        return None
+
+    def features(self, name: str) -> Optional[set[str]]:
+        """None when the class is unknown (imported from outside the repository, or no repository)."""
+        cls = self.find_class(name)
+        if cls is None:
+            return None
+        index = self.ctx.repository
+        if index is not None:
+            return index.features(cls)
+        return set(cls.features) | ({"dropout"} if cls.functional_dropout else set())
+
+
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "README.md", "LICENSE")
+
+
+def repository_root(path: Path) -> Path:
+    """The repository a file belongs to: the nearest folder with ``.git`` (or, for a plain copy, a project
+    file such as ``pyproject.toml`` or ``README.md``), else the file's own folder."""
+    path = path.resolve()
+    for marker in (_ROOT_MARKERS[:1], _ROOT_MARKERS[1:]):
+        for parent in [path.parent, *path.parent.parents]:
+            if any((parent / name).exists() for name in marker):
+                return parent
+    return path.parent
