@@ -20,13 +20,18 @@ from __future__ import annotations
 import re
 
 # A zero-width space breaks what GitHub would otherwise link or ping, without changing what
-# readers see: it follows "@" (mentions, e-mail autolinks) and "#" (issue references).
+# readers see: around "@" (mentions, e-mail autolinks), after "#" (issue references), inside "//"
+# and "www." (URL autolinks).
 BREAK = "\u200b"
 
 _BACKTICK_RUN = re.compile(r"`+")
-# Every ASCII punctuation character may be backslash-escaped in CommonMark; escaping all of them
-# is simpler and safer than reasoning about which ones could start markup in some context.
-_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+# Characters that start inline markup anywhere: escapes, code, emphasis, strikethrough, links and
+# images, HTML and autolinks, entities, table pipes, GitHub math. "@" and "#" get a BREAK instead.
+_INLINE = re.compile(r"[\\`*_~\[\]<>&|$@#]")
+# What starts a block at the beginning of a line: list items, setext underlines, ordered lists.
+_LINE_START = re.compile(r"^([-+=])|^(\d{1,9})([.)])")
+# GitHub autolinks "scheme://..." and "www." without any markup; a BREAK inside stops that.
+_AUTOLINK = re.compile(r"/(?=/)|\bwww(?=\.)", re.IGNORECASE)
 _ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}  # entities keep "<!--" out of the raw body
 # A URL ends before trailing punctuation, as in "failed for url: https://host/x?token=y."
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`.,:;!?)\]]")
@@ -48,23 +53,34 @@ def code_span(text: str) -> str:
 
 
 def literal(text: str) -> str:
-    """``text`` as literal inline Markdown, on one line (runs of whitespace become one space)."""
-    return _escaped(str(text)).strip()
+    """``text`` as literal inline Markdown, on one line (runs of whitespace become one space).
+
+    Only what could become markup is escaped, so the raw text stays readable.
+    """
+    return _at_line_start(_escaped(str(text)).strip())
 
 
 def _escaped(text: str) -> str:
-    # ASCII whitespace only: a no-break space is content
-    flat = re.sub(r"[ \t\r\n\f\v]+", " ", text)
-    return _PUNCTUATION.sub(_escape_char, _GH_REFERENCE.sub(r"\1" + BREAK, flat))
+    flat = re.sub(r"[ \t\r\n\f\v]+", " ", text)  # ASCII whitespace only: a no-break space is content
+    flat = _AUTOLINK.sub(lambda m: m.group(0) + BREAK, flat)
+    flat = _GH_REFERENCE.sub(r"\1" + BREAK, flat)
+    return _INLINE.sub(_escape_char, flat)
 
 
 def _escape_char(match: re.Match) -> str:
     char = match.group(0)
     if char in _ENTITIES:
         return _ENTITIES[char]
-    if char in "@#":
+    if char == "@":
+        return BREAK + char + BREAK
+    if char == "#":
         return char + BREAK
     return "\\" + char
+
+
+def _at_line_start(markdown: str) -> str:
+    """Escape what would start a list or a heading underline when the text begins a line."""
+    return _LINE_START.sub(lambda m: f"\\{m.group(1)}" if m.group(1) else f"{m.group(2)}\\{m.group(3)}", markdown)
 
 
 def message(text: str) -> str:
@@ -74,7 +90,8 @@ def message(text: str) -> str:
     backticks is not emphasis and nothing in the message can become a link, HTML or a mention.
     A backtick run with no closing run of the same length is a literal backtick.
     """
-    return "".join(code_span(chunk) if is_code else _escaped(chunk) for is_code, chunk in split_code(str(text))).strip()
+    rendered = "".join(code_span(chunk) if is_code else _escaped(chunk) for is_code, chunk in split_code(str(text)))
+    return _at_line_start(rendered.strip())
 
 
 def split_code(text: str) -> list[tuple[bool, str]]:

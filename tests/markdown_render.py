@@ -16,8 +16,12 @@ SAFE_TAGS = {"p", "code", "pre", "table", "thead", "tbody", "tr", "th", "td", "u
 # What GitHub turns into a ping or a cross-reference when it follows a non-word character.
 MENTION = re.compile(r"(?:^|[^\w`])@[A-Za-z0-9]")
 ISSUE_REF = re.compile(r"(?:^|[^\w&])#\d|\bGH-\d", re.IGNORECASE)
+# GFM's extended autolinks (www. and scheme://) in plain text; stricter than GitHub, never laxer.
+AUTOLINK = re.compile(r"www\.|://", re.IGNORECASE)
 
 _renderer = MarkdownIt("commonmark", {"linkify": True, "html": True}).enable(["table", "strikethrough", "linkify"])
+# linkify-it's fuzzy mode links "model.py" (a TLD), which GitHub does not; AUTOLINK covers www.
+_renderer.linkify.set({"fuzzy_link": False})
 
 
 @dataclass
@@ -36,6 +40,10 @@ class Rendered:
     @property
     def mentions(self) -> list[str]:
         return MENTION.findall(self.prose)
+
+    @property
+    def autolinks(self) -> list[str]:
+        return AUTOLINK.findall(self.prose)
 
     @property
     def issue_refs(self) -> list[str]:

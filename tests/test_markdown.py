@@ -20,13 +20,19 @@ HOSTILE = [
     "__init__ and self.__dict__",
     "*_like / x.new_*",
     "**bold** _it_ ~~gone~~",
-    "see https://evil.example/x?y=1 and www.evil.example",
+    "see https://evil.example/x?y=1 and www.evil.example and file:///etc",
     "<https://evil.example>",
     "fixes #12 and GH-3",
     "a | b || c",
     "back\\slash \\` and \\*",
     "# heading-looking",
     "1. list-looking",
+    "- item-looking",
+    "+ item-looking",
+    "2) list-looking",
+    "= underline-looking",
+    "> quote-looking",
+    "costs $x$ and $$y$$",
     "&amp; &lt;b&gt; &#64;",
     "[ref]: https://evil.example",
     "line one\nline two",
@@ -39,6 +45,7 @@ def assert_inert(rendered) -> None:
     assert not rendered.comments, rendered.html
     assert not rendered.mentions, rendered.html
     assert not rendered.issue_refs, rendered.html
+    assert not rendered.autolinks, rendered.html
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -102,6 +109,7 @@ def test_hostile_html_is_visible_to_the_renderer():
     assert "img" in render("<img src=x>").tags
     assert "a" in render("[x](//evil)").tags
     assert "a" in render("see https://evil.example").tags
+    assert render("see www.evil.example").autolinks
     assert render("<!-- hidden -->").comments or "hidden" not in render("<!-- hidden -->").text
     assert render("hi @octocat").mentions
     assert "strong" in render("__init__").tags
