@@ -464,3 +464,28 @@ def test_job_errors_are_shown_without_url_secrets():
     rendered = render(plan.summary)
     assert rendered.code[-1].endswith("legacy.tar.gz/abc\n```\n<img src=x>\n")
     assert rendered.unsafe_tags == set()
+
+
+def test_smoke_results_render_runner_and_pr_text_literally():
+    from bot.review import parse_file_patch as patch_of
+    from bot.smoke import failing_target_comments, plan_smoke_check_run
+
+    target = "models/net.py:Net_*_like_"
+    reason = ("constructing Net() raised TypeError: *_like / x.new_* need `__init__` @octocat <img src=x> "
+              "from https://codeload.github.com/o/r/legacy.tar.gz/abc?token=SECRET")
+    run = {"device": "cpu", "seconds": 1.5, "warnings": ["no seccomp: __init__ <b>x</b>"], "targets": [
+        {"target": target, "status": "error", "line": 2, "head": {"reason": reason}},
+        {"target": "models/net.py:Other", "status": "failed", "line": 9, "comparison": [], "head": {
+            "checks": [{"name": "batch_independence", "status": "fail", "message": "row 0 changed `x[1:]` [x](//evil)"}],
+            "measures": {"params": 10, "step_time_ms": 1.0, "peak_memory_bytes": 0, "loss_after_steps": 0.5}}},
+    ]}
+    plan = plan_smoke_check_run(run, "a" * 40)
+    assert "SECRET" not in plan.summary
+    assert_renders_as_data(plan.summary, target, "constructing Net() raised TypeError: *_like / x.new_* need __init__",
+                           "row 0 changed x[1:] [x](//evil)", "no seccomp: __init__ <b>x</b>")
+    diff = patch_of("models/net.py", "@@ -0,0 +1,10 @@\n" + "".join(f"+l{n}\n" for n in range(1, 11)))
+    comments = failing_target_comments(run, {"models/net.py": diff}, {})
+    assert len(comments) == 2
+    for comment in comments:
+        assert "SECRET" not in comment["body"]
+        assert_renders_as_data(comment["body"])
