@@ -5,7 +5,7 @@ replies) can quote a pull request: file names, code, rule messages that quote co
 text. Such text is data. It must render as exactly those characters, and never as emphasis, a
 link, an image, HTML, a hidden comment, an @mention or an issue cross-reference.
 
-* :func:`code_span` — text as inline code.
+* :func:`code_span` — text as inline code; :func:`named` — "optimizer `opt`" in a rule message.
 * :func:`literal` — text as literal prose (every Markdown character escaped).
 * :func:`message` — a rule message: prose whose code is marked with backticks, as rules write it.
 * :func:`table_cell` — an inline Markdown fragment made safe for one cell of a GFM table.
@@ -50,6 +50,14 @@ def code_span(text: str) -> str:
     fence = "`" * (longest_backtick_run(text) + 1)
     pad = " " if text[0] in "` " or text[-1] in "` " else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def named(noun: str, code: str) -> str:
+    """``noun `code` `` in a rule message, or just `` `code` `` when the code already says the noun:
+    "optimizer `opt`" but "`optimizer`", never "optimizer `optimizer`"."""
+    if noun.lower().replace(" ", "") in code.lower().replace("_", ""):
+        return code_span(code)
+    return f"{noun} {code_span(code)}"
 
 
 def literal(text: str) -> str:

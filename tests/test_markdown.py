@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyzers.markdown import code_block, code_span, literal, message, redact_urls, split_code, table_cell
+from analyzers.markdown import code_block, code_span, literal, message, named, redact_urls, split_code, table_cell
 from tests.markdown_render import render, table_cells
 
 HOSTILE = [
@@ -125,3 +125,15 @@ def test_hostile_html_is_visible_to_the_renderer():
 ])
 def test_redact_urls_drops_credentials_queries_and_fragments(text, expected):
     assert redact_urls(text) == expected
+
+
+@pytest.mark.parametrize("noun, code, expected", [
+    ("optimizer", "opt", "optimizer `opt`"),
+    ("optimizer", "optimizer", "`optimizer`"),
+    ("optimizer", "self.optimizer_g", "`self.optimizer_g`"),
+    ("DataLoader", "DataLoader(train_ds)", "`DataLoader(train_ds)`"),
+    ("DataLoader", "train_data_loader", "`train_data_loader`"),
+    ("tensor", "loss", "tensor `loss`"),
+])
+def test_named_does_not_say_the_noun_twice(noun, code, expected):
+    assert named(noun, code) == expected

@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, method_name
+from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -532,6 +533,7 @@ class MutableDefaultArgument(Rule):
                 shown = ctx.module.code_for_node(default)
                 if len(shown) > 30:
                     shown = shown[:27] + "..."
-                self.report(default, f"parameter `{param.name.value}` of {where} defaults to the mutable `{shown}`: "
+                # the default is PR source and may hold backticks: size the code span's fence to it
+                self.report(default, f"parameter `{param.name.value}` of {where} defaults to the mutable {code_span(shown)}: "
                                      f"it is created once and shared by every call/instance; default to None and "
                                      f"create it inside")

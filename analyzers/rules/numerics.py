@@ -14,6 +14,7 @@ from analyzers.context import (
     keyword_arg,
     positional_args,
 )
+from analyzers.markdown import code_span, named
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -1239,7 +1240,7 @@ class NumpyInForward(Rule):
                     advice = f"keep `{tensor}` a tensor"
                 else:
                     advice = f"use torch.{_NP_TO_TORCH.get(last, last)} instead"
-                self._found(state, node, f"`{np_name}(...)` in {state.label} runs NumPy on tensor `{tensor}`: "
+                self._found(state, node, f"`{np_name}(...)` in {state.label} runs NumPy on {named('tensor', tensor)}: "
                                          f"autograd does not track NumPy, so no gradient flows back through it; "
                                          f"{advice}")
                 return
