@@ -13,7 +13,6 @@ cannot be placed goes into the review body instead of being lost.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import textwrap
 from collections import Counter
@@ -23,6 +22,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Protocol, Se
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
+from analyzers.fingerprint import fingerprints_for, is_notebook_finding
 from analyzers.markdown import code_block, code_span, literal, longest_backtick_run, message, redact_urls, table_cell
 from analyzers.model import Category, Finding, Fix, Severity
 from analyzers.rules import get_rule
@@ -149,11 +149,6 @@ class PullRequestAnalysis:
     notes: Sequence[FileNote] = ()
 
 
-def is_notebook_finding(finding: Finding) -> bool:
-    # Notebook line numbers count inside a cell, not in the .ipynb JSON the diff shows.
-    return finding.cell is not None or finding.path.endswith(".ipynb")
-
-
 def finding_lines(finding: Finding) -> range:
     return range(finding.line, max(finding.line, finding.end_line) + 1)
 
@@ -220,34 +215,6 @@ def count_phrase(count: int, noun: str) -> str:
 
 
 # ---- fingerprints -------------------------------------------------------------------------
-
-def flagged_text(finding: Finding, source_lines: Sequence[str]) -> str:
-    """Whitespace-normalised text of the flagged lines; the message when lines are unknown."""
-    if is_notebook_finding(finding) or finding.line > len(source_lines):
-        return normalize_whitespace(finding.message)
-    return normalize_whitespace("\n".join(source_lines[finding.line - 1: finding.end_line]))
-
-
-def fingerprint(finding: Finding, source_lines: Sequence[str], occurrence: int = 0) -> str:
-    """Identity of a finding that survives unrelated edits: no line numbers, only content.
-
-    ``occurrence`` tells apart identical (rule, path, text) findings in one file, in file order.
-    """
-    key = "\0".join([finding.rule, finding.path, flagged_text(finding, source_lines), str(occurrence)])
-    return hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def fingerprints_for(findings: Iterable[Finding], sources: Mapping[str, str]) -> dict[Finding, str]:
-    lines_by_path = {path: text.splitlines() for path, text in sources.items()}
-    seen: Counter = Counter()
-    result: dict[Finding, str] = {}
-    for finding in sorted(set(findings), key=lambda f: f.sort_key):
-        lines = lines_by_path.get(finding.path, [])
-        key = (finding.rule, finding.path, flagged_text(finding, lines))
-        result[finding] = fingerprint(finding, lines, seen[key])
-        seen[key] += 1
-    return result
-
 
 def fingerprint_marker(finding: Finding, digest: str) -> str:
     return f"<!-- torchreview:fingerprint={digest} rule={finding.rule} -->"
