@@ -106,13 +106,13 @@ def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
         for check in failed:  # reviewers act on failures: each gets its own row
             result = "❌" if check["status"] == "fail" else "⚠️"
             lines.append(f"| {name} | {table_cell(literal(check['name']))} | {result} "
-                         f"{table_cell(message(check['message']))} | {delta} |")
+                         f"{table_cell(_public(check['message']))} | {delta} |")
             delta = ""  # once per target
         skipped_checks = len(checks) - passed - len(failed)
         rest = f"✅ {passed} passed" + (f", {skipped_checks} not applicable" if skipped_checks else "")
         lines.append(f"| {name} | {'other checks' if failed else 'all checks'} | {rest} | {delta} |")
     for t, c in regressions:
-        lines.append(f"\n⚠️ {code_span(t['target'])}: {message(c['message'])}")
+        lines.append(f"\n⚠️ {code_span(t['target'])}: {_public(c['message'])}")
     measures = [t for t in targets if t["head"].get("measures")]
     if measures:
         lines += ["", "| target | parameters | step time | peak memory | loss after steps |", "|---|---|---|---|---|"]
@@ -121,7 +121,7 @@ def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
             lines.append(f"| {table_cell(code_span(t['target']))} | {m.get('params', '—'):,} | {m.get('step_time_ms', 0):.2f} ms | "
                          f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {m.get('loss_after_steps', '—')} |")
     if run.get("warnings"):
-        lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {message(w)}" for w in run["warnings"]]
+        lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
     summary = "\n".join(lines)[:65000]
     return CheckRunPlan(conclusion, title, summary)
 
@@ -142,15 +142,19 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
             continue
         failed = [c for c in t["head"].get("checks", []) if c["status"] == "fail"]
         body = [f"🔥 **smoke** · {code_span(t['target'])} failed when trained for a few steps:", ""]
-        body += [f"- **{literal(c['name'])}**: {message(c['message'])}" for c in failed] or \
+        body += [f"- **{literal(c['name'])}**: {_public(c['message'])}" for c in failed] or \
                 [f"- {_reason(t) or 'error'}"]
         comments.append({"path": path, "line": line, "side": "RIGHT", "body": "\n".join(body)})
     return comments
 
 
 def _reason(target: dict) -> str:
-    """Why a target was skipped or errored: runner text that quotes the PR's code and exceptions."""
-    return message(redact_urls(target["head"].get("reason", "")))
+    return _public(target["head"].get("reason", ""))
+
+
+def _public(text: str) -> str:
+    """Runner text (it quotes the PR's code and exceptions, code marked with backticks) as Markdown."""
+    return message(redact_urls(text))
 
 
 # ---- the job -----------------------------------------------------------------------------------

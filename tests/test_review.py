@@ -476,7 +476,8 @@ def test_smoke_results_render_runner_and_pr_text_literally():
     run = {"device": "cpu", "seconds": 1.5, "warnings": ["no seccomp: __init__ <b>x</b>"], "targets": [
         {"target": target, "status": "error", "line": 2, "head": {"reason": reason}},
         {"target": "models/net.py:Other", "status": "failed", "line": 9, "comparison": [], "head": {
-            "checks": [{"name": "batch_independence", "status": "fail", "message": "row 0 changed `x[1:]` [x](//evil)"}],
+            "checks": [{"name": "batch_independence", "status": "fail", "message": "row 0 changed `x[1:]` [x](//evil) "
+                                                                   "https://h.example/w?token=SECRET"}],
             "measures": {"params": 10, "step_time_ms": 1.0, "peak_memory_bytes": 0, "loss_after_steps": 0.5}}},
     ]}
     plan = plan_smoke_check_run(run, "a" * 40)
