@@ -6,7 +6,7 @@ text. Such text is data. It must render as exactly those characters, and never a
 link, an image, HTML, a hidden comment, an @mention or an issue cross-reference.
 
 * :func:`code_span` — text as inline code; :func:`named` — "optimizer `opt`" in a rule message.
-* :func:`literal` — text as literal prose (every Markdown character escaped).
+* :func:`literal` — text as literal prose (whatever could become markup escaped).
 * :func:`message` — a rule message: prose whose code is marked with backticks, as rules write it.
 * :func:`table_cell` — an inline Markdown fragment made safe for one cell of a GFM table.
 * :func:`code_block` — text (exception output, configuration) as a fenced code block.

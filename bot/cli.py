@@ -293,13 +293,17 @@ def _check_defined(path: str, source: str, name: str) -> None:
     """``FILE:Name`` must name a class or function the file defines at the top level."""
     import ast
 
+    if not name.isidentifier():
+        return  # not a plain top-level name: the runner resolves it and says what is wrong
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return  # the runner reports why it cannot import the file
     defined = {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
-    defined |= {target.id for node in tree.body if isinstance(node, ast.Assign)
-                for target in node.targets if isinstance(target, ast.Name)}
+    defined |= {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for target in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(target, ast.Name)}
+    defined |= {(alias.asname or alias.name).split(".")[0] for node in tree.body
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     if name in defined:
         return
     from gpu_runner.targets import find_targets
