@@ -8,7 +8,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, keyword_arg,
                                method_name, string_value)
-from analyzers.markdown import code_span, named
+from analyzers.markdown import named
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
