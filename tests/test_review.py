@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 from openapi_schema_validator import OAS30Validator
 
+from analyzers.fingerprint import fingerprints_for
 from analyzers.model import FileError, Finding, Fix, Severity
-from tests.markdown_render import render
 from bot.review import (
     MAX_MARKDOWN_CHARS,
     FileDiff,
     PullRequestAnalysis,
     ReviewSettings,
     batches,
-    fingerprints_for,
     keep_findings,
     no_files_plan,
     parse_file_patch,
@@ -27,6 +26,7 @@ from bot.review import (
     plan_review,
     suggestion_block,
 )
+from tests.markdown_render import render
 
 OPENAPI = Path("/work/shared/github/openapi/api.github.com.trimmed.json")
 REVIEWS = ("/repos/{owner}/{repo}/pulls/{pull_number}/reviews", "post")
