@@ -546,12 +546,20 @@ def find_config(start: Path) -> Config:
         for name in CONFIG_FILES_IN_ORDER:
             candidate = directory / name
             if candidate.is_file():
-                config = parse_config_text(candidate.read_text(encoding="utf-8"), str(candidate))
+                config = parse_config_text(candidate.read_text(encoding="utf-8"), _shown(candidate))
                 if config is not None:
                     return config
         if (directory / ".git").exists():
             break
     return Config()
+
+
+def _shown(path: Path) -> str:
+    """A path as messages show it: relative to the working directory when it is below it."""
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 # ---------------------------------------------------------------------------------------------

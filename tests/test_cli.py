@@ -202,7 +202,7 @@ def test_a_file_that_cannot_be_analyzed_fails_the_run(project):
 def test_every_config_problem_is_listed(project):
     (project / ".torchreview.toml").write_text('fail_on = "sometimes"\nselct = ["TR1"]\nmin_severity = 3\n')
     proc = run("check", ".", cwd=project, check=2)
-    file = project / ".torchreview.toml"
+    file = ".torchreview.toml"  # as found from the working directory
     assert proc.stderr.splitlines() == [
         f"torchreview: error: {file}:1: fail_on: unknown severity 'sometimes' (choose one of low, medium, "
         "high, critical)",
