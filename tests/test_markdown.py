@@ -98,10 +98,10 @@ def test_a_message_with_code_quoting_backticks_round_trips():
 
 @pytest.mark.parametrize("text", ["plain", "``` inside", "````\n```\n", "ends with `"])
 def test_code_block_cannot_be_closed_by_its_content(text):
-    markdown = code_block(text, "text") + "\n\n<img src=x>"
     rendered = render(code_block(text, "text"))
     assert rendered.code == [text.rstrip("\n") + "\n"]
-    assert "img" in render(markdown).tags  # the check itself can see HTML after the block
+    # the block ends where it should: what follows it is markup again
+    assert "img" in render(code_block(text, "text") + "\n\n<img src=x>").tags
 
 
 def test_hostile_html_is_visible_to_the_renderer():
@@ -110,7 +110,7 @@ def test_hostile_html_is_visible_to_the_renderer():
     assert "a" in render("[x](//evil)").tags
     assert "a" in render("see https://evil.example").tags
     assert render("see www.evil.example").autolinks
-    assert render("<!-- hidden -->").comments or "hidden" not in render("<!-- hidden -->").text
+    assert render("<!-- hidden -->").comments == [" hidden "]
     assert render("hi @octocat").mentions
     assert "strong" in render("__init__").tags
 
