@@ -20,6 +20,7 @@ be found), never silently ignored::
     skip: {drafts: true, labels: ["torchreview:skip"], bots: true,
            title_markers: ["[skip torchreview]", "[torchreview skip]"]}
     cleanup: resolve                   # or delete: what happens to the comment of a fixed finding
+    fail_on_errors: true               # the CLI exits 1 when a file could not be analyzed
     smoke: {enabled: false}            # the GPU smoke runner (see SMOKE_DEFAULTS)
 
 ``select``/``ignore``/``severity`` and ``include``/``exclude`` may also be written at the top level
@@ -31,9 +32,10 @@ import copy
 import math
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import pathspec
 import yaml
@@ -67,7 +69,11 @@ KeyLine = Callable[[KeyPath], Optional[int]]
 
 
 class ConfigError(ValueError):
-    """A configuration problem, with the file (and line and key) it came from."""
+    """Configuration problems, one per line, each with the file (and line and key) it came from."""
+
+    def __init__(self, message: str, line: Optional[int] = None):
+        super().__init__(message)
+        self.line = line
 
 
 def _default_smoke() -> dict[str, Any]:
@@ -92,6 +98,7 @@ class Config:
     skip_title_markers: tuple[str, ...] = ("[skip torchreview]", "[torchreview skip]")
     skip_bots: bool = True
     cleanup: str = "resolve"
+    fail_on_errors: bool = True  # the CLI: exit 1 when a file could not be analyzed
     smoke: Mapping[str, Any] = field(default_factory=_default_smoke)
     source: str = "defaults"  # where it came from, for messages and `/review config`
 
@@ -118,7 +125,10 @@ class Config:
         """Validate ``data`` (the parsed file). Errors start with ``source``, or ``filename:LINE``
         when ``key_line`` finds the line of the offending key."""
         check = _Checker(source, filename or source, key_line)
-        return cls(source=source, **_settings(check.table(data, (), _TOP_KEYS), check))
+        table = check.table(data, (), _TOP_KEYS)
+        values = _settings(table, check)
+        check.raise_problems()
+        return cls(source=source, **values)
 
     def merged_with_cli(self, *, select=None, ignore=None, min_severity=None, fail_on=None) -> "Config":
         changes: dict[str, Any] = {}
@@ -158,6 +168,7 @@ class Config:
                 "title_markers": list(self.skip_title_markers), "bots": self.skip_bots,
             },
             "cleanup": self.cleanup,
+            "fail_on_errors": self.fail_on_errors,
             "smoke": smoke,
         }
 
@@ -173,38 +184,46 @@ _RULE_KEYS = ("select", "ignore", "severity")
 _PATH_KEYS = ("include", "exclude")
 _NESTED_FORMS = {"rules": _RULE_KEYS, "paths": _PATH_KEYS}
 _TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "min_severity", "fail_on", "max_inline_comments",
-             "review_event", "filter", "diff_context_lines", "skip", "cleanup", "smoke")
+             "review_event", "filter", "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke")
 _SKIP_KEYS = ("drafts", "labels", "title_markers", "bots")
 _REGRESSION_KEYS = ("step_time", "memory")
 _MEMORY = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B?|B)?", re.IGNORECASE)
 
 
 def _settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
-    """Config field values from a validated top-level table."""
+    """Config field values from the top-level table; each setting is checked on its own, so that
+    every problem of the file is reported at once."""
     written = _unfold_nested_forms(data, check)
-    values: dict[str, Any] = {}
+    steps: list[Callable[[], dict[str, Any]]] = []
     for key in ("select", "ignore"):
         if key in written:
-            values[key] = check.selectors(*written[key])
+            steps.append(lambda key=key: {key: check.selectors(*written[key])})
     for key in _PATH_KEYS:
         if key in written:
-            values[key] = check.strings(*written[key])
+            steps.append(lambda key=key: {key: check.strings(*written[key])})
     if "severity" in written:
-        values["severity"] = check.severity_overrides(*written["severity"])
+        steps.append(lambda: {"severity": check.severity_overrides(*written["severity"])})
     for key in ("min_severity", "fail_on"):
         if key in data:
-            values[key] = check.severity(data[key], (key,))
+            steps.append(lambda key=key: {key: check.severity(data[key], (key,))})
     if "max_inline_comments" in data:
-        values["max_inline_comments"] = check.whole_number(data["max_inline_comments"], ("max_inline_comments",), 0, 100)
+        steps.append(lambda: {"max_inline_comments": check.whole_number(data["max_inline_comments"],
+                                                                        ("max_inline_comments",), 0, 100)})
     if "review_event" in data:
-        values["review_event"] = check.choice(data["review_event"], ("review_event",), REVIEW_EVENTS)
+        steps.append(lambda: {"review_event": check.choice(data["review_event"], ("review_event",), REVIEW_EVENTS)})
     if "cleanup" in data:
-        values["cleanup"] = check.choice(data["cleanup"], ("cleanup",), CLEANUPS)
-    values.update(_filter_settings(data, check))
+        steps.append(lambda: {"cleanup": check.choice(data["cleanup"], ("cleanup",), CLEANUPS)})
+    if "fail_on_errors" in data:
+        steps.append(lambda: {"fail_on_errors": check.boolean(data["fail_on_errors"], ("fail_on_errors",))})
+    steps.append(lambda: _filter_settings(data, check))
     if "skip" in data:
-        values.update(_skip_settings(data["skip"], check))
+        steps.append(lambda: _skip_settings(data["skip"], check))
     if "smoke" in data:
-        values["smoke"] = _smoke_settings(data["smoke"], check)
+        steps.append(lambda: {"smoke": _smoke_settings(data["smoke"], check)})
+    values: dict[str, Any] = {}
+    for step in steps:
+        with check.collecting():
+            values.update(step())
     return values
 
 
@@ -214,10 +233,11 @@ def _unfold_nested_forms(data: Mapping[str, Any], check: "_Checker") -> dict[str
     for section, keys in _NESTED_FORMS.items():
         if section not in data:
             continue
-        for key, value in check.table(data[section], (section,), keys).items():
-            if key in data:
-                raise check.error((section, key), f"{section}.{key}: also given as the top-level {key!r}; use one form")
-            written[key] = (value, (section, key))
+        with check.collecting():
+            for key, value in check.table(data[section], (section,), keys).items():
+                if key in data:
+                    raise check.error((section, key), f"{section}.{key}: also given as the top-level {key!r}; use one form")
+                written[key] = (value, (section, key))
     return written
 
 
@@ -246,32 +266,36 @@ def _skip_settings(value: Any, check: "_Checker") -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key in ("drafts", "bots"):
         if key in table:
-            values[f"skip_{key}"] = check.boolean(table[key], ("skip", key))
+            with check.collecting():
+                values[f"skip_{key}"] = check.boolean(table[key], ("skip", key))
     for key in ("labels", "title_markers"):
         if key in table:
-            values[f"skip_{key}"] = check.strings(table[key], ("skip", key))
+            with check.collecting():
+                values[f"skip_{key}"] = check.strings(table[key], ("skip", key))
     return values
 
 
 def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
     table = check.table(value, ("smoke",), tuple(SMOKE_DEFAULTS))
     smoke = _default_smoke()
-    if "enabled" in table:
-        smoke["enabled"] = check.boolean(table["enabled"], ("smoke", "enabled"))
-    if "targets" in table:
-        smoke["targets"] = _smoke_targets(table["targets"], check)
-    if "timeout" in table:
-        smoke["timeout"] = check.whole_number(table["timeout"], ("smoke", "timeout"), 1, 3600)
-    if "memory" in table:
-        smoke["memory"] = check.memory(table["memory"], ("smoke", "memory"))
-    if "device" in table:
-        smoke["device"] = check.choice(table["device"], ("smoke", "device"), SMOKE_DEVICES)
-    if "trust" in table:
-        smoke["trust"] = check.choice(table["trust"], ("smoke", "trust"), SMOKE_TRUST)
+    checks: dict[str, Callable[[Any], Any]] = {
+        "enabled": lambda v: check.boolean(v, ("smoke", "enabled")),
+        "targets": lambda v: _smoke_targets(v, check),
+        "timeout": lambda v: check.whole_number(v, ("smoke", "timeout"), 1, 3600),
+        "memory": lambda v: check.memory(v, ("smoke", "memory")),
+        "device": lambda v: check.choice(v, ("smoke", "device"), SMOKE_DEVICES),
+        "trust": lambda v: check.choice(v, ("smoke", "trust"), SMOKE_TRUST),
+    }
+    for key, convert in checks.items():
+        if key in table:
+            with check.collecting():
+                smoke[key] = convert(table[key])
     if "regression" in table:
-        regression = check.table(table["regression"], ("smoke", "regression"), _REGRESSION_KEYS)
-        for key, fraction in regression.items():
-            smoke["regression"][key] = check.fraction(fraction, ("smoke", "regression", key))
+        with check.collecting():
+            regression = check.table(table["regression"], ("smoke", "regression"), _REGRESSION_KEYS)
+            for key, fraction in regression.items():
+                with check.collecting():
+                    smoke["regression"][key] = check.fraction(fraction, ("smoke", "regression", key))
     return smoke
 
 
@@ -286,7 +310,7 @@ def _smoke_targets(value: Any, check: "_Checker") -> tuple:
     if isinstance(value, (str, Mapping)):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise check.error(path, "smoke.targets must be a list of target strings or tables")
+        raise check.error(path, "smoke.targets: must be a list of target strings or tables")
     targets = []
     for item in value:
         if isinstance(item, str):
@@ -298,7 +322,7 @@ def _smoke_targets(value: Any, check: "_Checker") -> tuple:
         if "task" in entry:
             entry["task"] = check.choice(entry["task"], (*path, "task"), _TASKS)
         if "input" in entry and not isinstance(entry["input"], (Mapping, list)):
-            raise check.error((*path, "input"), "smoke.targets.input must be a table {shape, dtype, low, high} or a list of them")
+            raise check.error((*path, "input"), "smoke.targets.input: must be a table {shape, dtype, low, high} or a list of them")
         targets.append(dict(entry))
     return tuple(targets)
 
@@ -308,27 +332,43 @@ class _Checker:
 
     def __init__(self, source: str, filename: str, key_line: Optional[KeyLine]):
         self.source, self.filename, self.key_line = source, filename, key_line
+        self.problems: list[ConfigError] = []
 
     def error(self, path: KeyPath, message: str) -> ConfigError:
         line = self.key_line(path) if self.key_line and path else None
-        return ConfigError(f"{self.filename}:{line}: {message}" if line else f"{self.source}: {message}")
+        return ConfigError(f"{self.filename}:{line}: {message}" if line else f"{self.source}: {message}", line)
+
+    @contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Record a problem of one setting and go on with the next."""
+        try:
+            yield
+        except ConfigError as problem:
+            self.problems.append(problem)
+
+    def raise_problems(self) -> None:
+        """One ConfigError listing every problem, one per line, in file order."""
+        if self.problems:
+            ordered = sorted(self.problems, key=lambda p: p.line if p.line is not None else math.inf)
+            raise ConfigError("\n".join(str(p) for p in ordered), ordered[0].line)
 
     def table(self, value: Any, path: KeyPath, known: Iterable[str]) -> dict[str, Any]:
+        """The known keys of a table; each unknown key is a problem (recorded, not raised)."""
         name = _dotted(path) or "configuration"
         if not isinstance(value, Mapping):
-            raise self.error(path, f"{name} must be a table (mapping), got {_kind(value)}")
+            raise self.error(path, f"{name}: must be a table (mapping), got {_kind(value)}")
         known = tuple(known)
         for key in value:
             if str(key) not in known:
-                raise self.error((*path, str(key)), f"{_dotted((*path, str(key)))}: unknown key {str(key)!r} "
-                                                    f"(known keys: {', '.join(sorted(known))})")
-        return {str(k): v for k, v in value.items()}
+                self.problems.append(self.error((*path, str(key)), f"{_dotted((*path, str(key)))}: unknown key "
+                                                                   f"{str(key)!r} (known keys: {', '.join(sorted(known))})"))
+        return {str(k): v for k, v in value.items() if str(k) in known}
 
     def strings(self, value: Any, path: KeyPath) -> tuple[str, ...]:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise self.error(path, f"{_dotted(path)} must be a list of strings")
+            raise self.error(path, f"{_dotted(path)}: must be a list of strings")
         return tuple(v.strip() for v in value)
 
     def selectors(self, value: Any, path: KeyPath) -> tuple[str, ...]:
@@ -346,7 +386,7 @@ class _Checker:
 
     def severity_overrides(self, value: Any, path: KeyPath) -> dict[str, Severity]:
         if not isinstance(value, Mapping):
-            raise self.error(path, f"{_dotted(path)} must be a table of rule id = severity")
+            raise self.error(path, f"{_dotted(path)}: must be a table of rule id = severity")
         overrides = {}
         for rule_id, severity in value.items():
             resolved = _resolve_rule_id(str(rule_id))
@@ -357,24 +397,24 @@ class _Checker:
 
     def boolean(self, value: Any, path: KeyPath) -> bool:
         if not isinstance(value, bool):
-            raise self.error(path, f"{_dotted(path)} must be true or false, got {value!r}")
+            raise self.error(path, f"{_dotted(path)}: must be true or false, got {value!r}")
         return value
 
     def whole_number(self, value: Any, path: KeyPath, low: int, high: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise self.error(path, f"{_dotted(path)} must be a whole number from {low} to {high}, got {value!r}")
+            raise self.error(path, f"{_dotted(path)}: must be a whole number from {low} to {high}, got {value!r}")
         return value
 
     def fraction(self, value: Any, path: KeyPath) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-            raise self.error(path, f"{_dotted(path)} must be a non-negative fraction such as 0.25, got {value!r}")
+            raise self.error(path, f"{_dotted(path)}: must be a non-negative fraction such as 0.25, got {value!r}")
         return float(value)
 
     def choice(self, value: Any, path: KeyPath, choices: Iterable[str]) -> str:
         choices = tuple(choices)
         normalized = value.strip().lower() if isinstance(value, str) else value
         if normalized not in choices:
-            raise self.error(path, f"{_dotted(path)} must be one of {', '.join(sorted(choices))}, got {value!r}")
+            raise self.error(path, f"{_dotted(path)}: must be one of {', '.join(sorted(choices))}, got {value!r}")
         return normalized
 
     def memory(self, value: Any, path: KeyPath) -> "int | str":
@@ -382,7 +422,7 @@ class _Checker:
             return value
         if isinstance(value, str) and _MEMORY.fullmatch(value.strip()):
             return value.strip()
-        raise self.error(path, f"{_dotted(path)} must be a size such as \"4GiB\" or a number of MiB, got {value!r}")
+        raise self.error(path, f"{_dotted(path)}: must be a size such as \"4GiB\" or a number of MiB, got {value!r}")
 
 
 def _dotted(path: KeyPath) -> str:
@@ -506,12 +546,20 @@ def find_config(start: Path) -> Config:
         for name in CONFIG_FILES_IN_ORDER:
             candidate = directory / name
             if candidate.is_file():
-                config = parse_config_text(candidate.read_text(encoding="utf-8"), str(candidate))
+                config = parse_config_text(candidate.read_text(encoding="utf-8"), _shown(candidate))
                 if config is not None:
                     return config
         if (directory / ".git").exists():
             break
     return Config()
+
+
+def _shown(path: Path) -> str:
+    """A path as messages show it: relative to the working directory when it is below it."""
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Which lines a change added or modified: the filter the CLI's ``--diff`` and the bot share."""
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Iterable, Mapping, Optional
 
@@ -39,6 +40,9 @@ def changed_lines_from_patch(patch_text: str) -> ChangedLines:
 def git_changed_lines(ref: str, cwd: Optional[str] = None) -> ChangedLines:
     """Lines changed in the working tree since ``ref`` (committed or not), plus untracked files."""
     try:
+        inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=cwd, capture_output=True, text=True)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            raise DiffError(f"--diff needs a git repository: {os.path.abspath(cwd or os.curdir)} is not inside one")
         diff = _git(["diff", "--no-color", "--no-ext-diff", "-U0", "--relative", ref, "--"], cwd)
         untracked = _git(["ls-files", "--others", "--exclude-standard"], cwd)
     except FileNotFoundError:

@@ -1,10 +1,13 @@
 """Parse each file once, walk it once, run every active rule on the shared context."""
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
 import re
 import time
+import tokenize
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,7 +275,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        result.errors.append(FileError(path, "syntax-error", f"line {exc.raw_line}, column {exc.raw_column}: {exc.message}"))
+        result.errors.append(FileError(path, "syntax-error", syntax_error_detail(source, exc)))
         return result
     except RecursionError:
         result.errors.append(FileError(path, "syntax-error", "expression nested too deeply to parse"))
@@ -330,6 +333,19 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
     result.findings.sort(key=lambda f: f.sort_key)
     return result
+
+
+def syntax_error_detail(source: str, exc: cst.ParserSyntaxError) -> str:
+    """``line L, column C: problem`` as Python reports it: libcst points past the error (the line
+    after ``def f(:``), and people compare with what ``python`` says."""
+    try:
+        compile(source, "<source>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as python:
+        if python.lineno:
+            return f"line {python.lineno}, column {python.offset or 1}: {python.msg}"
+    except (ValueError, RecursionError, MemoryError):
+        pass  # Python cannot say either: libcst's position is the best there is
+    return f"line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
 
 
 def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode) -> Optional[Fix]:
@@ -395,11 +411,23 @@ def decode_source(data: bytes, display: str) -> tuple[Optional[str], Optional[Fi
         return None, FileError(display, "too-large", f"{len(data)} bytes is over the {MAX_FILE_BYTES}-byte limit; not analyzed")
     if b"\x00" in data[:8192]:
         return None, FileError(display, "binary-file", "contains NUL bytes; not a text file")
+    encoding = "utf-8-sig"
+    if not display.endswith(".ipynb"):  # notebooks are JSON, always UTF-8
+        try:
+            # PEP 263: a "# -*- coding: latin-1 -*-" cookie on line 1 or 2 says how Python reads the file
+            encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+        except SyntaxError as exc:
+            return None, FileError(display, "decode-error", str(exc))
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return None, FileError(display, "decode-error", f"not valid UTF-8 at byte {exc.start}: {exc.reason}")
+        text = data.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as exc:
+        where = f" at byte {exc.start}: {exc.reason}" if isinstance(exc, UnicodeDecodeError) else ""
+        return None, FileError(display, "decode-error", f"not valid {_encoding_name(encoding)}{where}")
     return text, None
+
+
+def _encoding_name(encoding: str) -> str:
+    return "UTF-8" if encoding in ("utf-8", "utf-8-sig") else encoding
 
 
 _MAGIC = re.compile(r"^\s*(?:[%!?]|\w+\?\s*$)")
@@ -436,7 +464,7 @@ def analyze_notebook_text(text: str, path: str, config: Config,
         try:
             cst.parse_module(source + "\n")
         except (cst.ParserSyntaxError, RecursionError) as exc:
-            detail = f"line {exc.raw_line}: {exc.message}" if isinstance(exc, cst.ParserSyntaxError) else "too deeply nested"
+            detail = syntax_error_detail(source + "\n", exc) if isinstance(exc, cst.ParserSyntaxError) else "too deeply nested"
             broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}"))
             broken_cells.add(number)
     result = _analyze_cells([c for c in cell_sources if c[0] not in broken_cells], path, config, repository)

@@ -6,6 +6,7 @@ from collections import defaultdict
 from typing import IO
 
 from analyzers.engine import RunResult
+from analyzers.fingerprint import fingerprints_for
 from analyzers.model import Finding, Severity
 
 SEVERITY_STYLE = {
@@ -94,17 +95,36 @@ SARIF_LEVEL = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDI
 SECURITY_SEVERITY = {Severity.CRITICAL: "9.5", Severity.HIGH: "7.5", Severity.MEDIUM: "5.0", Severity.LOW: "2.0"}
 
 
-def to_sarif(run: RunResult) -> dict:
-    """SARIF 2.1.0 as GitHub code scanning accepts it."""
-    from analyzers.rules import all_rules
+def tool_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        tool_version = version("torchreview")
+        return version("torchreview")
     except PackageNotFoundError:  # running from a source tree
-        tool_version = "0.0.0"
+        return "0.0.0"
+
+
+def _sources(findings) -> dict[str, str]:
+    """The text of each file with findings, read again (the run keeps no sources)."""
+    from pathlib import Path
+
+    from analyzers.engine import read_source
+
+    sources = {}
+    for path in {f.path for f in findings}:
+        text, _ = read_source(Path(path), path)
+        if text is not None:
+            sources[path] = text
+    return sources
+
+
+def to_sarif(run: RunResult) -> dict:
+    """SARIF 2.1.0 as GitHub code scanning accepts it."""
+    from analyzers.rules import all_rules
+
     rules = all_rules()
     index = {r.id: i for i, r in enumerate(rules)}
+    fingerprints = fingerprints_for(run.findings, _sources(run.findings))
     descriptors = []
     for rule in rules:
         descriptors.append({
@@ -134,7 +154,8 @@ def to_sarif(run: RunResult) -> dict:
                                "endColumn": f.end_column},
                 }
             }],
-            "partialFingerprints": {"torchreview/v1": f"{f.rule}:{f.path}:{f.line}"},
+            # line-independent, so an alert survives lines inserted above it (the App's fingerprint)
+            "partialFingerprints": {"torchreview/v2": fingerprints[f]},
             "properties": {"severity": f.severity.label, "category": f.category},
         }
         if f.fix is not None:
@@ -159,7 +180,7 @@ def to_sarif(run: RunResult) -> dict:
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
         "runs": [{
-            "tool": {"driver": {"name": "torchreview", "version": tool_version,
+            "tool": {"driver": {"name": "torchreview", "version": tool_version(),
                                 "informationUri": "https://github.com/torchreview/torchreview", "rules": descriptors}},
             "results": results,
             "invocations": [{"executionSuccessful": True, "toolExecutionNotifications": notifications}],

@@ -19,14 +19,16 @@ def _csv(value: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from analyzers.output import FORMATS
+    from analyzers.output import FORMATS, tool_version
 
     parser = argparse.ArgumentParser(prog="torchreview", description="Review PyTorch code like a senior engineer.")
+    parser.add_argument("--version", action="version", version=f"torchreview {tool_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     check = sub.add_parser("check", help="analyze files or directories",
                            description="Analyze Python files and notebooks. Exit 0: nothing at or above the fail "
-                                       "level; 1: findings; 2: usage or configuration error.")
+                                       "level; 1: findings, or a file that could not be analyzed; 2: usage or "
+                                       "configuration error.")
     check.add_argument("paths", nargs="*", default=["."], metavar="PATH")
     check.add_argument("--format", choices=FORMATS, default="text")
     check.add_argument("--select", type=_csv, help="rule ids, prefixes (TR1), slugs or categories, comma-separated")
@@ -38,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--jobs", "-j", type=int, default=0, help="parallel processes (default: all cores)")
     check.add_argument("--config", metavar="FILE", help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml to use")
     check.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    check.add_argument("--exit-zero-on-errors", action="store_true",
+                       help="files that could not be analyzed (syntax errors, undecodable, too large) do not make "
+                            "the run fail (config fail_on_errors: false)")
     check.set_defaults(handler=cmd_check)
 
     rules = sub.add_parser("rules", help="list every rule")
@@ -95,15 +100,22 @@ def cmd_check(args: argparse.Namespace) -> int:
                                         fail_on=args.fail_on)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    paths = [_relative(p) for p in args.paths]
-    run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count())
-    if args.diff:
+    changed = None
+    if args.diff:  # before the analysis: a bad ref or no repository is a usage error, found at once
         try:
-            run.findings = keep_changed(run.findings, git_changed_lines(args.diff))
+            changed = git_changed_lines(args.diff)
         except DiffError as exc:
             raise UsageError(str(exc)) from None
+    paths = [_relative(p) for p in args.paths]
+    run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count())
+    if changed is not None:
+        run.findings = keep_changed(run.findings, changed)
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
+    # like ruff: a file that could not be analyzed fails the run (a crashing rule is our bug, not the file's)
+    unanalyzed = [e for e in run.errors if e.kind != "rule-error"]
+    if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
+        return EXIT_FINDINGS
     return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
 
 
@@ -238,6 +250,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
     path, _, name = args.target.partition(":")
     file = Path(path).resolve()
+    if not file.exists():
+        raise UsageError(f"{path}: no such file")
     if not file.is_file() or file.suffix != ".py":
         raise UsageError(f"{path}: not a Python file")
     if args.steps < 1:
@@ -251,6 +265,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         root = file.parent
     relative = file.relative_to(root).as_posix()
     if name:
+        _check_defined(path, file.read_text(errors="replace"), name)
         requests_ = [TargetRequest(f"{relative}:{name}")]
     else:
         found = find_targets({relative: file.read_text()}, {relative: None})
@@ -272,6 +287,30 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     else:
         _print_smoke(run)
     return EXIT_FINDINGS if run.failed else EXIT_OK
+
+
+def _check_defined(path: str, source: str, name: str) -> None:
+    """``FILE:Name`` must name a class or function the file defines at the top level."""
+    import ast
+
+    if not name.isidentifier():
+        return  # not a plain top-level name: the runner resolves it and says what is wrong
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return  # the runner reports why it cannot import the file
+    defined = {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+    defined |= {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for target in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(target, ast.Name)}
+    defined |= {(alias.asname or alias.name).split(".")[0] for node in tree.body
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    if name in defined:
+        return
+    from gpu_runner.targets import find_targets
+
+    classes = [t.name for t in find_targets({path: source}, {path: None})]
+    found = f"nn.Module classes in it: {', '.join(classes)}" if classes else "it defines no nn.Module class"
+    raise UsageError(f"{path}: no class or function {name!r}; {found}")
 
 
 def _print_smoke(run) -> None:
@@ -312,11 +351,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:  # what argparse does for a missing command, with the whole help instead of one line
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except UsageError as exc:
-        print(f"torchreview: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():  # a configuration error lists every problem, one a line
+            print(f"torchreview: error: {line}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional
 import github
 from github import GithubException
 
+from analyzers.markdown import code_block, code_span
 from bot.github_client import issue_ref
 
 COMMAND_WORD = "/review"
@@ -125,12 +126,12 @@ def help_reply() -> str:
 def unknown_reply(command: Command) -> str:
     """Answer to ``/review <something we do not know>``: name it (mention-safe), then the usage."""
     word = command.args[0] if command.args else command.raw
-    return f"I don't know the command `/review {_code(word, 40)}`.\n\n{USAGE}"
+    return f"I don't know the command {_code('/review ' + word, 48)}.\n\n{USAGE}"
 
 
 def refusal_text(login: str) -> str:
     """The polite refusal; the login is in a code span so it does not @-mention anyone."""
-    return (f"Sorry `{_code(login, 39)}`, only users with write access to this repository can run `/review` "
+    return (f"Sorry {_code(login, 39)}, only users with write access to this repository can run `/review` "
             "commands (the repository owner, organization members, and collaborators with the write, maintain "
             "or admin role). A maintainer can run `/review` for you; `/review help` lists the commands.")
 
@@ -144,15 +145,15 @@ def config_reply(config: Any, base_ref: str, base_sha: str) -> str:
     """
     source = str(getattr(config, "source", "") or "defaults")
     data = config.to_dict()
-    where = f"the base branch `{_code(base_ref, 100)}` at `{_code(base_sha[:7], 7)}`"
+    where = f"the base branch {_code(base_ref, 100)} at {_code(base_sha[:7], 7)}"
     if source == "defaults":
         origin = f"No torchreview configuration was found on {where}: these are the defaults."
     else:
-        origin = f"Read from `{_code(source, 200)}` on {where}."
+        origin = f"Read from {_code(source, 200)} on {where}."
     toml_source = bool(re.search(r"\.toml\b", source, re.IGNORECASE))
     block = _to_toml(data) if toml_source else _to_yaml(data)
     lang = "toml" if toml_source else "yaml"
-    return (f"**torchreview configuration for this pull request**\n\n{origin}\n\n```{lang}\n{block}\n```\n\n"
+    return (f"**torchreview configuration for this pull request**\n\n{origin}\n\n{code_block(block, lang)}\n\n"
             "The configuration always comes from the base branch, so changes a pull request makes to it "
             "take effect once they are merged.")
 
@@ -225,9 +226,9 @@ def _issue(repo, number: int):
 
 
 def _code(text: str, limit: int) -> str:
-    """Text safe inside a one-backtick code span: no backticks or line breaks, bounded length."""
-    clean = re.sub(r"[`\r\n]+", " ", str(text)).strip()
-    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+    """User-controlled text (a login, a word, a branch) as inline code of bounded length."""
+    clean = " ".join(str(text).split())
+    return code_span(clean if len(clean) <= limit else clean[: limit - 1] + "…")
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")

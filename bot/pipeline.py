@@ -301,6 +301,7 @@ def run_command(job, clients, store) -> str:
     """A ``/review`` comment: check who asked, acknowledge with 👀, then do what it says."""
     from dataclasses import replace
 
+    from analyzers.markdown import code_block, code_span
     from bot import commands
 
     command = commands.parse_command(job.command or "")
@@ -329,7 +330,7 @@ def run_command(job, clients, store) -> str:
             config = load_base_config(repo, pr.base.sha)
             text = commands.config_reply(config, pr.base.ref, pr.base.sha)
         except ConfigError as exc:
-            text = f"The repository's torchreview configuration on `{pr.base.ref}` is invalid:\n\n```\n{exc}\n```"
+            text = f"The repository's torchreview configuration on {code_span(pr.base.ref)} is invalid:\n\n{code_block(str(exc))}"
     elif command.name == "smoke":
         from bot.tasks import enqueue_smoke
 

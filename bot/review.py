@@ -13,7 +13,6 @@ cannot be placed goes into the review body instead of being lost.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import textwrap
 from collections import Counter
@@ -23,6 +22,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Protocol, Se
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
+from analyzers.fingerprint import fingerprints_for, is_notebook_finding
+from analyzers.markdown import code_block, code_span, literal, longest_backtick_run, message, redact_urls, table_cell
 from analyzers.model import Category, Finding, Fix, Severity
 from analyzers.rules import get_rule
 
@@ -148,11 +149,6 @@ class PullRequestAnalysis:
     notes: Sequence[FileNote] = ()
 
 
-def is_notebook_finding(finding: Finding) -> bool:
-    # Notebook line numbers count inside a cell, not in the .ipynb JSON the diff shows.
-    return finding.cell is not None or finding.path.endswith(".ipynb")
-
-
 def finding_lines(finding: Finding) -> range:
     return range(finding.line, max(finding.line, finding.end_line) + 1)
 
@@ -181,30 +177,6 @@ def _is_kept(finding: Finding, diff: Optional[FileDiff], settings: ReviewSetting
 
 def normalize_whitespace(text: str) -> str:
     return " ".join(text.split())
-
-
-def neutralize(text: str) -> str:
-    """Make untrusted text (it can quote PR code) harmless in GitHub markdown.
-
-    ``@name`` would ping people and ``<!--`` could hide text or forge our fingerprint marker.
-    """
-    return text.replace("@", "@\u200b").replace("<!--", "<\u200b!--")
-
-
-def table_cell(text: str) -> str:
-    """Untrusted text as one markdown table cell: one line, pipes escaped."""
-    return neutralize(normalize_whitespace(text)).replace("|", "\\|")
-
-
-def code_span(text: str) -> str:
-    """``text`` as inline code, with a fence longer than any backtick run inside it."""
-    fence = "`" * (_longest_backtick_run(text) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _longest_backtick_run(text: str) -> int:
-    return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
 def first_sentence(text: str) -> str:
@@ -243,34 +215,6 @@ def count_phrase(count: int, noun: str) -> str:
 
 
 # ---- fingerprints -------------------------------------------------------------------------
-
-def flagged_text(finding: Finding, source_lines: Sequence[str]) -> str:
-    """Whitespace-normalised text of the flagged lines; the message when lines are unknown."""
-    if is_notebook_finding(finding) or finding.line > len(source_lines):
-        return normalize_whitespace(finding.message)
-    return normalize_whitespace("\n".join(source_lines[finding.line - 1: finding.end_line]))
-
-
-def fingerprint(finding: Finding, source_lines: Sequence[str], occurrence: int = 0) -> str:
-    """Identity of a finding that survives unrelated edits: no line numbers, only content.
-
-    ``occurrence`` tells apart identical (rule, path, text) findings in one file, in file order.
-    """
-    key = "\0".join([finding.rule, finding.path, flagged_text(finding, source_lines), str(occurrence)])
-    return hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def fingerprints_for(findings: Iterable[Finding], sources: Mapping[str, str]) -> dict[Finding, str]:
-    lines_by_path = {path: text.splitlines() for path, text in sources.items()}
-    seen: Counter = Counter()
-    result: dict[Finding, str] = {}
-    for finding in sorted(set(findings), key=lambda f: f.sort_key):
-        lines = lines_by_path.get(finding.path, [])
-        key = (finding.rule, finding.path, flagged_text(finding, lines))
-        result[finding] = fingerprint(finding, lines, seen[key])
-        seen[key] += 1
-    return result
-
 
 def fingerprint_marker(finding: Finding, digest: str) -> str:
     return f"<!-- torchreview:fingerprint={digest} rule={finding.rule} -->"
@@ -415,11 +359,12 @@ def findings_table(findings: Sequence[Finding], *, with_rule: bool) -> list[str]
     if with_rule:
         rows = ["| Severity | File:line | Rule | Message |", "|---|---|---|---|"]
         rows += [f"| {SEVERITY_BADGES[f.severity]} | {table_cell(code_span(location(f)))} | "
-                 f"{table_cell(code_span(f.rule))} {table_cell(f.slug)} | {table_cell(f.message)} |" for f in findings]
+                 f"{table_cell(code_span(f.rule))} {table_cell(literal(f.slug))} | {table_cell(message(f.message))} |"
+                 for f in findings]
     else:
         rows = ["| Severity | File:line | Issue |", "|---|---|---|"]
         rows += [f"| {SEVERITY_BADGES[f.severity]} | {table_cell(code_span(location(f)))} | "
-                 f"{table_cell(code_span(f.rule))} {table_cell(f.message)} |" for f in findings]
+                 f"{table_cell(code_span(f.rule))} {table_cell(message(f.message))} |" for f in findings]
     return rows
 
 
@@ -466,11 +411,11 @@ def review_comment(finding: Finding, where: Placement, digest: str) -> dict:
 
 
 def comment_body(finding: Finding, digest: str, suggestion: Optional[Fix] = None) -> str:
-    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {finding.slug}",
-             "", neutralize(finding.message)]
+    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {literal(finding.slug)}",
+             "", message(finding.message)]
     why = rule_why(finding)
     if why:
-        parts += ["", f"**Why:** {neutralize(why)}"]
+        parts += ["", f"**Why:** {message(why)}"]
     if suggestion is not None:
         parts += ["", suggestion_block(suggestion.replacement)]
     body = hard_cap("\n".join(parts), MAX_MARKDOWN_CHARS - 200)
@@ -480,7 +425,7 @@ def comment_body(finding: Finding, digest: str, suggestion: Optional[Fix] = None
 def suggestion_block(replacement: str) -> str:
     """A committable suggestion; the fence outgrows any backtick run in the code."""
     code = replacement[:-1] if replacement.endswith("\n") else replacement
-    fence = "`" * max(3, _longest_backtick_run(code) + 1)
+    fence = "`" * max(3, longest_backtick_run(code) + 1)
     return f"{fence}suggestion\n{code}\n{fence}"
 
 
@@ -510,10 +455,10 @@ def no_files_plan(notes: Sequence[FileNote] = ()) -> CheckRunPlan:
     return CheckRunPlan("success", "No PyTorch files changed", hard_cap(summary))
 
 
-def config_error_plan(message: str) -> CheckRunPlan:
+def config_error_plan(error: str) -> CheckRunPlan:
     """Invalid repository configuration: say exactly what is wrong; no review comments."""
     summary = ("torchreview could not read this repository's configuration (read from the base branch), "
-               "so nothing was reviewed. Fix it and re-run.\n\n```\n" + neutralize(message) + "\n```")
+               "so nothing was reviewed. Fix it and re-run.\n\n" + code_block(error))
     return CheckRunPlan("failure", "Invalid torchreview configuration", hard_cap(summary))
 
 
@@ -523,9 +468,9 @@ def superseded_plan(old_sha: str, new_sha: str) -> CheckRunPlan:
                         f"This run for {old_sha[:7]} was stopped.")
 
 
-def job_failed_plan(message: str) -> CheckRunPlan:
+def job_failed_plan(error: str) -> CheckRunPlan:
     summary = ("The review job failed and will not be retried. Comment `/review` on the pull request or "
-               "re-run this check to try again.\n\n```\n" + neutralize(message)[:2000] + "\n```")
+               "re-run this check to try again.\n\n" + code_block(redact_urls(error)[:2000]))
     return CheckRunPlan("failure", "torchreview could not complete the review", hard_cap(summary))
 
 
@@ -585,7 +530,7 @@ def category_tables(findings: Sequence[Finding]) -> list[str]:
     lines: list[str] = []
     for category in dict.fromkeys(f.category for f in findings):  # findings are most severe first
         rows = [f for f in findings if f.category == category]
-        lines += ["", f"#### {titles.get(category, table_cell(category))}", "", *findings_table(rows, with_rule=False)]
+        lines += ["", f"#### {titles.get(category) or literal(category)}", "", *findings_table(rows, with_rule=False)]
     return lines
 
 
@@ -599,15 +544,15 @@ def actions_section(findings: Sequence[Finding]) -> list[str]:
     lines = ["### Recommended actions", ""]
     for rule_id, finding in first_by_rule.items():
         times = f" ({counts[rule_id]}×)" if counts[rule_id] > 1 else ""
-        lines.append(f"- [ ] {SEVERITY_BADGES[finding.severity]} {code_span(rule_id)} {finding.slug}{times}: "
-                     f"{table_cell(rule_summary(finding))}")
+        lines.append(f"- [ ] {SEVERITY_BADGES[finding.severity]} {code_span(rule_id)} {literal(finding.slug)}{times}: "
+                     f"{message(rule_summary(finding))}")
     return lines
 
 
 def files_section(reviewed_files: Sequence[str]) -> list[str]:
     files = sorted(reviewed_files)
     lines = [f"<details><summary>Files reviewed ({len(files)})</summary>", ""]
-    lines += [f"- {code_span(table_cell(path))}" for path in files[:MAX_LISTED_FILES]]
+    lines += [f"- {code_span(path)}" for path in files[:MAX_LISTED_FILES]]
     if len(files) > MAX_LISTED_FILES:
         lines.append(f"- … and {len(files) - MAX_LISTED_FILES} more files")
     return lines + ["", "</details>"]
@@ -617,8 +562,8 @@ def notes_section(notes: Sequence[FileNote]) -> list[str]:
     lines = ["### Files not (fully) analyzed", ""]
     for note in notes[:MAX_LISTED_NOTES]:
         explanation = NOTE_EXPLANATIONS.get(note.kind, note.kind)
-        detail = f": {table_cell(note.message)}" if note.message else ""
-        lines.append(f"- {code_span(table_cell(note.path))}: {explanation}{detail}")
+        detail = f": {literal(note.message)}" if note.message else ""
+        lines.append(f"- {code_span(note.path)}: {literal(explanation)}{detail}")
     if len(notes) > MAX_LISTED_NOTES:
         lines.append(f"- … and {len(notes) - MAX_LISTED_NOTES} more files not analyzed")
     return lines
@@ -642,10 +587,10 @@ def rule_reference(findings: Sequence[Finding]) -> str:
 
 def annotation(finding: Finding) -> dict:
     """A check-run annotation; notebook findings sit on line 1 with the cell named in the message."""
-    message = finding.message
+    text = finding.message  # annotations are plain text, not Markdown
     if is_notebook_finding(finding):
         start = end = 1
-        message = f"{location(finding)}: {message}"
+        text = f"{location(finding)}: {text}"
     else:
         start, end = finding.line, max(finding.line, finding.end_line)
     result = {
@@ -653,7 +598,7 @@ def annotation(finding: Finding) -> dict:
         "start_line": start,
         "end_line": end,
         "annotation_level": ANNOTATION_LEVELS[finding.severity],
-        "message": truncate_utf8(message, MAX_ANNOTATION_BYTES),
+        "message": truncate_utf8(text, MAX_ANNOTATION_BYTES),
         "title": rule_title(finding)[:MAX_ANNOTATION_TITLE_CHARS],
     }
     if start == end and not is_notebook_finding(finding) and finding.column >= 1:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import requests
 
-from bot.review import CheckRunPlan, neutralize, table_cell
+from analyzers.markdown import code_span, literal, message, redact_urls, table_cell
+from bot.review import CheckRunPlan
 
 log = logging.getLogger("torchreview.smoke")
 
@@ -94,32 +95,33 @@ def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
              "sandboxed process (no network, no credentials, time and memory limits).", ""]
     lines += ["| target | check | result | head vs base |", "|---|---|---|---|"]
     for t in targets:
-        name = table_cell(t["target"])
-        delta = "; ".join(f"{c['measure']} {c['change']}" for c in t.get("comparison", [])) or "—"
+        name = table_cell(code_span(t["target"]))
+        delta = table_cell(literal("; ".join(f"{c['measure']} {c['change']}" for c in t.get("comparison", [])))) or "—"
         if t["status"] in ("skipped", "error"):
-            lines.append(f"| `{name}` | — | {STATUS_BADGE[t['status']]}: {table_cell(t['head'].get('reason', ''))} | — |")
+            lines.append(f"| {name} | — | {STATUS_BADGE[t['status']]}: {table_cell(_reason(t))} | — |")
             continue
         checks = t["head"].get("checks", [])
         failed = [c for c in checks if c["status"] in ("fail", "warn")]
         passed = sum(1 for c in checks if c["status"] == "pass")
         for check in failed:  # reviewers act on failures: each gets its own row
             result = "❌" if check["status"] == "fail" else "⚠️"
-            lines.append(f"| `{name}` | {table_cell(check['name'])} | {result} {table_cell(check['message'])} | {table_cell(delta)} |")
+            lines.append(f"| {name} | {table_cell(literal(check['name']))} | {result} "
+                         f"{table_cell(_public(check['message']))} | {delta} |")
             delta = ""  # once per target
         skipped_checks = len(checks) - passed - len(failed)
         rest = f"✅ {passed} passed" + (f", {skipped_checks} not applicable" if skipped_checks else "")
-        lines.append(f"| `{name}` | {'other checks' if failed else 'all checks'} | {rest} | {table_cell(delta)} |")
+        lines.append(f"| {name} | {'other checks' if failed else 'all checks'} | {rest} | {delta} |")
     for t, c in regressions:
-        lines.append(f"\n⚠️ `{table_cell(t['target'])}`: {neutralize(c['message'])}")
+        lines.append(f"\n⚠️ {code_span(t['target'])}: {_public(c['message'])}")
     measures = [t for t in targets if t["head"].get("measures")]
     if measures:
         lines += ["", "| target | parameters | step time | peak memory | loss after steps |", "|---|---|---|---|---|"]
         for t in measures:
             m = t["head"]["measures"]
-            lines.append(f"| `{table_cell(t['target'])}` | {m.get('params', '—'):,} | {m.get('step_time_ms', 0):.2f} ms | "
+            lines.append(f"| {table_cell(code_span(t['target']))} | {m.get('params', '—'):,} | {m.get('step_time_ms', 0):.2f} ms | "
                          f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {m.get('loss_after_steps', '—')} |")
     if run.get("warnings"):
-        lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {neutralize(w)}" for w in run["warnings"]]
+        lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
     summary = "\n".join(lines)[:65000]
     return CheckRunPlan(conclusion, title, summary)
 
@@ -139,11 +141,20 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
         if line is None:
             continue
         failed = [c for c in t["head"].get("checks", []) if c["status"] == "fail"]
-        body = [f"🔥 **smoke** · `{neutralize(t['target'])}` failed when trained for a few steps:", ""]
-        body += [f"- **{neutralize(c['name'])}**: {neutralize(c['message'])}" for c in failed] or \
-                [f"- {neutralize(t['head'].get('reason', 'error'))}"]
+        body = [f"🔥 **smoke** · {code_span(t['target'])} failed when trained for a few steps:", ""]
+        body += [f"- **{literal(c['name'])}**: {_public(c['message'])}" for c in failed] or \
+                [f"- {_reason(t) or 'error'}"]
         comments.append({"path": path, "line": line, "side": "RIGHT", "body": "\n".join(body)})
     return comments
+
+
+def _reason(target: dict) -> str:
+    return _public(target["head"].get("reason", ""))
+
+
+def _public(text: str) -> str:
+    """Runner text (it quotes the PR's code and exceptions, code marked with backticks) as Markdown."""
+    return message(redact_urls(text))
 
 
 # ---- the job -----------------------------------------------------------------------------------

@@ -45,6 +45,21 @@ class BuildError(Exception):
     """The PR's module cannot be imported, or an explicit configuration cannot be honoured."""
 
 
+# Errors whose cause a static rule already names: say that, not "configure smoke.targets".
+_KNOWN_BUGS = (
+    (re.compile(r"cannot assign \w+ before Module\.__init__\(\) call|"
+                r"object has no attribute '_(?:parameters|modules|buffers)'"),
+     "its `__init__` does not call `super().__init__()` before using the module (TR301 missing-super-init): "
+     "call it first"),
+)
+
+
+def known_bug(exc: BaseException) -> Optional[str]:
+    """What is wrong with the PR's code when ``exc`` is the symptom of a bug torchreview knows."""
+    text = str(exc)
+    return next((explanation for pattern, explanation in _KNOWN_BUGS if pattern.search(text)), None)
+
+
 def build_subject(code_root: Path, target: str, *, device: str, config: Optional[dict] = None,
                   seed: int = 0) -> Union[Subject, Skip]:
     """Build ``target`` (``"models/net.py:Net"``, ``"models/net.py:build_model"`` or ``"models/net.py"``)
@@ -332,6 +347,9 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
         return fn(**arguments)
     except Exception as exc:
         detail = f"{type(exc).__name__}: {exc}"
+        bug = known_bug(exc)
+        if bug is not None:
+            return Skip(f"{label} cannot be built: {bug} ({detail})")
         if explicit and not arguments:
             raise BuildError(f"the smoke factory {label}() raised {detail}") from exc
         shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())

@@ -24,14 +24,15 @@ def _report(target: str, status: str, reason: str = "", **extra) -> dict:
 
 
 def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int) -> dict:
-    from gpu_runner.build import Skip, build_subject
+    from gpu_runner.build import CONFIGURE_HINT, Skip, build_subject, known_bug
     from gpu_runner.checks import run_checks
 
     try:
         subject = build_subject(code_root, target, device=device, config=config, seed=seed)
     except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything while importing/constructing
-        return _report(target, "skipped", f"could not build {target}: {type(exc).__name__}: {exc}; configure "
-                                          "smoke.targets with a factory and an input shape", traceback=traceback.format_exc(limit=5))
+        advice = known_bug(exc) or CONFIGURE_HINT
+        return _report(target, "skipped", f"could not build {target}: {type(exc).__name__}: {exc}; {advice}",
+                       traceback=traceback.format_exc(limit=5))
     if isinstance(subject, Skip):
         return _report(target, "skipped", subject.reason)
     try:

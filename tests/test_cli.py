@@ -170,3 +170,70 @@ def test_smoke_cli_compares_against_a_base_revision(tmp_path):
     failed = {c["name"]: c["message"] for c in broken["head"]["checks"] if c["status"] == "fail"}
     assert "gradients" in failed and "encoder.weight" in failed["gradients"]
     run("smoke", "missing.py", cwd=tmp_path, check=2)
+
+
+def test_version_and_help_without_arguments():
+    from analyzers.output import tool_version
+
+    proc = run("--version", check=0)
+    assert proc.stdout.strip() == f"torchreview {tool_version()}"
+    proc = run(check=2)
+    assert proc.stderr.startswith("usage: torchreview") and "check" in proc.stderr and "smoke" in proc.stderr
+
+
+def test_diff_outside_a_git_repository_is_one_line(tmp_path):
+    (tmp_path / "train.py").write_text(BAD)
+    proc = run("check", ".", "--diff", "HEAD", cwd=tmp_path, check=2)
+    assert proc.stderr.splitlines() == [f"torchreview: error: --diff needs a git repository: {tmp_path} is not inside one"]
+    assert proc.stdout == ""
+
+
+def test_a_file_that_cannot_be_analyzed_fails_the_run(project):
+    (project / "broken.py").write_text("import torch\ndef f(:\n    pass\n")
+    proc = run("check", "clean.py", "broken.py", "--format", "json", cwd=project, check=1)
+    assert json.loads(proc.stdout)["errors"] == [
+        {"path": "broken.py", "kind": "syntax-error", "message": "line 2, column 7: invalid syntax"}]
+    run("check", "clean.py", "broken.py", "--exit-zero-on-errors", cwd=project, check=0)
+    (project / ".torchreview.toml").write_text("fail_on_errors = false\n")
+    run("check", "clean.py", "broken.py", cwd=project, check=0)
+    run("check", "train.py", "broken.py", cwd=project, check=1)  # findings still fail it
+
+
+def test_every_config_problem_is_listed(project):
+    (project / ".torchreview.toml").write_text('fail_on = "sometimes"\nselct = ["TR1"]\nmin_severity = 3\n')
+    proc = run("check", ".", cwd=project, check=2)
+    file = ".torchreview.toml"  # as found from the working directory
+    assert proc.stderr.splitlines() == [
+        f"torchreview: error: {file}:1: fail_on: unknown severity 'sometimes' (choose one of low, medium, "
+        "high, critical)",
+        f"torchreview: error: {file}:2: selct: unknown key 'selct' (known keys: " + KNOWN_KEYS + ")",
+        f"torchreview: error: {file}:3: min_severity: unknown severity 3 (choose one of low, medium, high, "
+        "critical)",
+    ]
+
+
+KNOWN_KEYS = ("cleanup, diff_context_lines, exclude, fail_on, fail_on_errors, filter, ignore, include, "
+              "max_inline_comments, min_severity, paths, review_event, rules, select, severity, skip, smoke")
+
+
+def test_sarif_fingerprints_do_not_move_with_lines(project):
+    def fingerprints():
+        sarif = json.loads(run("check", "train.py", "--format", "sarif", cwd=project, check=1).stdout)
+        return [(r["locations"][0]["physicalLocation"]["region"]["startLine"], r["partialFingerprints"])
+                for r in sarif["runs"][0]["results"]]
+
+    before = fingerprints()
+    (project / "train.py").write_text("# a comment\n\n" + BAD)
+    after = fingerprints()
+    assert [line for line, _ in after] == [line + 2 for line, _ in before]
+    assert [prints for _, prints in after] == [prints for _, prints in before]
+    assert len({json.dumps(prints) for _, prints in after}) == 2
+
+
+def test_smoke_names_what_is_missing(tmp_path):
+    (tmp_path / "models.py").write_text(SMALL.replace("HIDDEN", "32"))
+    proc = run("smoke", "models.py:NoSuchClass", cwd=tmp_path, check=2)
+    assert proc.stderr.strip() == ("torchreview: error: models.py: no class or function 'NoSuchClass'; "
+                                   "nn.Module classes in it: Net, Broken")
+    proc = run("smoke", "nosuch.py", cwd=tmp_path, check=2)
+    assert proc.stderr.strip() == "torchreview: error: nosuch.py: no such file"

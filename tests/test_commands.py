@@ -11,6 +11,7 @@ from bot.commands import REPLY_MARKER, USAGE, Command, parse_command
 from github_emulator import EmulatorState, generate_app_key, serve
 from bot.github_client import GitHubClients
 from bot.settings import Settings
+from tests.markdown_render import render
 
 # ------------------------------------------------------------------------------- parsing
 
@@ -74,12 +75,16 @@ def test_refusal_is_mention_safe():
     assert "write access" in text and "`/review`" in text
     hostile = commands.refusal_text("x`@everyone`\n# heading")
     # backticks and line breaks cannot close the code span (and so @-mention) or start a heading
-    assert hostile.startswith("Sorry `x @everyone # heading`,") and "\n" not in hostile
+    rendered = render(hostile)
+    assert rendered.code[0] == "x`@everyone` # heading" and not rendered.mentions and "\n" not in hostile
+    assert rendered.tags == ["p"] + ["code"] * 4
 
 
 def test_unknown_reply_names_the_word_safely_and_shows_usage():
     text = commands.unknown_reply(parse_command("/review `@octocat`"))
-    assert "I don't know the command `/review @octocat`." in text  # inside a code span: no mention
+    first = render(text.split("\n\n", 1)[0])
+    assert first.text == "I don't know the command /review `@octocat`." and first.code == ["/review `@octocat`"]
+    assert not first.mentions  # inside a code span
     assert text.endswith(USAGE)
 
 

@@ -52,10 +52,10 @@ def test_dot_torchreview_toml_wins(tmp_path):
     ('select = ["TR999"]', "'TR999' matches no rule"),
     ('fail_on = "urgent"', "fail_on: unknown severity 'urgent'"),
     ('severity = {TR999 = "low"}', "'TR999' is not a rule id"),
-    ('select = "TR1"\nignore = [1]', "ignore must be a list of strings"),
+    ('select = "TR1"\nignore = [1]', "ignore: must be a list of strings"),
     ('select = [', "invalid TOML"),
-    ('max_inline_comments = -1', "max_inline_comments must be a whole number"),
-    ('max_inline_comments = "5"', "max_inline_comments must be a whole number"),
+    ('max_inline_comments = -1', "max_inline_comments: must be a whole number"),
+    ('max_inline_comments = "5"', "max_inline_comments: must be a whole number"),
 ])
 def test_bad_config_is_a_clear_error(text, needle):
     with pytest.raises(ConfigError) as info:
@@ -218,34 +218,35 @@ def test_flat_and_nested_forms_together_are_an_error(text, needle):
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("rules: [TR1]", "rules must be a table"),
+    ("rules: [TR1]", "rules: must be a table"),
     ("paths:\n  includes: [a]", "paths.includes: unknown key 'includes'"),
     ("rules:\n  severity: {TR999: low}", "'TR999' is not a rule id"),
-    ("review_event: approve", "review_event must be one of comment, request_changes, got 'approve'"),
-    ("filter: everything", "filter must be one of added, diff_context, file, got 'everything'"),
+    ("review_event: approve", "review_event: must be one of comment, request_changes, got 'approve'"),
+    ("filter: everything", "filter: must be one of added, diff_context, file, got 'everything'"),
     ("filter: {lines: 3}", "filter.lines: unknown key 'lines'"),
     ("filter: {}", "filter: a table must be {diff_context: N}"),
-    ("filter: {diff_context: 51}", "filter.diff_context must be a whole number from 0 to 50"),
-    ("diff_context_lines: -1", "diff_context_lines must be a whole number from 0 to 50"),
-    ("skip: true", "skip must be a table"),
-    ("skip:\n  drafts: sometimes", "skip.drafts must be true or false"),
-    ("skip:\n  bots: 1", "skip.bots must be true or false"),
-    ("skip:\n  labels: [1]", "skip.labels must be a list of strings"),
-    ("skip:\n  title_markers: {a: b}", "skip.title_markers must be a list of strings"),
-    ("cleanup: archive", "cleanup must be one of delete, resolve, got 'archive'"),
-    ("smoke: yes", "smoke must be a table"),
+    ("filter: {diff_context: 51}", "filter.diff_context: must be a whole number from 0 to 50"),
+    ("diff_context_lines: -1", "diff_context_lines: must be a whole number from 0 to 50"),
+    ("skip: true", "skip: must be a table"),
+    ("skip:\n  drafts: sometimes", "skip.drafts: must be true or false"),
+    ("skip:\n  bots: 1", "skip.bots: must be true or false"),
+    ("skip:\n  labels: [1]", "skip.labels: must be a list of strings"),
+    ("skip:\n  title_markers: {a: b}", "skip.title_markers: must be a list of strings"),
+    ("cleanup: archive", "cleanup: must be one of delete, resolve, got 'archive'"),
+    ("smoke: yes", "smoke: must be a table"),
     ("smoke:\n  gpus: 2", "smoke.gpus: unknown key 'gpus'"),
-    ("smoke:\n  enabled: on-demand", "smoke.enabled must be true or false"),
-    ("smoke:\n  targets: 3", "smoke.targets must be a list of target strings or tables"),
-    ("smoke:\n  timeout: 0", "smoke.timeout must be a whole number from 1 to 3600"),
-    ("smoke:\n  timeout: 3601", "smoke.timeout must be a whole number from 1 to 3600"),
-    ("smoke:\n  memory: lots", "smoke.memory must be a size such as \"4GiB\" or a number of MiB"),
-    ("smoke:\n  memory: -5", "smoke.memory must be a size"),
-    ("smoke:\n  device: tpu", "smoke.device must be one of auto, cpu, cuda"),
-    ("smoke:\n  trust: strangers", "smoke.trust must be one of collaborators, everyone, maintainers"),
-    ("smoke:\n  regression: {step_time: -0.1}", "smoke.regression.step_time must be a non-negative fraction"),
+    ("smoke:\n  enabled: on-demand", "smoke.enabled: must be true or false"),
+    ("smoke:\n  targets: 3", "smoke.targets: must be a list of target strings or tables"),
+    ("smoke:\n  timeout: 0", "smoke.timeout: must be a whole number from 1 to 3600"),
+    ("smoke:\n  timeout: 3601", "smoke.timeout: must be a whole number from 1 to 3600"),
+    ("smoke:\n  memory: lots", "smoke.memory: must be a size such as \"4GiB\" or a number of MiB"),
+    ("smoke:\n  memory: -5", "smoke.memory: must be a size"),
+    ("smoke:\n  device: tpu", "smoke.device: must be one of auto, cpu, cuda"),
+    ("smoke:\n  trust: strangers", "smoke.trust: must be one of collaborators, everyone, maintainers"),
+    ("smoke:\n  regression: {step_time: -0.1}", "smoke.regression.step_time: must be a non-negative fraction"),
     ("smoke:\n  regression: {latency: 0.1}", "smoke.regression.latency: unknown key 'latency'"),
-    ("- a list", "configuration must be a table"),
+    ("- a list", "configuration: must be a table"),
+    ("fail_on_errors: sometimes", "fail_on_errors: must be true or false"),
 ])
 def test_bad_new_values_are_clear_errors(text, needle):
     with pytest.raises(ConfigError) as info:
@@ -258,7 +259,25 @@ def test_to_dict_is_the_full_nested_configuration_and_round_trips():
     for config in (Config(), parse_config_text(POLICY_YAML, ".github/torchreview.yml")):
         data = config.to_dict()
         assert set(data) == {"rules", "paths", "min_severity", "fail_on", "max_inline_comments", "review_event",
-                             "filter", "diff_context_lines", "skip", "cleanup", "smoke"}
+                             "filter", "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke"}
         assert set(data["skip"]) == {"drafts", "labels", "title_markers", "bots"}
         assert yaml.safe_load(yaml.safe_dump(data)) == data  # plain types only
         assert Config.from_mapping(data) == replace(config, source="<config>")
+
+
+def test_every_bad_key_is_reported_in_file_order():
+    text = ("fail_on: urgent\nselct: [TR1]\nskip:\n  drafts: maybe\n  draft: true\nsmoke:\n  timeout: 0\n"
+            "  device: tpu\nfail_on_errors: 1\n")
+    with pytest.raises(ConfigError) as info:
+        parse_config_text(text, ".github/torchreview.yml")
+    lines = str(info.value).splitlines()
+    assert [line.split(": ", 2)[:2] for line in lines] == [
+        [".github/torchreview.yml:1", "fail_on"], [".github/torchreview.yml:2", "selct"],
+        [".github/torchreview.yml:4", "skip.drafts"], [".github/torchreview.yml:5", "skip.draft"],
+        [".github/torchreview.yml:7", "smoke.timeout"], [".github/torchreview.yml:8", "smoke.device"],
+        [".github/torchreview.yml:9", "fail_on_errors"]]
+
+
+def test_fail_on_errors_defaults_to_true():
+    assert Config().fail_on_errors is True
+    assert parse_config_text("fail_on_errors: false\n", ".github/torchreview.yml").fail_on_errors is False

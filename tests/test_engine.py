@@ -88,10 +88,29 @@ def test_finding_has_position_and_fix():
 
 
 def test_syntax_error_is_reported_not_raised():
-    result = analyze_source("import torch\ndef broken(:\n", "bad.py")
+    result = analyze_source("import torch\ndef broken(:\n    pass\n", "bad.py")
     assert result.findings == []
     assert [e.kind for e in result.errors] == ["syntax-error"]
-    assert "line 2" in result.errors[0].message
+    # where Python says it is (libcst would say line 3, where the parser noticed)
+    assert result.errors[0].message == "line 2, column 12: invalid syntax"
+
+
+def test_syntax_error_in_a_notebook_cell_is_on_its_line():
+    nb = _notebook(("code", "import torch"), ("code", "x = 1\ndef f(:\n    pass"))
+    [error] = analyze_text(nb, "nb.ipynb", Config()).errors
+    assert error.kind == "syntax-error" and error.message == "cell 2, line 2, column 7: invalid syntax"
+
+
+def test_coding_cookie_is_honoured(tmp_path):
+    source = "# -*- coding: latin-1 -*-\nimport torch\n# caf\xe9\nm = torch.load('m.pt')\n"
+    (tmp_path / "latin.py").write_bytes(source.encode("latin-1"))
+    (tmp_path / "unknown.py").write_bytes(b"# coding: no-such-codec\nimport torch\n")
+    (tmp_path / "lying.py").write_bytes("# coding: ascii\nimport torch\n# caf\xe9\n".encode("utf-8"))
+    run = analyze_paths([str(tmp_path)], Config(), jobs=1)
+    assert [(f.path.rsplit("/", 1)[-1], f.rule, f.line) for f in run.findings] == [("latin.py", "TR601", 4)]
+    errors = {e.path.rsplit("/", 1)[-1]: (e.kind, e.message) for e in run.errors}
+    assert errors["unknown.py"][0] == "decode-error" and "no-such-codec" in errors["unknown.py"][1]
+    assert errors["lying.py"] == ("decode-error", "not valid ascii at byte 34: ordinal not in range(128)")
 
 
 def test_binary_non_utf8_and_huge_files(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from openapi_schema_validator import OAS30Validator
 
+from analyzers.fingerprint import fingerprints_for
 from github_emulator.contract import TRIMMED_SPEC, require
 from analyzers.model import FileError, Finding, Fix, Severity
 from bot.review import (
@@ -18,7 +19,6 @@ from bot.review import (
     PullRequestAnalysis,
     ReviewSettings,
     batches,
-    fingerprints_for,
     keep_findings,
     no_files_plan,
     parse_file_patch,
@@ -27,6 +27,7 @@ from bot.review import (
     plan_review,
     suggestion_block,
 )
+from tests.markdown_render import render
 
 REVIEWS = ("/repos/{owner}/{repo}/pulls/{pull_number}/reviews", "post")
 CHECK_RUNS = ("/repos/{owner}/{repo}/check-runs", "post")
@@ -321,7 +322,7 @@ def test_summary_reads_like_a_review(edited_file):
     assert "| Severity | File:line | Issue |" in summary
     actions = [line for line in summary.splitlines() if line.startswith("- [ ] ")]
     assert len(actions) == 3 and "TR301" in actions[0] and "TR105" in actions[-1]
-    assert "(2×)" in actions[1] and "torch.load without weights_only=True" in actions[1]
+    assert "(2×)" in actions[1] and "torch.load without weights_only=True" in render(actions[1]).text
     assert "Files reviewed (1)" in summary and "- `train.py`" in summary
     assert "#### TR301 missing-super-init" in plan.text
     assert_valid_check_run(plan)
@@ -415,3 +416,77 @@ def test_findings_in_a_file_without_patch_are_kept_but_not_inline():
 def test_invalid_filter_is_rejected():
     with pytest.raises(ValueError, match="unknown filter"):
         ReviewSettings(filter="lines")
+
+
+# ---- PR text is data ------------------------------------------------------------------------
+
+HOSTILE_MESSAGE = ("`Net.__init__` never calls `super().__init__()`; *_like / x.new_* and __init__ @octocat "
+                   "<img src=x> [x](//evil.example) <!-- hidden --> fixes #1")
+HOSTILE_PATH = "evil`<img src=x>`|@octocat.py"
+# Our own markup: headings, the file list's <details>, the fingerprint comment.
+OWN_TAGS = {"h3", "h4", "details", "summary", "strong"}
+
+
+def assert_renders_as_data(markdown: str, *visible: str) -> None:
+    rendered = render(markdown)
+    assert rendered.unsafe_tags <= OWN_TAGS, rendered.html
+    assert all(c.strip().startswith("torchreview:") for c in rendered.comments), rendered.comments
+    assert not rendered.mentions and not rendered.issue_refs and not rendered.autolinks, rendered.html
+    for text in visible:
+        assert text in rendered.text, (text, rendered.text)
+
+
+def test_pr_text_renders_literally_in_comments_review_body_and_check_run(edited_file):
+    source, diffs = edited_file
+    diffs = dict(diffs, **{HOSTILE_PATH: parse_file_patch(HOSTILE_PATH, None)})
+    findings = [finding(line=50, rule="TR301", message=HOSTILE_MESSAGE),
+                finding(HOSTILE_PATH, line=3, message=HOSTILE_MESSAGE)]
+    notes = [FileError(HOSTILE_PATH, "syntax-error", "line 2, column 7: <img src=x> @octocat `")]
+    pr = PullRequestAnalysis(findings, diffs, {"train.py": source}, ["train.py", HOSTILE_PATH], notes)
+    shown = "Net.__init__ never calls super().__init__(); *_like / x.new_* and __init__ @octocat " \
+            "<img src=x> [x](//evil.example) <!-- hidden --> fixes #1"
+
+    review = plan_review(pr)
+    assert len(review.comments) == 1
+    assert_renders_as_data(review.comments[0]["body"], shown)
+    assert_renders_as_data(review.body, shown, f"{HOSTILE_PATH}:3")
+    check = plan_check_run(pr)
+    assert_renders_as_data(check.summary, shown, HOSTILE_PATH, "<img src=x> @octocat `",
+                           "nn.Module subclass __init__ without super().__init__()")
+
+
+def test_job_errors_are_shown_without_url_secrets():
+    from bot.review import job_failed_plan
+
+    plan = job_failed_plan("HTTPError: 404 Client Error: Not Found for url: "
+                           "https://codeload.github.com/o/r/legacy.tar.gz/abc?token=SECRET\n```\n<img src=x>")
+    assert "SECRET" not in plan.summary
+    rendered = render(plan.summary)
+    assert rendered.code[-1].endswith("legacy.tar.gz/abc\n```\n<img src=x>\n")
+    assert rendered.unsafe_tags == set()
+
+
+def test_smoke_results_render_runner_and_pr_text_literally():
+    from bot.review import parse_file_patch as patch_of
+    from bot.smoke import failing_target_comments, plan_smoke_check_run
+
+    target = "models/net.py:Net_*_like_"
+    reason = ("constructing Net() raised TypeError: *_like / x.new_* need `__init__` @octocat <img src=x> "
+              "from https://codeload.github.com/o/r/legacy.tar.gz/abc?token=SECRET")
+    run = {"device": "cpu", "seconds": 1.5, "warnings": ["no seccomp: __init__ <b>x</b>"], "targets": [
+        {"target": target, "status": "error", "line": 2, "head": {"reason": reason}},
+        {"target": "models/net.py:Other", "status": "failed", "line": 9, "comparison": [], "head": {
+            "checks": [{"name": "batch_independence", "status": "fail", "message": "row 0 changed `x[1:]` [x](//evil) "
+                                                                   "https://h.example/w?token=SECRET"}],
+            "measures": {"params": 10, "step_time_ms": 1.0, "peak_memory_bytes": 0, "loss_after_steps": 0.5}}},
+    ]}
+    plan = plan_smoke_check_run(run, "a" * 40)
+    assert "SECRET" not in plan.summary
+    assert_renders_as_data(plan.summary, target, "constructing Net() raised TypeError: *_like / x.new_* need __init__",
+                           "row 0 changed x[1:] [x](//evil)", "no seccomp: __init__ <b>x</b>")
+    diff = patch_of("models/net.py", "@@ -0,0 +1,10 @@\n" + "".join(f"+l{n}\n" for n in range(1, 11)))
+    comments = failing_target_comments(run, {"models/net.py": diff}, {})
+    assert len(comments) == 2
+    for comment in comments:
+        assert "SECRET" not in comment["body"]
+        assert_renders_as_data(comment["body"])

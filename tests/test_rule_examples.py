@@ -1,6 +1,7 @@
 """Every rule's own VALID/INVALID examples, run automatically (fixit style)."""
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -8,6 +9,9 @@ import pytest
 from analyzers.engine import analyze_source
 from analyzers.rules import all_rules
 from analyzers.rules.base import Invalid, Valid
+
+
+DOUBLED_WORD = re.compile(r"\b(\w{3,})[\s`]+\1\b")
 
 
 def _cases(kind):
@@ -49,6 +53,9 @@ def test_invalid_example_is_found(rule, example):
         assert first.line == example.line, f"{rule.id} reported line {first.line}, expected {example.line}:\n{code}"
     if example.message is not None:
         assert example.message in first.message, f"{first.message!r} lacks {example.message!r}"
+    for finding in findings:  # "optimizer `optimizer` is stepped": the name already says what it is
+        doubled = DOUBLED_WORD.search(finding.message)
+        assert doubled is None, f"{rule.id} says {doubled.group(0)!r}: {finding.message}"
     if example.fixed is not None:
         assert first.fix is not None, f"{rule.id} offered no fix"
         assert first.fix.apply(code) == textwrap.dedent(example.fixed)

@@ -241,7 +241,7 @@ def test_notebook_style_leakage_reports_exactly_one_finding():
     found = findings(LEAKY_NOTEBOOK, ("TR951",), path="analysis.py")
     assert len(found) == 1, found
     assert found[0].line == 14
-    assert "StandardScaler scaler" in found[0].message and "features" in found[0].message
+    assert "StandardScaler `scaler`" in found[0].message and "features" in found[0].message
     assert "train_test_split" in found[0].message
 
 
@@ -265,7 +265,7 @@ def test_notebook_done_right_has_no_leakage():
 def test_encoder_fit_on_held_out_data(fit_line, data):
     code = f"from sklearn.preprocessing import OneHotEncoder as OHE\nenc = OHE(handle_unknown='ignore')\n{fit_line}\n"
     found = findings(code, ("TR951",))
-    assert len(found) == 1 and data in found[0].message and "OneHotEncoder enc" in found[0].message
+    assert len(found) == 1 and data in found[0].message and "OneHotEncoder `enc`" in found[0].message
 
 
 def test_fit_on_everything_only_for_exploration_is_not_leakage():

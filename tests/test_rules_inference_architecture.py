@@ -435,3 +435,17 @@ def test_list_of_module_attributes_is_registered_already():
                 self.convs = [self.conv1, self.conv2]
     """
     assert ids(code) == []
+
+
+def test_mutable_default_quoting_backticks_stays_one_code_span():
+    from analyzers.markdown import split_code
+
+    [finding] = findings("""
+        import torch
+
+        def fit(model, tags=["`x`", "``"]):
+            tags.append("seen")
+    """)
+    assert finding.rule == "TR303"
+    code = [chunk for is_code, chunk in split_code(finding.message) if is_code]
+    assert code == ["tags", "fit()", '["`x`", "``"]']

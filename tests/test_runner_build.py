@@ -216,6 +216,28 @@ def test_unguessable_constructor_is_a_skip_with_an_actionable_reason():
     assert "smoke.targets" in result.reason and "factory" in result.reason
 
 
+@pytest.mark.parametrize("init", [
+    "self.fc = nn.Linear(4, 2)",  # a submodule before super().__init__()
+    "self.scale = nn.Parameter(torch.ones(2))",
+])
+def test_a_model_without_super_init_says_so_instead_of_asking_for_configuration(tmp_path, init):
+    root = _write(tmp_path, {"net.py": f"""\
+        import torch
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                {init}
+
+            def forward(self, x):
+                return x
+        """})
+    result = build_subject(root, "net.py:Net", device="cpu")
+    assert isinstance(result, Skip)
+    assert "TR301" in result.reason and "super().__init__()" in result.reason
+    assert "smoke.targets" not in result.reason
+
+
 def _write(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / name

@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, method_name
+from analyzers.markdown import code_span
 from analyzers.program import mutated_names, stored_attributes
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -560,12 +561,13 @@ class MutableDefaultArgument(Rule):
             if name in mutated:
                 how = "changed in place here"
             elif name in stored and stored[name] in class_mutated:
-                how = f"stored as `{stored[name]}` and changed in place"
+                how = f"stored as {code_span(stored[name])} and changed in place"
             else:
                 continue
             shown = ctx.module.code_for_node(default)
             if len(shown) > 30:
                 shown = shown[:27] + "..."
-            self.report(default, f"parameter `{name}` of {where} defaults to the mutable `{shown}`, {how}: the "
+            # the default is PR source and may hold backticks: code_span sizes its fence to it
+            self.report(default, f"parameter `{name}` of {where} defaults to the mutable {code_span(shown)}, {how}: the "
                                  f"default is created once and shared by every call/instance; default to None "
                                  f"and create it inside")

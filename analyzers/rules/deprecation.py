@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg, string_value
+from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -546,8 +547,8 @@ class HalfPrecisionTraining(Rule):
                 continue
             evidence = self._evidence.get(fn) or self._evidence.get(None) or next(iter(self._evidence.values()), None)
             where = f"{fn.name.value}()" if fn is not None else "this script"
-            step = f", which calls `{_short(ctx, evidence, 40)}`" if evidence is not None else ""
-            self.report(cast.node, f"`{_short(ctx, cast.node)}` casts to float16 for training in {where}{step}: "
+            step = f", which calls {code_span(_short(ctx, evidence, 40))}" if evidence is not None else ""
+            self.report(cast.node, f"{code_span(_short(ctx, cast.node))} casts to float16 for training in {where}{step}: "
                                    f"pure fp16 weights lose small updates to underflow and rounding. Keep float32 "
                                    f"weights and use torch.autocast(\"cuda\", dtype=torch.float16) with "
                                    f"torch.amp.GradScaler")
@@ -671,12 +672,12 @@ class DeprecatedVariable(Rule):
         shown = _short(ctx, node)
         volatile = keyword_arg(node, "volatile")
         if volatile is not None and not is_false(volatile.value):
-            self.report(node, f"`{shown}`: `volatile=True` has been ignored since PyTorch 0.4, so this builds the "
+            self.report(node, f"{code_span(shown)}: `volatile=True` has been ignored since PyTorch 0.4, so this builds the "
                               f"autograd graph anyway; drop Variable and wrap the inference in `with torch.no_grad():`")
             return
         replacement = self._fix(node)
-        instead = f"; use `{_short(ctx, replacement)}`" if replacement is not None else "; use the tensor directly"
-        self.report(node, f"`{shown}` uses torch.autograd.Variable, a no-op wrapper since PyTorch 0.4 "
+        instead = f"; use {code_span(_short(ctx, replacement))}" if replacement is not None else "; use the tensor directly"
+        self.report(node, f"{code_span(shown)} uses torch.autograd.Variable, a no-op wrapper since PyTorch 0.4 "
                           f"(tensors track gradients themselves){instead}", replacement=replacement)
 
     @staticmethod

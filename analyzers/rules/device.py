@@ -8,6 +8,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, keyword_arg,
                                method_name, string_value)
+from analyzers.markdown import named
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -644,8 +645,8 @@ class DataLoaderNoWorkers(_LoaderRule):
             return
         for loader in self.loaders:
             workers = keyword_arg(loader.call, "num_workers")
-            how = "num_workers=0" if workers is not None else "no num_workers"
-            self.report(loader.call, f"training DataLoader {loader.label} has {how}: batches are loaded in the "
+            how = "`num_workers=0`" if workers is not None else "no `num_workers`"
+            self.report(loader.call, f"training {named('DataLoader', loader.label)} has {how}: batches are loaded in the "
                                      f"training process and the GPU waits for them; pass num_workers>0 "
                                      f"(e.g. num_workers=4, persistent_workers=True)")
 
@@ -727,7 +728,7 @@ class MissingPinMemory(_LoaderRule):
             if not loader.training and not facts.non_blocking:
                 continue  # pinning pays on training loaders, or wherever non_blocking copies rely on it
             pin = keyword_arg(loader.call, "pin_memory")
-            how = "pin_memory=False" if pin is not None else "no pin_memory=True"
-            self.report(loader.call, f"DataLoader {loader.label} has {how} while its batches are copied to CUDA: "
+            how = "`pin_memory=False`" if pin is not None else "no `pin_memory=True`"
+            self.report(loader.call, f"{named('DataLoader', loader.label)} has {how} while its batches are copied to CUDA: "
                                      f"copies from pageable memory are slower and cannot overlap compute; pass "
                                      f"pin_memory=True and move batches with non_blocking=True")

@@ -9,6 +9,7 @@ import libcst as cst
 
 from analyzers.context import (Binding, FileContext, FunctionNode, argument, call_receiver, dotted_name,
                                keyword_arg, method_name, positional_args)
+from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -135,7 +136,7 @@ def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
 @dataclass
 class _Fit:
     node: cst.Call
-    label: str  # ``StandardScaler scaler``
+    label: str  # ``StandardScaler `scaler` ``, Markdown
     receiver: str  # dotted receiver ("scaler"), or "" for ``StandardScaler().fit(...)``
     data: str  # source text of the data argument
     data_name: Optional[str]  # plain dotted data name (``X``) for the split check
@@ -225,7 +226,7 @@ class PreprocessingFitOnTestData(Rule):
             X_train_s = scaler.fit_transform(X_train)
             X_test_s = scaler.fit_transform(X_test)
             """,
-            line=5, message="StandardScaler scaler is fit on test/validation data X_test",
+            line=5, message="StandardScaler `scaler` is fit on test/validation data `X_test`",
         ),
         Invalid(
             """
@@ -235,7 +236,7 @@ class PreprocessingFitOnTestData(Rule):
             X = scaler.fit_transform(X)
             X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25)
             """,
-            line=5, message="before train_test_split",
+            line=5, message="before `train_test_split",
         ),
         Invalid(
             """
@@ -255,7 +256,7 @@ class PreprocessingFitOnTestData(Rule):
             for tr, te in skf.split(X_red, y):
                 pass
             """,
-            line=5, message="PCA pca",
+            line=5, message="PCA `pca`",
         ),
         Invalid(
             """
@@ -310,7 +311,7 @@ class PreprocessingFitOnTestData(Rule):
         if data is None:
             return
         receiver_name = dotted_name(receiver) or ""
-        label = f"{kind} {receiver_name}" if receiver_name else f"{kind}()"
+        label = f"{kind} {code_span(receiver_name)}" if receiver_name else code_span(f"{kind}()")
         data_text = _short(ctx, data, 50)
         names = _data_names(data, ctx)
         tokens = [t for n in names for t in _tokens(n)]
@@ -318,9 +319,9 @@ class PreprocessingFitOnTestData(Rule):
             return
         if any(_held_out_token(t) for t in tokens):
             self.reported.add(id(node))
-            self.report(node, f"{label} is fit on test/validation data {data_text}: the statistics it learns "
-                              f"leak the held-out rows into the model and inflate the score; fit on the "
-                              f"training split and only .transform() {data_text}")
+            self.report(node, f"{label} is fit on test/validation data {code_span(data_text)}: the statistics it "
+                              f"learns leak the held-out rows into the model and inflate the score; fit on the "
+                              f"training split and only `.transform()` {code_span(data_text)}")
             return
         if kind in _LABEL_ENCODERS:
             return
@@ -365,6 +366,7 @@ class PreprocessingFitOnTestData(Rule):
         for fit, split, data_only in self.split_hits:
             if data_only and fit.receiver not in self.transformed:
                 continue  # fit on everything but never used to transform anything: exploration
-            self.report(fit.node, f"{fit.label} is fit on {fit.data} before {split} splits it: statistics of the "
+            self.report(fit.node, f"{fit.label} is fit on {code_span(fit.data)} before {code_span(split)} splits it: "
+                                  f"statistics of the "
                                   f"test rows leak into training; split first and fit on the training part only "
                                   f"(or put the preprocessor in a Pipeline)")

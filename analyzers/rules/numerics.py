@@ -14,6 +14,7 @@ from analyzers.context import (
     keyword_arg,
     positional_args,
 )
+from analyzers.markdown import code_span, named
 from analyzers.program.flow import assignment_before, call_site_values, subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.model import Category, Severity
@@ -397,13 +398,13 @@ class _ActivationIntoLoss(Rule):
         ctx = self.ctx
         shown = _short(ctx, value)
         if cls is not None and act.inline:
-            source = f"`{shown}` is the output of {cls}, and {cls}.forward returns {kind}(...)"
+            source = f"{code_span(shown)} is the output of {cls}, and {cls}.forward returns {kind}(...)"
         elif cls is not None:
-            source = f"`{shown}` comes from `{_short(ctx, act.producer)}`, and {cls}.forward returns {kind}(...)"
+            source = f"{code_span(shown)} comes from {code_span(_short(ctx, act.producer))}, and {cls}.forward returns {kind}(...)"
         elif act.inline:
-            source = f"`{shown}` is a {kind} output"
+            source = f"{code_span(shown)} is a {kind} output"
         else:
-            source = f"`{shown}` comes from `{_short(ctx, act.producer)}`"
+            source = f"{code_span(shown)} comes from {code_span(_short(ctx, act.producer))}"
         crit = f"`{crit_text}` ({loss})" if crit_text != loss else f"{loss}"
         message, severity = self.describe(crit, source, kind, loss)
         self.report(value, message, replacement=self.fix(act, kind, cls), severity=severity)
@@ -1035,9 +1036,9 @@ class LogOfSoftmax(Rule):
             return
         log_text = "torch.log(...)" if form == "function" else ".log()"
         if act.inline:
-            subject = f"`{_short(ctx, act.producer)}`"
+            subject = f"{code_span(_short(ctx, act.producer))}"
         else:
-            subject = f"`{_short(ctx, value)}` (from `{_short(ctx, act.producer)}`)"
+            subject = f"{code_span(_short(ctx, value))} (from {code_span(_short(ctx, act.producer))})"
         replacement = self._fix(node, act, ctx) if act.inline and keyword_arg(node, "out") is None else None
         suggestion = _short(ctx, replacement) if replacement is not None else "log_softmax(...)"
         self.report(node, f"{log_text} of the softmax output {subject}: softmax underflows to 0 and log(0) "
@@ -1403,7 +1404,7 @@ class NumpyInForward(Rule):
         last = func_last(func)
         if last == "numpy" and isinstance(func, cst.Attribute) and not node.args:
             if ctx.qualified_name(func) is None:
-                self._found(state, node, f"`{_short(ctx, node)}` in {state.label} converts a tensor to NumPy: "
+                self._found(state, node, f"{code_span(_short(ctx, node))} in {state.label} converts a tensor to NumPy: "
                                          f"no gradient flows back through it, and it forces a device sync; "
                                          f"keep the computation in torch")
             return
@@ -1417,7 +1418,7 @@ class NumpyInForward(Rule):
                     advice = f"keep `{tensor}` a tensor"
                 else:
                     advice = f"use torch.{_NP_TO_TORCH.get(last, last)} instead"
-                self._found(state, node, f"`{np_name}(...)` in {state.label} runs NumPy on tensor `{tensor}`: "
+                self._found(state, node, f"`{np_name}(...)` in {state.label} runs NumPy on {named('tensor', tensor)}: "
                                          f"autograd does not track NumPy, so no gradient flows back through it; "
                                          f"{advice}")
                 return

@@ -25,6 +25,7 @@ from analyzers.context import (
     positional_args,
     string_value,
 )
+from analyzers.markdown import code_span, named
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -594,7 +595,7 @@ class MissingZeroGrad(Rule):
                 loss.backward()
                 optimizer.step()
             """,
-            line=7, message="optimizer optimizer",
+            line=7, message="`optimizer` is stepped",
         ),
         # GAN: D is zeroed, G is not
         Invalid(
@@ -750,9 +751,9 @@ class MissingZeroGrad(Rule):
                     continue
                 reported.add(key)
                 self.report(step.node, (
-                    f"optimizer {step.display} is stepped in {fn_name}() but its gradients are never zeroed "
-                    f"there or anywhere else in this file; every call adds the new gradients to the old ones: "
-                    f"call {step.display}.zero_grad() before the backward pass"))
+                    f"{named('optimizer', step.display)} is stepped in `{fn_name}()` but its gradients are never "
+                    f"zeroed there or anywhere else in this file; every call adds the new gradients to the old ones: "
+                    f"call {code_span(step.display + '.zero_grad()')} before the backward pass"))
 
     @staticmethod
     def _matches(step: _Step, keys: Optional[frozenset]) -> bool:
@@ -785,10 +786,10 @@ class MissingZeroGrad(Rule):
 
     @staticmethod
     def _loop_message(step: _Step) -> str:
-        how = f"via scaler.step({step.display}) " if step.via_scaler else ""
-        return (f"optimizer {step.display} is stepped {how}inside a loop but its gradients are never zeroed in "
-                f"that loop: each update uses the gradients of all previous iterations summed; call "
-                f"{step.display}.zero_grad() once per iteration")
+        how = f"via {code_span(f'scaler.step({step.display})')} " if step.via_scaler else ""
+        return (f"{named('optimizer', step.display)} is stepped {how}inside a loop but its gradients are never "
+                f"zeroed in that loop: each update uses the gradients of all previous iterations summed; call "
+                f"{code_span(step.display + '.zero_grad()')} once per iteration")
 
 
 def _is_grad_attr(expr: Optional[cst.BaseExpression]) -> bool:
@@ -1630,8 +1631,9 @@ class PerStepSyncForLogging(Rule):
                 if not stack or _guard_between(node, stack[-1], ctx):
                     return
                 self.events.append((expr, id(stack[-1]), id(node), (
-                    f"{name}() of the tensor {shown} every training step converts it on the host and forces a "
-                    f"GPU sync each iteration; log every N steps, and log {shown}.item() rather than the tensor")))
+                    f"`{name}()` of the {named('tensor', shown)} every training step converts it on the host and "
+                    f"forces a GPU sync each iteration; log every N steps, and log {code_span(shown + '.item()')} "
+                    f"rather than the tensor")))
                 return
 
     def end_file(self, ctx: FileContext) -> None:
