@@ -25,7 +25,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SECRET = "bench-secret"
+SECRET = "bench-webhook-secret"
 
 
 def percentiles(samples: list[float]) -> str:

@@ -8,6 +8,7 @@ from functools import lru_cache
 from celery import Celery
 from celery.signals import worker_process_init
 
+import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
 from bot.settings import Settings
 from bot.webhook import ReviewRequest
 
@@ -54,7 +55,7 @@ def _runtime():
     from bot.github_client import GitHubClients
     from bot.store import make_store
 
-    settings = Settings.from_env()
+    settings = Settings.from_env(role="worker")
     return settings, make_store(settings.redis_url, settings.data_dir), GitHubClients(settings)
 
 
