@@ -46,7 +46,8 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-celery_app = make_celery(Settings.from_env(require_github=False))
+# Only the broker settings; role "web" reads no private key (web processes import this module too).
+celery_app = make_celery(Settings.from_env(require_github=False, role="web"))
 
 
 @lru_cache(maxsize=1)
