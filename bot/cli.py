@@ -252,9 +252,11 @@ def _stop(children) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from bot.worker_metrics import PORT_ENV, metrics_port
+    from bot.worker_metrics import MULTIPROC_ENV, PORT_ENV, clear_multiproc_dir, metrics_port
 
     settings = _settings("worker")
+    if os.environ.get(MULTIPROC_ENV):  # the operator's own directory: emptied at start, as prometheus-client asks
+        clear_multiproc_dir(os.environ[MULTIPROC_ENV])
     if args.metrics_port is not None:
         os.environ[PORT_ENV] = str(args.metrics_port)
     try:

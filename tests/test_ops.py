@@ -276,3 +276,44 @@ def test_the_app_works_with_exactly_the_manifests_permissions(web, emulator, app
         assert refused == []
     finally:
         worker.stop()
+
+
+def test_embedded_serve_shows_its_workers_reviews_on_the_web_metrics(emulator, app_key, tmp_path):
+    """One machine, no Redis: gunicorn and the embedded Celery workers share one metrics directory."""
+    state = emulator.state
+    if not state.installations:
+        state.add_installation("octo-org", installation_id=1)
+    repo = state.add_repo(f"octo-org/embedded-{uuid.uuid4().hex[:6]}", files={"README.md": "# m\n"})
+    pr = state.open_pull_request(repo, {"train.py": 'import torch\n\nm = torch.load("m.pt")\n'})
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "PROMETHEUS_", "REDIS_"))}
+    env.update({"GITHUB_APP_ID": "4242", "GITHUB_PRIVATE_KEY": app_key[0], "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
+                "GITHUB_API_URL": emulator.url, "TORCHREVIEW_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT),
+                "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0", "LOG_LEVEL": "WARNING"})
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                             "--concurrency", "1"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def metrics():
+            if proc.poll() is not None:
+                raise AssertionError((tmp_path / "serve.log").read_text()[-2000:])
+            try:
+                return requests.get(base + "/metrics", timeout=5).text
+            except requests.ConnectionError:
+                return None
+
+        wait_for(metrics, 60, "the embedded serve")
+        body = json.dumps(pull_request_payload("opened", pr)).encode()
+        assert requests.post(base + "/api/github/webhooks", data=body, headers=signed_headers(body, "pull_request"),
+                             timeout=10).status_code == 202
+        completed_run(state, pr.head_sha)
+        text = wait_for(lambda: (t := metrics()) and samples(t, "torchreview_reviews_total") and t, 60,
+                        "the review on the web's /metrics")
+        assert samples(text, "torchreview_reviews_total") == {(("outcome", "done"),): 1}
+        assert samples(text, "torchreview_webhooks_total") == {(("event", "pull_request"), ("status", "202")): 1}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
