@@ -205,10 +205,9 @@ def _metrics_env() -> tuple[dict, Optional[str]]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import shutil
     import signal
     import subprocess
-
-    import shutil
 
     from bot.worker_metrics import PORT_ENV
 

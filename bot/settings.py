@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
@@ -106,18 +107,21 @@ class Settings:
 
 ROLES = ("all", "web", "worker")
 MIN_SECRET_LENGTH = 16
-# Values from templates and examples (ours included): a deployment that kept one is forgeable.
-PLACEHOLDER_SECRETS = {"change-me", "changeme", "change_me", "secret", "webhook-secret", "webhook_secret",
-                       "your-secret", "your_secret", "yoursecret", "development", "development-secret",
-                       "password", "test", "example", "xxx", "..."}
+# Template and example values (ours included), compared without case or punctuation: a deployment
+# that kept one accepts forged deliveries.
+PLACEHOLDER_SECRETS = {"secret", "webhooksecret", "githubwebhooksecret", "yoursecret", "yourwebhooksecret",
+                       "mysecret", "development", "developmentsecret", "password", "test", "example"}
+PLACEHOLDER_PHRASES = ("changeme", "changethis", "replaceme", "replacethis")
 
 
 def check_webhook_secret(secret: str) -> None:
-    """Refuse secrets that anyone could guess: every delivery's authenticity rests on this one value."""
+    """Refuse secrets that anyone could guess: every delivery's authenticity rests on this one value.
+
+    The messages never echo the value: it may be a real secret that merely looks weak."""
     hint = "set GITHUB_WEBHOOK_SECRET to a long random string (openssl rand -hex 32) on the App and here"
-    lowered = secret.strip().lower()
-    if lowered in PLACEHOLDER_SECRETS or ("change" in lowered and "me" in lowered):
-        raise SettingsError(f"GITHUB_WEBHOOK_SECRET is a placeholder ({secret!r}); {hint}")
+    letters = re.sub(r"[^a-z0-9]", "", secret.lower())
+    if letters in PLACEHOLDER_SECRETS or any(phrase in letters for phrase in PLACEHOLDER_PHRASES):
+        raise SettingsError(f"GITHUB_WEBHOOK_SECRET is a placeholder value; {hint}")
     if len(secret) < MIN_SECRET_LENGTH or len(set(secret)) < 4:
         raise SettingsError(f"GITHUB_WEBHOOK_SECRET is too weak (fewer than {MIN_SECRET_LENGTH} characters or "
                             f"hardly any distinct ones); {hint}")

@@ -145,6 +145,7 @@ def test_serve_refuses_a_placeholder_webhook_secret(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 2
     assert "GITHUB_WEBHOOK_SECRET is a placeholder" in done.stderr and "openssl rand" in done.stderr
+    assert "change-me" not in done.stderr  # secrets are never echoed
 
 
 def _k8s(name: str) -> list[dict]:

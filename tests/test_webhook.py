@@ -180,7 +180,8 @@ def test_a_replayed_body_under_a_new_delivery_id_is_enqueued_once(webhook, redis
     assert len(queued(redis_client)) == 2
 
 
-@pytest.mark.parametrize("secret", ["change-me", "CHANGEME", "secret", "short-secret", "aaaaaaaaaaaaaaaaaaaa"])
+@pytest.mark.parametrize("secret", ["change-me", "CHANGEME", "please-change-me-before-deploying", "Your_Webhook_Secret",
+                                    "short-secret", "aaaaaaaaaaaaaaaaaaaa"])
 def test_weak_webhook_secrets_are_refused(tmp_path, secret):
     from bot.settings import SettingsError
 
@@ -189,3 +190,15 @@ def test_weak_webhook_secrets_are_refused(tmp_path, secret):
         create_app(settings, enqueue=lambda job: None, store=object())
     with pytest.raises(SettingsError, match="GITHUB_WEBHOOK_SECRET"):
         Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": secret}, role="web")
+
+
+def test_strong_secrets_and_workers_without_one_are_accepted():
+    secret = "9f2c41d7e0b84a6c93b1f5d8a7e2c640"  # what `openssl rand -hex 16` prints
+    assert Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": secret}, role="web").webhook_secret == secret
+    # the web ignores a private key it was given by mistake, and a worker needs no webhook secret
+    assert Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": secret,
+                              "GITHUB_PRIVATE_KEY_PATH": "/nonexistent.pem"}, role="web").private_key is None
+    from bot.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="GITHUB_PRIVATE_KEY"):
+        Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": "change-me"}, role="worker")
