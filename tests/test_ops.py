@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.metrics import EVENT_LABELS
-from github_emulator.local import free_port, wait_until
+from github_emulator.local import free_port
 from github_emulator.webhooks import issue_comment_payload, pull_request_payload
 from tests.conftest import (ROOT, WEBHOOK_SECRET, Worker, completed_run, payload, signed_headers, wait_for,
                             worker_env)
