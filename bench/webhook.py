@@ -25,7 +25,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SECRET = "bench-secret"
+SECRET = "bench-webhook-secret"
 
 
 def percentiles(samples: list[float]) -> str:
@@ -86,8 +86,9 @@ def main() -> None:
             session.get(base + "/healthz", timeout=10)
             floor.append(time.perf_counter() - started)
         times, statuses = [], {}
-        for _ in range(args.deliveries):
-            body, headers = signed_delivery("pull_request", data, SECRET)
+        for n in range(args.deliveries):
+            # a distinct body each time: the webhook enqueues a replayed body only once
+            body, headers = signed_delivery("pull_request", {**data, "bench_delivery": n}, SECRET)
             started = time.perf_counter()
             response = session.post(base + "/api/github/webhooks", data=body, headers=headers, timeout=10)
             times.append(time.perf_counter() - started)

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run review workers (scale out: more of these, same REDIS_URL)")
     worker.add_argument("--concurrency", type=int, default=2)
     worker.add_argument("--queues", default="reviews", help="comma-separated queues (gpu for smoke runners)")
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="Prometheus /metrics of this worker and its pool (default: "
+                             "$TORCHREVIEW_WORKER_METRICS_PORT or 9191; 0: none)")
     worker.set_defaults(handler=cmd_worker)
 
     smoke = sub.add_parser("smoke", help="smoke-train nn.Modules for a few steps, sandboxed, and check them",
@@ -166,13 +169,18 @@ def cmd_rule(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _settings():
+def _settings(role: str = "all"):
     from bot.settings import Settings, SettingsError
 
     try:
-        return Settings.from_env()
+        return Settings.from_env(role=role)
     except SettingsError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _embedded() -> bool:
+    """No REDIS_URL: `serve` runs the workers too, so it needs the private key as well."""
+    return not os.environ.get("REDIS_URL", "").strip()
 
 
 def _log_level() -> str:
@@ -185,19 +193,40 @@ def worker_command(concurrency: int, queues: str) -> list[str]:
             "--without-heartbeat"]
 
 
+WEB_THREADS = 8
+
+
 def web_command(host: str, port: int, workers: int) -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}", "--workers", str(workers),
+    # gthread: a client that sends its request slowly holds one thread, not a whole worker process.
+    return [sys.executable, "-m", "gunicorn", "--config", "python:bot.gunicorn_conf", "--bind", f"{host}:{port}",
+            "--workers", str(workers), "--worker-class", "gthread", "--threads", str(WEB_THREADS),
             "--access-logfile", "-", "--log-level", _log_level().lower(), "--graceful-timeout", "10",
             "bot.webhook:create_app()"]
 
 
+def _metrics_env() -> tuple[dict, Optional[str]]:
+    """The environment for serve's children: one metrics directory for all of them, emptied now."""
+    import tempfile
+
+    from bot.worker_metrics import MULTIPROC_ENV, clear_multiproc_dir
+
+    given = os.environ.get(MULTIPROC_ENV)
+    path = given or tempfile.mkdtemp(prefix="torchreview-metrics-")
+    clear_multiproc_dir(path)
+    return {**os.environ, MULTIPROC_ENV: path}, (None if given else path)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    import shutil
     import signal
     import subprocess
 
-    settings = _settings()
+    from bot.worker_metrics import PORT_ENV
+
+    settings = _settings("all" if _embedded() else "web")
     port = args.port or settings.port
     children = []
+    env, owned_metrics_dir = _metrics_env()
 
     def stop(signum, _frame):
         raise SystemExit(128 + signum)  # runs the cleanup below; as PID 1 SIGTERM is otherwise ignored
@@ -207,15 +236,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings.embedded:
             print(f"torchreview: embedded mode (no REDIS_URL): broker and state in {settings.data_dir}/; "
                   "starting a worker alongside the web server", file=sys.stderr)
-            children.append(subprocess.Popen(worker_command(args.concurrency, "reviews")))
+            # The embedded workers share the web's metrics directory: its /metrics shows them too.
+            worker_env = {**env, PORT_ENV: "0"}
+            children.append(subprocess.Popen(worker_command(args.concurrency, "reviews"), env=worker_env))
             # smoke training on its own worker, so static reviews never wait behind it
-            children.append(subprocess.Popen(worker_command(1, "gpu")))
-        web = subprocess.Popen(web_command(args.host, port, args.web_workers))
+            children.append(subprocess.Popen(worker_command(1, "gpu"), env=worker_env))
+        web = subprocess.Popen(web_command(args.host, port, args.web_workers), env=env)
         children.append(web)
         print(f"torchreview: webhook on http://{args.host}:{port}{settings.webhook_path}", file=sys.stderr)
         return web.wait()
     finally:
         _stop(children)
+        if owned_metrics_dir:
+            shutil.rmtree(owned_metrics_dir, ignore_errors=True)
 
 
 def _stop(children) -> None:
@@ -230,7 +263,17 @@ def _stop(children) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    settings = _settings()
+    from bot.worker_metrics import MULTIPROC_ENV, PORT_ENV, clear_multiproc_dir, metrics_port
+
+    settings = _settings("worker")
+    if os.environ.get(MULTIPROC_ENV):  # the operator's own directory: emptied at start, as prometheus-client asks
+        clear_multiproc_dir(os.environ[MULTIPROC_ENV])
+    if args.metrics_port is not None:
+        os.environ[PORT_ENV] = str(args.metrics_port)
+    try:
+        metrics_port()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if settings.embedded:
         print(f"torchreview: no REDIS_URL: using the embedded broker in {settings.data_dir}/ "
               "(only workers on this machine share it)", file=sys.stderr)

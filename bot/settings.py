@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
@@ -41,12 +42,17 @@ class Settings:
         return not self.redis_url
 
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None, *, require_github: bool = True) -> "Settings":
+    def from_env(cls, env: Optional[Mapping[str, str]] = None, *, require_github: bool = True,
+                 role: str = "all") -> "Settings":
+        """``role``: ``web`` needs the webhook secret and never reads the private key; ``worker``
+        needs the key, not the secret; ``all`` (one process doing both) needs both."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         env = os.environ if env is None else env
         app_id = env.get("GITHUB_APP_ID", "").strip()
-        secret = env.get("GITHUB_WEBHOOK_SECRET", "")
-        key = env.get("GITHUB_PRIVATE_KEY", "")
-        key_path = env.get("GITHUB_PRIVATE_KEY_PATH", "").strip()
+        secret = env.get("GITHUB_WEBHOOK_SECRET", "") if role != "worker" else ""
+        key = env.get("GITHUB_PRIVATE_KEY", "") if role != "web" else ""
+        key_path = env.get("GITHUB_PRIVATE_KEY_PATH", "").strip() if role != "web" else ""
         if not key and key_path:
             try:
                 key = Path(key_path).read_text()
@@ -56,10 +62,12 @@ class Settings:
         if require_github:
             if not app_id:
                 raise SettingsError("GITHUB_APP_ID is not set (the numeric id of your GitHub App)")
-            if not key:
+            if not key and role != "web":
                 raise SettingsError("GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH must be set (the App's PEM key)")
-            if not secret:
+            if not secret and role != "worker":
                 raise SettingsError("GITHUB_WEBHOOK_SECRET is not set (the secret configured on the App's webhook)")
+        if secret and require_github:
+            check_webhook_secret(secret)
         if app_id and not app_id.isdigit():
             raise SettingsError(f"GITHUB_APP_ID must be a number, got {app_id!r}")
         if key and "PRIVATE KEY" not in key:
@@ -95,6 +103,28 @@ class Settings:
             bot_login=env.get("TORCHREVIEW_BOT_LOGIN") or None,
             github_write_interval=write_interval,
         )
+
+
+ROLES = ("all", "web", "worker")
+MIN_SECRET_LENGTH = 16
+# Template and example values (ours included), compared without case or punctuation: a deployment
+# that kept one accepts forged deliveries.
+PLACEHOLDER_SECRETS = {"secret", "webhooksecret", "githubwebhooksecret", "yoursecret", "yourwebhooksecret",
+                       "mysecret", "development", "developmentsecret", "password", "test", "example"}
+PLACEHOLDER_PHRASES = ("changeme", "changethis", "replaceme", "replacethis")
+
+
+def check_webhook_secret(secret: str) -> None:
+    """Refuse secrets that anyone could guess: every delivery's authenticity rests on this one value.
+
+    The messages never echo the value: it may be a real secret that merely looks weak."""
+    hint = "set GITHUB_WEBHOOK_SECRET to a long random string (openssl rand -hex 32) on the App and here"
+    letters = re.sub(r"[^a-z0-9]", "", secret.lower())
+    if letters in PLACEHOLDER_SECRETS or any(phrase in letters for phrase in PLACEHOLDER_PHRASES):
+        raise SettingsError(f"GITHUB_WEBHOOK_SECRET is a placeholder value; {hint}")
+    if len(secret) < MIN_SECRET_LENGTH or len(set(secret)) < 4:
+        raise SettingsError(f"GITHUB_WEBHOOK_SECRET is too weak (fewer than {MIN_SECRET_LENGTH} characters or "
+                            f"hardly any distinct ones); {hint}")
 
 
 def _check_key(pem: str) -> None:

@@ -8,6 +8,7 @@ from functools import lru_cache
 from celery import Celery
 from celery.signals import worker_process_init
 
+import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
 from bot.settings import Settings
 from bot.webhook import ReviewRequest
 
@@ -45,7 +46,8 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-celery_app = make_celery(Settings.from_env(require_github=False))
+# Only the broker settings; role "web" reads no private key (web processes import this module too).
+celery_app = make_celery(Settings.from_env(require_github=False, role="web"))
 
 
 @lru_cache(maxsize=1)
@@ -54,7 +56,7 @@ def _runtime():
     from bot.github_client import GitHubClients
     from bot.store import make_store
 
-    settings = Settings.from_env()
+    settings = Settings.from_env(role="worker")
     return settings, make_store(settings.redis_url, settings.data_dir), GitHubClients(settings)
 
 

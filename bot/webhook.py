@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 from flask import Flask, Response, jsonify, request
 
-from bot.settings import MAX_WEBHOOK_BYTES, Settings
+from bot.settings import MAX_WEBHOOK_BYTES, Settings, check_webhook_secret
 
 log = logging.getLogger("torchreview.webhook")
 
@@ -109,9 +109,10 @@ HANDLED_EVENTS = {"pull_request", "issue_comment", "check_run", "check_suite"}
 def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callable[[ReviewRequest], None]] = None,
                store=None) -> Flask:
     """App factory. ``enqueue`` and ``store`` default to the Celery task and the shared store."""
-    settings = settings or Settings.from_env()
+    settings = settings or Settings.from_env(role="web")  # the web never reads the App's private key
     if not settings.webhook_secret:
         raise ValueError("GITHUB_WEBHOOK_SECRET is required to serve webhooks")
+    check_webhook_secret(settings.webhook_secret)
     if store is None:
         from bot.store import make_store
 
@@ -163,13 +164,22 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
         jobs = route_event(event, payload, delivery, settings)
         if not jobs:
             return _answer(204, None, event, started)
-        if not store.claim(f"torchreview:delivery:{delivery}", DELIVERY_TTL):
-            return _answer(200, "duplicate delivery; already enqueued", event, started)
+        # Once per delivery id, and once per signed body: a captured delivery replayed under a new
+        # X-GitHub-Delivery is not a new event (a genuine one differs in its ids or timestamps).
+        keys = [f"torchreview:delivery:{delivery}", f"torchreview:delivery-body:{hashlib.sha256(body).hexdigest()}"]
+        claimed = []
+        for key in keys:
+            if not store.claim(key, DELIVERY_TTL):
+                for done in claimed:
+                    store.release(done)
+                return _answer(200, "duplicate delivery; already enqueued", event, started)
+            claimed.append(key)
         try:
             for job in jobs:
                 enqueue(job)
         except Exception:
-            store.release(f"torchreview:delivery:{delivery}")  # let GitHub's redelivery try again
+            for key in keys:
+                store.release(key)  # let GitHub's redelivery try again
             log.exception("could not enqueue delivery %s", delivery)
             return _answer(503, "could not enqueue; retry the delivery", event, started)
         return _answer(202, f"enqueued {len(jobs)} review job(s)", event, started)
@@ -184,7 +194,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
 def _answer(status: int, message: Optional[str], event: Optional[str], started: float) -> Response:
     from bot import metrics
 
-    metrics.observe_webhook(event or "unknown", status, time.perf_counter() - started)
+    metrics.observe_webhook(event, status, time.perf_counter() - started)  # a fixed label set, see bot.metrics
     if status == 204:
         return Response(status=204)
     return Response(json.dumps({"message": message}), status=status, content_type="application/json")

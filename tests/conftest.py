@@ -110,6 +110,7 @@ def worker_env(emulator, app_key, redis_url, data_dir) -> dict:
         "TORCHREVIEW_DATA_DIR": str(data_dir),
         "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0",
         "TORCHREVIEW_VISIBILITY_TIMEOUT": "20",
+        "TORCHREVIEW_WORKER_METRICS_PORT": "0",  # many workers per machine here; tests that scrape pick a port
         "PYTHONPATH": str(ROOT),
     }
 

@@ -146,3 +146,59 @@ def test_healthz_and_metrics(webhook):
     base = webhook.rsplit("/api/", 1)[0]
     assert requests.get(base + "/healthz", timeout=5).json() == {"status": "ok"}
     assert "torchreview_webhooks_total" in requests.get(base + "/metrics", timeout=5).text
+
+
+def test_unauthenticated_callers_cannot_grow_the_metric_labels(webhook):
+    import random
+    import string
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from bot.metrics import EVENT_LABELS
+
+    rng = random.Random(7)
+    for _ in range(200):
+        event = "".join(rng.choices(string.ascii_letters + string.digits + "_-.{}\"", k=rng.randint(1, 40)))
+        headers = {"X-GitHub-Event": event, "X-GitHub-Delivery": str(rng.random()), "Content-Type": "application/json"}
+        assert post(webhook, b"{}", headers).status_code == 401
+    base = webhook.rsplit("/api/", 1)[0]
+    text = requests.get(base + "/metrics", timeout=5).text
+    samples = [s for family in text_string_to_metric_families(text) if family.name == "torchreview_webhooks"
+               for s in family.samples if s.name == "torchreview_webhooks_total"]
+    assert {s.labels["event"] for s in samples} <= set(EVENT_LABELS)
+    assert sum(s.value for s in samples if s.labels == {"event": "other", "status": "401"}) >= 200
+
+
+def test_a_replayed_body_under_a_new_delivery_id_is_enqueued_once(webhook, redis_client):
+    body = json.dumps(payload("pull_request.opened")).encode()
+    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 202
+    replay = signed_headers(body, "pull_request")  # same signed bytes, a fresh X-GitHub-Delivery
+    assert post(webhook, body, replay).status_code == 200
+    assert len(queued(redis_client)) == 1
+    other = json.dumps({**payload("pull_request.opened"), "number": 3}).encode()  # a different event still counts
+    assert post(webhook, other, signed_headers(other, "pull_request")).status_code == 202
+    assert len(queued(redis_client)) == 2
+
+
+@pytest.mark.parametrize("secret", ["change-me", "CHANGEME", "please-change-me-before-deploying", "Your_Webhook_Secret",
+                                    "short-secret", "aaaaaaaaaaaaaaaaaaaa"])
+def test_weak_webhook_secrets_are_refused(tmp_path, secret):
+    from bot.settings import SettingsError
+
+    settings = Settings(app_id=None, private_key=None, webhook_secret=secret, redis_url=None, data_dir=tmp_path)
+    with pytest.raises(SettingsError, match="GITHUB_WEBHOOK_SECRET"):
+        create_app(settings, enqueue=lambda job: None, store=object())
+    with pytest.raises(SettingsError, match="GITHUB_WEBHOOK_SECRET"):
+        Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": secret}, role="web")
+
+
+def test_strong_secrets_and_workers_without_one_are_accepted():
+    secret = "9f2c41d7e0b84a6c93b1f5d8a7e2c640"  # what `openssl rand -hex 16` prints
+    assert Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": secret}, role="web").webhook_secret == secret
+    # the web ignores a private key it was given by mistake, and a worker needs no webhook secret
+    assert Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": secret,
+                              "GITHUB_PRIVATE_KEY_PATH": "/nonexistent.pem"}, role="web").private_key is None
+    from bot.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="GITHUB_PRIVATE_KEY"):
+        Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": "change-me"}, role="worker")
