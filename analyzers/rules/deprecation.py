@@ -8,6 +8,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg, string_value
 from analyzers.markdown import code_span
+from analyzers.program import in_compat_fallback
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -94,6 +95,9 @@ class DeprecatedCudaAmp(Rule):
             loss = model(x)
     """
     VALID = [
+        # the fallback for old torch builds
+        "import torch\ntry:\n    scaler = torch.amp.GradScaler('cuda')\nexcept (AttributeError, TypeError):\n"
+        "    scaler = torch.cuda.amp.GradScaler()\n",
         """
         import torch
         scaler = torch.amp.GradScaler("cuda")
@@ -226,8 +230,8 @@ class DeprecatedCudaAmp(Rule):
         if last not in _AMP_SYMBOLS and ctx.imports.names.get(last or "") not in _DEPRECATED_AMP:
             return
         found = _DEPRECATED_AMP.get(ctx.qualified_name(func) or "")
-        if found is None:
-            return
+        if found is None or in_compat_fallback(ctx, node):
+            return  # the fallback for torch builds that lack the new API is the one place the old one belongs
         device, symbol = found
         self._report(node, device, symbol, node, ctx)
 

@@ -7,6 +7,8 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
+from analyzers.program.modules import ModuleFacts
+from analyzers.program.values import model_class
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule, Valid
 
@@ -602,7 +604,9 @@ class MissingEvalMode(_InferencePathRule):
         function named like `validate`, `evaluate`, `predict`, `infer`, `test`, or a loop over a
         `val`/`test`/`eval`/`dev` loader) when no `model.eval()` (or `model.train(False)`) comes
         before it in that function, in its class, or before the call sites in this file. Lightning
-        `LightningModule` hooks are skipped: Lightning switches modes itself.
+        `LightningModule` hooks are skipped: Lightning switches modes itself. A model whose class
+        (found in this repository) has no dropout and no BatchNorm is skipped: eval() changes
+        nothing there.
     """
     why = """
         In training mode dropout keeps dropping activations and batch-norm normalizes with the
@@ -625,6 +629,11 @@ class MissingEvalMode(_InferencePathRule):
             model.train()
     """
     VALID = [
+        # nothing in the model behaves differently in eval mode (no dropout, no BatchNorm)
+        "import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.fc = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
+        "    def forward(self, x):\n        return self.fc(x)\nnet = Net().to(device)\n"
+        "with torch.no_grad():\n    for x, y in val_loader:\n        pred = net(x)\n",
         # eval() first
         "import torch\ndef validate(model, loader):\n    model.eval()\n    with torch.no_grad():\n"
         "        for x, y in loader:\n            out = model(x)\n",
@@ -660,9 +669,11 @@ class MissingEvalMode(_InferencePathRule):
     INVALID = [
         Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"
                 "            out = model(x)\n", line=5, message="`model`"),
-        Invalid("import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def forward(self, x):\n        return x\n"
+        Invalid("import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.drop = nn.Dropout(0.5)\n    def forward(self, x):\n"
+                "        return self.drop(x)\n"
                 "net = Net()\nwith torch.no_grad():\n    for x, y in val_loader:\n        pred = net(x)\n",
-                line=9, message="val_loader"),
+                line=12, message="val_loader"),
         Invalid("import torch\nclass Trainer:\n    def evaluate(self):\n        with torch.no_grad():\n"
                 "            for batch in self.val_loader:\n                logits = self.model(batch)\n",
                 line=6, message="`self.model`"),
@@ -678,9 +689,16 @@ class MissingEvalMode(_InferencePathRule):
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
         if self.facts.eval_covered(call):
             return None
+        cls = model_class(self.ctx, cst.parse_expression(call.model), call.node) if _DOTTED.match(call.model) else None
+        features = self.ctx.facts(ModuleFacts).features(cls) if cls is not None else None
+        if features is not None and not features & {"dropout", "batchnorm"}:
+            return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
         return (f"`{call.model}` runs in {where} without `{call.model}.eval()` before it: dropout stays active and "
                 f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "
                 f"call `{call.model}.eval()` first")
+
+
+_DOTTED = re.compile(r"^[A-Za-z_][\w.]*$")
 
 
 class MissingNoGrad(_InferencePathRule):

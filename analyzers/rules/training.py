@@ -26,6 +26,7 @@ from analyzers.context import (
     string_value,
 )
 from analyzers.markdown import code_span, named
+from analyzers.program.flow import subtree
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -1665,6 +1666,21 @@ def _sink_of(node: cst.CSTNode, ctx: FileContext) -> Optional[tuple[str, cst.Cal
 # TR106
 
 
+_OOM_ERRORS = {"RuntimeError", "OutOfMemoryError", "MemoryError"}
+
+
+def _recovers_from_oom(loop: cst.CSTNode) -> bool:
+    """The loop catches out-of-memory errors: it retries with less (a smaller batch) after emptying the cache."""
+    for node in subtree(loop):
+        if isinstance(node, cst.ExceptHandler) and node.type is not None:
+            names = {dotted_name(e.value if isinstance(e, cst.Element) else e).rsplit(".", 1)[-1]
+                     for e in (node.type.elements if isinstance(node.type, cst.Tuple) else [node.type])
+                     if dotted_name(e.value if isinstance(e, cst.Element) else e)}
+            if names & _OOM_ERRORS:
+                return True
+    return False
+
+
 class EmptyCacheInLoop(Rule):
     id = "TR106"
     slug = "empty-cache-in-loop"
@@ -1693,6 +1709,26 @@ class EmptyCacheInLoop(Rule):
         torch.cuda.empty_cache()  # once, if memory must be handed back at all
     """
     VALID = [
+        # an out-of-memory back-off loop
+        """
+        import torch
+        batch_size = 256
+        while batch_size > 1:
+            try:
+                run(batch_size)
+                break
+            except RuntimeError:
+                torch.cuda.empty_cache()
+                batch_size //= 2
+        """,
+        # a profiler taking clean per-op memory readings
+        """
+        import torch
+        def profile(ops, x):
+            for op in ops:
+                torch.cuda.empty_cache()
+                op(x)
+        """,
         """
         import torch
         for x, y in loader:
@@ -1766,6 +1802,10 @@ class EmptyCacheInLoop(Rule):
             return
         if len(stack) > 1 and _guard_between(stack[-1], stack[0], ctx, except_handlers=True):
             return
+        if _recovers_from_oom(stack[0]) or any(word in (fn.name.value.lower() if isinstance(fn, cst.FunctionDef)
+                                                        else "") for fn in ctx.functions
+                                               for word in ("profile", "benchmark", "measure")):
+            return  # an out-of-memory back-off loop, or a profiler taking clean per-step memory readings
         self.report(node, ("torch.cuda.empty_cache() runs on every loop iteration: it frees no memory that tensors "
                            "still hold and forces slow re-allocation and a sync next iteration; call it once after "
                            "the loop, or find the reference that keeps memory alive"))
