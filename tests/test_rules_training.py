@@ -431,6 +431,7 @@ PER_STEP_PRINT = """
 import torch
 for epoch in range(n_epochs):
     for i, imgs in enumerate(dataloader):
+        imgs = imgs.cuda()
         optimizer_G.zero_grad()
         g_loss = adversarial_loss(discriminator(generator(z)), valid)
         g_loss.backward()

@@ -233,6 +233,10 @@ class SubmodulesInPlainContainer(Rule):
                 self.layers = nn.ModuleList([nn.Linear(64, 64) for _ in range(4)])
     """
     VALID = [
+        # a ModuleList imported bare, built in a local, then stored
+        "import torch\nfrom torch.nn import Module, ModuleList, Linear\nclass Net(Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        layers = ModuleList([])\n        for _ in range(2):\n"
+        "            layers.append(ModuleList([Linear(2, 2), Linear(2, 2)]))\n        self.layers = layers\n",
         "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "        self.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])\n",
         "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -356,6 +360,8 @@ class SubmodulesInPlainContainer(Rule):
             if not target.startswith("self."):
                 if _is_empty_container(value):
                     record.appended.pop(target, None)
+                elif isinstance(value, cst.Call) and method_name(value) in _CONTAINERS:
+                    record.registered.add(target)  # ``layers = ModuleList([])``: a registering container
                 continue
             self._classify(record, target, value, ctx)
 

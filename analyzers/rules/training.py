@@ -1466,6 +1466,26 @@ class PerStepSyncForLogging(Rule):
                 print(f"step {step}: {loss.item():.4f}")
     """
     VALID = [
+        # the step already reads a value on the host every iteration: one more read changes nothing
+        """
+        import torch
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            epoch_loss += loss.item()
+            print(loss.item())
+        """,
+        # nothing in the file uses a GPU
+        """
+        import torch
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            print(loss.item())
+        """,
         # behind a logging-interval guard
         """
         import torch
@@ -1519,17 +1539,19 @@ class PerStepSyncForLogging(Rule):
         Invalid(
             """
             import torch
+            device = torch.device("cuda")
             for step, (x, y) in enumerate(loader):
                 loss = criterion(model(x), y)
                 loss.backward()
                 optimizer.step()
                 print(f"step {step}: {loss.item():.4f}")
             """,
-            line=7, message="loss.item()",
+            line=8, message="loss.item()",
         ),
         Invalid(
             """
             import torch
+            device = torch.device("cuda")
             from tqdm import tqdm
             pbar = tqdm(loader)
             for x, y in pbar:
@@ -1538,21 +1560,23 @@ class PerStepSyncForLogging(Rule):
                 pbar.set_postfix(loss=loss.item())
                 writer.add_scalar("loss", loss.detach().cpu().numpy(), step)
             """,
-            line=8, message="set_postfix", count=2,
+            line=9, message="set_postfix", count=2,
         ),
         Invalid(
             """
             import torch
+            device = torch.device("cuda")
             for batch in loader:
                 loss = criterion(model(batch.x), batch.y)
                 loss.backward()
                 print("loss", loss)
             """,
-            line=6, message="print",
+            line=7, message="print",
         ),
         Invalid(
             """
             import torch
+            device = torch.device("cuda")
             def train(model, loader):
                 history = []
                 for x, y in loader:
@@ -1562,7 +1586,7 @@ class PerStepSyncForLogging(Rule):
                     if is_main_process:
                         logger.info("loss %.4f", loss.item())
             """,
-            line=8, message="history", count=2,
+            line=9, message="history", count=2,
         ),
     ]
 
@@ -1570,6 +1594,9 @@ class PerStepSyncForLogging(Rule):
         super().__init__(ctx)
         self.events: list[tuple[cst.CSTNode, int, int, str]] = []  # node, id(loop), id(sink call), message
         self.backward_loops: set = set()
+        # every unguarded host read in each loop (``acc.item()`` too): one more changes nothing when
+        # the step already waits for the GPU elsewhere
+        self.syncs: dict[int, set[int]] = {}
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
@@ -1581,6 +1608,12 @@ class PerStepSyncForLogging(Rule):
                 self.backward_loops.add(id(stack[-1]))
             return
         if name in _SYNC_METHODS:
+            stack = _loop_stack(ctx)
+            parent = ctx.parent(node)
+            chained = isinstance(parent, cst.Attribute) and parent.attr.value in _SYNC_METHODS  # x.cpu().numpy()
+            if stack and call_receiver(node) is not None and not node.args and not chained and \
+                    not _guard_between(node, stack[-1], ctx):
+                self.syncs.setdefault(id(stack[-1]), set()).add(id(node))
             if not _in_lightning(ctx):
                 self._sync_call(node, name, ctx)
         elif name in _LOG_SINKS and name != "append":
@@ -1638,8 +1671,13 @@ class PerStepSyncForLogging(Rule):
                 return
 
     def end_file(self, ctx: FileContext) -> None:
+        if "cuda" not in ctx.source and "device" not in ctx.source:
+            return  # nothing here runs on a GPU: reading a CPU tensor waits for nothing
+        flagged = {id(node) for node, _, _, _ in self.events}
         reported: set = set()
         for node, loop, sink, message in self.events:
+            if self.syncs.get(loop, set()) - flagged:
+                continue  # the step already syncs elsewhere (``acc.item()``, ``epoch_loss += loss.item()``)
             if loop in self.backward_loops and sink not in reported:
                 reported.add(sink)  # one finding per logging call, however many values it reads
                 self.report(node, message)
