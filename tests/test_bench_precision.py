@@ -23,7 +23,7 @@ args = parser.parse_args()
 model = nn.Linear(4, 2)
 model.load_state_dict(torch.load(args.ckpt))
 torch.save(model.state_dict(), "best.pt")
-model.load_state_dict(torch.load("best.pt"))
+model.load_state_dict(torch.load("init.pt"))
 
 
 def predict(x):
