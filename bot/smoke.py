@@ -79,6 +79,11 @@ def download_tree(repo, ref: str, into: Path) -> Path:
 
 
 def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
+    if run.get("refused"):  # the runner would not run PR code without its sandbox: say why, run nothing
+        return CheckRunPlan("neutral", "Smoke run refused: this runner cannot sandbox pull-request code",
+                            "No code of this pull request was run. " + neutralize(run["refused"]) +
+                            "\n\nThe operator of this torchreview installation must fix the runner: see the "
+                            "README's \"Security model\".")
     targets = run["targets"]
     failing = [t for t in targets if t["status"] in ("failed", "error")]
     regressions = [(t, c) for t in targets for c in t.get("comparison", []) if c.get("regression")]

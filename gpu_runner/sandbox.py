@@ -396,8 +396,10 @@ def _secret_problems(sources: Sequence[Path]) -> list[str]:
 
 
 def _python_roots() -> list[Path]:
+    """The interpreter's prefixes and every site-packages on its path (a .pth file may add one elsewhere)."""
     roots = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     roots.add(Path(os.path.realpath(sys.executable)).parent.parent)
+    roots.update(Path(p).resolve() for p in sys.path if p and Path(p).name in ("site-packages", "dist-packages"))
     return sorted(roots, key=_depth)
 
 
@@ -412,7 +414,7 @@ def _binds(code_dir: Optional[Path], mounted_code: Optional[Path], python_paths:
     for name in _LOADER_FILES:
         if os.path.lexists(name):
             binds.append((Path(name), Path(name)))
-    wanted = [p for p in _python_roots() + [Path(p).resolve() for p in python_paths] if p.exists()]
+    wanted = [p for p in _python_roots() + [Path(p).resolve() for p in python_paths] if os.path.exists(p)]
     wanted += [Path(p).resolve() for p in packages]
     for path in sorted(wanted, key=_depth):
         if not any(_is_within(path, target) for _, target in binds):
@@ -478,7 +480,9 @@ def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, 
                 created.add(parent)
         command += ["--ro-bind", str(source), str(target)]
         created.add(target)
-    command += ["--chdir", cwd]
+    # The skeleton (/, and the directories made for the binds) is a tmpfs the child would own in a user
+    # namespace, without a size cap: read-only, only /tmp and /dev/shm stay writable.
+    command += ["--remount-ro", "/", "--chdir", cwd]
     if seccomp_fd is not None:
         command += ["--seccomp", str(seccomp_fd)]
     if caps.dedicated_uid:
