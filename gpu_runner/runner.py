@@ -173,7 +173,8 @@ _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGN
 def runner_secrets() -> list[str]:
     """Secret values this process holds (credential-like environment variables, the App's key file): a
     report quoting one is redacted. Defence in depth: the sandbox already keeps them out of the child's reach."""
-    found = [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 8]
+    found = [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and not k.endswith(("_PATH", "_FILE", "_DIR"))
+             and len(v) >= 8]  # (a path names a secret; it is not one)
     texts = [os.environ.get("GITHUB_PRIVATE_KEY", "")]
     key_path = os.environ.get("GITHUB_PRIVATE_KEY_PATH")
     if key_path:

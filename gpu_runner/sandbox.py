@@ -466,6 +466,7 @@ def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, 
             command += ["--dev-bind", device, device]
     if caps.fresh_proc:
         command += ["--proc", "/proc"]
+    command += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable for nobody
     for name, text in (("passwd", _PASSWD), ("group", _GROUP)):
         path = scratch / name
         path.write_text(text)
@@ -686,10 +687,12 @@ def _fallback_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Pat
                            gpu=gpu)
     child_env["TMPDIR"] = str(home)
     child_env[CODE_DIR_VARIABLE] = str(code_copy)
-    command = list(caps.unshare_args) + (_setpriv_args() if caps.dedicated_uid else [])
+    command = list(caps.unshare_args)
     if seccomp_fd is not None:
-        # After unshare and setpriv, which need calls the filter denies.
+        # After unshare, which needs calls the filter denies; before setpriv (which needs none of them), so
+        # that the loader still runs as the runner's uid.
         command += [sys.executable, "-I", "-c", syscall_filter.LOADER, str(seccomp_fd)]
+    command += _setpriv_args() if caps.dedicated_uid else []
     command += [relocate(arg) if arg.startswith(str(code_dir)) else arg for arg in argv]
     return command, child_env, str(home if private_cwd else code_copy)
 

@@ -122,5 +122,5 @@ libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0):
     sys.exit("torchreview sandbox: cannot install the seccomp filter: " + os.strerror(ctypes.get_errno()))
-os.execv(sys.argv[2], sys.argv[2:])
+os.execvp(sys.argv[2], sys.argv[2:])
 """
