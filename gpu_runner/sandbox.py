@@ -183,8 +183,9 @@ def check_sandbox(policy: Optional[str] = None) -> list[str]:
     caps = _capabilities()
     if sandbox_policy(policy) == "weak":
         return []
+    package = Path(__file__).resolve().parent  # what the runner binds (gpu_runner.runner.PACKAGE_DIR)
     return list(caps.problems) + _secret_problems(_visible_sources(caps, code_dir=None, python_paths=(),
-                                                                   packages=(), gpu=False))
+                                                                   packages=(package,), gpu=False))
 
 
 def _capabilities() -> _Capabilities:
