@@ -465,6 +465,11 @@ def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, 
     if gpu:
         for device in sorted(glob.glob("/dev/nvidia*")):
             command += ["--dev-bind", device, device]
+        # The driver and NVML look up the devices in sysfs (hardware descriptions, nothing secret).
+        command += ["--perms", "0755", "--dir", "/sys"]
+        for directory in ("/sys/bus", "/sys/class", "/sys/dev", "/sys/devices"):
+            if os.path.isdir(directory):
+                command += ["--ro-bind", directory, directory]
     if caps.fresh_proc:
         command += ["--proc", "/proc"]
     command += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable for nobody
@@ -605,7 +610,10 @@ def run_sandboxed(argv: list[str], *, code_dir: Path, limits: SandboxLimits = Sa
     if problems:
         warnings.insert(0, f"WEAK SANDBOX ({POLICY_VARIABLE}=weak, {caps.mode}): the operator allowed running PR code "
                            "without: " + "; ".join(problems))
-    seccomp_program = syscall_filter.compiled_filter() if caps.layers["seccomp"] else None
+    seccomp_program = syscall_filter.compiled_filter(gpu=gpu) if caps.layers["seccomp"] else None
+    if gpu:
+        warnings.append("gpu: shared memory (memfd, shared anonymous mappings) is allowed for the CUDA driver and is "
+                        "not counted in smoke.memory; the container's memory limit bounds it")
     rlimits = _rlimits(limits)
     pass_fds: list[int] = []  # closed here once the child holds them (see _run_and_collect)
     result_read = result_write = seccomp_read = None

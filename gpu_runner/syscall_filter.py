@@ -70,15 +70,25 @@ REMEDY = ("install libseccomp's Python bindings where the runner runs: `pip inst
           "libseccomp2, present on Debian/Ubuntu) or `apt-get install python3-seccomp`")
 
 
+MEMORY_SYSCALLS = ("memfd_create", "memfd_secret", "shmget")
+
+
 @functools.lru_cache(maxsize=None)
-def compiled_filter() -> bytes:
-    """The deny-list as a BPF program for the native architecture (other ABIs are killed by libseccomp)."""
+def compiled_filter(gpu: bool = False) -> bytes:
+    """The deny-list as a BPF program for the native architecture (other ABIs are killed by libseccomp).
+
+    ``gpu``: the memory rules (shared anonymous mappings, memfd, SysV shm) are left out, since the CUDA
+    driver's own use of them is not known to be avoidable; GPU runs' host shared memory is then bounded
+    only by the container's memory limit.
+    """
     sc = library()
     if sc is None:
         raise FilterUnavailable("no seccomp library: " + REMEDY)
     try:
         rules = sc.SyscallFilter(sc.ALLOW)
         for name in DENIED_SYSCALLS:
+            if gpu and name in MEMORY_SYSCALLS:
+                continue
             try:
                 rules.add_rule(sc.ERRNO(errno.EPERM), name)
             except (ValueError, RuntimeError, OSError):
@@ -86,8 +96,9 @@ def compiled_filter() -> bytes:
         for flag in NAMESPACE_CLONE_FLAGS.values():
             rules.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
         rules.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags live in memory a filter cannot read
-        rules.add_rule(sc.ERRNO(errno.EPERM), "mmap", sc.Arg(3, sc.MASKED_EQ, MAP_SHARED_ANONYMOUS,
-                                                              MAP_SHARED_ANONYMOUS))
+        if not gpu:
+            rules.add_rule(sc.ERRNO(errno.EPERM), "mmap", sc.Arg(3, sc.MASKED_EQ, MAP_SHARED_ANONYMOUS,
+                                                                  MAP_SHARED_ANONYMOUS))
         for request in (TIOCSTI, TIOCLINUX):
             rules.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.EQ, request))
         with tempfile.TemporaryFile() as out:
