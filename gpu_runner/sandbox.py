@@ -375,7 +375,8 @@ def secret_paths() -> list[Path]:
             found.append(Path(os.environ[variable]))
     found.append(Path(os.environ.get("TORCHREVIEW_DATA_DIR") or ".torchreview-data"))
     found.extend(Path(p) for p in os.environ.get(SECRET_PATHS_VARIABLE, "").split(os.pathsep) if p)
-    return [Path(os.path.abspath(p)) for p in found]
+    # Only what exists can be read (the worker creates its data dir at start, before any smoke run).
+    return [Path(os.path.abspath(p)) for p in found if os.path.lexists(p)]
 
 
 def _visible_sources(caps: _Capabilities, *, code_dir: Optional[Path], python_paths: Sequence[Path],

@@ -118,10 +118,13 @@ def test_policy_values():
 
 
 def test_a_secret_inside_the_allowlist_is_refused(code_dir, monkeypatch):
-    # An operator keeping the key next to the code package: the runner refuses to bind it into view.
-    monkeypatch.setenv("TORCHREVIEW_SECRET_PATHS", str(PROJECT_ROOT / "gpu_runner" / "key.pem"))
-    with pytest.raises(SandboxRefused, match="key.pem"):
+    # A data directory inside the checkout being run (`torchreview serve` started there): never bound into view.
+    (code_dir / ".torchreview-data").mkdir()
+    monkeypatch.setenv("TORCHREVIEW_DATA_DIR", str(code_dir / ".torchreview-data"))
+    with pytest.raises(SandboxRefused, match=".torchreview-data"):
         run_python("print('ran')", code_dir)
+    monkeypatch.setenv("TORCHREVIEW_DATA_DIR", str(code_dir.parent / "elsewhere"))
+    assert run_python("print('ran')", code_dir).stdout == "ran\n"
 
 
 def test_best_backend_sees_only_the_allowlist(code_dir):
