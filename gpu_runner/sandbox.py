@@ -29,7 +29,6 @@ repository's: a repository must not be able to weaken the sandbox its own code r
 """
 from __future__ import annotations
 
-import functools
 import glob
 import logging
 import os
@@ -79,6 +78,7 @@ _READ_CHUNK = 64 << 10
 _RUN_TAG_VARIABLE = "TORCHREVIEW_SANDBOX_RUN"  # only set where there is no PID namespace
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _LOADER_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
+_GPU_SYSFS = ("/sys/bus", "/sys/class", "/sys/dev", "/sys/devices")
 _PASSWD = (f"root:x:0:0:root:/:/usr/sbin/nologin\n"
            f"nobody:x:{CHILD_UID}:{CHILD_GID}:nobody:/tmp:/usr/sbin/nologin\n")
 _GROUP = f"root:x:0:\nnogroup:x:{CHILD_GID}:\n"
@@ -384,7 +384,8 @@ def _visible_sources(caps: _Capabilities, *, code_dir: Optional[Path], python_pa
     """Every host path the child can read (bubblewrap binds); the whole filesystem otherwise."""
     if caps.backend != "bubblewrap":
         return [Path("/")]
-    return [source for source, _ in _binds(code_dir, code_dir, python_paths, packages)]
+    sources = [source for source, _ in _binds(code_dir, code_dir, python_paths, packages)]
+    return sources + ([Path(d) for d in _GPU_SYSFS if os.path.isdir(d)] if gpu else [])
 
 
 def _secret_problems(sources: Sequence[Path]) -> list[str]:
@@ -468,7 +469,7 @@ def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, 
             command += ["--dev-bind", device, device]
         # The driver and NVML look up the devices in sysfs (hardware descriptions, nothing secret).
         command += ["--perms", "0755", "--dir", "/sys"]
-        for directory in ("/sys/bus", "/sys/class", "/sys/dev", "/sys/devices"):
+        for directory in _GPU_SYSFS:
             if os.path.isdir(directory):
                 command += ["--ro-bind", directory, directory]
     if caps.fresh_proc:
