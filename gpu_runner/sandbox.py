@@ -250,6 +250,12 @@ def _describe_bubblewrap(caps: _Capabilities) -> _Capabilities:
         layers["seccomp"] = False
         problems.append(f"seccomp: {seccomp_error}")
         warnings.append(f"no seccomp filter: {seccomp_error}; the child may ptrace, create namespaces, use bpf...")
+    if not caps.dedicated_uid and os.geteuid() == 0:
+        # nobody in a user namespace of root's maps to root outside: a kernel escape would be root.
+        layers["uid"] = False
+        problems.append("uid: the runner is root but setpriv could not switch the child to nobody (install "
+                        "util-linux's setpriv), so the child would be root outside its user namespace")
+        warnings.append("uid: the child is nobody only inside a user namespace; outside it is root")
     if not caps.fresh_proc:
         warnings.append("no /proc in the sandbox: bubblewrap cannot mount a procfs here (a masked /proc: Docker "
                         "`--security-opt systempaths=unconfined`, Kubernetes `procMount: Unmasked`)")
