@@ -111,6 +111,26 @@ def test_weak_backends_are_refused_without_the_opt_in(name, code_dir, monkeypatc
     assert result.stdout == "ran\n" and result.warnings[0].startswith("WEAK SANDBOX"), result.warnings
 
 
+def test_seccomp_filter_holds_on_every_backend(backend, code_dir):
+    # The weak backends load it through a loader after unshare; bubblewrap through --seccomp.
+    result = run_python("""
+        import ctypes, errno, mmap, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def outcome(value):
+            return "allowed" if value >= 0 else errno.errorcode[ctypes.get_errno()]
+        print(outcome(libc.ptrace(16, os.getppid() or 1, 0, 0)))  # PTRACE_ATTACH
+        print(outcome(libc.unshare(0x10000000)))  # CLONE_NEWUSER
+        try:
+            mmap.mmap(-1, 1 << 20)  # shared anonymous memory: outside the budget
+            print("allowed")
+        except OSError as exc:
+            print(errno.errorcode[exc.errno])
+    """, code_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.layers["seccomp"]
+    assert result.stdout.split() == ["EPERM", "EPERM", "EPERM"]
+
+
 def test_policy_values():
     assert sandbox.sandbox_policy("") == "strict"
     assert sandbox.sandbox_policy("weak") == sandbox.sandbox_policy("allow-weak") == "weak"
