@@ -80,6 +80,11 @@ def download_tree(repo, ref: str, into: Path) -> Path:
 
 
 def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
+    if run.get("refused"):  # the runner would not run PR code without its sandbox: say why, run nothing
+        return CheckRunPlan("neutral", "Smoke run refused: this runner cannot sandbox pull-request code",
+                            "No code of this pull request was run. " + neutralize(run["refused"]) +
+                            "\n\nThe operator of this torchreview installation must fix the runner: see the "
+                            "README's \"Security model\".")
     targets = run["targets"]
     failing = [t for t in targets if t["status"] in ("failed", "error")]
     regressions = [(t, c) for t in targets for c in t.get("comparison", []) if c.get("regression")]
@@ -186,7 +191,8 @@ def _run_smoke_job(job, clients, store) -> str:
     from bot.pipeline import complete_check_run, load_base_config
     from bot.review import parse_file_patch
     from bot.store import WriteBudget
-    from gpu_runner.runner import TargetRequest, smoke
+    from gpu_runner.executor import run_smoke
+    from gpu_runner.runner import TargetRequest
     from gpu_runner.sandbox import SandboxLimits
     from gpu_runner.targets import find_targets, parse_target_spec
 
@@ -209,7 +215,10 @@ def _run_smoke_job(job, clients, store) -> str:
                                       output={"title": "Smoke-training…", "summary": "Building and training the changed models."})
     import importlib.util
 
-    if importlib.util.find_spec("torch") is None:
+    import os
+
+    # With an executor service (gpu_runner.executor), torch lives there, not in this credentialed worker.
+    if not os.environ.get("TORCHREVIEW_EXECUTOR_URL") and importlib.util.find_spec("torch") is None:
         complete_check_run(check_run, CheckRunPlan(
             "neutral", "No GPU runner on this installation",
             "This torchreview worker has no torch: install `torchreview[runner]` (torch first, pinned to your "
@@ -234,9 +243,8 @@ def _run_smoke_job(job, clients, store) -> str:
             options = None if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "target"}
             requests_.append(TargetRequest(spec, 1, options))
         limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
-        run = smoke(head_dir, requests_, base_dir=base_dir, device=default_device(settings.get("device", "auto")),
-                    limits=limits, thresholds=settings.get("regression"))
-        report = run.to_dict()
+        report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),
+                           limits=limits, thresholds=settings.get("regression"))
         current = repo.get_pull(pr.number).head.sha
         if current != head:
             from bot.review import superseded_plan

@@ -1,17 +1,31 @@
-"""The program that runs inside the sandbox: build each target from the PR's code and smoke it.
+"""The trusted harness that runs inside the sandbox, and the worker it forks to build and smoke each target.
 
-Reads a JSON job on stdin ``{"code_root", "targets": [{"target", "config"}], "device", "steps", "seed"}``
-and prints one JSON line per target, prefixed with ``RESULT_PREFIX`` so that whatever the PR's code
-prints itself can never be mistaken for a result.
+The harness (``main``) starts before any of the PR's code is imported. It takes the job from stdin and the
+result channel (a pipe's write end, ``$TORCHREVIEW_RESULT_FD``) from the sandbox, makes itself
+non-dumpable (so that its memory and file descriptors are out of reach through /proc of a same-uid
+process), and forks a worker that closes the result channel before it imports anything of the PR. The
+worker sends its reports back over a pipe of its own, each line framed with a nonce drawn for this run;
+the harness keeps exactly one report per requested target (under that target's name) and writes them to
+the result channel. Whatever the PR's code prints, or writes to the file descriptors it can find, is
+never taken as a result: stdout is only a log.
+
+The limit of this (README, "Security model"): the worker runs the PR's code in its own process, so a
+hostile PR can still make the checks of *its own* models report what it likes (as it could by changing
+the model); the smoke check is a review aid, not a security gate.
 """
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 import traceback
 from pathlib import Path
 
-RESULT_PREFIX = "@@torchreview-smoke-result@@ "
+RESULT_FD_VARIABLE = "TORCHREVIEW_RESULT_FD"  # gpu_runner.sandbox sets these two
+CODE_DIR_VARIABLE = "TORCHREVIEW_CODE_DIR"
+_WORKER_OUTPUT_CAP = 4 << 20
+_PR_SET_DUMPABLE = 4
 
 
 def _report(target: str, status: str, reason: str = "", **extra) -> dict:
@@ -44,9 +58,9 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     return data
 
 
-def main() -> int:
-    job = json.loads(sys.stdin.read())
-    code_root = Path(job["code_root"])
+def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
+    """Runs the PR's code: builds and smokes each target, one framed line per report on ``out``."""
+    os.chdir(code_root)
     sys.path.insert(0, str(code_root))
     if not str(job.get("device", "cpu")).startswith("cuda"):
         import torch
@@ -55,8 +69,105 @@ def main() -> int:
     for item in job["targets"]:
         result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                            int(job.get("steps", 50)), int(job.get("seed", 0)))
-        sys.stdout.write(RESULT_PREFIX + json.dumps(result, default=str) + "\n")
-        sys.stdout.flush()
+        _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _collect(fd: int, pid: int, cap: int) -> tuple[bytes, int]:
+    """The worker's output and exit status. Reading stops when the worker has exited and the pipe is
+    drained, even if a process it left behind still holds the pipe open."""
+    import select
+
+    chunks, kept, status = [], 0, None
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            if kept < cap:
+                chunks.append(chunk[:cap - kept])
+                kept += len(chunks[-1])
+            continue
+        if status is None:
+            done, status_now = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = status_now
+        else:
+            break  # exited, and nothing more to read
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    return b"".join(chunks), status
+
+
+def _framed_reports(data: bytes, nonce: str) -> list[dict]:
+    reports = []
+    for line in data.decode(errors="replace").splitlines():
+        if not line.startswith(nonce):
+            continue  # not the worker's own framing
+        try:
+            report = json.loads(line[len(nonce):])
+        except ValueError:
+            continue
+        if isinstance(report, dict):
+            reports.append(report)
+    return reports
+
+
+def _not_dumpable() -> None:
+    # A non-dumpable process's /proc/PID/{mem,fd,environ} need CAP_SYS_PTRACE, which nothing in the sandbox has.
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _describe_exit(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+def main() -> int:
+    job = json.loads(sys.stdin.read())
+    result_fd = int(os.environ.pop(RESULT_FD_VARIABLE))
+    code_root = Path(os.environ.get(CODE_DIR_VARIABLE) or job["code_root"])
+    _not_dumpable()
+    nonce = "@" + secrets.token_hex(16) + "@"
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        os.close(result_fd)  # before the PR's code exists in this process
+        status = 0
+        try:
+            _worker(job, code_root, write_end, nonce)
+        except BaseException:  # noqa: BLE001 - report whatever ended the worker, then leave
+            traceback.print_exc()
+            status = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+    os.close(write_end)
+    output, status = _collect(read_end, pid, _WORKER_OUTPUT_CAP)
+    reports = _framed_reports(output, nonce)
+    results = []
+    for index, item in enumerate(job["targets"]):
+        target = item["target"]
+        if index < len(reports):
+            report = reports[index]
+            report["target"] = target  # one report per requested target, under its own name
+        else:
+            report = _report(target, "error", f"the model's code ended the smoke child before {target} was reported "
+                                              f"({_describe_exit(status)})")
+        results.append(report)
+    _write_all(result_fd, json.dumps({"results": results}, default=str).encode())
+    os.close(result_fd)
     return 0
 
 

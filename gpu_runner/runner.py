@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import subprocess
 import sys
 import time
@@ -15,11 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from gpu_runner.child import RESULT_PREFIX
-from gpu_runner.sandbox import SandboxLimits, run_sandboxed
+from gpu_runner.sandbox import SandboxLimits, SandboxRefused, run_sandboxed
 
 log = logging.getLogger("torchreview.smoke")
-PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # makes ``gpu_runner`` importable in the child
+# Only this package is bound into the sandbox (never the directory around it: a checkout may hold
+# .torchreview-data, .env, keys).
+PACKAGE_DIR = Path(__file__).resolve().parent
+STATUSES = ("passed", "failed", "skipped", "error")
+CHECK_STATUSES = ("pass", "fail", "warn", "skip")
+_MAX_TEXT = 4000  # characters per string of a report: the check run's summary has room for all targets
 
 
 @dataclass
@@ -48,6 +54,7 @@ class SmokeRun:
     device: str
     seconds: float
     warnings: list[str] = field(default_factory=list)  # sandbox layers that were unavailable, etc.
+    refused: Optional[str] = None  # why the sandbox refused to run PR code, and what the operator must do
 
     @property
     def failed(self) -> bool:
@@ -56,38 +63,37 @@ class SmokeRun:
 
     def to_dict(self) -> dict:
         return {"device": self.device, "seconds": round(self.seconds, 2), "warnings": self.warnings,
+                "refused": self.refused,
                 "targets": [{"target": o.target, "line": o.line, "status": o.status, "head": o.head, "base": o.base,
                              "comparison": o.comparison} for o in self.outcomes]}
 
 
 def run_target(code_dir: Path, request: TargetRequest, *, device: str, steps: int, seed: int,
-               limits: SandboxLimits, sandbox: bool = True) -> tuple[dict, list[str]]:
-    """One target of one revision in a fresh child process; (report, sandbox warnings)."""
+               limits: SandboxLimits, sandbox: bool = True, policy: Optional[str] = None) -> tuple[dict, list[str]]:
+    """One target of one revision in a fresh child process; (report, sandbox warnings).
+
+    The report comes only from the result channel the trusted harness (gpu_runner.child) writes;
+    the child's stdout and stderr are logs. Raises ``SandboxRefused`` when the sandbox refuses.
+    """
     job = {"code_root": str(code_dir), "targets": [{"target": request.target, "config": request.config}],
            "device": device, "steps": steps, "seed": seed}
-    argv = [sys.executable, "-m", "gpu_runner.child"]
+    argv = [sys.executable, "-s", "-m", "gpu_runner.child"]
     payload = json.dumps(job).encode()
     if sandbox:
-        result = run_sandboxed(argv, code_dir=code_dir, limits=limits, python_paths=[PACKAGE_PARENT, code_dir],
-                               stdin=payload, gpu=device.startswith("cuda"),
+        result = run_sandboxed(argv, code_dir=code_dir, limits=limits, packages=[PACKAGE_DIR], stdin=payload,
+                               gpu=device.startswith("cuda"), result_channel=True, private_cwd=True, policy=policy,
                                env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-        stdout, stderr, warnings = result.stdout, result.stderr, list(result.warnings)
+        stdout, stderr, warnings, channel = result.stdout, result.stderr, list(result.warnings), result.channel
         if result.timed_out:
             return _error(request.target, f"timed out after {limits.timeout_s:.0f}s (smoke.timeout); the whole process "
                                           "tree was killed"), warnings
         returncode = result.returncode
-    else:
-        proc = subprocess.run(argv, input=payload, capture_output=True, cwd=code_dir,
-                              env={"PYTHONPATH": f"{PACKAGE_PARENT}:{code_dir}", "PATH": "/usr/bin:/bin",
-                                   "OMP_NUM_THREADS": "1"}, timeout=limits.timeout_s)
-        stdout, stderr, warnings = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"), []
-        returncode = proc.returncode
-    for line in stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            try:
-                return json.loads(line[len(RESULT_PREFIX):]), warnings
-            except ValueError:
-                break
+    else:  # the benchmark's baseline: the same harness in a plain child process
+        stdout, stderr, returncode, channel = _run_unsandboxed(argv, payload, code_dir, limits)
+        warnings = []
+    reports = _channel_reports(channel)
+    if reports:
+        return _sanitized(reports[0], request.target), warnings
     tail = (stderr or stdout).strip().splitlines()[-6:]
     detail = " | ".join(tail)[-800:] or f"exit status {returncode}"
     if returncode is not None and returncode < 0 or "MemoryError" in detail:
@@ -95,32 +101,139 @@ def run_target(code_dir: Path, request: TargetRequest, *, device: str, steps: in
     return _error(request.target, f"the smoke child produced no result: {detail}"), warnings
 
 
+def _run_unsandboxed(argv: list[str], payload: bytes, code_dir: Path, limits: SandboxLimits):
+    import tempfile
+
+    read_end, write_end = os.pipe()
+    try:
+        with tempfile.TemporaryDirectory() as cwd:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    cwd=cwd, pass_fds=(write_end,),
+                                    env={"PYTHONPATH": str(PACKAGE_DIR.parent), "PATH": "/usr/bin:/bin",
+                                         "OMP_NUM_THREADS": "1", "TORCHREVIEW_RESULT_FD": str(write_end),
+                                         "TORCHREVIEW_CODE_DIR": str(code_dir)})
+            os.close(write_end)
+            write_end = None
+            stdout, stderr = proc.communicate(payload, timeout=limits.timeout_s)
+            channel = b""
+            while chunk := os.read(read_end, 1 << 16):
+                channel += chunk
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)
+    return stdout.decode(errors="replace"), stderr.decode(errors="replace"), proc.returncode, channel
+
+
+def _channel_reports(channel: bytes) -> list[dict]:
+    try:
+        results = json.loads(channel.decode(errors="replace")).get("results")
+    except (ValueError, AttributeError):
+        return []
+    return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+
+
+def _text(value, limit: int = _MAX_TEXT) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _sanitized(report: dict, target: str) -> dict:
+    """The report in the shape the worker expects: known statuses, strings, numbers; under ``target``."""
+    status = report.get("status") if report.get("status") in STATUSES else "error"
+    checks = []
+    for check in report.get("checks") or []:
+        if isinstance(check, dict):
+            checks.append({**{k: _text(v) for k, v in check.items() if isinstance(k, str) and isinstance(v, str)},
+                           "name": _text(check.get("name", "?"), 200),
+                           "status": check.get("status") if check.get("status") in CHECK_STATUSES else "fail",
+                           "message": _text(check.get("message", "")),
+                           "details": check["details"] if isinstance(check.get("details"), dict)
+                           and len(json.dumps(check["details"], default=str)) <= 5 * _MAX_TEXT else {}})
+    measures = {k: v for k, v in (report.get("measures") or {}).items()
+                if isinstance(k, str) and (isinstance(v, (int, float)) and not isinstance(v, bool) or v is None)} \
+        if isinstance(report.get("measures"), dict) else {}
+    clean = {"target": target, "status": status, "checks": checks, "measures": measures,
+             "reason": _text(report.get("reason") or ""),
+             "notes": [_text(n) for n in report.get("notes") or [] if isinstance(n, str)][:50]}
+    for key in ("traceback", "loss_curve"):
+        if key in report:
+            clean[key] = report[key] if key == "loss_curve" and isinstance(report[key], list) and all(
+                isinstance(x, (int, float)) for x in report[key]) else _text(report[key])
+    return clean
+
+
 def _error(target: str, reason: str) -> dict:
     return {"target": target, "status": "error", "checks": [], "measures": {}, "reason": reason, "notes": []}
 
 
+_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def runner_secrets() -> list[str]:
+    """Secret values this process holds (credential-like environment variables, the App's key file): a
+    report quoting one is redacted. Defence in depth: the sandbox already keeps them out of the child's reach."""
+    found = [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and not k.endswith(("_PATH", "_FILE", "_DIR"))
+             and len(v) >= 8]  # (a path names a secret; it is not one)
+    texts = [os.environ.get("GITHUB_PRIVATE_KEY", "")]
+    key_path = os.environ.get("GITHUB_PRIVATE_KEY_PATH")
+    if key_path:
+        try:
+            texts.append(Path(key_path).read_text(errors="replace"))
+        except OSError:
+            pass
+    for text in texts:  # a key's every line, so a partial quote is caught too
+        found += [line.strip() for line in text.splitlines() if len(line.strip()) >= 16 and "-----" not in line]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def redact(value, secrets: list[str]):
+    """``value`` (a report: dicts, lists, strings) with every secret replaced by ``[redacted]``."""
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, "[redacted]")
+        return value
+    if isinstance(value, dict):
+        return {k: redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secrets) for v in value]
+    return value
+
+
 def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[Path] = None, device: str = "cpu",
           steps: int = 50, seed: int = 0, limits: SandboxLimits = SandboxLimits(),
-          thresholds: Optional[dict] = None, sandbox: bool = True) -> SmokeRun:
+          thresholds: Optional[dict] = None, sandbox: bool = True, policy: Optional[str] = None) -> SmokeRun:
+    """Smoke every request on head (and base); a sandbox refusal stops the run and says why in ``refused``."""
     from gpu_runner.compare import compare_reports
 
     started = time.perf_counter()
     outcomes: list[TargetOutcome] = []
     warnings: list[str] = []
-    for request in requests:
-        head, head_warnings = run_target(head_dir, request, device=device, steps=steps, seed=seed, limits=limits,
-                                         sandbox=sandbox)
-        outcome = TargetOutcome(request.target, request.line, head)
-        _merge(warnings, head_warnings)
-        path = request.target.split(":", 1)[0]
-        if base_dir is not None and (base_dir / path).is_file() and head.get("status") in ("passed", "failed"):
-            base, base_warnings = run_target(base_dir, request, device=device, steps=steps, seed=seed, limits=limits,
-                                             sandbox=sandbox)
-            _merge(warnings, base_warnings)
-            if base.get("status") in ("passed", "failed"):
-                outcome.base = base
-                outcome.comparison = compare_reports(head, base, thresholds)
-        outcomes.append(outcome)
+    secrets = runner_secrets()
+
+    def one(code_dir: Path, request: TargetRequest) -> dict:
+        report, new_warnings = run_target(code_dir, request, device=device, steps=steps, seed=seed, limits=limits,
+                                          sandbox=sandbox, policy=policy)
+        _merge(warnings, new_warnings)
+        return redact(report, secrets)
+
+    try:
+        for request in requests:
+            head = one(head_dir, request)
+            outcome = TargetOutcome(request.target, request.line, head)
+            path = request.target.split(":", 1)[0]
+            if base_dir is not None and (base_dir / path).is_file() and head.get("status") in ("passed", "failed"):
+                base = one(base_dir, request)
+                if base.get("status") in ("passed", "failed"):
+                    outcome.base = base
+                    outcome.comparison = compare_reports(head, base, thresholds)
+            outcomes.append(outcome)
+    except SandboxRefused as exc:
+        log.error("smoke: %s", exc)
+        reason = str(exc)
+        outcomes = [TargetOutcome(r.target, r.line, _error(r.target, reason)) for r in requests]
+        return SmokeRun(outcomes, device, time.perf_counter() - started, warnings, refused=reason)
     return SmokeRun(outcomes, device, time.perf_counter() - started, warnings)
 
 

@@ -1,23 +1,34 @@
-"""Run untrusted pull-request code in a child process behind every isolation layer this machine offers.
+"""Run untrusted pull-request code in a child process that can reach nothing but what it is given.
 
-The smoke trainer imports and runs a PR's model code, which is as untrusted as code gets. The child gets:
+The smoke trainer imports and runs a PR's model code, which is as untrusted as code gets. The required
+layers, all provided by bubblewrap (``bwrap``):
 
-* a cleared environment (no tokens, no private key),
-* no network (its own network namespace: only loopback, and nothing listens there),
-* its own unprivileged uid (``nobody``),
-* the code directory read-only and a private, size-capped ``/tmp``,
-* rlimits on data memory, CPU time, file size, process count and core dumps,
-* a wall-clock timeout that kills the whole process tree (its own PID namespace, plus session kill
-  and a check for survivors),
-* capped stdout/stderr.
+* ``network``: its own network namespace (only a loopback nobody listens on; abstract unix sockets are
+  per namespace too);
+* ``pid_namespace``: its own PID namespace and a fresh ``/proc`` of it: no other process is visible,
+  and the wall-clock timeout kills the whole tree;
+* ``uid``: as root, the uid ``nobody`` (setpriv, no capabilities, no groups); otherwise ``nobody`` in a
+  user namespace of its own, with every capability dropped;
+* ``filesystem``: a fresh root that holds an ALLOWLIST, never the host's ``/``: the system and Python
+  directories (``/usr``, the interpreter's prefixes, the venv) and the code read-only, a minimal
+  ``/dev``, size-capped private ``/tmp`` and ``/dev/shm``; nothing of ``/etc`` but the loader's cache and
+  a two-line ``passwd``; no home, ``/run``, ``/var``, data or key directory. The runner refuses when a
+  path it knows to be secret (``secret_paths``) lies inside something it would bind;
+* ``seccomp``: a deny-list (``gpu_runner.syscall_filter``): no ptrace, no nested namespaces, no mount,
+  keyring, bpf, perf...;
+* ``rlimits``: one memory budget (``RLIMIT_DATA`` plus the tmpfs sizes add up to ``memory_bytes``), CPU
+  seconds, file size, processes (``RLIMIT_NPROC``), no core dumps;
+* ``clean_env``: an environment built from nothing.
 
-The preferred backend is bubblewrap (``bwrap``). Without it, ``unshare``/``setpriv`` provide what they
-can, and a plain subprocess in its own session is the last resort. Each layer that is missing is
-reported in ``SandboxResult.layers``/``warnings`` (and logged), never skipped silently.
+FAIL CLOSED: when a required layer is unavailable, ``run_sandboxed`` raises ``SandboxRefused`` naming
+what is missing and what the operator must enable. Only an explicit opt-in by the operator,
+``TORCHREVIEW_SANDBOX=weak`` (for a trusted single-user machine), lets it run with what is left
+(``unshare``/``setpriv``, or a plain subprocess), with every missing layer listed in the result's
+``warnings``. The setting is the operator's (an environment variable of the runner), never a
+repository's: a repository must not be able to weaken the sandbox its own code runs in.
 """
 from __future__ import annotations
 
-import functools
 import glob
 import logging
 import os
@@ -35,28 +46,67 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from gpu_runner import syscall_filter
+
 log = logging.getLogger(__name__)
 
-# The uid/gid the child runs as when the runner is root; nobody owns nothing worth protecting.
+# The uid/gid the child runs as (inside its user namespace, or for real when the runner is root).
 CHILD_UID = 65534
 CHILD_GID = 65534
 
-LAYER_NAMES = ("network", "pid_namespace", "uid", "readonly_code", "private_tmp", "rlimits", "clean_env")
+LAYER_NAMES = ("network", "pid_namespace", "uid", "filesystem", "readonly_code", "private_tmp", "seccomp",
+               "rlimits", "clean_env")
+# Without any of these the runner refuses, unless the operator opted into a weak sandbox.
+REQUIRED_LAYERS = ("network", "pid_namespace", "uid", "filesystem", "seccomp", "rlimits", "clean_env")
+
+POLICY_VARIABLE = "TORCHREVIEW_SANDBOX"
+SECRET_PATHS_VARIABLE = "TORCHREVIEW_SECRET_PATHS"
+RESULT_FD_VARIABLE = "TORCHREVIEW_RESULT_FD"  # the child's end of the result channel
+CODE_DIR_VARIABLE = "TORCHREVIEW_CODE_DIR"  # where the child finds the code (a copy in weak modes)
+
+REMEDY = ("install bubblewrap (`apt-get install bubblewrap`) and let it create namespaces: run the executor "
+          "as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+          "kernel.unprivileged_userns_clone=1 where it exists; on Ubuntu 23.10+ "
+          "kernel.apparmor_restrict_unprivileged_userns=0); in a container, the seccomp profile "
+          "deploy/seccomp/torchreview-executor.json and an unconfined AppArmor profile (deploy/README.md)")
+WEAK_OPT_IN = (f"on a trusted single-user machine only, {POLICY_VARIABLE}=weak runs PR code with the layers "
+               "that are left")
 
 _PROBE_TIMEOUT_S = 20.0
 _POLL_INTERVAL_S = 0.02
 _READ_CHUNK = 64 << 10
 _RUN_TAG_VARIABLE = "TORCHREVIEW_SANDBOX_RUN"  # only set where there is no PID namespace
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_LOADER_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
+_GPU_SYSFS = ("/sys/bus", "/sys/class", "/sys/dev", "/sys/devices")
+_PASSWD = (f"root:x:0:0:root:/:/usr/sbin/nologin\n"
+           f"nobody:x:{CHILD_UID}:{CHILD_GID}:nobody:/tmp:/usr/sbin/nologin\n")
+_GROUP = f"root:x:0:\nnogroup:x:{CHILD_GID}:\n"
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 300.0  # wall clock; kills the whole process tree
-    memory_bytes: int = 4 << 30  # RLIMIT_DATA (NOT RLIMIT_AS: it breaks torch's virtual reservations)
+    # The child's whole budget: RLIMIT_DATA gets what the private /tmp and /dev/shm do not.
+    # (RLIMIT_DATA, NOT RLIMIT_AS: torch's virtual reservations would break RLIMIT_AS.)
+    memory_bytes: int = 4 << 30
     cpu_seconds: int = 900  # RLIMIT_CPU
     file_size_bytes: int = 64 << 20  # RLIMIT_FSIZE
-    processes: int = 512  # RLIMIT_NPROC (per uid: only meaningful with a dedicated uid)
+    processes: int = 512  # RLIMIT_NPROC (threads count too)
     output_bytes: int = 1 << 20  # cap on captured stdout and on stderr each
+    result_bytes: int = 4 << 20  # cap on the result channel
+
+    @property
+    def tmp_bytes(self) -> int:
+        return max(self.memory_bytes // 4, 1 << 20)
+
+    @property
+    def shm_bytes(self) -> int:
+        return max(self.memory_bytes // 16, 1 << 20)
+
+    @property
+    def data_bytes(self) -> int:
+        return max(self.memory_bytes - self.tmp_bytes - self.shm_bytes, 16 << 20)
 
 
 @dataclass
@@ -68,8 +118,29 @@ class SandboxResult:
     output_truncated: bool
     wall_seconds: float
     max_rss_bytes: int  # the child's high-water mark (os.wait4 rusage, which covers reaped descendants)
-    layers: dict[str, bool]  # network, pid_namespace, uid, readonly_code, private_tmp, rlimits, clean_env
+    layers: dict[str, bool]  # LAYER_NAMES -> applied
     warnings: list[str] = field(default_factory=list)
+    channel: bytes = b""  # what the child wrote to the result channel (result_channel=True)
+    mode: str = ""  # "bubblewrap+setpriv", "bubblewrap+userns", "weak: unshare", "weak: plain"
+
+
+class SandboxRefused(RuntimeError):
+    """A required layer is unavailable and the operator has not opted into a weak sandbox."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("refused to run pull-request code: " + "; ".join(self.problems) + f". ({WEAK_OPT_IN}.)")
+
+
+def sandbox_policy(value: Optional[str] = None) -> str:
+    """``strict`` (the default: refuse without every required layer) or ``weak`` (the operator's opt-in)."""
+    raw = os.environ.get(POLICY_VARIABLE, "") if value is None else value
+    text = raw.strip().lower()
+    if text in ("weak", "allow-weak"):
+        return "weak"
+    if text not in ("", "strict", "required"):
+        log.error("sandbox: %s=%r is not strict or weak; using strict", POLICY_VARIABLE, raw)
+    return "strict"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -83,14 +154,19 @@ class _Capabilities:
 
     backend: str  # "bubblewrap" | "unshare" | "plain"
     layers: dict[str, bool]
-    warnings: tuple[str, ...]
-    # The child runs as CHILD_UID in the kernel's eyes (not just inside a user namespace), so
-    # root-only files stay unreadable and RLIMIT_NPROC counts only sandboxed processes.
+    warnings: tuple[str, ...]  # what a weak mode lacks (in the report, loudly)
+    problems: tuple[str, ...] = ()  # why required layers are missing, with the remedy (for refusals)
+    # The child runs as CHILD_UID in the kernel's eyes (setpriv as root), not only in a user namespace.
     dedicated_uid: bool = False
-    bwrap_proc_args: tuple[str, ...] = ("--proc", "/proc")
-    # Non-root runners get their uid through a bwrap user namespace instead of setpriv.
-    bwrap_user_namespace: bool = False
-    unshare_args: tuple[str, ...] = ()  # fallback: "unshare --net --pid ..." prefix
+    fresh_proc: bool = True  # bubblewrap could mount a procfs of the child's PID namespace
+    bwrap_user_namespace: bool = False  # non-root: nobody in a user namespace of its own
+    unshare_args: tuple[str, ...] = ()  # weak fallback: "unshare --net --pid ..." prefix
+
+    @property
+    def mode(self) -> str:
+        if self.backend == "bubblewrap":
+            return "bubblewrap+" + ("setpriv" if self.dedicated_uid else "userns")
+        return "weak: " + self.backend
 
 
 _capabilities_lock = threading.Lock()
@@ -102,14 +178,32 @@ def available_layers() -> dict[str, bool]:
     return dict(_capabilities().layers)
 
 
+def check_sandbox(policy: Optional[str] = None) -> list[str]:
+    """Why the runner would refuse to run PR code here ([] when it would run); for start-up checks."""
+    caps = _capabilities()
+    if sandbox_policy(policy) == "weak":
+        return []
+    package = Path(__file__).resolve().parent  # what the runner binds (gpu_runner.runner.PACKAGE_DIR)
+    return list(caps.problems) + _secret_problems(_visible_sources(caps, code_dir=None, python_paths=(),
+                                                                   packages=(package,), gpu=False))
+
+
 def _capabilities() -> _Capabilities:
     global _cached_capabilities
     with _capabilities_lock:
         if _cached_capabilities is None:
             _cached_capabilities = _probe()
-            for warning in _cached_capabilities.warnings:
-                log.warning("sandbox: %s", warning)
+            for problem in _cached_capabilities.problems:
+                log.warning("sandbox: %s", problem)
         return _cached_capabilities
+
+
+def _seccomp_state() -> tuple[bool, str]:
+    try:
+        syscall_filter.compiled_filter()
+        return True, ""
+    except syscall_filter.FilterUnavailable as exc:
+        return False, str(exc)
 
 
 def _probe(*, allow_bubblewrap: bool = True, allow_unshare: bool = True,
@@ -117,11 +211,11 @@ def _probe(*, allow_bubblewrap: bool = True, allow_unshare: bool = True,
     """Find the strongest working backend. The ``allow_*`` switches let tests exercise the fallbacks."""
     is_root = os.geteuid() == 0
     can_switch_uid = allow_uid_switch and is_root and shutil.which("setpriv") is not None
-    bwrap_failure = "bubblewrap is not installed (apt-get install bubblewrap)"
+    bwrap_failure = "bubblewrap is not installed"
     if not allow_bubblewrap:
         bwrap_failure = "bubblewrap is disabled"
     elif shutil.which("bwrap"):
-        outcome = _probe_bubblewrap(is_root=is_root, can_switch_uid=can_switch_uid)
+        outcome = _probe_bubblewrap(can_switch_uid=can_switch_uid)
         if isinstance(outcome, _Capabilities):
             return outcome
         bwrap_failure = outcome
@@ -129,46 +223,52 @@ def _probe(*, allow_bubblewrap: bool = True, allow_unshare: bool = True,
                                      allow_unshare=allow_unshare)
 
 
-def _probe_bubblewrap(*, is_root: bool, can_switch_uid: bool) -> "_Capabilities | str":
+def _probe_bubblewrap(*, can_switch_uid: bool) -> "_Capabilities | str":
     """A bubblewrap backend that really runs this interpreter, or why bubblewrap cannot be used."""
     errors = []
-    # A fresh procfs is refused in some containers (a masked /proc); the host's, read-only, still works.
-    for proc_args in (("--proc", "/proc"), ("--ro-bind", "/proc", "/proc")):
-        # Root prefers a real uid switch (setpriv inside); otherwise nobody inside a user namespace.
-        attempts = [(True, False), (False, True)] if can_switch_uid else [(False, True)]
+    # Root prefers a real uid switch (setpriv inside); otherwise nobody inside a user namespace.
+    attempts = [(True, False), (False, True)] if can_switch_uid else [(False, True)]
+    # A fresh procfs is refused in some containers (a masked /proc): then the child gets no /proc at all,
+    # never the host's.
+    for fresh_proc in (True, False):
         for dedicated_uid, user_namespace in attempts:
-            caps = _Capabilities("bubblewrap", {}, (), dedicated_uid=dedicated_uid, bwrap_proc_args=proc_args,
-                                 bwrap_user_namespace=user_namespace)
+            caps = _Capabilities("bubblewrap", dict.fromkeys(LAYER_NAMES, True), (), dedicated_uid=dedicated_uid,
+                                 fresh_proc=fresh_proc, bwrap_user_namespace=user_namespace)
             error = _try_sandboxed_interpreter(caps)
             if error is None:
-                return _describe_bubblewrap(caps, is_root=is_root, can_switch_uid=can_switch_uid,
-                                            errors=errors)
-            errors.append(f"{' '.join(proc_args)}, {'setpriv' if dedicated_uid else 'user namespace'}: {error}")
+                return _describe_bubblewrap(caps)
+            errors.append(f"{'setpriv' if dedicated_uid else 'user namespace'}"
+                          f"{'' if fresh_proc else ', no /proc'}: {error}")
     return "bubblewrap cannot create its sandbox here (" + "; ".join(errors) + ")"
 
 
-def _describe_bubblewrap(caps: _Capabilities, *, is_root: bool, can_switch_uid: bool,
-                         errors: list[str]) -> _Capabilities:
+def _describe_bubblewrap(caps: _Capabilities) -> _Capabilities:
     layers = dict.fromkeys(LAYER_NAMES, True)
-    warnings = []
-    if caps.bwrap_proc_args[0] != "--proc":
-        warnings.append("no private /proc: bubblewrap cannot mount procfs here; the host's /proc is bound "
-                        "read-only (the child sees the host's process list, not their environments)")
-    if not caps.dedicated_uid:
-        outside = "root" if is_root else _user_name(os.geteuid())
-        why = ("setpriv could not switch to it inside bubblewrap (" + "; ".join(errors) + ")" if can_switch_uid
-               else "the runner is not root, so it cannot switch uid")
-        warnings.append(f"uid: the child is nobody only inside a user namespace, where it maps to {outside} "
-                        f"outside; {why}. Files {outside} can read stay readable to the child, and "
-                        "RLIMIT_NPROC is not applied (it would count the runner's own processes)")
-    return _Capabilities("bubblewrap", layers, tuple(warnings), dedicated_uid=caps.dedicated_uid,
-                         bwrap_proc_args=caps.bwrap_proc_args, bwrap_user_namespace=caps.bwrap_user_namespace)
+    warnings, problems = [], []
+    seccomp_ok, seccomp_error = _seccomp_state()
+    if not seccomp_ok:
+        layers["seccomp"] = False
+        problems.append(f"seccomp: {seccomp_error}")
+        warnings.append(f"no seccomp filter: {seccomp_error}; the child may ptrace, create namespaces, use bpf...")
+    if not caps.dedicated_uid and os.geteuid() == 0:
+        # nobody in a user namespace of root's maps to root outside: a kernel escape would be root.
+        layers["uid"] = False
+        problems.append("uid: the runner is root but setpriv could not switch the child to nobody (install "
+                        "util-linux's setpriv), so the child would be root outside its user namespace")
+        warnings.append("uid: the child is nobody only inside a user namespace; outside it is root")
+    if not caps.fresh_proc:
+        warnings.append("no /proc in the sandbox: bubblewrap cannot mount a procfs here (a masked /proc: Docker "
+                        "`--security-opt systempaths=unconfined`, Kubernetes `procMount: Unmasked`)")
+    return _Capabilities("bubblewrap", layers, tuple(warnings), tuple(problems), dedicated_uid=caps.dedicated_uid,
+                         fresh_proc=caps.fresh_proc, bwrap_user_namespace=caps.bwrap_user_namespace)
 
 
 def _probe_without_bubblewrap(bwrap_failure: str, *, is_root: bool, can_switch_uid: bool,
                               allow_unshare: bool) -> _Capabilities:
     layers = dict.fromkeys(LAYER_NAMES, True)
     warnings = []
+    problems = [f"filesystem: {bwrap_failure}, and nothing else can give the child a filesystem view without "
+                f"the runner's files; {REMEDY}"]
     # Non-root needs a user namespace to own the new network/PID namespaces.
     user_ns = () if is_root else ("--user", "--map-root-user")
     unshare_args: list[str] = []
@@ -188,47 +288,63 @@ def _probe_without_bubblewrap(bwrap_failure: str, *, is_root: bool, can_switch_u
     if net_error is not None:
         layers["network"] = False
         warnings.append(f"no network namespace: {bwrap_failure}; unshare --net failed ({net_error}); "
-                        "the child can reach the network")
+                        "the child can reach the network, loopback and unix sockets included")
+        problems.append(f"network: no network namespace ({net_error})")
     if pid_error is not None:
         layers["pid_namespace"] = False
-        warnings.append(f"no PID namespace: {bwrap_failure}; unshare --pid failed ({pid_error}); the timeout "
-                        "kills the child's session, process tree and the processes carrying its environment tag "
-                        "instead, which a descendant that calls setsid() and rewrites its environment can escape")
+        warnings.append(f"no PID namespace: {bwrap_failure}; unshare --pid failed ({pid_error}); the child sees "
+                        "the runner's processes, and the timeout kills its session, process tree and the processes "
+                        "carrying its environment tag instead, which a descendant that calls setsid() and rewrites "
+                        "its environment can escape")
+        problems.append(f"pid_namespace: no PID namespace ({pid_error})")
     dedicated_uid = False
     if can_switch_uid:
         uid_error = _try_command([*_setpriv_args(), *_interpreter_check()])
         dedicated_uid = uid_error is None
     else:
         uid_error = "the runner is not root" if not is_root else "setpriv is not available"
+    me = _user_name(os.geteuid())
     if not dedicated_uid:
         layers["uid"] = False
         layers["readonly_code"] = False
-        me = _user_name(os.geteuid())
-        warnings.append(f"no dedicated uid: {bwrap_failure}; setpriv to uid {CHILD_UID} failed ({uid_error}); "
-                        f"the child runs as {me}, can read what {me} can read, and RLIMIT_NPROC is not applied")
-        warnings.append(f"code not read-only: the child runs on a copy of the code, marked read-only, but as "
+        warnings.append(f"no dedicated uid: setpriv to uid {CHILD_UID} failed ({uid_error}); the child runs as "
+                        f"{me}, can read what {me} can read and signal {me}'s processes")
+        warnings.append("code not read-only: the child runs on a copy of the code, marked read-only, but as "
                         f"{me} it can make it writable again (the original stays intact)")
+        problems.append(f"uid: the child would run as {me} ({uid_error})")
+    layers["filesystem"] = False
     layers["private_tmp"] = False
-    warnings.append(f"no private /tmp: {bwrap_failure}; HOME and TMPDIR point to a fresh 0700 directory of "
-                    "the child's, but /tmp itself is the host's")
-    return _Capabilities("unshare" if unshare_args else "plain", layers, tuple(warnings),
+    warnings.append(f"no filesystem allowlist: {bwrap_failure}; the child sees the whole filesystem with "
+                    f"{'nobody' if dedicated_uid else me}'s permissions, the host's /tmp included (HOME and TMPDIR "
+                    "point to a fresh 0700 directory of its own)")
+    seccomp_ok, seccomp_error = _seccomp_state()
+    if not seccomp_ok:
+        layers["seccomp"] = False
+        warnings.append(f"no seccomp filter: {seccomp_error}")
+        problems.append(f"seccomp: {seccomp_error}")
+    if is_root and not dedicated_uid:
+        layers["rlimits"] = False  # root ignores RLIMIT_NPROC
+        warnings.append("rlimits: the child runs as root, which RLIMIT_NPROC does not limit")
+        problems.append("rlimits: no process limit for a child running as root")
+    return _Capabilities("unshare" if unshare_args else "plain", layers, tuple(warnings), tuple(problems),
                          dedicated_uid=dedicated_uid, unshare_args=tuple(unshare_args))
 
 
 def _try_sandboxed_interpreter(caps: _Capabilities) -> Optional[str]:
     """None when this interpreter starts inside the sandbox ``caps`` describes, else the error."""
     with tempfile.TemporaryDirectory(prefix="torchreview-probe-") as scratch:
-        code_dir = Path(scratch)
-        code_dir.chmod(0o755)
-        command = _bwrap_command(_interpreter_check(), caps=caps, code_dir=code_dir,
-                                 mounted_code=code_dir, python_paths=(), limits=SandboxLimits(), gpu=False)
+        scratch_dir = Path(scratch)
+        scratch_dir.chmod(0o755)
+        code_dir = scratch_dir / "code"
+        code_dir.mkdir(mode=0o755)
+        command = _bwrap_command(_interpreter_check(), caps=caps, code_dir=code_dir, mounted_code=code_dir,
+                                 python_paths=(), packages=(), limits=SandboxLimits(), gpu=False,
+                                 scratch=scratch_dir, seccomp_fd=None, cwd="/tmp")
         return _try_command(command)
 
 
 def _interpreter_check() -> list[str]:
-    # Exits non-zero unless this interpreter's Python version starts. (Without access to a pyenv prefix
-    # the dynamic loader may silently pick the system's libpython instead; the same minor version
-    # keeps the venv's compiled packages working, so that much is accepted.)
+    # Exits non-zero unless this interpreter's Python version starts.
     return [sys.executable, "-c", f"import sys; sys.exit(sys.version_info[:2] != {tuple(sys.version_info[:2])})"]
 
 
@@ -252,6 +368,72 @@ def _user_name(uid: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# What the child may see
+# --------------------------------------------------------------------------------------------------
+
+
+def secret_paths() -> list[Path]:
+    """Paths the child must never see: the App's key, the data dir (embedded broker), the runner's home
+    (~/.ssh...), runtime sockets, and whatever the operator lists in TORCHREVIEW_SECRET_PATHS."""
+    found = [Path("/run"), Path("/var"), Path("/etc"), Path("/root"), Path("/home")]
+    for variable in ("GITHUB_PRIVATE_KEY_PATH", "HOME", "XDG_RUNTIME_DIR"):
+        if os.environ.get(variable):
+            found.append(Path(os.environ[variable]))
+    found.append(Path(os.environ.get("TORCHREVIEW_DATA_DIR") or ".torchreview-data"))
+    found.extend(Path(p) for p in os.environ.get(SECRET_PATHS_VARIABLE, "").split(os.pathsep) if p)
+    # Only what exists can be read (the worker creates its data dir at start, before any smoke run).
+    return [Path(os.path.abspath(p)) for p in found if os.path.lexists(p)]
+
+
+def _visible_sources(caps: _Capabilities, *, code_dir: Optional[Path], python_paths: Sequence[Path],
+                     packages: Sequence[Path], gpu: bool) -> list[Path]:
+    """Every host path the child can read (bubblewrap binds); the whole filesystem otherwise."""
+    if caps.backend != "bubblewrap":
+        return [Path("/")]
+    sources = [source for source, _ in _binds(code_dir, code_dir, python_paths, packages)]
+    return sources + ([Path(d) for d in _GPU_SYSFS if os.path.isdir(d)] if gpu else [])
+
+
+def _secret_problems(sources: Sequence[Path]) -> list[str]:
+    problems = []
+    for secret in secret_paths():
+        for source in sources:
+            if source != Path("/") and _is_within(secret, source):
+                problems.append(f"filesystem: {secret} (secret) would be visible to the child through {source}; "
+                                f"move it out (or the Python environment / code away from it)")
+    return problems
+
+
+def _python_roots() -> list[Path]:
+    """The interpreter's prefixes and every site-packages on its path (a .pth file may add one elsewhere)."""
+    roots = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    roots.add(Path(os.path.realpath(sys.executable)).parent.parent)
+    roots.update(Path(p).resolve() for p in sys.path if p and Path(p).name in ("site-packages", "dist-packages"))
+    return sorted(roots, key=_depth)
+
+
+def _binds(code_dir: Optional[Path], mounted_code: Optional[Path], python_paths: Sequence[Path],
+           packages: Sequence[Path]) -> list[tuple[Path, Path]]:
+    """(host source, path in the sandbox) of every read-only bind, shallowest first, without redundancy."""
+    binds: list[tuple[Path, Path]] = []
+    for directory in _SYSTEM_DIRS:
+        path = Path(directory)
+        if path.is_dir() and not path.is_symlink():
+            binds.append((path, path))
+    for name in _LOADER_FILES:
+        if os.path.lexists(name):
+            binds.append((Path(name), Path(name)))
+    wanted = [p for p in _python_roots() + [Path(p).resolve() for p in python_paths] if os.path.exists(p)]
+    wanted += [Path(p).resolve() for p in packages]
+    for path in sorted(wanted, key=_depth):
+        if not any(_is_within(path, target) for _, target in binds):
+            binds.append((path, path))
+    if code_dir is not None and mounted_code is not None:
+        binds.append((mounted_code, code_dir))
+    return sorted(binds, key=lambda b: _depth(b[1]))
+
+
+# --------------------------------------------------------------------------------------------------
 # Building the child's command
 # --------------------------------------------------------------------------------------------------
 
@@ -264,97 +446,63 @@ def _setpriv_args() -> list[str]:
 
 
 def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, mounted_code: Path,
-                   python_paths: Sequence[Path], limits: SandboxLimits, gpu: bool) -> list[str]:
-    """``bwrap ... argv``: the host's filesystem read-only, private /tmp, /proc and /dev, no network.
-
-    ``mounted_code`` is bound read-only at ``code_dir`` (a world-readable copy when the child's uid
-    could not read the original).
-    """
+                   python_paths: Sequence[Path], packages: Sequence[Path], limits: SandboxLimits, gpu: bool,
+                   scratch: Path, seccomp_fd: Optional[int], cwd: str) -> list[str]:
+    """``bwrap ... argv``: a fresh root holding only the allowlist, no network, its own PID namespace."""
     # --as-pid-1: the command itself is the namespace's init, so bwrap waits for it directly and the
-    # rusage (max RSS) reaches our wait4; with bwrap's own init in between it would be lost. When the
-    # command exits, the kernel still kills whatever else runs in the namespace.
+    # rusage (max RSS) reaches our wait4, and nothing inside can SIGKILL it. When it exits, the kernel
+    # kills whatever else runs in the namespace.
     command = ["bwrap", "--die-with-parent", "--unshare-net", "--unshare-pid", "--as-pid-1", "--unshare-ipc",
-               "--unshare-uts", "--unshare-cgroup-try"]
+               "--unshare-uts", "--unshare-cgroup-try", "--new-session", "--hostname", "sandbox"]
     if caps.bwrap_user_namespace:
-        command += ["--unshare-user", "--uid", str(CHILD_UID), "--gid", str(CHILD_GID)]
-        if _bwrap_supports("--disable-userns"):  # bubblewrap >= 0.8: no nested user namespaces
-            command += ["--disable-userns"]
-    # tmpfs lives in RAM outside RLIMIT_DATA, so it gets a size cap of its own (bubblewrap >= 0.7).
-    size = ["--size", str(limits.memory_bytes)] if _bwrap_supports("--size") else []
-    command += ["--ro-bind", "/", "/", *caps.bwrap_proc_args, "--dev", "/dev",
-                "--perms", "1777", *size, "--tmpfs", "/tmp", "--perms", "1777", *size, "--tmpfs", "/dev/shm"]
+        command += ["--unshare-user", "--uid", str(CHILD_UID), "--gid", str(CHILD_GID), "--disable-userns"]
+    # Symlinked system dirs (merged /usr) are recreated as symlinks; the rest comes from the allowlist.
+    for directory in _SYSTEM_DIRS:
+        if os.path.islink(directory):
+            command += ["--symlink", os.readlink(directory), directory]
+    # /tmp and /dev/shm are RAM: their sizes come out of the memory budget (see SandboxLimits).
+    command += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+    command += ["--perms", "0755", "--tmpfs", "/dev"]
+    # A minimal /dev: no /dev/zero (MAP_SHARED of it is shared memory outside the budget), no tty.
+    for device in ("/dev/null", "/dev/full", "/dev/random", "/dev/urandom"):
+        command += ["--dev-bind", device, device]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        command += ["--symlink", target, f"/dev/{name}"]
+    command += ["--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm"]
     if gpu:
         for device in sorted(glob.glob("/dev/nvidia*")):
             command += ["--dev-bind", device, device]
-    command += _visible_paths_args(code_dir, mounted_code, python_paths, dedicated_uid=caps.dedicated_uid)
-    command += ["--chdir", str(code_dir)]
+        # The driver and NVML look up the devices in sysfs (hardware descriptions, nothing secret).
+        command += ["--perms", "0755", "--dir", "/sys"]
+        for directory in _GPU_SYSFS:
+            if os.path.isdir(directory):
+                command += ["--ro-bind", directory, directory]
+    if caps.fresh_proc:
+        command += ["--proc", "/proc"]
+    command += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable for nobody
+    for name, text in (("passwd", _PASSWD), ("group", _GROUP)):
+        path = scratch / name
+        path.write_text(text)
+        path.chmod(0o444)
+        command += ["--ro-bind", str(path), f"/etc/{name}"]
+    created = {Path("/"), Path("/tmp"), Path("/dev"), Path("/etc")}
+    for source, target in _binds(code_dir, mounted_code, python_paths, packages):
+        # Parents a bind needs are created world-traversable (bwrap would make them 0700 for nobody).
+        for parent in reversed(target.parents):
+            if parent not in created:
+                command += ["--perms", "0755", "--dir", str(parent)]
+                created.add(parent)
+        command += ["--ro-bind", str(source), str(target)]
+        created.add(target)
+    # The skeleton (/, and the directories made for the binds) is a tmpfs the child would own in a user
+    # namespace, without a size cap: read-only, only /tmp and /dev/shm stay writable.
+    command += ["--remount-ro", "/", "--chdir", cwd]
+    if seccomp_fd is not None:
+        command += ["--seccomp", str(seccomp_fd)]
     if caps.dedicated_uid:
         command += _setpriv_args()
     return command + list(argv)
-
-
-@functools.lru_cache(maxsize=None)
-def _bwrap_supports(option: str) -> bool:
-    try:
-        done = subprocess.run(["bwrap", "--help"], capture_output=True, timeout=_PROBE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return option.encode() in done.stdout + done.stderr
-
-
-def _visible_paths_args(code_dir: Path, mounted_code: Path, python_paths: Sequence[Path], *,
-                        dedicated_uid: bool) -> list[str]:
-    """bwrap arguments that make the interpreter, the python paths and the code reachable by the child.
-
-    Two things hide them: the private /tmp (paths under it must be bound again), and, for a dedicated
-    uid, a directory nobody may not traverse (a pyenv interpreter under /root, a 0700 temp dir).
-    Such a directory is replaced by an empty tmpfs (hiding the rest of it, which is the point) and the
-    paths the child needs are bound back inside it, read-only.
-    """
-    interpreter_roots = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                                     sys.base_exec_prefix)}
-    # (A missing path would make bwrap refuse to start; Python just skips it on sys.path.)
-    needed = sorted((p for p in interpreter_roots | {Path(p).resolve() for p in python_paths} if p.exists()),
-                    key=_depth)
-    tmpfs_roots = [Path("/tmp"), Path("/dev/shm")]
-    if dedicated_uid:
-        for path in needed + [code_dir]:
-            blocked = _first_untraversable_ancestor(path)
-            if blocked is not None and not any(_is_within(blocked, root) for root in tmpfs_roots):
-                tmpfs_roots.append(blocked)
-    args: list[str] = []
-    for root in sorted(set(tmpfs_roots) - {Path("/tmp"), Path("/dev/shm")}, key=_depth):
-        args += ["--perms", "0755", "--tmpfs", str(root)]
-    binds: list[tuple[Path, Path]] = [(p, p) for p in needed if any(_is_within(p, r) for r in tmpfs_roots)]
-    binds.append((mounted_code, code_dir))
-    bound: list[Path] = []
-    created: set[Path] = set()
-    for source, target in sorted(binds, key=lambda b: _depth(b[1])):
-        # Directories between a tmpfs and the bind target do not exist there yet; bwrap would create
-        # them 0700 (unreachable for nobody), so create them world-traversable first.
-        for directory in reversed(target.parents):
-            covering = _deepest_covering(directory, tmpfs_roots, bound)
-            if covering is not None and covering[1] == "tmpfs" and directory not in created \
-                    and directory != covering[0]:
-                args += ["--perms", "0755", "--dir", str(directory)]
-                created.add(directory)
-        args += ["--ro-bind", str(source), str(target)]
-        bound.append(target)
-    return args
-
-
-def _deepest_covering(path: Path, tmpfs_roots: list[Path], bound: list[Path]) -> Optional[tuple[Path, str]]:
-    """The innermost mount (tmpfs or bind) that ``path`` lies in, or None for the host's /."""
-    mounts = [(r, "tmpfs") for r in tmpfs_roots] + [(b, "bind") for b in bound]
-    covering = [m for m in mounts if _is_within(path, m[0])]
-    return max(covering, key=lambda m: _depth(m[0])) if covering else None
-
-
-def _first_untraversable_ancestor(path: Path) -> Optional[Path]:
-    for directory in reversed(path.parents):
-        if not _child_can(directory, 0o1):
-            return directory
-    return None
 
 
 def _child_can(path: Path, bits: int) -> bool:
@@ -395,7 +543,7 @@ def _base_env(*, python_paths: Sequence[Path], home: str) -> dict[str, str]:
     path = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), "/usr/local/sbin", "/usr/local/bin",
                                           "/usr/sbin", "/usr/bin", "/sbin", "/bin"]))
     env = {"PATH": path, "HOME": home, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
     if python_paths:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in python_paths)
     return env
@@ -412,13 +560,12 @@ def _child_env(env: Optional[dict[str, str]], *, python_paths: Sequence[Path], h
     return child_env
 
 
-def _rlimits(limits: SandboxLimits, *, dedicated_uid: bool) -> list[tuple[int, int]]:
-    rlimits = [(resource.RLIMIT_DATA, limits.memory_bytes), (resource.RLIMIT_CPU, limits.cpu_seconds),
-               (resource.RLIMIT_FSIZE, limits.file_size_bytes), (resource.RLIMIT_CORE, 0)]
-    if dedicated_uid:
-        # RLIMIT_NPROC counts every process of the uid; with the runner's own uid it would break the runner.
-        rlimits.append((resource.RLIMIT_NPROC, limits.processes))
-    return rlimits
+def _rlimits(limits: SandboxLimits) -> list[tuple[int, int]]:
+    # RLIMIT_NPROC in every mode: as nobody it counts the sandbox's processes (in a user namespace, those
+    # of its nobody, and all of the runner uid's processes one level up).
+    return [(resource.RLIMIT_DATA, limits.data_bytes), (resource.RLIMIT_CPU, limits.cpu_seconds),
+            (resource.RLIMIT_FSIZE, limits.file_size_bytes), (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NPROC, limits.processes)]
 
 
 def _prlimit_args(rlimits: list[tuple[int, int]]) -> list[str]:
@@ -441,35 +588,69 @@ def _set_rlimits_callback(rlimits: list[tuple[int, int]]) -> Callable[[], None]:
 
 def run_sandboxed(argv: list[str], *, code_dir: Path, limits: SandboxLimits = SandboxLimits(),
                   env: Optional[dict[str, str]] = None, python_paths: Sequence[Path] = (),
-                  stdin: Optional[bytes] = None, gpu: bool = False) -> SandboxResult:
-    """Run ``argv`` (with ``code_dir`` as its working directory) in the sandbox and collect the outcome.
+                  packages: Sequence[Path] = (), stdin: Optional[bytes] = None, gpu: bool = False,
+                  result_channel: bool = False, private_cwd: bool = False,
+                  policy: Optional[str] = None) -> SandboxResult:
+    """Run ``argv`` in the sandbox and collect the outcome; raise ``SandboxRefused`` rather than run weakly.
 
-    ``python_paths`` become the child's PYTHONPATH; ``env`` adds variables (OMP_NUM_THREADS...) to an
-    otherwise empty environment. Without bubblewrap the child runs on a copy of ``code_dir``: paths
-    under it in ``argv`` and ``python_paths`` are rewritten to the copy.
+    ``python_paths`` become the child's PYTHONPATH (each bound read-only); ``packages`` are package
+    directories bound alone, their parent on PYTHONPATH (the rest of that parent stays invisible). ``env``
+    adds variables to an otherwise empty environment. ``result_channel``: a pipe whose write end the
+    child finds in $TORCHREVIEW_RESULT_FD; what it writes there is ``SandboxResult.channel``, apart from
+    stdout. The child starts in ``code_dir``, or in an empty private directory with ``private_cwd`` (so
+    that ``python -m`` cannot import the code's own modules before the caller means it to). The child
+    finds the code (a copy in weak modes) in $TORCHREVIEW_CODE_DIR. ``policy``: ``strict``/``weak``,
+    default from $TORCHREVIEW_SANDBOX.
     """
     code_dir = Path(code_dir).resolve()
     if not code_dir.is_dir():
         raise ValueError(f"code_dir {code_dir} is not a directory")
     caps = _capabilities()
     python_paths = [Path(p).resolve() for p in python_paths]
-    warnings = list(caps.warnings)  # logged once, when probed
-    rlimits = _rlimits(limits, dedicated_uid=caps.dedicated_uid)
+    packages = [Path(p).resolve() for p in packages]
+    import_paths = list(dict.fromkeys(python_paths + [p.parent for p in packages]))
+    weak = sandbox_policy(policy) == "weak"
+    problems = list(caps.problems) + _secret_problems(_visible_sources(
+        caps, code_dir=code_dir, python_paths=python_paths, packages=packages, gpu=gpu))
+    if problems and not weak:
+        raise SandboxRefused(problems)
+    warnings = list(caps.warnings)
+    if problems:
+        warnings.insert(0, f"WEAK SANDBOX ({POLICY_VARIABLE}=weak, {caps.mode}): the operator allowed running PR code "
+                           "without: " + "; ".join(problems))
+    seccomp_program = syscall_filter.compiled_filter(gpu=gpu) if caps.layers["seccomp"] else None
+    if gpu:
+        warnings.append("gpu: shared memory (memfd, shared anonymous mappings) is allowed for the CUDA driver and is "
+                        "not counted in smoke.memory; the container's memory limit bounds it")
+    rlimits = _rlimits(limits)
+    pass_fds: list[int] = []  # closed here once the child holds them (see _run_and_collect)
+    result_read = result_write = seccomp_read = None
     with tempfile.TemporaryDirectory(prefix="torchreview-sandbox-") as scratch_name:
         scratch = Path(scratch_name)
         scratch.chmod(0o755)  # the child (nobody) must reach the code copy inside
         try:
+            if seccomp_program is not None:
+                seccomp_read = _pipe_with(seccomp_program)
+                pass_fds.append(seccomp_read)
             if caps.backend == "bubblewrap":
                 mounted_code = code_dir
                 if caps.dedicated_uid and not _tree_readable_by_child(code_dir):
                     mounted_code = _read_only_copy(code_dir, scratch / "code")
                 command = _bwrap_command(argv, caps=caps, code_dir=code_dir, mounted_code=mounted_code,
-                                         python_paths=python_paths, limits=limits, gpu=gpu)
-                child_env = _child_env(env, python_paths=python_paths, home="/tmp", gpu=gpu)
+                                         python_paths=python_paths, packages=packages, limits=limits, gpu=gpu,
+                                         scratch=scratch, seccomp_fd=seccomp_read,
+                                         cwd="/tmp" if private_cwd else str(code_dir))
+                child_env = _child_env(env, python_paths=import_paths, home="/tmp", gpu=gpu)
+                child_env[CODE_DIR_VARIABLE] = str(code_dir)
                 cwd = None  # bwrap --chdir
             else:
                 command, child_env, cwd = _fallback_command(argv, caps=caps, code_dir=code_dir, scratch=scratch,
-                                                            python_paths=python_paths, env=env, gpu=gpu)
+                                                            python_paths=import_paths, env=env, gpu=gpu,
+                                                            seccomp_fd=seccomp_read, private_cwd=private_cwd)
+            if result_channel:
+                result_read, result_write = os.pipe()
+                pass_fds.append(result_write)
+                child_env[RESULT_FD_VARIABLE] = str(result_write)
             tag = None
             if not caps.layers["pid_namespace"]:
                 # Without a PID namespace, an orphan that left the session is only recognisable by this.
@@ -481,20 +662,35 @@ def run_sandboxed(argv: list[str], *, code_dir: Path, limits: SandboxLimits = Sa
             else:
                 preexec = _set_rlimits_callback(rlimits)
             result = _run_and_collect(command, env=child_env, cwd=cwd, stdin=stdin, limits=limits,
-                                      preexec=preexec, run_tag=tag)
+                                      preexec=preexec, run_tag=tag, pass_fds=pass_fds, result_read=result_read)
         finally:
+            for fd in pass_fds + ([result_read] if result_read is not None else []):
+                os.close(fd)
             _make_removable(scratch)
     result.layers = dict(caps.layers)
+    result.mode = caps.mode
     result.warnings = warnings + result.warnings
     for warning in result.warnings[len(warnings):]:
         log.warning("sandbox: %s", warning)
+    if problems:
+        log.warning("sandbox: %s", warnings[0])
     return result
 
 
+def _pipe_with(data: bytes) -> int:
+    """The read end of a pipe holding ``data`` (small: the BPF program fits the pipe buffer)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
 def _fallback_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, scratch: Path,
-                      python_paths: Sequence[Path], env: Optional[dict[str, str]],
-                      gpu: bool) -> tuple[list[str], dict[str, str], str]:
-    """Without bubblewrap: a read-only copy of the code, a private HOME/TMPDIR, unshare and setpriv."""
+                      python_paths: Sequence[Path], env: Optional[dict[str, str]], gpu: bool,
+                      seccomp_fd: Optional[int], private_cwd: bool) -> tuple[list[str], dict[str, str], str]:
+    """Weak modes: a read-only copy of the code, a private HOME/TMPDIR, unshare, setpriv, the filter."""
     code_copy = _read_only_copy(code_dir, scratch / "code")
 
     def relocate(value: str) -> str:
@@ -507,9 +703,15 @@ def _fallback_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Pat
     child_env = _child_env(env, python_paths=[Path(relocate(str(p))) for p in python_paths], home=str(home),
                            gpu=gpu)
     child_env["TMPDIR"] = str(home)
-    command = list(caps.unshare_args) + (_setpriv_args() if caps.dedicated_uid else [])
+    child_env[CODE_DIR_VARIABLE] = str(code_copy)
+    command = list(caps.unshare_args)
+    if seccomp_fd is not None:
+        # After unshare, which needs calls the filter denies; before setpriv (which needs none of them), so
+        # that the loader still runs as the runner's uid.
+        command += [sys.executable, "-I", "-c", syscall_filter.LOADER, str(seccomp_fd)]
+    command += _setpriv_args() if caps.dedicated_uid else []
     command += [relocate(arg) if arg.startswith(str(code_dir)) else arg for arg in argv]
-    return command, child_env, str(code_copy)
+    return command, child_env, str(home if private_cwd else code_copy)
 
 
 def _read_only_copy(source: Path, destination: Path) -> Path:
@@ -564,8 +766,11 @@ class _CappedReader(threading.Thread):
                 self.chunks.append(chunk)
                 self.kept += len(chunk)
 
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
+
     def text(self) -> str:
-        return b"".join(self.chunks).decode(errors="replace")
+        return self.data().decode(errors="replace")
 
 
 def _feed_stdin(pipe, data: bytes) -> None:
@@ -581,15 +786,22 @@ def _feed_stdin(pipe, data: bytes) -> None:
 
 
 def _run_and_collect(command: list[str], *, env: dict[str, str], cwd: Optional[str], stdin: Optional[bytes],
-                     limits: SandboxLimits, preexec: Optional[Callable[[], None]],
-                     run_tag: Optional[str]) -> SandboxResult:
+                     limits: SandboxLimits, preexec: Optional[Callable[[], None]], run_tag: Optional[str],
+                     pass_fds: Optional[list[int]] = None, result_read: Optional[int] = None) -> SandboxResult:
     started = time.monotonic()
     # start_new_session: the child leads its own session and process group, so one killpg reaches the
     # whole tree (the fallback when there is no PID namespace) and the runner's terminal never does.
     proc = subprocess.Popen(command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            start_new_session=True, preexec_fn=preexec, close_fds=True)
+                            start_new_session=True, preexec_fn=preexec, close_fds=True, pass_fds=tuple(pass_fds or ()))
     readers = [_CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)]
+    # Only the child holds these now; the result channel sees EOF when the child's whole tree is gone.
+    while pass_fds:  # the caller's list: what is popped here is not closed twice
+        os.close(pass_fds.pop())
+    channel = None
+    if result_read is not None:
+        channel = _CappedReader(os.fdopen(result_read, "rb", buffering=0, closefd=False), limits.result_bytes)
+        readers.append(channel)
     for reader in readers:
         reader.start()
     if stdin is not None:
@@ -613,9 +825,9 @@ def _run_and_collect(command: list[str], *, env: dict[str, str], cwd: Optional[s
     for pipe in (proc.stdout, proc.stderr):
         pipe.close()
     return SandboxResult(returncode=proc.returncode, stdout=readers[0].text(), stderr=readers[1].text(),
-                         timed_out=timed_out, output_truncated=any(r.truncated for r in readers),
+                         timed_out=timed_out, output_truncated=any(r.truncated for r in readers[:2]),
                          wall_seconds=wall_seconds, max_rss_bytes=usage.ru_maxrss * 1024, layers={},
-                         warnings=warnings)
+                         warnings=warnings, channel=b"" if channel is None or channel.truncated else channel.data())
 
 
 def _wait_for_exit_or_deadline(pid: int, deadline: float) -> bool:

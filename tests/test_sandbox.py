@@ -1,9 +1,10 @@
 """The sandbox with real child processes, on every backend this machine can run.
 
 ``best`` is what the runner gets here; ``no-bubblewrap`` and ``bare`` re-probe with bubblewrap (and
-then unshare and setpriv) switched off, to exercise the fallbacks for real. A layer a backend lacks is
-not skipped: the test asserts that the result says so (``layers`` and ``warnings``) and that the
-behaviour observed matches what it says.
+then unshare and setpriv) switched off, to exercise the weak fallbacks for real: they run only with the
+operator's opt-in (policy ``weak``) and are refused otherwise. A layer a backend lacks is not skipped:
+the test asserts that the result says so (``layers`` and ``warnings``) and that the behaviour observed
+matches what it says.
 """
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ from pathlib import Path
 import pytest
 
 from gpu_runner import sandbox
-from gpu_runner.sandbox import LAYER_NAMES, SandboxLimits, SandboxResult, run_sandboxed
+from gpu_runner.sandbox import LAYER_NAMES, SandboxLimits, SandboxRefused, SandboxResult, run_sandboxed
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # A word each layer's warning contains, so a test can find the warning that explains a missing layer.
-WARNING_WORD = {"network": "network", "pid_namespace": "PID namespace", "uid": "uid",
-                "readonly_code": "read-only", "private_tmp": "/tmp", "rlimits": "rlimit", "clean_env": "environment"}
+WARNING_WORD = {"network": "network", "pid_namespace": "PID namespace", "uid": "uid", "filesystem": "allowlist",
+                "readonly_code": "read-only", "private_tmp": "/tmp", "seccomp": "seccomp", "rlimits": "rlimit",
+                "clean_env": "environment"}
 
 BACKENDS = {
     "best": lambda: sandbox._capabilities(),
@@ -59,8 +61,11 @@ def code_dir(tmp_path):
 
 
 def run_python(program: str, code_dir: Path, **kwargs) -> SandboxResult:
+    # The weak backends need the operator's opt-in; "best" must not.
+    policy = "strict" if sandbox._capabilities().backend == "bubblewrap" else "weak"
     return run_sandboxed([sys.executable, "-c", textwrap.dedent(program), *kwargs.pop("args", [])],
-                         code_dir=code_dir, python_paths=[PROJECT_ROOT, code_dir], **kwargs)
+                         code_dir=code_dir, python_paths=[code_dir], packages=[PROJECT_ROOT / "gpu_runner"],
+                         policy=kwargs.pop("policy", policy), **kwargs)
 
 
 def assert_reported(result: SandboxResult, layer: str, available: bool) -> None:
@@ -77,16 +82,84 @@ def test_every_missing_layer_is_explained(backend, code_dir):
     assert set(result.layers) == set(LAYER_NAMES)
     for layer, available in result.layers.items():
         assert_reported(result, layer, available)
-    # The layers that cannot be missing on Linux.
-    assert result.layers["rlimits"] and result.layers["clean_env"]
+    assert result.layers["clean_env"]  # cannot be missing
+    # Only a child left running as root escapes RLIMIT_NPROC.
+    assert result.layers["rlimits"] is (backend != "bare" or os.geteuid() != 0)
 
 
 def test_bare_backend_reports_everything_it_lacks():
     caps = capabilities("bare")
     assert caps.backend == "plain"
-    for layer in ("network", "pid_namespace", "uid", "readonly_code", "private_tmp"):
+    for layer in ("network", "pid_namespace", "uid", "filesystem", "readonly_code", "private_tmp"):
         assert caps.layers[layer] is False
         assert any(WARNING_WORD[layer] in w for w in caps.warnings), layer
+
+
+@pytest.mark.parametrize("name", ["no-bubblewrap", "bare"])
+def test_weak_backends_are_refused_without_the_opt_in(name, code_dir, monkeypatch):
+    caps = capabilities(name)
+    monkeypatch.setattr(sandbox, "_capabilities", lambda: caps)
+    monkeypatch.delenv("TORCHREVIEW_SANDBOX", raising=False)
+    marker = code_dir.parent / "ran"
+    with pytest.raises(SandboxRefused) as refused:
+        run_python(f"open({str(marker)!r}, 'w').close()", code_dir, policy=None)
+    assert not marker.exists()  # nothing ran
+    message = str(refused.value)
+    assert "bubblewrap" in message and "TORCHREVIEW_SANDBOX=weak" in message
+    monkeypatch.setenv("TORCHREVIEW_SANDBOX", "weak")
+    result = run_python("print('ran')", code_dir, policy=None)
+    assert result.stdout == "ran\n" and result.warnings[0].startswith("WEAK SANDBOX"), result.warnings
+
+
+def test_seccomp_filter_holds_on_every_backend(backend, code_dir):
+    # The weak backends load it through a loader after unshare; bubblewrap through --seccomp.
+    result = run_python("""
+        import ctypes, errno, mmap, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def outcome(value):
+            return "allowed" if value >= 0 else errno.errorcode[ctypes.get_errno()]
+        print(outcome(libc.ptrace(16, os.getppid() or 1, 0, 0)))  # PTRACE_ATTACH
+        print(outcome(libc.unshare(0x10000000)))  # CLONE_NEWUSER
+        try:
+            mmap.mmap(-1, 1 << 20)  # shared anonymous memory: outside the budget
+            print("allowed")
+        except OSError as exc:
+            print(errno.errorcode[exc.errno])
+    """, code_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.layers["seccomp"]
+    assert result.stdout.split() == ["EPERM", "EPERM", "EPERM"]
+
+
+def test_policy_values():
+    assert sandbox.sandbox_policy("") == "strict"
+    assert sandbox.sandbox_policy("weak") == sandbox.sandbox_policy("allow-weak") == "weak"
+    assert sandbox.sandbox_policy("wek") == "strict"  # a typo never weakens the sandbox
+
+
+def test_a_secret_inside_the_allowlist_is_refused(code_dir, monkeypatch):
+    # A data directory inside the checkout being run (`torchreview serve` started there): never bound into view.
+    (code_dir / ".torchreview-data").mkdir()
+    monkeypatch.setenv("TORCHREVIEW_DATA_DIR", str(code_dir / ".torchreview-data"))
+    with pytest.raises(SandboxRefused, match=".torchreview-data"):
+        run_python("print('ran')", code_dir)
+    monkeypatch.setenv("TORCHREVIEW_DATA_DIR", str(code_dir.parent / "elsewhere"))
+    assert run_python("print('ran')", code_dir).stdout == "ran\n"
+
+
+def test_best_backend_sees_only_the_allowlist(code_dir):
+    result = run_python("""
+        import os
+        print(sorted(os.listdir("/")))
+        print(sorted(os.listdir("/etc")))
+        print(sorted(os.listdir(os.environ["PYTHONPATH"].split(":")[-1])))
+    """, code_dir)
+    assert result.returncode == 0, result.stderr
+    root, etc, package_parent = result.stdout.splitlines()
+    assert "'var'" not in root and "'run'" not in root and "'home'" not in root
+    assert etc == str(sorted(["group", "passwd", *(n for n in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d")
+                                                   if os.path.lexists("/etc/" + n))]))
+    assert package_parent == "['gpu_runner']"  # the checkout around the package stays invisible
 
 
 def test_available_layers_is_probed_once():
@@ -144,7 +217,7 @@ def test_environment_is_cleared(backend, code_dir, monkeypatch):
     assert result.layers["clean_env"]
 
 
-def test_cuda_visible_devices_only_with_gpu(code_dir):
+def test_cuda_visible_devices_only_with_gpu(code_dir):  # noqa: D103
     program = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"
     assert run_python(program, code_dir, env={"CUDA_VISIBLE_DEVICES": "0"}).stdout == "unset\n"
     assert run_python(program, code_dir, env={"CUDA_VISIBLE_DEVICES": "0"}, gpu=True).stdout == "0\n"
@@ -189,9 +262,14 @@ def test_timeout_kills_the_whole_process_tree_on_every_backend(code_dir, monkeyp
     markers = Path(tempfile.mkdtemp(prefix="torchreview-markers-"))
     markers.chmod(0o777)  # the child may run as nobody
     # The only writable place under bubblewrap is its private /tmp; share the markers directory for this test.
-    visible_paths_args = sandbox._visible_paths_args
-    monkeypatch.setattr(sandbox, "_visible_paths_args",
-                        lambda *a, **k: visible_paths_args(*a, **k) + ["--bind", str(markers), str(markers)])
+    bwrap_command = sandbox._bwrap_command
+
+    def with_markers(*args, **kwargs):
+        command = bwrap_command(*args, **kwargs)
+        at = command.index("--remount-ro")
+        return command[:at] + ["--bind", str(markers), str(markers)] + command[at:]
+
+    monkeypatch.setattr(sandbox, "_bwrap_command", with_markers)
     program = """
         import os, sys, time
         marker_dir, tag, exit_at_once = sys.argv[1], sys.argv[2], sys.argv[3] == "1"

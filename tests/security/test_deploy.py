@@ -1,0 +1,105 @@
+"""The deploy files keep execution apart from credentials, and the shipped seccomp profile fits the sandbox."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_runner import syscall_filter
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+PROFILE = DEPLOY / "seccomp" / "torchreview-executor.json"
+# What bubblewrap itself calls to build the sandbox inside the container.
+BWRAP_NEEDS = {"clone", "clone3", "unshare", "setns", "mount", "umount2", "pivot_root", "prctl", "capset",
+               "setresuid", "setresgid", "setgroups", "execve", "seccomp"}
+
+
+def denied_by_profile() -> set[str]:
+    profile = json.loads(PROFILE.read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    return {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]}
+
+
+def test_profile_lets_bubblewrap_work_and_denies_the_kernels_riskiest_calls():
+    denied = denied_by_profile()
+    assert not denied & BWRAP_NEEDS
+    # The child's own filter denies these too; the container profile must not be the weaker of the two
+    # for anything bubblewrap does not need (memory calls excepted: torch itself may use them in the executor).
+    must = set(syscall_filter.DENIED_SYSCALLS) - BWRAP_NEEDS - {
+        "chroot", "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+        "memfd_create", "memfd_secret", "shmget"}
+    assert must <= denied, sorted(must - denied)
+
+
+def test_profile_really_allows_the_sandbox_and_blocks_ptrace(tmp_path):
+    # Load the profile's deny-list with libseccomp and check bubblewrap still builds its sandbox under it.
+    sc = syscall_filter.library()
+    if sc is None or shutil.which("bwrap") is None:
+        pytest.skip("needs libseccomp's bindings and bubblewrap")
+    rules = sc.SyscallFilter(sc.ALLOW)
+    for name in sorted(denied_by_profile()):
+        try:
+            rules.add_rule(sc.ERRNO(1), name)
+        except (ValueError, RuntimeError, OSError):
+            continue
+    bpf = tmp_path / "profile.bpf"
+    with open(bpf, "wb") as f:
+        rules.export_bpf(f)
+    with open(bpf, "rb") as f:
+        # As the image's uid 10001 (when we can switch to it): unprivileged, like the executor container.
+        as_runner = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups", "--"] \
+            if os.geteuid() == 0 and shutil.which("setpriv") else []
+        done = subprocess.run([*as_runner, "python3", "-I", "-c", syscall_filter.LOADER, str(f.fileno()),
+                               "bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--proc", "/proc",
+                               "--dev", "/dev", "--",
+                               "python3", "-c", "import ctypes; print(ctypes.CDLL(None).ptrace(16, 1, 0, 0))"],
+                              pass_fds=(f.fileno(),), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "-1"  # ptrace denied, and the sandbox came up
+
+
+def load(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()) if d]
+
+
+def test_kubernetes_executor_has_no_credentials_no_egress_and_the_profile():
+    documents = {d["kind"]: d for d in load("executor.yaml")}
+    pod = documents["Deployment"]["spec"]["template"]["spec"]
+    text = json.dumps(pod)
+    assert "secret" not in text.lower() and "configMapRef" not in text and "envFrom" not in text
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "Localhost",
+                                                        "localhostProfile": PROFILE.name}
+    (container,) = pod["containers"]
+    assert container["command"][:3] == ["python", "-m", "gpu_runner.executor"]
+    assert not any(e["name"] == "TORCHREVIEW_SANDBOX" for e in container.get("env", []))  # never weak
+    policy = documents["NetworkPolicy"]["spec"]
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"} and policy["egress"] == []
+    assert policy["podSelector"] == documents["Deployment"]["spec"]["selector"]
+    assert "executor.yaml" in (DEPLOY / "kubernetes" / "kustomization.yaml").read_text()
+
+
+def test_kubernetes_smoke_worker_sends_code_to_the_executor_and_runs_none():
+    (deployment,) = load("gpu-worker.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TORCHREVIEW_EXECUTOR_URL"] == "http://torchreview-executor:8700"
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_compose_executor_gets_no_secrets_and_no_route_out():
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    executor = compose["services"]["executor"]
+    assert "env_file" not in executor and "volumes" not in executor
+    assert executor["networks"] == ["sandbox"] and compose["networks"]["sandbox"]["internal"] is True
+    assert f"seccomp=./seccomp/{PROFILE.name}" in executor["security_opt"]
+    assert "TORCHREVIEW_SANDBOX" not in executor.get("environment", {})
+    worker = compose["services"]["gpu-worker"]
+    assert worker["environment"]["TORCHREVIEW_EXECUTOR_URL"] == "http://executor:8700"
+    assert "sandbox" in worker["networks"]
