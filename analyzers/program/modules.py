@@ -31,6 +31,8 @@ _RECURRENT = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"}
 _TRANSFORMER = {"Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
                 "TransformerDecoderLayer", "MultiheadAttention"}
 _CONTAINERS = {"Sequential"}
+# What a class's layers tell about it (the rest of Layer.kinds are project class names to resolve).
+_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output"}
 
 
 def _last(node: ast.AST) -> Optional[str]:
@@ -87,6 +89,15 @@ class FileSummary:
     module_layers: dict[str, Layer] = field(default_factory=dict)  # D = nn.Sequential(..., nn.Sigmoid())
 
 
+_VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
+
+
+def _names_vocabulary(call: ast.Call) -> bool:
+    """``nn.Linear(hidden, vocab_size)``: the output size is named after a vocabulary."""
+    candidates = call.args[1:2] + [k.value for k in call.keywords if k.arg == "out_features"]
+    return any(any(word in (_dotted(c) or "").lower() for word in _VOCABULARY_WORDS) for c in candidates)
+
+
 def _layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[Layer]:
     """The layer a constructor call builds; ``extra`` holds layers appended to a Sequential later."""
     if not isinstance(call, ast.Call):
@@ -117,11 +128,15 @@ def _layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[
         layer.kinds.add("batchnorm")
     elif name in _RECURRENT:
         layer.kinds.add("recurrent")
+        if name in ("RNN", "RNNCell"):
+            layer.kinds.add("vanilla-rnn")
         for keyword in call.keywords:
             if keyword.arg == "dropout" and not (isinstance(keyword.value, ast.Constant) and not keyword.value.value):
                 layer.kinds.add("dropout")
     elif name in _TRANSFORMER:
         layer.kinds |= {"transformer", "dropout"}  # their dropout defaults to 0.1
+    elif name == "Linear" and _names_vocabulary(call):
+        layer.kinds.add("vocab-output")  # a language model's head: one logit per token of the vocabulary
     elif name[:1].isupper() and name not in _ACTIVATION_MODULES and name not in _CONTAINERS:
         layer.kinds.add(name)  # a project class: resolved through the index on demand
     return layer
@@ -291,7 +306,7 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
                             for item in layer_extra:
                                 layer.kinds |= (_layer_of(item) or Layer()).kinds
                         cls.layers[target.attr] = layer
-                        cls.features |= layer.kinds & {"dropout", "batchnorm", "recurrent", "transformer"}
+                        cls.features |= layer.kinds & _FEATURES
     forward = methods.get("forward")
     if isinstance(forward, ast.FunctionDef):
         cls.has_forward = True
@@ -421,7 +436,7 @@ class RepositoryIndex:
             found.add("dropout")
         path = Path(cls.path)
         for layer in cls.layers.values():
-            for kind in layer.kinds - {"dropout", "batchnorm", "recurrent", "transformer"}:
+            for kind in layer.kinds - _FEATURES:
                 sub = self.find_class(path, kind)
                 if sub is not None:
                     found |= self.features(sub, seen)

@@ -27,6 +27,7 @@ from analyzers.context import (
 )
 from analyzers.markdown import code_span, named
 from analyzers.program.flow import subtree
+from analyzers.program.modules import ModuleFacts
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -970,10 +971,13 @@ class MissingGradClippingRNN(Rule):
     requires = "torch"
     summary = "recurrent/attention model trained without gradient clipping"
     what = """
-        Flags a file that builds an `nn.LSTM`, `nn.GRU`, `nn.RNN`, an `nn.Transformer*` module or
-        `nn.MultiheadAttention` and trains it in a loop, while nothing in the file clips
-        gradients (`clip_grad_norm_`, `clip_grad_value_`, a trainer's gradient-clipping option).
-        Reported once, on the first optimizer step in a loop.
+        Flags a file that trains, in a loop, a vanilla `nn.RNN`, an `nn.Transformer*` module or
+        `nn.MultiheadAttention`, or an `nn.LSTM`/`nn.GRU` language model (a head with one output
+        per vocabulary token) — built in the file or in a model class of the repository it
+        imports — while nothing in the file clips gradients (`clip_grad_norm_`,
+        `clip_grad_value_`, a trainer's gradient-clipping option). Short-sequence LSTM/GRU
+        classifiers and L-BFGS training are not flagged. Reported once, on the first optimizer
+        step in a loop.
     """
     why = """
         Recurrent networks and transformers are prone to exploding gradients: one bad batch
@@ -992,6 +996,30 @@ class MissingGradClippingRNN(Rule):
         optimizer.step()
     """
     VALID = [
+        # a short-sequence LSTM classifier (MNIST rows): clipping is optional there
+        """
+        import torch
+        import torch.nn as nn
+        class RNN(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lstm = nn.LSTM(28, 128, batch_first=True)
+                self.fc = nn.Linear(128, 10)
+        model = RNN()
+        for images, labels in train_loader:
+            loss = criterion(model(images), labels)
+            loss.backward()
+            optimizer.step()
+        """,
+        # L-BFGS bounds its own steps with a line search
+        """
+        import torch
+        import torch.nn as nn
+        rnn = nn.RNN(1, 51)
+        optimizer = torch.optim.LBFGS(rnn.parameters(), lr=0.8)
+        for i in range(15):
+            optimizer.step(closure)
+        """,
         """
         import torch
         import torch.nn as nn
@@ -1054,6 +1082,7 @@ class MissingGradClippingRNN(Rule):
                 def __init__(self):
                     super().__init__()
                     self.rnn = nn.LSTM(10, 20, batch_first=True)
+                    self.head = nn.Linear(20, vocab_size)
             model = Net()
             for x, y in loader:
                 optimizer.zero_grad()
@@ -1061,7 +1090,7 @@ class MissingGradClippingRNN(Rule):
                 loss.backward()
                 optimizer.step()
             """,
-            line=13, message="nn.LSTM",
+            line=14, message="nn.LSTM",
         ),
         Invalid(
             """
@@ -1080,27 +1109,41 @@ class MissingGradClippingRNN(Rule):
         Invalid(
             """
             import torch
-            gru = torch.nn.GRU(8, 8)
+            rnn = torch.nn.RNN(8, 8)
             for x in loader:
-                gru(x)[0].sum().backward()
+                rnn(x)[0].sum().backward()
             """,
-            line=5, message="nn.GRU",
+            line=5, message="nn.RNN",
         ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        self.built: Optional[str] = None
+        self.built: dict[str, str] = {}  # feature -> what was built ("nn.RNN", "nn.Transformer")
+        self.project_classes: set[str] = set()  # model classes of this repository built here
+        self.vocab_output = False
         self.first_step: Optional[cst.Call] = None
         self.first_backward: Optional[cst.Call] = None
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
-        if name in _RNN_CLASSES:
-            if self.built is None:
-                qualified = ctx.call_name(node) or ""
-                if qualified.startswith("torch.nn."):
-                    self.built = f"nn.{name}"
+        if name in _RNN_CLASSES or name == "Linear":
+            qualified = ctx.call_name(node) or ""
+            if qualified.startswith("torch.nn."):
+                if name == "Linear":
+                    positional = positional_args(node)
+                    out = keyword_arg(node, "out_features")
+                    size = out.value if out is not None else (positional[1].value if len(positional) > 1 else None)
+                    self.vocab_output |= any(w in (dotted_name(size) or "").lower() for w in _VOCABULARY_WORDS)
+                else:
+                    feature = "vanilla-rnn" if name in ("RNN", "RNNCell") else \
+                        "transformer" if name not in ("LSTM", "GRU", "LSTMCell", "GRUCell") else "recurrent"
+                    self.built.setdefault(feature, f"nn.{name}")
+            return
+        if name is not None and name[:1].isupper() and isinstance(node.func, (cst.Name, cst.Attribute)):
+            qualified = ctx.call_name(node)
+            if qualified is None or qualified.split(".", 1)[0] not in _LIBRARY_ROOTS:
+                self.project_classes.add(dotted_name(node.func) or name)
             return
         if name == "step":
             if self.first_step is None and ctx.loops and _loop_stack(ctx) and _optimizer_step(node, ctx):
@@ -1110,17 +1153,40 @@ class MissingGradClippingRNN(Rule):
                 self.first_backward = node
 
     def end_file(self, ctx: FileContext) -> None:
-        if self.built is None:
-            return
         target = self.first_step or self.first_backward
         if target is None:
             return
         source = ctx.source.lower()
-        if any(hint in source for hint in _CLIP_HINTS):
+        if any(hint in source for hint in _CLIP_HINTS) or "lbfgs" in source:
+            return  # clipped already; or L-BFGS, whose line search bounds its own steps
+        built = dict(self.built)
+        vocab_output = self.vocab_output
+        facts = ctx.facts(ModuleFacts)
+        for cls in sorted(self.project_classes):  # the model may be defined in model.py beside this script
+            features = facts.features(cls) or set()
+            for feature in ("vanilla-rnn", "transformer", "recurrent"):
+                if feature in features:
+                    built.setdefault(feature, cls)
+            vocab_output |= "vocab-output" in features
+        # Exploding gradients are a real risk for vanilla RNNs, transformers and recurrent language models
+        # (long sequences, one logit per token); a short-sequence LSTM/GRU classifier rarely needs clipping.
+        if "vanilla-rnn" in built:
+            what, kind = built["vanilla-rnn"], "a vanilla RNN"
+        elif "transformer" in built:
+            what, kind = built["transformer"], "a transformer"
+        elif "recurrent" in built and vocab_output:
+            what, kind = built["recurrent"], "a recurrent language model"
+        else:
             return
-        self.report(target, (f"this file trains a model with {self.built} but never clips gradients: recurrent and "
-                             f"attention models are prone to exploding gradients; call "
+        self.report(target, (f"this file trains {kind} ({code_span(what)}) but never clips gradients: vanilla RNNs, "
+                             f"recurrent language models and transformers are prone to exploding gradients; call "
                              f"torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) before the optimizer step"))
+
+
+_VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token")
+_LIBRARY_ROOTS = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
+                  "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers", "accelerate",
+                  "collections", "argparse", "pathlib", "datetime", "typing", "dataclasses", "enum"}
 
 
 # ---------------------------------------------------------------------------------------------
