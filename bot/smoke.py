@@ -82,7 +82,7 @@ def download_tree(repo, ref: str, into: Path) -> Path:
 def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
     if run.get("refused"):  # the runner would not run PR code without its sandbox: say why, run nothing
         return CheckRunPlan("neutral", "Smoke run refused: this runner cannot sandbox pull-request code",
-                            "No code of this pull request was run. " + neutralize(run["refused"]) +
+                            "No code of this pull request was run. " + literal(run["refused"]) +
                             "\n\nThe operator of this torchreview installation must fix the runner: see the "
                             "README's \"Security model\".")
     targets = run["targets"]

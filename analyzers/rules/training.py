@@ -971,12 +971,12 @@ class MissingGradClippingRNN(Rule):
     requires = "torch"
     summary = "recurrent/attention model trained without gradient clipping"
     what = """
-        Flags a file that trains, in a loop, a vanilla `nn.RNN`, an `nn.Transformer*` module or
-        `nn.MultiheadAttention`, or an `nn.LSTM`/`nn.GRU` language model (a head with one output
-        per vocabulary token) — built in the file or in a model class of the repository it
-        imports — while nothing in the file clips gradients (`clip_grad_norm_`,
-        `clip_grad_value_`, a trainer's gradient-clipping option). Short-sequence LSTM/GRU
-        classifiers and L-BFGS training are not flagged. Reported once, on the first optimizer
+        Flags a file that trains, in a loop, a vanilla `nn.RNN`, or a language or translation
+        model (a head with one output per vocabulary token) built on `nn.LSTM`/`nn.GRU` or
+        `nn.Transformer*`/`nn.MultiheadAttention` — in the file or in a model class of the
+        repository it imports — while nothing in the file clips gradients (`clip_grad_norm_`,
+        `clip_grad_value_`, a trainer's gradient-clipping option). Short-sequence classifiers
+        (an LSTM over MNIST rows, a ViT) and L-BFGS training are not flagged. Reported once, on the first optimizer
         step in a loop.
     """
     why = """
@@ -1096,6 +1096,7 @@ class MissingGradClippingRNN(Rule):
             """
             from torch import nn
             attn = nn.MultiheadAttention(64, 4)
+            head = nn.Linear(64, vocab_size)
             for epoch in range(3):
                 for x in loader:
                     opt.zero_grad()
@@ -1103,7 +1104,7 @@ class MissingGradClippingRNN(Rule):
                     opt.step()
                     opt.step()
             """,
-            line=8, message="nn.MultiheadAttention",
+            line=9, message="nn.MultiheadAttention",
         ),
         # backward in a loop, optimizer stepped elsewhere
         Invalid(
@@ -1172,8 +1173,8 @@ class MissingGradClippingRNN(Rule):
         # (long sequences, one logit per token); a short-sequence LSTM/GRU classifier rarely needs clipping.
         if "vanilla-rnn" in built:
             what, kind = built["vanilla-rnn"], "a vanilla RNN"
-        elif "transformer" in built:
-            what, kind = built["transformer"], "a transformer"
+        elif "transformer" in built and vocab_output:
+            what, kind = built["transformer"], "a transformer language or translation model"
         elif "recurrent" in built and vocab_output:
             what, kind = built["recurrent"], "a recurrent language model"
         else:
