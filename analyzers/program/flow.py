@@ -131,6 +131,20 @@ def assignment_before(ctx, use: cst.CSTNode, name: str) -> Optional[cst.BaseExpr
         scope = ctx.parents.get(scope)
     if scope is None:
         return None
+    found = _last_assignment(scope, use, name)
+    if found is None and isinstance(scope, cst.FunctionDef) and not _binds(scope, name):
+        # a global read inside a function (``def test(): ... model(x)`` with ``model = Net()`` at module level):
+        # the module's last assignment, since functions run after the module body defined them
+        found = _last_assignment(ctx.module, None, name)
+    return found
+
+
+def _binds(fn: cst.FunctionDef, name: str) -> bool:
+    params = fn.params
+    return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
+
+
+def _last_assignment(scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str) -> Optional[cst.BaseExpression]:
     found: Optional[cst.BaseExpression] = None
     stack: list[cst.CSTNode] = [scope.body] if isinstance(scope, cst.FunctionDef) else list(reversed(scope.body))
     order: list[cst.CSTNode] = []

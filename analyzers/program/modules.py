@@ -31,6 +31,8 @@ _RECURRENT = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"}
 _TRANSFORMER = {"Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
                 "TransformerDecoderLayer", "MultiheadAttention"}
 _CONTAINERS = {"Sequential"}
+# ``nn.Linear`` / ``torch.nn.Conv2d`` / ``torchvision.models.resnet18``: library layers, never project classes
+_LIBRARY_PREFIXES = {"nn", "torch", "torchvision", "timm", "transformers", "F", "L", "pl"}
 # What a class's layers tell about it (the rest of Layer.kinds are project class names to resolve).
 _FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output"}
 
@@ -87,6 +89,7 @@ class FileSummary:
     imports: dict[str, tuple[str, Optional[str], int]] = field(default_factory=dict)
     star_imports: list[tuple[str, int]] = field(default_factory=list)
     module_layers: dict[str, Layer] = field(default_factory=dict)  # D = nn.Sequential(..., nn.Sigmoid())
+    saved_names: set[str] = field(default_factory=set)  # file names given literally to torch.save
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -98,7 +101,7 @@ def _names_vocabulary(call: ast.Call) -> bool:
     return any(any(word in (_dotted(c) or "").lower() for word in _VOCABULARY_WORDS) for c in candidates)
 
 
-def _layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[Layer]:
+def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[Layer]:
     """The layer a constructor call builds; ``extra`` holds layers appended to a Sequential later."""
     if not isinstance(call, ast.Call):
         return None
@@ -111,15 +114,15 @@ def _layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[
     elif name in _CONTAINERS:
         items = [a for a in call.args if not isinstance(a, ast.Starred)] + list(extra or [])
         for item in items:
-            sub = _layer_of(item)
+            sub = layer_of(item)
             if sub is not None:
                 layer.kinds |= sub.kinds
-        last = _layer_of(items[-1]) if items else None
+        last = layer_of(items[-1]) if items else None
         layer.activation = last.activation if last is not None else None
     elif name in ("ModuleList", "ModuleDict"):
         for arg in call.args:
             for node in ast.walk(arg):
-                sub = _layer_of(node) if isinstance(node, ast.Call) and node is not arg else None
+                sub = layer_of(node) if isinstance(node, ast.Call) and node is not arg else None
                 if sub is not None:
                     layer.kinds |= sub.kinds
     if name in _DROPOUT:
@@ -137,8 +140,9 @@ def _layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[
         layer.kinds |= {"transformer", "dropout"}  # their dropout defaults to 0.1
     elif name == "Linear" and _names_vocabulary(call):
         layer.kinds.add("vocab-output")  # a language model's head: one logit per token of the vocabulary
-    elif name[:1].isupper() and name not in _ACTIVATION_MODULES and name not in _CONTAINERS:
-        layer.kinds.add(name)  # a project class: resolved through the index on demand
+    elif name[:1].isupper() and name not in _ACTIVATION_MODULES and name not in _CONTAINERS and \
+            (_dotted(call.func) or "").split(".", 1)[0] not in _LIBRARY_PREFIXES:
+        layer.kinds.add(_dotted(call.func) or name)  # a project class: resolved through the index on demand
     return layer
 
 
@@ -222,7 +226,7 @@ class _ForwardReader:
         if isinstance(func, ast.Attribute) and name in _SHAPE_METHODS:
             return self.of(func.value, depth + 1, visiting, line)
         if isinstance(func, ast.Call):  # nn.Sigmoid()(x)
-            layer = _layer_of(func)
+            layer = layer_of(func)
             return layer.activation if layer is not None else None
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
             layer = self.cls.layers.get(func.attr)
@@ -250,14 +254,19 @@ def summarize(source: str, path: str) -> FileSummary:
     appended = _appended_layers(tree.body)
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            layer = _layer_of(node.value)
+            layer = layer_of(node.value)
             if layer is not None:
                 summary.module_layers[node.targets[0].id] = layer
         elif isinstance(node, ast.ClassDef):
             summary.classes[node.name] = _summarize_class(node, path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _dotted(node.func) in ("torch.save", "save") and len(node.args) > 1:
+            for part in ast.walk(node.args[1]):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str) and "." in part.value:
+                    summary.saved_names.add(part.value.rsplit("/", 1)[-1])
     for name, extra in appended.items():
         if name in summary.module_layers:
-            summary.module_layers[name].activation = (_layer_of(extra[-1]) or Layer()).activation
+            summary.module_layers[name].activation = (layer_of(extra[-1]) or Layer()).activation
     return summary
 
 
@@ -298,13 +307,13 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
                     elif isinstance(value, ast.Name) and value.id in local_layers:
                         extra = appended.get(value.id)
                         value = local_layers[value.id]
-                    layer = _layer_of(value, extra)
+                    layer = layer_of(value, extra)
                     if layer is not None:
                         layer_extra = appended.get(f"self.{target.attr}")
                         if layer_extra:  # self.main.add_module('sigmoid', nn.Sigmoid())
-                            layer.activation = (_layer_of(layer_extra[-1]) or Layer()).activation
+                            layer.activation = (layer_of(layer_extra[-1]) or Layer()).activation
                             for item in layer_extra:
-                                layer.kinds |= (_layer_of(item) or Layer()).kinds
+                                layer.kinds |= (layer_of(item) or Layer()).kinds
                         cls.layers[target.attr] = layer
                         cls.features |= layer.kinds & _FEATURES
     forward = methods.get("forward")
@@ -416,6 +425,19 @@ class RepositoryIndex:
                 if found is not None:
                     return found
         return None
+
+    def saved_beside(self, path: Path) -> set[str]:
+        """File names the other scripts of ``path``'s folder give literally to ``torch.save``."""
+        names: set[str] = set()
+        try:
+            siblings = sorted(p for p in path.resolve().parent.glob("*.py") if p.resolve() != path.resolve())[:200]
+        except OSError:
+            return names
+        for sibling in siblings:
+            summary = self.summary(sibling)
+            if summary is not None:
+                names |= summary.saved_names
+        return names
 
     def module_layer(self, importer: Path, local_name: str, source: Optional[str] = None) -> Optional[Layer]:
         """A module-level ``D = nn.Sequential(...)`` of ``importer`` (or imported into it)."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 import libcst as cst
 
 from analyzers.context import argument, dotted_name, string_value
-from analyzers.program.flow import subtree
+from analyzers.program.flow import call_site_values, subtree
 
 if TYPE_CHECKING:
     from analyzers.context import FileContext
@@ -114,9 +114,22 @@ class CheckpointWrites:
                 write = CheckpointWrite(node, path, self.payloads(obj) if obj is not None else set())
                 if path is not None:
                     write.path_text = _normalized(ctx, path)
-                    write.path_literals = self.literals(path)
+                    write.path_literals = self.literals(path) | self._passed_literals(node, path)
                 result.append(write)
         return result
+
+    def _passed_literals(self, call: cst.Call, path: cst.BaseExpression) -> set[str]:
+        """``def train(..., save_path): torch.save(..., save_path)`` called as ``train(..., 'model.pt')``."""
+        if not isinstance(path, cst.Name):
+            return set()
+        fn = next((a for a in self.ctx.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+        if fn is None:
+            return set()
+        values = call_site_values(self.ctx.module, fn, path.value) or []
+        found: set[str] = set()
+        for value in values:
+            found |= self.literals(value)
+        return found
 
     def literals(self, expr: cst.BaseExpression, depth: int = 2) -> set[str]:
         """File names spelled in a path expression, following simple assignments of the names in it."""
@@ -178,11 +191,12 @@ class CheckpointWrites:
                 return {Payload.MODULE}
         return {Payload.TENSORS}
 
-    def written_before_loaded(self, path: cst.BaseExpression, origin: Optional[cst.BaseExpression]) -> bool:
-        """Does this file save to the path it loads from: the same expression, or the same file name in
-        the same directory expression (``os.path.join(out_dir, "best.pt")`` both times)?"""
-        if not self.writes:
-            return False
+    def written_before_loaded(self, path: cst.BaseExpression, origin: Optional[cst.BaseExpression],
+                              same_expression_only: bool = False) -> bool:
+        """Does this program save to the path it loads from: the same expression, or the same file name in
+        the same directory expression (``os.path.join(out_dir, "best.pt")`` both times), or a literal file
+        name that a script beside this one writes (``generate_data.py`` saves ``traindata.pt``)?
+        ``same_expression_only`` accepts only the first (a path from outside the program)."""
         candidates = [path] + ([origin] if origin is not None else [])
         for expr in candidates:
             text = _normalized(self.ctx, expr)
@@ -191,9 +205,21 @@ class CheckpointWrites:
             for write in self.writes:
                 if write.path_text == text:
                     return True
+                if same_expression_only:
+                    continue
                 if literals & write.path_literals and write.path is not None and names <= self._names(write.path):
                     return True
+            if not same_expression_only and literals and not names and literals & self._written_beside():
+                return True
         return False
+
+    def _written_beside(self) -> set[str]:
+        index = self.ctx.repository
+        if index is None:
+            return set()
+        from pathlib import Path
+
+        return index.saved_beside(Path(self.ctx.path))
 
     def _names(self, expr: cst.BaseExpression) -> set[str]:
         """The variables a path is built from (one assignment deep), not the functions that join it."""

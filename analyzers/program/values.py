@@ -24,39 +24,45 @@ def _enclosing_function(ctx: FileContext, node: cst.CSTNode) -> Optional[cst.Fun
     return None
 
 
-def model_class(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.CSTNode,
-                depth: int = 0) -> Optional[str]:
-    """The repository class a model expression was constructed from (``Net`` for ``model`` after
-    ``model = Net().to(device)``, or through a parameter every caller in the file passes one class for).
-
-    None when unknown, or when the model comes from a library (``torchvision.models.resnet18()``).
-    """
+def constructor(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.CSTNode,
+                depth: int = 0) -> Optional[cst.Call]:
+    """The call that built a model: ``Net(...)`` for ``model`` after ``model = Net().to(device)``, through
+    ``.to()``/``.cuda()``/``torch.compile``/DDP wrappers, assignments (also module-level ones read inside a
+    function) and parameters whose callers in the file all pass one constructor."""
     if expr is None or depth > 6:
         return None
     if isinstance(expr, cst.Call):
         func = expr.func
         if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN and ctx.qualified_name(func) is None:
-            return model_class(ctx, func.value, use, depth + 1)
-        qualified = ctx.qualified_name(func)
-        if qualified in MODULE_WRAPPERS:
-            return model_class(ctx, argument(expr, 0, "module"), use, depth + 1)
+            return constructor(ctx, func.value, use, depth + 1)
+        if ctx.qualified_name(func) in MODULE_WRAPPERS:
+            return constructor(ctx, argument(expr, 0, "module"), use, depth + 1)
         local = dotted_name(func)
-        if local is None or not local.rsplit(".", 1)[-1][:1].isupper():
-            return None
-        if qualified is not None and qualified.split(".", 1)[0] in LIBRARY_ROOTS:
-            return None
-        return local
+        return expr if local is not None and local.rsplit(".", 1)[-1][:1].isupper() else None
     name = dotted_name(expr)
     if name is None:
         return None
     value = assignment_before(ctx, use, name)
     if value is not None:
-        return model_class(ctx, value, value, depth + 1)
+        return constructor(ctx, value, value, depth + 1)
     fn = _enclosing_function(ctx, use)
     if fn is not None and "." not in name:
         values = call_site_values(ctx.module, fn, name)
         if values:
-            classes = {model_class(ctx, v, v, depth + 1) for v in values}
-            if len(classes) == 1:
-                return classes.pop()
+            built = [constructor(ctx, v, v, depth + 1) for v in values]
+            texts = {ctx.module.code_for_node(b.func) if b is not None else None for b in built}
+            if len(texts) == 1 and built[0] is not None:
+                return built[0]
     return None
+
+
+def model_class(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.CSTNode) -> Optional[str]:
+    """The repository class a model was constructed from; None when unknown or from a library
+    (``torchvision.models.resnet18()``, ``nn.Linear``)."""
+    call = constructor(ctx, expr, use)
+    if call is None:
+        return None
+    qualified = ctx.qualified_name(call.func)
+    if qualified is not None and qualified.split(".", 1)[0] in LIBRARY_ROOTS:
+        return None
+    return dotted_name(call.func)

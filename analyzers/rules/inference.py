@@ -1,14 +1,15 @@
 """Inference: models run for validation / prediction in training mode or with autograd on."""
 from __future__ import annotations
 
+import ast
 import re
 from typing import Optional
 
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
-from analyzers.program.modules import ModuleFacts
-from analyzers.program.values import model_class
+from analyzers.program.modules import ModuleFacts, layer_of
+from analyzers.program.values import constructor, model_class
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule, Valid
 
@@ -629,6 +630,9 @@ class MissingEvalMode(_InferencePathRule):
             model.train()
     """
     VALID = [
+        # a single nn.Linear built in the file: nothing behaves differently in eval mode
+        "import torch\nimport torch.nn as nn\nmodel = nn.Linear(784, 10)\n"
+        "def test():\n    with torch.no_grad():\n        for x, y in test_loader:\n            out = model(x)\n",
         # nothing in the model behaves differently in eval mode (no dropout, no BatchNorm)
         "import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
         "        super().__init__()\n        self.fc = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
@@ -686,16 +690,36 @@ class MissingEvalMode(_InferencePathRule):
                 line=4, message="encoder"),
     ]
 
+    def _changes_in_eval(self, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
+        """False only when the model is known to hold neither dropout nor BatchNorm."""
+        built = constructor(self.ctx, model, use)
+        if built is None:
+            return True
+        features = _torch_layer_features(self.ctx, built)
+        if features is None:
+            cls = model_class(self.ctx, model, use)
+            features = self.ctx.facts(ModuleFacts).features(cls) if cls is not None else None
+        return features is None or bool(features & {"dropout", "batchnorm"})
+
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
         if self.facts.eval_covered(call):
             return None
-        cls = model_class(self.ctx, cst.parse_expression(call.model), call.node) if _DOTTED.match(call.model) else None
-        features = self.ctx.facts(ModuleFacts).features(cls) if cls is not None else None
-        if features is not None and not features & {"dropout", "batchnorm"}:
+        if _DOTTED.match(call.model) and not self._changes_in_eval(cst.parse_expression(call.model), call.node):
             return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
         return (f"`{call.model}` runs in {where} without `{call.model}.eval()` before it: dropout stays active and "
                 f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "
                 f"call `{call.model}.eval()` first")
+
+
+def _torch_layer_features(ctx: FileContext, call: cst.Call) -> Optional[set[str]]:
+    """dropout / batchnorm of a model built straight from torch.nn (``nn.Linear(...)``, ``nn.Sequential(...)``),
+    or None when it holds anything else (a project class, a torchvision model)."""
+    if not (ctx.qualified_name(call.func) or "").startswith("torch.nn."):
+        return None
+    layer = layer_of(ast.parse(ctx.module.code_for_node(call), mode="eval").body)
+    if layer is None or any(kind[:1].isupper() for kind in layer.kinds):
+        return None
+    return layer.kinds
 
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*$")

@@ -93,6 +93,17 @@ class UnseededTraining(Rule):
             ...
     """
     VALID = [
+        # style transfer: the optimized tensor is a copy of the content image, nothing random is initialized
+        """
+        import torch
+        target = content.clone().requires_grad_(True)
+        optimizer = torch.optim.Adam([target], lr=0.003)
+        for step in range(2000):
+            loss = style_loss(vgg(target))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        """,
         # seeded
         """
         import torch
@@ -215,6 +226,10 @@ class UnseededTraining(Rule):
         self.called_at_module_level: set[str] = set()
         self.has_step = False
         self.seeded = False
+        # what the optimizers update: a model's parameters, or plain tensors (style transfer, adversarial
+        # inputs: nothing random is initialized when an input image is what is optimized)
+        self.optimizes_parameters = False
+        self.optimizes_tensors = False
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
         if self.main_guard is None and not ctx.functions and _is_main_guard(node.test):
@@ -226,6 +241,14 @@ class UnseededTraining(Rule):
             return
         if not ctx.functions and isinstance(node.func, cst.Name):
             self.called_at_module_level.add(node.func.value)
+        qualified = ctx.call_name(node) or ""
+        if qualified.startswith("torch.optim.") and ".lr_scheduler." not in qualified:
+            params = argument(node, 0, "params")
+            if isinstance(params, (cst.List, cst.Tuple)) and all(
+                    isinstance(e.value, (cst.Name, cst.Attribute)) for e in params.elements):
+                self.optimizes_tensors = True
+            else:
+                self.optimizes_parameters = True
         if name == "backward":
             if call_receiver(node) is None:
                 return
@@ -252,6 +275,8 @@ class UnseededTraining(Rule):
     def end_file(self, ctx: FileContext) -> None:
         if self.seeded or self.backward is None or not self.has_step or _is_test_file(ctx.path):
             return
+        if self.optimizes_tensors and not self.optimizes_parameters:
+            return  # it optimizes an input (``optim.Adam([target])``), not a randomly initialized model
         # A script runs: a __main__ guard, a training loop at module level, or a main()/train() it calls
         # itself. A module that only defines train() is a library: seeding belongs to whoever calls it.
         runs = self.main_guard is not None or self.entry_backward or \

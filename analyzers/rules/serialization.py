@@ -48,6 +48,12 @@ class UnsafeTorchLoad(Rule):
         # for custom classes: torch.serialization.add_safe_globals([MyConfig])
     """
     VALID = [
+        # a cache at a path from the command line, written by this program when missing
+        "import torch, os\nif os.path.isfile(args.vector_cache):\n    vectors = torch.load(args.vector_cache)\n"
+        "else:\n    torch.save(vectors, args.vector_cache)\n",
+        # saved by train(), which the notebook calls with the same file name
+        "import torch\ndef train(model, save_path):\n    torch.save(model.state_dict(), save_path)\n"
+        "train(model, 'model_scratch.pt')\nmodel.load_state_dict(torch.load('model_scratch.pt'))\n",
         "import torch\nstate = torch.load('model.pt', weights_only=True)\n",
         "import torch\nstate = torch.load(path, map_location='cpu', weights_only=True)\n",
         "import torch as th\nstate = th.load(f, weights_only=True)\n",
@@ -88,9 +94,10 @@ class UnsafeTorchLoad(Rule):
         # the same file name, but read from a directory the user names (features dumped by another run)
         Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
                 "feats = torch.load(os.path.join(args.load_dir, 'feat.pth'))\n", line=3),
-        # a resume path from configuration: reported even though this program also writes it
-        Invalid("import torch\ntorch.save(snapshot, self.config.snapshot_path)\n"
-                "data = torch.load(self.config.snapshot_path)\n", line=3),
+        # a snapshot path from configuration, opened through fsspec (it may be remote): reported even
+        # though this program also writes it
+        Invalid("import torch, fsspec\ntorch.save(snapshot, self.config.snapshot_path)\n"
+                "with fsspec.open(self.config.snapshot_path) as f:\n    data = torch.load(f)\n", line=4),
         # a resume path from the command line, in a file that saves the args into its checkpoints:
         # weights_only=True would refuse them, so no mechanical fix, and the message says why
         Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
@@ -110,8 +117,10 @@ class UnsafeTorchLoad(Rule):
         source = argument(node, 0, "f")
         checkpoints = ctx.facts(CheckpointWrites)
         external = _looks_external(source, ctx)
-        if source is not None and not external and self._self_written(source, ctx, checkpoints):
+        if source is not None and self._self_written(source, ctx, checkpoints, external):
             return  # the program reloads what it saved itself: no trust boundary is crossed
+        if _is_test_file(ctx.path):
+            return  # a test reloading what it wrote to its temporary directory
         source_text = ctx.module.code_for_node(source) if source is not None else "?"
         severity = Severity.CRITICAL if external else None
         shown = f"torch.load({source_text})"
@@ -141,9 +150,14 @@ class UnsafeTorchLoad(Rule):
                     severity=severity)
 
     @staticmethod
-    def _self_written(source: cst.BaseExpression, ctx: FileContext, checkpoints: CheckpointWrites) -> bool:
-        if checkpoints.written_before_loaded(source, ctx.origin(source)):
+    def _self_written(source: cst.BaseExpression, ctx: FileContext, checkpoints: CheckpointWrites,
+                      external: bool) -> bool:
+        # a path from outside the program counts as this program's own file only when it saves to exactly
+        # that expression too (a cache: ``if isfile(args.cache): load(args.cache) else: save(.., args.cache)``)
+        if checkpoints.written_before_loaded(source, ctx.origin(source), same_expression_only=external):
             return True
+        if external:
+            return False
         # a helper's parameter: self-written when every call in the file passes a self-written path
         fn = ctx.function_def
         if isinstance(source, cst.Name) and fn is not None and ctx.binding(source.value) is not None \
@@ -151,6 +165,11 @@ class UnsafeTorchLoad(Rule):
             values = call_site_values(ctx.module, fn, source.value)
             return bool(values) and all(checkpoints.written_before_loaded(v, None) for v in values)
         return False
+
+
+def _is_test_file(path: str) -> bool:
+    parts = path.replace("\\", "/").split("/")
+    return "tests" in parts[:-1] or parts[-1].startswith("test_") or parts[-1].endswith("_test.py")
 
 
 def _looks_external(expr, ctx: FileContext) -> bool:
