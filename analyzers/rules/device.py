@@ -243,7 +243,7 @@ class TensorWithoutDevice(Rule):
     id = "TR701"
     slug = "tensor-without-device"
     category = Category.DEVICE
-    severity = Severity.HIGH
+    severity = Severity.MEDIUM  # a device mismatch fails loudly on the first batch; CUDA use is inferred per file
     summary = "tensor created in forward/training step without device= in a model that runs on CUDA"
     what = """
         Flags `torch.zeros/ones/empty/full/rand/randn/randint/arange/linspace/eye/tensor/as_tensor`
