@@ -19,7 +19,7 @@ from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_c
 from analyzers.engine import analyze_text, decode_source
 from analyzers.model import FileError, Finding
 from bot import review as compose
-from bot.conversation import close_gone, our_review_comments, upsert_summary
+from bot.conversation import close_gone, gone_comments, our_review_comments, upsert_summary
 from bot.github_client import commit_ref
 from bot.store import WriteBudget
 
@@ -121,7 +121,7 @@ class ReviewRun:
         if plan.comments:
             event = "REQUEST_CHANGES" if config.review_event == "request_changes" and plan.blocking else "COMMENT"
             self.post_review(plan, event)
-        gone = [c for fp, c in existing.items() if fp not in plan.fingerprints]
+        gone = gone_comments(existing, plan.fingerprints)
         resolved, deleted = close_gone(self.gh, self.job.repository, self.pr, gone, config.cleanup, self.bot_login,
                                        self.budget.spend)
         if plan.findings_count or existing:
@@ -133,8 +133,8 @@ class ReviewRun:
             from bot.tasks import enqueue_smoke
 
             enqueue_smoke(replace(self.job, reason="smoke.auto", head_sha=self.head))  # the trust policy is checked there
-        return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, {len(existing) - len(gone)} "
-                f"already commented, {resolved} resolved, {deleted} deleted; check {check_plan.conclusion}")
+        return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, "
+                f"{len({c.id for c in existing.values()}) - len(gone)} already commented, {resolved} resolved, {deleted} deleted; check {check_plan.conclusion}")
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):

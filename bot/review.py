@@ -227,6 +227,16 @@ def parse_fingerprint(comment_body: str) -> Optional[str]:
     return matches[-1] if matches else None
 
 
+def parse_fingerprints(comment_body: str) -> list[str]:
+    """Every fingerprint of a comment that covers several findings (all markers sit on its last line)."""
+    lines = (comment_body or "").rstrip().splitlines()
+    return FINGERPRINT_RE.findall(lines[-1]) if lines else []
+
+
+def fingerprint_markers(findings: Sequence[Finding], digests: Mapping[Finding, str]) -> str:
+    return " ".join(fingerprint_marker(f, digests[f]) for f in findings)
+
+
 # ---- truncation ---------------------------------------------------------------------------
 
 def fit_shown_count(render: Callable[[int], str], total: int, limit: int = MAX_MARKDOWN_CHARS) -> str:
@@ -294,26 +304,119 @@ class ReviewPlan:
 def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings(),
                 posted: frozenset[str] = frozenset()) -> ReviewPlan:
     """The review to post. Findings whose fingerprint is in ``posted`` already have a comment from an
-    earlier run: they are not commented again and do not use up the inline limit."""
+    earlier run: they are not commented again and do not use up the inline limit.
+
+    Each thing is said once: findings of one rule repeated in a file (or on consecutive lines) share one
+    comment that lists their lines, and the findings that land on the same line share one comment."""
     findings = keep_findings(pr.findings, pr.diffs, settings)
     if not findings:
         return ReviewPlan(body=no_issues_verdict(pr), comments=[], findings_count=0)
     digests = fingerprints_for(findings, pr.sources)
-    comments, overflow, unplaceable = [], [], []
-    for finding in findings:  # most severe first, so the limit cuts the least severe
-        if digests[finding] in posted:
-            continue
-        where = placement(finding, pr.diffs[finding.path], pr.sources.get(finding.path))
+    fresh = [f for f in findings if digests[f] not in posted]
+    comments: list[CommentPlan] = []
+    by_line: dict[tuple[str, int], CommentPlan] = {}
+    overflow, unplaceable = [], []
+    for group in group_findings(fresh):  # most severe first, so the limit cuts the least severe
+        diff = pr.diffs[group[0].path]
+        source = pr.sources.get(group[0].path)
+        anchor, where = next(((f, w) for f in group for w in [placement(f, diff, source)] if w is not None),
+                             (None, None))
         if where is None:
-            unplaceable.append(finding)
-        elif len(comments) >= settings.max_inline_comments:
-            overflow.append(finding)
-        else:
-            comments.append(review_comment(finding, where, digests[finding]))
+            unplaceable.extend(group)
+            continue
+        if len(group) > 1:
+            where = Placement(where.line, where.line)  # a shared comment suggests no single-line fix
+        same_line = by_line.get((anchor.path, where.line))
+        if same_line is not None:
+            same_line.add(group)  # one comment per line, listing every finding on it
+            continue
+        if len(comments) >= settings.max_inline_comments:
+            overflow.extend(group)
+            continue
+        plan = CommentPlan(anchor.path, where)
+        plan.add(group)
+        comments.append(plan)
+        by_line[(anchor.path, where.line)] = plan
     body = review_body(findings, overflow, unplaceable, pr, settings)
-    return ReviewPlan(body=body, comments=comments, findings_count=len(findings),
+    return ReviewPlan(body=body, comments=[c.to_comment(digests) for c in comments], findings_count=len(findings),
                       fingerprints=frozenset(digests.values()),
                       blocking=any(f.severity >= settings.fail_on for f in findings))
+
+
+# A rule repeated this often in one file is one comment with the list of lines (171 ``Variable(...)`` lines
+# are one thing to fix, not 171 comments).
+REPEATS_PER_COMMENT = 4
+
+
+def group_findings(findings: Sequence[Finding]) -> list[list[Finding]]:
+    """Findings that are one thing to say: a rule repeated in a file (``REPEATS_PER_COMMENT`` or more), or
+    on consecutive lines. In the order of each group's most severe finding."""
+    by_rule: dict[tuple[str, Optional[int], str], list[Finding]] = {}
+    for finding in findings:
+        by_rule.setdefault((finding.path, finding.cell, finding.rule), []).append(finding)
+    groups: list[list[Finding]] = []
+    for same in by_rule.values():
+        same.sort(key=lambda f: (f.line, f.column))
+        if len(same) >= REPEATS_PER_COMMENT:
+            groups.append(same)
+            continue
+        run = [same[0]]
+        for finding in same[1:]:
+            if finding.line - run[-1].end_line <= 1:
+                run.append(finding)  # the same finding on consecutive lines
+            else:
+                groups.append(run)
+                run = [finding]
+        groups.append(run)
+    return sorted(groups, key=lambda g: min(severity_order(f) for f in g))
+
+
+@dataclass
+class CommentPlan:
+    """One inline comment: one or more groups of findings placed on one line."""
+
+    path: str
+    where: Placement
+    groups: list[list[Finding]] = field(default_factory=list)
+
+    def add(self, group: list[Finding]) -> None:
+        self.groups.append(group)
+        if len(self.groups) > 1 or len(group) > 1:
+            self.where = Placement(self.where.line, self.where.line)  # several things: no one suggestion
+
+    def to_comment(self, digests: Mapping[Finding, str]) -> dict:
+        comment = {"path": self.path, "line": self.where.line, "side": "RIGHT",
+                   "body": group_comment_body(self.groups, digests, self.where.suggestion)}
+        if self.where.start_line != self.where.line:
+            comment.update(start_line=self.where.start_line, start_side="RIGHT")
+        return comment
+
+
+def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Finding, str],
+                       suggestion: Optional[Fix] = None) -> str:
+    if len(groups) == 1 and len(groups[0]) == 1:
+        finding = groups[0][0]
+        return comment_body(finding, digests[finding], suggestion)
+    parts: list[str] = []
+    for group in groups:
+        first = group[0]
+        if parts:
+            parts.append("")
+        parts += [f"{SEVERITY_BADGES[max(f.severity for f in group)]} · {code_span(first.rule)} "
+                  f"{literal(first.slug)}", "", message(first.message)]
+        if len(group) > 1:
+            lines = ", ".join(str(f.line) for f in group)
+            where = f"cell {first.cell}, " if first.cell is not None else ""
+            parts += ["", f"The same {'finding' if len(group) == 2 else 'pattern'} on {where}lines {lines} "
+                          f"({len(group)} in this file)."]
+            if all(f.fix is not None for f in group):
+                parts += ["", "Each has a mechanical fix: `torchreview check --fix` applies them all."]
+        why = rule_why(first)
+        if why:
+            parts += ["", f"**Why:** {message(why)}"]
+    members = [f for group in groups for f in group]
+    body = hard_cap("\n".join(parts), MAX_MARKDOWN_CHARS - 100 * (len(members) + 2))
+    return body + "\n\n" + fingerprint_markers(members, digests)
 
 
 def no_issues_verdict(pr: PullRequestAnalysis) -> str:
