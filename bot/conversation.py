@@ -47,17 +47,19 @@ def is_ours(user, bot_login: Optional[str]) -> bool:
     return getattr(user, "type", "") == "Bot" and login.endswith("[bot]")
 
 
-def our_review_comments(pr, bot_login: Optional[str]) -> dict[str, BotComment]:
+def our_review_comments(pr, bot_login: Optional[str],
+                        parse: Callable[[str], Optional[str]] = parse_fingerprint) -> dict[str, BotComment]:
     """fingerprint -> our review comment carrying it (never other users').
 
     Only the bot's finding comments carry a fingerprint, and the bot never replies in threads, so
-    these are thread roots.
+    these are thread roots. ``parse`` picks the kind: the static review's markers by default, the
+    smoke job passes its own, so neither job ever resolves the other's threads.
     """
     found: dict[str, BotComment] = {}
     for comment in pr.get_review_comments():
         if not is_ours(comment.user, bot_login):
             continue
-        fingerprint = parse_fingerprint(comment.body or "")
+        fingerprint = parse(comment.body or "")
         if fingerprint and fingerprint not in found:
             found[fingerprint] = BotComment(comment.id, fingerprint, comment)
     return found
