@@ -24,6 +24,7 @@ from typing import Optional
 
 import requests
 from rich.console import Console
+from rich.padding import Padding
 from rich.text import Text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,31 +237,42 @@ def show_review(console: Console, state, pr) -> None:
 
 def show_comments(console: Console, comments) -> None:
     for comment in sorted(comments, key=lambda c: (c.path, c.line or 0, c.id)):
-        console.print(comment_text(comment.path, comment.line, comment.body))
+        for indent, text in comment_text(comment.path, comment.line, comment.body):
+            print_indented(console, indent, text)
 
 
 MARKER_RE = re.compile(r"\s*<!-- torchreview:[^>]*-->\s*")
 FENCE_RE = re.compile(r"^(`{3,})suggestion\n(.*?)\n?\1$", re.S)
 
 
-def comment_text(path: str, line: Optional[int], body: str) -> Text:
-    """One inline comment as the terminal can show it: location and title, then the message and any
+def comment_text(path: str, line: Optional[int], body: str) -> list[tuple[int, Text]]:
+    """One inline comment as (indent, line) pairs: location and title, then the message and any
     suggested change. The hidden fingerprint marker is dropped, and so is the "Why" sentence."""
     paragraphs = [p for p in MARKER_RE.sub("\n\n", body).split("\n\n") if p.strip()]
-    text = Text.assemble((f"{path}:{line}", "bold cyan"), "  ", inline(paragraphs[0] if paragraphs else ""))
+    lines = [(0, Text.assemble((f"{path}:{line}", "bold cyan"), "  ", inline(paragraphs[0] if paragraphs else "")))]
     for paragraph in paragraphs[1:]:
         if paragraph.startswith("**Why:**"):
             continue
         fence = FENCE_RE.match(paragraph)
         if fence:
-            text.append("\n    suggested change:", style="dim")
-            for code in fence.group(2).splitlines():
-                text.append(f"\n      {code.strip()}", style="green")
+            code = [c.strip() for c in fence.group(2).splitlines()] or [""]
+            label = Text("suggested change: ", style="dim")
+            if len(code) == 1:
+                lines.append((4, label.append(code[0], style="green")))
+            else:
+                lines += [(4, label)] + [(6, Text(c, style="green")) for c in code]
             continue
         for item in paragraph.splitlines():
-            text.append("\n    ")
-            text.append_text(inline("• " + item[2:] if item.startswith("- ") else item))
-    return text
+            lines.append((4, inline("• " + item[2:] if item.startswith("- ") else item)))
+    return lines
+
+
+def print_indented(console: Console, indent: int, text: Text) -> None:
+    """A terminal wraps under the indent; a log gets the line whole."""
+    if console.is_terminal:
+        console.print(Padding(text, (0, 0, 0, indent)))
+    else:
+        console.print(Text(" " * indent).append_text(text))
 
 
 INLINE_RE = re.compile(r"(`+)(.+?)\1|\*\*(.+?)\*\*|\\([!-/:-@\[-`{-~])")
@@ -301,7 +313,7 @@ def show_check_run(console: Console, run) -> None:
     console.print(line)
     if run.name == SMOKE_CHECK:
         for row in smoke_lines(summary):
-            console.print(Text("  ").append_text(row))
+            print_indented(console, 2, row)
 
 
 CELL_SPLIT = re.compile(r"(?<!\\)\|")
