@@ -305,7 +305,7 @@ def show_check_run(console: Console, run) -> None:
                          f" — {run.output_title}")
     summary = run.output_summary or ""
     totals = next((row for row in summary.splitlines() if row.replace("*", "").startswith("Totals:")), None)
-    if totals:
+    if totals and re.search(r"[1-9]", totals):  # all zeros: the title already says "No issues found"
         line.append(" · ")
         line.append_text(inline(totals.replace("**", "")))
     if run.annotations:
