@@ -68,7 +68,7 @@ def run_demo(keep: bool = False, part: str = "all", console: Optional[Console] =
     console = console or make_console()
     torch_here = has_torch()
     if part == "smoke" and not torch_here:
-        console.print(f"[red]the smoke part trains models and needs torch:[/] {RUNNER_HINT}")
+        console.print(Text.assemble(("the smoke part trains models and needs torch: ", "red"), RUNNER_HINT))
         return 2
     with DemoApp(console) as app:
         try:
@@ -78,8 +78,9 @@ def run_demo(keep: bool = False, part: str = "all", console: Optional[Console] =
                 if torch_here:
                     smoke_part(app)
                 else:
-                    console.print(f"\n[yellow]No torch here, so no smoke part[/] (the GPU runner trains the changed "
-                                  f"models): {RUNNER_HINT}, then `torchreview demo --part smoke`.")
+                    console.print()
+                    console.print(Text.assemble(("No torch here, so no smoke part", "yellow"), " (the GPU runner trains "
+                                                f"the changed models): {RUNNER_HINT}, then torchreview demo --part smoke"))
         except TimeoutError as exc:
             app.show_log_tail(exc)
             return 1
@@ -115,8 +116,8 @@ class DemoApp:
             [sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--web-workers", "1", "--concurrency", "1"],
             env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.base = f"http://127.0.0.1:{port}"
-        self.console.print(f"[bold]GitHub emulator[/] on {self.emulator.url} · [bold]torchreview serve[/] on {self.base} "
-                           f"(embedded broker, log {self.log_path})")
+        self.console.print(Text.assemble(("GitHub emulator", "bold"), f" on {self.emulator.url} · ",
+                                         ("torchreview serve", "bold"), f" on {self.base} (embedded broker, log {self.log_path})"))
         try:
             wait_until(self._healthy, 60, "the webhook server to start")
         except TimeoutError as exc:
@@ -158,7 +159,7 @@ class DemoApp:
 
     def show_log_tail(self, exc: Exception) -> None:
         self.log.flush()
-        self.console.print(f"[red]{exc}[/]; last lines of {self.log_path}:")
+        self.console.print(Text.assemble((str(exc), "red"), f"; last lines of {self.log_path}:"))
         self.console.print("".join(self.log_path.read_text().splitlines(keepends=True)[-30:]), markup=False)
 
 
@@ -216,7 +217,8 @@ def delivered(app: DemoApp, action: str, pr) -> float:
     started = time.perf_counter()
     response = app.deliver(action, pr)
     message = response.json().get("message", "") if response.content else ""
-    app.console.print(f"signed [cyan]pull_request.{action}[/] delivered to the webhook: HTTP {response.status_code} {message}")
+    app.console.print(Text.assemble("signed ", (f"pull_request.{action}", "cyan"),
+                                    f" delivered to the webhook: HTTP {response.status_code} {message}"))
     return started
 
 
