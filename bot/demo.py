@@ -11,6 +11,7 @@ would show, each finding once.
 """
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
 import re
@@ -26,6 +27,8 @@ import requests
 from rich.console import Console
 from rich.padding import Padding
 from rich.text import Text
+
+from analyzers.markdown import BREAK
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "demo-webhook-secret"
@@ -281,23 +284,28 @@ INLINE_RE = re.compile(r"(`+)(.+?)\1|\*\*(.+?)\*\*|\\([!-/:-@\[-`{-~])")
 
 
 def inline(markdown: str, style: str = "") -> Text:
-    """GitHub's inline Markdown as styled text: code spans, bold, backslash escapes."""
+    """GitHub's inline Markdown as styled text: code spans, bold, backslash escapes and entities; the
+    zero-width spaces that stop GitHub's autolinks and mentions are dropped (a terminal has neither)."""
     text = Text(style=style)
     position = 0
     for match in INLINE_RE.finditer(markdown):
-        text.append(markdown[position:match.start()])
+        text.append(_plain(markdown[position:match.start()]))
         if match.group(1):
             code = match.group(2)
             if len(code) > 2 and code[0] == code[-1] == " ":
                 code = code[1:-1]  # CommonMark: one padding space each side
-            text.append(code, style="cyan")
+            text.append(code.replace(BREAK, ""), style="cyan")
         elif match.group(3) is not None:
             text.append_text(inline(match.group(3), "bold"))
         else:
             text.append(match.group(4))
         position = match.end()
-    text.append(markdown[position:])
+    text.append(_plain(markdown[position:]))
     return text
+
+
+def _plain(markdown: str) -> str:
+    return html.unescape(markdown).replace(BREAK, "")
 
 
 def show_check_run(console: Console, run) -> None:
