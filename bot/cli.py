@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="watch a pull request get reviewed, with a local GitHub emulator")
     demo.add_argument("--keep", action="store_true", help="leave the emulator and app running until Ctrl-C")
+    demo.add_argument("--part", choices=("all", "static", "smoke"), default="all",
+                      help="static: the review and check run (no torch needed); smoke: the GPU runner (needs torch)")
     demo.set_defaults(handler=cmd_demo)
     return parser
 
@@ -389,7 +391,7 @@ def _print_smoke(run) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from bot.demo import run_demo
 
-    return run_demo(keep=args.keep)
+    return run_demo(keep=args.keep, part=args.part)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

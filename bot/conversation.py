@@ -48,18 +48,23 @@ def is_ours(user, bot_login: Optional[str]) -> bool:
     return getattr(user, "type", "") == "Bot" and login.endswith("[bot]")
 
 
-def our_review_comments(pr, bot_login: Optional[str]) -> dict[str, BotComment]:
+def our_review_comments(pr, bot_login: Optional[str],
+                        parse: Optional[Callable[[str], Optional[str]]] = None) -> dict[str, BotComment]:
     """fingerprint -> our review comment carrying it (never other users').
 
     Only the bot's finding comments carry a fingerprint, and the bot never replies in threads, so
-    these are thread roots.
+    these are thread roots. ``parse`` picks the kind: the static review's markers by default (a comment
+    may carry several), the smoke job passes its own, so neither job ever resolves the other's threads.
     """
     found: dict[str, BotComment] = {}
     for comment in pr.get_review_comments():
         if not is_ours(comment.user, bot_login):
             continue
-        fingerprints = tuple(parse_fingerprints(comment.body or "")) or \
-            tuple(fp for fp in [parse_fingerprint(comment.body or "")] if fp)
+        body = comment.body or ""
+        if parse is not None:  # one marker kind of its own (the smoke job's)
+            fingerprints = tuple(fp for fp in [parse(body)] if fp)
+        else:  # a static-review comment may cover several findings
+            fingerprints = tuple(parse_fingerprints(body)) or tuple(fp for fp in [parse_fingerprint(body)] if fp)
         for fingerprint in fingerprints:
             if fingerprint not in found:
                 found[fingerprint] = BotComment(comment.id, fingerprint, comment, fingerprints)

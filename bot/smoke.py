@@ -5,12 +5,15 @@ The worker holds the GitHub token; the sandboxed children get only directories o
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
+import re
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import requests
 
@@ -27,6 +30,8 @@ TRUSTED = {
 }
 STATUS_BADGE = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped", "error": "⚠️ error"}
 MAX_TARBALL_BYTES = 200 << 20
+# Not the static review's fingerprint marker: each job resolves only the threads of its own kind.
+SMOKE_MARKER_RE = re.compile(r"<!-- torchreview:smoke=([0-9a-f]+) -->")
 
 
 def may_run_automatically(pr, smoke: dict) -> tuple[bool, str]:
@@ -124,19 +129,40 @@ def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
         for t in measures:
             m = t["head"]["measures"]
             lines.append(f"| {table_cell(code_span(t['target']))} | {m.get('params', '—'):,} | {m.get('step_time_ms', 0):.2f} ms | "
-                         f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {m.get('loss_after_steps', '—')} |")
+                         f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {format_loss(m.get('loss_after_steps'))} |")
     if run.get("warnings"):
         lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
     summary = "\n".join(lines)[:65000]
     return CheckRunPlan(conclusion, title, summary)
 
 
+def format_loss(value) -> str:
+    """Four significant digits: enough to compare runs, unlike float32 noise such as 0.752098023891449."""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "—"
+
+
+def smoke_fingerprint(target: dict) -> str:
+    """Identity of one target's failure: the target and which checks failed, not the messages (they
+    quote measured numbers that vary between runs) nor the line (unrelated edits move it)."""
+    failed = sorted(c["name"] for c in target["head"].get("checks", []) if c["status"] == "fail")
+    key = "\0".join(["smoke", target["target"], target["status"], *failed])
+    return hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def parse_smoke_fingerprint(comment_body: str) -> Optional[str]:
+    """The smoke fingerprint in one of our comment bodies; the last match, as quoted text comes first."""
+    matches = SMOKE_MARKER_RE.findall(comment_body or "")
+    return matches[-1] if matches else None
+
+
+def failing_targets(run: dict) -> list[dict]:
+    return [t for t in run["targets"] if t["status"] in ("failed", "error")]
+
+
 def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
     """Inline comments on the class of each failing target, on a line of the diff."""
     comments = []
-    for t in run["targets"]:
-        if t["status"] not in ("failed", "error"):
-            continue
+    for t in failing_targets(run):
         path = t["target"].split(":", 1)[0]
         diff = diffs.get(path)
         start, end = spans.get(t["target"], (t.get("line", 1), t.get("line", 1)))
@@ -149,6 +175,7 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
         body = [f"🔥 **smoke** · {code_span(t['target'])} failed when trained for a few steps:", ""]
         body += [f"- **{literal(c['name'])}**: {_public(c['message'])}" for c in failed] or \
                 [f"- {_reason(t) or 'error'}"]
+        body += ["", f"<!-- torchreview:smoke={smoke_fingerprint(t)} -->"]
         comments.append({"path": path, "line": line, "side": "RIGHT", "body": "\n".join(body)})
     return comments
 
@@ -187,6 +214,7 @@ def run_smoke_job(job, clients, store) -> str:
 
 def _run_smoke_job(job, clients, store) -> str:
     from analyzers.config import ConfigError
+    from bot.conversation import close_gone, our_review_comments
     from bot.github_client import commit_ref
     from bot.pipeline import complete_check_run, load_base_config
     from bot.review import parse_file_patch
@@ -251,11 +279,18 @@ def _run_smoke_job(job, clients, store) -> str:
 
             complete_check_run(check_run, superseded_plan(head, current), budget)
             return f"smoke superseded by {current[:7]}"
-        comments = failing_target_comments(report, diffs, spans)
+        # Like the static review: a failure that already has a comment is not commented again, and the
+        # threads of failures that are gone (fixed, or the model removed) are resolved per `cleanup`.
+        existing = our_review_comments(pr, clients.bot_login(), parse=parse_smoke_fingerprint)
+        comments = [c for c in failing_target_comments(report, diffs, spans)
+                    if parse_smoke_fingerprint(c["body"]) not in existing]
         if comments:
             budget.spend()
             pr.create_review(commit=commit_ref(repo, head), event="COMMENT", comments=comments,
                              body=f"torchreview smoke: {len(comments)} model(s) failed when trained for a few steps.")
+        still_failing = {smoke_fingerprint(t) for t in failing_targets(report)}
+        gone = [c for fingerprint, c in existing.items() if fingerprint not in still_failing]
+        close_gone(gh, job.repository, pr, gone, config.cleanup, clients.bot_login(), budget.spend)
         plan = plan_smoke_check_run(report, head)
         complete_check_run(check_run, plan, budget)
         return f"smoke: {plan.title}"
