@@ -247,6 +247,7 @@ def show_comments(console: Console, comments) -> None:
 
 
 MARKER_RE = re.compile(r"\s*<!-- torchreview:[^>]*-->\s*")
+TITLE_RE = re.compile(r"^\S+ \*\*(?:critical|high|medium|low)\*\* · `TR\d+`")
 FENCE_RE = re.compile(r"^(`{3,})suggestion\n(.*?)\n?\1$", re.S)
 
 
@@ -257,6 +258,9 @@ def comment_text(path: str, line: Optional[int], body: str) -> list[tuple[int, T
     lines = [(0, Text.assemble((f"{path}:{line}", "bold cyan"), "  ", inline(paragraphs[0] if paragraphs else "")))]
     for paragraph in paragraphs[1:]:
         if paragraph.startswith("**Why:**"):
+            continue
+        if TITLE_RE.match(paragraph):  # the next finding of a comment that covers several on this line
+            lines.append((0, Text.assemble((f"{path}:{line}", "bold cyan"), "  ", inline(paragraph))))
             continue
         fence = FENCE_RE.match(paragraph)
         if fence:
