@@ -9,7 +9,7 @@ import re
 import time
 import tokenize
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -17,7 +17,7 @@ import libcst as cst
 
 from analyzers.config import Config
 from analyzers.context import FileContext, dotted_name
-from analyzers.model import FileError, FileResult, Finding, Fix, Severity
+from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules
 from analyzers.rules.base import Rule
@@ -308,7 +308,8 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     pending = [(rule, p) for rule in instances for p in rule.pending]
     if not pending:
         return result
-    positions = ctx.positions(p.node for _, p in pending)
+    positions = ctx.positions([p.node for _, p in pending] +
+                              [site for _, p in pending for site, _ in p.related if isinstance(site, cst.CSTNode)])
     lines = source.splitlines(keepends=True)
     suppressions = _suppressions(lines) if ("noqa" in source or "torchreview" in source) else {}
     seen: set[tuple] = set()
@@ -328,7 +329,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         result.findings.append(Finding(
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
-            message=p.message, fix=fix,
+            message=p.message, fix=fix, related=_related_locations(p.related, positions),
         ))
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
     result.findings.sort(key=lambda f: f.sort_key)
@@ -346,6 +347,18 @@ def syntax_error_detail(source: str, exc: cst.ParserSyntaxError) -> str:
     except (ValueError, RecursionError, MemoryError):
         pass  # Python cannot say either: libcst's position is the best there is
     return f"line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
+
+
+def _related_locations(sites, positions) -> tuple[Location, ...]:
+    found = []
+    for site, what in sites:
+        if isinstance(site, int):
+            found.append(Location(site, 1, site, 1, what))
+            continue
+        pos = positions.get(site)
+        if pos is not None:
+            found.append(Location(pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1, what))
+    return tuple(found)
 
 
 def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode) -> Optional[Fix]:
@@ -483,12 +496,19 @@ def _analyze_cells(cell_sources: list[tuple[int, str]], path: str, config: Confi
     return result
 
 
-def _with_cell(f: Finding, cell: int, line: int, end_line: int) -> Finding:
+def _with_cell(f: Finding, cell: int, line: int, end_line: int,
+               line_map: Sequence[tuple[int, int]] = ()) -> Finding:
     fix = f.fix
     if fix is not None:
         fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement)
+    related = []
+    for site in f.related:  # a location names no cell: keep the sites in the finding's own cell
+        if site.line - 1 < len(line_map) and line_map[site.line - 1][0] == cell:
+            start = line_map[site.line - 1][1]
+            end = line_map[min(site.end_line, len(line_map)) - 1]
+            related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start))
     return Finding(f.path, line, f.column, end_line, f.end_column, f.rule, f.slug, f.category, f.severity,
-                   f.message, fix, cell)
+                   f.message, fix, cell, tuple(related))
 
 
 def _remap(result: FileResult, line_map: list[tuple[int, int]]) -> None:
@@ -500,7 +520,7 @@ def _remap(result: FileResult, line_map: list[tuple[int, int]]) -> None:
         end_cell, end_line = line_map[min(f.end_line, len(line_map)) - 1]
         if end_cell != cell:
             end_line = line
-        remapped.append(_with_cell(f, cell, line, end_line))
+        remapped.append(_with_cell(f, cell, line, end_line, line_map))
     result.findings = remapped
 
 

@@ -77,6 +77,21 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class Location:
+    """Another site of a finding: where the problem is set up (``forward``'s softmax for a loss call, the
+    split a leaking fit comes before). Same file as the finding."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Finding:
     path: str
     line: int
@@ -90,6 +105,7 @@ class Finding:
     message: str
     fix: Optional[Fix] = None
     cell: Optional[int] = None  # notebook cell number (1-based) when the file is a .ipynb
+    related: tuple[Location, ...] = ()  # the other sites that matter, in the same file
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -104,6 +120,7 @@ class Finding:
             "severity": self.severity.label,
             "message": self.message,
             "fix": self.fix.to_dict() if self.fix else None,
+            "related": [r.to_dict() for r in self.related],
         }
         if self.cell is not None:
             data["cell"] = self.cell

@@ -156,6 +156,15 @@ def to_sarif(run: RunResult) -> dict:
             }],
             # line-independent, so an alert survives lines inserted above it (the App's fingerprint)
             "partialFingerprints": {"torchreview/v2": fingerprints[f]},
+            "relatedLocations": [{
+                "id": number,
+                "message": {"text": site.message},
+                "physicalLocation": {
+                    "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
+                    "region": {"startLine": site.line, "startColumn": site.column, "endLine": site.end_line,
+                               "endColumn": site.end_column},
+                },
+            } for number, site in enumerate(f.related, 1)],
             "properties": {"severity": f.severity.label, "category": f.category},
         }
         if f.fix is not None:

@@ -36,7 +36,7 @@ def test_json_contract(project):
     data = json.loads(proc.stdout)
     assert set(data) == {"findings", "errors", "stats"}
     assert data["stats"]["files"] == 3 and data["stats"]["seconds"] >= 0
-    keys = {"path", "line", "column", "end_line", "end_column", "rule", "slug", "category", "severity", "message", "fix"}
+    keys = {"path", "line", "column", "end_line", "end_column", "rule", "slug", "category", "severity", "message", "fix", "related"}
     for finding in data["findings"]:
         assert set(finding) == keys
         assert finding["severity"] in {"critical", "high", "medium", "low"}

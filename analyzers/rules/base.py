@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Union
 
 import libcst as cst
 
@@ -59,6 +59,8 @@ class PendingFinding:
     message: str
     replacement: Optional[cst.CSTNode]  # a node replacing ``node`` (mechanical fix), or None
     severity: Optional[Severity]
+    # other sites: (node, what happens there), or (line, what happens there) for sites known by line only
+    related: tuple[tuple[Union[cst.CSTNode, int], str], ...] = ()
 
 
 REGISTRY: dict[str, type["Rule"]] = {}
@@ -113,9 +115,11 @@ class Rule:
         self.pending: list[PendingFinding] = []
 
     def report(self, node: cst.CSTNode, message: str, *, replacement: Optional[cst.CSTNode] = None,
-               severity: Optional[Severity] = None) -> None:
-        """Report ``node``. ``replacement`` is a node that replaces it as a mechanical fix."""
-        self.pending.append(PendingFinding(node, message, replacement, severity))
+               severity: Optional[Severity] = None,
+               related: Sequence[tuple[Union[cst.CSTNode, int], str]] = ()) -> None:
+        """Report ``node``. ``replacement`` is a node that replaces it as a mechanical fix; ``related`` are
+        the other sites of the problem (a pull request that changes only one of them is still told)."""
+        self.pending.append(PendingFinding(node, message, replacement, severity, tuple(related)))
 
     def end_file(self, ctx: "FileContext") -> None:
         """Called once after the walk; override for whole-file checks."""
