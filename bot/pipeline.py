@@ -21,6 +21,7 @@ from analyzers.model import FileError, Finding
 from bot import review as compose
 from bot.conversation import close_gone, our_review_comments, upsert_summary
 from bot.github_client import commit_ref
+from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget
 
 log = logging.getLogger("torchreview.pipeline")
@@ -128,11 +129,11 @@ class ReviewRun:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
         self.complete(check_run, check_plan)
         if config.smoke.get("enabled") and self.job.reason.startswith("pull_request."):
-            from dataclasses import replace
-
-            from bot.tasks import enqueue_smoke
-
-            enqueue_smoke(replace(self.job, reason="smoke.auto", head_sha=self.head))  # the trust policy is checked there
+            # Pinned to the head just reviewed; the trust policy (author's permission, no forks) is
+            # checked by the smoke job, before anything runs.
+            enqueue_smoke(SmokeJob(installation_id=self.job.installation_id, repository=self.job.repository,
+                                   pull_number=self.pr.number, head_sha=self.head, reason="smoke.auto",
+                                   delivery=self.job.delivery))
         return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, {len(existing) - len(gone)} "
                 f"already commented, {resolved} resolved, {deleted} deleted; check {check_plan.conclusion}")
 
@@ -297,10 +298,12 @@ def fail_check_run(job, clients, store, message: str) -> None:
         log.exception("could not mark the check run failed")
 
 
-def run_command(job, clients, store) -> str:
-    """A ``/review`` comment: check who asked, acknowledge with 👀, then do what it says."""
-    from dataclasses import replace
+REFUSAL_REACTIONS_PER_HOUR = 3  # per user and installation; past it, unauthorized commands get nothing
 
+
+def run_command(job: CommandJob, clients, store) -> str:
+    """A ``/review`` comment: ask GitHub for the commenter's permission, acknowledge with 👀, then do
+    what it says. Commands from users without write access run nothing and get no reply."""
     from bot import commands
 
     command = commands.parse_command(job.command or "")
@@ -309,10 +312,8 @@ def run_command(job, clients, store) -> str:
     repo = clients.for_installation(job.installation_id).get_repo(job.repository)
     budget = WriteBudget(store, job.installation_id)
     key = f"command-{job.comment_id}"  # a retried job answers once
-    if not commands.may_run(repo, job.requested_by or "", job.author_association):
-        budget.spend()
-        commands.reply(job.pull_number, repo, commands.refusal_text(job.requested_by or "someone"), dedupe_key=key)
-        return f"refused /review {command.name} from {job.requested_by}"
+    if not commands.may_run(repo, job.requested_by or ""):
+        return _refuse_quietly(job, repo, store, budget, command.name)
     if job.comment_id:
         budget.spend()
         try:
@@ -322,7 +323,9 @@ def run_command(job, clients, store) -> str:
                 raise
             log.info("command comment %s is gone; not acknowledged", job.comment_id)
     if command.name == "review":
-        return run_review(replace(job, reason="command.review"), clients, store)
+        return run_review(ReviewJob(installation_id=job.installation_id, repository=job.repository,
+                                    pull_number=job.pull_number, head_sha=None, reason="command.review",
+                                    delivery=job.delivery, requested_by=job.requested_by), clients, store)
     if command.name == "config":
         pr = repo.get_pull(job.pull_number)
         try:
@@ -331,12 +334,7 @@ def run_command(job, clients, store) -> str:
         except ConfigError as exc:
             text = f"The repository's torchreview configuration on `{pr.base.ref}` is invalid:\n\n```\n{exc}\n```"
     elif command.name == "smoke":
-        from bot.tasks import enqueue_smoke
-
-        head = repo.get_pull(job.pull_number).head.sha  # pinned: later pushes do not change what runs
-        enqueue_smoke(replace(job, reason="command.smoke", head_sha=head))
-        text = (f"Smoke training of {head[:7]} is queued; its results will arrive as the "
-                "`torchreview / smoke` check run.")
+        text = _queue_smoke(job, repo, command)
     elif command.name == "help":
         text = commands.help_reply()
     else:
@@ -344,3 +342,67 @@ def run_command(job, clients, store) -> str:
     budget.spend()
     commands.reply(job.pull_number, repo, text, dedupe_key=key)
     return f"/review {command.name} answered"
+
+
+def _refuse_quietly(job: CommandJob, repo, store, budget: WriteBudget, name: str) -> str:
+    """No reply (a reply per comment would let anyone spend our write budget): one 👎 reaction,
+    at most REFUSAL_REACTIONS_PER_HOUR per user; the decision is kept so a retry does not count twice."""
+    from bot import commands
+
+    login = job.requested_by or ""
+    decision_key = f"torchreview:refused:{job.installation_id}:{job.comment_id}"
+    decision = store.get(decision_key)
+    if decision is None:
+        used = store.count(f"torchreview:refusals:{job.installation_id}:{login}", 3600)
+        decision = "react" if used <= REFUSAL_REACTIONS_PER_HOUR else "quiet"
+        store.put(decision_key, decision, 24 * 3600)
+    if decision == "react" and job.comment_id:
+        budget.spend()
+        try:
+            commands.react(repo, job.comment_id, "-1")
+        except GithubException as exc:
+            if exc.status != 404:  # the comment is gone
+                raise
+    return f"refused /review {name} from {login} (no write access)"
+
+
+def _queue_smoke(job: CommandJob, repo, command) -> str:
+    """``/review smoke [<sha>]``: enqueue a smoke job for exactly one commit the commenter saw."""
+    from bot import commands
+
+    pr = repo.get_pull(job.pull_number)
+    current = pr.head.sha
+    wanted, problem = commands.smoke_sha_argument(command)
+    if problem:
+        return problem
+    if wanted:
+        sha = _commit_of_pull(repo, pr, wanted)
+        if sha is None:
+            return commands.smoke_not_in_pr_reply(wanted)
+    elif job.head_sha is None:
+        return commands.smoke_unknown_head_reply(current)
+    elif job.head_sha != current:
+        return commands.smoke_head_moved_reply(job.head_sha, current)
+    else:
+        sha = job.head_sha
+    enqueue_smoke(SmokeJob(installation_id=job.installation_id, repository=job.repository, pull_number=pr.number,
+                           head_sha=sha, reason="command.smoke", delivery=job.delivery,
+                           requested_by=job.requested_by, comment_id=job.comment_id))
+    return (f"Smoke training of `{sha[:12]}` is queued; its results will arrive as the "
+            "`torchreview / smoke` check run on that commit.")
+
+
+MAX_PR_COMMITS_SEARCHED = 1000
+
+
+def _commit_of_pull(repo, pr, prefix: str) -> Optional[str]:
+    """The full SHA of the PR's head or one of its commits that starts with ``prefix`` (unique), else None."""
+    if pr.head.sha.startswith(prefix):
+        return pr.head.sha
+    found = []
+    for index, commit in enumerate(repo.compare(pr.base.sha, pr.head.sha).commits):  # base...head: the PR's own
+        if index >= MAX_PR_COMMITS_SEARCHED:
+            break
+        if commit.sha.startswith(prefix):
+            found.append(commit.sha)
+    return found[0] if len(found) == 1 else None
