@@ -28,6 +28,9 @@ log = logging.getLogger("torchreview.pipeline")
 
 CHECK_NAME = "torchreview"
 LOCK_TTL = 900
+# The work one review may do: files fetched and analyzed, and their bytes; the rest is reported skipped.
+MAX_REVIEW_FILES = 300
+MAX_REVIEW_BYTES = 8 << 20
 REVIEWED_SUFFIXES = (".py", ".ipynb")
 RERUN_ACTION = {"label": "Re-run review", "description": "Review this commit again", "identifier": "rerun"}
 # Explicit requests: a fresh check run, and policy skips (draft, label...) do not apply.
@@ -229,8 +232,10 @@ def _file_text(repo, path: str, ref: str) -> Optional[str]:
     return content.decoded_content.decode("utf-8", errors="replace")
 
 
-def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
+def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int = MAX_REVIEW_FILES,
+                          max_bytes: int = MAX_REVIEW_BYTES) -> ChangedFiles:
     changed = ChangedFiles()
+    spent = 0
     for f in pr.get_files():  # all pages, up to GitHub's 3000 files
         path = f.filename
         if not path.endswith(REVIEWED_SUFFIXES) or f.status == "removed":
@@ -241,10 +246,16 @@ def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
         if not f.patch:
             changed.notes.append(FileError(path, "no-patch", "GitHub sent no diff for this file (binary or too large); not reviewed"))
             continue
+        if len(changed.reviewed) >= max_files or spent >= max_bytes:
+            # one PR must not hold a worker for long: the rest is listed, neither fetched nor parsed
+            changed.notes.append(FileError(path, "skipped", f"not reviewed: this review's budget ({max_files} files, "
+                                                            f"{max_bytes >> 20} MiB) is spent"))
+            continue
         data = _blob_bytes(repo, path, f.sha, head)
         if data is None:
             changed.notes.append(FileError(path, "unavailable", "content could not be fetched at the head commit"))
             continue
+        spent += len(data)
         text, error = decode_source(data, path)
         if error is not None:
             changed.notes.append(error)
