@@ -17,10 +17,11 @@ from github import GithubException
 
 from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
 from analyzers.engine import analyze_text, decode_source
-from analyzers.model import FileError, Finding
+from analyzers.model import FileError, FileResult, Finding
 from bot import review as compose
 from bot.conversation import close_gone, our_review_comments, upsert_summary
 from bot.github_client import commit_ref
+from bot.isolation import run_isolated
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget
 
@@ -104,8 +105,12 @@ class ReviewRun:
             self.complete(check_run, compose.no_files_plan(changed.notes))
             return "no PyTorch files changed"
         findings: list[Finding] = []
+        # in a forked child: a file that crashes or stalls the parser becomes an error entry
+        results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
+                               lambda path, text: analyze_text(text, path, config),
+                               lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]))
         for path in changed.reviewed:
-            result = analyze_text(changed.sources[path], path, config)
+            result = results[path]
             findings.extend(result.findings)
             changed.notes.extend(result.errors)
         settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,

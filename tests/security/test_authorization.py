@@ -108,12 +108,13 @@ def run_smoke_and_wait(stack, pr, sha):
 def test_users_without_write_access_cannot_run_smoke(stack, gpu_worker, association, role):
     state = stack["state"]
     repo, name, pr = opened(stack)
+    user = f"eve-{association.lower()}-{role}"  # one each: refusals are rate-limited per user
     if role:
-        state.add_collaborator(repo, "eve", role)
-    command = comment(stack, pr, "/review smoke", "eve", association)
+        state.add_collaborator(repo, user, role)
+    command = comment(stack, pr, "/review smoke", user, association)
     wait_for(lambda: command.reactions, 60, "a reaction to the command")
     assert [r.content for r in command.reactions] == ["-1"]  # not 👀: refused, and no reply
-    assert state.requests_matching("GET", f"/repos/{name}/collaborators/eve/permission")
+    assert state.requests_matching("GET", f"/repos/{name}/collaborators/{user}/permission")
     assert replies(state, pr, "") == []
     run_smoke_and_wait(stack, pr, pr.head_sha)  # the queue is drained up to here
     assert len(smoke_runs(state, pr.head_sha)) == 1  # only the maintainer's run
@@ -342,3 +343,28 @@ def test_tarball_bombs_are_refused(stack, tmp_path):
                       max_members=50)
     fine = download_tree(gh_repo, repo.branches[repo.default_branch], tmp_path / "fine", max_bytes=64 << 20)
     assert (fine / "zeros.bin").stat().st_size == 48 << 20
+
+
+def _analyze(key, item):
+    import ctypes
+    import time
+
+    if item == "segfault":
+        ctypes.string_at(0)  # a real SIGSEGV, as libcst's stack overflow gives
+    if item == "stall":
+        time.sleep(3600)
+    if item == "hog":
+        bytearray(64 << 30)
+    return f"analyzed {key}"
+
+
+def test_a_crashing_or_stalling_analysis_costs_one_file_not_the_worker():
+    from bot.isolation import run_isolated
+
+    items = [("a", "ok"), ("b", "segfault"), ("c", "ok"), ("d", "stall"), ("e", "hog"), ("f", "ok")]
+    results = run_isolated(items, _analyze, lambda key, kind, message: (kind, message), seconds=3,
+                           memory=1 << 30)
+    assert results["a"] == "analyzed a" and results["c"] == "analyzed c" and results["f"] == "analyzed f"
+    assert results["b"] == ("parser-crash", "the analysis crashed (SIGSEGV); not analyzed")
+    assert results["d"][0] == "timeout"
+    assert results["e"] == ("parser-crash", "the analysis needed over 1024 MiB; not analyzed")
