@@ -53,6 +53,9 @@ def _one_child(pending, analyze, seconds, memory):
         status = 0
         try:
             os.close(read_end)
+            import faulthandler
+
+            faulthandler.disable()  # the parent reports a crash; no traceback dump into the worker's log
             if memory:
                 import resource
 

@@ -30,8 +30,8 @@ log = logging.getLogger("torchreview.pipeline")
 CHECK_NAME = "torchreview"
 LOCK_TTL = 900
 # The work one review may do: files fetched and analyzed, and their bytes; the rest is reported skipped.
-MAX_REVIEW_FILES = 300
-MAX_REVIEW_BYTES = 8 << 20
+MAX_REVIEW_FILES = 1000
+MAX_REVIEW_BYTES = 20 << 20  # about a minute of parsing
 REVIEWED_SUFFIXES = (".py", ".ipynb")
 RERUN_ACTION = {"label": "Re-run review", "description": "Review this commit again", "identifier": "rerun"}
 # Explicit requests: a fresh check run, and policy skips (draft, label...) do not apply.
