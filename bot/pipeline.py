@@ -147,12 +147,16 @@ class ReviewRun:
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):
-        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs."""
-        if self.job.reason not in FORCED_REASONS:
-            for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
+        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs
+        (but a retried job, e.g. re-queued for the write budget, finds the one it created)."""
+        for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
+            if self.job.reason not in FORCED_REASONS:
+                return run
+            if run.external_id == self.job.delivery and run.status != "completed":
                 return run
         self.budget.spend()
         return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",
+                                          external_id=self.job.delivery,
                                           output={"title": "Reviewing…", "summary": "torchreview is reviewing this commit."})
 
     def complete(self, check_run, plan) -> None:

@@ -183,6 +183,64 @@ def test_no_automatic_run_without_the_authors_permission_and_never_for_forks(sta
 # ---- which commit runs -------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def bare_webhook(redis_url, tmp_path):
+    """The webhook alone on its own Redis database (no worker takes its jobs)."""
+    import threading
+
+    from werkzeug.serving import make_server
+
+    from bot.settings import Settings
+    from bot.webhook import create_app
+    from tests.conftest import WEBHOOK_SECRET
+
+    url = redis_url.rsplit("/", 1)[0] + "/3"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    settings = Settings(app_id=None, private_key=None, webhook_secret=WEBHOOK_SECRET, redis_url=url, data_dir=tmp_path)
+    server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}"}, client
+    server.shutdown()
+    client.flushdb()
+
+
+def _queued(client):
+    import base64
+
+    return [json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0] for raw in client.lrange("reviews", 0, -1)]
+
+
+def test_the_webhook_pins_smoke_commands_to_the_head_pushed_before_them(bare_webhook):
+    hook, client = bare_webhook
+
+    def pull_request(action, sha, at):
+        data = real_payload(f"pull_request.{action}")
+        data["pull_request"].update(number=7, updated_at=at)
+        data["pull_request"]["head"]["sha"] = sha
+        data["repository"]["full_name"], data["installation"] = "octo-org/pinned", {"id": 1}
+        assert deliver(hook, "pull_request", data).status_code == 202
+
+    def smoke_command(at, body="/review smoke"):
+        data = real_payload("derived/issue_comment.created.on_pull_request")
+        data["issue"]["number"] = 7
+        data["repository"]["full_name"], data["installation"] = "octo-org/pinned", {"id": 1}
+        data["comment"].update(body=body, created_at=at, id=len(_queued(client)) + 1)
+        assert deliver(hook, "issue_comment", data).status_code == 202
+        return _queued(client)[0]  # kombu pushes on the left
+
+    pull_request("opened", "a" * 40, "2026-01-01T10:00:00Z")
+    assert smoke_command("2026-01-01T10:00:00Z")["head_sha"] == "a" * 40  # same second: before
+    assert smoke_command("2026-01-01T10:05:00Z")["head_sha"] == "a" * 40
+    # a push at 10:06 whose delivery arrives before that of a comment written at 10:05:30
+    pull_request("synchronize", "b" * 40, "2026-01-01T10:06:00Z")
+    assert smoke_command("2026-01-01T10:05:30Z")["head_sha"] is None  # unknown: the worker asks for a sha
+    assert smoke_command("2026-01-01T10:07:00Z")["head_sha"] == "b" * 40
+    pull_request("synchronize", "a" * 40, "2026-01-01T10:00:00Z")  # a late, older delivery changes nothing
+    assert smoke_command("2026-01-01T10:08:00Z")["head_sha"] == "b" * 40
+    assert smoke_command("2026-01-01T10:08:00Z", "/review")["head_sha"] is None  # only smoke is pinned
+
+
 def test_a_push_after_the_command_is_refused_and_nothing_runs(stack, gpu_worker):
     state = stack["state"]
     repo, name, pr = opened(stack)
@@ -368,3 +426,27 @@ def test_a_crashing_or_stalling_analysis_costs_one_file_not_the_worker():
     assert results["b"] == ("parser-crash", "the analysis crashed (SIGSEGV); not analyzed")
     assert results["d"][0] == "timeout"
     assert results["e"] == ("parser-crash", "the analysis needed over 1024 MiB; not analyzed")
+
+
+def test_a_review_does_a_bounded_amount_of_work(stack):
+    """Past the budget, files are listed as skipped, neither fetched nor parsed."""
+    from analyzers.config import Config
+    from bot.github_client import GitHubClients
+    from bot.pipeline import collect_changed_files
+    from bot.settings import Settings
+
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    files = {f"m{i}.py": f"import torch\nx{i} = {i}\n" for i in range(5)}
+    pr = state.open_pull_request(repo, files)
+    env = stack["env"]
+    clients = GitHubClients(Settings(app_id=4242, private_key=env["GITHUB_PRIVATE_KEY"], webhook_secret="s",
+                                     api_url=env["GITHUB_API_URL"], github_write_interval=0))
+    gh_repo = clients.for_installation(1).get_repo(name)
+    changed = collect_changed_files(gh_repo, gh_repo.get_pull(pr.number), pr.head_sha, Config(), max_files=2)
+    assert changed.reviewed == ["m0.py", "m1.py"]
+    assert [(n.path, n.kind) for n in changed.notes] == [("m2.py", "skipped"), ("m3.py", "skipped"), ("m4.py", "skipped")]
+    fetched = {r.path.rsplit("/", 1)[1] for r in state.requests_matching("GET", f"/repos/{name}/contents/*")}
+    assert fetched == {"m0.py", "m1.py"}
+    by_bytes = collect_changed_files(gh_repo, gh_repo.get_pull(pr.number), pr.head_sha, Config(), max_bytes=30)
+    assert len(by_bytes.reviewed) == 2 and len(by_bytes.notes) == 3  # 2 files of 20 bytes: 30 is spent
