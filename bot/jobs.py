@@ -104,7 +104,10 @@ _KINDS = {cls.kind: cls for cls in (ReviewJob, CommandJob, SmokeJob)}
 def job_from_dict(data: dict[str, Any]) -> Job:
     """The job a task was given (unknown keys are dropped, so older queued jobs still load)."""
     data = dict(data)
-    kind = data.pop("kind", None) or ("command" if data.get("reason") == "command" else "review")
+    kind = data.pop("kind", None)
+    if kind is None:  # queued before jobs had kinds
+        reason = str(data.get("reason") or "")
+        kind = "command" if reason == "command" else "smoke" if reason in ("smoke.auto", "command.smoke") else "review"
     cls = _KINDS[kind]
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})
