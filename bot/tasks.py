@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from celery.signals import worker_process_init
 
-from bot.jobs import GPU_QUEUE, REVIEW_QUEUE, REVIEW_TASK, SMOKE_TASK, job_from_dict, make_celery  # noqa: F401
+from bot.jobs import REVIEW_TASK, SMOKE_TASK, job_from_dict, make_celery
 from bot.settings import Settings
 
 log = logging.getLogger("torchreview.tasks")
