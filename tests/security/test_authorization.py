@@ -345,17 +345,6 @@ def test_a_spent_write_budget_requeues_the_job_instead_of_holding_the_worker(sta
             store.delete(f"torchreview:writes:2:{m}")
 
 
-def test_write_budget_spent_raises_instead_of_sleeping(stack, store):
-    from bot.store import RedisStore, WriteBudget, WriteBudgetSpent
-
-    budget = WriteBudget(RedisStore(stack["env"]["REDIS_URL"]), 991, per_minute=2, clock=lambda: 630.0)
-    budget.spend()
-    budget.spend()
-    with pytest.raises(WriteBudgetSpent) as spent:
-        budget.spend()
-    assert spent.value.delay == 30.0  # the rest of minute 10: the task re-queues itself with this countdown
-
-
 # ---- no input takes a worker down ---------------------------------------------------------------------
 
 
