@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime
 from typing import Any, Callable, Optional, Union
 
@@ -239,14 +239,8 @@ def pin_command(store, job: CommandJob) -> CommandJob:
     known = _known(store, _head_key(job.repository, job.pull_number))
     written = _timestamp(job.comment_created_at)
     if known is None or written is None or known[1] > written:
-        return _replace(job, head_sha=None)
-    return _replace(job, head_sha=known[0])
-
-
-def _replace(job, **changes):
-    from dataclasses import replace
-
-    return replace(job, **changes)
+        return replace(job, head_sha=None)
+    return replace(job, head_sha=known[0])
 
 
 # ---- enqueueing ------------------------------------------------------------------------------------
