@@ -379,6 +379,16 @@ def test_the_engine_reports_too_complex_without_crashing(tmp_path, source):
     assert [e["kind"] for e in errors] == ["too-complex"]
 
 
+@pytest.mark.parametrize("source", [CHAIN, "import torch\nx = " + "not " * 5000 + "1\n",
+                                    "import torch\nx = " + "lambda: " * 3000 + "1\n"])
+def test_finding_smoke_targets_survives_hostile_files(source):
+    """The GPU worker reads the PR's files with ast before anything runs: a hostile one is left out."""
+    from gpu_runner.targets import find_targets
+
+    found = find_targets({"m/bad.py": source, "m/net.py": MODEL}, {"m/bad.py": {1, 2, 3}, "m/net.py": set(range(1, 20))})
+    assert [(t.path, t.name) for t in found] == [("m/net.py", "TinyMLP")]
+
+
 def test_the_guard_passes_real_code():
     """Every file of this repository, and a sample of the installed torch package, is parsed normally."""
     import torch
