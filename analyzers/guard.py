@@ -2,10 +2,14 @@
 
 libcst's native parser recurses per nesting level and is quadratic in the length of an operator
 chain: 3 KB of parentheses nested ~1,500 deep crash the process (SIGSEGV, no exception to catch),
-and a 40 KB ``1+1+...`` takes a minute and then crashes. One scan with a regular expression (no
+and a 40 KB ``1+1+...`` takes a minute and then crashes. Scanning with regular expressions (no
 parse) estimates how deep the syntax tree gets and how much chain work a parse would do, so such
 a file becomes an ``errors`` entry instead of taking a worker down. Real code is far below the
 limits: CPython itself refuses more than 200 nested brackets and 100 indentation levels.
+
+Two tiers: a quick upper bound computed in C loops (regex substitutions, ``accumulate``) clears
+almost every real file; only a file it cannot clear gets the exact token scan. Together they cost
+about 5% of a bare libcst parse (400 files of the torch package).
 """
 from __future__ import annotations
 
@@ -34,7 +38,6 @@ _TOKEN = re.compile(r"""
   | (?P<op>\*\*|//|<<|>>|<=|>=|==|!=|:=|[-+*/%@&|^~<>.])
   | (?P<continuation>\\\r?\n)
 """, re.VERBOSE | re.DOTALL)
-_FSTRING_OPS = re.compile(r"\*\*|//|<<|>>|<=|>=|==|!=|[-+*/%@&|^~<>.]")
 
 
 class TooComplex(ValueError):
