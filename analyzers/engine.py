@@ -17,6 +17,7 @@ import libcst as cst
 
 from analyzers.config import Config
 from analyzers.context import FileContext, dotted_name
+from analyzers.guard import complexity_error
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules
@@ -272,6 +273,10 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         return result
     if not _ML_HINT.search(source):
         return result  # cannot import torch/sklearn: not ML code, not worth a parse
+    too_complex = complexity_error(source, path)
+    if too_complex is not None:
+        result.errors.append(too_complex)
+        return result
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
@@ -474,6 +479,8 @@ def analyze_notebook_text(text: str, path: str, config: Config,
     broken: list[FileError] = []
     broken_cells: set[int] = set()
     for number, source in cell_sources:
+        if complexity_error(source, path) is not None:
+            continue  # reported when the cells are analyzed together
         try:
             cst.parse_module(source + "\n")
         except (cst.ParserSyntaxError, RecursionError) as exc:
