@@ -164,13 +164,22 @@ def severity_order(finding: Finding) -> tuple:
     return (-finding.severity, finding.path, finding.cell or 0, finding.line, finding.column, finding.rule)
 
 
+def finding_sites(finding: Finding) -> list[int]:
+    """Every line the finding is about: its own, then its related sites (the other end of a two-site bug)."""
+    lines = list(finding_lines(finding))
+    for site in finding.related:
+        lines += [n for n in range(site.line, max(site.line, site.end_line) + 1) if n not in lines]
+    return lines
+
+
 def _is_kept(finding: Finding, diff: Optional[FileDiff], settings: ReviewSettings) -> bool:
     if diff is None:
         return False  # the file is not part of the pull request
     if settings.filter == "file" or not diff.has_patch or is_notebook_finding(finding):
         return True
     reach = settings.context_lines if settings.filter == "diff_context" else 0
-    return any(line + offset in diff.added for line in finding_lines(finding) for offset in range(-reach, reach + 1))
+    # kept when any of its sites changed: a PR that only edits forward's softmax causes the loss finding
+    return any(line + offset in diff.added for line in finding_sites(finding) for offset in range(-reach, reach + 1))
 
 
 # ---- text helpers ---------------------------------------------------------------------------
@@ -325,7 +334,7 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
             unplaceable.extend(group)
             continue
         if len(group) > 1:
-            where = Placement(where.line, where.line)  # a shared comment suggests no single-line fix
+            where = Placement(where.line, where.line, note=where.note)  # a shared comment suggests no one fix
         same_line = by_line.get((anchor.path, where.line))
         if same_line is not None:
             same_line.add(group)  # one comment per line, listing every finding on it
@@ -381,12 +390,14 @@ class CommentPlan:
 
     def add(self, group: list[Finding]) -> None:
         self.groups.append(group)
-        if len(self.groups) > 1 or len(group) > 1:
-            self.where = Placement(self.where.line, self.where.line)  # several things: no one suggestion
+        if len(self.groups) > 1 or len(group) > 1:  # several things: no one suggestion
+            self.where = Placement(self.where.line, self.where.line, note=self.where.note)
 
     def to_comment(self, digests: Mapping[Finding, str]) -> dict:
-        comment = {"path": self.path, "line": self.where.line, "side": "RIGHT",
-                   "body": group_comment_body(self.groups, digests, self.where.suggestion)}
+        body = group_comment_body(self.groups, digests, self.where.suggestion)
+        if self.where.note:
+            body = f"{message(self.where.note)}:\n\n{body}"
+        comment = {"path": self.path, "line": self.where.line, "side": "RIGHT", "body": body}
         if self.where.start_line != self.where.line:
             comment.update(start_line=self.where.start_line, start_side="RIGHT")
         return comment
@@ -478,6 +489,7 @@ class Placement:
     start_line: int
     line: int
     suggestion: Optional[Fix] = None
+    note: Optional[str] = None  # placed on a related site: what this line has to do with the finding
 
 
 def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
@@ -492,6 +504,11 @@ def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Option
         line = next((n for n in lines if n in candidates), None)
         if line is not None:
             return Placement(line, line)
+    for site in finding.related:  # the finding's own line is outside the diff: comment on the changed site
+        for candidates in (diff.added, diff.commentable):
+            line = next((n for n in range(site.line, max(site.line, site.end_line) + 1) if n in candidates), None)
+            if line is not None:
+                return Placement(line, line, note=f"{site.message}; the finding is at line {finding.line}")
     return None
 
 
