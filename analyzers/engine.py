@@ -324,7 +324,10 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         if key in seen:
             continue
         seen.add(key)
-        fix = _render_fix(module, lines, pos, p.replacement) if p.replacement is not None else None
+        fix = None
+        if p.replacement is not None:
+            safe = p.safe if p.safe is not None else rule.fix_safety == "safe"
+            fix = _render_fix(module, lines, pos, p.replacement, safe)
         result.findings.append(Finding(
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
@@ -348,7 +351,7 @@ def syntax_error_detail(source: str, exc: cst.ParserSyntaxError) -> str:
     return f"line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
 
 
-def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode) -> Optional[Fix]:
+def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode, safe: bool = True) -> Optional[Fix]:
     start, end = pos.start, pos.end
     if start.line < 1 or end.line > len(lines):
         return None
@@ -358,7 +361,7 @@ def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTN
     newline = "\n" if not last.endswith("\r\n") else "\r\n"
     tail = last[end.column:].rstrip("\r\n")
     text = first[: start.column] + new_code + tail + newline
-    return Fix(start.line, end.line, text)
+    return Fix(start.line, end.line, text, safe)
 
 
 def _suppressions(lines: list[str]) -> dict[int, Optional[set[str]]]:
@@ -486,7 +489,7 @@ def _analyze_cells(cell_sources: list[tuple[int, str]], path: str, config: Confi
 def _with_cell(f: Finding, cell: int, line: int, end_line: int) -> Finding:
     fix = f.fix
     if fix is not None:
-        fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement)
+        fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement, fix.safe)
     return Finding(f.path, line, f.column, end_line, f.end_column, f.rule, f.slug, f.category, f.severity,
                    f.message, fix, cell)
 
