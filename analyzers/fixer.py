@@ -179,6 +179,8 @@ def fix_notebook(text: str, path: str, config: Config, *, unsafe: bool = False, 
         for cell_number in sorted({f.cell for f in wanted}):
             in_cell = [f for f in wanted if f.cell == cell_number]
             new = _apply_to_source(sources[cell_number], in_cell, refused, fixed, check=_cell_parses)
+            if new.endswith("\n") and not sources[cell_number].endswith("\n"):
+                new = new[:-1]  # a fix of a cell's last line ends in a newline the cell did not have
             _set_cell_text(cells[cell_number - 1], new)
         if len(fixed.applied) == before:
             break

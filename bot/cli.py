@@ -180,7 +180,7 @@ def _check_fix(args: argparse.Namespace, config) -> int:
 
 
 def _where(finding) -> str:
-    return f"cell {finding.cell}, line {finding.line}" if finding.cell else str(finding.line)
+    return f"cell {finding.cell}, line {finding.line}" if finding.cell else f"{finding.line}:{finding.column}"
 
 
 def _relative(path: str) -> str:

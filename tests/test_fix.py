@@ -49,7 +49,7 @@ def test_several_fixes_applied_and_the_file_reanalyzes_clean(tmp_path):
     proc = run("check", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
     assert (tmp_path / "train.py").read_text() == FIXED
     assert "Fixed 4 findings in 1 file; 0 remaining" in proc.stderr
-    assert "fixed train.py:5: TR801 deprecated-cuda-amp" in proc.stderr
+    assert "fixed train.py:5:6: TR801 deprecated-cuda-amp" in proc.stderr
     assert _findings("train.py", tmp_path) == []
     # nothing left to do: a second --fix changes nothing
     proc = run("check", "train.py", "--fix", cwd=tmp_path, check=0)
@@ -105,12 +105,14 @@ def _notebook(*sources):
 
 def test_notebook_cells_are_fixed_in_the_json(tmp_path):
     nb = _notebook(["import torch\n", "%matplotlib inline\n", "from torch.autograd import Variable"],
-                   ["x = Variable(torch.ones(2))\n", "with torch.cuda.amp.autocast():\n", "    y = x * 2"])
+                   ["x = Variable(torch.ones(2))\n", "with torch.cuda.amp.autocast():\n", "    y = x * 2"],
+                   "z = Variable(x)")
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     proc = run("check", "nb.ipynb", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
     assert "fixed nb.ipynb:cell 3, line 1: TR803" in proc.stderr
     nb["cells"][2]["source"] = ["x = torch.ones(2)\n", 'with torch.amp.autocast("cuda"):\n', "    y = x * 2"]
+    nb["cells"][3]["source"] = "z = x"  # a string source stays a string, with no newline added
     # only the cell sources change: same layout, same non-ASCII text, magics kept
     assert path.read_text(encoding="utf-8") == json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
