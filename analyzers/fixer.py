@@ -13,23 +13,31 @@ import io
 import json
 import os
 import re
+import subprocess
 import time
 import tokenize
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import libcst as cst
 
 from analyzers.config import Config
+from analyzers.diff import keep_changed
 from analyzers.engine import (MAX_FILE_BYTES, RunResult, _MAGIC, analyze_notebook_text, analyze_source,
-                              read_source)
+                              decode_source, read_source)
 from analyzers.model import FileError, FileResult, Finding, Fix
 from analyzers.program.modules import index_for
 from analyzers.rules.base import Rule
 
 MAX_PASSES = 10  # fixes of one pass can enable others (two on one line); a cycle must still end
+# which findings of the current text to fix and report (``--diff REF``: those on lines changed since REF)
+Keep = Callable[[list[Finding], str], list[Finding]]
+
+
+def _everything(findings: list[Finding], _text: str) -> list[Finding]:
+    return findings
 
 
 @dataclass
@@ -105,12 +113,13 @@ def _wanted(result: FileResult, unsafe: bool, refused_keys: set, lines_of) -> li
 
 
 def fix_source(source: str, path: str, config: Config, *, unsafe: bool = False,
-               rules: Optional[Sequence[type[Rule]]] = None, repository=None) -> FixedFile:
+               rules: Optional[Sequence[type[Rule]]] = None, repository=None, keep: Keep = _everything) -> FixedFile:
     """Fix Python source text; ``rules`` overrides the config's selection (tests)."""
     fixed = FixedFile(path, source, source)
     refused: set = set()
     for number in range(MAX_PASSES + 1):
         result = analyze_source(fixed.text, path, config, rules=rules, repository=repository)
+        result.findings = keep(result.findings, fixed.text)
         if number == MAX_PASSES:
             break
         lines = fixed.text.splitlines(keepends=True)
@@ -152,7 +161,8 @@ def _cell_parses(text: str) -> Optional[str]:
     return _parses("\n".join("" if _MAGIC.match(line) else line for line in text.split("\n")) + "\n")
 
 
-def fix_notebook(text: str, path: str, config: Config, *, unsafe: bool = False, repository=None) -> FixedFile:
+def fix_notebook(text: str, path: str, config: Config, *, unsafe: bool = False, repository=None,
+                 keep: Keep = _everything) -> FixedFile:
     fixed = FixedFile(path, text, text)
     try:
         notebook = json.loads(text)
@@ -165,6 +175,7 @@ def fix_notebook(text: str, path: str, config: Config, *, unsafe: bool = False, 
     current = text
     for number in range(MAX_PASSES + 1):
         result = analyze_notebook_text(current, path, config, repository)
+        result.findings = keep(result.findings, current)
         if number == MAX_PASSES:
             break
         sources = {i: _cell_text(c) for i, c in enumerate(cells, 1) if isinstance(c, dict)}
@@ -200,17 +211,36 @@ def _encoding(data: bytes, path: str) -> str:
     return tokenize.detect_encoding(io.BytesIO(data).readline)[0]  # keeps a BOM and a coding cookie
 
 
-def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, write: bool = True) -> FixedFile:
+def changed_since(ref: str, display: str) -> Keep:
+    """Keep findings on lines that differ from the file at ``ref`` (git), recomputed for each pass's text
+    since fixes move lines; a file not in ``ref`` is new, all of it changed; a changed notebook, all of it
+    (as ``--diff`` does)."""
+    proc = subprocess.run(["git", "show", f"{ref}:./{display}"], capture_output=True)
+    base = decode_source(proc.stdout, display)[0] if proc.returncode == 0 else None
+
+    def keep(findings: list[Finding], text: str) -> list[Finding]:
+        if base is None or (display.endswith(".ipynb") and text != base):
+            return findings
+        matcher = difflib.SequenceMatcher(None, base.splitlines(), text.splitlines(), autojunk=False)
+        lines = {n + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("replace", "insert")
+                 for n in range(j1, j2)}
+        return keep_changed(findings, {display: lines})
+    return keep
+
+
+def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, write: bool = True,
+             diff_ref: Optional[str] = None) -> FixedFile:
     text, error = read_source(path, display)
     if error is not None:
         fixed = FixedFile(display, "", "")
         fixed.result = FileResult(display, errors=[error])
         return fixed
     repository = index_for(path)
+    keep = changed_since(diff_ref, display) if diff_ref else _everything
     if display.endswith(".ipynb"):
-        fixed = fix_notebook(text, display, config, unsafe=unsafe, repository=repository)
+        fixed = fix_notebook(text, display, config, unsafe=unsafe, repository=repository, keep=keep)
     else:
-        fixed = fix_source(text, display, config, unsafe=unsafe, repository=repository)
+        fixed = fix_source(text, display, config, unsafe=unsafe, repository=repository, keep=keep)
     if write and fixed.changed:
         data = path.read_bytes()
         # bytes, not text mode: newlines are written exactly as they were read (\r\n stays \r\n)
@@ -224,16 +254,17 @@ def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, 
 
 
 def _fix_one(args) -> FixedFile:
-    path, display, config, unsafe, write = args
-    return fix_file(Path(path), display, config, unsafe=unsafe, write=write)
+    path, display, config, unsafe, write, diff_ref = args
+    return fix_file(Path(path), display, config, unsafe=unsafe, write=write, diff_ref=diff_ref)
 
 
 def fix_files(files: list[tuple[Path, str]], config: Config, *, unsafe: bool = False, write: bool = True,
-              jobs: Optional[int] = None) -> tuple[list[FixedFile], RunResult]:
-    """Fix every file; returns each file's outcome and the run of what remains."""
+              jobs: Optional[int] = None, diff_ref: Optional[str] = None) -> tuple[list[FixedFile], RunResult]:
+    """Fix every file (with ``diff_ref``, only findings on lines changed since it); returns each file's
+    outcome and the run of what remains."""
     started = time.perf_counter()
     jobs = jobs or os.cpu_count() or 1
-    work = [(str(p), d, config, unsafe, write) for p, d in files]
+    work = [(str(p), d, config, unsafe, write, diff_ref) for p, d in files]
     if jobs <= 1 or len(work) < 4:
         outcomes = list(map(_fix_one, work))
     else:

@@ -138,15 +138,19 @@ def _add_fix_arguments(check: argparse.ArgumentParser) -> None:
 
 
 def _check_fix(args: argparse.Namespace, config) -> int:
+    from analyzers.diff import DiffError, git_changed_lines
     from analyzers.engine import discover, fails
     from analyzers.fixer import fix_files, unsafe_fixes_left
     from analyzers.output import render
 
     if args.diff:
-        raise UsageError("--fix and --diff-fixes fix whole files; they cannot be combined with --diff")
+        try:
+            git_changed_lines(args.diff)  # a bad ref or no repository: a usage error before anything is written
+        except DiffError as exc:
+            raise UsageError(str(exc)) from None
     files = discover([_relative(p) for p in args.paths], config)
     outcomes, run = fix_files(files, config, unsafe=args.unsafe_fixes, write=not args.diff_fixes,
-                              jobs=args.jobs or os.cpu_count())
+                              jobs=args.jobs or os.cpu_count(), diff_ref=args.diff)
     applied = sum(len(o.applied) for o in outcomes if o.changed)
     changed = [o for o in outcomes if o.changed]
     # what changed goes to stderr: stdout stays the report (or the diff), parseable in every format

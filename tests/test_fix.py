@@ -152,8 +152,21 @@ def test_passes_are_capped():
     assert fixed.text.count("Variable(a)") == count - MAX_PASSES == len(fixed.result.findings)
 
 
-def test_fix_with_diff_is_a_usage_error(tmp_path):
-    (tmp_path / "train.py").write_text(FIXABLE)
-    proc = run("check", "train.py", "--fix", "--diff", "HEAD", cwd=tmp_path, check=2)
-    assert "cannot be combined with --diff" in proc.stderr
-    assert (tmp_path / "train.py").read_text() == FIXABLE
+def test_fix_with_diff_fixes_changed_lines_only(tmp_path):
+    from tests.test_precommit import _git
+
+    old = "import torch\nfrom torch.autograd import Variable\nold = Variable(torch.ones(2))\n"
+    _git("init", "-q", cwd=tmp_path)
+    (tmp_path / "train.py").write_text(old)
+    _git("add", "-A", cwd=tmp_path)
+    _git("commit", "-q", "-m", "base", cwd=tmp_path)
+    # two changes on one new line: the second fix runs on the text the first left, still a changed line
+    (tmp_path / "train.py").write_text(old + "new = Variable(torch.ones(3)) + Variable(torch.ones(4))\n")
+    run("check", "train.py", "--fix", "--diff", "HEAD", "--fail-on", "low", cwd=tmp_path, check=0)
+    assert (tmp_path / "train.py").read_text() == old + "new = torch.ones(3) + torch.ones(4)\n"
+    # a bad ref is a usage error, and nothing is written
+    proc = run("check", "train.py", "--fix", "--diff", "no-such-ref", cwd=tmp_path, check=2)
+    assert "no-such-ref" in proc.stderr
+    assert (tmp_path / "train.py").read_text() == old + "new = torch.ones(3) + torch.ones(4)\n"
+    run("check", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)  # without --diff: the old line too
+    assert (tmp_path / "train.py").read_text().startswith("import torch\nfrom torch.autograd import Variable\nold = torch.ones(2)\n")
