@@ -228,6 +228,24 @@ def changed_since(ref: str, display: str) -> Keep:
     return keep
 
 
+def _replace(path: Path, data: bytes) -> None:
+    """Write through a temporary file and a rename: other workers read this file for their cross-file
+    questions while it is being fixed, and must never see half of it."""
+    import shutil
+    import tempfile
+
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".torchreview", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        shutil.copymode(path, temporary)  # mkstemp makes it 0600; keep the file's own mode
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
 def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, write: bool = True,
              diff_ref: Optional[str] = None) -> FixedFile:
     text, error = read_source(path, display)
@@ -246,7 +264,7 @@ def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, 
         # bytes, not text mode: newlines are written exactly as they were read (\r\n stays \r\n)
         encoded = fixed.text.encode(_encoding(data, display))
         if len(encoded) <= MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
-            path.write_bytes(encoded)
+            _replace(path, encoded)
         else:
             fixed.result.errors.append(FileError(display, "fix-error", "the fixed file would be over the size limit; not written"))
             fixed.text = fixed.original

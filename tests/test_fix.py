@@ -92,7 +92,10 @@ def test_newlines_and_encoding_are_kept(tmp_path):
     source = "# -*- coding: latin-1 -*-\nimport torch\nname = 'caf\xe9'\nwith torch.cuda.amp.autocast():\n    pass\n"
     data = source.replace("\n", "\r\n").encode("latin-1")
     (tmp_path / "old.py").write_bytes(data)
+    (tmp_path / "old.py").chmod(0o755)  # an executable script stays executable
     run("check", "old.py", "--fix", cwd=tmp_path, check=0)
+    assert (tmp_path / "old.py").stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in tmp_path.iterdir()] == ["old.py"]  # no temporary file left behind
     assert (tmp_path / "old.py").read_bytes() == data.replace(b"torch.cuda.amp.autocast()", b'torch.amp.autocast("cuda")')
 
 
