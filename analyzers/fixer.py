@@ -234,6 +234,7 @@ def _replace(path: Path, data: bytes) -> None:
     import shutil
     import tempfile
 
+    path = Path(os.path.realpath(path))  # a symlink stays a symlink: its target is what gets fixed
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".torchreview", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as out:
