@@ -25,8 +25,9 @@ class ActionError(Exception):
 
 
 def _input(name: str, default: str = "") -> str:
-    # GitHub's convention: INPUT_<NAME upper-cased>, dashes kept
-    return os.environ.get(f"INPUT_{name.upper()}", "").strip() or default
+    # action.yml passes INPUT_FAIL_ON (a dash is no shell name); GitHub's own convention keeps it: INPUT_FAIL-ON
+    value = os.environ.get(f"INPUT_{name.upper().replace('-', '_')}") or os.environ.get(f"INPUT_{name.upper()}")
+    return (value or "").strip() or default
 
 
 def base_from_event(event_name: str, payload: dict) -> Optional[str]:

@@ -55,7 +55,7 @@ def _outputs(github) -> dict:
 
 
 def run_action(repo, github, **inputs):
-    env = {**os.environ, **github, "NO_COLOR": "1", **{f"INPUT_{k.upper().replace('_', '-')}": v for k, v in inputs.items()}}
+    env = {**os.environ, **github, "NO_COLOR": "1", **{f"INPUT_{k.upper()}": v for k, v in inputs.items()}}
     return subprocess.run([sys.executable, "-c", "import sys; from bot.action import main; sys.exit(main())"],
                           cwd=repo, env=env, capture_output=True, text=True)
 
@@ -138,7 +138,7 @@ def test_action_yml_steps_install_and_run(pull_request, tmp_path):
     python = tmp_path / "python"  # stands in for the runner's python (actions/setup-python is not run here)
     venv.EnvBuilder(with_pip=True).create(python)
     inputs = {name: spec.get("default", "") for name, spec in action["inputs"].items()}
-    inputs.update({"fail-on": "medium", "sarif-file": "torchreview.sarif"})
+    inputs.update({"fail-on": "critical", "sarif-file": "checks/torchreview.sarif"})
     values = {"github.action_path": str(action_path), **{f"inputs.{k}": v for k, v in inputs.items()}}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(github, PATH=f"{python / 'bin'}{os.pathsep}{env['PATH']}")
@@ -154,8 +154,10 @@ def test_action_yml_steps_install_and_run(pull_request, tmp_path):
         ran.append((step.get("name"), proc))
     (install_name, install), (check_name, check) = ran
     assert install.returncode == 0, install.stdout + install.stderr
-    assert check.returncode == 1, check.stdout + check.stderr  # fail-on: medium; the PR adds a HIGH
+    # fail-on: critical reached the check: the HIGH finding the PR adds is reported, not failing
+    assert check.returncode == 0, check.stdout + check.stderr
     assert "::error file=train.py,line=11" in check.stdout
+    assert json.loads((repo / "checks/torchreview.sarif").read_text())["runs"][0]["results"]
     outputs = _outputs(github)
     assert outputs["base"] == base and outputs["findings"] == "2"
     assert {o: _expand(spec["value"], {f"steps.check.outputs.{k}": v for k, v in outputs.items()})
