@@ -27,7 +27,7 @@ from analyzers.config import Config
 from analyzers.diff import keep_changed
 from analyzers.engine import (MAX_FILE_BYTES, RunResult, _MAGIC, analyze_notebook_text, analyze_source,
                               decode_source, read_source)
-from analyzers.model import FileError, FileResult, Finding, Fix
+from analyzers.model import FileError, FileResult, Finding
 from analyzers.program.modules import index_for
 from analyzers.rules.base import Rule
 
@@ -96,6 +96,9 @@ def _apply_to_source(source: str, findings: list[Finding], refused_keys: set, fi
             continue
         key = _fix_key(f, lines)
         candidate = f.fix.apply(source)
+        if candidate == source:
+            refused_keys.add(key)  # changes nothing: offering it again each pass would only spin
+            continue
         problem = check(candidate)
         if problem is not None:
             refused_keys.add(key)
