@@ -330,7 +330,10 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         if key in seen:
             continue
         seen.add(key)
-        fix = _render_fix(module, lines, pos, p.replacement) if p.replacement is not None else None
+        fix = None
+        if p.replacement is not None:
+            safe = p.safe if p.safe is not None else rule.fix_safety == "safe"
+            fix = _render_fix(module, lines, pos, p.replacement, safe)
         result.findings.append(Finding(
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
@@ -366,7 +369,7 @@ def _related_locations(sites, positions) -> tuple[Location, ...]:
     return tuple(found)
 
 
-def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode) -> Optional[Fix]:
+def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode, safe: bool = True) -> Optional[Fix]:
     start, end = pos.start, pos.end
     if start.line < 1 or end.line > len(lines):
         return None
@@ -376,7 +379,7 @@ def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTN
     newline = "\n" if not last.endswith("\r\n") else "\r\n"
     tail = last[end.column:].rstrip("\r\n")
     text = first[: start.column] + new_code + tail + newline
-    return Fix(start.line, end.line, text)
+    return Fix(start.line, end.line, text, safe)
 
 
 def _suppressions(lines: list[str]) -> dict[int, Optional[set[str]]]:
@@ -507,7 +510,7 @@ def _with_cell(f: Finding, cell: int, line: int, end_line: int,
                line_map: Sequence[tuple[int, int]] = ()) -> Finding:
     fix = f.fix
     if fix is not None:
-        fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement)
+        fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement, fix.safe)
     related = []
     for site in f.related:  # a location names no cell: keep the sites in the finding's own cell
         if site.line - 1 < len(line_map) and line_map[site.line - 1][0] == cell:

@@ -61,12 +61,14 @@ class Category(str, enum.Enum):
 class Fix:
     """Replace source lines ``start_line..end_line`` (1-based, inclusive) with ``replacement``.
 
-    Whole lines, so the fix renders directly as a GitHub committable suggestion.
+    Whole lines, so the fix renders directly as a GitHub committable suggestion. ``safe``: the fix
+    keeps the program's behaviour (a rename); ``--fix`` applies unsafe ones only with ``--unsafe-fixes``.
     """
 
     start_line: int
     end_line: int
     replacement: str
+    safe: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

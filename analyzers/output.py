@@ -51,8 +51,8 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
             line.append(f"{f.rule} ", style="bold")
             line.append(f"{f.slug}: ", style="magenta")
             line.append(f.message)
-            if f.fix is not None:
-                line.append("  [fix available]", style="green")
+            if f.fix is not None:  # unsafe: --fix applies it only with --unsafe-fixes
+                line.append("  [fix available]" if f.fix.safe else "  [unsafe fix available]", style="green")
             console.print(line)
         console.print()
     for error in run.errors:

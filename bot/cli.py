@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--exit-zero-on-errors", action="store_true",
                        help="files that could not be analyzed (syntax errors, undecodable, too large) do not make "
                             "the run fail (config fail_on_errors: false)")
+    _add_fix_arguments(check)
     check.set_defaults(handler=cmd_check)
 
     rules = sub.add_parser("rules", help="list every rule")
@@ -105,6 +106,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                                         fail_on=args.fail_on)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    if args.fix or args.diff_fixes:
+        return _check_fix(args, config)
     changed = None
     if args.diff:  # before the analysis: a bad ref or no repository is a usage error, found at once
         try:
@@ -122,6 +125,68 @@ def cmd_check(args: argparse.Namespace) -> int:
     if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
+
+
+# --- check --fix / --diff-fixes / --unsafe-fixes ------------------------------------------------
+
+
+def _add_fix_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument("--fix", action="store_true",
+                       help="apply the safe mechanical fixes in place, then report what remains")
+    check.add_argument("--diff-fixes", action="store_true",
+                       help="print the fixes as a unified diff instead of writing them (exit 1 when there are any)")
+    check.add_argument("--unsafe-fixes", action="store_true",
+                       help="with --fix/--diff-fixes, also apply fixes that change behaviour (e.g. weights_only=True)")
+
+
+def _check_fix(args: argparse.Namespace, config) -> int:
+    from analyzers.diff import DiffError, git_changed_lines
+    from analyzers.engine import discover, fails
+    from analyzers.fixer import fix_files, unsafe_fixes_left
+    from analyzers.output import render
+
+    if args.diff:
+        try:
+            git_changed_lines(args.diff)  # a bad ref or no repository: a usage error before anything is written
+        except DiffError as exc:
+            raise UsageError(str(exc)) from None
+    files = discover([_relative(p) for p in args.paths], config)
+    outcomes, run = fix_files(files, config, unsafe=args.unsafe_fixes, write=not args.diff_fixes,
+                              jobs=args.jobs or os.cpu_count(), diff_ref=args.diff)
+    applied = sum(len(o.applied) for o in outcomes if o.changed)
+    changed = [o for o in outcomes if o.changed]
+    # what changed goes to stderr: stdout stays the report (or the diff), parseable in every format
+    for outcome in outcomes:
+        for finding, why in outcome.refused:
+            print(f"{finding.path}:{_where(finding)}: {finding.rule} fix not applied: the result would not parse "
+                  f"({why})", file=sys.stderr)
+    if args.diff_fixes:
+        for outcome in changed:
+            sys.stdout.write(outcome.diff())
+        print(f"Would fix {applied} finding{'s' if applied != 1 else ''} in {len(changed)} "
+              f"file{'s' if len(changed) != 1 else ''}", file=sys.stderr)
+    else:
+        for outcome in changed:
+            for finding in sorted(outcome.applied, key=lambda f: f.sort_key):
+                print(f"fixed {finding.path}:{_where(finding)}: {finding.rule} {finding.slug}", file=sys.stderr)
+        print(f"Fixed {applied} finding{'s' if applied != 1 else ''} in {len(changed)} "
+              f"file{'s' if len(changed) != 1 else ''}; {len(run.findings)} remaining", file=sys.stderr)
+    unsafe = unsafe_fixes_left(run)
+    if unsafe and not args.unsafe_fixes:
+        print(f"{unsafe} more fix{'es' if unsafe != 1 else ''} available with --unsafe-fixes (they change behaviour: "
+              "review them)", file=sys.stderr)
+    if args.diff_fixes:
+        return EXIT_FINDINGS if changed else EXIT_OK  # as ruff --diff: 1 when there is something to apply
+    color = {"always": True, "never": False}.get(args.color)
+    render(run, args.format, sys.stdout, color=color)
+    unanalyzed = [e for e in run.errors if e.kind != "rule-error"]
+    if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
+        return EXIT_FINDINGS
+    return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
+
+
+def _where(finding) -> str:
+    return f"cell {finding.cell}, line {finding.line}" if finding.cell else f"{finding.line}:{finding.column}"
 
 
 def _relative(path: str) -> str:

@@ -40,7 +40,7 @@ def test_json_contract(project):
     for finding in data["findings"]:
         assert set(finding) == keys
         assert finding["severity"] in {"critical", "high", "medium", "low"}
-        assert finding["fix"] is None or set(finding["fix"]) == {"start_line", "end_line", "replacement"}
+        assert finding["fix"] is None or set(finding["fix"]) == {"start_line", "end_line", "replacement", "safe"}
     assert [(f["path"], f["line"], f["rule"]) for f in data["findings"]] == [("train.py", 2, "TR601"), ("train.py", 3, "TR601")]
 
 

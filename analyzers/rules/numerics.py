@@ -286,6 +286,8 @@ _KIND_TEXT = {"softmax": "softmax", "log_softmax": "log_softmax", "sigmoid": "si
 class _ActivationIntoLoss(Rule):
     """Base: an activation output passed as the ``input`` of a loss that applies it itself."""
 
+    fix_safety = "unsafe"  # dropping the activation changes the loss values (that is the point)
+
     #: qualified loss class / function name -> display name
     LOSS_MODULES: ClassVar[dict[str, str]] = {}
     LOSS_FUNCS: ClassVar[dict[str, str]] = {}
