@@ -17,6 +17,7 @@ from github import GithubException
 
 from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
 from analyzers.engine import analyze_text, decode_source
+from analyzers.fingerprint import fingerprints_for
 from analyzers.model import FileError, FileResult, Finding
 from bot import review as compose
 from bot.conversation import close_gone, gone_comments, our_review_comments, upsert_summary
@@ -49,6 +50,7 @@ class ChangedFiles:
     """What the PR changed, as analysis input; every skipped file is explained in ``notes``."""
 
     sources: dict[str, str] = field(default_factory=dict)  # path -> head source text
+    base_sources: dict[str, str] = field(default_factory=dict)  # head path -> base source (changed files only)
     patches: dict[str, str] = field(default_factory=dict)  # path -> GitHub patch (hunks)
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
@@ -118,7 +120,8 @@ class ReviewRun:
         analysis = compose.PullRequestAnalysis(
             findings=findings,
             diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
-            sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes)
+            sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes,
+            base_fingerprints=self.base_fingerprints(changed, config) if config.filter == "introduced" else None)
         existing = our_review_comments(self.pr, self.bot_login)
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
@@ -145,6 +148,15 @@ class ReviewRun:
         return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, "
                 f"{len({c.id for c in existing.values()}) - len(gone)} already commented, {resolved} resolved, "
                 f"{deleted} deleted; check {check_plan.conclusion}")
+
+    def base_fingerprints(self, changed: ChangedFiles, config: Config) -> frozenset[str]:
+        """Fingerprints of what the base revision of the changed files already had (under the head path,
+        so a renamed file's old findings are recognised); a file new in this PR had none."""
+        results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
+                               lambda path, text: analyze_text(text, path, config),
+                               lambda path, kind, message: FileResult(path))
+        base_findings = [f for result in results.values() for f in result.findings]
+        return frozenset(fingerprints_for(base_findings, changed.base_sources).values())
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):
@@ -245,6 +257,7 @@ def _file_text(repo, path: str, ref: str) -> Optional[str]:
 def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int = MAX_REVIEW_FILES,
                           max_bytes: int = MAX_REVIEW_BYTES) -> ChangedFiles:
     changed = ChangedFiles()
+    base = pr.base.sha if config.filter == "introduced" else None
     spent = 0
     for f in pr.get_files():  # all pages, up to GitHub's 3000 files
         path = f.filename
@@ -273,6 +286,12 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
         changed.sources[path] = text
         changed.patches[path] = f.patch
         changed.reviewed.append(path)
+        if f.status in ("modified", "renamed", "changed") and base is not None:
+            # the base version too: a finding the PR introduces may sit on a line it did not touch
+            base_data = _blob_bytes(repo, f.previous_filename or path, None, base)
+            base_text = decode_source(base_data, path)[0] if base_data is not None else None
+            if base_text is not None:
+                changed.base_sources[path] = base_text
     return changed
 
 

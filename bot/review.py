@@ -36,7 +36,7 @@ ANNOTATIONS_PER_REQUEST = 50
 MAX_LISTED_FILES = 200
 MAX_LISTED_NOTES = 200
 
-FILTER_MODES = ("added", "diff_context", "file")
+FILTER_MODES = ("introduced", "added", "diff_context", "file")
 
 SEVERITY_BADGES = {
     Severity.CRITICAL: "🔴 **critical**",
@@ -89,6 +89,8 @@ class FileDiff:
     commentable: frozenset[int] = frozenset()
     hunks: tuple[frozenset[int], ...] = ()
     has_patch: bool = True
+    # removed lines: (the new-side line they were removed before, their text)
+    removed: tuple[tuple[int, str], ...] = ()
 
     def in_one_hunk(self, first: int, last: int) -> bool:
         wanted = set(range(first, last + 1))
@@ -115,7 +117,20 @@ def parse_file_patch(path: str, patch: Optional[str]) -> FileDiff:
         for patched in patched_files for hunk in patched
     ]
     added = {line.target_line_no for patched in patched_files for hunk in patched for line in hunk if line.is_added}
-    return FileDiff(path, frozenset(added), frozenset().union(*hunks), tuple(hunks))
+    removed = []
+    for patched in patched_files:
+        for hunk in patched:
+            pending: list[str] = []
+            for line in hunk:
+                if line.is_removed:
+                    pending.append(line.value.rstrip("\n"))
+                elif line.target_line_no is not None:
+                    removed += [(line.target_line_no, text) for text in pending]
+                    pending = []
+            if pending:  # removed at the end of the hunk: anchor on its last new-side line
+                last = max((n.target_line_no for n in hunk if n.target_line_no is not None), default=1)
+                removed += [(last, text) for text in pending]
+    return FileDiff(path, frozenset(added), frozenset().union(*hunks), tuple(hunks), True, tuple(removed))
 
 
 # ---- inputs and settings -----------------------------------------------------------------------
@@ -124,7 +139,8 @@ def parse_file_patch(path: str, patch: Optional[str]) -> FileDiff:
 class ReviewSettings:
     max_inline_comments: int = 30
     fail_on: Severity = Severity.HIGH
-    filter: str = "added"  # added | diff_context | file
+    # introduced: what this PR causes (needs the base findings, else as "added") | added | diff_context | file
+    filter: str = "introduced"
     context_lines: int = 3  # N for filter="diff_context"
 
     def __post_init__(self) -> None:
@@ -147,6 +163,9 @@ class PullRequestAnalysis:
     sources: Mapping[str, str] = field(default_factory=dict)
     reviewed_files: Sequence[str] = ()
     notes: Sequence[FileNote] = ()
+    # fingerprints of the findings the base revision of the changed files already had (keyed by head
+    # path); None when the base was not analyzed
+    base_fingerprints: Optional[frozenset[str]] = None
 
 
 def finding_lines(finding: Finding) -> range:
@@ -154,10 +173,24 @@ def finding_lines(finding: Finding) -> range:
 
 
 def keep_findings(findings: Iterable[Finding], diffs: Mapping[str, FileDiff],
-                  settings: ReviewSettings = ReviewSettings()) -> list[Finding]:
-    """Findings the pull request is responsible for, per ``settings.filter``; most severe first."""
-    kept = [f for f in findings if _is_kept(f, diffs.get(f.path), settings)]
+                  settings: ReviewSettings = ReviewSettings(), *,
+                  introduced: Optional[Callable[[Finding], bool]] = None) -> list[Finding]:
+    """Findings the pull request is responsible for, per ``settings.filter``; most severe first.
+
+    ``introduced`` (with the ``introduced`` filter) says whether the base revision lacked a finding: then a
+    finding is the PR's whether or not its line was touched (a deleted ``zero_grad()`` leaves the finding
+    on an unchanged ``step()``), and one the base already had is not, even on a touched line."""
+    if settings.filter == "introduced" and introduced is not None:
+        kept = [f for f in findings if f.path in diffs and introduced(f)]
+    else:
+        kept = [f for f in findings if _is_kept(f, diffs.get(f.path), settings)]
     return sorted(kept, key=severity_order)
+
+
+def introduced_by(pr: "PullRequestAnalysis", digests: Mapping[Finding, str]) -> Optional[Callable[[Finding], bool]]:
+    if pr.base_fingerprints is None:
+        return None
+    return lambda finding: digests[finding] not in pr.base_fingerprints
 
 
 def severity_order(finding: Finding) -> tuple:
@@ -317,10 +350,10 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
 
     Each thing is said once: findings of one rule repeated in a file (or on consecutive lines) share one
     comment that lists their lines, and the findings that land on the same line share one comment."""
-    findings = keep_findings(pr.findings, pr.diffs, settings)
+    digests = fingerprints_for(pr.findings, pr.sources)
+    findings = keep_findings(pr.findings, pr.diffs, settings, introduced=introduced_by(pr, digests))
     if not findings:
         return ReviewPlan(body=no_issues_verdict(pr), comments=[], findings_count=0)
-    digests = fingerprints_for(findings, pr.sources)
     fresh = [f for f in findings if digests[f] not in posted]
     comments: list[CommentPlan] = []
     by_line: dict[tuple[str, int], CommentPlan] = {}
@@ -330,6 +363,12 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
         source = pr.sources.get(group[0].path)
         anchor, where = next(((f, w) for f in group for w in [placement(f, diff, source)] if w is not None),
                              (None, None))
+        if pr.base_fingerprints is not None and (where is None or where.line not in diff.added):
+            # introduced without adding its own line (a deletion nearby, a change elsewhere in the
+            # function): comment on the change that caused it, and say what it was
+            cause = next(((f, w) for f in group for w in [cause_placement(f, diff, source)] if w is not None), None)
+            if cause is not None:
+                anchor, where = cause
         if where is None:
             unplaceable.extend(group)
             continue
@@ -512,6 +551,46 @@ def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Option
     return None
 
 
+def cause_placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
+    """For a finding this PR introduced away from its own line: the changed line of the same function
+    nearest to it, naming what the PR removed there (``optimizer.zero_grad()`` taken out of the loop)."""
+    if is_notebook_finding(finding) or not diff.has_patch or not diff.commentable:
+        return None
+    first, last = enclosing_function_span(source, finding.line)
+    in_scope = [n for n in diff.commentable if first <= n <= last]
+    if not in_scope:
+        return None
+    removed = [(anchor, text.strip()) for anchor, text in diff.removed if first <= anchor <= last + 1 and text.strip()]
+    if removed:
+        anchor, text = min(removed, key=lambda r: abs(r[0] - finding.line))
+        line = min(in_scope, key=lambda n: (abs(n - anchor), n))
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        note = f"this pull request removes {code_span(shown)} here, which causes the finding at line {finding.line}"
+    else:
+        line = min(in_scope, key=lambda n: (n not in diff.added, abs(n - finding.line)))
+        note = f"this change causes the finding at line {finding.line}"
+    return Placement(line, line, note=note)
+
+
+def enclosing_function_span(source: Optional[str], line: int) -> tuple[int, int]:
+    """Lines of the innermost function around ``line`` (the whole file when there is none)."""
+    import ast
+
+    total = len((source or "").splitlines()) or line
+    if not source:
+        return 1, total
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 1, total
+    best = (1, total)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or line):
+            if node.lineno >= best[0]:
+                best = (node.lineno, node.end_lineno or line)
+    return best
+
+
 def suggestion_fits(fix: Fix, diff: FileDiff, source: Optional[str]) -> bool:
     """A suggestion replaces exactly the commented lines, so they must all lie in one hunk."""
     if fix.start_line < 1 or fix.end_line < fix.start_line:
@@ -597,7 +676,8 @@ def job_failed_plan(error: str) -> CheckRunPlan:
 def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings()) -> CheckRunPlan:
     if not pr.reviewed_files and not pr.findings:
         return no_files_plan(pr.notes)
-    findings = keep_findings(pr.findings, pr.diffs, settings)
+    findings = keep_findings(pr.findings, pr.diffs, settings,
+                             introduced=introduced_by(pr, fingerprints_for(pr.findings, pr.sources)))
     failing = any(f.severity >= settings.fail_on for f in findings)
     return CheckRunPlan(
         conclusion="failure" if failing else "success",
