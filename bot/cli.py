@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--min-severity", choices=["low", "medium", "high", "critical"], help="hide findings below this")
     check.add_argument("--fail-on", choices=["low", "medium", "high", "critical"],
                        help="exit 1 when a finding is at or above this severity (config fail_on, default high)")
-    check.add_argument("--diff", metavar="GIT_REF", help="only report findings on lines changed since GIT_REF")
+    check.add_argument("--diff", metavar="GIT_REF", help="only report what changed since GIT_REF: findings the file at GIT_REF did not have "
+                            "(config filter: introduced, the default) or on changed lines (filter: added)")
     check.add_argument("--jobs", "-j", type=int, default=0, help="parallel processes (default: all cores)")
     check.add_argument("--config", metavar="FILE", help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml to use")
     check.add_argument("--color", choices=["auto", "always", "never"], default="auto")
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from analyzers.config import ConfigError, find_config, load_config_file
-    from analyzers.diff import DiffError, git_changed_lines, keep_changed
+    from analyzers.diff import DiffError, git_changed_lines, keep_changed, keep_introduced
     from analyzers.engine import analyze_paths, fails
     from analyzers.output import render
 
@@ -116,8 +117,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     paths = [_relative(p) for p in args.paths]
     run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count())
-    if changed is not None:
-        run.findings = keep_changed(run.findings, changed)
+    if changed is not None:  # the App's filter: what the change causes, or what it touches
+        run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
+                        else keep_changed(run.findings, changed))
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
     # like ruff: a file that could not be analyzed fails the run (a crashing rule is our bug, not the file's)

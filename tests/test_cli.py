@@ -119,6 +119,22 @@ def test_diff_reports_only_changed_lines(tmp_path):
     run("check", ".", "--diff", "no-such-ref", cwd=tmp_path, check=2)
 
 
+def test_diff_reports_what_a_deletion_causes(tmp_path):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    loop = ("import torch\n\ndef train(model, loader, optimizer):\n    for x, y in loader:\n"
+            "        optimizer.zero_grad()\n        model(x).sum().backward()\n        optimizer.step()\n")
+    (tmp_path / "train.py").write_text(loop)
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
+    (tmp_path / "train.py").write_text(loop.replace("        optimizer.zero_grad()\n", ""))
+    data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=1).stdout)
+    assert [f["rule"] for f in data["findings"]] == ["TR101"]  # on the untouched step() line
+    (tmp_path / ".torchreview.toml").write_text('filter = "added"\n')
+    data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=0).stdout)
+    assert data["findings"] == []  # only changed lines: nothing was added
+
+
 def test_example_shows_real_findings():
     root = Path(__file__).resolve().parents[1]
     data = json.loads(run("check", "examples", "--format", "json", cwd=root, check=1).stdout)
