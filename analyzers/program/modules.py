@@ -504,6 +504,16 @@ def index_for(path: Path) -> RepositoryIndex:
     return index
 
 
+def file_in_repository(ctx) -> Path:
+    """The analyzed file's path on disk: as given, or under the index's root for a repository-relative
+    path (the App analyzes ``train.py`` of a pull request with the head's tree as context)."""
+    path = Path(ctx.path)
+    index = ctx.repository
+    if index is not None and not path.is_absolute() and not path.exists():
+        return index.root / path
+    return path
+
+
 class ModuleFacts:
     """The module questions a rule asks about its file, answered from the repository when there is one."""
 
@@ -519,7 +529,7 @@ class ModuleFacts:
     def find_class(self, name: str) -> Optional[ClassSummary]:
         index = self.ctx.repository
         if index is not None:
-            return index.find_class(Path(self.ctx.path), name, self.ctx.source)
+            return index.find_class(file_in_repository(self.ctx), name, self.ctx.source)
         return self._summary().classes.get(name)
 
     def forward_activation(self, name: str) -> Optional[str]:
