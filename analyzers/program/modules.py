@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -341,12 +341,17 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
     return cls
 
 
+# Summaries by content digest, shared across indexes (a worker reviews one repository push after push).
+MAX_CACHED_SUMMARIES = 20_000
+_SUMMARIES: dict[str, FileSummary] = {}
+
+
 class RepositoryIndex:
     """Summaries of a repository's files, read on demand and cached by content."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
-        self._by_digest: dict[str, FileSummary] = {}
+        self._by_digest = _SUMMARIES  # shared by every index of the process: a file's next review is free
         self._by_path: dict[Path, tuple[tuple[int, int], FileSummary]] = {}
 
     def summary(self, path: Path, source: Optional[str] = None) -> Optional[FileSummary]:
@@ -370,7 +375,13 @@ class RepositoryIndex:
         digest = hashlib.blake2b(source.encode("utf-8", "replace"), digest_size=16).hexdigest()
         found = self._by_digest.get(digest)
         if found is None:
-            found = self._by_digest[digest] = summarize(source, str(path))
+            found = summarize(source, str(path))
+            if len(self._by_digest) >= MAX_CACHED_SUMMARIES:
+                self._by_digest.pop(next(iter(self._by_digest)))  # oldest first: a bounded cache
+            self._by_digest[digest] = found
+        elif found.path != str(path):  # the same content elsewhere (the next review's checkout): no re-parse
+            found = replace(found, path=str(path),
+                            classes={name: replace(c, path=str(path)) for name, c in found.classes.items()})
         if key is not None:
             self._by_path[path] = (key, found)
         return found
