@@ -26,7 +26,8 @@ from analyzers.fingerprint import fingerprints_for
 from analyzers.program.modules import RepositoryIndex
 from analyzers.model import FileError, FileResult, Finding
 from bot import review as compose
-from bot.conversation import close_gone, gone_comments, our_review_comments, upsert_summary
+from bot import feedback
+from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
 from bot.github_client import commit_ref
 from bot.isolation import run_isolated
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
@@ -78,6 +79,10 @@ def run_review(job, clients, store) -> str:
     gh = clients.for_installation(job.installation_id)
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
+    if job.reason == "pull_request.closed":  # nothing to review: read what reviewers said, once more
+        recorded = feedback.collect(pr, job.repository, unique_comments(our_review_comments(pr, clients.bot_login())),
+                                    store, lambda user: is_ours(user, clients.bot_login()))
+        return f"closed: {recorded} new verdict(s) on our comments"
     head = pr.head.sha
     budget = WriteBudget(store, job.installation_id)
     if job.head_sha and job.head_sha != head:
@@ -89,7 +94,7 @@ def run_review(job, clients, store) -> str:
     if token is None:
         raise LockBusy()
     try:
-        outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login()).run()
+        outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login(), store).run()
     finally:
         store.unlock(lock_key, token)
     metrics.REVIEWS.labels(outcome="done").inc()
@@ -106,6 +111,7 @@ class ReviewRun:
     head: str
     budget: WriteBudget
     bot_login: Optional[str]
+    store: object = None
 
     def run(self) -> str:
         try:
@@ -144,6 +150,10 @@ class ReviewRun:
             if context is not None:
                 context.close()
         existing = our_review_comments(self.pr, self.bot_login)
+        if self.store is not None:  # what reviewers said about our earlier comments, before we say more
+            feedback.collect(self.pr, self.job.repository, unique_comments(existing), self.store,
+                             lambda user: is_ours(user, self.bot_login))
+            analysis.feedback_note = feedback.summary_line(*feedback.marked_wrong(self.store, self.job.repository))
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
         # A push may have arrived while we analyzed: never post on a stale head.
