@@ -87,7 +87,7 @@ def _mark_ignored(root: Path) -> None:
             pass
 
 
-class RedisStore:
+class RedisResultStore:
     """Entries shared by every worker of the App; they expire (default a week) rather than pile up."""
 
     def __init__(self, client, ttl: int = 7 * 24 * 3600, prefix: str = "torchreview:results:") -> None:

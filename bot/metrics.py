@@ -24,6 +24,9 @@ WEBHOOK_SECONDS = Histogram("torchreview_webhook_seconds", "Time to answer a web
 REVIEWS = Counter("torchreview_reviews_total", "Review jobs finished", ["outcome"])
 REVIEW_SECONDS = Histogram("torchreview_review_seconds", "Time to review one pull request head",
                            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+# Files of a review whose analysis came from the results cache (hit) or was computed (miss).
+ANALYSIS_CACHE = Counter("torchreview_analysis_cache_total", "Changed files analyzed, by results-cache outcome",
+                         ["result"])
 
 
 def event_label(event: Optional[str]) -> str:

@@ -16,12 +16,13 @@ from typing import Optional
 from github import GithubException
 
 from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
+from analyzers.cache import ResultCache
 from analyzers.engine import analyze_text, decode_source
 from analyzers.model import FileError, Finding
 from bot import review as compose
 from bot.conversation import close_gone, our_review_comments, upsert_summary
 from bot.github_client import commit_ref
-from bot.store import WriteBudget
+from bot.store import WriteBudget, results_cache
 
 log = logging.getLogger("torchreview.pipeline")
 
@@ -44,6 +45,7 @@ class ChangedFiles:
     """What the PR changed, as analysis input; every skipped file is explained in ``notes``."""
 
     sources: dict[str, str] = field(default_factory=dict)  # path -> head source text
+    blobs: dict[str, str] = field(default_factory=dict)  # path -> git blob SHA (the results cache's content key)
     patches: dict[str, str] = field(default_factory=dict)  # path -> GitHub patch (hunks)
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
@@ -67,7 +69,7 @@ def run_review(job, clients, store) -> str:
     if token is None:
         raise LockBusy()
     try:
-        outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login()).run()
+        outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login(), results_cache(store)).run()
     finally:
         store.unlock(lock_key, token)
     metrics.REVIEWS.labels(outcome="done").inc()
@@ -84,6 +86,7 @@ class ReviewRun:
     head: str
     budget: WriteBudget
     bot_login: Optional[str]
+    results: Optional[ResultCache] = None  # analysis results by blob SHA: a re-review analyzes what changed
 
     def run(self) -> str:
         try:
@@ -101,7 +104,7 @@ class ReviewRun:
             return "no PyTorch files changed"
         findings: list[Finding] = []
         for path in changed.reviewed:
-            result = analyze_text(changed.sources[path], path, config)
+            result = analyze_changed_file(changed, path, config, self.results)
             findings.extend(result.findings)
             changed.notes.extend(result.errors)
         settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
@@ -249,9 +252,23 @@ def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
             changed.notes.append(error)
             continue
         changed.sources[path] = text
+        if f.sha:
+            changed.blobs[path] = f.sha
         changed.patches[path] = f.patch
         changed.reviewed.append(path)
     return changed
+
+
+def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache]):
+    """One changed file's findings, from the results cache when its blob was analyzed before."""
+    from bot import metrics
+
+    blob = changed.blobs.get(path)
+    if results is None or not blob:
+        return analyze_text(changed.sources[path], path, config)
+    result = results.analyze(changed.sources[path], path, config, content=f"blob:{blob}")
+    metrics.ANALYSIS_CACHE.labels(result="hit" if result.cached else "miss").inc()
+    return result
 
 
 def _blob_bytes(repo, path: str, blob_sha: Optional[str], head: str) -> Optional[bytes]:
