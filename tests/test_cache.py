@@ -184,3 +184,19 @@ def test_cli_clean_refuses_a_folder_that_is_not_a_cache(repo):
     (repo / "precious" / "data.txt").write_text("keep me")
     proc = cli("clean", "--cache-dir", "precious", cwd=repo)
     assert proc.returncode == 2 and (repo / "precious" / "data.txt").exists()
+
+
+def test_a_dependency_analyzed_first_from_its_decoded_text_still_hits(repo):
+    # a.py (BOM, CRLF) is analyzed first, and summarized from its decoded text then; b.py's dependency
+    # on it must still be recorded as the file's bytes, or every warm run would miss b.py
+    head = ("\n\nclass Head(nn.Module):\n    def forward(self, x):\n"
+            "        return torch.softmax(x, dim=-1)\n")
+    (repo / "a.py").write_bytes(b"\xef\xbb\xbf" + (TRAIN + head).replace("\n", "\r\n").encode())
+    (repo / "model.py").write_text(MODEL_SOFTMAX)
+    (repo / "b.py").write_text("import torch\nfrom torch import nn\nfrom a import Head\n\n"
+                               "criterion = nn.CrossEntropyLoss()\n"
+                               "loss = criterion(Head()(torch.randn(2, 3)), torch.tensor([0, 1]))\n")
+    _, findings = run(fresh_cache(repo))
+    assert findings == [("a.py", "TR401"), ("b.py", "TR401")]
+    warm, again = run(fresh_cache(repo))
+    assert warm.cached == 3 and again == findings

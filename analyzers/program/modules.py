@@ -349,22 +349,24 @@ class RepositoryIndex:
         key = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
         cached = self._by_path.get(path)
         if cached is not None and key is not None and cached[0] == key and source is None:
-            _note_file(path, cached[1])
+            # None: summarized from a text given by the caller; dependencies are compared by bytes
+            _note_file(path, cached[1] if cached[1] is not None else file_digest(path))
             return cached[2]
+        given = source
         if source is None:
             data = _read_bounded(path)
             digest = _digest(data) if data is not None else None
             _note_file(path, digest)  # the analyzed file's own text (``source``) is in the cache key already
             if data is None:
                 return None
-            source = data.decode("utf-8", "replace")
+            source = data.decode("utf-8-sig", "replace")  # a BOM is not Python: ast would refuse the file
         else:
             digest = _digest(source.encode("utf-8", "replace"))
         found = self._by_digest.get(digest)
         if found is None:
             found = self._by_digest[digest] = summarize(source, str(path))
         if key is not None:
-            self._by_path[path] = (key, digest, found)
+            self._by_path[path] = (key, digest if given is None else None, found)
         return found
 
     # ---- resolving names ---------------------------------------------------------------------------
