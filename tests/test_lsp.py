@@ -142,3 +142,33 @@ def test_saving_the_model_file_refreshes_the_script_that_uses_it(tmp_path):
             await stopped(client)
 
     asyncio.run(scenario())
+
+
+def test_positions_are_utf16_and_a_fix_on_a_last_line_without_newline_adds_none(tmp_path):
+    (tmp_path / ".git").mkdir()
+    text = "import torch\n\nname = '😀é'; state = torch.load(name)"  # no final newline
+    prefix = "name = '😀é'; state = "
+
+    async def scenario() -> None:
+        client = await started(tmp_path)
+        try:
+            uri = open_document(client, tmp_path / "emoji.py", text)
+            [diagnostic] = (await client.diagnostics_for(uri)).diagnostics
+            assert diagnostic.code == "TR601"
+            assert diagnostic.range.start.character == len(prefix.encode("utf-16-le")) // 2  # the emoji counts 2
+            [action] = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), range=diagnostic.range,
+                context=types.CodeActionContext(diagnostics=[diagnostic]))), TIMEOUT)
+            [edit] = action.edit.changes[uri]
+            assert edit.range.end.line == 2
+            # the edit's columns are UTF-16 too: apply it as an editor would
+            lines = text.splitlines(keepends=True)
+            last = lines[2].encode("utf-16-le")
+            fixed_last = last[:edit.range.start.character * 2].decode("utf-16-le") + edit.new_text + \
+                last[edit.range.end.character * 2:].decode("utf-16-le")
+            assert edit.range.start.line == 2 and edit.range.start.character == 0
+            assert fixed_last == "name = '😀é'; state = torch.load(name, weights_only=True)"
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())
