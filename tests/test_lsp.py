@@ -6,12 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("pygls")
-
-from lsprotocol import types  # noqa: E402
-from pygls.lsp.client import LanguageClient  # noqa: E402
+from lsprotocol import types  # the lsp extra, part of dev: a missing pygls fails here rather than skipping
+from pygls.lsp.client import LanguageClient
 
 ROOT = Path(__file__).resolve().parents[1]
 BUGGY = "import torch\n\nstate = torch.load('model.pt')\n"  # TR601, fixable: weights_only=True
