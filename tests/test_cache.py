@@ -168,6 +168,8 @@ def test_cli_caches_at_the_repository_root_and_clean_deletes_it(repo):
     assert (repo / CACHE_DIRNAME / "v1").is_dir() and not (repo / "pkg" / CACHE_DIRNAME).exists()
     second = cli("check", "load.py", "--format", "json", cwd=repo / "pkg")
     assert json.loads(second.stdout)["findings"] == json.loads(first.stdout)["findings"]
+    text = cli("check", "load.py", cwd=repo / "pkg")
+    assert "in 1 file (1 from the cache)" in text.stdout.splitlines()[-1]
     cleaned = cli("clean", cwd=repo / "pkg")
     assert cleaned.returncode == 0 and not (repo / CACHE_DIRNAME).exists()
 
