@@ -26,6 +26,9 @@ FEEDBACK = Counter("torchreview_feedback_total", "Reviewers' verdicts on the bot
                    ["rule", "kind"])
 REVIEW_SECONDS = Histogram("torchreview_review_seconds", "Time to review one pull request head",
                            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+# Files of a review whose analysis came from the results cache (hit) or was computed (miss).
+ANALYSIS_CACHE = Counter("torchreview_analysis_cache_total", "Changed files analyzed, by results-cache outcome",
+                         ["result"])
 
 
 def event_label(event: Optional[str]) -> str:

@@ -214,5 +214,17 @@ class WriteBudget:
             self.sleep(delay)
 
 
+def results_cache(store: "Store"):
+    """The analysis results cache beside ``store``: shared through Redis by every worker, or a folder of
+    the data directory in the embedded mode; None for another kind of store."""
+    from analyzers.cache import RedisResultStore, ResultCache
+
+    if isinstance(store, RedisStore):
+        return ResultCache(RedisResultStore(store.client))
+    if isinstance(store, SqliteStore):
+        return ResultCache.in_directory(Path(store.path).parent / "results-cache")
+    return None
+
+
 def make_store(redis_url: Optional[str], data_dir: Path) -> Store:
     return RedisStore(redis_url) if redis_url else SqliteStore(data_dir / "state.sqlite")
