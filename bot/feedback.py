@@ -32,7 +32,8 @@ def collect(pr, repository: str, our_comments: Iterable, store, is_ours) -> int:
     recorded = 0
     verdicts: list[tuple[object, str, str, str]] = []  # (comment, user, kind, reason)
     for comment in pr.get_review_comments():  # replies in our threads
-        reply_to = getattr(comment, "in_reply_to_id", None)
+        # the listed data as GitHub sent it: PyGithub would fetch every thread root again to learn it has none
+        reply_to = getattr(comment, "_rawData", {}).get("in_reply_to_id")
         match = FALSE_POSITIVE.match(comment.body or "")
         if reply_to in ours and match and not is_ours(comment.user):
             verdicts.append((ours[reply_to], comment.user.login, "false-positive", " ".join(match.group(1).split())[:500]))
