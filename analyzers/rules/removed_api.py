@@ -244,7 +244,7 @@ class _TableRule(Rule):
         if last not in _LAST_NAMES:
             return
         entry = TABLE.get(ctx.qualified_name(func) or "")
-        if entry is None or in_compat_fallback(ctx, node):
+        if entry is None or in_compat_fallback(ctx, node) or self._has_successor(node, entry, ctx):
             return
         versions = ctx.facts(VersionFacts)
         is_removed = entry.removed is not None and versions.admits(entry.package, entry.removed)
@@ -253,6 +253,19 @@ class _TableRule(Rule):
         if not is_removed and not versions.admits(entry.package, entry.deprecated):
             return
         self._report(node, entry, ctx)
+
+    @staticmethod
+    def _has_successor(node: cst.Call, entry: Entry, ctx: FileContext) -> bool:
+        """``try: from torch import vmap / except ImportError: from functorch import vmap``: the old name is
+        the fallback of an import that prefers the new one."""
+        if isinstance(node.func, cst.Name):
+            binding = ctx.binding(node.func.value)
+            if binding is not None and binding.kind == "import" and in_compat_fallback(ctx, binding.node):
+                return True
+        last = entry.name.rsplit(".", 1)[-1]
+        successor = (entry.replacement or "").rsplit(".", 1)[0]
+        candidates = {f"{module}.{last}" for module in ("torch", successor) if module} - {entry.name}
+        return any(name in ctx.imports.modules for name in candidates)
 
     def _report(self, node: cst.Call, entry: Entry, ctx: FileContext) -> None:
         replacement = None
@@ -384,6 +397,16 @@ class DeprecatedTorchApi(_TableRule):
         m = torch.outer(a, b)
     """
     VALID = [
+        # the old name only as the fallback of an import preferring the new one
+        """
+        import torch
+        def resample(k):
+            try:
+                from torch import vmap
+            except ImportError:
+                from functorch import vmap
+            return vmap(k)(xs)
+        """,
         """
         import torch
         q, r = torch.linalg.qr(A)
