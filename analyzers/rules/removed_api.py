@@ -519,3 +519,501 @@ class DeprecatedTorchApi(_TableRule):
             message="parametrizations.weight.original0",
         ),
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# TR812
+
+_CHECKPOINT = {"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"}
+
+
+class CheckpointWithoutUseReentrant(Rule):
+    id = "TR812"
+    slug = "checkpoint-without-use-reentrant"
+    category = Category.DEPRECATION
+    severity = Severity.MEDIUM
+    summary = "torch.utils.checkpoint.checkpoint without use_reentrant= warns and will raise"
+    what = """
+        Flags `torch.utils.checkpoint.checkpoint(...)` and `checkpoint_sequential(...)` calls that
+        do not pass `use_reentrant=` (unless a `**kwargs` may carry it).
+    """
+    why = """
+        Since PyTorch 2.1 omitting `use_reentrant` warns on every call, and PyTorch has announced
+        that it will become an error. The implicit default (`True`, the reentrant variant) is also
+        the one to avoid: it does not support `torch.autograd.grad`, keyword inputs, or inputs
+        that do not require grad (gradients silently stop flowing through the block when no input
+        requires grad, e.g. with frozen embeddings).
+    """
+    example = """
+        x = checkpoint(block, x)
+    """
+    fix_example = """
+        x = checkpoint(block, x, use_reentrant=False)
+    """
+    VALID = [
+        """
+        import torch
+        from torch.utils.checkpoint import checkpoint
+        x = checkpoint(block, x, use_reentrant=False)
+        """,
+        """
+        import torch
+        from torch.utils.checkpoint import checkpoint
+        x = checkpoint(block, x, **ckpt_kwargs)
+        """,
+        # a project's own checkpoint helper
+        """
+        import torch
+        from .utils import checkpoint
+        x = checkpoint(block, x)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.utils.checkpoint import checkpoint
+            def forward(self, x):
+                for blk in self.blocks:
+                    x = checkpoint(blk, x)
+                return x
+            """,
+            line=6, message="`checkpoint(blk, x)` does not pass `use_reentrant=`",
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.utils.checkpoint as cp
+            y = cp.checkpoint_sequential(self.layers, 4, x)
+            """,
+            line=4,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+        if last not in ("checkpoint", "checkpoint_sequential"):
+            return
+        if ctx.qualified_name(func) not in _CHECKPOINT:
+            return
+        if keyword_arg(node, "use_reentrant") is not None or any(a.star == "**" for a in node.args):
+            return
+        if in_compat_fallback(ctx, node) or not ctx.facts(VersionFacts).admits("torch", (2, 1)):
+            return
+        self.report(node, f"{code_span(short(ctx, node))} does not pass `use_reentrant=`: PyTorch warns on every call "
+                          f"and plans to make it an error, and the implicit reentrant variant drops gradients when no "
+                          f"input requires grad; pass `use_reentrant=False` (or `True` to keep today's behavior)")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR813
+
+_PRIVATE_COLLATE_MODULES = {"torch.utils.data._utils.collate", "torch.utils.data.dataloader"}
+_PUBLIC_COLLATE = {"default_collate", "default_convert"}
+
+
+class PrivateDefaultCollate(Rule):
+    id = "TR813"
+    slug = "private-default-collate"
+    category = Category.DEPRECATION
+    severity = Severity.LOW
+    summary = "default_collate imported from a private torch module"
+    what = """
+        Flags `default_collate` / `default_convert` imported from
+        `torch.utils.data._utils.collate` or `torch.utils.data.dataloader` (or called through
+        those paths) instead of the public `torch.utils.data`.
+    """
+    why = """
+        `torch.utils.data.default_collate` is public since PyTorch 1.11. The `_utils` path is
+        private and may move without notice, and `torch.utils.data.dataloader.default_collate` is
+        only a leftover re-export.
+    """
+    example = """
+        from torch.utils.data.dataloader import default_collate
+    """
+    fix_example = """
+        from torch.utils.data import default_collate
+    """
+    VALID = [
+        """
+        import torch
+        from torch.utils.data import default_collate
+        """,
+        """
+        import torch
+        from torch.utils.data._utils.collate import collate, default_collate_fn_map
+        """,
+        # the fallback for torch < 1.11
+        """
+        import torch
+        try:
+            from torch.utils.data import default_collate
+        except ImportError:
+            from torch.utils.data.dataloader import default_collate
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.utils.data.dataloader import default_collate
+            """,
+            line=3, message="torch.utils.data.dataloader",
+            fixed="""
+            import torch
+            from torch.utils.data import default_collate
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            batch = torch.utils.data._utils.collate.default_collate(samples)
+            """,
+            line=3,
+            fixed="""
+            import torch
+            batch = torch.utils.data.default_collate(samples)
+            """,
+        ),
+    ]
+
+    def visit_ImportFrom(self, node: cst.ImportFrom, ctx: FileContext) -> None:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = dotted_name(node.module)
+        if module not in _PRIVATE_COLLATE_MODULES:
+            return
+        names = [dotted_name(alias.name) for alias in node.names]
+        public = [n for n in names if n in _PUBLIC_COLLATE]
+        if not public or in_compat_fallback(ctx, node) or not ctx.facts(VersionFacts).admits("torch", (1, 11)):
+            return
+        replacement = None
+        if len(public) == len(names):
+            replacement = node.with_changes(module=cst.parse_expression("torch.utils.data"))
+        self.report(node, f"{code_span(', '.join(public))} imported from the private {code_span(module)}; it is public "
+                          f"as {code_span('torch.utils.data.' + public[0])} since PyTorch 1.11", replacement=replacement)
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in _PUBLIC_COLLATE:
+            return
+        qualified = ctx.qualified_name(func) or ""
+        module = qualified.rsplit(".", 1)[0]
+        if module not in _PRIVATE_COLLATE_MODULES or not ctx.facts(VersionFacts).admits("torch", (1, 11)):
+            return
+        public = render_name(ctx, f"torch.utils.data.{func.attr.value}")
+        replacement = node.with_changes(func=public) if public is not None else None
+        self.report(node, f"{code_span(short(ctx, node.func))} reaches into the private {code_span(module)}; use "
+                          f"{code_span('torch.utils.data.' + func.attr.value)} (public since PyTorch 1.11)",
+                    replacement=replacement)
+
+
+# ---------------------------------------------------------------------------------------------
+# TR814
+
+# families whose legacy pretrained=True weights are not named IMAGENET1K_V1
+_NON_CLASSIFICATION = ("torchvision.models.detection.", "torchvision.models.segmentation.",
+                       "torchvision.models.video.", "torchvision.models.quantization.",
+                       "torchvision.models.optical_flow.")
+
+
+class TorchvisionPretrained(Rule):
+    id = "TR814"
+    slug = "torchvision-pretrained-argument"
+    category = Category.DEPRECATION
+    severity = Severity.LOW
+    summary = "torchvision models take weights=, not the deprecated pretrained="
+    what = """
+        Flags torchvision model builders called with `pretrained=` (or `pretrained_backbone=`).
+        For ImageNet classifiers `pretrained=True` is rewritten to `weights="IMAGENET1K_V1"`
+        (exactly the weights it loads) and `pretrained=False` to `weights=None`. Quiet when the
+        repository pins torchvision older than 0.13.
+    """
+    why = """
+        `pretrained=` has been deprecated since torchvision 0.13 (it warns on every call) and is
+        slated for removal. `weights=` also says which weights: `pretrained=True` silently keeps
+        loading the original 2017-era checkpoints while better ones (`IMAGENET1K_V2`,
+        `DEFAULT`) exist, each with its own preprocessing in `weights.transforms()`.
+    """
+    example = """
+        model = torchvision.models.resnet50(pretrained=True)
+    """
+    fix_example = """
+        model = torchvision.models.resnet50(weights="IMAGENET1K_V1")
+        # or the best available: weights=ResNet50_Weights.DEFAULT
+    """
+    VALID = [
+        """
+        import torch
+        import torchvision
+        model = torchvision.models.resnet50(weights="IMAGENET1K_V1")
+        """,
+        # timm / hub models keep pretrained=
+        """
+        import torch
+        import timm
+        model = timm.create_model("resnet50", pretrained=True)
+        backbone = torch.hub.load("facebookresearch/xcit:main", "xcit_small", pretrained=False)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import torchvision
+            resnet = torchvision.models.resnet18(pretrained=True)
+            """,
+            line=4, message="`pretrained=True`",
+            fixed="""
+            import torch
+            import torchvision
+            resnet = torchvision.models.resnet18(weights="IMAGENET1K_V1")
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torchvision import models
+            vgg = models.vgg19(pretrained=False).features
+            """,
+            line=4,
+            fixed="""
+            import torch
+            from torchvision import models
+            vgg = models.vgg19(weights=None).features
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torchvision.models.detection import fasterrcnn_resnet50_fpn
+            model = fasterrcnn_resnet50_fpn(pretrained=args.pretrained)
+            """,
+            line=4, message="weights=",
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        arg = keyword_arg(node, "pretrained") or keyword_arg(node, "pretrained_backbone")
+        if arg is None:
+            return
+        qualified = ctx.qualified_name(node.func) or ""
+        if not qualified.startswith("torchvision.models.") or not qualified.rsplit(".", 1)[-1][:1].islower():
+            return
+        if not ctx.facts(VersionFacts).admits("torchvision", (0, 13)):
+            return
+        keyword = arg.keyword.value
+        replacement = None
+        if keyword == "pretrained" and is_false(arg.value):
+            new_value: Optional[cst.BaseExpression] = cst.Name("None")
+        elif keyword == "pretrained" and is_true(arg.value) and not qualified.startswith(_NON_CLASSIFICATION):
+            new_value = cst.SimpleString('"IMAGENET1K_V1"')
+        else:
+            new_value = None
+        if new_value is not None:
+            replacement = node.with_changes(args=[a.with_changes(keyword=cst.Name("weights"), value=new_value)
+                                                  if a is arg else a for a in node.args])
+        new_keyword = "weights_backbone" if keyword == "pretrained_backbone" else "weights"
+        self.report(node, f"{code_span(short(ctx, node))}: `{keyword}=` is deprecated since torchvision 0.13 and warns "
+                          f"on every call; pass `{new_keyword}=` (a weights enum or its name, e.g. "
+                          f"`\"IMAGENET1K_V1\"`, which is what `pretrained=True` loads)", replacement=replacement)
+
+
+# ---------------------------------------------------------------------------------------------
+# TR815
+
+def _is_builtin_iter(call: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    return (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == "iter"
+            and ctx.binding("iter") is None and "iter" not in ctx.imports.names and len(call.args) == 1)
+
+
+class IteratorNextMethod(Rule):
+    id = "TR815"
+    slug = "iterator-next-method"
+    category = Category.DEPRECATION
+    severity = Severity.HIGH
+    summary = "iter(loader).next() is Python 2; it raises AttributeError on current PyTorch"
+    what = """
+        Flags `.next()` called on an iterator made by `iter(...)`: `dataiter = iter(loader)`
+        followed by `dataiter.next()`, or `iter(loader).next()`.
+    """
+    why = """
+        Python 3 iterators have `__next__`, not `next`. DataLoader iterators kept a `next` alias
+        for Python 2 until PyTorch removed it, so this line now raises
+        `AttributeError: '_SingleProcessDataLoaderIter' object has no attribute 'next'`
+        (and on any other iterator it always did).
+    """
+    example = """
+        dataiter = iter(trainloader)
+        images, labels = dataiter.next()
+    """
+    fix_example = """
+        dataiter = iter(trainloader)
+        images, labels = next(dataiter)
+    """
+    VALID = [
+        """
+        import torch
+        dataiter = iter(trainloader)
+        images, labels = next(dataiter)
+        """,
+        # an object with its own next() method
+        """
+        import torch
+        sampler = Sampler(data)
+        batch = sampler.next()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            dataiter = iter(trainloader)
+            images, labels = dataiter.next()
+            """,
+            line=4, message="`dataiter.next()`",
+            fixed="""
+            import torch
+            dataiter = iter(trainloader)
+            images, labels = next(dataiter)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            x, y = iter(loader).next()
+            """,
+            line=3,
+            fixed="""
+            import torch
+            x, y = next(iter(loader))
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value != "next" or node.args:
+            return
+        receiver = func.value
+        made = receiver if isinstance(receiver, cst.Call) else ctx.assigned_value(receiver)
+        if not _is_builtin_iter(made, ctx) or ctx.binding("next") is not None:
+            return
+        if not ctx.facts(VersionFacts).admits("torch", (2, 0)):
+            return
+        replacement = cst.Call(func=cst.Name("next"), args=[cst.Arg(receiver)], lpar=node.lpar, rpar=node.rpar)
+        self.report(node, f"{code_span(short(ctx, node))} calls the Python 2 `next()` method, which iterators no longer "
+                          f"have (DataLoader iterators dropped it): it raises AttributeError; use "
+                          f"{code_span(short(ctx, replacement))}", replacement=replacement)
+
+
+# ---------------------------------------------------------------------------------------------
+# TR816
+
+_REDUCTIONS = {"sum", "mean", "max", "min", "prod", "norm", "std", "var", "item"}
+
+
+def _scalar_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
+    """Why ``expr`` is a 0-dim tensor: it is a loss, or a full reduction such as ``x.sum()``."""
+    name = dotted_name(expr)
+    last_name = name.rsplit(".", 1)[-1].lower() if name is not None else ""
+    if "loss" in last_name.split("_") or last_name.endswith("loss"):
+        return "a loss"
+    value = ctx.origin(expr) if name is not None else expr
+    if isinstance(value, cst.Call):
+        func = value.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if isinstance(func, cst.Attribute) and last in _REDUCTIONS and not value.args and \
+                ctx.qualified_name(func) is None:
+            return f"a full reduction (`.{last}()`)"
+        callee = (dotted_name(func) or "").lower()
+        if callee.rsplit(".", 1)[-1] in ("criterion", "loss_fn", "loss_func", "loss_function", "lossfn") or \
+                callee.endswith("_loss"):
+            return "a loss"
+    return None
+
+
+class IndexZeroDimData(Rule):
+    id = "TR816"
+    slug = "index-zero-dim-tensor"
+    category = Category.DEPRECATION
+    severity = Severity.HIGH
+    summary = "loss.data[0] indexes a 0-dim tensor: an IndexError since PyTorch 0.5; use loss.item()"
+    what = """
+        Flags `x.data[0]` where `x` is a scalar: a loss (a name containing "loss", or the result
+        of `criterion(...)` / `F.*_loss(...)`) or a full reduction such as `(pred == y).sum()`.
+    """
+    why = """
+        Before PyTorch 0.4 losses were 1-element vectors and `loss.data[0]` read the number.
+        Losses are 0-dim tensors now, and indexing one raises `IndexError: invalid index of a
+        0-dim tensor. Use tensor.item()`: the training loop crashes on its first log line.
+    """
+    example = """
+        total += loss.data[0]
+    """
+    fix_example = """
+        total += loss.item()
+    """
+    VALID = [
+        """
+        import torch
+        total += loss.item()
+        first = outputs.data[0]
+        """,
+        # indexing a batch of per-sample losses
+        """
+        import torch
+        losses = criterion_none(out, y)
+        worst = losses.data[0]
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                print(loss.data[0])
+            """,
+            line=6, message="`loss.data[0]`",
+            fixed="""
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                print(loss.item())
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            correct = (pred == labels).sum()
+            acc = correct.data[0] / total
+            """,
+            line=4, message="full reduction",
+            fixed="""
+            import torch
+            correct = (pred == labels).sum()
+            acc = correct.item() / total
+            """,
+        ),
+    ]
+
+    def visit_Subscript(self, node: cst.Subscript, ctx: FileContext) -> None:
+        value = node.value
+        if not isinstance(value, cst.Attribute) or value.attr.value != "data" or len(node.slice) != 1:
+            return
+        index = node.slice[0].slice
+        if not isinstance(index, cst.Index) or not isinstance(index.value, cst.Integer) or index.value.value != "0":
+            return
+        if isinstance(ctx.parent(node), (cst.AssignTarget, cst.AugAssign)):
+            return
+        why = _scalar_origin(value.value, ctx)
+        if why is None or not ctx.facts(VersionFacts).admits("torch", (0, 5)):
+            return
+        replacement = cst.Call(func=cst.Attribute(value.value, cst.Name("item")), lpar=node.lpar, rpar=node.rpar)
+        self.report(node, f"{code_span(short(ctx, node))} indexes {code_span(short(ctx, value.value))}, {why} and so a "
+                          f"0-dim tensor: this raises IndexError since PyTorch 0.5; use "
+                          f"{code_span(short(ctx, replacement))}", replacement=replacement)
