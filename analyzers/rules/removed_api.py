@@ -902,7 +902,7 @@ class IteratorNextMethod(Rule):
             return
         if not ctx.facts(VersionFacts).admits("torch", (2, 0)):
             return
-        replacement = cst.Call(func=cst.Name("next"), args=[cst.Arg(receiver)], lpar=node.lpar, rpar=node.rpar)
+        replacement = cst.Call(func=cst.Name("next"), args=[cst.Arg(receiver)])
         self.report(node, f"{code_span(short(ctx, node))} calls the Python 2 `next()` method, which iterators no longer "
                           f"have (DataLoader iterators dropped it): it raises AttributeError; use "
                           f"{code_span(short(ctx, replacement))}", replacement=replacement)
@@ -1013,7 +1013,7 @@ class IndexZeroDimData(Rule):
         why = _scalar_origin(value.value, ctx)
         if why is None or not ctx.facts(VersionFacts).admits("torch", (0, 5)):
             return
-        replacement = cst.Call(func=cst.Attribute(value.value, cst.Name("item")), lpar=node.lpar, rpar=node.rpar)
+        replacement = cst.Call(func=cst.Attribute(value.value, cst.Name("item")))
         self.report(node, f"{code_span(short(ctx, node))} indexes {code_span(short(ctx, value.value))}, {why} and so a "
                           f"0-dim tensor: this raises IndexError since PyTorch 0.5; use "
                           f"{code_span(short(ctx, replacement))}", replacement=replacement)
