@@ -1,4 +1,4 @@
-"""Numerics that have an exact, stable spelling: NaN comparisons, log1p/expm1/softplus, logsumexp."""
+"""Numerics that have an exact, stable spelling: NaN comparisons, softplus, logsumexp."""
 from __future__ import annotations
 
 from typing import Optional
@@ -170,68 +170,44 @@ def _unwrap(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
 
 
-class Log1pExpm1(Rule):
+class LogOnePlusExp(Rule):
     id = "TR411"
-    slug = "use-log1p-expm1-softplus"
+    slug = "log-one-plus-exp"
     category = Category.NUMERICS
-    severity = Severity.LOW
-    summary = "torch.log(1 + x) / torch.exp(x) - 1 lose precision; log(1 + exp(x)) overflows"
+    severity = Severity.MEDIUM
+    summary = "torch.log(1 + torch.exp(x)) overflows; use F.softplus(x)"
     what = """
-        Flags `torch.log(1 + x)` (use `torch.log1p(x)`), `torch.exp(x) - 1` (use
-        `torch.expm1(x)`) and `torch.log(1 + torch.exp(x))` (use `F.softplus(x)`, at medium
-        severity: it overflows).
+        Flags `torch.log(1 + torch.exp(x))` and `torch.log1p(torch.exp(x))`, the hand-written
+        softplus.
     """
     why = """
-        For small `x`, `1 + x` rounds away most of `x`'s digits before the log sees them (in
-        float32, `1 + 1e-8 == 1`), and `exp(x) - 1` cancels catastrophically; `log1p` / `expm1`
-        compute the same functions to full precision. `log(1 + exp(x))` overflows to `inf` for
-        `x > 88` in float32 and its gradient becomes NaN; `softplus` is the stable form.
+        `exp(x)` overflows to `inf` for `x > 88` in float32 (about 11 in float16), so the
+        result is `inf` and its gradient NaN, although softplus(x) is just about `x` there.
+        `F.softplus` switches to the linear form above a threshold and is exact below it.
+        (Plain `log(1 + x)` for small `x` is left alone: whether `x` is small enough for
+        `log1p` to matter cannot be seen from the code.)
     """
     example = """
-        y = torch.log(1 + rate)
         loss = torch.log(1 + torch.exp(-margin)).mean()
     """
     fix_example = """
-        y = torch.log1p(rate)
         loss = F.softplus(-margin).mean()
     """
     VALID = [
         """
         import torch
-        y = torch.log1p(rate)
-        z = torch.log(x + 1e-8)
-        w = torch.exp(x) - 2
+        import torch.nn.functional as F
+        loss = F.softplus(-margin).mean()
+        y = torch.log(1.0 + coords.abs())
         """,
         """
         import torch
         import numpy as np
-        y = np.log(1 + x)
-        z = torch.log(2 + x)
+        y = np.log(1 + np.exp(x))
+        z = torch.log(2 + torch.exp(x))
         """,
     ]
     INVALID = [
-        Invalid(
-            """
-            import torch
-            y = torch.log(1 + rate)
-            """,
-            line=3, message="torch.log1p(rate)",
-            fixed="""
-            import torch
-            y = torch.log1p(rate)
-            """,
-        ),
-        Invalid(
-            """
-            import torch
-            z = (torch.exp(x) - 1) / x
-            """,
-            line=3,
-            fixed="""
-            import torch
-            z = (torch.expm1(x)) / x
-            """,
-        ),
         Invalid(
             """
             import torch
@@ -245,53 +221,47 @@ class Log1pExpm1(Rule):
             loss = F.softplus(-margin).mean()
             """,
         ),
+        Invalid(
+            """
+            import torch
+            y = torch.log1p(torch.exp(scores))
+            """,
+            line=3, message="torch.nn.functional.softplus(scores)",
+            fixed="""
+            import torch
+            y = torch.nn.functional.softplus(scores)
+            """,
+        ),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
-        if not isinstance(func, cst.Attribute) or func.attr.value != "log" or ctx.qualified_name(func) != "torch.log":
+        if not isinstance(func, cst.Attribute) or func.attr.value not in ("log", "log1p"):
             return
+        qualified = ctx.qualified_name(func)
         inner = _single_argument(node)
-        if not isinstance(inner, cst.BinaryOperation) or not isinstance(inner.operator, cst.Add):
+        if inner is None or qualified not in ("torch.log", "torch.log1p"):
             return
-        if _is_one(inner.left):
-            x = inner.right
-        elif _is_one(inner.right):
-            x = inner.left
-        else:
+        inner = _unwrap(inner)
+        if qualified == "torch.log":
+            if not isinstance(inner, cst.BinaryOperation) or not isinstance(inner.operator, cst.Add):
+                return
+            if _is_one(inner.left):
+                inner = _unwrap(inner.right)
+            elif _is_one(inner.right):
+                inner = _unwrap(inner.left)
+            else:
+                return
+        if not isinstance(inner, cst.Call) or ctx.qualified_name(inner.func) != "torch.exp":
             return
-        x = _unwrap(x)
-        if isinstance(x, cst.Call) and ctx.qualified_name(x.func) == "torch.exp" and _single_argument(x) is not None:
-            argument_of_exp = _single_argument(x)
-            callee = render_name(ctx, "torch.nn.functional.softplus")
-            replacement = node.with_changes(func=callee, args=[cst.Arg(_unwrap(argument_of_exp))]) \
-                if callee is not None else None
-            instead = code_span(short(ctx, replacement)) if replacement is not None else "`F.softplus(x)`"
-            self.report(node, f"{code_span(short(ctx, node))} overflows to inf once the exponent passes ~88 (float32), "
-                              f"and its gradient turns NaN; use {instead}", replacement=replacement,
-                        severity=Severity.MEDIUM)
-            return
-        callee = render_name(ctx, "torch.log1p")
-        replacement = node.with_changes(func=callee, args=[cst.Arg(x)]) if callee is not None else None
-        instead = code_span(short(ctx, replacement)) if replacement is not None else "`torch.log1p(x)`"
-        self.report(node, f"{code_span(short(ctx, node))} loses the low digits of a small argument when adding 1; "
-                          f"use {instead}", replacement=replacement)
-
-    def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
-        if not isinstance(node.operator, cst.Subtract) or not _is_one(node.right):
-            return
-        left = node.left
-        if not isinstance(left, cst.Call) or left.lpar or ctx.qualified_name(left.func) != "torch.exp":
-            return
-        x = _single_argument(left)
+        x = _single_argument(inner)
         if x is None:
             return
-        callee = render_name(ctx, "torch.expm1")
-        replacement = left.with_changes(func=callee) \
-            if callee is not None else None
-        instead = code_span(short(ctx, replacement)) if replacement is not None else "`torch.expm1(x)`"
-        self.report(node, f"{code_span(short(ctx, node))} cancels catastrophically for small arguments; use {instead}",
-                    replacement=replacement)
+        callee = render_name(ctx, "torch.nn.functional.softplus")
+        replacement = node.with_changes(func=callee, args=[cst.Arg(_unwrap(x))]) if callee is not None else None
+        instead = code_span(short(ctx, replacement)) if replacement is not None else "`F.softplus(x)`"
+        self.report(node, f"{code_span(short(ctx, node))} overflows to inf once the exponent passes ~88 (float32), "
+                          f"and its gradient turns NaN; use {instead}", replacement=replacement)
 
 
 _SUM = "torch.sum"
