@@ -1,1 +1,264 @@
-"""placeholder"""
+"""Data pipeline: random augmentation on evaluation data, counting batches by re-iterating a loader."""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, argument, dotted_name, is_false, keyword_arg, string_value
+from analyzers.markdown import code_span
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.removed_api import short
+
+_RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix", "ElasticTransform",
+                      "RandomApply", "RandomChoice", "RandomOrder"}
+_TRANSFORM_ROOTS = ("torchvision.transforms", "torchvision.transforms.v2", "albumentations", "monai.transforms",
+                    "timm.data")
+_EVAL_WORD = re.compile(r"(^|_|\b)(val|valid|validation|test|testing|eval|evaluation|dev|holdout)(_|\b|$|set|data|"
+                        r"dataset|loader|ds|dl)", re.IGNORECASE)
+_EVAL_SPLITS = {"val", "valid", "validation", "test", "eval", "dev", "testing"}
+_FOLDER_DATASETS = {"torchvision.datasets.ImageFolder", "torchvision.datasets.DatasetFolder",
+                    "torchvision.datasets.folder.ImageFolder"}
+
+
+def _random_transforms(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> list[str]:
+    """Names of the random transforms ``expr`` (a Compose, a list, or a name bound to one) applies."""
+    if expr is None or depth > 3:
+        return []
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        return _random_transforms(ctx.assigned_value(expr), ctx, depth + 1)
+    if isinstance(expr, (cst.List, cst.Tuple)):
+        found: list[str] = []
+        for element in expr.elements:
+            found.extend(_random_transforms(element.value, ctx, depth + 1))
+        return found
+    if not isinstance(expr, cst.Call):
+        return []
+    qualified = ctx.qualified_name(expr.func) or ""
+    last = qualified.rsplit(".", 1)[-1]
+    if not qualified.startswith(_TRANSFORM_ROOTS):
+        return []
+    if last == "Compose":
+        return _random_transforms(argument(expr, 0, "transforms"), ctx, depth + 1)
+    if last.startswith("Random") or last in _RANDOM_TRANSFORMS:
+        probability = keyword_arg(expr, "p")
+        if probability is not None and isinstance(probability.value, (cst.Integer, cst.Float)) and \
+                float(probability.value.value) == 0.0:
+            return []
+        return [last]
+    return []
+
+
+def _evaluation_reason(node: cst.Call, ctx: FileContext) -> Optional[str]:
+    train = keyword_arg(node, "train")
+    if train is not None and is_false(train.value):
+        return "`train=False`"
+    split = keyword_arg(node, "split")
+    if split is not None and (string_value(split.value) or "").lower() in _EVAL_SPLITS:
+        return f"`split={ctx.module.code_for_node(split.value)}`"
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        target = dotted_name(parent.targets[0].target)
+        if target and _EVAL_WORD.search(target.rsplit(".", 1)[-1]):
+            return f"it is assigned to {code_span(target)}"
+    return None
+
+
+class RandomAugmentationOnEvalData(Rule):
+    id = "TR960"
+    slug = "random-augmentation-on-eval-data"
+    category = Category.DATA_LEAKAGE
+    severity = Severity.HIGH
+    summary = "Random augmentation applied to a validation/test dataset"
+    what = """
+        Flags a dataset built for evaluation (`train=False`, `split="val"/"test"`, or assigned to
+        a name like `test_data` / `val_set`) whose `transform=` applies random augmentation:
+        `Random*` transforms, `ColorJitter`, `RandAugment`, `TrivialAugmentWide`, `AutoAugment`,
+        `AugMix`, directly or through a `Compose` bound to a name.
+    """
+    why = """
+        Evaluation must measure the model on the data as it is. Randomly flipped, rotated,
+        cropped or color-jittered test images change on every pass: the reported accuracy is
+        noisy from run to run and biased (usually low), and checkpoints are selected on that
+        noise. It almost always means the training transform was reused for the test set.
+    """
+    example = """
+        transform = transforms.Compose([transforms.RandomHorizontalFlip(), transforms.ToTensor()])
+        train_data = datasets.CIFAR10("data", train=True, transform=transform)
+        test_data = datasets.CIFAR10("data", train=False, transform=transform)
+    """
+    fix_example = """
+        train_tf = transforms.Compose([transforms.RandomHorizontalFlip(), transforms.ToTensor()])
+        test_tf = transforms.Compose([transforms.ToTensor()])
+        train_data = datasets.CIFAR10("data", train=True, transform=train_tf)
+        test_data = datasets.CIFAR10("data", train=False, transform=test_tf)
+    """
+    VALID = [
+        """
+        import torch
+        from torchvision import datasets, transforms
+        train_tf = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.ToTensor()])
+        test_tf = transforms.Compose([transforms.ToTensor()])
+        train_data = datasets.CIFAR10("data", train=True, transform=train_tf)
+        test_data = datasets.CIFAR10("data", train=False, transform=test_tf)
+        """,
+        """
+        import torch
+        from torchvision import datasets, transforms
+        tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()])
+        val_set = datasets.ImageFolder("val", transform=tf)
+        aug = transforms.RandomHorizontalFlip(p=0.0)
+        test_set = datasets.ImageFolder("test", transform=aug)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torchvision import datasets, transforms
+            transform = transforms.Compose([
+                transforms.RandomHorizontalFlip(),
+                transforms.RandomRotation(10),
+                transforms.ToTensor(),
+            ])
+            train_data = datasets.CIFAR10("data", train=True, download=True, transform=transform)
+            test_data = datasets.CIFAR10("data", train=False, download=True, transform=transform)
+            """,
+            line=10, message="`RandomHorizontalFlip`, `RandomRotation`",
+        ),
+        Invalid(
+            """
+            import torch
+            import torchvision.transforms as T
+            from torchvision.datasets import ImageFolder
+            val_dataset = ImageFolder(val_dir, transform=T.Compose([T.RandomResizedCrop(224), T.ToTensor()]))
+            """,
+            line=5, message="`val_dataset`",
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        transform = keyword_arg(node, "transform")
+        value = transform.value if transform is not None else None
+        if value is None:
+            if ctx.qualified_name(node.func) not in _FOLDER_DATASETS:
+                return
+            value = argument(node, 1, "transform")
+            if value is None:
+                return
+        reason = _evaluation_reason(node, ctx)
+        if reason is None:
+            return
+        randoms = list(dict.fromkeys(_random_transforms(value, ctx)))
+        if not randoms:
+            return
+        shown = ", ".join(code_span(r) for r in randoms)
+        via = f" through {code_span(short(ctx, value, 30))}" if isinstance(value, (cst.Name, cst.Attribute)) else ""
+        self.report(node, f"{code_span(short(ctx, node))} is evaluation data ({reason}) but its transform{via} applies "
+                          f"random augmentation ({shown}): the reported metric changes from run to run and is biased; "
+                          f"give evaluation a deterministic transform (resize / center crop / ToTensor / Normalize)")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR961
+
+_DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+
+
+def _is_loader(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    if ctx.origin_call_name(expr) in _DATALOADERS:
+        return True
+    last = name.rsplit(".", 1)[-1].lower()
+    return last.endswith(("loader", "_dl")) or last in ("dl", "dataloader")
+
+
+class CountBatchesByIterating(Rule):
+    id = "TR961"
+    slug = "count-batches-by-iterating"
+    category = Category.DEVICE
+    severity = Severity.MEDIUM
+    summary = "len(list(loader)) / sum(1 for _ in loader) runs the whole data pipeline to count batches"
+    what = """
+        Flags `len(list(loader))`, `len([b for b in loader])` and `sum(1 for _ in loader)` on a
+        DataLoader.
+    """
+    why = """
+        Each of these iterates the loader to the end: every sample is read from disk, decoded,
+        augmented and collated (and `list` keeps the whole epoch in memory) only to produce a
+        count. For a map-style dataset `len(loader)` answers at once; for a streaming pipeline,
+        count the batches in the loop that already iterates them.
+    """
+    example = """
+        for batch in train_dl:
+            losses += train_step(batch)
+        return losses / len(list(train_dl))
+    """
+    fix_example = """
+        batches = 0
+        for batch in train_dl:
+            losses += train_step(batch)
+            batches += 1
+        return losses / batches  # or len(train_dl) for a map-style dataset
+    """
+    VALID = [
+        """
+        import torch
+        n = len(train_loader)
+        layers = len(list(model.parameters()))
+        """,
+        """
+        import torch
+        files = sum(1 for _ in folder.iterdir())
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            def train_epoch(model, train_dl):
+                losses = 0
+                for src, tgt in train_dl:
+                    losses += step(model, src, tgt)
+                return losses / len(list(train_dl))
+            """,
+            line=7, message="`len(list(train_dl))`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            batches = DataLoader(ds, batch_size=32)
+            steps = sum(1 for _ in batches)
+            """,
+            line=5,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not isinstance(func, cst.Name) or func.value not in ("len", "sum") or len(node.args) != 1:
+            return
+        if ctx.binding(func.value) is not None:
+            return
+        inner = node.args[0].value
+        iterated: Optional[cst.BaseExpression] = None
+        if func.value == "len":
+            if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name) and inner.func.value in (
+                    "list", "tuple") and len(inner.args) == 1:
+                iterated = inner.args[0].value
+            elif isinstance(inner, cst.ListComp) and inner.for_in.inner_for_in is None and not inner.for_in.ifs:
+                iterated = inner.for_in.iter
+        elif isinstance(inner, cst.GeneratorExp) and isinstance(inner.elt, cst.Integer) and inner.elt.value == "1" \
+                and inner.for_in.inner_for_in is None and not inner.for_in.ifs:
+            iterated = inner.for_in.iter
+        if iterated is None or not _is_loader(iterated, ctx):
+            return
+        loader = short(ctx, iterated)
+        self.report(node, f"{code_span(short(ctx, node))} iterates {code_span(loader)} to the end, loading and "
+                          f"collating every batch, just to count them; use {code_span(f'len({loader})')} (map-style "
+                          f"datasets) or count the batches in the loop that already iterates them")
