@@ -137,9 +137,24 @@ class RandomAugmentationOnEvalData(Rule):
             """,
             line=5, message="`val_dataset`",
         ),
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader, SubsetRandomSampler
+            from torchvision import datasets, transforms
+            train_transform = transforms.Compose([transforms.RandomHorizontalFlip(), transforms.ToTensor()])
+            train_data = datasets.CIFAR10("data", train=True, transform=train_transform)
+            train_loader = DataLoader(train_data, batch_size=20, sampler=SubsetRandomSampler(train_idx))
+            valid_loader = DataLoader(train_data, batch_size=20, sampler=SubsetRandomSampler(valid_idx))
+            """,
+            line=8, message="`valid_loader` evaluates on `train_data`",
+        ),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if ctx.qualified_name(node.func) in _DATALOADERS:
+            self._loader(node, ctx)
+            return
         transform = keyword_arg(node, "transform")
         value = transform.value if transform is not None else None
         if value is None:
@@ -159,6 +174,28 @@ class RandomAugmentationOnEvalData(Rule):
         self.report(node, f"{code_span(short(ctx, node))} is evaluation data ({reason}) but its transform{via} applies "
                           f"random augmentation ({shown}): the reported metric changes from run to run and is biased; "
                           f"give evaluation a deterministic transform (resize / center crop / ToTensor / Normalize)")
+
+    def _loader(self, node: cst.Call, ctx: FileContext) -> None:
+        """``valid_loader = DataLoader(train_data, sampler=valid_sampler)`` over an augmented training set."""
+        parent = ctx.parent(node)
+        if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
+            return
+        target = dotted_name(parent.targets[0].target)
+        if not target or not _EVAL_WORD.search(target.rsplit(".", 1)[-1]):
+            return
+        dataset = argument(node, 0, "dataset")
+        made = ctx.origin(dataset) if isinstance(dataset, (cst.Name, cst.Attribute)) else None
+        if not isinstance(made, cst.Call) or _evaluation_reason(made, ctx) is not None:
+            return  # an evaluation dataset is reported where it is built
+        transform = keyword_arg(made, "transform")
+        randoms = list(dict.fromkeys(_random_transforms(transform.value if transform is not None else None, ctx)))
+        if not randoms:
+            return
+        shown = ", ".join(code_span(r) for r in randoms)
+        self.report(node, f"{code_span(target)} evaluates on {code_span(short(ctx, dataset))}, built with random "
+                          f"augmentation ({shown}) for training: the validation metric changes from run to run and "
+                          f"is biased, and so is the checkpoint chosen by it; build the evaluation split from a "
+                          f"dataset with a deterministic transform")
 
 
 # ---------------------------------------------------------------------------------------------
