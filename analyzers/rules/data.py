@@ -299,3 +299,360 @@ class CountBatchesByIterating(Rule):
         self.report(node, f"{code_span(short(ctx, node))} iterates {code_span(loader)} to the end, loading and "
                           f"collating every batch, just to count them; use {code_span(f'len({loader})')} (map-style "
                           f"datasets) or count the batches in the loop that already iterates them")
+
+
+# ---------------------------------------------------------------------------------------------
+# scikit-learn: TR970, TR971
+
+_TEST_WORDS = {"test", "testing", "holdout"}
+_VAL_WORDS = {"val", "valid", "validation", "dev"}
+_SPLIT = {"sklearn.model_selection.train_test_split", "sklearn.cross_validation.train_test_split"}
+_CONCATS = {"pandas.concat", "numpy.concatenate", "numpy.vstack", "numpy.row_stack", "torch.cat", "torch.vstack"}
+_PREPROCESSING = ("sklearn.preprocessing.", "sklearn.feature_extraction.", "sklearn.decomposition.", "sklearn.impute.",
+                  "sklearn.feature_selection.")
+
+
+def _name_tokens(name: str) -> set[str]:
+    from analyzers.rules.leakage import _tokens
+
+    tokens = set(_tokens(name.rsplit(".", 1)[-1]))
+    for token in list(tokens):
+        if token[:1] in ("x", "y") and len(token) > 1:
+            tokens.add(token[1:])  # Xtest, yval
+        for suffix in ("set", "data", "df", "ds"):
+            if token.endswith(suffix) and len(token) > len(suffix):
+                tokens.add(token[: -len(suffix)])  # testset, valdata
+    return tokens
+
+
+def _mentions_test(expr: Optional[cst.BaseExpression]) -> Optional[str]:
+    """The first name under ``expr`` that reads as test data (``X_test``, ``testset``), if any."""
+    if expr is None:
+        return None
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            name = dotted_name(node)
+            if name is not None:
+                if _name_tokens(name) & _TEST_WORDS:
+                    return name
+                continue
+        stack.extend(reversed(node.children))
+    return None
+
+
+def _targets(node: cst.CSTNode) -> list[str]:
+    names = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            names.append(current.value)
+        elif isinstance(current, (cst.Tuple, cst.List)):
+            stack.extend(reversed([e.value for e in current.elements]))
+    return names
+
+
+class _Loop:
+    def __init__(self, node: cst.For) -> None:
+        self.node = node
+        self.variables = set(_targets(node.target))
+        self.fits = False
+        self.varies = False
+        self.evaluations: list[tuple[cst.Call, Optional[str], str]] = []  # call, assigned name, test data name
+        self.compared: set[str] = set()
+        self.compared_calls: list[cst.Call] = []
+        self.appended: dict[str, list[cst.Call]] = {}  # list name -> evaluation calls appended to it
+
+
+class TestSetModelSelection(Rule):
+    id = "TR970"
+    slug = "model-selection-on-test-set"
+    category = Category.DATA_LEAKAGE
+    severity = Severity.HIGH
+    requires = "sklearn"
+    summary = "Hyperparameters chosen by their score on the test set"
+    what = """
+        Flags a loop over hyperparameter values that builds an estimator from the loop
+        variable, fits it, scores it on test data (`model.score(X_test, y_test)`,
+        `accuracy_score(y_test, model.predict(X_test))`) and keeps the best: an `if` comparing
+        the score, or a list of scores whose `max` / `argmax` is taken after the loop.
+    """
+    why = """
+        Choosing among candidates by their test score fits the choice to the test set: the
+        winning score is the maximum of noisy estimates and overstates how the model does on
+        new data, and no untouched data is left to measure it. Select on a validation split or
+        with cross-validation (`GridSearchCV`), then score the chosen model on the test set once.
+    """
+    example = """
+        for k in range(1, 30):
+            knn = KNeighborsClassifier(n_neighbors=k).fit(X_train, y_train)
+            score = knn.score(X_test, y_test)
+            if score > best_score:
+                best_score, best_k = score, k
+    """
+    fix_example = """
+        search = GridSearchCV(KNeighborsClassifier(), {"n_neighbors": range(1, 30)}, cv=5)
+        search.fit(X_train, y_train)
+        test_score = search.score(X_test, y_test)  # once, for the chosen model
+    """
+    VALID = [
+        # selection on a validation split
+        """
+        from sklearn.neighbors import KNeighborsClassifier
+        for k in range(1, 30):
+            knn = KNeighborsClassifier(n_neighbors=k).fit(X_train, y_train)
+            score = knn.score(X_val, y_val)
+            if score > best_score:
+                best_score, best_k = score, k
+        """,
+        # comparing models on the test set without choosing among them
+        """
+        from sklearn.linear_model import LogisticRegression
+        for name, model in models.items():
+            model.fit(X_train, y_train)
+            print(name, model.score(X_test, y_test))
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            from sklearn.neighbors import KNeighborsClassifier
+            best_score = 0
+            for k in range(1, 30):
+                knn = KNeighborsClassifier(n_neighbors=k)
+                knn.fit(X_train, y_train)
+                score = knn.score(X_test, y_test)
+                if score > best_score:
+                    best_score, best_k = score, k
+            """,
+            line=7, message="`knn.score(X_test, y_test)`",
+        ),
+        Invalid(
+            """
+            import numpy as np
+            from sklearn.svm import SVC
+            from sklearn.metrics import accuracy_score
+            scores = []
+            for C in [0.01, 0.1, 1, 10]:
+                clf = SVC(C=C).fit(X_train, y_train)
+                scores.append(accuracy_score(y_test, clf.predict(X_test)))
+            best_C = [0.01, 0.1, 1, 10][int(np.argmax(scores))]
+            """,
+            line=8, message="`C`",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._loops: dict[cst.For, _Loop] = {}
+        self._maxed: set[str] = set()  # lists whose max / argmax is taken
+
+    def _active(self, ctx: FileContext) -> list[_Loop]:
+        return [self._loops[lp] for lp in ctx.loops_in_function() if lp in self._loops]
+
+    def visit_For(self, node: cst.For, ctx: FileContext) -> None:
+        self._loops[node] = _Loop(node)
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if name in ("max", "argmax", "nanargmax", "idxmax", "sorted", "index"):
+            for arg in node.args:
+                target = dotted_name(arg.value)
+                if target:
+                    self._maxed.add(target)
+            if isinstance(func, cst.Attribute):
+                receiver = dotted_name(func.value)
+                if receiver:
+                    self._maxed.add(receiver)
+        loops = self._active(ctx)
+        if not loops:
+            return
+        qualified = ctx.qualified_name(func) or ""
+        if name in ("fit", "fit_predict", "fit_transform"):
+            for loop in loops:
+                loop.fits = True
+        if name == "set_params" or (qualified.startswith(("sklearn.", "xgboost.", "lightgbm.", "catboost."))
+                                    and qualified.rsplit(".", 1)[-1][:1].isupper()):
+            for loop in loops:
+                used = {n.value for a in node.args for n in _walk_names(a.value)}
+                if used & loop.variables:
+                    loop.varies = True
+        test = None
+        if name == "score" and isinstance(func, cst.Attribute) and node.args:
+            test = _mentions_test(node.args[0].value)
+        elif qualified.startswith("sklearn.metrics.") and node.args:
+            test = _mentions_test(node.args[0].value) or (
+                _mentions_test(node.args[1].value) if len(node.args) > 1 else None)
+        if test is not None:
+            parent = ctx.parent(ctx.parent(node)) if isinstance(ctx.parent(node), cst.Arg) else ctx.parent(node)
+            assigned = None
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                assigned = dotted_name(parent.targets[0].target)
+            for loop in loops:
+                loop.evaluations.append((node, assigned, test))
+            if isinstance(parent, cst.Call) and isinstance(parent.func, cst.Attribute) and \
+                    parent.func.attr.value == "append":
+                container = dotted_name(parent.func.value)
+                if container:
+                    for loop in loops:
+                        loop.appended.setdefault(container, []).append(node)
+
+    def visit_Comparison(self, node: cst.Comparison, ctx: FileContext) -> None:
+        loops = self._active(ctx)
+        if not loops:
+            return
+        names = {dotted_name(n) for n in _walk_names(node)}
+        for loop in loops:
+            loop.compared |= {n for n in names if n}
+
+    def end_file(self, ctx: FileContext) -> None:
+        reported: set[cst.Call] = set()
+        for loop in self._loops.values():
+            if not (loop.fits and loop.varies and loop.evaluations):
+                continue
+            chosen = None
+            for call, assigned, test in loop.evaluations:
+                if assigned is not None and assigned in loop.compared:
+                    chosen = (call, test)
+                    break
+            if chosen is None:
+                for container, calls in loop.appended.items():
+                    if container in self._maxed:
+                        chosen = (calls[0], _mentions_test(calls[0]) or "the test set")
+                        break
+            if chosen is None or chosen[0] in reported:
+                continue
+            call, test = chosen
+            reported.add(call)
+            variables = ", ".join(code_span(v) for v in sorted(loop.variables))
+            self.report(call, f"{code_span(short(ctx, call))} scores each candidate {variables} on {code_span(test)} and "
+                              f"the loop keeps the best: the hyperparameter is chosen on the test set, so the test "
+                              f"score overstates performance on new data; choose on a validation split or with "
+                              f"cross-validation (GridSearchCV) and score the test set once")
+
+
+def _walk_names(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (cst.Name, cst.Attribute)) and dotted_name(current) is not None:
+            yield current
+            continue
+        stack.extend(current.children)
+
+
+class TrainTestOverlap(Rule):
+    id = "TR971"
+    slug = "train-test-overlap"
+    category = Category.DATA_LEAKAGE
+    severity = Severity.HIGH
+    requires = "sklearn"
+    summary = "Validation split overlapping the test split, or a model fit on train and test concatenated"
+    what = """
+        Flags a second `train_test_split` of the same data that carves out a validation set
+        (`X_val`) after a first split already took the test set from it, and an estimator
+        `fit` on training and test data concatenated back together
+        (`model.fit(pd.concat([X_train, X_test]), ...)`).
+    """
+    why = """
+        Splitting the full data again draws the validation rows from everything, test rows
+        included: the model is tuned on the test set. Fitting on train + test trains on the
+        test rows outright. Either way the test score no longer measures generalization.
+    """
+    example = """
+        X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2)
+        X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.2)
+    """
+    fix_example = """
+        X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2)
+        X_tr, X_val, y_tr, y_val = train_test_split(X_train, y_train, test_size=0.25)
+    """
+    VALID = [
+        """
+        from sklearn.model_selection import train_test_split
+        X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2)
+        X_tr, X_val, y_tr, y_val = train_test_split(X_train, y_train, test_size=0.25)
+        """,
+        """
+        import pandas as pd
+        from sklearn.linear_model import LogisticRegression
+        model = LogisticRegression().fit(pd.concat([X_train, X_val]), y)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            from sklearn.model_selection import train_test_split
+            X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2, random_state=0)
+            X_tr, X_val, y_tr, y_val = train_test_split(X, y, test_size=0.2, random_state=1)
+            """,
+            line=4, message="splits `X` again",
+        ),
+        Invalid(
+            """
+            import pandas as pd
+            from sklearn.ensemble import RandomForestClassifier
+            full = pd.concat([X_train, X_test])
+            clf = RandomForestClassifier().fit(full, pd.concat([y_train, y_test]))
+            """,
+            line=5, message="`X_test`",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        # data name -> first split, its test part, the binding of the data name it split
+        self._splits: dict[str, tuple[cst.Call, str, object]] = {}
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if name == "train_test_split" and ctx.qualified_name(func) in _SPLIT:
+            self._split(node, ctx)
+        elif name == "fit" and isinstance(func, cst.Attribute) and node.args:
+            self._fit(node, ctx)
+
+    def _split(self, node: cst.Call, ctx: FileContext) -> None:
+        data = dotted_name(argument(node, 0, "X"))
+        parent = ctx.parent(node)
+        if data is None or not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
+            return
+        outputs = _targets(parent.targets[0].target)
+        if len(outputs) < 2:
+            return
+        held_out = outputs[1]
+        tokens = _name_tokens(held_out)
+        first = self._splits.get(data)
+        if first is None:
+            if tokens & _TEST_WORDS:
+                self._splits[data] = (node, held_out, ctx.binding(data))
+            return
+        if tokens & _VAL_WORDS and ctx.binding(data) is first[2]:  # the same data: not reassigned in between
+            self.report(node, f"{code_span(short(ctx, node))} splits {code_span(data)} again: {code_span(held_out)} is "
+                              f"drawn from all of {code_span(data)}, rows of {code_span(first[1])} included, so "
+                              f"tuning on it tunes on the test set; split the training part "
+                              f"({code_span(outputs[0])} of the first split) instead")
+
+    def _fit(self, node: cst.Call, ctx: FileContext) -> None:
+        receiver = node.func.value
+        made = ctx.origin_call_name(receiver) or (ctx.call_name(receiver) if isinstance(receiver, cst.Call) else "") or ""
+        if made.startswith(_PREPROCESSING):
+            return
+        data = node.args[0].value
+        value = ctx.origin(data) if isinstance(data, (cst.Name, cst.Attribute)) else data
+        if not isinstance(value, cst.Call) or ctx.qualified_name(value.func) not in _CONCATS or not value.args:
+            return
+        parts = value.args[0].value
+        if not isinstance(parts, (cst.List, cst.Tuple)):
+            return
+        names = [dotted_name(e.value) or "" for e in parts.elements]
+        test = next((n for n in names if _name_tokens(n) & _TEST_WORDS), None)
+        train = next((n for n in names if "train" in _name_tokens(n)), None)
+        if test is None or train is None:
+            return
+        self.report(node, f"{code_span(short(ctx, node))} fits on {code_span(train)} and {code_span(test)} concatenated: "
+                          f"the model trains on the test rows, and any score on {code_span(test)} afterwards is "
+                          f"meaningless; fit on the training data only")
