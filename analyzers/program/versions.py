@@ -98,22 +98,32 @@ def _mentions(text: str) -> dict[str, list[Optional[tuple[Version, bool]]]]:
     return found
 
 
-_FOLDERS: dict[Path, dict[str, tuple[Optional[Cap], str]]] = {}
+_FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str]]]] = {}
 
 
 def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str]]:
-    """package -> (its cap or None when open, the file) for the files directly in ``folder``."""
-    cached = _FOLDERS.get(folder)
-    if cached is not None:
-        return cached
-    pins: dict[str, tuple[Optional[Cap], str]] = {}
+    """package -> (its cap or None when open, the file) for the files directly in ``folder``; cached until one
+    of those files changes."""
     files: list[Path] = []
     for pattern in _FILES:
         try:
             files.extend(sorted(folder.glob(pattern)))
         except OSError:
             continue
-    for path in files[:20]:
+    files = files[:20]
+    stamps = []
+    for path in files:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        stamps.append((path.name, stat.st_mtime_ns, stat.st_size))
+    key = tuple(stamps)
+    cached = _FOLDERS.get(folder)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    pins: dict[str, tuple[Optional[Cap], str]] = {}
+    for path in files:
         try:
             if path.stat().st_size > 200_000:
                 continue
@@ -126,7 +136,7 @@ def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str]]:
             previous = pins.get(name)
             if previous is None or (cap is not None and (previous[0] is None or cap[0] < previous[0].version)):
                 pins[name] = (Cap(cap[0], cap[1], path.name) if cap is not None else None, path.name)
-    _FOLDERS[folder] = pins
+    _FOLDERS[folder] = (key, pins)
     return pins
 
 
@@ -150,7 +160,7 @@ def _locate(shown: Path, root: Optional[Path]) -> Optional[Path]:
     or a folder above it (a review shows paths relative to the checkout)."""
     if shown.is_absolute():
         return shown
-    bases = [Path.cwd()] + ([root, *list(root.parents)[:4]] if root is not None else [])
+    bases = ([root, *list(root.parents)[:4]] if root is not None else []) + [Path.cwd()]
     for base in bases:
         candidate = base / shown
         if candidate.exists():
