@@ -225,6 +225,12 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
           (2, 3), note="it takes a list of backends instead of enable_* flags"),
     Entry("torch.set_default_tensor_type", "torch.set_default_dtype(...) / torch.set_default_device(...)", (2, 1),
           None, "torch.set_default_dtype", _fix_default_tensor_type),
+    *[Entry(f"torch.nn.init.{name}", f"torch.nn.init.{name}_", (0, 4), None, f"torch.nn.init.{name}_", rename(9, (
+        "gain", "a", "b", "mean", "std", "val", "mode", "nonlinearity", "sparsity", "groups", "generator")))
+      for name in ("uniform", "normal", "constant", "xavier_uniform", "xavier_normal", "kaiming_uniform",
+                   "kaiming_normal", "orthogonal", "sparse")],
+    Entry("torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grad_norm_", (0, 4), None,
+          "torch.nn.utils.clip_grad_norm_", rename(4, ("max_norm", "norm_type", "error_if_nonfinite", "foreach"))),
     *[Entry(f"functorch.{name}", f"torch.func.{name}", (2, 0), None, f"torch.func.{name}", rename(99, (
         "in_dims", "out_dims", "randomness", "chunk_size", "argnums", "has_aux", "reapply_views", "remove",
         "strict", "vectorize", "create_graph")), package="torch")
@@ -509,6 +515,19 @@ class DeprecatedTorchApi(_TableRule):
             fixed="""
             import torch
             torch.set_default_dtype(torch.float64)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            nn.init.xavier_uniform(m.weight, gain=2)
+            """,
+            message="torch.nn.init.xavier_uniform",
+            fixed="""
+            import torch
+            import torch.nn as nn
+            nn.init.xavier_uniform_(m.weight, gain=2)
             """,
         ),
         Invalid(
@@ -1017,3 +1036,294 @@ class IndexZeroDimData(Rule):
         self.report(node, f"{code_span(short(ctx, node))} indexes {code_span(short(ctx, value.value))}, {why} and so a "
                           f"0-dim tensor: this raises IndexError since PyTorch 0.5; use "
                           f"{code_span(short(ctx, replacement))}", replacement=replacement)
+
+
+# ---------------------------------------------------------------------------------------------
+# TR817
+
+# NumPy aliases of Python builtins: deprecated in 1.20, removed in 1.24 (np.long came back in 2.0 as C long)
+_NUMPY_ALIASES = {"numpy.float": "float", "numpy.int": "int", "numpy.bool": "bool", "numpy.object": "object",
+                  "numpy.str": "str", "numpy.complex": "complex", "numpy.unicode": "str"}
+
+
+class RemovedNumpyAlias(Rule):
+    id = "TR817"
+    slug = "removed-numpy-alias"
+    category = Category.DEPRECATION
+    severity = Severity.HIGH
+    summary = "np.float / np.int / np.bool / np.object were removed in NumPy 1.24"
+    what = """
+        Flags `np.float`, `np.int`, `np.bool`, `np.object`, `np.str`, `np.complex` and
+        `np.unicode`, the NumPy aliases of Python builtins, and rewrites them to the builtin.
+        Quiet when the repository pins NumPy below 1.24.
+    """
+    why = """
+        The aliases were deprecated in NumPy 1.20 and removed in 1.24: the line raises
+        `AttributeError: module 'numpy' has no attribute 'float'` on any current install. They
+        always meant the Python builtin (`np.float` is `float`, i.e. float64), so the builtin is an
+        exact replacement; use `np.float32` / `np.int64` where a sized type was meant.
+    """
+    example = """
+        omega = np.arange(embed_dim // 2, dtype=np.float)
+    """
+    fix_example = """
+        omega = np.arange(embed_dim // 2, dtype=float)
+    """
+    VALID = [
+        """
+        import numpy as np
+        import torch
+        a = np.arange(4, dtype=np.float64)
+        b = np.zeros(3, dtype=bool)
+        c = np.float32(1.0)
+        """,
+        """
+        import torch
+        import numpy as np
+        x = np.floating
+        y = np.int_
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import numpy as np
+            import torch
+            omega = np.arange(embed_dim // 2, dtype=np.float)
+            """,
+            line=4, message="`np.float`",
+            fixed="""
+            import numpy as np
+            import torch
+            omega = np.arange(embed_dim // 2, dtype=float)
+            """,
+        ),
+        Invalid(
+            """
+            import numpy
+            import torch
+            onehot = numpy.zeros((n, k), dtype=numpy.bool)
+            """,
+            line=4,
+            fixed="""
+            import numpy
+            import torch
+            onehot = numpy.zeros((n, k), dtype=bool)
+            """,
+        ),
+    ]
+
+    def visit_Attribute(self, node: cst.Attribute, ctx: FileContext) -> None:
+        if node.attr.value not in ("float", "int", "bool", "object", "str", "complex", "unicode"):
+            return
+        builtin = _NUMPY_ALIASES.get(ctx.qualified_name(node) or "")
+        if builtin is None or ctx.binding(builtin) is not None or in_compat_fallback(ctx, node):
+            return
+        if not ctx.facts(VersionFacts).admits("numpy", (1, 24)):
+            return
+        shown = short(ctx, node)
+        self.report(node, f"{code_span(shown)} was removed in NumPy 1.24 (AttributeError on current installs); it was "
+                          f"only an alias of the builtin, so use {code_span(builtin)} (or a sized type such as "
+                          f"`np.float32` if that was meant)", replacement=cst.Name(builtin))
+
+
+# ---------------------------------------------------------------------------------------------
+# TR818
+
+_LEGACY_REDUCTION = ("size_average", "reduce")
+
+
+def _reduction(size_average: Optional[cst.Arg], reduce: Optional[cst.Arg]) -> Optional[str]:
+    """torch's legacy_get_string: the reduction the two legacy flags meant (None when not literal)."""
+    values = []
+    for arg in (size_average, reduce):
+        if arg is None:
+            values.append(True)
+        elif is_true(arg.value):
+            values.append(True)
+        elif is_false(arg.value):
+            values.append(False)
+        else:
+            return None
+    size, red = values
+    if not red:
+        return "none"
+    return "mean" if size else "sum"
+
+
+class LegacyLossReductionArguments(Rule):
+    id = "TR818"
+    slug = "legacy-loss-reduction-arguments"
+    category = Category.DEPRECATION
+    severity = Severity.LOW
+    summary = "size_average= / reduce= on losses are deprecated; use reduction="
+    what = """
+        Flags `size_average=` and `reduce=` passed to `torch.nn` loss modules and
+        `torch.nn.functional` loss functions, and rewrites them to the equivalent `reduction=`
+        when their values are literals.
+    """
+    why = """
+        Both arguments have been deprecated since PyTorch 0.4.1 and warn on every call; their
+        combination is hard to read (`size_average=False` means *sum*, `reduce=False` means
+        *no reduction* whatever `size_average` says). `reduction="mean" | "sum" | "none"` says it
+        directly.
+    """
+    example = """
+        loss = F.binary_cross_entropy(recon, x, size_average=False)
+    """
+    fix_example = """
+        loss = F.binary_cross_entropy(recon, x, reduction="sum")
+    """
+    VALID = [
+        """
+        import torch
+        import torch.nn.functional as F
+        loss = F.binary_cross_entropy(recon, x, reduction="sum")
+        crit = torch.nn.MSELoss(reduction="none")
+        """,
+        """
+        import torch
+        out = my_loss(x, y, size_average=False)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import torch.nn.functional as F
+            loss = F.binary_cross_entropy(recon, x, size_average=False)
+            """,
+            line=4, message='`reduction="sum"`',
+            fixed="""
+            import torch
+            import torch.nn.functional as F
+            loss = F.binary_cross_entropy(recon, x, reduction="sum")
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+            crit = nn.CrossEntropyLoss(reduce=False)
+            """,
+            line=4,
+            fixed="""
+            import torch
+            from torch import nn
+            crit = nn.CrossEntropyLoss(reduction="none")
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        size_average, reduce = keyword_arg(node, "size_average"), keyword_arg(node, "reduce")
+        if size_average is None and reduce is None:
+            return
+        qualified = ctx.qualified_name(node.func) or ""
+        last = qualified.rsplit(".", 1)[-1]
+        is_module = qualified.startswith("torch.nn.") and last.endswith("Loss")
+        is_function = qualified.startswith("torch.nn.functional.") and (
+            "loss" in last or last in ("binary_cross_entropy", "cross_entropy", "kl_div", "nll_loss"))
+        if not (is_module or is_function):
+            return
+        reduction = _reduction(size_average, reduce)
+        replacement = None
+        if reduction is not None and keyword_arg(node, "reduction") is None:
+            args = [a for a in node.args if a is not size_average and a is not reduce]
+            if args:
+                args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            replacement = node.with_changes(args=with_keyword(args, "reduction", cst.SimpleString(f'"{reduction}"')))
+        written = ", ".join(f"`{short(ctx, a, 40)}`" for a in (size_average, reduce) if a is not None)
+        instead = f'`reduction="{reduction}"`' if reduction is not None else '`reduction="mean" | "sum" | "none"`'
+        self.report(node, f"{code_span(short(ctx, node))} passes {written}, deprecated since PyTorch 0.4.1 (a warning "
+                          f"on every call); use {instead}", replacement=replacement)
+
+
+# ---------------------------------------------------------------------------------------------
+# TR819
+
+_SOFTMAX_FUNCTIONS = {"torch.nn.functional.softmax", "torch.nn.functional.log_softmax", "torch.nn.functional.softmin"}
+_SOFTMAX_MODULES = {"torch.nn.Softmax", "torch.nn.LogSoftmax", "torch.nn.Softmin", "torch.nn.Softmax2d"}
+
+
+class ImplicitSoftmaxDim(Rule):
+    id = "TR819"
+    slug = "implicit-softmax-dim"
+    category = Category.DEPRECATION
+    severity = Severity.MEDIUM
+    summary = "F.softmax / nn.Softmax without dim= guess the dimension (deprecated)"
+    what = """
+        Flags `F.softmax`, `F.log_softmax`, `F.softmin` calls and `nn.Softmax()`,
+        `nn.LogSoftmax()`, `nn.Softmin()` modules created without `dim`.
+    """
+    why = """
+        Without `dim` PyTorch guesses: dimension 0 for 0-, 1- and 3-D inputs, 1 otherwise, and
+        warns that the implicit choice is deprecated. For a batch of sequences (3-D) that guess
+        normalizes across the batch instead of the classes, silently; for a single sample vs a
+        batch the same line normalizes different axes.
+    """
+    example = """
+        probs = F.softmax(logits)
+        self.act = nn.LogSoftmax()
+    """
+    fix_example = """
+        probs = F.softmax(logits, dim=-1)
+        self.act = nn.LogSoftmax(dim=1)
+    """
+    VALID = [
+        """
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+        probs = F.softmax(logits, dim=-1)
+        act = nn.LogSoftmax(1)
+        p = F.softmax(logits, -1)
+        """,
+        """
+        import torch
+        import torch.nn.functional as F
+        probs = F.softmax(logits, **kwargs)
+        s = nn.Softmax2d()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import torch.nn.functional as F
+            probs = F.softmax(logits)
+            """,
+            line=4, message="`F.softmax(logits)`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.out = nn.LogSoftmax()
+            """,
+            line=7,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if last not in ("softmax", "log_softmax", "softmin", "Softmax", "LogSoftmax", "Softmin"):
+            return
+        qualified = ctx.qualified_name(func) or ""
+        if any(a.star for a in node.args) or keyword_arg(node, "dim") is not None:
+            return
+        if qualified in _SOFTMAX_FUNCTIONS:
+            if len(positional_args(node)) >= 2 or keyword_arg(node, "_stacklevel") is not None:
+                return
+        elif qualified in _SOFTMAX_MODULES - {"torch.nn.Softmax2d"}:
+            if positional_args(node):
+                return
+        else:
+            return
+        self.report(node, f"{code_span(short(ctx, node))} has no `dim`: PyTorch guesses (dimension 0 for 1-D and 3-D "
+                          f"inputs, 1 otherwise) and warns that the guess is deprecated; pass the class dimension, "
+                          f"e.g. `dim=-1`")
