@@ -5,7 +5,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, keyword_arg, positional_args, string_value
+from analyzers.context import FileContext, dotted_name, keyword_arg, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule

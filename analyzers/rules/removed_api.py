@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg, positional_args, \
+from analyzers.context import FileContext, dotted_name, is_false, is_true, keyword_arg, positional_args, \
     string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
