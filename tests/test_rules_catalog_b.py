@@ -191,3 +191,12 @@ def test_augmented_eval_through_a_dict_of_transforms_is_quiet_when_eval_is_deter
 def test_sklearn_rules_need_sklearn():
     result = analyze_source("import torch\nfor k in ks:\n    pass\n", "x.py", rules=[get_rule("TR970")])
     assert result.findings == []
+
+
+def test_legacy_folders_target_old_releases(tmp_path: Path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "legacy").mkdir()
+    script = tmp_path / "legacy" / "train.py"
+    script.write_text(textwrap.dedent(QR))
+    result = analyze_file(script, "legacy/train.py", Config(select=("TR810", "TR811", "TR815")))
+    assert result.findings == []

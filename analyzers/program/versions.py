@@ -98,6 +98,7 @@ def _mentions(text: str) -> dict[str, list[Optional[tuple[Version, bool]]]]:
     return found
 
 
+_LEGACY_FOLDERS = {"legacy", "deprecated"}
 _FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str]]]] = {}
 
 
@@ -186,7 +187,15 @@ class VersionFacts:
                 self._caps[package] = pinned_cap(path, root, package) if path is not None else None
         return self._caps[package]
 
+    @property
+    def legacy(self) -> bool:
+        """Code kept in a ``legacy/`` (or ``deprecated/``) folder targets old releases on purpose."""
+        return any(part.lower() in _LEGACY_FOLDERS for part in Path(self.ctx.path).parts[:-1])
+
     def admits(self, package: str, version: Version) -> bool:
-        """May the code run on ``package`` ``version`` or newer (unpinned, open-ended, or capped above it)?"""
+        """May the code run on ``package`` ``version`` or newer (unpinned, open-ended, or capped above it)?
+        Never for code in a legacy folder."""
+        if self.legacy:
+            return False
         cap = self.cap(package)
         return cap is None or cap.admits(version)
