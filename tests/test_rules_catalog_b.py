@@ -200,3 +200,28 @@ def test_legacy_folders_target_old_releases(tmp_path: Path):
     script.write_text(textwrap.dedent(QR))
     result = analyze_file(script, "legacy/train.py", Config(select=("TR810", "TR811", "TR815")))
     assert result.findings == []
+
+
+def test_resume_through_a_project_helper_is_quiet():
+    _, findings = run("""
+        import torch
+        optimizer = torch.optim.Adam(model.parameters())
+        if args.resume:
+            ckpt = torch.load(args.resume)
+            restore_training_state(ckpt, model, optimizer)
+        for x in loader:
+            model(x).sum().backward()
+            optimizer.step()
+    """, ["TR610"])
+    assert findings == []
+
+
+def test_distributed_load_of_a_vocabulary_is_quiet():
+    _, findings = run("""
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        vocab = torch.load("vocab.pt")
+        model.load_state_dict(torch.load(path))
+    """, ["TR611"])
+    assert [f.line for f in findings] == [6]

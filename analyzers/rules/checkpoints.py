@@ -173,6 +173,8 @@ class ResumeWithoutOptimizerState(Rule):
                 self._restores = True  # a helper that restores whatever it is given
         if name_of(func) in ("restart_from_checkpoint", "resume_checkpoint", "load_checkpoint"):
             self._restores = True
+        elif any(_optimizer_like(a.value, ctx) for a in node.args) and self._is_resume(node, ctx):
+            self._restores = True  # load_ckpt(path, model, optimizer): a helper that restores the optimizer
         qualified = ctx.qualified_name(func) or ""
         if qualified.startswith("torch.optim.") and ".lr_scheduler." not in qualified and \
                 qualified.rsplit(".", 1)[-1][:1].isupper():
@@ -233,6 +235,10 @@ def name_of(func: cst.BaseExpression) -> Optional[str]:
 
 _DISTRIBUTED = {"torch.nn.parallel.DistributedDataParallel", "torch.distributed.init_process_group",
                 "torch.nn.parallel.distributed.DistributedDataParallel"}
+
+
+_CHECKPOINT_WORDS = ("ckpt", "checkpoint", "resume", "model", "weight", "state", "snapshot", "pretrained", ".pth",
+                     "best", "last")
 
 
 class DistributedLoadWithoutMapLocation(Rule):
@@ -331,7 +337,23 @@ class DistributedLoadWithoutMapLocation(Rule):
         if keyword_arg(node, "map_location") is not None or len(node.args) > 1 or any(a.star for a in node.args):
             self._mapped_scopes.add(scope)
             return
-        self._loads.append((node, scope))
+        if self._checkpoint_like(node, ctx):
+            self._loads.append((node, scope))
+
+    @staticmethod
+    def _checkpoint_like(node: cst.Call, ctx: FileContext) -> bool:
+        """A model checkpoint (tensors saved from a GPU), not a cached vocabulary or CPU feature file."""
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Arg):
+            call = ctx.parent(parent)
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
+                    call.func.attr.value == "load_state_dict":
+                return True
+        texts = [ctx.module.code_for_node(node.args[0].value) if node.args else ""]
+        if isinstance(parent, cst.Assign):
+            texts.append(ctx.module.code_for_node(parent.targets[0].target))
+        text = " ".join(texts).lower()
+        return any(word in text for word in _CHECKPOINT_WORDS)
 
     def end_file(self, ctx: FileContext) -> None:
         if not self._loads or not self._distributed:

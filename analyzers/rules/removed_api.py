@@ -1250,7 +1250,7 @@ class ImplicitSoftmaxDim(Rule):
     id = "TR819"
     slug = "implicit-softmax-dim"
     category = Category.DEPRECATION
-    severity = Severity.MEDIUM
+    severity = Severity.LOW
     summary = "F.softmax / nn.Softmax without dim= guess the dimension (deprecated)"
     what = """
         Flags `F.softmax`, `F.log_softmax`, `F.softmin` calls and `nn.Softmax()`,
