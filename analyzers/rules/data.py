@@ -19,6 +19,7 @@ _TRANSFORM_ROOTS = ("torchvision.transforms", "torchvision.transforms.v2", "albu
 _EVAL_WORD = re.compile(r"(^|_|\b)(val|valid|validation|test|testing|eval|evaluation|dev|holdout)(_|\b|$|set|data|"
                         r"dataset|loader|ds|dl)", re.IGNORECASE)
 _EVAL_SPLITS = {"val", "valid", "validation", "test", "eval", "dev", "testing"}
+_RANDOM_SPLIT = {"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"}
 _FOLDER_DATASETS = {"torchvision.datasets.ImageFolder", "torchvision.datasets.DatasetFolder",
                     "torchvision.datasets.folder.ImageFolder"}
 
@@ -149,11 +150,26 @@ class RandomAugmentationOnEvalData(Rule):
             """,
             line=8, message="`valid_loader` evaluates on `train_data`",
         ),
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import random_split
+            from torchvision import datasets, transforms
+            tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()])
+            full = datasets.ImageFolder("data/train", transform=tf)
+            train_ds, val_ds = random_split(full, [0.8, 0.2])
+            """,
+            line=7, message="`val_ds` is split off `full`",
+        ),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if ctx.qualified_name(node.func) in _DATALOADERS:
+        qualified = ctx.qualified_name(node.func)
+        if qualified in _DATALOADERS:
             self._loader(node, ctx)
+            return
+        if qualified in _RANDOM_SPLIT:
+            self._random_split(node, ctx)
             return
         transform = keyword_arg(node, "transform")
         value = transform.value if transform is not None else None
@@ -174,6 +190,36 @@ class RandomAugmentationOnEvalData(Rule):
         self.report(node, f"{code_span(short(ctx, node))} is evaluation data ({reason}) but its transform{via} applies "
                           f"random augmentation ({shown}): the reported metric changes from run to run and is biased; "
                           f"give evaluation a deterministic transform (resize / center crop / ToTensor / Normalize)")
+
+    def _random_split(self, node: cst.Call, ctx: FileContext) -> None:
+        """``train_ds, val_ds = random_split(ImageFolder(root, transform=train_tf), ...)``: the validation subset
+        keeps the training transform."""
+        parent = ctx.parent(node)
+        if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
+            return
+        target = parent.targets[0].target
+        if not isinstance(target, (cst.Tuple, cst.List)):
+            return
+        names = [dotted_name(e.value) or "" for e in target.elements]
+        evaluation = next((n for n in names if n and _EVAL_WORD.search(n.rsplit(".", 1)[-1])), None)
+        if evaluation is None:
+            return
+        dataset = argument(node, 0, "dataset")
+        made = ctx.origin(dataset) if isinstance(dataset, (cst.Name, cst.Attribute)) else dataset
+        if not isinstance(made, cst.Call):
+            return
+        transform = keyword_arg(made, "transform")
+        value = transform.value if transform is not None else (
+            argument(made, 1, "transform") if ctx.qualified_name(made.func) in _FOLDER_DATASETS else None)
+        randoms = list(dict.fromkeys(_random_transforms(value, ctx)))
+        if not randoms:
+            return
+        shown = ", ".join(code_span(r) for r in randoms)
+        self.report(node, f"{code_span(evaluation)} is split off {code_span(short(ctx, dataset, 40))}, whose transform "
+                          f"applies random augmentation ({shown}): a `random_split` subset keeps its dataset's "
+                          f"transform, so validation images are augmented and the metric is noisy and biased; build "
+                          f"the validation subset over a dataset with a deterministic transform (e.g. `Subset` of a "
+                          f"second dataset object with the same indices)")
 
     def _loader(self, node: cst.Call, ctx: FileContext) -> None:
         """``valid_loader = DataLoader(train_data, sampler=valid_sampler)`` over an augmented training set."""
