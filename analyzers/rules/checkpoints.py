@@ -208,7 +208,7 @@ class ResumeWithoutOptimizerState(Rule):
         shown = code_span(short(ctx, call.func) + "(...)")
         load = self._loads[0]
         self.report(load, f"{code_span(short(ctx, load))} resumes training, but {code_span(name)} ({shown}) never gets "
-                          f"its state back: nothing calls `{name}.load_state_dict(...)`, so the resumed run restarts "
+                          f"its state back: nothing calls {code_span(name + '.load_state_dict(...)')}, so the resumed run restarts "
                           f"the optimizer's moments and step count; save and restore the optimizer (and scheduler / "
                           f"GradScaler) state with the model")
 

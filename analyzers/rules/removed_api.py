@@ -1233,7 +1233,7 @@ class LegacyLossReductionArguments(Rule):
             if args:
                 args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             replacement = node.with_changes(args=with_keyword(args, "reduction", cst.SimpleString(f'"{reduction}"')))
-        written = ", ".join(f"`{short(ctx, a, 40)}`" for a in (size_average, reduce) if a is not None)
+        written = ", ".join(code_span(short(ctx, a, 40)) for a in (size_average, reduce) if a is not None)
         instead = f'`reduction="{reduction}"`' if reduction is not None else '`reduction="mean" | "sum" | "none"`'
         self.report(node, f"{code_span(short(ctx, node))} passes {written}, deprecated since PyTorch 0.4.1 (a warning "
                           f"on every call); use {instead}", replacement=replacement)
