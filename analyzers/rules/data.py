@@ -77,7 +77,10 @@ class RandomAugmentationOnEvalData(Rule):
         Flags a dataset built for evaluation (`train=False`, `split="val"/"test"`, or assigned to
         a name like `test_data` / `val_set`) whose `transform=` applies random augmentation:
         `Random*` transforms, `ColorJitter`, `RandAugment`, `TrivialAugmentWide`, `AutoAugment`,
-        `AugMix`, directly or through a `Compose` bound to a name.
+        `AugMix`, directly or through a `Compose` bound to a name. Also a validation/test
+        DataLoader drawing from a training dataset built with such a transform
+        (`valid_loader = DataLoader(train_data, sampler=valid_sampler)`), and a validation subset
+        split off one with `random_split`.
     """
     why = """
         Evaluation must measure the model on the data as it is. Randomly flipped, rotated,
