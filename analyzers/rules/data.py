@@ -357,6 +357,7 @@ _TEST_WORDS = {"test", "testing", "holdout"}
 _VAL_WORDS = {"val", "valid", "validation", "dev"}
 _SPLIT = {"sklearn.model_selection.train_test_split", "sklearn.cross_validation.train_test_split"}
 _CONCATS = {"pandas.concat", "numpy.concatenate", "numpy.vstack", "numpy.row_stack", "torch.cat", "torch.vstack"}
+_ESTIMATORS = ("sklearn.", "xgboost.", "lightgbm.", "catboost.")
 _PREPROCESSING = ("sklearn.preprocessing.", "sklearn.feature_extraction.", "sklearn.decomposition.", "sklearn.impute.",
                   "sklearn.feature_selection.")
 
@@ -599,12 +600,13 @@ class TrainTestOverlap(Rule):
     category = Category.DATA_LEAKAGE
     severity = Severity.HIGH
     requires = "sklearn"
-    summary = "Validation split overlapping the test split, or a model fit on train and test concatenated"
+    summary = "A model fit on test data, on train + test concatenated, or tuned on a split overlapping the test set"
     what = """
         Flags a second `train_test_split` of the same data that carves out a validation set
-        (`X_val`) after a first split already took the test set from it, and an estimator
-        `fit` on training and test data concatenated back together
-        (`model.fit(pd.concat([X_train, X_test]), ...)`).
+        (`X_val`) after a first split already took the test set from it, an estimator `fit` on
+        training and test data concatenated back together
+        (`model.fit(pd.concat([X_train, X_test]), ...)`), and a scikit-learn / XGBoost / LightGBM
+        estimator fit on test data (`clf.fit(X_test, y_test)`; preprocessors are TR951's).
     """
     why = """
         Splitting the full data again draws the validation rows from everything, test rows
@@ -630,6 +632,15 @@ class TrainTestOverlap(Rule):
         from sklearn.linear_model import LogisticRegression
         model = LogisticRegression().fit(pd.concat([X_train, X_val]), y)
         """,
+        # a scaler on test data is TR951's; a search object is fit on training data
+        """
+        from sklearn.preprocessing import StandardScaler
+        from sklearn.linear_model import LogisticRegression
+        scaler = StandardScaler()
+        scaler.fit(X_test)
+        clf = LogisticRegression()
+        clf.fit(X_train, y_train)
+        """,
     ]
     INVALID = [
         Invalid(
@@ -648,6 +659,15 @@ class TrainTestOverlap(Rule):
             clf = RandomForestClassifier().fit(full, pd.concat([y_train, y_test]))
             """,
             line=5, message="`X_test`",
+        ),
+        Invalid(
+            """
+            from sklearn.linear_model import LogisticRegression
+            clf = LogisticRegression(max_iter=1000)
+            clf.fit(X_test, y_test)
+            print(clf.score(X_test, y_test))
+            """,
+            line=4, message="trains `LogisticRegression` on `X_test`",
         ),
     ]
 
@@ -691,6 +711,14 @@ class TrainTestOverlap(Rule):
         if made.startswith(_PREPROCESSING):
             return
         data = node.args[0].value
+        if made.startswith(_ESTIMATORS) and made.rsplit(".", 1)[-1][:1].isupper() and \
+                not made.startswith(("sklearn.model_selection.", "sklearn.pipeline.", "sklearn.compose.")):
+            test = _mentions_test(data)
+            if test is not None and "train" not in _name_tokens(test):
+                self.report(node, f"{code_span(short(ctx, node))} trains {code_span(made.rsplit('.', 1)[-1])} on "
+                                  f"{code_span(test)}: the model learns the test rows, so any score on them measures "
+                                  f"memorization; fit on the training split")
+                return
         value = ctx.origin(data) if isinstance(data, (cst.Name, cst.Attribute)) else data
         if not isinstance(value, cst.Call) or ctx.qualified_name(value.func) not in _CONCATS or not value.args:
             return
