@@ -282,8 +282,8 @@ class _TableRule(Rule):
         written = short(ctx, node)
         qualified = f" ({code_span(entry.name)})" if not dotted_name(node.func) == entry.name else ""
         if self.removed_family:
-            status = (f"was deprecated in PyTorch {entry.shown_version(entry.deprecated)} and removed in "
-                      f"{entry.shown_version(entry.removed)}: it raises on current releases")
+            status = (f"was deprecated in PyTorch {entry.shown_version(entry.deprecated)} and has since been removed: "
+                      f"it raises on current releases")
         else:
             status = f"is deprecated since PyTorch {entry.shown_version(entry.deprecated)}"
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(entry.instead)
@@ -349,7 +349,7 @@ class RemovedTorchApi(_TableRule):
             import torch
             X, LU = torch.solve(B, A)
             """,
-            line=3, message="`torch.solve(B, A)` was deprecated in PyTorch 1.9 and removed in 1.13",
+            line=3, message="`torch.solve(B, A)` was deprecated in PyTorch 1.9 and has since been removed",
         ),
         Invalid(
             """
@@ -557,8 +557,8 @@ class CheckpointWithoutUseReentrant(Rule):
         do not pass `use_reentrant=` (unless a `**kwargs` may carry it).
     """
     why = """
-        Since PyTorch 2.1 omitting `use_reentrant` warns on every call, and PyTorch has announced
-        that it will become an error. The implicit default (`True`, the reentrant variant) is also
+        Current PyTorch releases warn on every call that omits `use_reentrant`, and PyTorch has
+        announced that it will become an error. The implicit default (`True`, the reentrant variant) is also
         the one to avoid: it does not support `torch.autograd.grad`, keyword inputs, or inputs
         that do not require grad (gradients silently stop flowing through the block when no input
         requires grad, e.g. with frozen embeddings).
