@@ -32,6 +32,18 @@ def _optimizer_like(expr: Optional[cst.BaseExpression], ctx: FileContext) -> boo
     return made.startswith("torch.optim.") and ".lr_scheduler." not in made
 
 
+_RESTORING_HELPERS = ("restart_from_checkpoint", "resume_checkpoint", "load_checkpoint")
+
+
+def _scheduler_like(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    if "sched" in name.rsplit(".", 1)[-1].lower():
+        return True
+    return (ctx.origin_call_name(expr) or "").startswith("torch.optim.lr_scheduler.")
+
+
 def _mentions_resume(node: cst.CSTNode, ctx: FileContext) -> bool:
     code = ctx.module.code_for_node(node).lower()
     return "resume" in code or "restore" in code
@@ -42,11 +54,13 @@ class ResumeWithoutOptimizerState(Rule):
     slug = "resume-without-optimizer-state"
     category = Category.SECURITY
     severity = Severity.MEDIUM
-    summary = "Training resumes from a checkpoint but never restores the optimizer state"
+    summary = "Training resumes from a checkpoint but never restores the optimizer (or LR scheduler) state"
     what = """
         Flags a `torch.load` on a resume path (under `if args.resume...:`, or loading a path
         named like one) in a script that then trains with a stateful optimizer (Adam, AdamW,
-        RMSprop, SGD with momentum...) and never calls `optimizer.load_state_dict(...)`.
+        RMSprop, SGD with momentum...) and never calls `optimizer.load_state_dict(...)`; and,
+        when the optimizer is restored, a stepped LR scheduler that is not (no
+        `scheduler.load_state_dict(...)`, no `last_epoch=`).
     """
     why = """
         The optimizer's state (Adam's moment estimates, SGD's momentum buffers, the step count
@@ -152,6 +166,23 @@ class ResumeWithoutOptimizerState(Rule):
             """,
             line=7,
         ),
+        Invalid(
+            """
+            import torch
+            optimizer = torch.optim.AdamW(model.parameters())
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
+            if args.resume:
+                ckpt = torch.load(args.resume)
+                model.load_state_dict(ckpt["model"])
+                optimizer.load_state_dict(ckpt["optimizer"])
+            for epoch in range(start, 100):
+                for x in loader:
+                    model(x).sum().backward()
+                    optimizer.step()
+                scheduler.step()
+            """,
+            line=6, message="`scheduler` (`torch.optim.lr_scheduler.CosineAnnealingLR(...)`) starts over",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
@@ -160,6 +191,9 @@ class ResumeWithoutOptimizerState(Rule):
         self._restores = False
         self._trains = False
         self._optimizers: list[tuple[str, cst.Call]] = []
+        self._schedulers: list[tuple[str, cst.Call]] = []
+        self._restores_scheduler = False
+        self._steps_scheduler = False
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
@@ -167,16 +201,30 @@ class ResumeWithoutOptimizerState(Rule):
             name = func.attr.value
             if name == "load_state_dict" and _optimizer_like(func.value, ctx):
                 self._restores = True
+            elif name == "load_state_dict" and _scheduler_like(func.value, ctx):
+                self._restores_scheduler = True
+            elif name == "step" and _scheduler_like(func.value, ctx):
+                self._steps_scheduler = True
             elif name == "step" and _optimizer_like(func.value, ctx):
                 self._trains = True
-            elif name in ("restart_from_checkpoint", "resume_checkpoint", "load_checkpoint"):
-                self._restores = True  # a helper that restores whatever it is given
-        if name_of(func) in ("restart_from_checkpoint", "resume_checkpoint", "load_checkpoint"):
+            elif name in _RESTORING_HELPERS:
+                self._restores = self._restores_scheduler = True  # a helper that restores whatever it is given
+        if name_of(func) in _RESTORING_HELPERS:
+            self._restores = self._restores_scheduler = True
+        elif any(_optimizer_like(a.value, ctx) or _scheduler_like(a.value, ctx) for a in node.args) and \
+                self._is_resume(node, ctx):
+            # load_ckpt(path, model, optimizer, scheduler): a helper that restores what it is given
             self._restores = True
-        elif any(_optimizer_like(a.value, ctx) for a in node.args) and self._is_resume(node, ctx):
-            self._restores = True  # load_ckpt(path, model, optimizer): a helper that restores the optimizer
+            if any(_scheduler_like(a.value, ctx) for a in node.args):
+                self._restores_scheduler = True
         qualified = ctx.qualified_name(func) or ""
-        if qualified.startswith("torch.optim.") and ".lr_scheduler." not in qualified and \
+        if qualified.startswith("torch.optim.lr_scheduler.") and qualified.rsplit(".", 1)[-1][:1].isupper():
+            parent = ctx.parent(node)
+            if keyword_arg(node, "last_epoch") is None and isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                target = dotted_name(parent.targets[0].target)
+                if target:
+                    self._schedulers.append((target, node))
+        elif qualified.startswith("torch.optim.") and ".lr_scheduler." not in qualified and \
                 qualified.rsplit(".", 1)[-1][:1].isupper():
             parent = ctx.parent(node)
             target = None
@@ -199,7 +247,10 @@ class ResumeWithoutOptimizerState(Rule):
         return False
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self._loads or self._restores or not self._trains:
+        if not self._loads or not self._trains:
+            return
+        if self._restores:
+            self._scheduler(ctx)
             return
         stateful = [(name, call) for name, call in self._optimizers if self._has_state(call, ctx)]
         if not stateful:
@@ -211,6 +262,17 @@ class ResumeWithoutOptimizerState(Rule):
                           f"its state back: nothing calls {code_span(name + '.load_state_dict(...)')}, so the resumed run restarts "
                           f"the optimizer's moments and step count; save and restore the optimizer (and scheduler / "
                           f"GradScaler) state with the model")
+
+    def _scheduler(self, ctx: FileContext) -> None:
+        """The optimizer comes back but the LR scheduler starts over."""
+        if self._restores_scheduler or not self._steps_scheduler or not self._schedulers:
+            return
+        name, call = self._schedulers[0]
+        load = self._loads[0]
+        self.report(load, f"{code_span(short(ctx, load))} resumes training and restores the optimizer, but "
+                          f"{code_span(name)} ({code_span(short(ctx, call.func) + '(...)')}) starts over: nothing calls "
+                          f"{code_span(name + '.load_state_dict(...)')}, so the learning rate jumps back to its initial "
+                          f"schedule after every resume; save and restore the scheduler state too")
 
     @staticmethod
     def _has_state(call: cst.Call, ctx: FileContext) -> bool:
