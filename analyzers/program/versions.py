@@ -17,7 +17,7 @@ Version = tuple[int, ...]
 
 # conda spells torch "pytorch"; requirement names compare case-insensitively with - and _ alike
 _ALIASES = {"pytorch": "torch", "scikit_learn": "scikit-learn", "sklearn": "scikit-learn"}
-_NAMES = r"torch|pytorch|torchvision|torchaudio|torchtext|scikit[-_]learn|numpy"
+_NAMES = r"torch|pytorch|torchvision|torchaudio|torchtext|scikit[-_]learn|numpy|scipy"
 # a package name not glued to a longer one (pytorch-lightning, torch_geometric, torchvision vs torch),
 # then its version clauses: ``>=1.7,<2``, ``==1.7.*``, conda's ``=1.7.0``
 _REQUIREMENT = re.compile(
