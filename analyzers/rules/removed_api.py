@@ -203,6 +203,8 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
     Entry("torch.lu", "torch.linalg.lu_factor(A)", (1, 13), None, "torch.linalg.lu_factor", rename(1)),
     Entry("torch.lu_solve", "torch.linalg.lu_solve(LU, pivots, B)", (1, 13), None, "torch.linalg.lu_solve",
           _fix_lu_solve),
+    Entry("torch.svd", "torch.linalg.svd(A, full_matrices=False)", _LINALG,
+          note="it returns `Vh` (V conjugate-transposed) instead of `V`, so this is not a rename"),
     Entry("torch.triangular_solve", "torch.linalg.solve_triangular(A, B, upper=...)", (1, 11),
           note="the arguments are swapped and `upper` has no default"),
     Entry("torch.range", "torch.arange(start, end + 1)", (0, 4), None, "torch.arange", _fix_range,
@@ -380,12 +382,14 @@ class DeprecatedTorchApi(_TableRule):
     summary = "Deprecated torch API (torch.qr, torch.cholesky, torch.ger, nn.UpsamplingBilinear2d, functorch, ...)"
     what = """
         Flags calls of deprecated PyTorch functions from one table: `torch.qr`, `torch.cholesky`,
-        `torch.chain_matmul`, `torch.ger`, `torch.lu`, `torch.lu_solve`, `torch.triangular_solve`,
-        `torch.range`, `nn.UpsamplingNearest2d/UpsamplingBilinear2d`, `F.upsample*`,
-        `torch.testing.assert_allclose`, `nn.utils.weight_norm`, `torch.backends.cuda.sdp_kernel`,
-        `torch.set_default_tensor_type` and `functorch.*`. Where the successor is a pure rename
-        (same arguments, same results) it offers the rewrite. Stays quiet when the repository pins
-        a torch release older than the deprecation.
+        `torch.chain_matmul`, `torch.ger`, `torch.lu`, `torch.lu_solve`, `torch.svd`,
+        `torch.triangular_solve`, `torch.range`, `nn.UpsamplingNearest2d/UpsamplingBilinear2d`,
+        `F.upsample*`, `torch.testing.assert_allclose`, `nn.utils.weight_norm`,
+        `torch.backends.cuda.sdp_kernel`, `torch.set_default_tensor_type`, `functorch.*`, and the
+        underscore-less `nn.init.*` / `clip_grad_norm`. Where the successor is a pure rename (same
+        arguments, same results) it offers the rewrite. Stays quiet when the repository pins a
+        torch release older than the deprecation. (`torch.norm`, deprecated only in its docs and
+        without a warning, is left alone.)
     """
     why = """
         Deprecated functions warn on every call, receive no fixes, and are removed in a later
@@ -469,6 +473,13 @@ class DeprecatedTorchApi(_TableRule):
             import torch.nn.functional as F
             y = F.interpolate(x, scale_factor=2, mode="nearest")
             """,
+        ),
+        Invalid(
+            """
+            import torch
+            u, s, v = torch.svd(A)
+            """,
+            message="returns `Vh`",
         ),
         Invalid(
             """
