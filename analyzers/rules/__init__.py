@@ -16,6 +16,10 @@ _MODULES = (
     "deprecation",
     "reproducibility",
     "leakage",
+    "removed_api",
+    "numerics_exact",
+    "checkpoints",
+    "data",
 )
 _loaded = False
 

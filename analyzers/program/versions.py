@@ -1,0 +1,201 @@
+"""Which library versions a repository pins: read once per folder from its requirement files.
+
+A rule that says "``torch.qr`` is deprecated since 1.9" asks :class:`VersionFacts` whether the repository
+can run on 1.9 or later at all. The answer comes from the nearest folder, walking up from the file to the
+repository root, whose ``requirements*.txt``, ``pyproject.toml``, ``setup.cfg``, ``setup.py`` or
+``environment*.yml`` names the package. ``torch==1.7.1``, ``torch<1.9`` or the conda ``pytorch=1.7.0``
+cap the version; ``torch``, ``torch>=1.7`` or no mention at all leave it open (the newest release).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+Version = tuple[int, ...]
+
+# conda spells torch "pytorch"; requirement names compare case-insensitively with - and _ alike
+_ALIASES = {"pytorch": "torch", "scikit_learn": "scikit-learn", "sklearn": "scikit-learn"}
+_NAMES = r"torch|pytorch|torchvision|torchaudio|torchtext|scikit[-_]learn|numpy|scipy"
+# a package name not glued to a longer one (pytorch-lightning, torch_geometric, torchvision vs torch),
+# then its version clauses: ``>=1.7,<2``, ``==1.7.*``, conda's ``=1.7.0``
+_REQUIREMENT = re.compile(
+    rf"(?<![\w.\-/])({_NAMES})(?![\w.\-])(?:\[[^\]]*\])?\s*((?:(?:[<>=!~]=?|===?)\s*[\w.*+]+\s*,?\s*)*)",
+    re.IGNORECASE,
+)
+_CLAUSE = re.compile(r"(===?|[<>!~]=?|=)\s*([\w.*+]+)")
+_FILES = ("requirements*.txt", "requirements/*.txt", "pyproject.toml", "setup.cfg", "setup.py", "environment*.yml",
+          "environment*.yaml")
+
+
+def parse_version(text: str) -> Optional[Version]:
+    parts = []
+    for piece in text.split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group(0)))
+        if digits.group(0) != piece:
+            break
+    return tuple(parts) if parts else None
+
+
+@dataclass(frozen=True)
+class Cap:
+    """The highest version a pin admits: ``version`` itself when ``inclusive``, else anything below it."""
+
+    version: Version
+    inclusive: bool
+    source: str  # the file that pins it, for messages
+
+    def admits(self, version: Version) -> bool:
+        """Can the pinned range hold ``version`` or something newer?"""
+        width = max(len(self.version), len(version))
+        cap = self.version + (0,) * (width - len(self.version))
+        wanted = version + (0,) * (width - len(version))
+        return wanted <= cap if self.inclusive else wanted < cap
+
+    @property
+    def text(self) -> str:
+        return ("<=" if self.inclusive else "<") + ".".join(map(str, self.version))
+
+
+def _cap_of(clauses: str) -> Optional[tuple[Version, bool]]:
+    best: Optional[tuple[Version, bool]] = None
+    for op, value in _CLAUSE.findall(clauses):
+        version = parse_version(value.rstrip(".*"))
+        if version is None:
+            continue
+        if op in ("==", "===", "=") and "*" in value or op == "~=":
+            # ==1.7.* / conda =1.7 / ~=1.7.1: anything below the next release of the last given part
+            base = version[:-1] if op == "~=" and len(version) > 1 else version
+            cap: tuple[Version, bool] = (base[:-1] + (base[-1] + 1,), False)
+        elif op in ("==", "===", "<="):
+            cap = (version, True)
+        elif op == "=":  # conda: pytorch=1.7.0 means 1.7.0*, pytorch=1.7 means 1.7.*
+            cap = (version, True) if len(version) >= 3 else (version[:-1] + (version[-1] + 1,), False)
+        elif op == "<":
+            cap = (version, False)
+        else:
+            continue  # >=, >, !=: no ceiling
+        if best is None or cap[0] < best[0]:
+            best = cap
+    return best
+
+
+def _mentions(text: str) -> dict[str, list[Optional[tuple[Version, bool]]]]:
+    found: dict[str, list[Optional[tuple[Version, bool]]]] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            continue
+        line = line.split(" #", 1)[0]
+        for match in _REQUIREMENT.finditer(line):
+            name = match.group(1).lower().replace("_", "-")
+            name = _ALIASES.get(name.replace("-", "_"), name)
+            found.setdefault(name, []).append(_cap_of(match.group(2) or ""))
+    return found
+
+
+_LEGACY_FOLDERS = {"legacy", "deprecated"}
+_FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str]]]] = {}
+
+
+def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str]]:
+    """package -> (its cap or None when open, the file) for the files directly in ``folder``; cached until one
+    of those files changes."""
+    files: list[Path] = []
+    for pattern in _FILES:
+        try:
+            files.extend(sorted(folder.glob(pattern)))
+        except OSError:
+            continue
+    files = files[:20]
+    stamps = []
+    for path in files:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        stamps.append((path.name, stat.st_mtime_ns, stat.st_size))
+    key = tuple(stamps)
+    cached = _FOLDERS.get(folder)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    pins: dict[str, tuple[Optional[Cap], str]] = {}
+    for path in files:
+        try:
+            if path.stat().st_size > 200_000:
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for name, caps in _mentions(text).items():
+            bounded = [c for c in caps if c is not None]
+            cap = min(bounded) if bounded else None
+            previous = pins.get(name)
+            if previous is None or (cap is not None and (previous[0] is None or cap[0] < previous[0].version)):
+                pins[name] = (Cap(cap[0], cap[1], path.name) if cap is not None else None, path.name)
+    _FOLDERS[folder] = (key, pins)
+    return pins
+
+
+def pinned_cap(path: Path, root: Optional[Path], package: str) -> Optional[Cap]:
+    """The cap on ``package`` that applies to the file ``path``: from the nearest folder between the file and
+    ``root`` that names the package. None when nothing caps it."""
+    package = _ALIASES.get(package, package)
+    folder = path.resolve().parent
+    root = root.resolve() if root is not None else folder
+    for current in [folder, *folder.parents]:
+        pins = _folder_pins(current)
+        if package in pins:
+            return pins[package][0]
+        if current == root:
+            break
+    return None
+
+
+def _locate(shown: Path, root: Optional[Path]) -> Optional[Path]:
+    """The file behind a displayed path: absolute, relative to the working folder, or to the repository root
+    or a folder above it (a review shows paths relative to the checkout)."""
+    if shown.is_absolute():
+        return shown
+    bases = ([root, *list(root.parents)[:4]] if root is not None else []) + [Path.cwd()]
+    for base in bases:
+        candidate = base / shown
+        if candidate.exists():
+            return candidate
+    return None
+
+
+class VersionFacts:
+    """What the file's repository pins, asked as ``facts.admits("torch", (1, 9))``."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self._caps: dict[str, Optional[Cap]] = {}
+
+    def cap(self, package: str) -> Optional[Cap]:
+        if package not in self._caps:
+            index = self.ctx.repository
+            if index is None:
+                self._caps[package] = None  # a lone snippet: assume the newest release
+            else:
+                root = getattr(index, "root", None)
+                path = _locate(Path(self.ctx.path), root)
+                self._caps[package] = pinned_cap(path, root, package) if path is not None else None
+        return self._caps[package]
+
+    @property
+    def legacy(self) -> bool:
+        """Code kept in a ``legacy/`` (or ``deprecated/``) folder targets old releases on purpose."""
+        return any(part.lower() in _LEGACY_FOLDERS for part in Path(self.ctx.path).parts[:-1])
+
+    def admits(self, package: str, version: Version) -> bool:
+        """May the code run on ``package`` ``version`` or newer (unpinned, open-ended, or capped above it)?
+        Never for code in a legacy folder."""
+        if self.legacy:
+            return False
+        cap = self.cap(package)
+        return cap is None or cap.admits(version)

@@ -1,0 +1,542 @@
+"""Checkpoints: resuming without the optimizer state, loading onto GPU 0 from every rank."""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, argument, dotted_name, is_false, keyword_arg, string_value
+from analyzers.markdown import code_span
+from analyzers.model import Category, Severity
+from analyzers.program import in_compat_fallback
+from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.removed_api import short
+
+_TORCH_LOAD = {"torch.load", "torch.serialization.load"}
+# optimizers whose state is more than the learning rate (moments, momentum buffers)
+_STATEFUL_SGD_KEYWORDS = ("momentum",)
+
+
+def _words(name: str) -> list[str]:
+    return name.rsplit(".", 1)[-1].lower().replace("-", "_").split("_")
+
+
+def _optimizer_like(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1].lower()
+    if last.startswith("opt") or last.endswith(("optimizer", "optim", "_opt")):
+        return True
+    made = ctx.origin_call_name(expr) or ""
+    return made.startswith("torch.optim.") and ".lr_scheduler." not in made
+
+
+_RESTORING_HELPERS = ("restart_from_checkpoint", "resume_checkpoint", "load_checkpoint")
+
+
+def _scheduler_like(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    if "sched" in name.rsplit(".", 1)[-1].lower():
+        return True
+    return (ctx.origin_call_name(expr) or "").startswith("torch.optim.lr_scheduler.")
+
+
+def _mentions_resume(node: cst.CSTNode, ctx: FileContext) -> bool:
+    code = ctx.module.code_for_node(node).lower()
+    return "resume" in code or "restore" in code
+
+
+class ResumeWithoutOptimizerState(Rule):
+    id = "TR610"
+    slug = "resume-without-optimizer-state"
+    category = Category.SECURITY
+    severity = Severity.MEDIUM
+    summary = "Training resumes from a checkpoint but never restores the optimizer (or LR scheduler) state"
+    what = """
+        Flags a `torch.load` on a resume path (under `if args.resume...:`, or loading a path
+        named like one) in a script that then trains with a stateful optimizer (Adam, AdamW,
+        RMSprop, SGD with momentum...) and never calls `optimizer.load_state_dict(...)`; and,
+        when the optimizer is restored, a stepped LR scheduler that is not (no
+        `scheduler.load_state_dict(...)`, no `last_epoch=`).
+    """
+    why = """
+        The optimizer's state (Adam's moment estimates, SGD's momentum buffers, the step count
+        that drives bias correction and warm-up) is part of the training run. Resuming with a
+        fresh optimizer restarts it: the first updates after a resume are effectively
+        uncorrected, the loss jumps, and a run interrupted and resumed no longer reproduces an
+        uninterrupted one. The same goes for the LR scheduler and the GradScaler.
+    """
+    example = """
+        if args.resume:
+            model.load_state_dict(torch.load(args.resume))
+        optimizer = torch.optim.Adam(model.parameters())
+        for epoch in range(start, epochs):
+            ...
+            torch.save(model.state_dict(), "last.pt")
+    """
+    fix_example = """
+        if args.resume:
+            ckpt = torch.load(args.resume)
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+            start = ckpt["epoch"] + 1
+        ...
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "epoch": epoch}, "last.pt")
+    """
+    VALID = [
+        """
+        import torch
+        optimizer = torch.optim.Adam(model.parameters())
+        if args.resume:
+            ckpt = torch.load(args.resume)
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        for x, y in loader:
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+        """,
+        # evaluation only
+        """
+        import torch
+        if args.resume:
+            model.load_state_dict(torch.load(args.resume))
+        with torch.no_grad():
+            print(model(x))
+        """,
+        # plain SGD keeps no state
+        """
+        import torch
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if args.resume:
+            model.load_state_dict(torch.load(args.resume))
+        for x in loader:
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+        # fine-tuning from pretrained weights is not a resume
+        """
+        import torch
+        optimizer = torch.optim.AdamW(model.parameters())
+        model.load_state_dict(torch.load(args.pretrained))
+        for x in loader:
+            model(x).sum().backward()
+            optimizer.step()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            if args.resume_snapshot:
+                model = torch.load(args.resume_snapshot)
+            else:
+                model = Net()
+            opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+            for batch in loader:
+                opt.zero_grad()
+                loss = criterion(model(batch.x), batch.y)
+                loss.backward()
+                opt.step()
+            torch.save(model, "snapshot.pt")
+            """,
+            line=4, message="`opt` (`torch.optim.Adam(...)`)",
+        ),
+        Invalid(
+            """
+            import torch
+            def main(args):
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                if args.resume:
+                    state = torch.load(args.resume, map_location="cpu")
+                    model.load_state_dict(state["model"])
+                    start_epoch = state["epoch"]
+                train(model, optimizer)
+            def train(model, optimizer):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    model(x).sum().backward()
+                    optimizer.step()
+            """,
+            line=7,
+        ),
+        Invalid(
+            """
+            import torch
+            optimizer = torch.optim.AdamW(model.parameters())
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=100)
+            if args.resume:
+                ckpt = torch.load(args.resume)
+                model.load_state_dict(ckpt["model"])
+                optimizer.load_state_dict(ckpt["optimizer"])
+            for epoch in range(start, 100):
+                for x in loader:
+                    model(x).sum().backward()
+                    optimizer.step()
+                scheduler.step()
+            """,
+            line=6, message="`scheduler` (`torch.optim.lr_scheduler.CosineAnnealingLR(...)`) starts over",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._loads: list[cst.Call] = []
+        self._restores = False
+        self._trains = False
+        self._optimizers: list[tuple[str, cst.Call]] = []
+        self._schedulers: list[tuple[str, cst.Call]] = []
+        self._restores_scheduler = False
+        self._steps_scheduler = False
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            name = func.attr.value
+            if name == "load_state_dict" and _optimizer_like(func.value, ctx):
+                self._restores = True
+            elif name == "load_state_dict" and _scheduler_like(func.value, ctx):
+                self._restores_scheduler = True
+            elif name == "step" and _scheduler_like(func.value, ctx):
+                self._steps_scheduler = True
+            elif name == "step" and _optimizer_like(func.value, ctx):
+                self._trains = True
+            elif name in _RESTORING_HELPERS:
+                self._restores = self._restores_scheduler = True  # a helper that restores whatever it is given
+        if name_of(func) in _RESTORING_HELPERS:
+            self._restores = self._restores_scheduler = True
+        elif any(_optimizer_like(a.value, ctx) or _scheduler_like(a.value, ctx) for a in node.args) and \
+                self._is_resume(node, ctx):
+            # load_ckpt(path, model, optimizer, scheduler): a helper that restores what it is given
+            self._restores = True
+            if any(_scheduler_like(a.value, ctx) for a in node.args):
+                self._restores_scheduler = True
+        qualified = ctx.qualified_name(func) or ""
+        if qualified.startswith("torch.optim.lr_scheduler.") and qualified.rsplit(".", 1)[-1][:1].isupper():
+            parent = ctx.parent(node)
+            if keyword_arg(node, "last_epoch") is None and isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                target = dotted_name(parent.targets[0].target)
+                if target:
+                    self._schedulers.append((target, node))
+        elif qualified.startswith("torch.optim.") and ".lr_scheduler." not in qualified and \
+                qualified.rsplit(".", 1)[-1][:1].isupper():
+            parent = ctx.parent(node)
+            target = None
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                target = dotted_name(parent.targets[0].target)
+            self._optimizers.append((target or "the optimizer", node))
+        elif qualified in _TORCH_LOAD and self._is_resume(node, ctx) and not in_compat_fallback(ctx, node):
+            self._loads.append(node)
+
+    @staticmethod
+    def _is_resume(node: cst.Call, ctx: FileContext) -> bool:
+        path = argument(node, 0, "f")
+        if path is not None and _mentions_resume(path, ctx):
+            return True
+        for ancestor in ctx.ancestors(node):
+            if isinstance(ancestor, (cst.If, cst.While)) and _mentions_resume(ancestor.test, ctx):
+                return True
+            if isinstance(ancestor, cst.FunctionDef):
+                return "resume" in ancestor.name.value.lower()
+        return False
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self._loads or not self._trains:
+            return
+        if self._restores:
+            self._scheduler(ctx)
+            return
+        stateful = [(name, call) for name, call in self._optimizers if self._has_state(call, ctx)]
+        if not stateful:
+            return
+        name, call = stateful[0]
+        shown = code_span(short(ctx, call.func) + "(...)")
+        load = self._loads[0]
+        self.report(load, f"{code_span(short(ctx, load))} resumes training, but {code_span(name)} ({shown}) never gets "
+                          f"its state back: nothing calls {code_span(name + '.load_state_dict(...)')}, so the resumed run restarts "
+                          f"the optimizer's moments and step count; save and restore the optimizer (and scheduler / "
+                          f"GradScaler) state with the model")
+
+    def _scheduler(self, ctx: FileContext) -> None:
+        """The optimizer comes back but the LR scheduler starts over."""
+        if self._restores_scheduler or not self._steps_scheduler or not self._schedulers:
+            return
+        name, call = self._schedulers[0]
+        load = self._loads[0]
+        self.report(load, f"{code_span(short(ctx, load))} resumes training and restores the optimizer, but "
+                          f"{code_span(name)} ({code_span(short(ctx, call.func) + '(...)')}) starts over: nothing calls "
+                          f"{code_span(name + '.load_state_dict(...)')}, so the learning rate jumps back to its initial "
+                          f"schedule after every resume; save and restore the scheduler state too")
+
+    @staticmethod
+    def _has_state(call: cst.Call, ctx: FileContext) -> bool:
+        qualified = ctx.qualified_name(call.func) or ""
+        if qualified.rsplit(".", 1)[-1] != "SGD":
+            return True
+        momentum = keyword_arg(call, "momentum")
+        if momentum is None:
+            return False
+        value = momentum.value
+        return not (isinstance(value, (cst.Integer, cst.Float)) and float(value.value) == 0.0)
+
+
+def name_of(func: cst.BaseExpression) -> Optional[str]:
+    if isinstance(func, cst.Name):
+        return func.value
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# TR611
+
+_DISTRIBUTED = {"torch.nn.parallel.DistributedDataParallel", "torch.distributed.init_process_group",
+                "torch.nn.parallel.distributed.DistributedDataParallel"}
+
+
+_CHECKPOINT_WORDS = ("ckpt", "checkpoint", "resume", "model", "weight", "state", "snapshot", "pretrained", ".pth",
+                     "best", "last")
+
+
+class DistributedLoadWithoutMapLocation(Rule):
+    id = "TR611"
+    slug = "distributed-load-without-map-location"
+    category = Category.SECURITY
+    severity = Severity.MEDIUM
+    summary = "torch.load without map_location in distributed code puts every rank's copy on GPU 0"
+    what = """
+        Flags `torch.load(...)` without `map_location=` in a file that sets up distributed
+        training (`init_process_group` / `DistributedDataParallel`), unless another `torch.load`
+        in the same function passes one.
+    """
+    why = """
+        `torch.load` restores each tensor onto the device it was saved from, usually `cuda:0`.
+        In a distributed job every rank then allocates the whole checkpoint on GPU 0: rank 0
+        runs out of memory or the job slows down, and the stray CUDA context on GPU 0 stays for
+        the whole run. Map to the CPU (or to the rank's own device) and let `load_state_dict`
+        copy the tensors where the model lives.
+    """
+    example = """
+        dist.init_process_group("nccl")
+        ...
+        ckpt = torch.load(args.resume)
+    """
+    fix_example = """
+        ckpt = torch.load(args.resume, map_location="cpu")
+        # or map_location=f"cuda:{local_rank}"
+    """
+    VALID = [
+        """
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("nccl")
+        ckpt = torch.load(args.resume, map_location="cpu")
+        """,
+        # not distributed
+        """
+        import torch
+        ckpt = torch.load(args.resume)
+        """,
+        # the other branch handles it
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def resume(args):
+            if args.gpu is None:
+                checkpoint = torch.load(args.resume)
+            else:
+                checkpoint = torch.load(args.resume, map_location=f"cuda:{args.gpu}")
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import torch.distributed as dist
+            def main(rank):
+                dist.init_process_group("nccl", rank=rank)
+                model = Net().to(rank)
+                if args.resume:
+                    model.load_state_dict(torch.load(args.resume))
+            """,
+            line=8, message="`torch.load(args.resume)`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            state = torch.load("checkpoint.pt")
+            model = DDP(model, device_ids=[local_rank])
+            """,
+            line=4, message="usually GPU 0",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._loads: list[tuple[cst.Call, Optional[cst.CSTNode]]] = []
+        self._mapped_scopes: set[Optional[cst.CSTNode]] = set()
+        self._distributed = False
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if last not in ("load", "init_process_group") and "DistributedDataParallel" not in \
+                ctx.imports.names.get(last, last):
+            return
+        qualified = ctx.qualified_name(func)
+        if qualified in _DISTRIBUTED:
+            self._distributed = True
+            return
+        if qualified not in _TORCH_LOAD:
+            return
+        scope = ctx.function_def
+        if keyword_arg(node, "map_location") is not None or len(node.args) > 1 or any(a.star for a in node.args):
+            self._mapped_scopes.add(scope)
+            return
+        if self._checkpoint_like(node, ctx):
+            self._loads.append((node, scope))
+
+    @staticmethod
+    def _checkpoint_like(node: cst.Call, ctx: FileContext) -> bool:
+        """A model checkpoint (tensors saved from a GPU), not a cached vocabulary or CPU feature file."""
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Arg):
+            call = ctx.parent(parent)
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
+                    call.func.attr.value == "load_state_dict":
+                return True
+        texts = [ctx.module.code_for_node(node.args[0].value) if node.args else ""]
+        if isinstance(parent, cst.Assign):
+            texts.append(ctx.module.code_for_node(parent.targets[0].target))
+        text = " ".join(texts).lower()
+        return any(word in text for word in _CHECKPOINT_WORDS)
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self._loads or not self._distributed:
+            return
+        for call, scope in self._loads:
+            if scope in self._mapped_scopes:
+                continue
+            self.report(call, f"{code_span(short(ctx, call))} has no `map_location` in distributed code: every rank "
+                              f"restores the tensors onto the GPU they were saved from (usually GPU 0); pass "
+                              f"`map_location=\"cpu\"` or the rank's device")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR612
+
+def _loaded_path(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> Optional[cst.Call]:
+    """The ``torch.load(...)`` call a state dict comes from: direct, through a name, or a key of one."""
+    if expr is None or depth > 3:
+        return None
+    if isinstance(expr, cst.Call):
+        return expr if ctx.qualified_name(expr.func) in _TORCH_LOAD else None
+    if isinstance(expr, cst.Subscript):
+        return _loaded_path(expr.value, ctx, depth + 1)
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        return _loaded_path(ctx.assigned_value(expr), ctx, depth + 1)
+    return None
+
+
+class StrictFalseOnOwnCheckpoint(Rule):
+    id = "TR612"
+    slug = "unchecked-non-strict-load"
+    category = Category.SECURITY
+    severity = Severity.MEDIUM
+    summary = "load_state_dict(strict=False) of the program's own checkpoint, result ignored"
+    what = """
+        Flags `model.load_state_dict(..., strict=False)` whose result (the missing and
+        unexpected keys) is discarded, when the state dict is a checkpoint this program itself
+        saved: the architecture is the same, so any mismatch is a bug.
+    """
+    why = """
+        `strict=False` turns every key mismatch into silence. Reloading one's own checkpoint
+        should match exactly; when it does not (a `module.` prefix from `DataParallel`, a renamed
+        or re-ordered layer) the affected layers keep their random initialization and the
+        evaluation that follows measures an untrained model, with no error anywhere. (Loading a
+        backbone into a new head is the legitimate use of `strict=False`; this rule leaves
+        checkpoints from elsewhere alone.)
+    """
+    example = """
+        torch.save(model.state_dict(), "best.pt")
+        ...
+        model.load_state_dict(torch.load("best.pt"), strict=False)
+    """
+    fix_example = """
+        model.load_state_dict(torch.load("best.pt"))  # strict: a mismatch raises
+        # or, when a partial load is intended:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected, unexpected
+    """
+    VALID = [
+        """
+        import torch
+        torch.save(model.state_dict(), "best.pt")
+        model.load_state_dict(torch.load("best.pt"))
+        """,
+        # a pretrained checkpoint from elsewhere
+        """
+        import torch
+        model.load_state_dict(torch.load(args.pretrained), strict=False)
+        """,
+        # the result is checked
+        """
+        import torch
+        torch.save(model.state_dict(), "best.pt")
+        msg = model.load_state_dict(torch.load("best.pt"), strict=False)
+        print(msg)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            for epoch in range(10):
+                train(model)
+                torch.save(model.state_dict(), "best.pt")
+            model.load_state_dict(torch.load("best.pt"), strict=False)
+            """,
+            line=6, message="`best.pt`",
+        ),
+        Invalid(
+            """
+            import os
+            import torch
+            path = os.path.join(args.out, "ckpt.pth")
+            torch.save({"model": model.state_dict(), "epoch": epoch}, path)
+            ckpt = torch.load(path, map_location="cpu")
+            model.load_state_dict(ckpt["model"], strict=False)
+            """,
+            line=7,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value != "load_state_dict":
+            return
+        strict = keyword_arg(node, "strict")
+        if strict is None or not is_false(strict.value) or not isinstance(ctx.parent(node), cst.Expr):
+            return
+        load = _loaded_path(argument(node, 0, "state_dict"), ctx)
+        if load is None:
+            return
+        path = argument(load, 0, "f")
+        if path is None:
+            return
+        from analyzers.program import CheckpointWrites
+
+        if not ctx.facts(CheckpointWrites).written_before_loaded(path, ctx.origin(path), same_expression_only=False):
+            return
+        literal = string_value(path)
+        shown = code_span(literal) if literal else code_span(short(ctx, path, 40))
+        self.report(node, f"{code_span(short(ctx, node))} reloads {shown}, which this program saved from the same "
+                          f"model, with `strict=False` and ignores the returned missing/unexpected keys: a mismatch "
+                          f"(a `module.` prefix, a renamed layer) would silently leave those layers untrained; load "
+                          f"strictly, or check the keys it returns")

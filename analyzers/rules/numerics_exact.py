@@ -1,0 +1,419 @@
+"""Numerics that have an exact, stable spelling: NaN comparisons, softplus, logsumexp."""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, dotted_name, keyword_arg, string_value
+from analyzers.markdown import code_span
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.removed_api import local_name_for, render_name, short
+
+_NAN_ATTRIBUTES = {"math.nan": "math", "numpy.nan": "numpy", "numpy.NaN": "numpy", "numpy.NAN": "numpy",
+                   "torch.nan": "torch"}
+
+
+def _nan_source(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
+    """``torch`` / ``numpy`` / ``math`` / ``float`` when ``expr`` is a NaN constant, else None."""
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "float" and \
+            len(expr.args) == 1 and ctx.binding("float") is None:
+        text = string_value(expr.args[0].value)
+        if text is not None and text.strip().lower() in ("nan", "+nan", "-nan"):
+            return "float"
+        return None
+    if isinstance(expr, (cst.Attribute, cst.Name)):
+        return _NAN_ATTRIBUTES.get(ctx.qualified_name(expr) or "")
+    return None
+
+
+class NanEqualityComparison(Rule):
+    id = "TR410"
+    slug = "nan-equality-comparison"
+    category = Category.NUMERICS
+    severity = Severity.HIGH
+    summary = "x == float('nan') is always False (and != always True); use isnan"
+    what = """
+        Flags `==` and `!=` comparisons against a NaN constant: `float("nan")`, `math.nan`,
+        `np.nan` and `torch.nan`.
+    """
+    why = """
+        NaN compares unequal to everything, itself included: `x == np.nan` is False for every
+        `x` (elementwise too), and `x != np.nan` always True. A NaN check written this way never
+        fires, so the NaN loss or the missing value it was meant to catch goes through.
+    """
+    example = """
+        if loss == float("nan"):
+            raise RuntimeError("diverged")
+        mask = values != torch.nan
+    """
+    fix_example = """
+        if math.isnan(loss):
+            raise RuntimeError("diverged")
+        mask = ~torch.isnan(values)
+    """
+    VALID = [
+        """
+        import torch
+        import math
+        if math.isnan(loss):
+            pass
+        mask = ~torch.isnan(values)
+        """,
+        """
+        import torch
+        import numpy as np
+        x = np.full(3, np.nan)
+        if value == float("inf"):
+            pass
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            mask = values != torch.nan
+            """,
+            line=3, message="`values != torch.nan` is always True",
+            fixed="""
+            import torch
+            mask = ~torch.isnan(values)
+            """,
+        ),
+        Invalid(
+            """
+            import math
+            import torch
+            if loss.item() == float("nan"):
+                raise RuntimeError("diverged")
+            """,
+            line=4, message="always False",
+            fixed="""
+            import math
+            import torch
+            if math.isnan(loss.item()):
+                raise RuntimeError("diverged")
+            """,
+        ),
+        Invalid(
+            """
+            import numpy as np
+            import torch
+            bad = df[df["score"] == np.nan]
+            """,
+            line=4,
+            fixed="""
+            import numpy as np
+            import torch
+            bad = df[np.isnan(df["score"])]
+            """,
+        ),
+    ]
+
+    def visit_Comparison(self, node: cst.Comparison, ctx: FileContext) -> None:
+        left = node.left
+        for target in node.comparisons:
+            equal = isinstance(target.operator, cst.Equal)
+            if equal or isinstance(target.operator, cst.NotEqual):
+                source = _nan_source(target.comparator, ctx)
+                other = left
+                if source is None:
+                    source, other = _nan_source(left, ctx), target.comparator
+                if source is not None:
+                    replacement = self._fix(node, other, source, equal, ctx) if len(node.comparisons) == 1 else None
+                    answer = "False" if equal else "True"
+                    check = "~torch.isnan(x)" if not equal else "torch.isnan(x)"
+                    suggestion = code_span(short(ctx, replacement)) if replacement is not None else \
+                        f"`math.isnan(x)` / `{check}`"
+                    self.report(node, f"{code_span(short(ctx, node))} is always {answer}: NaN is unequal to everything, "
+                                      f"itself included; use {suggestion}", replacement=replacement)
+                    return
+            left = target.comparator
+
+    @staticmethod
+    def _fix(node: cst.Comparison, other: cst.BaseExpression, source: str, equal: bool,
+             ctx: FileContext) -> Optional[cst.BaseExpression]:
+        module = {"float": "math"}.get(source, source)
+        local = local_name_for(ctx, module)
+        if local is None:
+            return None
+        if module == "math" and not equal:
+            return None  # `not math.isnan(x)` may need parentheses where it lands
+        call = cst.Call(func=cst.Attribute(cst.Name(local), cst.Name("isnan")),
+                        args=[cst.Arg(other.with_changes(lpar=[], rpar=[]) if other.lpar else other)])
+        result: cst.BaseExpression = call if equal else cst.UnaryOperation(cst.BitInvert(), call)
+        return result
+
+
+# ---------------------------------------------------------------------------------------------
+# TR411 / TR412
+
+def _is_one(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Integer):
+        return expr.value == "1"
+    if isinstance(expr, cst.Float):
+        try:
+            return float(expr.value) == 1.0
+        except ValueError:
+            return False
+    return False
+
+
+def _single_argument(call: cst.Call) -> Optional[cst.BaseExpression]:
+    if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+        return None
+    return call.args[0].value
+
+
+def _unwrap(expr: cst.BaseExpression) -> cst.BaseExpression:
+    return expr.with_changes(lpar=[], rpar=[]) if getattr(expr, "lpar", None) else expr
+
+
+class LogOnePlusExp(Rule):
+    id = "TR411"
+    slug = "log-one-plus-exp"
+    category = Category.NUMERICS
+    severity = Severity.MEDIUM
+    summary = "torch.log(1 + torch.exp(x)) overflows; use F.softplus(x)"
+    what = """
+        Flags `torch.log(1 + torch.exp(x))` and `torch.log1p(torch.exp(x))`, the hand-written
+        softplus.
+    """
+    why = """
+        `exp(x)` overflows to `inf` for `x > 88` in float32 (about 11 in float16), so the
+        result is `inf` and its gradient NaN, although softplus(x) is just about `x` there.
+        `F.softplus` switches to the linear form above a threshold and is exact below it.
+        (Plain `log(1 + x)` for small `x` is left alone: whether `x` is small enough for
+        `log1p` to matter cannot be seen from the code.)
+    """
+    example = """
+        loss = torch.log(1 + torch.exp(-margin)).mean()
+    """
+    fix_example = """
+        loss = F.softplus(-margin).mean()
+    """
+    VALID = [
+        """
+        import torch
+        import torch.nn.functional as F
+        loss = F.softplus(-margin).mean()
+        y = torch.log(1.0 + coords.abs())
+        """,
+        """
+        import torch
+        import numpy as np
+        y = np.log(1 + np.exp(x))
+        z = torch.log(2 + torch.exp(x))
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import torch.nn.functional as F
+            loss = torch.log(1 + torch.exp(-margin)).mean()
+            """,
+            line=4, message="overflows",
+            fixed="""
+            import torch
+            import torch.nn.functional as F
+            loss = F.softplus(-margin).mean()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            y = torch.log1p(torch.exp(scores))
+            """,
+            line=3, message="torch.nn.functional.softplus(scores)",
+            fixed="""
+            import torch
+            y = torch.nn.functional.softplus(scores)
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in ("log", "log1p"):
+            return
+        qualified = ctx.qualified_name(func)
+        inner = _single_argument(node)
+        if inner is None or qualified not in ("torch.log", "torch.log1p"):
+            return
+        inner = _unwrap(inner)
+        if qualified == "torch.log":
+            if not isinstance(inner, cst.BinaryOperation) or not isinstance(inner.operator, cst.Add):
+                return
+            if _is_one(inner.left):
+                inner = _unwrap(inner.right)
+            elif _is_one(inner.right):
+                inner = _unwrap(inner.left)
+            else:
+                return
+        if not isinstance(inner, cst.Call) or ctx.qualified_name(inner.func) != "torch.exp":
+            return
+        x = _single_argument(inner)
+        if x is None:
+            return
+        callee = render_name(ctx, "torch.nn.functional.softplus")
+        replacement = node.with_changes(func=callee, args=[cst.Arg(_unwrap(x))]) if callee is not None else None
+        instead = code_span(short(ctx, replacement)) if replacement is not None else "`F.softplus(x)`"
+        self.report(node, f"{code_span(short(ctx, node))} overflows to inf once the exponent passes ~88 (float32), "
+                          f"and its gradient turns NaN; use {instead}", replacement=replacement)
+
+
+_SUM = "torch.sum"
+
+
+class ManualLogSumExp(Rule):
+    id = "TR412"
+    slug = "manual-logsumexp"
+    category = Category.NUMERICS
+    severity = Severity.MEDIUM
+    summary = "log(sum(exp(x))) overflows; use torch.logsumexp"
+    what = """
+        Flags `torch.log(torch.sum(torch.exp(x), dim))`, `torch.log(torch.exp(x).sum(dim))` and
+        `x.exp().sum(dim).log()`, and `torch.log(torch.exp(a) + torch.exp(b))`.
+    """
+    why = """
+        `exp` overflows to `inf` for inputs above ~88 in float32 (~11 in float16), which logits
+        and scores reach easily; the log then returns `inf` and the gradients NaN.
+        `torch.logsumexp` / `torch.logaddexp` subtract the maximum first and give the same value
+        without overflowing.
+    """
+    example = """
+        log_z = torch.log(torch.sum(torch.exp(scores), dim=1))
+    """
+    fix_example = """
+        log_z = torch.logsumexp(scores, dim=1)
+    """
+    VALID = [
+        """
+        import torch
+        log_z = torch.logsumexp(scores, dim=1)
+        both = torch.logaddexp(a, b)
+        """,
+        """
+        import torch
+        total = torch.sum(torch.exp(scores), dim=1)
+        p = torch.exp(scores) / total
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            log_z = torch.log(torch.sum(torch.exp(scores), dim=1))
+            """,
+            line=3, message="torch.logsumexp(scores, dim=1)",
+            fixed="""
+            import torch
+            log_z = torch.logsumexp(scores, dim=1)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            lse = logits.exp().sum(-1).log()
+            """,
+            line=3,
+            fixed="""
+            import torch
+            lse = logits.logsumexp(-1)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            z = torch.log(torch.exp(a) + torch.exp(b))
+            """,
+            line=3, message="torch.logaddexp",
+            fixed="""
+            import torch
+            z = torch.logaddexp(a, b)
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value != "log":
+            return
+        if ctx.qualified_name(func) == "torch.log":
+            inner = _single_argument(node)
+            if inner is None:
+                return
+            inner = _unwrap(inner)
+            if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Add):
+                a, b = self._exp_argument(inner.left, ctx), self._exp_argument(inner.right, ctx)
+                if a is not None and b is not None:
+                    callee = render_name(ctx, "torch.logaddexp")
+                    replacement = node.with_changes(func=callee, args=[cst.Arg(a, comma=cst.Comma(
+                        whitespace_after=cst.SimpleWhitespace(" "))), cst.Arg(b)]) if callee is not None else None
+                    self._report(node, replacement, "torch.logaddexp(a, b)", ctx)
+                return
+            summed = self._summed_exp(inner, ctx)
+            if summed is None:
+                return
+            x, dims = summed
+            callee = render_name(ctx, "torch.logsumexp")
+            replacement = None
+            if callee is not None and dims:
+                replacement = node.with_changes(func=callee, args=[cst.Arg(x, comma=cst.Comma(
+                    whitespace_after=cst.SimpleWhitespace(" "))), *dims])
+            self._report(node, replacement, "torch.logsumexp(x, dim)", ctx)
+        elif ctx.qualified_name(func) is None and not node.args:
+            summed = self._summed_exp(func.value, ctx, methods_only=True)
+            if summed is None:
+                return
+            x, dims = summed
+            replacement = cst.Call(func=cst.Attribute(x, cst.Name("logsumexp")), args=dims) if dims else None
+            self._report(node, replacement, "x.logsumexp(dim)", ctx)
+
+    def _report(self, node: cst.Call, replacement: Optional[cst.BaseExpression], generic: str,
+                ctx: FileContext) -> None:
+        instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
+        self.report(node, f"{code_span(short(ctx, node))} overflows to inf once an exponent passes ~88 (float32), "
+                          f"making the result inf and the gradients NaN; use {instead}, which subtracts the maximum "
+                          f"first", replacement=replacement)
+
+    @staticmethod
+    def _exp_argument(expr: cst.BaseExpression, ctx: FileContext,
+                      methods_only: bool = False) -> Optional[cst.BaseExpression]:
+        if not isinstance(expr, cst.Call) or not isinstance(expr.func, cst.Attribute) or \
+                expr.func.attr.value != "exp":
+            return None
+        if ctx.qualified_name(expr.func) == "torch.exp" and not methods_only:
+            return _single_argument(expr)
+        if ctx.qualified_name(expr.func) is None and not expr.args:
+            receiver = expr.func.value
+            return receiver if dotted_name(receiver) is not None or isinstance(receiver, (cst.Call, cst.Subscript)) \
+                else None
+        return None
+
+    def _summed_exp(self, expr: cst.BaseExpression, ctx: FileContext,
+                    methods_only: bool = False) -> Optional[tuple[cst.BaseExpression, list[cst.Arg]]]:
+        """``(x, dim args)`` for ``torch.sum(torch.exp(x), dims)`` / ``torch.exp(x).sum(dims)``."""
+        if not isinstance(expr, cst.Call) or not isinstance(expr.func, cst.Attribute) or \
+                expr.func.attr.value != "sum" or any(a.star for a in expr.args):
+            return None
+        if keyword_arg(expr, "dtype") is not None:
+            return None
+        qualified = ctx.qualified_name(expr.func)
+        if qualified == _SUM and not methods_only:
+            if not expr.args or expr.args[0].keyword is not None:
+                return None
+            x = self._exp_argument(expr.args[0].value, ctx)
+            dims = list(expr.args[1:])
+        elif qualified is None:
+            x = self._exp_argument(expr.func.value, ctx, methods_only)
+            dims = list(expr.args)
+        else:
+            return None
+        if x is None:
+            return None
+        if dims:
+            dims[-1] = dims[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return x, dims
