@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -84,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.set_defaults(handler=cmd_smoke)
 
     _add_cache_and_lsp_commands(sub)
+
+    feedback = sub.add_parser("feedback", help="what reviewers said about the App's comments")
+    feedback_sub = feedback.add_subparsers(dest="feedback_command", required=True)
+    export = feedback_sub.add_parser("export", help="print every recorded verdict as JSON (the App's store: "
+                                                    "REDIS_URL, else TORCHREVIEW_DATA_DIR)")
+    export.add_argument("--repository", metavar="OWNER/NAME", help="only this repository")
+    export.set_defaults(handler=cmd_feedback_export)
 
     demo = sub.add_parser("demo", help="watch a pull request get reviewed, with a local GitHub emulator")
     demo.add_argument("--keep", action="store_true", help="leave the emulator and app running until Ctrl-C")
@@ -202,6 +210,24 @@ def _add_cache_arguments(check: argparse.ArgumentParser) -> None:
                        help="analyze every file again, neither reading nor writing the results cache")
     check.add_argument("--cache-dir", metavar="DIR",
                        help="where the results cache lives (default: .torchreview_cache at the repository root)")
+
+
+def cmd_feedback_export(args: argparse.Namespace) -> int:
+    """Reviewers' verdicts (👎, /review false-positive) on the App's comments, per rule and repository."""
+    from collections import Counter
+
+    from bot.settings import Settings
+    from bot.store import make_store
+
+    settings = Settings.from_env(require_github=False, role="web")  # the store only: no key is read
+    records = [r for r in make_store(settings.redis_url, settings.data_dir).feedback()
+               if args.repository in (None, r.get("repository"))]
+    totals = Counter((r["repository"], r["rule"], r["kind"]) for r in records)
+    json.dump({"records": records,
+               "totals": [{"repository": repo, "rule": rule, "kind": kind, "count": n}
+                          for (repo, rule, kind), n in sorted(totals.items())]}, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return EXIT_OK
 
 
 def _add_cache_and_lsp_commands(sub) -> None:

@@ -69,3 +69,18 @@ def test_write_budget_without_sleep_asks_to_be_requeued(store):
         assert spent.delay == 45.0
     else:
         raise AssertionError("the second write of the minute must be refused")
+
+
+def test_feedback_is_recorded_once_per_comment_user_and_kind(redis_url, tmp_path):
+    import redis
+
+    from bot.store import RedisStore, SqliteStore
+
+    redis.Redis.from_url(redis_url).delete(RedisStore.FEEDBACK, RedisStore.FEEDBACK + ":seen")
+    for store in (RedisStore(redis_url), SqliteStore(tmp_path / "state.sqlite")):
+        record = {"id": "o/r#7:TR601:alice:thumbs-down", "repository": "o/r", "comment": 7, "rule": "TR601",
+                  "kind": "thumbs-down", "user": "alice", "reason": ""}
+        assert store.add_feedback(record) is True
+        assert store.add_feedback(dict(record)) is False  # read again at the next review: not twice
+        assert store.add_feedback(dict(record, id="o/r#7:TR601:bob:thumbs-down", user="bob")) is True
+        assert [r["user"] for r in store.feedback()] == ["alice", "bob"]

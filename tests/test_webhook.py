@@ -85,7 +85,8 @@ def test_oversized_body_413(webhook, redis_client):
 
 
 def test_unhandled_events_and_actions_204(webhook, redis_client):
-    for event, name in [("installation", "installation.created"), ("pull_request", "pull_request.closed"),
+    # (pull_request.closed is handled: a last read of reviewers' feedback, tests/test_feedback_e2e.py)
+    for event, name in [("installation", "installation.created"),
                         ("pull_request", "pull_request.labeled"), ("issue_comment", "issue_comment.created")]:
         body = json.dumps(payload(name)).encode()
         assert post(webhook, body, signed_headers(body, event)).status_code == 204, name
