@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ast
 import io
-import json
 import os
 import re
 import time
@@ -15,6 +14,7 @@ from typing import Iterable, Optional, Sequence
 
 import libcst as cst
 
+from analyzers import notebook
 from analyzers.config import Config
 from analyzers.context import FileContext, dotted_name
 from analyzers.model import FileError, FileResult, Finding, Fix, Severity
@@ -396,19 +396,33 @@ def _suppressed(table: dict[int, Optional[set[str]]], rule_id: str, line: int, e
 
 
 def read_source(path: Path, display: str) -> tuple[Optional[str], Optional[FileError]]:
+    data, error = _read_bytes(path, display)
+    return (None, error) if error is not None else decode_source(data, display)
+
+
+def _read_bytes(path: Path, display: str) -> tuple[Optional[bytes], Optional[FileError]]:
     try:
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            return None, FileError(display, "too-large", f"{size} bytes is over the {MAX_FILE_BYTES}-byte limit; not analyzed")
-        data = path.read_bytes()
+        if size > _size_limit(display):
+            return None, _too_large(display, size)
+        return path.read_bytes(), None
     except OSError as exc:
         return None, FileError(display, "read-error", str(exc))
-    return decode_source(data, display)
+
+
+def _size_limit(display: str) -> int:
+    # A notebook's outputs (images) are not analyzed: its code cells have the normal limit, checked once read.
+    return notebook.MAX_NOTEBOOK_BYTES if display.endswith(".ipynb") else MAX_FILE_BYTES
+
+
+def _too_large(display: str, size: int) -> FileError:
+    limit = _size_limit(display)
+    return FileError(display, "too-large", f"{size} bytes is over the {limit}-byte limit; not analyzed")
 
 
 def decode_source(data: bytes, display: str) -> tuple[Optional[str], Optional[FileError]]:
-    if len(data) > MAX_FILE_BYTES:
-        return None, FileError(display, "too-large", f"{len(data)} bytes is over the {MAX_FILE_BYTES}-byte limit; not analyzed")
+    if len(data) > _size_limit(display):
+        return None, _too_large(display, len(data))
     if b"\x00" in data[:8192]:
         return None, FileError(display, "binary-file", "contains NUL bytes; not a text file")
     encoding = "utf-8-sig"
@@ -430,83 +444,104 @@ def _encoding_name(encoding: str) -> str:
     return "UTF-8" if encoding in ("utf-8", "utf-8-sig") else encoding
 
 
-_MAGIC = re.compile(r"^\s*(?:[%!?]|\w+\?\s*$)")
-
-
-def analyze_notebook_text(text: str, path: str, config: Config,
+def analyze_notebook_text(text: "str | bytes", path: str, config: Config,
                           repository: Optional[RepositoryIndex] = None) -> FileResult:
-    """Analyze a notebook's code cells as one program; report cell numbers and cell lines."""
+    """Analyze a notebook's code cells as one program, as IPython runs them; findings carry the
+    cell number and the line within the cell."""
     result = FileResult(path)
     try:
-        notebook = json.loads(text)
-        cells = notebook["cells"] if isinstance(notebook, dict) else None
-        if not isinstance(cells, list):
-            raise ValueError("no 'cells' list")
-    except (ValueError, KeyError, TypeError) as exc:
-        result.errors.append(FileError(path, "notebook-error", f"not a readable .ipynb notebook: {exc}"))
+        cells = notebook.read_cells(text)
+    except notebook.NotebookError as exc:
+        kind = "too-large" if len(text) > notebook.MAX_NOTEBOOK_BYTES else "notebook-error"
+        result.errors.append(FileError(path, kind, str(exc)))
         return result
-    cell_sources: list[tuple[int, str]] = []
-    for number, cell in enumerate(cells, 1):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else str(source)
-        # IPython magics and shell escapes are not Python: blank them, keep the line count.
-        cell_lines = [("" if _MAGIC.match(line) else line) for line in source.split("\n")]
-        cell_sources.append((number, "\n".join(cell_lines)))
-    combined = _analyze_cells(cell_sources, path, config, repository)
+    code = [(c.number, py) for c in cells if c.cell_type == "code" for py in [notebook.cell_to_python(c.source)]
+            if py is not None]
+    # The limit is on the code: embedded outputs (plots, images) do not make a notebook harder to parse.
+    size = sum(len(py.source.encode("utf-8", "surrogatepass")) + 1 for _, py in code)
+    if size > MAX_FILE_BYTES:
+        result.errors.append(FileError(path, "too-large", f"its code cells are {size} bytes, over the "
+                                                          f"{MAX_FILE_BYTES}-byte limit; not analyzed"))
+        return result
+    combined = _analyze_cells(code, path, config, repository)
     if not any(e.kind == "syntax-error" for e in combined.errors):
         return combined
     # One broken cell should not hide the others: report it, analyze the rest together.
     broken: list[FileError] = []
     broken_cells: set[int] = set()
-    for number, source in cell_sources:
-        try:
-            cst.parse_module(source + "\n")
-        except (cst.ParserSyntaxError, RecursionError) as exc:
-            detail = syntax_error_detail(source + "\n", exc) if isinstance(exc, cst.ParserSyntaxError) else "too deeply nested"
+    for number, py in code:
+        detail = _cell_syntax_error(py)
+        if detail is not None:
             broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}"))
             broken_cells.add(number)
-    result = _analyze_cells([c for c in cell_sources if c[0] not in broken_cells], path, config, repository)
+    result = _analyze_cells([c for c in code if c[0] not in broken_cells], path, config, repository)
     result.errors = broken + [e for e in result.errors if e.kind != "syntax-error"]
     return result
 
 
-def _analyze_cells(cell_sources: list[tuple[int, str]], path: str, config: Config,
+def _cell_syntax_error(py: "notebook.PythonCell") -> Optional[str]:
+    """Where a cell does not parse, at its own line and column (before any dedent), or None."""
+    source = py.source + "\n"
+    try:
+        cst.parse_module(source)
+        return None
+    except RecursionError:
+        return "too deeply nested"
+    except cst.ParserSyntaxError as exc:
+        try:
+            compile(source, "<cell>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        except SyntaxError as python:
+            if python.lineno and python.lineno <= len(py.columns):
+                column = (python.offset or 1) + py.columns[python.lineno - 1]
+                return f"line {python.lineno}, column {column}: {python.msg}"
+        except (ValueError, RecursionError, MemoryError):
+            pass
+        return syntax_error_detail(source, exc)
+
+
+def _analyze_cells(code: "list[tuple[int, notebook.PythonCell]]", path: str, config: Config,
                    repository: Optional[RepositoryIndex] = None) -> FileResult:
-    line_map: list[tuple[int, int]] = []  # program line -> (cell number, line in cell)
-    for number, source in cell_sources:
-        line_map.extend((number, i + 1) for i in range(source.count("\n") + 1))
-    program = "\n".join(source for _, source in cell_sources) + "\n"
+    line_map: list[tuple[int, int, int]] = []  # program line -> (cell number, line in cell, columns removed)
+    for number, py in code:
+        line_map.extend((number, i + 1, removed) for i, removed in enumerate(py.columns))
+    program = "\n".join(py.source for _, py in code) + "\n"
     result = analyze_source(program, path, config, repository=repository)
     _remap(result, line_map)
     return result
 
 
-def _with_cell(f: Finding, cell: int, line: int, end_line: int) -> Finding:
-    fix = f.fix
-    if fix is not None:
-        fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement)
-    return Finding(f.path, line, f.column, end_line, f.end_column, f.rule, f.slug, f.category, f.severity,
-                   f.message, fix, cell)
-
-
-def _remap(result: FileResult, line_map: list[tuple[int, int]]) -> None:
+def _remap(result: FileResult, line_map: list[tuple[int, int, int]]) -> None:
     remapped = []
     for f in result.findings:
         if f.line - 1 >= len(line_map):
             continue
-        cell, line = line_map[f.line - 1]
-        end_cell, end_line = line_map[min(f.end_line, len(line_map)) - 1]
+        cell, line, shift = line_map[f.line - 1]
+        end_cell, end_line, end_shift = line_map[min(f.end_line, len(line_map)) - 1]
+        end_column = f.end_column + end_shift
         if end_cell != cell:
-            end_line = line
-        remapped.append(_with_cell(f, cell, line, end_line))
+            end_line, end_column = line, f.column + shift
+        fix = f.fix
+        if fix is not None:
+            span = line_map[fix.start_line - 1: fix.end_line]
+            # A fix is whole lines of the program; a dedented cell's lines would lose their indent.
+            fix = (None if any(s for _, _, s in span) or {c for c, _, _ in span} != {cell}
+                   else Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement))
+        remapped.append(Finding(f.path, line, f.column + shift, end_line, end_column, f.rule, f.slug, f.category,
+                                f.severity, f.message, fix, cell))
     result.findings = remapped
 
 
 def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Config] = None) -> FileResult:
     config = config or Config()
     display = display or str(path)
+    if display.endswith(".ipynb"):
+        # Straight from bytes to cells: a notebook of images is not also decoded into one big str.
+        data, error = _read_bytes(path, display)
+        if error is None:
+            return analyze_notebook_text(data, display, config, repository=index_for(path))
+        result = FileResult(display)
+        result.errors.append(error)
+        return result
     text, error = read_source(path, display)
     if error is not None:
         result = FileResult(display)

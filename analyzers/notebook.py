@@ -1,0 +1,206 @@
+"""Notebooks as IPython reads them, line for line.
+
+* :func:`read_cells` takes the cells out of a ``.ipynb`` and drops their outputs, so the size
+  limit applies to the code and not to embedded images.
+* :func:`cell_to_python` turns one cell into Python with IPython's own input transformer
+  (``%magic``, ``!cmd``, ``x = !cmd``, ``obj?``, prompts, an indented cell), keeping every line
+  where it was: a finding or a syntax error in the program is on the same line of the cell.
+* :func:`json_source_lines` says on which line of the ``.ipynb`` text each line of a cell's
+  source is, which is where GitHub's diff of the notebook shows it.
+"""
+from __future__ import annotations
+
+import ast
+import bisect
+import itertools
+import json
+import re
+import textwrap
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Union
+
+# GitHub stores no file over 100 MB; a notebook larger than that is not read at all.
+MAX_NOTEBOOK_BYTES = 100_000_000
+
+# Cell magics whose body is Python that IPython runs (timed, captured, profiled...): analyzed.
+# Every other cell magic (%%writefile, %%bash, %%html, %%sql, ...) holds something else: skipped.
+PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug", "memit", "px", "python", "python3"})
+
+_CELL_MAGIC = re.compile(r"%%(\w+)")
+# What IPython makes of a line magic that times or profiles a statement, ``%time stmt``.
+_TIMED = re.compile(r"^(.*?)get_ipython\(\)\.run_line_magic\('(time|timeit|prun)', ('.*'|\".*\")\)\n$")
+
+
+class NotebookError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Cell:
+    number: int  # 1-based over all cells, markdown included, as Jupyter shows them
+    cell_type: str
+    source: str
+
+
+def read_cells(data: Union[bytes, str]) -> list[Cell]:
+    """The cells of a notebook's JSON, without their outputs."""
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise NotebookError(f"{len(data)} bytes is over the {MAX_NOTEBOOK_BYTES}-byte notebook limit")
+    try:
+        notebook = json.loads(data)  # bytes are decoded as JSON says (UTF-8, or UTF-16/32 with a BOM)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise NotebookError(f"not a readable .ipynb notebook: {exc}") from None
+    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    if not isinstance(cells, list):
+        raise NotebookError("not a readable .ipynb notebook: no 'cells' list")
+    out = []
+    for number, cell in enumerate(cells, 1):
+        if not isinstance(cell, dict):
+            continue
+        source = cell.get("source", "")
+        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else str(source)
+        out.append(Cell(number, str(cell.get("cell_type", "")), source))
+    return out
+
+
+@dataclass(frozen=True)
+class PythonCell:
+    """A cell as Python: ``source`` has exactly as many lines as the cell; ``columns[i]`` is how many
+    characters were taken off the start of line i + 1 (a dedent, a prompt), to map columns back."""
+
+    source: str
+    columns: tuple[int, ...]
+
+
+def cell_to_python(source: str) -> Optional[PythonCell]:
+    """One code cell as the Python IPython runs, line for line; None for a cell that is not Python
+    (a cell magic such as ``%%writefile`` or ``%%bash``)."""
+    original = source.split("\n")
+    lines = [line + "\n" for line in original]
+    # An indented cell runs (IPython dedents it); blank lines do not count.
+    lines = _split(textwrap.dedent("".join(lines)), len(original))
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None:
+        magic = _CELL_MAGIC.match(lines[first])
+        if magic and not lines[first].startswith(f"%%{magic.group(1)}?"):
+            if magic.group(1) not in PYTHON_CELL_MAGICS:
+                return None
+            lines[first] = "\n"  # the body is Python; the magic's own line is not
+    manager, prompt_strippers = _ipython()
+    try:
+        for strip in prompt_strippers:  # ">>> " and "In [1]: " of a pasted session; they only shorten lines
+            lines = strip(lines)
+        lines = manager.do_token_transforms(lines)
+    except (SyntaxError, RuntimeError, ValueError):
+        # IPython could not make sense of it either: analyze what is there, errors included.
+        lines = [line + "\n" for line in original]
+    if len(lines) != len(original):  # never expected: each transform keeps its line count
+        lines = [line + "\n" for line in original]
+    text = "".join(lines)[:-1]
+    columns = tuple(_removed_prefix(before, after[:-1]) for before, after in zip(original, lines))
+    return PythonCell(text, columns)
+
+
+def _split(text: str, count: int) -> list[str]:
+    lines = [line + "\n" for line in text.split("\n")]
+    return lines[:count] if len(lines) > count else lines
+
+
+def _removed_prefix(before: str, after: str) -> int:
+    """Characters taken off the start of a line that is otherwise unchanged; 0 for a rewritten line."""
+    if after and before.endswith(after):
+        return len(before) - len(after)
+    return 0
+
+
+@lru_cache(maxsize=1)
+def _ipython():
+    # Imported here: IPython is needed only for notebooks, and costs ~0.1 s to import.
+    from IPython.core import inputtransformer2 as it2
+
+    def keep_line_count(base):
+        """The transform, with blank lines where it joined continued lines (``!cmd \\``) into one."""
+
+        class Kept(base):
+            def transform(self, lines):
+                out = super().transform(lines)
+                line = out[self.start_line]
+                timed = _TIMED.match(line)
+                if timed:  # ``%time train()`` runs ``train()``: analyze the statement, not a string
+                    statement = ast.literal_eval(timed.group(3))
+                    if statement and not statement.startswith("-"):
+                        out[self.start_line] = timed.group(1) + statement.strip() + "\n"
+                missing = len(lines) - len(out)
+                if missing > 0:
+                    at = self.start_line + 1
+                    out = out[:at] + ["\n"] * missing + out[at:]
+                return out
+
+        Kept.__name__ = base.__name__
+        return Kept
+
+    manager = it2.TransformerManager()
+    manager.token_transformers = [keep_line_count(t) for t in manager.token_transformers]
+    return manager, (it2.classic_prompt, it2.ipython_prompt)
+
+
+# ---- where a cell's lines are in the .ipynb text ---------------------------------------------
+
+class _Located(str):
+    """A JSON string value that remembers where it starts in the text."""
+
+    __slots__ = ("offset",)
+
+
+def json_source_lines(text: str) -> dict[int, list[int]]:
+    """``{cell number: [line of the .ipynb text holding cell line 1, line 2, ...]}`` (all 1-based).
+
+    nbformat writes one source line per JSON line, so each cell line gets its own; a source
+    written as one string puts all of a cell's lines on that string's line. Empty when the
+    text is not a notebook.
+    """
+    decoder = json.JSONDecoder()
+    base_parse_string = decoder.parse_string
+
+    def parse_string(string, end, strict):
+        value, after = base_parse_string(string, end, strict)
+        located = _Located(value)
+        located.offset = end - 1
+        return located, after
+
+    decoder.parse_string = parse_string
+    # The pure-Python scanner calls the decoder's parse_string for each value (the C one does not).
+    scan_once = json.scanner.py_make_scanner(decoder)
+    try:
+        start = json.decoder.WHITESPACE.match(text, 0).end()
+        notebook, _ = scan_once(text, start)
+    except (StopIteration, ValueError, RecursionError, IndexError):
+        return {}
+    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    if not isinstance(cells, list):
+        return {}
+    newlines = _newlines(text)
+    out: dict[int, list[int]] = {}
+    for number, cell in enumerate(cells, 1):
+        source = cell.get("source") if isinstance(cell, dict) else None
+        pieces = source if isinstance(source, list) else [source]
+        if not pieces or not all(isinstance(p, _Located) for p in pieces):
+            continue
+        ends = list(itertools.accumulate(len(p) for p in pieces))
+        joined = "".join(pieces)
+        starts = [0] + [i + 1 for i, ch in enumerate(joined) if ch == "\n"]  # where each cell line starts
+        lines = []
+        for start in starts:
+            piece = pieces[min(bisect.bisect_right(ends, start), len(pieces) - 1)]
+            lines.append(bisect.bisect_left(newlines, piece.offset) + 1)
+        out[number] = lines
+    return out
+
+
+def _newlines(text: str) -> list[int]:
+    out, at = [], text.find("\n")
+    while at != -1:
+        out.append(at)
+        at = text.find("\n", at + 1)
+    return out
