@@ -44,7 +44,7 @@ class ChangedFiles:
     """What the PR changed, as analysis input; every skipped file is explained in ``notes``."""
 
     sources: dict[str, str] = field(default_factory=dict)  # path -> head source text
-    patches: dict[str, str] = field(default_factory=dict)  # path -> GitHub patch (hunks)
+    patches: dict[str, Optional[str]] = field(default_factory=dict)  # path -> GitHub patch (hunks); None: none sent
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
 
@@ -237,7 +237,7 @@ def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
         if not config.path_included(path):
             changed.notes.append(FileError(path, "excluded", "excluded by the repository's include/exclude settings"))
             continue
-        if not f.patch:
+        if not f.patch and not path.endswith(".ipynb"):
             changed.notes.append(FileError(path, "no-patch", "GitHub sent no diff for this file (binary or too large); not reviewed"))
             continue
         data = _blob_bytes(repo, path, f.sha, head)
@@ -249,6 +249,7 @@ def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
             changed.notes.append(error)
             continue
         changed.sources[path] = text
+        # A notebook GitHub shows no diff of (big outputs) is still analyzed; its findings go in the summary.
         changed.patches[path] = f.patch
         changed.reviewed.append(path)
     return changed

@@ -1,0 +1,186 @@
+"""Notebooks as IPython runs them: magics, shell escapes and indented cells are Python, every finding
+and syntax error is on its own cell line, the size limit is on the code, and the App comments on the
+line of the notebook's JSON that GitHub's diff shows."""
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from analyzers.config import Config
+from analyzers.engine import MAX_FILE_BYTES, analyze_paths, analyze_text
+from analyzers.notebook import cell_to_python, json_source_lines
+from bot.review import PullRequestAnalysis, plan_check_run, plan_review
+from tests.test_review import assert_valid_check_run, assert_valid_review, changed_file
+
+
+def notebook(*cells, outputs=()) -> str:
+    """A notebook as nbformat writes it: one source line per JSON line, indent 1, sorted keys."""
+    out = []
+    for kind, source in cells:
+        cell = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
+        if kind == "code":
+            cell.update(execution_count=None, outputs=list(outputs))
+        out.append(cell)
+    nb = {"cells": out, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def where(text: str) -> list[tuple]:
+    """(rule, cell, line, column) of each finding, and the syntax errors."""
+    result = analyze_text(text, "nb.ipynb", Config())
+    return [(f.rule, f.cell, f.line, f.column) for f in result.findings] + [e.message for e in result.errors]
+
+
+# ---- IPython syntax ----------------------------------------------------------------------------
+
+def test_cell_magics_that_are_not_python_are_skipped():
+    nb = notebook(("code", "%%writefile requirements.txt\ntorch>=2.0\nnumpy==1.*\n"),
+                  ("code", "%%bash\nfor f in *.pt; do echo $f; done\n"),
+                  ("code", "%%html\n<b>hi</b>\n"),
+                  ("code", "import torch\nm = torch.load(path)\n"))
+    assert where(nb) == [("TR601", 4, 2, 5)]
+
+
+@pytest.mark.parametrize("magic", ["%%time", "%%timeit", "%%capture out", "%%prun -s cumulative"])
+def test_cell_magics_that_run_python_are_analyzed(magic):
+    nb = notebook(("code", "import torch"), ("code", f"{magic}\nx = 1\nm = torch.load(path)\n"))
+    assert where(nb) == [("TR601", 2, 3, 5)]
+
+
+def test_line_magics_and_shell_escapes_anywhere():
+    source = "\n".join([
+        "import torch",                      # 1
+        "gpus = !nvidia-smi -L",             # 2  a shell command's output
+        "names = %who_ls",                   # 3  a magic's value
+        "if len(gpus) > 1:",                 # 4  a block whose body is only magics
+        "    %load_ext autoreload",          # 5
+        "    %autoreload 2",                 # 6
+        "for name in names:",                # 7
+        "    !echo {name}",                  # 8  a shell escape inside a block
+        "    print?",                        # 9  help
+        "state = torch.load(path)",          # 10
+    ])
+    assert where(notebook(("code", source))) == [("TR601", 1, 10, 9)]
+
+
+def test_continued_shell_command_keeps_the_lines_below_in_place():
+    # IPython joins "!cmd \" and its continuation into one line; the lines after it stay where they are.
+    source = "import torch\n!pip install \\\n    torchvision \\\n    timm\nm = torch.load(path)\n"
+    assert where(notebook(("code", source))) == [("TR601", 1, 5, 5)]
+    converted = cell_to_python(source)
+    assert converted.source.count("\n") == source.count("\n")
+
+
+def test_time_line_magic_runs_its_statement():
+    nb = notebook(("code", "import torch\n%time state = torch.load(path)\n"))
+    assert where(nb) == [("TR601", 1, 2, 15)]
+
+
+def test_a_cell_indented_by_one_space_is_dedented_and_columns_stay_the_cells():
+    nb = notebook(("code", " import torch\n\n m = torch.load(path)\n"))
+    assert where(nb) == [("TR601", 1, 3, 6)]
+    (finding,) = analyze_text(nb, "nb.ipynb", Config()).findings
+    assert finding.fix is None  # whole-line fixes would lose the cell's indent
+
+
+def test_magic_text_inside_a_string_is_left_alone():
+    converted = cell_to_python('doc = """\n%matplotlib inline\n!rm -rf /\n"""\n%matplotlib inline\n')
+    assert converted.source.split("\n")[1:3] == ["%matplotlib inline", "!rm -rf /"]
+    assert converted.source.split("\n")[4] == "get_ipython().run_line_magic('matplotlib', 'inline')"
+
+
+def test_pasted_prompts_are_stripped():
+    nb = notebook(("code", ">>> import torch\n>>> m = torch.load(path)\n"))
+    assert where(nb) == [("TR601", 1, 2, 9)]
+
+
+def test_syntax_errors_are_on_the_cells_own_line_and_column():
+    nb = notebook(("markdown", "# Train"),
+                  ("code", "import torch\n!pip install \\\n  timm\ndef f(:\n    pass\n"),
+                  ("code", " x = 1\n def g(:\n     pass\n"),
+                  ("code", "%%writefile setup.py\ndef not_python(:\n"),
+                  ("code", "import torch\nm = torch.load(path)\n"))
+    assert where(nb) == [("TR601", 5, 2, 5),
+                         "cell 2, line 4, column 7: invalid syntax",
+                         "cell 3, line 2, column 8: invalid syntax"]
+
+
+# ---- size: the code, not the outputs -----------------------------------------------------------
+
+def _image_output(size: int) -> dict:
+    png = base64.b64encode(b"\x89PNG" + bytes(range(256)) * (size // 256 // 4 * 3)).decode()
+    return {"data": {"image/png": png, "text/plain": ["<Figure>"]}, "metadata": {}, "output_type": "display_data"}
+
+
+def test_a_notebook_of_megabytes_of_outputs_with_little_code_is_analyzed(tmp_path):
+    nb = notebook(("code", "import torch\nm = torch.load(path)\n"), outputs=[_image_output(600_000)] * 3)
+    assert len(nb) > 1_500_000
+    (tmp_path / "big.ipynb").write_text(nb)
+    run = analyze_paths([str(tmp_path)], Config(), jobs=1)
+    assert run.errors == []
+    assert [(f.rule, f.cell, f.line) for f in run.findings] == [("TR601", 1, 2)]
+
+
+def test_too_much_code_is_still_too_large(tmp_path):
+    cells = [("code", "import torch\n")] + [("code", f"x{i} = {'1' * 90}\n") for i in range(MAX_FILE_BYTES // 90)]
+    (tmp_path / "huge.ipynb").write_text(notebook(*cells))
+    run = analyze_paths([str(tmp_path)], Config(), jobs=1)
+    (error,) = run.errors
+    assert error.kind == "too-large" and "code cells" in error.message
+
+
+# ---- the notebook's JSON lines -----------------------------------------------------------------
+
+def test_json_source_lines_are_the_lines_github_shows():
+    text = notebook(("markdown", "# Title\n"), ("code", "import torch\n\nm = torch.load(path)"))
+    mapping = json_source_lines(text)
+    lines = text.split("\n")
+    assert [lines[n - 1].strip() for n in mapping[2]] == ['"import torch\\n",', '"\\n",', '"m = torch.load(path)"']
+    assert [lines[n - 1].strip() for n in mapping[1]] == ['"# Title\\n"', '"# Title\\n"']
+
+
+def test_json_source_lines_of_a_source_written_as_one_string():
+    text = json.dumps({"cells": [{"cell_type": "code", "source": "a = 1\nb = 2"}]}, indent=2)
+    (line,) = {n for n in json_source_lines(text)[1]}
+    assert '"source": "a = 1\\nb = 2"' in text.split("\n")[line - 1]
+    assert json_source_lines("{not json") == {} and json_source_lines("[1, 2]") == {}
+
+
+# ---- the App: inline on the JSON line ----------------------------------------------------------
+
+BASE_NB = notebook(("markdown", "# Training\n"), ("code", "import torch\n\nmodel = torch.nn.Linear(2, 2)\n"))
+HEAD_NB = notebook(("markdown", "# Training\n"), ("code", "import torch\n\nmodel = torch.nn.Linear(2, 2)\n"),
+                   ("code", "%%capture\n!pip install timm\nstate = torch.load(path)\n"))
+
+
+def _analysis(base: str, head: str) -> PullRequestAnalysis:
+    result = analyze_text(head, "nb.ipynb", Config())
+    return PullRequestAnalysis(result.findings, {"nb.ipynb": changed_file("nb.ipynb", base, head)},
+                               {"nb.ipynb": head}, reviewed_files=["nb.ipynb"])
+
+
+def test_a_notebook_finding_is_an_inline_comment_on_its_json_line():
+    pr = _analysis(BASE_NB, HEAD_NB)
+    (finding,) = pr.findings
+    assert (finding.cell, finding.line) == (3, 3)
+    review = plan_review(pr)
+    (comment,) = review.comments
+    assert HEAD_NB.split("\n")[comment["line"] - 1].strip() == '"state = torch.load(path)\\n"'
+    assert "TR601" in comment["body"] and "```suggestion" not in comment["body"]
+    (note,) = plan_check_run(pr).annotations
+    assert note["start_line"] == comment["line"] and note["message"].startswith("nb.ipynb (cell 3, line 3): ")
+    assert_valid_review(review, pr.diffs)
+    assert_valid_check_run(plan_check_run(pr))
+
+
+def test_a_notebook_finding_off_the_diff_stays_in_the_summary():
+    # 40 unchanged cells between them keep the finding's line out of the hunk.
+    filler = [("code", f"y{i} = {i}\n") for i in range(40)]
+    base = notebook(("code", "import torch\nstate = torch.load(path)\n"), *filler, ("code", "x = 1\n"))
+    head = notebook(("code", "import torch\nstate = torch.load(path)\n"), *filler, ("code", "x = 2\n"))
+    pr = _analysis(base, head)
+    review = plan_review(pr)
+    assert review.comments == [] and review.findings_count == 1
+    assert "`nb.ipynb (cell 1, line 2)`" in review.body
