@@ -184,3 +184,26 @@ def test_a_notebook_finding_off_the_diff_stays_in_the_summary():
     review = plan_review(pr)
     assert review.comments == [] and review.findings_count == 1
     assert "`nb.ipynb (cell 1, line 2)`" in review.body
+
+
+def test_app_comments_on_the_notebook_line_end_to_end(stack):
+    """A PR adds a cell with a bug to a notebook and a notebook with megabytes of plots (GitHub sends no
+    diff of it, and serves it through the blob API): the first gets an inline comment on the JSON line
+    of the bug, the second is analyzed and its finding is listed in the summary."""
+    from tests.conftest import completed_run, deliver, new_repo, pr_payload
+
+    state = stack["state"]
+    plots = notebook(("code", "import torch\nckpt = torch.load(ckpt_path)\n"), outputs=[_image_output(700_000)] * 2)
+    assert len(plots) > 1_000_000  # over the emulator's (and GitHub's) patch size limit
+    repo, name = new_repo(state, {}, {"train.ipynb": BASE_NB})
+    pr = state.open_pull_request(repo, {"train.ipynb": HEAD_NB, "plots.ipynb": plots}, user="alice")
+    assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
+    run = completed_run(state, pr.head_sha, timeout=120)
+    assert run.conclusion == "failure"
+    comments = state.review_comments_for(pr)
+    bug_line = next(n for n, text in enumerate(HEAD_NB.split("\n"), 1) if text.strip() == '"state = torch.load(path)\\n"')
+    assert [(c.path, c.line) for c in comments] == [("train.ipynb", bug_line)]
+    assert "TR601" in comments[0].body
+    summary = next(c.body for c in state.issue_comments_for(pr) if "torchreview" in c.body)
+    assert "plots.ipynb (cell 1, line 2)" in summary
+    assert "plots.ipynb (cell 1, line 2)" in run.output_summary
