@@ -396,18 +396,14 @@ def _suppressed(table: dict[int, Optional[set[str]]], rule_id: str, line: int, e
 
 
 def read_source(path: Path, display: str) -> tuple[Optional[str], Optional[FileError]]:
-    data, error = _read_bytes(path, display)
-    return (None, error) if error is not None else decode_source(data, display)
-
-
-def _read_bytes(path: Path, display: str) -> tuple[Optional[bytes], Optional[FileError]]:
     try:
         size = path.stat().st_size
         if size > _size_limit(display):
             return None, _too_large(display, size)
-        return path.read_bytes(), None
+        data = path.read_bytes()
     except OSError as exc:
         return None, FileError(display, "read-error", str(exc))
+    return decode_source(data, display)
 
 
 def _size_limit(display: str) -> int:
@@ -448,21 +444,26 @@ def analyze_notebook_text(text: "str | bytes", path: str, config: Config,
                           repository: Optional[RepositoryIndex] = None) -> FileResult:
     """Analyze a notebook's code cells as one program, as IPython runs them; findings carry the
     cell number and the line within the cell."""
-    result = FileResult(path)
     try:
         cells = notebook.read_cells(text)
     except notebook.NotebookError as exc:
-        kind = "too-large" if len(text) > notebook.MAX_NOTEBOOK_BYTES else "notebook-error"
-        result.errors.append(FileError(path, kind, str(exc)))
+        result = FileResult(path)
+        result.errors.append(FileError(path, "notebook-error", str(exc)))
         return result
-    code = [(c.number, py) for c in cells if c.cell_type == "code" for py in [notebook.cell_to_python(c.source)]
-            if py is not None]
+    return _analyze_notebook_cells(cells, path, config, repository)
+
+
+def _analyze_notebook_cells(cells: "list[notebook.Cell]", path: str, config: Config,
+                            repository: Optional[RepositoryIndex]) -> FileResult:
+    result = FileResult(path)
+    code_cells = [c for c in cells if c.cell_type == "code"]
     # The limit is on the code: embedded outputs (plots, images) do not make a notebook harder to parse.
-    size = sum(len(py.source.encode("utf-8", "surrogatepass")) + 1 for _, py in code)
+    size = sum(len(c.source.encode("utf-8", "surrogatepass")) + 1 for c in code_cells)
     if size > MAX_FILE_BYTES:
         result.errors.append(FileError(path, "too-large", f"its code cells are {size} bytes, over the "
                                                           f"{MAX_FILE_BYTES}-byte limit; not analyzed"))
         return result
+    code = [(c.number, py) for c in code_cells for py in [notebook.cell_to_python(c.source)] if py is not None]
     combined = _analyze_cells(code, path, config, repository)
     if not any(e.kind == "syntax-error" for e in combined.errors):
         return combined
@@ -535,19 +536,34 @@ def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Con
     config = config or Config()
     display = display or str(path)
     if display.endswith(".ipynb"):
-        # Straight from bytes to cells: a notebook of images is not also decoded into one big str.
-        data, error = _read_bytes(path, display)
-        if error is None:
-            return analyze_notebook_text(data, display, config, repository=index_for(path))
-        result = FileResult(display)
-        result.errors.append(error)
-        return result
+        return _analyze_notebook_file(path, display, config)
     text, error = read_source(path, display)
     if error is not None:
         result = FileResult(display)
         result.errors.append(error)
         return result
     return analyze_text(text, display, config, repository=index_for(path))
+
+
+def _analyze_notebook_file(path: Path, display: str, config: Config) -> FileResult:
+    # Streamed from the file to its cells: megabytes of plots in the outputs are never all in memory.
+    try:
+        size = path.stat().st_size
+        if size > notebook.MAX_NOTEBOOK_BYTES:
+            result = FileResult(display)
+            result.errors.append(_too_large(display, size))
+            return result
+        with path.open("rb") as stream:
+            cells = notebook.read_cells(stream)
+    except OSError as exc:
+        result = FileResult(display)
+        result.errors.append(FileError(display, "read-error", str(exc)))
+        return result
+    except notebook.NotebookError as exc:
+        result = FileResult(display)
+        result.errors.append(FileError(display, "notebook-error", str(exc)))
+        return result
+    return _analyze_notebook_cells(cells, display, config, index_for(path))
 
 
 def analyze_text(text: str, display: str, config: Config,

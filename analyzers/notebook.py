@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import ast
 import bisect
+import codecs
+import io
 import itertools
 import json
 import re
 import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Union
+from typing import BinaryIO, Optional, Union
 
 # GitHub stores no file over 100 MB; a notebook larger than that is not read at all.
 MAX_NOTEBOOK_BYTES = 100_000_000
@@ -43,25 +45,63 @@ class Cell:
     source: str
 
 
-def read_cells(data: Union[bytes, str]) -> list[Cell]:
-    """The cells of a notebook's JSON, without their outputs."""
-    if len(data) > MAX_NOTEBOOK_BYTES:
-        raise NotebookError(f"{len(data)} bytes is over the {MAX_NOTEBOOK_BYTES}-byte notebook limit")
+def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
+    """The cells of a notebook's JSON (text, bytes or a binary file), streamed: outputs (images,
+    widget state) go past one value at a time and are never held, so memory follows the code."""
+    import ijson  # here: only notebooks need it
+
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if isinstance(data, bytes):
+        data = io.BytesIO(data)
+    if data.read(3) != codecs.BOM_UTF8:  # some editors write one; JSON parsers refuse it
+        data.seek(0)
+    stack: list[list] = []  # per open container: [is_map, current key]
+    cells: list[Cell] = []
+    current: Optional[dict] = None  # the cell being read
+    found = False
+    items = 0
     try:
-        notebook = json.loads(data)  # bytes are decoded as JSON says (UTF-8, or UTF-16/32 with a BOM)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise NotebookError(f"not a readable .ipynb notebook: {exc}") from None
-    cells = notebook.get("cells") if isinstance(notebook, dict) else None
-    if not isinstance(cells, list):
+        # basic_parse: no per-event path strings, which would grow with nesting depth
+        for event, value in ijson.basic_parse(data, use_float=True):
+            if event == "map_key":
+                stack[-1][1] = value
+                continue
+            if event in ("end_map", "end_array"):
+                closed = stack.pop()
+                if current is not None and len(stack) == 2 and closed[0]:
+                    cells.append(Cell(current["number"], current["type"], "".join(current["source"])))
+                    current = None
+                continue
+            depth = len(stack)
+            in_cells = depth >= 2 and stack[0] == [True, "cells"] and not stack[1][0]
+            if depth == 1 and stack[0] == [True, "cells"] and event == "start_array":
+                found = True
+            elif depth == 2 and in_cells:  # an item of "cells": numbered even when it is not a cell
+                items += 1
+                current = {"number": items, "type": "", "source": []} if event == "start_map" else None
+            elif current is not None and depth == 3 and in_cells and event == "string":
+                if stack[2][1] == "cell_type":
+                    current["type"] = value
+                elif stack[2][1] == "source":
+                    current["source"] = [value]
+            elif (current is not None and depth == 4 and in_cells and event == "string"
+                  and stack[2][1] == "source" and not stack[3][0]):
+                current["source"].append(value)
+            if event in ("start_map", "start_array"):
+                stack.append([event == "start_map", None])
+    except (ijson.JSONError, ValueError) as exc:
+        raise NotebookError(f"not a readable .ipynb notebook: {_first_line(exc)}") from None
+    if not found:
         raise NotebookError("not a readable .ipynb notebook: no 'cells' list")
-    out = []
-    for number, cell in enumerate(cells, 1):
-        if not isinstance(cell, dict):
-            continue
-        source = cell.get("source", "")
-        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else str(source)
-        out.append(Cell(number, str(cell.get("cell_type", "")), source))
-    return out
+    return cells
+
+
+def _first_line(exc: Exception) -> str:
+    text = exc.args[0] if exc.args else str(exc)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return str(text).strip().split("\n")[0]
 
 
 @dataclass(frozen=True)

@@ -207,3 +207,42 @@ def test_app_comments_on_the_notebook_line_end_to_end(stack):
     summary = next(c.body for c in state.issue_comments_for(pr) if "torchreview" in c.body)
     assert "plots.ipynb (cell 1, line 2)" in summary
     assert "plots.ipynb (cell 1, line 2)" in run.output_summary
+
+
+# ---- reading: streamed, outputs never held -----------------------------------------------------
+
+def test_reading_cells_holds_one_output_at_a_time_not_the_notebook(tmp_path):
+    import tracemalloc
+
+    from analyzers.notebook import read_cells
+
+    path = tmp_path / "plots.ipynb"
+    path.write_text(notebook(("markdown", "# Plots"), ("code", "import torch\nx = 1\n"),
+                             outputs=[_image_output(1_000_000)] * 10))
+    assert path.stat().st_size > 9_000_000
+    tracemalloc.start()
+    try:
+        with path.open("rb") as stream:
+            cells = read_cells(stream)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(c.number, c.cell_type, c.source) for c in cells] == [(1, "markdown", "# Plots"),
+                                                                  (2, "code", "import torch\nx = 1\n")]
+    assert peak < 3_000_000  # about one 1 MB image string, never the 9 MB of them
+
+
+def test_odd_notebooks():
+    from analyzers.notebook import NotebookError, read_cells
+
+    bom = b"\xef\xbb\xbf" + notebook(("code", "import torch\nm = torch.load(path)\n")).encode()
+    assert [f.rule for f in analyze_text(bom.decode("utf-8"), "nb.ipynb", Config()).findings] == ["TR601"]
+    assert [c.source for c in read_cells(bom)] == ["import torch\nm = torch.load(path)\n"]
+    # items that are not cells still count, as Jupyter numbers cells by position
+    odd = json.dumps({"cells": [3, {"cell_type": "code", "source": "a = 1"}, [1], {"source": ["b\n", 7, "c"]}]})
+    assert [(c.number, c.cell_type, c.source) for c in read_cells(odd)] == [(2, "code", "a = 1"), (4, "", "b\nc")]
+    for bad in ("{not json", "[1, 2]", '{"cells": 3}', '{"cells": [' + "[" * 200_000):
+        with pytest.raises(NotebookError):
+            read_cells(bad)
+    deep = '{"cells": [{"cell_type": "code", "source": "x = 1", "metadata": ' + "[" * 50_000 + "]" * 50_000 + "}]}"
+    assert [c.source for c in read_cells(deep)] == ["x = 1"]
