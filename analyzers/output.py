@@ -74,8 +74,14 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
 def render_github(run: RunResult, stream: IO[str]) -> None:
     """GitHub Actions workflow commands: annotations on the PR's Files view."""
     level = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning", Severity.LOW: "notice"}
+    in_notebooks = _notebook_json_lines(run.findings)
     for f in run.findings:
         title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label})")
+        if f.cell is not None:  # the annotation goes on the .ipynb's JSON line; the message names the cell
+            where = f"line={in_notebooks[f]}," if in_notebooks.get(f) else ""
+            stream.write(f"::{level[f.severity]} file={_escape_property(f.path)},{where}title={title}::"
+                         f"{_escape_data(f'cell {f.cell}, line {f.line}: {f.message}')}\n")
+            continue
         message = _escape_data(f.message)
         stream.write(f"::{level[f.severity]} file={_escape_property(f.path)},line={f.line},endLine={f.end_line},"
                      f"col={f.column},title={title}::{message}\n")
@@ -118,13 +124,30 @@ def _sources(findings) -> dict[str, str]:
     return sources
 
 
+def _notebook_json_lines(findings, sources=None) -> dict[Finding, int]:
+    """The line of its .ipynb's JSON that holds each notebook finding's cell line (where known)."""
+    from analyzers.notebook import json_source_lines
+
+    notebooks = {f.path for f in findings if f.cell is not None}
+    sources = sources if sources is not None else _sources([f for f in findings if f.path in notebooks])
+    lines = {path: json_source_lines(sources[path]) for path in notebooks if path in sources}
+    out = {}
+    for f in findings:
+        cell_lines = lines.get(f.path, {}).get(f.cell, []) if f.cell is not None else []
+        if 0 < f.line <= len(cell_lines):
+            out[f] = cell_lines[f.line - 1]
+    return out
+
+
 def to_sarif(run: RunResult) -> dict:
     """SARIF 2.1.0 as GitHub code scanning accepts it."""
     from analyzers.rules import all_rules
 
     rules = all_rules()
     index = {r.id: i for i, r in enumerate(rules)}
-    fingerprints = fingerprints_for(run.findings, _sources(run.findings))
+    sources = _sources(run.findings)
+    fingerprints = fingerprints_for(run.findings, sources)
+    in_notebooks = _notebook_json_lines(run.findings, sources)
     descriptors = []
     for rule in rules:
         descriptors.append({
@@ -142,23 +165,27 @@ def to_sarif(run: RunResult) -> dict:
         })
     results = []
     for f in run.findings:
+        region = {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line, "endColumn": f.end_column}
+        text = f.message
+        if f.cell is not None:  # code scanning shows the .ipynb as JSON: its line there, the cell in words
+            region = {"startLine": in_notebooks.get(f, 1)}
+            text = f"cell {f.cell}, line {f.line}: {f.message}"
         result = {
             "ruleId": f.rule,
             "ruleIndex": index.get(f.rule, 0),
             "level": SARIF_LEVEL[f.severity],
-            "message": {"text": f.message},
+            "message": {"text": text},
             "locations": [{
                 "physicalLocation": {
                     "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
-                    "region": {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line,
-                               "endColumn": f.end_column},
+                    "region": region,
                 }
             }],
             # line-independent, so an alert survives lines inserted above it (the App's fingerprint)
             "partialFingerprints": {"torchreview/v2": fingerprints[f]},
             "properties": {"severity": f.severity.label, "category": f.category},
         }
-        if f.fix is not None:
+        if f.fix is not None and f.cell is None:  # a notebook fix is cell lines, not lines of its JSON
             result["fixes"] = [{
                 "description": {"text": f"Apply the {f.slug} fix"},
                 "artifactChanges": [{

@@ -246,3 +246,24 @@ def test_odd_notebooks():
             read_cells(bad)
     deep = '{"cells": [{"cell_type": "code", "source": "x = 1", "metadata": ' + "[" * 50_000 + "]" * 50_000 + "}]}"
     assert [c.source for c in read_cells(deep)] == ["x = 1"]
+
+
+# ---- the CLI's SARIF and GitHub annotations: on the .ipynb's JSON line -------------------------
+
+def test_sarif_and_github_annotations_point_at_the_json_line(tmp_path):
+    import io
+
+    from analyzers.output import render_github, to_sarif
+
+    path = tmp_path / "train.ipynb"
+    path.write_text(HEAD_NB)
+    run = analyze_paths([str(path)], Config(), jobs=1)
+    (finding,) = run.findings
+    assert finding.fix is not None  # the engine has one, in cell lines
+    json_line = next(n for n, text in enumerate(HEAD_NB.split("\n"), 1) if "state = torch.load" in text)
+    (result,) = to_sarif(run)["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["region"] == {"startLine": json_line}
+    assert result["message"]["text"].startswith("cell 3, line 3: ") and "fixes" not in result
+    out = io.StringIO()
+    render_github(run, out)
+    assert f",line={json_line},title=TR601" in out.getvalue() and "::cell 3, line 3: " in out.getvalue()
