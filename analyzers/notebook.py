@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import BinaryIO, Optional, Union
 
+from analyzers.model import Fix
+
 # GitHub stores no file over 100 MB; a notebook larger than that is not read at all.
 MAX_NOTEBOOK_BYTES = 100_000_000
 
@@ -244,3 +246,31 @@ def _newlines(text: str) -> list[int]:
         out.append(at)
         at = text.find("\n", at + 1)
     return out
+
+
+_JSON_STRING_LINE = re.compile(r'([ \t]*)("(?:[^"\\]|\\.)*")(,?)[ \t\r]*')
+
+
+def json_fix(text: str, cell_lines: list[int], fix: Fix) -> Optional[Fix]:
+    """A fix of cell lines as the same fix of the ``.ipynb`` text (JSON strings, one per line), so it
+    can be a committable suggestion on GitHub's diff of the notebook; None unless each fixed cell line
+    is one whole JSON line of its own (as nbformat writes them)."""
+    if not 0 < fix.start_line <= fix.end_line <= len(cell_lines):
+        return None
+    numbers = cell_lines[fix.start_line - 1: fix.end_line]
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        return None  # two cell lines in one string, or one line split over two
+    lines = text.split("\n")
+    found = [_JSON_STRING_LINE.fullmatch(lines[n - 1]) if n <= len(lines) else None for n in numbers]
+    if not all(found):
+        return None
+    last_value = json.loads(found[-1].group(2))
+    pieces = fix.replacement.split("\n")[:-1] if fix.replacement.endswith("\n") else fix.replacement.split("\n")
+    pieces = [piece + "\n" for piece in pieces]
+    if pieces and not last_value.endswith("\n"):  # the cell's last line has no newline in the JSON
+        pieces[-1] = pieces[-1][:-1]
+    indent = found[0].group(1)
+    out = [f"{indent}{json.dumps(piece, ensure_ascii=False)}," for piece in pieces]
+    if out:
+        out[-1] = out[-1][:-1] + found[-1].group(3)
+    return Fix(numbers[0], numbers[-1], "".join(line + "\n" for line in out))

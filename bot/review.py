@@ -26,7 +26,7 @@ from unidiff.errors import UnidiffParseError
 from analyzers.fingerprint import fingerprints_for, is_notebook_finding
 from analyzers.markdown import code_block, code_span, literal, longest_backtick_run, message, redact_urls, table_cell
 from analyzers.model import Category, Finding, Fix, Severity
-from analyzers.notebook import json_source_lines
+from analyzers.notebook import json_fix, json_source_lines
 from analyzers.rules import get_rule
 
 # GitHub's limits: check-run summary/text (documented maxLength), review and comment bodies.
@@ -384,7 +384,12 @@ def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Option
     if not diff.has_patch:
         return None
     if is_notebook_finding(finding):
-        # GitHub diffs the notebook's JSON: comment on the JSON line that holds the cell's line.
+        # GitHub diffs the notebook's JSON: comment on the JSON line that holds the cell's line,
+        # with the fix as JSON strings.
+        if finding.fix is not None and finding.cell is not None and source is not None:
+            fix = json_fix(source, _json_source_lines(source).get(finding.cell, []), finding.fix)
+            if fix is not None and suggestion_fits(fix, diff, source):
+                return Placement(fix.start_line, fix.end_line, fix)
         lines = notebook_json_lines(finding, source)
     else:
         fix = finding.fix

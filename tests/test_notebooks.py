@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
 from analyzers.config import Config
 from analyzers.engine import MAX_FILE_BYTES, analyze_paths, analyze_text
-from analyzers.notebook import cell_to_python, json_source_lines
+from analyzers.model import Fix
+from analyzers.notebook import cell_to_python, json_fix, json_source_lines
 from bot.review import PullRequestAnalysis, plan_check_run, plan_review
 from tests.test_review import assert_valid_check_run, assert_valid_review, changed_file
 
@@ -168,7 +170,13 @@ def test_a_notebook_finding_is_an_inline_comment_on_its_json_line():
     review = plan_review(pr)
     (comment,) = review.comments
     assert HEAD_NB.split("\n")[comment["line"] - 1].strip() == '"state = torch.load(path)\\n"'
-    assert "TR601" in comment["body"] and "```suggestion" not in comment["body"]
+    assert "TR601" in comment["body"]
+    # the fix, as the JSON string it replaces: committing it gives a notebook without the finding
+    suggestion = re.search(r"```suggestion\n(.*?)```", comment["body"], re.S).group(1)
+    assert suggestion == '    "state = torch.load(path, weights_only=True)\\n"\n'
+    fixed = Fix(comment["line"], comment["line"], suggestion).apply(HEAD_NB)
+    assert json.loads(fixed)["cells"][2]["source"][-1] == "state = torch.load(path, weights_only=True)\n"
+    assert analyze_text(fixed, "nb.ipynb", Config()).findings == []
     (note,) = plan_check_run(pr).annotations
     assert note["start_line"] == comment["line"] and note["message"].startswith("nb.ipynb (cell 3, line 3): ")
     assert_valid_review(review, pr.diffs)
@@ -203,7 +211,7 @@ def test_app_comments_on_the_notebook_line_end_to_end(stack):
     comments = state.review_comments_for(pr)
     bug_line = next(n for n, text in enumerate(HEAD_NB.split("\n"), 1) if text.strip() == '"state = torch.load(path)\\n"')
     assert [(c.path, c.line) for c in comments] == [("train.ipynb", bug_line)]
-    assert "TR601" in comments[0].body
+    assert "TR601" in comments[0].body and '"state = torch.load(path, weights_only=True)\\n"' in comments[0].body
     summary = next(c.body for c in state.issue_comments_for(pr) if "torchreview" in c.body)
     assert "plots.ipynb (cell 1, line 2)" in summary
     assert "plots.ipynb (cell 1, line 2)" in run.output_summary
@@ -267,3 +275,16 @@ def test_sarif_and_github_annotations_point_at_the_json_line(tmp_path):
     out = io.StringIO()
     render_github(run, out)
     assert f",line={json_line},title=TR601" in out.getvalue() and "::cell 3, line 3: " in out.getvalue()
+
+
+def test_json_fix_rewrites_the_json_strings_of_the_fixed_lines():
+    text = notebook(("code", "import torch\nm = torch.load(path)\nx = 1"))
+    lines = json_source_lines(text)[1]
+    middle = json_fix(text, lines, Fix(2, 2, "m = torch.load(path, weights_only=True)\n"))
+    last = json_fix(text, lines, Fix(3, 3, "x = 2\ny = 3\n"))
+    fixed = last.apply(middle.apply(text))  # the first keeps the line count, so the second's lines hold
+    assert json.loads(fixed)["cells"][0]["source"] == [
+        "import torch\n", "m = torch.load(path, weights_only=True)\n", "x = 2\n", "y = 3"]
+    # a source written as one string has no line of its own per cell line: no suggestion
+    one_string = json.dumps({"cells": [{"cell_type": "code", "source": "a\nb = torch.load(p)\n"}]}, indent=1)
+    assert json_fix(one_string, json_source_lines(one_string)[1], Fix(2, 2, "b = 1\n")) is None
