@@ -1,12 +1,13 @@
 """Notebooks as IPython reads them, line for line.
 
-* :func:`read_cells` takes the cells out of a ``.ipynb`` and drops their outputs, so the size
+* :func:`read_cells` streams the cells out of a ``.ipynb``; outputs go by unkept, so the size
   limit applies to the code and not to embedded images.
 * :func:`cell_to_python` turns one cell into Python with IPython's own input transformer
   (``%magic``, ``!cmd``, ``x = !cmd``, ``obj?``, prompts, an indented cell), keeping every line
   where it was: a finding or a syntax error in the program is on the same line of the cell.
 * :func:`json_source_lines` says on which line of the ``.ipynb`` text each line of a cell's
-  source is, which is where GitHub's diff of the notebook shows it.
+  source is, which is where GitHub's diff of the notebook shows it; :func:`json_fix` turns a fix
+  of cell lines into the same fix of those JSON lines.
 """
 from __future__ import annotations
 
