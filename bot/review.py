@@ -638,7 +638,8 @@ def annotation(finding: Finding, source: Optional[str] = None) -> dict:
 def annotation_details(finding: Finding) -> str:
     parts = [rule_why(finding)]
     if finding.fix is not None:
-        parts.append(f"Suggested replacement for lines {finding.fix.start_line}-{finding.fix.end_line}:\n"
+        cell = f"cell {finding.cell}, " if finding.cell is not None else ""
+        parts.append(f"Suggested replacement for {cell}lines {finding.fix.start_line}-{finding.fix.end_line}:\n"
                      f"{finding.fix.replacement}")
     return "\n\n".join(p for p in parts if p)
 

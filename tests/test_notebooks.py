@@ -179,6 +179,7 @@ def test_a_notebook_finding_is_an_inline_comment_on_its_json_line():
     assert analyze_text(fixed, "nb.ipynb", Config()).findings == []
     (note,) = plan_check_run(pr).annotations
     assert note["start_line"] == comment["line"] and note["message"].startswith("nb.ipynb (cell 3, line 3): ")
+    assert "Suggested replacement for cell 3, lines 3-3:" in note["raw_details"]
     assert_valid_review(review, pr.diffs)
     assert_valid_check_run(plan_check_run(pr))
 
