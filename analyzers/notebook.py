@@ -33,6 +33,8 @@ MAX_NOTEBOOK_BYTES = 100_000_000
 PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug", "memit", "px", "python", "python3"})
 
 _CELL_MAGIC = re.compile(r"%%(\w+)")
+# Lines that may be IPython syntax: an escape first (%, !, ?, /, ",", ;), "= %" or "= !", a "?" last.
+_MAYBE_IPYTHON = re.compile(r"^[ \t]*[%!?/,;]|=[ \t]*[%!]|\?[ \t]*$", re.M)
 # What IPython makes of a line magic that times or profiles a statement, ``%time stmt``.
 _TIMED = re.compile(r"^(.*?)get_ipython\(\)\.run_line_magic\('(time|timeit|prun)', ('.*'|\".*\")\)\n$")
 
@@ -134,7 +136,8 @@ def cell_to_python(source: str) -> Optional[PythonCell]:
     try:
         for strip in prompt_strippers:  # ">>> " and "In [1]: " of a pasted session; they only shorten lines
             lines = strip(lines)
-        lines = manager.do_token_transforms(lines)
+        if _MAYBE_IPYTHON.search("".join(lines)):  # IPython re-tokenizes the cell per magic: not for plain Python
+            lines = manager.do_token_transforms(lines)
     except (SyntaxError, RuntimeError, ValueError):
         # IPython could not make sense of it either: analyze what is there, errors included.
         lines = [line + "\n" for line in original]
