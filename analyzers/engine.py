@@ -502,30 +502,32 @@ def _cell_syntax_error(py: "notebook.PythonCell") -> Optional[str]:
 
 def _analyze_cells(code: "list[tuple[int, notebook.PythonCell]]", path: str, config: Config,
                    repository: Optional[RepositoryIndex] = None) -> FileResult:
-    line_map: list[tuple[int, int, int]] = []  # program line -> (cell number, line in cell, columns removed)
+    # program line -> (cell number, line in cell, columns removed, rewritten by IPython)
+    line_map: list[tuple[int, int, int, bool]] = []
     for number, py in code:
-        line_map.extend((number, i + 1, removed) for i, removed in enumerate(py.columns))
+        line_map.extend((number, i + 1, removed, i + 1 in py.rewritten) for i, removed in enumerate(py.columns))
     program = "\n".join(py.source for _, py in code) + "\n"
     result = analyze_source(program, path, config, repository=repository)
     _remap(result, line_map)
     return result
 
 
-def _remap(result: FileResult, line_map: list[tuple[int, int, int]]) -> None:
+def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> None:
     remapped = []
     for f in result.findings:
         if f.line - 1 >= len(line_map):
             continue
-        cell, line, shift = line_map[f.line - 1]
-        end_cell, end_line, end_shift = line_map[min(f.end_line, len(line_map)) - 1]
+        cell, line, shift, _ = line_map[f.line - 1]
+        end_cell, end_line, end_shift, _ = line_map[min(f.end_line, len(line_map)) - 1]
         end_column = f.end_column + end_shift
         if end_cell != cell:
             end_line, end_column = line, f.column + shift
         fix = f.fix
         if fix is not None:
             span = line_map[fix.start_line - 1: fix.end_line]
-            # A fix is whole lines of the program; a dedented cell's lines would lose their indent.
-            fix = (None if any(s for _, _, s in span) or {c for c, _, _ in span} != {cell}
+            # A fix is whole lines of the program: a dedented cell's lines would lose their indent, and a
+            # line IPython rewrote (``x = %time f()``) its magic.
+            fix = (None if any(s or r for _, _, s, r in span) or {c for c, _, _, _ in span} != {cell}
                    else Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement))
         remapped.append(Finding(f.path, line, f.column + shift, end_line, end_column, f.rule, f.slug, f.category,
                                 f.severity, f.message, fix, cell))

@@ -17,6 +17,7 @@ import codecs
 import io
 import itertools
 import json
+import os
 import re
 import textwrap
 from dataclasses import dataclass
@@ -112,10 +113,12 @@ def _first_line(exc: Exception) -> str:
 @dataclass(frozen=True)
 class PythonCell:
     """A cell as Python: ``source`` has exactly as many lines as the cell; ``columns[i]`` is how many
-    characters were taken off the start of line i + 1 (a dedent, a prompt), to map columns back."""
+    characters were taken off the start of line i + 1 (a dedent, a prompt), to map columns back;
+    ``rewritten`` holds the lines IPython turned into something else (a magic into a call)."""
 
     source: str
     columns: tuple[int, ...]
+    rewritten: frozenset[int] = frozenset()
 
 
 def cell_to_python(source: str) -> Optional[PythonCell]:
@@ -144,8 +147,10 @@ def cell_to_python(source: str) -> Optional[PythonCell]:
     if len(lines) != len(original):  # never expected: each transform keeps its line count
         lines = [line + "\n" for line in original]
     text = "".join(lines)[:-1]
-    columns = tuple(_removed_prefix(before, after[:-1]) for before, after in zip(original, lines))
-    return PythonCell(text, columns)
+    columns = tuple(_removed_chunk(before, after[:-1]) for before, after in zip(original, lines))
+    rewritten = frozenset(n for n, (before, after) in enumerate(zip(original, lines), 1)
+                          if not before.endswith(after[:-1]) or (after == "\n" and before.strip()))
+    return PythonCell(text, columns, rewritten)
 
 
 def _split(text: str, count: int) -> list[str]:
@@ -153,11 +158,14 @@ def _split(text: str, count: int) -> list[str]:
     return lines[:count] if len(lines) > count else lines
 
 
-def _removed_prefix(before: str, after: str) -> int:
-    """Characters taken off the start of a line that is otherwise unchanged; 0 for a rewritten line."""
-    if after and before.endswith(after):
-        return len(before) - len(after)
-    return 0
+def _removed_chunk(before: str, after: str) -> int:
+    """How many characters a line lost when ``after`` is ``before`` less one stretch (an indent, a
+    prompt, the ``%time`` of ``x = %time f()``), so columns past it move back; else 0."""
+    if not after or len(after) >= len(before):
+        return 0
+    prefix = len(os.path.commonprefix([before, after]))
+    suffix = len(os.path.commonprefix([before[::-1], after[::-1]]))
+    return len(before) - len(after) if prefix + suffix >= len(after) else 0
 
 
 @lru_cache(maxsize=1)
