@@ -440,7 +440,7 @@ def _encoding_name(encoding: str) -> str:
     return "UTF-8" if encoding in ("utf-8", "utf-8-sig") else encoding
 
 
-def analyze_notebook_text(text: "str | bytes", path: str, config: Config,
+def analyze_notebook_text(text: str | bytes, path: str, config: Config,
                           repository: Optional[RepositoryIndex] = None) -> FileResult:
     """Analyze a notebook's code cells as one program, as IPython runs them; findings carry the
     cell number and the line within the cell."""
@@ -453,7 +453,7 @@ def analyze_notebook_text(text: "str | bytes", path: str, config: Config,
     return _analyze_notebook_cells(cells, path, config, repository)
 
 
-def _analyze_notebook_cells(cells: "list[notebook.Cell]", path: str, config: Config,
+def _analyze_notebook_cells(cells: list[notebook.Cell], path: str, config: Config,
                             repository: Optional[RepositoryIndex]) -> FileResult:
     result = FileResult(path)
     code_cells = [c for c in cells if c.cell_type == "code"]
@@ -480,7 +480,7 @@ def _analyze_notebook_cells(cells: "list[notebook.Cell]", path: str, config: Con
     return result
 
 
-def _cell_syntax_error(py: "notebook.PythonCell") -> Optional[str]:
+def _cell_syntax_error(py: notebook.PythonCell) -> Optional[str]:
     """Where a cell does not parse, at its own line and column (before any dedent), or None."""
     source = py.source + "\n"
     try:
@@ -500,7 +500,7 @@ def _cell_syntax_error(py: "notebook.PythonCell") -> Optional[str]:
         return syntax_error_detail(source, exc)
 
 
-def _analyze_cells(code: "list[tuple[int, notebook.PythonCell]]", path: str, config: Config,
+def _analyze_cells(code: list[tuple[int, notebook.PythonCell]], path: str, config: Config,
                    repository: Optional[RepositoryIndex] = None) -> FileResult:
     # program line -> (cell number, line in cell, columns removed, rewritten by IPython)
     line_map: list[tuple[int, int, int, bool]] = []

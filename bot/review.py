@@ -297,6 +297,13 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
                 posted: frozenset[str] = frozenset()) -> ReviewPlan:
     """The review to post. Findings whose fingerprint is in ``posted`` already have a comment from an
     earlier run: they are not commented again and do not use up the inline limit."""
+    try:
+        return _plan_review(pr, settings, posted)
+    finally:
+        _json_source_lines.cache_clear()  # a worker keeps no notebook past its review
+
+
+def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: frozenset[str]) -> ReviewPlan:
     findings = keep_findings(pr.findings, pr.diffs, settings)
     if not findings:
         return ReviewPlan(body=no_issues_verdict(pr), comments=[], findings_count=0)
@@ -411,7 +418,7 @@ def notebook_json_lines(finding: Finding, source: Optional[str]) -> list[int]:
     return [cell_lines[n - 1] for n in finding_lines(finding) if 0 < n <= len(cell_lines)]
 
 
-@lru_cache(maxsize=4)  # one review asks for each of a notebook's findings
+@lru_cache(maxsize=4)  # asked for each of a notebook's findings; cleared after each plan
 def _json_source_lines(text: str) -> dict[int, list[int]]:
     return json_source_lines(text)
 
@@ -503,12 +510,16 @@ def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSet
         return no_files_plan(pr.notes)
     findings = keep_findings(pr.findings, pr.diffs, settings)
     failing = any(f.severity >= settings.fail_on for f in findings)
+    try:
+        annotations = [annotation(f, pr.sources.get(f.path)) for f in findings]
+    finally:
+        _json_source_lines.cache_clear()
     return CheckRunPlan(
         conclusion="failure" if failing else "success",
         title=check_title(findings, settings),
         summary=check_summary(findings, pr, settings),
         text=rule_reference(findings),
-        annotations=[annotation(f, pr.sources.get(f.path)) for f in findings],
+        annotations=annotations,
     )
 
 
