@@ -16,7 +16,7 @@ be found), never silently ignored::
     fail_on: high                      # exit 1 / failing check at or above this
     max_inline_comments: 30            # the App: inline comments per review (the rest go in its body)
     review_event: comment              # or request_changes when something at or above fail_on is found
-    filter: added                      # added | file | {diff_context: 3}
+    filter: introduced                 # introduced | added | file | {diff_context: 3}
     skip: {drafts: true, labels: ["torchreview:skip"], bots: true,
            title_markers: ["[skip torchreview]", "[torchreview skip]"]}
     cleanup: resolve                   # or delete: what happens to the comment of a fixed finding
@@ -50,7 +50,7 @@ else:  # pragma: no cover
 CONFIG_FILES_IN_ORDER = (".github/torchreview.yml", ".github/torchreview.yaml", ".torchreview.toml", "pyproject.toml")
 
 REVIEW_EVENTS = ("comment", "request_changes")
-FILTERS = ("added", "diff_context", "file")
+FILTERS = ("introduced", "added", "diff_context", "file")
 CLEANUPS = ("resolve", "delete")
 SMOKE_DEVICES = ("auto", "cpu", "cuda")
 SMOKE_TRUST = ("collaborators", "everyone", "maintainers")
@@ -91,7 +91,7 @@ class Config:
     fail_on: Severity = Severity.HIGH
     max_inline_comments: int = 30
     review_event: str = "comment"
-    filter: str = "added"
+    filter: str = "introduced"
     diff_context_lines: int = 3
     skip_drafts: bool = True
     skip_labels: tuple[str, ...] = ("torchreview:skip",)

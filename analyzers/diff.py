@@ -72,3 +72,34 @@ def keep_changed(findings: Iterable[Finding], changed: Mapping[str, Optional[set
         if lines is None or any(n in lines for n in range(finding.line, finding.end_line + 1)):
             kept.append(finding)
     return kept
+
+
+def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[set[int]]], ref: str,
+                    config, cwd: Optional[str] = None) -> list[Finding]:
+    """Findings of changed files that the file at ``ref`` did not have (the App's ``introduced`` filter):
+    a deleted ``zero_grad()`` counts though its finding sits on an untouched line; what ``ref`` already
+    had does not, even on a touched line."""
+    from pathlib import Path
+
+    from analyzers.engine import analyze_text
+    from analyzers.fingerprint import fingerprints_for
+
+    findings = [f for f in findings if _changed_path(f.path) in changed]
+    heads: dict[str, str] = {}
+    bases: dict[str, str] = {}
+    for path in {f.path for f in findings}:
+        try:
+            heads[path] = Path(cwd or ".", path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        shown = subprocess.run(["git", "show", f"{ref}:./{_changed_path(path)}"], cwd=cwd, capture_output=True)
+        if shown.returncode == 0:  # else the file is new since ref: everything in it is introduced
+            bases[path] = shown.stdout.decode("utf-8", errors="replace")
+    base_findings = [f for path, text in bases.items() for f in analyze_text(text, path, config).findings]
+    before = set(fingerprints_for(base_findings, bases).values())
+    now = fingerprints_for(findings, heads)
+    return [f for f in findings if now.get(f) not in before]
+
+
+def _changed_path(path: str) -> str:
+    return path[2:] if path.startswith("./") else path

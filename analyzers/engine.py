@@ -8,7 +8,7 @@ import re
 import time
 import tokenize
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -17,7 +17,8 @@ import libcst as cst
 from analyzers import notebook
 from analyzers.config import Config
 from analyzers.context import FileContext, dotted_name
-from analyzers.model import FileError, FileResult, Finding, Fix, Severity
+from analyzers.guard import complexity_error
+from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules
 from analyzers.rules.base import Rule
@@ -272,6 +273,10 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         return result
     if not _ML_HINT.search(source):
         return result  # cannot import torch/sklearn: not ML code, not worth a parse
+    too_complex = complexity_error(source, path)
+    if too_complex is not None:
+        result.errors.append(too_complex)
+        return result
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
@@ -308,7 +313,8 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     pending = [(rule, p) for rule in instances for p in rule.pending]
     if not pending:
         return result
-    positions = ctx.positions(p.node for _, p in pending)
+    positions = ctx.positions([p.node for _, p in pending] +
+                              [site for _, p in pending for site, _ in p.related if isinstance(site, cst.CSTNode)])
     lines = source.splitlines(keepends=True)
     suppressions = _suppressions(lines) if ("noqa" in source or "torchreview" in source) else {}
     seen: set[tuple] = set()
@@ -324,11 +330,14 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         if key in seen:
             continue
         seen.add(key)
-        fix = _render_fix(module, lines, pos, p.replacement) if p.replacement is not None else None
+        fix = None
+        if p.replacement is not None:
+            safe = p.safe if p.safe is not None else rule.fix_safety == "safe"
+            fix = _render_fix(module, lines, pos, p.replacement, safe)
         result.findings.append(Finding(
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
-            message=p.message, fix=fix,
+            message=p.message, fix=fix, related=_related_locations(p.related, positions),
         ))
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
     result.findings.sort(key=lambda f: f.sort_key)
@@ -348,7 +357,19 @@ def syntax_error_detail(source: str, exc: cst.ParserSyntaxError) -> str:
     return f"line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
 
 
-def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode) -> Optional[Fix]:
+def _related_locations(sites, positions) -> tuple[Location, ...]:
+    found = []
+    for site, what in sites:
+        if isinstance(site, int):
+            found.append(Location(site, 1, site, 1, what))
+            continue
+        pos = positions.get(site)
+        if pos is not None:
+            found.append(Location(pos.start.line, pos.start.column + 1, pos.end.line, pos.end.column + 1, what))
+    return tuple(found)
+
+
+def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTNode, safe: bool = True) -> Optional[Fix]:
     start, end = pos.start, pos.end
     if start.line < 1 or end.line > len(lines):
         return None
@@ -358,7 +379,7 @@ def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTN
     newline = "\n" if not last.endswith("\r\n") else "\r\n"
     tail = last[end.column:].rstrip("\r\n")
     text = first[: start.column] + new_code + tail + newline
-    return Fix(start.line, end.line, text)
+    return Fix(start.line, end.line, text, safe)
 
 
 def _suppressions(lines: list[str]) -> dict[int, Optional[set[str]]]:
@@ -471,6 +492,8 @@ def _analyze_notebook_cells(cells: list[notebook.Cell], path: str, config: Confi
     broken: list[FileError] = []
     broken_cells: set[int] = set()
     for number, py in code:
+        if complexity_error(py.source, path) is not None:
+            continue  # reported when the cells are analyzed together
         detail = _cell_syntax_error(py)
         if detail is not None:
             broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}"))
@@ -512,6 +535,19 @@ def _analyze_cells(code: list[tuple[int, notebook.PythonCell]], path: str, confi
     return result
 
 
+def _with_cell(f: Finding, cell: int, line: int, end_line: int, column: int, end_column: int,
+               fix: Optional[Fix], line_map: Sequence[tuple[int, int, int, bool]] = ()) -> Finding:
+    related = []
+    for site in f.related:  # a location names no cell: keep the sites in the finding's own cell
+        if site.line - 1 < len(line_map) and line_map[site.line - 1][0] == cell:
+            start, shift = line_map[site.line - 1][1], line_map[site.line - 1][2]
+            end = line_map[min(site.end_line, len(line_map)) - 1]
+            related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start,
+                                   column=site.column + shift, end_column=site.end_column + end[2]))
+    return Finding(f.path, line, column, end_line, end_column, f.rule, f.slug, f.category, f.severity,
+                   f.message, fix, cell, tuple(related))
+
+
 def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> None:
     remapped = []
     for f in result.findings:
@@ -528,9 +564,9 @@ def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> No
             # A fix is whole lines of the program: a dedented cell's lines would lose their indent, and a
             # line IPython rewrote (``x = %time f()``) its magic.
             fix = (None if any(s or r for _, _, s, r in span) or {c for c, _, _, _ in span} != {cell}
-                   else Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement))
-        remapped.append(Finding(f.path, line, f.column + shift, end_line, end_column, f.rule, f.slug, f.category,
-                                f.severity, f.message, fix, cell))
+                   else Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement,
+                            fix.safe))
+        remapped.append(_with_cell(f, cell, line, end_line, f.column + shift, end_column, fix, line_map))
     result.findings = remapped
 
 

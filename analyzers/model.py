@@ -61,12 +61,14 @@ class Category(str, enum.Enum):
 class Fix:
     """Replace source lines ``start_line..end_line`` (1-based, inclusive) with ``replacement``.
 
-    Whole lines, so the fix renders directly as a GitHub committable suggestion.
+    Whole lines, so the fix renders directly as a GitHub committable suggestion. ``safe``: the fix
+    keeps the program's behaviour (a rename); ``--fix`` applies unsafe ones only with ``--unsafe-fixes``.
     """
 
     start_line: int
     end_line: int
     replacement: str
+    safe: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +76,21 @@ class Fix:
     def apply(self, source: str) -> str:
         lines = source.splitlines(keepends=True)
         return "".join(lines[: self.start_line - 1]) + self.replacement + "".join(lines[self.end_line:])
+
+
+@dataclass(frozen=True)
+class Location:
+    """Another site of a finding: where the problem is set up (``forward``'s softmax for a loss call, the
+    split a leaking fit comes before). Same file as the finding."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,7 @@ class Finding:
     message: str
     fix: Optional[Fix] = None
     cell: Optional[int] = None  # notebook cell number (1-based) when the file is a .ipynb
+    related: tuple[Location, ...] = ()  # the other sites that matter, in the same file
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -104,6 +122,7 @@ class Finding:
             "severity": self.severity.label,
             "message": self.message,
             "fix": self.fix.to_dict() if self.fix else None,
+            "related": [r.to_dict() for r in self.related],
         }
         if self.cell is not None:
             data["cell"] = self.cell

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 from typing import IO
 
 from analyzers.engine import RunResult
@@ -51,8 +52,8 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
             line.append(f"{f.rule} ", style="bold")
             line.append(f"{f.slug}: ", style="magenta")
             line.append(f.message)
-            if f.fix is not None:
-                line.append("  [fix available]", style="green")
+            if f.fix is not None:  # unsafe: --fix applies it only with --unsafe-fixes
+                line.append("  [fix available]" if f.fix.safe else "  [unsafe fix available]", style="green")
             console.print(line)
         console.print()
     for error in run.errors:
@@ -78,7 +79,8 @@ def render_github(run: RunResult, stream: IO[str]) -> None:
     for f in run.findings:
         title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label})")
         if f.cell is not None:  # the annotation goes on the .ipynb's JSON line; the message names the cell
-            where = f"line={in_notebooks[f]}," if in_notebooks.get(f) else ""
+            json_line = in_notebooks.get((f.path, f.cell, f.line))
+            where = f"line={json_line}," if json_line else ""
             stream.write(f"::{level[f.severity]} file={_escape_property(f.path)},{where}title={title}::"
                          f"{_escape_data(f'cell {f.cell}, line {f.line}: {f.message}')}\n")
             continue
@@ -124,18 +126,18 @@ def _sources(findings) -> dict[str, str]:
     return sources
 
 
-def _notebook_json_lines(findings, sources=None) -> dict[Finding, int]:
-    """The line of its .ipynb's JSON that holds each notebook finding's cell line (where known)."""
+def _notebook_json_lines(findings, sources=None) -> dict[tuple[str, int, int], int]:
+    """(path, cell, line in cell) -> the line of the .ipynb's JSON that holds it, for the cells of the
+    notebook findings (their own lines and their related sites)."""
     from analyzers.notebook import json_source_lines
 
     notebooks = {f.path for f in findings if f.cell is not None}
     sources = sources if sources is not None else _sources([f for f in findings if f.path in notebooks])
-    lines = {path: json_source_lines(sources[path]) for path in notebooks if path in sources}
     out = {}
-    for f in findings:
-        cell_lines = lines.get(f.path, {}).get(f.cell, []) if f.cell is not None else []
-        if 0 < f.line <= len(cell_lines):
-            out[f] = cell_lines[f.line - 1]
+    for path in notebooks:
+        if path in sources:
+            for cell, lines in json_source_lines(sources[path]).items():
+                out.update(((path, cell, n), json_line) for n, json_line in enumerate(lines, 1))
     return out
 
 
@@ -167,9 +169,13 @@ def to_sarif(run: RunResult) -> dict:
     for f in run.findings:
         region = {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line, "endColumn": f.end_column}
         text = f.message
+        related = [(site, {"startLine": site.line, "startColumn": site.column, "endLine": site.end_line,
+                           "endColumn": site.end_column}) for site in f.related]
         if f.cell is not None:  # code scanning shows the .ipynb as JSON: its line there, the cell in words
-            region = {"startLine": in_notebooks.get(f, 1)}
+            region = {"startLine": in_notebooks.get((f.path, f.cell, f.line), 1)}
             text = f"cell {f.cell}, line {f.line}: {f.message}"
+            related = [(replace(site, message=f"cell {f.cell}, line {site.line}: {site.message}"),
+                        {"startLine": in_notebooks.get((f.path, f.cell, site.line), 1)}) for site in f.related]
         result = {
             "ruleId": f.rule,
             "ruleIndex": index.get(f.rule, 0),
@@ -183,6 +189,14 @@ def to_sarif(run: RunResult) -> dict:
             }],
             # line-independent, so an alert survives lines inserted above it (the App's fingerprint)
             "partialFingerprints": {"torchreview/v2": fingerprints[f]},
+            "relatedLocations": [{
+                "id": number,
+                "message": {"text": site.message},
+                "physicalLocation": {
+                    "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
+                    "region": site_region,
+                },
+            } for number, (site, site_region) in enumerate(related, 1)],
             "properties": {"severity": f.severity.label, "category": f.category},
         }
         if f.fix is not None and f.cell is None:  # a notebook fix is cell lines, not lines of its JSON

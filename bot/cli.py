@@ -36,13 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--min-severity", choices=["low", "medium", "high", "critical"], help="hide findings below this")
     check.add_argument("--fail-on", choices=["low", "medium", "high", "critical"],
                        help="exit 1 when a finding is at or above this severity (config fail_on, default high)")
-    check.add_argument("--diff", metavar="GIT_REF", help="only report findings on lines changed since GIT_REF")
+    check.add_argument("--diff", metavar="GIT_REF", help="only report what changed since GIT_REF: findings the file at GIT_REF did not have "
+                            "(config filter: introduced, the default) or on changed lines (filter: added)")
     check.add_argument("--jobs", "-j", type=int, default=0, help="parallel processes (default: all cores)")
     check.add_argument("--config", metavar="FILE", help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml to use")
     check.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     check.add_argument("--exit-zero-on-errors", action="store_true",
                        help="files that could not be analyzed (syntax errors, undecodable, too large) do not make "
                             "the run fail (config fail_on_errors: false)")
+    _add_fix_arguments(check)
     check.set_defaults(handler=cmd_check)
 
     rules = sub.add_parser("rules", help="list every rule")
@@ -82,13 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="watch a pull request get reviewed, with a local GitHub emulator")
     demo.add_argument("--keep", action="store_true", help="leave the emulator and app running until Ctrl-C")
+    demo.add_argument("--part", choices=("all", "static", "smoke"), default="all",
+                      help="static: the review and check run (no torch needed); smoke: the GPU runner (needs torch)")
     demo.set_defaults(handler=cmd_demo)
     return parser
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from analyzers.config import ConfigError, find_config, load_config_file
-    from analyzers.diff import DiffError, git_changed_lines, keep_changed
+    from analyzers.diff import DiffError, git_changed_lines, keep_changed, keep_introduced
     from analyzers.engine import analyze_paths, fails
     from analyzers.output import render
 
@@ -103,6 +107,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                                         fail_on=args.fail_on)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    if args.fix or args.diff_fixes:
+        return _check_fix(args, config)
     changed = None
     if args.diff:  # before the analysis: a bad ref or no repository is a usage error, found at once
         try:
@@ -111,8 +117,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     paths = [_relative(p) for p in args.paths]
     run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count())
-    if changed is not None:
-        run.findings = keep_changed(run.findings, changed)
+    if changed is not None:  # the App's filter: what the change causes, or what it touches
+        run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
+                        else keep_changed(run.findings, changed))
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
     # like ruff: a file that could not be analyzed fails the run (a crashing rule is our bug, not the file's)
@@ -120,6 +127,68 @@ def cmd_check(args: argparse.Namespace) -> int:
     if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
+
+
+# --- check --fix / --diff-fixes / --unsafe-fixes ------------------------------------------------
+
+
+def _add_fix_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument("--fix", action="store_true",
+                       help="apply the safe mechanical fixes in place, then report what remains")
+    check.add_argument("--diff-fixes", action="store_true",
+                       help="print the fixes as a unified diff instead of writing them (exit 1 when there are any)")
+    check.add_argument("--unsafe-fixes", action="store_true",
+                       help="with --fix/--diff-fixes, also apply fixes that change behaviour (e.g. weights_only=True)")
+
+
+def _check_fix(args: argparse.Namespace, config) -> int:
+    from analyzers.diff import DiffError, git_changed_lines
+    from analyzers.engine import discover, fails
+    from analyzers.fixer import fix_files, unsafe_fixes_left
+    from analyzers.output import render
+
+    if args.diff:
+        try:
+            git_changed_lines(args.diff)  # a bad ref or no repository: a usage error before anything is written
+        except DiffError as exc:
+            raise UsageError(str(exc)) from None
+    files = discover([_relative(p) for p in args.paths], config)
+    outcomes, run = fix_files(files, config, unsafe=args.unsafe_fixes, write=not args.diff_fixes,
+                              jobs=args.jobs or os.cpu_count(), diff_ref=args.diff)
+    applied = sum(len(o.applied) for o in outcomes if o.changed)
+    changed = [o for o in outcomes if o.changed]
+    # what changed goes to stderr: stdout stays the report (or the diff), parseable in every format
+    for outcome in outcomes:
+        for finding, why in outcome.refused:
+            print(f"{finding.path}:{_where(finding)}: {finding.rule} fix not applied: the result would not parse "
+                  f"({why})", file=sys.stderr)
+    if args.diff_fixes:
+        for outcome in changed:
+            sys.stdout.write(outcome.diff())
+        print(f"Would fix {applied} finding{'s' if applied != 1 else ''} in {len(changed)} "
+              f"file{'s' if len(changed) != 1 else ''}", file=sys.stderr)
+    else:
+        for outcome in changed:
+            for finding in sorted(outcome.applied, key=lambda f: f.sort_key):
+                print(f"fixed {finding.path}:{_where(finding)}: {finding.rule} {finding.slug}", file=sys.stderr)
+        print(f"Fixed {applied} finding{'s' if applied != 1 else ''} in {len(changed)} "
+              f"file{'s' if len(changed) != 1 else ''}; {len(run.findings)} remaining", file=sys.stderr)
+    unsafe = unsafe_fixes_left(run)
+    if unsafe and not args.unsafe_fixes:
+        print(f"{unsafe} more fix{'es' if unsafe != 1 else ''} available with --unsafe-fixes (they change behaviour: "
+              "review them)", file=sys.stderr)
+    if args.diff_fixes:
+        return EXIT_FINDINGS if changed else EXIT_OK  # as ruff --diff: 1 when there is something to apply
+    color = {"always": True, "never": False}.get(args.color)
+    render(run, args.format, sys.stdout, color=color)
+    unanalyzed = [e for e in run.errors if e.kind != "rule-error"]
+    if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
+        return EXIT_FINDINGS
+    return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
+
+
+def _where(finding) -> str:
+    return f"cell {finding.cell}, line {finding.line}" if finding.cell else f"{finding.line}:{finding.column}"
 
 
 def _relative(path: str) -> str:
@@ -389,7 +458,7 @@ def _print_smoke(run) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from bot.demo import run_demo
 
-    return run_demo(keep=args.keep)
+    return run_demo(keep=args.keep, part=args.part)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -3,8 +3,9 @@
 Pure parsing and reply text, plus small functions over PyGithub objects. Every GitHub call here is
 one of the operations the emulator serves (and the App's permissions cover):
 
-* ``may_run``      GET  /repos/{o}/{r}/collaborators/{username}/permission  (not for OWNER/MEMBER/COLLAB.)
+* ``may_run``      GET  /repos/{o}/{r}/collaborators/{username}/permission  (always: never the association)
 * ``acknowledge``  POST /repos/{o}/{r}/issues/comments/{id}/reactions        (a repeat gets 200: idempotent)
+* ``react``        the same, with another reaction (👎 to an unauthorized command)
 * ``reply``        POST /repos/{o}/{r}/issues/{n}/comments                    (+ GET .../comments with ``dedupe_key``)
 
 The objects are built lazily (``completed=False`` / a ``lazy=True`` client), so no GET of the
@@ -16,6 +17,7 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
+from urllib.parse import quote
 
 import github
 from github import GithubException
@@ -26,10 +28,11 @@ from bot.github_client import issue_ref
 COMMAND_WORD = "/review"
 SUBCOMMANDS = ("smoke", "config", "help")
 REPLY_MARKER = "<!-- torchreview:reply -->"
-ALLOWED_ASSOCIATIONS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
-# PyGithub returns the legacy ``permission`` field (admin/write/read/none; maintain reports as
-# write, triage as read); "maintain" is accepted too in case the role name is ever passed in.
+# Repository roles, weakest first. ``role_name`` tells maintain from write (the legacy ``permission``
+# field reports maintain as write and triage as read); a custom role falls back to ``permission``.
+ROLES = ("none", "read", "triage", "write", "maintain", "admin")
 ALLOWED_PERMISSIONS = frozenset({"admin", "maintain", "write"})
+MAINTAINER_PERMISSIONS = frozenset({"admin", "maintain"})
 
 _COMMAND_LINE = re.compile(r"/review(?:[ \t]+(?P<args>.*))?", re.IGNORECASE)
 _FENCE = re.compile(r"(?P<fence>`{3,}|~{3,})")
@@ -110,13 +113,13 @@ USAGE = """\
 | Command | What it does |
 |---|---|
 | `/review` | Review the current head of this pull request again: a fresh review and check run. |
-| `/review smoke` | Smoke-train the models this pull request changes, at the current head, in the sandboxed GPU runner. |
+| `/review smoke` | Smoke-train the models this pull request changes, at the head you saw when you commented, in the sandboxed GPU runner. |
+| `/review smoke <sha>` | The same at exactly that commit (the head or an earlier commit of this pull request). |
 | `/review config` | Show the configuration torchreview uses for this pull request and where it was read from. |
 | `/review help` | Show this help. |
 
-Who may run them: users with write access to this repository — its owner, organization members, \
-and collaborators with the write, maintain or admin role. Comments from anyone else get a short \
-refusal and run nothing."""
+Who may run them: users with write access to this repository (the write, maintain or admin role, \
+as GitHub reports it). Commands from anyone else run nothing; the bot reacts with 👎."""
 
 
 def help_reply() -> str:
@@ -129,11 +132,36 @@ def unknown_reply(command: Command) -> str:
     return f"I don't know the command {_code('/review ' + word, 48)}.\n\n{USAGE}"
 
 
-def refusal_text(login: str) -> str:
-    """The polite refusal; the login is in a code span so it does not @-mention anyone."""
-    return (f"Sorry {_code(login, 39)}, only users with write access to this repository can run `/review` "
-            "commands (the repository owner, organization members, and collaborators with the write, maintain "
-            "or admin role). A maintainer can run `/review` for you; `/review help` lists the commands.")
+_SHA = re.compile(r"[0-9a-f]{7,40}")
+
+
+def smoke_sha_argument(command: Command) -> tuple[Optional[str], Optional[str]]:
+    """(sha, None) for ``/review smoke <sha>``, (None, None) for ``/review smoke``, (None, problem)."""
+    if not command.args:
+        return None, None
+    word = command.args[0].lower()
+    if len(command.args) > 1 or not _SHA.fullmatch(word):
+        return None, (f"`/review smoke` takes at most one argument, a commit SHA of this pull request (7 to 40 hex "
+                      f"digits); I could not read {_code(' '.join(command.args), 80)}.")
+    return word, None
+
+
+def smoke_head_moved_reply(pinned: str, current: str) -> str:
+    """``/review smoke`` whose head changed after the comment: nothing runs."""
+    return (f"The head of this pull request changed after your comment (you saw `{pinned[:12]}`, it is now "
+            f"`{current[:12]}`), so nothing was run: PR code runs only at a commit someone with write access has "
+            f"looked at. To smoke-train the new head, comment `/review smoke {current}`.")
+
+
+def smoke_unknown_head_reply(current: str) -> str:
+    """``/review smoke`` when it is not known which head the comment saw (e.g. a push at the same time)."""
+    return (f"I cannot tell which commit was the head when you commented (a push may have raced your comment), "
+            f"so nothing was run. To smoke-train the current head, comment `/review smoke {current}`.")
+
+
+def smoke_not_in_pr_reply(sha: str) -> str:
+    return (f"{_code(sha, 40)} is not a commit of this pull request, so nothing was run. `/review smoke <sha>` "
+            "takes the head or an earlier commit of this pull request.")
 
 
 def config_reply(config: Any, base_ref: str, base_sha: str) -> str:
@@ -166,24 +194,42 @@ def is_own_reply(body: Optional[str]) -> bool:
 # ----------------------------------------------------------------------------- GitHub calls
 
 
-def may_run(repo, login: str, author_association: Optional[str] = None) -> bool:
-    """Whether ``login`` may run commands: OWNER/MEMBER/COLLABORATOR association, or write access.
-
-    The association (from the webhook payload) answers without a request; otherwise one GET of
-    the collaborator permission. 404 (unknown user) is False; other errors propagate, so a
-    transient failure retries the job instead of refusing the user.
-    """
-    if (author_association or "").upper() in ALLOWED_ASSOCIATIONS:
-        return True
+def permission_level(repo, login: str) -> str:
+    """``login``'s role on the repository (one of ROLES), from GitHub: one GET of the collaborator
+    permission. 404 (unknown user) is "none"; other errors propagate, so a transient failure retries
+    the job instead of refusing the user."""
     if not login:
-        return False
+        return "none"
     try:
-        permission = repo.get_collaborator_permission(login)
+        _headers, data = repo.requester.requestJsonAndCheck(
+            "GET", f"{repo.url}/collaborators/{quote(login, safe='')}/permission")
     except GithubException as exc:
         if exc.status == 404:
-            return False
+            return "none"
         raise
-    return (permission or "").lower() in ALLOWED_PERMISSIONS
+    role = str((data or {}).get("role_name") or "").lower()
+    if role in ROLES:
+        return role
+    permission = str((data or {}).get("permission") or "none").lower()
+    return permission if permission in ROLES else "none"
+
+
+def may_run(repo, login: str, author_association: Optional[str] = None, *,
+            allowed: frozenset = ALLOWED_PERMISSIONS) -> bool:
+    """Whether ``login`` has one of the ``allowed`` roles (default: write, maintain or admin).
+
+    Always asks GitHub: the webhook's author_association (OWNER/MEMBER/COLLABORATOR) says nothing
+    about the permission level (an organization member or a collaborator may have read access
+    only), so it is ignored here.
+    """
+    return permission_level(repo, login) in allowed
+
+
+def react(repo, comment_id: int, content: str):
+    """Add a reaction to a comment without fetching it; a repeat gets GitHub's 200 (idempotent)."""
+    comment = github.IssueComment.IssueComment(repo.requester, url=f"{repo.url}/issues/comments/{int(comment_id)}",
+                                               completed=False)  # no GET of the comment
+    return comment.create_reaction(content)
 
 
 def acknowledge(repo, comment_id: int):
@@ -191,9 +237,7 @@ def acknowledge(repo, comment_id: int):
 
     Repeating it is harmless: GitHub answers an existing reaction with 200 and the same reaction.
     """
-    comment = github.IssueComment.IssueComment(repo.requester, url=f"{repo.url}/issues/comments/{int(comment_id)}",
-                                               completed=False)  # no GET of the comment
-    return comment.create_reaction("eyes")
+    return react(repo, comment_id, "eyes")
 
 
 def reply(pr_or_issue_number: int, repo, body: str, *, dedupe_key: Optional[str] = None):

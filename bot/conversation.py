@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from github import GithubException
 
 from bot.github_client import issue_ref
-from bot.review import parse_fingerprint
+from bot.review import parse_fingerprint, parse_fingerprints
 
 log = logging.getLogger("torchreview.conversation")
 
@@ -35,6 +35,7 @@ class BotComment:
     id: int
     fingerprint: str
     comment: object  # PyGithub PullRequestComment
+    fingerprints: tuple[str, ...] = ()  # every finding the comment covers (one comment may say several)
 
 
 def is_ours(user, bot_login: Optional[str]) -> bool:
@@ -47,20 +48,36 @@ def is_ours(user, bot_login: Optional[str]) -> bool:
     return getattr(user, "type", "") == "Bot" and login.endswith("[bot]")
 
 
-def our_review_comments(pr, bot_login: Optional[str]) -> dict[str, BotComment]:
+def our_review_comments(pr, bot_login: Optional[str],
+                        parse: Optional[Callable[[str], Optional[str]]] = None) -> dict[str, BotComment]:
     """fingerprint -> our review comment carrying it (never other users').
 
     Only the bot's finding comments carry a fingerprint, and the bot never replies in threads, so
-    these are thread roots.
+    these are thread roots. ``parse`` picks the kind: the static review's markers by default (a comment
+    may carry several), the smoke job passes its own, so neither job ever resolves the other's threads.
     """
     found: dict[str, BotComment] = {}
     for comment in pr.get_review_comments():
         if not is_ours(comment.user, bot_login):
             continue
-        fingerprint = parse_fingerprint(comment.body or "")
-        if fingerprint and fingerprint not in found:
-            found[fingerprint] = BotComment(comment.id, fingerprint, comment)
+        body = comment.body or ""
+        if parse is not None:  # one marker kind of its own (the smoke job's)
+            fingerprints = tuple(fp for fp in [parse(body)] if fp)
+        else:  # a static-review comment may cover several findings
+            fingerprints = tuple(parse_fingerprints(body)) or tuple(fp for fp in [parse_fingerprint(body)] if fp)
+        for fingerprint in fingerprints:
+            if fingerprint not in found:
+                found[fingerprint] = BotComment(comment.id, fingerprint, comment, fingerprints)
     return found
+
+
+def gone_comments(existing: dict[str, BotComment], kept: frozenset[str]) -> list[BotComment]:
+    """Our comments none of whose findings is still there: their threads can be closed."""
+    gone: dict[int, BotComment] = {}
+    for comment in existing.values():
+        if not any(fp in kept for fp in comment.fingerprints or (comment.fingerprint,)):
+            gone.setdefault(comment.id, comment)
+    return list(gone.values())
 
 
 def close_gone(gh, repo_full_name: str, pr, gone: list[BotComment], cleanup: str, bot_login: Optional[str],

@@ -17,16 +17,23 @@ from github import GithubException
 
 from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
 from analyzers.engine import analyze_text, decode_source
-from analyzers.model import FileError, Finding
+from analyzers.fingerprint import fingerprints_for
+from analyzers.model import FileError, FileResult, Finding
+from analyzers.notebook import NotebookError, read_cells
 from bot import review as compose
-from bot.conversation import close_gone, our_review_comments, upsert_summary
+from bot.conversation import close_gone, gone_comments, our_review_comments, upsert_summary
 from bot.github_client import commit_ref
+from bot.isolation import run_isolated
+from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget
 
 log = logging.getLogger("torchreview.pipeline")
 
 CHECK_NAME = "torchreview"
 LOCK_TTL = 900
+# The work one review may do: files fetched and analyzed, and their bytes; the rest is reported skipped.
+MAX_REVIEW_FILES = 1000
+MAX_REVIEW_BYTES = 20 << 20  # about a minute of parsing
 REVIEWED_SUFFIXES = (".py", ".ipynb")
 RERUN_ACTION = {"label": "Re-run review", "description": "Review this commit again", "identifier": "rerun"}
 # Explicit requests: a fresh check run, and policy skips (draft, label...) do not apply.
@@ -44,6 +51,7 @@ class ChangedFiles:
     """What the PR changed, as analysis input; every skipped file is explained in ``notes``."""
 
     sources: dict[str, str] = field(default_factory=dict)  # path -> head source text
+    base_sources: dict[str, str] = field(default_factory=dict)  # head path -> base source (changed files only)
     patches: dict[str, Optional[str]] = field(default_factory=dict)  # path -> GitHub patch (hunks); None: none sent
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
@@ -100,8 +108,12 @@ class ReviewRun:
             self.complete(check_run, compose.no_files_plan(changed.notes))
             return "no PyTorch files changed"
         findings: list[Finding] = []
+        # in a forked child: a file that crashes or stalls the parser becomes an error entry
+        results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
+                               lambda path, text: analyze_text(text, path, config),
+                               lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]))
         for path in changed.reviewed:
-            result = analyze_text(changed.sources[path], path, config)
+            result = results[path]
             findings.extend(result.findings)
             changed.notes.extend(result.errors)
         settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
@@ -109,7 +121,8 @@ class ReviewRun:
         analysis = compose.PullRequestAnalysis(
             findings=findings,
             diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
-            sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes)
+            sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes,
+            base_fingerprints=self.base_fingerprints(changed, config) if config.filter == "introduced" else None)
         existing = our_review_comments(self.pr, self.bot_login)
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
@@ -121,29 +134,43 @@ class ReviewRun:
         if plan.comments:
             event = "REQUEST_CHANGES" if config.review_event == "request_changes" and plan.blocking else "COMMENT"
             self.post_review(plan, event)
-        gone = [c for fp, c in existing.items() if fp not in plan.fingerprints]
+        gone = gone_comments(existing, plan.fingerprints)
         resolved, deleted = close_gone(self.gh, self.job.repository, self.pr, gone, config.cleanup, self.bot_login,
                                        self.budget.spend)
         if plan.findings_count or existing:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
         self.complete(check_run, check_plan)
         if config.smoke.get("enabled") and self.job.reason.startswith("pull_request."):
-            from dataclasses import replace
+            # Pinned to the head just reviewed; the trust policy (author's permission, no forks) is
+            # checked by the smoke job, before anything runs.
+            enqueue_smoke(SmokeJob(installation_id=self.job.installation_id, repository=self.job.repository,
+                                   pull_number=self.pr.number, head_sha=self.head, reason="smoke.auto",
+                                   delivery=self.job.delivery))
+        return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, "
+                f"{len({c.id for c in existing.values()}) - len(gone)} already commented, {resolved} resolved, "
+                f"{deleted} deleted; check {check_plan.conclusion}")
 
-            from bot.tasks import enqueue_smoke
-
-            enqueue_smoke(replace(self.job, reason="smoke.auto", head_sha=self.head))  # the trust policy is checked there
-        return (f"{plan.findings_count} finding(s): {len(plan.comments)} new inline, {len(existing) - len(gone)} "
-                f"already commented, {resolved} resolved, {deleted} deleted; check {check_plan.conclusion}")
+    def base_fingerprints(self, changed: ChangedFiles, config: Config) -> frozenset[str]:
+        """Fingerprints of what the base revision of the changed files already had (under the head path,
+        so a renamed file's old findings are recognised); a file new in this PR had none."""
+        results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
+                               lambda path, text: analyze_text(text, path, config),
+                               lambda path, kind, message: FileResult(path))
+        base_findings = [f for result in results.values() for f in result.findings]
+        return frozenset(fingerprints_for(base_findings, changed.base_sources).values())
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):
-        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs."""
-        if self.job.reason not in FORCED_REASONS:
-            for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
+        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs
+        (but a retried job, e.g. re-queued for the write budget, finds the one it created)."""
+        for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
+            if self.job.reason not in FORCED_REASONS:
+                return run
+            if run.external_id == self.job.delivery and run.status != "completed":
                 return run
         self.budget.spend()
         return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",
+                                          external_id=self.job.delivery,
                                           output={"title": "Reviewing…", "summary": "torchreview is reviewing this commit."})
 
     def complete(self, check_run, plan) -> None:
@@ -228,8 +255,11 @@ def _file_text(repo, path: str, ref: str) -> Optional[str]:
     return content.decoded_content.decode("utf-8", errors="replace")
 
 
-def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
+def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int = MAX_REVIEW_FILES,
+                          max_bytes: int = MAX_REVIEW_BYTES) -> ChangedFiles:
     changed = ChangedFiles()
+    base = pr.base.sha if config.filter == "introduced" else None
+    spent = 0
     for f in pr.get_files():  # all pages, up to GitHub's 3000 files
         path = f.filename
         if not path.endswith(REVIEWED_SUFFIXES) or f.status == "removed":
@@ -240,10 +270,16 @@ def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
         if not f.patch and not path.endswith(".ipynb"):
             changed.notes.append(FileError(path, "no-patch", "GitHub sent no diff for this file (binary or too large); not reviewed"))
             continue
+        if len(changed.reviewed) >= max_files or spent >= max_bytes:
+            # one PR must not hold a worker for long: the rest is listed, neither fetched nor parsed
+            changed.notes.append(FileError(path, "skipped", f"not reviewed: this review's budget ({max_files} files, "
+                                                            f"{max_bytes >> 20} MiB) is spent"))
+            continue
         data = _blob_bytes(repo, path, f.sha, head)
         if data is None:
             changed.notes.append(FileError(path, "unavailable", "content could not be fetched at the head commit"))
             continue
+        spent += _parse_cost(path, data)
         text, error = decode_source(data, path)
         if error is not None:
             changed.notes.append(error)
@@ -252,7 +288,24 @@ def collect_changed_files(repo, pr, head: str, config: Config) -> ChangedFiles:
         # A notebook GitHub shows no diff of (big outputs) is still analyzed; its findings go in the summary.
         changed.patches[path] = f.patch
         changed.reviewed.append(path)
+        if f.status in ("modified", "renamed", "changed") and base is not None:
+            # the base version too: a finding the PR introduces may sit on a line it did not touch
+            base_data = _blob_bytes(repo, f.previous_filename or path, None, base)
+            base_text = decode_source(base_data, path)[0] if base_data is not None else None
+            if base_text is not None:
+                changed.base_sources[path] = base_text
     return changed
+
+
+def _parse_cost(path: str, data: bytes) -> int:
+    """What a file costs the review's budget: its bytes; for a notebook, those of its code cells (plots in
+    its outputs are never parsed)."""
+    if not path.endswith(".ipynb"):
+        return len(data)
+    try:
+        return sum(len(c.source) for c in read_cells(data) if c.cell_type == "code")
+    except NotebookError:
+        return len(data)
 
 
 def _blob_bytes(repo, path: str, blob_sha: Optional[str], head: str) -> Optional[bytes]:
@@ -298,10 +351,12 @@ def fail_check_run(job, clients, store, message: str) -> None:
         log.exception("could not mark the check run failed")
 
 
-def run_command(job, clients, store) -> str:
-    """A ``/review`` comment: check who asked, acknowledge with 👀, then do what it says."""
-    from dataclasses import replace
+REFUSAL_REACTIONS_PER_HOUR = 3  # per user and installation; past it, unauthorized commands get nothing
 
+
+def run_command(job: CommandJob, clients, store) -> str:
+    """A ``/review`` comment: ask GitHub for the commenter's permission, acknowledge with 👀, then do
+    what it says. Commands from users without write access run nothing and get no reply."""
     from analyzers.markdown import code_block, code_span
     from bot import commands
 
@@ -311,10 +366,8 @@ def run_command(job, clients, store) -> str:
     repo = clients.for_installation(job.installation_id).get_repo(job.repository)
     budget = WriteBudget(store, job.installation_id)
     key = f"command-{job.comment_id}"  # a retried job answers once
-    if not commands.may_run(repo, job.requested_by or "", job.author_association):
-        budget.spend()
-        commands.reply(job.pull_number, repo, commands.refusal_text(job.requested_by or "someone"), dedupe_key=key)
-        return f"refused /review {command.name} from {job.requested_by}"
+    if not commands.may_run(repo, job.requested_by or ""):
+        return _refuse_quietly(job, repo, store, budget, command.name)
     if job.comment_id:
         budget.spend()
         try:
@@ -324,7 +377,9 @@ def run_command(job, clients, store) -> str:
                 raise
             log.info("command comment %s is gone; not acknowledged", job.comment_id)
     if command.name == "review":
-        return run_review(replace(job, reason="command.review"), clients, store)
+        return run_review(ReviewJob(installation_id=job.installation_id, repository=job.repository,
+                                    pull_number=job.pull_number, head_sha=None, reason="command.review",
+                                    delivery=job.delivery, requested_by=job.requested_by), clients, store)
     if command.name == "config":
         pr = repo.get_pull(job.pull_number)
         try:
@@ -333,12 +388,7 @@ def run_command(job, clients, store) -> str:
         except ConfigError as exc:
             text = f"The repository's torchreview configuration on {code_span(pr.base.ref)} is invalid:\n\n{code_block(str(exc))}"
     elif command.name == "smoke":
-        from bot.tasks import enqueue_smoke
-
-        head = repo.get_pull(job.pull_number).head.sha  # pinned: later pushes do not change what runs
-        enqueue_smoke(replace(job, reason="command.smoke", head_sha=head))
-        text = (f"Smoke training of {head[:7]} is queued; its results will arrive as the "
-                "`torchreview / smoke` check run.")
+        text = _queue_smoke(job, repo, command)
     elif command.name == "help":
         text = commands.help_reply()
     else:
@@ -346,3 +396,67 @@ def run_command(job, clients, store) -> str:
     budget.spend()
     commands.reply(job.pull_number, repo, text, dedupe_key=key)
     return f"/review {command.name} answered"
+
+
+def _refuse_quietly(job: CommandJob, repo, store, budget: WriteBudget, name: str) -> str:
+    """No reply (a reply per comment would let anyone spend our write budget): one 👎 reaction,
+    at most REFUSAL_REACTIONS_PER_HOUR per user; the decision is kept so a retry does not count twice."""
+    from bot import commands
+
+    login = job.requested_by or ""
+    decision_key = f"torchreview:refused:{job.installation_id}:{job.comment_id}"
+    decision = store.get(decision_key)
+    if decision is None:
+        used = store.count(f"torchreview:refusals:{job.installation_id}:{login}", 3600)
+        decision = "react" if used <= REFUSAL_REACTIONS_PER_HOUR else "quiet"
+        store.put(decision_key, decision, 24 * 3600)
+    if decision == "react" and job.comment_id:
+        budget.spend()
+        try:
+            commands.react(repo, job.comment_id, "-1")
+        except GithubException as exc:
+            if exc.status != 404:  # the comment is gone
+                raise
+    return f"refused /review {name} from {login} (no write access)"
+
+
+def _queue_smoke(job: CommandJob, repo, command) -> str:
+    """``/review smoke [<sha>]``: enqueue a smoke job for exactly one commit the commenter saw."""
+    from bot import commands
+
+    pr = repo.get_pull(job.pull_number)
+    current = pr.head.sha
+    wanted, problem = commands.smoke_sha_argument(command)
+    if problem:
+        return problem
+    if wanted:
+        sha = _commit_of_pull(repo, pr, wanted)
+        if sha is None:
+            return commands.smoke_not_in_pr_reply(wanted)
+    elif job.head_sha is None:
+        return commands.smoke_unknown_head_reply(current)
+    elif job.head_sha != current:
+        return commands.smoke_head_moved_reply(job.head_sha, current)
+    else:
+        sha = job.head_sha
+    enqueue_smoke(SmokeJob(installation_id=job.installation_id, repository=job.repository, pull_number=pr.number,
+                           head_sha=sha, reason="command.smoke", delivery=job.delivery,
+                           requested_by=job.requested_by, comment_id=job.comment_id))
+    return (f"Smoke training of `{sha[:12]}` is queued; its results will arrive as the "
+            "`torchreview / smoke` check run on that commit.")
+
+
+MAX_PR_COMMITS_SEARCHED = 1000
+
+
+def _commit_of_pull(repo, pr, prefix: str) -> Optional[str]:
+    """The full SHA of the PR's head or one of its commits that starts with ``prefix`` (unique), else None."""
+    if pr.head.sha.startswith(prefix):
+        return pr.head.sha
+    found = []
+    for index, commit in enumerate(repo.compare(pr.base.sha, pr.head.sha).commits):  # base...head: the PR's own
+        if index >= MAX_PR_COMMITS_SEARCHED:
+            break
+        if commit.sha.startswith(prefix):
+            found.append(commit.sha)
+    return found[0] if len(found) == 1 else None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import textwrap
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
 
@@ -38,7 +38,7 @@ ANNOTATIONS_PER_REQUEST = 50
 MAX_LISTED_FILES = 200
 MAX_LISTED_NOTES = 200
 
-FILTER_MODES = ("added", "diff_context", "file")
+FILTER_MODES = ("introduced", "added", "diff_context", "file")
 
 SEVERITY_BADGES = {
     Severity.CRITICAL: "🔴 **critical**",
@@ -91,6 +91,8 @@ class FileDiff:
     commentable: frozenset[int] = frozenset()
     hunks: tuple[frozenset[int], ...] = ()
     has_patch: bool = True
+    # removed lines: (the new-side line they were removed before, their text)
+    removed: tuple[tuple[int, str], ...] = ()
 
     def in_one_hunk(self, first: int, last: int) -> bool:
         wanted = set(range(first, last + 1))
@@ -117,7 +119,20 @@ def parse_file_patch(path: str, patch: Optional[str]) -> FileDiff:
         for patched in patched_files for hunk in patched
     ]
     added = {line.target_line_no for patched in patched_files for hunk in patched for line in hunk if line.is_added}
-    return FileDiff(path, frozenset(added), frozenset().union(*hunks), tuple(hunks))
+    removed = []
+    for patched in patched_files:
+        for hunk in patched:
+            pending: list[str] = []
+            for line in hunk:
+                if line.is_removed:
+                    pending.append(line.value.rstrip("\n"))
+                elif line.target_line_no is not None:
+                    removed += [(line.target_line_no, text) for text in pending]
+                    pending = []
+            if pending:  # removed at the end of the hunk: anchor on its last new-side line
+                last = max((n.target_line_no for n in hunk if n.target_line_no is not None), default=1)
+                removed += [(last, text) for text in pending]
+    return FileDiff(path, frozenset(added), frozenset().union(*hunks), tuple(hunks), True, tuple(removed))
 
 
 # ---- inputs and settings -----------------------------------------------------------------------
@@ -126,7 +141,8 @@ def parse_file_patch(path: str, patch: Optional[str]) -> FileDiff:
 class ReviewSettings:
     max_inline_comments: int = 30
     fail_on: Severity = Severity.HIGH
-    filter: str = "added"  # added | diff_context | file
+    # introduced: what this PR causes (needs the base findings, else as "added") | added | diff_context | file
+    filter: str = "introduced"
     context_lines: int = 3  # N for filter="diff_context"
 
     def __post_init__(self) -> None:
@@ -149,6 +165,9 @@ class PullRequestAnalysis:
     sources: Mapping[str, str] = field(default_factory=dict)
     reviewed_files: Sequence[str] = ()
     notes: Sequence[FileNote] = ()
+    # fingerprints of the findings the base revision of the changed files already had (keyed by head
+    # path); None when the base was not analyzed
+    base_fingerprints: Optional[frozenset[str]] = None
 
 
 def finding_lines(finding: Finding) -> range:
@@ -156,14 +175,36 @@ def finding_lines(finding: Finding) -> range:
 
 
 def keep_findings(findings: Iterable[Finding], diffs: Mapping[str, FileDiff],
-                  settings: ReviewSettings = ReviewSettings()) -> list[Finding]:
-    """Findings the pull request is responsible for, per ``settings.filter``; most severe first."""
-    kept = [f for f in findings if _is_kept(f, diffs.get(f.path), settings)]
+                  settings: ReviewSettings = ReviewSettings(), *,
+                  introduced: Optional[Callable[[Finding], bool]] = None) -> list[Finding]:
+    """Findings the pull request is responsible for, per ``settings.filter``; most severe first.
+
+    ``introduced`` (with the ``introduced`` filter) says whether the base revision lacked a finding: then a
+    finding is the PR's whether or not its line was touched (a deleted ``zero_grad()`` leaves the finding
+    on an unchanged ``step()``), and one the base already had is not, even on a touched line."""
+    if settings.filter == "introduced" and introduced is not None:
+        kept = [f for f in findings if f.path in diffs and introduced(f)]
+    else:
+        kept = [f for f in findings if _is_kept(f, diffs.get(f.path), settings)]
     return sorted(kept, key=severity_order)
+
+
+def introduced_by(pr: "PullRequestAnalysis", digests: Mapping[Finding, str]) -> Optional[Callable[[Finding], bool]]:
+    if pr.base_fingerprints is None:
+        return None
+    return lambda finding: digests[finding] not in pr.base_fingerprints
 
 
 def severity_order(finding: Finding) -> tuple:
     return (-finding.severity, finding.path, finding.cell or 0, finding.line, finding.column, finding.rule)
+
+
+def finding_sites(finding: Finding) -> list[int]:
+    """Every line the finding is about: its own, then its related sites (the other end of a two-site bug)."""
+    lines = list(finding_lines(finding))
+    for site in finding.related:
+        lines += [n for n in range(site.line, max(site.line, site.end_line) + 1) if n not in lines]
+    return lines
 
 
 def _is_kept(finding: Finding, diff: Optional[FileDiff], settings: ReviewSettings) -> bool:
@@ -172,7 +213,8 @@ def _is_kept(finding: Finding, diff: Optional[FileDiff], settings: ReviewSetting
     if settings.filter == "file" or not diff.has_patch or is_notebook_finding(finding):
         return True
     reach = settings.context_lines if settings.filter == "diff_context" else 0
-    return any(line + offset in diff.added for line in finding_lines(finding) for offset in range(-reach, reach + 1))
+    # kept when any of its sites changed: a PR that only edits forward's softmax causes the loss finding
+    return any(line + offset in diff.added for line in finding_sites(finding) for offset in range(-reach, reach + 1))
 
 
 # ---- text helpers ---------------------------------------------------------------------------
@@ -227,6 +269,16 @@ def parse_fingerprint(comment_body: str) -> Optional[str]:
     # The marker is always our last line; take the last match so quoted text cannot spoof it.
     matches = FINGERPRINT_RE.findall(comment_body or "")
     return matches[-1] if matches else None
+
+
+def parse_fingerprints(comment_body: str) -> list[str]:
+    """Every fingerprint of a comment that covers several findings (all markers sit on its last line)."""
+    lines = (comment_body or "").rstrip().splitlines()
+    return FINGERPRINT_RE.findall(lines[-1]) if lines else []
+
+
+def fingerprint_markers(findings: Sequence[Finding], digests: Mapping[Finding, str]) -> str:
+    return " ".join(fingerprint_marker(f, digests[f]) for f in findings)
 
 
 # ---- truncation ---------------------------------------------------------------------------
@@ -296,7 +348,10 @@ class ReviewPlan:
 def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings(),
                 posted: frozenset[str] = frozenset()) -> ReviewPlan:
     """The review to post. Findings whose fingerprint is in ``posted`` already have a comment from an
-    earlier run: they are not commented again and do not use up the inline limit."""
+    earlier run: they are not commented again and do not use up the inline limit.
+
+    Each thing is said once: findings of one rule repeated in a file (or on consecutive lines) share one
+    comment that lists their lines, and the findings that land on the same line share one comment."""
     try:
         return _plan_review(pr, settings, posted)
     finally:
@@ -304,25 +359,123 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
 
 
 def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: frozenset[str]) -> ReviewPlan:
-    findings = keep_findings(pr.findings, pr.diffs, settings)
+    digests = fingerprints_for(pr.findings, pr.sources)
+    findings = keep_findings(pr.findings, pr.diffs, settings, introduced=introduced_by(pr, digests))
     if not findings:
         return ReviewPlan(body=no_issues_verdict(pr), comments=[], findings_count=0)
-    digests = fingerprints_for(findings, pr.sources)
-    comments, overflow, unplaceable = [], [], []
-    for finding in findings:  # most severe first, so the limit cuts the least severe
-        if digests[finding] in posted:
-            continue
-        where = placement(finding, pr.diffs[finding.path], pr.sources.get(finding.path))
+    fresh = [f for f in findings if digests[f] not in posted]
+    comments: list[CommentPlan] = []
+    by_line: dict[tuple[str, int], CommentPlan] = {}
+    overflow, unplaceable = [], []
+    for group in group_findings(fresh):  # most severe first, so the limit cuts the least severe
+        diff = pr.diffs[group[0].path]
+        source = pr.sources.get(group[0].path)
+        anchor, where = next(((f, w) for f in group for w in [placement(f, diff, source)] if w is not None),
+                             (None, None))
+        if pr.base_fingerprints is not None and (where is None or where.line not in diff.added):
+            # introduced without adding its own line (a deletion nearby, a change elsewhere in the
+            # function): comment on the change that caused it, and say what it was
+            cause = next(((f, w) for f in group for w in [cause_placement(f, diff, source)] if w is not None), None)
+            if cause is not None:
+                anchor, where = cause
         if where is None:
-            unplaceable.append(finding)
-        elif len(comments) >= settings.max_inline_comments:
-            overflow.append(finding)
-        else:
-            comments.append(review_comment(finding, where, digests[finding]))
+            unplaceable.extend(group)
+            continue
+        if len(group) > 1:
+            where = Placement(where.line, where.line, note=where.note)  # a shared comment suggests no one fix
+        same_line = by_line.get((anchor.path, where.line))
+        if same_line is not None:
+            same_line.add(group)  # one comment per line, listing every finding on it
+            continue
+        if len(comments) >= settings.max_inline_comments:
+            overflow.extend(group)
+            continue
+        plan = CommentPlan(anchor.path, where)
+        plan.add(group)
+        comments.append(plan)
+        by_line[(anchor.path, where.line)] = plan
     body = review_body(findings, overflow, unplaceable, pr, settings)
-    return ReviewPlan(body=body, comments=comments, findings_count=len(findings),
+    return ReviewPlan(body=body, comments=[c.to_comment(digests) for c in comments], findings_count=len(findings),
                       fingerprints=frozenset(digests.values()),
                       blocking=any(f.severity >= settings.fail_on for f in findings))
+
+
+# A rule repeated this often in one file is one comment with the list of lines (171 ``Variable(...)`` lines
+# are one thing to fix, not 171 comments).
+REPEATS_PER_COMMENT = 4
+
+
+def group_findings(findings: Sequence[Finding]) -> list[list[Finding]]:
+    """Findings that are one thing to say: a rule repeated in a file (``REPEATS_PER_COMMENT`` or more), or
+    on consecutive lines. In the order of each group's most severe finding."""
+    by_rule: dict[tuple[str, Optional[int], str], list[Finding]] = {}
+    for finding in findings:
+        by_rule.setdefault((finding.path, finding.cell, finding.rule), []).append(finding)
+    groups: list[list[Finding]] = []
+    for same in by_rule.values():
+        same.sort(key=lambda f: (f.line, f.column))
+        if len(same) >= REPEATS_PER_COMMENT:
+            groups.append(same)
+            continue
+        run = [same[0]]
+        for finding in same[1:]:
+            if finding.line - run[-1].end_line <= 1:
+                run.append(finding)  # the same finding on consecutive lines
+            else:
+                groups.append(run)
+                run = [finding]
+        groups.append(run)
+    return sorted(groups, key=lambda g: min(severity_order(f) for f in g))
+
+
+@dataclass
+class CommentPlan:
+    """One inline comment: one or more groups of findings placed on one line."""
+
+    path: str
+    where: Placement
+    groups: list[list[Finding]] = field(default_factory=list)
+
+    def add(self, group: list[Finding]) -> None:
+        self.groups.append(group)
+        if len(self.groups) > 1 or len(group) > 1:  # several things: no one suggestion
+            self.where = Placement(self.where.line, self.where.line, note=self.where.note)
+
+    def to_comment(self, digests: Mapping[Finding, str]) -> dict:
+        body = group_comment_body(self.groups, digests, self.where.suggestion)
+        if self.where.note:
+            body = f"{message(self.where.note)}:\n\n{body}"
+        comment = {"path": self.path, "line": self.where.line, "side": "RIGHT", "body": body}
+        if self.where.start_line != self.where.line:
+            comment.update(start_line=self.where.start_line, start_side="RIGHT")
+        return comment
+
+
+def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Finding, str],
+                       suggestion: Optional[Fix] = None) -> str:
+    if len(groups) == 1 and len(groups[0]) == 1:
+        finding = groups[0][0]
+        return comment_body(finding, digests[finding], suggestion)
+    parts: list[str] = []
+    for group in groups:
+        first = group[0]
+        if parts:
+            parts.append("")
+        parts += [f"{SEVERITY_BADGES[max(f.severity for f in group)]} · {code_span(first.rule)} "
+                  f"{literal(first.slug)}", "", message(first.message)]
+        if len(group) > 1:
+            lines = ", ".join(str(f.line) for f in group)
+            where = f"cell {first.cell}, " if first.cell is not None else ""
+            parts += ["", f"The same {'finding' if len(group) == 2 else 'pattern'} on {where}lines {lines} "
+                          f"({len(group)} in this file)."]
+            if all(f.fix is not None for f in group):
+                parts += ["", "Each has a mechanical fix: `torchreview check --fix` applies them all."]
+        why = rule_why(first)
+        if why:
+            parts += ["", f"**Why:** {message(why)}"]
+    members = [f for group in groups for f in group]
+    body = hard_cap("\n".join(parts), MAX_MARKDOWN_CHARS - 100 * (len(members) + 2))
+    return body + "\n\n" + fingerprint_markers(members, digests)
 
 
 def no_issues_verdict(pr: PullRequestAnalysis) -> str:
@@ -384,6 +537,7 @@ class Placement:
     start_line: int
     line: int
     suggestion: Optional[Fix] = None
+    note: Optional[str] = None  # placed on a related site: what this line has to do with the finding
 
 
 def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
@@ -407,6 +561,16 @@ def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Option
         line = next((n for n in lines if n in candidates), None)
         if line is not None:
             return Placement(line, line)
+    for site in finding.related:  # the finding's own line is outside the diff: comment on the changed site
+        site_lines = list(range(site.line, max(site.line, site.end_line) + 1))
+        at = f"line {finding.line}"
+        if is_notebook_finding(finding):  # a site is in the finding's cell: its lines are cell lines
+            site_lines = notebook_json_lines(replace(finding, line=site.line, end_line=site.end_line), source)
+            at = f"cell {finding.cell}, line {finding.line}"
+        for candidates in (diff.added, diff.commentable):
+            line = next((n for n in site_lines if n in candidates), None)
+            if line is not None:
+                return Placement(line, line, note=f"{site.message}; the finding is at {at}")
     return None
 
 
@@ -421,6 +585,46 @@ def notebook_json_lines(finding: Finding, source: Optional[str]) -> list[int]:
 @lru_cache(maxsize=4)  # asked for each of a notebook's findings; cleared after each plan
 def _json_source_lines(text: str) -> dict[int, list[int]]:
     return json_source_lines(text)
+
+
+def cause_placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
+    """For a finding this PR introduced away from its own line: the changed line of the same function
+    nearest to it, naming what the PR removed there (``optimizer.zero_grad()`` taken out of the loop)."""
+    if is_notebook_finding(finding) or not diff.has_patch or not diff.commentable:
+        return None
+    first, last = enclosing_function_span(source, finding.line)
+    in_scope = [n for n in diff.commentable if first <= n <= last]
+    if not in_scope:
+        return None
+    removed = [(anchor, text.strip()) for anchor, text in diff.removed if first <= anchor <= last + 1 and text.strip()]
+    if removed:
+        anchor, text = min(removed, key=lambda r: abs(r[0] - finding.line))
+        line = min(in_scope, key=lambda n: (abs(n - anchor), n))
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        note = f"this pull request removes {code_span(shown)} here, which causes the finding at line {finding.line}"
+    else:
+        line = min(in_scope, key=lambda n: (n not in diff.added, abs(n - finding.line)))
+        note = f"this change causes the finding at line {finding.line}"
+    return Placement(line, line, note=note)
+
+
+def enclosing_function_span(source: Optional[str], line: int) -> tuple[int, int]:
+    """Lines of the innermost function around ``line`` (the whole file when there is none)."""
+    import ast
+
+    total = len((source or "").splitlines()) or line
+    if not source:
+        return 1, total
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 1, total
+    best = (1, total)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or line):
+            if node.lineno >= best[0]:
+                best = (node.lineno, node.end_lineno or line)
+    return best
 
 
 def suggestion_fits(fix: Fix, diff: FileDiff, source: Optional[str]) -> bool:
@@ -508,7 +712,8 @@ def job_failed_plan(error: str) -> CheckRunPlan:
 def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettings()) -> CheckRunPlan:
     if not pr.reviewed_files and not pr.findings:
         return no_files_plan(pr.notes)
-    findings = keep_findings(pr.findings, pr.diffs, settings)
+    findings = keep_findings(pr.findings, pr.diffs, settings,
+                             introduced=introduced_by(pr, fingerprints_for(pr.findings, pr.sources)))
     failing = any(f.severity >= settings.fail_on for f in findings)
     try:
         annotations = [annotation(f, pr.sources.get(f.path)) for f in findings]

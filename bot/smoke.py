@@ -5,41 +5,53 @@ The worker holds the GitHub token; the sandboxed children get only directories o
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
+import re
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import requests
 
 from analyzers.markdown import code_span, literal, message, redact_urls, table_cell
+from bot.commands import ALLOWED_PERMISSIONS, MAINTAINER_PERMISSIONS, may_run, permission_level
+from bot.jobs import SMOKE_CHECK_NAME, SmokeJob
 from bot.review import CheckRunPlan
 
 log = logging.getLogger("torchreview.smoke")
 
-SMOKE_CHECK_NAME = "torchreview / smoke"
+# smoke.trust -> the PR author's roles (asked from GitHub, never the association) for automatic runs
 TRUSTED = {
-    "collaborators": {"OWNER", "MEMBER", "COLLABORATOR"},
-    "maintainers": {"OWNER", "MEMBER"},
+    "collaborators": ALLOWED_PERMISSIONS,  # write, maintain, admin
+    "maintainers": MAINTAINER_PERMISSIONS,  # maintain, admin
     "everyone": None,  # any author, but still never a fork automatically
 }
 STATUS_BADGE = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped", "error": "⚠️ error"}
-MAX_TARBALL_BYTES = 200 << 20
+MAX_TARBALL_BYTES = 200 << 20  # downloaded (compressed)
+MAX_EXTRACTED_BYTES = 1 << 30  # unpacked: a 1.5 MiB tarball can hold 1.5 GiB of zeros
+MAX_EXTRACTED_MEMBERS = 50_000
+# Not the static review's fingerprint marker: each job resolves only the threads of its own kind.
+SMOKE_MARKER_RE = re.compile(r"<!-- torchreview:smoke=([0-9a-f]+) -->")
 
 
-def may_run_automatically(pr, smoke: dict) -> tuple[bool, str]:
-    """The trust policy for runs nobody asked for: smoke.enabled, the author's association, no forks."""
+def may_run_automatically(repo, pr, smoke: dict) -> tuple[bool, str]:
+    """The trust policy for runs nobody asked for: smoke.enabled, no forks, the author's permission."""
     if not smoke.get("enabled"):
         return False, "smoke.enabled is false"
     head_repo = pr.head.repo
     if head_repo is None or head_repo.full_name != pr.base.repo.full_name:
-        return False, "pull requests from forks only run on `/review smoke` by a maintainer"
+        return False, "pull requests from forks only run on `/review smoke` by a user with write access"
     allowed = TRUSTED.get(smoke.get("trust", "collaborators"), TRUSTED["collaborators"])
-    association = (pr.raw_data.get("author_association") or "NONE").upper()
-    if allowed is not None and association not in allowed:
-        return False, f"the author's association is {association}; a user with write access can comment `/review smoke`"
+    if allowed is None:
+        return True, ""
+    level = permission_level(repo, pr.user.login)
+    if level not in allowed:
+        return False, (f"the author's permission is {level}; smoke.trust wants {'/'.join(sorted(allowed))} "
+                       "(a user with write access can comment `/review smoke`)")
     return True, ""
 
 
@@ -52,27 +64,41 @@ def default_device(configured: str) -> str:
 # ---- fetching code as data ---------------------------------------------------------------------
 
 
-def download_tree(repo, ref: str, into: Path) -> Path:
-    """The repository at ``ref`` from the tarball endpoint, extracted safely (no links, no escapes)."""
+class TarballTooLarge(ValueError):
+    """A repository tarball over the download or extraction caps (a tarball bomb, or a huge repo)."""
+
+
+def download_tree(repo, ref: str, into: Path, *, max_download: int = MAX_TARBALL_BYTES,
+                  max_bytes: int = MAX_EXTRACTED_BYTES, max_members: int = MAX_EXTRACTED_MEMBERS) -> Path:
+    """The repository at ``ref`` from the tarball endpoint, extracted safely: regular files and
+    directories only (no links, devices or escapes), at most ``max_bytes`` unpacked in at most
+    ``max_members`` entries, checked from the headers before each file is written."""
     url = repo.get_archive_link("tarball", ref)
     response = requests.get(url, timeout=60, stream=True)
     response.raise_for_status()
     data = io.BytesIO()
     for chunk in response.iter_content(1 << 20):
         data.write(chunk)
-        if data.tell() > MAX_TARBALL_BYTES:
-            raise ValueError(f"the repository tarball at {ref[:7]} is over {MAX_TARBALL_BYTES >> 20} MiB")
+        if data.tell() > max_download:
+            raise TarballTooLarge(f"the repository tarball at {ref[:7]} is over {max_download >> 20} MiB")
     data.seek(0)
     into.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=data, mode="r:gz") as archive:
-        members = []
-        for member in archive.getmembers():
+    total = members = 0
+    # Streaming mode: one pass, each member's header read just before its data, so the caps stop a
+    # bomb before it is unpacked (or even decompressed) past them.
+    with tarfile.open(fileobj=data, mode="r|gz") as archive:
+        for member in archive:
+            members += 1
+            if members > max_members:
+                raise TarballTooLarge(f"the repository tarball at {ref[:7]} has over {max_members} entries")
             parts = Path(member.name).parts
-            if len(parts) < 2 or not (member.isfile() or member.isdir()):
-                continue  # the top-level folder itself, links, devices
+            if len(parts) < 2 or not (member.isfile() or member.isdir()) or member.issparse():
+                continue  # the top-level folder itself, links, devices, sparse files
+            total += member.size if member.isfile() else 0
+            if total > max_bytes:
+                raise TarballTooLarge(f"the repository at {ref[:7]} unpacks to over {max_bytes >> 20} MiB")
             member.name = str(Path(*parts[1:]))  # strip GitHub's "<owner>-<repo>-<sha>/" prefix
-            members.append(member)
-        archive.extractall(into, members=members, filter="data")
+            archive.extract(member, into, filter="data")
     return into
 
 
@@ -124,19 +150,40 @@ def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
         for t in measures:
             m = t["head"]["measures"]
             lines.append(f"| {table_cell(code_span(t['target']))} | {m.get('params', '—'):,} | {m.get('step_time_ms', 0):.2f} ms | "
-                         f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {m.get('loss_after_steps', '—')} |")
+                         f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {format_loss(m.get('loss_after_steps'))} |")
     if run.get("warnings"):
         lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
     summary = "\n".join(lines)[:65000]
     return CheckRunPlan(conclusion, title, summary)
 
 
+def format_loss(value) -> str:
+    """Four significant digits: enough to compare runs, unlike float32 noise such as 0.752098023891449."""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "—"
+
+
+def smoke_fingerprint(target: dict) -> str:
+    """Identity of one target's failure: the target and which checks failed, not the messages (they
+    quote measured numbers that vary between runs) nor the line (unrelated edits move it)."""
+    failed = sorted(c["name"] for c in target["head"].get("checks", []) if c["status"] == "fail")
+    key = "\0".join(["smoke", target["target"], target["status"], *failed])
+    return hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def parse_smoke_fingerprint(comment_body: str) -> Optional[str]:
+    """The smoke fingerprint in one of our comment bodies; the last match, as quoted text comes first."""
+    matches = SMOKE_MARKER_RE.findall(comment_body or "")
+    return matches[-1] if matches else None
+
+
+def failing_targets(run: dict) -> list[dict]:
+    return [t for t in run["targets"] if t["status"] in ("failed", "error")]
+
+
 def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
     """Inline comments on the class of each failing target, on a line of the diff."""
     comments = []
-    for t in run["targets"]:
-        if t["status"] not in ("failed", "error"):
-            continue
+    for t in failing_targets(run):
         path = t["target"].split(":", 1)[0]
         diff = diffs.get(path)
         start, end = spans.get(t["target"], (t.get("line", 1), t.get("line", 1)))
@@ -149,6 +196,7 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
         body = [f"🔥 **smoke** · {code_span(t['target'])} failed when trained for a few steps:", ""]
         body += [f"- **{literal(c['name'])}**: {_public(c['message'])}" for c in failed] or \
                 [f"- {_reason(t) or 'error'}"]
+        body += ["", f"<!-- torchreview:smoke={smoke_fingerprint(t)} -->"]
         comments.append({"path": path, "line": line, "side": "RIGHT", "body": "\n".join(body)})
     return comments
 
@@ -169,9 +217,14 @@ class SmokeBusy(Exception):
     """Another worker is running this smoke job (a redelivery): try again later."""
 
 
-def run_smoke_job(job, clients, store) -> str:
-    """Idempotent: a job that already finished returns at once; a copy of a running one waits."""
-    key = f"torchreview:smoke:{job.repository}#{job.pull_number}:{job.head_sha}:{job.delivery}"
+def _job_key(job: SmokeJob) -> str:
+    return f"torchreview:smoke:{job.repository}#{job.pull_number}:{job.head_sha}:{job.delivery}"
+
+
+def run_smoke_job(job: SmokeJob, clients, store) -> str:
+    """Idempotent: a job that already finished returns at once; a copy of a running one waits.
+    Runs exactly ``job.head_sha`` (pinned when the run was authorized), on every retry."""
+    key = _job_key(job)
     if store.exists(key + ":done"):
         return "already done"
     token = store.acquire(key + ":lock", 4 * 3600)
@@ -185,12 +238,66 @@ def run_smoke_job(job, clients, store) -> str:
         store.unlock(key + ":lock", token)
 
 
-def _run_smoke_job(job, clients, store) -> str:
-    from analyzers.config import ConfigError
+def _authorize(job: SmokeJob, repo, pr, settings: dict) -> str | None:
+    """Why ``job`` may not execute PR code (None: it may). Never the association: GitHub's permission."""
+    if job.reason == "smoke.auto":
+        allowed, why = may_run_automatically(repo, pr, settings)
+        if not allowed:
+            return why
+        if pr.head.sha != job.head_sha:
+            return f"{job.head_sha[:7]} is no longer the head"  # the newer head's review enqueues its own run
+        return None
+    if job.reason == "command.smoke":
+        return None  # the command job checked the commenter's permission and pinned this commit
+    if job.reason.startswith("check_run."):
+        # the re-run button of a smoke check run: the clicker needs write access; the commit is the
+        # check run's own, which was authorized when it first ran
+        if not may_run(repo, job.requested_by or ""):
+            return f"{job.requested_by} has no write access"
+        return None
+    return f"unknown reason {job.reason!r}"
+
+
+def _smoke_check_run(repo, job: SmokeJob, budget):
+    """The in-progress check run of this job (a retry reuses the one its first attempt created)."""
     from bot.github_client import commit_ref
+
+    external_id = _job_key(job)[len("torchreview:smoke:"):]
+    for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME):
+        if run.external_id == external_id and run.status != "completed":
+            return run
+    budget.spend()
+    return repo.create_check_run(name=SMOKE_CHECK_NAME, head_sha=job.head_sha, status="in_progress",
+                                 external_id=external_id,
+                                 output={"title": "Smoke-training…", "summary": "Building and training the changed models."})
+
+
+def fail_smoke_check_run(job: SmokeJob, clients, store, message: str) -> None:
+    """The job failed for good: complete its check run instead of leaving it in progress (best effort)."""
+    from bot.github_client import commit_ref
+    from bot.pipeline import complete_check_run
+    from bot.review import job_failed_plan
+    from bot.store import WriteBudget
+
+    try:
+        repo = clients.for_installation(job.installation_id).get_repo(job.repository)
+        external_id = _job_key(job)[len("torchreview:smoke:"):]
+        for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME):
+            if run.external_id == external_id and run.status != "completed":
+                complete_check_run(run, job_failed_plan(message), WriteBudget(store, job.installation_id))
+    except Exception:  # noqa: BLE001 - best effort; the original error is what matters
+        log.exception("could not mark the smoke check run failed")
+
+
+def _run_smoke_job(job: SmokeJob, clients, store) -> str:
+    import json
+
+    from analyzers.config import ConfigError
+    from bot.conversation import close_gone, our_review_comments
+    from bot.github_client import classify, commit_ref
     from bot.pipeline import complete_check_run, load_base_config
     from bot.review import parse_file_patch
-    from bot.store import WriteBudget
+    from bot.store import WriteBudget, WriteBudgetSpent
     from gpu_runner.executor import run_smoke
     from gpu_runner.runner import TargetRequest
     from gpu_runner.sandbox import SandboxLimits
@@ -199,20 +306,17 @@ def _run_smoke_job(job, clients, store) -> str:
     gh = clients.for_installation(job.installation_id)
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
-    head = job.head_sha or pr.head.sha
+    head = job.head_sha  # never re-read from the PR: a push after authorization must not run
     budget = WriteBudget(store, job.installation_id)
     try:
         config = load_base_config(repo, pr.base.sha)
     except ConfigError as exc:
         return f"configuration error: {exc}"
     settings = dict(config.smoke)
-    if job.reason != "command.smoke":
-        allowed, why = may_run_automatically(pr, settings)
-        if not allowed:
-            return f"smoke not run: {why}"
-    budget.spend()
-    check_run = repo.create_check_run(name=SMOKE_CHECK_NAME, head_sha=head, status="in_progress",
-                                      output={"title": "Smoke-training…", "summary": "Building and training the changed models."})
+    refused = _authorize(job, repo, pr, settings)
+    if refused:
+        return f"smoke not run: {refused}"
+    check_run = _smoke_check_run(repo, job, budget)
     import importlib.util
 
     import os
@@ -224,42 +328,61 @@ def _run_smoke_job(job, clients, store) -> str:
             "This torchreview worker has no torch: install `torchreview[runner]` (torch first, pinned to your "
             "CUDA build) on the machines that run `torchreview worker --queues gpu`."), budget)
         return "smoke: no torch on this worker"
+    report_key = _job_key(job) + ":report"
     workdir = Path(tempfile.mkdtemp(prefix="torchreview-smoke-"))
     try:
-        head_dir = download_tree(repo, head, workdir / "head")
-        base_dir = download_tree(repo, pr.base.sha, workdir / "base")
-        files = [f for f in pr.get_files() if f.filename.endswith(".py") and f.status != "removed"]
+        # the diff of the pinned commit: the PR's file list when it is the head, else base...sha
+        listing = pr.get_files() if head == pr.head.sha else repo.compare(pr.base.sha, head).files
+        files = [f for f in listing if f.filename.endswith(".py") and f.status != "removed"]
         diffs = {f.filename: parse_file_patch(f.filename, f.patch) for f in files}
-        sources = {f.filename: (head_dir / f.filename).read_text(errors="replace") for f in files
-                   if (head_dir / f.filename).is_file()}
-        changed = {path: set(diff.added) for path, diff in diffs.items()}
-        found = find_targets(sources, changed)
-        spans = {f"{t.path}:{t.name}": (t.line, t.end_line) for t in found}
-        requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line) for t in found]
-        for entry in settings.get("targets") or ():
-            spec = entry if isinstance(entry, str) else entry["target"]
-            if parse_target_spec(spec) is None:
-                continue  # validated config: cannot happen for a well-formed spec
-            options = None if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "target"}
-            requests_.append(TargetRequest(spec, 1, options))
-        limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
-        report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),
-                           limits=limits, thresholds=settings.get("regression"))
-        current = repo.get_pull(pr.number).head.sha
-        if current != head:
-            from bot.review import superseded_plan
+        cached = store.get(report_key)  # a retry after the training (e.g. for the write budget) reuses it
+        if cached is not None:
+            saved = json.loads(cached)
+            report, spans = saved["report"], {k: tuple(v) for k, v in saved["spans"].items()}
+        else:
+            head_dir = download_tree(repo, head, workdir / "head")
+            base_dir = download_tree(repo, pr.base.sha, workdir / "base")
+            sources = {f.filename: (head_dir / f.filename).read_text(errors="replace") for f in files
+                       if (head_dir / f.filename).is_file()}
+            changed = {path: set(diff.added) for path, diff in diffs.items()}
+            found = find_targets(sources, changed)
+            spans = {f"{t.path}:{t.name}": (t.line, t.end_line) for t in found}
+            requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line) for t in found]
+            for entry in settings.get("targets") or ():
+                spec = entry if isinstance(entry, str) else entry["target"]
+                if parse_target_spec(spec) is None:
+                    continue  # validated config: cannot happen for a well-formed spec
+                options = None if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "target"}
+                requests_.append(TargetRequest(spec, 1, options))
+            limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
+            report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),
+                               limits=limits, thresholds=settings.get("regression"))
+            store.put(report_key, json.dumps({"report": report, "spans": spans}), 24 * 3600)
+        if job.reason == "smoke.auto":  # explicit runs report on the commit they were asked for
+            current = repo.get_pull(pr.number).head.sha
+            if current != head:
+                from bot.review import superseded_plan
 
-            complete_check_run(check_run, superseded_plan(head, current), budget)
-            return f"smoke superseded by {current[:7]}"
-        comments = failing_target_comments(report, diffs, spans)
+                complete_check_run(check_run, superseded_plan(head, current), budget)
+                return f"smoke superseded by {current[:7]}"
+        # Like the static review: a failure that already has a comment is not commented again, and the
+        # threads of failures that are gone (fixed, or the model removed) are resolved per `cleanup`.
+        existing = our_review_comments(pr, clients.bot_login(), parse=parse_smoke_fingerprint)
+        comments = [c for c in failing_target_comments(report, diffs, spans)
+                    if parse_smoke_fingerprint(c["body"]) not in existing] if head == pr.head.sha else []
         if comments:
             budget.spend()
             pr.create_review(commit=commit_ref(repo, head), event="COMMENT", comments=comments,
                              body=f"torchreview smoke: {len(comments)} model(s) failed when trained for a few steps.")
+        still_failing = {smoke_fingerprint(t) for t in failing_targets(report)}
+        gone = [c for fingerprint, c in existing.items() if fingerprint not in still_failing]
+        close_gone(gh, job.repository, pr, gone, config.cleanup, clients.bot_login(), budget.spend)
         plan = plan_smoke_check_run(report, head)
         complete_check_run(check_run, plan, budget)
         return f"smoke: {plan.title}"
     except Exception as exc:
+        if isinstance(exc, WriteBudgetSpent) or classify(exc, 0) is not None:
+            raise  # retried: the check run stays in progress and the retry reuses it
         from bot.review import job_failed_plan
 
         complete_check_run(check_run, job_failed_plan(f"{type(exc).__name__}: {exc}"), budget)

@@ -33,6 +33,12 @@ class Store(Protocol):
     def count(self, key: str, ttl: int) -> int:
         """Increment a counter that expires ``ttl`` s after its first increment; the new value."""
 
+    def put(self, key: str, value: str, ttl: int) -> None:
+        """Set ``key`` to ``value`` for ``ttl`` s (overwriting)."""
+
+    def get(self, key: str) -> Optional[str]:
+        ...
+
 
 class RedisStore:
     _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
@@ -63,6 +69,13 @@ class RedisStore:
         pipe.set(key, 0, nx=True, ex=ttl)
         pipe.incr(key)
         return int(pipe.execute()[1])
+
+    def put(self, key: str, value: str, ttl: int) -> None:
+        self.client.set(key, value, ex=ttl)
+
+    def get(self, key: str) -> Optional[str]:
+        value = self.client.get(key)
+        return value.decode() if value is not None else None
 
 
 class SqliteStore:
@@ -130,16 +143,34 @@ class SqliteStore:
                 raise
         return int(value)
 
+    def put(self, key: str, value: str, ttl: int) -> None:
+        with self._db() as db:
+            db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", (key, value, time.time() + ttl))
+
+    def get(self, key: str) -> Optional[str]:
+        with self._db() as db:
+            row = db.execute("SELECT value FROM keys WHERE key = ? AND expires >= ?", (key, time.time())).fetchone()
+        return None if row is None else str(row[0])
+
+
+class WriteBudgetSpent(Exception):
+    """This minute's write budget is used up: re-queue the job ``delay`` s later (never sleep in a worker)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(f"GitHub write budget spent for this minute; retry in {delay:.0f}s")
+        self.delay = delay
+
 
 class WriteBudget:
     """At most ``per_minute`` content-creating GitHub requests per installation, across all workers.
 
     GitHub's secondary rate limits start at about 80 content-creating requests a minute; staying under
-    them is cheaper than being throttled. ``spend()`` waits for the next minute when the budget is used.
+    them is cheaper than being throttled. When the budget is used, ``spend()`` raises WriteBudgetSpent
+    (the task re-queues itself with a countdown); only with an explicit ``sleep`` does it wait.
     """
 
     def __init__(self, store: "Store", installation_id: int, per_minute: int = 80,
-                 sleep=time.sleep, clock=time.time) -> None:
+                 sleep=None, clock=time.time) -> None:
         self.store, self.installation_id, self.per_minute = store, installation_id, per_minute
         self.sleep, self.clock = sleep, clock
 
@@ -149,7 +180,10 @@ class WriteBudget:
             used = self.store.count(f"torchreview:writes:{self.installation_id}:{minute}", 120)
             if used <= self.per_minute:
                 return
-            self.sleep(max(0.05, (minute + 1) * 60 - self.clock()))
+            delay = max(0.05, (minute + 1) * 60 - self.clock())
+            if self.sleep is None:
+                raise WriteBudgetSpent(delay)
+            self.sleep(delay)
 
 
 def make_store(redis_url: Optional[str], data_dir: Path) -> Store:

@@ -39,7 +39,12 @@ def pull_request_payload(action: str, pr, installation_id: int = 1) -> dict[str,
     data["pull_request"]["base"]["sha"] = pr.base_sha
     data["pull_request"]["user"]["login"] = pr.user.login
     data["pull_request"]["author_association"] = pr.author_association
+    data["pull_request"]["updated_at"] = _iso(pr.updated_at)  # a push's time: commands are pinned by it
     return data
+
+
+def _iso(value) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def issue_comment_payload(state, pr, body: str, user: str, installation_id: int = 1,
@@ -49,7 +54,8 @@ def issue_comment_payload(state, pr, body: str, user: str, installation_id: int 
     data = real_payload("derived/issue_comment.created.on_pull_request")
     _point_at_repo(data, pr.repo.full_name, installation_id)
     data["issue"]["number"] = pr.number
-    data["comment"].update(id=comment.id, body=body, author_association=author_association)
+    data["comment"].update(id=comment.id, body=body, author_association=author_association,
+                           created_at=_iso(comment.created_at), updated_at=_iso(comment.updated_at))
     data["comment"]["user"].update(login=user, type="User")
     data["sender"].update(login=user, type="User")
     return data

@@ -109,7 +109,7 @@ class _FileInfo:
     def parse(cls, path: str, source: str) -> Optional["_FileInfo"]:
         try:
             tree = ast.parse(source)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # hostile nesting too
             return None
         module = module_name_for_path(path)
         package = module if path.endswith("__init__.py") else module.rpartition(".")[0]

@@ -172,6 +172,7 @@ def new_repo(state, files: dict, extra_base: dict | None = None):
     if not state.installations:
         state.add_installation("octo-org", installation_id=1)
     repo = state.add_repo(name, files={"README.md": "# models\n", **(extra_base or {})})
+    state.add_collaborator(repo, "octo-maintainer", "maintain")  # the tests' maintainer, on every repository
     return repo, name
 
 

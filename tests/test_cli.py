@@ -36,11 +36,11 @@ def test_json_contract(project):
     data = json.loads(proc.stdout)
     assert set(data) == {"findings", "errors", "stats"}
     assert data["stats"]["files"] == 3 and data["stats"]["seconds"] >= 0
-    keys = {"path", "line", "column", "end_line", "end_column", "rule", "slug", "category", "severity", "message", "fix"}
+    keys = {"path", "line", "column", "end_line", "end_column", "rule", "slug", "category", "severity", "message", "fix", "related"}
     for finding in data["findings"]:
         assert set(finding) == keys
         assert finding["severity"] in {"critical", "high", "medium", "low"}
-        assert finding["fix"] is None or set(finding["fix"]) == {"start_line", "end_line", "replacement"}
+        assert finding["fix"] is None or set(finding["fix"]) == {"start_line", "end_line", "replacement", "safe"}
     assert [(f["path"], f["line"], f["rule"]) for f in data["findings"]] == [("train.py", 2, "TR601"), ("train.py", 3, "TR601")]
 
 
@@ -117,6 +117,22 @@ def test_diff_reports_only_changed_lines(tmp_path):
     data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=1).stdout)
     assert sorted((f["path"], f["line"]) for f in data["findings"]) == [("fresh.py", 2), ("train.py", 3)]
     run("check", ".", "--diff", "no-such-ref", cwd=tmp_path, check=2)
+
+
+def test_diff_reports_what_a_deletion_causes(tmp_path):
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    loop = ("import torch\n\ndef train(model, loader, optimizer):\n    for x, y in loader:\n"
+            "        optimizer.zero_grad()\n        model(x).sum().backward()\n        optimizer.step()\n")
+    (tmp_path / "train.py").write_text(loop)
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
+    (tmp_path / "train.py").write_text(loop.replace("        optimizer.zero_grad()\n", ""))
+    data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=1).stdout)
+    assert [f["rule"] for f in data["findings"]] == ["TR101"]  # on the untouched step() line
+    (tmp_path / ".torchreview.toml").write_text('filter = "added"\n')
+    data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=0).stdout)
+    assert data["findings"] == []  # only changed lines: nothing was added
 
 
 def test_example_shows_real_findings():

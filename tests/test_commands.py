@@ -69,15 +69,29 @@ def test_usage_lists_the_commands_and_who_may_run_them():
     assert commands.help_reply() == USAGE
 
 
-def test_refusal_is_mention_safe():
-    text = commands.refusal_text("mallory")
-    assert "`mallory`" in text and "@mallory" not in text
-    assert "write access" in text and "`/review`" in text
-    hostile = commands.refusal_text("x`@everyone`\n# heading")
-    # backticks and line breaks cannot close the code span (and so @-mention) or start a heading
-    rendered = render(hostile)
-    assert rendered.code[0] == "x`@everyone` # heading" and not rendered.mentions and "\n" not in hostile
-    assert rendered.tags == ["p"] + ["code"] * 4
+@pytest.mark.parametrize("body, expected", [
+    ("/review smoke", (None, None)),
+    ("/review smoke 0123abc", ("0123abc", None)),
+    ("/review smoke 0123ABCDEF0123abcdef0123abcdef0123abcdef", ("0123abcdef0123abcdef0123abcdef0123abcdef", None)),
+])
+def test_smoke_sha_argument(body, expected):
+    assert commands.smoke_sha_argument(parse_command(body)) == expected
+
+
+@pytest.mark.parametrize("body", ["/review smoke 0123ab", "/review smoke main", "/review smoke abc1234 now",
+                                  "/review smoke `@everyone`\n# x"])
+def test_smoke_sha_argument_problems_are_mention_safe(body):
+    sha, problem = commands.smoke_sha_argument(parse_command(body))
+    assert sha is None and "7 to 40 hex" in problem
+    assert "\n" not in problem and problem.count("`") % 2 == 0
+
+
+def test_smoke_replies_name_the_command_to_run():
+    head = "a" * 40
+    assert f"`/review smoke {head}`" in commands.smoke_head_moved_reply("b" * 40, head)
+    assert f"`/review smoke {head}`" in commands.smoke_unknown_head_reply(head)
+    rendered = render(commands.smoke_not_in_pr_reply("`@x`"))  # in a code span: no mention
+    assert rendered.code[0] == "`@x`" and not rendered.mentions
 
 
 def test_unknown_reply_names_the_word_safely_and_shows_usage():
@@ -210,22 +224,29 @@ def test_may_run_asks_for_the_permission(world, login, allowed, expect_errors):
         expect_errors.append(("GET", made[0].path, 404))
 
 
-@pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR", "member"])
-def test_may_run_association_shortcut_makes_no_request(world, association, expect_errors):
-    state = world["state"]
-    start = len(state.requests)
-    assert commands.may_run(world["gh_repo"], "someone", association) is True
-    assert _new_requests(state, start) == []
-    assert state.requests_matching("GET", "/repos/octo-org/models/collaborators/someone/permission") == []
-
-
-@pytest.mark.parametrize("association", ["CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "NONE", None])
-def test_may_run_other_associations_ask(world, association, expect_errors):
+@pytest.mark.parametrize("association", ["OWNER", "MEMBER", "COLLABORATOR", "member", "CONTRIBUTOR", "NONE", None])
+def test_may_run_never_trusts_the_association(world, association, expect_errors):
+    """An org member or collaborator with read access only is MEMBER / COLLABORATOR in the payload."""
     state = world["state"]
     start = len(state.requests)
     assert commands.may_run(world["gh_repo"], "writer", association) is True
     assert commands.may_run(world["gh_repo"], "reader", association) is False
-    assert len(_new_requests(state, start)) == 2
+    assert commands.may_run(world["gh_repo"], "triager", association) is False
+    assert len(_new_requests(state, start)) == 3
+
+
+@pytest.mark.parametrize("login, level", [
+    ("octo-org", "admin"), ("admin-person", "admin"), ("maintainer", "maintain"), ("writer", "write"),
+    ("triager", "triage"), ("reader", "read"), ("passer-by", "read"), ("ghost-who-never-was", "none"),
+])
+def test_permission_level_tells_maintain_from_write(world, login, level, expect_errors):
+    assert commands.permission_level(world["gh_repo"], login) == level
+    if level == "none":
+        expect_errors.append(("GET", f"/repos/octo-org/models/collaborators/{login}/permission", 404))
+    maintainer = commands.may_run(world["gh_repo"], login, allowed=commands.MAINTAINER_PERMISSIONS)
+    assert maintainer is (level in ("admin", "maintain"))
+    if level == "none":
+        expect_errors.append(("GET", f"/repos/octo-org/models/collaborators/{login}/permission", 404))
 
 
 def test_may_run_propagates_server_errors(world, expect_errors):
@@ -257,7 +278,7 @@ def test_acknowledge_adds_eyes_once(world, expect_errors):
 def test_reply_posts_a_marked_comment_without_fetching_the_issue(world, expect_errors):
     state, pr = world["state"], world["pr"]
     start = len(state.requests)
-    posted = commands.reply(pr.number, world["gh_repo"], commands.refusal_text("mallory"))
+    posted = commands.reply(pr.number, world["gh_repo"], "Sorry `mallory`, not now.")
     assert posted.body.endswith(REPLY_MARKER)
     (mine,) = [c for c in state.issue_comments_for(pr) if c.id == posted.id]
     assert mine.user.login == "torchreview[bot]"

@@ -116,7 +116,7 @@ def test_yaml_file_with_nested_forms():
 def test_defaults_of_the_new_keys():
     config = Config()
     assert (config.review_event, config.filter, config.diff_context_lines, config.cleanup) == \
-        ("comment", "added", 3, "resolve")
+        ("comment", "introduced", 3, "resolve")
     assert config.skip_drafts and config.skip_bots and config.skip_labels == ("torchreview:skip",)
     assert config.skip_title_markers == ("[skip torchreview]", "[torchreview skip]")
     assert config.smoke["enabled"] is False and config.smoke["timeout"] == 300
@@ -222,7 +222,7 @@ def test_flat_and_nested_forms_together_are_an_error(text, needle):
     ("paths:\n  includes: [a]", "paths.includes: unknown key 'includes'"),
     ("rules:\n  severity: {TR999: low}", "'TR999' is not a rule id"),
     ("review_event: approve", "review_event: must be one of comment, request_changes, got 'approve'"),
-    ("filter: everything", "filter: must be one of added, diff_context, file, got 'everything'"),
+    ("filter: everything", "filter: must be one of added, diff_context, file, introduced, got 'everything'"),
     ("filter: {lines: 3}", "filter.lines: unknown key 'lines'"),
     ("filter: {}", "filter: a table must be {diff_context: N}"),
     ("filter: {diff_context: 51}", "filter.diff_context: must be a whole number from 0 to 50"),

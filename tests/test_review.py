@@ -13,6 +13,7 @@ from openapi_schema_validator import OAS30Validator
 from analyzers.fingerprint import fingerprints_for
 from github_emulator.contract import TRIMMED_SPEC, require
 from analyzers.model import FileError, Finding, Fix, Severity
+from analyzers.rules import all_rules
 from bot.review import (
     MAX_MARKDOWN_CHARS,
     FileDiff,
@@ -23,6 +24,7 @@ from bot.review import (
     no_files_plan,
     parse_file_patch,
     parse_fingerprint,
+    parse_fingerprints,
     plan_check_run,
     plan_review,
     suggestion_block,
@@ -32,12 +34,8 @@ from tests.markdown_render import render
 REVIEWS = ("/repos/{owner}/{repo}/pulls/{pull_number}/reviews", "post")
 CHECK_RUNS = ("/repos/{owner}/{repo}/check-runs", "post")
 
-RULES = {  # real rules, so the rule catalog (why, summary) is exercised
-    "TR301": ("missing-super-init", "architecture"),
-    "TR601": ("unsafe-torch-load", "serialization"),
-    "TR202": ("missing-no-grad", "inference"),
-    "TR105": ("per-step-sync-for-logging", "training-loop"),
-}
+# real rules, so the rule catalog (why, summary) is exercised
+RULES = {cls.id: (cls.slug, cls.category.value) for cls in all_rules()}
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -130,7 +128,10 @@ def test_45_findings_give_30_inline_comments_most_severe_first_and_15_in_the_bod
     source = numbered(60)
     diffs = {"train.py": changed_file("train.py", "", source)}
     severities = [Severity.LOW, Severity.MEDIUM, Severity.HIGH, Severity.CRITICAL]
-    findings = [finding(line=n, severity=severities[n % 4], rule="TR601") for n in range(1, 46)]
+    # distinct rules, never repeated on neighbouring lines: 45 separate things to say
+    rules = sorted(RULES)
+    assert len(rules) >= 23
+    findings = [finding(line=n, severity=severities[n % 4], rule=rules[n % len(rules)]) for n in range(1, 46)]
     plan = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}))
 
     assert len(plan.comments) == 30
@@ -490,3 +491,53 @@ def test_smoke_results_render_runner_and_pr_text_literally():
     for comment in comments:
         assert "SECRET" not in comment["body"]
         assert_renders_as_data(comment["body"])
+
+
+# ---- saying each thing once ----------------------------------------------------------------------
+
+def test_a_rule_repeated_on_100_lines_is_one_comment_listing_them():
+    source = numbered(120)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    findings = [finding(line=n, rule="TR803", severity=Severity.LOW) for n in range(5, 205, 2) if n <= 120]
+    plan = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}))
+    assert len(plan.comments) == 1
+    [comment] = plan.comments
+    assert comment["line"] == 5
+    assert f"({len(findings)} in this file)" in comment["body"]
+    assert set(parse_fingerprints(comment["body"])) == set(plan.fingerprints)
+    assert_valid_review(plan, diffs)
+
+
+def test_two_findings_on_one_line_are_one_comment_with_both():
+    source = numbered(10)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    findings = [finding(line=4, rule="TR702", severity=Severity.LOW), finding(line=4, rule="TR703", severity=Severity.LOW)]
+    plan = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}))
+    [comment] = plan.comments
+    assert "`TR702`" in comment["body"] and "`TR703`" in comment["body"]
+    assert len(parse_fingerprints(comment["body"])) == 2
+    assert parse_fingerprint(comment["body"]) in plan.fingerprints  # the single-marker reader still works
+    rendered = render(comment["body"])
+    assert "TR702" in rendered.text and "TR703" in rendered.text
+
+
+def test_identical_findings_on_consecutive_lines_merge_and_distant_ones_do_not():
+    source = numbered(40)
+    diffs = {"eval.py": changed_file("eval.py", "", source)}
+    consecutive = [finding("eval.py", line=n, rule="TR601", severity=Severity.CRITICAL) for n in (22, 23)]
+    plan = plan_review(PullRequestAnalysis(consecutive, diffs, {"eval.py": source}))
+    assert [c["line"] for c in plan.comments] == [22]
+    assert "lines 22, 23" in plan.comments[0]["body"]
+    apart = [finding("eval.py", line=n, rule="TR601", severity=Severity.CRITICAL) for n in (10, 35)]
+    plan = plan_review(PullRequestAnalysis(apart, diffs, {"eval.py": source}))
+    assert [c["line"] for c in plan.comments] == [10, 35]
+
+
+def test_a_posted_group_is_not_posted_again():
+    source = numbered(30)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    findings = [finding(line=n, rule="TR803", severity=Severity.LOW) for n in (3, 9, 15, 21)]
+    first = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}))
+    posted = frozenset(parse_fingerprints(first.comments[0]["body"]))
+    again = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}), posted=posted)
+    assert again.comments == [] and again.findings_count == 4

@@ -59,6 +59,13 @@ def test_invalid_example_is_found(rule, example):
     if example.fixed is not None:
         assert first.fix is not None, f"{rule.id} offered no fix"
         assert first.fix.apply(code) == textwrap.dedent(example.fixed)
+    for finding in findings:  # a committable suggestion that breaks the build is worse than none
+        if finding.fix is not None:
+            fixed = finding.fix.apply(code)
+            compile(fixed, "example.py", "exec")
+            again = [f for f in analyze_source(fixed, "example.py", rules=[rule]).findings
+                     if f.rule == rule.id and f.line == finding.line and f.message == finding.message]
+            assert not again, f"{rule.id}'s fix does not fix it:\n{fixed}"
 
 
 @pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.id)

@@ -81,3 +81,56 @@ def test_fork_prs_never_smoke_automatically_but_review_smoke_runs_pinned(stack, 
     deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review smoke", user="octo-maintainer"))
     smoke = smoke_run(state, pr.head_sha)
     assert smoke.conclusion == "success"
+
+
+DETACHED = '''import torch
+import torch.nn as nn
+
+
+class DetachedEncoder(nn.Module):
+    def __init__(self, in_features=16, hidden=32, num_classes=4):
+        super().__init__()
+        self.encoder = nn.Linear(in_features, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        features = self.encoder(x).detach()
+        return self.head(torch.relu(features))
+
+
+def load(path):
+    return torch.load(path)
+'''
+
+
+def test_smoke_threads_are_commented_once_and_resolved_when_fixed(stack, gpu_worker):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    state.add_collaborator(repo, "alice", role="write")
+    pr = state.open_pull_request(repo, {"models/net.py": DETACHED}, user="alice")
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    assert smoke_run(state, pr.head_sha).conclusion == "failure"
+
+    def smoke_threads():
+        bodies = {c.id: c.body for c in state.review_comments_for(pr)}
+        return [t for t in state.threads_for(pr) if "**smoke**" in bodies[t.root_comment_id]]
+
+    assert len(smoke_threads()) == 1 and len(state.threads_for(pr)) == 2  # TR601 and the smoke failure
+
+    # Fix only the static finding: its thread resolves; the smoke failure, still there, keeps its one
+    # open thread (the static review never touches smoke threads, and the smoke job does not repeat itself).
+    head = state.push(pr, {"models/net.py": DETACHED.replace("torch.load(path)", "torch.load(path, weights_only=True)")})
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    assert completed_run(state, head).conclusion == "success"
+    assert smoke_run(state, head).conclusion == "failure"
+    assert len(smoke_threads()) == 1 and not smoke_threads()[0].is_resolved
+    assert [t.is_resolved for t in state.threads_for(pr) if t not in smoke_threads()] == [True]
+
+    # Fix the model: the smoke job resolves its own thread.
+    head = state.push(pr, {"models/net.py": DETACHED.replace(".detach()", "")})
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    completed_run(state, head)
+    assert smoke_run(state, head).conclusion == "success"
+    threads = state.threads_for(pr)
+    assert len(threads) == 2 and all(t.is_resolved for t in threads)

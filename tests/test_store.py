@@ -49,3 +49,23 @@ def test_write_budget_waits_for_the_next_minute_across_workers(store):
     assert slept == [60.0] and now[0] == 660.0
     WriteBudget(store, 8, per_minute=3, sleep=sleep, clock=lambda: now[0]).spend()  # other installations: own budget
     assert slept == [60.0]
+
+
+def test_put_and_get(store):
+    assert store.get("head") is None
+    store.put("head", "abc", 60)
+    store.put("head", "def", 60)  # overwrites
+    assert store.get("head") == "def"
+
+
+def test_write_budget_without_sleep_asks_to_be_requeued(store):
+    from bot.store import WriteBudgetSpent
+
+    budget = WriteBudget(store, 9, per_minute=1, clock=lambda: 615.0)
+    budget.spend()
+    try:
+        budget.spend()
+    except WriteBudgetSpent as spent:
+        assert spent.delay == 45.0
+    else:
+        raise AssertionError("the second write of the minute must be refused")

@@ -71,6 +71,7 @@ class ClassSummary:
     bases: list[str]
     layers: dict[str, Layer] = field(default_factory=dict)
     forward_activation: Optional[str] = None  # every return path of forward ends in this activation
+    forward_return_line: Optional[int] = None  # the first of those returns
     has_forward: bool = False
     functional_dropout: bool = False  # F.dropout in forward
     features: set[str] = field(default_factory=set)  # dropout | batchnorm | recurrent | transformer
@@ -319,7 +320,10 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
     forward = methods.get("forward")
     if isinstance(forward, ast.FunctionDef):
         cls.has_forward = True
-        cls.forward_activation = _ForwardReader(cls, forward).activation()
+        reader = _ForwardReader(cls, forward)
+        cls.forward_activation = reader.activation()
+        if cls.forward_activation is not None and reader.returns:
+            cls.forward_return_line = reader.returns[0][0]
         for inner in ast.walk(forward):
             if isinstance(inner, ast.Call) and _last(inner.func) in ("dropout", "dropout2d", "dropout1d",
                                                                     "alpha_dropout"):
@@ -522,6 +526,11 @@ class ModuleFacts:
             if parent is not None and parent.has_forward:
                 return parent.forward_activation
         return None
+
+    def forward_site(self, name: str) -> Optional[int]:
+        """The line of ``name.forward``'s activation return, when the class is defined in this file."""
+        cls = self._summary().classes.get(name)
+        return cls.forward_return_line if cls is not None else None
 
     def features(self, name: str) -> Optional[set[str]]:
         """None when the class is unknown (imported from outside the repository, or no repository)."""

@@ -205,6 +205,7 @@ class _MethodRecord:
 
 class SubmodulesInPlainContainer(Rule):
     id = "TR302"
+    fix_safety = "unsafe"  # registering the modules adds parameters, state_dict keys and .to() moves
     slug = "submodules-in-plain-container"
     category = Category.ARCHITECTURE
     severity = Severity.HIGH

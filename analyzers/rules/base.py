@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional, Union
+from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Union
 
 import libcst as cst
 
@@ -59,6 +59,9 @@ class PendingFinding:
     message: str
     replacement: Optional[cst.CSTNode]  # a node replacing ``node`` (mechanical fix), or None
     severity: Optional[Severity]
+    # other sites: (node, what happens there), or (line, what happens there) for sites known by line only
+    related: tuple[tuple[Union[cst.CSTNode, int], str], ...] = ()
+    safe: Optional[bool] = None  # None: the rule's ``fix_safety``
 
 
 REGISTRY: dict[str, type["Rule"]] = {}
@@ -81,6 +84,9 @@ class Rule:
     why: ClassVar[str]
     example: ClassVar[str]
     fix_example: ClassVar[str]
+    #: "safe": the fix keeps behaviour (a rename), `--fix` applies it; "unsafe": it changes what the
+    #: program does (e.g. weights_only=True refuses some checkpoints), applied only with --unsafe-fixes
+    fix_safety: ClassVar[str] = "safe"
     VALID: ClassVar[list[Example]] = []
     INVALID: ClassVar[list[Example]] = []
 
@@ -99,6 +105,8 @@ class Rule:
                     if node_cls is None:
                         raise TypeError(f"{cls.__name__}.{attr}: no libcst node class {attr[len(prefix):]!r}")
                     table[node_cls] = attr
+        if cls.fix_safety not in ("safe", "unsafe"):
+            raise TypeError(f"{cls.__name__}.fix_safety must be 'safe' or 'unsafe', not {cls.fix_safety!r}")
         if getattr(cls, "id", None) is None:
             return  # abstract helper base
         for required in ("slug", "category", "severity", "summary", "what", "why", "example", "fix_example"):
@@ -113,9 +121,12 @@ class Rule:
         self.pending: list[PendingFinding] = []
 
     def report(self, node: cst.CSTNode, message: str, *, replacement: Optional[cst.CSTNode] = None,
-               severity: Optional[Severity] = None) -> None:
-        """Report ``node``. ``replacement`` is a node that replaces it as a mechanical fix."""
-        self.pending.append(PendingFinding(node, message, replacement, severity))
+               severity: Optional[Severity] = None,
+               related: Sequence[tuple[Union[cst.CSTNode, int], str]] = (), safe: Optional[bool] = None) -> None:
+        """Report ``node``. ``replacement`` is a node that replaces it as a mechanical fix (``safe``
+        overrides the rule's ``fix_safety`` for this one fix); ``related`` are the other sites of the
+        problem (a pull request that changes only one of them is still told)."""
+        self.pending.append(PendingFinding(node, message, replacement, severity, tuple(related), safe))
 
     def end_file(self, ctx: "FileContext") -> None:
         """Called once after the walk; override for whole-file checks."""

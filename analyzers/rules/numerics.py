@@ -286,6 +286,8 @@ _KIND_TEXT = {"softmax": "softmax", "log_softmax": "log_softmax", "sigmoid": "si
 class _ActivationIntoLoss(Rule):
     """Base: an activation output passed as the ``input`` of a loss that applies it itself."""
 
+    fix_safety = "unsafe"  # dropping the activation changes the loss values (that is the point)
+
     #: qualified loss class / function name -> display name
     LOSS_MODULES: ClassVar[dict[str, str]] = {}
     LOSS_FUNCS: ClassVar[dict[str, str]] = {}
@@ -407,7 +409,16 @@ class _ActivationIntoLoss(Rule):
             source = f"{code_span(shown)} comes from {code_span(_short(ctx, act.producer))}"
         crit = f"`{crit_text}` ({loss})" if crit_text != loss else f"{loss}"
         message, severity = self.describe(crit, source, kind, loss)
-        self.report(value, message, replacement=self.fix(act, kind, cls), severity=severity)
+        # the other site: where the activation is applied (often the line to change), so a pull request
+        # that only touches forward's return is still told about the loss it feeds
+        related = []
+        if cls is not None:
+            line = ctx.facts(ModuleFacts).forward_site(cls)
+            if line is not None:
+                related.append((line, f"`{cls}.forward` returns {kind}(...) here"))
+        elif not act.inline:
+            related.append((act.producer, f"the {kind} is applied here"))
+        self.report(value, message, replacement=self.fix(act, kind, cls), severity=severity, related=related)
 
     def describe(self, crit: str, source: str, kind: str, loss: str) -> tuple[str, Optional[Severity]]:
         raise NotImplementedError

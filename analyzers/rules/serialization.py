@@ -18,6 +18,7 @@ _EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "
 
 class UnsafeTorchLoad(Rule):
     id = "TR601"
+    fix_safety = "unsafe"  # weights_only=True refuses checkpoints holding arbitrary objects
     slug = "unsafe-torch-load"
     category = Category.SECURITY
     severity = Severity.HIGH
@@ -183,6 +184,7 @@ def _looks_external(expr, ctx: FileContext) -> bool:
 
 class SaveWholeModel(Rule):
     id = "TR602"
+    fix_safety = "unsafe"  # the checkpoint changes format: its loaders must change too
     slug = "save-whole-model"
     category = Category.SECURITY
     severity = Severity.MEDIUM

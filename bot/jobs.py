@@ -1,0 +1,315 @@
+"""Job descriptions and enqueueing: what the webhook decides and what the workers run.
+
+The webhook, the tasks and the pipeline all import this module and nothing imports back, so the
+import graph has no circle (webhook -> jobs <- tasks -> pipeline/smoke -> jobs).
+
+A job is everything a worker needs, fixed when the job is made: in particular a smoke job carries
+the exact commit it may execute (``head_sha``), pinned when the run was authorized, so a retry or a
+push in between can never make it run other code.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime
+from typing import Any, Callable, Optional, Union
+
+from bot.settings import Settings
+
+log = logging.getLogger("torchreview.jobs")
+
+REVIEW_QUEUE = "reviews"
+GPU_QUEUE = "gpu"  # smoke training: `torchreview worker --queues gpu` on GPU machines
+REVIEW_TASK = "torchreview.review_pull_request"
+SMOKE_TASK = "torchreview.smoke_pull_request"
+PR_ACTIONS = {"opened", "synchronize", "reopened", "ready_for_review"}
+SMOKE_CHECK_NAME = "torchreview / smoke"
+HEAD_TTL = 30 * 24 * 3600  # how long the webhook remembers a PR's last pushed head
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReviewJob:
+    """Review one PR head (static analysis); built from the webhook, never from GitHub calls."""
+
+    installation_id: int
+    repository: str  # owner/name
+    pull_number: Optional[int]
+    head_sha: Optional[str]  # None: "whatever the head is when the job runs" (/review)
+    reason: str
+    delivery: str
+    requested_by: Optional[str] = None
+    # pull_request events: when GitHub last updated the PR (for a push: the push), to pin commands
+    pr_updated_at: Optional[str] = None
+
+    kind = "review"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandJob:
+    """A ``/review ...`` comment. ``head_sha``: for ``/review smoke``, the PR head the webhook knew
+    when the comment was written (None when it did not know one that was pushed before the comment)."""
+
+    installation_id: int
+    repository: str
+    pull_number: int
+    delivery: str
+    comment_id: Optional[int]
+    command: str  # the comment body
+    requested_by: Optional[str]
+    comment_created_at: Optional[str] = None
+    head_sha: Optional[str] = None
+    author_association: Optional[str] = None
+    reason: str = "command"
+
+    kind = "command"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokeJob:
+    """Smoke-train exactly ``head_sha`` of a PR. ``reason``: "smoke.auto" (after a review, subject to
+    ``smoke.trust``), "command.smoke" (authorized by ``requested_by``'s permission) or
+    "check_run.rerequested" / "check_run.requested_action" (re-run of a smoke check run)."""
+
+    installation_id: int
+    repository: str
+    pull_number: int
+    head_sha: str
+    reason: str
+    delivery: str
+    requested_by: Optional[str] = None
+    comment_id: Optional[int] = None
+
+    kind = "smoke"
+
+    def __post_init__(self) -> None:
+        if not self.head_sha:
+            raise ValueError("a smoke job needs the commit it runs")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+Job = Union[ReviewJob, CommandJob, SmokeJob]
+_KINDS = {cls.kind: cls for cls in (ReviewJob, CommandJob, SmokeJob)}
+
+
+def job_from_dict(data: dict[str, Any]) -> Job:
+    """The job a task was given (unknown keys are dropped, so older queued jobs still load)."""
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if kind is None:  # queued before jobs had kinds
+        reason = str(data.get("reason") or "")
+        kind = "command" if reason == "command" else "smoke" if reason in ("smoke.auto", "command.smoke") else "review"
+    cls = _KINDS[kind]
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# ---- from a webhook delivery to jobs ---------------------------------------------------------------
+
+
+def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Settings) -> list[Job]:
+    """The jobs an event asks for (empty: nothing to do). Pure: no GitHub call, no shared state."""
+    installation = (payload.get("installation") or {}).get("id")
+    repo = (payload.get("repository") or {}).get("full_name")
+    if not installation or not repo:
+        return []
+    sender = payload.get("sender") or {}
+    if event == "pull_request":
+        pr = payload.get("pull_request") or {}
+        if payload.get("action") not in PR_ACTIONS or pr.get("state") == "closed":
+            return []
+        return [ReviewJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),
+                          head_sha=(pr.get("head") or {}).get("sha"), reason=f"pull_request.{payload['action']}",
+                          delivery=delivery, pr_updated_at=pr.get("updated_at"))]
+    if event == "issue_comment":
+        comment = payload.get("comment") or {}
+        issue = payload.get("issue") or {}
+        if payload.get("action") != "created" or not issue.get("pull_request"):
+            return []
+        if _is_bot(comment.get("user") or {}, settings) or _is_bot(sender, settings):
+            return []
+        from bot.commands import parse_command
+
+        body = comment.get("body") or ""
+        if parse_command(body) is None:
+            return []
+        return [CommandJob(installation_id=installation, repository=repo, pull_number=issue.get("number"),
+                           delivery=delivery, comment_id=comment.get("id"), command=body,
+                           requested_by=(comment.get("user") or {}).get("login"),
+                           comment_created_at=comment.get("created_at"),
+                           author_association=comment.get("author_association"))]
+    if event == "check_run":
+        run = payload.get("check_run") or {}
+        action = payload.get("action")
+        if (run.get("app") or {}).get("id") not in (None, settings.app_id) and settings.app_id is not None:
+            return []  # another App's check run
+        if action == "requested_action":
+            if (payload.get("requested_action") or {}).get("identifier") != "rerun":
+                return []
+        elif action != "rerequested":
+            return []
+        if run.get("name") == SMOKE_CHECK_NAME and run.get("head_sha"):
+            # Re-running a smoke check run executes PR code: the smoke job checks the clicker's
+            # permission, and runs the commit the check run is on, nothing newer.
+            return [SmokeJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),
+                             head_sha=run["head_sha"], reason=f"check_run.{action}", delivery=delivery,
+                             requested_by=sender.get("login"))
+                    for pr in run.get("pull_requests") or []]
+        return [ReviewJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),
+                          head_sha=run.get("head_sha"), reason=f"check_run.{action}", delivery=delivery,
+                          requested_by=sender.get("login"))
+                for pr in run.get("pull_requests") or []]
+    if event == "check_suite":
+        suite = payload.get("check_suite") or {}
+        if payload.get("action") not in {"requested", "rerequested"}:
+            return []
+        # Fork PRs arrive with no pull_requests here; their pull_request events cover them.
+        return [ReviewJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),
+                          head_sha=suite.get("head_sha"), reason=f"check_suite.{payload['action']}",
+                          delivery=delivery)
+                for pr in suite.get("pull_requests") or []]
+    return []
+
+
+def _is_bot(user: dict[str, Any], settings: Settings) -> bool:
+    login = user.get("login") or ""
+    return user.get("type") == "Bot" or login.endswith("[bot]") or (settings.bot_login is not None and login == settings.bot_login)
+
+
+# ---- pinning: which head a command saw ---------------------------------------------------------------
+
+
+def _head_key(repository: str, number: int) -> str:
+    return f"torchreview:head:{repository}#{number}"
+
+
+def _timestamp(value: Optional[str]) -> Optional[datetime]:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
+
+
+def remember_head(store, job: ReviewJob) -> None:
+    """Record the head a pull_request event announced, with when it was pushed (newest wins)."""
+    if not (job.reason.startswith("pull_request.") and job.pull_number and job.head_sha):
+        return
+    at = _timestamp(job.pr_updated_at)
+    if at is None:
+        return
+    key = _head_key(job.repository, job.pull_number)
+    known = _known(store, key)
+    if known is not None and known[1] > at:
+        return  # a late, older delivery
+    store.put(key, json.dumps({"sha": job.head_sha, "at": at.isoformat()}), HEAD_TTL)
+
+
+def _known(store, key: str) -> Optional[tuple[str, datetime]]:
+    raw = store.get(key)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return data["sha"], datetime.fromisoformat(data["at"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def pin_command(store, job: CommandJob) -> CommandJob:
+    """``/review smoke``: the head known to have been pushed no later than the comment, or None.
+
+    Ties within GitHub's one-second timestamps count as "before the comment". A head pushed after
+    the comment (its delivery may arrive first) is never pinned: the worker then asks for an
+    explicit ``/review smoke <sha>``.
+    """
+    from bot.commands import parse_command
+
+    command = parse_command(job.command)
+    if command is None or command.name != "smoke" or not job.pull_number:
+        return job
+    known = _known(store, _head_key(job.repository, job.pull_number))
+    written = _timestamp(job.comment_created_at)
+    if known is None or written is None or known[1] > written:
+        return replace(job, head_sha=None)
+    return replace(job, head_sha=known[0])
+
+
+# ---- enqueueing ------------------------------------------------------------------------------------
+
+
+def make_celery(settings: Settings):
+    from celery import Celery
+
+    app = Celery("torchreview", broker=settings.broker_url)
+    visibility = int(os.environ.get("TORCHREVIEW_VISIBILITY_TIMEOUT", "900"))
+    if settings.embedded:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app.conf.update(
+        task_default_queue=REVIEW_QUEUE,
+        task_ignore_result=True,
+        task_acks_late=True,  # a job is acknowledged when done, so a killed worker's job is redelivered
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        # Redis re-delivers the unacknowledged jobs of a dead worker after ``visibility`` seconds;
+        # surviving workers sweep for them every few seconds (kombu's default is ~100 s). The
+        # SQLAlchemy transport hands its options to create_engine, so it gets none.
+        broker_transport_options={
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": max(1, min(10, visibility // 2)),
+            "unacked_restore_throttle": 1,
+        } if settings.redis_url else {},
+    )
+    return app
+
+
+_producers: dict[str, Any] = {}
+
+
+def _producer(settings: Settings):
+    """One Celery app per broker URL and process, used only to send tasks by name."""
+    app = _producers.get(settings.broker_url)
+    if app is None:
+        app = _producers[settings.broker_url] = make_celery(settings)
+    return app
+
+
+def send(job: Job, settings: Optional[Settings] = None) -> None:
+    """Put ``job`` on its queue: smoke jobs on the GPU queue, the rest on the review queue."""
+    # only the broker is needed here, and web processes send jobs too: never read the private key for it
+    settings = settings or Settings.from_env(require_github=False, role="web")
+    if isinstance(job, SmokeJob):
+        _producer(settings).send_task(SMOKE_TASK, args=[job.to_dict()], queue=GPU_QUEUE)
+    else:
+        _producer(settings).send_task(REVIEW_TASK, args=[job.to_dict()], queue=REVIEW_QUEUE)
+
+
+def enqueue_smoke(job: SmokeJob) -> None:
+    send(job)
+
+
+def enqueuer_for(settings: Settings, store=None) -> Callable[[Job], None]:
+    """The webhook's enqueue: remembers pushed heads and pins ``/review smoke`` to the one the
+    comment saw (with ``store``), then sends the job."""
+
+    def enqueue(job: Job) -> None:
+        if store is not None:
+            if isinstance(job, ReviewJob):
+                remember_head(store, job)
+            elif isinstance(job, CommandJob):
+                job = pin_command(store, job)
+        send(job, settings)
+
+    return enqueue

@@ -1,0 +1,175 @@
+"""``torchreview check --fix``: fixes applied in place, re-analyzed, unsafe ones held back, diffs, refusals."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import libcst as cst
+import pytest
+
+from analyzers.config import Config
+from analyzers.fixer import MAX_PASSES, fix_source
+from analyzers.model import Category, Severity
+from analyzers.rules import get_rule
+from analyzers.rules.base import Rule
+from tests.test_cli import run
+
+# Every fix here is safe (renames and no-op wrappers); two Variable fixes share line 4, so they
+# overlap and need a second pass.
+FIXABLE = """\
+import torch
+from torch.autograd import Variable
+
+x = Variable(torch.ones(2)) + Variable(torch.zeros(2))
+with torch.cuda.amp.autocast():
+    y = x * 2
+p = torch.log(torch.softmax(y, dim=0))
+"""
+FIXED = """\
+import torch
+from torch.autograd import Variable
+
+x = torch.ones(2) + torch.zeros(2)
+with torch.amp.autocast("cuda"):
+    y = x * 2
+p = torch.log_softmax(y, dim=0)
+"""
+UNSAFE = "import torch\nstate = torch.load('ckpt.pt')\n"
+
+
+def _findings(path, cwd):
+    proc = run("check", path, "--format", "json", "--fail-on", "low", cwd=cwd)
+    return json.loads(proc.stdout)["findings"]
+
+
+def test_several_fixes_applied_and_the_file_reanalyzes_clean(tmp_path):
+    (tmp_path / "train.py").write_text(FIXABLE)
+    assert {f["rule"] for f in _findings("train.py", tmp_path)} == {"TR801", "TR803", "TR404"}
+    proc = run("check", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
+    assert (tmp_path / "train.py").read_text() == FIXED
+    assert "Fixed 4 findings in 1 file; 0 remaining" in proc.stderr
+    assert "fixed train.py:5:6: TR801 deprecated-cuda-amp" in proc.stderr
+    assert _findings("train.py", tmp_path) == []
+    # nothing left to do: a second --fix changes nothing
+    proc = run("check", "train.py", "--fix", cwd=tmp_path, check=0)
+    assert "Fixed 0 findings in 0 files" in proc.stderr and (tmp_path / "train.py").read_text() == FIXED
+
+
+def test_unsafe_fix_needs_the_flag(tmp_path):
+    (tmp_path / "load.py").write_text(UNSAFE)
+    (finding,) = _findings("load.py", tmp_path)
+    assert finding["fix"]["safe"] is False  # TR601: weights_only=True refuses pickled objects
+    proc = run("check", "load.py", "--fix", cwd=tmp_path, check=1)  # the HIGH finding remains
+    assert (tmp_path / "load.py").read_text() == UNSAFE
+    assert "1 more fix available with --unsafe-fixes" in proc.stderr
+    assert "TR601" in proc.stdout and "[unsafe fix available]" in proc.stdout
+    run("check", "load.py", "--fix", "--unsafe-fixes", cwd=tmp_path, check=0)
+    assert (tmp_path / "load.py").read_text() == "import torch\nstate = torch.load('ckpt.pt', weights_only=True)\n"
+
+
+def test_safe_fixes_are_marked_safe_in_json(tmp_path):
+    (tmp_path / "train.py").write_text(FIXABLE)
+    assert all(f["fix"]["safe"] is True for f in _findings("train.py", tmp_path))
+    assert get_rule("TR601").fix_safety == "unsafe" and get_rule("TR803").fix_safety == "safe"
+
+
+def test_diff_fixes_prints_a_diff_and_writes_nothing(tmp_path):
+    if shutil.which("git") is None:
+        pytest.fail("git is needed")
+    (tmp_path / "train.py").write_text(FIXABLE)
+    proc = run("check", "train.py", "--diff-fixes", cwd=tmp_path, check=1)  # 1: there is something to fix
+    assert (tmp_path / "train.py").read_text() == FIXABLE
+    assert proc.stdout.startswith("--- a/train.py\n+++ b/train.py\n")
+    assert "\n-with torch.cuda.amp.autocast():\n" in proc.stdout and '\n+with torch.amp.autocast("cuda"):\n' in proc.stdout
+    # the diff is the fix: git applies it and gets what --fix writes
+    subprocess.run(["git", "apply", "-"], input=proc.stdout, text=True, cwd=tmp_path, check=True)
+    assert (tmp_path / "train.py").read_text() == FIXED
+    run("check", "train.py", "--diff-fixes", cwd=tmp_path, check=0)  # nothing left: no diff, exit 0
+
+
+def test_newlines_and_encoding_are_kept(tmp_path):
+    source = "# -*- coding: latin-1 -*-\nimport torch\nname = 'caf\xe9'\nwith torch.cuda.amp.autocast():\n    pass\n"
+    data = source.replace("\n", "\r\n").encode("latin-1")
+    (tmp_path / "old.py").write_bytes(data)
+    (tmp_path / "old.py").chmod(0o755)  # an executable script stays executable
+    run("check", "old.py", "--fix", cwd=tmp_path, check=0)
+    assert (tmp_path / "old.py").stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in tmp_path.iterdir()] == ["old.py"]  # no temporary file left behind
+    assert (tmp_path / "old.py").read_bytes() == data.replace(b"torch.cuda.amp.autocast()", b'torch.amp.autocast("cuda")')
+
+
+def _notebook(*sources):
+    return {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# Título\n"]}]
+            + [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s}
+               for s in sources],
+            "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_notebook_cells_are_fixed_in_the_json(tmp_path):
+    nb = _notebook(["import torch\n", "%matplotlib inline\n", "from torch.autograd import Variable"],
+                   ["x = Variable(torch.ones(2))\n", "with torch.cuda.amp.autocast():\n", "    y = x * 2"],
+                   "z = Variable(x)")
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    proc = run("check", "nb.ipynb", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
+    assert "fixed nb.ipynb:cell 3, line 1: TR803" in proc.stderr
+    nb["cells"][2]["source"] = ["x = torch.ones(2)\n", 'with torch.amp.autocast("cuda"):\n', "    y = x * 2"]
+    nb["cells"][3]["source"] = "z = x"  # a string source stays a string, with no newline added
+    # only the cell sources change: same layout, same non-ASCII text, magics kept
+    assert path.read_text(encoding="utf-8") == json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+class _KeywordForPrint(Rule):
+    """A rule whose fix is broken: it replaces ``print(...)`` with the keyword ``lambda``."""
+
+    summary = what = why = example = fix_example = "test"
+
+    def visit_Call(self, node, ctx):
+        if isinstance(node.func, cst.Name) and node.func.value == "print":
+            self.report(node, "print", replacement=cst.Name("lambda"))
+
+
+# set after the class body so the rule is not registered for every other test
+_KeywordForPrint.id, _KeywordForPrint.slug = "TR000", "keyword-for-print"
+_KeywordForPrint.category, _KeywordForPrint.severity = Category.NUMERICS, Severity.LOW
+
+
+def test_a_fix_that_does_not_parse_is_refused():
+    source = "import torch\nfrom torch.autograd import Variable\nprint(1)\nx = Variable(torch.ones(2))\n"
+    fixed = fix_source(source, "t.py", Config(), rules=[_KeywordForPrint, get_rule("TR803")])
+    # the good fix on line 4 is applied; the broken one is refused, reported, and its finding remains
+    assert fixed.text == source.replace("Variable(torch.ones(2))", "torch.ones(2)")
+    ((refused, why),) = fixed.refused
+    assert refused.rule == "TR000" and "line 3" in why
+    assert [f.rule for f in fixed.result.findings] == ["TR000"]
+
+
+def test_passes_are_capped():
+    # each pass can apply one of these overlapping fixes (one line): more than MAX_PASSES of them
+    # stop at the cap, with the rest still reported
+    count = MAX_PASSES + 2
+    source = "import torch\nfrom torch.autograd import Variable\nx = " + " + ".join(["Variable(a)"] * count) + "\n"
+    fixed = fix_source(source, "t.py", Config(), rules=[get_rule("TR803")])
+    assert len(fixed.applied) == MAX_PASSES
+    assert fixed.text.count("Variable(a)") == count - MAX_PASSES == len(fixed.result.findings)
+
+
+def test_fix_with_diff_fixes_changed_lines_only(tmp_path):
+    from tests.test_precommit import _git
+
+    old = "import torch\nfrom torch.autograd import Variable\nold = Variable(torch.ones(2))\n"
+    _git("init", "-q", cwd=tmp_path)
+    (tmp_path / "train.py").write_text(old)
+    _git("add", "-A", cwd=tmp_path)
+    _git("commit", "-q", "-m", "base", cwd=tmp_path)
+    # two changes on one new line: the second fix runs on the text the first left, still a changed line
+    (tmp_path / "train.py").write_text(old + "new = Variable(torch.ones(3)) + Variable(torch.ones(4))\n")
+    run("check", "train.py", "--fix", "--diff", "HEAD", "--fail-on", "low", cwd=tmp_path, check=0)
+    assert (tmp_path / "train.py").read_text() == old + "new = torch.ones(3) + torch.ones(4)\n"
+    # a bad ref is a usage error, and nothing is written
+    proc = run("check", "train.py", "--fix", "--diff", "no-such-ref", cwd=tmp_path, check=2)
+    assert "no-such-ref" in proc.stderr
+    assert (tmp_path / "train.py").read_text() == old + "new = torch.ones(3) + torch.ones(4)\n"
+    run("check", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)  # without --diff: the old line too
+    assert (tmp_path / "train.py").read_text().startswith("import torch\nfrom torch.autograd import Variable\nold = torch.ones(2)\n")

@@ -1,0 +1,81 @@
+"""What reaches the pull request: every bug the change causes, each said once (end to end, emulator)."""
+from __future__ import annotations
+
+from tests.conftest import completed_run, deliver, new_repo, pr_payload
+
+TRAIN = """\
+import torch
+import torch.nn.functional as F
+
+
+def train(model, loader, optimizer):
+    model.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+MODEL = """\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+model = Net()
+criterion = nn.CrossEntropyLoss()
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+"""
+
+
+def bot_comments(state, pr):
+    return [c for c in state.review_comments_for(pr) if c.user.login.endswith("[bot]")]
+
+
+def test_a_pr_that_deletes_zero_grad_is_told_on_the_line_it_changed(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {"train.py": TRAIN})
+    pr = state.open_pull_request(repo, {"train.py": TRAIN.replace("        optimizer.zero_grad()\n", "")})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    run = completed_run(state, pr.head_sha)
+    assert run.conclusion == "failure"  # TR101 is high: the merge gate closes on what the PR removed
+    (comment,) = bot_comments(state, pr)
+    assert "`TR101`" in comment.body
+    assert "removes `optimizer.zero_grad()`" in comment.body
+    # placed on a line of the diff (the deletion's context), inside train()
+    assert 5 <= comment.line <= 10
+
+
+def test_a_pr_that_only_adds_a_softmax_to_forward_is_told_about_the_loss_it_feeds(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {"model.py": MODEL})
+    head = MODEL.replace("        return self.fc(x)\n", "        return F.softmax(self.fc(x), dim=-1)\n")
+    pr = state.open_pull_request(repo, {"model.py": head})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    comments = bot_comments(state, pr)
+    assert [c.line for c in comments] == [12]  # the changed return, not the untouched loss call
+    assert "`TR401`" in comments[0].body and "finding is at line 18" in comments[0].body
+
+
+def test_findings_the_base_already_had_are_not_the_prs_business(stack):
+    state = stack["state"]
+    old = 'import torch\n\nstate = torch.load("old.pt")\n'
+    repo, name = new_repo(state, {}, {"load.py": old})
+    pr = state.open_pull_request(repo, {"load.py": old + '\nnew = torch.load("new.pt")\n'})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    (comment,) = bot_comments(state, pr)
+    assert comment.line == 5 and "new.pt" in comment.body  # old.pt's finding predates the PR
