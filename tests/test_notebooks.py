@@ -291,3 +291,16 @@ def test_json_fix_rewrites_the_json_strings_of_the_fixed_lines():
     # a source written as one string has no line of its own per cell line: no suggestion
     one_string = json.dumps({"cells": [{"cell_type": "code", "source": "a\nb = torch.load(p)\n"}]}, indent=1)
     assert json_fix(one_string, json_source_lines(one_string)[1], Fix(2, 2, "b = 1\n")) is None
+
+
+def test_fix_applies_in_a_cell_full_of_ipython_syntax():
+    from analyzers.fixer import fix_notebook
+
+    source = ("import torch\ngpus = !nvidia-smi -L\nif gpus:\n    %load_ext autoreload\n"
+              "x = %time torch.load(path)\nstate = torch.load(path)\n")
+    fixed = fix_notebook(notebook(("code", source)), "nb.ipynb", Config(), unsafe=True)  # weights_only is unsafe
+    cell = json.loads(fixed.text)["cells"][0]["source"]
+    # the plain line is fixed; the %time line keeps its magic (no fix offered there); the rest is untouched
+    assert cell == ["import torch\n", "gpus = !nvidia-smi -L\n", "if gpus:\n", "    %load_ext autoreload\n",
+                    "x = %time torch.load(path)\n", "state = torch.load(path, weights_only=True)\n"]
+    assert [(f.rule, f.cell, f.line) for f in fixed.result.findings] == [("TR601", 1, 5)]
