@@ -542,8 +542,9 @@ def _with_cell(f: Finding, cell: int, line: int, end_line: int, column: int, end
         if site.line - 1 < len(line_map) and line_map[site.line - 1][0] == cell:
             start, shift = line_map[site.line - 1][1], line_map[site.line - 1][2]
             end = line_map[min(site.end_line, len(line_map)) - 1]
-            related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start,
-                                   column=site.column + shift, end_column=site.end_column + end[2]))
+            if (site.column, site.end_column) != (1, 1):  # (1, 1): the whole line, no column to move
+                site = replace(site, column=site.column + shift, end_column=site.end_column + end[2])
+            related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start))
     return Finding(f.path, line, column, end_line, end_column, f.rule, f.slug, f.category, f.severity,
                    f.message, fix, cell, tuple(related))
 

@@ -304,3 +304,38 @@ def test_fix_applies_in_a_cell_full_of_ipython_syntax():
     assert cell == ["import torch\n", "gpus = !nvidia-smi -L\n", "if gpus:\n", "    %load_ext autoreload\n",
                     "x = %time torch.load(path)\n", "state = torch.load(path, weights_only=True)\n"]
     assert [(f.rule, f.cell, f.line) for f in fixed.result.findings] == [("TR601", 1, 5)]
+
+
+def test_a_findings_other_site_in_the_cell_is_on_its_json_line_too(tmp_path):
+    from analyzers.output import to_sarif
+
+    model = ("class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.fc = torch.nn.Linear(4, 2)\n\n    def forward(self, x):\n"
+             "        return torch.softmax(self.fc(x), dim=1)\n\n"
+             "model = Net()\ncriterion = torch.nn.CrossEntropyLoss()\nfor x, y in loader:\n"
+             "    loss = criterion(model(x), y)\n")
+    path = tmp_path / "nb.ipynb"
+    path.write_text(notebook(("code", "import torch\n"), ("code", model)))
+    run = analyze_paths([str(path)], Config(), jobs=1)
+    (finding,) = [f for f in run.findings if f.related]
+    (site,) = finding.related
+    assert (finding.cell, finding.line, site.line) == (2, 12, 7)
+    lines = path.read_text().split("\n")
+    (result,) = [r for r in to_sarif(run)["runs"][0]["results"] if r["ruleId"] == finding.rule]
+    (related,) = result["relatedLocations"]
+    assert "torch.softmax" in lines[related["physicalLocation"]["region"]["startLine"] - 1]
+    assert related["message"]["text"].startswith("cell 2, line 7: ")
+
+
+def test_a_pr_that_changes_only_the_other_site_is_commented_there():
+    model = ("class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.fc = torch.nn.Linear(4, 2)\n\n    def forward(self, x):\n"
+             "        return {}\n\n"
+             "model = Net()\ncriterion = torch.nn.CrossEntropyLoss()\nfor x, y in loader:\n"
+             "    loss = criterion(model(x), y)\n")
+    base = notebook(("code", "import torch\n"), ("code", model.format("self.fc(x)")))
+    head = notebook(("code", "import torch\n"), ("code", model.format("torch.softmax(self.fc(x), dim=1)")))
+    pr = _analysis(base, head)
+    (comment,) = plan_review(pr).comments
+    assert "torch.softmax" in head.split("\n")[comment["line"] - 1]
+    assert "the finding is at cell 2, line 12" in comment["body"]
