@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import base64
 import logging
+import shutil
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Optional
 
+import requests
 from github import GithubException
 
 from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
 from analyzers.engine import analyze_text, decode_source
 from analyzers.fingerprint import fingerprints_for
+from analyzers.program.modules import RepositoryIndex
 from analyzers.model import FileError, FileResult, Finding
 from analyzers.notebook import NotebookError, read_cells
 from bot import review as compose
@@ -55,6 +61,15 @@ class ChangedFiles:
     patches: dict[str, Optional[str]] = field(default_factory=dict)  # path -> GitHub patch (hunks); None: none sent
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RepositoryContext:
+    index: RepositoryIndex
+    scratch: Path
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def run_review(job, clients, store) -> str:
@@ -108,21 +123,27 @@ class ReviewRun:
             self.complete(check_run, compose.no_files_plan(changed.notes))
             return "no PyTorch files changed"
         findings: list[Finding] = []
-        # in a forked child: a file that crashes or stalls the parser becomes an error entry
-        results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
-                               lambda path, text: analyze_text(text, path, config),
-                               lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]))
-        for path in changed.reviewed:
-            result = results[path]
-            findings.extend(result.findings)
-            changed.notes.extend(result.errors)
-        settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
-                                          filter=config.filter, context_lines=config.diff_context_lines)
-        analysis = compose.PullRequestAnalysis(
-            findings=findings,
-            diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
-            sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes,
-            base_fingerprints=self.base_fingerprints(changed, config) if config.filter == "introduced" else None)
+        context = self.repository_context()
+        try:
+            index = context.index if context is not None else None
+            # in a forked child: a file that crashes or stalls the parser becomes an error entry
+            results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
+                                   lambda path, text: analyze_text(text, path, config, repository=index),
+                                   lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]))
+            for path in changed.reviewed:
+                result = results[path]
+                findings.extend(result.findings)
+                changed.notes.extend(result.errors)
+            settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
+                                              filter=config.filter, context_lines=config.diff_context_lines)
+            analysis = compose.PullRequestAnalysis(
+                findings=findings,
+                diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
+                sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes,
+                base_fingerprints=self.base_fingerprints(changed, config, index) if config.filter == "introduced" else None)
+        finally:
+            if context is not None:
+                context.close()
         existing = our_review_comments(self.pr, self.bot_login)
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
@@ -150,14 +171,29 @@ class ReviewRun:
                 f"{len({c.id for c in existing.values()}) - len(gone)} already commented, {resolved} resolved, "
                 f"{deleted} deleted; check {check_plan.conclusion}")
 
-    def base_fingerprints(self, changed: ChangedFiles, config: Config) -> frozenset[str]:
+    def base_fingerprints(self, changed: ChangedFiles, config: Config, index=None) -> frozenset[str]:
         """Fingerprints of what the base revision of the changed files already had (under the head path,
-        so a renamed file's old findings are recognised); a file new in this PR had none."""
+        so a renamed file's old findings are recognised); a file new in this PR had none. The base is
+        analyzed with the head's repository context, so only the PR's own files make the difference."""
         results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
-                               lambda path, text: analyze_text(text, path, config),
+                               lambda path, text: analyze_text(text, path, config, repository=index),
                                lambda path, kind, message: FileResult(path))
         base_findings = [f for result in results.values() for f in result.findings]
         return frozenset(fingerprints_for(base_findings, changed.base_sources).values())
+
+    def repository_context(self) -> Optional["RepositoryContext"]:
+        """The head's code (``.py`` files of its tarball) for questions across files: the model class in
+        ``model.py`` that ``train.py`` trains. None when it cannot be had; the review goes on per file."""
+        from bot.smoke import TarballTooLarge, download_tree
+
+        scratch = Path(tempfile.mkdtemp(prefix="torchreview-context-"))
+        try:
+            root = download_tree(self.repo, self.head, scratch / "head", suffixes=(".py",))
+        except (TarballTooLarge, GithubException, OSError, requests.RequestException, tarfile.TarError) as exc:
+            log.info("no repository context for %s@%s: %s", self.job.repository, self.head[:7], exc)
+            shutil.rmtree(scratch, ignore_errors=True)
+            return None
+        return RepositoryContext(RepositoryIndex(root), scratch)
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):

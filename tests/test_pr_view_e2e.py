@@ -79,3 +79,39 @@ def test_findings_the_base_already_had_are_not_the_prs_business(stack):
     completed_run(state, pr.head_sha)
     (comment,) = bot_comments(state, pr)
     assert comment.line == 5 and "new.pt" in comment.body  # old.pt's finding predates the PR
+
+
+MODEL_PY = """\
+import torch.nn as nn
+
+
+class Discriminator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.main = nn.Sequential(nn.Linear(784, 1), nn.Sigmoid())
+
+    def forward(self, x):
+        return self.main(x).view(-1)
+"""
+
+TRAIN_GAN = """\
+import torch.nn as nn
+from model import Discriminator
+
+netD = Discriminator().to("cuda")
+criterion = nn.BCELoss()
+for real, label in loader:
+    errD = criterion(netD(real), label)
+    errD.backward()
+"""
+
+
+def test_the_model_defined_in_another_file_of_the_repository_is_known(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {"model.py": MODEL_PY})
+    pr = state.open_pull_request(repo, {"train.py": TRAIN_GAN})  # model.py is not part of the PR
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    (comment,) = bot_comments(state, pr)
+    assert "`TR402`" in comment.body and "Discriminator.forward returns sigmoid" in comment.body
+    assert comment.line == 7

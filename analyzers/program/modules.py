@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 # Activations a forward may end in, by the callable that applies them.
 _ACTIVATION_CALLS = {
@@ -91,6 +92,7 @@ class FileSummary:
     star_imports: list[tuple[str, int]] = field(default_factory=list)
     module_layers: dict[str, Layer] = field(default_factory=dict)  # D = nn.Sequential(..., nn.Sigmoid())
     saved_names: set[str] = field(default_factory=set)  # file names given literally to torch.save
+    reads_data: bool = False  # reads a data set (files, a dataset library, a download): see READS_DATA
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -240,9 +242,17 @@ class _ForwardReader:
         return None
 
 
+# Where real training data comes from: files, dataset libraries, downloads, memory-mapped arrays.
+READS_DATA = re.compile(
+    r"\bdatasets\b|download=True|\bload_dataset\(|ImageFolder|DatasetFolder|\bopen\(|read_csv|read_parquet|np\.load\(|"
+    r"numpy\.load\(|\bmemmap\(|torch\.load\(|Image\.open|\bh5py\b|json\.load|pickle\.load|\bglob\b|"
+    r"listdir|scandir|\.read\(|torchtext|torchaudio\.load|\burlretrieve|requests\.get|load_from_disk|"
+    r"webdataset|tfrecord|lmdb|\.npy\b|\.csv\b|\.txt\b|from_pretrained\(|tokeniz")
+
+
 def summarize(source: str, path: str) -> FileSummary:
     """A summary of one file; a file that does not parse summarizes to nothing."""
-    summary = FileSummary(path)
+    summary = FileSummary(path, reads_data=bool(READS_DATA.search(source)))
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -494,6 +504,16 @@ def index_for(path: Path) -> RepositoryIndex:
     return index
 
 
+def file_in_repository(ctx) -> Path:
+    """The analyzed file's path on disk: as given, or under the index's root for a repository-relative
+    path (the App analyzes ``train.py`` of a pull request with the head's tree as context)."""
+    path = Path(ctx.path)
+    index = ctx.repository
+    if index is not None and not path.is_absolute() and not path.exists():
+        return index.root / path
+    return path
+
+
 class ModuleFacts:
     """The module questions a rule asks about its file, answered from the repository when there is one."""
 
@@ -509,7 +529,7 @@ class ModuleFacts:
     def find_class(self, name: str) -> Optional[ClassSummary]:
         index = self.ctx.repository
         if index is not None:
-            return index.find_class(Path(self.ctx.path), name, self.ctx.source)
+            return index.find_class(file_in_repository(self.ctx), name, self.ctx.source)
         return self._summary().classes.get(name)
 
     def forward_activation(self, name: str) -> Optional[str]:
@@ -531,6 +551,20 @@ class ModuleFacts:
         """The line of ``name.forward``'s activation return, when the class is defined in this file."""
         cls = self._summary().classes.get(name)
         return cls.forward_return_line if cls is not None else None
+
+    def reads_data(self, class_names: Iterable[str]) -> bool:
+        """Does this file, or the file of any of these classes (its Dataset), read real data?"""
+        if READS_DATA.search(self.ctx.source):
+            return True
+        index = self.ctx.repository
+        for name in class_names:
+            cls = self.find_class(name)
+            if cls is None:
+                continue
+            summary = index.summary(Path(cls.path)) if index is not None else self._summary()
+            if summary is not None and summary.reads_data:
+                return True
+        return False
 
     def features(self, name: str) -> Optional[set[str]]:
         """None when the class is unknown (imported from outside the repository, or no repository)."""

@@ -217,9 +217,9 @@ class CheckpointWrites:
         index = self.ctx.repository
         if index is None:
             return set()
-        from pathlib import Path
+        from analyzers.program.modules import file_in_repository
 
-        return index.saved_beside(Path(self.ctx.path))
+        return index.saved_beside(file_in_repository(self.ctx))
 
     def _names(self, expr: cst.BaseExpression) -> set[str]:
         """The variables a path is built from (one assignment deep), not the functions that join it."""

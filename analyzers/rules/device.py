@@ -9,6 +9,7 @@ import libcst as cst
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, keyword_arg,
                                method_name, string_value)
 from analyzers.markdown import named
+from analyzers.program.flow import subtree
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -271,6 +272,27 @@ class TensorWithoutDevice(Rule):
             return self.encoder(x, mask)
     """
     VALID = [
+        # a 0-dim tensor of a size: combines with CUDA tensors as a scalar
+        """
+            import torch as th
+            from torch import nn
+            class Attention(nn.Module):
+                def forward(self, q, k):
+                    scores = q @ k.transpose(-2, -1)
+                    return scores / th.sqrt(th.tensor(q.size(-1)))
+            device = th.device("cuda:0")
+            model = Attention().to(device)
+            """,
+        # sizes read off the inputs, for Python-side bookkeeping
+        """
+        import torch
+        import torch.nn as nn
+        class MultiCrop(nn.Module):
+            def forward(self, x):
+                idx = torch.cumsum(torch.unique_consecutive(torch.tensor([inp.shape[-1] for inp in x]),
+                                                            return_counts=True)[1], 0)
+                return self.head(torch.cat(x).cuda())
+        """,
         # device passed
         """
         import torch
@@ -346,19 +368,6 @@ class TensorWithoutDevice(Rule):
         ),
         Invalid(
             """
-            import torch as th
-            from torch import nn
-            class Attention(nn.Module):
-                def forward(self, q, k):
-                    scores = q @ k.transpose(-2, -1)
-                    return scores / th.sqrt(th.tensor(q.size(-1)))
-            device = th.device("cuda:0")
-            model = Attention().to(device)
-            """,
-            line=7, message="th.tensor(q.size(-1))",
-        ),
-        Invalid(
-            """
             import torch
             def train_step(model, batch, optimizer, device):
                 x, y = batch
@@ -417,6 +426,8 @@ class TensorWithoutDevice(Rule):
             return
         if self._moved_or_host(node, ctx):
             return
+        if name == "tensor" and node.args and _shape_metadata(node.args[0].value):
+            return  # sizes read off other tensors (``[x.shape[-1] for x in crops]``): CPU-side bookkeeping
         target = None
         parent = ctx.parent(node)
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
@@ -476,6 +487,17 @@ class TensorWithoutDevice(Rule):
             self.report(cand.call, f"{shown} in {cand.owner} creates a CPU tensor without device=, but this file "
                                    f"runs the model on CUDA: a device mismatch or a host-to-device copy every "
                                    f"step; pass {hint} (or use *_like / x.new_*)")
+
+
+def _shape_metadata(expr: cst.BaseExpression) -> bool:
+    """Python ints taken from shapes: ``[inp.shape[-1] for inp in x]``, ``[len(s) for s in seqs]``."""
+    for node in subtree(expr):
+        if isinstance(node, cst.Attribute) and node.attr.value == "shape":
+            return True
+        if isinstance(node, cst.Call) and isinstance(node.func, (cst.Name, cst.Attribute)) and \
+                (dotted_name(node.func) or "").rsplit(".", 1)[-1] in ("len", "size", "numel", "dim"):
+            return True
+    return False
 
 
 def _to_moves_device(call: cst.Call, ctx: FileContext) -> bool:

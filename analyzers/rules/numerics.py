@@ -1139,6 +1139,16 @@ class NumpyInForward(Rule):
             return torch.exp(h)
     """
     VALID = [
+        # type dispatch over outputs of other runtimes
+        """
+        import numpy as np
+        import torch.nn as nn
+        class Backend(nn.Module):
+            def forward(self, im):
+                y = self.model(im)
+                y = [x if isinstance(x, np.ndarray) else x.numpy() for x in y]
+                return y
+        """,
         # an inference dispatcher: the input goes to another runtime on one branch, to the layers on another
         """
         import torch
@@ -1435,6 +1445,9 @@ class NumpyInForward(Rule):
                 return
 
     def _found(self, state: _NumpyState, node: cst.Call, message: str) -> None:
+        if any(isinstance(a, (cst.IfExp, cst.If)) and "isinstance" in self.ctx.module.code_for_node(a.test)
+               for a in self.ctx.ancestors(node)):
+            return  # type dispatch (``x if isinstance(x, np.ndarray) else x.numpy()``): other runtimes' outputs
         if self.ctx.in_no_grad() or any("inference" in d or "no_grad" in d
                                         for d in self.ctx.decorators_of(state.node)):
             return  # no gradient is wanted there (a loss for logging, an inference-only forward)

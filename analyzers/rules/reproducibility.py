@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, call_receiver, dotted_name, is_false, is_true, method_name
+from analyzers.program.modules import ModuleFacts
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -176,6 +177,7 @@ class UnseededTraining(Rule):
         Invalid(
             """
             import torch
+            loader = DataLoader(datasets.CIFAR10("data", train=True, download=True))
             def main():
                 for x, y in loader:
                     loss = model(x).sum()
@@ -184,13 +186,14 @@ class UnseededTraining(Rule):
             if __name__ == "__main__":
                 main()
             """,
-            line=6, message="loss.backward()",
+            line=7, message="loss.backward()",
         ),
         Invalid(
             """
             import random
             import numpy as np
             import torch
+            loader = DataLoader(datasets.CIFAR10("data", train=True, download=True))
             random.seed(0)
             np.random.seed(0)
             def train(model, loader, optimizer):
@@ -200,11 +203,12 @@ class UnseededTraining(Rule):
                     optimizer.step()
             train(model, loader, optimizer)
             """,
-            line=10, message="train()",
+            line=11, message="train()",
         ),
         Invalid(
             """
             import torch
+            loader = DataLoader(datasets.CIFAR10("data", train=True, download=True))
             for epoch in range(10):
                 for x, y in loader:
                     loss = criterion(model(x), y)
@@ -212,7 +216,7 @@ class UnseededTraining(Rule):
                     scaler.step(opt)
                     scaler.update()
             """,
-            line=6,
+            line=7,
         ),
     ]
 
@@ -230,6 +234,7 @@ class UnseededTraining(Rule):
         # inputs: nothing random is initialized when an input image is what is optimized)
         self.optimizes_parameters = False
         self.optimizes_tensors = False
+        self.project_classes: set[str] = set()
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
         if self.main_guard is None and not ctx.functions and _is_main_guard(node.test):
@@ -241,6 +246,8 @@ class UnseededTraining(Rule):
             return
         if not ctx.functions and isinstance(node.func, cst.Name):
             self.called_at_module_level.add(node.func.value)
+        if name[:1].isupper() and ctx.call_name(node) is None:
+            self.project_classes.add(dotted_name(node.func) or name)  # a Dataset of this repository, maybe
         qualified = ctx.call_name(node) or ""
         if qualified.startswith("torch.optim.") and ".lr_scheduler." not in qualified:
             params = argument(node, 0, "params")
@@ -277,6 +284,10 @@ class UnseededTraining(Rule):
             return
         if self.optimizes_tensors and not self.optimizes_parameters:
             return  # it optimizes an input (``optim.Adam([target])``), not a randomly initialized model
+        if not ctx.facts(ModuleFacts).reads_data(self.project_classes):
+            # synthetic or toy data only (``torch.rand`` batches, a literal array): an API demonstration or a
+            # smoke test, whose numbers nobody reports
+            return
         # A script runs: a __main__ guard, a training loop at module level, or a main()/train() it calls
         # itself. A module that only defines train() is a library: seeding belongs to whoever calls it.
         runs = self.main_guard is not None or self.entry_backward or \
