@@ -339,3 +339,12 @@ def test_a_pr_that_changes_only_the_other_site_is_commented_there():
     (comment,) = plan_review(pr).comments
     assert "torch.softmax" in head.split("\n")[comment["line"] - 1]
     assert "the finding is at cell 2, line 12" in comment["body"]
+
+
+def test_a_notebook_costs_the_review_budget_its_code_not_its_plots():
+    from bot.pipeline import _parse_cost
+
+    nb = notebook(("markdown", "# Plots"), ("code", "import torch\nx = 1\n"), outputs=[_image_output(500_000)])
+    assert _parse_cost("plots.ipynb", nb.encode()) == len("import torch\nx = 1\n")
+    assert _parse_cost("train.py", b"x = 1\n") == 6
+    assert _parse_cost("broken.ipynb", b"{not json") == 9  # unreadable: its bytes, as any file
