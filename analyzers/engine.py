@@ -571,7 +571,9 @@ def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> No
     result.findings = remapped
 
 
-def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Config] = None) -> FileResult:
+def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Config] = None,
+                 cache=None) -> FileResult:
+    """``cache``: an :class:`analyzers.cache.ResultCache` to reuse (and store) the result."""
     config = config or Config()
     display = display or str(path)
     if display.endswith(".ipynb"):
@@ -581,6 +583,8 @@ def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Con
         result = FileResult(display)
         result.errors.append(error)
         return result
+    if cache is not None:
+        return cache.analyze(text, display, config, repository=index_for(path))
     return analyze_text(text, display, config, repository=index_for(path))
 
 
@@ -622,6 +626,7 @@ class RunResult:
     errors: list[FileError] = field(default_factory=list)
     files: int = 0
     seconds: float = 0.0
+    cached: int = 0  # files whose result came from the results cache
 
     def to_dict(self) -> dict:
         return {
@@ -665,23 +670,24 @@ def discover(paths: Iterable[str], config: Config) -> list[tuple[Path, str]]:
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", ".venv", "venv", ".git", ".tox", "build", "dist"}
 
 
-def _analyze_one(args: tuple[str, str, Config]) -> FileResult:
-    path, display, config = args
-    return analyze_file(Path(path), display, config)
+def _analyze_one(args: tuple) -> FileResult:
+    path, display, config, cache = args
+    return analyze_file(Path(path), display, config, cache)
 
 
-def analyze_paths(paths: Iterable[str], config: Optional[Config] = None, jobs: Optional[int] = None) -> RunResult:
+def analyze_paths(paths: Iterable[str], config: Optional[Config] = None, jobs: Optional[int] = None,
+                  cache=None) -> RunResult:
     config = config or Config()
     started = time.perf_counter()
     files = discover(paths, config)
-    return analyze_files(files, config, jobs, started)
+    return analyze_files(files, config, jobs, started, cache=cache)
 
 
 def analyze_files(files: list[tuple[Path, str]], config: Config, jobs: Optional[int] = None,
-                  started: Optional[float] = None) -> RunResult:
+                  started: Optional[float] = None, cache=None) -> RunResult:
     started = started if started is not None else time.perf_counter()
     jobs = jobs or os.cpu_count() or 1
-    work = [(str(p), d, config) for p, d in files]
+    work = [(str(p), d, config, cache) for p, d in files]
     run = RunResult(files=len(work))
     if jobs <= 1 or len(work) < 4:
         results = map(_analyze_one, work)
@@ -708,6 +714,7 @@ def _collect(run: RunResult, results: Iterable[FileResult]) -> None:
     for result in results:
         run.findings.extend(result.findings)
         run.errors.extend(result.errors)
+        run.cached += result.cached
 
 
 def fails(findings: Iterable[Finding], level: Severity) -> bool:

@@ -150,3 +150,4 @@ class FileResult:
     path: str
     findings: list[Finding] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
+    cached: bool = field(default=False, compare=False)  # came from the results cache (analyzers/cache.py)

@@ -66,6 +66,8 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
     if parts:
         summary.append(" (" + ", ".join(parts) + ")")
     summary.append(f" in {run.files} file{'s' if run.files != 1 else ''}")
+    if run.cached:
+        summary.append(f" ({run.cached} from the cache)", style="dim")
     if run.errors:
         summary.append(f", {len(run.errors)} file error{'s' if len(run.errors) != 1 else ''}", style="red")
     summary.append(f" · {run.seconds:.2f}s", style="dim")

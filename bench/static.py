@@ -7,6 +7,7 @@ seconds, files/s and peak memory (max RSS of the measuring process tree) for eac
     python bench/static.py                 # every .py file of torch
     python bench/static.py --sample 5      # every 5th file (TorchFix takes ~50 CPU-minutes on all)
     python bench/static.py --skip torchfix
+    python bench/static.py --only-cache    # the results cache: a cold run, then a warm re-run
 
 Each measurement runs in a fresh subprocess so memory and import costs do not leak between tools.
 """
@@ -89,6 +90,36 @@ def worker_torchreview(filelist: str, jobs: int) -> None:
                       "rule_error_samples": [e.to_dict() for e in internal[:5]]}))
 
 
+def worker_torchreview_cached(filelist: str, jobs: int, cache_dir: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    from analyzers.cache import ResultCache
+    from analyzers.config import Config
+    from analyzers.engine import analyze_files
+
+    files = [(Path(p), p) for p in Path(filelist).read_text().splitlines()]
+    run = analyze_files(files, Config(), jobs=jobs, cache=ResultCache.in_directory(Path(cache_dir)))
+    print(json.dumps({"findings": len(run.findings), "errors": len(run.errors), "cached": run.cached,
+                      "results": sorted(json.dumps(f.to_dict(), sort_keys=True) for f in run.findings)}))
+
+
+def measure_cache(me: list[str], files: list[str], jobs: int) -> tuple[list, list[str]]:
+    """A cold run into an empty cache, then a warm re-run of the same files: both must report the same."""
+    rows, notes = [], []
+    with tempfile.TemporaryDirectory(prefix="torchreview-cache-") as cache_dir:
+        outputs = []
+        for label in ("cold", "warm"):
+            seconds, peak, out = measure([*me, "--worker", "torchreview-cached", "--jobs", str(jobs),
+                                          "--cache-dir", cache_dir])
+            data = json.loads(out)
+            outputs.append(data.pop("results"))
+            rows.append((f"torchreview, {label} cache", jobs, seconds, peak))
+            notes.append(f"torchreview -j{jobs} {label} cache: {json.dumps(data)}")
+        cold, warm = rows[0][2], rows[1][2]
+        same = "identical findings" if outputs[0] == outputs[1] else "FINDINGS DIFFER"
+        notes.append(f"cache -j{jobs}: cold {cold:.1f} s, warm {warm:.2f} s = {100 * warm / cold:.1f}% of cold; {same}")
+    return rows, notes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sample", type=int, default=1, help="take every Nth file (default: all)")
@@ -96,11 +127,16 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--filelist", help=argparse.SUPPRESS)
     parser.add_argument("--jobs", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--only-cache", action="store_true",
+                        help="measure only the results cache: torchreview cold, then warm (one job and all jobs)")
     args = parser.parse_args()
     if args.worker == "parse":
         return worker_parse(args.filelist)
     if args.worker == "torchreview":
         return worker_torchreview(args.filelist, args.jobs)
+    if args.worker == "torchreview-cached":
+        return worker_torchreview_cached(args.filelist, args.jobs, args.cache_dir)
 
     files, oversized = within_size_cap(torch_files(args.sample))
     cores = os.cpu_count() or 1
@@ -114,6 +150,12 @@ def main() -> None:
     me = [sys.executable, __file__, "--filelist", filelist]
     rows = []
     notes = []
+    if args.only_cache:
+        args.skip = ["parse", "torchreview", "torchfix"]
+        for jobs in sorted({1, cores}):
+            cache_rows, cache_notes = measure_cache(me, files, jobs)
+            rows += cache_rows
+            notes += cache_notes
     if "parse" not in args.skip:
         seconds, peak, out = measure([*me, "--worker", "parse"])
         rows.append(("libcst parse only (floor)", 1, seconds, peak))

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="files that could not be analyzed (syntax errors, undecodable, too large) do not make "
                             "the run fail (config fail_on_errors: false)")
     _add_fix_arguments(check)
+    _add_cache_arguments(check)
     check.set_defaults(handler=cmd_check)
 
     rules = sub.add_parser("rules", help="list every rule")
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--format", choices=["text", "json"], default="text")
     smoke.set_defaults(handler=cmd_smoke)
 
+    _add_cache_and_lsp_commands(sub)
+
     demo = sub.add_parser("demo", help="watch a pull request get reviewed, with a local GitHub emulator")
     demo.add_argument("--keep", action="store_true", help="leave the emulator and app running until Ctrl-C")
     demo.add_argument("--part", choices=("all", "static", "smoke"), default="all",
@@ -116,7 +119,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         except DiffError as exc:
             raise UsageError(str(exc)) from None
     paths = [_relative(p) for p in args.paths]
-    run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count())
+    run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count(), cache=_result_cache(args))
     if changed is not None:  # the App's filter: what the change causes, or what it touches
         run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
                         else keep_changed(run.findings, changed))
@@ -189,6 +192,67 @@ def _check_fix(args: argparse.Namespace, config) -> int:
 
 def _where(finding) -> str:
     return f"cell {finding.cell}, line {finding.line}" if finding.cell else f"{finding.line}:{finding.column}"
+
+
+# ---- the results cache and the language server ----------------------------------------------------
+
+
+def _add_cache_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument("--no-cache", action="store_true",
+                       help="analyze every file again, neither reading nor writing the results cache")
+    check.add_argument("--cache-dir", metavar="DIR",
+                       help="where the results cache lives (default: .torchreview_cache at the repository root)")
+
+
+def _add_cache_and_lsp_commands(sub) -> None:
+    clean = sub.add_parser("clean", help="delete the results cache (.torchreview_cache at the repository root)")
+    clean.add_argument("--cache-dir", metavar="DIR", help="the cache to delete, when not the default one")
+    clean.set_defaults(handler=cmd_clean)
+
+    lsp = sub.add_parser("lsp", help="run the language server (LSP over stdio) for editors",
+                         description="A Language Server: the findings of `torchreview check` as diagnostics on "
+                                     "open, change and save, and quick fixes for the mechanical ones.")
+    lsp.add_argument("--debounce", type=float, default=0.3, metavar="SECONDS",
+                     help="wait this long after the last change before analyzing (default 0.3)")
+    lsp.set_defaults(handler=cmd_lsp)
+
+
+def _cache_dir(args: argparse.Namespace) -> Path:
+    from analyzers.cache import cache_root
+
+    return Path(args.cache_dir) if args.cache_dir else cache_root(Path.cwd())
+
+
+def _result_cache(args: argparse.Namespace):
+    from analyzers.cache import ResultCache
+
+    return None if args.no_cache else ResultCache.in_directory(_cache_dir(args))
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    import shutil
+
+    from analyzers.cache import CACHE_DIRNAME, FORMAT
+
+    directory = _cache_dir(args)
+    if not directory.exists():
+        print(f"torchreview: no cache at {directory}", file=sys.stderr)
+        return EXIT_OK
+    if args.cache_dir and not (directory / f"v{FORMAT}").exists() and directory.name != CACHE_DIRNAME:
+        # --cache-dir names a folder to delete: refuse one that does not look like a cache
+        raise UsageError(f"{directory}: not a torchreview cache; nothing deleted")
+    shutil.rmtree(directory)
+    print(f"torchreview: deleted {directory}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_lsp(args: argparse.Namespace) -> int:
+    try:
+        from bot.lsp import serve
+    except ImportError as exc:
+        raise UsageError(f"the language server needs pygls: pip install 'torchreview[lsp]' ({exc})") from None
+    serve(debounce=args.debounce)
+    return EXIT_OK
 
 
 def _relative(path: str) -> str:

@@ -71,6 +71,11 @@ def our_review_comments(pr, bot_login: Optional[str],
     return found
 
 
+def unique_comments(existing: dict[str, BotComment]) -> list[BotComment]:
+    """Each comment once (a comment covering several findings appears under each fingerprint)."""
+    return list({c.id: c for c in existing.values()}.values())
+
+
 def gone_comments(existing: dict[str, BotComment], kept: frozenset[str]) -> list[BotComment]:
     """Our comments none of whose findings is still there: their threads can be closed."""
     gone: dict[int, BotComment] = {}

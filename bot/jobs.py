@@ -125,6 +125,10 @@ def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Se
     sender = payload.get("sender") or {}
     if event == "pull_request":
         pr = payload.get("pull_request") or {}
+        if payload.get("action") == "closed":  # a last look at what reviewers said about our comments
+            return [ReviewJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),
+                              head_sha=(pr.get("head") or {}).get("sha"), reason="pull_request.closed",
+                              delivery=delivery)]
         if payload.get("action") not in PR_ACTIONS or pr.get("state") == "closed":
             return []
         return [ReviewJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),

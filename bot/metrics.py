@@ -22,8 +22,13 @@ WEBHOOKS = Counter("torchreview_webhooks_total", "Webhook deliveries answered", 
 WEBHOOK_SECONDS = Histogram("torchreview_webhook_seconds", "Time to answer a webhook delivery",
                             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
 REVIEWS = Counter("torchreview_reviews_total", "Review jobs finished", ["outcome"])
+FEEDBACK = Counter("torchreview_feedback_total", "Reviewers' verdicts on the bot's comments (👎, /review false-positive)",
+                   ["rule", "kind"])
 REVIEW_SECONDS = Histogram("torchreview_review_seconds", "Time to review one pull request head",
                            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+# Files of a review whose analysis came from the results cache (hit) or was computed (miss).
+ANALYSIS_CACHE = Counter("torchreview_analysis_cache_total", "Changed files analyzed, by results-cache outcome",
+                         ["result"])
 
 
 def event_label(event: Optional[str]) -> str:

@@ -21,17 +21,19 @@ import requests
 from github import GithubException
 
 from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
+from analyzers.cache import ResultCache
 from analyzers.engine import analyze_text, decode_source
 from analyzers.fingerprint import fingerprints_for
 from analyzers.program.modules import RepositoryIndex
 from analyzers.model import FileError, FileResult, Finding
 from analyzers.notebook import NotebookError, read_cells
+from bot import feedback
 from bot import review as compose
-from bot.conversation import close_gone, gone_comments, our_review_comments, upsert_summary
+from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
 from bot.github_client import commit_ref
 from bot.isolation import run_isolated
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
-from bot.store import WriteBudget
+from bot.store import WriteBudget, results_cache
 
 log = logging.getLogger("torchreview.pipeline")
 
@@ -58,6 +60,7 @@ class ChangedFiles:
 
     sources: dict[str, str] = field(default_factory=dict)  # path -> head source text
     base_sources: dict[str, str] = field(default_factory=dict)  # head path -> base source (changed files only)
+    blobs: dict[str, str] = field(default_factory=dict)  # path -> git blob SHA (the results cache's content key)
     patches: dict[str, Optional[str]] = field(default_factory=dict)  # path -> GitHub patch (hunks); None: none sent
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
@@ -79,6 +82,10 @@ def run_review(job, clients, store) -> str:
     gh = clients.for_installation(job.installation_id)
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
+    if job.reason == "pull_request.closed":  # nothing to review: read what reviewers said, once more
+        recorded = feedback.collect(pr, job.repository, unique_comments(our_review_comments(pr, clients.bot_login())),
+                                    store, lambda user: is_ours(user, clients.bot_login()))
+        return f"closed: {recorded} new verdict(s) on our comments"
     head = pr.head.sha
     budget = WriteBudget(store, job.installation_id)
     if job.head_sha and job.head_sha != head:
@@ -90,7 +97,7 @@ def run_review(job, clients, store) -> str:
     if token is None:
         raise LockBusy()
     try:
-        outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login()).run()
+        outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login(), store, results_cache(store)).run()
     finally:
         store.unlock(lock_key, token)
     metrics.REVIEWS.labels(outcome="done").inc()
@@ -107,6 +114,8 @@ class ReviewRun:
     head: str
     budget: WriteBudget
     bot_login: Optional[str]
+    store: object = None
+    results: Optional[ResultCache] = None  # analysis results by blob SHA: a re-review analyzes what changed
 
     def run(self) -> str:
         try:
@@ -123,15 +132,20 @@ class ReviewRun:
             self.complete(check_run, compose.no_files_plan(changed.notes))
             return "no PyTorch files changed"
         findings: list[Finding] = []
+        from bot import metrics
+
         context = self.repository_context()
         try:
             index = context.index if context is not None else None
             # in a forked child: a file that crashes or stalls the parser becomes an error entry
             results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
-                                   lambda path, text: analyze_text(text, path, config, repository=index),
+                                   lambda path, text: analyze_changed_file(changed, path, config, self.results, index,
+                                                                           self.job.repository),
                                    lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]))
             for path in changed.reviewed:
                 result = results[path]
+                if self.results is not None and changed.blobs.get(path):
+                    metrics.ANALYSIS_CACHE.labels(result="hit" if result.cached else "miss").inc()
                 findings.extend(result.findings)
                 changed.notes.extend(result.errors)
             settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
@@ -145,6 +159,10 @@ class ReviewRun:
             if context is not None:
                 context.close()
         existing = our_review_comments(self.pr, self.bot_login)
+        if self.store is not None:  # what reviewers said about our earlier comments, before we say more
+            feedback.collect(self.pr, self.job.repository, unique_comments(existing), self.store,
+                             lambda user: is_ours(user, self.bot_login))
+            analysis.feedback_note = feedback.summary_line(*feedback.marked_wrong(self.store, self.job.repository))
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
         # A push may have arrived while we analyzed: never post on a stale head.
@@ -321,6 +339,8 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
             changed.notes.append(error)
             continue
         changed.sources[path] = text
+        if f.sha:
+            changed.blobs[path] = f.sha
         # A notebook GitHub shows no diff of (big outputs) is still analyzed; its findings go in the summary.
         changed.patches[path] = f.patch
         changed.reviewed.append(path)
@@ -342,6 +362,17 @@ def _parse_cost(path: str, data: bytes) -> int:
         return sum(len(c.source) for c in read_cells(data) if c.cell_type == "code")
     except NotebookError:
         return len(data)
+
+
+def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache],
+                         index: Optional[RepositoryIndex] = None, repository: str = ""):
+    """One changed file's findings, from the results cache when its blob was analyzed before with the same
+    repository context (the other files it consulted, checked again in this head's tree)."""
+    blob = changed.blobs.get(path)
+    if results is None or not blob:
+        return analyze_text(changed.sources[path], path, config, repository=index)
+    return results.analyze(changed.sources[path], path, config, repository=index, content=f"blob:{blob}",
+                           root_id=f"github:{repository}")
 
 
 def _blob_bytes(repo, path: str, blob_sha: Optional[str], head: str) -> Optional[bytes]:

@@ -64,6 +64,8 @@ NOTE_EXPLANATIONS = {
     "rule-error": "a rule failed on this file; other rules still ran",
 }
 
+# Every inline comment says how to tell us it is wrong (read back by bot.feedback).
+FEEDBACK_HOWTO = "_Wrong or not useful? React with 👎, or reply `/review false-positive` and why._"
 FINGERPRINT_RE = re.compile(r"<!-- torchreview:fingerprint=([0-9a-f]+) rule=[^\s>]+ -->")
 
 
@@ -168,6 +170,7 @@ class PullRequestAnalysis:
     # fingerprints of the findings the base revision of the changed files already had (keyed by head
     # path); None when the base was not analyzed
     base_fingerprints: Optional[frozenset[str]] = None
+    feedback_note: str = ""  # how often reviewers marked our past comments on this repository wrong
 
 
 def finding_lines(finding: Finding) -> range:
@@ -474,6 +477,7 @@ def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Fin
         if why:
             parts += ["", f"**Why:** {message(why)}"]
     members = [f for group in groups for f in group]
+    parts += ["", FEEDBACK_HOWTO]
     body = hard_cap("\n".join(parts), MAX_MARKDOWN_CHARS - 100 * (len(members) + 2))
     return body + "\n\n" + fingerprint_markers(members, digests)
 
@@ -653,6 +657,7 @@ def comment_body(finding: Finding, digest: str, suggestion: Optional[Fix] = None
         parts += ["", f"**Why:** {message(why)}"]
     if suggestion is not None:
         parts += ["", suggestion_block(suggestion.replacement)]
+    parts += ["", FEEDBACK_HOWTO]
     body = hard_cap("\n".join(parts), MAX_MARKDOWN_CHARS - 200)
     return body + "\n\n" + fingerprint_marker(finding, digest)
 
@@ -745,6 +750,8 @@ def check_summary(findings: Sequence[Finding], pr: PullRequestAnalysis, settings
     tail = ["", *actions_section(findings), "", *files_section(pr.reviewed_files)]
     if pr.notes:
         tail += ["", *notes_section(pr.notes)]
+    if pr.feedback_note:
+        tail += ["", f"**Feedback:** {pr.feedback_note}"]
 
     def render(shown: int) -> str:
         lines = head + category_tables(findings[:shown])

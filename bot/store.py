@@ -5,6 +5,7 @@ file in the embedded single-machine mode, with the same semantics.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -38,6 +39,12 @@ class Store(Protocol):
 
     def get(self, key: str) -> Optional[str]:
         ...
+
+    def add_feedback(self, record: dict) -> bool:
+        """Record one reviewer's verdict on one comment (``record["id"]`` names it); False if already known."""
+
+    def feedback(self) -> list[dict]:
+        """Every recorded verdict, oldest first."""
 
 
 class RedisStore:
@@ -77,6 +84,17 @@ class RedisStore:
         value = self.client.get(key)
         return value.decode() if value is not None else None
 
+    FEEDBACK = "torchreview:feedback"
+
+    def add_feedback(self, record: dict) -> bool:
+        if not self.client.hsetnx(self.FEEDBACK + ":seen", record["id"], 1):
+            return False  # kept for good: it is the record of what users said
+        self.client.rpush(self.FEEDBACK, json.dumps(record, sort_keys=True))
+        return True
+
+    def feedback(self) -> list[dict]:
+        return [json.loads(item) for item in self.client.lrange(self.FEEDBACK, 0, -1)]
+
 
 class SqliteStore:
     def __init__(self, path: Path) -> None:
@@ -85,6 +103,7 @@ class SqliteStore:
         self._local = threading.local()
         with self._db() as db:
             db.execute("CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, value TEXT, expires REAL)")
+            db.execute("CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, record TEXT, at REAL)")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -110,6 +129,15 @@ class SqliteStore:
 
     def claim(self, key: str, ttl: int) -> bool:
         return self._set_nx(key, "1", ttl)
+
+    def add_feedback(self, record: dict) -> bool:
+        with self._db() as db:
+            return db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?)",
+                              (record["id"], json.dumps(record, sort_keys=True), time.time())).rowcount == 1
+
+    def feedback(self) -> list[dict]:
+        with self._db() as db:
+            return [json.loads(row[0]) for row in db.execute("SELECT record FROM feedback ORDER BY at, id")]
 
     def release(self, key: str) -> None:
         with self._db() as db:
@@ -184,6 +212,18 @@ class WriteBudget:
             if self.sleep is None:
                 raise WriteBudgetSpent(delay)
             self.sleep(delay)
+
+
+def results_cache(store: "Store"):
+    """The analysis results cache beside ``store``: shared through Redis by every worker, or a folder of
+    the data directory in the embedded mode; None for another kind of store."""
+    from analyzers.cache import RedisResultStore, ResultCache
+
+    if isinstance(store, RedisStore):
+        return ResultCache(RedisResultStore(store.client))
+    if isinstance(store, SqliteStore):
+        return ResultCache.in_directory(Path(store.path).parent / "results-cache")
+    return None
 
 
 def make_store(redis_url: Optional[str], data_dir: Path) -> Store:

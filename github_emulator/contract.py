@@ -92,6 +92,7 @@ OPERATIONS = (
     "GET /repos/{owner}/{repo}/issues/{issue_number}/comments",
     "PATCH /repos/{owner}/{repo}/issues/comments/{comment_id}",
     "POST /repos/{owner}/{repo}/issues/comments/{comment_id}/reactions",
+    "GET /repos/{owner}/{repo}/pulls/comments/{comment_id}/reactions",
     "GET /repos/{owner}/{repo}/collaborators/{username}/permission",
     "GET /repos/{owner}/{repo}",
     "GET /rate_limit",
@@ -330,8 +331,7 @@ def build(tarballs: dict[Package, bytes], destination: Path) -> None:
             _write_json(staging / "webhooks" / f"{name}.json", data)
         for name, data in derived_examples(picked).items():
             _write_json(staging / "webhooks" / "derived" / f"{name}.json", data)
-        _write_json(staging / STAMP, {"packages": {p.name: {"version": p.version, "integrity": p.integrity}
-                                                    for p in PACKAGES}})
+        _write_json(staging / STAMP, _stamp())
         if destination.exists():
             shutil.rmtree(destination)
         staging.rename(destination)
@@ -339,12 +339,19 @@ def build(tarballs: dict[Package, bytes], destination: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _stamp() -> dict[str, Any]:
+    """What a built cache was built from: the pinned packages and what was picked from them."""
+    picked = json.dumps([OPERATIONS, WEBHOOKS, sorted(EXAMPLES.items())], sort_keys=True)
+    return {"packages": {p.name: {"version": p.version, "integrity": p.integrity} for p in PACKAGES},
+            "selection": hashlib.sha256(picked.encode()).hexdigest()}
+
+
 def is_current(directory: Path) -> bool:
     try:
         stamp = json.loads((directory / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return stamp.get("packages") == {p.name: {"version": p.version, "integrity": p.integrity} for p in PACKAGES}
+    return stamp == _stamp()  # a new operation picked rebuilds the cache as surely as a new package
 
 
 def fetch(destination: Path | None = None, tarball_dir: Path | None = None, force: bool = False) -> Path:

@@ -1,4 +1,4 @@
-"""REST handlers for the 26 operations the app uses (see contract.OPERATIONS).
+"""REST handlers for the operations the app uses (see contract.OPERATIONS).
 
 `ROUTES` declares, per operation, its URL rule and who may call it; app.py runs the
 common pipeline (faults, auth, rate limit, OpenAPI validation) from that table
@@ -96,6 +96,9 @@ ROUTES: tuple[Route, ...] = (
           permissions=("issues", "pull_requests"), level="write"),
     Route("reactions/create-for-issue-comment", "POST", f"{_REPO}/issues/comments/<int:comment_id>/reactions",
           "create_issue_comment_reaction", permissions=("issues", "pull_requests"), level="write"),
+    Route("reactions/list-for-pull-request-review-comment", "GET",
+          f"{_REPO}/pulls/comments/<int:comment_id>/reactions", "list_review_comment_reactions",
+          permissions=("pull_requests",)),
     Route("repos/get-collaborator-permission-level", "GET", f"{_REPO}/collaborators/<username>/permission",
           "get_collaborator_permission", permissions=("metadata",)),
     Route("rate-limit/get", "GET", "/rate_limit", "get_rate_limit", auth="any"),
@@ -315,6 +318,10 @@ class RestApi:
         if comment is None or comment.pr.repo is not g.repo:
             raise not_found()
         return comment
+
+    def list_review_comment_reactions(self, owner: str, repo: str, comment_id: int) -> Response:
+        comment = self._own_review_comment(comment_id)
+        return jsonify([self.render.reaction(r) for r in comment.reactions])
 
     def update_review_comment(self, owner: str, repo: str, comment_id: int) -> Response:
         comment = self._own_review_comment(comment_id)

@@ -198,6 +198,7 @@ class ReviewComment:
     author_association: str
     created_at: datetime
     updated_at: datetime
+    reactions: list[Reaction] = field(default_factory=list)
 
 
 @dataclass
@@ -665,6 +666,12 @@ class EmulatorState:
         return comment
 
     @_locked
+    def react_to_review_comment(self, comment_id: int, content: str, user: str) -> Reaction:
+        """A human's reaction (``-1``, ``+1``, ``eyes``...) on a review comment."""
+        reaction = Reaction(self.next_id(), self.user(user), content, datetime.now(timezone.utc))
+        self.review_comments[comment_id].reactions.append(reaction)
+        return reaction
+
     def reply_to_review_comment(self, comment_id: int, body: str, user: str) -> ReviewComment:
         """A human reply in an existing review thread."""
         parent = self.review_comments[comment_id]

@@ -22,6 +22,7 @@ from github_emulator import EmulatorState, generate_app_key, serve
 from github_emulator.diffing import diff_trees
 from github_emulator.routes import ROUTES
 from github_emulator.contract import CONTRACT_DIR_ENV, FETCH_COMMAND, ContractError, require
+from github_emulator import contract
 from github_emulator.spec import openapi, operations_index
 
 APP_ID = 4242
@@ -467,7 +468,7 @@ def test_rate_limit_headers_and_endpoint(world, repo, gh):
 def test_every_described_operation_is_routed():
     described = {op["operationId"] for op in operations_index()}
     routed = {route.operation_id for route in ROUTES if route.operation_id}
-    assert routed == described and len(described) == 26
+    assert routed == described and len(described) == len(contract.OPERATIONS) == 27
 
 
 def test_missing_contract_names_the_command_that_fetches_it(monkeypatch, tmp_path):

@@ -20,7 +20,7 @@ def subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(reversed(current.children))  # source order
 
 
 def _target_root(target: cst.BaseExpression) -> Optional[str]:
@@ -131,7 +131,7 @@ def assignment_before(ctx, use: cst.CSTNode, name: str) -> Optional[cst.BaseExpr
         scope = ctx.parents.get(scope)
     if scope is None:
         return None
-    found = _last_assignment(scope, use, name)
+    found = _last_assignment(scope, use, name, frozenset(ctx.ancestors(use)))
     if found is None and isinstance(scope, cst.FunctionDef) and not _binds(scope, name):
         # a global read inside a function (``def test(): ... model(x)`` with ``model = Net()`` at module level):
         # the module's last assignment, since functions run after the module body defined them
@@ -144,7 +144,8 @@ def _binds(fn: cst.FunctionDef, name: str) -> bool:
     return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
 
 
-def _last_assignment(scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str) -> Optional[cst.BaseExpression]:
+def _last_assignment(scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str,
+                     enclosing: frozenset = frozenset()) -> Optional[cst.BaseExpression]:
     found: Optional[cst.BaseExpression] = None
     stack: list[cst.CSTNode] = [scope.body] if isinstance(scope, cst.FunctionDef) else list(reversed(scope.body))
     order: list[cst.CSTNode] = []
@@ -157,6 +158,8 @@ def _last_assignment(scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str) 
             continue
         stack.extend(reversed(node.children))
     for node in order:
+        if node in enclosing:
+            continue  # ``model = model.to(device)`` read from its own right side: the assignment before it
         if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
             found = node.value
     return found

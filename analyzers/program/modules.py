@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 # Activations a forward may end in, by the callable that applies them.
 _ACTIVATION_CALLS = {
@@ -341,38 +344,54 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
     return cls
 
 
+# Summaries by content digest, shared across indexes (a worker reviews one repository push after push).
+MAX_CACHED_SUMMARIES = 20_000
+_SUMMARIES: dict[str, FileSummary] = {}
+
+
 class RepositoryIndex:
     """Summaries of a repository's files, read on demand and cached by content."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
-        self._by_digest: dict[str, FileSummary] = {}
-        self._by_path: dict[Path, tuple[tuple[int, int], FileSummary]] = {}
+        self._by_digest = _SUMMARIES  # shared by every index of the process: a file's next review is free
+        self._by_path: dict[Path, tuple[tuple[int, int], str, FileSummary]] = {}
 
     def summary(self, path: Path, source: Optional[str] = None) -> Optional[FileSummary]:
         try:
             stat = path.stat()
         except OSError:
             if source is None:
+                _note_file(path, None)
                 return None
             stat = None
         key = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
         cached = self._by_path.get(path)
         if cached is not None and key is not None and cached[0] == key and source is None:
-            return cached[1]
+            # None: summarized from a text given by the caller; dependencies are compared by bytes
+            _note_file(path, cached[1] if cached[1] is not None else file_digest(path))
+            return cached[2]
+        given = source
         if source is None:
-            try:
-                if stat.st_size > 2_000_000:
-                    return None
-                source = path.read_text(encoding="utf-8", errors="replace")
-            except OSError:
+            data = _read_bounded(path)
+            digest = _digest(data) if data is not None else None
+            _note_file(path, digest)  # the analyzed file's own text (``source``) is in the cache key already
+            if data is None:
                 return None
-        digest = hashlib.blake2b(source.encode("utf-8", "replace"), digest_size=16).hexdigest()
+            source = data.decode("utf-8-sig", "replace")  # a BOM is not Python: ast would refuse the file
+        else:
+            digest = _digest(source.encode("utf-8", "replace"))
         found = self._by_digest.get(digest)
         if found is None:
-            found = self._by_digest[digest] = summarize(source, str(path))
+            found = summarize(source, str(path))
+            if len(self._by_digest) >= MAX_CACHED_SUMMARIES:
+                self._by_digest.pop(next(iter(self._by_digest)))  # oldest first: a bounded cache
+            self._by_digest[digest] = found
+        elif found.path != str(path):  # the same content elsewhere (the next review's checkout): no re-parse
+            found = replace(found, path=str(path),
+                            classes={name: replace(c, path=str(path)) for name, c in found.classes.items()})
         if key is not None:
-            self._by_path[path] = (key, found)
+            self._by_path[path] = (key, digest if given is None else None, found)
         return found
 
     # ---- resolving names ---------------------------------------------------------------------------
@@ -390,16 +409,9 @@ class RepositoryIndex:
         for base in bases:
             target = base.joinpath(*parts) if parts else base
             for candidate in (target.with_suffix(".py") if parts else None, target / "__init__.py"):
-                if candidate is not None and candidate.is_file() and self._inside(candidate):
+                if candidate is not None and _note_probe(candidate, module_file_usable(candidate, self.root)):
                     found.append(candidate)
         return found
-
-    def _inside(self, path: Path) -> bool:
-        try:
-            path.resolve().relative_to(self.root)
-            return True
-        except ValueError:
-            return False
 
     def find_class(self, importer: Path, local_name: str, source: Optional[str] = None,
                    depth: int = 0) -> Optional[ClassSummary]:
@@ -443,10 +455,8 @@ class RepositoryIndex:
     def saved_beside(self, path: Path) -> set[str]:
         """File names the other scripts of ``path``'s folder give literally to ``torch.save``."""
         names: set[str] = set()
-        try:
-            siblings = sorted(p for p in path.resolve().parent.glob("*.py") if p.resolve() != path.resolve())[:200]
-        except OSError:
-            return names
+        siblings = python_siblings(path)
+        _note_listing(path, siblings)
         for sibling in siblings:
             summary = self.summary(sibling)
             if summary is not None:
@@ -589,3 +599,130 @@ def repository_root(path: Path) -> Path:
             if any((parent / name).exists() for name in marker):
                 return parent
     return path.parent
+
+
+# ---- what one analysis read, for the results cache ------------------------------------------------
+# A file's findings can depend on other files (the model class in model.py, the checkpoints sibling
+# scripts save). The index is the only code that looks at other files, so it notes here everything
+# it looked at; the cache re-checks exactly that before reusing a result.
+
+MAX_SUMMARY_BYTES = 2_000_000
+
+
+@dataclass
+class Dependencies:
+    """What an analysis consulted besides its own text, each with what it found."""
+
+    files: dict[str, Optional[str]] = field(default_factory=dict)  # absolute path -> content digest (None: unread)
+    probes: dict[str, bool] = field(default_factory=dict)  # candidate module file -> was it a usable file
+    listings: dict[str, list[str]] = field(default_factory=dict)  # file -> the sibling scripts it looked at
+
+    def to_dict(self) -> dict:
+        return {"files": self.files, "probes": self.probes, "listings": self.listings}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Dependencies":
+        return cls(dict(data.get("files", {})), dict(data.get("probes", {})), dict(data.get("listings", {})))
+
+    def relative_to(self, root: Path) -> "Dependencies":
+        """The same, with paths relative to ``root`` (a checkout that is extracted anew for every run)."""
+        def rel(path: str) -> str:
+            try:
+                return str(Path(path).relative_to(root))
+            except ValueError:
+                return path  # outside the repository: kept absolute
+
+        return Dependencies({rel(p): d for p, d in self.files.items()}, {rel(p): u for p, u in self.probes.items()},
+                            {rel(p): [rel(x) for x in xs] for p, xs in self.listings.items()})
+
+    def under(self, root: Path) -> "Dependencies":
+        """:meth:`relative_to` undone against this run's checkout."""
+        def absolute(path: str) -> str:
+            return path if os.path.isabs(path) else str(root / path)
+
+        return Dependencies({absolute(p): d for p, d in self.files.items()},
+                            {absolute(p): u for p, u in self.probes.items()},
+                            {absolute(p): [absolute(x) for x in xs] for p, xs in self.listings.items()})
+
+    def unchanged(self, root: Path, digest_of=None) -> bool:
+        """Would the index find the same things now? ``digest_of`` may memoize :func:`file_digest`."""
+        digest_of = digest_of or file_digest
+        for path, usable in self.probes.items():
+            if module_file_usable(Path(path), root) != usable:
+                return False
+        for path, siblings in self.listings.items():
+            if [str(p) for p in python_siblings(Path(path))] != siblings:
+                return False
+        return all(digest_of(Path(path)) == digest for path, digest in self.files.items())
+
+
+_RECORDING: ContextVar[Optional[Dependencies]] = ContextVar("torchreview_dependencies", default=None)
+
+
+@contextmanager
+def recording() -> Iterator[Dependencies]:
+    """Note what the index consults (in this thread / context) until the block ends."""
+    deps = Dependencies()
+    token = _RECORDING.set(deps)
+    try:
+        yield deps
+    finally:
+        _RECORDING.reset(token)
+
+
+def _note_file(path: Path, digest: Optional[str]) -> None:
+    deps = _RECORDING.get()
+    if deps is not None:
+        deps.files.setdefault(os.path.abspath(path), digest)
+
+
+def _note_probe(path: Path, usable: bool) -> bool:
+    deps = _RECORDING.get()
+    if deps is not None:
+        deps.probes.setdefault(os.path.abspath(path), usable)
+    return usable
+
+
+def _note_listing(path: Path, siblings: list[Path]) -> None:
+    deps = _RECORDING.get()
+    if deps is not None:
+        deps.listings.setdefault(os.path.abspath(path), [str(p) for p in siblings])
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _read_bounded(path: Path) -> Optional[bytes]:
+    """A file's bytes as the index reads them; None when it cannot or will not (too large)."""
+    try:
+        if path.stat().st_size > MAX_SUMMARY_BYTES:
+            return None
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def file_digest(path: Path) -> Optional[str]:
+    data = _read_bounded(path)
+    return _digest(data) if data is not None else None
+
+
+def module_file_usable(candidate: Path, root: Path) -> bool:
+    """An import may resolve to ``candidate``: a file inside the repository."""
+    try:
+        if not candidate.is_file():
+            return False
+        candidate.resolve().relative_to(root)
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def python_siblings(path: Path) -> list[Path]:
+    """The other scripts of ``path``'s folder (at most 200), as :meth:`RepositoryIndex.saved_beside` reads them."""
+    try:
+        resolved = path.resolve()
+        return sorted(p for p in resolved.parent.glob("*.py") if p.resolve() != resolved)[:200]
+    except OSError:
+        return []

@@ -1,0 +1,80 @@
+"""What reviewers say about the bot's comments: a 👎 on a comment, or a reply ``/review false-positive [why]``.
+
+Read at each review of a pull request (and when it is closed), recorded once per comment, user and kind in
+the store, counted in ``torchreview_feedback_total{rule,kind}``, summarized in the next check run of the
+repository, and printed by ``torchreview feedback export`` so real-world precision becomes measurable.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from typing import Iterable, Optional
+
+log = logging.getLogger("torchreview.feedback")
+
+FALSE_POSITIVE = re.compile(r"^\s*/review\s+false-positive\b(.*)", re.I | re.S)
+RULE_RE = re.compile(r"<!-- torchreview:fingerprint=[0-9a-f]+ rule=(TR\d+) -->")
+
+
+def comment_rules(body: str) -> list[str]:
+    """The rules a bot comment speaks for (one comment may cover several findings)."""
+    return sorted(set(RULE_RE.findall(body or "")))
+
+
+def collect(pr, repository: str, our_comments: Iterable, store, is_ours) -> int:
+    """Record the verdicts on our comments of ``pr``; the number of new ones."""
+    from bot.metrics import FEEDBACK
+
+    ours = {c.id: c.comment for c in our_comments}
+    if not ours:
+        return 0
+    recorded = 0
+    verdicts: list[tuple[object, str, str, str]] = []  # (comment, user, kind, reason)
+    for comment in pr.get_review_comments():  # replies in our threads
+        reply_to = getattr(comment, "in_reply_to_id", None)
+        match = FALSE_POSITIVE.match(comment.body or "")
+        if reply_to in ours and match and not is_ours(comment.user):
+            verdicts.append((ours[reply_to], comment.user.login, "false-positive", " ".join(match.group(1).split())[:500]))
+    for comment in ours.values():  # 👎 on the comment itself
+        try:
+            reactions = list(comment.get_reactions())
+        except Exception as exc:  # noqa: BLE001 - feedback is best effort; the review goes on
+            log.info("reactions of comment %s unavailable: %s", comment.id, exc)
+            continue
+        for reaction in reactions:
+            if reaction.content == "-1" and not is_ours(reaction.user):
+                verdicts.append((comment, reaction.user.login, "thumbs-down", ""))
+    for comment, user, kind, reason in verdicts:
+        for rule in comment_rules(comment.body) or ["unknown"]:
+            record = {"id": f"{repository}#{comment.id}:{rule}:{user}:{kind}", "repository": repository,
+                      "pull_request": pr.number, "comment": comment.id, "rule": rule, "kind": kind, "user": user,
+                      "reason": reason}
+            if store.add_feedback(record):
+                FEEDBACK.labels(rule=rule, kind=kind).inc()
+                recorded += 1
+    return recorded
+
+
+def marked_wrong(store, repository: str) -> tuple[int, Counter]:
+    """How many of the bot's comments on ``repository`` users marked wrong, and by rule."""
+    comments: set[int] = set()
+    by_rule: Counter = Counter()
+    seen: set[tuple[int, str]] = set()
+    for record in store.feedback():
+        if record.get("repository") != repository:
+            continue
+        comments.add(record["comment"])
+        if (record["comment"], record["rule"]) not in seen:
+            seen.add((record["comment"], record["rule"]))
+            by_rule[record["rule"]] += 1
+    return len(comments), by_rule
+
+
+def summary_line(count: int, by_rule: Counter, fail_on: Optional[str] = None) -> str:
+    if not count:
+        return ""
+    rules = ", ".join(f"`{rule}` ×{n}" for rule, n in by_rule.most_common(5))
+    return (f"{count} of torchreview's past comments on this repository were marked wrong by its reviewers "
+            f"({rules}). A rule that is often wrong here can be lowered or switched off in "
+            f"`.github/torchreview.yml` (`rules: {{severity: {{RULE: low}}}}` or `rules: {{ignore: [RULE]}}`).")

@@ -1,0 +1,170 @@
+"""``torchreview lsp`` through the protocol: the real server as a subprocess, JSON-RPC over its stdio."""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from lsprotocol import types  # the lsp extra, part of dev: a missing pygls fails here rather than skipping
+from pygls.lsp.client import LanguageClient
+
+ROOT = Path(__file__).resolve().parents[1]
+BUGGY = "import torch\n\nstate = torch.load('model.pt')\n"  # TR601, fixable: weights_only=True
+FIXED = "import torch\n\nstate = torch.load('model.pt', weights_only=True)\n"
+MODEL_SOFTMAX = ("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+                 "        super().__init__()\n        self.fc = nn.Linear(10, 3)\n\n    def forward(self, x):\n"
+                 "        return torch.softmax(self.fc(x), dim=-1)\n")
+TRAIN = ("import torch\nfrom torch import nn\nfrom model import Net\n\nmodel = Net()\ncriterion = nn.CrossEntropyLoss()\n"
+         "x = torch.randn(4, 10)\ny = torch.randint(0, 3, (4,))\nloss = criterion(model(x), y)\n")
+TIMEOUT = 60
+
+
+class Client(LanguageClient):
+    def __init__(self) -> None:
+        super().__init__("torchreview-test", "1")
+        self.published: asyncio.Queue = asyncio.Queue()
+
+        @self.feature(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+        def on_diagnostics(params: types.PublishDiagnosticsParams) -> None:  # no `ls` first: params only
+            self.published.put_nowait(params)
+
+    async def diagnostics_for(self, uri: str) -> types.PublishDiagnosticsParams:
+        while True:
+            params = await asyncio.wait_for(self.published.get(), TIMEOUT)
+            if params.uri == uri:
+                return params
+
+
+async def started(tmp_path: Path, debounce: str = "1.0") -> Client:
+    client = Client()
+    exe = Path(sys.executable).with_name("torchreview")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bot.cli"]
+    await client.start_io(*cmd, "lsp", "--debounce", debounce, cwd=str(tmp_path),
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    await asyncio.wait_for(client.initialize_async(types.InitializeParams(
+        process_id=os.getpid(), root_uri=tmp_path.as_uri(), capabilities=types.ClientCapabilities())), TIMEOUT)
+    client.initialized(types.InitializedParams())
+    return client
+
+
+async def stopped(client: Client) -> None:
+    await asyncio.wait_for(client.shutdown_async(None), TIMEOUT)
+    client.exit(None)
+    await asyncio.wait_for(client.stop(), TIMEOUT)
+
+
+def open_document(client: Client, path: Path, text: str) -> str:
+    uri = path.as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    return uri
+
+
+def apply(text: str, edit: types.TextEdit) -> str:
+    lines = text.splitlines(keepends=True)
+    start = sum(len(line) for line in lines[:edit.range.start.line]) + edit.range.start.character
+    end = sum(len(line) for line in lines[:edit.range.end.line]) + edit.range.end.character
+    return text[:start] + edit.new_text + text[end:]
+
+
+def test_diagnostics_quick_fix_and_clearing(tmp_path):
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "train.py"
+    path.write_text(BUGGY)
+
+    async def scenario() -> None:
+        client = await started(tmp_path)
+        try:
+            uri = open_document(client, path, BUGGY)
+            published = await client.diagnostics_for(uri)
+            assert [d.code for d in published.diagnostics] == ["TR601"]
+            [diagnostic] = published.diagnostics
+            assert diagnostic.source == "torchreview"
+            assert diagnostic.severity == types.DiagnosticSeverity.Error  # TR601 is high
+            assert (diagnostic.range.start.line, diagnostic.range.start.character) == (2, 8)  # torch.load(...)
+            assert diagnostic.range.end.line == 2
+
+            actions = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), range=diagnostic.range,
+                context=types.CodeActionContext(diagnostics=[diagnostic]))), TIMEOUT)
+            [action] = actions
+            assert action.kind == types.CodeActionKind.QuickFix and "TR601" in action.title
+            [edit] = action.edit.changes[uri]
+            assert apply(BUGGY, edit) == FIXED
+
+            # nothing to fix elsewhere in the file
+            elsewhere = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri),
+                range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=5)),
+                context=types.CodeActionContext(diagnostics=[]))), TIMEOUT)
+            assert not elsewhere
+
+            # typing the fix in two edits within the debounce: one analysis, of the last text, which is clean
+            client.text_document_did_change(types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+                content_changes=[types.TextDocumentContentChangeWholeDocument(text=BUGGY.replace(")", ", "))]))
+            client.text_document_did_change(types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=3),
+                content_changes=[types.TextDocumentContentChangeWholeDocument(text=apply(BUGGY, edit))]))
+            cleared = await client.diagnostics_for(uri)
+            assert cleared.version == 3 and not cleared.diagnostics
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())
+
+
+def test_saving_the_model_file_refreshes_the_script_that_uses_it(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "model.py").write_text(MODEL_SOFTMAX)
+    (tmp_path / "train.py").write_text(TRAIN)
+
+    async def scenario() -> None:
+        client = await started(tmp_path)
+        try:
+            uri = open_document(client, tmp_path / "train.py", TRAIN)
+            assert [d.code for d in (await client.diagnostics_for(uri)).diagnostics] == ["TR401"]
+            logits = MODEL_SOFTMAX.replace("torch.softmax(self.fc(x), dim=-1)", "self.fc(x)")
+            (tmp_path / "model.py").write_text(logits)
+            model_uri = open_document(client, tmp_path / "model.py", logits)
+            client.text_document_did_save(types.DidSaveTextDocumentParams(
+                text_document=types.TextDocumentIdentifier(uri=model_uri)))
+            while True:  # the open of model.py publishes too; wait for train.py's refresh
+                refreshed = await client.diagnostics_for(uri)
+                if not refreshed.diagnostics:
+                    break
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())
+
+
+def test_positions_are_utf16_and_a_fix_on_a_last_line_without_newline_adds_none(tmp_path):
+    (tmp_path / ".git").mkdir()
+    text = "import torch\n\nname = '😀é'; state = torch.load(name)"  # no final newline
+    prefix = "name = '😀é'; state = "
+
+    async def scenario() -> None:
+        client = await started(tmp_path)
+        try:
+            uri = open_document(client, tmp_path / "emoji.py", text)
+            [diagnostic] = (await client.diagnostics_for(uri)).diagnostics
+            assert diagnostic.code == "TR601"
+            assert diagnostic.range.start.character == len(prefix.encode("utf-16-le")) // 2  # the emoji counts 2
+            [action] = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), range=diagnostic.range,
+                context=types.CodeActionContext(diagnostics=[diagnostic]))), TIMEOUT)
+            [edit] = action.edit.changes[uri]
+            assert edit.range.end.line == 2
+            # the edit's columns are UTF-16 too: apply it as an editor would
+            lines = text.splitlines(keepends=True)
+            last = lines[2].encode("utf-16-le")
+            fixed_last = last[:edit.range.start.character * 2].decode("utf-16-le") + edit.new_text + \
+                last[edit.range.end.character * 2:].decode("utf-16-le")
+            assert edit.range.start.line == 2 and edit.range.start.character == 0
+            assert fixed_last == "name = '😀é'; state = torch.load(name, weights_only=True)"
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())

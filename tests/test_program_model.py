@@ -1,0 +1,230 @@
+"""The program model (analyzers/program): the questions rules ask, answered on code shaped like real code."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from analyzers.context import FileContext
+from analyzers.engine import analyze_source
+from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback, mutated_names
+from analyzers.program.flow import assignment_before, stored_attributes, subtree
+from analyzers.program.modules import ModuleFacts, RepositoryIndex, index_for, repository_root, summarize
+from analyzers.program.values import constructor, model_class
+from analyzers.rules import all_rules
+
+
+def context(code: str, path: str = "example.py", repository=None) -> FileContext:
+    """A file context after a full walk (parents known), as rules see it at end_file."""
+    source = textwrap.dedent(code)
+    module = cst.parse_module(source)
+    ctx = FileContext(path, source, module)
+    ctx.repository = repository
+    from analyzers.engine import _Walker
+
+    _Walker(ctx, [], lambda rule, exc: None).walk(module)
+    return ctx
+
+
+def first(ctx: FileContext, kind: type, predicate=lambda node: True):
+    return next(node for node in subtree(ctx.module) if isinstance(node, kind) and predicate(node))
+
+
+# ---- flow ------------------------------------------------------------------------------------------------
+
+def test_mutations_and_stores_of_a_parameter():
+    ctx = context("""
+        def __init__(self, dims=[], cfg={}, names=[]):
+            dims.append(3)
+            cfg["k"] = 1
+            self.names = names
+            total = sum(names)
+    """)
+    fn = first(ctx, cst.FunctionDef)
+    assert mutated_names(fn.body) == {"dims", "cfg"}
+    assert stored_attributes(fn.body, {"names", "dims"}) == {"names": "self.names"}
+
+
+def test_call_site_values_are_the_callers_arguments_and_unknown_with_star_args():
+    ctx = context("""
+        def train(model, loader, save_path):
+            pass
+        train(net, dl, "best.pt")
+        train(model=other, loader=dl, save_path="last.pt")
+        model.train()
+    """)
+    fn = first(ctx, cst.FunctionDef)
+    values = call_site_values(ctx.module, fn, "save_path")
+    assert [v.evaluated_value for v in values] == ["best.pt", "last.pt"]  # model.train() is not a call of it
+    starred = context("def train(model):\n    pass\ntrain(*args)\n")
+    assert call_site_values(starred.module, first(starred, cst.FunctionDef), "model") is None
+
+
+def test_a_global_read_inside_a_function_finds_the_module_assignment():
+    ctx = context("""
+        import torch.nn as nn
+        model = nn.Linear(4, 2).to("cuda")
+        def test():
+            return model(x)
+    """)
+    use = first(ctx, cst.Call, lambda c: isinstance(c.func, cst.Name) and c.func.value == "model")
+    value = assignment_before(ctx, use, "model")
+    assert ctx.module.code_for_node(value) == 'nn.Linear(4, 2).to("cuda")'
+
+
+# ---- values --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("code", [
+    "model = Net()\nmodel = model.to(device)\nout = model(x)\n",                        # reassigned to itself
+    "net = torch.compile(Net().cuda())\nout = net(x)\n",                               # wrappers
+    "def train(model):\n    out = model(x)\ndef main():\n    m = Net().to(d)\n    train(m)\n",  # via a caller
+])
+def test_the_model_class_is_followed_through_the_idioms_people_write(code):
+    ctx = context("import torch\n" + code)
+    use = [c for c in subtree(ctx.module) if isinstance(c, cst.Call) and isinstance(c.func, cst.Name)
+           and c.func.value in ("model", "net")][-1]
+    assert model_class(ctx, use.func, use) == "Net"
+
+
+def test_library_models_are_not_repository_classes():
+    ctx = context("import torchvision\nmodel = torchvision.models.resnet18()\nout = model(x)\n")
+    use = [c for c in subtree(ctx.module) if isinstance(c, cst.Call) and isinstance(c.func, cst.Name)][-1]
+    assert model_class(ctx, use.func, use) is None
+    ctx = context("import torch.nn as nn\nmodel = nn.Linear(4, 2).cuda()\nout = model(x)\n")
+    use = [c for c in subtree(ctx.module) if isinstance(c, cst.Call) and isinstance(c.func, cst.Name)][-1]
+    assert model_class(ctx, use.func, use) is None  # a torch.nn layer, not a class of the repository
+    assert ctx.module.code_for_node(constructor(ctx, use.func, use).func) == "nn.Linear"
+
+
+# ---- roles ---------------------------------------------------------------------------------------------
+
+def test_compat_fallbacks():
+    ctx = context("""
+        try:
+            s = torch.load(p, weights_only=True)
+        except TypeError:
+            s = torch.load(p)
+    """)
+    loads = [c for c in subtree(ctx.module) if isinstance(c, cst.Call)]
+    assert [in_compat_fallback(ctx, c) for c in loads] == [False, True]
+
+
+def test_checkpoint_payloads_say_whether_weights_only_can_load_them():
+    ctx = context("""
+        import torch
+        torch.save({"model": model.state_dict(), "epoch": 3}, "a.pt")
+        torch.save({"model": model.state_dict(), "args": args}, "b.pt")
+        torch.save(model, "c.pt")
+        ckpt = {"state": net.state_dict()}
+        ckpt["config"] = cfg
+        torch.save(ckpt, "d.pt")
+        torch.save(features.numpy(), "e.npy")
+    """)
+    writes = ctx.facts(CheckpointWrites).writes
+    assert [w.payloads for w in writes] == [{Payload.TENSORS}, {Payload.TENSORS, Payload.NAMESPACE},
+                                           {Payload.MODULE}, {Payload.TENSORS, Payload.NAMESPACE}, {Payload.NUMPY}]
+
+
+# ---- the repository index ------------------------------------------------------------------------------
+
+MODEL = """\
+import torch.nn as nn
+from .blocks import Head
+
+
+class Net(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 8)
+        self.head = Head(8, vocab_size)
+        self.sig = nn.Sigmoid()
+
+    def forward(self, x, h):
+        out, h = self.rnn(x, h)
+        out = self.sig(self.head(out))
+        out = out[:, -1]
+        return out, h
+"""
+BLOCKS = """\
+import torch.nn as nn
+
+
+class Head(nn.Module):
+    def __init__(self, d, vocab_size):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.fc = nn.Linear(d, vocab_size)
+"""
+
+
+@pytest.fixture
+def repo(tmp_path):
+    (tmp_path / ".git").mkdir()
+    package = tmp_path / "models"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .net import Net\n")  # a re-export
+    (package / "net.py").write_text(MODEL)
+    (package / "blocks.py").write_text(BLOCKS)
+    (tmp_path / "train.py").write_text("from models import Net\nnet = Net(100)\n")
+    return tmp_path
+
+
+def test_classes_are_found_through_imports_and_re_exports(repo):
+    index = RepositoryIndex(repo)
+    net = index.find_class(repo / "train.py", "Net")
+    assert net is not None and net.path.endswith("net.py")
+    assert index.forward_activation(net) == "sigmoid"  # through a tuple return, a subscript, a reassignment
+    assert index.features(net) >= {"recurrent", "dropout", "vocab-output"}  # Head's layers, in another file
+    assert index_for(repo / "train.py").root == repo.resolve() == repository_root(repo / "models" / "net.py")
+
+
+def test_summaries_are_cached_by_content(repo):
+    index = RepositoryIndex(repo)
+    first_summary = index.summary(repo / "models" / "net.py")
+    assert index.summary(repo / "models" / "net.py") is first_summary
+    (repo / "models" / "net.py").write_text(MODEL.replace("nn.Sigmoid()", "nn.Identity()"))
+    changed = index.summary(repo / "models" / "net.py")
+    assert changed is not first_summary and changed.classes["Net"].forward_activation is None
+
+
+def test_a_repository_relative_path_resolves_under_the_index_root(repo):
+    index = RepositoryIndex(repo)
+    ctx = context("from models import Net\nmodel = Net(3)\n", path="train.py", repository=index)
+    assert ctx.facts(ModuleFacts).find_class("Net").name == "Net"
+
+
+def test_sequential_appended_in_a_branch_and_a_file_that_does_not_parse():
+    summary = summarize(textwrap.dedent("""
+        import torch.nn as nn
+        class D(nn.Module):
+            def __init__(self, sigmoid=True):
+                super().__init__()
+                layers = [nn.Linear(4, 1)]
+                if sigmoid:
+                    layers.append(nn.Sigmoid())
+                self.main = nn.Sequential(*layers)
+            def forward(self, x):
+                return self.main(x).squeeze(1)
+    """), "d.py")
+    assert summary.classes["D"].forward_activation == "sigmoid"
+    assert summarize("def broken(:\n", "x.py").classes == {}
+
+
+def test_cross_file_findings_in_the_engine(repo):
+    (repo / "gan.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        from models import Net
+        net = Net(10)
+        criterion = nn.BCELoss()
+        for x, y in loader:
+            out, h = net(x, h)
+            loss = criterion(out.squeeze(), y)
+    """))
+    rules = [r for r in all_rules() if r.id == "TR402"]
+    text = (repo / "gan.py").read_text()
+    alone = analyze_source(text, str(repo / "gan.py"), rules=rules)
+    with_repo = analyze_source(text, str(repo / "gan.py"), rules=rules, repository=RepositoryIndex(repo))
+    assert alone.findings == [] and [f.rule for f in with_repo.findings] == ["TR402"]
+    assert Path(with_repo.findings[0].path).name == "gan.py"
