@@ -116,10 +116,20 @@ def engine_fingerprint() -> str:
     package = Path(__file__).resolve().parent
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{tool_version()}|{sys.version_info[:2]}|{getattr(libcst, '__version__', '?')}|".encode())
+    digest.update(f"{_version('ipython')}|".encode())  # notebooks: IPython's transformer reads their cells
     for source in sorted(package.rglob("*.py")):
         digest.update(source.relative_to(package).as_posix().encode() + b"\0")
         digest.update(source.read_bytes())
     return digest.hexdigest()
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "?"
 
 
 def config_digest(config: Config) -> str:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ast
 import io
-import json
 import os
 import re
 import time
@@ -15,6 +14,7 @@ from typing import Iterable, Optional, Sequence
 
 import libcst as cst
 
+from analyzers import notebook
 from analyzers.config import Config
 from analyzers.context import FileContext, dotted_name
 from analyzers.guard import complexity_error
@@ -419,17 +419,27 @@ def _suppressed(table: dict[int, Optional[set[str]]], rule_id: str, line: int, e
 def read_source(path: Path, display: str) -> tuple[Optional[str], Optional[FileError]]:
     try:
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            return None, FileError(display, "too-large", f"{size} bytes is over the {MAX_FILE_BYTES}-byte limit; not analyzed")
+        if size > _size_limit(display):
+            return None, _too_large(display, size)
         data = path.read_bytes()
     except OSError as exc:
         return None, FileError(display, "read-error", str(exc))
     return decode_source(data, display)
 
 
+def _size_limit(display: str) -> int:
+    # A notebook's outputs (images) are not analyzed: its code cells have the normal limit, checked once read.
+    return notebook.MAX_NOTEBOOK_BYTES if display.endswith(".ipynb") else MAX_FILE_BYTES
+
+
+def _too_large(display: str, size: int) -> FileError:
+    limit = _size_limit(display)
+    return FileError(display, "too-large", f"{size} bytes is over the {limit}-byte limit; not analyzed")
+
+
 def decode_source(data: bytes, display: str) -> tuple[Optional[str], Optional[FileError]]:
-    if len(data) > MAX_FILE_BYTES:
-        return None, FileError(display, "too-large", f"{len(data)} bytes is over the {MAX_FILE_BYTES}-byte limit; not analyzed")
+    if len(data) > _size_limit(display):
+        return None, _too_large(display, len(data))
     if b"\x00" in data[:8192]:
         return None, FileError(display, "binary-file", "contains NUL bytes; not a text file")
     encoding = "utf-8-sig"
@@ -451,86 +461,113 @@ def _encoding_name(encoding: str) -> str:
     return "UTF-8" if encoding in ("utf-8", "utf-8-sig") else encoding
 
 
-_MAGIC = re.compile(r"^\s*(?:[%!?]|\w+\?\s*$)")
-
-
-def analyze_notebook_text(text: str, path: str, config: Config,
+def analyze_notebook_text(text: str | bytes, path: str, config: Config,
                           repository: Optional[RepositoryIndex] = None) -> FileResult:
-    """Analyze a notebook's code cells as one program; report cell numbers and cell lines."""
-    result = FileResult(path)
+    """Analyze a notebook's code cells as one program, as IPython runs them; findings carry the
+    cell number and the line within the cell."""
     try:
-        notebook = json.loads(text)
-        cells = notebook["cells"] if isinstance(notebook, dict) else None
-        if not isinstance(cells, list):
-            raise ValueError("no 'cells' list")
-    except (ValueError, KeyError, TypeError) as exc:
-        result.errors.append(FileError(path, "notebook-error", f"not a readable .ipynb notebook: {exc}"))
+        cells = notebook.read_cells(text)
+    except notebook.NotebookError as exc:
+        result = FileResult(path)
+        result.errors.append(FileError(path, "notebook-error", str(exc)))
         return result
-    cell_sources: list[tuple[int, str]] = []
-    for number, cell in enumerate(cells, 1):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else str(source)
-        # IPython magics and shell escapes are not Python: blank them, keep the line count.
-        cell_lines = [("" if _MAGIC.match(line) else line) for line in source.split("\n")]
-        cell_sources.append((number, "\n".join(cell_lines)))
-    combined = _analyze_cells(cell_sources, path, config, repository)
+    return _analyze_notebook_cells(cells, path, config, repository)
+
+
+def _analyze_notebook_cells(cells: list[notebook.Cell], path: str, config: Config,
+                            repository: Optional[RepositoryIndex]) -> FileResult:
+    result = FileResult(path)
+    code_cells = [c for c in cells if c.cell_type == "code"]
+    # The limit is on the code: embedded outputs (plots, images) do not make a notebook harder to parse.
+    size = sum(len(c.source.encode("utf-8", "surrogatepass")) + 1 for c in code_cells)
+    if size > MAX_FILE_BYTES:
+        result.errors.append(FileError(path, "too-large", f"its code cells are {size} bytes, over the "
+                                                          f"{MAX_FILE_BYTES}-byte limit; not analyzed"))
+        return result
+    code = [(c.number, py) for c in code_cells for py in [notebook.cell_to_python(c.source)] if py is not None]
+    combined = _analyze_cells(code, path, config, repository)
     if not any(e.kind == "syntax-error" for e in combined.errors):
         return combined
     # One broken cell should not hide the others: report it, analyze the rest together.
     broken: list[FileError] = []
     broken_cells: set[int] = set()
-    for number, source in cell_sources:
-        if complexity_error(source, path) is not None:
+    for number, py in code:
+        if complexity_error(py.source, path) is not None:
             continue  # reported when the cells are analyzed together
-        try:
-            cst.parse_module(source + "\n")
-        except (cst.ParserSyntaxError, RecursionError) as exc:
-            detail = syntax_error_detail(source + "\n", exc) if isinstance(exc, cst.ParserSyntaxError) else "too deeply nested"
+        detail = _cell_syntax_error(py)
+        if detail is not None:
             broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}"))
             broken_cells.add(number)
-    result = _analyze_cells([c for c in cell_sources if c[0] not in broken_cells], path, config, repository)
+    result = _analyze_cells([c for c in code if c[0] not in broken_cells], path, config, repository)
     result.errors = broken + [e for e in result.errors if e.kind != "syntax-error"]
     return result
 
 
-def _analyze_cells(cell_sources: list[tuple[int, str]], path: str, config: Config,
+def _cell_syntax_error(py: notebook.PythonCell) -> Optional[str]:
+    """Where a cell does not parse, at its own line and column (before any dedent), or None."""
+    source = py.source + "\n"
+    try:
+        cst.parse_module(source)
+        return None
+    except RecursionError:
+        return "too deeply nested"
+    except cst.ParserSyntaxError as exc:
+        try:
+            compile(source, "<cell>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        except SyntaxError as python:
+            if python.lineno and python.lineno <= len(py.columns):
+                column = (python.offset or 1) + py.columns[python.lineno - 1]
+                return f"line {python.lineno}, column {column}: {python.msg}"
+        except (ValueError, RecursionError, MemoryError):
+            pass
+        return syntax_error_detail(source, exc)
+
+
+def _analyze_cells(code: list[tuple[int, notebook.PythonCell]], path: str, config: Config,
                    repository: Optional[RepositoryIndex] = None) -> FileResult:
-    line_map: list[tuple[int, int]] = []  # program line -> (cell number, line in cell)
-    for number, source in cell_sources:
-        line_map.extend((number, i + 1) for i in range(source.count("\n") + 1))
-    program = "\n".join(source for _, source in cell_sources) + "\n"
+    # program line -> (cell number, line in cell, columns removed, rewritten by IPython)
+    line_map: list[tuple[int, int, int, bool]] = []
+    for number, py in code:
+        line_map.extend((number, i + 1, removed, i + 1 in py.rewritten) for i, removed in enumerate(py.columns))
+    program = "\n".join(py.source for _, py in code) + "\n"
     result = analyze_source(program, path, config, repository=repository)
     _remap(result, line_map)
     return result
 
 
-def _with_cell(f: Finding, cell: int, line: int, end_line: int,
-               line_map: Sequence[tuple[int, int]] = ()) -> Finding:
-    fix = f.fix
-    if fix is not None:
-        fix = Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement, fix.safe)
+def _with_cell(f: Finding, cell: int, line: int, end_line: int, column: int, end_column: int,
+               fix: Optional[Fix], line_map: Sequence[tuple[int, int, int, bool]] = ()) -> Finding:
     related = []
     for site in f.related:  # a location names no cell: keep the sites in the finding's own cell
         if site.line - 1 < len(line_map) and line_map[site.line - 1][0] == cell:
-            start = line_map[site.line - 1][1]
+            start, shift = line_map[site.line - 1][1], line_map[site.line - 1][2]
             end = line_map[min(site.end_line, len(line_map)) - 1]
+            if (site.column, site.end_column) != (1, 1):  # (1, 1): the whole line, no column to move
+                site = replace(site, column=site.column + shift, end_column=site.end_column + end[2])
             related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start))
-    return Finding(f.path, line, f.column, end_line, f.end_column, f.rule, f.slug, f.category, f.severity,
+    return Finding(f.path, line, column, end_line, end_column, f.rule, f.slug, f.category, f.severity,
                    f.message, fix, cell, tuple(related))
 
 
-def _remap(result: FileResult, line_map: list[tuple[int, int]]) -> None:
+def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> None:
     remapped = []
     for f in result.findings:
         if f.line - 1 >= len(line_map):
             continue
-        cell, line = line_map[f.line - 1]
-        end_cell, end_line = line_map[min(f.end_line, len(line_map)) - 1]
+        cell, line, shift, _ = line_map[f.line - 1]
+        end_cell, end_line, end_shift, _ = line_map[min(f.end_line, len(line_map)) - 1]
+        end_column = f.end_column + end_shift
         if end_cell != cell:
-            end_line = line
-        remapped.append(_with_cell(f, cell, line, end_line, line_map))
+            end_line, end_column = line, f.column + shift
+        fix = f.fix
+        if fix is not None:
+            span = line_map[fix.start_line - 1: fix.end_line]
+            # A fix is whole lines of the program: a dedented cell's lines would lose their indent, and a
+            # line IPython rewrote (``x = %time f()``) its magic.
+            fix = (None if any(s or r for _, _, s, r in span) or {c for c, _, _, _ in span} != {cell}
+                   else Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement,
+                            fix.safe))
+        remapped.append(_with_cell(f, cell, line, end_line, f.column + shift, end_column, fix, line_map))
     result.findings = remapped
 
 
@@ -539,6 +576,8 @@ def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Con
     """``cache``: an :class:`analyzers.cache.ResultCache` to reuse (and store) the result."""
     config = config or Config()
     display = display or str(path)
+    if display.endswith(".ipynb"):
+        return _analyze_notebook_file(path, display, config)
     text, error = read_source(path, display)
     if error is not None:
         result = FileResult(display)
@@ -547,6 +586,27 @@ def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Con
     if cache is not None:
         return cache.analyze(text, display, config, repository=index_for(path))
     return analyze_text(text, display, config, repository=index_for(path))
+
+
+def _analyze_notebook_file(path: Path, display: str, config: Config) -> FileResult:
+    # Streamed from the file to its cells: megabytes of plots in the outputs are never all in memory.
+    try:
+        size = path.stat().st_size
+        if size > notebook.MAX_NOTEBOOK_BYTES:
+            result = FileResult(display)
+            result.errors.append(_too_large(display, size))
+            return result
+        with path.open("rb") as stream:
+            cells = notebook.read_cells(stream)
+    except OSError as exc:
+        result = FileResult(display)
+        result.errors.append(FileError(display, "read-error", str(exc)))
+        return result
+    except notebook.NotebookError as exc:
+        result = FileResult(display)
+        result.errors.append(FileError(display, "notebook-error", str(exc)))
+        return result
+    return _analyze_notebook_cells(cells, display, config, index_for(path))
 
 
 def analyze_text(text: str, display: str, config: Config,

@@ -33,7 +33,8 @@ def fingerprint(finding: Finding, source_lines: Sequence[str], occurrence: int =
 
 def fingerprints_for(findings: Iterable[Finding], sources: Mapping[str, str]) -> dict[Finding, str]:
     """The fingerprint of each finding; ``sources`` maps a path to its text."""
-    lines_by_path = {path: text.splitlines() for path, text in sources.items()}
+    # A notebook's findings are fingerprinted by message (see flagged_text): its JSON is not split.
+    lines_by_path = {path: text.splitlines() for path, text in sources.items() if not path.endswith(".ipynb")}
     seen: Counter = Counter()
     result: dict[Finding, str] = {}
     for finding in sorted(set(findings), key=lambda f: f.sort_key):

@@ -25,9 +25,10 @@ import libcst as cst
 
 from analyzers.config import Config
 from analyzers.diff import keep_changed
-from analyzers.engine import (MAX_FILE_BYTES, RunResult, _MAGIC, analyze_notebook_text, analyze_source,
+from analyzers.engine import (MAX_FILE_BYTES, RunResult, analyze_notebook_text, analyze_source,
                               decode_source, read_source)
 from analyzers.model import FileError, FileResult, Finding
+from analyzers.notebook import cell_to_python
 from analyzers.program.modules import index_for
 from analyzers.rules.base import Rule
 
@@ -160,8 +161,15 @@ def _dump_notebook(notebook: dict, original: str) -> str:
 
 
 def _cell_parses(text: str) -> Optional[str]:
-    # magics are not Python; the engine blanks them too
-    return _parses("\n".join("" if _MAGIC.match(line) else line for line in text.split("\n")) + "\n")
+    # a cell parses as IPython runs it: magics and shell escapes are Python there
+    python = cell_to_python(text)
+    return _parses((python.source if python is not None else text) + "\n")
+
+
+def _ipython_lines(text: str) -> set[int]:
+    """The cell's lines that IPython rewrites (magics, shell escapes): a fix must not replace them."""
+    python = cell_to_python(text)
+    return set(python.rewritten) if python is not None else set(range(1, text.count("\n") + 2))
 
 
 def fix_notebook(text: str, path: str, config: Config, *, unsafe: bool = False, repository=None,
@@ -183,10 +191,9 @@ def fix_notebook(text: str, path: str, config: Config, *, unsafe: bool = False, 
             break
         sources = {i: _cell_text(c) for i, c in enumerate(cells, 1) if isinstance(c, dict)}
         wanted = _wanted(result, unsafe, refused, lambda f: sources.get(f.cell, "").splitlines(keepends=True))
-        # a fix must stay inside its cell and off magic lines (blanked for the analysis, so the fix lost them)
+        # a fix must stay inside its cell and off magic lines (rewritten for the analysis, so the fix lost them)
         wanted = [f for f in wanted if f.cell in sources and f.fix.end_line <= len(sources[f.cell].splitlines())
-                  and not any(_MAGIC.match(line) for line in
-                              sources[f.cell].splitlines()[f.fix.start_line - 1:f.fix.end_line])]
+                  and not _ipython_lines(sources[f.cell]) & set(range(f.fix.start_line, f.fix.end_line + 1))]
         if not wanted:
             break
         before = len(fixed.applied)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 from typing import IO
 
 from analyzers.engine import RunResult
@@ -76,8 +77,15 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
 def render_github(run: RunResult, stream: IO[str]) -> None:
     """GitHub Actions workflow commands: annotations on the PR's Files view."""
     level = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning", Severity.LOW: "notice"}
+    in_notebooks = _notebook_json_lines(run.findings)
     for f in run.findings:
         title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label})")
+        if f.cell is not None:  # the annotation goes on the .ipynb's JSON line; the message names the cell
+            json_line = in_notebooks.get((f.path, f.cell, f.line))
+            where = f"line={json_line}," if json_line else ""
+            stream.write(f"::{level[f.severity]} file={_escape_property(f.path)},{where}title={title}::"
+                         f"{_escape_data(f'cell {f.cell}, line {f.line}: {f.message}')}\n")
+            continue
         message = _escape_data(f.message)
         stream.write(f"::{level[f.severity]} file={_escape_property(f.path)},line={f.line},endLine={f.end_line},"
                      f"col={f.column},title={title}::{message}\n")
@@ -120,13 +128,30 @@ def _sources(findings) -> dict[str, str]:
     return sources
 
 
+def _notebook_json_lines(findings, sources=None) -> dict[tuple[str, int, int], int]:
+    """(path, cell, line in cell) -> the line of the .ipynb's JSON that holds it, for the cells of the
+    notebook findings (their own lines and their related sites)."""
+    from analyzers.notebook import json_source_lines
+
+    notebooks = {f.path for f in findings if f.cell is not None}
+    sources = sources if sources is not None else _sources([f for f in findings if f.path in notebooks])
+    out = {}
+    for path in notebooks:
+        if path in sources:
+            for cell, lines in json_source_lines(sources[path]).items():
+                out.update(((path, cell, n), json_line) for n, json_line in enumerate(lines, 1))
+    return out
+
+
 def to_sarif(run: RunResult) -> dict:
     """SARIF 2.1.0 as GitHub code scanning accepts it."""
     from analyzers.rules import all_rules
 
     rules = all_rules()
     index = {r.id: i for i, r in enumerate(rules)}
-    fingerprints = fingerprints_for(run.findings, _sources(run.findings))
+    sources = _sources(run.findings)
+    fingerprints = fingerprints_for(run.findings, sources)
+    in_notebooks = _notebook_json_lines(run.findings, sources)
     descriptors = []
     for rule in rules:
         descriptors.append({
@@ -144,16 +169,24 @@ def to_sarif(run: RunResult) -> dict:
         })
     results = []
     for f in run.findings:
+        region = {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line, "endColumn": f.end_column}
+        text = f.message
+        related = [(site, {"startLine": site.line, "startColumn": site.column, "endLine": site.end_line,
+                           "endColumn": site.end_column}) for site in f.related]
+        if f.cell is not None:  # code scanning shows the .ipynb as JSON: its line there, the cell in words
+            region = {"startLine": in_notebooks.get((f.path, f.cell, f.line), 1)}
+            text = f"cell {f.cell}, line {f.line}: {f.message}"
+            related = [(replace(site, message=f"cell {f.cell}, line {site.line}: {site.message}"),
+                        {"startLine": in_notebooks.get((f.path, f.cell, site.line), 1)}) for site in f.related]
         result = {
             "ruleId": f.rule,
             "ruleIndex": index.get(f.rule, 0),
             "level": SARIF_LEVEL[f.severity],
-            "message": {"text": f.message},
+            "message": {"text": text},
             "locations": [{
                 "physicalLocation": {
                     "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
-                    "region": {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line,
-                               "endColumn": f.end_column},
+                    "region": region,
                 }
             }],
             # line-independent, so an alert survives lines inserted above it (the App's fingerprint)
@@ -163,13 +196,12 @@ def to_sarif(run: RunResult) -> dict:
                 "message": {"text": site.message},
                 "physicalLocation": {
                     "artifactLocation": {"uri": f.path, "uriBaseId": "%SRCROOT%"},
-                    "region": {"startLine": site.line, "startColumn": site.column, "endLine": site.end_line,
-                               "endColumn": site.end_column},
+                    "region": site_region,
                 },
-            } for number, site in enumerate(f.related, 1)],
+            } for number, (site, site_region) in enumerate(related, 1)],
             "properties": {"severity": f.severity.label, "category": f.category},
         }
-        if f.fix is not None:
+        if f.fix is not None and f.cell is None:  # a notebook fix is cell lines, not lines of its JSON
             result["fixes"] = [{
                 "description": {"text": f"Apply the {f.slug} fix"},
                 "artifactChanges": [{

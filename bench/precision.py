@@ -21,7 +21,8 @@ label wins, one finding per label, exact lines first), and prints per rule and o
 - the precision of what is reported at high or critical severity (current severity),
 - per repository: findings, and what the App would post if one pull request added the whole
   repository: ``plan_review`` (the bot's own review composition, default settings) gives the inline
-  comments (at most ``max_inline_comments``); the other findings (notebooks, over the limit) go in its
+  comments (at most ``max_inline_comments``, notebook findings on their line of the .ipynb JSON); the
+  other findings (over the limit, or in a notebook cell whose JSON line is unknown) go in its
   one summary comment.
 
 ``--judgments FILE``: your own verdicts on new findings, a JSON list shaped like ``labels.json``

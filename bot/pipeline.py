@@ -26,6 +26,7 @@ from analyzers.engine import analyze_text, decode_source
 from analyzers.fingerprint import fingerprints_for
 from analyzers.program.modules import RepositoryIndex
 from analyzers.model import FileError, FileResult, Finding
+from analyzers.notebook import NotebookError, read_cells
 from bot import feedback
 from bot import review as compose
 from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
@@ -60,7 +61,7 @@ class ChangedFiles:
     sources: dict[str, str] = field(default_factory=dict)  # path -> head source text
     base_sources: dict[str, str] = field(default_factory=dict)  # head path -> base source (changed files only)
     blobs: dict[str, str] = field(default_factory=dict)  # path -> git blob SHA (the results cache's content key)
-    patches: dict[str, str] = field(default_factory=dict)  # path -> GitHub patch (hunks)
+    patches: dict[str, Optional[str]] = field(default_factory=dict)  # path -> GitHub patch (hunks); None: none sent
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
 
@@ -320,7 +321,7 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
         if not config.path_included(path):
             changed.notes.append(FileError(path, "excluded", "excluded by the repository's include/exclude settings"))
             continue
-        if not f.patch:
+        if not f.patch and not path.endswith(".ipynb"):
             changed.notes.append(FileError(path, "no-patch", "GitHub sent no diff for this file (binary or too large); not reviewed"))
             continue
         if len(changed.reviewed) >= max_files or spent >= max_bytes:
@@ -332,7 +333,7 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
         if data is None:
             changed.notes.append(FileError(path, "unavailable", "content could not be fetched at the head commit"))
             continue
-        spent += len(data)
+        spent += _parse_cost(path, data)
         text, error = decode_source(data, path)
         if error is not None:
             changed.notes.append(error)
@@ -340,6 +341,7 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
         changed.sources[path] = text
         if f.sha:
             changed.blobs[path] = f.sha
+        # A notebook GitHub shows no diff of (big outputs) is still analyzed; its findings go in the summary.
         changed.patches[path] = f.patch
         changed.reviewed.append(path)
         if f.status in ("modified", "renamed", "changed") and base is not None:
@@ -349,6 +351,17 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
             if base_text is not None:
                 changed.base_sources[path] = base_text
     return changed
+
+
+def _parse_cost(path: str, data: bytes) -> int:
+    """What a file costs the review's budget: its bytes; for a notebook, those of its code cells (plots in
+    its outputs are never parsed)."""
+    if not path.endswith(".ipynb"):
+        return len(data)
+    try:
+        return sum(len(c.source) for c in read_cells(data) if c.cell_type == "code")
+    except NotebookError:
+        return len(data)
 
 
 def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache],

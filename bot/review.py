@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 import textwrap
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from unidiff import PatchSet
@@ -25,6 +26,7 @@ from unidiff.errors import UnidiffParseError
 from analyzers.fingerprint import fingerprints_for, is_notebook_finding
 from analyzers.markdown import code_block, code_span, literal, longest_backtick_run, message, redact_urls, table_cell
 from analyzers.model import Category, Finding, Fix, Severity
+from analyzers.notebook import json_fix, json_source_lines
 from analyzers.rules import get_rule
 
 # GitHub's limits: check-run summary/text (documented maxLength), review and comment bodies.
@@ -353,6 +355,13 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
 
     Each thing is said once: findings of one rule repeated in a file (or on consecutive lines) share one
     comment that lists their lines, and the findings that land on the same line share one comment."""
+    try:
+        return _plan_review(pr, settings, posted)
+    finally:
+        _json_source_lines.cache_clear()  # a worker keeps no notebook past its review
+
+
+def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: frozenset[str]) -> ReviewPlan:
     digests = fingerprints_for(pr.findings, pr.sources)
     findings = keep_findings(pr.findings, pr.diffs, settings, introduced=introduced_by(pr, digests))
     if not findings:
@@ -496,7 +505,7 @@ def review_body(findings: Sequence[Finding], overflow: Sequence[Finding], unplac
         head += ["", f"ℹ️ {count_phrase(len(pr.notes), 'file')} could not be fully analyzed; see the check run."]
     sections = [
         ("More findings (over the inline comment limit)", list(overflow)),
-        ("Not on lines of the diff (notebooks, unchanged lines)", list(unplaceable)),
+        ("Not on lines of the diff (unchanged lines, notebook cells the diff does not show)", list(unplaceable)),
     ]
     listed = [(title, f) for title, group in sections for f in group]
 
@@ -537,22 +546,49 @@ class Placement:
 
 def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
     """Where an inline comment can go so GitHub accepts it, or None (then it goes in the body)."""
-    if is_notebook_finding(finding) or not diff.has_patch:
+    if not diff.has_patch:
         return None
-    fix = finding.fix
-    if fix is not None and suggestion_fits(fix, diff, source):
-        return Placement(fix.start_line, fix.end_line, fix)
-    lines = list(finding_lines(finding))
+    if is_notebook_finding(finding):
+        # GitHub diffs the notebook's JSON: comment on the JSON line that holds the cell's line,
+        # with the fix as JSON strings.
+        if finding.fix is not None and finding.cell is not None and source is not None:
+            fix = json_fix(source, _json_source_lines(source).get(finding.cell, []), finding.fix)
+            if fix is not None and suggestion_fits(fix, diff, source):
+                return Placement(fix.start_line, fix.end_line, fix)
+        lines = notebook_json_lines(finding, source)
+    else:
+        fix = finding.fix
+        if fix is not None and suggestion_fits(fix, diff, source):
+            return Placement(fix.start_line, fix.end_line, fix)
+        lines = list(finding_lines(finding))
     for candidates in (diff.added, diff.commentable):  # an added line reads better than context
         line = next((n for n in lines if n in candidates), None)
         if line is not None:
             return Placement(line, line)
     for site in finding.related:  # the finding's own line is outside the diff: comment on the changed site
+        site_lines = list(range(site.line, max(site.line, site.end_line) + 1))
+        at = f"line {finding.line}"
+        if is_notebook_finding(finding):  # a site is in the finding's cell: its lines are cell lines
+            site_lines = notebook_json_lines(replace(finding, line=site.line, end_line=site.end_line), source)
+            at = f"cell {finding.cell}, line {finding.line}"
         for candidates in (diff.added, diff.commentable):
-            line = next((n for n in range(site.line, max(site.line, site.end_line) + 1) if n in candidates), None)
+            line = next((n for n in site_lines if n in candidates), None)
             if line is not None:
-                return Placement(line, line, note=f"{site.message}; the finding is at line {finding.line}")
+                return Placement(line, line, note=f"{site.message}; the finding is at {at}")
     return None
+
+
+def notebook_json_lines(finding: Finding, source: Optional[str]) -> list[int]:
+    """The lines of the ``.ipynb`` text that hold a notebook finding's cell lines; [] when unknown."""
+    if source is None or finding.cell is None:
+        return []
+    cell_lines = _json_source_lines(source).get(finding.cell, [])
+    return [cell_lines[n - 1] for n in finding_lines(finding) if 0 < n <= len(cell_lines)]
+
+
+@lru_cache(maxsize=4)  # asked for each of a notebook's findings; cleared after each plan
+def _json_source_lines(text: str) -> dict[int, list[int]]:
+    return json_source_lines(text)
 
 
 def cause_placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
@@ -684,12 +720,16 @@ def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSet
     findings = keep_findings(pr.findings, pr.diffs, settings,
                              introduced=introduced_by(pr, fingerprints_for(pr.findings, pr.sources)))
     failing = any(f.severity >= settings.fail_on for f in findings)
+    try:
+        annotations = [annotation(f, pr.sources.get(f.path)) for f in findings]
+    finally:
+        _json_source_lines.cache_clear()
     return CheckRunPlan(
         conclusion="failure" if failing else "success",
         title=check_title(findings, settings),
         summary=check_summary(findings, pr, settings),
         text=rule_reference(findings),
-        annotations=[annotation(f) for f in findings],
+        annotations=annotations,
     )
 
 
@@ -792,11 +832,12 @@ def rule_reference(findings: Sequence[Finding]) -> str:
     return fit_shown_count(render, len(blocks))
 
 
-def annotation(finding: Finding) -> dict:
-    """A check-run annotation; notebook findings sit on line 1 with the cell named in the message."""
+def annotation(finding: Finding, source: Optional[str] = None) -> dict:
+    """A check-run annotation; a notebook finding sits on the JSON line of its cell line (line 1 when
+    that is unknown), with the cell named in the message."""
     text = finding.message  # annotations are plain text, not Markdown
     if is_notebook_finding(finding):
-        start = end = 1
+        start = end = next(iter(notebook_json_lines(finding, source)), 1)
         text = f"{location(finding)}: {text}"
     else:
         start, end = finding.line, max(finding.line, finding.end_line)
@@ -820,7 +861,8 @@ def annotation(finding: Finding) -> dict:
 def annotation_details(finding: Finding) -> str:
     parts = [rule_why(finding)]
     if finding.fix is not None:
-        parts.append(f"Suggested replacement for lines {finding.fix.start_line}-{finding.fix.end_line}:\n"
+        cell = f"cell {finding.cell}, " if finding.cell is not None else ""
+        parts.append(f"Suggested replacement for {cell}lines {finding.fix.start_line}-{finding.fix.end_line}:\n"
                      f"{finding.fix.replacement}")
     return "\n\n".join(p for p in parts if p)
 

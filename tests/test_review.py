@@ -242,11 +242,11 @@ def test_nothing_to_say_is_a_short_review_that_is_not_posted(edited_file):
     assert_valid_review(plan, diffs)
 
 
-def test_notebook_findings_are_never_inline():
+def test_notebook_finding_whose_cell_line_is_not_in_the_json_is_not_inline():
     nb_old = json.dumps({"cells": [{"source": ["a = 1\n"]}]}, indent=1) + "\n"
     nb_new = json.dumps({"cells": [{"source": ["a = torch.load(p)\n"]}]}, indent=1) + "\n"
     diffs = {"nb.ipynb": changed_file("nb.ipynb", nb_old, nb_new)}
-    # Line 3 of the JSON is in the diff, but cell line 3 means something else entirely.
+    # Line 3 of the JSON is in the diff, but the notebook has no cell 2: the JSON line is unknown.
     nb_finding = finding("nb.ipynb", line=3, cell=2)
     pr = PullRequestAnalysis([nb_finding], diffs, {"nb.ipynb": nb_new}, reviewed_files=["nb.ipynb"])
 
