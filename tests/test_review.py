@@ -425,7 +425,7 @@ HOSTILE_MESSAGE = ("`Net.__init__` never calls `super().__init__()`; *_like / x.
                    "<img src=x> [x](//evil.example) <!-- hidden --> fixes #1")
 HOSTILE_PATH = "evil`<img src=x>`|@octocat.py"
 # Our own markup: headings, the file list's <details>, the fingerprint comment.
-OWN_TAGS = {"h3", "h4", "details", "summary", "strong"}
+OWN_TAGS = {"h3", "h4", "details", "summary", "strong", "em"}  # em: the feedback line of comments
 
 
 def assert_renders_as_data(markdown: str, *visible: str) -> None:
