@@ -10,11 +10,11 @@ from __future__ import annotations
 import base64
 import logging
 import shutil
-import tarfile
 import tempfile
 import time
-from pathlib import Path
+import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import requests
@@ -24,9 +24,9 @@ from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_c
 from analyzers.cache import ResultCache
 from analyzers.engine import analyze_text, decode_source
 from analyzers.fingerprint import fingerprints_for
-from analyzers.program.modules import RepositoryIndex
 from analyzers.model import FileError, FileResult, Finding
 from analyzers.notebook import NotebookError, read_cells
+from analyzers.program.modules import RepositoryIndex
 from bot import feedback
 from bot import review as compose
 from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
@@ -202,12 +202,12 @@ class ReviewRun:
     def repository_context(self) -> Optional["RepositoryContext"]:
         """The head's code (``.py`` files of its tarball) for questions across files: the model class in
         ``model.py`` that ``train.py`` trains. None when it cannot be had; the review goes on per file."""
-        from bot.smoke import TarballTooLarge, download_tree
+        from bot.archives import ArchiveTooLarge, download_code
 
         scratch = Path(tempfile.mkdtemp(prefix="torchreview-context-"))
         try:
-            root = download_tree(self.repo, self.head, scratch / "head", suffixes=(".py",))
-        except (TarballTooLarge, GithubException, OSError, requests.RequestException, tarfile.TarError) as exc:
+            root = download_code(self.repo, self.head, scratch / "head")
+        except (ArchiveTooLarge, GithubException, OSError, requests.RequestException, zipfile.BadZipFile) as exc:
             log.info("no repository context for %s@%s: %s", self.job.repository, self.head[:7], exc)
             shutil.rmtree(scratch, ignore_errors=True)
             return None

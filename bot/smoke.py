@@ -69,12 +69,10 @@ class TarballTooLarge(ValueError):
 
 
 def download_tree(repo, ref: str, into: Path, *, max_download: int = MAX_TARBALL_BYTES,
-                  max_bytes: int = MAX_EXTRACTED_BYTES, max_members: int = MAX_EXTRACTED_MEMBERS,
-                  suffixes: Optional[tuple[str, ...]] = None) -> Path:
+                  max_bytes: int = MAX_EXTRACTED_BYTES, max_members: int = MAX_EXTRACTED_MEMBERS) -> Path:
     """The repository at ``ref`` from the tarball endpoint, extracted safely: regular files and
     directories only (no links, devices or escapes), at most ``max_bytes`` unpacked in at most
-    ``max_members`` entries, checked from the headers before each file is written. ``suffixes``
-    keeps only files with those endings (the static review's repository context needs only code)."""
+    ``max_members`` entries, checked from the headers before each file is written."""
     url = repo.get_archive_link("tarball", ref)
     response = requests.get(url, timeout=60, stream=True)
     response.raise_for_status()
@@ -96,8 +94,6 @@ def download_tree(repo, ref: str, into: Path, *, max_download: int = MAX_TARBALL
             parts = Path(member.name).parts
             if len(parts) < 2 or not (member.isfile() or member.isdir()) or member.issparse():
                 continue  # the top-level folder itself, links, devices, sparse files
-            if suffixes is not None and member.isfile() and not member.name.endswith(suffixes):
-                continue
             total += member.size if member.isfile() else 0
             if total > max_bytes:
                 raise TarballTooLarge(f"the repository at {ref[:7]} unpacks to over {max_bytes >> 20} MiB")

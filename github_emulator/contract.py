@@ -87,6 +87,7 @@ OPERATIONS = (
     "GET /repos/{owner}/{repo}/git/trees/{tree_sha}",
     "GET /repos/{owner}/{repo}/git/blobs/{file_sha}",
     "GET /repos/{owner}/{repo}/tarball/{ref}",
+    "GET /repos/{owner}/{repo}/zipball/{ref}",
     "GET /repos/{owner}/{repo}/compare/{basehead}",
     "POST /repos/{owner}/{repo}/issues/{issue_number}/comments",
     "GET /repos/{owner}/{repo}/issues/{issue_number}/comments",

@@ -11,6 +11,7 @@ import io
 import secrets
 import tarfile
 import time
+import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -86,6 +87,8 @@ ROUTES: tuple[Route, ...] = (
     Route("git/get-blob", "GET", f"{_REPO}/git/blobs/<file_sha>", "get_blob", permissions=("contents",)),
     Route("repos/download-tarball-archive", "GET", f"{_REPO}/tarball/<path:ref>", "download_tarball",
           permissions=("contents",)),
+    Route("repos/download-zipball-archive", "GET", f"{_REPO}/zipball/<path:ref>", "download_zipball",
+          permissions=("contents",)),
     Route("repos/compare-commits-with-basehead", "GET", f"{_REPO}/compare/<path:basehead>", "compare",
           permissions=("contents",)),
     Route("issues/list-comments", "GET", f"{_REPO}/issues/<int:issue_number>/comments", "list_issue_comments",
@@ -104,6 +107,7 @@ ROUTES: tuple[Route, ...] = (
     Route("rate-limit/get", "GET", "/rate_limit", "get_rate_limit", auth="any"),
     # Emulator-only: where the tarball redirect points (GitHub uses codeload.github.com).
     Route(None, "GET", "/_codeload/<owner>/<repo>/legacy.tar.gz/<path:ref>", "codeload_tarball", auth="none"),
+    Route(None, "GET", "/_codeload/<owner>/<repo>/legacy.zip/<path:ref>", "codeload_zipball", auth="none"),
 )
 
 
@@ -470,14 +474,32 @@ class RestApi:
         return jsonify(self.render.blob(g.repo, file_sha, content))
 
     def download_tarball(self, owner: str, repo: str, ref: str) -> Response:
+        return self._archive_redirect(ref, "legacy.tar.gz")
+
+    def download_zipball(self, owner: str, repo: str, ref: str) -> Response:
+        return self._archive_redirect(ref, "legacy.zip")
+
+    def _archive_redirect(self, ref: str, kind: str) -> Response:
         commit = self._commit_at(ref)
         link_token = secrets.token_urlsafe(16)
         self.state.archive_tokens[link_token] = (g.repo.full_name, time.time() + ARCHIVE_LINK_LIFETIME_S)
         query = urlencode({"token": link_token})
-        location = f"{self.render.api}/_codeload/{g.repo.full_name}/legacy.tar.gz/{commit.sha}?{query}"
+        location = f"{self.render.api}/_codeload/{g.repo.full_name}/{kind}/{commit.sha}?{query}"
         return Response(status=302, headers={"Location": location})
 
     def codeload_tarball(self, owner: str, repo: str, ref: str) -> Response:
+        repository, commit, root = self._archive_source(owner, repo, ref)
+        return Response(_tarball(root, commit.tree, commit.created_at),
+                        headers={"Content-Type": "application/x-gzip",
+                                 "Content-Disposition": f"attachment; filename={root}.tar.gz"})
+
+    def codeload_zipball(self, owner: str, repo: str, ref: str) -> Response:
+        repository, commit, root = self._archive_source(owner, repo, ref)
+        return Response(_zipball(root, commit.tree, commit.created_at),
+                        headers={"Content-Type": "application/zip",
+                                 "Content-Disposition": f"attachment; filename={root}.zip"})
+
+    def _archive_source(self, owner: str, repo: str, ref: str):
         full_name, expires = self.state.archive_tokens.get(request.args.get("token", ""), ("", 0))
         repository = self.state.repos.get(full_name)
         if full_name != f"{owner}/{repo}" or expires < time.time() or repository is None:
@@ -485,14 +507,7 @@ class RestApi:
         commit = self.state.resolve_ref(repository, ref)
         if commit is None:
             raise not_found()
-        root = f"{repository.owner.login}-{repository.name}-{commit.sha[:7]}"
-        return Response(
-            _tarball(root, commit.tree, commit.created_at),
-            headers={
-                "Content-Type": "application/x-gzip",
-                "Content-Disposition": f"attachment; filename={root}.tar.gz",
-            },
-        )
+        return repository, commit, f"{repository.owner.login}-{repository.name}-{commit.sha[:7]}"
 
     def compare(self, owner: str, repo: str, basehead: str) -> Response:
         base_ref, separator, head_ref = basehead.partition("...")
@@ -630,6 +645,17 @@ def _anchor(files: dict[str, FileDiff], comment: dict[str, Any]) -> _Anchor:
 def _parse_time(value: str) -> datetime:
     parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _zipball(root: str, tree: dict[str, bytes], mtime: datetime) -> bytes:
+    """A zip archive laid out like GitHub's zipball: every path under `<owner>-<repo>-<sha7>/`."""
+    buffer = io.BytesIO()
+    stamp = mtime.timetuple()[:6]
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(zipfile.ZipInfo(f"{root}/", stamp), b"")
+        for path in sorted(tree):
+            archive.writestr(zipfile.ZipInfo(f"{root}/{path}", stamp), tree[path])
+    return buffer.getvalue()
 
 
 def _tarball(root: str, tree: dict[str, bytes], mtime: datetime) -> bytes:

@@ -477,3 +477,25 @@ def test_a_review_does_a_bounded_amount_of_work(stack):
     assert fetched == {"m0.py", "m1.py"}
     by_bytes = collect_changed_files(gh_repo, gh_repo.get_pull(pr.number), pr.head_sha, Config(), max_bytes=30)
     assert len(by_bytes.reviewed) == 2 and len(by_bytes.notes) == 3  # 2 files of 20 bytes: 30 is spent
+
+
+def test_the_static_reviews_code_archive_keeps_only_code_within_its_caps(stack, tmp_path):
+    """The repository context comes from the zipball (never the tarball the smoke job executes), .py only."""
+    from bot.archives import ArchiveTooLarge, download_code
+    from bot.github_client import GitHubClients
+    from bot.settings import Settings
+
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {"pkg/model.py": "import torch\n", "data.bin": b"\0" * (8 << 20),
+                                       "big.py": "x = 1\n" * (3 << 20)})
+    env = stack["env"]
+    clients = GitHubClients(Settings(app_id=4242, private_key=env["GITHUB_PRIVATE_KEY"], webhook_secret="s",
+                                     api_url=env["GITHUB_API_URL"], github_write_interval=0))
+    gh_repo = clients.for_installation(1).get_repo(name)
+    head = repo.branches[repo.default_branch]
+    code = download_code(gh_repo, head, tmp_path / "code")
+    assert sorted(str(p.relative_to(code)) for p in code.rglob("*") if p.is_file()) == ["big.py", "pkg/model.py"]
+    with pytest.raises(ArchiveTooLarge, match="unpacks to over 16 MiB"):
+        download_code(gh_repo, head, tmp_path / "capped", max_bytes=16 << 20)
+    assert not (tmp_path / "capped").exists()  # refused from the archive's directory, before writing
+    assert tarballs(state, name) == set()  # reading code for context never touches what the smoke job runs
