@@ -22,18 +22,25 @@ class ArchiveTooLarge(ValueError):
     """An archive over the download or extraction caps (an archive bomb, or a huge repository)."""
 
 
-def download_code(repo, ref: str, into: Path, *, suffixes: tuple[str, ...] = (".py",),
-                  max_download: int = MAX_DOWNLOAD_BYTES, max_bytes: int = MAX_CODE_BYTES,
-                  max_files: int = MAX_CODE_FILES) -> Path:
-    """The files of ``repo`` at ``ref`` whose names end with ``suffixes``, under ``into``."""
-    url = repo.get_archive_link("zipball", ref)
+def download_archive(repo, kind: str, ref: str, max_download: int, too_large: type[Exception]) -> io.BytesIO:
+    """GitHub's ``tarball`` or ``zipball`` of ``ref``, in memory, refused past ``max_download`` bytes."""
+    url = repo.get_archive_link(kind, ref)
     response = requests.get(url, timeout=60, stream=True)
     response.raise_for_status()
     data = io.BytesIO()
     for chunk in response.iter_content(1 << 20):
         data.write(chunk)
         if data.tell() > max_download:
-            raise ArchiveTooLarge(f"the repository archive at {ref[:7]} is over {max_download >> 20} MiB")
+            raise too_large(f"the repository {kind} at {ref[:7]} is over {max_download >> 20} MiB")
+    data.seek(0)
+    return data
+
+
+def download_code(repo, ref: str, into: Path, *, suffixes: tuple[str, ...] = (".py",),
+                  max_download: int = MAX_DOWNLOAD_BYTES, max_bytes: int = MAX_CODE_BYTES,
+                  max_files: int = MAX_CODE_FILES) -> Path:
+    """The files of ``repo`` at ``ref`` whose names end with ``suffixes``, under ``into``."""
+    data = download_archive(repo, "zipball", ref, max_download, ArchiveTooLarge)
     with zipfile.ZipFile(data) as archive:
         wanted = []
         for info in archive.infolist():

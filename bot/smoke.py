@@ -73,15 +73,9 @@ def download_tree(repo, ref: str, into: Path, *, max_download: int = MAX_TARBALL
     """The repository at ``ref`` from the tarball endpoint, extracted safely: regular files and
     directories only (no links, devices or escapes), at most ``max_bytes`` unpacked in at most
     ``max_members`` entries, checked from the headers before each file is written."""
-    url = repo.get_archive_link("tarball", ref)
-    response = requests.get(url, timeout=60, stream=True)
-    response.raise_for_status()
-    data = io.BytesIO()
-    for chunk in response.iter_content(1 << 20):
-        data.write(chunk)
-        if data.tell() > max_download:
-            raise TarballTooLarge(f"the repository tarball at {ref[:7]} is over {max_download >> 20} MiB")
-    data.seek(0)
+    from bot.archives import download_archive
+
+    data = download_archive(repo, "tarball", ref, max_download, TarballTooLarge)
     into.mkdir(parents=True, exist_ok=True)
     total = members = 0
     # Streaming mode: one pass, each member's header read just before its data, so the caps stop a
