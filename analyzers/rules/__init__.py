@@ -16,6 +16,9 @@ _MODULES = (
     "deprecation",
     "reproducibility",
     "leakage",
+    "loop",
+    "amp",
+    "distributed",
 )
 _loaded = False
 
