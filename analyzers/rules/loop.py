@@ -67,6 +67,15 @@ def _body_nodes(scope: cst.CSTNode):
                 stack.append(child)
 
 
+def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> bool:
+    for ancestor in ctx.ancestors(node):
+        if ancestor is loop:
+            return False
+        if isinstance(ancestor, (cst.For, cst.While)):
+            return True
+    return False
+
+
 def _text(ctx: FileContext, node: cst.CSTNode) -> str:
     return ctx.module.code_for_node(node).strip()
 
@@ -923,10 +932,15 @@ class OutputsKeptWithGraph(Rule):
         for node, target, name, loop in self.candidates:
             if not loop_trains(loop):
                 continue
+            # backward in this very loop: one graph per step; only in a nested loop: one per epoch
+            per_step = any(isinstance(n, cst.Call) and method_name(n) in _BACKWARD
+                           for n in _body_nodes(loop.body) if not _in_nested_loop(n, loop, ctx))
+            every = "training step" if per_step else "epoch"
             self.report(node, f"{code_span(target)} keeps {code_span(name)}, a model output with its autograd graph, "
-                              f"from every training iteration: the graphs and their saved activations are never "
-                              f"freed and memory grows each step; append {code_span(name + '.detach()')} "
-                              f"(or `.item()` for a scalar)")
+                              f"from every {every}: the graphs and their saved activations are never freed and "
+                              f"memory grows each {every.split()[-1]}; append {code_span(name + '.detach()')} "
+                              f"(or run that forward pass under `torch.no_grad()`)",
+                        severity=None if per_step else Severity.MEDIUM)
 
 
 # ---------------------------------------------------------------------------------------------
