@@ -54,12 +54,14 @@ class AmpFacts:
         self.plain_steps: list[tuple[cst.Call, str, object]] = []
         self.clips: list[tuple[cst.Call, object]] = []
         self.backwards: list[tuple[cst.Call, object]] = []
+        self.order: dict[int, int] = {}  # id(call) -> visit order, for "the backward before this clip"
         self._seen: set[int] = set()
 
     def note(self, node: cst.Call, ctx: FileContext) -> None:
         if id(node) in self._seen:
             return
         self._seen.add(id(node))
+        self.order[id(node)] = len(self.order)
         fn = ctx.function
         name = method_name(node)
         qualified = ctx.call_name(node) or ""
@@ -482,7 +484,19 @@ class ClipWithoutUnscale(_AmpRule):
             scaler.step(opt)
             scaler.update()
         """,
-        # the plain branch clips unscaled gradients
+        # the plain branch clips unscaled gradients (the AMP one has another bug: TR713 flags it once)
+        """
+        import torch
+        def step(loss):
+            if use_amp:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+        """,
         """
         import torch
         from torch.nn.utils import clip_grad_norm_
@@ -525,11 +539,13 @@ class ClipWithoutUnscale(_AmpRule):
         facts = ctx.facts(AmpFacts)
         if facts.any_unscale:
             return
+        scalers = {id(c): s for c, s, _ in facts.scaled_backwards}
         for call, fn in facts.clips:
-            scaled = next(((c, s) for c, s, f in facts.scaled_backwards if f is fn), None)
-            if scaled is None:
+            # the backward this clip follows: the last one before it in the same function
+            earlier = [c for c, f in facts.backwards if f is fn and facts.order[id(c)] < facts.order[id(call)]]
+            if not earlier or id(earlier[-1]) not in scalers:
                 continue
-            scaler = scaled[1]
+            scaler = scalers[id(earlier[-1])]
             step = next((c for c, s, f in facts.scaler_steps if f is fn and s == scaler), None)
             opt = "optimizer"
             if step is not None and step.args:

@@ -526,7 +526,9 @@ class DataParallelTraining(Rule):
     severity = Severity.LOW
     summary = "nn.DataParallel for training; DistributedDataParallel is faster even on one machine"
     what = """
-        Flags `nn.DataParallel(model)` in a file that trains (calls `.backward()` in a loop).
+        Flags `nn.DataParallel(model)` in a file that trains (calls `.backward()` in a loop) and
+        does not offer `DistributedDataParallel` or `torch.distributed` (where it does, DataParallel is
+        a fallback).
     """
     why = """
         DataParallel runs one Python process: it scatters each batch, replicates the model on
@@ -552,7 +554,10 @@ class DataParallelTraining(Rule):
         """
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model)
+        if distributed:
+            model = DDP(model)
+        else:
+            model = torch.nn.DataParallel(model)
         for x in loader:
             model(x).sum().backward()
         """,
@@ -587,16 +592,22 @@ class DataParallelTraining(Rule):
         super().__init__(ctx)
         self.calls: list[cst.Call] = []
         self.trains = False
+        self.ddp = False
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if ctx.call_name(node) in _DATA_PARALLEL:
             self.calls.append(node)
+
+    def visit_Name(self, node: cst.Name, ctx: FileContext) -> None:
+        if "DDP" in node.value or node.value in ("DistributedDataParallel", "FullyShardedDataParallel",
+                                                 "init_process_group"):
+            self.ddp = True
         elif method_name(node) == "backward" and is_backward(node, ctx) and _loop_stack(ctx):
             self.trains = True
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.trains:
-            return
+        if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed"):
+            return  # with DDP in the file, DataParallel is the single-process fallback
         for call in self.calls[:1]:
             self.report(call, f"{code_span(_text(ctx, call))} trains through single-process DataParallel "
                               f"(model replicated every step, outputs gathered on GPU 0, GIL-bound); "
