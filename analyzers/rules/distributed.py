@@ -597,13 +597,13 @@ class DataParallelTraining(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if ctx.call_name(node) in _DATA_PARALLEL:
             self.calls.append(node)
+        elif method_name(node) == "backward" and is_backward(node, ctx) and _loop_stack(ctx):
+            self.trains = True
 
     def visit_Name(self, node: cst.Name, ctx: FileContext) -> None:
         if "DDP" in node.value or node.value in ("DistributedDataParallel", "FullyShardedDataParallel",
                                                  "init_process_group"):
             self.ddp = True
-        elif method_name(node) == "backward" and is_backward(node, ctx) and _loop_stack(ctx):
-            self.trains = True
 
     def end_file(self, ctx: FileContext) -> None:
         if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed"):
