@@ -210,6 +210,16 @@ class Fp16AutocastWithoutScaler(_AmpRule):
         Invalid(
             """
             import torch
+            for x, y in loader:
+                with torch.cuda.amp.autocast(enabled=args.amp):
+                    loss = criterion(model(x), y)
+                loss.backward()
+            """,
+            line=4,
+        ),
+        Invalid(
+            """
+            import torch
             from torch.cuda.amp import autocast
             def train(model, loader, opt):
                 for x, y in loader:
@@ -244,8 +254,8 @@ class Fp16AutocastWithoutScaler(_AmpRule):
         if qualified not in _AUTOCAST:
             return False
         enabled = keyword_arg(call, "enabled")
-        if enabled is not None and not (isinstance(enabled.value, cst.Name) and enabled.value.value == "True"):
-            return False  # disabled, or enabled by a flag (often "fp16 and not bf16")
+        if enabled is not None and is_false(enabled.value):
+            return False
         dtype = keyword_arg(call, "dtype")
         if dtype is not None:
             return ctx.qualified_name(dtype.value) in _FP16

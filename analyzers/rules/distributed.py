@@ -18,7 +18,8 @@ _SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distribute
 _DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 _SAVE = {"torch.save", "torch.serialization.save"}
 _RANK_WORDS = re.compile(r"rank|main_process|is_main|is_master|master|global_zero|local_process_zero|"
-                         r"process_index|is_primary|primary", re.IGNORECASE)
+                         r"process_index|is_primary|primary|gpu|device_id|proc_id|node_id|worker_id|leader",
+                         re.IGNORECASE)
 _DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                   "torch.nn.parallel.data_parallel.DataParallel"}
 
@@ -273,6 +274,17 @@ class SaveOnEveryRank(Rule):
                 model(x).sum().backward()
                 if rank == 0:
                     torch.save(model.module.state_dict(), "ckpt.pt")
+        """,
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class Trainer:
+            def train(self):
+                self.model = DDP(self.model, device_ids=[self.gpu_id])
+                for x in self.loader:
+                    self.model(x).sum().backward()
+                if self.gpu_id == 0 and self.epoch % self.save_every == 0:
+                    torch.save(self.model.module.state_dict(), "ckpt.pt")
         """,
         """
         import torch

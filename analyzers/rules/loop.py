@@ -464,6 +464,9 @@ class AccumulatedLossNotScaled(Rule):
 # ---------------------------------------------------------------------------------------------
 # TR112
 
+_OPTIMIZER_CLASSES = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS",
+                      "Lion", "Adafactor", "LAMB", "Lamb"}
+
 
 class EvalNeverTrain(Rule):
     id = "TR112"
@@ -534,11 +537,37 @@ class EvalNeverTrain(Rule):
                     optimizer.step()
                 model.eval()
         """,
+        # a frozen teacher in eval mode; the student is never put in eval
+        """
+        import torch
+        optimizer = torch.optim.Adam(student.parameters())
+        teacher.eval()
+        for x, y in loader:
+            with torch.no_grad():
+                target = teacher(x)
+            loss = criterion(student(x), target)
+            loss.backward()
+            optimizer.step()
+        """,
+        # evaluate-only branch that returns
+        """
+        import torch
+        def main(args):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            if args.evaluate:
+                model.eval()
+                validate(model)
+                return
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                optimizer.step()
+        """,
     ]
     INVALID = [
         Invalid(
             """
             import torch
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
             for epoch in range(10):
                 for x, y in loader:
                     optimizer.zero_grad()
@@ -549,20 +578,21 @@ class EvalNeverTrain(Rule):
                 with torch.no_grad():
                     evaluate(model)
             """,
-            line=9, message="`model.eval()`",
+            line=10, message="`model.eval()`",
         ),
         Invalid(
             """
             import torch
             def main():
                 net = Net()
+                opt = SGD(net.parameters(), lr=0.1)
                 net.eval()
                 for x, y in loader:
                     opt.zero_grad()
                     criterion(net(x), y).backward()
                     opt.step()
             """,
-            line=5,
+            line=6,
         ),
     ]
 
@@ -572,9 +602,19 @@ class EvalNeverTrain(Rule):
         self.trained = False
         self.loops: list[tuple[cst.CSTNode, object, int]] = []
         self.order = 0
+        self.optimized: set[str] = set()  # ``model`` for ``SGD(model.parameters(), ...)``
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
+        qualified = ctx.call_name(node) or ""
+        if qualified.startswith("torch.optim.") or name in _OPTIMIZER_CLASSES:
+            for arg in node.args:
+                value = arg.value
+                if (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                        and value.func.attr.value in ("parameters", "named_parameters")):
+                    owner = dotted_name(value.func.value)
+                    if owner:
+                        self.optimized.add(owner)
         if not isinstance(node.func, cst.Attribute):
             return
         if name == "train":
@@ -601,6 +641,8 @@ class EvalNeverTrain(Rule):
         if not training:
             return
         for call, stack, fn, order in self.evals:
+            if dotted_name(call.func.value) not in self.optimized:
+                continue  # a teacher, a frozen feature extractor, or a model we cannot tie to the optimizer
             inside = any(id(lp) in training for lp in stack)
             if not inside:
                 if self._leaves(ctx, call):
