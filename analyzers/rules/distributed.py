@@ -11,6 +11,7 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.rules.loop import AccumulationFacts, _text, is_backward
+from analyzers.rules.serialization import _is_test_file
 from analyzers.rules.training import _loop_stack
 
 _DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
@@ -500,14 +501,14 @@ class DdpAccumulationWithoutNoSync(Rule):
         super().__init__(ctx)
         self.ddp = False
         self.synced = False
-        self.model: Optional[str] = None
+        self.models: set[str] = set()
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if _is_ddp_call(node, ctx):
             self.ddp = True
             parent = ctx.parent(node)
-            if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and self.model is None:
-                self.model = dotted_name(parent.targets[0].target)
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                self.models.add(dotted_name(parent.targets[0].target) or "")
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
         ctx.facts(AccumulationFacts).note_if(node, ctx)
@@ -524,7 +525,12 @@ class DdpAccumulationWithoutNoSync(Rule):
             self.report(step.node.test, f"gradients of a `DistributedDataParallel` model are accumulated over "
                                         f"{code_span(divisor)} micro-batches, but every `backward()` all-reduces "
                                         f"them: wrap the micro-steps that do not step in "
-                                        f"{code_span((self.model or 'model') + '.no_sync()')}")
+                                        f"{self._no_sync()}")
+
+    def _no_sync(self) -> str:
+        if len(self.models) == 1 and "" not in self.models:
+            return code_span(next(iter(self.models)) + ".no_sync()")
+        return "the DDP model's `no_sync()`"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,7 +624,7 @@ class DataParallelTraining(Rule):
             self.ddp = True
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed"):
+        if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed") or _is_test_file(ctx.path):
             return  # with DDP in the file, DataParallel is the single-process fallback
         for call in self.calls[:1]:
             self.report(call, f"{code_span(_text(ctx, call))} trains through single-process DataParallel "

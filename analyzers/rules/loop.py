@@ -1329,6 +1329,16 @@ class FunctionalDropoutAlwaysOn(Rule):
                 x = F.dropout(x, p=self.p, training=self.training)
                 return F.dropout2d(x, 0.1, self.training)
         """,
+        # only reached in training mode
+        """
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class Net(nn.Module):
+            def forward(self, x):
+                if self.training and self.drop > 0:
+                    x = F.dropout(x, p=self.drop)
+                return F.dropout(x, 0.5) if self.training else x
+        """,
         # not a module: a helper whose caller decides
         """
         from torch.nn import functional as F
@@ -1387,6 +1397,9 @@ class FunctionalDropoutAlwaysOn(Rule):
             return
         if keyword_arg(node, "training") is not None or len(positional_args(node)) >= 3:
             return
+        if any(isinstance(a, (cst.If, cst.IfExp)) and any("training" in n for n in iter_names(a.test))
+               for a in ctx.ancestors(node)):
+            return  # ``if self.training: x = F.dropout(x, p)``
         p = argument(node, 1, "p")
         if isinstance(p, (cst.Integer, cst.Float)) and float(p.value) == 0.0:
             return
