@@ -25,7 +25,10 @@ from analyzers.context import (
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
+from analyzers.program.modules import ModuleFacts
+from analyzers.program.values import constructor, model_class
 from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.inference import _torch_layer_features
 from analyzers.rules.training import _is_model_callee, _is_optimizer, _is_scaler, _loop_stack
 
 _BACKWARD = {"backward", "manual_backward"}
@@ -74,6 +77,43 @@ def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> b
         if isinstance(ancestor, (cst.For, cst.While)):
             return True
     return False
+
+
+def _changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
+    """False only when the model is known to hold neither dropout nor BatchNorm (as TR201 decides)."""
+    built = constructor(ctx, model, use)
+    if built is None:
+        return _assigned_features(ctx, dotted_name(model))
+    features = _torch_layer_features(ctx, built)
+    if features is None:
+        cls = model_class(ctx, model, use)
+        features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
+    return features is None or bool(features & {"dropout", "batchnorm"})
+
+
+def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
+    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
+    is known to hold neither dropout nor BatchNorm."""
+    if not name:
+        return True
+    facts = ctx.facts(ModuleFacts)
+    seen = False
+    for node in subtree(ctx.module):
+        if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
+            continue
+        value = node.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
+                and value.func.attr.value in ("cuda", "to", "cpu", "float", "double"):
+            value = value.func.value
+        if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
+            continue  # ``model = model.cuda()``
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return True
+        features = facts.features(value.func.value)
+        if features is None or features & {"dropout", "batchnorm"}:
+            return True
+        seen = True
+    return not seen
 
 
 def _text(ctx: FileContext, node: cst.CSTNode) -> str:
@@ -549,6 +589,24 @@ class EvalNeverTrain(Rule):
             loss.backward()
             optimizer.step()
         """,
+        # eval() changes nothing in a model without dropout and BatchNorm
+        """
+        import torch
+        import torch.nn as nn
+        class MLP(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Sequential(nn.Linear(784, 100), nn.ReLU(), nn.Linear(100, 10))
+            def forward(self, x):
+                return self.fc(x)
+        model = MLP()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(10):
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                optimizer.step()
+            model.eval()
+        """,
         # evaluate-only branch that returns
         """
         import torch
@@ -593,6 +651,29 @@ class EvalNeverTrain(Rule):
                     opt.step()
             """,
             line=6,
+        ),
+        # the class holds dropout; the model is moved with ``model = model.cuda()``
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            class net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Sequential(nn.Linear(784, 100), nn.Dropout(0.5), nn.Linear(100, 10))
+                def forward(self, x):
+                    return self.fc(x)
+            model = net()
+            if use_gpu:
+                model = model.cuda()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(10):
+                for x, y in loader:
+                    criterion(model(x), y).backward()
+                    optimizer.step()
+                model.eval()
+            """,
+            line=18,
         ),
     ]
 
@@ -643,6 +724,8 @@ class EvalNeverTrain(Rule):
         for call, stack, fn, order in self.evals:
             if dotted_name(call.func.value) not in self.optimized:
                 continue  # a teacher, a frozen feature extractor, or a model we cannot tie to the optimizer
+            if not _changes_in_eval(ctx, call.func.value, call):
+                continue  # no dropout and no BatchNorm: eval() changes nothing
             inside = any(id(lp) in training for lp in stack)
             if not inside:
                 if self._leaves(ctx, call):
