@@ -51,12 +51,21 @@ def is_optimizer_step(call: cst.Call, ctx: FileContext) -> bool:
     return _is_optimizer(receiver, ctx) or _is_scaler(receiver, ctx)
 
 
-def loop_trains(loop: cst.CSTNode) -> bool:
-    """The loop's body calls ``.backward()`` somewhere (its own statements, not nested functions)."""
-    for node in _body_nodes(loop):
-        if isinstance(node, cst.Call) and method_name(node) in _BACKWARD and isinstance(node.func, cst.Attribute):
-            return True
-    return False
+def loop_trains(loop: cst.CSTNode, ctx: Optional[FileContext] = None) -> bool:
+    """The loop's body calls ``.backward()`` somewhere (its own statements, not nested functions).
+    With ``ctx``, answers are kept for the file, so each loop is looked at once."""
+    cache = ctx.facts(_TrainingLoops).answers if ctx is not None else {}
+    found = cache.get(id(loop))
+    if found is None:
+        found = cache[id(loop)] = any(
+            isinstance(node, cst.Call) and method_name(node) in _BACKWARD and isinstance(node.func, cst.Attribute)
+            for node in _body_nodes(loop))
+    return found
+
+
+class _TrainingLoops:
+    def __init__(self, ctx: FileContext) -> None:
+        self.answers: dict[int, bool] = {}
 
 
 def _body_nodes(scope: cst.CSTNode):
@@ -716,9 +725,10 @@ class EvalNeverTrain(Rule):
         self.loops.append((node, ctx.function, self.order))
 
     def end_file(self, ctx: FileContext) -> None:
-        if self.trained or ctx.imports.imports_root("lightning") or ctx.imports.imports_root("pytorch_lightning"):
+        if not self.evals or self.trained or ctx.imports.imports_root("lightning") or \
+                ctx.imports.imports_root("pytorch_lightning"):
             return
-        training = {id(lp) for lp, _, _ in self.loops if loop_trains(lp)}
+        training = {id(lp) for lp, _, _ in self.loops if loop_trains(lp, ctx)}
         if not training:
             return
         for call, stack, fn, order in self.evals:
@@ -1055,7 +1065,7 @@ class OutputsKeptWithGraph(Rule):
 
     def end_file(self, ctx: FileContext) -> None:
         for node, target, name, loop in self.candidates:
-            if not loop_trains(loop):
+            if not loop_trains(loop, ctx):
                 continue
             # backward in this very loop: one graph per step; only in a nested loop: one per epoch
             per_step = any(isinstance(n, cst.Call) and method_name(n) in _BACKWARD
@@ -1206,7 +1216,7 @@ class HiddenStateNotDetached(Rule):
 
     def end_file(self, ctx: FileContext) -> None:
         for node, names, loop in self.candidates:
-            if not loop_trains(loop):
+            if not loop_trains(loop, ctx):
                 continue
             kept = [n for n in names if not self._refreshed(loop, n, node)]
             if len(kept) != len(names) or not kept:
