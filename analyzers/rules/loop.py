@@ -12,6 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (
+    NO_GRAD_CONTEXTS,
     FileContext,
     argument,
     call_receiver,
@@ -123,6 +124,17 @@ def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
             return True
         seen = True
     return not seen
+
+
+def _under_no_grad(ctx: FileContext, node: cst.CSTNode) -> bool:
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.With):
+            for item in ancestor.items:
+                expr = item.item.func if isinstance(item.item, cst.Call) else item.item
+                if ctx.qualified_name(expr) in NO_GRAD_CONTEXTS and not (
+                        isinstance(item.item, cst.Call) and is_true(argument(item.item, 0, "mode"))):
+                    return True
+    return False
 
 
 def _text(ctx: FileContext, node: cst.CSTNode) -> str:
@@ -440,6 +452,15 @@ class AccumulatedLossNotScaled(Rule):
                 self.optimizer.step()
                 self.optimizer.zero_grad()
         """,
+        """
+        import torch
+        for i, batch in enumerate(loader):
+            loss = model(batch).mean()
+            loss.div_(n_accum).backward()
+            if (i + 1) % n_accum == 0:
+                opt.step()
+                opt.zero_grad()
+        """,
         # a logging interval, not accumulation
         """
         import torch
@@ -497,6 +518,11 @@ class AccumulatedLossNotScaled(Rule):
     def visit_AugAssign(self, node: cst.AugAssign, ctx: FileContext) -> None:
         if isinstance(node.operator, cst.DivideAssign):
             self.divided.update(n.rsplit(".", 1)[-1] for n in iter_names(node.value))
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if method_name(node) in ("div", "div_", "true_divide", "true_divide_", "divide"):
+            for arg in node.args:
+                self.divided.update(n.rsplit(".", 1)[-1] for n in iter_names(arg.value))
 
     def end_file(self, ctx: FileContext) -> None:
         for step in ctx.facts(AccumulationFacts).steps:
@@ -985,6 +1011,16 @@ class OutputsKeptWithGraph(Rule):
             loss = criterion(torch.stack(outs, 1), y)
             loss.backward()
         """,
+        # the forward pass ran without autograd
+        """
+        import torch
+        ema_preds = []
+        for x, y in loader:
+            criterion(model(x), y).backward()
+            with torch.no_grad():
+                ema_out = ema_model(x)
+            ema_preds.append(ema_out)
+        """,
         # evaluation loop
         """
         import torch
@@ -1058,6 +1094,8 @@ class OutputsKeptWithGraph(Rule):
         call = binding.unpacked_from if binding.unpacked_from is not None else binding.value
         if not isinstance(call, cst.Call) or not _is_model_callee(call.func, ctx):
             return
+        if _under_no_grad(ctx, binding.node):
+            return  # ``with torch.no_grad(): out = model(x)``, appended after the block
         listed = ctx.binding(target)
         if listed is not None and listed.loop is not None and listed.loop in stack:
             return  # a list built inside the loop, per iteration
