@@ -630,3 +630,120 @@ class DataParallelTraining(Rule):
             self.report(call, f"{code_span(_text(ctx, call))} trains through single-process DataParallel "
                               f"(model replicated every step, outputs gathered on GPU 0, GIL-bound); "
                               f"`DistributedDataParallel` with one process per GPU is faster even on one machine")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR725
+
+_LOGGERS = {"wandb.init", "torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
+            "tensorboardX.SummaryWriter", "mlflow.start_run", "neptune.init_run", "neptune.init", "comet_ml.Experiment",
+            "comet_ml.start", "aim.Run"}
+
+
+class LoggerOnEveryRank(Rule):
+    id = "TR725"
+    slug = "experiment-logger-on-every-rank"
+    category = Category.DEVICE
+    severity = Severity.MEDIUM
+    summary = "wandb.init() / SummaryWriter() created on every DDP rank"
+    what = """
+        Flags `wandb.init(...)`, `SummaryWriter(...)`, `mlflow.start_run()` and similar
+        experiment loggers created in a file that trains a `DistributedDataParallel` model, when
+        the call is not under a rank check (`if rank == 0`, `if is_main_process()`...), its
+        function does not return early on other ranks, and its arguments do not name the rank.
+    """
+    why = """
+        Every process runs the same code: N ranks create N wandb runs (or N TensorBoard event
+        files in one directory), each logging its own shard's metrics. Dashboards show duplicated,
+        inconsistent curves, and the run's real (rank-0 or reduced) metrics are hard to find.
+    """
+    example = """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        wandb.init(project="my-project", config=args)
+    """
+    fix_example = """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        if dist.get_rank() == 0:
+            wandb.init(project="my-project", config=args)
+    """
+    VALID = [
+        """
+        import torch
+        import wandb
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def main(rank):
+            model = DDP(net, device_ids=[rank])
+            if rank == 0:
+                wandb.init(project="p")
+            writer = SummaryWriter() if is_main_process() else None
+        """,
+        """
+        import wandb
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.tensorboard import SummaryWriter
+        def main(args):
+            model = DDP(net)
+            writer = SummaryWriter(log_dir=f"runs/rank{args.rank}")
+            wandb.init(project="p", mode="online" if args.local_rank == 0 else "disabled")
+        """,
+        # not distributed
+        """
+        import wandb
+        import torch
+        wandb.init(project="p")
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import wandb
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            def main(rank, world_size):
+                model = DDP(Net().to(rank), device_ids=[rank])
+                wandb.init(project="ddp-demo", config={"lr": 1e-3})
+            """,
+            line=7, message="`wandb.init(project=\"ddp-demo\", config={\"lr\": 1e-3})`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.utils.tensorboard import SummaryWriter
+            def train(args):
+                model = torch.nn.parallel.DistributedDataParallel(build(args))
+                writer = SummaryWriter(args.log_dir)
+            """,
+            line=6,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.loggers: list[tuple[cst.Call, object]] = []
+        self.guarded: set[int] = set()
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+        elif ctx.call_name(node) in _LOGGERS and not SaveOnEveryRank._guarded(node, ctx):
+            if not any(_mentions_rank(arg.value) for arg in node.args):
+                self.loggers.append((node, ctx.function))
+
+    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
+        if _mentions_rank(node.test) and isinstance(node.body, cst.IndentedBlock) and any(
+                isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
+                for s in node.body.body):
+            self.guarded.add(id(ctx.function))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.ddp or _is_test_file(ctx.path):
+            return
+        for call, fn in self.loggers:
+            if id(fn) in self.guarded:
+                continue
+            self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: each process starts its own "
+                              f"run / event file and logs its own shard's metrics; create it only on rank 0 "
+                              f"(`if dist.get_rank() == 0:`)")
