@@ -685,7 +685,8 @@ class LoggerOnEveryRank(Rule):
         from torch.utils.tensorboard import SummaryWriter
         def main(args):
             model = DDP(net)
-            writer = SummaryWriter(log_dir=f"runs/rank{args.rank}")
+            log_dir = os.path.join(args.out, "train_" + str(get_rank()))
+            writer = SummaryWriter(log_dir)
             wandb.init(project="p", mode="online" if args.local_rank == 0 else "disabled")
         """,
         # not distributed
@@ -729,7 +730,8 @@ class LoggerOnEveryRank(Rule):
         if _is_ddp_call(node, ctx):
             self.ddp = True
         elif ctx.call_name(node) in _LOGGERS and not SaveOnEveryRank._guarded(node, ctx):
-            if not any(_mentions_rank(arg.value) for arg in node.args):
+            if not any(_mentions_rank(arg.value) or _mentions_rank(ctx.origin(arg.value) or arg.value)
+                       for arg in node.args):
                 self.loggers.append((node, ctx.function))
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
