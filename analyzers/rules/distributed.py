@@ -307,6 +307,8 @@ class SaveOnEveryRank(Rule):
             for x in loader:
                 model(x).sum().backward()
             torch.save(model.state_dict(), f"shard_{rank}.pt")
+            path = os.path.join(out_dir, "opt_rank%d.pt" % dist.get_rank())
+            torch.save(opt.state_dict(), path)
         """,
         # not a DDP file
         """
@@ -363,6 +365,9 @@ class SaveOnEveryRank(Rule):
         elif method_name(node) == "backward" and is_backward(node, ctx):
             self.trains.add(id(ctx.function))
         elif ctx.call_name(node) in _SAVE and not self._guarded(node, ctx):
+            path = node.args[1].value if len(node.args) > 1 else None
+            if path is not None and (_mentions_rank(path) or _mentions_rank(ctx.origin(path) or path)):
+                return  # one file per rank
             self.saves.append((node, ctx.function))
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
@@ -385,8 +390,6 @@ class SaveOnEveryRank(Rule):
             return
         for call, fn in self.saves:
             if id(fn) not in self.trains or id(fn) in self.guarded:
-                continue
-            if any(_mentions_rank(arg.value) for arg in call.args[1:2]):
                 continue
             self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: all processes write the same "
                               f"file at once (a torn checkpoint, N times the I/O); save only on rank 0 "
