@@ -1097,8 +1097,8 @@ class OutputsKeptWithGraph(Rule):
         if _under_no_grad(ctx, binding.node):
             return  # ``with torch.no_grad(): out = model(x)``, appended after the block
         listed = ctx.binding(target)
-        if listed is not None and listed.loop is not None and listed.loop in stack:
-            return  # a list built inside the loop, per iteration
+        if listed is not None and listed.loop is stack[-1]:
+            return  # a list built afresh in each iteration of this loop
         self.candidates.append((node, target, value.value, stack[-1]))
 
     def end_file(self, ctx: FileContext) -> None:
