@@ -146,8 +146,9 @@ class SamplerWithoutSetEpoch(Rule):
                 self.samplers.append(node)
 
     def end_file(self, ctx: FileContext) -> None:
-        if self.set_epoch or not self.trains:
-            return
+        if self.set_epoch or not self.trains or any(ctx.imports.imports_root(lib) for lib in (
+                "accelerate", "lightning", "pytorch_lightning")):
+            return  # Accelerate and Lightning advance the sampler's epoch themselves
         for call in self.samplers:
             parent = ctx.parent(call)
             owner = None
