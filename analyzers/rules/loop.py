@@ -200,6 +200,14 @@ class LrDecayNotApplied(Rule):
             lr = lr * 0.5
             set_lr(opt, lr)
         """,
+        # a helper of another file gets the object that holds the rate
+        """
+        import torch
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        for epoch in range(10):
+            args.lr *= 0.1
+            utils.adjust_learning_rate(optimizer, args)
+        """,
         # manual SGD: the variable is what the update reads
         """
         import torch
@@ -255,6 +263,18 @@ class LrDecayNotApplied(Rule):
             """,
             line=11, message="`opt`",
         ),
+        Invalid(
+            """
+            import torch
+            def main(args):
+                optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+                for epoch in range(args.epochs):
+                    train(model, optimizer)
+                    if epoch % 30 == 29:
+                        args.lr *= 0.1
+            """,
+            line=8, message="`args.lr`",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
@@ -264,20 +284,22 @@ class LrDecayNotApplied(Rule):
         self.applied = False  # param_groups / a scheduler anywhere in the file
 
     def visit_AugAssign(self, node: cst.AugAssign, ctx: FileContext) -> None:
-        if isinstance(node.operator, (cst.MultiplyAssign, cst.DivideAssign)) and isinstance(node.target, cst.Name):
-            self._decay(node, node.target.value, ctx)
+        if isinstance(node.operator, (cst.MultiplyAssign, cst.DivideAssign)):
+            name = dotted_name(node.target)
+            if name is not None:
+                self._decay(node, name, ctx)
 
     def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
-        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
+        name = dotted_name(node.targets[0].target) if len(node.targets) == 1 else None
+        if name is None:
             return
-        name = node.targets[0].target.value
         value = node.value
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)):
             if dotted_name(value.left) == name or dotted_name(value.right) == name:
                 self._decay(node, name, ctx)
 
     def _decay(self, node: cst.CSTNode, name: str, ctx: FileContext) -> None:
-        if _LR_NAME.match(name) and _loop_stack(ctx):
+        if _LR_NAME.match(name.rsplit(".", 1)[-1]) and _loop_stack(ctx):
             self.decays.append((node, name, _loop_stack(ctx)))
 
     def visit_Attribute(self, node: cst.Attribute, ctx: FileContext) -> None:
@@ -291,9 +313,9 @@ class LrDecayNotApplied(Rule):
             self.applied = True
             return
         if qualified.startswith("torch.optim.") and qualified.rsplit(".", 1)[-1][:1].isupper():
-            lr = argument(node, 1, "lr")
-            if isinstance(lr, cst.Name):
-                self.optimizers.append((node, lr.value, _loop_stack(ctx), ctx.function))
+            lr = dotted_name(argument(node, 1, "lr"))
+            if lr is not None:
+                self.optimizers.append((node, lr, _loop_stack(ctx), ctx.function))
 
     def end_file(self, ctx: FileContext) -> None:
         if self.applied:
@@ -321,8 +343,9 @@ class LrDecayNotApplied(Rule):
             if isinstance(node, cst.Call) and method_name(node) not in ("print", "format", "info", "log", "write",
                                                                         "add_scalar", "set_postfix"):
                 for arg in node.args:
-                    if isinstance(arg.value, cst.Name) and arg.value.value == name:
-                        return True
+                    passed = dotted_name(arg.value)
+                    if passed is not None and (passed == name or name.startswith(passed + ".")):
+                        return True  # the variable, or the object holding it (``adjust_lr(optimizer, args)``)
         return False
 
 
