@@ -9,7 +9,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, call_receiver, dotted_name, is_false, keyword_arg, method_name, \
+from analyzers.context import FileContext, argument, dotted_name, is_false, keyword_arg, method_name, \
     positional_args, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, is_false, is_true, iter_names, keyword_arg, method_name
+from analyzers.context import FileContext, dotted_name, is_true, iter_names, keyword_arg, method_name
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -226,7 +225,8 @@ class ShuffleWithSampler(Rule):
             if sampler is None or (isinstance(sampler.value, cst.Name) and sampler.value.value == "None"):
                 continue
             self.report(shuffle, f"`shuffle=True` together with `{key}=` {code_span(_text(ctx, sampler.value))}: "
-                                 f"the DataLoader raises `ValueError` (mutually exclusive options) whenever the sampler "
+                                 f"the DataLoader raises `ValueError` (mutually exclusive options) whenever the "
+                                 f"sampler "
                                  f"is not None; drop `shuffle=True` and let the sampler shuffle")
             return
 

@@ -15,7 +15,6 @@ from analyzers.context import (
     NO_GRAD_CONTEXTS,
     FileContext,
     argument,
-    call_receiver,
     dotted_name,
     is_true,
     iter_names,
