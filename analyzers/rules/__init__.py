@@ -20,6 +20,9 @@ _MODULES = (
     "numerics_exact",
     "checkpoints",
     "data",
+    "loop",
+    "amp",
+    "distributed",
 )
 _loaded = False
 

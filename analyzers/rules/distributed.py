@@ -1,0 +1,755 @@
+"""Distributed training: samplers, per-rank side effects, gradient synchronisation, DataParallel."""
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from analyzers.context import FileContext, dotted_name, is_true, iter_names, keyword_arg, method_name
+from analyzers.markdown import code_span
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.loop import AccumulationFacts, _text, is_backward
+from analyzers.rules.serialization import _is_test_file
+from analyzers.rules.training import _loop_stack
+
+_DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+_DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+_SAVE = {"torch.save", "torch.serialization.save"}
+_RANK_WORDS = re.compile(r"rank|main_process|is_main|is_master|master|global_zero|local_process_zero|"
+                         r"process_index|is_primary|primary|gpu|device_id|proc_id|node_id|worker_id|leader",
+                         re.IGNORECASE)
+_DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                  "torch.nn.parallel.data_parallel.DataParallel"}
+
+
+def _is_ddp_call(call: cst.Call, ctx: FileContext) -> bool:
+    qualified = ctx.call_name(call)
+    if qualified in _DDP:
+        return True
+    return qualified is None and (dotted_name(call.func) or "") in ("DDP", "DistributedDataParallel")
+
+
+def _mentions_rank(expr: cst.CSTNode) -> bool:
+    return any(_RANK_WORDS.search(name) for name in iter_names(expr))
+
+
+# ---------------------------------------------------------------------------------------------
+# TR720
+
+
+class SamplerWithoutSetEpoch(Rule):
+    id = "TR720"
+    slug = "distributed-sampler-without-set-epoch"
+    category = Category.DEVICE
+    severity = Severity.HIGH
+    summary = "DistributedSampler shuffles, but set_epoch() is never called in the epoch loop"
+    what = """
+        Flags a shuffling `DistributedSampler` in a file that trains over epochs (a loop that
+        calls `.backward()`) when nothing in the file calls `set_epoch(...)`.
+    """
+    why = """
+        `DistributedSampler` seeds its shuffle with `seed + epoch`. Without
+        `sampler.set_epoch(epoch)` the epoch stays 0, so every epoch visits the data in exactly
+        the same order on every rank - the shuffle happens once, and the training loses the
+        per-epoch reshuffling it was configured for (usually a measurable accuracy loss).
+    """
+    example = """
+        sampler = DistributedSampler(dataset)
+        loader = DataLoader(dataset, sampler=sampler, batch_size=64)
+        for epoch in range(epochs):
+            for x, y in loader:
+                ...
+    """
+    fix_example = """
+        sampler = DistributedSampler(dataset)
+        loader = DataLoader(dataset, sampler=sampler, batch_size=64)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                ...
+    """
+    VALID = [
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+        sampler = DistributedSampler(ds)
+        loader = DataLoader(ds, sampler=sampler)
+        for epoch in range(10):
+            loader.sampler.set_epoch(epoch)
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                opt.step()
+        """,
+        # evaluation sampler
+        """
+        import torch
+        from torch.utils.data.distributed import DistributedSampler
+        val_sampler = DistributedSampler(val_ds, shuffle=False)
+        for epoch in range(10):
+            for x, y in train_loader:
+                criterion(model(x), y).backward()
+        """,
+        # a builder module: the training script sets the epoch
+        """
+        import torch.utils.data as data
+        def build_loader(ds, bs):
+            return data.DataLoader(ds, batch_size=bs, sampler=data.DistributedSampler(ds))
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader, DistributedSampler
+            train_sampler = DistributedSampler(train_ds)
+            loader = DataLoader(train_ds, batch_size=32, sampler=train_sampler)
+            for epoch in range(10):
+                for x, y in loader:
+                    opt.zero_grad()
+                    criterion(model(x), y).backward()
+                    opt.step()
+            """,
+            line=4, message="`train_sampler.set_epoch(epoch)`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.utils.data.distributed import DistributedSampler as DS
+            def main():
+                loader = torch.utils.data.DataLoader(ds, sampler=DS(ds, shuffle=True))
+                for epoch in range(3):
+                    for batch in loader:
+                        model(batch).mean().backward()
+            """,
+            line=5,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.samplers: list[cst.Call] = []
+        self.set_epoch = False
+        self.trains = False
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = method_name(node)
+        if name == "set_epoch":
+            self.set_epoch = True
+        elif name == "backward" and is_backward(node, ctx) and _loop_stack(ctx):
+            self.trains = True
+        elif ctx.call_name(node) in _SAMPLERS:
+            shuffle = keyword_arg(node, "shuffle")
+            if shuffle is None or is_true(shuffle.value):
+                self.samplers.append(node)
+
+    def end_file(self, ctx: FileContext) -> None:
+        if self.set_epoch or not self.trains or any(ctx.imports.imports_root(lib) for lib in (
+                "accelerate", "lightning", "pytorch_lightning")):
+            return  # Accelerate and Lightning advance the sampler's epoch themselves
+        for call in self.samplers:
+            parent = ctx.parent(call)
+            owner = None
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                owner = dotted_name(parent.targets[0].target)
+            fix = code_span(f"{owner}.set_epoch(epoch)") if owner else "`sampler.set_epoch(epoch)`"
+            self.report(call, f"this `DistributedSampler` shuffles with `seed + epoch`, and nothing calls "
+                              f"`set_epoch()`: every epoch sees the same order on every rank; call {fix} at the "
+                              f"start of each epoch")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR721
+
+
+class ShuffleWithSampler(Rule):
+    id = "TR721"
+    slug = "shuffle-with-sampler"
+    category = Category.DEVICE
+    severity = Severity.HIGH
+    summary = "DataLoader(shuffle=True) together with a sampler raises ValueError"
+    what = """
+        Flags `DataLoader(..., shuffle=True, sampler=...)` (or `batch_sampler=`) when the sampler
+        is not literally `None`.
+    """
+    why = """
+        The two are mutually exclusive: the DataLoader raises `ValueError: sampler option is
+        mutually exclusive with shuffle` as soon as it is built - on the distributed path only,
+        when the sampler is chosen by a condition, so single-GPU runs never show it. The sampler
+        does the shuffling (`DistributedSampler(shuffle=True)` is the default).
+    """
+    example = """
+        loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))
+    """
+    fix_example = """
+        loader = DataLoader(ds, batch_size=64, sampler=DistributedSampler(ds))
+    """
+    VALID = [
+        """
+        from torch.utils.data import DataLoader
+        loader = DataLoader(ds, shuffle=(sampler is None), sampler=sampler)
+        other = DataLoader(ds, shuffle=True, sampler=None)
+        """,
+        """
+        import torch
+        loader = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=False, sampler=sampler)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            from torch.utils.data import DataLoader, DistributedSampler
+            loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))
+            """,
+            line=3, message="`shuffle=True`",
+        ),
+        Invalid(
+            """
+            import torch.utils.data as tud
+            sampler = tud.distributed.DistributedSampler(ds) if args.distributed else None
+            loader = tud.DataLoader(ds, shuffle=True, sampler=sampler, num_workers=4)
+            """,
+            line=4, message="`sampler`",
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if ctx.call_name(node) not in _DATALOADER:
+            return
+        shuffle = keyword_arg(node, "shuffle")
+        if shuffle is None or not is_true(shuffle.value):
+            return
+        for key in ("sampler", "batch_sampler"):
+            sampler = keyword_arg(node, key)
+            if sampler is None or (isinstance(sampler.value, cst.Name) and sampler.value.value == "None"):
+                continue
+            self.report(shuffle, f"`shuffle=True` together with `{key}=` {code_span(_text(ctx, sampler.value))}: "
+                                 f"the DataLoader raises `ValueError` (mutually exclusive options) whenever the "
+                                 f"sampler "
+                                 f"is not None; drop `shuffle=True` and let the sampler shuffle")
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# TR722
+
+
+class SaveOnEveryRank(Rule):
+    id = "TR722"
+    slug = "checkpoint-saved-on-every-rank"
+    category = Category.DEVICE
+    severity = Severity.HIGH
+    summary = "torch.save in a DDP training function without a rank-0 guard"
+    what = """
+        Flags `torch.save(...)` in a function that trains a `DistributedDataParallel` model
+        (the same function calls `.backward()`) when the save is not under a rank check
+        (`if rank == 0`, `if is_main_process()`, `if local_rank in [-1, 0]`...), the function
+        does not return early on other ranks, and the path does not name the rank.
+    """
+    why = """
+        Every process runs the same code: N processes write the same file at once. The writes
+        race (a torn or truncated checkpoint that fails to load later), the shared filesystem
+        takes N times the traffic, and the run is slower for nothing - all ranks hold identical
+        weights.
+    """
+    example = """
+        model = DDP(model, device_ids=[rank])
+        for epoch in range(epochs):
+            train_one_epoch(model)
+            torch.save(model.module.state_dict(), "ckpt.pt")
+    """
+    fix_example = """
+        model = DDP(model, device_ids=[rank])
+        for epoch in range(epochs):
+            train_one_epoch(model)
+            if dist.get_rank() == 0:
+                torch.save(model.module.state_dict(), "ckpt.pt")
+    """
+    VALID = [
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def train(rank, model):
+            model = DDP(model, device_ids=[rank])
+            for x in loader:
+                model(x).sum().backward()
+                if rank == 0:
+                    torch.save(model.module.state_dict(), "ckpt.pt")
+        """,
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class Trainer:
+            def train(self):
+                self.model = DDP(self.model, device_ids=[self.gpu_id])
+                for x in self.loader:
+                    self.model(x).sum().backward()
+                if self.gpu_id == 0 and self.epoch % self.save_every == 0:
+                    torch.save(self.model.module.state_dict(), "ckpt.pt")
+        """,
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        def train(args, model):
+            model = DistributedDataParallel(model)
+            for x in loader:
+                model(x).sum().backward()
+            if args.local_rank not in [-1, 0]:
+                return
+            torch.save(model.state_dict(), "final.pt")
+        """,
+        # per-rank shards
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def train(rank, model):
+            model = DDP(model)
+            for x in loader:
+                model(x).sum().backward()
+            torch.save(model.state_dict(), f"shard_{rank}.pt")
+            path = os.path.join(out_dir, "opt_rank%d.pt" % dist.get_rank())
+            torch.save(opt.state_dict(), path)
+        """,
+        # not a DDP file
+        """
+        import torch
+        for x in loader:
+            model(x).sum().backward()
+            torch.save(model.state_dict(), "ckpt.pt")
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            def train(rank, world_size):
+                model = DDP(Net().to(rank), device_ids=[rank])
+                for epoch in range(10):
+                    for x, y in loader:
+                        opt.zero_grad()
+                        loss_fn(model(x), y).backward()
+                        opt.step()
+                    torch.save(model.state_dict(), "checkpoint.pt")
+            """,
+            line=11, message="`torch.save(model.state_dict(), \"checkpoint.pt\")`",
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            class Trainer:
+                def __init__(self, model, gpu_id):
+                    self.model = nn.parallel.DistributedDataParallel(model, device_ids=[gpu_id])
+                def train(self, epochs):
+                    for epoch in range(epochs):
+                        for x in self.loader:
+                            self.model(x).sum().backward()
+                        if epoch % self.save_every == 0:
+                            torch.save(self.model.module.state_dict(), "ckpt.pt")
+            """,
+            line=12,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.saves: list[tuple[cst.Call, object]] = []
+        self.trains: set[int] = set()
+        self.guarded: set[int] = set()  # functions that return early on other ranks
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+        elif method_name(node) == "backward" and is_backward(node, ctx):
+            self.trains.add(id(ctx.function))
+        elif ctx.call_name(node) in _SAVE and not self._guarded(node, ctx):
+            path = node.args[1].value if len(node.args) > 1 else None
+            if path is not None and (_mentions_rank(path) or _mentions_rank(ctx.origin(path) or path)):
+                return  # one file per rank
+            self.saves.append((node, ctx.function))
+
+    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
+        if _mentions_rank(node.test) and any(isinstance(s, cst.SimpleStatementLine) and any(
+                isinstance(small, cst.Return) for small in s.body) for s in node.body.body
+                if isinstance(node.body, cst.IndentedBlock)):
+            self.guarded.add(id(ctx.function))
+
+    @staticmethod
+    def _guarded(node: cst.Call, ctx: FileContext) -> bool:
+        for ancestor in ctx.ancestors(node):
+            if isinstance(ancestor, (cst.If, cst.IfExp, cst.While)) and _mentions_rank(ancestor.test):
+                return True
+            if isinstance(ancestor, cst.FunctionDef):
+                return bool(_RANK_WORDS.search(ancestor.name.value))
+        return False
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.ddp:
+            return
+        for call, fn in self.saves:
+            if id(fn) not in self.trains or id(fn) in self.guarded:
+                continue
+            self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: all processes write the same "
+                              f"file at once (a torn checkpoint, N times the I/O); save only on rank 0 "
+                              f"(`if dist.get_rank() == 0:`)")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR723
+
+
+class DdpAccumulationWithoutNoSync(Rule):
+    id = "TR723"
+    slug = "ddp-accumulation-without-no-sync"
+    category = Category.DEVICE
+    severity = Severity.MEDIUM
+    summary = "gradient accumulation on a DDP model all-reduces on every micro-step (no model.no_sync())"
+    what = """
+        Flags gradient accumulation (`backward()` on every batch, `optimizer.step()` only under
+        `if (i + 1) % accum_steps == 0`) in a file that wraps the model in
+        `DistributedDataParallel` and never uses `no_sync()` (or sets
+        `require_backward_grad_sync`).
+    """
+    why = """
+        DDP all-reduces the gradients in every `backward()`. During accumulation only the last
+        micro-step's all-reduce is needed; the others move the full gradient over the network
+        for nothing, which often makes accumulation nearly as slow as not accumulating at all.
+    """
+    example = """
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(ddp_model(x), y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    fix_example = """
+        for i, (x, y) in enumerate(loader):
+            sync = (i + 1) % accum_steps == 0
+            with ddp_model.no_sync() if not sync else contextlib.nullcontext():
+                loss = criterion(ddp_model(x), y) / accum_steps
+                loss.backward()
+            if sync:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    VALID = [
+        """
+        import contextlib
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        for i, (x, y) in enumerate(loader):
+            ctx = model.no_sync() if (i + 1) % accum_steps else contextlib.nullcontext()
+            with ctx:
+                (criterion(model(x), y) / accum_steps).backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        """,
+        # nanoGPT's flag
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        for i, (x, y) in enumerate(loader):
+            model.require_backward_grad_sync = (i + 1) % grad_accum_steps == 0
+            (model(x).mean() / grad_accum_steps).backward()
+            if (i + 1) % grad_accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        """,
+        # no DDP
+        """
+        import torch
+        for i, (x, y) in enumerate(loader):
+            (criterion(model(x), y) / accum_steps).backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(net, device_ids=[rank])
+            for i, (x, y) in enumerate(loader):
+                loss = criterion(model(x), y) / accum_steps
+                loss.backward()
+                if (i + 1) % accum_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+            """,
+            line=8, message="`model.no_sync()`",
+        ),
+        Invalid(
+            """
+            import torch
+            def train(args, model):
+                model = torch.nn.parallel.DistributedDataParallel(model)
+                for step, batch in enumerate(loader):
+                    (model(**batch).loss / args.accumulation_steps).backward()
+                    if step % args.accumulation_steps == 0:
+                        opt.step()
+                        opt.zero_grad()
+            """,
+            line=7,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.synced = False
+        self.models: set[str] = set()
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+            parent = ctx.parent(node)
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+                self.models.add(dotted_name(parent.targets[0].target) or "")
+
+    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
+        ctx.facts(AccumulationFacts).note_if(node, ctx)
+
+    def visit_Name(self, node: cst.Name, ctx: FileContext) -> None:
+        if node.value in ("no_sync", "require_backward_grad_sync", "no_sync_context"):
+            self.synced = True
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.ddp or self.synced:
+            return
+        for step in ctx.facts(AccumulationFacts).steps:
+            divisor = dotted_name(step.divisor) or "the accumulation steps"
+            self.report(step.node.test, f"gradients of a `DistributedDataParallel` model are accumulated over "
+                                        f"{code_span(divisor)} micro-batches, but every `backward()` all-reduces "
+                                        f"them: wrap the micro-steps that do not step in "
+                                        f"{self._no_sync()}")
+
+    def _no_sync(self) -> str:
+        if len(self.models) == 1 and "" not in self.models:
+            return code_span(next(iter(self.models)) + ".no_sync()")
+        return "the DDP model's `no_sync()`"
+
+
+# ---------------------------------------------------------------------------------------------
+# TR724
+
+
+class DataParallelTraining(Rule):
+    id = "TR724"
+    slug = "data-parallel-training"
+    category = Category.DEVICE
+    severity = Severity.LOW
+    summary = "nn.DataParallel for training; DistributedDataParallel is faster even on one machine"
+    what = """
+        Flags `nn.DataParallel(model)` in a file that trains (calls `.backward()` in a loop) and
+        does not offer `DistributedDataParallel` or `torch.distributed` (where it does, DataParallel is
+        a fallback).
+    """
+    why = """
+        DataParallel runs one Python process: it scatters each batch, replicates the model on
+        every step, gathers the outputs on GPU 0 (which runs out of memory first) and is bound by
+        the GIL. PyTorch recommends `DistributedDataParallel` - one process per GPU - even on a
+        single machine; it is significantly faster and scales.
+    """
+    example = """
+        model = nn.DataParallel(model).cuda()
+    """
+    fix_example = """
+        # torchrun --nproc_per_node=N train.py
+        dist.init_process_group("nccl")
+        model = DDP(model.to(local_rank), device_ids=[local_rank])
+    """
+    VALID = [
+        """
+        import torch
+        model = torch.nn.DataParallel(model)
+        with torch.no_grad():
+            preds = model(x)
+        """,
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        if distributed:
+            model = DDP(model)
+        else:
+            model = torch.nn.DataParallel(model)
+        for x in loader:
+            model(x).sum().backward()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(Net()).cuda()
+            for x, y in loader:
+                opt.zero_grad()
+                criterion(model(x), y).backward()
+                opt.step()
+            """,
+            line=3, message="`nn.DataParallel(Net())`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.nn import DataParallel
+            def main():
+                net = DataParallel(build(), device_ids=[0, 1])
+                for epoch in range(5):
+                    for b in loader:
+                        net(b).mean().backward()
+            """,
+            line=5,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.calls: list[cst.Call] = []
+        self.trains = False
+        self.ddp = False
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if ctx.call_name(node) in _DATA_PARALLEL:
+            self.calls.append(node)
+        elif method_name(node) == "backward" and is_backward(node, ctx) and _loop_stack(ctx):
+            self.trains = True
+
+    def visit_Name(self, node: cst.Name, ctx: FileContext) -> None:
+        if "DDP" in node.value or node.value in ("DistributedDataParallel", "FullyShardedDataParallel",
+                                                 "init_process_group"):
+            self.ddp = True
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed") or _is_test_file(ctx.path):
+            return  # with DDP in the file, DataParallel is the single-process fallback
+        for call in self.calls[:1]:
+            self.report(call, f"{code_span(_text(ctx, call))} trains through single-process DataParallel "
+                              f"(model replicated every step, outputs gathered on GPU 0, GIL-bound); "
+                              f"`DistributedDataParallel` with one process per GPU is faster even on one machine")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR725
+
+_LOGGERS = {"wandb.init", "torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
+            "tensorboardX.SummaryWriter", "mlflow.start_run", "neptune.init_run", "neptune.init", "comet_ml.Experiment",
+            "comet_ml.start", "aim.Run"}
+
+
+class LoggerOnEveryRank(Rule):
+    id = "TR725"
+    slug = "experiment-logger-on-every-rank"
+    category = Category.DEVICE
+    severity = Severity.MEDIUM
+    summary = "wandb.init() / SummaryWriter() created on every DDP rank"
+    what = """
+        Flags `wandb.init(...)`, `SummaryWriter(...)`, `mlflow.start_run()` and similar
+        experiment loggers created in a file that trains a `DistributedDataParallel` model, when
+        the call is not under a rank check (`if rank == 0`, `if is_main_process()`...), its
+        function does not return early on other ranks, and its arguments do not name the rank.
+    """
+    why = """
+        Every process runs the same code: N ranks create N wandb runs (or N TensorBoard event
+        files in one directory), each logging its own shard's metrics. Dashboards show duplicated,
+        inconsistent curves, and the run's real (rank-0 or reduced) metrics are hard to find.
+    """
+    example = """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        wandb.init(project="my-project", config=args)
+    """
+    fix_example = """
+        dist.init_process_group("nccl")
+        model = DDP(model, device_ids=[local_rank])
+        if dist.get_rank() == 0:
+            wandb.init(project="my-project", config=args)
+    """
+    VALID = [
+        """
+        import torch
+        import wandb
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def main(rank):
+            model = DDP(net, device_ids=[rank])
+            if rank == 0:
+                wandb.init(project="p")
+            writer = SummaryWriter() if is_main_process() else None
+        """,
+        """
+        import wandb
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.tensorboard import SummaryWriter
+        def main(args):
+            model = DDP(net)
+            log_dir = os.path.join(args.out, "train_" + str(get_rank()))
+            writer = SummaryWriter(log_dir)
+            wandb.init(project="p", mode="online" if args.local_rank == 0 else "disabled")
+        """,
+        # not distributed
+        """
+        import wandb
+        import torch
+        wandb.init(project="p")
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            import wandb
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            def main(rank, world_size):
+                model = DDP(Net().to(rank), device_ids=[rank])
+                wandb.init(project="ddp-demo", config={"lr": 1e-3})
+            """,
+            line=7, message="`wandb.init(project=\"ddp-demo\", config={\"lr\": 1e-3})`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.utils.tensorboard import SummaryWriter
+            def train(args):
+                model = torch.nn.parallel.DistributedDataParallel(build(args))
+                writer = SummaryWriter(args.log_dir)
+            """,
+            line=6,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.loggers: list[tuple[cst.Call, object]] = []
+        self.guarded: set[int] = set()
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+        elif ctx.call_name(node) in _LOGGERS and not SaveOnEveryRank._guarded(node, ctx):
+            if not any(_mentions_rank(arg.value) or _mentions_rank(ctx.origin(arg.value) or arg.value)
+                       for arg in node.args):
+                self.loggers.append((node, ctx.function))
+
+    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
+        if _mentions_rank(node.test) and isinstance(node.body, cst.IndentedBlock) and any(
+                isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
+                for s in node.body.body):
+            self.guarded.add(id(ctx.function))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.ddp or _is_test_file(ctx.path):
+            return
+        for call, fn in self.loggers:
+            if id(fn) in self.guarded:
+                continue
+            self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: each process starts its own "
+                              f"run / event file and logs its own shard's metrics; create it only on rank 0 "
+                              f"(`if dist.get_rank() == 0:`)")

@@ -1,0 +1,1624 @@
+"""Training-loop and autograd-memory rules: learning rates, accumulation, train/eval modes, graphs kept alive.
+
+Like the rules of ``training.py``, these collect small facts during the one walk (which loop a call sits in,
+in which function, in what order) and decide in ``end_file``. A fact's loop stack is the tuple of ``for`` /
+``while`` loops of the same function that enclose it, outermost first.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import (
+    NO_GRAD_CONTEXTS,
+    FileContext,
+    argument,
+    dotted_name,
+    is_true,
+    iter_names,
+    keyword_arg,
+    method_name,
+    positional_args,
+)
+from analyzers.markdown import code_span
+from analyzers.model import Category, Severity
+from analyzers.program.flow import subtree
+from analyzers.program.modules import ModuleFacts
+from analyzers.program.values import constructor, model_class
+from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.inference import _torch_layer_features
+from analyzers.rules.training import _is_model_callee, _is_optimizer, _is_scaler, _loop_stack
+
+_BACKWARD = {"backward", "manual_backward"}
+
+
+def is_backward(call: cst.Call, ctx: FileContext) -> bool:
+    """``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``,
+    ``torch.autograd.backward(...)``."""
+    name = method_name(call)
+    if name not in _BACKWARD:
+        return False
+    return isinstance(call.func, cst.Attribute)
+
+
+def is_optimizer_step(call: cst.Call, ctx: FileContext) -> bool:
+    """``opt.step()`` or ``scaler.step(opt)``."""
+    if method_name(call) != "step" or not isinstance(call.func, cst.Attribute):
+        return False
+    receiver = call.func.value
+    return _is_optimizer(receiver, ctx) or _is_scaler(receiver, ctx)
+
+
+def loop_trains(loop: cst.CSTNode, ctx: Optional[FileContext] = None) -> bool:
+    """The loop's body calls ``.backward()`` somewhere (its own statements, not nested functions).
+    With ``ctx``, answers are kept for the file, so each loop is looked at once."""
+    cache = ctx.facts(_TrainingLoops).answers if ctx is not None else {}
+    found = cache.get(id(loop))
+    if found is None:
+        found = cache[id(loop)] = any(
+            isinstance(node, cst.Call) and method_name(node) in _BACKWARD and isinstance(node.func, cst.Attribute)
+            for node in _body_nodes(loop))
+    return found
+
+
+class _TrainingLoops:
+    def __init__(self, ctx: FileContext) -> None:
+        self.answers: dict[int, bool] = {}
+
+
+def _body_nodes(scope: cst.CSTNode):
+    """Nodes under ``scope`` without entering nested functions, lambdas or classes."""
+    stack = [scope]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in node.children:
+            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                stack.append(child)
+
+
+def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> bool:
+    for ancestor in ctx.ancestors(node):
+        if ancestor is loop:
+            return False
+        if isinstance(ancestor, (cst.For, cst.While)):
+            return True
+    return False
+
+
+def _changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
+    """False only when the model is known to hold neither dropout nor BatchNorm (as TR201 decides)."""
+    built = constructor(ctx, model, use)
+    if built is None:
+        return _assigned_features(ctx, dotted_name(model))
+    features = _torch_layer_features(ctx, built)
+    if features is None:
+        cls = model_class(ctx, model, use)
+        features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
+    return features is None or bool(features & {"dropout", "batchnorm"})
+
+
+def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
+    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
+    is known to hold neither dropout nor BatchNorm."""
+    if not name:
+        return True
+    facts = ctx.facts(ModuleFacts)
+    seen = False
+    for node in subtree(ctx.module):
+        if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
+            continue
+        value = node.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
+                and value.func.attr.value in ("cuda", "to", "cpu", "float", "double"):
+            value = value.func.value
+        if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
+            continue  # ``model = model.cuda()``
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return True
+        features = facts.features(value.func.value)
+        if features is None or features & {"dropout", "batchnorm"}:
+            return True
+        seen = True
+    return not seen
+
+
+def _under_no_grad(ctx: FileContext, node: cst.CSTNode) -> bool:
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.With):
+            for item in ancestor.items:
+                expr = item.item.func if isinstance(item.item, cst.Call) else item.item
+                if ctx.qualified_name(expr) in NO_GRAD_CONTEXTS and not (
+                        isinstance(item.item, cst.Call) and is_true(argument(item.item, 0, "mode"))):
+                    return True
+    return False
+
+
+def _text(ctx: FileContext, node: cst.CSTNode) -> str:
+    return ctx.module.code_for_node(node).strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# TR110
+
+
+_LR_NAME = re.compile(r"^(?:\w+_)?(?:lr|learning_rate)(?:_\w+)?$", re.IGNORECASE)
+
+
+class LrDecayNotApplied(Rule):
+    id = "TR110"
+    slug = "lr-decay-not-applied"
+    category = Category.TRAINING
+    severity = Severity.HIGH
+    summary = "learning-rate variable decayed in the loop but never written to the optimizer"
+    what = """
+        Flags `lr *= 0.1`, `lr /= 4` or `lr = lr * gamma` inside a loop when the optimizer was
+        built from that variable (`SGD(params, lr=lr)`), nothing writes the new value into the
+        optimizer (`param_groups`, a helper called with `lr`, a re-created optimizer) and no
+        learning-rate scheduler exists in the file.
+    """
+    why = """
+        The optimizer copied the number when it was constructed; changing the Python variable
+        later does not reach `optimizer.param_groups[i]["lr"]`. The schedule the code describes
+        never happens: training runs at the initial learning rate throughout, and only the
+        printed value decays.
+    """
+    example = """
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for epoch in range(epochs):
+            train(model, optimizer)
+            if epoch in (30, 60):
+                lr *= 0.1
+    """
+    fix_example = """
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[30, 60], gamma=0.1)
+        for epoch in range(epochs):
+            train(model, optimizer)
+            scheduler.step()
+    """
+    VALID = [
+        # written into the param groups
+        """
+        import torch
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for epoch in range(10):
+            train(model, optimizer)
+            lr *= 0.1
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+        """,
+        # handed to a helper that sets it
+        """
+        import torch
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        for epoch in range(10):
+            train(model, opt)
+            lr = lr * 0.5
+            set_lr(opt, lr)
+        """,
+        # a helper of another file gets the object that holds the rate
+        """
+        import torch
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        for epoch in range(10):
+            args.lr *= 0.1
+            utils.adjust_learning_rate(optimizer, args)
+        """,
+        # manual SGD: the variable is what the update reads
+        """
+        import torch
+        for epoch in range(10):
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-lr)
+            lr /= 4.0
+        """,
+        # optimizer re-created with the new rate
+        """
+        import torch
+        for epoch in range(10):
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            train(model, optimizer)
+            lr *= 0.9
+        """,
+        # a scheduler drives the optimizer; the variable is only for printing
+        """
+        import torch
+        from torch.optim import lr_scheduler
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        scheduler = lr_scheduler.StepLR(optimizer, 10)
+        for epoch in range(10):
+            train(model, optimizer)
+            scheduler.step()
+            lr *= 0.1
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            for epoch in range(100):
+                train(model, optimizer)
+                if epoch in (30, 60):
+                    lr *= 0.1
+            """,
+            line=7, message="`lr`",
+        ),
+        Invalid(
+            """
+            import torch.optim as optim
+            def main(args):
+                learning_rate = args.lr
+                opt = optim.Adam(net.parameters(), learning_rate)
+                for epoch in range(args.epochs):
+                    for x, y in loader:
+                        opt.zero_grad()
+                        loss_fn(net(x), y).backward()
+                        opt.step()
+                    learning_rate = learning_rate / 2
+            """,
+            line=11, message="`opt`",
+        ),
+        Invalid(
+            """
+            import torch
+            def main(args):
+                optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+                for epoch in range(args.epochs):
+                    train(model, optimizer)
+                    if epoch % 30 == 29:
+                        args.lr *= 0.1
+            """,
+            line=8, message="`args.lr`",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.decays: list[tuple[cst.CSTNode, str, tuple]] = []
+        self.optimizers: list[tuple[cst.Call, str, tuple, object]] = []  # call, lr name, loop stack, function
+        self.applied = False  # param_groups / a scheduler anywhere in the file
+
+    def visit_AugAssign(self, node: cst.AugAssign, ctx: FileContext) -> None:
+        if isinstance(node.operator, (cst.MultiplyAssign, cst.DivideAssign)):
+            name = dotted_name(node.target)
+            if name is not None:
+                self._decay(node, name, ctx)
+
+    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        name = dotted_name(node.targets[0].target) if len(node.targets) == 1 else None
+        if name is None:
+            return
+        value = node.value
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)):
+            if dotted_name(value.left) == name or dotted_name(value.right) == name:
+                self._decay(node, name, ctx)
+
+    def _decay(self, node: cst.CSTNode, name: str, ctx: FileContext) -> None:
+        if _LR_NAME.match(name.rsplit(".", 1)[-1]) and _loop_stack(ctx):
+            self.decays.append((node, name, _loop_stack(ctx)))
+
+    def visit_Attribute(self, node: cst.Attribute, ctx: FileContext) -> None:
+        if node.attr.value in ("param_groups", "defaults"):
+            self.applied = True
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        qualified = ctx.call_name(node) or ""
+        local = dotted_name(node.func) or ""
+        if "lr_scheduler" in qualified or "sched" in local.lower() or "lr_scheduler" in local:
+            self.applied = True
+            return
+        if qualified.startswith("torch.optim.") and qualified.rsplit(".", 1)[-1][:1].isupper():
+            lr = dotted_name(argument(node, 1, "lr"))
+            if lr is not None:
+                self.optimizers.append((node, lr, _loop_stack(ctx), ctx.function))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if self.applied:
+            return
+        for node, name, stack in self.decays:
+            built = [(call, opt_stack) for call, lr, opt_stack, _ in self.optimizers if lr == name]
+            if not built or any(stack[-1] in opt_stack or set(opt_stack) & set(stack) for _, opt_stack in built):
+                continue  # no optimizer read it, or one is re-created inside the decaying loop
+            if self._passed_on(stack[0], name, node):
+                continue
+            call = built[0][0]
+            target = ctx.parent(call)
+            opt = None
+            if isinstance(target, cst.Assign) and len(target.targets) == 1:
+                opt = dotted_name(target.targets[0].target)
+            shown = code_span(opt) if opt else "the optimizer"
+            self.report(node, f"{code_span(name)} is decayed here, but {shown} copied its value when it was built "
+                              f"and nothing writes the new rate into its `param_groups`: training keeps the "
+                              f"initial learning rate; use an `lr_scheduler` or set `g[\"lr\"]` for each param group")
+
+    @staticmethod
+    def _passed_on(loop: cst.CSTNode, name: str, decay: cst.CSTNode) -> bool:
+        """The loop hands the variable to a call (a helper that sets it, an optimizer built anew)."""
+        for node in _body_nodes(loop):
+            if isinstance(node, cst.Call) and method_name(node) not in ("print", "format", "info", "log", "write",
+                                                                        "add_scalar", "set_postfix"):
+                for arg in node.args:
+                    passed = dotted_name(arg.value)
+                    if passed is not None and (passed == name or name.startswith(passed + ".")):
+                        return True  # the variable, or the object holding it (``adjust_lr(optimizer, args)``)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# TR111 (and the accumulation pattern TR723 reuses)
+
+
+def accumulation_divisor(test: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """``N`` for an ``if (i + 1) % N == 0`` / ``if step % N == 0`` test with a non-literal ``N``."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    comparison = test.comparisons[0]
+    if not isinstance(comparison.operator, cst.Equal):
+        return None
+    left, right = test.left, comparison.comparator
+    for a, b in ((left, right), (right, left)):
+        if isinstance(a, cst.BinaryOperation) and isinstance(a.operator, cst.Modulo):
+            if isinstance(b, cst.Integer) and b.value == "0" and isinstance(a.right, (cst.Name, cst.Attribute)):
+                return a.right
+    return None
+
+
+_ACCUM_WORDS = ("accum", "grad_steps", "update_freq", "iters_to_accumulate", "accumulate")
+
+
+class AccumulationStep:
+    """One ``if (i + 1) % N == 0: optimizer.step()`` inside a loop whose body runs ``backward()`` on every pass."""
+
+    def __init__(self, node: cst.If, divisor: cst.BaseExpression, loop: cst.CSTNode, function) -> None:
+        self.node = node
+        self.divisor = divisor
+        self.loop = loop
+        self.function = function
+
+
+class AccumulationFacts:
+    """Gradient-accumulation steps in a file (shared by TR111 and TR723). Filled by :func:`note_if`."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.steps: list[AccumulationStep] = []
+        self._seen: set[int] = set()
+
+    def note_if(self, node: cst.If, ctx: FileContext) -> None:
+        if id(node) in self._seen:
+            return
+        self._seen.add(id(node))
+        divisor = accumulation_divisor(node.test)
+        stack = _loop_stack(ctx)
+        if divisor is None or not stack:
+            return
+        word = (dotted_name(divisor) or "").rsplit(".", 1)[-1].lower()
+        if not any(w in word for w in _ACCUM_WORDS):
+            return
+        steps = [n for n in _body_nodes(node.body) if isinstance(n, cst.Call) and is_optimizer_step(n, ctx)]
+        if not steps:
+            return
+        # backward runs on every pass: in the loop, outside this ``if``
+        loop = stack[-1]
+        inside = {id(n) for n in _body_nodes(node)}
+        if not any(isinstance(n, cst.Call) and method_name(n) in _BACKWARD and id(n) not in inside
+                   for n in _body_nodes(loop)):
+            return
+        self.steps.append(AccumulationStep(node, divisor, loop, ctx.function))
+
+
+class AccumulatedLossNotScaled(Rule):
+    id = "TR111"
+    slug = "accumulated-loss-not-scaled"
+    category = Category.TRAINING
+    severity = Severity.MEDIUM
+    summary = "gradient accumulation without dividing the loss by the accumulation steps"
+    what = """
+        Flags gradient accumulation - `backward()` on every batch, `optimizer.step()` only
+        under `if (i + 1) % accum_steps == 0` - when the loss is never divided by the number of
+        accumulation steps (`accum_steps` appears in no division in the file).
+    """
+    why = """
+        `.grad` is the sum of the accumulated micro-batch gradients, so each update is
+        `accum_steps` times larger than one full-batch step: the effective learning rate (and the
+        norm that gradient clipping compares against) silently grows with the accumulation
+        setting, and changing it changes the training dynamics.
+    """
+    example = """
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    fix_example = """
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    VALID = [
+        """
+        import torch
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+        """,
+        """
+        import torch
+        for step, batch in enumerate(loader):
+            loss = model(**batch).loss
+            loss = loss / args.gradient_accumulation_steps
+            scaler.scale(loss).backward()
+            if (step + 1) % args.gradient_accumulation_steps == 0:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+        """,
+        """
+        import torch
+        for i, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss /= self.accumulate
+            loss.backward()
+            if i % self.accumulate == 0:
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+        """,
+        """
+        import torch
+        for i, batch in enumerate(loader):
+            loss = model(batch).mean()
+            loss.div_(n_accum).backward()
+            if (i + 1) % n_accum == 0:
+                opt.step()
+                opt.zero_grad()
+        """,
+        # a logging interval, not accumulation
+        """
+        import torch
+        for i, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if i % log_interval == 0:
+                print(loss.item())
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            for i, (x, y) in enumerate(loader):
+                loss = criterion(model(x), y)
+                loss.backward()
+                if (i + 1) % accum_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+            """,
+            line=6, message="`accum_steps`",
+        ),
+        Invalid(
+            """
+            import torch
+            def train(args):
+                for epoch in range(args.epochs):
+                    for step, batch in enumerate(loader):
+                        with torch.autocast("cuda", dtype=torch.bfloat16):
+                            loss = model(**batch).loss
+                        loss.backward()
+                        if step % args.gradient_accumulation_steps == 0:
+                            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                            opt.step()
+                            opt.zero_grad()
+            """,
+            line=9,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.divided: set[str] = set()
+
+    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
+        ctx.facts(AccumulationFacts).note_if(node, ctx)
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
+        if isinstance(node.operator, (cst.Divide, cst.FloorDivide)):
+            self.divided.update(n.rsplit(".", 1)[-1] for n in iter_names(node.right))
+
+    def visit_AugAssign(self, node: cst.AugAssign, ctx: FileContext) -> None:
+        if isinstance(node.operator, cst.DivideAssign):
+            self.divided.update(n.rsplit(".", 1)[-1] for n in iter_names(node.value))
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if method_name(node) in ("div", "div_", "true_divide", "true_divide_", "divide"):
+            for arg in node.args:
+                self.divided.update(n.rsplit(".", 1)[-1] for n in iter_names(arg.value))
+
+    def end_file(self, ctx: FileContext) -> None:
+        for step in ctx.facts(AccumulationFacts).steps:
+            divisor = dotted_name(step.divisor) or ""
+            if divisor.rsplit(".", 1)[-1] in self.divided:
+                continue
+            self.report(step.node.test, f"gradients are accumulated over {code_span(divisor)} micro-batches but the "
+                                        f"loss is never divided by {code_span(divisor)}: each update is that many "
+                                        f"times larger than one batch's, so the effective learning rate (and what "
+                                        f"clipping compares against) grows with the accumulation setting; divide the "
+                                        f"loss by {code_span(divisor)} before `backward()`")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR112
+
+_OPTIMIZER_CLASSES = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS",
+                      "Lion", "Adafactor", "LAMB", "Lamb"}
+
+
+class EvalNeverTrain(Rule):
+    id = "TR112"
+    slug = "eval-without-train"
+    category = Category.TRAINING
+    severity = Severity.HIGH
+    summary = "model.eval() inside or before the training loop, and .train() is never called"
+    what = """
+        Flags `model.eval()` that runs inside a training loop (a loop that calls `.backward()`)
+        or before one in the same function, in a file that never calls `.train()` on anything.
+    """
+    why = """
+        A module starts in training mode, and `eval()` is sticky. After the first validation (or
+        from the very start), every training step runs with dropout disabled and BatchNorm using
+        and no longer updating its running statistics - the model trains differently from what
+        the code suggests, without any error.
+    """
+    example = """
+        for epoch in range(epochs):
+            for x, y in train_loader:
+                ...
+                loss.backward()
+                optimizer.step()
+            model.eval()
+            with torch.no_grad():
+                validate(model, val_loader)
+    """
+    fix_example = """
+        for epoch in range(epochs):
+            model.train()
+            for x, y in train_loader:
+                ...
+                loss.backward()
+                optimizer.step()
+            model.eval()
+            with torch.no_grad():
+                validate(model, val_loader)
+    """
+    VALID = [
+        """
+        import torch
+        for epoch in range(10):
+            model.train()
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+            model.eval()
+        """,
+        # eval only after all training
+        """
+        import torch
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        model.eval()
+        test(model)
+        """,
+        # train mode restored through train(True) / a helper of this file
+        """
+        import torch
+        def fit(model):
+            for epoch in range(10):
+                model.train(True)
+                for x, y in loader:
+                    criterion(model(x), y).backward()
+                    optimizer.step()
+                model.eval()
+        """,
+        # a frozen teacher in eval mode; the student is never put in eval
+        """
+        import torch
+        optimizer = torch.optim.Adam(student.parameters())
+        teacher.eval()
+        for x, y in loader:
+            with torch.no_grad():
+                target = teacher(x)
+            loss = criterion(student(x), target)
+            loss.backward()
+            optimizer.step()
+        """,
+        # eval() changes nothing in a model without dropout and BatchNorm
+        """
+        import torch
+        import torch.nn as nn
+        class MLP(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Sequential(nn.Linear(784, 100), nn.ReLU(), nn.Linear(100, 10))
+            def forward(self, x):
+                return self.fc(x)
+        model = MLP()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(10):
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                optimizer.step()
+            model.eval()
+        """,
+        # evaluate-only branch that returns
+        """
+        import torch
+        def main(args):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            if args.evaluate:
+                model.eval()
+                validate(model)
+                return
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                optimizer.step()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+            for epoch in range(10):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    loss = criterion(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                model.eval()
+                with torch.no_grad():
+                    evaluate(model)
+            """,
+            line=10, message="`model.eval()`",
+        ),
+        Invalid(
+            """
+            import torch
+            def main():
+                net = Net()
+                opt = SGD(net.parameters(), lr=0.1)
+                net.eval()
+                for x, y in loader:
+                    opt.zero_grad()
+                    criterion(net(x), y).backward()
+                    opt.step()
+            """,
+            line=6,
+        ),
+        # the class holds dropout; the model is moved with ``model = model.cuda()``
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            class net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Sequential(nn.Linear(784, 100), nn.Dropout(0.5), nn.Linear(100, 10))
+                def forward(self, x):
+                    return self.fc(x)
+            model = net()
+            if use_gpu:
+                model = model.cuda()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(10):
+                for x, y in loader:
+                    criterion(model(x), y).backward()
+                    optimizer.step()
+                model.eval()
+            """,
+            line=18,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.evals: list[tuple[cst.Call, tuple, object, int]] = []
+        self.trained = False
+        self.loops: list[tuple[cst.CSTNode, object, int]] = []
+        self.order = 0
+        self.optimized: set[str] = set()  # ``model`` for ``SGD(model.parameters(), ...)``
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = method_name(node)
+        qualified = ctx.call_name(node) or ""
+        if qualified.startswith("torch.optim.") or name in _OPTIMIZER_CLASSES:
+            for arg in node.args:
+                value = arg.value
+                if (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                        and value.func.attr.value in ("parameters", "named_parameters")):
+                    owner = dotted_name(value.func.value)
+                    if owner:
+                        self.optimized.add(owner)
+        if not isinstance(node.func, cst.Attribute):
+            return
+        if name == "train":
+            mode = argument(node, 0, "mode")
+            if mode is None or not (isinstance(mode, cst.Name) and mode.value == "False"):
+                self.trained = True
+        elif name == "eval" and not node.args and isinstance(ctx.parent(node), cst.Expr):
+            if ctx.qualified_name(node.func) is None:
+                self.order += 1
+                self.evals.append((node, _loop_stack(ctx), ctx.function, self.order))
+
+    def visit_For(self, node: cst.For, ctx: FileContext) -> None:
+        self.order += 1
+        self.loops.append((node, ctx.function, self.order))
+
+    def visit_While(self, node: cst.While, ctx: FileContext) -> None:
+        self.order += 1
+        self.loops.append((node, ctx.function, self.order))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.evals or self.trained or ctx.imports.imports_root("lightning") or \
+                ctx.imports.imports_root("pytorch_lightning"):
+            return
+        training = {id(lp) for lp, _, _ in self.loops if loop_trains(lp, ctx)}
+        if not training:
+            return
+        for call, stack, fn, order in self.evals:
+            if dotted_name(call.func.value) not in self.optimized:
+                continue  # a teacher, a frozen feature extractor, or a model we cannot tie to the optimizer
+            if not _changes_in_eval(ctx, call.func.value, call):
+                continue  # no dropout and no BatchNorm: eval() changes nothing
+            inside = any(id(lp) in training for lp in stack)
+            if not inside:
+                if self._leaves(ctx, call):
+                    continue
+                later = any(loop_fn is fn and id(lp) in training and loop_order > order
+                            for lp, loop_fn, loop_order in self.loops)
+                if not later:
+                    continue
+            receiver = _text(ctx, call.func.value)
+            where = "inside the training loop" if inside else "before the training loop"
+            self.report(call, f"{code_span(receiver + '.eval()')} runs {where} and nothing in this file calls "
+                              f"`.train()`: every training step after it runs in eval mode (dropout off, "
+                              f"BatchNorm frozen to its running statistics); call {code_span(receiver + '.train()')} "
+                              f"at the start of each training epoch")
+
+    @staticmethod
+    def _leaves(ctx: FileContext, call: cst.Call) -> bool:
+        """The eval sits in an ``if`` branch that returns / exits (``if args.evaluate: ...; return``)."""
+        for ancestor in ctx.ancestors(call):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Module)):
+                return False
+            if isinstance(ancestor, (cst.If, cst.Else)):
+                for node in _body_nodes(ancestor.body):
+                    if isinstance(node, (cst.Return, cst.Break)):
+                        return True
+                    if isinstance(node, cst.Call) and (dotted_name(node.func) or "") in (
+                            "exit", "sys.exit", "quit", "os._exit"):
+                        return True
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# TR113
+
+
+class ClipGradMisplaced(Rule):
+    id = "TR113"
+    slug = "clip-grad-misplaced"
+    category = Category.TRAINING
+    severity = Severity.HIGH
+    summary = "gradient clipping after optimizer.step() or before backward() does nothing"
+    what = """
+        Flags `clip_grad_norm_` / `clip_grad_value_` in a training loop when the step that
+        precedes it in the iteration is `optimizer.step()` (clipping after the update), or when
+        it comes before the iteration's `backward()` with no backward before it (clipping
+        the gradients of the previous, already applied, batch).
+    """
+    why = """
+        Clipping only matters between `backward()`, which writes the gradients, and
+        `optimizer.step()`, which reads them. Anywhere else it clips gradients that were already
+        used (and will be zeroed) or that are about to be overwritten: training runs unclipped
+        while the code suggests it is protected against exploding gradients.
+    """
+    example = """
+        loss.backward()
+        optimizer.step()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    """
+    fix_example = """
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    """
+    VALID = [
+        """
+        import torch
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+        """,
+        # accumulation and AMP
+        """
+        import torch
+        from torch.nn.utils import clip_grad_norm_
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(loss_fn(model(x), y) / k).backward()
+            if (i + 1) % k == 0:
+                scaler.unscale_(opt)
+                clip_grad_norm_(model.parameters(), max_norm)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+        """,
+        # two optimizers: clipping G after D's step, before G's
+        """
+        import torch.nn as nn
+        for x in loader:
+            d_loss.backward()
+            opt_d.step()
+            g_loss = gen_loss(x)
+            g_loss.backward()
+            nn.utils.clip_grad_norm_(G.parameters(), 5.0)
+            opt_g.step()
+        """,
+        # either branch clips between its backward and step
+        """
+        import torch
+        for x, y in loader:
+            if use_amp:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                scaler.step(opt)
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward()
+                optimizer.step()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            """,
+            line=8, message="after `optimizer.step()`",
+        ),
+        Invalid(
+            """
+            import torch.nn as nn
+            def train_epoch(model, opt):
+                for batch in loader:
+                    opt.zero_grad()
+                    nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+                    loss = model(batch).mean()
+                    loss.backward()
+                    opt.step()
+            """,
+            line=6, message="before",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.events: list[tuple[str, cst.Call, tuple]] = []  # kind B/S/C, call, loop stack
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = method_name(node)
+        stack = _loop_stack(ctx)
+        if not stack:
+            return
+        if name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value"):
+            qualified = ctx.call_name(node) or dotted_name(node.func) or ""
+            if "clip_grad" in qualified and (qualified.startswith("torch.") or qualified.startswith("nn.")
+                                              or "utils" in qualified or qualified == name):
+                self.events.append(("C", node, stack))
+        elif is_backward(node, ctx):
+            self.events.append(("B", node, stack))
+        elif name == "step" and is_optimizer_step(node, ctx):
+            self.events.append(("S", node, stack))
+
+    def end_file(self, ctx: FileContext) -> None:
+        for index, (kind, call, stack) in enumerate(self.events):
+            if kind != "C":
+                continue
+            loop = next((lp for lp in reversed(stack)
+                         if any(k != "C" and lp in s for k, _, s in self.events)), None)
+            if loop is None:
+                continue
+            same = [(k, c) for k, c, s in self.events if loop in s]
+            position = next(i for i, (_, c) in enumerate(same) if c is call)
+            before = [k for k, _ in same[:position] if k != "C"]
+            after = [k for k, _ in same[position + 1:] if k != "C"]
+            clip = _text(ctx, call.func)
+            if before and before[-1] == "S" and "S" not in after:
+                step = next(c for k, c in reversed(same[:position]) if k == "S")
+                self.report(call, f"{code_span(clip)} runs after {code_span(_text(ctx, step))}: the update already "
+                                  f"used the unclipped gradients; clip between `backward()` and the step")
+            elif not before and after and after[0] == "B":
+                self.report(call, f"{code_span(clip)} runs before this iteration's `backward()`: it clips the "
+                                  f"previous batch's (already applied) gradients and the step uses unclipped ones; "
+                                  f"clip between `backward()` and the step")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR510
+
+
+_KEEPS_GRAPH = {"cpu", "cuda", "to", "float", "double", "half", "clone", "squeeze", "unsqueeze", "view", "reshape",
+                "contiguous", "flatten", "permute", "transpose"}
+
+
+class OutputsKeptWithGraph(Rule):
+    id = "TR510"
+    slug = "outputs-kept-with-graph"
+    category = Category.AUTOGRAD
+    severity = Severity.HIGH
+    summary = "model outputs appended to a list across training iterations without .detach()"
+    what = """
+        Flags `outputs.append(out)` in a training loop (one that calls `.backward()`) when `out`
+        is what a model returned in that iteration (also `out.cpu()`, `out.view(...)`), the list
+        outlives the iteration, and nothing detaches it (`.detach()`, `.item()`, `.tolist()`)
+        or turns autograd off.
+    """
+    why = """
+        A model output holds the whole autograd graph of its forward pass, with every saved
+        activation. Keeping it in a list keeps all of those alive for every iteration: memory
+        grows until the process runs out of (GPU) memory. `.cpu()` does not help - it is
+        differentiable and keeps the graph.
+    """
+    example = """
+        predictions = []
+        for x, y in loader:
+            out = model(x)
+            loss = criterion(out, y)
+            loss.backward()
+            optimizer.step()
+            predictions.append(out)
+    """
+    fix_example = """
+        predictions = []
+        for x, y in loader:
+            out = model(x)
+            loss = criterion(out, y)
+            loss.backward()
+            optimizer.step()
+            predictions.append(out.detach().cpu())
+    """
+    VALID = [
+        """
+        import torch
+        preds = []
+        for x, y in loader:
+            out = model(x)
+            loss = criterion(out, y)
+            loss.backward()
+            opt.step()
+            preds.append(out.detach().cpu())
+            labels.append(out.argmax(1))
+        """,
+        # the list is built for this iteration's loss
+        """
+        import torch
+        for x, y in loader:
+            outs = []
+            for t in range(x.size(1)):
+                out, h = model(x[:, t], h)
+                outs.append(out)
+            loss = criterion(torch.stack(outs, 1), y)
+            loss.backward()
+        """,
+        # the forward pass ran without autograd
+        """
+        import torch
+        ema_preds = []
+        for x, y in loader:
+            criterion(model(x), y).backward()
+            with torch.no_grad():
+                ema_out = ema_model(x)
+            ema_preds.append(ema_out)
+        """,
+        # evaluation loop
+        """
+        import torch
+        preds = []
+        with torch.no_grad():
+            for x, y in loader:
+                preds.append(model(x))
+        """,
+        """
+        import torch
+        preds = []
+        for x, y in loader:
+            out = model(x)
+            criterion(out, y).backward()
+            preds.append(out.data)
+            scores.append(out.item())
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            predictions = []
+            for x, y in loader:
+                optimizer.zero_grad()
+                out = model(x)
+                loss = criterion(out, y)
+                loss.backward()
+                optimizer.step()
+                predictions.append(out)
+            """,
+            line=10, message="`out`",
+        ),
+        Invalid(
+            """
+            import torch
+            def train(net, loader):
+                all_logits = []
+                for epoch in range(3):
+                    for x, y in loader:
+                        logits = net(x)
+                        F.cross_entropy(logits, y).backward()
+                        all_logits.append(logits.cpu())
+            """,
+            line=9, message="`all_logits`",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.candidates: list[tuple[cst.Call, str, str, cst.CSTNode]] = []
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if method_name(node) != "append" or len(node.args) != 1 or not isinstance(node.func, cst.Attribute):
+            return
+        stack = _loop_stack(ctx)
+        if not stack or ctx.in_no_grad():
+            return
+        target = dotted_name(node.func.value)
+        if target is None:
+            return
+        value = node.args[0].value
+        while (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+               and value.func.attr.value in _KEEPS_GRAPH):
+            value = value.func.value
+        if not isinstance(value, cst.Name):
+            return
+        binding = ctx.binding(value.value)
+        if binding is None or binding.kind != "assign" or binding.loop is None or binding.loop is not stack[-1]:
+            return
+        call = binding.unpacked_from if binding.unpacked_from is not None else binding.value
+        if not isinstance(call, cst.Call) or not _is_model_callee(call.func, ctx):
+            return
+        if _under_no_grad(ctx, binding.node):
+            return  # ``with torch.no_grad(): out = model(x)``, appended after the block
+        listed = ctx.binding(target)
+        if listed is not None and listed.loop is stack[-1]:
+            return  # a list built afresh in each iteration of this loop
+        self.candidates.append((node, target, value.value, stack[-1]))
+
+    def end_file(self, ctx: FileContext) -> None:
+        for node, target, name, loop in self.candidates:
+            if not loop_trains(loop, ctx):
+                continue
+            # backward in this very loop: one graph per step; only in a nested loop: one per epoch
+            per_step = any(isinstance(n, cst.Call) and method_name(n) in _BACKWARD
+                           for n in _body_nodes(loop.body) if not _in_nested_loop(n, loop, ctx))
+            every = "training step" if per_step else "epoch"
+            self.report(node, f"{code_span(target)} keeps {code_span(name)}, a model output with its autograd graph, "
+                              f"from every {every}: the graphs and their saved activations are never freed and "
+                              f"memory grows each {every.split()[-1]}; append {code_span(name + '.detach()')} "
+                              f"(or run that forward pass under `torch.no_grad()`)",
+                        severity=None if per_step else Severity.MEDIUM)
+
+
+# ---------------------------------------------------------------------------------------------
+# TR511
+
+
+class HiddenStateNotDetached(Rule):
+    id = "TR511"
+    slug = "hidden-state-not-detached"
+    category = Category.AUTOGRAD
+    severity = Severity.HIGH
+    summary = "RNN hidden state carried across training batches without .detach()"
+    what = """
+        Flags `output, hidden = model(x, hidden)` in a loop that also calls `.backward()` when
+        `hidden` is never detached or re-initialized inside that loop (`hidden.detach()`,
+        `repackage_hidden(hidden)`, `model.init_hidden(...)`), so each batch's state still
+        points into the previous batches' graphs.
+    """
+    why = """
+        The second `backward()` then tries to go back through the previous batch's graph, which
+        was already freed: "Trying to backward through the graph a second time". Adding
+        `retain_graph=True` to silence it makes every step backpropagate through the entire
+        history, so time and memory grow with every batch. Truncated BPTT needs the state
+        detached at each batch boundary.
+    """
+    example = """
+        hidden = model.init_hidden(batch_size)
+        for x, y in loader:
+            output, hidden = model(x, hidden)
+            loss = criterion(output, y)
+            loss.backward()
+            optimizer.step()
+    """
+    fix_example = """
+        hidden = model.init_hidden(batch_size)
+        for x, y in loader:
+            hidden = hidden.detach()  # or tuple(h.detach() for h in hidden) for an LSTM
+            output, hidden = model(x, hidden)
+            loss = criterion(output, y)
+            loss.backward()
+            optimizer.step()
+    """
+    VALID = [
+        """
+        import torch
+        hidden = model.init_hidden(bsz)
+        for x, y in loader:
+            hidden = repackage_hidden(hidden)
+            output, hidden = model(x, hidden)
+            criterion(output, y).backward()
+            optimizer.step()
+        """,
+        """
+        import torch
+        for x, y in loader:
+            h = net.init_hidden(x.size(0))
+            out, h = net(x, h)
+            criterion(out, y).backward()
+            opt.step()
+        """,
+        # the time-step loop carries the state within one batch
+        """
+        import torch
+        for x, y in loader:
+            h = None
+            for t in range(x.size(1)):
+                out, h = cell(x[:, t], h)
+            criterion(out, y).backward()
+        """,
+        """
+        import torch
+        h = model.init_hidden(bsz)
+        for x, y in loader:
+            h = tuple([each.data for each in h])
+            out, h = model(x, h)
+            criterion(out, y).backward()
+        """,
+        """
+        import torch
+        hidden = None
+        for x, y in loader:
+            out, hidden = model(x, hidden)
+            criterion(out, y).backward()
+            hidden.detach_()
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            hidden = model.init_hidden(batch_size)
+            for x, y in loader:
+                optimizer.zero_grad()
+                output, hidden = model(x, hidden)
+                loss = criterion(output, y)
+                loss.backward()
+                optimizer.step()
+            """,
+            line=6, message="`hidden`",
+        ),
+        Invalid(
+            """
+            import torch
+            def train(rnn, data):
+                for epoch in range(10):
+                    h = rnn.init_hidden()
+                    for inp, target in data:
+                        out, h = rnn(inp, h)
+                        loss = loss_fn(out, target)
+                        loss.backward(retain_graph=True)
+                        opt.step()
+            """,
+            line=7, message="`h`",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.candidates: list[tuple[cst.Assign, list[str], cst.CSTNode]] = []
+
+    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        if len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+            return
+        target = node.targets[0].target
+        if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) < 2:
+            return
+        stack = _loop_stack(ctx)
+        if not stack:
+            return
+        assigned = set(_flat_names(target))
+        passed = []
+        for arg in node.value.args:
+            for name in _flat_names(arg.value):
+                if name in assigned:
+                    passed.append(name)
+        if passed and _is_recurrent_callee(node.value.func, ctx):
+            self.candidates.append((node, passed, stack[-1]))
+
+    def end_file(self, ctx: FileContext) -> None:
+        for node, names, loop in self.candidates:
+            if not loop_trains(loop, ctx):
+                continue
+            kept = [n for n in names if not self._refreshed(loop, n, node)]
+            if len(kept) != len(names) or not kept:
+                continue
+            shown = ", ".join(code_span(n) for n in kept)
+            self.report(node, f"{shown} is fed back into {code_span(_text(ctx, node.value.func))} on every batch and "
+                              f"never detached: the next `backward()` reaches into the previous batches' graphs "
+                              f"(an error, or with `retain_graph=True` ever slower backprop through all history); "
+                              f"detach it at the start of each batch")
+
+    @staticmethod
+    def _refreshed(loop: cst.CSTNode, name: str, candidate: cst.Assign) -> bool:
+        for node in _body_nodes(loop.body):
+            if node is candidate:
+                continue
+            if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                if any(name in _flat_names(t) for t in targets):
+                    return True
+            elif isinstance(node, cst.For) and name in _flat_names(node.target):
+                return True
+            elif isinstance(node, cst.Call) and method_name(node) in ("detach_", "detach", "repackage_hidden",
+                                                                      "init_hidden", "zero_"):
+                if any(name == n.split(".")[0] for n in iter_names(node)):
+                    return True
+        return False
+
+
+def _is_recurrent_callee(func: cst.BaseExpression, ctx: FileContext) -> bool:
+    last = (dotted_name(func) or "").rsplit(".", 1)[-1].lower()
+    return _is_model_callee(func, ctx) or any(w in last for w in ("rnn", "lstm", "gru"))
+
+
+def _flat_names(expr: cst.CSTNode) -> list[str]:
+    if isinstance(expr, cst.Name):
+        return [expr.value]
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        out: list[str] = []
+        for element in expr.elements:
+            out.extend(_flat_names(element.value))
+        return out
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# TR512
+
+
+class RetainGraphInLoop(Rule):
+    id = "TR512"
+    slug = "retain-graph-in-loop"
+    category = Category.AUTOGRAD
+    severity = Severity.MEDIUM
+    summary = "backward(retain_graph=True) in a training loop that never backpropagates that graph again"
+    what = """
+        Flags `loss.backward(retain_graph=True)` inside a loop when it is the only backward
+        pass of the iteration (no second `.backward()` or `torch.autograd.grad` there).
+    """
+    why = """
+        `retain_graph=True` keeps every buffer of the graph alive after the backward pass, for
+        a second backward through the same graph. With no second pass, it only holds memory;
+        more often it hides a bug - a tensor (an RNN hidden state, a running statistic) that
+        links each iteration's graph to the previous ones, so backward silently runs through
+        the whole history and memory grows every step.
+    """
+    example = """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward(retain_graph=True)
+            optimizer.step()
+    """
+    fix_example = """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+    """
+    VALID = [
+        """
+        import torch
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        """,
+        # two backward passes through a shared graph
+        """
+        import torch
+        for real in loader:
+            fake = G(z)
+            d_loss = D(fake).mean() - D(real).mean()
+            d_loss.backward(retain_graph=True)
+            opt_d.step()
+            g_loss = -D(fake).mean()
+            g_loss.backward()
+            opt_g.step()
+        """,
+        """
+        import torch
+        for x in loader:
+            loss = model(x).sum()
+            loss.backward(retain_graph=True)
+            grads = torch.autograd.grad(loss, x)
+        """,
+        # not in a loop
+        "import torch\nloss.backward(retain_graph=True)\n",
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward(retain_graph=True)
+                optimizer.step()
+            """,
+            line=6, message="`loss.backward(retain_graph=True)`",
+        ),
+        Invalid(
+            """
+            import torch
+            def train(model):
+                for epoch in range(10):
+                    for batch in loader:
+                        out, hidden = model(batch, hidden)
+                        scaler.scale(loss_fn(out)).backward(retain_graph=True)
+                        scaler.step(opt)
+            """,
+            line=7,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.candidates: list[tuple[cst.Call, cst.CSTNode]] = []
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if not is_backward(node, ctx) or method_name(node) != "backward":
+            return
+        retain = keyword_arg(node, "retain_graph")
+        if retain is None or not is_true(retain.value):
+            return
+        stack = _loop_stack(ctx)
+        if stack:
+            self.candidates.append((node, stack[-1]))
+
+    def end_file(self, ctx: FileContext) -> None:
+        for node, loop in self.candidates:
+            passes = 0
+            for other in _body_nodes(loop):
+                if isinstance(other, cst.Call) and (method_name(other) in ("backward", "grad", "manual_backward")
+                                                    or "autograd" in (dotted_name(other.func) or "")):
+                    passes += 1
+            if passes > 1:
+                continue
+            self.report(node, f"{code_span(_text(ctx, node))} is the only backward pass of the iteration: the "
+                              f"retained graph is never used again and only holds memory - or hides state that "
+                              f"links each iteration's graph to the previous ones; drop `retain_graph=True` (and "
+                              f"detach any carried-over state)")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR513
+
+
+_FUNCTIONAL_DROPOUT = {f"torch.nn.functional.{n}" for n in ("dropout", "dropout1d", "dropout2d", "dropout3d",
+                                                             "alpha_dropout", "feature_alpha_dropout")}
+
+
+class FunctionalDropoutAlwaysOn(Rule):
+    id = "TR513"
+    slug = "functional-dropout-always-on"
+    category = Category.AUTOGRAD
+    severity = Severity.HIGH
+    summary = "F.dropout in a module without training=self.training stays on in eval()"
+    what = """
+        Flags `F.dropout(x, p)` (and `dropout2d`, `alpha_dropout`...) inside an `nn.Module`
+        method that does not pass `training=` (it defaults to `True`).
+    """
+    why = """
+        The functional form does not know the module's mode: unlike `nn.Dropout`, it keeps
+        dropping activations after `model.eval()`, so validation and inference are randomly
+        perturbed, metrics are noisy and worse than the model really is, and predictions are
+        not reproducible.
+    """
+    example = """
+        def forward(self, x):
+            x = F.dropout(F.relu(self.fc1(x)), p=0.5)
+            return self.fc2(x)
+    """
+    fix_example = """
+        def forward(self, x):
+            x = F.dropout(F.relu(self.fc1(x)), p=0.5, training=self.training)
+            return self.fc2(x)
+    """
+    VALID = [
+        """
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class Net(nn.Module):
+            def forward(self, x):
+                x = F.dropout(x, p=self.p, training=self.training)
+                return F.dropout2d(x, 0.1, self.training)
+        """,
+        # only reached in training mode
+        """
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class Net(nn.Module):
+            def forward(self, x):
+                if self.training and self.drop > 0:
+                    x = F.dropout(x, p=self.drop)
+                return F.dropout(x, 0.5) if self.training else x
+        """,
+        # not a module: a helper whose caller decides
+        """
+        from torch.nn import functional as F
+        def augment(x, p):
+            return F.dropout(x, p)
+        """,
+        # explicit training=True (MC dropout) and p=0
+        """
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def forward(self, x):
+                x = torch.nn.functional.dropout(x, 0.2, training=True)
+                return torch.nn.functional.dropout(x, 0.0)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class Net(nn.Module):
+                def forward(self, x):
+                    x = F.relu(self.fc1(x))
+                    x = F.dropout(x, p=0.5)
+                    return self.fc2(x)
+            """,
+            line=7, message="`F.dropout(x, p=0.5)`",
+            fixed="""
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class Net(nn.Module):
+                def forward(self, x):
+                    x = F.relu(self.fc1(x))
+                    x = F.dropout(x, p=0.5, training=self.training)
+                    return self.fc2(x)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torch.nn.functional import dropout
+            class Block(torch.nn.Module):
+                def forward(self, x):
+                    return dropout(self.proj(x), self.drop)
+            """,
+            line=6,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if ctx.call_name(node) not in _FUNCTIONAL_DROPOUT:
+            return
+        fn = ctx.function_def
+        if fn is None or ctx.class_def is None or not ctx.is_module_subclass():
+            return
+        if keyword_arg(node, "training") is not None or len(positional_args(node)) >= 3:
+            return
+        if any(isinstance(a, (cst.If, cst.IfExp)) and any("training" in n for n in iter_names(a.test))
+               for a in ctx.ancestors(node)):
+            return  # ``if self.training: x = F.dropout(x, p)``
+        p = argument(node, 1, "p")
+        if isinstance(p, (cst.Integer, cst.Float)) and float(p.value) == 0.0:
+            return
+        params = [*fn.params.posonly_params, *fn.params.params]
+        replacement = None
+        if params and params[0].name.value == "self" and not any(a.star for a in node.args):
+            args = list(node.args)
+            if args:
+                last = args[-1]
+                args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            args.append(cst.Arg(value=cst.parse_expression("self.training"), keyword=cst.Name("training"),
+                                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                      whitespace_after=cst.SimpleWhitespace(""))))
+            replacement = node.with_changes(args=args)
+        self.report(node, f"{code_span(_text(ctx, node))} has no `training=` argument, and it defaults to `True`: "
+                          f"dropout stays on after `model.eval()`, so validation and inference are randomly "
+                          f"perturbed; pass `training=self.training` (or use an `nn.Dropout` module)",
+                    replacement=replacement)
+
+
+# ---------------------------------------------------------------------------------------------
+# TR514
+
+
+_GRAD_TYPOS = {"require_grad", "requires_grads", "require_grads", "requries_grad", "requires_gradient"}
+
+
+class RequiresGradTypo(Rule):
+    id = "TR514"
+    slug = "requires-grad-typo"
+    category = Category.AUTOGRAD
+    severity = Severity.HIGH
+    summary = "x.require_grad = ... sets a new attribute; the flag is requires_grad"
+    what = """
+        Flags assignments to a misspelled `requires_grad` attribute (`p.require_grad = False`,
+        `p.requires_grads = False`).
+    """
+    why = """
+        Tensors accept arbitrary Python attributes, so the typo raises nothing: it creates a new,
+        meaningless attribute and leaves `requires_grad` unchanged. The layers meant to be frozen
+        keep training (or the ones meant to train stay frozen), silently.
+    """
+    example = """
+        for p in backbone.parameters():
+            p.require_grad = False
+    """
+    fix_example = """
+        for p in backbone.parameters():
+            p.requires_grad = False
+    """
+    VALID = [
+        "import torch\nfor p in backbone.parameters():\n    p.requires_grad = False\n",
+        "import torch\nx.requires_grad_(True)\nflags.require_gradients = True\n",
+    ]
+    INVALID = [
+        Invalid("import torch\nfor p in backbone.parameters():\n    p.require_grad = False\n", line=3,
+                message="`p.require_grad`",
+                fixed="import torch\nfor p in backbone.parameters():\n    p.requires_grad = False\n"),
+        Invalid("import torch\nmodel.fc.weight.requires_grads = True\n", line=2,
+                fixed="import torch\nmodel.fc.weight.requires_grad = True\n"),
+    ]
+
+    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        for target in node.targets:
+            t = target.target
+            if isinstance(t, cst.Attribute) and t.attr.value in _GRAD_TYPOS:
+                self.report(t, f"{code_span(_text(ctx, t))} is not `requires_grad`: the assignment creates a new "
+                               f"attribute and leaves gradient tracking unchanged",
+                            replacement=t.with_changes(attr=cst.Name("requires_grad")))
