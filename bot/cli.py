@@ -291,24 +291,42 @@ def _relative(path: str) -> str:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
+    """Every rule, grouped by category: id, slug, default severity, whether it has a fix, summary."""
     import json
+    from itertools import groupby
 
     from rich.console import Console
     from rich.table import Table
 
+    from analyzers.model import Category
     from analyzers.rules import all_rules
 
+    order = {category: index for index, category in enumerate(Category)}
+    rules = sorted(all_rules(), key=lambda r: (order[r.category], r.id))
     if args.format == "json":
         print(json.dumps([{"id": r.id, "slug": r.slug, "category": r.category.value, "severity": r.severity.label,
-                           "summary": r.summary, "requires": r.requires} for r in all_rules()], indent=2))
+                           "fix": rule_fix(r), "summary": r.summary, "requires": r.requires} for r in rules],
+                         indent=2))
         return EXIT_OK
-    table = Table(title="torchreview rules", show_lines=False)
-    for column in ("id", "slug", "category", "severity", "summary"):
-        table.add_column(column, overflow="fold")
-    for r in all_rules():
-        table.add_row(r.id, r.slug, r.category.value, r.severity.label, r.summary)
-    Console().print(table)
+    console = Console()
+    console.print(f"[bold]torchreview rules[/bold]: {len(rules)}, by category")
+    for category, members in groupby(rules, key=lambda r: r.category):
+        table = Table(title=category.title, title_justify="left", show_lines=False)
+        for column in ("id", "slug", "severity", "fix", "summary"):
+            table.add_column(column, overflow="fold")
+        for r in members:
+            table.add_row(r.id, r.slug, r.severity.label, rule_fix(r) or "", r.summary)
+        console.print(table)
     return EXIT_OK
+
+
+def rule_fix(rule) -> Optional[str]:
+    """``safe`` / ``unsafe`` when the rule offers a mechanical fix (its examples show one), else None."""
+    from analyzers.rules.base import Invalid
+
+    if not any(isinstance(example, Invalid) and example.fixed for example in rule.INVALID):
+        return None
+    return getattr(rule, "fix_safety", "safe")
 
 
 def cmd_rule(args: argparse.Namespace) -> int:

@@ -100,6 +100,13 @@ def test_rules_and_rule_docs():
     proc = run("rules", "--format", "json", check=0)
     rules = json.loads(proc.stdout)
     assert any(r["id"] == "TR601" for r in rules)
+    assert len(rules) >= 70
+    by_id = {r["id"]: r for r in rules}
+    assert by_id["TR601"]["fix"] == "unsafe" and by_id["TR803"]["fix"] == "safe" and by_id["TR101"]["fix"] is None
+    categories = [r["category"] for r in rules]
+    assert categories == sorted(categories, key=categories.index)  # grouped: each category in one run
+    text = run("rules", check=0).stdout
+    assert "Training loop" in text and "Serialization & security" in text
     proc = run("rule", "TR601", check=0)
     assert "## Why is this bad?" in proc.stdout or "Why is this bad?" in proc.stdout
     run("rule", "unsafe-torch-load", check=0)
