@@ -5,6 +5,7 @@ collected during the walk and compared in ``end_file``.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import libcst as cst
@@ -107,6 +108,7 @@ class _AmpRule(Rule):
 
 class Fp16AutocastWithoutScaler(_AmpRule):
     id = "TR710"
+    source_hint = re.compile(r"autocast")
     slug = "fp16-autocast-without-grad-scaler"
     category = Category.DEVICE
     severity = Severity.HIGH
@@ -284,6 +286,7 @@ class Fp16AutocastWithoutScaler(_AmpRule):
 
 class ScalerWithPlainStep(_AmpRule):
     id = "TR711"
+    source_hint = re.compile(r"GradScaler|\.scale\(")
     slug = "grad-scaler-plain-step"
     category = Category.DEVICE
     severity = Severity.HIGH
@@ -376,6 +379,7 @@ class ScalerWithPlainStep(_AmpRule):
 
 class ScalerNeverUpdated(_AmpRule):
     id = "TR712"
+    source_hint = re.compile(r"GradScaler|\.scale\(")
     slug = "grad-scaler-never-updated"
     category = Category.DEVICE
     severity = Severity.HIGH
@@ -459,6 +463,7 @@ class ScalerNeverUpdated(_AmpRule):
 
 class ClipWithoutUnscale(_AmpRule):
     id = "TR713"
+    source_hint = re.compile(r"GradScaler|\.scale\(")
     slug = "clip-grad-without-unscale"
     category = Category.DEVICE
     severity = Severity.HIGH

@@ -17,6 +17,7 @@ rules may keep per-file state on ``self``.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Union
@@ -77,6 +78,9 @@ class Rule:
     severity: ClassVar[Severity]
     #: which library the file must import for this rule to run: torch, sklearn or tensorflow
     requires: ClassVar[str] = "torch"
+    #: text the source must contain for the rule to ever report (a DDP rule needs "Distributed..."): rules
+    #: whose hint is absent are not run on the file at all, which keeps specialised rules free elsewhere
+    source_hint: ClassVar[Optional["re.Pattern[str]"]] = None
     #: short one-liner used in rule tables and comment headers
     summary: ClassVar[str]
     #: ruff-style docs: what it does / why is this bad / example / use instead

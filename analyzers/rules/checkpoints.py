@@ -1,6 +1,7 @@
 """Checkpoints: resuming without the optimizer state, loading onto GPU 0 from every rank."""
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import libcst as cst
@@ -51,6 +52,7 @@ def _mentions_resume(node: cst.CSTNode, ctx: FileContext) -> bool:
 
 class ResumeWithoutOptimizerState(Rule):
     id = "TR610"
+    source_hint = re.compile(r"load_state_dict")
     slug = "resume-without-optimizer-state"
     category = Category.SECURITY
     severity = Severity.MEDIUM
@@ -305,6 +307,7 @@ _CHECKPOINT_WORDS = ("ckpt", "checkpoint", "resume", "model", "weight", "state",
 
 class DistributedLoadWithoutMapLocation(Rule):
     id = "TR611"
+    source_hint = re.compile(r"distributed|DDP|rank")
     slug = "distributed-load-without-map-location"
     category = Category.SECURITY
     severity = Severity.MEDIUM
@@ -446,6 +449,7 @@ def _loaded_path(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: in
 
 class StrictFalseOnOwnCheckpoint(Rule):
     id = "TR612"
+    source_hint = re.compile(r"strict")
     slug = "unchecked-non-strict-load"
     category = Category.SECURITY
     severity = Severity.MEDIUM

@@ -41,6 +41,7 @@ def _mentions_rank(expr: cst.CSTNode) -> bool:
 
 class SamplerWithoutSetEpoch(Rule):
     id = "TR720"
+    source_hint = re.compile(r"DistributedSampler")
     slug = "distributed-sampler-without-set-epoch"
     category = Category.DEVICE
     severity = Severity.HIGH
@@ -165,6 +166,7 @@ class SamplerWithoutSetEpoch(Rule):
 
 class ShuffleWithSampler(Rule):
     id = "TR721"
+    source_hint = re.compile(r"sampler")
     slug = "shuffle-with-sampler"
     category = Category.DEVICE
     severity = Severity.HIGH
@@ -237,6 +239,7 @@ class ShuffleWithSampler(Rule):
 
 class SaveOnEveryRank(Rule):
     id = "TR722"
+    source_hint = re.compile(r"DistributedDataParallel|DDP|distributed")
     slug = "checkpoint-saved-on-every-rank"
     category = Category.DEVICE
     severity = Severity.HIGH
@@ -403,6 +406,7 @@ class SaveOnEveryRank(Rule):
 
 class DdpAccumulationWithoutNoSync(Rule):
     id = "TR723"
+    source_hint = re.compile(r"DistributedDataParallel|DDP")
     slug = "ddp-accumulation-without-no-sync"
     category = Category.DEVICE
     severity = Severity.MEDIUM
@@ -543,6 +547,7 @@ class DdpAccumulationWithoutNoSync(Rule):
 
 class DataParallelTraining(Rule):
     id = "TR724"
+    source_hint = re.compile(r"DataParallel")
     slug = "data-parallel-training"
     category = Category.DEVICE
     severity = Severity.LOW
@@ -646,6 +651,7 @@ _LOGGERS = {"wandb.init", "torch.utils.tensorboard.SummaryWriter", "torch.utils.
 
 class LoggerOnEveryRank(Rule):
     id = "TR725"
+    source_hint = re.compile(r"DistributedDataParallel|DDP|distributed")
     slug = "experiment-logger-on-every-rank"
     category = Category.DEVICE
     severity = Severity.MEDIUM
