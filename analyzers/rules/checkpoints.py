@@ -52,7 +52,7 @@ def _mentions_resume(node: cst.CSTNode, ctx: FileContext) -> bool:
 
 class ResumeWithoutOptimizerState(Rule):
     id = "TR610"
-    source_hint = re.compile(r"load_state_dict")
+    source_hint = re.compile(r"load")  # torch.load of a resume checkpoint, whatever restores it
     slug = "resume-without-optimizer-state"
     category = Category.SECURITY
     severity = Severity.MEDIUM
