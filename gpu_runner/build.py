@@ -82,6 +82,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         raise BuildError(f"{resolved_name} returned {type(model).__name__}, not an nn.Module")
     if type(model).forward is nn.Module.forward:
         return Skip(f"{name} does not define forward (a base class?); name a concrete model or {CONFIGURE_HINT}")
+    if not any(p.requires_grad for p in model.parameters()):
+        return Skip(f"{name} has no trainable parameters (an activation, a fixed encoding): there is nothing to "
+                    "train, so the smoke checks do not apply; its users are checked where they are models")
     model.to(device)
     model.train()
     float_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

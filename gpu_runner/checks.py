@@ -47,6 +47,7 @@ TIMING_STEPS = 10
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
+_RUNNER_DIR = os.path.dirname(_THIS_FILE) + os.sep
 
 
 # --- shared state of one run ------------------------------------------------------------------------------
@@ -71,8 +72,17 @@ class _Run:
     nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
     loss_after_steps: Optional[float] = None
 
+    _warmed: Optional[nn.Module] = None
+
     def model(self) -> nn.Module:
         return copy.deepcopy(self.subject.model)
+
+    def eval_model(self) -> nn.Module:
+        """A copy in eval mode whose BatchNorm running statistics come from a few batches in train mode (an
+        untrained net's running mean 0 / var 1 would judge eval mode on statistics no trained model has)."""
+        if self._warmed is None:
+            self._warmed = _warm_batch_norm(self.subject.model, self.subject, self.batch_size, self.seed)
+        return copy.deepcopy(self._warmed).eval()
 
     def batch(self) -> Batch:
         """A private copy of the fixed batch (a forward that modifies its input in place cannot leak)."""
@@ -83,6 +93,31 @@ class _Run:
 
     def note_nonfinite(self, check: str, what: str, lr: Optional[float] = None, step: Optional[int] = None) -> None:
         self.nonfinite_events.append(NonFiniteEvent(check, what, lr, step))
+
+
+BATCH_NORM_WARMUP_BATCHES = 4
+
+
+def _warm_batch_norm(model: nn.Module, subject: Subject, batch_size: int, seed: int) -> nn.Module:
+    """A copy of ``model`` whose BatchNorm running statistics are the cumulative average over a few batches
+    seen in train mode (no gradient, no parameter change); the model itself when it has no BatchNorm."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    if not norms:
+        return model
+    warmed = copy.deepcopy(model).train()
+    momenta = {}
+    for module in warmed.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            momenta[module] = module.momentum
+            module.reset_running_stats()
+            module.momentum = None  # a cumulative moving average
+    with torch.no_grad():
+        for index in range(BATCH_NORM_WARMUP_BATCHES):
+            batch = subject.make_batch(batch_size, seed + 1000 + index)
+            warmed(*batch.args, **batch.kwargs)
+    for module, momentum in momenta.items():
+        module.momentum = momentum
+    return warmed
 
 
 # --- public API -------------------------------------------------------------------------------------------
@@ -115,10 +150,14 @@ def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run)
     started = time.perf_counter()
     try:
         result = function(run)
-    except Exception as exc:  # noqa: BLE001 - a check that crashes is a finding, and must not stop the others
-        result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}",
-                             {"error": True, "where": _user_frame(exc.__traceback__),
-                              "traceback": traceback.format_exc(limit=-6)})
+    except Exception as exc:  # noqa: BLE001 - a check that crashes must not stop the others
+        where = _user_frame(exc.__traceback__)
+        details = {"error": True, "where": where, "traceback": traceback.format_exc(limit=-6)}
+        if where:  # the model's own code raised: a finding
+            result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}", details)
+        else:  # raised in torchreview or in torch called by it: the runner's fault, never the model's
+            result = CheckResult(name, "error", f"the check could not run (a runner error, not a finding about the "
+                                 f"model): {type(exc).__name__}: {_one_line(exc)}", details)
     result.details["seconds"] = round(time.perf_counter() - started, 4)
     return result
 
@@ -227,7 +266,7 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 def _is_user_file(filename: str) -> bool:
     path = os.path.abspath(filename)
-    return not path.startswith(_TORCH_DIR) and path != _THIS_FILE and "importlib" not in path
+    return not path.startswith(_TORCH_DIR) and not path.startswith(_RUNNER_DIR) and "importlib" not in path
 
 
 def _format_frame(frame: traceback.FrameSummary) -> str:
@@ -354,6 +393,8 @@ def check_loss_at_init(run: _Run) -> CheckResult:
 def check_gradients(run: _Run) -> CheckResult:
     """One backward: every trainable parameter gets a gradient that is not None, finite and not all zero."""
     name = "gradients"
+    if not _trainable(run.subject.model):
+        return CheckResult(name, "skip", "the model has no trainable parameters.")
     model = run.model().train()
     batch = run.batch()
     loss = _loss(run, _forward(model, batch), batch)
@@ -392,6 +433,8 @@ def check_gradients(run: _Run) -> CheckResult:
 def check_params_change(run: _Run) -> CheckResult:
     """After one Adam step (lr 1e-3), every trainable parameter that got a non-zero gradient has changed."""
     name = "params-change"
+    if not _trainable(run.subject.model):
+        return CheckResult(name, "skip", "the model has no trainable parameters.")
     model = run.model().train()
     batch = run.batch()
     trainable = _trainable(model)
@@ -419,22 +462,63 @@ def _looks_like_probabilities(output: torch.Tensor) -> bool:
     return bool((output >= 0).all()) and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3))
 
 
+def _regression_floor(run: _Run) -> Optional[float]:
+    """For the regression task's random targets (independent of the input): the mean squared error of the
+    best prediction that ignores the input, the targets' variance over the batch. A model must memorise the
+    batch to go below it, so halving the loss is not a fair demand; getting halfway down to it is."""
+    target = run.fixed_batch.target
+    if run.subject.task != "regression" or not isinstance(target, torch.Tensor) or not target.is_floating_point() \
+            or target.dim() == 0 or target.shape[0] != run.batch_size:
+        return None
+    target = target.detach().double()
+    return float(((target - target.mean(dim=0, keepdim=True)) ** 2).mean())
+
+
+def _bounded_logits_floor(model: nn.Module, run: _Run) -> Optional[tuple[float, float]]:
+    """(bound, floor) when the trained model's logits still lie in [-1, 1] (cosine-similarity heads): cross-entropy
+    over C classes cannot go below log(1 + (C-1)·e^-2) there, however well the model learns."""
+    if run.subject.task not in ("classification", "language_model"):
+        return None
+    with torch.no_grad():
+        output = _primary_output(_forward(model, run.batch()))
+    if output is None or not output.is_floating_point() or output.dim() < 2 or not _is_finite(output):
+        return None
+    output = output.detach()
+    bound = float(output.abs().max())
+    if bound > 1.0 + 1e-3 or float(output.min()) >= 0 or _looks_like_probabilities(output):
+        return None  # probabilities (a softmax before the loss) are a bug, not a bounded head
+    classes = int(run.subject.num_classes or output.shape[-1])
+    return 1.0, math.log(1 + (classes - 1) * math.exp(-2.0))
+
+
 def check_overfit_batch(run: _Run) -> CheckResult:
-    """Adam on one fixed batch gets the loss to half its initial value within ``steps`` steps, at lr 1e-3 or,
-    failing that, 3e-3. The lr 1e-3 run always goes all ``steps``: its end point is the loss_after_steps measure."""
+    """Adam on one fixed batch gets the loss halfway from its initial value down to what is achievable (0 for
+    cross-entropy and the model's own loss; for random regression targets the loss of ignoring the input;
+    for logits bounded in [-1, 1], the cross-entropy floor that bound allows) within ``steps`` steps, at lr 1e-3
+    or, failing that, 3e-3. The lr 1e-3 run always goes all ``steps``: its end point is the loss_after_steps
+    measure. Skipped for a model with no trainable parameter."""
     name = "overfit-batch"
+    if not _trainable(run.subject.model):
+        return CheckResult(name, "skip", "the model has no trainable parameters.")
+    floor = _regression_floor(run) or 0.0
+    floor_note = (f" (for random regression targets the achievable floor without memorising is {floor:.3g})"
+                  if floor else "")
     runs: dict = {}
+    trained: dict = {}
     for lr in OVERFIT_LEARNING_RATES:
         run.seed_everything()
         first_run = not runs
         stop_below = None if first_run else next(iter(runs.values()))["target"]
-        curve, nonfinite_step = _train(run, run.model(), run.batch(), lr, run.steps, stop_below=stop_below)
+        model = run.model()
+        curve, nonfinite_step = _train(run, model, run.batch(), lr, run.steps, stop_below=stop_below)
+        trained[lr] = model
         initial = curve[0]
-        target = initial - OVERFIT_TARGET_FRACTION * abs(initial)
+        target = (floor + OVERFIT_TARGET_FRACTION * (initial - floor) if floor and initial > floor
+                  else initial - OVERFIT_TARGET_FRACTION * abs(initial))
         reached_at = next((step for step, value in enumerate(curve) if value <= target), None)
         finite = [value for value in curve if math.isfinite(value)]
         runs[f"{lr:g}"] = {"initial": initial, "final": curve[-1], "best": min(finite) if finite else math.nan,
-                           "target": target, "reached_at": reached_at, "steps": len(curve) - 1,
+                           "target": target, "floor": floor, "reached_at": reached_at, "steps": len(curve) - 1,
                            "nonfinite_step": nonfinite_step, "curve": _thin(curve)}
         if first_run and nonfinite_step is None:
             run.loss_after_steps = curve[-1]
@@ -445,20 +529,41 @@ def check_overfit_batch(run: _Run) -> CheckResult:
                                "nan-localization).", {"runs": runs})
         if initial == 0:
             return CheckResult(name, "skip", "the initial loss is already 0.", {"runs": runs})
+        if floor and initial <= floor * 1.05:
+            return CheckResult(name, "skip", f"the initial loss {initial:.3g} is already at the floor {floor:.3g} "
+                               "that random regression targets allow, so fitting cannot be measured; configure a "
+                               "task and a target to check it.", {"runs": runs})
         if reached_at is not None:
             further = f", and to {curve[-1]:.3g} after {len(curve) - 1}" if len(curve) - 1 > reached_at else ""
-            return CheckResult(name, "pass", f"loss fell from {initial:.3g} to {curve[reached_at]:.3g} (half or "
-                               f"less) in {reached_at} Adam steps at lr {lr:g} on one batch{further}.",
+            how = "half or less" if not floor else f"halfway to the floor {floor:.3g}"
+            return CheckResult(name, "pass", f"loss fell from {initial:.3g} to {curve[reached_at]:.3g} ({how}) in "
+                               f"{reached_at} Adam steps at lr {lr:g} on one batch{further}.",
                                {"runs": runs, "lr": lr})
     first = next(iter(runs.values()))
-    message = (f"loss only fell from {first['initial']:.3g} to {min(r['best'] for r in runs.values()):.3g} in "
-               f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}): "
+    best = min(r["best"] for r in runs.values())
+    bounded = None
+    if all(r["nonfinite_step"] is None for r in runs.values()):
+        bounded = _bounded_logits_floor(trained[OVERFIT_LEARNING_RATES[-1]], run)
+    if bounded is not None:
+        bound, bounded_floor = bounded
+        needed = bounded_floor + OVERFIT_TARGET_FRACTION * (first["initial"] - bounded_floor)
+        details = {"runs": runs, "logit_bound": bound, "floor": bounded_floor}
+        if best <= needed:
+            return CheckResult(name, "pass", f"loss fell from {first['initial']:.3g} to {best:.3g}, halfway to "
+                               f"{bounded_floor:.3g}, the lowest cross-entropy logits bounded in [-{bound:g}, {bound:g}] "
+                               "allow (a cosine-similarity head).", details)
+        return CheckResult(name, "skip", f"the logits stay in [-{bound:g}, {bound:g}] (a cosine-similarity head?), where "
+                           f"cross-entropy cannot go below {bounded_floor:.3g}; the loss went from "
+                           f"{first['initial']:.3g} to {best:.3g}. Configure a loss with a temperature to check it.",
+                           details)
+    message = (f"loss only fell from {first['initial']:.3g} to {best:.3g} in "
+               f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}{floor_note}): "
                "the model cannot fit a single batch")
     diverged = [(lr, r["nonfinite_step"]) for lr, r in runs.items() if r["nonfinite_step"] is not None]
     if diverged:
         message += f"; the loss became NaN/Inf at step {diverged[0][1]} (lr {diverged[0][0]})"
     with torch.no_grad():
-        output = _primary_output(_forward(run.model().eval(), run.batch()))
+        output = _primary_output(_forward(run.eval_model(), run.batch()))
     if run.subject.task in ("classification", "language_model") and output is not None \
             and _looks_like_probabilities(output):
         message += ("; the output already sums to 1 over its last dim, so a softmax is applied before a loss that "
@@ -488,7 +593,7 @@ def check_input_dependence(run: _Run) -> CheckResult:
     """In eval mode, replacing every input by zeros (constant tokens for integer inputs) changes the output;
     with several inputs, each one on its own should change it too (warn when one does not)."""
     name = "input-dependence"
-    model = run.model().eval()
+    model = run.eval_model()
     batch = run.batch()
     with torch.no_grad():
         reference = _require_output(_forward(model, batch))
@@ -538,7 +643,7 @@ def check_batch_leakage(run: _Run) -> CheckResult:
     name, batch_size = "batch-leakage", run.batch_size
     if batch_size < 2:
         return CheckResult(name, "skip", "needs a batch of at least 2.")
-    model = run.model().eval()
+    model = run.eval_model()
     for param in model.parameters():
         param.requires_grad_(False)
     batch = run.batch()
@@ -611,7 +716,7 @@ def check_eval_determinism(run: _Run) -> CheckResult:
     """In eval mode two forwards on the same batch agree, and the first k = B/2 rows of the batch give the same
     outputs as a batch made of just those k rows (relative tolerance 1e-4)."""
     name, batch_size = "eval-determinism", run.batch_size
-    model = run.model().eval()
+    model = run.eval_model()
     batch = run.batch()
     with torch.no_grad():
         first = _require_output(_forward(model, batch))
@@ -651,7 +756,7 @@ def check_train_eval_differ(run: _Run) -> CheckResult:
     """Only for models with Dropout (p > 0) or BatchNorm tracking running stats: train-mode and eval-mode
     outputs differ (otherwise model.train()/eval() does not reach those modules)."""
     name = "train-eval-differ"
-    model = run.model()
+    model = run.eval_model()
     mode_dependent = [f"{module_name} ({type(module).__name__})" for module_name, module in model.named_modules()
                       if (isinstance(module, _DROPOUT_TYPES) and module.p > 0)
                       or (isinstance(module, _NORM_TYPES) and module.track_running_stats)]
