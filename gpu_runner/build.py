@@ -16,6 +16,7 @@ import inspect
 import math
 import re
 import sys
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,25 +287,30 @@ def _choose_model_in_file(code_root: Path, path: str, notes: list[str]) -> Union
 
 
 _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
-    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|image_channels|img_channels|in_c", 3),
+    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|image_channels|img_channels|in_c|"
+     r"input_nc|nc", 3),
+    (r"in_planes|inplanes|planes|out_planes|mid_channels|inner_channels|ngf|ndf|nf|base_filters|init_features", 16),
     (r"out_channels|out_ch|base_channels|base_width|num_filters|n_filters|filters|out_c", 16),
     (r"in_features|in_dim|input_dim|input_size|input_features|d_in|n_inputs|num_inputs|in_size|n_in|num_features|"
-     r"n_features|feature_dim|features|obs_dim|state_dim", 16),
+     r"n_features|feature_dim|features|obs_dim|state_dim|nfeat|n_feat|in_feats|nz|ninput", 16),
     (r"hidden_dims|hidden_sizes|hidden_layers|layer_sizes|widths", [32, 32]),
     (r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner|ffn_hidden", 64),
     (r"hidden|hidden_dim|hidden_size|hidden_features|hidden_channels|hidden_units|n_hidden|num_hidden|nhid|hid_dim|"
      r"d_hidden|d_model|embed_dim|emb_dim|embedding_dim|embedding_size|n_embd|n_embed|dim|width|latent_dim|"
-     r"latent_size|model_dim|z_dim|noise_dim", 32),
+     r"latent_size|model_dim|z_dim|noise_dim|ninp|ndim|dims|d_embed|embed_size|emb_size|n_hid|nhidden|"
+     r"decoder_embed_dim|out_dim_hidden|bottleneck_dim|hidden_feats", 32),
     (r"num_classes|n_classes|nclasses|out_features|output_dim|output_size|out_dim|out_size|num_labels|n_labels|"
-     r"n_outputs|num_outputs|d_out|n_out|action_dim|num_actions|n_actions", 10),
+     r"n_outputs|num_outputs|d_out|n_out|action_dim|num_actions|n_actions|nclass|n_class|out_feats", 10),
     (r"vocab_size|num_embeddings|n_tokens|ntoken|ntokens|n_vocab|num_tokens|vocab|vocab_len", 100),
-    (r"num_layers|n_layers|n_layer|nlayers|depth|num_blocks|n_blocks|num_hidden_layers|num_encoder_layers|"
-     r"num_decoder_layers", 2),
-    (r"num_heads|nhead|nheads|n_heads|n_head|heads|num_attention_heads|attention_heads", 4),
+    (r"num_layers|n_layers|n_layer|nlayers|depth|depths|num_blocks|n_blocks|num_hidden_layers|num_encoder_layers|"
+     r"num_decoder_layers|cls_depth|encoder_depth|decoder_depth|layers", 2),
+    (r"num_heads|nhead|nheads|n_heads|n_head|heads|num_attention_heads|attention_heads|layer_heads|"
+     r"decoder_num_heads", 4),
     (r"num_kv_heads|n_kv_heads|num_key_value_heads", 2),
-    (r"head_dim|head_size|d_head|d_k|d_v", 8),
+    (r"head_dim|head_size|d_head|d_k|d_v|dim_head", 8),
     (r"dropout|p|drop|drop_rate|dropout_rate|dropout_p|p_drop|attn_dropout|attn_drop|proj_drop|drop_prob|"
-     r"embd_pdrop|resid_pdrop|attn_pdrop", 0.1),
+     r"embd_pdrop|resid_pdrop|attn_pdrop|emb_dropout|dropout_prob|drop_path|drop_path_rate|ff_dropout|"
+     r"attn_dropout_rate|embed_dropout|dropout_rate_attn", 0.1),
     (r"max_len|seq_len|block_size|context_length|max_seq_len|max_length|max_position_embeddings|n_positions|"
      r"seq_length|n_ctx|context_size|max_seq_length|max_positions", SEQUENCE_LENGTH),
     (r"kernel_size|kernel|ksize", 3),
@@ -316,7 +322,13 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
     (r"top_k|topk", 2),
     (r"eps|layer_norm_eps|norm_eps|epsilon", 1e-5),
     (r"groups|num_groups", 1),
-    (r"expansion|expand_ratio|mlp_ratio|expansion_factor", 4),
+    (r"expansion|expand_ratio|mlp_ratio|expansion_factor|mlp_mult|ff_mult|mult", 4),
+    (r"upscale_factor|scale_factor|upscale|scale|upsample_factor|downsample|downsample_factor|reduction_factor", 2),
+    (r"growth_rate|growth", 12),
+    (r"reduction|compression", 0.5),
+    (r"pool|pooling", "cls"),
+    (r"rnn_type|cell_type|rnn_cell", "LSTM"),
+    (r"activation|act|nonlinearity", "relu"),
     (r"window_size", 4),
     (r"bias|batch_first", True),
 ]
@@ -340,41 +352,223 @@ def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tupl
     return False, None
 
 
+_DEPTH_NAMES = re.compile(r"num_layers|n_layers?|nlayers|depth|num_blocks|n_blocks|num_hidden_layers|"
+                          r"num_encoder_layers|num_decoder_layers|cls_depth|encoder_depth|decoder_depth", re.I)
+_WIDTH_NAMES = re.compile(r"embed_dim|d_model|n_embd|hidden_size|hidden_dim|dim|width|model_dim|emb_dim|"
+                          r"decoder_embed_dim|embedding_dim", re.I)
+_HEADS_NAMES = re.compile(r"num_heads|nhead|nheads|n_heads?|heads|num_attention_heads|decoder_num_heads", re.I)
+_FF_NAMES = re.compile(r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner", re.I)
+MAX_CONFIG_RETRIES = 30
+
+
+def _shrunk(name: str, value: Any, others: dict) -> Any:
+    """A smaller value for a size argument left at a large default: depth 2; widths of 8 per head (the heads
+    keep dividing the width); feed-forward widths 64. Anything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    if _DEPTH_NAMES.fullmatch(name) and value > 2:
+        return 2
+    if _WIDTH_NAMES.fullmatch(name) and value > 128:
+        heads = next((v for k, v in others.items() if _HEADS_NAMES.fullmatch(k) and isinstance(v, int)
+                      and not isinstance(v, bool) and v > 0), None)
+        return heads * 8 if heads else 64
+    if _FF_NAMES.fullmatch(name) and value > 256:
+        return 64
+    return value
+
+
 def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, explicit: bool):
-    """Call ``fn`` with its defaults and its required arguments guessed by name. A factory that raises
+    """Call ``fn`` with its defaults and its required arguments guessed (by name, then from how the constructor
+    uses them: gpu_runner.guess). A config object missing an attribute gets it guessed and the call is retried;
+    a constructor that rejects the guesses gets its sequence arguments at other lengths; a class that still
+    cannot be built is made by the module's own factory (``ResNet18()``) when it has one. A factory that raises
     with no guessed arguments is a real error (BuildError); a guess that fails is a Skip."""
-    arguments = _guess_arguments(fn, label, notes)
+    from gpu_runner import guess
+
+    module = inspect.getmodule(fn)
+    guessed_notes: list[str] = []
+    arguments = _guess_arguments(fn, label, guessed_notes, module=module)
+    failure: Optional[str] = None
     if isinstance(arguments, Skip):
-        return arguments
-    try:
-        return fn(**arguments)
-    except Exception as exc:
-        detail = f"{type(exc).__name__}: {exc}"
+        failure = arguments.reason
+    else:
+        built = _call_with_retries(fn, arguments, guessed_notes)
+        if not isinstance(built, BaseException):
+            notes.extend(guessed_notes)
+            return built
+        exc = built
+        detail = f"{type(exc).__name__}: {_one_line_text(exc)}"
         bug = known_bug(exc)
         if bug is not None:
             return Skip(f"{label} cannot be built: {bug} ({detail})")
         if explicit and not arguments:
             raise BuildError(f"the smoke factory {label}() raised {detail}") from exc
-        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-        return Skip(f"constructing {label}({shown}) raised {detail}; configure smoke.targets with a factory")
+        shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
+        failure = f"constructing {label}({shown}) raised {detail}; configure smoke.targets with a factory"
+    if inspect.isclass(fn) and module is not None:
+        for factory in guess.module_factories(module, fn):
+            try:
+                model = factory()
+            except Exception:  # noqa: BLE001 - the next factory, or the skip
+                continue
+            notes.append(f"built by {factory.__name__}(), the module's own factory of {fn.__name__} "
+                         f"({failure.split(';')[0]})")
+            return model
+    return Skip(failure)
 
 
-def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0) -> Union[dict, Skip]:
+def _one_line_text(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _short_repr(value: Any) -> str:
+    if inspect.isclass(value):
+        return value.__name__
+    if isinstance(value, types.SimpleNamespace) or dataclasses.is_dataclass(value) or hasattr(value, "__dict__") \
+            and not isinstance(value, (int, float, str, list, tuple, dict)):
+        return f"{type(value).__name__}(...)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+_MISSING_ATTRIBUTE = re.compile(r"object has no attribute '(\w+)'")
+
+
+def _call_with_retries(fn: Callable, arguments: dict, notes: list[str]) -> Any:
+    """``fn(**arguments)``; a config object we made that lacks an attribute gets it (guessed by name) and the
+    call is retried; then, on any other error, variants: string fields of a config set to None (a preset name
+    next to explicit sizes), sequence arguments at lengths 2 and 4. Returns the model or the first exception."""
+    configs = {name: value for name, value in arguments.items() if getattr(value, "_torchreview_made", False)
+               or isinstance(value, types.SimpleNamespace)}
+    first_error: Optional[BaseException] = None
+    for variant in _variants(arguments, configs):
+        for _ in range(MAX_CONFIG_RETRIES):
+            try:
+                return fn(**variant)
+            except AttributeError as exc:
+                missing = _MISSING_ATTRIBUTE.search(str(exc))
+                config = next((c for c in variant.values() if any(c is m for m in configs.values())
+                               and missing and type(c).__name__ in str(exc)), None)
+                if config is None or missing is None:
+                    first_error = first_error or exc
+                    break
+                found, value = guess_argument(missing.group(1))
+                if not found:
+                    first_error = first_error or exc
+                    break
+                setattr(config, missing.group(1), value)
+                notes.append(f"constructor: config.{missing.group(1)}={value!r} guessed")
+            except Exception as exc:  # noqa: BLE001 - the PR's constructor can raise anything
+                first_error = first_error or exc
+                break
+    return first_error
+
+
+def _variants(arguments: dict, configs: dict) -> Iterator[dict]:
+    yield arguments
+    for name, config in configs.items():
+        strings = {k: v for k, v in guess_config_fields(config).items() if isinstance(v, str)}
+        if strings:
+            for key in strings:
+                setattr(config, key, None)
+            yield arguments
+            for key, value in strings.items():
+                setattr(config, key, value)
+    sequences = {k: v for k, v in arguments.items() if isinstance(v, tuple) and v and len(set(map(type, v))) == 1}
+    for length in (2, 4):
+        if sequences:
+            yield {**arguments, **{k: tuple(v[:1]) * length for k, v in sequences.items()}}
+
+
+def guess_config_fields(config: Any) -> dict:
+    from gpu_runner.guess import config_attributes
+
+    return config_attributes(config)
+
+
+def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str, notes: list[str]) -> Union[Any, Skip]:
+    """A config object for ``parameter``: ``get_default_config()`` or a config class of the module (its None
+    fields guessed by name, its sizes shrunk), else a namespace of the attributes the constructor reads."""
+    from gpu_runner import guess
+
+    owner_class = owner if inspect.isclass(owner) else None
+    for how, make in (guess.config_candidates(owner_class, module) if owner_class is not None and module else []):
+        try:
+            config = make()
+        except Exception:  # noqa: BLE001
+            continue
+        fields = guess.config_attributes(config)
+        if not fields:
+            continue
+        changed = []
+        for key, value in fields.items():
+            if value is None:
+                found, guessed = guess_argument(key)
+                if found:
+                    _set(config, key, guessed)
+                    changed.append(f"{key}={guessed!r}")
+            else:
+                found, guessed = guess_argument(key)
+                smaller = _shrunk(key, value, fields)
+                if found and isinstance(value, int) and not isinstance(value, bool) and isinstance(guessed, int) \
+                        and guessed < value:
+                    smaller = guessed  # sizes from the guess table: vocab 100, block_size 16, n_embd 32...
+                if smaller != value:
+                    _set(config, key, smaller)
+                    changed.append(f"{key}={smaller!r}")
+        try:
+            config._torchreview_made = True
+        except Exception:  # noqa: BLE001 - frozen or slotted: no retries on it
+            pass
+        notes.append(f"constructor: {parameter}={how}" + (f" with {', '.join(changed)}" if changed else ""))
+        return config
+    namespace = types.SimpleNamespace()
+    for attribute in (usage.attributes if usage is not None else []):
+        found, value = guess_argument(attribute)
+        if not found:
+            return Skip(f"cannot guess constructor argument '{parameter}' of {label}: a config object whose "
+                        f"'{attribute}' is not a known name; configure smoke.targets with a factory")
+        setattr(namespace, attribute, value)
+    notes.append(f"constructor: {parameter}=SimpleNamespace({', '.join(f'{k}={v!r}' for k, v in vars(namespace).items())})"
+                 " from the attributes the constructor reads")
+    return namespace
+
+
+def _set(config: Any, key: str, value: Any) -> None:
+    try:
+        setattr(config, key, value)
+    except Exception:  # noqa: BLE001 - frozen dataclass
+        object.__setattr__(config, key, value)
+
+
+def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
+                     module: Any = None) -> Union[dict, Skip]:
+    from gpu_runner import guess
+
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return {}
+    init = fn.__init__ if inspect.isclass(fn) else fn
     try:
-        hints = typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
+        hints = typing.get_type_hints(init)
     except Exception:
         hints = {}
+    usages = guess.argument_usage(init, module) if module is not None else {}
     arguments: dict[str, Any] = {}
+    defaults = {p.name: p.default for p in signature.parameters.values() if p.default is not p.empty}
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         if parameter.default is not parameter.empty:
+            smaller = _shrunk(parameter.name, parameter.default, {**defaults, **arguments})
+            if smaller is not parameter.default and smaller != parameter.default:
+                arguments[parameter.name] = smaller
+                notes.append(f"constructor: {parameter.name}={smaller!r} (default {parameter.default!r}, shrunk)")
             continue
         annotation = hints.get(parameter.name, parameter.annotation)
+        usage = usages.get(parameter.name)
         if dataclasses.is_dataclass(annotation) and isinstance(annotation, type) and depth == 0:
             fields = _guess_arguments(annotation, annotation.__name__, notes, depth + 1)
             if isinstance(fields, Skip):
@@ -384,11 +578,34 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0)
             notes.append(f"constructor: {parameter.name}={annotation.__name__}(...) {how}")
             continue
         found, value = guess_argument(parameter.name, annotation)
+        length = guess.sequence_length(usage) if usage is not None else None
+        if found and usage is not None and usage.choices and value not in usage.choices:
+            found, value = True, usage.choices[0]
+        elif found and length and not isinstance(value, (list, tuple)):
+            element = 1 if _DEPTH_NAMES.fullmatch(parameter.name) else value
+            value = tuple([element] * length)
+        elif found and length and isinstance(value, list):
+            value = tuple((value * length)[:length])
+        if not found and usage is not None and module is not None:
+            if usage.called and inspect.isclass(fn):
+                sibling = guess.sibling_class(usage, module, nn.Module, fn)
+                if sibling is not None:
+                    found, value = True, sibling
+            elif usage.dict_keys:
+                found, value = True, usage.dict_keys[0]
+            elif usage.choices:
+                found, value = True, usage.choices[0]
+            elif (usage.attributes or parameter.name.lower() in guess.CONFIG_NAMES) and not usage.called:
+                config = _make_config(parameter.name, fn, module, usage, label, notes)
+                if isinstance(config, Skip):
+                    return config
+                arguments[parameter.name] = config
+                continue
         if not found:
             return Skip(f"cannot guess constructor argument '{parameter.name}' of {label}; "
                         "configure smoke.targets with a factory")
         arguments[parameter.name] = value
-        notes.append(f"constructor: {parameter.name}={value!r} guessed")
+        notes.append(f"constructor: {parameter.name}={_short_repr(value)} guessed")
     return arguments
 
 

@@ -30,7 +30,7 @@ from gpu_runner.subject import Batch, CheckResult, Subject, TargetReport
 
 # --- thresholds (calibrated on the healthy fixtures in tests/test_runner_checks.py) -----------------------
 
-OVERFIT_LEARNING_RATES = (1e-3, 3e-3)  # Adam; the second is only tried when the first does not get there
+OVERFIT_LEARNING_RATES = (1e-3, 3e-3, 1e-2)  # Adam; each next one only when the one before does not get there
 OVERFIT_TARGET_FRACTION = 0.5  # pass when the loss falls to half its initial value (or less)
 PARAMS_CHANGE_LR = 1e-3
 # |loss0 - ln C| must stay below LOSS_AT_INIT_RELATIVE * ln C + LOSS_AT_INIT_ABSOLUTE
@@ -72,17 +72,28 @@ class _Run:
     nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
     loss_after_steps: Optional[float] = None
 
-    _warmed: Optional[nn.Module] = None
+    _initial: Optional[dict] = None
+    _warmed: Optional[dict] = None
 
     def model(self) -> nn.Module:
-        return copy.deepcopy(self.subject.model)
+        """The subject's model reset to its initial state: parameters, buffers, requires_grad flags, no
+        gradients, train mode. The same object every time (a deep copy is not faithful: a forward written as a
+        lambda over a submodule, ``self.f = lambda x: m.fc(x)``, would keep calling the original's layers)."""
+        model = self.subject.model
+        if self._initial is None:
+            self._initial = _snapshot(model)
+        _restore(model, self._initial)
+        return model.train()
 
     def eval_model(self) -> nn.Module:
-        """A copy in eval mode whose BatchNorm running statistics come from a few batches in train mode (an
+        """The model in eval mode, its BatchNorm running statistics from a few batches seen in train mode (an
         untrained net's running mean 0 / var 1 would judge eval mode on statistics no trained model has)."""
+        model = self.model()
         if self._warmed is None:
-            self._warmed = _warm_batch_norm(self.subject.model, self.subject, self.batch_size, self.seed)
-        return copy.deepcopy(self._warmed).eval()
+            _warm_batch_norm(model, self.subject, self.batch_size, self.seed)
+            self._warmed = _snapshot(model)
+        _restore(model, self._warmed)
+        return model.eval()
 
     def batch(self) -> Batch:
         """A private copy of the fixed batch (a forward that modifies its input in place cannot leak)."""
@@ -98,26 +109,44 @@ class _Run:
 BATCH_NORM_WARMUP_BATCHES = 4
 
 
-def _warm_batch_norm(model: nn.Module, subject: Subject, batch_size: int, seed: int) -> nn.Module:
-    """A copy of ``model`` whose BatchNorm running statistics are the cumulative average over a few batches
-    seen in train mode (no gradient, no parameter change); the model itself when it has no BatchNorm."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    if not norms:
-        return model
-    warmed = copy.deepcopy(model).train()
+def _snapshot(model: nn.Module) -> dict:
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
+                      if isinstance(v, torch.Tensor)},
+            "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()}}
+
+
+def _restore(model: nn.Module, snapshot: dict) -> None:
+    with torch.no_grad():
+        for key, value in model.state_dict(keep_vars=True).items():
+            saved = snapshot["state"].get(key)
+            if isinstance(value, torch.Tensor) and saved is not None:
+                if value.shape == saved.shape and value.dtype == saved.dtype:
+                    value.copy_(saved)
+    for name, param in model.named_parameters():
+        param.grad = None
+        param.requires_grad_(snapshot["requires_grad"].get(name, param.requires_grad))
+
+
+def _warm_batch_norm(model: nn.Module, subject: Subject, batch_size: int, seed: int) -> None:
+    """Sets the BatchNorm running statistics of ``model`` to the cumulative average over a few batches seen in
+    train mode (no gradient, no parameter change)."""
     momenta = {}
-    for module in warmed.modules():
+    for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
             momenta[module] = module.momentum
             module.reset_running_stats()
             module.momentum = None  # a cumulative moving average
-    with torch.no_grad():
-        for index in range(BATCH_NORM_WARMUP_BATCHES):
-            batch = subject.make_batch(batch_size, seed + 1000 + index)
-            warmed(*batch.args, **batch.kwargs)
-    for module, momentum in momenta.items():
-        module.momentum = momentum
-    return warmed
+    if not momenta:
+        return
+    model.train()
+    try:
+        with torch.no_grad():
+            for index in range(BATCH_NORM_WARMUP_BATCHES):
+                batch = subject.make_batch(batch_size, seed + 1000 + index)
+                model(*batch.args, **batch.kwargs)
+    finally:
+        for module, momentum in momenta.items():
+            module.momentum = momentum
 
 
 # --- public API -------------------------------------------------------------------------------------------
@@ -132,8 +161,12 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
             return TargetReport(target=subject.name, status="error",
                                 reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
         run = _Run(subject, steps, seed, batch_size, fixed_batch)
-        checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
-        measures, notes = _take_measures(run)
+        run.model()  # the initial state, restored before every check and at the end
+        try:
+            checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
+            measures, notes = _take_measures(run)
+        finally:
+            run.model()  # the subject leaves as it came
     status = "failed" if any(check.status == "fail" for check in checks) else "passed"
     return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes)
 
