@@ -121,7 +121,8 @@ def _reason_kind(report: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repos", type=Path, required=True, help="folder holding each repository as DIR/<name>")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per target")
     parser.add_argument("--only", default="", help="comma-separated repository names")
     parser.add_argument("--json", type=Path, help="write every report here")
     parser.add_argument("--no-sandbox", action="store_true", help="plain child processes (development only)")
@@ -143,7 +144,7 @@ def main() -> int:
             continue
         started = time.perf_counter()
         run = smoke(root, [TargetRequest(t) for t, _ in targets], steps=args.steps, device="cpu",
-                    limits=SandboxLimits(timeout_s=300), sandbox=not args.no_sandbox)
+                    limits=SandboxLimits(timeout_s=args.timeout), sandbox=not args.no_sandbox)
         wall = time.perf_counter() - started
         if run.refused:
             print(f"{repo}: the sandbox refused: {run.refused}")

@@ -73,7 +73,10 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     _add_to_sys_path(code_root)
     notes: list[str] = []
     torch.manual_seed(seed)
+    _IMPORT_NOTES.clear()
+    _LAST_ARGUMENTS.clear()
     built = _construct(code_root, target, config, notes)
+    notes[:0] = _IMPORT_NOTES
     if isinstance(built, Skip):
         return built
     model, resolved_name = built
@@ -98,7 +101,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         if output is _FAILED:
             notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
     else:
-        plan, output = _infer_input(model, prober, notes)
+        plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
         if plan is None:
             return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
                         f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
@@ -108,7 +111,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         return task
     return Subject(name=name, model=model, make_batch=_BatchMaker(plan, task, device, float_dtype),
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
-                   integer_inputs=plan.has_token_inputs(), notes=notes)
+                   integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes)
 
 
 # ---- importing the PR's code ---------------------------------------------------------------------
@@ -148,7 +151,12 @@ def import_file(code_root: Path, relative_path: str):
         _forget_modules_from_elsewhere(top, code_root)
         parent = module_name.rpartition(".")[0]
         if parent:
-            importlib.import_module(parent)
+            try:
+                importlib.import_module(parent)
+            except Exception as exc:  # noqa: BLE001 - e.g. a package __init__ importing what the runner lacks
+                _bare_packages(code_root, parent)
+                _IMPORT_NOTES.append(f"imported {relative_path} without running its package's __init__.py, which "
+                                     f"raised {type(exc).__name__}: {str(exc)[:160]}")
     existing = sys.modules.get(module_name)
     if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == file_path:
         return existing
@@ -161,6 +169,30 @@ def import_file(code_root: Path, relative_path: str):
         sys.modules.pop(module_name, None)
         raise
     return module
+
+
+_IMPORT_NOTES: list[str] = []  # what importing did unusually, for the next Subject's notes
+_LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
+
+
+def _bare_packages(code_root: Path, dotted: str) -> None:
+    """Registers ``dotted`` and its parents as packages over their folders without executing their
+    ``__init__.py``, so that the file and its siblings import as they would inside the package."""
+    import importlib.machinery
+
+    parts = dotted.split(".")
+    for index in range(1, len(parts) + 1):
+        name = ".".join(parts[:index])
+        folder = code_root.joinpath(*parts[:index])
+        if name in sys.modules and getattr(sys.modules[name], "__path__", None):
+            continue
+        module = types.ModuleType(name)
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        module.__spec__, module.__path__, module.__package__ = spec, [str(folder)], name
+        sys.modules[name] = module
+        if index > 1:
+            setattr(sys.modules[".".join(parts[:index - 1])], parts[index - 1], module)
 
 
 def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, Skip]:
@@ -395,6 +427,12 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
         built = _call_with_retries(fn, arguments, guessed_notes)
         if not isinstance(built, BaseException):
             notes.extend(guessed_notes)
+            try:
+                defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
+                            if p.default is not p.empty}
+            except (TypeError, ValueError):
+                defaults = {}
+            _LAST_ARGUMENTS.update({**defaults, **arguments})
             return built
         exc = built
         detail = f"{type(exc).__name__}: {_one_line_text(exc)}"
@@ -627,8 +665,11 @@ class TensorSpec:
     fill: Optional[float] = None  # a constant tensor (masks) instead of random values
     batch_axis: int = 0  # 1 for sequence-first RNN / Transformer inputs
     is_target: bool = False  # fed to a forward(x, targets) parameter, not an input of the model
+    adjacency: bool = False  # [B, B]: the rows of the batch are the nodes of one graph
 
     def batched_shape(self, batch_size: int) -> list[int]:
+        if self.adjacency:
+            return [batch_size, batch_size]
         shape = list(self.shape)
         shape.insert(self.batch_axis, batch_size)
         return shape
@@ -636,7 +677,11 @@ class TensorSpec:
     def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str) -> torch.Tensor:
         shape = self.batched_shape(batch_size)
         dtype = float_dtype if self.dtype == "float" else _DTYPES[self.dtype]
-        if self.fill is not None:
+        if self.adjacency:  # a random symmetric graph with self-loops, rows normalised (as GCNs expect)
+            edges = torch.rand(shape, generator=generator) < 0.3
+            edges = edges | edges.T | torch.eye(shape[0], dtype=torch.bool)
+            tensor = (edges.float() / edges.sum(dim=1, keepdim=True)).to(dtype)
+        elif self.fill is not None:
             tensor = torch.full(shape, self.fill, dtype=dtype)
         elif dtype.is_floating_point:
             tensor = torch.randn(shape, generator=generator).to(dtype)
@@ -647,6 +692,8 @@ class TensorSpec:
         return tensor.to(device)
 
     def describe(self) -> str:
+        if self.adjacency:
+            return "float [B, B] adjacency (the batch rows are one graph's nodes)"
         dims = [str(d) for d in self.shape]
         dims.insert(self.batch_axis, "B")
         text = f"{self.dtype} [{', '.join(dims)}]"
@@ -672,6 +719,9 @@ class InputPlan:
 
     def all_specs(self) -> list[TensorSpec]:
         return list(self.args) + [spec for _, spec in self.kwargs]
+
+    def is_graph(self) -> bool:
+        return any(s.adjacency for s in self.all_specs())
 
     def has_token_inputs(self) -> bool:
         return any(s.dtype == "long" and s.fill is None and not s.is_target and s.shape for s in self.all_specs())
@@ -736,6 +786,7 @@ _MASK_NAMES = re.compile(r"(attention_|attn_)?mask|\w*_mask")
 _PADDING_MASK_NAMES = re.compile(r"\w*padding_mask")
 _NON_TOKEN_EMBEDDINGS = re.compile(r"pos|wpe|type|segment|time", re.IGNORECASE)
 _TARGET_NAMES = re.compile(r"targets?|labels?|y_true|gold")
+_ADJACENCY_NAMES = re.compile(r"adj|adj_mat|adj_matrix|adjacency|adjacency_matrix|a_hat|adj_norm|norm_adj|graph")
 _SEQUENCE_LAYERS = (nn.RNNBase, nn.TransformerEncoder, nn.TransformerEncoderLayer, nn.TransformerDecoder,
                     nn.TransformerDecoderLayer, nn.MultiheadAttention)
 _ENTRY_LAYERS = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm,
@@ -779,6 +830,8 @@ def _forward_parameters(model: nn.Module) -> list[_ForwardParameter]:
             role = "mask"
         elif _TARGET_NAMES.fullmatch(name):
             role = "target"
+        elif _ADJACENCY_NAMES.fullmatch(name):
+            role = "adjacency"
         elif _TOKEN_NAMES.fullmatch(name):
             role = "tokens"
         else:
@@ -925,7 +978,8 @@ class _Prober:
                         buffer.copy_(buffers[name])
 
 
-def _infer_input(model: nn.Module, prober: _Prober, notes: list[str]) -> tuple[Optional[InputPlan], Any]:
+def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
+                 hints: Optional[dict] = None) -> tuple[Optional[InputPlan], Any]:
     example = getattr(model, "example_input_array", None)
     if example is not None:
         plan = _plan_from_example(example)
@@ -935,7 +989,7 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str]) -> tuple[O
                 notes.append(f"input from example_input_array: {plan.describe()}")
                 return plan, output
     seen: set = set()
-    for plan in _candidate_plans(model):
+    for plan in _candidate_plans(model, hints):
         if plan.key() in seen:
             continue
         if len(seen) >= MAX_PROBES:
@@ -948,12 +1002,43 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str]) -> tuple[O
     return None, None
 
 
-def _candidate_plans(model: nn.Module) -> Iterator[InputPlan]:
+_IMAGE_SIZE_NAMES = ("image_size", "img_size", "input_size", "input_resolution", "resolution", "image_res")
+_CHANNEL_NAMES = ("channels", "in_chans", "in_channels", "num_channels", "n_channels", "input_channels",
+                  "image_channels", "in_ch")
+_LENGTH_NAMES = ("seq_len", "seq_length", "sequence_length", "max_len", "block_size", "signal_length", "num_samples")
+
+
+def _first_int(value: Any) -> Optional[int]:
+    if isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _specs_from_hints(hints: dict) -> list[TensorSpec]:
+    """Inputs the constructor's own arguments describe: an image of ``image_size`` with ``channels``, or a
+    1-D signal of ``seq_len`` with ``channels`` (a 1-D ViT)."""
+    channels = next((_first_int(hints[n]) for n in _CHANNEL_NAMES if _first_int(hints.get(n))), None)
+    specs = []
+    for name in _IMAGE_SIZE_NAMES:
+        value = hints.get(name)
+        if isinstance(value, (list, tuple)) and len(value) == 2 and all(_first_int(v) for v in value):
+            specs.append(TensorSpec((channels or 3, int(value[0]), int(value[1]))))
+        elif _first_int(value):
+            side = _first_int(value)
+            specs.append(TensorSpec((channels or 3, side, side)))
+    for name in _LENGTH_NAMES:
+        if _first_int(hints.get(name)) and channels:
+            specs.append(TensorSpec((channels, _first_int(hints[name]))))
+    return specs
+
+
+def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator[InputPlan]:
     """Input plans, most likely first: from the parameter names and the entry layers in registration
     order, then (only when those all fail) from a torch.fx trace, then common shapes. Optional masks are
     offered with, then without. Plans may repeat; the caller skips repeats."""
+    hints = hints or {}
     parameters = _forward_parameters(model)
-    tensors = [p for p in parameters if p.role in ("input", "tokens", "target")]
+    tensors = [p for p in parameters if p.role in ("input", "tokens", "target", "adjacency")]
     if not tensors:
         tensors = [_ForwardParameter("input", "input", False)]
     masks = [p for p in parameters if p.role in ("mask", "padding_mask")]
@@ -971,9 +1056,19 @@ def _candidate_plans(model: nn.Module) -> Iterator[InputPlan]:
             choices += [(TensorSpec((), "long", 0, classes, is_target=True), "as class labels"),
                         (TensorSpec((SEQUENCE_LENGTH,), "long", 0, vocab, is_target=True), "as next tokens"),
                         (TensorSpec((classes,), is_target=True), "as regression targets")]
+        if parameter.role == "adjacency":
+            return [(TensorSpec((), adjacency=True), f"as a graph's adjacency from the name '{parameter.name}'")]
+        if index == 0 and not as_tokens:
+            choices += [(spec, "from the constructor's arguments") for spec in _specs_from_hints(hints)]
         # the i-th input likely feeds the i-th entry layer (two-input models); else the first one
         for layer in ([layers[index]] if index < len(layers) else []) + layers[:1]:
             choices += [(spec, f"from the first {describe_layer(layer)}") for spec in specs_for_layer(layer, as_tokens)]
+        if index > 0 and layers and not as_tokens:  # a skip connection: half the channels at twice the size...
+            for spec in specs_for_layer(layers[0])[:1]:
+                if len(spec.shape) == 3:
+                    c, h, w = spec.shape
+                    choices += [(TensorSpec(shape), "from the first input's shape, as a skip connection")
+                                for shape in ((max(c // 2, 1), 2 * h, 2 * w), (max(c // 2, 1), h, w), (c, 2 * h, 2 * w))]
         return _unique(choices)
 
     def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:
