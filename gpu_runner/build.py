@@ -384,7 +384,7 @@ def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tupl
     return False, None
 
 
-_DEPTH_NAMES = re.compile(r"num_layers|n_layers?|nlayers|depth|num_blocks|n_blocks|num_hidden_layers|"
+_DEPTH_NAMES = re.compile(r"num_layers|n_layers?|nlayers|depths?|layers|num_blocks|n_blocks|num_hidden_layers|"
                           r"num_encoder_layers|num_decoder_layers|cls_depth|encoder_depth|decoder_depth", re.I)
 _WIDTH_NAMES = re.compile(r"embed_dim|d_model|n_embd|hidden_size|hidden_dim|dim|width|model_dim|emb_dim|"
                           r"decoder_embed_dim|embedding_dim", re.I)
@@ -593,7 +593,7 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
         hints = typing.get_type_hints(init)
     except Exception:
         hints = {}
-    usages = guess.argument_usage(init, module) if module is not None else {}
+    usages = guess.argument_usage(init, module, fn if inspect.isclass(fn) else None) if module is not None else {}
     arguments: dict[str, Any] = {}
     defaults = {p.name: p.default for p in signature.parameters.values() if p.default is not p.empty}
     for parameter in signature.parameters.values():
@@ -1067,8 +1067,9 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
             for spec in specs_for_layer(layers[0])[:1]:
                 if len(spec.shape) == 3:
                     c, h, w = spec.shape
+                    rest = max(c - c // 2, 1)  # what concatenates with an upsampled c // 2 channels back to c
                     choices += [(TensorSpec(shape), "from the first input's shape, as a skip connection")
-                                for shape in ((max(c // 2, 1), 2 * h, 2 * w), (max(c // 2, 1), h, w), (c, 2 * h, 2 * w))]
+                                for shape in ((rest, 2 * h, 2 * w), (rest, h, w), (c, 2 * h, 2 * w))]
         return _unique(choices)
 
     def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:

@@ -32,6 +32,10 @@ from gpu_runner.subject import Batch, CheckResult, Subject, TargetReport
 
 OVERFIT_LEARNING_RATES = (1e-3, 3e-3, 1e-2)  # Adam; each next one only when the one before does not get there
 OVERFIT_TARGET_FRACTION = 0.5  # pass when the loss falls to half its initial value (or less)
+# short of half: still a pass when the loss fell by a quarter (the model learns, only slower than ``steps`` allow),
+# a warning from a tenth, a failure below that (it does not learn) or when it diverged or is a double softmax
+OVERFIT_PASS_PROGRESS = 0.25
+OVERFIT_SLOW_FRACTION = 0.1
 PARAMS_CHANGE_LR = 1e-3
 # |loss0 - ln C| must stay below LOSS_AT_INIT_RELATIVE * ln C + LOSS_AT_INIT_ABSOLUTE
 LOSS_AT_INIT_RELATIVE = 0.5
@@ -608,16 +612,23 @@ def check_overfit_batch(run: _Run) -> CheckResult:
                            f"cross-entropy cannot go below {bounded_floor:.3g}; the loss went from "
                            f"{first['initial']:.3g} to {best:.3g}. Configure a loss with a temperature to check it.",
                            details)
+    with torch.no_grad():
+        output = _primary_output(_forward(run.eval_model(), run.batch()))
+    probabilities = run.subject.task in ("classification", "language_model") and output is not None \
+        and _looks_like_probabilities(output)
+    diverged = [(lr, r["nonfinite_step"]) for lr, r in runs.items() if r["nonfinite_step"] is not None]
+    progress = (first["initial"] - best) / abs(first["initial"]) if math.isfinite(best) else 0.0
+    if not probabilities and not diverged and progress >= OVERFIT_SLOW_FRACTION:
+        status = "pass" if progress >= OVERFIT_PASS_PROGRESS else "warn"
+        return CheckResult(name, status, f"loss fell from {first['initial']:.3g} to {best:.3g} ({progress:.0%}) in "
+                           f"{run.steps} Adam steps at lr {' or '.join(runs)}: the model learns, but slower than "
+                           "halving the loss on one batch; more steps (--steps) would tell more.", {"runs": runs})
     message = (f"loss only fell from {first['initial']:.3g} to {best:.3g} in "
                f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}{floor_note}): "
                "the model cannot fit a single batch")
-    diverged = [(lr, r["nonfinite_step"]) for lr, r in runs.items() if r["nonfinite_step"] is not None]
     if diverged:
         message += f"; the loss became NaN/Inf at step {diverged[0][1]} (lr {diverged[0][0]})"
-    with torch.no_grad():
-        output = _primary_output(_forward(run.eval_model(), run.batch()))
-    if run.subject.task in ("classification", "language_model") and output is not None \
-            and _looks_like_probabilities(output):
+    if probabilities:
         message += ("; the output already sums to 1 over its last dim, so a softmax is applied before a loss that "
                     "expects logits (double softmax)")
     return CheckResult(name, "fail", message + ".", {"runs": runs})
@@ -863,6 +874,27 @@ def _run_on_fake_meta(model: nn.Module, batch: Batch, recorder: "_FactoryRecorde
             functional_call(model, state, fake_batch.args, fake_batch.kwargs, strict=False)
 
 
+# ops that, unlike tensor[index], refuse an index tensor on another device than the tensor they index (on a GPU:
+# F.embedding(cpu_ids, cuda_weight) raises). FakeTensorMode lets CPU index tensors through, so this checks them.
+_INDEXING_OPS = {torch.embedding: (0, 1), torch.nn.functional.embedding: (1, 0), torch.index_select: (0, 2),
+                 torch.Tensor.index_select: (0, 2), torch.gather: (0, 2), torch.Tensor.gather: (0, 2),
+                 torch.nn.functional.embedding_bag: (1, 0)}
+
+
+def _check_index_device(func, args: tuple, kwargs: dict) -> None:
+    """Raises a device mismatch when an index tensor on the CPU indexes a tensor on another device (the fake
+    'meta' model standing in for one on a GPU), as the same op would on a GPU."""
+    indexed_at, index_at = _INDEXING_OPS[func]
+    if len(args) <= max(indexed_at, index_at):
+        return
+    indexed, index = args[indexed_at], args[index_at]
+    if isinstance(indexed, torch.Tensor) and isinstance(index, torch.Tensor) and index.dim() > 0 \
+            and index.device.type == "cpu" and indexed.device.type not in ("cpu",):
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices: an index "
+                           f"tensor on cpu indexes a tensor on the model's device in {getattr(func, '__name__', func)} "
+                           "(made without device=, e.g. torch.arange position ids)")
+
+
 class _FactoryRecorder(torch.overrides.TorchFunctionMode):
     """Records tensor factories (torch.zeros, torch.arange, torch.tensor, ...) called without ``device=``
     that return a tensor with at least one dim (0-dim CPU tensors mix with CUDA tensors, so they are fine)."""
@@ -874,6 +906,8 @@ class _FactoryRecorder(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _INDEXING_OPS:
+            _check_index_device(func, args, kwargs)
         result = func(*args, **kwargs)
         caller = sys._getframe(1)  # __torch_function__ is entered from C: this is the code that called func
         if func in self._factories and kwargs.get("device") is None and isinstance(result, torch.Tensor) \
@@ -1091,10 +1125,85 @@ def check_nan_localization(run: _Run) -> CheckResult:
                        "(non-deterministic ops?).", details)
 
 
+def _unregistered_modules(model: nn.Module) -> list[tuple[str, int]]:
+    """(attribute, number of parameters) for modules kept in a plain list, tuple or dict attribute: their
+    parameters are not the model's (no optimizer sees them, .to(device) does not move them)."""
+    found = []
+    for module_name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute.startswith("_") or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = list(value.values()) if isinstance(value, dict) else list(value)
+            held = [item for item in items if isinstance(item, nn.Module)]
+            count = sum(p.numel() for item in held for p in item.parameters())
+            if held and count:
+                found.append((f"{module_name + '.' if module_name else ''}{attribute}", count))
+    return found
+
+
+def check_registration(run: _Run) -> CheckResult:
+    """Every submodule with parameters is registered: none is held in a plain list, tuple or dict attribute
+    (nn.ModuleList / nn.ModuleDict register theirs)."""
+    name = "module-registration"
+    found = _unregistered_modules(run.model())
+    if found:
+        attribute, count = found[0]
+        return CheckResult(name, "fail", f"parameters of `self.{attribute}` are not registered ({count:,} parameters "
+                           "in a plain Python container): the optimizer never sees them and .to(device) does not "
+                           "move them; use nn.ModuleList / nn.ModuleDict.", {"unregistered": found})
+    return CheckResult(name, "pass", "every submodule with parameters is registered.")
+
+
+# per-layer gradient health, warnings only (calibrated on the real models of bench/smoke_real.py)
+VANISHING_RATIO = 1e-3  # first layer's gradient norm / last layer's ...
+VANISHING_FIRST_NORM = 1e-4  # ... and the first layer's gradient norm itself
+EXPLODING_RATIO = 70.0  # first / last above this
+DEAD_FRACTION = 0.7  # exactly-zero gradient entries of one layer's weight
+
+
+def check_gradient_health(run: _Run) -> CheckResult:
+    """One backward at init, over the weights of Linear and Conv layers in registration order: warns when the
+    first layer's gradient is vanishingly small against the last's (ratio < 1e-3 and norm < 1e-4), exploding
+    (ratio > 70), or when a layer gets exactly-zero gradients on >= 70% of its weights (dead ReLUs)."""
+    name = "gradient-health"
+    model = run.model()
+    layers = [(module_name, module.weight) for module_name, module in model.named_modules()
+              if isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)) and isinstance(module.weight, nn.Parameter)
+              and module.weight.requires_grad]
+    if len(layers) < 2:
+        return CheckResult(name, "skip", "fewer than two Linear/Conv layers to compare.")
+    batch = run.batch()
+    loss = _loss(run, _forward(model, batch), batch)
+    if not loss.requires_grad:
+        return CheckResult(name, "skip", "the loss does not require grad (see gradients).")
+    loss.backward()
+    norms = [(n, float(w.grad.detach().double().norm()), float((w.grad == 0).double().mean()))
+             for n, w in layers if w.grad is not None]
+    if len(norms) < 2 or not all(math.isfinite(norm) for _, norm, _ in norms):
+        return CheckResult(name, "skip", "gradients are missing or non-finite (see gradients).")
+    (first_name, first, _), (last_name, last, _) = norms[0], norms[-1]
+    ratio = first / last if last > 0 else math.inf
+    dead = [(n, zero) for n, _, zero in norms if zero >= DEAD_FRACTION]
+    details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio,
+               "dead": [[n, z] for n, z in dead]}
+    if last > 0 and ratio < VANISHING_RATIO and first < VANISHING_FIRST_NORM:
+        return CheckResult(name, "warn", f"vanishing gradient: the first layer '{first_name}' gets a gradient norm of "
+                           f"{first:.2g}, {ratio:.1g} of the last layer's ({last_name}).", details)
+    if ratio > EXPLODING_RATIO:
+        return CheckResult(name, "warn", f"exploding gradient: the first layer '{first_name}' gets {ratio:.0f}× the "
+                           f"gradient norm of the last layer ('{last_name}').", details)
+    if dead:
+        return CheckResult(name, "warn", f"{_names([n for n, _ in dead])}: {dead[0][1]:.0%} of the weights get an exactly "
+                           "zero gradient at init (dead ReLUs, or units that never see the input).", details)
+    return CheckResult(name, "pass", f"first/last layer gradient norm ratio {ratio:.2g}; no dead layer.", details)
+
+
 _CHECKS: tuple[tuple[str, Callable[[_Run], CheckResult]], ...] = (
     ("forward-contract", check_forward_contract),
+    ("module-registration", check_registration),
     ("loss-at-init", check_loss_at_init),
     ("gradients", check_gradients),
+    ("gradient-health", check_gradient_health),
     ("params-change", check_params_change),
     ("overfit-batch", check_overfit_batch),
     ("input-dependence", check_input_dependence),

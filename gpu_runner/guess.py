@@ -54,13 +54,33 @@ def _literal(node: ast.AST) -> tuple[bool, Any]:
         return False, None
 
 
-def argument_usage(function: Callable, module: Optional[types.ModuleType]) -> dict[str, Usage]:
-    """Per parameter of ``function`` (a class's ``__init__`` or a factory), how its body uses it."""
+def _class_functions(cls: type) -> list[ast.FunctionDef]:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def argument_usage(function: Callable, module: Optional[types.ModuleType], owner: Optional[type] = None) -> dict[str, Usage]:
+    """Per parameter of ``function`` (a class's ``__init__`` or a factory), how its body uses it; for a class,
+    also how its other methods use a parameter of the same name (``self._make_layer(block, ...)``)."""
     node = _function_node(function)
     if node is None:
         return {}
-    names = {a.arg for a in node.args.args + node.args.kwonlyargs}
+    names = {a.arg for a in node.args.args + node.args.kwonlyargs} - {"self"}
     usage: dict[str, Usage] = {name: Usage() for name in names}
+    for other in (_class_functions(owner) if owner is not None else []):
+        if other.name == "__init__":
+            continue
+        shared = names & {a.arg for a in other.args.args + other.args.kwonlyargs}
+        if shared:
+            _collect_usage(other, shared, usage, module)
+    _collect_usage(node, names, usage, module)
+    return usage
+
+
+def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: Optional[types.ModuleType]) -> None:
 
     def name_of(expression: ast.AST) -> Optional[str]:
         return expression.id if isinstance(expression, ast.Name) and expression.id in names else None
@@ -108,7 +128,6 @@ def argument_usage(function: Callable, module: Optional[types.ModuleType]) -> di
                     usage[arg].dict_keys = list(table)
         elif isinstance(sub, (ast.For, ast.comprehension)) and (arg := name_of(sub.iter)):
             usage[arg].iterated = True
-    return usage
 
 
 def sequence_length(usage: Usage) -> Optional[int]:
