@@ -64,18 +64,60 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
     """Runs the PR's code: builds and smokes each target, one framed line per report on ``out``."""
     os.chdir(code_root)
     sys.path.insert(0, str(code_root))
-    import torch
-
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, min(allowed, int(job.get("threads") or allowed))))  # the cores this child may use
+    torch_ready = False
     for item in job["targets"]:
         started = time.perf_counter()
-        result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
-                           int(job.get("steps", 50)), int(job.get("seed", 0)))
+        missing = None if item.get("config") else missing_import(code_root, item["target"])
+        if missing is not None:  # decided before paying for `import torch`
+            path, name = missing
+            result = _report(item["target"], "skipped", f"importing {path} needs '{name}', which is not installed on "
+                                                        "the smoke runner; install it in the runner image")
+        else:
+            if not torch_ready:
+                import torch
+
+                allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+                torch.set_num_threads(max(1, min(allowed, int(job.get("threads") or allowed))))  # the allowed cores
+                torch_ready = True
+            result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
+                               int(job.get("steps", 50)), int(job.get("seed", 0)))
         measures = result.setdefault("measures", {}) if isinstance(result.get("measures"), dict) else {}
         measures["smoke_seconds"] = round(time.perf_counter() - started, 3)
         result["measures"] = measures
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
+
+
+def missing_import(code_root: Path, target: str) -> tuple[str, str] | None:
+    """(path, module) when the target's file unconditionally imports, at its top level, a module that is neither
+    installed nor part of the code (``import timm``); None when every such import can be found. Imports inside
+    ``try:`` or functions are not judged: the file may do without them."""
+    import ast
+    import importlib.util
+
+    path = target.split(":", 1)[0]
+    file_path = code_root / path
+    try:
+        tree = ast.parse(file_path.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    for name in names:
+        local = [code_root / name, code_root / f"{name}.py", file_path.parent / name, file_path.parent / f"{name}.py",
+                 code_root / "src" / name]
+        if name in sys.builtin_module_names or any(candidate.exists() for candidate in local):
+            continue
+        try:
+            if importlib.util.find_spec(name) is not None:
+                continue
+        except (ImportError, ValueError):
+            continue
+        return path, name
+    return None
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -518,3 +518,32 @@ def test_a_vanishing_gradient_is_a_warning_and_a_healthy_mlp_is_not():
     vanishing = nn.Sequential(nn.Linear(20, 32), nn.Sigmoid(), *layers, nn.Linear(32, 10))
     health = check(run_checks(classification_subject(vanishing, (20,), 10), steps=2), "gradient-health")
     assert health.status == "warn" and "vanishing" in health.message
+
+
+def test_a_missing_package_is_decided_before_import_torch(tmp_path):
+    from gpu_runner.child import missing_import
+
+    root = write(tmp_path, {"m.py": "import os\nimport torch\nimport a_package_nobody_has.sub\n"
+                                    "try:\n    import another_missing_one\nexcept ImportError:\n    pass\n",
+                            "ok.py": "import torch\nfrom helpers import thing\n", "helpers.py": "thing = 1\n"})
+    assert missing_import(root, "m.py:Net") == ("m.py", "a_package_nobody_has")
+    assert missing_import(root, "ok.py:Net") is None
+
+
+def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
+    from gpu_runner.runner import TargetRequest, run_targets
+    from gpu_runner.sandbox import SandboxLimits
+
+    root = write(tmp_path, {
+        "a.py": "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        return self.fc(x)\n",
+        "crash.py": "import os\nos._exit(3)\n",
+        "missing.py": "import a_package_nobody_has\n"})
+    requests = [TargetRequest("a.py:A"), TargetRequest("crash.py:B"), TargetRequest("missing.py:C"),
+                TargetRequest("a.py:A")]
+    reports, _ = run_targets(root, requests, device="cpu", steps=2, seed=0, limits=SandboxLimits(timeout_s=120),
+                             sandbox=False)
+    assert [r["status"] for r in reports] == ["passed", "error", "skipped", "passed"]
+    assert "exit status 3" in reports[1]["reason"] and "a_package_nobody_has" in reports[2]["reason"]
+    assert [r["target"] for r in reports] == [r.target for r in requests]
+    assert reports[0]["measures"]["smoke_seconds"] > 0
