@@ -35,6 +35,9 @@ OVERFIT_TARGET_FRACTION = 0.5  # pass when the loss falls to half its initial va
 # short of half: still a pass when the loss fell by a quarter (the model learns, only slower than ``steps`` allow),
 # a warning from a tenth, a failure below that (it does not learn) or when it diverged or is a double softmax
 OVERFIT_PASS_PROGRESS = 0.25
+# a reachable regression target can be close enough that Adam's first steps (each parameter moves by ~lr)
+# overshoot it: smaller learning rates too, tried last
+REACHABLE_EXTRA_LEARNING_RATES = (3e-4, 1e-4)
 OVERFIT_SLOW_FRACTION = 0.1
 PARAMS_CHANGE_LR = 1e-3
 # |loss0 - ln C| must stay below LOSS_AT_INIT_RELATIVE * ln C + LOSS_AT_INIT_ABSOLUTE
@@ -563,7 +566,7 @@ def check_overfit_batch(run: _Run) -> CheckResult:
         floor_note = " (the target: the model's own output with its parameters moved by 10%)"
     runs: dict = {}
     trained: dict = {}
-    for lr in OVERFIT_LEARNING_RATES:
+    for lr in OVERFIT_LEARNING_RATES + (REACHABLE_EXTRA_LEARNING_RATES if reachable is not None else ()):
         run.seed_everything()
         first_run = not runs
         stop_below = None if first_run else next(iter(runs.values()))["target"]
@@ -599,7 +602,7 @@ def check_overfit_batch(run: _Run) -> CheckResult:
     best = min(r["best"] for r in runs.values())
     bounded = None
     if all(r["nonfinite_step"] is None for r in runs.values()):
-        bounded = _bounded_logits_floor(trained[OVERFIT_LEARNING_RATES[-1]], run)
+        bounded = _bounded_logits_floor(trained[max(trained)], run)
     if bounded is not None:
         bound, bounded_floor = bounded
         needed = bounded_floor + OVERFIT_TARGET_FRACTION * (first["initial"] - bounded_floor)
@@ -709,6 +712,10 @@ def check_batch_leakage(run: _Run) -> CheckResult:
     if run.subject.graph:
         return CheckResult(name, "skip", "the batch's rows are the nodes of one graph (an adjacency input): rows "
                            "depend on their neighbours by design.")
+    sequence_first = _sequence_first_layers(run.subject.model)
+    if sequence_first and all(t.dim() > 0 and t.shape[0] == batch_size for _, t in _input_tensors(run.fixed_batch)):
+        return CheckResult(name, "skip", f"{sequence_first[0]} is sequence-first (batch_first=False), so dim 0 of the "
+                           "input may be time rather than the batch; leakage cannot be told from attention over time.")
     model = run.eval_model()
     for param in model.parameters():
         param.requires_grad_(False)
@@ -769,6 +776,17 @@ def check_batch_leakage(run: _Run) -> CheckResult:
                            "cannot be judged (see input-dependence).", details)
     return CheckResult(name, "pass", f"output rows {' and '.join(map(str, rows))} depend only on their own input "
                        "row in eval mode.", details)
+
+
+def _sequence_first_layers(model: nn.Module) -> list[str]:
+    """Recurrent and attention layers that take (time, batch, ...) inputs."""
+    found = []
+    for module_name, module in model.named_modules():
+        if isinstance(module, nn.RNNBase) and not module.batch_first:
+            found.append(f"{module_name} ({type(module).__name__})")
+        elif isinstance(module, nn.MultiheadAttention) and not module.batch_first:
+            found.append(f"{module_name} ({type(module).__name__})")
+    return found
 
 
 def _module_name(model: nn.Module, target: nn.Module) -> str:
