@@ -161,7 +161,7 @@ def main() -> int:
     for repo, target, expected, head in rows:
         checks = head.get("checks") or []
         counts = Counter(c["status"] for c in checks)
-        seconds = head.get("measures", {}).get("smoke_seconds")
+        seconds = head.get("seconds")
         reason = "" if head["status"] in ("passed", "failed") else _reason_kind(head)
         failing = [c["name"] for c in checks if c["status"] == "fail"]
         print(f"| {repo + '/' + target:<58} | {expected.split(':')[0]:<8} | {head['status']:<6} | "
@@ -180,7 +180,7 @@ def main() -> int:
     errors = [r for r in rows if r[3]["status"] == "error"]
     expected_build = [r for r in rows if r[2] == "build"]
     skipped = Counter(_reason_kind(r[3]) for r in rows if r[3]["status"] == "skipped")
-    times = sorted(r[3].get("measures", {}).get("smoke_seconds") or 0.0 for r in built)
+    times = sorted(r[3].get("seconds") or 0.0 for r in built)
     print()
     if total:
         print(f"built {len(built)}/{total} ({100 * len(built) / total:.0f}%); of those expected to build "

@@ -435,7 +435,7 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
             _LAST_ARGUMENTS.update({**defaults, **arguments})
             return built
         exc = built
-        detail = f"{type(exc).__name__}: {_one_line_text(exc)}"
+        detail = f"{type(exc).__name__}: {exc}"
         bug = known_bug(exc)
         if bug is not None:
             return Skip(f"{label} cannot be built: {bug} ({detail})")
