@@ -1,12 +1,14 @@
 """Smoke checks on a built Subject: Karpathy's recipe turned into numeric pass/fail checks.
 
-``run_checks`` runs every check on its own deep copy of the model (and a copy of one fixed batch), seeded,
-so no check can disturb another and a rerun gives the same report. A check that raises becomes a ``fail``
-carrying the exception text; the remaining checks still run.
+``run_checks`` runs every check on the model reset to its initial state (and a copy of one fixed batch),
+seeded, so no check can disturb another and a rerun gives the same report; the remaining checks still run
+when one raises.
 
 Checks, in order (see each function's docstring for its exact criterion):
-forward-contract, loss-at-init, gradients, params-change, overfit-batch, input-dependence, batch-leakage,
-eval-determinism, train-eval-differ, device-placement, nan-localization.
+forward-contract, module-registration, loss-at-init, gradients, gradient-health, params-change, overfit-batch,
+input-dependence, batch-leakage, eval-determinism, train-eval-differ, device-placement, nan-localization.
+A check that raises in the model's code is a ``fail``; one that raises in the runner's own code (or in torch
+called by it) is an ``error`` of that check, never the model's failure.
 """
 from __future__ import annotations
 
@@ -552,11 +554,13 @@ def _bounded_logits_floor(model: nn.Module, run: _Run) -> Optional[tuple[float, 
 
 
 def check_overfit_batch(run: _Run) -> CheckResult:
-    """Adam on one fixed batch gets the loss halfway from its initial value down to what is achievable (0 for
-    cross-entropy and the model's own loss; for random regression targets the loss of ignoring the input;
-    for logits bounded in [-1, 1], the cross-entropy floor that bound allows) within ``steps`` steps, at lr 1e-3
-    or, failing that, 3e-3. The lr 1e-3 run always goes all ``steps``: its end point is the loss_after_steps
-    measure. Skipped for a model with no trainable parameter."""
+    """Adam on one fixed batch, at lr 1e-3, then 3e-3, then 1e-2 (each only when the one before falls short):
+    pass when the loss halves within ``steps`` steps, or falls by a quarter (it learns, slower); warn from a
+    tenth; fail below that, on NaN/Inf, or when the output is already a softmax (double softmax). Regression
+    targets are made reachable (the model's own output with its parameters moved 10%; then lr 3e-4 and 1e-4 are
+    tried too); logits bounded in [-1, 1] (cosine heads) are measured against the cross-entropy floor the bound
+    allows. The lr 1e-3 run always goes all ``steps``: its end point is the loss_after_steps measure. Skipped
+    for a model with no trainable parameter."""
     name = "overfit-batch"
     if not _trainable(run.subject.model):
         return CheckResult(name, "skip", "the model has no trainable parameters.")

@@ -93,8 +93,6 @@ def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: O
             if arg := name_of(sub.func):
                 usage[arg].called = True
             func = sub.func
-            if isinstance(func, ast.Name) and func.id == "len" and sub.args and name_of(sub.args[0]):
-                pass
             if isinstance(func, ast.Name) and func.id == "isinstance" and len(sub.args) == 2 \
                     and (arg := name_of(sub.args[0])):
                 kinds = sub.args[1].elts if isinstance(sub.args[1], ast.Tuple) else [sub.args[1]]
