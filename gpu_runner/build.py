@@ -424,7 +424,7 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
     if isinstance(arguments, Skip):
         failure = arguments.reason
     else:
-        built = _call_with_retries(fn, arguments, guessed_notes)
+        built = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
         if not isinstance(built, BaseException):
             notes.extend(guessed_notes)
             try:
@@ -473,17 +473,41 @@ def _short_repr(value: Any) -> str:
 _MISSING_ATTRIBUTE = re.compile(r"object has no attribute '(\w+)'")
 
 
-def _call_with_retries(fn: Callable, arguments: dict, notes: list[str]) -> Any:
+def _none_defaults(fn: Callable, arguments: dict) -> dict:
+    """Guesses for the arguments that default to None (``depth=None`` that the constructor then asserts on)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    found = {}
+    for parameter in parameters:
+        if parameter.default is None and parameter.name not in arguments:
+            known, value = guess_argument(parameter.name)
+            if known:
+                found[parameter.name] = value
+    return found
+
+
+def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_defaults: Optional[dict] = None) -> Any:
     """``fn(**arguments)``; a config object we made that lacks an attribute gets it (guessed by name) and the
     call is retried; then, on any other error, variants: string fields of a config set to None (a preset name
     next to explicit sizes), sequence arguments at lengths 2 and 4. Returns the model or the first exception."""
     configs = {name: value for name, value in arguments.items() if getattr(value, "_torchreview_made", False)
                or isinstance(value, types.SimpleNamespace)}
     first_error: Optional[BaseException] = None
-    for variant in _variants(arguments, configs):
+    def variants() -> Iterator[dict]:  # lazily: a config variant holds only while it is being tried
+        yield from _variants(arguments, configs)
+        if none_defaults:
+            yield {**arguments, **none_defaults}
+
+    for variant in variants():
         for _ in range(MAX_CONFIG_RETRIES):
             try:
-                return fn(**variant)
+                model = fn(**variant)
+                if variant is not arguments and none_defaults and all(variant.get(k) is v for k, v in none_defaults.items()):
+                    notes.append("constructor: " + ", ".join(f"{k}={v!r}" for k, v in none_defaults.items())
+                                 + " guessed for arguments that default to None")
+                return model
             except AttributeError as exc:
                 missing = _MISSING_ATTRIBUTE.search(str(exc))
                 config = next((c for c in variant.values() if any(c is m for m in configs.values())

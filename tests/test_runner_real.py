@@ -547,3 +547,22 @@ def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
     assert "exit status 3" in reports[1]["reason"] and "a_package_nobody_has" in reports[2]["reason"]
     assert [r["target"] for r in reports] == [r.target for r in requests]
     assert reports[0]["seconds"] > 0 and "seconds" not in reports[2]["measures"]
+
+
+def test_arguments_defaulting_to_none_are_guessed_when_the_constructor_asks(tmp_path):
+    root = write(tmp_path, {"t2t.py": '''
+        import torch.nn as nn
+
+        class T2T(nn.Module):
+            def __init__(self, *, num_classes, dim, depth=None, heads=None):
+                super().__init__()
+                assert depth is not None and heads is not None, 'depth and heads must be supplied'
+                self.body = nn.Sequential(*[nn.Linear(dim if i else 16, dim) for i in range(depth)])
+                self.head = nn.Linear(dim, num_classes)
+
+            def forward(self, x):
+                return self.head(self.body(x))
+    '''})
+    subject = build(root, "t2t.py:T2T")
+    assert len(subject.model.body) == 2
+    assert any("default to None" in note for note in subject.notes)
