@@ -125,6 +125,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per target")
     parser.add_argument("--only", default="", help="comma-separated repository names")
+    parser.add_argument("--match", default="", help="comma-separated substrings: only targets containing one")
     parser.add_argument("--json", type=Path, help="write every report here")
     parser.add_argument("--no-sandbox", action="store_true", help="plain child processes (development only)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every failing check and reason")
@@ -139,7 +140,11 @@ def main() -> int:
         if only and repo not in only:
             continue
         root = args.repos / repo
-        targets = [(target, expected) for name, target, expected in TARGETS if name == repo]
+        patterns = [m for m in args.match.split(",") if m]
+        targets = [(target, expected) for name, target, expected in TARGETS if name == repo
+                   and (not patterns or any(m in target for m in patterns))]
+        if not targets:
+            continue
         if not root.is_dir():
             missing_repos.append(repo)
             continue
