@@ -16,6 +16,7 @@ import inspect
 import math
 import re
 import sys
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,10 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     _add_to_sys_path(code_root)
     notes: list[str] = []
     torch.manual_seed(seed)
+    _IMPORT_NOTES.clear()
+    _LAST_ARGUMENTS.clear()
     built = _construct(code_root, target, config, notes)
+    notes[:0] = _IMPORT_NOTES
     if isinstance(built, Skip):
         return built
     model, resolved_name = built
@@ -82,6 +86,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         raise BuildError(f"{resolved_name} returned {type(model).__name__}, not an nn.Module")
     if type(model).forward is nn.Module.forward:
         return Skip(f"{name} does not define forward (a base class?); name a concrete model or {CONFIGURE_HINT}")
+    if not any(p.requires_grad for p in model.parameters()):
+        return Skip(f"{name} has no trainable parameters (an activation, a fixed encoding): there is nothing to "
+                    "train, so the smoke checks do not apply; its users are checked where they are models")
     model.to(device)
     model.train()
     float_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -94,7 +101,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         if output is _FAILED:
             notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
     else:
-        plan, output = _infer_input(model, prober, notes)
+        plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
         if plan is None:
             return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
                         f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
@@ -104,7 +111,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         return task
     return Subject(name=name, model=model, make_batch=_BatchMaker(plan, task, device, float_dtype),
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
-                   integer_inputs=plan.has_token_inputs(), notes=notes)
+                   integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes)
 
 
 # ---- importing the PR's code ---------------------------------------------------------------------
@@ -144,7 +151,12 @@ def import_file(code_root: Path, relative_path: str):
         _forget_modules_from_elsewhere(top, code_root)
         parent = module_name.rpartition(".")[0]
         if parent:
-            importlib.import_module(parent)
+            try:
+                importlib.import_module(parent)
+            except Exception as exc:  # noqa: BLE001 - e.g. a package __init__ importing what the runner lacks
+                _bare_packages(code_root, parent)
+                _IMPORT_NOTES.append(f"imported {relative_path} without running its package's __init__.py, which "
+                                     f"raised {type(exc).__name__}: {str(exc)[:160]}")
     existing = sys.modules.get(module_name)
     if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == file_path:
         return existing
@@ -157,6 +169,30 @@ def import_file(code_root: Path, relative_path: str):
         sys.modules.pop(module_name, None)
         raise
     return module
+
+
+_IMPORT_NOTES: list[str] = []  # what importing did unusually, for the next Subject's notes
+_LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
+
+
+def _bare_packages(code_root: Path, dotted: str) -> None:
+    """Registers ``dotted`` and its parents as packages over their folders without executing their
+    ``__init__.py``, so that the file and its siblings import as they would inside the package."""
+    import importlib.machinery
+
+    parts = dotted.split(".")
+    for index in range(1, len(parts) + 1):
+        name = ".".join(parts[:index])
+        folder = code_root.joinpath(*parts[:index])
+        if name in sys.modules and getattr(sys.modules[name], "__path__", None):
+            continue
+        module = types.ModuleType(name)
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        module.__spec__, module.__path__, module.__package__ = spec, [str(folder)], name
+        sys.modules[name] = module
+        if index > 1:
+            setattr(sys.modules[".".join(parts[:index - 1])], parts[index - 1], module)
 
 
 def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, Skip]:
@@ -283,25 +319,30 @@ def _choose_model_in_file(code_root: Path, path: str, notes: list[str]) -> Union
 
 
 _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
-    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|image_channels|img_channels|in_c", 3),
+    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|image_channels|img_channels|in_c|"
+     r"input_nc|nc", 3),
+    (r"in_planes|inplanes|planes|out_planes|mid_channels|inner_channels|ngf|ndf|nf|base_filters|init_features", 16),
     (r"out_channels|out_ch|base_channels|base_width|num_filters|n_filters|filters|out_c", 16),
     (r"in_features|in_dim|input_dim|input_size|input_features|d_in|n_inputs|num_inputs|in_size|n_in|num_features|"
-     r"n_features|feature_dim|features|obs_dim|state_dim", 16),
+     r"n_features|feature_dim|features|obs_dim|state_dim|nfeat|n_feat|in_feats|nz|ninput", 16),
     (r"hidden_dims|hidden_sizes|hidden_layers|layer_sizes|widths", [32, 32]),
     (r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner|ffn_hidden", 64),
     (r"hidden|hidden_dim|hidden_size|hidden_features|hidden_channels|hidden_units|n_hidden|num_hidden|nhid|hid_dim|"
      r"d_hidden|d_model|embed_dim|emb_dim|embedding_dim|embedding_size|n_embd|n_embed|dim|width|latent_dim|"
-     r"latent_size|model_dim|z_dim|noise_dim", 32),
+     r"latent_size|model_dim|z_dim|noise_dim|ninp|ndim|dims|d_embed|embed_size|emb_size|n_hid|nhidden|"
+     r"decoder_embed_dim|out_dim_hidden|bottleneck_dim|hidden_feats", 32),
     (r"num_classes|n_classes|nclasses|out_features|output_dim|output_size|out_dim|out_size|num_labels|n_labels|"
-     r"n_outputs|num_outputs|d_out|n_out|action_dim|num_actions|n_actions", 10),
+     r"n_outputs|num_outputs|d_out|n_out|action_dim|num_actions|n_actions|nclass|n_class|out_feats", 10),
     (r"vocab_size|num_embeddings|n_tokens|ntoken|ntokens|n_vocab|num_tokens|vocab|vocab_len", 100),
-    (r"num_layers|n_layers|n_layer|nlayers|depth|num_blocks|n_blocks|num_hidden_layers|num_encoder_layers|"
-     r"num_decoder_layers", 2),
-    (r"num_heads|nhead|nheads|n_heads|n_head|heads|num_attention_heads|attention_heads", 4),
+    (r"num_layers|n_layers|n_layer|nlayers|depth|depths|num_blocks|n_blocks|num_hidden_layers|num_encoder_layers|"
+     r"num_decoder_layers|cls_depth|encoder_depth|decoder_depth|layers", 2),
+    (r"num_heads|nhead|nheads|n_heads|n_head|heads|num_attention_heads|attention_heads|layer_heads|"
+     r"decoder_num_heads", 4),
     (r"num_kv_heads|n_kv_heads|num_key_value_heads", 2),
-    (r"head_dim|head_size|d_head|d_k|d_v", 8),
+    (r"head_dim|head_size|d_head|d_k|d_v|dim_head", 8),
     (r"dropout|p|drop|drop_rate|dropout_rate|dropout_p|p_drop|attn_dropout|attn_drop|proj_drop|drop_prob|"
-     r"embd_pdrop|resid_pdrop|attn_pdrop", 0.1),
+     r"embd_pdrop|resid_pdrop|attn_pdrop|emb_dropout|dropout_prob|drop_path|drop_path_rate|ff_dropout|"
+     r"attn_dropout_rate|embed_dropout|dropout_rate_attn", 0.1),
     (r"max_len|seq_len|block_size|context_length|max_seq_len|max_length|max_position_embeddings|n_positions|"
      r"seq_length|n_ctx|context_size|max_seq_length|max_positions", SEQUENCE_LENGTH),
     (r"kernel_size|kernel|ksize", 3),
@@ -313,7 +354,13 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
     (r"top_k|topk", 2),
     (r"eps|layer_norm_eps|norm_eps|epsilon", 1e-5),
     (r"groups|num_groups", 1),
-    (r"expansion|expand_ratio|mlp_ratio|expansion_factor", 4),
+    (r"expansion|expand_ratio|mlp_ratio|expansion_factor|mlp_mult|ff_mult|mult", 4),
+    (r"upscale_factor|scale_factor|upscale|scale|upsample_factor|downsample|downsample_factor|reduction_factor", 2),
+    (r"growth_rate|growth", 12),
+    (r"reduction|compression", 0.5),
+    (r"pool|pooling", "cls"),
+    (r"rnn_type|cell_type|rnn_cell", "LSTM"),
+    (r"activation|act|nonlinearity", "relu"),
     (r"window_size", 4),
     (r"bias|batch_first", True),
 ]
@@ -337,41 +384,253 @@ def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tupl
     return False, None
 
 
+_DEPTH_NAMES = re.compile(r"num_layers|n_layers?|nlayers|depths?|layers|num_blocks|n_blocks|num_hidden_layers|"
+                          r"num_encoder_layers|num_decoder_layers|cls_depth|encoder_depth|decoder_depth", re.I)
+_WIDTH_NAMES = re.compile(r"embed_dim|d_model|n_embd|hidden_size|hidden_dim|dim|width|model_dim|emb_dim|"
+                          r"decoder_embed_dim|embedding_dim", re.I)
+_HEADS_NAMES = re.compile(r"num_heads|nhead|nheads|n_heads?|heads|num_attention_heads|decoder_num_heads", re.I)
+_FF_NAMES = re.compile(r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner", re.I)
+MAX_CONFIG_RETRIES = 30
+
+
+def _shrunk(name: str, value: Any, others: dict) -> Any:
+    """A smaller value for a size argument left at a large default: depth 2; widths of 8 per head (the heads
+    keep dividing the width); feed-forward widths 64. Anything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return value
+    if _DEPTH_NAMES.fullmatch(name) and value > 2:
+        return 2
+    if _WIDTH_NAMES.fullmatch(name) and value > 128:
+        heads = next((v for k, v in others.items() if _HEADS_NAMES.fullmatch(k) and isinstance(v, int)
+                      and not isinstance(v, bool) and v > 0), None)
+        return heads * 8 if heads else 64
+    if _FF_NAMES.fullmatch(name) and value > 256:
+        return 64
+    return value
+
+
 def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, explicit: bool):
-    """Call ``fn`` with its defaults and its required arguments guessed by name. A factory that raises
+    """Call ``fn`` with its defaults and its required arguments guessed (by name, then from how the constructor
+    uses them: gpu_runner.guess). A config object missing an attribute gets it guessed and the call is retried;
+    a constructor that rejects the guesses gets its sequence arguments at other lengths; a class that still
+    cannot be built is made by the module's own factory (``ResNet18()``) when it has one. A factory that raises
     with no guessed arguments is a real error (BuildError); a guess that fails is a Skip."""
-    arguments = _guess_arguments(fn, label, notes)
+    from gpu_runner import guess
+
+    module = inspect.getmodule(fn)
+    guessed_notes: list[str] = []
+    arguments = _guess_arguments(fn, label, guessed_notes, module=module)
+    failure: Optional[str] = None
     if isinstance(arguments, Skip):
-        return arguments
-    try:
-        return fn(**arguments)
-    except Exception as exc:
+        failure = arguments.reason
+    else:
+        built = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
+        if not isinstance(built, BaseException):
+            notes.extend(guessed_notes)
+            try:
+                defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()
+                            if p.default is not p.empty}
+            except (TypeError, ValueError):
+                defaults = {}
+            _LAST_ARGUMENTS.update({**defaults, **arguments})
+            return built
+        exc = built
         detail = f"{type(exc).__name__}: {exc}"
         bug = known_bug(exc)
         if bug is not None:
             return Skip(f"{label} cannot be built: {bug} ({detail})")
         if explicit and not arguments:
             raise BuildError(f"the smoke factory {label}() raised {detail}") from exc
-        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-        return Skip(f"constructing {label}({shown}) raised {detail}; configure smoke.targets with a factory")
+        shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
+        failure = f"constructing {label}({shown}) raised {detail}; configure smoke.targets with a factory"
+    if inspect.isclass(fn) and module is not None:
+        for factory in guess.module_factories(module, fn):
+            try:
+                model = factory()
+            except Exception:  # noqa: BLE001 - the next factory, or the skip
+                continue
+            notes.append(f"built by {factory.__name__}(), the module's own factory of {fn.__name__} "
+                         f"({failure.split(';')[0]})")
+            return model
+    return Skip(failure)
 
 
-def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0) -> Union[dict, Skip]:
+def _one_line_text(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _short_repr(value: Any) -> str:
+    if inspect.isclass(value):
+        return value.__name__
+    if isinstance(value, types.SimpleNamespace) or dataclasses.is_dataclass(value) or hasattr(value, "__dict__") \
+            and not isinstance(value, (int, float, str, list, tuple, dict)):
+        return f"{type(value).__name__}(...)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+_MISSING_ATTRIBUTE = re.compile(r"object has no attribute '(\w+)'")
+
+
+def _none_defaults(fn: Callable, arguments: dict) -> dict:
+    """Guesses for the arguments that default to None (``depth=None`` that the constructor then asserts on)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    found = {}
+    for parameter in parameters:
+        if parameter.default is None and parameter.name not in arguments:
+            known, value = guess_argument(parameter.name)
+            if known:
+                found[parameter.name] = value
+    return found
+
+
+def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_defaults: Optional[dict] = None) -> Any:
+    """``fn(**arguments)``; a config object we made that lacks an attribute gets it (guessed by name) and the
+    call is retried; then, on any other error, variants: string fields of a config set to None (a preset name
+    next to explicit sizes), sequence arguments at lengths 2 and 4. Returns the model or the first exception."""
+    configs = {name: value for name, value in arguments.items() if getattr(value, "_torchreview_made", False)
+               or isinstance(value, types.SimpleNamespace)}
+    first_error: Optional[BaseException] = None
+    def variants() -> Iterator[dict]:  # lazily: a config variant holds only while it is being tried
+        yield from _variants(arguments, configs)
+        if none_defaults:
+            yield {**arguments, **none_defaults}
+
+    for variant in variants():
+        for _ in range(MAX_CONFIG_RETRIES):
+            try:
+                model = fn(**variant)
+                if variant is not arguments and none_defaults and all(variant.get(k) is v for k, v in none_defaults.items()):
+                    notes.append("constructor: " + ", ".join(f"{k}={v!r}" for k, v in none_defaults.items())
+                                 + " guessed for arguments that default to None")
+                return model
+            except AttributeError as exc:
+                missing = _MISSING_ATTRIBUTE.search(str(exc))
+                config = next((c for c in variant.values() if any(c is m for m in configs.values())
+                               and missing and type(c).__name__ in str(exc)), None)
+                if config is None or missing is None:
+                    first_error = first_error or exc
+                    break
+                found, value = guess_argument(missing.group(1))
+                if not found:
+                    first_error = first_error or exc
+                    break
+                setattr(config, missing.group(1), value)
+                notes.append(f"constructor: config.{missing.group(1)}={value!r} guessed")
+            except Exception as exc:  # noqa: BLE001 - the PR's constructor can raise anything
+                first_error = first_error or exc
+                break
+    return first_error
+
+
+def _variants(arguments: dict, configs: dict) -> Iterator[dict]:
+    yield arguments
+    for name, config in configs.items():
+        strings = {k: v for k, v in guess_config_fields(config).items() if isinstance(v, str)}
+        if strings:
+            for key in strings:
+                setattr(config, key, None)
+            yield arguments
+            for key, value in strings.items():
+                setattr(config, key, value)
+    sequences = {k: v for k, v in arguments.items() if isinstance(v, tuple) and v and len(set(map(type, v))) == 1}
+    for length in (2, 4):
+        if sequences:
+            yield {**arguments, **{k: tuple(v[:1]) * length for k, v in sequences.items()}}
+
+
+def guess_config_fields(config: Any) -> dict:
+    from gpu_runner.guess import config_attributes
+
+    return config_attributes(config)
+
+
+def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str, notes: list[str]) -> Union[Any, Skip]:
+    """A config object for ``parameter``: ``get_default_config()`` or a config class of the module (its None
+    fields guessed by name, its sizes shrunk), else a namespace of the attributes the constructor reads."""
+    from gpu_runner import guess
+
+    owner_class = owner if inspect.isclass(owner) else None
+    for how, make in (guess.config_candidates(owner_class, module) if owner_class is not None and module else []):
+        try:
+            config = make()
+        except Exception:  # noqa: BLE001
+            continue
+        fields = guess.config_attributes(config)
+        if not fields:
+            continue
+        changed = []
+        for key, value in fields.items():
+            if value is None:
+                found, guessed = guess_argument(key)
+                if found:
+                    _set(config, key, guessed)
+                    changed.append(f"{key}={guessed!r}")
+            else:
+                found, guessed = guess_argument(key)
+                smaller = _shrunk(key, value, fields)
+                if found and isinstance(value, int) and not isinstance(value, bool) and isinstance(guessed, int) \
+                        and guessed < value:
+                    smaller = guessed  # sizes from the guess table: vocab 100, block_size 16, n_embd 32...
+                if smaller != value:
+                    _set(config, key, smaller)
+                    changed.append(f"{key}={smaller!r}")
+        try:
+            config._torchreview_made = True
+        except Exception:  # noqa: BLE001 - frozen or slotted: no retries on it
+            pass
+        notes.append(f"constructor: {parameter}={how}" + (f" with {', '.join(changed)}" if changed else ""))
+        return config
+    namespace = types.SimpleNamespace()
+    for attribute in (usage.attributes if usage is not None else []):
+        found, value = guess_argument(attribute)
+        if not found:
+            return Skip(f"cannot guess constructor argument '{parameter}' of {label}: a config object whose "
+                        f"'{attribute}' is not a known name; configure smoke.targets with a factory")
+        setattr(namespace, attribute, value)
+    notes.append(f"constructor: {parameter}=SimpleNamespace({', '.join(f'{k}={v!r}' for k, v in vars(namespace).items())})"
+                 " from the attributes the constructor reads")
+    return namespace
+
+
+def _set(config: Any, key: str, value: Any) -> None:
+    try:
+        setattr(config, key, value)
+    except Exception:  # noqa: BLE001 - frozen dataclass
+        object.__setattr__(config, key, value)
+
+
+def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
+                     module: Any = None) -> Union[dict, Skip]:
+    from gpu_runner import guess
+
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return {}
+    init = fn.__init__ if inspect.isclass(fn) else fn
     try:
-        hints = typing.get_type_hints(fn.__init__ if inspect.isclass(fn) else fn)
+        hints = typing.get_type_hints(init)
     except Exception:
         hints = {}
+    usages = guess.argument_usage(init, module, fn if inspect.isclass(fn) else None) if module is not None else {}
     arguments: dict[str, Any] = {}
+    defaults = {p.name: p.default for p in signature.parameters.values() if p.default is not p.empty}
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         if parameter.default is not parameter.empty:
+            smaller = _shrunk(parameter.name, parameter.default, {**defaults, **arguments})
+            if smaller is not parameter.default and smaller != parameter.default:
+                arguments[parameter.name] = smaller
+                notes.append(f"constructor: {parameter.name}={smaller!r} (default {parameter.default!r}, shrunk)")
             continue
         annotation = hints.get(parameter.name, parameter.annotation)
+        usage = usages.get(parameter.name)
         if dataclasses.is_dataclass(annotation) and isinstance(annotation, type) and depth == 0:
             fields = _guess_arguments(annotation, annotation.__name__, notes, depth + 1)
             if isinstance(fields, Skip):
@@ -381,11 +640,34 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0)
             notes.append(f"constructor: {parameter.name}={annotation.__name__}(...) {how}")
             continue
         found, value = guess_argument(parameter.name, annotation)
+        length = guess.sequence_length(usage) if usage is not None else None
+        if found and usage is not None and usage.choices and value not in usage.choices:
+            found, value = True, usage.choices[0]
+        elif found and length and not isinstance(value, (list, tuple)):
+            element = 1 if _DEPTH_NAMES.fullmatch(parameter.name) else value
+            value = tuple([element] * length)
+        elif found and length and isinstance(value, list):
+            value = tuple((value * length)[:length])
+        if not found and usage is not None and module is not None:
+            if usage.called and inspect.isclass(fn):
+                sibling = guess.sibling_class(usage, module, nn.Module, fn)
+                if sibling is not None:
+                    found, value = True, sibling
+            elif usage.dict_keys:
+                found, value = True, usage.dict_keys[0]
+            elif usage.choices:
+                found, value = True, usage.choices[0]
+            elif (usage.attributes or parameter.name.lower() in guess.CONFIG_NAMES) and not usage.called:
+                config = _make_config(parameter.name, fn, module, usage, label, notes)
+                if isinstance(config, Skip):
+                    return config
+                arguments[parameter.name] = config
+                continue
         if not found:
             return Skip(f"cannot guess constructor argument '{parameter.name}' of {label}; "
                         "configure smoke.targets with a factory")
         arguments[parameter.name] = value
-        notes.append(f"constructor: {parameter.name}={value!r} guessed")
+        notes.append(f"constructor: {parameter.name}={_short_repr(value)} guessed")
     return arguments
 
 
@@ -407,8 +689,11 @@ class TensorSpec:
     fill: Optional[float] = None  # a constant tensor (masks) instead of random values
     batch_axis: int = 0  # 1 for sequence-first RNN / Transformer inputs
     is_target: bool = False  # fed to a forward(x, targets) parameter, not an input of the model
+    adjacency: bool = False  # [B, B]: the rows of the batch are the nodes of one graph
 
     def batched_shape(self, batch_size: int) -> list[int]:
+        if self.adjacency:
+            return [batch_size, batch_size]
         shape = list(self.shape)
         shape.insert(self.batch_axis, batch_size)
         return shape
@@ -416,7 +701,11 @@ class TensorSpec:
     def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str) -> torch.Tensor:
         shape = self.batched_shape(batch_size)
         dtype = float_dtype if self.dtype == "float" else _DTYPES[self.dtype]
-        if self.fill is not None:
+        if self.adjacency:  # a random symmetric graph with self-loops, rows normalised (as GCNs expect)
+            edges = torch.rand(shape, generator=generator) < 0.3
+            edges = edges | edges.T | torch.eye(shape[0], dtype=torch.bool)
+            tensor = (edges.float() / edges.sum(dim=1, keepdim=True)).to(dtype)
+        elif self.fill is not None:
             tensor = torch.full(shape, self.fill, dtype=dtype)
         elif dtype.is_floating_point:
             tensor = torch.randn(shape, generator=generator).to(dtype)
@@ -427,6 +716,8 @@ class TensorSpec:
         return tensor.to(device)
 
     def describe(self) -> str:
+        if self.adjacency:
+            return "float [B, B] adjacency (the batch rows are one graph's nodes)"
         dims = [str(d) for d in self.shape]
         dims.insert(self.batch_axis, "B")
         text = f"{self.dtype} [{', '.join(dims)}]"
@@ -452,6 +743,9 @@ class InputPlan:
 
     def all_specs(self) -> list[TensorSpec]:
         return list(self.args) + [spec for _, spec in self.kwargs]
+
+    def is_graph(self) -> bool:
+        return any(s.adjacency for s in self.all_specs())
 
     def has_token_inputs(self) -> bool:
         return any(s.dtype == "long" and s.fill is None and not s.is_target and s.shape for s in self.all_specs())
@@ -516,6 +810,7 @@ _MASK_NAMES = re.compile(r"(attention_|attn_)?mask|\w*_mask")
 _PADDING_MASK_NAMES = re.compile(r"\w*padding_mask")
 _NON_TOKEN_EMBEDDINGS = re.compile(r"pos|wpe|type|segment|time", re.IGNORECASE)
 _TARGET_NAMES = re.compile(r"targets?|labels?|y_true|gold")
+_ADJACENCY_NAMES = re.compile(r"adj|adj_mat|adj_matrix|adjacency|adjacency_matrix|a_hat|adj_norm|norm_adj|graph")
 _SEQUENCE_LAYERS = (nn.RNNBase, nn.TransformerEncoder, nn.TransformerEncoderLayer, nn.TransformerDecoder,
                     nn.TransformerDecoderLayer, nn.MultiheadAttention)
 _ENTRY_LAYERS = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm,
@@ -559,6 +854,8 @@ def _forward_parameters(model: nn.Module) -> list[_ForwardParameter]:
             role = "mask"
         elif _TARGET_NAMES.fullmatch(name):
             role = "target"
+        elif _ADJACENCY_NAMES.fullmatch(name):
+            role = "adjacency"
         elif _TOKEN_NAMES.fullmatch(name):
             role = "tokens"
         else:
@@ -705,7 +1002,8 @@ class _Prober:
                         buffer.copy_(buffers[name])
 
 
-def _infer_input(model: nn.Module, prober: _Prober, notes: list[str]) -> tuple[Optional[InputPlan], Any]:
+def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
+                 hints: Optional[dict] = None) -> tuple[Optional[InputPlan], Any]:
     example = getattr(model, "example_input_array", None)
     if example is not None:
         plan = _plan_from_example(example)
@@ -715,7 +1013,7 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str]) -> tuple[O
                 notes.append(f"input from example_input_array: {plan.describe()}")
                 return plan, output
     seen: set = set()
-    for plan in _candidate_plans(model):
+    for plan in _candidate_plans(model, hints):
         if plan.key() in seen:
             continue
         if len(seen) >= MAX_PROBES:
@@ -728,12 +1026,43 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str]) -> tuple[O
     return None, None
 
 
-def _candidate_plans(model: nn.Module) -> Iterator[InputPlan]:
+_IMAGE_SIZE_NAMES = ("image_size", "img_size", "input_size", "input_resolution", "resolution", "image_res")
+_CHANNEL_NAMES = ("channels", "in_chans", "in_channels", "num_channels", "n_channels", "input_channels",
+                  "image_channels", "in_ch")
+_LENGTH_NAMES = ("seq_len", "seq_length", "sequence_length", "max_len", "block_size", "signal_length", "num_samples")
+
+
+def _first_int(value: Any) -> Optional[int]:
+    if isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _specs_from_hints(hints: dict) -> list[TensorSpec]:
+    """Inputs the constructor's own arguments describe: an image of ``image_size`` with ``channels``, or a
+    1-D signal of ``seq_len`` with ``channels`` (a 1-D ViT)."""
+    channels = next((_first_int(hints[n]) for n in _CHANNEL_NAMES if _first_int(hints.get(n))), None)
+    specs = []
+    for name in _IMAGE_SIZE_NAMES:
+        value = hints.get(name)
+        if isinstance(value, (list, tuple)) and len(value) == 2 and all(_first_int(v) for v in value):
+            specs.append(TensorSpec((channels or 3, int(value[0]), int(value[1]))))
+        elif _first_int(value):
+            side = _first_int(value)
+            specs.append(TensorSpec((channels or 3, side, side)))
+    for name in _LENGTH_NAMES:
+        if _first_int(hints.get(name)) and channels:
+            specs.append(TensorSpec((channels, _first_int(hints[name]))))
+    return specs
+
+
+def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator[InputPlan]:
     """Input plans, most likely first: from the parameter names and the entry layers in registration
     order, then (only when those all fail) from a torch.fx trace, then common shapes. Optional masks are
     offered with, then without. Plans may repeat; the caller skips repeats."""
+    hints = hints or {}
     parameters = _forward_parameters(model)
-    tensors = [p for p in parameters if p.role in ("input", "tokens", "target")]
+    tensors = [p for p in parameters if p.role in ("input", "tokens", "target", "adjacency")]
     if not tensors:
         tensors = [_ForwardParameter("input", "input", False)]
     masks = [p for p in parameters if p.role in ("mask", "padding_mask")]
@@ -751,9 +1080,20 @@ def _candidate_plans(model: nn.Module) -> Iterator[InputPlan]:
             choices += [(TensorSpec((), "long", 0, classes, is_target=True), "as class labels"),
                         (TensorSpec((SEQUENCE_LENGTH,), "long", 0, vocab, is_target=True), "as next tokens"),
                         (TensorSpec((classes,), is_target=True), "as regression targets")]
+        if parameter.role == "adjacency":
+            return [(TensorSpec((), adjacency=True), f"as a graph's adjacency from the name '{parameter.name}'")]
+        if index == 0 and not as_tokens:
+            choices += [(spec, "from the constructor's arguments") for spec in _specs_from_hints(hints)]
         # the i-th input likely feeds the i-th entry layer (two-input models); else the first one
         for layer in ([layers[index]] if index < len(layers) else []) + layers[:1]:
             choices += [(spec, f"from the first {describe_layer(layer)}") for spec in specs_for_layer(layer, as_tokens)]
+        if index > 0 and layers and not as_tokens:  # a skip connection: half the channels at twice the size...
+            for spec in specs_for_layer(layers[0])[:1]:
+                if len(spec.shape) == 3:
+                    c, h, w = spec.shape
+                    rest = max(c - c // 2, 1)  # what concatenates with an upsampled c // 2 channels back to c
+                    choices += [(TensorSpec(shape), "from the first input's shape, as a skip connection")
+                                for shape in ((rest, 2 * h, 2 * w), (rest, h, w), (c, 2 * h, 2 * w))]
         return _unique(choices)
 
     def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:

@@ -1,12 +1,14 @@
 """Smoke checks on a built Subject: Karpathy's recipe turned into numeric pass/fail checks.
 
-``run_checks`` runs every check on its own deep copy of the model (and a copy of one fixed batch), seeded,
-so no check can disturb another and a rerun gives the same report. A check that raises becomes a ``fail``
-carrying the exception text; the remaining checks still run.
+``run_checks`` runs every check on the model reset to its initial state (and a copy of one fixed batch),
+seeded, so no check can disturb another and a rerun gives the same report; the remaining checks still run
+when one raises.
 
 Checks, in order (see each function's docstring for its exact criterion):
-forward-contract, loss-at-init, gradients, params-change, overfit-batch, input-dependence, batch-leakage,
-eval-determinism, train-eval-differ, device-placement, nan-localization.
+forward-contract, module-registration, loss-at-init, gradients, gradient-health, params-change, overfit-batch,
+input-dependence, batch-leakage, eval-determinism, train-eval-differ, device-placement, nan-localization.
+A check that raises in the model's code is a ``fail``; one that raises in the runner's own code (or in torch
+called by it) is an ``error`` of that check, never the model's failure.
 """
 from __future__ import annotations
 
@@ -30,8 +32,15 @@ from gpu_runner.subject import Batch, CheckResult, Subject, TargetReport
 
 # --- thresholds (calibrated on the healthy fixtures in tests/test_runner_checks.py) -----------------------
 
-OVERFIT_LEARNING_RATES = (1e-3, 3e-3)  # Adam; the second is only tried when the first does not get there
+OVERFIT_LEARNING_RATES = (1e-3, 3e-3, 1e-2)  # Adam; each next one only when the one before does not get there
 OVERFIT_TARGET_FRACTION = 0.5  # pass when the loss falls to half its initial value (or less)
+# short of half: still a pass when the loss fell by a quarter (the model learns, only slower than ``steps`` allow),
+# a warning from a tenth, a failure below that (it does not learn) or when it diverged or is a double softmax
+OVERFIT_PASS_PROGRESS = 0.25
+# a reachable regression target can be close enough that Adam's first steps (each parameter moves by ~lr)
+# overshoot it: smaller learning rates too, tried last
+REACHABLE_EXTRA_LEARNING_RATES = (3e-4, 1e-4)
+OVERFIT_SLOW_FRACTION = 0.1
 PARAMS_CHANGE_LR = 1e-3
 # |loss0 - ln C| must stay below LOSS_AT_INIT_RELATIVE * ln C + LOSS_AT_INIT_ABSOLUTE
 LOSS_AT_INIT_RELATIVE = 0.5
@@ -47,6 +56,7 @@ TIMING_STEPS = 10
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
+_RUNNER_DIR = os.path.dirname(_THIS_FILE) + os.sep
 
 
 # --- shared state of one run ------------------------------------------------------------------------------
@@ -71,8 +81,28 @@ class _Run:
     nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
     loss_after_steps: Optional[float] = None
 
+    _initial: Optional[dict] = None
+    _warmed: Optional[dict] = None
+
     def model(self) -> nn.Module:
-        return copy.deepcopy(self.subject.model)
+        """The subject's model reset to its initial state: parameters, buffers, requires_grad flags, no
+        gradients, train mode. The same object every time (a deep copy is not faithful: a forward written as a
+        lambda over a submodule, ``self.f = lambda x: m.fc(x)``, would keep calling the original's layers)."""
+        model = self.subject.model
+        if self._initial is None:
+            self._initial = _snapshot(model)
+        _restore(model, self._initial)
+        return model.train()
+
+    def eval_model(self) -> nn.Module:
+        """The model in eval mode, its BatchNorm running statistics from a few batches seen in train mode (an
+        untrained net's running mean 0 / var 1 would judge eval mode on statistics no trained model has)."""
+        model = self.model()
+        if self._warmed is None:
+            _warm_batch_norm(model, self.subject, self.batch_size, self.seed)
+            self._warmed = _snapshot(model)
+        _restore(model, self._warmed)
+        return model.eval()
 
     def batch(self) -> Batch:
         """A private copy of the fixed batch (a forward that modifies its input in place cannot leak)."""
@@ -83,6 +113,49 @@ class _Run:
 
     def note_nonfinite(self, check: str, what: str, lr: Optional[float] = None, step: Optional[int] = None) -> None:
         self.nonfinite_events.append(NonFiniteEvent(check, what, lr, step))
+
+
+BATCH_NORM_WARMUP_BATCHES = 4
+
+
+def _snapshot(model: nn.Module) -> dict:
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()
+                      if isinstance(v, torch.Tensor)},
+            "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()}}
+
+
+def _restore(model: nn.Module, snapshot: dict) -> None:
+    with torch.no_grad():
+        for key, value in model.state_dict(keep_vars=True).items():
+            saved = snapshot["state"].get(key)
+            if isinstance(value, torch.Tensor) and saved is not None:
+                if value.shape == saved.shape and value.dtype == saved.dtype:
+                    value.copy_(saved)
+    for name, param in model.named_parameters():
+        param.grad = None
+        param.requires_grad_(snapshot["requires_grad"].get(name, param.requires_grad))
+
+
+def _warm_batch_norm(model: nn.Module, subject: Subject, batch_size: int, seed: int) -> None:
+    """Sets the BatchNorm running statistics of ``model`` to the cumulative average over a few batches seen in
+    train mode (no gradient, no parameter change)."""
+    momenta = {}
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            momenta[module] = module.momentum
+            module.reset_running_stats()
+            module.momentum = None  # a cumulative moving average
+    if not momenta:
+        return
+    model.train()
+    try:
+        with torch.no_grad():
+            for index in range(BATCH_NORM_WARMUP_BATCHES):
+                batch = subject.make_batch(batch_size, seed + 1000 + index)
+                model(*batch.args, **batch.kwargs)
+    finally:
+        for module, momentum in momenta.items():
+            module.momentum = momentum
 
 
 # --- public API -------------------------------------------------------------------------------------------
@@ -97,8 +170,12 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
             return TargetReport(target=subject.name, status="error",
                                 reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
         run = _Run(subject, steps, seed, batch_size, fixed_batch)
-        checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
-        measures, notes = _take_measures(run)
+        run.model()  # the initial state, restored before every check and at the end
+        try:
+            checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
+            measures, notes = _take_measures(run)
+        finally:
+            run.model()  # the subject leaves as it came
     status = "failed" if any(check.status == "fail" for check in checks) else "passed"
     return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes)
 
@@ -115,10 +192,14 @@ def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run)
     started = time.perf_counter()
     try:
         result = function(run)
-    except Exception as exc:  # noqa: BLE001 - a check that crashes is a finding, and must not stop the others
-        result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}",
-                             {"error": True, "where": _user_frame(exc.__traceback__),
-                              "traceback": traceback.format_exc(limit=-6)})
+    except Exception as exc:  # noqa: BLE001 - a check that crashes must not stop the others
+        where = _user_frame(exc.__traceback__)
+        details = {"error": True, "where": where, "traceback": traceback.format_exc(limit=-6)}
+        if where:  # the model's own code raised: a finding
+            result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}", details)
+        else:  # raised in torchreview or in torch called by it: the runner's fault, never the model's
+            result = CheckResult(name, "error", f"the check could not run (a runner error, not a finding about the "
+                                 f"model): {type(exc).__name__}: {_one_line(exc)}", details)
     result.details["seconds"] = round(time.perf_counter() - started, 4)
     return result
 
@@ -227,7 +308,7 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 
 def _is_user_file(filename: str) -> bool:
     path = os.path.abspath(filename)
-    return not path.startswith(_TORCH_DIR) and path != _THIS_FILE and "importlib" not in path
+    return not path.startswith(_TORCH_DIR) and not path.startswith(_RUNNER_DIR) and "importlib" not in path
 
 
 def _format_frame(frame: traceback.FrameSummary) -> str:
@@ -250,10 +331,11 @@ def _thin(curve: list[float], points: int = 11) -> list[float]:
 
 
 def _train(run: _Run, model: nn.Module, batch: Batch, lr: float, steps: int,
-           stop_below: Optional[float] = None) -> tuple[list[float], Optional[int]]:
+           stop_below: Optional[float] = None, keep_mode: bool = False) -> tuple[list[float], Optional[int]]:
     """Adam on one batch; returns the loss before every step plus the loss after the last one, and the step
-    at which the loss became non-finite (training stops there), if it did."""
-    model.train()
+    at which the loss became non-finite (training stops there), if it did. Train mode unless ``keep_mode``."""
+    if not keep_mode:
+        model.train()
     optimizer = torch.optim.Adam([p for _, p in _trainable(model)], lr=lr)
     curve: list[float] = []
     for step in range(steps + 1):
@@ -354,6 +436,8 @@ def check_loss_at_init(run: _Run) -> CheckResult:
 def check_gradients(run: _Run) -> CheckResult:
     """One backward: every trainable parameter gets a gradient that is not None, finite and not all zero."""
     name = "gradients"
+    if not _trainable(run.subject.model):
+        return CheckResult(name, "skip", "the model has no trainable parameters.")
     model = run.model().train()
     batch = run.batch()
     loss = _loss(run, _forward(model, batch), batch)
@@ -392,6 +476,8 @@ def check_gradients(run: _Run) -> CheckResult:
 def check_params_change(run: _Run) -> CheckResult:
     """After one Adam step (lr 1e-3), every trainable parameter that got a non-zero gradient has changed."""
     name = "params-change"
+    if not _trainable(run.subject.model):
+        return CheckResult(name, "skip", "the model has no trainable parameters.")
     model = run.model().train()
     batch = run.batch()
     trainable = _trainable(model)
@@ -419,22 +505,87 @@ def _looks_like_probabilities(output: torch.Tensor) -> bool:
     return bool((output >= 0).all()) and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3))
 
 
+TEACHER_PERTURBATION = 0.1  # relative size of the parameter change that makes a reachable regression target
+
+
+def _reachable_regression_batch(run: _Run) -> Optional[Batch]:
+    """For the regression task (a guess: the target is random noise the model may have no way to fit), a batch
+    whose target the model can certainly reach: its own output with every parameter moved by ~10% of its size
+    (dropout modules off). Overfitting then asks whether training moves the model where it should go, with a
+    floor of 0, instead of asking it to memorise noise. None for other tasks."""
+    if run.subject.task != "regression":
+        return None
+    model = run.model()
+    _dropout_off(model)
+    generator = torch.Generator(device="cpu").manual_seed(run.seed + 7)
+    batch = run.batch()
+    with torch.no_grad():
+        for _, param in _trainable(model):
+            if param.is_floating_point():
+                noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
+                param.add_(noise * TEACHER_PERTURBATION * (param.abs() + 1e-2))
+        output = _primary_output(_forward(model, batch))
+    if output is None or not isinstance(batch.target, torch.Tensor) or output.shape != batch.target.shape:
+        return None
+    return Batch(args=batch.args, kwargs=batch.kwargs, target=output.detach().float(), batch_size=batch.batch_size)
+
+
+def _dropout_off(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, _DROPOUT_TYPES):
+            module.eval()
+
+
+def _bounded_logits_floor(model: nn.Module, run: _Run) -> Optional[tuple[float, float]]:
+    """(bound, floor) when the trained model's logits still lie in [-1, 1] (cosine-similarity heads): cross-entropy
+    over C classes cannot go below log(1 + (C-1)·e^-2) there, however well the model learns."""
+    if run.subject.task not in ("classification", "language_model"):
+        return None
+    with torch.no_grad():
+        output = _primary_output(_forward(model, run.batch()))
+    if output is None or not output.is_floating_point() or output.dim() < 2 or not _is_finite(output):
+        return None
+    output = output.detach()
+    bound = float(output.abs().max())
+    if bound > 1.0 + 1e-3 or float(output.min()) >= 0 or _looks_like_probabilities(output):
+        return None  # probabilities (a softmax before the loss) are a bug, not a bounded head
+    classes = int(run.subject.num_classes or output.shape[-1])
+    return 1.0, math.log(1 + (classes - 1) * math.exp(-2.0))
+
+
 def check_overfit_batch(run: _Run) -> CheckResult:
-    """Adam on one fixed batch gets the loss to half its initial value within ``steps`` steps, at lr 1e-3 or,
-    failing that, 3e-3. The lr 1e-3 run always goes all ``steps``: its end point is the loss_after_steps measure."""
+    """Adam on one fixed batch, at lr 1e-3, then 3e-3, then 1e-2 (each only when the one before falls short):
+    pass when the loss halves within ``steps`` steps, or falls by a quarter (it learns, slower); warn from a
+    tenth; fail below that, on NaN/Inf, or when the output is already a softmax (double softmax). Regression
+    targets are made reachable (the model's own output with its parameters moved 10%; then lr 3e-4 and 1e-4 are
+    tried too); logits bounded in [-1, 1] (cosine heads) are measured against the cross-entropy floor the bound
+    allows. The lr 1e-3 run always goes all ``steps``: its end point is the loss_after_steps measure. Skipped
+    for a model with no trainable parameter."""
     name = "overfit-batch"
+    if not _trainable(run.subject.model):
+        return CheckResult(name, "skip", "the model has no trainable parameters.")
+    reachable = _reachable_regression_batch(run)
+    floor, floor_note = 0.0, ""
+    if reachable is not None:
+        floor_note = " (the target: the model's own output with its parameters moved by 10%)"
     runs: dict = {}
-    for lr in OVERFIT_LEARNING_RATES:
+    trained: dict = {}
+    for lr in OVERFIT_LEARNING_RATES + (REACHABLE_EXTRA_LEARNING_RATES if reachable is not None else ()):
         run.seed_everything()
         first_run = not runs
         stop_below = None if first_run else next(iter(runs.values()))["target"]
-        curve, nonfinite_step = _train(run, run.model(), run.batch(), lr, run.steps, stop_below=stop_below)
+        model = run.model()
+        _dropout_off(model)
+        curve, nonfinite_step = _train(run, model, reachable or run.batch(), lr, run.steps, stop_below=stop_below,
+                                       keep_mode=True)
+        trained[lr] = model
         initial = curve[0]
-        target = initial - OVERFIT_TARGET_FRACTION * abs(initial)
+        target = (floor + OVERFIT_TARGET_FRACTION * (initial - floor) if floor and initial > floor
+                  else initial - OVERFIT_TARGET_FRACTION * abs(initial))
         reached_at = next((step for step, value in enumerate(curve) if value <= target), None)
         finite = [value for value in curve if math.isfinite(value)]
         runs[f"{lr:g}"] = {"initial": initial, "final": curve[-1], "best": min(finite) if finite else math.nan,
-                           "target": target, "reached_at": reached_at, "steps": len(curve) - 1,
+                           "target": target, "floor": floor, "reached_at": reached_at, "steps": len(curve) - 1,
                            "nonfinite_step": nonfinite_step, "curve": _thin(curve)}
         if first_run and nonfinite_step is None:
             run.loss_after_steps = curve[-1]
@@ -447,20 +598,44 @@ def check_overfit_batch(run: _Run) -> CheckResult:
             return CheckResult(name, "skip", "the initial loss is already 0.", {"runs": runs})
         if reached_at is not None:
             further = f", and to {curve[-1]:.3g} after {len(curve) - 1}" if len(curve) - 1 > reached_at else ""
-            return CheckResult(name, "pass", f"loss fell from {initial:.3g} to {curve[reached_at]:.3g} (half or "
-                               f"less) in {reached_at} Adam steps at lr {lr:g} on one batch{further}.",
+            how = "half or less" if reachable is None else "half or less, against a reachable target"
+            return CheckResult(name, "pass", f"loss fell from {initial:.3g} to {curve[reached_at]:.3g} ({how}) in "
+                               f"{reached_at} Adam steps at lr {lr:g} on one batch{further}.",
                                {"runs": runs, "lr": lr})
     first = next(iter(runs.values()))
-    message = (f"loss only fell from {first['initial']:.3g} to {min(r['best'] for r in runs.values()):.3g} in "
-               f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}): "
-               "the model cannot fit a single batch")
+    best = min(r["best"] for r in runs.values())
+    bounded = None
+    if all(r["nonfinite_step"] is None for r in runs.values()):
+        bounded = _bounded_logits_floor(trained[max(trained)], run)
+    if bounded is not None:
+        bound, bounded_floor = bounded
+        needed = bounded_floor + OVERFIT_TARGET_FRACTION * (first["initial"] - bounded_floor)
+        details = {"runs": runs, "logit_bound": bound, "floor": bounded_floor}
+        if best <= needed:
+            return CheckResult(name, "pass", f"loss fell from {first['initial']:.3g} to {best:.3g}, halfway to "
+                               f"{bounded_floor:.3g}, the lowest cross-entropy logits bounded in [-{bound:g}, {bound:g}] "
+                               "allow (a cosine-similarity head).", details)
+        return CheckResult(name, "skip", f"the logits stay in [-{bound:g}, {bound:g}] (a cosine-similarity head?), where "
+                           f"cross-entropy cannot go below {bounded_floor:.3g}; the loss went from "
+                           f"{first['initial']:.3g} to {best:.3g}. Configure a loss with a temperature to check it.",
+                           details)
+    with torch.no_grad():
+        output = _primary_output(_forward(run.eval_model(), run.batch()))
+    probabilities = run.subject.task in ("classification", "language_model") and output is not None \
+        and _looks_like_probabilities(output)
     diverged = [(lr, r["nonfinite_step"]) for lr, r in runs.items() if r["nonfinite_step"] is not None]
+    progress = (first["initial"] - best) / abs(first["initial"]) if math.isfinite(best) else 0.0
+    if not probabilities and not diverged and progress >= OVERFIT_SLOW_FRACTION:
+        status = "pass" if progress >= OVERFIT_PASS_PROGRESS else "warn"
+        return CheckResult(name, status, f"loss fell from {first['initial']:.3g} to {best:.3g} ({progress:.0%}) in "
+                           f"{run.steps} Adam steps at lr {' or '.join(runs)}: the model learns, but slower than "
+                           "halving the loss on one batch; more steps (--steps) would tell more.", {"runs": runs})
+    message = (f"loss only fell from {first['initial']:.3g} to {best:.3g} in "
+               f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}{floor_note}): "
+               "the model cannot fit a single batch")
     if diverged:
         message += f"; the loss became NaN/Inf at step {diverged[0][1]} (lr {diverged[0][0]})"
-    with torch.no_grad():
-        output = _primary_output(_forward(run.model().eval(), run.batch()))
-    if run.subject.task in ("classification", "language_model") and output is not None \
-            and _looks_like_probabilities(output):
+    if probabilities:
         message += ("; the output already sums to 1 over its last dim, so a softmax is applied before a loss that "
                     "expects logits (double softmax)")
     return CheckResult(name, "fail", message + ".", {"runs": runs})
@@ -488,7 +663,7 @@ def check_input_dependence(run: _Run) -> CheckResult:
     """In eval mode, replacing every input by zeros (constant tokens for integer inputs) changes the output;
     with several inputs, each one on its own should change it too (warn when one does not)."""
     name = "input-dependence"
-    model = run.model().eval()
+    model = run.eval_model()
     batch = run.batch()
     with torch.no_grad():
         reference = _require_output(_forward(model, batch))
@@ -538,7 +713,14 @@ def check_batch_leakage(run: _Run) -> CheckResult:
     name, batch_size = "batch-leakage", run.batch_size
     if batch_size < 2:
         return CheckResult(name, "skip", "needs a batch of at least 2.")
-    model = run.model().eval()
+    if run.subject.graph:
+        return CheckResult(name, "skip", "the batch's rows are the nodes of one graph (an adjacency input): rows "
+                           "depend on their neighbours by design.")
+    sequence_first = _sequence_first_layers(run.subject.model)
+    if sequence_first and all(t.dim() > 0 and t.shape[0] == batch_size for _, t in _input_tensors(run.fixed_batch)):
+        return CheckResult(name, "skip", f"{sequence_first[0]} is sequence-first (batch_first=False), so dim 0 of the "
+                           "input may be time rather than the batch; leakage cannot be told from attention over time.")
+    model = run.eval_model()
     for param in model.parameters():
         param.requires_grad_(False)
     batch = run.batch()
@@ -600,6 +782,17 @@ def check_batch_leakage(run: _Run) -> CheckResult:
                        "row in eval mode.", details)
 
 
+def _sequence_first_layers(model: nn.Module) -> list[str]:
+    """Recurrent and attention layers that take (time, batch, ...) inputs."""
+    found = []
+    for module_name, module in model.named_modules():
+        if isinstance(module, nn.RNNBase) and not module.batch_first:
+            found.append(f"{module_name} ({type(module).__name__})")
+        elif isinstance(module, nn.MultiheadAttention) and not module.batch_first:
+            found.append(f"{module_name} ({type(module).__name__})")
+    return found
+
+
 def _module_name(model: nn.Module, target: nn.Module) -> str:
     for module_name, module in model.named_modules():
         if module is target:
@@ -611,7 +804,7 @@ def check_eval_determinism(run: _Run) -> CheckResult:
     """In eval mode two forwards on the same batch agree, and the first k = B/2 rows of the batch give the same
     outputs as a batch made of just those k rows (relative tolerance 1e-4)."""
     name, batch_size = "eval-determinism", run.batch_size
-    model = run.model().eval()
+    model = run.eval_model()
     batch = run.batch()
     with torch.no_grad():
         first = _require_output(_forward(model, batch))
@@ -622,6 +815,9 @@ def check_eval_determinism(run: _Run) -> CheckResult:
         return CheckResult(name, "fail", f"two eval-mode forwards on the same batch differ (relative "
                            f"{repeat_difference:.2g}): something random runs in eval mode (F.dropout without "
                            "training=self.training, noise not gated on self.training).", details)
+    if run.subject.graph:
+        return CheckResult(name, "pass", "two eval-mode forwards agree (batch-size invariance does not apply: the "
+                           "batch's rows are the nodes of one graph).", details)
     if batch_size < 2 or first.dim() == 0 or first.shape[0] != batch_size:
         return CheckResult(name, "pass", "two eval-mode forwards agree (batch-size invariance not checked: the output "
                            "has no batch dim 0).", details)
@@ -651,7 +847,7 @@ def check_train_eval_differ(run: _Run) -> CheckResult:
     """Only for models with Dropout (p > 0) or BatchNorm tracking running stats: train-mode and eval-mode
     outputs differ (otherwise model.train()/eval() does not reach those modules)."""
     name = "train-eval-differ"
-    model = run.model()
+    model = run.eval_model()
     mode_dependent = [f"{module_name} ({type(module).__name__})" for module_name, module in model.named_modules()
                       if (isinstance(module, _DROPOUT_TYPES) and module.p > 0)
                       or (isinstance(module, _NORM_TYPES) and module.track_running_stats)]
@@ -700,6 +896,27 @@ def _run_on_fake_meta(model: nn.Module, batch: Batch, recorder: "_FactoryRecorde
             functional_call(model, state, fake_batch.args, fake_batch.kwargs, strict=False)
 
 
+# ops that, unlike tensor[index], refuse an index tensor on another device than the tensor they index (on a GPU:
+# F.embedding(cpu_ids, cuda_weight) raises). FakeTensorMode lets CPU index tensors through, so this checks them.
+_INDEXING_OPS = {torch.embedding: (0, 1), torch.nn.functional.embedding: (1, 0), torch.index_select: (0, 2),
+                 torch.Tensor.index_select: (0, 2), torch.gather: (0, 2), torch.Tensor.gather: (0, 2),
+                 torch.nn.functional.embedding_bag: (1, 0)}
+
+
+def _check_index_device(func, args: tuple, kwargs: dict) -> None:
+    """Raises a device mismatch when an index tensor on the CPU indexes a tensor on another device (the fake
+    'meta' model standing in for one on a GPU), as the same op would on a GPU."""
+    indexed_at, index_at = _INDEXING_OPS[func]
+    if len(args) <= max(indexed_at, index_at):
+        return
+    indexed, index = args[indexed_at], args[index_at]
+    if isinstance(indexed, torch.Tensor) and isinstance(index, torch.Tensor) and index.dim() > 0 \
+            and index.device.type == "cpu" and indexed.device.type not in ("cpu",):
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices: an index "
+                           f"tensor on cpu indexes a tensor on the model's device in {getattr(func, '__name__', func)} "
+                           "(made without device=, e.g. torch.arange position ids)")
+
+
 class _FactoryRecorder(torch.overrides.TorchFunctionMode):
     """Records tensor factories (torch.zeros, torch.arange, torch.tensor, ...) called without ``device=``
     that return a tensor with at least one dim (0-dim CPU tensors mix with CUDA tensors, so they are fine)."""
@@ -711,6 +928,8 @@ class _FactoryRecorder(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _INDEXING_OPS:
+            _check_index_device(func, args, kwargs)
         result = func(*args, **kwargs)
         caller = sys._getframe(1)  # __torch_function__ is entered from C: this is the code that called func
         if func in self._factories and kwargs.get("device") is None and isinstance(result, torch.Tensor) \
@@ -928,10 +1147,85 @@ def check_nan_localization(run: _Run) -> CheckResult:
                        "(non-deterministic ops?).", details)
 
 
+def _unregistered_modules(model: nn.Module) -> list[tuple[str, int]]:
+    """(attribute, number of parameters) for modules kept in a plain list, tuple or dict attribute: their
+    parameters are not the model's (no optimizer sees them, .to(device) does not move them)."""
+    found = []
+    for module_name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute.startswith("_") or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = list(value.values()) if isinstance(value, dict) else list(value)
+            held = [item for item in items if isinstance(item, nn.Module)]
+            count = sum(p.numel() for item in held for p in item.parameters())
+            if held and count:
+                found.append((f"{module_name + '.' if module_name else ''}{attribute}", count))
+    return found
+
+
+def check_registration(run: _Run) -> CheckResult:
+    """Every submodule with parameters is registered: none is held in a plain list, tuple or dict attribute
+    (nn.ModuleList / nn.ModuleDict register theirs)."""
+    name = "module-registration"
+    found = _unregistered_modules(run.model())
+    if found:
+        attribute, count = found[0]
+        return CheckResult(name, "fail", f"parameters of `self.{attribute}` are not registered ({count:,} parameters "
+                           "in a plain Python container): the optimizer never sees them and .to(device) does not "
+                           "move them; use nn.ModuleList / nn.ModuleDict.", {"unregistered": found})
+    return CheckResult(name, "pass", "every submodule with parameters is registered.")
+
+
+# per-layer gradient health, warnings only (calibrated on the real models of bench/smoke_real.py)
+VANISHING_RATIO = 1e-3  # first layer's gradient norm / last layer's ...
+VANISHING_FIRST_NORM = 1e-4  # ... and the first layer's gradient norm itself
+EXPLODING_RATIO = 70.0  # first / last above this
+DEAD_FRACTION = 0.7  # exactly-zero gradient entries of one layer's weight
+
+
+def check_gradient_health(run: _Run) -> CheckResult:
+    """One backward at init, over the weights of Linear and Conv layers in registration order: warns when the
+    first layer's gradient is vanishingly small against the last's (ratio < 1e-3 and norm < 1e-4), exploding
+    (ratio > 70), or when a layer gets exactly-zero gradients on >= 70% of its weights (dead ReLUs)."""
+    name = "gradient-health"
+    model = run.model()
+    layers = [(module_name, module.weight) for module_name, module in model.named_modules()
+              if isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)) and isinstance(module.weight, nn.Parameter)
+              and module.weight.requires_grad]
+    if len(layers) < 2:
+        return CheckResult(name, "skip", "fewer than two Linear/Conv layers to compare.")
+    batch = run.batch()
+    loss = _loss(run, _forward(model, batch), batch)
+    if not loss.requires_grad:
+        return CheckResult(name, "skip", "the loss does not require grad (see gradients).")
+    loss.backward()
+    norms = [(n, float(w.grad.detach().double().norm()), float((w.grad == 0).double().mean()))
+             for n, w in layers if w.grad is not None]
+    if len(norms) < 2 or not all(math.isfinite(norm) for _, norm, _ in norms):
+        return CheckResult(name, "skip", "gradients are missing or non-finite (see gradients).")
+    (first_name, first, _), (last_name, last, _) = norms[0], norms[-1]
+    ratio = first / last if last > 0 else math.inf
+    dead = [(n, zero) for n, _, zero in norms if zero >= DEAD_FRACTION]
+    details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio,
+               "dead": [[n, z] for n, z in dead]}
+    if last > 0 and ratio < VANISHING_RATIO and first < VANISHING_FIRST_NORM:
+        return CheckResult(name, "warn", f"vanishing gradient: the first layer '{first_name}' gets a gradient norm of "
+                           f"{first:.2g}, {ratio:.1g} of the last layer's ({last_name}).", details)
+    if ratio > EXPLODING_RATIO:
+        return CheckResult(name, "warn", f"exploding gradient: the first layer '{first_name}' gets {ratio:.0f}× the "
+                           f"gradient norm of the last layer ('{last_name}').", details)
+    if dead:
+        return CheckResult(name, "warn", f"{_names([n for n, _ in dead])}: {dead[0][1]:.0%} of the weights get an exactly "
+                           "zero gradient at init (dead ReLUs, or units that never see the input).", details)
+    return CheckResult(name, "pass", f"first/last layer gradient norm ratio {ratio:.2g}; no dead layer.", details)
+
+
 _CHECKS: tuple[tuple[str, Callable[[_Run], CheckResult]], ...] = (
     ("forward-contract", check_forward_contract),
+    ("module-registration", check_registration),
     ("loss-at-init", check_loss_at_init),
     ("gradients", check_gradients),
+    ("gradient-health", check_gradient_health),
     ("params-change", check_params_change),
     ("overfit-batch", check_overfit_batch),
     ("input-dependence", check_input_dependence),

@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -62,14 +64,58 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
     """Runs the PR's code: builds and smokes each target, one framed line per report on ``out``."""
     os.chdir(code_root)
     sys.path.insert(0, str(code_root))
-    if not str(job.get("device", "cpu")).startswith("cuda"):
-        import torch
-
-        torch.set_num_threads(1)  # stable step times; spinning worker threads only slow a shared CPU
+    torch_ready = False
     for item in job["targets"]:
-        result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
-                           int(job.get("steps", 50)), int(job.get("seed", 0)))
+        started = time.perf_counter()
+        missing = None if item.get("config") else missing_import(code_root, item["target"])
+        if missing is not None:  # decided before paying for `import torch`
+            path, name = missing
+            result = _report(item["target"], "skipped", f"importing {path} needs '{name}', which is not installed on "
+                                                        "the smoke runner; install it in the runner image")
+        else:
+            if not torch_ready:
+                import torch
+
+                allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+                torch.set_num_threads(max(1, min(allowed, int(job.get("threads") or allowed))))  # the allowed cores
+                torch_ready = True
+            result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
+                               int(job.get("steps", 50)), int(job.get("seed", 0)))
+        result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
+
+
+def missing_import(code_root: Path, target: str) -> tuple[str, str] | None:
+    """(path, module) when the target's file unconditionally imports, at its top level, a module that is neither
+    installed nor part of the code (``import timm``); None when every such import can be found. Imports inside
+    ``try:`` or functions are not judged: the file may do without them."""
+    import ast
+    import importlib.util
+
+    path = target.split(":", 1)[0]
+    file_path = code_root / path
+    try:
+        tree = ast.parse(file_path.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    for name in names:
+        local = [code_root / name, code_root / f"{name}.py", file_path.parent / name, file_path.parent / f"{name}.py",
+                 code_root / "src" / name]
+        if name in sys.builtin_module_names or any(candidate.exists() for candidate in local):
+            continue
+        try:
+            if importlib.util.find_spec(name) is not None:
+                continue
+        except (ImportError, ValueError):
+            continue
+        return path, name
+    return None
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -78,12 +124,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _collect(fd: int, pid: int, cap: int) -> tuple[bytes, int]:
-    """The worker's output and exit status. Reading stops when the worker has exited and the pipe is
-    drained, even if a process it left behind still holds the pipe open."""
+def _collect(fd: int, pid: int, cap: int, nonce: str, per_target_s: float | None) -> tuple[bytes, int, bool]:
+    """The worker's output, exit status, and whether it was killed for taking longer than ``per_target_s``
+    on one target (the clock restarts with every report). Reading stops when the worker has exited and the
+    pipe is drained, even if a process it left behind still holds the pipe open."""
     import select
 
-    chunks, kept, status = [], 0, None
+    chunks, kept, status, reports, timed_out = [], 0, None, 0, False
+    marker = nonce.encode()
+    deadline = time.monotonic() + per_target_s if per_target_s else None
+    tail = b""
     while True:
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
@@ -93,16 +143,27 @@ def _collect(fd: int, pid: int, cap: int) -> tuple[bytes, int]:
             if kept < cap:
                 chunks.append(chunk[:cap - kept])
                 kept += len(chunks[-1])
+            seen = (tail + chunk).count(marker)
+            tail = (tail + chunk)[-len(marker):]
+            if seen and deadline is not None:
+                reports += seen
+                deadline = time.monotonic() + per_target_s
             continue
         if status is None:
             done, status_now = os.waitpid(pid, os.WNOHANG)
             if done:
                 status = status_now
+            elif deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # the worker and whatever it started
+                except OSError:
+                    os.kill(pid, signal.SIGKILL)
         else:
             break  # exited, and nothing more to read
     if status is None:
         _, status = os.waitpid(pid, 0)
-    return b"".join(chunks), status
+    return b"".join(chunks), status, timed_out
 
 
 def _framed_reports(data: bytes, nonce: str) -> list[dict]:
@@ -131,12 +192,9 @@ def _describe_exit(status: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
 
-def main() -> int:
-    job = json.loads(sys.stdin.read())
-    result_fd = int(os.environ.pop(RESULT_FD_VARIABLE))
-    code_root = Path(os.environ.get(CODE_DIR_VARIABLE) or job["code_root"])
-    _not_dumpable()
-    nonce = "@" + secrets.token_hex(16) + "@"
+def _run_worker(job: dict, code_root: Path, result_fd: int, nonce: str, targets: list[dict]) -> tuple[list[dict], str]:
+    """Forks a worker for ``targets``; their reports (in order, possibly fewer) and, when it ended early,
+    why (its exit status, or the per-target timeout)."""
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     pid = os.fork()
@@ -145,7 +203,8 @@ def main() -> int:
         os.close(result_fd)  # before the PR's code exists in this process
         status = 0
         try:
-            _worker(job, code_root, write_end, nonce)
+            os.setpgid(0, 0)
+            _worker({**job, "targets": targets}, code_root, write_end, nonce)
         except BaseException:  # noqa: BLE001 - report whatever ended the worker, then leave
             traceback.print_exc()
             status = 1
@@ -154,18 +213,35 @@ def main() -> int:
             sys.stderr.flush()
             os._exit(status)
     os.close(write_end)
-    output, status = _collect(read_end, pid, _WORKER_OUTPUT_CAP)
-    reports = _framed_reports(output, nonce)
-    results = []
-    for index, item in enumerate(job["targets"]):
-        target = item["target"]
-        if index < len(reports):
-            report = reports[index]
-            report["target"] = target  # one report per requested target, under its own name
-        else:
-            report = _report(target, "error", f"the model's code ended the smoke child before {target} was reported "
-                                              f"({_describe_exit(status)})")
-        results.append(report)
+    per_target = job.get("target_timeout_s")
+    output, status, timed_out = _collect(read_end, pid, _WORKER_OUTPUT_CAP, nonce,
+                                         float(per_target) if per_target else None)
+    os.close(read_end)
+    why = (f"timed out after {float(per_target):.0f}s (smoke.timeout); its processes were killed" if timed_out
+           else f"the model's code ended the smoke child ({_describe_exit(status)})")
+    return _framed_reports(output, nonce)[:len(targets)], why
+
+
+def main() -> int:
+    """Runs every target of the job in one warm worker (one ``import torch`` for all of them). A target that
+    crashes the worker or runs past the per-target timeout is reported as an error, and the targets after it
+    go on in a fresh worker."""
+    job = json.loads(sys.stdin.read())
+    result_fd = int(os.environ.pop(RESULT_FD_VARIABLE))
+    code_root = Path(os.environ.get(CODE_DIR_VARIABLE) or job["code_root"])
+    _not_dumpable()
+    nonce = "@" + secrets.token_hex(16) + "@"
+    targets = list(job["targets"])
+    results: list[dict] = []
+    while len(results) < len(targets):
+        remaining = targets[len(results):]
+        reports, why = _run_worker(job, code_root, result_fd, nonce, remaining)
+        for item, report in zip(remaining, reports):
+            report["target"] = item["target"]  # one report per requested target, under its own name
+            results.append(report)
+        if len(reports) < len(remaining):
+            target = remaining[len(reports)]["target"]
+            results.append(_report(target, "error", f"{why} before {target} was reported"))
     _write_all(result_fd, json.dumps({"results": results}, default=str).encode())
     os.close(result_fd)
     return 0

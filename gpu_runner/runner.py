@@ -1,8 +1,9 @@
 """Smoke-train targets from head (and base) revisions, each in a sandboxed child, and compare them.
 
 The runner never holds a GitHub credential: it gets two directories of code and returns reports.
-Children run one target of one revision each (a crash or a timeout costs only that run), head and
-base alternating, with the same seed and batch, so their timings see the same machine state.
+All targets of one revision run in one sandboxed child (one interpreter, one ``import torch``; a target
+that crashes or times out costs only itself: the harness goes on with the rest in a fresh worker), head
+first, then base, with the same seed and batch.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +25,7 @@ log = logging.getLogger("torchreview.smoke")
 # .torchreview-data, .env, keys).
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATUSES = ("passed", "failed", "skipped", "error")
-CHECK_STATUSES = ("pass", "fail", "warn", "skip")
+CHECK_STATUSES = ("pass", "fail", "warn", "skip", "error")  # error: the check itself crashed (the runner's fault)
 _MAX_TEXT = 4000  # characters per string of a report: the check run's summary has room for all targets
 
 
@@ -70,35 +71,56 @@ class SmokeRun:
 
 def run_target(code_dir: Path, request: TargetRequest, *, device: str, steps: int, seed: int,
                limits: SandboxLimits, sandbox: bool = True, policy: Optional[str] = None) -> tuple[dict, list[str]]:
-    """One target of one revision in a fresh child process; (report, sandbox warnings).
+    """One target of one revision in a fresh child process; (report, sandbox warnings)."""
+    reports, warnings = run_targets(code_dir, [request], device=device, steps=steps, seed=seed, limits=limits,
+                                    sandbox=sandbox, policy=policy)
+    return reports[0], warnings
 
-    The report comes only from the result channel the trusted harness (gpu_runner.child) writes;
+
+def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, steps: int, seed: int,
+                limits: SandboxLimits, sandbox: bool = True, policy: Optional[str] = None,
+                threads: Optional[int] = None) -> tuple[list[dict], list[str]]:
+    """Every target of one revision in one sandboxed child: one interpreter and one ``import torch`` for all
+    of them; (one report per request, sandbox warnings). ``limits.timeout_s`` holds per target (the harness
+    kills a worker that runs past it and goes on with the next target in a fresh one); the sandbox's own
+    wall-clock and CPU limits are that times the number of targets.
+
+    The reports come only from the result channel the trusted harness (gpu_runner.child) writes;
     the child's stdout and stderr are logs. Raises ``SandboxRefused`` when the sandbox refuses.
     """
-    job = {"code_root": str(code_dir), "targets": [{"target": request.target, "config": request.config}],
-           "device": device, "steps": steps, "seed": seed}
+    if not requests:
+        return [], []
+    count = len(requests)
+    job = {"code_root": str(code_dir), "targets": [{"target": r.target, "config": r.config} for r in requests],
+           "device": device, "steps": steps, "seed": seed, "target_timeout_s": limits.timeout_s}
+    if threads:
+        job["threads"] = threads
+    job_limits = replace(limits, timeout_s=limits.timeout_s * count + 30,
+                         cpu_seconds=int(limits.cpu_seconds * count), result_bytes=limits.result_bytes * count)
     argv = [sys.executable, "-s", "-m", "gpu_runner.child"]
     payload = json.dumps(job).encode()
+    threads_text = str(threads or 1)
     if sandbox:
-        result = run_sandboxed(argv, code_dir=code_dir, limits=limits, packages=[PACKAGE_DIR], stdin=payload,
+        result = run_sandboxed(argv, code_dir=code_dir, limits=job_limits, packages=[PACKAGE_DIR], stdin=payload,
                                gpu=device.startswith("cuda"), result_channel=True, private_cwd=True, policy=policy,
-                               env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+                               env={"OMP_NUM_THREADS": threads_text, "MKL_NUM_THREADS": threads_text})
         stdout, stderr, warnings, channel = result.stdout, result.stderr, list(result.warnings), result.channel
         if result.timed_out:
-            return _error(request.target, f"timed out after {limits.timeout_s:.0f}s (smoke.timeout); the whole process "
-                                          "tree was killed"), warnings
+            reason = (f"timed out after {job_limits.timeout_s:.0f}s for {count} target(s) (smoke.timeout); the whole "
+                      "process tree was killed")
+            return [_error(r.target, reason) for r in requests], warnings
         returncode = result.returncode
     else:  # the benchmark's baseline: the same harness in a plain child process
-        stdout, stderr, returncode, channel = _run_unsandboxed(argv, payload, code_dir, limits)
+        stdout, stderr, returncode, channel = _run_unsandboxed(argv, payload, code_dir, job_limits)
         warnings = []
     reports = _channel_reports(channel)
-    if reports:
-        return _sanitized(reports[0], request.target), warnings
+    if len(reports) == count:
+        return [_sanitized(report, r.target) for report, r in zip(reports, requests)], warnings
     tail = (stderr or stdout).strip().splitlines()[-6:]
     detail = " | ".join(tail)[-800:] or f"exit status {returncode}"
     if returncode is not None and returncode < 0 or "MemoryError" in detail:
         detail = f"killed or out of memory (smoke.memory): {detail}"
-    return _error(request.target, f"the smoke child produced no result: {detail}"), warnings
+    return [_error(r.target, f"the smoke child produced no result: {detail}") for r in requests], warnings
 
 
 def _run_unsandboxed(argv: list[str], payload: bytes, code_dir: Path, limits: SandboxLimits):
@@ -156,6 +178,8 @@ def _sanitized(report: dict, target: str) -> dict:
     clean = {"target": target, "status": status, "checks": checks, "measures": measures,
              "reason": _text(report.get("reason") or ""),
              "notes": [_text(n) for n in report.get("notes") or [] if isinstance(n, str)][:50]}
+    if isinstance(report.get("seconds"), (int, float)) and not isinstance(report.get("seconds"), bool):
+        clean["seconds"] = float(report["seconds"])
     for key in ("traceback", "loss_curve"):
         if key in report:
             clean[key] = report[key] if key == "loss_curve" and isinstance(report[key], list) and all(
@@ -212,23 +236,22 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
     warnings: list[str] = []
     secrets = runner_secrets()
 
-    def one(code_dir: Path, request: TargetRequest) -> dict:
-        report, new_warnings = run_target(code_dir, request, device=device, steps=steps, seed=seed, limits=limits,
-                                          sandbox=sandbox, policy=policy)
+    def run_all(code_dir: Path, batch: list[TargetRequest]) -> list[dict]:
+        reports, new_warnings = run_targets(code_dir, batch, device=device, steps=steps, seed=seed, limits=limits,
+                                            sandbox=sandbox, policy=policy)
         _merge(warnings, new_warnings)
-        return redact(report, secrets)
+        return [redact(report, secrets) for report in reports]
 
     try:
-        for request in requests:
-            head = one(head_dir, request)
-            outcome = TargetOutcome(request.target, request.line, head)
-            path = request.target.split(":", 1)[0]
-            if base_dir is not None and (base_dir / path).is_file() and head.get("status") in ("passed", "failed"):
-                base = one(base_dir, request)
+        heads = run_all(head_dir, requests)
+        outcomes = [TargetOutcome(r.target, r.line, head) for r, head in zip(requests, heads)]
+        if base_dir is not None:
+            again = [(o, r) for o, r in zip(outcomes, requests) if o.head.get("status") in ("passed", "failed")
+                     and (base_dir / r.target.split(":", 1)[0]).is_file()]
+            for (outcome, _), base in zip(again, run_all(base_dir, [r for _, r in again])):
                 if base.get("status") in ("passed", "failed"):
                     outcome.base = base
-                    outcome.comparison = compare_reports(head, base, thresholds)
-            outcomes.append(outcome)
+                    outcome.comparison = compare_reports(outcome.head, base, thresholds)
     except SandboxRefused as exc:
         log.error("smoke: %s", exc)
         reason = str(exc)

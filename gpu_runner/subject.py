@@ -29,6 +29,7 @@ class Subject:
     device: str
     num_classes: Optional[int] = None  # for the loss-at-init check (ln C)
     integer_inputs: bool = False  # token ids: leakage is checked through the first embedding
+    graph: bool = False  # the batch's rows are the nodes of one graph (an adjacency input): rows mix by design
     notes: list[str] = field(default_factory=list)  # how it was built (guessed args, inferred input...)
 
 

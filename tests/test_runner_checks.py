@@ -157,9 +157,10 @@ def healthy_subjects() -> dict:
 
 HEALTHY = healthy_subjects()
 
-# train-eval-differ applies only where there is Dropout or BatchNorm
+# train-eval-differ applies only where there is Dropout or BatchNorm; gradient-health where there are two
+# Linear/Conv layers to compare
 EXPECTED_SKIPS = {"mlp": set(), "cnn-batchnorm": set(), "transformer-lm": set(),
-                  "lstm": {"train-eval-differ"}, "two-input": {"train-eval-differ"}}
+                  "lstm": {"train-eval-differ", "gradient-health"}, "two-input": {"train-eval-differ"}}
 
 
 @pytest.fixture(scope="module")
@@ -587,7 +588,7 @@ def test_custom_model_returning_its_own_loss_passes():
     assert report.status == "passed", [(c.name, c.message) for c in report.checks if c.status != "pass"]
     assert check(report, "forward-contract").message.startswith("forward returns a finite scalar")
     assert {c.name for c in report.checks if c.status == "skip"} == {"loss-at-init", "batch-leakage",
-                                                                       "train-eval-differ"}
+                                                                       "train-eval-differ", "gradient-health"}
 
 
 # --- compare ----------------------------------------------------------------------------------------------

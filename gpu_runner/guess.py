@@ -1,0 +1,220 @@
+"""Constructor arguments for real models: what the constructor's own code says about each argument.
+
+``build._guess_arguments`` asks here when an argument's name is not in its table. Everything comes from
+the model's module: how ``__init__`` uses the argument (``assert len(dims) == 3``, ``block(...)`` and
+``block.expansion``, ``cfg[vgg_name]``, ``rnn_type in ['LSTM', 'GRU']``, ``config.n_embd``), the config
+classes and ``get_default_config()`` next to it, and the module's own factory functions. Sizes are
+shrunk (depth 2, narrow widths, heads dividing widths) so that a smoke run costs seconds.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+CONFIG_NAMES = ("config", "cfg", "conf", "args", "opt", "opts", "hparams", "hp", "params", "model_config",
+                "model_cfg", "configs", "options", "settings")
+_CONFIG_CLASS_WORDS = ("config", "cfg", "args", "params", "options", "settings")
+
+
+@dataclass
+class Usage:
+    """How the constructor uses one argument."""
+
+    attributes: list[str] = field(default_factory=list)  # arg.X read (in order)
+    called: bool = False  # arg(...)
+    length: Optional[int] = None  # assert len(arg) == N
+    max_index: Optional[int] = None  # arg[i]
+    is_tuple: bool = False  # isinstance(arg, tuple)
+    iterated: bool = False  # for _ in arg / zip(arg, ...)
+    choices: list[Any] = field(default_factory=list)  # arg in {...} / arg == 'x'
+    dict_keys: list[Any] = field(default_factory=list)  # MODULE_DICT[arg]
+
+
+def _function_node(function: Callable) -> Optional[ast.FunctionDef]:
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError):
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    return next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+
+
+def _literal(node: ast.AST) -> tuple[bool, Any]:
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _class_functions(cls: type) -> list[ast.FunctionDef]:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def argument_usage(function: Callable, module: Optional[types.ModuleType], owner: Optional[type] = None) -> dict[str, Usage]:
+    """Per parameter of ``function`` (a class's ``__init__`` or a factory), how its body uses it; for a class,
+    also how its other methods use a parameter of the same name (``self._make_layer(block, ...)``)."""
+    node = _function_node(function)
+    if node is None:
+        return {}
+    names = {a.arg for a in node.args.args + node.args.kwonlyargs} - {"self"}
+    usage: dict[str, Usage] = {name: Usage() for name in names}
+    for other in (_class_functions(owner) if owner is not None else []):
+        if other.name == "__init__":
+            continue
+        shared = names & {a.arg for a in other.args.args + other.args.kwonlyargs}
+        if shared:
+            _collect_usage(other, shared, usage, module)
+    _collect_usage(node, names, usage, module)
+    return usage
+
+
+def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: Optional[types.ModuleType]) -> None:
+
+    def name_of(expression: ast.AST) -> Optional[str]:
+        return expression.id if isinstance(expression, ast.Name) and expression.id in names else None
+
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and (arg := name_of(sub.value)):
+            if sub.attr not in usage[arg].attributes:
+                usage[arg].attributes.append(sub.attr)
+        elif isinstance(sub, ast.Call):
+            if arg := name_of(sub.func):
+                usage[arg].called = True
+            func = sub.func
+            if isinstance(func, ast.Name) and func.id == "isinstance" and len(sub.args) == 2 \
+                    and (arg := name_of(sub.args[0])):
+                kinds = sub.args[1].elts if isinstance(sub.args[1], ast.Tuple) else [sub.args[1]]
+                if any(isinstance(k, ast.Name) and k.id in ("tuple", "list") for k in kinds):
+                    usage[arg].is_tuple = True
+            if isinstance(func, ast.Name) and func.id in ("zip", "enumerate", "list", "tuple", "len", "map"):
+                for a in sub.args:
+                    if arg := name_of(a):
+                        usage[arg].iterated = True
+        elif isinstance(sub, ast.Compare) and len(sub.ops) == 1:
+            left, op, right = sub.left, sub.ops[0], sub.comparators[0]
+            if isinstance(left, ast.Call) and isinstance(left.func, ast.Name) and left.func.id == "len" \
+                    and left.args and (arg := name_of(left.args[0])) and isinstance(op, ast.Eq):
+                ok, value = _literal(right)
+                if ok and isinstance(value, int):
+                    usage[arg].length = value
+            elif (arg := name_of(left)) and isinstance(op, (ast.In, ast.Eq)):
+                ok, value = _literal(right)
+                if ok:
+                    values = sorted(value, key=str) if isinstance(value, (set, frozenset)) else \
+                        list(value) if isinstance(value, (list, tuple, dict)) else [value]
+                    usage[arg].choices += [v for v in values if isinstance(v, (str, int, float)) and v is not None]
+        elif isinstance(sub, ast.Subscript):
+            if (arg := name_of(sub.value)):
+                ok, index = _literal(sub.slice)
+                if ok and isinstance(index, int) and index >= 0:
+                    usage[arg].max_index = max(usage[arg].max_index or 0, index)
+            elif (arg := name_of(sub.slice)) and isinstance(sub.value, ast.Name) and module is not None:
+                table = getattr(module, sub.value.id, None)
+                if isinstance(table, dict) and table:
+                    usage[arg].dict_keys = list(table)
+        elif isinstance(sub, (ast.For, ast.comprehension)) and (arg := name_of(sub.iter)):
+            usage[arg].iterated = True
+
+
+def sequence_length(usage: Usage) -> Optional[int]:
+    """The length a sequence argument must have, when the constructor says it needs a sequence."""
+    if usage.length is not None:
+        return usage.length
+    if usage.max_index is not None:
+        return usage.max_index + 1
+    if usage.is_tuple or usage.iterated:
+        return 3
+    return None
+
+
+def module_classes(module: types.ModuleType, base: type) -> list[type]:
+    """Classes defined in ``module`` (not imported into it) that subclass ``base``, in source order."""
+    found = [v for v in vars(module).values() if inspect.isclass(v) and issubclass(v, base)
+             and getattr(v, "__module__", None) == module.__name__]
+
+    def line(cls):
+        try:
+            return inspect.getsourcelines(cls)[1]
+        except (OSError, TypeError):
+            return 1 << 30
+    return sorted(found, key=line)
+
+
+def sibling_class(usage: Usage, module: types.ModuleType, base: type, exclude: type) -> Optional[type]:
+    """A class of the module for an argument the constructor calls (``block(...)``), having every attribute it
+    reads (``block.expansion``)."""
+    for cls in module_classes(module, base):
+        if cls is exclude:
+            continue
+        if all(hasattr(cls, attribute) for attribute in usage.attributes):
+            return cls
+    return None
+
+
+def config_candidates(owner: type, module: types.ModuleType) -> list[tuple[str, Callable[[], Any]]]:
+    """Ways to make a config object, best first: ``owner.get_default_config()`` (or a sibling's), then the
+    config classes of the module constructible without arguments (dataclasses with defaults)."""
+    found: list[tuple[str, Callable[[], Any]]] = []
+    for holder in [owner] + [c for c in vars(module).values() if inspect.isclass(c) and c is not owner]:
+        factory = inspect.getattr_static(holder, "get_default_config", None)
+        if factory is not None:
+            maker = getattr(holder, "get_default_config")
+            if callable(maker):
+                found.append((f"{holder.__name__}.get_default_config()", maker))
+                break
+    for value in vars(module).values():
+        if inspect.isclass(value) and getattr(value, "__module__", None) == module.__name__ \
+                and any(word in value.__name__.lower() for word in _CONFIG_CLASS_WORDS):
+            try:
+                required = [p for p in inspect.signature(value).parameters.values()
+                            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            except (TypeError, ValueError):
+                continue
+            if not required:
+                found.append((f"{value.__name__}()", value))
+    return found
+
+
+def config_attributes(config: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    try:
+        return {k: v for k, v in vars(config).items() if not k.startswith("_")}
+    except TypeError:
+        return {}
+
+
+def module_factories(module: types.ModuleType, cls: type) -> list[Callable]:
+    """Functions of the module that take no required argument and return ``cls(...)`` (``ResNet18()``)."""
+    found = []
+    for name, value in vars(module).items():
+        if not inspect.isfunction(value) or getattr(value, "__module__", None) != module.__name__ \
+                or name.startswith("_") or name in ("test", "main"):
+            continue
+        try:
+            parameters = inspect.signature(value).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        if any(p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+            continue
+        node = _function_node(value)
+        if node is None:
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Return) and isinstance(sub.value, ast.Call) \
+                    and isinstance(sub.value.func, ast.Name) and sub.value.func.id == cls.__name__:
+                found.append(value)
+                break
+    return found

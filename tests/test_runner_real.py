@@ -1,0 +1,568 @@
+"""The runner on the shapes real model code takes (issue 14): config objects, factories, constructor arguments
+the name table does not know, packages whose __init__ cannot be imported, graph and skip-connection inputs;
+and the checks never crying wolf on healthy models while still catching what they missed before.
+
+The model sources below are written for these tests in the styles of well-known public repositories."""
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gpu_runner.build import Skip, build_subject
+from gpu_runner.checks import run_checks
+
+STEPS = 20
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _forget_test_modules():
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        module = sys.modules.get(name)
+        if module is not None and "pytest-of" in str(getattr(module, "__file__", "") or ""):
+            del sys.modules[name]
+
+
+def build(root: Path, target: str):
+    subject = build_subject(root, target, device="cpu")
+    assert not isinstance(subject, Skip), subject.reason
+    return subject
+
+
+def check(report, name):
+    return next(c for c in report.checks if c.name == name)
+
+
+GPT_STYLE = '''
+    import math
+    from dataclasses import dataclass
+    import torch
+    import torch.nn as nn
+    from torch.nn import functional as F
+
+    @dataclass
+    class GPTConfig:
+        block_size: int = 1024
+        vocab_size: int = 50304
+        n_layer: int = 12
+        n_head: int = 12
+        n_embd: int = 768
+        dropout: float = 0.0
+
+    class Block(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.ln = nn.LayerNorm(config.n_embd)
+            self.fc = nn.Linear(config.n_embd, config.n_embd)
+
+        def forward(self, x):
+            return x + self.fc(self.ln(x))
+
+    class GPT(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+            self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+            self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+        def forward(self, idx):
+            pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.h:
+                x = block(x)
+            return self.head(x)
+'''
+
+
+def test_config_dataclass_of_the_module_is_filled_and_shrunk(tmp_path):
+    subject = build(write(tmp_path, {"model.py": GPT_STYLE}), "model.py:GPT")
+    config = subject.model.config
+    assert (config.n_layer, config.n_embd, config.vocab_size, config.block_size) == (2, 32, 100, 16)
+    assert subject.task == "language_model"
+    assert any("GPTConfig()" in note for note in subject.notes)
+    report = run_checks(subject, steps=STEPS)
+    assert report.status == "passed", [(c.name, c.message) for c in report.checks if c.status == "fail"]
+
+
+def test_a_block_taking_the_config_is_built_too(tmp_path):
+    subject = build(write(tmp_path, {"model.py": GPT_STYLE}), "model.py:Block")
+    assert subject.model.fc.in_features == 32
+
+
+MINGPT_STYLE = '''
+    import torch.nn as nn
+
+    class CfgNode:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    class GPT(nn.Module):
+        @staticmethod
+        def get_default_config():
+            C = CfgNode()
+            C.model_type = 'gpt'
+            C.n_layer = None
+            C.n_embd = None
+            C.vocab_size = None
+            C.block_size = None
+            return C
+
+        def __init__(self, config):
+            super().__init__()
+            type_given = config.model_type is not None
+            params_given = config.n_layer is not None and config.n_embd is not None
+            assert type_given ^ params_given
+            if type_given:
+                config.__dict__.update({'gpt-nano': dict(n_layer=3, n_embd=48)}[config.model_type])
+            self.emb = nn.Embedding(config.vocab_size, config.n_embd)
+            self.head = nn.Linear(config.n_embd, config.vocab_size)
+
+        def forward(self, idx):
+            return self.head(self.emb(idx))
+'''
+
+
+def test_get_default_config_gets_its_none_fields_and_loses_a_conflicting_preset(tmp_path):
+    subject = build(write(tmp_path, {"model.py": MINGPT_STYLE}), "model.py:GPT")
+    assert subject.model.emb.num_embeddings == 100 and subject.model.emb.embedding_dim == 32
+
+
+NAMESPACE_STYLE = '''
+    import torch.nn as nn
+
+    class Head(nn.Module):
+        def __init__(self, args):
+            super().__init__()
+            self.inner = Inner(args)
+            self.out = nn.Linear(args.hidden_size, args.num_classes)
+
+        def forward(self, x):
+            return self.out(self.inner(x))
+
+    class Inner(nn.Module):
+        def __init__(self, args):
+            super().__init__()
+            self.fc = nn.Linear(args.input_dim, args.hidden_size)
+
+        def forward(self, x):
+            return self.fc(x).relu()
+'''
+
+
+def test_config_namespace_from_the_attributes_read_including_nested_constructors(tmp_path):
+    subject = build(write(tmp_path, {"net.py": NAMESPACE_STYLE}), "net.py:Head")
+    assert subject.model.inner.fc.in_features == 16 and subject.task == "classification"
+    assert any("config.input_dim=16 guessed" in note for note in subject.notes)
+
+
+RESNET_STYLE = '''
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class BasicBlock(nn.Module):
+        expansion = 1
+
+        def __init__(self, in_planes, planes, stride=1):
+            super().__init__()
+            self.conv = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+            self.bn = nn.BatchNorm2d(planes)
+
+        def forward(self, x):
+            return F.relu(self.bn(self.conv(x)))
+
+    class ResNet(nn.Module):
+        def __init__(self, block, num_blocks, num_classes=10):
+            super().__init__()
+            self.in_planes = 8
+            self.conv1 = nn.Conv2d(3, 8, 3, 1, 1, bias=False)
+            self.layer1 = self._make_layer(block, 8, num_blocks[0])
+            self.layer2 = self._make_layer(block, 16, num_blocks[1])
+            self.linear = nn.Linear(16 * block.expansion, num_classes)
+
+        def _make_layer(self, block, planes, n):
+            layers = []
+            for _ in range(n):
+                layers.append(block(self.in_planes, planes))
+                self.in_planes = planes * block.expansion
+            return nn.Sequential(*layers)
+
+        def forward(self, x):
+            out = self.layer2(self.layer1(F.relu(self.conv1(x))))
+            return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+    cfg = {'VGG11': [8, 'M', 16, 'M'], 'VGG13': [8, 8, 'M', 16, 'M']}
+
+    class VGG(nn.Module):
+        def __init__(self, vgg_name):
+            super().__init__()
+            layers, c = [], 3
+            for x in cfg[vgg_name]:
+                if x == 'M':
+                    layers.append(nn.MaxPool2d(2))
+                else:
+                    layers += [nn.Conv2d(c, x, 3, padding=1), nn.ReLU()]
+                    c = x
+            self.features = nn.Sequential(*layers)
+            self.classifier = nn.Linear(c * 8 * 8, 10)
+
+        def forward(self, x):
+            return self.classifier(self.features(x).flatten(1))
+
+    class RNNModel(nn.Module):
+        def __init__(self, rnn_type, ntoken, ninp, nhid, nlayers):
+            super().__init__()
+            self.encoder = nn.Embedding(ntoken, ninp)
+            if rnn_type in ['LSTM', 'GRU']:
+                self.rnn = getattr(nn, rnn_type)(ninp, nhid, nlayers, batch_first=True)
+            else:
+                nonlinearity = {'RNN_TANH': 'tanh', 'RNN_RELU': 'relu'}[rnn_type]
+                self.rnn = nn.RNN(ninp, nhid, nlayers, nonlinearity=nonlinearity, batch_first=True)
+            self.decoder = nn.Linear(nhid, ntoken)
+
+        def forward(self, input):
+            return self.decoder(self.rnn(self.encoder(input))[0])
+
+    def Custom(n):
+        return ResNet(BasicBlock, [n, n])
+
+    def ResNetTiny():
+        return ResNet(BasicBlock, [2, 2])
+'''
+
+
+def test_class_typed_argument_from_a_sibling_and_a_list_from_its_subscripts(tmp_path):
+    subject = build(write(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:ResNet")
+    assert isinstance(subject.model.layer1[0], nn.Module) and len(subject.model.layer2) == 1
+    assert any("block=BasicBlock guessed" in note for note in subject.notes)
+
+
+def test_a_key_of_the_module_table_the_constructor_indexes(tmp_path):
+    subject = build(write(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:VGG")
+    assert any("vgg_name='VGG11'" in note for note in subject.notes)
+
+
+def test_a_choice_the_constructor_compares_against(tmp_path):
+    subject = build(write(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:RNNModel")
+    assert isinstance(subject.model.rnn, nn.LSTM) and subject.task == "language_model"
+
+
+def test_the_modules_own_factory_when_the_class_cannot_be_built(tmp_path):
+    source = RESNET_STYLE.replace("self.layer1 = self._make_layer(block, 8, num_blocks[0])",
+                                  "assert num_blocks[0] > 1, 'too shallow'\n"
+                                  "            self.layer1 = self._make_layer(block, 8, num_blocks[0])")
+    subject = build(write(tmp_path, {"models/resnet.py": source}), "models/resnet.py:ResNet")
+    assert any("built by ResNetTiny()" in note for note in subject.notes)
+
+
+TUPLES_STYLE = '''
+    import torch.nn as nn
+
+    class Staged(nn.Module):
+        def __init__(self, num_classes, dims, depths, heads=4):
+            super().__init__()
+            assert len(dims) == 3, 'dims must be a tuple of 3'
+            assert isinstance(depths, tuple), 'depths must be a tuple'
+            layers, c = [], 3
+            for dim, depth in zip(dims, depths):
+                for _ in range(depth):
+                    layers += [nn.Conv2d(c, dim, 3, padding=1), nn.ReLU()]
+                    c = dim
+            self.body = nn.Sequential(*layers)
+            self.head = nn.Linear(c, num_classes)
+
+        def forward(self, img):
+            return self.head(self.body(img).mean(dim=(2, 3)))
+'''
+
+
+def test_sequences_of_the_length_the_constructor_asserts(tmp_path):
+    subject = build(write(tmp_path, {"staged.py": TUPLES_STYLE}), "staged.py:Staged")
+    assert sum(isinstance(m, nn.Conv2d) for m in subject.model.modules()) == 3  # depth 1 per stage, 3 stages
+
+
+def test_a_package_whose_init_cannot_be_imported_is_skipped_over(tmp_path):
+    root = write(tmp_path, {"pkg/__init__.py": "import a_package_nobody_has\nfrom pkg.mlp import MLP\n",
+                            "pkg/layers.py": "import torch.nn as nn\nclass Dense(nn.Linear):\n    pass\n",
+                            "pkg/mlp.py": '''
+                                import torch.nn as nn
+                                from pkg.layers import Dense
+                                from .layers import Dense as Same
+
+                                class MLP(nn.Module):
+                                    def __init__(self, in_features, num_classes):
+                                        super().__init__()
+                                        self.net = nn.Sequential(Dense(in_features, 32), nn.ReLU(), Same(32, num_classes))
+
+                                    def forward(self, x):
+                                        return self.net(x)
+                            '''})
+    subject = build(root, "pkg/mlp.py:MLP")
+    assert any("without running its package's __init__.py" in note and "a_package_nobody_has" in note
+               for note in subject.notes)
+
+
+def test_inputs_sized_by_the_constructor_image_and_one_dimensional(tmp_path):
+    root = write(tmp_path, {"vit.py": '''
+        import torch.nn as nn
+
+        class ViT(nn.Module):
+            def __init__(self, image_size, patch_size, num_classes, dim, channels=3):
+                super().__init__()
+                self.patch = nn.Conv2d(channels, dim, patch_size, patch_size)
+                self.n = (image_size // patch_size) ** 2
+                self.head = nn.Linear(dim * self.n, num_classes)
+
+            def forward(self, img):
+                return self.head(self.patch(img).flatten(1))
+
+        class ViT1D(nn.Module):
+            def __init__(self, seq_len, patch_size, num_classes, dim, channels=3):
+                super().__init__()
+                self.patch = nn.Linear(channels * patch_size, dim)
+                self.p = patch_size
+                self.head = nn.Linear(dim * (seq_len // patch_size), num_classes)
+
+            def forward(self, series):
+                b, c, n = series.shape
+                x = series.reshape(b, c, n // self.p, self.p).transpose(1, 2).reshape(b, n // self.p, c * self.p)
+                return self.head(self.patch(x).flatten(1))
+    '''})
+    assert any("[B, 3, 32, 32]" in note and "constructor" in note for note in build(root, "vit.py:ViT").notes)
+    assert any("[B, 3, 16]" in note for note in build(root, "vit.py:ViT1D").notes)
+
+
+def test_graph_inputs_and_skip_connection_inputs(tmp_path):
+    root = write(tmp_path, {"graph.py": '''
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class GCN(nn.Module):
+            def __init__(self, input_dim, hidden_dim, output_dim):
+                super().__init__()
+                self.w1 = nn.Linear(input_dim, hidden_dim)
+                self.w2 = nn.Linear(hidden_dim, output_dim)
+
+            def forward(self, input_tensor, adj_mat):
+                x = F.relu(torch.mm(adj_mat, self.w1(input_tensor)))
+                return torch.mm(adj_mat, self.w2(x))
+
+        class Up(nn.Module):
+            def __init__(self, in_channels, out_channels):
+                super().__init__()
+                self.up = nn.ConvTranspose2d(in_channels, in_channels // 2, kernel_size=2, stride=2)
+                self.conv = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+
+            def forward(self, x1, x2):
+                return self.conv(torch.cat([x2, self.up(x1)], dim=1))
+    '''})
+    gcn = build(root, "graph.py:GCN")
+    assert gcn.graph and any("adjacency" in note for note in gcn.notes)
+    report = run_checks(gcn, steps=STEPS)
+    assert report.status == "passed", [(c.name, c.message) for c in report.checks if c.status == "fail"]
+    assert check(report, "batch-leakage").status == "skip"
+    up = build(root, "graph.py:Up")
+    assert any("skip connection" in note for note in up.notes)
+
+
+def test_parameter_free_module_is_skipped_not_checked(tmp_path):
+    root = write(tmp_path, {"act.py": '''
+        import math, torch, torch.nn as nn
+
+        class NewGELU(nn.Module):
+            def forward(self, x):
+                return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    '''})
+    subject = build_subject(root, "act.py:NewGELU", device="cpu")
+    assert isinstance(subject, Skip) and "no trainable parameters" in subject.reason
+
+
+def test_layer_norm_alone_fits_a_reachable_regression_target(tmp_path):
+    root = write(tmp_path, {"ln.py": '''
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class LayerNorm(nn.Module):
+            def __init__(self, ndim, bias):
+                super().__init__()
+                self.weight = nn.Parameter(__import__("torch").ones(ndim))
+                self.bias = nn.Parameter(__import__("torch").zeros(ndim)) if bias else None
+
+            def forward(self, input):
+                return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+    '''})
+    report = run_checks(build(root, "ln.py:LayerNorm"), steps=STEPS)
+    overfit = check(report, "overfit-batch")
+    assert overfit.status == "pass" and "reachable target" in overfit.message
+
+
+def test_a_detached_regression_model_still_fails_overfit(tmp_path):
+    root = write(tmp_path, {"frozen.py": '''
+        import torch.nn as nn
+
+        class Frozen(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 16)
+                self.scale = nn.Parameter(__import__("torch").ones(1))
+
+            def forward(self, x):
+                return self.fc(x).detach() * 1.0 + 0 * self.scale
+    '''})
+    report = run_checks(build(root, "frozen.py:Frozen"), steps=STEPS)
+    assert check(report, "overfit-batch").status == "fail"
+
+
+def test_cosine_logits_are_not_called_unable_to_fit(tmp_path):
+    root = write(tmp_path, {"cos.py": '''
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class CosineHead(nn.Module):
+            def __init__(self, in_dim, out_dim):
+                super().__init__()
+                self.mlp = nn.Linear(in_dim, 32)
+                self.last = nn.Linear(32, out_dim, bias=False)
+
+            def forward(self, x):
+                x = F.normalize(self.mlp(x), dim=-1)
+                return F.linear(x, F.normalize(self.last.weight, dim=-1))
+    '''})
+    report = run_checks(build(root, "cos.py:CosineHead"), steps=STEPS)
+    assert check(report, "overfit-batch").status in ("pass", "skip")
+    assert "[-1, 1]" in check(report, "overfit-batch").message
+
+
+def test_cpu_position_ids_into_an_embedding_fail_device_placement(tmp_path):
+    root = write(tmp_path, {"pos.py": '''
+        import torch
+        import torch.nn as nn
+
+        class Pos(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = nn.Embedding(100, 16)
+                self.pos = nn.Embedding(16, 16)
+                self.head = nn.Linear(16, 100)
+
+            def forward(self, idx):
+                pos = torch.arange(0, idx.shape[1], dtype=torch.long)
+                return self.head(self.tok(idx) + self.pos(pos))
+    '''})
+    placement = check(run_checks(build(root, "pos.py:Pos"), steps=2), "device-placement")
+    assert placement.status == "fail" and "torch.arange at pos.py" in placement.message
+    fixed = root / "pos.py"
+    fixed.write_text(fixed.read_text().replace("dtype=torch.long)", "dtype=torch.long, device=idx.device)"))
+    for name in [n for n in sys.modules if n == "pos"]:
+        del sys.modules[name]
+    assert check(run_checks(build(root, "pos.py:Pos"), steps=2), "device-placement").status == "pass"
+
+
+def test_modules_in_a_plain_list_are_named():
+    class Listed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = [nn.Linear(16, 16) for _ in range(2)]
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    from tests.test_runner_checks import classification_subject
+
+    report = run_checks(classification_subject(Listed(), (16,), 4), steps=2)
+    registration = check(report, "module-registration")
+    assert registration.status == "fail" and "`self.blocks` are not registered" in registration.message
+
+
+def test_a_check_crashing_in_torch_called_by_the_runner_is_an_error_not_a_failure():
+    from tests.test_runner_checks import classification_subject
+
+    subject = classification_subject(nn.Sequential(nn.Linear(20, 10)), (20,), 10)
+    subject.loss_fn = torch.nn.functional.cross_entropy
+    real_batch = subject.make_batch
+    subject.make_batch = lambda b, s: real_batch(b, s).__class__(**{**real_batch(b, s).__dict__,
+                                                                      "target": torch.zeros(b, 3)})
+    report = run_checks(subject, steps=2)
+    gradients = check(report, "gradients")
+    assert gradients.status == "error" and "runner error" in gradients.message
+    assert report.status == "passed"
+
+
+def test_a_vanishing_gradient_is_a_warning_and_a_healthy_mlp_is_not():
+    from tests.test_runner_checks import classification_subject
+
+    healthy = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
+    assert check(run_checks(classification_subject(healthy, (20,), 10), steps=2), "gradient-health").status == "pass"
+    layers = []
+    for _ in range(12):
+        layers += [nn.Linear(32, 32), nn.Sigmoid()]
+    vanishing = nn.Sequential(nn.Linear(20, 32), nn.Sigmoid(), *layers, nn.Linear(32, 10))
+    health = check(run_checks(classification_subject(vanishing, (20,), 10), steps=2), "gradient-health")
+    assert health.status == "warn" and "vanishing" in health.message
+
+
+def test_a_missing_package_is_decided_before_import_torch(tmp_path):
+    from gpu_runner.child import missing_import
+
+    root = write(tmp_path, {"m.py": "import os\nimport torch\nimport a_package_nobody_has.sub\n"
+                                    "try:\n    import another_missing_one\nexcept ImportError:\n    pass\n",
+                            "ok.py": "import torch\nfrom helpers import thing\n", "helpers.py": "thing = 1\n"})
+    assert missing_import(root, "m.py:Net") == ("m.py", "a_package_nobody_has")
+    assert missing_import(root, "ok.py:Net") is None
+
+
+def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
+    from gpu_runner.runner import TargetRequest, run_targets
+    from gpu_runner.sandbox import SandboxLimits
+
+    root = write(tmp_path, {
+        "a.py": "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        return self.fc(x)\n",
+        "crash.py": "import os\nos._exit(3)\n",
+        "missing.py": "import a_package_nobody_has\n"})
+    requests = [TargetRequest("a.py:A"), TargetRequest("crash.py:B"), TargetRequest("missing.py:C"),
+                TargetRequest("a.py:A")]
+    reports, _ = run_targets(root, requests, device="cpu", steps=2, seed=0, limits=SandboxLimits(timeout_s=120),
+                             sandbox=False)
+    assert [r["status"] for r in reports] == ["passed", "error", "skipped", "passed"]
+    assert "exit status 3" in reports[1]["reason"] and "a_package_nobody_has" in reports[2]["reason"]
+    assert [r["target"] for r in reports] == [r.target for r in requests]
+    assert reports[0]["seconds"] > 0 and "seconds" not in reports[2]["measures"]
+
+
+def test_arguments_defaulting_to_none_are_guessed_when_the_constructor_asks(tmp_path):
+    root = write(tmp_path, {"t2t.py": '''
+        import torch.nn as nn
+
+        class T2T(nn.Module):
+            def __init__(self, *, num_classes, dim, depth=None, heads=None):
+                super().__init__()
+                assert depth is not None and heads is not None, 'depth and heads must be supplied'
+                self.body = nn.Sequential(*[nn.Linear(dim if i else 16, dim) for i in range(depth)])
+                self.head = nn.Linear(dim, num_classes)
+
+            def forward(self, x):
+                return self.head(self.body(x))
+    '''})
+    subject = build(root, "t2t.py:T2T")
+    assert len(subject.model.body) == 2
+    assert any("default to None" in note for note in subject.notes)
