@@ -272,6 +272,16 @@ class TensorWithoutDevice(Rule):
             return self.encoder(x, mask)
     """
     VALID = [
+        # the default device is set: new tensors are created on it
+        """
+        import torch
+        import torch.nn as nn
+        torch.set_default_device("cuda")
+        class Net(nn.Module):
+            def forward(self, x):
+                return x + torch.zeros(x.shape[-1])
+        model = Net().to("cuda")
+        """,
         # a 0-dim tensor of a size: combines with CUDA tensors as a scalar
         """
             import torch as th
@@ -470,6 +480,8 @@ class TensorWithoutDevice(Rule):
     def end_file(self, ctx: FileContext) -> None:
         if not self.candidates or not _facts(ctx).cuda_evidence:
             return
+        if "set_default_device" in ctx.source:
+            return  # ``torch.set_default_device("cuda")``: tensors made without device= land on it
         moved = _facts(ctx).moved_roots
         for cand in self.candidates:
             if cand.target is not None and cand.target.split(".")[0] in moved.get(id(cand.fn), ()):

@@ -48,6 +48,15 @@ def _entry_function(name: str) -> bool:
     return lowered.startswith("train") and not any(w in lowered for w in _HELPER_WORDS)
 
 
+def _seeds_a_generator(call: cst.Call, ctx: FileContext) -> bool:
+    """``g.manual_seed(0)`` where ``g`` is (or ``torch.Generator()`` itself is) a private generator."""
+    receiver = call_receiver(call)
+    if receiver is None:
+        return False
+    made = receiver if isinstance(receiver, cst.Call) else ctx.origin(receiver)
+    return isinstance(made, cst.Call) and (ctx.call_name(made) or "").endswith("Generator")
+
+
 def _is_test_file(path: str) -> bool:
     base = path.replace("\\", "/").rsplit("/", 1)[-1]
     return base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
@@ -174,6 +183,20 @@ class UnseededTraining(Rule):
         """,
     ]
     INVALID = [
+        # only a private generator is seeded (for random_split): model init and shuffling are not
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import random_split
+            loader = DataLoader(datasets.CIFAR10("data", train=True, download=True))
+            train, val = random_split(data, [0.9, 0.1], generator=torch.Generator().manual_seed(42))
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+            """,
+            line=8,
+        ),
         Invalid(
             """
             import torch
@@ -275,6 +298,8 @@ class UnseededTraining(Rule):
         elif not self.seeded and "seed" in name.lower():
             if name.endswith(_READ_SEED):
                 return
+            if _seeds_a_generator(node, ctx):
+                return  # ``torch.Generator().manual_seed(0)`` for random_split: the global generator stays unseeded
             qualified = ctx.call_name(node)
             if qualified not in _NOT_TORCH_SEED:
                 self.seeded = True
