@@ -105,6 +105,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         if plan is None:
             return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
                         f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
+        grown = _grow_small_image(model, prober, plan, notes)
+        if grown is not None:
+            plan, output = grown
 
     task = _choose_task(plan, output, prober, config, code_root, notes)
     if isinstance(task, Skip):
@@ -1054,6 +1057,66 @@ def _specs_from_hints(hints: dict) -> list[TensorSpec]:
         if _first_int(hints.get(name)) and channels:
             specs.append(TensorSpec((channels, _first_int(hints[name]))))
     return specs
+
+
+GROWN_IMAGE_SIDES = (64, 128, 224)
+
+
+def _dead_parameters(model: nn.Module, plan: InputPlan, device: str, float_dtype: torch.dtype) -> Optional[int]:
+    """How many trainable parameters get no or an exactly zero gradient from one train-mode backward of a random
+    projection of the output (buffers restored); None when that cannot be run."""
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    was_training = model.training
+    try:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        generator = torch.Generator().manual_seed(1)
+        args, kwargs = plan.make(PROBE_BATCH, generator, float_dtype, device)
+        output = model(*args, **kwargs)
+        select, _ = _select_primary(output)
+        primary = select(output) if select is not None else None
+        if not isinstance(primary, torch.Tensor) or not primary.is_floating_point() or not primary.requires_grad:
+            return None
+        weights = torch.randn(primary.shape, generator=generator).to(primary.device)
+        (primary.float() * weights).sum().backward()
+        return sum(1 for p in model.parameters() if p.requires_grad and (p.grad is None or not bool(p.grad.any())))
+    except Exception:  # noqa: BLE001 - the checks will say what is wrong
+        return None
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in buffers and b.shape == buffers[n].shape:
+                    b.copy_(buffers[n])
+
+
+def _grow_small_image(model: nn.Module, prober: "_Prober", plan: InputPlan,
+                      notes: list[str]) -> Optional[tuple[InputPlan, Any]]:
+    """An image input so small that the network reduces it to nothing (parameters get an exactly zero gradient:
+    a 32x32 image through a 64x-downsampling backbone) is grown to 64, 128 or 224 pixels, the first size where
+    every parameter gets a gradient. None when the inferred input is fine, or no larger one is."""
+    if len(plan.args) != 1 or plan.kwargs:
+        return None
+    spec = plan.args[0]
+    if spec.dtype != "float" or spec.adjacency or len(spec.shape) != 3 or max(spec.shape[1:]) >= GROWN_IMAGE_SIDES[-1]:
+        return None
+    dead = _dead_parameters(model, plan, prober.device, prober.float_dtype)
+    if not dead:
+        return None
+    channels, height, width = spec.shape
+    for side in GROWN_IMAGE_SIDES:
+        if side <= max(height, width):
+            continue
+        candidate = InputPlan((TensorSpec((channels, side, side)),), (), plan.source)
+        output = prober.try_plan(candidate)
+        if output is _FAILED:
+            continue
+        if _dead_parameters(model, candidate, prober.device, prober.float_dtype) == 0:
+            notes.append(f"at {height}x{width} {dead} parameters got an exactly zero gradient (the network reduces "
+                         f"the image to nothing); the input was grown to {candidate.describe()}")
+            return candidate, output
+    return None
 
 
 def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator[InputPlan]:

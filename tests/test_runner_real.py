@@ -566,3 +566,27 @@ def test_arguments_defaulting_to_none_are_guessed_when_the_constructor_asks(tmp_
     subject = build(root, "t2t.py:T2T")
     assert len(subject.model.body) == 2
     assert any("default to None" in note for note in subject.notes)
+
+
+def test_an_image_the_network_reduces_to_nothing_is_grown(tmp_path):
+    root = write(tmp_path, {"deep.py": '''
+        import torch.nn as nn
+
+        class Deep(nn.Module):
+            def __init__(self, num_classes):
+                super().__init__()
+                stages = [nn.Conv2d(3, 8, 3, padding=1)]
+                for _ in range(6):  # 64x downsampling, then a 2x2 valid convolution
+                    stages += [nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()]
+                self.body = nn.Sequential(*stages)
+                self.tail = nn.Conv2d(8, 8, 2)
+                self.head = nn.Linear(8, num_classes)
+
+            def forward(self, x):
+                x = self.body(x)
+                if x.shape[-1] < 2:  # too small for the tail: skip it (and leave it without a gradient)
+                    return self.head(x.mean(dim=(2, 3)))
+                return self.head(self.tail(x).mean(dim=(2, 3)))
+    '''})
+    subject = build(root, "deep.py:Deep")
+    assert any("grown to float [B, 3, 128, 128]" in note for note in subject.notes), subject.notes
