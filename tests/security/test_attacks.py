@@ -259,6 +259,14 @@ def assert_attacks_failed(world: World, run: dict) -> None:
     outcomes = outcomes_of(target)
     assert sorted(outcomes) == sorted(ATTACKS)
     succeeded = {name: o["detail"] for name, o in outcomes.items() if o["got"]}
+    if "write-outside-tmp" in succeeded:
+        # A checkout under /tmp (a CI scratch clone): the sandbox's private tmpfs holds the directories made
+        # for its read-only binds, so a file written there lands in the sandbox's own RAM. Only a file that
+        # reached the host is an escape.
+        written = json.loads(succeeded["write-outside-tmp"])
+        if not [d for d in written if Path(d, f"pwned-{world.tag}").exists()] and \
+                all(Path(d).resolve().is_relative_to("/tmp") for d in written):
+            del succeeded["write-outside-tmp"]
     assert succeeded == {}, succeeded
     fork_count = int(outcomes["fork-bomb"]["detail"].split()[0])
     assert fork_count < LIMITS["processes"], outcomes["fork-bomb"]
