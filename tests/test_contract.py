@@ -130,7 +130,8 @@ def test_nothing_in_the_project_reads_a_shared_directory_beside_the_checkout():
             text = path.read_text()
         except (UnicodeDecodeError, OSError):
             continue
-        if "../shared" in text.replace(" ", "") or 'parent / "shared"' in text:
+        # the patterns are built, not spelled, so this file does not match itself
+        sibling = ".." + "/shared"
+        if sibling in text.replace(" ", "") or "parent / " + '"shared"' in text:
             offenders.append(str(path.relative_to(ROOT)))
-    offenders = [o for o in offenders if o != "tests/test_contract.py"]
     assert not offenders, offenders
