@@ -105,6 +105,23 @@ def string_value(expr: Optional[cst.BaseExpression]) -> Optional[str]:
     return None
 
 
+def short(ctx: "FileContext", node: cst.CSTNode, limit: int = 60) -> str:
+    """A node's source on one line, cut to ``limit`` characters: how messages quote code."""
+    text = " ".join(ctx.module.code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def local_name_for(ctx: "FileContext", qualified: str) -> Optional[str]:
+    """A local name that the file's imports bind to ``qualified`` (and nothing rebinds), if any."""
+    candidates = [local for local, target in ctx.imports.names.items() if target == qualified]
+    candidates.sort(key=lambda n: (n != qualified.rsplit(".", 1)[-1], len(n)))
+    for local in candidates:
+        binding = ctx.binding(local)
+        if binding is None or binding.kind == "import":
+            return local
+    return None
+
+
 @dataclass
 class Binding:
     """One assignment to a name (or dotted attribute target such as ``self.opt``)."""

@@ -6,12 +6,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, is_false, keyword_arg, string_value
+from analyzers.context import FileContext, argument, dotted_name, is_false, keyword_arg, short, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program import in_compat_fallback
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.removed_api import short
 
 _TORCH_LOAD = {"torch.load", "torch.serialization.load"}
 # optimizers whose state is more than the learning rate (moments, momentum buffers)

@@ -7,11 +7,10 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (FileContext, argument, dotted_name, is_false, is_true, keyword_arg, positional_args,
-                               string_value)
+                               short, string_value)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.removed_api import short
 
 _RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix", "ElasticTransform",
                       "RandomApply", "RandomChoice", "RandomOrder"}

@@ -6,7 +6,8 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg, string_value
+from analyzers.context import (FileContext, argument, dotted_name, is_false, is_true, keyword_arg, local_name_for,
+                               short, string_value)
 from analyzers.markdown import code_span
 from analyzers.program import in_compat_fallback
 from analyzers.model import Category, Severity
@@ -21,20 +22,6 @@ def _last(func: cst.BaseExpression) -> Optional[str]:
     return None
 
 
-def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
-    text = " ".join(ctx.module.code_for_node(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _local_name_for(ctx: FileContext, qualified: str) -> Optional[str]:
-    """A local name that the file's imports bind to ``qualified`` (and nothing rebinds), if any."""
-    candidates = [local for local, target in ctx.imports.names.items() if target == qualified]
-    candidates.sort(key=lambda n: (n != qualified.rsplit(".", 1)[-1], len(n)))
-    for local in candidates:
-        binding = ctx.binding(local)
-        if binding is None or binding.kind == "import":
-            return local
-    return None
 
 
 _NO_SPACE_EQUAL = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
@@ -247,7 +234,7 @@ class DeprecatedCudaAmp(Rule):
             self._report(expr, found[0], found[1], None, ctx)
 
     def _report(self, node: cst.CSTNode, device: str, symbol: str, call: Optional[cst.Call], ctx: FileContext) -> None:
-        written = _short(ctx, call.func if call is not None else node)
+        written = short(ctx, call.func if call is not None else node)
         if symbol in ("custom_fwd", "custom_bwd"):
             new = f'torch.amp.{symbol}(device_type="{device}")'
         else:
@@ -263,16 +250,16 @@ class DeprecatedCudaAmp(Rule):
 
     @staticmethod
     def _fix(call: Optional[cst.Call], device: str, symbol: str, ctx: FileContext) -> Optional[cst.CSTNode]:
-        torch_name = _local_name_for(ctx, "torch")
+        torch_name = local_name_for(ctx, "torch")
         if torch_name is not None:
             callee: cst.BaseExpression = cst.Attribute(cst.Attribute(cst.Name(torch_name), cst.Name("amp")),
                                                        cst.Name(symbol))
         else:
-            amp_name = _local_name_for(ctx, "torch.amp")
+            amp_name = local_name_for(ctx, "torch.amp")
             if amp_name is not None:
                 callee = cst.Attribute(cst.Name(amp_name), cst.Name(symbol))
             else:
-                direct = _local_name_for(ctx, f"torch.amp.{symbol}")
+                direct = local_name_for(ctx, f"torch.amp.{symbol}")
                 if direct is None:
                     return None
                 callee = cst.Name(direct)
@@ -551,8 +538,8 @@ class HalfPrecisionTraining(Rule):
                 continue
             evidence = self._evidence.get(fn) or self._evidence.get(None) or next(iter(self._evidence.values()), None)
             where = f"{fn.name.value}()" if fn is not None else "this script"
-            step = f", which calls {code_span(_short(ctx, evidence, 40))}" if evidence is not None else ""
-            self.report(cast.node, f"{code_span(_short(ctx, cast.node))} casts to float16 for training in {where}{step}: "
+            step = f", which calls {code_span(short(ctx, evidence, 40))}" if evidence is not None else ""
+            self.report(cast.node, f"{code_span(short(ctx, cast.node))} casts to float16 for training in {where}{step}: "
                                    f"pure fp16 weights lose small updates to underflow and rounding. Keep float32 "
                                    f"weights and use torch.autocast(\"cuda\", dtype=torch.float16) with "
                                    f"torch.amp.GradScaler")
@@ -673,14 +660,14 @@ class DeprecatedVariable(Rule):
             return
         if ctx.qualified_name(node.func) not in _VARIABLE:
             return
-        shown = _short(ctx, node)
+        shown = short(ctx, node)
         volatile = keyword_arg(node, "volatile")
         if volatile is not None and not is_false(volatile.value):
             self.report(node, f"{code_span(shown)}: `volatile=True` has been ignored since PyTorch 0.4, so this builds the "
                               f"autograd graph anyway; drop Variable and wrap the inference in `with torch.no_grad():`")
             return
         replacement = self._fix(node)
-        instead = f"; use {code_span(_short(ctx, replacement))}" if replacement is not None else "; use the tensor directly"
+        instead = f"; use {code_span(short(ctx, replacement))}" if replacement is not None else "; use the tensor directly"
         self.report(node, f"{code_span(shown)} uses torch.autograd.Variable, a no-op wrapper since PyTorch 0.4 "
                           f"(tensors track gradients themselves){instead}", replacement=replacement)
 

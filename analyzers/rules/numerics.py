@@ -9,6 +9,7 @@ import libcst as cst
 from analyzers.context import (
     Binding,
     FileContext,
+    short,
     argument,
     dotted_name,
     keyword_arg,
@@ -227,10 +228,6 @@ def activation_of(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst
     return _Act(kind, value, value is expr, form, cls)
 
 
-def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
-    text = " ".join(ctx.module.code_for_node(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
 
 class _ForwardActivations:
     """Per-file record of local classes whose ``forward`` always returns an activation output."""
@@ -398,15 +395,15 @@ class _ActivationIntoLoss(Rule):
 
     def _emit(self, call, value, act: _Act, kind: str, crit_text: str, loss: str, cls: Optional[str]) -> None:
         ctx = self.ctx
-        shown = _short(ctx, value)
+        shown = short(ctx, value)
         if cls is not None and act.inline:
             source = f"{code_span(shown)} is the output of {cls}, and {cls}.forward returns {kind}(...)"
         elif cls is not None:
-            source = f"{code_span(shown)} comes from {code_span(_short(ctx, act.producer))}, and {cls}.forward returns {kind}(...)"
+            source = f"{code_span(shown)} comes from {code_span(short(ctx, act.producer))}, and {cls}.forward returns {kind}(...)"
         elif act.inline:
             source = f"{code_span(shown)} is a {kind} output"
         else:
-            source = f"{code_span(shown)} comes from {code_span(_short(ctx, act.producer))}"
+            source = f"{code_span(shown)} comes from {code_span(short(ctx, act.producer))}"
         crit = f"`{crit_text}` ({loss})" if crit_text != loss else f"{loss}"
         message, severity = self.describe(crit, source, kind, loss)
         # the other site: where the activation is applied (often the line to change), so a pull request
@@ -1047,11 +1044,11 @@ class LogOfSoftmax(Rule):
             return
         log_text = "torch.log(...)" if form == "function" else ".log()"
         if act.inline:
-            subject = f"{code_span(_short(ctx, act.producer))}"
+            subject = f"{code_span(short(ctx, act.producer))}"
         else:
-            subject = f"{code_span(_short(ctx, value))} (from {code_span(_short(ctx, act.producer))})"
+            subject = f"{code_span(short(ctx, value))} (from {code_span(short(ctx, act.producer))})"
         replacement = self._fix(node, act, ctx) if act.inline and keyword_arg(node, "out") is None else None
-        suggestion = _short(ctx, replacement) if replacement is not None else "log_softmax(...)"
+        suggestion = short(ctx, replacement) if replacement is not None else "log_softmax(...)"
         self.report(node, f"{log_text} of the softmax output {subject}: softmax underflows to 0 and log(0) "
                           f"gives -inf/NaN gradients; use {suggestion}, which is exact and stable",
                     replacement=replacement)
@@ -1425,7 +1422,7 @@ class NumpyInForward(Rule):
         last = func_last(func)
         if last == "numpy" and isinstance(func, cst.Attribute) and not node.args:
             if ctx.qualified_name(func) is None:
-                self._found(state, node, f"{code_span(_short(ctx, node))} in {state.label} converts a tensor to NumPy: "
+                self._found(state, node, f"{code_span(short(ctx, node))} in {state.label} converts a tensor to NumPy: "
                                          f"no gradient flows back through it, and it forces a device sync; "
                                          f"keep the computation in torch")
             return

@@ -5,11 +5,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, keyword_arg, string_value
+from analyzers.context import FileContext, dotted_name, keyword_arg, local_name_for, short, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.removed_api import local_name_for, render_name, short
+from analyzers.rules.removed_api import render_name
 
 _NAN_ATTRIBUTES = {"math.nan": "math", "numpy.nan": "numpy", "numpy.NaN": "numpy", "numpy.NAN": "numpy",
                    "torch.nan": "torch"}

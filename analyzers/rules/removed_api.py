@@ -12,8 +12,8 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, is_false, is_true, keyword_arg, positional_args, \
-    string_value
+from analyzers.context import (FileContext, dotted_name, is_false, is_true, keyword_arg, local_name_for,
+                               positional_args, short, string_value)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program import in_compat_fallback
@@ -24,20 +24,6 @@ _NO_SPACE_EQUAL = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
-def short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
-    text = " ".join(ctx.module.code_for_node(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def local_name_for(ctx: FileContext, qualified: str) -> Optional[str]:
-    """A local name the file's imports bind to ``qualified`` (and nothing rebinds), if any."""
-    candidates = [local for local, target in ctx.imports.names.items() if target == qualified]
-    candidates.sort(key=lambda n: (n != qualified.rsplit(".", 1)[-1], len(n)))
-    for local in candidates:
-        binding = ctx.binding(local)
-        if binding is None or binding.kind == "import":
-            return local
-    return None
 
 
 def render_name(ctx: FileContext, qualified: str) -> Optional[cst.BaseExpression]:
