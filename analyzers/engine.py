@@ -289,8 +289,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     ctx.repository = repository
     libraries = imported_libraries(ctx)
     candidates = rules if rules is not None else config.enabled_rules(all_rules())
-    classes = [cls for cls in candidates if cls.requires in libraries
-               and (cls.source_hint is None or cls.source_hint.search(source))]
+    classes = [cls for cls in candidates if cls.requires in libraries and cls.may_report_on(source)]
     if not classes:
         return result
     instances = [cls(ctx) for cls in classes]

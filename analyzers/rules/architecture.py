@@ -87,6 +87,7 @@ def _kinds(exprs, ctx: FileContext) -> set[Optional[str]]:
 
 class MissingSuperInit(Rule):
     id = "TR301"
+    source_hint = re.compile(r"__init__")  # an __init__ without super().__init__()
     slug = "missing-super-init"
     category = Category.ARCHITECTURE
     severity = Severity.CRITICAL

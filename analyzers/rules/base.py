@@ -78,9 +78,11 @@ class Rule:
     severity: ClassVar[Severity]
     #: which library the file must import for this rule to run: torch, sklearn or tensorflow
     requires: ClassVar[str] = "torch"
-    #: text the source must contain for the rule to ever report (a DDP rule needs "Distributed..."): rules
-    #: whose hint is absent are not run on the file at all, which keeps specialised rules free elsewhere
-    source_hint: ClassVar[Optional["re.Pattern[str]"]] = None
+    #: text the source must contain for the rule to ever report (a DDP rule needs "Distributed..."), or a
+    #: tuple of patterns that must all be found: rules whose hint is absent are not run on the file at
+    #: all, which keeps specialised rules free elsewhere. A hint is a necessary condition on *this* file's
+    #: text (what is reported is always a node of this file), never a guess about what is likely.
+    source_hint: ClassVar[Union[None, "re.Pattern[str]", tuple["re.Pattern[str]", ...]]] = None
     #: short one-liner used in rule tables and comment headers
     summary: ClassVar[str]
     #: ruff-style docs: what it does / why is this bad / example / use instead
@@ -119,6 +121,16 @@ class Rule:
         if cls.id in REGISTRY and REGISTRY[cls.id] is not cls:
             raise TypeError(f"duplicate rule id {cls.id}: {REGISTRY[cls.id].__name__} and {cls.__name__}")
         REGISTRY[cls.id] = cls
+
+    @classmethod
+    def may_report_on(cls, source: str) -> bool:
+        """False when the source lacks the text this rule needs to report anything (its ``source_hint``)."""
+        hint = cls.source_hint
+        if hint is None:
+            return True
+        if isinstance(hint, tuple):
+            return all(pattern.search(source) for pattern in hint)
+        return hint.search(source) is not None
 
     def __init__(self, ctx: "FileContext") -> None:
         self.ctx = ctx

@@ -51,7 +51,8 @@ def _mentions_resume(node: cst.CSTNode, ctx: FileContext) -> bool:
 
 class ResumeWithoutOptimizerState(Rule):
     id = "TR610"
-    source_hint = re.compile(r"load")  # torch.load of a resume checkpoint, whatever restores it
+    # a torch.load on a path or under a test that says resume/restore, and an optimizer that steps
+    source_hint = (re.compile(r"(?i)resume|restore"), re.compile(r"load\s*\("), re.compile(r"\.step\s*\("))
     slug = "resume-without-optimizer-state"
     category = Category.SECURITY
     severity = Severity.MEDIUM

@@ -69,6 +69,7 @@ def _evaluation_reason(node: cst.Call, ctx: FileContext) -> Optional[str]:
 
 class RandomAugmentationOnEvalData(Rule):
     id = "TR960"
+    source_hint = re.compile(r"Random|ColorJitter|Augment|AugMix|ElasticTransform")  # a random transform built in this file
     slug = "random-augmentation-on-eval-data"
     category = Category.DATA_LEAKAGE
     severity = Severity.HIGH

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import re
 import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, keyword_arg,
@@ -610,6 +611,7 @@ class _LoaderRule(Rule):
 
 class DataLoaderNoWorkers(_LoaderRule):
     id = "TR702"
+    source_hint = re.compile(r"DataLoader")  # a DataLoader call
     slug = "dataloader-no-workers"
     category = Category.DEVICE
     severity = Severity.LOW
@@ -687,6 +689,7 @@ class DataLoaderNoWorkers(_LoaderRule):
 
 class MissingPinMemory(_LoaderRule):
     id = "TR703"
+    source_hint = re.compile(r"DataLoader")  # a DataLoader call
     slug = "missing-pin-memory"
     category = Category.DEVICE
     severity = Severity.LOW

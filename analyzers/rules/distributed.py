@@ -237,9 +237,12 @@ class ShuffleWithSampler(Rule):
 # TR722
 
 
+_DDP_HINT = re.compile(r"DistributedDataParallel|DDP")  # how _is_ddp_call recognises the wrapper
+
+
 class SaveOnEveryRank(Rule):
     id = "TR722"
-    source_hint = re.compile(r"DistributedDataParallel|DDP|distributed")
+    source_hint = (_DDP_HINT, re.compile(r"backward"), re.compile(r"save"))
     slug = "checkpoint-saved-on-every-rank"
     category = Category.DEVICE
     severity = Severity.HIGH
@@ -651,7 +654,7 @@ _LOGGERS = {"wandb.init", "torch.utils.tensorboard.SummaryWriter", "torch.utils.
 
 class LoggerOnEveryRank(Rule):
     id = "TR725"
-    source_hint = re.compile(r"DistributedDataParallel|DDP|distributed")
+    source_hint = (_DDP_HINT, re.compile(r"wandb|SummaryWriter|mlflow|neptune|comet_ml|\baim\b"))
     slug = "experiment-logger-on-every-rank"
     category = Category.DEVICE
     severity = Severity.MEDIUM

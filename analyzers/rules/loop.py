@@ -149,6 +149,7 @@ _LR_NAME = re.compile(r"^(?:\w+_)?(?:lr|learning_rate)(?:_\w+)?$", re.IGNORECASE
 
 class LrDecayNotApplied(Rule):
     id = "TR110"
+    source_hint = (re.compile(r"optim"), re.compile(r"[*/]"))  # a torch.optim optimizer and a multiplied/divided rate
     slug = "lr-decay-not-applied"
     category = Category.TRAINING
     severity = Severity.HIGH
@@ -412,6 +413,7 @@ class AccumulationFacts:
 
 class AccumulatedLossNotScaled(Rule):
     id = "TR111"
+    source_hint = (re.compile(r"backward"), re.compile(r"\.step\s*\("), re.compile(r"%"))  # backward every batch, step under ``% N``
     slug = "accumulated-loss-not-scaled"
     category = Category.TRAINING
     severity = Severity.MEDIUM
@@ -567,6 +569,7 @@ _OPTIMIZER_CLASSES = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", 
 
 class EvalNeverTrain(Rule):
     id = "TR112"
+    source_hint = (re.compile(r"\.eval\s*\("), re.compile(r"backward"))  # eval() near a loop that calls backward()
     slug = "eval-without-train"
     category = Category.TRAINING
     severity = Severity.HIGH
@@ -821,6 +824,7 @@ class EvalNeverTrain(Rule):
 
 class ClipGradMisplaced(Rule):
     id = "TR113"
+    source_hint = re.compile(r"clip_grad")  # clip_grad_norm_ / clip_grad_value_
     slug = "clip-grad-misplaced"
     category = Category.TRAINING
     severity = Severity.HIGH
@@ -1449,6 +1453,7 @@ _FUNCTIONAL_DROPOUT = {f"torch.nn.functional.{n}" for n in ("dropout", "dropout1
 
 class FunctionalDropoutAlwaysOn(Rule):
     id = "TR513"
+    source_hint = re.compile(r"dropout")  # F.dropout and its variants
     slug = "functional-dropout-always-on"
     category = Category.AUTOGRAD
     severity = Severity.HIGH

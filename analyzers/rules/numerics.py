@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
+import re
 import libcst as cst
 
 from analyzers.context import (
@@ -432,6 +433,7 @@ _CE_FUNCS = {"torch.nn.functional.cross_entropy": "F.cross_entropy", "torch.nn.f
 
 class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
     id = "TR401"
+    source_hint = re.compile(r"(?i)cross_?entropy|nll_?loss")  # the loss is named in this file (import or call)
     slug = "softmax-before-cross-entropy"
     category = Category.NUMERICS
     severity = Severity.HIGH
@@ -638,6 +640,7 @@ class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
 
 class SigmoidBeforeBCE(_ActivationIntoLoss):
     id = "TR402"
+    source_hint = re.compile(r"BCELoss|binary_cross_entropy")  # the loss is named in this file (import or call)
     slug = "sigmoid-before-bce"
     category = Category.NUMERICS
     severity = Severity.MEDIUM
@@ -796,6 +799,7 @@ class SigmoidBeforeBCE(_ActivationIntoLoss):
 
 class DoubleSigmoidBCEWithLogits(_ActivationIntoLoss):
     id = "TR403"
+    source_hint = re.compile(r"BCEWithLogits|binary_cross_entropy_with_logits")  # the loss is named in this file (import or call)
     slug = "double-sigmoid-bce-with-logits"
     category = Category.NUMERICS
     severity = Severity.HIGH
@@ -1106,6 +1110,7 @@ class _NumpyState:
 
 class NumpyInForward(Rule):
     id = "TR405"
+    source_hint = re.compile(r"numpy|\bnp\.")  # ``.numpy()`` or a NumPy call
     slug = "numpy-in-forward"
     category = Category.NUMERICS
     severity = Severity.HIGH

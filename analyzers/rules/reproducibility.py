@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import re
 import libcst as cst
 
 from analyzers.context import FileContext, argument, call_receiver, dotted_name, is_false, is_true, method_name
@@ -69,6 +70,7 @@ def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
 
 class UnseededTraining(Rule):
     id = "TR901"
+    source_hint = re.compile(r"backward")  # reported on the first backward()
     slug = "unseeded-training"
     category = Category.REPRODUCIBILITY
     severity = Severity.LOW
@@ -358,6 +360,7 @@ _DETERMINISTIC = "torch.backends.cudnn.deterministic"
 
 class CudnnBenchmarkWithDeterminism(Rule):
     id = "TR902"
+    source_hint = (re.compile(r"benchmark"), re.compile(r"determinis"))  # cudnn.benchmark with a determinism request
     slug = "cudnn-benchmark-with-determinism"
     category = Category.REPRODUCIBILITY
     severity = Severity.LOW

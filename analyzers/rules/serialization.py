@@ -1,6 +1,7 @@
 """Serialization and security: pickle-based loading and whole-module saving."""
 from __future__ import annotations
 
+import re
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
@@ -18,6 +19,7 @@ _EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "
 
 class UnsafeTorchLoad(Rule):
     id = "TR601"
+    source_hint = re.compile(r"load")  # a torch.load call
     fix_safety = "unsafe"  # weights_only=True refuses checkpoints holding arbitrary objects
     slug = "unsafe-torch-load"
     category = Category.SECURITY
@@ -184,6 +186,7 @@ def _looks_external(expr, ctx: FileContext) -> bool:
 
 class SaveWholeModel(Rule):
     id = "TR602"
+    source_hint = re.compile(r"save")  # a torch.save call
     fix_safety = "unsafe"  # the checkpoint changes format: its loaders must change too
     slug = "save-whole-model"
     category = Category.SECURITY

@@ -387,6 +387,7 @@ def _closure(direct: set, calls: dict) -> set:
 
 class MissingZeroGrad(Rule):
     id = "TR101"
+    source_hint = re.compile(r"\.step\s*\(")  # an optimizer step
     slug = "missing-zero-grad"
     category = Category.TRAINING
     severity = Severity.HIGH
@@ -965,6 +966,7 @@ class SchedulerStepBeforeOptimizer(Rule):
 
 class MissingGradClippingRNN(Rule):
     id = "TR103"
+    source_hint = re.compile(r"backward|\.step\s*\(")  # a training step (the RNN may live in another file)
     slug = "missing-grad-clipping-rnn"
     category = Category.TRAINING
     severity = Severity.MEDIUM
@@ -2111,6 +2113,7 @@ class _Helper:
 
 class EvalWithoutTrainRestore(Rule):
     id = "TR108"
+    source_hint = (re.compile(r"\.eval\s*\(|\.train\s*\("), re.compile(r"backward|\.step\s*\("))  # a helper that evals, called from a training loop
     slug = "eval-without-train-restore"
     category = Category.TRAINING
     severity = Severity.HIGH
