@@ -186,3 +186,31 @@ def test_min_severity_and_severity_override():
 def test_analyze_file_missing(tmp_path):
     result = analyze_file(tmp_path / "missing.py")
     assert result.errors[0].kind == "read-error"
+
+
+_POSITION_CASES = {
+    "class with methods": "import torch\n\n\nclass A:\n    x = 1; y = 2\n\n    # a comment\n    @staticmethod\n"
+                          "    def f(a,\n          b):\n        return torch.zeros(a,\n   b)\n\n    async def g(self):\n"
+                          "        if x:\n            pass\n",
+    "decorators and comments": "# header\n\n@deco(1,\n      2)\n# between\n@other\ndef f():\n    '''doc\n  x'''\n"
+                               "    return 1\n\n\na = 1; b = f(\n    a)\n",
+    "crlf and form feed": "import torch\r\n\x0c\r\nclass A:\r\n    def f(self):\r\n        return torch.ones(1)\r\n",
+    "tabs and one-line bodies": "class A:\n\tdef f(self): return 1\n\tdef g(self):\n\t\treturn [1,\n  2]\nif True: x = 1\n",
+    "continuation": "import os\ndef f(x):\n    y = x + \\\n        1\n    return (y,\n y)\n",
+}
+
+
+@pytest.mark.parametrize("source", list(_POSITION_CASES.values()), ids=list(_POSITION_CASES))
+def test_positions_of_some_statements_agree_with_a_full_pass(source):
+    """Positions come from generating only the statements that hold the wanted nodes; every node of
+    every shape of file must land where one pass over the whole module puts it."""
+    from analyzers.context import _positions_by_statement, compute_positions
+    from analyzers.engine import _Walker
+
+    module = cst.parse_module(source)
+    ctx = FileContext("x.py", source, module)
+    _Walker(ctx, [], lambda *a: None).walk(module)
+    nodes = list(ctx.parents)
+    full = compute_positions(module, set(nodes))
+    for node in nodes:  # one at a time: each picks its own innermost statement, with no fallback to a full pass
+        assert _positions_by_statement(module, {node}, ctx.parents, source) == {node: full[node]}, type(node).__name__
