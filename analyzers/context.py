@@ -234,7 +234,7 @@ class FileContext:
         self.module = module
         self.imports = ImportTable()
         _collect_module_imports(module, self.imports)
-        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.parents: dict[int, cst.CSTNode] = {}  # id(node) -> parent: libcst hashes nodes in Python, ids hash in C
         # Enclosing structure, innermost last. Maintained by the engine's walker.
         self.functions: list[FunctionNode] = []
         self.classes: list[cst.ClassDef] = []
@@ -314,19 +314,19 @@ class FileContext:
         return [lp for lp in self.loops if self.loop_function.get(lp) is fn]
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self.parents.get(node)
+        return self.parents.get(id(node))
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-        current = self.parents.get(node)
+        current = self.parents.get(id(node))
         while current is not None:
             yield current
-            current = self.parents.get(current)
+            current = self.parents.get(id(current))
 
     def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
         """The simple statement (or compound statement header) that contains ``node``."""
         current = node
         while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-            current = self.parents.get(current)
+            current = self.parents.get(id(current))
         return current if current is not None else node
 
     def inside(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
@@ -549,7 +549,7 @@ class _StatementPlacer:
         for node in nodes:
             current = node
             while current is not None and id(current) not in index:
-                current = self.parents.get(current)
+                current = self.parents.get(id(current))
             if current is None:
                 if top:
                     raise _Misaligned()

@@ -98,7 +98,6 @@ class _Walker:
                 self.leave_table.setdefault(node_cls, []).append((rule, getattr(rule, name)))
         self.on_rule_error = on_rule_error
         self.failed: set[int] = set()
-        self.stack: list[cst.CSTNode] = []
 
     def _dispatch(self, handlers, node) -> None:
         ctx = self.ctx
@@ -112,19 +111,58 @@ class _Walker:
                 self.failed.add(id(rule))
                 self.on_rule_error(rule, exc)
 
-    def on_visit(self, node: cst.CSTNode) -> None:
+    def walk(self, root: cst.CSTNode) -> None:
+        """Pre-order visits, post-order leaves. Hot: one loop, no call per node unless a rule or the
+        context's bookkeeping needs that node type, and a leave only for the types that need one."""
+        fields = _FIELDS
+        node_types = _NODE_TYPES  # a set lookup: isinstance against the CSTNode ABC is slow
+        visit_table = self.visit_table
+        leave_table = self.leave_table
+        needs_leave = _LEAVE_BOOKKEEPING | set(leave_table)
+        dispatch = self._dispatch
+        parents = self.ctx.parents
+        leave_marker = _LEAVE
+        todo: list = [(root, None)]
+        pop, push = todo.pop, todo.append
+        while todo:
+            node, parent = pop()
+            if node is leave_marker:
+                node = parent
+                node_type = type(node)
+                handlers = leave_table.get(node_type)
+                if handlers:
+                    dispatch(handlers, node)
+                if node_type in _LEAVE_BOOKKEEPING:
+                    self._leave(node, node_type)
+                continue
+            node_type = type(node)
+            if parent is not None:
+                parents[id(node)] = parent
+            if node_type in _VISIT_BOOKKEEPING:
+                self._visit(node, node_type, parent)
+            handlers = visit_table.get(node_type)
+            if handlers:
+                dispatch(handlers, node)
+            if node_type in needs_leave:
+                push((leave_marker, node))
+            names = fields.get(node_type) or _child_fields(node_type)
+            children = []
+            for name in names:
+                value = getattr(node, name)
+                value_type = type(value)
+                if value_type in node_types:
+                    children.append((value, node))
+                elif value_type is tuple or value_type is list:
+                    children.extend([(v, node) for v in value if type(v) in node_types])
+            children.reverse()
+            todo.extend(children)
+
+    def _visit(self, node: cst.CSTNode, node_type: type, parent: Optional[cst.CSTNode]) -> None:
         ctx = self.ctx
-        stack = self.stack
-        if stack:
-            parent = stack[-1]
-            ctx.parents[node] = parent
-            node_type = type(node)
-            if node_type is cst.IndentedBlock or node_type is cst.SimpleStatementSuite:
+        if node_type is cst.IndentedBlock or node_type is cst.SimpleStatementSuite:
+            if parent is not None:
                 self._enter_block(parent, node)
-        else:
-            node_type = type(node)
-        stack.append(node)
-        if node_type is cst.FunctionDef or node_type is cst.Lambda:
+        elif node_type is cst.FunctionDef or node_type is cst.Lambda:
             ctx.functions.append(node)
             ctx.scopes.append(_scope(node))
             self._bind_params(node)
@@ -140,9 +178,6 @@ class _Walker:
                 ctx.imports.add(node)
         elif node_type is cst.CompFor:
             ctx.record_binding(node.target, None, node, "for")
-        handlers = self.visit_table.get(node_type)
-        if handlers:
-            self._dispatch(handlers, node)
 
     def _enter_block(self, parent: cst.CSTNode, block: cst.CSTNode) -> None:
         parent_type = type(parent)
@@ -156,16 +191,10 @@ class _Walker:
         elif parent_type is cst.With and parent.body is block:
             ctx.withs.append(parent)
 
-    def on_leave(self, node: cst.CSTNode) -> None:
+    def _leave(self, node: cst.CSTNode, node_type: type) -> None:
         ctx = self.ctx
-        node_type = type(node)
-        handlers = self.leave_table.get(node_type)
-        if handlers:
-            self._dispatch(handlers, node)
-        stack = self.stack
-        stack.pop()
         if node_type is cst.IndentedBlock or node_type is cst.SimpleStatementSuite:
-            parent = stack[-1] if stack else None
+            parent = ctx.parents.get(id(node))
             parent_type = type(parent)
             if (parent_type is cst.For or parent_type is cst.While) and parent.body is node:
                 ctx.loops.pop()
@@ -198,32 +227,6 @@ class _Walker:
             if node.asname is not None:
                 ctx.record_binding(node.asname.name, node.item, node, "with")
 
-    def walk(self, root: cst.CSTNode) -> None:
-        fields = _FIELDS
-        node_types = _NODE_TYPES  # a set lookup: isinstance against the CSTNode ABC is slow
-        todo: list = [root]
-        leave_marker = _LEAVE
-        while todo:
-            item = todo.pop()
-            if item is leave_marker:
-                self.on_leave(todo.pop())
-                continue
-            self.on_visit(item)
-            todo.append(item)
-            todo.append(leave_marker)
-            node_type = type(item)
-            names = fields.get(node_type) or _child_fields(node_type)
-            children = []
-            for name in names:
-                value = getattr(item, name)
-                value_type = type(value)
-                if value_type in node_types:
-                    children.append(value)
-                elif value_type is tuple or value_type is list:
-                    children.extend(v for v in value if type(v) in node_types)
-            children.reverse()
-            todo.extend(children)
-
     def _bind_params(self, fn) -> None:
         params = fn.params
         for group in (params.posonly_params, params.params, params.kwonly_params):
@@ -243,6 +246,11 @@ class _Walker:
 
 _LEAVE = object()
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_BLOCKS = {cst.IndentedBlock, cst.SimpleStatementSuite}
+_SCOPES = {cst.FunctionDef, cst.Lambda, cst.ClassDef}
+_VISIT_BOOKKEEPING = _BLOCKS | _SCOPES | set(_COMPREHENSIONS) | {cst.Import, cst.ImportFrom, cst.CompFor}
+_LEAVE_BOOKKEEPING = _BLOCKS | _SCOPES | set(_COMPREHENSIONS) | {
+    cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr, cst.WithItem}
 
 
 def _scope(node):

@@ -210,7 +210,11 @@ def test_positions_of_some_statements_agree_with_a_full_pass(source):
     module = cst.parse_module(source)
     ctx = FileContext("x.py", source, module)
     _Walker(ctx, [], lambda *a: None).walk(module)
-    nodes = list(ctx.parents)
+    nodes, todo = [], [module]
+    while todo:  # every node the walk saw (the parent map is keyed by id)
+        node = todo.pop()
+        nodes += [node] if id(node) in ctx.parents else []
+        todo.extend(node.children)
     full = compute_positions(module, set(nodes))
     for node in nodes:  # one at a time: each picks its own innermost statement, with no fallback to a full pass
         assert _positions_by_statement(module, {node}, ctx.parents, source) == {node: full[node]}, type(node).__name__

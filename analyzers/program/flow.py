@@ -128,7 +128,7 @@ def assignment_before(ctx, use: cst.CSTNode, name: str) -> Optional[cst.BaseExpr
     """
     scope: Optional[cst.CSTNode] = use
     while scope is not None and not isinstance(scope, (cst.FunctionDef, cst.Module)):
-        scope = ctx.parents.get(scope)
+        scope = ctx.parents.get(id(scope))
     if scope is None:
         return None
     found = _last_assignment(scope, use, name, frozenset(ctx.ancestors(use)))

@@ -654,7 +654,7 @@ _LOGGERS = {"wandb.init", "torch.utils.tensorboard.SummaryWriter", "torch.utils.
 
 class LoggerOnEveryRank(Rule):
     id = "TR725"
-    source_hint = (_DDP_HINT, re.compile(r"wandb|SummaryWriter|mlflow|neptune|comet_ml|\baim\b"))
+    source_hint = (_DDP_HINT, re.compile(r"wandb|SummaryWriter|mlflow|neptune|comet_ml|aim\b"))
     slug = "experiment-logger-on-every-rank"
     category = Category.DEVICE
     severity = Severity.MEDIUM

@@ -433,7 +433,7 @@ _CE_FUNCS = {"torch.nn.functional.cross_entropy": "F.cross_entropy", "torch.nn.f
 
 class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
     id = "TR401"
-    source_hint = re.compile(r"(?i)cross_?entropy|nll_?loss")  # the loss is named in this file (import or call)
+    source_hint = re.compile(r"ross_?[Ee]ntropy|NLLLoss|nll_loss")  # the loss is named in this file (import or call)
     slug = "softmax-before-cross-entropy"
     category = Category.NUMERICS
     severity = Severity.HIGH
@@ -1110,7 +1110,7 @@ class _NumpyState:
 
 class NumpyInForward(Rule):
     id = "TR405"
-    source_hint = re.compile(r"numpy|\bnp\.")  # ``.numpy()`` or a NumPy call
+    source_hint = re.compile(r"numpy|np\.")  # ``.numpy()`` or a NumPy call
     slug = "numpy-in-forward"
     category = Category.NUMERICS
     severity = Severity.HIGH

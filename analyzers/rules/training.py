@@ -293,14 +293,14 @@ def _detached_value(value: cst.BaseExpression) -> bool:
 
 def _assigned_under_no_grad(node: cst.CSTNode, ctx: FileContext) -> bool:
     """The assignment statement sits in a ``with torch.no_grad():`` block (ancestors only)."""
-    current = ctx.parents.get(node)
+    current = ctx.parents.get(id(node))
     while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
         if isinstance(current, cst.With):
             for item in current.items:
                 expr = item.item.func if isinstance(item.item, cst.Call) else item.item
                 if ctx.qualified_name(expr) in ("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"):
                     return True
-        current = ctx.parents.get(current)
+        current = ctx.parents.get(id(current))
     return False
 
 
