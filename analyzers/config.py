@@ -341,7 +341,7 @@ def _smoke_entries(value: Any, path: KeyPath, check: "_Checker", name_key: str, 
                 entries.append(_reference(item, where, check, "path/to/file.py[:Name]"))
                 continue
             entry = check.table(item, where, known)
-            if not isinstance(entry.get(name_key), str) and not (name_key == "target" and "factory" in entry):
+            if name_key not in entry and not (name_key == "target" and "factory" in entry):
                 raise check.error(where, f"{_dotted(where)}: needs {name_key} = \"path/to/file.py:Name\"")
             for key, convert in _ENTRY_CHECKS.items():
                 if key in entry:
