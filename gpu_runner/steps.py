@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from gpu_runner.build import (BuildError, Skip, _choose_model_in_file, _load_attribute, build_subject,
+from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
                               guess_argument, import_file)
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.subject import Batch, CheckResult, Subject, TargetReport
@@ -189,6 +189,7 @@ class _Instruments:
     step_lines: list = field(default_factory=list)
     stepped_parameters: set = field(default_factory=set)  # ids of the parameters of every optimizer that stepped
     optimizer_lines: dict = field(default_factory=dict)  # id(optimizer) -> where it was created, when seen
+    stepped_optimizers: dict = field(default_factory=dict)  # id(optimizer) -> where it was created (or None)
     got_gradient: set = field(default_factory=set)  # ids of parameters that received a gradient
     stale: list = field(default_factory=list)  # (step, parameter name, where the backward was)
     zeroed_after_step: int = 0
@@ -222,9 +223,20 @@ class _Instruments:
             return instruments._original_backward(tensor, *args, **kwargs)
 
         torch.Tensor.backward = backward
+        self._original_optimizer_init = torch.optim.Optimizer.__init__
+
+        def optimizer_init(optimizer, *args, **kwargs):  # where the step builds its own optimizer
+            instruments.optimizer_lines[id(optimizer)] = _caller_in(instruments.code_root)
+            return instruments._original_optimizer_init(optimizer, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = optimizer_init
+
+    def id_of(self, parameter_name: str) -> Optional[int]:
+        return next((key for key, name in self.names.items() if name == parameter_name), None)
 
     def close(self) -> None:
         torch.Tensor.backward = self._original_backward
+        torch.optim.Optimizer.__init__ = self._original_optimizer_init
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -252,6 +264,7 @@ class _Instruments:
         self.forwards.append((module.training, torch.is_grad_enabled(), _caller_in(self.code_root)))
 
     def _before_step(self, optimizer, args, kwargs):
+        self.stepped_optimizers.setdefault(id(optimizer), self.optimizer_lines.get(id(optimizer)))
         for group in optimizer.param_groups:
             self.stepped_parameters.update(id(p) for p in group["params"])
         self.step_lines.append(_caller_in(self.code_root))
@@ -505,9 +518,14 @@ class _Plan:
 
     def _zero_grad_check(self) -> CheckResult:
         name, instruments = "zero-grad", self.instruments
-        if instruments.stale:
-            step, parameter, where = instruments.stale[0]
-            stale = sorted({p for _, p, _ in instruments.stale})
+        if self.kind == "lightning":
+            return self._check(name, "skip", "the runner's loop zeroes the gradients, as Lightning's does.")
+        # a parameter in no optimizer is never zeroed by optimizer.zero_grad(): optimizer-coverage reports it
+        stale_entries = [entry for entry in instruments.stale
+                         if instruments.id_of(entry[1]) in instruments.stepped_parameters]
+        if stale_entries:
+            step, parameter, where = stale_entries[0]
+            stale = sorted({p for _, p, _ in stale_entries})
             step_where = instruments.step_lines[0] if instruments.step_lines else None
             return self._check(name, "fail", f"gradients are not zeroed between optimizer steps: after step {step} "
                                f"the next backward() accumulated into the gradient that step used "
@@ -527,7 +545,8 @@ class _Plan:
             return self._check(name, "skip", "no optimizer stepped.")
         left_out = [trainable[key] for key in trainable
                     if key not in instruments.stepped_parameters and key in instruments.got_gradient]
-        where = self.optimizer_where()
+        where = next((w for w in instruments.stepped_optimizers.values() if w is not None), None) \
+            or self.optimizer_where()
         if left_out:
             groups = sorted({n.rsplit(".", 1)[0] for n in left_out})
             return self._check(name, "fail", f"{len(left_out)} trainable parameter(s) get gradients but are in no "
@@ -789,6 +808,7 @@ class _FunctionPlan(_Plan):
 # ---- resolving a target ----------------------------------------------------------------------------------
 
 def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) -> _Plan:
+    _add_to_sys_path(code_root)
     spec = parse_target_spec(target)
     if spec is None or spec.name is None:
         raise StepSkip(f"'{target}' is not a step (path/to/file.py:function or :Class.method)")
