@@ -136,11 +136,10 @@ def smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: 
         finally:
             plan.close()
     status = "failed" if any(c.status == "fail" for c in checks) else "passed"
+    measures = {"params": sum(p.numel() for p in plan.model.parameters()), "step_time_ms": plan.step_time_ms(),
+                "loss_after_steps": plan.instruments.losses[-1] if plan.instruments.losses else None}
     report = TargetReport(target=target, status=status, checks=checks, notes=plan.notes,
-                          measures={"params": sum(p.numel() for p in plan.model.parameters()),
-                                    "step_time_ms": plan.step_time_ms(),
-                                    "loss_after_steps": plan.instruments.losses[-1] if plan.instruments.losses
-                                    else None})
+                          measures={k: v for k, v in measures.items() if v is not None})
     data = report.to_dict()
     data["seconds_in_steps"] = round(time.perf_counter() - started, 3)
     return data
