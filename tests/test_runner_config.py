@@ -248,3 +248,82 @@ def test_steps_are_validated_too():
     with pytest.raises(ConfigError, match=r"pyproject.toml:3: smoke.steps\[0\].model: must be"):
         parse_config_text('[tool.torchreview.smoke]\nsteps = [\n  {step = "fit.py:fit", model = 3},\n]\n',
                           "pyproject.toml")
+
+
+FINE_TUNE_STEP = '''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Linear(16, 32)
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.encoder(x)))
+
+
+    def fine_tune(model, loader, epochs):
+        optimizer = torch.optim.Adam(model.head.parameters(), lr=1e-3)
+        model.train()
+        for _ in range(epochs):
+            for x, y in loader:
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+'''
+
+CLI_CONFIG = '''\
+[smoke]
+steps = [{step = "tune.py:fine_tune", model = "tune.py:Net"}]
+
+[[smoke.targets]]
+target = "lm/model.py:RNNModel"
+factory = "lm/model.py:build_lm"
+task = "language_model"
+output = {batch_axis = 1}
+input = [
+  {shape = [12], dtype = "long", high = 50, batch_axis = 1},
+  {tuple = [{shape = [2, 32], batch_axis = 1}, {shape = [2, 32], batch_axis = 1}]},
+]
+'''
+
+
+def cli(*args, cwd: Path):
+    import os
+    import subprocess
+
+    # the test's own fixture code, on a machine that may lack bubblewrap: the weak sandbox is enough here
+    env = {**os.environ, "TORCHREVIEW_SANDBOX": "weak", "NO_COLOR": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "bot.cli", *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_the_cli_reads_the_config_targets_and_steps(tmp_path):
+    import json
+
+    import subprocess
+
+    root = write(tmp_path, {"lm/model.py": LSTM_LM, "tune.py": FINE_TUNE_STEP, ".torchreview.toml": CLI_CONFIG})
+    subprocess.run(["git", "init", "-q", str(root)], check=True)  # the repository root: where target paths start
+    proc = cli("smoke", "--config", ".torchreview.toml", "--device", "cpu", "--steps", "10", "--format", "json",
+               cwd=root)
+    assert proc.returncode == 1, proc.stderr
+    targets = {t["target"]: t for t in json.loads(proc.stdout)["targets"]}
+    assert targets["lm/model.py:RNNModel"]["status"] == "passed"
+    step = targets["tune.py:fine_tune"]
+    assert step["status"] == "failed"
+    assert {c["name"] for c in step["head"]["checks"] if c["status"] == "fail"} == {"optimizer-coverage"}
+
+    # a file named on the command line takes its configuration from the repository's file
+    proc = cli("smoke", "lm/model.py:RNNModel", "--device", "cpu", "--steps", "10", "--format", "json", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["targets"][0]["status"] == "passed"
+
+    (root / ".torchreview.toml").write_text(CLI_CONFIG.replace('task = "language_model"', 'task = "lm"'))
+    proc = cli("smoke", "--config", ".torchreview.toml", cwd=root)
+    assert proc.returncode == 2
+    assert "torchreview: error: .torchreview.toml:7: smoke.targets[0].task: must be one of" in proc.stderr
