@@ -113,7 +113,6 @@ def smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: 
     """The report (``TargetReport.to_dict()`` shape) of running the training step ``target``
     (``"train.py:train_one_epoch"``, ``"lit.py:LitModel.training_step"``, ``"train.py:Trainer.train_step"``)."""
     code_root = Path(code_root).resolve()
-    started = time.perf_counter()
     try:
         plan = _plan(code_root, target, dict(config or {}), device, seed)
     except (StepSkip, BuildError) as exc:
@@ -140,9 +139,7 @@ def smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: 
                 "loss_after_steps": plan.instruments.losses[-1] if plan.instruments.losses else None}
     report = TargetReport(target=target, status=status, checks=checks, notes=plan.notes,
                           measures={k: v for k, v in measures.items() if v is not None})
-    data = report.to_dict()
-    data["seconds_in_steps"] = round(time.perf_counter() - started, 3)
-    return data
+    return report.to_dict()
 
 
 def _report(target: str, status: str, reason: str, **extra) -> dict:
