@@ -59,8 +59,8 @@ _MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNor
 # Argument roles, by parameter name (lower case).
 _ROLES: list[tuple[str, str]] = [
     ("model", r"model|net|network|module|classifier|model_without_ddp"),
-    ("loader", r"(train_?|training_|data_?|val_)?(loader|dataloader|data_loader|iter|iterator)|trainloader|"
-               r"train_data|train_dataset|dataset|train_ds|batches|data"),
+    ("loader", r"(train_?|training_|data_?|test_?|val_?|valid_?|validation_|eval_?)?(loader|dataloader|data_loader|"
+               r"iter|iterator)|train_data|train_dataset|dataset|train_ds|batches|data"),
     ("batch", r"batch|minibatch|mini_batch|batch_data|data_batch|sample"),
     ("index", r"batch_idx|batch_index|batch_nb|idx|i|step|it|iteration|global_step|step_idx"),
     ("optimizer", r"optimizer|optim|opt|optimiser"),
@@ -901,7 +901,8 @@ def _caller_sets_train(code_root: Path, path: str, name: str) -> Optional[_Where
                     continue
                 for earlier in reversed(body[:index]):
                     if isinstance(earlier, ast.Expr) and isinstance(earlier.value, ast.Call) \
-                            and _called_name(earlier.value) == "train" and not earlier.value.args:
+                            and _called_name(earlier.value) == "train" and not any(
+                                isinstance(a, ast.Constant) and a.value is False for a in earlier.value.args):
                         line = earlier.lineno
                         return _Where(path, line, linecache.getline(str(code_root / path), line).strip())
                     if isinstance(earlier, ast.Expr) and isinstance(earlier.value, ast.Call) \
