@@ -194,7 +194,7 @@ class _Instruments:
     loss_lines: list = field(default_factory=list)
     disconnected: list = field(default_factory=list)  # (loss value, where): backward on a loss no parameter feeds
     detached_error: Optional[tuple] = None  # (message, where): backward on a loss without a graph
-    forwards: list = field(default_factory=list)  # (training, grad enabled, where)
+    forwards: list = field(default_factory=list)  # [training, grad enabled, where, a backward followed it]
     step_seconds: list = field(default_factory=list)
     _after_step: dict = field(default_factory=dict)  # id -> .grad right after the last step
     _pending_check: set = field(default_factory=set)  # ids whose first gradient since the last step is awaited
@@ -258,7 +258,7 @@ class _Instruments:
         return hook
 
     def _forward_hook(self, module, args):
-        self.forwards.append((module.training, torch.is_grad_enabled(), _caller_in(self.code_root)))
+        self.forwards.append([module.training, torch.is_grad_enabled(), _caller_in(self.code_root), False])
 
     def _before_step(self, optimizer, args, kwargs):
         self.stepped_optimizers.setdefault(id(optimizer), self.optimizer_lines.get(id(optimizer)))
@@ -276,6 +276,10 @@ class _Instruments:
         self._pending_check = set(self._after_step)
 
     def _record_backward(self, tensor: torch.Tensor) -> None:
+        # the forward this loss comes from: the last one with autograd on (not a validation pass before it)
+        last = next((f for f in reversed(self.forwards) if f[1]), None)
+        if last is not None:
+            last[3] = True
         where = _caller_in(self.code_root)
         if tensor.numel() == 1:
             value = float(tensor.detach().float())
@@ -578,7 +582,8 @@ class _Plan:
 
     def _train_mode_check(self) -> CheckResult:
         name = "train-mode"
-        training_forwards = [f for f in self.instruments.forwards if f[1]]  # forwards with autograd on
+        # the forwards a backward followed; in the Lightning plan the runner itself calls backward
+        training_forwards = [f for f in self.instruments.forwards if f[1] and (f[3] or self.kind == "lightning")]
         in_eval = [f for f in training_forwards if not f[0]]
         mode_dependent = [n for n, m in self.model.named_modules() if isinstance(m, _MODE_DEPENDENT)]
         if not training_forwards:

@@ -375,3 +375,13 @@ def test_the_review_comment_goes_on_the_line_the_step_check_names():
     diff.commentable = {5, 6}  # the named line is not in the diff: the step's first line that is
     (comment,) = failing_target_comments(run_report, {"train.py": diff}, {"train.py:train_one_epoch": (5, 20)})
     assert comment["line"] == 5
+
+
+def test_a_validation_pass_inside_the_epoch_is_not_a_training_forward(tmp_path):
+    source = TRAIN.replace("        total += loss.item()\n",
+                           "        total += loss.item()\n"
+                           "        model.eval()\n"
+                           "        criterion(model(x), y)  # a validation forward, autograd left on\n"
+                           "        model.train()\n")
+    report = run(write(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
+    assert report["status"] == "passed", [c for c in report["checks"] if c["status"] == "fail"]
