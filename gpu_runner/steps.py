@@ -861,7 +861,7 @@ def _class_span(cls: type, code_root: Path, path: str) -> tuple[str, int, int]:
 
 def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     """The model a step function trains: the one its file defines, else the one it imports from the repository
-    and constructs."""
+    and constructs (or the only one it imports)."""
     source = (code_root / path).read_text(errors="replace")
     if find_targets({path: source}, {path: None}):
         chosen = _choose_model_in_file(code_root, path, [])
@@ -881,12 +881,14 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
                 if (code_root / candidate).is_file():
                     imported += [(alias.asname or alias.name, alias.name, candidate) for alias in node.names]
                     break
+    models = []
     for local, name, file in imported:
-        if local not in called:
-            continue
         file_source = (code_root / file).read_text(errors="replace")
         if any(t.name == name for t in find_targets({file: file_source}, {file: None})):
-            return f"{file}:{name}"
+            models.append((local in called, f"{file}:{name}"))
+    constructed = [model for is_called, model in models if is_called]
+    if constructed or len(models) == 1:  # the one it constructs, else the only one it imports
+        return (constructed or [models[0][1]])[0]
     raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports from "
                    "the repository; name it in smoke.steps ({step = ..., model = \"models/net.py:Net\"})")
 
