@@ -77,11 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "steps in a sandboxed process, run the smoke checks, and compare with a base "
                                        "revision. Exit 1 when a check fails or a regression is flagged.")
     smoke.add_argument("target", metavar="PATH[:Class]", nargs="?",
-                       help="a .py file, optionally :ClassOrFactory or :train_step; omitted: the config's smoke.targets "
-                            "and smoke.steps")
-    smoke.add_argument("--config", metavar="FILE", help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml "
-                                                       "whose smoke.targets / smoke.steps say how to build, feed and "
-                                                       "train the models (default: the repository's)")
+                       help="a .py file, optionally :ClassOrFactory or :train_step; omitted: the config's "
+                            "smoke.targets and smoke.steps")
+    smoke.add_argument("--config", metavar="FILE",
+                       help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml whose smoke.targets / "
+                            "smoke.steps say how to build, feed and train the models (default: the repository's)")
     smoke.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     smoke.add_argument("--steps", type=int, default=50, help="optimizer steps for the overfit check (default 50)")
     smoke.add_argument("--base", metavar="GIT_REF", help="also run the same targets at this revision and compare")

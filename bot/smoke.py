@@ -343,8 +343,8 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
             changed = {path: set(diff.added) for path, diff in diffs.items()}
             found = find_targets(sources, changed) + find_step_targets(sources, changed)
             spans = {f"{t.path}:{t.name}": (t.line, t.end_line) for t in found}
-            requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line, kind="step" if t.kind == "step" else "model")
-                         for t in found]
+            requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line,
+                                       kind="step" if t.kind == "step" else "model") for t in found]
             configured = {(r.kind, r.target): r for r in configured_requests(settings)
                           if parse_target_spec(r.target) is not None}
             for request in requests_:  # a changed target the config describes is built as configured

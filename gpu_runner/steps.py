@@ -38,7 +38,7 @@ import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -46,8 +46,8 @@ from torch import nn
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
                               guess_argument, import_file)
 from gpu_runner.guess import CONFIG_NAMES
-from gpu_runner.subject import Batch, CheckResult, Subject, TargetReport
-from gpu_runner.targets import TargetSpec, find_targets, parse_target_spec
+from gpu_runner.subject import CheckResult, Subject, TargetReport
+from gpu_runner.targets import find_targets, parse_target_spec
 
 STEP_ITERATIONS = 6  # optimizer steps per run: enough for a loss on one repeated batch to fall
 STEP_BATCH = 8

@@ -366,7 +366,8 @@ def test_steps_and_models_share_one_warm_child(tmp_path):
 def test_the_review_comment_goes_on_the_line_the_step_check_names():
     from bot.smoke import failing_target_comments
 
-    check_result = {"name": "zero-grad", "status": "fail", "message": "gradients are not zeroed", "details": {"line": 14}}
+    check_result = {"name": "zero-grad", "status": "fail", "message": "gradients are not zeroed",
+                    "details": {"line": 14}}
     run_report = {"targets": [{"target": "train.py:train_one_epoch", "line": 5, "status": "failed",
                                "head": {"checks": [check_result]}}]}
     diff = types.SimpleNamespace(commentable={5, 6, 14})

@@ -151,7 +151,8 @@ def train_one_epoch(model, loader, optimizer, criterion, device):
 
 def test_a_changed_training_step_is_run_and_commented_on_its_line(stack, gpu_worker):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n", "models/net.py": MODELS})
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n",
+                                      "models/net.py": MODELS})
     state.add_collaborator(repo, "alice", role="write")
     pr = state.open_pull_request(repo, {"train.py": TRAIN_WITHOUT_ZERO_GRAD}, user="alice")
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
