@@ -57,6 +57,7 @@ SMOKE_TRUST = ("collaborators", "everyone", "maintainers")
 SMOKE_DEFAULTS: Mapping[str, Any] = {
     "enabled": False,
     "targets": (),
+    "steps": (),  # training steps to run (train.py:train_one_epoch); detected ones run without being listed
     "timeout": 300,
     "memory": "4GiB",
     "device": "auto",
@@ -64,7 +65,7 @@ SMOKE_DEFAULTS: Mapping[str, Any] = {
     "regression": {"step_time": 0.25, "memory": 0.25},
 }
 
-KeyPath = tuple[str, ...]
+KeyPath = tuple  # keys (str) and list indices (int)
 KeyLine = Callable[[KeyPath], Optional[int]]
 
 
@@ -151,6 +152,7 @@ class Config:
         """The full effective configuration in the documented (nested) form; plain JSON/YAML types."""
         smoke = copy.deepcopy(dict(self.smoke))
         smoke["targets"] = list(smoke["targets"])
+        smoke["steps"] = list(smoke["steps"])
         return {
             "rules": {
                 "select": list(self.select), "ignore": list(self.ignore),
@@ -281,6 +283,7 @@ def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
     checks: dict[str, Callable[[Any], Any]] = {
         "enabled": lambda v: check.boolean(v, ("smoke", "enabled")),
         "targets": lambda v: _smoke_targets(v, check),
+        "steps": lambda v: _smoke_steps(v, check),
         "timeout": lambda v: check.whole_number(v, ("smoke", "timeout"), 1, 3600),
         "memory": lambda v: check.memory(v, ("smoke", "memory")),
         "device": lambda v: check.choice(v, ("smoke", "device"), SMOKE_DEVICES),
@@ -299,32 +302,151 @@ def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
     return smoke
 
 
-_TARGET_KEYS = ("target", "input", "task", "loss", "num_classes")
 _TASKS = ("classification", "language_model", "regression", "custom")
+# The table form of a smoke target (README, "Configuring the runner"): how to build, feed and train it. The
+# loss's target tensor is ``loss_target``: ``target`` names the model to build.
+_TARGET_KEYS = ("target", "factory", "input", "output", "task", "loss", "loss_target", "num_classes")
+_STEP_KEYS = ("step", "model", "factory", "input", "output", "task", "loss", "loss_target", "num_classes")
+_INPUT_KEYS = ("shape", "dtype", "low", "high", "fill", "batch_axis", "name", "tuple")
+_OUTPUT_KEYS = ("batch_axis", "select")
+_INPUT_DTYPES = ("float", "float32", "float16", "half", "bfloat16", "float64", "double", "long", "int64", "int",
+                 "int32", "bool")
+_REFERENCE = re.compile(r"[\w./-]+(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?")
 
 
 def _smoke_targets(value: Any, check: "_Checker") -> tuple:
-    """Each target: "models/net.py:build_model", or a table that also says how to feed and train it:
-    {target = "models/net.py:Net", input = {shape = [3, 32, 32], dtype = "float32"}, task = "classification"}."""
-    path = ("smoke", "targets")
+    """Each target: "models/net.py:build_model", or a table that also says how to build, feed and train it:
+    {target = "models/net.py:Net", factory = "models/net.py:build", input = {shape = [3, 32, 32]},
+    output = {batch_axis = 0}, task = "classification", loss = "torch.nn.functional:cross_entropy",
+    loss_target = {shape = [], dtype = "long", high = 10}, num_classes = 10}."""
+    return _smoke_entries(value, ("smoke", "targets"), check, "target", _TARGET_KEYS)
+
+
+def _smoke_steps(value: Any, check: "_Checker") -> tuple:
+    """Each training step to run: "train.py:train_one_epoch", or a table naming the model it trains and how to
+    build it (the keys of a target table, with ``step`` and ``model`` for ``target``)."""
+    return _smoke_entries(value, ("smoke", "steps"), check, "step", _STEP_KEYS)
+
+
+def _smoke_entries(value: Any, path: KeyPath, check: "_Checker", name_key: str, known: tuple) -> tuple:
     if isinstance(value, (str, Mapping)):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise check.error(path, "smoke.targets: must be a list of target strings or tables")
-    targets = []
-    for item in value:
-        if isinstance(item, str):
-            targets.append(item.strip())
-            continue
-        entry = check.table(item, path, _TARGET_KEYS)
-        if not isinstance(entry.get("target"), str):
-            raise check.error(path, "smoke.targets: each table needs target = \"path/to/file.py:NameOrFactory\"")
-        if "task" in entry:
-            entry["task"] = check.choice(entry["task"], (*path, "task"), _TASKS)
-        if "input" in entry and not isinstance(entry["input"], (Mapping, list)):
-            raise check.error((*path, "input"), "smoke.targets.input: must be a table {shape, dtype, low, high} or a list of them")
-        targets.append(dict(entry))
-    return tuple(targets)
+        raise check.error(path, f"{_dotted(path)}: must be a list of {name_key} strings or tables")
+    entries = []
+    for index, item in enumerate(value):
+        where = (*path, index)
+        with check.collecting():
+            if isinstance(item, str):
+                entries.append(_reference(item, where, check, "path/to/file.py[:Name]"))
+                continue
+            entry = check.table(item, where, known)
+            if name_key not in entry and not (name_key == "target" and "factory" in entry):
+                raise check.error(where, f"{_dotted(where)}: needs {name_key} = \"path/to/file.py:Name\"")
+            for key, convert in _ENTRY_CHECKS.items():
+                if key in entry:
+                    with check.collecting():
+                        entry[key] = convert(entry[key], (*where, key), check)
+            entries.append(dict(entry))
+    return tuple(entries)
+
+
+def _reference(value: Any, path: KeyPath, check: "_Checker", form: str = "path/to/file.py:name") -> str:
+    """A file, optionally with ``:name`` in it; a form that names something (``:factory``) must have the name."""
+    if not isinstance(value, str) or not _REFERENCE.fullmatch(value.strip()) or \
+            ":" not in value and form.endswith((":factory", ":callable")):
+        raise check.error(path, f"{_dotted(path)}: must be \"{form}\", got {value!r}")
+    return value.strip()
+
+
+def _axis(value: Any, path: KeyPath, check: "_Checker", *, allow_none: bool) -> Optional[int]:
+    if allow_none and (value is False or value is None or value == "none"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8:
+        extra = ", or \"none\" when the output has no batch axis" if allow_none else ""
+        raise check.error(path, f"{_dotted(path)}: must be a whole number from 0 to 8{extra}, got {value!r}")
+    return value
+
+
+def _tensor_spec(value: Any, path: KeyPath, check: "_Checker", *, inputs: bool = True) -> dict:
+    """One input (or loss-target) tensor, described without its batch axis; an input may instead be a
+    ``tuple`` of tensors (an RNN's hidden state (h, c))."""
+    known = _INPUT_KEYS if inputs else tuple(k for k in _INPUT_KEYS if k not in ("name", "tuple"))
+    spec = check.table(value, path, known)
+    if "tuple" in spec:
+        items = spec["tuple"]
+        if not isinstance(items, list) or not items:
+            raise check.error((*path, "tuple"), f"{_dotted((*path, 'tuple'))}: must be a non-empty list of tensor "
+                                                "tables {shape, dtype, batch_axis}")
+        extra = sorted(set(spec) - {"tuple", "name"})
+        if extra:
+            raise check.error((*path, extra[0]), f"{_dotted((*path, extra[0]))}: a tuple input takes only tuple "
+                                                 "and name; give each tensor of the tuple its own shape and dtype")
+        spec["tuple"] = [_tensor_spec(item, (*path, "tuple", i), check, inputs=False) for i, item in enumerate(items)]
+    else:
+        shape = spec.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                                  for d in shape):
+            raise check.error((*path, "shape") if "shape" in spec else path,
+                              f"{_dotted((*path, 'shape'))}: must be a list of sizes (whole numbers >= 1) without "
+                              f"the batch axis, got {shape!r}")
+        if "batch_axis" in spec:
+            spec["batch_axis"] = _axis(spec["batch_axis"], (*path, "batch_axis"), check, allow_none=False)
+            if spec["batch_axis"] > len(shape):
+                raise check.error((*path, "batch_axis"), f"{_dotted((*path, 'batch_axis'))}: {spec['batch_axis']} "
+                                                         f"is past the end of a {len(shape) + 1}-d tensor")
+    if "dtype" in spec:
+        spec["dtype"] = check.choice(str(spec["dtype"]).replace("torch.", ""), (*path, "dtype"), _INPUT_DTYPES)
+    for key in ("low", "high"):
+        if key in spec and (isinstance(spec[key], bool) or not isinstance(spec[key], int)):
+            raise check.error((*path, key), f"{_dotted((*path, key))}: must be a whole number, got {spec[key]!r}")
+    if "low" in spec and "high" in spec and spec["high"] <= spec["low"]:
+        raise check.error((*path, "high"), f"{_dotted((*path, 'high'))}: must be above low ({spec['low']}), "
+                                           f"got {spec['high']!r}")
+    if "fill" in spec and (isinstance(spec["fill"], bool) or not isinstance(spec["fill"], (int, float))):
+        raise check.error((*path, "fill"), f"{_dotted((*path, 'fill'))}: must be a number, got {spec['fill']!r}")
+    if "name" in spec and not (isinstance(spec["name"], str) and spec["name"].isidentifier()):
+        raise check.error((*path, "name"), f"{_dotted((*path, 'name'))}: must be the forward's parameter name, "
+                                           f"got {spec['name']!r}")
+    return spec
+
+
+def _inputs(value: Any, path: KeyPath, check: "_Checker") -> Any:
+    if isinstance(value, Mapping):
+        return _tensor_spec(value, path, check)
+    if isinstance(value, list) and value:
+        return [_tensor_spec(item, (*path, i), check) for i, item in enumerate(value)]
+    raise check.error(path, f"{_dotted(path)}: must be a table {{shape, dtype, low, high, batch_axis}} or a list of "
+                            "them, one per forward argument")
+
+
+def _output(value: Any, path: KeyPath, check: "_Checker") -> dict:
+    output = check.table(value, path, _OUTPUT_KEYS)
+    if "batch_axis" in output:
+        output["batch_axis"] = _axis(output["batch_axis"], (*path, "batch_axis"), check, allow_none=True)
+    select = output.get("select")
+    if "select" in output and (isinstance(select, bool) or not isinstance(select, (int, str))):
+        raise check.error((*path, "select"), f"{_dotted((*path, 'select'))}: must be the index (tuple output) or key "
+                                             f"(dict output) of the tensor to train on, got {select!r}")
+    return output
+
+
+def _num_classes_value(value: Any, path: KeyPath, check: "_Checker") -> int:
+    return check.whole_number(value, path, 1, 10_000_000)
+
+
+_ENTRY_CHECKS: dict[str, Callable[[Any, KeyPath, "_Checker"], Any]] = {
+    "target": lambda v, p, c: _reference(v, p, c, "path/to/file.py[:NameOrFactory]"),
+    "step": lambda v, p, c: _reference(v, p, c, "path/to/file.py[:function]"),
+    "model": lambda v, p, c: _reference(v, p, c, "path/to/file.py[:NameOrFactory]"),
+    "factory": lambda v, p, c: _reference(v, p, c, "path/to/file.py:factory"),
+    "loss": lambda v, p, c: _reference(v, p, c, "module.path:callable"),
+    "task": lambda v, p, c: c.choice(v, p, _TASKS),
+    "input": _inputs,
+    "output": _output,
+    "loss_target": lambda v, p, c: _tensor_spec(v, p, c, inputs=False),
+    "num_classes": _num_classes_value,
+}
 
 
 class _Checker:
@@ -426,7 +548,11 @@ class _Checker:
 
 
 def _dotted(path: KeyPath) -> str:
-    return ".".join(path)
+    """``smoke.targets[0].input``: list indices in brackets."""
+    text = ""
+    for key in path:
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
+    return text
 
 
 def _kind(value: Any) -> str:
@@ -498,6 +624,12 @@ def _yaml_key_line(text: str, path: KeyPath) -> Optional[int]:
     """1-based line of the deepest key of ``path`` found in the YAML document."""
     node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
     for key in path:
+        if isinstance(key, int):
+            if not isinstance(node, yaml.SequenceNode) or key >= len(node.value):
+                break
+            node = node.value[key]
+            line = node.start_mark.line + 1
+            continue
         if not isinstance(node, yaml.MappingNode):
             break
         match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
@@ -512,6 +644,12 @@ def _toml_key_line(text: str, path: KeyPath) -> Optional[int]:
     ``key.sub =``) or a table header ending in it, searched in order. Good enough for messages."""
     lines, start, found = text.splitlines(), 0, None
     for key in path:
+        if isinstance(key, int):  # the key-th item on a line of its own: a string, an inline table, a [[...]] header
+            items = [i for i in range(start, len(lines)) if lines[i].strip().startswith(("{", "[[", '"', "'"))]
+            if key >= len(items):
+                break
+            start = found = items[key]
+            continue
         hit = next((i for i in range(start, len(lines)) if _toml_line_defines(lines[i], key)), None)
         if hit is None:
             break

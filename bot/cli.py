@@ -76,7 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Build and train the nn.Module classes of a file (or one class) for a few "
                                        "steps in a sandboxed process, run the smoke checks, and compare with a base "
                                        "revision. Exit 1 when a check fails or a regression is flagged.")
-    smoke.add_argument("target", metavar="PATH[:Class]", help="a .py file, optionally :ClassOrFactory")
+    smoke.add_argument("target", metavar="PATH[:Class]", nargs="?",
+                       help="a .py file, optionally :ClassOrFactory or :train_step; omitted: the config's "
+                            "smoke.targets and smoke.steps")
+    smoke.add_argument("--config", metavar="FILE",
+                       help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml whose smoke.targets / "
+                            "smoke.steps say how to build, feed and train the models (default: the repository's)")
     smoke.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     smoke.add_argument("--steps", type=int, default=50, help="optimizer steps for the overfit check (default 50)")
     smoke.add_argument("--base", metavar="GIT_REF", help="also run the same targets at this revision and compare")
@@ -296,6 +301,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from itertools import groupby
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from analyzers.model import Category
@@ -466,32 +472,60 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from bot.smoke import default_device
     from gpu_runner.runner import TargetRequest, smoke
     from gpu_runner.sandbox import SandboxLimits
-    from gpu_runner.targets import find_targets
+    from analyzers.config import ConfigError, find_config, load_config_file
+    from gpu_runner.runner import configured_requests
+    from gpu_runner.targets import find_step_targets, find_targets
 
-    path, _, name = args.target.partition(":")
+    if args.steps < 1:
+        raise UsageError("--steps must be at least 1")
+    if args.target is None and not args.config:
+        raise UsageError("name a PATH[:Class] to smoke, or a --config whose smoke.targets / smoke.steps list them")
+    path, _, name = (args.target or args.config).partition(":") if args.target else (args.config, "", "")
     file = Path(path).resolve()
     if not file.exists():
         raise UsageError(f"{path}: no such file")
-    if not file.is_file() or file.suffix != ".py":
+    if args.target is not None and (not file.is_file() or file.suffix != ".py"):
         raise UsageError(f"{path}: not a Python file")
-    if args.steps < 1:
-        raise UsageError("--steps must be at least 1")
     try:
         root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=file.parent, capture_output=True,
                                    text=True, check=True).stdout.strip())
     except (subprocess.CalledProcessError, FileNotFoundError):
         if args.base:
             raise UsageError("--base needs the file to be inside a git repository") from None
-        root = file.parent
-    relative = file.relative_to(root).as_posix()
-    if name:
-        _check_defined(path, file.read_text(errors="replace"), name)
-        requests_ = [TargetRequest(f"{relative}:{name}")]
+        root = file.parent.parent if args.target is None and file.parent.name == ".github" else file.parent
+    try:
+        config = load_config_file(Path(args.config)) if args.config else find_config(file.parent)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    configured = configured_requests(dict(config.smoke))
+    if args.target is None:
+        requests_ = configured
+        if not requests_:
+            raise UsageError(f"{args.config}: smoke.targets and smoke.steps are empty; name a PATH[:Class]")
     else:
-        found = find_targets({relative: file.read_text()}, {relative: None})
-        if not found:
-            raise UsageError(f"{path}: defines no nn.Module subclass; name a factory with {path}:build_model")
-        requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line) for t in found]
+        relative = file.relative_to(root).as_posix()
+        source = file.read_text(errors="replace")
+        # the configuration's entries for this file say how to build them
+        options = {(r.kind, r.target): r for r in configured if r.target.split(":", 1)[0] == relative}
+        if name:
+            _check_defined(path, source, name.split(".")[0])
+            steps = {t.name: t for t in find_step_targets({relative: source}, {relative: None})}
+            kind = "step" if name in steps or ("step", f"{relative}:{name}") in options else "model"
+            line = steps[name].line if name in steps else 1
+            requests_ = [TargetRequest(f"{relative}:{name}", line, kind=kind)]
+        else:
+            found = find_targets({relative: source}, {relative: None})
+            found += find_step_targets({relative: source}, {relative: None})
+            requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line, kind="step" if t.kind == "step" else "model")
+                         for t in found]
+            requests_ += [r for key, r in options.items() if key not in {(q.kind, q.target) for q in requests_}]
+            if not requests_:
+                raise UsageError(f"{path}: defines no nn.Module subclass or training step; name a factory with "
+                                 f"{path}:build_model")
+        for request in requests_:
+            match = options.get((request.kind, request.target))
+            if match is not None:
+                request.config = match.config
     with tempfile.TemporaryDirectory(prefix="torchreview-base-") as base_dir:
         base = None
         if args.base:
@@ -550,7 +584,7 @@ def _print_smoke(run) -> None:
                 table.add_column(column, overflow="fold")
             for check in head["checks"]:
                 style = {"pass": "green", "fail": "red", "warn": "yellow"}.get(check["status"], "dim")
-                table.add_row(check["name"], f"[{style}]{check['status']}[/]", check["message"])
+                table.add_row(check["name"], f"[{style}]{check['status']}[/]", escape(check["message"]))
             console.print(table)
         measures = head.get("measures") or {}
         if measures:

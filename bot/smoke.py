@@ -183,10 +183,12 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
         start, end = spans.get(t["target"], (t.get("line", 1), t.get("line", 1)))
         if diff is None:
             continue
-        line = next((n for n in range(start, end + 1) if n in diff.commentable), None)
+        failed = [c for c in t["head"].get("checks", []) if c["status"] == "fail"]
+        # a training step's failure names its line (the missing zero_grad's step, the detached loss's backward)
+        named = [c["details"]["line"] for c in failed if isinstance((c.get("details") or {}).get("line"), int)]
+        line = next((n for n in named + list(range(start, end + 1)) if n in diff.commentable), None)
         if line is None:
             continue
-        failed = [c for c in t["head"].get("checks", []) if c["status"] == "fail"]
         body = [f"🔥 **smoke** · {code_span(t['target'])} failed when trained for a few steps:", ""]
         body += [f"- **{literal(c['name'])}**: {_public(c['message'])}" for c in failed] or \
                 [f"- {_reason(t) or 'error'}"]
@@ -293,9 +295,9 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
     from bot.review import parse_file_patch
     from bot.store import WriteBudget, WriteBudgetSpent
     from gpu_runner.executor import run_smoke
-    from gpu_runner.runner import TargetRequest
+    from gpu_runner.runner import TargetRequest, configured_requests
     from gpu_runner.sandbox import SandboxLimits
-    from gpu_runner.targets import find_targets, parse_target_spec
+    from gpu_runner.targets import find_step_targets, find_targets, parse_target_spec
 
     gh = clients.for_installation(job.installation_id)
     repo = gh.get_repo(job.repository)
@@ -339,15 +341,15 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
             sources = {f.filename: (head_dir / f.filename).read_text(errors="replace") for f in files
                        if (head_dir / f.filename).is_file()}
             changed = {path: set(diff.added) for path, diff in diffs.items()}
-            found = find_targets(sources, changed)
+            found = find_targets(sources, changed) + find_step_targets(sources, changed)
             spans = {f"{t.path}:{t.name}": (t.line, t.end_line) for t in found}
-            requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line) for t in found]
-            for entry in settings.get("targets") or ():
-                spec = entry if isinstance(entry, str) else entry["target"]
-                if parse_target_spec(spec) is None:
-                    continue  # validated config: cannot happen for a well-formed spec
-                options = None if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "target"}
-                requests_.append(TargetRequest(spec, 1, options))
+            requests_ = [TargetRequest(f"{t.path}:{t.name}", t.line,
+                                       kind="step" if t.kind == "step" else "model") for t in found]
+            configured = {(r.kind, r.target): r for r in configured_requests(settings)
+                          if parse_target_spec(r.target) is not None}
+            for request in requests_:  # a changed target the config describes is built as configured
+                request.config = configured.pop((request.kind, request.target), request).config
+            requests_ += list(configured.values())
             limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
             report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),
                                limits=limits, thresholds=settings.get("regression"))

@@ -66,8 +66,10 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     """Build ``target`` (``"models/net.py:Net"``, ``"models/net.py:build_model"`` or ``"models/net.py"``)
     from the code under ``code_root``. ``config`` is the repo's smoke entry for it: ``factory``,
     ``input`` (``{"shape", "dtype", "low", "high"}`` or a list of them, ``name`` for a keyword input),
-    ``task``, ``loss`` (``"module.path:callable"`` called with (model output, target)), ``num_classes``
-    and ``target`` (a tensor description like ``input``, for a configured loss)."""
+    ``output`` (``{"batch_axis": 1 | None, "select": index or key}``), ``task``, ``loss``
+    (``"module.path:callable"`` called with (model output, target): the selected tensor when ``output.select``
+    is set, else the whole output), ``num_classes`` and ``loss_target`` (a tensor description like ``input``,
+    for a configured loss). The README's "Configuring the runner" documents the same keys."""
     config = dict(config or {})
     code_root = Path(code_root).resolve()
     _add_to_sys_path(code_root)
@@ -114,7 +116,8 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         return task
     return Subject(name=name, model=model, make_batch=_BatchMaker(plan, task, device, float_dtype),
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
-                   integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes)
+                   integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes,
+                   output_batch_axis=task.batch_axis, output_select=task.select, inputs_batch_first=plan.batch_first())
 
 
 # ---- importing the PR's code ---------------------------------------------------------------------
@@ -732,11 +735,29 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class TupleSpec:
+    """A tuple of tensors passed as one argument: an RNN's hidden state ``(h, c)``."""
+
+    items: tuple[TensorSpec, ...]
+    dtype: str = "tuple"  # never token ids, a target or a graph: the attributes plans look at
+    shape: tuple = ()
+    fill: Optional[float] = None
+    is_target: bool = False
+    adjacency: bool = False
+
+    def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str) -> tuple:
+        return tuple(item.make(batch_size, generator, float_dtype, device) for item in self.items)
+
+    def describe(self) -> str:
+        return "(" + ", ".join(item.describe() for item in self.items) + ")"
+
+
+@dataclass(frozen=True)
 class InputPlan:
     """How to call the model: positional and keyword input tensors."""
 
-    args: tuple[TensorSpec, ...]
-    kwargs: tuple[tuple[str, TensorSpec], ...] = ()
+    args: tuple[Union[TensorSpec, TupleSpec], ...]
+    kwargs: tuple[tuple[str, Union[TensorSpec, TupleSpec]], ...] = ()
     source: str = ""  # how it was found, for the notes
 
     def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str):
@@ -745,7 +766,11 @@ class InputPlan:
         return args, kwargs
 
     def all_specs(self) -> list[TensorSpec]:
-        return list(self.args) + [spec for _, spec in self.kwargs]
+        specs = list(self.args) + [spec for _, spec in self.kwargs]
+        return [item for spec in specs for item in (spec.items if isinstance(spec, TupleSpec) else (spec,))]
+
+    def batch_first(self) -> bool:
+        return all(spec.batch_axis == 0 or spec.adjacency for spec in self.all_specs())
 
     def is_graph(self) -> bool:
         return any(s.adjacency for s in self.all_specs())
@@ -761,7 +786,9 @@ class InputPlan:
         return self.args, self.kwargs
 
 
-def _spec_from_config(entry: dict) -> TensorSpec:
+def _spec_from_config(entry: dict) -> Union[TensorSpec, TupleSpec]:
+    if entry.get("tuple") is not None:
+        return TupleSpec(tuple(_spec_from_config(item) for item in entry["tuple"]))
     dtype = str(entry.get("dtype", "float32")).replace("torch.", "")
     if dtype not in _DTYPES:
         raise BuildError(f"smoke input dtype '{dtype}' is not one of {', '.join(sorted(_DTYPES))}")
@@ -1229,6 +1256,8 @@ class _Task:
     loss_fn: Callable[[Any, Any], Any]
     make_target: Callable[[int, torch.Generator, tuple, str], Any]  # (batch_size, generator, args, device)
     num_classes: Optional[int] = None
+    batch_axis: Optional[int] = 0  # of the selected output; None: it has none (configured)
+    select: Optional[Callable[[Any], Any]] = None  # the configured output.select, for the checks to look at
 
 
 def _select_primary(output: Any) -> tuple[Optional[Callable[[Any], Any]], str]:
@@ -1275,15 +1304,26 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
     if output is _FAILED:  # a configured input the forward rejects: the checks report it
         return _task_without_output(configured_task or "custom", configured_loss, config)
 
-    select, selection_note = _select_primary(output)
+    configured_output = config.get("output") or {}
+    if "select" in configured_output:
+        select, selection_note = _configured_selection(output, configured_output["select"])
+    else:
+        select, selection_note = _select_primary(output)
     if select is None:
         return Skip(f"forward returned {type(output).__name__} with no tensor to train on; configure smoke.targets "
                     "with a task and a loss")
     if selection_note:
         notes.append(selection_note)
     primary = select(output)
-    second = prober.try_plan(plan, SECOND_PROBE_BATCH)
-    axis = _batch_axis(primary, select(second) if second is not _FAILED else None)
+    if "batch_axis" in configured_output:
+        axis = configured_output["batch_axis"]
+        axis = None if axis in (None, False, "none") else int(axis)
+        if axis is not None and axis >= primary.dim():
+            raise BuildError(f"smoke output batch_axis {axis} is past the end of the output {tuple(primary.shape)}")
+        notes.append(f"output batch axis: configured {axis}")
+    else:
+        second = prober.try_plan(plan, SECOND_PROBE_BATCH)
+        axis = _batch_axis(primary, select(second) if second is not _FAILED else None)
     tokens_index = next((i for i, s in enumerate(plan.args) if s.dtype == "long" and len(s.shape) == 1), None)
 
     task = configured_task or _infer_task_name(primary, axis, plan, tokens_index)
@@ -1294,12 +1334,48 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
     built = _task_for(task, primary, axis, plan, tokens_index, select, config, notes)
     if isinstance(built, Skip):
         return built
+    if "batch_axis" in configured_output:  # else the checks hold the output to batch-first
+        built.batch_axis = axis
+    if "select" in configured_output:
+        built.select = select
     if configured_loss is not None:
-        built.loss_fn = configured_loss  # called with the model's whole output and the target
+        # called with the model's whole output (or the configured selection of it) and the target
+        built.loss_fn = _SelectedOutputLoss(configured_loss, select) if "select" in configured_output \
+            else configured_loss
         notes.append(f"loss: the configured {config['loss']}")
-    if config.get("target") is not None:
-        built.make_target = _target_from_spec(_spec_from_config(config["target"]))
+    if config.get("loss_target") is not None:
+        built.make_target = _target_from_spec(_spec_from_config(config["loss_target"]))
     return built
+
+
+def _configured_selection(output: Any, key: Union[int, str]) -> tuple[Callable[[Any], Any], str]:
+    """``output.select``: an index of a tuple output or a key of a mapping (or an attribute of an object)."""
+    try:
+        if isinstance(output, (tuple, list)) and isinstance(key, int):
+            value = output[key]
+            select: Callable[[Any], Any] = lambda out: out[key]  # noqa: E731
+        elif isinstance(key, str) and (isinstance(output, dict) or hasattr(output, "keys")):
+            value = output[key]
+            select = lambda out: out[key]  # noqa: E731
+        elif isinstance(key, str) and hasattr(output, key):
+            value = getattr(output, key)
+            select = lambda out: getattr(out, key)  # noqa: E731
+        else:
+            raise LookupError(key)
+    except (LookupError, TypeError):
+        raise BuildError(f"smoke output select {key!r} picks nothing from the {type(output).__name__} the forward "
+                         "returns") from None
+    if not isinstance(value, torch.Tensor):
+        raise BuildError(f"smoke output select {key!r} picks a {type(value).__name__}, not a tensor")
+    return select, f"trained on the output's {key!r} (configured)"
+
+
+class _SelectedOutputLoss:
+    def __init__(self, loss: Callable, select: Callable):
+        self.loss, self.select = loss, select
+
+    def __call__(self, output, target):
+        return self.loss(self.select(output), target)
 
 
 def _shape_text(tensor: torch.Tensor, batch_axis: Optional[int]) -> str:
@@ -1334,16 +1410,21 @@ def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: Input
         classes = int(config.get("num_classes") or primary.shape[1])
         return _Task("classification", _CrossEntropyLoss(select), _random_labels((), classes), classes)
     if task == "language_model":
-        if primary.dim() != 3 or axis != 0 or tokens_index is None:
-            return Skip(f"task language_model needs token ids [B, T] and logits [B, T, V]; the output is "
-                        f"{_shape_text(primary, axis)}; configure smoke.targets with a task and a loss")
+        if primary.dim() != 3 or axis not in (0, 1) or tokens_index is None:
+            return Skip(f"task language_model needs token ids [B, T] and logits [B, T, V] (or [T, B, V] with "
+                        f"output.batch_axis = 1); the output is {_shape_text(primary, axis)}; configure smoke.targets "
+                        "with a task and a loss")
         vocab = int(primary.shape[2])
         tokens = plan.args[tokens_index]
-        if primary.shape[1] == tokens.shape[0] and tokens.high <= vocab:
-            make_target = _shifted_tokens(tokens_index)
+        time_steps = int(primary.shape[1 - axis])
+        if time_steps == tokens.shape[0] and tokens.high <= vocab:
+            # the targets in the logits' layout: [B, T] for batch-first logits, [T, B] for time-first
+            make_target = _shifted_tokens(tokens_index, tokens.batch_axis, axis)
         else:
-            make_target = _random_labels((int(primary.shape[1]),), vocab)
-            notes.append(f"the logits [B, {primary.shape[1]}, {vocab}] do not line up with the input tokens "
+            make_target = _random_labels((time_steps,), vocab)
+            if axis == 1:
+                make_target = _time_first(make_target)
+            notes.append(f"the logits {_shape_text(primary, axis)} do not line up with the input tokens "
                          f"{tokens.describe()}; their targets are random tokens")
         return _Task("language_model", _CrossEntropyLoss(select), make_target, vocab)
     shape = list(primary.shape)
@@ -1363,7 +1444,7 @@ def _task_without_output(task: str, configured_loss: Optional[Callable], config:
         loss = _MeanSquaredError(identity)
     else:
         loss = _ScalarOutputLoss(identity)
-    make_target = (_target_from_spec(_spec_from_config(config["target"])) if config.get("target") is not None
+    make_target = (_target_from_spec(_spec_from_config(config["loss_target"])) if config.get("loss_target") is not None
                    else _random_labels((), int(classes or 2)) if task == "classification"
                    else (lambda b, g, args, device: None))
     return _Task(task, loss, make_target, int(classes) if classes else None)
@@ -1401,14 +1482,24 @@ def _random_labels(shape: tuple, classes: int):
     return make
 
 
-def _shifted_tokens(tokens_index: int):
-    """Next-token targets: position t predicts token t+1; the last position is ignored (-100)."""
+def _shifted_tokens(tokens_index: int, tokens_batch_axis: int = 0, logits_batch_axis: int = 0):
+    """Next-token targets: position t predicts token t+1; the last position is ignored (-100). Laid out like
+    the logits' first two axes (batch-first or time-first)."""
 
     def make(batch_size, generator, args, device):
         tokens = args[tokens_index]
+        if tokens_batch_axis == 1:  # [T, B]: work batch-first
+            tokens = tokens.transpose(0, 1)
         target = torch.full_like(tokens, -100)
         target[:, :-1] = tokens[:, 1:]
-        return target
+        return target.transpose(0, 1).contiguous() if logits_batch_axis == 1 else target
+
+    return make
+
+
+def _time_first(make_target):
+    def make(batch_size, generator, args, device):
+        return make_target(batch_size, generator, args, device).transpose(0, 1).contiguous()
 
     return make
 

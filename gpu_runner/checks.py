@@ -171,10 +171,14 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
                                 reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
         run = _Run(subject, steps, seed, batch_size, fixed_batch)
         run.model()  # the initial state, restored before every check and at the end
+        global _CONFIGURED_LAYOUT
+        configured = subject.output_select is not None or subject.output_batch_axis != 0
+        _CONFIGURED_LAYOUT = subject if configured else None
         try:
             checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
             measures, notes = _take_measures(run)
         finally:
+            _CONFIGURED_LAYOUT = None
             run.model()  # the subject leaves as it came
     status = "failed" if any(check.status == "fail" for check in checks) else "passed"
     return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes)
@@ -210,8 +214,25 @@ def _forward(model: nn.Module, batch: Batch) -> Any:
     return model(*batch.args, **batch.kwargs)
 
 
+# The subject being checked when its output layout is configured (smoke.targets' output.select / batch_axis); set
+# by run_checks, so that every helper that sees only an output looks at the configured tensor, batch axis first.
+_CONFIGURED_LAYOUT: Optional[Subject] = None
+
+
 def _primary_output(output: Any) -> Optional[torch.Tensor]:
-    """The tensor the checks look at: the output itself, ``.logits``, or the first tensor in a tuple/dict."""
+    """The tensor the checks look at: the configured selection, else the output itself, ``.logits``, or the
+    first tensor in a tuple/dict; with a configured batch axis moved first."""
+    layout = _CONFIGURED_LAYOUT
+    if layout is None:
+        return _first_tensor(output)
+    picked = layout.output_select(output) if layout.output_select is not None else _first_tensor(output)
+    axis = layout.output_batch_axis
+    if isinstance(picked, torch.Tensor) and axis and picked.dim() > axis:
+        picked = picked.movedim(axis, 0)
+    return picked if isinstance(picked, torch.Tensor) else None
+
+
+def _first_tensor(output: Any) -> Optional[torch.Tensor]:
     if isinstance(output, torch.Tensor):
         return output
     logits = getattr(output, "logits", None)
@@ -226,7 +247,7 @@ def _primary_output(output: Any) -> Optional[torch.Tensor]:
     else:
         return None
     for item in candidates:
-        found = _primary_output(item)
+        found = _first_tensor(item)
         if found is not None:
             return found
     return None
@@ -373,7 +394,9 @@ def check_forward_contract(run: _Run) -> CheckResult:
             return CheckResult(name, "fail", f"the model's own loss is {float(output)} at init.", details)
         return CheckResult(name, "pass", f"forward returns a finite scalar {float(output):.4g} (the model computes its "
                            "own loss); the per-row checks do not apply.", details)
-    if not shape or shape[0] != batch_size:
+    if run.subject.output_batch_axis is None:
+        details["batch_axis"] = "none (configured)"
+    elif not shape or shape[0] != batch_size:
         where = [dim for dim, size in enumerate(shape) if size == batch_size]
         hint = f" (the batch is on dim {where[0]}: sequence-first output?)" if where else ""
         problems.append(f"output shape {shape} does not start with the batch size {batch_size}{hint}")
@@ -716,6 +739,9 @@ def check_batch_leakage(run: _Run) -> CheckResult:
     if run.subject.graph:
         return CheckResult(name, "skip", "the batch's rows are the nodes of one graph (an adjacency input): rows "
                            "depend on their neighbours by design.")
+    if not run.subject.inputs_batch_first or run.subject.output_batch_axis != 0:
+        return CheckResult(name, "skip", "the configured inputs or output are not batch-first (batch_axis); rows are "
+                           "compared only along dim 0.")
     sequence_first = _sequence_first_layers(run.subject.model)
     if sequence_first and all(t.dim() > 0 and t.shape[0] == batch_size for _, t in _input_tensors(run.fixed_batch)):
         return CheckResult(name, "skip", f"{sequence_first[0]} is sequence-first (batch_first=False), so dim 0 of the "
@@ -818,7 +844,7 @@ def check_eval_determinism(run: _Run) -> CheckResult:
     if run.subject.graph:
         return CheckResult(name, "pass", "two eval-mode forwards agree (batch-size invariance does not apply: the "
                            "batch's rows are the nodes of one graph).", details)
-    if batch_size < 2 or first.dim() == 0 or first.shape[0] != batch_size:
+    if batch_size < 2 or first.dim() == 0 or first.shape[0] != batch_size or not run.subject.inputs_batch_first:
         return CheckResult(name, "pass", "two eval-mode forwards agree (batch-size invariance not checked: the output "
                            "has no batch dim 0).", details)
     rows = batch_size // 2

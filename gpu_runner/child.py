@@ -79,8 +79,14 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
                 torch.set_num_threads(max(1, min(allowed, int(job.get("threads") or allowed))))  # the allowed cores
                 torch_ready = True
-            result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
-                               int(job.get("steps", 50)), int(job.get("seed", 0)))
+            if item.get("kind") == "step":
+                from gpu_runner.steps import smoke_step
+
+                result = smoke_step(code_root, item["target"], item.get("config"), device=job.get("device", "cpu"),
+                                    seed=int(job.get("seed", 0)))
+            else:
+                result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
+                                   int(job.get("steps", 50)), int(job.get("seed", 0)))
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
 

@@ -29,11 +29,31 @@ CHECK_STATUSES = ("pass", "fail", "warn", "skip", "error")  # error: the check i
 _MAX_TEXT = 4000  # characters per string of a report: the check run's summary has room for all targets
 
 
+KINDS = ("model", "step")
+
+
 @dataclass
 class TargetRequest:
     target: str  # "path/to/file.py:Name"
     line: int = 1  # where the class is, for inline comments
     config: Optional[dict] = None  # the repo's smoke settings for it (factory, input, task, loss)
+    kind: str = "model"  # "step": a training step (train.py:train_one_epoch, a Lightning module's training_step)
+
+
+def configured_requests(smoke_settings: dict) -> list[TargetRequest]:
+    """The requests that ``smoke.targets`` and ``smoke.steps`` (validated by analyzers.config) name; a table's
+    other keys are the builder's options (``target`` / ``step`` name what to run, never an option)."""
+    requests = []
+    for kind, entries, name_key in (("model", smoke_settings.get("targets") or (), "target"),
+                                    ("step", smoke_settings.get("steps") or (), "step")):
+        for entry in entries:
+            if isinstance(entry, str):
+                requests.append(TargetRequest(entry, 1, None, kind))
+                continue
+            spec = entry.get(name_key) or entry.get("factory")
+            options = {k: v for k, v in entry.items() if k != name_key}
+            requests.append(TargetRequest(str(spec), 1, options or None, kind))
+    return requests
 
 
 @dataclass
@@ -91,7 +111,8 @@ def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, s
     if not requests:
         return [], []
     count = len(requests)
-    job = {"code_root": str(code_dir), "targets": [{"target": r.target, "config": r.config} for r in requests],
+    job = {"code_root": str(code_dir),
+           "targets": [{"target": r.target, "config": r.config, "kind": r.kind} for r in requests],
            "device": device, "steps": steps, "seed": seed, "target_timeout_s": limits.timeout_s}
     if threads:
         job["threads"] = threads

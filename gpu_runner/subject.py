@@ -31,6 +31,11 @@ class Subject:
     integer_inputs: bool = False  # token ids: leakage is checked through the first embedding
     graph: bool = False  # the batch's rows are the nodes of one graph (an adjacency input): rows mix by design
     notes: list[str] = field(default_factory=list)  # how it was built (guessed args, inferred input...)
+    # configured layouts (smoke.targets' output / input batch_axis): the checks look at the selected output with
+    # its batch axis moved first; per-row checks that cannot follow another input layout are skipped
+    output_batch_axis: Optional[int] = 0  # None: the output has no batch axis
+    output_select: Optional[Callable[[Any], Any]] = None
+    inputs_batch_first: bool = True
 
 
 @dataclass

@@ -206,3 +206,59 @@ def _resolve_module_classes(files) -> set[str]:
                 known.add(qualified)
                 changed = True
     return known
+
+
+# ---- training steps ------------------------------------------------------------------------------
+
+STEP_FUNCTION_NAMES = re.compile(r"train_one_epoch|train_epoch|train_step|training_step|train_batch|train_on_batch|"
+                                 r"train_loop|train|fit|fit_epoch|run_epoch|train_model|train_iter|train_iteration")
+STEP_MODEL_ARGUMENTS = re.compile(r"model|net|network|module|classifier")
+STEP_BATCH_ARGUMENTS = re.compile(r"batch|minibatch|mini_batch|batch_data|data_batch|sample")
+
+
+def find_step_targets(sources: dict[str, str], changed_lines: dict[str, Optional[set[int]]]) -> list[Target]:
+    """Training steps in ``changed_lines``' files whose lines overlap a changed line (``None``: the whole file):
+    a Lightning-style class (``training_step`` and ``configure_optimizers``; Lightning need not be installed),
+    named ``Class.training_step``; a function named like a training step (``train_one_epoch``, ``train``,
+    ``train_step``...) that takes the model and calls ``.backward()``; and such a method of a plain class (a
+    trainer taking the model in its constructor), named ``Class.method``. Found with ``ast`` alone."""
+    found = []
+    for path, changed in changed_lines.items():
+        try:
+            tree = ast.parse(sources.get(path, ""))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in tree.body:
+            for name, span, candidate in _step_candidates(node):
+                if changed is None or any(span[0] <= n <= span[1] for n in changed):
+                    found.append(Target(path=path, name=name, line=span[0], end_line=span[1], kind="step"))
+    return sorted(found, key=lambda t: (t.path, t.line))
+
+
+def _step_candidates(node: ast.stmt) -> Iterator[tuple[str, tuple[int, int], ast.AST]]:
+    def span(item) -> tuple[int, int]:
+        return min([item.lineno] + [d.lineno for d in item.decorator_list]), item.end_lineno or item.lineno
+
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+        if _is_step_function(node) and any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in names):
+            yield node.name, span(node), node
+    elif isinstance(node, ast.ClassDef):
+        methods = {m.name: m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if "training_step" in methods and "configure_optimizers" in methods:
+            yield f"{node.name}.training_step", span(node), node
+            return
+        if "__init__" not in methods:
+            return
+        init_names = {a.arg for a in methods["__init__"].args.args}
+        if not any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in init_names):
+            return
+        for method in methods.values():
+            if method.name != "__init__" and _is_step_function(method):
+                yield f"{node.name}.{method.name}", span(method), method
+
+
+def _is_step_function(node: ast.AST) -> bool:
+    return bool(STEP_FUNCTION_NAMES.fullmatch(node.name)) and any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+        for n in ast.walk(node))

@@ -108,7 +108,7 @@ def test_yaml_file_with_nested_forms():
     assert (config.skip_drafts, config.skip_labels, config.skip_title_markers, config.skip_bots) == \
         (False, ("no-review",), ("[wip]",), False)
     assert config.cleanup == "delete"
-    assert config.smoke == {"enabled": True, "targets": ("train.py",), "timeout": 300, "memory": 2048,
+    assert config.smoke == {"enabled": True, "targets": ("train.py",), "steps": (), "timeout": 300, "memory": 2048,
                             "device": "auto", "trust": "collaborators",
                             "regression": {"step_time": 0.1, "memory": 0.25}}
     assert config.source == ".github/torchreview.yml"

@@ -297,7 +297,7 @@ def test_configured_factory_input_and_task(tmp_path):
     assert math.isfinite(_loss(subject).item())
 
     config = dict(config, task="classification", loss="models.losses:mean_abs",
-                  target={"shape": [3], "dtype": "float32"})
+                  loss_target={"shape": [3], "dtype": "float32"})
     subject = build_subject(root, "models/net.py:Net", device="cpu", config=config)
     assert (subject.task, subject.num_classes) == ("classification", 3)
     batch = subject.make_batch(4, 0)

@@ -134,3 +134,31 @@ def test_smoke_threads_are_commented_once_and_resolved_when_fixed(stack, gpu_wor
     assert smoke_run(state, head).conclusion == "success"
     threads = state.threads_for(pr)
     assert len(threads) == 2 and all(t.is_resolved for t in threads)
+
+
+TRAIN_WITHOUT_ZERO_GRAD = '''import torch
+from models.net import HealthyMLP
+
+
+def train_one_epoch(model, loader, optimizer, criterion, device):
+    model.train()
+    for x, y in loader:
+        loss = criterion(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_changed_training_step_is_run_and_commented_on_its_line(stack, gpu_worker):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n",
+                                      "models/net.py": MODELS})
+    state.add_collaborator(repo, "alice", role="write")
+    pr = state.open_pull_request(repo, {"train.py": TRAIN_WITHOUT_ZERO_GRAD}, user="alice")
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    smoke = smoke_run(state, pr.head_sha)
+    assert smoke.conclusion == "failure" and "train.py:train_one_epoch" in smoke.output_summary, smoke.output_summary
+    assert "zero-grad" in smoke.output_summary
+    comments = [c for c in state.review_comments_for(pr) if "**smoke**" in c.body]
+    assert len(comments) == 1 and comments[0].path == "train.py"
+    assert comments[0].line == 10  # optimizer.step(), the step whose gradients are never reset

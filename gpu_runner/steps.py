@@ -1,0 +1,942 @@
+"""Run a training step, not only the module: a few iterations of the PR's own training code on synthetic batches,
+instrumented. Runs inside the sandboxed child (``gpu_runner.child``), in the same warm worker as the model targets.
+
+Steps come from a Lightning-style class (``training_step`` + ``configure_optimizers``, driven the way Lightning's
+``fast_dev_run`` drives it; Lightning need not be installed), a function named in ``smoke.steps``, or a detected
+``train_one_epoch(model, loader, optimizer, ...)`` / ``Trainer.train_step(batch)`` (``targets.find_step_targets``).
+Arguments are built by name: the model by the runner's builder, the loader from the model's inferred input (the
+same batch every iteration, so that a working step must lower the loss), Adam over the model's parameters, the
+builder's loss as the criterion.
+
+What is checked, each a CheckResult with the line of the PR's code it is about (``details["line"]``):
+
+- zero-grad: the gradients are reset between optimizer steps (a backward after a step finds ``.grad`` still
+  holding what the step used: accumulated across steps, no ``zero_grad()``).
+- optimizer-coverage: every trainable parameter that gets a gradient is in the optimizer that steps.
+- params-updated: every parameter the model's loss reaches changes; one that gets no gradient from the step's
+  loss is cut off (``.detach()``, ``.data``, ``torch.no_grad()``).
+- loss: finite, connected to the model's parameters, and falling over the iterations (a loss that does not fall
+  in a few steps is only a warning: the step's own optimizer and learning rate may be slow).
+- train-mode: the model is in train mode when the step's forward runs (an epoch function is called with the model
+  in eval mode, as it is after an evaluation, unless its caller sets ``model.train()`` itself).
+- eval-mode: an evaluation helper of the same file (``evaluate(model, loader)``) runs the model in eval mode.
+
+Never a false alarm: what cannot be built or called on the synthetic arguments is *skipped* with the reason; an
+exception raised in the runner's own code (or in torch called by it) is an *error* of the runner.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+import linecache
+import math
+import re
+import sys
+import time
+import traceback
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
+                              guess_argument, import_file)
+from gpu_runner.guess import CONFIG_NAMES
+from gpu_runner.subject import CheckResult, Subject, TargetReport
+from gpu_runner.targets import find_targets, parse_target_spec
+
+STEP_ITERATIONS = 6  # optimizer steps per run: enough for a loss on one repeated batch to fall
+STEP_BATCH = 8
+STEP_LEARNING_RATE = 1e-3  # Adam, for the optimizer the runner builds
+LOSS_FALL_FRACTION = 0.01  # the last losses' mean below the first ones' by at least this: falling
+MODEL_OPTIONS = ("factory", "input", "output", "task", "loss", "loss_target", "num_classes")
+_MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+
+# Argument roles, by parameter name (lower case).
+_ROLES: list[tuple[str, str]] = [
+    ("model", r"model|net|network|module|classifier|model_without_ddp"),
+    ("loader", r"(train_?|training_|data_?|test_?|val_?|valid_?|validation_|eval_?)?(loader|dataloader|data_loader|"
+               r"iter|iterator)|train_data|train_dataset|dataset|train_ds|batches|data"),
+    ("batch", r"batch|minibatch|mini_batch|batch_data|data_batch|sample"),
+    ("index", r"batch_idx|batch_index|batch_nb|idx|i|step|it|iteration|global_step|step_idx"),
+    ("optimizer", r"optimizer|optim|opt|optimiser"),
+    ("criterion", r"criterion|loss_fn|loss_func|loss_function|lossfn|loss_fcn|loss_module|compute_loss|loss"),
+    ("device", r"device|dev"),
+    ("epoch", r"epoch|ep|epoch_idx|cur_epoch|current_epoch|epoch_num"),
+    ("epochs", r"epochs|num_epochs|n_epochs|max_epochs|nepochs|total_epochs"),
+    ("scheduler", r"scheduler|lr_scheduler|sched|schedule"),
+    ("scaler", r"scaler|grad_scaler|amp_scaler|loss_scaler"),
+    ("logger", r"writer|logger|tb_writer|summary_writer|tb_logger|wandb|tracker|metric_logger|log"),
+    ("interval", r"log_interval|print_freq|log_every|print_every|log_freq|display_interval|log_steps"),
+    ("clip", r"clip|max_norm|grad_clip|clip_grad|clip_grad_norm|max_grad_norm|clip_value|gradient_clip"),
+    ("accumulation", r"accum_iter|accumulation_steps|grad_accum|gradient_accumulation_steps|accum_steps|"
+                     r"update_freq|grad_accum_steps"),
+    ("flag", r"dry_run|verbose|use_amp|amp|fp16|debug|distributed"),
+]
+_ROLE_PATTERNS = [(role, re.compile(pattern)) for role, pattern in _ROLES]
+_EVALUATION_NAMES = re.compile(r"evaluate|validate|test|eval_one_epoch|evaluate_one_epoch|validation|val|eval|"
+                               r"run_eval|test_epoch|valid|val_epoch|validate_one_epoch|eval_epoch")
+_DETACHED_LOSS = re.compile(r"does not require grad and does not have a grad_fn")
+
+
+def role_of(name: str) -> Optional[str]:
+    lowered = name.lower()
+    return next((role for role, pattern in _ROLE_PATTERNS if pattern.fullmatch(lowered)), None)
+
+
+class StepSkip(Exception):
+    """The step cannot be run on what the runner can build: a reason, never a finding."""
+
+
+class _UserCodeFailed(Exception):
+    """The PR's step raised on the synthetic arguments (the original is ``__cause__``)."""
+
+
+@dataclass
+class _Where:
+    path: str
+    line: int
+    code: str
+
+    def text(self) -> str:
+        return f"{self.path}:{self.line}" + (f" (`{self.code}`)" if self.code else "")
+
+
+# ---- the entry point -------------------------------------------------------------------------------------
+
+def smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: str, seed: int = 0,
+               iterations: int = STEP_ITERATIONS) -> dict:
+    """The report (``TargetReport.to_dict()`` shape) of running the training step ``target``
+    (``"train.py:train_one_epoch"``, ``"lit.py:LitModel.training_step"``, ``"train.py:Trainer.train_step"``)."""
+    code_root = Path(code_root).resolve()
+    try:
+        plan = _plan(code_root, target, dict(config or {}), device, seed)
+    except (StepSkip, BuildError) as exc:
+        return _report(target, "skipped", str(exc))
+    except Exception as exc:  # noqa: BLE001 - building the PR's model or importing its file
+        if _user_frames(exc.__traceback__, code_root):
+            return _report(target, "skipped", f"could not set up {target}: {type(exc).__name__}: {_one_line(exc)}")
+        return _report(target, "error", f"the runner failed to set up {target}: {type(exc).__name__}: "
+                                        f"{_one_line(exc)}", traceback=traceback.format_exc(limit=-8))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            checks = plan.run(iterations)
+        except StepSkip as exc:
+            return _report(target, "skipped", str(exc), notes=plan.notes)
+        except Exception as exc:  # noqa: BLE001 - the harness itself: a runner error, never the step's failure
+            return _report(target, "error", f"the runner failed while running {target}: {type(exc).__name__}: "
+                                            f"{_one_line(exc)}", traceback=traceback.format_exc(limit=-8),
+                           notes=plan.notes)
+        finally:
+            plan.close()
+    status = "failed" if any(c.status == "fail" for c in checks) else "passed"
+    # not "step_time_ms": an instrumented iteration of the PR's loop is no steady timing to compare with the base
+    measures = {"params": sum(p.numel() for p in plan.model.parameters()), "iteration_ms": plan.step_time_ms(),
+                "loss_after_steps": plan.instruments.losses[-1] if plan.instruments.losses else None}
+    report = TargetReport(target=target, status=status, checks=checks, notes=plan.notes,
+                          measures={k: v for k, v in measures.items() if v is not None})
+    return report.to_dict()
+
+
+def _report(target: str, status: str, reason: str, **extra) -> dict:
+    data = TargetReport(target=target, status=status, reason=reason).to_dict()
+    data.update(extra)
+    return data
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+# ---- where the PR's code is ----------------------------------------------------------------------------
+
+def _user_frames(tb, code_root: Path) -> list[traceback.FrameSummary]:
+    root = str(code_root) + "/"
+    return [f for f in traceback.extract_tb(tb) if str(Path(f.filename).resolve()).startswith(root)] if tb else []
+
+
+def _caller_in(code_root: Path) -> Optional[_Where]:
+    """The innermost frame of the PR's code on the current stack: the line that called into torch."""
+    root = str(code_root) + "/"
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(root) or str(Path(filename).resolve()).startswith(root):
+            relative = str(Path(filename).resolve().relative_to(code_root))
+            return _Where(relative, frame.f_lineno, linecache.getline(filename, frame.f_lineno).strip())
+        frame = frame.f_back
+    return None
+
+
+# ---- instrumentation -------------------------------------------------------------------------------------
+
+@dataclass
+class _Instruments:
+    """Hooks on the model, its parameters, every optimizer and ``backward``, recording what the step did."""
+
+    model: nn.Module
+    code_root: Path
+    steps: int = 0
+    step_lines: list = field(default_factory=list)
+    stepped_parameters: set = field(default_factory=set)  # ids of the parameters of every optimizer that stepped
+    optimizer_lines: dict = field(default_factory=dict)  # id(optimizer) -> where it was created, when seen
+    stepped_optimizers: dict = field(default_factory=dict)  # id(optimizer) -> where it was created (or None)
+    got_gradient: set = field(default_factory=set)  # ids of parameters that received a gradient
+    stale: list = field(default_factory=list)  # (step, parameter name, where the backward was)
+    zeroed_after_step: int = 0
+    losses: list = field(default_factory=list)
+    loss_lines: list = field(default_factory=list)
+    disconnected: list = field(default_factory=list)  # (loss value, where): backward on a loss no parameter feeds
+    detached_error: Optional[tuple] = None  # (message, where): backward on a loss without a graph
+    forwards: list = field(default_factory=list)  # [training, grad enabled, where, a backward followed it]
+    step_seconds: list = field(default_factory=list)
+    _after_step: dict = field(default_factory=dict)  # id -> .grad right after the last step
+    _pending_check: set = field(default_factory=set)  # ids whose first gradient since the last step is awaited
+    _handles: list = field(default_factory=list)
+    _last_step_at: Optional[float] = None
+
+    def __post_init__(self):
+        self.names = {id(p): name for name, p in self.model.named_parameters()}
+        self.parameter_ids = set(self.names)
+        for name, parameter in self.model.named_parameters():
+            if parameter.requires_grad:
+                self._handles.append(parameter.register_hook(self._gradient_hook(parameter)))
+        self._handles.append(self.model.register_forward_pre_hook(self._forward_hook))
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._handles.append(register_optimizer_step_pre_hook(self._before_step))
+        self._handles.append(register_optimizer_step_post_hook(self._after_step_hook))
+        self._original_backward = torch.Tensor.backward
+        instruments = self
+
+        def backward(tensor, *args, **kwargs):  # the step's own loss.backward()
+            instruments._record_backward(tensor)
+            return instruments._original_backward(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward
+        self._original_optimizer_init = torch.optim.Optimizer.__init__
+
+        def optimizer_init(optimizer, *args, **kwargs):  # where the step builds its own optimizer
+            instruments.optimizer_lines[id(optimizer)] = _caller_in(instruments.code_root)
+            return instruments._original_optimizer_init(optimizer, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = optimizer_init
+
+    def id_of(self, parameter_name: str) -> Optional[int]:
+        return next((key for key, name in self.names.items() if name == parameter_name), None)
+
+    def close(self) -> None:
+        torch.Tensor.backward = self._original_backward
+        torch.optim.Optimizer.__init__ = self._original_optimizer_init
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _gradient_hook(self, parameter: nn.Parameter):
+        key = id(parameter)
+
+        def hook(gradient):
+            # runs before the new gradient is accumulated into .grad: .grad is still what the last step used
+            self.got_gradient.add(key)
+            if key in self._pending_check:
+                self._pending_check.discard(key)
+                previous = self._after_step.get(key)
+                current = parameter.grad
+                if previous is not None and current is not None and bool(previous.abs().sum() > 0) \
+                        and current.shape == previous.shape and torch.equal(current, previous):
+                    self.stale.append((self.steps, self.names[key], _caller_in(self.code_root)))
+                else:
+                    self.zeroed_after_step += 1
+            return None
+
+        return hook
+
+    def _forward_hook(self, module, args):
+        self.forwards.append([module.training, torch.is_grad_enabled(), _caller_in(self.code_root), False])
+
+    def _before_step(self, optimizer, args, kwargs):
+        self.stepped_optimizers.setdefault(id(optimizer), self.optimizer_lines.get(id(optimizer)))
+        for group in optimizer.param_groups:
+            self.stepped_parameters.update(id(p) for p in group["params"])
+        self.step_lines.append(_caller_in(self.code_root))
+
+    def _after_step_hook(self, optimizer, args, kwargs):
+        self.steps += 1
+        now = time.perf_counter()
+        if self._last_step_at is not None:
+            self.step_seconds.append(now - self._last_step_at)
+        self._last_step_at = now
+        self._after_step = {id(p): p.grad.detach().clone() for p in self.model.parameters() if p.grad is not None}
+        self._pending_check = set(self._after_step)
+
+    def _record_backward(self, tensor: torch.Tensor) -> None:
+        # the forward this loss comes from: the last one with autograd on (not a validation pass before it)
+        last = next((f for f in reversed(self.forwards) if f[1]), None)
+        if last is not None:
+            last[3] = True
+        where = _caller_in(self.code_root)
+        if tensor.numel() == 1:
+            value = float(tensor.detach().float())
+            self.losses.append(value)
+            self.loss_lines.append(where)
+            if tensor.grad_fn is None and not tensor.requires_grad:
+                self.detached_error = (value, where)
+            elif not _reaches(tensor.grad_fn, self.parameter_ids):
+                self.disconnected.append((value, where))
+
+
+def _reaches(grad_fn, parameter_ids: set, limit: int = 20000) -> bool:
+    """Whether the autograd graph under ``grad_fn`` accumulates into one of the parameters."""
+    stack, seen = [grad_fn], set()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if variable is not None and id(variable) in parameter_ids:
+            return True
+        stack.extend(next_node for next_node, _ in getattr(node, "next_functions", ()))
+    return len(seen) >= limit  # too large to walk: assume connected rather than cry wolf
+
+
+# ---- synthetic arguments ---------------------------------------------------------------------------------
+
+class _NullLogger:
+    """A writer / logger / tracker that accepts every call."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+
+def _step_batch(subject: Subject) -> tuple:
+    """The subject's fixed batch as a training loop receives it: ``(x, y)`` (or ``(x1, x2, y)``)."""
+    batch = subject.make_batch(STEP_BATCH, 0)
+    if batch.kwargs:
+        raise StepSkip(f"the model's forward takes keyword inputs ({', '.join(batch.kwargs)}): the layout of a "
+                       "batch its training step unpacks cannot be guessed; configure smoke.steps with an input")
+    if not subject.inputs_batch_first:
+        raise StepSkip("the model's inputs are not batch-first: a data loader of them cannot be built")
+    if batch.target is None:
+        raise StepSkip("the model computes its own loss (task custom): there is no target to put in the batch")
+    target = batch.target
+    if not target.is_floating_point():
+        target = target.masked_fill(target < 0, 0)  # ignore_index -100 is the builder's; a loop may use another
+    return tuple(batch.args) + (target,)
+
+
+class _Loader(torch.utils.data.DataLoader):
+    """A DataLoader over ``iterations`` copies of one batch (the step must lower the loss on it)."""
+
+    def __init__(self, batch: tuple, iterations: int):
+        tensors = [torch.cat([t] * iterations) for t in batch]
+        super().__init__(torch.utils.data.TensorDataset(*tensors), batch_size=len(batch[0]), shuffle=False)
+
+
+class _Criterion(nn.Module):
+    """The builder's loss as an ``nn.Module`` criterion: ``criterion(output, target)``."""
+
+    def __init__(self, loss_fn: Callable):
+        super().__init__()
+        self.loss_fn = loss_fn
+
+    def forward(self, output, target):
+        return self.loss_fn(output, target)
+
+
+def _constant_scheduler(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+
+def _config_namespace(function: Callable, name: str, values: dict) -> types.SimpleNamespace:
+    """``args`` / ``config``: the attributes the function reads from it, each from the roles or the name table."""
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        raise StepSkip(f"cannot read the source of {function.__qualname__} to build its '{name}'") from None
+    attributes = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                  and n.value.id == name and isinstance(n.ctx, ast.Load)]
+    namespace = types.SimpleNamespace()
+    for attribute in dict.fromkeys(attributes):
+        role = role_of(attribute)
+        if role in values:
+            setattr(namespace, attribute, values[role])
+            continue
+        found, value = guess_argument(attribute)
+        if not found:
+            raise StepSkip(f"cannot build {name}.{attribute}, which {function.__qualname__} reads; configure "
+                           "smoke.steps or give it a default")
+        setattr(namespace, attribute, value)
+    return namespace
+
+
+def _arguments(function: Callable, values: dict, *, skip_first: bool = False) -> dict:
+    """Keyword arguments for ``function``: by role, a config namespace, or its default. Raises StepSkip for a
+    required argument the runner cannot build."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise StepSkip(f"cannot read the signature of {function!r}: {exc}") from None
+    if skip_first and parameters:
+        parameters = parameters[1:]
+    arguments = {}
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        role = role_of(parameter.name)
+        if role in values and (parameter.default is parameter.empty or role in _ALWAYS_GIVEN):
+            arguments[parameter.name] = values[role]
+        elif parameter.default is not parameter.empty:
+            continue
+        elif parameter.name.lower() in CONFIG_NAMES:
+            arguments[parameter.name] = _config_namespace(function, parameter.name, values)
+        else:
+            raise StepSkip(f"cannot build the argument '{parameter.name}' of {function.__qualname__}; name it in "
+                           "smoke.steps with a configured model, or give it a default")
+    return arguments
+
+
+# Given even where the parameter has a default: what the step trains and measures with.
+_ALWAYS_GIVEN = {"model", "loader", "batch", "optimizer", "criterion", "device"}
+
+
+# ---- plans: how to run each kind of step -----------------------------------------------------------------
+
+class _Plan:
+    kind = ""
+
+    def __init__(self, code_root: Path, target: str, subject: Subject, where: tuple[str, int, int]):
+        self.code_root, self.target, self.subject = code_root, target, subject
+        self.model: nn.Module = subject.model
+        self.path, self.first_line, self.last_line = where
+        self.notes: list[str] = list(subject.notes)
+        self.instruments: Optional[_Instruments] = None
+        self.start_in_eval = False
+        self.caller_sets_train: Optional[_Where] = None
+        self.evaluation: Optional[tuple[Callable, _Where]] = None
+
+    def close(self) -> None:
+        if self.instruments is not None:
+            self.instruments.close()
+
+    def step_time_ms(self) -> Optional[float]:
+        seconds = self.instruments.step_seconds if self.instruments else []
+        return round(1000 * sorted(seconds)[len(seconds) // 2], 3) if seconds else None
+
+    def execute(self, iterations: int) -> None:
+        raise NotImplementedError
+
+    def run(self, iterations: int) -> list[CheckResult]:
+        model = self.model
+        reference = _reference_gradients(self.subject)
+        trainable = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
+        before = {id(p): p.detach().clone() for p in model.parameters()}
+        model.train()
+        if self.start_in_eval:
+            model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
+        self.instruments = _Instruments(model, self.code_root)
+        try:
+            self.execute(iterations)
+        except _UserCodeFailed as failed:
+            cause = failed.__cause__
+            detached = _DETACHED_LOSS.search(str(cause)) or self.instruments.detached_error is not None
+            if not detached:
+                where = _user_frames(cause.__traceback__, self.code_root)
+                at = f" at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno}" if where else ""
+                raise StepSkip(f"{self.target} raised {type(cause).__name__}{at} on the runner's synthetic "
+                               f"arguments: {_one_line(cause, 200)}; configure smoke.steps if they do not fit "
+                               "it") from None
+        finally:
+            self.instruments.close()
+        changed = {key for key, p in ((id(p), p) for p in model.parameters())
+                   if not torch.equal(before[key], p.detach())}
+        instruments = self.instruments
+        if instruments.detached_error is None and not instruments.losses and instruments.steps == 0:
+            raise StepSkip(f"{self.target} ran on the synthetic arguments but neither called backward() nor "
+                           "stepped an optimizer (an empty loader? a condition on a setting?)")
+        checks = [self._loss_check(), self._zero_grad_check(), self._coverage_check(trainable),
+                  self._updated_check(trainable, reference, changed), self._train_mode_check()]
+        evaluation = self._evaluation_check()
+        if evaluation is not None:
+            checks.append(evaluation)
+        return checks
+
+    # -- the checks --
+
+    def _check(self, name: str, status: str, message: str, where: Optional[_Where] = None, **details) -> CheckResult:
+        where = where or _Where(self.path, self.first_line, "")
+        if where.path == self.path:
+            details["line"] = where.line
+        details["where"] = where.text()
+        return CheckResult(name, status, message, details)
+
+    def _loss_check(self) -> CheckResult:
+        name, instruments = "loss", self.instruments
+        if instruments.detached_error is not None:
+            value, where = instruments.detached_error
+            return self._check(name, "fail", f"the loss has no autograd graph at {where.text() if where else '?'}: "
+                               "it was detached from the model (`.detach()`, `.item()`, `.data`, `torch.tensor(...)` "
+                               "or `torch.no_grad()` before the loss), so backward() cannot train anything.", where)
+        if instruments.disconnected:
+            value, where = instruments.disconnected[0]
+            return self._check(name, "fail", f"the loss backpropagated at {where.text() if where else '?'} does not "
+                               "depend on any of the model's parameters: the graph is cut between the model and the "
+                               "loss (a `.detach()` / `.data` / `.requires_grad_()` on the output), so the model never "
+                               "learns.", where, losses=instruments.losses)
+        losses = instruments.losses
+        if not losses:
+            return self._check(name, "skip", "no scalar loss went through backward() (the step's loss is not a "
+                               "scalar tensor?).")
+        where = instruments.loss_lines[-1]
+        if not all(math.isfinite(v) for v in losses):
+            bad = next(i for i, v in enumerate(losses) if not math.isfinite(v))
+            return self._check(name, "fail", f"the loss is {losses[bad]} at iteration {bad + 1} of the step "
+                               "(NaN/Inf).", where, losses=losses)
+        if len(losses) < 2:
+            return self._check(name, "pass", f"the loss is finite ({losses[0]:.4g}); one iteration is too few to see "
+                               "it fall.", where, losses=losses)
+        head = sum(losses[:2]) / 2
+        tail = sum(losses[-2:]) / 2
+        if tail < head - LOSS_FALL_FRACTION * abs(head):
+            return self._check(name, "pass", f"the loss fell from {losses[0]:.4g} to {losses[-1]:.4g} in "
+                               f"{len(losses)} iterations on one repeated batch.", where, losses=losses)
+        return self._check(name, "warn", f"the loss did not fall in {len(losses)} iterations on one repeated batch "
+                           f"({losses[0]:.4g} → {losses[-1]:.4g}): a slow optimizer or learning rate, or the update "
+                           "does not reach what the loss measures.", where, losses=losses)
+
+    def _zero_grad_check(self) -> CheckResult:
+        name, instruments = "zero-grad", self.instruments
+        if self.kind == "lightning":
+            return self._check(name, "skip", "the runner's loop zeroes the gradients, as Lightning's does.")
+        # a parameter in no optimizer is never zeroed by optimizer.zero_grad(): optimizer-coverage reports it
+        stale_entries = [entry for entry in instruments.stale
+                         if instruments.id_of(entry[1]) in instruments.stepped_parameters]
+        if stale_entries:
+            step, parameter, where = stale_entries[0]
+            stale = sorted({p for _, p, _ in stale_entries})
+            step_where = instruments.step_lines[0] if instruments.step_lines else None
+            return self._check(name, "fail", f"gradients are not zeroed between optimizer steps: after step {step} "
+                               f"the next backward() accumulated into the gradient that step used "
+                               f"({_names(stale)}), so every step applies the sum of all past gradients; call "
+                               "`optimizer.zero_grad()` once per step"
+                               + (f" (the step is at {step_where.text()})" if step_where else "") + ".",
+                               step_where or where, parameters=stale[:20])
+        if instruments.steps < 2:
+            return self._check(name, "skip", f"{instruments.steps} optimizer step(s): accumulation across steps "
+                               "needs two.")
+        return self._check(name, "pass", f"gradients were reset between each of the {instruments.steps} optimizer "
+                           "steps.", instruments.step_lines[0])
+
+    def _coverage_check(self, trainable: dict) -> CheckResult:
+        name, instruments = "optimizer-coverage", self.instruments
+        if instruments.steps == 0:
+            return self._check(name, "skip", "no optimizer stepped.")
+        left_out = [trainable[key] for key in trainable
+                    if key not in instruments.stepped_parameters and key in instruments.got_gradient]
+        where = next((w for w in instruments.stepped_optimizers.values() if w is not None), None) \
+            or self.optimizer_where()
+        if left_out:
+            groups = sorted({n.rsplit(".", 1)[0] for n in left_out})
+            return self._check(name, "fail", f"{len(left_out)} trainable parameter(s) get gradients but are in no "
+                               f"optimizer that steps ({_names(groups)}): they never train. Build the optimizer from "
+                               "all of `model.parameters()` (or freeze them with requires_grad_(False))"
+                               + (f"; the optimizer is made at {where.text()}" if where else "") + ".",
+                               where, parameters=left_out[:20])
+        return self._check(name, "pass", "every trainable parameter that gets a gradient is in the optimizer.", where)
+
+    def optimizer_where(self) -> Optional[_Where]:
+        return None
+
+    def _updated_check(self, trainable: dict, reference: set, changed: set) -> CheckResult:
+        name, instruments = "params-updated", self.instruments
+        if instruments.steps == 0:
+            return self._check(name, "skip", "no optimizer stepped.")
+        expected = [key for key in trainable if key in reference and key in instruments.stepped_parameters]
+        no_gradient = [trainable[key] for key in expected if key not in instruments.got_gradient]
+        unchanged = [trainable[key] for key in expected if key in instruments.got_gradient and key not in changed]
+        where = instruments.loss_lines[-1] if instruments.loss_lines else None
+        if no_gradient:
+            return self._check(name, "fail", f"{len(no_gradient)} parameter(s) the model's loss reaches get no "
+                               f"gradient from the step's loss ({_names(no_gradient)}): the step cuts them off "
+                               "(`.detach()`, `.data`, `torch.no_grad()` around part of the forward), so they never "
+                               "train.", where, parameters=no_gradient[:20])
+        if unchanged:
+            return self._check(name, "fail", f"{len(unchanged)} parameter(s) got gradients but did not change over "
+                               f"{instruments.steps} optimizer steps ({_names(unchanged)}): a learning rate of 0, or "
+                               "the update is undone.", instruments.step_lines[0], parameters=unchanged[:20])
+        return self._check(name, "pass", f"all {len(expected)} parameters the loss reaches changed over "
+                           f"{instruments.steps} optimizer steps.")
+
+    def _train_mode_check(self) -> CheckResult:
+        name = "train-mode"
+        # the forwards a backward followed; in the Lightning plan the runner itself calls backward
+        training_forwards = [f for f in self.instruments.forwards if f[1] and (f[3] or self.kind == "lightning")]
+        in_eval = [f for f in training_forwards if not f[0]]
+        mode_dependent = [n for n, m in self.model.named_modules() if isinstance(m, _MODE_DEPENDENT)]
+        if not training_forwards:
+            return self._check(name, "skip", "no forward ran with autograd enabled.")
+        if not in_eval:
+            start = " (it was called in eval mode, as after an evaluation, and set train mode itself)" \
+                if self.start_in_eval else ""
+            return self._check(name, "pass", f"the model was in train mode in every training forward{start}.",
+                               training_forwards[0][2])
+        where = in_eval[0][2]
+        if not mode_dependent:
+            return self._check(name, "pass", "the model ran in eval mode during the step, which changes nothing for "
+                               "it (no Dropout or BatchNorm).", where)
+        if self.caller_sets_train is not None:
+            return self._check(name, "pass", f"{self.target} does not set train mode itself, but its caller does "
+                               f"({self.caller_sets_train.text()}).", self.caller_sets_train)
+        cause = ("it was called with the model in eval mode, as it is after an evaluation, and never calls "
+                 "`model.train()`" if self.start_in_eval else "the model is in eval mode when the step's forward runs")
+        return self._check(name, "fail", f"the training forward at {where.text() if where else '?'} ran in eval mode: "
+                           f"{cause}, so {_names(mode_dependent)} behave as in evaluation (no dropout, frozen "
+                           "BatchNorm statistics); call `model.train()` at the start of the step.", where,
+                           modules=mode_dependent[:20])
+
+    def _evaluation_check(self) -> Optional[CheckResult]:
+        if self.evaluation is None:
+            return None
+        function, where = self.evaluation
+        name = "eval-mode"
+        mode_dependent = [n for n, m in self.model.named_modules() if isinstance(m, _MODE_DEPENDENT)]
+        values = self.values()
+        try:
+            arguments = _arguments(function, values)
+        except StepSkip as exc:
+            return self._check(name, "skip", f"{function.__name__}: {exc}", where)
+        self.model.train()
+        forwards: list = []
+        handle = self.model.register_forward_pre_hook(
+            lambda module, args: forwards.append((module.training, torch.is_grad_enabled(),
+                                                  _caller_in(self.code_root))))
+        try:
+            function(**arguments)
+        except Exception as exc:  # noqa: BLE001 - the PR's evaluation code on synthetic arguments
+            if not _user_frames(exc.__traceback__, self.code_root):
+                raise
+            return self._check(name, "skip", f"{function.__name__} raised {type(exc).__name__} on the synthetic "
+                               f"arguments: {_one_line(exc, 160)}", where)
+        finally:
+            handle.remove()
+        if not forwards:
+            return self._check(name, "skip", f"{function.__name__} did not run the model.", where)
+        in_train = [f for f in forwards if f[0]]
+        if in_train and mode_dependent:
+            at = in_train[0][2]
+            return self._check(name, "fail", f"the evaluation helper {function.__name__} runs the model in train mode "
+                               f"(its forward at {at.text() if at else '?'}) when called after training: it never "
+                               f"calls `model.eval()`, so {_names(mode_dependent)} still behave as in training "
+                               "(dropout on, BatchNorm statistics updated by the evaluation data).", at or where)
+        with_grad = [f for f in forwards if f[1]]
+        if with_grad:
+            return self._check(name, "warn", f"{function.__name__} runs the model with autograd on (no "
+                               "`torch.no_grad()` / `torch.inference_mode()`): it keeps every activation for a "
+                               "backward that never comes.", with_grad[0][2] or where)
+        return self._check(name, "pass", f"{function.__name__} runs the model in eval mode without autograd.", where)
+
+    def values(self) -> dict:
+        return {}
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _reference_gradients(subject: Subject) -> set:
+    """Ids of the parameters the builder's loss gives a non-zero gradient (what a correct step must update); the
+    model is left as it was."""
+    model = subject.model
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    mode = model.training
+    model.train()
+    try:
+        batch = subject.make_batch(STEP_BATCH, 0)
+        loss = subject.loss_fn(model(*batch.args, **batch.kwargs), batch.target)
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        gradients = torch.autograd.grad(loss.reshape(()), parameters, allow_unused=True)
+        return {id(p) for p, g in zip(parameters, gradients) if g is not None and bool(g.abs().sum() > 0)}
+    finally:
+        model.load_state_dict(state)
+        model.train(mode)
+
+
+class _LightningPlan(_Plan):
+    """``training_step(batch, batch_idx)`` + ``configure_optimizers()``, driven like Lightning's automatic
+    optimization: train mode, zero_grad, training_step, backward, step."""
+
+    kind = "lightning"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.batch = _step_batch(self.subject)
+        self._optimizer_where: Optional[_Where] = None
+
+    def optimizer_where(self) -> Optional[_Where]:
+        return self._optimizer_where
+
+    def execute(self, iterations: int) -> None:
+        model = self.model
+        if getattr(model, "automatic_optimization", True) is False:
+            raise StepSkip("the module uses manual optimization (automatic_optimization = False)")
+        if not hasattr(model, "log"):  # Lightning's logging, for a class that only has the methods
+            model.log = _NullLogger()
+            model.log_dict = _NullLogger()
+        try:
+            configured = model.configure_optimizers()
+        except Exception as exc:
+            raise _UserCodeFailed() from exc
+        optimizers = _optimizers_of(configured)
+        if len(optimizers) != 1:
+            raise StepSkip(f"configure_optimizers returned {len(optimizers)} optimizers: several optimizers need "
+                           "manual optimization, which the runner does not drive")
+        optimizer = optimizers[0]
+        self._optimizer_where = _method_where(type(model), "configure_optimizers", self.code_root)
+        for index in range(iterations):
+            model.train()
+            optimizer.zero_grad()
+            try:
+                output = model.training_step(copy.deepcopy(self.batch), index)
+            except Exception as exc:
+                raise _UserCodeFailed() from exc
+            loss = output.get("loss") if isinstance(output, dict) else output
+            if not isinstance(loss, torch.Tensor):
+                raise StepSkip(f"training_step returned {type(output).__name__}, not a loss tensor")
+            try:
+                loss.backward()
+            except RuntimeError as exc:
+                raise _UserCodeFailed() from exc
+            optimizer.step()
+
+
+def _optimizers_of(configured: Any) -> list:
+    """The optimizers in what ``configure_optimizers`` returns: one, a list, ``(optimizers, schedulers)``, or a
+    dict (or list of dicts) with an ``optimizer``."""
+    if isinstance(configured, torch.optim.Optimizer):
+        return [configured]
+    if isinstance(configured, dict):
+        return _optimizers_of(configured.get("optimizer"))
+    if isinstance(configured, (list, tuple)):
+        if len(configured) == 2 and isinstance(configured[0], (list, tuple)):
+            return _optimizers_of(list(configured[0]))
+        return [o for item in configured for o in _optimizers_of(item)]
+    return []
+
+
+def _method_where(cls: type, name: str, code_root: Path) -> Optional[_Where]:
+    try:
+        function = getattr(cls, name)
+        filename = inspect.getsourcefile(function)
+        line = inspect.getsourcelines(function)[1]
+        relative = str(Path(filename).resolve().relative_to(code_root))
+    except (TypeError, OSError, ValueError, AttributeError):
+        return None
+    return _Where(relative, line, linecache.getline(filename, line).strip())
+
+
+class _FunctionPlan(_Plan):
+    """A function (or a trainer's method) called with arguments built by name: ``train_one_epoch(model, loader,
+    optimizer, criterion, device, epoch)`` once over a loader of ``iterations`` batches, or ``train_step(batch)``
+    once per iteration."""
+
+    kind = "function"
+
+    def __init__(self, code_root, target, subject, where, function: Callable, owner: Optional[type]):
+        super().__init__(code_root, target, subject, where)
+        self.function, self.owner = function, owner
+        self.batch = _step_batch(subject)
+        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
+                                          lr=STEP_LEARNING_RATE)
+        self.criterion = _Criterion(subject.loss_fn)
+        names = list(inspect.signature(function).parameters)
+        roles = {role_of(n) for n in names}
+        self.per_batch = "batch" in roles and "loader" not in roles
+        # an epoch function runs after the evaluation of the epoch before: called in eval mode, it must set train
+        # mode itself (a per-batch step is called inside a loop that set it)
+        self.start_in_eval = not self.per_batch
+
+    def values(self, iterations: int = STEP_ITERATIONS) -> dict:
+        return {"model": self.model, "loader": _Loader(self.batch, iterations), "batch": copy.deepcopy(self.batch),
+                "index": 0, "optimizer": self.optimizer, "criterion": self.criterion, "device": self.subject.device,
+                "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
+                "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
+                "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
+
+    def execute(self, iterations: int) -> None:
+        values = self.values(iterations)
+        call = self.function
+        if self.owner is not None:
+            try:
+                instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True))
+            except StepSkip:
+                raise
+            except Exception as exc:
+                raise StepSkip(f"constructing {self.owner.__name__} on the runner's arguments raised "
+                               f"{type(exc).__name__}: {_one_line(exc, 200)}") from None
+            # the trainer may wrap or copy what it was given: instrument what it trains
+            model = next((v for v in vars(instance).values() if v is self.model), None)
+            if model is None:
+                raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
+            call = getattr(instance, self.function.__name__)
+        arguments = _arguments(call, values)
+        rounds = iterations if self.per_batch else 1
+        for index in range(rounds):
+            if self.per_batch:
+                for key, parameter in inspect.signature(call).parameters.items():
+                    if role_of(key) == "batch":
+                        arguments[key] = copy.deepcopy(self.batch)
+                    elif role_of(key) == "index" and key in arguments:
+                        arguments[key] = index
+            try:
+                call(**arguments)
+            except Exception as exc:
+                raise _UserCodeFailed() from exc
+
+
+# ---- resolving a target ----------------------------------------------------------------------------------
+
+def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) -> _Plan:
+    _add_to_sys_path(code_root)
+    spec = parse_target_spec(target)
+    if spec is None or spec.name is None:
+        raise StepSkip(f"'{target}' is not a step (path/to/file.py:function or :Class.method)")
+    module = import_file(code_root, spec.path) if (code_root / spec.path).is_file() else None
+    if module is None:
+        raise StepSkip(f"{spec.path} does not exist in the pull request's code")
+    parts = spec.name.split(".")
+    owner: Any = module
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+    function = getattr(owner, parts[-1], None) if owner is not None else None
+    if function is None or not callable(function):
+        raise StepSkip(f"{spec.path} defines no function '{spec.name}'")
+    where = _function_span(function, code_root, spec.path)
+    model_options = {k: v for k, v in config.items() if k in MODEL_OPTIONS}
+    if inspect.isclass(owner) and issubclass(owner, nn.Module) and hasattr(owner, "configure_optimizers") \
+            and parts[-1] == "training_step":
+        subject = _subject(code_root, f"{spec.path}:{'.'.join(parts[:-1])}", model_options, device, seed)
+        return _LightningPlan(code_root, target, subject, _class_span(owner, code_root, spec.path))
+    model_target = config.get("model") or _model_for(code_root, spec.path, module)
+    subject = _subject(code_root, model_target, model_options, device, seed)
+    plan = _FunctionPlan(code_root, target, subject, where, function, owner if inspect.isclass(owner) else None)
+    plan.notes.insert(0, f"the model: {model_target}" + (" (configured)" if config.get("model") else ""))
+    if plan.start_in_eval:
+        plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
+    plan.evaluation = _evaluation_helper(module, code_root, spec.path)
+    return plan
+
+
+def _subject(code_root: Path, model_target: str, options: dict, device: str, seed: int) -> Subject:
+    subject = build_subject(code_root, model_target, device=device, config=options or None, seed=seed)
+    if isinstance(subject, Skip):
+        raise StepSkip(f"the model {model_target} cannot be built: {subject.reason}")
+    return subject
+
+
+def _function_span(function: Callable, code_root: Path, path: str) -> tuple[str, int, int]:
+    try:
+        lines, first = inspect.getsourcelines(function)
+        return path, first, first + len(lines) - 1
+    except (OSError, TypeError):
+        return path, 1, 1
+
+
+def _class_span(cls: type, code_root: Path, path: str) -> tuple[str, int, int]:
+    return _function_span(cls, code_root, path)
+
+
+def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
+    """The model a step function trains: the one its file defines, else the one it imports from the repository
+    and constructs (or the only one it imports)."""
+    source = (code_root / path).read_text(errors="replace")
+    if find_targets({path: source}, {path: None}):
+        chosen = _choose_model_in_file(code_root, path, [])
+        if isinstance(chosen, Skip):
+            raise StepSkip(f"{chosen.reason}; name the model in smoke.steps ({{step = ..., model = ...}})")
+        return str(chosen)
+    tree = ast.parse(source)
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    imported = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module is not None or node.level):
+            base = Path(path).parent if node.level else Path()
+            for _ in range(max(node.level - 1, 0)):
+                base = base.parent
+            relative = (base / (node.module or "").replace(".", "/")).as_posix().lstrip("./")
+            for candidate in (f"{relative}.py", f"{relative}/__init__.py"):
+                if (code_root / candidate).is_file():
+                    imported += [(alias.asname or alias.name, alias.name, candidate) for alias in node.names]
+                    break
+    models = []
+    for local, name, file in imported:
+        file_source = (code_root / file).read_text(errors="replace")
+        if any(t.name == name for t in find_targets({file: file_source}, {file: None})):
+            models.append((local in called, f"{file}:{name}"))
+    constructed = [model for is_called, model in models if is_called]
+    if constructed or len(models) == 1:  # the one it constructs, else the only one it imports
+        return (constructed or [models[0][1]])[0]
+    raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports from "
+                   "the repository; name it in smoke.steps ({step = ..., model = \"models/net.py:Net\"})")
+
+
+def _caller_sets_train(code_root: Path, path: str, name: str) -> Optional[_Where]:
+    """Where a caller of ``name`` in its file calls ``.train()`` just before it (in the same block): then the
+    function need not set train mode itself."""
+    try:
+        tree = ast.parse((code_root / path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        for body in (getattr(node, "body", None), getattr(node, "orelse", None)):
+            if not isinstance(body, list):
+                continue
+            for index, statement in enumerate(body):
+                if not any(isinstance(n, ast.Call) and _called_name(n) == name for n in ast.walk(statement)):
+                    continue
+                for earlier in reversed(body[:index]):
+                    if isinstance(earlier, ast.Expr) and isinstance(earlier.value, ast.Call) \
+                            and _called_name(earlier.value) == "train" and not any(
+                                isinstance(a, ast.Constant) and a.value is False for a in earlier.value.args):
+                        line = earlier.lineno
+                        return _Where(path, line, linecache.getline(str(code_root / path), line).strip())
+                    if isinstance(earlier, ast.Expr) and isinstance(earlier.value, ast.Call) \
+                            and _called_name(earlier.value) == "eval":
+                        break
+    return None
+
+
+def _called_name(call: ast.Call) -> Optional[str]:
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    if isinstance(call.func, ast.Attribute):
+        return call.func.attr
+    return None
+
+
+def _evaluation_helper(module: types.ModuleType, code_root: Path, path: str) -> Optional[tuple[Callable, _Where]]:
+    """A function of the step's file named like an evaluation (``evaluate``, ``validate``, ``test``) that takes
+    the model: the runner checks that it runs it in eval mode."""
+    for name, value in vars(module).items():
+        if not inspect.isfunction(value) or not _EVALUATION_NAMES.fullmatch(name):
+            continue
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        names = list(inspect.signature(value).parameters)
+        if any(role_of(n) == "model" for n in names):
+            _, line, _ = _function_span(value, code_root, path)
+            return value, _Where(path, line, linecache.getline(str(code_root / path), line).strip())
+    return None
