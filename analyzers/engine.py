@@ -16,7 +16,7 @@ import libcst as cst
 
 from analyzers import notebook
 from analyzers.config import Config
-from analyzers.context import FileContext, dotted_name
+from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
 from analyzers.guard import complexity_error
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import RepositoryIndex, index_for
@@ -28,55 +28,6 @@ ML_LIBRARIES = ("torch", "sklearn", "tensorflow", "lightning", "pytorch_lightnin
 _ML_HINT = re.compile(r"\b(?:torch|sklearn|tensorflow|lightning)\b")
 _SUPPRESS = re.compile(r"#\s*(?:torchreview\s*:\s*ignore|noqa)\b(?:\s*(?:\[|:)\s*([A-Za-z0-9_,\s-]+)\]?)?", re.I)
 _SKIP_FILE = re.compile(r"^\s*#\s*torchreview\s*:\s*skip-file\b", re.I | re.M)
-
-
-# Fields that only hold whitespace, punctuation or operators: no rule needs to visit them, and
-# skipping them halves the number of nodes walked.
-_SKIPPED_FIELDS = {
-    "lpar", "rpar", "comma", "colon", "first_colon", "second_colon", "semicolon", "equal", "dot",
-    "leading_lines", "lines_after_decorators", "header", "footer", "empty_lines", "trailing_whitespace",
-    "newline", "asynchronous", "lbrace", "rbrace", "lbracket", "rbracket", "operator", "posonly_ind",
-    "trailing_comma", "default_indent", "default_newline", "encoding", "has_trailing_newline", "indent",
-    "leading_whitespace", "relative", "separator", "comment", "whitespace", "first_line", "last_line",
-    "star",
-}
-# Where libcst's field order is not the order the code runs in (decorators, keyword=value...).
-_FIELD_ORDER = {
-    cst.FunctionDef: ("decorators", "name", "params", "returns", "body"),
-    cst.ClassDef: ("decorators", "name", "bases", "keywords", "body"),
-    cst.Arg: ("keyword", "value"),
-    cst.ListComp: ("for_in", "elt"),
-    cst.SetComp: ("for_in", "elt"),
-    cst.GeneratorExp: ("for_in", "elt"),
-    cst.DictComp: ("for_in", "key", "value"),
-}
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _all_node_types() -> set[type]:
-    found: set[type] = set()
-    todo = [cst.CSTNode]
-    while todo:
-        cls = todo.pop()
-        for sub in cls.__subclasses__():
-            if sub not in found:
-                found.add(sub)
-                todo.append(sub)
-    return found
-
-
-_NODE_TYPES = _all_node_types()
-
-
-def _child_fields(node_type: type) -> tuple[str, ...]:
-    import dataclasses
-
-    names = _FIELD_ORDER.get(node_type)
-    if names is None:
-        names = tuple(f.name for f in dataclasses.fields(node_type)
-                      if f.name not in _SKIPPED_FIELDS and not f.name.startswith("whitespace"))
-    _FIELDS[node_type] = names
-    return names
 
 
 class _Walker:
@@ -114,8 +65,8 @@ class _Walker:
     def walk(self, root: cst.CSTNode) -> None:
         """Pre-order visits, post-order leaves. Hot: one loop, no call per node unless a rule or the
         context's bookkeeping needs that node type, and a leave only for the types that need one."""
-        fields = _FIELDS
-        node_types = _NODE_TYPES  # a set lookup: isinstance against the CSTNode ABC is slow
+        fields = CHILD_FIELDS
+        node_types = NODE_TYPES
         visit_table = self.visit_table
         leave_table = self.leave_table
         needs_leave = _LEAVE_BOOKKEEPING | set(leave_table)
@@ -145,7 +96,7 @@ class _Walker:
                 dispatch(handlers, node)
             if node_type in needs_leave:
                 push((leave_marker, node))
-            names = fields.get(node_type) or _child_fields(node_type)
+            names = fields.get(node_type) or child_fields(node_type)
             children = []
             for name in names:
                 value = getattr(node, name)

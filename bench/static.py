@@ -45,8 +45,12 @@ def within_size_cap(files: list[str]) -> tuple[list[str], list[str]]:
     return kept, sorted(set(files) - set(kept))
 
 
+_CPU: dict[int, float] = {}  # id of a measured stdout -> CPU seconds of its process tree
+
+
 def measure(argv: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS in MiB (largest process of its tree), stdout."""
+    """Wall seconds, peak RSS in MiB (largest process of its tree), stdout. The tree's CPU seconds go
+    to ``cpu_seconds(stdout)``: on a busy machine they move far less than wall time."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, cwd=ROOT)
@@ -59,6 +63,7 @@ def measure(argv: list[str]) -> tuple[float, float, str]:
         stdout, stderr = out.read(), err.read()
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{argv[:3]} exited {proc.returncode}: {stderr[-2000:]}")
+    _CPU[id(stdout)] = usage.ru_utime + usage.ru_stime
     return seconds, usage.ru_maxrss / 1024, stdout
 
 
@@ -158,12 +163,12 @@ def main() -> None:
             notes += cache_notes
     if "parse" not in args.skip:
         seconds, peak, out = measure([*me, "--worker", "parse"])
-        rows.append(("libcst parse only (floor)", 1, seconds, peak))
+        rows.append(("libcst parse only (floor)", 1, seconds, peak, _CPU[id(out)]))
         notes.append(f"parse: {out.strip()}")
     if "torchreview" not in args.skip:
         for jobs in (1, cores):
             seconds, peak, out = measure([*me, "--worker", "torchreview", "--jobs", str(jobs)])
-            rows.append((f"torchreview ({_rule_count()} rules)", jobs, seconds, peak))
+            rows.append((f"torchreview ({_rule_count()} rules)", jobs, seconds, peak, _CPU[id(out)]))
             notes.append(f"torchreview -j{jobs}: {out.strip()}")
     if "torchfix" not in args.skip:
         exe = Path(sys.executable).with_name("torchfix")
@@ -172,18 +177,21 @@ def main() -> None:
         else:
             for jobs in (1, cores):
                 seconds, peak, out = measure([str(exe), "--select", "ALL", "--jobs", str(jobs), *files])
-                rows.append(("TorchFix (--select ALL, 16 rules)", jobs, seconds, peak))
+                rows.append(("TorchFix (--select ALL, 16 rules)", jobs, seconds, peak, _CPU[id(out)]))
                 notes.append(f"torchfix -j{jobs}: {len(out.splitlines())} findings")
     os.unlink(filelist)
 
     print()
-    print(f"| {'tool':<36} | jobs | files | seconds | files/s | peak RSS MiB | x parse |")
-    print(f"|{'-' * 38}|-----:|------:|--------:|--------:|-------------:|--------:|")
+    print(f"| {'tool':<36} | jobs | files | seconds | files/s | peak RSS MiB | x parse | CPU s | x parse CPU |")
+    print(f"|{'-' * 38}|-----:|------:|--------:|--------:|-------------:|--------:|------:|------------:|")
     floor = next((r[2] for r in rows if r[0].startswith("libcst")), None)
-    for name, jobs, seconds, peak in rows:
+    floor_cpu = next((r[4] for r in rows if r[0].startswith("libcst")), None)
+    for name, jobs, seconds, peak, *cpu in rows:
         ratio = f"{seconds / floor:.2f}" if floor else ""
+        cpu_seconds = f"{cpu[0]:.1f}" if cpu else ""
+        cpu_ratio = f"{cpu[0] / floor_cpu:.2f}" if cpu and floor_cpu and jobs == 1 else ""  # -jN spends more CPU for less wall
         print(f"| {name:<36} | {jobs:>4} | {len(files):>5} | {seconds:>7.1f} | {len(files) / seconds:>7.1f} "
-              f"| {peak:>12.0f} | {ratio:>7} |")
+              f"| {peak:>12.0f} | {ratio:>7} | {cpu_seconds:>5} | {cpu_ratio:>11} |")
     for note in notes:
         print(note)
 

@@ -14,6 +14,7 @@ import libcst as cst
 from analyzers.context import (
     NO_GRAD_CONTEXTS,
     FileContext,
+    code_children,
     argument,
     dotted_name,
     is_true,
@@ -74,7 +75,7 @@ def _body_nodes(scope: cst.CSTNode):
     while stack:
         node = stack.pop()
         yield node
-        for child in node.children:
+        for child in code_children(node):
             if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 stack.append(child)
 
