@@ -314,6 +314,7 @@ class FileContext:
         # Every loop's enclosing function (None at module level), for "same function" checks.
         self.loop_function: dict[cst.CSTNode, Optional[FunctionNode]] = {}
         self._facts: dict[type, object] = {}
+        self._last_qualified: tuple = (None, None)
         # the rest of the code base (analyzers.program.modules.RepositoryIndex), when the file has one
         self.repository = None
 
@@ -332,6 +333,13 @@ class FileContext:
         also follows simple module aliases assigned in the file (``F = torch.nn.functional``).
         Returns None for names that were not imported (locals, builtins...).
         """
+        if expr is self._last_qualified[0] and expr is not None:
+            return self._last_qualified[1]  # several rules ask about the same call in one visit
+        found = self._qualified_name(expr)
+        self._last_qualified = (expr, found)
+        return found
+
+    def _qualified_name(self, expr: Optional[cst.CSTNode]) -> Optional[str]:
         dotted = dotted_name(expr)
         if dotted is None:
             return None
@@ -345,6 +353,10 @@ class FileContext:
             if target is not None:
                 return f"{target}.{rest}" if rest else target
         return None
+
+    def names_changed(self) -> None:
+        """Scopes, bindings or imports changed: forget the last answer of ``qualified_name``."""
+        self._last_qualified = (None, None)
 
     def call_name(self, call: cst.Call) -> Optional[str]:
         """Qualified name of the called function, e.g. ``torch.load``; None if not imported."""
@@ -510,6 +522,7 @@ class FileContext:
 
     def record_binding(self, target: cst.BaseExpression, value: Optional[cst.BaseExpression],
                        node: cst.CSTNode, kind: str) -> None:
+        self._last_qualified = (None, None)
         loop = self.loop
         loop = loop if isinstance(loop, (cst.For, cst.While)) else None
         if isinstance(target, (cst.Tuple, cst.List)):

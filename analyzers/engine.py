@@ -110,6 +110,7 @@ class _Walker:
 
     def _visit(self, node: cst.CSTNode, node_type: type, parent: Optional[cst.CSTNode]) -> None:
         ctx = self.ctx
+        ctx.names_changed()  # a scope or an import may begin here
         if node_type is cst.IndentedBlock or node_type is cst.SimpleStatementSuite:
             if parent is not None:
                 self._enter_block(parent, node)
@@ -144,6 +145,7 @@ class _Walker:
 
     def _leave(self, node: cst.CSTNode, node_type: type) -> None:
         ctx = self.ctx
+        ctx.names_changed()  # a scope may end or a name be bound here
         if node_type is cst.IndentedBlock or node_type is cst.SimpleStatementSuite:
             parent = ctx.parents.get(id(node))
             parent_type = type(parent)
@@ -193,6 +195,7 @@ class _Walker:
             resolved = self.ctx.qualified_name(node.value) if isinstance(node.value, (cst.Name, cst.Attribute)) else None
             if resolved and resolved.split(".", 1)[0] in ML_LIBRARIES:
                 self.ctx.imports.names[node.targets[0].target.value] = resolved
+                self.ctx.names_changed()
 
 
 _LEAVE = object()
