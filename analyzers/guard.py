@@ -66,11 +66,13 @@ def complexity_problem(source: str) -> Optional[str]:
 # The quick bound, all in C loops: strings and comments replaced by one operator each, then only
 # brackets, operators and newlines kept. Every count is at least what the exact scan counts, so
 # "fine" here is fine there; anything else gets the exact scan.
-_STRINGS_COMMENTS_WORDS = re.compile(
+_STRINGS_COMMENTS = re.compile(
     r"#[^\n]*"
     r"|'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\""
-    r"|'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\""
-    r"|(?:and|or|not|if|else|lambda|await|in|is)\b", re.DOTALL)  # no leading \b: "main" counts, harmlessly
+    r"|'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"", re.DOTALL)
+# Keyword operators, once strings and comments are gone: a plain substitution, no Python call per match.
+# No leading \b: "main" counts, harmlessly.
+_WORD_OPERATORS = re.compile(r"(?:and|or|not|if|else|lambda|await|in|is)\b")
 _NOT_STRUCTURE = re.compile(r"[^()\[\]{}\n+\-*/%@&|^~<>.]+")
 _INDENT = re.compile(r"^[ \t]*(?=[^\s#])", re.MULTILINE)
 _DELTA = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
@@ -80,8 +82,6 @@ def _blank(match: re.Match) -> str:
     text = match.group()
     if text[0] == "#":
         return ""
-    if text[0] not in "'\"":
-        return "+"  # and, or, not, if ...: operators
     if "f" in match.string[max(0, match.start() - 2):match.start()].lower():
         # an f-string: its expressions nest at most as deep as it has opening brackets
         return "+" * (1 + text.count("{") + text.count("(") + text.count("["))
@@ -89,7 +89,7 @@ def _blank(match: re.Match) -> str:
 
 
 def _surely_fine(source: str) -> bool:
-    code = _STRINGS_COMMENTS_WORDS.sub(_blank, source)
+    code = _WORD_OPERATORS.sub("+", _STRINGS_COMMENTS.sub(_blank, source))
     indent = max(map(len, _INDENT.findall(code)), default=0)  # columns: at least the indentation levels
     if indent > MAX_INDENT_LEVELS:
         return False
