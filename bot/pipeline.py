@@ -33,12 +33,12 @@ from bot.conversation import close_gone, gone_comments, is_ours, our_review_comm
 from bot.github_client import commit_ref
 from bot.isolation import run_isolated
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
-from bot.store import WriteBudget, results_cache
+from bot.store import WriteBudget, held_lock, results_cache
 
 log = logging.getLogger("torchreview.pipeline")
 
 CHECK_NAME = "torchreview"
-LOCK_TTL = 900
+LOCK_TTL = 60  # renewed while the job runs (bot.store.held_lock): a killed worker's lock is gone within a minute
 # The work one review may do: files fetched and analyzed, and their bytes; the rest is reported skipped.
 MAX_REVIEW_FILES = 1000
 MAX_REVIEW_BYTES = 20 << 20  # about a minute of parsing
@@ -92,14 +92,10 @@ def run_review(job, clients, store) -> str:
         _close_superseded(repo, job.head_sha, head, budget)
         metrics.REVIEWS.labels(outcome="superseded").inc()
         return f"superseded: {job.head_sha[:7]} is no longer the head ({head[:7]})"
-    lock_key = f"torchreview:lock:{job.repository}#{job.pull_number}"
-    token = store.acquire(lock_key, LOCK_TTL)
-    if token is None:
-        raise LockBusy()
-    try:
+    with held_lock(store, f"torchreview:lock:{job.repository}#{job.pull_number}", LOCK_TTL) as token:
+        if token is None:
+            raise LockBusy()
         outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login(), store, results_cache(store)).run()
-    finally:
-        store.unlock(lock_key, token)
     metrics.REVIEWS.labels(outcome="done").inc()
     metrics.REVIEW_SECONDS.observe(time.perf_counter() - started)
     return outcome
@@ -220,7 +216,7 @@ class ReviewRun:
         for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
             if self.job.reason not in FORCED_REASONS:
                 return run
-            if run.external_id == self.job.delivery and run.status != "completed":
+            if run.external_id == self.job.delivery:  # completed too: a job redelivered after it finished
                 return run
         self.budget.spend()
         return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",

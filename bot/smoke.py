@@ -21,6 +21,7 @@ from analyzers.markdown import code_span, literal, message, redact_urls, table_c
 from bot.commands import ALLOWED_PERMISSIONS, MAINTAINER_PERMISSIONS, may_run, permission_level
 from bot.jobs import SMOKE_CHECK_NAME, SmokeJob
 from bot.review import CheckRunPlan
+from bot.store import held_lock
 
 log = logging.getLogger("torchreview.smoke")
 
@@ -215,21 +216,21 @@ def _job_key(job: SmokeJob) -> str:
     return f"torchreview:smoke:{job.repository}#{job.pull_number}:{job.head_sha}:{job.delivery}"
 
 
+SMOKE_LOCK_TTL = 120  # renewed while the run lasts; a GPU worker lost mid-run frees it within two minutes
+
+
 def run_smoke_job(job: SmokeJob, clients, store) -> str:
     """Idempotent: a job that already finished returns at once; a copy of a running one waits.
     Runs exactly ``job.head_sha`` (pinned when the run was authorized), on every retry."""
     key = _job_key(job)
     if store.exists(key + ":done"):
         return "already done"
-    token = store.acquire(key + ":lock", 4 * 3600)
-    if token is None:
-        raise SmokeBusy()
-    try:
+    with held_lock(store, key + ":lock", SMOKE_LOCK_TTL) as token:
+        if token is None:
+            raise SmokeBusy()
         outcome = _run_smoke_job(job, clients, store)
         store.claim(key + ":done", 7 * 24 * 3600)
         return outcome
-    finally:
-        store.unlock(key + ":lock", token)
 
 
 def _authorize(job: SmokeJob, repo, pr, settings: dict) -> str | None:

@@ -31,6 +31,9 @@ class Store(Protocol):
     def unlock(self, key: str, token: str) -> None:
         ...
 
+    def extend(self, key: str, token: str, ttl: int) -> bool:
+        """Hold the lock ``ttl`` s more if ``token`` still holds it; False when it was lost."""
+
     def count(self, key: str, ttl: int) -> int:
         """Increment a counter that expires ``ttl`` s after its first increment; the new value."""
 
@@ -49,11 +52,17 @@ class Store(Protocol):
 
 class RedisStore:
     _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+    _EXTEND = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) "
+               "else return 0 end")
 
     def __init__(self, url: str) -> None:
         import redis
+        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.retry import Retry
 
-        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        # Reconnect through a restart of Redis (a deploy: a second or two away), not only a dropped socket.
+        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5,
+                                           retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 12))
 
     def claim(self, key: str, ttl: int) -> bool:
         return bool(self.client.set(key, "1", nx=True, ex=ttl))
@@ -70,6 +79,9 @@ class RedisStore:
 
     def unlock(self, key: str, token: str) -> None:
         self.client.eval(self._UNLOCK, 1, key, token)  # only the holder may unlock
+
+    def extend(self, key: str, token: str, ttl: int) -> bool:
+        return bool(self.client.eval(self._EXTEND, 1, key, token, int(ttl)))
 
     def count(self, key: str, ttl: int) -> int:
         pipe = self.client.pipeline()
@@ -156,6 +168,12 @@ class SqliteStore:
         with self._db() as db:
             db.execute("DELETE FROM keys WHERE key = ? AND value = ?", (key, token))
 
+    def extend(self, key: str, token: str, ttl: int) -> bool:
+        now = time.time()
+        with self._db() as db:
+            return db.execute("UPDATE keys SET expires = ? WHERE key = ? AND value = ? AND expires >= ?",
+                              (now + ttl, key, token, now)).rowcount == 1
+
     def count(self, key: str, ttl: int) -> int:
         now = time.time()
         with self._db() as db:
@@ -179,6 +197,37 @@ class SqliteStore:
         with self._db() as db:
             row = db.execute("SELECT value FROM keys WHERE key = ? AND expires >= ?", (key, time.time())).fetchone()
         return None if row is None else str(row[0])
+
+
+@contextmanager
+def held_lock(store: "Store", key: str, ttl: int) -> Iterator[Optional[str]]:
+    """Hold ``key`` while the block runs (None: someone else holds it), renewing it every ``ttl / 3`` s.
+
+    A short time to live, renewed by the living holder: a worker killed mid-job (a lost node, an OOM kill)
+    leaves the lock for at most ``ttl`` s, instead of blocking every later job on that key for as long as
+    the longest job could ever take."""
+    token = store.acquire(key, ttl)
+    if token is None:
+        yield None
+        return
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(ttl / 3):
+            try:
+                if not store.extend(key, token, ttl):
+                    return
+            except Exception:  # noqa: BLE001 - a Redis hiccup: the next renewal tries again, well within ttl
+                continue
+
+    renewer = threading.Thread(target=renew, name=f"renew {key}", daemon=True)
+    renewer.start()
+    try:
+        yield token
+    finally:
+        stop.set()
+        renewer.join()
+        store.unlock(key, token)
 
 
 class WriteBudgetSpent(Exception):
