@@ -687,8 +687,12 @@ def run_storm(storm: Storm, workdir: Optional[Path] = None, progress: Callable[[
         drain_started = time.time()
         try:
             _wait(drained(client), storm.drain_timeout, "the queues to drain", interval=0.5)
-        except TimeoutError:
-            progress(f"not drained after {storm.drain_timeout:.0f}s: {queue_state(client)}")  # the checks say what
+        except TimeoutError:  # the checks say what is left; this says which jobs
+            progress(f"not drained after {storm.drain_timeout:.0f}s: {queue_state(client)}")
+            for raw in client.hvals("unacked"):
+                message = json.loads(raw)[0]
+                progress(f"   held: {message['headers'].get('id')} eta {message['headers'].get('eta')} "
+                         f"retries {message['headers'].get('retries')} redelivered {message['headers'].get('redelivered')}")
         drain_seconds = time.time() - drain_started
         progress(f"drained in {drain_seconds:.1f}s")
         leftovers = queue_state(client)
@@ -768,7 +772,10 @@ def check(outcome: Outcome) -> list[str]:
         if duplicated:
             problems.append(f"{name}: {len(duplicated)} inline comment(s) posted twice (fingerprint {duplicated[0][:8]})")
 
-    runs_by_trigger = Counter(r["external_id"] for pr in shot["prs"] for r in pr["runs"])
+    runs_by_trigger = defaultdict(list)
+    for pr in shot["prs"]:
+        for run in pr["runs"]:
+            runs_by_trigger[run["external_id"]].append(run)
     for d in plan:
         if d["kind"] != "command":
             continue
@@ -780,7 +787,11 @@ def check(outcome: Outcome) -> list[str]:
         if d["writer"]:
             if bot.count("eyes") != 1:
                 problems.append(f"{where}: {bot.count('eyes')} acknowledgements")
-            answers = len(replies) if d["command"] == "/review help" else runs_by_trigger.get(d["delivery"], 0)
+            if d["command"] == "/review help":
+                answers = len(replies)
+            else:  # a review of the PR's head then; a head pushed meanwhile closes its run neutral
+                runs = runs_by_trigger.get(d["delivery"], [])
+                answers = max(1, sum(1 for r in runs if r["conclusion"] != "neutral")) if runs else 0
             if answers != 1:
                 problems.append(f"{where}: answered {answers} times")
         elif "eyes" in bot or replies or runs_by_trigger.get(d["delivery"]):
@@ -837,7 +848,24 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-RETRY_LINE = re.compile(r"retry: Retry in \S+: (\w+)")
+RETRY_LINE = re.compile(r"retry: Retry in \S+?s(?:: (\w+)\('?([A-Za-z ]{0,16}))?")
+
+
+def _retry_reason(exc: str, message: str) -> str:
+    if not exc:
+        return "waited for the PR's lock or the write budget"
+    if message.startswith("GitHub rate"):
+        return "GitHub rate limit"
+    return "GitHub 5xx" if message.startswith("GitHub answ") else message.strip() or exc
+
+
+def _operation(method: str, path: str) -> str:
+    """``GET /repos/{}/pulls/{}/files``: a request's path with its names and numbers taken out."""
+    path = re.sub(r"^/repos/[^/]+/[^/]+", "/repos/{}", path)
+    path = re.sub(r"/(?:[0-9]+|[0-9a-f]{40})(?=/|$)", "/{}", path)
+    path = re.sub(r"^(/repos/\{\}/contents)/.*", r"\1/{}", path)
+    path = re.sub(r"^/_codeload/.*", "/_codeload/{} (archive)", path)
+    return f"{method} {path}"
 
 
 def figures(outcome: Outcome) -> dict:
@@ -860,7 +888,8 @@ def figures(outcome: Outcome) -> dict:
     app_requests = [r for r in shot["requests"] if r[4] is not None or r[2].startswith("/app")]
     reviews = sum(len(pr["reviews"]) for pr in shot["prs"])
     completed_runs = sum(1 for pr in shot["prs"] for r in pr["runs"] if r["status"] == "completed")
-    retries = Counter(RETRY_LINE.findall(outcome.logs))
+    retries = Counter(_retry_reason(exc, message) for exc, message in RETRY_LINE.findall(outcome.logs))
+    operations = Counter(_operation(method, path) for _a, method, path, *_ in app_requests)
     return {
         "deliveries": len(plan),
         "attempts": len(outcome.attempts),
@@ -881,6 +910,7 @@ def figures(outcome: Outcome) -> dict:
         "github_502": shot["faults"].get(502, 0),
         "github_rate_limited": shot["faults"].get(403, 0),
         "retries": dict(retries),
+        "operations": dict(operations.most_common(12)),
         "redelivered": outcome.logs.count("redelivered after a lost worker"),
         "drain_s": outcome.drain_seconds,
         "faults": [what for _, what in outcome.events],
@@ -902,6 +932,7 @@ def report(figs: dict, problems: list[str], out=sys.stdout) -> None:
           f"{figs['calls_per_run']:.1f} calls per check run", file=out)
     print(f"job retries: {sum(figs['retries'].values())} {figs['retries']}; jobs redelivered after a kill: "
           f"{figs['redelivered']}", file=out)
+    print("most frequent GitHub calls: " + ", ".join(f"{op} {n}" for op, n in figs["operations"].items()), file=out)
     if problems:
         print(f"BROKEN ({len(problems)}):", file=out)
         for line in problems[:40]:

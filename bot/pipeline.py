@@ -211,13 +211,15 @@ class ReviewRun:
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):
-        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs
-        (but a retried job, e.g. re-queued for the write budget, finds the one it created)."""
-        for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
-            if self.job.reason not in FORCED_REASONS:
-                return run
-            if run.external_id == self.job.delivery:  # completed too: a job redelivered after it finished
-                return run
+        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs.
+        A job that ran before (re-queued for the write budget, redelivered after its worker died, even
+        after it completed the run) finds the one it created: every run, not only the newest, is listed."""
+        runs = list(commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME, filter="all"))
+        own = [run for run in runs if run.external_id == self.job.delivery]
+        if own:
+            return own[0]
+        if runs and self.job.reason not in FORCED_REASONS:
+            return runs[0]  # the newest
         self.budget.spend()
         return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",
                                           external_id=self.job.delivery,
@@ -394,7 +396,7 @@ def _comment_fits(comment: dict, diff) -> bool:
 
 def _close_superseded(repo, old_sha: str, new_sha: str, budget: WriteBudget) -> None:
     """Never leave an older head's check run in progress; point it at the newer one."""
-    for run in commit_ref(repo, old_sha).get_check_runs(check_name=CHECK_NAME):
+    for run in commit_ref(repo, old_sha).get_check_runs(check_name=CHECK_NAME, filter="all"):
         if run.status != "completed":
             complete_check_run(run, compose.superseded_plan(old_sha, new_sha), budget)
 
@@ -405,7 +407,8 @@ def fail_check_run(job, clients, store, message: str) -> None:
         budget = WriteBudget(store, job.installation_id)
         repo = clients.for_installation(job.installation_id).get_repo(job.repository)
         head = job.head_sha or repo.get_pull(job.pull_number).head.sha
-        runs = [r for r in commit_ref(repo, head).get_check_runs(check_name=CHECK_NAME) if r.status != "completed"]
+        runs = [r for r in commit_ref(repo, head).get_check_runs(check_name=CHECK_NAME, filter="all")
+                if r.status != "completed"]
         if not runs:
             runs = [repo.create_check_run(name=CHECK_NAME, head_sha=head, status="in_progress")]
         for run in runs:

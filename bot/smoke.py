@@ -258,7 +258,7 @@ def _smoke_check_run(repo, job: SmokeJob, budget):
     from bot.github_client import commit_ref
 
     external_id = _job_key(job)[len("torchreview:smoke:"):]
-    for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME):
+    for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
         if run.external_id == external_id and run.status != "completed":
             return run
     budget.spend()
@@ -277,7 +277,7 @@ def fail_smoke_check_run(job: SmokeJob, clients, store, message: str) -> None:
     try:
         repo = clients.for_installation(job.installation_id).get_repo(job.repository)
         external_id = _job_key(job)[len("torchreview:smoke:"):]
-        for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME):
+        for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
             if run.external_id == external_id and run.status != "completed":
                 complete_check_run(run, job_failed_plan(message), WriteBudget(store, job.installation_id))
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters

@@ -9,7 +9,7 @@ from functools import lru_cache
 from celery.signals import worker_process_init
 
 import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
-from bot.jobs import REVIEW_TASK, SMOKE_TASK, job_from_dict, make_celery
+from bot.jobs import REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
 from bot.settings import Settings
 
 log = logging.getLogger("torchreview.tasks")
@@ -46,8 +46,8 @@ def _note_redelivery(task, job) -> None:
 def _again(task, request: dict, failures: int, countdown: float, max_retries: int, exc=None):
     """Re-queue the job; ``failures`` (GitHub or Redis errors in a row) rides along with it, so that waits
     for a lock or the write budget neither lengthen the back-off nor use up the failures allowed."""
-    return task.retry(args=[request], kwargs={"failures": failures}, countdown=countdown, max_retries=max_retries,
-                      exc=exc)
+    return task.retry(args=[request], kwargs={"failures": failures}, countdown=min(countdown, longest_countdown()),
+                      max_retries=max_retries, exc=exc)
 
 
 def _transient(exc: BaseException, failures: int):
@@ -79,6 +79,9 @@ def review_pull_request(self, request: dict, failures: int = 0) -> str:
         raise _again(self, request, failures, spent.delay, BUDGET_RETRIES)
     except Exception as exc:  # noqa: BLE001 - classified below
         transient = _transient(exc, failures)
+        if transient is not None and transient.rate_limited:  # GitHub said when: waiting is not failing
+            log.warning("review %s#%s: %s; again in %.0fs", job.repository, job.pull_number, transient, transient.delay)
+            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, exc=transient)
         if transient is not None and failures < MAX_RETRIES:
             log.warning("review %s#%s: %s; retrying in %.0fs", job.repository, job.pull_number, transient, transient.delay)
             raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, exc=transient)
@@ -109,6 +112,8 @@ def smoke_pull_request(self, request: dict, failures: int = 0) -> str:
         raise _again(self, request, failures, spent.delay, BUDGET_RETRIES)
     except Exception as exc:  # noqa: BLE001 - classified below
         transient = _transient(exc, failures)
+        if transient is not None and transient.rate_limited:
+            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, exc=transient)
         if transient is not None and failures < SMOKE_FAILURES:
             raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, exc=transient)
         log.exception("smoke %s#%s failed for good", job.repository, job.pull_number)
