@@ -37,6 +37,10 @@ class Store(Protocol):
     def count(self, key: str, ttl: int) -> int:
         """Increment a counter that expires ``ttl`` s after its first increment; the new value."""
 
+    def take_slot(self, key: str, limit: int, window: float, now: float) -> Optional[float]:
+        """Record one use at ``now`` if fewer than ``limit`` were recorded in the ``window`` s before it
+        (None); else the seconds until the oldest of them leaves the window. Atomic across processes."""
+
     def put(self, key: str, value: str, ttl: int) -> None:
         """Set ``key`` to ``value`` for ``ttl`` s (overwriting)."""
 
@@ -89,6 +93,22 @@ class RedisStore:
         pipe.incr(key)
         return int(pipe.execute()[1])
 
+    _TAKE_SLOT = """
+local now, window, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('zremrangebyscore', KEYS[1], '-inf', now - window)
+if redis.call('zcard', KEYS[1]) < limit then
+  redis.call('zadd', KEYS[1], now, ARGV[4])
+  redis.call('expire', KEYS[1], math.ceil(window) + 1)
+  return nil
+end
+local oldest = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
+return tostring(tonumber(oldest[2]) + window - now)
+"""
+
+    def take_slot(self, key: str, limit: int, window: float, now: float) -> Optional[float]:
+        wait = self.client.eval(self._TAKE_SLOT, 1, key, repr(now), repr(window), limit, uuid.uuid4().hex)
+        return None if wait is None else float(wait)
+
     def put(self, key: str, value: str, ttl: int) -> None:
         self.client.set(key, value, ex=ttl)
 
@@ -116,6 +136,7 @@ class SqliteStore:
         with self._db() as db:
             db.execute("CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, value TEXT, expires REAL)")
             db.execute("CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, record TEXT, at REAL)")
+            db.execute("CREATE TABLE IF NOT EXISTS slots (key TEXT, at REAL)")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -189,6 +210,20 @@ class SqliteStore:
                 raise
         return int(value)
 
+    def take_slot(self, key: str, limit: int, window: float, now: float) -> Optional[float]:
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM slots WHERE key = ? AND at <= ?", (key, now - window))
+                times = [row[0] for row in db.execute("SELECT at FROM slots WHERE key = ? ORDER BY at", (key,))]
+                if len(times) < limit:
+                    db.execute("INSERT INTO slots VALUES (?, ?)", (key, now))
+                db.execute("COMMIT")
+            except Exception:
+                db.execute("ROLLBACK")
+                raise
+        return None if len(times) < limit else times[0] + window - now
+
     def put(self, key: str, value: str, ttl: int) -> None:
         with self._db() as db:
             db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", (key, value, time.time() + ttl))
@@ -251,13 +286,17 @@ class WriteBudget:
         self.store, self.installation_id, self.per_minute = store, installation_id, per_minute
         self.sleep, self.clock = sleep, clock
 
+    WINDOW = 60.0
+
     def spend(self) -> None:
+        # A sliding window: with a counter per calendar minute, 80 writes at the end of one minute and 80
+        # at the start of the next made 160 within 60 s.
         while True:
-            minute = int(self.clock() // 60)
-            used = self.store.count(f"torchreview:writes:{self.installation_id}:{minute}", 120)
-            if used <= self.per_minute:
+            wait = self.store.take_slot(f"torchreview:writes:{self.installation_id}", self.per_minute, self.WINDOW,
+                                        self.clock())
+            if wait is None:
                 return
-            delay = max(0.05, (minute + 1) * 60 - self.clock())
+            delay = max(0.05, wait)
             if self.sleep is None:
                 raise WriteBudgetSpent(delay)
             self.sleep(delay)
