@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -247,7 +247,8 @@ def emulator_child(address: str, authkey: bytes) -> None:
     from github_emulator import EmulatorState, serve
 
     conn = Client(address, authkey=authkey)
-    storm, public_key = conn.recv()
+    fields_, public_key = conn.recv()
+    storm = Storm(**fields_)
     state = EmulatorState(app_public_key_pem=public_key, app_id=APP_ID)
     world = build_world(state, storm)
     state.faults.seed(storm.seed)
@@ -299,7 +300,7 @@ class EmulatorProcess:
                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         self._conn = self._listener.accept()
         self._lock = threading.Lock()
-        self._conn.send((storm, public_key))
+        self._conn.send((asdict(storm), public_key))  # plain data: the harness may be loaded under another name
         self.url, self.world = self._conn.recv()
 
     def call(self, command: str, *args):
