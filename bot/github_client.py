@@ -13,11 +13,26 @@ from bot.settings import Settings
 
 
 class TransientGitHubError(Exception):
-    """GitHub said "later" (5xx, 429, secondary rate limit, network): retry after ``delay`` seconds."""
+    """GitHub said "later" (5xx, 429, secondary rate limit, network): retry after ``delay`` seconds.
+    ``rate_limited``: GitHub named the wait itself (a rate limit), which is not a failure of ours."""
 
-    def __init__(self, message: str, delay: float) -> None:
+    def __init__(self, message: str, delay: float, rate_limited: bool = False) -> None:
         super().__init__(message)
         self.delay = delay
+        self.rate_limited = rate_limited
+
+
+def server_error_retry():
+    """In-place retries of reads (and other idempotent requests) that GitHub answered 5xx: a 502 is
+    usually momentary, and a review makes dozens of calls, so retrying the whole job for each one would
+    rarely get through (at 5 % of calls failing, 40 calls all succeed 13 % of the time). Writes that
+    are not idempotent (POST, and PATCH, which appends a check run's annotations) are never repeated
+    here; rate limits are left to the task, which re-queues with GitHub's ``Retry-After``."""
+    from urllib3.util import Retry
+
+    return Retry(total=3, connect=2, read=0, redirect=3, status=3, backoff_factor=0.5,
+                 status_forcelist=(500, 502, 503, 504), allowed_methods=frozenset({"GET", "HEAD", "PUT", "DELETE"}),
+                 respect_retry_after_header=False, raise_on_status=False)
 
 
 class GitHubClients:
@@ -48,8 +63,10 @@ class GitHubClients:
             client = self._clients.get(installation_id)
             if client is None:
                 auth = self.app_auth.get_installation_auth(installation_id)
-                # No in-request retries: the task retries as a whole, idempotently, honouring Retry-After.
-                client = github.Github(base_url=self.settings.api_url, auth=auth, retry=None, timeout=20, per_page=100,
+                # Only 5xx on idempotent requests are retried in place; the rest, the task retries as a
+                # whole, idempotently, honouring Retry-After.
+                client = github.Github(base_url=self.settings.api_url, auth=auth, retry=server_error_retry(),
+                                       timeout=20, per_page=100,
                                        seconds_between_requests=None,
                                        seconds_between_writes=self.settings.github_write_interval or None)
                 self._clients[installation_id] = client
@@ -74,10 +91,11 @@ def classify(exc: BaseException, attempt: int) -> Optional[TransientGitHubError]
         delay = max(1.0, float(headers["x-ratelimit-reset"]) - time.time() + 1)
     else:
         delay = backoff(attempt)
-    if status >= 500 or status == 429:
+    if status == 429 or (status == 403 and ("rate limit" in message.lower() or retry_after
+                                            or headers.get("x-ratelimit-remaining") == "0")):
+        return TransientGitHubError(f"GitHub rate limit: {message}", delay, rate_limited=True)
+    if status >= 500:
         return TransientGitHubError(f"GitHub answered {status}: {message}", delay)
-    if status == 403 and ("rate limit" in message.lower() or retry_after or headers.get("x-ratelimit-remaining") == "0"):
-        return TransientGitHubError(f"GitHub rate limit: {message}", delay)
     return None
 
 

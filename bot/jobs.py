@@ -250,11 +250,22 @@ def pin_command(store, job: CommandJob) -> CommandJob:
 # ---- enqueueing ------------------------------------------------------------------------------------
 
 
+def visibility_timeout() -> int:
+    """Seconds before Redis hands a job nobody acknowledged to another worker (the holder is presumed dead)."""
+    return int(os.environ.get("TORCHREVIEW_VISIBILITY_TIMEOUT", "900"))
+
+
+def longest_countdown() -> float:
+    """The longest a job may wait before its retry: a job waiting (unacknowledged) past the visibility
+    timeout would be handed to a second worker while the first still holds it, and run twice."""
+    return max(1.0, 0.8 * visibility_timeout())
+
+
 def make_celery(settings: Settings):
     from celery import Celery
 
     app = Celery("torchreview", broker=settings.broker_url)
-    visibility = int(os.environ.get("TORCHREVIEW_VISIBILITY_TIMEOUT", "900"))
+    visibility = visibility_timeout()
     if settings.embedded:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     app.conf.update(

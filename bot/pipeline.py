@@ -33,12 +33,12 @@ from bot.conversation import close_gone, gone_comments, is_ours, our_review_comm
 from bot.github_client import commit_ref
 from bot.isolation import run_isolated
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
-from bot.store import WriteBudget, results_cache
+from bot.store import WriteBudget, held_lock, results_cache
 
 log = logging.getLogger("torchreview.pipeline")
 
 CHECK_NAME = "torchreview"
-LOCK_TTL = 900
+LOCK_TTL = 60  # renewed while the job runs (bot.store.held_lock): a killed worker's lock is gone within a minute
 # The work one review may do: files fetched and analyzed, and their bytes; the rest is reported skipped.
 MAX_REVIEW_FILES = 1000
 MAX_REVIEW_BYTES = 20 << 20  # about a minute of parsing
@@ -92,14 +92,10 @@ def run_review(job, clients, store) -> str:
         _close_superseded(repo, job.head_sha, head, budget)
         metrics.REVIEWS.labels(outcome="superseded").inc()
         return f"superseded: {job.head_sha[:7]} is no longer the head ({head[:7]})"
-    lock_key = f"torchreview:lock:{job.repository}#{job.pull_number}"
-    token = store.acquire(lock_key, LOCK_TTL)
-    if token is None:
-        raise LockBusy()
-    try:
+    with held_lock(store, f"torchreview:lock:{job.repository}#{job.pull_number}", LOCK_TTL) as token:
+        if token is None:
+            raise LockBusy()
         outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login(), store, results_cache(store)).run()
-    finally:
-        store.unlock(lock_key, token)
     metrics.REVIEWS.labels(outcome="done").inc()
     metrics.REVIEW_SECONDS.observe(time.perf_counter() - started)
     return outcome
@@ -215,13 +211,15 @@ class ReviewRun:
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):
-        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs
-        (but a retried job, e.g. re-queued for the write budget, finds the one it created)."""
-        for run in commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME):
-            if self.job.reason not in FORCED_REASONS:
-                return run
-            if run.external_id == self.job.delivery and run.status != "completed":
-                return run
+        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs.
+        A job that ran before (re-queued for the write budget, redelivered after its worker died, even
+        after it completed the run) finds the one it created: every run, not only the newest, is listed."""
+        runs = list(commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME, filter="all"))
+        own = [run for run in runs if run.external_id == self.job.delivery]
+        if own:
+            return own[0]
+        if runs and self.job.reason not in FORCED_REASONS:
+            return runs[0]  # the newest
         self.budget.spend()
         return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",
                                           external_id=self.job.delivery,
@@ -398,7 +396,7 @@ def _comment_fits(comment: dict, diff) -> bool:
 
 def _close_superseded(repo, old_sha: str, new_sha: str, budget: WriteBudget) -> None:
     """Never leave an older head's check run in progress; point it at the newer one."""
-    for run in commit_ref(repo, old_sha).get_check_runs(check_name=CHECK_NAME):
+    for run in commit_ref(repo, old_sha).get_check_runs(check_name=CHECK_NAME, filter="all"):
         if run.status != "completed":
             complete_check_run(run, compose.superseded_plan(old_sha, new_sha), budget)
 
@@ -409,7 +407,8 @@ def fail_check_run(job, clients, store, message: str) -> None:
         budget = WriteBudget(store, job.installation_id)
         repo = clients.for_installation(job.installation_id).get_repo(job.repository)
         head = job.head_sha or repo.get_pull(job.pull_number).head.sha
-        runs = [r for r in commit_ref(repo, head).get_check_runs(check_name=CHECK_NAME) if r.status != "completed"]
+        runs = [r for r in commit_ref(repo, head).get_check_runs(check_name=CHECK_NAME, filter="all")
+                if r.status != "completed"]
         if not runs:
             runs = [repo.create_check_run(name=CHECK_NAME, head_sha=head, status="in_progress")]
         for run in runs:

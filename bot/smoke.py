@@ -21,6 +21,7 @@ from analyzers.markdown import code_span, literal, message, redact_urls, table_c
 from bot.commands import ALLOWED_PERMISSIONS, MAINTAINER_PERMISSIONS, may_run, permission_level
 from bot.jobs import SMOKE_CHECK_NAME, SmokeJob
 from bot.review import CheckRunPlan
+from bot.store import held_lock
 
 log = logging.getLogger("torchreview.smoke")
 
@@ -217,21 +218,21 @@ def _job_key(job: SmokeJob) -> str:
     return f"torchreview:smoke:{job.repository}#{job.pull_number}:{job.head_sha}:{job.delivery}"
 
 
+SMOKE_LOCK_TTL = 120  # renewed while the run lasts; a GPU worker lost mid-run frees it within two minutes
+
+
 def run_smoke_job(job: SmokeJob, clients, store) -> str:
     """Idempotent: a job that already finished returns at once; a copy of a running one waits.
     Runs exactly ``job.head_sha`` (pinned when the run was authorized), on every retry."""
     key = _job_key(job)
     if store.exists(key + ":done"):
         return "already done"
-    token = store.acquire(key + ":lock", 4 * 3600)
-    if token is None:
-        raise SmokeBusy()
-    try:
+    with held_lock(store, key + ":lock", SMOKE_LOCK_TTL) as token:
+        if token is None:
+            raise SmokeBusy()
         outcome = _run_smoke_job(job, clients, store)
         store.claim(key + ":done", 7 * 24 * 3600)
         return outcome
-    finally:
-        store.unlock(key + ":lock", token)
 
 
 def _authorize(job: SmokeJob, repo, pr, settings: dict) -> str | None:
@@ -259,7 +260,7 @@ def _smoke_check_run(repo, job: SmokeJob, budget):
     from bot.github_client import commit_ref
 
     external_id = _job_key(job)[len("torchreview:smoke:"):]
-    for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME):
+    for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
         if run.external_id == external_id and run.status != "completed":
             return run
     budget.spend()
@@ -278,7 +279,7 @@ def fail_smoke_check_run(job: SmokeJob, clients, store, message: str) -> None:
     try:
         repo = clients.for_installation(job.installation_id).get_repo(job.repository)
         external_id = _job_key(job)[len("torchreview:smoke:"):]
-        for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME):
+        for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
             if run.external_id == external_id and run.status != "completed":
                 complete_check_run(run, job_failed_plan(message), WriteBudget(store, job.installation_id))
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters

@@ -31,8 +31,15 @@ class Store(Protocol):
     def unlock(self, key: str, token: str) -> None:
         ...
 
+    def extend(self, key: str, token: str, ttl: int) -> bool:
+        """Hold the lock ``ttl`` s more if ``token`` still holds it; False when it was lost."""
+
     def count(self, key: str, ttl: int) -> int:
         """Increment a counter that expires ``ttl`` s after its first increment; the new value."""
+
+    def take_slot(self, key: str, limit: int, window: float, now: float) -> Optional[float]:
+        """Record one use at ``now`` if fewer than ``limit`` were recorded in the ``window`` s before it
+        (None); else the seconds until the oldest of them leaves the window. Atomic across processes."""
 
     def put(self, key: str, value: str, ttl: int) -> None:
         """Set ``key`` to ``value`` for ``ttl`` s (overwriting)."""
@@ -49,11 +56,17 @@ class Store(Protocol):
 
 class RedisStore:
     _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+    _EXTEND = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) "
+               "else return 0 end")
 
     def __init__(self, url: str) -> None:
         import redis
+        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.retry import Retry
 
-        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        # Reconnect through a restart of Redis (a deploy: a second or two away), not only a dropped socket.
+        self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5,
+                                           retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 12))
 
     def claim(self, key: str, ttl: int) -> bool:
         return bool(self.client.set(key, "1", nx=True, ex=ttl))
@@ -71,11 +84,30 @@ class RedisStore:
     def unlock(self, key: str, token: str) -> None:
         self.client.eval(self._UNLOCK, 1, key, token)  # only the holder may unlock
 
+    def extend(self, key: str, token: str, ttl: int) -> bool:
+        return bool(self.client.eval(self._EXTEND, 1, key, token, int(ttl)))
+
     def count(self, key: str, ttl: int) -> int:
         pipe = self.client.pipeline()
         pipe.set(key, 0, nx=True, ex=ttl)
         pipe.incr(key)
         return int(pipe.execute()[1])
+
+    _TAKE_SLOT = """
+local now, window, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('zremrangebyscore', KEYS[1], '-inf', now - window)
+if redis.call('zcard', KEYS[1]) < limit then
+  redis.call('zadd', KEYS[1], now, ARGV[4])
+  redis.call('expire', KEYS[1], math.ceil(window) + 1)
+  return nil
+end
+local oldest = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
+return tostring(tonumber(oldest[2]) + window - now)
+"""
+
+    def take_slot(self, key: str, limit: int, window: float, now: float) -> Optional[float]:
+        wait = self.client.eval(self._TAKE_SLOT, 1, key, repr(now), repr(window), limit, uuid.uuid4().hex)
+        return None if wait is None else float(wait)
 
     def put(self, key: str, value: str, ttl: int) -> None:
         self.client.set(key, value, ex=ttl)
@@ -104,6 +136,7 @@ class SqliteStore:
         with self._db() as db:
             db.execute("CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, value TEXT, expires REAL)")
             db.execute("CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, record TEXT, at REAL)")
+            db.execute("CREATE TABLE IF NOT EXISTS slots (key TEXT, at REAL)")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -156,6 +189,12 @@ class SqliteStore:
         with self._db() as db:
             db.execute("DELETE FROM keys WHERE key = ? AND value = ?", (key, token))
 
+    def extend(self, key: str, token: str, ttl: int) -> bool:
+        now = time.time()
+        with self._db() as db:
+            return db.execute("UPDATE keys SET expires = ? WHERE key = ? AND value = ? AND expires >= ?",
+                              (now + ttl, key, token, now)).rowcount == 1
+
     def count(self, key: str, ttl: int) -> int:
         now = time.time()
         with self._db() as db:
@@ -171,6 +210,20 @@ class SqliteStore:
                 raise
         return int(value)
 
+    def take_slot(self, key: str, limit: int, window: float, now: float) -> Optional[float]:
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DELETE FROM slots WHERE key = ? AND at <= ?", (key, now - window))
+                times = [row[0] for row in db.execute("SELECT at FROM slots WHERE key = ? ORDER BY at", (key,))]
+                if len(times) < limit:
+                    db.execute("INSERT INTO slots VALUES (?, ?)", (key, now))
+                db.execute("COMMIT")
+            except Exception:
+                db.execute("ROLLBACK")
+                raise
+        return None if len(times) < limit else times[0] + window - now
+
     def put(self, key: str, value: str, ttl: int) -> None:
         with self._db() as db:
             db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", (key, value, time.time() + ttl))
@@ -179,6 +232,37 @@ class SqliteStore:
         with self._db() as db:
             row = db.execute("SELECT value FROM keys WHERE key = ? AND expires >= ?", (key, time.time())).fetchone()
         return None if row is None else str(row[0])
+
+
+@contextmanager
+def held_lock(store: "Store", key: str, ttl: int) -> Iterator[Optional[str]]:
+    """Hold ``key`` while the block runs (None: someone else holds it), renewing it every ``ttl / 3`` s.
+
+    A short time to live, renewed by the living holder: a worker killed mid-job (a lost node, an OOM kill)
+    leaves the lock for at most ``ttl`` s, instead of blocking every later job on that key for as long as
+    the longest job could ever take."""
+    token = store.acquire(key, ttl)
+    if token is None:
+        yield None
+        return
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(ttl / 3):
+            try:
+                if not store.extend(key, token, ttl):
+                    return
+            except Exception:  # noqa: BLE001 - a Redis hiccup: the next renewal tries again, well within ttl
+                continue
+
+    renewer = threading.Thread(target=renew, name=f"renew {key}", daemon=True)
+    renewer.start()
+    try:
+        yield token
+    finally:
+        stop.set()
+        renewer.join()
+        store.unlock(key, token)
 
 
 class WriteBudgetSpent(Exception):
@@ -202,13 +286,17 @@ class WriteBudget:
         self.store, self.installation_id, self.per_minute = store, installation_id, per_minute
         self.sleep, self.clock = sleep, clock
 
+    WINDOW = 60.0
+
     def spend(self) -> None:
+        # A sliding window: with a counter per calendar minute, 80 writes at the end of one minute and 80
+        # at the start of the next made 160 within 60 s.
         while True:
-            minute = int(self.clock() // 60)
-            used = self.store.count(f"torchreview:writes:{self.installation_id}:{minute}", 120)
-            if used <= self.per_minute:
+            wait = self.store.take_slot(f"torchreview:writes:{self.installation_id}", self.per_minute, self.WINDOW,
+                                        self.clock())
+            if wait is None:
                 return
-            delay = max(0.05, (minute + 1) * 60 - self.clock())
+            delay = max(0.05, wait)
             if self.sleep is None:
                 raise WriteBudgetSpent(delay)
             self.sleep(delay)

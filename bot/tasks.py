@@ -9,13 +9,14 @@ from functools import lru_cache
 from celery.signals import worker_process_init
 
 import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
-from bot.jobs import REVIEW_TASK, SMOKE_TASK, job_from_dict, make_celery
+from bot.jobs import REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
 from bot.settings import Settings
 
 log = logging.getLogger("torchreview.tasks")
 
-MAX_RETRIES = 8
+MAX_RETRIES = 8  # GitHub or Redis failures in a row; waiting below is not failing
 BUDGET_RETRIES = 1000  # waiting for the next minute's write budget is not a failure
+LOCK_RETRIES = 1000  # nor is waiting for the job ahead on the same PR (its lock lapses within LOCK_TTL if it died)
 
 # Only the broker settings; role "web" reads no private key (web processes import this module too).
 celery_app = make_celery(Settings.from_env(require_github=False, role="web"))
@@ -36,27 +37,54 @@ def _fresh_clients(**_kwargs) -> None:
     _runtime.cache_clear()  # forked pool children must not share the parent's connections
 
 
+def _note_redelivery(task, job) -> None:
+    """A job the broker handed out again because the worker holding it was lost (or Redis restarted)."""
+    if (task.request.delivery_info or {}).get("redelivered"):
+        log.warning("%s %s#%s: redelivered after a lost worker", job.kind, job.repository, job.pull_number)
+
+
+def _again(task, request: dict, failures: int, countdown: float, max_retries: int, exc=None):
+    """Re-queue the job; ``failures`` (GitHub or Redis errors in a row) rides along with it, so that waits
+    for a lock or the write budget neither lengthen the back-off nor use up the failures allowed."""
+    return task.retry(args=[request], kwargs={"failures": failures}, countdown=min(countdown, longest_countdown()),
+                      max_retries=max_retries, exc=exc)
+
+
+def _transient(exc: BaseException, failures: int):
+    """GitHub's "later" (bot.github_client.classify), or Redis away for a moment (a restart, a failover)."""
+    import redis
+
+    from bot.github_client import TransientGitHubError, backoff, classify
+
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return TransientGitHubError(f"Redis unavailable: {exc}", backoff(failures))
+    return classify(exc, failures)
+
+
 @celery_app.task(bind=True, name=REVIEW_TASK, max_retries=MAX_RETRIES, acks_late=True, reject_on_worker_lost=True)
-def review_pull_request(self, request: dict) -> str:
-    from bot.github_client import classify
+def review_pull_request(self, request: dict, failures: int = 0) -> str:
     from bot.jobs import CommandJob
     from bot.pipeline import LockBusy, fail_check_run, run_command, run_review
     from bot.store import WriteBudgetSpent
 
     job = job_from_dict(request)
+    _note_redelivery(self, job)
     settings, store, clients = _runtime()
     try:
         outcome = run_command(job, clients, store) if isinstance(job, CommandJob) else run_review(job, clients, store)
     except LockBusy as busy:
-        raise self.retry(countdown=busy.delay, max_retries=MAX_RETRIES * 4)
+        raise _again(self, request, failures, busy.delay, LOCK_RETRIES)
     except WriteBudgetSpent as spent:
         log.info("review %s#%s: write budget spent; again in %.0fs", job.repository, job.pull_number, spent.delay)
-        raise self.retry(countdown=spent.delay, max_retries=BUDGET_RETRIES)
+        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES)
     except Exception as exc:  # noqa: BLE001 - classified below
-        transient = classify(exc, self.request.retries)
-        if transient is not None and self.request.retries < MAX_RETRIES:
+        transient = _transient(exc, failures)
+        if transient is not None and transient.rate_limited:  # GitHub said when: waiting is not failing
+            log.warning("review %s#%s: %s; again in %.0fs", job.repository, job.pull_number, transient, transient.delay)
+            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, exc=transient)
+        if transient is not None and failures < MAX_RETRIES:
             log.warning("review %s#%s: %s; retrying in %.0fs", job.repository, job.pull_number, transient, transient.delay)
-            raise self.retry(exc=transient, countdown=transient.delay)
+            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, exc=transient)
         log.exception("review %s#%s failed for good", job.repository, job.pull_number)
         if not isinstance(job, CommandJob):
             fail_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
@@ -65,24 +93,29 @@ def review_pull_request(self, request: dict) -> str:
     return outcome
 
 
-@celery_app.task(bind=True, name=SMOKE_TASK, max_retries=3, acks_late=True, reject_on_worker_lost=True)
-def smoke_pull_request(self, request: dict) -> str:
-    from bot.github_client import classify
+SMOKE_FAILURES = 3
+
+
+@celery_app.task(bind=True, name=SMOKE_TASK, max_retries=SMOKE_FAILURES, acks_late=True, reject_on_worker_lost=True)
+def smoke_pull_request(self, request: dict, failures: int = 0) -> str:
     from bot.smoke import SmokeBusy, fail_smoke_check_run, run_smoke_job
     from bot.store import WriteBudgetSpent
 
     job = job_from_dict(request)  # the same pinned head_sha on every retry: never re-read
+    _note_redelivery(self, job)
     settings, store, clients = _runtime()
     try:
         outcome = run_smoke_job(job, clients, store)
     except SmokeBusy:
-        raise self.retry(countdown=30, max_retries=200)  # a redelivered copy waits for the running one
+        raise _again(self, request, failures, 30, 200)  # a redelivered copy waits for the running one
     except WriteBudgetSpent as spent:
-        raise self.retry(countdown=spent.delay, max_retries=BUDGET_RETRIES)
+        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES)
     except Exception as exc:  # noqa: BLE001 - classified below
-        transient = classify(exc, self.request.retries)
-        if transient is not None and self.request.retries < self.max_retries:
-            raise self.retry(exc=transient, countdown=transient.delay)
+        transient = _transient(exc, failures)
+        if transient is not None and transient.rate_limited:
+            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, exc=transient)
+        if transient is not None and failures < SMOKE_FAILURES:
+            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, exc=transient)
         log.exception("smoke %s#%s failed for good", job.repository, job.pull_number)
         fail_smoke_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
         raise

@@ -16,6 +16,8 @@ from bot.settings import MAX_WEBHOOK_BYTES, Settings, check_webhook_secret
 log = logging.getLogger("torchreview.webhook")
 
 DELIVERY_TTL = 7 * 24 * 3600  # GitHub redelivers for up to a few days
+PENDING_TTL = 60  # a claimed delivery not yet on the queue (its request may have died): free again after this
+ENQUEUED = "enqueued"
 
 
 def verify_signature(secret: str, body: bytes, header: Optional[str]) -> bool:
@@ -89,21 +91,33 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
         # Once per delivery id, and once per signed body: a captured delivery replayed under a new
         # X-GitHub-Delivery is not a new event (a genuine one differs in its ids or timestamps).
         keys = [f"torchreview:delivery:{delivery}", f"torchreview:delivery-body:{hashlib.sha256(body).hexdigest()}"]
+        # A claim is "pending" for a short while, and "enqueued" for days once the jobs are on the queue: a
+        # process killed in between (or a Redis gone away) leaves a claim that lapses, not a lost delivery.
         claimed = []
-        for key in keys:
-            if not store.claim(key, DELIVERY_TTL):
-                for done in claimed:
-                    store.release(done)
-                return _answer(200, "duplicate delivery; already enqueued", event, started)
-            claimed.append(key)
         try:
+            for key in keys:
+                if not store.claim(key, PENDING_TTL):
+                    for done in claimed:
+                        store.release(done)
+                    if store.get(key) == ENQUEUED:
+                        return _answer(200, "duplicate delivery; already enqueued", event, started)
+                    return _answer(503, "this delivery is being enqueued by another request; retry it", event, started)
+                claimed.append(key)
             for job in jobs:
                 enqueue(job)
-        except Exception:
-            for key in keys:
-                store.release(key)  # let GitHub's redelivery try again
+        except Exception:  # Redis away (a restart) or the queue refused: nothing is enqueued, say so
             log.exception("could not enqueue delivery %s", delivery)
+            for key in claimed:
+                try:
+                    store.release(key)  # let GitHub's redelivery try again
+                except Exception:  # noqa: BLE001 - still away: the pending claim lapses by itself
+                    log.warning("could not release %s; it lapses in %ss", key, PENDING_TTL)
             return _answer(503, "could not enqueue; retry the delivery", event, started)
+        try:
+            for key in keys:
+                store.put(key, ENQUEUED, DELIVERY_TTL)
+        except Exception:  # noqa: BLE001 - enqueued all the same; a redelivery after the lapse runs it twice, idempotently
+            log.warning("delivery %s enqueued, but not marked so", delivery, exc_info=True)
         return _answer(202, f"enqueued {len(jobs)} review job(s)", event, started)
 
     @app.errorhandler(413)

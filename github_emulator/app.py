@@ -74,11 +74,13 @@ def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
 
     @app.before_request
     def pipeline() -> Response | None:
+        token = state.tokens.get(credentials(request.headers.get("Authorization")) or "")
         recorded = RecordedRequest(
             method=request.method,
             path=request.path,
             query=request.args.to_dict(),
             body=request.get_json(silent=True) if request.data else None,
+            installation_id=token.installation_id if token is not None else None,
         )
         state.requests.append(recorded)
         g.recorded = recorded
@@ -94,6 +96,8 @@ def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
 
         route = current_route()
         if route is None:
+            state.contract_violations.append({"method": request.method, "path": request.path,
+                                              "errors": ["no such operation"]})
             return None  # unknown URL: Flask answers 404/405, rendered below
         try:
             _authenticate(state, route)
@@ -101,7 +105,7 @@ def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
             if request.data and request.get_json(silent=True) is None:
                 raise EmulatorError(400, "Problems parsing JSON")
             if route.operation_id is not None:
-                _validate(route)
+                _validate(state, route)
         except AuthError as error:
             return error_response(EmulatorError(401, str(error)))
         except EmulatorError as error:
@@ -206,10 +210,11 @@ def _spec_request_for_current():
     )
 
 
-def _validate(route: Route) -> None:
+def _validate(state: EmulatorState, route: Route) -> None:
     problem = check_request(_spec_request_for_current())
     if problem is None:
         return
+    state.contract_violations.append({"method": request.method, "path": request.path, "errors": problem.errors})
     if problem.status == 404:
         raise EmulatorError(404, "Not Found")
     raise EmulatorError(422, "Validation Failed", problem.errors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class Fault:
     headers: dict[str, str] = field(default_factory=dict)
     remaining: int | None = 1
     hits: int = 0
+    rate: float = 1.0  # the share of matching requests it answers (drawn per request)
 
     def matches(self, method: str, path: str) -> bool:
         method_ok = self.method == "*" or self.method.upper() == method.upper()
@@ -41,9 +43,14 @@ class Fault:
 
 
 class FaultInjector:
-    def __init__(self) -> None:
+    def __init__(self, seed: int | None = None) -> None:
         self._lock = threading.Lock()
         self._faults: list[Fault] = []
+        self._random = random.Random(seed)
+
+    def seed(self, seed: int) -> None:
+        with self._lock:
+            self._random.seed(seed)
 
     def fail(
         self,
@@ -53,8 +60,10 @@ class FaultInjector:
         times: int | None = 1,
         body: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
+        rate: float = 1.0,
     ) -> Fault:
-        """The next `times` matching requests get `status` (default: 502 Bad Gateway)."""
+        """The next `times` matching requests get `status` (default: 502 Bad Gateway); with `rate`
+        below 1, only that share of them, drawn at random (e.g. `times=None, rate=0.05`: 5 % of all)."""
         fault = Fault(
             method=method,
             path=path,
@@ -62,13 +71,14 @@ class FaultInjector:
             body=body if body is not None else {"message": "Server Error"},
             headers=dict(headers or {}),
             remaining=times,
+            rate=rate,
         )
         with self._lock:
             self._faults.append(fault)
         return fault
 
     def secondary_rate_limit(
-        self, method: str = "*", path: str = "*", times: int | None = 1, retry_after: int = 1
+        self, method: str = "*", path: str = "*", times: int | None = 1, retry_after: int = 1, rate: float = 1.0
     ) -> Fault:
         """403 with GitHub's secondary-rate-limit message and a Retry-After header."""
         return self.fail(
@@ -78,6 +88,7 @@ class FaultInjector:
             times=times,
             body={"message": SECONDARY_RATE_LIMIT_MESSAGE, "documentation_url": RATE_LIMIT_DOCS},
             headers={"Retry-After": str(retry_after)},
+            rate=rate,
         )
 
     def too_many_requests(
@@ -120,6 +131,8 @@ class FaultInjector:
         with self._lock:
             for fault in self._faults:
                 if fault.matches(method, path):
+                    if fault.rate < 1.0 and self._random.random() >= fault.rate:
+                        continue
                     fault.hits += 1
                     if fault.remaining is not None:
                         fault.remaining -= 1

@@ -273,6 +273,8 @@ class RecordedRequest:
     query: dict[str, str]
     body: Any
     status: int = 0
+    at: float = field(default_factory=time.time)  # when it arrived (wall clock, for rates over time)
+    installation_id: int | None = None  # whose installation token it carried, valid or not
 
 
 class EmulatorError(Exception):
@@ -299,6 +301,9 @@ class EmulatorState:
         self.lock = threading.RLock()
         self.faults = FaultInjector()
         self.requests: list[RecordedRequest] = []
+        # Requests that do not fit GitHub's OpenAPI description (422/404 from validation, unknown URLs):
+        # a client bug GitHub would also refuse. Kept so a long run can assert there were none.
+        self.contract_violations: list[dict[str, Any]] = []
         self.patch_size_limit = patch_size_limit
         self.token_lifetime = timedelta(hours=1)
         self.rate_limits: dict[str, RateLimitBucket] = {}

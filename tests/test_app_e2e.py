@@ -163,3 +163,37 @@ def test_inline_comment_limit_from_base_config(stack):
     (summary,) = [c for c in state.issue_comments_for(pr) if "torchreview:summary" in c.body]
     assert "More findings" in summary.body
     assert len(run.annotations) > 10  # every finding is still an annotation
+
+
+def test_a_review_command_run_again_reuses_its_own_check_run(stack):
+    """A /review job handed out again (its worker died after completing the run) finds its run even when
+    a newer one exists: GitHub lists only the newest run per name unless asked for all."""
+    from bot.jobs import route_event, send
+    from bot.settings import Settings
+
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
+    first_delivery = str(uuid.uuid4())
+    first = issue_comment_payload(state, pr, "/review", user="octo-maintainer")
+    assert deliver(stack, "issue_comment", first, first_delivery).status_code == 202
+
+    def run_of(delivery):
+        runs = [r for r in state.check_runs_for(pr.head_sha, name="torchreview")
+                if r.external_id == delivery and r.status == "completed"]
+        return runs[0] if runs else None
+
+    run = wait_for(lambda: run_of(first_delivery), 60, "the first command's run")
+    second_delivery = str(uuid.uuid4())
+    second = issue_comment_payload(state, pr, "/review", user="octo-maintainer")
+    assert deliver(stack, "issue_comment", second, second_delivery).status_code == 202
+    wait_for(lambda: run_of(second_delivery), 60, "the second command's run")
+    edits = len(state.requests_matching("PATCH", f"/repos/{name}/check-runs/{run.id}"))
+    settings = Settings(app_id=4242, private_key=None, webhook_secret=None, redis_url=stack["env"]["REDIS_URL"])
+    (job,) = route_event("issue_comment", first, first_delivery, settings)
+    send(job, settings)  # the broker's redelivery of the first job
+    wait_for(lambda: len(state.requests_matching("PATCH", f"/repos/{name}/check-runs/{run.id}")) > edits, 60,
+             "the first run to be completed again")
+    runs = state.check_runs_for(pr.head_sha, name="torchreview")
+    assert sorted(r.external_id for r in runs) == sorted([first_delivery, second_delivery])
+    assert all(r.status == "completed" for r in runs)

@@ -251,14 +251,15 @@ def test_permission_level_tells_maintain_from_write(world, login, level, expect_
 
 def test_may_run_propagates_server_errors(world, expect_errors):
     state = world["state"]
-    state.faults.fail("GET", "/repos/octo-org/models/collaborators/writer/permission", status=502, times=1)
+    state.faults.fail("GET", "/repos/octo-org/models/collaborators/writer/permission", status=502, times=None)
     try:
         with pytest.raises(github.GithubException) as info:
             commands.may_run(world["gh_repo"], "writer", "NONE")
     finally:
         state.faults.clear()
     assert info.value.status == 502  # not a refusal: the job retries
-    expect_errors.append(("GET", "/repos/octo-org/models/collaborators/writer/permission", 502))
+    # a read is first retried in place (bot.github_client.server_error_retry): 1 + 3 attempts
+    expect_errors.extend([("GET", "/repos/octo-org/models/collaborators/writer/permission", 502)] * 4)
 
 
 def test_acknowledge_adds_eyes_once(world, expect_errors):

@@ -71,3 +71,61 @@ def test_bot_has_no_import_circle():
     for module in graph:
         if module not in state:
             visit(module, [module])
+
+
+def test_rate_limits_are_waits_and_5xx_are_failures():
+    """GitHub naming the wait (secondary or primary rate limit) is not a failure of the job: the task
+    re-queues without using up its failures; a 5xx (after the in-place retries of reads) is one."""
+    from github import GithubException
+
+    from bot.github_client import classify
+
+    secondary = GithubException(403, {"message": "You have exceeded a secondary rate limit."}, {"Retry-After": "7"})
+    assert classify(secondary, 0).rate_limited and classify(secondary, 0).delay == 7
+    assert classify(GithubException(429, {"message": "slow down"}, {"Retry-After": "3"}), 0).rate_limited
+    bad_gateway = classify(GithubException(502, {"message": "Server Error"}, {}), 0)
+    assert bad_gateway is not None and not bad_gateway.rate_limited
+    assert classify(GithubException(403, {"message": "Resource not accessible by integration"}, {}), 0) is None
+
+
+def test_redis_away_is_transient_for_a_job():
+    """A Redis restart mid-job re-queues it (it used to fail for good, and its check run stayed open)."""
+    import redis
+
+    from bot.tasks import _transient
+
+    assert _transient(redis.ConnectionError("Connection refused"), 0) is not None
+    assert _transient(redis.TimeoutError("Timeout reading"), 3).delay > 0
+    assert _transient(ValueError("a bug"), 0) is None
+
+
+def test_no_retry_waits_past_the_visibility_timeout(monkeypatch):
+    """A retry's countdown is spent unacknowledged in a worker; past the visibility timeout Redis would hand
+    the same job to a second worker while the first still waits on it."""
+    from bot.jobs import longest_countdown
+
+    monkeypatch.setenv("TORCHREVIEW_VISIBILITY_TIMEOUT", "30")
+    assert longest_countdown() == 24
+    monkeypatch.setenv("TORCHREVIEW_VISIBILITY_TIMEOUT", "900")
+    assert longest_countdown() >= 300  # the back-off's cap fits under the default
+
+
+def test_github_reads_answered_5xx_are_retried_in_place_writes_are_not(emulator, app_key):
+    from github import GithubException
+
+    from bot.github_client import GitHubClients
+    from bot.settings import Settings
+
+    state = emulator.state
+    if 1 not in state.installations:
+        state.add_installation("octo-org", installation_id=1)
+    repo = state.add_repo(f"octo-org/retries-{id(state)}", files={"README.md": "# r\n"})
+    clients = GitHubClients(Settings(app_id=4242, private_key=app_key[0], webhook_secret=None, api_url=emulator.url))
+    gh = clients.for_installation(1)
+    state.faults.fail("GET", f"/repos/{repo.full_name}", status=502, times=2)
+    assert gh.get_repo(repo.full_name).full_name == repo.full_name  # two 502s, then the answer
+    state.faults.fail("POST", f"/repos/{repo.full_name}/check-runs", status=502, times=1)
+    with pytest.raises(GithubException) as failed:
+        gh.get_repo(repo.full_name).create_check_run(name="x", head_sha=repo.branches["main"])
+    assert failed.value.status == 502  # not repeated: the task decides, idempotently
+    state.faults.clear()

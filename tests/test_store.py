@@ -61,12 +61,14 @@ def test_put_and_get(store):
 def test_write_budget_without_sleep_asks_to_be_requeued(store):
     from bot.store import WriteBudgetSpent
 
-    budget = WriteBudget(store, 9, per_minute=1, clock=lambda: 615.0)
+    now = [615.0]
+    budget = WriteBudget(store, 9, per_minute=1, clock=lambda: now[0])
     budget.spend()
+    now[0] = 630.0
     try:
         budget.spend()
     except WriteBudgetSpent as spent:
-        assert spent.delay == 45.0
+        assert spent.delay == 45.0  # when the write at 615 leaves the window
     else:
         raise AssertionError("the second write of the minute must be refused")
 
@@ -84,3 +86,54 @@ def test_feedback_is_recorded_once_per_comment_user_and_kind(redis_url, tmp_path
         assert store.add_feedback(dict(record)) is False  # read again at the next review: not twice
         assert store.add_feedback(dict(record, id="o/r#7:TR601:bob:thumbs-down", user="bob")) is True
         assert [r["user"] for r in store.feedback()] == ["alice", "bob"]
+
+
+def test_only_the_holder_extends_a_lock(store):
+    token = store.acquire("pr-2", 60)
+    assert store.extend("pr-2", token, 120)
+    assert not store.extend("pr-2", "someone-else", 120)
+    store.unlock("pr-2", token)
+    assert not store.extend("pr-2", token, 120)  # gone: nothing to extend
+
+
+def test_a_held_lock_is_renewed_and_a_dead_holders_lapses(redis_url, redis_client):
+    """held_lock renews a short-lived lock while its block runs, so a killed worker's lock frees itself
+    within the time to live instead of blocking the PR for as long as a job could ever take."""
+    from bot.store import held_lock
+    from tests.conftest import wait_for
+
+    store = RedisStore(redis_url)
+    with held_lock(store, "pr-3", 3) as token:
+        assert token and store.acquire("pr-3", 3) is None
+        lowest = [redis_client.pttl("pr-3")]
+
+        def renewed() -> bool:  # the time to live runs down, then jumps back up (every ttl / 3)
+            left = redis_client.pttl("pr-3")
+            lowest[0] = min(lowest[0], left)
+            return left > lowest[0] + 200
+
+        wait_for(renewed, 20, "the lock's renewal")
+    assert redis_client.exists("pr-3") == 0  # released at the end of the block
+    with held_lock(store, "pr-3", 60) as token:
+        with held_lock(store, "pr-3", 60) as other:
+            assert token and other is None  # held: the second job is told so (LockBusy), never blocked
+    dead = store.acquire("pr-4", 1)  # a holder that was SIGKILLed renews nothing
+    assert dead
+    wait_for(lambda: store.acquire("pr-4", 60), 10, "the dead holder's lock to lapse")
+
+
+def test_the_write_budget_holds_in_any_60_seconds_not_per_calendar_minute(store):
+    """80 writes late in one minute and 80 early in the next were 160 within 60 s under a per-minute counter;
+    GitHub's secondary limit counts any 60 s."""
+    from bot.store import WriteBudgetSpent
+
+    now = [659.0]  # late in minute 10
+    budget = WriteBudget(store, 11, per_minute=80, clock=lambda: now[0])
+    for _ in range(80):
+        budget.spend()
+    now[0] = 661.0  # early in minute 11
+    with pytest.raises(WriteBudgetSpent) as spent:
+        budget.spend()
+    assert spent.value.delay == pytest.approx(58.0)
+    now[0] = 719.5  # the first 80 have left the window
+    budget.spend()

@@ -203,3 +203,34 @@ def test_strong_secrets_and_workers_without_one_are_accepted():
 
     with pytest.raises(SettingsError, match="GITHUB_PRIVATE_KEY"):
         Settings.from_env({"GITHUB_APP_ID": "1", "GITHUB_WEBHOOK_SECRET": "change-me"}, role="worker")
+
+
+def test_a_delivery_being_enqueued_is_retried_not_dropped(webhook, redis_client):
+    """A claim is only "pending" until the jobs are on the queue: a request that died in between (a killed
+    gunicorn worker) leaves a claim that lapses, and a redelivery meanwhile is told to retry (503), never
+    "already enqueued" (200, which GitHub would not redeliver)."""
+    from bot.webhook import ENQUEUED, PENDING_TTL
+
+    body = json.dumps(payload("pull_request.opened")).encode()
+    headers = signed_headers(body, "pull_request")
+    key = f"torchreview:delivery:{headers['X-GitHub-Delivery']}"
+    redis_client.set(key, "1", ex=PENDING_TTL)  # claimed by a request that never enqueued
+    assert post(webhook, body, headers).status_code == 503
+    assert queued(redis_client) == []
+    redis_client.delete(key)  # the pending claim lapsed
+    assert post(webhook, body, headers).status_code == 202
+    assert redis_client.get(key).decode() == ENQUEUED and 60 < redis_client.ttl(key)
+    assert post(webhook, body, headers).status_code == 200  # now a duplicate
+    assert len(queued(redis_client)) == 1
+
+
+def test_redis_away_is_a_503_and_nothing_is_claimed(tmp_path):
+    """Redis restarting (or gone): the webhook answers 503 so GitHub's redelivery tries again, not a 500."""
+    from github_emulator.local import free_port
+
+    settings = Settings(app_id=None, private_key=None, webhook_secret=WEBHOOK_SECRET,
+                        redis_url=f"redis://127.0.0.1:{free_port()}/0", data_dir=tmp_path)
+    client = create_app(settings).test_client()
+    body = json.dumps(payload("pull_request.opened")).encode()
+    response = client.post(settings.webhook_path, data=body, headers=signed_headers(body, "pull_request"))
+    assert response.status_code == 503 and "retry" in response.get_json()["message"]

@@ -1,0 +1,110 @@
+"""bench/load.py, scaled down: the same storm code on real parts (Redis with the deploy's persistence,
+gunicorn, Celery workers, the emulator with faults), with a worker killed, Redis restarted and a gunicorn
+worker killed; every check of the harness must hold. And the checks themselves must be able to fail."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_harness():
+    spec = importlib.util.spec_from_file_location("bench_load", ROOT / "bench" / "load.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+load = _load_harness()
+
+SMALL = load.Storm(deliveries=100, pull_requests=20, installations=10, workers=2, burst_seconds=15.0,
+                   kill_every=8.0, redis_restarts=1, web_kills=1, visibility_timeout=15, drain_timeout=90.0)
+
+
+@pytest.fixture(scope="module")
+def storm(tmp_path_factory):
+    outcome = load.run_storm(SMALL, tmp_path_factory.mktemp("storm"))
+    return outcome
+
+
+def test_the_app_holds_through_a_small_storm(storm):
+    problems = load.check(storm)
+    assert problems == [], "\n".join(problems)
+    figures = load.figures(storm)
+    faults = " ".join(figures["faults"])
+    assert faults.count("worker SIGKILLed") == 1 and faults.count("redis restarted") == 1
+    assert faults.count("gunicorn worker") == 1
+    assert figures["github_502"] > 0 and figures["github_rate_limited"] > 0  # the faults did happen
+    assert figures["heads_completed"] > 0 and figures["reviews"] >= SMALL.pull_requests
+
+
+def test_the_checks_catch_what_they_promise_to(storm):
+    """Doctored copies of the storm's outcome: each broken promise is reported."""
+    def broken(edit) -> list[str]:
+        outcome = copy.deepcopy(storm)
+        edit(outcome.snapshot, outcome)
+        return load.check(outcome)
+
+    first = storm.snapshot["prs"][0]
+
+    def second_review(shot, _):
+        shot["prs"][0]["reviews"].append({"id": -1, "commit": first["head"]})
+
+    def repeated_comment(shot, _):
+        shot["prs"][0]["fingerprints"].append(first["fingerprints"][0])
+
+    def open_run(shot, _):
+        shot["prs"][0]["runs"].append({"id": 10**9, "head": first["head"], "status": "in_progress",
+                                       "conclusion": None, "external_id": "x"})
+
+    def write_burst(shot, _):
+        shot["requests"].extend((1000.0 + i * 0.5, "POST", "/repos/o/r/check-runs", 201, 1, True, None)
+                                for i in range(81))
+
+    def leftovers(_, outcome):
+        outcome.leftovers = {**outcome.leftovers, "unacked": 1, "locks": ["torchreview:lock:o/r#1"]}
+
+    def violation(shot, _):
+        shot["violations"].append({"method": "GET", "path": "/nope", "errors": ["no such operation"]})
+
+    assert first["fingerprints"], "the storm's first PR got inline comments"
+    assert any("2 reviews on" in p for p in broken(second_review))
+    assert any("posted twice" in p for p in broken(repeated_comment))
+    assert any("not completed" in p for p in broken(open_run))
+    assert any("81 content-creating requests within 60 s" in p for p in broken(write_burst))
+    assert any("unacknowledged" in p for p in broken(leftovers)) and any("left locked" in p for p in broken(leftovers))
+    assert any("OpenAPI" in p for p in broken(violation))
+
+
+def test_max_in_window():
+    assert load.max_in_window([], 60) == 0
+    assert load.max_in_window([0, 59.9, 60, 119.9], 60) == 2
+    assert load.max_in_window([0, 1, 2, 61], 60) == 3
+
+
+def _redis_args(command: list[str]) -> dict[str, str]:
+    args = [a for a in command if a != "redis-server"]
+    return {args[i].lstrip("-"): args[i + 1] for i in range(0, len(args) - 1, 2) if args[i].startswith("--")}
+
+
+def test_the_harness_runs_redis_with_the_deploy_files_persistence():
+    """The storm's Redis restart proves what deploy/ promises only if both use the same settings."""
+    promised = _redis_args(list(load.REDIS_PERSISTENCE))
+    assert promised == {"appendonly": "yes", "appendfsync": "everysec"}
+    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    assert promised.items() <= _redis_args(compose["services"]["redis"]["command"]).items()
+    manifests = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "redis.yaml").read_text()))
+    workload = next(m for m in manifests if m["kind"] in ("Deployment", "StatefulSet"))
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    assert promised.items() <= _redis_args(container["args"]).items()
+    # ... and the data outlives the pod: a volume claim, not an emptyDir
+    claims = workload["spec"].get("volumeClaimTemplates") or []
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    assert any(c["metadata"]["name"] == "data" for c in claims) or "persistentVolumeClaim" in volumes.get("data", {})
