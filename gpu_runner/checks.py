@@ -71,6 +71,16 @@ class NonFiniteEvent:
     step: Optional[int] = None
 
 
+_GATE_NORMS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
+
+
+def _starts(names: list) -> str:
+    return "starts" if len(names) == 1 else "start"
+
+
+OPENING_STEPS = 3  # Adam steps that open a zero-initialized gate before a dead path is called a bug
+
+
 @dataclass
 class _Run:
     subject: Subject
@@ -83,6 +93,7 @@ class _Run:
 
     _initial: Optional[dict] = None
     _warmed: Optional[dict] = None
+    _zero_gates: Optional[list] = None
 
     def model(self) -> nn.Module:
         """The subject's model reset to its initial state: parameters, buffers, requires_grad flags, no
@@ -103,6 +114,43 @@ class _Run:
             self._warmed = _snapshot(model)
         _restore(model, self._warmed)
         return model.eval()
+
+    def opened_model(self) -> tuple[nn.Module, list[str]]:
+        """The model after ``OPENING_STEPS`` Adam steps on the fixed batch, in train mode, and the trainable
+        parameters that were exactly zero at initialization but get a gradient. Zero-initialized gates (the
+        last BatchNorm of a LeViT block, ReZero, zero-init residuals) cut the path from the input to the loss
+        at initialization on purpose; the first steps open it. Judging a dead path needs this model too."""
+        model = self.model()
+        loss = _loss(self, _forward(model, self.batch()), self.batch())
+        opened = []
+        if loss.requires_grad:
+            loss.backward()
+            opened = [n for n, p in _trainable(model)
+                      if not bool(p.detach().any()) and p.grad is not None and bool(p.grad.any())]
+        model.zero_grad(set_to_none=True)
+        if opened:
+            optimizer = torch.optim.Adam([p for _, p in _trainable(model)], lr=PARAMS_CHANGE_LR)
+            for _ in range(OPENING_STEPS):
+                optimizer.zero_grad(set_to_none=True)
+                _loss(self, _forward(model, self.batch()), self.batch()).backward()
+                optimizer.step()
+            model.zero_grad(set_to_none=True)
+        return model.train(), opened
+
+    def zero_gates(self) -> list[str]:
+        """Gates that start exactly closed: a normalization layer's weight zeroed so a block starts as identity or
+        as a constant (LeViT, zero-init residuals), or a single-number multiplier at zero (ReZero's alpha).
+        Until they open the output may not depend on the input at all, so a dead path there is not evidence of
+        a bug. Other zero parameters (a logits vector, a class token) are not gates."""
+        if self._zero_gates is None:
+            model = self.model()
+            gates = [f"{module_name}.weight" if module_name else "weight"
+                     for module_name, module in model.named_modules()
+                     if isinstance(module, _GATE_NORMS) and isinstance(getattr(module, "weight", None), nn.Parameter)
+                     and module.weight.requires_grad and not bool(module.weight.detach().any())]
+            gates += [n for n, p in _trainable(model) if p.numel() == 1 and not bool(p.detach().any())]
+            self._zero_gates = gates
+        return self._zero_gates
 
     def batch(self) -> Batch:
         """A private copy of the fixed batch (a forward that modifies its input in place cannot leak)."""
@@ -489,6 +537,24 @@ def check_gradients(run: _Run) -> CheckResult:
         return CheckResult(name, "fail", f"{_names(non_finite)} {'has' if len(non_finite) == 1 else 'have'} a "
                            "non-finite gradient (NaN/Inf): see nan-localization.", details)
     if zero:
+        opened_model, opened = run.opened_model()
+        if opened:
+            loss = _loss(run, _forward(opened_model, run.batch()), run.batch())
+            loss.backward()
+            still = [n for n, p in _trainable(opened_model) if p.grad is None or not bool(p.grad.any())]
+            opened_model.zero_grad(set_to_none=True)
+            details["zero_initialized"] = opened
+            if not still:
+                return CheckResult(name, "pass", f"all {details['trainable']} trainable parameters get a finite, "
+                                   f"non-zero gradient after {OPENING_STEPS} Adam steps; at initialization "
+                                   f"{_names(zero)} had none because {_names(opened)} starts at exactly zero (a "
+                                   "deliberate initialization that the first steps open).", details)
+            zero = still
+        if run.zero_gates():
+            details["zero_gates"] = run.zero_gates()
+            return CheckResult(name, "warn", f"{_names(zero)} {'has' if len(zero) == 1 else 'have'} an all-zero "
+                               f"gradient at initialization, but {_names(run.zero_gates())} {_starts(run.zero_gates())} at exactly zero (a "
+                               "deliberate gate that closes the path until it opens): not judged.", details)
         return CheckResult(name, "fail", f"{_names(zero)} {'has' if len(zero) == 1 else 'have'} an all-zero "
                            "gradient: the path to the loss is dead (multiplied by zero, dead ReLU, a constant).",
                            details)
@@ -699,6 +765,22 @@ def check_input_dependence(run: _Run) -> CheckResult:
     change = _output_moves(model, reference, all_blank)
     details = {"change_all_blank": change}
     if change is not None and change <= INPUT_DEPENDENCE_TOLERANCE:
+        opened_model, opened = run.opened_model()
+        if opened:
+            opened_model.eval()
+            with torch.no_grad():
+                opened_reference = _require_output(_forward(opened_model, batch))
+            opened_change = _output_moves(opened_model, opened_reference, all_blank)
+            details.update(zero_initialized=opened, change_after_opening=opened_change)
+            if opened_change is None or opened_change > INPUT_DEPENDENCE_TOLERANCE:
+                return CheckResult(name, "pass", f"the output changes when the input is replaced by zeros after "
+                                   f"{OPENING_STEPS} Adam steps; at initialization it did not, because "
+                                   f"{_names(opened)} starts at exactly zero (a deliberate initialization).", details)
+        if run.zero_gates():
+            details["zero_gates"] = run.zero_gates()
+            return CheckResult(name, "warn", "the output does not depend on the input at initialization, but "
+                               f"{_names(run.zero_gates())} {_starts(run.zero_gates())} at exactly zero (a deliberate gate): not judged.",
+                               details)
         return CheckResult(name, "fail", "the output does not depend on the input: replacing every input with zeros "
                            "(constant tokens) leaves it unchanged.", details)
     ignored = []
@@ -885,6 +967,11 @@ def check_train_eval_differ(run: _Run) -> CheckResult:
         trained = _require_output(_forward(model.train(), batch))
     difference = _relative_difference(evaluated, trained)
     details = {"modules": mode_dependent, "difference": difference}
+    if difference <= TRAIN_EVAL_MIN_DIFFERENCE and run.zero_gates():
+        details["zero_gates"] = run.zero_gates()
+        return CheckResult(name, "skip", f"train and eval outputs are identical, but {_names(run.zero_gates())} "
+                           f"{_starts(run.zero_gates())} at exactly zero (a deliberate gate that may make the output constant at "
+                           "initialization): not judged.", details)
     if difference <= TRAIN_EVAL_MIN_DIFFERENCE:
         return CheckResult(name, "fail", f"train-mode and eval-mode outputs are identical although the model has "
                            f"{_names(mode_dependent, 2)}: train()/eval() does not reach them (self.training "

@@ -606,3 +606,43 @@ def test_compare_flags_step_time_and_memory_regressions():
     strict_memory = {row["measure"]: row for row in compare_reports(asdict(head), asdict(base),
                                                                    {"step_time": 0.5, "memory": 0.05})}
     assert strict_memory["peak memory"]["status"] == "warning" and strict_memory["step time"]["status"] == "ok"
+
+
+class ZeroGatedDownsample(nn.Module):
+    """LeViT's shape: a block without a residual ends in a BatchNorm whose weight starts at exactly zero, so at
+    initialization every sample leaves it as the same constant and nothing before it gets a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(20, 32)
+        self.down = nn.Sequential(nn.Linear(32, 16), nn.BatchNorm1d(16))
+        nn.init.zeros_(self.down[1].weight)
+        self.block = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Dropout(0.1))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.down(torch.relu(self.stem(x)))
+        return self.head(x + self.block(x))
+
+
+def test_a_zero_initialized_gate_is_not_called_a_dead_path():
+    report = run_checks(classification_subject(ZeroGatedDownsample(), (20,), 10), steps=STEPS)
+    assert not failed(report) & {"gradients", "input-dependence", "train-eval-differ"}, report.checks
+    assert "down.1.weight" in check(report, "input-dependence").message
+
+
+class ZeroGatedIgnoresInput(IgnoresInput):
+    def __init__(self):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(1))  # ReZero's gate
+
+    def forward(self, x):
+        return self.logits.expand(x.shape[0], 10) * (1 + self.alpha)
+
+
+def test_a_dead_path_is_still_a_failure_unless_a_gate_starts_closed():
+    # IgnoresInput's logits start at zero too: a zero vector is not a gate, so its dead path still fails
+    assert check(run_checks(classification_subject(IgnoresInput(), (20,), 10), steps=STEPS),
+                 "input-dependence").status == "fail"
+    gated = check(run_checks(classification_subject(ZeroGatedIgnoresInput(), (20,), 10), steps=STEPS), "input-dependence")
+    assert gated.status == "warn" and "alpha" in gated.message
