@@ -111,6 +111,7 @@ def test_parse_target_spec():
 torch = pytest.importorskip("torch")
 from gpu_runner.build import BuildError, Skip, build_subject  # noqa: E402
 from gpu_runner.subject import Subject  # noqa: E402
+from tests.runner_support import write_tree  # noqa: E402
 
 EXPECTED = {  # fixture: (task, num_classes, integer inputs)
     "models/mlp.py": ("classification", 10, False),
@@ -221,7 +222,7 @@ def test_unguessable_constructor_is_a_skip_with_an_actionable_reason():
     "self.scale = nn.Parameter(torch.ones(2))",
 ])
 def test_a_model_without_super_init_says_so_instead_of_asking_for_configuration(tmp_path, init):
-    root = _write(tmp_path, {"net.py": f"""\
+    root = write_tree(tmp_path, {"net.py": f"""\
         import torch
         import torch.nn as nn
 
@@ -236,14 +237,6 @@ def test_a_model_without_super_init_says_so_instead_of_asking_for_configuration(
     assert isinstance(result, Skip)
     assert "TR301" in result.reason and "super().__init__()" in result.reason
     assert "smoke.targets" not in result.reason
-
-
-def _write(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return root
 
 
 CONFIGURED = {
@@ -284,7 +277,7 @@ CONFIGURED = {
 
 
 def test_configured_factory_input_and_task(tmp_path):
-    root = _write(tmp_path, CONFIGURED)
+    root = write_tree(tmp_path, CONFIGURED)
     assert isinstance(build_subject(root, "models/net.py:Net", device="cpu"), Skip)  # 'scale' is unguessable
 
     config = {"factory": "models/net.py:build_model", "input": {"shape": [5, 7], "dtype": "float32"},
@@ -306,7 +299,7 @@ def test_configured_factory_input_and_task(tmp_path):
 
 
 def test_configured_long_input(tmp_path):
-    root = _write(tmp_path, {"net.py": """\
+    root = write_tree(tmp_path, {"net.py": """\
         import torch.nn as nn
 
         class Bag(nn.Module):
@@ -325,7 +318,7 @@ def test_configured_long_input(tmp_path):
 
 
 def test_configured_input_that_the_forward_rejects_still_builds_for_the_checks(tmp_path):
-    root = _write(tmp_path, CONFIGURED)
+    root = write_tree(tmp_path, CONFIGURED)
     config = {"factory": "models/net.py:build_model", "input": {"shape": [4, 7]}, "task": "regression"}
     subject = build_subject(root, "models/net.py:Net", device="cpu", config=config)
     assert isinstance(subject, Subject)
@@ -335,7 +328,7 @@ def test_configured_input_that_the_forward_rejects_still_builds_for_the_checks(t
 
 
 def test_a_factory_that_raises_is_an_error_and_a_missing_package_a_skip(tmp_path):
-    root = _write(tmp_path, dict(CONFIGURED, **{"models/needs_dep.py": """\
+    root = write_tree(tmp_path, dict(CONFIGURED, **{"models/needs_dep.py": """\
         import torch.nn as nn
         import some_package_the_runner_lacks
 
@@ -352,7 +345,7 @@ def test_a_factory_that_raises_is_an_error_and_a_missing_package_a_skip(tmp_path
 
 
 def test_inputs_found_by_search_and_unfindable_inputs(tmp_path):
-    root = _write(tmp_path, {"lenet.py": """\
+    root = write_tree(tmp_path, {"lenet.py": """\
         import torch
         import torch.nn as nn
         import torch.nn.functional as F

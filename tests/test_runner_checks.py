@@ -14,19 +14,10 @@ F = torch.nn.functional
 from gpu_runner.checks import CHECK_NAMES, run_checks  # noqa: E402
 from gpu_runner.compare import compare_reports  # noqa: E402
 from gpu_runner.subject import Batch, Subject, TargetReport  # noqa: E402
+from tests.runner_support import single_thread  # noqa: E402,F401 (an autouse fixture)
 
 BATCH = 8
 STEPS = 50
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning OpenMP workers make
-    the suite several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # --- subjects ---------------------------------------------------------------------------------------------
@@ -164,7 +155,7 @@ EXPECTED_SKIPS = {"mlp": set(), "cnn-batchnorm": set(), "transformer-lm": set(),
 
 
 @pytest.fixture(scope="module")
-def healthy_reports(single_thread) -> dict:
+def healthy_reports(single_thread) -> dict:  # noqa: F811 (the fixture, imported above)
     return {key: run_checks(subject, steps=STEPS, seed=0, batch_size=BATCH) for key, subject in HEALTHY.items()}
 
 

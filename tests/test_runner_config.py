@@ -5,7 +5,6 @@ it computes) expressed in configuration, validated, and smoke-run green; invalid
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from analyzers.config import ConfigError, parse_config_text  # noqa: E402
 from gpu_runner.build import Skip, build_subject  # noqa: E402
 from gpu_runner.checks import run_checks  # noqa: E402
 from gpu_runner.runner import configured_requests  # noqa: E402
+from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
 
 STEPS = 20
 
@@ -132,32 +132,6 @@ targets = [
 """
 
 
-def write(root: Path, files: dict[str, str]) -> Path:
-    for name, source in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(source))
-    return root
-
-
-@pytest.fixture(autouse=True)
-def _forget_test_modules():
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        module = sys.modules.get(name)
-        if module is not None and "pytest-of" in str(getattr(module, "__file__", "") or ""):
-            del sys.modules[name]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def configured_subject(root: Path, config_text: str, filename: str):
     config = parse_config_text(config_text, filename)
     (request,) = configured_requests(config.smoke)
@@ -165,7 +139,7 @@ def configured_subject(root: Path, config_text: str, filename: str):
 
 
 def test_an_lstm_language_model_with_a_tuple_hidden_state_and_a_time_first_output(tmp_path):
-    root = write(tmp_path, {"lm/model.py": LSTM_LM})
+    root = write_tree(tmp_path, {"lm/model.py": LSTM_LM})
     assert isinstance(build_subject(root, "lm/model.py:RNNModel", device="cpu"), Skip)  # not without the config
 
     request, subject = configured_subject(root, LSTM_CONFIG, ".github/torchreview.yml")
@@ -183,7 +157,7 @@ def test_an_lstm_language_model_with_a_tuple_hidden_state_and_a_time_first_outpu
 
 
 def test_a_nanogpt_factory_trained_on_the_loss_it_returns(tmp_path):
-    root = write(tmp_path, {"model.py": NANOGPT})
+    root = write_tree(tmp_path, {"model.py": NANOGPT})
     request, subject = configured_subject(root, NANOGPT_CONFIG, "pyproject.toml")
     assert request.target == "model.py:small_gpt"
     assert subject.task == "custom" and subject.model.config.n_embd == 32
@@ -196,7 +170,7 @@ def test_a_nanogpt_factory_trained_on_the_loss_it_returns(tmp_path):
 
 
 def test_a_configured_loss_and_loss_target_on_the_selected_output(tmp_path):
-    root = write(tmp_path, {"lm/model.py": LSTM_LM, "lm/losses.py": """\
+    root = write_tree(tmp_path, {"lm/model.py": LSTM_LM, "lm/losses.py": """\
         import torch.nn.functional as F
 
         def sequence_nll(logits, target):
@@ -307,7 +281,7 @@ def test_the_cli_reads_the_config_targets_and_steps(tmp_path):
 
     import subprocess
 
-    root = write(tmp_path, {"lm/model.py": LSTM_LM, "tune.py": FINE_TUNE_STEP, ".torchreview.toml": CLI_CONFIG})
+    root = write_tree(tmp_path, {"lm/model.py": LSTM_LM, "tune.py": FINE_TUNE_STEP, ".torchreview.toml": CLI_CONFIG})
     subprocess.run(["git", "init", "-q", str(root)], check=True)  # the repository root: where target paths start
     proc = cli("smoke", "--config", ".torchreview.toml", "--device", "cpu", "--steps", "10", "--format", "json",
                cwd=root)

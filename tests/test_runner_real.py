@@ -6,35 +6,19 @@ The model sources below are written for these tests in the styles of well-known 
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn as nn
 
 from gpu_runner.build import Skip, build_subject
 from gpu_runner.checks import run_checks
+from tests.runner_support import forget_tmp_modules, write_tree  # noqa: F401 (an autouse fixture)
 
 STEPS = 20
 
 
-def write(root: Path, files: dict[str, str]) -> Path:
-    for name, source in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(source))
-    return root
 
-
-@pytest.fixture(autouse=True)
-def _forget_test_modules():
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        module = sys.modules.get(name)
-        if module is not None and "pytest-of" in str(getattr(module, "__file__", "") or ""):
-            del sys.modules[name]
 
 
 def build(root: Path, target: str):
@@ -91,7 +75,7 @@ GPT_STYLE = '''
 
 
 def test_config_dataclass_of_the_module_is_filled_and_shrunk(tmp_path):
-    subject = build(write(tmp_path, {"model.py": GPT_STYLE}), "model.py:GPT")
+    subject = build(write_tree(tmp_path, {"model.py": GPT_STYLE}), "model.py:GPT")
     config = subject.model.config
     assert (config.n_layer, config.n_embd, config.vocab_size, config.block_size) == (2, 32, 100, 16)
     assert subject.task == "language_model"
@@ -101,7 +85,7 @@ def test_config_dataclass_of_the_module_is_filled_and_shrunk(tmp_path):
 
 
 def test_a_block_taking_the_config_is_built_too(tmp_path):
-    subject = build(write(tmp_path, {"model.py": GPT_STYLE}), "model.py:Block")
+    subject = build(write_tree(tmp_path, {"model.py": GPT_STYLE}), "model.py:Block")
     assert subject.model.fc.in_features == 32
 
 
@@ -139,7 +123,7 @@ MINGPT_STYLE = '''
 
 
 def test_get_default_config_gets_its_none_fields_and_loses_a_conflicting_preset(tmp_path):
-    subject = build(write(tmp_path, {"model.py": MINGPT_STYLE}), "model.py:GPT")
+    subject = build(write_tree(tmp_path, {"model.py": MINGPT_STYLE}), "model.py:GPT")
     assert subject.model.emb.num_embeddings == 100 and subject.model.emb.embedding_dim == 32
 
 
@@ -166,7 +150,7 @@ NAMESPACE_STYLE = '''
 
 
 def test_config_namespace_from_the_attributes_read_including_nested_constructors(tmp_path):
-    subject = build(write(tmp_path, {"net.py": NAMESPACE_STYLE}), "net.py:Head")
+    subject = build(write_tree(tmp_path, {"net.py": NAMESPACE_STYLE}), "net.py:Head")
     assert subject.model.inner.fc.in_features == 16 and subject.task == "classification"
     assert any("config.input_dim=16 guessed" in note for note in subject.notes)
 
@@ -247,18 +231,18 @@ RESNET_STYLE = '''
 
 
 def test_class_typed_argument_from_a_sibling_and_a_list_from_its_subscripts(tmp_path):
-    subject = build(write(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:ResNet")
+    subject = build(write_tree(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:ResNet")
     assert isinstance(subject.model.layer1[0], nn.Module) and len(subject.model.layer2) == 1
     assert any("block=BasicBlock guessed" in note for note in subject.notes)
 
 
 def test_a_key_of_the_module_table_the_constructor_indexes(tmp_path):
-    subject = build(write(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:VGG")
+    subject = build(write_tree(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:VGG")
     assert any("vgg_name='VGG11'" in note for note in subject.notes)
 
 
 def test_a_choice_the_constructor_compares_against(tmp_path):
-    subject = build(write(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:RNNModel")
+    subject = build(write_tree(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:RNNModel")
     assert isinstance(subject.model.rnn, nn.LSTM) and subject.task == "language_model"
 
 
@@ -266,7 +250,7 @@ def test_the_modules_own_factory_when_the_class_cannot_be_built(tmp_path):
     source = RESNET_STYLE.replace("self.layer1 = self._make_layer(block, 8, num_blocks[0])",
                                   "assert num_blocks[0] > 1, 'too shallow'\n"
                                   "            self.layer1 = self._make_layer(block, 8, num_blocks[0])")
-    subject = build(write(tmp_path, {"models/resnet.py": source}), "models/resnet.py:ResNet")
+    subject = build(write_tree(tmp_path, {"models/resnet.py": source}), "models/resnet.py:ResNet")
     assert any("built by ResNetTiny()" in note for note in subject.notes)
 
 
@@ -292,12 +276,12 @@ TUPLES_STYLE = '''
 
 
 def test_sequences_of_the_length_the_constructor_asserts(tmp_path):
-    subject = build(write(tmp_path, {"staged.py": TUPLES_STYLE}), "staged.py:Staged")
+    subject = build(write_tree(tmp_path, {"staged.py": TUPLES_STYLE}), "staged.py:Staged")
     assert sum(isinstance(m, nn.Conv2d) for m in subject.model.modules()) == 3  # depth 1 per stage, 3 stages
 
 
 def test_a_package_whose_init_cannot_be_imported_is_skipped_over(tmp_path):
-    root = write(tmp_path, {"pkg/__init__.py": "import a_package_nobody_has\nfrom pkg.mlp import MLP\n",
+    root = write_tree(tmp_path, {"pkg/__init__.py": "import a_package_nobody_has\nfrom pkg.mlp import MLP\n",
                             "pkg/layers.py": "import torch.nn as nn\nclass Dense(nn.Linear):\n    pass\n",
                             "pkg/mlp.py": '''
                                 import torch.nn as nn
@@ -318,7 +302,7 @@ def test_a_package_whose_init_cannot_be_imported_is_skipped_over(tmp_path):
 
 
 def test_inputs_sized_by_the_constructor_image_and_one_dimensional(tmp_path):
-    root = write(tmp_path, {"vit.py": '''
+    root = write_tree(tmp_path, {"vit.py": '''
         import torch.nn as nn
 
         class ViT(nn.Module):
@@ -348,7 +332,7 @@ def test_inputs_sized_by_the_constructor_image_and_one_dimensional(tmp_path):
 
 
 def test_graph_inputs_and_skip_connection_inputs(tmp_path):
-    root = write(tmp_path, {"graph.py": '''
+    root = write_tree(tmp_path, {"graph.py": '''
         import torch
         import torch.nn as nn
         import torch.nn.functional as F
@@ -382,7 +366,7 @@ def test_graph_inputs_and_skip_connection_inputs(tmp_path):
 
 
 def test_parameter_free_module_is_skipped_not_checked(tmp_path):
-    root = write(tmp_path, {"act.py": '''
+    root = write_tree(tmp_path, {"act.py": '''
         import math, torch, torch.nn as nn
 
         class NewGELU(nn.Module):
@@ -394,7 +378,7 @@ def test_parameter_free_module_is_skipped_not_checked(tmp_path):
 
 
 def test_layer_norm_alone_fits_a_reachable_regression_target(tmp_path):
-    root = write(tmp_path, {"ln.py": '''
+    root = write_tree(tmp_path, {"ln.py": '''
         import torch.nn as nn
         import torch.nn.functional as F
 
@@ -413,7 +397,7 @@ def test_layer_norm_alone_fits_a_reachable_regression_target(tmp_path):
 
 
 def test_a_detached_regression_model_still_fails_overfit(tmp_path):
-    root = write(tmp_path, {"frozen.py": '''
+    root = write_tree(tmp_path, {"frozen.py": '''
         import torch.nn as nn
 
         class Frozen(nn.Module):
@@ -430,7 +414,7 @@ def test_a_detached_regression_model_still_fails_overfit(tmp_path):
 
 
 def test_cosine_logits_are_not_called_unable_to_fit(tmp_path):
-    root = write(tmp_path, {"cos.py": '''
+    root = write_tree(tmp_path, {"cos.py": '''
         import torch.nn as nn
         import torch.nn.functional as F
 
@@ -450,7 +434,7 @@ def test_cosine_logits_are_not_called_unable_to_fit(tmp_path):
 
 
 def test_cpu_position_ids_into_an_embedding_fail_device_placement(tmp_path):
-    root = write(tmp_path, {"pos.py": '''
+    root = write_tree(tmp_path, {"pos.py": '''
         import torch
         import torch.nn as nn
 
@@ -523,7 +507,7 @@ def test_a_vanishing_gradient_is_a_warning_and_a_healthy_mlp_is_not():
 def test_a_missing_package_is_decided_before_import_torch(tmp_path):
     from gpu_runner.child import missing_import
 
-    root = write(tmp_path, {"m.py": "import os\nimport torch\nimport a_package_nobody_has.sub\n"
+    root = write_tree(tmp_path, {"m.py": "import os\nimport torch\nimport a_package_nobody_has.sub\n"
                                     "try:\n    import another_missing_one\nexcept ImportError:\n    pass\n",
                             "ok.py": "import torch\nfrom helpers import thing\n", "helpers.py": "thing = 1\n"})
     assert missing_import(root, "m.py:Net") == ("m.py", "a_package_nobody_has")
@@ -534,7 +518,7 @@ def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
     from gpu_runner.runner import TargetRequest, run_targets
     from gpu_runner.sandbox import SandboxLimits
 
-    root = write(tmp_path, {
+    root = write_tree(tmp_path, {
         "a.py": "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                 "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        return self.fc(x)\n",
         "crash.py": "import os\nos._exit(3)\n",
@@ -550,7 +534,7 @@ def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
 
 
 def test_arguments_defaulting_to_none_are_guessed_when_the_constructor_asks(tmp_path):
-    root = write(tmp_path, {"t2t.py": '''
+    root = write_tree(tmp_path, {"t2t.py": '''
         import torch.nn as nn
 
         class T2T(nn.Module):
@@ -569,7 +553,7 @@ def test_arguments_defaulting_to_none_are_guessed_when_the_constructor_asks(tmp_
 
 
 def test_an_image_the_network_reduces_to_nothing_is_grown(tmp_path):
-    root = write(tmp_path, {"deep.py": '''
+    root = write_tree(tmp_path, {"deep.py": '''
         import torch.nn as nn
 
         class Deep(nn.Module):

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from gpu_runner import steps as steps_module  # noqa: E402
 from gpu_runner.steps import smoke_step  # noqa: E402
 from gpu_runner.targets import find_step_targets  # noqa: E402
+from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
 
 MODELS = textwrap.dedent('''
     import torch.nn as nn
@@ -158,36 +159,15 @@ FINE_TUNE = textwrap.dedent('''
 ''')
 
 
-def write(root: Path, files: dict[str, str]) -> Path:
-    for name, source in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(source))
-    return root
-
-
 def line_of(root: Path, path: str, text: str) -> int:
     return next(i for i, line in enumerate((root / path).read_text().splitlines(), 1) if text in line)
 
 
 @pytest.fixture(autouse=True)
-def _forget_test_modules():
-    before = set(sys.modules)
+def _forget_step_modules():
     yield
-    for name in set(sys.modules) - before:
-        module = sys.modules.get(name)
-        if module is not None and "pytest-of" in str(getattr(module, "__file__", "") or ""):
-            del sys.modules[name]
-    for name in ("models", "train"):
+    for name in ("models", "train"):  # imported by name from a step's folder, not from its path
         sys.modules.pop(name, None)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run(root: Path, target: str, config=None) -> dict:
@@ -230,7 +210,7 @@ def test_steps_are_found_by_shape_and_by_the_changed_lines():
     ({"models.py": MODELS, "trainer.py": TRAINER}, "trainer.py:Trainer.train_step"),
 ])
 def test_correct_steps_pass_every_check(tmp_path, files, target):
-    report = run(write(tmp_path, files), target)
+    report = run(write_tree(tmp_path, files), target)
     assert report["status"] == "passed", report["reason"] or report["checks"]
     assert not {c["name"] for c in report["checks"] if c["status"] in ("fail", "warn", "error")}
     assert statuses(report)["loss"] == statuses(report)["params-updated"] == "pass"
@@ -238,7 +218,7 @@ def test_correct_steps_pass_every_check(tmp_path, files, target):
 
 
 def test_an_epoch_function_that_sets_train_mode_and_its_evaluation_helper_pass(tmp_path):
-    report = run(write(tmp_path, {"models.py": MODELS, "train.py": TRAIN}), "train.py:train_one_epoch")
+    report = run(write_tree(tmp_path, {"models.py": MODELS, "train.py": TRAIN}), "train.py:train_one_epoch")
     assert "called in eval mode" in check(report, "train-mode")["message"]
     assert check(report, "eval-mode")["status"] == "pass"
     assert any("the model: models.py:Net" in note for note in report["notes"])
@@ -247,7 +227,7 @@ def test_an_epoch_function_that_sets_train_mode_and_its_evaluation_helper_pass(t
 # ---- planted bugs ----------------------------------------------------------------------------------------
 
 def test_missing_zero_grad_is_named_on_the_optimizer_step(tmp_path):
-    root = write(tmp_path, {"models.py": MODELS, "train.py": TRAIN.replace("        optimizer.zero_grad()\n", "", 1)})
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": TRAIN.replace("        optimizer.zero_grad()\n", "", 1)})
     report = run(root, "train.py:train_one_epoch")
     assert failures(report) == {"zero-grad"}
     zero_grad = check(report, "zero-grad")
@@ -256,7 +236,7 @@ def test_missing_zero_grad_is_named_on_the_optimizer_step(tmp_path):
 
 
 def test_a_trainable_layer_left_out_of_the_optimizer(tmp_path):
-    root = write(tmp_path, {"models.py": MODELS, "finetune.py": FINE_TUNE})
+    root = write_tree(tmp_path, {"models.py": MODELS, "finetune.py": FINE_TUNE})
     report = run(root, "finetune.py:fine_tune", {"model": "models.py:Net"})
     assert failures(report) == {"optimizer-coverage"}  # not misread as a missing zero_grad
     coverage = check(report, "optimizer-coverage")
@@ -267,13 +247,13 @@ def test_a_trainable_layer_left_out_of_the_optimizer(tmp_path):
 def test_a_lightning_module_whose_optimizer_covers_only_the_head(tmp_path):
     source = LIGHTNING.replace("torch.optim.Adam(self.parameters(), lr=1e-3)",
                                '{"optimizer": torch.optim.Adam(self.head.parameters(), lr=1e-3)}')
-    report = run(write(tmp_path, {"lit.py": source}), "lit.py:LitClassifier.training_step")
+    report = run(write_tree(tmp_path, {"lit.py": source}), "lit.py:LitClassifier.training_step")
     assert failures(report) == {"optimizer-coverage"}
     assert statuses(report)["zero-grad"] == "skip"  # the runner's loop zeroes, as Lightning's does
 
 
 def test_the_model_left_in_eval_mode_after_evaluation(tmp_path):
-    root = write(tmp_path, {"models.py": MODELS, "train.py": TRAIN.replace("    model.train()\n", "")})
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": TRAIN.replace("    model.train()\n", "")})
     report = run(root, "train.py:train_one_epoch")
     assert failures(report) == {"train-mode"}
     train_mode = check(report, "train-mode")
@@ -284,7 +264,7 @@ def test_the_model_left_in_eval_mode_after_evaluation(tmp_path):
 def test_no_false_alarm_when_the_caller_sets_train_mode(tmp_path):
     source = TRAIN.replace("    model.train()\n", "").replace(
         "        train_one_epoch(model, [],", "        model.train()\n        train_one_epoch(model, [],")
-    report = run(write(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
+    report = run(write_tree(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
     assert report["status"] == "passed" and "its caller does" in check(report, "train-mode")["message"]
 
 
@@ -292,7 +272,7 @@ def test_a_loss_detached_from_the_model_does_not_fall(tmp_path):
     source = TRAIN.replace("        loss = criterion(model(x), y)",
                            "        logits = model(x).detach().requires_grad_()\n"
                            "        loss = criterion(logits, y)")
-    root = write(tmp_path, {"models.py": MODELS, "train.py": source})
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": source})
     report = run(root, "train.py:train_one_epoch")
     assert failures(report) == {"loss", "params-updated"}
     assert "does not depend on any of the model's parameters" in check(report, "loss")["message"]
@@ -301,13 +281,13 @@ def test_a_loss_detached_from_the_model_does_not_fall(tmp_path):
 
 def test_a_loss_without_a_graph_is_the_step_failing_not_a_skip(tmp_path):
     source = TRAIN.replace("        loss = criterion(model(x), y)", "        loss = criterion(model(x).detach(), y)")
-    report = run(write(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
+    report = run(write_tree(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
     assert report["status"] == "failed" and "no autograd graph" in check(report, "loss")["message"]
 
 
 def test_an_evaluation_helper_left_in_train_mode(tmp_path):
     source = TRAIN.replace("    model.eval()\n", "")
-    root = write(tmp_path, {"models.py": MODELS, "train.py": source})
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": source})
     report = run(root, "train.py:train_one_epoch")
     assert failures(report) == {"eval-mode"}
     assert "never calls `model.eval()`" in check(report, "eval-mode")["message"]
@@ -316,7 +296,7 @@ def test_an_evaluation_helper_left_in_train_mode(tmp_path):
 # ---- never cry wolf --------------------------------------------------------------------------------------
 
 def test_what_cannot_be_built_or_called_is_skipped_with_the_reason(tmp_path):
-    root = write(tmp_path, {
+    root = write_tree(tmp_path, {
         "models.py": MODELS,
         "train.py": TRAIN.replace("def train_one_epoch(model, loader, optimizer, criterion, device):",
                                   "def train_one_epoch(model, loader, optimizer, criterion, device, tokenizer):"),
@@ -336,13 +316,13 @@ def test_a_crash_of_the_harness_is_a_runner_error(tmp_path, monkeypatch):
         raise ZeroDivisionError("the runner's own bug")
 
     monkeypatch.setattr(steps_module, "_reference_gradients", broken)
-    report = run(write(tmp_path, {"models.py": MODELS, "train.py": TRAIN}), "train.py:train_one_epoch")
+    report = run(write_tree(tmp_path, {"models.py": MODELS, "train.py": TRAIN}), "train.py:train_one_epoch")
     assert report["status"] == "error" and "runner failed" in report["reason"] and not report["checks"]
 
 
 def test_the_instrumentation_leaves_torch_as_it_found_it(tmp_path):
     backward, optimizer_init = torch.Tensor.backward, torch.optim.Optimizer.__init__
-    run(write(tmp_path, {"models.py": MODELS, "train.py": TRAIN}), "train.py:train_one_epoch")
+    run(write_tree(tmp_path, {"models.py": MODELS, "train.py": TRAIN}), "train.py:train_one_epoch")
     assert torch.Tensor.backward is backward and torch.optim.Optimizer.__init__ is optimizer_init
 
 
@@ -352,7 +332,7 @@ def test_steps_and_models_share_one_warm_child(tmp_path):
     from gpu_runner.runner import TargetRequest, run_targets
     from gpu_runner.sandbox import SandboxLimits
 
-    root = write(tmp_path, {"models.py": MODELS, "train.py": TRAIN.replace("        optimizer.zero_grad()\n", "", 1)})
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": TRAIN.replace("        optimizer.zero_grad()\n", "", 1)})
     requests = [TargetRequest("models.py:Net"), TargetRequest("train.py:train_one_epoch", kind="step")]
     reports, _ = run_targets(root, requests, device="cpu", steps=5, seed=0, limits=SandboxLimits(timeout_s=120),
                              sandbox=False)
@@ -384,5 +364,5 @@ def test_a_validation_pass_inside_the_epoch_is_not_a_training_forward(tmp_path):
                            "        model.eval()\n"
                            "        criterion(model(x), y)  # a validation forward, autograd left on\n"
                            "        model.train()\n")
-    report = run(write(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
+    report = run(write_tree(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
     assert report["status"] == "passed", [c for c in report["checks"] if c["status"] == "fail"]

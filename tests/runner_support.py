@@ -1,0 +1,41 @@
+"""What the runner's tests share: a code tree written from strings, a clean module table after each test
+(the models of one test must not be imported by the next), and one torch thread for tiny models."""
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """``files`` (path -> source, dedented) written under ``root``; returns ``root``."""
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def forget_tmp_modules():
+    """Modules imported from pytest's temporary folders are dropped after each test."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        module = sys.modules.get(name)
+        if module is not None and "pytest-of" in str(getattr(module, "__file__", "") or ""):
+            del sys.modules[name]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box spinning OpenMP workers make
+    the suite several times slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
