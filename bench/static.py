@@ -46,12 +46,9 @@ def within_size_cap(files: list[str]) -> tuple[list[str], list[str]]:
     return kept, sorted(set(files) - set(kept))
 
 
-_CPU: dict[int, float] = {}  # id of a measured stdout -> CPU seconds of its process tree
-
-
-def measure(argv: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS in MiB (largest process of its tree), stdout. The tree's CPU seconds go
-    to ``cpu_seconds(stdout)``: on a busy machine they move far less than wall time."""
+def measure(argv: list[str]) -> tuple[float, float, str, float]:
+    """Wall seconds, peak RSS in MiB (largest process of its tree), stdout, and the tree's CPU seconds (on a
+    busy machine they move far less than wall time)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, cwd=ROOT)
@@ -64,8 +61,7 @@ def measure(argv: list[str]) -> tuple[float, float, str]:
         stdout, stderr = out.read(), err.read()
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{argv[:3]} exited {proc.returncode}: {stderr[-2000:]}")
-    _CPU[id(stdout)] = usage.ru_utime + usage.ru_stime
-    return seconds, usage.ru_maxrss / 1024, stdout
+    return seconds, usage.ru_maxrss / 1024, stdout, usage.ru_utime + usage.ru_stime
 
 
 # ---- workers (run in the subprocess) -----------------------------------------------------------
@@ -139,7 +135,7 @@ def measure_cache(me: list[str], files: list[str], jobs: int) -> tuple[list, lis
     with tempfile.TemporaryDirectory(prefix="torchreview-cache-") as cache_dir:
         outputs = []
         for label in ("cold", "warm"):
-            seconds, peak, out = measure([*me, "--worker", "torchreview-cached", "--jobs", str(jobs),
+            seconds, peak, out, _ = measure([*me, "--worker", "torchreview-cached", "--jobs", str(jobs),
                                           "--cache-dir", cache_dir])
             data = json.loads(out)
             outputs.append(data.pop("results"))
@@ -198,12 +194,12 @@ def main() -> None:
             if tool in args.skip:
                 continue
             argv = [*me, "--worker", tool] + (["--jobs", "1"] if tool == "torchreview" else [])
-            seconds, peak, out = measure(argv)
+            seconds, peak, out, cpu = measure(argv)
             kept = best.get(tool)
-            best[tool] = (min(seconds, kept[0]), max(peak, kept[1]), out, min(_CPU[id(out)], kept[3])) if kept \
-                else (seconds, peak, out, _CPU[id(out)])
+            best[tool] = (min(seconds, kept[0]), max(peak, kept[1]), out, min(cpu, kept[3])) if kept \
+                else (seconds, peak, out, cpu)
     if "parse" not in args.skip and "torchreview" not in args.skip:
-        _, _, out = measure([*me, "--worker", "paired"])
+        _, _, out, _ = measure([*me, "--worker", "paired"])
         paired = json.loads(out)
         notes.append(f"paired, file by file in one process (CPU, the fairest figure on a busy machine): parse "
                      f"{paired['parse_cpu_s']} s, torchreview -j1 {paired['torchreview_cpu_s']} s = "
@@ -217,8 +213,8 @@ def main() -> None:
         rows.append((f"torchreview ({_rule_count()} rules)", 1, seconds, peak, cpu))
         notes.append(f"torchreview -j1: {out.strip()}")
         if cores > 1:
-            seconds, peak, out = measure([*me, "--worker", "torchreview", "--jobs", str(cores)])
-            rows.append((f"torchreview ({_rule_count()} rules)", cores, seconds, peak, _CPU[id(out)]))
+            seconds, peak, out, cpu = measure([*me, "--worker", "torchreview", "--jobs", str(cores)])
+            rows.append((f"torchreview ({_rule_count()} rules)", cores, seconds, peak, cpu))
             notes.append(f"torchreview -j{cores}: {out.strip()}")
     if "torchfix" not in args.skip:
         exe = Path(sys.executable).with_name("torchfix")
@@ -226,8 +222,8 @@ def main() -> None:
             notes.append("torchfix: not installed (pip install torchfix); skipped")
         else:
             for jobs in (1, cores):
-                seconds, peak, out = measure([str(exe), "--select", "ALL", "--jobs", str(jobs), *files])
-                rows.append(("TorchFix (--select ALL, 16 rules)", jobs, seconds, peak, _CPU[id(out)]))
+                seconds, peak, out, cpu = measure([str(exe), "--select", "ALL", "--jobs", str(jobs), *files])
+                rows.append(("TorchFix (--select ALL, 16 rules)", jobs, seconds, peak, cpu))
                 notes.append(f"torchfix -j{jobs}: {len(out.splitlines())} findings")
     os.unlink(filelist)
 
