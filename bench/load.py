@@ -54,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from github_emulator.local import ProcessGroup  # noqa: E402
+
 SECRET = "load-harness-webhook-secret-4f1c9a"
 APP_ID = 4242
 WRITER, OUTSIDER = "maintainer", "passer-by"
@@ -419,31 +421,13 @@ def _healthy(url: str) -> bool:
         return False
 
 
-class Worker:
+class Worker(ProcessGroup):
     """One ``torchreview worker`` (Celery main process and its pool), in a session of its own."""
 
     def __init__(self, env: dict, concurrency: int, log_path: Path) -> None:
         from bot.cli import worker_command
 
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(worker_command(concurrency, "reviews"), env=env, cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self) -> None:
-        """SIGKILL the worker and its pool at once, like a lost node."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.close()
+        super().__init__(worker_command(concurrency, "reviews"), log_path, env=env, cwd=ROOT, grace=30)
 
 
 # ---- driving ---------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import hmac
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from github_emulator.local import free_port, wait_until
+from github_emulator.local import ProcessGroup, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 WEBHOOK_SECRET = "test-webhook-secret"
@@ -115,28 +114,15 @@ def worker_env(emulator, app_key, redis_url, data_dir) -> dict:
     }
 
 
-class Worker:
+class Worker(ProcessGroup):
+    """``torchreview worker`` on ``queues``; ``kill()`` takes the main process and its pool at once."""
+
     def __init__(self, env: dict, queues: str = "reviews", concurrency: int = 2) -> None:
         from bot.cli import worker_command
 
-        self.log = open(Path(env["TORCHREVIEW_DATA_DIR"]) / f"worker-{queues}-{uuid.uuid4().hex[:6]}.log", "w")
-        self.proc = subprocess.Popen(worker_command(concurrency, queues), env=env, cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker (main process and pool), like a machine dying."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.close()
+        super().__init__(worker_command(concurrency, queues),
+                         Path(env["TORCHREVIEW_DATA_DIR"]) / f"worker-{queues}-{uuid.uuid4().hex[:6]}.log",
+                         env=env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
