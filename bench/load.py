@@ -804,14 +804,20 @@ def check(outcome: Outcome) -> list[str]:
     return problems
 
 
+# The App asks GitHub for the PR's head right before completing a run, then completes it: a push landing
+# between that read and the write cannot be seen (GitHub offers no compare-and-set on check runs).
+HEAD_READ_TO_WRITE_S = 1.0
+
+
 def _superseded_at(pr: dict, head: str) -> float:
-    """When the push after ``head`` landed (infinity when it never did)."""
+    """From when a run on ``head`` must complete neutral: the App could have seen the push after it
+    (infinity when none landed)."""
     heads = pr["heads"]
     if head not in heads:
         return float("inf")
     later = heads[heads.index(head) + 1:]
     times = [pr["landed"][h] for h in later if h in pr["landed"]]
-    return min(times) if times else float("inf")
+    return min(times) + HEAD_READ_TO_WRITE_S if times else float("inf")
 
 
 def max_in_window(times: list[float], window: float) -> int:

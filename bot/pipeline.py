@@ -13,9 +13,9 @@ import shutil
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import requests
 from github import GithubException
@@ -88,6 +88,10 @@ def run_review(job, clients, store) -> str:
         return f"closed: {recorded} new verdict(s) on our comments"
     head = pr.head.sha
     budget = WriteBudget(store, job.installation_id)
+    if job.head_sha and job.head_sha != head and job.reason == "command.review" and not _answered(repo, job):
+        # the head moved before this command's first answer: answer on the head as it is now, and remember it
+        store.put(command_head_key(job.installation_id, job.delivery), head, COMMAND_HEAD_TTL)
+        job = replace(job, head_sha=head)
     if job.head_sha and job.head_sha != head:
         _close_superseded(repo, job.head_sha, head, budget)
         metrics.REVIEWS.labels(outcome="superseded").inc()
@@ -162,8 +166,8 @@ class ReviewRun:
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
         # A push may have arrived while we analyzed: never post on a stale head.
-        current = self.repo.get_pull(self.pr.number).head.sha
-        if current != self.head:
+        current = self.newer_head()
+        if current:
             self.complete(check_run, compose.superseded_plan(self.head, current))
             return f"superseded during review by {current[:7]}"
         if plan.comments:
@@ -174,7 +178,8 @@ class ReviewRun:
                                        self.budget.spend)
         if plan.findings_count or existing:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
-        self.complete(check_run, check_plan)
+        # and the push may land while we post: the verdict goes to the head it judged only if it still is
+        complete_check_run(check_run, check_plan, self.budget, newer_head=self.newer_head)
         if config.smoke.get("enabled") and self.job.reason.startswith("pull_request."):
             # Pinned to the head just reviewed; the trust policy (author's permission, no forks) is
             # checked by the smoke job, before anything runs.
@@ -225,6 +230,10 @@ class ReviewRun:
                                           external_id=self.job.delivery,
                                           output={"title": "Reviewing…", "summary": "torchreview is reviewing this commit."})
 
+    def newer_head(self) -> Optional[str]:
+        current = self.repo.get_pull(self.pr.number).head.sha
+        return current if current != self.head else None
+
     def complete(self, check_run, plan) -> None:
         complete_check_run(check_run, plan, self.budget)
 
@@ -255,12 +264,19 @@ class ReviewRun:
                 log.warning("review still rejected; the findings stay in the summary comment and check run")
 
 
-def complete_check_run(check_run, plan, budget: WriteBudget) -> None:
+def complete_check_run(check_run, plan, budget: WriteBudget, newer_head: Optional[Callable[[], Optional[str]]] = None
+                       ) -> None:
+    """``newer_head``: asked right before the completing edit (after any wait for the write budget); a
+    head it names supersedes this run, which then completes neutral instead of judging a stale commit."""
     chunks = list(compose.batches(plan.annotations)) or [[]]
     for index, chunk in enumerate(chunks):
         output = plan.output(chunk)  # GitHub appends each update's annotations: send each once
         budget.spend()
         if index == len(chunks) - 1:
+            newer = newer_head() if newer_head is not None else None
+            if newer:
+                plan = compose.superseded_plan(check_run.head_sha, newer)
+                output = plan.output([])
             check_run.edit(status="completed", conclusion=plan.conclusion, output=output, actions=[RERUN_ACTION])
         else:
             check_run.edit(output=output)
@@ -394,6 +410,16 @@ def _comment_fits(comment: dict, diff) -> bool:
     return all(n in diff.commentable for n in range(start, comment["line"] + 1))
 
 
+def command_head_key(installation_id: int, trigger: str) -> str:
+    return f"torchreview:command-head:{installation_id}:{trigger}"
+
+
+def _answered(repo, job) -> bool:
+    """Whether an earlier attempt of ``job`` created its check run on the head it was pinned to."""
+    runs = commit_ref(repo, job.head_sha).get_check_runs(check_name=CHECK_NAME, filter="all")
+    return any(run.external_id == job.delivery for run in runs)
+
+
 def _close_superseded(repo, old_sha: str, new_sha: str, budget: WriteBudget) -> None:
     """Never leave an older head's check run in progress; point it at the newer one."""
     for run in commit_ref(repo, old_sha).get_check_runs(check_name=CHECK_NAME, filter="all"):
@@ -417,6 +443,7 @@ def fail_check_run(job, clients, store, message: str) -> None:
         log.exception("could not mark the check run failed")
 
 
+COMMAND_HEAD_TTL = 7 * 24 * 3600  # longer than any redelivery of a job
 REFUSAL_REACTIONS_PER_HOUR = 3  # per user and installation; past it, unauthorized commands get nothing
 
 
@@ -443,8 +470,12 @@ def run_command(job: CommandJob, clients, store) -> str:
                 raise
             log.info("command comment %s is gone; not acknowledged", job.comment_id)
     if command.name == "review":
+        # The head this command reviews is the one its first attempt saw: a retry after a push (the job
+        # killed after answering, before its ack) finds its own answer instead of answering again.
+        head = store.keep_first(command_head_key(job.installation_id, job.delivery),
+                                repo.get_pull(job.pull_number).head.sha, COMMAND_HEAD_TTL) if job.delivery else None
         return run_review(ReviewJob(installation_id=job.installation_id, repository=job.repository,
-                                    pull_number=job.pull_number, head_sha=None, reason="command.review",
+                                    pull_number=job.pull_number, head_sha=head, reason="command.review",
                                     delivery=job.delivery, requested_by=job.requested_by), clients, store)
     if command.name == "config":
         pr = repo.get_pull(job.pull_number)

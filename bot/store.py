@@ -44,6 +44,9 @@ class Store(Protocol):
     def put(self, key: str, value: str, ttl: int) -> None:
         """Set ``key`` to ``value`` for ``ttl`` s (overwriting)."""
 
+    def keep_first(self, key: str, value: str, ttl: int) -> str:
+        """Set ``key`` to ``value`` for ``ttl`` s unless it is set; the value it holds (the first one wins)."""
+
     def get(self, key: str) -> Optional[str]:
         ...
 
@@ -111,6 +114,12 @@ return tostring(tonumber(oldest[2]) + window - now)
 
     def put(self, key: str, value: str, ttl: int) -> None:
         self.client.set(key, value, ex=ttl)
+
+    def keep_first(self, key: str, value: str, ttl: int) -> str:
+        pipe = self.client.pipeline()  # MULTI/EXEC: nobody sets it between the two
+        pipe.set(key, value, nx=True, ex=ttl)
+        pipe.get(key)
+        return pipe.execute()[1].decode()
 
     def get(self, key: str) -> Optional[str]:
         value = self.client.get(key)
@@ -227,6 +236,12 @@ class SqliteStore:
     def put(self, key: str, value: str, ttl: int) -> None:
         with self._db() as db:
             db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", (key, value, time.time() + ttl))
+
+    def keep_first(self, key: str, value: str, ttl: int) -> str:
+        if self._set_nx(key, value, ttl):
+            return value
+        held = self.get(key)
+        return value if held is None else held  # expired in between: nobody else's value to keep
 
     def get(self, key: str) -> Optional[str]:
         with self._db() as db:

@@ -1,0 +1,107 @@
+"""A ``/review`` command is answered once, even when its job runs again after the PR's head moved.
+
+A worker killed after answering, before its ack, gets the job redelivered; by then a push may have
+moved the head. The job runs in this process against the emulator, with both stores a deployment has.
+"""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from bot.github_client import GitHubClients
+from bot.jobs import CommandJob
+from bot.pipeline import command_head_key, run_command
+from bot.settings import Settings
+from bot.store import RedisStore, SqliteStore
+from tests.conftest import WEBHOOK_SECRET, new_repo
+
+TRAIN = 'import torch\n\nstate = torch.load("a.pt", weights_only=False)\n'
+
+
+@pytest.fixture(params=["redis", "data-dir"])
+def store(request, tmp_path):
+    if request.param == "redis":
+        return RedisStore(request.getfixturevalue("redis_url"))
+    return SqliteStore(tmp_path / "data" / "state.sqlite")
+
+
+@pytest.fixture
+def command(emulator, app_key, store, tmp_path):
+    settings = Settings(app_id=4242, private_key=app_key[0], webhook_secret=WEBHOOK_SECRET,
+                        api_url=emulator.url, data_dir=tmp_path / "data", github_write_interval=0)
+    clients = GitHubClients(settings)
+    repo, name = new_repo(emulator.state, {})
+    pr = emulator.state.open_pull_request(repo, {"train.py": TRAIN}, user="alice")
+    job = CommandJob(installation_id=1, repository=name, pull_number=pr.number, delivery=str(uuid.uuid4()),
+                     comment_id=None, command="/review", requested_by="octo-maintainer")
+    return {"state": emulator.state, "pr": pr, "job": job, "run": lambda: run_command(job, clients, store)}
+
+
+def answers(state, pr, delivery: str, *heads: str) -> list:
+    return [run for head in heads for run in state.check_runs_for(head, name="torchreview")
+            if run.external_id == delivery]
+
+
+def test_a_retry_after_a_push_finds_its_answer_instead_of_answering_again(command):
+    state, pr, job = command["state"], command["pr"], command["job"]
+    first_head = pr.head_sha
+    command["run"]()
+    (run,) = answers(state, pr, job.delivery, first_head)
+    assert run.status == "completed" and run.conclusion == "failure"
+
+    second_head = state.push(pr, {"train.py": TRAIN + "\nx = 1\n"})
+    outcome = command["run"]()  # the redelivered job
+    assert outcome.startswith("superseded")
+    assert answers(state, pr, job.delivery, first_head, second_head) == [run]
+    assert run.conclusion == "failure"  # a completed answer is left as it was
+
+
+def test_a_retry_that_never_answered_answers_on_the_head_as_it_is_now(command, store):
+    state, pr, job = command["state"], command["pr"], command["job"]
+    first_head = pr.head_sha
+    # the first attempt pinned the head it saw, then died before creating its check run
+    assert store.keep_first(command_head_key(job.installation_id, job.delivery), first_head, 60) == first_head
+    second_head = state.push(pr, {"train.py": TRAIN + "\nx = 1\n"})
+    command["run"]()
+    (run,) = answers(state, pr, job.delivery, first_head, second_head)
+    assert run.head_sha == second_head and run.status == "completed"
+    assert store.get(command_head_key(job.installation_id, job.delivery)) == second_head
+
+    command["run"]()  # and again: still that one answer
+    assert answers(state, pr, job.delivery, first_head, second_head) == [run]
+
+
+def test_a_plain_retry_reuses_its_check_run(command):
+    state, pr, job = command["state"], command["pr"], command["job"]
+    command["run"]()
+    command["run"]()
+    assert len(answers(state, pr, job.delivery, pr.head_sha)) == 1
+
+
+def test_the_first_value_is_kept(store):
+    key = f"torchreview:test:{uuid.uuid4()}"
+    assert store.keep_first(key, "a", 60) == "a"
+    assert store.keep_first(key, "b", 60) == "a"
+    assert store.get(key) == "a"
+
+
+def test_a_push_landing_while_the_review_posts_leaves_the_run_neutral(command, monkeypatch):
+    """The verdict is for the head it judged: a push between the last head check and the completing
+    write makes the run neutral (pointing at the newer commit), not a stale failure."""
+    from bot.pipeline import ReviewRun
+
+    state, pr, job = command["state"], command["pr"], command["job"]
+    first_head = pr.head_sha
+    post_review = ReviewRun.post_review
+    pushed = []
+
+    def push_while_posting(self, plan, event):
+        post_review(self, plan, event)
+        pushed.append(state.push(pr, {"train.py": TRAIN + "\nx = 1\n"}))
+
+    monkeypatch.setattr(ReviewRun, "post_review", push_while_posting)
+    command["run"]()
+    (run,) = answers(state, pr, job.delivery, first_head)
+    assert pushed and run.status == "completed" and run.conclusion == "neutral"
+    assert pushed[0][:7] in run.output_summary
