@@ -937,7 +937,11 @@ def report(figs: dict, problems: list[str], out=sys.stdout) -> None:
 
 def ack_run(rate: float, seconds: float, web_workers: int = 2) -> dict:
     """Deliveries at ``rate``/s, open loop, to the webhook (Redis, gunicorn; no worker drains the queue):
-    each answer's time from when it was due, so a client that falls behind counts against the server."""
+    each answer's time from when it was due, so a client that falls behind counts against the server.
+    The client shares the server's cores, so it is made cheap: pre-built requests, written on keep-alive
+    connections by one asyncio loop (a thread per request would take the CPU the server is measured on)."""
+    import asyncio
+
     import redis as redis_client
 
     from github_emulator.webhooks import signed_delivery, real_payload
@@ -953,36 +957,13 @@ def ack_run(rate: float, seconds: float, web_workers: int = 2) -> dict:
         stack.append(web)
         data = real_payload("pull_request.synchronize")
         count = int(rate * seconds)
-        bodies = [signed_delivery("pull_request", {**data, "number": n}, SECRET) for n in range(count)]
-        local = threading.local()
-        results: list[tuple[float, float, int]] = []
-        lock = threading.Lock()
-
-        def post(n: int, due: float) -> None:
-            session = getattr(local, "session", None) or requests.Session()
-            local.session = session
-            body, headers = bodies[n]
-            started = time.perf_counter()
-            try:
-                status = session.post(web.url, data=body, headers=headers, timeout=30).status_code
-            except requests.RequestException:
-                status, local.session = 0, None
-            done = time.perf_counter()
-            with lock:
-                results.append((done - due, done - started, status))
-
-        for n in range(min(200, count)):  # warm up: connections, imports, Redis
-            post(n, time.perf_counter())
+        warm = min(200, count)
+        requests_bytes = [_http_post(web.port, WEBHOOK_PATH, *signed_delivery("pull_request", {**data, "number": n},
+                                                                              SECRET))
+                          for n in range(count + warm)]
+        results = asyncio.run(_open_loop(web.port, requests_bytes[:warm], rate=50.0))  # connections, imports, Redis
         redis_client.Redis.from_url(server.url).flushdb()
-        results.clear()
-        with ThreadPoolExecutor(max_workers=64) as pool:
-            origin = time.perf_counter() + 0.2
-            for n in range(count):
-                due = origin + n / rate
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)  # the schedule: open loop
-                pool.submit(post, n, due)
+        results = asyncio.run(_open_loop(web.port, requests_bytes[warm:], rate=rate))
         from_due = [r[0] for r in results]
         service = [r[1] for r in results]
         return {"rate": rate, "count": len(results), "statuses": dict(Counter(r[2] for r in results)),
@@ -992,6 +973,64 @@ def ack_run(rate: float, seconds: float, web_workers: int = 2) -> dict:
         for part in reversed(stack):
             part.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+WEBHOOK_PATH = "/api/github/webhooks"
+
+
+def _http_post(port: int, path: str, body: bytes, headers: dict) -> bytes:
+    head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Length: {len(body)}",
+            *(f"{name}: {value}" for name, value in headers.items() if name.lower() != "content-length")]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def _open_loop(port: int, requests_bytes: list[bytes], rate: float) -> list[tuple[float, float, int]]:
+    """Send each request when it is due (``rate``/s), on an idle keep-alive connection or a new one;
+    (seconds from due to answer, seconds from send to answer, status) each, 0 for a failed exchange."""
+    import asyncio
+
+    idle: list = []
+    results: list[tuple[float, float, int]] = []
+
+    async def exchange(request: bytes) -> int:
+        reader, writer = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        status_line = await reader.readline()
+        if not status_line:
+            raise ConnectionError("closed by the server")
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        await reader.readexactly(length)
+        idle.append((reader, writer))
+        return int(status_line.split()[1])
+
+    async def deliver(request: bytes, due: float) -> None:
+        started = time.perf_counter()
+        try:
+            try:
+                status = await exchange(request)
+            except (ConnectionError, asyncio.IncompleteReadError):  # a keep-alive the server had closed
+                status = await exchange(request)
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+            status = 0
+        done = time.perf_counter()
+        results.append((done - due, done - started, status))
+
+    tasks = []
+    origin = time.perf_counter() + 0.2
+    for n, request in enumerate(requests_bytes):
+        due = origin + n / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)  # the schedule: open loop
+        tasks.append(asyncio.create_task(deliver(request, due)))
+    await asyncio.gather(*tasks)
+    for _reader, writer in idle:
+        writer.close()
+    return results
 
 
 # ---- command line -----------------------------------------------------------------------------------------

@@ -9,14 +9,14 @@ push in between can never make it run other code.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import asdict, dataclass, fields, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Union
 
 from bot.settings import Settings
+from bot.store import stamped
 
 log = logging.getLogger("torchreview.jobs")
 
@@ -210,22 +210,13 @@ def remember_head(store, job: ReviewJob) -> None:
     at = _timestamp(job.pr_updated_at)
     if at is None:
         return
-    key = _head_key(job.repository, job.pull_number)
-    known = _known(store, key)
-    if known is not None and known[1] > at:
-        return  # a late, older delivery
-    store.put(key, json.dumps({"sha": job.head_sha, "at": at.isoformat()}), HEAD_TTL)
+    # atomic: a late, older delivery (or one racing it in another web process) never wins
+    store.keep_latest(_head_key(job.repository, job.pull_number), job.head_sha, at.timestamp(), HEAD_TTL)
 
 
 def _known(store, key: str) -> Optional[tuple[str, datetime]]:
-    raw = store.get(key)
-    if not raw:
-        return None
-    try:
-        data = json.loads(raw)
-        return data["sha"], datetime.fromisoformat(data["at"])
-    except (ValueError, KeyError, TypeError):
-        return None
+    known = stamped(store.get(key))
+    return None if known is None else (known[1], datetime.fromtimestamp(known[0], timezone.utc))
 
 
 def pin_command(store, job: CommandJob) -> CommandJob:
@@ -305,10 +296,12 @@ def send(job: Job, settings: Optional[Settings] = None) -> None:
     """Put ``job`` on its queue: smoke jobs on the GPU queue, the rest on the review queue."""
     # only the broker is needed here, and web processes send jobs too: never read the private key for it
     settings = settings or Settings.from_env(require_github=False, role="web")
-    if isinstance(job, SmokeJob):
-        _producer(settings).send_task(SMOKE_TASK, args=[job.to_dict()], queue=GPU_QUEUE)
-    else:
-        _producer(settings).send_task(REVIEW_TASK, args=[job.to_dict()], queue=REVIEW_QUEUE)
+    name, queue = (SMOKE_TASK, GPU_QUEUE) if isinstance(job, SmokeJob) else (REVIEW_TASK, REVIEW_QUEUE)
+    # The webhook sends these while GitHub waits: Celery's generic repr of the arguments and a queue
+    # declaration per message (the workers declare their queues) are most of a send's CPU.
+    _producer(settings).send_task(name, args=[job.to_dict()], queue=queue, declare=[],
+                                  argsrepr=f"[{job.kind} {job.repository}#{job.pull_number} {job.reason}]",
+                                  kwargsrepr="{}")
 
 
 def enqueue_smoke(job: SmokeJob) -> None:

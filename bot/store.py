@@ -19,6 +19,9 @@ class Store(Protocol):
     def claim(self, key: str, ttl: int) -> bool:
         """Set ``key`` if absent; True when this caller set it (first delivery), False otherwise."""
 
+    def claim_all(self, keys: list[str], ttl: int) -> Optional[int]:
+        """Set every key of ``keys`` if none is set (None), else set nothing: the index of the first set one."""
+
     def release(self, key: str) -> None:
         ...
 
@@ -47,6 +50,12 @@ class Store(Protocol):
     def keep_first(self, key: str, value: str, ttl: int) -> str:
         """Set ``key`` to ``value`` for ``ttl`` s unless it is set; the value it holds (the first one wins)."""
 
+    def put_all(self, keys: list[str], value: str, ttl: int) -> None:
+        """``put`` each of ``keys`` (in one round trip where the store has them)."""
+
+    def keep_latest(self, key: str, value: str, at: float, ttl: int) -> bool:
+        """Set ``key`` to ``value``, stamped ``at``, unless it holds a value stamped later; whether it was set."""
+
     def get(self, key: str) -> Optional[str]:
         ...
 
@@ -73,6 +82,18 @@ class RedisStore:
 
     def claim(self, key: str, ttl: int) -> bool:
         return bool(self.client.set(key, "1", nx=True, ex=ttl))
+
+    _CLAIM_ALL = """
+for i, key in ipairs(KEYS) do
+  if redis.call('exists', key) == 1 then return i - 1 end
+end
+for _, key in ipairs(KEYS) do redis.call('set', key, '1', 'EX', ARGV[1]) end
+return -1
+"""
+
+    def claim_all(self, keys: list[str], ttl: int) -> Optional[int]:
+        held = int(self.client.eval(self._CLAIM_ALL, len(keys), *keys, int(ttl)))
+        return None if held < 0 else held
 
     def release(self, key: str) -> None:
         self.client.delete(key)
@@ -115,11 +136,29 @@ return tostring(tonumber(oldest[2]) + window - now)
     def put(self, key: str, value: str, ttl: int) -> None:
         self.client.set(key, value, ex=ttl)
 
+    # Scripts, not pipelines: one round trip, atomic, and no pipeline object (costly to build in redis-py).
+    _KEEP_FIRST = "redis.call('set', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) return redis.call('get', KEYS[1])"
+    _PUT_ALL = "for _, key in ipairs(KEYS) do redis.call('set', key, ARGV[1], 'EX', ARGV[2]) end"
+
     def keep_first(self, key: str, value: str, ttl: int) -> str:
-        pipe = self.client.pipeline()  # MULTI/EXEC: nobody sets it between the two
-        pipe.set(key, value, nx=True, ex=ttl)
-        pipe.get(key)
-        return pipe.execute()[1].decode()
+        return self.client.eval(self._KEEP_FIRST, 1, key, value, int(ttl)).decode()
+
+    def put_all(self, keys: list[str], value: str, ttl: int) -> None:
+        self.client.eval(self._PUT_ALL, len(keys), *keys, value, int(ttl))
+
+    # the value is kept as "<at> <value>"
+    _KEEP_LATEST = """
+local held = redis.call('get', KEYS[1])
+if held then
+  local at = tonumber(string.match(held, '^(%S+) '))
+  if at and at > tonumber(ARGV[2]) then return 0 end
+end
+redis.call('set', KEYS[1], ARGV[2] .. ' ' .. ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+
+    def keep_latest(self, key: str, value: str, at: float, ttl: int) -> bool:
+        return bool(self.client.eval(self._KEEP_LATEST, 1, key, value, repr(float(at)), int(ttl)))
 
     def get(self, key: str) -> Optional[str]:
         value = self.client.get(key)
@@ -171,6 +210,22 @@ class SqliteStore:
 
     def claim(self, key: str, ttl: int) -> bool:
         return self._set_nx(key, "1", ttl)
+
+    def claim_all(self, keys: list[str], ttl: int) -> Optional[int]:
+        now = time.time()
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                held = [db.execute("SELECT 1 FROM keys WHERE key = ? AND expires >= ?", (key, now)).fetchone()
+                        for key in keys]
+                first = next((i for i, row in enumerate(held) if row is not None), None)
+                if first is None:
+                    db.executemany("INSERT OR REPLACE INTO keys VALUES (?, '1', ?)", [(key, now + ttl) for key in keys])
+                db.execute("COMMIT")
+            except Exception:
+                db.execute("ROLLBACK")
+                raise
+        return first
 
     def add_feedback(self, record: dict) -> bool:
         with self._db() as db:
@@ -243,10 +298,44 @@ class SqliteStore:
         held = self.get(key)
         return value if held is None else held  # expired in between: nobody else's value to keep
 
+    def put_all(self, keys: list[str], value: str, ttl: int) -> None:
+        with self._db() as db:
+            db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", [(key, value, time.time() + ttl) for key in keys])
+
+    def keep_latest(self, key: str, value: str, at: float, ttl: int) -> bool:
+        now = time.time()
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute("SELECT value FROM keys WHERE key = ? AND expires >= ?", (key, now)).fetchone()
+                held_at = _stamp(row[0]) if row else None
+                newer = held_at is None or held_at <= at
+                if newer:
+                    db.execute("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", (key, f"{at!r} {value}", now + ttl))
+                db.execute("COMMIT")
+            except Exception:
+                db.execute("ROLLBACK")
+                raise
+        return newer
+
     def get(self, key: str) -> Optional[str]:
         with self._db() as db:
             row = db.execute("SELECT value FROM keys WHERE key = ? AND expires >= ?", (key, time.time())).fetchone()
         return None if row is None else str(row[0])
+
+
+def stamped(raw: Optional[str]) -> Optional[tuple[float, str]]:
+    """A ``keep_latest`` value read back with ``get``: (stamp, value), or None."""
+    at = _stamp(raw)
+    return None if at is None else (at, raw.split(" ", 1)[1])
+
+
+def _stamp(raw: Optional[str]) -> Optional[float]:
+    head, space, _ = (raw or "").partition(" ")
+    try:
+        return float(head) if space else None
+    except ValueError:
+        return None
 
 
 @contextmanager

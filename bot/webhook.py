@@ -95,14 +95,12 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
         # process killed in between (or a Redis gone away) leaves a claim that lapses, not a lost delivery.
         claimed = []
         try:
-            for key in keys:
-                if not store.claim(key, PENDING_TTL):
-                    for done in claimed:
-                        store.release(done)
-                    if store.get(key) == ENQUEUED:
-                        return _answer(200, "duplicate delivery; already enqueued", event, started)
-                    return _answer(503, "this delivery is being enqueued by another request; retry it", event, started)
-                claimed.append(key)
+            held = store.claim_all(keys, PENDING_TTL)  # one round trip: the ack's time is mostly round trips
+            if held is not None:
+                if store.get(keys[held]) == ENQUEUED:
+                    return _answer(200, "duplicate delivery; already enqueued", event, started)
+                return _answer(503, "this delivery is being enqueued by another request; retry it", event, started)
+            claimed = keys
             for job in jobs:
                 enqueue(job)
         except Exception:  # Redis away (a restart) or the queue refused: nothing is enqueued, say so
@@ -114,8 +112,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
                     log.warning("could not release %s; it lapses in %ss", key, PENDING_TTL)
             return _answer(503, "could not enqueue; retry the delivery", event, started)
         try:
-            for key in keys:
-                store.put(key, ENQUEUED, DELIVERY_TTL)
+            store.put_all(keys, ENQUEUED, DELIVERY_TTL)
         except Exception:  # noqa: BLE001 - enqueued all the same; a redelivery after the lapse runs it twice, idempotently
             log.warning("delivery %s enqueued, but not marked so", delivery, exc_info=True)
         return _answer(202, f"enqueued {len(jobs)} review job(s)", event, started)

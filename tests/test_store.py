@@ -137,3 +137,34 @@ def test_the_write_budget_holds_in_any_60_seconds_not_per_calendar_minute(store)
     assert spent.value.delay == pytest.approx(58.0)
     now[0] = 719.5  # the first 80 have left the window
     budget.spend()
+
+
+def test_claim_all_takes_every_key_or_none(store):
+    assert store.claim_all(["d-1", "body-1"], 60) is None
+    assert store.exists("d-1") and store.exists("body-1")
+    assert store.claim_all(["d-2", "body-1"], 60) == 1  # the body was seen under another delivery id
+    assert not store.exists("d-2")  # nothing half-claimed
+    assert store.claim_all(["d-1", "body-3"], 60) == 0 and not store.exists("body-3")
+    store.release("d-1")
+    store.release("body-1")
+    assert store.claim_all(["d-1", "body-1"], 60) is None
+
+
+def test_put_all_overwrites_every_key(store):
+    store.claim_all(["d-1", "body-1"], 60)
+    store.put_all(["d-1", "body-1"], "enqueued", 60)
+    assert store.get("d-1") == store.get("body-1") == "enqueued"
+
+
+def test_keep_latest_never_lets_an_older_stamp_win(store):
+    from bot.store import stamped
+
+    assert store.keep_latest("head", "bbb", 200.0, 60)
+    assert not store.keep_latest("head", "aaa", 100.0, 60)  # a late delivery of an older push
+    assert stamped(store.get("head")) == (200.0, "bbb")
+    assert store.keep_latest("head", "ccc", 200.0, 60)  # the same second: the later delivery wins
+    assert store.keep_latest("head", "ddd", 300.5, 60)
+    assert stamped(store.get("head")) == (300.5, "ddd")
+    store.put("head", '{"sha": "old-format"}', 60)  # unstamped: replaced
+    assert store.keep_latest("head", "eee", 1.0, 60)
+    assert stamped(store.get("head")) == (1.0, "eee")
