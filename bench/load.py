@@ -991,9 +991,10 @@ async def _open_loop(port: int, requests_bytes: list[bytes], rate: float) -> lis
 
     idle: list = []
     results: list[tuple[float, float, int]] = []
+    failures: Counter = Counter()
 
-    async def exchange(request: bytes) -> int:
-        reader, writer = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
+    async def exchange(request: bytes, fresh: bool = False) -> int:
+        reader, writer = idle.pop() if idle and not fresh else await asyncio.open_connection("127.0.0.1", port)
         writer.write(request)
         status_line = await reader.readline()
         if not status_line:
@@ -1013,8 +1014,9 @@ async def _open_loop(port: int, requests_bytes: list[bytes], rate: float) -> lis
             try:
                 status = await exchange(request)
             except (ConnectionError, asyncio.IncompleteReadError):  # a keep-alive the server had closed
-                status = await exchange(request)
-        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                status = await exchange(request, fresh=True)
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            failures[type(exc).__name__] += 1
             status = 0
         done = time.perf_counter()
         results.append((done - due, done - started, status))
@@ -1030,6 +1032,8 @@ async def _open_loop(port: int, requests_bytes: list[bytes], rate: float) -> lis
     await asyncio.gather(*tasks)
     for _reader, writer in idle:
         writer.close()
+    if failures:
+        print(f"  failed exchanges: {dict(failures)}", flush=True)
     return results
 
 

@@ -119,7 +119,7 @@ class ReviewRun:
 
     def run(self) -> str:
         try:
-            config = load_base_config(self.repo, self.pr.base.sha)
+            config = load_base_config(self.repo, self.pr.base.sha, self.store)
         except ConfigError as exc:
             self.complete(self.check_run(), compose.config_error_plan(str(exc)))
             return f"configuration error: {exc}"
@@ -299,16 +299,28 @@ def skip_reason(pr, config: Config) -> Optional[str]:
     return None
 
 
-def load_base_config(repo, base_sha: str) -> Config:
-    """The repository's config from the BASE commit: a PR cannot switch its own checks off."""
+CONFIG_SOURCE_TTL = 24 * 3600
+
+
+def load_base_config(repo, base_sha: str, store=None) -> Config:
+    """The repository's config from the BASE commit: a PR cannot switch its own checks off. A commit
+    never changes, so with ``store`` the file that holds it (or that none does) is asked for once per
+    base, not once per job: most repositories have no config, and that costs a request per candidate."""
+    key = f"torchreview:config-source:{repo.full_name}@{base_sha}"
+    known = store.get(key) if store is not None else None
+    if known is not None:
+        name, _, text = known.partition("\n")
+        return (parse_config_text(text, name) or Config()) if name else Config()
+    found, config = ("", ""), Config()
     for name in CONFIG_FILES_IN_ORDER:
         text = _file_text(repo, name, base_sha)
-        if text is None:
-            continue
-        config = parse_config_text(text, name)
-        if config is not None:
-            return config
-    return Config()
+        parsed = parse_config_text(text, name) if text is not None else None  # ConfigError: nothing kept
+        if parsed is not None:
+            found, config = (name, text), parsed
+            break
+    if store is not None:
+        store.put(key, "\n".join(found), CONFIG_SOURCE_TTL)
+    return config
 
 
 def _file_text(repo, path: str, ref: str) -> Optional[str]:
@@ -480,7 +492,7 @@ def run_command(job: CommandJob, clients, store) -> str:
     if command.name == "config":
         pr = repo.get_pull(job.pull_number)
         try:
-            config = load_base_config(repo, pr.base.sha)
+            config = load_base_config(repo, pr.base.sha, store)
             text = commands.config_reply(config, pr.base.ref, pr.base.sha)
         except ConfigError as exc:
             text = f"The repository's torchreview configuration on {code_span(pr.base.ref)} is invalid:\n\n{code_block(str(exc))}"

@@ -306,7 +306,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
     head = job.head_sha  # never re-read from the PR: a push after authorization must not run
     budget = WriteBudget(store, job.installation_id)
     try:
-        config = load_base_config(repo, pr.base.sha)
+        config = load_base_config(repo, pr.base.sha, store)
     except ConfigError as exc:
         return f"configuration error: {exc}"
     settings = dict(config.smoke)
