@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, is_true, iter_names, keyword_arg, method_name
+from analyzers.context import (FileContext, argument, dotted_name, is_true, iter_names, keyword_arg, method_name,
+                               positional_args)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule
 from analyzers.rules.loop import AccumulationFacts, _text, is_backward
 from analyzers.rules.serialization import _is_test_file
@@ -762,3 +765,182 @@ class LoggerOnEveryRank(Rule):
             self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: each process starts its own "
                               f"run / event file and logs its own shard's metrics; create it only on rank 0 "
                               f"(`if dist.get_rank() == 0:`)")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR726
+
+# a name that says "evaluation data": val / valid / test / eval as a word between underscores or digits
+_EVAL_DATA = re.compile(r"(?<![a-z])(val|valid|validation|test|testing|eval|evaluation|dev)(?![a-z])|"
+                        r"(val|valid|test|eval)(set|data|dataset|loader|dl|ds)", re.IGNORECASE)
+_DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
+
+
+def _names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
+    return expr is not None and any(_EVAL_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(expr))
+
+
+class EvalLoaderWithoutDistributedSampler(Rule):
+    id = "TR726"
+    source_hint = (_DDP_HINT, re.compile(r"Sampler"), re.compile(r"DataLoader"))
+    slug = "eval-loader-without-distributed-sampler"
+    category = Category.DEVICE
+    severity = Severity.MEDIUM
+    summary = "validation/test DataLoader without a DistributedSampler while DDP training shards its data"
+    what = """
+        Flags a `DataLoader` over validation or test data (its dataset or its variable is named
+        `val*`, `valid*`, `test*`, `eval*`) that has no `sampler=`, in a file that wraps a model in
+        `DistributedDataParallel` and shards its training data with a `DistributedSampler` but no
+        evaluation data. Stays quiet when the loader is built or used only under a rank check
+        (`if rank == 0: evaluate(...)`).
+    """
+    why = """
+        Every process runs the same code: without a distributed sampler each of the N ranks runs
+        the whole evaluation set - N times the work for one result, so evaluation takes as long as
+        on one GPU while the training beside it got N times faster. Metrics summed across ranks
+        (`all_reduce` of correct counts) then count every sample N times.
+    """
+    example = """
+        train_loader = DataLoader(train_set, batch_size=64, sampler=DistributedSampler(train_set))
+        val_loader = DataLoader(val_set, batch_size=64)
+    """
+    fix_example = """
+        train_loader = DataLoader(train_set, batch_size=64, sampler=DistributedSampler(train_set))
+        val_loader = DataLoader(val_set, batch_size=64, sampler=DistributedSampler(val_set, shuffle=False))
+        # then all_reduce the metric sums, or evaluate only on rank 0
+    """
+    VALID = [
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set))
+        val_sampler = DistributedSampler(val_set, shuffle=False)
+        val_loader = DataLoader(val_set, sampler=val_sampler)
+        extra_loader = DataLoader(Subset(val_set, leftover), batch_size=64)
+        """,
+        # evaluation only on rank 0
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def main(rank):
+            model = DDP(net, device_ids=[rank])
+            train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set))
+            test_loader = DataLoader(test_set, batch_size=256)
+            for epoch in range(10):
+                train(model, train_loader)
+                if rank == 0:
+                    evaluate(model.module, test_loader)
+        """,
+        # an explicit sequential sampler is a choice, not an oversight
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set))
+        val_loader = DataLoader(val_set, sampler=SequentialSampler(val_set))
+        """,
+        # training not sharded either: a single-process script with a DDP option
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.parallel.DistributedDataParallel(net)
+        train_loader = DataLoader(train_set, shuffle=True)
+        val_loader = DataLoader(val_set)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            from torch.utils.data.distributed import DistributedSampler
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            def main(rank, world_size):
+                model = DDP(Net().to(rank), device_ids=[rank])
+                train_loader = DataLoader(train_set, batch_size=64, sampler=DistributedSampler(train_set))
+                val_loader = DataLoader(val_set, batch_size=64)
+                for epoch in range(10):
+                    train(model, train_loader)
+                    validate(model, val_loader)
+            """,
+            line=9, message="`val_loader`",
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.utils.data as tud
+            dataset_val = datasets.ImageFolder(valdir)
+            loader = tud.DataLoader(
+                dataset_val,
+                batch_size=128,
+                num_workers=8,
+            )
+            sampler = tud.DistributedSampler(dataset_train)
+            train_loader = tud.DataLoader(dataset_train, sampler=sampler)
+            classifier = torch.nn.parallel.DistributedDataParallel(classifier)
+            """,
+            line=5, message="`dataset_val`",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.sharded = False
+        self.eval_sharded = False
+        self.loaders: list[tuple[cst.Call, Optional[str], str]] = []  # (call, variable, what is named eval)
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+        elif ctx.call_name(node) in _SAMPLERS or _DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""):
+            self.sharded = True
+            statement = ctx.statement_of(node)
+            targets = statement.body[0].targets if isinstance(statement, cst.SimpleStatementLine) and isinstance(
+                statement.body[0], cst.Assign) else ()
+            if any(_names_eval_data(arg.value) for arg in node.args) or any(
+                    _names_eval_data(t.target) for t in targets):
+                self.eval_sharded = True
+        elif ctx.call_name(node) in _DATALOADER:
+            self._loader(node, ctx)
+
+    def _loader(self, node: cst.Call, ctx: FileContext) -> None:
+        if any(a.star for a in node.args) or len(positional_args(node)) > 3:
+            return  # **kwargs or a positional sampler: unknown
+        if keyword_arg(node, "sampler") is not None or keyword_arg(node, "batch_sampler") is not None:
+            return
+        if SaveOnEveryRank._guarded(node, ctx):
+            return
+        dataset = argument(node, 0, "dataset")
+        parent = ctx.parent(node)
+        variable = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and len(
+            parent.targets) == 1 else None
+        if dataset is not None and _names_eval_data(dataset):
+            self.loaders.append((node, variable, ctx.module.code_for_node(dataset).strip()))
+        elif variable is not None and _names_eval_data(parent.targets[0].target):
+            self.loaders.append((node, variable, variable))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not (self.ddp and self.sharded) or self.eval_sharded or _is_test_file(ctx.path):
+            return
+        for call, variable, named in self.loaders:
+            if variable is not None and self._used_on_one_rank(ctx, variable):
+                continue
+            subject = code_span(variable or "DataLoader") + (f" over {code_span(named)}" if named != variable else "")
+            self.report(call, f"{subject} has no DistributedSampler while training is sharded by one: every DDP rank evaluates the whole set (N times the work for one result, "
+                              f"and counts summed across ranks count each sample N times); pass "
+                              f"`sampler=DistributedSampler(..., shuffle=False)` and reduce the metrics, or evaluate "
+                              f"only on rank 0")
+
+    @staticmethod
+    def _used_on_one_rank(ctx: FileContext, variable: str) -> bool:
+        """Some use of the loader sits under a rank check (``if rank == 0: evaluate(model, val_loader)``)."""
+        for node in subtree(ctx.module):
+            if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == variable and \
+                    not isinstance(ctx.parent(node), cst.AssignTarget) and SaveOnEveryRank._guarded(node, ctx):
+                return True
+        return False

@@ -199,6 +199,7 @@ class Entry:
     replacement: Optional[str] = None  # the qualified callee a fix writes
     fix: Optional[Fix] = None
     note: str = ""  # why the new spelling is not a plain rename, when it is not
+    note_only_unfixed: bool = False  # the note explains why some calls get no fix: not shown beside a fix
     package: str = "torch"
 
     def shown_version(self, version: Version) -> str:
@@ -230,7 +231,8 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
     Entry("torch.triangular_solve", "torch.linalg.solve_triangular(A, B, upper=...)", (1, 11),
           note="the arguments are swapped and `upper` has no default"),
     Entry("torch.norm", "torch.linalg.vector_norm(x, ord, dim) or torch.linalg.matrix_norm(A, ord)", _LINALG, None,
-          "torch.linalg.vector_norm", _fix_norm, note="a tuple `dim` or `p='nuc'` asks for a matrix norm"),
+          "torch.linalg.vector_norm", _fix_norm, note="a tuple `dim` or `p='nuc'` asks for a matrix norm",
+          note_only_unfixed=True),
     Entry("torch.range", "torch.arange(start, end + 1)", (0, 4), None, "torch.arange", _fix_range,
           note="torch.range includes its end point"),
     Entry("torch.nn.UpsamplingNearest2d", 'nn.Upsample(..., mode="nearest")', (1, 0), None, "torch.nn.Upsample",
@@ -313,7 +315,7 @@ class _TableRule(Rule):
         else:
             status = f"is deprecated since PyTorch {entry.shown_version(entry.deprecated)}"
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(entry.instead)
-        note = f" ({entry.note})" if entry.note else ""
+        note = f" ({entry.note})" if entry.note and not (entry.note_only_unfixed and replacement is not None) else ""
         self.report(node, f"{code_span(written)}{qualified} {status}; use {instead}{note}", replacement=replacement)
 
 
