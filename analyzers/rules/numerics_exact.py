@@ -521,6 +521,9 @@ class IntegerTensorRatio(Rule):
     def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
         if not isinstance(node.operator, cst.Divide):
             return
+        cap = ctx.facts(VersionFacts).cap("torch")
+        if cap is None or cap.admits(_TRUE_DIVISION):
+            return  # asked first: most repositories run a torch that divides truly
         left = node.left
         while isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Multiply) and \
                 isinstance(left.left, (cst.Integer, cst.Float)):
@@ -529,9 +532,6 @@ class IntegerTensorRatio(Rule):
             return  # how an old torch divided by a float scalar is not worth guessing
         counted = _is_count(left, ctx) or (isinstance(left, cst.Name) and self._only_counts(left.value, node, ctx))
         if not counted:
-            return
-        cap = ctx.facts(VersionFacts).cap("torch")
-        if cap is None or cap.admits(_TRUE_DIVISION):
             return
         effect = "raises a RuntimeError" if cap.admits((1, 6)) else "floor-divides, so the ratio loses its fraction"
         self.report(node, f"{code_span(short(ctx, node))} divides {code_span(short(ctx, left))}, an integer tensor "
