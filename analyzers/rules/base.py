@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Valid:
     code: str
+    requirements: Optional[str] = None  # a requirements.txt beside the example (rules that read version pins)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class Invalid:
 
     ``line`` (1-based, after dedent) pins where; ``message`` is a substring the message must
     contain (so messages naming the concrete object are tested); ``fixed`` is the whole file
-    after applying the rule's fix, when the rule offers one.
+    after applying the rule's fix, when the rule offers one; ``requirements`` is the text of a
+    requirements.txt the example's repository has (for rules that depend on pinned versions).
     """
 
     code: str
@@ -49,6 +51,7 @@ class Invalid:
     message: Optional[str] = None
     fixed: Optional[str] = None
     count: int = 1
+    requirements: Optional[str] = None  # a requirements.txt beside the example (rules that read version pins)
 
 
 Example = Union[str, Valid, Invalid]

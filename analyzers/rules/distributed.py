@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, is_true, iter_names, keyword_arg, method_name
+from analyzers.context import (FileContext, argument, dotted_name, is_true, iter_names, keyword_arg, method_name,
+                               positional_args)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.loop import AccumulationFacts, _text, is_backward
+from analyzers.rules.loop import AccumulationFacts, _text, is_backward, loop_trains
 from analyzers.rules.serialization import _is_test_file
 from analyzers.rules.training import _loop_stack
 
@@ -762,3 +765,355 @@ class LoggerOnEveryRank(Rule):
             self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: each process starts its own "
                               f"run / event file and logs its own shard's metrics; create it only on rank 0 "
                               f"(`if dist.get_rank() == 0:`)")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR726
+
+# a name that says "evaluation data": val / valid / test / eval as a word between underscores or digits
+_EVAL_DATA = re.compile(r"(?<![a-z])(val|valid|validation|test|testing|eval|evaluation|dev)(?![a-z])|"
+                        r"(val|valid|test|eval)(set|data|dataset|loader|dl|ds)", re.IGNORECASE)
+_DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
+
+
+def _names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
+    return expr is not None and any(_EVAL_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(expr))
+
+
+class EvalLoaderWithoutDistributedSampler(Rule):
+    id = "TR726"
+    source_hint = (_DDP_HINT, re.compile(r"Sampler"), re.compile(r"DataLoader"))
+    slug = "eval-loader-without-distributed-sampler"
+    category = Category.DEVICE
+    severity = Severity.MEDIUM
+    summary = "validation/test DataLoader without a DistributedSampler while DDP training shards its data"
+    what = """
+        Flags a `DataLoader` over validation or test data (its dataset or its variable is named
+        `val*`, `valid*`, `test*`, `eval*`) that has no `sampler=`, in a file that wraps a model in
+        `DistributedDataParallel` and shards its training data with a `DistributedSampler` but no
+        evaluation data. Stays quiet when the loader is built or used only under a rank check
+        (`if rank == 0: evaluate(...)`).
+    """
+    why = """
+        Every process runs the same code: without a distributed sampler each of the N ranks runs
+        the whole evaluation set - N times the work for one result, so evaluation takes as long as
+        on one GPU while the training beside it got N times faster. Metrics summed across ranks
+        (`all_reduce` of correct counts) then count every sample N times.
+    """
+    example = """
+        train_loader = DataLoader(train_set, batch_size=64, sampler=DistributedSampler(train_set))
+        val_loader = DataLoader(val_set, batch_size=64)
+    """
+    fix_example = """
+        train_loader = DataLoader(train_set, batch_size=64, sampler=DistributedSampler(train_set))
+        val_loader = DataLoader(val_set, batch_size=64, sampler=DistributedSampler(val_set, shuffle=False))
+        # then all_reduce the metric sums, or evaluate only on rank 0
+    """
+    VALID = [
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set))
+        val_sampler = DistributedSampler(val_set, shuffle=False)
+        val_loader = DataLoader(val_set, sampler=val_sampler)
+        extra_loader = DataLoader(Subset(val_set, leftover), batch_size=64)
+        """,
+        # evaluation only on rank 0
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def main(rank):
+            model = DDP(net, device_ids=[rank])
+            train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set))
+            test_loader = DataLoader(test_set, batch_size=256)
+            for epoch in range(10):
+                train(model, train_loader)
+                if rank == 0:
+                    evaluate(model.module, test_loader)
+        """,
+        # an explicit sequential sampler is a choice, not an oversight
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set))
+        val_loader = DataLoader(val_set, sampler=SequentialSampler(val_set))
+        """,
+        # training not sharded either: a single-process script with a DDP option
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        model = torch.nn.parallel.DistributedDataParallel(net)
+        train_loader = DataLoader(train_set, shuffle=True)
+        val_loader = DataLoader(val_set)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            from torch.utils.data.distributed import DistributedSampler
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            def main(rank, world_size):
+                model = DDP(Net().to(rank), device_ids=[rank])
+                train_loader = DataLoader(train_set, batch_size=64, sampler=DistributedSampler(train_set))
+                val_loader = DataLoader(val_set, batch_size=64)
+                for epoch in range(10):
+                    train(model, train_loader)
+                    validate(model, val_loader)
+            """,
+            line=9, message="`val_loader`",
+        ),
+        Invalid(
+            """
+            import torch
+            import torch.utils.data as tud
+            dataset_val = datasets.ImageFolder(valdir)
+            loader = tud.DataLoader(
+                dataset_val,
+                batch_size=128,
+                num_workers=8,
+            )
+            sampler = tud.DistributedSampler(dataset_train)
+            train_loader = tud.DataLoader(dataset_train, sampler=sampler)
+            classifier = torch.nn.parallel.DistributedDataParallel(classifier)
+            """,
+            line=5, message="`dataset_val`",
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.sharded = False
+        self.eval_sharded = False
+        self.loaders: list[tuple[cst.Call, Optional[str], str]] = []  # (call, variable, what is named eval)
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+        elif ctx.call_name(node) in _SAMPLERS or _DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""):
+            self.sharded = True
+            statement = ctx.statement_of(node)
+            targets = statement.body[0].targets if isinstance(statement, cst.SimpleStatementLine) and isinstance(
+                statement.body[0], cst.Assign) else ()
+            if any(_names_eval_data(arg.value) for arg in node.args) or any(
+                    _names_eval_data(t.target) for t in targets):
+                self.eval_sharded = True
+        elif ctx.call_name(node) in _DATALOADER:
+            self._loader(node, ctx)
+
+    def _loader(self, node: cst.Call, ctx: FileContext) -> None:
+        if any(a.star for a in node.args) or len(positional_args(node)) > 3:
+            return  # **kwargs or a positional sampler: unknown
+        if keyword_arg(node, "sampler") is not None or keyword_arg(node, "batch_sampler") is not None:
+            return
+        if SaveOnEveryRank._guarded(node, ctx):
+            return
+        dataset = argument(node, 0, "dataset")
+        parent = ctx.parent(node)
+        variable = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and len(
+            parent.targets) == 1 else None
+        if dataset is not None and _names_eval_data(dataset):
+            self.loaders.append((node, variable, ctx.module.code_for_node(dataset).strip()))
+        elif variable is not None and _names_eval_data(parent.targets[0].target):
+            self.loaders.append((node, variable, variable))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not (self.ddp and self.sharded) or self.eval_sharded or _is_test_file(ctx.path):
+            return
+        for call, variable, named in self.loaders:
+            if variable is not None and self._used_on_one_rank(ctx, variable):
+                continue
+            subject = code_span(variable or "DataLoader") + (f" over {code_span(named)}" if named != variable else "")
+            self.report(call, f"{subject} has no DistributedSampler while training is sharded by one: every DDP rank evaluates the whole set (N times the work for one result, "
+                              f"and counts summed across ranks count each sample N times); pass "
+                              f"`sampler=DistributedSampler(..., shuffle=False)` and reduce the metrics, or evaluate "
+                              f"only on rank 0")
+
+    @staticmethod
+    def _used_on_one_rank(ctx: FileContext, variable: str) -> bool:
+        """Some use of the loader sits under a rank check (``if rank == 0: evaluate(model, val_loader)``)."""
+        for node in subtree(ctx.module):
+            if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == variable and \
+                    not isinstance(ctx.parent(node), cst.AssignTarget) and SaveOnEveryRank._guarded(node, ctx):
+                return True
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# TR727
+
+_METRIC_WORDS = re.compile(r"loss|acc(?!um)|top1|top5|metric|perplexity|ppl|bleu|psnr|iou|f1|auc|score", re.IGNORECASE)
+# helpers that replace builtins.print by a rank-0-only print (DeiT/DINO/MAE's init_distributed_mode)
+_PRINT_SILENCED = re.compile(r"builtins\.print|setup_for_distributed|init_distributed_mode|__builtin__\.print")
+_LOGGING_CALLS = {"logging.info", "logging.warning", "logging.debug"}
+
+
+def _string_text(expr: cst.CSTNode) -> str:
+    return " ".join(n.value for n in subtree(expr) if isinstance(n, (cst.SimpleString, cst.FormattedStringText)))
+
+
+class MetricsPrintedOnEveryRank(Rule):
+    id = "TR727"
+    source_hint = (_DDP_HINT, re.compile(r"backward"), re.compile(r"print|logging|getLogger"))
+    slug = "metrics-printed-on-every-rank"
+    category = Category.DEVICE
+    severity = Severity.LOW
+    summary = "training metrics printed/logged by every DDP rank (no rank-0 guard)"
+    what = """
+        Flags `print(...)` / `logging.info(...)` / `logger.info(...)` of a metric (a loss,
+        accuracy, score, or `.item()` value) inside the training loop of a file that trains a
+        `DistributedDataParallel` model, when the call is not under a rank check (`if rank == 0`,
+        `if is_main_process()`...), its function does not return early on other ranks, and the
+        message does not name the rank. Stays quiet where a helper silences `print` on the other
+        ranks (`setup_for_distributed` / `builtins.print` replaced, as `init_distributed_mode` does).
+    """
+    why = """
+        Every process prints: N interleaved copies of each line, each showing its own shard's
+        loss or accuracy, not the global value - the log is N times longer and its numbers
+        disagree. Print on rank 0 (after reducing the metric if it should cover all ranks).
+    """
+    example = """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            print(f"epoch {epoch} loss {loss.item():.4f}")
+    """
+    fix_example = """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if dist.get_rank() == 0:
+                print(f"epoch {epoch} loss {loss.item():.4f}")
+    """
+    VALID = [
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def train(rank, model, loader):
+            model = DDP(model, device_ids=[rank])
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                if rank == 0:
+                    print(f"loss {loss.item()}")
+                print(f"[GPU{rank}] batch done, loss {loss.item()}")
+        """,
+        # print is replaced by a rank-0-only print
+        """
+        import torch
+        import utils
+        from torch.nn.parallel import DistributedDataParallel
+        def main(args):
+            utils.init_distributed_mode(args)
+            model = DistributedDataParallel(build())
+            for x in loader:
+                loss = model(x).mean()
+                loss.backward()
+                print("loss", loss.item())
+        """,
+        # not a metric
+        """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(net)
+        for epoch in range(10):
+            for x in loader:
+                model(x).sum().backward()
+            print("epoch finished")
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            def train(rank, world_size, loader):
+                model = DDP(Net().to(rank), device_ids=[rank])
+                for epoch in range(10):
+                    for x, y in loader:
+                        opt.zero_grad()
+                        loss = loss_fn(model(x), y)
+                        loss.backward()
+                        opt.step()
+                    print(f"epoch {epoch}: loss {loss.item():.4f}")
+            """,
+            line=12, message="every DDP rank",
+        ),
+        Invalid(
+            """
+            import logging
+            import torch
+            logger = logging.getLogger(__name__)
+            class Trainer:
+                def fit(self):
+                    self.model = torch.nn.parallel.DistributedDataParallel(self.model)
+                    for step, batch in enumerate(self.loader):
+                        loss = self.model(batch).mean()
+                        loss.backward()
+                        self.optimizer.step()
+                        if step % 100 == 0:
+                            logger.info("step %d loss %.3f", step, loss.item())
+            """,
+            line=13,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.prints: list[tuple[cst.Call, object]] = []
+        self.guarded: set[int] = set()
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+        elif self._is_log_call(node, ctx) and self._shows_metric(node) and not SaveOnEveryRank._guarded(node, ctx):
+            stack = _loop_stack(ctx)
+            if stack and any(loop_trains(loop, ctx) for loop in stack):
+                self.prints.append((node, ctx.function))
+
+    visit_If = LoggerOnEveryRank.visit_If
+
+    @staticmethod
+    def _is_log_call(node: cst.Call, ctx: FileContext) -> bool:
+        func = node.func
+        if isinstance(func, cst.Name):
+            return func.value == "print" and ctx.binding("print") is None
+        if ctx.qualified_name(func) in _LOGGING_CALLS:
+            return True
+        if isinstance(func, cst.Attribute) and func.attr.value == "info":
+            origin = ctx.origin(func.value)
+            return isinstance(origin, cst.Call) and ctx.call_name(origin) == "logging.getLogger"
+        return False
+
+    @staticmethod
+    def _shows_metric(node: cst.Call) -> bool:
+        for arg in node.args:
+            if _mentions_rank(arg.value) or re.search(r"rank|gpu|device", _string_text(arg.value), re.IGNORECASE):
+                return False  # a per-rank message on purpose
+        return any(_METRIC_WORDS.search(name) for arg in node.args for name in iter_names(arg.value)) or any(
+            isinstance(n, cst.Call) and method_name(n) == "item" for arg in node.args for n in subtree(arg.value))
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.ddp or _is_test_file(ctx.path):
+            return
+        silenced = _PRINT_SILENCED.search(ctx.source) is not None
+        reported: set[int] = set()
+        for call, fn in self.prints:
+            if id(fn) in self.guarded or id(fn) in reported:
+                continue
+            if silenced and isinstance(call.func, cst.Name):
+                continue
+            reported.add(id(fn))  # one per function: the fix is the same guard
+            self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: N interleaved copies of the "
+                              f"line, each with its own shard's value; print on rank 0 (`if dist.get_rank() == 0:`), "
+                              f"after reducing the metric if it should cover every rank")

@@ -137,6 +137,42 @@ def _fix_functional_upsampling(mode: str, align: bool) -> Fix:
     return fix
 
 
+def _number(expr: Optional[cst.BaseExpression]) -> bool:
+    """An int or float literal, possibly negative, or ``float("inf")``."""
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        expr = expr.expression
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return True
+    return (isinstance(expr, cst.Call) and dotted_name(expr.func) == "float" and len(expr.args) == 1
+            and (string_value(expr.args[0].value) or "").lower() in ("inf", "-inf"))
+
+
+def _fix_norm(call: cst.Call, ctx: FileContext, callee: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    # torch.norm(x[, p][, dim][, keepdim]) -> torch.linalg.vector_norm(x[, ord=p][, dim=..][, keepdim=..]) only when
+    # it is a vector norm for sure: p a number (or "fro" over all elements or one dim) and dim absent or one integer.
+    # A tuple dim or p="nuc" is a matrix norm, a variable p may be either: those stay message-only.
+    if not _plain(call) or not call.args or call.args[0].keyword is not None:
+        return None
+    names = ("input", "p", "dim", "keepdim")
+    given: dict[str, cst.BaseExpression] = {}
+    for position, arg in enumerate(call.args):
+        name = arg.keyword.value if arg.keyword is not None else names[position] if position < 4 else None
+        if name not in names or name in given:
+            return None
+        given[name] = arg.value
+    p, dim = given.get("p"), given.get("dim")
+    dim_is_one = dim is None or _int(dim) is not None or (isinstance(dim, cst.Name) and dim.value == "None")
+    if not dim_is_one or (p is not None and not _number(p) and string_value(p) != "fro"):
+        return None
+    args = [cst.Arg(given["input"])]
+    if p is not None and string_value(p) != "fro":
+        args = with_keyword(args, "ord", p)
+    for name in ("dim", "keepdim"):
+        if name in given:
+            args = with_keyword(args, name, given[name])
+    return call.with_changes(func=callee, args=args)
+
+
 _CPU_TENSOR_DTYPES = {"torch.FloatTensor": "float32", "torch.DoubleTensor": "float64", "torch.HalfTensor": "float16",
                       "torch.BFloat16Tensor": "bfloat16"}
 
@@ -163,6 +199,7 @@ class Entry:
     replacement: Optional[str] = None  # the qualified callee a fix writes
     fix: Optional[Fix] = None
     note: str = ""  # why the new spelling is not a plain rename, when it is not
+    note_only_unfixed: bool = False  # the note explains why some calls get no fix: not shown beside a fix
     package: str = "torch"
 
     def shown_version(self, version: Version) -> str:
@@ -193,6 +230,9 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
           note="it returns `Vh` (V conjugate-transposed) instead of `V`, so this is not a rename"),
     Entry("torch.triangular_solve", "torch.linalg.solve_triangular(A, B, upper=...)", (1, 11),
           note="the arguments are swapped and `upper` has no default"),
+    Entry("torch.norm", "torch.linalg.vector_norm(x, ord, dim) or torch.linalg.matrix_norm(A, ord)", _LINALG, None,
+          "torch.linalg.vector_norm", _fix_norm, note="a tuple `dim` or `p='nuc'` asks for a matrix norm",
+          note_only_unfixed=True),
     Entry("torch.range", "torch.arange(start, end + 1)", (0, 4), None, "torch.arange", _fix_range,
           note="torch.range includes its end point"),
     Entry("torch.nn.UpsamplingNearest2d", 'nn.Upsample(..., mode="nearest")', (1, 0), None, "torch.nn.Upsample",
@@ -275,7 +315,7 @@ class _TableRule(Rule):
         else:
             status = f"is deprecated since PyTorch {entry.shown_version(entry.deprecated)}"
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(entry.instead)
-        note = f" ({entry.note})" if entry.note else ""
+        note = f" ({entry.note})" if entry.note and not (entry.note_only_unfixed and replacement is not None) else ""
         self.report(node, f"{code_span(written)}{qualified} {status}; use {instead}{note}", replacement=replacement)
 
 
@@ -370,12 +410,13 @@ class DeprecatedTorchApi(_TableRule):
         Flags calls of deprecated PyTorch functions from one table: `torch.qr`, `torch.cholesky`,
         `torch.chain_matmul`, `torch.ger`, `torch.lu`, `torch.lu_solve`, `torch.svd`,
         `torch.triangular_solve`, `torch.range`, `nn.UpsamplingNearest2d/UpsamplingBilinear2d`,
-        `F.upsample*`, `torch.testing.assert_allclose`, `nn.utils.weight_norm`,
+        `F.upsample*`, `torch.norm`, `torch.testing.assert_allclose`, `nn.utils.weight_norm`,
         `torch.backends.cuda.sdp_kernel`, `torch.set_default_tensor_type`, `functorch.*`, and the
         underscore-less `nn.init.*` / `clip_grad_norm`. Where the successor is a pure rename (same
         arguments, same results) it offers the rewrite. Stays quiet when the repository pins a
-        torch release older than the deprecation. (`torch.norm`, deprecated only in its docs and
-        without a warning, is left alone.)
+        torch release older than the deprecation. `torch.norm` (deprecated in its docs, as in
+        TorchFix's table) is rewritten only where it is certainly a vector norm: `p` a number and
+        `dim` absent or one integer.
     """
     why = """
         Deprecated functions warn on every call, receive no fixes, and are removed in a later
@@ -526,6 +567,35 @@ class DeprecatedTorchApi(_TableRule):
             import torch.nn as nn
             nn.init.xavier_uniform_(m.weight, gain=2)
             """,
+        ),
+        Invalid(
+            """
+            import torch as T
+            dist = T.norm(a - b, dim=1)
+            """,
+            fixed="""
+            import torch as T
+            dist = T.linalg.vector_norm(a - b, dim=1)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import norm
+            total = norm(grads, 2.0, -1, True)
+            """,
+            fixed="""
+            import torch
+            from torch import norm
+            total = torch.linalg.vector_norm(grads, ord=2.0, dim=-1, keepdim=True)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            nuclear = torch.norm(W, p="nuc")
+            """,
+            message="asks for a matrix norm",
         ),
         Invalid(
             """
