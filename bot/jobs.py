@@ -9,6 +9,7 @@ push in between can never make it run other code.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass, fields, replace
@@ -197,10 +198,12 @@ def _head_key(repository: str, number: int) -> str:
 
 
 def _timestamp(value: Optional[str]) -> Optional[datetime]:
+    """GitHub's timestamps, always UTC (one without a zone is read as UTC, so every two compare)."""
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+        at = datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
     except ValueError:
         return None
+    return at.replace(tzinfo=timezone.utc) if at is not None and at.tzinfo is None else at
 
 
 def remember_head(store, job: ReviewJob) -> None:
@@ -215,8 +218,16 @@ def remember_head(store, job: ReviewJob) -> None:
 
 
 def _known(store, key: str) -> Optional[tuple[str, datetime]]:
-    known = stamped(store.get(key))
-    return None if known is None else (known[1], datetime.fromtimestamp(known[0], timezone.utc))
+    raw = store.get(key)
+    known = stamped(raw)
+    if known is not None:
+        return known[1], datetime.fromtimestamp(known[0], timezone.utc)
+    try:  # the JSON record earlier versions wrote (kept for HEAD_TTL): still a known head
+        data = json.loads(raw or "")
+        at = _timestamp(data["at"])
+        return (data["sha"], at) if isinstance(data["sha"], str) and at is not None else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def pin_command(store, job: CommandJob) -> CommandJob:

@@ -8,6 +8,7 @@ place; a per-PR lock keeps two jobs from interleaving, and a job for a supersede
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -89,7 +90,9 @@ def run_review(job, clients, store) -> str:
     head = pr.head.sha
     budget = WriteBudget(store, job.installation_id)
     if job.head_sha and job.head_sha != head and job.reason == "command.review" and not _answered(repo, job):
-        # the head moved before this command's first answer: answer on the head as it is now, and remember it
+        # The head moved before this command's first answer (an attempt failed, or died, before completing its
+        # run): close what it left, answer on the head as it is now, and remember that one.
+        _close_superseded(repo, job.head_sha, head, budget)
         store.put(command_head_key(job.installation_id, job.delivery), head, COMMAND_HEAD_TTL)
         job = replace(job, head_sha=head)
     if job.head_sha and job.head_sha != head:
@@ -100,7 +103,7 @@ def run_review(job, clients, store) -> str:
         if token is None:
             raise LockBusy()
         outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login(), store, results_cache(store)).run()
-    metrics.REVIEWS.labels(outcome="done").inc()
+    metrics.REVIEWS.labels(outcome="superseded" if outcome.startswith("superseded") else "done").inc()
     metrics.REVIEW_SECONDS.observe(time.perf_counter() - started)
     return outcome
 
@@ -179,7 +182,9 @@ class ReviewRun:
         if plan.findings_count or existing:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
         # and the push may land while we post: the verdict goes to the head it judged only if it still is
-        complete_check_run(check_run, check_plan, self.budget, newer_head=self.newer_head)
+        newer = complete_check_run(check_run, check_plan, self.budget, newer_head=self.newer_head)
+        if newer:
+            return f"superseded while posting by {newer[:7]}"
         if config.smoke.get("enabled") and self.job.reason.startswith("pull_request."):
             # Pinned to the head just reviewed; the trust policy (author's permission, no forks) is
             # checked by the smoke job, before anything runs.
@@ -265,9 +270,10 @@ class ReviewRun:
 
 
 def complete_check_run(check_run, plan, budget: WriteBudget, newer_head: Optional[Callable[[], Optional[str]]] = None
-                       ) -> None:
-    """``newer_head``: asked right before the completing edit (after any wait for the write budget); a
-    head it names supersedes this run, which then completes neutral instead of judging a stale commit."""
+                       ) -> Optional[str]:
+    """``newer_head``: asked before the completing edit (after any wait for the write budget; PyGithub's
+    pause between writes still comes after it); a head it names supersedes this run, which then completes
+    neutral instead of judging a stale commit. That newer head, if any."""
     chunks = list(compose.batches(plan.annotations)) or [[]]
     for index, chunk in enumerate(chunks):
         output = plan.output(chunk)  # GitHub appends each update's annotations: send each once
@@ -278,8 +284,9 @@ def complete_check_run(check_run, plan, budget: WriteBudget, newer_head: Optiona
                 plan = compose.superseded_plan(check_run.head_sha, newer)
                 output = plan.output([])
             check_run.edit(status="completed", conclusion=plan.conclusion, output=output, actions=[RERUN_ACTION])
-        else:
-            check_run.edit(output=output)
+            return newer
+        check_run.edit(output=output)
+    return None
 
 
 def skip_reason(pr, config: Config) -> Optional[str]:
@@ -300,13 +307,15 @@ def skip_reason(pr, config: Config) -> Optional[str]:
 
 
 CONFIG_SOURCE_TTL = 24 * 3600
+# in the remembered answer's key: a release that looks for other files does not read the old answers
+CONFIG_CANDIDATES_ID = hashlib.sha256("\n".join(CONFIG_FILES_IN_ORDER).encode()).hexdigest()[:8]
 
 
 def load_base_config(repo, base_sha: str, store=None) -> Config:
     """The repository's config from the BASE commit: a PR cannot switch its own checks off. A commit
     never changes, so with ``store`` the file that holds it (or that none does) is asked for once per
     base, not once per job: most repositories have no config, and that costs a request per candidate."""
-    key = f"torchreview:config-source:{repo.full_name}@{base_sha}"
+    key = f"torchreview:config-source:{CONFIG_CANDIDATES_ID}:{repo.full_name}@{base_sha}"
     known = store.get(key) if store is not None else None
     if known is not None:
         name, _, text = known.partition("\n")
@@ -427,9 +436,10 @@ def command_head_key(installation_id: int, trigger: str) -> str:
 
 
 def _answered(repo, job) -> bool:
-    """Whether an earlier attempt of ``job`` created its check run on the head it was pinned to."""
+    """Whether an earlier attempt of ``job`` completed its check run on the head it was pinned to (the
+    review and the summary are posted before the run completes; a run merely created is no answer)."""
     runs = commit_ref(repo, job.head_sha).get_check_runs(check_name=CHECK_NAME, filter="all")
-    return any(run.external_id == job.delivery for run in runs)
+    return any(run.external_id == job.delivery and run.status == "completed" for run in runs)
 
 
 def _close_superseded(repo, old_sha: str, new_sha: str, budget: WriteBudget) -> None:
@@ -484,8 +494,9 @@ def run_command(job: CommandJob, clients, store) -> str:
     if command.name == "review":
         # The head this command reviews is the one its first attempt saw: a retry after a push (the job
         # killed after answering, before its ack) finds its own answer instead of answering again.
-        head = store.keep_first(command_head_key(job.installation_id, job.delivery),
-                                repo.get_pull(job.pull_number).head.sha, COMMAND_HEAD_TTL) if job.delivery else None
+        pin = command_head_key(job.installation_id, job.delivery)
+        head = (store.get(pin) or store.keep_first(pin, repo.get_pull(job.pull_number).head.sha, COMMAND_HEAD_TTL)
+                if job.delivery else None)
         return run_review(ReviewJob(installation_id=job.installation_id, repository=job.repository,
                                     pull_number=job.pull_number, head_sha=head, reason="command.review",
                                     delivery=job.delivery, requested_by=job.requested_by), clients, store)

@@ -22,6 +22,7 @@ TRAIN = 'import torch\n\nstate = torch.load("a.pt", weights_only=False)\n'
 @pytest.fixture(params=["redis", "data-dir"])
 def store(request, tmp_path):
     if request.param == "redis":
+        request.getfixturevalue("redis_client")  # flushed: no other test's write budget for installation 1
         return RedisStore(request.getfixturevalue("redis_url"))
     return SqliteStore(tmp_path / "data" / "state.sqlite")
 
@@ -105,3 +106,28 @@ def test_a_push_landing_while_the_review_posts_leaves_the_run_neutral(command, m
     (run,) = answers(state, pr, job.delivery, first_head)
     assert pushed and run.status == "completed" and run.conclusion == "neutral"
     assert pushed[0][:7] in run.output_summary
+
+
+def test_a_retry_after_a_failed_attempt_and_a_push_answers_on_the_new_head(command, monkeypatch):
+    """An attempt that created its run and failed before completing it (a 502, a rate limit) did not
+    answer: its retry closes that run and reviews the head as it is now."""
+    from bot.pipeline import ReviewRun
+
+    state, pr, job = command["state"], command["pr"], command["job"]
+    first_head = pr.head_sha
+    post_review = ReviewRun.post_review
+
+    def fail_once(self, plan, event):
+        monkeypatch.setattr(ReviewRun, "post_review", post_review)
+        raise ConnectionError("GitHub went away")
+
+    monkeypatch.setattr(ReviewRun, "post_review", fail_once)
+    with pytest.raises(ConnectionError):
+        command["run"]()
+    (unfinished,) = answers(state, pr, job.delivery, first_head)
+    assert unfinished.status == "in_progress"
+    second_head = state.push(pr, {"train.py": TRAIN + "\nx = 1\n"})
+    command["run"]()  # the retry
+    assert unfinished.status == "completed" and unfinished.conclusion == "neutral"
+    (answer,) = answers(state, pr, job.delivery, second_head)
+    assert answer.status == "completed" and answer.conclusion == "failure"

@@ -129,3 +129,44 @@ def test_github_reads_answered_5xx_are_retried_in_place_writes_are_not(emulator,
         gh.get_repo(repo.full_name).create_check_run(name="x", head_sha=repo.branches["main"])
     assert failed.value.status == 502  # not repeated: the task decides, idempotently
     state.faults.clear()
+
+
+def _push(store, sha: str, at: str) -> None:
+    from bot.jobs import remember_head
+
+    remember_head(store, ReviewJob(installation_id=1, repository="o/r", pull_number=2, head_sha=sha,
+                                   reason="pull_request.synchronize", delivery=sha, pr_updated_at=at))
+
+
+def _smoke_comment(store, at: str) -> CommandJob:
+    from bot.jobs import pin_command
+
+    return pin_command(store, CommandJob(installation_id=1, repository="o/r", pull_number=2, delivery="d",
+                                         comment_id=9, command="/review smoke", requested_by="x",
+                                         comment_created_at=at))
+
+
+def test_review_smoke_is_pinned_to_the_newest_head_pushed_before_the_comment(tmp_path):
+    from bot.store import SqliteStore
+
+    store = SqliteStore(tmp_path / "state.sqlite")
+    assert _smoke_comment(store, "2026-01-01T10:00:00Z").head_sha is None  # no push known
+    _push(store, "b" * 40, "2026-01-01T10:05:00Z")
+    _push(store, "a" * 40, "2026-01-01T10:01:00Z")  # an older push delivered late: ignored
+    assert _smoke_comment(store, "2026-01-01T10:06:00Z").head_sha == "b" * 40
+    assert _smoke_comment(store, "2026-01-01T10:05:00Z").head_sha == "b" * 40  # same second: before
+    assert _smoke_comment(store, "2026-01-01T10:04:59Z").head_sha is None  # pushed after the comment
+    assert _smoke_comment(store, "2026-01-01T10:06:00").head_sha == "b" * 40  # no zone: UTC, no error
+
+
+def test_a_head_recorded_by_an_earlier_version_is_still_read(tmp_path):
+    import json
+
+    from bot.jobs import HEAD_TTL
+    from bot.store import SqliteStore
+
+    store = SqliteStore(tmp_path / "state.sqlite")
+    store.put("torchreview:head:o/r#2", json.dumps({"sha": "c" * 40, "at": "2026-01-01T10:00:00+00:00"}), HEAD_TTL)
+    assert _smoke_comment(store, "2026-01-01T10:00:30Z").head_sha == "c" * 40
+    _push(store, "d" * 40, "2026-01-01T10:01:00Z")  # the next push replaces it in the new form
+    assert _smoke_comment(store, "2026-01-01T10:02:00Z").head_sha == "d" * 40
