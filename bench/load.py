@@ -1011,8 +1011,8 @@ async def _open_loop(port: int, requests_bytes: list[bytes], rate: float) -> lis
     class StaleConnection(Exception):
         """A kept-alive connection the server had closed before reading the request."""
 
-    async def exchange(request: bytes) -> int:
-        reused = bool(idle)
+    async def exchange(request: bytes, fresh: bool = False) -> int:
+        reused = bool(idle) and not fresh
         reader, writer = idle.pop() if reused else await asyncio.open_connection("127.0.0.1", port)
         keep = False
         try:
@@ -1042,7 +1042,7 @@ async def _open_loop(port: int, requests_bytes: list[bytes], rate: float) -> lis
             try:
                 status = await asyncio.wait_for(exchange(request), ANSWER_TIMEOUT_S)
             except StaleConnection:  # never read by the server: sending it again cannot make a duplicate
-                status = await asyncio.wait_for(exchange(request), ANSWER_TIMEOUT_S)
+                status = await asyncio.wait_for(exchange(request, fresh=True), ANSWER_TIMEOUT_S)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError,
                 StaleConnection) as exc:
             failures[type(exc).__name__] += 1
