@@ -597,10 +597,12 @@ def test_fixes_of_a_group_far_apart_suggest_the_first_line_and_show_each_other_l
 def test_one_line_with_two_fixable_findings_offers_no_suggestion_and_a_fix_with_one_does():
     source = numbered(10)
     diffs = {"train.py": changed_file("train.py", "", source)}
-    both = [finding(line=4, rule="TR702", fix=Fix(4, 4, "x4 = 5\n")), finding(line=4, rule="TR703", fix=Fix(4, 4, "x4 = 6\n"))]
+    both = [finding(line=4, rule="TR702", fix=Fix(4, 4, "x4 = 5\n")),
+            finding(line=4, rule="TR703", fix=Fix(4, 4, "x4 = 6\n"))]
     [comment] = plan_review(PullRequestAnalysis(both, diffs, {"train.py": source})).comments
     assert "```suggestion" not in comment["body"] and "Fix for line 4" in comment["body"]
-    one = [finding(line=4, rule="TR702", fix=Fix(4, 4, "x4 = 5\n")), finding(line=4, rule="TR703", severity=Severity.LOW)]
+    one = [finding(line=4, rule="TR702", fix=Fix(4, 4, "x4 = 5\n")),
+           finding(line=4, rule="TR703", severity=Severity.LOW)]
     [comment] = plan_review(PullRequestAnalysis(one, diffs, {"train.py": source})).comments
     assert re.findall(r"```suggestion\n(.*?)```", comment["body"], re.S) == ["x4 = 5\n"]
     assert "`TR703`" in comment["body"]
