@@ -23,7 +23,9 @@ label wins, one finding per label, exact lines first), and prints per rule and o
   repository: ``plan_review`` (the bot's own review composition, default settings) gives the inline
   comments (at most ``max_inline_comments``, notebook findings on their line of the .ipynb JSON); the
   other findings (over the limit, or in a notebook cell whose JSON line is unknown) go in its
-  one summary comment.
+  one summary comment. The same again for the findings of the rules 0.1.0 had (``--baseline-rules``,
+  default the 30 rules of torchreview 0.1.0, which ``labels.json`` was made with), so that the comment
+  volume compares with 0.1.0's rule for rule, and a total row.
 
 ``--judgments FILE``: your own verdicts on new findings, a JSON list shaped like ``labels.json``
 (``repo, path, cell, line, rule, verdict``); they are matched the same way and counted like labels.
@@ -48,6 +50,10 @@ from analyzers.engine import analyze_files, discover  # noqa: E402
 from analyzers.model import Finding, Severity  # noqa: E402
 
 VERDICTS = ("TP", "NOISE", "FP")
+# The rules torchreview 0.1.0 had: the comment volume of the same rules compares with its review.
+RULES_0_1_0 = ("TR101", "TR102", "TR103", "TR104", "TR105", "TR106", "TR107", "TR108", "TR201", "TR202", "TR301",
+               "TR302", "TR303", "TR401", "TR402", "TR403", "TR404", "TR405", "TR501", "TR601", "TR602", "TR701",
+               "TR702", "TR703", "TR801", "TR802", "TR803", "TR901", "TR902", "TR951")
 
 
 @dataclass
@@ -82,6 +88,8 @@ class RepoRun:
     files: int = 0
     inline_comments: int = 0
     summary_only: int = 0
+    baseline_findings: int = 0  # of the --baseline-rules
+    baseline_inline_comments: int = 0
 
 
 @dataclass
@@ -133,7 +141,8 @@ def checked_out_commit(root: Path) -> Optional[str]:
 
 # ---- running the engine --------------------------------------------------------------------------
 
-def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1) -> RepoRun:
+def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1,
+                 baseline_rules: Iterable[str] = RULES_0_1_0) -> RepoRun:
     run = RepoRun(repo, commit, root)
     if root is None:
         return run
@@ -141,28 +150,39 @@ def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1) ->
     files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
     result = analyze_files(files, config, jobs)
     run.findings, run.errors, run.files = result.findings, len(result.errors), result.files
-    run.inline_comments, run.summary_only = app_comments(run.findings, files)
+    sources = read_sources(files)
+    run.inline_comments, run.summary_only = app_comments(run.findings, sources)
+    baseline_rules = set(baseline_rules)
+    baseline = [f for f in run.findings if f.rule in baseline_rules]
+    run.baseline_findings = len(baseline)
+    run.baseline_inline_comments, _ = app_comments(baseline, sources)
     return run
 
 
-def app_comments(findings: list[Finding], files: list[tuple[Path, str]]) -> tuple[int, int]:
-    """(inline comments, findings only in the summary) if one PR added every analyzed file."""
-    from bot import review as compose
-
+def read_sources(files: list[tuple[Path, str]]) -> dict[str, str]:
     sources: dict[str, str] = {}
-    diffs = {}
     for path, display in files:
         try:
-            text = path.read_text(encoding="utf-8")
+            sources[display] = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        sources[display] = text
+    return sources
+
+
+def app_comments(findings: list[Finding], sources: dict[str, str]) -> tuple[int, int]:
+    """(inline comments, findings only in the summary) if one PR added every analyzed file; an inline
+    comment may cover several findings (one rule in one file, or one line)."""
+    from bot import review as compose
+
+    diffs = {}
+    for display, text in sources.items():
         lines = frozenset(range(1, len(text.splitlines()) + 1))
         diffs[display] = compose.FileDiff(display, lines, lines, (lines,))
     analysis = compose.PullRequestAnalysis(findings=findings, diffs=diffs, sources=sources,
                                            reviewed_files=list(sources))
     plan = compose.plan_review(analysis, compose.ReviewSettings())
-    return len(plan.comments), plan.findings_count - len(plan.comments)
+    inline = sum(len(compose.parse_fingerprints(comment["body"])) for comment in plan.comments)
+    return len(plan.comments), plan.findings_count - inline
 
 
 # ---- matching ----------------------------------------------------------------------------------
@@ -315,19 +335,28 @@ def severity_lines(matches: list[Match]) -> list[str]:
 def repo_table(runs: list[RepoRun], matches: list[Match], missed: list[Label]) -> list[str]:
     """Labeled verdicts only: a finding that only a judgment covers counts as new here."""
     rows = ["| repository | files | errors | findings | TP | NOISE | FP | new | TP missed | "
-            "App: inline comments | App: summary only |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "App: inline comments | App: summary only | baseline rules: findings | baseline rules: inline comments |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    total = Counter()
     for run in runs:
         if run.root is None:
-            rows.append(f"| {run.repo} | not found | | | | | | | | | |")
+            rows.append(f"| {run.repo} | not found | | | | | | | | | | | |")
             continue
         mine = Counter("new" if m.label is None or m.label.judged else m.label.verdict
                        for m in matches if m.repo == run.repo)
-        lost = sum(1 for lab in missed if lab.repo == run.repo and lab.verdict == "TP" and not lab.judged)
-        rows.append(f"| {run.repo} | {run.files} | {run.errors} | {len(run.findings)} | {mine['TP']} | "
-                    f"{mine['NOISE']} | {mine['FP']} | {mine['new']} | {lost} | {run.inline_comments} | "
-                    f"{run.summary_only} |")
+        mine.update(files=run.files, errors=run.errors, findings=len(run.findings), inline=run.inline_comments,
+                    summary=run.summary_only, base_findings=run.baseline_findings,
+                    base_inline=run.baseline_inline_comments,
+                    lost=sum(1 for lab in missed if lab.repo == run.repo and lab.verdict == "TP" and not lab.judged))
+        rows.append(repo_row(run.repo, mine))
+        total.update(mine)
+    rows.append(repo_row("**all**", total))
     return rows
+
+
+def repo_row(name: str, c: Counter) -> str:
+    return (f"| {name} | {c['files']} | {c['errors']} | {c['findings']} | {c['TP']} | {c['NOISE']} | {c['FP']} | "
+            f"{c['new']} | {c['lost']} | {c['inline']} | {c['summary']} | {c['base_findings']} | {c['base_inline']} |")
 
 
 def location(repo: str, f: Finding) -> str:
@@ -348,6 +377,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--line-tolerance", type=int, default=3, help="max line distance to a label (default 3)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--only", action="append", default=[], help="analyze only this owner/name (repeatable)")
+    parser.add_argument("--baseline-rules", type=lambda text: [r.strip() for r in text.split(",") if r.strip()],
+                        default=list(RULES_0_1_0), metavar="ID,ID,...",
+                        help="rules whose findings and comments are also counted alone (default: 0.1.0's 30)")
     args = parser.parse_args(argv)
 
     repos = read_repos(args.dev_set)
@@ -367,7 +399,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"warning: {repo} not found under {args.repos}; its labels count as missed", file=sys.stderr)
         elif (head := checked_out_commit(root)) and not head.startswith(commit):
             print(f"warning: {repo} is at {head[:12]}, the labels are for {commit[:12]}", file=sys.stderr)
-        run = analyze_repo(repo, commit, root, args.jobs)
+        run = analyze_repo(repo, commit, root, args.jobs, args.baseline_rules)
         runs.append(run)
         found, lost = match(repo, run.findings, labels, args.line_tolerance)
         matches_new = [m for m in found if m.label is None]
@@ -386,7 +418,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("\n".join(rule_table(tally(matches, labels), bool(judgments))))
     print()
     print("\n".join(severity_lines(matches)))
-    print("\nPer repository (App: one PR adding the whole repository, default settings, via plan_review):\n")
+    print("\nPer repository (App: one PR adding the whole repository, default settings, via plan_review; "
+          f"baseline rules: the {len(args.baseline_rules)} of --baseline-rules alone):\n")
     print("\n".join(repo_table(runs, matches, missed)))
 
     if args.list_missed:

@@ -249,18 +249,30 @@ def show_comments(console: Console, comments) -> None:
 MARKER_RE = re.compile(r"\s*<!-- torchreview:[^>]*-->\s*")
 TITLE_RE = re.compile(r"^\S+ \*\*(?:critical|high|medium|low)\*\* · `TR\d+`")
 FENCE_RE = re.compile(r"^(`{3,})suggestion\n(.*?)\n?\1$", re.S)
+LISTED_RE = re.compile(r"^\d+ findings in this file:$")
+LISTED_ITEM_RE = re.compile(r"^- line (\d+): (.*)$")
 
 
 def comment_text(path: str, line: Optional[int], body: str) -> list[tuple[int, Text]]:
     """One inline comment as (indent, line) pairs: location and title, then the message and any
-    suggested change. The hidden fingerprint marker is dropped, and so is the "Why" sentence."""
+    suggested change. The hidden fingerprint marker is dropped, and so is the "Why" sentence. A rule's
+    findings listed line by line (``- line 47: message``) get a location and title each."""
     paragraphs = [p for p in MARKER_RE.sub("\n\n", body).split("\n\n") if p.strip()]
-    lines = [(0, Text.assemble((f"{path}:{line}", "bold cyan"), "  ", inline(paragraphs[0] if paragraphs else "")))]
-    for paragraph in paragraphs[1:]:
+    lines, title, first = [], "", 0
+    if not paragraphs or not TITLE_RE.match(paragraphs[0]):  # a note first: where the finding is, what changed
+        note = paragraphs[0] if paragraphs else ""
+        lines.append((0, Text.assemble((f"{path}:{line}", "bold cyan"), "  ", inline(note))))
+        first = 1
+    for index, paragraph in enumerate(paragraphs[first:], first):
         if paragraph.startswith("**Why:**"):
             continue
-        if TITLE_RE.match(paragraph):  # the next finding of a comment that covers several on this line
-            lines.append((0, Text.assemble((f"{path}:{line}", "bold cyan"), "  ", inline(paragraph))))
+        if TITLE_RE.match(paragraph):  # a finding, or the next one of a comment that covers several
+            title = paragraph
+            listed = index + 1 < len(paragraphs) and LISTED_RE.match(paragraphs[index + 1])
+            where = path if listed else f"{path}:{line}"  # listed: each line of the list says where
+            lines.append((0, Text.assemble((where, "bold cyan"), "  ", inline(paragraph))))
+            continue
+        if LISTED_RE.match(paragraph):
             continue
         fence = FENCE_RE.match(paragraph)
         if fence:
@@ -272,7 +284,12 @@ def comment_text(path: str, line: Optional[int], body: str) -> list[tuple[int, T
                 lines += [(4, label)] + [(6, Text(c, style="green")) for c in code]
             continue
         for item in paragraph.splitlines():
-            lines.append((4, inline("• " + item[2:] if item.startswith("- ") else item)))
+            at = LISTED_ITEM_RE.match(item)
+            if at and title:
+                lines.append((0, Text.assemble((f"{path}:{at.group(1)}", "bold cyan"), "  ", inline(title), " ",
+                                               inline(at.group(2)))))
+            else:
+                lines.append((4, inline("• " + item[2:] if item.startswith("- ") else item)))
     return lines
 
 

@@ -353,8 +353,8 @@ def plan_review(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSettin
     """The review to post. Findings whose fingerprint is in ``posted`` already have a comment from an
     earlier run: they are not commented again and do not use up the inline limit.
 
-    Each thing is said once: findings of one rule repeated in a file (or on consecutive lines) share one
-    comment that lists their lines, and the findings that land on the same line share one comment."""
+    Each thing is said once: the findings of one rule in one file share one comment that lists their lines,
+    and the findings that land on the same line share one comment (see :func:`group_findings`)."""
     try:
         return _plan_review(pr, settings, posted)
     finally:
@@ -384,8 +384,11 @@ def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: froz
         if where is None:
             unplaceable.extend(group)
             continue
-        if len(group) > 1:
-            where = Placement(where.line, where.line, note=where.note)  # a shared comment suggests no one fix
+        suggested = [anchor] if where.suggestion is not None else []
+        if len(group) > 1 and where.note is None and anchor is group[0]:
+            merged = group_suggestion(group, diff, source)
+            if merged is not None:
+                where, suggested = merged  # one suggestion fixes the group's first lines together
         same_line = by_line.get((anchor.path, where.line))
         if same_line is not None:
             same_line.add(group)  # one comment per line, listing every finding on it
@@ -393,7 +396,7 @@ def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: froz
         if len(comments) >= settings.max_inline_comments:
             overflow.extend(group)
             continue
-        plan = CommentPlan(anchor.path, where)
+        plan = CommentPlan(anchor.path, where, suggested=suggested)
         plan.add(group)
         comments.append(plan)
         by_line[(anchor.path, where.line)] = plan
@@ -403,49 +406,69 @@ def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: froz
                       blocking=any(f.severity >= settings.fail_on for f in findings))
 
 
-# A rule repeated this often in one file is one comment with the list of lines (171 ``Variable(...)`` lines
-# are one thing to fix, not 171 comments).
-REPEATS_PER_COMMENT = 4
+# A group's first fixes become one committable suggestion as long as they cover this many lines at most (with
+# the unchanged lines between them); the fixes farther on are shown line by line in the comment.
+MAX_GROUP_SUGGESTION_LINES = 12
+# Fixes shown one by one in a group's comment; `torchreview check --fix` applies the rest.
+MAX_LISTED_FIXES = 10
+# A group's findings whose messages differ are listed with their messages up to this many, then by line.
+MAX_LISTED_MESSAGES = 20
 
 
 def group_findings(findings: Sequence[Finding]) -> list[list[Finding]]:
-    """Findings that are one thing to say: a rule repeated in a file (``REPEATS_PER_COMMENT`` or more), or
-    on consecutive lines. In the order of each group's most severe finding."""
-    by_rule: dict[tuple[str, Optional[int], str], list[Finding]] = {}
+    """Findings that are one thing to say: every finding of one rule in one file (a notebook's cells are
+    one file), in line order. Groups come in the order of their most severe finding."""
+    by_rule: dict[tuple[str, str], list[Finding]] = {}
     for finding in findings:
-        by_rule.setdefault((finding.path, finding.cell, finding.rule), []).append(finding)
-    groups: list[list[Finding]] = []
-    for same in by_rule.values():
-        same.sort(key=lambda f: (f.line, f.column))
-        if len(same) >= REPEATS_PER_COMMENT:
-            groups.append(same)
-            continue
-        run = [same[0]]
-        for finding in same[1:]:
-            if finding.line - run[-1].end_line <= 1:
-                run.append(finding)  # the same finding on consecutive lines
-            else:
-                groups.append(run)
-                run = [finding]
-        groups.append(run)
+        by_rule.setdefault((finding.path, finding.rule), []).append(finding)
+    groups = [sorted(same, key=lambda f: (f.cell or 0, f.line, f.column)) for same in by_rule.values()]
     return sorted(groups, key=lambda g: min(severity_order(f) for f in g))
+
+
+def group_suggestion(group: Sequence[Finding], diff: FileDiff,
+                     source: Optional[str]) -> Optional[tuple[Placement, list[Finding]]]:
+    """One suggestion that applies the fixes of a group's first findings together (four ``torch.load``
+    lines in a row: one committable change), and the findings it fixes; None when fewer than two fixes lie
+    within ``MAX_GROUP_SUGGESTION_LINES`` of the first, in one hunk."""
+    if source is None or is_notebook_finding(group[0]):
+        return None  # a notebook's fix is JSON strings of one cell: placement() makes it, for one line
+    cluster: list[Finding] = []
+    for finding in group:
+        fix = finding.fix
+        if fix is None or (cluster and (fix.start_line <= cluster[-1].fix.end_line  # overlapping: one moves the other
+                                        or fix.end_line - cluster[0].fix.start_line >= MAX_GROUP_SUGGESTION_LINES)):
+            break
+        cluster.append(finding)
+    if len(cluster) < 2:
+        return None
+    start, end = cluster[0].fix.start_line, cluster[-1].fix.end_line
+    if not suggestion_fits(Fix(start, end, ""), diff, source):
+        return None
+    lines = source.splitlines(keepends=True)[start - 1:end]
+    for fix in reversed([f.fix for f in cluster]):  # from the bottom, so the line numbers above stay valid
+        lines[fix.start_line - start:fix.end_line - start + 1] = fix.replacement.splitlines(keepends=True)
+    return Placement(start, end, Fix(start, end, "".join(lines), all(f.fix.safe for f in cluster))), cluster
 
 
 @dataclass
 class CommentPlan:
-    """One inline comment: one or more groups of findings placed on one line."""
+    """One inline comment: one or more groups of findings placed on one line. ``suggested``: the findings
+    (of the first group) that the placement's committable suggestion fixes."""
 
     path: str
     where: Placement
     groups: list[list[Finding]] = field(default_factory=list)
+    suggested: Sequence[Finding] = ()
 
     def add(self, group: list[Finding]) -> None:
-        self.groups.append(group)
-        if len(self.groups) > 1 or len(group) > 1:  # several things: no one suggestion
+        if self.groups and any(f.fix is not None for f in group):
+            # two groups with fixes on one line: their suggestions would overlap, so neither is committable
             self.where = Placement(self.where.line, self.where.line, note=self.where.note)
+            self.suggested = ()
+        self.groups.append(group)
 
     def to_comment(self, digests: Mapping[Finding, str]) -> dict:
-        body = group_comment_body(self.groups, digests, self.where.suggestion)
+        body = group_comment_body(self.groups, digests, self.where.suggestion, self.suggested)
         if self.where.note:
             body = f"{message(self.where.note)}:\n\n{body}"
         comment = {"path": self.path, "line": self.where.line, "side": "RIGHT", "body": body}
@@ -455,24 +478,33 @@ class CommentPlan:
 
 
 def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Finding, str],
-                       suggestion: Optional[Fix] = None) -> str:
+                       suggestion: Optional[Fix] = None, suggested: Sequence[Finding] = ()) -> str:
+    """The body of a comment covering ``groups`` (each one rule's findings in one file). ``suggestion``
+    (committable) fixes the ``suggested`` findings, all of the first group; the other findings' fixes are
+    shown line by line."""
     if len(groups) == 1 and len(groups[0]) == 1:
         finding = groups[0][0]
         return comment_body(finding, digests[finding], suggestion)
     parts: list[str] = []
-    for group in groups:
+    for index, group in enumerate(groups):
         first = group[0]
         if parts:
             parts.append("")
         parts += [f"{SEVERITY_BADGES[max(f.severity for f in group)]} · {code_span(first.rule)} "
-                  f"{literal(first.slug)}", "", message(first.message)]
-        if len(group) > 1:
-            lines = ", ".join(str(f.line) for f in group)
-            where = f"cell {first.cell}, " if first.cell is not None else ""
-            parts += ["", f"The same {'finding' if len(group) == 2 else 'pattern'} on {where}lines {lines} "
-                          f"({len(group)} in this file)."]
-            if all(f.fix is not None for f in group):
-                parts += ["", "Each has a mechanical fix: `torchreview check --fix` applies them all."]
+                  f"{literal(first.slug)}", ""]
+        if len({f.message for f in group}) == 1:
+            parts.append(message(first.message))
+            if len(group) > 1:
+                parts += ["", f"The same {'finding' if len(group) == 2 else 'pattern'} on "
+                              f"{line_list(group)} ({len(group)} in this file)."]
+        else:
+            shown = group[:MAX_LISTED_MESSAGES]
+            parts += [f"{len(group)} findings in this file:", ""]
+            parts += [f"- {line_name(f)}: {message(f.message)}" for f in shown]
+            if len(group) > len(shown):
+                parts.append(f"- and the same on {line_list(group[len(shown):])}")
+        mine = suggested if index == 0 and suggestion is not None else ()
+        parts += group_fixes(group, suggestion if mine else None, mine)
         why = rule_why(first)
         if why:
             parts += ["", f"**Why:** {message(why)}"]
@@ -480,6 +512,36 @@ def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Fin
     parts += ["", FEEDBACK_HOWTO]
     body = hard_cap("\n".join(parts), MAX_MARKDOWN_CHARS - 100 * (len(members) + 2))
     return body + "\n\n" + fingerprint_markers(members, digests)
+
+
+def line_name(finding: Finding) -> str:
+    return f"cell {finding.cell}, line {finding.line}" if finding.cell is not None else f"line {finding.line}"
+
+
+def line_list(group: Sequence[Finding]) -> str:
+    """``lines 3, 9, 15``; in a notebook ``cell 2, lines 3, 9; cell 5, line 1``."""
+    by_cell: dict[Optional[int], list[int]] = {}
+    for finding in group:
+        by_cell.setdefault(finding.cell, []).append(finding.line)
+    return "; ".join((f"cell {cell}, " if cell is not None else "") + ("lines " if len(lines) > 1 else "line ")
+                     + ", ".join(map(str, lines)) for cell, lines in by_cell.items())
+
+
+def group_fixes(group: Sequence[Finding], suggestion: Optional[Fix], suggested: Sequence[Finding]) -> list[str]:
+    """A group's mechanical fixes: the committable suggestion, then the fix of each other line."""
+    fixed = [f for f in group if f.fix is not None]
+    if not fixed:
+        return []
+    parts: list[str] = []
+    if suggestion is not None:
+        parts += ["", f"Suggested change ({line_list(suggested)}):", "", suggestion_block(suggestion.replacement)]
+    rest = [f for f in fixed if f not in suggested]
+    for finding in rest[:MAX_LISTED_FIXES]:
+        parts += ["", f"Fix for {line_name(finding)}:", "", code_block(finding.fix.replacement, "python")]
+    if rest:
+        command = "torchreview check --fix" + ("" if all(f.fix.safe for f in fixed) else " --unsafe-fixes")
+        parts += ["", f"`{command}` applies {'it' if len(fixed) == 1 else f'all {len(fixed)}'}."]
+    return parts
 
 
 def no_issues_verdict(pr: PullRequestAnalysis) -> str:

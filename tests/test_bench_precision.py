@@ -134,8 +134,13 @@ def test_main_prints_rule_repository_and_severity_tables(precision, dev_set, cap
     assert "| TR601 | 2/3 | 1/1 | 0/1 | 0 | 0/0/0/0 | 67% | 67% |" in out
     assert "| TR202 | 0/0 | 0/0 | 0/1 | 1 | 0/1/0/0 | 0% | 0% |" in out
     assert "| **all** | 2/3 | 1/1 | 0/3 | 1 | 0/1/0/0 | 50% | 50% |" in out
-    # three inline comments on train.py and one on the notebook's JSON line (the PR adds every line)
-    assert "| acme/toy | 2 | 0 | 4 | 2 | 1 | 0 | 1 | 1 | 4 | 0 |" in out
+    # two inline comments on train.py (its two TR601 share one) and one on the notebook's JSON line (the PR
+    # adds every line); all four findings are of 0.1.0's rules, and with --baseline-rules TR202 only one is
+    assert "| acme/toy | 2 | 0 | 4 | 2 | 1 | 0 | 1 | 1 | 3 | 0 | 4 | 3 |" in out
+    assert "| **all** | 2 | 0 | 4 | 2 | 1 | 0 | 1 | 1 | 3 | 0 | 4 | 3 |" in out
+    precision.main(["--dev-set", str(dev), "--repos", str(repos), "--line-tolerance", "0",
+                    "--baseline-rules", "TR202"])
+    assert "| acme/toy | 2 | 0 | 4 | 2 | 1 | 0 | 1 | 1 | 3 | 0 | 1 | 1 |" in capsys.readouterr().out
     # severities now: TR601 critical (args.ckpt), high (best.pt) and the notebook's; TR202 medium.
     assert "high/critical severity (as reported now): 3 findings: TP 2, NOISE 1, FP 0, unjudged 0" in out
     assert "acme/toy train.py:40 TR601" in out  # the missed TP

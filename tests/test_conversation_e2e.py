@@ -7,11 +7,17 @@ from bot.conversation import SUMMARY_MARKER
 from github_emulator.webhooks import issue_comment_payload, real_payload
 from tests.conftest import completed_run, deliver, new_repo, pr_payload, wait_for
 
-# Three findings apart from each other: three comments (neighbouring identical findings would share one).
-THREE = 'import torch\n\na = torch.load("a.pt")\n\nb = torch.load("b.pt")\n\nc = torch.load("c.pt")\n'
-FIX_B_ADD_D = ('import torch\n\na = torch.load("a.pt")\n\nb = torch.load("b.pt", weights_only=True)\n\n'
-               'c = torch.load("c.pt")\n\nd = torch.load("d.pt")\n')
-MOVED = "# a comment\n# and another\n\n" + FIX_B_ADD_D
+
+
+def loads(*names: str, weights_only: bool = False) -> dict[str, str]:
+    keyword = ", weights_only=True" if weights_only else ""
+    return {f"{n}.py": f'import torch\n\n{n} = torch.load("{n}.pt"{keyword})\n' for n in names}
+
+
+# Three findings in three files: three comments (one rule's findings in one file would share one).
+THREE = loads("a", "b", "c")
+FIX_B_ADD_D = {**loads("b", weights_only=True), **loads("d")}
+MOVED = {path: "# a comment\n# and another\n\n" + text for path, text in {**THREE, **FIX_B_ADD_D}.items()}
 
 
 def bot_comments(state, pr):
@@ -25,27 +31,27 @@ def summary_comments(state, pr):
 def test_pushes_comment_only_new_findings_and_resolve_fixed_ones(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
     first = bot_comments(state, pr)
-    assert sorted(c.line for c in first) == [3, 5, 7]
+    assert sorted((c.path, c.line) for c in first) == [("a.py", 3), ("b.py", 3), ("c.py", 3)]
     assert len(summary_comments(state, pr)) == 1
 
-    head = state.push(pr, {"train.py": FIX_B_ADD_D})
+    head = state.push(pr, FIX_B_ADD_D)
     deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
     completed_run(state, head)
     after = bot_comments(state, pr)
     assert len(after) == 4  # exactly one new comment, nothing re-posted
     (new,) = [c for c in after if c.id not in {f.id for f in first}]
-    assert new.line == 9 and 'torch.load("d.pt")' in new.body
+    assert (new.path, new.line) == ("d.py", 3) and 'torch.load("d.pt")' in new.body
     resolved = [t for t in state.threads_for(pr) if t.is_resolved]
-    assert [state.thread_comments(t)[0].line for t in resolved] == [5]  # b's thread: fixed
+    assert [state.thread_comments(t)[0].path for t in resolved] == ["b.py"]  # b's thread: fixed
     assert len(summary_comments(state, pr)) == 1  # edited in place, not re-posted
     assert len(state.reviews_for(pr)) == 2
 
     # An unrelated edit moves every line down: no duplicates, nothing resolved.
-    head = state.push(pr, {"train.py": MOVED})
+    head = state.push(pr, MOVED)
     deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
     completed_run(state, head)
     assert len(bot_comments(state, pr)) == 4
@@ -56,18 +62,17 @@ def test_pushes_comment_only_new_findings_and_resolve_fixed_ones(stack):
 def test_cleanup_delete_removes_unanswered_comments_only(stack):
     state = stack["state"]
     repo, name = new_repo(state, {}, {".github/torchreview.yml": "cleanup: delete\n"})
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
-    comments = {c.line: c for c in bot_comments(state, pr)}
-    state.reply_to_review_comment(comments[3].id, "Intentional: trusted file.", user="alice")
-    fixed = THREE.replace('"a.pt")', '"a.pt", weights_only=True)').replace('"b.pt")', '"b.pt", weights_only=True)')
-    head = state.push(pr, {"train.py": fixed})
+    comments = {c.path: c for c in bot_comments(state, pr)}
+    state.reply_to_review_comment(comments["a.py"].id, "Intentional: trusted file.", user="alice")
+    head = state.push(pr, loads("a", "b", weights_only=True))
     deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
     completed_run(state, head)
-    remaining = {c.line for c in bot_comments(state, pr)}
-    assert remaining == {3, 7}  # b (no reply) deleted; a kept (alice replied) and resolved
-    assert any(t.is_resolved and state.thread_comments(t)[0].line == 3 for t in state.threads_for(pr))
+    remaining = {c.path for c in bot_comments(state, pr)}
+    assert remaining == {"a.py", "c.py"}  # b (no reply) deleted; a kept (alice replied) and resolved
+    assert any(t.is_resolved and state.thread_comments(t)[0].path == "a.py" for t in state.threads_for(pr))
     assert any(c.user.login == "alice" for c in state.review_comments_for(pr))  # never touches others' comments
 
 
@@ -75,7 +80,7 @@ def test_review_command_from_read_only_user_is_refused(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
     state.add_collaborator(repo, "reader", role="read")
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     data = issue_comment_payload(state, pr, "/review", user="reader", author_association="COLLABORATOR")
     comment = state.issue_comments[data["comment"]["id"]]
     assert deliver(stack, "issue_comment", data).status_code == 202
@@ -90,7 +95,7 @@ def test_review_command_by_collaborator_runs_and_acknowledges(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
     state.add_collaborator(repo, "maintainer", role="write")
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     data = issue_comment_payload(state, pr, "/review", user="maintainer", author_association="NONE")
     comment = state.issue_comments[data["comment"]["id"]]
     assert deliver(stack, "issue_comment", data).status_code == 202
@@ -102,7 +107,7 @@ def test_review_command_by_collaborator_runs_and_acknowledges(stack):
 def test_review_config_and_help_commands(stack):
     state = stack["state"]
     repo, name = new_repo(state, {}, {".github/torchreview.yml": "fail_on: medium\nrules:\n  ignore: [TR105]\n"})
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review config", user="octo-maintainer"))
     reply = wait_for(lambda: [c for c in state.issue_comments_for(pr) if "fail_on" in c.body], 60, "the config reply")
     assert "medium" in reply[0].body and ".github/torchreview.yml" in reply[0].body
@@ -116,8 +121,8 @@ def test_review_config_and_help_commands(stack):
 def test_a_rule_disabled_on_the_base_branch_stays_disabled_and_the_pr_cannot_disable(stack):
     state = stack["state"]
     repo, name = new_repo(state, {}, {".github/torchreview.yml": "rules:\n  ignore: [TR601]\n"})
-    code = THREE + "model = Net()\ntorch.save(model, 'm.pt')\n"
-    pr = state.open_pull_request(repo, {"train.py": code,
+    code = "import torch\n\nmodel = Net()\ntorch.save(model, 'm.pt')\n"
+    pr = state.open_pull_request(repo, {**THREE, "train.py": code,
                                         ".github/torchreview.yml": "rules:\n  ignore: [TR601, TR602]\n"})
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
@@ -128,7 +133,7 @@ def test_a_rule_disabled_on_the_base_branch_stays_disabled_and_the_pr_cannot_dis
 def test_invalid_config_names_the_line(stack):
     state = stack["state"]
     repo, name = new_repo(state, {}, {".github/torchreview.yml": "fail_on: high\nskip:\n  drafts: maybe\n"})
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     run = completed_run(state, pr.head_sha)
     assert run.conclusion in {"failure", "action_required"}
@@ -145,17 +150,17 @@ def test_two_hundred_findings(stack):
     run = completed_run(state, pr.head_sha, timeout=120)
     # one thing repeated 200 times is one comment that lists the lines, not 200 (nor 30) comments
     (comment,) = bot_comments(state, pr)
-    assert "(200 in this file)" in comment.body
+    assert "200 findings in this file" in comment.body
     assert len(run.annotations) == 200
 
 
 def test_two_rapid_pushes_only_the_latest_head_is_reviewed(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     first = pr.head_sha
     first_payload = pr_payload("synchronize", name, pr)
-    second = state.push(pr, {"train.py": FIX_B_ADD_D})
+    second = state.push(pr, FIX_B_ADD_D)
     deliver(stack, "pull_request", first_payload)  # arrives late, after the second push
     deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
     completed_run(state, second)
@@ -167,11 +172,11 @@ def test_two_rapid_pushes_only_the_latest_head_is_reviewed(stack):
 def test_skip_label_and_drafts(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"train.py": THREE}, labels=["torchreview:skip"])
+    pr = state.open_pull_request(repo, THREE, labels=["torchreview:skip"])
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    pr2 = state.open_pull_request(repo, {"train.py": THREE}, head="other", title="WIP [skip torchreview]")
+    pr2 = state.open_pull_request(repo, THREE, head="other", title="WIP [skip torchreview]")
     deliver(stack, "pull_request", pr_payload("opened", name, pr2))
-    draft = state.open_pull_request(repo, {"train.py": THREE + "# draft\n"}, head="draft", draft=True)
+    draft = state.open_pull_request(repo, {**THREE, "draft.py": "# draft\n"}, head="draft", draft=True)
     deliver(stack, "pull_request", pr_payload("opened", name, draft))
     time.sleep(3)
     assert [state.check_runs_for(p.head_sha) for p in (pr, pr2, draft)] == [[], [], []]
@@ -184,7 +189,7 @@ def test_skip_label_and_drafts(stack):
 def test_rerun_button(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"train.py": THREE})
+    pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     run = completed_run(state, pr.head_sha)
     assert [a["identifier"] for a in run.actions] == ["rerun"]

@@ -11,7 +11,8 @@ from pathlib import Path
 from tests.conftest import completed_run, deliver, new_repo, pr_payload, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-TWO = 'import torch\n\na = torch.load("a.pt")\n\nb = torch.load("b.pt")\n'
+# two findings in two files: two comments (one rule's findings in one file would share one)
+TWO = {f"{n}.py": f'import torch\n\n{n} = torch.load("{n}.pt")\n' for n in ("a", "b")}
 
 
 def bot_comments(state, pr):
@@ -28,17 +29,17 @@ def export(stack) -> dict:
 def test_thumbs_down_and_false_positive_replies_are_recorded_once_and_summarized(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"load.py": TWO})
+    pr = state.open_pull_request(repo, TWO)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
-    first, second = sorted(bot_comments(state, pr), key=lambda c: c.line)
+    first, second = sorted(bot_comments(state, pr), key=lambda c: c.path)
     assert "/review false-positive" in first.body and "👎" in first.body  # every comment says how
 
     state.react_to_review_comment(first.id, "-1", user="alice")
     state.react_to_review_comment(first.id, "+1", user="bob")  # not a verdict
     state.reply_to_review_comment(second.id, "/review false-positive we wrote b.pt ourselves", user="alice")
     state.reply_to_review_comment(second.id, "thanks, fixing", user="bob")  # not a verdict either
-    head = state.push(pr, {"load.py": TWO + "\nc = 1\n"})
+    head = state.push(pr, {"b.py": TWO["b.py"] + "\nc = 1\n"})
     deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
     run = completed_run(state, head)
     assert "2 of torchreview's past comments on this repository were marked wrong" in run.output_summary

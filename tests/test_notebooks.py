@@ -111,6 +111,32 @@ def test_syntax_errors_are_on_the_cells_own_line_and_column():
                          "cell 3, line 2, column 8: invalid syntax"]
 
 
+
+TRAIN_FUNCTION = """\
+import torch
+from torchvision import datasets
+
+loader = torch.utils.data.DataLoader(datasets.MNIST("data", train=True, download=True), batch_size=64)
+
+
+def train(model, optimizer, epochs):
+    for epoch in range(epochs):
+        for images, labels in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+"""
+
+
+def test_an_exercise_notebook_trains_even_when_the_cell_that_calls_train_has_blanks():
+    nb = notebook(("markdown", "# Train a classifier"), ("code", TRAIN_FUNCTION),
+                  ("code", "## TODO: choose the number of epochs\nepochs = \n\ntrain(model, optimizer, epochs)\n"))
+    assert where(nb) == [("TR901", 2, 12, 13), "cell 3, line 2, column 10: invalid syntax"]
+    # the same function in a module that nothing runs is a library: seeding is its caller's business
+    assert [f.rule for f in analyze_text(TRAIN_FUNCTION, "helpers.py", Config()).findings] == []
+
+
 # ---- size: the code, not the outputs -----------------------------------------------------------
 
 def _image_output(size: int) -> dict:

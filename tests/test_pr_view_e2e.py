@@ -1,6 +1,9 @@
 """What reaches the pull request: every bug the change causes, each said once (end to end, emulator)."""
 from __future__ import annotations
 
+import re
+
+from bot.review import parse_fingerprints
 from tests.conftest import completed_run, deliver, new_repo, pr_payload
 
 TRAIN = """\
@@ -115,3 +118,91 @@ def test_the_model_defined_in_another_file_of_the_repository_is_known(stack):
     (comment,) = bot_comments(state, pr)
     assert "`TR402`" in comment.body and "Discriminator.forward returns sigmoid" in comment.body
     assert comment.line == 7
+
+
+def suggestion_of(body: str) -> str:
+    return re.search(r"```suggestion\n(.*?)```", body, re.S).group(1)
+
+
+def applied(source: str, comment) -> str:
+    """``source`` after committing the comment's suggestion (it replaces lines start_line..line)."""
+    lines = source.splitlines(keepends=True)
+    start = comment.start_line or comment.line
+    return "".join(lines[:start - 1]) + suggestion_of(comment.body) + "".join(lines[comment.line:])
+
+
+VARIABLES = "import torch\nfrom torch.autograd import Variable\n\n" + "".join(
+    f"x{n} = Variable(torch.zeros({n}))\n" for n in range(1, 101))
+
+
+def test_a_file_with_100_variable_lines_gets_one_comment_that_lists_them_all(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"tensors.py": VARIABLES})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    run = completed_run(state, pr.head_sha)
+    (comment,) = bot_comments(state, pr)
+    assert "`TR803`" in comment.body and "100 findings in this file" in comment.body
+    assert "lines 24, 25" in comment.body and "103" in comment.body  # past the listed messages: every line
+    assert len(parse_fingerprints(comment.body)) == 100 and len(run.annotations) == 100
+    # the first lines' fixes are one committable suggestion, the comment's range; the others name --fix
+    assert (comment.start_line, comment.line) == (4, 15)
+    fixed = applied(VARIABLES, comment)
+    assert "x1 = torch.zeros(1)\n" in fixed and "x12 = torch.zeros(12)\n" in fixed
+    assert "x13 = Variable(torch.zeros(13))" in fixed
+    compile(fixed, "tensors.py", "exec")
+    assert "`torchreview check --fix` applies all 100." in comment.body
+
+
+DATALOADER = """\
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+torch.manual_seed(0)
+train_set = datasets.ImageFolder("data/train", transform=transforms.RandomResizedCrop(224))
+loader = DataLoader(train_set, batch_size=64, shuffle=True)
+model = torch.nn.Linear(3, 2).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    x, y = x.cuda(), y.cuda()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_dataloader_line_with_two_findings_gets_one_comment(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"train.py": DATALOADER})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    (comment,) = bot_comments(state, pr)
+    assert comment.line == 7 and "`TR702`" in comment.body and "`TR703`" in comment.body
+    assert len(parse_fingerprints(comment.body)) == 2
+
+
+LOADS = "import argparse\n\nimport torch\n\nargs = argparse.ArgumentParser().parse_args()\n" + "".join(
+    f"features{n} = torch.load(args.features{n})\n" for n in range(1, 5)) + "\nprint(features1)\n"
+
+
+def test_four_loads_in_a_row_are_one_comment_whose_suggestion_fixes_all_and_resolves_it(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"eval.py": LOADS})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    (comment,) = bot_comments(state, pr)
+    assert (comment.start_line, comment.line) == (6, 9) and "lines 6, 7, 8, 9" in comment.body
+    fixed = applied(LOADS, comment)
+    assert fixed.count("weights_only=True") == 4
+    compile(fixed, "eval.py", "exec")
+
+    head = state.push(pr, {"eval.py": fixed}, message="Apply suggestion from torchreview")
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    assert completed_run(state, head).conclusion == "success"
+    assert len(bot_comments(state, pr)) == 1  # nothing new to say
+    (thread,) = state.threads_for(pr)
+    assert thread.is_resolved  # every finding the comment covered is gone

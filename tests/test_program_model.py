@@ -127,6 +127,51 @@ def test_checkpoint_payloads_say_whether_weights_only_can_load_them():
                                            {Payload.MODULE}, {Payload.TENSORS, Payload.NAMESPACE}, {Payload.NUMPY}]
 
 
+
+RESUME_THEN_TRAIN = """
+    import os
+    import torch
+    out_dir = "out"
+    exec(open("configurator.py").read())  # any global may come from the command line
+    {load}
+    for step in range(100):
+        torch.save(checkpoint, os.path.join(out_dir, "ckpt.pt"))
+    {after}
+"""
+
+
+@pytest.mark.parametrize("load, after, self_written", [
+    # a resume before the loop that writes the file: from an earlier run, wherever out_dir points
+    ('checkpoint = torch.load(os.path.join(out_dir, "ckpt.pt"))', "", False),
+    ('ckpt_path = os.path.join(out_dir, "ckpt.pt")\n    checkpoint = torch.load(ckpt_path)', "", False),
+    # the best checkpoint reloaded after the loop saved it
+    ("", 'model.load_state_dict(torch.load(os.path.join(out_dir, "ckpt.pt")))', True),
+    # a cache: load it when it exists, else build and save it
+    ('if os.path.exists(os.path.join(out_dir, "ckpt.pt")):\n        checkpoint = torch.load('
+     'os.path.join(out_dir, "ckpt.pt"))\n    else:\n        torch.save(build(), os.path.join(out_dir, "ckpt.pt"))',
+     "", True),
+    # a helper: when it runs is not known here
+    ('def resume():\n        return torch.load(os.path.join(out_dir, "ckpt.pt"))', "", True),
+])
+def test_a_checkpoint_counts_as_self_written_only_when_it_can_be_saved_before_the_load(load, after, self_written):
+    ctx = context(RESUME_THEN_TRAIN.format(load=load, after=after))
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    path = call.args[0].value
+    assert ctx.facts(CheckpointWrites).written_before_loaded(path, ctx.origin(path)) is self_written
+
+
+def test_a_load_in_the_loop_that_saves_reads_the_previous_iterations_file():
+    ctx = context("""
+        import torch
+        for epoch in range(3):
+            if epoch:
+                model.load_state_dict(torch.load("last.pt"))
+            torch.save(model.state_dict(), "last.pt")
+    """)
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None)
+
+
 # ---- the repository index ------------------------------------------------------------------------------
 
 MODEL = """\

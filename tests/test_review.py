@@ -149,7 +149,7 @@ def test_45_findings_give_30_inline_comments_most_severe_first_and_15_in_the_bod
 
 def test_finding_outside_the_diff_is_not_inline(edited_file):
     source, diffs = edited_file
-    outside = finding(line=10, message="far away")
+    outside = finding(line=10, rule="TR202", message="far away")  # another rule: not grouped with line 50's
     inside = finding(line=50)
     sources = {"train.py": source}
 
@@ -498,14 +498,27 @@ def test_smoke_results_render_runner_and_pr_text_literally():
 def test_a_rule_repeated_on_100_lines_is_one_comment_listing_them():
     source = numbered(120)
     diffs = {"train.py": changed_file("train.py", "", source)}
-    findings = [finding(line=n, rule="TR803", severity=Severity.LOW) for n in range(5, 205, 2) if n <= 120]
+    lines = [n for n in range(5, 120, 2)]
+    findings = [finding(line=n, rule="TR803", severity=Severity.LOW, message="Variable is a no-op") for n in lines]
     plan = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}))
     assert len(plan.comments) == 1
     [comment] = plan.comments
     assert comment["line"] == 5
-    assert f"({len(findings)} in this file)" in comment["body"]
+    assert f"on lines {', '.join(map(str, lines))} ({len(findings)} in this file)" in comment["body"]
     assert set(parse_fingerprints(comment["body"])) == set(plan.fingerprints)
     assert_valid_review(plan, diffs)
+
+
+def test_a_repeated_rule_with_different_messages_lists_each_line_with_its_message():
+    source = numbered(60)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    findings = [finding(line=n, rule="TR803", severity=Severity.LOW) for n in range(1, 51, 2)]  # "... at line N"
+    [comment] = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source})).comments
+    text = render(comment["body"]).text
+    assert "25 findings in this file" in text
+    assert all(f"line {n}: {findings[0].slug} at line {n}" in text for n in range(1, 41, 2))
+    assert "and the same on lines 41, 43, 45, 47, 49" in text  # past the listed messages: by line
+    assert len(parse_fingerprints(comment["body"])) == 25
 
 
 def test_two_findings_on_one_line_are_one_comment_with_both():
@@ -521,23 +534,85 @@ def test_two_findings_on_one_line_are_one_comment_with_both():
     assert "TR702" in rendered.text and "TR703" in rendered.text
 
 
-def test_identical_findings_on_consecutive_lines_merge_and_distant_ones_do_not():
+def test_a_rule_found_twice_in_a_file_is_one_comment_whether_the_lines_touch_or_not():
     source = numbered(40)
+    diffs = {"eval.py": changed_file("eval.py", "", source), "other.py": changed_file("other.py", "", source)}
+    sources = {"eval.py": source, "other.py": source}
+    same = dict(rule="TR601", severity=Severity.CRITICAL, message="unsafe load")
+    for lines in ((22, 23), (10, 35)):
+        plan = plan_review(PullRequestAnalysis([finding("eval.py", line=n, **same) for n in lines], diffs, sources))
+        assert [c["line"] for c in plan.comments] == [lines[0]]
+        assert f"lines {lines[0]}, {lines[1]} (2 in this file)" in plan.comments[0]["body"]
+    # another file, or another rule, is another comment
+    plan = plan_review(PullRequestAnalysis([finding("eval.py", line=10, **same), finding("other.py", line=12, **same),
+                                            finding("eval.py", line=30, rule="TR202")], diffs, sources))
+    assert sorted((c["path"], c["line"]) for c in plan.comments) == [("eval.py", 10), ("eval.py", 30),
+                                                                     ("other.py", 12)]
+
+
+def loads(count: int, first: int = 1) -> str:
+    return "".join(f"s{n} = torch.load(p{n})\n" for n in range(first, first + count))
+
+
+def load_fix(line: int) -> Fix:
+    return Fix(line, line, f"s{line} = torch.load(p{line}, weights_only=True)\n", safe=False)
+
+
+def test_fixes_of_a_group_on_neighbouring_lines_are_one_committable_suggestion():
+    source = "import torch\n" + loads(4, first=2) + "x = 1\n" + loads(2, first=7)
     diffs = {"eval.py": changed_file("eval.py", "", source)}
-    consecutive = [finding("eval.py", line=n, rule="TR601", severity=Severity.CRITICAL) for n in (22, 23)]
-    plan = plan_review(PullRequestAnalysis(consecutive, diffs, {"eval.py": source}))
-    assert [c["line"] for c in plan.comments] == [22]
-    assert "lines 22, 23" in plan.comments[0]["body"]
-    apart = [finding("eval.py", line=n, rule="TR601", severity=Severity.CRITICAL) for n in (10, 35)]
-    plan = plan_review(PullRequestAnalysis(apart, diffs, {"eval.py": source}))
-    assert [c["line"] for c in plan.comments] == [10, 35]
+    findings = [finding("eval.py", line=n, message="unsafe load", fix=load_fix(n)) for n in (2, 3, 4, 5, 7, 8)]
+    plan = plan_review(PullRequestAnalysis(findings, diffs, {"eval.py": source}))
+    [comment] = plan.comments
+    assert (comment["start_line"], comment["line"]) == (2, 8)
+    suggestion = re.search(r"```suggestion\n(.*?)```", comment["body"], re.S).group(1)
+    fixed = "".join(source.splitlines(keepends=True)[:1]) + suggestion + "".join(source.splitlines(keepends=True)[8:])
+    assert fixed.count("weights_only=True") == 6 and "x = 1\n" in fixed
+    compile(fixed, "eval.py", "exec")
+    assert "Suggested change (lines 2, 3, 4, 5, 7, 8)" in comment["body"]
+    assert_valid_review(plan, diffs)
+    # a fix farther on is shown on its own; the neighbouring ones stay one suggestion
+    source += "x = 2\n" * 20 + loads(1, first=29)
+    diffs = {"eval.py": changed_file("eval.py", "", source)}
+    findings.append(finding("eval.py", line=29, message="unsafe load", fix=load_fix(29)))
+    [comment] = plan_review(PullRequestAnalysis(findings, diffs, {"eval.py": source})).comments
+    assert (comment["start_line"], comment["line"]) == (2, 8)
+    assert "Fix for line 29:\n\n```python\ns29 = torch.load(p29, weights_only=True)\n```" in comment["body"]
+    assert "`torchreview check --fix --unsafe-fixes` applies all 7." in comment["body"]  # load_fix: unsafe
+
+
+def test_fixes_of_a_group_far_apart_suggest_the_first_line_and_show_each_other_lines_fix():
+    source = "import torch\n" + loads(39, first=2)
+    diffs = {"eval.py": changed_file("eval.py", "", source)}
+    findings = [finding("eval.py", line=n, message="unsafe load", fix=load_fix(n)) for n in (5, 30, 40)]
+    [comment] = plan_review(PullRequestAnalysis(findings, diffs, {"eval.py": source})).comments
+    assert comment["line"] == 5 and "start_line" not in comment
+    assert re.findall(r"```suggestion\n(.*?)```", comment["body"], re.S) == ["s5 = torch.load(p5, weights_only=True)\n"]
+    assert "Suggested change (line 5)" in comment["body"]
+    for n in (30, 40):
+        assert f"Fix for line {n}:\n\n```python\ns{n} = torch.load(p{n}, weights_only=True)\n```" in comment["body"]
+    assert "`torchreview check --fix --unsafe-fixes` applies all 3." in comment["body"]
+
+
+def test_one_line_with_two_fixable_findings_offers_no_suggestion_and_a_fix_with_one_does():
+    source = numbered(10)
+    diffs = {"train.py": changed_file("train.py", "", source)}
+    both = [finding(line=4, rule="TR702", fix=Fix(4, 4, "x4 = 5\n")),
+            finding(line=4, rule="TR703", fix=Fix(4, 4, "x4 = 6\n"))]
+    [comment] = plan_review(PullRequestAnalysis(both, diffs, {"train.py": source})).comments
+    assert "```suggestion" not in comment["body"] and "Fix for line 4" in comment["body"]
+    one = [finding(line=4, rule="TR702", fix=Fix(4, 4, "x4 = 5\n")),
+           finding(line=4, rule="TR703", severity=Severity.LOW)]
+    [comment] = plan_review(PullRequestAnalysis(one, diffs, {"train.py": source})).comments
+    assert re.findall(r"```suggestion\n(.*?)```", comment["body"], re.S) == ["x4 = 5\n"]
+    assert "`TR703`" in comment["body"]
 
 
 def test_a_posted_group_is_not_posted_again():
     source = numbered(30)
     diffs = {"train.py": changed_file("train.py", "", source)}
-    findings = [finding(line=n, rule="TR803", severity=Severity.LOW) for n in (3, 9, 15, 21)]
+    findings = [finding(line=n, rule="TR803", severity=Severity.LOW) for n in (3, 21)]
     first = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}))
     posted = frozenset(parse_fingerprints(first.comments[0]["body"]))
     again = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}), posted=posted)
-    assert again.comments == [] and again.findings_count == 4
+    assert again.comments == [] and again.findings_count == 2

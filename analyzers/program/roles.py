@@ -193,25 +193,69 @@ class CheckpointWrites:
 
     def written_before_loaded(self, path: cst.BaseExpression, origin: Optional[cst.BaseExpression],
                               same_expression_only: bool = False) -> bool:
-        """Does this program save to the path it loads from: the same expression, or the same file name in
-        the same directory expression (``os.path.join(out_dir, "best.pt")`` both times), or a literal file
-        name that a script beside this one writes (``generate_data.py`` saves ``traindata.pt``)?
-        ``same_expression_only`` accepts only the first (a path from outside the program)."""
+        """Does this program save to the path it loads from, before it loads it: the same expression, or the
+        same file name in the same directory expression (``os.path.join(out_dir, "best.pt")`` both times), or a
+        literal file name that a script beside this one writes (``generate_data.py`` saves ``traindata.pt``)?
+        ``same_expression_only`` accepts only the first (a path from outside the program).
+
+        A save that runs only after the load (a resume at the top of a script whose training loop saves
+        there later) does not count: that file comes from an earlier run, from wherever the path points."""
         candidates = [path] + ([origin] if origin is not None else [])
         for expr in candidates:
             text = _normalized(self.ctx, expr)
             literals = self.literals(expr)
             names = self._names(expr)
             for write in self.writes:
-                if write.path_text == text:
+                if write.path_text == text and self._saved_first(write.call, path):
                     return True
                 if same_expression_only:
                     continue
-                if literals & write.path_literals and write.path is not None and names <= self._names(write.path):
+                if literals & write.path_literals and write.path is not None and names <= self._names(write.path) \
+                        and self._saved_first(write.call, path):
                     return True
             if not same_expression_only and literals and not names and literals & self._written_beside():
                 return True
         return False
+
+    @cached_property
+    def _parents(self) -> dict[int, cst.CSTNode]:
+        """id(node) -> parent for the whole file (the engine's map only covers what it has walked so far)."""
+        parents: dict[int, cst.CSTNode] = {}
+        for node in subtree(self.ctx.module):
+            for child in node.children:
+                parents[id(child)] = node
+        return parents
+
+    def _ancestry(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        """``node`` and its ancestors, innermost first."""
+        chain = [node]
+        while (parent := self._parents.get(id(chain[-1]))) is not None:
+            chain.append(parent)
+        return chain
+
+    def _saved_first(self, save: cst.Call, load: cst.CSTNode) -> bool:
+        """Can this save have run before this load, in one run of the program?
+
+        Yes when they are in different functions (the call order is not known here), in one loop (the next
+        iteration loads what this one saved), or in alternative branches of one ``if`` / ``try`` (a cache:
+        load it when it exists, else build and save it); otherwise when the save comes first in the code."""
+        saves, loads = self._ancestry(save), self._ancestry(load)
+        if _function_of(saves) is not _function_of(loads):
+            return True
+        save_ids = {id(node): index for index, node in enumerate(saves)}
+        at = next(index for index, node in enumerate(loads) if id(node) in save_ids)
+        common = loads[at]
+        if at == 0 or save_ids[id(common)] == 0:
+            return True  # one holds the other: the load's argument is the save call itself
+        for node in loads[at:]:
+            if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+                break
+            if isinstance(node, (cst.For, cst.While)):
+                return True
+        if isinstance(common, (cst.If, cst.Try, cst.TryStar)):
+            return True
+        children = list(common.children)
+        return _index_of(children, saves[save_ids[id(common)] - 1]) < _index_of(children, loads[at - 1])
 
     def _written_beside(self) -> set[str]:
         index = self.ctx.repository
@@ -249,6 +293,14 @@ def _value_names(expr: cst.BaseExpression) -> set[str]:
         else:
             stack.extend(node.children)
     return found
+
+
+def _function_of(chain: list[cst.CSTNode]) -> Optional[cst.CSTNode]:
+    return next((node for node in chain if isinstance(node, (cst.FunctionDef, cst.Lambda))), None)
+
+
+def _index_of(nodes: list[cst.CSTNode], node: cst.CSTNode) -> int:
+    return next(index for index, child in enumerate(nodes) if child is node)
 
 
 def _normalized(ctx: "FileContext", expr: cst.CSTNode) -> str:

@@ -78,7 +78,7 @@ class UnseededTraining(Rule):
     what = """
         Flags a training script — a file with an `if __name__ == "__main__":` block, a
         `main`/`train*` function that the file itself calls, or a module-level loop that runs
-        `.backward()` and `.step()` —
+        `.backward()` and `.step()`, or a notebook with such a `main`/`train*` function —
         that never seeds torch: no `torch.manual_seed`, `torch.cuda.manual_seed(_all)`,
         `seed_everything`, `transformers.set_seed`, `accelerate.utils.set_seed`, and no call to a
         function whose name contains `seed` (your own `set_seed(42)` counts). Reported once,
@@ -317,8 +317,11 @@ class UnseededTraining(Rule):
             return
         # A script runs: a __main__ guard, a training loop at module level, or a main()/train() it calls
         # itself. A module that only defines train() is a library: seeding belongs to whoever calls it.
+        # A notebook is run, never imported: the train() it defines is there to be run, even when the cell that
+        # calls it is not Python yet (an exercise's blanks, ``batch_size = ``) and was left out of the analysis.
         runs = self.main_guard is not None or self.entry_backward or \
-            bool(self.entry_functions & self.called_at_module_level)
+            bool(self.entry_functions & self.called_at_module_level) or \
+            (ctx.path.endswith(".ipynb") and bool(self.entry_functions))
         if not runs:
             return
         shown = _short(ctx, self.backward)

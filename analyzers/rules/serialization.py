@@ -29,8 +29,8 @@ class UnsafeTorchLoad(Rule):
         Flags `torch.load(...)` calls that pass `weights_only=False`, or that do not pass
         `weights_only=True`, on a file the program did not write itself. The finding is critical
         when the path comes from outside the program (command-line arguments, environment,
-        configuration, a download). Not flagged: a checkpoint the same file saved (the best-model
-        reload of a training script or notebook, a cache), loads inside
+        configuration, a download). Not flagged: a checkpoint the same file saved before loading it
+        (the best-model reload of a training script or notebook, a cache), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
         `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
         The `weights_only=True` fix is offered only when nothing in the file saves a payload that
@@ -101,6 +101,11 @@ class UnsafeTorchLoad(Rule):
         # though this program also writes it
         Invalid("import torch, fsspec\ntorch.save(snapshot, self.config.snapshot_path)\n"
                 "with fsspec.open(self.config.snapshot_path) as f:\n    data = torch.load(f)\n", line=4),
+        # a resume from the run directory, which the training loop below writes only later: the file comes from
+        # an earlier run, wherever the configuration points
+        Invalid("import torch, os\nout_dir = 'out'\nif init_from == 'resume':\n"
+                "    checkpoint = torch.load(os.path.join(out_dir, 'ckpt.pt'))\nfor step in range(100):\n"
+                "    torch.save(checkpoint, os.path.join(out_dir, 'ckpt.pt'))\n", line=4),
         # a resume path from the command line, in a file that saves the args into its checkpoints:
         # weights_only=True would refuse them, so no mechanical fix, and the message says why
         Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
