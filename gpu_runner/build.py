@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_runner import absent
 from gpu_runner.subject import Batch, Subject
 from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
 
@@ -104,6 +105,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
             notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
     else:
         plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
+        if plan is None and prober.missing_package:
+            return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
+                        "runner; install it in the runner image")
         if plan is None:
             return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
                         f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
@@ -209,16 +213,9 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
             spec = TargetSpec(package_init, spec.name)
         else:
             return Skip(f"{what} {spec}: {spec.path} does not exist in the pull request's code")
-    try:
-        module = import_file(code_root, spec.path)
-    except ModuleNotFoundError as exc:
-        missing = (exc.name or "").split(".")[0]
-        if missing and not (code_root / missing).exists() and not (code_root / f"{missing}.py").exists():
-            return Skip(f"importing {spec.path} needs '{exc.name}', which is not installed on the smoke runner; "
-                        "install it in the runner image")
-        raise BuildError(f"importing {spec.path} failed: {exc}") from exc
-    except (Exception, SystemExit) as exc:
-        raise BuildError(f"importing {spec.path} failed: {type(exc).__name__}: {exc}") from exc
+    module = _import_with_stand_ins(code_root, spec.path)
+    if isinstance(module, Skip):
+        return module
     if spec.name is None:
         return module
     value: Any = module
@@ -227,6 +224,41 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
             return Skip(f"{what} {spec}: {spec.path} defines no '{spec.name}'")
         value = getattr(value, part)
     return value
+
+
+MAX_STAND_INS = 4
+
+
+def _import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
+    """``import_file``; a package that is not installed is replaced by a stand-in (gpu_runner.absent) and the
+    import retried, so that a file importing torchvision only for its training functions still builds. A file
+    that uses the missing package when imported is a Skip naming the package."""
+
+    missing: list[str] = []
+    while True:
+        try:
+            with absent.stand_ins(missing):
+                module = import_file(code_root, path)
+        except ModuleNotFoundError as exc:
+            name = absent.missing_package(exc) or (exc.name or "").split(".")[0]
+            local = (code_root / name).exists() or (code_root / f"{name}.py").exists()
+            if not name or local:
+                raise BuildError(f"importing {path} failed: {exc}") from exc
+            if name in missing or len(missing) >= MAX_STAND_INS or absent.missing_package(exc):
+                return Skip(f"importing {path} needs '{exc.name}', which is not installed on the smoke runner; "
+                            "install it in the runner image")
+            missing.append(name)
+            continue
+        except (Exception, SystemExit) as exc:
+            name = absent.missing_package(exc)
+            if name:
+                return Skip(f"importing {path} needs '{name}', which is not installed on the smoke runner "
+                            f"({_one_line_text(exc, 160)}); install it in the runner image")
+            raise BuildError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        if missing:
+            _IMPORT_NOTES.append(f"imported {path} with stand-ins for {', '.join(repr(m) for m in missing)}, which "
+                                 "the smoke runner does not have (the model never used them)")
+        return module
 
 
 def load_callable(code_root: Path, reference: str) -> Any:
@@ -442,6 +474,9 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
             return built
         exc = built
         detail = f"{type(exc).__name__}: {exc}"
+        if absent.missing_package(exc):
+            return Skip(f"constructing {label} needs '{absent.missing_package(exc)}', which is not installed on the "
+                        f"smoke runner ({_one_line_text(exc, 160)}); install it in the runner image")
         bug = known_bug(exc)
         if bug is not None:
             return Skip(f"{label} cannot be built: {bug} ({detail})")
@@ -1012,6 +1047,7 @@ class _Prober:
         self.tried = 0
         self.first_error: Optional[str] = None
         self.last_error: Optional[str] = None
+        self.missing_package: Optional[str] = None  # a package the forward used that the runner lacks
 
     def try_plan(self, plan: InputPlan, batch_size: int = PROBE_BATCH) -> Any:
         self.tried += 1
@@ -1022,6 +1058,7 @@ class _Prober:
             with torch.no_grad():
                 return self.model(*args, **kwargs)
         except Exception as exc:
+            self.missing_package = self.missing_package or absent.missing_package(exc)
             self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             self.first_error = self.first_error or self.last_error
             return _FAILED

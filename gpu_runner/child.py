@@ -93,10 +93,14 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
 
 def missing_import(code_root: Path, target: str) -> tuple[str, str] | None:
     """(path, module) when the target's file unconditionally imports, at its top level, a module that is neither
-    installed nor part of the code (``import timm``); None when every such import can be found. Imports inside
-    ``try:`` or functions are not judged: the file may do without them."""
+    installed nor part of the code (``import timm``) and uses it when imported (a base class, a call at the top
+    level); None when every such import can be found or is only used inside functions (the build imports the
+    file with a stand-in for it: gpu_runner.absent). Imports inside ``try:`` or functions are not judged: the
+    file may do without them."""
     import ast
     import importlib.util
+
+    from gpu_runner.absent import used_when_imported
 
     path = target.split(":", 1)[0]
     file_path = code_root / path
@@ -120,7 +124,8 @@ def missing_import(code_root: Path, target: str) -> tuple[str, str] | None:
                 continue
         except (ImportError, ValueError):
             continue
-        return path, name
+        if used_when_imported(tree, name):
+            return path, name
     return None
 
 

@@ -508,6 +508,7 @@ def test_a_missing_package_is_decided_before_import_torch(tmp_path):
     from gpu_runner.child import missing_import
 
     root = write_tree(tmp_path, {"m.py": "import os\nimport torch\nimport a_package_nobody_has.sub\n"
+                                    "a_package_nobody_has.sub.configure()\n"
                                     "try:\n    import another_missing_one\nexcept ImportError:\n    pass\n",
                             "ok.py": "import torch\nfrom helpers import thing\n", "helpers.py": "thing = 1\n"})
     assert missing_import(root, "m.py:Net") == ("m.py", "a_package_nobody_has")
@@ -574,3 +575,67 @@ def test_an_image_the_network_reduces_to_nothing_is_grown(tmp_path):
     '''})
     subject = build(root, "deep.py:Deep")
     assert any("grown to float [B, 3, 128, 128]" in note for note in subject.notes), subject.notes
+
+
+SCRIPT_IMPORTING_WHAT_THE_RUNNER_LACKS = '''
+    import torch
+    import torch.nn as nn
+    import a_missing_plotting_pkg as plt
+    from a_missing_vision_pkg import datasets, transforms
+    from a_missing_vision_pkg.utils import save_image
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(784, 10)
+
+        def forward(self, x):
+            return self.fc(x.flatten(1))
+
+    def train(model):
+        loader = datasets.MNIST("data", transform=transforms.ToTensor())
+        plt.plot([1, 2])
+        save_image(next(iter(loader))[0], "x.png")
+
+    if __name__ == "__main__":
+        plt.use("Agg")
+        train(Net())
+'''
+
+
+def test_a_package_only_the_training_functions_use_is_replaced_by_a_stand_in(tmp_path):
+    from gpu_runner.child import missing_import
+
+    root = write_tree(tmp_path, {"main.py": SCRIPT_IMPORTING_WHAT_THE_RUNNER_LACKS})
+    assert missing_import(root, "main.py:Net") is None  # not decided before import: only functions use them
+    subject = build(root, "main.py:Net")
+    assert any("stand-ins" in note and "a_missing_vision_pkg" in note for note in subject.notes)
+    assert run_checks(subject, steps=2).status == "passed"
+    assert not any(name.startswith("a_missing_") for name in sys.modules)  # only while the file is imported
+    try:
+        import a_missing_vision_pkg  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("the stand-in outlived the import of the target")
+
+
+def test_a_missing_package_the_model_uses_is_still_a_skip_naming_it(tmp_path):
+    from gpu_runner.child import missing_import
+
+    root = write_tree(tmp_path, {
+        "base.py": "import torch.nn as nn\nimport a_missing_zoo_pkg\n\n"
+                   "class Net(a_missing_zoo_pkg.models.VisionTransformer):\n    pass\n",
+        "calls.py": "import torch.nn as nn\nimport a_missing_zoo_pkg.models as zoo\n\n"
+                    "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                    "        self.backbone = zoo.resnet18()\n\n    def forward(self, x):\n        return self.backbone(x)\n",
+        "uses.py": "import torch.nn as nn\nimport a_missing_zoo_pkg as zoo\n\n"
+                   "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "        self.fc = nn.Linear(8, 2)\n\n    def forward(self, x):\n        return self.fc(zoo.ops.f(x))\n",
+        "script.py": "import torch.nn as nn\nimport a_missing_plotting_pkg\na_missing_plotting_pkg.use('Agg')\n"})
+    assert missing_import(root, "base.py:Net") == ("base.py", "a_missing_zoo_pkg")
+    assert missing_import(root, "script.py:Net") == ("script.py", "a_missing_plotting_pkg")
+    for target in ("base.py:Net", "calls.py:Net", "uses.py:Net", "script.py:Net"):
+        result = build_subject(root, target, device="cpu")
+        assert isinstance(result, Skip) and "not installed" in result.reason, (target, result)
+        assert "a_missing_" in result.reason
