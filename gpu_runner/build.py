@@ -34,6 +34,7 @@ SEQUENCE_LENGTH = 16  # tokens / time steps in inferred inputs; the guessed max_
 PROBE_BATCH = 4
 SECOND_PROBE_BATCH = 2  # a second forward tells which output axis is the batch
 MAX_PROBES = 40
+MAX_PROBES_AFTER_BROADCAST = 12  # other inputs tried after one that worked only by broadcasting
 FACTORY_NAMES = ("build_model", "create_model", "make_model", "get_model", "model_fn")
 CONFIGURE_HINT = "configure smoke.targets with a factory and an input shape"
 
@@ -1039,6 +1040,73 @@ class _Failed:
 _FAILED = _Failed()
 
 
+_ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "true_divide", "addcmul", "addcdiv", "where", "maximum",
+                          "minimum", "pow", "sub_", "add_", "mul_", "div_", "truediv", "radd", "rsub", "rmul",
+                          "rtruediv", "iadd", "isub", "imul", "itruediv"})
+
+
+class _BroadcastWatch(torch.overrides.TorchFunctionMode):
+    """Notices an elementwise operation in which a parameter makes a tensor computed from the input bigger
+    (``x * self.g`` with x [B, 1, H, W] and g [1, 32, 1, 1] gives [B, 32, H, W]): an input that "works" only
+    because the parameters broadcast it, not because it has the shape the model was written for."""
+
+    def __init__(self, inputs: list, parameter_names: dict):
+        super().__init__()
+        self.parameter_names = parameter_names  # id(parameter) -> name
+        self.derived: dict[int, Any] = {}  # id -> weak reference: tensors computed from the input
+        self.found: Optional[str] = None
+        self.broadcast_shape: Optional[tuple] = None  # the shape the parameter broadcast it to
+        for tensor in inputs:
+            self._mark(tensor)
+
+    def _mark(self, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.derived[id(value)] = _weak(value)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                self._mark(item)
+
+    def _is_derived(self, value: Any) -> bool:
+        ref = self.derived.get(id(value)) if isinstance(value, torch.Tensor) else None
+        return ref is not None and ref() is value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        operands = list(args) + list((kwargs or {}).values())
+        if any(self._is_derived(a) for a in _flat(operands)):
+            self._mark(result)
+            name = getattr(func, "__name__", "").strip("_")
+            if self.found is None and name in _ELEMENTWISE and isinstance(result, torch.Tensor):
+                self._look(operands, result)
+        return result
+
+    def _look(self, operands: list, result: torch.Tensor) -> None:
+        parameters = [a for a in operands if isinstance(a, torch.Tensor) and id(a) in self.parameter_names]
+        computed = [a for a in operands if self._is_derived(a)]
+        for parameter in parameters:
+            for tensor in computed:
+                if tensor.numel() < result.numel() and parameter.numel() > 1:
+                    self.found = (f"the parameter {self.parameter_names[id(parameter)]} "
+                                  f"{list(parameter.shape)} broadcasts a tensor computed from the input from "
+                                  f"{list(tensor.shape)} to {list(result.shape)}")
+                    self.broadcast_shape = tuple(result.shape)
+                    return
+
+
+def _weak(tensor: torch.Tensor):
+    import weakref
+
+    return weakref.ref(tensor)
+
+
+def _flat(values: Any) -> Iterator[Any]:
+    for value in values:
+        if isinstance(value, (tuple, list)):
+            yield from _flat(value)
+        else:
+            yield value
+
+
 class _Prober:
     """Runs the model on candidate inputs without changing its state (buffers are restored)."""
 
@@ -1048,15 +1116,26 @@ class _Prober:
         self.first_error: Optional[str] = None
         self.last_error: Optional[str] = None
         self.missing_package: Optional[str] = None  # a package the forward used that the runner lacks
+        self.broadcast: Optional[str] = None  # how the parameters broadcast the last input (watch_broadcast)
+        self.broadcast_shape: Optional[tuple] = None
 
-    def try_plan(self, plan: InputPlan, batch_size: int = PROBE_BATCH) -> Any:
+    def try_plan(self, plan: InputPlan, batch_size: int = PROBE_BATCH, watch_broadcast: bool = False) -> Any:
+        """The model's output on ``plan``, or _FAILED. With ``watch_broadcast``, ``self.broadcast`` says how the
+        parameters broadcast the input, when they do (None otherwise)."""
         self.tried += 1
+        self.broadcast = None
         generator = torch.Generator().manual_seed(0)
         buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
         try:
             args, kwargs = plan.make(batch_size, generator, self.float_dtype, self.device)
             with torch.no_grad():
-                return self.model(*args, **kwargs)
+                if not watch_broadcast:
+                    return self.model(*args, **kwargs)
+                names = {id(p): name for name, p in self.model.named_parameters()}
+                with _BroadcastWatch(list(args) + list(kwargs.values()), names) as watch:
+                    output = self.model(*args, **kwargs)
+                self.broadcast, self.broadcast_shape = watch.found, watch.broadcast_shape
+                return output
         except Exception as exc:
             self.missing_package = self.missing_package or absent.missing_package(exc)
             self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
@@ -1080,17 +1159,43 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
                 notes.append(f"input from example_input_array: {plan.describe()}")
                 return plan, output
     seen: set = set()
-    for plan in _candidate_plans(model, hints):
+    broadcast: Optional[tuple[InputPlan, Any, str, int]] = None  # the first input that only worked by broadcasting
+    for plan in _with_broadcast_shapes(_candidate_plans(model, hints), prober):
         if plan.key() in seen:
             continue
-        if len(seen) >= MAX_PROBES:
+        if len(seen) >= MAX_PROBES or (broadcast is not None and len(seen) >= broadcast[3] + MAX_PROBES_AFTER_BROADCAST):
             break
         seen.add(plan.key())
-        output = prober.try_plan(plan)
-        if output is not _FAILED:
-            notes.append(f"input inferred {plan.source}: {plan.describe()}")
-            return plan, output
+        output = prober.try_plan(plan, watch_broadcast=True)
+        if output is _FAILED:
+            continue
+        if prober.broadcast is not None:
+            broadcast = broadcast or (plan, output, prober.broadcast, len(seen))
+            continue
+        if broadcast is not None:
+            notes.append(f"rejected the input {broadcast[0].describe()}: {broadcast[2]}")
+        notes.append(f"input inferred {plan.source}: {plan.describe()}")
+        return plan, output
+    if broadcast is not None:  # nothing else works: maybe the model is written that way
+        notes.append(f"input inferred {broadcast[0].source}: {broadcast[0].describe()} ({broadcast[2]}; no other "
+                     "input worked)")
+        return broadcast[0], broadcast[1]
     return None, None
+
+
+def _with_broadcast_shapes(plans: Iterator[InputPlan], prober: "_Prober") -> Iterator[InputPlan]:
+    """``plans``; after one whose single input the parameters broadcast to a bigger shape, first that shape
+    (a [B, 1, H, W] image broadcast to [B, 32, H, W] by a [1, 32, 1, 1] gain: 32 channels)."""
+    for plan in plans:
+        yield plan
+        shape = prober.broadcast_shape
+        if prober.broadcast is None or shape is None or len(plan.args) != 1 or plan.kwargs:
+            continue
+        spec = plan.args[0]
+        if isinstance(spec, TensorSpec) and spec.dtype == "float" and spec.batch_axis == 0 and not spec.adjacency \
+                and len(shape) == len(spec.shape) + 1 and shape[0] == PROBE_BATCH:
+            yield InputPlan((TensorSpec(tuple(shape[1:])),), (), "from the shape the parameters broadcast "
+                                                                  f"{spec.describe()} to")
 
 
 _IMAGE_SIZE_NAMES = ("image_size", "img_size", "input_size", "input_resolution", "resolution", "image_res")

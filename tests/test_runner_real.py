@@ -639,3 +639,53 @@ def test_a_missing_package_the_model_uses_is_still_a_skip_naming_it(tmp_path):
         result = build_subject(root, target, device="cpu")
         assert isinstance(result, Skip) and "not installed" in result.reason, (target, result)
         assert "a_missing_" in result.reason
+
+
+CHANNEL_LAYER_NORM = '''
+    import torch
+    import torch.nn as nn
+
+    class ChannelNorm(nn.Module):
+        def __init__(self, dim, eps=1e-5):
+            super().__init__()
+            self.eps = eps
+            self.g = nn.Parameter(torch.ones(1, dim, 1, 1))
+            self.b = nn.Parameter(torch.zeros(1, dim, 1, 1))
+
+        def forward(self, x):
+            var = torch.var(x, dim=1, unbiased=False, keepdim=True)
+            mean = torch.mean(x, dim=1, keepdim=True)
+            return (x - mean) / (var + self.eps).sqrt() * self.g + self.b
+
+    class FourierFeatures(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.freqs = nn.Parameter(torch.randn(dim))
+
+        def forward(self, t):
+            return torch.sin(t.mean(dim=-1, keepdim=True) * self.freqs)
+
+    class MnistConv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 8, 3, padding=1)
+            self.scale = nn.Parameter(torch.ones(1, 8, 1, 1))
+
+        def forward(self, x):
+            return self.conv(x) * self.scale
+'''
+
+
+def test_an_input_that_only_works_by_broadcasting_against_a_parameter_is_rejected(tmp_path):
+    root = write_tree(tmp_path, {"norm.py": CHANNEL_LAYER_NORM})
+    norm = build(root, "norm.py:ChannelNorm")
+    dim = norm.model.g.shape[1]
+    assert norm.make_batch(2, 0).args[0].shape[1] == dim  # channels = dim, not a 1-channel image broadcast to dim
+    assert any(note.startswith("rejected the input") and "broadcasts" in note for note in norm.notes)
+    assert run_checks(norm, steps=STEPS).status == "passed"
+    # an input the model is written to broadcast is kept when nothing else works
+    fourier = build(root, "norm.py:FourierFeatures")
+    assert any("no other input worked" in note for note in fourier.notes)
+    # a 1-channel image into a convolution is not a broadcast: nothing is rejected
+    conv = build(root, "norm.py:MnistConv")
+    assert conv.make_batch(2, 0).args[0].shape[1] == 1 and not any("rejected" in n for n in conv.notes)
