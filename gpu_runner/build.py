@@ -390,6 +390,8 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
     (r"image_size|img_size|input_resolution|resolution", 32),
     (r"patch_size|patch", 4),
     (r"num_experts|n_experts", 4),
+    (r"num_hierarchies|num_stages|n_stages|num_levels|n_levels|num_scales|n_scales", 2),
+    (r"block_repeats|repeats|num_repeats|n_repeats", 2),
     (r"top_k|topk", 2),
     (r"eps|layer_norm_eps|norm_eps|epsilon", 1e-5),
     (r"groups|num_groups", 1),
@@ -406,8 +408,34 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
 _NAMES_TO_GUESS = [(re.compile(f"(?:{pattern})", re.IGNORECASE), value) for pattern, value in _ARGUMENT_GUESSES]
 
 
+def _name_suffixes(name: str) -> list[str]:
+    """``name`` and its shorter ``_``-separated tails, longest first: ``sm_enc_mlp_dim`` -> ``enc_mlp_dim``,
+    ``mlp_dim``, ``dim`` (a prefixed argument means what its tail means: CrossViT's ``sm_dim``, ``lg_dim``)."""
+    parts = name.split("_")
+    return ["_".join(parts[i:]) for i in range(len(parts)) if parts[i]]
+
+
+def _matches(pattern: "re.Pattern", name: str) -> bool:
+    """Whether ``name``'s most specific known tail (see _name_suffixes) is one ``pattern`` names."""
+    for suffix in _name_suffixes(name):
+        if any(p.fullmatch(suffix) for p, _ in _NAMES_TO_GUESS) or pattern.fullmatch(suffix):
+            return bool(pattern.fullmatch(suffix))
+    return False
+
+
 def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tuple[bool, Any]:
-    """(found, value) for a required constructor argument, by its name (and annotation for lists/bools)."""
+    """(found, value) for a required constructor argument, by its name, else by its most specific known tail
+    (``sm_dim`` as ``dim``), and its annotation for lists/bools."""
+    for suffix in _name_suffixes(name):
+        found, value = _guess_by_name(suffix, annotation)
+        if found:
+            return found, value
+    if annotation is bool:
+        return True, False
+    return False, None
+
+
+def _guess_by_name(name: str, annotation: Any) -> tuple[bool, Any]:
     for pattern, value in _NAMES_TO_GUESS:
         if pattern.fullmatch(name):
             origin = typing.get_origin(annotation)
@@ -418,34 +446,56 @@ def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tupl
             elif annotation is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             return True, value
-    if annotation is bool:
-        return True, False
     return False, None
 
 
 _DEPTH_NAMES = re.compile(r"num_layers|n_layers?|nlayers|depths?|layers|num_blocks|n_blocks|num_hidden_layers|"
-                          r"num_encoder_layers|num_decoder_layers|cls_depth|encoder_depth|decoder_depth", re.I)
+                          r"num_encoder_layers|num_decoder_layers|cls_depth|encoder_depth|decoder_depth|"
+                          r"block_repeats|repeats|num_repeats|n_repeats", re.I)
 _WIDTH_NAMES = re.compile(r"embed_dim|d_model|n_embd|hidden_size|hidden_dim|dim|width|model_dim|emb_dim|"
                           r"decoder_embed_dim|embedding_dim", re.I)
 _HEADS_NAMES = re.compile(r"num_heads|nhead|nheads|n_heads?|heads|num_attention_heads|decoder_num_heads", re.I)
 _FF_NAMES = re.compile(r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner", re.I)
+_HEAD_WIDTH_NAMES = re.compile(r"head_dim|head_size|d_head|dim_head|d_k|d_v", re.I)
+_IMAGE_NAMES = re.compile(r"image_size|img_size", re.I)
+_PATCH_NAMES = re.compile(r"patch_size|patch", re.I)
+WIDTH_WITHOUT_HEADS = 96  # divisible by 1, 2, 3, 4, 6, 8, 12, 16, 24, 32: whatever head count a default has
+SHRUNK_IMAGE_SIDE = 64
 MAX_CONFIG_RETRIES = 30
 
 
 def _shrunk(name: str, value: Any, others: dict) -> Any:
     """A smaller value for a size argument left at a large default: depth 2; widths of 8 per head (the heads
-    keep dividing the width); feed-forward widths 64. Anything else unchanged."""
+    keep dividing the width); feed-forward widths 64; 16 per attention head; images 64 pixels wide when
+    the patch sizes divide 64. A prefixed name counts as its tail (``lg_enc_depth`` as ``depth``). Anything else
+    unchanged."""
     if isinstance(value, bool) or not isinstance(value, int):
         return value
-    if _DEPTH_NAMES.fullmatch(name) and value > 2:
+    if _matches(_DEPTH_NAMES, name) and value > 2:
         return 2
-    if _WIDTH_NAMES.fullmatch(name) and value > 128:
-        heads = next((v for k, v in others.items() if _HEADS_NAMES.fullmatch(k) and isinstance(v, int)
+    if _matches(_WIDTH_NAMES, name) and value > 128:
+        heads = next((v for k, v in others.items() if _matches(_HEADS_NAMES, k) and isinstance(v, int)
                       and not isinstance(v, bool) and v > 0), None)
-        return heads * 8 if heads else 64
-    if _FF_NAMES.fullmatch(name) and value > 256:
+        return heads * 8 if heads else WIDTH_WITHOUT_HEADS
+    if _matches(_FF_NAMES, name) and value > 256:
         return 64
+    if _matches(_HEAD_WIDTH_NAMES, name) and value > 16:
+        return 16
+    if _IMAGE_NAMES.fullmatch(name) and value > SHRUNK_IMAGE_SIDE:
+        patches = [v for k, v in others.items() if _matches(_PATCH_NAMES, k) and isinstance(v, int)
+                   and not isinstance(v, bool) and v > 0]
+        if all(SHRUNK_IMAGE_SIDE % patch == 0 for patch in patches):
+            return SHRUNK_IMAGE_SIDE
     return value
+
+
+def _image_side_for_patches(side: int, others: dict) -> int:
+    """The smallest multiple of every patch size among ``others`` that is at least ``side`` (CrossViT's
+    patches of 12 and 16 pixels: 48)."""
+    patches = [v for k, v in others.items() if _matches(_PATCH_NAMES, k) and isinstance(v, int)
+               and not isinstance(v, bool) and v > 0]
+    step = math.lcm(*patches) if patches else 1
+    return step * math.ceil(side / step)
 
 
 def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, explicit: bool):
@@ -682,11 +732,13 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             notes.append(f"constructor: {parameter.name}={annotation.__name__}(...) {how}")
             continue
         found, value = guess_argument(parameter.name, annotation)
+        if found and _IMAGE_NAMES.fullmatch(parameter.name) and isinstance(value, int):
+            value = _image_side_for_patches(value, {**defaults, **arguments})
         length = guess.sequence_length(usage) if usage is not None else None
         if found and usage is not None and usage.choices and value not in usage.choices:
             found, value = True, usage.choices[0]
         elif found and length and not isinstance(value, (list, tuple)):
-            element = 1 if _DEPTH_NAMES.fullmatch(parameter.name) else value
+            element = 1 if _matches(_DEPTH_NAMES, parameter.name) else value
             value = tuple([element] * length)
         elif found and length and isinstance(value, list):
             value = tuple((value * length)[:length])
@@ -876,6 +928,7 @@ _MASK_NAMES = re.compile(r"(attention_|attn_)?mask|\w*_mask")
 _PADDING_MASK_NAMES = re.compile(r"\w*padding_mask")
 _NON_TOKEN_EMBEDDINGS = re.compile(r"pos|wpe|type|segment|time", re.IGNORECASE)
 _TARGET_NAMES = re.compile(r"targets?|labels?|y_true|gold")
+_HIDDEN_NAMES = re.compile(r"hidden|hx|h0|h_0|hc|hidden_state|hidden_states|state|states|hiddens")
 _ADJACENCY_NAMES = re.compile(r"adj|adj_mat|adj_matrix|adjacency|adjacency_matrix|a_hat|adj_norm|norm_adj|graph")
 _SEQUENCE_LAYERS = (nn.RNNBase, nn.TransformerEncoder, nn.TransformerEncoderLayer, nn.TransformerDecoder,
                     nn.TransformerDecoderLayer, nn.MultiheadAttention)
@@ -895,7 +948,7 @@ def _common_shapes(token_high: int) -> list[TensorSpec]:
 @dataclass
 class _ForwardParameter:
     name: str
-    role: str  # input | tokens | mask | padding_mask | target
+    role: str  # input | tokens | mask | padding_mask | target | adjacency | hidden
     keyword: bool  # passed by keyword (optional or keyword-only)
 
 
@@ -924,6 +977,8 @@ def _forward_parameters(model: nn.Module) -> list[_ForwardParameter]:
             role = "adjacency"
         elif _TOKEN_NAMES.fullmatch(name):
             role = "tokens"
+        elif _HIDDEN_NAMES.fullmatch(name) and found:
+            role = "hidden"
         else:
             role = "input"
         if optional and role not in ("mask", "padding_mask"):
@@ -1294,7 +1349,7 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     offered with, then without. Plans may repeat; the caller skips repeats."""
     hints = hints or {}
     parameters = _forward_parameters(model)
-    tensors = [p for p in parameters if p.role in ("input", "tokens", "target", "adjacency")]
+    tensors = [p for p in parameters if p.role in ("input", "tokens", "target", "adjacency", "hidden")]
     if not tensors:
         tensors = [_ForwardParameter("input", "input", False)]
     masks = [p for p in parameters if p.role in ("mask", "padding_mask")]
@@ -1302,6 +1357,9 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     vocab = _token_vocabulary(model)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features]
     classes = linears[-1].out_features if linears else 2
+    recurrent = next((m for m in model.modules() if isinstance(m, nn.RNNBase)), None)
+    # an RNN called with its state: time-first inputs when the RNN is (the state's batch is its dim 1)
+    time_first = recurrent is not None and not recurrent.batch_first and any(p.role == "hidden" for p in tensors)
 
     def heuristic_options(index: int, parameter: _ForwardParameter) -> list[tuple[TensorSpec, str]]:
         choices: list[tuple[TensorSpec, str]] = []
@@ -1314,11 +1372,20 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                         (TensorSpec((classes,), is_target=True), "as regression targets")]
         if parameter.role == "adjacency":
             return [(TensorSpec((), adjacency=True), f"as a graph's adjacency from the name '{parameter.name}'")]
+        if parameter.role == "hidden":
+            return [(spec, f"as the state of the {describe_layer(recurrent)}") for spec in _recurrent_state(recurrent)]
         if index == 0 and not as_tokens:
             choices += [(spec, "from the constructor's arguments") for spec in _specs_from_hints(hints)]
         # the i-th input likely feeds the i-th entry layer (two-input models); else the first one
         for layer in ([layers[index]] if index < len(layers) else []) + layers[:1]:
             choices += [(spec, f"from the first {describe_layer(layer)}") for spec in specs_for_layer(layer, as_tokens)]
+        if index == 0 and len(tensors) > 1 and layers and not as_tokens:
+            # a decoder block: the first input, upsampled, is concatenated with a skip connection before the
+            # first convolution, so it carries about half of that convolution's channels
+            for spec in specs_for_layer(layers[0])[:1]:
+                if len(spec.shape) == 3 and spec.shape[0] > 1:
+                    choices.insert(min(1, len(choices)), (TensorSpec((spec.shape[0] // 2,) + spec.shape[1:]),
+                                                          "as half the channels of a concatenation"))
         if index > 0 and layers and not as_tokens:  # a skip connection: half the channels at twice the size...
             for spec in specs_for_layer(layers[0])[:1]:
                 if len(spec.shape) == 3:
@@ -1326,6 +1393,10 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                     rest = max(c - c // 2, 1)  # what concatenates with an upsampled c // 2 channels back to c
                     choices += [(TensorSpec(shape), "from the first input's shape, as a skip connection")
                                 for shape in ((rest, 2 * h, 2 * w), (rest, h, w), (c, 2 * h, 2 * w))]
+        if time_first:
+            choices = [(dataclasses.replace(spec, batch_axis=1), why + ", time-first like the RNN")
+                       for spec, why in choices if isinstance(spec, TensorSpec) and spec.shape
+                       and not spec.adjacency] + choices
         return _unique(choices)
 
     def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:
@@ -1349,6 +1420,17 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     common = [(spec, "by a search over common shapes") for spec in _common_shapes(min(sizes + [100]))]
     yield from plans([_unique(options + [(spec, "from a torch.fx trace") for spec in traced.get(p.name, [])] + common)
                       for options, p in zip(heuristic, tensors)])
+
+
+def _recurrent_state(layer: Optional[nn.Module]) -> list[Union[TensorSpec, TupleSpec]]:
+    """The initial state an RNN takes: [layers x directions, B, hidden], a pair (h, c) for an LSTM."""
+    if not isinstance(layer, nn.RNNBase):
+        return []
+    stacked = layer.num_layers * (2 if layer.bidirectional else 1)
+    hidden = TensorSpec((stacked, layer.proj_size or layer.hidden_size), batch_axis=1)
+    if isinstance(layer, nn.LSTM):
+        return [TupleSpec((hidden, TensorSpec((stacked, layer.hidden_size), batch_axis=1)))]
+    return [hidden]
 
 
 def _token_vocabulary(model: nn.Module) -> int:
@@ -1476,8 +1558,8 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
     built = _task_for(task, primary, axis, plan, tokens_index, select, config, notes)
     if isinstance(built, Skip):
         return built
-    if "batch_axis" in configured_output:  # else the checks hold the output to batch-first
-        built.batch_axis = axis
+    if "batch_axis" in configured_output or (built.name == "language_model" and axis == 1):
+        built.batch_axis = axis  # else the checks hold the output to batch-first
     if "select" in configured_output:
         built.select = select
     if configured_loss is not None:
@@ -1530,12 +1612,26 @@ def _shape_text(tensor: torch.Tensor, batch_axis: Optional[int]) -> str:
 def _infer_task_name(primary: torch.Tensor, axis: Optional[int], plan: InputPlan, tokens_index: Optional[int]) -> str:
     if primary.dim() == 0 or (axis is None and primary.numel() == 1):
         return "custom"  # the model computes its own loss
+    if _flattened_token_logits(primary, axis, plan, tokens_index):
+        return "language_model"
+    if primary.is_floating_point() and axis == 1 and primary.dim() == 3 and tokens_index is not None \
+            and plan.args[tokens_index].batch_axis == 1 and primary.shape[2] > 1:
+        return "language_model"  # time-first tokens in, time-first logits [T, B, V] out
     if primary.is_floating_point() and axis == 0:
         if primary.dim() == 2 and primary.shape[1] > 1:
             return "classification"
         if primary.dim() == 3 and tokens_index is not None and primary.shape[2] > 1:
             return "language_model"
     return "regression"
+
+
+def _flattened_token_logits(primary: torch.Tensor, axis: Optional[int], plan: InputPlan,
+                            tokens_index: Optional[int]) -> bool:
+    """Logits [B * T, V]: one row per input token (``decoded.view(-1, ntoken)``), rows in the tokens' order."""
+    if tokens_index is None or axis is not None or primary.dim() != 2 or not primary.is_floating_point():
+        return False
+    tokens = plan.args[tokens_index]
+    return primary.shape[0] == PROBE_BATCH * tokens.shape[0] and primary.shape[1] >= tokens.high > 1
 
 
 def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: InputPlan, tokens_index: Optional[int],
@@ -1551,6 +1647,15 @@ def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: Input
                         "configure smoke.targets with a task and a loss")
         classes = int(config.get("num_classes") or primary.shape[1])
         return _Task("classification", _CrossEntropyLoss(select), _random_labels((), classes), classes)
+    if task == "language_model" and _flattened_token_logits(primary, axis, plan, tokens_index):
+        notes.append(f"the logits {_shape_text(primary, axis)} have one row per input token; their targets are the "
+                     "next tokens in the same order, and the output has no batch axis")
+        layout = plan.args[tokens_index].batch_axis
+        shifted = _shifted_tokens(tokens_index, tokens_batch_axis=layout, logits_batch_axis=layout)
+        make_target = lambda b, g, args, device: shifted(b, g, args, device).reshape(-1)  # noqa: E731
+        task_value = _Task("language_model", _CrossEntropyLoss(select), make_target, int(primary.shape[1]))
+        task_value.batch_axis = None
+        return task_value
     if task == "language_model":
         if primary.dim() != 3 or axis not in (0, 1) or tokens_index is None:
             return Skip(f"task language_model needs token ids [B, T] and logits [B, T, V] (or [T, B, V] with "

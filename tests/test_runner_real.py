@@ -523,7 +523,7 @@ def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
         "a.py": "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                 "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        return self.fc(x)\n",
         "crash.py": "import os\nos._exit(3)\n",
-        "missing.py": "import a_package_nobody_has\n"})
+        "missing.py": "import a_package_nobody_has\na_package_nobody_has.setup()\n"})
     requests = [TargetRequest("a.py:A"), TargetRequest("crash.py:B"), TargetRequest("missing.py:C"),
                 TargetRequest("a.py:A")]
     reports, _ = run_targets(root, requests, device="cpu", steps=2, seed=0, limits=SandboxLimits(timeout_s=120),
@@ -689,3 +689,93 @@ def test_an_input_that_only_works_by_broadcasting_against_a_parameter_is_rejecte
     # a 1-channel image into a convolution is not a broadcast: nothing is rejected
     conv = build(root, "norm.py:MnistConv")
     assert conv.make_batch(2, 0).args[0].shape[1] == 1 and not any("rejected" in n for n in conv.notes)
+
+
+PREFIXED_AND_UNPACKED_ARGUMENTS = '''
+    import torch
+    import torch.nn as nn
+
+    class TwoScaleNet(nn.Module):
+        """Two patch sizes over one image: its side must be a multiple of both."""
+
+        def __init__(self, *, image_size, num_classes, small_dim, large_dim, small_patch=12, large_patch=16,
+                     large_mlp_dim=2048, large_depth=6, num_stages, stage_repeats=2):
+            super().__init__()
+            assert image_size % small_patch == 0 and image_size % large_patch == 0
+            self.small = nn.Conv2d(3, small_dim, small_patch, stride=small_patch)
+            self.large = nn.Conv2d(3, large_dim, large_patch, stride=large_patch)
+            self.mlp = nn.Sequential(*[nn.Linear(large_dim, large_mlp_dim), nn.GELU(),
+                                       nn.Linear(large_mlp_dim, large_dim)] * 1)
+            self.large_depth, self.num_stages = large_depth, num_stages
+            self.head = nn.Linear(small_dim + large_dim, num_classes)
+
+        def forward(self, img):
+            small = self.small(img).mean((2, 3))
+            large = self.mlp(self.large(img).mean((2, 3)))
+            return self.head(torch.cat([small, large], dim=1))
+
+    class RectangularNet(nn.Module):
+        def __init__(self, image_size, channels, num_classes):
+            super().__init__()
+            height, width = image_size
+            first, *_, last = channels
+            self.conv = nn.Conv2d(3, first, 3, padding=1)
+            self.fc = nn.Linear(first, num_classes)
+
+        def forward(self, x):
+            return self.fc(self.conv(x).mean((2, 3)))
+'''
+
+
+def test_prefixed_names_patch_multiples_and_unpacked_sequences(tmp_path):
+    root = write_tree(tmp_path, {"nets.py": PREFIXED_AND_UNPACKED_ARGUMENTS})
+    two = build(root, "nets.py:TwoScaleNet")
+    assert two.make_batch(2, 0).args[0].shape[-1] % 48 == 0  # a multiple of both patch sizes
+    assert two.model.mlp[0].out_features == 64 and two.model.large_depth == 2  # prefixed sizes shrunk as their tails
+    assert two.model.num_stages == 2
+    rectangular = build(root, "nets.py:RectangularNet")
+    assert any("image_size=(32, 32)" in note for note in rectangular.notes)
+
+
+DECODER_AND_FLATTENED_LM = '''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class UpBlock(nn.Module):
+        def __init__(self, in_channels, out_channels):
+            super().__init__()
+            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.conv = nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.ReLU())
+
+        def forward(self, x1, x2):
+            x1 = self.up(x1)
+            return self.conv(torch.cat([x2, x1], dim=1))
+
+    class WordModel(nn.Module):
+        def __init__(self, ntoken, ninp, nhid, nlayers):
+            super().__init__()
+            self.ntoken = ntoken
+            self.encoder = nn.Embedding(ntoken, ninp)
+            self.rnn = nn.GRU(ninp, nhid, nlayers)
+            self.decoder = nn.Linear(nhid, ntoken)
+
+        def forward(self, input, hidden):
+            output, hidden = self.rnn(self.encoder(input), hidden)
+            decoded = self.decoder(output).view(-1, self.ntoken)
+            return F.log_softmax(decoded, dim=1), hidden
+'''
+
+
+def test_a_decoder_block_and_a_language_model_with_flattened_logits_and_a_state(tmp_path):
+    root = write_tree(tmp_path, {"parts.py": DECODER_AND_FLATTENED_LM})
+    up = build(root, "parts.py:UpBlock")
+    x1, x2 = up.make_batch(2, 0).args
+    assert x1.shape[1] + x2.shape[1] == up.model.conv[0].in_channels and x2.shape[-1] == 2 * x1.shape[-1]
+    word = build(root, "parts.py:WordModel")
+    tokens, hidden = word.make_batch(3, 0).args
+    assert tokens.shape[1] == 3 and hidden.shape[1] == 3  # time-first, like the GRU
+    assert word.task == "language_model" and word.output_batch_axis is None
+    target = word.make_batch(3, 0).target
+    assert torch.equal(target.view(tokens.shape)[:-1], tokens[1:])  # the next token of each row, rows in order
+    assert run_checks(word, steps=STEPS).status == "passed"
