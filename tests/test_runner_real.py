@@ -779,3 +779,15 @@ def test_a_decoder_block_and_a_language_model_with_flattened_logits_and_a_state(
     target = word.make_batch(3, 0).target
     assert torch.equal(target.view(tokens.shape)[:-1], tokens[1:])  # the next token of each row, rows in order
     assert run_checks(word, steps=STEPS).status == "passed"
+
+
+def test_a_model_too_slow_for_the_budget_is_checked_on_smaller_batches_not_killed():
+    from tests.test_runner_checks import classification_subject
+
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 10))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = run_checks(classification_subject(model, (20,), 10), steps=2, budget_s=0.0)
+    assert report.status == "passed" and any("checked on batches of 2" in note for note in report.notes)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the timed step left no trace
+    roomy = run_checks(classification_subject(model, (20,), 10), steps=2, budget_s=3600.0)
+    assert not any("checked on batches" in note for note in roomy.notes)
