@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from analyzers.config import ConfigError, parse_config_text  # noqa: E402
-from gpu_runner.build import Skip, build_subject  # noqa: E402
+from gpu_runner.build import build_subject  # noqa: E402
 from gpu_runner.checks import run_checks  # noqa: E402
 from gpu_runner.runner import configured_requests  # noqa: E402
 from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
