@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_runner import absent
 from gpu_runner.subject import Batch, Subject
 from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
 
@@ -33,6 +34,7 @@ SEQUENCE_LENGTH = 16  # tokens / time steps in inferred inputs; the guessed max_
 PROBE_BATCH = 4
 SECOND_PROBE_BATCH = 2  # a second forward tells which output axis is the batch
 MAX_PROBES = 40
+MAX_PROBES_AFTER_BROADCAST = 12  # other inputs tried after one that worked only by broadcasting
 FACTORY_NAMES = ("build_model", "create_model", "make_model", "get_model", "model_fn")
 CONFIGURE_HINT = "configure smoke.targets with a factory and an input shape"
 
@@ -104,6 +106,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
             notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
     else:
         plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
+        if plan is None and prober.missing_package:
+            return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
+                        "runner; install it in the runner image")
         if plan is None:
             return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
                         f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
@@ -209,16 +214,9 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
             spec = TargetSpec(package_init, spec.name)
         else:
             return Skip(f"{what} {spec}: {spec.path} does not exist in the pull request's code")
-    try:
-        module = import_file(code_root, spec.path)
-    except ModuleNotFoundError as exc:
-        missing = (exc.name or "").split(".")[0]
-        if missing and not (code_root / missing).exists() and not (code_root / f"{missing}.py").exists():
-            return Skip(f"importing {spec.path} needs '{exc.name}', which is not installed on the smoke runner; "
-                        "install it in the runner image")
-        raise BuildError(f"importing {spec.path} failed: {exc}") from exc
-    except (Exception, SystemExit) as exc:
-        raise BuildError(f"importing {spec.path} failed: {type(exc).__name__}: {exc}") from exc
+    module = _import_with_stand_ins(code_root, spec.path)
+    if isinstance(module, Skip):
+        return module
     if spec.name is None:
         return module
     value: Any = module
@@ -227,6 +225,41 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
             return Skip(f"{what} {spec}: {spec.path} defines no '{spec.name}'")
         value = getattr(value, part)
     return value
+
+
+MAX_STAND_INS = 4
+
+
+def _import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
+    """``import_file``; a package that is not installed is replaced by a stand-in (gpu_runner.absent) and the
+    import retried, so that a file importing torchvision only for its training functions still builds. A file
+    that uses the missing package when imported is a Skip naming the package."""
+
+    missing: list[str] = []
+    while True:
+        try:
+            with absent.stand_ins(missing):
+                module = import_file(code_root, path)
+        except ModuleNotFoundError as exc:
+            name = absent.missing_package(exc) or (exc.name or "").split(".")[0]
+            local = (code_root / name).exists() or (code_root / f"{name}.py").exists()
+            if not name or local:
+                raise BuildError(f"importing {path} failed: {exc}") from exc
+            if name in missing or len(missing) >= MAX_STAND_INS or absent.missing_package(exc):
+                return Skip(f"importing {path} needs '{exc.name}', which is not installed on the smoke runner; "
+                            "install it in the runner image")
+            missing.append(name)
+            continue
+        except (Exception, SystemExit) as exc:
+            name = absent.missing_package(exc)
+            if name:
+                return Skip(f"importing {path} needs '{name}', which is not installed on the smoke runner "
+                            f"({_one_line_text(exc, 160)}); install it in the runner image")
+            raise BuildError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        if missing:
+            _IMPORT_NOTES.append(f"imported {path} with stand-ins for {', '.join(repr(m) for m in missing)}, which "
+                                 "the smoke runner does not have (the model never used them)")
+        return module
 
 
 def load_callable(code_root: Path, reference: str) -> Any:
@@ -357,6 +390,8 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
     (r"image_size|img_size|input_resolution|resolution", 32),
     (r"patch_size|patch", 4),
     (r"num_experts|n_experts", 4),
+    (r"num_hierarchies|num_stages|n_stages|num_levels|n_levels|num_scales|n_scales", 2),
+    (r"block_repeats|repeats|num_repeats|n_repeats", 2),
     (r"top_k|topk", 2),
     (r"eps|layer_norm_eps|norm_eps|epsilon", 1e-5),
     (r"groups|num_groups", 1),
@@ -373,8 +408,34 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
 _NAMES_TO_GUESS = [(re.compile(f"(?:{pattern})", re.IGNORECASE), value) for pattern, value in _ARGUMENT_GUESSES]
 
 
+def _name_suffixes(name: str) -> list[str]:
+    """``name`` and its shorter ``_``-separated tails, longest first: ``sm_enc_mlp_dim`` -> ``enc_mlp_dim``,
+    ``mlp_dim``, ``dim`` (a prefixed argument means what its tail means: CrossViT's ``sm_dim``, ``lg_dim``)."""
+    parts = name.split("_")
+    return ["_".join(parts[i:]) for i in range(len(parts)) if parts[i]]
+
+
+def _matches(pattern: "re.Pattern", name: str) -> bool:
+    """Whether ``name``'s most specific known tail (see _name_suffixes) is one ``pattern`` names."""
+    for suffix in _name_suffixes(name):
+        if any(p.fullmatch(suffix) for p, _ in _NAMES_TO_GUESS) or pattern.fullmatch(suffix):
+            return bool(pattern.fullmatch(suffix))
+    return False
+
+
 def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tuple[bool, Any]:
-    """(found, value) for a required constructor argument, by its name (and annotation for lists/bools)."""
+    """(found, value) for a required constructor argument, by its name, else by its most specific known tail
+    (``sm_dim`` as ``dim``), and its annotation for lists/bools."""
+    for suffix in _name_suffixes(name):
+        found, value = _guess_by_name(suffix, annotation)
+        if found:
+            return found, value
+    if annotation is bool:
+        return True, False
+    return False, None
+
+
+def _guess_by_name(name: str, annotation: Any) -> tuple[bool, Any]:
     for pattern, value in _NAMES_TO_GUESS:
         if pattern.fullmatch(name):
             origin = typing.get_origin(annotation)
@@ -385,34 +446,56 @@ def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tupl
             elif annotation is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             return True, value
-    if annotation is bool:
-        return True, False
     return False, None
 
 
 _DEPTH_NAMES = re.compile(r"num_layers|n_layers?|nlayers|depths?|layers|num_blocks|n_blocks|num_hidden_layers|"
-                          r"num_encoder_layers|num_decoder_layers|cls_depth|encoder_depth|decoder_depth", re.I)
+                          r"num_encoder_layers|num_decoder_layers|cls_depth|encoder_depth|decoder_depth|"
+                          r"block_repeats|repeats|num_repeats|n_repeats", re.I)
 _WIDTH_NAMES = re.compile(r"embed_dim|d_model|n_embd|hidden_size|hidden_dim|dim|width|model_dim|emb_dim|"
                           r"decoder_embed_dim|embedding_dim", re.I)
 _HEADS_NAMES = re.compile(r"num_heads|nhead|nheads|n_heads?|heads|num_attention_heads|decoder_num_heads", re.I)
 _FF_NAMES = re.compile(r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner", re.I)
+_HEAD_WIDTH_NAMES = re.compile(r"head_dim|head_size|d_head|dim_head|d_k|d_v", re.I)
+_IMAGE_NAMES = re.compile(r"image_size|img_size", re.I)
+_PATCH_NAMES = re.compile(r"patch_size|patch", re.I)
+WIDTH_WITHOUT_HEADS = 96  # divisible by 1, 2, 3, 4, 6, 8, 12, 16, 24, 32: whatever head count a default has
+SHRUNK_IMAGE_SIDE = 64
 MAX_CONFIG_RETRIES = 30
 
 
 def _shrunk(name: str, value: Any, others: dict) -> Any:
     """A smaller value for a size argument left at a large default: depth 2; widths of 8 per head (the heads
-    keep dividing the width); feed-forward widths 64. Anything else unchanged."""
+    keep dividing the width); feed-forward widths 64; 16 per attention head; images 64 pixels wide when
+    the patch sizes divide 64. A prefixed name counts as its tail (``lg_enc_depth`` as ``depth``). Anything else
+    unchanged."""
     if isinstance(value, bool) or not isinstance(value, int):
         return value
-    if _DEPTH_NAMES.fullmatch(name) and value > 2:
+    if _matches(_DEPTH_NAMES, name) and value > 2:
         return 2
-    if _WIDTH_NAMES.fullmatch(name) and value > 128:
-        heads = next((v for k, v in others.items() if _HEADS_NAMES.fullmatch(k) and isinstance(v, int)
+    if _matches(_WIDTH_NAMES, name) and value > 128:
+        heads = next((v for k, v in others.items() if _matches(_HEADS_NAMES, k) and isinstance(v, int)
                       and not isinstance(v, bool) and v > 0), None)
-        return heads * 8 if heads else 64
-    if _FF_NAMES.fullmatch(name) and value > 256:
+        return heads * 8 if heads else WIDTH_WITHOUT_HEADS
+    if _matches(_FF_NAMES, name) and value > 256:
         return 64
+    if _matches(_HEAD_WIDTH_NAMES, name) and value > 16:
+        return 16
+    if _IMAGE_NAMES.fullmatch(name) and value > SHRUNK_IMAGE_SIDE:
+        patches = [v for k, v in others.items() if _matches(_PATCH_NAMES, k) and isinstance(v, int)
+                   and not isinstance(v, bool) and v > 0]
+        if all(SHRUNK_IMAGE_SIDE % patch == 0 for patch in patches):
+            return SHRUNK_IMAGE_SIDE
     return value
+
+
+def _image_side_for_patches(side: int, others: dict) -> int:
+    """The smallest multiple of every patch size among ``others`` that is at least ``side`` (CrossViT's
+    patches of 12 and 16 pixels: 48)."""
+    patches = [v for k, v in others.items() if _matches(_PATCH_NAMES, k) and isinstance(v, int)
+               and not isinstance(v, bool) and v > 0]
+    step = math.lcm(*patches) if patches else 1
+    return step * math.ceil(side / step)
 
 
 def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, explicit: bool):
@@ -442,6 +525,9 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
             return built
         exc = built
         detail = f"{type(exc).__name__}: {exc}"
+        if absent.missing_package(exc):
+            return Skip(f"constructing {label} needs '{absent.missing_package(exc)}', which is not installed on the "
+                        f"smoke runner ({_one_line_text(exc, 160)}); install it in the runner image")
         bug = known_bug(exc)
         if bug is not None:
             return Skip(f"{label} cannot be built: {bug} ({detail})")
@@ -646,11 +732,13 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             notes.append(f"constructor: {parameter.name}={annotation.__name__}(...) {how}")
             continue
         found, value = guess_argument(parameter.name, annotation)
+        if found and _IMAGE_NAMES.fullmatch(parameter.name) and isinstance(value, int):
+            value = _image_side_for_patches(value, {**defaults, **arguments})
         length = guess.sequence_length(usage) if usage is not None else None
         if found and usage is not None and usage.choices and value not in usage.choices:
             found, value = True, usage.choices[0]
         elif found and length and not isinstance(value, (list, tuple)):
-            element = 1 if _DEPTH_NAMES.fullmatch(parameter.name) else value
+            element = 1 if _matches(_DEPTH_NAMES, parameter.name) else value
             value = tuple([element] * length)
         elif found and length and isinstance(value, list):
             value = tuple((value * length)[:length])
@@ -840,6 +928,7 @@ _MASK_NAMES = re.compile(r"(attention_|attn_)?mask|\w*_mask")
 _PADDING_MASK_NAMES = re.compile(r"\w*padding_mask")
 _NON_TOKEN_EMBEDDINGS = re.compile(r"pos|wpe|type|segment|time", re.IGNORECASE)
 _TARGET_NAMES = re.compile(r"targets?|labels?|y_true|gold")
+_HIDDEN_NAMES = re.compile(r"hidden|hx|h0|h_0|hc|hidden_state|hidden_states|state|states|hiddens")
 _ADJACENCY_NAMES = re.compile(r"adj|adj_mat|adj_matrix|adjacency|adjacency_matrix|a_hat|adj_norm|norm_adj|graph")
 _SEQUENCE_LAYERS = (nn.RNNBase, nn.TransformerEncoder, nn.TransformerEncoderLayer, nn.TransformerDecoder,
                     nn.TransformerDecoderLayer, nn.MultiheadAttention)
@@ -859,7 +948,7 @@ def _common_shapes(token_high: int) -> list[TensorSpec]:
 @dataclass
 class _ForwardParameter:
     name: str
-    role: str  # input | tokens | mask | padding_mask | target
+    role: str  # input | tokens | mask | padding_mask | target | adjacency | hidden
     keyword: bool  # passed by keyword (optional or keyword-only)
 
 
@@ -888,6 +977,8 @@ def _forward_parameters(model: nn.Module) -> list[_ForwardParameter]:
             role = "adjacency"
         elif _TOKEN_NAMES.fullmatch(name):
             role = "tokens"
+        elif _HIDDEN_NAMES.fullmatch(name) and found:
+            role = "hidden"
         else:
             role = "input"
         if optional and role not in ("mask", "padding_mask"):
@@ -1004,6 +1095,73 @@ class _Failed:
 _FAILED = _Failed()
 
 
+_ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "true_divide", "addcmul", "addcdiv", "where", "maximum",
+                          "minimum", "pow", "sub_", "add_", "mul_", "div_", "truediv", "radd", "rsub", "rmul",
+                          "rtruediv", "iadd", "isub", "imul", "itruediv"})
+
+
+class _BroadcastWatch(torch.overrides.TorchFunctionMode):
+    """Notices an elementwise operation in which a parameter makes a tensor computed from the input bigger
+    (``x * self.g`` with x [B, 1, H, W] and g [1, 32, 1, 1] gives [B, 32, H, W]): an input that "works" only
+    because the parameters broadcast it, not because it has the shape the model was written for."""
+
+    def __init__(self, inputs: list, parameter_names: dict):
+        super().__init__()
+        self.parameter_names = parameter_names  # id(parameter) -> name
+        self.derived: dict[int, Any] = {}  # id -> weak reference: tensors computed from the input
+        self.found: Optional[str] = None
+        self.broadcast_shape: Optional[tuple] = None  # the shape the parameter broadcast it to
+        for tensor in inputs:
+            self._mark(tensor)
+
+    def _mark(self, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.derived[id(value)] = _weak(value)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                self._mark(item)
+
+    def _is_derived(self, value: Any) -> bool:
+        ref = self.derived.get(id(value)) if isinstance(value, torch.Tensor) else None
+        return ref is not None and ref() is value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        operands = list(args) + list((kwargs or {}).values())
+        if any(self._is_derived(a) for a in _flat(operands)):
+            self._mark(result)
+            name = getattr(func, "__name__", "").strip("_")
+            if self.found is None and name in _ELEMENTWISE and isinstance(result, torch.Tensor):
+                self._look(operands, result)
+        return result
+
+    def _look(self, operands: list, result: torch.Tensor) -> None:
+        parameters = [a for a in operands if isinstance(a, torch.Tensor) and id(a) in self.parameter_names]
+        computed = [a for a in operands if self._is_derived(a)]
+        for parameter in parameters:
+            for tensor in computed:
+                if tensor.numel() < result.numel() and parameter.numel() > 1:
+                    self.found = (f"the parameter {self.parameter_names[id(parameter)]} "
+                                  f"{list(parameter.shape)} broadcasts a tensor computed from the input from "
+                                  f"{list(tensor.shape)} to {list(result.shape)}")
+                    self.broadcast_shape = tuple(result.shape)
+                    return
+
+
+def _weak(tensor: torch.Tensor):
+    import weakref
+
+    return weakref.ref(tensor)
+
+
+def _flat(values: Any) -> Iterator[Any]:
+    for value in values:
+        if isinstance(value, (tuple, list)):
+            yield from _flat(value)
+        else:
+            yield value
+
+
 class _Prober:
     """Runs the model on candidate inputs without changing its state (buffers are restored)."""
 
@@ -1012,16 +1170,29 @@ class _Prober:
         self.tried = 0
         self.first_error: Optional[str] = None
         self.last_error: Optional[str] = None
+        self.missing_package: Optional[str] = None  # a package the forward used that the runner lacks
+        self.broadcast: Optional[str] = None  # how the parameters broadcast the last input (watch_broadcast)
+        self.broadcast_shape: Optional[tuple] = None
 
-    def try_plan(self, plan: InputPlan, batch_size: int = PROBE_BATCH) -> Any:
+    def try_plan(self, plan: InputPlan, batch_size: int = PROBE_BATCH, watch_broadcast: bool = False) -> Any:
+        """The model's output on ``plan``, or _FAILED. With ``watch_broadcast``, ``self.broadcast`` says how the
+        parameters broadcast the input, when they do (None otherwise)."""
         self.tried += 1
+        self.broadcast = None
         generator = torch.Generator().manual_seed(0)
         buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
         try:
             args, kwargs = plan.make(batch_size, generator, self.float_dtype, self.device)
             with torch.no_grad():
-                return self.model(*args, **kwargs)
+                if not watch_broadcast:
+                    return self.model(*args, **kwargs)
+                names = {id(p): name for name, p in self.model.named_parameters()}
+                with _BroadcastWatch(list(args) + list(kwargs.values()), names) as watch:
+                    output = self.model(*args, **kwargs)
+                self.broadcast, self.broadcast_shape = watch.found, watch.broadcast_shape
+                return output
         except Exception as exc:
+            self.missing_package = self.missing_package or absent.missing_package(exc)
             self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             self.first_error = self.first_error or self.last_error
             return _FAILED
@@ -1043,17 +1214,43 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
                 notes.append(f"input from example_input_array: {plan.describe()}")
                 return plan, output
     seen: set = set()
-    for plan in _candidate_plans(model, hints):
+    broadcast: Optional[tuple[InputPlan, Any, str, int]] = None  # the first input that only worked by broadcasting
+    for plan in _with_broadcast_shapes(_candidate_plans(model, hints), prober):
         if plan.key() in seen:
             continue
-        if len(seen) >= MAX_PROBES:
+        if len(seen) >= MAX_PROBES or (broadcast is not None and len(seen) >= broadcast[3] + MAX_PROBES_AFTER_BROADCAST):
             break
         seen.add(plan.key())
-        output = prober.try_plan(plan)
-        if output is not _FAILED:
-            notes.append(f"input inferred {plan.source}: {plan.describe()}")
-            return plan, output
+        output = prober.try_plan(plan, watch_broadcast=True)
+        if output is _FAILED:
+            continue
+        if prober.broadcast is not None:
+            broadcast = broadcast or (plan, output, prober.broadcast, len(seen))
+            continue
+        if broadcast is not None:
+            notes.append(f"rejected the input {broadcast[0].describe()}: {broadcast[2]}")
+        notes.append(f"input inferred {plan.source}: {plan.describe()}")
+        return plan, output
+    if broadcast is not None:  # nothing else works: maybe the model is written that way
+        notes.append(f"input inferred {broadcast[0].source}: {broadcast[0].describe()} ({broadcast[2]}; no other "
+                     "input worked)")
+        return broadcast[0], broadcast[1]
     return None, None
+
+
+def _with_broadcast_shapes(plans: Iterator[InputPlan], prober: "_Prober") -> Iterator[InputPlan]:
+    """``plans``; after one whose single input the parameters broadcast to a bigger shape, first that shape
+    (a [B, 1, H, W] image broadcast to [B, 32, H, W] by a [1, 32, 1, 1] gain: 32 channels)."""
+    for plan in plans:
+        yield plan
+        shape = prober.broadcast_shape
+        if prober.broadcast is None or shape is None or len(plan.args) != 1 or plan.kwargs:
+            continue
+        spec = plan.args[0]
+        if isinstance(spec, TensorSpec) and spec.dtype == "float" and spec.batch_axis == 0 and not spec.adjacency \
+                and len(shape) == len(spec.shape) + 1 and shape[0] == PROBE_BATCH:
+            yield InputPlan((TensorSpec(tuple(shape[1:])),), (), "from the shape the parameters broadcast "
+                                                                  f"{spec.describe()} to")
 
 
 _IMAGE_SIZE_NAMES = ("image_size", "img_size", "input_size", "input_resolution", "resolution", "image_res")
@@ -1152,7 +1349,7 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     offered with, then without. Plans may repeat; the caller skips repeats."""
     hints = hints or {}
     parameters = _forward_parameters(model)
-    tensors = [p for p in parameters if p.role in ("input", "tokens", "target", "adjacency")]
+    tensors = [p for p in parameters if p.role in ("input", "tokens", "target", "adjacency", "hidden")]
     if not tensors:
         tensors = [_ForwardParameter("input", "input", False)]
     masks = [p for p in parameters if p.role in ("mask", "padding_mask")]
@@ -1160,6 +1357,9 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     vocab = _token_vocabulary(model)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features]
     classes = linears[-1].out_features if linears else 2
+    recurrent = next((m for m in model.modules() if isinstance(m, nn.RNNBase)), None)
+    # an RNN called with its state: time-first inputs when the RNN is (the state's batch is its dim 1)
+    time_first = recurrent is not None and not recurrent.batch_first and any(p.role == "hidden" for p in tensors)
 
     def heuristic_options(index: int, parameter: _ForwardParameter) -> list[tuple[TensorSpec, str]]:
         choices: list[tuple[TensorSpec, str]] = []
@@ -1172,11 +1372,20 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                         (TensorSpec((classes,), is_target=True), "as regression targets")]
         if parameter.role == "adjacency":
             return [(TensorSpec((), adjacency=True), f"as a graph's adjacency from the name '{parameter.name}'")]
+        if parameter.role == "hidden":
+            return [(spec, f"as the state of the {describe_layer(recurrent)}") for spec in _recurrent_state(recurrent)]
         if index == 0 and not as_tokens:
             choices += [(spec, "from the constructor's arguments") for spec in _specs_from_hints(hints)]
         # the i-th input likely feeds the i-th entry layer (two-input models); else the first one
         for layer in ([layers[index]] if index < len(layers) else []) + layers[:1]:
             choices += [(spec, f"from the first {describe_layer(layer)}") for spec in specs_for_layer(layer, as_tokens)]
+        if index == 0 and len(tensors) > 1 and layers and not as_tokens:
+            # a decoder block: the first input, upsampled, is concatenated with a skip connection before the
+            # first convolution, so it carries about half of that convolution's channels
+            for spec in specs_for_layer(layers[0])[:1]:
+                if len(spec.shape) == 3 and spec.shape[0] > 1:
+                    choices.insert(min(1, len(choices)), (TensorSpec((spec.shape[0] // 2,) + spec.shape[1:]),
+                                                          "as half the channels of a concatenation"))
         if index > 0 and layers and not as_tokens:  # a skip connection: half the channels at twice the size...
             for spec in specs_for_layer(layers[0])[:1]:
                 if len(spec.shape) == 3:
@@ -1184,6 +1393,10 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                     rest = max(c - c // 2, 1)  # what concatenates with an upsampled c // 2 channels back to c
                     choices += [(TensorSpec(shape), "from the first input's shape, as a skip connection")
                                 for shape in ((rest, 2 * h, 2 * w), (rest, h, w), (c, 2 * h, 2 * w))]
+        if time_first:
+            choices = [(dataclasses.replace(spec, batch_axis=1), why + ", time-first like the RNN")
+                       for spec, why in choices if isinstance(spec, TensorSpec) and spec.shape
+                       and not spec.adjacency] + choices
         return _unique(choices)
 
     def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:
@@ -1207,6 +1420,17 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     common = [(spec, "by a search over common shapes") for spec in _common_shapes(min(sizes + [100]))]
     yield from plans([_unique(options + [(spec, "from a torch.fx trace") for spec in traced.get(p.name, [])] + common)
                       for options, p in zip(heuristic, tensors)])
+
+
+def _recurrent_state(layer: Optional[nn.Module]) -> list[Union[TensorSpec, TupleSpec]]:
+    """The initial state an RNN takes: [layers x directions, B, hidden], a pair (h, c) for an LSTM."""
+    if not isinstance(layer, nn.RNNBase):
+        return []
+    stacked = layer.num_layers * (2 if layer.bidirectional else 1)
+    hidden = TensorSpec((stacked, layer.proj_size or layer.hidden_size), batch_axis=1)
+    if isinstance(layer, nn.LSTM):
+        return [TupleSpec((hidden, TensorSpec((stacked, layer.hidden_size), batch_axis=1)))]
+    return [hidden]
 
 
 def _token_vocabulary(model: nn.Module) -> int:
@@ -1334,8 +1558,8 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
     built = _task_for(task, primary, axis, plan, tokens_index, select, config, notes)
     if isinstance(built, Skip):
         return built
-    if "batch_axis" in configured_output:  # else the checks hold the output to batch-first
-        built.batch_axis = axis
+    if "batch_axis" in configured_output or (built.name == "language_model" and axis == 1):
+        built.batch_axis = axis  # else the checks hold the output to batch-first
     if "select" in configured_output:
         built.select = select
     if configured_loss is not None:
@@ -1388,12 +1612,26 @@ def _shape_text(tensor: torch.Tensor, batch_axis: Optional[int]) -> str:
 def _infer_task_name(primary: torch.Tensor, axis: Optional[int], plan: InputPlan, tokens_index: Optional[int]) -> str:
     if primary.dim() == 0 or (axis is None and primary.numel() == 1):
         return "custom"  # the model computes its own loss
+    if _flattened_token_logits(primary, axis, plan, tokens_index):
+        return "language_model"
+    if primary.is_floating_point() and axis == 1 and primary.dim() == 3 and tokens_index is not None \
+            and plan.args[tokens_index].batch_axis == 1 and primary.shape[2] > 1:
+        return "language_model"  # time-first tokens in, time-first logits [T, B, V] out
     if primary.is_floating_point() and axis == 0:
         if primary.dim() == 2 and primary.shape[1] > 1:
             return "classification"
         if primary.dim() == 3 and tokens_index is not None and primary.shape[2] > 1:
             return "language_model"
     return "regression"
+
+
+def _flattened_token_logits(primary: torch.Tensor, axis: Optional[int], plan: InputPlan,
+                            tokens_index: Optional[int]) -> bool:
+    """Logits [B * T, V]: one row per input token (``decoded.view(-1, ntoken)``), rows in the tokens' order."""
+    if tokens_index is None or axis is not None or primary.dim() != 2 or not primary.is_floating_point():
+        return False
+    tokens = plan.args[tokens_index]
+    return primary.shape[0] == PROBE_BATCH * tokens.shape[0] and primary.shape[1] >= tokens.high > 1
 
 
 def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: InputPlan, tokens_index: Optional[int],
@@ -1409,6 +1647,15 @@ def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: Input
                         "configure smoke.targets with a task and a loss")
         classes = int(config.get("num_classes") or primary.shape[1])
         return _Task("classification", _CrossEntropyLoss(select), _random_labels((), classes), classes)
+    if task == "language_model" and _flattened_token_logits(primary, axis, plan, tokens_index):
+        notes.append(f"the logits {_shape_text(primary, axis)} have one row per input token; their targets are the "
+                     "next tokens in the same order, and the output has no batch axis")
+        layout = plan.args[tokens_index].batch_axis
+        shifted = _shifted_tokens(tokens_index, tokens_batch_axis=layout, logits_batch_axis=layout)
+        make_target = lambda b, g, args, device: shifted(b, g, args, device).reshape(-1)  # noqa: E731
+        task_value = _Task("language_model", _CrossEntropyLoss(select), make_target, int(primary.shape[1]))
+        task_value.batch_axis = None
+        return task_value
     if task == "language_model":
         if primary.dim() != 3 or axis not in (0, 1) or tokens_index is None:
             return Skip(f"task language_model needs token ids [B, T] and logits [B, T, V] (or [T, B, V] with "

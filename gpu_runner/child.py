@@ -39,7 +39,13 @@ def _report(target: str, status: str, reason: str = "", **extra) -> dict:
     return data
 
 
-def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int) -> dict:
+CHECKS_SHARE_OF_TIMEOUT = 0.6  # what the checks may plan to use of the per-target timeout (the rest: margin)
+
+
+def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int,
+              deadline: float | None = None) -> dict:
+    """Build and check one target; ``deadline`` (a time.perf_counter() value) is when the target is killed:
+    the checks plan to end well before it, on smaller batches if they must."""
     from gpu_runner.build import CONFIGURE_HINT, Skip, build_subject, known_bug
     from gpu_runner.checks import run_checks
 
@@ -52,7 +58,8 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     if isinstance(subject, Skip):
         return _report(target, "skipped", subject.reason)
     try:
-        report = run_checks(subject, steps=steps, seed=seed)
+        budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        report = run_checks(subject, steps=steps, seed=seed, budget_s=budget)
     except Exception as exc:  # noqa: BLE001
         return _report(target, "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
     data = report.to_dict()
@@ -85,18 +92,24 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 result = smoke_step(code_root, item["target"], item.get("config"), device=job.get("device", "cpu"),
                                     seed=int(job.get("seed", 0)))
             else:
+                timeout = job.get("target_timeout_s")
+                deadline = started + CHECKS_SHARE_OF_TIMEOUT * float(timeout) if timeout else None
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
-                                   int(job.get("steps", 50)), int(job.get("seed", 0)))
+                                   int(job.get("steps", 50)), int(job.get("seed", 0)), deadline)
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
 
 
 def missing_import(code_root: Path, target: str) -> tuple[str, str] | None:
     """(path, module) when the target's file unconditionally imports, at its top level, a module that is neither
-    installed nor part of the code (``import timm``); None when every such import can be found. Imports inside
-    ``try:`` or functions are not judged: the file may do without them."""
+    installed nor part of the code (``import timm``) and uses it when imported (a base class, a call at the top
+    level); None when every such import can be found or is only used inside functions (the build imports the
+    file with a stand-in for it: gpu_runner.absent). Imports inside ``try:`` or functions are not judged: the
+    file may do without them."""
     import ast
     import importlib.util
+
+    from gpu_runner.absent import used_when_imported
 
     path = target.split(":", 1)[0]
     file_path = code_root / path
@@ -120,7 +133,8 @@ def missing_import(code_root: Path, target: str) -> tuple[str, str] | None:
                 continue
         except (ImportError, ValueError):
             continue
-        return path, name
+        if used_when_imported(tree, name):
+            return path, name
     return None
 
 

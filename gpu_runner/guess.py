@@ -27,7 +27,7 @@ class Usage:
 
     attributes: list[str] = field(default_factory=list)  # arg.X read (in order)
     called: bool = False  # arg(...)
-    length: Optional[int] = None  # assert len(arg) == N
+    length: Optional[int] = None  # assert len(arg) == N, or a, b = arg
     max_index: Optional[int] = None  # arg[i]
     is_tuple: bool = False  # isinstance(arg, tuple)
     iterated: bool = False  # for _ in arg / zip(arg, ...)
@@ -126,6 +126,13 @@ def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: O
                     usage[arg].dict_keys = list(table)
         elif isinstance(sub, (ast.For, ast.comprehension)) and (arg := name_of(sub.iter)):
             usage[arg].iterated = True
+        elif isinstance(sub, ast.Assign) and (arg := name_of(sub.value)) \
+                and isinstance(sub.targets[0], (ast.Tuple, ast.List)):  # ih, iw = image_size
+            elements = sub.targets[0].elts
+            if any(isinstance(e, ast.Starred) for e in elements):
+                usage[arg].iterated = True
+            else:
+                usage[arg].length = len(elements)
 
 
 def sequence_length(usage: Usage) -> Optional[int]:

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from analyzers.config import ConfigError, parse_config_text  # noqa: E402
-from gpu_runner.build import Skip, build_subject  # noqa: E402
+from gpu_runner.build import build_subject  # noqa: E402
 from gpu_runner.checks import run_checks  # noqa: E402
 from gpu_runner.runner import configured_requests  # noqa: E402
 from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
@@ -140,7 +140,9 @@ def configured_subject(root: Path, config_text: str, filename: str):
 
 def test_an_lstm_language_model_with_a_tuple_hidden_state_and_a_time_first_output(tmp_path):
     root = write_tree(tmp_path, {"lm/model.py": LSTM_LM})
-    assert isinstance(build_subject(root, "lm/model.py:RNNModel", device="cpu"), Skip)  # not without the config
+    guessed = build_subject(root, "lm/model.py:RNNModel", device="cpu")  # without the config: the same layout
+    assert guessed.task == "language_model" and guessed.output_batch_axis == 1 and not guessed.inputs_batch_first
+    assert run_checks(guessed, steps=STEPS).status == "passed"
 
     request, subject = configured_subject(root, LSTM_CONFIG, ".github/torchreview.yml")
     assert request.target == "lm/model.py:RNNModel" and "target" not in request.config

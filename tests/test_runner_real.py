@@ -508,6 +508,7 @@ def test_a_missing_package_is_decided_before_import_torch(tmp_path):
     from gpu_runner.child import missing_import
 
     root = write_tree(tmp_path, {"m.py": "import os\nimport torch\nimport a_package_nobody_has.sub\n"
+                                    "a_package_nobody_has.sub.configure()\n"
                                     "try:\n    import another_missing_one\nexcept ImportError:\n    pass\n",
                             "ok.py": "import torch\nfrom helpers import thing\n", "helpers.py": "thing = 1\n"})
     assert missing_import(root, "m.py:Net") == ("m.py", "a_package_nobody_has")
@@ -522,7 +523,7 @@ def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
         "a.py": "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                 "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        return self.fc(x)\n",
         "crash.py": "import os\nos._exit(3)\n",
-        "missing.py": "import a_package_nobody_has\n"})
+        "missing.py": "import a_package_nobody_has\na_package_nobody_has.setup()\n"})
     requests = [TargetRequest("a.py:A"), TargetRequest("crash.py:B"), TargetRequest("missing.py:C"),
                 TargetRequest("a.py:A")]
     reports, _ = run_targets(root, requests, device="cpu", steps=2, seed=0, limits=SandboxLimits(timeout_s=120),
@@ -574,3 +575,219 @@ def test_an_image_the_network_reduces_to_nothing_is_grown(tmp_path):
     '''})
     subject = build(root, "deep.py:Deep")
     assert any("grown to float [B, 3, 128, 128]" in note for note in subject.notes), subject.notes
+
+
+SCRIPT_IMPORTING_WHAT_THE_RUNNER_LACKS = '''
+    import torch
+    import torch.nn as nn
+    import a_missing_plotting_pkg as plt
+    from a_missing_vision_pkg import datasets, transforms
+    from a_missing_vision_pkg.utils import save_image
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(784, 10)
+
+        def forward(self, x):
+            return self.fc(x.flatten(1))
+
+    def train(model):
+        loader = datasets.MNIST("data", transform=transforms.ToTensor())
+        plt.plot([1, 2])
+        save_image(next(iter(loader))[0], "x.png")
+
+    if __name__ == "__main__":
+        plt.use("Agg")
+        train(Net())
+'''
+
+
+def test_a_package_only_the_training_functions_use_is_replaced_by_a_stand_in(tmp_path):
+    from gpu_runner.child import missing_import
+
+    root = write_tree(tmp_path, {"main.py": SCRIPT_IMPORTING_WHAT_THE_RUNNER_LACKS})
+    assert missing_import(root, "main.py:Net") is None  # not decided before import: only functions use them
+    subject = build(root, "main.py:Net")
+    assert any("stand-ins" in note and "a_missing_vision_pkg" in note for note in subject.notes)
+    assert run_checks(subject, steps=2).status == "passed"
+    assert not any(name.startswith("a_missing_") for name in sys.modules)  # only while the file is imported
+    try:
+        import a_missing_vision_pkg  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("the stand-in outlived the import of the target")
+
+
+def test_a_missing_package_the_model_uses_is_still_a_skip_naming_it(tmp_path):
+    from gpu_runner.child import missing_import
+
+    root = write_tree(tmp_path, {
+        "base.py": "import torch.nn as nn\nimport a_missing_zoo_pkg\n\n"
+                   "class Net(a_missing_zoo_pkg.models.VisionTransformer):\n    pass\n",
+        "calls.py": "import torch.nn as nn\nimport a_missing_zoo_pkg.models as zoo\n\n"
+                    "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                    "        self.backbone = zoo.resnet18()\n\n    def forward(self, x):\n        return self.backbone(x)\n",
+        "uses.py": "import torch.nn as nn\nimport a_missing_zoo_pkg as zoo\n\n"
+                   "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "        self.fc = nn.Linear(8, 2)\n\n    def forward(self, x):\n        return self.fc(zoo.ops.f(x))\n",
+        "script.py": "import torch.nn as nn\nimport a_missing_plotting_pkg\na_missing_plotting_pkg.use('Agg')\n"})
+    assert missing_import(root, "base.py:Net") == ("base.py", "a_missing_zoo_pkg")
+    assert missing_import(root, "script.py:Net") == ("script.py", "a_missing_plotting_pkg")
+    for target in ("base.py:Net", "calls.py:Net", "uses.py:Net", "script.py:Net"):
+        result = build_subject(root, target, device="cpu")
+        assert isinstance(result, Skip) and "not installed" in result.reason, (target, result)
+        assert "a_missing_" in result.reason
+
+
+CHANNEL_LAYER_NORM = '''
+    import torch
+    import torch.nn as nn
+
+    class ChannelNorm(nn.Module):
+        def __init__(self, dim, eps=1e-5):
+            super().__init__()
+            self.eps = eps
+            self.g = nn.Parameter(torch.ones(1, dim, 1, 1))
+            self.b = nn.Parameter(torch.zeros(1, dim, 1, 1))
+
+        def forward(self, x):
+            var = torch.var(x, dim=1, unbiased=False, keepdim=True)
+            mean = torch.mean(x, dim=1, keepdim=True)
+            return (x - mean) / (var + self.eps).sqrt() * self.g + self.b
+
+    class FourierFeatures(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.freqs = nn.Parameter(torch.randn(dim))
+
+        def forward(self, t):
+            return torch.sin(t.mean(dim=-1, keepdim=True) * self.freqs)
+
+    class MnistConv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 8, 3, padding=1)
+            self.scale = nn.Parameter(torch.ones(1, 8, 1, 1))
+
+        def forward(self, x):
+            return self.conv(x) * self.scale
+'''
+
+
+def test_an_input_that_only_works_by_broadcasting_against_a_parameter_is_rejected(tmp_path):
+    root = write_tree(tmp_path, {"norm.py": CHANNEL_LAYER_NORM})
+    norm = build(root, "norm.py:ChannelNorm")
+    dim = norm.model.g.shape[1]
+    assert norm.make_batch(2, 0).args[0].shape[1] == dim  # channels = dim, not a 1-channel image broadcast to dim
+    assert any(note.startswith("rejected the input") and "broadcasts" in note for note in norm.notes)
+    assert run_checks(norm, steps=STEPS).status == "passed"
+    # an input the model is written to broadcast is kept when nothing else works
+    fourier = build(root, "norm.py:FourierFeatures")
+    assert any("no other input worked" in note for note in fourier.notes)
+    # a 1-channel image into a convolution is not a broadcast: nothing is rejected
+    conv = build(root, "norm.py:MnistConv")
+    assert conv.make_batch(2, 0).args[0].shape[1] == 1 and not any("rejected" in n for n in conv.notes)
+
+
+PREFIXED_AND_UNPACKED_ARGUMENTS = '''
+    import torch
+    import torch.nn as nn
+
+    class TwoScaleNet(nn.Module):
+        """Two patch sizes over one image: its side must be a multiple of both."""
+
+        def __init__(self, *, image_size, num_classes, small_dim, large_dim, small_patch=12, large_patch=16,
+                     large_mlp_dim=2048, large_depth=6, num_stages, stage_repeats=2):
+            super().__init__()
+            assert image_size % small_patch == 0 and image_size % large_patch == 0
+            self.small = nn.Conv2d(3, small_dim, small_patch, stride=small_patch)
+            self.large = nn.Conv2d(3, large_dim, large_patch, stride=large_patch)
+            self.mlp = nn.Sequential(*[nn.Linear(large_dim, large_mlp_dim), nn.GELU(),
+                                       nn.Linear(large_mlp_dim, large_dim)] * 1)
+            self.large_depth, self.num_stages = large_depth, num_stages
+            self.head = nn.Linear(small_dim + large_dim, num_classes)
+
+        def forward(self, img):
+            small = self.small(img).mean((2, 3))
+            large = self.mlp(self.large(img).mean((2, 3)))
+            return self.head(torch.cat([small, large], dim=1))
+
+    class RectangularNet(nn.Module):
+        def __init__(self, image_size, channels, num_classes):
+            super().__init__()
+            height, width = image_size
+            first, *_, last = channels
+            self.conv = nn.Conv2d(3, first, 3, padding=1)
+            self.fc = nn.Linear(first, num_classes)
+
+        def forward(self, x):
+            return self.fc(self.conv(x).mean((2, 3)))
+'''
+
+
+def test_prefixed_names_patch_multiples_and_unpacked_sequences(tmp_path):
+    root = write_tree(tmp_path, {"nets.py": PREFIXED_AND_UNPACKED_ARGUMENTS})
+    two = build(root, "nets.py:TwoScaleNet")
+    assert two.make_batch(2, 0).args[0].shape[-1] % 48 == 0  # a multiple of both patch sizes
+    assert two.model.mlp[0].out_features == 64 and two.model.large_depth == 2  # prefixed sizes shrunk as their tails
+    assert two.model.num_stages == 2
+    rectangular = build(root, "nets.py:RectangularNet")
+    assert any("image_size=(32, 32)" in note for note in rectangular.notes)
+
+
+DECODER_AND_FLATTENED_LM = '''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class UpBlock(nn.Module):
+        def __init__(self, in_channels, out_channels):
+            super().__init__()
+            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.conv = nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, padding=1), nn.ReLU())
+
+        def forward(self, x1, x2):
+            x1 = self.up(x1)
+            return self.conv(torch.cat([x2, x1], dim=1))
+
+    class WordModel(nn.Module):
+        def __init__(self, ntoken, ninp, nhid, nlayers):
+            super().__init__()
+            self.ntoken = ntoken
+            self.encoder = nn.Embedding(ntoken, ninp)
+            self.rnn = nn.GRU(ninp, nhid, nlayers)
+            self.decoder = nn.Linear(nhid, ntoken)
+
+        def forward(self, input, hidden):
+            output, hidden = self.rnn(self.encoder(input), hidden)
+            decoded = self.decoder(output).view(-1, self.ntoken)
+            return F.log_softmax(decoded, dim=1), hidden
+'''
+
+
+def test_a_decoder_block_and_a_language_model_with_flattened_logits_and_a_state(tmp_path):
+    root = write_tree(tmp_path, {"parts.py": DECODER_AND_FLATTENED_LM})
+    up = build(root, "parts.py:UpBlock")
+    x1, x2 = up.make_batch(2, 0).args
+    assert x1.shape[1] + x2.shape[1] == up.model.conv[0].in_channels and x2.shape[-1] == 2 * x1.shape[-1]
+    word = build(root, "parts.py:WordModel")
+    tokens, hidden = word.make_batch(3, 0).args
+    assert tokens.shape[1] == 3 and hidden.shape[1] == 3  # time-first, like the GRU
+    assert word.task == "language_model" and word.output_batch_axis is None
+    target = word.make_batch(3, 0).target
+    assert torch.equal(target.view(tokens.shape)[:-1], tokens[1:])  # the next token of each row, rows in order
+    assert run_checks(word, steps=STEPS).status == "passed"
+
+
+def test_a_model_too_slow_for_the_budget_is_checked_on_smaller_batches_not_killed():
+    from tests.test_runner_checks import classification_subject
+
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 10))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = run_checks(classification_subject(model, (20,), 10), steps=2, budget_s=0.0)
+    assert report.status == "passed" and any("checked on batches of 2" in note for note in report.notes)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the timed step left no trace
+    roomy = run_checks(classification_subject(model, (20,), 10), steps=2, budget_s=3600.0)
+    assert not any("checked on batches" in note for note in roomy.notes)

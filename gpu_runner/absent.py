@@ -1,0 +1,163 @@
+"""Packages the runner lacks, imported as stand-ins when the file only needs them inside its functions.
+
+A model file often imports what its training script needs (``from torchvision import datasets``,
+``from PIL import ImageFilter``) next to a model that never touches it. Importing such a file with a
+stand-in in place of the missing package lets the model build; the first real use of the stand-in
+(a call, a subclass, iteration) raises ``MissingPackageError``, and the target is skipped as needing the
+package, exactly as it would be without stand-ins. Stand-ins live in ``sys.modules`` only while the file
+is imported, so later ``try: import X / except ImportError`` code still sees the package missing.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Iterable, Iterator, Optional
+
+
+class MissingPackageError(ModuleNotFoundError):
+    """The PR's code used a package the runner does not have."""
+
+
+def _missing(name: str) -> MissingPackageError:
+    top = name.split(".")[0]
+    return MissingPackageError(f"{name} is used, but the package '{top}' is not installed on the smoke runner",
+                               name=top)
+
+
+class StandIn(types.ModuleType):
+    """Any attribute is another stand-in; any use other than naming it raises ``MissingPackageError``."""
+
+    def __getattr__(self, attribute: str) -> "StandIn":
+        if attribute.startswith("__") and attribute.endswith("__"):
+            raise AttributeError(attribute)  # protocols probed by inspect, copy, pickle... are absent
+        child = StandIn(f"{self.__name__}.{attribute}")
+        setattr(self, attribute, child)
+        return child
+
+    def __call__(self, *args, **kwargs):
+        raise _missing(self.__name__)
+
+    def __mro_entries__(self, bases):  # class Net(missing.Base): the class cannot exist without the package
+        raise _missing(self.__name__)
+
+    def __iter__(self):
+        raise _missing(self.__name__)
+
+    def __getitem__(self, key):
+        raise _missing(self.__name__)
+
+    def __instancecheck__(self, instance) -> bool:  # nothing is an instance of a class that is not installed
+        return False
+
+    def __subclasscheck__(self, subclass) -> bool:
+        return False
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, packages: Iterable[str]):
+        self.packages = set(packages)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.packages:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = StandIn(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+@contextlib.contextmanager
+def stand_ins(packages: Iterable[str]) -> Iterator[None]:
+    """Within the block, importing any of ``packages`` (or their submodules) gives stand-ins."""
+    finder = _StandInFinder(packages)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n.split(".")[0] in finder.packages]:
+            if isinstance(sys.modules[name], StandIn):
+                del sys.modules[name]
+
+
+def missing_package(exc: BaseException) -> Optional[str]:
+    """The package a stand-in reported missing, anywhere in ``exc``'s chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MissingPackageError):
+            return exc.name
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _bound_names(node: ast.stmt, missing: str) -> set[str]:
+    """The names an import statement binds to ``missing`` or its submodules."""
+    names = set()
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name.split(".")[0] == missing:
+                names.add(alias.asname or alias.name.split(".")[0])
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+            and node.module.split(".")[0] == missing:
+        names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def _is_main_guard(statement: ast.stmt) -> bool:
+    test = statement.test if isinstance(statement, ast.If) else None
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__" \
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+
+
+def used_when_imported(tree: ast.Module, missing: str) -> bool:
+    """Whether the module's own top-level code (not the bodies of its functions) uses a name bound to the
+    package ``missing``: a call at import time, a base class, a decorator, a default value. Annotations count
+    unless ``from __future__ import annotations`` makes them strings. ``import *`` counts as a use."""
+    bound: set[str] = set()
+    lazy_annotations = any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
+                           and any(a.name == "annotations" for a in n.names) for n in tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names) \
+                    and node.level == 0 and (node.module or "").split(".")[0] == missing:
+                return True
+            bound |= _bound_names(node, missing)
+    if not bound:
+        return False
+
+    def executed(node: ast.AST) -> Iterator[ast.AST]:
+        """The nodes evaluated when the module runs: function bodies and lazy annotations are left out."""
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args
+            parts: list[ast.AST] = list(arguments.defaults) + [d for d in arguments.kw_defaults if d is not None]
+            if not isinstance(node, ast.Lambda):
+                parts += node.decorator_list
+                if not lazy_annotations:
+                    parts += [a.annotation for a in arguments.args + arguments.kwonlyargs if a.annotation]
+                    parts += [node.returns] if node.returns else []
+            for part in parts:
+                yield from executed(part)
+            return
+        for child in ast.iter_child_nodes(node):
+            if lazy_annotations and isinstance(node, ast.AnnAssign) and child is node.annotation:
+                continue
+            yield from executed(child)
+
+    for statement in tree.body:
+        if _is_main_guard(statement):  # the runner imports the file, it does not run it as a script
+            continue
+        for node in executed(statement):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in bound:
+                return True
+    return False
