@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bot.settings import DEFAULT_WEBHOOK_PATH  # noqa: E402
 from github_emulator.local import ProcessGroup  # noqa: E402
 
 SECRET = "load-harness-webhook-secret-4f1c9a"
@@ -383,7 +384,7 @@ class Web:
         from github_emulator.local import free_port
 
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/api/github/webhooks"
+        self.url = f"http://127.0.0.1:{self.port}{DEFAULT_WEBHOOK_PATH}"
         self.log = open(workdir / "web.log", "w")
         self.proc = subprocess.Popen(web_command("127.0.0.1", self.port, workers), env=env, cwd=ROOT,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -959,8 +960,8 @@ def ack_run(rate: float, seconds: float, web_workers: int = 2) -> dict:
         data = real_payload("pull_request.synchronize")
         count = int(rate * seconds)
         warm = min(200, count)
-        requests_bytes = [_http_post(web.port, WEBHOOK_PATH, *signed_delivery("pull_request", {**data, "number": n},
-                                                                              SECRET))
+        requests_bytes = [_http_post(web.port, DEFAULT_WEBHOOK_PATH,
+                                     *signed_delivery("pull_request", {**data, "number": n}, SECRET))
                           for n in range(count + warm)]
         results = asyncio.run(_open_loop(web.port, requests_bytes[:warm], rate=50.0))  # connections, imports, Redis
         redis_client.Redis.from_url(server.url).flushdb()
@@ -980,7 +981,6 @@ def ack_run(rate: float, seconds: float, web_workers: int = 2) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-WEBHOOK_PATH = "/api/github/webhooks"
 ANSWER_TIMEOUT_S = 30.0  # GitHub gives up on a delivery after 10 s; past this the bench calls it failed
 
 

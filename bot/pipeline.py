@@ -431,7 +431,11 @@ def _comment_fits(comment: dict, diff) -> bool:
     return all(n in diff.commentable for n in range(start, comment["line"] + 1))
 
 
+COMMAND_HEAD_TTL = 7 * 24 * 3600  # longer than any redelivery of a job
+
+
 def command_head_key(installation_id: int, trigger: str) -> str:
+    """Where the head a ``/review`` command (its delivery, ``trigger``) first saw is kept."""
     return f"torchreview:command-head:{installation_id}:{trigger}"
 
 
@@ -465,7 +469,6 @@ def fail_check_run(job, clients, store, message: str) -> None:
         log.exception("could not mark the check run failed")
 
 
-COMMAND_HEAD_TTL = 7 * 24 * 3600  # longer than any redelivery of a job
 REFUSAL_REACTIONS_PER_HOUR = 3  # per user and installation; past it, unauthorized commands get nothing
 
 

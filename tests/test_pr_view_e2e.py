@@ -47,12 +47,19 @@ def bot_comments(state, pr):
     return [c for c in state.review_comments_for(pr) if c.user.login.endswith("[bot]")]
 
 
-def test_a_pr_that_deletes_zero_grad_is_told_on_the_line_it_changed(stack):
+def reviewed_pr(stack, changed: dict, base: dict | None = None):
+    """A new repository (``base`` on its default branch), a PR changing ``changed``, its ``opened``
+    delivery, and the completed torchreview run: (state, repository name, PR, run)."""
     state = stack["state"]
-    repo, name = new_repo(state, {}, {"train.py": TRAIN})
-    pr = state.open_pull_request(repo, {"train.py": TRAIN.replace("        optimizer.zero_grad()\n", "")})
+    repo, name = new_repo(state, {}, base)
+    pr = state.open_pull_request(repo, changed)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    run = completed_run(state, pr.head_sha)
+    return state, name, pr, completed_run(state, pr.head_sha)
+
+
+def test_a_pr_that_deletes_zero_grad_is_told_on_the_line_it_changed(stack):
+    without_zero_grad = TRAIN.replace("        optimizer.zero_grad()\n", "")
+    state, _, pr, run = reviewed_pr(stack, {"train.py": without_zero_grad}, base={"train.py": TRAIN})
     assert run.conclusion == "failure"  # TR101 is high: the merge gate closes on what the PR removed
     (comment,) = bot_comments(state, pr)
     assert "`TR101`" in comment.body
@@ -62,24 +69,16 @@ def test_a_pr_that_deletes_zero_grad_is_told_on_the_line_it_changed(stack):
 
 
 def test_a_pr_that_only_adds_a_softmax_to_forward_is_told_about_the_loss_it_feeds(stack):
-    state = stack["state"]
-    repo, name = new_repo(state, {}, {"model.py": MODEL})
     head = MODEL.replace("        return self.fc(x)\n", "        return F.softmax(self.fc(x), dim=-1)\n")
-    pr = state.open_pull_request(repo, {"model.py": head})
-    deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    completed_run(state, pr.head_sha)
+    state, _, pr, _ = reviewed_pr(stack, {"model.py": head}, base={"model.py": MODEL})
     comments = bot_comments(state, pr)
     assert [c.line for c in comments] == [12]  # the changed return, not the untouched loss call
     assert "`TR401`" in comments[0].body and "finding is at line 18" in comments[0].body
 
 
 def test_findings_the_base_already_had_are_not_the_prs_business(stack):
-    state = stack["state"]
     old = 'import torch\n\nstate = torch.load("old.pt")\n'
-    repo, name = new_repo(state, {}, {"load.py": old})
-    pr = state.open_pull_request(repo, {"load.py": old + '\nnew = torch.load("new.pt")\n'})
-    deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    completed_run(state, pr.head_sha)
+    state, _, pr, _ = reviewed_pr(stack, {"load.py": old + '\nnew = torch.load("new.pt")\n'}, base={"load.py": old})
     (comment,) = bot_comments(state, pr)
     assert comment.line == 5 and "new.pt" in comment.body  # old.pt's finding predates the PR
 
@@ -110,11 +109,8 @@ for real, label in loader:
 
 
 def test_the_model_defined_in_another_file_of_the_repository_is_known(stack):
-    state = stack["state"]
-    repo, name = new_repo(state, {}, {"model.py": MODEL_PY})
-    pr = state.open_pull_request(repo, {"train.py": TRAIN_GAN})  # model.py is not part of the PR
-    deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    completed_run(state, pr.head_sha)
+    # model.py is not part of the PR
+    state, _, pr, _ = reviewed_pr(stack, {"train.py": TRAIN_GAN}, base={"model.py": MODEL_PY})
     (comment,) = bot_comments(state, pr)
     assert "`TR402`" in comment.body and "Discriminator.forward returns sigmoid" in comment.body
     assert comment.line == 7
@@ -136,11 +132,7 @@ VARIABLES = "import torch\nfrom torch.autograd import Variable\n\n" + "".join(
 
 
 def test_a_file_with_100_variable_lines_gets_one_comment_that_lists_them_all(stack):
-    state = stack["state"]
-    repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"tensors.py": VARIABLES})
-    deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    run = completed_run(state, pr.head_sha)
+    state, _, pr, run = reviewed_pr(stack, {"tensors.py": VARIABLES})
     (comment,) = bot_comments(state, pr)
     assert "`TR803`" in comment.body and "100 findings in this file" in comment.body
     assert "lines 24, 25" in comment.body and "103" in comment.body  # past the listed messages: every line
@@ -174,11 +166,7 @@ for x, y in loader:
 
 
 def test_a_dataloader_line_with_two_findings_gets_one_comment(stack):
-    state = stack["state"]
-    repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"train.py": DATALOADER})
-    deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    completed_run(state, pr.head_sha)
+    state, _, pr, _ = reviewed_pr(stack, {"train.py": DATALOADER})
     (comment,) = bot_comments(state, pr)
     assert comment.line == 7 and "`TR702`" in comment.body and "`TR703`" in comment.body
     assert len(parse_fingerprints(comment.body)) == 2
@@ -189,11 +177,7 @@ LOADS = "import argparse\n\nimport torch\n\nargs = argparse.ArgumentParser().par
 
 
 def test_four_loads_in_a_row_are_one_comment_whose_suggestion_fixes_all_and_resolves_it(stack):
-    state = stack["state"]
-    repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"eval.py": LOADS})
-    deliver(stack, "pull_request", pr_payload("opened", name, pr))
-    completed_run(state, pr.head_sha)
+    state, name, pr, _ = reviewed_pr(stack, {"eval.py": LOADS})
     (comment,) = bot_comments(state, pr)
     assert (comment.start_line, comment.line) == (6, 9) and "lines 6, 7, 8, 9" in comment.body
     fixed = applied(LOADS, comment)

@@ -655,7 +655,39 @@ _LOGGERS = {"wandb.init", "torch.utils.tensorboard.SummaryWriter", "torch.utils.
             "comet_ml.start", "aim.Run"}
 
 
-class LoggerOnEveryRank(Rule):
+class _CallsOnEveryRank(Rule):
+    """Calls that every DDP rank makes: whether the file wraps a model in DDP, the calls ``collects``
+    accepts (with their function), and the functions that return early off rank 0 (their calls are
+    guarded). ``unguarded_calls`` is what the rule may report."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.ddp = False
+        self.calls: list[tuple[cst.Call, object]] = []
+        self.guarded: set[int] = set()
+
+    def collects(self, node: cst.Call, ctx: FileContext) -> bool:
+        raise NotImplementedError
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if _is_ddp_call(node, ctx):
+            self.ddp = True
+        elif self.collects(node, ctx):
+            self.calls.append((node, ctx.function))
+
+    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
+        if _mentions_rank(node.test) and isinstance(node.body, cst.IndentedBlock) and any(
+                isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
+                for s in node.body.body):
+            self.guarded.add(id(ctx.function))
+
+    def unguarded_calls(self, ctx: FileContext) -> list[tuple[cst.Call, object]]:
+        if not self.ddp or _is_test_file(ctx.path):
+            return []
+        return [(call, fn) for call, fn in self.calls if id(fn) not in self.guarded]
+
+
+class LoggerOnEveryRank(_CallsOnEveryRank):
     id = "TR725"
     source_hint = (_DDP_HINT, re.compile(r"wandb|SummaryWriter|mlflow|neptune|comet_ml|aim\b"))
     slug = "experiment-logger-on-every-rank"
@@ -736,32 +768,13 @@ class LoggerOnEveryRank(Rule):
         ),
     ]
 
-    def __init__(self, ctx: FileContext) -> None:
-        super().__init__(ctx)
-        self.ddp = False
-        self.loggers: list[tuple[cst.Call, object]] = []
-        self.guarded: set[int] = set()
-
-    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if _is_ddp_call(node, ctx):
-            self.ddp = True
-        elif ctx.call_name(node) in _LOGGERS and not SaveOnEveryRank._guarded(node, ctx):
-            if not any(_mentions_rank(arg.value) or _mentions_rank(ctx.origin(arg.value) or arg.value)
-                       for arg in node.args):
-                self.loggers.append((node, ctx.function))
-
-    def visit_If(self, node: cst.If, ctx: FileContext) -> None:
-        if _mentions_rank(node.test) and isinstance(node.body, cst.IndentedBlock) and any(
-                isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
-                for s in node.body.body):
-            self.guarded.add(id(ctx.function))
+    def collects(self, node: cst.Call, ctx: FileContext) -> bool:
+        return (ctx.call_name(node) in _LOGGERS and not SaveOnEveryRank._guarded(node, ctx)
+                and not any(_mentions_rank(arg.value) or _mentions_rank(ctx.origin(arg.value) or arg.value)
+                            for arg in node.args))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.ddp or _is_test_file(ctx.path):
-            return
-        for call, fn in self.loggers:
-            if id(fn) in self.guarded:
-                continue
+        for call, _fn in self.unguarded_calls(ctx):
             self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: each process starts its own "
                               f"run / event file and logs its own shard's metrics; create it only on rank 0 "
                               f"(`if dist.get_rank() == 0:`)")
@@ -959,7 +972,7 @@ def _string_text(expr: cst.CSTNode) -> str:
     return " ".join(n.value for n in subtree(expr) if isinstance(n, (cst.SimpleString, cst.FormattedStringText)))
 
 
-class MetricsPrintedOnEveryRank(Rule):
+class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
     id = "TR727"
     source_hint = (_DDP_HINT, re.compile(r"backward"), re.compile(r"print|logging|getLogger"))
     slug = "metrics-printed-on-every-rank"
@@ -1067,21 +1080,10 @@ class MetricsPrintedOnEveryRank(Rule):
         ),
     ]
 
-    def __init__(self, ctx: FileContext) -> None:
-        super().__init__(ctx)
-        self.ddp = False
-        self.prints: list[tuple[cst.Call, object]] = []
-        self.guarded: set[int] = set()
-
-    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if _is_ddp_call(node, ctx):
-            self.ddp = True
-        elif self._is_log_call(node, ctx) and self._shows_metric(node) and not SaveOnEveryRank._guarded(node, ctx):
-            stack = _loop_stack(ctx)
-            if stack and any(loop_trains(loop, ctx) for loop in stack):
-                self.prints.append((node, ctx.function))
-
-    visit_If = LoggerOnEveryRank.visit_If
+    def collects(self, node: cst.Call, ctx: FileContext) -> bool:
+        if not (self._is_log_call(node, ctx) and self._shows_metric(node) and not SaveOnEveryRank._guarded(node, ctx)):
+            return False
+        return any(loop_trains(loop, ctx) for loop in _loop_stack(ctx))
 
     @staticmethod
     def _is_log_call(node: cst.Call, ctx: FileContext) -> bool:
@@ -1104,12 +1106,10 @@ class MetricsPrintedOnEveryRank(Rule):
             isinstance(n, cst.Call) and method_name(n) == "item" for arg in node.args for n in subtree(arg.value))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.ddp or _is_test_file(ctx.path):
-            return
         silenced = _PRINT_SILENCED.search(ctx.source) is not None
         reported: set[int] = set()
-        for call, fn in self.prints:
-            if id(fn) in self.guarded or id(fn) in reported:
+        for call, fn in self.unguarded_calls(ctx):
+            if id(fn) in reported:
                 continue
             if silenced and isinstance(call.func, cst.Name):
                 continue
