@@ -228,7 +228,7 @@ def snapshot(state, world: dict, landed: dict) -> dict:
                              for c in state.issue_comments_for(pr)],
             })
         requests_ = [(r.at, r.method, r.path, r.status, r.installation_id, _creates_content(r),
-                      (r.body or {}).get("status") if isinstance(r.body, dict) else None)
+                      (r.body or {}).get("status") if isinstance(r.body, dict) else None, r.user_agent)
                      for r in state.requests]
         return {"prs": prs, "requests": requests_, "violations": list(state.contract_violations),
                 "faults": {f.status: f.hits for f in state.faults.pending}}  # injected: 502s, 403 rate limits
@@ -711,10 +711,13 @@ def check(outcome: Outcome) -> list[str]:
     if never_accepted:
         problems.append(f"{len(never_accepted)} deliveries were never acknowledged (e.g. plan #{never_accepted[0]})")
 
-    completions: dict[int, float] = {}  # check run id -> wall time of its last completing request
-    for at, method, path, status, _inst, _creates, body_status in shot["requests"]:
+    completions: dict[int, tuple[float, str]] = {}  # check run id -> (time, client) of its last completing request
+    head_reads: dict[tuple[str, str], list[float]] = defaultdict(list)  # (client, PR path) -> when it read the PR
+    for at, method, path, status, _inst, _creates, body_status, agent in shot["requests"]:
         if method == "PATCH" and "/check-runs/" in path and status == 200 and body_status == "completed":
-            completions[int(path.rsplit("/", 1)[1])] = at
+            completions[int(path.rsplit("/", 1)[1])] = (at, agent)
+        elif method == "GET" and status == 200 and PULL_PATH.fullmatch(path):
+            head_reads[(agent, path)].append(at)
 
     for n, pr in enumerate(shot["prs"]):
         name = f"{outcome.world['prs'][n]['repo']}#{outcome.world['prs'][n]['number']}"
@@ -740,13 +743,16 @@ def check(outcome: Outcome) -> list[str]:
                 problems.append(f"{name}: {len(automatic)} automatic check runs on {head[:7]} (one expected)")
             if head == latest:
                 continue
-            superseded_at = _superseded_at(pr, head, outcome.storm.write_interval)
+            superseded_at = _superseded_at(pr, head)
             for run in runs:
                 if run["status"] != "completed":
                     problems.append(f"{name}: run {run['id']} on superseded head {head[:7]} left {run['status']}")
-                elif run["conclusion"] != "neutral" and completions.get(run["id"], 0) > superseded_at:
-                    problems.append(f"{name}: run {run['id']} on superseded head {head[:7]} completed "
-                                    f"{run['conclusion']} after the push that superseded it")
+                elif run["conclusion"] != "neutral" and run["id"] in completions:
+                    late = _judged_a_stale_head(completions[run["id"]], head_reads, pull_path(outcome.world, n),
+                                                superseded_at)
+                    if late:
+                        problems.append(f"{name}: run {run['id']} on superseded head {head[:7]} completed "
+                                        f"{run['conclusion']} after the push that superseded it ({late})")
         reviews = Counter(r["commit"] for r in pr["reviews"])
         for commit, count in reviews.items():
             if count > 1:
@@ -784,7 +790,7 @@ def check(outcome: Outcome) -> list[str]:
             problems.append(f"{where}: an outsider's command was acted on")
 
     by_installation = defaultdict(list)
-    for at, _m, _p, _s, installation, creates, _b in shot["requests"]:
+    for at, _m, _p, _s, installation, creates, *_ in shot["requests"]:
         if creates and installation is not None:
             by_installation[installation].append(at)
     for installation, times in sorted(by_installation.items()):
@@ -805,21 +811,40 @@ def check(outcome: Outcome) -> list[str]:
     return problems
 
 
-# The App reads the PR's head, then completes the run: a push landing between that read and the write
-# cannot be seen (GitHub offers no compare-and-set on check runs). PyGithub's pause between writes falls
-# inside that window too.
-HEAD_READ_TO_WRITE_S = 1.0
+PULL_PATH = re.compile(r"/repos/[^/]+/[^/]+/pulls/\d+")
 
 
-def _superseded_at(pr: dict, head: str, write_interval: float) -> float:
-    """From when a run on ``head`` must complete neutral: the App could have seen the push after it
-    (infinity when none landed)."""
+def pull_path(world: dict, n: int) -> str:
+    return f"/repos/{world['prs'][n]['repo']}/pulls/{world['prs'][n]['number']}"
+
+
+def _superseded_at(pr: dict, head: str) -> float:
+    """When the first push after ``head`` landed (infinity when none did)."""
     heads = pr["heads"]
     if head not in heads:
         return float("inf")
     later = heads[heads.index(head) + 1:]
     times = [pr["landed"][h] for h in later if h in pr["landed"]]
-    return min(times) + HEAD_READ_TO_WRITE_S + write_interval if times else float("inf")
+    return min(times) if times else float("inf")
+
+
+def _judged_a_stale_head(completion: tuple[float, str], head_reads: dict, path: str, superseded_at: float) -> str:
+    """Why a non-neutral completion of a run on a superseded head breaks the promise ("" when it does not).
+
+    The App reads the PR's head, then completes the run; a push landing between that read and the write
+    cannot be seen (GitHub offers no compare-and-set on check runs). So the completion is judged against
+    the last read of the PR by the same worker process (its User-Agent names it; one job at a time each),
+    not against wall-clock slack that a loaded machine outruns. A read counts as having seen the push when
+    it arrived after the push landed (a read arriving just before it and served just after is excused)."""
+    at, agent = completion
+    if at <= superseded_at:
+        return ""
+    reads = [t for t in head_reads.get((agent, path), ()) if t < at]
+    if not reads:
+        return "without reading the PR's head first"
+    if reads[-1] >= superseded_at:
+        return f"its worker had read the newer head {reads[-1] - superseded_at:.2f}s after the push"
+    return ""
 
 
 def max_in_window(times: list[float], window: float) -> int:
@@ -869,7 +894,7 @@ def figures(outcome: Outcome) -> dict:
     statuses = Counter(a.status for a in outcome.attempts)
     first_completion: dict[str, float] = {}
     run_head = {r["id"]: r["head"] for pr in shot["prs"] for r in pr["runs"]}
-    for at, method, path, status, _i, _c, body_status in shot["requests"]:
+    for at, method, path, status, _i, _c, body_status, _agent in shot["requests"]:
         if method == "PATCH" and "/check-runs/" in path and status == 200 and body_status == "completed":
             head = run_head.get(int(path.rsplit("/", 1)[1]))
             if head is not None:

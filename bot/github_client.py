@@ -1,6 +1,7 @@
 """GitHub access through PyGithub (unmodified): App auth, installation clients, retry classification."""
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -35,6 +36,14 @@ def server_error_retry():
                  respect_retry_after_header=False, raise_on_status=False)
 
 
+def user_agent() -> str:
+    """GitHub asks every client to name itself; the process id tells apart the requests of concurrent workers
+    (in GitHub's logs, and for the load harness, which pairs a worker's head read with its next write)."""
+    from analyzers.output import tool_version
+
+    return f"torchreview/{tool_version()} (worker {os.getpid()})"
+
+
 class GitHubClients:
     """One PyGithub client per installation, reused while its token is valid.
 
@@ -66,7 +75,7 @@ class GitHubClients:
                 # Only 5xx on idempotent requests are retried in place; the rest, the task retries as a
                 # whole, idempotently, honouring Retry-After.
                 client = github.Github(base_url=self.settings.api_url, auth=auth, retry=server_error_retry(),
-                                       timeout=20, per_page=100,
+                                       timeout=20, per_page=100, user_agent=user_agent(),
                                        seconds_between_requests=None,
                                        seconds_between_writes=self.settings.github_write_interval or None)
                 self._clients[installation_id] = client

@@ -89,17 +89,24 @@ def run_review(job, clients, store) -> str:
         return f"closed: {recorded} new verdict(s) on our comments"
     head = pr.head.sha
     budget = WriteBudget(store, job.installation_id)
-    if job.head_sha and job.head_sha != head and job.reason == "command.review" and not _answered(repo, job):
-        # The head moved before this command's first answer (an attempt failed, or died, before completing its
-        # run): close what it left, answer on the head as it is now, and remember that one.
-        _close_superseded(repo, job.head_sha, head, budget)
-        store.put(command_head_key(job.installation_id, job.delivery), head, COMMAND_HEAD_TTL)
-        job = replace(job, head_sha=head)
+    pr_lock = f"torchreview:lock:{job.repository}#{job.pull_number}"
+    if job.head_sha and job.head_sha != head and job.reason == "command.review":
+        # Decided under the PR's lock: another attempt of this command may still be running (redelivered
+        # after the visibility timeout) and about to complete its answer on the old head.
+        with held_lock(store, pr_lock, LOCK_TTL) as token:
+            if token is None:
+                raise LockBusy()
+            if not _answered(repo, job):
+                # The head moved before this command's first answer (an attempt failed, or died, before
+                # completing its run): close what it left, answer on the head as it is now, remember that one.
+                _close_superseded(repo, job.head_sha, head, budget)
+                store.put(command_head_key(job.installation_id, job.delivery), head, COMMAND_HEAD_TTL)
+                job = replace(job, head_sha=head)
     if job.head_sha and job.head_sha != head:
         _close_superseded(repo, job.head_sha, head, budget)
         metrics.REVIEWS.labels(outcome="superseded").inc()
         return f"superseded: {job.head_sha[:7]} is no longer the head ({head[:7]})"
-    with held_lock(store, f"torchreview:lock:{job.repository}#{job.pull_number}", LOCK_TTL) as token:
+    with held_lock(store, pr_lock, LOCK_TTL) as token:
         if token is None:
             raise LockBusy()
         outcome = ReviewRun(job, gh, repo, pr, head, budget, clients.bot_login(), store, results_cache(store)).run()
@@ -463,8 +470,13 @@ def fail_check_run(job, clients, store, message: str) -> None:
                 if r.status != "completed"]
         if not runs:
             runs = [repo.create_check_run(name=CHECK_NAME, head_sha=head, status="in_progress")]
+
+        def newer_head() -> Optional[str]:  # a pushed-over head's run says superseded, not failed
+            current = repo.get_pull(job.pull_number).head.sha
+            return current if current != head else None
+
         for run in runs:
-            complete_check_run(run, compose.job_failed_plan(message), budget)
+            complete_check_run(run, compose.job_failed_plan(message), budget, newer_head=newer_head)
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
         log.exception("could not mark the check run failed")
 

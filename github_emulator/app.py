@@ -81,6 +81,7 @@ def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
             query=request.args.to_dict(),
             body=request.get_json(silent=True) if request.data else None,
             installation_id=token.installation_id if token is not None else None,
+            user_agent=request.headers.get("User-Agent", ""),
         )
         state.requests.append(recorded)
         g.recorded = recorded

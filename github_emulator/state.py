@@ -275,6 +275,7 @@ class RecordedRequest:
     status: int = 0
     at: float = field(default_factory=time.time)  # when it arrived (wall clock, for rates over time)
     installation_id: int | None = None  # whose installation token it carried, valid or not
+    user_agent: str = ""
 
 
 class EmulatorError(Exception):

@@ -36,7 +36,8 @@ def command(emulator, app_key, store, tmp_path):
     pr = emulator.state.open_pull_request(repo, {"train.py": TRAIN}, user="alice")
     job = CommandJob(installation_id=1, repository=name, pull_number=pr.number, delivery=str(uuid.uuid4()),
                      comment_id=None, command="/review", requested_by="octo-maintainer")
-    return {"state": emulator.state, "pr": pr, "job": job, "run": lambda: run_command(job, clients, store)}
+    return {"state": emulator.state, "pr": pr, "job": job, "clients": clients,
+            "run": lambda: run_command(job, clients, store)}
 
 
 def answers(state, pr, delivery: str, *heads: str) -> list:
@@ -131,3 +132,69 @@ def test_a_retry_after_a_failed_attempt_and_a_push_answers_on_the_new_head(comma
     assert unfinished.status == "completed" and unfinished.conclusion == "neutral"
     (answer,) = answers(state, pr, job.delivery, second_head)
     assert answer.status == "completed" and answer.conclusion == "failure"
+
+
+def _unfinished_run(command, monkeypatch):
+    """An attempt that created its check run and failed before completing it."""
+    from bot.pipeline import ReviewRun
+
+    post_review = ReviewRun.post_review
+
+    def fail_once(self, plan, event):
+        monkeypatch.setattr(ReviewRun, "post_review", post_review)
+        raise ConnectionError("GitHub went away")
+
+    monkeypatch.setattr(ReviewRun, "post_review", fail_once)
+    with pytest.raises(ConnectionError):
+        command["run"]()
+    (unfinished,) = answers(command["state"], command["pr"], command["job"].delivery, command["pr"].head_sha)
+    assert unfinished.status == "in_progress"
+    return unfinished
+
+
+def test_a_duplicate_attempt_waits_for_the_one_still_answering(command, store, monkeypatch):
+    """Redelivered after the visibility timeout while the first attempt still runs: the duplicate must not
+    decide "never answered" (closing the first attempt's run, re-pinning to the new head) while the first
+    holds the PR's lock and is about to answer; it waits, then finds that answer."""
+    from bot.pipeline import LockBusy, ReviewRun
+
+    state, pr, job = command["state"], command["pr"], command["job"]
+    first_head = pr.head_sha
+    post_review = ReviewRun.post_review
+    seen = {}
+
+    def duplicate_arrives(self, plan, event):
+        post_review(self, plan, event)
+        state.push(pr, {"train.py": TRAIN + "\nx = 1\n"})
+        with pytest.raises(LockBusy):
+            command["run"]()  # the duplicate, while this attempt holds the lock
+        seen["runs"] = [(run.status, run.head_sha) for run in answers(state, pr, job.delivery, first_head)]
+        seen["pin"] = store.get(command_head_key(job.installation_id, job.delivery))
+
+    monkeypatch.setattr(ReviewRun, "post_review", duplicate_arrives)
+    command["run"]()
+    assert seen == {"runs": [("in_progress", first_head)], "pin": first_head}
+    monkeypatch.setattr(ReviewRun, "post_review", post_review)
+    assert command["run"]().startswith("superseded")  # the duplicate, retried once the lock is free
+    (answer,) = answers(state, pr, job.delivery, first_head, pr.head_sha)
+    assert answer.head_sha == first_head and answer.status == "completed"
+
+
+@pytest.mark.parametrize("pushed", [False, True])
+def test_a_job_failed_for_good_fails_its_run_unless_a_push_superseded_it(command, store, monkeypatch, pushed):
+    from bot.jobs import ReviewJob
+    from bot.pipeline import fail_check_run
+
+    state, pr, job = command["state"], command["pr"], command["job"]
+    first_head = pr.head_sha
+    unfinished = _unfinished_run(command, monkeypatch)
+    if pushed:
+        second_head = state.push(pr, {"train.py": TRAIN + "\nx = 1\n"})
+    failed = ReviewJob(installation_id=1, repository=job.repository, pull_number=pr.number, head_sha=first_head,
+                       reason="pull_request.synchronize", delivery=job.delivery)
+    fail_check_run(failed, command["clients"], store, "GithubException: 500")
+    assert unfinished.status == "completed"
+    if pushed:
+        assert unfinished.conclusion == "neutral" and second_head[:7] in unfinished.output_summary
+    else:
+        assert unfinished.conclusion == "failure" and "500" in unfinished.output_summary

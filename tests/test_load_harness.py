@@ -65,8 +65,20 @@ def test_the_checks_catch_what_they_promise_to(storm):
                                        "conclusion": None, "external_id": "x"})
 
     def write_burst(shot, _):
-        shot["requests"].extend((1000.0 + i * 0.5, "POST", "/repos/o/r/check-runs", 201, 1, True, None)
+        shot["requests"].extend((1000.0 + i * 0.5, "POST", "/repos/o/r/check-runs", 201, 1, True, None, "w")
                                 for i in range(81))
+
+    pushed = next(n for n, pr in enumerate(storm.snapshot["prs"]) if pr["heads"][1] in pr["landed"])
+    pushed_pr = storm.snapshot["prs"][pushed]
+
+    def stale_verdict(shot, outcome):
+        """A run on the superseded first head completed `failure` by a worker that had read the new head."""
+        landed = pushed_pr["landed"][pushed_pr["heads"][1]]
+        shot["prs"][pushed]["runs"].append({"id": 10**9 + 1, "head": pushed_pr["heads"][0], "status": "completed",
+                                            "conclusion": "failure", "external_id": "stale"})
+        shot["requests"].extend([(landed + 1, "GET", load.pull_path(outcome.world, pushed), 200, 1, False, None, "w9"),
+                                 (landed + 2, "PATCH", f"/repos/o/r/check-runs/{10**9 + 1}", 200, 1, True,
+                                  "completed", "w9")])
 
     def leftovers(_, outcome):
         outcome.leftovers = {**outcome.leftovers, "unacked": 1, "locks": ["torchreview:lock:o/r#1"]}
@@ -81,6 +93,19 @@ def test_the_checks_catch_what_they_promise_to(storm):
     assert any("81 content-creating requests within 60 s" in p for p in broken(write_burst))
     assert any("unacknowledged" in p for p in broken(leftovers)) and any("left locked" in p for p in broken(leftovers))
     assert any("OpenAPI" in p for p in broken(violation))
+    assert any("read the newer head" in p for p in broken(stale_verdict))
+
+
+def test_a_superseded_run_is_judged_by_its_own_workers_last_read_of_the_head():
+    path = "/repos/o/r/pulls/1"
+    reads = {("w1", path): [10.0, 20.0], ("w2", path): [31.0], ("w1", "/repos/o/r/pulls/2"): [26.0]}
+    pushed = 25.0
+    assert load._judged_a_stale_head((24.0, "w1"), reads, path, pushed) == ""  # completed before the push
+    # read at 20 (before the push), written at 29: the push landed in between, which no client can see
+    assert load._judged_a_stale_head((29.0, "w1"), reads, path, pushed) == ""
+    assert "read the newer head" in load._judged_a_stale_head((32.0, "w2"), reads, path, pushed)
+    assert "without reading" in load._judged_a_stale_head((32.0, "w3"), reads, path, pushed)
+    assert load._judged_a_stale_head((32.0, "w2"), reads, path, float("inf")) == ""  # never superseded
 
 
 def test_max_in_window():
