@@ -112,21 +112,8 @@ def test_a_push_landing_while_the_review_posts_leaves_the_run_neutral(command, m
 def test_a_retry_after_a_failed_attempt_and_a_push_answers_on_the_new_head(command, monkeypatch):
     """An attempt that created its run and failed before completing it (a 502, a rate limit) did not
     answer: its retry closes that run and reviews the head as it is now."""
-    from bot.pipeline import ReviewRun
-
     state, pr, job = command["state"], command["pr"], command["job"]
-    first_head = pr.head_sha
-    post_review = ReviewRun.post_review
-
-    def fail_once(self, plan, event):
-        monkeypatch.setattr(ReviewRun, "post_review", post_review)
-        raise ConnectionError("GitHub went away")
-
-    monkeypatch.setattr(ReviewRun, "post_review", fail_once)
-    with pytest.raises(ConnectionError):
-        command["run"]()
-    (unfinished,) = answers(state, pr, job.delivery, first_head)
-    assert unfinished.status == "in_progress"
+    unfinished = _unfinished_run(command, monkeypatch)
     second_head = state.push(pr, {"train.py": TRAIN + "\nx = 1\n"})
     command["run"]()  # the retry
     assert unfinished.status == "completed" and unfinished.conclusion == "neutral"
