@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -148,7 +149,15 @@ def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1,
         return run
     config = Config()
     files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
-    result = analyze_files(files, config, jobs)
+    # from the repository's root, as `torchreview check .` there and the App (whose paths are relative to its
+    # checkout) see it: a display path then names the file, which the repository index needs to find the
+    # scripts beside it (a folder with its own README.md is an index root of its own)
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        result = analyze_files(files, config, jobs)
+    finally:
+        os.chdir(here)
     run.findings, run.errors, run.files = result.findings, len(result.errors), result.files
     sources = read_sources(files)
     run.inline_comments, run.summary_only = app_comments(run.findings, sources)
