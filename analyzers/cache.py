@@ -33,8 +33,8 @@ FORMAT = 1  # bump when an entry's layout changes
 # Config fields that only decide what happens with the findings (exit code, the App's posting), never
 # which findings a file has: changing them must not throw the cache away. Any other field, including
 # one added later, is part of the key.
-_NOT_ANALYSIS = ("paths", "fail_on", "max_inline_comments", "group_across_files", "review_event", "filter",
-                 "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke")
+_NOT_ANALYSIS = ("paths", "fail_on", "max_inline_comments", "group_across_files", "group_rule_from_files",
+                 "review_event", "filter", "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke")
 
 
 class Store(Protocol):

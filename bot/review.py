@@ -148,6 +148,9 @@ class ReviewSettings:
     context_lines: int = 3  # N for filter="diff_context"
     # the same finding (rule and message) in several files of the PR: one comment that lists every site
     group_across_files: bool = True
+    # with group_across_files, a rule found in this many files or more: one comment listing all its findings
+    # (0: never)
+    group_rule_from_files: int = 3
 
     def __post_init__(self) -> None:
         if self.filter not in FILTER_MODES:
@@ -372,7 +375,7 @@ def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: froz
     comments: list[CommentPlan] = []
     by_line: dict[tuple[str, int], CommentPlan] = {}
     overflow, unplaceable = [], []
-    for group in group_findings(fresh, across_files=settings.group_across_files):
+    for group in group_findings(fresh, settings.group_across_files, settings.group_rule_from_files):
         # most severe first, so the limit cuts the least severe
         anchor, where = next(((f, w) for f in group for w in [placement(f, pr.diffs[f.path], pr.sources.get(f.path))]
                               if w is not None), (None, None))
@@ -418,34 +421,39 @@ MAX_LISTED_FIXES = 10
 MAX_LISTED_MESSAGES = 20
 
 
-def group_findings(findings: Sequence[Finding], across_files: bool = True) -> list[list[Finding]]:
+def group_findings(findings: Sequence[Finding], across_files: bool = True,
+                   rule_from_files: int = 0) -> list[list[Finding]]:
     """Findings that are one thing to say: every finding of one rule in one file (a notebook's cells are
-    one file), and, ``across_files``, the files where the same rule says the same message (`dataiter.next()`
-    in 31 notebooks: one group). Findings in file, cell and line order; groups in the order of their most
-    severe finding."""
+    one file); ``across_files``, the files where the same rule says the same message (`dataiter.next()` in 31
+    notebooks: one group); ``rule_from_files`` (when not 0), every finding of a rule found in that many files or
+    more (a pattern across the pull request, each site listed with its message). Findings in file, cell and
+    line order; groups in the order of their most severe finding."""
     groups: dict[tuple[str, str], list[Finding]] = {}
     for finding in findings:
         groups.setdefault((finding.path, finding.rule), []).append(finding)
-    if across_files:
-        # join the (file, rule) groups that share a message: a small union-find over the group keys
-        parent = {key: key for key in groups}
+    parent = {key: key for key in groups}  # a small union-find over the (file, rule) groups
 
-        def root(key: tuple[str, str]) -> tuple[str, str]:
-            while parent[key] != key:
-                parent[key] = parent[parent[key]]
-                key = parent[key]
-            return key
+    def root(key: tuple[str, str]) -> tuple[str, str]:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
 
-        first_with: dict[tuple[str, str], tuple[str, str]] = {}
-        for key, same in groups.items():
-            for finding in same:
-                other = first_with.setdefault((finding.rule, finding.message), key)
-                parent[root(key)] = root(other)
-        joined: dict[tuple[str, str], list[Finding]] = {}
-        for key, same in groups.items():
-            joined.setdefault(root(key), []).extend(same)
-        groups = joined
-    ordered = [sorted(same, key=lambda f: (f.path, f.cell or 0, f.line, f.column)) for same in groups.values()]
+    first_with: dict[tuple, tuple[str, str]] = {}
+    files_of_rule = Counter(rule for _, rule in groups)
+    for key, same in groups.items():
+        for finding in same:
+            joins = []
+            if across_files:
+                joins.append((finding.rule, finding.message))
+            if across_files and rule_from_files and files_of_rule[finding.rule] >= rule_from_files:
+                joins.append((finding.rule,))
+            for join in joins:
+                parent[root(key)] = root(first_with.setdefault(join, key))
+    joined: dict[tuple[str, str], list[Finding]] = {}
+    for key, same in groups.items():
+        joined.setdefault(root(key), []).extend(same)
+    ordered = [sorted(same, key=lambda f: (f.path, f.cell or 0, f.line, f.column)) for same in joined.values()]
     return sorted(ordered, key=lambda g: min(severity_order(f) for f in g))
 
 

@@ -579,6 +579,30 @@ def test_the_same_finding_in_several_files_is_one_comment_on_the_first_that_name
     assert "a/train.ipynb" in plan.body  # not on the diff: in the review's body
 
 
+def test_a_rule_found_in_three_files_is_one_comment_that_lists_each_site_with_its_message():
+    source = numbered(40)
+    paths = ("a.py", "b.py", "c.py")
+    diffs = {path: changed_file(path, "", source) for path in paths}
+    sources = {path: source for path in paths}
+    loads = [finding(path, line=n, severity=Severity.CRITICAL, message=f"`torch.load(args.{path[0]})` is unsafe")
+             for path, n in zip(paths, (4, 8, 12))]
+    plan = plan_review(PullRequestAnalysis(loads, diffs, sources))
+    [comment] = plan.comments
+    assert (comment["path"], comment["line"]) == ("a.py", 4)
+    text = render(comment["body"]).text
+    assert "3 findings in this pull request:" in text
+    assert all(f"{path} line {n}: torch.load(args.{path[0]}) is unsafe" in text
+               for path, n in (("b.py", 8), ("c.py", 12)))
+    assert "line 4: torch.load(args.a) is unsafe" in text
+    assert len(parse_fingerprints(comment["body"])) == 3
+    # in two files, each file has its comment; and the threshold is a setting (0: never)
+    def comments(found, **settings):
+        return len(plan_review(PullRequestAnalysis(found, diffs, sources), ReviewSettings(**settings)).comments)
+
+    assert comments(loads[:2]) == 2
+    assert comments(loads, group_rule_from_files=0) == 3 and comments(loads[:2], group_rule_from_files=2) == 1
+
+
 def test_a_repeated_fix_in_several_files_suggests_for_the_commented_file_and_shows_the_others():
     source = "import torch\n" + loads(3, first=2)
     paths = ("eval.py", "tools/eval.py")

@@ -64,12 +64,14 @@ def _last(name: str) -> str:
 
 _MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
                 "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer"}
-_CHAINED_MODULE_METHODS = {"to", "cuda", "cpu", "eval", "train", "half", "float", "double", "bfloat16", "requires_grad_"}
+_CHAINED_MODULE_METHODS = {"to", "cuda", "cpu", "eval", "train", "half", "float", "double", "bfloat16",
+                           "requires_grad_"}
 
 
 def name_is_model_like(name: str) -> bool:
     last = name.rsplit(".", 1)[-1].lower()
-    return last in _MODEL_NAMES or last.endswith(("_model", "_net", "model", "net")) and not last.endswith(("_path", "state"))
+    return last in _MODEL_NAMES or (last.endswith(("_model", "_net", "model", "net"))
+                                    and not last.endswith(("_path", "state")))
 
 
 def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
