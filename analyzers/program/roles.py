@@ -253,7 +253,24 @@ class CheckpointWrites:
                     return True
             if not same_expression_only and literals and not names and literals & self._written_beside():
                 return True
+            if not same_expression_only and literals and not names and literals & self._save_parameter_literals:
+                return True
         return False
+
+    @cached_property
+    def _save_parameter_literals(self) -> set[str]:
+        """File names this file passes to a parameter named for where its function saves (``def train(...,
+        save_path)`` called as ``train(..., 'model_scratch.pt')``): that function writes there, even when its
+        saving is an exercise's ``## TODO: save the model`` or goes through a helper."""
+        found: set[str] = set()
+        for fn in subtree(self.ctx.module):
+            if not isinstance(fn, cst.FunctionDef):
+                continue
+            for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
+                if "save" in param.name.value.lower():
+                    for value in call_site_values(self.ctx.module, fn, param.name.value) or ():
+                        found |= self.literals(value)
+        return found
 
     @cached_property
     def _parents(self) -> dict[int, cst.CSTNode]:

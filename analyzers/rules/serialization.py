@@ -35,8 +35,11 @@ class UnsafeTorchLoad(Rule):
         (the best-model reload of a training script or notebook, a cache), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
         `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
-        The `weights_only=True` fix is offered only when nothing in the file saves a payload that
-        weights-only loading refuses (a whole module, an `argparse.Namespace`, NumPy arrays).
+        The `weights_only=True` fix is offered only when nothing in the file, the scripts beside it
+        or the repository modules it imports saves a payload that weights-only loading refuses (a
+        whole module, an `argparse.Namespace`, NumPy arrays, through `torch.save` or
+        `save_on_master`); then the message names who saves what, with no fix. A load of a file
+        name the file only ever saves tensors to keeps the fix.
     """
     why = """
         `torch.load` unpickles its input. A pickle can run any code while it loads, so a
@@ -68,6 +71,10 @@ class UnsafeTorchLoad(Rule):
         # the best checkpoint this script wrote a few lines earlier
         "import torch\nfor epoch in range(3):\n    torch.save(model.state_dict(), 'best-model.pt')\n"
         "model.load_state_dict(torch.load('best-model.pt'))\n",
+        # passed to where train() saves: an exercise whose train() says "## TODO: save the model"
+        "import torch\ndef train(n_epochs, model, save_path):\n    for epoch in range(n_epochs):\n        pass\n"
+        "    return model\nmodel = train(10, model, 'model_scratch.pt')\n"
+        "model.load_state_dict(torch.load('model_scratch.pt'))\n",
         # written through a helper whose argument is the same file
         "import torch\ntorch.save(ckpt, 'checkpoint.pth')\ndef load_checkpoint(filepath):\n"
         "    return torch.load(filepath)\nmodel = load_checkpoint('checkpoint.pth')\n",
