@@ -180,7 +180,8 @@ def read_sources(files: list[tuple[Path, str]]) -> dict[str, str]:
 
 def app_comments(findings: list[Finding], sources: dict[str, str]) -> tuple[int, int]:
     """(inline comments, findings only in the summary) if one PR added every analyzed file; an inline
-    comment may cover several findings (one rule in one file, or one line)."""
+    comment may cover several findings (one rule in one file, one line, or one finding or rule repeated
+    across files: see ``bot.review.group_findings``)."""
     from bot import review as compose
 
     diffs = {}

@@ -419,6 +419,9 @@ MAX_GROUP_SUGGESTION_LINES = 12
 MAX_LISTED_FIXES = 10
 # A group's findings whose messages differ are listed with their messages up to this many, then by line.
 MAX_LISTED_MESSAGES = 20
+# Grouping across files stops at this many findings in one comment: each carries a fingerprint marker (about 50
+# characters), and a comment over GitHub's 65,535 characters would fail the whole review.
+MAX_FINDINGS_PER_COMMENT = 300
 
 
 def group_findings(findings: Sequence[Finding], across_files: bool = True,
@@ -439,6 +442,7 @@ def group_findings(findings: Sequence[Finding], across_files: bool = True,
             key = parent[key]
         return key
 
+    size = {key: len(same) for key, same in groups.items()}
     first_with: dict[tuple, tuple[str, str]] = {}
     files_of_rule = Counter(rule for _, rule in groups)
     for key, same in groups.items():
@@ -449,7 +453,14 @@ def group_findings(findings: Sequence[Finding], across_files: bool = True,
             if across_files and rule_from_files and files_of_rule[finding.rule] >= rule_from_files:
                 joins.append((finding.rule,))
             for join in joins:
-                parent[root(key)] = root(first_with.setdefault(join, key))
+                mine, other = root(key), root(first_with.setdefault(join, key))
+                if mine == other:
+                    continue
+                if size[mine] + size[other] <= MAX_FINDINGS_PER_COMMENT:
+                    parent[mine] = other
+                    size[other] += size[mine]
+                else:
+                    first_with[join] = mine  # that comment is full: the next files join this one
     joined: dict[tuple[str, str], list[Finding]] = {}
     for key, same in groups.items():
         joined.setdefault(root(key), []).extend(same)

@@ -603,6 +603,19 @@ def test_a_rule_found_in_three_files_is_one_comment_that_lists_each_site_with_it
     assert comments(loads, group_rule_from_files=0) == 3 and comments(loads[:2], group_rule_from_files=2) == 1
 
 
+def test_grouping_across_files_stops_where_a_comment_would_outgrow_githubs_limit():
+    source = numbered(120)
+    paths = [f"m{n}.py" for n in range(8)]
+    diffs = {path: changed_file(path, "", source) for path in paths}
+    findings = [finding(path, line=n, rule="TR803", severity=Severity.LOW, message="Variable is a no-op")
+                for path in paths for n in range(1, 101)]  # 800 identical findings
+    plan = plan_review(PullRequestAnalysis(findings, diffs, {path: source for path in paths}))
+    assert len(plan.comments) == 3  # 300 + 300 + 200 findings
+    assert sorted(len(parse_fingerprints(c["body"])) for c in plan.comments) == [200, 300, 300]
+    assert all(len(c["body"]) <= MAX_MARKDOWN_CHARS for c in plan.comments)
+    assert_valid_review(plan, diffs)
+
+
 def test_a_repeated_fix_in_several_files_suggests_for_the_commented_file_and_shows_the_others():
     source = "import torch\n" + loads(3, first=2)
     paths = ("eval.py", "tools/eval.py")
