@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from analyzers.config import Config
-from analyzers.model import FileError, FileResult, Finding, Fix, Severity
+from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import Dependencies, RepositoryIndex, file_digest, recording
 
 CACHE_DIRNAME = ".torchreview_cache"
@@ -250,8 +250,9 @@ def _result_from_dict(data: dict) -> FileResult:
     findings = []
     for f in data["findings"]:
         fix = Fix(**f["fix"]) if f.get("fix") else None
+        related = tuple(Location(**site) for site in f.get("related", ()))  # the PR filter keeps a finding by them
         findings.append(Finding(f["path"], f["line"], f["column"], f["end_line"], f["end_column"], f["rule"],
                                 f["slug"], f["category"], Severity.parse(f["severity"]), f["message"], fix,
-                                f.get("cell")))
+                                f.get("cell"), related))
     errors = [FileError(e["path"], e["kind"], e["message"]) for e in data["errors"]]
     return FileResult(data["path"], findings, errors)
