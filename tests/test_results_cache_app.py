@@ -21,7 +21,8 @@ TRAIN = "import torch\n\n\ndef resume(path):\n    return torch.load(path)\n"
 # a training step that never zeroes its gradients: its finding consults no other file (a torch.load would make
 # the scripts beside it part of the result's key: they may save what weights_only=True refuses)
 MODEL = ("import torch\n\n\ndef fit(model, loader, optimizer):\n    for x, y in loader:\n"
-         "        loss = torch.nn.functional.mse_loss(model(x), y)\n        loss.backward()\n        optimizer.step()\n")
+         "        loss = torch.nn.functional.mse_loss(model(x), y)\n        loss.backward()\n"
+         "        optimizer.step()\n")
 
 
 def cache_counts() -> tuple[float, float]:
