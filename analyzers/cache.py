@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from analyzers.config import Config
-from analyzers.model import FileError, FileResult, Finding, Fix, Severity
+from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import Dependencies, RepositoryIndex, file_digest, recording
 
 CACHE_DIRNAME = ".torchreview_cache"
@@ -33,8 +33,8 @@ FORMAT = 1  # bump when an entry's layout changes
 # Config fields that only decide what happens with the findings (exit code, the App's posting), never
 # which findings a file has: changing them must not throw the cache away. Any other field, including
 # one added later, is part of the key.
-_NOT_ANALYSIS = ("paths", "fail_on", "max_inline_comments", "review_event", "filter", "diff_context_lines",
-                 "skip", "cleanup", "fail_on_errors", "smoke")
+_NOT_ANALYSIS = ("paths", "fail_on", "max_inline_comments", "group_across_files", "group_rule_from_files",
+                 "review_event", "filter", "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke")
 
 
 class Store(Protocol):
@@ -250,8 +250,9 @@ def _result_from_dict(data: dict) -> FileResult:
     findings = []
     for f in data["findings"]:
         fix = Fix(**f["fix"]) if f.get("fix") else None
+        related = tuple(Location(**site) for site in f.get("related", ()))  # the PR filter keeps a finding by them
         findings.append(Finding(f["path"], f["line"], f["column"], f["end_line"], f["end_column"], f["rule"],
                                 f["slug"], f["category"], Severity.parse(f["severity"]), f["message"], fix,
-                                f.get("cell")))
+                                f.get("cell"), related))
     errors = [FileError(e["path"], e["kind"], e["message"]) for e in data["errors"]]
     return FileResult(data["path"], findings, errors)

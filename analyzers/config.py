@@ -15,6 +15,8 @@ be found), never silently ignored::
     min_severity: low                  # drop findings below this
     fail_on: high                      # exit 1 / failing check at or above this
     max_inline_comments: 30            # the App: inline comments per review (the rest go in its body)
+    group_across_files: true           # the App: one comment for a finding repeated in several files
+    group_rule_from_files: 3           # ... and for a rule found in this many files or more (0: never)
     review_event: comment              # or request_changes when something at or above fail_on is found
     filter: introduced                 # introduced | added | file | {diff_context: 3}
     skip: {drafts: true, labels: ["torchreview:skip"], bots: true,
@@ -91,6 +93,8 @@ class Config:
     min_severity: Severity = Severity.LOW
     fail_on: Severity = Severity.HIGH
     max_inline_comments: int = 30
+    group_across_files: bool = True  # the App: the same finding in several files of a PR is one comment
+    group_rule_from_files: int = 3  # ... and so is a rule found in this many files or more (0: never)
     review_event: str = "comment"
     filter: str = "introduced"
     diff_context_lines: int = 3
@@ -162,6 +166,8 @@ class Config:
             "min_severity": self.min_severity.label,
             "fail_on": self.fail_on.label,
             "max_inline_comments": self.max_inline_comments,
+            "group_across_files": self.group_across_files,
+            "group_rule_from_files": self.group_rule_from_files,
             "review_event": self.review_event,
             "filter": self.filter,
             "diff_context_lines": self.diff_context_lines,
@@ -186,7 +192,8 @@ _RULE_KEYS = ("select", "ignore", "severity")
 _PATH_KEYS = ("include", "exclude")
 _NESTED_FORMS = {"rules": _RULE_KEYS, "paths": _PATH_KEYS}
 _TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "min_severity", "fail_on", "max_inline_comments",
-             "review_event", "filter", "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke")
+             "group_across_files", "group_rule_from_files", "review_event", "filter", "diff_context_lines", "skip",
+             "cleanup", "fail_on_errors", "smoke")
 _SKIP_KEYS = ("drafts", "labels", "title_markers", "bots")
 _REGRESSION_KEYS = ("step_time", "memory")
 _MEMORY = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B?|B)?", re.IGNORECASE)
@@ -211,12 +218,16 @@ def _settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
     if "max_inline_comments" in data:
         steps.append(lambda: {"max_inline_comments": check.whole_number(data["max_inline_comments"],
                                                                         ("max_inline_comments",), 0, 100)})
+    if "group_rule_from_files" in data:
+        steps.append(lambda: {"group_rule_from_files": check.whole_number(data["group_rule_from_files"],
+                                                                          ("group_rule_from_files",), 0, 1000)})
     if "review_event" in data:
         steps.append(lambda: {"review_event": check.choice(data["review_event"], ("review_event",), REVIEW_EVENTS)})
     if "cleanup" in data:
         steps.append(lambda: {"cleanup": check.choice(data["cleanup"], ("cleanup",), CLEANUPS)})
-    if "fail_on_errors" in data:
-        steps.append(lambda: {"fail_on_errors": check.boolean(data["fail_on_errors"], ("fail_on_errors",))})
+    for key in ("fail_on_errors", "group_across_files"):
+        if key in data:
+            steps.append(lambda key=key: {key: check.boolean(data[key], (key,))})
     steps.append(lambda: _filter_settings(data, check))
     if "skip" in data:
         steps.append(lambda: _skip_settings(data["skip"], check))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -148,7 +149,15 @@ def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1,
         return run
     config = Config()
     files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
-    result = analyze_files(files, config, jobs)
+    # from the repository's root, as `torchreview check .` there and the App (whose paths are relative to its
+    # checkout) see it: a display path then names the file, which the repository index needs to find the
+    # scripts beside it (a folder with its own README.md is an index root of its own)
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        result = analyze_files(files, config, jobs)
+    finally:
+        os.chdir(here)
     run.findings, run.errors, run.files = result.findings, len(result.errors), result.files
     sources = read_sources(files)
     run.inline_comments, run.summary_only = app_comments(run.findings, sources)
@@ -171,7 +180,8 @@ def read_sources(files: list[tuple[Path, str]]) -> dict[str, str]:
 
 def app_comments(findings: list[Finding], sources: dict[str, str]) -> tuple[int, int]:
     """(inline comments, findings only in the summary) if one PR added every analyzed file; an inline
-    comment may cover several findings (one rule in one file, or one line)."""
+    comment may cover several findings (one rule in one file, one line, or one finding or rule repeated
+    across files: see ``bot.review.group_findings``)."""
     from bot import review as compose
 
     diffs = {}

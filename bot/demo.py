@@ -249,8 +249,8 @@ def show_comments(console: Console, comments) -> None:
 MARKER_RE = re.compile(r"\s*<!-- torchreview:[^>]*-->\s*")
 TITLE_RE = re.compile(r"^\S+ \*\*(?:critical|high|medium|low)\*\* · `TR\d+`")
 FENCE_RE = re.compile(r"^(`{3,})suggestion\n(.*?)\n?\1$", re.S)
-LISTED_RE = re.compile(r"^\d+ findings in this file:$")
-LISTED_ITEM_RE = re.compile(r"^- line (\d+): (.*)$")
+LISTED_RE = re.compile(r"^\d+ findings in this (?:file|pull request):$")
+LISTED_ITEM_RE = re.compile(r"^- (?:`([^`]+)` )?line (\d+): (.*)$")  # another file than the commented one: named
 
 
 def comment_text(path: str, line: Optional[int], body: str) -> list[tuple[int, Text]]:
@@ -286,8 +286,8 @@ def comment_text(path: str, line: Optional[int], body: str) -> list[tuple[int, T
         for item in paragraph.splitlines():
             at = LISTED_ITEM_RE.match(item)
             if at and title:
-                lines.append((0, Text.assemble((f"{path}:{at.group(1)}", "bold cyan"), "  ", inline(title), " ",
-                                               inline(at.group(2)))))
+                lines.append((0, Text.assemble((f"{at.group(1) or path}:{at.group(2)}", "bold cyan"), "  ",
+                                               inline(title), " ", inline(at.group(3)))))
             else:
                 lines.append((4, inline("• " + item[2:] if item.startswith("- ") else item)))
     return lines

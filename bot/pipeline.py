@@ -159,7 +159,9 @@ class ReviewRun:
                 findings.extend(result.findings)
                 changed.notes.extend(result.errors)
             settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
-                                              filter=config.filter, context_lines=config.diff_context_lines)
+                                              filter=config.filter, context_lines=config.diff_context_lines,
+                                              group_across_files=config.group_across_files,
+                                              group_rule_from_files=config.group_rule_from_files)
             analysis = compose.PullRequestAnalysis(
                 findings=findings,
                 diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},

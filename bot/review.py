@@ -146,6 +146,11 @@ class ReviewSettings:
     # introduced: what this PR causes (needs the base findings, else as "added") | added | diff_context | file
     filter: str = "introduced"
     context_lines: int = 3  # N for filter="diff_context"
+    # the same finding (rule and message) in several files of the PR: one comment that lists every site
+    group_across_files: bool = True
+    # with group_across_files, a rule found in this many files or more: one comment listing all its findings
+    # (0: never)
+    group_rule_from_files: int = 3
 
     def __post_init__(self) -> None:
         if self.filter not in FILTER_MODES:
@@ -370,23 +375,24 @@ def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: froz
     comments: list[CommentPlan] = []
     by_line: dict[tuple[str, int], CommentPlan] = {}
     overflow, unplaceable = [], []
-    for group in group_findings(fresh):  # most severe first, so the limit cuts the least severe
-        diff = pr.diffs[group[0].path]
-        source = pr.sources.get(group[0].path)
-        anchor, where = next(((f, w) for f in group for w in [placement(f, diff, source)] if w is not None),
-                             (None, None))
-        if pr.base_fingerprints is not None and (where is None or where.line not in diff.added):
+    for group in group_findings(fresh, settings.group_across_files, settings.group_rule_from_files):
+        # most severe first, so the limit cuts the least severe
+        anchor, where = next(((f, w) for f in group for w in [placement(f, pr.diffs[f.path], pr.sources.get(f.path))]
+                              if w is not None), (None, None))
+        if pr.base_fingerprints is not None and (where is None or where.line not in pr.diffs[anchor.path].added):
             # introduced without adding its own line (a deletion nearby, a change elsewhere in the
             # function): comment on the change that caused it, and say what it was
-            cause = next(((f, w) for f in group for w in [cause_placement(f, diff, source)] if w is not None), None)
+            cause = next(((f, w) for f in group for w in [cause_placement(f, pr.diffs[f.path], pr.sources.get(f.path))]
+                          if w is not None), None)
             if cause is not None:
                 anchor, where = cause
         if where is None:
             unplaceable.extend(group)
             continue
         suggested = [anchor] if where.suggestion is not None else []
-        if len(group) > 1 and where.note is None and anchor is group[0]:
-            merged = group_suggestion(group, diff, source)
+        in_file = [f for f in group if f.path == anchor.path]  # a suggestion only changes the commented file
+        if len(in_file) > 1 and where.note is None and anchor is in_file[0]:
+            merged = group_suggestion(in_file, pr.diffs[anchor.path], pr.sources.get(anchor.path))
             if merged is not None:
                 where, suggested = merged  # one suggestion fixes the group's first lines together
         same_line = by_line.get((anchor.path, where.line))
@@ -413,16 +419,53 @@ MAX_GROUP_SUGGESTION_LINES = 12
 MAX_LISTED_FIXES = 10
 # A group's findings whose messages differ are listed with their messages up to this many, then by line.
 MAX_LISTED_MESSAGES = 20
+# Grouping across files stops at this many findings in one comment: each carries a fingerprint marker (about 50
+# characters), and a comment over GitHub's 65,535 characters would fail the whole review.
+MAX_FINDINGS_PER_COMMENT = 300
 
 
-def group_findings(findings: Sequence[Finding]) -> list[list[Finding]]:
+def group_findings(findings: Sequence[Finding], across_files: bool = True,
+                   rule_from_files: int = 0) -> list[list[Finding]]:
     """Findings that are one thing to say: every finding of one rule in one file (a notebook's cells are
-    one file), in line order. Groups come in the order of their most severe finding."""
-    by_rule: dict[tuple[str, str], list[Finding]] = {}
+    one file); ``across_files``, the files where the same rule says the same message (`dataiter.next()` in 31
+    notebooks: one group); ``rule_from_files`` (when not 0), every finding of a rule found in that many files or
+    more (a pattern across the pull request, each site listed with its message). Findings in file, cell and
+    line order; groups in the order of their most severe finding."""
+    groups: dict[tuple[str, str], list[Finding]] = {}
     for finding in findings:
-        by_rule.setdefault((finding.path, finding.rule), []).append(finding)
-    groups = [sorted(same, key=lambda f: (f.cell or 0, f.line, f.column)) for same in by_rule.values()]
-    return sorted(groups, key=lambda g: min(severity_order(f) for f in g))
+        groups.setdefault((finding.path, finding.rule), []).append(finding)
+    parent = {key: key for key in groups}  # a small union-find over the (file, rule) groups
+
+    def root(key: tuple[str, str]) -> tuple[str, str]:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    size = {key: len(same) for key, same in groups.items()}
+    first_with: dict[tuple, tuple[str, str]] = {}
+    files_of_rule = Counter(rule for _, rule in groups)
+    for key, same in groups.items():
+        for finding in same:
+            joins = []
+            if across_files:
+                joins.append((finding.rule, finding.message))
+            if across_files and rule_from_files and files_of_rule[finding.rule] >= rule_from_files:
+                joins.append((finding.rule,))
+            for join in joins:
+                mine, other = root(key), root(first_with.setdefault(join, key))
+                if mine == other:
+                    continue
+                if size[mine] + size[other] <= MAX_FINDINGS_PER_COMMENT:
+                    parent[mine] = other
+                    size[other] += size[mine]
+                else:
+                    first_with[join] = mine  # that comment is full: the next files join this one
+    joined: dict[tuple[str, str], list[Finding]] = {}
+    for key, same in groups.items():
+        joined.setdefault(root(key), []).extend(same)
+    ordered = [sorted(same, key=lambda f: (f.path, f.cell or 0, f.line, f.column)) for same in joined.values()]
+    return sorted(ordered, key=lambda g: min(severity_order(f) for f in g))
 
 
 def group_suggestion(group: Sequence[Finding], diff: FileDiff,
@@ -468,7 +511,7 @@ class CommentPlan:
         self.groups.append(group)
 
     def to_comment(self, digests: Mapping[Finding, str]) -> dict:
-        body = group_comment_body(self.groups, digests, self.where.suggestion, self.suggested)
+        body = group_comment_body(self.groups, digests, self.where.suggestion, self.suggested, here=self.path)
         if self.where.note:
             body = f"{message(self.where.note)}:\n\n{body}"
         comment = {"path": self.path, "line": self.where.line, "side": "RIGHT", "body": body}
@@ -478,16 +521,19 @@ class CommentPlan:
 
 
 def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Finding, str],
-                       suggestion: Optional[Fix] = None, suggested: Sequence[Finding] = ()) -> str:
-    """The body of a comment covering ``groups`` (each one rule's findings in one file). ``suggestion``
-    (committable) fixes the ``suggested`` findings, all of the first group; the other findings' fixes are
-    shown line by line."""
-    if len(groups) == 1 and len(groups[0]) == 1:
+                       suggestion: Optional[Fix] = None, suggested: Sequence[Finding] = (), *,
+                       here: Optional[str] = None) -> str:
+    """The body of a comment on file ``here`` covering ``groups`` (each one rule's findings in one file, or
+    one finding repeated in several files). ``suggestion`` (committable) fixes the ``suggested`` findings, all
+    of the first group; the other findings' fixes are shown line by line, naming their file when it is not
+    ``here``."""
+    if len(groups) == 1 and len(groups[0]) == 1 and groups[0][0].path == (here or groups[0][0].path):
         finding = groups[0][0]
         return comment_body(finding, digests[finding], suggestion)
     parts: list[str] = []
     for index, group in enumerate(groups):
         first = group[0]
+        where = "in this file" if {f.path for f in group} <= {here or first.path} else "in this pull request"
         if parts:
             parts.append("")
         parts += [f"{SEVERITY_BADGES[max(f.severity for f in group)]} · {code_span(first.rule)} "
@@ -495,16 +541,17 @@ def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Fin
         if len({f.message for f in group}) == 1:
             parts.append(message(first.message))
             if len(group) > 1:
-                parts += ["", f"The same {'finding' if len(group) == 2 else 'pattern'} on "
-                              f"{line_list(group)} ({len(group)} in this file)."]
+                parts += ["", f"The same {'finding' if len(group) == 2 else 'pattern'} "
+                              f"{'on' if where == 'in this file' else 'in'} {line_list(group, here)} "
+                              f"({len(group)} {where})."]
         else:
             shown = group[:MAX_LISTED_MESSAGES]
-            parts += [f"{len(group)} findings in this file:", ""]
-            parts += [f"- {line_name(f)}: {message(f.message)}" for f in shown]
+            parts += [f"{len(group)} findings {where}:", ""]
+            parts += [f"- {line_name(f, here)}: {message(f.message)}" for f in shown]
             if len(group) > len(shown):
-                parts.append(f"- and the same on {line_list(group[len(shown):])}")
+                parts.append(f"- and the same on {line_list(group[len(shown):], here)}")
         mine = suggested if index == 0 and suggestion is not None else ()
-        parts += group_fixes(group, suggestion if mine else None, mine)
+        parts += group_fixes(group, suggestion if mine else None, mine, here)
         why = rule_why(first)
         if why:
             parts += ["", f"**Why:** {message(why)}"]
@@ -514,20 +561,32 @@ def group_comment_body(groups: Sequence[Sequence[Finding]], digests: Mapping[Fin
     return body + "\n\n" + fingerprint_markers(members, digests)
 
 
-def line_name(finding: Finding) -> str:
-    return f"cell {finding.cell}, line {finding.line}" if finding.cell is not None else f"line {finding.line}"
+def line_name(finding: Finding, here: Optional[str] = None) -> str:
+    """``line 4``, ``cell 2, line 4``; in another file than ``here`` (the commented one) ``` `b.py` line 4 ```."""
+    name = f"cell {finding.cell}, line {finding.line}" if finding.cell is not None else f"line {finding.line}"
+    return name if here is None or finding.path == here else f"{code_span(finding.path)} {name}"
 
 
-def line_list(group: Sequence[Finding]) -> str:
-    """``lines 3, 9, 15``; in a notebook ``cell 2, lines 3, 9; cell 5, line 1``."""
-    by_cell: dict[Optional[int], list[int]] = {}
+def line_list(group: Sequence[Finding], here: Optional[str] = None) -> str:
+    """``lines 3, 9, 15``; in a notebook ``cell 2, lines 3, 9; cell 5, line 1``. When the sites are in several
+    files, each file's after its name, the commented file (``here``) marked: ``` `a.py` (here): line 3; `b.py`:
+    lines 4, 8```."""
+    by_path: dict[str, dict[Optional[int], list[int]]] = {}
     for finding in group:
-        by_cell.setdefault(finding.cell, []).append(finding.line)
-    return "; ".join((f"cell {cell}, " if cell is not None else "") + ("lines " if len(lines) > 1 else "line ")
-                     + ", ".join(map(str, lines)) for cell, lines in by_cell.items())
+        by_path.setdefault(finding.path, {}).setdefault(finding.cell, []).append(finding.line)
+
+    def lines_of(by_cell: dict[Optional[int], list[int]]) -> str:
+        return "; ".join((f"cell {cell}, " if cell is not None else "") + ("lines " if len(lines) > 1 else "line ")
+                         + ", ".join(map(str, lines)) for cell, lines in by_cell.items())
+
+    if here is None or set(by_path) == {here}:
+        return "; ".join(lines_of(by_cell) for by_cell in by_path.values())
+    return "; ".join(f"{code_span(path)}{' (here)' if path == here else ''}: {lines_of(by_cell)}"
+                     for path, by_cell in by_path.items())
 
 
-def group_fixes(group: Sequence[Finding], suggestion: Optional[Fix], suggested: Sequence[Finding]) -> list[str]:
+def group_fixes(group: Sequence[Finding], suggestion: Optional[Fix], suggested: Sequence[Finding],
+                here: Optional[str] = None) -> list[str]:
     """A group's mechanical fixes: the committable suggestion, then the fix of each other line."""
     fixed = [f for f in group if f.fix is not None]
     if not fixed:
@@ -537,7 +596,7 @@ def group_fixes(group: Sequence[Finding], suggestion: Optional[Fix], suggested: 
         parts += ["", f"Suggested change ({line_list(suggested)}):", "", suggestion_block(suggestion.replacement)]
     rest = [f for f in fixed if f not in suggested]
     for finding in rest[:MAX_LISTED_FIXES]:
-        parts += ["", f"Fix for {line_name(finding)}:", "", code_block(finding.fix.replacement, "python")]
+        parts += ["", f"Fix for {line_name(finding, here)}:", "", code_block(finding.fix.replacement, "python")]
     if rest:
         command = "torchreview check --fix" + ("" if all(f.fix.safe for f in fixed) else " --unsafe-fixes")
         parts += ["", f"`{command}` applies {'it' if len(fixed) == 1 else f'all {len(fixed)}'}."]

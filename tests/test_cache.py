@@ -59,11 +59,14 @@ def test_warm_run_reuses_every_result_and_reports_the_same(repo):
     (repo / "model.py").write_text(MODEL_SOFTMAX)
     (repo / "train.py").write_text(TRAIN)
     (repo / "load.py").write_text("import torch\nstate = torch.load(path)\n")
+    # the model and its loss in one file: the finding names forward's softmax as its other site
+    (repo / "single.py").write_text(MODEL_SOFTMAX + "\n\n" + TRAIN.replace("from model import Net\n", ""))
     cold, cold_findings = run(fresh_cache(repo))
     assert cold.cached == 0 and ("train.py", "TR401") in cold_findings
+    assert any(f.related for f in cold.findings if f.path.endswith("single.py"))
     warm, warm_findings = run(fresh_cache(repo))  # a new process would start like this: nothing in memory
-    assert warm.cached == 3
-    assert [f.to_dict() for f in warm.findings] == [f.to_dict() for f in cold.findings]
+    assert warm.cached == 4
+    assert [f.to_dict() for f in warm.findings] == [f.to_dict() for f in cold.findings]  # related sites too
     assert (repo / CACHE_DIRNAME / ".gitignore").read_text().splitlines()[-1] == "*"
 
 

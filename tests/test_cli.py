@@ -235,8 +235,9 @@ def test_every_config_problem_is_listed(project):
     ]
 
 
-KNOWN_KEYS = ("cleanup, diff_context_lines, exclude, fail_on, fail_on_errors, filter, ignore, include, "
-              "max_inline_comments, min_severity, paths, review_event, rules, select, severity, skip, smoke")
+KNOWN_KEYS = ("cleanup, diff_context_lines, exclude, fail_on, fail_on_errors, filter, group_across_files, "
+              "group_rule_from_files, ignore, include, max_inline_comments, min_severity, paths, review_event, rules, "
+              "select, severity, skip, smoke")
 
 
 def test_sarif_fingerprints_do_not_move_with_lines(project):

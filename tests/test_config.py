@@ -248,6 +248,8 @@ def test_flat_and_nested_forms_together_are_an_error(text, needle):
     ("smoke:\n  regression: {latency: 0.1}", "smoke.regression.latency: unknown key 'latency'"),
     ("- a list", "configuration: must be a table"),
     ("fail_on_errors: sometimes", "fail_on_errors: must be true or false"),
+    ("group_across_files: per-file", "group_across_files: must be true or false"),
+    ("group_rule_from_files: -1", "group_rule_from_files: must be a whole number"),
 ])
 def test_bad_new_values_are_clear_errors(text, needle):
     with pytest.raises(ConfigError) as info:
@@ -259,8 +261,9 @@ def test_bad_new_values_are_clear_errors(text, needle):
 def test_to_dict_is_the_full_nested_configuration_and_round_trips():
     for config in (Config(), parse_config_text(POLICY_YAML, ".github/torchreview.yml")):
         data = config.to_dict()
-        assert set(data) == {"rules", "paths", "min_severity", "fail_on", "max_inline_comments", "review_event",
-                             "filter", "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke"}
+        assert set(data) == {"rules", "paths", "min_severity", "fail_on", "max_inline_comments",
+                             "group_across_files", "group_rule_from_files", "review_event", "filter",
+                             "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke"}
         assert set(data["skip"]) == {"drafts", "labels", "title_markers", "bots"}
         assert yaml.safe_load(yaml.safe_dump(data)) == data  # plain types only
         assert Config.from_mapping(data) == replace(config, source="<config>")
@@ -282,3 +285,9 @@ def test_every_bad_key_is_reported_in_file_order():
 def test_fail_on_errors_defaults_to_true():
     assert Config().fail_on_errors is True
     assert parse_config_text("fail_on_errors: false\n", ".github/torchreview.yml").fail_on_errors is False
+
+
+def test_grouping_across_files_defaults_on_and_can_be_switched_off():
+    assert (Config().group_across_files, Config().group_rule_from_files) == (True, 3)
+    config = parse_config_text("group_across_files = false\ngroup_rule_from_files = 0\n", ".torchreview.toml")
+    assert (config.group_across_files, config.group_rule_from_files) == (False, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from bot.conversation import SUMMARY_MARKER
+from bot.review import parse_fingerprints
 from github_emulator.webhooks import issue_comment_payload, real_payload
 from tests.conftest import completed_run, deliver, new_repo, pr_payload, wait_for
 
@@ -14,8 +15,10 @@ def loads(*names: str, weights_only: bool = False) -> dict[str, str]:
     return {f"{n}.py": f'import torch\n\n{n} = torch.load("{n}.pt"{keyword})\n' for n in names}
 
 
-# Three findings in three files: three comments (one rule's findings in one file would share one).
+# Three findings in three files: three comments (one rule's findings in one file would share one, and so would
+# one rule's findings in three files without PER_FILE).
 THREE = loads("a", "b", "c")
+PER_FILE = {".github/torchreview.yml": "group_rule_from_files: 0\n"}
 FIX_B_ADD_D = {**loads("b", weights_only=True), **loads("d")}
 MOVED = {path: "# a comment\n# and another\n\n" + text for path, text in {**THREE, **FIX_B_ADD_D}.items()}
 
@@ -30,7 +33,7 @@ def summary_comments(state, pr):
 
 def test_pushes_comment_only_new_findings_and_resolve_fixed_ones(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PER_FILE)
     pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
@@ -61,7 +64,7 @@ def test_pushes_comment_only_new_findings_and_resolve_fixed_ones(stack):
 
 def test_cleanup_delete_removes_unanswered_comments_only(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {".github/torchreview.yml": "cleanup: delete\n"})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "cleanup: delete\ngroup_rule_from_files: 0\n"})
     pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
@@ -100,7 +103,8 @@ def test_review_command_by_collaborator_runs_and_acknowledges(stack):
     comment = state.issue_comments[data["comment"]["id"]]
     assert deliver(stack, "issue_comment", data).status_code == 202
     run = completed_run(state, pr.head_sha)
-    assert run.conclusion == "failure" and len(bot_comments(state, pr)) == 3
+    assert run.conclusion == "failure" and len(bot_comments(state, pr)) == 1  # one rule in three files
+    assert len(parse_fingerprints(bot_comments(state, pr)[0].body)) == 3
     assert [r.content for r in comment.reactions] == ["eyes"]
 
 
@@ -192,6 +196,7 @@ def test_rerun_button(stack):
     pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     run = completed_run(state, pr.head_sha)
+    posted = len(bot_comments(state, pr))
     assert [a["identifier"] for a in run.actions] == ["rerun"]
     data = real_payload("check_run.requested_action")
     owner, short = name.split("/")
@@ -205,4 +210,4 @@ def test_rerun_button(stack):
     assert deliver(stack, "check_run", data).status_code == 202
     wait_for(lambda: len([r for r in state.check_runs_for(pr.head_sha, name="torchreview")
                           if r.status == "completed"]) == 2, 60, "a second check run")
-    assert len(bot_comments(state, pr)) == 3  # re-run, but nothing re-posted
+    assert len(bot_comments(state, pr)) == posted == 1  # re-run, but nothing re-posted

@@ -1,8 +1,11 @@
 """What reaches the pull request: every bug the change causes, each said once (end to end, emulator)."""
 from __future__ import annotations
 
+import json
 import re
 
+from analyzers.config import Config
+from analyzers.engine import analyze_text
 from bot.review import parse_fingerprints
 from tests.conftest import completed_run, deliver, new_repo, pr_payload
 
@@ -190,3 +193,92 @@ def test_four_loads_in_a_row_are_one_comment_whose_suggestion_fixes_all_and_reso
     assert len(bot_comments(state, pr)) == 1  # nothing new to say
     (thread,) = state.threads_for(pr)
     assert thread.is_resolved  # every finding the comment covered is gone
+
+
+SEEDLESS = """\
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+data = datasets.MNIST("data", train=True, download=True, transform=transforms.ToTensor())
+model = torch.nn.Linear(784, 10)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(data, batch_size=8, shuffle=True, num_workers=2):
+    loss = torch.nn.functional.cross_entropy(model(x.flatten(1)), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_the_same_finding_in_three_files_is_one_comment_whose_thread_resolves_when_all_are_fixed(stack):
+    copies = {f"lesson{n}/train.py": SEEDLESS for n in (1, 2, 3)}
+    state, name, pr, run = reviewed_pr(stack, copies)
+    (comment,) = bot_comments(state, pr)
+    assert comment.path == "lesson1/train.py" and comment.line == 11 and "`TR901`" in comment.body
+    assert "`lesson2/train.py`: line 11; `lesson3/train.py`: line 11 (3 in this pull request)" in comment.body
+    assert sorted(a["path"] for a in run.annotations if a["title"].startswith("TR901")) == sorted(copies)
+    seeded = SEEDLESS.replace("import torch\n", "import torch\ntorch.manual_seed(0)\n", 1)
+    # fixing two of the three leaves the comment open: it still says something true
+    head = state.push(pr, {"lesson1/train.py": seeded, "lesson2/train.py": seeded})
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    completed_run(state, head)
+    (thread,) = state.threads_for(pr)
+    assert not thread.is_resolved and len(bot_comments(state, pr)) == 1
+    head = state.push(pr, {"lesson3/train.py": seeded})
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    completed_run(state, head)
+    (thread,) = state.threads_for(pr)
+    assert thread.is_resolved and len(bot_comments(state, pr)) == 1
+
+
+SAVES_ARGS = """\
+import os
+import torch
+
+
+def save(args, student, epoch):
+    save_dict = {"student": student.state_dict(), "epoch": epoch, "args": args}
+    torch.save(save_dict, os.path.join(args.output_dir, "checkpoint.pth"))
+"""
+
+
+def test_a_load_of_checkpoints_that_hold_the_runs_args_gets_no_suggestion_and_names_who_saves_them(stack):
+    visualize = "import torch\n\nstate = torch.load(args.pretrained_weights)\n"
+    state, _, pr, _ = reviewed_pr(stack, {"visualize.py": visualize}, base={"main_train.py": SAVES_ARGS})
+    (comment,) = bot_comments(state, pr)
+    assert "`TR601`" in comment.body and "```suggestion" not in comment.body
+    assert "`main_train.py` in this repository saves an argparse.Namespace" in comment.body
+    assert "add\\_safe\\_globals" in comment.body or "add_safe_globals" in comment.body
+
+
+def notebook_json(*cells: str) -> str:
+    """A notebook as nbformat writes it (one source line per JSON line); each cell's code, with its output."""
+    return json.dumps({"cells": [{"cell_type": "code", "execution_count": 1, "metadata": {},
+                                  "outputs": [{"name": "stdout", "output_type": "stream", "text": ["ok\n"]}],
+                                  "source": cell.splitlines(keepends=True)} for cell in cells],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1, sort_keys=True) + "\n"
+
+
+def test_a_notebook_in_ipython_syntax_is_commented_on_the_json_lines_of_its_bugs(stack):
+    notebook = notebook_json(
+        "%%writefile requirements.txt\ntorch\nstate = torch.load(p)\n",  # a file's text, not Python: skipped
+        "import torch\ngpu = !nvidia-smi\nif gpu:\n    !pip install timm\n    %load_ext autoreload\n"
+        "for epoch in range(2):\n    !echo {epoch}\n    ckpt = torch.load(path)\n",
+        " dataiter = iter(loader)\n images, labels = dataiter.next()\n",  # every line indented by one space
+    )
+    state, _, pr, run = reviewed_pr(stack, {"explore.ipynb": notebook})
+    lines = notebook.split("\n")
+    json_line = {text.strip(): n for n, text in enumerate(lines, 1)}
+    placed = sorted((c.line, re.search(r"`(TR\d+)`", c.body).group(1)) for c in bot_comments(state, pr))
+    assert placed == sorted([(json_line['"    ckpt = torch.load(path)\\n"'], "TR601"),
+                             (json_line['" images, labels = dataiter.next()\\n"'], "TR815")])
+    assert "not (fully) analyzed" not in run.output_summary  # no syntax error, no file left out
+    assert "state = torch.load(p)" not in run.output_summary
+    # the suggestion is JSON strings of the cell: committed, the notebook still reads and the finding is gone
+    load, next_call = sorted(bot_comments(state, pr), key=lambda c: c.line)
+    fixed = applied(notebook, load)
+    assert json.loads(fixed)["cells"][1]["source"][-1] == "    ckpt = torch.load(path, weights_only=True)\n"
+    assert [f.rule for f in analyze_text(fixed, "explore.ipynb", Config()).findings] == ["TR815"]
+    # a dedented cell's fix would lose the cell's indent: said, but not offered as a suggestion
+    assert "```suggestion" not in next_call.body and "next(dataiter)" in next_call.body

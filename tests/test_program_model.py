@@ -128,6 +128,61 @@ def test_checkpoint_payloads_say_whether_weights_only_can_load_them():
 
 
 
+def test_a_module_built_by_a_constructor_and_saved_whole_is_a_module_payload():
+    ctx = context("""
+        import torch
+        if args.resume_snapshot:
+            model = torch.load(args.resume_snapshot)
+        else:
+            model = Classifier(config).to(device)
+        torch.save(model, snapshot_path)
+        encoder = Encoder(3)
+        torch.save(encoder.state_dict(), "encoder.pt")
+    """)
+    assert [w.payloads for w in ctx.facts(CheckpointWrites).writes] == [{Payload.MODULE, Payload.TENSORS},
+                                                                       {Payload.TENSORS}]
+
+
+def test_save_on_master_writes_a_checkpoint():
+    ctx = context("""
+        import torch
+        import utils
+        to_save = {"model": model.state_dict(), "epoch": epoch}
+        to_save["args"] = args
+        utils.save_on_master(to_save, os.path.join(args.output_dir, "checkpoint.pth"))
+    """)
+    [write] = ctx.facts(CheckpointWrites).writes
+    assert write.payloads == {Payload.TENSORS, Payload.NAMESPACE} and write.path_literals == {"checkpoint.pth"}
+
+
+@pytest.mark.parametrize("code, refused", [
+    ("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'ckpt.pth')\n", {Payload.NAMESPACE}),
+    ("import torch\nto_save = {'model': m.state_dict()}\nto_save['config'] = cfg\n"
+     "misc.save_on_master(to_save, path)\n", {Payload.NAMESPACE}),
+    ("import torch\ntorch.save(model, 'snapshot.pt')\n", {Payload.MODULE}),
+    ("import numpy as np\nimport torch\ntorch.save(np.sin(x), open('traindata.pt', 'wb'))\n", {Payload.NUMPY}),
+    ("import torch\ntorch.save({'model': model.state_dict(), 'epoch': 3}, 'ckpt.pth')\n", set()),
+    ("import torch\ntorch.save(model.state_dict(), 'm.pt')\nimage.save('x.png')\n", set()),
+])
+def test_a_file_summary_knows_what_its_checkpoints_hold_that_weights_only_refuses(code, refused):
+    assert summarize(code, "x.py").refused_payloads == refused
+
+
+def test_checkpoints_saved_beside_a_file_or_by_a_module_it_imports(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "misc.py").write_text("import torch\ndef save_model(args, model):\n"
+                                               "    torch.save({'model': model.state_dict(), 'args': args}, 'c.pth')\n")
+    (tmp_path / "pretrain.py").write_text("import torch\ntorch.save(model, 'whole.pt')\n")
+    (tmp_path / "finetune.py").write_text("import util.misc as misc\nimport torch\nckpt = torch.load(args.finetune)\n")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "convert.py").write_text("import torch\nsd = torch.load(args.weights)\n")
+    index = RepositoryIndex(tmp_path)
+    assert index.refused_payloads_near(tmp_path / "finetune.py") == {"util/misc.py": {Payload.NAMESPACE},
+                                                                     "pretrain.py": {Payload.MODULE}}
+    assert index.refused_payloads_near(tmp_path / "tools" / "convert.py") == {}
+
+
 RESUME_THEN_TRAIN = """
     import os
     import torch
@@ -273,3 +328,38 @@ def test_cross_file_findings_in_the_engine(repo):
     with_repo = analyze_source(text, str(repo / "gan.py"), rules=rules, repository=RepositoryIndex(repo))
     assert alone.findings == [] and [f.rule for f in with_repo.findings] == ["TR402"]
     assert Path(with_repo.findings[0].path).name == "gan.py"
+
+
+def test_the_weights_only_fix_is_offered_only_when_no_checkpoint_of_the_repository_holds_what_it_refuses(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "main_train.py").write_text(textwrap.dedent("""
+        import torch
+        import utils
+        save_dict = {"student": student.state_dict(), "epoch": epoch + 1, "args": args}
+        utils.save_on_master(save_dict, os.path.join(args.output_dir, "checkpoint.pth"))
+    """))
+    (tmp_path / "visualize.py").write_text("import torch\nstate = torch.load(args.pretrained_weights)\n")
+    (tmp_path / "knn.py").write_text(textwrap.dedent("""
+        import torch
+        if args.dump_features:
+            torch.save(train_features.cpu(), os.path.join(args.dump_features, "trainfeat.pth"))
+        if args.load_features:
+            train_features = torch.load(os.path.join(args.load_features, "trainfeat.pth"))
+    """))
+    rules = [r for r in all_rules() if r.id == "TR601"]
+    index = RepositoryIndex(tmp_path)
+
+    def finding(name):
+        [found] = analyze_source((tmp_path / name).read_text(), str(tmp_path / name), rules=rules,
+                                 repository=index).findings
+        return found
+
+    refused = finding("visualize.py")
+    assert refused.fix is None  # the DINO checkpoint holds the run's args: weights_only=True would refuse it
+    assert "`main_train.py` in this repository saves an argparse.Namespace" in refused.message
+    assert "add_safe_globals" in refused.message
+    own = finding("knn.py")  # features this script dumps itself: tensors only, the fix is safe
+    assert own.fix is not None and "weights_only=True" in own.fix.replacement
+    # without the script that saves the args, nothing says the fix is unsafe
+    (tmp_path / "main_train.py").unlink()
+    assert finding("visualize.py").fix is not None

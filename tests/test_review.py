@@ -543,11 +543,95 @@ def test_a_rule_found_twice_in_a_file_is_one_comment_whether_the_lines_touch_or_
         plan = plan_review(PullRequestAnalysis([finding("eval.py", line=n, **same) for n in lines], diffs, sources))
         assert [c["line"] for c in plan.comments] == [lines[0]]
         assert f"lines {lines[0]}, {lines[1]} (2 in this file)" in plan.comments[0]["body"]
-    # another file, or another rule, is another comment
-    plan = plan_review(PullRequestAnalysis([finding("eval.py", line=10, **same), finding("other.py", line=12, **same),
+    # another rule is another comment; so is another file that says something else
+    plan = plan_review(PullRequestAnalysis([finding("eval.py", line=10, **same),
+                                            finding("other.py", line=12, **dict(same, message="unsafe load of x")),
                                             finding("eval.py", line=30, rule="TR202")], diffs, sources))
     assert sorted((c["path"], c["line"]) for c in plan.comments) == [("eval.py", 10), ("eval.py", 30),
                                                                      ("other.py", 12)]
+
+
+def test_the_same_finding_in_several_files_is_one_comment_on_the_first_that_names_the_others():
+    source = numbered(40)
+    paths = ("a/train.ipynb", "b/train.py", "c/train.py")
+    diffs = {path: changed_file(path, "", source) for path in paths[1:]}
+    diffs["a/train.ipynb"] = FileDiff("a/train.ipynb", has_patch=False)  # no diff shown: not the one commented
+    sources = {path: source for path in paths}
+    same = dict(rule="TR901", severity=Severity.LOW, message="loss.backward() trains, but torch is never seeded")
+    findings = [finding(paths[0], line=3, cell=2, **same), finding(paths[1], line=7, **same),
+                finding(paths[1], line=20, **same), finding(paths[2], line=9, **same),
+                finding(paths[2], line=30, rule="TR202")]
+    plan = plan_review(PullRequestAnalysis(findings, diffs, sources))
+    assert sorted((c["path"], c["line"]) for c in plan.comments) == [("b/train.py", 7), ("c/train.py", 30)]
+    [seeds] = [c for c in plan.comments if "`TR901`" in c["body"]]
+    text = render(seeds["body"]).text
+    assert ("in a/train.ipynb: cell 2, line 3; b/train.py (here): lines 7, 20; c/train.py: line 9 "
+            "(4 in this pull request)") in text
+    assert len(parse_fingerprints(seeds["body"])) == 4  # its thread resolves when all four are gone
+    assert_valid_review(plan, diffs)
+    # the check run still has each site in its own file
+    check = plan_check_run(PullRequestAnalysis(findings, diffs, sources))
+    assert sorted(a["path"] for a in check.annotations) == sorted(f.path for f in findings)
+    # configurable: one comment per file
+    plan = plan_review(PullRequestAnalysis(findings, diffs, sources), ReviewSettings(group_across_files=False))
+    assert sorted((c["path"], c["line"]) for c in plan.comments) == [("b/train.py", 7), ("c/train.py", 9),
+                                                                     ("c/train.py", 30)]
+    assert "a/train.ipynb" in plan.body  # not on the diff: in the review's body
+
+
+def test_a_rule_found_in_three_files_is_one_comment_that_lists_each_site_with_its_message():
+    source = numbered(40)
+    paths = ("a.py", "b.py", "c.py")
+    diffs = {path: changed_file(path, "", source) for path in paths}
+    sources = {path: source for path in paths}
+    loads = [finding(path, line=n, severity=Severity.CRITICAL, message=f"`torch.load(args.{path[0]})` is unsafe")
+             for path, n in zip(paths, (4, 8, 12))]
+    plan = plan_review(PullRequestAnalysis(loads, diffs, sources))
+    [comment] = plan.comments
+    assert (comment["path"], comment["line"]) == ("a.py", 4)
+    text = render(comment["body"]).text
+    assert "3 findings in this pull request:" in text
+    assert all(f"{path} line {n}: torch.load(args.{path[0]}) is unsafe" in text
+               for path, n in (("b.py", 8), ("c.py", 12)))
+    assert "line 4: torch.load(args.a) is unsafe" in text
+    assert len(parse_fingerprints(comment["body"])) == 3
+    # in two files, each file has its comment; and the threshold is a setting (0: never)
+    def comments(found, **settings):
+        return len(plan_review(PullRequestAnalysis(found, diffs, sources), ReviewSettings(**settings)).comments)
+
+    assert comments(loads[:2]) == 2
+    assert comments(loads, group_rule_from_files=0) == 3 and comments(loads[:2], group_rule_from_files=2) == 1
+
+
+def test_grouping_across_files_stops_where_a_comment_would_outgrow_githubs_limit():
+    source = numbered(120)
+    paths = [f"m{n}.py" for n in range(8)]
+    diffs = {path: changed_file(path, "", source) for path in paths}
+    findings = [finding(path, line=n, rule="TR803", severity=Severity.LOW, message="Variable is a no-op")
+                for path in paths for n in range(1, 101)]  # 800 identical findings
+    plan = plan_review(PullRequestAnalysis(findings, diffs, {path: source for path in paths}))
+    assert len(plan.comments) == 3  # 300 + 300 + 200 findings
+    assert sorted(len(parse_fingerprints(c["body"])) for c in plan.comments) == [200, 300, 300]
+    assert all(len(c["body"]) <= MAX_MARKDOWN_CHARS for c in plan.comments)
+    assert_valid_review(plan, diffs)
+
+
+def test_a_repeated_fix_in_several_files_suggests_for_the_commented_file_and_shows_the_others():
+    source = "import torch\n" + loads(3, first=2)
+    paths = ("eval.py", "tools/eval.py")
+    diffs = {path: changed_file(path, "", source) for path in paths}
+    findings = [finding(path, line=n, message="unsafe load", fix=load_fix(n)) for path in paths for n in (2, 3)]
+    [comment] = plan_review(PullRequestAnalysis(findings, diffs, {path: source for path in paths})).comments
+    assert (comment["path"], comment.get("start_line"), comment["line"]) == ("eval.py", 2, 3)
+    suggestion = re.search(r"```suggestion\n(.*?)```", comment["body"], re.S).group(1)
+    lines = source.splitlines(keepends=True)
+    fixed = lines[0] + suggestion + "".join(lines[3:])
+    assert fixed.count("weights_only=True") == 2
+    compile(fixed, "eval.py", "exec")
+    assert "Suggested change (lines 2, 3)" in comment["body"]
+    for n in (2, 3):
+        assert f"Fix for `tools/eval.py` line {n}:" in comment["body"]
+    assert "applies all 4" in comment["body"]
 
 
 def loads(count: int, first: int = 1) -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
+from analyzers.program.roles import CONFIG_NAMES, SAVE_ON_MASTER, Payload, name_is_model_like
+
 # Activations a forward may end in, by the callable that applies them.
 _ACTIVATION_CALLS = {
     "softmax": "softmax", "log_softmax": "log_softmax", "sigmoid": "sigmoid",
@@ -95,6 +97,8 @@ class FileSummary:
     star_imports: list[tuple[str, int]] = field(default_factory=list)
     module_layers: dict[str, Layer] = field(default_factory=dict)  # D = nn.Sequential(..., nn.Sigmoid())
     saved_names: set[str] = field(default_factory=set)  # file names given literally to torch.save
+    # what its checkpoints hold that weights_only=True refuses (a whole module, a Namespace, NumPy arrays)
+    refused_payloads: set[Payload] = field(default_factory=set)
     reads_data: bool = False  # reads a data set (files, a dataset library, a download): see READS_DATA
 
 
@@ -278,10 +282,62 @@ def summarize(source: str, path: str) -> FileSummary:
             for part in ast.walk(node.args[1]):
                 if isinstance(part, ast.Constant) and isinstance(part.value, str) and "." in part.value:
                     summary.saved_names.add(part.value.rsplit("/", 1)[-1])
+    if "save" in source:
+        summary.refused_payloads = _refused_payloads(tree)
     for name, extra in appended.items():
         if name in summary.module_layers:
             summary.module_layers[name].activation = (layer_of(extra[-1]) or Layer()).activation
     return summary
+
+
+def _refused_payloads(tree: ast.AST) -> set[Payload]:
+    """What a file's checkpoints hold that ``weights_only=True`` refuses, for the other files of the repository
+    (the file's own rules read :class:`analyzers.program.roles.CheckpointWrites`, which follows more): the first
+    argument of ``torch.save`` / ``save_on_master``, a dict literal or a name assigned one (``to_save = {...,
+    "args": args}``, ``ckpt["args"] = args``), or a name."""
+    dicts: dict[str, list[tuple[Optional[str], ast.AST]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Dict):
+                dicts.setdefault(target.id, []).extend(
+                    (key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None, value)
+                    for key, value in zip(node.value.keys, node.value.values))
+            elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                key = target.slice.value if isinstance(target.slice, ast.Constant) else None
+                dicts.setdefault(target.value.id, []).append((key if isinstance(key, str) else None, node.value))
+    found: set[Payload] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args and _writes_checkpoint(_dotted(node.func) or "")):
+            continue
+        obj = node.args[0]
+        if isinstance(obj, ast.Dict):
+            entries = [(k.value if isinstance(k, ast.Constant) and isinstance(k.value, str) else None, v)
+                       for k, v in zip(obj.keys, obj.values)]
+        elif isinstance(obj, ast.Name) and obj.id in dicts:
+            entries = dicts[obj.id]
+        else:
+            entries = [(None, obj)]
+        for key, value in entries:
+            found |= _refused_value(key, value)
+    return found
+
+
+def _writes_checkpoint(called: str) -> bool:
+    return called in ("torch.save", "save") or called.rsplit(".", 1)[-1] == SAVE_ON_MASTER
+
+
+def _refused_value(key: Optional[str], value: ast.AST) -> set[Payload]:
+    if isinstance(value, ast.Call):
+        called = _dotted(value.func) or ""
+        return {Payload.NUMPY} if called.rsplit(".", 1)[-1] == "numpy" or called.startswith(("np.", "numpy.")) \
+            else set()
+    name = (_dotted(value) or "").rsplit(".", 1)[-1].lower()
+    if name in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:
+        return {Payload.NAMESPACE}
+    if name and name_is_model_like(name) and not name.endswith(("_state", "state_dict", "_sd")):
+        return {Payload.MODULE}
+    return set()
 
 
 def _note_import(node: ast.AST, summary: FileSummary) -> None:
@@ -347,6 +403,10 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
 # Summaries by content digest, shared across indexes (a worker reviews one repository push after push).
 MAX_CACHED_SUMMARIES = 20_000
 _SUMMARIES: dict[str, FileSummary] = {}
+
+
+# The imports of a file whose modules refused_payloads_near reads (a script imports a few project modules).
+MAX_IMPORTS_FOLLOWED = 50
 
 
 class RepositoryIndex:
@@ -462,6 +522,29 @@ class RepositoryIndex:
             if summary is not None:
                 names |= summary.saved_names
         return names
+
+    def refused_payloads_near(self, path: Path) -> dict[str, set[Payload]]:
+        """What the scripts beside ``path`` and the repository modules it imports save into checkpoints that
+        ``weights_only=True`` refuses, by file (relative to the root when inside it): a checkpoint this file
+        loads may be one of theirs."""
+        found: dict[str, set[Payload]] = {}
+        siblings = python_siblings(path)
+        _note_listing(path, siblings)
+        others = list(siblings)
+        summary = self.summary(path)
+        for module, name, level in list(summary.imports.values())[:MAX_IMPORTS_FOLLOWED] if summary else ():
+            others += self._module_files(module, level, path)
+            if name is not None:
+                others += self._module_files(f"{module}.{name}" if module else name, level, path)
+        for other in dict.fromkeys(others):
+            other_summary = self.summary(other)
+            if other_summary is not None and other_summary.refused_payloads:
+                try:
+                    shown = other.resolve().relative_to(self.root).as_posix()
+                except ValueError:
+                    shown = other.name
+                found[shown] = set(other_summary.refused_payloads)
+        return found
 
     def module_layer(self, importer: Path, local_name: str, source: Optional[str] = None) -> Optional[Layer]:
         """A module-level ``D = nn.Sequential(...)`` of ``importer`` (or imported into it)."""

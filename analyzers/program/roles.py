@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 # An ``except`` for one of these around a call means "this is the fallback for another library version".
 _COMPAT_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "TypeError", "AttributeError", "NameError"}
 TORCH_SAVE = {"torch.save", "torch.serialization.save"}
+# The torchvision references' ``utils.save_on_master`` (copied into DETR, DINO, MAE and many more) is torch.save
+# on the main process: ``save_on_master(*args, **kwargs)``.
+SAVE_ON_MASTER = "save_on_master"
 
 
 def _handler_types(handler: cst.ExceptHandler) -> set[str]:
@@ -51,12 +54,43 @@ class Payload(enum.Enum):
         return self is Payload.TENSORS
 
 
-_CONFIG_NAMES = {"args", "opt", "opts", "cfg", "config", "hparams", "hyperparameters", "flags", "conf"}
+CONFIG_NAMES = {"args", "opt", "opts", "cfg", "config", "hparams", "hyperparameters", "flags", "conf"}
 _MODEL_WORDS = ("model", "net", "module", "generator", "discriminator", "encoder", "decoder", "backbone", "ema")
 
 
 def _last(name: str) -> str:
     return name.rsplit(".", 1)[-1].lower()
+
+
+_MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
+                "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer"}
+_CHAINED_MODULE_METHODS = {"to", "cuda", "cpu", "eval", "train", "half", "float", "double", "bfloat16",
+                           "requires_grad_"}
+
+
+def name_is_model_like(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1].lower()
+    return last in _MODEL_NAMES or (last.endswith(("_model", "_net", "model", "net"))
+                                    and not last.endswith(("_path", "state")))
+
+
+def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
+    """Does ``name = value`` hold an ``nn.Module``: a torch.nn layer, a module class of this file, or an unknown
+    class (imported from the project) assigned to a model-like name? ``Net().to(device)`` and friends return
+    the module itself."""
+    origin: Optional[cst.BaseExpression] = value
+    while (isinstance(origin, cst.Call) and isinstance(origin.func, cst.Attribute)
+           and origin.func.attr.value in _CHAINED_MODULE_METHODS):
+        origin = ctx.origin(origin.func.value)
+    if not isinstance(origin, cst.Call):
+        return name_is_model_like(name)
+    called = ctx.call_name(origin) or dotted_name(origin.func) or ""
+    last = called.rsplit(".", 1)[-1]
+    if called.startswith("torch.nn.") and last[:1].isupper():
+        return True
+    if called in ctx.module_classes_in_file:
+        return True
+    return last[:1].isupper() and name_is_model_like(name)
 
 
 @dataclass
@@ -108,7 +142,8 @@ class CheckpointWrites:
         ctx = self.ctx
         result = []
         for node in subtree(ctx.module):
-            if isinstance(node, cst.Call) and ctx.qualified_name(node.func) in TORCH_SAVE:
+            if isinstance(node, cst.Call) and (ctx.qualified_name(node.func) in TORCH_SAVE
+                                               or (dotted_name(node.func) or "").rsplit(".", 1)[-1] == SAVE_ON_MASTER):
                 path = argument(node, 1, "f")
                 obj = argument(node, 0, "obj")
                 write = CheckpointWrite(node, path, self.payloads(obj) if obj is not None else set())
@@ -159,7 +194,10 @@ class CheckpointWrites:
         if name and depth and name in self._assignments:
             kinds = set()
             for value in self._assignments[name][:4]:
-                kinds |= self.payloads(value, depth - 1)
+                if isinstance(value, cst.Call) and constructs_module(self.ctx, value, name):
+                    kinds.add(Payload.MODULE)  # model = SNLIClassifier(config); torch.save(model, path)
+                else:
+                    kinds |= self.payloads(value, depth - 1)
             for key, value in self._subscript_stores.get(name, ()):
                 kinds |= self._value_payload(value, key, depth - 1)
             return kinds or {Payload.TENSORS}
@@ -185,7 +223,7 @@ class CheckpointWrites:
         name = dotted_name(value)
         if name:
             last = _last(name)
-            if last in _CONFIG_NAMES or (key or "").lower() in _CONFIG_NAMES:
+            if last in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:
                 return {Payload.NAMESPACE}
             if any(word in last for word in _MODEL_WORDS) and not last.endswith(("_state", "state_dict", "_sd")):
                 return {Payload.MODULE}
@@ -215,7 +253,24 @@ class CheckpointWrites:
                     return True
             if not same_expression_only and literals and not names and literals & self._written_beside():
                 return True
+            if not same_expression_only and literals and not names and literals & self._save_parameter_literals:
+                return True
         return False
+
+    @cached_property
+    def _save_parameter_literals(self) -> set[str]:
+        """File names this file passes to a parameter named for where its function saves (``def train(...,
+        save_path)`` called as ``train(..., 'model_scratch.pt')``): that function writes there, even when its
+        saving is an exercise's ``## TODO: save the model`` or goes through a helper."""
+        found: set[str] = set()
+        for fn in subtree(self.ctx.module):
+            if not isinstance(fn, cst.FunctionDef):
+                continue
+            for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
+                if "save" in param.name.value.lower():
+                    for value in call_site_values(self.ctx.module, fn, param.name.value) or ():
+                        found |= self.literals(value)
+        return found
 
     @cached_property
     def _parents(self) -> dict[int, cst.CSTNode]:
@@ -272,6 +327,16 @@ class CheckpointWrites:
             for value in self._assignments.get(name, ())[:2]:
                 names |= _value_names(value)
         return names
+
+    def refused_nearby(self) -> dict[str, set[Payload]]:
+        """The other files of the repository whose checkpoints this file may load (the scripts beside it, the
+        modules it imports) and what they save there that ``weights_only=True`` refuses; {} without an index."""
+        index = self.ctx.repository
+        if index is None:
+            return {}
+        from analyzers.program.modules import file_in_repository
+
+        return index.refused_payloads_near(file_in_repository(self.ctx))
 
     def payload_kinds(self) -> set[Payload]:
         kinds: set[Payload] = set()

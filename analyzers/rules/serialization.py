@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
+
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
 from analyzers.model import Category, Severity
-from analyzers.program import CheckpointWrites, call_site_values, in_compat_fallback
-from analyzers.program.roles import describe
+from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback
+from analyzers.program.roles import constructs_module, describe, name_is_model_like
 from analyzers.rules.base import Invalid, Rule
 
 TORCH_LOAD = {"torch.load", "torch.serialization.load"}
@@ -33,8 +35,11 @@ class UnsafeTorchLoad(Rule):
         (the best-model reload of a training script or notebook, a cache), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
         `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
-        The `weights_only=True` fix is offered only when nothing in the file saves a payload that
-        weights-only loading refuses (a whole module, an `argparse.Namespace`, NumPy arrays).
+        The `weights_only=True` fix is offered only when nothing in the file, the scripts beside it
+        or the repository modules it imports saves a payload that weights-only loading refuses (a
+        whole module, an `argparse.Namespace`, NumPy arrays, through `torch.save` or
+        `save_on_master`); then the message names who saves what, with no fix. A load of a file
+        name the file only ever saves tensors to keeps the fix.
     """
     why = """
         `torch.load` unpickles its input. A pickle can run any code while it loads, so a
@@ -66,6 +71,10 @@ class UnsafeTorchLoad(Rule):
         # the best checkpoint this script wrote a few lines earlier
         "import torch\nfor epoch in range(3):\n    torch.save(model.state_dict(), 'best-model.pt')\n"
         "model.load_state_dict(torch.load('best-model.pt'))\n",
+        # passed to where train() saves: an exercise whose train() says "## TODO: save the model"
+        "import torch\ndef train(n_epochs, model, save_path):\n    for epoch in range(n_epochs):\n        pass\n"
+        "    return model\nmodel = train(10, model, 'model_scratch.pt')\n"
+        "model.load_state_dict(torch.load('model_scratch.pt'))\n",
         # written through a helper whose argument is the same file
         "import torch\ntorch.save(ckpt, 'checkpoint.pth')\ndef load_checkpoint(filepath):\n"
         "    return torch.load(filepath)\nmodel = load_checkpoint('checkpoint.pth')\n",
@@ -110,6 +119,11 @@ class UnsafeTorchLoad(Rule):
         # weights_only=True would refuse them, so no mechanical fix, and the message says why
         Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
                 "ckpt = torch.load(args.resume, map_location='cpu')\n", line=3, message="add_safe_globals"),
+        # the whole model (built from a class, or resumed) is saved: the snapshot it resumes from is a pickled
+        # module, which weights_only=True refuses
+        Invalid("import torch\nif args.resume_snapshot:\n    model = torch.load(args.resume_snapshot)\nelse:\n"
+                "    model = SNLIClassifier(config)\nfor step in range(10):\n    torch.save(model, snapshot_path)\n",
+                line=3, message="this file saves a whole nn.Module into checkpoints"),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
@@ -132,7 +146,7 @@ class UnsafeTorchLoad(Rule):
         source_text = ctx.module.code_for_node(source) if source is not None else "?"
         severity = Severity.CRITICAL if external else None
         shown = f"torch.load({source_text})"
-        refused = {kind for kind in checkpoints.payload_kinds() if not kind.loads_weights_only}
+        refused, saved_by = self._refused_payloads(source, checkpoints)
         if weights_only is not None:
             message = (f"`{shown}` passes `weights_only=False`: unpickling can run arbitrary code"
                        + (" and the path comes from outside the program" if external else ""))
@@ -149,13 +163,34 @@ class UnsafeTorchLoad(Rule):
                                     equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
         if refused:
             # weights_only=True would refuse this program's own checkpoints: no committable suggestion
-            self.report(node, message + f"; this file saves {describe(refused)} into checkpoints, which "
+            self.report(node, message + f"; {saved_by} {describe(refused)} into checkpoints, which "
                         "`weights_only=True` refuses: save `state_dict()`s and plain values, or allow the "
                         "classes with `torch.serialization.add_safe_globals([...])` and load with "
                         "`weights_only=True`", severity=severity)
             return
         self.report(node, message + "; pass `weights_only=True`", replacement=node.with_changes(args=new_args),
                     severity=severity)
+
+    @staticmethod
+    def _refused_payloads(source: Optional[cst.BaseExpression], checkpoints: CheckpointWrites
+                          ) -> tuple[set[Payload], str]:
+        """What ``weights_only=True`` would refuse in the checkpoints this load may read, and who saves them:
+        this file's saves, else those of the scripts beside it and the modules it imports (a checkpoint that
+        ``util/misc.py`` writes with the run's ``args``). A load of a file name that this file only ever saves
+        tensors to (features dumped by ``--dump_features``) reads its own tensors: nothing refused."""
+        refused = {kind for kind in checkpoints.payload_kinds() if not kind.loads_weights_only}
+        if refused:
+            return refused, "this file saves"
+        names = checkpoints.literals(source) if source is not None else set()
+        own = [write for write in checkpoints.writes if names & write.path_literals]
+        if own and all(write.payloads <= {Payload.TENSORS} for write in own):
+            return set(), ""
+        nearby = checkpoints.refused_nearby()
+        if not nearby:
+            return set(), ""
+        files = sorted(nearby)
+        shown = ", ".join(f"`{path}`" for path in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return set().union(*nearby.values()), f"{shown} in this repository {'saves' if len(files) == 1 else 'save'}"
 
     @staticmethod
     def _self_written(source: cst.BaseExpression, ctx: FileContext, checkpoints: CheckpointWrites,
@@ -239,32 +274,9 @@ class SaveWholeModel(Rule):
                     replacement=replacement)
 
 
-_MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
-                "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer"}
-
-
-_CHAINED_MODULE_METHODS = {"to", "cuda", "cpu", "eval", "train", "half", "float", "double", "bfloat16", "requires_grad_"}
-
-
 def _is_module_value(expr: cst.BaseExpression, ctx: FileContext) -> bool:
     origin = ctx.origin(expr)
-    # ``Net().to(device)`` and friends return the module itself
-    while (isinstance(origin, cst.Call) and isinstance(origin.func, cst.Attribute)
-           and origin.func.attr.value in _CHAINED_MODULE_METHODS):
-        origin = ctx.origin(origin.func.value)
     name = dotted_name(expr) or ""
     if isinstance(origin, cst.Call):
-        called = ctx.call_name(origin) or dotted_name(origin.func) or ""
-        last = called.rsplit(".", 1)[-1]
-        if called.startswith("torch.nn.") and last[:1].isupper():
-            return True
-        if called in ctx.module_classes_in_file:
-            return True
-        # an unknown class (imported from the project) assigned to a model-like name
-        return last[:1].isupper() and _name_is_model_like(name)
-    return _name_is_model_like(name)
-
-
-def _name_is_model_like(name: str) -> bool:
-    last = name.rsplit(".", 1)[-1].lower()
-    return last in _MODEL_NAMES or last.endswith(("_model", "_net", "model", "net")) and not last.endswith(("_path", "state"))
+        return constructs_module(ctx, origin, name)
+    return name_is_model_like(name)
