@@ -555,3 +555,189 @@ class IntegerTensorRatio(Rule):
             elif not (isinstance(value, cst.Integer) and value.value == "0"):
                 return False
         return counts > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# TR414
+
+_LOG1P_FORMS = {"torch.log": "log1p", "torch.exp": "expm1"}
+
+
+def _is_exp(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``torch.exp(x)`` or a tensor's ``x.exp()`` (not ``math.exp`` / ``np.exp``)."""
+    expr = _unwrap(expr)
+    if not isinstance(expr, cst.Call):
+        return False
+    qualified = ctx.qualified_name(expr.func)
+    if qualified == "torch.exp":
+        return True
+    return qualified is None and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "exp" and \
+        not expr.args
+
+
+def _other_than_one(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """``x`` of ``1 + x`` / ``x + 1`` (one literal 1 and one other operand), else None."""
+    expr = _unwrap(expr)
+    if not isinstance(expr, cst.BinaryOperation) or not isinstance(expr.operator, cst.Add):
+        return None
+    if _is_one(expr.left) and not _is_one(expr.right):
+        return _unwrap(expr.right)
+    if _is_one(expr.right) and not _is_one(expr.left):
+        return _unwrap(expr.left)
+    return None
+
+
+def _constant(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.UnaryOperation):
+        return _constant(expr.expression)
+    return isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary))
+
+
+def _as_receiver(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``expr`` spelled so that ``.method()`` binds to all of it: ``(a * b).log1p()``."""
+    if isinstance(expr, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+        return expr
+    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+class HandWrittenLog1pExpm1(Rule):
+    id = "TR414"
+    slug = "hand-written-log1p-expm1"
+    category = Category.NUMERICS
+    severity = Severity.LOW
+    summary = "torch.log(1 + x) / torch.exp(x) - 1 lose small x entirely; use torch.log1p / torch.expm1"
+    source_hint = (re.compile(r"\blog\b|\bexp\b"), re.compile(r"\b1(\.0*)?\b"))  # log/exp next to a literal 1
+    what = """
+        Flags `torch.log(1 + x)` / `torch.log(x + 1)` / `(1 + x).log()` and `torch.exp(x) - 1` /
+        `x.exp() - 1` on tensors (any import alias of `torch`). `torch.log(1 + torch.exp(x))` is
+        TR411's (softplus), and NumPy / `math` calls are left alone.
+    """
+    why = """
+        `1 + x` is rounded to the tensor's precision before the log sees it: below about 6e-8
+        in float32, 5e-4 in float16 and 4e-3 in bfloat16, `1 + x` is exactly 1 and
+        `log(1 + x)` returns 0 instead of about `x` (its relative error grows well before
+        that). `exp(x) - 1` cancels the same way for small `x`. `torch.log1p(x)` and
+        `torch.expm1(x)` compute the same functions without the rounding, for every `x`, in
+        every dtype; the fix changes nothing else.
+    """
+    example = """
+        log_rate = torch.log(1 + rate)
+        growth = torch.exp(log_growth) - 1
+    """
+    fix_example = """
+        log_rate = torch.log1p(rate)
+        growth = torch.expm1(log_growth)
+    """
+    VALID = [
+        """
+        import torch
+        import numpy as np
+        import math
+        a = torch.log1p(rate)
+        b = torch.expm1(z)
+        c = torch.log(1 + torch.exp(x))  # softplus: TR411
+        d = np.log(1 + counts)
+        e = math.exp(t) - 1
+        f = torch.log(2 + x)
+        g = torch.log(1 + x + y)
+        h = torch.log(torch.tensor(1 + 1e-3))
+        """,
+        """
+        import numpy as np
+        y = np.exp(x) - 1
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            log_rate = torch.log(1 + rate)
+            """,
+            line=3, message="`torch.log(1 + rate)`",
+            fixed="""
+            import torch
+            log_rate = torch.log1p(rate)
+            """,
+        ),
+        Invalid(
+            """
+            import torch as th
+            def elu(x, alpha):
+                return th.where(x > 0, x, alpha * (th.exp(x) - 1.0))
+            """,
+            line=4, message="th.expm1(x)",
+            fixed="""
+            import torch as th
+            def elu(x, alpha):
+                return th.where(x > 0, x, alpha * (th.expm1(x)))
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            def bonus(p, scale):
+                damped = (p * scale + 1).log()
+                return damped * (p.exp() - 1)
+            """,
+            line=4, count=2,
+            fixed="""
+            import torch
+            def bonus(p, scale):
+                damped = (p * scale).log1p()
+                return damped * (p.exp() - 1)
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not isinstance(func, (cst.Attribute, cst.Name)):
+            return
+        qualified = ctx.qualified_name(func)
+        if qualified == "torch.log":
+            argument = _single_argument(node)
+            x = _other_than_one(argument) if argument is not None else None
+            if x is None or _constant(x) or _is_exp(x, ctx):
+                return
+            replacement = None
+            if isinstance(func, cst.Attribute):  # keep the file's alias: ``th.log`` -> ``th.log1p``
+                replacement = node.with_changes(func=func.with_changes(attr=cst.Name("log1p")), args=[cst.Arg(x)])
+            self._report(node, replacement, "torch.log1p(x)", "1 + x", ctx)
+        elif qualified is None and isinstance(func, cst.Attribute) and func.attr.value == "log" and not node.args:
+            x = _other_than_one(func.value)
+            if x is None or _constant(x) or _is_exp(x, ctx):
+                return
+            replacement = cst.Call(func=cst.Attribute(_as_receiver(x), cst.Name("log1p")))
+            self._report(node, replacement, "x.log1p()", "1 + x", ctx)
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
+        if not isinstance(node.operator, cst.Subtract) or not _is_one(node.right):
+            return
+        exp = _unwrap(node.left)
+        if not _is_exp(exp, ctx):
+            return
+        assert isinstance(exp, cst.Call) and isinstance(exp.func, (cst.Attribute, cst.Name))
+        replacement: Optional[cst.BaseExpression] = None
+        if ctx.qualified_name(exp.func) == "torch.exp":
+            x = _single_argument(exp)
+            if x is None:
+                return
+            if isinstance(exp.func, cst.Attribute):
+                replacement = cst.Call(func=exp.func.with_changes(attr=cst.Name("expm1")), args=[cst.Arg(_unwrap(x))])
+            generic = "torch.expm1(x)"
+        else:
+            assert isinstance(exp.func, cst.Attribute)
+            replacement = cst.Call(func=exp.func.with_changes(attr=cst.Name("expm1")))
+            generic = "x.expm1()"
+        self._report(node, replacement, generic, "exp(x) - 1", ctx)
+
+    def _report(self, node: cst.CSTNode, replacement: Optional[cst.BaseExpression], generic: str, form: str,
+                ctx: FileContext) -> None:
+        instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
+        if form == "1 + x":
+            loss = "`1 + x` rounds to exactly 1 when |x| is below ~6e-8 in float32 (4e-3 in bfloat16), so the log " \
+                   "returns 0 instead of about x"
+        else:
+            loss = "`exp(x) - 1` cancels to 0 when |x| is below ~6e-8 in float32 (4e-3 in bfloat16) instead of about x"
+        self.report(node, f"{code_span(short(ctx, node))}: {loss}; {instead} computes the same function without "
+                          f"the rounding", replacement=replacement)
