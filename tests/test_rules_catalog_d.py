@@ -1,4 +1,5 @@
-"""Realistic scenarios for the catalog's part 2, third batch: TR414 (log1p / expm1)."""
+"""Realistic scenarios for the catalog's part 2, third batch: TR114 (optimizer built before a layer swap) and
+TR414 (log1p / expm1)."""
 from __future__ import annotations
 
 import textwrap
@@ -18,19 +19,20 @@ def test_log1p_through_every_import_spelling():
         from torch import log, exp
 
         def density(rate, t, eps):
+            rate = rate.to(torch.bfloat16)
             a = torch.log(1. + rate)
             b = th.log(rate * t + 1)
             c = log(1 + eps)
             d = exp(t) - 1
             return a + b + c + d
         """, "TR414")
-    assert lines(findings, "TR414") == [7, 8, 9, 10]
+    assert lines(findings, "TR414") == [8, 9, 10, 11]
     fixes = {f.line: f.fix for f in findings}
-    assert fixes[7].replacement.strip() == "a = torch.log1p(rate)"
-    assert fixes[8].replacement.strip() == "b = th.log1p(rate * t)"
+    assert fixes[8].replacement.strip() == "a = torch.log1p(rate)"
+    assert fixes[9].replacement.strip() == "b = th.log1p(rate * t)"
     # a bare ``log`` / ``exp`` imported from torch: the name to write is not in scope, so no fix is offered
-    assert fixes[9] is None and fixes[10] is None
-    assert "torch.log1p(x)" in next(f.message for f in findings if f.line == 9)
+    assert fixes[10] is None and fixes[11] is None
+    assert "torch.log1p(x)" in next(f.message for f in findings if f.line == 10)
 
 
 def test_log1p_in_a_loss_helper_and_a_while_loop():
@@ -43,9 +45,9 @@ def test_log1p_in_a_loss_helper_and_a_while_loop():
 
         def shrink(weights, lam):
             step = 0
-            while step < 10:
-                weights = weights * (weights.abs().exp() - 1)
-                weights = torch.log(weights.abs() + 1) * lam
+            while step < 10 and weights.dtype == torch.float16:
+                weights = weights * (weights.exp() - 1)
+                weights = torch.log(weights * lam + 1)
                 step += 1
             return F.softplus(weights)
         """, "TR414")
@@ -64,6 +66,10 @@ def test_numpy_math_softplus_and_stable_code_are_quiet():
         sp = torch.log(1 + torch.exp(x))          # softplus: TR411's finding
         sp2 = torch.log(1 + x.exp())
         ok = torch.log1p(x) + torch.expm1(x)
+        symlog = torch.sign(rel) * torch.log(1.0 + rel.abs()) + torch.log(1 + torch.abs(rel))
+        ranks = torch.log(1 + torch.arange(n, device=x.device)) + (torch.exp(pos.long()) - 1)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            pass
         shifted = torch.log(2 + x) + torch.exp(x) - 2
         constant = torch.log(torch.tensor(1 + 1e-3))
         both = torch.log(1 + 1)
@@ -73,7 +79,123 @@ def test_numpy_math_softplus_and_stable_code_are_quiet():
 def test_log1p_in_a_notebook_cell():
     nb = notebook(("markdown", "# Features\n"),
                   ("code", "import torch\n"),
-                  ("code", "x = torch.rand(8)\nfeatures = torch.log(1 + x)\n"))
+                  ("code", "x = torch.rand(8, dtype=torch.bfloat16)\nfeatures = torch.log(1 + x)\n"))
     result = analyze_text(nb, "features.ipynb", Config(select=("TR414",)))
     assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR414", 3, 2)]
     assert result.findings[0].fix is not None
+
+
+def test_float32_code_is_quiet():
+    assert run("""
+        import torch
+        def density(rate):
+            return torch.log(1 + rate) + torch.exp(rate) - 1
+        """, "TR414") == []
+
+
+# ---- TR114: the optimizer built before a layer (or the model) is replaced ------------------------
+
+FINETUNE_CELLS = [
+    ("code", "import torch\nimport torch.nn as nn\nimport torch.optim as optim\nfrom torchvision import models\n"),
+    ("code", "model = models.densenet121(weights='DEFAULT')\nfor p in model.parameters():\n    p.requires_grad = False\n"
+             "optimizer = optim.Adam(model.parameters(), lr=1e-3)\n"),
+    ("markdown", "Replace the classifier\n"),
+    ("code", "model.classifier[0] = nn.Linear(1024, 2)\n"),
+    ("code", "for x, y in loader:\n    optimizer.zero_grad()\n    loss = criterion(model(x), y)\n"
+             "    loss.backward()\n    optimizer.step()\n"),
+]
+
+
+def test_notebook_head_swapped_in_a_later_cell():
+    result = analyze_text(notebook(*FINETUNE_CELLS), "finetune.ipynb", Config(select=("TR114",)))
+    assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR114", 4, 1)]
+    (finding,) = result.findings
+    assert "`optimizer` was built over `model.parameters()`" in finding.message
+
+
+def test_notebook_in_the_right_order_is_quiet():
+    cells = [FINETUNE_CELLS[0], FINETUNE_CELLS[3], FINETUNE_CELLS[1], FINETUNE_CELLS[4]]
+    assert analyze_text(notebook(*cells), "finetune.ipynb", Config(select=("TR114",))).findings == []
+
+
+def test_tutorial_params_to_update_list_then_head_swap_in_a_helper():
+    findings = run("""
+        import torch
+        from torch import nn, optim
+
+        def build(num_classes, feature_extract):
+            model = torchvision.models.resnet50(weights="DEFAULT")
+            params_to_update = []
+            for name, param in model.named_parameters():
+                if param.requires_grad:
+                    params_to_update.append(param)
+            optimizer_ft = optim.SGD(params_to_update, lr=0.001, momentum=0.9)
+            model.fc = nn.Linear(model.fc.in_features, num_classes)
+            return train_model(model, dataloaders, criterion, optimizer_ft, num_epochs=25)
+        """, "TR114")
+    assert lines(findings, "TR114") == [12]
+    (finding,) = findings
+    assert "`optimizer_ft` was built over `model.parameters()`" in finding.message
+    assert [(site.line, site.message) for site in finding.related] == [(11, "`optimizer_ft` built here")]
+
+
+def test_trainer_class_attributes_and_a_while_loop():
+    findings = run("""
+        import torch
+        import torch.nn as nn
+
+        class Trainer:
+            def __init__(self, model, cfg):
+                self.model = model
+                self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+                self.model.head = nn.Linear(cfg.dim, cfg.num_classes)
+
+            def fit(self, loader):
+                ...
+
+        def loop(model, opt, loader, steps):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            model.embed = nn.Embedding(1000, 64)
+            step = 0
+            while step < steps:
+                for x, y in loader:
+                    opt.zero_grad()
+                    nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                step += 1
+        """, "TR114")
+    # the trainer's optimizer is never stepped in __init__: nothing to say there (it is used elsewhere)
+    assert lines(findings, "TR114") == [16]
+
+
+def test_exclusive_branches_wrappers_and_rebuilt_optimizers_are_quiet():
+    assert run("""
+        import torch
+        import torch.nn as nn
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        def main(args):
+            model = Net()
+            if args.finetune:
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            else:
+                model.fc = nn.Linear(512, 10)
+                optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+            model = DDP(model.cuda(), device_ids=[args.gpu])
+            model = torch.compile(model)
+            train(model, optimizer)
+
+        def sweep(folds):
+            optimizer = None
+            for fold in folds:
+                model = Net()
+                optimizer = torch.optim.Adam(model.parameters())
+                train(model, optimizer)
+
+        def swap_then_step(model, loader):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            try:
+                model.fc = nn.Linear(512, 10)
+            except AttributeError:
+                opt.step()
+        """, "TR114") == []

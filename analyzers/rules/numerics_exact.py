@@ -560,7 +560,10 @@ class IntegerTensorRatio(Rule):
 # ---------------------------------------------------------------------------------------------
 # TR414
 
-_LOG1P_FORMS = {"torch.log": "log1p", "torch.exp": "expm1"}
+# Half-precision evidence in the file: where `1 + x` rounds away anything below 5e-4 (float16) / 4e-3 (bfloat16).
+_HALF_PRECISION = re.compile(r"bfloat16|float16|\.half\(\)|autocast|torch_dtype")
+# ``x`` that is a magnitude or a count: log(1 + |x|) compresses a range, and small values cannot be lost there.
+_MAGNITUDES = {"abs", "arange", "numel", "long", "int", "count_nonzero", "bincount", "len", "size"}
 
 
 def _is_exp(expr: cst.BaseExpression, ctx: FileContext) -> bool:
@@ -587,10 +590,19 @@ def _other_than_one(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
     return None
 
 
-def _constant(expr: cst.BaseExpression) -> bool:
+def _never_small(expr: cst.BaseExpression) -> bool:
+    """A literal, or a magnitude / count (``x.abs()``, ``torch.arange(n)``, ``len(xs)``): no tiny values to lose."""
     if isinstance(expr, cst.UnaryOperation):
-        return _constant(expr.expression)
-    return isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary))
+        return _never_small(expr.expression)
+    if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary)):
+        return True
+    for node in subtree(expr):
+        if isinstance(node, cst.Call):
+            name = node.func.attr.value if isinstance(node.func, cst.Attribute) else \
+                node.func.value if isinstance(node.func, cst.Name) else None
+            if name in _MAGNITUDES:
+                return True
+    return False
 
 
 def _as_receiver(expr: cst.BaseExpression) -> cst.BaseExpression:
@@ -605,34 +617,41 @@ class HandWrittenLog1pExpm1(Rule):
     slug = "hand-written-log1p-expm1"
     category = Category.NUMERICS
     severity = Severity.LOW
-    summary = "torch.log(1 + x) / torch.exp(x) - 1 lose small x entirely; use torch.log1p / torch.expm1"
-    source_hint = (re.compile(r"\blog\b|\bexp\b"), re.compile(r"\b1(\.0*)?\b"))  # log/exp next to a literal 1
+    summary = "torch.log(1 + x) / torch.exp(x) - 1 in half-precision code lose small x; use torch.log1p / torch.expm1"
+    # log/exp next to a literal 1, in a file that computes in float16 / bfloat16
+    source_hint = (re.compile(r"\blog\b|\bexp\b"), _HALF_PRECISION)
     what = """
         Flags `torch.log(1 + x)` / `torch.log(x + 1)` / `(1 + x).log()` and `torch.exp(x) - 1` /
-        `x.exp() - 1` on tensors (any import alias of `torch`). `torch.log(1 + torch.exp(x))` is
-        TR411's (softplus), and NumPy / `math` calls are left alone.
+        `x.exp() - 1` on tensors (any import alias of `torch`) in a file that computes in half
+        precision (`autocast`, `float16` / `bfloat16`, `.half()`, `torch_dtype=`). Left alone:
+        `torch.log(1 + torch.exp(x))` (TR411's softplus), magnitudes and counts
+        (`torch.log(1 + x.abs())`, `torch.log(1 + torch.arange(n))`: a range compression with no
+        tiny values to lose), NumPy / `math`, and float32-only files, where `1 + x` only drops
+        values below 6e-8.
     """
     why = """
-        `1 + x` is rounded to the tensor's precision before the log sees it: below about 6e-8
-        in float32, 5e-4 in float16 and 4e-3 in bfloat16, `1 + x` is exactly 1 and
-        `log(1 + x)` returns 0 instead of about `x` (its relative error grows well before
-        that). `exp(x) - 1` cancels the same way for small `x`. `torch.log1p(x)` and
-        `torch.expm1(x)` compute the same functions without the rounding, for every `x`, in
-        every dtype; the fix changes nothing else.
+        `1 + x` is rounded to the tensor's precision before the log sees it: below about 5e-4
+        in float16 and 4e-3 in bfloat16 `1 + x` is exactly 1, so `log(1 + x)` returns 0 instead
+        of about `x`, and larger small values keep only two or three significant digits.
+        `exp(x) - 1` cancels the same way. `torch.log1p(x)` and `torch.expm1(x)` compute the same
+        functions without the rounding, for every `x`, in every dtype; the fix changes nothing else.
     """
     example = """
-        log_rate = torch.log(1 + rate)
-        growth = torch.exp(log_growth) - 1
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            log_rate = torch.log(1 + rate)
+            growth = torch.exp(log_growth) - 1
     """
     fix_example = """
-        log_rate = torch.log1p(rate)
-        growth = torch.expm1(log_growth)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            log_rate = torch.log1p(rate)
+            growth = torch.expm1(log_growth)
     """
     VALID = [
         """
         import torch
         import numpy as np
         import math
+        model = model.to(torch.bfloat16)
         a = torch.log1p(rate)
         b = torch.expm1(z)
         c = torch.log(1 + torch.exp(x))  # softplus: TR411
@@ -641,22 +660,27 @@ class HandWrittenLog1pExpm1(Rule):
         f = torch.log(2 + x)
         g = torch.log(1 + x + y)
         h = torch.log(torch.tensor(1 + 1e-3))
+        i = torch.sign(coords) * torch.log(1.0 + coords.abs())
+        j = torch.log(1 + torch.arange(n).float())
         """,
+        # float32 only: 1 + x drops nothing above 6e-8
         """
-        import numpy as np
-        y = np.exp(x) - 1
+        import torch
+        log_rate = torch.log(1 + rate)
         """,
     ]
     INVALID = [
         Invalid(
             """
             import torch
-            log_rate = torch.log(1 + rate)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                log_rate = torch.log(1 + rate)
             """,
-            line=3, message="`torch.log(1 + rate)`",
+            line=4, message="`torch.log(1 + rate)`",
             fixed="""
             import torch
-            log_rate = torch.log1p(rate)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                log_rate = torch.log1p(rate)
             """,
         ),
         Invalid(
@@ -664,12 +688,14 @@ class HandWrittenLog1pExpm1(Rule):
             import torch as th
             def elu(x, alpha):
                 return th.where(x > 0, x, alpha * (th.exp(x) - 1.0))
+            model.half()
             """,
             line=4, message="th.expm1(x)",
             fixed="""
             import torch as th
             def elu(x, alpha):
                 return th.where(x > 0, x, alpha * (th.expm1(x)))
+            model.half()
             """,
         ),
         Invalid(
@@ -678,6 +704,7 @@ class HandWrittenLog1pExpm1(Rule):
             def bonus(p, scale):
                 damped = (p * scale + 1).log()
                 return damped * (p.exp() - 1)
+            x = torch.randn(8, dtype=torch.float16)
             """,
             line=4, count=2,
             fixed="""
@@ -685,6 +712,7 @@ class HandWrittenLog1pExpm1(Rule):
             def bonus(p, scale):
                 damped = (p * scale).log1p()
                 return damped * (p.exp() - 1)
+            x = torch.randn(8, dtype=torch.float16)
             """,
         ),
     ]
@@ -697,18 +725,18 @@ class HandWrittenLog1pExpm1(Rule):
         if qualified == "torch.log":
             argument = _single_argument(node)
             x = _other_than_one(argument) if argument is not None else None
-            if x is None or _constant(x) or _is_exp(x, ctx):
+            if x is None or _never_small(x) or _is_exp(x, ctx):
                 return
             replacement = None
             if isinstance(func, cst.Attribute):  # keep the file's alias: ``th.log`` -> ``th.log1p``
                 replacement = node.with_changes(func=func.with_changes(attr=cst.Name("log1p")), args=[cst.Arg(x)])
-            self._report(node, replacement, "torch.log1p(x)", "1 + x", ctx)
+            self._report(node, replacement, "torch.log1p(x)", "`1 + x` rounds to exactly 1", ctx)
         elif qualified is None and isinstance(func, cst.Attribute) and func.attr.value == "log" and not node.args:
             x = _other_than_one(func.value)
-            if x is None or _constant(x) or _is_exp(x, ctx):
+            if x is None or _never_small(x) or _is_exp(x, ctx):
                 return
             replacement = cst.Call(func=cst.Attribute(_as_receiver(x), cst.Name("log1p")))
-            self._report(node, replacement, "x.log1p()", "1 + x", ctx)
+            self._report(node, replacement, "x.log1p()", "`1 + x` rounds to exactly 1", ctx)
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
         if not isinstance(node.operator, cst.Subtract) or not _is_one(node.right):
@@ -720,24 +748,22 @@ class HandWrittenLog1pExpm1(Rule):
         replacement: Optional[cst.BaseExpression] = None
         if ctx.qualified_name(exp.func) == "torch.exp":
             x = _single_argument(exp)
-            if x is None:
+            if x is None or _never_small(_unwrap(x)):
                 return
             if isinstance(exp.func, cst.Attribute):
                 replacement = cst.Call(func=exp.func.with_changes(attr=cst.Name("expm1")), args=[cst.Arg(_unwrap(x))])
             generic = "torch.expm1(x)"
         else:
             assert isinstance(exp.func, cst.Attribute)
+            if _never_small(exp.func.value):
+                return
             replacement = cst.Call(func=exp.func.with_changes(attr=cst.Name("expm1")))
             generic = "x.expm1()"
-        self._report(node, replacement, generic, "exp(x) - 1", ctx)
+        self._report(node, replacement, generic, "`exp(x) - 1` cancels to 0", ctx)
 
-    def _report(self, node: cst.CSTNode, replacement: Optional[cst.BaseExpression], generic: str, form: str,
+    def _report(self, node: cst.CSTNode, replacement: Optional[cst.BaseExpression], generic: str, loss: str,
                 ctx: FileContext) -> None:
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
-        if form == "1 + x":
-            loss = "`1 + x` rounds to exactly 1 when |x| is below ~6e-8 in float32 (4e-3 in bfloat16), so the log " \
-                   "returns 0 instead of about x"
-        else:
-            loss = "`exp(x) - 1` cancels to 0 when |x| is below ~6e-8 in float32 (4e-3 in bfloat16) instead of about x"
-        self.report(node, f"{code_span(short(ctx, node))}: {loss}; {instead} computes the same function without "
-                          f"the rounding", replacement=replacement)
+        self.report(node, f"{code_span(short(ctx, node))} in half-precision code: {loss} when |x| is below ~5e-4 in "
+                          f"float16 (4e-3 in bfloat16) and keeps only a few digits above; {instead} computes the same "
+                          f"function without the rounding", replacement=replacement)
