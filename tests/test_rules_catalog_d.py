@@ -1,5 +1,5 @@
-"""Realistic scenarios for the catalog's part 2, third batch: TR114 (optimizer built before a layer swap) and
-TR414 (log1p / expm1)."""
+"""Realistic scenarios for the catalog's part 2, third batch: TR114 (optimizer built before a layer swap),
+TR115 (per-step synchronize / all_reduce for logging) and TR414 (log1p / expm1)."""
 from __future__ import annotations
 
 import textwrap
@@ -199,3 +199,114 @@ def test_exclusive_branches_wrappers_and_rebuilt_optimizers_are_quiet():
             except AttributeError:
                 opt.step()
         """, "TR114") == []
+
+
+# ---- TR115: synchronize / all_reduce on every step for a log line ---------------------------------
+
+def test_synchronize_through_import_spellings_and_a_while_loop():
+    findings = run("""
+        import time
+        from timeit import default_timer as timer
+        import torch
+        from torch.cuda import synchronize
+
+        def train(model, loader, opt):
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                synchronize()
+                times.append(timer() - t0)
+
+        def train_steps(model, it, opt, steps):
+            step = 0
+            while step < steps:
+                loss = model(next(it))
+                loss.backward()
+                opt.step()
+                torch.cuda.synchronize()
+                t1 = time.perf_counter()
+                step += 1
+        """, "TR115")
+    assert lines(findings, "TR115") == [12, 21]
+
+
+def test_synchronize_that_nothing_times_and_guarded_reductions_are_quiet():
+    assert run("""
+        import time
+        import torch
+        import torch.distributed as dist
+
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            torch.cuda.synchronize()          # nothing after it reads a timer or logs
+            optimizer.zero_grad()
+
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if step % args.log_every == 0 or step == last:
+                torch.cuda.synchronize()
+                reduced = loss.detach().clone()
+                dist.all_reduce(reduced)
+                logger.info("loss %.4f %.2fs", reduced.item(), time.time() - t0)
+        """, "TR115") == []
+
+
+def test_synchronize_every_step_for_a_log_every_n_steps():
+    findings = run("""
+        import time
+        import torch
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            torch.cuda.synchronize()
+            if step % 100 == 0:
+                print(f"{time.time() - t0:.2f}s")
+        """, "TR115")
+    assert lines(findings, "TR115") == [8]
+
+
+def test_reduced_loss_from_every_import_spelling():
+    findings = run("""
+        import torch
+        from torch.distributed import all_reduce, ReduceOp
+
+        def train(model, loader, optimizer, writer):
+            for step, batch in enumerate(loader):
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                loss_for_log = loss.detach().clone()
+                all_reduce(loss_for_log, op=ReduceOp.AVG)
+                writer.add_scalar("train/loss", loss_for_log, step)
+                history.append(loss_for_log)
+                torch.distributed.all_reduce(loss_sum := loss.detach())
+        """, "TR115")
+    assert lines(findings, "TR115") == [11]
+
+
+def test_helper_in_another_file_is_not_guessed():
+    # ``utils.reduce_tensor`` may or may not run a collective: nothing is said without its body
+    assert run("""
+        import torch
+        import utils
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            reduced_loss = utils.reduce_tensor(loss.data, world_size)
+            losses.update(reduced_loss.item(), x.size(0))
+        """, "TR115") == []
+
+
+def test_synchronize_in_a_notebook_training_cell():
+    nb = notebook(("code", "import time\nimport torch\n"),
+                  ("code", "for x, y in loader:\n    loss = loss_fn(model(x.cuda()), y.cuda())\n    loss.backward()\n"
+                           "    opt.step()\n    torch.cuda.synchronize()\n    print(time.time() - t0)\n"))
+    result = analyze_text(nb, "train.ipynb", Config(select=("TR115",)))
+    assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR115", 2, 5)]
