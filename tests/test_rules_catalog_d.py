@@ -1,5 +1,6 @@
 """Realistic scenarios for the catalog's part 2, third batch: TR114 (optimizer built before a layer swap),
-TR115 (per-step synchronize / all_reduce for logging) and TR414 (log1p / expm1)."""
+TR115 (per-step synchronize / all_reduce for logging), TR414 (log1p / expm1) and TR728 (a DDP training loader
+without a distributed sampler)."""
 from __future__ import annotations
 
 import textwrap
@@ -310,3 +311,92 @@ def test_synchronize_in_a_notebook_training_cell():
                            "    opt.step()\n    torch.cuda.synchronize()\n    print(time.time() - t0)\n"))
     result = analyze_text(nb, "train.ipynb", Config(select=("TR115",)))
     assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR115", 2, 5)]
+
+
+# ---- TR728: a DDP training loader without a distributed sampler ---------------------------------
+
+def test_torchrun_script_with_aliases_and_an_iterator_loop():
+    findings = run("""
+        import os
+        import torch
+        from torch.distributed import init_process_group, destroy_process_group
+        from torch.nn.parallel import DistributedDataParallel
+        import torch.utils.data as tud
+
+        def main():
+            init_process_group(backend="nccl")
+            local_rank = int(os.environ["LOCAL_RANK"])
+            model = DistributedDataParallel(GPT(cfg).to(local_rank), device_ids=[local_rank])
+            loader = tud.DataLoader(corpus, batch_size=12, shuffle=True, pin_memory=True)
+            val_loader = tud.DataLoader(held_out, batch_size=12)
+            it = iter(loader)
+            step = 0
+            while step < 1000:
+                x, y = next(it)
+                loss = model(x, y)
+                loss.backward()
+                step += 1
+            for batch in tqdm(loader):
+                model(batch).mean().backward()
+            destroy_process_group()
+        """, "TR728")
+    assert lines(findings, "TR728") == [12]
+    assert "`loader` over `corpus`" in findings[0].message
+
+
+def test_rank_split_subsets_samplers_in_helpers_and_frameworks_are_quiet():
+    assert run("""
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader, Subset
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("nccl")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        model = DDP(net)
+        shard = Subset(train_set, range(rank, len(train_set), world))
+        train_loader = DataLoader(shard, batch_size=64, shuffle=True)
+        for x, y in train_loader:
+            model(x).sum().backward()
+        """, "TR728") == []
+    assert run("""
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from accelerate import Accelerator
+
+        dist.init_process_group("nccl")
+        model = DDP(net)
+        train_loader = DataLoader(train_set, batch_size=64, shuffle=True)
+        model, train_loader = Accelerator().prepare(model, train_loader)
+        """, "TR728") == []
+    assert run("""
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        import samplers
+
+        def loaders(train_set, args):
+            sampler = samplers.DistributedEvalSampler(train_set) if args.eval_all else None
+            return DataLoader(train_set, batch_size=64, sampler=sampler)
+
+        def main():
+            dist.init_process_group("gloo")
+            model = DDP(net)
+            train_loader = DataLoader(train_set, batch_size=64)
+            test_loader = DataLoader(test_set, batch_size=64)
+        """, "TR728") == []
+
+
+def test_ddp_training_notebook_cell():
+    nb = notebook(("code", "import torch\nimport torch.distributed as dist\n"
+                           "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                           "from torch.utils.data import DataLoader\n"),
+                  ("code", "dist.init_process_group('gloo', rank=rank, world_size=2)\nddp_model = DDP(model)\n"
+                           "train_loader = DataLoader(train_data, batch_size=32, shuffle=True)\n"))
+    result = analyze_text(nb, "ddp.ipynb", Config(select=("TR728",)))
+    assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR728", 2, 3)]
+    single = nb.replace("world_size=2", "world_size=1")
+    assert analyze_text(single, "ddp.ipynb", Config(select=("TR728",))).findings == []
