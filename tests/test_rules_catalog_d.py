@@ -1,6 +1,6 @@
 """Realistic scenarios for the catalog's part 2, third batch: TR114 (optimizer built before a layer swap),
-TR115 (per-step synchronize / all_reduce for logging), TR414 (log1p / expm1) and TR728 (a DDP training loader
-without a distributed sampler)."""
+TR115 (per-step synchronize / all_reduce for logging), TR414 (log1p / expm1), TR704 (hard-coded CUDA) and
+TR728 (a DDP training loader without a distributed sampler)."""
 from __future__ import annotations
 
 import textwrap
@@ -400,3 +400,48 @@ def test_ddp_training_notebook_cell():
     assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR728", 2, 3)]
     single = nb.replace("world_size=2", "world_size=1")
     assert analyze_text(single, "ddp.ipynb", Config(select=("TR728",))).findings == []
+
+
+# ---- TR704: hard-coded CUDA beside a device selection with a CPU fallback ----------------------
+
+def test_hard_coded_cuda_in_a_helper_and_a_while_loop():
+    findings = run("""
+        import torch
+
+        DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+        def collate(batch):
+            xs = torch.stack([b[0] for b in batch]).cuda(non_blocking=True)
+            return xs, torch.tensor([b[1] for b in batch], device="cuda:0")
+
+        def train(model, it):
+            model.to(DEVICE)
+            step = 0
+            while step < 100:
+                x, y = next(it)
+                loss = model(x.to("cuda"), y.to(DEVICE))
+                step += 1
+        """, "TR704")
+    assert lines(findings, "TR704") == [7, 8, 15]
+
+
+def test_guarded_cuda_and_gpu_helpers_are_quiet():
+    assert run("""
+        import torch
+        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        train_on_gpu = torch.cuda.is_available()
+        if train_on_gpu:
+            model.cuda()
+        while args.cuda and pending:
+            pending.pop().cuda()
+        def gpu_batch(x):
+            return x.cuda(non_blocking=True)
+        y = y.to(device)
+        """, "TR704") == []
+
+
+def test_hard_coded_cuda_in_a_notebook():
+    nb = notebook(("code", "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"),
+                  ("code", "model = Net().to(device)\nfor x, y in loader:\n    out = model(x.cuda())\n"))
+    result = analyze_text(nb, "nb.ipynb", Config(select=("TR704",)))
+    assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR704", 2, 3)]
