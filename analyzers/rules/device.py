@@ -884,7 +884,7 @@ class HardCodedCuda(Rule):
         if name == "to" and node.args and node.args[0].keyword is None and self._cuda_literal(node.args[0].value):
             self.candidates.append((node, ctx.module.code_for_node(node)))
             return
-        if ctx.call_name(node) == "torch.device" and node.args and self._cuda_literal(node.args[0].value):
+        if node.args and self._cuda_literal(node.args[0].value) and ctx.call_name(node) == "torch.device":
             self.candidates.append((node, ctx.module.code_for_node(node)))
             return
         device = keyword_arg(node, "device")

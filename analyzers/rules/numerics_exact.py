@@ -719,7 +719,8 @@ class HandWrittenLog1pExpm1(Rule):
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
-        if not isinstance(func, (cst.Attribute, cst.Name)):
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "log") and \
+                not (isinstance(func, cst.Name) and func.value == "log"):
             return
         qualified = ctx.qualified_name(func)
         if qualified == "torch.log":

@@ -1775,8 +1775,9 @@ def _sink_of(node: cst.CSTNode, ctx: FileContext) -> Optional[tuple[str, cst.Cal
 
 _TIMERS = {"time.time", "time.perf_counter", "time.monotonic", "time.process_time", "time.time_ns",
            "time.perf_counter_ns", "timeit.default_timer"}
-_COLLECTIVES = {f"torch.distributed.{name}" for name in ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
-                                                          "reduce_scatter", "all_reduce_coalesced")}
+_COLLECTIVE_NAMES = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                     "all_reduce_coalesced")
+_COLLECTIVES = {f"torch.distributed.{name}" for name in _COLLECTIVE_NAMES}
 # Streams and events: code that overlaps copies with compute may need the synchronize for correctness.
 _STREAMS = re.compile(r"Stream\s*\(|\.stream\s*\(|Event\s*\(|record_stream|wait_stream|non_blocking\s*=\s*True\)\.cpu|"
                       r"to\([^)]*cpu[^)]*non_blocking")
@@ -1983,7 +1984,11 @@ class PerStepSynchronizeForLogging(Rule):
         self.helpers: set[str] = set()  # functions of this file that run a collective
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        qualified = ctx.call_name(node)
+        func = node.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else None
+        # only these names can be a synchronize or a collective: the others skip the name resolution
+        qualified = ctx.call_name(node) if last in _COLLECTIVE_NAMES or last == "synchronize" else None
         if qualified in _COLLECTIVES and isinstance(ctx.function, cst.FunctionDef):
             self.helpers.add(ctx.function.name.value)
         if not ctx.loops:
