@@ -445,3 +445,10 @@ def test_hard_coded_cuda_in_a_notebook():
                   ("code", "model = Net().to(device)\nfor x, y in loader:\n    out = model(x.cuda())\n"))
     result = analyze_text(nb, "nb.ipynb", Config(select=("TR704",)))
     assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR704", 2, 3)]
+
+
+def test_log1p_in_test_references_is_quiet(tmp_path):
+    code = "import torch\nref = lambda i: torch.where(i > 0, i, (i.exp() - 1)).to(torch.float16)\n"
+    for path in ("torch/testing/_internal/common_modules.py", "tests/test_elu.py"):
+        assert analyze_text(code, path, Config(select=("TR414",))).findings == []
+    assert lines(analyze_text(code, "model/elu.py", Config(select=("TR414",))).findings, "TR414") == [2]
