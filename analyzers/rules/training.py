@@ -1993,11 +1993,14 @@ class PerStepSynchronizeForLogging(Rule):
             self.helpers.add(ctx.function.name.value)
         if not ctx.loops:
             return
+        name = method_name(node)
+        if qualified is None and name not in _BACKWARD_METHODS and name not in _SYNC_METHODS and \
+                not (isinstance(func, cst.Name) and node.args):
+            return  # nothing this rule looks at: skip the loop bookkeeping
         stack = _loop_stack(ctx)
         if not stack:
             return
         loop = stack[-1]
-        name = method_name(node)
         if name in _BACKWARD_METHODS:
             self.backward_loops.add(id(loop))
             return
