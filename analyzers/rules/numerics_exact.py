@@ -12,6 +12,7 @@ from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule, Valid
+from analyzers.rules.deprecation import _atom
 from analyzers.rules.removed_api import render_name
 from analyzers.rules.serialization import _is_test_file
 
@@ -606,13 +607,6 @@ def _never_small(expr: cst.BaseExpression) -> bool:
     return False
 
 
-def _as_receiver(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``expr`` spelled so that ``.method()`` binds to all of it: ``(a * b).log1p()``."""
-    if isinstance(expr, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
-        return expr
-    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-
-
 class HandWrittenLog1pExpm1(Rule):
     id = "TR414"
     slug = "hand-written-log1p-expm1"
@@ -737,7 +731,7 @@ class HandWrittenLog1pExpm1(Rule):
             x = _other_than_one(func.value)
             if x is None or _never_small(x) or _is_exp(x, ctx):
                 return
-            replacement = cst.Call(func=cst.Attribute(_as_receiver(x), cst.Name("log1p")))
+            replacement = cst.Call(func=cst.Attribute(_atom(x), cst.Name("log1p")))  # ``(a * b).log1p()``
             self._report(node, replacement, "x.log1p()", "`1 + x` rounds to exactly 1", ctx)
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
