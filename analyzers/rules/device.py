@@ -7,8 +7,8 @@ from typing import Optional
 import re
 import libcst as cst
 
-from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, keyword_arg,
-                               method_name, string_value)
+from analyzers.context import (FileContext, argument, call_receiver, code_children, dotted_name, is_false, is_true,
+                               iter_names, keyword_arg, method_name, string_value)
 from analyzers.markdown import named
 from analyzers.program.flow import subtree
 from analyzers.model import Category, Severity
@@ -769,3 +769,170 @@ class MissingPinMemory(_LoaderRule):
             self.report(loader.call, f"{named('DataLoader', loader.label)} has {how} while its batches are copied to CUDA: "
                                      f"copies from pageable memory are slower and cannot overlap compute; pass "
                                      f"pin_memory=True and move batches with non_blocking=True")
+
+
+# ---------------------------------------------------------------------------------------------
+# TR704
+
+# ``if torch.cuda.is_available():`` / ``if use_cuda:`` / ``if device.type == "cuda":`` / ``if args.gpu:``
+_CUDA_TEST = re.compile(r"cuda|gpu|is_available|device|accelerat", re.IGNORECASE)
+
+
+def _fast_subtree(node: cst.CSTNode):
+    """The expression nodes under ``node`` (``code_children``: no whitespace, far cheaper than ``.children``)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(code_children(current))
+
+
+def _selects_with_cpu_fallback(value: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``torch.device("cuda" if torch.cuda.is_available() else "cpu")`` and its spellings."""
+    if not any(name.endswith("is_available") for name in iter_names(value)):
+        return False  # the cheap test first: most assignments name no availability check
+    nodes = list(_fast_subtree(value))
+    asks = any(isinstance(n, cst.Call) and ctx.call_name(n) == "torch.cuda.is_available" for n in nodes)
+    return asks and any(isinstance(n, cst.SimpleString) and string_value(n) == "cpu" for n in nodes)
+
+
+class HardCodedCuda(Rule):
+    id = "TR704"
+    source_hint = (re.compile(r"is_available"), re.compile(r"""["']cpu["']"""), re.compile(r"cuda"))
+    slug = "hard-coded-cuda"
+    category = Category.DEVICE
+    severity = Severity.LOW
+    summary = "hard-coded .cuda() / \"cuda\" in a file that selects its device with a CPU fallback"
+    what = """
+        Flags `x.cuda()`, `.to("cuda")`, `torch.device("cuda:0")` and `device="cuda"` in a file
+        that selects its device with a CPU fallback
+        (`device = torch.device("cuda" if torch.cuda.is_available() else "cpu")`), unless the
+        call sits under a test of CUDA (`if torch.cuda.is_available():`, `if use_cuda:`,
+        `if device.type == "cuda":`, `if args.gpu:`) or in a function named for the GPU.
+    """
+    why = """
+        The selection promises the script runs without a GPU; the hard-coded line breaks that
+        promise ("Torch not compiled with CUDA enabled" / "no CUDA GPUs are available" on a CPU
+        machine, a laptop or CI), and when the selection picks another device (`cuda:1`, `mps`)
+        the tensors land somewhere else than the model.
+    """
+    example = """
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = Net().to(device)
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+    """
+    fix_example = """
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = Net().to(device)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+    """
+    VALID = [
+        """
+        import torch
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        use_cuda = torch.cuda.is_available()
+        model = Net().to(device)
+        if use_cuda:
+            model = model.cuda()
+        x = x.cuda() if torch.cuda.is_available() else x
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            y = y.to("cuda:0")
+        def to_gpu(t):
+            return t.cuda()
+        """,
+        # no CPU fallback promised: CUDA everywhere is consistent
+        """
+        import torch
+        device = torch.device("cuda")
+        model = Net().cuda()
+        x = x.to("cuda:0")
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            model = Net().to(device)
+            for images, labels in loader:
+                images, labels = images.cuda(), labels.cuda()
+                loss = criterion(model(images), labels)
+            """,
+            line=6, message="`images.cuda()`", count=2,
+        ),
+        Invalid(
+            """
+            import torch as T
+            dev = "cuda:0" if T.cuda.is_available() else "cpu"
+            def evaluate(model, batch):
+                mask = T.ones(batch.shape, device="cuda")
+                return model(batch.to(T.device("cuda:0")), mask)
+            """,
+            line=5, message='`device="cuda"`', count=2,
+        ),
+    ]
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self.selections: list[cst.Assign] = []
+        self.candidates: list[tuple[cst.CSTNode, str]] = []
+
+    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
+        if _selects_with_cpu_fallback(node.value, ctx):
+            self.selections.append(node)
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        name = method_name(node)
+        positional = [a for a in node.args if a.keyword is None]
+        if name == "cuda" and call_receiver(node) is not None and ctx.qualified_name(node.func) is None and \
+                all(isinstance(a.value, cst.Integer) for a in positional):  # ``.cuda()``, ``.cuda(0)``
+            self.candidates.append((node, ctx.module.code_for_node(node)))
+            return
+        if name == "to" and node.args and node.args[0].keyword is None and self._cuda_literal(node.args[0].value):
+            self.candidates.append((node, ctx.module.code_for_node(node)))
+            return
+        if node.args and self._cuda_literal(node.args[0].value) and ctx.call_name(node) == "torch.device":
+            self.candidates.append((node, ctx.module.code_for_node(node)))
+            return
+        device = keyword_arg(node, "device")
+        if device is not None and self._cuda_literal(device.value):
+            self.candidates.append((device, f'device={ctx.module.code_for_node(device.value)}'))
+
+    @staticmethod
+    def _cuda_literal(expr: cst.BaseExpression) -> bool:
+        text = string_value(expr)
+        return text is not None and text.startswith("cuda")
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.selections:
+            return
+        selection_ids = {id(s) for s in self.selections}
+        for node, shown in self.candidates:
+            if self._guarded(node, selection_ids, ctx):
+                continue
+            self.report(node, f"`{' '.join(shown.split())}` hard-codes CUDA although this file selects its device "
+                              f"with a CPU fallback: on a machine without a GPU this line raises, and when the "
+                              f"selection picks another device the tensors land away from the model; use the "
+                              f"selected device (`.to(device)`)")
+
+    @staticmethod
+    def _guarded(node: cst.CSTNode, selection_ids: set[int], ctx: FileContext) -> bool:
+        below = node
+        for ancestor in ctx.ancestors(node):
+            if id(ancestor) in selection_ids:
+                return True  # the selection itself
+            if isinstance(ancestor, (cst.If, cst.IfExp, cst.While)) and below is not ancestor.test and any(
+                    _CUDA_TEST.search(name) for name in _names_and_strings(ancestor.test)):
+                return True
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)) and _CUDA_TEST.search(ancestor.name.value):
+                return True
+            below = ancestor
+        return False
+
+
+def _names_and_strings(expr: cst.BaseExpression) -> list[str]:
+    return list(iter_names(expr)) + [string_value(n) or "" for n in _fast_subtree(expr)
+                                     if isinstance(n, cst.SimpleString)]
