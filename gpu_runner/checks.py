@@ -284,13 +284,24 @@ def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run)
     except Exception as exc:  # noqa: BLE001 - a check that crashes must not stop the others
         where = _user_frame(exc.__traceback__)
         details = {"error": True, "where": where, "traceback": traceback.format_exc(limit=-6)}
-        if where:  # the model's own code raised: a finding
+        if _out_of_memory(exc):  # the runner's memory limit, whoever asked for the memory: not a finding
+            result = CheckResult(name, "error", f"the check ran out of memory (smoke.memory; a runner limit, not a "
+                                 f"finding about the model): {type(exc).__name__}: {_one_line(exc)}", details)
+        elif where:  # the model's own code raised: a finding
             result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}", details)
         else:  # raised in torchreview or in torch called by it: the runner's fault, never the model's
             result = CheckResult(name, "error", f"the check could not run (a runner error, not a finding about the "
                                  f"model): {type(exc).__name__}: {_one_line(exc)}", details)
     result.details["seconds"] = round(time.perf_counter() - started, 4)
     return result
+
+
+_OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|DefaultCPUAllocator|Cannot allocate memory", re.I)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and bool(_OUT_OF_MEMORY.search(str(exc))))
 
 
 # --- helpers ----------------------------------------------------------------------------------------------
@@ -1331,12 +1342,35 @@ VANISHING_RATIO = 1e-3  # first layer's gradient norm / last layer's ...
 VANISHING_FIRST_NORM = 1e-4  # ... and the first layer's gradient norm itself
 EXPLODING_RATIO = 70.0  # first / last above this
 DEAD_FRACTION = 0.7  # exactly-zero gradient entries of one layer's weight
+# ||delta w|| / ||w|| of one Adam step at PARAMS_CHANGE_LR. Adam moves every weight by about the learning rate
+# whatever its gradient's scale, so the ratio measures the weights' scale against the step: 1e-2 to 1e-1 for
+# the usual initializations (kaiming/xavier/normal 0.02). Far below, the layer's weights are so large that
+# training barely moves them (initialized with std 10); far above, the first steps overwrite them (initialized at
+# std 1e-5, next to zero).
+UPDATE_RATIO_LOW = 1e-4
+UPDATE_RATIO_HIGH = 1.0
+
+
+def _update_ratios(model: nn.Module, layers: list[tuple[str, nn.Parameter]]) -> list[tuple[str, float]]:
+    """(layer, ||delta w|| / ||w||) of one Adam step (lr PARAMS_CHANGE_LR) on the gradients the parameters hold;
+    layers whose weights are exactly zero (zero-initialized on purpose: gates, output heads) are left out."""
+    before = {name: weight.detach().clone() for name, weight in layers}
+    optimizer = torch.optim.Adam([p for _, p in _trainable(model) if p.grad is not None], lr=PARAMS_CHANGE_LR)
+    optimizer.step()
+    ratios = []
+    for name, weight in layers:
+        norm = float(before[name].double().norm())
+        if weight.grad is not None and norm > 0:
+            ratios.append((name, float((weight.detach() - before[name]).double().norm()) / norm))
+    return ratios
 
 
 def check_gradient_health(run: _Run) -> CheckResult:
     """One backward at init, over the weights of Linear and Conv layers in registration order: warns when the
     first layer's gradient is vanishingly small against the last's (ratio < 1e-3 and norm < 1e-4), exploding
-    (ratio > 70), or when a layer gets exactly-zero gradients on >= 70% of its weights (dead ReLUs)."""
+    (ratio > 70), when a layer gets exactly-zero gradients on >= 70% of its weights (dead ReLUs), or when one
+    Adam step moves a layer's weights by less than 1e-4 or more than 1x their norm (weights initialized at a
+    scale training cannot move, or next to zero)."""
     name = "gradient-health"
     model = run.model()
     layers = [(module_name, module.weight) for module_name, module in model.named_modules()
@@ -1344,6 +1378,9 @@ def check_gradient_health(run: _Run) -> CheckResult:
               and module.weight.requires_grad]
     if len(layers) < 2:
         return CheckResult(name, "skip", "fewer than two Linear/Conv layers to compare.")
+    zero_layers = [n for n, weight in layers if not bool(weight.detach().any())]
+    if zero_layers:  # a zero-initialized head passes no gradient back at init: judge after it opened
+        model, _ = run.opened_model()
     batch = run.batch()
     loss = _loss(run, _forward(model, batch), batch)
     if not loss.requires_grad:
@@ -1356,18 +1393,32 @@ def check_gradient_health(run: _Run) -> CheckResult:
     (first_name, first, _), (last_name, last, _) = norms[0], norms[-1]
     ratio = first / last if last > 0 else math.inf
     dead = [(n, zero) for n, _, zero in norms if zero >= DEAD_FRACTION]
-    details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio,
-               "dead": [[n, z] for n, z in dead]}
+    updates = _update_ratios(model, layers)
+    details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio, "zero_at_init": zero_layers,
+               "dead": [[n, z] for n, z in dead],
+               "update_ratio": [min((r for _, r in updates), default=None), max((r for _, r in updates), default=None)]}
     if last > 0 and ratio < VANISHING_RATIO and first < VANISHING_FIRST_NORM:
         return CheckResult(name, "warn", f"vanishing gradient: the first layer '{first_name}' gets a gradient norm of "
                            f"{first:.2g}, {ratio:.1g} of the last layer's ({last_name}).", details)
-    if ratio > EXPLODING_RATIO:
+    if last > 0 and ratio > EXPLODING_RATIO:  # no gradient at all in the last layer is a dead layer, below
         return CheckResult(name, "warn", f"exploding gradient: the first layer '{first_name}' gets {ratio:.0f}× the "
                            f"gradient norm of the last layer ('{last_name}').", details)
     if dead:
         return CheckResult(name, "warn", f"{_names([n for n, _ in dead])}: {dead[0][1]:.0%} of the weights get an exactly "
                            "zero gradient at init (dead ReLUs, or units that never see the input).", details)
-    return CheckResult(name, "pass", f"first/last layer gradient norm ratio {ratio:.2g}; no dead layer.", details)
+    stuck = [(n, r) for n, r in updates if r < UPDATE_RATIO_LOW]
+    if stuck:
+        return CheckResult(name, "warn", f"{_names([n for n, _ in stuck])}: one Adam step at lr {PARAMS_CHANGE_LR:g} "
+                           f"changes the weights by {stuck[0][1]:.1g} of their norm (usually 1e-2 to 1e-1): they are "
+                           "initialized so large that training will barely move them.", details)
+    overwritten = [(n, r) for n, r in updates if r > UPDATE_RATIO_HIGH]
+    if overwritten:
+        return CheckResult(name, "warn", f"{_names([n for n, _ in overwritten])}: one Adam step at lr "
+                           f"{PARAMS_CHANGE_LR:g} changes the weights by {overwritten[0][1]:.1f}x their norm: they are "
+                           "initialized next to zero, so the first steps overwrite the initialization.", details)
+    return CheckResult(name, "pass", f"first/last layer gradient norm ratio {ratio:.2g}; no dead layer; update/weight "
+                       "ratio " + (f"{details['update_ratio'][0]:.1g} to {details['update_ratio'][1]:.1g}."
+                                   if updates else "not measured."), details)
 
 
 _CHECKS: tuple[tuple[str, Callable[[_Run], CheckResult]], ...] = (
