@@ -469,6 +469,9 @@ def _shrunk(name: str, value: Any, others: dict) -> Any:
     keep dividing the width); feed-forward widths 64; 16 per attention head; images 64 pixels wide when
     the patch sizes divide 64. A prefixed name counts as its tail (``lg_enc_depth`` as ``depth``). Anything else
     unchanged."""
+    if isinstance(value, (tuple, list)) and value and _matches(_DEPTH_NAMES, name) \
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return type(value)(min(v, 2) for v in value)  # blocks per stage: (2, 2, 8, 2) -> (2, 2, 2, 2)
     if isinstance(value, bool) or not isinstance(value, int):
         return value
     if _matches(_DEPTH_NAMES, name) and value > 2:
@@ -513,7 +516,15 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
     if isinstance(arguments, Skip):
         failure = arguments.reason
     else:
-        built = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
+        forwarded = _forwarded_shrinks(fn, module, arguments, guessed_notes)
+        built = _call_with_retries(fn, {**arguments, **forwarded}, guessed_notes, _none_defaults(fn, arguments))
+        if isinstance(built, BaseException) and forwarded:  # the callee did not take them after all
+            retried = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
+            if not isinstance(retried, BaseException):
+                built = retried
+                guessed_notes[:] = [n for n in guessed_notes if "handed on through **kwargs" not in n]
+            forwarded = {}
+        arguments = {**arguments, **forwarded}
         if not isinstance(built, BaseException):
             notes.extend(guessed_notes)
             try:
@@ -545,6 +556,36 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
                          f"({failure.split(';')[0]})")
             return model
     return Skip(failure)
+
+
+def _forwarded_shrinks(fn: Callable, module: Any, arguments: dict, notes: list[str]) -> dict:
+    """Smaller values for the large defaults of what ``fn`` hands its ``**kwargs`` on to (CCT passes them to
+    its TransformerClassifier, whose ``num_layers=12`` no argument of CCT names): depth 2, narrow widths, as for
+    ``fn``'s own defaults."""
+    from gpu_runner import guess
+
+    init = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        own = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+    shrunk: dict[str, Any] = {}
+    for target, explicit in guess.forwarded_keyword_targets(init, module):
+        try:
+            parameters = inspect.signature(target).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+        for key, value in defaults.items():
+            if key in own or key in explicit or key in shrunk or key in arguments:
+                continue
+            smaller = _shrunk(key, value, {**defaults, **arguments, **shrunk})
+            if smaller is not value and smaller != value:
+                shrunk[key] = smaller
+    if shrunk:
+        notes.append("constructor: " + ", ".join(f"{k}={v!r}" for k, v in shrunk.items())
+                     + " (defaults of what it hands on through **kwargs, shrunk)")
+    return shrunk
 
 
 def _one_line_text(exc: BaseException, limit: int = 300) -> str:

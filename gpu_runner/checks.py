@@ -603,11 +603,54 @@ def check_gradients(run: _Run) -> CheckResult:
             return CheckResult(name, "warn", f"{_names(zero)} {'has' if len(zero) == 1 else 'have'} an all-zero "
                                f"gradient at initialization, but {_names(run.zero_gates())} {_starts(run.zero_gates())} at exactly zero (a "
                                "deliberate gate that closes the path until it opens): not judged.", details)
+        single = _dead_only_through_single_element_softmax(run, zero)
+        if single:
+            details["single_element_softmax"] = single
+            return CheckResult(name, "warn", f"{_names(zero)} {'gets' if len(zero) == 1 else 'get'} an all-zero "
+                               f"gradient only because the model takes a softmax over a dimension of size 1 (at "
+                               f"{single}: an attention window holding one position), which is the constant 1; "
+                               "what feeds that softmax cannot learn on this input.", details)
         return CheckResult(name, "fail", f"{_names(zero)} {'has' if len(zero) == 1 else 'have'} an all-zero "
                            "gradient: the path to the loss is dead (multiplied by zero, dead ReLU, a constant).",
                            details)
     return CheckResult(name, "pass", f"all {details['trainable']} trainable parameters get a finite, non-zero "
                        "gradient.", details)
+
+
+class _SingleElementSoftmaxPassThrough(torch.overrides.TorchFunctionMode):
+    """Makes a softmax over a dimension of size 1 (the constant 1, whose gradient is exactly zero) pass its
+    gradient through unchanged, and notes where it happened."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[list[int]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("softmax", "log_softmax") and args and isinstance(args[0], torch.Tensor):
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            tensor = args[0]
+            if isinstance(dim, int) and tensor.dim() and tensor.shape[dim] == 1 and tensor.is_floating_point():
+                self.shapes.append(list(tensor.shape))
+                constant = torch.zeros_like(tensor) if func.__name__ == "log_softmax" else torch.ones_like(tensor)
+                return constant + (tensor - tensor.detach())
+        return func(*args, **kwargs)
+
+
+def _dead_only_through_single_element_softmax(run: _Run, zero: list[str]) -> Optional[str]:
+    """The shape of a softmax over a dimension of size 1 when it is what leaves every parameter of ``zero``
+    without a gradient (they get one once that softmax passes its gradient through); None otherwise."""
+    model = run.model().train()
+    with _SingleElementSoftmaxPassThrough() as through:
+        loss = _loss(run, _forward(model, run.batch()), run.batch())
+    if not through.shapes or not loss.requires_grad:
+        model.zero_grad(set_to_none=True)
+        return None
+    loss.backward()
+    gradients = dict(_trainable(model))
+    revived = all(gradients[n].grad is not None and bool(gradients[n].grad.any()) for n in zero if n in gradients)
+    model.zero_grad(set_to_none=True)
+    return str(through.shapes[0]) if revived else None
 
 
 def check_params_change(run: _Run) -> CheckResult:

@@ -491,6 +491,37 @@ def test_a_check_crashing_in_torch_called_by_the_runner_is_an_error_not_a_failur
     assert report.status == "passed"
 
 
+class OneKeyAttention(nn.Module):
+    """Attention over a window of one position (a last stage whose global window is 1): the softmax is the constant
+    1, so the position-bias layer gets an exactly zero gradient; the same model with a dead gate fails."""
+
+    def __init__(self, dead_gate: bool = False):
+        super().__init__()
+        self.embed = nn.Linear(20, 16)
+        self.position_bias = nn.Linear(2, 1)
+        self.head = nn.Linear(16, 10)
+        self.gate = nn.Parameter(torch.ones(16)) if dead_gate else None
+
+    def forward(self, x):
+        tokens = self.embed(x).unsqueeze(1)  # [B, 1, 16]: one position
+        similarity = tokens @ tokens.transpose(1, 2) + self.position_bias(torch.ones(1, 2))
+        attended = (similarity.softmax(dim=-1) @ tokens).squeeze(1)
+        if self.gate is not None:
+            attended = attended + 0.0 * self.gate
+        return self.head(attended)
+
+
+def test_a_softmax_over_one_position_is_a_warning_and_other_dead_parameters_still_fail():
+    from tests.test_runner_checks import classification_subject
+
+    gradients = check(run_checks(classification_subject(OneKeyAttention(), (20,), 10), steps=2), "gradients")
+    assert gradients.status == "warn" and "position_bias" in gradients.message
+    assert "softmax over a dimension of size 1" in gradients.message
+    gradients = check(run_checks(classification_subject(OneKeyAttention(dead_gate=True), (20,), 10), steps=2),
+                      "gradients")
+    assert gradients.status == "fail" and "gate" in gradients.message
+
+
 class OutOfMemoryOnFullBatches(nn.Module):
     """Stands for a model that only fits the sandbox's memory limit at small batches."""
 
