@@ -929,3 +929,24 @@ def test_a_model_too_slow_for_the_budget_is_checked_on_smaller_batches_not_kille
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the timed step left no trace
     roomy = run_checks(classification_subject(model, (20,), 10), steps=2, budget_s=3600.0)
     assert not any("checked on batches" in note for note in roomy.notes)
+
+
+class CannotFit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(20, 10)
+
+    def forward(self, x):
+        return self.fc(x) * 0.0
+
+
+def test_steps_cut_to_fit_the_budget_make_a_loss_that_does_not_fall_a_warning_not_a_failure():
+    from tests.test_runner_checks import classification_subject
+
+    report = run_checks(classification_subject(CannotFit(), (20,), 10), steps=20, budget_s=0.0)
+    assert any("checked on batches of 2, not 8, and 5 steps, not 20" in note for note in report.notes)
+    overfit = check(report, "overfit-batch")
+    assert overfit.status == "warn" and "too few to judge" in overfit.message
+    assert check(report, "gradients").status == "fail"  # the other checks still judge it
+    full = run_checks(classification_subject(CannotFit(), (20,), 10), steps=20)
+    assert check(full, "overfit-batch").status == "fail"
