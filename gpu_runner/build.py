@@ -458,6 +458,11 @@ _HEADS_NAMES = re.compile(r"num_heads|nhead|nheads|n_heads?|heads|num_attention_
 _FF_NAMES = re.compile(r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner", re.I)
 _HEAD_WIDTH_NAMES = re.compile(r"head_dim|head_size|d_head|dim_head|d_k|d_v", re.I)
 _IMAGE_NAMES = re.compile(r"image_size|img_size", re.I)
+# attention windows (Swin, CrossFormer, Twins' local_patch_size and global_k): every stage's map must be a multiple
+# of its window, so windows of 7 force 224x224 images; windows of 4 let 128x128 do
+_WINDOW_NAMES = re.compile(r"window_size|window|win_size|local_window_size|global_window_size|local_patch_size|"
+                           r"global_k|wsz", re.I)
+SHRUNK_WINDOW = 4
 _PATCH_NAMES = re.compile(r"patch_size|patch", re.I)
 WIDTH_WITHOUT_HEADS = 96  # divisible by 1, 2, 3, 4, 6, 8, 12, 16, 24, 32: whatever head count a default has
 SHRUNK_IMAGE_SIDE = 64
@@ -465,13 +470,16 @@ MAX_CONFIG_RETRIES = 30
 
 
 def _shrunk(name: str, value: Any, others: dict) -> Any:
-    """A smaller value for a size argument left at a large default: depth 2; widths of 8 per head (the heads
-    keep dividing the width); feed-forward widths 64; 16 per attention head; images 64 pixels wide when
-    the patch sizes divide 64. A prefixed name counts as its tail (``lg_enc_depth`` as ``depth``). Anything else
+    """A smaller value for a size argument left at a large default: depth 2 (per stage for a tuple); widths of 8
+    per head (the heads keep dividing the width); feed-forward widths 64; 16 per attention head; attention windows
+    4; images 64 pixels wide when the patch sizes divide 64. A prefixed name counts as its tail (``lg_enc_depth`` as ``depth``). Anything else
     unchanged."""
     if isinstance(value, (tuple, list)) and value and _matches(_DEPTH_NAMES, name) \
             and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return type(value)(min(v, 2) for v in value)  # blocks per stage: (2, 2, 8, 2) -> (2, 2, 2, 2)
+    if isinstance(value, (tuple, list)) and value and _matches(_WINDOW_NAMES, name) \
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return type(value)(min(v, SHRUNK_WINDOW) for v in value)
     if isinstance(value, bool) or not isinstance(value, int):
         return value
     if _matches(_DEPTH_NAMES, name) and value > 2:
@@ -480,6 +488,8 @@ def _shrunk(name: str, value: Any, others: dict) -> Any:
         heads = next((v for k, v in others.items() if _matches(_HEADS_NAMES, k) and isinstance(v, int)
                       and not isinstance(v, bool) and v > 0), None)
         return heads * 8 if heads else WIDTH_WITHOUT_HEADS
+    if _matches(_WINDOW_NAMES, name) and value > SHRUNK_WINDOW:
+        return SHRUNK_WINDOW
     if _matches(_FF_NAMES, name) and value > 256:
         return 64
     if _matches(_HEAD_WIDTH_NAMES, name) and value > 16:
@@ -982,7 +992,8 @@ def _common_shapes(token_high: int) -> list[TensorSpec]:
     device-side assert that ruins the whole process, not an exception."""
     return [TensorSpec((3, 32, 32)), TensorSpec((1, 28, 28)), TensorSpec((16,)), TensorSpec((784,)),
             TensorSpec((SEQUENCE_LENGTH,), "long", 0, token_high), TensorSpec((SEQUENCE_LENGTH, 16)),
-            TensorSpec((3, 64, 64)), TensorSpec((1, 32, 32)), TensorSpec((32,)), TensorSpec((3, 224, 224)),
+            TensorSpec((3, 64, 64)), TensorSpec((1, 32, 32)), TensorSpec((32,)), TensorSpec((3, 128, 128)),
+            TensorSpec((3, 224, 224)),
             TensorSpec((1, 64)), TensorSpec((10,)), TensorSpec((8,), "long", 0, token_high)]
 
 
@@ -1091,7 +1102,7 @@ def specs_for_layer(layer: nn.Module, as_tokens: bool = False) -> list[TensorSpe
         c = layer.in_channels
         if not c:
             return []
-        spatial = {1: [(32,), (64,), (128,)], 2: [(32, 32), (28, 28), (64, 64), (224, 224)],
+        spatial = {1: [(32,), (64,), (128,)], 2: [(32, 32), (28, 28), (64, 64), (128, 128), (224, 224)],
                    3: [(8, 16, 16), (16, 32, 32)]}[len(layer.kernel_size)]
         return [TensorSpec((c,) + size) for size in spatial]
     if isinstance(layer, nn.LayerNorm):
