@@ -52,6 +52,7 @@ INPUT_DEPENDENCE_TOLERANCE = 1e-6  # relative change of the output when the inpu
 TRAIN_EVAL_MIN_DIFFERENCE = 1e-6  # relative; Dropout/BatchNorm move outputs by far more (>1e-2 on the fixtures)
 TIMING_WARMUP_STEPS = 3
 TIMING_STEPS = 10
+SCALED_TIMING_STEPS = (1, 5)  # warm-up and timed steps for a model scaled down to fit the time budget
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -89,6 +90,7 @@ class _Run:
     batch_size: int
     fixed_batch: Batch
     steps_cut: bool = False  # fewer steps than asked for, to fit the time budget
+    scaled: bool = False  # smaller batches or fewer steps than asked for, to fit the time budget
     nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
     loss_after_steps: Optional[float] = None
 
@@ -269,7 +271,8 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
         except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
             return TargetReport(target=subject.name, status="error",
                                 reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
-        run = _Run(subject, steps, seed, batch_size, fixed_batch, steps_cut=steps < requested_steps)
+        run = _Run(subject, steps, seed, batch_size, fixed_batch, steps_cut=steps < requested_steps,
+                   scaled=bool(budget_note))
         run.model()  # the initial state, restored before every check and at the end
         global _CONFIGURED_LAYOUT
         configured = subject.output_select is not None or subject.output_batch_axis != 0
@@ -1510,7 +1513,8 @@ def _peak_rss_bytes() -> int:
 
 
 def _take_measures(run: _Run) -> tuple[dict, list[str]]:
-    """params, step_time_ms (median of 10 Adam steps after 3 warm-up steps), peak_memory_bytes,
+    """params, step_time_ms (median of 10 Adam steps after 3 warm-up steps; 5 after 1 for a model scaled down to
+    fit the time budget), peak_memory_bytes,
     loss_after_steps (from overfit-batch's lr 1e-3 run)."""
     subject = run.subject
     notes: list[str] = []
@@ -1529,14 +1533,15 @@ def _take_measures(run: _Run) -> tuple[dict, list[str]]:
         else:
             torch.set_num_threads(1)
         timings = []
-        for step in range(TIMING_WARMUP_STEPS + TIMING_STEPS):
+        warmup, timed = (TIMING_WARMUP_STEPS, TIMING_STEPS) if not run.scaled else SCALED_TIMING_STEPS
+        for step in range(warmup + timed):
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             _loss(run, _forward(model, batch), batch).backward()
             optimizer.step()
             if on_cuda:
                 torch.cuda.synchronize()
-            if step >= TIMING_WARMUP_STEPS:
+            if step >= warmup:
                 timings.append(time.perf_counter() - started)
         measures["step_time_ms"] = statistics.median(timings) * 1000
         if on_cuda:

@@ -77,19 +77,20 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
     sys.path.insert(0, str(code_root))
     torch_ready = False
     for item in job["targets"]:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         missing = None if item.get("config") else missing_import(code_root, item["target"])
         if missing is not None:  # decided before paying for `import torch`
             path, name = missing
             result = _report(item["target"], "skipped", f"importing {path} needs '{name}', which is not installed on "
                                                         "the smoke runner; install it in the runner image")
         else:
-            if not torch_ready:
-                import torch
+            import torch
 
-                torch.set_num_threads(torch_threads(job.get("threads")))
+            if not torch_ready:  # paid once per job, like the interpreter's start: not part of this target's time
                 _warm_up_torch()
                 torch_ready = True
+                started, cpu_started = time.perf_counter(), time.process_time()
+            torch.set_num_threads(torch_threads(job.get("threads")))  # the load may have changed since the last one
             if item.get("kind") == "step":
                 from gpu_runner.steps import smoke_step
 
@@ -102,6 +103,7 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                                    int(job.get("steps", 50)), int(job.get("seed", 0)), deadline)
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
+        result["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # the same, in CPU time (all threads)
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
 
 

@@ -950,3 +950,21 @@ def test_steps_cut_to_fit_the_budget_make_a_loss_that_does_not_fall_a_warning_no
     assert check(report, "gradients").status == "fail"  # the other checks still judge it
     full = run_checks(classification_subject(CannotFit(), (20,), 10), steps=20)
     assert check(full, "overfit-batch").status == "fail"
+
+
+def test_torch_threads_are_the_allowed_cores_unless_the_machine_is_already_busy(monkeypatch):
+    import os
+
+    from gpu_runner import child
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert child.torch_threads(None) == 4 and child.torch_threads(2) == 2 and child.torch_threads(16) == 4
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 5.0, 4.0))  # other processes hold every core
+    assert child.torch_threads(None) == 1 and child.torch_threads(3) == 3  # the job's own setting still holds
+
+    def no_load_average():
+        raise OSError("no /proc/loadavg")
+
+    monkeypatch.setattr(os, "getloadavg", no_load_average)
+    assert child.torch_threads(None) == 4
