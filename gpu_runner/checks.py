@@ -1419,14 +1419,15 @@ UPDATE_RATIO_HIGH = 1.0
 
 def _update_ratios(model: nn.Module, layers: list[tuple[str, nn.Parameter]]) -> list[tuple[str, float]]:
     """(layer, ||delta w|| / ||w||) of one Adam step (lr PARAMS_CHANGE_LR) on the gradients the parameters hold;
-    layers whose weights are exactly zero (zero-initialized on purpose: gates, output heads) are left out."""
+    layers whose weights are exactly zero (zero-initialized on purpose: gates, output heads) or that get no gradient
+    (a dead path, the gradients check's business) are left out."""
     before = {name: weight.detach().clone() for name, weight in layers}
     optimizer = torch.optim.Adam([p for _, p in _trainable(model) if p.grad is not None], lr=PARAMS_CHANGE_LR)
     optimizer.step()
     ratios = []
     for name, weight in layers:
         norm = float(before[name].double().norm())
-        if weight.grad is not None and norm > 0:
+        if weight.grad is not None and norm > 0 and bool(weight.grad.any()):  # no gradient: not a question of scale
             ratios.append((name, float((weight.detach() - before[name]).double().norm()) / norm))
     return ratios
 
@@ -1445,8 +1446,8 @@ def check_gradient_health(run: _Run) -> CheckResult:
     if len(layers) < 2:
         return CheckResult(name, "skip", "fewer than two Linear/Conv layers to compare.")
     zero_layers = [n for n, weight in layers if not bool(weight.detach().any())]
-    if zero_layers:  # a zero-initialized head passes no gradient back at init: judge after it opened
-        model, _ = run.opened_model()
+    if zero_layers or run.zero_gates():  # a zero-initialized head or gate passes no gradient back at init: judge
+        model, _ = run.opened_model()    # after it opened
     batch = run.batch()
     loss = _loss(run, _forward(model, batch), batch)
     if not loss.requires_grad:
@@ -1463,7 +1464,7 @@ def check_gradient_health(run: _Run) -> CheckResult:
     details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio, "zero_at_init": zero_layers,
                "dead": [[n, z] for n, z in dead],
                "update_ratio": [min((r for _, r in updates), default=None), max((r for _, r in updates), default=None)]}
-    if last > 0 and ratio < VANISHING_RATIO and first < VANISHING_FIRST_NORM:
+    if 0 < first < VANISHING_FIRST_NORM and last > 0 and ratio < VANISHING_RATIO:  # exactly 0: a dead path (gradients)
         return CheckResult(name, "warn", f"vanishing gradient: the first layer '{first_name}' gets a gradient norm of "
                            f"{first:.2g}, {ratio:.1g} of the last layer's ({last_name}).", details)
     if last > 0 and ratio > EXPLODING_RATIO:  # no gradient at all in the last layer is a dead layer, below
