@@ -230,28 +230,34 @@ def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: f
     """The batch size (``batch_size``, else 4, else 2) and number of steps (``steps``, else fewer, down to 5) at
     which a timed training step says the checks fit in ``budget_s`` seconds, and a note when they are smaller: a
     slow model is checked smaller rather than killed at the per-target timeout. The first step of a model pays for
-    its allocations, so a step that looks too slow is timed again. The model's state is restored."""
+    its allocations, so a step that looks a little too slow is timed again; a smaller batch is timed itself (a step
+    on 2 samples costs more than a quarter of one on 8). The model's state is restored."""
     model = subject.model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    chosen, step = batch_size, 0.0
     try:
         step = _timed_step(subject, batch_size, seed)
-        if CHECK_STEP_EQUIVALENTS * steps * step > budget_s:
+        first = step
+        if budget_s < CHECK_STEP_EQUIVALENTS * steps * step <= 3 * budget_s:
             step = min(step, _timed_step(subject, batch_size, seed))
+        for smaller in SMALLER_BATCHES:
+            if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s or smaller >= batch_size:
+                continue
+            chosen, step = smaller, _timed_step(subject, smaller, seed)
     except Exception:  # noqa: BLE001 - the checks will say what is wrong
         return batch_size, steps, ""
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(state)
-    projected = CHECK_STEP_EQUIVALENTS * steps * step
-    if projected <= budget_s:
+    if chosen == batch_size and CHECK_STEP_EQUIVALENTS * steps * step <= budget_s:
         return batch_size, steps, ""
-    smaller = next((b for b in SMALLER_BATCHES if b < batch_size and projected * b / batch_size <= budget_s),
-                   min(batch_size, SMALLER_BATCHES[-1]))
-    per_step = CHECK_STEP_EQUIVALENTS * step * smaller / batch_size
-    fewer = steps if per_step * steps <= budget_s else max(min(steps, FEWEST_STEPS), int(budget_s / per_step))
-    what = f"batches of {smaller}, not {batch_size}" + (f", and {fewer} steps, not {steps}" if fewer < steps else "")
-    return smaller, fewer, (f"checked on {what}: one training step took {step:.2f}s, so the checks would take about "
-                            f"{projected:.0f}s, more than the {budget_s:.0f}s budget")
+    fewer = steps if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s else \
+        max(min(steps, FEWEST_STEPS), int(budget_s / (CHECK_STEP_EQUIVALENTS * step)))
+    what = f"batches of {chosen}, not {batch_size}" if chosen < batch_size else f"batches of {batch_size}"
+    what += f", and {fewer} steps, not {steps}" if fewer < steps else ""
+    return chosen, fewer, (f"checked on {what}: one training step took {first:.2f}s on {batch_size} samples "
+                           f"({step:.2f}s on {chosen}), so the checks would take about "
+                           f"{CHECK_STEP_EQUIVALENTS * steps * first:.0f}s, more than the {budget_s:.0f}s budget")
 
 
 def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: int = 8,
@@ -1459,7 +1465,11 @@ def check_gradient_health(run: _Run) -> CheckResult:
         return CheckResult(name, "skip", "gradients are missing or non-finite (see gradients).")
     (first_name, first, _), (last_name, last, _) = norms[0], norms[-1]
     ratio = first / last if last > 0 else math.inf
-    dead = [(n, zero) for n, _, zero in norms if zero >= DEAD_FRACTION]
+    # a layer with no gradient at all is a dead path, the gradients check's business (and its diagnosis)
+    if any(zero == 1.0 for _, _, zero in (norms[0], norms[-1])):
+        return CheckResult(name, "skip", f"{norms[0][0] if norms[0][2] == 1.0 else norms[-1][0]} gets an exactly "
+                           "zero gradient (see gradients).")
+    dead = [(n, zero) for n, _, zero in norms if DEAD_FRACTION <= zero < 1.0]
     updates = _update_ratios(model, layers)
     details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio, "zero_at_init": zero_layers,
                "dead": [[n, z] for n, z in dead],
