@@ -602,6 +602,15 @@ def check_gradients(run: _Run) -> CheckResult:
         run.note_nonfinite(name, "gradient" if loss_is_finite else "loss")
     details = {"no_gradient": missing, "non_finite_gradient": non_finite, "zero_gradient": zero,
                "trainable": len(_trainable(model))}
+    elsewhere = _reached_only_through_other_outputs(run, missing + zero) if missing or zero else []
+    if elsewhere:  # parameters that only feed outputs the smoke loss does not train on: not dead
+        details["other_outputs_only"] = elsewhere
+        missing = [n for n in missing if n not in elsewhere]
+        zero = [n for n in zero if n not in elsewhere]
+        if not missing and not zero and not non_finite:
+            return CheckResult(name, "pass", f"every trainable parameter gets a finite, non-zero gradient; "
+                               f"{_names(elsewhere)} only through the parts of the output the smoke loss does not "
+                               "train on (the output is a tuple or mapping).", details)
     if missing:
         verb = "gets" if len(missing) == 1 else "get"
         return CheckResult(name, "fail", f"{_names(missing)} {verb} no gradient: detached from the loss or unused "
@@ -640,6 +649,26 @@ def check_gradients(run: _Run) -> CheckResult:
                            details)
     return CheckResult(name, "pass", f"all {details['trainable']} trainable parameters get a finite, non-zero "
                        "gradient.", details)
+
+
+def _reached_only_through_other_outputs(run: _Run, names: list[str]) -> list[str]:
+    """Those of ``names`` that get a gradient from the model's whole output (every float tensor of a tuple or
+    mapping, randomly weighted) when the loss trains on one element of it: CrossViT's cross-attention returns
+    (small, large) tokens, and the large branch's parameters only reach the second."""
+    model = run.model().train()
+    output = _forward(model, run.batch())
+    tensors = [t for t in _tensors_in(output) if t.is_floating_point() and t.requires_grad]
+    if isinstance(output, torch.Tensor) or len(tensors) < 2:
+        model.zero_grad(set_to_none=True)
+        return []
+    generator = torch.Generator().manual_seed(run.seed)
+    total = sum((t.float() * torch.randn(t.shape, generator=generator).to(t.device)).sum() for t in tensors)
+    total.backward()
+    parameters = dict(_trainable(model))
+    found = [n for n in names if n in parameters and parameters[n].grad is not None and bool(parameters[n].grad.any())
+             and _is_finite(parameters[n].grad)]
+    model.zero_grad(set_to_none=True)
+    return found
 
 
 class _SingleElementSoftmaxPassThrough(torch.overrides.TorchFunctionMode):

@@ -968,3 +968,33 @@ def test_torch_threads_are_the_allowed_cores_unless_the_machine_is_already_busy(
 
     monkeypatch.setattr(os, "getloadavg", no_load_average)
     assert child.torch_threads(None) == 4
+
+
+def test_parameters_that_only_feed_an_untrained_output_element_are_not_dead(tmp_path):
+    root = write_tree(tmp_path, {"cross.py": '''
+        import torch
+        import torch.nn as nn
+
+        class TwoStreams(nn.Module):
+            """Returns both streams; each mixes in the other's summary (cross-attention's shape)."""
+
+            def __init__(self, dim):
+                super().__init__()
+                self.small = nn.Linear(dim, dim)
+                self.large = nn.Linear(dim, dim)
+
+            def forward(self, small_tokens, large_tokens):
+                small = self.small(small_tokens) + large_tokens.mean(1, keepdim=True)
+                large = self.large(large_tokens) + small_tokens.mean(1, keepdim=True)
+                return small, large
+
+        class TwoStreamsOneUnused(TwoStreams):
+            def __init__(self, dim):
+                super().__init__(dim)
+                self.unused = nn.Linear(dim, dim)
+    '''})
+    report = run_checks(build(root, "cross.py:TwoStreams"), steps=STEPS)
+    gradients = check(report, "gradients")
+    assert gradients.status == "pass" and "large.weight" in gradients.message, gradients.message
+    unused = check(run_checks(build(root, "cross.py:TwoStreamsOneUnused"), steps=STEPS), "gradients")
+    assert unused.status == "fail" and "unused" in unused.message and "large.weight" not in unused.message
