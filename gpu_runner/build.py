@@ -358,12 +358,12 @@ def _choose_model_in_file(code_root: Path, path: str, notes: list[str]) -> Union
 
 
 _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
-    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|image_channels|img_channels|in_c|"
-     r"input_nc|nc", 3),
+    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|channel|image_channels|"
+     r"img_channels|in_c|input_nc|nc", 3),
     (r"in_planes|inplanes|planes|out_planes|mid_channels|inner_channels|ngf|ndf|nf|base_filters|init_features", 16),
-    (r"out_channels|out_ch|base_channels|base_width|num_filters|n_filters|filters|out_c", 16),
+    (r"out_channels|out_ch|base_channels|base_width|num_filters|n_filters|filters|out_c|dim_out|oup", 16),
     (r"in_features|in_dim|input_dim|input_size|input_features|d_in|n_inputs|num_inputs|in_size|n_in|num_features|"
-     r"n_features|feature_dim|features|obs_dim|state_dim|nfeat|n_feat|in_feats|nz|ninput", 16),
+     r"n_features|feature_dim|features|obs_dim|state_dim|nfeat|n_feat|in_feats|nz|ninput|dim_in|inp", 16),
     (r"hidden_dims|hidden_sizes|hidden_layers|layer_sizes|widths", [32, 32]),
     (r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner|ffn_hidden", 64),
     (r"hidden|hidden_dim|hidden_size|hidden_features|hidden_channels|hidden_units|n_hidden|num_hidden|nhid|hid_dim|"
@@ -398,7 +398,8 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
     (r"expansion|expand_ratio|mlp_ratio|expansion_factor|mlp_mult|ff_mult|mult", 4),
     (r"upscale_factor|scale_factor|upscale|scale|upsample_factor|downsample|downsample_factor|reduction_factor", 2),
     (r"growth_rate|growth", 12),
-    (r"reduction|compression", 0.5),
+    (r"reduction|compression|split_ratio|ratio", 0.5),
+    (r"fmap_size|feature_map_size|feature_size|map_size", 8),  # the side of a feature map a block is built for
     (r"pool|pooling", "cls"),
     (r"rnn_type|cell_type|rnn_cell", "LSTM"),
     (r"activation|act|nonlinearity", "relu"),
