@@ -76,6 +76,7 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
     os.chdir(code_root)
     sys.path.insert(0, str(code_root))
     torch_ready = False
+    threads = 0  # what the worker's own targets have been running on: part of the load average
     for item in job["targets"]:
         started, cpu_started = time.perf_counter(), time.process_time()
         missing = None if item.get("config") else missing_import(code_root, item["target"])
@@ -90,7 +91,8 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 _warm_up_torch()
                 torch_ready = True
                 started, cpu_started = time.perf_counter(), time.process_time()
-            torch.set_num_threads(torch_threads(job.get("threads")))  # the load may have changed since the last one
+            threads = torch_threads(job.get("threads"), own=threads)  # per target: the load changes
+            torch.set_num_threads(threads)
             if item.get("kind") == "step":
                 from gpu_runner.steps import smoke_step
 
@@ -107,19 +109,20 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
 
 
-def torch_threads(requested: int | None) -> int:
-    """Intra-op threads for the worker: ``requested`` (the job's ``threads``) or the cores the sandbox allows, but
-    one when the machine's load already fills those cores. The models are small (their sizes are shrunk) and gain
-    little from threads, while OpenMP workers spinning on cores that other processes hold make every step several
-    times slower (README, "On real models")."""
+def torch_threads(requested: int | None, own: int = 0) -> int:
+    """Intra-op threads for the worker: ``requested`` (the job's ``threads``), else the cores the sandbox allows that
+    the machine's load leaves free (the 1-minute load average less ``own``, the threads this worker has been
+    running), at least one. The models are small (their sizes are shrunk) and gain little from threads, while
+    OpenMP workers spinning on cores that other processes hold make every step several times slower (README, "On
+    real models")."""
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if requested:
         return max(1, min(allowed, int(requested)))
     try:
-        busy = os.getloadavg()[0] >= allowed
+        others = max(0.0, os.getloadavg()[0] - own)
     except OSError:  # no load average in this sandbox
-        busy = False
-    return 1 if busy else allowed
+        others = 0.0
+    return max(1, min(allowed, int(allowed - others + 0.5)))
 
 
 def _warm_up_torch() -> None:
