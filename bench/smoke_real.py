@@ -10,13 +10,15 @@ into ``--repos DIR`` as ``DIR/<name>``; a repository that is missing there is le
 
 Each repository's targets run as one job (one warm interpreter in one sandbox, as the runner does for
 the targets of one revision). Time per target is what the harness measured for that target inside the
-child (import of the target's module, build, checks); the job's wall time (which adds one interpreter
-start and ``import torch``) is printed per repository.
+child (import of the target's module, build, checks), in wall-clock and in CPU time (the second hardly
+depends on what else the machine runs); the job's wall time (which adds one interpreter start, ``import
+torch`` and the first optimizer step's imports) is printed per repository.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -39,14 +41,15 @@ REPOSITORIES = {
 }
 
 # (repository, target, expected): "build" (it should build and pass), or "skip: why" when a skip is the
-# right answer on a runner with only torch installed (a package it lacks, a script that trains when imported).
+# right answer on a runner with only torch installed (a package it lacks, a script that trains when imported,
+# a module without trainable parameters: an activation or a fixed encoding has nothing to train).
 TARGETS: list[tuple[str, str, str]] = [
     ("nanoGPT", "model.py:LayerNorm", "build"),
     ("nanoGPT", "model.py:CausalSelfAttention", "build"),
     ("nanoGPT", "model.py:MLP", "build"),
     ("nanoGPT", "model.py:Block", "build"),
     ("nanoGPT", "model.py:GPT", "build"),
-    ("minGPT", "mingpt/model.py:NewGELU", "build"),
+    ("minGPT", "mingpt/model.py:NewGELU", "skip: no trainable parameters"),
     ("minGPT", "mingpt/model.py:CausalSelfAttention", "build"),
     ("minGPT", "mingpt/model.py:Block", "build"),
     ("minGPT", "mingpt/model.py:GPT", "build"),
@@ -86,7 +89,7 @@ TARGETS: list[tuple[str, str, str]] = [
     ("pytorch-cifar", "models/shufflenetv2.py:ShuffleNetV2", "build"),
     ("examples", "mnist/main.py:Net", "build"),
     ("examples", "word_language_model/model.py:RNNModel", "build"),
-    ("examples", "word_language_model/model.py:PositionalEncoding", "build"),
+    ("examples", "word_language_model/model.py:PositionalEncoding", "skip: no trainable parameters"),
     ("examples", "word_language_model/model.py:TransformerModel", "build"),
     ("examples", "gcn/main.py:GCN", "build"),
     ("examples", "gcn/main.py:GraphConv", "build"),
@@ -116,10 +119,15 @@ def _reason_kind(report: dict) -> str:
                          ("could not infer an input", "input not found"),
                          ("raised", "constructor rejected the guesses"),
                          ("importing", "import failed"),
-                         ("timed out", "timeout")):
+                         ("timed out", "timeout"),
+                         ("no trainable parameters", "no trainable parameters")):
         if needle in reason:
             return kind
     return reason[:60] or "?"
+
+
+def _p90(values: list[float]) -> float:
+    return values[min(len(values) - 1, round(0.9 * (len(values) - 1)))]
 
 
 def main() -> int:
@@ -190,6 +198,8 @@ def main() -> int:
     expected_build = [r for r in rows if r[2] == "build"]
     skipped = Counter(_reason_kind(r[3]) for r in rows if r[3]["status"] == "skipped")
     times = sorted(r[3].get("seconds") or 0.0 for r in built)
+    cpu_times = sorted(r[3].get("cpu_seconds") or 0.0 for r in built)
+    skipped_times = sorted(r[3].get("seconds") or 0.0 for r in rows if r[3]["status"] == "skipped")
     print()
     if total:
         print(f"built {len(built)}/{total} ({100 * len(built) / total:.0f}%); of those expected to build "
@@ -197,10 +207,21 @@ def main() -> int:
         print(f"false FAILs (failed on an unmodified model): {len(failed)}"
               + (f" ({', '.join(r[0] + '/' + r[1] for r in failed)})" if failed else ""))
         print(f"runner errors: {len(errors)}" + (f" ({', '.join(r[0] + '/' + r[1] for r in errors)})" if errors else ""))
+        unexpected = [f"{r[0]}/{r[1]} ({r[3]['status']}, expected {r[2].split(':')[0]})" for r in rows
+                      if (r[2] == "build") != (r[3]["status"] in ("passed", "failed"))]
+        print("not as expected: " + (", ".join(unexpected) or "none"))
         print("skipped: " + (", ".join(f"{kind} {n}" for kind, n in skipped.most_common()) or "none"))
     if times:
-        p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
-        print(f"time per built target: median {statistics.median(times):.1f}s, p90 {p90:.1f}s")
+        print(f"time per built target: median {statistics.median(times):.1f}s, p90 {_p90(times):.1f}s "
+              f"(CPU time: median {statistics.median(cpu_times):.1f}s, p90 {_p90(cpu_times):.1f}s)")
+    if skipped_times:
+        print(f"time per skipped target: median {statistics.median(skipped_times):.2f}s, "
+              f"max {skipped_times[-1]:.2f}s")
+    try:
+        print(f"load average (1, 5, 15 min) at the end: {', '.join(f'{v:.1f}' for v in os.getloadavg())} "
+              f"on {os.cpu_count()} cores")
+    except OSError:
+        pass
     if missing_repos:
         print(f"not found under {args.repos}: {', '.join(missing_repos)}")
     if args.json:

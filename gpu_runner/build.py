@@ -358,12 +358,12 @@ def _choose_model_in_file(code_root: Path, path: str, notes: list[str]) -> Union
 
 
 _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
-    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|image_channels|img_channels|in_c|"
-     r"input_nc|nc", 3),
+    (r"in_channels|in_chans|in_ch|input_channels|num_channels|n_channels|channels|channel|image_channels|"
+     r"img_channels|in_c|input_nc|nc", 3),
     (r"in_planes|inplanes|planes|out_planes|mid_channels|inner_channels|ngf|ndf|nf|base_filters|init_features", 16),
-    (r"out_channels|out_ch|base_channels|base_width|num_filters|n_filters|filters|out_c", 16),
+    (r"out_channels|out_ch|base_channels|base_width|num_filters|n_filters|filters|out_c|dim_out|oup", 16),
     (r"in_features|in_dim|input_dim|input_size|input_features|d_in|n_inputs|num_inputs|in_size|n_in|num_features|"
-     r"n_features|feature_dim|features|obs_dim|state_dim|nfeat|n_feat|in_feats|nz|ninput", 16),
+     r"n_features|feature_dim|features|obs_dim|state_dim|nfeat|n_feat|in_feats|nz|ninput|dim_in|inp", 16),
     (r"hidden_dims|hidden_sizes|hidden_layers|layer_sizes|widths", [32, 32]),
     (r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner|ffn_hidden", 64),
     (r"hidden|hidden_dim|hidden_size|hidden_features|hidden_channels|hidden_units|n_hidden|num_hidden|nhid|hid_dim|"
@@ -398,7 +398,8 @@ _ARGUMENT_GUESSES: list[tuple[str, Any]] = [
     (r"expansion|expand_ratio|mlp_ratio|expansion_factor|mlp_mult|ff_mult|mult", 4),
     (r"upscale_factor|scale_factor|upscale|scale|upsample_factor|downsample|downsample_factor|reduction_factor", 2),
     (r"growth_rate|growth", 12),
-    (r"reduction|compression", 0.5),
+    (r"reduction|compression|split_ratio|ratio", 0.5),
+    (r"fmap_size|feature_map_size|feature_size|map_size", 8),  # the side of a feature map a block is built for
     (r"pool|pooling", "cls"),
     (r"rnn_type|cell_type|rnn_cell", "LSTM"),
     (r"activation|act|nonlinearity", "relu"),
@@ -458,6 +459,11 @@ _HEADS_NAMES = re.compile(r"num_heads|nhead|nheads|n_heads?|heads|num_attention_
 _FF_NAMES = re.compile(r"dim_feedforward|d_ff|ff_dim|ffn_dim|mlp_dim|intermediate_size|d_inner", re.I)
 _HEAD_WIDTH_NAMES = re.compile(r"head_dim|head_size|d_head|dim_head|d_k|d_v", re.I)
 _IMAGE_NAMES = re.compile(r"image_size|img_size", re.I)
+# attention windows (Swin, CrossFormer, Twins' local_patch_size and global_k): every stage's map must be a multiple
+# of its window, so windows of 7 force 224x224 images; windows of 4 let 128x128 do
+_WINDOW_NAMES = re.compile(r"window_size|window|win_size|local_window_size|global_window_size|local_patch_size|"
+                           r"global_k|wsz", re.I)
+SHRUNK_WINDOW = 4
 _PATCH_NAMES = re.compile(r"patch_size|patch", re.I)
 WIDTH_WITHOUT_HEADS = 96  # divisible by 1, 2, 3, 4, 6, 8, 12, 16, 24, 32: whatever head count a default has
 SHRUNK_IMAGE_SIDE = 64
@@ -465,10 +471,16 @@ MAX_CONFIG_RETRIES = 30
 
 
 def _shrunk(name: str, value: Any, others: dict) -> Any:
-    """A smaller value for a size argument left at a large default: depth 2; widths of 8 per head (the heads
-    keep dividing the width); feed-forward widths 64; 16 per attention head; images 64 pixels wide when
-    the patch sizes divide 64. A prefixed name counts as its tail (``lg_enc_depth`` as ``depth``). Anything else
+    """A smaller value for a size argument left at a large default: depth 2 (per stage for a tuple); widths of 8
+    per head (the heads keep dividing the width); feed-forward widths 64; 16 per attention head; attention windows
+    4; images 64 pixels wide when the patch sizes divide 64. A prefixed name counts as its tail (``lg_enc_depth`` as ``depth``). Anything else
     unchanged."""
+    if isinstance(value, (tuple, list)) and value and _matches(_DEPTH_NAMES, name) \
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return type(value)(min(v, 2) for v in value)  # blocks per stage: (2, 2, 8, 2) -> (2, 2, 2, 2)
+    if isinstance(value, (tuple, list)) and value and _matches(_WINDOW_NAMES, name) \
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return type(value)(min(v, SHRUNK_WINDOW) for v in value)
     if isinstance(value, bool) or not isinstance(value, int):
         return value
     if _matches(_DEPTH_NAMES, name) and value > 2:
@@ -477,6 +489,8 @@ def _shrunk(name: str, value: Any, others: dict) -> Any:
         heads = next((v for k, v in others.items() if _matches(_HEADS_NAMES, k) and isinstance(v, int)
                       and not isinstance(v, bool) and v > 0), None)
         return heads * 8 if heads else WIDTH_WITHOUT_HEADS
+    if _matches(_WINDOW_NAMES, name) and value > SHRUNK_WINDOW:
+        return SHRUNK_WINDOW
     if _matches(_FF_NAMES, name) and value > 256:
         return 64
     if _matches(_HEAD_WIDTH_NAMES, name) and value > 16:
@@ -513,7 +527,15 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
     if isinstance(arguments, Skip):
         failure = arguments.reason
     else:
-        built = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
+        forwarded = _forwarded_shrinks(fn, module, arguments, guessed_notes)
+        built = _call_with_retries(fn, {**arguments, **forwarded}, guessed_notes, _none_defaults(fn, arguments))
+        if isinstance(built, BaseException) and forwarded:  # the callee did not take them after all
+            retried = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
+            if not isinstance(retried, BaseException):
+                built = retried
+                guessed_notes[:] = [n for n in guessed_notes if "handed on through **kwargs" not in n]
+            forwarded = {}
+        arguments = {**arguments, **forwarded}
         if not isinstance(built, BaseException):
             notes.extend(guessed_notes)
             try:
@@ -545,6 +567,36 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
                          f"({failure.split(';')[0]})")
             return model
     return Skip(failure)
+
+
+def _forwarded_shrinks(fn: Callable, module: Any, arguments: dict, notes: list[str]) -> dict:
+    """Smaller values for the large defaults of what ``fn`` hands its ``**kwargs`` on to (CCT passes them to
+    its TransformerClassifier, whose ``num_layers=12`` no argument of CCT names): depth 2, narrow widths, as for
+    ``fn``'s own defaults."""
+    from gpu_runner import guess
+
+    init = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        own = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+    shrunk: dict[str, Any] = {}
+    for target, explicit in guess.forwarded_keyword_targets(init, module):
+        try:
+            parameters = inspect.signature(target).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+        for key, value in defaults.items():
+            if key in own or key in explicit or key in shrunk or key in arguments:
+                continue
+            smaller = _shrunk(key, value, {**defaults, **arguments, **shrunk})
+            if smaller is not value and smaller != value:
+                shrunk[key] = smaller
+    if shrunk:
+        notes.append("constructor: " + ", ".join(f"{k}={v!r}" for k, v in shrunk.items())
+                     + " (defaults of what it hands on through **kwargs, shrunk)")
+    return shrunk
 
 
 def _one_line_text(exc: BaseException, limit: int = 300) -> str:
@@ -941,7 +993,8 @@ def _common_shapes(token_high: int) -> list[TensorSpec]:
     device-side assert that ruins the whole process, not an exception."""
     return [TensorSpec((3, 32, 32)), TensorSpec((1, 28, 28)), TensorSpec((16,)), TensorSpec((784,)),
             TensorSpec((SEQUENCE_LENGTH,), "long", 0, token_high), TensorSpec((SEQUENCE_LENGTH, 16)),
-            TensorSpec((3, 64, 64)), TensorSpec((1, 32, 32)), TensorSpec((32,)), TensorSpec((3, 224, 224)),
+            TensorSpec((3, 64, 64)), TensorSpec((1, 32, 32)), TensorSpec((32,)), TensorSpec((3, 128, 128)),
+            TensorSpec((3, 224, 224)),
             TensorSpec((1, 64)), TensorSpec((10,)), TensorSpec((8,), "long", 0, token_high)]
 
 
@@ -1050,7 +1103,7 @@ def specs_for_layer(layer: nn.Module, as_tokens: bool = False) -> list[TensorSpe
         c = layer.in_channels
         if not c:
             return []
-        spatial = {1: [(32,), (64,), (128,)], 2: [(32, 32), (28, 28), (64, 64), (224, 224)],
+        spatial = {1: [(32,), (64,), (128,)], 2: [(32, 32), (28, 28), (64, 64), (128, 128), (224, 224)],
                    3: [(8, 16, 16), (16, 32, 32)]}[len(layer.kernel_size)]
         return [TensorSpec((c,) + size) for size in spatial]
     if isinstance(layer, nn.LayerNorm):

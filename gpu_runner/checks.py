@@ -52,6 +52,7 @@ INPUT_DEPENDENCE_TOLERANCE = 1e-6  # relative change of the output when the inpu
 TRAIN_EVAL_MIN_DIFFERENCE = 1e-6  # relative; Dropout/BatchNorm move outputs by far more (>1e-2 on the fixtures)
 TIMING_WARMUP_STEPS = 3
 TIMING_STEPS = 10
+SCALED_TIMING_STEPS = (1, 5)  # warm-up and timed steps for a model scaled down to fit the time budget
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -88,6 +89,8 @@ class _Run:
     seed: int
     batch_size: int
     fixed_batch: Batch
+    steps_cut: bool = False  # fewer steps than asked for, to fit the time budget
+    scaled: bool = False  # smaller batches or fewer steps than asked for, to fit the time budget
     nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
     loss_after_steps: Optional[float] = None
 
@@ -210,50 +213,72 @@ def _warm_batch_norm(model: nn.Module, subject: Subject, batch_size: int, seed: 
 
 CHECK_STEP_EQUIVALENTS = 7  # training steps the checks take per --steps (measured: 6.3 on a small ViT)
 SMALLER_BATCHES = (4, 2)
+FEWEST_STEPS = 5  # a model too slow even on batches of 2 is checked with fewer steps, not fewer than this
 
 
-def _batch_size_within(subject: Subject, steps: int, batch_size: int, budget_s: float, seed: int) -> tuple[int, str]:
-    """The batch size (``batch_size``, else 4, else 2) at which one timed training step says the checks fit in
-    ``budget_s`` seconds, and a note when it is smaller: a slow model is checked on smaller batches rather than
-    killed at the per-target timeout. The model's state is restored after the timed step."""
+def _timed_step(subject: Subject, batch_size: int, seed: int) -> float:
+    model = subject.model
+    batch = subject.make_batch(batch_size, seed)
+    started = time.perf_counter()
+    subject.loss_fn(model(*batch.args, **batch.kwargs), batch.target).backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - started
+
+
+def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: float,
+                      seed: int) -> tuple[int, int, str]:
+    """The batch size (``batch_size``, else 4, else 2) and number of steps (``steps``, else fewer, down to 5) at
+    which a timed training step says the checks fit in ``budget_s`` seconds, and a note when they are smaller: a
+    slow model is checked smaller rather than killed at the per-target timeout. The first step of a model pays for
+    its allocations, so a step that looks a little too slow is timed again; a smaller batch is timed itself (a step
+    on 2 samples costs more than a quarter of one on 8). The model's state is restored."""
     model = subject.model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    chosen, step = batch_size, 0.0
     try:
-        batch = subject.make_batch(batch_size, seed)
-        started = time.perf_counter()
-        subject.loss_fn(model(*batch.args, **batch.kwargs), batch.target).backward()
-        step = time.perf_counter() - started
+        step = _timed_step(subject, batch_size, seed)
+        first = step
+        if budget_s < CHECK_STEP_EQUIVALENTS * steps * step <= 3 * budget_s:
+            step = min(step, _timed_step(subject, batch_size, seed))
+        for smaller in SMALLER_BATCHES:
+            if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s or smaller >= batch_size:
+                continue
+            chosen, step = smaller, _timed_step(subject, smaller, seed)
     except Exception:  # noqa: BLE001 - the checks will say what is wrong
-        return batch_size, ""
+        return batch_size, steps, ""
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(state)
-    projected = CHECK_STEP_EQUIVALENTS * steps * step
-    if projected <= budget_s:
-        return batch_size, ""
-    for smaller in SMALLER_BATCHES:
-        if smaller < batch_size and projected * smaller / batch_size <= budget_s or smaller == SMALLER_BATCHES[-1]:
-            return smaller, (f"checked on batches of {smaller}, not {batch_size}: one training step took {step:.2f}s, so "
-                             f"the checks would take about {projected:.0f}s, more than the {budget_s:.0f}s budget")
-    return batch_size, ""
+    if chosen == batch_size and CHECK_STEP_EQUIVALENTS * steps * step <= budget_s:
+        return batch_size, steps, ""
+    fewer = steps if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s else \
+        max(min(steps, FEWEST_STEPS), int(budget_s / (CHECK_STEP_EQUIVALENTS * step)))
+    what = f"batches of {chosen}, not {batch_size}" if chosen < batch_size else f"batches of {batch_size}"
+    what += f", and {fewer} steps, not {steps}" if fewer < steps else ""
+    return chosen, fewer, (f"checked on {what}: one training step took {first:.2f}s on {batch_size} samples "
+                           f"({step:.2f}s on {chosen}), so the checks would take about "
+                           f"{CHECK_STEP_EQUIVALENTS * steps * first:.0f}s, more than the {budget_s:.0f}s budget")
 
 
 def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: int = 8,
                budget_s: Optional[float] = None) -> TargetReport:
     """Run every smoke check on ``subject`` and take its measures; status is "failed" when any check failed.
-    With ``budget_s``, a model too slow to be checked in that time is checked on smaller batches."""
+    With ``budget_s``, a model too slow to be checked in that time is checked on smaller batches and, if it must,
+    with fewer steps (then a loss that does not fall enough is a warning, not a failure)."""
     with torch.random.fork_rng(devices=_cuda_devices(subject.device)):  # leave the caller's RNG state alone
         budget_note = ""
+        requested_steps = steps
         if budget_s is not None:
             torch.manual_seed(seed)
-            batch_size, budget_note = _batch_size_within(subject, steps, batch_size, budget_s, seed)
+            batch_size, steps, budget_note = _scaled_to_budget(subject, steps, batch_size, budget_s, seed)
         try:
             torch.manual_seed(seed)
             fixed_batch = subject.make_batch(batch_size, seed)
         except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
             return TargetReport(target=subject.name, status="error",
                                 reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
-        run = _Run(subject, steps, seed, batch_size, fixed_batch)
+        run = _Run(subject, steps, seed, batch_size, fixed_batch, steps_cut=steps < requested_steps,
+                   scaled=bool(budget_note))
         run.model()  # the initial state, restored before every check and at the end
         global _CONFIGURED_LAYOUT
         configured = subject.output_select is not None or subject.output_batch_axis != 0
@@ -284,13 +309,24 @@ def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run)
     except Exception as exc:  # noqa: BLE001 - a check that crashes must not stop the others
         where = _user_frame(exc.__traceback__)
         details = {"error": True, "where": where, "traceback": traceback.format_exc(limit=-6)}
-        if where:  # the model's own code raised: a finding
+        if _out_of_memory(exc):  # the runner's memory limit, whoever asked for the memory: not a finding
+            result = CheckResult(name, "error", f"the check ran out of memory (smoke.memory; a runner limit, not a "
+                                 f"finding about the model): {type(exc).__name__}: {_one_line(exc)}", details)
+        elif where:  # the model's own code raised: a finding
             result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}", details)
         else:  # raised in torchreview or in torch called by it: the runner's fault, never the model's
             result = CheckResult(name, "error", f"the check could not run (a runner error, not a finding about the "
                                  f"model): {type(exc).__name__}: {_one_line(exc)}", details)
     result.details["seconds"] = round(time.perf_counter() - started, 4)
     return result
+
+
+_OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|DefaultCPUAllocator|Cannot allocate memory", re.I)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and bool(_OUT_OF_MEMORY.search(str(exc))))
 
 
 # --- helpers ----------------------------------------------------------------------------------------------
@@ -566,6 +602,15 @@ def check_gradients(run: _Run) -> CheckResult:
         run.note_nonfinite(name, "gradient" if loss_is_finite else "loss")
     details = {"no_gradient": missing, "non_finite_gradient": non_finite, "zero_gradient": zero,
                "trainable": len(_trainable(model))}
+    elsewhere = _reached_only_through_other_outputs(run, missing + zero) if missing or zero else []
+    if elsewhere:  # parameters that only feed outputs the smoke loss does not train on: not dead
+        details["other_outputs_only"] = elsewhere
+        missing = [n for n in missing if n not in elsewhere]
+        zero = [n for n in zero if n not in elsewhere]
+        if not missing and not zero and not non_finite:
+            return CheckResult(name, "pass", f"every trainable parameter gets a finite, non-zero gradient; "
+                               f"{_names(elsewhere)} only through the parts of the output the smoke loss does not "
+                               "train on (the output is a tuple or mapping).", details)
     if missing:
         verb = "gets" if len(missing) == 1 else "get"
         return CheckResult(name, "fail", f"{_names(missing)} {verb} no gradient: detached from the loss or unused "
@@ -592,11 +637,74 @@ def check_gradients(run: _Run) -> CheckResult:
             return CheckResult(name, "warn", f"{_names(zero)} {'has' if len(zero) == 1 else 'have'} an all-zero "
                                f"gradient at initialization, but {_names(run.zero_gates())} {_starts(run.zero_gates())} at exactly zero (a "
                                "deliberate gate that closes the path until it opens): not judged.", details)
+        single = _dead_only_through_single_element_softmax(run, zero)
+        if single:
+            details["single_element_softmax"] = single
+            return CheckResult(name, "warn", f"{_names(zero)} {'gets' if len(zero) == 1 else 'get'} an all-zero "
+                               f"gradient only because the model takes a softmax over a dimension of size 1 (at "
+                               f"{single}: an attention window holding one position), which is the constant 1; "
+                               "what feeds that softmax cannot learn on this input.", details)
         return CheckResult(name, "fail", f"{_names(zero)} {'has' if len(zero) == 1 else 'have'} an all-zero "
                            "gradient: the path to the loss is dead (multiplied by zero, dead ReLU, a constant).",
                            details)
     return CheckResult(name, "pass", f"all {details['trainable']} trainable parameters get a finite, non-zero "
                        "gradient.", details)
+
+
+def _reached_only_through_other_outputs(run: _Run, names: list[str]) -> list[str]:
+    """Those of ``names`` that get a gradient from the model's whole output (every float tensor of a tuple or
+    mapping, randomly weighted) when the loss trains on one element of it: CrossViT's cross-attention returns
+    (small, large) tokens, and the large branch's parameters only reach the second."""
+    model = run.model().train()
+    output = _forward(model, run.batch())
+    tensors = [t for t in _tensors_in(output) if t.is_floating_point() and t.requires_grad]
+    if isinstance(output, torch.Tensor) or len(tensors) < 2:
+        model.zero_grad(set_to_none=True)
+        return []
+    generator = torch.Generator().manual_seed(run.seed)
+    total = sum((t.float() * torch.randn(t.shape, generator=generator).to(t.device)).sum() for t in tensors)
+    total.backward()
+    parameters = dict(_trainable(model))
+    found = [n for n in names if n in parameters and parameters[n].grad is not None and bool(parameters[n].grad.any())
+             and _is_finite(parameters[n].grad)]
+    model.zero_grad(set_to_none=True)
+    return found
+
+
+class _SingleElementSoftmaxPassThrough(torch.overrides.TorchFunctionMode):
+    """Makes a softmax over a dimension of size 1 (the constant 1, whose gradient is exactly zero) pass its
+    gradient through unchanged, and notes where it happened."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[list[int]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("softmax", "log_softmax") and args and isinstance(args[0], torch.Tensor):
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            tensor = args[0]
+            if isinstance(dim, int) and tensor.dim() and tensor.shape[dim] == 1 and tensor.is_floating_point():
+                self.shapes.append(list(tensor.shape))
+                constant = torch.zeros_like(tensor) if func.__name__ == "log_softmax" else torch.ones_like(tensor)
+                return constant + (tensor - tensor.detach())
+        return func(*args, **kwargs)
+
+
+def _dead_only_through_single_element_softmax(run: _Run, zero: list[str]) -> Optional[str]:
+    """The shape of a softmax over a dimension of size 1 when it is what leaves every parameter of ``zero``
+    without a gradient (they get one once that softmax passes its gradient through); None otherwise."""
+    model = run.model().train()
+    with _SingleElementSoftmaxPassThrough() as through:
+        loss = _loss(run, _forward(model, run.batch()), run.batch())
+    if not through.shapes or not loss.requires_grad:
+        model.zero_grad(set_to_none=True)
+        return None
+    loss.backward()
+    gradients = dict(_trainable(model))
+    revived = all(gradients[n].grad is not None and bool(gradients[n].grad.any()) for n in zero if n in gradients)
+    model.zero_grad(set_to_none=True)
+    return str(through.shapes[0]) if revived else None
 
 
 def check_params_change(run: _Run) -> CheckResult:
@@ -756,6 +864,10 @@ def check_overfit_batch(run: _Run) -> CheckResult:
         return CheckResult(name, status, f"loss fell from {first['initial']:.3g} to {best:.3g} ({progress:.0%}) in "
                            f"{run.steps} Adam steps at lr {' or '.join(runs)}: the model learns, but slower than "
                            "halving the loss on one batch; more steps (--steps) would tell more.", {"runs": runs})
+    if run.steps_cut and not probabilities and not diverged:
+        return CheckResult(name, "warn", f"loss fell from {first['initial']:.3g} to {best:.3g} ({progress:.0%}) in "
+                           f"only {run.steps} Adam steps at lr {' or '.join(runs)} (all that fit the time budget): "
+                           "too few to judge; a longer smoke.timeout would tell more.", {"runs": runs})
     message = (f"loss only fell from {first['initial']:.3g} to {best:.3g} in "
                f"{run.steps} Adam steps at lr {' or '.join(runs)} (needed ≤ {first['target']:.3g}{floor_note}): "
                "the model cannot fit a single batch")
@@ -1331,12 +1443,36 @@ VANISHING_RATIO = 1e-3  # first layer's gradient norm / last layer's ...
 VANISHING_FIRST_NORM = 1e-4  # ... and the first layer's gradient norm itself
 EXPLODING_RATIO = 70.0  # first / last above this
 DEAD_FRACTION = 0.7  # exactly-zero gradient entries of one layer's weight
+# ||delta w|| / ||w|| of one Adam step at PARAMS_CHANGE_LR. Adam moves every weight by about the learning rate
+# whatever its gradient's scale, so the ratio measures the weights' scale against the step: 1e-2 to 1e-1 for
+# the usual initializations (kaiming/xavier/normal 0.02). Far below, the layer's weights are so large that
+# training barely moves them (initialized with std 10); far above, the first steps overwrite them (initialized at
+# std 1e-5, next to zero).
+UPDATE_RATIO_LOW = 1e-4
+UPDATE_RATIO_HIGH = 1.0
+
+
+def _update_ratios(model: nn.Module, layers: list[tuple[str, nn.Parameter]]) -> list[tuple[str, float]]:
+    """(layer, ||delta w|| / ||w||) of one Adam step (lr PARAMS_CHANGE_LR) on the gradients the parameters hold;
+    layers whose weights are exactly zero (zero-initialized on purpose: gates, output heads) or that get no gradient
+    (a dead path, the gradients check's business) are left out."""
+    before = {name: weight.detach().clone() for name, weight in layers}
+    optimizer = torch.optim.Adam([p for _, p in _trainable(model) if p.grad is not None], lr=PARAMS_CHANGE_LR)
+    optimizer.step()
+    ratios = []
+    for name, weight in layers:
+        norm = float(before[name].double().norm())
+        if weight.grad is not None and norm > 0 and bool(weight.grad.any()):  # no gradient: not a question of scale
+            ratios.append((name, float((weight.detach() - before[name]).double().norm()) / norm))
+    return ratios
 
 
 def check_gradient_health(run: _Run) -> CheckResult:
     """One backward at init, over the weights of Linear and Conv layers in registration order: warns when the
     first layer's gradient is vanishingly small against the last's (ratio < 1e-3 and norm < 1e-4), exploding
-    (ratio > 70), or when a layer gets exactly-zero gradients on >= 70% of its weights (dead ReLUs)."""
+    (ratio > 70), when a layer gets exactly-zero gradients on >= 70% of its weights (dead ReLUs), or when one
+    Adam step moves a layer's weights by less than 1e-4 or more than 1x their norm (weights initialized at a
+    scale training cannot move, or next to zero)."""
     name = "gradient-health"
     model = run.model()
     layers = [(module_name, module.weight) for module_name, module in model.named_modules()
@@ -1344,6 +1480,9 @@ def check_gradient_health(run: _Run) -> CheckResult:
               and module.weight.requires_grad]
     if len(layers) < 2:
         return CheckResult(name, "skip", "fewer than two Linear/Conv layers to compare.")
+    zero_layers = [n for n, weight in layers if not bool(weight.detach().any())]
+    if zero_layers or run.zero_gates():  # a zero-initialized head or gate passes no gradient back at init: judge
+        model, _ = run.opened_model()    # after it opened
     batch = run.batch()
     loss = _loss(run, _forward(model, batch), batch)
     if not loss.requires_grad:
@@ -1355,19 +1494,37 @@ def check_gradient_health(run: _Run) -> CheckResult:
         return CheckResult(name, "skip", "gradients are missing or non-finite (see gradients).")
     (first_name, first, _), (last_name, last, _) = norms[0], norms[-1]
     ratio = first / last if last > 0 else math.inf
-    dead = [(n, zero) for n, _, zero in norms if zero >= DEAD_FRACTION]
-    details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio,
-               "dead": [[n, z] for n, z in dead]}
-    if last > 0 and ratio < VANISHING_RATIO and first < VANISHING_FIRST_NORM:
+    # a layer with no gradient at all is a dead path, the gradients check's business (and its diagnosis)
+    if any(zero == 1.0 for _, _, zero in (norms[0], norms[-1])):
+        return CheckResult(name, "skip", f"{norms[0][0] if norms[0][2] == 1.0 else norms[-1][0]} gets an exactly "
+                           "zero gradient (see gradients).")
+    dead = [(n, zero) for n, _, zero in norms if DEAD_FRACTION <= zero < 1.0]
+    updates = _update_ratios(model, layers)
+    details = {"first": [first_name, first], "last": [last_name, last], "ratio": ratio, "zero_at_init": zero_layers,
+               "dead": [[n, z] for n, z in dead],
+               "update_ratio": [min((r for _, r in updates), default=None), max((r for _, r in updates), default=None)]}
+    if 0 < first < VANISHING_FIRST_NORM and last > 0 and ratio < VANISHING_RATIO:  # exactly 0: a dead path (gradients)
         return CheckResult(name, "warn", f"vanishing gradient: the first layer '{first_name}' gets a gradient norm of "
                            f"{first:.2g}, {ratio:.1g} of the last layer's ({last_name}).", details)
-    if ratio > EXPLODING_RATIO:
+    if last > 0 and ratio > EXPLODING_RATIO:  # no gradient at all in the last layer is a dead layer, below
         return CheckResult(name, "warn", f"exploding gradient: the first layer '{first_name}' gets {ratio:.0f}× the "
                            f"gradient norm of the last layer ('{last_name}').", details)
     if dead:
         return CheckResult(name, "warn", f"{_names([n for n, _ in dead])}: {dead[0][1]:.0%} of the weights get an exactly "
                            "zero gradient at init (dead ReLUs, or units that never see the input).", details)
-    return CheckResult(name, "pass", f"first/last layer gradient norm ratio {ratio:.2g}; no dead layer.", details)
+    stuck = [(n, r) for n, r in updates if r < UPDATE_RATIO_LOW]
+    if stuck:
+        return CheckResult(name, "warn", f"{_names([n for n, _ in stuck])}: one Adam step at lr {PARAMS_CHANGE_LR:g} "
+                           f"changes the weights by {stuck[0][1]:.1g} of their norm (usually 1e-2 to 1e-1): they are "
+                           "initialized so large that training will barely move them.", details)
+    overwritten = [(n, r) for n, r in updates if r > UPDATE_RATIO_HIGH]
+    if overwritten:
+        return CheckResult(name, "warn", f"{_names([n for n, _ in overwritten])}: one Adam step at lr "
+                           f"{PARAMS_CHANGE_LR:g} changes the weights by {overwritten[0][1]:.1f}x their norm: they are "
+                           "initialized next to zero, so the first steps overwrite the initialization.", details)
+    return CheckResult(name, "pass", f"first/last layer gradient norm ratio {ratio:.2g}; no dead layer; update/weight "
+                       "ratio " + (f"{details['update_ratio'][0]:.1g} to {details['update_ratio'][1]:.1g}."
+                                   if updates else "not measured."), details)
 
 
 _CHECKS: tuple[tuple[str, Callable[[_Run], CheckResult]], ...] = (
@@ -1396,7 +1553,8 @@ def _peak_rss_bytes() -> int:
 
 
 def _take_measures(run: _Run) -> tuple[dict, list[str]]:
-    """params, step_time_ms (median of 10 Adam steps after 3 warm-up steps), peak_memory_bytes,
+    """params, step_time_ms (median of 10 Adam steps after 3 warm-up steps; 5 after 1 for a model scaled down to
+    fit the time budget), peak_memory_bytes,
     loss_after_steps (from overfit-batch's lr 1e-3 run)."""
     subject = run.subject
     notes: list[str] = []
@@ -1415,14 +1573,15 @@ def _take_measures(run: _Run) -> tuple[dict, list[str]]:
         else:
             torch.set_num_threads(1)
         timings = []
-        for step in range(TIMING_WARMUP_STEPS + TIMING_STEPS):
+        warmup, timed = (TIMING_WARMUP_STEPS, TIMING_STEPS) if not run.scaled else SCALED_TIMING_STEPS
+        for step in range(warmup + timed):
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             _loss(run, _forward(model, batch), batch).backward()
             optimizer.step()
             if on_cuda:
                 torch.cuda.synchronize()
-            if step >= TIMING_WARMUP_STEPS:
+            if step >= warmup:
                 timings.append(time.perf_counter() - started)
         measures["step_time_ms"] = statistics.median(timings) * 1000
         if on_cuda:

@@ -40,12 +40,16 @@ def _report(target: str, status: str, reason: str = "", **extra) -> dict:
 
 
 CHECKS_SHARE_OF_TIMEOUT = 0.6  # what the checks may plan to use of the per-target timeout (the rest: margin)
+# What one target plans to take, import and build included: a slower model is checked on smaller batches (then
+# fewer steps) rather than taking minutes of a shared worker or being killed at the timeout.
+TARGET_BUDGET_S = 20.0
 
 
 def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int,
               deadline: float | None = None) -> dict:
-    """Build and check one target; ``deadline`` (a time.perf_counter() value) is when the target is killed:
-    the checks plan to end well before it, on smaller batches if they must."""
+    """Build and check one target; ``deadline`` (a time.perf_counter() value) is when its checks should be done
+    (the per-target budget, well before the timeout kills it): a slow model is checked on smaller batches, and
+    with fewer steps if it must."""
     from gpu_runner.build import CONFIGURE_HINT, Skip, build_subject, known_bug
     from gpu_runner.checks import run_checks
 
@@ -72,20 +76,23 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
     os.chdir(code_root)
     sys.path.insert(0, str(code_root))
     torch_ready = False
+    threads = 0  # what the worker's own targets have been running on: part of the load average
     for item in job["targets"]:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         missing = None if item.get("config") else missing_import(code_root, item["target"])
         if missing is not None:  # decided before paying for `import torch`
             path, name = missing
             result = _report(item["target"], "skipped", f"importing {path} needs '{name}', which is not installed on "
                                                         "the smoke runner; install it in the runner image")
         else:
-            if not torch_ready:
-                import torch
+            import torch
 
-                allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-                torch.set_num_threads(max(1, min(allowed, int(job.get("threads") or allowed))))  # the allowed cores
+            if not torch_ready:  # paid once per job, like the interpreter's start: not part of this target's time
+                _warm_up_torch()
                 torch_ready = True
+                started, cpu_started = time.perf_counter(), time.process_time()
+            threads = torch_threads(job.get("threads"), own=threads)  # per target: the load changes
+            torch.set_num_threads(threads)
             if item.get("kind") == "step":
                 from gpu_runner.steps import smoke_step
 
@@ -93,11 +100,39 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                                     seed=int(job.get("seed", 0)))
             else:
                 timeout = job.get("target_timeout_s")
-                deadline = started + CHECKS_SHARE_OF_TIMEOUT * float(timeout) if timeout else None
+                budget = min(TARGET_BUDGET_S, CHECKS_SHARE_OF_TIMEOUT * float(timeout)) if timeout else TARGET_BUDGET_S
+                deadline = started + budget
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                                    int(job.get("steps", 50)), int(job.get("seed", 0)), deadline)
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
+        result["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # the same, in CPU time (all threads)
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())
+
+
+def torch_threads(requested: int | None, own: int = 0) -> int:
+    """Intra-op threads for the worker: ``requested`` (the job's ``threads``), else the cores the sandbox allows that
+    the machine's load leaves free (the 1-minute load average less ``own``, the threads this worker has been
+    running), at least one. The models are small (their sizes are shrunk) and gain little from threads, while
+    OpenMP workers spinning on cores that other processes hold make every step several times slower (README, "On
+    real models")."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested:
+        return max(1, min(allowed, int(requested)))
+    try:
+        others = max(0.0, os.getloadavg()[0] - own)
+    except OSError:  # no load average in this sandbox
+        others = 0.0
+    return max(1, min(allowed, int(allowed - others + 0.5)))
+
+
+def _warm_up_torch() -> None:
+    """The first optimizer step of a process imports much of torch (about 2.6 s); paid here once per job, like
+    ``import torch``, instead of by whichever target's check comes first."""
+    import torch
+
+    parameter = torch.nn.Parameter(torch.zeros(2))
+    (parameter * 2).sum().backward()
+    torch.optim.Adam([parameter], lr=1e-3).step()
 
 
 def missing_import(code_root: Path, target: str) -> tuple[str, str] | None:

@@ -225,3 +225,25 @@ def module_factories(module: types.ModuleType, cls: type) -> list[Callable]:
                 found.append(value)
                 break
     return found
+
+
+def forwarded_keyword_targets(function: Callable, module: Optional[types.ModuleType]) -> list[tuple[Callable, set]]:
+    """The callables of ``module`` to which ``function`` (an ``__init__`` taking ``**kwargs``) hands its
+    ``**kwargs`` on (``self.classifier = TransformerClassifier(..., **kwargs)``), each with the keywords that call
+    sets itself: the callable's other defaults are sizes a caller of ``function`` can set through it. Only names
+    of the module itself; ``super().__init__(**kwargs)`` and attribute calls are left out."""
+    node = _function_node(function)
+    if node is None or node.args.kwarg is None or module is None:
+        return []
+    kwargs_name = node.args.kwarg.arg
+    found: list[tuple[Callable, set]] = []
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Call) or not isinstance(sub.func, ast.Name):
+            continue
+        if not any(k.arg is None and isinstance(k.value, ast.Name) and k.value.id == kwargs_name for k in sub.keywords):
+            continue
+        target = getattr(module, sub.func.id, None)
+        if callable(target) and getattr(target, "__module__", None) == module.__name__ \
+                and all(target is not t for t, _ in found):
+            found.append((target, {k.arg for k in sub.keywords if k.arg is not None}))
+    return found

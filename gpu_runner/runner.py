@@ -199,8 +199,9 @@ def _sanitized(report: dict, target: str) -> dict:
     clean = {"target": target, "status": status, "checks": checks, "measures": measures,
              "reason": _text(report.get("reason") or ""),
              "notes": [_text(n) for n in report.get("notes") or [] if isinstance(n, str)][:50]}
-    if isinstance(report.get("seconds"), (int, float)) and not isinstance(report.get("seconds"), bool):
-        clean["seconds"] = float(report["seconds"])
+    for key in ("seconds", "cpu_seconds"):
+        if isinstance(report.get(key), (int, float)) and not isinstance(report.get(key), bool):
+            clean[key] = float(report[key])
     for key in ("traceback", "loss_curve"):
         if key in report:
             clean[key] = report[key] if key == "loss_curve" and isinstance(report[key], list) and all(

@@ -620,6 +620,8 @@ def test_a_zero_initialized_gate_is_not_called_a_dead_path():
     report = run_checks(classification_subject(ZeroGatedDownsample(), (20,), 10), steps=STEPS)
     assert not failed(report) & {"gradients", "input-dependence", "train-eval-differ"}, report.checks
     assert "down.1.weight" in check(report, "input-dependence").message
+    health = check(report, "gradient-health")  # judged once the gate opened: not "vanishing", not "barely move"
+    assert health.status == "pass" and health.details["update_ratio"][0] > 1e-3, health.message
 
 
 class ZeroGatedIgnoresInput(IgnoresInput):

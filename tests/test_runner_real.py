@@ -491,6 +491,60 @@ def test_a_check_crashing_in_torch_called_by_the_runner_is_an_error_not_a_failur
     assert report.status == "passed"
 
 
+class OneKeyAttention(nn.Module):
+    """Attention over a window of one position (a last stage whose global window is 1): the softmax is the constant
+    1, so the position-bias layer gets an exactly zero gradient; the same model with a dead gate fails."""
+
+    def __init__(self, dead_gate: bool = False):
+        super().__init__()
+        self.embed = nn.Linear(20, 16)
+        self.position_bias = nn.Linear(2, 1)
+        self.head = nn.Linear(16, 10)
+        self.gate = nn.Parameter(torch.ones(16)) if dead_gate else None
+
+    def forward(self, x):
+        tokens = self.embed(x).unsqueeze(1)  # [B, 1, 16]: one position
+        similarity = tokens @ tokens.transpose(1, 2) + self.position_bias(torch.ones(1, 2))
+        attended = (similarity.softmax(dim=-1) @ tokens).squeeze(1)
+        if self.gate is not None:
+            attended = attended + 0.0 * self.gate
+        return self.head(attended)
+
+
+def test_a_softmax_over_one_position_is_a_warning_and_other_dead_parameters_still_fail():
+    from tests.test_runner_checks import classification_subject
+
+    gradients = check(run_checks(classification_subject(OneKeyAttention(), (20,), 10), steps=2), "gradients")
+    assert gradients.status == "warn" and "position_bias" in gradients.message
+    assert "softmax over a dimension of size 1" in gradients.message
+    gradients = check(run_checks(classification_subject(OneKeyAttention(dead_gate=True), (20,), 10), steps=2),
+                      "gradients")
+    assert gradients.status == "fail" and "gate" in gradients.message
+
+
+class OutOfMemoryOnFullBatches(nn.Module):
+    """Stands for a model that only fits the sandbox's memory limit at small batches."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(20, 10)
+
+    def forward(self, x):
+        if x.shape[0] >= 8:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 7340032000 bytes. Error code 12")
+        return self.fc(x)
+
+
+def test_running_out_of_memory_in_a_check_is_a_runner_error_not_a_failure():
+    from tests.test_runner_checks import classification_subject
+
+    report = run_checks(classification_subject(OutOfMemoryOnFullBatches(), (20,), 10), steps=2)
+    out_of_memory = [c for c in report.checks if "ran out of memory" in c.message]
+    assert out_of_memory and all(c.status == "error" for c in out_of_memory)
+    assert not [c for c in report.checks if c.status == "fail"] and report.status == "passed"
+
+
 def test_a_vanishing_gradient_is_a_warning_and_a_healthy_mlp_is_not():
     from tests.test_runner_checks import classification_subject
 
@@ -502,6 +556,90 @@ def test_a_vanishing_gradient_is_a_warning_and_a_healthy_mlp_is_not():
     vanishing = nn.Sequential(nn.Linear(20, 32), nn.Sigmoid(), *layers, nn.Linear(32, 10))
     health = check(run_checks(classification_subject(vanishing, (20,), 10), steps=2), "gradient-health")
     assert health.status == "warn" and "vanishing" in health.message
+
+
+def _gradient_health(model: nn.Module, features: int = 20):
+    from tests.test_runner_checks import classification_subject
+
+    return check(run_checks(classification_subject(model, (features,), 10), steps=2), "gradient-health")
+
+
+class ShrunkFeaturesBigHead(nn.Module):
+    """Features scaled down by 1e-3 before a head initialized 1000x larger: the output is as usual, but the head's
+    gradient is 1000x smaller than the first layer's."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(20, 32)
+        self.hidden = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 10)
+        with torch.no_grad():
+            self.head.weight.mul_(1000.0)
+
+    def forward(self, x):
+        return self.head(1e-3 * torch.relu(self.hidden(torch.relu(self.first(x)))))
+
+
+def test_an_exploding_gradient_is_a_warning():
+    health = _gradient_health(ShrunkFeaturesBigHead())
+    assert health.status == "warn" and "exploding" in health.message and "'first'" in health.message
+
+
+class DeadReLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(20, 32)
+        self.hidden = nn.Linear(32, 32)
+        self.out = nn.Linear(32, 10)
+        with torch.no_grad():
+            self.hidden.bias[:26].fill_(-100.0)  # 26 of its 32 units start below zero: their ReLU passes nothing
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(torch.relu(self.fc1(x)))))
+
+
+def test_dead_relus_are_a_warning_naming_the_layer():
+    health = _gradient_health(DeadReLU())
+    assert health.status == "warn" and "exactly zero gradient" in health.message
+    assert [name for name, _ in health.details["dead"]] == ["hidden", "out"]
+
+
+class ThreeLayers(nn.Module):
+    def __init__(self, activation: nn.Module):
+        super().__init__()
+        self.first, self.activation, self.head = nn.Linear(20, 32), activation, nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(self.activation(self.first(x)))
+
+
+def test_weights_at_a_scale_one_adam_step_cannot_move_or_would_overwrite_warn():
+    huge = ThreeLayers(nn.LayerNorm(32))  # the norm keeps the output as usual, whatever the first layer's scale
+    with torch.no_grad():
+        huge.first.weight.normal_(0.0, 50.0)
+    health = _gradient_health(huge)
+    assert health.status == "warn" and "barely move" in health.message and health.message.startswith("first:")
+
+    tiny = ThreeLayers(nn.ReLU())
+    with torch.no_grad():
+        tiny.first.weight.normal_(0.0, 1e-6)
+    health = _gradient_health(tiny)
+    assert health.status == "warn" and "overwrite" in health.message and health.message.startswith("first:")
+
+    zero_head = ThreeLayers(nn.ReLU())
+    nn.init.zeros_(zero_head.head.weight)  # zero-initialized on purpose: not judged by the update ratio
+    health = _gradient_health(zero_head)
+    assert health.status == "pass", health.message
+    low, high = health.details["update_ratio"]
+    assert 1e-3 < low <= high < 1.0
+
+
+def test_layers_without_any_gradient_are_left_to_the_gradients_check():
+    dead = DeadReLU()
+    with torch.no_grad():
+        dead.hidden.bias.fill_(-100.0)  # every unit dead: the last layers get no gradient at all
+    health = _gradient_health(dead)
+    assert health.status == "skip" and "see gradients" in health.message  # not "exploding", not "dead ReLUs"
 
 
 def test_a_missing_package_is_decided_before_import_torch(tmp_path):
@@ -791,3 +929,45 @@ def test_a_model_too_slow_for_the_budget_is_checked_on_smaller_batches_not_kille
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the timed step left no trace
     roomy = run_checks(classification_subject(model, (20,), 10), steps=2, budget_s=3600.0)
     assert not any("checked on batches" in note for note in roomy.notes)
+
+
+class CannotFit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(20, 10)
+
+    def forward(self, x):
+        return self.fc(x) * 0.0
+
+
+def test_steps_cut_to_fit_the_budget_make_a_loss_that_does_not_fall_a_warning_not_a_failure():
+    from tests.test_runner_checks import classification_subject
+
+    report = run_checks(classification_subject(CannotFit(), (20,), 10), steps=20, budget_s=0.0)
+    assert any("checked on batches of 2, not 8, and 5 steps, not 20" in note for note in report.notes)
+    overfit = check(report, "overfit-batch")
+    assert overfit.status == "warn" and "too few to judge" in overfit.message
+    assert check(report, "gradients").status == "fail"  # the other checks still judge it
+    full = run_checks(classification_subject(CannotFit(), (20,), 10), steps=20)
+    assert check(full, "overfit-batch").status == "fail"
+
+
+def test_torch_threads_are_the_allowed_cores_the_machine_leaves_free(monkeypatch):
+    import os
+
+    from gpu_runner import child
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.3, 0.5, 0.5))
+    assert child.torch_threads(None) == 4 and child.torch_threads(2) == 2 and child.torch_threads(16) == 4
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 5.0, 4.0))  # other processes hold every core
+    assert child.torch_threads(None) == 1 and child.torch_threads(3) == 3  # the job's own setting still holds
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.1, 2.0, 2.0))  # two busy cores...
+    assert child.torch_threads(None) == 2
+    assert child.torch_threads(None, own=2) == 4  # ...that were this worker's own threads
+
+    def no_load_average():
+        raise OSError("no /proc/loadavg")
+
+    monkeypatch.setattr(os, "getloadavg", no_load_average)
+    assert child.torch_threads(None) == 4
