@@ -793,6 +793,21 @@ def _names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
     return expr is not None and any(_EVAL_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(expr))
 
 
+def _may_have_sampler(loader: cst.Call, max_positional: int) -> bool:
+    """A ``DataLoader(...)`` call that passes a sampler, or may: ``**kwargs``, or more than ``max_positional``
+    positional arguments (``sampler`` is the fourth: one passed that way is not read)."""
+    return (any(a.star for a in loader.args) or len(positional_args(loader)) > max_positional
+            or keyword_arg(loader, "sampler") is not None or keyword_arg(loader, "batch_sampler") is not None)
+
+
+def _assigned_name(node: cst.Call, ctx: FileContext) -> Optional[str]:
+    """``name`` in ``name = <node>`` (one target), else None."""
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return dotted_name(parent.targets[0].target)
+    return None
+
+
 class EvalLoaderWithoutDistributedSampler(Rule):
     id = "TR726"
     source_hint = (_DDP_HINT, re.compile(r"Sampler"), re.compile(r"DataLoader"))
@@ -922,16 +937,11 @@ class EvalLoaderWithoutDistributedSampler(Rule):
             self._loader(node, ctx)
 
     def _loader(self, node: cst.Call, ctx: FileContext) -> None:
-        if any(a.star for a in node.args) or len(positional_args(node)) > 3:
-            return  # **kwargs or a positional sampler: unknown
-        if keyword_arg(node, "sampler") is not None or keyword_arg(node, "batch_sampler") is not None:
-            return
-        if SaveOnEveryRank._guarded(node, ctx):
+        if _may_have_sampler(node, max_positional=3) or SaveOnEveryRank._guarded(node, ctx):
             return
         dataset = argument(node, 0, "dataset")
         parent = ctx.parent(node)
-        variable = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and len(
-            parent.targets) == 1 else None
+        variable = _assigned_name(node, ctx)
         if dataset is not None and _names_eval_data(dataset):
             self.loaders.append((node, variable, ctx.module.code_for_node(dataset).strip()))
         elif variable is not None and _names_eval_data(parent.targets[0].target):
@@ -1254,14 +1264,8 @@ class DdpTrainingLoaderWithoutSampler(Rule):
                 self.process_group = True  # ``world_size=1``: one process, nothing to split
         elif qualified in _SAMPLERS or _DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""):
             self.sharded = True
-        elif qualified in _DATALOADER:
-            if any(a.star for a in node.args) or len(positional_args(node)) > 2 or \
-                    keyword_arg(node, "sampler") is not None or keyword_arg(node, "batch_sampler") is not None:
-                return  # a sampler (or **kwargs / a positional sampler we cannot read)
-            parent = ctx.parent(node)
-            variable = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and len(
-                parent.targets) == 1 else None
-            self.loaders.append((node, variable, argument(node, 0, "dataset")))
+        elif qualified in _DATALOADER and not _may_have_sampler(node, max_positional=2):
+            self.loaders.append((node, _assigned_name(node, ctx), argument(node, 0, "dataset")))
 
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
         if not loop_trains(node, ctx):
