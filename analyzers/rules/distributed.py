@@ -789,6 +789,11 @@ _EVAL_DATA = re.compile(r"(?<![a-z])(val|valid|validation|test|testing|eval|eval
 _DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
 
 
+def _is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
+    """torch's DistributedSampler, or a project's own ``Distributed*Sampler`` class."""
+    return ctx.call_name(node) in _SAMPLERS or bool(_DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
+
+
 def _names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
     return expr is not None and any(_EVAL_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(expr))
 
@@ -925,7 +930,7 @@ class EvalLoaderWithoutDistributedSampler(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if _is_ddp_call(node, ctx):
             self.ddp = True
-        elif ctx.call_name(node) in _SAMPLERS or _DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""):
+        elif _is_sharding_sampler(node, ctx):
             self.sharded = True
             statement = ctx.statement_of(node)
             targets = statement.body[0].targets if isinstance(statement, cst.SimpleStatementLine) and isinstance(
@@ -1262,7 +1267,7 @@ class DdpTrainingLoaderWithoutSampler(Rule):
             size = keyword_arg(node, "world_size")
             if not (size is not None and isinstance(size.value, cst.Integer) and size.value.value == "1"):
                 self.process_group = True  # ``world_size=1``: one process, nothing to split
-        elif qualified in _SAMPLERS or _DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""):
+        elif _is_sharding_sampler(node, ctx):
             self.sharded = True
         elif qualified in _DATALOADER and not _may_have_sampler(node, max_positional=2):
             self.loaders.append((node, _assigned_name(node, ctx), argument(node, 0, "dataset")))
