@@ -245,8 +245,7 @@ class ReviewRun:
                                           output={"title": "Reviewing…", "summary": "torchreview is reviewing this commit."})
 
     def newer_head(self) -> Optional[str]:
-        current = self.repo.get_pull(self.pr.number).head.sha
-        return current if current != self.head else None
+        return head_moved_past(self.repo, self.pr.number, self.head)
 
     def complete(self, check_run, plan) -> None:
         complete_check_run(check_run, plan, self.budget)
@@ -276,6 +275,12 @@ class ReviewRun:
                 if exc.status != 422:
                     raise
                 log.warning("review still rejected; the findings stay in the summary comment and check run")
+
+
+def head_moved_past(repo, pull_number: int, head: str) -> Optional[str]:
+    """The PR's head as GitHub has it now, if a push has moved it past ``head``."""
+    current = repo.get_pull(pull_number).head.sha
+    return current if current != head else None
 
 
 def complete_check_run(check_run, plan, budget: WriteBudget, newer_head: Optional[Callable[[], Optional[str]]] = None
@@ -472,13 +477,9 @@ def fail_check_run(job, clients, store, message: str) -> None:
                 if r.status != "completed"]
         if not runs:
             runs = [repo.create_check_run(name=CHECK_NAME, head_sha=head, status="in_progress")]
-
-        def newer_head() -> Optional[str]:  # a pushed-over head's run says superseded, not failed
-            current = repo.get_pull(job.pull_number).head.sha
-            return current if current != head else None
-
-        for run in runs:
-            complete_check_run(run, compose.job_failed_plan(message), budget, newer_head=newer_head)
+        for run in runs:  # a pushed-over head's run says superseded, not failed
+            complete_check_run(run, compose.job_failed_plan(message), budget,
+                               newer_head=lambda: head_moved_past(repo, job.pull_number, head))
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
         log.exception("could not mark the check run failed")
 
