@@ -452,3 +452,133 @@ def test_log1p_in_test_references_is_quiet(tmp_path):
     for path in ("torch/testing/_internal/common_modules.py", "tests/test_elu.py"):
         assert analyze_text(code, path, Config(select=("TR414",))).findings == []
     assert lines(analyze_text(code, "model/elu.py", Config(select=("TR414",))).findings, "TR414") == [2]
+
+
+# ---- TR705: a DataLoader's batches fed unmoved to a model moved to the GPU -----------------------
+
+def test_unmoved_batch_through_a_training_function_and_its_call_site():
+    findings = run("""
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision import datasets
+
+        def train(args, model, device, train_loader, optimizer):
+            model.train()
+            for batch_idx, (data, target) in enumerate(train_loader):
+                target = target.to(device)
+                optimizer.zero_grad()
+                loss = F.nll_loss(model(data), target)
+
+        def main():
+            if use_accel:
+                device = torch.accelerator.current_accelerator()
+            else:
+                device = torch.device("cpu")
+            train_kwargs = {"batch_size": 64}
+            loader_kwargs = {"num_workers": 1, "pin_memory": True} if use_accel else {}
+            train_kwargs.update(loader_kwargs)
+            train_loader = torch.utils.data.DataLoader(datasets.MNIST("../data"), **train_kwargs)
+            model = Net().to(device)
+            train(args, model, device, train_loader, optimizer)
+        """, "TR705")
+    assert lines(findings, "TR705") == [11]
+    finding = findings[0]
+    assert "`data` from `train_loader` reaches `model(...)`" in finding.message
+    assert "`.to(device)` (line 22)" in finding.message and "`data = data.to(device)`" in finding.message
+    assert [r.line for r in finding.related] == [22]
+
+
+def test_dict_batch_given_as_keywords_and_a_thrown_away_move():
+    findings = run("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = Net().to(device)
+        features = torch.randn(100, 8)
+        loader = DataLoader(TensorDataset(features, torch.randint(0, 2, (100,))), batch_size=10)
+        for batch in loader:
+            out = model(**batch)
+        while True:
+            for x, y in loader:
+                x.to(device)
+                out = model(x)
+            break
+        """, "TR705")
+    assert lines(findings, "TR705") == [9, 13]
+    assert "each tensor of `batch`" in findings[0].message and "`**batch`" in findings[0].message
+    assert "`x.to(device)` on line 12 returns a moved copy that is thrown away" in findings[1].message
+
+
+def test_batches_moved_guarded_or_wrapped_are_quiet():
+    assert run("""
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision import datasets
+        train_on_gpu = torch.cuda.is_available()
+        device = torch.device("cuda" if train_on_gpu else "cpu")
+        model = Net()
+        if train_on_gpu:
+            model.cuda()
+        loader = DataLoader(datasets.CIFAR10("d"), batch_size=20)
+        for data, target in loader:
+            if train_on_gpu:
+                data, target = data.cuda(), target.cuda()
+            output = model(data)
+        for batch in loader:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model(**batch)
+        for batch in loader:
+            move_batch(batch, device)
+            out = model(batch["x"])
+        # a model that stays on the CPU, passed to the same kind of helper
+        def evaluate(net, eval_loader):
+            for x, y in eval_loader:
+                net(x)
+        evaluate(Net(), DataLoader(datasets.MNIST("d")))
+        """, "TR705") == []
+
+
+def test_data_the_file_does_not_show_on_the_cpu_is_quiet():
+    assert run("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        from project.data import ShardDataset
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = Net().to(device)
+        on_gpu = TensorDataset(torch.randn(10, 3).to(device))
+        for (x,) in DataLoader(on_gpu):
+            model(x)
+        for x in DataLoader(ShardDataset("shards")):
+            model(x)
+        for x in DataLoader(make_dataset(), collate_fn=lambda b: torch.stack(b).to(device)):
+            model(x)
+        for x in DataLoader(TensorDataset(torch.randn(10, 3)), **options):
+            model(x)
+        """, "TR705") == []
+
+
+def test_a_model_that_moves_its_inputs_itself_is_quiet():
+    assert run("""
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class Net(nn.Module):
+            def forward(self, x):
+                x = x.to(self.fc.weight.device)
+                return self.fc(x)
+
+        model = Net().cuda()
+        for x, y in DataLoader(TensorDataset(torch.randn(10, 3), torch.randn(10))):
+            model(x)
+        """, "TR705") == []
+
+
+def test_unmoved_batch_in_a_notebook():
+    nb = notebook(("code", "import torch\nfrom torch.utils.data import DataLoader\nfrom torchvision import datasets\n"
+                           "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"),
+                  ("code", "model = Net().to(device)\ntest_loader = DataLoader(datasets.MNIST('d', train=False))\n"),
+                  ("code", "with torch.no_grad():\n    for images, labels in test_loader:\n"
+                           "        correct += (model(images).argmax(1) == labels).sum()\n"))
+    result = analyze_text(nb, "nb.ipynb", Config(select=("TR705",)))
+    assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR705", 3, 3)]
