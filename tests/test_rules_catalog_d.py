@@ -582,3 +582,50 @@ def test_unmoved_batch_in_a_notebook():
                            "        correct += (model(images).argmax(1) == labels).sum()\n"))
     result = analyze_text(nb, "nb.ipynb", Config(select=("TR705",)))
     assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR705", 3, 3)]
+
+
+# ---- TR701 at high: CPU position ids into a CUDA embedding table ---------------------------------
+
+def test_position_ids_into_an_embedding_are_high_other_factories_stay_medium():
+    findings = run("""
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wpe = nn.Embedding(64, 32)
+                self.head = nn.Linear(32, 100)
+
+            def forward(self, idx):
+                b, t = idx.size()
+                pos = torch.arange(0, t, dtype=torch.long)
+                x = self.wpe(pos)
+                table = F.embedding(torch.arange(t)[None], self.wpe.weight)
+                mask = torch.ones(t, t)
+                return self.head(x + table) * mask
+
+        model = GPT().cuda()
+        """, "TR701")
+    assert [(f.line, f.severity.label) for f in findings] == [(14, "high"), (16, "high"), (17, "medium")]
+    assert "feeds them to the embedding `self.wpe`" in findings[0].message
+    assert "`F.embedding`" in findings[1].message
+
+
+def test_position_ids_with_a_device_are_quiet():
+    assert run("""
+        import torch
+        import torch.nn as nn
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wpe = nn.Embedding(64, 32)
+
+            def forward(self, idx):
+                pos = torch.arange(idx.size(1), device=idx.device)
+                return self.wpe(pos)
+
+        model = GPT().cuda()
+        """, "TR701") == []

@@ -255,7 +255,9 @@ class TensorWithoutDevice(Rule):
         training-step function, in a file that moves its model to CUDA (`.cuda()`,
         `.to("cuda")`, `.to(device)` with a CUDA device, `device="cuda"`...).
         Creation followed by `.to(...)`, `.cuda()` or `.type_as(...)`, `*_like` factories and
-        `x.new_*` methods are fine.
+        `x.new_*` methods are fine. Indices made this way and fed to an `nn.Embedding` of the
+        module (`self.wpe(torch.arange(t))`, nanoGPT's `ModuleDict` layout too) or to
+        `F.embedding` are reported as high: that lookup always raises on CUDA.
     """
     why = """
         Factory functions allocate on the CPU by default. When the model lives on the GPU the
@@ -405,6 +407,22 @@ class TensorWithoutDevice(Rule):
             """,
             line=6, message="torch.arange",
         ),
+        # position ids fed to an embedding table: always a crash on CUDA, so high
+        Invalid(
+            """
+            import torch
+            from torch import nn
+            class Decoder(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.layers = nn.ModuleDict(dict(tok=nn.Embedding(100, 16), pos=nn.Embedding(32, 16)))
+                def forward(self, tokens):
+                    positions = torch.arange(tokens.size(1)).unsqueeze(0)
+                    return self.layers.tok(tokens) + self.layers.pos(positions)
+            model = Decoder().to("cuda")
+            """,
+            line=9, message="feeds them to the embedding `self.layers.pos`",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
@@ -442,7 +460,17 @@ class TensorWithoutDevice(Rule):
         if name == "tensor" and node.args and _shape_metadata(node.args[0].value):
             return  # sizes read off other tensors (``[x.shape[-1] for x in crops]``): CPU-side bookkeeping
         target = None
-        parent = ctx.parent(node)
+        top: cst.CSTNode = node
+        while True:  # ``pos = torch.arange(t).unsqueeze(0)``: the name the chain is assigned to
+            parent = ctx.parent(top)
+            grand = ctx.parent(parent) if parent is not None else None
+            if isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent:
+                top = grand
+            elif isinstance(parent, cst.Subscript) and parent.value is top:
+                top = parent
+            else:
+                break
+        parent = ctx.parent(top)
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
             target = dotted_name(parent.targets[0].target)
         elif isinstance(parent, (cst.AnnAssign, cst.NamedExpr)):
@@ -499,9 +527,60 @@ class TensorWithoutDevice(Rule):
                 hint = f"device={params[0]}.device"
             else:
                 hint = "device=<the batch's device>"
+            embedding = self._embedding_fed(cand, ctx)
+            if embedding is not None:
+                # CPU indices into a CUDA embedding table always raise: not a slowdown, a crash on the first step
+                self.report(cand.call, f"{shown} in {cand.owner} creates CPU indices without device= and feeds them "
+                                       f"to the embedding `{embedding}`, whose table this file puts on CUDA: the "
+                                       f"lookup raises \"Expected all tensors to be on the same device\" on the "
+                                       f"first step (CPU-only tests pass); pass {hint}", severity=Severity.HIGH)
+                continue
             self.report(cand.call, f"{shown} in {cand.owner} creates a CPU tensor without device=, but this file "
                                    f"runs the model on CUDA: a device mismatch or a host-to-device copy every "
                                    f"step; pass {hint} (or use *_like / x.new_*)")
+
+    @staticmethod
+    def _embedding_fed(cand: _Candidate, ctx: FileContext) -> Optional[str]:
+        """The embedding layer (``self.wpe``, ``self.transformer.wpe``, ``F.embedding``) the new tensor indexes."""
+        cls = next((a for a in ctx.ancestors(cand.fn) if isinstance(a, cst.ClassDef)), None)
+        tables = _embedding_attributes(cls, ctx) if cls is not None else set()
+        for node in _fast_subtree(cand.fn.body):
+            if not isinstance(node, cst.Call) or not node.args:
+                continue
+            callee = dotted_name(node.func)
+            functional = ctx.call_name(node) == "torch.nn.functional.embedding"
+            if callee not in tables and not functional:
+                continue
+            first = node.args[0].value
+            while first is not cand.call and (isinstance(first, cst.Subscript) or (
+                    isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute))):
+                first = first.value if isinstance(first, cst.Subscript) else first.func.value  # ``pos.unsqueeze(0)``
+            if first is cand.call or (isinstance(first, cst.Name) and first.value == cand.target):
+                return callee if not functional else "F.embedding"
+        return None
+
+
+_EMBEDDINGS = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
+
+
+def _embedding_attributes(cls: cst.ClassDef, ctx: FileContext) -> set[str]:
+    """``self.wpe`` for ``self.wpe = nn.Embedding(...)``, ``self.transformer.wpe`` inside an
+    ``nn.ModuleDict(dict(wpe=nn.Embedding(...)))`` (nanoGPT's layout)."""
+    found: set[str] = set()
+    for node in _fast_subtree(cls.body):
+        if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call)):
+            continue
+        target = dotted_name(node.targets[0].target)
+        if target is None or not target.startswith("self."):
+            continue
+        if ctx.call_name(node.value) in _EMBEDDINGS:
+            found.add(target)
+            continue
+        for inner in _fast_subtree(node.value):
+            if isinstance(inner, cst.Arg) and inner.keyword is not None and isinstance(inner.value, cst.Call) \
+                    and ctx.call_name(inner.value) in _EMBEDDINGS:
+                found.add(f"{target}.{inner.keyword.value}")
+    return found
 
 
 def _shape_metadata(expr: cst.BaseExpression) -> bool:
