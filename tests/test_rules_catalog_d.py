@@ -629,3 +629,29 @@ def test_position_ids_with_a_device_are_quiet():
 
         model = GPT().cuda()
         """, "TR701") == []
+
+
+def test_cpu_side_inputs_models_moved_back_and_raw_text_data_are_quiet():
+    assert run("""
+        import torch
+        from torch.utils.data import DataLoader, Dataset, TensorDataset
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = RNNClassifier().to(device)
+        loader = DataLoader(TensorDataset(tokens, lengths, labels), batch_size=32)
+        for text, text_lengths, label in loader:
+            text = text.to(device)
+            # pack_padded_sequence wants the lengths on the CPU
+            predictions = model(text, text_lengths)
+
+        exported = Net().to(device)
+        exported = exported.cpu()
+        for x, y in DataLoader(TensorDataset(xs, ys)):
+            exported(x)
+
+        class Captions(Dataset):
+            def __getitem__(self, i):
+                return self.lines[i]
+        encoder = SentenceEncoder().to(device)
+        for sentences in DataLoader(Captions()):
+            encoder(sentences)
+        """, "TR705") == []

@@ -1032,6 +1032,7 @@ _KEEPS_PLACE = {"view", "reshape", "float", "long", "double", "half", "int", "bo
                 "type", "requires_grad_", "narrow", "chunk", "split", "unbind"}
 _CPU_DATASETS = ("torchvision.", "torchaudio.")
 _MOVES_IN_TEXT = re.compile(r"\.(?:to|cuda)\s*\(|device")
+_MAKES_TENSORS = re.compile(r"torch\.|[Tt]ensor|transform|numpy|np\.")
 _CPU, _MOVED = "cpu", "moved"
 
 
@@ -1194,18 +1195,17 @@ class _BatchFlow:
     def _calls(self, expr: cst.CSTNode) -> None:
         """Calls of a module (``model(x)``, ``self.net(**batch)``) given a batch value still on the CPU."""
         for node in _fast_subtree(expr):
-            if not isinstance(node, cst.Call) or isinstance(node, cst.Lambda):
+            if not isinstance(node, cst.Call) or not node.args:
                 continue
             callee = dotted_name(node.func)
             if callee is None or (isinstance(node.func, cst.Attribute) and not callee.startswith("self.")):
                 continue
-            for arg in node.args:
-                if self.status(arg.value) == _CPU:
-                    root = _receiver_root(arg.value) or ""
-                    shown = ("**" if arg.star == "**" else "*" if arg.star else "") + _short(self.ctx, arg.value, 40)
-                    self.uses.append(_CpuBatchUse(node, callee, shown, root,
-                                                  self.discarded.get(root)))
-                    break
+            # only the main input: later ones may stay on the CPU on purpose (pack_padded_sequence's lengths)
+            arg = node.args[0]
+            if self.status(arg.value) == _CPU:
+                root = _receiver_root(arg.value) or ""
+                shown = ("**" if arg.star == "**" else "*" if arg.star else "") + _short(self.ctx, arg.value, 40)
+                self.uses.append(_CpuBatchUse(node, callee, shown, root, self.discarded.get(root)))
 
 
 @dataclass
@@ -1386,6 +1386,7 @@ class BatchNotMovedToDevice(Rule):
         # enclosing function (None: module level) or, for ``self.x``, the class
         self.moved: dict[tuple[Optional[int], str], cst.Call] = {}
         self.wrapped = False  # DataParallel / DistributedDataParallel scatter CPU inputs themselves
+        self.moved_back: set[str] = set()  # modules also moved to the CPU somewhere: which device holds them is unclear
 
     def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
         _observe_assign(node, ctx)  # ``device = ...`` in one branch of an ``if``: its CUDA names
@@ -1402,6 +1403,11 @@ class BatchNotMovedToDevice(Rule):
         name = method_name(node)
         if name in ("DataParallel", "DistributedDataParallel") and ctx.call_name(node) in _WRAPPERS:
             self.wrapped = True
+            return
+        if name == "cpu" or (name == "to" and string_value(argument(node, 0, "device")) == "cpu"):
+            back = call_receiver(node)
+            if isinstance(back, (cst.Name, cst.Attribute)):
+                self.moved_back.add(dotted_name(back) or "")  # ``model.cpu()`` for export or CPU inference
             return
         if name == "cuda":
             cuda = not any(a.keyword is None and not isinstance(a.value, cst.Integer) for a in node.args)
@@ -1541,7 +1547,11 @@ class BatchNotMovedToDevice(Rule):
                     return False
             return True
         cls = self._class_in_file(called, ctx)
-        return cls is not None and not _MOVES_IN_TEXT.search(ctx.module.code_for_node(cls))
+        if cls is None:
+            return False
+        text = ctx.module.code_for_node(cls)
+        # it never names a device, and it makes tensors (not raw text a model might tokenize and move itself)
+        return not _MOVES_IN_TEXT.search(text) and _MAKES_TENSORS.search(text) is not None
 
     @staticmethod
     def _plain_options(expr: cst.BaseExpression, loader: cst.Call, ctx: FileContext) -> bool:
@@ -1560,7 +1570,7 @@ class BatchNotMovedToDevice(Rule):
         return next((s for s in ctx.module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
 
     def _model_move(self, callee: str, entry: _LoaderLoop) -> Optional[cst.Call]:
-        if "loss" in callee.lower() or "criterion" in callee.lower():
+        if "loss" in callee.lower() or "criterion" in callee.lower() or callee in self.moved_back:
             return None
         if callee.startswith("self."):
             return self.moved.get((id(entry.cls) if entry.cls is not None else None, callee))
