@@ -310,10 +310,47 @@ def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict) -> O
                                         f"{shown}.", floor=floor, reached=reached)
 
 
+# --- TR701: a tensor made in forward without device= -------------------------------------------------------
+
+def _tensor_without_device(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+    """The forward on a stand-in for a GPU (fake 'meta' tensors, as the device-placement check runs it): the factory
+    on the flagged line makes a CPU tensor and the forward fails with a device mismatch (confirmed), or the forward
+    goes through although it made one (refuted: it is moved, or only used on the CPU)."""
+    from gpu_runner.checks import _DEVICE_MISMATCH, _FactoryRecorder, _one_line, _run_on_fake_meta
+
+    if not _instances(subject.model, claim.get("class"), path):
+        return None
+    recorder = _FactoryRecorder()
+    error: Optional[BaseException] = None
+    try:
+        _run_on_fake_meta(subject.model.train(), subject.make_batch(2, 0), recorder)
+    except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
+        error = exc
+    line, end_line = claim["line"], claim.get("end_line") or claim["line"]
+    name = os.path.basename(path)
+    made = [call for call in recorder.calls if any(f" at {name}:{n} in " in call for n in range(line, end_line + 1))]
+    where = f"{path}:{line}"
+    stand_in = "on a stand-in for a GPU (the model's tensors fake tensors on the 'meta' device)"
+    if made and error is not None and _DEVICE_MISMATCH.search(str(error)):
+        factory = made[0].split(" at ", 1)[0]
+        return _verdict(claim, "confirmed", f"{stand_in}, `{factory}` at {where} made a CPU tensor and the forward "
+                                            f"failed: {_one_line(error, 200)}")
+    if made and error is None:
+        factory = made[0].split(" at ", 1)[0]
+        return _verdict(claim, "refuted", f"{stand_in}, `{factory}` at {where} made a CPU tensor, but the forward "
+                                          "went through: it is moved or only used on the CPU.")
+    if error is not None:
+        return _verdict(claim, "undecided", f"the forward could not run {stand_in} up to {where}: "
+                                            f"{_one_line(error, 200)}")
+    return _verdict(claim, "undecided", f"the forward made no tensor without device= at {where} (the line was not "
+                                        "reached, or it made a 0-dim tensor).")
+
+
 _EXPERIMENTS: dict[str, Callable[[Subject, str, dict], Optional[dict]]] = {
     "TR302": _plain_container,
     "TR401": _softmax_into_cross_entropy,
     "TR403": _sigmoid_into_bce_with_logits,
     "TR513": _dropout_always_on,
+    "TR701": _tensor_without_device,
 }
 assert set(_EXPERIMENTS) == set(DECIDABLE_RULES)

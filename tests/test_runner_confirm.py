@@ -79,7 +79,28 @@ class Critic(nn.Module):
         return torch.sigmoid(self.score(x))
 
 
+class Biased(nn.Module):
+    def __init__(self, features=16):
+        super().__init__()
+        self.fc = nn.Linear(features, 4)
+
+    def forward(self, x):
+        bias = torch.ones(x.size(0), 4)
+        return self.fc(x) + bias
+
+
+class Scaled(nn.Module):
+    def __init__(self, features=16):
+        super().__init__()
+        self.fc = nn.Linear(features, 4)
+
+    def forward(self, x):
+        weights = torch.ones(x.size(0))
+        return self.fc(x) * weights.mean()
+
+
 def train(loader, epochs=2):
+    biased, scaled = Biased().cuda(), Scaled().cuda()
     model = Classifier()
     critic = Critic()
     criterion = nn.CrossEntropyLoss()
@@ -121,7 +142,8 @@ def test_the_static_engine_hands_over_each_decidable_finding(claims):
     assert sorted((c["rule"], c["line"]) for c in claims) == [
         ("TR302", line_of("self.layers = [")), ("TR401", line_of("loss = criterion")),
         ("TR403", line_of("loss = criterion")), ("TR513", line_of("h = F.dropout(")),
-        ("TR513", line_of("x = F.dropout(x, 0.2)"))]
+        ("TR513", line_of("x = F.dropout(x, 0.2)")), ("TR701", line_of("bias = torch.ones(")),
+        ("TR701", line_of("weights = torch.ones("))]
     by_rule = {c["rule"]: c for c in claims}
     assert by_rule["TR401"]["forward_of"] == "Classifier" and by_rule["TR403"]["forward_of"] == "Critic"
     assert by_rule["TR302"]["attribute"] == "layers" and by_rule["TR302"]["class"] == "Stack"
@@ -188,6 +210,18 @@ def test_sigmoid_output_into_bce_with_logits_is_confirmed(code, claims):
     assert verdict["verdict"] == "confirmed"
     assert verdict["details"]["reached"] >= verdict["details"]["floor"] - 1e-5
     assert "log 2 = 0.693" in verdict["evidence"]
+
+
+def test_a_cpu_tensor_made_in_forward_is_confirmed_on_a_stand_in_for_a_gpu(code, claims):
+    verdict = verdicts(code, "Biased", claims)["TR701"]
+    assert verdict["verdict"] == "confirmed"
+    assert f"`torch.ones` at models.py:{line_of('bias = torch.ones(')} made a CPU tensor" in verdict["evidence"]
+    assert "same device" in verdict["evidence"]
+
+
+def test_a_cpu_tensor_that_only_meets_the_model_as_a_scalar_is_not_reproduced(code, claims):
+    verdict = verdicts(code, "Scaled", claims)["TR701"]
+    assert verdict["verdict"] == "refuted" and "the forward went through" in verdict["evidence"]
 
 
 def test_a_model_whose_output_is_logits_refutes_an_activation_claim(code):
