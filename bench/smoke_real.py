@@ -162,7 +162,8 @@ def main() -> int:
             continue
         # as the App does: the static findings of the targets' files that a run can decide go with them
         files = {t.split(":", 1)[0] for t, _ in targets}
-        claims = static_claims({f: (root / f).read_text(errors="replace") for f in files if (root / f).is_file()})
+        claims = static_claims({f: (root / f).read_text(errors="replace") for f in files if (root / f).is_file()},
+                               root=root)
         requests_ = [TargetRequest(t) for t, _ in targets]
         with_claims(requests_, claims)
         started = time.perf_counter()

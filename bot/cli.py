@@ -529,7 +529,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     # the static findings of the targets' files that a run can decide: the runner confirms or refutes each
     sources = {path: (root / path).read_text(errors="replace") for path in
                {r.target.split(":", 1)[0] for r in requests_ if r.kind == "model"} if (root / path).is_file()}
-    claims = static_claims(sources, config)
+    claims = static_claims(sources, config, root)
     with_claims(requests_, claims)
     with tempfile.TemporaryDirectory(prefix="torchreview-base-") as base_dir:
         base = None
@@ -604,7 +604,7 @@ def _print_smoke(run, claims: Optional[dict] = None) -> None:
 
     for target, claim, verdict in target_verdicts(run.to_dict(), claims or {}):
         style = {"confirmed": "red", "refuted": "green"}.get(verdict["verdict"], "dim")
-        where = f"{target['target'].split(':', 1)[0]}:{claim['line']}"
+        where = f"{claim['path']}:{claim['line']}"
         console.print(f"[{style}]{VERDICT_WORDS[verdict['verdict']]}[/]: {claim['rule']} {claim['slug']} at {where} "
                       f"(on {escape(target['target'])}): {escape(verdict['evidence'])}")
     console.print(f"{len(run.outcomes)} target(s) on {run.device} in {run.seconds:.1f}s")

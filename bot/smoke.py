@@ -103,21 +103,25 @@ _FORWARD_RETURNS = re.compile(r"\b(\w+)\.forward returns (softmax|sigmoid)\(")  
 _PLAIN_CONTAINER = re.compile(r"^`self\.(\w+)` of `(\w+)`")  # TR302's message
 
 
-def static_claims(sources: dict[str, str], config=None) -> dict[str, list[dict]]:
-    """Per file, the static findings (the engine run here, in the worker, on the head's files) that a smoke run
-    can decide (gpu_runner.confirm), as plain data for the sandboxed runner: rule, lines, the class the
-    finding is in, and what the experiment needs from the message (the class whose forward returns the
-    activation, the attribute holding the modules). Each claim keeps its finding's slug and message for the
-    report; the runner sees only the experiment's fields."""
+def static_claims(sources: dict[str, str], config=None, root: Optional[Path] = None) -> dict[str, list[dict]]:
+    """Per file, the static findings (the engine run here, in the worker, on the head's files; ``root``, the head's
+    tree, answers questions across files as in the static review) that a smoke run can decide
+    (gpu_runner.confirm), as plain data for the sandboxed runner: rule, file, lines, the class the finding is in,
+    and what the experiment needs from the message (the class whose forward returns the activation, the
+    attribute holding the modules). Each claim keeps its finding's slug and message for the report; the runner
+    sees only the experiment's fields."""
     import ast
 
     from analyzers.config import Config
     from analyzers.engine import analyze_text
+    from analyzers.program.modules import RepositoryIndex
     from gpu_runner.runner import DECIDABLE_RULES
 
+    index = RepositoryIndex(root) if root is not None else None
     claims: dict[str, list[dict]] = {}
     for path, source in sources.items():
-        findings = [f for f in analyze_text(source, path, config or Config()).findings if f.rule in DECIDABLE_RULES]
+        findings = [f for f in analyze_text(source, path, config or Config(), repository=index).findings
+                    if f.rule in DECIDABLE_RULES]
         if not findings:
             continue
         try:
@@ -126,7 +130,7 @@ def static_claims(sources: dict[str, str], config=None) -> dict[str, list[dict]]
             continue
         for finding in findings:
             around = [c for c in classes if c.lineno <= finding.line <= (c.end_lineno or c.lineno)]
-            claim = {"rule": finding.rule, "line": finding.line, "end_line": finding.end_line,
+            claim = {"rule": finding.rule, "path": path, "line": finding.line, "end_line": finding.end_line,
                      "class": max(around, key=lambda c: c.lineno).name if around else None,
                      "slug": finding.slug, "message": finding.message}
             forward = _FORWARD_RETURNS.search(finding.message)
@@ -143,16 +147,20 @@ def static_claims(sources: dict[str, str], config=None) -> dict[str, list[dict]]
     return claims
 
 
-RUNNER_CLAIM_KEYS = ("rule", "line", "end_line", "class", "forward_of", "attribute")
+RUNNER_CLAIM_KEYS = ("rule", "path", "line", "end_line", "class", "forward_of", "attribute")
 
 
 def with_claims(requests_: list, claims: dict[str, list[dict]]) -> None:
-    """Gives each model target the claims of its file (what the runner needs of them, nothing of the PR's text
-    beyond names)."""
+    """Gives each model target the claims of its file, and those that name its class's forward from another file
+    (a training script feeding its softmax output to CrossEntropyLoss): what the runner needs of them, nothing
+    of the PR's text beyond names."""
     for request in requests_:
-        if request.kind == "model":
-            request.findings = [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c}
-                                for c in claims.get(request.target.split(":", 1)[0], [])]
+        if request.kind != "model":
+            continue
+        path, _, name = request.target.partition(":")
+        mine = [c for file, found in claims.items() for c in found
+                if file == path or c.get("forward_of") and c.get("forward_of") == name]
+        request.findings = [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c} for c in mine]
 
 
 VERDICT_MARK = "🔬"  # opens a verdict comment (a failing target's opens with 🔥)
@@ -166,8 +174,8 @@ def target_verdicts(run: dict, claims: dict[str, list[dict]]) -> list[tuple[dict
     rank = {"confirmed": 0, "refuted": 1, "undecided": 2}
     best: dict[tuple, tuple[dict, dict, dict]] = {}
     for target in run.get("targets", []):
-        path = target["target"].split(":", 1)[0]
         for verdict in target.get("head", {}).get("findings") or []:
+            path = verdict.get("path") or target["target"].split(":", 1)[0]
             claim = next((c for c in claims.get(path, []) if c["rule"] == verdict.get("rule")
                           and c["line"] == verdict.get("line")), None)
             if claim is None:
@@ -180,7 +188,7 @@ def target_verdicts(run: dict, claims: dict[str, list[dict]]) -> list[tuple[dict
 
 def verdict_line(target: dict, claim: dict, verdict: dict) -> str:
     """One Markdown line: what the run says of a static finding, and its evidence."""
-    where = f"{target['target'].split(':', 1)[0]}:{claim['line']}"
+    where = f"{claim['path']}:{claim['line']}"
     return (f"**{VERDICT_WORDS[verdict['verdict']]}** ({literal(claim['rule'])} {literal(claim['slug'])} at "
             f"{code_span(where)}, on {code_span(target['target'])}): {_public(verdict['evidence'])}")
 
@@ -292,7 +300,7 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
 
 def verdict_fingerprint(target: dict, claim: dict, verdict: dict) -> str:
     """Identity of one verdict comment: the finding (file, rule, class, message) and the verdict, not the line."""
-    key = "\0".join(["verdict", target["target"].split(":", 1)[0], claim["rule"], str(claim.get("class")),
+    key = "\0".join(["verdict", target["target"], claim["path"], claim["rule"], str(claim.get("class")),
                       claim["message"], verdict["verdict"]])
     return hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
 
@@ -302,7 +310,7 @@ def verdict_comments(run: dict, claims: dict, diffs: dict) -> list[dict]:
     undecided ones), where that line is in the diff."""
     comments = []
     for target, claim, verdict in target_verdicts(run, claims):
-        path = target["target"].split(":", 1)[0]
+        path = claim["path"]
         diff = diffs.get(path)
         if verdict["verdict"] == "undecided" or diff is None or claim["line"] not in diff.commentable:
             continue
@@ -470,7 +478,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
             requests_ += list(configured.values())
             # The static findings of the same files that a run can decide: the engine runs here, on the head's
             # sources (not in the sandbox, which gets only the claims), with the base branch's configuration.
-            claims = static_claims(sources, config)
+            claims = static_claims(sources, config, head_dir)
             with_claims(requests_, claims)
             limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
             report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),

@@ -10,8 +10,8 @@ objects and the numbers. A claim about something this model does not contain get
 
 It imports nothing of ``analyzers``: the sandbox binds only this package, and the claims arrive as data.
 
-A claim: ``{"rule", "line", "end_line", "class"}`` (``class``: the class the finding's line is in), plus, by
-rule, ``forward_of`` (TR401, TR403: the class whose forward returns the activation) and ``attribute`` (TR302:
+A claim: ``{"rule", "path", "line", "end_line", "class"}`` (``class``: the class the finding's line is in), plus,
+by rule, ``forward_of`` (TR401, TR403: the class whose forward returns the activation) and ``attribute`` (TR302:
 the ``self.<attribute>`` holding the modules).
 """
 from __future__ import annotations
@@ -35,13 +35,14 @@ _TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))) +
 
 
 def _verdict(claim: dict, verdict: str, evidence: str, **details) -> dict:
-    return {"rule": claim["rule"], "line": claim["line"], "verdict": verdict, "evidence": evidence,
-            "details": details}
+    return {"rule": claim["rule"], "path": claim["path"], "line": claim["line"], "verdict": verdict,
+            "evidence": evidence, "details": details}
 
 
 def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int = 0) -> list[dict]:
-    """A verdict for each claim (findings of ``path``, the target's file) this target can decide; the model
-    leaves as it came (parameters, buffers, mode) and the caller's random state is untouched."""
+    """A verdict for each claim this target (defined in ``path``) can decide; the model leaves as it came
+    (parameters, buffers, mode) and the caller's random state is untouched. A claim without a ``path`` is of the
+    target's file."""
     from gpu_runner.checks import _restore, _snapshot
 
     results = []
@@ -52,10 +53,11 @@ def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int 
         experiment = _EXPERIMENTS.get(claim.get("rule"))
         if experiment is None or not isinstance(claim.get("line"), int):
             continue
+        claim = {**claim, "path": str(claim.get("path") or path), "target_path": path}
         try:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(seed)
-                result = experiment(subject, path, claim)
+                result = experiment(subject, claim["path"], claim)
         except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
             result = _verdict(claim, "undecided", f"the experiment could not run: {type(exc).__name__}: "
                                                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
@@ -83,10 +85,6 @@ def _defined_in(cls: type, path: str) -> bool:
 def _same_file(filename: str, path: str) -> bool:
     filename = os.path.realpath(filename).replace(os.sep, "/")
     return filename == path or filename.endswith("/" + path.lstrip("./"))
-
-
-def _where(path: str, name: str) -> str:
-    return f"`{name}` in {path}" if name else f"the model in {path}"
 
 
 # --- TR513: functional dropout without training= -----------------------------------------------------------
@@ -244,15 +242,16 @@ def _train_floor(subject: Subject, loss: Callable[[torch.Tensor], torch.Tensor])
     return best if math.isfinite(best) else None
 
 
-def _names_forward(subject: Subject, path: str, claim: dict) -> bool:
+def _names_forward(subject: Subject, claim: dict) -> bool:
+    """The finding (maybe in a training script) names the forward of this target's class."""
     cls = type(subject.model)
-    return claim.get("forward_of") == cls.__name__ and _defined_in(cls, path)
+    return claim.get("forward_of") == cls.__name__ and _defined_in(cls, claim["target_path"])
 
 
 def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict) -> Optional[dict]:
     """The model's output is a probability vector over C classes (confirmed: CrossEntropyLoss on it cannot fall
     below log(1 + (C-1)/e), shown by training on one batch), or it is not (refuted)."""
-    if not _names_forward(subject, path, claim):
+    if not _names_forward(subject, claim):
         return None
     name = type(subject.model).__name__
     output = _output(subject)
@@ -284,7 +283,7 @@ def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict) -> O
     """The model's output lies in [0, 1] (confirmed: BCEWithLogitsLoss sees sigmoid(p) in [0.5, 0.731], so the
     loss cannot fall below log(1 + 1/e) for a positive target nor log 2 for a negative one), or it does not
     (refuted)."""
-    if not _names_forward(subject, path, claim):
+    if not _names_forward(subject, claim):
         return None
     name = type(subject.model).__name__
     output = _output(subject)

@@ -218,7 +218,8 @@ def _sanitized(report: dict, target: str) -> dict:
 
 def _sanitized_verdict(verdict: dict) -> dict:
     details = verdict.get("details")
-    return {"rule": _text(verdict.get("rule", "?"), 20), "line": verdict["line"], "verdict": verdict["verdict"],
+    return {"rule": _text(verdict.get("rule", "?"), 20), "path": _text(verdict.get("path", ""), 500),
+            "line": verdict["line"], "verdict": verdict["verdict"],
             "evidence": _text(verdict.get("evidence", ""), 1000),
             "details": {k: v for k, v in details.items() if isinstance(k, str) and (
                 isinstance(v, (int, float, str)) and not isinstance(v, bool) or v is None)}
