@@ -90,3 +90,30 @@ def test_verdict_evidence_from_the_pull_request_is_escaped():
                                  {"models.py": parse_file_patch("models.py", PATCH)})
     assert "<img" not in comment["body"] and "@octo-org/admins" not in comment["body"]
     assert "http://evil.example" not in comment["body"]
+
+
+def test_only_findings_a_model_run_decides_are_sent_to_the_runner():
+    from bot.smoke import static_claims
+
+    source = '''import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return F.softmax(self.fc(x), dim=1)
+
+
+def evaluate(model, x, y, logits):
+    net = Net()
+    first = F.nll_loss(net(x), y)  # probabilities into NLLLoss: no floor to show
+    second = F.cross_entropy(F.softmax(logits, dim=1), y)  # the softmax is the script's, not a model's
+    third = F.cross_entropy(net(x), y)
+    return first + second + third
+'''
+    [only] = static_claims({"eval.py": source})["eval.py"]
+    assert (only["rule"], only["line"], only["forward_of"]) == ("TR401", 18, "Net")
