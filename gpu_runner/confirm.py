@@ -90,14 +90,16 @@ def _same_file(filename: str, path: str) -> bool:
 # --- TR513: functional dropout without training= -----------------------------------------------------------
 
 class _DropoutRecorder(torch.overrides.TorchFunctionMode):
-    """Records every functional dropout call: (file, line of the nearest frame outside torch, p, training)."""
+    """Records every functional dropout call: (file, line of the nearest frame outside torch, p, training). With
+    ``force_p``, a call from ``lines`` (file, first, last) made with p = 0 runs with p = ``force_p`` instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, force_p: Optional[float] = None, lines: Optional[tuple[str, int, int]] = None) -> None:
         super().__init__()
         self.calls: list[tuple[str, int, float, bool]] = []
+        self.force_p, self.lines = force_p, lines
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs = dict(kwargs or {})
         if func in _FUNCTIONAL_DROPOUT:
             frame = sys._getframe(1)
             while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
@@ -107,44 +109,61 @@ class _DropoutRecorder(torch.overrides.TorchFunctionMode):
                 p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
                 training = kwargs.get("training", args[2] if len(args) > 2 else True)
                 self.calls.append((frame.f_code.co_filename, frame.f_lineno, float(p), bool(training)))
+                if self.force_p is not None and self.lines is not None and float(p) == 0 and \
+                        _same_file(frame.f_code.co_filename, self.lines[0]) and \
+                        self.lines[1] <= frame.f_lineno <= self.lines[2]:
+                    args, kwargs = args[:1], {**kwargs, "p": self.force_p, "training": training}
         return func(*args, **kwargs)
 
 
-def _dropout_always_on(subject: Subject, path: str, claim: dict) -> Optional[dict]:
-    """In eval mode, the flagged call runs with training=True and p > 0 (confirmed: two eval-mode forwards of one
-    batch differ), or with training=False / p = 0 (refuted); undecided when the eval forward does not reach it."""
+FORCED_P = 0.5  # the rate a flagged dropout built with p = 0 is run at, to show what it does once p > 0
+
+
+def _two_eval_forwards(subject: Subject, recorder: _DropoutRecorder) -> float:
+    """Relative difference of two eval-mode forwards of one batch, both under ``recorder``."""
     from gpu_runner.checks import _first_tensor, _forward, _relative_difference
 
+    model = subject.model.eval()
+    batch = subject.make_batch(2, 0)
+    with torch.no_grad(), recorder:
+        first = _first_tensor(_forward(model, batch))
+        second = _first_tensor(_forward(model, batch))
+    return _relative_difference(first, second) if first is not None and second is not None else math.nan
+
+
+def _dropout_always_on(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+    """In eval mode, the flagged call runs with training=True (confirmed: two eval-mode forwards of one batch
+    differ; when this build's p is 0, they are compared with p = 0.5 at that call), or with training=False
+    (refuted); undecided when the eval forward does not reach it."""
     owners = _instances(subject.model, claim.get("class"), path)
     if not owners:
         return None
     line, end_line = claim["line"], claim.get("end_line") or claim["line"]
     where = f"{path}:{line}"
-    model = subject.model.eval()
-    batch = subject.make_batch(2, 0)
     recorder = _DropoutRecorder()
-    with torch.no_grad():
-        with recorder:
-            first = _first_tensor(_forward(model, batch))
-        second = _first_tensor(_forward(model, batch))
+    difference = _two_eval_forwards(subject, recorder)
     here = [call for call in recorder.calls if _same_file(call[0], path) and line <= call[1] <= end_line]
     if not here:
         return _verdict(claim, "undecided", f"the eval-mode forward of `{type(subject.model).__name__}` never reached "
                                             f"the dropout call at {where}.")
-    difference = _relative_difference(first, second) if first is not None and second is not None else math.nan
-    live = [call for call in here if call[3] and call[2] > 0]
-    if live:
-        p = live[0][2]
+    on = [call for call in here if call[3]]
+    if not on:
+        agree = ("two eval-mode forwards of the same batch agree" if difference == 0 else
+                 f"two eval-mode forwards of the same batch differ by {difference:.2g}, from something else")
+        return _verdict(claim, "refuted", f"after `model.eval()`, the dropout at {where} ran with training=False "
+                                          f"(it is passed some other way); {agree}.", difference=difference)
+    p = max(call[2] for call in on)
+    if p > 0:
         differ = (f"two eval-mode forwards of the same batch differ (relative {difference:.2g})" if difference > 0
                   else "(the two eval-mode forwards happened to agree)")
         return _verdict(claim, "confirmed", f"after `model.eval()`, the dropout at {where} still ran with "
                                             f"training=True and p={p:g}; {differ}.", p=p, difference=difference)
-    _, _, p, training = here[0]
-    why = "training=False" if not training else f"p={p:g}"
-    agree = ("two eval-mode forwards of the same batch agree" if difference == 0 else
-             f"two eval-mode forwards of the same batch differ by {difference:.2g}, from something else")
-    return _verdict(claim, "refuted", f"after `model.eval()`, the dropout at {where} ran with {why}, so it drops "
-                                      f"nothing in eval mode with this build; {agree}.", p=p, difference=difference)
+    forced = _two_eval_forwards(subject, _DropoutRecorder(FORCED_P, (path, line, end_line)))
+    differ = (f"two eval-mode forwards of the same batch differ (relative {forced:.2g})" if forced > 0
+              else "the two eval-mode forwards happened to agree")
+    return _verdict(claim, "confirmed", f"after `model.eval()`, the dropout at {where} still ran with training=True; "
+                                        f"this build's p is 0, so it dropped nothing, but with p={FORCED_P:g} at that "
+                                        f"call {differ}.", p=0.0, difference=forced)
 
 
 # --- TR302: submodules in a plain container ----------------------------------------------------------------

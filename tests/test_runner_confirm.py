@@ -46,6 +46,19 @@ class Quiet(Tagger):
         super().__init__(drop=0.0)
 
 
+class Gentle(nn.Module):
+    def __init__(self, features=16, drop=0.2):
+        super().__init__()
+        self.fc = nn.Linear(features, 4)
+        self.drop = drop
+
+    def drop_options(self):
+        return {"p": self.drop, "training": self.training}
+
+    def forward(self, x):
+        return self.fc(F.dropout(x, **self.drop_options()))
+
+
 class Noisy(nn.Module):
     def __init__(self, features=16, noise=False):
         super().__init__()
@@ -142,7 +155,7 @@ def test_the_static_engine_hands_over_each_decidable_finding(claims):
     assert sorted((c["rule"], c["line"]) for c in claims) == [
         ("TR302", line_of("self.layers = [")), ("TR401", line_of("loss = criterion")),
         ("TR403", line_of("loss = criterion")), ("TR513", line_of("h = F.dropout(")),
-        ("TR513", line_of("x = F.dropout(x, 0.2)")), ("TR701", line_of("bias = torch.ones(")),
+        ("TR513", line_of("F.dropout(x, **self.drop_options())")), ("TR513", line_of("x = F.dropout(x, 0.2)")), ("TR701", line_of("bias = torch.ones(")),
         ("TR701", line_of("weights = torch.ones("))]
     by_rule = {c["rule"]: c for c in claims}
     assert by_rule["TR401"]["forward_of"] == "Classifier" and by_rule["TR403"]["forward_of"] == "Critic"
@@ -186,10 +199,17 @@ def test_functional_dropout_without_training_is_confirmed_in_eval_mode(code, cla
     assert verdict["details"]["difference"] > 0
 
 
-def test_a_subclass_whose_dropout_probability_is_zero_refutes_it(code, claims):
+def test_a_subclass_built_with_p_zero_is_confirmed_by_raising_p_at_the_flagged_call(code, claims):
     verdict = verdicts(code, "Quiet", claims)["TR513"]
-    assert verdict["verdict"] == "refuted"
-    assert "ran with p=0" in verdict["evidence"] and "agree" in verdict["evidence"]
+    assert verdict["verdict"] == "confirmed" and verdict["details"]["p"] == 0 and verdict["details"]["difference"] > 0
+    assert "still ran with training=True; this build's p is 0" in verdict["evidence"]
+    assert "with p=0.5 at that call two eval-mode forwards of the same batch differ" in verdict["evidence"]
+
+
+def test_dropout_told_the_mode_another_way_is_not_reproduced(code, claims):
+    verdict = verdicts(code, "Gentle", claims)["TR513"]
+    assert verdict["verdict"] == "refuted" and verdict["line"] == line_of("F.dropout(x, **self.drop_options())")
+    assert "ran with training=False" in verdict["evidence"] and "agree" in verdict["evidence"]
 
 
 def test_dropout_the_eval_forward_never_reaches_is_undecided(code, claims):
