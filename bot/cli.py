@@ -583,7 +583,8 @@ def _print_smoke(run, claims: Optional[dict] = None) -> None:
     for outcome in run.outcomes:
         head = outcome.head
         colour = {"passed": "green", "failed": "red", "skipped": "yellow"}.get(outcome.status, "red")
-        console.print(f"[bold]{escape(outcome.target)}[/]: [{colour}]{outcome.status}[/] {escape(head.get('reason', ''))}")
+        reason = escape(head.get("reason", ""))
+        console.print(f"[bold]{escape(outcome.target)}[/]: [{colour}]{outcome.status}[/] {reason}")
         if head.get("checks"):
             table = Table(show_header=True, header_style="bold")
             for column in ("check", "result", "message"):

@@ -501,7 +501,8 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
         if comments:
             budget.spend()
             checked = sum(1 for c in comments if c["body"].startswith(VERDICT_MARK))
-            said = [f"{len(comments) - checked} model(s) failed when trained for a few steps"] * (checked < len(comments))
+            failed = len(comments) - checked
+            said = [f"{failed} model(s) failed when trained for a few steps"] * bool(failed)
             said += [f"{checked} static finding(s) checked by running"] * bool(checked)
             pr.create_review(commit=commit_ref(repo, head), event="COMMENT", comments=comments,
                              body=f"torchreview smoke: {'; '.join(said)}.")

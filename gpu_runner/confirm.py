@@ -195,9 +195,10 @@ def _plain_container(subject: Subject, path: str, claim: dict) -> Optional[dict]
     name = holders[0][0]
     owner = f"`{name}.{attribute}`" if name else f"`self.{attribute}`"
     if missing:
-        return _verdict(claim, "confirmed", f"{missing:,} of the {total:,} parameters in {owner} "
-                                            f"(in {len(holders)} `{claim['class']}` module(s)) are not in `model.parameters()`: "
-                                            "no optimizer built from it updates them.", missing=missing, total=total)
+        return _verdict(claim, "confirmed", f"{missing:,} of the {total:,} parameters in {owner} (in "
+                                            f"{len(holders)} `{claim['class']}` module(s)) are not in "
+                                            "`model.parameters()`: no optimizer built from it updates them.",
+                        missing=missing, total=total)
     if total:
         return _verdict(claim, "refuted", f"all {total:,} parameters in {owner} are in `model.parameters()`.",
                         missing=0, total=total)
@@ -324,7 +325,8 @@ def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict) -> O
     return _verdict(claim, "confirmed", f"`{name}`'s output lies in [0, 1] ({low:.3g} … {high:.3g}), so "
                                         "BCEWithLogitsLoss sees sigmoid(p) in [0.5, 0.731]: the loss cannot fall "
                                         f"below log(1 + 1/e) = {positive:.3g} for a positive target nor log 2 = "
-                                        f"{negative:.3g} for a negative one ({floor:.3g} on this batch's random targets)"
+                                        f"{negative:.3g} for a negative one ({floor:.3g} on this batch's random "
+                                        "targets)"
                                         f"{shown}.", floor=floor, reached=reached)
 
 

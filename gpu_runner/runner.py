@@ -26,7 +26,7 @@ log = logging.getLogger("torchreview.smoke")
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATUSES = ("passed", "failed", "skipped", "error")
 VERDICTS = ("confirmed", "refuted", "undecided")  # of gpu_runner.confirm's experiments on static findings
-DECIDABLE_RULES = ("TR302", "TR401", "TR403", "TR513", "TR701")  # the static rules gpu_runner.confirm has an experiment for
+DECIDABLE_RULES = ("TR302", "TR401", "TR403", "TR513", "TR701")  # gpu_runner.confirm has an experiment for each
 CHECK_STATUSES = ("pass", "fail", "warn", "skip", "error")  # error: the check itself crashed (the runner's fault)
 _MAX_TEXT = 4000  # characters per string of a report: the check run's summary has room for all targets
 

@@ -155,7 +155,8 @@ def test_the_static_engine_hands_over_each_decidable_finding(claims):
     assert sorted((c["rule"], c["line"]) for c in claims) == [
         ("TR302", line_of("self.layers = [")), ("TR401", line_of("loss = criterion")),
         ("TR403", line_of("loss = criterion")), ("TR513", line_of("h = F.dropout(")),
-        ("TR513", line_of("F.dropout(x, **self.drop_options())")), ("TR513", line_of("x = F.dropout(x, 0.2)")), ("TR701", line_of("bias = torch.ones(")),
+        ("TR513", line_of("F.dropout(x, **self.drop_options())")), ("TR513", line_of("x = F.dropout(x, 0.2)")),
+        ("TR701", line_of("bias = torch.ones(")),
         ("TR701", line_of("weights = torch.ones("))]
     by_rule = {c["rule"]: c for c in claims}
     assert by_rule["TR401"]["forward_of"] == "Classifier" and by_rule["TR403"]["forward_of"] == "Critic"
