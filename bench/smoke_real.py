@@ -142,6 +142,7 @@ def main() -> int:
     parser.add_argument("--verbose", "-v", action="store_true", help="print every failing check and reason")
     args = parser.parse_args()
 
+    from bot.smoke import VERDICT_WORDS, static_claims, target_verdicts, with_claims
     from gpu_runner.runner import TargetRequest, smoke
     from gpu_runner.sandbox import SandboxLimits
 
@@ -159,14 +160,24 @@ def main() -> int:
         if not root.is_dir():
             missing_repos.append(repo)
             continue
+        # as the App does: the static findings of the targets' files that a run can decide go with them
+        files = {t.split(":", 1)[0] for t, _ in targets}
+        claims = static_claims({f: (root / f).read_text(errors="replace") for f in files if (root / f).is_file()},
+                               root=root)
+        requests_ = [TargetRequest(t) for t, _ in targets]
+        with_claims(requests_, claims)
         started = time.perf_counter()
-        run = smoke(root, [TargetRequest(t) for t, _ in targets], steps=args.steps, device="cpu",
+        run = smoke(root, requests_, steps=args.steps, device="cpu",
                     limits=SandboxLimits(timeout_s=args.timeout), sandbox=not args.no_sandbox)
         wall = time.perf_counter() - started
         if run.refused:
             print(f"{repo}: the sandbox refused: {run.refused}")
             return 2
-        print(f"{repo}: {len(targets)} targets in {wall:.1f}s (one job)", flush=True)
+        print(f"{repo}: {len(targets)} targets in {wall:.1f}s (one job); {sum(map(len, claims.values()))} static "
+              "finding(s) a run can decide in their files", flush=True)
+        for target, claim, verdict in target_verdicts(run.to_dict(), claims):
+            print(f"  {VERDICT_WORDS[verdict['verdict']]}: {claim['rule']} at {claim['line']} on {target['target']}: "
+                  f"{verdict['evidence']}")
         for (target, expected), outcome in zip(targets, run.outcomes):
             head = outcome.head
             reports[f"{repo}/{target}"] = head

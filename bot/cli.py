@@ -469,7 +469,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     import subprocess
     import tempfile
 
-    from bot.smoke import default_device
+    from bot.smoke import default_device, static_claims, with_claims
     from gpu_runner.runner import TargetRequest, smoke
     from gpu_runner.sandbox import SandboxLimits
     from analyzers.config import ConfigError, find_config, load_config_file
@@ -526,6 +526,11 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             match = options.get((request.kind, request.target))
             if match is not None:
                 request.config = match.config
+    # the static findings of the targets' files that a run can decide: the runner confirms or refutes each
+    sources = {path: (root / path).read_text(errors="replace") for path in
+               {r.target.split(":", 1)[0] for r in requests_ if r.kind == "model"} if (root / path).is_file()}
+    claims = static_claims(sources, config, root)
+    with_claims(requests_, claims)
     with tempfile.TemporaryDirectory(prefix="torchreview-base-") as base_dir:
         base = None
         if args.base:
@@ -539,7 +544,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(run.to_dict(), indent=2, default=str))
     else:
-        _print_smoke(run)
+        _print_smoke(run, claims)
     return EXIT_FINDINGS if run.failed else EXIT_OK
 
 
@@ -567,8 +572,9 @@ def _check_defined(path: str, source: str, name: str) -> None:
     raise UsageError(f"{path}: no class or function {name!r}; {found}")
 
 
-def _print_smoke(run) -> None:
+def _print_smoke(run, claims: Optional[dict] = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -577,7 +583,8 @@ def _print_smoke(run) -> None:
     for outcome in run.outcomes:
         head = outcome.head
         colour = {"passed": "green", "failed": "red", "skipped": "yellow"}.get(outcome.status, "red")
-        console.print(f"[bold]{outcome.target}[/]: [{colour}]{outcome.status}[/] {head.get('reason', '')}")
+        reason = escape(head.get("reason", ""))
+        console.print(f"[bold]{escape(outcome.target)}[/]: [{colour}]{outcome.status}[/] {reason}")
         if head.get("checks"):
             table = Table(show_header=True, header_style="bold")
             for column in ("check", "result", "message"):
@@ -594,6 +601,13 @@ def _print_smoke(run) -> None:
         for row in outcome.comparison:
             flag = "[red]regression[/] " if row.get("regression") else ""
             console.print(f"  vs base: {flag}{row['measure']} {row['change']} (head {row['head']}, base {row['base']})")
+    from bot.smoke import VERDICT_WORDS, target_verdicts
+
+    for target, claim, verdict in target_verdicts(run.to_dict(), claims or {}):
+        style = {"confirmed": "red", "refuted": "green"}.get(verdict["verdict"], "dim")
+        where = f"{claim['path']}:{claim['line']}"
+        console.print(f"[{style}]{VERDICT_WORDS[verdict['verdict']]}[/]: {claim['rule']} {claim['slug']} at {where} "
+                      f"(on {escape(target['target'])}): {escape(verdict['evidence'])}")
     console.print(f"{len(run.outcomes)} target(s) on {run.device} in {run.seconds:.1f}s")
 
 

@@ -97,10 +97,108 @@ def download_tree(repo, ref: str, into: Path, *, max_download: int = MAX_TARBALL
     return into
 
 
+# ---- static findings for the runner to confirm -------------------------------------------------
+
+_FORWARD_RETURNS = re.compile(r"\b(\w+)\.forward returns (softmax|sigmoid)\(")  # TR401 / TR403's message
+_PLAIN_CONTAINER = re.compile(r"^`self\.(\w+)` of `(\w+)`")  # TR302's message
+
+
+def static_claims(sources: dict[str, str], config=None, root: Optional[Path] = None) -> dict[str, list[dict]]:
+    """Per file, the static findings (the engine run here, in the worker, on the head's files; ``root``, the head's
+    tree, answers questions across files as in the static review) that a smoke run can decide
+    (gpu_runner.confirm), as plain data for the sandboxed runner: rule, file, lines, the class the finding is in,
+    and what the experiment needs from the message (the class whose forward returns the activation, the
+    attribute holding the modules). Each claim keeps its finding's slug and message for the report; the runner
+    sees only the experiment's fields."""
+    import ast
+
+    from analyzers.config import Config
+    from analyzers.engine import analyze_text
+    from analyzers.program.modules import RepositoryIndex
+    from gpu_runner.runner import DECIDABLE_RULES
+
+    index = RepositoryIndex(root) if root is not None else None
+    claims: dict[str, list[dict]] = {}
+    for path, source in sources.items():
+        findings = [f for f in analyze_text(source, path, config or Config(), repository=index).findings
+                    if f.rule in DECIDABLE_RULES]
+        if not findings:
+            continue
+        try:
+            classes = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]
+        except (SyntaxError, ValueError):
+            continue
+        for finding in findings:
+            around = [c for c in classes if c.lineno <= finding.line <= (c.end_lineno or c.lineno)]
+            claim = {"rule": finding.rule, "path": path, "line": finding.line, "end_line": finding.end_line,
+                     "class": max(around, key=lambda c: c.lineno).name if around else None,
+                     "slug": finding.slug, "message": finding.message}
+            forward = _FORWARD_RETURNS.search(finding.message)
+            container = _PLAIN_CONTAINER.search(finding.message)
+            if finding.rule in ("TR401", "TR403"):
+                if forward is None:
+                    continue  # the activation is applied outside any model's forward: no model run decides it
+                if finding.rule == "TR401" and "CrossEntropyLoss applies log_softmax" not in finding.message:
+                    continue  # probabilities into NLLLoss: a wrong loss, not a floor a run can show
+                claim["forward_of"] = forward.group(1)
+            if finding.rule == "TR302":
+                if container is None:
+                    continue
+                claim["attribute"], claim["class"] = container.group(1), container.group(2)
+            claims.setdefault(path, []).append(claim)
+    return claims
+
+
+RUNNER_CLAIM_KEYS = ("rule", "path", "line", "end_line", "class", "forward_of", "attribute")
+
+
+def with_claims(requests_: list, claims: dict[str, list[dict]]) -> None:
+    """Gives each model target the claims of its file, and those that name its class's forward from another file
+    (a training script feeding its softmax output to CrossEntropyLoss): what the runner needs of them, nothing
+    of the PR's text beyond names."""
+    for request in requests_:
+        if request.kind != "model":
+            continue
+        path, _, name = request.target.partition(":")
+        mine = [c for file, found in claims.items() for c in found
+                if file == path or c.get("forward_of") and c.get("forward_of") == name]
+        request.findings = [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c} for c in mine]
+
+
+VERDICT_MARK = "🔬"  # opens a verdict comment (a failing target's opens with 🔥)
+VERDICT_WORDS = {"confirmed": "Confirmed by running", "refuted": "Not reproduced by running",
+                 "undecided": "Not decided by running"}
+
+
+def target_verdicts(run: dict, claims: dict[str, list[dict]]) -> list[tuple[dict, dict, dict]]:
+    """(target, claim, verdict) for every static finding the run decided or tried to, one per finding: a
+    confirmation by any target wins over a refutation, which wins over undecided."""
+    rank = {"confirmed": 0, "refuted": 1, "undecided": 2}
+    best: dict[tuple, tuple[dict, dict, dict]] = {}
+    for target in run.get("targets", []):
+        for verdict in target.get("head", {}).get("findings") or []:
+            path = verdict.get("path") or target["target"].split(":", 1)[0]
+            claim = next((c for c in claims.get(path, []) if c["rule"] == verdict.get("rule")
+                          and c["line"] == verdict.get("line")), None)
+            if claim is None:
+                continue
+            key = (path, claim["rule"], claim["line"])
+            if key not in best or rank[verdict["verdict"]] < rank[best[key][2]["verdict"]]:
+                best[key] = (target, claim, verdict)
+    return [best[key] for key in sorted(best)]
+
+
+def verdict_line(target: dict, claim: dict, verdict: dict) -> str:
+    """One Markdown line: what the run says of a static finding, and its evidence."""
+    where = f"{claim['path']}:{claim['line']}"
+    return (f"**{VERDICT_WORDS[verdict['verdict']]}** ({literal(claim['rule'])} {literal(claim['slug'])} at "
+            f"{code_span(where)}, on {code_span(target['target'])}): {_public(verdict['evidence'])}")
+
+
 # ---- reporting ---------------------------------------------------------------------------------
 
 
-def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
+def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None) -> CheckRunPlan:
     if run.get("refused"):  # the runner would not run PR code without its sandbox: say why, run nothing
         return CheckRunPlan("neutral", "Smoke run refused: this runner cannot sandbox pull-request code",
                             "No code of this pull request was run. " + literal(run["refused"]) +
@@ -146,6 +244,10 @@ def plan_smoke_check_run(run: dict, head_sha: str) -> CheckRunPlan:
             m = t["head"]["measures"]
             lines.append(f"| {table_cell(code_span(t['target']))} | {m.get('params', '—'):,} | {m.get('step_time_ms', 0):.2f} ms | "
                          f"{(m.get('peak_memory_bytes') or 0) / (1 << 20):.0f} MiB | {format_loss(m.get('loss_after_steps'))} |")
+    verdicts = target_verdicts(run, claims or {})
+    if verdicts:
+        lines += ["", "**Static findings checked by running** (a finding not reproduced still stands: this run "
+                      "only did not show it):"] + [f"- {verdict_line(*v)}" for v in verdicts]
     if run.get("warnings"):
         lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
     summary = "\n".join(lines)[:65000]
@@ -195,6 +297,30 @@ def failing_target_comments(run: dict, diffs: dict, spans: dict) -> list[dict]:
                 [f"- {_reason(t) or 'error'}"]
         body += ["", f"<!-- torchreview:smoke={smoke_fingerprint(t)} -->"]
         comments.append({"path": path, "line": line, "side": "RIGHT", "body": "\n".join(body)})
+    return comments
+
+
+def verdict_fingerprint(target: dict, claim: dict, verdict: dict) -> str:
+    """Identity of one verdict comment: the finding (file, rule, class, message) and the verdict, not the line."""
+    key = "\0".join(["verdict", target["target"], claim["path"], claim["rule"], str(claim.get("class")),
+                      claim["message"], verdict["verdict"]])
+    return hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def verdict_comments(run: dict, claims: dict, diffs: dict) -> list[dict]:
+    """An inline comment on the line of each static finding the run confirmed or did not reproduce (not the
+    undecided ones), where that line is in the diff."""
+    comments = []
+    for target, claim, verdict in target_verdicts(run, claims):
+        path = claim["path"]
+        diff = diffs.get(path)
+        if verdict["verdict"] == "undecided" or diff is None or claim["line"] not in diff.commentable:
+            continue
+        body = [f"{VERDICT_MARK} **smoke** · {verdict_line(target, claim, verdict)}"]
+        if verdict["verdict"] == "refuted":
+            body += ["", "The static finding stands: this run, with this build of the model, only did not show it."]
+        body += ["", f"<!-- torchreview:smoke={verdict_fingerprint(target, claim, verdict)} -->"]
+        comments.append({"path": path, "line": claim["line"], "side": "RIGHT", "body": "\n".join(body)})
     return comments
 
 
@@ -336,6 +462,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
         if cached is not None:
             saved = json.loads(cached)
             report, spans = saved["report"], {k: tuple(v) for k, v in saved["spans"].items()}
+            claims = saved.get("claims") or {}
         else:
             head_dir = download_tree(repo, head, workdir / "head")
             base_dir = download_tree(repo, pr.base.sha, workdir / "base")
@@ -351,10 +478,14 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
             for request in requests_:  # a changed target the config describes is built as configured
                 request.config = configured.pop((request.kind, request.target), request).config
             requests_ += list(configured.values())
+            # The static findings of the same files that a run can decide: the engine runs here, on the head's
+            # sources (not in the sandbox, which gets only the claims), with the base branch's configuration.
+            claims = static_claims(sources, config, head_dir)
+            with_claims(requests_, claims)
             limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
             report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),
                                limits=limits, thresholds=settings.get("regression"))
-            store.put(report_key, json.dumps({"report": report, "spans": spans}), 24 * 3600)
+            store.put(report_key, json.dumps({"report": report, "spans": spans, "claims": claims}), 24 * 3600)
         if job.reason == "smoke.auto":  # explicit runs report on the commit they were asked for
             current = repo.get_pull(pr.number).head.sha
             if current != head:
@@ -365,16 +496,21 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
         # Like the static review: a failure that already has a comment is not commented again, and the
         # threads of failures that are gone (fixed, or the model removed) are resolved per `cleanup`.
         existing = our_review_comments(pr, clients.bot_login(), parse=parse_smoke_fingerprint)
-        comments = [c for c in failing_target_comments(report, diffs, spans)
+        comments = [c for c in failing_target_comments(report, diffs, spans) + verdict_comments(report, claims, diffs)
                     if parse_smoke_fingerprint(c["body"]) not in existing] if head == pr.head.sha else []
         if comments:
             budget.spend()
+            checked = sum(1 for c in comments if c["body"].startswith(VERDICT_MARK))
+            failed = len(comments) - checked
+            said = [f"{failed} model(s) failed when trained for a few steps"] * bool(failed)
+            said += [f"{checked} static finding(s) checked by running"] * bool(checked)
             pr.create_review(commit=commit_ref(repo, head), event="COMMENT", comments=comments,
-                             body=f"torchreview smoke: {len(comments)} model(s) failed when trained for a few steps.")
+                             body=f"torchreview smoke: {'; '.join(said)}.")
         still_failing = {smoke_fingerprint(t) for t in failing_targets(report)}
+        still_failing |= {verdict_fingerprint(*v) for v in target_verdicts(report, claims)}
         gone = [c for fingerprint, c in existing.items() if fingerprint not in still_failing]
         close_gone(gh, job.repository, pr, gone, config.cleanup, clients.bot_login(), budget.spend)
-        plan = plan_smoke_check_run(report, head)
+        plan = plan_smoke_check_run(report, head, claims)
         complete_check_run(check_run, plan, budget)
         return f"smoke: {plan.title}"
     except Exception as exc:

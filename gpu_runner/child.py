@@ -46,10 +46,11 @@ TARGET_BUDGET_S = 20.0
 
 
 def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int,
-              deadline: float | None = None) -> dict:
+              deadline: float | None = None, findings: list | None = None) -> dict:
     """Build and check one target; ``deadline`` (a time.perf_counter() value) is when its checks should be done
     (the per-target budget, well before the timeout kills it): a slow model is checked on smaller batches, and
-    with fewer steps if it must."""
+    with fewer steps if it must. ``findings``: static findings of the target's file that a run can decide
+    (gpu_runner.confirm); their verdicts are the report's ``findings``."""
     from gpu_runner.build import CONFIGURE_HINT, Skip, build_subject, known_bug
     from gpu_runner.checks import run_checks
 
@@ -68,6 +69,10 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
         return _report(target, "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
     data = report.to_dict()
     data["notes"] = list(subject.notes) + list(data.get("notes") or [])
+    if findings:
+        from gpu_runner.confirm import confirm_findings
+
+        data["findings"] = confirm_findings(subject, target.split(":", 1)[0], findings, seed)
     return data
 
 
@@ -103,7 +108,8 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 budget = min(TARGET_BUDGET_S, CHECKS_SHARE_OF_TIMEOUT * float(timeout)) if timeout else TARGET_BUDGET_S
                 deadline = started + budget
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
-                                   int(job.get("steps", 50)), int(job.get("seed", 0)), deadline)
+                                   int(job.get("steps", 50)), int(job.get("seed", 0)), deadline,
+                                   [f for f in item.get("findings") or [] if isinstance(f, dict)])
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         result["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # the same, in CPU time (all threads)
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())

@@ -8,7 +8,8 @@ set it sends the job to an executor service; otherwise it runs the sandbox in-pr
 
 Protocol (HTTP, one job at a time):
 
-* ``POST /v1/smoke``: a gzip'd tar holding ``job.json`` (``{"targets": [{"target", "line", "config", "kind"}],
+* ``POST /v1/smoke``: a gzip'd tar holding ``job.json`` (``{"targets": [{"target", "line", "config", "kind",
+  "findings"}],
   "device", "steps", "seed", "limits": {"timeout_s", "memory_bytes"}, "thresholds"}``), ``head/...`` and,
   optionally, ``base/...``; answers ``200`` with the run (``SmokeRun.to_dict()``, ``refused`` set when the
   sandbox refuses) or ``400`` for a malformed request.
@@ -59,7 +60,8 @@ def run_smoke(head_dir: Path, requests: list, *, base_dir: Optional[Path], devic
 
 
 def _job(requests: list, device: str, limits: SandboxLimits, thresholds, steps: int, seed: int) -> dict:
-    return {"targets": [{"target": r.target, "line": r.line, "config": r.config, "kind": r.kind} for r in requests],
+    return {"targets": [{"target": r.target, "line": r.line, "config": r.config, "kind": r.kind,
+                         "findings": r.findings} for r in requests],
             "device": device, "steps": steps, "seed": seed, "thresholds": thresholds,
             "limits": {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_bytes}}
 
@@ -107,7 +109,9 @@ def _execute(head_dir: Path, job: dict, base_dir: Optional[Path]) -> dict:
     from gpu_runner.runner import TargetRequest, smoke
 
     requests = [TargetRequest(str(t["target"]), int(t.get("line") or 1), t.get("config"),
-                              "step" if t.get("kind") == "step" else "model") for t in job["targets"]]
+                              "step" if t.get("kind") == "step" else "model",
+                              [f for f in t.get("findings") or [] if isinstance(f, dict)]
+                              if isinstance(t.get("findings"), list) else []) for t in job["targets"]]
     run = smoke(head_dir, requests, base_dir=base_dir, device=_resolve_device(str(job.get("device", "auto"))),
                 steps=int(job.get("steps", 50)), seed=int(job.get("seed", 0)), limits=_limits(job.get("limits") or {}),
                 thresholds=job.get("thresholds"))

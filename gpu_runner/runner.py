@@ -25,6 +25,8 @@ log = logging.getLogger("torchreview.smoke")
 # .torchreview-data, .env, keys).
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATUSES = ("passed", "failed", "skipped", "error")
+VERDICTS = ("confirmed", "refuted", "undecided")  # of gpu_runner.confirm's experiments on static findings
+DECIDABLE_RULES = ("TR302", "TR401", "TR403", "TR513", "TR701")  # gpu_runner.confirm has an experiment for each
 CHECK_STATUSES = ("pass", "fail", "warn", "skip", "error")  # error: the check itself crashed (the runner's fault)
 _MAX_TEXT = 4000  # characters per string of a report: the check run's summary has room for all targets
 
@@ -38,6 +40,8 @@ class TargetRequest:
     line: int = 1  # where the class is, for inline comments
     config: Optional[dict] = None  # the repo's smoke settings for it (factory, input, task, loss)
     kind: str = "model"  # "step": a training step (train.py:train_one_epoch, a Lightning module's training_step)
+    # static findings of the target's file that a run can decide (gpu_runner.confirm's claims), head only
+    findings: list = field(default_factory=list)
 
 
 def configured_requests(smoke_settings: dict) -> list[TargetRequest]:
@@ -112,7 +116,8 @@ def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, s
         return [], []
     count = len(requests)
     job = {"code_root": str(code_dir),
-           "targets": [{"target": r.target, "config": r.config, "kind": r.kind} for r in requests],
+           "targets": [{"target": r.target, "config": r.config, "kind": r.kind, "findings": r.findings}
+                       for r in requests],
            "device": device, "steps": steps, "seed": seed, "target_timeout_s": limits.timeout_s}
     if threads:
         job["threads"] = threads
@@ -199,6 +204,8 @@ def _sanitized(report: dict, target: str) -> dict:
     clean = {"target": target, "status": status, "checks": checks, "measures": measures,
              "reason": _text(report.get("reason") or ""),
              "notes": [_text(n) for n in report.get("notes") or [] if isinstance(n, str)][:50]}
+    clean["findings"] = [_sanitized_verdict(f) for f in report.get("findings") or [] if isinstance(f, dict)
+                         and f.get("verdict") in VERDICTS and isinstance(f.get("line"), int)][:50]
     for key in ("seconds", "cpu_seconds"):
         if isinstance(report.get(key), (int, float)) and not isinstance(report.get(key), bool):
             clean[key] = float(report[key])
@@ -207,6 +214,16 @@ def _sanitized(report: dict, target: str) -> dict:
             clean[key] = report[key] if key == "loss_curve" and isinstance(report[key], list) and all(
                 isinstance(x, (int, float)) for x in report[key]) else _text(report[key])
     return clean
+
+
+def _sanitized_verdict(verdict: dict) -> dict:
+    details = verdict.get("details")
+    return {"rule": _text(verdict.get("rule", "?"), 20), "path": _text(verdict.get("path", ""), 500),
+            "line": verdict["line"], "verdict": verdict["verdict"],
+            "evidence": _text(verdict.get("evidence", ""), 1000),
+            "details": {k: v for k, v in details.items() if isinstance(k, str) and (
+                isinstance(v, (int, float, str)) and not isinstance(v, bool) or v is None)}
+            if isinstance(details, dict) else {}}
 
 
 def _error(target: str, reason: str) -> dict:
@@ -270,7 +287,8 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
         if base_dir is not None:
             again = [(o, r) for o, r in zip(outcomes, requests) if o.head.get("status") in ("passed", "failed")
                      and (base_dir / r.target.split(":", 1)[0]).is_file()]
-            for (outcome, _), base in zip(again, run_all(base_dir, [r for _, r in again])):
+            # the static findings are the head's: the base only gives the measures to compare
+            for (outcome, _), base in zip(again, run_all(base_dir, [replace(r, findings=[]) for _, r in again])):
                 if base.get("status") in ("passed", "failed"):
                     outcome.base = base
                     outcome.comparison = compare_reports(outcome.head, base, thresholds)

@@ -162,3 +162,71 @@ def test_a_changed_training_step_is_run_and_commented_on_its_line(stack, gpu_wor
     comments = [c for c in state.review_comments_for(pr) if "**smoke**" in c.body]
     assert len(comments) == 1 and comments[0].path == "train.py"
     assert comments[0].line == 10  # optimizer.step(), the step whose gradients are never reset
+
+
+DROPOUT_ALWAYS_ON = '''import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Tagger(nn.Module):
+    def __init__(self, in_features=16, hidden=32, tags=5, dropout=0.3):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, tags)
+        self.dropout = dropout
+
+    def forward(self, x):
+        h = F.dropout(F.relu(self.fc1(x)), p=self.dropout)
+        return self.fc2(h)
+
+
+class Scorer(nn.Module):
+    def __init__(self, in_features=16, classes=4):
+        super().__init__()
+        self.fc = nn.Linear(in_features, classes)
+
+    def forward(self, x):
+        return F.softmax(self.fc(x), dim=-1)
+'''
+TRAIN_ON_PROBABILITIES = '''import torch
+import torch.nn as nn
+
+from models.tagger import Scorer
+
+
+def fit(loader, epochs=3):
+    model = Scorer()
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+'''
+
+
+def test_a_static_finding_the_smoke_run_confirms_is_said_on_its_line(stack, gpu_worker):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    state.add_collaborator(repo, "alice", role="write")
+    pr = state.open_pull_request(repo, {"models/tagger.py": DROPOUT_ALWAYS_ON, "train.py": TRAIN_ON_PROBABILITIES},
+                                 user="alice")
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    completed_run(state, pr.head_sha)
+    smoke = smoke_run(state, pr.head_sha)
+    assert "**Confirmed by running** (TR513 functional-dropout-always-on at `models/tagger.py:13`" \
+        in smoke.output_summary, smoke.output_summary
+    on_line = [c for c in state.review_comments_for(pr) if c.path == "models/tagger.py" and c.line == 13]
+    static = [c for c in on_line if "TR513" in c.body and "**smoke**" not in c.body]
+    confirmed = [c for c in on_line if "**smoke**" in c.body]
+    assert len(static) == 1 and len(confirmed) == 1, [c.body for c in on_line]
+    assert "Confirmed by running" in confirmed[0].body
+    assert "still ran with training=True and p=0.3" in confirmed[0].body
+    assert "two eval-mode forwards of the same batch differ" in confirmed[0].body
+    # a finding in the training script about the model's forward, confirmed on the model's target
+    assert "**Confirmed by running** (TR401 softmax-before-cross-entropy at `train.py:14`, on " \
+        "`models/tagger.py:Scorer`)" in smoke.output_summary, smoke.output_summary.split("Static findings")[-1]
+    floor = [c for c in state.review_comments_for(pr) if c.path == "train.py" and "**smoke**" in c.body]
+    assert len(floor) == 1 and floor[0].line == 14
+    assert "cannot fall below log(1 + 3/e) = 0.744" in floor[0].body

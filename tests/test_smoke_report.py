@@ -46,3 +46,74 @@ def test_a_target_name_cannot_forge_the_marker():
 def test_the_summary_rounds_losses():
     summary = plan_smoke_check_run(run(target("models.py:Pool", {})), "a" * 40).summary
     assert "| 0.7521 |" in summary and "0.752098" not in summary
+
+
+def verdict_target(verdicts: list[dict]) -> dict:
+    found = target("models.py:Net", {})
+    found["head"]["findings"] = verdicts
+    return found
+
+
+def claim(rule: str, line: int, message: str = "static message") -> dict:
+    return {"rule": rule, "path": "models.py", "line": line, "end_line": line, "class": "Net", "slug": "some-rule",
+            "message": message}
+
+
+def test_confirmed_and_not_reproduced_findings_are_commented_on_their_line_and_undecided_ones_are_not():
+    from bot.smoke import verdict_comments
+
+    claims = {"models.py": [claim("TR513", 4), claim("TR302", 6), claim("TR401", 8), claim("TR403", 40)]}
+    found = verdict_target([
+        {"rule": "TR513", "path": "models.py", "line": 4, "verdict": "confirmed", "evidence": "ran with `p=0.3`"},
+        {"rule": "TR302", "path": "models.py", "line": 6, "verdict": "refuted", "evidence": "all registered"},
+        {"rule": "TR401", "path": "models.py", "line": 8, "verdict": "undecided", "evidence": "no class dim"},
+        {"rule": "TR403", "path": "models.py", "line": 40, "verdict": "confirmed", "evidence": "not in the diff"},
+        {"rule": "TR513", "path": "models.py", "line": 9, "verdict": "confirmed", "evidence": "no such finding"}])
+    comments = verdict_comments(run(found), claims, {"models.py": parse_file_patch("models.py", PATCH)})
+    comments.sort(key=lambda c: c["line"])
+    assert [(c["line"], c["body"].split("**")[3]) for c in comments] == [
+        (4, "Confirmed by running"), (6, "Not reproduced by running")]
+    assert "The static finding stands" in comments[1]["body"] and "stands" not in comments[0]["body"]
+    assert len({parse_smoke_fingerprint(c["body"]) for c in comments}) == 2
+    summary = plan_smoke_check_run(run(found), "a" * 40, claims).summary
+    assert "**Not decided by running** (TR401 some-rule at `models.py:8`" in summary
+    assert "no such finding" not in summary  # a verdict on a line the static engine did not flag is not shown
+
+
+def test_verdict_evidence_from_the_pull_request_is_escaped():
+    from bot.smoke import verdict_comments
+
+    hostile = "`Net`'s output @octo-org/admins <img src=x onerror=alert(1)> [link](http://evil.example)"
+    found = verdict_target([{"rule": "TR513", "path": "models.py", "line": 4, "verdict": "confirmed",
+                             "evidence": hostile}])
+    [comment] = verdict_comments(run(found), {"models.py": [claim("TR513", 4)]},
+                                 {"models.py": parse_file_patch("models.py", PATCH)})
+    assert "<img" not in comment["body"] and "@octo-org/admins" not in comment["body"]
+    assert "http://evil.example" not in comment["body"]
+
+
+def test_only_findings_a_model_run_decides_are_sent_to_the_runner():
+    from bot.smoke import static_claims
+
+    source = '''import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return F.softmax(self.fc(x), dim=1)
+
+
+def evaluate(model, x, y, logits):
+    net = Net()
+    first = F.nll_loss(net(x), y)  # probabilities into NLLLoss: no floor to show
+    second = F.cross_entropy(F.softmax(logits, dim=1), y)  # the softmax is the script's, not a model's
+    third = F.cross_entropy(net(x), y)
+    return first + second + third
+'''
+    [only] = static_claims({"eval.py": source})["eval.py"]
+    assert (only["rule"], only["line"], only["forward_of"]) == ("TR401", 18, "Net")

@@ -37,12 +37,16 @@ def test_a_job_round_trip_through_the_service(service, monkeypatch, tmp_path):
     monkeypatch.setenv(executor.EXECUTOR_URL_VARIABLE, service)
     # The worker's secret in its environment: never sent, and redacted should a report quote it.
     monkeypatch.setenv("GITHUB_WEBHOOK_SECRET", "executor-test-secret-0123456789")
-    run = executor.run_smoke(head, [TargetRequest("mlp.py:MLP", 3)], base_dir=None, device="cpu",
+    # a static finding to decide travels with its target (here about an attribute the model does not have)
+    claim = {"rule": "TR302", "path": "mlp.py", "line": 5, "end_line": 5, "class": "MLP", "attribute": "blocks"}
+    run = executor.run_smoke(head, [TargetRequest("mlp.py:MLP", 3, findings=[claim])], base_dir=None, device="cpu",
                              limits=SandboxLimits(timeout_s=120), steps=3)
     assert run["refused"] is None and run["warnings"] == []
     (target,) = run["targets"]
     assert target["target"] == "mlp.py:MLP" and target["line"] == 3
     assert target["status"] in ("passed", "failed") and target["head"]["checks"], target
+    assert [(f["rule"], f["verdict"]) for f in target["head"]["findings"]] == [("TR302", "undecided")]
+    assert "`self.blocks`" in target["head"]["findings"][0]["evidence"]
 
 
 def test_malformed_and_escaping_archives_are_refused(service, tmp_path):

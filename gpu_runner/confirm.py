@@ -1,0 +1,376 @@
+"""Targeted experiments that confirm or refute a static finding on a built target.
+
+The worker (``bot/smoke.py``, ``torchreview smoke``) runs the static engine on the files it smoke-trains and
+passes the findings a run can decide, as plain dicts ("claims"), with each target of the same file. This
+module runs inside the sandboxed child, after the smoke checks, on the same built model: one experiment per
+claim whose subject is part of the model (its class is one of the model's modules, or the model's own forward
+is the one the finding names). Each verdict is ``confirmed``, ``refuted`` (the run did not show it: said as
+such, never a reason to drop the static finding) or ``undecided``, with one sentence of evidence naming the
+objects and the numbers. A claim about something this model does not contain gets no verdict.
+
+It imports nothing of ``analyzers``: the sandbox binds only this package, and the claims arrive as data.
+
+A claim: ``{"rule", "path", "line", "end_line", "class"}`` (``class``: the class the finding's line is in), plus,
+by rule, ``forward_of`` (TR401, TR403: the class whose forward returns the activation) and ``attribute`` (TR302:
+the ``self.<attribute>`` holding the modules).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_runner.runner import DECIDABLE_RULES
+from gpu_runner.subject import Subject
+
+FLOOR_STEPS = 30  # Adam steps on one batch that show how close to its floor the loss gets
+FLOOR_LR = 1e-2
+_FUNCTIONAL_DROPOUT = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout)
+_TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))) + os.sep
+
+
+def _verdict(claim: dict, verdict: str, evidence: str, **details) -> dict:
+    return {"rule": claim["rule"], "path": claim["path"], "line": claim["line"], "verdict": verdict,
+            "evidence": evidence, "details": details}
+
+
+def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int = 0) -> list[dict]:
+    """A verdict for each claim this target (defined in ``path``) can decide; the model leaves as it came
+    (parameters, buffers, mode) and the caller's random state is untouched. A claim without a ``path`` is of the
+    target's file."""
+    from gpu_runner.checks import _restore, _snapshot
+
+    results = []
+    model = subject.model
+    snapshot = _snapshot(model)
+    devices = [torch.device(subject.device).index or 0] if str(subject.device).startswith("cuda") else []
+    for claim in claims:
+        experiment = _EXPERIMENTS.get(claim.get("rule"))
+        if experiment is None or not isinstance(claim.get("line"), int):
+            continue
+        claim = {**claim, "path": str(claim.get("path") or path), "target_path": path}
+        try:
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                result = experiment(subject, claim["path"], claim)
+        except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
+            result = _verdict(claim, "undecided", f"the experiment could not run: {type(exc).__name__}: "
+                                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        finally:
+            _restore(model, snapshot)
+            model.train()
+        if result is not None:
+            results.append(result)
+    return results
+
+
+def _instances(model: nn.Module, class_name: Optional[str], path: str) -> list[tuple[str, nn.Module]]:
+    """The model's modules (name, module) that are instances of ``class_name`` defined in ``path`` (a subclass's
+    too: it runs the class's code)."""
+    if not class_name:
+        return []
+    return [(name, module) for name, module in model.named_modules()
+            if any(cls.__name__ == class_name and _defined_in(cls, path) for cls in type(module).__mro__)]
+
+
+def _defined_in(cls: type, path: str) -> bool:
+    return _same_file(getattr(sys.modules.get(cls.__module__), "__file__", None) or "", path)
+
+
+def _same_file(filename: str, path: str) -> bool:
+    filename = os.path.realpath(filename).replace(os.sep, "/")
+    return filename == path or filename.endswith("/" + path.lstrip("./"))
+
+
+# --- TR513: functional dropout without training= -----------------------------------------------------------
+
+class _DropoutRecorder(torch.overrides.TorchFunctionMode):
+    """Records every functional dropout call: (file, line of the nearest frame outside torch, p, training). With
+    ``force_p``, a call from ``lines`` (file, first, last) made with p = 0 runs with p = ``force_p`` instead."""
+
+    def __init__(self, force_p: Optional[float] = None, lines: Optional[tuple[str, int, int]] = None) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int, float, bool]] = []
+        self.force_p, self.lines = force_p, lines
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in _FUNCTIONAL_DROPOUT:
+            frame = sys._getframe(1)
+            while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR)
+                                         or frame.f_code.co_filename == __file__):
+                frame = frame.f_back
+            if frame is not None:
+                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+                training = kwargs.get("training", args[2] if len(args) > 2 else True)
+                self.calls.append((frame.f_code.co_filename, frame.f_lineno, float(p), bool(training)))
+                if self.force_p is not None and self.lines is not None and float(p) == 0 and \
+                        _same_file(frame.f_code.co_filename, self.lines[0]) and \
+                        self.lines[1] <= frame.f_lineno <= self.lines[2]:
+                    args, kwargs = args[:1], {**kwargs, "p": self.force_p, "training": training}
+        return func(*args, **kwargs)
+
+
+FORCED_P = 0.5  # the rate a flagged dropout built with p = 0 is run at, to show what it does once p > 0
+
+
+def _two_eval_forwards(subject: Subject, recorder: _DropoutRecorder) -> float:
+    """Relative difference of two eval-mode forwards of one batch, both under ``recorder``."""
+    from gpu_runner.checks import _first_tensor, _forward, _relative_difference
+
+    model = subject.model.eval()
+    batch = subject.make_batch(2, 0)
+    with torch.no_grad(), recorder:
+        first = _first_tensor(_forward(model, batch))
+        second = _first_tensor(_forward(model, batch))
+    return _relative_difference(first, second) if first is not None and second is not None else math.nan
+
+
+def _dropout_always_on(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+    """In eval mode, the flagged call runs with training=True (confirmed: two eval-mode forwards of one batch
+    differ; when this build's p is 0, they are compared with p = 0.5 at that call), or with training=False
+    (refuted); undecided when the eval forward does not reach it."""
+    owners = _instances(subject.model, claim.get("class"), path)
+    if not owners:
+        return None
+    line, end_line = claim["line"], claim.get("end_line") or claim["line"]
+    where = f"{path}:{line}"
+    recorder = _DropoutRecorder()
+    difference = _two_eval_forwards(subject, recorder)
+    here = [call for call in recorder.calls if _same_file(call[0], path) and line <= call[1] <= end_line]
+    if not here:
+        return _verdict(claim, "undecided", f"the eval-mode forward of `{type(subject.model).__name__}` never reached "
+                                            f"the dropout call at {where}.")
+    on = [call for call in here if call[3]]
+    if not on:
+        agree = ("two eval-mode forwards of the same batch agree" if difference == 0 else
+                 f"two eval-mode forwards of the same batch differ by {difference:.2g}, from something else")
+        return _verdict(claim, "refuted", f"after `model.eval()`, the dropout at {where} ran with training=False "
+                                          f"(it is passed some other way); {agree}.", difference=difference)
+    p = max(call[2] for call in on)
+    if p > 0:
+        differ = (f"two eval-mode forwards of the same batch differ (relative {difference:.2g})" if difference > 0
+                  else "(the two eval-mode forwards happened to agree)")
+        return _verdict(claim, "confirmed", f"after `model.eval()`, the dropout at {where} still ran with "
+                                            f"training=True and p={p:g}; {differ}.", p=p, difference=difference)
+    forced = _two_eval_forwards(subject, _DropoutRecorder(FORCED_P, (path, line, end_line)))
+    differ = (f"two eval-mode forwards of the same batch differ (relative {forced:.2g})" if forced > 0
+              else "the two eval-mode forwards happened to agree")
+    return _verdict(claim, "confirmed", f"after `model.eval()`, the dropout at {where} still ran with training=True; "
+                                        f"this build's p is 0, so it dropped nothing, but with p={FORCED_P:g} at that "
+                                        f"call {differ}.", p=0.0, difference=forced)
+
+
+# --- TR302: submodules in a plain container ----------------------------------------------------------------
+
+def _plain_container(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+    """The flagged ``self.<attribute>`` of each instance of the class holds modules whose parameters are not in
+    ``model.parameters()`` (confirmed), or everything it holds is registered (refuted)."""
+    attribute = claim.get("attribute")
+    owners = _instances(subject.model, claim.get("class"), path)
+    if not owners or not attribute:
+        return None
+    registered = {id(p) for p in subject.model.parameters()}
+    holders = [(name, vars(module).get(attribute, getattr(module, attribute, None))) for name, module in owners]
+    holders = [(name, value) for name, value in holders if value is not None]
+    if not holders:
+        return _verdict(claim, "undecided", f"no `{claim['class']}` of the built model has `self.{attribute}`.")
+    missing = total = 0
+    for name, value in holders:
+        items = list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple)) \
+            else list(value.children()) if isinstance(value, nn.Module) else []
+        for item in items:
+            if isinstance(item, nn.Parameter):
+                total += item.numel()
+                missing += item.numel() * (id(item) not in registered)
+            elif isinstance(item, nn.Module):
+                for parameter in item.parameters():
+                    total += parameter.numel()
+                    missing += parameter.numel() * (id(parameter) not in registered)
+    name = holders[0][0]
+    owner = f"`{name}.{attribute}`" if name else f"`self.{attribute}`"
+    if missing:
+        return _verdict(claim, "confirmed", f"{missing:,} of the {total:,} parameters in {owner} (in "
+                                            f"{len(holders)} `{claim['class']}` module(s)) are not in "
+                                            "`model.parameters()`: no optimizer built from it updates them.",
+                        missing=missing, total=total)
+    if total:
+        return _verdict(claim, "refuted", f"all {total:,} parameters in {owner} are in `model.parameters()`.",
+                        missing=0, total=total)
+    return _verdict(claim, "undecided", f"{owner} holds no parameters in this build, so nothing is missing from "
+                                        "`model.parameters()` (its modules still miss `.train()`/`.eval()` and "
+                                        "`.to()`).", missing=0, total=0)
+
+
+# --- TR401 / TR403: an activation fed to a loss that applies it again ---------------------------------------
+
+def _output(subject: Subject) -> Optional[torch.Tensor]:
+    from gpu_runner.checks import _first_tensor, _forward
+
+    with torch.no_grad():
+        output = _first_tensor(_forward(subject.model.train(), subject.make_batch(8, 0)))
+    return output.detach().float() if isinstance(output, torch.Tensor) and output.is_floating_point() else None
+
+
+def _probability_dim(output: torch.Tensor) -> Optional[int]:
+    """The dimension over which the output's entries are non-negative and sum to 1 (the class dimension of a
+    softmax), preferring dim 1 (CrossEntropyLoss's) then the last."""
+    if output.dim() < 2 or not bool(torch.isfinite(output).all()) or bool((output < 0).any()):
+        return None
+    for dim in dict.fromkeys((1, output.dim() - 1)):
+        sums = output.sum(dim=dim)
+        if output.shape[dim] > 1 and bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3)):
+            return dim
+    return None
+
+
+def cross_entropy_floor(classes: int) -> float:
+    """The lowest CrossEntropyLoss over ``classes`` classes when its input is a probability vector p (p_j >= 0,
+    sum p = 1) instead of logits: loss(p, y) = -p_y + log(sum_j e^{p_j}). For a fixed p_y = a, log-sum-exp is
+    Schur-convex, so the rest is best spread evenly, (1 - a)/(C - 1) each; along that line the derivative in a is
+    -1 + (e^a - e^b)/(e^a + (C-1) e^b) < 0, so the minimum is at a = 1, the one-hot vector:
+    -1 + log(e + C - 1) = log(1 + (C - 1)/e)."""
+    return math.log(1 + (classes - 1) / math.e)
+
+
+def _train_floor(subject: Subject, loss: Callable[[torch.Tensor], torch.Tensor]) -> Optional[float]:
+    """The lowest ``loss(output)`` in ``FLOOR_STEPS`` Adam steps on one batch (dropout modules off)."""
+    from gpu_runner.checks import _dropout_off, _first_tensor, _forward, _trainable
+
+    model = subject.model.train()
+    _dropout_off(model)
+    parameters = [p for _, p in _trainable(model)]
+    if not parameters:
+        return None
+    optimizer = torch.optim.Adam(parameters, lr=FLOOR_LR)
+    batch = subject.make_batch(8, 0)
+    best = math.inf
+    for _ in range(FLOOR_STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        value = loss(_first_tensor(_forward(model, batch)).float())
+        if not torch.isfinite(value):
+            break
+        best = min(best, float(value.detach()))
+        value.backward()
+        optimizer.step()
+    model.zero_grad(set_to_none=True)
+    return best if math.isfinite(best) else None
+
+
+def _names_forward(subject: Subject, claim: dict) -> bool:
+    """The finding (maybe in a training script) names the forward of this target's class."""
+    cls = type(subject.model)
+    return claim.get("forward_of") == cls.__name__ and _defined_in(cls, claim["target_path"])
+
+
+def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+    """The model's output is a probability vector over C classes (confirmed: CrossEntropyLoss on it cannot fall
+    below log(1 + (C-1)/e), shown by training on one batch), or it is not (refuted)."""
+    if not _names_forward(subject, claim):
+        return None
+    name = type(subject.model).__name__
+    output = _output(subject)
+    if output is None or output.dim() < 2:
+        return _verdict(claim, "undecided", f"`{name}`'s output is not a floating-point tensor with a class "
+                                            "dimension.")
+    dim = _probability_dim(output)
+    if dim is None:
+        sums = output.sum(dim=-1)
+        return _verdict(claim, "refuted", f"`{name}`'s output (shape {tuple(output.shape)}) is not a probability "
+                                          f"vector in train mode: its rows sum to {float(sums.min()):.3g} … "
+                                          f"{float(sums.max()):.3g}, so CrossEntropyLoss gets logits here.")
+    classes = output.shape[dim]
+    floor = cross_entropy_floor(classes)
+    target = torch.randint(0, classes, output.movedim(dim, -1).shape[:-1], generator=torch.Generator().manual_seed(0))
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.movedim(dim, -1).reshape(-1, classes), target.to(out.device).reshape(-1))
+
+    reached = _train_floor(subject, loss)
+    shown = f"; {FLOOR_STEPS} Adam steps on one batch got it to {reached:.3g}" if reached is not None else ""
+    return _verdict(claim, "confirmed", f"`{name}`'s output sums to 1 over its {classes} classes (dim {dim}), so "
+                                        f"CrossEntropyLoss on it cannot fall below log(1 + {classes - 1}/e) = "
+                                        f"{floor:.3g} however well the model learns{shown}.",
+                    classes=classes, floor=floor, reached=reached)
+
+
+def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+    """The model's output lies in [0, 1] (confirmed: BCEWithLogitsLoss sees sigmoid(p) in [0.5, 0.731], so the
+    loss cannot fall below log(1 + 1/e) for a positive target nor log 2 for a negative one), or it does not
+    (refuted)."""
+    if not _names_forward(subject, claim):
+        return None
+    name = type(subject.model).__name__
+    output = _output(subject)
+    if output is None:
+        return _verdict(claim, "undecided", f"`{name}`'s output is not a floating-point tensor.")
+    low, high = float(output.min()), float(output.max())
+    if not (math.isfinite(low) and math.isfinite(high)) or low < 0 or high > 1:
+        return _verdict(claim, "refuted", f"`{name}`'s output ranges over {low:.3g} … {high:.3g} in train mode: "
+                                          "not a sigmoid's, so BCEWithLogitsLoss gets logits here.")
+    target = (torch.rand(output.shape, generator=torch.Generator().manual_seed(0)) < 0.5).float()
+    positive, negative = math.log(1 + math.exp(-1)), math.log(2)
+    floor = float(target.mean()) * positive + (1 - float(target.mean())) * negative
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(out, target.to(out.device))
+
+    reached = _train_floor(subject, loss)
+    shown = f"; {FLOOR_STEPS} Adam steps on one batch got it to {reached:.3g}" if reached is not None else ""
+    return _verdict(claim, "confirmed", f"`{name}`'s output lies in [0, 1] ({low:.3g} … {high:.3g}), so "
+                                        "BCEWithLogitsLoss sees sigmoid(p) in [0.5, 0.731]: the loss cannot fall "
+                                        f"below log(1 + 1/e) = {positive:.3g} for a positive target nor log 2 = "
+                                        f"{negative:.3g} for a negative one ({floor:.3g} on this batch's random "
+                                        "targets)"
+                                        f"{shown}.", floor=floor, reached=reached)
+
+
+# --- TR701: a tensor made in forward without device= -------------------------------------------------------
+
+def _tensor_without_device(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+    """The forward on a stand-in for a GPU (fake 'meta' tensors, as the device-placement check runs it): the factory
+    on the flagged line makes a CPU tensor and the forward fails with a device mismatch (confirmed), or the forward
+    goes through although it made one (refuted: it is moved, or only used on the CPU)."""
+    from gpu_runner.checks import _DEVICE_MISMATCH, _FactoryRecorder, _one_line, _run_on_fake_meta
+
+    if not _instances(subject.model, claim.get("class"), path):
+        return None
+    recorder = _FactoryRecorder()
+    error: Optional[BaseException] = None
+    try:
+        _run_on_fake_meta(subject.model.train(), subject.make_batch(2, 0), recorder)
+    except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
+        error = exc
+    line, end_line = claim["line"], claim.get("end_line") or claim["line"]
+    name = os.path.basename(path)
+    made = [call for call in recorder.calls if any(f" at {name}:{n} in " in call for n in range(line, end_line + 1))]
+    where = f"{path}:{line}"
+    stand_in = "on a stand-in for a GPU (the model's tensors fake tensors on the 'meta' device)"
+    if made and error is not None and _DEVICE_MISMATCH.search(str(error)):
+        factory = made[0].split(" at ", 1)[0]
+        return _verdict(claim, "confirmed", f"{stand_in}, `{factory}` at {where} made a CPU tensor and the forward "
+                                            f"failed: {_one_line(error, 200)}")
+    if made and error is None:
+        factory = made[0].split(" at ", 1)[0]
+        return _verdict(claim, "refuted", f"{stand_in}, `{factory}` at {where} made a CPU tensor, but the forward "
+                                          "went through: it is moved or only used on the CPU.")
+    if error is not None:
+        return _verdict(claim, "undecided", f"the forward could not run {stand_in} up to {where}: "
+                                            f"{_one_line(error, 200)}")
+    return _verdict(claim, "undecided", f"the forward made no tensor without device= at {where} (the line was not "
+                                        "reached, or it made a 0-dim tensor).")
+
+
+_EXPERIMENTS: dict[str, Callable[[Subject, str, dict], Optional[dict]]] = {
+    "TR302": _plain_container,
+    "TR401": _softmax_into_cross_entropy,
+    "TR403": _sigmoid_into_bce_with_logits,
+    "TR513": _dropout_always_on,
+    "TR701": _tensor_without_device,
+}
+assert set(_EXPERIMENTS) == set(DECIDABLE_RULES)
