@@ -76,3 +76,109 @@ def test_the_same_notebook_saving_before_it_loads_is_quiet():
         ("code", "model.load_state_dict(torch.load('tut1-model.pt'))\n"),
     ]
     assert analyze_text(notebook(*cells), "tut.ipynb", Config(select=("TR613",))).findings == []
+
+
+# ---- TR116: a frozen BatchNorm backbone in train mode --------------------------------------------
+
+FREEZE_CELLS = [
+    ("code", "import torch\nfrom torch import nn, optim\nfrom torchvision import models\n"),
+    ("code", "model = models.mobilenet_v3_large(weights='DEFAULT')\nfor p in model.features.parameters():\n"
+             "    p.requires_grad = False\nmodel.classifier[3] = nn.Linear(1280, 4)\n"),
+    ("markdown", "Train the head\n"),
+    ("code", "optimizer = optim.SGD(model.classifier.parameters(), lr=0.01)\nfor epoch in range(3):\n"
+             "    model.train()\n    for x, y in loader:\n        optimizer.zero_grad()\n"
+             "        nn.functional.cross_entropy(model(x), y).backward()\n        optimizer.step()\n"),
+]
+
+
+def test_notebook_backbone_part_frozen_in_one_cell_trained_in_another():
+    result = analyze_text(notebook(*FREEZE_CELLS), "finetune.ipynb", Config(select=("TR116",)))
+    assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR116", 2, 2)]
+    (finding,) = result.findings
+    assert "`model.features` (`features` of a mobilenet_v3_large, which holds BatchNorm)" in finding.message
+    assert "call `model.features.eval()` after every `.train()`" in finding.message
+    # the train() call is in another cell: named in the message (a related site names no cell)
+    assert "`model.train()` puts it back in train mode" in finding.message and finding.related == ()
+
+
+def test_notebook_with_the_backbone_put_back_in_eval_is_quiet():
+    cells = FREEZE_CELLS[:3] + [("code", FREEZE_CELLS[3][1].replace("model.train()\n",
+                                                                     "model.train()\n    model.features.eval()\n"))]
+    assert analyze_text(notebook(*cells), "finetune.ipynb", Config(select=("TR116",))).findings == []
+
+
+def test_project_backbone_class_with_batchnorm_frozen_with_requires_grad_():
+    findings = run("""
+        import torch.nn as nn
+        import torch.optim as optim
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 16, 3)
+                self.bn = nn.BatchNorm2d(16)
+
+            def forward(self, x):
+                return self.bn(self.conv(x)).mean((2, 3))
+
+        encoder = Encoder()
+        encoder.load_state_dict(state)
+        decoder = nn.Linear(16, 2)
+        encoder.requires_grad_(False)
+        opt = optim.Adam(decoder.parameters())
+        for x, y in loader:
+            loss = nn.functional.mse_loss(decoder(encoder(x)), y)
+            loss.backward()
+            opt.step()
+        """, "TR116")
+    # its weights come from a checkpoint, not from another model that it follows: still frozen
+    assert lines(findings, "TR116") == []
+
+
+def test_project_backbone_class_frozen_and_trained_in_train_mode():
+    findings = run("""
+        import torch
+        import torch.nn as nn
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU())
+
+            def forward(self, x):
+                return self.body(x).mean((2, 3))
+
+        encoder = Encoder()
+        decoder = nn.Linear(16, 2)
+        encoder.requires_grad_(False)
+        opt = torch.optim.Adam(decoder.parameters())
+        for epoch in range(5):
+            encoder.train()
+            decoder.train()
+            for x, y in loader:
+                loss = nn.functional.mse_loss(decoder(encoder(x)), y)
+                loss.backward()
+                opt.step()
+        """, "TR116")
+    (finding,) = findings
+    assert finding.line == 15 and "`Encoder`, which builds BatchNorm" in finding.message
+
+
+def test_gan_discriminator_frozen_and_unfrozen_in_turns_is_quiet():
+    findings = run("""
+        import torch
+        from torchvision import models
+        netD = models.resnet18(num_classes=1)
+        for x in loader:
+            for p in netD.parameters():
+                p.requires_grad = False
+            g_loss = -netD(netG(z)).mean()
+            g_loss.backward()
+            optG.step()
+            for p in netD.parameters():
+                p.requires_grad = True
+            d_loss = netD(netG(z).detach()).mean() - netD(x).mean()
+            d_loss.backward()
+            optD.step()
+        """, "TR116")
+    assert findings == []
