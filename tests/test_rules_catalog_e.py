@@ -182,3 +182,108 @@ def test_gan_discriminator_frozen_and_unfrozen_in_turns_is_quiet():
             optD.step()
         """, "TR116")
     assert findings == []
+
+
+def test_validation_eval_is_undone_by_the_next_train_call():
+    findings = run("""
+        import torch
+        import torchvision
+
+        def train_one_epoch(model, loader, optimizer):
+            model.train()
+            for x, y in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+
+        @torch.no_grad()
+        def validate(model, loader):
+            model.eval()
+            return sum((model(x).argmax(1) == y).sum().item() for x, y in loader)
+
+        model = torchvision.models.efficientnet_b0(weights="DEFAULT")
+        model.features.requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.classifier.parameters())
+        for epoch in range(10):
+            train_one_epoch(model, train_loader, optimizer)
+            validate(model, val_loader)
+        """, "TR116")
+    (finding,) = findings
+    assert finding.line == 18 and "`model.features.requires_grad_(False)`" in finding.message
+
+
+def test_trained_in_train_mode_then_evaluated_at_the_end_is_found():
+    findings = run("""
+        import torch
+        from torchvision.models import resnet18
+        net = resnet18(weights="DEFAULT")
+        for name, param in net.named_parameters():
+            param.requires_grad = False
+        net.fc = torch.nn.Linear(512, 3)
+        opt = torch.optim.Adam(net.fc.parameters())
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+        net.eval()
+        test(net)
+        """, "TR116")
+    assert lines(findings, "TR116") == [5]
+    assert "call `net.eval()`" not in findings[0].message  # the head is trained too: only the BatchNorm layers
+
+
+# ---- TR117: an optimizer over a part of a model that trains whole ---------------------------------
+
+HEAD_ONLY_CELLS = [
+    ("code", "import torch\nimport timm\n"),
+    ("code", "model = timm.create_model('convnext_tiny', pretrained=True, num_classes=5)\n"
+             "optimizer = torch.optim.AdamW(model.head.parameters(), lr=1e-3)\n"),
+    ("markdown", "Training\n"),
+    ("code", "for epoch in range(3):\n    for x, y in loader:\n        loss = loss_fn(model(x), y)\n"
+             "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"),
+]
+
+
+def test_notebook_head_optimizer_with_the_backbone_in_the_graph():
+    result = analyze_text(notebook(*HEAD_ONLY_CELLS), "probe.ipynb", Config(select=("TR117",)))
+    assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR117", 2, 2)]
+    assert "optimizes only `model.head`, but the rest of `model` (`timm.create_model`)" in result.findings[0].message
+
+
+def test_notebook_that_freezes_with_a_helper_is_quiet():
+    cells = HEAD_ONLY_CELLS[:1] + [("code", "def freeze(m):\n    for p in m.parameters():\n"
+                                            "        p.requires_grad = False\n")] + HEAD_ONLY_CELLS[1:]
+    cells[2] = ("code", cells[2][1].replace("optimizer =", "freeze(model)\nmodel.reset_classifier(5)\noptimizer ="))
+    assert analyze_text(notebook(*cells), "probe.ipynb", Config(select=("TR117",))).findings == []
+
+
+def test_gradual_unfreezing_and_two_stage_training_are_quiet():
+    for extra in ("optimizer.add_param_group({'params': model.layer4.parameters(), 'lr': 1e-4})\n",
+                  "optimizer = optim.SGD(model.parameters(), lr=1e-4)\n"):
+        code = f"""
+import torch
+from torch import optim
+from torchvision import models
+model = models.resnet18(weights="DEFAULT")
+optimizer = optim.SGD(model.fc.parameters(), lr=1e-2)
+for x, y in loader:
+    criterion(model(x), y).backward()
+    optimizer.step()
+{extra}"""
+        assert run(code, "TR117") == [], extra
+
+
+def test_helper_built_models_and_wrapped_parts_are_quiet():
+    findings = run("""
+        import torch
+        from torch import optim
+        model = build_model(cfg)          # may come back frozen
+        opt = optim.Adam(model.head.parameters())
+        net = torch.nn.DataParallel(Net())
+        opt_all = optim.Adam(net.module.parameters())   # the whole model
+        for x, y in loader:
+            (criterion(model(x), y) + criterion(net(x), y)).backward()
+            opt.step()
+            opt_all.step()
+        """, "TR117")
+    assert findings == []
