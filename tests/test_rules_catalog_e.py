@@ -3,6 +3,8 @@ a script that falls back to the CPU), TR116 (a frozen BatchNorm backbone left in
 optimizer over a part of a model whose other parameters still get gradients)."""
 from __future__ import annotations
 
+import textwrap
+
 from analyzers.config import Config
 from analyzers.engine import analyze_text
 from tests.test_notebooks import notebook
@@ -23,7 +25,8 @@ def test_map_location_fix_is_safe_only_when_the_state_goes_into_load_state_dict(
         """, "TR613")
     assert lines(findings, "TR613") == [5, 6]
     by_line = {f.line: f for f in findings}
-    assert by_line[5].fix.replacement.strip() == "encoder.load_state_dict(torch.load(args.encoder_path, map_location=device))"
+    fixed = "encoder.load_state_dict(torch.load(args.encoder_path, map_location=device))"
+    assert by_line[5].fix.replacement.strip() == fixed
     assert by_line[5].fix.safe is True
     # a CPU tensor kept in the checkpoint (an RNG state) would be moved too: the fix changes behaviour
     assert by_line[6].fix.safe is False
@@ -61,8 +64,8 @@ def test_notebook_loads_a_downloaded_checkpoint_in_a_later_cell():
         ("code", "import torch\nfrom torchvision import models\n"),
         ("code", "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"),
         ("markdown", "Load the weights we trained on the cluster\n"),
-        ("code", "model = models.resnet18(num_classes=10)\nmodel.load_state_dict(torch.load('weights/resnet_cifar.pth'))\n"
-                 "model.to(device)\n"),
+        ("code", "model = models.resnet18(num_classes=10)\n"
+                 "model.load_state_dict(torch.load('weights/resnet_cifar.pth'))\nmodel.to(device)\n"),
     ]
     result = analyze_text(notebook(*cells), "eval.ipynb", Config(select=("TR613",)))
     assert [(f.rule, f.cell, f.line) for f in result.findings] == [("TR613", 4, 2)]
@@ -108,7 +111,8 @@ def test_notebook_with_the_backbone_put_back_in_eval_is_quiet():
 
 
 def test_project_backbone_class_with_batchnorm_frozen_with_requires_grad_():
-    findings = run("""
+    code = textwrap.dedent("""
+        import torch
         import torch.nn as nn
         import torch.optim as optim
 
@@ -122,7 +126,7 @@ def test_project_backbone_class_with_batchnorm_frozen_with_requires_grad_():
                 return self.bn(self.conv(x)).mean((2, 3))
 
         encoder = Encoder()
-        encoder.load_state_dict(state)
+        encoder.load_state_dict(torch.load("encoder.pt", weights_only=True))
         decoder = nn.Linear(16, 2)
         encoder.requires_grad_(False)
         opt = optim.Adam(decoder.parameters())
@@ -130,9 +134,15 @@ def test_project_backbone_class_with_batchnorm_frozen_with_requires_grad_():
             loss = nn.functional.mse_loss(decoder(encoder(x)), y)
             loss.backward()
             opt.step()
-        """, "TR116")
-    # its weights come from a checkpoint, not from another model that it follows: still frozen
-    assert lines(findings, "TR116") == []
+        """)
+    # its weights come from a checkpoint: a frozen pretrained encoder, in train mode all along
+    findings = run(code, "TR116")
+    assert lines(findings, "TR116") == [18]
+    assert "`encoder` (`Encoder`, which builds BatchNorm)" in findings[0].message
+    assert "call `encoder.eval()` before the training loop" not in findings[0].message
+    # copied from another model at every step (a target network): its weights follow that model
+    copied = code.replace("opt.step()", "opt.step()\n    encoder.load_state_dict(online.state_dict())")
+    assert run(copied, "TR116") == []
 
 
 def test_project_backbone_class_frozen_and_trained_in_train_mode():

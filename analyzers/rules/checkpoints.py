@@ -449,12 +449,16 @@ class DistributedLoadWithoutMapLocation(_LoadsWithoutMapLocation):
 def _device_choice(value: cst.BaseExpression, ctx: FileContext) -> bool:
     """``torch.device("cuda" if use_cuda else "cpu")`` / ``"cuda:0" if args.cuda else "cpu"``: CUDA or the CPU,
     chosen when the script runs (TR704's ``torch.cuda.is_available()`` selection is the other spelling)."""
-    if isinstance(value, cst.Call) and value.args and ctx.call_name(value) == "torch.device":
+    if type(value) is cst.Call:
+        if method_name(value) != "device" or not value.args or ctx.call_name(value) != "torch.device":
+            return False
         value = value.args[0].value
-    if not isinstance(value, cst.IfExp):
-        return _selects_with_cpu_fallback(value, ctx)
+    if type(value) is not cst.IfExp:
+        return False  # most assignments: the cheap test first
     arms = {string_value(value.body), string_value(value.orelse)}
-    return "cpu" in arms and any(arm is not None and arm.startswith("cuda") for arm in arms)
+    if "cpu" in arms and any(arm is not None and arm.startswith("cuda") for arm in arms):
+        return True
+    return _selects_with_cpu_fallback(value, ctx)  # f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
 
 
 def _with_map_location(call: cst.Call, device: str) -> cst.Call:
@@ -469,6 +473,8 @@ class LoadWithoutMapLocationOnCpuFallback(_LoadsWithoutMapLocation):
     id = "TR613"
     source_hint = (re.compile(r"\bload\b"), re.compile(r"""["']cpu["']"""))
     slug = "load-without-map-location-cpu-fallback"
+    # map_location moves every tensor (a CPU RNG state too); a fix straight into load_state_dict is marked safe
+    fix_safety = "unsafe"
     category = Category.SECURITY
     severity = Severity.LOW
     summary = "torch.load of a checkpoint without map_location in a script that falls back to the CPU"
@@ -608,7 +614,8 @@ class LoadWithoutMapLocationOnCpuFallback(_LoadsWithoutMapLocation):
         """``device = torch.device("cpu")`` in the ``else:`` of ``if torch.cuda.is_available(): device = ...``
         (or of a test of the accelerator, of ``args.cuda``): the CPU is the fallback of a choice made at run time."""
         value = node.value
-        if isinstance(value, cst.Call) and ctx.call_name(value) == "torch.device" and value.args:
+        if type(value) is cst.Call and value.args and method_name(value) == "device" and \
+                ctx.call_name(value) == "torch.device":
             value = value.args[0].value
         if string_value(value) != "cpu":
             return False

@@ -12,10 +12,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, call_receiver, dotted_name, is_false, is_true, method_name, \
-    short, string_value
+from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, call_receiver, dotted_name, is_false, is_true, \
+    method_name, short, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.flow import subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.values import MODULE_CHAIN, MODULE_WRAPPERS
 from analyzers.rules.base import Invalid, Rule
@@ -34,7 +35,8 @@ _BN_PARTS = {"features", "layer1", "layer2", "layer3", "layer4", "backbone", "en
 # part of the method (MoCo's shuffled BN, DINO's teacher)
 _FOLLOWER_WORDS = ("teacher", "ema", "momentum", "target", "shadow", "_k", "key_encoder", "average", "swa")
 # what keeps BatchNorm statistics fixed without eval()
-_FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|freeze_bn|frozen_bn|freeze_norm|"
+_FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|freeze_bn|frozen_bn|freeze_norm|bn_eval|"
+                        r"eval_bn|fix_bn|norm_eval|"
                         r"BatchNorm\w*\)\s*:?\s*\n?\s*\w+\.eval\(\)|momentum\s*=\s*0(?:\.0*)?\s*[,)]")
 
 
@@ -145,13 +147,12 @@ class _Facts:
     trains: list[_ModeCall] = field(default_factory=list)
     evals: list[_ModeCall] = field(default_factory=list)
     unfrozen: set[str] = field(default_factory=set)
-    # modules whose weights go to an optimizer, a ``zip`` with another model's, or come from ``load_state_dict``
+    # modules whose weights go to an optimizer or a ``zip`` with another model's, or are copied from another model
     weights_used: set[str] = field(default_factory=set)
     # callee -> (its first call under no_grad in a training loop, what shows it holds BatchNorm)
     no_grad_calls: dict[str, tuple[cst.Call, Optional[str]]] = field(default_factory=dict)
     grad_calls: set[str] = field(default_factory=set)  # callees also called with autograd on
     train_overrides: set[str] = field(default_factory=set)  # classes defining ``train(self, mode=True)``
-    instances: dict[str, list[str]] = field(default_factory=dict)  # class -> names bound to ``Class(...)``
     backward: Optional[int] = None  # the walk order of the first ``.backward()``
 
 
@@ -371,6 +372,7 @@ class FrozenBatchNormInTrainMode(Rule):
         super().__init__(ctx)
         self.facts = _Facts()
         self.order = 0
+        self.no_grad: list[cst.CSTNode] = []  # the no_grad ``with`` blocks and decorated functions we are in
 
     # ---- the walk ------------------------------------------------------------------------------
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
@@ -392,18 +394,25 @@ class FrozenBatchNormInTrainMode(Rule):
         owner = ctx.parent(ctx.parent(node))
         if node.name.value == "train" and isinstance(owner, cst.ClassDef):
             self.facts.train_overrides.add(owner.name.value)
+        if node.decorators and any(d in NO_GRAD_CONTEXTS for d in ctx.decorators_of(node)):
+            self.no_grad.append(node)
 
-    def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
-        value = node.value
-        if len(node.targets) != 1 or not isinstance(value, cst.Call):
-            return
-        value = _strip_chain(value, ctx)
-        if isinstance(value, cst.Call) and isinstance(value.func, (cst.Name, cst.Attribute)):
-            callee = dotted_name(value.func)
-            target = dotted_name(node.targets[0].target)
-            last = callee.rsplit(".", 1)[-1] if callee is not None else ""
-            if target is not None and last[:1].isupper():
-                self.facts.instances.setdefault(last, []).append(target)
+    def leave_FunctionDef(self, node: cst.FunctionDef, ctx: FileContext) -> None:
+        if self.no_grad and self.no_grad[-1] is node:
+            self.no_grad.pop()
+
+    def visit_With(self, node: cst.With, ctx: FileContext) -> None:
+        """``with torch.no_grad():`` blocks, kept here: asking ``ctx.in_no_grad()`` at every call costs more."""
+        for item in node.items:
+            call = item.item if isinstance(item.item, cst.Call) else None
+            if ctx.qualified_name(call.func if call is not None else item.item) in NO_GRAD_CONTEXTS and not (
+                    call is not None and is_true(argument(call, 0, "mode"))):
+                self.no_grad.append(node)
+                return
+
+    def leave_With(self, node: cst.With, ctx: FileContext) -> None:
+        if self.no_grad and self.no_grad[-1] is node:
+            self.no_grad.pop()
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
@@ -414,7 +423,9 @@ class FrozenBatchNormInTrainMode(Rule):
             return
         if name in ("parameters", "named_parameters", "load_state_dict") and isinstance(func, cst.Attribute):
             path = dotted_name(func.value)
-            if path is not None and (name == "load_state_dict" or self._weights_handed_on(node, ctx)):
+            copied = name == "load_state_dict" and isinstance(argument(node, 0, "state_dict"), cst.Call) and \
+                method_name(argument(node, 0, "state_dict")) == "state_dict"  # ``target.load_state_dict(net.state_dict())``
+            if path is not None and (copied or name != "load_state_dict" and self._weights_handed_on(node, ctx)):
                 self.facts.weights_used.add(path)
             return
         if name == "eval" and not node.args or name == "train":
@@ -431,16 +442,19 @@ class FrozenBatchNormInTrainMode(Rule):
             elif flag is None or is_true(flag):
                 self.facts.unfrozen.add(path)
             return
-        if isinstance(func, (cst.Name, cst.Attribute)) and ctx.qualified_name(func) is None:
-            callee = dotted_name(func if name != "forward" else func.value) if isinstance(func, cst.Attribute) \
-                else func.value
+        if type(func) is cst.Name:
+            callee = func.value
+        elif type(func) is cst.Attribute:
+            callee = dotted_name(func.value if name == "forward" else func)
             if callee is None:
                 return
-            if not ctx.in_no_grad():
-                self.facts.grad_calls.add(callee)
-            elif callee not in self.facts.no_grad_calls and any(loop_trains(lp, ctx) for lp in _loop_stack(ctx)):
-                self.facts.no_grad_calls[callee] = (node, _has_batchnorm(func if name != "forward" else func.value,
-                                                                         ctx))
+        else:
+            return
+        if not self.no_grad:
+            self.facts.grad_calls.add(callee)
+        elif callee not in self.facts.no_grad_calls and ctx.qualified_name(func) is None and \
+                any(loop_trains(lp, ctx) for lp in _loop_stack(ctx)):
+            self.facts.no_grad_calls[callee] = (node, _has_batchnorm(func if name != "forward" else func.value, ctx))
 
     @staticmethod
     def _weights_handed_on(node: cst.Call, ctx: FileContext) -> bool:
@@ -509,7 +523,7 @@ class FrozenBatchNormInTrainMode(Rule):
             if freeze.cls in facts.train_overrides:
                 return False
             attr = freeze.path[len("self."):]
-            instances = facts.instances.get(freeze.cls, [])
+            instances = self._instances(freeze.cls, ctx)
             if not instances:
                 return False  # built elsewhere: how it is trained is not in this file
             paths = [f"{inst}.{attr}" for inst in instances]
@@ -538,6 +552,24 @@ class FrozenBatchNormInTrainMode(Rule):
             self._report(freeze, path, None, ctx)
             return True
         return False
+
+    @staticmethod
+    def _instances(cls: str, ctx: FileContext) -> list[str]:
+        """The names bound to ``cls(...)`` in the file (``net = Net(10).cuda()``); asked only for a class that
+        freezes a BatchNorm backbone of its own, so the walk over the module is rare."""
+        found = []
+        for node in subtree(ctx.module):
+            if type(node) is not cst.Assign or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+                continue
+            value = node.value
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+                    value.func.attr.value in MODULE_CHAIN:
+                value = value.func.value
+            callee = dotted_name(value.func) if isinstance(value, cst.Call) else None
+            target = dotted_name(node.targets[0].target)
+            if callee is not None and target is not None and callee.rsplit(".", 1)[-1] == cls:
+                found.append(target)
+        return found
 
     def _report(self, freeze: _Freeze, path: str, culprit: Optional[_ModeCall], ctx: FileContext) -> None:
         if culprit is not None:
