@@ -153,6 +153,7 @@ class _Facts:
     no_grad_calls: dict[str, tuple[cst.Call, Optional[str]]] = field(default_factory=dict)
     grad_calls: set[str] = field(default_factory=set)  # callees also called with autograd on
     train_overrides: set[str] = field(default_factory=set)  # classes defining ``train(self, mode=True)``
+    trained: set[str] = field(default_factory=set)  # roots of what is called inside a loop that backpropagates
     backward: Optional[int] = None  # the walk order of the first ``.backward()``
 
 
@@ -302,6 +303,19 @@ class FrozenBatchNormInTrainMode(Rule):
             loss_fn(model(x), y).backward()
             optimizer.step()
         """,
+        # frozen for a demo forward pass; what backpropagates in this file is something else
+        """
+        import torch
+        import torchvision
+        w = torch.randn(3, requires_grad=True)
+        for step in range(100):
+            (w ** 2).sum().backward()
+        resnet = torchvision.models.resnet18(weights="DEFAULT")
+        for param in resnet.parameters():
+            param.requires_grad = False
+        resnet.fc = torch.nn.Linear(512, 100)
+        print(resnet(torch.randn(64, 3, 224, 224)).shape)
+        """,
     ]
     INVALID = [
         Invalid(
@@ -450,6 +464,10 @@ class FrozenBatchNormInTrainMode(Rule):
                 return
         else:
             return
+        root = callee.split(".", 1)[0]
+        if root not in self.facts.trained and ctx.loop is not None and \
+                any(loop_trains(lp, ctx) for lp in _loop_stack(ctx)):
+            self.facts.trained.add(root)
         if not self.no_grad:
             self.facts.grad_calls.add(callee)
         elif callee not in self.facts.no_grad_calls and ctx.qualified_name(func) is None and \
@@ -536,6 +554,8 @@ class FrozenBatchNormInTrainMode(Rule):
             return False  # the class puts it in eval mode itself (in forward, in a hook)
         for path in paths:
             root = path.split(".", 1)[0]
+            if root not in facts.trained:
+                continue  # never run in a training loop here (a demo, a feature extractor used elsewhere)
             evals = [e for e in facts.evals if _within(e.path, path)]
             trains = [t for t in facts.trains if _within(path, t.path) and t.path.split(".", 1)[0] == root]
             if trains:
