@@ -297,3 +297,45 @@ def test_helper_built_models_and_wrapped_parts_are_quiet():
             opt_all.step()
         """, "TR117")
     assert findings == []
+
+
+def test_a_class_from_another_file_that_freezes_its_backbone_is_quiet(tmp_path):
+    from analyzers.engine import analyze_source
+    from analyzers.program.modules import index_for
+    from analyzers.rules import get_rule
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        from torchvision import models
+
+        class Probe(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.backbone = models.resnet50(weights="DEFAULT")
+                self.backbone.requires_grad_(False)
+                self.head = nn.Linear(1000, n)
+
+            def forward(self, x):
+                return self.head(self.backbone(x))
+        """))
+    train = textwrap.dedent("""
+        import torch
+        from model import Probe
+        net = Probe(10)
+        opt = torch.optim.SGD(net.head.parameters(), lr=0.1)
+        for x, y in loader:
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+        """)
+    script = tmp_path / "train.py"
+    script.write_text(train)
+    rule = get_rule("TR117")
+    result = analyze_source(train, str(script), rules=[rule], repository=index_for(script))
+    assert result.findings == []
+    # the same class without the freeze: the backbone's gradients are computed for nothing
+    (tmp_path / "model.py").write_text((tmp_path / "model.py").read_text().replace(
+        "        self.backbone.requires_grad_(False)\n", ""))
+    result = analyze_source(train, str(script), rules=[rule], repository=index_for(script))
+    assert [f.line for f in result.findings] == [5]
+    assert "the rest of `net` (`Probe`)" in result.findings[0].message

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import libcst as cst
@@ -676,9 +677,9 @@ class OptimizerOverPartOfTrainedModel(Rule):
         Flags `optimizer = optim.X(model.fc.parameters(), ...)` (one part of a model) when the whole
         `model` runs in the training loss (`model(x)` in a loop that calls `.backward()`, outside
         `torch.no_grad()`), the model is built in the file (a torchvision/timm constructor or a module
-        class), nothing in the file freezes parameters (`requires_grad = False`, `requires_grad_(False)`,
-        a freeze helper) and no other optimizer, parameter group or `add_param_group` takes the rest of
-        the model. Filtering (`filter(lambda p: p.requires_grad, ...)`) and separate optimizers per
+        class), nothing in the file (nor in the file that defines the model's class) freezes parameters
+        (`requires_grad = False`, `requires_grad_(False)`, a freeze helper) and no other optimizer,
+        parameter group or `add_param_group` takes the rest of the model. Filtering (`filter(lambda p: p.requires_grad, ...)`) and separate optimizers per
         network (GANs) are not this case.
     """
     why = """
@@ -844,6 +845,20 @@ class OptimizerOverPartOfTrainedModel(Rule):
             self.trained_calls[callee.value] = node
 
     @staticmethod
+    def _class_freezes_nothing(name: str, ctx: FileContext) -> bool:
+        """The class is found (this file, or the repository) and its file sets no ``requires_grad`` to False."""
+        if name in ctx.module_classes_in_file:
+            return True  # this file's text was checked already
+        cls = ctx.facts(ModuleFacts).find_class(name)
+        if cls is None:
+            return False
+        try:
+            text = Path(cls.path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        return _FREEZES.search(text) is None
+
+    @staticmethod
     def _bookkeeping(node: cst.Call, ctx: FileContext) -> bool:
         """``sum(p.numel() for p in model.parameters())``, ``clip_grad_norm_(model.parameters(), 1.0)``."""
         for ancestor in ctx.ancestors(node):
@@ -886,6 +901,8 @@ class OptimizerOverPartOfTrainedModel(Rule):
             call = self.trained_calls.get(found.model)
             if call is None or (found.name is not None and found.name not in self.stepped):
                 continue
+            if found.built[:1].isupper() and not self._class_freezes_nothing(found.built, ctx):
+                continue  # a project class defined elsewhere may freeze its own backbone
             if any(not _within(path, found.part) for path in self.other_uses.get(found.model, ())):
                 continue  # another optimizer, a parameter group or an EMA takes the rest of the model
             self.report(found.call,
