@@ -36,9 +36,10 @@ _BN_PARTS = {"features", "layer1", "layer2", "layer3", "layer4", "backbone", "en
 # part of the method (MoCo's shuffled BN, DINO's teacher)
 _FOLLOWER_WORDS = ("teacher", "ema", "momentum", "target", "shadow", "_k", "key_encoder", "average", "swa")
 # what keeps BatchNorm statistics fixed without eval()
-_FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|freeze_bn|frozen_bn|freeze_norm|bn_eval|"
-                        r"eval_bn|fix_bn|norm_eval|"
-                        r"BatchNorm\w*\)\s*:?\s*\n?\s*\w+\.eval\(\)|momentum\s*=\s*0(?:\.0*)?\s*[,)]")
+# (``isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):`` then ``m.eval()``, ``model.apply(set_bn_to_eval)``...)
+_FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|fix_?bn|norm_eval|freeze_?norm|"
+                        r"(?:bn|batch_?norm)\w*(?:eval|freeze|frozen|fix)|(?:eval|freeze|frozen|fix)\w*(?:bn|batch_?norm)|"
+                        r"BatchNorm[^\n]*\n?[^\n]*\.eval\(\)|momentum\s*=\s*0(?:\.0*)?\s*[,)]", re.IGNORECASE)
 
 
 def _library_constructor(call: cst.Call, ctx: FileContext) -> Optional[str]:
@@ -304,6 +305,23 @@ class FrozenBatchNormInTrainMode(Rule):
             loss_fn(model(x), y).backward()
             optimizer.step()
         """,
+        # the frozen BatchNorm layers switched back after every train(), whichever types they are
+        """
+        import torch.nn as nn
+        from torchvision.models import resnet50
+        model = resnet50(weights="DEFAULT")
+        for p in model.parameters():
+            p.requires_grad = False
+        model.fc = nn.Linear(2048, 10)
+        for epoch in range(10):
+            model.train()
+            for m in model.modules():
+                if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                    m.eval()
+            for x, y in loader:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        """,
         # frozen for a demo forward pass; what backpropagates in this file is something else
         """
         import torch
@@ -519,7 +537,7 @@ class FrozenBatchNormInTrainMode(Rule):
     # ---- the verdict ---------------------------------------------------------------------------
     def end_file(self, ctx: FileContext) -> None:
         facts = self.facts
-        if facts.backward is None or _FROZEN_BN.search(ctx.source):
+        if facts.backward is None or not (facts.freezes or facts.no_grad_calls) or _FROZEN_BN.search(ctx.source):
             return
         reported: set[str] = set()
         for freeze in facts.freezes:
