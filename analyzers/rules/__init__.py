@@ -23,6 +23,7 @@ _MODULES = (
     "loop",
     "amp",
     "distributed",
+    "finetuning",
 )
 _loaded = False
 
