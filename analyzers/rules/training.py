@@ -40,6 +40,9 @@ _OPT_NAME = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\
 _MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
                 "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer",
                 "netg", "netd", "gen", "disc", "student", "ddp_model", "wrapped_model"}
+# A callee named ``<verb>_model`` runs or builds a model and returns metrics, a model or a path: not its outputs.
+_HELPER_VERBS = {"evaluate", "eval", "validate", "val", "test", "train", "fit", "build", "create", "make", "get",
+                 "load", "init", "initialize", "save", "setup", "prepare", "export", "print", "summarize", "count"}
 _OUTPUT_NAMES = {"out", "output", "outputs", "logits", "pred", "preds", "prediction", "predictions",
                  "y_pred", "y_hat", "yhat", "scores", "recon", "reconstruction"}
 _RNN_CLASSES = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "Transformer", "TransformerEncoder",
@@ -173,6 +176,11 @@ def _is_model_callee(func: cst.BaseExpression, ctx: FileContext) -> bool:
     if name is None:
         return False
     last = _last(name).lower()
+    if isinstance(func, cst.Name) and "_" in last and last.split("_", 1)[0] in _HELPER_VERBS and (
+            ctx.binding(func.value) is None or ctx.binding(func.value).kind in ("def", "import")):
+        # ``evaluate_model(...)``, ``train_model(...)``: a function that takes a model, not a forward pass
+        # (``eval_model = copy.deepcopy(model)`` stays a model)
+        return False
     if last in _MODEL_NAMES or (last.endswith(("model", "net")) and not last.endswith(("_fn", "loss"))):
         return True
     origin = ctx.origin(func)
