@@ -1922,6 +1922,19 @@ class PerStepSynchronizeForLogging(Rule):
             torch.cuda.synchronize()
             print(time.time())
         """,
+        # a throughput benchmark: each pass runs forward and backward once to be timed, nothing is trained
+        """
+        import time
+        import torch
+        for width in (256, 512, 1024):
+            net = make_mlp(width).cuda()
+            batch = torch.randn(64, width, device="cuda")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            net(batch).sum().backward()
+            torch.cuda.synchronize()
+            timings[width] = time.perf_counter() - t0
+        """,
         # not a training loop
         """
         import time
@@ -1990,6 +2003,7 @@ class PerStepSynchronizeForLogging(Rule):
         self.backward_loops: set[int] = set()
         self.host_reads: dict[int, int] = {}  # id(loop) -> unguarded ``.item()`` / ``.cpu()``... in it
         self.helpers: set[str] = set()  # functions of this file that run a collective
+        self.step_loops: set[int] = set()  # loops that step an optimizer (``opt.step()``, ``scaler.step(opt)``)
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
@@ -2002,6 +2016,9 @@ class PerStepSynchronizeForLogging(Rule):
         if not ctx.loops:
             return
         name = method_name(node)
+        if name == "step" and isinstance(func, cst.Attribute):
+            self.step_loops.update(id(loop) for loop in _loop_stack(ctx))
+            return
         if qualified is None and name not in _BACKWARD_METHODS and name not in _SYNC_METHODS and \
                 not (isinstance(func, cst.Name) and node.args):
             return  # nothing this rule looks at: skip the loop bookkeeping
@@ -2070,6 +2087,8 @@ class PerStepSynchronizeForLogging(Rule):
             if candidate.kind == "synchronize":
                 if self.host_reads.get(id(loop)) or not self._then_timed_or_logged(candidate.node, ctx):
                     continue
+                if id(loop) not in self.step_loops:
+                    continue  # a backward with no optimizer step: a benchmark timing each pass, not training
                 self.report(candidate.node, (
                     "`torch.cuda.synchronize()` every training step, only to time or log it: the CPU waits for the "
                     "GPU to finish each step before it can queue the next one; synchronize only on the steps you log "
