@@ -449,3 +449,41 @@ def test_mutable_default_quoting_backticks_stays_one_code_span():
     assert finding.rule == "TR303"
     code = [chunk for is_code, chunk in split_code(finding.message) if is_code]
     assert code == ["tags", "fit()", '["`x`", "``"]']
+
+
+def test_override_of_a_module_defined_in_another_file_leaves_the_mode_to_its_callers(tmp_path):
+    # The base class (an nn.Module in another file of the repository) calls predict_eps() from its sampler,
+    # under inference_mode and after eval(), and from its loss with autograd on: the override cannot know.
+    from analyzers.program.modules import RepositoryIndex
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "base.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.nn import Module
+
+        class Sampler(Module):
+            def __init__(self, net):
+                super().__init__()
+                self.net = net
+
+            def predict_eps(self, x, t):
+                return self.net(x, t)
+
+            def forward(self, x, t):
+                return (self.predict_eps(x, t) - x).pow(2).mean()
+    """))
+    child = textwrap.dedent("""
+        import torch
+        from .base import Sampler
+
+        class ClippedSampler(Sampler):
+            def predict_eps(self, x, t):
+                return self.net(x, t).clamp(-1, 1)
+    """)
+    path = tmp_path / "pkg" / "clipped.py"
+    path.write_text(child)
+    result = analyze_source(child, str(path), rules=RULES, repository=RepositoryIndex(tmp_path))
+    assert [f.rule for f in result.findings] == []
+    # without the repository the base is unknown: the evaluation-named method is still judged on its own
+    assert "TR202" in ids(child, str(path))

@@ -371,7 +371,9 @@ class _Facts:
         if isinstance(origin, (cst.Lambda,)):
             return
         cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)
-        if head == "self" and cls is not None and ctx.is_module_subclass(cls):
+        if head == "self" and cls is not None and (ctx.is_module_subclass(cls) or any(
+                ctx.facts(ModuleFacts).is_module_class(base) for base in
+                (dotted_name(b.value) for b in cls.bases) if base)):
             # a module's own predict()/inference() helper: the caller decides the mode, unless it loops over data
             if not self.stack[-1].val_loops and not _loops_over_loader(ctx):
                 return
