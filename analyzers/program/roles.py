@@ -221,6 +221,9 @@ class CheckpointWrites:
                 return self._value_payload(inner, key, depth)
             return {Payload.TENSORS}
         name = dotted_name(value)
+        if name and depth and self._assignments.get(name) and all(
+                isinstance(v, cst.Dict) for v in self._assignments[name]):
+            return self.payloads(value, depth)  # ``converted = {}`` filled key by key: judged by what goes in
         if name:
             last = _last(name)
             if last in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:

@@ -119,6 +119,11 @@ class UnsafeTorchLoad(Rule):
         # weights_only=True would refuse them, so no mechanical fix, and the message says why
         Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
                 "ckpt = torch.load(args.resume, map_location='cpu')\n", line=3, message="add_safe_globals"),
+        # a converter that renames keys into a dict it builds: a dict of tensors, whatever its name says, so the
+        # weights-only fix stays on offer
+        Invalid("import torch\nsd = torch.load(args.src, map_location='cpu')\nmodel_renamed = {}\n"
+                "for k, v in sd['model'].items():\n    model_renamed[k.replace('module.', '')] = v.clone()\n"
+                "torch.save({'model': model_renamed}, args.dst)\n", line=2, message="pass `weights_only=True`"),
         # the whole model (built from a class, or resumed) is saved: the snapshot it resumes from is a pickled
         # module, which weights_only=True refuses
         Invalid("import torch\nif args.resume_snapshot:\n    model = torch.load(args.resume_snapshot)\nelse:\n"
