@@ -81,6 +81,13 @@ class UnsafeTorchLoad(Rule):
         # a cache the program writes and reads back
         "import torch, os\nif os.path.isfile(cache_file):\n    vectors = torch.load(cache_file)\n"
         "else:\n    torch.save(vectors, cache_file)\n",
+        # a data set that caches its processed tensors through a file handle and reads them back
+        "import os, torch\nclass Digits(Dataset):\n    def __init__(self, root, build=False):\n"
+        "        self.root = root\n        if build:\n            self.build()\n"
+        "        self.images, self.labels = torch.load(os.path.join(self.root, 'cache', 'digits.pt'))\n"
+        "    def build(self):\n        images, labels = read_raw(self.root)\n"
+        "        with open(os.path.join(self.root, 'cache', 'digits.pt'), 'wb') as handle:\n"
+        "            torch.save((images, labels), handle)\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # the fallback for torch builds without the keyword
