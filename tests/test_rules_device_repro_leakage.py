@@ -278,3 +278,17 @@ def test_fit_on_everything_only_for_exploration_is_not_leakage():
     X_train, X_test = train_test_split(X)
     '''
     assert findings(code, ("TR951",)) == []
+
+
+@pytest.mark.parametrize("path_expr, severity", [
+    ("args.resume", "critical"),
+    ("f'{args.out_dir}/last.pt'", "critical"),
+    ("'./%s.pt' % opt.name", "critical"),
+    ("'weights/%s_%d.pth' % (opt.name, opt.epoch)", "high"),
+    ("f'runs/{cfg.tag}/last.pt'", "high"),
+    ("os.path.join('pretrained', args.file)", "high"),
+])
+def test_unsafe_load_is_critical_only_when_options_choose_the_folder(path_expr, severity):
+    code = f"import os\nimport torch\nstate = torch.load({path_expr})\n"
+    found = findings(code, ids=("TR601",))
+    assert [(f.rule, f.severity.name.lower()) for f in found] == [("TR601", severity)]

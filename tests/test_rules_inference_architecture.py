@@ -449,3 +449,88 @@ def test_mutable_default_quoting_backticks_stays_one_code_span():
     assert finding.rule == "TR303"
     code = [chunk for is_code, chunk in split_code(finding.message) if is_code]
     assert code == ["tags", "fit()", '["`x`", "``"]']
+
+
+def test_override_of_a_module_defined_in_another_file_leaves_the_mode_to_its_callers(tmp_path):
+    # The base class (an nn.Module in another file of the repository) calls predict_eps() from its sampler,
+    # under inference_mode and after eval(), and from its loss with autograd on: the override cannot know.
+    from analyzers.program.modules import RepositoryIndex
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "base.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.nn import Module
+
+        class Sampler(Module):
+            def __init__(self, net):
+                super().__init__()
+                self.net = net
+
+            def predict_eps(self, x, t):
+                return self.net(x, t)
+
+            def forward(self, x, t):
+                return (self.predict_eps(x, t) - x).pow(2).mean()
+    """))
+    child = textwrap.dedent("""
+        import torch
+        from .base import Sampler
+
+        class ClippedSampler(Sampler):
+            def predict_eps(self, x, t):
+                return self.net(x, t).clamp(-1, 1)
+    """)
+    path = tmp_path / "pkg" / "clipped.py"
+    path.write_text(child)
+    result = analyze_source(child, str(path), rules=RULES, repository=RepositoryIndex(tmp_path))
+    assert [f.rule for f in result.findings] == []
+    # without the repository the base is unknown: the evaluation-named method is still judged on its own
+    assert "TR202" in ids(child, str(path))
+
+
+def test_shape_check_at_the_bottom_of_a_model_file_is_not_an_evaluation():
+    # a model file's own smoke check: a fresh, untrained network run once on a random batch to print a shape
+    code = """
+        import torch
+        import torch.nn as nn
+
+        class TinyConv(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Dropout(0.2))
+
+            def forward(self, x):
+                return self.body(x)
+
+        def build_tiny():
+            return TinyConv()
+
+        def test():
+            net = build_tiny()
+            batch = torch.randn(2, 3, 16, 16)
+            print(net(batch).shape)
+    """
+    assert ids(code, "models/tiny.py") == []
+
+
+def test_test_function_that_loads_weights_is_still_an_evaluation():
+    code = """
+        import torch
+        import torch.nn as nn
+
+        class TinyConv(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Dropout(0.2))
+
+            def forward(self, x):
+                return self.body(x)
+
+        def test(path):
+            net = TinyConv()
+            net.load_state_dict(torch.load(path, weights_only=True))
+            probe = torch.randn(2, 3, 16, 16)
+            print(net(probe).argmax(1))
+    """
+    assert sorted(ids(code, "models/tiny.py")) == ["TR201", "TR202"]

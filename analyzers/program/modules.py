@@ -645,6 +645,21 @@ class ModuleFacts:
         cls = self._summary().classes.get(name)
         return cls.forward_return_line if cls is not None else None
 
+    def is_module_class(self, name: str) -> bool:
+        """Is the class ``name`` (defined here or in another file of the repository) an ``nn.Module``: it
+        defines ``forward`` or derives from ``Module``, directly or through its project bases?"""
+        index = self.ctx.repository
+        cls = self.find_class(name)
+        seen: set[str] = set()
+        while cls is not None and f"{cls.path}:{cls.name}" not in seen and len(seen) < 6:
+            seen.add(f"{cls.path}:{cls.name}")
+            if cls.has_forward or any(b.rsplit(".", 1)[-1] in ("Module", "LightningModule") for b in cls.bases):
+                return True
+            parents = [index.find_class(Path(cls.path), b) if index is not None else self._summary().classes.get(b)
+                       for b in cls.bases]
+            cls = next((p for p in parents if p is not None), None)
+        return False
+
     def reads_data(self, class_names: Iterable[str]) -> bool:
         """Does this file, or the file of any of these classes (its Dataset), read real data?"""
         if READS_DATA.search(self.ctx.source):

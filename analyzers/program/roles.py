@@ -144,7 +144,7 @@ class CheckpointWrites:
         for node in subtree(ctx.module):
             if isinstance(node, cst.Call) and (ctx.qualified_name(node.func) in TORCH_SAVE
                                                or (dotted_name(node.func) or "").rsplit(".", 1)[-1] == SAVE_ON_MASTER):
-                path = argument(node, 1, "f")
+                path = self._opened_path(node, argument(node, 1, "f"))
                 obj = argument(node, 0, "obj")
                 write = CheckpointWrite(node, path, self.payloads(obj) if obj is not None else set())
                 if path is not None:
@@ -152,6 +152,21 @@ class CheckpointWrites:
                     write.path_literals = self.literals(path) | self._passed_literals(node, path)
                 result.append(write)
         return result
+
+    def _opened_path(self, save: cst.Call, target: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+        """The path of ``with open(path, "wb") as f: torch.save(obj, f)``: the file the handle writes."""
+        if not isinstance(target, cst.Name):
+            return target
+        for node in self._ancestry(save):
+            if isinstance(node, cst.With):
+                for item in node.items:
+                    handle = item.asname.name if item.asname is not None else None
+                    if isinstance(handle, cst.Name) and handle.value == target.value and \
+                            isinstance(item.item, cst.Call) and dotted_name(item.item.func) == "open" and item.item.args:
+                        return item.item.args[0].value
+            if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+                break
+        return target
 
     def _passed_literals(self, call: cst.Call, path: cst.BaseExpression) -> set[str]:
         """``def train(..., save_path): torch.save(..., save_path)`` called as ``train(..., 'model.pt')``."""
@@ -221,6 +236,9 @@ class CheckpointWrites:
                 return self._value_payload(inner, key, depth)
             return {Payload.TENSORS}
         name = dotted_name(value)
+        if name and depth and self._assignments.get(name) and all(
+                isinstance(v, cst.Dict) for v in self._assignments[name]):
+            return self.payloads(value, depth)  # ``converted = {}`` filled key by key: judged by what goes in
         if name:
             last = _last(name)
             if last in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:

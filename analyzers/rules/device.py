@@ -298,6 +298,17 @@ class TensorWithoutDevice(Rule):
             device = th.device("cuda:0")
             model = Attention().to(device)
             """,
+        # a float constant made a 0-dim tensor (a tanh-approximated activation): CUDA ops take it as a scalar
+        """
+        import math
+        import torch
+        from torch import nn
+        class TanhGelu(nn.Module):
+            def forward(self, h):
+                c = torch.sqrt(torch.tensor(2 / math.pi))
+                return 0.5 * h * (1.0 + torch.tanh(c * (h + 0.044715 * h ** 3))) * torch.tensor(-1.5)
+        net = nn.Sequential(nn.Linear(8, 8), TanhGelu()).to("cuda")
+        """,
         # sizes read off the inputs, for Python-side bookkeeping
         """
         import torch
@@ -459,6 +470,11 @@ class TensorWithoutDevice(Rule):
             return
         if name == "tensor" and node.args and _shape_metadata(node.args[0].value):
             return  # sizes read off other tensors (``[x.shape[-1] for x in crops]``): CPU-side bookkeeping
+        if name == "tensor" and node.args and _constant_scalar(node.args[0].value) and \
+                _has_fraction(node.args[0].value) and keyword_arg(node, "dtype") is None:
+            # ``torch.tensor(2.0 / math.pi)``: a 0-dim float constant, which CUDA ops take as a plain scalar
+            # (an integer one may be an index, and index ops want it on the device)
+            return
         target = None
         top: cst.CSTNode = node
         while True:  # ``pos = torch.arange(t).unsqueeze(0)``: the name the chain is assigned to
@@ -581,6 +597,31 @@ def _embedding_attributes(cls: cst.ClassDef, ctx: FileContext) -> set[str]:
                     and ctx.call_name(inner.value) in _EMBEDDINGS:
                 found.add(f"{target}.{inner.keyword.value}")
     return found
+
+
+_CONSTANTS = {"pi", "e", "tau", "inf"}
+
+
+def _constant_scalar(expr: cst.BaseExpression) -> bool:
+    """A number known when the code is written: ``2.0``, ``-1``, ``2.0 / math.pi``, ``math.sqrt(2 / torch.pi)``."""
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.UnaryOperation):
+        return _constant_scalar(expr.expression)
+    if isinstance(expr, cst.BinaryOperation):
+        return _constant_scalar(expr.left) and _constant_scalar(expr.right)
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value in _CONSTANTS and dotted_name(expr.value) in ("math", "torch", "np", "numpy")
+    if isinstance(expr, cst.Call) and dotted_name(expr.func) in ("math.sqrt", "math.log", "math.exp", "float"):
+        return len(expr.args) == 1 and _constant_scalar(expr.args[0].value)
+    return False
+
+
+def _has_fraction(expr: cst.BaseExpression) -> bool:
+    """A float literal, a math constant or a division in the expression: a float value, not an index."""
+    return any(isinstance(n, cst.Float) or (isinstance(n, cst.Attribute) and n.attr.value in _CONSTANTS)
+               or (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide))
+               or isinstance(n, cst.Call) for n in subtree(expr))
 
 
 def _shape_metadata(expr: cst.BaseExpression) -> bool:

@@ -8,6 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
+from analyzers.program.flow import subtree
 from analyzers.program.modules import ModuleFacts, layer_of
 from analyzers.program.values import constructor, model_class
 from analyzers.model import Category, Severity
@@ -370,8 +371,12 @@ class _Facts:
             return
         if isinstance(origin, (cst.Lambda,)):
             return
+        if _shape_check(node, target, ctx):
+            return
         cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)
-        if head == "self" and cls is not None and ctx.is_module_subclass(cls):
+        if head == "self" and cls is not None and (ctx.is_module_subclass(cls) or any(
+                ctx.facts(ModuleFacts).is_module_class(base) for base in
+                (dotted_name(b.value) for b in cls.bases) if base)):
             # a module's own predict()/inference() helper: the caller decides the mode, unless it loops over data
             if not self.stack[-1].val_loops and not _loops_over_loader(ctx):
                 return
@@ -439,6 +444,29 @@ class _Facts:
         if any(s.needs_grad for s in call.stack if s.node is not None) or call.stack[-1].needs_grad:
             return True
         return any(self.covered_by_callers(s, "nograd") for s in call.stack)
+
+
+_SYNTHETIC = {"torch.randn", "torch.rand", "torch.randint", "torch.zeros", "torch.ones", "torch.empty", "torch.full"}
+
+
+def _shape_check(call: cst.Call, target: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``def test(): net = ResNet18(); y = net(torch.randn(1, 3, 32, 32)); print(y.size())``: a model built
+    in this very function, no weights loaded, run once (no loop) on a random or constant tensor. That checks
+    shapes; there are no results whose mode could matter, nor a graph worth freeing."""
+    fn = ctx.function_def
+    if fn is None or not isinstance(target, cst.Name) or ctx.loops_in_function() or not call.args:
+        return False
+    binding = ctx.scopes[-1].bindings.get(target.value) if ctx.scopes else None
+    if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Call):
+        return False
+    for node in subtree(fn.body):
+        if isinstance(node, cst.Call) and "load" in (method_name(node) or "").lower():
+            return False  # weights come in: this may be a real evaluation
+    value = call.args[0].value
+    if isinstance(value, cst.Name):
+        bound = ctx.scopes[-1].bindings.get(value.value)
+        value = bound.value if bound is not None and bound.kind == "assign" else None
+    return isinstance(value, cst.Call) and ctx.call_name(value) in _SYNTHETIC
 
 
 def _bound_locally(head: str, ctx: FileContext) -> bool:

@@ -1067,6 +1067,20 @@ class OutputsKeptWithGraph(Rule):
             preds.append(out.data)
             scores.append(out.item())
         """,
+        # a helper that evaluates the model and returns plain numbers, though its name ends in "model"
+        """
+        import torch
+        def evaluate_model(net, loader):
+            with torch.no_grad():
+                return sum(crit(net(a), b).item() for a, b in loader)
+        history = []
+        for step, (x, y) in enumerate(train_loader):
+            crit(net(x), y).backward()
+            opt.step()
+            if step % 50 == 0:
+                held_out = evaluate_model(net, val_loader)
+                history.append(held_out)
+        """,
     ]
     INVALID = [
         Invalid(

@@ -1108,6 +1108,24 @@ class _NumpyState:
     uses_torch: bool = False
 
 
+def _detached_side_output(found: cst.CSTNode, ctx: FileContext) -> bool:
+    """A NumPy copy returned next to the result, after an explicit ``.detach()`` / ``.data``: a second output
+    (replay priorities, statistics) that the author took out of autograd on purpose, not part of the loss."""
+    element = ctx.parent(found)
+    tup = ctx.parent(element) if isinstance(element, cst.Element) else None
+    if not isinstance(tup, cst.Tuple) or not isinstance(ctx.parent(tup), cst.Return) or tup.elements[0] is element:
+        return False
+    node = found
+    while isinstance(node, (cst.Call, cst.Attribute)):
+        if isinstance(node, cst.Call):
+            node = node.func
+            continue
+        if node.attr.value in ("data", "detach"):
+            return True
+        node = node.value
+    return False
+
+
 class NumpyInForward(Rule):
     id = "TR405"
     source_hint = re.compile(r"numpy|np\.")  # ``.numpy()`` or a NumPy call
@@ -1191,6 +1209,14 @@ class NumpyInForward(Rule):
                 seq = x.size(1)
                 pos = np.arange(seq)
                 return x + self.table[:seq] * np.log(scale)
+        """,
+        # prioritized replay: the loss, and beside it the detached per-sample errors as new priorities
+        """
+        import torch
+        def weighted_td_loss(q, target, weights):
+            td = torch.nn.functional.smooth_l1_loss(q, target, reduction="none")
+            weighted = weights * td
+            return torch.mean(weighted), (weighted + 1e-6).detach().cpu().numpy()
         """,
         # a loss-plotting helper is not a loss function
         """
@@ -1308,6 +1334,8 @@ class NumpyInForward(Rule):
         if state.kind == "loss" and not state.uses_torch:
             return
         for found, message in state.found:
+            if _detached_side_output(found, ctx):
+                continue  # ``return loss, td.detach().cpu().numpy()``: priorities / stats beside the loss, on purpose
             if state.calls_layers and found in state.on_raw_input:
                 # NumPy on the raw input of a module that runs its own layers elsewhere: pre-processing or a
                 # hand-off to another runtime (ONNX Runtime, OpenCV), not a cut in this module's gradient path

@@ -8,6 +8,7 @@ import re
 import libcst as cst
 
 from analyzers.context import FileContext, argument, call_receiver, dotted_name, is_false, is_true, method_name
+from analyzers.program.flow import subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -168,6 +169,23 @@ class UnseededTraining(Rule):
                     loss.backward()
                     optimizer.step()
         """,
+        # a library module: its Fitter trains when imported and used; the __main__ block only draws samples
+        """
+        import torch
+        from torchvision import datasets
+        class Fitter:
+            def __init__(self, net, root):
+                self.net, self.data = net, datasets.ImageFolder(root)
+                self.opt = torch.optim.Adam(net.parameters())
+            def fit(self, loader):
+                for x, _ in loader:
+                    self.net.loss(x).backward()
+                    self.opt.step()
+        def draw(net, n):
+            return net.sample(n)
+        if __name__ == "__main__":
+            print(draw(build_denoiser(), 4).shape)
+        """,
         # an autograd demonstration, not a training loop
         """
         import torch
@@ -260,6 +278,7 @@ class UnseededTraining(Rule):
         self.optimizes_parameters = False
         self.optimizes_tensors = False
         self.project_classes: set[str] = set()
+        self.training_definitions: set[str] = set()  # module-level functions / classes whose body calls backward
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
         if self.main_guard is None and not ctx.functions and _is_main_guard(node.test):
@@ -290,6 +309,10 @@ class UnseededTraining(Rule):
             if self.backward is None:
                 self.backward = node
                 self.backward_owner = f"{fn.name.value}()" if fn is not None else "the module-level loop"
+            top = next((a for a in ctx.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.ClassDef))
+                        and isinstance(ctx.parent(a), cst.Module)), None)
+            if top is not None:
+                self.training_definitions.add(top.name.value)
             if fn is None:
                 self.entry_backward = True
             elif _entry_function(fn.name.value):
@@ -306,6 +329,26 @@ class UnseededTraining(Rule):
             if qualified not in _NOT_TORCH_SEED:
                 self.seeded = True
 
+    def _guard_trains(self, ctx: FileContext) -> bool:
+        """Does the ``__main__`` block reach the training code: does it name (directly, or through the
+        module-level functions and classes it names) a definition whose body calls backward? A library module
+        whose ``__main__`` block only demonstrates sampling does not train."""
+        if not self.training_definitions:
+            return True  # backward outside any module-level definition: nothing to trace
+        definitions = {stmt.name.value: stmt for stmt in ctx.module.body
+                       if isinstance(stmt, (cst.FunctionDef, cst.ClassDef))}
+        pending = [self.main_guard]
+        reached: set[str] = set()
+        while pending:
+            node = pending.pop()
+            for inner in subtree(node):
+                if isinstance(inner, cst.Name) and inner.value in definitions and inner.value not in reached:
+                    if inner.value in self.training_definitions:
+                        return True
+                    reached.add(inner.value)
+                    pending.append(definitions[inner.value])
+        return False
+
     def end_file(self, ctx: FileContext) -> None:
         if self.seeded or self.backward is None or not self.has_step or _is_test_file(ctx.path):
             return
@@ -319,7 +362,7 @@ class UnseededTraining(Rule):
         # itself. A module that only defines train() is a library: seeding belongs to whoever calls it.
         # A notebook is run, never imported: the train() it defines is there to be run, even when the cell that
         # calls it is not Python yet (an exercise's blanks, ``batch_size = ``) and was left out of the analysis.
-        runs = self.main_guard is not None or self.entry_backward or \
+        runs = (self.main_guard is not None and self._guard_trains(ctx)) or self.entry_backward or \
             bool(self.entry_functions & self.called_at_module_level) or \
             (ctx.path.endswith(".ipynb") and bool(self.entry_functions))
         if not runs:

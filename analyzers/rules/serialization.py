@@ -81,6 +81,13 @@ class UnsafeTorchLoad(Rule):
         # a cache the program writes and reads back
         "import torch, os\nif os.path.isfile(cache_file):\n    vectors = torch.load(cache_file)\n"
         "else:\n    torch.save(vectors, cache_file)\n",
+        # a data set that caches its processed tensors through a file handle and reads them back
+        "import os, torch\nclass Digits(Dataset):\n    def __init__(self, root, build=False):\n"
+        "        self.root = root\n        if build:\n            self.build()\n"
+        "        self.images, self.labels = torch.load(os.path.join(self.root, 'cache', 'digits.pt'))\n"
+        "    def build(self):\n        images, labels = read_raw(self.root)\n"
+        "        with open(os.path.join(self.root, 'cache', 'digits.pt'), 'wb') as handle:\n"
+        "            torch.save((images, labels), handle)\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # the fallback for torch builds without the keyword
@@ -119,6 +126,18 @@ class UnsafeTorchLoad(Rule):
         # weights_only=True would refuse them, so no mechanical fix, and the message says why
         Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
                 "ckpt = torch.load(args.resume, map_location='cpu')\n", line=3, message="add_safe_globals"),
+        # a resume from the script's own output folder: the options only pick the run and the epoch inside it, so
+        # the path does not count as coming from outside (high, not critical)
+        Invalid("import torch\nif opt.start_epoch > 0:\n"
+                "    gen.load_state_dict(torch.load('checkpoints/%s/gen_%d.pt' % (opt.run_name, opt.start_epoch)))\n"
+                "for epoch in range(opt.start_epoch, opt.epochs):\n"
+                "    torch.save(gen.state_dict(), 'checkpoints/%s/gen_%d.pt' % (opt.run_name, epoch))\n",
+                line=3, message="unpickles arbitrary objects; pass `weights_only=True`"),
+        # a converter that renames keys into a dict it builds: a dict of tensors, whatever its name says, so the
+        # weights-only fix stays on offer
+        Invalid("import torch\nsd = torch.load(args.src, map_location='cpu')\nmodel_renamed = {}\n"
+                "for k, v in sd['model'].items():\n    model_renamed[k.replace('module.', '')] = v.clone()\n"
+                "torch.save({'model': model_renamed}, args.dst)\n", line=2, message="pass `weights_only=True`"),
         # the whole model (built from a class, or resumed) is saved: the snapshot it resumes from is a pickled
         # module, which weights_only=True refuses
         Invalid("import torch\nif args.resume_snapshot:\n    model = torch.load(args.resume_snapshot)\nelse:\n"
@@ -219,9 +238,30 @@ def _looks_external(expr, ctx: FileContext) -> bool:
     if expr is None:
         return False
     origin = ctx.origin(expr) or expr
+    if _in_fixed_directory(expr) or _in_fixed_directory(origin):
+        return False  # ``"saved_models/%s/G_%d.pth" % (opt.name, opt.epoch)``: options pick a file of the program's folder
     text = ctx.module.code_for_node(origin) + " " + ctx.module.code_for_node(expr)
     lowered = text.lower()
     return any(h in lowered for h in _EXTERNAL_HINTS)
+
+
+def _in_fixed_directory(expr: cst.BaseExpression) -> bool:
+    """A path template whose directory the program spells (``"runs/%s.pt" % name``, ``f"ckpt/{tag}.pt"``,
+    ``"out/{}.pt".format(n)``, ``os.path.join("weights", name)``): the options fill in only names inside it."""
+    prefix = None
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo) and \
+            isinstance(expr.left, cst.SimpleString):
+        prefix = (expr.left.evaluated_value or "").split("%", 1)[0] if isinstance(expr.left.evaluated_value, str) \
+            else None
+    elif isinstance(expr, cst.FormattedString) and expr.parts and isinstance(expr.parts[0], cst.FormattedStringText):
+        prefix = expr.parts[0].value
+    elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format" \
+            and isinstance(expr.func.value, cst.SimpleString) and isinstance(expr.func.value.evaluated_value, str):
+        prefix = expr.func.value.evaluated_value.split("{", 1)[0]
+    elif isinstance(expr, cst.Call) and dotted_name(expr.func) == "os.path.join" and len(expr.args) > 1 and \
+            isinstance(expr.args[0].value, cst.SimpleString) and isinstance(expr.args[0].value.evaluated_value, str):
+        prefix = expr.args[0].value.evaluated_value.rstrip("/") + "/"
+    return bool(prefix) and "/" in prefix and prefix.strip("./") != ""
 
 
 class SaveWholeModel(Rule):

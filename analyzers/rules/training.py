@@ -40,6 +40,9 @@ _OPT_NAME = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\
 _MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
                 "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer",
                 "netg", "netd", "gen", "disc", "student", "ddp_model", "wrapped_model"}
+# A callee named ``<verb>_model`` runs or builds a model and returns metrics, a model or a path: not its outputs.
+_HELPER_VERBS = {"evaluate", "eval", "validate", "val", "test", "train", "fit", "build", "create", "make", "get",
+                 "load", "init", "initialize", "save", "setup", "prepare", "export", "print", "summarize", "count"}
 _OUTPUT_NAMES = {"out", "output", "outputs", "logits", "pred", "preds", "prediction", "predictions",
                  "y_pred", "y_hat", "yhat", "scores", "recon", "reconstruction"}
 _RNN_CLASSES = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "Transformer", "TransformerEncoder",
@@ -173,6 +176,11 @@ def _is_model_callee(func: cst.BaseExpression, ctx: FileContext) -> bool:
     if name is None:
         return False
     last = _last(name).lower()
+    if isinstance(func, cst.Name) and "_" in last and last.split("_", 1)[0] in _HELPER_VERBS and (
+            ctx.binding(func.value) is None or ctx.binding(func.value).kind in ("def", "import")):
+        # ``evaluate_model(...)``, ``train_model(...)``: a function that takes a model, not a forward pass
+        # (``eval_model = copy.deepcopy(model)`` stays a model)
+        return False
     if last in _MODEL_NAMES or (last.endswith(("model", "net")) and not last.endswith(("_fn", "loss"))):
         return True
     origin = ctx.origin(func)
@@ -1914,6 +1922,19 @@ class PerStepSynchronizeForLogging(Rule):
             torch.cuda.synchronize()
             print(time.time())
         """,
+        # a throughput benchmark: each pass runs forward and backward once to be timed, nothing is trained
+        """
+        import time
+        import torch
+        for width in (256, 512, 1024):
+            net = make_mlp(width).cuda()
+            batch = torch.randn(64, width, device="cuda")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            net(batch).sum().backward()
+            torch.cuda.synchronize()
+            timings[width] = time.perf_counter() - t0
+        """,
         # not a training loop
         """
         import time
@@ -1982,6 +2003,7 @@ class PerStepSynchronizeForLogging(Rule):
         self.backward_loops: set[int] = set()
         self.host_reads: dict[int, int] = {}  # id(loop) -> unguarded ``.item()`` / ``.cpu()``... in it
         self.helpers: set[str] = set()  # functions of this file that run a collective
+        self.step_loops: set[int] = set()  # loops that step an optimizer (``opt.step()``, ``scaler.step(opt)``)
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
@@ -1994,6 +2016,9 @@ class PerStepSynchronizeForLogging(Rule):
         if not ctx.loops:
             return
         name = method_name(node)
+        if name == "step" and isinstance(func, cst.Attribute):
+            self.step_loops.update(id(loop) for loop in _loop_stack(ctx))
+            return
         if qualified is None and name not in _BACKWARD_METHODS and name not in _SYNC_METHODS and \
                 not (isinstance(func, cst.Name) and node.args):
             return  # nothing this rule looks at: skip the loop bookkeeping
@@ -2062,6 +2087,8 @@ class PerStepSynchronizeForLogging(Rule):
             if candidate.kind == "synchronize":
                 if self.host_reads.get(id(loop)) or not self._then_timed_or_logged(candidate.node, ctx):
                     continue
+                if id(loop) not in self.step_loops:
+                    continue  # a backward with no optimizer step: a benchmark timing each pass, not training
                 self.report(candidate.node, (
                     "`torch.cuda.synchronize()` every training step, only to time or log it: the CPU waits for the "
                     "GPU to finish each step before it can queue the next one; synchronize only on the steps you log "
