@@ -144,7 +144,7 @@ class CheckpointWrites:
         for node in subtree(ctx.module):
             if isinstance(node, cst.Call) and (ctx.qualified_name(node.func) in TORCH_SAVE
                                                or (dotted_name(node.func) or "").rsplit(".", 1)[-1] == SAVE_ON_MASTER):
-                path = self._opened_path(node, argument(node, 1, "f"))
+                path = self.opened_path(node, argument(node, 1, "f"))
                 obj = argument(node, 0, "obj")
                 write = CheckpointWrite(node, path, self.payloads(obj) if obj is not None else set())
                 if path is not None:
@@ -153,11 +153,12 @@ class CheckpointWrites:
                 result.append(write)
         return result
 
-    def _opened_path(self, save: cst.Call, target: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
-        """The path of ``with open(path, "wb") as f: torch.save(obj, f)``: the file the handle writes."""
+    def opened_path(self, call: cst.Call, target: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+        """The path of ``with open(path, "wb") as f: torch.save(obj, f)`` (or ``"rb"`` around a load): the file the
+        handle ``target`` of ``call`` reads or writes; ``target`` itself when it is not such a handle."""
         if not isinstance(target, cst.Name):
             return target
-        for node in self._ancestry(save):
+        for node in self._ancestry(call):
             if isinstance(node, cst.With):
                 for item in node.items:
                     handle = item.asname.name if item.asname is not None else None

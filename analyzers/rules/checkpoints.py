@@ -542,6 +542,17 @@ class LoadWithoutMapLocationOnCpuFallback(_LoadsWithoutMapLocation):
             torch.save(model.state_dict(), "best-model.pt")
         model.load_state_dict(torch.load("best-model.pt"))
         """,
+        # the same, through file handles
+        """
+        import torch
+        device = torch.device("cuda" if args.cuda else "cpu")
+        for epoch in range(args.epochs):
+            if val_loss < best:
+                with open(args.save, "wb") as f:
+                    torch.save(model, f)
+        with open(args.save, "rb") as f:
+            model = torch.load(f)
+        """,
     ]
     INVALID = [
         Invalid(
@@ -635,7 +646,9 @@ class LoadWithoutMapLocationOnCpuFallback(_LoadsWithoutMapLocation):
         if path is not None:
             from analyzers.program import CheckpointWrites
 
-            if ctx.facts(CheckpointWrites).written_before_loaded(path, ctx.origin(path)):
+            writes = ctx.facts(CheckpointWrites)
+            path = writes.opened_path(node, path)  # ``with open(args.save, "rb") as f: torch.load(f)``
+            if writes.written_before_loaded(path, ctx.origin(path)):
                 self.own.add(id(node))  # written by this run on this machine: it loads back where it was saved
                 return
         for selection in reversed(self.selections):
