@@ -12,7 +12,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+import threading
+
 import libcst as cst
+from libcst._nodes.base import CSTNode
 
 from analyzers import notebook
 from analyzers.config import Config
@@ -225,6 +228,35 @@ def imported_libraries(ctx: FileContext) -> set[str]:
     return libraries
 
 
+_VALIDATE_NODE = CSTNode.__post_init__
+_unvalidated_parses = 0
+_unvalidated_lock = threading.Lock()
+
+
+def _skip_validation(self: CSTNode) -> None:
+    return None
+
+
+def parse_module(source: str) -> cst.Module:
+    """``cst.parse_module`` without re-validating every node the parser builds.
+
+    The parser only builds valid trees, yet each node's ``__post_init__`` checks itself again: ~14 % of a parse
+    (bench/static.py's sample; libcst's own PERF note on ``CSTNode.__post_init__`` says as much). Validation is
+    off only while a parse runs (counted, so overlapping parses in threads restore it once, after the last);
+    the nodes rules and fixes build afterwards are validated as usual."""
+    global _unvalidated_parses
+    with _unvalidated_lock:
+        _unvalidated_parses += 1
+        CSTNode.__post_init__ = _skip_validation
+    try:
+        return cst.parse_module(source)
+    finally:
+        with _unvalidated_lock:
+            _unvalidated_parses -= 1
+            if not _unvalidated_parses:
+                CSTNode.__post_init__ = _VALIDATE_NODE
+
+
 def analyze_source(source: str, path: str = "<string>", config: Optional[Config] = None,
                    rules: Optional[Sequence[type[Rule]]] = None,
                    repository: Optional[RepositoryIndex] = None) -> FileResult:
@@ -241,7 +273,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         result.errors.append(too_complex)
         return result
     try:
-        module = cst.parse_module(source)
+        module = parse_module(source)
     except cst.ParserSyntaxError as exc:
         result.errors.append(FileError(path, "syntax-error", syntax_error_detail(source, exc)))
         return result

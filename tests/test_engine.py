@@ -218,3 +218,47 @@ def test_positions_of_some_statements_agree_with_a_full_pass(source):
     full = compute_positions(module, set(nodes))
     for node in nodes:  # one at a time: each picks its own innermost statement, with no fallback to a full pass
         assert _positions_by_statement(module, {node}, ctx.parents, source) == {node: full[node]}, type(node).__name__
+
+
+def test_parsing_skips_node_validation_only_while_it_parses():
+    import libcst as cst
+    import pytest
+    from libcst._nodes.base import CSTNode
+
+    from analyzers.engine import parse_module
+
+    validate = CSTNode.__post_init__
+    module = parse_module("import torch\nx = torch.ones(2)\n")
+    assert module.code == "import torch\nx = torch.ones(2)\n"
+    with pytest.raises(cst.ParserSyntaxError):
+        parse_module("def broken(:\n")
+    assert CSTNode.__post_init__ is validate  # restored, after a success and after a syntax error
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("not a name")  # nodes built afterwards (rules' fixes) are validated again
+
+
+def test_overlapping_parses_in_threads_restore_validation_once():
+    import threading
+
+    from libcst._nodes.base import CSTNode
+
+    from analyzers.engine import parse_module
+
+    validate = CSTNode.__post_init__
+    source = "import torch\n" + "".join(f"y{i} = torch.zeros({i})\n" for i in range(400))
+    errors: list[BaseException] = []
+
+    def parse_many() -> None:
+        try:
+            for _ in range(5):
+                assert parse_module(source).code == source
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=parse_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert CSTNode.__post_init__ is validate
