@@ -91,6 +91,9 @@ def _is_cuda_device(expr: Optional[cst.BaseExpression], ctx: FileContext, depth:
             return _is_cuda_device(binding.value, ctx, depth + 1) or (
                 isinstance(binding.value, (cst.Name, cst.Attribute)) and _device_like_name(dotted_name(binding.value))
                 and ctx.binding(dotted_name(binding.value) or "") is None)
+        if binding is not None and binding.kind == "param" and isinstance(binding.value, cst.Name) and \
+                binding.value.value == "None":
+            return False  # ``def __init__(self, dim, device=None)``: the factory-kwargs convention, the caller's choice
         if binding is None or binding.kind in ("param", "for", "with"):
             return _device_like_name(dotted)
     return False
@@ -308,6 +311,18 @@ class TensorWithoutDevice(Rule):
                 c = torch.sqrt(torch.tensor(2 / math.pi))
                 return 0.5 * h * (1.0 + torch.tanh(c * (h + 0.044715 * h ** 3))) * torch.tensor(-1.5)
         net = nn.Sequential(nn.Linear(8, 8), TanhGelu()).to("cuda")
+        """,
+        # only the factory-kwargs convention (``device=None``, the caller's choice) says anything about devices
+        """
+        import torch
+        from torch import nn
+        class Stats(nn.Module):
+            def __init__(self, dim, device=None, dtype=None):
+                super().__init__()
+                self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
+            def forward(self, x):
+                means = torch.zeros([3, 64])
+                return self.proj(x), means
         """,
         # sizes read off the inputs, for Python-side bookkeeping
         """
