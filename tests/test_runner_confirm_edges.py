@@ -1,0 +1,125 @@
+"""The runner's experiments on static findings at their edges: a verdict must follow from the flagged code (not
+from a neighbour's bug or a function's defaults read wrong), an experiment that cannot run or has no time left
+says so without costing the target its report, and the model and random state leave as they came."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bot.smoke import RUNNER_CLAIM_KEYS, static_claims  # noqa: E402
+from gpu_runner.child import smoke_one  # noqa: E402
+from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
+
+MODELS = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SelfNormalizing(nn.Module):
+    def __init__(self, features=16, hidden=32):
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, 3)
+
+    def forward(self, x):
+        h = F.alpha_dropout(F.selu(self.fc1(x)), 0.1)
+        return self.fc2(h)
+
+
+class Gated(nn.Module):
+    def __init__(self, features=16):
+        super().__init__()
+        self.fc = nn.Linear(features, 4)
+
+    def forward(self, x):
+        gate = torch.ones(x.size(1)).to(x.device)
+        offset = torch.zeros(x.size(0), 4)
+        return self.fc(x * gate) + offset
+
+
+class Frozen(nn.Module):
+    def __init__(self, features=16):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(features, 16), nn.BatchNorm1d(16))
+        self.head = nn.Linear(16, 4)
+        self.stem.eval()
+        self.drop = 0.25
+
+    def forward(self, x):
+        return self.head(F.dropout(self.stem(x), self.drop))
+"""
+LINES = MODELS.lstrip("\n").splitlines()
+
+
+def line_of(text: str) -> int:
+    return next(number for number, line in enumerate(LINES, 1) if text in line)
+
+
+@pytest.fixture
+def code(tmp_path):
+    return write_tree(tmp_path, {"models.py": MODELS.lstrip("\n")})
+
+
+def runner_claims(code) -> list[dict]:
+    found = static_claims({"models.py": (code / "models.py").read_text()}).get("models.py", [])
+    return [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c} for c in found]
+
+
+def verdicts(code, name: str, claims: list[dict], **kwargs) -> dict:
+    report = smoke_one(code, f"models.py:{name}", None, "cpu", 5, 0, None, claims, **kwargs)
+    assert report["status"] in ("passed", "failed"), report.get("reason")
+    return {(finding["rule"], finding["line"]): finding for finding in report.get("findings", [])}
+
+
+def test_alpha_dropout_without_training_is_off_by_default_so_it_is_not_reproduced(code):
+    # F.alpha_dropout's training= defaults to False (F.dropout's to True): in eval mode it drops nothing
+    line = line_of("h = F.alpha_dropout(")
+    claims = [c for c in runner_claims(code) if c["rule"] == "TR513"]
+    assert [c["line"] for c in claims] == [line, line_of("F.dropout(self.stem(x)")]
+    verdict = verdicts(code, "SelfNormalizing", claims)[("TR513", line)]
+    assert verdict["verdict"] == "refuted" and "ran with training=False" in verdict["evidence"]
+
+
+def test_a_cpu_tensor_that_is_moved_is_not_confirmed_by_another_lines_mismatch(code):
+    # both lines make a tensor without device=; only `offset` reaches the model's tensors on the CPU
+    gate, offset = line_of("gate = torch.ones("), line_of("offset = torch.zeros(")
+    claims = [{"rule": "TR701", "path": "models.py", "line": n, "end_line": n, "class": "Gated"}
+              for n in (gate, offset)]
+    found = verdicts(code, "Gated", claims)
+    assert found[("TR701", offset)]["verdict"] == "confirmed"
+    assert found[("TR701", gate)]["verdict"] == "refuted", found[("TR701", gate)]["evidence"]
+
+
+def test_a_malformed_claim_costs_the_target_neither_its_report_nor_the_other_verdicts(code):
+    # the executor takes claims from a request body: whatever they hold, the checks' report comes back
+    good = [c for c in runner_claims(code) if c["rule"] == "TR513" and c["class"] == "Frozen"]
+    claims = [{"rule": ["TR513"], "line": 3}, {"rule": "TR513", "line": 5, "end_line": "six", "class": "Frozen"},
+              {"rule": "TR302", "line": 7, "class": "Frozen", "attribute": 12}] + good
+    found = verdicts(code, "Frozen", claims)
+    assert found[("TR513", good[0]["line"])]["verdict"] == "confirmed"
+
+
+def test_experiments_left_no_time_are_undecided_and_the_checks_still_report(code):
+    claims = [c for c in runner_claims(code) if c["class"] == "Frozen"]
+    found = verdicts(code, "Frozen", claims, findings_deadline=time.perf_counter() - 1)
+    assert [v["verdict"] for v in found.values()] == ["undecided"]
+    assert "no time was left" in next(iter(found.values()))["evidence"]
+
+
+def test_the_model_keeps_its_modes_and_the_random_state_is_untouched(code):
+    from gpu_runner.build import build_subject
+    from gpu_runner.confirm import confirm_findings
+
+    subject = build_subject(code, "models.py:Frozen", device="cpu", seed=0)
+    subject.model.eval()
+    subject.model.head.train()
+    modes = {name: module.training for name, module in subject.model.named_modules()}
+    state = torch.get_rng_state()
+    claims = [c for c in runner_claims(code) if c["class"] == "Frozen"]
+    assert [v["verdict"] for v in confirm_findings(subject, "models.py", claims)] == ["confirmed"]
+    assert {name: module.training for name, module in subject.model.named_modules()} == modes
+    assert torch.equal(torch.get_rng_state(), state)
