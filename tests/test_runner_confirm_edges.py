@@ -123,3 +123,13 @@ def test_the_model_keeps_its_modes_and_the_random_state_is_untouched(code):
     assert [v["verdict"] for v in confirm_findings(subject, "models.py", claims)] == ["confirmed"]
     assert {name: module.training for name, module in subject.model.named_modules()} == modes
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_workers_static_analysis_is_bounded_as_the_static_reviews(code):
+    # files past the limits give no claims; those within them keep theirs
+    source = (code / "models.py").read_text()
+    sources = {"a/models.py": source, "b/models.py": source}
+    assert sorted(static_claims(sources)) == ["a/models.py", "b/models.py"]
+    assert sorted(static_claims(sources, max_files=1)) == ["a/models.py"]
+    assert sorted(static_claims({"big.py": source + "#" * 4000, **sources}, max_bytes=2 * len(source) + 10)) == [
+        "a/models.py", "b/models.py"]
