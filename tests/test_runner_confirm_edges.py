@@ -133,3 +133,18 @@ def test_the_workers_static_analysis_is_bounded_as_the_static_reviews(code):
     assert sorted(static_claims(sources, max_files=1)) == ["a/models.py"]
     assert sorted(static_claims({"big.py": source + "#" * 4000, **sources}, max_bytes=2 * len(source) + 10)) == [
         "a/models.py", "b/models.py"]
+
+
+def test_the_cli_prints_a_verdict_on_a_file_whose_name_looks_like_markup(capsys):
+    from bot.cli import _print_smoke
+    from gpu_runner.runner import SmokeRun, TargetOutcome
+
+    path = "models/[v2]/net[/].py"
+    verdict = {"rule": "TR513", "path": path, "line": 4, "verdict": "confirmed", "evidence": "dropped [bold]",
+               "details": {}}
+    head = {"target": f"{path}:Net", "status": "passed", "checks": [], "measures": {}, "reason": "", "notes": [],
+            "findings": [verdict]}
+    claims = {path: [{"rule": "TR513", "path": path, "line": 4, "end_line": 4, "class": "Net",
+                      "slug": "functional-dropout-always-on", "message": "m"}]}
+    _print_smoke(SmokeRun([TargetOutcome(f"{path}:Net", 1, head)], "cpu", 0.1), claims)
+    assert f"at {path}:4 (on {path}:Net): dropped [bold]" in " ".join(capsys.readouterr().out.split())
