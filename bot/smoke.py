@@ -175,6 +175,7 @@ def _file_claims(path: str, source: str, config, index) -> list[dict]:
             if finding.rule == "TR401" and "CrossEntropyLoss applies log_softmax" not in finding.message:
                 continue  # probabilities into NLLLoss: a wrong loss, not a floor a run can show
             claim["forward_of"] = forward.group(1)
+            claim["forward_path"] = _defining_file(forward.group(1), path, source, classes, index)
         if finding.rule == "TR302":
             if container is None:
                 continue
@@ -183,19 +184,37 @@ def _file_claims(path: str, source: str, config, index) -> list[dict]:
     return claims
 
 
+def _defining_file(name: str, path: str, source: str, classes: list, index) -> Optional[str]:
+    """The file (relative to the repository) defining the class ``name`` means in ``path``: the file itself, or
+    the one it imports it from as the static engine resolves it; None when it cannot tell."""
+    if any(node.name == name for node in classes):
+        return path
+    if index is None:
+        return None
+    found = index.find_class(index.root / path, name, source)
+    if found is None:
+        return None
+    try:
+        return Path(found.path).resolve().relative_to(index.root).as_posix()
+    except ValueError:
+        return None
+
+
 RUNNER_CLAIM_KEYS = ("rule", "path", "line", "end_line", "class", "forward_of", "attribute")
 
 
 def with_claims(requests_: list, claims: dict[str, list[dict]]) -> None:
     """Gives each model target the claims of its file, and those that name its class's forward from another file
-    (a training script feeding its softmax output to CrossEntropyLoss): what the runner needs of them, nothing
-    of the PR's text beyond names."""
+    (a training script feeding its softmax output to CrossEntropyLoss) when that class is this target's (the
+    file the static engine resolved it to; by name only when it could not): what the runner needs of them,
+    nothing of the PR's text beyond names."""
     for request in requests_:
         if request.kind != "model":
             continue
         path, _, name = request.target.partition(":")
         mine = [c for file, found in claims.items() for c in found
-                if file == path or c.get("forward_of") and c.get("forward_of") == name]
+                if file == path or c.get("forward_of") and c.get("forward_of") == name
+                and c.get("forward_path") in (None, path)]
         request.findings = [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c} for c in mine]
 
 

@@ -148,3 +148,44 @@ def test_the_cli_prints_a_verdict_on_a_file_whose_name_looks_like_markup(capsys)
                       "slug": "functional-dropout-always-on", "message": "m"}]}
     _print_smoke(SmokeRun([TargetOutcome(f"{path}:Net", 1, head)], "cpu", 0.1), claims)
     assert f"at {path}:4 (on {path}:Net): dropped [bold]" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_training_scripts_finding_goes_to_the_model_class_it_imports_not_to_a_namesake(tmp_path):
+    from bot.smoke import with_claims
+    from gpu_runner.runner import TargetRequest
+
+    net = """
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 5)
+
+            def forward(self, x):
+                return {}
+    """
+    root = write_tree(tmp_path, {
+        "legacy/net.py": net.format("self.fc(x)"),
+        "current/net.py": net.format("F.softmax(self.fc(x), dim=1)"),
+        "train.py": """
+            import torch.nn as nn
+            from current.net import Net
+
+
+            def fit(loader):
+                model = Net()
+                criterion = nn.CrossEntropyLoss()
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    loss.backward()
+        """})
+    sources = {p: (root / p).read_text() for p in ("legacy/net.py", "current/net.py", "train.py")}
+    claims = static_claims(sources, root=root)
+    assert [(c["rule"], c["forward_of"], c["forward_path"]) for c in claims["train.py"]] == [
+        ("TR401", "Net", "current/net.py")]
+    requests_ = [TargetRequest("legacy/net.py:Net"), TargetRequest("current/net.py:Net")]
+    with_claims(requests_, claims)
+    assert [[c["rule"] for c in r.findings] for r in requests_] == [[], ["TR401"]]
