@@ -70,8 +70,7 @@ def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int 
                 torch.manual_seed(seed)
                 result = experiment(subject, claim["path"], claim, deadline)
         except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
-            result = _verdict(claim, "undecided", f"the experiment could not run: {type(exc).__name__}: "
-                                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            result = _failed(claim, exc)
         finally:
             _restore(model, snapshot)
             for module, training in modes:  # Module.train would run the PR's overrides: set the flags as found
@@ -79,6 +78,19 @@ def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int 
         if result is not None:
             results.append(result)
     return results
+
+
+def _failed(claim: dict, exc: Exception) -> dict:
+    """The verdict of an experiment that raised: undecided, saying whose code raised (the model's, at its frame, or
+    the runner's: never a finding about the model)."""
+    from gpu_runner.checks import _one_line, _user_frame
+
+    where = _user_frame(exc.__traceback__)
+    if where:
+        return _verdict(claim, "undecided", f"the experiment could not run: the model's code raised "
+                                            f"{type(exc).__name__} at {where}: {_one_line(exc, 200)}", error="model")
+    return _verdict(claim, "undecided", f"the experiment could not run (a runner error, not a finding about the "
+                                        f"model): {type(exc).__name__}: {_one_line(exc, 200)}", error="runner")
 
 
 _CLAIM_TYPES = {"rule": str, "path": str, "line": int, "end_line": int, "class": str, "forward_of": str,

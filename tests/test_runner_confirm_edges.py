@@ -41,6 +41,17 @@ class Gated(nn.Module):
         return self.fc(x * gate) + offset
 
 
+class Picky(nn.Module):
+    def __init__(self, features=16):
+        super().__init__()
+        self.fc = nn.Linear(features, 4)
+
+    def forward(self, x):
+        if not self.training:
+            raise RuntimeError("Picky is for training; call predict() for inference")
+        return self.fc(F.dropout(x, 0.1))
+
+
 class Frozen(nn.Module):
     def __init__(self, features=16):
         super().__init__()
@@ -79,7 +90,8 @@ def test_alpha_dropout_without_training_is_off_by_default_so_it_is_not_reproduce
     # F.alpha_dropout's training= defaults to False (F.dropout's to True): in eval mode it drops nothing
     line = line_of("h = F.alpha_dropout(")
     claims = [c for c in runner_claims(code) if c["rule"] == "TR513"]
-    assert [c["line"] for c in claims] == [line, line_of("F.dropout(self.stem(x)")]
+    assert [c["line"] for c in claims] == [line, line_of("return self.fc(F.dropout(x, 0.1))"),
+                                           line_of("F.dropout(self.stem(x)")]
     verdict = verdicts(code, "SelfNormalizing", claims)[("TR513", line)]
     assert verdict["verdict"] == "refuted" and "ran with training=False" in verdict["evidence"]
 
@@ -189,3 +201,12 @@ def test_a_training_scripts_finding_goes_to_the_model_class_it_imports_not_to_a_
     requests_ = [TargetRequest("legacy/net.py:Net"), TargetRequest("current/net.py:Net")]
     with_claims(requests_, claims)
     assert [[c["rule"] for c in r.findings] for r in requests_] == [[], ["TR401"]]
+
+
+def test_an_experiment_the_models_code_stops_is_undecided_and_says_where(code):
+    line = line_of("return self.fc(F.dropout(x, 0.1))")
+    claims = [c for c in runner_claims(code) if c["class"] == "Picky"]
+    verdict = verdicts(code, "Picky", claims)[("TR513", line)]
+    assert verdict["verdict"] == "undecided" and verdict["details"]["error"] == "model"
+    assert (f"the model's code raised RuntimeError at models.py:{line_of('raise RuntimeError(')} in forward"
+            in verdict["evidence"])
