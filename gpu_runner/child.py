@@ -80,7 +80,8 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
         from gpu_runner.confirm import confirm_findings
 
         try:
-            data["findings"] = confirm_findings(subject, target.split(":", 1)[0], findings, seed, findings_deadline)
+            data["findings"] = confirm_findings(subject, target.split(":", 1)[0], findings, seed, findings_deadline,
+                                                str(code_root))
         except Exception as exc:  # noqa: BLE001 - the runner's fault, or the PR's code outside an experiment
             data["notes"].append(f"the static findings could not be checked by running: {type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())[:200]}")

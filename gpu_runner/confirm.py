@@ -41,12 +41,13 @@ def _verdict(claim: dict, verdict: str, evidence: str, **details) -> dict:
 
 
 def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int = 0,
-                     deadline: Optional[float] = None) -> list[dict]:
+                     deadline: Optional[float] = None, code_root: Optional[str] = None) -> list[dict]:
     """A verdict for each claim this target (defined in ``path``) can decide; the model leaves as it came
     (parameters, buffers, each module's mode) and the caller's random state is untouched. A claim without a
     ``path`` is of the target's file; a malformed claim is skipped. ``deadline`` (a time.perf_counter() value):
     past it, the remaining claims are undecided (no time was left) rather than the target running into its
-    timeout, which would cost it the checks' report."""
+    timeout, which would cost it the checks' report. ``code_root``: the tree the paths are relative to (the files
+    are then told apart exactly; without it, by their path's tail)."""
     from gpu_runner.checks import _restore, _snapshot
 
     results = []
@@ -59,7 +60,7 @@ def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int 
         experiment = _EXPERIMENTS.get(claim["rule"]) if claim is not None else None
         if experiment is None:
             continue
-        claim = {**claim, "path": str(claim.get("path") or path), "target_path": path}
+        claim = {**claim, "path": str(claim.get("path") or path), "target_path": _located(path, code_root)}
         if deadline is not None and time.perf_counter() >= deadline:
             if _about_this_model(subject, claim):
                 results.append(_verdict(claim, "undecided", "no time was left for this experiment within the "
@@ -68,7 +69,7 @@ def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int 
         try:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(seed)
-                result = experiment(subject, claim["path"], claim, deadline)
+                result = experiment(subject, _located(claim["path"], code_root), claim, deadline)
         except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
             result = _failed(claim, exc)
         finally:
@@ -128,7 +129,16 @@ def _defined_in(cls: type, path: str) -> bool:
     return _same_file(getattr(sys.modules.get(cls.__module__), "__file__", None) or "", path)
 
 
+def _located(path: str, code_root: Optional[str]) -> str:
+    """``path`` (relative to the code's tree) as the absolute real path of the file, given that tree."""
+    return os.path.realpath(os.path.join(code_root, path)) if code_root else path
+
+
 def _same_file(filename: str, path: str) -> bool:
+    """``filename`` (a module's or a frame's) is the file ``path``: exactly for an absolute ``path``
+    (``_located``), else by its tail."""
+    if os.path.isabs(path):
+        return os.path.realpath(filename) == path
     filename = os.path.realpath(filename).replace(os.sep, "/")
     return filename == path or filename.endswith("/" + path.lstrip("./"))
 
@@ -186,7 +196,7 @@ def _dropout_always_on(subject: Subject, path: str, claim: dict,
     if not owners:
         return None
     line, end_line = claim["line"], claim.get("end_line") or claim["line"]
-    where = f"{path}:{line}"
+    where = f"{claim['path']}:{line}"
     recorder = _DropoutRecorder()
     difference = _two_eval_forwards(subject, recorder)
     here = [call for call in recorder.calls if _same_file(call[0], path) and line <= call[1] <= end_line]
@@ -414,7 +424,7 @@ def _tensor_without_device(subject: Subject, path: str, claim: dict,
     recorder, error = forward(lambda filename, number: not flagged(filename, number))
     name = os.path.basename(path)
     made = [call for call in recorder.calls if any(f" at {name}:{n} in " in call for n in range(line, end_line + 1))]
-    where = f"{path}:{line}"
+    where = f"{claim['path']}:{line}"
     stand_in = "on a stand-in for a GPU (the model's tensors fake tensors on the 'meta' device)"
     if made and error is not None and _DEVICE_MISMATCH.search(str(error)):
         factory = made[0].split(" at ", 1)[0]

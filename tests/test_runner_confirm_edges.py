@@ -210,3 +210,39 @@ def test_an_experiment_the_models_code_stops_is_undecided_and_says_where(code):
     assert verdict["verdict"] == "undecided" and verdict["details"]["error"] == "model"
     assert (f"the model's code raised RuntimeError at models.py:{line_of('raise RuntimeError(')} in forward"
             in verdict["evidence"])
+
+
+def test_a_dropout_of_another_file_with_the_same_name_and_line_does_not_decide_the_flagged_one(tmp_path):
+    # lib/models.py:11 tells its dropout the mode; models.py:11, flagged, is not reached in eval mode
+    root = write_tree(tmp_path, {
+        "lib/models.py": """\
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+
+            class Smooth(nn.Module):
+                def __init__(self, p=0.1):
+                    super().__init__()
+                    self.p = p
+
+                def forward(self, x):
+                    return F.dropout(x, self.p, self.training)
+        """,
+        "models.py": """\
+            import torch.nn as nn
+            import torch.nn.functional as F
+            from lib.models import Smooth
+
+            class Wrapper(nn.Module):
+                def __init__(self, features=16, noise=False):
+                    super().__init__()
+                    self.fc, self.smooth, self.noise = nn.Linear(features, 4), Smooth(), noise
+
+                def forward(self, x):
+                    x = F.dropout(x, 0.2) if self.noise else self.smooth(x)
+                    return self.fc(x)
+        """})
+    assert "F.dropout(x, 0.2)" in (root / "models.py").read_text().splitlines()[10]
+    claims = [{"rule": "TR513", "path": "models.py", "line": 11, "end_line": 11, "class": "Wrapper"}]
+    verdict = verdicts(root, "Wrapper", claims)[("TR513", 11)]
+    assert verdict["verdict"] == "undecided" and "never reached" in verdict["evidence"]
