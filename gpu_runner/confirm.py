@@ -292,7 +292,9 @@ def cross_entropy_floor(classes: int) -> float:
     sum p = 1) instead of logits: loss(p, y) = -p_y + log(sum_j e^{p_j}). For a fixed p_y = a, log-sum-exp is
     Schur-convex, so the rest is best spread evenly, (1 - a)/(C - 1) each; along that line the derivative in a is
     -1 + (e^a - e^b)/(e^a + (C-1) e^b) < 0, so the minimum is at a = 1, the one-hot vector:
-    -1 + log(e + C - 1) = log(1 + (C - 1)/e)."""
+    -1 + log(e + C - 1) = log(1 + (C - 1)/e). It is also the floor over any input in [0, 1]^C (a softmax over
+    another dimension): the loss falls as p_y grows (d/dp_y = -1 + softmax(p)_y < 0) and rises with every other
+    p_j, so the one-hot vector is again the minimum."""
     return math.log(1 + (classes - 1) / math.e)
 
 
@@ -343,11 +345,23 @@ def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict,
         return _verdict(claim, "undecided", f"`{name}`'s output is not a floating-point tensor with a class "
                                             "dimension.")
     dim = _probability_dim(output)
+    # a softmax over another dimension (the batch: F.softmax(x, dim=0), or a 3-d output's implicit dim) still
+    # leaves every entry in [0, 1], where the same floor holds
+    bounded = dim is None and bool(torch.isfinite(output).all()) and \
+        0 <= float(output.min()) <= float(output.max()) <= 1
+    if bounded:
+        dim = 1 if output.dim() == 2 else output.dim() - 1
+        if output.shape[dim] < 2:
+            return _verdict(claim, "undecided", f"`{name}`'s output (shape {tuple(output.shape)}) lies in [0, 1] "
+                                                "but has a single class: CrossEntropyLoss over one class is 0 "
+                                                "whatever the model does, so there is no floor to show.")
     if dim is None:
         sums = output.sum(dim=-1)
         return _verdict(claim, "refuted", f"`{name}`'s output (shape {tuple(output.shape)}) is not a probability "
                                           f"vector in train mode: its rows sum to {float(sums.min()):.3g} … "
-                                          f"{float(sums.max()):.3g}, so CrossEntropyLoss gets logits here.")
+                                          f"{float(sums.max()):.3g} and its entries range over "
+                                          f"{float(output.min()):.3g} … {float(output.max()):.3g}, so "
+                                          "CrossEntropyLoss gets logits here.")
     classes = output.shape[dim]
     floor = cross_entropy_floor(classes)
     target = torch.randint(0, classes, output.movedim(dim, -1).shape[:-1], generator=torch.Generator().manual_seed(0))
@@ -357,7 +371,9 @@ def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict,
 
     reached, steps = _train_floor(subject, loss, deadline)
     shown = f"; {steps} Adam steps on one batch got it to {reached:.3g}" if reached is not None else ""
-    return _verdict(claim, "confirmed", f"`{name}`'s output sums to 1 over its {classes} classes (dim {dim}), so "
+    shape = (f"lies in [0, 1] without summing to 1 over its {classes} classes (dim {dim}; a softmax over another "
+             "dimension)" if bounded else f"sums to 1 over its {classes} classes (dim {dim})")
+    return _verdict(claim, "confirmed", f"`{name}`'s output {shape}, so "
                                         f"CrossEntropyLoss on it cannot fall below log(1 + {classes - 1}/e) = "
                                         f"{floor:.3g} however well the model learns{shown}.",
                     classes=classes, floor=floor, reached=reached)

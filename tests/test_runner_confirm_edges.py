@@ -3,6 +3,7 @@ from a neighbour's bug or a function's defaults read wrong), an experiment that 
 says so without costing the target its report, and the model and random state leave as they came."""
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -50,6 +51,15 @@ class Picky(nn.Module):
         if not self.training:
             raise RuntimeError("Picky is for training; call predict() for inference")
         return self.fc(F.dropout(x, 0.1))
+
+
+class Ranker(nn.Module):
+    def __init__(self, features=16, classes=6):
+        super().__init__()
+        self.fc = nn.Linear(features, classes)
+
+    def forward(self, x):
+        return F.softmax(self.fc(x), dim=0)
 
 
 class Frozen(nn.Module):
@@ -246,3 +256,23 @@ def test_a_dropout_of_another_file_with_the_same_name_and_line_does_not_decide_t
     claims = [{"rule": "TR513", "path": "models.py", "line": 11, "end_line": 11, "class": "Wrapper"}]
     verdict = verdicts(root, "Wrapper", claims)[("TR513", 11)]
     assert verdict["verdict"] == "undecided" and "never reached" in verdict["evidence"]
+
+
+def test_a_softmax_over_the_batch_still_bounds_the_cross_entropy(code):
+    # not a probability vector per row, but every entry is in [0, 1]: the loss has the same floor
+    claims = [{"rule": "TR401", "path": "train.py", "line": 9, "end_line": 9, "class": None, "forward_of": "Ranker"}]
+    verdict = verdicts(code, "Ranker", claims)[("TR401", 9)]
+    assert verdict["verdict"] == "confirmed", verdict["evidence"]
+    assert verdict["details"]["floor"] == pytest.approx(math.log(1 + 5 / math.e))
+    assert verdict["details"]["reached"] >= verdict["details"]["floor"] - 1e-5
+    assert "lies in [0, 1] without summing to 1 over its 6 classes (dim 1" in verdict["evidence"]
+
+
+def test_the_floor_holds_for_any_input_in_the_unit_cube():
+    from gpu_runner.confirm import cross_entropy_floor
+
+    classes = 5
+    inputs = torch.rand(20000, classes, generator=torch.Generator().manual_seed(1))
+    target = torch.zeros(20000, dtype=torch.long)
+    losses = torch.nn.functional.cross_entropy(inputs, target, reduction="none")
+    assert float(losses.min()) >= cross_entropy_floor(classes)
