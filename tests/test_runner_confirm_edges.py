@@ -276,3 +276,12 @@ def test_the_floor_holds_for_any_input_in_the_unit_cube():
     target = torch.zeros(20000, dtype=torch.long)
     losses = torch.nn.functional.cross_entropy(inputs, target, reduction="none")
     assert float(losses.min()) >= cross_entropy_floor(classes)
+
+
+def test_a_verdicts_details_from_the_child_are_bounded_like_its_other_text():
+    from gpu_runner.runner import _sanitized
+
+    verdict = {"rule": "TR513", "path": "m.py", "line": 3, "verdict": "confirmed", "evidence": "e",
+               "details": {"p": 0.5, "note": "x" * 100_000, **{f"k{i}": i for i in range(1000)}}}
+    clean = _sanitized({"status": "passed", "findings": [verdict]}, "m.py:Net")["findings"][0]["details"]
+    assert clean["p"] == 0.5 and len(clean["note"]) <= 201 and len(clean) <= 20
