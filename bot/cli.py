@@ -605,7 +605,7 @@ def _print_smoke(run, claims: Optional[dict] = None) -> None:
 
     for target, claim, verdict in target_verdicts(run.to_dict(), claims or {}):
         style = {"confirmed": "red", "refuted": "green"}.get(verdict["verdict"], "dim")
-        where = f"{claim['path']}:{claim['line']}"
+        where = escape(f"{claim['path']}:{claim['line']}")
         console.print(f"[{style}]{VERDICT_WORDS[verdict['verdict']]}[/]: {claim['rule']} {claim['slug']} at {where} "
                       f"(on {escape(target['target'])}): {escape(verdict['evidence'])}")
     console.print(f"{len(run.outcomes)} target(s) on {run.device} in {run.seconds:.1f}s")

@@ -103,50 +103,101 @@ _FORWARD_RETURNS = re.compile(r"\b(\w+)\.forward returns (softmax|sigmoid)\(")  
 _PLAIN_CONTAINER = re.compile(r"^`self\.(\w+)` of `(\w+)`")  # TR302's message
 
 
-def static_claims(sources: dict[str, str], config=None, root: Optional[Path] = None) -> dict[str, list[dict]]:
+def static_claims(sources: dict[str, str], config=None, root: Optional[Path] = None, *,
+                  max_files: Optional[int] = None, max_bytes: Optional[int] = None) -> dict[str, list[dict]]:
     """Per file, the static findings (the engine run here, in the worker, on the head's files; ``root``, the head's
     tree, answers questions across files as in the static review) that a smoke run can decide
     (gpu_runner.confirm), as plain data for the sandboxed runner: rule, file, lines, the class the finding is in,
     and what the experiment needs from the message (the class whose forward returns the activation, the
     attribute holding the modules). Each claim keeps its finding's slug and message for the report; the runner
-    sees only the experiment's fields."""
+    sees only the experiment's fields.
+
+    Bounded as the static review is: at most ``max_files`` files and ``max_bytes`` of source (the review's
+    limits by default; the files past them give no claims), each analyzed in a forked child
+    (bot.isolation) with its time and memory limits, so a file that crashes or stalls the parser, or a rule
+    that fails, costs only that file's claims, never the smoke run."""
+    from analyzers.config import Config
+    from analyzers.program.modules import RepositoryIndex
+    from bot.isolation import run_isolated
+    from bot.pipeline import MAX_REVIEW_BYTES, MAX_REVIEW_FILES
+
+    max_files = MAX_REVIEW_FILES if max_files is None else max_files
+    max_bytes = MAX_REVIEW_BYTES if max_bytes is None else max_bytes
+    config = config or Config()
+    try:
+        index = RepositoryIndex(root) if root is not None else None
+    except Exception:  # noqa: BLE001 - no context across files: each file on its own, as the review would
+        log.warning("no repository context for the smoke run's static findings", exc_info=True)
+        index = None
+    picked, total = [], 0
+    for path, source in sources.items():
+        size = len(source.encode("utf-8", errors="replace"))
+        if len(picked) >= max_files or total + size > max_bytes:
+            continue
+        picked.append((path, source))
+        total += size
+
+    def claims_of(path: str, source: str) -> list[dict]:
+        try:
+            return _file_claims(path, source, config, index)
+        except Exception:  # noqa: BLE001 - a failing rule costs this file's claims, not the smoke run
+            return []
+
+    found = run_isolated(picked, claims_of, lambda path, kind, message: [])
+    return {path: found[path] for path, _ in picked if found.get(path)}
+
+
+def _file_claims(path: str, source: str, config, index) -> list[dict]:
     import ast
 
-    from analyzers.config import Config
     from analyzers.engine import analyze_text
-    from analyzers.program.modules import RepositoryIndex
     from gpu_runner.runner import DECIDABLE_RULES
 
-    index = RepositoryIndex(root) if root is not None else None
-    claims: dict[str, list[dict]] = {}
-    for path, source in sources.items():
-        findings = [f for f in analyze_text(source, path, config or Config(), repository=index).findings
-                    if f.rule in DECIDABLE_RULES]
-        if not findings:
-            continue
-        try:
-            classes = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]
-        except (SyntaxError, ValueError):
-            continue
-        for finding in findings:
-            around = [c for c in classes if c.lineno <= finding.line <= (c.end_lineno or c.lineno)]
-            claim = {"rule": finding.rule, "path": path, "line": finding.line, "end_line": finding.end_line,
-                     "class": max(around, key=lambda c: c.lineno).name if around else None,
-                     "slug": finding.slug, "message": finding.message}
-            forward = _FORWARD_RETURNS.search(finding.message)
-            container = _PLAIN_CONTAINER.search(finding.message)
-            if finding.rule in ("TR401", "TR403"):
-                if forward is None:
-                    continue  # the activation is applied outside any model's forward: no model run decides it
-                if finding.rule == "TR401" and "CrossEntropyLoss applies log_softmax" not in finding.message:
-                    continue  # probabilities into NLLLoss: a wrong loss, not a floor a run can show
-                claim["forward_of"] = forward.group(1)
-            if finding.rule == "TR302":
-                if container is None:
-                    continue
-                claim["attribute"], claim["class"] = container.group(1), container.group(2)
-            claims.setdefault(path, []).append(claim)
+    findings = [f for f in analyze_text(source, path, config, repository=index).findings
+                if f.rule in DECIDABLE_RULES]
+    if not findings:
+        return []
+    try:
+        classes = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    claims = []
+    for finding in findings:
+        around = [c for c in classes if c.lineno <= finding.line <= (c.end_lineno or c.lineno)]
+        claim = {"rule": finding.rule, "path": path, "line": finding.line, "end_line": finding.end_line,
+                 "class": max(around, key=lambda c: c.lineno).name if around else None,
+                 "slug": finding.slug, "message": finding.message}
+        forward = _FORWARD_RETURNS.search(finding.message)
+        container = _PLAIN_CONTAINER.search(finding.message)
+        if finding.rule in ("TR401", "TR403"):
+            if forward is None:
+                continue  # the activation is applied outside any model's forward: no model run decides it
+            if finding.rule == "TR401" and "CrossEntropyLoss applies log_softmax" not in finding.message:
+                continue  # probabilities into NLLLoss: a wrong loss, not a floor a run can show
+            claim["forward_of"] = forward.group(1)
+            claim["forward_path"] = _defining_file(forward.group(1), path, source, classes, index)
+        if finding.rule == "TR302":
+            if container is None:
+                continue
+            claim["attribute"], claim["class"] = container.group(1), container.group(2)
+        claims.append(claim)
     return claims
+
+
+def _defining_file(name: str, path: str, source: str, classes: list, index) -> Optional[str]:
+    """The file (relative to the repository) defining the class ``name`` means in ``path``: the file itself, or
+    the one it imports it from as the static engine resolves it; None when it cannot tell."""
+    if any(node.name == name for node in classes):
+        return path
+    if index is None:
+        return None
+    found = index.find_class(index.root / path, name, source)
+    if found is None:
+        return None
+    try:
+        return Path(found.path).resolve().relative_to(index.root).as_posix()
+    except ValueError:
+        return None
 
 
 RUNNER_CLAIM_KEYS = ("rule", "path", "line", "end_line", "class", "forward_of", "attribute")
@@ -154,14 +205,16 @@ RUNNER_CLAIM_KEYS = ("rule", "path", "line", "end_line", "class", "forward_of", 
 
 def with_claims(requests_: list, claims: dict[str, list[dict]]) -> None:
     """Gives each model target the claims of its file, and those that name its class's forward from another file
-    (a training script feeding its softmax output to CrossEntropyLoss): what the runner needs of them, nothing
-    of the PR's text beyond names."""
+    (a training script feeding its softmax output to CrossEntropyLoss) when that class is this target's (the
+    file the static engine resolved it to; by name only when it could not): what the runner needs of them,
+    nothing of the PR's text beyond names."""
     for request in requests_:
         if request.kind != "model":
             continue
         path, _, name = request.target.partition(":")
         mine = [c for file, found in claims.items() for c in found
-                if file == path or c.get("forward_of") and c.get("forward_of") == name]
+                if file == path or c.get("forward_of") and c.get("forward_of") == name
+                and c.get("forward_path") in (None, path)]
         request.findings = [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c} for c in mine]
 
 

@@ -1183,10 +1183,13 @@ class _FactoryRecorder(torch.overrides.TorchFunctionMode):
     """Records tensor factories (torch.zeros, torch.arange, torch.tensor, ...) called without ``device=``
     that return a tensor with at least one dim (0-dim CPU tensors mix with CUDA tensors, so they are fine)."""
 
-    def __init__(self):
+    def __init__(self, on_meta: Optional[Callable[[str, int], bool]] = None):
         super().__init__()
         self.calls: list[str] = []
         self._factories = {getattr(torch, n) for n in _FACTORIES if hasattr(torch, n)}
+        # (file, line) of such a call -> True: its tensor is made on 'meta' instead, as if it had device= (and it
+        # is not recorded); gpu_runner.confirm places every factory but the flagged one's so
+        self.on_meta = on_meta
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -1197,6 +1200,8 @@ class _FactoryRecorder(torch.overrides.TorchFunctionMode):
         if func in self._factories and kwargs.get("device") is None and isinstance(result, torch.Tensor) \
                 and result.dim() > 0 and _is_user_file(caller.f_code.co_filename) \
                 and not (func is torch.as_tensor and args and isinstance(args[0], torch.Tensor)):
+            if self.on_meta is not None and self.on_meta(caller.f_code.co_filename, caller.f_lineno):
+                return func(*args, **{**kwargs, "device": torch.device("meta")})
             self.calls.append(f"torch.{func.__name__} at {_format_frame(traceback.extract_stack(caller, limit=1)[0])}")
         return result
 

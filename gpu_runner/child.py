@@ -43,14 +43,21 @@ CHECKS_SHARE_OF_TIMEOUT = 0.6  # what the checks may plan to use of the per-targ
 # What one target plans to take, import and build included: a slower model is checked on smaller batches (then
 # fewer steps) rather than taking minutes of a shared worker or being killed at the timeout.
 TARGET_BUDGET_S = 20.0
+# The experiments on static findings (gpu_runner.confirm) run after the checks, until the checks' deadline plus this
+# much, and never past this share of the per-target timeout: a target killed at its timeout loses its whole report.
+FINDINGS_BUDGET_S = 20.0
+FINDINGS_SHARE_OF_TIMEOUT = 0.8
 
 
 def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int,
-              deadline: float | None = None, findings: list | None = None) -> dict:
+              deadline: float | None = None, findings: list | None = None,
+              findings_deadline: float | None = None) -> dict:
     """Build and check one target; ``deadline`` (a time.perf_counter() value) is when its checks should be done
     (the per-target budget, well before the timeout kills it): a slow model is checked on smaller batches, and
     with fewer steps if it must. ``findings``: static findings of the target's file that a run can decide
-    (gpu_runner.confirm); their verdicts are the report's ``findings``."""
+    (gpu_runner.confirm); their verdicts are the report's ``findings``, decided until ``findings_deadline`` (a
+    time.perf_counter() value). The experiments never cost the target its checks' report: one that fails
+    outside the PR's code leaves the findings out and says so in the notes."""
     from gpu_runner.build import CONFIGURE_HINT, Skip, build_subject, known_bug
     from gpu_runner.checks import run_checks
 
@@ -72,7 +79,12 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     if findings:
         from gpu_runner.confirm import confirm_findings
 
-        data["findings"] = confirm_findings(subject, target.split(":", 1)[0], findings, seed)
+        try:
+            data["findings"] = confirm_findings(subject, target.split(":", 1)[0], findings, seed, findings_deadline,
+                                                str(code_root))
+        except Exception as exc:  # noqa: BLE001 - the runner's fault, or the PR's code outside an experiment
+            data["notes"].append(f"the static findings could not be checked by running: {type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())[:200]}")
     return data
 
 
@@ -107,9 +119,13 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 timeout = job.get("target_timeout_s")
                 budget = min(TARGET_BUDGET_S, CHECKS_SHARE_OF_TIMEOUT * float(timeout)) if timeout else TARGET_BUDGET_S
                 deadline = started + budget
+                findings_deadline = deadline + FINDINGS_BUDGET_S
+                if timeout:
+                    findings_deadline = min(findings_deadline, started + FINDINGS_SHARE_OF_TIMEOUT * float(timeout))
+                findings = item.get("findings") if isinstance(item.get("findings"), list) else []
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                                    int(job.get("steps", 50)), int(job.get("seed", 0)), deadline,
-                                   [f for f in item.get("findings") or [] if isinstance(f, dict)])
+                                   [f for f in findings if isinstance(f, dict)], findings_deadline)
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         result["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # the same, in CPU time (all threads)
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())

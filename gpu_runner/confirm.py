@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -39,34 +40,80 @@ def _verdict(claim: dict, verdict: str, evidence: str, **details) -> dict:
             "evidence": evidence, "details": details}
 
 
-def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int = 0) -> list[dict]:
+def confirm_findings(subject: Subject, path: str, claims: list[dict], seed: int = 0,
+                     deadline: Optional[float] = None, code_root: Optional[str] = None) -> list[dict]:
     """A verdict for each claim this target (defined in ``path``) can decide; the model leaves as it came
-    (parameters, buffers, mode) and the caller's random state is untouched. A claim without a ``path`` is of the
-    target's file."""
+    (parameters, buffers, each module's mode) and the caller's random state is untouched. A claim without a
+    ``path`` is of the target's file; a malformed claim is skipped. ``deadline`` (a time.perf_counter() value):
+    past it, the remaining claims are undecided (no time was left) rather than the target running into its
+    timeout, which would cost it the checks' report. ``code_root``: the tree the paths are relative to (the files
+    are then told apart exactly; without it, by their path's tail)."""
     from gpu_runner.checks import _restore, _snapshot
 
     results = []
     model = subject.model
     snapshot = _snapshot(model)
+    modes = [(module, module.training) for module in model.modules()]
     devices = [torch.device(subject.device).index or 0] if str(subject.device).startswith("cuda") else []
     for claim in claims:
-        experiment = _EXPERIMENTS.get(claim.get("rule"))
-        if experiment is None or not isinstance(claim.get("line"), int):
+        claim = _well_formed(claim)
+        experiment = _EXPERIMENTS.get(claim["rule"]) if claim is not None else None
+        if experiment is None:
             continue
-        claim = {**claim, "path": str(claim.get("path") or path), "target_path": path}
+        claim = {**claim, "path": str(claim.get("path") or path), "target_path": _located(path, code_root)}
+        if deadline is not None and time.perf_counter() >= deadline:
+            if _about_this_model(subject, claim):
+                results.append(_verdict(claim, "undecided", "no time was left for this experiment within the "
+                                                            "target's share of smoke.timeout."))
+            continue
         try:
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(seed)
-                result = experiment(subject, claim["path"], claim)
+                result = experiment(subject, _located(claim["path"], code_root), claim, deadline)
         except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
-            result = _verdict(claim, "undecided", f"the experiment could not run: {type(exc).__name__}: "
-                                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            result = _failed(claim, exc)
         finally:
             _restore(model, snapshot)
-            model.train()
+            for module, training in modes:  # Module.train would run the PR's overrides: set the flags as found
+                module.training = training
         if result is not None:
             results.append(result)
     return results
+
+
+def _failed(claim: dict, exc: Exception) -> dict:
+    """The verdict of an experiment that raised: undecided, saying whose code raised (the model's, at its frame, or
+    the runner's: never a finding about the model)."""
+    from gpu_runner.checks import _one_line, _user_frame
+
+    where = _user_frame(exc.__traceback__)
+    if where:
+        return _verdict(claim, "undecided", f"the experiment could not run: the model's code raised "
+                                            f"{type(exc).__name__} at {where}: {_one_line(exc, 200)}", error="model")
+    return _verdict(claim, "undecided", f"the experiment could not run (a runner error, not a finding about the "
+                                        f"model): {type(exc).__name__}: {_one_line(exc, 200)}", error="runner")
+
+
+_CLAIM_TYPES = {"rule": str, "path": str, "line": int, "end_line": int, "class": str, "forward_of": str,
+                "attribute": str}
+
+
+def _well_formed(claim: Any) -> Optional[dict]:
+    """The claim with the fields an experiment reads, each of its type (``end_line`` defaults to ``line``), or
+    None: claims are data from the worker, or from an executor request's body."""
+    if not isinstance(claim, dict) or not isinstance(claim.get("rule"), str) or type(claim.get("line")) is not int:
+        return None
+    clean = {key: claim[key] for key, kind in _CLAIM_TYPES.items()
+             if type(claim.get(key)) is kind and (kind is not str or len(claim[key]) <= 500)}
+    clean.setdefault("end_line", clean["line"])
+    return clean if clean["end_line"] >= clean["line"] else None
+
+
+def _about_this_model(subject: Subject, claim: dict) -> bool:
+    """The claim's subject is part of this model (the experiments answer nothing for the others)."""
+    if claim["rule"] in ("TR401", "TR403"):
+        return _names_forward(subject, claim)
+    return bool(_instances(subject.model, claim.get("class"), claim["path"]))
 
 
 def _instances(model: nn.Module, class_name: Optional[str], path: str) -> list[tuple[str, nn.Module]]:
@@ -82,7 +129,16 @@ def _defined_in(cls: type, path: str) -> bool:
     return _same_file(getattr(sys.modules.get(cls.__module__), "__file__", None) or "", path)
 
 
+def _located(path: str, code_root: Optional[str]) -> str:
+    """``path`` (relative to the code's tree) as the absolute real path of the file, given that tree."""
+    return os.path.realpath(os.path.join(code_root, path)) if code_root else path
+
+
 def _same_file(filename: str, path: str) -> bool:
+    """``filename`` (a module's or a frame's) is the file ``path``: exactly for an absolute ``path``
+    (``_located``), else by its tail."""
+    if os.path.isabs(path):
+        return os.path.realpath(filename) == path
     filename = os.path.realpath(filename).replace(os.sep, "/")
     return filename == path or filename.endswith("/" + path.lstrip("./"))
 
@@ -131,7 +187,8 @@ def _two_eval_forwards(subject: Subject, recorder: _DropoutRecorder) -> float:
     return _relative_difference(first, second) if first is not None and second is not None else math.nan
 
 
-def _dropout_always_on(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+def _dropout_always_on(subject: Subject, path: str, claim: dict,
+                       deadline: Optional[float] = None) -> Optional[dict]:
     """In eval mode, the flagged call runs with training=True (confirmed: two eval-mode forwards of one batch
     differ; when this build's p is 0, they are compared with p = 0.5 at that call), or with training=False
     (refuted); undecided when the eval forward does not reach it."""
@@ -139,7 +196,7 @@ def _dropout_always_on(subject: Subject, path: str, claim: dict) -> Optional[dic
     if not owners:
         return None
     line, end_line = claim["line"], claim.get("end_line") or claim["line"]
-    where = f"{path}:{line}"
+    where = f"{claim['path']}:{line}"
     recorder = _DropoutRecorder()
     difference = _two_eval_forwards(subject, recorder)
     here = [call for call in recorder.calls if _same_file(call[0], path) and line <= call[1] <= end_line]
@@ -168,7 +225,8 @@ def _dropout_always_on(subject: Subject, path: str, claim: dict) -> Optional[dic
 
 # --- TR302: submodules in a plain container ----------------------------------------------------------------
 
-def _plain_container(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+def _plain_container(subject: Subject, path: str, claim: dict,
+                     deadline: Optional[float] = None) -> Optional[dict]:
     """The flagged ``self.<attribute>`` of each instance of the class holds modules whose parameters are not in
     ``model.parameters()`` (confirmed), or everything it holds is registered (refuted)."""
     attribute = claim.get("attribute")
@@ -234,23 +292,29 @@ def cross_entropy_floor(classes: int) -> float:
     sum p = 1) instead of logits: loss(p, y) = -p_y + log(sum_j e^{p_j}). For a fixed p_y = a, log-sum-exp is
     Schur-convex, so the rest is best spread evenly, (1 - a)/(C - 1) each; along that line the derivative in a is
     -1 + (e^a - e^b)/(e^a + (C-1) e^b) < 0, so the minimum is at a = 1, the one-hot vector:
-    -1 + log(e + C - 1) = log(1 + (C - 1)/e)."""
+    -1 + log(e + C - 1) = log(1 + (C - 1)/e). It is also the floor over any input in [0, 1]^C (a softmax over
+    another dimension): the loss falls as p_y grows (d/dp_y = -1 + softmax(p)_y < 0) and rises with every other
+    p_j, so the one-hot vector is again the minimum."""
     return math.log(1 + (classes - 1) / math.e)
 
 
-def _train_floor(subject: Subject, loss: Callable[[torch.Tensor], torch.Tensor]) -> Optional[float]:
-    """The lowest ``loss(output)`` in ``FLOOR_STEPS`` Adam steps on one batch (dropout modules off)."""
+def _train_floor(subject: Subject, loss: Callable[[torch.Tensor], torch.Tensor],
+                 deadline: Optional[float] = None) -> tuple[Optional[float], int]:
+    """The lowest ``loss(output)`` in ``FLOOR_STEPS`` Adam steps on one batch (dropout modules off), fewer when
+    ``deadline`` comes first; (that loss, the steps taken)."""
     from gpu_runner.checks import _dropout_off, _first_tensor, _forward, _trainable
 
     model = subject.model.train()
     _dropout_off(model)
     parameters = [p for _, p in _trainable(model)]
     if not parameters:
-        return None
+        return None, 0
     optimizer = torch.optim.Adam(parameters, lr=FLOOR_LR)
     batch = subject.make_batch(8, 0)
-    best = math.inf
+    best, steps = math.inf, 0
     for _ in range(FLOOR_STEPS):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
         optimizer.zero_grad(set_to_none=True)
         value = loss(_first_tensor(_forward(model, batch)).float())
         if not torch.isfinite(value):
@@ -258,8 +322,9 @@ def _train_floor(subject: Subject, loss: Callable[[torch.Tensor], torch.Tensor])
         best = min(best, float(value.detach()))
         value.backward()
         optimizer.step()
+        steps += 1
     model.zero_grad(set_to_none=True)
-    return best if math.isfinite(best) else None
+    return (best if math.isfinite(best) else None), steps
 
 
 def _names_forward(subject: Subject, claim: dict) -> bool:
@@ -268,7 +333,8 @@ def _names_forward(subject: Subject, claim: dict) -> bool:
     return claim.get("forward_of") == cls.__name__ and _defined_in(cls, claim["target_path"])
 
 
-def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict,
+                                deadline: Optional[float] = None) -> Optional[dict]:
     """The model's output is a probability vector over C classes (confirmed: CrossEntropyLoss on it cannot fall
     below log(1 + (C-1)/e), shown by training on one batch), or it is not (refuted)."""
     if not _names_forward(subject, claim):
@@ -279,11 +345,23 @@ def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict) -> Opt
         return _verdict(claim, "undecided", f"`{name}`'s output is not a floating-point tensor with a class "
                                             "dimension.")
     dim = _probability_dim(output)
+    # a softmax over another dimension (the batch: F.softmax(x, dim=0), or a 3-d output's implicit dim) still
+    # leaves every entry in [0, 1], where the same floor holds
+    bounded = dim is None and bool(torch.isfinite(output).all()) and \
+        0 <= float(output.min()) <= float(output.max()) <= 1
+    if bounded:
+        dim = 1 if output.dim() == 2 else output.dim() - 1
+        if output.shape[dim] < 2:
+            return _verdict(claim, "undecided", f"`{name}`'s output (shape {tuple(output.shape)}) lies in [0, 1] "
+                                                "but has a single class: CrossEntropyLoss over one class is 0 "
+                                                "whatever the model does, so there is no floor to show.")
     if dim is None:
         sums = output.sum(dim=-1)
         return _verdict(claim, "refuted", f"`{name}`'s output (shape {tuple(output.shape)}) is not a probability "
                                           f"vector in train mode: its rows sum to {float(sums.min()):.3g} … "
-                                          f"{float(sums.max()):.3g}, so CrossEntropyLoss gets logits here.")
+                                          f"{float(sums.max()):.3g} and its entries range over "
+                                          f"{float(output.min()):.3g} … {float(output.max()):.3g}, so "
+                                          "CrossEntropyLoss gets logits here.")
     classes = output.shape[dim]
     floor = cross_entropy_floor(classes)
     target = torch.randint(0, classes, output.movedim(dim, -1).shape[:-1], generator=torch.Generator().manual_seed(0))
@@ -291,15 +369,18 @@ def _softmax_into_cross_entropy(subject: Subject, path: str, claim: dict) -> Opt
     def loss(out: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out.movedim(dim, -1).reshape(-1, classes), target.to(out.device).reshape(-1))
 
-    reached = _train_floor(subject, loss)
-    shown = f"; {FLOOR_STEPS} Adam steps on one batch got it to {reached:.3g}" if reached is not None else ""
-    return _verdict(claim, "confirmed", f"`{name}`'s output sums to 1 over its {classes} classes (dim {dim}), so "
+    reached, steps = _train_floor(subject, loss, deadline)
+    shown = f"; {steps} Adam steps on one batch got it to {reached:.3g}" if reached is not None else ""
+    shape = (f"lies in [0, 1] without summing to 1 over its {classes} classes (dim {dim}; a softmax over another "
+             "dimension)" if bounded else f"sums to 1 over its {classes} classes (dim {dim})")
+    return _verdict(claim, "confirmed", f"`{name}`'s output {shape}, so "
                                         f"CrossEntropyLoss on it cannot fall below log(1 + {classes - 1}/e) = "
                                         f"{floor:.3g} however well the model learns{shown}.",
                     classes=classes, floor=floor, reached=reached)
 
 
-def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict) -> Optional[dict]:
+def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict,
+                                  deadline: Optional[float] = None) -> Optional[dict]:
     """The model's output lies in [0, 1] (confirmed: BCEWithLogitsLoss sees sigmoid(p) in [0.5, 0.731], so the
     loss cannot fall below log(1 + 1/e) for a positive target nor log 2 for a negative one), or it does not
     (refuted)."""
@@ -320,8 +401,8 @@ def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict) -> O
     def loss(out: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(out, target.to(out.device))
 
-    reached = _train_floor(subject, loss)
-    shown = f"; {FLOOR_STEPS} Adam steps on one batch got it to {reached:.3g}" if reached is not None else ""
+    reached, steps = _train_floor(subject, loss, deadline)
+    shown = f"; {steps} Adam steps on one batch got it to {reached:.3g}" if reached is not None else ""
     return _verdict(claim, "confirmed", f"`{name}`'s output lies in [0, 1] ({low:.3g} … {high:.3g}), so "
                                         "BCEWithLogitsLoss sees sigmoid(p) in [0.5, 0.731]: the loss cannot fall "
                                         f"below log(1 + 1/e) = {positive:.3g} for a positive target nor log 2 = "
@@ -332,27 +413,43 @@ def _sigmoid_into_bce_with_logits(subject: Subject, path: str, claim: dict) -> O
 
 # --- TR701: a tensor made in forward without device= -------------------------------------------------------
 
-def _tensor_without_device(subject: Subject, path: str, claim: dict) -> Optional[dict]:
-    """The forward on a stand-in for a GPU (fake 'meta' tensors, as the device-placement check runs it): the factory
-    on the flagged line makes a CPU tensor and the forward fails with a device mismatch (confirmed), or the forward
-    goes through although it made one (refuted: it is moved, or only used on the CPU)."""
-    from gpu_runner.checks import _DEVICE_MISMATCH, _FactoryRecorder, _one_line, _run_on_fake_meta
+def _tensor_without_device(subject: Subject, path: str, claim: dict,
+                           deadline: Optional[float] = None) -> Optional[dict]:
+    """The forward on a stand-in for a GPU (fake 'meta' tensors, as the device-placement check runs it), with every
+    other factory called without ``device=`` making its tensor on 'meta', so that only the flagged line's tensors
+    are on the CPU: the forward fails with a device mismatch that goes away once they too are on 'meta'
+    (confirmed), or it goes through (refuted: they are moved, or only used on the CPU). A mismatch that stays
+    when they are placed comes from something else: undecided."""
+    from gpu_runner.checks import _DEVICE_MISMATCH, _FactoryRecorder, _one_line, _run_on_fake_meta, _user_frame
 
     if not _instances(subject.model, claim.get("class"), path):
         return None
-    recorder = _FactoryRecorder()
-    error: Optional[BaseException] = None
-    try:
-        _run_on_fake_meta(subject.model.train(), subject.make_batch(2, 0), recorder)
-    except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
-        error = exc
     line, end_line = claim["line"], claim.get("end_line") or claim["line"]
+
+    def flagged(filename: str, number: int) -> bool:
+        return _same_file(filename, path) and line <= number <= end_line
+
+    def forward(on_meta: Callable[[str, int], bool]) -> tuple[_FactoryRecorder, Optional[BaseException]]:
+        recorder = _FactoryRecorder(on_meta)
+        try:
+            _run_on_fake_meta(subject.model.train(), subject.make_batch(2, 0), recorder)
+        except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything
+            return recorder, exc
+        return recorder, None
+
+    recorder, error = forward(lambda filename, number: not flagged(filename, number))
     name = os.path.basename(path)
     made = [call for call in recorder.calls if any(f" at {name}:{n} in " in call for n in range(line, end_line + 1))]
-    where = f"{path}:{line}"
+    where = f"{claim['path']}:{line}"
     stand_in = "on a stand-in for a GPU (the model's tensors fake tensors on the 'meta' device)"
     if made and error is not None and _DEVICE_MISMATCH.search(str(error)):
         factory = made[0].split(" at ", 1)[0]
+        _, placed = forward(lambda filename, number: True)
+        if placed is not None and (type(placed), str(placed), _user_frame(placed.__traceback__)) == \
+                (type(error), str(error), _user_frame(error.__traceback__)):
+            return _verdict(claim, "undecided", f"{stand_in}, the forward failed with a device mismatch whether or "
+                                                f"not `{factory}` at {where} made its tensor on the CPU: "
+                                                f"{_one_line(error, 200)}")
         return _verdict(claim, "confirmed", f"{stand_in}, `{factory}` at {where} made a CPU tensor and the forward "
                                             f"failed: {_one_line(error, 200)}")
     if made and error is None:
@@ -366,7 +463,7 @@ def _tensor_without_device(subject: Subject, path: str, claim: dict) -> Optional
                                         "reached, or it made a 0-dim tensor).")
 
 
-_EXPERIMENTS: dict[str, Callable[[Subject, str, dict], Optional[dict]]] = {
+_EXPERIMENTS: dict[str, Callable[[Subject, str, dict, Optional[float]], Optional[dict]]] = {
     "TR302": _plain_container,
     "TR401": _softmax_into_cross_entropy,
     "TR403": _sigmoid_into_bce_with_logits,

@@ -221,8 +221,9 @@ def _sanitized_verdict(verdict: dict) -> dict:
     return {"rule": _text(verdict.get("rule", "?"), 20), "path": _text(verdict.get("path", ""), 500),
             "line": verdict["line"], "verdict": verdict["verdict"],
             "evidence": _text(verdict.get("evidence", ""), 1000),
-            "details": {k: v for k, v in details.items() if isinstance(k, str) and (
-                isinstance(v, (int, float, str)) and not isinstance(v, bool) or v is None)}
+            "details": dict(list({_text(k, 50): _text(v, 200) if isinstance(v, str) else v
+                                  for k, v in details.items() if isinstance(k, str) and (
+                isinstance(v, (int, float, str)) and not isinstance(v, bool) or v is None)}.items())[:20])
             if isinstance(details, dict) else {}}
 
 
