@@ -1476,8 +1476,9 @@ class FunctionalDropoutAlwaysOn(Rule):
     severity = Severity.HIGH
     summary = "F.dropout in a module without training=self.training stays on in eval()"
     what = """
-        Flags `F.dropout(x, p)` (and `dropout2d`, `alpha_dropout`...) inside an `nn.Module`
-        method that does not pass `training=` (it defaults to `True`).
+        Flags `F.dropout(x, p)` (and `dropout1d/2d/3d`) inside an `nn.Module` method that does
+        not pass `training=` (it defaults to `True`). `F.alpha_dropout` and
+        `F.feature_alpha_dropout` default to `training=False`, so they never stay on in eval.
     """
     why = """
         The functional form does not know the module's mode: unlike `nn.Dropout`, it keeps
@@ -1519,6 +1520,14 @@ class FunctionalDropoutAlwaysOn(Rule):
         from torch.nn import functional as F
         def augment(x, p):
             return F.dropout(x, p)
+        """,
+        # the alpha variants default to training=False
+        """
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class SelfNormalizing(nn.Module):
+            def forward(self, x):
+                return F.alpha_dropout(F.selu(self.fc(x)), 0.1)
         """,
         # explicit training=True (MC dropout) and p=0
         """
@@ -1565,8 +1574,9 @@ class FunctionalDropoutAlwaysOn(Rule):
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if ctx.call_name(node) not in _FUNCTIONAL_DROPOUT:
-            return
+        called = ctx.call_name(node)
+        if called not in _FUNCTIONAL_DROPOUT or called.endswith("alpha_dropout"):
+            return  # the alpha variants default to ``training=False``: never on in eval (if never on at all)
         fn = ctx.function_def
         if fn is None or ctx.class_def is None or not ctx.is_module_subclass():
             return
