@@ -655,3 +655,25 @@ def test_cpu_side_inputs_models_moved_back_and_raw_text_data_are_quiet():
         for sentences in DataLoader(Captions()):
             encoder(sentences)
         """, "TR705") == []
+
+
+def test_position_ids_in_a_model_file_that_moves_nothing_itself_are_medium():
+    # nanoGPT's layout: model.py never moves the model (train.py does), yet CPU position ids into the module's own
+    # embedding break on any GPU; other factories need the file's CUDA evidence, as before
+    findings = run("""
+        import torch
+        import torch.nn as nn
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(100, 32), wpe=nn.Embedding(64, 32)))
+
+            def forward(self, idx, targets=None):
+                b, t = idx.size()
+                pos = torch.arange(0, t, dtype=torch.long)
+                mask = torch.ones(t, t)
+                return self.transformer.wte(idx) + self.transformer.wpe(pos), mask
+        """, "TR701")
+    assert [(f.line, f.severity.label) for f in findings] == [(12, "medium")]
+    assert "as soon as the model runs on a GPU" in findings[0].message and "device=idx.device" in findings[0].message

@@ -260,7 +260,9 @@ class TensorWithoutDevice(Rule):
         Creation followed by `.to(...)`, `.cuda()` or `.type_as(...)`, `*_like` factories and
         `x.new_*` methods are fine. Indices made this way and fed to an `nn.Embedding` of the
         module (`self.wpe(torch.arange(t))`, nanoGPT's `ModuleDict` layout too) or to
-        `F.embedding` are reported as high: that lookup always raises on CUDA.
+        `F.embedding` are reported as high: that lookup always raises on CUDA. In a model file
+        that never moves anything itself (the training script does), those position ids are
+        still reported, at medium.
     """
     why = """
         Factory functions allocate on the CPU by default. When the model lives on the GPU the
@@ -540,13 +542,23 @@ class TensorWithoutDevice(Rule):
             return False
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.candidates or not _facts(ctx).cuda_evidence:
-            return
-        if "set_default_device" in ctx.source:
+        if not self.candidates or "set_default_device" in ctx.source:
             return  # ``torch.set_default_device("cuda")``: tensors made without device= land on it
+        cuda = _facts(ctx).cuda_evidence
         moved = _facts(ctx).moved_roots
         for cand in self.candidates:
             if cand.target is not None and cand.target.split(".")[0] in moved.get(id(cand.fn), ()):
+                continue
+            if not cuda and cand.owner.endswith(".forward()") and self._embedding_fed(cand, ctx) is not None:
+                # a model file that never moves anything itself (nanoGPT's model.py: train.py moves it): CPU
+                # position ids into the module's own embedding break on any GPU, so it is said, one level lower
+                self.report(cand.call, f"{_short(ctx, cand.call)} in {cand.owner} creates CPU indices without "
+                                       f"device= and feeds them to the embedding `{self._embedding_fed(cand, ctx)}`: "
+                                       f"as soon as the model runs on a GPU the lookup raises \"Expected all tensors "
+                                       f"to be on the same device\" (CPU-only tests pass); pass "
+                                       f"device={self._first_input(cand.fn)}.device", severity=Severity.MEDIUM)
+                continue
+            if not cuda:
                 continue
             shown = _short(ctx, cand.call)
             fn = cand.fn
@@ -569,6 +581,11 @@ class TensorWithoutDevice(Rule):
             self.report(cand.call, f"{shown} in {cand.owner} creates a CPU tensor without device=, but this file "
                                    f"runs the model on CUDA: a device mismatch or a host-to-device copy every "
                                    f"step; pass {hint} (or use *_like / x.new_*)")
+
+    @staticmethod
+    def _first_input(fn: cst.FunctionDef) -> str:
+        params = [p.name.value for p in fn.params.params if p.name.value not in ("self", "cls")]
+        return params[0] if params else "<the input>"
 
     @staticmethod
     def _embedding_fed(cand: _Candidate, ctx: FileContext) -> Optional[str]:
