@@ -509,6 +509,26 @@ def test_dict_batch_given_as_keywords_and_a_thrown_away_move():
     assert "`x.to(device)` on line 12 returns a moved copy that is thrown away" in findings[1].message
 
 
+def test_tensors_unpacked_into_a_tensor_dataset_are_followed():
+    # ``X_val, y_val = ...`` unpacks CPU tensors: the batches stay on the CPU; the same unpacking of moved tensors
+    # holds GPU batches already
+    findings = run("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = Regressor().to(device)
+        X_val, y_val = torch.randn(50, 3), torch.randn(50)
+        X_gpu, y_gpu = torch.randn(50, 3).to(device), torch.randn(50).to(device)
+        with torch.no_grad():
+            for xb, yb in DataLoader(TensorDataset(X_val, y_val), batch_size=10):
+                pred = model(xb)
+            for xb, yb in DataLoader(TensorDataset(X_gpu, y_gpu), batch_size=10):
+                pred = model(xb)
+        """, "TR705")
+    assert lines(findings, "TR705") == [10]
+    assert "`xb` from `DataLoader(TensorDataset(X_val" in findings[0].message
+
+
 def test_batches_moved_guarded_or_wrapped_are_quiet():
     assert run("""
         import torch

@@ -1085,6 +1085,8 @@ def _moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
         name = method_name(node) or ""
         if name == "cuda" or (name == "to" and _to_moves_device(node, ctx)):
             return True
+        if name == "type" and node.args and not _cpu_type(node.args[0].value, ctx):
+            return True  # ``imgs.type(Tensor)`` with ``Tensor = torch.cuda.FloatTensor if cuda else ...``
         if name != "to" and _DEVICE_HANDLING.search(name):
             return True
         for arg in node.args:
@@ -1093,6 +1095,16 @@ def _moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
             if isinstance(arg.value, (cst.Name, cst.Attribute)) and _device_like_name(dotted_name(arg.value)):
                 return True
     return False
+
+
+def _cpu_type(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``x.type(torch.float32)`` / ``x.type("torch.FloatTensor")``: a conversion that keeps the tensor where it is
+    (unlike ``torch.cuda.FloatTensor``, or a ``Tensor`` alias that may be one)."""
+    text = string_value(expr)
+    if text is not None:
+        return "cuda" not in text
+    dotted = dotted_name(expr) or ""
+    return dotted.rsplit(".", 1)[-1] in _DTYPE_NAMES and (ctx.qualified_name(expr) or "").startswith("torch.")
 
 
 def _mentions(expr: cst.CSTNode, names: dict[str, str]) -> bool:
@@ -1347,6 +1359,27 @@ class BatchNotMovedToDevice(Rule):
         for x, y in DataLoader(CIFAR10("data")):
             out = model(x)
         """,
+        # a loader rebound by accelerate's prepare (it moves the batches); a legacy GAN's ``.type(Tensor)`` copy,
+        # ``Tensor`` being ``torch.cuda.FloatTensor`` when CUDA is used
+        """
+        import torch
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader, TensorDataset
+        from torchvision.datasets import MNIST
+        accelerator = Accelerator()
+        model = Net().to(accelerator.device)
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64)), batch_size=8)
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+        for x, y in loader:
+            out = model(x)
+        cuda = torch.cuda.is_available()
+        critic = Critic()
+        if cuda:
+            critic.cuda()
+        Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+        for imgs, _ in DataLoader(MNIST("data"), batch_size=64):
+            score = critic(imgs.type(Tensor))
+        """,
         # the model stays on the CPU; a data set of the file that already holds GPU tensors
         """
         import torch
@@ -1544,7 +1577,8 @@ class BatchNotMovedToDevice(Rule):
         name = dotted_name(expr)
         if name is None:
             return None
-        value = assignment_before(self.ctx, use, name)
+        # ``model, loader = accelerator.prepare(model, loader)``: the prepared loader, which moves its batches
+        value = assignment_before(self.ctx, use, name, unpacked=True)
         if value is not None:
             return self._loader(value, use, fn, depth + 1)
         if fn is None or "." in name or parameter_index(fn, name) is None and not any(
@@ -1571,7 +1605,7 @@ class BatchNotMovedToDevice(Rule):
         for _ in range(4):
             if not isinstance(dataset, (cst.Name, cst.Attribute)):
                 break
-            dataset = assignment_before(ctx, loader, dotted_name(dataset) or "")
+            dataset = assignment_before(ctx, loader, dotted_name(dataset) or "", unpacked=True)
         if not isinstance(dataset, cst.Call):
             return False
         called = ctx.call_name(dataset) or dotted_name(dataset.func) or ""
@@ -1581,7 +1615,7 @@ class BatchNotMovedToDevice(Rule):
             for arg in dataset.args:
                 value = arg.value
                 if isinstance(value, (cst.Name, cst.Attribute)):
-                    value = assignment_before(ctx, loader, dotted_name(value) or "")
+                    value = assignment_before(ctx, loader, dotted_name(value) or "", unpacked=True)
                     if value is None:
                         return False
                 if _MOVES_IN_TEXT.search(ctx.module.code_for_node(value)):
