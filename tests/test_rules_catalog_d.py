@@ -509,6 +509,33 @@ def test_dict_batch_given_as_keywords_and_a_thrown_away_move():
     assert "`x.to(device)` on line 12 returns a moved copy that is thrown away" in findings[1].message
 
 
+def test_trainer_class_loader_attribute_is_followed_to_its_one_assignment():
+    code = """
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision.datasets import CIFAR10
+
+        class Trainer:
+            def __init__(self, model, device):
+                self.device = device
+                self.model = model.to(device)
+                self.train_loader = DataLoader(CIFAR10("data", train=True), batch_size=64, shuffle=True)
+
+            def train_epoch(self):
+                for step, (inputs, targets) in enumerate(self.train_loader):
+                    outputs = self.model(inputs)
+                    loss = criterion(outputs, targets.to(self.device))
+        """
+    findings = run(code, "TR705")
+    assert lines(findings, "TR705") == [14]
+    assert "`inputs` from `self.train_loader` reaches `self.model(...)`" in findings[0].message
+    # rebound by accelerate's prepare in __init__: the attribute holds the prepared loader
+    prepared = code.replace('shuffle=True)\n', 'shuffle=True)\n                self.model, self.train_loader = '
+                                                 'self.accelerator.prepare(self.model, self.train_loader)\n')
+    assert "prepare(self.model, self.train_loader)" in prepared
+    assert run(prepared, "TR705") == []
+
+
 def test_tensors_unpacked_into_a_tensor_dataset_are_followed():
     # ``X_val, y_val = ...`` unpacks CPU tensors: the batches stay on the CPU; the same unpacking of moved tensors
     # holds GPU batches already

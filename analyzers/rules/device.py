@@ -1121,6 +1121,16 @@ def _target_names(target: cst.BaseExpression) -> list[str]:
     return []
 
 
+def _target_paths(target: cst.BaseExpression) -> list[str]:
+    """``self.loader`` for ``self.loader = ...``; every element's path for ``self.model, self.loader = ...``."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [path for element in target.elements for path in _target_paths(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_paths(target.value)
+    path = dotted_name(target)
+    return [path] if path is not None else []
+
+
 @dataclass
 class _CpuBatchUse:
     call: cst.Call  # ``model(images)``
@@ -1523,7 +1533,7 @@ class BatchNotMovedToDevice(Rule):
         if self.wrapped or not self.moved:
             return
         for entry in self.loops:
-            loader = self._loader(entry.iterable, entry.loop, entry.fn, 0)
+            loader = self._loader(entry.iterable, entry.loop, entry.fn, 0, entry.cls)
             if loader is None or not self._stays_on_cpu(loader, ctx):
                 continue
             flow = _BatchFlow([n for n in self._batch_names(entry.loop)], ctx)
@@ -1567,7 +1577,7 @@ class BatchNotMovedToDevice(Rule):
         return _target_names(target)
 
     def _loader(self, expr: cst.BaseExpression, use: cst.CSTNode, fn: Optional[cst.FunctionDef],
-                depth: int) -> Optional[cst.Call]:
+                depth: int, cls: Optional[cst.ClassDef] = None) -> Optional[cst.Call]:
         """The ``DataLoader(...)`` call of this file that ``expr`` holds, following assignments and, for a
         parameter, every call of its function; None when any of them is something else or unknown."""
         if depth > 3:
@@ -1577,6 +1587,9 @@ class BatchNotMovedToDevice(Rule):
         name = dotted_name(expr)
         if name is None:
             return None
+        if cls is not None and name.startswith("self.") and name.count(".") == 1:
+            value = self._only_assignment(cls, name)  # ``self.train_loader = DataLoader(...)`` in ``__init__``
+            return self._loader(value, value, None, depth + 1) if value is not None else None
         # ``model, loader = accelerator.prepare(model, loader)``: the prepared loader, which moves its batches
         value = assignment_before(self.ctx, use, name, unpacked=True)
         if value is not None:
@@ -1589,6 +1602,18 @@ class BatchNotMovedToDevice(Rule):
             return None
         found = [self._loader(v, v, self._function_of(v), depth + 1) for v in values]
         return found[0] if all(found) else None
+
+    @staticmethod
+    def _only_assignment(cls: cst.ClassDef, name: str) -> Optional[cst.BaseExpression]:
+        """The value of the one statement of the class that binds the attribute ``name`` (``self.loader``); None when
+        several do, or one unpacks (``self.model, self.loader = accelerator.prepare(...)``)."""
+        values = [node.value for node in _fast_subtree(cls.body) if isinstance(node, cst.Assign)
+                  for target in node.targets if name in _target_paths(target.target)]
+        augmented = any(isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name
+                        for node in _fast_subtree(cls.body))
+        if len(values) != 1 or augmented:
+            return None
+        return values[0] if isinstance(values[0], cst.Call) else None
 
     def _function_of(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
         return next((a for a in self.ctx.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
