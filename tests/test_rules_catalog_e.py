@@ -299,6 +299,35 @@ def test_helper_built_models_and_wrapped_parts_are_quiet():
     assert findings == []
 
 
+def test_a_class_whose_forward_cuts_the_rest_out_of_the_graph_is_quiet():
+    # a linear probe that runs its encoder under no_grad (or detaches its features) inside forward: only the head
+    # computes gradients, so an optimizer over the head is the whole story; the same class without it is reported
+    code = """
+        import torch
+        from torch import nn
+        class Probe(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = nn.Sequential(nn.Linear(32, 16), nn.ReLU())
+                self.head = nn.Linear(16, 2)
+            def forward(self, x):
+                with torch.no_grad():
+                    z = self.encoder(x)
+                return self.head(z)
+        probe = Probe()
+        opt = torch.optim.Adam(probe.head.parameters())
+        for x, y in loader:
+            nn.functional.cross_entropy(probe(x), y).backward()
+            opt.step()
+        """
+    assert run(code, "TR117") == []
+    detached = code.replace("with torch.no_grad():\n                    z = self.encoder(x)",
+                            "z = self.encoder(x).detach()")
+    assert "detach()" in detached and run(detached, "TR117") == []
+    graph = code.replace("with torch.no_grad():\n                    z = self.encoder(x)", "z = self.encoder(x)")
+    assert lines(run(graph, "TR117"), "TR117") == [13]  # the optimizer line, one line up
+
+
 def test_a_class_from_another_file_that_freezes_its_backbone_is_quiet(tmp_path):
     from analyzers.engine import analyze_source
     from analyzers.program.modules import index_for

@@ -649,6 +649,10 @@ _FREEZES = re.compile(r"requires_grad\w*\s*(?:=|\()\s*False|requires_grad_\(\s*\
                       r"requires_grad\s*=\s*(?!True\b)[a-z_]|set_parameter_requires_grad|freeze", re.IGNORECASE)
 
 
+# a forward that runs a part without autograd: that part computes no gradients, whatever the optimizer holds
+_STOPS_GRAD = re.compile(r"no_grad|inference_mode|set_grad_enabled|\.detach\(")
+
+
 @dataclass
 class _PartOptimizer:
     call: cst.Call
@@ -864,9 +868,12 @@ class OptimizerOverPartOfTrainedModel(Rule):
 
     @staticmethod
     def _class_freezes_nothing(name: str, ctx: FileContext) -> bool:
-        """The class is found (this file, or the repository) and its file sets no ``requires_grad`` to False."""
+        """The class is found (this file, or the repository), its file sets no ``requires_grad`` to False and the
+        class cuts no part out of the graph (``with torch.no_grad(): feats = self.backbone(x)``, ``.detach()``)."""
         if name in ctx.module_classes_in_file:
-            return True  # this file's text was checked already
+            cls_def = next((s for s in ctx.module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
+            # this file's text was checked for freezes already
+            return cls_def is None or _STOPS_GRAD.search(ctx.module.code_for_node(cls_def)) is None
         cls = ctx.facts(ModuleFacts).find_class(name)
         if cls is None:
             return False
@@ -874,7 +881,7 @@ class OptimizerOverPartOfTrainedModel(Rule):
             text = Path(cls.path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             return False
-        return _FREEZES.search(text) is None
+        return _FREEZES.search(text) is None and _STOPS_GRAD.search(text) is None
 
     @staticmethod
     def _bookkeeping(node: cst.Call, ctx: FileContext) -> bool:
