@@ -660,6 +660,41 @@ def test_position_ids_into_an_embedding_are_high_other_factories_stay_medium():
     assert "`F.embedding`" in findings[1].message
 
 
+def test_a_name_rebound_to_a_buffer_before_the_lookup_is_not_the_new_tensor():
+    # ``pos`` first holds CPU indices for a mask, then the registered buffer the embedding reads: medium, not high;
+    # a rebinding from itself (``pos = pos.unsqueeze(0)``) still feeds the new tensor
+    findings = run("""
+        import torch
+        from torch import nn
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pe = nn.Embedding(256, 16)
+                self.register_buffer("pos_ids", torch.arange(256))
+
+            def forward(self, x):
+                t = x.size(1)
+                pos = torch.arange(t)
+                causal = pos[None, :] <= pos[:, None]
+                pos = self.pos_ids[:t]
+                return self.pe(pos), causal
+
+        class Decoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pe = nn.Embedding(256, 16)
+
+            def forward(self, x):
+                ids = torch.arange(x.size(1))
+                ids = ids.unsqueeze(0)
+                return self.pe(ids)
+
+        model = Encoder().cuda()
+        """, "TR701")
+    assert [(f.line, f.severity.label) for f in findings] == [(13, "medium"), (24, "high")]
+
+
 def test_position_ids_with_a_device_are_quiet():
     assert run("""
         import torch

@@ -560,6 +560,13 @@ class TensorWithoutDevice(Rule):
         """The embedding layer (``self.wpe``, ``self.transformer.wpe``, ``F.embedding``) the new tensor indexes."""
         cls = next((a for a in ctx.ancestors(cand.fn) if isinstance(a, cst.ClassDef)), None)
         tables = _embedding_attributes(cls, ctx) if cls is not None else set()
+        # ``pos = self.pos_ids[:t]`` after ``pos = torch.arange(t)``: the name then holds something else (a rebinding
+        # from itself, ``pos = pos.unsqueeze(0)``, still holds the new tensor)
+        rebound = cand.target is not None and any(
+            isinstance(node, cst.Assign) and node.value is not None and not _chain_holds(node.value, cand.call)
+            and any(dotted_name(t.target) == cand.target for t in node.targets)
+            and not any(isinstance(n, cst.Name) and n.value == cand.target for n in _fast_subtree(node.value))
+            for node in _fast_subtree(cand.fn.body))
         for node in _fast_subtree(cand.fn.body):
             if not isinstance(node, cst.Call) or not node.args:
                 continue
@@ -571,9 +578,21 @@ class TensorWithoutDevice(Rule):
             while first is not cand.call and (isinstance(first, cst.Subscript) or (
                     isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute))):
                 first = first.value if isinstance(first, cst.Subscript) else first.func.value  # ``pos.unsqueeze(0)``
-            if first is cand.call or (isinstance(first, cst.Name) and first.value == cand.target):
+            if first is cand.call or (isinstance(first, cst.Name) and first.value == cand.target and not rebound):
                 return callee if not functional else "F.embedding"
         return None
+
+
+def _chain_holds(value: cst.BaseExpression, call: cst.Call) -> bool:
+    """``value`` is ``call`` or a method chain/subscript on it: ``torch.arange(t).unsqueeze(0)``."""
+    while value is not call:
+        if isinstance(value, cst.Subscript):
+            value = value.value
+        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+            value = value.func.value
+        else:
+            return False
+    return True
 
 
 _EMBEDDINGS = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
