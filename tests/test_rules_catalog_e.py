@@ -32,6 +32,21 @@ def test_map_location_fix_is_safe_only_when_the_state_goes_into_load_state_dict(
     assert by_line[6].fix.safe is False
 
 
+def test_a_keyword_other_than_map_location_does_not_map():
+    # ``weights_only=True`` restores tensors where they were saved like any load; a positional second argument maps
+    findings = run("""
+        import torch
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        def restore(model, path):
+            model.load_state_dict(torch.load(path, weights_only=True))
+        def restore_mapped(model, path):
+            model.load_state_dict(torch.load(path, device))
+        """, "TR613")
+    assert lines(findings, "TR613") == [5]
+    assert findings[0].fix.replacement.strip() == \
+        "model.load_state_dict(torch.load(path, weights_only=True, map_location=device))"
+
+
 def test_no_fix_when_the_device_is_chosen_after_the_load_or_out_of_scope():
     findings = run("""
         import torch

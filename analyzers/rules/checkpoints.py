@@ -331,7 +331,9 @@ class _LoadsWithoutMapLocation(Rule):
         if qualified not in _TORCH_LOAD:
             return
         scope = ctx.function_def
-        if keyword_arg(node, "map_location") is not None or len(node.args) > 1 or any(a.star for a in node.args):
+        # ``torch.load(path, device)`` maps; ``torch.load(path, weights_only=True)`` does not
+        if keyword_arg(node, "map_location") is not None or sum(a.keyword is None for a in node.args) > 1 or \
+                any(a.star for a in node.args):
             self._mapped_scopes.add(scope)
             return
         if self._checkpoint_like(node, ctx):
