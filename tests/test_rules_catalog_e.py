@@ -257,6 +257,56 @@ def test_trained_in_train_mode_then_evaluated_at_the_end_is_found():
     assert "call `net.eval()`" not in findings[0].message  # the head is trained too: only the BatchNorm layers
 
 
+def test_a_loss_module_that_keeps_its_frozen_network_in_eval_mode_is_quiet():
+    # a perceptual loss puts its frozen ResNet in eval mode in __init__ and nothing switches it back
+    code = """
+        import torch
+        import torch.nn as nn
+        from torchvision import models
+        class PerceptualLoss(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = models.resnet18(weights="DEFAULT")
+                self.net.eval()
+                for p in self.net.parameters():
+                    p.requires_grad = False
+            def forward(self, a, b):
+                return nn.functional.mse_loss(self.net(a), self.net(b))
+        generator = Generator()
+        perceptual = PerceptualLoss()
+        for epoch in range(10):
+            generator.train()
+            for x, y in loader:
+                loss = perceptual(generator(x), y)
+                loss.backward()
+                opt.step()
+        """
+    assert run(code, "TR116") == []
+    chained = code.replace('self.net = models.resnet18(weights="DEFAULT")\n                self.net.eval()',
+                           'self.net = models.resnet18(weights="DEFAULT").eval()')
+    assert "DEFAULT\").eval()" in chained and run(chained, "TR116") == []
+    # put back in train mode with the loss module every epoch: its BatchNorm statistics move again
+    retrained = code.replace("generator.train()", "generator.train()\n            perceptual.train()")
+    assert lines(run(retrained, "TR116"), "TR116") == [10]
+
+
+def test_batchnorm_switched_to_eval_by_a_lambda_is_quiet():
+    assert run("""
+        import torch.nn as nn
+        from torchvision import models
+        model = models.resnet50(weights="DEFAULT")
+        for p in model.parameters():
+            p.requires_grad = False
+        model.fc = nn.Linear(2048, 10)
+        for epoch in range(5):
+            model.train()
+            model.apply(lambda m: m.eval() if isinstance(m, nn.BatchNorm2d) else None)
+            for x, y in loader:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        """, "TR116") == []
+
+
 # ---- TR117: an optimizer over a part of a model that trains whole ---------------------------------
 
 HEAD_ONLY_CELLS = [

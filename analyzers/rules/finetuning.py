@@ -36,10 +36,12 @@ _BN_PARTS = {"features", "layer1", "layer2", "layer3", "layer4", "backbone", "en
 # part of the method (MoCo's shuffled BN, DINO's teacher)
 _FOLLOWER_WORDS = ("teacher", "ema", "momentum", "target", "shadow", "_k", "key_encoder", "average", "swa")
 # what keeps BatchNorm statistics fixed without eval()
-# (``isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):`` then ``m.eval()``, ``model.apply(set_bn_to_eval)``...)
+# (``isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):`` then ``m.eval()``, ``model.apply(set_bn_to_eval)``,
+# ``model.apply(lambda m: m.eval() if isinstance(m, nn.BatchNorm2d) else None)``...)
 _FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|fix_?bn|norm_eval|freeze_?norm|"
                         r"(?:bn|batch_?norm)\w*(?:eval|freeze|frozen|fix)|(?:eval|freeze|frozen|fix)\w*(?:bn|batch_?norm)|"
-                        r"BatchNorm[^\n]*\n?[^\n]*\.eval\(\)|momentum\s*=\s*0(?:\.0*)?\s*[,)]", re.IGNORECASE)
+                        r"BatchNorm[^\n]*\n?[^\n]*\.eval\(\)|\.eval\(\)[^\n]*BatchNorm|"
+                        r"momentum\s*=\s*0(?:\.0*)?\s*[,)]", re.IGNORECASE)
 
 
 def _library_constructor(call: cst.Call, ctx: FileContext) -> Optional[str]:
@@ -515,6 +517,9 @@ class FrozenBatchNormInTrainMode(Rule):
     def _mode(self, node: cst.Call, name: str, ctx: FileContext) -> None:
         receiver = call_receiver(node)
         path = dotted_name(receiver) if receiver is not None else None
+        parent = ctx.parent(node)
+        if path is None and isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            path = dotted_name(parent.targets[0].target)  # ``self.net = models.resnet18(...).eval()``
         if path is None:
             return
         flag = argument(node, 0, "mode")
@@ -588,6 +593,8 @@ class FrozenBatchNormInTrainMode(Rule):
                 return True
             if any(e.order <= facts.backward for e in facts.evals if _within(e.path, path) or _within(path, e.path)):
                 continue
+            if freeze.cls is not None and any(e.cls == freeze.cls and _within(e.path, freeze.path) for e in facts.evals):
+                continue  # the class puts it in eval mode (``self.net.eval()`` in ``__init__``) and nothing trains it
             self._report(freeze, path, None, ctx)
             return True
         return False
