@@ -47,6 +47,17 @@ def test_a_keyword_other_than_map_location_does_not_map():
         "model.load_state_dict(torch.load(path, weights_only=True, map_location=device))"
 
 
+def test_accelerator_choice_written_as_a_conditional_expression():
+    findings = run("""
+        import torch
+        device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+        model = Net().to(device)
+        model.load_state_dict(torch.load("ckpt/last.pt"))
+        """, "TR613")
+    assert lines(findings, "TR613") == [5]
+    assert "`map_location=device`" in findings[0].message
+
+
 def test_no_fix_when_the_device_is_chosen_after_the_load_or_out_of_scope():
     findings = run("""
         import torch
@@ -362,6 +373,28 @@ def test_helper_built_models_and_wrapped_parts_are_quiet():
             opt_all.step()
         """, "TR117")
     assert findings == []
+
+
+def test_a_model_moved_by_reassignment_is_still_the_model_built_before():
+    findings = run("""
+        import timm
+        import torch
+        model = timm.create_model("convnext_tiny", pretrained=True, num_classes=5)
+        model = model.cuda()
+        optimizer = torch.optim.AdamW(model.head.parameters(), lr=1e-3)
+        for x, y in train_loader:
+            loss = torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+            loss.backward()
+            optimizer.step()
+        helper = build_model(cfg)
+        helper = helper.to("cuda")
+        opt_helper = torch.optim.AdamW(helper.head.parameters())
+        for x, y in train_loader:
+            torch.nn.functional.cross_entropy(helper(x), y).backward()
+            opt_helper.step()
+        """, "TR117")
+    assert lines(findings, "TR117") == [6]
+    assert "(`timm.create_model`)" in findings[0].message
 
 
 def test_a_class_whose_forward_cuts_the_rest_out_of_the_graph_is_quiet():

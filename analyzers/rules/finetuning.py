@@ -17,7 +17,7 @@ from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, call_rece
     method_name, short, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.flow import subtree
+from analyzers.program.flow import assignment_before, subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.values import MODULE_CHAIN, MODULE_WRAPPERS
 from analyzers.rules.base import Invalid, Rule
@@ -681,6 +681,12 @@ def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[s
     """What ``model`` was built from, when it is surely a fresh model: a torchvision/timm constructor, a module
     class (``Net(...)``, ``nn.Sequential``); None for a helper's result (``build_model(cfg)`` may freeze it)."""
     built = _strip_chain(ctx.origin(expr) or expr, ctx)
+    for _ in range(3):  # ``model = model.cuda()`` / ``model = model.to(device)``: the model built before
+        before = assignment_before(ctx, built, dotted_name(built) or "") if isinstance(
+            built, (cst.Name, cst.Attribute)) else None
+        if before is None:
+            break
+        built = _strip_chain(before, ctx)
     if not isinstance(built, cst.Call):
         return None
     qualified = ctx.qualified_name(built.func) or ""
