@@ -529,11 +529,31 @@ def test_trainer_class_loader_attribute_is_followed_to_its_one_assignment():
     findings = run(code, "TR705")
     assert lines(findings, "TR705") == [14]
     assert "`inputs` from `self.train_loader` reaches `self.model(...)`" in findings[0].message
+    # the hint spells the device as the method can: the attribute __init__ kept, not its parameter
+    assert "`inputs = inputs.to(self.device)`" in findings[0].message
     # rebound by accelerate's prepare in __init__: the attribute holds the prepared loader
     prepared = code.replace('shuffle=True)\n', 'shuffle=True)\n                self.model, self.train_loader = '
                                                  'self.accelerator.prepare(self.model, self.train_loader)\n')
     assert "prepare(self.model, self.train_loader)" in prepared
     assert run(prepared, "TR705") == []
+
+
+def test_a_model_moved_with_cuda_gets_a_cuda_hint():
+    findings = run("""
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision import datasets
+        model = LeNet()
+        if torch.cuda.is_available():
+            model.cuda()
+        for data, target in DataLoader(datasets.MNIST("data"), batch_size=64):
+            output = model(data)
+        for batch in DataLoader(datasets.MNIST("data"), batch_size=64):
+            output = model(batch[0])
+        """, "TR705")
+    assert lines(findings, "TR705") == [9, 11]
+    assert "`data = data.cuda()`" in findings[0].message and "device)" not in findings[0].message
+    assert "move each tensor of `batch` to the GPU in the loop" in findings[1].message
 
 
 def test_tensors_unpacked_into_a_tensor_dataset_are_followed():

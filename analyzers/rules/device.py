@@ -1570,8 +1570,10 @@ class BatchNotMovedToDevice(Rule):
             target = keyword_arg(move, "device")
             device = ctx.module.code_for_node(target.value if target is not None else move.args[0].value)
             moved_to = f"`.to({device})`"
+            device = self._device_in_loop(device, move, entry)
+            copy = f".to({device})"
         else:
-            device, moved_to = "device", "`.cuda()`"
+            device, moved_to, copy = "the GPU", "`.cuda()`", ".cuda()"
         line = ctx.positions([move])[move].start.line
         if use.discarded_move is not None:
             discarded_line = ctx.positions([use.discarded_move])[use.discarded_move].start.line
@@ -1581,11 +1583,23 @@ class BatchNotMovedToDevice(Rule):
             fix = f"keep the copy: `{use.root} = {_short(ctx, use.discarded_move, 40)}`"
         else:
             how = f"`{use.argument}` from `{loader}` reaches `{use.callee}(...)` without being moved"
-            fix = (f"move it in the loop (`{use.root} = {use.root}.to({device})`)" if use.argument == use.root
-                   else f"move each tensor of `{use.root}` to `{device}` in the loop")
+            fix = (f"move it in the loop (`{use.root} = {use.root}{copy}`)" if use.argument == use.root
+                   else f"move each tensor of `{use.root}` to {device if device == 'the GPU' else f'`{device}`'} "
+                        f"in the loop")
         return (f"{how}, while `{use.callee}` was moved with {moved_to} (line {line}): a DataLoader yields CPU "
                 f"tensors, so where CUDA is available the forward raises \"Expected all tensors to be on the same "
                 f"device\"; {fix}")
+
+    def _device_in_loop(self, device: str, move: cst.Call, entry: _LoaderLoop) -> str:
+        """The device as the loop can spell it: ``self.device`` for a trainer whose ``__init__`` moved the model with
+        its ``device`` parameter and kept it (``self.device = device``)."""
+        if entry.cls is None or self._function_of(move) is entry.fn or "." in device:
+            return device
+        for node in _fast_subtree(entry.cls.body):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Name) and \
+                    node.value.value == device and (dotted_name(node.targets[0].target) or "").startswith("self."):
+                return dotted_name(node.targets[0].target) or device
+        return device
 
     @staticmethod
     def _batch_names(loop: cst.For) -> list[str]:
