@@ -509,6 +509,73 @@ def test_dict_batch_given_as_keywords_and_a_thrown_away_move():
     assert "`x.to(device)` on line 12 returns a moved copy that is thrown away" in findings[1].message
 
 
+def test_trainer_class_loader_attribute_is_followed_to_its_one_assignment():
+    code = """
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision.datasets import CIFAR10
+
+        class Trainer:
+            def __init__(self, model, device):
+                self.device = device
+                self.model = model.to(device)
+                self.train_loader = DataLoader(CIFAR10("data", train=True), batch_size=64, shuffle=True)
+
+            def train_epoch(self):
+                for step, (inputs, targets) in enumerate(self.train_loader):
+                    outputs = self.model(inputs)
+                    loss = criterion(outputs, targets.to(self.device))
+        """
+    findings = run(code, "TR705")
+    assert lines(findings, "TR705") == [14]
+    assert "`inputs` from `self.train_loader` reaches `self.model(...)`" in findings[0].message
+    # the hint spells the device as the method can: the attribute __init__ kept, not its parameter
+    assert "`inputs = inputs.to(self.device)`" in findings[0].message
+    # rebound by accelerate's prepare in __init__: the attribute holds the prepared loader
+    prepared = code.replace('shuffle=True)\n', 'shuffle=True)\n                self.model, self.train_loader = '
+                                                 'self.accelerator.prepare(self.model, self.train_loader)\n')
+    assert "prepare(self.model, self.train_loader)" in prepared
+    assert run(prepared, "TR705") == []
+
+
+def test_a_model_moved_with_cuda_gets_a_cuda_hint():
+    findings = run("""
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision import datasets
+        model = LeNet()
+        if torch.cuda.is_available():
+            model.cuda()
+        for data, target in DataLoader(datasets.MNIST("data"), batch_size=64):
+            output = model(data)
+        for batch in DataLoader(datasets.MNIST("data"), batch_size=64):
+            output = model(batch[0])
+        """, "TR705")
+    assert lines(findings, "TR705") == [9, 11]
+    assert "`data = data.cuda()`" in findings[0].message and "device)" not in findings[0].message
+    assert "move each tensor of `batch` to the GPU in the loop" in findings[1].message
+
+
+def test_tensors_unpacked_into_a_tensor_dataset_are_followed():
+    # ``X_val, y_val = ...`` unpacks CPU tensors: the batches stay on the CPU; the same unpacking of moved tensors
+    # holds GPU batches already
+    findings = run("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = Regressor().to(device)
+        X_val, y_val = torch.randn(50, 3), torch.randn(50)
+        X_gpu, y_gpu = torch.randn(50, 3).to(device), torch.randn(50).to(device)
+        with torch.no_grad():
+            for xb, yb in DataLoader(TensorDataset(X_val, y_val), batch_size=10):
+                pred = model(xb)
+            for xb, yb in DataLoader(TensorDataset(X_gpu, y_gpu), batch_size=10):
+                pred = model(xb)
+        """, "TR705")
+    assert lines(findings, "TR705") == [10]
+    assert "`xb` from `DataLoader(TensorDataset(X_val" in findings[0].message
+
+
 def test_batches_moved_guarded_or_wrapped_are_quiet():
     assert run("""
         import torch
@@ -611,6 +678,41 @@ def test_position_ids_into_an_embedding_are_high_other_factories_stay_medium():
     assert [(f.line, f.severity.label) for f in findings] == [(14, "high"), (16, "high"), (17, "medium")]
     assert "feeds them to the embedding `self.wpe`" in findings[0].message
     assert "`F.embedding`" in findings[1].message
+
+
+def test_a_name_rebound_to_a_buffer_before_the_lookup_is_not_the_new_tensor():
+    # ``pos`` first holds CPU indices for a mask, then the registered buffer the embedding reads: medium, not high;
+    # a rebinding from itself (``pos = pos.unsqueeze(0)``) still feeds the new tensor
+    findings = run("""
+        import torch
+        from torch import nn
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pe = nn.Embedding(256, 16)
+                self.register_buffer("pos_ids", torch.arange(256))
+
+            def forward(self, x):
+                t = x.size(1)
+                pos = torch.arange(t)
+                causal = pos[None, :] <= pos[:, None]
+                pos = self.pos_ids[:t]
+                return self.pe(pos), causal
+
+        class Decoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pe = nn.Embedding(256, 16)
+
+            def forward(self, x):
+                ids = torch.arange(x.size(1))
+                ids = ids.unsqueeze(0)
+                return self.pe(ids)
+
+        model = Encoder().cuda()
+        """, "TR701")
+    assert [(f.line, f.severity.label) for f in findings] == [(13, "medium"), (24, "high")]
 
 
 def test_position_ids_with_a_device_are_quiet():

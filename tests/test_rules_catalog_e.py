@@ -32,6 +32,32 @@ def test_map_location_fix_is_safe_only_when_the_state_goes_into_load_state_dict(
     assert by_line[6].fix.safe is False
 
 
+def test_a_keyword_other_than_map_location_does_not_map():
+    # ``weights_only=True`` restores tensors where they were saved like any load; a positional second argument maps
+    findings = run("""
+        import torch
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        def restore(model, path):
+            model.load_state_dict(torch.load(path, weights_only=True))
+        def restore_mapped(model, path):
+            model.load_state_dict(torch.load(path, device))
+        """, "TR613")
+    assert lines(findings, "TR613") == [5]
+    assert findings[0].fix.replacement.strip() == \
+        "model.load_state_dict(torch.load(path, weights_only=True, map_location=device))"
+
+
+def test_accelerator_choice_written_as_a_conditional_expression():
+    findings = run("""
+        import torch
+        device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+        model = Net().to(device)
+        model.load_state_dict(torch.load("ckpt/last.pt"))
+        """, "TR613")
+    assert lines(findings, "TR613") == [5]
+    assert "`map_location=device`" in findings[0].message
+
+
 def test_no_fix_when_the_device_is_chosen_after_the_load_or_out_of_scope():
     findings = run("""
         import torch
@@ -242,6 +268,56 @@ def test_trained_in_train_mode_then_evaluated_at_the_end_is_found():
     assert "call `net.eval()`" not in findings[0].message  # the head is trained too: only the BatchNorm layers
 
 
+def test_a_loss_module_that_keeps_its_frozen_network_in_eval_mode_is_quiet():
+    # a perceptual loss puts its frozen ResNet in eval mode in __init__ and nothing switches it back
+    code = """
+        import torch
+        import torch.nn as nn
+        from torchvision import models
+        class PerceptualLoss(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = models.resnet18(weights="DEFAULT")
+                self.net.eval()
+                for p in self.net.parameters():
+                    p.requires_grad = False
+            def forward(self, a, b):
+                return nn.functional.mse_loss(self.net(a), self.net(b))
+        generator = Generator()
+        perceptual = PerceptualLoss()
+        for epoch in range(10):
+            generator.train()
+            for x, y in loader:
+                loss = perceptual(generator(x), y)
+                loss.backward()
+                opt.step()
+        """
+    assert run(code, "TR116") == []
+    chained = code.replace('self.net = models.resnet18(weights="DEFAULT")\n                self.net.eval()',
+                           'self.net = models.resnet18(weights="DEFAULT").eval()')
+    assert "DEFAULT\").eval()" in chained and run(chained, "TR116") == []
+    # put back in train mode with the loss module every epoch: its BatchNorm statistics move again
+    retrained = code.replace("generator.train()", "generator.train()\n            perceptual.train()")
+    assert lines(run(retrained, "TR116"), "TR116") == [10]
+
+
+def test_batchnorm_switched_to_eval_by_a_lambda_is_quiet():
+    assert run("""
+        import torch.nn as nn
+        from torchvision import models
+        model = models.resnet50(weights="DEFAULT")
+        for p in model.parameters():
+            p.requires_grad = False
+        model.fc = nn.Linear(2048, 10)
+        for epoch in range(5):
+            model.train()
+            model.apply(lambda m: m.eval() if isinstance(m, nn.BatchNorm2d) else None)
+            for x, y in loader:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        """, "TR116") == []
+
+
 # ---- TR117: an optimizer over a part of a model that trains whole ---------------------------------
 
 HEAD_ONLY_CELLS = [
@@ -297,6 +373,57 @@ def test_helper_built_models_and_wrapped_parts_are_quiet():
             opt_all.step()
         """, "TR117")
     assert findings == []
+
+
+def test_a_model_moved_by_reassignment_is_still_the_model_built_before():
+    findings = run("""
+        import timm
+        import torch
+        model = timm.create_model("convnext_tiny", pretrained=True, num_classes=5)
+        model = model.cuda()
+        optimizer = torch.optim.AdamW(model.head.parameters(), lr=1e-3)
+        for x, y in train_loader:
+            loss = torch.nn.functional.cross_entropy(model(x.cuda()), y.cuda())
+            loss.backward()
+            optimizer.step()
+        helper = build_model(cfg)
+        helper = helper.to("cuda")
+        opt_helper = torch.optim.AdamW(helper.head.parameters())
+        for x, y in train_loader:
+            torch.nn.functional.cross_entropy(helper(x), y).backward()
+            opt_helper.step()
+        """, "TR117")
+    assert lines(findings, "TR117") == [6]
+    assert "(`timm.create_model`)" in findings[0].message
+
+
+def test_a_class_whose_forward_cuts_the_rest_out_of_the_graph_is_quiet():
+    # a linear probe that runs its encoder under no_grad (or detaches its features) inside forward: only the head
+    # computes gradients, so an optimizer over the head is the whole story; the same class without it is reported
+    code = """
+        import torch
+        from torch import nn
+        class Probe(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = nn.Sequential(nn.Linear(32, 16), nn.ReLU())
+                self.head = nn.Linear(16, 2)
+            def forward(self, x):
+                with torch.no_grad():
+                    z = self.encoder(x)
+                return self.head(z)
+        probe = Probe()
+        opt = torch.optim.Adam(probe.head.parameters())
+        for x, y in loader:
+            nn.functional.cross_entropy(probe(x), y).backward()
+            opt.step()
+        """
+    assert run(code, "TR117") == []
+    detached = code.replace("with torch.no_grad():\n                    z = self.encoder(x)",
+                            "z = self.encoder(x).detach()")
+    assert "detach()" in detached and run(detached, "TR117") == []
+    graph = code.replace("with torch.no_grad():\n                    z = self.encoder(x)", "z = self.encoder(x)")
+    assert lines(run(graph, "TR117"), "TR117") == [13]  # the optimizer line, one line up
 
 
 def test_a_class_from_another_file_that_freezes_its_backbone_is_quiet(tmp_path):

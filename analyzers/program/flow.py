@@ -120,22 +120,24 @@ def call_site_values(module: cst.Module, fn: cst.FunctionDef, name: str) -> Opti
     return values or None
 
 
-def assignment_before(ctx, use: cst.CSTNode, name: str) -> Optional[cst.BaseExpression]:
+def assignment_before(ctx, use: cst.CSTNode, name: str, unpacked: bool = False) -> Optional[cst.BaseExpression]:
     """The value last assigned to ``name`` in the function (or module) that holds ``use``, before it.
 
     For questions asked after the walk, when the walk's own scopes are gone: the model variable at a call
-    site, ``model = Net().to(device)`` two lines above ``train(model, ...)``.
+    site, ``model = Net().to(device)`` two lines above ``train(model, ...)``. With ``unpacked``, an unpacking
+    rebinds the name too: ``x, y = a, b`` gives ``a``; ``model, loader = accelerator.prepare(model, loader)``
+    gives the whole right side (not the ``DataLoader(...)`` assigned before it).
     """
     scope: Optional[cst.CSTNode] = use
     while scope is not None and not isinstance(scope, (cst.FunctionDef, cst.Module)):
         scope = ctx.parents.get(id(scope))
     if scope is None:
         return None
-    found = _last_assignment(scope, use, name, frozenset(ctx.ancestors(use)))
+    found = _last_assignment(scope, use, name, frozenset(ctx.ancestors(use)), unpacked)
     if found is None and isinstance(scope, cst.FunctionDef) and not _binds(scope, name):
         # a global read inside a function (``def test(): ... model(x)`` with ``model = Net()`` at module level):
         # the module's last assignment, since functions run after the module body defined them
-        found = _last_assignment(ctx.module, None, name)
+        found = _last_assignment(ctx.module, None, name, unpacked=unpacked)
     return found
 
 
@@ -145,7 +147,7 @@ def _binds(fn: cst.FunctionDef, name: str) -> bool:
 
 
 def _last_assignment(scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str,
-                     enclosing: frozenset = frozenset()) -> Optional[cst.BaseExpression]:
+                     enclosing: frozenset = frozenset(), unpacked: bool = False) -> Optional[cst.BaseExpression]:
     found: Optional[cst.BaseExpression] = None
     stack: list[cst.CSTNode] = [scope.body] if isinstance(scope, cst.FunctionDef) else list(reversed(scope.body))
     order: list[cst.CSTNode] = []
@@ -162,4 +164,28 @@ def _last_assignment(scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str,
             continue  # ``model = model.to(device)`` read from its own right side: the assignment before it
         if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
             found = node.value
+        elif unpacked and isinstance(node, cst.Assign):
+            for t in node.targets:
+                part = _unpacked_part(t.target, node.value, name)
+                if part is not None:
+                    found = part
     return found
+
+
+def _unpacked_part(target: cst.BaseExpression, value: cst.BaseExpression,
+                   name: str) -> Optional[cst.BaseExpression]:
+    """What ``name`` receives from ``target = value`` when ``target`` unpacks: the matching element of a
+    literal tuple, else the whole right side; None when ``target`` does not bind ``name``."""
+    if not isinstance(target, (cst.Tuple, cst.List)):
+        return None
+    pairs = isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements) and \
+        not any(isinstance(e, cst.StarredElement) for e in (*target.elements, *value.elements))
+    for i, element in enumerate(target.elements):
+        inner = element.value
+        if dotted_name(inner) == name:
+            return value.elements[i].value if pairs else value
+        if isinstance(inner, (cst.Tuple, cst.List)):
+            part = _unpacked_part(inner, value.elements[i].value if pairs else value, name)
+            if part is not None:
+                return part
+    return None

@@ -331,7 +331,9 @@ class _LoadsWithoutMapLocation(Rule):
         if qualified not in _TORCH_LOAD:
             return
         scope = ctx.function_def
-        if keyword_arg(node, "map_location") is not None or len(node.args) > 1 or any(a.star for a in node.args):
+        # ``torch.load(path, device)`` maps; ``torch.load(path, weights_only=True)`` does not
+        if keyword_arg(node, "map_location") is not None or sum(a.keyword is None for a in node.args) > 1 or \
+                any(a.star for a in node.args):
             self._mapped_scopes.add(scope)
             return
         if self._checkpoint_like(node, ctx):
@@ -458,7 +460,14 @@ def _device_choice(value: cst.BaseExpression, ctx: FileContext) -> bool:
     arms = {string_value(value.body), string_value(value.orelse)}
     if "cpu" in arms and any(arm is not None and arm.startswith("cuda") for arm in arms):
         return True
-    return _selects_with_cpu_fallback(value, ctx)  # f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    if _selects_with_cpu_fallback(value, ctx):  # f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+        return True
+    # ``torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")``
+    cpu_arm = any(string_value(arm) == "cpu" or (type(arm) is cst.Call and arm.args and ctx.call_name(arm) ==
+                                                 "torch.device" and string_value(arm.args[0].value) == "cpu")
+                  for arm in (value.body, value.orelse))
+    return cpu_arm and any(type(n) is cst.Call and ctx.call_name(n) == "torch.accelerator.is_available"
+                           for n in subtree(value.test))
 
 
 def _with_map_location(call: cst.Call, device: str) -> cst.Call:

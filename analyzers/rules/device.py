@@ -592,6 +592,13 @@ class TensorWithoutDevice(Rule):
         """The embedding layer (``self.wpe``, ``self.transformer.wpe``, ``F.embedding``) the new tensor indexes."""
         cls = next((a for a in ctx.ancestors(cand.fn) if isinstance(a, cst.ClassDef)), None)
         tables = _embedding_attributes(cls, ctx) if cls is not None else set()
+        # ``pos = self.pos_ids[:t]`` after ``pos = torch.arange(t)``: the name then holds something else (a rebinding
+        # from itself, ``pos = pos.unsqueeze(0)``, still holds the new tensor)
+        rebound = cand.target is not None and any(
+            isinstance(node, cst.Assign) and node.value is not None and not _chain_holds(node.value, cand.call)
+            and any(dotted_name(t.target) == cand.target for t in node.targets)
+            and not any(isinstance(n, cst.Name) and n.value == cand.target for n in _fast_subtree(node.value))
+            for node in _fast_subtree(cand.fn.body))
         for node in _fast_subtree(cand.fn.body):
             if not isinstance(node, cst.Call) or not node.args:
                 continue
@@ -603,9 +610,21 @@ class TensorWithoutDevice(Rule):
             while first is not cand.call and (isinstance(first, cst.Subscript) or (
                     isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute))):
                 first = first.value if isinstance(first, cst.Subscript) else first.func.value  # ``pos.unsqueeze(0)``
-            if first is cand.call or (isinstance(first, cst.Name) and first.value == cand.target):
+            if first is cand.call or (isinstance(first, cst.Name) and first.value == cand.target and not rebound):
                 return callee if not functional else "F.embedding"
         return None
+
+
+def _chain_holds(value: cst.BaseExpression, call: cst.Call) -> bool:
+    """``value`` is ``call`` or a method chain/subscript on it: ``torch.arange(t).unsqueeze(0)``."""
+    while value is not call:
+        if isinstance(value, cst.Subscript):
+            value = value.value
+        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+            value = value.func.value
+        else:
+            return False
+    return True
 
 
 _EMBEDDINGS = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
@@ -1117,6 +1136,8 @@ def _moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
         name = method_name(node) or ""
         if name == "cuda" or (name == "to" and _to_moves_device(node, ctx)):
             return True
+        if name == "type" and node.args and not _cpu_type(node.args[0].value, ctx):
+            return True  # ``imgs.type(Tensor)`` with ``Tensor = torch.cuda.FloatTensor if cuda else ...``
         if name != "to" and _DEVICE_HANDLING.search(name):
             return True
         for arg in node.args:
@@ -1125,6 +1146,16 @@ def _moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
             if isinstance(arg.value, (cst.Name, cst.Attribute)) and _device_like_name(dotted_name(arg.value)):
                 return True
     return False
+
+
+def _cpu_type(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``x.type(torch.float32)`` / ``x.type("torch.FloatTensor")``: a conversion that keeps the tensor where it is
+    (unlike ``torch.cuda.FloatTensor``, or a ``Tensor`` alias that may be one)."""
+    text = string_value(expr)
+    if text is not None:
+        return "cuda" not in text
+    dotted = dotted_name(expr) or ""
+    return dotted.rsplit(".", 1)[-1] in _DTYPE_NAMES and (ctx.qualified_name(expr) or "").startswith("torch.")
 
 
 def _mentions(expr: cst.CSTNode, names: dict[str, str]) -> bool:
@@ -1139,6 +1170,16 @@ def _target_names(target: cst.BaseExpression) -> list[str]:
     if isinstance(target, cst.StarredElement):
         return _target_names(target.value)
     return []
+
+
+def _target_paths(target: cst.BaseExpression) -> list[str]:
+    """``self.loader`` for ``self.loader = ...``; every element's path for ``self.model, self.loader = ...``."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [path for element in target.elements for path in _target_paths(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_paths(target.value)
+    path = dotted_name(target)
+    return [path] if path is not None else []
 
 
 @dataclass
@@ -1379,6 +1420,27 @@ class BatchNotMovedToDevice(Rule):
         for x, y in DataLoader(CIFAR10("data")):
             out = model(x)
         """,
+        # a loader rebound by accelerate's prepare (it moves the batches); a legacy GAN's ``.type(Tensor)`` copy,
+        # ``Tensor`` being ``torch.cuda.FloatTensor`` when CUDA is used
+        """
+        import torch
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader, TensorDataset
+        from torchvision.datasets import MNIST
+        accelerator = Accelerator()
+        model = Net().to(accelerator.device)
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64)), batch_size=8)
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+        for x, y in loader:
+            out = model(x)
+        cuda = torch.cuda.is_available()
+        critic = Critic()
+        if cuda:
+            critic.cuda()
+        Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+        for imgs, _ in DataLoader(MNIST("data"), batch_size=64):
+            score = critic(imgs.type(Tensor))
+        """,
         # the model stays on the CPU; a data set of the file that already holds GPU tensors
         """
         import torch
@@ -1522,7 +1584,7 @@ class BatchNotMovedToDevice(Rule):
         if self.wrapped or not self.moved:
             return
         for entry in self.loops:
-            loader = self._loader(entry.iterable, entry.loop, entry.fn, 0)
+            loader = self._loader(entry.iterable, entry.loop, entry.fn, 0, entry.cls)
             if loader is None or not self._stays_on_cpu(loader, ctx):
                 continue
             flow = _BatchFlow([n for n in self._batch_names(entry.loop)], ctx)
@@ -1540,8 +1602,10 @@ class BatchNotMovedToDevice(Rule):
             target = keyword_arg(move, "device")
             device = ctx.module.code_for_node(target.value if target is not None else move.args[0].value)
             moved_to = f"`.to({device})`"
+            device = self._device_in_loop(device, move, entry)
+            copy = f".to({device})"
         else:
-            device, moved_to = "device", "`.cuda()`"
+            device, moved_to, copy = "the GPU", "`.cuda()`", ".cuda()"
         line = ctx.positions([move])[move].start.line
         if use.discarded_move is not None:
             discarded_line = ctx.positions([use.discarded_move])[use.discarded_move].start.line
@@ -1551,11 +1615,23 @@ class BatchNotMovedToDevice(Rule):
             fix = f"keep the copy: `{use.root} = {_short(ctx, use.discarded_move, 40)}`"
         else:
             how = f"`{use.argument}` from `{loader}` reaches `{use.callee}(...)` without being moved"
-            fix = (f"move it in the loop (`{use.root} = {use.root}.to({device})`)" if use.argument == use.root
-                   else f"move each tensor of `{use.root}` to `{device}` in the loop")
+            fix = (f"move it in the loop (`{use.root} = {use.root}{copy}`)" if use.argument == use.root
+                   else f"move each tensor of `{use.root}` to {device if device == 'the GPU' else f'`{device}`'} "
+                        f"in the loop")
         return (f"{how}, while `{use.callee}` was moved with {moved_to} (line {line}): a DataLoader yields CPU "
                 f"tensors, so where CUDA is available the forward raises \"Expected all tensors to be on the same "
                 f"device\"; {fix}")
+
+    def _device_in_loop(self, device: str, move: cst.Call, entry: _LoaderLoop) -> str:
+        """The device as the loop can spell it: ``self.device`` for a trainer whose ``__init__`` moved the model with
+        its ``device`` parameter and kept it (``self.device = device``)."""
+        if entry.cls is None or self._function_of(move) is entry.fn or "." in device:
+            return device
+        for node in _fast_subtree(entry.cls.body):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Name) and \
+                    node.value.value == device and (dotted_name(node.targets[0].target) or "").startswith("self."):
+                return dotted_name(node.targets[0].target) or device
+        return device
 
     @staticmethod
     def _batch_names(loop: cst.For) -> list[str]:
@@ -1566,7 +1642,7 @@ class BatchNotMovedToDevice(Rule):
         return _target_names(target)
 
     def _loader(self, expr: cst.BaseExpression, use: cst.CSTNode, fn: Optional[cst.FunctionDef],
-                depth: int) -> Optional[cst.Call]:
+                depth: int, cls: Optional[cst.ClassDef] = None) -> Optional[cst.Call]:
         """The ``DataLoader(...)`` call of this file that ``expr`` holds, following assignments and, for a
         parameter, every call of its function; None when any of them is something else or unknown."""
         if depth > 3:
@@ -1576,7 +1652,11 @@ class BatchNotMovedToDevice(Rule):
         name = dotted_name(expr)
         if name is None:
             return None
-        value = assignment_before(self.ctx, use, name)
+        if cls is not None and name.startswith("self.") and name.count(".") == 1:
+            value = self._only_assignment(cls, name)  # ``self.train_loader = DataLoader(...)`` in ``__init__``
+            return self._loader(value, value, None, depth + 1) if value is not None else None
+        # ``model, loader = accelerator.prepare(model, loader)``: the prepared loader, which moves its batches
+        value = assignment_before(self.ctx, use, name, unpacked=True)
         if value is not None:
             return self._loader(value, use, fn, depth + 1)
         if fn is None or "." in name or parameter_index(fn, name) is None and not any(
@@ -1587,6 +1667,18 @@ class BatchNotMovedToDevice(Rule):
             return None
         found = [self._loader(v, v, self._function_of(v), depth + 1) for v in values]
         return found[0] if all(found) else None
+
+    @staticmethod
+    def _only_assignment(cls: cst.ClassDef, name: str) -> Optional[cst.BaseExpression]:
+        """The value of the one statement of the class that binds the attribute ``name`` (``self.loader``); None when
+        several do, or one unpacks (``self.model, self.loader = accelerator.prepare(...)``)."""
+        values = [node.value for node in _fast_subtree(cls.body) if isinstance(node, cst.Assign)
+                  for target in node.targets if name in _target_paths(target.target)]
+        augmented = any(isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name
+                        for node in _fast_subtree(cls.body))
+        if len(values) != 1 or augmented:
+            return None
+        return values[0] if isinstance(values[0], cst.Call) else None
 
     def _function_of(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
         return next((a for a in self.ctx.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
@@ -1603,7 +1695,7 @@ class BatchNotMovedToDevice(Rule):
         for _ in range(4):
             if not isinstance(dataset, (cst.Name, cst.Attribute)):
                 break
-            dataset = assignment_before(ctx, loader, dotted_name(dataset) or "")
+            dataset = assignment_before(ctx, loader, dotted_name(dataset) or "", unpacked=True)
         if not isinstance(dataset, cst.Call):
             return False
         called = ctx.call_name(dataset) or dotted_name(dataset.func) or ""
@@ -1613,7 +1705,7 @@ class BatchNotMovedToDevice(Rule):
             for arg in dataset.args:
                 value = arg.value
                 if isinstance(value, (cst.Name, cst.Attribute)):
-                    value = assignment_before(ctx, loader, dotted_name(value) or "")
+                    value = assignment_before(ctx, loader, dotted_name(value) or "", unpacked=True)
                     if value is None:
                         return False
                 if _MOVES_IN_TEXT.search(ctx.module.code_for_node(value)):

@@ -17,7 +17,7 @@ from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, call_rece
     method_name, short, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.flow import subtree
+from analyzers.program.flow import assignment_before, subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.values import MODULE_CHAIN, MODULE_WRAPPERS
 from analyzers.rules.base import Invalid, Rule
@@ -36,10 +36,12 @@ _BN_PARTS = {"features", "layer1", "layer2", "layer3", "layer4", "backbone", "en
 # part of the method (MoCo's shuffled BN, DINO's teacher)
 _FOLLOWER_WORDS = ("teacher", "ema", "momentum", "target", "shadow", "_k", "key_encoder", "average", "swa")
 # what keeps BatchNorm statistics fixed without eval()
-# (``isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):`` then ``m.eval()``, ``model.apply(set_bn_to_eval)``...)
+# (``isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):`` then ``m.eval()``, ``model.apply(set_bn_to_eval)``,
+# ``model.apply(lambda m: m.eval() if isinstance(m, nn.BatchNorm2d) else None)``...)
 _FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|fix_?bn|norm_eval|freeze_?norm|"
                         r"(?:bn|batch_?norm)\w*(?:eval|freeze|frozen|fix)|(?:eval|freeze|frozen|fix)\w*(?:bn|batch_?norm)|"
-                        r"BatchNorm[^\n]*\n?[^\n]*\.eval\(\)|momentum\s*=\s*0(?:\.0*)?\s*[,)]", re.IGNORECASE)
+                        r"BatchNorm[^\n]*\n?[^\n]*\.eval\(\)|\.eval\(\)[^\n]*BatchNorm|"
+                        r"momentum\s*=\s*0(?:\.0*)?\s*[,)]", re.IGNORECASE)
 
 
 def _library_constructor(call: cst.Call, ctx: FileContext) -> Optional[str]:
@@ -515,6 +517,9 @@ class FrozenBatchNormInTrainMode(Rule):
     def _mode(self, node: cst.Call, name: str, ctx: FileContext) -> None:
         receiver = call_receiver(node)
         path = dotted_name(receiver) if receiver is not None else None
+        parent = ctx.parent(node)
+        if path is None and isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            path = dotted_name(parent.targets[0].target)  # ``self.net = models.resnet18(...).eval()``
         if path is None:
             return
         flag = argument(node, 0, "mode")
@@ -588,6 +593,8 @@ class FrozenBatchNormInTrainMode(Rule):
                 return True
             if any(e.order <= facts.backward for e in facts.evals if _within(e.path, path) or _within(path, e.path)):
                 continue
+            if freeze.cls is not None and any(e.cls == freeze.cls and _within(e.path, freeze.path) for e in facts.evals):
+                continue  # the class puts it in eval mode (``self.net.eval()`` in ``__init__``) and nothing trains it
             self._report(freeze, path, None, ctx)
             return True
         return False
@@ -649,6 +656,10 @@ _FREEZES = re.compile(r"requires_grad\w*\s*(?:=|\()\s*False|requires_grad_\(\s*\
                       r"requires_grad\s*=\s*(?!True\b)[a-z_]|set_parameter_requires_grad|freeze", re.IGNORECASE)
 
 
+# a forward that runs a part without autograd: that part computes no gradients, whatever the optimizer holds
+_STOPS_GRAD = re.compile(r"no_grad|inference_mode|set_grad_enabled|\.detach\(")
+
+
 @dataclass
 class _PartOptimizer:
     call: cst.Call
@@ -670,6 +681,12 @@ def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[s
     """What ``model`` was built from, when it is surely a fresh model: a torchvision/timm constructor, a module
     class (``Net(...)``, ``nn.Sequential``); None for a helper's result (``build_model(cfg)`` may freeze it)."""
     built = _strip_chain(ctx.origin(expr) or expr, ctx)
+    for _ in range(3):  # ``model = model.cuda()`` / ``model = model.to(device)``: the model built before
+        before = assignment_before(ctx, built, dotted_name(built) or "") if isinstance(
+            built, (cst.Name, cst.Attribute)) else None
+        if before is None:
+            break
+        built = _strip_chain(before, ctx)
     if not isinstance(built, cst.Call):
         return None
     qualified = ctx.qualified_name(built.func) or ""
@@ -864,9 +881,12 @@ class OptimizerOverPartOfTrainedModel(Rule):
 
     @staticmethod
     def _class_freezes_nothing(name: str, ctx: FileContext) -> bool:
-        """The class is found (this file, or the repository) and its file sets no ``requires_grad`` to False."""
+        """The class is found (this file, or the repository), its file sets no ``requires_grad`` to False and the
+        class cuts no part out of the graph (``with torch.no_grad(): feats = self.backbone(x)``, ``.detach()``)."""
         if name in ctx.module_classes_in_file:
-            return True  # this file's text was checked already
+            cls_def = next((s for s in ctx.module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
+            # this file's text was checked for freezes already
+            return cls_def is None or _STOPS_GRAD.search(ctx.module.code_for_node(cls_def)) is None
         cls = ctx.facts(ModuleFacts).find_class(name)
         if cls is None:
             return False
@@ -874,7 +894,7 @@ class OptimizerOverPartOfTrainedModel(Rule):
             text = Path(cls.path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             return False
-        return _FREEZES.search(text) is None
+        return _FREEZES.search(text) is None and _STOPS_GRAD.search(text) is None
 
     @staticmethod
     def _bookkeeping(node: cst.Call, ctx: FileContext) -> bool:
