@@ -466,3 +466,21 @@ def test_a_class_from_another_file_that_freezes_its_backbone_is_quiet(tmp_path):
     result = analyze_source(train, str(script), rules=[rule], repository=index_for(script))
     assert [f.line for f in result.findings] == [5]
     assert "the rest of `net` (`Probe`)" in result.findings[0].message
+
+
+def test_frozen_backbone_message_names_the_architecture_with_its_article():
+    findings = analyze_text(textwrap.dedent("""
+        import torch
+        import torchvision
+        model = torchvision.models.efficientnet_b0(weights="DEFAULT")
+        for p in model.features.parameters():
+            p.requires_grad = False
+        opt = torch.optim.Adam(model.classifier.parameters())
+        for x, y in loader:
+            model.train()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """), "finetune.py", Config(select=("TR116",))).findings
+    assert len(findings) == 1 and "`features` of an efficientnet_b0, which holds BatchNorm" in findings[0].message

@@ -86,7 +86,7 @@ def _has_batchnorm(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
         return None
     architecture = _library_constructor(owner, ctx)
     if architecture is not None:
-        return f"`{rest}` of a {architecture}, which holds BatchNorm" if rest in _BN_PARTS else None
+        return f"`{rest}` of {_with_article(architecture)}, which holds BatchNorm" if rest in _BN_PARTS else None
     cls = dotted_name(owner.func)
     if cls is None or not cls.rsplit(".", 1)[-1][:1].isupper():
         return None
@@ -101,10 +101,14 @@ def _has_batchnorm(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
     return None
 
 
+def _with_article(architecture: str) -> str:
+    return f"{'an' if architecture[:1].lower() in 'aeiou' else 'a'} {architecture}"  # an efficientnet_b0, a resnet50
+
+
 def _constructor_batchnorm(call: cst.Call, ctx: FileContext) -> Optional[str]:
     architecture = _library_constructor(call, ctx)
     if architecture is not None:
-        return f"a {architecture}, which holds BatchNorm"
+        return f"{_with_article(architecture)}, which holds BatchNorm"
     features = _torch_layer_features(ctx, call)
     if features is not None:
         return "its BatchNorm layers" if "batchnorm" in features else None
