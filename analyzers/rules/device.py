@@ -493,16 +493,7 @@ class TensorWithoutDevice(Rule):
             # (an integer one may be an index, and index ops want it on the device)
             return
         target = None
-        top: cst.CSTNode = node
-        while True:  # ``pos = torch.arange(t).unsqueeze(0)``: the name the chain is assigned to
-            parent = ctx.parent(top)
-            grand = ctx.parent(parent) if parent is not None else None
-            if isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent:
-                top = grand
-            elif isinstance(parent, cst.Subscript) and parent.value is top:
-                top = parent
-            else:
-                break
+        top = _chain_top(node, ctx)  # ``pos = torch.arange(t).unsqueeze(0)``: the name the chain is assigned to
         parent = ctx.parent(top)
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
             target = dotted_name(parent.targets[0].target)
@@ -549,43 +540,35 @@ class TensorWithoutDevice(Rule):
         for cand in self.candidates:
             if cand.target is not None and cand.target.split(".")[0] in moved.get(id(cand.fn), ()):
                 continue
-            if not cuda and cand.owner.endswith(".forward()") and self._embedding_fed(cand, ctx) is not None:
-                # a model file that never moves anything itself (nanoGPT's model.py: train.py moves it): CPU
-                # position ids into the module's own embedding break on any GPU, so it is said, one level lower
-                self.report(cand.call, f"{_short(ctx, cand.call)} in {cand.owner} creates CPU indices without "
-                                       f"device= and feeds them to the embedding `{self._embedding_fed(cand, ctx)}`: "
-                                       f"as soon as the model runs on a GPU the lookup raises \"Expected all tensors "
-                                       f"to be on the same device\" (CPU-only tests pass); pass "
-                                       f"device={self._first_input(cand.fn)}.device", severity=Severity.MEDIUM)
-                continue
-            if not cuda:
+            # a model file that moves nothing itself (nanoGPT's model.py: train.py moves it) is still told about
+            # position ids for its own embedding, which break on any GPU, one level lower
+            embedding = self._embedding_fed(cand, ctx) if cuda or cand.owner.endswith(".forward()") else None
+            if not cuda and embedding is None:
                 continue
             shown = _short(ctx, cand.call)
-            fn = cand.fn
-            params = [p.name.value for p in fn.params.params if p.name.value not in ("self", "cls")]
-            devices = [p for p in params if _device_like_name(p)]
-            if devices:
-                hint = f"device={devices[0]}"
-            elif fn.name.value == "forward" and params:
-                hint = f"device={params[0]}.device"
-            else:
-                hint = "device=<the batch's device>"
-            embedding = self._embedding_fed(cand, ctx)
+            hint = self._device_hint(cand.fn)
             if embedding is not None:
                 # CPU indices into a CUDA embedding table always raise: not a slowdown, a crash on the first step
+                where = ("whose table this file puts on CUDA: the lookup raises" if cuda else
+                         "as soon as the model runs on a GPU the lookup raises")
                 self.report(cand.call, f"{shown} in {cand.owner} creates CPU indices without device= and feeds them "
-                                       f"to the embedding `{embedding}`, whose table this file puts on CUDA: the "
-                                       f"lookup raises \"Expected all tensors to be on the same device\" on the "
-                                       f"first step (CPU-only tests pass); pass {hint}", severity=Severity.HIGH)
+                                       f"to the embedding `{embedding}`, {where} \"Expected all tensors to be on the "
+                                       f"same device\" on the first step (CPU-only tests pass); pass {hint}",
+                            severity=Severity.HIGH if cuda else Severity.MEDIUM)
                 continue
             self.report(cand.call, f"{shown} in {cand.owner} creates a CPU tensor without device=, but this file "
                                    f"runs the model on CUDA: a device mismatch or a host-to-device copy every "
                                    f"step; pass {hint} (or use *_like / x.new_*)")
 
     @staticmethod
-    def _first_input(fn: cst.FunctionDef) -> str:
+    def _device_hint(fn: cst.FunctionDef) -> str:
         params = [p.name.value for p in fn.params.params if p.name.value not in ("self", "cls")]
-        return params[0] if params else "<the input>"
+        devices = [p for p in params if _device_like_name(p)]
+        if devices:
+            return f"device={devices[0]}"
+        if fn.name.value == "forward" and params:
+            return f"device={params[0]}.device"
+        return "device=<the batch's device>"
 
     @staticmethod
     def _embedding_fed(cand: _Candidate, ctx: FileContext) -> Optional[str]:
@@ -606,25 +589,42 @@ class TensorWithoutDevice(Rule):
             functional = ctx.call_name(node) == "torch.nn.functional.embedding"
             if callee not in tables and not functional:
                 continue
-            first = node.args[0].value
-            while first is not cand.call and (isinstance(first, cst.Subscript) or (
-                    isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute))):
-                first = first.value if isinstance(first, cst.Subscript) else first.func.value  # ``pos.unsqueeze(0)``
+            first = _chain_root(node.args[0].value, cand.call)  # ``pos.unsqueeze(0)``: ``pos``
             if first is cand.call or (isinstance(first, cst.Name) and first.value == cand.target and not rebound):
                 return callee if not functional else "F.embedding"
         return None
 
 
-def _chain_holds(value: cst.BaseExpression, call: cst.Call) -> bool:
-    """``value`` is ``call`` or a method chain/subscript on it: ``torch.arange(t).unsqueeze(0)``."""
-    while value is not call:
+def _chain_top(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
+    """The outermost method call or subscript of the chain ``node`` starts: ``Net().to(device).train()``,
+    ``torch.arange(t).unsqueeze(0)[None]``."""
+    while True:
+        parent = ctx.parent(node)
+        grand = ctx.parent(parent) if parent is not None else None
+        if isinstance(parent, cst.Attribute) and parent.value is node and isinstance(grand, cst.Call) and \
+                grand.func is parent:
+            node = grand
+        elif isinstance(parent, cst.Subscript) and parent.value is node:
+            node = parent
+        else:
+            return node
+
+
+def _chain_root(value: cst.BaseExpression, stop: cst.CSTNode) -> cst.BaseExpression:
+    """What a method chain/subscript is taken on (``pos`` for ``pos.unsqueeze(0)[None]``), or ``stop`` if reached."""
+    while value is not stop:
         if isinstance(value, cst.Subscript):
             value = value.value
         elif isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
             value = value.func.value
         else:
-            return False
-    return True
+            break
+    return value
+
+
+def _chain_holds(value: cst.BaseExpression, call: cst.Call) -> bool:
+    """``value`` is ``call`` or a method chain/subscript on it: ``torch.arange(t).unsqueeze(0)``."""
+    return _chain_root(value, call) is call
 
 
 _EMBEDDINGS = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
@@ -1555,7 +1555,7 @@ class BatchNotMovedToDevice(Rule):
             return
         statement = ctx.statement_of(node)
         moved: Optional[str] = None
-        if isinstance(statement, cst.Assign) and len(statement.targets) == 1 and self._chain_top(node, ctx) is \
+        if isinstance(statement, cst.Assign) and len(statement.targets) == 1 and _chain_top(node, ctx) is \
                 statement.value:
             moved = dotted_name(statement.targets[0].target)
         elif isinstance(statement, cst.Expr) and statement.value is node:
@@ -1567,18 +1567,6 @@ class BatchNotMovedToDevice(Rule):
         else:
             scope = id(ctx.function_def) if ctx.function_def is not None else None
         self.moved.setdefault((scope, moved), node)
-
-    @staticmethod
-    def _chain_top(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
-        """``Net().to(device).train()``: the outermost call of the method chain ``node`` belongs to."""
-        while True:
-            parent = ctx.parent(node)
-            if isinstance(parent, cst.Attribute) and parent.value is node:
-                grand = ctx.parent(parent)
-                if isinstance(grand, cst.Call) and grand.func is parent:
-                    node = grand
-                    continue
-            return node
 
     def end_file(self, ctx: FileContext) -> None:
         if self.wrapped or not self.moved:
@@ -1606,9 +1594,11 @@ class BatchNotMovedToDevice(Rule):
             copy = f".to({device})"
         else:
             device, moved_to, copy = "the GPU", "`.cuda()`", ".cuda()"
-        line = ctx.positions([move])[move].start.line
+        # one code-generation pass for both lines
+        positions = ctx.positions([n for n in (move, use.discarded_move) if n is not None])
+        line = positions[move].start.line
         if use.discarded_move is not None:
-            discarded_line = ctx.positions([use.discarded_move])[use.discarded_move].start.line
+            discarded_line = positions[use.discarded_move].start.line
             how = (f"`{_short(ctx, use.discarded_move, 40)}` on line {discarded_line} returns a moved copy that is "
                    f"thrown away (a tensor's `.to` is not in place), so `{use.argument}` from `{loader}` still "
                    f"reaches `{use.callee}(...)` on the CPU")
