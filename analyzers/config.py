@@ -23,6 +23,7 @@ be found), never silently ignored::
            title_markers: ["[skip torchreview]", "[torchreview skip]"]}
     cleanup: resolve                   # or delete: what happens to the comment of a fixed finding
     fail_on_errors: true               # the CLI exits 1 when a file could not be analyzed
+    file_timeout: 60                   # seconds one file's analysis may take; past it the file is a `timeout` error
     smoke: {enabled: false}            # the GPU smoke runner (see SMOKE_DEFAULTS)
 
 ``select``/``ignore``/``severity`` and ``include``/``exclude`` may also be written at the top level
@@ -83,6 +84,12 @@ def _default_smoke() -> dict[str, Any]:
     return copy.deepcopy(dict(SMOKE_DEFAULTS))
 
 
+# One file's analysis, in seconds: a normal file takes well under one; past the limit the file is reported as a
+# ``timeout`` error and the run goes on. The App never waits longer than its own default.
+FILE_TIMEOUT_DEFAULT = 60
+FILE_TIMEOUT_RANGE = (1, 600)
+
+
 @dataclass(frozen=True)
 class Config:
     select: tuple[str, ...] = ("ALL",)
@@ -104,6 +111,7 @@ class Config:
     skip_bots: bool = True
     cleanup: str = "resolve"
     fail_on_errors: bool = True  # the CLI: exit 1 when a file could not be analyzed
+    file_timeout: int = FILE_TIMEOUT_DEFAULT  # seconds per file, in every front end (analyzers.isolation)
     smoke: Mapping[str, Any] = field(default_factory=_default_smoke)
     source: str = "defaults"  # where it came from, for messages and `/review config`
 
@@ -135,8 +143,14 @@ class Config:
         check.raise_problems()
         return cls(source=source, **values)
 
-    def merged_with_cli(self, *, select=None, ignore=None, min_severity=None, fail_on=None) -> "Config":
+    def merged_with_cli(self, *, select=None, ignore=None, min_severity=None, fail_on=None,
+                        file_timeout=None) -> "Config":
         changes: dict[str, Any] = {}
+        if file_timeout is not None:
+            if not FILE_TIMEOUT_RANGE[0] <= file_timeout <= FILE_TIMEOUT_RANGE[1]:
+                raise ConfigError(f"--file-timeout: must be from {FILE_TIMEOUT_RANGE[0]} to {FILE_TIMEOUT_RANGE[1]} "
+                                  f"seconds, got {file_timeout}")
+            changes["file_timeout"] = file_timeout
         if select:
             changes["select"] = tuple(select)
         if ignore:
@@ -177,6 +191,7 @@ class Config:
             },
             "cleanup": self.cleanup,
             "fail_on_errors": self.fail_on_errors,
+            "file_timeout": self.file_timeout,
             "smoke": smoke,
         }
 
@@ -193,7 +208,7 @@ _PATH_KEYS = ("include", "exclude")
 _NESTED_FORMS = {"rules": _RULE_KEYS, "paths": _PATH_KEYS}
 _TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "min_severity", "fail_on", "max_inline_comments",
              "group_across_files", "group_rule_from_files", "review_event", "filter", "diff_context_lines", "skip",
-             "cleanup", "fail_on_errors", "smoke")
+             "cleanup", "fail_on_errors", "file_timeout", "smoke")
 _SKIP_KEYS = ("drafts", "labels", "title_markers", "bots")
 _REGRESSION_KEYS = ("step_time", "memory")
 _MEMORY = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B?|B)?", re.IGNORECASE)
@@ -218,6 +233,9 @@ def _settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
     if "max_inline_comments" in data:
         steps.append(lambda: {"max_inline_comments": check.whole_number(data["max_inline_comments"],
                                                                         ("max_inline_comments",), 0, 100)})
+    if "file_timeout" in data:
+        steps.append(lambda: {"file_timeout": check.whole_number(data["file_timeout"], ("file_timeout",),
+                                                                 *FILE_TIMEOUT_RANGE)})
     if "group_rule_from_files" in data:
         steps.append(lambda: {"group_rule_from_files": check.whole_number(data["group_rule_from_files"],
                                                                           ("group_rule_from_files",), 0, 1000)})

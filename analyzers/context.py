@@ -206,6 +206,9 @@ class Binding:
     # ``out, h = model(x)``: the call a tuple target was unpacked from, and this name's position in it
     unpacked_from: Optional[cst.BaseExpression] = None
     element: Optional[int] = None
+    # when it was recorded, in the walk's source order: a name read inside this binding's value sees only
+    # bindings of a lower order (``model = model.to(d)`` reads the ``model`` before it, never itself)
+    order: int = 0
 
 
 @dataclass
@@ -311,6 +314,9 @@ class FileContext:
         self.withs: list[cst.With] = []  # only ``with`` blocks whose body we are in
         self.scopes: list[Scope] = [Scope(None)]
         self.class_attributes: list[dict[str, Binding]] = []  # ``self.x = ...`` per enclosing class
+        # id(value expression) -> the binding it was assigned through; the bindings recorded so far
+        self._binding_of_value: dict[int, Binding] = {}
+        self._bindings_recorded = 0
         # Every loop's enclosing function (None at module level), for "same function" checks.
         self.loop_function: dict[cst.CSTNode, Optional[FunctionNode]] = {}
         self._facts: dict[type, object] = {}
@@ -482,24 +488,46 @@ class FileContext:
         return self.in_context_manager(*NO_GRAD_CONTEXTS)
 
     # ---- dataflow ------------------------------------------------------------------------
-    def binding(self, name: str) -> Optional[Binding]:
-        """The latest assignment (before the current point) of a name or ``self.attr`` target."""
+    def binding(self, name: str, at: Optional[cst.CSTNode] = None) -> Optional[Binding]:
+        """The latest assignment (before the current point) of a name or ``self.attr`` target; with ``at``, the
+        one visible where that node stands: a name read inside an assignment's value, however the program model
+        reached it, sees only what was bound before that assignment. Following values from binding to binding
+        therefore always goes back in the source and ends (``x = x.to(d)``, ``a = b; b = a``)."""
+        horizon = self._horizon(at) if at is not None else None
         for scope in reversed(self.scopes):
-            found = scope.bindings.get(name)
+            found = _before(scope.bindings.get(name), horizon)
             if found is not None:
                 return found
             if scope.node is not None and isinstance(scope.node, cst.ClassDef):
                 continue  # class bodies do not enclose their methods' names
         if name.startswith("self.") and self.class_attributes:
-            return self.class_attributes[-1].get(name)
+            return _before(self.class_attributes[-1].get(name), horizon)
+        return None
+
+    def _horizon(self, node: cst.CSTNode) -> Optional[int]:
+        """The order of the innermost recorded binding whose value holds ``node``, if any."""
+        by_value = self._binding_of_value
+        if not by_value:
+            return None
+        parents = self.parents
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            found = by_value.get(id(current))
+            if found is not None and found.value is current:
+                return found.order
+            current = parents.get(id(current))
         return None
 
     def assigned_value(self, name_or_expr: Union[str, cst.CSTNode, None]) -> Optional[cst.BaseExpression]:
-        """Where ``name`` was last assigned from (the value expression), if known."""
-        name = name_or_expr if isinstance(name_or_expr, str) else dotted_name(name_or_expr)
+        """Where ``name`` was last assigned from (the value expression), if known. Given the expression itself,
+        the assignment visible where it stands (see :meth:`binding`)."""
+        if isinstance(name_or_expr, str):
+            name, at = name_or_expr, None
+        else:
+            name, at = dotted_name(name_or_expr), name_or_expr
         if name is None:
             return None
-        binding = self.binding(name)
+        binding = self.binding(name, at)
         return binding.value if binding is not None else None
 
     def origin(self, expr: Optional[cst.BaseExpression], depth: int = 4) -> Optional[cst.BaseExpression]:
@@ -543,8 +571,11 @@ class FileContext:
         name = dotted_name(target)
         if name is None:
             return
-        binding = Binding(value, node, kind, loop, self.scopes[-1].bindings.get(name))
+        self._bindings_recorded += 1
+        binding = Binding(value, node, kind, loop, self.scopes[-1].bindings.get(name), order=self._bindings_recorded)
         self.scopes[-1].bindings[name] = binding
+        if value is not None:
+            self._binding_of_value[id(value)] = binding
         if name.startswith("self.") and self.class_attributes:
             self.class_attributes[-1][name] = binding
 
@@ -552,6 +583,14 @@ class FileContext:
     def positions(self, nodes: Iterable[cst.CSTNode]) -> dict[cst.CSTNode, "cst.metadata.CodeRange"]:
         """Positions for the given nodes only; one code generation pass over the module."""
         return compute_positions(self.module, set(nodes), self.parents, self.source)
+
+
+def _before(binding: Optional[Binding], horizon: Optional[int]) -> Optional[Binding]:
+    """``binding`` or the first of the bindings it replaced that was recorded before ``horizon``."""
+    if horizon is not None:
+        while binding is not None and binding.order >= horizon:
+            binding = binding.previous
+    return binding
 
 
 MODULE_BASES = {

@@ -81,7 +81,7 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
     had does not, even on a touched line."""
     from pathlib import Path
 
-    from analyzers.engine import analyze_text
+    from analyzers.engine import analyze_text_bounded
     from analyzers.fingerprint import fingerprints_for
 
     findings = [f for f in findings if _changed_path(f.path) in changed]
@@ -95,7 +95,8 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
         shown = subprocess.run(["git", "show", f"{ref}:./{_changed_path(path)}"], cwd=cwd, capture_output=True)
         if shown.returncode == 0:  # else the file is new since ref: everything in it is introduced
             bases[path] = shown.stdout.decode("utf-8", errors="replace")
-    base_findings = [f for path, text in bases.items() for f in analyze_text(text, path, config).findings]
+    # bounded like the head's analysis; a base that cannot be analyzed shows nothing it already had
+    base_findings = [f for path, text in bases.items() for f in analyze_text_bounded(text, path, config).findings]
     before = set(fingerprints_for(base_findings, bases).values())
     now = fingerprints_for(findings, heads)
     return [f for f in findings if now.get(f) not in before]

@@ -7,7 +7,6 @@ import os
 import re
 import time
 import tokenize
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -21,6 +20,7 @@ from analyzers import notebook
 from analyzers.config import Config
 from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
 from analyzers.guard import complexity_error
+from analyzers.isolation import run_isolated
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules
@@ -665,11 +665,6 @@ def discover(paths: Iterable[str], config: Config) -> list[tuple[Path, str]]:
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", ".venv", "venv", ".git", ".tox", "build", "dist"}
 
 
-def _analyze_one(args: tuple) -> FileResult:
-    path, display, config, cache = args
-    return analyze_file(Path(path), display, config, cache)
-
-
 def analyze_paths(paths: Iterable[str], config: Optional[Config] = None, jobs: Optional[int] = None,
                   cache=None) -> RunResult:
     config = config or Config()
@@ -680,22 +675,33 @@ def analyze_paths(paths: Iterable[str], config: Optional[Config] = None, jobs: O
 
 def analyze_files(files: list[tuple[Path, str]], config: Config, jobs: Optional[int] = None,
                   started: Optional[float] = None, cache=None) -> RunResult:
+    """Every file in a forked child, bounded by ``config.file_timeout`` and a memory limit: a file that hangs or
+    crashes the analysis is a ``timeout`` / ``parser-crash`` error and the run goes on."""
     started = started if started is not None else time.perf_counter()
     jobs = jobs or os.cpu_count() or 1
-    work = [(str(p), d, config, cache) for p, d in files]
+    if jobs > 1 and len(files) > 1:
+        all_rules()  # imported once here and shared by the children, rather than once in each
+    # Larger files first so one big file does not finish last on busy children.
+    work = sorted(((d, str(p)) for p, d in files), key=lambda w: -_size(w[1]))
+    results = run_isolated(work, lambda display, path: analyze_file(Path(path), display, config, cache),
+                           lambda display, kind, message: FileResult(display, errors=[FileError(display, kind, message)]),
+                           seconds=config.file_timeout, jobs=jobs)
     run = RunResult(files=len(work))
-    if jobs <= 1 or len(work) < 4:
-        results = map(_analyze_one, work)
-        _collect(run, results)
-    else:
-        # Larger files first so one big file does not finish last on an idle pool.
-        work.sort(key=lambda w: -_size(w[0]))
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            _collect(run, pool.map(_analyze_one, work, chunksize=4))
+    _collect(run, results.values())
     run.findings.sort(key=lambda f: f.sort_key)
     run.errors.sort(key=lambda e: (e.path, e.kind))
     run.seconds = time.perf_counter() - started
     return run
+
+
+def analyze_text_bounded(text: str, display: str, config: Config,
+                         repository: Optional[RepositoryIndex] = None) -> FileResult:
+    """:func:`analyze_text` in a forked child bounded by ``config.file_timeout`` (the language server, the base
+    revision of ``--diff``): a file the analysis cannot finish is an error entry, never a hang."""
+    results = run_isolated([(display, text)], lambda key, source: analyze_text(source, key, config, repository),
+                           lambda key, kind, message: FileResult(key, errors=[FileError(key, kind, message)]),
+                           seconds=config.file_timeout)
+    return results[display]
 
 
 def _size(path: str) -> int:
@@ -717,6 +723,7 @@ def fails(findings: Iterable[Finding], level: Severity) -> bool:
 
 
 __all__ = [
-    "analyze_source", "analyze_file", "analyze_text", "analyze_paths", "analyze_files", "discover", "RunResult",
+    "analyze_source", "analyze_file", "analyze_text", "analyze_text_bounded", "analyze_paths", "analyze_files",
+    "discover", "RunResult",
     "dotted_name", "fails", "MAX_FILE_BYTES",
 ]

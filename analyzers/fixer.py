@@ -16,7 +16,6 @@ import re
 import subprocess
 import time
 import tokenize
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -25,6 +24,7 @@ import libcst as cst
 
 from analyzers.config import Config
 from analyzers.diff import keep_changed
+from analyzers.isolation import run_isolated
 from analyzers.engine import (MAX_FILE_BYTES, RunResult, analyze_notebook_text, analyze_source,
                               decode_source, read_source)
 from analyzers.model import FileError, FileResult, Finding
@@ -282,23 +282,23 @@ def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, 
     return fixed
 
 
-def _fix_one(args) -> FixedFile:
-    path, display, config, unsafe, write, diff_ref = args
-    return fix_file(Path(path), display, config, unsafe=unsafe, write=write, diff_ref=diff_ref)
-
-
 def fix_files(files: list[tuple[Path, str]], config: Config, *, unsafe: bool = False, write: bool = True,
               jobs: Optional[int] = None, diff_ref: Optional[str] = None) -> tuple[list[FixedFile], RunResult]:
     """Fix every file (with ``diff_ref``, only findings on lines changed since it); returns each file's
-    outcome and the run of what remains."""
+    outcome and the run of what remains. Each file is fixed in a forked child bounded by ``config.file_timeout``
+    (analyzers.isolation); a file past it is left as it was (fixes are written whole, by a rename)."""
     started = time.perf_counter()
-    jobs = jobs or os.cpu_count() or 1
-    work = [(str(p), d, config, unsafe, write, diff_ref) for p, d in files]
-    if jobs <= 1 or len(work) < 4:
-        outcomes = list(map(_fix_one, work))
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            outcomes = list(pool.map(_fix_one, work, chunksize=2))
+    work = [(display, str(path)) for path, display in files]
+
+    def not_fixed(display: str, kind: str, message: str) -> FixedFile:
+        outcome = FixedFile(display, "", "")
+        outcome.result = FileResult(display, errors=[FileError(display, kind, message)])
+        return outcome
+
+    done = run_isolated(work, lambda display, path: fix_file(Path(path), display, config, unsafe=unsafe, write=write,
+                                                             diff_ref=diff_ref),
+                        not_fixed, seconds=config.file_timeout, jobs=jobs or os.cpu_count() or 1)
+    outcomes = [done[display] for display, _ in work]
     run = RunResult(files=len(work))
     for outcome in outcomes:
         run.findings.extend(outcome.result.findings)

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--diff", metavar="GIT_REF", help="only report what changed since GIT_REF: findings the file at GIT_REF did not have "
                             "(config filter: introduced, the default) or on changed lines (filter: added)")
     check.add_argument("--jobs", "-j", type=int, default=0, help="parallel processes (default: all cores)")
+    check.add_argument("--file-timeout", type=int, metavar="SECONDS",
+                       help="stop analyzing a file after this long and report it as a timeout error "
+                            "(default: the configuration's file_timeout, 60)")
     check.add_argument("--config", metavar="FILE", help="a .github/torchreview.yml, .torchreview.toml or pyproject.toml to use")
     check.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     check.add_argument("--exit-zero-on-errors", action="store_true",
@@ -120,7 +123,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         config = load_config_file(Path(args.config)) if args.config else find_config(Path.cwd())
         config = config.merged_with_cli(select=args.select, ignore=args.ignore, min_severity=args.min_severity,
-                                        fail_on=args.fail_on)
+                                        fail_on=args.fail_on, file_timeout=args.file_timeout)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if args.fix or args.diff_fixes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -18,13 +18,14 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from analyzers.config import Config, ConfigError, find_config
-from analyzers.engine import analyze_text
-from analyzers.model import FileResult, Finding, Severity
+from analyzers.engine import analyze_text_bounded
+from analyzers.model import FileError, FileResult, Finding, Severity
 from analyzers.program.modules import index_for
 
 log = logging.getLogger("torchreview.lsp")
 
 SOURCE = "torchreview"
+UNFINISHED = ("timeout", "parser-crash")  # analyzers.isolation's kinds: the file was not analyzed to the end
 SEVERITY = {
     Severity.CRITICAL: types.DiagnosticSeverity.Error,
     Severity.HIGH: types.DiagnosticSeverity.Error,
@@ -40,6 +41,8 @@ class Analysis:
     version: Optional[int]
     text: str
     findings: list[Finding]
+    # the analysis could not finish (over the time or memory limit): said on the file, not silently empty
+    unfinished: list[FileError] = field(default_factory=list)
 
 
 class TorchreviewServer(LanguageServer):
@@ -81,8 +84,9 @@ class TorchreviewServer(LanguageServer):
         repository = index_for(Path(path)) if path else None
         if not display.endswith(".py"):
             display += ".py"  # an unsaved buffer of Python: analyzed as a script
-        result: FileResult = analyze_text(text, display, config, repository=repository)
-        return Analysis(version, text, result.findings)
+        # in a forked child bounded by config.file_timeout: no file (or rule bug) can hang the editor's server
+        result: FileResult = analyze_text_bounded(text, display, config, repository=repository)
+        return Analysis(version, text, result.findings, [e for e in result.errors if e.kind in UNFINISHED])
 
     async def refresh(self, uri: str) -> None:
         generation = self.generation[uri] = self.generation.get(uri, 0) + 1
@@ -99,7 +103,8 @@ class TorchreviewServer(LanguageServer):
             return  # edited again (or closed) meanwhile: the newer run publishes
         self.analyses[uri] = analysis
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
-            uri=uri, version=analysis.version, diagnostics=[self.diagnostic(uri, analysis, f) for f in analysis.findings]))
+            uri=uri, version=analysis.version, diagnostics=[self.diagnostic(uri, analysis, f) for f in analysis.findings]
+            + [self.unfinished_diagnostic(e) for e in analysis.unfinished]))
 
     def schedule(self, uri: str, delay: float) -> None:
         timer = self.pending.pop(uri, None)
@@ -133,6 +138,13 @@ class TorchreviewServer(LanguageServer):
             message=f"{finding.slug}: {finding.message}",
             data={"fix": finding.fix is not None},
         )
+
+    @staticmethod
+    def unfinished_diagnostic(error: FileError) -> types.Diagnostic:
+        return types.Diagnostic(range=types.Range(start=types.Position(line=0, character=0),
+                                                  end=types.Position(line=0, character=0)),
+                                severity=types.DiagnosticSeverity.Warning, code=error.kind, source=SOURCE,
+                                message=f"not analyzed: {error.message}")
 
     def fix_edit(self, uri: str, analysis: Analysis, finding: Finding) -> types.TextEdit:
         """The fix replaces whole lines: from the start of its first line to the start of the line after it."""

@@ -21,9 +21,10 @@ from typing import Callable, Optional
 import requests
 from github import GithubException
 
-from analyzers.config import CONFIG_FILES_IN_ORDER, Config, ConfigError, parse_config_text
+from analyzers.config import CONFIG_FILES_IN_ORDER, FILE_TIMEOUT_DEFAULT, Config, ConfigError, parse_config_text
 from analyzers.cache import ResultCache
 from analyzers.engine import analyze_text, decode_source
+from analyzers.isolation import run_isolated
 from analyzers.fingerprint import fingerprints_for
 from analyzers.model import FileError, FileResult, Finding
 from analyzers.notebook import NotebookError, read_cells
@@ -32,7 +33,6 @@ from bot import feedback
 from bot import review as compose
 from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
 from bot.github_client import commit_ref
-from bot.isolation import run_isolated
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
 
@@ -151,7 +151,8 @@ class ReviewRun:
             results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
                                    lambda path, text: analyze_changed_file(changed, path, config, self.results, index,
                                                                            self.job.repository),
-                                   lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]))
+                                   lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]),
+                                   seconds=app_file_seconds(config))
             for path in changed.reviewed:
                 result = results[path]
                 if self.results is not None and changed.blobs.get(path):
@@ -210,7 +211,7 @@ class ReviewRun:
         analyzed with the head's repository context, so only the PR's own files make the difference."""
         results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
                                lambda path, text: analyze_text(text, path, config, repository=index),
-                               lambda path, kind, message: FileResult(path))
+                               lambda path, kind, message: FileResult(path), seconds=app_file_seconds(config))
         base_findings = [f for result in results.values() for f in result.findings]
         return frozenset(fingerprints_for(base_findings, changed.base_sources).values())
 
@@ -411,6 +412,11 @@ def _parse_cost(path: str, data: bytes) -> int:
         return sum(len(c.source) for c in read_cells(data) if c.cell_type == "code")
     except NotebookError:
         return len(data)
+
+
+def app_file_seconds(config: Config) -> float:
+    """A repository may ask for less time per file than the App's default, never more: a worker slot is shared."""
+    return min(config.file_timeout, FILE_TIMEOUT_DEFAULT)
 
 
 def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache],

@@ -114,12 +114,12 @@ def static_claims(sources: dict[str, str], config=None, root: Optional[Path] = N
 
     Bounded as the static review is: at most ``max_files`` files and ``max_bytes`` of source (the review's
     limits by default; the files past them give no claims), each analyzed in a forked child
-    (bot.isolation) with its time and memory limits, so a file that crashes or stalls the parser, or a rule
+    (analyzers.isolation) with its time and memory limits, so a file that crashes or stalls the parser, or a rule
     that fails, costs only that file's claims, never the smoke run."""
     from analyzers.config import Config
     from analyzers.program.modules import RepositoryIndex
-    from bot.isolation import run_isolated
-    from bot.pipeline import MAX_REVIEW_BYTES, MAX_REVIEW_FILES
+    from analyzers.isolation import run_isolated
+    from bot.pipeline import MAX_REVIEW_BYTES, MAX_REVIEW_FILES, app_file_seconds
 
     max_files = MAX_REVIEW_FILES if max_files is None else max_files
     max_bytes = MAX_REVIEW_BYTES if max_bytes is None else max_bytes
@@ -143,7 +143,7 @@ def static_claims(sources: dict[str, str], config=None, root: Optional[Path] = N
         except Exception:  # noqa: BLE001 - a failing rule costs this file's claims, not the smoke run
             return []
 
-    found = run_isolated(picked, claims_of, lambda path, kind, message: [])
+    found = run_isolated(picked, claims_of, lambda path, kind, message: [], seconds=app_file_seconds(config))
     return {path: found[path] for path, _ in picked if found.get(path)}
 
 

@@ -56,10 +56,10 @@ def test_call_site_values_are_the_callers_arguments_and_unknown_with_star_args()
         model.train()
     """)
     fn = first(ctx, cst.FunctionDef)
-    values = call_site_values(ctx.module, fn, "save_path")
+    values = call_site_values(ctx, fn, "save_path")
     assert [v.evaluated_value for v in values] == ["best.pt", "last.pt"]  # model.train() is not a call of it
     starred = context("def train(model):\n    pass\ntrain(*args)\n")
-    assert call_site_values(starred.module, first(starred, cst.FunctionDef), "model") is None
+    assert call_site_values(starred, first(starred, cst.FunctionDef), "model") is None
 
 
 def test_a_global_read_inside_a_function_finds_the_module_assignment():

@@ -84,7 +84,51 @@ def parameter_index(fn: cst.FunctionDef, name: str) -> Optional[int]:
     return names.index(name) if name in names else None
 
 
-def call_site_values(module: cst.Module, fn: cst.FunctionDef, name: str) -> Optional[list[cst.BaseExpression]]:
+class FlowIndex:
+    """What value-flow questions asked after the walk need, indexed once per file (``ctx.facts(FlowIndex)``): the
+    calls by what they call, and each scope's statements in source order with their assignments, so following
+    a parameter through every call site, or a name to its last assignment, is a lookup rather than a walk of
+    the file for every question."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self._calls: Optional[dict[tuple[bool, str], list[cst.Call]]] = None
+        self._scopes: dict[int, tuple[dict[int, int], list[tuple[int, cst.Assign]]]] = {}
+
+    def calls(self, method: bool, name: str) -> list[cst.Call]:
+        """``x.step(...)`` calls for (True, "step"), ``train(...)`` for (False, "train"); in source order."""
+        if self._calls is None:
+            self._calls = {}
+            for node in subtree(self.ctx.module):
+                if type(node) is cst.Call:
+                    func = node.func
+                    if type(func) is cst.Attribute:
+                        self._calls.setdefault((True, func.attr.value), []).append(node)
+                    elif type(func) is cst.Name:
+                        self._calls.setdefault((False, func.value), []).append(node)
+        return self._calls.get((method, name), [])
+
+    def scope_order(self, scope: cst.CSTNode) -> tuple[dict[int, int], list[tuple[int, cst.Assign]]]:
+        """The scope's nodes in source order (id -> position), not entering nested functions or classes, and
+        its assignments with their positions."""
+        found = self._scopes.get(id(scope))
+        if found is None:
+            positions: dict[int, int] = {}
+            assigns: list[tuple[int, cst.Assign]] = []
+            stack: list[cst.CSTNode] = [scope.body] if isinstance(scope, cst.FunctionDef) else list(reversed(scope.body))
+            while stack:
+                node = stack.pop()
+                positions[id(node)] = len(positions)
+                if type(node) is cst.Assign:
+                    assigns.append((positions[id(node)], node))
+                if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                    continue
+                stack.extend(reversed(node.children))
+            found = self._scopes[id(scope)] = (positions, assigns)
+        return found
+
+
+def call_site_values(ctx, fn: cst.FunctionDef, name: str) -> Optional[list[cst.BaseExpression]]:
     """The expressions every call of ``fn`` in this file passes for parameter ``name``.
 
     None when the answer is unknown: no call in the file, or a call that passes it through ``*args`` /
@@ -95,15 +139,8 @@ def call_site_values(module: cst.Module, fn: cst.FunctionDef, name: str) -> Opti
     first = [*fn.params.posonly_params, *fn.params.params][:1]
     method = bool(first) and first[0].name.value in ("self", "cls")
     values: list[cst.BaseExpression] = []
-    for node in subtree(module):
-        if not isinstance(node, cst.Call):
-            continue
-        if method:  # obj.train_step(...)
-            called = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
-        else:  # train(...), not model.train()
-            called = node.func.value if isinstance(node.func, cst.Name) else None
-        if called != function_name:
-            continue
+    # obj.train_step(...) for a method; train(...), not model.train(), for a function
+    for node in ctx.facts(FlowIndex).calls(method, function_name):
         value = None
         for arg in node.args:
             if arg.star:
@@ -133,11 +170,11 @@ def assignment_before(ctx, use: cst.CSTNode, name: str, unpacked: bool = False) 
         scope = ctx.parents.get(id(scope))
     if scope is None:
         return None
-    found = _last_assignment(scope, use, name, frozenset(ctx.ancestors(use)), unpacked)
+    found = _last_assignment(ctx, scope, use, name, frozenset(ctx.ancestors(use)), unpacked)
     if found is None and isinstance(scope, cst.FunctionDef) and not _binds(scope, name):
         # a global read inside a function (``def test(): ... model(x)`` with ``model = Net()`` at module level):
         # the module's last assignment, since functions run after the module body defined them
-        found = _last_assignment(ctx.module, None, name, unpacked=unpacked)
+        found = _last_assignment(ctx, ctx.module, None, name, unpacked=unpacked)
     return found
 
 
@@ -146,30 +183,21 @@ def _binds(fn: cst.FunctionDef, name: str) -> bool:
     return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
 
 
-def _last_assignment(scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str,
+def _last_assignment(ctx, scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str,
                      enclosing: frozenset = frozenset(), unpacked: bool = False) -> Optional[cst.BaseExpression]:
-    found: Optional[cst.BaseExpression] = None
-    stack: list[cst.CSTNode] = [scope.body] if isinstance(scope, cst.FunctionDef) else list(reversed(scope.body))
-    order: list[cst.CSTNode] = []
-    while stack:  # source order, without entering nested functions or classes
-        node = stack.pop()
-        if node is use:
-            break
-        order.append(node)
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        stack.extend(reversed(node.children))
-    for node in order:
-        if node in enclosing:
-            continue  # ``model = model.to(device)`` read from its own right side: the assignment before it
-        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
-            found = node.value
-        elif unpacked and isinstance(node, cst.Assign):
-            for t in node.targets:
+    positions, assigns = ctx.facts(FlowIndex).scope_order(scope)
+    stop = positions.get(id(use), len(positions)) if use is not None else len(positions)
+    for position, node in reversed(assigns):
+        if position >= stop or node in enclosing:
+            continue  # after the use; or ``model = model.to(device)`` read from its own right side
+        if any(dotted_name(t.target) == name for t in node.targets):
+            return node.value
+        if unpacked:
+            for t in reversed(node.targets):
                 part = _unpacked_part(t.target, node.value, name)
                 if part is not None:
-                    found = part
-    return found
+                    return part
+    return None
 
 
 def _unpacked_part(target: cst.BaseExpression, value: cst.BaseExpression,

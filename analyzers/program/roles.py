@@ -176,7 +176,7 @@ class CheckpointWrites:
         fn = next((a for a in self.ctx.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
         if fn is None:
             return set()
-        values = call_site_values(self.ctx.module, fn, path.value) or []
+        values = call_site_values(self.ctx, fn, path.value) or []
         found: set[str] = set()
         for value in values:
             found |= self.literals(value)
@@ -287,7 +287,7 @@ class CheckpointWrites:
                 continue
             for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
                 if "save" in param.name.value.lower():
-                    for value in call_site_values(self.ctx.module, fn, param.name.value) or ():
+                    for value in call_site_values(self.ctx, fn, param.name.value) or ():
                         found |= self.literals(value)
         return found
 

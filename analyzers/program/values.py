@@ -47,7 +47,7 @@ def constructor(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.C
         return constructor(ctx, value, value, depth + 1)
     fn = _enclosing_function(ctx, use)
     if fn is not None and "." not in name:
-        values = call_site_values(ctx.module, fn, name)
+        values = call_site_values(ctx, fn, name)
         if values:
             built = [constructor(ctx, v, v, depth + 1) for v in values]
             texts = {ctx.module.code_for_node(b.func) if b is not None else None for b in built}

@@ -1652,7 +1652,7 @@ class BatchNotMovedToDevice(Rule):
         if fn is None or "." in name or parameter_index(fn, name) is None and not any(
                 p.name.value == name for p in fn.params.kwonly_params):
             return None
-        values = call_site_values(self.ctx.module, fn, name)
+        values = call_site_values(self.ctx, fn, name)
         if not values:
             return None
         found = [self._loader(v, v, self._function_of(v), depth + 1) for v in values]
@@ -1736,7 +1736,7 @@ class BatchNotMovedToDevice(Rule):
                 return own
             if parameter_index(fn, callee) is None:
                 return None
-            values = call_site_values(self.ctx.module, fn, callee) or []
+            values = call_site_values(self.ctx, fn, callee) or []
             for value in values:
                 name = dotted_name(value)
                 scope = self._function_of(value)

@@ -381,7 +381,7 @@ class _ActivationIntoLoss(Rule):
         """The one model class every call of ``fn`` in this file passes for ``parameter``, if there is one."""
         if fn is None:
             return None
-        values = call_site_values(ctx.module, fn, parameter)
+        values = call_site_values(ctx, fn, parameter)
         if not values:
             return None
         classes = set()

@@ -224,7 +224,7 @@ class UnsafeTorchLoad(Rule):
         fn = ctx.function_def
         if isinstance(source, cst.Name) and fn is not None and ctx.binding(source.value) is not None \
                 and ctx.binding(source.value).kind == "param":
-            values = call_site_values(ctx.module, fn, source.value)
+            values = call_site_values(ctx, fn, source.value)
             return bool(values) and all(checkpoints.written_before_loaded(v, None) for v in values)
         return False
 

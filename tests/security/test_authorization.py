@@ -443,7 +443,7 @@ def _analyze(key, item):
 
 
 def test_a_crashing_or_stalling_analysis_costs_one_file_not_the_worker():
-    from bot.isolation import run_isolated
+    from analyzers.isolation import run_isolated
 
     items = [("a", "ok"), ("b", "segfault"), ("c", "ok"), ("d", "stall"), ("e", "hog"), ("f", "ok")]
     results = run_isolated(items, _analyze, lambda key, kind, message: (kind, message), seconds=3,
