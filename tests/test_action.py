@@ -164,3 +164,22 @@ def test_action_yml_steps_install_and_run(pull_request, tmp_path):
             for o, spec in action["outputs"].items()} == outputs
     # the installed script, not this checkout: the check ran the torchreview pip put into the runner's python
     assert (python / "bin" / "torchreview-action").exists()
+
+
+def test_a_file_whose_analysis_stalls_is_cut_off_and_the_rest_is_reported(pull_request):
+    """A rule caught in a loop (tests/fixtures/stalling_rule) costs the Action one file, never the job's hours."""
+    from tests.test_bounded_analysis import STALL, stalling_env
+
+    repo, base, github = pull_request
+    (repo / "slow.py").write_text(STALL)
+    (repo / ".torchreview.toml").write_text("file_timeout = 2\n")
+    _git("add", "-A", cwd=repo)
+    _git("commit", "-q", "-m", "a file the analysis stalls on", cwd=repo)
+    proc = subprocess.run([sys.executable, "-c", "import sys; from bot.action import main; sys.exit(main())"],
+                          cwd=repo, env=stalling_env(**github, INPUT_SARIF_FILE="out.sarif"), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the file could not be analyzed, and train.py's HIGH
+    assert "::warning file=slow.py,title=torchreview timeout::analysis took over 2 s; stopped" in proc.stdout
+    assert "::error file=train.py,line=11" in proc.stdout
+    notes = json.loads((repo / "out.sarif").read_text())["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert [n["message"]["text"] for n in notes] == ["slow.py: timeout: analysis took over 2 s; stopped"]

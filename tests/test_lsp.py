@@ -5,6 +5,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 from lsprotocol import types  # the lsp extra, part of dev: a missing pygls fails here rather than skipping
 from pygls.lsp.client import LanguageClient
@@ -36,12 +37,12 @@ class Client(LanguageClient):
                 return params
 
 
-async def started(tmp_path: Path, debounce: str = "1.0") -> Client:
+async def started(tmp_path: Path, debounce: str = "1.0", env: Optional[dict] = None) -> Client:
     client = Client()
     exe = Path(sys.executable).with_name("torchreview")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bot.cli"]
     await client.start_io(*cmd, "lsp", "--debounce", debounce, cwd=str(tmp_path),
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=env or {**os.environ, "PYTHONPATH": str(ROOT)})
     await asyncio.wait_for(client.initialize_async(types.InitializeParams(
         process_id=os.getpid(), root_uri=tmp_path.as_uri(), capabilities=types.ClientCapabilities())), TIMEOUT)
     client.initialized(types.InitializedParams())
@@ -164,6 +165,31 @@ def test_positions_are_utf16_and_a_fix_on_a_last_line_without_newline_adds_none(
                 last[edit.range.end.character * 2:].decode("utf-16-le")
             assert edit.range.start.line == 2 and edit.range.start.character == 0
             assert fixed_last == "name = '😀é'; state = torch.load(name, weights_only=True)"
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())
+
+
+def test_a_file_whose_analysis_stalls_is_said_on_the_file_and_the_server_goes_on(tmp_path):
+    """A rule caught in a loop (tests/fixtures/stalling_rule) must not hang the editor's server."""
+    from tests.test_bounded_analysis import STALL, stalling_env
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".torchreview.toml").write_text("file_timeout = 2\n")
+    slow, fast = tmp_path / "slow.py", tmp_path / "train.py"
+    slow.write_text(STALL)
+    fast.write_text(BUGGY)
+
+    async def scenario() -> None:
+        client = await started(tmp_path, debounce="0", env=stalling_env())
+        try:
+            slow_uri = open_document(client, slow, STALL)
+            [unfinished] = (await client.diagnostics_for(slow_uri)).diagnostics
+            assert (unfinished.code, unfinished.severity) == ("timeout", types.DiagnosticSeverity.Warning)
+            assert unfinished.message == "not analyzed: analysis took over 2 s; stopped"
+            fast_uri = open_document(client, fast, BUGGY)  # the server still answers, and analyzes the next file
+            assert [d.code for d in (await client.diagnostics_for(fast_uri)).diagnostics] == ["TR601"]
         finally:
             await stopped(client)
 

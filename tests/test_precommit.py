@@ -85,3 +85,14 @@ def test_pre_commit_hook_fails_on_bugs_and_passes_when_fixed(tmp_path):
     third = run_hooks()
     assert third.returncode == 0, third.stdout + third.stderr
     assert "torchreview" in third.stdout and "Passed" in third.stdout
+
+    # a rule caught in a loop (tests/fixtures/stalling_rule, imported at start-up from PYTHONPATH by the hook's
+    # own interpreter) costs the commit one file at the configured limit, never a hung `git commit`
+    from tests.test_bounded_analysis import STALL, STALLING_RULE
+
+    (project / "slow.py").write_text(STALL)
+    (project / ".torchreview.toml").write_text("file_timeout = 2\n")
+    env["PYTHONPATH"] = str(STALLING_RULE)
+    stalled = run_hooks()
+    assert stalled.returncode == 1, stalled.stdout + stalled.stderr
+    assert "slow.py [timeout] analysis took over 2 s; stopped" in stalled.stdout
