@@ -235,7 +235,7 @@ def test_every_config_problem_is_listed(project):
     ]
 
 
-KNOWN_KEYS = ("cleanup, diff_context_lines, exclude, fail_on, fail_on_errors, filter, group_across_files, "
+KNOWN_KEYS = ("cleanup, diff_context_lines, exclude, fail_on, fail_on_errors, file_timeout, filter, group_across_files, "
               "group_rule_from_files, ignore, include, max_inline_comments, min_severity, paths, review_event, rules, "
               "select, severity, skip, smoke")
 

@@ -263,7 +263,7 @@ def test_to_dict_is_the_full_nested_configuration_and_round_trips():
         data = config.to_dict()
         assert set(data) == {"rules", "paths", "min_severity", "fail_on", "max_inline_comments",
                              "group_across_files", "group_rule_from_files", "review_event", "filter",
-                             "diff_context_lines", "skip", "cleanup", "fail_on_errors", "smoke"}
+                             "diff_context_lines", "skip", "cleanup", "fail_on_errors", "file_timeout", "smoke"}
         assert set(data["skip"]) == {"drafts", "labels", "title_markers", "bots"}
         assert yaml.safe_load(yaml.safe_dump(data)) == data  # plain types only
         assert Config.from_mapping(data) == replace(config, source="<config>")
