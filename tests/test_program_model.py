@@ -163,6 +163,11 @@ def test_save_on_master_writes_a_checkpoint():
     ("import numpy as np\nimport torch\ntorch.save(np.sin(x), open('traindata.pt', 'wb'))\n", {Payload.NUMPY}),
     ("import torch\ntorch.save({'model': model.state_dict(), 'epoch': 3}, 'ckpt.pth')\n", set()),
     ("import torch\ntorch.save(model.state_dict(), 'm.pt')\nimage.save('x.png')\n", set()),
+    # names that sound like a config object or a model, assigned plain values: what they hold decides
+    ("import torch\nconfig = {k: globals()[k] for k in keys}\nmodel_args = dict(n_layer=4)\n"
+     "ckpt = {'model': m.state_dict(), 'model_args': model_args, 'config': config}\ntorch.save(ckpt, 'c.pt')\n", set()),
+    ("import torch\nsettings = parser.parse_args()\ntorch.save({'m': m.state_dict(), 'settings': settings}, 'c.pt')\n",
+     {Payload.NAMESPACE}),
 ])
 def test_a_file_summary_knows_what_its_checkpoints_hold_that_weights_only_refuses(code, refused):
     assert summarize(code, "x.py").refused_payloads == refused

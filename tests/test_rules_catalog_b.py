@@ -34,7 +34,33 @@ def run(code: str, ids):
     ('dependencies = ["torch<=2.1.2", "numpy"]\n', "torch", ((2, 1, 2), True)),
 ])
 def test_requirement_caps(text, package, cap):
-    assert _mentions(text)[package] == [cap]
+    assert [found for found, _ in _mentions(text)[package]] == [cap]
+
+
+@pytest.mark.parametrize("text, floor", [
+    ("torch>=2.6\n", (2, 6)),
+    ("torch>=2.6,<3\n", (2, 6)),
+    ("torch==2.7.1\n", (2, 7, 1)),
+    ("torch~=2.6\n", (2, 6)),
+    ("  - pytorch=2.6\n", (2, 6)),
+    ("torch>2.5\n", (2, 5)),  # anything above 2.5: 2.5.1 too, so it guarantees 2.5 and no more
+    ("torch<3\n", None),
+    ("torch\n", None),
+])
+def test_requirement_floors(text, floor):
+    assert [found for _, found in _mentions(text)["torch"]] == [floor]
+
+
+def test_a_floor_holds_only_when_every_mention_has_one(tmp_path):
+    from analyzers.program.versions import pinned_floor
+
+    (tmp_path / "requirements.txt").write_text("torch>=2.6\n")
+    (tmp_path / "train.py").write_text("import torch\n")
+    floor = pinned_floor(tmp_path / "train.py", tmp_path, "torch")
+    assert (floor.version, floor.source, floor.guarantees((2, 6)), floor.guarantees((2, 7))) == (
+        (2, 6), "requirements.txt", True, False)
+    (tmp_path / "requirements-dev.txt").write_text("torch\n")  # another install allows any torch
+    assert pinned_floor(tmp_path / "train.py", tmp_path, "torch") is None
 
 
 def test_similar_names_are_not_torch():

@@ -296,9 +296,12 @@ def _refused_payloads(tree: ast.AST) -> set[Payload]:
     argument of ``torch.save`` / ``save_on_master``, a dict literal or a name assigned one (``to_save = {...,
     "args": args}``, ``ckpt["args"] = args``), or a name."""
     dicts: dict[str, list[tuple[Optional[str], ast.AST]]] = {}
+    assigned: dict[str, list[ast.AST]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
+            if isinstance(target, ast.Name):
+                assigned.setdefault(target.id, []).append(node.value)
             if isinstance(target, ast.Name) and isinstance(node.value, ast.Dict):
                 dicts.setdefault(target.id, []).extend(
                     (key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None, value)
@@ -319,7 +322,7 @@ def _refused_payloads(tree: ast.AST) -> set[Payload]:
         else:
             entries = [(None, obj)]
         for key, value in entries:
-            found |= _refused_value(key, value)
+            found |= _refused_value(key, value, assigned)
     return found
 
 
@@ -327,11 +330,28 @@ def _writes_checkpoint(called: str) -> bool:
     return called in ("torch.save", "save") or called.rsplit(".", 1)[-1] == SAVE_ON_MASTER
 
 
-def _refused_value(key: Optional[str], value: ast.AST) -> set[Payload]:
+# values that show they hold plain data (a dict, a list, a number...) whatever the name they are assigned to
+_PLAIN_VALUES = (ast.Dict, ast.DictComp, ast.List, ast.ListComp, ast.Tuple, ast.Set, ast.SetComp, ast.Constant,
+                 ast.JoinedStr, ast.Compare, ast.BinOp, ast.UnaryOp)
+_PLAIN_CALLS = {"dict", "list", "tuple", "vars", "state_dict", "int", "float", "str", "len", "item"}
+
+
+def _refused_value(key: Optional[str], value: ast.AST,
+                   assigned: Optional[dict[str, list[ast.AST]]] = None) -> set[Payload]:
     if isinstance(value, ast.Call):
         called = _dotted(value.func) or ""
+        if called.rsplit(".", 1)[-1] == "parse_args":
+            return {Payload.NAMESPACE}
         return {Payload.NUMPY} if called.rsplit(".", 1)[-1] == "numpy" or called.startswith(("np.", "numpy.")) \
             else set()
+    if isinstance(value, _PLAIN_VALUES):
+        return set()
+    if isinstance(value, ast.Name) and assigned and value.id in assigned:
+        # what the name was assigned, before what it is called: ``config = {k: globals()[k] ...}`` is plain data
+        values = assigned[value.id][:4]
+        if all(isinstance(v, _PLAIN_VALUES) or isinstance(v, ast.Call) and (
+                (_dotted(v.func) or "").rsplit(".", 1)[-1] in _PLAIN_CALLS | {"parse_args"}) for v in values):
+            return set().union(*(_refused_value(None, v) for v in values))
     name = (_dotted(value) or "").rsplit(".", 1)[-1].lower()
     if name in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:
         return {Payload.NAMESPACE}

@@ -54,6 +54,9 @@ class Payload(enum.Enum):
         return self is Payload.TENSORS
 
 
+# calls that build a configuration object, which weights_only=True refuses to unpickle
+_NAMESPACE_CONSTRUCTORS = {"argparse.Namespace", "types.SimpleNamespace", "omegaconf.OmegaConf.create",
+                           "omegaconf.OmegaConf.load", "easydict.EasyDict"}
 CONFIG_NAMES = {"args", "opt", "opts", "cfg", "config", "hparams", "hyperparameters", "flags", "conf"}
 _MODEL_WORDS = ("model", "net", "module", "generator", "discriminator", "encoder", "decoder", "backbone", "ema")
 
@@ -240,6 +243,12 @@ class CheckpointWrites:
         if name and depth and self._assignments.get(name) and all(
                 isinstance(v, cst.Dict) for v in self._assignments[name]):
             return self.payloads(value, depth)  # ``converted = {}`` filled key by key: judged by what goes in
+        if name and self._assignments.get(name):
+            # what the name was assigned, before what it is called: ``config = {k: globals()[k] ...}`` and
+            # ``model_args = dict(n_layer=...)`` hold plain values whatever their names say
+            assigned = [self._assigned_payload(v, name) for v in self._assignments[name][:4]]
+            if all(kinds is not None for kinds in assigned):
+                return set().union(*assigned)
         if name:
             last = _last(name)
             if last in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:
@@ -247,6 +256,26 @@ class CheckpointWrites:
             if any(word in last for word in _MODEL_WORDS) and not last.endswith(("_state", "state_dict", "_sd")):
                 return {Payload.MODULE}
         return {Payload.TENSORS}
+
+    def _assigned_payload(self, value: cst.BaseExpression, name: str) -> Optional[set[Payload]]:
+        """What a value assigned to ``name`` puts in a checkpoint, when its expression shows it; None when only the
+        name can tell (a parameter's default, an unknown call)."""
+        if isinstance(value, (cst.Dict, cst.DictComp, cst.List, cst.ListComp, cst.Tuple, cst.Set, cst.SetComp,
+                              cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Integer, cst.Float,
+                              cst.Comparison, cst.BinaryOperation, cst.UnaryOperation)):
+            return {Payload.TENSORS}  # containers and plain values (their elements judged as plain too)
+        if isinstance(value, cst.Name) and value.value in ("True", "False", "None"):
+            return {Payload.TENSORS}
+        if isinstance(value, cst.Call):
+            qualified = self.ctx.qualified_name(value.func) or dotted_name(value.func) or ""
+            method = qualified.rsplit(".", 1)[-1]
+            if method in ("dict", "list", "tuple", "vars", "state_dict", "int", "float", "str", "len", "item"):
+                return {Payload.TENSORS}
+            if method == "parse_args" or qualified in _NAMESPACE_CONSTRUCTORS:
+                return {Payload.NAMESPACE}
+            if constructs_module(self.ctx, value, name):
+                return {Payload.MODULE}
+        return None
 
     def written_before_loaded(self, path: cst.BaseExpression, origin: Optional[cst.BaseExpression],
                               same_expression_only: bool = False) -> bool:

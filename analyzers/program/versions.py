@@ -61,6 +61,35 @@ class Cap:
         return ("<=" if self.inclusive else "<") + ".".join(map(str, self.version))
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The lowest version every install the pins allow has: ``torch>=2.6`` guarantees 2.6 or newer."""
+
+    version: Version
+    source: str  # the file that pins it, for messages
+
+    def guarantees(self, version: Version) -> bool:
+        """Is every allowed install ``version`` or newer?"""
+        width = max(len(self.version), len(version))
+        return self.version + (0,) * (width - len(self.version)) >= version + (0,) * (width - len(version))
+
+    @property
+    def text(self) -> str:
+        return ">=" + ".".join(map(str, self.version))
+
+
+def _floor_of(clauses: str) -> Optional[Version]:
+    """The highest lower bound of ``>=2.6,<3`` / ``==2.7.1`` / ``~=2.6`` / conda's ``=2.6``; None when open below."""
+    best: Optional[Version] = None
+    for op, value in _CLAUSE.findall(clauses):
+        version = parse_version(value.rstrip(".*"))
+        if version is None or op in ("<", "<=", "!="):
+            continue
+        if best is None or version > best:
+            best = version  # >X admits only versions above X: X is a floor as well
+    return best
+
+
 def _cap_of(clauses: str) -> Optional[tuple[Version, bool]]:
     best: Optional[tuple[Version, bool]] = None
     for op, value in _CLAUSE.findall(clauses):
@@ -84,8 +113,9 @@ def _cap_of(clauses: str) -> Optional[tuple[Version, bool]]:
     return best
 
 
-def _mentions(text: str) -> dict[str, list[Optional[tuple[Version, bool]]]]:
-    found: dict[str, list[Optional[tuple[Version, bool]]]] = {}
+def _mentions(text: str) -> dict[str, list[tuple[Optional[tuple[Version, bool]], Optional[Version]]]]:
+    """package -> (cap, floor) of each line that names it."""
+    found: dict[str, list[tuple[Optional[tuple[Version, bool]], Optional[Version]]]] = {}
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("#"):
@@ -94,17 +124,18 @@ def _mentions(text: str) -> dict[str, list[Optional[tuple[Version, bool]]]]:
         for match in _REQUIREMENT.finditer(line):
             name = match.group(1).lower().replace("_", "-")
             name = _ALIASES.get(name.replace("-", "_"), name)
-            found.setdefault(name, []).append(_cap_of(match.group(2) or ""))
+            found.setdefault(name, []).append((_cap_of(match.group(2) or ""), _floor_of(match.group(2) or "")))
     return found
 
 
 _LEGACY_FOLDERS = {"legacy", "deprecated"}
-_FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str]]]] = {}
+_FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str, Optional[Floor]]]]] = {}
 
 
-def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str]]:
-    """package -> (its cap or None when open, the file) for the files directly in ``folder``; cached until one
-    of those files changes."""
+def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str, Optional[Floor]]]:
+    """package -> (its cap or None when open above, the file, its floor or None when open below) for the files
+    directly in ``folder``; cached until one of those files changes. Several mentions: the strictest cap and
+    the lowest floor (a floor holds only when every mention has one)."""
     files: list[Path] = []
     for pattern in _FILES:
         try:
@@ -123,7 +154,8 @@ def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str]]:
     cached = _FOLDERS.get(folder)
     if cached is not None and cached[0] == key:
         return cached[1]
-    pins: dict[str, tuple[Optional[Cap], str]] = {}
+    pins: dict[str, tuple[Optional[Cap], str, Optional[Floor]]] = {}
+    floors: dict[str, list[tuple[Optional[Version], str]]] = {}
     for path in files:
         try:
             if path.stat().st_size > 200_000:
@@ -131,29 +163,46 @@ def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str]]:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        for name, caps in _mentions(text).items():
-            bounded = [c for c in caps if c is not None]
+        for name, mentions in _mentions(text).items():
+            bounded = [c for c, _ in mentions if c is not None]
             cap = min(bounded) if bounded else None
+            floors.setdefault(name, []).extend((floor, path.name) for _, floor in mentions)
             previous = pins.get(name)
             if previous is None or (cap is not None and (previous[0] is None or cap[0] < previous[0].version)):
-                pins[name] = (Cap(cap[0], cap[1], path.name) if cap is not None else None, path.name)
+                pins[name] = (Cap(cap[0], cap[1], path.name) if cap is not None else None, path.name, None)
+    for name, found in floors.items():
+        if all(floor is not None for floor, _ in found):
+            lowest, source = min(found, key=lambda f: f[0])
+            pins[name] = (*pins[name][:2], Floor(lowest, source))
     _FOLDERS[folder] = (key, pins)
     return pins
 
 
-def pinned_cap(path: Path, root: Optional[Path], package: str) -> Optional[Cap]:
-    """The cap on ``package`` that applies to the file ``path``: from the nearest folder between the file and
-    ``root`` that names the package. None when nothing caps it."""
+def _nearest_pins(path: Path, root: Optional[Path], package: str) -> Optional[tuple[Optional[Cap], str, Optional[Floor]]]:
+    """The pins on ``package`` that apply to the file ``path``: from the nearest folder between the file and
+    ``root`` that names the package; None when none does."""
     package = _ALIASES.get(package, package)
     folder = path.resolve().parent
     root = root.resolve() if root is not None else folder
     for current in [folder, *folder.parents]:
         pins = _folder_pins(current)
         if package in pins:
-            return pins[package][0]
+            return pins[package]
         if current == root:
             break
     return None
+
+
+def pinned_cap(path: Path, root: Optional[Path], package: str) -> Optional[Cap]:
+    """The cap on ``package`` that applies to the file ``path``; None when nothing caps it."""
+    pins = _nearest_pins(path, root, package)
+    return pins[0] if pins is not None else None
+
+
+def pinned_floor(path: Path, root: Optional[Path], package: str) -> Optional[Floor]:
+    """The lowest version of ``package`` the pins that apply to ``path`` allow; None when they allow any."""
+    pins = _nearest_pins(path, root, package)
+    return pins[2] if pins is not None else None
 
 
 def _locate(shown: Path, root: Optional[Path]) -> Optional[Path]:
@@ -174,18 +223,35 @@ class VersionFacts:
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
-        self._caps: dict[str, Optional[Cap]] = {}
+        self._pins: dict[str, Optional[tuple[Optional[Cap], str, Optional[Floor]]]] = {}
 
-    def cap(self, package: str) -> Optional[Cap]:
-        if package not in self._caps:
+    def _pinned(self, package: str) -> Optional[tuple[Optional[Cap], str, Optional[Floor]]]:
+        if package not in self._pins:
             index = self.ctx.repository
             if index is None:
-                self._caps[package] = None  # a lone snippet: assume the newest release
+                self._pins[package] = None  # a lone snippet: no pins known
             else:
                 root = getattr(index, "root", None)
                 path = _locate(Path(self.ctx.path), root)
-                self._caps[package] = pinned_cap(path, root, package) if path is not None else None
-        return self._caps[package]
+                self._pins[package] = _nearest_pins(path, root, package) if path is not None else None
+        return self._pins[package]
+
+    def cap(self, package: str) -> Optional[Cap]:
+        """The newest release the pins allow; None when open above (or no pins: assume the newest release)."""
+        pinned = self._pinned(package)
+        return pinned[0] if pinned is not None else None
+
+    def floor(self, package: str) -> Optional[Floor]:
+        """The oldest release the pins allow; None when open below, or no pins (then any release may run it)."""
+        if self.legacy:
+            return None
+        pinned = self._pinned(package)
+        return pinned[2] if pinned is not None else None
+
+    def guarantees(self, package: str, version: Version) -> bool:
+        """Do the pins rule out every release older than ``version``?"""
+        floor = self.floor(package)
+        return floor is not None and floor.guarantees(version)
 
     @property
     def legacy(self) -> bool:

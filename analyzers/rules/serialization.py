@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 import libcst as cst
 
@@ -10,9 +10,12 @@ from analyzers.context import FileContext, argument, dotted_name, is_false, is_t
 from analyzers.model import Category, Severity
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback
 from analyzers.program.roles import constructs_module, describe, name_is_model_like
+from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
 TORCH_LOAD = {"torch.load", "torch.serialization.load"}
+# torch.load defaults to weights_only=True from this release on (unless a pickle_module is passed)
+WEIGHTS_ONLY_DEFAULT = (2, 6)
 SAFE_GLOBALS = ("torch.serialization.safe_globals",)
 # Names whose values come from outside the program: CLI arguments, env, config, downloads.
 _EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "url", "download",
@@ -132,7 +135,29 @@ class UnsafeTorchLoad(Rule):
                 "    gen.load_state_dict(torch.load('checkpoints/%s/gen_%d.pt' % (opt.run_name, opt.start_epoch)))\n"
                 "for epoch in range(opt.start_epoch, opt.epochs):\n"
                 "    torch.save(gen.state_dict(), 'checkpoints/%s/gen_%d.pt' % (opt.run_name, epoch))\n",
-                line=3, message="unpickles arbitrary objects; pass `weights_only=True`"),
+                line=3, message="rules out; pass `weights_only=True`"),
+        # a config dict and model arguments built with dict(): plain values whatever their names, so the message
+        # claims no Namespace or module and the fix stays on offer
+        Invalid("import torch\nconfig = {k: globals()[k] for k in keys}\nmodel_args = dict(n_layer=4, n_head=4)\n"
+                "torch.save({'model': model.state_dict(), 'model_args': model_args, 'config': config}, 'ck.pt')\n"
+                "state = torch.load(resume_path)\n", line=5, message="rules out; pass `weights_only=True`",
+                fixed="import torch\nconfig = {k: globals()[k] for k in keys}\nmodel_args = dict(n_layer=4, n_head=4)\n"
+                      "torch.save({'model': model.state_dict(), 'model_args': model_args, 'config': config}, 'ck.pt')\n"
+                      "state = torch.load(resume_path, weights_only=True)\n"),
+        # ... while the parsed arguments themselves are a Namespace, whatever their name
+        Invalid("import torch\nsettings = parser.parse_args()\n"
+                "torch.save({'model': model.state_dict(), 'settings': settings}, 'ck.pt')\n"
+                "state = torch.load(resume_path)\n", line=4, message="this file saves an argparse.Namespace"),
+        # every torch the requirements allow loads weights only by default: low, and the explicit keyword is a safe fix
+        Invalid("import torch\nstate = torch.load(args.ckpt)\n", requirements="numpy\ntorch>=2.6,<3\n", line=2,
+                message="relies on torch's default `weights_only=True` (requirements.txt pins torch>=2.6)",
+                fixed="import torch\nstate = torch.load(args.ckpt, weights_only=True)\n"),
+        # a pickle_module turns the default off again, whatever the pin
+        Invalid("import torch, dill\nstate = torch.load(args.ckpt, pickle_module=dill)\n", requirements="torch==2.7.1\n",
+                line=2, message="with `pickle_module=` (which turns the weights-only default off)"),
+        # a pin that still allows an old torch: the default load is not safe there
+        Invalid("import torch\nstate = torch.load(args.ckpt)\n", requirements="torch>=1.13\n", line=2,
+                message="on torch < 2.6, which nothing in the repository's requirements rules out"),
         # a converter that renames keys into a dict it builds: a dict of tensors, whatever its name says, so the
         # weights-only fix stays on offer
         Invalid("import torch\nsd = torch.load(args.src, map_location='cpu')\nmodel_renamed = {}\n"
@@ -166,20 +191,28 @@ class UnsafeTorchLoad(Rule):
         severity = Severity.CRITICAL if external else None
         shown = f"torch.load({source_text})"
         refused, saved_by = self._refused_payloads(source, checkpoints)
+        pickle_module = keyword_arg(node, "pickle_module")
+        floor = ctx.facts(VersionFacts).floor("torch")
+        if weights_only is None and pickle_module is None and floor is not None and \
+                floor.guarantees(WEIGHTS_ONLY_DEFAULT):
+            # every torch the pins allow loads weights only by default: safe today, said explicitly it stays safe
+            if not refused:
+                self.report(node, f"`{shown}` relies on torch's default `weights_only=True` ({floor.source} pins "
+                            f"torch{floor.text}); pass it explicitly so the load stays safe if the pin is loosened",
+                            replacement=node.with_changes(args=_with_weights_only(node.args)), severity=Severity.LOW,
+                            safe=True)
+            return
         if weights_only is not None:
             message = (f"`{shown}` passes `weights_only=False`: unpickling can run arbitrary code"
                        + (" and the path comes from outside the program" if external else ""))
             new_args = [a.with_changes(value=cst.Name("True")) if a is weights_only else a for a in node.args]
         else:
-            message = (f"`{shown}` without `weights_only=True` unpickles arbitrary objects"
-                       + (" from a path that comes from outside the program" if external else ""))
-            new_args = list(node.args)
-            if new_args:
-                last = new_args[-1]
-                # keep a trailing comma layout intact: drop it from the last arg, add ours
-                new_args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            new_args.append(cst.Arg(value=cst.Name("True"), keyword=cst.Name("weights_only"),
-                                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+            # what the default does depends on the torch that runs it: say which one the message assumes
+            runs_on = ("with `pickle_module=` (which turns the weights-only default off)" if pickle_module is not None
+                       else "on torch < 2.6, which nothing in the repository's requirements rules out")
+            message = (f"`{shown}` without `weights_only=True` unpickles arbitrary objects {runs_on}"
+                       + (", from a path that comes from outside the program" if external else ""))
+            new_args = _with_weights_only(node.args)
         if refused:
             # weights_only=True would refuse this program's own checkpoints: no committable suggestion
             self.report(node, message + f"; {saved_by} {describe(refused)} into checkpoints, which "
@@ -227,6 +260,16 @@ class UnsafeTorchLoad(Rule):
             values = call_site_values(ctx, fn, source.value)
             return bool(values) and all(checkpoints.written_before_loaded(v, None) for v in values)
         return False
+
+
+def _with_weights_only(args: Sequence[cst.Arg]) -> list[cst.Arg]:
+    new_args = list(args)
+    if new_args:
+        # keep a trailing comma layout intact: drop it from the last arg, add ours
+        new_args[-1] = new_args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    new_args.append(cst.Arg(value=cst.Name("True"), keyword=cst.Name("weights_only"),
+                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+    return new_args
 
 
 def _is_test_file(path: str) -> bool:
