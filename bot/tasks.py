@@ -9,7 +9,7 @@ from functools import lru_cache
 from celery.signals import worker_process_init
 
 import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
-from bot.jobs import REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
+from bot.jobs import RECOVER_TASK, REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
 from bot.settings import Settings
 
 log = logging.getLogger("torchreview.tasks")
@@ -121,3 +121,14 @@ def smoke_pull_request(self, request: dict, failures: int = 0) -> str:
         raise
     log.info("smoke %s#%s: %s", job.repository, job.pull_number, outcome)
     return outcome
+
+
+@celery_app.task(name=RECOVER_TASK, ignore_result=True)
+def recover_deliveries() -> str:
+    """The scheduled delivery sweep (bot/recover.py): a failure is logged, and the next run tries again."""
+    from bot.recover import scheduled_since, sweep
+
+    settings, store, clients = _runtime()
+    report = sweep(clients.integration.requester, store, scheduled_since(store))
+    log.info("delivery sweep: %s", report.summary())
+    return report.summary()

@@ -20,6 +20,11 @@ PENDING_TTL = 60  # a claimed delivery not yet on the queue (its request may hav
 ENQUEUED = "enqueued"
 
 
+def delivery_key(guid: str) -> str:
+    """The dedupe key of a delivery (its X-GitHub-Delivery, shared by every redelivery of the event)."""
+    return f"torchreview:delivery:{guid}"
+
+
 def verify_signature(secret: str, body: bytes, header: Optional[str]) -> bool:
     if not header or not header.startswith("sha256="):
         return False
@@ -90,7 +95,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
             return _answer(204, None, event, started)
         # Once per delivery id, and once per signed body: a captured delivery replayed under a new
         # X-GitHub-Delivery is not a new event (a genuine one differs in its ids or timestamps).
-        keys = [f"torchreview:delivery:{delivery}", f"torchreview:delivery-body:{hashlib.sha256(body).hexdigest()}"]
+        keys = [delivery_key(delivery), f"torchreview:delivery-body:{hashlib.sha256(body).hexdigest()}"]
         # A claim is "pending" for a short while, and "enqueued" for days once the jobs are on the queue: a
         # process killed in between (or a Redis gone away) leaves a claim that lapses, not a lost delivery.
         claimed = []
