@@ -162,3 +162,24 @@ def scheduled_since(store, now: Optional[datetime] = None) -> datetime:
         last = None
     since = (last - OVERLAP) if last is not None else now - RETENTION
     return max(now - RETENTION, min(since, now - OVERLAP))
+
+
+class SweepMetrics:
+    """What the sweeps did, from the shared store: a `recover` run by cron counts as much as the beat's."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        try:
+            recovered, last = self.store.get(RECOVERED_KEY), self.store.get(LAST_SUCCESS_KEY)
+        except Exception as exc:  # noqa: BLE001 - the store away: the scrape still answers
+            log.warning("delivery sweep metrics: the store did not answer: %s", exc)
+            return
+        yield CounterMetricFamily("torchreview_deliveries_recovered", "Failed webhook deliveries redelivered by the "
+                                  "sweep (bot/recover.py)", value=float(recovered or 0))
+        if last is not None:
+            yield GaugeMetricFamily("torchreview_delivery_sweep_last_success_timestamp_seconds",
+                                    "When a delivery sweep last went through (unix seconds)", value=float(last))

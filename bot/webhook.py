@@ -60,9 +60,15 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
     def healthz() -> Response:
         return jsonify(status="ok")
 
+    from bot.jobs import GPU_QUEUE, REVIEW_QUEUE
+    from bot.recover import SweepMetrics
+
+    # what the whole deployment shares, read when scraped: the queues, and what the delivery sweeps did
+    deployment = (metrics.QueueDepth(settings.broker_url, (REVIEW_QUEUE, GPU_QUEUE)), SweepMetrics(store))
+
     @app.get("/metrics")
     def prometheus() -> Response:
-        body, content_type = metrics.render()
+        body, content_type = metrics.render(*deployment)
         return Response(body, content_type=content_type)
 
     @app.post(settings.webhook_path)
