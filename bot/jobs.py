@@ -117,6 +117,15 @@ def job_from_dict(data: dict[str, Any]) -> Job:
 
 # ---- from a webhook delivery to jobs ---------------------------------------------------------------
 
+ENQUEUED = "enqueued"  # a delivery's dedupe key once its jobs are on the queue (the webhook's claim)
+
+
+def delivery_key(guid: str) -> str:
+    """The dedupe key of a delivery: its X-GitHub-Delivery, which every redelivery of the event keeps (the
+    webhook claims it, the delivery sweep reads it)."""
+    return f"torchreview:delivery:{guid}"
+
+
 
 def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Settings) -> list[Job]:
     """The jobs an event asks for (empty: nothing to do). Pure: no GitHub call, no shared state."""

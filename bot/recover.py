@@ -6,7 +6,7 @@ the App (a JWT). The sweep lists the attempts of a recent window, groups them by
 X-GitHub-Delivery header every redelivery keeps) and redelivers each event that has no successful
 attempt, oldest first.
 
-Idempotent, with the webhook's own dedupe (``bot.webhook.delivery_key``): an event the App enqueued (its
+Idempotent, with the webhook's own dedupe (``bot.jobs.delivery_key``): an event the App enqueued (its
 answer was lost) is not redelivered; one redelivered is not asked again while its redelivery may still
 be on the way (``REDELIVERY_GRACE``); one that succeeded later, under a redelivery, is done; and a
 redelivery that arrives twice is answered "duplicate" by the webhook, so a PR is never reviewed twice.
@@ -120,7 +120,7 @@ def sweep(requester, store, since: datetime) -> SweepReport:
 def _recover(requester, store, guid: str, attempts: list, report: SweepReport) -> None:
     from github import GithubException
 
-    from bot.webhook import ENQUEUED, delivery_key
+    from bot.jobs import ENQUEUED, delivery_key
 
     if any(succeeded(a) for a in attempts):
         report.succeeded += 1

@@ -10,19 +10,14 @@ from typing import Callable, Optional
 
 from flask import Flask, Response, jsonify, request
 
-from bot.jobs import Job, route_event
+from bot.jobs import ENQUEUED, GPU_QUEUE, REVIEW_QUEUE, Job, delivery_key, route_event
+from bot.recover import SweepMetrics
 from bot.settings import MAX_WEBHOOK_BYTES, Settings, check_webhook_secret
 
 log = logging.getLogger("torchreview.webhook")
 
 DELIVERY_TTL = 7 * 24 * 3600  # GitHub redelivers for up to a few days
 PENDING_TTL = 60  # a claimed delivery not yet on the queue (its request may have died): free again after this
-ENQUEUED = "enqueued"
-
-
-def delivery_key(guid: str) -> str:
-    """The dedupe key of a delivery (its X-GitHub-Delivery, shared by every redelivery of the event)."""
-    return f"torchreview:delivery:{guid}"
 
 
 def verify_signature(secret: str, body: bytes, header: Optional[str]) -> bool:
@@ -59,9 +54,6 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
     @app.get("/healthz")
     def healthz() -> Response:
         return jsonify(status="ok")
-
-    from bot.jobs import GPU_QUEUE, REVIEW_QUEUE
-    from bot.recover import SweepMetrics
 
     # what the whole deployment shares, read when scraped: the queues, and what the delivery sweeps did
     deployment = (metrics.QueueDepth(settings.broker_url, (REVIEW_QUEUE, GPU_QUEUE)), SweepMetrics(store))
