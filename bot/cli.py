@@ -387,11 +387,8 @@ def worker_command(concurrency: int, queues: str, beat: bool = False) -> list[st
     command = [sys.executable, "-m", "celery", "-A", "bot.tasks:celery_app", "worker", f"--loglevel={_log_level()}",
                f"--concurrency={concurrency}", "-Q", queues, "--without-gossip", "--without-mingle",
                "--without-heartbeat"]
-    if beat:  # beat's bookkeeping file: per process, in a writable place (containers mount / read-only)
-        import tempfile
-
-        schedule = Path(tempfile.gettempdir()) / f"torchreview-beat-{os.getpid()}"
-        command += ["--beat", f"--schedule={schedule}"]
+    if beat:  # the schedule in memory: no file to share or leave behind (an interval needs no history)
+        command += ["--beat", "--scheduler=celery.beat:Scheduler"]
     return command
 
 

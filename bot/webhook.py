@@ -110,7 +110,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
             log.exception("could not enqueue delivery %s", delivery)
             for key in claimed:
                 try:
-                    store.release(key)  # let GitHub's redelivery try again
+                    store.release(key)  # a redelivery (bot/recover.py's sweep) may try again
                 except Exception:  # noqa: BLE001 - still away: the pending claim lapses by itself
                     log.warning("could not release %s; it lapses in %ss", key, PENDING_TTL)
             return _answer(503, "could not enqueue; retry the delivery", event, started)
