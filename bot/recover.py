@@ -84,7 +84,7 @@ def succeeded(attempt) -> bool:
     return attempt.status_code is not None and 200 <= attempt.status_code < 300
 
 
-def attempts_since(requester, since: datetime) -> Iterator:
+def attempts_since(requester, since: datetime, per_page: int = 100) -> Iterator:
     """The App's delivery attempts, newest first, back to ``since`` (PyGithub follows the cursor links).
 
     PyGithub has no method for the App's hook deliveries (only repository/organization hooks), so this goes
@@ -92,7 +92,7 @@ def attempts_since(requester, since: datetime) -> Iterator:
     from github.HookDelivery import HookDeliverySummary
     from github.PaginatedList import PaginatedList
 
-    for attempt in PaginatedList(HookDeliverySummary, requester, "/app/hook/deliveries", {"per_page": 100}):
+    for attempt in PaginatedList(HookDeliverySummary, requester, "/app/hook/deliveries", {"per_page": per_page}):
         if attempt.delivered_at is not None and attempt.delivered_at < since:
             return
         yield attempt

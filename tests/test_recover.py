@@ -20,7 +20,7 @@ import requests
 from github import Auth, GithubIntegration
 from prometheus_client.parser import text_string_to_metric_families
 
-from bot.recover import DurationError, parse_duration, sweep
+from bot.recover import DurationError, attempts_since, parse_duration, sweep
 from github_emulator.local import free_port
 from github_emulator.webhooks import pull_request_payload
 from tests.conftest import ROOT, WEBHOOK_SECRET, completed_run, new_repo, wait_for
@@ -230,3 +230,65 @@ def test_one_machine_recovers_what_it_missed_while_down_on_its_own(own_emulator,
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log.close()
+
+
+def test_the_emulator_logs_and_serves_the_apps_deliveries_as_github_describes_them(app_key):
+    """Every response checked against the OpenAPI description: the cursor pages, one delivery in full,
+    a redelivery, GitHub's status classes, and the errors."""
+    from github_emulator import EmulatorState, serve
+
+    with serve(EmulatorState(app_public_key_pem=app_key[1], app_id=4242), check_responses=True) as emulator:
+        state = emulator.state
+        repo, _name = new_repo(state, {})
+        pr = state.open_pull_request(repo, {"train.py": FINDING})
+        webhook = state.app_webhook
+        with pytest.raises(RuntimeError, match="not configured"):
+            webhook.deliver("pull_request", pull_request_payload("opened", pr))
+        webhook.configure(f"http://127.0.0.1:{free_port()}/hook", WEBHOOK_SECRET)
+        sent = [webhook.deliver("pull_request", pull_request_payload("opened", pr)) for _ in range(5)]
+        gh = GithubIntegration(base_url=emulator.url, auth=Auth.AppAuth(4242, app_key[0]))
+        listed = list(attempts_since(gh.requester, datetime.now(timezone.utc) - timedelta(hours=1), per_page=2))
+        assert [a.id for a in listed] == [d.id for d in reversed(sent)]  # newest first, over three pages
+        pages = [r for r in state.requests if r.path == "/app/hook/deliveries"]
+        assert len(pages) == 3 and pages[1].query["cursor"] == f"v1_{sent[3].id}"
+        assert {(a.status, a.status_code, a.event, a.action, a.redelivery) for a in listed} == \
+            {("failed to connect", 0, "pull_request", "opened", False)}
+        _headers, full = gh.requester.requestJsonAndCheck("GET", f"/app/hook/deliveries/{sent[0].id}")
+        assert full["guid"] == sent[0].guid and full["request"]["payload"]["pull_request"]["number"] == pr.number
+        assert full["request"]["headers"]["X-GitHub-Delivery"] == sent[0].guid and full["response"]["payload"] is None
+
+        _headers, accepted = gh.requester.requestJsonAndCheck("POST", f"/app/hook/deliveries/{sent[0].id}/attempts")
+        assert accepted == {}
+        webhook.wait_for_redeliveries()
+        again = webhook.attempts_of(sent[0].guid)
+        assert [(a.redelivery, a.body == sent[0].body) for a in again] == [(False, True), (True, True)]
+        # GitHub's classes: "failure" is a 4xx/5xx answer, so an attempt that got none is in neither
+        _headers, failures = gh.requester.requestJsonAndCheck("GET", "/app/hook/deliveries", {"status": "failure"})
+        assert failures == []
+        for path, status in ((f"/app/hook/deliveries/{sent[-1].id + 1000}", 404),
+                             ("/app/hook/deliveries?cursor=nope", 400),
+                             (f"/app/hook/deliveries/{sent[0].id + 1000}/attempts", 404)):
+            method = "POST" if path.endswith("attempts") else "GET"
+            response = requests.request(method, emulator.url + path, timeout=10,
+                                        headers={"Authorization": f"Bearer {gh.auth.token}"})
+            assert response.status_code == status, path
+        assert requests.get(emulator.url + "/app/hook/deliveries", timeout=10).status_code == 401  # the App's JWT only
+        assert emulator.app.config["RESPONSE_PROBLEMS"] == [] and state.contract_violations == []
+
+
+def test_the_kubernetes_cronjob_runs_a_valid_sweep_with_the_apps_key():
+    import yaml
+
+    from bot.cli import build_parser
+
+    kubernetes = ROOT / "deploy" / "kubernetes"
+    (cronjob,) = [d for d in yaml.safe_load_all((kubernetes / "recover-cronjob.yaml").read_text()) if d]
+    assert "recover-cronjob.yaml" in (kubernetes / "kustomization.yaml").read_text()
+    assert cronjob["kind"] == "CronJob" and cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "recover" and parse_duration(args.since) >= timedelta(minutes=20)
+    env = {e["name"] for e in container["env"]}
+    assert "GITHUB_PRIVATE_KEY_PATH" in env and "GITHUB_WEBHOOK_SECRET" not in env
+    assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
