@@ -484,19 +484,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_recover(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
+    from github import GithubException
+    from requests import RequestException
+
+    from bot.github_client import GitHubClients
     from bot.recover import DurationError, parse_duration, sweep
+    from bot.store import make_store
 
     try:
         window = parse_duration(args.since)
     except DurationError as exc:
         raise UsageError(f"--since: {exc}") from None
     settings = _settings("worker")  # the App's key signs the JWT these endpoints need
-    from bot.github_client import GitHubClients
-    from bot.store import make_store
-
-    from github import GithubException
-    from requests import RequestException
-
     store = make_store(settings.redis_url, settings.data_dir)
     try:
         report = sweep(GitHubClients(settings).integration.requester, store, datetime.now(timezone.utc) - window)

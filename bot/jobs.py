@@ -126,7 +126,6 @@ def delivery_key(guid: str) -> str:
     return f"torchreview:delivery:{guid}"
 
 
-
 def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Settings) -> list[Job]:
     """The jobs an event asks for (empty: nothing to do). Pure: no GitHub call, no shared state."""
     installation = (payload.get("installation") or {}).get("id")

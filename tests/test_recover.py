@@ -78,6 +78,13 @@ def test_ten_deliveries_missed_while_the_app_was_down_are_each_reviewed_once(sta
         assert len(state.reviews_for(pr)) == 1
 
 
+def test_recover_says_why_when_github_does_not_list_the_deliveries(stack):
+    stack["state"].faults.fail("GET", "/app/hook/deliveries", status=502, body={"message": "Server Error"})
+    done = recover_cli(stack, "--since", "2h")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "cannot list the App's webhook deliveries" in done.stderr and "502 Server Error" in done.stderr
+
+
 def requester(stack):
     env = stack["env"]
     return GithubIntegration(base_url=env["GITHUB_API_URL"],
