@@ -226,7 +226,10 @@ def test_one_machine_recovers_what_it_missed_while_down_on_its_own(own_emulator,
         text = wait_for(scraped, 60, "the review on the web's /metrics")
         assert samples(text, "torchreview_deliveries_recovered_total") == {(): 1}
         assert samples(text, "torchreview_delivery_sweep_last_success_timestamp_seconds")
-        assert samples(text, "torchreview_queue_depth") == {(("queue", "reviews"),): 0, (("queue", "gpu"),): 0}
+        depth = samples(text, "torchreview_queue_depth")
+        # the reviews queue may hold the sweep the beat sent a moment ago (every 10 s here)
+        assert set(depth) == {(("queue", "reviews"),), (("queue", "gpu"),)} and depth[(("queue", "gpu"),)] == 0
+        assert depth[(("queue", "reviews"),)] <= 1
         assert samples(text, "torchreview_queue_depth_up") == {(): 1}
         # counted in the embedded workers, shown by the web
         assert samples(text, "torchreview_reviews_total") == {(("outcome", "done"),): 1}
