@@ -173,7 +173,7 @@ def test_a_retried_job_is_counted_by_reason_on_the_workers_metrics(emulator, app
         state.faults.fail("POST", f"/repos/{name}/check-runs", status=502, times=2)
         stack = {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}"}
         assert deliver(stack, "pull_request", pull_request_payload("opened", pr)).status_code == 202
-        completed_run(state, pr.head_sha, timeout=90)
+        completed_run(state, pr.head_sha, timeout=120)
 
         def scraped():
             try:

@@ -106,7 +106,7 @@ def test_a_redelivery_on_its_way_or_an_event_already_taken_is_not_sent_again(sta
     hook.up()
     body = taken.body
     assert requests.post(stack["url"], data=body, headers=taken.request_headers, timeout=10).status_code == 202
-    completed_run(state, taken_pr.head_sha)
+    completed_run(state, taken_pr.head_sha, timeout=120)
 
     hook.down()  # the first redelivery fails too: the App is still down
     first = sweep(requester(stack), store, since)
@@ -121,7 +121,7 @@ def test_a_redelivery_on_its_way_or_an_event_already_taken_is_not_sent_again(sta
     third = sweep(requester(stack), store, since)
     assert third.redelivered == [missed.guid]
     hook.wait_for_redeliveries()
-    completed_run(state, pr.head_sha)
+    completed_run(state, pr.head_sha, timeout=120)
     # GitHub sending the same redelivery twice (or two sweeps racing): the webhook's dedupe answers the copy
     newest = hook.attempts_of(missed.guid)[-1]
     requester(stack).requestJsonAndCheck("POST", f"/app/hook/deliveries/{newest.id}/attempts")
