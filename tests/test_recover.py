@@ -145,6 +145,11 @@ def test_the_scheduled_sweep_runs_as_a_celery_task_in_the_worker(stack, hook):
     celery = make_celery(Settings.from_env(stack["env"], require_github=False, role="web"))
     schedule = celery.conf.beat_schedule["recover-webhook-deliveries"]
     assert schedule["task"] == RECOVER_TASK and schedule["schedule"] == recover_interval() == 600
+    from bot.cli import build_parser, worker_command
+
+    assert build_parser().parse_args(["worker", "--beat"]).beat  # compose's worker; serve's runs it too
+    assert worker_command(2, "reviews", beat=True)[-2:] == ["--beat", "--scheduler=celery.beat:Scheduler"]
+    assert "--beat" not in worker_command(2, "reviews")
     celery.send_task(RECOVER_TASK, queue=REVIEW_QUEUE)  # what beat sends
     completed_run(state, pr.head_sha, timeout=120)
     assert [a.redelivery for a in hook.attempts_of(missed.guid)] == [False, True]
