@@ -291,7 +291,7 @@ def test_the_emulator_logs_and_serves_the_apps_deliveries_as_github_describes_th
         assert emulator.app.config["RESPONSE_PROBLEMS"] == [] and state.contract_violations == []
 
 
-def test_the_kubernetes_cronjob_runs_a_valid_sweep_with_the_apps_key():
+def test_the_deployments_sweep_compose_in_its_worker_kubernetes_in_a_cronjob():
     import yaml
 
     from bot.cli import build_parser
@@ -307,3 +307,5 @@ def test_the_kubernetes_cronjob_runs_a_valid_sweep_with_the_apps_key():
     env = {e["name"] for e in container["env"]}
     assert "GITHUB_PRIVATE_KEY_PATH" in env and "GITHUB_WEBHOOK_SECRET" not in env
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    services = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())["services"]
+    assert build_parser().parse_args(services["worker"]["command"]).beat
