@@ -73,7 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="Prometheus /metrics of this worker and its pool (default: "
                              "$TORCHREVIEW_WORKER_METRICS_PORT or 9191; 0: none)")
+    worker.add_argument("--beat", action="store_true",
+                        help="also run the schedule (the delivery sweep every $TORCHREVIEW_RECOVER_INTERVAL s); "
+                             "one worker of the deployment is enough, more are harmless")
     worker.set_defaults(handler=cmd_worker)
+
+    recover = sub.add_parser("recover", help="redeliver the App's webhook deliveries that failed (cron, CronJob)",
+                             description="List the App's webhook deliveries of the last DURATION through GitHub's "
+                                         "REST API and redeliver the events that no attempt delivered. Idempotent: "
+                                         "an event the App already took is not redelivered. Exit 1 when some could "
+                                         "not be redelivered.")
+    recover.add_argument("--since", default="24h", metavar="DURATION",
+                         help="how far back to look: 24h, 90m, 2d, 1h30m (at most 72h, what GitHub keeps; "
+                              "default 24h)")
+    recover.set_defaults(handler=cmd_recover)
 
     smoke = sub.add_parser("smoke", help="smoke-train nn.Modules for a few steps, sandboxed, and check them",
                            description="Build and train the nn.Module classes of a file (or one class) for a few "
@@ -373,10 +386,13 @@ def _log_level() -> str:
     return os.environ.get("LOG_LEVEL", "INFO").upper()
 
 
-def worker_command(concurrency: int, queues: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "bot.tasks:celery_app", "worker", f"--loglevel={_log_level()}",
-            f"--concurrency={concurrency}", "-Q", queues, "--without-gossip", "--without-mingle",
-            "--without-heartbeat"]
+def worker_command(concurrency: int, queues: str, beat: bool = False) -> list[str]:
+    command = [sys.executable, "-m", "celery", "-A", "bot.tasks:celery_app", "worker", f"--loglevel={_log_level()}",
+               f"--concurrency={concurrency}", "-Q", queues, "--without-gossip", "--without-mingle",
+               "--without-heartbeat"]
+    if beat:  # the schedule in memory: no file to share or leave behind (an interval needs no history)
+        command += ["--beat", "--scheduler=celery.beat:Scheduler"]
+    return command
 
 
 WEB_THREADS = 8
@@ -424,7 +440,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "starting a worker alongside the web server", file=sys.stderr)
             # The embedded workers share the web's metrics directory: its /metrics shows them too.
             worker_env = {**env, PORT_ENV: "0"}
-            children.append(subprocess.Popen(worker_command(args.concurrency, "reviews"), env=worker_env))
+            # with the schedule: the delivery sweep runs on one machine too
+            children.append(subprocess.Popen(worker_command(args.concurrency, "reviews", beat=True), env=worker_env))
             # smoke training on its own worker, so static reviews never wait behind it
             children.append(subprocess.Popen(worker_command(1, "gpu"), env=worker_env))
         web = subprocess.Popen(web_command(args.host, port, args.web_workers), env=env)
@@ -463,8 +480,37 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if settings.embedded:
         print(f"torchreview: no REDIS_URL: using the embedded broker in {settings.data_dir}/ "
               "(only workers on this machine share it)", file=sys.stderr)
-    os.execv(sys.executable, worker_command(args.concurrency, args.queues))
+    os.execv(sys.executable, worker_command(args.concurrency, args.queues, beat=args.beat))
     return EXIT_OK  # pragma: no cover - execv does not return
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from github import GithubException
+    from requests import RequestException
+
+    from bot.github_client import GitHubClients
+    from bot.recover import DurationError, parse_duration, sweep
+    from bot.store import make_store
+
+    try:
+        window = parse_duration(args.since)
+    except DurationError as exc:
+        raise UsageError(f"--since: {exc}") from None
+    settings = _settings("worker")  # the App's key signs the JWT these endpoints need
+    store = make_store(settings.redis_url, settings.data_dir)
+    try:
+        report = sweep(GitHubClients(settings).integration.requester, store, datetime.now(timezone.utc) - window)
+    except (GithubException, RequestException) as exc:  # listing failed: nothing was redelivered
+        message = exc.data.get("message") if isinstance(getattr(exc, "data", None), dict) else None
+        print(f"torchreview: error: cannot list the App's webhook deliveries at {settings.api_url}: "
+              f"{getattr(exc, 'status', '')} {message or exc}".replace("  ", " "), file=sys.stderr)
+        return EXIT_FINDINGS
+    print(f"torchreview recover --since {args.since}: {report.summary()}")
+    for guid in report.redelivered:
+        print(f"redelivered {guid}")
+    return EXIT_FINDINGS if report.errors else EXIT_OK
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """GitHub access through PyGithub (unmodified): App auth, installation clients, retry classification."""
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -9,6 +10,8 @@ from typing import Optional
 
 import github
 from github import Auth, GithubException, GithubIntegration
+from github.Requester import Requester
+from urllib3.util import Retry
 
 from bot.settings import Settings
 
@@ -17,10 +20,23 @@ class TransientGitHubError(Exception):
     """GitHub said "later" (5xx, 429, secondary rate limit, network): retry after ``delay`` seconds.
     ``rate_limited``: GitHub named the wait itself (a rate limit), which is not a failure of ours."""
 
-    def __init__(self, message: str, delay: float, rate_limited: bool = False) -> None:
+    def __init__(self, message: str, delay: float, rate_limited: bool = False, reason: str = "github_5xx") -> None:
         super().__init__(message)
         self.delay = delay
         self.rate_limited = rate_limited
+        self.reason = "rate_limit" if rate_limited else reason  # bot.metrics.RETRY_REASONS
+
+
+class CountedRetry(Retry):
+    """Counts each response it retries in place: those never reach PyGithub's requester (_ResponseObserver)."""
+
+    def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
+        retry = super().increment(method, url, response, error, _pool, _stacktrace)
+        if response is not None:  # not the last one: when retries run out, PyGithub gets it and counts it
+            from bot.metrics import observe_github_response
+
+            observe_github_response(response.status, response.headers)
+        return retry
 
 
 def server_error_retry():
@@ -29,11 +45,9 @@ def server_error_retry():
     rarely get through (at 5 % of calls failing, 40 calls all succeed 13 % of the time). Writes that
     are not idempotent (POST, and PATCH, which appends a check run's annotations) are never repeated
     here; rate limits are left to the task, which re-queues with GitHub's ``Retry-After``."""
-    from urllib3.util import Retry
-
-    return Retry(total=3, connect=2, read=0, redirect=3, status=3, backoff_factor=0.5,
-                 status_forcelist=(500, 502, 503, 504), allowed_methods=frozenset({"GET", "HEAD", "PUT", "DELETE"}),
-                 respect_retry_after_header=False, raise_on_status=False)
+    return CountedRetry(total=3, connect=2, read=0, redirect=3, status=3, backoff_factor=0.5,
+                        status_forcelist=(500, 502, 503, 504), allowed_methods=frozenset({"GET", "HEAD", "PUT", "DELETE"}),
+                        respect_retry_after_header=False, raise_on_status=False)
 
 
 def user_agent() -> str:
@@ -42,6 +56,38 @@ def user_agent() -> str:
     from analyzers.output import tool_version
 
     return f"torchreview/{tool_version()} (worker {os.getpid()})"
+
+
+class _ResponseObserver(logging.Logger):
+    """PyGithub's one per-response hook, its requester's logger (``Requester.injectLogger``): every response
+    of every client (installations, the App's JWT) passes through its debug call, with the status and the
+    headers. Counted here, then passed on to PyGithub's own logger as before. (The other hooks PyGithub
+    offers, its connection classes, would turn off its connection reuse.)"""
+
+    _RESPONSE_ARGS = 9  # verb, scheme, host, url, request headers, body, status, response headers, output
+
+    def __init__(self) -> None:
+        self.target = logging.getLogger("github.Requester")
+        super().__init__(self.target.name)
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level == logging.DEBUG or self.target.isEnabledFor(level)
+
+    def debug(self, msg, *args, **kwargs) -> None:
+        if len(args) == self._RESPONSE_ARGS and isinstance(args[6], int) and isinstance(args[7], dict):
+            from bot.metrics import observe_github_response
+
+            observe_github_response(args[6], args[7])
+        if self.target.isEnabledFor(logging.DEBUG):
+            self.target.debug(msg, *args, **kwargs)
+
+    def handle(self, record: logging.LogRecord) -> None:
+        self.target.handle(record)
+
+
+def observe_github_responses() -> None:
+    """Count GitHub's responses by status, and its rate-limit headers, in this process (idempotent)."""
+    Requester.injectLogger(_ResponseObserver())
 
 
 class GitHubClients:
@@ -55,6 +101,7 @@ class GitHubClients:
         if settings.app_id is None or not settings.private_key:
             raise ValueError("GITHUB_APP_ID and GITHUB_PRIVATE_KEY are required to talk to GitHub")
         self.settings = settings
+        observe_github_responses()
         self.app_auth = Auth.AppAuth(settings.app_id, settings.private_key)
         self.integration = GithubIntegration(base_url=settings.api_url, auth=self.app_auth, retry=None)
         self._clients: dict[int, github.Github] = {}
@@ -87,7 +134,7 @@ def classify(exc: BaseException, attempt: int) -> Optional[TransientGitHubError]
     import requests
 
     if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
-        return TransientGitHubError(f"network error talking to GitHub: {exc}", backoff(attempt))
+        return TransientGitHubError(f"network error talking to GitHub: {exc}", backoff(attempt), reason="network")
     if not isinstance(exc, GithubException):
         return None
     status = exc.status

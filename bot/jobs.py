@@ -25,6 +25,7 @@ REVIEW_QUEUE = "reviews"
 GPU_QUEUE = "gpu"  # smoke training: `torchreview worker --queues gpu` on GPU machines
 REVIEW_TASK = "torchreview.review_pull_request"
 SMOKE_TASK = "torchreview.smoke_pull_request"
+RECOVER_TASK = "torchreview.recover_deliveries"  # the delivery sweep (bot/recover.py), on Celery beat
 PR_ACTIONS = {"opened", "synchronize", "reopened", "ready_for_review"}
 SMOKE_CHECK_NAME = "torchreview / smoke"
 HEAD_TTL = 30 * 24 * 3600  # how long the webhook remembers a PR's last pushed head
@@ -115,6 +116,14 @@ def job_from_dict(data: dict[str, Any]) -> Job:
 
 
 # ---- from a webhook delivery to jobs ---------------------------------------------------------------
+
+ENQUEUED = "enqueued"  # a delivery's dedupe key once its jobs are on the queue (the webhook's claim)
+
+
+def delivery_key(guid: str) -> str:
+    """The dedupe key of a delivery: its X-GitHub-Delivery, which every redelivery of the event keeps (the
+    webhook claims it, the delivery sweep reads it)."""
+    return f"torchreview:delivery:{guid}"
 
 
 def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Settings) -> list[Job]:
@@ -263,6 +272,14 @@ def longest_countdown() -> float:
     return max(1.0, 0.8 * visibility_timeout())
 
 
+def recover_interval() -> int:
+    """Seconds between two scheduled delivery sweeps (``TORCHREVIEW_RECOVER_INTERVAL``, default 600)."""
+    value = os.environ.get("TORCHREVIEW_RECOVER_INTERVAL", "600").strip()
+    if not value.isdigit() or int(value) < 10:
+        raise ValueError(f"TORCHREVIEW_RECOVER_INTERVAL must be a number of seconds, at least 10; got {value!r}")
+    return int(value)
+
+
 def make_celery(settings: Settings):
     from celery import Celery
 
@@ -288,6 +305,11 @@ def make_celery(settings: Settings):
             "unacked_restore_interval": max(1, min(10, visibility // 2)),
             "unacked_restore_throttle": 1,
         } if settings.redis_url else {},
+        # for the worker that runs beat (`torchreview worker --beat`, or `serve`'s): a sweep that finds no
+        # worker free before the next one is due is dropped, not piled up
+        beat_schedule={"recover-webhook-deliveries": {
+            "task": RECOVER_TASK, "schedule": recover_interval(),
+            "options": {"queue": REVIEW_QUEUE, "expires": recover_interval()}}},
     )
     return app
 

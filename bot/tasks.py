@@ -9,7 +9,7 @@ from functools import lru_cache
 from celery.signals import worker_process_init
 
 import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
-from bot.jobs import REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
+from bot.jobs import RECOVER_TASK, REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
 from bot.settings import Settings
 
 log = logging.getLogger("torchreview.tasks")
@@ -43,9 +43,13 @@ def _note_redelivery(task, job) -> None:
         log.warning("%s %s#%s: redelivered after a lost worker", job.kind, job.repository, job.pull_number)
 
 
-def _again(task, request: dict, failures: int, countdown: float, max_retries: int, exc=None):
+def _again(task, request: dict, failures: int, countdown: float, max_retries: int, reason: str, exc=None):
     """Re-queue the job; ``failures`` (GitHub or Redis errors in a row) rides along with it, so that waits
-    for a lock or the write budget neither lengthen the back-off nor use up the failures allowed."""
+    for a lock or the write budget neither lengthen the back-off nor use up the failures allowed.
+    ``reason``: one of bot.metrics.RETRY_REASONS, counted."""
+    from bot import metrics
+
+    metrics.JOB_RETRIES.labels(kind=request.get("kind") or "review", reason=reason).inc()
     return task.retry(args=[request], kwargs={"failures": failures}, countdown=min(countdown, longest_countdown()),
                       max_retries=max_retries, exc=exc)
 
@@ -57,7 +61,7 @@ def _transient(exc: BaseException, failures: int):
     from bot.github_client import TransientGitHubError, backoff, classify
 
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-        return TransientGitHubError(f"Redis unavailable: {exc}", backoff(failures))
+        return TransientGitHubError(f"Redis unavailable: {exc}", backoff(failures), reason="redis")
     return classify(exc, failures)
 
 
@@ -73,18 +77,19 @@ def review_pull_request(self, request: dict, failures: int = 0) -> str:
     try:
         outcome = run_command(job, clients, store) if isinstance(job, CommandJob) else run_review(job, clients, store)
     except LockBusy as busy:
-        raise _again(self, request, failures, busy.delay, LOCK_RETRIES)
+        raise _again(self, request, failures, busy.delay, LOCK_RETRIES, "lock_busy")
     except WriteBudgetSpent as spent:
         log.info("review %s#%s: write budget spent; again in %.0fs", job.repository, job.pull_number, spent.delay)
-        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES)
+        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES, "write_budget")
     except Exception as exc:  # noqa: BLE001 - classified below
         transient = _transient(exc, failures)
         if transient is not None and transient.rate_limited:  # GitHub said when: waiting is not failing
             log.warning("review %s#%s: %s; again in %.0fs", job.repository, job.pull_number, transient, transient.delay)
-            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, exc=transient)
+            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, transient.reason, exc=transient)
         if transient is not None and failures < MAX_RETRIES:
             log.warning("review %s#%s: %s; retrying in %.0fs", job.repository, job.pull_number, transient, transient.delay)
-            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, exc=transient)
+            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, transient.reason,
+                         exc=transient)
         log.exception("review %s#%s failed for good", job.repository, job.pull_number)
         if not isinstance(job, CommandJob):
             fail_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
@@ -107,17 +112,29 @@ def smoke_pull_request(self, request: dict, failures: int = 0) -> str:
     try:
         outcome = run_smoke_job(job, clients, store)
     except SmokeBusy:
-        raise _again(self, request, failures, 30, 200)  # a redelivered copy waits for the running one
+        raise _again(self, request, failures, 30, 200, "smoke_busy")  # a redelivered copy waits for the running one
     except WriteBudgetSpent as spent:
-        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES)
+        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES, "write_budget")
     except Exception as exc:  # noqa: BLE001 - classified below
         transient = _transient(exc, failures)
         if transient is not None and transient.rate_limited:
-            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, exc=transient)
+            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, transient.reason, exc=transient)
         if transient is not None and failures < SMOKE_FAILURES:
-            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, exc=transient)
+            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, transient.reason,
+                         exc=transient)
         log.exception("smoke %s#%s failed for good", job.repository, job.pull_number)
         fail_smoke_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
         raise
     log.info("smoke %s#%s: %s", job.repository, job.pull_number, outcome)
     return outcome
+
+
+@celery_app.task(name=RECOVER_TASK, ignore_result=True)
+def recover_deliveries() -> str:
+    """The scheduled delivery sweep (bot/recover.py): a failure is logged, and the next run tries again."""
+    from bot.recover import scheduled_since, sweep
+
+    settings, store, clients = _runtime()
+    report = sweep(clients.integration.requester, store, scheduled_since(store))
+    log.info("delivery sweep: %s", report.summary())
+    return report.summary()

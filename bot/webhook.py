@@ -10,14 +10,14 @@ from typing import Callable, Optional
 
 from flask import Flask, Response, jsonify, request
 
-from bot.jobs import Job, route_event
+from bot.jobs import ENQUEUED, GPU_QUEUE, REVIEW_QUEUE, Job, delivery_key, route_event
+from bot.recover import SweepMetrics
 from bot.settings import MAX_WEBHOOK_BYTES, Settings, check_webhook_secret
 
 log = logging.getLogger("torchreview.webhook")
 
 DELIVERY_TTL = 7 * 24 * 3600  # GitHub redelivers for up to a few days
 PENDING_TTL = 60  # a claimed delivery not yet on the queue (its request may have died): free again after this
-ENQUEUED = "enqueued"
 
 
 def verify_signature(secret: str, body: bytes, header: Optional[str]) -> bool:
@@ -55,9 +55,12 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
     def healthz() -> Response:
         return jsonify(status="ok")
 
+    # what the whole deployment shares, read when scraped: the queues, and what the delivery sweeps did
+    deployment = (metrics.QueueDepth(settings.broker_url, (REVIEW_QUEUE, GPU_QUEUE)), SweepMetrics(store))
+
     @app.get("/metrics")
     def prometheus() -> Response:
-        body, content_type = metrics.render()
+        body, content_type = metrics.render(*deployment)
         return Response(body, content_type=content_type)
 
     @app.post(settings.webhook_path)
@@ -90,7 +93,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
             return _answer(204, None, event, started)
         # Once per delivery id, and once per signed body: a captured delivery replayed under a new
         # X-GitHub-Delivery is not a new event (a genuine one differs in its ids or timestamps).
-        keys = [f"torchreview:delivery:{delivery}", f"torchreview:delivery-body:{hashlib.sha256(body).hexdigest()}"]
+        keys = [delivery_key(delivery), f"torchreview:delivery-body:{hashlib.sha256(body).hexdigest()}"]
         # A claim is "pending" for a short while, and "enqueued" for days once the jobs are on the queue: a
         # process killed in between (or a Redis gone away) leaves a claim that lapses, not a lost delivery.
         claimed = []
@@ -107,7 +110,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
             log.exception("could not enqueue delivery %s", delivery)
             for key in claimed:
                 try:
-                    store.release(key)  # let GitHub's redelivery try again
+                    store.release(key)  # a redelivery (bot/recover.py's sweep) may try again
                 except Exception:  # noqa: BLE001 - still away: the pending claim lapses by itself
                     log.warning("could not release %s; it lapses in %ss", key, PENDING_TTL)
             return _answer(503, "could not enqueue; retry the delivery", event, started)

@@ -97,6 +97,10 @@ OPERATIONS = (
     "GET /repos/{owner}/{repo}/collaborators/{username}/permission",
     "GET /repos/{owner}/{repo}",
     "GET /rate_limit",
+    # the delivery sweep (bot/recover.py): the App's webhook deliveries, and redelivering the failed ones
+    "GET /app/hook/deliveries",
+    "GET /app/hook/deliveries/{delivery_id}",
+    "POST /app/hook/deliveries/{delivery_id}/attempts",
 )
 # GitHub's own payload schemas (``x-webhooks``) for the deliveries the App handles.
 WEBHOOKS = (

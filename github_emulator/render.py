@@ -8,10 +8,12 @@ present, which the test-suite checks with response validation switched on.
 from __future__ import annotations
 
 import base64
+import json
 import zlib
 from typing import Any
 from urllib.parse import quote
 
+from .app_webhook import HookDelivery
 from .diffing import FileDiff
 from .state import (
     App,
@@ -593,6 +595,32 @@ class Renderer:
                  "html_url": f"{self.web}/{repo.full_name}/commit/{p}"}
                 for p in commit.parents
             ],
+        }
+
+    # ------------------------------------------------------------------ the App's webhook deliveries
+
+    def hook_delivery_item(self, delivery: HookDelivery) -> dict[str, Any]:
+        return {
+            "id": delivery.id,
+            "guid": delivery.guid,
+            "delivered_at": iso(delivery.delivered_at),
+            "redelivery": delivery.redelivery,
+            "duration": delivery.duration,
+            "status": delivery.status,
+            "status_code": delivery.status_code,
+            "event": delivery.event,
+            "action": delivery.action,
+            "installation_id": delivery.installation_id,
+            "repository_id": delivery.repository_id,
+            "throttled_at": None,
+        }
+
+    def hook_delivery(self, delivery: HookDelivery) -> dict[str, Any]:
+        return {
+            **self.hook_delivery_item(delivery),
+            "url": delivery.url,
+            "request": {"headers": dict(delivery.request_headers), "payload": json.loads(delivery.body)},
+            "response": {"headers": dict(delivery.response_headers) or None, "payload": delivery.response_body},
         }
 
     # ------------------------------------------------------------------ rate limit

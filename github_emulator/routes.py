@@ -38,6 +38,7 @@ MAX_PR_FILES = 3000  # GitHub lists at most 3000 files of a pull request
 MAX_COMPARE_FILES = 300
 MAX_CONTENT_INLINE_BYTES = 1024 * 1024  # larger files come back with encoding "none"
 ARCHIVE_LINK_LIFETIME_S = 300
+HOOK_CURSOR_PREFIX = "v1_"  # GitHub's delivery cursors look like v1_12077215967
 REVIEW_STATE_FOR_EVENT = {"APPROVE": "APPROVED", "REQUEST_CHANGES": "CHANGES_REQUESTED", "COMMENT": "COMMENTED"}
 
 
@@ -105,6 +106,11 @@ ROUTES: tuple[Route, ...] = (
     Route("repos/get-collaborator-permission-level", "GET", f"{_REPO}/collaborators/<username>/permission",
           "get_collaborator_permission", permissions=("metadata",)),
     Route("rate-limit/get", "GET", "/rate_limit", "get_rate_limit", auth="any"),
+    Route("apps/list-webhook-deliveries", "GET", "/app/hook/deliveries", "list_hook_deliveries", auth="app"),
+    Route("apps/get-webhook-delivery", "GET", "/app/hook/deliveries/<int:delivery_id>", "get_hook_delivery",
+          auth="app"),
+    Route("apps/redeliver-webhook-delivery", "POST", "/app/hook/deliveries/<int:delivery_id>/attempts",
+          "redeliver_hook_delivery", auth="app"),
     # Emulator-only: where the tarball redirect points (GitHub uses codeload.github.com).
     Route(None, "GET", "/_codeload/<owner>/<repo>/legacy.tar.gz/<path:ref>", "codeload_tarball", auth="none"),
     Route(None, "GET", "/_codeload/<owner>/<repo>/legacy.zip/<path:ref>", "codeload_zipball", auth="none"),
@@ -173,6 +179,40 @@ class RestApi:
 
     def get_app(self) -> Response:
         return jsonify(self.render.app(self.state.app))
+
+    def list_hook_deliveries(self) -> Response:
+        """Newest first, paged by an opaque cursor in the Link header (GitHub's shape for this list)."""
+        per_page = min(max(request.args.get("per_page", 30, type=int), 1), MAX_PER_PAGE)
+        deliveries = self.state.app_webhook.newest_first()
+        cursor = request.args.get("cursor")
+        if cursor:
+            if not cursor.startswith(HOOK_CURSOR_PREFIX) or not cursor[len(HOOK_CURSOR_PREFIX):].isdigit():
+                raise EmulatorError(400, "Invalid cursor")
+            before = int(cursor[len(HOOK_CURSOR_PREFIX):])
+            deliveries = [d for d in deliveries if d.id < before]
+        # GitHub's classes by status_code: an attempt with no HTTP response (0) is in neither
+        wanted = {"success": range(200, 400), "failure": range(400, 600)}.get(request.args.get("status", ""))
+        if wanted is not None:
+            deliveries = [d for d in deliveries if d.status_code in wanted]
+        page = deliveries[:per_page]
+        response = jsonify([self.render.hook_delivery_item(d) for d in page])
+        if len(deliveries) > per_page:
+            query = {**request.args.to_dict(), "per_page": per_page, "cursor": f"{HOOK_CURSOR_PREFIX}{page[-1].id}"}
+            response.headers["Link"] = f'<{request.base_url}?{urlencode(query)}>; rel="next"'
+        return response
+
+    def get_hook_delivery(self, delivery_id: int) -> Response:
+        delivery = self.state.app_webhook.get(delivery_id)
+        if delivery is None:
+            raise not_found()
+        return jsonify(self.render.hook_delivery(delivery))
+
+    def redeliver_hook_delivery(self, delivery_id: int) -> Response:
+        if self.state.app_webhook.redeliver_later(delivery_id) is None:
+            raise not_found()
+        response = jsonify({})
+        response.status_code = 202
+        return response
 
     def create_access_token(self, installation_id: int) -> Response:
         installation = self.state.installations.get(installation_id)

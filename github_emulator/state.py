@@ -21,6 +21,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from .diffing import DEFAULT_PATCH_SIZE_LIMIT, FileDiff, blob_sha, diff_trees
+from .app_webhook import AppWebhook
 from .faults import FaultInjector
 
 FileContent = bytes | str
@@ -340,6 +341,8 @@ class EmulatorState:
         self.review_threads: dict[int, ReviewThread] = {}
         self.issue_comments: dict[int, IssueComment] = {}
         self.check_runs: dict[int, CheckRun] = {}
+        # where the App's events go, and GitHub's log of every delivery attempt
+        self.app_webhook = AppWebhook(self.lock, self.next_id)
 
     def next_id(self) -> int:
         return next(self._ids)
