@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 from flask import Flask, Response, jsonify, request
 
+from bot import health
 from bot.jobs import Job, route_event
 from bot.settings import MAX_WEBHOOK_BYTES, Settings, check_webhook_secret
 
@@ -53,6 +54,9 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
 
     @app.get("/healthz")
     def healthz() -> Response:
+        missing = health.missing_workers()  # `serve`'s own workers: a delivery now would wait for nobody
+        if missing:
+            return jsonify(status="unavailable", missing_workers=missing), 503
         return jsonify(status="ok")
 
     @app.get("/metrics")
