@@ -379,9 +379,12 @@ def worker_command(concurrency: int, queues: str) -> list[str]:
 WEB_THREADS = 8
 
 
-def web_command(host: str, port: int, workers: int) -> list[str]:
+def web_command(host: str, port: int, workers: int, internal_port: Optional[int] = None) -> list[str]:
     # gthread: a client that sends its request slowly holds one thread, not a whole worker process.
-    return [sys.executable, "-m", "gunicorn", "--config", "python:bot.gunicorn_conf", "--bind", f"{host}:{port}",
+    # internal_port: a second listener, where alone /healthz and /metrics answer (bot.webhook)
+    binds = [f"{host}:{port}"] + ([f"{host}:{internal_port}"] if internal_port else [])
+    return [sys.executable, "-m", "gunicorn", "--config", "python:bot.gunicorn_conf",
+            *(argument for bind in binds for argument in ("--bind", bind)),
             "--workers", str(workers), "--worker-class", "gthread", "--threads", str(WEB_THREADS),
             "--access-logfile", "-", "--log-level", _log_level().lower(), "--graceful-timeout", "10",
             "bot.webhook:create_app()"]
@@ -434,8 +437,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                on_exit=lambda name=name: health.pid_file(workers_dir, name).unlink(missing_ok=True))
             # /healthz fails while one of them is not running and consuming
             env = {**env, health.WORKERS_DIR_ENV: str(workers_dir), health.REQUIRED_WORKERS_ENV: ",".join(workers)}
-        supervisor.add("web", web_command(args.host, port, args.web_workers), env)
+        supervisor.add("web", web_command(args.host, port, args.web_workers, settings.internal_port), env)
         print(f"torchreview: webhook on http://{args.host}:{port}{settings.webhook_path}", file=sys.stderr)
+        if settings.internal_port:
+            print(f"torchreview: /healthz and /metrics on port {settings.internal_port} only", file=sys.stderr)
         supervisor.run()
     except GaveUp as exc:
         print(f"torchreview: {exc}", file=sys.stderr)
@@ -448,17 +453,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from bot.worker_metrics import MULTIPROC_ENV, PORT_ENV, clear_multiproc_dir, metrics_port
+    from bot.worker_metrics import MULTIPROC_ENV, PORT_ENV, clear_multiproc_dir
 
-    settings = _settings("worker")
-    if os.environ.get(MULTIPROC_ENV):  # the operator's own directory: emptied at start, as prometheus-client asks
-        clear_multiproc_dir(os.environ[MULTIPROC_ENV])
     if args.metrics_port is not None:
         os.environ[PORT_ENV] = str(args.metrics_port)
-    try:
-        metrics_port()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    settings = _settings("worker")  # checks the metrics port too
+    if os.environ.get(MULTIPROC_ENV):  # the operator's own directory: emptied at start, as prometheus-client asks
+        clear_multiproc_dir(os.environ[MULTIPROC_ENV])
     if settings.embedded:
         from bot.jobs import declare_queues
 
