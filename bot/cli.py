@@ -398,9 +398,12 @@ def worker_command(concurrency: int, queues: str, beat: bool = False) -> list[st
 WEB_THREADS = 8
 
 
-def web_command(host: str, port: int, workers: int) -> list[str]:
+def web_command(host: str, port: int, workers: int, internal_port: Optional[int] = None) -> list[str]:
     # gthread: a client that sends its request slowly holds one thread, not a whole worker process.
-    return [sys.executable, "-m", "gunicorn", "--config", "python:bot.gunicorn_conf", "--bind", f"{host}:{port}",
+    # internal_port: a second listener, where alone /healthz and /metrics answer (bot.webhook)
+    binds = [f"{host}:{port}"] + ([f"{host}:{internal_port}"] if internal_port else [])
+    return [sys.executable, "-m", "gunicorn", "--config", "python:bot.gunicorn_conf",
+            *(argument for bind in binds for argument in ("--bind", bind)),
             "--workers", str(workers), "--worker-class", "gthread", "--threads", str(WEB_THREADS),
             "--access-logfile", "-", "--log-level", _log_level().lower(), "--graceful-timeout", "10",
             "bot.webhook:create_app()"]
@@ -421,13 +424,15 @@ def _metrics_env() -> tuple[dict, Optional[str]]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import shutil
     import signal
-    import subprocess
 
+    from bot import health
+    from bot.jobs import declare_queues
+    from bot.supervise import GaveUp, Supervisor
     from bot.worker_metrics import PORT_ENV
 
     settings = _settings("all" if _embedded() else "web")
     port = args.port or settings.port
-    children = []
+    supervisor = Supervisor()
     env, owned_metrics_dir = _metrics_env()
 
     def stop(signum, _frame):
@@ -438,48 +443,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings.embedded:
             print(f"torchreview: embedded mode (no REDIS_URL): broker and state in {settings.data_dir}/; "
                   "starting a worker alongside the web server", file=sys.stderr)
+            declare_queues(settings)  # before any child sends or consumes: no two of them insert a queue row
+            workers_dir = settings.data_dir / "workers"
+            workers_dir.mkdir(parents=True, exist_ok=True)
             # The embedded workers share the web's metrics directory: its /metrics shows them too.
-            worker_env = {**env, PORT_ENV: "0"}
-            # with the schedule: the delivery sweep runs on one machine too
-            children.append(subprocess.Popen(worker_command(args.concurrency, "reviews", beat=True), env=worker_env))
-            # smoke training on its own worker, so static reviews never wait behind it
-            children.append(subprocess.Popen(worker_command(1, "gpu"), env=worker_env))
-        web = subprocess.Popen(web_command(args.host, port, args.web_workers), env=env)
-        children.append(web)
+            worker_env = {**env, PORT_ENV: "0", health.WORKERS_DIR_ENV: str(workers_dir)}
+            # reviews with the schedule (the delivery sweep runs on one machine too); smoke training on a worker of
+            # its own, so static reviews never wait behind it
+            workers = {"reviews": worker_command(args.concurrency, "reviews", beat=True), "gpu": worker_command(1, "gpu")}
+            for name, command in workers.items():
+                health.pid_file(workers_dir, name).unlink(missing_ok=True)  # a previous serve's
+                supervisor.add(name, command, {**worker_env, health.WORKER_NAME_ENV: name},
+                               on_exit=lambda name=name: health.pid_file(workers_dir, name).unlink(missing_ok=True))
+            # /healthz fails while one of them is not running and consuming
+            env = {**env, health.WORKERS_DIR_ENV: str(workers_dir), health.REQUIRED_WORKERS_ENV: ",".join(workers)}
+        supervisor.add("web", web_command(args.host, port, args.web_workers, settings.internal_port), env)
         print(f"torchreview: webhook on http://{args.host}:{port}{settings.webhook_path}", file=sys.stderr)
-        return web.wait()
+        if settings.internal_port:
+            print(f"torchreview: /healthz and /metrics on port {settings.internal_port} only", file=sys.stderr)
+        supervisor.run()
+    except GaveUp as exc:
+        print(f"torchreview: {exc}", file=sys.stderr)
+        return 1
     finally:
-        _stop(children)
+        supervisor.stop()
         if owned_metrics_dir:
             shutil.rmtree(owned_metrics_dir, ignore_errors=True)
-
-
-def _stop(children) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        try:
-            child.wait(timeout=15)
-        except Exception:  # noqa: BLE001
-            child.kill()
+    return EXIT_OK  # pragma: no cover - run() returns only by an exception
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from bot.worker_metrics import MULTIPROC_ENV, PORT_ENV, clear_multiproc_dir, metrics_port
+    from bot.worker_metrics import MULTIPROC_ENV, PORT_ENV, clear_multiproc_dir
 
-    settings = _settings("worker")
-    if os.environ.get(MULTIPROC_ENV):  # the operator's own directory: emptied at start, as prometheus-client asks
-        clear_multiproc_dir(os.environ[MULTIPROC_ENV])
     if args.metrics_port is not None:
         os.environ[PORT_ENV] = str(args.metrics_port)
-    try:
-        metrics_port()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    settings = _settings("worker")  # checks the metrics port too
+    if os.environ.get(MULTIPROC_ENV):  # the operator's own directory: emptied at start, as prometheus-client asks
+        clear_multiproc_dir(os.environ[MULTIPROC_ENV])
     if settings.embedded:
+        from bot.jobs import declare_queues
+
         print(f"torchreview: no REDIS_URL: using the embedded broker in {settings.data_dir}/ "
               "(only workers on this machine share it)", file=sys.stderr)
+        declare_queues(settings)
     os.execv(sys.executable, worker_command(args.concurrency, args.queues, beat=args.beat))
     return EXIT_OK  # pragma: no cover - execv does not return
 

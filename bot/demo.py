@@ -122,7 +122,7 @@ class DemoApp:
         self.console.print(Text.assemble(("GitHub emulator", "bold"), f" on {self.emulator.url} · ",
                                          ("torchreview serve", "bold"), f" on {self.base} (embedded broker, log {self.log_path})"))
         try:
-            wait_until(self._healthy, 60, "the webhook server to start")
+            wait_until(self._healthy, 120, "the webhook server and its workers to start")  # /healthz waits for both
         except TimeoutError as exc:
             self.show_log_tail(exc)
             self.__exit__(None, None, None)

@@ -314,6 +314,31 @@ def make_celery(settings: Settings):
     return app
 
 
+QUEUES = (REVIEW_QUEUE, GPU_QUEUE)
+
+
+def declare_queues(settings: Settings) -> None:
+    """Embedded broker: create its tables and queue rows before any web or worker process uses them.
+
+    kombu's SQLAlchemy transport inserts a queue's row on first use, guarded by a lock of its own
+    process only: a webhook's first send and a starting worker both inserted ``reviews``, and the
+    loser died of ``UNIQUE constraint failed: kombu_queue.name``. Declared here first (under a file
+    lock, so two declaring commands take turns), every later use only reads the row. Redis needs none.
+    """
+    if not settings.embedded:
+        return
+    import fcntl
+
+    from kombu import Connection, Exchange, Queue
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.data_dir / "broker.lock", "w") as lock, Connection(settings.broker_url) as connection:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        channel = connection.default_channel
+        for name in QUEUES:  # the same queues Celery declares for ``-Q reviews`` / ``-Q gpu``
+            Queue(name, Exchange(name), routing_key=name, channel=channel).declare()
+
+
 _producers: dict[str, Any] = {}
 
 

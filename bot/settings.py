@@ -9,7 +9,16 @@ from typing import Mapping, Optional
 
 
 class SettingsError(ValueError):
-    pass
+    """One or more settings are missing or invalid; ``problems`` lists each, and the message all of them."""
+
+    def __init__(self, problems):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            message = self.problems[0]
+        else:
+            message = f"{len(self.problems)} settings are missing or invalid:\n" + "\n".join(
+                f"  - {problem}" for problem in self.problems)
+        super().__init__(message)
 
 
 DEFAULT_API_URL = "https://api.github.com"
@@ -27,6 +36,8 @@ class Settings:
     data_dir: Path = Path(".torchreview-data")
     webhook_path: str = DEFAULT_WEBHOOK_PATH
     port: int = 3000
+    # /healthz and /metrics on a port of their own, for the internal network only (None: on ``port``)
+    internal_port: Optional[int] = None
     bot_login: Optional[str] = None  # our own bot account (``<slug>[bot]``), to ignore our comments
     # GitHub asks integrators to space content-creating requests by about a second.
     github_write_interval: float = 1.0
@@ -49,48 +60,67 @@ class Settings:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         env = os.environ if env is None else env
+        problems: list[str] = []  # every one of them at once: an operator fixes them in one go
+
+        def check(validate, *args):
+            try:
+                return validate(*args)
+            except SettingsError as exc:
+                problems.extend(exc.problems)
+                return None
+
         app_id = env.get("GITHUB_APP_ID", "").strip()
         secret = env.get("GITHUB_WEBHOOK_SECRET", "") if role != "worker" else ""
         key = env.get("GITHUB_PRIVATE_KEY", "") if role != "web" else ""
         key_path = env.get("GITHUB_PRIVATE_KEY_PATH", "").strip() if role != "web" else ""
+        key_unreadable = False
         if not key and key_path:
             try:
                 key = Path(key_path).read_text()
             except OSError as exc:
-                raise SettingsError(f"GITHUB_PRIVATE_KEY_PATH: cannot read {key_path}: {exc.strerror or exc}") from None
+                problems.append(f"GITHUB_PRIVATE_KEY_PATH: cannot read {key_path}: {exc.strerror or exc}")
+                key_unreadable = True
         key = key.replace("\\n", "\n").strip()
         if require_github:
             if not app_id:
-                raise SettingsError("GITHUB_APP_ID is not set (the numeric id of your GitHub App)")
-            if not key and role != "web":
-                raise SettingsError("GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH must be set (the App's PEM key)")
+                problems.append("GITHUB_APP_ID is not set (the numeric id of your GitHub App)")
+            if not key and role != "web" and not key_unreadable:
+                problems.append("GITHUB_PRIVATE_KEY or GITHUB_PRIVATE_KEY_PATH must be set (the App's PEM key)")
             if not secret and role != "worker":
-                raise SettingsError("GITHUB_WEBHOOK_SECRET is not set (the secret configured on the App's webhook)")
+                problems.append("GITHUB_WEBHOOK_SECRET is not set (the secret configured on the App's webhook)")
         if secret and require_github:
-            check_webhook_secret(secret)
+            check(check_webhook_secret, secret)
         if app_id and not app_id.isdigit():
-            raise SettingsError(f"GITHUB_APP_ID must be a number, got {app_id!r}")
+            problems.append(f"GITHUB_APP_ID must be a number, got {app_id!r}")
         if key and "PRIVATE KEY" not in key:
-            raise SettingsError("GITHUB_PRIVATE_KEY does not look like a PEM private key (-----BEGIN ... PRIVATE KEY-----)")
-        if key:
-            _check_key(key)
+            problems.append("GITHUB_PRIVATE_KEY does not look like a PEM private key (-----BEGIN ... PRIVATE KEY-----)")
+        elif key:
+            check(_check_key, key)
         api_url = env.get("GITHUB_API_URL", DEFAULT_API_URL).strip().rstrip("/") or DEFAULT_API_URL
         if not api_url.startswith(("http://", "https://")):
-            raise SettingsError(f"GITHUB_API_URL must be an http(s) URL, got {api_url!r}")
+            problems.append(f"GITHUB_API_URL must be an http(s) URL, got {api_url!r}")
         path = env.get("TORCHREVIEW_WEBHOOK_PATH", DEFAULT_WEBHOOK_PATH).strip() or DEFAULT_WEBHOOK_PATH
         if not path.startswith("/"):
-            raise SettingsError(f"TORCHREVIEW_WEBHOOK_PATH must start with '/', got {path!r}")
-        port = env.get("PORT", "3000").strip()
-        if not port.isdigit():
-            raise SettingsError(f"PORT must be a number, got {port!r}")
+            problems.append(f"TORCHREVIEW_WEBHOOK_PATH must start with '/', got {path!r}")
+        port = check(port_number, env, "PORT", "3000")
+        internal_port = None
+        if env.get(INTERNAL_PORT_ENV, "").strip() and role != "worker":
+            internal_port = check(port_number, env, INTERNAL_PORT_ENV, "")
+            if internal_port is not None and internal_port in (port, 0):
+                problems.append(f"{INTERNAL_PORT_ENV} must be a port other than PORT ({port}) and 0, "
+                                f"got {internal_port}")
         interval = env.get("TORCHREVIEW_GITHUB_WRITE_INTERVAL", "1.0").strip()
         try:
             write_interval = float(interval)
         except ValueError:
-            raise SettingsError(f"TORCHREVIEW_GITHUB_WRITE_INTERVAL must be a number of seconds, got {interval!r}") from None
+            problems.append(f"TORCHREVIEW_GITHUB_WRITE_INTERVAL must be a number of seconds, got {interval!r}")
         redis_url = env.get("REDIS_URL", "").strip() or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise SettingsError(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
+            problems.append(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
+        if require_github:  # a start, not a process asking only for the broker
+            problems.extend(_process_problems(env, role))
+        if problems:
+            raise SettingsError(problems)
         return cls(
             app_id=int(app_id) if app_id else None,
             private_key=key or None,
@@ -99,10 +129,42 @@ class Settings:
             redis_url=redis_url,
             data_dir=Path(env.get("TORCHREVIEW_DATA_DIR", ".torchreview-data")),
             webhook_path=path,
-            port=int(port),
+            port=port,
+            internal_port=internal_port,
             bot_login=env.get("TORCHREVIEW_BOT_LOGIN") or None,
             github_write_interval=write_interval,
         )
+
+
+INTERNAL_PORT_ENV = "TORCHREVIEW_INTERNAL_PORT"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def port_number(env: Mapping[str, str], name: str, default: str) -> int:
+    value = env.get(name, default).strip()
+    if not value.isdigit() or int(value) > 65535:
+        raise SettingsError(f"{name} must be a port number, got {value!r}")
+    return int(value)
+
+
+def _process_problems(env: Mapping[str, str], role: str) -> list[str]:
+    """The other variables torchreview's processes read at start (logging, the queue, the workers)."""
+    problems = []
+    level = env.get("LOG_LEVEL", "INFO").strip().upper()
+    if level not in LOG_LEVELS:
+        problems.append(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {env.get('LOG_LEVEL')!r}")
+    visibility = env.get("TORCHREVIEW_VISIBILITY_TIMEOUT", "900").strip()
+    if not visibility.isdigit() or int(visibility) < 1:
+        problems.append(f"TORCHREVIEW_VISIBILITY_TIMEOUT must be a whole number of seconds, got {visibility!r}")
+    if role != "web":
+        try:
+            port_number(env, "TORCHREVIEW_WORKER_METRICS_PORT", "9191")
+        except SettingsError as exc:
+            problems.append(f"{exc} (0: no metrics port)")
+        executor = env.get("TORCHREVIEW_EXECUTOR_URL", "").strip()
+        if executor and not executor.startswith(("http://", "https://")):
+            problems.append(f"TORCHREVIEW_EXECUTOR_URL must be an http(s) URL, got {executor!r}")
+    return problems
 
 
 ROLES = ("all", "web", "worker")

@@ -9,6 +9,7 @@ from functools import lru_cache
 from celery.signals import worker_process_init
 
 import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
+import bot.health  # noqa: F401 - a worker of `torchreview serve` tells the web it is up
 from bot.jobs import RECOVER_TASK, REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
 from bot.settings import Settings
 

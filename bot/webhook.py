@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 from flask import Flask, Response, jsonify, request
 
+from bot import health
 from bot.jobs import ENQUEUED, GPU_QUEUE, REVIEW_QUEUE, Job, delivery_key, route_event
 from bot.recover import SweepMetrics
 from bot.settings import MAX_WEBHOOK_BYTES, Settings, check_webhook_secret
@@ -51,8 +52,22 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
     app.config["MAX_CONTENT_LENGTH"] = MAX_WEBHOOK_BYTES
     app.extensions["torchreview.settings"] = settings
 
+    if settings.internal_port:
+        internal_paths = {"/healthz", "/metrics"}
+
+        @app.before_request
+        def one_listener_each():
+            # SERVER_PORT is the listening socket's own port under gunicorn, never a client's header
+            internal = request.environ.get("SERVER_PORT") == str(settings.internal_port)
+            if (request.path in internal_paths) != internal:
+                return Response(status=404)
+            return None
+
     @app.get("/healthz")
     def healthz() -> Response:
+        missing = health.missing_workers()  # `serve`'s own workers: a delivery now would wait for nobody
+        if missing:
+            return jsonify(status="unavailable", missing_workers=missing), 503
         return jsonify(status="ok")
 
     # what the whole deployment shares, read when scraped: the queues, and what the delivery sweeps did

@@ -28,12 +28,9 @@ _state: dict = {}
 
 
 def metrics_port() -> int:
-    value = os.environ.get(PORT_ENV, "").strip()
-    if not value:
-        return DEFAULT_PORT
-    if not value.isdigit() or int(value) > 65535:
-        raise ValueError(f"{PORT_ENV} must be a port number (0: off), got {value!r}")
-    return int(value)
+    from bot.settings import port_number
+
+    return port_number(os.environ, PORT_ENV, str(DEFAULT_PORT))
 
 
 def clear_multiproc_dir(path: str) -> None:
