@@ -395,6 +395,13 @@ def worker_command(concurrency: int, queues: str, beat: bool = False) -> list[st
     return command
 
 
+def beat_command() -> list[str]:
+    """The schedule (the delivery sweep) as a process of its own: `serve` supervises it like the workers. Embedded
+    in a worker (``--beat``), it is a child that outlives a killed worker, and a restarted one starts another."""
+    return [sys.executable, "-m", "celery", "-A", "bot.tasks:celery_app", "beat", f"--loglevel={_log_level()}",
+            "--scheduler=celery.beat:Scheduler"]
+
+
 WEB_THREADS = 8
 
 
@@ -448,13 +455,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers_dir.mkdir(parents=True, exist_ok=True)
             # The embedded workers share the web's metrics directory: its /metrics shows them too.
             worker_env = {**env, PORT_ENV: "0", health.WORKERS_DIR_ENV: str(workers_dir)}
-            # reviews with the schedule (the delivery sweep runs on one machine too); smoke training on a worker of
-            # its own, so static reviews never wait behind it
-            workers = {"reviews": worker_command(args.concurrency, "reviews", beat=True), "gpu": worker_command(1, "gpu")}
+            # smoke training on a worker of its own, so static reviews never wait behind it
+            workers = {"reviews": worker_command(args.concurrency, "reviews"), "gpu": worker_command(1, "gpu")}
             for name, command in workers.items():
                 health.pid_file(workers_dir, name).unlink(missing_ok=True)  # a previous serve's
                 supervisor.add(name, command, {**worker_env, health.WORKER_NAME_ENV: name},
                                on_exit=lambda name=name: health.pid_file(workers_dir, name).unlink(missing_ok=True))
+            supervisor.add("beat", beat_command(), worker_env)  # the delivery sweep runs on one machine too
             # /healthz fails while one of them is not running and consuming
             env = {**env, health.WORKERS_DIR_ENV: str(workers_dir), health.REQUIRED_WORKERS_ENV: ",".join(workers)}
         supervisor.add("web", web_command(args.host, port, args.web_workers, settings.internal_port), env)
