@@ -15,6 +15,7 @@ import pickle
 import select
 import signal
 import struct
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +29,11 @@ MEMORY_BYTES = 3 << 30  # a child's data segment: libcst needs ~1 GB for a 1 MB 
 _HEADER = struct.Struct("!Q")
 _TASK = struct.Struct("!I")  # the index of the next item a child is to analyze
 _OUT_OF_MEMORY = 3
+# Every pipe end a parent holds, of every pool of the process: a child must close all of them, or it keeps
+# another child's input open (that child never sees its end and never exits) or hides another child's death.
+# The language server runs analyses from several threads at once, so forks and closes take this lock.
+_FORK_LOCK = threading.Lock()
+_PARENT_FDS: set[int] = set()
 
 
 def run_isolated(items: Iterable[tuple[str, object]], analyze: Callable[[str, object], Result],
@@ -78,24 +84,24 @@ class _Pool:
 
     # ---- the parent ---------------------------------------------------------------------------------------
     def _start(self) -> _Child:
-        task_read, task_write = os.pipe()
-        result_read, result_write = os.pipe()
-        inherited = [fd for child in self.children.values() for fd in (child.tasks, child.results)]
-        pid = os.fork()
-        if pid == 0:
-            # another child's pipe ends held here would hide that child's end-of-input and its death
-            for fd in (*inherited, task_write, result_read):
-                os.close(fd)
-            self._serve(task_read, result_write)
-        os.close(task_read)
-        os.close(result_write)
+        with _FORK_LOCK:
+            task_read, task_write = os.pipe()
+            result_read, result_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                for fd in (*_PARENT_FDS, task_write, result_read):
+                    os.close(fd)
+                self._serve(task_read, result_write)
+            os.close(task_read)
+            os.close(result_write)
+            _PARENT_FDS.update((task_write, result_read))
         child = _Child(pid, task_write, result_read)
         self.children[result_read] = child
         return child
 
     def _hand_next(self, child: _Child) -> None:
         if not self.queue:
-            os.close(child.tasks)  # end of input: the child exits when it reads it
+            _close(child.tasks)  # end of input: the child exits when it reads it
             child.tasks = -1
             return
         index = self.queue.popleft()
@@ -152,7 +158,7 @@ class _Pool:
                 pass
         for fd in (child.tasks, child.results):
             if fd >= 0:
-                os.close(fd)
+                _close(fd)
         self.children.pop(child.results, None)
         _, status = os.waitpid(child.pid, 0)
         return status
@@ -191,6 +197,12 @@ class _Pool:
             status = 1
         finally:
             os._exit(status)
+
+
+def _close(fd: int) -> None:
+    with _FORK_LOCK:  # a number closed here may be reused by another thread's pipe at once
+        _PARENT_FDS.discard(fd)
+        os.close(fd)
 
 
 def _read_exactly(fd: int, size: int) -> Optional[bytes]:

@@ -167,18 +167,21 @@ class TorchreviewServer(LanguageServer):
         if analysis is None or analysis.version != document.version or analysis.text != document.source:
             analysis = self.analyze_now(uri)  # the published findings are stale: never offer an old edit
         wanted = params.range
+        offered = [f for f in analysis.findings if f.fix is not None
+                   and _overlaps(self.diagnostic(uri, analysis, f).range, wanted)]
         actions = []
-        for finding in analysis.findings:
-            if finding.fix is None:
-                continue
-            diagnostic = self.diagnostic(uri, analysis, finding)
-            if not _overlaps(diagnostic.range, wanted):
-                continue
+        for finding in offered:
+            fix = finding.fix
+            # An editor applies a preferred fix on its own ("fix all"): only one that keeps behaviour, and only when
+            # no other fix offered here rewrites the same lines (the two edits would collide).
+            preferred = fix.safe and not any(
+                other is not finding and other.fix.start_line <= fix.end_line and fix.start_line <= other.fix.end_line
+                for other in offered)
             actions.append(types.CodeAction(
-                title=f"Fix {finding.rule} ({finding.slug})",
+                title=f"Fix {finding.rule} ({finding.slug})" + ("" if fix.safe else " - changes behaviour, review it"),
                 kind=types.CodeActionKind.QuickFix,
-                diagnostics=[diagnostic],
-                is_preferred=True,
+                diagnostics=[self.diagnostic(uri, analysis, finding)],
+                is_preferred=preferred,
                 edit=types.WorkspaceEdit(changes={uri: [self.fix_edit(uri, analysis, finding)]}),
             ))
         return actions

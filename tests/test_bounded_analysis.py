@@ -232,3 +232,23 @@ def test_diff_mode_bounds_the_analysis_of_the_base_revision(tmp_path):
                cwd=tmp_path)
     report = json.loads(proc.stdout)
     assert [f["rule"] for f in report["findings"]] == ["TR601"], proc.stderr  # what the base had is unknown: kept
+
+
+def test_analyses_started_from_several_threads_at_once_all_finish():
+    """The language server analyzes from worker threads: a child forked for one analysis must not hold another's
+    pipes open (that child would never see the end of its input, and its parent would wait for it forever)."""
+    import threading
+
+    results: dict[int, dict] = {}
+
+    def analyze(n: int) -> None:
+        results[n] = run_isolated([(f"{n}-{i}", "ok") for i in range(3)], _behave,
+                                  lambda key, kind, message: (kind, message), seconds=60, jobs=2)
+
+    threads = [threading.Thread(target=analyze, args=(n,), daemon=True) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert results == {n: {f"{n}-{i}": f"analyzed {n}-{i}" for i in range(3)} for n in range(6)}

@@ -91,6 +91,8 @@ def test_diagnostics_quick_fix_and_clearing(tmp_path):
                 context=types.CodeActionContext(diagnostics=[diagnostic]))), TIMEOUT)
             [action] = actions
             assert action.kind == types.CodeActionKind.QuickFix and "TR601" in action.title
+            # weights_only=True refuses some checkpoints: never applied by the editor on its own, and said so
+            assert not action.is_preferred and action.title.endswith("changes behaviour, review it")
             [edit] = action.edit.changes[uri]
             assert apply(BUGGY, edit) == FIXED
 
@@ -190,6 +192,35 @@ def test_a_file_whose_analysis_stalls_is_said_on_the_file_and_the_server_goes_on
             assert unfinished.message == "not analyzed: analysis took over 2 s; stopped"
             fast_uri = open_document(client, fast, BUGGY)  # the server still answers, and analyzes the next file
             assert [d.code for d in (await client.diagnostics_for(fast_uri)).diagnostics] == ["TR601"]
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())
+
+
+def test_only_a_behaviour_keeping_fix_alone_on_its_lines_is_preferred(tmp_path):
+    (tmp_path / ".git").mkdir()
+    one, two = tmp_path / "one.py", tmp_path / "two.py"
+    single = "import torch\nouter = torch.ger(a, b)\n"
+    double = "import torch\nboth = torch.ger(a, b), torch.range(0, 9)\n"
+    one.write_text(single)
+    two.write_text(double)
+
+    async def actions_for(client, path, text):
+        uri = open_document(client, path, text)
+        published = await client.diagnostics_for(uri)
+        return await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=types.Range(start=types.Position(line=1, character=0), end=types.Position(line=1, character=40)),
+            context=types.CodeActionContext(diagnostics=published.diagnostics))), TIMEOUT)
+
+    async def scenario() -> None:
+        client = await started(tmp_path, debounce="0")
+        try:
+            [alone] = await actions_for(client, one, single)
+            assert alone.is_preferred and alone.title == "Fix TR811 (deprecated-torch-api)"
+            overlapping = await actions_for(client, two, double)
+            assert len(overlapping) == 2 and not any(a.is_preferred for a in overlapping)  # the edits would collide
         finally:
             await stopped(client)
 

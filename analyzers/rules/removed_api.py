@@ -91,15 +91,22 @@ def _int(expr: Optional[cst.BaseExpression]) -> Optional[int]:
 
 
 def _fix_range(call: cst.Call, ctx: FileContext, callee: cst.BaseExpression) -> Optional[cst.BaseExpression]:
-    # torch.range(0, 9) -> torch.arange(0, 10): only integer literals, so the end is exact
+    # torch.range(0, 9) -> torch.arange(0, 10, dtype=torch.get_default_dtype()): the same values (integer literals,
+    # so the end is exact) in the same dtype (torch.range makes the default floating dtype, arange an int64)
     if not _plain(call) or len(call.args) not in (2, 3) or any(a.keyword is not None for a in call.args):
         return None
     values = [_int(a.value) for a in call.args]
     if any(v is None for v in values) or (len(values) == 3 and values[2] != 1):
         return None
-    start, end = values[0], values[1]
-    args = [call.args[0], cst.Arg(cst.Integer(str(end + 1)) if end + 1 >= 0 else cst.parse_expression(str(end + 1)))]
-    del start
+    default_dtype = render_name(ctx, "torch.get_default_dtype")
+    if default_dtype is None:
+        return None
+    end = values[1] + 1
+    args = [call.args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+            cst.Arg(cst.Integer(str(end)) if end >= 0 else cst.parse_expression(str(end)),
+                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+            cst.Arg(cst.Call(default_dtype), keyword=cst.Name("dtype"),
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))]
     return call.with_changes(func=callee, args=args)
 
 
@@ -233,8 +240,8 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
     Entry("torch.norm", "torch.linalg.vector_norm(x, ord, dim) or torch.linalg.matrix_norm(A, ord)", _LINALG, None,
           "torch.linalg.vector_norm", _fix_norm, note="a tuple `dim` or `p='nuc'` asks for a matrix norm",
           note_only_unfixed=True),
-    Entry("torch.range", "torch.arange(start, end + 1)", (0, 4), None, "torch.arange", _fix_range,
-          note="torch.range includes its end point"),
+    Entry("torch.range", "torch.arange(start, end + 1, dtype=torch.get_default_dtype())", (0, 4), None,
+          "torch.arange", _fix_range, note="torch.range includes its end point and makes floats"),
     Entry("torch.nn.UpsamplingNearest2d", 'nn.Upsample(..., mode="nearest")', (1, 0), None, "torch.nn.Upsample",
           _fix_upsampling_module("nearest", False)),
     Entry("torch.nn.UpsamplingBilinear2d", 'nn.Upsample(..., mode="bilinear", align_corners=True)', (1, 0), None,
@@ -516,7 +523,7 @@ class DeprecatedTorchApi(_TableRule):
             line=3, message="includes its end point",
             fixed="""
             import torch
-            xs = torch.arange(0, 10)
+            xs = torch.arange(0, 10, dtype=torch.get_default_dtype())
             """,
         ),
         Invalid(
