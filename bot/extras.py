@@ -1,7 +1,7 @@
 """Which of torchreview's optional parts (the extras of pyproject.toml) this install has.
 
-The base install is the CLI, the pre-commit hook, the Action and the language server's engine; the App's
-server stack, the smoke runner, the demo and the language server's protocol library are extras. A command
+The base install is the CLI, the pre-commit hook, the Action and the language server; the App's server
+stack, the smoke runner and the demo are extras. A command
 that needs one checks it first, so a light install answers "pip install 'torchreview[app]'" rather than
 a traceback from an import. The extras are read back from the installed package's metadata, so
 pyproject.toml stays the one place that lists them.
@@ -19,13 +19,11 @@ COMMAND_EXTRAS = {
     "feedback": "app",
     "smoke": "runner",
     "demo": "demo",
-    "lsp": "lsp",
 }
 WHAT = {
     "app": "the GitHub App's server stack",
     "runner": "the smoke runner (torch)",
     "demo": "the demo's GitHub emulator",
-    "lsp": "the language server protocol",
 }
 
 _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
