@@ -153,3 +153,28 @@ def test_release_refuses_a_version_that_is_not_a_release(tmp_path):
     done = subprocess.run(["bash", "scripts/release.sh"], cwd=tree, env=_env(), capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1 and "is 'next', not a release version" in done.stderr
+
+
+def test_pip_installs_from_a_git_url_pinned_to_a_commit(tmp_path):
+    """The README's `pip install 'torchreview @ git+https://...@COMMIT'`, with a local repository for the
+    host (file://localhost/...: a URL requirement needs a host): pip clones it, checks out the commit and
+    builds the base install from it."""
+    from tests.test_precommit import snapshot_of_checkout
+
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    commit = snapshot_of_checkout(repository)
+    environment = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(environment)
+    python = environment / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet",
+                           f"torchreview @ git+file://localhost{repository}@{commit}"], env=_env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version = subprocess.run([str(environment / "bin" / "torchreview"), "--version"], env=_env(), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert version.stdout.strip() == f"torchreview {VERSION}", version.stderr
+    direct_url = subprocess.run([str(python), "-c", "from importlib.metadata import distribution; "
+                                 "print(distribution('torchreview').read_text('direct_url.json'))"],
+                                env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert json.loads(direct_url.stdout)["vcs_info"]["commit_id"] == commit
