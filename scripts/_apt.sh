@@ -25,6 +25,8 @@ apt_install_for() {
       echo "  Install it as root: apt-get install $package"
     elif command -v dnf >/dev/null 2>&1; then
       echo "  Install it as root: dnf install $dnf_package"
+    elif [ "$package" = "$dnf_package" ]; then
+      echo "  Install the package $package with the system's package manager."
     else
       echo "  Install it with the system's package manager: $package (Debian/Ubuntu), $dnf_package (Fedora/RHEL)."
     fi

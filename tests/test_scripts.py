@@ -54,6 +54,12 @@ def test_rootless_linux_without_apt_or_sudo_is_told_what_to_install(tmp_path):
     ]
 
 
+def test_one_package_name_for_every_system_is_said_once(tmp_path):
+    done = apt_install_for(_bin(tmp_path, id=NOT_ROOT), "bwrap", "bubblewrap", "the sandbox", "-")
+    assert done.returncode == 1
+    assert "  Install the package bubblewrap with the system's package manager." in done.stderr.splitlines()
+
+
 def test_debian_without_root_or_sudo_names_the_apt_package_and_installs_nothing(tmp_path):
     calls = tmp_path / "apt-calls"
     done = apt_install_for(_bin(tmp_path, id=NOT_ROOT, **{"apt-get": f"echo \"$@\" >> {calls}; exit 0"}), *ARGS)
