@@ -281,7 +281,8 @@ def cmd_lsp(args: argparse.Namespace) -> int:
     try:
         from bot.lsp import serve
     except ImportError as exc:
-        raise UsageError(f"the language server needs pygls: pip install 'torchreview[lsp]' ({exc})") from None
+        raise UsageError(f"the language server needs pygls, a dependency of torchreview: "
+                         f"pip install torchreview ({exc})") from None
     serve(debounce=args.debounce)
     return EXIT_OK
 
