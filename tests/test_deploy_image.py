@@ -132,5 +132,7 @@ def test_the_image_stages_install_offline_from_the_wheel_set(tmp_path):
     runner = offline_resolve(stages["runner"][1], wheels, [torch_dir], tmp_path / "runner.json", context)
     assert {"torchreview", "torch", "numpy", "celery", "prometheus-client"} <= runner
     app = offline_resolve(stages["app"][0], wheels, [], tmp_path / "app.json", context)
-    # the App's server stack comes with its extra; the webhook and static workers never need torch
-    assert {"torchreview", "flask", "celery", "gunicorn", "pygithub", "redis"} <= app and "torch" not in app
+    # the App's server stack comes with its extra, and IPython for notebooks in its syntax; the webhook and
+    # static workers never need torch
+    assert {"torchreview", "flask", "celery", "gunicorn", "pygithub", "redis", "ipython"} <= app
+    assert "torch" not in app
