@@ -491,7 +491,8 @@ def _analyze_notebook_cells(cells: list[notebook.Cell], path: str, config: Confi
             continue  # reported when the cells are analyzed together
         detail = _cell_syntax_error(py)
         if detail is not None:
-            broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}"))
+            hint = f" ({notebook.IPYTHON_HINT})" if py.needs_ipython else ""
+            broken.append(FileError(path, "syntax-error", f"cell {number}, {detail}{hint}"))
             broken_cells.add(number)
     result = _analyze_cells([c for c in code if c[0] not in broken_cells], path, config, repository)
     result.errors = broken + [e for e in result.errors if e.kind != "syntax-error"]

@@ -36,6 +36,11 @@ PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug", "m
 _CELL_MAGIC = re.compile(r"%%(\w+)")
 # Lines that may be IPython syntax: an escape first (%, !, ?, /, ",", ;), "= %" or "= !", a "?" last.
 _MAYBE_IPYTHON = re.compile(r"^[ \t]*[%!?/,;]|=[ \t]*[%!]|\?[ \t]*$", re.M)
+# A pasted interactive session, which IPython strips: ">>> ", "... ", "In [1]: ".
+_PROMPT = re.compile(r"^[ \t]*(>>>|\.\.\.)( |$)|^In \[\d+\]: ", re.M)
+# Said where a cell in IPython syntax could not be analyzed because IPython is not installed.
+IPYTHON_HINT = ("IPython syntax (%magic, !command, a pasted prompt) needs IPython: "
+                "pip install 'torchreview[notebooks]'")
 # What IPython makes of a line magic that times or profiles a statement, ``%time stmt``.
 _TIMED = re.compile(r"^(.*?)get_ipython\(\)\.run_line_magic\('(time|timeit|prun)', ('.*'|\".*\")\)\n$")
 
@@ -119,6 +124,8 @@ class PythonCell:
     source: str
     columns: tuple[int, ...]
     rewritten: frozenset[int] = frozenset()
+    # IPython is not installed and the cell may be in its syntax: left as it is, it may not parse
+    needs_ipython: bool = False
 
 
 def cell_to_python(source: str) -> Optional[PythonCell]:
@@ -135,12 +142,15 @@ def cell_to_python(source: str) -> Optional[PythonCell]:
             if magic.group(1) not in PYTHON_CELL_MAGICS:
                 return None
             lines[first] = "\n"  # the body is Python; the magic's own line is not
-    manager, prompt_strippers = _ipython()
+    # Without IPython (the base install, no `notebooks` extra) cells are analyzed as they are.
+    manager, prompt_strippers = _ipython() or (None, ())
+    joined = "".join(lines)
+    needs_ipython = manager is None and bool(_MAYBE_IPYTHON.search(joined) or _PROMPT.search(joined))
     try:
         for strip in prompt_strippers:  # ">>> " and "In [1]: " of a pasted session; they only shorten lines
             lines = strip(lines)
-        if _MAYBE_IPYTHON.search("".join(lines)):  # IPython re-tokenizes the cell per magic: not for plain Python
-            lines = manager.do_token_transforms(lines)
+        if manager is not None and _MAYBE_IPYTHON.search("".join(lines)):
+            lines = manager.do_token_transforms(lines)  # IPython re-tokenizes the cell per magic: not for plain Python
     except (SyntaxError, RuntimeError, ValueError):
         # IPython could not make sense of it either: analyze what is there, errors included.
         lines = [line + "\n" for line in original]
@@ -150,7 +160,7 @@ def cell_to_python(source: str) -> Optional[PythonCell]:
     columns = tuple(_removed_chunk(before, after[:-1]) for before, after in zip(original, lines))
     rewritten = frozenset(n for n, (before, after) in enumerate(zip(original, lines), 1)
                           if not before.endswith(after[:-1]) or (after == "\n" and before.strip()))
-    return PythonCell(text, columns, rewritten)
+    return PythonCell(text, columns, rewritten, needs_ipython)
 
 
 def _split(text: str, count: int) -> list[str]:
@@ -170,8 +180,12 @@ def _removed_chunk(before: str, after: str) -> int:
 
 @lru_cache(maxsize=1)
 def _ipython():
+    """IPython's transformer and prompt strippers, or None where IPython is not installed."""
     # Imported here: IPython is needed only for notebooks, and costs ~0.1 s to import.
-    from IPython.core import inputtransformer2 as it2
+    try:
+        from IPython.core import inputtransformer2 as it2
+    except ImportError:
+        return None
 
     def keep_line_count(base):
         """The transform, with blank lines where it joined continued lines (``!cmd \\``) into one."""

@@ -297,7 +297,8 @@ def cmd_lsp(args: argparse.Namespace) -> int:
     try:
         from bot.lsp import serve
     except ImportError as exc:
-        raise UsageError(f"the language server needs pygls: pip install 'torchreview[lsp]' ({exc})") from None
+        raise UsageError(f"the language server needs pygls, a dependency of torchreview: "
+                         f"pip install torchreview ({exc})") from None
     serve(debounce=args.debounce)
     return EXIT_OK
 
@@ -679,6 +680,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, part=args.part)
 
 
+def _require_extras(command: str) -> None:
+    """A command of an extra (serve: the App's) says which extra to install when this install lacks it."""
+    from bot.extras import MissingExtra, require_for
+
+    try:
+        require_for(command)
+    except MissingExtra as exc:
+        raise UsageError(str(exc)) from None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -687,6 +698,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     args = parser.parse_args(argv)
     try:
+        _require_extras(args.command)
         return args.handler(args)
     except UsageError as exc:
         for line in str(exc).splitlines():  # a configuration error lists every problem, one a line

@@ -10,8 +10,7 @@ stamp=".venv/.installed-${extras:-base}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install --quiet --upgrade pip
   case "$extras" in
-    # torch first, pinned: a looser requirement resolved from scratch pulls GBs of CUDA wheels
-    *dev*|*runner*) python -m pip install --quiet "torch==2.13.0" ;;
+    *dev*|*runner*) source scripts/_torch.sh && install_torch ;;
   esac
   python -m pip install --quiet -e ".${extras:+[$extras]}"
   touch "$stamp"

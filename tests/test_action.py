@@ -142,23 +142,39 @@ def test_action_yml_steps_install_and_run(pull_request, tmp_path):
     values = {"github.action_path": str(action_path), **{f"inputs.{k}": v for k, v in inputs.items()}}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(github, PATH=f"{python / 'bin'}{os.pathsep}{env['PATH']}")
-    ran = []
-    for step in action["runs"]["steps"]:
-        if "uses" in step:
-            assert step["uses"].startswith("actions/setup-python@")
+    ran, used = [], []
+    for number, step in enumerate(action["runs"]["steps"]):
+        if "uses" in step:  # the runner's own actions, not run here; what they are given is checked below
+            given = {k: _expand(str(v), values) for k, v in step.get("with", {}).items()}
+            used.append((step["uses"].split("@")[0], given))
             continue
         assert step["shell"] == "bash"
-        step_env = {**env, **{k: _expand(str(v), values) for k, v in step.get("env", {}).items()}}
+        # as the runner does: each step appends to an output file of its own, read back as steps.ID.outputs
+        github_output = tmp_path / f"output-{number}"
+        github_output.touch()
+        step_env = {**env, **{k: _expand(str(v), values) for k, v in step.get("env", {}).items()},
+                    "GITHUB_OUTPUT": str(github_output)}
         proc = subprocess.run(["bash", "-e", "-c", _expand(step["run"], values)], cwd=repo, env=step_env,
                               capture_output=True, text=True, timeout=900)
-        ran.append((step.get("name"), proc))
-    (install_name, install), (check_name, check) = ran
+        step_outputs = dict(line.split("=", 1) for line in github_output.read_text().splitlines())
+        values.update({f"steps.{step['id']}.outputs.{k}": v for k, v in step_outputs.items()} if "id" in step else {})
+        ran.append((step.get("name"), proc, step_outputs))
+    (_, cache, cached), (_, install, _), (_, check, outputs) = ran
+    assert [name for name, _ in used] == ["actions/setup-python", "actions/cache"]
+    # pip's cache is restored and saved by actions/cache, keyed on the action's pyproject.toml
+    assert cache.returncode == 0, cache.stderr
+    assert used[1][1] == {"path": cached["dir"], "key": cached["key"]} and cached["dir"]
+    assert re.fullmatch(r"torchreview-pip-Linux-3\.\d+\.\d+-[0-9a-f]{16}", cached["key"]), cached
     assert install.returncode == 0, install.stdout + install.stderr
+    # the base install only: none of the App's server stack, no torch
+    listed = subprocess.run([str(python / "bin" / "python"), "-m", "pip", "list", "--format", "json"], env=env,
+                            capture_output=True, text=True, check=True)
+    names = {re.sub(r"[-_.]+", "-", p["name"]).lower() for p in json.loads(listed.stdout)}
+    assert "torchreview" in names and not names & {"flask", "celery", "gunicorn", "sqlalchemy", "pygithub", "torch"}
     # fail-on: critical reached the check: the HIGH finding the PR adds is reported, not failing
     assert check.returncode == 0, check.stdout + check.stderr
     assert "::error file=train.py,line=11" in check.stdout
     assert json.loads((repo / "checks/torchreview.sarif").read_text())["runs"][0]["results"]
-    outputs = _outputs(github)
     assert outputs["base"] == base and outputs["findings"] == "2"
     assert {o: _expand(spec["value"], {f"steps.check.outputs.{k}": v for k, v in outputs.items()})
             for o, spec in action["outputs"].items()} == outputs

@@ -111,6 +111,24 @@ def test_syntax_errors_are_on_the_cells_own_line_and_column():
                          "cell 3, line 2, column 8: invalid syntax"]
 
 
+def test_without_ipython_plain_cells_are_analyzed_and_ipython_cells_name_the_extra(monkeypatch):
+    """The base install has no IPython (the `notebooks` extra): what parses as Python is still analyzed;
+    a cell in IPython syntax is reported as not analyzed, saying what to install."""
+    from analyzers import notebook as notebook_module
+
+    monkeypatch.setattr(notebook_module, "_ipython", lambda: None)
+    nb = notebook(("code", "import torch\n"),
+                  ("code", "%matplotlib inline\nx = torch.load(a)\n"),
+                  ("code", ">>> y = torch.load(b)\n"),
+                  ("code", "%%time\nz = torch.load(c)\n"),  # a Python cell magic: its body is Python
+                  ("code", " w = torch.load(d)  # why?\n"))  # indented, and a "?" last: still plain Python
+    hint = "(IPython syntax (%magic, !command, a pasted prompt) needs IPython: pip install 'torchreview[notebooks]')"
+    found = where(nb)
+    assert [f for f in found if isinstance(f, tuple)] == [("TR601", 4, 2, 5), ("TR601", 5, 1, 6)]
+    assert [e for e in found if isinstance(e, str)] == [f"cell 2, line 1, column 1: invalid syntax {hint}",
+                                                        f"cell 3, line 1, column 1: invalid syntax {hint}"]
+
+
 
 TRAIN_FUNCTION = """\
 import torch

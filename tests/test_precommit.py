@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,13 @@ def test_pre_commit_hook_fails_on_bugs_and_passes_when_fixed(tmp_path):
 
     first = run_hooks()
     assert first.returncode == 1, first.stdout + first.stderr
+    # pre-commit installed the base package only: none of the App's server stack, no IPython, no torch
+    (hook_python,) = (tmp_path / "pre-commit-home").glob("repo*/py_env-*/bin/python")
+    listed = subprocess.run([str(hook_python), "-m", "pip", "list", "--format", "json"], env=env,
+                            capture_output=True, text=True, check=True)
+    names = {re.sub(r"[-_.]+", "-", p["name"]).lower() for p in json.loads(listed.stdout)}
+    assert "torchreview" in names
+    assert not names & {"flask", "celery", "gunicorn", "sqlalchemy", "pygithub", "redis", "ipython", "torch"}
     assert "TR601" in first.stdout and "train.py" in first.stdout
     assert "notes.txt" not in first.stdout and "explore.ipynb" not in first.stdout
 
