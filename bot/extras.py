@@ -17,6 +17,7 @@ COMMAND_EXTRAS = {
     "serve": "app",
     "worker": "app",
     "feedback": "app",
+    "recover": "app",
     "smoke": "runner",
     "demo": "demo",
 }
