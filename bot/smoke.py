@@ -301,6 +301,8 @@ def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None
     if verdicts:
         lines += ["", "**Static findings checked by running** (a finding not reproduced still stands: this run "
                       "only did not show it):"] + [f"- {verdict_line(*v)}" for v in verdicts]
+    if run.get("stopped"):  # the operator's cap on the job's time: not every target had its turn
+        lines += ["", f"⏱️ {_public(run['stopped'])}"]
     if run.get("warnings"):
         lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
     summary = "\n".join(lines)[:65000]

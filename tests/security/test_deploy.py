@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bot.settings import MAX_WEBHOOK_BYTES
 from gpu_runner import syscall_filter
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -71,7 +72,13 @@ def test_kubernetes_executor_has_no_credentials_no_egress_and_the_profile():
     documents = {d["kind"]: d for d in load("executor.yaml")}
     pod = documents["Deployment"]["spec"]["template"]["spec"]
     text = json.dumps(pod)
-    assert "secret" not in text.lower() and "configMapRef" not in text and "envFrom" not in text
+    assert "configMapRef" not in text and "envFrom" not in text
+    # its one secret: the token the smoke workers present (no App key, no webhook secret)
+    (container,) = pod["containers"]
+    secret_refs = [e for e in container["env"] if "valueFrom" in e]
+    assert secret_refs == [{"name": "TORCHREVIEW_EXECUTOR_TOKEN",
+                            "valueFrom": {"secretKeyRef": {"name": "torchreview-executor", "key": "token"}}}]
+    assert "torchreview-github" not in text and not [v for v in pod["volumes"] if "secret" in v]
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["seccompProfile"] == {"type": "Localhost",
                                                         "localhostProfile": PROFILE.name}
@@ -103,3 +110,54 @@ def test_compose_executor_gets_no_secrets_and_no_route_out():
     worker = compose["services"]["gpu-worker"]
     assert worker["environment"]["TORCHREVIEW_EXECUTOR_URL"] == "http://executor:8700"
     assert "sandbox" in worker["networks"]
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def test_compose_web_is_reachable_only_through_the_hosts_proxy():
+    """Slow clients hold gunicorn's threads: only a buffering proxy on the host may reach the web (issue 23, 9)."""
+    web = compose()["services"]["web"]
+    assert web["ports"] == ["127.0.0.1:3000:3000"]
+    assert "proxy_request_buffering on" in (DEPLOY / "README.md").read_text()
+    (ingress,) = load("ingress.yaml")
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/proxy-request-buffering"] == "on"
+    assert annotations["nginx.ingress.kubernetes.io/proxy-body-size"] == f"{MAX_WEBHOOK_BYTES >> 20}m"
+
+
+def test_compose_gives_the_webhook_secret_to_the_web_only():
+    services = compose()["services"]
+    assert services["web"]["env_file"] == ".env" and "GITHUB_WEBHOOK_SECRET" not in services["web"]["environment"]
+    for name in ("worker", "gpu-worker"):  # `environment` wins over the .env every service reads
+        assert services[name]["environment"]["GITHUB_WEBHOOK_SECRET"] == "", name
+    assert "env_file" not in services["executor"]
+
+
+def test_the_executor_and_only_the_smoke_workers_share_its_token():
+    services = compose()["services"]
+    path = "/run/secrets/executor-token"
+    for name in ("executor", "gpu-worker"):
+        assert "executor-token" in services[name]["secrets"], name
+        assert services[name]["environment"]["TORCHREVIEW_EXECUTOR_TOKEN_FILE"] == path, name
+    assert [n for n, s in services.items() if "executor-token" in s.get("secrets", [])] == ["gpu-worker", "executor"]
+    assert compose()["secrets"]["executor-token"] == {"file": "./executor-token"}
+    assert "executor-token" in (DEPLOY / ".gitignore").read_text().split()
+    reference = {"secretKeyRef": {"name": "torchreview-executor", "key": "token"}}
+    for name in ("executor.yaml", "gpu-worker.yaml"):
+        deployment = next(d for d in load(name) if d["kind"] == "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"name": "TORCHREVIEW_EXECUTOR_TOKEN", "valueFrom": reference} in container["env"], name
+    secrets = {d["metadata"]["name"] for d in load("secret.yaml")}
+    assert secrets == {"torchreview-github", "torchreview-executor"}
+
+
+def test_the_executor_container_has_memory_and_process_limits():
+    """Where the sandbox cannot use cgroups of its own, the container's limits bound what a run escapes the
+    sandbox's rlimits with (GPU runs' shared memory, kernel memory): issue 23, item 7."""
+    executor = compose()["services"]["executor"]
+    assert executor["deploy"]["resources"]["limits"]["memory"] == "16g" and executor["pids_limit"] > 0
+    deployment = next(d for d in load("executor.yaml") if d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["memory"] == "16Gi"

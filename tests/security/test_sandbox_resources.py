@@ -25,7 +25,8 @@ import pytest
 from gpu_runner import sandbox, syscall_filter
 from gpu_runner.runner import TargetRequest, smoke
 from gpu_runner.sandbox import SandboxLimits
-from test_attacks import DRIVER, PROJECT_ROOT, RUNNER_UID, pytestmark, runner_python  # noqa: F401 - fixture
+from test_attacks import DRIVER, PROJECT_ROOT, RUNNER_UID, runner_python  # noqa: F401 - a fixture
+from test_attacks import pytestmark as needs_runner_modes
 
 MODEL = Path(__file__).with_name("resource_model.py")
 LIMITS = {"memory_bytes": 512 << 20, "processes": 48, "timeout_s": 120}
@@ -92,6 +93,7 @@ def python(mode, request):
     return request.getfixturevalue("runner_python") if mode != "root" else sys.executable
 
 
+@needs_runner_modes
 def test_memory_outside_the_data_limit_and_other_socket_families_are_denied(mode, python, code):
     results = results_of(run_in_mode(mode, python, code, "limits.py:Limits"))
     assert results["growsdown"] == {"MiB": 0, "stopped": "EPERM"}, results
@@ -118,6 +120,7 @@ def _tasks_of(uids: range) -> int:
     return count
 
 
+@needs_runner_modes
 def test_a_run_holding_its_process_limit_does_not_starve_a_concurrent_run(mode, python, code):
     hog_run: dict = {}
     if mode == "root":
@@ -160,3 +163,34 @@ def test_every_filter_denies_growsdown_and_vsock(gpu):
     finally:
         os.close(read)
     assert done.stdout.split() == ["EPERM", "EAFNOSUPPORT"], done.stderr
+
+
+def test_a_job_stops_at_its_time_budget_and_the_check_run_says_so(tmp_path, monkeypatch):
+    """Targets x smoke.timeout is unbounded (100 sleeping classes held the executor 8 hours): the job's budget
+    stops it, whatever the per-target timeout."""
+    from bot.smoke import plan_smoke_check_run
+    from gpu_runner import executor, runner
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "slow.py").write_text("import time\nimport torch.nn as nn\n" + "".join(
+        f"\n\nclass Slow{i}(nn.Module):\n    def __init__(self):\n        super().__init__()\n        time.sleep(10**6)\n"
+        for i in range(4)))
+    monkeypatch.setenv(runner.JOB_BUDGET_VARIABLE, "12")
+    started = time.monotonic()
+    run = executor._execute(code, {"targets": [{"target": f"slow.py:Slow{i}"} for i in range(4)], "device": "cpu",
+                                   "steps": 2, "limits": {"timeout_s": 60}, "job_budget_s": 10 ** 6}, None)
+    assert time.monotonic() - started < 40  # not 4 x 60 s: the executor's own budget caps what the job asks
+    assert {t["status"] for t in run["targets"]} == {"error"}
+    assert all("time budget of 12s ran out" in t["head"]["reason"] for t in run["targets"]), run["targets"]
+    assert runner.JOB_BUDGET_VARIABLE in run["stopped"]
+    posted = plan_smoke_check_run(run, "0" * 40)
+    assert posted.conclusion == "failure" and "time budget of 12s ran out" in posted.summary
+
+
+def test_the_job_budget_setting_is_a_positive_number_of_seconds():
+    from gpu_runner.runner import DEFAULT_JOB_BUDGET_S, job_budget_s
+
+    assert job_budget_s("90") == 90 and job_budget_s("") == DEFAULT_JOB_BUDGET_S
+    for wrong in ("0", "-5", "inf", "nan", "soon"):
+        assert job_budget_s(wrong) == DEFAULT_JOB_BUDGET_S
