@@ -29,7 +29,7 @@ from github_emulator.local import ProcessGroup, free_port, wait_until
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "webhook-limits-secret-0123456789"
 READ_DEADLINE_S = 3
-WORKERS = 2
+WORKERS = 1  # one worker's threads, so that the slow clients surely hold all of them
 PATH = "/api/github/webhooks"
 
 
@@ -62,12 +62,14 @@ def head(length: int, signature: str, extra: str = "") -> bytes:
 
 
 def status_line(connection: socket.socket) -> str:
-    """The answer's status line, or "" when the server closed without one."""
+    """The answer's status line, "" when the server closed without one, "TIMEOUT" when it kept silent."""
     data = b""
     while b"\r\n" not in data:
         try:
             chunk = connection.recv(4096)
-        except (ConnectionResetError, socket.timeout):
+        except socket.timeout:
+            return "TIMEOUT"
+        except ConnectionResetError:
             break
         if not chunk:
             break
@@ -79,7 +81,7 @@ def genuine_delivery(port: int) -> tuple[float, str]:
     body = json.dumps({"zen": "Keep it logically awesome.", "hook_id": 1}).encode()
     signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     started = time.monotonic()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as connection:
         connection.sendall(head(len(body), signature, "Connection: close\r\n") + body)
         return time.monotonic() - started, status_line(connection)
 
@@ -87,7 +89,7 @@ def genuine_delivery(port: int) -> tuple[float, str]:
 def test_slow_clients_hold_no_thread_past_the_deadline_and_a_delivery_gets_through(web):
     wrong = "sha256=" + "0" * 64  # well formed: the body must be read to know it is wrong
     slow = []
-    for n in range(WEB_THREADS * WORKERS + 8):  # more slow clients than threads
+    for n in range(WEB_THREADS * WORKERS + 4):  # more slow clients than threads
         connection = socket.create_connection(("127.0.0.1", web), timeout=30)
         if n % 3 == 0:  # the headers, a byte at a time
             connection.sendall(b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -114,7 +116,7 @@ def test_slow_clients_hold_no_thread_past_the_deadline_and_a_delivery_gets_throu
         time.sleep(1)  # every slow client is sending
         seconds, status = genuine_delivery(web)
         assert status == "HTTP/1.1 200 OK", status
-        assert seconds < READ_DEADLINE_S + 6, seconds  # at worst it waited for a thread to be freed
+        assert seconds < 2 * READ_DEADLINE_S + 3, seconds  # it waited for the first slow clients to be cut
         for connection in slow:  # each was answered (401) or cut off at its deadline, none still held
             connection.settimeout(READ_DEADLINE_S + 10)
             assert status_line(connection) in ("", "HTTP/1.1 401 UNAUTHORIZED", "HTTP/1.1 400 BAD REQUEST")
