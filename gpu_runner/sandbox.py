@@ -590,6 +590,9 @@ def _child_env(env: Optional[dict[str, str]], *, python_paths: Sequence[Path], h
 # those count as data), and the child may raise it to no more than this.
 STACK_HARD_BYTES = 64 << 20
 _STACK_SOFT_BYTES = 8 << 20
+# Open files, sockets and pipes: each socket may queue a few hundred KiB of kernel memory that no limit of
+# the child's counts (containers often allow a million descriptors). Training needs a few dozen.
+MAX_OPEN_FILES = 4096
 
 
 def _rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
@@ -599,12 +602,14 @@ def _rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
             (resource.RLIMIT_STACK, _STACK_SOFT_BYTES, STACK_HARD_BYTES),
             (resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds),
             (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
-            (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NPROC, limits.processes, limits.processes)]
+            (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
+            (resource.RLIMIT_NPROC, limits.processes, limits.processes)]
 
 
 def _prlimit_args(rlimits: list[tuple[int, int, int]]) -> list[str]:
     names = {resource.RLIMIT_DATA: "--data", resource.RLIMIT_STACK: "--stack", resource.RLIMIT_CPU: "--cpu",
-             resource.RLIMIT_FSIZE: "--fsize", resource.RLIMIT_CORE: "--core", resource.RLIMIT_NPROC: "--nproc"}
+             resource.RLIMIT_FSIZE: "--fsize", resource.RLIMIT_CORE: "--core", resource.RLIMIT_NOFILE: "--nofile",
+             resource.RLIMIT_NPROC: "--nproc"}
     return ["prlimit", *(f"{names[which]}={soft}:{hard}" for which, soft, hard in rlimits), "--"]
 
 

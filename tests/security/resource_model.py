@@ -7,6 +7,7 @@ import json
 import mmap
 import os
 import resource
+import socket
 import time
 
 import torch.nn as nn
@@ -89,6 +90,22 @@ def hold_processes():
     return {"held": len(children), "stopped": stopped}
 
 
+def open_files():
+    """Socket pairs until the descriptor limit: each may queue kernel memory outside every other limit."""
+    pairs = []
+    try:
+        while len(pairs) < 100_000:
+            pairs.append(socket.socketpair())
+    except OSError as exc:
+        stopped = errno.errorcode.get(exc.errno, "?")
+    else:
+        stopped = None
+    for a, b in pairs:
+        a.close()
+        b.close()
+    return {"pairs": len(pairs), "stopped": stopped}
+
+
 def report(results):
     raise RuntimeError("RESOURCES<<" + json.dumps(results) + ">>RESOURCES")
 
@@ -97,7 +114,7 @@ class Limits(nn.Module):
     def __init__(self):
         super().__init__()
         report({"growsdown": growsdown(), "dev": fill("/dev", 64 << 20), "sockets": socket_families(),
-                "stack": raise_stack(), "uid": os.getuid()})
+                "stack": raise_stack(), "files": open_files(), "uid": os.getuid()})
 
 
 class Hog(nn.Module):

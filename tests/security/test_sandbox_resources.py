@@ -99,6 +99,7 @@ def test_memory_outside_the_data_limit_and_other_socket_families_are_denied(mode
     assert results["growsdown"] == {"MiB": 0, "stopped": "EPERM"}, results
     assert results["dev"] == {"MiB": 0, "stopped": "EROFS"}, results  # no uncapped RAM filesystem
     assert results["stack"] == "not allowed to raise maximum limit", results
+    assert results["files"]["stopped"] == "EMFILE" and results["files"]["pairs"] < sandbox.MAX_OPEN_FILES // 2
     sockets = results["sockets"]
     assert {name: sockets[name] for name in DENIED_FAMILIES} == dict.fromkeys(DENIED_FAMILIES, "EAFNOSUPPORT")
     assert sockets["AF_NETLINK_AUDIT"] == sockets["AF_NETLINK_UEVENT"] == "EPROTONOSUPPORT", sockets
