@@ -120,8 +120,9 @@ def _post_job(url: str, head_dir: Path, requests: list, *, base_dir: Optional[Pa
         if base_dir is not None:
             archive.add(str(base_dir), arcname="base")
     token = executor_token()
-    # The job's budget bounds the run (the executor's own budget may only be smaller), plus the transfer.
-    timeout = 120 + job["job_budget_s"]
+    # The job's budget bounds the run (the executor's own may only be smaller), plus the transfer; one job of
+    # another smoke worker may be running there first.
+    timeout = 120 + 2 * job["job_budget_s"]
     response = http.post(url.rstrip("/") + "/v1/smoke", data=body.getvalue(), timeout=(30, timeout),
                          headers={"Content-Type": "application/gzip", "Authorization": f"Bearer {token}"})
     response.raise_for_status()
