@@ -58,9 +58,11 @@ class DeadlineThreadWorker(ThreadWorker):
     gthread waits for a silent connection without a thread, but once bytes arrive, the thread reads the
     headers and the body with no time limit: 16 clients sending a byte every few seconds held every thread of
     a default ``torchreview serve`` and no delivery got through. Here a watchdog shuts the reading side of a
-    connection past its deadline: the blocked read returns end-of-file, the request fails and its thread is
-    free again. (A slow client can still take a thread for that long: in front of the web there belongs a
-    proxy that buffers whole requests, deploy/README.md.)
+    connection past its deadline, counted from when its request was queued for a thread: a blocked read
+    returns end-of-file, the request fails and its thread is free again, and a connection that waited its
+    whole deadline in the queue gives its thread back at once. So a delivery waits one deadline at most,
+    however many slow clients came first. (A slow client can still hold a thread that long: in front of the
+    web there belongs a proxy that buffers whole requests, deploy/README.md.)
     """
 
     def init_process(self) -> None:
@@ -69,9 +71,12 @@ class DeadlineThreadWorker(ThreadWorker):
         threading.Thread(target=self._watch, name="read-deadlines", daemon=True).start()
         super().init_process()  # runs the worker's loop: never returns
 
-    def handle(self, conn):
+    def enqueue_req(self, conn) -> None:
         with self._deadlines_lock:
-            self._deadlines[conn] = time.monotonic() + read_deadline_s()
+            self._deadlines.setdefault(conn, time.monotonic() + read_deadline_s())
+        super().enqueue_req(conn)
+
+    def handle(self, conn):
         try:
             return super().handle(conn)
         finally:

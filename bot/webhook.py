@@ -33,15 +33,17 @@ class _BodyRefused(Exception):
         self.status, self.message = status, message
 
 
-def read_signed_body(stream, secret: str, header: Optional[str], limit: int) -> bytes:
-    """The body from ``stream``, read in chunks while its HMAC is computed, refused (``_BodyRefused``) past
-    ``limit`` bytes or when it does not match ``header``. A signature that cannot be one is refused before
-    a byte of the body is read."""
+def read_signed_body(stream, secret: str, header: Optional[str], limit: int, length: Optional[int]) -> bytes:
+    """The body from ``stream`` (``length`` bytes when the request says), read in chunks while its HMAC is
+    computed, refused (``_BodyRefused``) past ``limit`` bytes or when it does not match ``header``. A signature
+    that cannot be one is refused before a byte of the body is read."""
     if not header or not SIGNATURE_RE.fullmatch(header):
         raise _BodyRefused(401, "missing or invalid X-Hub-Signature-256")
     digest = hmac.new(secret.encode(), digestmod=hashlib.sha256)
     chunks, size = [], 0
-    while chunk := stream.read(_READ_CHUNK):
+    left = limit + 1 if length is None else length  # no read past a stated length: werkzeug's max would refuse it
+    while left > 0 and (chunk := stream.read(min(_READ_CHUNK, left))):
+        left -= len(chunk)
         size += len(chunk)
         if size > limit:
             raise _BodyRefused(413, "payload too large")
@@ -112,7 +114,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
             return _answer(413, "payload too large", event, started)
         try:  # raw bytes: the signature covers exactly these
             body = read_signed_body(request.stream, settings.webhook_secret,
-                                    request.headers.get("X-Hub-Signature-256"), MAX_WEBHOOK_BYTES)
+                                    request.headers.get("X-Hub-Signature-256"), MAX_WEBHOOK_BYTES, length)
         except _BodyRefused as refused:
             return _answer(refused.status, refused.message, event, started)
         except RequestEntityTooLarge:
