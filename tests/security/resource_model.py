@@ -106,6 +106,26 @@ def open_files():
     return {"pairs": len(pairs), "stopped": stopped}
 
 
+def training_needs():
+    """What the allowed socket families are for: DataLoader workers (AF_UNIX, file descriptor passing) and
+    torch.distributed's gloo on loopback (AF_INET, routing netlink for the interfaces)."""
+    import torch
+    import torch.distributed as dist
+
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    batches = sum(1 for _ in torch.utils.data.DataLoader(data, batch_size=8, num_workers=2))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    try:
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        total = torch.ones(2)
+        dist.all_reduce(total)
+        dist.destroy_process_group()
+        gloo = total.tolist()
+    except Exception as exc:  # noqa: BLE001 - reported, the test says what failed
+        gloo = f"{type(exc).__name__}: {exc}"[:200]
+    return {"dataloader_batches": batches, "gloo_all_reduce": gloo}
+
+
 def report(results):
     raise RuntimeError("RESOURCES<<" + json.dumps(results) + ">>RESOURCES")
 
@@ -114,7 +134,7 @@ class Limits(nn.Module):
     def __init__(self):
         super().__init__()
         report({"growsdown": growsdown(), "dev": fill("/dev", 64 << 20), "sockets": socket_families(),
-                "stack": raise_stack(), "files": open_files(), "uid": os.getuid()})
+                "stack": raise_stack(), "files": open_files(), "needs": training_needs(), "uid": os.getuid()})
 
 
 class Hog(nn.Module):

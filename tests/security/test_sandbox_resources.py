@@ -104,6 +104,7 @@ def test_memory_outside_the_data_limit_and_other_socket_families_are_denied(mode
     assert {name: sockets[name] for name in DENIED_FAMILIES} == dict.fromkeys(DENIED_FAMILIES, "EAFNOSUPPORT")
     assert sockets["AF_NETLINK_AUDIT"] == sockets["AF_NETLINK_UEVENT"] == "EPROTONOSUPPORT", sockets
     assert [sockets[name] for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK_ROUTE")] == ["open"] * 4
+    assert results["needs"] == {"dataloader_batches": 4, "gloo_all_reduce": [1.0, 1.0]}, results  # what they serve
     if mode == "root":  # a uid of the run's own, not the shared nobody
         assert sandbox.RUN_UID_BASE <= results["uid"] < sandbox.RUN_UID_BASE + sandbox.RUN_UID_COUNT, results
 
