@@ -20,10 +20,32 @@ BWRAP_NEEDS = {"clone", "clone3", "unshare", "setns", "mount", "umount2", "pivot
                "setresuid", "setresgid", "setgroups", "execve", "seccomp"}
 
 
-def denied_by_profile() -> set[str]:
+def profile_rules() -> list[dict]:
     profile = json.loads(PROFILE.read_text())
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
-    return {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]}
+    assert {rule["action"] for rule in profile["syscalls"]} == {"SCMP_ACT_ERRNO"}
+    return profile["syscalls"]
+
+
+def denied_by_profile() -> set[str]:
+    """The calls the profile denies whatever their arguments."""
+    return {name for rule in profile_rules() if not rule.get("args") for name in rule["names"]}
+
+
+def socket_families_denied_by_profile() -> tuple[set[int], int]:
+    """(families denied one by one, the family from which every one is denied) for socket and socketpair."""
+    single, from_on = set(), None
+    for rule in profile_rules():
+        if rule.get("args"):
+            assert set(rule["names"]) == {"socket", "socketpair"} and rule["errnoRet"] == 97, rule  # EAFNOSUPPORT
+            (arg,) = rule["args"]
+            assert arg["index"] == 0, rule
+            if arg["op"] == "SCMP_CMP_EQ":
+                single.add(arg["value"])
+            else:
+                assert arg["op"] == "SCMP_CMP_GE", rule
+                from_on = arg["value"]
+    return single, from_on
 
 
 def test_profile_lets_bubblewrap_work_and_denies_the_kernels_riskiest_calls():
@@ -37,17 +59,28 @@ def test_profile_lets_bubblewrap_work_and_denies_the_kernels_riskiest_calls():
     assert must <= denied, sorted(must - denied)
 
 
+def test_profile_denies_every_socket_family_the_sandbox_denies():
+    """AF_VSOCK reaches the hypervisor: the container's profile denies it (and the rest) for the executor itself
+    too, keeping what it and bubblewrap use (AF_UNIX, AF_INET/6, netlink to bring up the sandbox's loopback)."""
+    single, from_on = socket_families_denied_by_profile()
+    allowed = set(syscall_filter.ALLOWED_SOCKET_FAMILIES)
+    assert single == set(range(syscall_filter.AF_MAX)) - allowed and from_on == syscall_filter.AF_MAX
+
+
 def test_profile_really_allows_the_sandbox_and_blocks_ptrace(tmp_path):
     # Load the profile's deny-list with libseccomp and check bubblewrap still builds its sandbox under it.
     sc = syscall_filter.library()
     if sc is None or shutil.which("bwrap") is None:
         pytest.skip("needs libseccomp's bindings and bubblewrap")
     rules = sc.SyscallFilter(sc.ALLOW)
-    for name in sorted(denied_by_profile()):
-        try:
-            rules.add_rule(sc.ERRNO(1), name)
-        except (ValueError, RuntimeError, OSError):
-            continue
+    operators = {"SCMP_CMP_EQ": sc.EQ, "SCMP_CMP_GE": sc.GE}
+    for rule in profile_rules():
+        arguments = [sc.Arg(a["index"], operators[a["op"]], a["value"]) for a in rule.get("args", [])]
+        for name in rule["names"]:
+            try:
+                rules.add_rule(sc.ERRNO(rule["errnoRet"]), name, *arguments)
+            except (ValueError, RuntimeError, OSError):
+                continue
     bpf = tmp_path / "profile.bpf"
     with open(bpf, "wb") as f:
         rules.export_bpf(f)
@@ -58,10 +91,11 @@ def test_profile_really_allows_the_sandbox_and_blocks_ptrace(tmp_path):
         done = subprocess.run([*as_runner, "python3", "-I", "-c", syscall_filter.LOADER, str(f.fileno()),
                                "bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--proc", "/proc",
                                "--dev", "/dev", "--",
-                               "python3", "-c", "import ctypes; print(ctypes.CDLL(None).ptrace(16, 1, 0, 0))"],
+                               "python3", "-c", "import ctypes; libc = ctypes.CDLL(None); "
+                               "print(libc.ptrace(16, 1, 0, 0), libc.socket(40, 1, 0), libc.socket(1, 1, 0) >= 0)"],
                               pass_fds=(f.fileno(),), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "-1"  # ptrace denied, and the sandbox came up
+    assert done.stdout.split() == ["-1", "-1", "True"]  # ptrace and AF_VSOCK denied, AF_UNIX not, the sandbox up
 
 
 def load(name: str) -> list[dict]:
