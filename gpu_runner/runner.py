@@ -54,9 +54,8 @@ def job_budget_s(value: Optional[str] = None) -> float:
     return budget
 
 
-def _budget_reason(budget_s: float) -> str:
-    return (f"the smoke job's time budget of {budget_s:.0f}s ran out ({JOB_BUDGET_VARIABLE}, the operator's cap on "
-            "one job); its processes were killed")
+BUDGET_REASON = (f"stopped when the smoke job's time budget ran out ({JOB_BUDGET_VARIABLE}, the operator's cap on "
+                 "one job); its processes were killed")
 
 
 @dataclass
@@ -161,7 +160,7 @@ def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, s
                                env={"OMP_NUM_THREADS": threads_text, "MKL_NUM_THREADS": threads_text})
         stdout, stderr, warnings, channel = result.stdout, result.stderr, list(result.warnings), result.channel
         if result.timed_out and over_budget:
-            return [_error(r.target, _budget_reason(budget_s)) for r in requests], warnings
+            return [_error(r.target, BUDGET_REASON) for r in requests], warnings
         if result.timed_out:
             reason = (f"timed out after {job_limits.timeout_s:.0f}s for {count} target(s) (smoke.timeout); the whole "
                       "process tree was killed")
@@ -315,12 +314,12 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
     def run_all(code_dir: Path, batch: list[TargetRequest]) -> list[dict]:
         left = deadline - time.monotonic()
         if batch and left < 1:
-            reports, new_warnings = [_error(r.target, _budget_reason(budget)) for r in batch], []
+            reports, new_warnings = [_error(r.target, BUDGET_REASON) for r in batch], []
         else:
             reports, new_warnings = run_targets(code_dir, batch, device=device, steps=steps, seed=seed,
                                                 limits=limits, sandbox=sandbox, policy=policy, budget_s=left)
         _merge(warnings, new_warnings)
-        if any(report.get("reason") == _budget_reason(budget) for report in reports) and not stopped:
+        if any(report.get("reason") == BUDGET_REASON for report in reports) and not stopped:
             stopped.append(f"The job's time budget of {budget:.0f}s ran out ({JOB_BUDGET_VARIABLE}, set by the "
                            "operator): targets of the head it stopped are errors, and those of the base are not compared.")
         return [redact(report, secrets) for report in reports]

@@ -184,8 +184,8 @@ def test_a_job_stops_at_its_time_budget_and_the_check_run_says_so(tmp_path, monk
                                    "steps": 2, "limits": {"timeout_s": 60}, "job_budget_s": 10 ** 6}, None)
     assert time.monotonic() - started < 40  # not 4 x 60 s: the executor's own budget caps what the job asks
     assert {t["status"] for t in run["targets"]} == {"error"}
-    assert all("time budget of 12s ran out" in t["head"]["reason"] for t in run["targets"]), run["targets"]
-    assert runner.JOB_BUDGET_VARIABLE in run["stopped"]
+    assert {t["head"]["reason"] for t in run["targets"]} == {runner.BUDGET_REASON}
+    assert "time budget of 12s ran out" in run["stopped"] and runner.JOB_BUDGET_VARIABLE in run["stopped"]
     posted = plan_smoke_check_run(run, "0" * 40)
     assert posted.conclusion == "failure" and "time budget of 12s ran out" in posted.summary
 
@@ -196,3 +196,19 @@ def test_the_job_budget_setting_is_a_positive_number_of_seconds():
     assert job_budget_s("90") == 90 and job_budget_s("") == DEFAULT_JOB_BUDGET_S
     for wrong in ("0", "-5", "inf", "nan", "soon"):
         assert job_budget_s(wrong) == DEFAULT_JOB_BUDGET_S
+
+
+def test_a_base_run_past_the_budget_is_stopped_and_the_head_kept(tmp_path):
+    from gpu_runner import runner
+
+    head, base = tmp_path / "head", tmp_path / "base"
+    for root, init in ((head, ""), (base, "        import time\n        time.sleep(10**6)\n")):
+        root.mkdir()
+        (root / "model.py").write_text("import torch.nn as nn\n\nclass Tiny(nn.Module):\n    def __init__(self):\n"
+                                       "        super().__init__()\n        self.fc = nn.Linear(4, 3)\n" + init +
+                                       "\n    def forward(self, x):\n        return self.fc(x)\n")
+    run = smoke(head, [TargetRequest("model.py:Tiny")], base_dir=base, steps=2, limits=SandboxLimits(timeout_s=120),
+                budget_s=40).to_dict()
+    (target,) = run["targets"]
+    assert target["status"] in ("passed", "failed") and target["base"] is None and target["comparison"] == []
+    assert "time budget of 40s ran out" in run["stopped"], run
