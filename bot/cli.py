@@ -407,12 +407,14 @@ WEB_THREADS = 8
 
 
 def web_command(host: str, port: int, workers: int, internal_port: Optional[int] = None) -> list[str]:
-    # gthread: a client that sends its request slowly holds one thread, not a whole worker process.
+    # gthread: a client that sends its request slowly holds one thread, not a whole worker process, and
+    # for a few seconds at most (bot.gunicorn_conf.DeadlineThreadWorker).
     # internal_port: a second listener, where alone /healthz and /metrics answer (bot.webhook)
     binds = [f"{host}:{port}"] + ([f"{host}:{internal_port}"] if internal_port else [])
     return [sys.executable, "-m", "gunicorn", "--config", "python:bot.gunicorn_conf",
             *(argument for bind in binds for argument in ("--bind", bind)),
-            "--workers", str(workers), "--worker-class", "gthread", "--threads", str(WEB_THREADS),
+            "--workers", str(workers), "--worker-class", "bot.gunicorn_conf.DeadlineThreadWorker",
+            "--threads", str(WEB_THREADS),
             "--access-logfile", "-", "--log-level", _log_level().lower(), "--graceful-timeout", "10",
             "bot.webhook:create_app()"]
 

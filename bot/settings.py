@@ -23,7 +23,11 @@ class SettingsError(ValueError):
 
 DEFAULT_API_URL = "https://api.github.com"
 DEFAULT_WEBHOOK_PATH = "/api/github/webhooks"
-MAX_WEBHOOK_BYTES = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
+# GitHub caps payloads at 25 MB, but the events the App handles are far smaller: their free text is a PR's or
+# an issue's body and a comment (65,536 characters each, at most 12 bytes each JSON-escaped: 1.5 MiB) and a
+# commit's message, around objects of a few KiB (repository, users, labels). Every request body is held in
+# memory whole while its signature is checked, so the cap bounds the web's memory: 32 threads x 5 MiB.
+MAX_WEBHOOK_BYTES = 5 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ STATUS_BADGE = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭�
 MAX_TARBALL_BYTES = 200 << 20  # downloaded (compressed)
 MAX_EXTRACTED_BYTES = 1 << 30  # unpacked: a 1.5 MiB tarball can hold 1.5 GiB of zeros
 MAX_EXTRACTED_MEMBERS = 50_000
+MAX_TAR_HEADER_BYTES = 64 << 10  # a GNU long name or a pax header: a path is at most 4 KiB
 # Not the static review's fingerprint marker: each job resolves only the threads of its own kind.
 SMOKE_MARKER_RE = re.compile(r"<!-- torchreview:smoke=([0-9a-f]+) -->")
 
@@ -77,11 +78,35 @@ def download_tree(repo, ref: str, into: Path, *, max_download: int = MAX_TARBALL
     from bot.archives import download_archive
 
     data = download_archive(repo, "tarball", ref, max_download, TarballTooLarge)
+    return unpack_tree(data, into, ref=ref, max_bytes=max_bytes, max_members=max_members)
+
+
+class _CappedTarInfo(tarfile.TarInfo):
+    """A member header that refuses what tarfile would otherwise read whole before returning any member: a GNU
+    long name or pax header of the size it declares (768 MiB of one cost a worker as much), or a chain of GNU
+    sparse maps (GitHub's tarballs hold neither a sparse file nor a path over 4 KiB)."""
+
+    _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                 tarfile.SOLARIS_XHDTYPE)
+
+    def _proc_member(self, archive):
+        if self.type in self._EXTENDED and self.size > MAX_TAR_HEADER_BYTES:
+            raise TarballTooLarge(f"the tarball has a {self.size:,}-byte long name or pax header (the most taken "
+                                  f"is {MAX_TAR_HEADER_BYTES:,})")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise TarballTooLarge("the tarball has a GNU sparse member, which no repository tarball holds")
+        return super()._proc_member(archive)
+
+
+def unpack_tree(data, into: Path, *, ref: str, max_bytes: int = MAX_EXTRACTED_BYTES,
+                max_members: int = MAX_EXTRACTED_MEMBERS) -> Path:
+    """A repository tarball (a file object of its gzip'd bytes) extracted under ``into``, as ``download_tree``
+    says; every cap holds while the archive streams, before what it caps is read."""
     into.mkdir(parents=True, exist_ok=True)
     total = members = 0
     # Streaming mode: one pass, each member's header read just before its data, so the caps stop a
     # bomb before it is unpacked (or even decompressed) past them.
-    with tarfile.open(fileobj=data, mode="r|gz") as archive:
+    with tarfile.open(fileobj=data, mode="r|gz", tarinfo=_CappedTarInfo) as archive:
         for member in archive:
             members += 1
             if members > max_members:
@@ -301,6 +326,8 @@ def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None
     if verdicts:
         lines += ["", "**Static findings checked by running** (a finding not reproduced still stands: this run "
                       "only did not show it):"] + [f"- {verdict_line(*v)}" for v in verdicts]
+    if run.get("stopped"):  # the operator's cap on the job's time: not every target had its turn
+        lines += ["", f"⏱️ {_public(run['stopped'])}"]
     if run.get("warnings"):
         lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
     summary = "\n".join(lines)[:65000]

@@ -5,10 +5,12 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 from typing import Callable, Optional
 
 from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from bot import health
 from bot.jobs import ENQUEUED, GPU_QUEUE, REVIEW_QUEUE, Job, delivery_key, route_event
@@ -21,11 +23,35 @@ DELIVERY_TTL = 7 * 24 * 3600  # GitHub redelivers for up to a few days
 PENDING_TTL = 60  # a claimed delivery not yet on the queue (its request may have died): free again after this
 
 
-def verify_signature(secret: str, body: bytes, header: Optional[str]) -> bool:
-    if not header or not header.startswith("sha256="):
-        return False
-    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, header)
+SIGNATURE_RE = re.compile(r"sha256=[0-9a-f]{64}")
+_READ_CHUNK = 64 << 10
+
+
+class _BodyRefused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def read_signed_body(stream, secret: str, header: Optional[str], limit: int, length: Optional[int]) -> bytes:
+    """The body from ``stream`` (``length`` bytes when the request says), read in chunks while its HMAC is
+    computed, refused (``_BodyRefused``) past ``limit`` bytes or when it does not match ``header``. A signature
+    that cannot be one is refused before a byte of the body is read."""
+    if not header or not SIGNATURE_RE.fullmatch(header):
+        raise _BodyRefused(401, "missing or invalid X-Hub-Signature-256")
+    digest = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+    chunks, size = [], 0
+    left = limit + 1 if length is None else length  # no read past a stated length: werkzeug's max would refuse it
+    while left > 0 and (chunk := stream.read(min(_READ_CHUNK, left))):
+        left -= len(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise _BodyRefused(413, "payload too large")
+        digest.update(chunk)
+        chunks.append(chunk)
+    if not hmac.compare_digest("sha256=" + digest.hexdigest(), header):
+        raise _BodyRefused(401, "missing or invalid X-Hub-Signature-256")
+    return b"".join(chunks)
 
 
 HANDLED_EVENTS = {"pull_request", "issue_comment", "check_run", "check_suite"}
@@ -49,7 +75,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
     from bot import metrics
 
     app = Flask("torchreview")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_WEBHOOK_BYTES
+    app.config["MAX_CONTENT_LENGTH"] = MAX_WEBHOOK_BYTES  # werkzeug's stream stops a chunked body past it too
     app.extensions["torchreview.settings"] = settings
 
     if settings.internal_port:
@@ -84,13 +110,15 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
         event = request.headers.get("X-GitHub-Event")
         delivery = request.headers.get("X-GitHub-Delivery")
         length = request.content_length
-        if length is not None and length > MAX_WEBHOOK_BYTES:
+        if length is not None and length > MAX_WEBHOOK_BYTES:  # from the header, before reading the body
             return _answer(413, "payload too large", event, started)
-        body = request.get_data(cache=False)  # raw bytes: the signature covers exactly these
-        if len(body) > MAX_WEBHOOK_BYTES:
+        try:  # raw bytes: the signature covers exactly these
+            body = read_signed_body(request.stream, settings.webhook_secret,
+                                    request.headers.get("X-Hub-Signature-256"), MAX_WEBHOOK_BYTES, length)
+        except _BodyRefused as refused:
+            return _answer(refused.status, refused.message, event, started)
+        except RequestEntityTooLarge:
             return _answer(413, "payload too large", event, started)
-        if not verify_signature(settings.webhook_secret, body, request.headers.get("X-Hub-Signature-256")):
-            return _answer(401, "missing or invalid X-Hub-Signature-256", event, started)
         if not event or not delivery:
             return _answer(400, "missing X-GitHub-Event or X-GitHub-Delivery header", event, started)
         try:

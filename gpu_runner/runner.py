@@ -32,6 +32,30 @@ _MAX_TEXT = 4000  # characters per string of a report: the check run's summary h
 
 
 KINDS = ("model", "step")
+# The operator's cap on one smoke job's wall time, head and base together: targets x smoke.timeout alone is
+# unbounded (100 classes of a PR at 300 s each held the executor for 8 hours).
+JOB_BUDGET_VARIABLE = "TORCHREVIEW_SMOKE_JOB_BUDGET_S"
+DEFAULT_JOB_BUDGET_S = 1800.0
+
+
+def job_budget_s(value: Optional[str] = None) -> float:
+    """The job budget in seconds, from $TORCHREVIEW_SMOKE_JOB_BUDGET_S (a positive number) or the default."""
+    raw = os.environ.get(JOB_BUDGET_VARIABLE, "") if value is None else value
+    if not raw.strip():
+        return DEFAULT_JOB_BUDGET_S
+    try:
+        budget = float(raw)
+    except ValueError:
+        budget = 0.0
+    if not budget > 0 or budget == float("inf"):
+        log.error("smoke: %s=%r is not a positive number of seconds; using %.0f", JOB_BUDGET_VARIABLE, raw,
+                  DEFAULT_JOB_BUDGET_S)
+        return DEFAULT_JOB_BUDGET_S
+    return budget
+
+
+BUDGET_REASON = (f"stopped when the smoke job's time budget ran out ({JOB_BUDGET_VARIABLE}, the operator's cap on "
+                 "one job); its processes were killed")
 
 
 @dataclass
@@ -80,6 +104,7 @@ class SmokeRun:
     seconds: float
     warnings: list[str] = field(default_factory=list)  # sandbox layers that were unavailable, etc.
     refused: Optional[str] = None  # why the sandbox refused to run PR code, and what the operator must do
+    stopped: Optional[str] = None  # why the job stopped before every target ran (its time budget)
 
     @property
     def failed(self) -> bool:
@@ -88,7 +113,7 @@ class SmokeRun:
 
     def to_dict(self) -> dict:
         return {"device": self.device, "seconds": round(self.seconds, 2), "warnings": self.warnings,
-                "refused": self.refused,
+                "refused": self.refused, "stopped": self.stopped,
                 "targets": [{"target": o.target, "line": o.line, "status": o.status, "head": o.head, "base": o.base,
                              "comparison": o.comparison} for o in self.outcomes]}
 
@@ -103,11 +128,12 @@ def run_target(code_dir: Path, request: TargetRequest, *, device: str, steps: in
 
 def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, steps: int, seed: int,
                 limits: SandboxLimits, sandbox: bool = True, policy: Optional[str] = None,
-                threads: Optional[int] = None) -> tuple[list[dict], list[str]]:
+                threads: Optional[int] = None, budget_s: Optional[float] = None) -> tuple[list[dict], list[str]]:
     """Every target of one revision in one sandboxed child: one interpreter and one ``import torch`` for all
     of them; (one report per request, sandbox warnings). ``limits.timeout_s`` holds per target (the harness
     kills a worker that runs past it and goes on with the next target in a fresh one); the sandbox's own
-    wall-clock and CPU limits are that times the number of targets.
+    wall-clock and CPU limits are that times the number of targets, or ``budget_s`` (what is left of the job's
+    time budget) when that is less: then the targets not done by then are errors that say so.
 
     The reports come only from the result channel the trusted harness (gpu_runner.child) writes;
     the child's stdout and stderr are logs. Raises ``SandboxRefused`` when the sandbox refuses.
@@ -121,7 +147,9 @@ def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, s
            "device": device, "steps": steps, "seed": seed, "target_timeout_s": limits.timeout_s}
     if threads:
         job["threads"] = threads
-    job_limits = replace(limits, timeout_s=limits.timeout_s * count + 30,
+    timeout_s = limits.timeout_s * count + 30
+    over_budget = budget_s is not None and budget_s < timeout_s
+    job_limits = replace(limits, timeout_s=budget_s if over_budget else timeout_s,
                          cpu_seconds=int(limits.cpu_seconds * count), result_bytes=limits.result_bytes * count)
     argv = [sys.executable, "-s", "-m", "gpu_runner.child"]
     payload = json.dumps(job).encode()
@@ -131,6 +159,8 @@ def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, s
                                gpu=device.startswith("cuda"), result_channel=True, private_cwd=True, policy=policy,
                                env={"OMP_NUM_THREADS": threads_text, "MKL_NUM_THREADS": threads_text})
         stdout, stderr, warnings, channel = result.stdout, result.stderr, list(result.warnings), result.channel
+        if result.timed_out and over_budget:
+            return [_error(r.target, BUDGET_REASON) for r in requests], warnings
         if result.timed_out:
             reason = (f"timed out after {job_limits.timeout_s:.0f}s for {count} target(s) (smoke.timeout); the whole "
                       "process tree was killed")
@@ -267,19 +297,31 @@ def redact(value, secrets: list[str]):
 
 def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[Path] = None, device: str = "cpu",
           steps: int = 50, seed: int = 0, limits: SandboxLimits = SandboxLimits(),
-          thresholds: Optional[dict] = None, sandbox: bool = True, policy: Optional[str] = None) -> SmokeRun:
-    """Smoke every request on head (and base); a sandbox refusal stops the run and says why in ``refused``."""
+          thresholds: Optional[dict] = None, sandbox: bool = True, policy: Optional[str] = None,
+          budget_s: Optional[float] = None) -> SmokeRun:
+    """Smoke every request on head (and base); a sandbox refusal stops the run and says why in ``refused``.
+    ``budget_s`` (default: ``job_budget_s()``) caps the whole job's wall time; hitting it sets ``stopped``."""
     from gpu_runner.compare import compare_reports
 
     started = time.perf_counter()
+    budget = job_budget_s() if budget_s is None else budget_s
+    deadline = time.monotonic() + budget
     outcomes: list[TargetOutcome] = []
     warnings: list[str] = []
     secrets = runner_secrets()
+    stopped: list[str] = []
 
     def run_all(code_dir: Path, batch: list[TargetRequest]) -> list[dict]:
-        reports, new_warnings = run_targets(code_dir, batch, device=device, steps=steps, seed=seed, limits=limits,
-                                            sandbox=sandbox, policy=policy)
+        left = deadline - time.monotonic()
+        if batch and left < 1:
+            reports, new_warnings = [_error(r.target, BUDGET_REASON) for r in batch], []
+        else:
+            reports, new_warnings = run_targets(code_dir, batch, device=device, steps=steps, seed=seed,
+                                                limits=limits, sandbox=sandbox, policy=policy, budget_s=left)
         _merge(warnings, new_warnings)
+        if any(report.get("reason") == BUDGET_REASON for report in reports) and not stopped:
+            stopped.append(f"The job's time budget of {budget:.0f}s ran out ({JOB_BUDGET_VARIABLE}, set by the "
+                           "operator): targets of the head it stopped are errors, and those of the base are not compared.")
         return [redact(report, secrets) for report in reports]
 
     try:
@@ -298,7 +340,7 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
         reason = str(exc)
         outcomes = [TargetOutcome(r.target, r.line, _error(r.target, reason)) for r in requests]
         return SmokeRun(outcomes, device, time.perf_counter() - started, warnings, refused=reason)
-    return SmokeRun(outcomes, device, time.perf_counter() - started, warnings)
+    return SmokeRun(outcomes, device, time.perf_counter() - started, warnings, stopped=stopped[0] if stopped else None)
 
 
 def _merge(into: list[str], new: list[str]) -> None:

@@ -7,8 +7,10 @@ layers, all provided by bubblewrap (``bwrap``):
   per namespace too);
 * ``pid_namespace``: its own PID namespace and a fresh ``/proc`` of it: no other process is visible,
   and the wall-clock timeout kills the whole tree;
-* ``uid``: as root, the uid ``nobody`` (setpriv, no capabilities, no groups); otherwise ``nobody`` in a
-  user namespace of its own, with every capability dropped;
+* ``uid``: as root, a uid of the run's own from a pool (``RUN_UID_BASE``; setpriv, no capabilities, no
+  groups), so that one run's processes never count against another's process limit; otherwise ``nobody``
+  in a user namespace of its own, with every capability dropped, its process limit applied inside that
+  namespace (where only this run's processes count);
 * ``filesystem``: a fresh root that holds an ALLOWLIST, never the host's ``/``: the system and Python
   directories (``/usr``, the interpreter's prefixes, the venv) and the code read-only, a minimal
   ``/dev``, size-capped private ``/tmp`` and ``/dev/shm``; nothing of ``/etc`` but the loader's cache and
@@ -16,8 +18,9 @@ layers, all provided by bubblewrap (``bwrap``):
   path it knows to be secret (``secret_paths``) lies inside something it would bind;
 * ``seccomp``: a deny-list (``gpu_runner.syscall_filter``): no ptrace, no nested namespaces, no mount,
   keyring, bpf, perf...;
-* ``rlimits``: one memory budget (``RLIMIT_DATA`` plus the tmpfs sizes add up to ``memory_bytes``), CPU
-  seconds, file size, processes (``RLIMIT_NPROC``), no core dumps;
+* ``rlimits``: one memory budget (``RLIMIT_DATA`` plus the tmpfs sizes add up to ``memory_bytes``; the
+  filter denies the mappings RLIMIT_DATA does not count, the stack's hard limit is small, ``/dev`` is
+  read-only), CPU seconds, file size, processes (``RLIMIT_NPROC``), no core dumps;
 * ``clean_env``: an environment built from nothing.
 
 FAIL CLOSED: when a required layer is unavailable, ``run_sandboxed`` raises ``SandboxRefused`` naming
@@ -29,10 +32,13 @@ repository's: a repository must not be able to weaken the sandbox its own code r
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import logging
 import os
 import pwd
+import random
 import resource
 import shutil
 import signal
@@ -44,7 +50,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from gpu_runner import syscall_filter
 
@@ -53,6 +59,11 @@ log = logging.getLogger(__name__)
 # The uid/gid the child runs as (inside its user namespace, or for real when the runner is root).
 CHILD_UID = 65534
 CHILD_GID = 65534
+# A root runner gives each run its own uid (and gid) from this pool instead of nobody: the kernel charges
+# RLIMIT_NPROC per uid, and a hostile run holding its whole process limit made a concurrent run of the same
+# uid fail with EAGAIN. Far above the usual system, user and subordinate (/etc/subuid) ranges.
+RUN_UID_BASE = 1_500_000_000
+RUN_UID_COUNT = 4096
 
 LAYER_NAMES = ("network", "pid_namespace", "uid", "filesystem", "readonly_code", "private_tmp", "seccomp",
                "rlimits", "clean_env")
@@ -79,9 +90,20 @@ _RUN_TAG_VARIABLE = "TORCHREVIEW_SANDBOX_RUN"  # only set where there is no PID 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _LOADER_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
 _GPU_SYSFS = ("/sys/bus", "/sys/class", "/sys/dev", "/sys/devices")
-_PASSWD = (f"root:x:0:0:root:/:/usr/sbin/nologin\n"
-           f"nobody:x:{CHILD_UID}:{CHILD_GID}:nobody:/tmp:/usr/sbin/nologin\n")
-_GROUP = f"root:x:0:\nnogroup:x:{CHILD_GID}:\n"
+# Sets RLIMIT_NPROC inside the sandbox's user namespace, then runs the child: the kernel counts a process
+# against the limit of its own namespace's uid, and against the limit its namespace was created under one
+# level up (bubblewrap's), where every run of the runner's uid counts. So bubblewrap keeps the runner's
+# limit and the run's own applies here, to this run's processes only.
+_NPROC_SHIM = ("import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_NPROC, (n, n)); "
+               "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def _passwd(uid: int) -> str:
+    return f"root:x:0:0:root:/:/usr/sbin/nologin\nnobody:x:{uid}:{uid}:nobody:/tmp:/usr/sbin/nologin\n"
+
+
+def _group(gid: int) -> str:
+    return f"root:x:0:\nnogroup:x:{gid}:\n"
 
 
 @dataclass(frozen=True)
@@ -438,17 +460,18 @@ def _binds(code_dir: Optional[Path], mounted_code: Optional[Path], python_paths:
 # --------------------------------------------------------------------------------------------------
 
 
-def _setpriv_args() -> list[str]:
-    # Drop to nobody with no supplementary groups, no capabilities (not even inheritable or in the
+def _setpriv_args(uid: int = CHILD_UID) -> list[str]:
+    # Drop to ``uid`` with no supplementary groups, no capabilities (not even inheritable or in the
     # bounding set) and no way to regain privileges through setuid binaries.
-    return ["setpriv", f"--reuid={CHILD_UID}", f"--regid={CHILD_GID}", "--clear-groups", "--no-new-privs",
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
             "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
 def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, mounted_code: Path,
                    python_paths: Sequence[Path], packages: Sequence[Path], limits: SandboxLimits, gpu: bool,
-                   scratch: Path, seccomp_fd: Optional[int], cwd: str) -> list[str]:
-    """``bwrap ... argv``: a fresh root holding only the allowlist, no network, its own PID namespace."""
+                   scratch: Path, seccomp_fd: Optional[int], cwd: str, child_uid: int = CHILD_UID) -> list[str]:
+    """``bwrap ... argv``: a fresh root holding only the allowlist, no network, its own PID namespace.
+    ``child_uid``: the run's uid when the runner is root (setpriv)."""
     # --as-pid-1: the command itself is the namespace's init, so bwrap waits for it directly and the
     # rusage (max RSS) reaches our wait4, and nothing inside can SIGKILL it. When it exits, the kernel
     # kills whatever else runs in the namespace.
@@ -481,7 +504,7 @@ def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, 
     if caps.fresh_proc:
         command += ["--proc", "/proc"]
     command += ["--perms", "0755", "--dir", "/etc"]  # else bwrap makes it 0700: unreadable for nobody
-    for name, text in (("passwd", _PASSWD), ("group", _GROUP)):
+    for name, text in (("passwd", _passwd(child_uid)), ("group", _group(child_uid))):
         path = scratch / name
         path.write_text(text)
         path.chmod(0o444)
@@ -495,36 +518,39 @@ def _bwrap_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, 
                 created.add(parent)
         command += ["--ro-bind", str(source), str(target)]
         created.add(target)
-    # The skeleton (/, and the directories made for the binds) is a tmpfs the child would own in a user
-    # namespace, without a size cap: read-only, only /tmp and /dev/shm stay writable.
-    command += ["--remount-ro", "/", "--chdir", cwd]
+    # The skeleton (/, and the directories made for the binds) and /dev are tmpfs mounts the child would own
+    # in a user namespace, without a size cap (RAM outside the budget): read-only, only /tmp and /dev/shm
+    # stay writable.
+    command += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd]
     if seccomp_fd is not None:
         command += ["--seccomp", str(seccomp_fd)]
+    if caps.bwrap_user_namespace:
+        command += [sys.executable, "-I", "-c", _NPROC_SHIM, str(limits.processes)]
     if caps.dedicated_uid:
-        command += _setpriv_args()
+        command += _setpriv_args(child_uid)
     return command + list(argv)
 
 
-def _child_can(path: Path, bits: int) -> bool:
-    """Whether CHILD_UID/CHILD_GID has ``bits`` (e.g. 0o1 = x) on ``path``, by its mode bits."""
+def _child_can(path: Path, bits: int, uid: int) -> bool:
+    """Whether ``uid`` (its gid the same number) has ``bits`` (e.g. 0o1 = x) on ``path``, by its mode bits."""
     try:
         st = path.stat()
     except OSError:
         return False
-    if st.st_uid == CHILD_UID:
+    if st.st_uid == uid:
         return st.st_mode & (bits << 6) == bits << 6
-    if st.st_gid == CHILD_GID:
+    if st.st_gid == uid:
         return st.st_mode & (bits << 3) == bits << 3
     return st.st_mode & bits == bits
 
 
-def _tree_readable_by_child(root: Path) -> bool:
+def _tree_readable_by_child(root: Path, uid: int) -> bool:
     for directory, subdirs, files in os.walk(root):
-        if not _child_can(Path(directory), 0o5):
+        if not _child_can(Path(directory), 0o5, uid):
             return False
         for name in files:
             path = Path(directory, name)
-            if not path.is_symlink() and not _child_can(path, 0o4):
+            if not path.is_symlink() and not _child_can(path, 0o4, uid):
                 return False
     return True
 
@@ -560,24 +586,37 @@ def _child_env(env: Optional[dict[str, str]], *, python_paths: Sequence[Path], h
     return child_env
 
 
-def _rlimits(limits: SandboxLimits) -> list[tuple[int, int]]:
-    # RLIMIT_NPROC in every mode: as nobody it counts the sandbox's processes (in a user namespace, those
-    # of its nobody, and all of the runner uid's processes one level up).
-    return [(resource.RLIMIT_DATA, limits.data_bytes), (resource.RLIMIT_CPU, limits.cpu_seconds),
-            (resource.RLIMIT_FSIZE, limits.file_size_bytes), (resource.RLIMIT_CORE, 0),
-            (resource.RLIMIT_NPROC, limits.processes)]
+# The stack is not data either: its soft limit stays the usual 8 MiB (glibc sizes thread stacks by it, and
+# those count as data), and the child may raise it to no more than this.
+STACK_HARD_BYTES = 64 << 20
+_STACK_SOFT_BYTES = 8 << 20
+# Open files, sockets and pipes: each socket may queue a few hundred KiB of kernel memory that no limit of
+# the child's counts (containers often allow a million descriptors). Training needs a few dozen.
+MAX_OPEN_FILES = 4096
 
 
-def _prlimit_args(rlimits: list[tuple[int, int]]) -> list[str]:
-    names = {resource.RLIMIT_DATA: "--data", resource.RLIMIT_CPU: "--cpu", resource.RLIMIT_FSIZE: "--fsize",
-             resource.RLIMIT_CORE: "--core", resource.RLIMIT_NPROC: "--nproc"}
-    return ["prlimit", *(f"{names[which]}={value}:{value}" for which, value in rlimits), "--"]
+def _rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
+    """(resource, soft, hard) for the child. RLIMIT_NPROC in every mode: as nobody it counts the sandbox's
+    processes (in a user namespace, those of its nobody, and all of the runner uid's processes one level up)."""
+    return [(resource.RLIMIT_DATA, limits.data_bytes, limits.data_bytes),
+            (resource.RLIMIT_STACK, _STACK_SOFT_BYTES, STACK_HARD_BYTES),
+            (resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds),
+            (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
+            (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES),
+            (resource.RLIMIT_NPROC, limits.processes, limits.processes)]
 
 
-def _set_rlimits_callback(rlimits: list[tuple[int, int]]) -> Callable[[], None]:
+def _prlimit_args(rlimits: list[tuple[int, int, int]]) -> list[str]:
+    names = {resource.RLIMIT_DATA: "--data", resource.RLIMIT_STACK: "--stack", resource.RLIMIT_CPU: "--cpu",
+             resource.RLIMIT_FSIZE: "--fsize", resource.RLIMIT_CORE: "--core", resource.RLIMIT_NOFILE: "--nofile",
+             resource.RLIMIT_NPROC: "--nproc"}
+    return ["prlimit", *(f"{names[which]}={soft}:{hard}" for which, soft, hard in rlimits), "--"]
+
+
+def _set_rlimits_callback(rlimits: list[tuple[int, int, int]]) -> Callable[[], None]:
     def set_rlimits() -> None:  # runs in the forked child, before exec
-        for which, value in rlimits:
-            resource.setrlimit(which, (value, value))
+        for which, soft, hard in rlimits:
+            resource.setrlimit(which, (soft, hard))
     return set_rlimits
 
 
@@ -623,9 +662,12 @@ def run_sandboxed(argv: list[str], *, code_dir: Path, limits: SandboxLimits = Sa
         warnings.append("gpu: shared memory (memfd, shared anonymous mappings) is allowed for the CUDA driver and is "
                         "not counted in smoke.memory; the container's memory limit bounds it")
     rlimits = _rlimits(limits)
+    if caps.backend == "bubblewrap" and caps.bwrap_user_namespace:  # applied inside its namespace instead
+        rlimits = [limit for limit in rlimits if limit[0] != resource.RLIMIT_NPROC]
     pass_fds: list[int] = []  # closed here once the child holds them (see _run_and_collect)
     result_read = result_write = seccomp_read = None
-    with tempfile.TemporaryDirectory(prefix="torchreview-sandbox-") as scratch_name:
+    with _run_uid(caps.dedicated_uid) as child_uid, \
+            tempfile.TemporaryDirectory(prefix="torchreview-sandbox-") as scratch_name:
         scratch = Path(scratch_name)
         scratch.chmod(0o755)  # the child (nobody) must reach the code copy inside
         try:
@@ -634,19 +676,20 @@ def run_sandboxed(argv: list[str], *, code_dir: Path, limits: SandboxLimits = Sa
                 pass_fds.append(seccomp_read)
             if caps.backend == "bubblewrap":
                 mounted_code = code_dir
-                if caps.dedicated_uid and not _tree_readable_by_child(code_dir):
+                if caps.dedicated_uid and not _tree_readable_by_child(code_dir, child_uid):
                     mounted_code = _read_only_copy(code_dir, scratch / "code")
                 command = _bwrap_command(argv, caps=caps, code_dir=code_dir, mounted_code=mounted_code,
                                          python_paths=python_paths, packages=packages, limits=limits, gpu=gpu,
                                          scratch=scratch, seccomp_fd=seccomp_read,
-                                         cwd="/tmp" if private_cwd else str(code_dir))
+                                         cwd="/tmp" if private_cwd else str(code_dir), child_uid=child_uid)
                 child_env = _child_env(env, python_paths=import_paths, home="/tmp", gpu=gpu)
                 child_env[CODE_DIR_VARIABLE] = str(code_dir)
                 cwd = None  # bwrap --chdir
             else:
                 command, child_env, cwd = _fallback_command(argv, caps=caps, code_dir=code_dir, scratch=scratch,
                                                             python_paths=import_paths, env=env, gpu=gpu,
-                                                            seccomp_fd=seccomp_read, private_cwd=private_cwd)
+                                                            seccomp_fd=seccomp_read, private_cwd=private_cwd,
+                                                            child_uid=child_uid)
             if result_channel:
                 result_read, result_write = os.pipe()
                 pass_fds.append(result_write)
@@ -677,6 +720,35 @@ def run_sandboxed(argv: list[str], *, code_dir: Path, limits: SandboxLimits = Sa
     return result
 
 
+@contextlib.contextmanager
+def _run_uid(dedicated: bool) -> Iterator[int]:
+    """The uid this run's child gets: one of the pool's, held (a lock file) until the run is over, when the
+    runner switches uids itself; else nobody (in a user namespace of the run's own)."""
+    if not dedicated:
+        yield CHILD_UID
+        return
+    locks = Path(tempfile.gettempdir()) / "torchreview-sandbox-uids"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    info = locks.lstat()
+    if not locks.is_dir() or locks.is_symlink() or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise RuntimeError(f"sandbox: {locks} is not a private directory of uid {os.geteuid()}; remove it")
+    start = random.randrange(RUN_UID_COUNT)
+    for offset in range(RUN_UID_COUNT):
+        uid = RUN_UID_BASE + (start + offset) % RUN_UID_COUNT
+        fd = os.open(locks / str(uid), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)  # the run's processes are all dead by now (its PID namespace, or the tree kill)
+        return
+    raise RuntimeError(f"sandbox: all {RUN_UID_COUNT} run uids are in use")
+
+
 def _pipe_with(data: bytes) -> int:
     """The read end of a pipe holding ``data`` (small: the BPF program fits the pipe buffer)."""
     read, write = os.pipe()
@@ -689,7 +761,8 @@ def _pipe_with(data: bytes) -> int:
 
 def _fallback_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Path, scratch: Path,
                       python_paths: Sequence[Path], env: Optional[dict[str, str]], gpu: bool,
-                      seccomp_fd: Optional[int], private_cwd: bool) -> tuple[list[str], dict[str, str], str]:
+                      seccomp_fd: Optional[int], private_cwd: bool,
+                      child_uid: int) -> tuple[list[str], dict[str, str], str]:
     """Weak modes: a read-only copy of the code, a private HOME/TMPDIR, unshare, setpriv, the filter."""
     code_copy = _read_only_copy(code_dir, scratch / "code")
 
@@ -699,7 +772,7 @@ def _fallback_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Pat
     home = scratch / "home"
     home.mkdir(mode=0o700)
     if caps.dedicated_uid:
-        os.chown(home, CHILD_UID, CHILD_GID)
+        os.chown(home, child_uid, child_uid)
     child_env = _child_env(env, python_paths=[Path(relocate(str(p))) for p in python_paths], home=str(home),
                            gpu=gpu)
     child_env["TMPDIR"] = str(home)
@@ -709,7 +782,7 @@ def _fallback_command(argv: Sequence[str], *, caps: _Capabilities, code_dir: Pat
         # After unshare, which needs calls the filter denies; before setpriv (which needs none of them), so
         # that the loader still runs as the runner's uid.
         command += [sys.executable, "-I", "-c", syscall_filter.LOADER, str(seccomp_fd)]
-    command += _setpriv_args() if caps.dedicated_uid else []
+    command += _setpriv_args(child_uid) if caps.dedicated_uid else []
     command += [relocate(arg) if arg.startswith(str(code_dir)) else arg for arg in argv]
     return command, child_env, str(home if private_cwd else code_copy)
 

@@ -224,8 +224,8 @@ def test_deployments_give_the_private_key_to_workers_only_and_probe_them():
     services = compose["services"]
     assert "secrets" not in services["web"]
     assert all("KEY" not in k for k in services["web"].get("environment", {}))
-    for name in ("worker", "gpu-worker"):
-        assert services[name]["secrets"] == ["github-app-key"]
+    for name, secrets in (("worker", ["github-app-key"]), ("gpu-worker", ["github-app-key", "executor-token"])):
+        assert services[name]["secrets"] == secrets
         assert "inspect ping" in " ".join(services[name]["healthcheck"]["test"])
     assert "GITHUB_PRIVATE_KEY=" not in (DEPLOY / ".env.example").read_text()
 
