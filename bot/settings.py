@@ -24,6 +24,7 @@ class SettingsError(ValueError):
 DEFAULT_API_URL = "https://api.github.com"
 DEFAULT_WEBHOOK_PATH = "/api/github/webhooks"
 MAX_WEBHOOK_BYTES = 25 * 1024 * 1024  # GitHub caps payloads at 25 MB
+DEFAULT_DELIVERY_TTL_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class Settings:
     bot_login: Optional[str] = None  # our own bot account (``<slug>[bot]``), to ignore our comments
     # GitHub asks integrators to space content-creating requests by about a second.
     github_write_interval: float = 1.0
+    # How long a delivery's id and signed body are remembered (one short Redis key each). GitHub keeps
+    # deliveries for redelivery, by hand or through its API, for longer than the few days it retries, and a
+    # signature carries no timestamp: a captured body replayed after this is taken as new. 30 days by default.
+    delivery_ttl_s: int = DEFAULT_DELIVERY_TTL_DAYS * 24 * 3600
 
     @property
     def broker_url(self) -> str:
@@ -114,6 +119,9 @@ class Settings:
             write_interval = float(interval)
         except ValueError:
             problems.append(f"TORCHREVIEW_GITHUB_WRITE_INTERVAL must be a number of seconds, got {interval!r}")
+        ttl_days = env.get("TORCHREVIEW_DELIVERY_TTL_DAYS", str(DEFAULT_DELIVERY_TTL_DAYS)).strip()
+        if not ttl_days.isdigit() or not 1 <= int(ttl_days) <= 365:
+            problems.append(f"TORCHREVIEW_DELIVERY_TTL_DAYS must be a whole number of days from 1 to 365, got {ttl_days!r}")
         redis_url = env.get("REDIS_URL", "").strip() or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             problems.append(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
@@ -133,6 +141,7 @@ class Settings:
             internal_port=internal_port,
             bot_login=env.get("TORCHREVIEW_BOT_LOGIN") or None,
             github_write_interval=write_interval,
+            delivery_ttl_s=int(ttl_days) * 24 * 3600,
         )
 
 
