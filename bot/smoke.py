@@ -20,7 +20,7 @@ import requests
 from analyzers.markdown import code_span, literal, message, redact_urls, table_cell
 from bot.commands import ALLOWED_PERMISSIONS, MAINTAINER_PERMISSIONS, may_run, permission_level
 from bot.jobs import SMOKE_CHECK_NAME, SmokeJob
-from bot.review import CheckRunPlan
+from bot.review import CheckRunPlan, hard_cap
 from bot.store import held_lock
 
 log = logging.getLogger("torchreview.smoke")
@@ -303,8 +303,8 @@ def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None
                       "only did not show it):"] + [f"- {verdict_line(*v)}" for v in verdicts]
     if run.get("warnings"):
         lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
-    summary = "\n".join(lines)[:65000]
-    return CheckRunPlan(conclusion, title, summary)
+    # whole lines only, as the review's bodies: a raw cut could end inside a code span and make its PR text markup
+    return CheckRunPlan(conclusion, title, hard_cap("\n".join(lines)))
 
 
 def format_loss(value) -> str:
