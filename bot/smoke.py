@@ -436,10 +436,10 @@ def _authorize(job: SmokeJob, repo, pr, settings: dict) -> str | None:
 
 def _smoke_check_run(repo, job: SmokeJob, budget):
     """The in-progress check run of this job (a retry reuses the one its first attempt created)."""
-    from bot.github_client import commit_ref
+    from bot.github_client import our_check_runs
 
     external_id = _job_key(job)[len("torchreview:smoke:"):]
-    for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
+    for run in our_check_runs(repo, job.head_sha, SMOKE_CHECK_NAME):
         if run.external_id == external_id and run.status != "completed":
             return run
     budget.spend()
@@ -450,15 +450,15 @@ def _smoke_check_run(repo, job: SmokeJob, budget):
 
 def fail_smoke_check_run(job: SmokeJob, clients, store, message: str) -> None:
     """The job failed for good: complete its check run instead of leaving it in progress (best effort)."""
-    from bot.github_client import commit_ref
+    from bot.github_client import our_check_runs
     from bot.pipeline import complete_check_run
     from bot.review import job_failed_plan
     from bot.store import WriteBudget
 
     try:
-        repo = clients.for_installation(job.installation_id).get_repo(job.repository)
+        repo = clients.for_installation(job.installation_id, job.repository).get_repo(job.repository)
         external_id = _job_key(job)[len("torchreview:smoke:"):]
-        for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
+        for run in our_check_runs(repo, job.head_sha, SMOKE_CHECK_NAME):
             if run.external_id == external_id and run.status != "completed":
                 complete_check_run(run, job_failed_plan(message), WriteBudget(store, job.installation_id))
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
@@ -479,7 +479,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
     from gpu_runner.sandbox import SandboxLimits
     from gpu_runner.targets import find_step_targets, find_targets, parse_target_spec
 
-    gh = clients.for_installation(job.installation_id)
+    gh = clients.for_installation(job.installation_id, job.repository)
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
     head = job.head_sha  # never re-read from the PR: a push after authorization must not run
