@@ -67,6 +67,10 @@ NOTE_EXPLANATIONS = {
 # Every inline comment says how to tell us it is wrong (read back by bot.feedback).
 FEEDBACK_HOWTO = "_Wrong or not useful? React with 👎, or reply `/review false-positive` and why._"
 FINGERPRINT_RE = re.compile(r"<!-- torchreview:fingerprint=([0-9a-f]+) rule=[^\s>]+ -->")
+# Our comments' last line: nothing but the markers of the findings it covers (fingerprint_markers).
+MARKER_RE = re.compile(r"<!-- torchreview:fingerprint=([0-9a-f]+) rule=(TR\d+) -->")
+_ONE_MARKER = r"<!-- torchreview:fingerprint=[0-9a-f]+ rule=TR\d+ -->"
+MARKER_LINE_RE = re.compile(rf"{_ONE_MARKER}(?: {_ONE_MARKER})*")
 
 
 class FileNote(Protocol):
@@ -281,8 +285,17 @@ def parse_fingerprint(comment_body: str) -> Optional[str]:
 
 def parse_fingerprints(comment_body: str) -> list[str]:
     """Every fingerprint of a comment that covers several findings (all markers sit on its last line)."""
+    return [fingerprint for fingerprint, _rule in comment_markers(comment_body)]
+
+
+def comment_markers(comment_body: str) -> list[tuple[str, str]]:
+    """(fingerprint, rule id) of each finding one of our comments covers, from its last line only, and only when
+    that line is nothing but markers: we write it after everything quoted (PR code in code spans and suggestion
+    blocks keeps its raw characters, a fake marker included), so no quoted text can reach or form it."""
     lines = (comment_body or "").rstrip().splitlines()
-    return FINGERPRINT_RE.findall(lines[-1]) if lines else []
+    if not lines or not MARKER_LINE_RE.fullmatch(lines[-1]):
+        return []
+    return MARKER_RE.findall(lines[-1])
 
 
 def fingerprint_markers(findings: Sequence[Finding], digests: Mapping[Finding, str]) -> str:
