@@ -142,6 +142,8 @@ class ReviewRun:
             self.complete(check_run, compose.no_files_plan(changed.notes))
             return "no PyTorch files changed"
         findings: list[Finding] = []
+        suppressed: list[Finding] = []  # what comments in the code silenced: listed in the check run
+        skipped_by_comment: list[str] = []
         from bot import metrics
 
         context = self.repository_context()
@@ -159,6 +161,8 @@ class ReviewRun:
                     metrics.ANALYSIS_CACHE.labels(result="hit" if result.cached else "miss").inc()
                 findings.extend(result.findings)
                 changed.notes.extend(result.errors)
+                suppressed.extend(result.suppressed)
+                skipped_by_comment += [path] if result.skipped_by_comment else []
             settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
                                               filter=config.filter, context_lines=config.diff_context_lines,
                                               group_across_files=config.group_across_files,
@@ -167,6 +171,7 @@ class ReviewRun:
                 findings=findings,
                 diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
                 sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes,
+                suppressed=suppressed, skipped_by_comment=skipped_by_comment,
                 base_fingerprints=self.base_fingerprints(changed, config, index) if config.filter == "introduced" else None)
         finally:
             if context is not None:
