@@ -35,6 +35,10 @@ STATUS_BADGE = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭�
 MAX_TARBALL_BYTES = 200 << 20  # downloaded (compressed)
 MAX_EXTRACTED_BYTES = 1 << 30  # unpacked: a 1.5 MiB tarball can hold 1.5 GiB of zeros
 MAX_EXTRACTED_MEMBERS = 50_000
+# What one smoke run keeps in Redis (for its retries, a day): its targets (smoke.max_targets) times each target's
+# bounded report (gpu_runner.runner.MAX_REPORT_BYTES, head and base), plus the static claims; a larger one is not kept.
+MAX_STORED_REPORT_BYTES = 3 << 20
+MAX_LISTED_LEFT_OUT = 20
 # Not the static review's fingerprint marker: each job resolves only the threads of its own kind.
 SMOKE_MARKER_RE = re.compile(r"<!-- torchreview:smoke=([0-9a-f]+) -->")
 
@@ -270,6 +274,14 @@ def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None
         title += f"; {len(regressions)} regression(s) against the base"
     lines = [f"Smoke-trained on **{run['device']}** at {head_sha[:7]} in {run['seconds']:.1f}s, each target in a "
              "sandboxed process (no network, no credentials, time and memory limits).", ""]
+    left_out = run.get("left_out")
+    if left_out:  # over smoke.max_targets: say which were not run, never silently, and pass no one untested
+        title += f"; {left_out['count']} not run"
+        conclusion = "neutral" if conclusion == "success" else conclusion
+        named = ", ".join(code_span(t) for t in left_out["targets"])
+        more = ", …" if left_out["count"] > len(left_out["targets"]) else ""
+        lines += [f"⏭️ **{left_out['count']} more target(s) not smoke-trained**: a run trains at most "
+                  f"{left_out['max_targets']} (`smoke.max_targets` in the base branch's configuration): {named}{more}", ""]
     lines += ["| target | check | result | head vs base |", "|---|---|---|---|"]
     for t in targets:
         name = table_cell(code_span(t["target"]))
@@ -528,9 +540,11 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
                                        kind="step" if t.kind == "step" else "model") for t in found]
             configured = {(r.kind, r.target): r for r in configured_requests(settings)
                           if parse_target_spec(r.target) is not None}
+            configured_keys = set(configured)
             for request in requests_:  # a changed target the config describes is built as configured
                 request.config = configured.pop((request.kind, request.target), request).config
-            requests_ += list(configured.values())
+            requests_, left_out = within_target_limit(requests_ + list(configured.values()), configured_keys,
+                                                      int(settings.get("max_targets", 16)))
             # The static findings of the same files that a run can decide: the engine runs here, on the head's
             # sources (not in the sandbox, which gets only the claims), with the base branch's configuration.
             claims = static_claims(sources, config, head_dir)
@@ -538,7 +552,15 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
             limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
             report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),
                                limits=limits, thresholds=settings.get("regression"))
-            store.put(report_key, json.dumps({"report": report, "spans": spans, "claims": claims}), 24 * 3600)
+            if left_out:
+                report["left_out"] = {"count": len(left_out), "targets": left_out[:MAX_LISTED_LEFT_OUT],
+                                      "max_targets": int(settings.get("max_targets", 16))}
+            saved = json.dumps({"report": report, "spans": spans, "claims": claims})
+            if len(saved) <= MAX_STORED_REPORT_BYTES:
+                store.put(report_key, saved, 24 * 3600)
+            else:  # never a dump in the queue's Redis: a retry trains again instead
+                log.warning("smoke report of %s is %d bytes, over %d: not kept for retries", key, len(saved),
+                            MAX_STORED_REPORT_BYTES)
         if job.reason == "smoke.auto":  # explicit runs report on the commit they were asked for
             current = repo.get_pull(pr.number).head.sha
             if current != head:
@@ -575,6 +597,16 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def within_target_limit(requests_: list, configured: set, max_targets: int) -> tuple[list, list[str]]:
+    """At most ``max_targets`` of the run's targets, in the run's order, those the base's configuration names
+    (``configured``: (kind, target) pairs) chosen first: a pull request adding many classes cannot push them out.
+    The targets left out, by name, for the check run."""
+    first = {id(r) for r in requests_ if (r.kind, r.target) in configured}
+    chosen = {id(r) for r in ([r for r in requests_ if id(r) in first] +
+                              [r for r in requests_ if id(r) not in first])[:max_targets]}
+    return [r for r in requests_ if id(r) in chosen], [r.target for r in requests_ if id(r) not in chosen]
 
 
 def _memory_bytes(value) -> int:

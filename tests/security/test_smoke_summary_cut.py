@@ -14,14 +14,20 @@ OURS = {"strong"}  # the summary's own bold words
 
 
 def run_with(filler: int, pad_checks: int = 16) -> dict:
-    checks = [{"name": f"c{i}", "status": "fail", "message": "x" * 3900} for i in range(pad_checks)]
-    # the payload in a code span, and as prose, the span's closing backtick past the cut for some filler
-    checks.append({"name": "last", "status": "fail",
-                   "message": "y" * filler + " `" + PAYLOAD + "z" * 600 + "` " + PAYLOAD})
-    report = _sanitized({"status": "failed", "checks": checks, "measures": {}}, "models/net.py:Net")
-    return {"device": "cpu", "seconds": 12.3, "warnings": [PAYLOAD], "refused": None,
-            "targets": [{"target": "models/net.py:Net", "line": 1, "status": "failed", "head": report, "base": None,
-                         "comparison": []}]}
+    """Two targets (each report within the runner's size bound) whose failing checks fill the summary past the
+    limit; the last check has the payload in a code span and as prose, the span's closing backtick past the cut
+    for some ``filler``."""
+    pads = [{"name": f"c{i}", "status": "fail", "message": "x" * 3900} for i in range(pad_checks)]
+    last = {"name": "last", "status": "fail", "message": "y" * filler + " `" + PAYLOAD + "z" * 600 + "` " + PAYLOAD}
+    halves = {"models/a.py:Pad": pads[:pad_checks // 2], "models/net.py:Net": pads[pad_checks // 2:] + [last]}
+    targets = []
+    for name, checks in halves.items():
+        report = _sanitized({"status": "failed", "checks": checks, "measures": {}}, name)
+        kept = report["checks"][-1]["message"]  # within the runner's bound: not shortened past its 4000 characters
+        assert len(report["checks"]) == len(checks) and kept[:4000] == checks[-1]["message"][:4000]
+        targets.append({"target": name, "line": 1, "status": "failed", "head": report, "base": None,
+                        "comparison": []})
+    return {"device": "cpu", "seconds": 12.3, "warnings": [PAYLOAD], "refused": None, "targets": targets}
 
 
 def assert_inert(summary: str) -> None:
@@ -32,7 +38,7 @@ def assert_inert(summary: str) -> None:
 
 def test_no_cut_position_turns_pr_text_into_markup():
     cut = 0
-    for filler in range(0, 4000, 9):  # moves the payload's line across the size limit, a few characters at a time
+    for filler in range(0, 4000, 19):  # moves the payload's line across the size limit, a few characters at a time
         summary = plan_smoke_check_run(run_with(filler), "a" * 40).summary
         assert len(summary) <= MAX_MARKDOWN_CHARS
         if "truncated to fit" in summary:
