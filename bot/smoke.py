@@ -555,12 +555,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
             if left_out:
                 report["left_out"] = {"count": len(left_out), "targets": left_out[:MAX_LISTED_LEFT_OUT],
                                       "max_targets": int(settings.get("max_targets", 16))}
-            saved = json.dumps({"report": report, "spans": spans, "claims": claims})
-            if len(saved) <= MAX_STORED_REPORT_BYTES:
-                store.put(report_key, saved, 24 * 3600)
-            else:  # never a dump in the queue's Redis: a retry trains again instead
-                log.warning("smoke report of %s is %d bytes, over %d: not kept for retries", key, len(saved),
-                            MAX_STORED_REPORT_BYTES)
+            keep_report(store, report_key, json.dumps({"report": report, "spans": spans, "claims": claims}))
         if job.reason == "smoke.auto":  # explicit runs report on the commit they were asked for
             current = repo.get_pull(pr.number).head.sha
             if current != head:
@@ -597,6 +592,16 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def keep_report(store, key: str, saved: str, max_bytes: int = MAX_STORED_REPORT_BYTES) -> bool:
+    """Keep a run's report a day for its retries, unless it is over ``max_bytes``: never a dump in the Redis every
+    installation's queue shares (a retry then trains again)."""
+    if len(saved) > max_bytes:
+        log.warning("smoke report %s is %d bytes, over %d: not kept for retries", key, len(saved), max_bytes)
+        return False
+    store.put(key, saved, 24 * 3600)
+    return True
 
 
 def within_target_limit(requests_: list, configured: set, max_targets: int) -> tuple[list, list[str]]:

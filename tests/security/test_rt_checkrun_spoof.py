@@ -62,3 +62,21 @@ def test_same_named_check_run_of_another_app(stack, github_actions_app, status, 
     # what a secure App does: its own failing check run on the head, whatever other Apps post under the name
     assert ours and ours[0].conclusion == "failure" and "TR601" in (ours[0].output_summary or "") or \
         pytest.fail("the App did not post its own verdict (see the printed check runs)")
+
+
+def test_the_emulator_keeps_each_app_to_its_own_check_runs(stack, github_actions_app):
+    """What GitHub does, and the App's fix relies on: a run records the App whose token created it, and only that
+    App may edit it."""
+    state = stack["state"]
+    repo, _name = new_repo(state, {})
+    pr = state.open_pull_request(repo, {"a.py": "x = 1\n"}, user="member")
+    theirs = spoof(stack, repo, pr.head_sha, "in_progress")
+    url = f"{stack['env']['GITHUB_API_URL']}/repos/{repo.full_name}/check-runs/{theirs.id}"
+    token = state.workflow_token(repo)
+    done = {"status": "completed", "conclusion": "success"}
+    assert requests.patch(url, json=done, headers={"Authorization": f"token {token}"}, timeout=10).status_code == 200
+    installation = state.issue_token(state.installations[1], None, None).token  # our App's token
+    refused = requests.patch(url, json={"conclusion": "failure"}, headers={"Authorization": f"token {installation}"},
+                             timeout=10)
+    assert refused.status_code == 403 and "can only be modified by the GitHub App that created it" in refused.text
+    assert state.check_runs[theirs.id].conclusion == "success"

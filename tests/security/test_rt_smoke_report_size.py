@@ -122,3 +122,14 @@ def test_configured_targets_are_chosen_first():
     kept, left = within_target_limit(found + [configured], {("model", "models/net.py:build_model")}, 3)
     assert [r.target for r in kept] == ["m.py:Added0", "m.py:Added1", "models/net.py:build_model"]
     assert left == ["m.py:Added2", "m.py:Added3", "m.py:Added4"]
+
+
+def test_a_run_keeps_no_report_over_the_cap(stack):
+    from bot.smoke import MAX_STORED_REPORT_BYTES, keep_report
+    from bot.store import make_store
+
+    store = make_store(stack["env"]["REDIS_URL"], stack["env"]["TORCHREVIEW_DATA_DIR"])
+    assert keep_report(store, "torchreview:smoke:test#1:small:report", "{}")
+    assert store.get("torchreview:smoke:test#1:small:report") == "{}"
+    assert not keep_report(store, "torchreview:smoke:test#1:big:report", "x" * (MAX_STORED_REPORT_BYTES + 1))
+    assert store.get("torchreview:smoke:test#1:big:report") is None
