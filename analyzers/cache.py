@@ -243,16 +243,19 @@ def cache_root(start: Path) -> Path:
 
 def _result_to_dict(result: FileResult) -> dict:
     return {"path": result.path, "findings": [f.to_dict() for f in result.findings],
-            "errors": [e.to_dict() for e in result.errors]}
+            "errors": [e.to_dict() for e in result.errors], "suppressed": [f.to_dict() for f in result.suppressed],
+            "skipped_by_comment": result.skipped_by_comment}
+
+
+def _finding_from_dict(f: dict) -> Finding:
+    fix = Fix(**f["fix"]) if f.get("fix") else None
+    related = tuple(Location(**site) for site in f.get("related", ()))  # the PR filter keeps a finding by them
+    return Finding(f["path"], f["line"], f["column"], f["end_line"], f["end_column"], f["rule"], f["slug"],
+                   f["category"], Severity.parse(f["severity"]), f["message"], fix, f.get("cell"), related)
 
 
 def _result_from_dict(data: dict) -> FileResult:
-    findings = []
-    for f in data["findings"]:
-        fix = Fix(**f["fix"]) if f.get("fix") else None
-        related = tuple(Location(**site) for site in f.get("related", ()))  # the PR filter keeps a finding by them
-        findings.append(Finding(f["path"], f["line"], f["column"], f["end_line"], f["end_column"], f["rule"],
-                                f["slug"], f["category"], Severity.parse(f["severity"]), f["message"], fix,
-                                f.get("cell"), related))
     errors = [FileError(e["path"], e["kind"], e["message"]) for e in data["errors"]]
-    return FileResult(data["path"], findings, errors)
+    return FileResult(data["path"], [_finding_from_dict(f) for f in data["findings"]], errors,
+                      suppressed=[_finding_from_dict(f) for f in data.get("suppressed", ())],
+                      skipped_by_comment=bool(data.get("skipped_by_comment")))

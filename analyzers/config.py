@@ -62,6 +62,7 @@ SMOKE_DEFAULTS: Mapping[str, Any] = {
     "targets": (),
     "steps": (),  # training steps to run (train.py:train_one_epoch); detected ones run without being listed
     "timeout": 300,
+    "max_targets": 16,  # per run: PR code decides how many classes it adds, and each one's report is kept a day
     "memory": "4GiB",
     "device": "auto",
     "trust": "collaborators",
@@ -314,6 +315,7 @@ def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
         "targets": lambda v: _smoke_targets(v, check),
         "steps": lambda v: _smoke_steps(v, check),
         "timeout": lambda v: check.whole_number(v, ("smoke", "timeout"), 1, 3600),
+        "max_targets": lambda v: check.whole_number(v, ("smoke", "max_targets"), 1, 100),
         "memory": lambda v: check.memory(v, ("smoke", "memory")),
         "device": lambda v: check.choice(v, ("smoke", "device"), SMOKE_DEVICES),
         "trust": lambda v: check.choice(v, ("smoke", "trust"), SMOKE_TRUST),

@@ -30,7 +30,7 @@ MAX_FILE_BYTES = 1_000_000  # ~25k lines; libcst needs >1 GB for files much larg
 ML_LIBRARIES = ("torch", "sklearn", "tensorflow", "lightning", "pytorch_lightning")
 _ML_HINT = re.compile(r"\b(?:torch|sklearn|tensorflow|lightning)\b")
 _SUPPRESS = re.compile(r"#\s*(?:torchreview\s*:\s*ignore|noqa)\b(?:\s*(?:\[|:)\s*([A-Za-z0-9_,\s-]+)\]?)?", re.I)
-_SKIP_FILE = re.compile(r"^\s*#\s*torchreview\s*:\s*skip-file\b", re.I | re.M)
+_SKIP_FILE = re.compile(r"^\s*#\s*torchreview\s*:\s*skip-file\b", re.I | re.M)  # a whole-line comment
 
 
 class _Walker:
@@ -264,7 +264,8 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     ``repository`` is the rest of the code base, for questions that cross files."""
     config = config or Config()
     result = FileResult(path)
-    if _SKIP_FILE.search(source):
+    if _SKIP_FILE.search(source) and _skips_file(source):
+        result.skipped_by_comment = True
         return result
     if not _ML_HINT.search(source):
         return result  # cannot import torch/sklearn: not ML code, not worth a parse
@@ -311,31 +312,32 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     positions = ctx.positions([p.node for _, p in pending] +
                               [site for _, p in pending for site, _ in p.related if isinstance(site, cst.CSTNode)])
     lines = source.splitlines(keepends=True)
-    suppressions = _suppressions(lines) if ("noqa" in source or "torchreview" in source) else {}
+    suppressions = _suppressions(source) if ("noqa" in source or "torchreview" in source) else {}
     seen: set[tuple] = set()
     for rule, p in pending:
         pos = positions.get(p.node)
         if pos is None:
             continue
         start, end = pos.start, pos.end
-        if _suppressed(suppressions, rule.id, start.line, end.line):
-            continue
+        suppressed = _suppressed(suppressions, rule.id, start.line, end.line)
         severity = config.severity_for(rule.id, p.severity or rule.severity)
         key = (rule.id, start.line, start.column, p.message)
         if key in seen:
             continue
         seen.add(key)
         fix = None
-        if p.replacement is not None:
+        if p.replacement is not None and not suppressed:
             safe = p.safe if p.safe is not None else rule.fix_safety == "safe"
             fix = _render_fix(module, lines, pos, p.replacement, safe)
-        result.findings.append(Finding(
+        (result.suppressed if suppressed else result.findings).append(Finding(
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
             message=p.message, fix=fix, related=_related_locations(p.related, positions),
         ))
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
+    result.suppressed = [f for f in result.suppressed if f.severity >= config.min_severity]
     result.findings.sort(key=lambda f: f.sort_key)
+    result.suppressed.sort(key=lambda f: f.sort_key)
     return result
 
 
@@ -377,13 +379,30 @@ def _render_fix(module: cst.Module, lines: list[str], pos, replacement: cst.CSTN
     return Fix(start.line, end.line, text, safe)
 
 
-def _suppressions(lines: list[str]) -> dict[int, Optional[set[str]]]:
-    """line number -> set of suppressed rule ids (None: every rule)."""
+def comments(source: str) -> dict[int, tuple[str, bool]]:
+    """line number -> (its comment, whether the comment is the whole line), as Python's tokenizer finds them:
+    ``# noqa`` inside a string or a docstring is text, not a comment, and suppresses nothing. A file the tokenizer
+    stops on has the comments read up to there (the parser then reports the error)."""
+    found: dict[int, tuple[str, bool]] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                found[token.start[0]] = (token.string, not token.line[:token.start[1]].strip())
+    except (tokenize.TokenError, SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    return found
+
+
+def _skips_file(source: str) -> bool:
+    """A ``# torchreview: skip-file`` comment on a line of its own (not text in a string that looks like one)."""
+    return any(whole and _SKIP_FILE.match(text) for text, whole in comments(source).values())
+
+
+def _suppressions(source: str) -> dict[int, Optional[set[str]]]:
+    """line number -> set of suppressed rule ids (None: every rule), from comments only."""
     out: dict[int, Optional[set[str]]] = {}
-    for number, line in enumerate(lines, 1):
-        if "#" not in line:
-            continue
-        match = _SUPPRESS.search(line)
+    for number, (text, _whole) in comments(source).items():
+        match = _SUPPRESS.search(text)
         if not match:
             continue
         codes = match.group(1)
@@ -546,8 +565,13 @@ def _with_cell(f: Finding, cell: int, line: int, end_line: int, column: int, end
 
 
 def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> None:
+    result.findings = _remapped(result.findings, line_map)
+    result.suppressed = _remapped(result.suppressed, line_map)
+
+
+def _remapped(findings: list[Finding], line_map: list[tuple[int, int, int, bool]]) -> list[Finding]:
     remapped = []
-    for f in result.findings:
+    for f in findings:
         if f.line - 1 >= len(line_map):
             continue
         cell, line, shift, _ = line_map[f.line - 1]
@@ -564,7 +588,7 @@ def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> No
                    else Fix(line + (fix.start_line - f.line), line + (fix.end_line - f.line), fix.replacement,
                             fix.safe))
         remapped.append(_with_cell(f, cell, line, end_line, f.column + shift, end_column, fix, line_map))
-    result.findings = remapped
+    return remapped
 
 
 def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Config] = None,

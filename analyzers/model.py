@@ -151,3 +151,7 @@ class FileResult:
     findings: list[Finding] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
     cached: bool = field(default=False, compare=False)  # came from the results cache (analyzers/cache.py)
+    # What comments in the code silenced (``# noqa``, ``# torchreview: ignore``), listed so a reviewer sees it;
+    # ``skipped_by_comment``: a ``# torchreview: skip-file`` comment, so nothing was analyzed.
+    suppressed: list[Finding] = field(default_factory=list)
+    skipped_by_comment: bool = False

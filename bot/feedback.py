@@ -3,6 +3,11 @@
 Read at each review of a pull request (and when it is closed), recorded once per comment, user and kind in
 the store, counted in ``torchreview_feedback_total{rule,kind}``, summarized in the next check run of the
 repository, and printed by ``torchreview feedback export`` so real-world precision becomes measurable.
+
+Anyone can react to a comment, and a comment quotes PR code: a verdict counts only from a user with write
+access to the repository (GitHub's collaborator permission, asked once per user and cached), only on our own
+comments, and only for the rule ids our comment's marker line names (never markers inside quoted code) that
+exist in the catalog; so the metric's ``rule`` label takes only real rule ids.
 """
 from __future__ import annotations
 
@@ -14,16 +19,43 @@ from typing import Iterable, Optional
 log = logging.getLogger("torchreview.feedback")
 
 FALSE_POSITIVE = re.compile(r"^\s*/review\s+false-positive\b(.*)", re.I | re.S)
-RULE_RE = re.compile(r"<!-- torchreview:fingerprint=[0-9a-f]+ rule=(TR\d+) -->")
+PERMISSION_TTL = 600  # a user's repository permission, as GitHub said it, is reused for ten minutes
+MAX_JUDGES_ASKED = 50  # distinct users whose permission one collection asks GitHub (sock puppets cost us calls)
 
 
 def comment_rules(body: str) -> list[str]:
-    """The rules a bot comment speaks for (one comment may cover several findings)."""
-    return sorted(set(RULE_RE.findall(body or "")))
+    """The catalog's rules a bot comment speaks for (one comment may cover several findings), from its marker line."""
+    from bot.review import comment_markers
+
+    return sorted({rule for _fingerprint, rule in comment_markers(body) if is_known_rule(rule)})
+
+
+def is_known_rule(rule: str) -> bool:
+    from analyzers.rules import get_rule
+
+    found = get_rule(rule)
+    return found is not None and found.id == rule
+
+
+def may_judge(repo, repository: str, login: str, store, asked: dict) -> bool:
+    """Whether ``login`` has write access to the repository (write, maintain or admin), from GitHub, cached."""
+    from bot.commands import ALLOWED_PERMISSIONS, permission_level
+
+    if login in asked:
+        return asked[login] in ALLOWED_PERMISSIONS
+    key = f"torchreview:permission:{repository}:{login}"
+    level = store.get(key)
+    if level is None:
+        if len(asked) >= MAX_JUDGES_ASKED:
+            return False
+        level = permission_level(repo, login)
+        store.put(key, level, PERMISSION_TTL)
+    asked[login] = level
+    return level in ALLOWED_PERMISSIONS
 
 
 def collect(pr, repository: str, our_comments: Iterable, store, is_ours) -> int:
-    """Record the verdicts on our comments of ``pr``; the number of new ones."""
+    """Record the verdicts of users with write access on our comments of ``pr``; the number of new ones."""
     from bot.metrics import FEEDBACK
 
     ours = {c.id: c.comment for c in our_comments}
@@ -46,7 +78,10 @@ def collect(pr, repository: str, our_comments: Iterable, store, is_ours) -> int:
         for reaction in reactions:
             if reaction.content == "-1" and not is_ours(reaction.user):
                 verdicts.append((comment, reaction.user.login, "thumbs-down", ""))
+    asked: dict[str, str] = {}
     for comment, user, kind, reason in verdicts:
+        if not may_judge(pr.base.repo, repository, user, store, asked):
+            continue
         for rule in comment_rules(comment.body) or ["unknown"]:
             record = {"id": f"{repository}#{comment.id}:{rule}:{user}:{kind}", "repository": repository,
                       "pull_request": pr.number, "comment": comment.id, "rule": rule, "kind": kind, "user": user,
@@ -63,8 +98,8 @@ def marked_wrong(store, repository: str) -> tuple[int, Counter]:
     by_rule: Counter = Counter()
     seen: set[tuple[int, str]] = set()
     for record in store.feedback():
-        if record.get("repository") != repository:
-            continue
+        if record.get("repository") != repository or not is_known_rule(record.get("rule", "")):
+            continue  # records kept before rules were checked may name anything
         comments.add(record["comment"])
         if (record["comment"], record["rule"]) not in seen:
             seen.add((record["comment"], record["rule"]))

@@ -6,6 +6,7 @@ import os
 import random
 import threading
 import time
+from collections import OrderedDict
 from typing import Optional
 
 import github
@@ -90,8 +91,34 @@ def observe_github_responses() -> None:
     Requester.injectLogger(_ResponseObserver())
 
 
+# What a job does with its token (review, smoke, /review commands, feedback): read code, write check runs,
+# reviews, comments and reactions on pull requests (``pull_requests: write`` covers a PR's issue comments and
+# their reactions). Never ``issues`` or anything else the App may hold.
+JOB_PERMISSIONS = {"checks": "write", "contents": "read", "metadata": "read", "pull_requests": "write"}
+MAX_CACHED_CLIENTS = 256  # (installation, repository) pairs a worker keeps a client and token for
+
+
+class ScopedInstallationAuth(Auth.AppInstallationAuth):
+    """An installation token for one repository and the permissions a job needs (``repositories`` and
+    ``permissions`` of POST /app/installations/{id}/access_tokens): a job's token reaches no other
+    repository of the installation, and does nothing the job does not. PyGithub narrows permissions only."""
+
+    def __init__(self, app_auth: Auth.AppAuth, installation_id: int, repository: str, permissions: dict) -> None:
+        super().__init__(app_auth, installation_id, token_permissions=dict(permissions))
+        self.repository = repository
+
+    def _get_installation_authorization(self):
+        from github.InstallationAuthorization import InstallationAuthorization
+
+        # the repository's name without its owner, as the endpoint wants (the installation is the owner's)
+        body = {"repositories": [self.repository.split("/", 1)[-1]], "permissions": self.token_permissions}
+        headers, data = self.requester.requestJsonAndCheck(
+            "POST", f"/app/installations/{self.installation_id}/access_tokens", input=body)
+        return InstallationAuthorization(requester=self.requester, headers=headers, attributes=data)
+
+
 class GitHubClients:
-    """One PyGithub client per installation, reused while its token is valid.
+    """One PyGithub client per installation and repository, reused while its token is valid.
 
     PyGithub's AppInstallationAuth requests an installation token on first use and renews it
     shortly before it expires, so caching the client caches the token.
@@ -104,7 +131,7 @@ class GitHubClients:
         observe_github_responses()
         self.app_auth = Auth.AppAuth(settings.app_id, settings.private_key)
         self.integration = GithubIntegration(base_url=settings.api_url, auth=self.app_auth, retry=None)
-        self._clients: dict[int, github.Github] = {}
+        self._clients: OrderedDict[tuple[int, Optional[str]], github.Github] = OrderedDict()
         self._bot_login: Optional[str] = None
         self._lock = threading.Lock()
 
@@ -114,18 +141,26 @@ class GitHubClients:
             self._bot_login = self.settings.bot_login or f"{self.integration.get_app().slug}[bot]"
         return self._bot_login
 
-    def for_installation(self, installation_id: int) -> github.Github:
+    def for_installation(self, installation_id: int, repository: Optional[str] = None) -> github.Github:
+        """A client whose token is scoped to ``repository`` ("owner/name") and JOB_PERMISSIONS; without one,
+        the installation's full token (tools and tests only: every job names its repository)."""
+        key = (installation_id, repository)
         with self._lock:
-            client = self._clients.get(installation_id)
-            if client is None:
-                auth = self.app_auth.get_installation_auth(installation_id)
+            client = self._clients.get(key)
+            if client is not None:
+                self._clients.move_to_end(key)
+            else:
+                auth = (ScopedInstallationAuth(self.app_auth, installation_id, repository, JOB_PERMISSIONS)
+                        if repository else self.app_auth.get_installation_auth(installation_id))
                 # Only 5xx on idempotent requests are retried in place; the rest, the task retries as a
                 # whole, idempotently, honouring Retry-After.
                 client = github.Github(base_url=self.settings.api_url, auth=auth, retry=server_error_retry(),
                                        timeout=20, per_page=100, user_agent=user_agent(),
                                        seconds_between_requests=None,
                                        seconds_between_writes=self.settings.github_write_interval or None)
-                self._clients[installation_id] = client
+                self._clients[key] = client
+                while len(self._clients) > MAX_CACHED_CLIENTS:
+                    self._clients.popitem(last=False)
             return client
 
 
@@ -163,6 +198,15 @@ def backoff(attempt: int, base: float = 2.0, cap: float = 300.0) -> float:
 def commit_ref(repo, sha: str):
     """A Commit object for ``sha`` without fetching it (only its sha and URL are used)."""
     return github.Commit.Commit(repo.requester, url=f"{repo.url}/commits/{sha}", completed=False)
+
+
+def our_check_runs(repo, sha: str, name: str) -> list:
+    """The check runs named ``name`` on ``sha`` that our App created, newest first. Anyone with ``checks: write``
+    (a workflow of a same-repository PR) can post a run under our name; GitHub lets no App edit another's, and
+    a reviewer must never read theirs as our verdict: theirs are never adopted."""
+    ours = repo.requester.auth.app_id  # the App whose installation token this client carries
+    return [run for run in commit_ref(repo, sha).get_check_runs(check_name=name, filter="all")
+            if run.app is not None and str(run.app.id) == str(ours)]
 
 
 def issue_ref(repo, number: int):

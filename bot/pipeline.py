@@ -32,7 +32,7 @@ from analyzers.program.modules import RepositoryIndex
 from bot import feedback
 from bot import review as compose
 from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
-from bot.github_client import commit_ref
+from bot.github_client import commit_ref, our_check_runs
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
 
@@ -80,7 +80,7 @@ def run_review(job, clients, store) -> str:
     from bot import metrics
 
     started = time.perf_counter()
-    gh = clients.for_installation(job.installation_id)
+    gh = clients.for_installation(job.installation_id, job.repository)
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
     if job.reason == "pull_request.closed":  # nothing to review: read what reviewers said, once more
@@ -142,6 +142,8 @@ class ReviewRun:
             self.complete(check_run, compose.no_files_plan(changed.notes))
             return "no PyTorch files changed"
         findings: list[Finding] = []
+        suppressed: list[Finding] = []  # what comments in the code silenced: listed in the check run
+        skipped_by_comment: list[str] = []
         from bot import metrics
 
         context = self.repository_context()
@@ -159,6 +161,8 @@ class ReviewRun:
                     metrics.ANALYSIS_CACHE.labels(result="hit" if result.cached else "miss").inc()
                 findings.extend(result.findings)
                 changed.notes.extend(result.errors)
+                suppressed.extend(result.suppressed)
+                skipped_by_comment += [path] if result.skipped_by_comment else []
             settings = compose.ReviewSettings(fail_on=config.fail_on, max_inline_comments=config.max_inline_comments,
                                               filter=config.filter, context_lines=config.diff_context_lines,
                                               group_across_files=config.group_across_files,
@@ -167,6 +171,7 @@ class ReviewRun:
                 findings=findings,
                 diffs={path: compose.parse_file_patch(path, patch) for path, patch in changed.patches.items()},
                 sources=changed.sources, reviewed_files=changed.reviewed, notes=changed.notes,
+                suppressed=suppressed, skipped_by_comment=skipped_by_comment,
                 base_fingerprints=self.base_fingerprints(changed, config, index) if config.filter == "introduced" else None)
         finally:
             if context is not None:
@@ -234,7 +239,7 @@ class ReviewRun:
         """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs.
         A job that ran before (re-queued for the write budget, redelivered after its worker died, even
         after it completed the run) finds the one it created: every run, not only the newest, is listed."""
-        runs = list(commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME, filter="all"))
+        runs = our_check_runs(self.repo, self.head, CHECK_NAME)
         own = [run for run in runs if run.external_id == self.job.delivery]
         if own:
             return own[0]
@@ -462,13 +467,13 @@ def command_head_key(installation_id: int, trigger: str) -> str:
 def _answered(repo, job) -> bool:
     """Whether an earlier attempt of ``job`` completed its check run on the head it was pinned to (the
     review and the summary are posted before the run completes; a run merely created is no answer)."""
-    runs = commit_ref(repo, job.head_sha).get_check_runs(check_name=CHECK_NAME, filter="all")
+    runs = our_check_runs(repo, job.head_sha, CHECK_NAME)
     return any(run.external_id == job.delivery and run.status == "completed" for run in runs)
 
 
 def _close_superseded(repo, old_sha: str, new_sha: str, budget: WriteBudget) -> None:
     """Never leave an older head's check run in progress; point it at the newer one."""
-    for run in commit_ref(repo, old_sha).get_check_runs(check_name=CHECK_NAME, filter="all"):
+    for run in our_check_runs(repo, old_sha, CHECK_NAME):
         if run.status != "completed":
             complete_check_run(run, compose.superseded_plan(old_sha, new_sha), budget)
 
@@ -477,10 +482,9 @@ def fail_check_run(job, clients, store, message: str) -> None:
     """The job failed for good: say so on the check run instead of leaving it in progress."""
     try:
         budget = WriteBudget(store, job.installation_id)
-        repo = clients.for_installation(job.installation_id).get_repo(job.repository)
+        repo = clients.for_installation(job.installation_id, job.repository).get_repo(job.repository)
         head = job.head_sha or repo.get_pull(job.pull_number).head.sha
-        runs = [r for r in commit_ref(repo, head).get_check_runs(check_name=CHECK_NAME, filter="all")
-                if r.status != "completed"]
+        runs = [r for r in our_check_runs(repo, head, CHECK_NAME) if r.status != "completed"]
         if not runs:
             runs = [repo.create_check_run(name=CHECK_NAME, head_sha=head, status="in_progress")]
         for run in runs:  # a pushed-over head's run says superseded, not failed
@@ -502,7 +506,7 @@ def run_command(job: CommandJob, clients, store) -> str:
     command = commands.parse_command(job.command or "")
     if command is None:
         return "not a command"
-    repo = clients.for_installation(job.installation_id).get_repo(job.repository)
+    repo = clients.for_installation(job.installation_id, job.repository).get_repo(job.repository)
     budget = WriteBudget(store, job.installation_id)
     key = f"command-{job.comment_id}"  # a retried job answers once
     if not commands.may_run(repo, job.requested_by or ""):

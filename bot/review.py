@@ -37,6 +37,7 @@ ANNOTATIONS_PER_REQUEST = 50
 # Long lists (files reviewed, notes) are capped so the findings keep most of the room.
 MAX_LISTED_FILES = 200
 MAX_LISTED_NOTES = 200
+MAX_LISTED_SUPPRESSED = 50  # findings silenced by comments, listed in the check run
 
 FILTER_MODES = ("introduced", "added", "diff_context", "file")
 
@@ -67,6 +68,10 @@ NOTE_EXPLANATIONS = {
 # Every inline comment says how to tell us it is wrong (read back by bot.feedback).
 FEEDBACK_HOWTO = "_Wrong or not useful? React with 👎, or reply `/review false-positive` and why._"
 FINGERPRINT_RE = re.compile(r"<!-- torchreview:fingerprint=([0-9a-f]+) rule=[^\s>]+ -->")
+# Our comments' last line: nothing but the markers of the findings it covers (fingerprint_markers).
+MARKER_RE = re.compile(r"<!-- torchreview:fingerprint=([0-9a-f]+) rule=(TR\d+) -->")
+_ONE_MARKER = r"<!-- torchreview:fingerprint=[0-9a-f]+ rule=TR\d+ -->"
+MARKER_LINE_RE = re.compile(rf"{_ONE_MARKER}(?: {_ONE_MARKER})*")
 
 
 class FileNote(Protocol):
@@ -176,6 +181,9 @@ class PullRequestAnalysis:
     # path); None when the base was not analyzed
     base_fingerprints: Optional[frozenset[str]] = None
     feedback_note: str = ""  # how often reviewers marked our past comments on this repository wrong
+    # silenced by comments in the code (``# noqa``...), and files a ``# torchreview: skip-file`` comment skipped
+    suppressed: Sequence[Finding] = ()
+    skipped_by_comment: Sequence[str] = ()
 
 
 def finding_lines(finding: Finding) -> range:
@@ -281,8 +289,17 @@ def parse_fingerprint(comment_body: str) -> Optional[str]:
 
 def parse_fingerprints(comment_body: str) -> list[str]:
     """Every fingerprint of a comment that covers several findings (all markers sit on its last line)."""
+    return [fingerprint for fingerprint, _rule in comment_markers(comment_body)]
+
+
+def comment_markers(comment_body: str) -> list[tuple[str, str]]:
+    """(fingerprint, rule id) of each finding one of our comments covers, from its last line only, and only when
+    that line is nothing but markers: we write it after everything quoted (PR code in code spans and suggestion
+    blocks keeps its raw characters, a fake marker included), so no quoted text can reach or form it."""
     lines = (comment_body or "").rstrip().splitlines()
-    return FINGERPRINT_RE.findall(lines[-1]) if lines else []
+    if not lines or not MARKER_LINE_RE.fullmatch(lines[-1]):
+        return []
+    return MARKER_RE.findall(lines[-1])
 
 
 def fingerprint_markers(findings: Sequence[Finding], digests: Mapping[Finding, str]) -> str:
@@ -871,6 +888,8 @@ def check_summary(findings: Sequence[Finding], pr: PullRequestAnalysis, settings
     tail = ["", *actions_section(findings), "", *files_section(pr.reviewed_files)]
     if pr.notes:
         tail += ["", *notes_section(pr.notes)]
+    if pr.suppressed or pr.skipped_by_comment:
+        tail += ["", *suppressed_section(pr.suppressed, pr.skipped_by_comment)]
     if pr.feedback_note:
         tail += ["", f"**Feedback:** {pr.feedback_note}"]
 
@@ -935,6 +954,19 @@ def notes_section(notes: Sequence[FileNote]) -> list[str]:
     if len(notes) > MAX_LISTED_NOTES:
         lines.append(f"- … and {len(notes) - MAX_LISTED_NOTES} more files not analyzed")
     return lines
+
+
+def suppressed_section(suppressed: Sequence[Finding], skipped_files: Sequence[str]) -> list[str]:
+    """What comments in the pull request's files silenced (a count and the first few): a ``# noqa`` is
+    code too, and whoever adds one hides a finding from this review."""
+    count = len(suppressed) + len(skipped_files)
+    lines = [f"<details><summary>Silenced by comments in the code ({count})</summary>", ""]
+    lines += [f"- {code_span(path)}: not analyzed (`# torchreview: skip-file`)" for path in skipped_files]
+    lines += [f"- {code_span(location(f))}: {code_span(f.rule)} {literal(f.slug)} (`# noqa` or "
+              "`# torchreview: ignore`)" for f in suppressed]
+    if count > MAX_LISTED_SUPPRESSED:
+        lines = lines[:2 + MAX_LISTED_SUPPRESSED] + [f"- … and {count - MAX_LISTED_SUPPRESSED} more"]
+    return lines + ["", "</details>"]
 
 
 def rule_reference(findings: Sequence[Finding]) -> str:

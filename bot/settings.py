@@ -28,6 +28,7 @@ DEFAULT_WEBHOOK_PATH = "/api/github/webhooks"
 # commit's message, around objects of a few KiB (repository, users, labels). Every request body is held in
 # memory whole while its signature is checked, so the cap bounds the web's memory: 32 threads x 5 MiB.
 MAX_WEBHOOK_BYTES = 5 * 1024 * 1024
+DEFAULT_DELIVERY_TTL_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class Settings:
     bot_login: Optional[str] = None  # our own bot account (``<slug>[bot]``), to ignore our comments
     # GitHub asks integrators to space content-creating requests by about a second.
     github_write_interval: float = 1.0
+    # How long a delivery's id and signed body are remembered (one short Redis key each). GitHub keeps
+    # deliveries for redelivery, by hand or through its API, for longer than the few days it retries, and a
+    # signature carries no timestamp: a captured body replayed after this is taken as new. 30 days by default.
+    delivery_ttl_s: int = DEFAULT_DELIVERY_TTL_DAYS * 24 * 3600
 
     @property
     def broker_url(self) -> str:
@@ -118,6 +123,9 @@ class Settings:
             write_interval = float(interval)
         except ValueError:
             problems.append(f"TORCHREVIEW_GITHUB_WRITE_INTERVAL must be a number of seconds, got {interval!r}")
+        ttl_days = env.get("TORCHREVIEW_DELIVERY_TTL_DAYS", str(DEFAULT_DELIVERY_TTL_DAYS)).strip()
+        if not ttl_days.isdigit() or not 1 <= int(ttl_days) <= 365:
+            problems.append(f"TORCHREVIEW_DELIVERY_TTL_DAYS must be a whole number of days from 1 to 365, got {ttl_days!r}")
         redis_url = env.get("REDIS_URL", "").strip() or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             problems.append(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
@@ -137,6 +145,7 @@ class Settings:
             internal_port=internal_port,
             bot_login=env.get("TORCHREVIEW_BOT_LOGIN") or None,
             github_write_interval=write_interval,
+            delivery_ttl_s=int(ttl_days) * 24 * 3600,
         )
 
 

@@ -20,7 +20,7 @@ import requests
 from analyzers.markdown import code_span, literal, message, redact_urls, table_cell
 from bot.commands import ALLOWED_PERMISSIONS, MAINTAINER_PERMISSIONS, may_run, permission_level
 from bot.jobs import SMOKE_CHECK_NAME, SmokeJob
-from bot.review import CheckRunPlan
+from bot.review import CheckRunPlan, hard_cap
 from bot.store import held_lock
 
 log = logging.getLogger("torchreview.smoke")
@@ -36,6 +36,10 @@ MAX_TARBALL_BYTES = 200 << 20  # downloaded (compressed)
 MAX_EXTRACTED_BYTES = 1 << 30  # unpacked: a 1.5 MiB tarball can hold 1.5 GiB of zeros
 MAX_EXTRACTED_MEMBERS = 50_000
 MAX_TAR_HEADER_BYTES = 64 << 10  # a GNU long name or a pax header: a path is at most 4 KiB
+# What one smoke run keeps in Redis (for its retries, a day): its targets (smoke.max_targets) times each target's
+# bounded report (gpu_runner.runner.MAX_REPORT_BYTES, head and base), plus the static claims; a larger one is not kept.
+MAX_STORED_REPORT_BYTES = 3 << 20
+MAX_LISTED_LEFT_OUT = 20
 # Not the static review's fingerprint marker: each job resolves only the threads of its own kind.
 SMOKE_MARKER_RE = re.compile(r"<!-- torchreview:smoke=([0-9a-f]+) -->")
 
@@ -295,6 +299,14 @@ def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None
         title += f"; {len(regressions)} regression(s) against the base"
     lines = [f"Smoke-trained on **{run['device']}** at {head_sha[:7]} in {run['seconds']:.1f}s, each target in a "
              "sandboxed process (no network, no credentials, time and memory limits).", ""]
+    left_out = run.get("left_out")
+    if left_out:  # over smoke.max_targets: say which were not run, never silently, and pass no one untested
+        title += f"; {left_out['count']} not run"
+        conclusion = "neutral" if conclusion == "success" else conclusion
+        named = ", ".join(code_span(t) for t in left_out["targets"])
+        more = ", …" if left_out["count"] > len(left_out["targets"]) else ""
+        lines += [f"⏭️ **{left_out['count']} more target(s) not smoke-trained**: a run trains at most "
+                  f"{left_out['max_targets']} (`smoke.max_targets` in the base branch's configuration): {named}{more}", ""]
     lines += ["| target | check | result | head vs base |", "|---|---|---|---|"]
     for t in targets:
         name = table_cell(code_span(t["target"]))
@@ -330,8 +342,8 @@ def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None
         lines += ["", f"⏱️ {_public(run['stopped'])}"]
     if run.get("warnings"):
         lines += ["", "**Sandbox warnings** (layers unavailable on this runner):"] + [f"- {_public(w)}" for w in run["warnings"]]
-    summary = "\n".join(lines)[:65000]
-    return CheckRunPlan(conclusion, title, summary)
+    # whole lines only, as the review's bodies: a raw cut could end inside a code span and make its PR text markup
+    return CheckRunPlan(conclusion, title, hard_cap("\n".join(lines)))
 
 
 def format_loss(value) -> str:
@@ -463,10 +475,10 @@ def _authorize(job: SmokeJob, repo, pr, settings: dict) -> str | None:
 
 def _smoke_check_run(repo, job: SmokeJob, budget):
     """The in-progress check run of this job (a retry reuses the one its first attempt created)."""
-    from bot.github_client import commit_ref
+    from bot.github_client import our_check_runs
 
     external_id = _job_key(job)[len("torchreview:smoke:"):]
-    for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
+    for run in our_check_runs(repo, job.head_sha, SMOKE_CHECK_NAME):
         if run.external_id == external_id and run.status != "completed":
             return run
     budget.spend()
@@ -477,15 +489,15 @@ def _smoke_check_run(repo, job: SmokeJob, budget):
 
 def fail_smoke_check_run(job: SmokeJob, clients, store, message: str) -> None:
     """The job failed for good: complete its check run instead of leaving it in progress (best effort)."""
-    from bot.github_client import commit_ref
+    from bot.github_client import our_check_runs
     from bot.pipeline import complete_check_run
     from bot.review import job_failed_plan
     from bot.store import WriteBudget
 
     try:
-        repo = clients.for_installation(job.installation_id).get_repo(job.repository)
+        repo = clients.for_installation(job.installation_id, job.repository).get_repo(job.repository)
         external_id = _job_key(job)[len("torchreview:smoke:"):]
-        for run in commit_ref(repo, job.head_sha).get_check_runs(check_name=SMOKE_CHECK_NAME, filter="all"):
+        for run in our_check_runs(repo, job.head_sha, SMOKE_CHECK_NAME):
             if run.external_id == external_id and run.status != "completed":
                 complete_check_run(run, job_failed_plan(message), WriteBudget(store, job.installation_id))
     except Exception:  # noqa: BLE001 - best effort; the original error is what matters
@@ -506,7 +518,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
     from gpu_runner.sandbox import SandboxLimits
     from gpu_runner.targets import find_step_targets, find_targets, parse_target_spec
 
-    gh = clients.for_installation(job.installation_id)
+    gh = clients.for_installation(job.installation_id, job.repository)
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
     head = job.head_sha  # never re-read from the PR: a push after authorization must not run
@@ -555,9 +567,11 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
                                        kind="step" if t.kind == "step" else "model") for t in found]
             configured = {(r.kind, r.target): r for r in configured_requests(settings)
                           if parse_target_spec(r.target) is not None}
+            configured_keys = set(configured)
             for request in requests_:  # a changed target the config describes is built as configured
                 request.config = configured.pop((request.kind, request.target), request).config
-            requests_ += list(configured.values())
+            requests_, left_out = within_target_limit(requests_ + list(configured.values()), configured_keys,
+                                                      int(settings.get("max_targets", 16)))
             # The static findings of the same files that a run can decide: the engine runs here, on the head's
             # sources (not in the sandbox, which gets only the claims), with the base branch's configuration.
             claims = static_claims(sources, config, head_dir)
@@ -565,7 +579,10 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
             limits = SandboxLimits(timeout_s=float(settings.get("timeout", 300)), memory_bytes=_memory_bytes(settings.get("memory")))
             report = run_smoke(head_dir, requests_, base_dir=base_dir, device=settings.get("device", "auto"),
                                limits=limits, thresholds=settings.get("regression"))
-            store.put(report_key, json.dumps({"report": report, "spans": spans, "claims": claims}), 24 * 3600)
+            if left_out:
+                report["left_out"] = {"count": len(left_out), "targets": left_out[:MAX_LISTED_LEFT_OUT],
+                                      "max_targets": int(settings.get("max_targets", 16))}
+            keep_report(store, report_key, json.dumps({"report": report, "spans": spans, "claims": claims}))
         if job.reason == "smoke.auto":  # explicit runs report on the commit they were asked for
             current = repo.get_pull(pr.number).head.sha
             if current != head:
@@ -602,6 +619,26 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def keep_report(store, key: str, saved: str, max_bytes: int = MAX_STORED_REPORT_BYTES) -> bool:
+    """Keep a run's report a day for its retries, unless it is over ``max_bytes``: never a dump in the Redis every
+    installation's queue shares (a retry then trains again)."""
+    if len(saved) > max_bytes:
+        log.warning("smoke report %s is %d bytes, over %d: not kept for retries", key, len(saved), max_bytes)
+        return False
+    store.put(key, saved, 24 * 3600)
+    return True
+
+
+def within_target_limit(requests_: list, configured: set, max_targets: int) -> tuple[list, list[str]]:
+    """At most ``max_targets`` of the run's targets, in the run's order, those the base's configuration names
+    (``configured``: (kind, target) pairs) chosen first: a pull request adding many classes cannot push them out.
+    The targets left out, by name, for the check run."""
+    first = {id(r) for r in requests_ if (r.kind, r.target) in configured}
+    chosen = {id(r) for r in ([r for r in requests_ if id(r) in first] +
+                              [r for r in requests_ if id(r) not in first])[:max_targets]}
+    return [r for r in requests_ if id(r) in chosen], [r.target for r in requests_ if id(r) not in chosen]
 
 
 def _memory_bytes(value) -> int:

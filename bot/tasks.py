@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from celery.signals import worker_process_init
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_init
 
 import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
 import bot.health  # noqa: F401 - a worker of `torchreview serve` tells the web it is up
@@ -31,6 +31,16 @@ def _runtime():
 
     settings = Settings.from_env(role="worker")
     return settings, make_store(settings.redis_url, settings.data_dir), GitHubClients(settings)
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _redacted_logs(logger=None, **_kwargs) -> None:
+    from bot.log_redaction import redact_handlers
+
+    redact_handlers()  # the root's handlers, where Celery's own records (task failures) end up too
+    if logger is not None:
+        redact_handlers(logger)
 
 
 @worker_process_init.connect

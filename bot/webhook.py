@@ -19,7 +19,6 @@ from bot.settings import MAX_WEBHOOK_BYTES, Settings, check_webhook_secret
 
 log = logging.getLogger("torchreview.webhook")
 
-DELIVERY_TTL = 7 * 24 * 3600  # GitHub redelivers for up to a few days
 PENDING_TTL = 60  # a claimed delivery not yet on the queue (its request may have died): free again after this
 
 
@@ -158,7 +157,7 @@ def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callabl
                     log.warning("could not release %s; it lapses in %ss", key, PENDING_TTL)
             return _answer(503, "could not enqueue; retry the delivery", event, started)
         try:
-            store.put_all(keys, ENQUEUED, DELIVERY_TTL)
+            store.put_all(keys, ENQUEUED, settings.delivery_ttl_s)
         except Exception:  # noqa: BLE001 - enqueued all the same; a redelivery after the lapse runs it twice, idempotently
             log.warning("delivery %s enqueued, but not marked so", delivery, exc_info=True)
         return _answer(202, f"enqueued {len(jobs)} review job(s)", event, started)

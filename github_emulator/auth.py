@@ -86,6 +86,11 @@ class InstallationPrincipal:
             return False
         return self.token.repository_names is None or repo.full_name in self.token.repository_names
 
+    @property
+    def app(self) -> App | None:
+        """The App the token acts for (None: the emulated one)."""
+        return self.token.app
+
     def has_permission(self, permission: str, level: str) -> bool:
         granted = self.token.permissions.get(permission, "none")
         return PERMISSION_RANK[granted] >= PERMISSION_RANK[level]
@@ -96,7 +101,7 @@ def installation_principal(state: EmulatorState, encoded: str | None) -> Install
     token = state.tokens.get(encoded or "")
     if token is None or token.expires_at <= datetime.now(timezone.utc):
         raise AuthError("Bad credentials")
-    installation = state.installations.get(token.installation_id)
+    installation = state.installations.get(token.installation_id) or state.other_installations.get(token.installation_id)
     if installation is None:
         raise AuthError("Bad credentials")
     return InstallationPrincipal(token, installation)

@@ -398,7 +398,7 @@ class RestApi:
         run = CheckRun(
             id=self.state.next_id(),
             repo=g.repo,
-            app=self.state.app,
+            app=g.principal.app or self.state.app,  # the App whose token created it
             head_sha=commit.sha,
             name=body["name"],
             status="queued",
@@ -421,6 +421,10 @@ class RestApi:
         run = self.state.check_runs.get(check_run_id)
         if run is None or run.repo is not g.repo:
             raise not_found()
+        app = g.principal.app or self.state.app
+        if run.app.id != app.id:
+            raise EmulatorError(403, f"Invalid app_id `{app.id}` - check run can only be modified by the "
+                                     "GitHub App that created it.")
         self._apply_check_run_changes(run, self._body())
         return jsonify(self.render.check_run(run))
 

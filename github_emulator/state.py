@@ -112,6 +112,7 @@ class InstallationToken:
     expires_at: datetime
     permissions: dict[str, str]
     repository_names: set[str] | None  # None: every repository of the installation
+    app: App | None = None  # whose installation token: the emulated App's unless another App's (a workflow's)
 
 
 @dataclass
@@ -343,6 +344,14 @@ class EmulatorState:
         self.check_runs: dict[int, CheckRun] = {}
         # where the App's events go, and GitHub's log of every delivery attempt
         self.app_webhook = AppWebhook(self.lock, self.next_id)
+        # Other Apps' installations (a workflow's GITHUB_TOKEN is GitHub Actions' installation token): they
+        # write check runs too, under their own App, and GitHub lets no App edit another's.
+        self.other_installations: dict[int, Installation] = {}
+        self.actions_app = App(id=15368, slug="github-actions", name="GitHub Actions",
+                               owner=self.user("github", type="Organization"),
+                               bot=self.user("github-actions[bot]", type="Bot"), public_key_pem=b"",
+                               client_id="Iv1.github-actions", permissions={"checks": "write"}, events=[],
+                               created_at=_now())
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -803,9 +812,23 @@ class EmulatorState:
             expires_at=_now() + self.token_lifetime,
             permissions=granted,
             repository_names=repository_names,
+            app=self.app,
         )
         self.tokens[token.token] = token
         return token
+
+    @_locked
+    def workflow_token(self, repo: "Repository", permissions: Mapping[str, str] | None = None) -> str:
+        """A workflow run's ``GITHUB_TOKEN`` on ``repo`` (GitHub Actions' installation token, this repository
+        only): what a pull request's own workflow acts with, ``checks: write`` by default."""
+        installation = Installation(id=self.next_id(), account=repo.owner, repository_selection="selected",
+                                    repository_names={repo.full_name},
+                                    permissions={"checks": "write", "contents": "read", "metadata": "read",
+                                                 **(permissions or {})}, created_at=_now())
+        self.other_installations[installation.id] = installation
+        token = self.issue_token(installation, None, {repo.full_name})
+        token.app = self.actions_app
+        return token.token
 
     @_locked
     def expire_tokens(self) -> None:

@@ -29,6 +29,11 @@ VERDICTS = ("confirmed", "refuted", "undecided")  # of gpu_runner.confirm's expe
 DECIDABLE_RULES = ("TR302", "TR401", "TR403", "TR513", "TR701")  # gpu_runner.confirm has an experiment for each
 CHECK_STATUSES = ("pass", "fail", "warn", "skip", "error")  # error: the check itself crashed (the runner's fault)
 _MAX_TEXT = 4000  # characters per string of a report: the check run's summary has room for all targets
+# One side (head or base) of one target's report, as the worker posts it and keeps it in Redis: PR code writes
+# the report, so its size is bounded here (texts shortened, then checks left out), not by the child's 4 MiB.
+MAX_REPORT_BYTES = 64 << 10
+MAX_CHECKS = 40  # the runner's own checks are about a dozen
+MAX_LOSS_POINTS = 500
 
 
 KINDS = ("model", "step")
@@ -220,15 +225,14 @@ def _sanitized(report: dict, target: str) -> dict:
     """The report in the shape the worker expects: known statuses, strings, numbers; under ``target``."""
     status = report.get("status") if report.get("status") in STATUSES else "error"
     checks = []
-    for check in report.get("checks") or []:
+    for check in (report.get("checks") or [])[:MAX_CHECKS] if isinstance(report.get("checks"), list) else []:
         if isinstance(check, dict):
-            checks.append({**{k: _text(v) for k, v in check.items() if isinstance(k, str) and isinstance(v, str)},
-                           "name": _text(check.get("name", "?"), 200),
+            checks.append({"name": _text(check.get("name", "?"), 200),
                            "status": check.get("status") if check.get("status") in CHECK_STATUSES else "fail",
                            "message": _text(check.get("message", "")),
                            "details": check["details"] if isinstance(check.get("details"), dict)
                            and len(json.dumps(check["details"], default=str)) <= 5 * _MAX_TEXT else {}})
-    measures = {k: v for k, v in (report.get("measures") or {}).items()
+    measures = {_text(k, 100): v for k, v in list((report.get("measures") or {}).items())[:50]
                 if isinstance(k, str) and (isinstance(v, (int, float)) and not isinstance(v, bool) or v is None)} \
         if isinstance(report.get("measures"), dict) else {}
     clean = {"target": target, "status": status, "checks": checks, "measures": measures,
@@ -241,9 +245,42 @@ def _sanitized(report: dict, target: str) -> dict:
             clean[key] = float(report[key])
     for key in ("traceback", "loss_curve"):
         if key in report:
-            clean[key] = report[key] if key == "loss_curve" and isinstance(report[key], list) and all(
-                isinstance(x, (int, float)) for x in report[key]) else _text(report[key])
+            clean[key] = report[key][:MAX_LOSS_POINTS] if key == "loss_curve" and isinstance(report[key], list) and all(
+                isinstance(x, (int, float)) for x in report[key][:MAX_LOSS_POINTS]) else _text(report[key])
+    return _within(clean, MAX_REPORT_BYTES)
+
+
+def _within(clean: dict, max_bytes: int) -> dict:
+    """``clean`` in at most ``max_bytes`` of JSON: every text shorter first (large details dropped), then checks,
+    verdicts and the loss curve left out from the end, which a note says."""
+    for limit in (1000, 250, 60):
+        if _json_size(clean) <= max_bytes:
+            return clean
+        clean = _shortened(clean, limit)
+    left_out = 0
+    for key in ("checks", "findings", "loss_curve", "notes"):
+        while clean.get(key) and _json_size(clean) > max_bytes - 200:  # room for the note
+            clean[key] = clean[key][:-1]
+            left_out += 1
+    if left_out:
+        clean["notes"] = [f"{left_out} entries of this report were left out: it was over {max_bytes >> 10} KiB"]
     return clean
+
+
+def _shortened(value, limit: int):
+    """Every string in ``value`` at most ``limit`` characters; a ``details`` table larger than a few of them, dropped."""
+    if isinstance(value, str):
+        return _text(value, limit)
+    if isinstance(value, list):
+        return [_shortened(v, limit) for v in value]
+    if isinstance(value, dict):
+        return {k: {} if k == "details" and _json_size(v) > 4 * limit else _shortened(v, limit)
+                for k, v in value.items()}
+    return value
+
+
+def _json_size(value) -> int:
+    return len(json.dumps(value, default=str))
 
 
 def _sanitized_verdict(verdict: dict) -> dict:

@@ -108,7 +108,8 @@ def test_yaml_file_with_nested_forms():
     assert (config.skip_drafts, config.skip_labels, config.skip_title_markers, config.skip_bots) == \
         (False, ("no-review",), ("[wip]",), False)
     assert config.cleanup == "delete"
-    assert config.smoke == {"enabled": True, "targets": ("train.py",), "steps": (), "timeout": 300, "memory": 2048,
+    assert config.smoke == {"enabled": True, "targets": ("train.py",), "steps": (), "timeout": 300, "max_targets": 16,
+                            "memory": 2048,
                             "device": "auto", "trust": "collaborators",
                             "regression": {"step_time": 0.1, "memory": 0.25}}
     assert config.source == ".github/torchreview.yml"
@@ -240,6 +241,8 @@ def test_flat_and_nested_forms_together_are_an_error(text, needle):
     ("smoke:\n  targets: 3", "smoke.targets: must be a list of target strings or tables"),
     ("smoke:\n  timeout: 0", "smoke.timeout: must be a whole number from 1 to 3600"),
     ("smoke:\n  timeout: 3601", "smoke.timeout: must be a whole number from 1 to 3600"),
+    ("smoke:\n  max_targets: 0", "smoke.max_targets: must be a whole number from 1 to 100"),
+    ("smoke:\n  max_targets: 500", "smoke.max_targets: must be a whole number from 1 to 100"),
     ("smoke:\n  memory: lots", "smoke.memory: must be a size such as \"4GiB\" or a number of MiB"),
     ("smoke:\n  memory: -5", "smoke.memory: must be a size"),
     ("smoke:\n  device: tpu", "smoke.device: must be one of auto, cpu, cuda"),
