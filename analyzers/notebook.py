@@ -28,6 +28,9 @@ from analyzers.model import Fix
 
 # GitHub stores no file over 100 MB; a notebook larger than that is not read at all.
 MAX_NOTEBOOK_BYTES = 100_000_000
+# nbformat nests cells four levels deep and outputs (widget state, JSON data) a few more; a file of
+# nothing but "[" would otherwise cost a Python list per bracket (~88 bytes: 30 MB of them, 2.6 GB).
+MAX_NOTEBOOK_DEPTH = 64
 
 # Cell magics whose body is Python that IPython runs (timed, captured, profiled...): analyzed.
 # Every other cell magic (%%writefile, %%bash, %%html, %%sql, ...) holds something else: skipped.
@@ -95,6 +98,8 @@ def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
                   and stack[2][1] == "source" and not stack[3][0]):
                 current["source"].append(value)
             if event in ("start_map", "start_array"):
+                if depth >= MAX_NOTEBOOK_DEPTH:
+                    raise NotebookError(f"not a readable .ipynb notebook: JSON nested over {MAX_NOTEBOOK_DEPTH} levels deep")
                 stack.append([event == "start_map", None])
     except (ijson.JSONError, ValueError) as exc:
         raise NotebookError(f"not a readable .ipynb notebook: {_first_line(exc)}") from None

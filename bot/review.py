@@ -707,9 +707,21 @@ def notebook_json_lines(finding: Finding, source: Optional[str]) -> list[int]:
     return [cell_lines[n - 1] for n in finding_lines(finding) if 0 < n <= len(cell_lines)]
 
 
+class LaidOutNotebook(str):
+    """A notebook's text that knows where its cells' lines are in it (:func:`json_source_lines`), worked out
+    beforehand: the App does it in an isolated child (bot.pipeline), as every parse of PR bytes, never here."""
+
+    __slots__ = ("cell_lines",)
+
+    def __new__(cls, text: str, cell_lines: Mapping[int, list[int]]) -> "LaidOutNotebook":
+        laid_out = super().__new__(cls, text)
+        laid_out.cell_lines = dict(cell_lines)
+        return laid_out
+
+
 @lru_cache(maxsize=4)  # asked for each of a notebook's findings; cleared after each plan
 def _json_source_lines(text: str) -> dict[int, list[int]]:
-    return json_source_lines(text)
+    return text.cell_lines if isinstance(text, LaidOutNotebook) else json_source_lines(text)
 
 
 def cause_placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
