@@ -28,9 +28,6 @@ from analyzers.model import Fix
 
 # GitHub stores no file over 100 MB; a notebook larger than that is not read at all.
 MAX_NOTEBOOK_BYTES = 100_000_000
-# nbformat nests cells four levels deep and outputs (widget state, JSON data) a few more; a file of
-# nothing but "[" would otherwise cost a Python list per bracket (~88 bytes: 30 MB of them, 2.6 GB).
-MAX_NOTEBOOK_DEPTH = 64
 
 # Cell magics whose body is Python that IPython runs (timed, captured, profiled...): analyzed.
 # Every other cell magic (%%writefile, %%bash, %%html, %%sql, ...) holds something else: skipped.
@@ -41,6 +38,9 @@ _CELL_MAGIC = re.compile(r"%%(\w+)")
 _MAYBE_IPYTHON = re.compile(r"^[ \t]*[%!?/,;]|=[ \t]*[%!]|\?[ \t]*$", re.M)
 # What IPython makes of a line magic that times or profiles a statement, ``%time stmt``.
 _TIMED = re.compile(r"^(.*?)get_ipython\(\)\.run_line_magic\('(time|timeit|prun)', ('.*'|\".*\")\)\n$")
+
+
+_SOURCE_DEPTH = 4  # notebook > "cells" > a cell > its "source" list: the containers read_cells looks into
 
 
 class NotebookError(ValueError):
@@ -65,7 +65,10 @@ def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
         data = io.BytesIO(data)
     if data.read(3) != codecs.BOM_UTF8:  # some editors write one; JSON parsers refuse it
         data.seek(0)
-    stack: list[list] = []  # per open container: [is_map, current key]
+    # The open containers down to a cell's source list: [is_map, current key]. Those deeper (outputs, metadata)
+    # are only counted: a file of nothing but "[" would cost a list per bracket (30 MB of them: 2.6 GB).
+    stack: list[list] = []
+    deeper = 0
     cells: list[Cell] = []
     current: Optional[dict] = None  # the cell being read
     found = False
@@ -73,6 +76,9 @@ def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
     try:
         # basic_parse: no per-event path strings, which would grow with nesting depth
         for event, value in ijson.basic_parse(data, use_float=True):
+            if deeper:
+                deeper += 1 if event in ("start_map", "start_array") else -1 if event in ("end_map", "end_array") else 0
+                continue
             if event == "map_key":
                 stack[-1][1] = value
                 continue
@@ -98,9 +104,10 @@ def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
                   and stack[2][1] == "source" and not stack[3][0]):
                 current["source"].append(value)
             if event in ("start_map", "start_array"):
-                if depth >= MAX_NOTEBOOK_DEPTH:
-                    raise NotebookError(f"not a readable .ipynb notebook: JSON nested over {MAX_NOTEBOOK_DEPTH} levels deep")
-                stack.append([event == "start_map", None])
+                if depth < _SOURCE_DEPTH:
+                    stack.append([event == "start_map", None])
+                else:
+                    deeper = 1
     except (ijson.JSONError, ValueError) as exc:
         raise NotebookError(f"not a readable .ipynb notebook: {_first_line(exc)}") from None
     if not found:
@@ -218,32 +225,23 @@ def json_source_lines(text: str) -> dict[int, list[int]]:
     nbformat writes one source line per JSON line, so each cell line gets its own; a source
     written as one string puts all of a cell's lines on that string's line. Empty when the
     text is not a notebook.
+
+    Only the path to the cells' sources is walked here; every other value (outputs, metadata) is
+    stepped over by the C scanner and dropped at once, so time and memory follow the notebook's
+    structure, not the count of strings in its outputs.
     """
-    decoder = json.JSONDecoder()
-    base_parse_string = decoder.parse_string
-
-    def parse_string(string, end, strict):
-        value, after = base_parse_string(string, end, strict)
-        located = _Located(value)
-        located.offset = end - 1
-        return located, after
-
-    decoder.parse_string = parse_string
-    # The pure-Python scanner calls the decoder's parse_string for each value (the C one does not).
-    scan_once = json.scanner.py_make_scanner(decoder)
     try:
-        start = json.decoder.WHITESPACE.match(text, 0).end()
-        notebook, _ = scan_once(text, start)
+        notebook, _ = _json_object(text, _skip_space(text, 0), _notebook_member)
     except (StopIteration, ValueError, RecursionError, IndexError):
         return {}
     cells = notebook.get("cells") if isinstance(notebook, dict) else None
     if not isinstance(cells, list):
         return {}
-    newlines = _newlines(text)
+    line_of = _lines_at(text, sorted({p.offset for cell in cells if isinstance(cell, dict)
+                                      for p in _pieces(cell.get("source")) if isinstance(p, _Located)}))
     out: dict[int, list[int]] = {}
     for number, cell in enumerate(cells, 1):
-        source = cell.get("source") if isinstance(cell, dict) else None
-        pieces = source if isinstance(source, list) else [source]
+        pieces = _pieces(cell.get("source") if isinstance(cell, dict) else None)
         if not pieces or not all(isinstance(p, _Located) for p in pieces):
             continue
         ends = list(itertools.accumulate(len(p) for p in pieces))
@@ -252,17 +250,98 @@ def json_source_lines(text: str) -> dict[int, list[int]]:
         lines = []
         for start in starts:
             piece = pieces[min(bisect.bisect_right(ends, start), len(pieces) - 1)]
-            lines.append(bisect.bisect_left(newlines, piece.offset) + 1)
+            lines.append(line_of[piece.offset])
         out[number] = lines
     return out
 
 
-def _newlines(text: str) -> list[int]:
-    out, at = [], text.find("\n")
-    while at != -1:
-        out.append(at)
-        at = text.find("\n", at + 1)
-    return out
+_STEP_OVER = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner where there is one
+
+
+def _skip_space(text: str, at: int) -> int:
+    return json.decoder.WHITESPACE.match(text, at).end()
+
+
+def _skipped(text: str, at: int) -> tuple[None, int]:
+    return None, _STEP_OVER(text, at)[1]
+
+
+def _located(text: str, at: int) -> tuple[object, int]:
+    if text[at] != '"':
+        return _skipped(text, at)
+    value, end = json.decoder.scanstring(text, at + 1)
+    located = _Located(value)
+    located.offset = at
+    return located, end
+
+
+def _notebook_member(text: str, key: str, at: int) -> tuple[object, int]:
+    if key == "cells" and text[at] == "[":
+        return _json_array(text, at, lambda at: _json_object(text, at, _cell_member) if text[at] == "{"
+                           else _skipped(text, at))
+    return _skipped(text, at)
+
+
+def _cell_member(text: str, key: str, at: int) -> tuple[object, int]:
+    if key != "source":
+        return _skipped(text, at)
+    if text[at] == "[":
+        return _json_array(text, at, lambda at: _located(text, at))
+    return _located(text, at)
+
+
+def _json_object(text: str, at: int, member) -> tuple[dict, int]:
+    """The JSON object at ``at`` as ``{key: member(text, key, position of its value)}``, and where it ends."""
+    if text[at] != "{":
+        raise ValueError("not a JSON object")
+    out: dict = {}
+    at = _skip_space(text, at + 1)
+    if text[at] == "}":
+        return out, at + 1
+    while True:
+        if text[at] != '"':
+            raise ValueError("expected a key")
+        key, at = json.decoder.scanstring(text, at + 1)
+        at = _skip_space(text, at)
+        if text[at] != ":":
+            raise ValueError("expected ':'")
+        out[key], at = member(text, key, _skip_space(text, at + 1))
+        at = _skip_space(text, at)
+        if text[at] == "}":
+            return out, at + 1
+        if text[at] != ",":
+            raise ValueError("expected ',' or '}'")
+        at = _skip_space(text, at + 1)
+
+
+def _json_array(text: str, at: int, item) -> tuple[list, int]:
+    """The JSON array at ``at`` as ``[item(position of each value)]``, and where it ends."""
+    out: list = []
+    at = _skip_space(text, at + 1)
+    if text[at] == "]":
+        return out, at + 1
+    while True:
+        value, at = item(at)
+        out.append(value)
+        at = _skip_space(text, at)
+        if text[at] == "]":
+            return out, at + 1
+        if text[at] != ",":
+            raise ValueError("expected ',' or ']'")
+        at = _skip_space(text, at + 1)
+
+
+def _pieces(source) -> list:
+    return source if isinstance(source, list) else [source]
+
+
+def _lines_at(text: str, offsets: list[int]) -> dict[int, int]:
+    """The 1-based line of each of the sorted ``offsets`` (newlines counted in C, never listed)."""
+    lines, line, counted = {}, 1, 0
+    for offset in offsets:
+        line += text.count("\n", counted, offset)
+        lines[offset], counted = line, offset
+    return lines
 
 
 _JSON_STRING_LINE = re.compile(r'([ \t]*)("(?:[^"\\]|\\.)*")(,?)[ \t\r]*')
