@@ -236,8 +236,8 @@ class ReviewRun:
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):
-        """The head's check run: reused by automatic jobs (one per head and base), new for explicit re-runs and
-        for a base change.
+        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs and for a
+        base change (a verdict holds for the base it was made against).
         A job that ran before (re-queued for the write budget, redelivered after its worker died, even
         after it completed the run) finds the one it created: every run, not only the newest, is listed."""
         runs = list(commit_ref(self.repo, self.head).get_check_runs(check_name=CHECK_NAME, filter="all"))
@@ -430,8 +430,8 @@ def _code_cell_bytes(data: bytes) -> int:
 
 def notebook_layouts(changed: ChangedFiles, paths: list[str]) -> None:
     """Where the cells' lines of the notebooks ``paths`` are in their JSON text (so that findings can be
-    commented on GitHub's diff of it), worked out in an isolated child with a memory and time limit: the
-    JSON parse keeps an object per value, outputs included. A notebook it fails for keeps its findings,
+    commented on GitHub's diff of it), worked out in an isolated child with a memory and time limit: stepping
+    over the outputs still builds each of them for a moment. A notebook it fails for keeps its findings,
     listed in the summary instead of inline, with a note saying why."""
     from analyzers.notebook import json_source_lines
 
