@@ -22,7 +22,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import BinaryIO, Optional, Union
+from typing import BinaryIO, Mapping, Optional, Union
 
 from analyzers.model import Fix
 
@@ -220,7 +220,13 @@ class _Located(str):
 
 
 def json_source_lines(text: str) -> dict[int, list[int]]:
-    """``{cell number: [line of the .ipynb text holding cell line 1, line 2, ...]}`` (all 1-based).
+    """``{cell number: [line of the .ipynb text holding cell line 1, line 2, ...]}`` (all 1-based)."""
+    return json_source_layout(text)[0]
+
+
+def json_source_layout(text: str) -> tuple[dict[int, list[int]], dict[int, str]]:
+    """:func:`json_source_lines`, and the text of each line of the ``.ipynb`` it names (what :func:`json_fix`
+    reads of a notebook).
 
     nbformat writes one source line per JSON line, so each cell line gets its own; a source
     written as one string puts all of a cell's lines on that string's line. Empty when the
@@ -233,12 +239,12 @@ def json_source_lines(text: str) -> dict[int, list[int]]:
     try:
         notebook, _ = _json_object(text, _skip_space(text, 0), _notebook_member)
     except (StopIteration, ValueError, RecursionError, IndexError):
-        return {}
+        return {}, {}
     cells = notebook.get("cells") if isinstance(notebook, dict) else None
     if not isinstance(cells, list):
-        return {}
-    line_of = _lines_at(text, sorted({p.offset for cell in cells if isinstance(cell, dict)
-                                      for p in _pieces(cell.get("source")) if isinstance(p, _Located)}))
+        return {}, {}
+    line_of, line_texts = _lines_at(text, sorted({p.offset for cell in cells if isinstance(cell, dict)
+                                                  for p in _pieces(cell.get("source")) if isinstance(p, _Located)}))
     out: dict[int, list[int]] = {}
     for number, cell in enumerate(cells, 1):
         pieces = _pieces(cell.get("source") if isinstance(cell, dict) else None)
@@ -252,7 +258,7 @@ def json_source_lines(text: str) -> dict[int, list[int]]:
             piece = pieces[min(bisect.bisect_right(ends, start), len(pieces) - 1)]
             lines.append(line_of[piece.offset])
         out[number] = lines
-    return out
+    return out, line_texts
 
 
 _STEP_OVER = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner where there is one
@@ -335,29 +341,40 @@ def _pieces(source) -> list:
     return source if isinstance(source, list) else [source]
 
 
-def _lines_at(text: str, offsets: list[int]) -> dict[int, int]:
-    """The 1-based line of each of the sorted ``offsets`` (newlines counted in C, never listed)."""
-    lines, line, counted = {}, 1, 0
+_MAX_FIXED_LINE = 1 << 20
+
+
+def _lines_at(text: str, offsets: list[int]) -> tuple[dict[int, int], dict[int, str]]:
+    """The 1-based line of each of the sorted ``offsets``, and the text of those lines (newlines counted
+    and found in C: the text is never split into all of its lines)."""
+    lines, texts, line, counted = {}, {}, 1, 0
     for offset in offsets:
         line += text.count("\n", counted, offset)
         lines[offset], counted = line, offset
-    return lines
+        if line not in texts:
+            start, end = text.rfind("\n", 0, offset) + 1, text.find("\n", offset)
+            end = len(text) if end == -1 else end
+            if end - start <= _MAX_FIXED_LINE:  # a longer one (a notebook on one line) is no cell line to fix
+                texts[line] = text[start:end]
+    return lines, texts
 
 
 _JSON_STRING_LINE = re.compile(r'([ \t]*)("(?:[^"\\]|\\.)*")(,?)[ \t\r]*')
 
 
-def json_fix(text: str, cell_lines: list[int], fix: Fix) -> Optional[Fix]:
+def json_fix(text: str, cell_lines: list[int], fix: Fix, lines: Optional[Mapping[int, str]] = None) -> Optional[Fix]:
     """A fix of cell lines as the same fix of the ``.ipynb`` text (JSON strings, one per line), so it
     can be a committable suggestion on GitHub's diff of the notebook; None unless each fixed cell line
-    is one whole JSON line of its own (as nbformat writes them)."""
+    is one whole JSON line of its own (as nbformat writes them). ``lines``: the text's lines by number
+    where known (:func:`json_source_layout`), so that a large notebook is not split into all of its lines."""
     if not 0 < fix.start_line <= fix.end_line <= len(cell_lines):
         return None
     numbers = cell_lines[fix.start_line - 1: fix.end_line]
     if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
         return None  # two cell lines in one string, or one line split over two
-    lines = text.split("\n")
-    found = [_JSON_STRING_LINE.fullmatch(lines[n - 1]) if n <= len(lines) else None for n in numbers]
+    if lines is None:
+        lines = dict(enumerate(text.split("\n"), 1))
+    found = [_JSON_STRING_LINE.fullmatch(lines[n]) if n in lines else None for n in numbers]
     if not all(found):
         return None
     last_value = json.loads(found[-1].group(2))

@@ -433,17 +433,17 @@ def notebook_layouts(changed: ChangedFiles, paths: list[str]) -> None:
     commented on GitHub's diff of it), worked out in an isolated child with a memory and time limit: stepping
     over the outputs still builds each of them for a moment. A notebook it fails for keeps its findings,
     listed in the summary instead of inline, with a note saying why."""
-    from analyzers.notebook import json_source_lines
+    from analyzers.notebook import json_source_layout
 
     layouts = run_isolated(((path, changed.sources[path]) for path in paths),
-                           lambda _path, text: json_source_lines(text),
+                           lambda _path, text: json_source_layout(text),
                            lambda _path, _kind, message: message, seconds=NOTEBOOK_SECONDS,
                            memory=NOTEBOOK_MEMORY_BYTES)
     for path, layout in layouts.items():
-        if isinstance(layout, dict):
-            changed.sources[path] = compose.LaidOutNotebook(changed.sources[path], layout)
+        if isinstance(layout, tuple):
+            changed.sources[path] = compose.LaidOutNotebook(changed.sources[path], *layout)
         else:
-            changed.sources[path] = compose.LaidOutNotebook(changed.sources[path], {})
+            changed.sources[path] = compose.LaidOutNotebook(changed.sources[path], {}, {})
             changed.notes.append(FileError(path, "notebook-layout", f"where its cells are in the .ipynb could not be "
                                                                     f"worked out ({layout}); its findings are listed "
                                                                     "in the summary, not inline"))
