@@ -22,7 +22,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import BinaryIO, Optional, Union
+from typing import BinaryIO, Mapping, Optional, Union
 
 from analyzers.model import Fix
 
@@ -43,6 +43,9 @@ IPYTHON_HINT = ("IPython syntax (%magic, !command, a pasted prompt) needs IPytho
                 "pip install 'torchreview[notebooks]'")
 # What IPython makes of a line magic that times or profiles a statement, ``%time stmt``.
 _TIMED = re.compile(r"^(.*?)get_ipython\(\)\.run_line_magic\('(time|timeit|prun)', ('.*'|\".*\")\)\n$")
+
+
+_SOURCE_DEPTH = 4  # notebook > "cells" > a cell > its "source" list: the containers read_cells looks into
 
 
 class NotebookError(ValueError):
@@ -67,7 +70,10 @@ def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
         data = io.BytesIO(data)
     if data.read(3) != codecs.BOM_UTF8:  # some editors write one; JSON parsers refuse it
         data.seek(0)
-    stack: list[list] = []  # per open container: [is_map, current key]
+    # The open containers down to a cell's source list: [is_map, current key]. Those deeper (outputs, metadata)
+    # are only counted: a file of nothing but "[" would cost a list per bracket (30 MB of them: 2.6 GB).
+    stack: list[list] = []
+    deeper = 0
     cells: list[Cell] = []
     current: Optional[dict] = None  # the cell being read
     found = False
@@ -75,6 +81,9 @@ def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
     try:
         # basic_parse: no per-event path strings, which would grow with nesting depth
         for event, value in ijson.basic_parse(data, use_float=True):
+            if deeper:
+                deeper += 1 if event in ("start_map", "start_array") else -1 if event in ("end_map", "end_array") else 0
+                continue
             if event == "map_key":
                 stack[-1][1] = value
                 continue
@@ -100,7 +109,10 @@ def read_cells(data: Union[bytes, str, BinaryIO]) -> list[Cell]:
                   and stack[2][1] == "source" and not stack[3][0]):
                 current["source"].append(value)
             if event in ("start_map", "start_array"):
-                stack.append([event == "start_map", None])
+                if depth < _SOURCE_DEPTH:
+                    stack.append([event == "start_map", None])
+                else:
+                    deeper = 1
     except (ijson.JSONError, ValueError) as exc:
         raise NotebookError(f"not a readable .ipynb notebook: {_first_line(exc)}") from None
     if not found:
@@ -222,37 +234,34 @@ class _Located(str):
 
 
 def json_source_lines(text: str) -> dict[int, list[int]]:
-    """``{cell number: [line of the .ipynb text holding cell line 1, line 2, ...]}`` (all 1-based).
+    """``{cell number: [line of the .ipynb text holding cell line 1, line 2, ...]}`` (all 1-based)."""
+    return json_source_layout(text)[0]
+
+
+def json_source_layout(text: str) -> tuple[dict[int, list[int]], dict[int, str]]:
+    """:func:`json_source_lines`, and the text of each line of the ``.ipynb`` it names (what :func:`json_fix`
+    reads of a notebook).
 
     nbformat writes one source line per JSON line, so each cell line gets its own; a source
     written as one string puts all of a cell's lines on that string's line. Empty when the
     text is not a notebook.
+
+    Only the path to the cells' sources is walked here; every other value (outputs, metadata) is
+    stepped over by the C scanner and dropped at once, so time and memory follow the notebook's
+    structure, not the count of strings in its outputs.
     """
-    decoder = json.JSONDecoder()
-    base_parse_string = decoder.parse_string
-
-    def parse_string(string, end, strict):
-        value, after = base_parse_string(string, end, strict)
-        located = _Located(value)
-        located.offset = end - 1
-        return located, after
-
-    decoder.parse_string = parse_string
-    # The pure-Python scanner calls the decoder's parse_string for each value (the C one does not).
-    scan_once = json.scanner.py_make_scanner(decoder)
     try:
-        start = json.decoder.WHITESPACE.match(text, 0).end()
-        notebook, _ = scan_once(text, start)
+        notebook, _ = _json_object(text, _skip_space(text, 0), _notebook_member)
     except (StopIteration, ValueError, RecursionError, IndexError):
-        return {}
+        return {}, {}
     cells = notebook.get("cells") if isinstance(notebook, dict) else None
     if not isinstance(cells, list):
-        return {}
-    newlines = _newlines(text)
+        return {}, {}
+    line_of, line_texts = _lines_at(text, sorted({p.offset for cell in cells if isinstance(cell, dict)
+                                                  for p in _pieces(cell.get("source")) if isinstance(p, _Located)}))
     out: dict[int, list[int]] = {}
     for number, cell in enumerate(cells, 1):
-        source = cell.get("source") if isinstance(cell, dict) else None
-        pieces = source if isinstance(source, list) else [source]
+        pieces = _pieces(cell.get("source") if isinstance(cell, dict) else None)
         if not pieces or not all(isinstance(p, _Located) for p in pieces):
             continue
         ends = list(itertools.accumulate(len(p) for p in pieces))
@@ -261,33 +270,125 @@ def json_source_lines(text: str) -> dict[int, list[int]]:
         lines = []
         for start in starts:
             piece = pieces[min(bisect.bisect_right(ends, start), len(pieces) - 1)]
-            lines.append(bisect.bisect_left(newlines, piece.offset) + 1)
+            lines.append(line_of[piece.offset])
         out[number] = lines
-    return out
+    return out, line_texts
 
 
-def _newlines(text: str) -> list[int]:
-    out, at = [], text.find("\n")
-    while at != -1:
-        out.append(at)
-        at = text.find("\n", at + 1)
-    return out
+_STEP_OVER = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner where there is one
+
+
+def _skip_space(text: str, at: int) -> int:
+    return json.decoder.WHITESPACE.match(text, at).end()
+
+
+def _skipped(text: str, at: int) -> tuple[None, int]:
+    return None, _STEP_OVER(text, at)[1]
+
+
+def _located(text: str, at: int) -> tuple[object, int]:
+    if text[at] != '"':
+        return _skipped(text, at)
+    value, end = json.decoder.scanstring(text, at + 1)
+    located = _Located(value)
+    located.offset = at
+    return located, end
+
+
+def _notebook_member(text: str, key: str, at: int) -> tuple[object, int]:
+    if key == "cells" and text[at] == "[":
+        return _json_array(text, at, lambda at: _json_object(text, at, _cell_member) if text[at] == "{"
+                           else _skipped(text, at))
+    return _skipped(text, at)
+
+
+def _cell_member(text: str, key: str, at: int) -> tuple[object, int]:
+    if key != "source":
+        return _skipped(text, at)
+    if text[at] == "[":
+        return _json_array(text, at, lambda at: _located(text, at))
+    return _located(text, at)
+
+
+def _json_object(text: str, at: int, member) -> tuple[dict, int]:
+    """The JSON object at ``at`` as ``{key: member(text, key, position of its value)}``, and where it ends."""
+    if text[at] != "{":
+        raise ValueError("not a JSON object")
+    out: dict = {}
+    at = _skip_space(text, at + 1)
+    if text[at] == "}":
+        return out, at + 1
+    while True:
+        if text[at] != '"':
+            raise ValueError("expected a key")
+        key, at = json.decoder.scanstring(text, at + 1)
+        at = _skip_space(text, at)
+        if text[at] != ":":
+            raise ValueError("expected ':'")
+        out[key], at = member(text, key, _skip_space(text, at + 1))
+        at = _skip_space(text, at)
+        if text[at] == "}":
+            return out, at + 1
+        if text[at] != ",":
+            raise ValueError("expected ',' or '}'")
+        at = _skip_space(text, at + 1)
+
+
+def _json_array(text: str, at: int, item) -> tuple[list, int]:
+    """The JSON array at ``at`` as ``[item(position of each value)]``, and where it ends."""
+    out: list = []
+    at = _skip_space(text, at + 1)
+    if text[at] == "]":
+        return out, at + 1
+    while True:
+        value, at = item(at)
+        out.append(value)
+        at = _skip_space(text, at)
+        if text[at] == "]":
+            return out, at + 1
+        if text[at] != ",":
+            raise ValueError("expected ',' or ']'")
+        at = _skip_space(text, at + 1)
+
+
+def _pieces(source) -> list:
+    return source if isinstance(source, list) else [source]
+
+
+_MAX_FIXED_LINE = 1 << 20
+
+
+def _lines_at(text: str, offsets: list[int]) -> tuple[dict[int, int], dict[int, str]]:
+    """The 1-based line of each of the sorted ``offsets``, and the text of those lines (newlines counted
+    and found in C: the text is never split into all of its lines)."""
+    lines, texts, line, counted = {}, {}, 1, 0
+    for offset in offsets:
+        line += text.count("\n", counted, offset)
+        lines[offset], counted = line, offset
+        if line not in texts:
+            start, end = text.rfind("\n", 0, offset) + 1, text.find("\n", offset)
+            end = len(text) if end == -1 else end
+            if end - start <= _MAX_FIXED_LINE:  # a longer one (a notebook on one line) is no cell line to fix
+                texts[line] = text[start:end]
+    return lines, texts
 
 
 _JSON_STRING_LINE = re.compile(r'([ \t]*)("(?:[^"\\]|\\.)*")(,?)[ \t\r]*')
 
 
-def json_fix(text: str, cell_lines: list[int], fix: Fix) -> Optional[Fix]:
+def json_fix(text: str, cell_lines: list[int], fix: Fix, lines: Optional[Mapping[int, str]] = None) -> Optional[Fix]:
     """A fix of cell lines as the same fix of the ``.ipynb`` text (JSON strings, one per line), so it
     can be a committable suggestion on GitHub's diff of the notebook; None unless each fixed cell line
-    is one whole JSON line of its own (as nbformat writes them)."""
+    is one whole JSON line of its own (as nbformat writes them). ``lines``: the text's lines by number
+    where known (:func:`json_source_layout`), so that a large notebook is not split into all of its lines."""
     if not 0 < fix.start_line <= fix.end_line <= len(cell_lines):
         return None
     numbers = cell_lines[fix.start_line - 1: fix.end_line]
     if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
         return None  # two cell lines in one string, or one line split over two
-    lines = text.split("\n")
-    found = [_JSON_STRING_LINE.fullmatch(lines[n - 1]) if n <= len(lines) else None for n in numbers]
+    if lines is None:
+        lines = dict(enumerate(text.split("\n"), 1))
+    found = [_JSON_STRING_LINE.fullmatch(lines[n]) if n in lines else None for n in numbers]
     if not all(found):
         return None
     last_value = json.loads(found[-1].group(2))

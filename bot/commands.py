@@ -164,6 +164,20 @@ def smoke_not_in_pr_reply(sha: str) -> str:
             "takes the head or an earlier commit of this pull request.")
 
 
+def smoke_prefix_unknown_head_reply(prefix: str) -> str:
+    """``/review smoke <prefix>`` when it is not known which commits the PR had when the comment was written."""
+    return (f"I cannot tell which commits this pull request had when you commented (a push may have raced your "
+            f"comment), so {_code(prefix, 40)} was not resolved and nothing was run. Comment `/review smoke` with the "
+            "commit's full 40-hex SHA.")
+
+
+def smoke_ambiguous_reply(prefix: str, candidates: list[str]) -> str:
+    """``/review smoke <prefix>`` that names more than one commit of the PR: nothing runs."""
+    listed = ", ".join(f"`{sha}`" for sha in candidates[:5])
+    return (f"{_code(prefix, 40)} names {len(candidates)} commits of this pull request ({listed}), so nothing was "
+            "run. Comment `/review smoke` with the commit's full 40-hex SHA.")
+
+
 def config_reply(config: Any, base_ref: str, base_sha: str) -> str:
     """The effective configuration as a code block, and where it came from.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Union
@@ -27,7 +28,10 @@ REVIEW_TASK = "torchreview.review_pull_request"
 SMOKE_TASK = "torchreview.smoke_pull_request"
 RECOVER_TASK = "torchreview.recover_deliveries"  # the delivery sweep (bot/recover.py), on Celery beat
 PR_ACTIONS = {"opened", "synchronize", "reopened", "ready_for_review"}
+PUSHED_HEAD_REASONS = {f"pull_request.{action}" for action in PR_ACTIONS}
+RETARGETED = "pull_request.edited"  # a base change (route_event sends no other edit)
 SMOKE_CHECK_NAME = "torchreview / smoke"
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
 HEAD_TTL = 30 * 24 * 3600  # how long the webhook remembers a PR's last pushed head
 
 
@@ -92,8 +96,8 @@ class SmokeJob:
     kind = "smoke"
 
     def __post_init__(self) -> None:
-        if not self.head_sha:
-            raise ValueError("a smoke job needs the commit it runs")
+        if not _FULL_SHA.fullmatch(self.head_sha or ""):  # a prefix could name a commit pushed later
+            raise ValueError(f"a smoke job needs the full 40-hex SHA of the commit it runs, not {self.head_sha!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}
@@ -139,10 +143,14 @@ def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Se
             return [ReviewJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),
                               head_sha=(pr.get("head") or {}).get("sha"), reason="pull_request.closed",
                               delivery=delivery)]
-        if payload.get("action") not in PR_ACTIONS or pr.get("state") == "closed":
+        action = payload.get("action")
+        # A retargeted PR (edited, changes.base) is judged again: its verdict depends on the base (the base's
+        # configuration, what `filter: introduced` compares with); title or body edits change nothing of it.
+        retargeted = action == "edited" and "base" in (payload.get("changes") or {})
+        if (action not in PR_ACTIONS and not retargeted) or pr.get("state") == "closed":
             return []
         return [ReviewJob(installation_id=installation, repository=repo, pull_number=pr.get("number"),
-                          head_sha=(pr.get("head") or {}).get("sha"), reason=f"pull_request.{payload['action']}",
+                          head_sha=(pr.get("head") or {}).get("sha"), reason=f"pull_request.{action}",
                           delivery=delivery, pr_updated_at=pr.get("updated_at"))]
     if event == "issue_comment":
         comment = payload.get("comment") or {}
@@ -217,8 +225,8 @@ def _timestamp(value: Optional[str]) -> Optional[datetime]:
 
 def remember_head(store, job: ReviewJob) -> None:
     """Record the head a pull_request event announced, with when it was pushed (newest wins)."""
-    if not (job.reason.startswith("pull_request.") and job.pull_number and job.head_sha):
-        return
+    if not (job.reason in PUSHED_HEAD_REASONS and job.pull_number and job.head_sha):
+        return  # an edit (a retarget) pushes nothing: its updated_at is not when the head was pushed
     at = _timestamp(job.pr_updated_at)
     if at is None:
         return

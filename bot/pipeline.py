@@ -33,7 +33,7 @@ from bot import feedback
 from bot import review as compose
 from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
 from bot.github_client import commit_ref, our_check_runs
-from bot.jobs import CommandJob, ReviewJob, SmokeJob, enqueue_smoke
+from bot.jobs import RETARGETED, CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
 
 log = logging.getLogger("torchreview.pipeline")
@@ -43,6 +43,10 @@ LOCK_TTL = 60  # renewed while the job runs (bot.store.held_lock): a killed work
 # The work one review may do: files fetched and analyzed, and their bytes; the rest is reported skipped.
 MAX_REVIEW_FILES = 1000
 MAX_REVIEW_BYTES = 20 << 20  # about a minute of parsing
+# Reading a notebook's JSON (outputs included) in an isolated child: well under a worker's memory (the deploy
+# gives it 2 GiB), so a hostile notebook meets the child's limit (MemoryError) and not the pod's OOM killer.
+NOTEBOOK_MEMORY_BYTES = 1 << 30
+NOTEBOOK_SECONDS = 60.0
 REVIEWED_SUFFIXES = (".py", ".ipynb")
 RERUN_ACTION = {"label": "Re-run review", "description": "Review this commit again", "identifier": "rerun"}
 # Explicit requests: a fresh check run, and policy skips (draft, label...) do not apply.
@@ -155,6 +159,8 @@ class ReviewRun:
                                                                            self.job.repository),
                                    lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]),
                                    seconds=app_file_seconds(config))
+            notebook_layouts(changed, [path for path in changed.reviewed
+                                       if path.endswith(".ipynb") and results[path].findings])
             for path in changed.reviewed:
                 result = results[path]
                 if self.results is not None and changed.blobs.get(path):
@@ -236,15 +242,17 @@ class ReviewRun:
 
     # ---- check runs ----------------------------------------------------------------------
     def check_run(self):
-        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs.
+        """The head's check run: reused by automatic jobs (one per head), new for explicit re-runs and for a
+        base change (a verdict holds for the base it was made against).
         A job that ran before (re-queued for the write budget, redelivered after its worker died, even
         after it completed the run) finds the one it created: every run, not only the newest, is listed."""
         runs = our_check_runs(self.repo, self.head, CHECK_NAME)
         own = [run for run in runs if run.external_id == self.job.delivery]
         if own:
             return own[0]
-        if runs and self.job.reason not in FORCED_REASONS:
+        if runs and self.job.reason not in FORCED_REASONS and self.job.reason != RETARGETED:
             return runs[0]  # the newest
+        # A retargeted head gets a new run at once: the verdict on the old base must not stand while this one is made.
         self.budget.spend()
         return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",
                                           external_id=self.job.delivery,
@@ -410,9 +418,16 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
 
 def _parse_cost(path: str, data: bytes) -> int:
     """What a file costs the review's budget: its bytes; for a notebook, those of its code cells (plots in
-    its outputs are never parsed)."""
+    its outputs are never parsed). A notebook is read in an isolated child, bounded like its analysis: its
+    bytes are the PR author's (a file of nothing but "[" must not take the worker down)."""
     if not path.endswith(".ipynb"):
         return len(data)
+    return run_isolated([(path, data)], lambda _path, notebook: _code_cell_bytes(notebook),
+                        lambda _path, _kind, _message: len(data), seconds=NOTEBOOK_SECONDS,
+                        memory=NOTEBOOK_MEMORY_BYTES)[path]
+
+
+def _code_cell_bytes(data: bytes) -> int:
     try:
         return sum(len(c.source) for c in read_cells(data) if c.cell_type == "code")
     except NotebookError:
@@ -422,6 +437,27 @@ def _parse_cost(path: str, data: bytes) -> int:
 def app_file_seconds(config: Config) -> float:
     """A repository may ask for less time per file than the App's default, never more: a worker slot is shared."""
     return min(config.file_timeout, FILE_TIMEOUT_DEFAULT)
+
+
+def notebook_layouts(changed: ChangedFiles, paths: list[str]) -> None:
+    """Where the cells' lines of the notebooks ``paths`` are in their JSON text (so that findings can be
+    commented on GitHub's diff of it), worked out in an isolated child with a memory and time limit: stepping
+    over the outputs still builds each of them for a moment. A notebook it fails for keeps its findings,
+    listed in the summary instead of inline, with a note saying why."""
+    from analyzers.notebook import json_source_layout
+
+    layouts = run_isolated(((path, changed.sources[path]) for path in paths),
+                           lambda _path, text: json_source_layout(text),
+                           lambda _path, _kind, message: message, seconds=NOTEBOOK_SECONDS,
+                           memory=NOTEBOOK_MEMORY_BYTES)
+    for path, layout in layouts.items():
+        if isinstance(layout, tuple):
+            changed.sources[path] = compose.LaidOutNotebook(changed.sources[path], *layout)
+        else:
+            changed.sources[path] = compose.LaidOutNotebook(changed.sources[path], {}, {})
+            changed.notes.append(FileError(path, "notebook-layout", f"where its cells are in the .ipynb could not be "
+                                                                    f"worked out ({layout}); its findings are listed "
+                                                                    "in the summary, not inline"))
 
 
 def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache],
@@ -569,7 +605,9 @@ def _refuse_quietly(job: CommandJob, repo, store, budget: WriteBudget, name: str
 
 
 def _queue_smoke(job: CommandJob, repo, command) -> str:
-    """``/review smoke [<sha>]``: enqueue a smoke job for exactly one commit the commenter saw."""
+    """``/review smoke [<sha>]``: enqueue a smoke job for exactly one commit the commenter saw, pinned by its
+    full SHA. ``job.head_sha`` is the head the webhook knew when the comment was written (bot.jobs.pin_command):
+    a SHA prefix is resolved among that head and its commits in the PR, never among commits pushed since."""
     from bot import commands
 
     pr = repo.get_pull(job.pull_number)
@@ -578,9 +616,9 @@ def _queue_smoke(job: CommandJob, repo, command) -> str:
     if problem:
         return problem
     if wanted:
-        sha = _commit_of_pull(repo, pr, wanted)
-        if sha is None:
-            return commands.smoke_not_in_pr_reply(wanted)
+        sha, problem = _commit_seen(repo, pr, wanted, job.head_sha)
+        if problem:
+            return problem
     elif job.head_sha is None:
         return commands.smoke_unknown_head_reply(current)
     elif job.head_sha != current:
@@ -595,16 +633,34 @@ def _queue_smoke(job: CommandJob, repo, command) -> str:
 
 
 MAX_PR_COMMITS_SEARCHED = 1000
+FULL_SHA_LENGTH = 40
 
 
-def _commit_of_pull(repo, pr, prefix: str) -> Optional[str]:
-    """The full SHA of the PR's head or one of its commits that starts with ``prefix`` (unique), else None."""
-    if pr.head.sha.startswith(prefix):
-        return pr.head.sha
-    found = []
-    for index, commit in enumerate(repo.compare(pr.base.sha, pr.head.sha).commits):  # base...head: the PR's own
+def _commit_seen(repo, pr, wanted: str, seen_head: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """(full SHA, None) for the one commit ``wanted`` names, else (None, the reply). A full SHA must be a
+    commit of the PR now; a prefix must name exactly one commit of the PR as it was when the comment was
+    written (``seen_head`` and its commits): a commit pushed later with the same prefix (grinding 7 hex
+    digits takes seconds) is never a candidate."""
+    from bot import commands
+
+    if len(wanted) == FULL_SHA_LENGTH:
+        return (wanted, None) if wanted in _pull_commits(repo, pr, pr.head.sha) else (None, commands.smoke_not_in_pr_reply(wanted))
+    if seen_head is None:
+        return None, commands.smoke_prefix_unknown_head_reply(wanted)
+    found = [sha for sha in _pull_commits(repo, pr, seen_head) if sha.startswith(wanted)]
+    if not found:
+        return None, commands.smoke_not_in_pr_reply(wanted)
+    if len(found) > 1:
+        return None, commands.smoke_ambiguous_reply(wanted, found)
+    return found[0], None
+
+
+def _pull_commits(repo, pr, head: str) -> list[str]:
+    """``head`` and the PR's commits up to it (base...head), newest first, at most MAX_PR_COMMITS_SEARCHED."""
+    commits = [head]
+    for index, commit in enumerate(repo.compare(pr.base.sha, head).commits):  # base...head: the PR's own
         if index >= MAX_PR_COMMITS_SEARCHED:
             break
-        if commit.sha.startswith(prefix):
-            found.append(commit.sha)
-    return found[0] if len(found) == 1 else None
+        if commit.sha != head:
+            commits.append(commit.sha)
+    return commits

@@ -690,7 +690,8 @@ def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Option
         # GitHub diffs the notebook's JSON: comment on the JSON line that holds the cell's line,
         # with the fix as JSON strings.
         if finding.fix is not None and finding.cell is not None and source is not None:
-            fix = json_fix(source, _json_source_lines(source).get(finding.cell, []), finding.fix)
+            fix = json_fix(source, _json_source_lines(source).get(finding.cell, []), finding.fix,
+                           lines=source.json_lines if isinstance(source, LaidOutNotebook) else None)
             if fix is not None and suggestion_fits(fix, diff, source):
                 return Placement(fix.start_line, fix.end_line, fix)
         lines = notebook_json_lines(finding, source)
@@ -724,9 +725,23 @@ def notebook_json_lines(finding: Finding, source: Optional[str]) -> list[int]:
     return [cell_lines[n - 1] for n in finding_lines(finding) if 0 < n <= len(cell_lines)]
 
 
+class LaidOutNotebook(str):
+    """A notebook's text that knows where its cells' lines are in it, and those lines' text
+    (:func:`json_source_layout`), worked out beforehand: the App does it in an isolated child (bot.pipeline),
+    as every parse of PR bytes, never here."""
+
+    __slots__ = ("cell_lines", "json_lines")
+
+    def __new__(cls, text: str, cell_lines: Mapping[int, list[int]],
+                json_lines: Mapping[int, str]) -> "LaidOutNotebook":
+        laid_out = super().__new__(cls, text)
+        laid_out.cell_lines, laid_out.json_lines = dict(cell_lines), dict(json_lines)
+        return laid_out
+
+
 @lru_cache(maxsize=4)  # asked for each of a notebook's findings; cleared after each plan
 def _json_source_lines(text: str) -> dict[int, list[int]]:
-    return json_source_lines(text)
+    return text.cell_lines if isinstance(text, LaidOutNotebook) else json_source_lines(text)
 
 
 def cause_placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Optional[Placement]:
@@ -769,11 +784,22 @@ def enclosing_function_span(source: Optional[str], line: int) -> tuple[int, int]
     return best
 
 
+_LINE_BREAKS = ("\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
+def _line_count(text: str) -> int:
+    """``len(text.splitlines())``, counted in C without making the lines (a notebook's JSON may hold millions)."""
+    if not text:
+        return 0
+    breaks = sum(text.count(mark) for mark in _LINE_BREAKS) - text.count("\r\n")
+    return breaks if text[-1] in _LINE_BREAKS else breaks + 1
+
+
 def suggestion_fits(fix: Fix, diff: FileDiff, source: Optional[str]) -> bool:
     """A suggestion replaces exactly the commented lines, so they must all lie in one hunk."""
     if fix.start_line < 1 or fix.end_line < fix.start_line:
         return False
-    if source is not None and fix.end_line > len(source.splitlines()):
+    if source is not None and fix.end_line > _line_count(source):
         return False  # the fix was computed on another version of the file
     return diff.in_one_hunk(fix.start_line, fix.end_line)
 

@@ -4,6 +4,8 @@ slept on inside the worker."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from functools import lru_cache
 
 from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_init
@@ -54,6 +56,72 @@ def _note_redelivery(task, job) -> None:
         log.warning("%s %s#%s: redelivered after a lost worker", job.kind, job.repository, job.pull_number)
 
 
+# A job whose runs killed the worker holding them (out of memory, a signal) this many times is failed, never run
+# again: acks_late + reject_on_worker_lost re-queue it after each loss, so it would take a worker slot for good.
+WORKER_LOSSES_ALLOWED = 2
+RUNNING_TTL = 24 * 3600
+
+
+def _started(task, store) -> int:
+    """Mark the job (its task id, kept by Celery's redeliveries and by our retries) as running; the number of
+    workers that died running it so far. A mark still there when the job starts was left by a run that never
+    finished: its worker was lost (a job waiting on a lock or the write budget in between is a retry that
+    finished, so losses are counted across retries)."""
+    running, losses = _running_key(task), f"torchreview:job-losses:{task.request.id}"
+    holder = store.get(running)
+    if holder and _alive_here(holder):
+        return int(store.get(losses) or 0)
+    lost = store.count(losses, RUNNING_TTL) if holder else int(store.get(losses) or 0)
+    store.put(running, _holder(), RUNNING_TTL)
+    return lost
+
+
+def _running_key(task) -> str:
+    return f"torchreview:job-running:{task.request.id}"
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive_here(holder: str) -> bool:
+    """Whether the process that marked the job running is alive on this machine: then this start is a copy
+    Redis redelivered (visibility timeout) while it runs, not a loss."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _finished(task, store) -> None:
+    try:
+        store.unlock(_running_key(task), _holder())  # only our own mark: a live run's stays
+    except Exception:  # noqa: BLE001 - Redis away: the next start of this job counts one loss too many
+        log.warning("could not clear the running mark of %s", task.request.id, exc_info=True)
+
+
+def _worker_loss_message(losses: int) -> str:
+    return (f"this job stopped the worker running it {losses} times (out of memory or killed: a file in the pull "
+            "request may be built to exhaust the reviewer), so it is not run again")
+
+
+def _has_check_run(job) -> bool:
+    """Whether ``job`` reviews a head (and so has a check run to fail): a review, or a bare ``/review``."""
+    from bot.commands import parse_command
+    from bot.jobs import CommandJob, ReviewJob
+
+    if isinstance(job, ReviewJob):
+        return job.reason != "pull_request.closed"
+    command = parse_command(job.command or "") if isinstance(job, CommandJob) else None
+    return command is not None and command.name == "review"
+
+
 def _again(task, request: dict, failures: int, countdown: float, max_retries: int, reason: str, exc=None):
     """Re-queue the job; ``failures`` (GitHub or Redis errors in a row) rides along with it, so that waits
     for a lock or the write budget neither lengthen the back-off nor use up the failures allowed.
@@ -85,28 +153,38 @@ def review_pull_request(self, request: dict, failures: int = 0) -> str:
     job = job_from_dict(request)
     _note_redelivery(self, job)
     settings, store, clients = _runtime()
+    losses = _started(self, store)
+    if losses >= WORKER_LOSSES_ALLOWED:
+        _finished(self, store)
+        log.error("review %s#%s: %s", job.repository, job.pull_number, _worker_loss_message(losses))
+        if _has_check_run(job):
+            fail_check_run(job, clients, store, _worker_loss_message(losses))
+        return f"failed: {losses} lost workers"
     try:
-        outcome = run_command(job, clients, store) if isinstance(job, CommandJob) else run_review(job, clients, store)
-    except LockBusy as busy:
-        raise _again(self, request, failures, busy.delay, LOCK_RETRIES, "lock_busy")
-    except WriteBudgetSpent as spent:
-        log.info("review %s#%s: write budget spent; again in %.0fs", job.repository, job.pull_number, spent.delay)
-        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES, "write_budget")
-    except Exception as exc:  # noqa: BLE001 - classified below
-        transient = _transient(exc, failures)
-        if transient is not None and transient.rate_limited:  # GitHub said when: waiting is not failing
-            log.warning("review %s#%s: %s; again in %.0fs", job.repository, job.pull_number, transient, transient.delay)
-            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, transient.reason, exc=transient)
-        if transient is not None and failures < MAX_RETRIES:
-            log.warning("review %s#%s: %s; retrying in %.0fs", job.repository, job.pull_number, transient, transient.delay)
-            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, transient.reason,
-                         exc=transient)
-        log.exception("review %s#%s failed for good", job.repository, job.pull_number)
-        if not isinstance(job, CommandJob):
-            fail_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
-        raise
-    log.info("review %s#%s: %s", job.repository, job.pull_number, outcome)
-    return outcome
+        try:
+            outcome = run_command(job, clients, store) if isinstance(job, CommandJob) else run_review(job, clients, store)
+        except LockBusy as busy:
+            raise _again(self, request, failures, busy.delay, LOCK_RETRIES, "lock_busy")
+        except WriteBudgetSpent as spent:
+            log.info("review %s#%s: write budget spent; again in %.0fs", job.repository, job.pull_number, spent.delay)
+            raise _again(self, request, failures, spent.delay, BUDGET_RETRIES, "write_budget")
+        except Exception as exc:  # noqa: BLE001 - classified below
+            transient = _transient(exc, failures)
+            if transient is not None and transient.rate_limited:  # GitHub said when: waiting is not failing
+                log.warning("review %s#%s: %s; again in %.0fs", job.repository, job.pull_number, transient, transient.delay)
+                raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, transient.reason, exc=transient)
+            if transient is not None and failures < MAX_RETRIES:
+                log.warning("review %s#%s: %s; retrying in %.0fs", job.repository, job.pull_number, transient, transient.delay)
+                raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, transient.reason,
+                             exc=transient)
+            log.exception("review %s#%s failed for good", job.repository, job.pull_number)
+            if not isinstance(job, CommandJob):
+                fail_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
+            raise
+        log.info("review %s#%s: %s", job.repository, job.pull_number, outcome)
+        return outcome
+    finally:
+        _finished(self, store)
 
 
 SMOKE_FAILURES = 3
@@ -120,24 +198,33 @@ def smoke_pull_request(self, request: dict, failures: int = 0) -> str:
     job = job_from_dict(request)  # the same pinned head_sha on every retry: never re-read
     _note_redelivery(self, job)
     settings, store, clients = _runtime()
+    losses = _started(self, store)
+    if losses >= WORKER_LOSSES_ALLOWED:
+        _finished(self, store)
+        log.error("smoke %s#%s: %s", job.repository, job.pull_number, _worker_loss_message(losses))
+        fail_smoke_check_run(job, clients, store, _worker_loss_message(losses))
+        return f"failed: {losses} lost workers"
     try:
-        outcome = run_smoke_job(job, clients, store)
-    except SmokeBusy:
-        raise _again(self, request, failures, 30, 200, "smoke_busy")  # a redelivered copy waits for the running one
-    except WriteBudgetSpent as spent:
-        raise _again(self, request, failures, spent.delay, BUDGET_RETRIES, "write_budget")
-    except Exception as exc:  # noqa: BLE001 - classified below
-        transient = _transient(exc, failures)
-        if transient is not None and transient.rate_limited:
-            raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, transient.reason, exc=transient)
-        if transient is not None and failures < SMOKE_FAILURES:
-            raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, transient.reason,
-                         exc=transient)
-        log.exception("smoke %s#%s failed for good", job.repository, job.pull_number)
-        fail_smoke_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
-        raise
-    log.info("smoke %s#%s: %s", job.repository, job.pull_number, outcome)
-    return outcome
+        try:
+            outcome = run_smoke_job(job, clients, store)
+        except SmokeBusy:
+            raise _again(self, request, failures, 30, 200, "smoke_busy")  # a redelivered copy waits for the running one
+        except WriteBudgetSpent as spent:
+            raise _again(self, request, failures, spent.delay, BUDGET_RETRIES, "write_budget")
+        except Exception as exc:  # noqa: BLE001 - classified below
+            transient = _transient(exc, failures)
+            if transient is not None and transient.rate_limited:
+                raise _again(self, request, failures, transient.delay, BUDGET_RETRIES, transient.reason, exc=transient)
+            if transient is not None and failures < SMOKE_FAILURES:
+                raise _again(self, request, failures + 1, transient.delay, self.request.retries + 1, transient.reason,
+                             exc=transient)
+            log.exception("smoke %s#%s failed for good", job.repository, job.pull_number)
+            fail_smoke_check_run(job, clients, store, f"{type(exc).__name__}: {exc}")
+            raise
+        log.info("smoke %s#%s: %s", job.repository, job.pull_number, outcome)
+        return outcome
+    finally:
+        _finished(self, store)
 
 
 @celery_app.task(name=RECOVER_TASK, ignore_result=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -148,6 +149,9 @@ def create_app(state: EmulatorState, check_responses: bool = False) -> Flask:
     wsgi_app = app.wsgi_app
 
     def serialized(environ: dict[str, Any], start_response: Callable) -> Any:
+        hold = state.faults.take_hold(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
+        if hold is not None:
+            time.sleep(hold.delay)  # before the lock: the rest of the emulator answers meanwhile
         with state.lock:
             return wsgi_app(environ, start_response)
 

@@ -36,6 +36,11 @@ class Fault:
     remaining: int | None = 1
     hits: int = 0
     rate: float = 1.0  # the share of matching requests it answers (drawn per request)
+    delay: float = 0.0  # a hold (status 0): seconds the request waits, then it is answered normally
+
+    @property
+    def holds_only(self) -> bool:
+        return self.status == 0
 
     def matches(self, method: str, path: str) -> bool:
         method_ok = self.method == "*" or self.method.upper() == method.upper()
@@ -73,6 +78,17 @@ class FaultInjector:
             remaining=times,
             rate=rate,
         )
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def take_hold(self, method: str, path: str) -> Fault | None:
+        return self.take(method, path, holds=True)
+
+    def hold(self, method: str = "*", path: str = "*", seconds: float = 10.0, times: int | None = 1) -> Fault:
+        """Answer the next `times` matching requests normally, but only after `seconds` (a slow GitHub, or a
+        job held at a known point while a test kills its worker)."""
+        fault = Fault(method=method, path=path, status=0, body={}, remaining=times, delay=seconds)
         with self._lock:
             self._faults.append(fault)
         return fault
@@ -126,11 +142,12 @@ class FaultInjector:
         with self._lock:
             return list(self._faults)
 
-    def take(self, method: str, path: str) -> Fault | None:
-        """Consume one use of the first fault matching this request, if any."""
+    def take(self, method: str, path: str, holds: bool = False) -> Fault | None:
+        """Consume one use of the first fault matching this request, if any (with ``holds``: of the holds only,
+        which the app takes before anything else; without: of the others)."""
         with self._lock:
             for fault in self._faults:
-                if fault.matches(method, path):
+                if fault.holds_only == holds and fault.matches(method, path):
                     if fault.rate < 1.0 and self._random.random() >= fault.rate:
                         continue
                     fault.hits += 1

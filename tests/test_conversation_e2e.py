@@ -117,7 +117,8 @@ def test_review_config_and_help_commands(stack):
     assert "medium" in reply[0].body and ".github/torchreview.yml" in reply[0].body
     deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review frobnicate", user="octo-maintainer"))
     wait_for(lambda: [c for c in state.issue_comments_for(pr) if "/review smoke" in c.body], 60, "the usage reply")
-    deliver(stack, "issue_comment", issue_comment_payload(state, pr, f"/review smoke {pr.head_sha[:9]}",
+    # the full SHA: no pull_request event told the App which commits the PR had, so a prefix would not resolve
+    deliver(stack, "issue_comment", issue_comment_payload(state, pr, f"/review smoke {pr.head_sha}",
                                                           user="octo-maintainer"))
     wait_for(lambda: [c for c in state.issue_comments_for(pr) if "is queued" in c.body], 60, "the smoke reply")
 

@@ -34,8 +34,10 @@ def test_jobs_queued_before_kinds_still_load():
 
 
 def test_a_smoke_job_always_names_its_commit():
-    with pytest.raises(ValueError):
-        SmokeJob(installation_id=1, repository="o/r", pull_number=2, head_sha="", reason="smoke.auto", delivery="d")
+    for unpinned in ("", "abcdef1", "A" * 40, "c" * 41):  # a prefix could name a commit pushed after the authorization
+        with pytest.raises(ValueError, match="full 40-hex SHA"):
+            SmokeJob(installation_id=1, repository="o/r", pull_number=2, head_sha=unpinned, reason="smoke.auto",
+                     delivery="d")
 
 
 def _bot_imports() -> dict[str, set[str]]:

@@ -230,6 +230,21 @@ def test_a_notebook_finding_is_an_inline_comment_on_its_json_line():
     assert_valid_check_run(plan_check_run(pr))
 
 
+def test_a_notebook_laid_out_beforehand_is_placed_as_one_laid_out_here():
+    """The App works out where a notebook's cells are in an isolated child (bot.pipeline.notebook_layouts);
+    the plan then reads no more of the notebook's text than those lines."""
+    from analyzers.notebook import json_source_layout
+    from bot.review import LaidOutNotebook
+
+    plain, laid_out, unknown = (_analysis(BASE_NB, HEAD_NB) for _ in range(3))
+    laid_out.sources = {"nb.ipynb": LaidOutNotebook(HEAD_NB, *json_source_layout(HEAD_NB))}
+    assert plan_review(laid_out).comments == plan_review(plain).comments != []
+    assert plan_check_run(laid_out).annotations == plan_check_run(plain).annotations
+    unknown.sources = {"nb.ipynb": LaidOutNotebook(HEAD_NB, {}, {})}  # the child ran out of memory or time
+    review = plan_review(unknown)
+    assert review.comments == [] and review.findings_count == 1 and "TR601" in review.body
+
+
 def test_a_notebook_finding_off_the_diff_stays_in_the_summary():
     # 40 unchanged cells between them keep the finding's line out of the hunk.
     filler = [("code", f"y{i} = {i}\n") for i in range(40)]
@@ -335,6 +350,13 @@ def test_json_fix_rewrites_the_json_strings_of_the_fixed_lines():
     # a source written as one string has no line of its own per cell line: no suggestion
     one_string = json.dumps({"cells": [{"cell_type": "code", "source": "a\nb = torch.load(p)\n"}]}, indent=1)
     assert json_fix(one_string, json_source_lines(one_string)[1], Fix(2, 2, "b = 1\n")) is None
+    # the same fixes from the lines json_source_layout kept, without splitting the whole text
+    from analyzers.notebook import json_source_layout
+
+    cell_lines, json_lines = json_source_layout(text)
+    assert set(json_lines) == set(cell_lines[1])
+    assert json_fix(text, cell_lines[1], Fix(2, 2, "m = torch.load(path, weights_only=True)\n"),
+                    lines=json_lines) == middle
 
 
 def test_fix_applies_in_a_cell_full_of_ipython_syntax():

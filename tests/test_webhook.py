@@ -93,6 +93,20 @@ def test_unhandled_events_and_actions_204(webhook, redis_client):
     assert queued(redis_client) == []
 
 
+def test_a_base_change_is_reviewed_again_a_title_edit_is_not(webhook, redis_client):
+    edited = payload("derived/pull_request.edited")  # changes.title only
+    body = json.dumps(edited).encode()
+    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 204
+    edited["changes"] = {"base": {"ref": {"from": "release-1.0"}, "sha": {"from": "a" * 40}}}
+    edited["pull_request"]["updated_at"] = "2030-01-01T00:00:00Z"
+    body = json.dumps(edited).encode()
+    assert post(webhook, body, signed_headers(body, "pull_request")).status_code == 202
+    (job,) = queued(redis_client)
+    assert job["reason"] == "pull_request.edited" and job["head_sha"] == edited["pull_request"]["head"]["sha"]
+    # an edit pushes nothing: /review smoke stays pinned to when the head was pushed, not to the edit
+    assert not [key for key in redis_client.keys("torchreview:head:*")]
+
+
 def test_ping(webhook):
     body = json.dumps(payload("ping")).encode()
     assert post(webhook, body, signed_headers(body, "ping")).status_code == 200
