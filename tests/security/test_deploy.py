@@ -93,7 +93,9 @@ def test_profile_really_allows_the_sandbox_and_blocks_ptrace(tmp_path):
                                "--dev", "/dev", "--",
                                "python3", "-c", "import ctypes; libc = ctypes.CDLL(None); "
                                "print(libc.ptrace(16, 1, 0, 0), libc.socket(40, 1, 0), libc.socket(1, 1, 0) >= 0)"],
-                              pass_fds=(f.fileno(),), capture_output=True, text=True, timeout=60)
+                              pass_fds=(f.fileno(),), capture_output=True, text=True, timeout=60,
+                              # the system's python3, which uid 10001 can run (a pyenv shim under /root it cannot)
+                              env={**os.environ, "PATH": "/usr/local/bin:/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["-1", "-1", "True"]  # ptrace and AF_VSOCK denied, AF_UNIX not, the sandbox up
 
