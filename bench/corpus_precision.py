@@ -20,7 +20,9 @@ message, and judges cannot tell which version produced a finding.
 ``sheet`` draws the sample to judge: in each stratum (split, rule, severity) every finding on holdout at high
 or critical, otherwise the ``--per-stratum`` findings (default 3) that rank first by a seeded hash of their
 id. A seeded hash, not a shuffle: the draw does not depend on the order of the findings, and a finding
-stays drawn when other findings come or go, so verdicts carry over between engine versions.
+stays drawn when other findings come or go, so verdicts carry over between engine versions. The sheet lists
+holdout first, each side in the order of that rank, so that whatever prefix a judge gets through is a random
+subsample of the sample (the weights then follow what was judged).
 
 ``report`` reads the verdict files (``bench/corpus/verdicts/*.tsv``: ``id  verdict  reason  judge``, verdict
 TP / NOISE / FP) and prints, for tune and holdout apart, per rule, per severity and overall: findings,
@@ -196,7 +198,8 @@ def draw_sample(findings: Iterable[CorpusFinding], sides: dict[str, str], per_st
             sample.extend(members)
         else:
             sample.extend(sorted(members, key=lambda f: draw_rank(seed, f.id))[:per_stratum])
-    sample.sort(key=lambda f: (sides[f.repo], f.repo, f.path, f.cell or 0, f.line, f.rule, f.id))
+    # holdout first, then by the seeded rank: any prefix a judge gets through is itself a random sample
+    sample.sort(key=lambda f: (sides[f.repo] != "holdout", draw_rank(seed, f.id)))
     return sample, Counter({key: len(members) for key, members in strata.items()})
 
 
