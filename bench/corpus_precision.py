@@ -21,8 +21,9 @@ message, and judges cannot tell which version produced a finding.
 or critical, otherwise the ``--per-stratum`` findings (default 3) that rank first by a seeded hash of their
 id. A seeded hash, not a shuffle: the draw does not depend on the order of the findings, and a finding
 stays drawn when other findings come or go, so verdicts carry over between engine versions. The sheet lists
-holdout first, each side in the order of that rank, so that whatever prefix a judge gets through is a random
-subsample of the sample (the weights then follow what was judged).
+holdout first, then goes round the strata (each one's best-ranked finding, then each one's second, ...): a
+judge who stops anywhere has judged, in every stratum, the findings that rank first there, a uniform random
+subset of it, and covered as many strata as possible (the weights follow what was judged).
 
 ``report`` reads the verdict files (``bench/corpus/verdicts/*.tsv``: ``id  verdict  reason  judge``, verdict
 TP / NOISE / FP) and prints, for tune and holdout apart, per rule, per severity and overall: findings,
@@ -192,15 +193,17 @@ def draw_sample(findings: Iterable[CorpusFinding], sides: dict[str, str], per_st
     strata: dict[Stratum, list[CorpusFinding]] = defaultdict(list)
     for f in findings:
         strata[stratum_of(f, sides)].append(f)
-    sample: list[CorpusFinding] = []
+    drawn: list[tuple[tuple, CorpusFinding]] = []
     for (side, _rule, severity), members in sorted(strata.items()):
-        if side == "holdout" and severity in ALWAYS_JUDGED:
-            sample.extend(members)
-        else:
-            sample.extend(sorted(members, key=lambda f: draw_rank(seed, f.id))[:per_stratum])
-    # holdout first, then by the seeded rank: any prefix a judge gets through is itself a random sample
-    sample.sort(key=lambda f: (sides[f.repo] != "holdout", draw_rank(seed, f.id)))
-    return sample, Counter({key: len(members) for key, members in strata.items()})
+        ranked = sorted(members, key=lambda f: draw_rank(seed, f.id))
+        if not (side == "holdout" and severity in ALWAYS_JUDGED):
+            ranked = ranked[:per_stratum]
+        # judging order: holdout first, then every stratum's first finding, every stratum's second, ...: a
+        # judge who stops anywhere has judged, in each stratum, the findings that rank first there (a
+        # uniform random subset of it), and as many strata as possible
+        drawn.extend(((side != "holdout", position, draw_rank(seed, f.id)), f) for position, f in enumerate(ranked))
+    drawn.sort(key=lambda item: item[0])
+    return [f for _, f in drawn], Counter({key: len(members) for key, members in strata.items()})
 
 
 def write_sheet(path: Path, sample: list[CorpusFinding], sides: dict[str, str], totals: Counter) -> None:

@@ -158,10 +158,14 @@ def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1,
     return run
 
 
-def analyze_checkout(root: Path, jobs: int = 1):
-    """(files, RunResult) of the engine's default configuration on a repository checked out at ``root``."""
+def analyze_checkout(root: Path, jobs: int = 1, only: Optional[Iterable[str]] = None):
+    """(files, RunResult) of the engine's default configuration on a repository checked out at ``root``:
+    every file ``torchreview check .`` finds there, or the paths ``only`` names (relative to ``root``)."""
     config = Config()
-    files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
+    if only is None:
+        files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
+    else:
+        files = [(root / path, path) for path in only if (root / path).is_file()]
     # from the repository's root, as `torchreview check .` there and the App (whose paths are relative to its
     # checkout) see it: a display path then names the file, which the repository index needs to find the
     # scripts beside it (a folder with its own README.md is an index root of its own)

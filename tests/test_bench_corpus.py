@@ -218,3 +218,18 @@ def test_report_runs_end_to_end_on_a_findings_directory(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3 judged" in out and "1 on findings the engine no longer reports" in out
     assert "| all | 3 | 3 | 2 | 0 | 1 | 67% [21%, 94%]" in out
+
+
+def test_the_sheet_goes_round_the_strata_so_a_partial_judge_covers_each_with_its_best_ranked():
+    sides = {"a/x": "holdout", "b/y": "tune"}
+    findings = [finding(f"h{i}", "a/x", rule="TR601", severity="high") for i in range(5)]
+    findings += [finding(f"m{i}", "a/x", rule="TR202", severity="medium") for i in range(5)]
+    findings += [finding(f"t{i}", "b/y", rule="TR601", severity="low") for i in range(5)]
+    sample, _ = bench.draw_sample(findings, sides, per_stratum=2, seed="s")
+    assert [f.repo for f in sample[:7]] == ["a/x"] * 7  # holdout first
+    first_two = {f.rule for f in sample[:2]}
+    assert first_two == {"TR601", "TR202"}  # every holdout stratum before any stratum's second
+    for stratum in ("TR601", "TR202"):
+        members = [f for f in findings if f.rule == stratum and f.repo == "a/x"]
+        best = min(members, key=lambda f: bench.draw_rank("s", f.id))
+        assert best in sample[:2]

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parents[1]) not in sys.path:
@@ -77,24 +77,11 @@ def extracted_commit(dest: Path) -> Optional[str]:
 
 
 def extract(git_dir: Path, entry: CorpusRepo, dest: Path) -> int:
-    """Write the commit's files into a fresh directory, then swap it in (a half-extracted tree never stays).
-
-    Not ``git archive``: a mirror may lack some blobs (snapshots without their largest files, a partial
-    clone); those are skipped and counted, as they would be absent from any user's shallow checkout."""
+    """Write the commit's files into a fresh directory, then swap it in (a half-extracted tree never stays)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{slug(entry.repo)}.", dir=dest.parent))
     try:
-        listing = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-r", "-z", entry.commit],
-                                 capture_output=True, check=True).stdout
-        blobs = []
-        for record in listing.split(b"\0"):
-            if not record:
-                continue
-            meta, path = record.split(b"\t", 1)
-            mode, kind, sha = meta.split()
-            if kind == b"blob" and mode in (b"100644", b"100755"):
-                blobs.append((sha.decode(), path.decode("utf-8", "surrogateescape")))
-        skipped = _write_blobs(git_dir, blobs, staging)
+        skipped = write_tree(git_dir, entry.commit, staging)
         (staging / COMMIT_MARKER).write_text(entry.commit + "\n")
         if dest.exists():
             shutil.rmtree(dest)
@@ -102,6 +89,25 @@ def extract(git_dir: Path, entry: CorpusRepo, dest: Path) -> int:
         return skipped
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_tree(git_dir: Path, commit: str, root: Path, keep: Callable[[str], bool] = lambda path: True) -> int:
+    """Write the files of ``commit`` that ``keep`` accepts under ``root``; returns how many the mirror lacks.
+
+    Not ``git archive``: a mirror may lack some blobs (snapshots without their largest files, a partial
+    clone); those are skipped and counted, as they would be absent from any user's shallow checkout."""
+    listing = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-r", "-z", commit],
+                             capture_output=True, check=True).stdout
+    blobs = []
+    for record in listing.split(b"\0"):
+        if not record:
+            continue
+        meta, raw_path = record.split(b"\t", 1)
+        mode, kind, sha = meta.split()
+        path = raw_path.decode("utf-8", "surrogateescape")
+        if kind == b"blob" and mode in (b"100644", b"100755") and keep(path):
+            blobs.append((sha.decode(), path))
+    return _write_blobs(git_dir, blobs, root)
 
 
 def _write_blobs(git_dir: Path, blobs: list[tuple[str, str]], root: Path) -> int:
