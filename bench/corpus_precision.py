@@ -141,8 +141,13 @@ def analyze_repo(entry: CorpusRepo, root: Path, jobs: int) -> dict:
             "seconds": round(result.seconds, 2), "findings": findings}
 
 
-def analyze_corpus(entries: list[CorpusRepo], cache: Path, out: Path, jobs: int, rerun: bool) -> list[str]:
-    """Analyze every extracted repository into ``out``; returns the repositories not in the cache."""
+def analyze_corpus(entries: list[CorpusRepo], cache: Path, out: Path, jobs: int, rerun: bool,
+                   timeout: Optional[float] = None) -> list[str]:
+    """Analyze every extracted repository into ``out``; returns the repositories not in the cache.
+
+    With ``timeout``, each repository runs in a child process (its own process group, the engine's workers
+    included) that is killed after that many seconds; the run is then recorded as timed out, so one file the
+    engine is slow on does not stall the corpus and the report names it."""
     out.mkdir(parents=True, exist_ok=True)
     absent = []
     for entry in entries:
@@ -154,24 +159,61 @@ def analyze_corpus(entries: list[CorpusRepo], cache: Path, out: Path, jobs: int,
             continue
         if target.is_file() and not rerun and json.loads(target.read_text()).get("commit") == entry.commit:
             continue
-        run = analyze_repo(entry, root, jobs)
-        target.write_text(json.dumps(run))
-        print(f"  {entry.repo}: {run['files']} files, {len(run['findings'])} findings, {run['seconds']} s",
-              flush=True)
+        if timeout is None:
+            _analyze_into(entry, root, jobs, target)
+        else:
+            _analyze_with_timeout(entry, root, jobs, target, timeout)
+        run = json.loads(target.read_text())
+        state = f"timed out after {timeout:.0f} s" if run.get("timed_out") else f"{run['seconds']} s"
+        print(f"  {entry.repo}: {run['files']} files, {len(run['findings'])} findings, {state}", flush=True)
     return absent
 
 
+def _analyze_into(entry: CorpusRepo, root: Path, jobs: int, target: Path) -> None:
+    target.write_text(json.dumps(analyze_repo(entry, root, jobs)))
+
+
+def _analyze_in_own_group(entry: CorpusRepo, root: Path, jobs: int, target: Path) -> None:
+    os.setsid()  # the engine's worker processes join this group, so a timeout can end them all
+    _analyze_into(entry, root, jobs, target)
+
+
+def _analyze_with_timeout(entry: CorpusRepo, root: Path, jobs: int, target: Path, timeout: float) -> None:
+    import multiprocessing
+    import signal
+
+    child = multiprocessing.get_context("fork").Process(target=_analyze_in_own_group, args=(entry, root, jobs, target))
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child.join()
+        target.write_text(json.dumps({"repo": entry.repo, "commit": entry.commit, "files": 0, "errors": 0,
+                                      "seconds": timeout, "timed_out": True, "findings": []}))
+    elif child.exitcode != 0 or not target.is_file():
+        raise RuntimeError(f"analyzing {entry.repo} failed (exit code {child.exitcode})")
+
+
 def load_findings(out: Path, entries: list[CorpusRepo]) -> tuple[list[CorpusFinding], list[str]]:
-    """The findings of the listed repositories at their listed commit; and the repositories without any run."""
+    """The findings of the listed repositories at their listed commit; and the repositories without a
+    complete run (none, another commit, or timed out)."""
     findings, absent = [], []
     for entry in entries:
         target = out / f"{slug(entry.repo)}.json"
         run = json.loads(target.read_text()) if target.is_file() else None
-        if run is None or run.get("commit") != entry.commit:
+        if run is None or run.get("commit") != entry.commit or run.get("timed_out"):
             absent.append(entry.repo)
             continue
         findings.extend(CorpusFinding(**item) for item in run["findings"])
     return findings, absent
+
+
+def timed_out(out: Path, entries: list[CorpusRepo]) -> list[str]:
+    runs = [out / f"{slug(e.repo)}.json" for e in entries]
+    return [e.repo for e, run in zip(entries, runs) if run.is_file() and json.loads(run.read_text()).get("timed_out")]
 
 
 # ---- the sample ----------------------------------------------------------------------------------
@@ -397,6 +439,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--findings", type=Path, default=None, help="the engine's findings, one JSON per repository")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--rerun", action="store_true", help="analyze again what was analyzed at its commit")
+    parser.add_argument("--repo-timeout", type=float, default=1800,
+                        help="analyze: seconds one repository may take (0: no limit, in this process)")
     parser.add_argument("--per-stratum", type=int, default=DEFAULT_PER_STRATUM)
     parser.add_argument("--seed", default=DEFAULT_SEED)
     parser.add_argument("--out", type=Path, default=None, help="sheet: where to write it (default stdout)")
@@ -411,12 +455,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.step == "analyze":
         # holdout first: its figures are the ones published, and a long run may be cut short
         ordered = sorted(entries, key=lambda e: sides[e.repo] != "holdout")
-        absent = analyze_corpus(ordered, args.cache or default_cache(), out, args.jobs, args.rerun)
+        absent = analyze_corpus(ordered, args.cache or default_cache(), out, args.jobs, args.rerun,
+                                args.repo_timeout or None)
         if absent:
             print(f"not extracted at their commit ({len(absent)}; run bench/corpus/fetch.py): {' '.join(absent)}")
         return 1 if absent else 0
 
     findings, absent = load_findings(out, entries)
+    slow = timed_out(out, entries)
+    if slow:
+        print(f"note: the engine did not finish on {len(slow)} repositories within the analyze step's timeout, "
+              "left out: " + " ".join(slow))
     if absent:
         print(f"note: {len(absent)} of {len(entries)} repositories have no findings in {out} (run analyze): "
               + " ".join(absent), file=sys.stderr)

@@ -233,3 +233,35 @@ def test_the_sheet_goes_round_the_strata_so_a_partial_judge_covers_each_with_its
         members = [f for f in findings if f.rule == stratum and f.repo == "a/x"]
         best = min(members, key=lambda f: bench.draw_rank("s", f.id))
         assert best in sample[:2]
+
+
+def _one_repo_cache(tmp_path):
+    cache = tmp_path / "cache"
+    root = cache / "a+x"
+    root.mkdir(parents=True)
+    (root / corpus.COMMIT_MARKER).write_text("0" * 40 + "\n")
+    (root / "train.py").write_text("import torch\nckpt = torch.load('x.pt')\n")
+    return cache, [corpus.CorpusRepo("a/x", "0" * 40)]
+
+
+def test_analyze_records_a_repository_the_engine_does_not_finish_as_timed_out(tmp_path, monkeypatch):
+    import time
+
+    cache, entries = _one_repo_cache(tmp_path)
+    monkeypatch.setattr(bench, "analyze_repo", lambda *args: time.sleep(60))
+    out = tmp_path / "findings"
+    started = time.monotonic()
+    assert bench.analyze_corpus(entries, cache, out, jobs=1, rerun=False, timeout=1) == []
+    assert time.monotonic() - started < 30
+    assert json.loads((out / "a+x.json").read_text())["timed_out"] is True
+    assert bench.load_findings(out, entries) == ([], ["a/x"])
+    assert bench.timed_out(out, entries) == ["a/x"]
+
+
+def test_analyze_in_a_child_process_writes_the_engine_findings(tmp_path):
+    cache, entries = _one_repo_cache(tmp_path)
+    out = tmp_path / "findings"
+    bench.analyze_corpus(entries, cache, out, jobs=1, rerun=False, timeout=120)
+    findings, absent = bench.load_findings(out, entries)
+    assert absent == [] and {f.rule for f in findings} >= {"TR601"}
+    assert all(f.repo == "a/x" and f.path == "train.py" for f in findings)
