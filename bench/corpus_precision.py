@@ -465,7 +465,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     slow = timed_out(out, entries)
     if slow:
         print(f"note: the engine did not finish on {len(slow)} repositories within the analyze step's timeout, "
-              "left out: " + " ".join(slow))
+              "left out: " + " ".join(slow), file=sys.stderr)
     if absent:
         print(f"note: {len(absent)} of {len(entries)} repositories have no findings in {out} (run analyze): "
               + " ".join(absent), file=sys.stderr)
@@ -487,6 +487,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"corpus: {len(entries) - len(absent)} repositories analyzed (tune {repos['tune']}, holdout "
           f"{repos['holdout']}), {len(findings)} findings; sample {len(sample)} (seed {args.seed!r}, "
           f"{args.per_stratum} a stratum, all high/critical on holdout); {len(counted)} judged")
+    if slow:
+        print(f"left out, the engine did not finish them within the analyze timeout: {' '.join(slow)}")
     if stale or set(verdicts) - stale - counted:
         print(f"verdicts not counted: {len(stale)} on findings the engine no longer reports, "
               f"{len(set(verdicts) - stale - counted)} on findings outside the sample")
