@@ -147,17 +147,7 @@ def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1,
     run = RepoRun(repo, commit, root)
     if root is None:
         return run
-    config = Config()
-    files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
-    # from the repository's root, as `torchreview check .` there and the App (whose paths are relative to its
-    # checkout) see it: a display path then names the file, which the repository index needs to find the
-    # scripts beside it (a folder with its own README.md is an index root of its own)
-    here = os.getcwd()
-    os.chdir(root)
-    try:
-        result = analyze_files(files, config, jobs)
-    finally:
-        os.chdir(here)
+    files, result = analyze_checkout(root, jobs)
     run.findings, run.errors, run.files = result.findings, len(result.errors), result.files
     sources = read_sources(files)
     run.inline_comments, run.summary_only = app_comments(run.findings, sources)
@@ -166,6 +156,25 @@ def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1,
     run.baseline_findings = len(baseline)
     run.baseline_inline_comments, _ = app_comments(baseline, sources)
     return run
+
+
+def analyze_checkout(root: Path, jobs: int = 1, only: Optional[Iterable[str]] = None):
+    """(files, RunResult) of the engine's default configuration on a repository checked out at ``root``:
+    every file ``torchreview check .`` finds there, or the paths ``only`` names (relative to ``root``)."""
+    config = Config()
+    if only is None:
+        files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
+    else:
+        files = [(root / path, path) for path in only if (root / path).is_file()]
+    # from the repository's root, as `torchreview check .` there and the App (whose paths are relative to its
+    # checkout) see it: a display path then names the file, which the repository index needs to find the
+    # scripts beside it (a folder with its own README.md is an index root of its own)
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        return files, analyze_files(files, config, jobs)
+    finally:
+        os.chdir(here)
 
 
 def read_sources(files: list[tuple[Path, str]]) -> dict[str, str]:
