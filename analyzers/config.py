@@ -44,6 +44,7 @@ import pathspec
 import yaml
 
 from analyzers.model import Category, Severity
+from analyzers.torchfix_map import is_torchfix_selector, rules_for_torchfix, torchfix_selector_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -162,8 +163,9 @@ class Config:
             changes["fail_on"] = _severity(fail_on, "--fail-on")
         for key in ("select", "ignore"):
             for selector in changes.get(key, ()):
-                if not _known_selector(selector):
-                    raise ConfigError(f"--{key}: {selector!r} matches no rule id, prefix, slug or category")
+                problem = selector_problem(selector, selecting=key == "select")
+                if problem:
+                    raise ConfigError(f"--{key}: {problem}")
         return replace(self, **changes) if changes else self
 
     # ---- reporting ----------------------------------------------------------------------
@@ -527,8 +529,9 @@ class _Checker:
     def selectors(self, value: Any, path: KeyPath) -> tuple[str, ...]:
         selectors = self.strings(value, path)
         for selector in selectors:
-            if not _known_selector(selector):
-                raise self.error(path, f"{_dotted(path)}: {selector!r} matches no rule id, prefix, slug or category")
+            problem = selector_problem(selector, selecting=path[-1] == "select")
+            if problem:
+                raise self.error(path, f"{_dotted(path)}: {problem}")
         return selectors
 
     def severity(self, value: Any, path: KeyPath) -> Severity:
@@ -747,16 +750,24 @@ def _matches(rule: type, selectors: Iterable[str]) -> bool:
         upper = s.upper()
         if upper == "ALL" or (upper.startswith("TR") and rule.id.startswith(upper)):
             return True
+        if is_torchfix_selector(s) and rule.id in rules_for_torchfix(s):
+            return True
         if s == rule.slug or s == rule.category.value:
             return True
     return False
 
 
-def _known_selector(selector: str) -> bool:
+def selector_problem(selector: str, *, selecting: bool) -> Optional[str]:
+    """Why a select/ignore entry is unusable, or None: ours (rule id, id prefix, slug, category, ALL) or a
+    TorchFix code or prefix, through :mod:`analyzers.torchfix_map`."""
     from analyzers.rules import all_rules
 
-    return selector.upper() == "ALL" or any(_matches(r, [selector]) for r in all_rules()) or \
-        selector in {c.value for c in Category}
+    if is_torchfix_selector(selector):
+        return torchfix_selector_problem(selector, selecting)
+    if selector.upper() == "ALL" or any(_matches(r, [selector]) for r in all_rules()) or \
+            selector in {c.value for c in Category}:
+        return None
+    return f"{selector!r} matches no rule id, prefix, slug, category or TorchFix code"
 
 
 def _resolve_rule_id(name: str) -> Optional[str]:

@@ -25,6 +25,7 @@ from analyzers.model import FileError, FileResult, Finding, Fix, Location, Sever
 from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules
 from analyzers.rules.base import Rule
+from analyzers.torchfix_map import is_torchfix_selector, rules_for_torchfix
 
 MAX_FILE_BYTES = 1_000_000  # ~25k lines; libcst needs >1 GB for files much larger than that
 ML_LIBRARIES = ("torch", "sklearn", "tensorflow", "lightning", "pytorch_lightning")
@@ -409,8 +410,10 @@ def _suppressions(source: str) -> dict[int, Optional[set[str]]]:
         if not codes:
             out[number] = None
             continue
-        ids = {c.strip().upper() for c in re.split(r"[,\s]+", codes) if c.strip()}
-        ids = {c for c in ids if c.startswith("TR")}
+        named = {c.strip().upper() for c in re.split(r"[,\s]+", codes) if c.strip()}
+        # TorchFix's ``# noqa: TOR102`` (or a prefix, as flake8 reads it) stands for the rules that cover it
+        ids = {c for c in named if c.startswith("TR")} | \
+            {rule for c in named if is_torchfix_selector(c) for rule in rules_for_torchfix(c)}
         if "noqa" in match.group(0).lower() and not ids:
             continue  # ``# noqa: E501`` is for other linters
         out[number] = ids or None

@@ -1,0 +1,90 @@
+"""TorchFix compatibility: its codes in select/ignore and ``# noqa``, through analyzers.torchfix_map."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analyzers.config import Config, ConfigError, parse_config_text, parse_toml_config
+from analyzers.engine import analyze_source
+from analyzers.rules import all_rules
+from analyzers.torchfix_map import TORCHFIX_CODES, rules_for_torchfix, torchfix_codes_named
+
+UNSAFE_LOAD = "import torch\nstate = torch.load('a.pt')\n"
+TYPO = "import torch\nx = torch.zeros(3)\nx.require_grad = True\n"
+
+
+def enabled(config: Config) -> set[str]:
+    return {r.id for r in config.enabled_rules(all_rules())}
+
+
+def test_every_code_maps_to_real_rules_or_says_why_not():
+    ours = {r.id for r in all_rules()}
+    codes = [entry.code for entry in TORCHFIX_CODES]
+    assert len(codes) == len(set(codes)) and all(re.fullmatch(r"TOR\d{3}", c) for c in codes)
+    for entry in TORCHFIX_CODES:
+        assert set(entry.rules) <= ours, entry.code
+        if not entry.rules:
+            assert entry.note.startswith("not covered:"), entry.code
+
+
+def test_prefixes_expand_like_flake8():
+    assert [e.code for e in torchfix_codes_named("TOR0")] == ["TOR001", "TOR002", "TOR003", "TOR004"]
+    assert rules_for_torchfix("tor102") == ("TR601",)
+    assert set(rules_for_torchfix("TOR1")) >= {"TR811", "TR801", "TR601", "TR813", "TR414", "TR412"}
+    assert rules_for_torchfix("TOR9") == ()
+    assert torchfix_codes_named("TOR5") == []
+
+
+def test_cli_select_and_ignore_with_torchfix_codes():
+    assert enabled(Config().merged_with_cli(select=["TOR102"])) == {"TR601"}
+    assert enabled(Config().merged_with_cli(select=["TOR0"])) == {"TR810", "TR514", "TR812"}
+    assert enabled(Config().merged_with_cli(select=["TOR102", "TR1"])) == \
+        {"TR601"} | {r.id for r in all_rules() if r.id.startswith("TR1")}
+    left = enabled(Config().merged_with_cli(ignore=["TOR0"]))
+    assert not left & {"TR810", "TR514", "TR812"} and "TR601" in left
+    # ignoring a code we do not cover is harmless (a migrated flake8 config often does)
+    assert enabled(Config().merged_with_cli(ignore=["TOR9"])) == {r.id for r in all_rules()}
+
+
+@pytest.mark.parametrize("select,needle", [
+    ("TOR5", "names no TorchFix code"),
+    ("TOR999", "names no TorchFix code"),
+    ("TOR203", "has no torchreview equivalent (TOR203: not covered: a style preference"),
+    ("TOR9", "has no torchreview equivalent"),
+])
+def test_selecting_nothing_is_a_clear_error(select, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        Config().merged_with_cli(select=[select])
+    with pytest.raises(ConfigError, match=re.escape(needle)) as info:
+        parse_toml_config(f'select = ["{select}"]\n', ".torchreview.toml")
+    assert ".torchreview.toml" in str(info.value)
+
+
+def test_config_files_take_torchfix_codes():
+    config = parse_config_text("rules:\n  select: [TOR1, TR514]\n  ignore: [TOR101, TOR4]\n",
+                               ".github/torchreview.yml")
+    assert "TR601" in enabled(config) and "TR514" in enabled(config)
+    assert not enabled(config) & {"TR811", "TR801", "TR810"}
+    with pytest.raises(ConfigError, match="ignore: 'TOR77' names no TorchFix code"):
+        parse_toml_config('ignore = ["TOR77"]\n', ".torchreview.toml")
+
+
+def rules_found(code: str) -> list[str]:
+    return [f.rule for f in analyze_source(code, "train.py", Config()).findings]
+
+
+def test_torchfix_noqa_suppresses_the_mapped_rules():
+    assert rules_found(UNSAFE_LOAD) == ["TR601"]
+    assert rules_found(TYPO) == ["TR514"]
+    load_line, typo_line = UNSAFE_LOAD.rstrip("\n"), TYPO.rstrip("\n")
+    assert rules_found(load_line + "  # noqa: TOR102\n") == []
+    assert rules_found(load_line + "  # noqa: TOR1\n") == []  # a prefix, as flake8 reads it
+    assert rules_found(load_line + "  # noqa: E501, TOR102\n") == []
+    assert rules_found(typo_line + "  # noqa:TOR002\n") == []
+    # another code, an uncovered code or another linter's code leaves the finding
+    assert rules_found(load_line + "  # noqa: TOR002\n") == ["TR601"]
+    assert rules_found(load_line + "  # noqa: TOR901\n") == ["TR601"]
+    assert rules_found(load_line + "  # noqa: E501\n") == ["TR601"]
+    # in a string it is text, not a suppression
+    assert rules_found(load_line + "; note = '# noqa: TOR102'\n") == ["TR601"]
