@@ -29,7 +29,9 @@ from analyzers.torchfix_map import is_torchfix_selector, rules_for_torchfix
 
 MAX_FILE_BYTES = 1_000_000  # ~25k lines; libcst needs >1 GB for files much larger than that
 ML_LIBRARIES = ("torch", "sklearn", "tensorflow", "lightning", "pytorch_lightning")
-_ML_HINT = re.compile(r"\b(?:torch|sklearn|tensorflow|lightning)\b")
+_ML_HINT = re.compile(r"\b(?:torch|torchvision|functorch|sklearn|tensorflow|lightning)\b")
+# libraries that exist only on top of torch: a file importing one is torch code even without ``import torch``
+_TORCH_EXTENSIONS = ("lightning", "pytorch_lightning", "torchvision", "functorch")
 _SUPPRESS = re.compile(r"#\s*(?:torchreview\s*:\s*ignore|noqa)\b(?:\s*(?:\[|:)\s*([A-Za-z0-9_,\s-]+)\]?)?", re.I)
 _SKIP_FILE = re.compile(r"^\s*#\s*torchreview\s*:\s*skip-file\b", re.I | re.M)  # a whole-line comment
 
@@ -224,8 +226,8 @@ def _scope(node):
 
 def imported_libraries(ctx: FileContext) -> set[str]:
     libraries = {lib for lib in ML_LIBRARIES if ctx.imports.imports_root(lib)}
-    if libraries & {"lightning", "pytorch_lightning"}:
-        libraries.add("torch")  # Lightning code is torch code
+    if any(ctx.imports.imports_root(lib) for lib in _TORCH_EXTENSIONS):
+        libraries.add("torch")
     return libraries
 
 

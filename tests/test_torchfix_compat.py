@@ -88,3 +88,11 @@ def test_torchfix_noqa_suppresses_the_mapped_rules():
     assert rules_found(load_line + "  # noqa: E501\n") == ["TR601"]
     # in a string it is text, not a suppression
     assert rules_found(load_line + "; note = '# noqa: TOR102'\n") == ["TR601"]
+
+
+def test_a_file_importing_only_torchvision_is_torch_code():
+    # torchvision cannot be used without torch, so torch rules apply without an ``import torch``
+    code = "import torchvision\nbackbone = torchvision.models.resnet18(pretrained=True)\n"
+    assert rules_found(code) == ["TR814"]
+    assert rules_found("import torchvision.models as models\nnet = models.vgg16(pretrained=False)\n") == ["TR814"]
+    assert rules_found("import os\nnet = resnet18(pretrained=True)\n") == []
