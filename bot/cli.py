@@ -60,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     rule.add_argument("rule_id", metavar="RULE", help="a rule id (TR101) or slug (missing-zero-grad)")
     rule.set_defaults(handler=cmd_rule)
 
+    migrate = sub.add_parser("migrate-torchfix", help="rewrite a repository's TorchFix configuration into torchreview's",
+                             description="Turn TorchFix's flake8 settings, CI step and pre-commit hook into "
+                                         "torchreview's (a .torchreview.toml selecting the rules that cover the "
+                                         "TorchFix codes that were on) and print the diff; --write applies it.")
+    migrate.add_argument("path", nargs="?", default=".", metavar="PATH", help="the repository (default: .)")
+    migrate.add_argument("--write", action="store_true", help="apply the changes instead of only printing them")
+    migrate.set_defaults(handler=cmd_migrate_torchfix)
+
     serve = sub.add_parser("serve", help="run the GitHub App webhook (and, without REDIS_URL, a worker too)")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, help="default: $PORT or 3000")
@@ -366,6 +374,24 @@ def cmd_rule(args: argparse.Namespace) -> int:
         console.print(Markdown(rule.docs()))
     else:
         sys.stdout.write(rule.docs())
+    return EXIT_OK
+
+
+def cmd_migrate_torchfix(args: argparse.Namespace) -> int:
+    from bot.migrate_torchfix import MigrationError, migrate
+
+    try:
+        migration = migrate(Path(args.path))
+    except MigrationError as exc:
+        raise UsageError(str(exc)) from None
+    sys.stdout.write(migration.diff())
+    for note in migration.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.write:
+        migration.write()
+        print(f"wrote {', '.join(sorted(migration.files))}", file=sys.stderr)
+    elif migration.files:
+        print("(nothing written: run again with --write to apply)", file=sys.stderr)
     return EXIT_OK
 
 
