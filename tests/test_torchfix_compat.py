@@ -96,3 +96,13 @@ def test_a_file_importing_only_torchvision_is_torch_code():
     assert rules_found(code) == ["TR814"]
     assert rules_found("import torchvision.models as models\nnet = models.vgg16(pretrained=False)\n") == ["TR814"]
     assert rules_found("import os\nnet = resnet18(pretrained=True)\n") == []
+
+
+def test_docs_table_matches_the_map():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "torchfix.md").read_text()
+    for entry in TORCHFIX_CODES:
+        row = next((line for line in docs.splitlines() if line.startswith(f"| {entry.code} |")), None)
+        assert row is not None, entry.code
+        assert f"| {', '.join(entry.rules) or 'not covered'} |" in row, entry.code
