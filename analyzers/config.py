@@ -6,7 +6,7 @@ Every key and value is checked; a typo is an error ``FILE:LINE: KEY: PROBLEM`` (
 be found), never silently ignored::
 
     rules:
-      select: [TR1, numerics]          # rule ids, id prefixes, slugs or categories ("ALL" by default)
+      select: [TR1, numerics]          # rule ids, id prefixes, slugs, categories, TorchFix codes ("ALL" by default)
       ignore: [TR105, per-step-sync-for-logging]
       severity: {TR702: medium}        # per-rule severity override
     paths:

@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "configuration error.")
     check.add_argument("paths", nargs="*", default=["."], metavar="PATH")
     check.add_argument("--format", choices=FORMATS, default="text")
-    check.add_argument("--select", type=_csv, help="rule ids, prefixes (TR1), slugs or categories, comma-separated")
+    check.add_argument("--select", type=_csv,
+                       help="rule ids, prefixes (TR1), slugs, categories or TorchFix codes (TOR102, TOR1), comma-separated")
     check.add_argument("--ignore", type=_csv, help="rules to skip, same forms as --select")
     check.add_argument("--min-severity", choices=["low", "medium", "high", "critical"], help="hide findings below this")
     check.add_argument("--fail-on", choices=["low", "medium", "high", "critical"],
