@@ -28,6 +28,7 @@ _OPTION = re.compile(r"^([A-Za-z][\w-]*)(\s*[=:]\s*)(.*?)(\s*)$")
 _PIP_TORCHFIX = re.compile(r"(?<![\w./-])torchfix(?:\[[^\]]*\])?(?:[<>=!~]=?[\w.*]+)?(?=[\s'\",\]]|$)", re.I)
 _TORCHFIX_COMMAND = re.compile(r"(?:python3?\s+-m\s+)?(?<![\w./-])torchfix\b((?:\s+[^\s;&|]+)*)")
 _FLAKE8_COMMAND = re.compile(r"(?:python3?\s+-m\s+)?\bflake8\b((?:\s+[^\s;&|]+)*)")
+_YAML_KEY = re.compile(r"^\s*(?:-\s+)?([\w-]+)\s*:(?:\s|$)")
 _TORCHFIX_REPOS = re.compile(r"github\.com/(?:pytorch-labs|meta-pytorch|pytorch)/torchfix", re.I)
 OUR_HOOK = ("- repo: https://github.com/torchreview/torchreview\n"
             "  rev: COMMIT  # run `pre-commit autoupdate --freeze` to pin it\n"
@@ -192,6 +193,10 @@ def _migrate_workflow(migration: Migration, path: str) -> None:
     changed = False
     for line in text.splitlines(keepends=True):
         new = line
+        key = _YAML_KEY.match(line)
+        if line.lstrip().startswith("#") or (key and key.group(1) != "run"):
+            out.append(line)  # a step's name, a comment, `uses:`...: not a shell command
+            continue
         if re.search(r"\bpip3?\s+install\b|\buv\s+(?:pip\s+install|add)\b", line):
             new = _PIP_TORCHFIX.sub("torchreview", line)
         else:

@@ -48,6 +48,8 @@ WORKFLOW = """\
         steps:
           - uses: actions/checkout@v4
           - run: pip install flake8 "torchfix==0.7.0"
+          # torchfix runs twice: through flake8 and alone
+          - name: Run torchfix
           - run: |
               flake8 --select=E9,F63,TOR0 src tests
               python -m torchfix --show-stderr src
@@ -114,7 +116,8 @@ def test_ci_step_and_install_become_torchreview(tmp_path, capsys):
     workflow = (tmp_path / ".github/workflows/lint.yml").read_text()
     assert 'pip install flake8 "torchreview"' in workflow
     assert "flake8 --select=E9,F63 src tests && torchreview check src tests\n" in workflow
-    assert "torchreview check src\n" in workflow and "torchfix" not in workflow
+    assert "torchreview check src\n" in workflow
+    assert "- name: Run torchfix\n" in workflow and "# torchfix runs twice" in workflow
     yaml.safe_load(workflow)
     # `torchfix` without --select ran its defaults: TOR0, TOR1, TOR2
     assert selected(tmp_path) == {rule for code in ("TOR0", "TOR1", "TOR2")
