@@ -138,6 +138,11 @@ def _nvim_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def test_the_readme_snippet_is_the_tested_one():
+    readme = re.findall(r"```lua\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    assert readme == [_lua_blocks()[0]]
+
+
 @needs_nvim
 def test_every_neovim_snippet_parses(tmp_path):
     for number, block in enumerate(_lua_blocks()):
@@ -166,7 +171,9 @@ def test_the_neovim_snippet_for_this_version_shows_a_finding(tmp_path):
 vim.wait(60000, function() return #vim.diagnostic.get(0) > 0 end, 200)
 local lines = {{}}
 for _, d in ipairs(vim.diagnostic.get(0)) do table.insert(lines, d.lnum .. ' ' .. tostring(d.code)) end
-for _, c in pairs(vim.lsp.buf_get_clients(0)) do table.insert(lines, 'root ' .. c.config.root_dir) end
+for _, c in pairs((vim.lsp.get_clients or vim.lsp.get_active_clients)()) do  -- get_clients: 0.10+
+  table.insert(lines, 'root ' .. c.config.root_dir)
+end
 vim.fn.writefile(lines, '{out}')
 vim.cmd('qa!')
 """)
