@@ -108,7 +108,7 @@ PROJECT_URL = "https://github.com/torchreview/torchreview"
 
 
 def rule_help_uri(rule_id: str) -> str:
-    """The rule's generated page (docs/rules/, scripts/gen_rule_docs.py) on the project's repository."""
+    """The rule's generated page (docs/rules/, scripts/gen_docs.py) on the project's repository."""
     return f"{PROJECT_URL}/blob/main/docs/rules/{rule_id}.md"
 
 
