@@ -113,7 +113,7 @@ def test_a_failing_readme_block_is_noticed():
 
 def test_relative_links_resolve():
     broken = []
-    for page in [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "CHANGELOG.md"]:
+    for page in [README, *sorted((ROOT / "docs").rglob("*.md")), ROOT / "CHANGELOG.md", ROOT / "CONTRIBUTING.md"]:
         text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):
