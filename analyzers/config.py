@@ -336,7 +336,7 @@ def _smoke_settings(value: Any, check: "_Checker") -> dict[str, Any]:
 
 
 _TASKS = ("classification", "language_model", "regression", "custom")
-# The table form of a smoke target (README, "Configuring the runner"): how to build, feed and train it. The
+# The table form of a smoke target (docs/runner.md, "Configuring smoke targets"): how to build, feed and train it. The
 # loss's target tensor is ``loss_target``: ``target`` names the model to build.
 _TARGET_KEYS = ("target", "factory", "input", "output", "task", "loss", "loss_target", "num_classes")
 _STEP_KEYS = ("step", "model", "factory", "input", "output", "task", "loss", "loss_target", "num_classes")

@@ -102,7 +102,14 @@ def _escape_property(value: str) -> str:
 
 
 SARIF_LEVEL = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning", Severity.LOW: "note"}
+# GitHub's bands: critical 9.0+, high 7.0-8.9, medium 4.0-6.9, low 0.1-3.9; only on rules marked `security`
 SECURITY_SEVERITY = {Severity.CRITICAL: "9.5", Severity.HIGH: "7.5", Severity.MEDIUM: "5.0", Severity.LOW: "2.0"}
+PROJECT_URL = "https://github.com/torchreview/torchreview"
+
+
+def rule_help_uri(rule_id: str) -> str:
+    """The rule's generated page (docs/rules/, scripts/gen_docs.py) on the project's repository."""
+    return f"{PROJECT_URL}/blob/main/docs/rules/{rule_id}.md"
 
 
 def tool_version() -> str:
@@ -160,11 +167,12 @@ def to_sarif(run: RunResult) -> dict:
             "shortDescription": {"text": rule.summary},
             "fullDescription": {"text": " ".join(rule.what.split())},
             "help": {"text": rule.docs(), "markdown": rule.docs()},
+            "helpUri": rule_help_uri(rule.id),
             "defaultConfiguration": {"level": SARIF_LEVEL[rule.severity]},
             "properties": {
-                "tags": [rule.category.value, "pytorch"] + (["security"] if rule.category.value == "serialization" else []),
-                "security-severity": SECURITY_SEVERITY[rule.severity],
+                "tags": [rule.category.value, "pytorch"] + (["security"] if rule.security else []),
                 "precision": "high",
+                **({"security-severity": SECURITY_SEVERITY[rule.severity]} if rule.security else {}),
             },
         })
     results = []
@@ -224,7 +232,7 @@ def to_sarif(run: RunResult) -> dict:
         "version": "2.1.0",
         "runs": [{
             "tool": {"driver": {"name": "torchreview", "version": tool_version(),
-                                "informationUri": "https://github.com/torchreview/torchreview", "rules": descriptors}},
+                                "informationUri": PROJECT_URL, "rules": descriptors}},
             "results": results,
             "invocations": [{"executionSuccessful": True, "toolExecutionNotifications": notifications}],
         }],

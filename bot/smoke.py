@@ -285,7 +285,7 @@ def plan_smoke_check_run(run: dict, head_sha: str, claims: Optional[dict] = None
         return CheckRunPlan("neutral", "Smoke run refused: this runner cannot sandbox pull-request code",
                             "No code of this pull request was run. " + literal(run["refused"]) +
                             "\n\nThe operator of this torchreview installation must fix the runner: see the "
-                            "README's \"Security model\".")
+                            "docs/security.md of torchreview's repository.")
     targets = run["targets"]
     failing = [t for t in targets if t["status"] in ("failed", "error")]
     regressions = [(t, c) for t in targets for c in t.get("comparison", []) if c.get("regression")]

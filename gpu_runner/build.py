@@ -71,7 +71,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     ``output`` (``{"batch_axis": 1 | None, "select": index or key}``), ``task``, ``loss``
     (``"module.path:callable"`` called with (model output, target): the selected tensor when ``output.select``
     is set, else the whole output), ``num_classes`` and ``loss_target`` (a tensor description like ``input``,
-    for a configured loss). The README's "Configuring the runner" documents the same keys."""
+    for a configured loss). docs/runner.md ("Configuring smoke targets") documents the same keys."""
     config = dict(config or {})
     code_root = Path(code_root).resolve()
     _add_to_sys_path(code_root)

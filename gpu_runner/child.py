@@ -9,7 +9,7 @@ the harness keeps exactly one report per requested target (under that target's n
 the result channel. Whatever the PR's code prints, or writes to the file descriptors it can find, is
 never taken as a result: stdout is only a log.
 
-The limit of this (README, "Security model"): the worker runs the PR's code in its own process, so a
+The limit of this (docs/security.md): the worker runs the PR's code in its own process, so a
 hostile PR can still make the checks of *its own* models report what it likes (as it could by changing
 the model); the smoke check is a review aid, not a security gate.
 """

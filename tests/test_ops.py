@@ -230,10 +230,10 @@ def test_deployments_give_the_private_key_to_workers_only_and_probe_them():
     assert "GITHUB_PRIVATE_KEY=" not in (DEPLOY / ".env.example").read_text()
 
 
-def test_the_manifest_asks_for_no_permission_the_readme_does_not_explain():
+def test_the_manifest_asks_for_no_permission_the_docs_do_not_explain():
     manifest = yaml.safe_load((ROOT / "app.yml").read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Why each permission", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "app.md").read_text()
+    section = page.split("## Why each permission", 1)[1].split("\n## ", 1)[0]
     for permission, level in manifest["default_permissions"].items():
         assert f"`{permission}: {level}`" in section, permission
     for event in manifest["default_events"]:

@@ -96,6 +96,9 @@ class Rule:
     #: "safe": the fix keeps behaviour (a rename), `--fix` applies it; "unsafe": it changes what the
     #: program does (e.g. weights_only=True refuses some checkpoints), applied only with --unsafe-fixes
     fix_safety: ClassVar[str] = "safe"
+    #: a security weakness, not only a bug: SARIF gives it a security-severity, so code scanning ranks it
+    #: among security alerts
+    security: ClassVar[bool] = False
     VALID: ClassVar[list[Example]] = []
     INVALID: ClassVar[list[Example]] = []
 

@@ -24,6 +24,7 @@ _EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "
 
 class UnsafeTorchLoad(Rule):
     id = "TR601"
+    security = True
     source_hint = re.compile(r"load")  # a torch.load call
     fix_safety = "unsafe"  # weights_only=True refuses checkpoints holding arbitrary objects
     slug = "unsafe-torch-load"
