@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -19,6 +21,37 @@ from github_emulator.local import ProcessGroup, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 WEBHOOK_SECRET = "test-webhook-secret"
+
+# Where a module imported during a test may come from and stay imported: the interpreter's libraries and this
+# project's own packages. Anything else is a pull request's code (a tmp_path tree, tests/fixtures) imported by name.
+_INSTALLED = tuple({str(Path(p).resolve()) for p in (*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix,
+                                                   sys.exec_prefix)})
+_OUR_PACKAGES = ("analyzers", "bot", "github_emulator", "gpu_runner", "tests")
+
+
+def _imported_from_a_test_tree(name: str, module) -> bool:
+    locations = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
+    locations = [str(Path(str(location)).resolve()) for location in locations if location]
+    if not locations:
+        return False  # built in, or made by a library (torch._C's submodules)
+    if name.split(".")[0] in _OUR_PACKAGES and all(Path(p).is_relative_to(ROOT) for p in locations):
+        return False
+    return not all(p.startswith(_INSTALLED) for p in locations)
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports():
+    """A pull request's modules imported in this process (the runner's builder imports ``models``, ``train``,
+    ``net``... by name from a test's tree) are forgotten after each test, with the sys.path entries it added:
+    the next test's ``from models import Net`` must find its own ``models``, not a namespace package or another
+    test's file left in sys.modules, whichever tests this process happened to run before."""
+    path, modules = list(sys.path), set(sys.modules)
+    yield
+    for name in set(sys.modules) - modules:
+        module = sys.modules.get(name)
+        if module is not None and _imported_from_a_test_tree(name, module):
+            del sys.modules[name]
+    sys.path[:] = path
 
 
 @pytest.fixture(scope="session")
