@@ -21,6 +21,9 @@ from github_emulator.local import ProcessGroup, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 WEBHOOK_SECRET = "test-webhook-secret"
+# How long a server the tests start may take to answer: seconds on an idle machine, far more on a loaded 2-core
+# one running the suite on every core. A wait that runs out fails the test, so it is generous.
+START_TIMEOUT_S = 180.0
 
 # Where a module imported during a test may come from and stay imported: the interpreter's libraries and this
 # project's own packages. Anything else is a pull request's code (a tmp_path tree, tests/fixtures) imported by name.
@@ -62,24 +65,23 @@ def redis_url(tmp_path_factory):
         pytest.fail("redis-server is not installed; scripts/test.sh installs it (apt-get install redis-server)")
     port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import redis
 
-    client = redis.Redis(port=port)
-    deadline = time.time() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    with ProcessGroup([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                       "--dir", str(workdir)], workdir / "redis.log") as server:
+        client = redis.Redis(port=port, socket_timeout=10)
+
+        def answers():
+            if server.proc.poll() is not None:
+                raise AssertionError(f"redis-server exited {server.proc.returncode}: "
+                                     f"{(workdir / 'redis.log').read_text()[-2000:]}")
+            try:
+                return client.ping()
+            except redis.RedisError:
+                return False  # not listening yet, or still loading
+
+        wait_for(answers, START_TIMEOUT_S, "redis-server")
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture
@@ -175,21 +177,30 @@ def stack(emulator, app_key, redis_url, tmp_path_factory):
                         data_dir=data_dir, api_url=emulator.url)
     server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    worker = Worker(env)
     stack = {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}", "env": env,
-             "worker": worker, "state": emulator.state}
-    yield stack
-    stack["worker"].stop()
-    server.shutdown()
+             "state": emulator.state}
+    try:
+        stack["worker"] = Worker(env)
+        yield stack
+    finally:
+        if "worker" in stack:
+            stack["worker"].stop()  # the one a test may have put in place of the first
+        server.shutdown()
 
 
 _repo_counter = iter(range(1, 10_000))
 
 
+def install_on_octo_org(state) -> None:
+    """The App's installation on octo-org, id 1 (the webhook payloads' default), whichever installations the
+    tests that ran before on this module's emulator added."""
+    if 1 not in state.installations:
+        state.add_installation("octo-org", installation_id=1)
+
+
 def new_repo(state, files: dict, extra_base: dict | None = None):
     name = f"octo-org/models-{next(_repo_counter)}"
-    if not state.installations:
-        state.add_installation("octo-org", installation_id=1)
+    install_on_octo_org(state)
     repo = state.add_repo(name, files={"README.md": "# models\n", **(extra_base or {})})
     state.add_collaborator(repo, "octo-maintainer", "maintain")  # the tests' maintainer, on every repository
     return repo, name
