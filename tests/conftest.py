@@ -1,16 +1,15 @@
 """Shared fixtures: a real redis-server on a free port, real webhook payloads, signing."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -32,9 +31,19 @@ _INSTALLED = tuple({str(Path(p).resolve()) for p in (*sysconfig.get_paths().valu
 _OUR_PACKAGES = ("analyzers", "bot", "github_emulator", "gpu_runner", "tests")
 
 
+def _locations(module) -> list[str]:
+    """The files and folders a module was imported from, as the import system recorded them (libraries make
+    modules of their own kinds: torch.classes answers any attribute, __path__ included)."""
+    spec = getattr(module, "__spec__", None)
+    found = [getattr(module, "__file__", None), getattr(spec, "origin", None)]
+    folders = getattr(spec, "submodule_search_locations", None)
+    if folders is not None:
+        found += list(folders)
+    return [str(Path(place).resolve()) for place in found if isinstance(place, str) and os.path.isabs(place)]
+
+
 def _imported_from_a_test_tree(name: str, module) -> bool:
-    locations = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
-    locations = [str(Path(str(location)).resolve()) for location in locations if location]
+    locations = _locations(module)
     if not locations:
         return False  # built in, or made by a library (torch._C's submodules)
     if name.split(".")[0] in _OUR_PACKAGES and all(Path(p).is_relative_to(ROOT) for p in locations):
@@ -42,19 +51,28 @@ def _imported_from_a_test_tree(name: str, module) -> bool:
     return not all(p.startswith(_INSTALLED) for p in locations)
 
 
+@contextlib.contextmanager
+def imports_forgotten_after():
+    """Forgets, at the end of the block, the modules imported in it from a pull request's tree (any folder but
+    the interpreter's libraries and our packages) and the sys.path entries added in it."""
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        yield
+    finally:
+        for name in set(sys.modules) - modules:
+            module = sys.modules.get(name)
+            if module is not None and _imported_from_a_test_tree(name, module):
+                del sys.modules[name]
+        sys.path[:] = path
+
+
 @pytest.fixture(autouse=True)
 def isolated_imports():
-    """A pull request's modules imported in this process (the runner's builder imports ``models``, ``train``,
-    ``net``... by name from a test's tree) are forgotten after each test, with the sys.path entries it added:
-    the next test's ``from models import Net`` must find its own ``models``, not a namespace package or another
-    test's file left in sys.modules, whichever tests this process happened to run before."""
-    path, modules = list(sys.path), set(sys.modules)
-    yield
-    for name in set(sys.modules) - modules:
-        module = sys.modules.get(name)
-        if module is not None and _imported_from_a_test_tree(name, module):
-            del sys.modules[name]
-    sys.path[:] = path
+    """The runner's builder imports a test tree's ``models``, ``train``, ``net``... by name, in this process: the
+    next test's ``from models import Net`` must find its own, not a namespace package or another test's file left
+    in sys.modules by whichever tests this process happened to run before."""
+    with imports_forgotten_after():
+        yield
 
 
 @pytest.fixture(scope="session")
