@@ -237,6 +237,19 @@ def pr_payload(action: str, repo_name: str, pr) -> dict:
     return pull_request_payload(action, pr)
 
 
+def answer(server: ProcessGroup, url: str) -> requests.Response | None:
+    """``url``'s response from ``server`` (truthy when its status is below 400); None while the server does not
+    answer yet (refused, or too slow on a loaded machine: ask again); an AssertionError with its log's tail when it
+    has exited, so that a wait on it fails at once, saying why."""
+    if server.proc.poll() is not None:
+        raise AssertionError(f"{server.proc.args[:4]} exited {server.proc.returncode}: "
+                             f"{server.log_path.read_text()[-3000:]}")
+    try:
+        return requests.get(url, timeout=10)
+    except requests.RequestException:
+        return None
+
+
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
     try:
         return wait_until(predicate, timeout, what)

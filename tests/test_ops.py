@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bot.metrics import EVENT_LABELS
 from github_emulator.local import ProcessGroup, free_port
 from github_emulator.webhooks import issue_comment_payload, pull_request_payload
-from tests.conftest import (ROOT, START_TIMEOUT_S, WEBHOOK_SECRET, Worker, completed_run, install_on_octo_org,
-                            payload, signed_headers, wait_for, worker_env)
+from tests.conftest import (ROOT, START_TIMEOUT_S, WEBHOOK_SECRET, Worker, answer, completed_run,
+                            install_on_octo_org, payload, signed_headers, wait_for, worker_env)
 
 DEPLOY = ROOT / "deploy"
 
@@ -53,20 +53,8 @@ def web(redis_url, redis_client, tmp_path):
     base = f"http://127.0.0.1:{port}"
     with ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                        "--web-workers", "2"], tmp_path / "serve.log", env=env, cwd=ROOT, grace=30) as serve:
-        wait_for(lambda: answers(serve, base + "/healthz"), START_TIMEOUT_S, "gunicorn")
+        wait_for(lambda: answer(serve, base + "/healthz"), START_TIMEOUT_S, "gunicorn")
         yield {"base": base, "hook": base + "/api/github/webhooks", "metrics_dir": metrics_dir, "env": env}
-
-
-def answers(serve: ProcessGroup, url: str) -> requests.Response | None:
-    """A 200 from ``url``; None while the server is not up yet (refused, or too slow to answer on a loaded
-    machine); an AssertionError with the server's log when it has exited."""
-    if serve.proc.poll() is not None:
-        raise AssertionError(f"serve exited {serve.proc.returncode}: {serve.log_path.read_text()[-2000:]}")
-    try:
-        response = requests.get(url, timeout=10)
-    except requests.RequestException:
-        return None
-    return response if response.ok else None
 
 
 def test_web_serves_without_the_private_key_and_every_scrape_agrees(web):
@@ -289,14 +277,14 @@ def test_embedded_serve_shows_its_workers_reviews_on_the_web_metrics(emulator, a
     base = f"http://127.0.0.1:{port}"
     with ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                        "--concurrency", "1"], tmp_path / "serve.log", env=env, cwd=ROOT, grace=30) as serve:
-        wait_for(lambda: answers(serve, base + "/metrics"), START_TIMEOUT_S, "the embedded serve")
+        wait_for(lambda: answer(serve, base + "/metrics"), START_TIMEOUT_S, "the embedded serve")
         body = json.dumps(pull_request_payload("opened", pr)).encode()
         assert requests.post(base + "/api/github/webhooks", data=body, headers=signed_headers(body, "pull_request"),
                              timeout=10).status_code == 202
         completed_run(state, pr.head_sha)
 
         def reviewed():
-            scrape = answers(serve, base + "/metrics")
+            scrape = answer(serve, base + "/metrics")
             return scrape.text if scrape and samples(scrape.text, "torchreview_reviews_total") else None
 
         text = wait_for(reviewed, 60, "the review on the web's /metrics")
