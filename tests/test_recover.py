@@ -42,6 +42,9 @@ def hook(stack):
     """The App's webhook on the emulator's side; ``down()`` points it at a port nobody listens on."""
     webhook = stack["state"].app_webhook
     webhook.configure(stack["url"], WEBHOOK_SECRET)
+    # The module's tests share the emulator: GitHub's log of the App's deliveries starts with this test's own,
+    # whichever tests ran before it (those that leave an event undelivered would be redelivered here too).
+    webhook.deliveries.clear()
     webhook.down = lambda: webhook.configure(f"http://127.0.0.1:{free_port()}/api/github/webhooks", WEBHOOK_SECRET)
     webhook.up = lambda: webhook.configure(stack["url"], WEBHOOK_SECRET)
     yield webhook
