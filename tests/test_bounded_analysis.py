@@ -252,6 +252,8 @@ def test_analyses_started_from_several_threads_at_once_all_finish():
         thread.join(timeout=120)
     assert not any(thread.is_alive() for thread in threads)
     assert results == {n: {f"{n}-{i}": f"analyzed {n}-{i}" for i in range(3)} for n in range(6)}
+
+
 def test_pools_run_by_two_threads_at_once_do_not_wait_for_each_others_children(tmp_path):
     """The language server analyzes in threads, each a pool of its own: a child of one pool must not hold the
     other pool's pipes open, or that pool's child never sees its end of input and its parent waits forever."""
