@@ -10,4 +10,5 @@ apt_install_for bwrap bubblewrap "the sandbox for pull-request code" - \
   || echo "going on without bubblewrap: the sandbox tests see only the weaker fallbacks" >&2
 source scripts/_venv.sh dev
 source scripts/_contract.sh
-python -m pytest -q -n auto "$@"
+# Fails, naming them, when processes the tests started are still running after pytest has exited.
+python -m tests.leftover_processes -- python -m pytest -q -n auto "$@"

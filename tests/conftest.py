@@ -1,14 +1,15 @@
 """Shared fixtures: a real redis-server on a free port, real webhook payloads, signing."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import shutil
-import subprocess
+import sys
+import sysconfig
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +20,59 @@ from github_emulator.local import ProcessGroup, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 WEBHOOK_SECRET = "test-webhook-secret"
+# How long a server the tests start may take to answer: seconds on an idle machine, far more on a loaded 2-core
+# one running the suite on every core. A wait that runs out fails the test, so it is generous.
+START_TIMEOUT_S = 180.0
+
+# Where a module imported during a test may come from and stay imported: the interpreter's libraries and this
+# project's own packages. Anything else is a pull request's code (a tmp_path tree, tests/fixtures) imported by name.
+_INSTALLED = tuple({str(Path(p).resolve()) for p in (*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix,
+                                                   sys.exec_prefix)})
+_OUR_PACKAGES = ("analyzers", "bot", "github_emulator", "gpu_runner", "tests")
+
+
+def _locations(module) -> list[str]:
+    """The files and folders a module was imported from, as the import system recorded them (libraries make
+    modules of their own kinds: torch.classes answers any attribute, __path__ included)."""
+    spec = getattr(module, "__spec__", None)
+    found = [getattr(module, "__file__", None), getattr(spec, "origin", None)]
+    folders = getattr(spec, "submodule_search_locations", None)
+    if folders is not None:
+        found += list(folders)
+    return [str(Path(place).resolve()) for place in found if isinstance(place, str) and os.path.isabs(place)]
+
+
+def _imported_from_a_test_tree(name: str, module) -> bool:
+    locations = _locations(module)
+    if not locations:
+        return False  # built in, or made by a library (torch._C's submodules)
+    if name.split(".")[0] in _OUR_PACKAGES and all(Path(p).is_relative_to(ROOT) for p in locations):
+        return False
+    return not all(p.startswith(_INSTALLED) for p in locations)
+
+
+@contextlib.contextmanager
+def imports_forgotten_after():
+    """Forgets, at the end of the block, the modules imported in it from a pull request's tree (any folder but
+    the interpreter's libraries and our packages) and the sys.path entries added in it."""
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        yield
+    finally:
+        for name in set(sys.modules) - modules:
+            module = sys.modules.get(name)
+            if module is not None and _imported_from_a_test_tree(name, module):
+                del sys.modules[name]
+        sys.path[:] = path
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports():
+    """The runner's builder imports a test tree's ``models``, ``train``, ``net``... by name, in this process: the
+    next test's ``from models import Net`` must find its own, not a namespace package or another test's file left
+    in sys.modules by whichever tests this process happened to run before."""
+    with imports_forgotten_after():
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -29,24 +83,23 @@ def redis_url(tmp_path_factory):
         pytest.fail("redis-server is not installed; scripts/test.sh installs it (apt-get install redis-server)")
     port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import redis
 
-    client = redis.Redis(port=port)
-    deadline = time.time() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    with ProcessGroup([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                       "--dir", str(workdir)], workdir / "redis.log") as server:
+        client = redis.Redis(port=port, socket_timeout=10)
+
+        def answers():
+            if server.proc.poll() is not None:
+                raise AssertionError(f"redis-server exited {server.proc.returncode}: "
+                                     f"{(workdir / 'redis.log').read_text()[-2000:]}")
+            try:
+                return client.ping()
+            except redis.RedisError:
+                return False  # not listening yet, or still loading
+
+        wait_for(answers, START_TIMEOUT_S, "redis-server")
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture
@@ -142,21 +195,30 @@ def stack(emulator, app_key, redis_url, tmp_path_factory):
                         data_dir=data_dir, api_url=emulator.url)
     server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    worker = Worker(env)
     stack = {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}", "env": env,
-             "worker": worker, "state": emulator.state}
-    yield stack
-    stack["worker"].stop()
-    server.shutdown()
+             "state": emulator.state}
+    try:
+        stack["worker"] = Worker(env)
+        yield stack
+    finally:
+        if "worker" in stack:
+            stack["worker"].stop()  # the one a test may have put in place of the first
+        server.shutdown()
 
 
 _repo_counter = iter(range(1, 10_000))
 
 
+def install_on_octo_org(state) -> None:
+    """The App's installation on octo-org, id 1 (the webhook payloads' default), whichever installations the
+    tests that ran before on this module's emulator added."""
+    if 1 not in state.installations:
+        state.add_installation("octo-org", installation_id=1)
+
+
 def new_repo(state, files: dict, extra_base: dict | None = None):
     name = f"octo-org/models-{next(_repo_counter)}"
-    if not state.installations:
-        state.add_installation("octo-org", installation_id=1)
+    install_on_octo_org(state)
     repo = state.add_repo(name, files={"README.md": "# models\n", **(extra_base or {})})
     state.add_collaborator(repo, "octo-maintainer", "maintain")  # the tests' maintainer, on every repository
     return repo, name
@@ -173,6 +235,19 @@ def pr_payload(action: str, repo_name: str, pr) -> dict:
 
     assert pr.repo.full_name == repo_name
     return pull_request_payload(action, pr)
+
+
+def answer(server: ProcessGroup, url: str) -> requests.Response | None:
+    """``url``'s response from ``server`` (truthy when its status is below 400); None while the server does not
+    answer yet (refused, or too slow on a loaded machine: ask again); an AssertionError with its log's tail when it
+    has exited, so that a wait on it fails at once, saying why."""
+    if server.proc.poll() is not None:
+        raise AssertionError(f"{server.proc.args[:4]} exited {server.proc.returncode}: "
+                             f"{server.log_path.read_text()[-3000:]}")
+    try:
+        return requests.get(url, timeout=10)
+    except requests.RequestException:
+        return None
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):

@@ -1,8 +1,7 @@
-"""What the runner's tests share: a code tree written from strings, a clean module table after each test
-(the models of one test must not be imported by the next), and one torch thread for tiny models."""
+"""What the runner's tests share: a code tree written from strings and one torch thread for tiny models (the
+modules a test imports from its tree are forgotten after it by conftest's ``isolated_imports``)."""
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,17 +15,6 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(source))
     return root
-
-
-@pytest.fixture(autouse=True)
-def forget_tmp_modules():
-    """Modules imported from pytest's temporary folders are dropped after each test."""
-    before = set(sys.modules)
-    yield
-    for name in set(sys.modules) - before:
-        module = sys.modules.get(name)
-        if module is not None and "pytest-of" in str(getattr(module, "__file__", "") or ""):
-            del sys.modules[name]
 
 
 @pytest.fixture(autouse=True, scope="module")

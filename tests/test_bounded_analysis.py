@@ -252,3 +252,48 @@ def test_analyses_started_from_several_threads_at_once_all_finish():
         thread.join(timeout=120)
     assert not any(thread.is_alive() for thread in threads)
     assert results == {n: {f"{n}-{i}": f"analyzed {n}-{i}" for i in range(3)} for n in range(6)}
+
+
+def test_pools_run_by_two_threads_at_once_do_not_wait_for_each_others_children(tmp_path):
+    """The language server analyzes in threads, each a pool of its own: a child of one pool must not hold the
+    other pool's pipes open, or that pool's child never sees its end of input and its parent waits forever."""
+    import threading
+    import time
+
+    def wait_for_file(name: str) -> None:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / name).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def first(key, item):
+        (tmp_path / "first-started").touch()
+        wait_for_file("go")
+        return key
+
+    def second(key, item):  # busy for as long as the test says: it holds whatever its fork inherited
+        (tmp_path / "second-started").touch()
+        wait_for_file("release")
+        return key
+
+    results = {}
+
+    def run(name, analyze):
+        results[name] = run_isolated([(name, None)], analyze, lambda key, kind, message: (kind, message), seconds=600)
+
+    threads = {name: threading.Thread(target=run, args=(name, analyze), daemon=True)
+               for name, analyze in (("first", first), ("second", second))}
+    try:
+        threads["first"].start()
+        wait_for_file("first-started")  # the first pool's pipes are open
+        threads["second"].start()
+        wait_for_file("second-started")  # forked while they were
+        (tmp_path / "go").touch()
+        threads["first"].join(120)  # the second's child is still busy
+        assert not threads["first"].is_alive(), "the first pool waits for the second pool's child"
+        assert results["first"] == {"first": "first"}
+    finally:
+        (tmp_path / "release").touch()
+        (tmp_path / "go").touch()
+        for thread in threads.values():
+            thread.join(120)
+    assert results["second"] == {"second": "second"}

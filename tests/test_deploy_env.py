@@ -20,7 +20,7 @@ import yaml
 
 from bot.settings import Settings, SettingsError
 from github_emulator.local import ProcessGroup, free_port
-from tests.conftest import ROOT, WEBHOOK_SECRET, wait_for
+from tests.conftest import ROOT, START_TIMEOUT_S, WEBHOOK_SECRET, answer, wait_for
 
 DEPLOY = ROOT / "deploy"
 # What an operator puts in place of the templates' "change-me" (which the loader refuses, see below).
@@ -235,25 +235,13 @@ def test_health_and_metrics_answer_on_the_internal_port_only(redis_url, tmp_path
     env.update({"REDIS_URL": redis_url, "GITHUB_APP_ID": "4242", "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
                 "TORCHREVIEW_INTERNAL_PORT": str(internal), "TORCHREVIEW_DATA_DIR": str(tmp_path / "data"),
                 "PYTHONPATH": str(ROOT), "LOG_LEVEL": "WARNING"})
-    serve = ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                          "--web-workers", "1"], tmp_path / "serve.log", env=env, cwd=ROOT)
     public, private = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{internal}"
-
-    def up():
-        if serve.proc.poll() is not None:
-            raise AssertionError(serve.log_path.read_text()[-2000:])
-        try:
-            return requests.get(private + "/healthz", timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
-
-    try:
-        wait_for(up, 60, "serve's internal port")
+    with ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                       "--web-workers", "1"], tmp_path / "serve.log", env=env, cwd=ROOT) as serve:
+        wait_for(lambda: answer(serve, private + "/healthz"), START_TIMEOUT_S, "serve's internal port")
         assert requests.get(private + "/metrics", timeout=5).status_code == 200
         for path in ("/healthz", "/metrics"):
             assert requests.get(public + path, timeout=5).status_code == 404
         # the webhook is on the public port only (401: it got there, and the signature is missing)
         assert requests.post(public + "/api/github/webhooks", data=b"{}", timeout=5).status_code == 401
         assert requests.post(private + "/api/github/webhooks", data=b"{}", timeout=5).status_code == 404
-    finally:
-        serve.stop()

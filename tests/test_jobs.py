@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from bot.jobs import CommandJob, ReviewJob, SmokeJob, job_from_dict
+from tests.conftest import install_on_octo_org
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,8 +120,7 @@ def test_github_reads_answered_5xx_are_retried_in_place_writes_are_not(emulator,
     from bot.settings import Settings
 
     state = emulator.state
-    if 1 not in state.installations:
-        state.add_installation("octo-org", installation_id=1)
+    install_on_octo_org(state)
     repo = state.add_repo(f"octo-org/retries-{id(state)}", files={"README.md": "# r\n"})
     clients = GitHubClients(Settings(app_id=4242, private_key=app_key[0], webhook_secret=None, api_url=emulator.url))
     gh = clients.for_installation(1)

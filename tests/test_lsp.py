@@ -43,15 +43,30 @@ async def started(tmp_path: Path, debounce: str = "1.0", env: Optional[dict] = N
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bot.cli"]
     await client.start_io(*cmd, "lsp", "--debounce", debounce, cwd=str(tmp_path),
                           env=env or {**os.environ, "PYTHONPATH": str(ROOT)})
-    await asyncio.wait_for(client.initialize_async(types.InitializeParams(
-        process_id=os.getpid(), root_uri=tmp_path.as_uri(), capabilities=types.ClientCapabilities())), TIMEOUT)
+    try:
+        await asyncio.wait_for(client.initialize_async(types.InitializeParams(
+            process_id=os.getpid(), root_uri=tmp_path.as_uri(), capabilities=types.ClientCapabilities())), TIMEOUT)
+    except BaseException:
+        await _killed(client)
+        raise
     client.initialized(types.InitializedParams())
     return client
 
 
 async def stopped(client: Client) -> None:
-    await asyncio.wait_for(client.shutdown_async(None), TIMEOUT)
-    client.exit(None)
+    """Shuts the server down as an editor does; kills it if it is still running after that, so that a test that
+    failed or timed out (a server busy or stuck) does not leave it behind."""
+    try:
+        await asyncio.wait_for(client.shutdown_async(None), TIMEOUT)
+        client.exit(None)
+        await asyncio.wait_for(client._server.wait(), TIMEOUT)
+    finally:
+        await _killed(client)
+
+
+async def _killed(client: Client) -> None:
+    if client._server.returncode is None:  # pygls keeps the server's process there and has no other handle
+        client._server.kill()
     await asyncio.wait_for(client.stop(), TIMEOUT)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
 import string
 import subprocess
@@ -22,10 +21,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.metrics import EVENT_LABELS
-from github_emulator.local import free_port
+from github_emulator.local import ProcessGroup, free_port
 from github_emulator.webhooks import issue_comment_payload, pull_request_payload
-from tests.conftest import (ROOT, WEBHOOK_SECRET, Worker, completed_run, payload, signed_headers, wait_for,
-                            worker_env)
+from tests.conftest import (ROOT, START_TIMEOUT_S, WEBHOOK_SECRET, Worker, answer, completed_run,
+                            install_on_octo_org, payload, signed_headers, wait_for, worker_env)
 
 DEPLOY = ROOT / "deploy"
 
@@ -51,26 +50,11 @@ def web(redis_url, redis_client, tmp_path):
                 "GITHUB_PRIVATE_KEY_PATH": str(tmp_path / "no-such-key.pem"),
                 "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "TORCHREVIEW_DATA_DIR": str(tmp_path / "data"),
                 "PYTHONPATH": str(ROOT), "LOG_LEVEL": "WARNING"})
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--web-workers", "2"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-
-    def healthy():
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited {proc.returncode}: {(tmp_path / 'serve.log').read_text()[-2000:]}")
-        try:
-            return requests.get(base + "/healthz", timeout=2).ok
-        except requests.ConnectionError:
-            return False
-
-    wait_for(healthy, 60, "gunicorn")
-    yield {"base": base, "hook": base + "/api/github/webhooks", "metrics_dir": metrics_dir, "env": env,
-           "proc": proc}
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
-    log.close()
+    with ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                       "--web-workers", "2"], tmp_path / "serve.log", env=env, cwd=ROOT, grace=30) as serve:
+        wait_for(lambda: answer(serve, base + "/healthz"), START_TIMEOUT_S, "gunicorn")
+        yield {"base": base, "hook": base + "/api/github/webhooks", "metrics_dir": metrics_dir, "env": env}
 
 
 def test_web_serves_without_the_private_key_and_every_scrape_agrees(web):
@@ -167,8 +151,7 @@ def test_a_finished_review_shows_up_on_the_workers_metrics_port_and_its_probes_p
     worker = Worker(env, concurrency=1)
     try:
         state = emulator.state
-        if not state.installations:
-            state.add_installation("octo-org", installation_id=1)
+        install_on_octo_org(state)
         repo = state.add_repo(f"octo-org/metrics-{uuid.uuid4().hex[:6]}", files={"README.md": "# m\n"})
         pr = state.open_pull_request(repo, {"train.py": 'import torch\n\nm = torch.load("m.pt")\n'})
         body = json.dumps(pull_request_payload("opened", pr)).encode()
@@ -283,8 +266,7 @@ def test_the_app_works_with_exactly_the_manifests_permissions(web, emulator, app
 def test_embedded_serve_shows_its_workers_reviews_on_the_web_metrics(emulator, app_key, tmp_path):
     """One machine, no Redis: gunicorn and the embedded Celery workers share one metrics directory."""
     state = emulator.state
-    if not state.installations:
-        state.add_installation("octo-org", installation_id=1)
+    install_on_octo_org(state)
     repo = state.add_repo(f"octo-org/embedded-{uuid.uuid4().hex[:6]}", files={"README.md": "# m\n"})
     pr = state.open_pull_request(repo, {"train.py": 'import torch\n\nm = torch.load("m.pt")\n'})
     port = free_port()
@@ -292,30 +274,19 @@ def test_embedded_serve_shows_its_workers_reviews_on_the_web_metrics(emulator, a
     env.update({"GITHUB_APP_ID": "4242", "GITHUB_PRIVATE_KEY": app_key[0], "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
                 "GITHUB_API_URL": emulator.url, "TORCHREVIEW_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT),
                 "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0", "LOG_LEVEL": "WARNING"})
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--concurrency", "1"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    try:
-        def metrics():
-            if proc.poll() is not None:
-                raise AssertionError((tmp_path / "serve.log").read_text()[-2000:])
-            try:
-                return requests.get(base + "/metrics", timeout=5).text
-            except requests.ConnectionError:
-                return None
-
-        wait_for(metrics, 60, "the embedded serve")
+    with ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                       "--concurrency", "1"], tmp_path / "serve.log", env=env, cwd=ROOT, grace=30) as serve:
+        wait_for(lambda: answer(serve, base + "/metrics"), START_TIMEOUT_S, "the embedded serve")
         body = json.dumps(pull_request_payload("opened", pr)).encode()
         assert requests.post(base + "/api/github/webhooks", data=body, headers=signed_headers(body, "pull_request"),
                              timeout=10).status_code == 202
         completed_run(state, pr.head_sha)
-        text = wait_for(lambda: (t := metrics()) and samples(t, "torchreview_reviews_total") and t, 60,
-                        "the review on the web's /metrics")
+
+        def reviewed():
+            scrape = answer(serve, base + "/metrics")
+            return scrape.text if scrape and samples(scrape.text, "torchreview_reviews_total") else None
+
+        text = wait_for(reviewed, 60, "the review on the web's /metrics")
         assert samples(text, "torchreview_reviews_total") == {(("outcome", "done"),): 1}
         assert samples(text, "torchreview_webhooks_total") == {(("event", "pull_request"), ("status", "202")): 1}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()

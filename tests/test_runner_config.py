@@ -15,7 +15,7 @@ from analyzers.config import ConfigError, parse_config_text  # noqa: E402
 from gpu_runner.build import build_subject  # noqa: E402
 from gpu_runner.checks import run_checks  # noqa: E402
 from gpu_runner.runner import configured_requests  # noqa: E402
-from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (an autouse fixture)
 
 STEPS = 20
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from bot.smoke import RUNNER_CLAIM_KEYS, static_claims  # noqa: E402
 from gpu_runner.child import smoke_one  # noqa: E402
-from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (an autouse fixture)
 
 MODELS = """
 import torch

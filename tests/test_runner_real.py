@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from gpu_runner.build import Skip, build_subject
 from gpu_runner.checks import run_checks
-from tests.runner_support import forget_tmp_modules, write_tree  # noqa: F401 (an autouse fixture)
+from tests.runner_support import write_tree
 
 STEPS = 20
 

@@ -4,7 +4,6 @@ evaluation helper in train mode) are caught with the right diagnosis on the righ
 whatever cannot be built is skipped, never failed."""
 from __future__ import annotations
 
-import sys
 import textwrap
 import types
 from pathlib import Path
@@ -16,7 +15,7 @@ torch = pytest.importorskip("torch")
 from gpu_runner import steps as steps_module  # noqa: E402
 from gpu_runner.steps import smoke_step  # noqa: E402
 from gpu_runner.targets import find_step_targets  # noqa: E402
-from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (an autouse fixture)
 
 MODELS = textwrap.dedent('''
     import torch.nn as nn
@@ -161,13 +160,6 @@ FINE_TUNE = textwrap.dedent('''
 
 def line_of(root: Path, path: str, text: str) -> int:
     return next(i for i, line in enumerate((root / path).read_text().splitlines(), 1) if text in line)
-
-
-@pytest.fixture(autouse=True)
-def _forget_step_modules():
-    yield
-    for name in ("models", "train"):  # imported by name from a step's folder, not from its path
-        sys.modules.pop(name, None)
 
 
 def run(root: Path, target: str, config=None) -> dict:

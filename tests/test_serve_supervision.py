@@ -26,7 +26,8 @@ from bot.settings import Settings
 from bot.supervise import GaveUp, Supervisor
 from github_emulator.local import ProcessGroup, free_port
 from github_emulator.webhooks import pull_request_payload
-from tests.conftest import ROOT, WEBHOOK_SECRET, completed_run, signed_headers, wait_for
+from tests.conftest import (ROOT, START_TIMEOUT_S, WEBHOOK_SECRET, answer, completed_run, install_on_octo_org, signed_headers,
+                            wait_for)
 
 
 def _declare(data_dir: str) -> str:
@@ -130,33 +131,21 @@ def embedded_serve(emulator, app_key, tmp_path):
     env.update({"GITHUB_APP_ID": "4242", "GITHUB_PRIVATE_KEY": app_key[0], "GITHUB_WEBHOOK_SECRET": WEBHOOK_SECRET,
                 "GITHUB_API_URL": emulator.url, "TORCHREVIEW_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT),
                 "TORCHREVIEW_GITHUB_WRITE_INTERVAL": "0", "LOG_LEVEL": "WARNING"})
-    serve = ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                          "--web-workers", "1", "--concurrency", "1"], tmp_path / "serve.log", env=env, cwd=ROOT,
-                         grace=30)
-    try:
-        yield {"base": f"http://127.0.0.1:{port}", "proc": serve.proc, "workers": tmp_path / "workers",
+    with ProcessGroup([sys.executable, "-m", "bot.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                       "--web-workers", "1", "--concurrency", "1"], tmp_path / "serve.log", env=env, cwd=ROOT,
+                      grace=30) as serve:  # stopped whole, a pool child of its session included
+        yield {"base": f"http://127.0.0.1:{port}", "group": serve, "workers": tmp_path / "workers",
                "log": serve.log_path}
-    finally:
-        serve.stop()
-        try:  # anything of its session still there (a pool child) goes with it
-            os.killpg(serve.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _health(serve) -> int | None:
-    if serve["proc"].poll() is not None:
-        raise AssertionError(f"serve exited {serve['proc'].returncode}: {serve['log'].read_text()[-3000:]}")
-    try:
-        return requests.get(serve["base"] + "/healthz", timeout=5).status_code
-    except requests.RequestException:
-        return None
+    response = answer(serve["group"], serve["base"] + "/healthz")
+    return None if response is None else response.status_code
 
 
 def _review_a_pr(emulator, serve) -> None:
     state = emulator.state
-    if not state.installations:
-        state.add_installation("octo-org", installation_id=1)
+    install_on_octo_org(state)
     repo = state.add_repo(f"octo-org/serve-{uuid.uuid4().hex[:6]}", files={"README.md": "# s\n"})
     pr = state.open_pull_request(repo, {"train.py": 'import torch\n\nm = torch.load("m.pt")\n'})
     body = json.dumps(pull_request_payload("opened", pr)).encode()
@@ -168,7 +157,7 @@ def _review_a_pr(emulator, serve) -> None:
 
 def test_a_killed_worker_is_missed_by_healthz_then_restarted_and_reviews_again(emulator, embedded_serve):
     serve = embedded_serve
-    wait_for(lambda: _health(serve) == 200, 120, "serve and its workers")
+    wait_for(lambda: _health(serve) == 200, START_TIMEOUT_S, "serve and its workers")
     _review_a_pr(emulator, serve)
 
     killed = int(health.pid_file(serve["workers"], "reviews").read_text())

@@ -36,9 +36,8 @@ class DetachedEncoder(nn.Module):
 
 @pytest.fixture(scope="module")
 def gpu_worker(stack):
-    worker = Worker(stack["env"], queues="gpu", concurrency=1)
-    yield worker
-    worker.stop()
+    with Worker(stack["env"], queues="gpu", concurrency=1) as worker:
+        yield worker
 
 
 def smoke_run(state, sha: str, timeout: float = 240.0):

@@ -40,9 +40,8 @@ WIDER = MODEL.replace("hidden=16", "hidden=24")
 
 @pytest.fixture(scope="module")
 def gpu_worker(stack):
-    worker = Worker(stack["env"], queues="gpu", concurrency=1)  # one at a time: the queue is FIFO
-    yield worker
-    worker.stop()
+    with Worker(stack["env"], queues="gpu", concurrency=1) as worker:  # one at a time: the queue is FIFO
+        yield worker
 
 
 @pytest.fixture
