@@ -291,3 +291,13 @@ def test_large_checkpoints_are_scanned_in_bounded_memory(tmp_path):
     for path, rules in ((tmp_path / "big.pt", ["TR620"]), (tmp_path / "big_legacy.pt", []), (inline, ["TR620"])):
         assert path.stat().st_size > 190_000_000
         assert _peak_rss_mb(path, *rules) < 80, path.name
+
+
+def test_cli_fix_reports_checkpoints_and_leaves_them_unchanged(tmp_path):
+    (tmp_path / ".git").mkdir()
+    torch.save({"x": RunsShell()}, tmp_path / "model.pt")
+    before = (tmp_path / "model.pt").read_bytes()
+    proc = _cli("check", ".", "--no-cache", "--fix", "--format", "json", cwd=tmp_path)
+    report = json.loads(proc.stdout)
+    assert [f["rule"] for f in report["findings"]] == ["TR620"] and report["errors"] == [], proc.stderr
+    assert (tmp_path / "model.pt").read_bytes() == before
