@@ -83,6 +83,7 @@ MAX_SAFETENSORS_HEADER = 100_000_000  # the limit the safetensors library itself
 _SKIP_ARGUMENT_BYTES = 1 << 16  # longer string/bytes arguments (inline tensor data) are skipped unread
 _LEGACY_TORCH_PICKLES = 5  # magic number, protocol, sys info, the object, storage keys; then raw bytes
 _ZIP_MAGIC = b"PK\x03\x04"
+_LFS_POINTER = b"version https://git-lfs"  # the checkpoint lives in LFS storage, not in this file
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -150,8 +151,10 @@ def scan_file(path: Path, display: Optional[str] = None) -> ScanReport:
         report.problems.extend(safetensors_problems(path))
         return report
     with path.open("rb") as stream:
-        head = stream.read(8)
+        head = stream.read(len(_LFS_POINTER))
         stream.seek(0)
+        if head == _LFS_POINTER:
+            return ScanReport(display, "lfs-pointer")
         if head.startswith(_ZIP_MAGIC):
             return _scan_zip(path, display)
         if head.startswith(_NPY_MAGIC):

@@ -301,3 +301,9 @@ def test_cli_fix_reports_checkpoints_and_leaves_them_unchanged(tmp_path):
     report = json.loads(proc.stdout)
     assert [f["rule"] for f in report["findings"]] == ["TR620"] and report["errors"] == [], proc.stderr
     assert (tmp_path / "model.pt").read_bytes() == before
+
+
+def test_git_lfs_pointer_is_not_a_malformed_checkpoint(tmp_path):
+    path = tmp_path / "model.pt"
+    path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 123\n")
+    assert _findings(path) == []
