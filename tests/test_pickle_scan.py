@@ -307,3 +307,21 @@ def test_git_lfs_pointer_is_not_a_malformed_checkpoint(tmp_path):
     path = tmp_path / "model.pt"
     path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 123\n")
     assert _findings(path) == []
+
+
+def test_cli_diff_keeps_findings_of_a_changed_checkpoint(tmp_path):
+    """``--diff`` (the Action): a checkpoint changed since the base is reported whole, in both filters."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "base")
+    torch.save({"x": RunsShell()}, tmp_path / "model.pt")
+    torch.save({"x": RunsShell()}, tmp_path / "untracked.pt")
+    git("add", "model.pt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "add a checkpoint")
+    for filter_ in ("added", "introduced"):
+        (tmp_path / ".torchreview.toml").write_text(f'filter = "{filter_}"\n')
+        report = json.loads(_cli("check", ".", "--no-cache", "--diff", "HEAD~1", "--format", "json",
+                                 cwd=tmp_path).stdout)
+        assert sorted(f["path"] for f in report["findings"]) == ["model.pt", "untracked.pt"], (filter_, report)
