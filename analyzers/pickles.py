@@ -11,10 +11,12 @@ unread, so memory stays bounded whatever the file's size.
 from __future__ import annotations
 
 import _compat_pickle
+import io
 import json
 import pickletools
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator, Optional
@@ -123,7 +125,7 @@ def verdict(imported: ImportedGlobal) -> str:
     module, name = imported.module, imported.name
     if module == UNRESOLVED:
         return "dangerous"
-    if dotted in TORCH_WEIGHTS_ONLY_GLOBALS or dotted in NUMPY_GLOBALS:
+    if dotted in TORCH_WEIGHTS_ONLY_GLOBALS or dotted in NUMPY_GLOBALS or dotted in JOBLIB_ARRAY_WRAPPERS:
         return "allowed"
     if module == "torch" and (name in _TORCH_DTYPE_NAMES or name.endswith(("Storage", "Tensor"))):
         return "allowed"  # dtypes (torch.float32), legacy storages (torch.FloatStorage), tensor classes
@@ -164,8 +166,60 @@ def scan_file(path: Path, display: Optional[str] = None) -> ScanReport:
         report = ScanReport(display, "pickle")
         if display.lower().endswith(".bin") and not head.startswith(b"\x80"):
             return report  # a raw binary (weights of another format, a tokenizer), not a pickle
+        opener = _decompressor(head) if display.lower().endswith((".joblib", ".pkl", ".pickle")) else None
+        if opener is not None:  # joblib.dump(..., compress=...): the pickle stream is compressed whole
+            report.kind = "compressed pickle"
+            with opener(stream) as decompressed:
+                _scan_pickle_stream(decompressed, report, legacy_torch=False)
+            return report
         _scan_pickle_stream(stream, report, legacy_torch=display.endswith((".pt", ".pth", ".ckpt", ".bin")))
         return report
+
+
+def _decompressor(head: bytes):
+    """How to stream a compressed pickle (joblib's compressors, all in the standard library but lz4), by its
+    magic bytes; none of them starts a valid pickle."""
+    import bz2
+    import gzip
+    import lzma
+
+    if head.startswith(b"\x1f\x8b"):
+        return lambda stream: gzip.GzipFile(fileobj=stream)
+    if head.startswith(b"BZh"):
+        return lambda stream: bz2.BZ2File(stream)
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lambda stream: lzma.LZMAFile(stream, format=lzma.FORMAT_XZ)
+    if head.startswith(b"]\x00\x00"):
+        return lambda stream: lzma.LZMAFile(stream, format=lzma.FORMAT_ALONE)
+    if head[:1] == b"x" and len(head) > 1 and (head[0] << 8 | head[1]) % 31 == 0:  # a zlib header
+        return lambda stream: io.BufferedReader(_ZlibReader(stream))
+    return None
+
+
+class _ZlibReader(io.RawIOBase):
+    """A zlib stream (joblib's default compressor) read as a file, a chunk at a time."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.inflate = zlib.decompressobj()
+        self.buffer = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target) -> int:
+        while not self.buffer:  # at most 1 MiB inflated at a time, whatever the ratio
+            if self.inflate.unconsumed_tail:
+                self.buffer = self.inflate.decompress(self.inflate.unconsumed_tail, 1 << 20)
+                continue
+            chunk = b"" if self.inflate.eof else self.stream.read(1 << 16)
+            if not chunk:
+                return 0
+            self.buffer = self.inflate.decompress(chunk, 1 << 20)
+        size = min(len(target), len(self.buffer))
+        target[:size] = self.buffer[:size]
+        self.buffer = self.buffer[size:]
+        return size
 
 
 def _scan_zip(path: Path, display: str) -> ScanReport:
@@ -301,62 +355,167 @@ class _BoundedReader:
 
 _STRING_OPS = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE",
                "BINUNICODE8"}
-_UNKNOWN = object()  # a stack value that is not a string the scanner knows
+_INT_OPS = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4"}
+_CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+_UNKNOWN = object()  # a stack value the scanner does not model
+_SMALL = 64  # tuples and dicts are modelled up to this size (a joblib wrapper's state); larger ones are unknown
+JOBLIB_ARRAY_WRAPPERS = frozenset({"joblib.numpy_pickle.NumpyArrayWrapper",
+                                   "sklearn.externals.joblib.numpy_pickle.NumpyArrayWrapper"})
+
+
+class _Global:
+    def __init__(self, dotted: str) -> None:
+        self.dotted = dotted
+
+
+class _Instance:
+    """An object a pickle builds from a global (REDUCE, NEWOBJ): its class, and the state BUILD gives it."""
+
+    def __init__(self, dotted: str) -> None:
+        self.dotted = dotted
+        self.dtype: Optional[str] = None  # numpy.dtype(...)'s first argument ("f8", "O8", "U")
+        self.elsize = 0  # a flexible dtype's item size, from its BUILD state
+        self.state = None
 
 
 def _globals_in_pickle(reader: _BoundedReader, where: str) -> Iterator[ImportedGlobal]:
-    """The globals one pickle imports, in order. The stack and memo are emulated (as pickletools.dis
-    does) only to know the strings STACK_GLOBAL takes; a name built any other way is reported unresolved."""
+    """The globals one pickle imports, in order. The stack and memo are emulated (as pickletools.dis does)
+    for the few values that matter: the strings STACK_GLOBAL takes (a name built any other way is reported
+    unresolved), and the shape and dtype of a joblib array whose bytes follow its wrapper in the stream."""
     stack: list = []
     marks: list[int] = []
     memo: dict = {}
     try:
         for opcode, arg, offset in pickletools.genops(reader):
             name = opcode.name
+            imported = None
             if name in ("GLOBAL", "INST"):
                 module, _, attribute = str(arg).partition(" ")
-                yield _imported(module, attribute, where, offset)
+                imported = _imported(module, attribute, where, offset)
             elif name == "STACK_GLOBAL":
                 pair = stack[-2:]
-                if len(pair) == 2 and all(_is_name(v) for v in pair):
-                    yield _imported(pair[0], pair[1], where, offset)
-                else:
-                    yield ImportedGlobal(UNRESOLVED, "a name built on the pickle stack", where, offset)
-            _emulate(opcode, arg, stack, marks, memo)
+                imported = (_imported(pair[0], pair[1], where, offset)
+                            if len(pair) == 2 and all(_is_name(v) for v in pair)
+                            else ImportedGlobal(UNRESOLVED, "a name built on the pickle stack", where, offset))
+            if imported is not None:
+                yield imported
+            built = _emulate(opcode, arg, stack, marks, memo, imported)
+            if isinstance(built, _Instance) and built.dotted in JOBLIB_ARRAY_WRAPPERS:
+                yield from _skip_joblib_array(reader, built, where)
     except (ValueError, IndexError) as exc:  # genops: unknown opcode, truncated argument
         raise _Malformed(str(exc)) from None
 
 
-def _emulate(opcode, arg, stack: list, marks: list[int], memo: dict) -> None:
+def _emulate(opcode, arg, stack: list, marks: list[int], memo: dict, imported: Optional[ImportedGlobal]):
+    """Apply one opcode to the emulated stack; returns the object a BUILD completed, else None."""
     name = opcode.name
     before = opcode.stack_before
     if name == "MARK":
         marks.append(len(stack))
-        return
+        return None
     if name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
         memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1] if stack else _UNKNOWN
-        return
+        return None
     if name in ("GET", "BINGET", "LONG_BINGET"):
         stack.append(memo.get(arg, _UNKNOWN))
-        return
+        return None
     if name == "DUP":
         stack.append(stack[-1] if stack else _UNKNOWN)
-        return
+        return None
     pops = len(before)
+    marked: list = []
     if pickletools.markobject in before or (name == "POP" and marks and marks[-1] == len(stack)):
         if not marks:
             raise _Malformed(f"{name} without a MARK")
-        del stack[marks.pop():]
+        start = marks.pop()
+        marked = stack[start:]
+        del stack[start:]
         pops = before.index(pickletools.markobject) if pickletools.markobject in before else 0
-    if pops:
-        if pops > len(stack):
-            raise _Malformed(f"{name} pops more than the stack holds")
-        del stack[len(stack) - pops:]
-    for _ in opcode.stack_after:
-        value = arg if name in _STRING_OPS and not isinstance(arg, _Skipped) else _UNKNOWN
-        if isinstance(value, bytes):
-            value = _UNKNOWN
-        stack.append(value)
+    if pops > len(stack):
+        raise _Malformed(f"{name} pops more than the stack holds")
+    popped = stack[len(stack) - pops:] if pops else []
+    del stack[len(stack) - pops:]
+    value = _value(name, arg, popped, marked, imported)
+    stack.extend(value for _ in opcode.stack_after)
+    return value if name == "BUILD" else None
+
+
+def _value(name: str, arg, popped: list, marked: list, imported: Optional[ImportedGlobal]):
+    """What an opcode pushes, as far as the scanner models it."""
+    if name in _STRING_OPS:
+        return arg if isinstance(arg, str) else _UNKNOWN
+    if name in _INT_OPS:
+        return arg if isinstance(arg, int) else _UNKNOWN
+    if name in _CONSTANTS:
+        return _CONSTANTS[name]
+    if name in ("GLOBAL", "STACK_GLOBAL"):
+        return _Global(imported.dotted) if imported is not None and imported.module != UNRESOLVED else _UNKNOWN
+    if name in ("EMPTY_TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"):
+        return tuple(popped)
+    if name == "TUPLE":
+        return tuple(marked) if len(marked) <= _SMALL else _UNKNOWN
+    if name == "EMPTY_DICT":
+        return {}
+    if name in ("SETITEM", "SETITEMS"):
+        target, pairs = popped[0], (popped[1:] if name == "SETITEM" else marked)
+        if isinstance(target, dict):
+            try:
+                target.update(zip(pairs[::2], pairs[1::2]))
+            except TypeError:  # an unhashable key: not a state the scanner needs
+                pass
+            if len(target) > _SMALL:
+                target.clear()
+        return target
+    if name in ("REDUCE", "NEWOBJ", "NEWOBJ_EX"):
+        factory, arguments = popped[0], popped[1]
+        if not isinstance(factory, _Global):
+            return _UNKNOWN
+        built = _Instance(factory.dotted)
+        if factory.dotted == "numpy.dtype" and isinstance(arguments, tuple) and arguments \
+                and isinstance(arguments[0], str):
+            built.dtype = arguments[0]
+        return built
+    if name == "BUILD":
+        target, state = popped
+        if isinstance(target, _Instance):
+            target.state = state
+            if target.dtype is not None and isinstance(state, tuple) and len(state) > 5 \
+                    and isinstance(state[5], int) and state[5] > 0:
+                target.elsize = state[5]
+        return target
+    return _UNKNOWN
+
+
+def _skip_joblib_array(reader: _BoundedReader, wrapper: _Instance, where: str) -> Iterator[ImportedGlobal]:
+    """joblib writes each NumPy array's bytes into the stream right after its wrapper (joblib's
+    ``NumpyArrayWrapper.write_array``): step over them, or, for an object array, scan the pickle they are."""
+    state = wrapper.state if isinstance(wrapper.state, dict) else {}
+    dtype, shape = state.get("dtype"), state.get("shape")
+    if not isinstance(dtype, _Instance) or dtype.dtype is None:
+        raise _Malformed("a joblib array whose dtype the scanner cannot read: where the pickle goes on is unknown")
+    if dtype.dtype.lstrip("<>|=").startswith("O"):
+        yield from _globals_in_pickle(reader, f"{where} (a joblib object array)")
+        return
+    itemsize = dtype.elsize or _dtype_itemsize(dtype.dtype)
+    if not (isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)) or not itemsize:
+        raise _Malformed(f"a joblib array of shape {shape!r} and dtype {dtype.dtype!r}: its size is unknown")
+    if state.get("numpy_array_alignment_bytes") is not None:  # joblib >= 1.2: a padding length, then padding
+        padding = reader.read(1)
+        if len(padding) != 1:
+            raise _Malformed("truncated joblib array padding")
+        reader.read(padding[0])
+    count = 1
+    for n in shape:
+        count *= n
+    if len(reader.read(count * itemsize)) != count * itemsize:
+        raise _Malformed("truncated joblib array data")
+
+
+def _dtype_itemsize(code: str) -> int:
+    """The item size a dtype code names (``f8``: 8, ``c16``: 16, ``b1``: 1); 0 when it names none."""
+    digits = code.lstrip("<>|=")[1:].split("[", 1)[0]
+    size = int(digits) if digits.isdigit() else 0
+    return size * 4 if code.lstrip("<>|=").startswith("U") else size
 
 
 def _is_name(value) -> bool:

@@ -325,3 +325,35 @@ def test_cli_diff_keeps_findings_of_a_changed_checkpoint(tmp_path):
         report = json.loads(_cli("check", ".", "--no-cache", "--diff", "HEAD~1", "--format", "json",
                                  cwd=tmp_path).stdout)
         assert sorted(f["path"] for f in report["findings"]) == ["model.pt", "untracked.pt"], (filter_, report)
+
+
+@pytest.mark.parametrize("compress", ["gzip", "bz2", "xz", "lzma", "zlib"])
+def test_compressed_pickles_are_scanned_as_a_stream(tmp_path, compress):
+    import bz2
+    import gzip
+    import lzma
+    import zlib
+
+    packers = {"gzip": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress, "zlib": zlib.compress,
+               "lzma": lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE)}
+    evil, clean = tmp_path / "evil.joblib", tmp_path / "clean.pkl"
+    evil.write_bytes(packers[compress](pickle.dumps({"w": np.ones(100), "x": RunsShell()})))
+    clean.write_bytes(packers[compress](pickle.dumps({"w": np.ones(100)})))
+    assert _critical_callables(evil) == {f"{os.system.__module__}.system"}
+    assert _findings(clean) == []
+
+
+def test_joblib_files_with_inline_arrays(tmp_path):
+    """joblib writes array bytes into the pickle stream after each wrapper: the scan steps over them (with
+    joblib's alignment padding) and scans object arrays' own pickles, so a payload after an array is found."""
+    joblib = pytest.importorskip("joblib")
+    arrays = {"f": np.ones((30, 40)), "i": np.arange(7, dtype=np.int16), "u": np.array(["ab", "cde"]),
+              "empty": np.zeros((0, 3)), "fortran": np.asfortranarray(np.ones((3, 5)))}
+    joblib.dump(arrays, tmp_path / "clean.joblib")
+    joblib.dump({**arrays, "x": RunsShell()}, tmp_path / "after.joblib")
+    joblib.dump({**arrays, "o": np.array([Popens()], dtype=object)}, tmp_path / "objects.joblib")
+    joblib.dump({**arrays, "x": RunsShell()}, tmp_path / "zlib.joblib", compress=3)
+    assert _findings(tmp_path / "clean.joblib") == []
+    assert _critical_callables(tmp_path / "after.joblib") == {f"{os.system.__module__}.system"}
+    assert _critical_callables(tmp_path / "objects.joblib") == {"subprocess.Popen"}
+    assert _critical_callables(tmp_path / "zlib.joblib") == {f"{os.system.__module__}.system"}
