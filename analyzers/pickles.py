@@ -17,6 +17,7 @@ import pickletools
 import struct
 import zipfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator, Optional
@@ -166,14 +167,31 @@ def scan_file(path: Path, display: Optional[str] = None) -> ScanReport:
         report = ScanReport(display, "pickle")
         if display.lower().endswith(".bin") and not head.startswith(b"\x80"):
             return report  # a raw binary (weights of another format, a tokenizer), not a pickle
-        opener = _decompressor(head) if display.lower().endswith((".joblib", ".pkl", ".pickle")) else None
-        if opener is not None:  # joblib.dump(..., compress=...): the pickle stream is compressed whole
-            report.kind = "compressed pickle"
-            with opener(stream) as decompressed:
-                _scan_pickle_stream(decompressed, report, legacy_torch=False)
-            return report
-        _scan_pickle_stream(stream, report, legacy_torch=display.endswith((".pt", ".pth", ".ckpt", ".bin")))
-        return report
+    opener = _decompressor(head) if display.lower().endswith((".joblib", ".pkl", ".pickle")) else None
+    if opener is not None:  # joblib.dump(..., compress=...): the pickle stream is compressed whole
+        report.kind = "compressed pickle"
+    legacy_torch = display.endswith((".pt", ".pth", ".ckpt", ".bin"))
+    limit = _LEGACY_TORCH_PICKLES if legacy_torch else None
+    with _opened(path, opener) as stream:
+        arrays = _scan_pickles(stream, report, "pickle", limit, joblib_arrays=not legacy_torch)
+    if arrays:
+        # joblib.load steps over the arrays' bytes; pickle.load of the same file reads them as opcodes, and
+        # whatever they hold runs before it fails: that reading is scanned too (its failing is expected).
+        plain = ScanReport(display, report.kind)
+        with _opened(path, opener) as stream:
+            _scan_pickles(stream, plain, "pickle read by pickle.load", limit, joblib_arrays=False)
+        report.imports.extend(plain.imports)
+    return report
+
+
+@contextmanager
+def _opened(path: Path, opener) -> Iterator[IO[bytes]]:
+    with path.open("rb") as raw:
+        if opener is None:
+            yield raw
+        else:
+            with opener(raw) as stream:
+                yield stream
 
 
 def _decompressor(head: bytes):
@@ -267,27 +285,27 @@ def _scan_npy(stream: IO[bytes], where: str, report: ScanReport) -> None:
         _scan_pickles(stream, report, f"{where} (object array)", limit=1)
 
 
-def _scan_pickle_stream(stream: IO[bytes], report: ScanReport, legacy_torch: bool) -> None:
-    _scan_pickles(stream, report, "pickle", limit=_LEGACY_TORCH_PICKLES if legacy_torch else None)
-
-
-def _scan_pickles(stream: IO[bytes], report: ScanReport, where: str, limit: Optional[int]) -> None:
+def _scan_pickles(stream: IO[bytes], report: ScanReport, where: str, limit: Optional[int],
+                  joblib_arrays: bool = False) -> int:
     """Every pickle in the stream (pickle.load reads them one after another) until its end, or ``limit``
-    pickles (a legacy torch file: after them come raw storage bytes)."""
+    pickles (a legacy torch file: after them come raw storage bytes). ``joblib_arrays``: read it as
+    joblib.load does, stepping over the array bytes after each array wrapper; returns how many it stepped."""
     reader = _BoundedReader(stream)
+    reader.joblib_arrays = joblib_arrays
     count = 0
     while limit is None or count < limit:
         if not reader.peek():
             if count == 0:
                 report.problems.append(f"{where}: empty")
-            return
+            break
         count += 1
         label = where if limit == 1 else f"{where} {count}"
         try:
             report.imports.extend(_globals_in_pickle(reader, label))
         except _Malformed as exc:
             report.problems.append(f"{label}: {exc}")
-            return
+            break
+    return reader.arrays_stepped
 
 
 class _Malformed(Exception):
@@ -314,6 +332,8 @@ class _BoundedReader:
         self.stream = stream
         self.position = 0
         self.pending = b""
+        self.joblib_arrays = False  # step over the bytes joblib writes after an array wrapper
+        self.arrays_stepped = 0
 
     def peek(self) -> bytes:
         if not self.pending:
@@ -400,7 +420,8 @@ def _globals_in_pickle(reader: _BoundedReader, where: str) -> Iterator[ImportedG
             if imported is not None:
                 yield imported
             built = _emulate(opcode, arg, stack, marks, memo, imported)
-            if isinstance(built, _Instance) and built.dotted in JOBLIB_ARRAY_WRAPPERS:
+            if reader.joblib_arrays and isinstance(built, _Instance) and built.dotted in JOBLIB_ARRAY_WRAPPERS:
+                reader.arrays_stepped += 1
                 yield from _skip_joblib_array(reader, built, where)
     except (ValueError, IndexError) as exc:  # genops: unknown opcode, truncated argument
         raise _Malformed(str(exc)) from None
@@ -494,7 +515,11 @@ def _skip_joblib_array(reader: _BoundedReader, wrapper: _Instance, where: str) -
     if not isinstance(dtype, _Instance) or dtype.dtype is None:
         raise _Malformed("a joblib array whose dtype the scanner cannot read: where the pickle goes on is unknown")
     if dtype.dtype.lstrip("<>|=").startswith("O"):
-        yield from _globals_in_pickle(reader, f"{where} (a joblib object array)")
+        reader.joblib_arrays = False  # joblib reads it with plain pickle.load: wrappers in it are just objects
+        try:
+            yield from _globals_in_pickle(reader, f"{where} (a joblib object array)")
+        finally:
+            reader.joblib_arrays = True
         return
     itemsize = dtype.elsize or _dtype_itemsize(dtype.dtype)
     if not (isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)) or not itemsize:

@@ -357,3 +357,17 @@ def test_joblib_files_with_inline_arrays(tmp_path):
     assert _critical_callables(tmp_path / "after.joblib") == {f"{os.system.__module__}.system"}
     assert _critical_callables(tmp_path / "objects.joblib") == {"subprocess.Popen"}
     assert _critical_callables(tmp_path / "zlib.joblib") == {f"{os.system.__module__}.system"}
+
+
+def test_bytes_disguised_as_joblib_array_data_are_scanned_as_pickle_load_reads_them(tmp_path):
+    """An array wrapper (shape (2,), dtype i8: 16 bytes of data, no alignment padding) whose "data" is opcodes:
+    joblib.load steps over them, pickle.load runs them. Written by hand, so no joblib is needed."""
+    wrapper = (b"\x80\x04" + _short_unicode("joblib.numpy_pickle") + _short_unicode("NumpyArrayWrapper")
+               + b"\x93)\x81}(" + _short_unicode("shape") + b"K\x02\x85" + _short_unicode("dtype")
+               + _short_unicode("numpy") + _short_unicode("dtype") + b"\x93" + _short_unicode("i8")
+               + b"\x89\x88\x87R" + _short_unicode("order") + _short_unicode("C") + b"ub")
+    disguised = b"cos\nsystem\n" + _short_unicode("id") + b"\x85"
+    assert len(disguised) == 16
+    path = tmp_path / "disguised.pkl"
+    path.write_bytes(wrapper + disguised + b"R0.")
+    assert _critical_callables(path) == {"os.system"}
