@@ -77,6 +77,9 @@ _DANGEROUS_GLOBALS = frozenset({
     "numpy.save", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt", "numpy.lib.npyio.load",
     "numpy.lib._npyio_impl.load",
 })
+# Path classes (Lightning hyper-parameters hold them): building one touches no file; their methods
+# (``pathlib.Path.write_text``) stay dangerous.
+_PATH_CLASSES = frozenset({"Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"})
 # Builtins that are plain data types: not allowlisted by torch, but calling them runs no code.
 _INERT_BUILTINS = frozenset({
     "int", "float", "bool", "str", "bytes", "tuple", "list", "dict", "frozenset", "slice", "range", "object",
@@ -136,6 +139,8 @@ def verdict(imported: ImportedGlobal) -> str:
         return "allowed"
     if module.startswith(("numpy.dtypes", "numpy.core.numerictypes")):  # dtype classes (numpy.dtypes.Float32DType)
         return "allowed"
+    if module == "pathlib" and name in _PATH_CLASSES:
+        return "unknown"
     if dotted in _DANGEROUS_GLOBALS or any(module == m or module.startswith(m + ".") for m in _DANGEROUS_MODULES):
         return "dangerous"
     if module in ("builtins", "__builtin__"):

@@ -371,3 +371,13 @@ def test_bytes_disguised_as_joblib_array_data_are_scanned_as_pickle_load_reads_t
     path = tmp_path / "disguised.pkl"
     path.write_bytes(wrapper + disguised + b"R0.")
     assert _critical_callables(path) == {"os.system"}
+
+
+def test_a_path_in_hyper_parameters_is_a_note_but_a_path_method_runs_code(tmp_path):
+    hparams = tmp_path / "hparams.ckpt"
+    torch.save({"state_dict": _state_dict()[1], "hyper_parameters": {"root": Path("/data")}}, hparams)
+    assert [(f.rule, f.message.split("`")[1]) for f in _findings(hparams)] == [("TR621", "pathlib.PosixPath")]
+    writes = tmp_path / "writes.pkl"  # protocol 4 looks up the qualified name Path.write_text
+    writes.write_bytes(b"\x80\x04" + _short_unicode("pathlib") + _short_unicode("Path.write_text") + b"\x93"
+                       + _short_unicode("/tmp/x") + b"\x85R.")
+    assert _critical_callables(writes) == {"pathlib.Path.write_text"}
