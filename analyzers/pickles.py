@@ -72,8 +72,8 @@ _DANGEROUS_MODULES = frozenset({
     "tempfile", "glob", "zipimport", "linecache", "posixpath", "ntpath", "pathlib", "_operator",
 })
 _DANGEROUS_GLOBALS = frozenset({
-    "operator.attrgetter", "operator.methodcaller", "operator.itemgetter", "functools.partial",
-    "functools.reduce", "torch.load", "torch.serialization.load", "torch.save", "numpy.load",
+    # not functools.partial (Hydra/Lightning configs pickle it): what it wraps is a global of its own, checked
+    "operator.attrgetter", "operator.methodcaller", "operator.itemgetter", "functools.reduce", "torch.load", "torch.serialization.load", "torch.save", "numpy.load",
     "numpy.save", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt", "numpy.lib.npyio.load",
     "numpy.lib._npyio_impl.load",
 })

@@ -381,3 +381,13 @@ def test_a_path_in_hyper_parameters_is_a_note_but_a_path_method_runs_code(tmp_pa
     writes.write_bytes(b"\x80\x04" + _short_unicode("pathlib") + _short_unicode("Path.write_text") + b"\x93"
                        + _short_unicode("/tmp/x") + b"\x85R.")
     assert _critical_callables(writes) == {"pathlib.Path.write_text"}
+
+
+def test_a_partial_is_judged_by_what_it_wraps(tmp_path):
+    import functools
+
+    benign, evil = tmp_path / "benign.ckpt", tmp_path / "evil.ckpt"
+    torch.save({"optimizer_factory": functools.partial(torch.optim.SGD, lr=0.1)}, benign)
+    torch.save({"hook": functools.partial(os.system, "id")}, evil)
+    assert {f.rule for f in _findings(benign)} == {"TR621"}
+    assert _critical_callables(evil) == {f"{os.system.__module__}.system"}
