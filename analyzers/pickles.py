@@ -59,6 +59,8 @@ _TORCH_DTYPE_NAMES = frozenset({
     "float4_e2m1fn_x2", "uint16", "uint32", "uint64",
 } | {f"uint{n}" for n in range(1, 8)} | {f"int{n}" for n in range(1, 8)})
 
+_TORCH_CLASS_MODULES = frozenset({"torch", "torch.cuda", "torch.sparse", "torch.cuda.sparse"})
+
 # Globals that run code, spawn processes, touch files or the network when called: loading a pickle
 # that imports one is code execution (the lists picklescan and modelscan keep, by module).
 _DANGEROUS_MODULES = frozenset({
@@ -131,10 +133,10 @@ def verdict(imported: ImportedGlobal) -> str:
         return "dangerous"
     if dotted in TORCH_WEIGHTS_ONLY_GLOBALS or dotted in NUMPY_GLOBALS or dotted in JOBLIB_ARRAY_WRAPPERS:
         return "allowed"
-    if module == "torch" and (name in _TORCH_DTYPE_NAMES or name.endswith(("Storage", "Tensor"))):
-        return "allowed"  # dtypes (torch.float32), legacy storages (torch.FloatStorage), tensor classes
-    if module.startswith("torch.") and name.endswith("Tensor") and module.count(".") == 1:
-        return "allowed"  # torch.cuda.FloatTensor and the like (torch._tensor_classes)
+    if module == "torch" and name in _TORCH_DTYPE_NAMES:
+        return "allowed"  # torch.float32 and the other dtypes
+    if module in _TORCH_CLASS_MODULES and name.isidentifier() and name.endswith(("Storage", "Tensor")):
+        return "allowed"  # torch._tensor_classes, torch._storage_classes: torch.cuda.sparse.FloatTensor...
     if module == "numpy" and name.startswith("dtype"):
         return "allowed"
     if module.startswith(("numpy.dtypes", "numpy.core.numerictypes")):  # dtype classes (numpy.dtypes.Float32DType)

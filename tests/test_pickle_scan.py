@@ -391,3 +391,14 @@ def test_a_partial_is_judged_by_what_it_wraps(tmp_path):
     torch.save({"hook": functools.partial(os.system, "id")}, evil)
     assert {f.rule for f in _findings(benign)} == {"TR621"}
     assert _critical_callables(evil) == {f"{os.system.__module__}.system"}
+
+
+def test_the_allowlist_covers_what_torch_weights_only_accepts():
+    """The allowlist is written out (analyzers never import torch): it must keep up with the installed torch."""
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    from analyzers.pickles import ImportedGlobal
+
+    refused = [key for key in _get_allowed_globals()
+               if verdict(ImportedGlobal(*key.rsplit(".", 1), where="", offset=0)) != "allowed"]
+    assert refused == []
