@@ -9,6 +9,7 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from analyzers.model import Finding
+from analyzers.pickles import is_checkpoint
 
 # path -> added/modified line numbers in the new file; None means "the whole file" (new notebook,
 # or a file whose diff has no line information)
@@ -30,6 +31,9 @@ def changed_lines_from_patch(patch_text: str) -> ChangedLines:
         if patched.is_removed_file:
             continue
         path = patched.path
+        if is_checkpoint(path):  # scanned whole (analyzers.pickles): any change is a change of the file
+            changed[path] = None
+            continue
         if patched.is_binary_file:
             continue
         lines = {line.target_line_no for hunk in patched for line in hunk if line.is_added}
@@ -49,7 +53,7 @@ def git_changed_lines(ref: str, cwd: Optional[str] = None) -> ChangedLines:
         raise DiffError("--diff needs git, which is not installed") from None
     changed = changed_lines_from_patch(diff) if diff.strip() else {}
     for path in untracked.splitlines():
-        if path.endswith((".py", ".ipynb")):
+        if path.endswith((".py", ".ipynb")) or is_checkpoint(path):
             changed[path] = None
     return changed
 
@@ -85,6 +89,10 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
     from analyzers.fingerprint import fingerprints_for
 
     findings = [f for f in findings if _changed_path(f.path) in changed]
+    # A changed checkpoint is scanned whole and has no lines to compare: all its findings count, and its
+    # bytes are never read as text.
+    checkpoints = [f for f in findings if is_checkpoint(f.path)]
+    findings = [f for f in findings if not is_checkpoint(f.path)]
     heads: dict[str, str] = {}
     bases: dict[str, str] = {}
     for path in {f.path for f in findings}:
@@ -99,7 +107,7 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
     base_findings = [f for path, text in bases.items() for f in analyze_text_bounded(text, path, config).findings]
     before = set(fingerprints_for(base_findings, bases).values())
     now = fingerprints_for(findings, heads)
-    return [f for f in findings if now.get(f) not in before]
+    return [f for f in findings if now.get(f) not in before] + checkpoints
 
 
 def _changed_path(path: str) -> str:

@@ -16,7 +16,7 @@ import threading
 import libcst as cst
 from libcst._nodes.base import CSTNode
 
-from analyzers import notebook
+from analyzers import notebook, pickles
 from analyzers.config import Config
 from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
 from analyzers.guard import complexity_error
@@ -603,6 +603,8 @@ def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Con
     display = display or str(path)
     if display.endswith(".ipynb"):
         return _analyze_notebook_file(path, display, config)
+    if pickles.is_checkpoint(display):  # read as opcodes, streamed; never decoded as text
+        return pickles.checkpoint_result(path, display, config)
     text, error = read_source(path, display)
     if error is not None:
         result = FileResult(display)
@@ -662,7 +664,8 @@ class RunResult:
 
 
 def discover(paths: Iterable[str], config: Config) -> list[tuple[Path, str]]:
-    """Expand files and directories into (path, display path) for .py and .ipynb files."""
+    """Expand files and directories into (path, display path) for .py and .ipynb files, and checkpoint files
+    (:data:`analyzers.pickles.CHECKPOINT_SUFFIXES`)."""
     out: list[tuple[Path, str]] = []
     seen: set[str] = set()
     for raw in paths:
@@ -672,7 +675,7 @@ def discover(paths: Iterable[str], config: Config) -> list[tuple[Path, str]]:
             for dirpath, dirnames, filenames in os.walk(root):
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS)
                 for name in sorted(filenames):
-                    if name.endswith((".py", ".ipynb")):
+                    if name.endswith((".py", ".ipynb")) or pickles.is_checkpoint(name):
                         candidates.append(Path(dirpath) / name)
         else:
             candidates = [root]

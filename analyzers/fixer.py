@@ -27,6 +27,7 @@ from analyzers.diff import keep_changed
 from analyzers.isolation import run_isolated
 from analyzers.engine import (MAX_FILE_BYTES, RunResult, analyze_notebook_text, analyze_source,
                               decode_source, read_source)
+from analyzers.pickles import checkpoint_result, is_checkpoint
 from analyzers.model import FileError, FileResult, Finding
 from analyzers.notebook import cell_to_python
 from analyzers.program.modules import index_for
@@ -259,6 +260,10 @@ def _replace(path: Path, data: bytes) -> None:
 
 def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, write: bool = True,
              diff_ref: Optional[str] = None) -> FixedFile:
+    if is_checkpoint(display):  # nothing to fix in a binary file: its scan's findings are reported
+        fixed = FixedFile(display, "", "")
+        fixed.result = checkpoint_result(path, display, config)
+        return fixed
     text, error = read_source(path, display)
     if error is not None:
         fixed = FixedFile(display, "", "")

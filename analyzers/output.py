@@ -127,8 +127,10 @@ def _sources(findings) -> dict[str, str]:
 
     from analyzers.engine import read_source
 
+    from analyzers.pickles import is_checkpoint
+
     sources = {}
-    for path in {f.path for f in findings}:
+    for path in {f.path for f in findings if not is_checkpoint(f.path)}:  # binary: never read as text
         text, _ = read_source(Path(path), path)
         if text is not None:
             sources[path] = text

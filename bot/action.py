@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from analyzers.pickles import is_checkpoint
+
 SEVERITIES = ("low", "medium", "high", "critical")
 NULL_SHA = "0" * 40
 
@@ -57,14 +59,15 @@ def ensure_commit(sha: str) -> None:
 
 
 def changed_files(base: str, paths: list[str]) -> list[str]:
-    """Python files and notebooks that differ from ``base`` in the working tree (deleted ones aside)."""
+    """Python files, notebooks and checkpoint files that differ from ``base`` in the working tree (deleted ones
+    aside)."""
     proc = _git("diff", "--name-only", "-z", "--no-renames", "--diff-filter=d", "--relative", base, "--")
     if proc.returncode != 0:
         raise ActionError(f"git diff {base} failed: {proc.stderr.strip()}")
     roots = [Path(p).as_posix().strip("/") for p in paths]
     out = []
     for name in filter(None, proc.stdout.split("\0")):
-        if not name.endswith((".py", ".ipynb")) or not Path(name).is_file():
+        if not (name.endswith((".py", ".ipynb")) or is_checkpoint(name)) or not Path(name).is_file():
             continue
         if any(root in ("", ".") or name == root or name.startswith(root + "/") for root in roots):
             out.append(name)

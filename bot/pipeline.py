@@ -28,6 +28,7 @@ from analyzers.isolation import run_isolated
 from analyzers.fingerprint import fingerprints_for
 from analyzers.model import FileError, FileResult, Finding
 from analyzers.notebook import NotebookError, read_cells
+from analyzers.pickles import checkpoint_result, is_checkpoint
 from analyzers.program.modules import RepositoryIndex
 from bot import feedback
 from bot import review as compose
@@ -48,6 +49,9 @@ MAX_REVIEW_BYTES = 20 << 20  # about a minute of parsing
 NOTEBOOK_MEMORY_BYTES = 1 << 30
 NOTEBOOK_SECONDS = 60.0
 REVIEWED_SUFFIXES = (".py", ".ipynb")
+# Checkpoint files a PR adds or changes are scanned (analyzers.pickles), from a temporary copy on disk: their
+# bytes count against their own budget (GitHub stores at most 100 MiB per file outside LFS).
+MAX_REVIEW_CHECKPOINT_BYTES = 512 << 20
 RERUN_ACTION = {"label": "Re-run review", "description": "Review this commit again", "identifier": "rerun"}
 # Explicit requests: a fresh check run, and policy skips (draft, label...) do not apply.
 FORCED_REASONS = {"command.review", "check_run.rerequested", "check_suite.rerequested", "check_run.requested_action"}
@@ -69,6 +73,21 @@ class ChangedFiles:
     patches: dict[str, Optional[str]] = field(default_factory=dict)  # path -> GitHub patch (hunks); None: none sent
     notes: list[FileError] = field(default_factory=list)
     reviewed: list[str] = field(default_factory=list)
+    # checkpoint path -> its head content in a temporary file (scanned there, never decoded); see close()
+    checkpoints: dict[str, Path] = field(default_factory=dict)
+    scratch: Optional[Path] = None
+
+    def checkpoint_copy(self, path: str, data: bytes) -> Path:
+        if self.scratch is None:
+            self.scratch = Path(tempfile.mkdtemp(prefix="torchreview-checkpoints-"))
+        copy = self.scratch / f"{len(self.checkpoints)}-{Path(path).name}"
+        copy.write_bytes(data)
+        self.checkpoints[path] = copy
+        return copy
+
+    def close(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 @dataclass
@@ -142,6 +161,12 @@ class ReviewRun:
             return f"skipped: {skip}"
         check_run = self.check_run()
         changed = collect_changed_files(self.repo, self.pr, self.head, config)
+        try:
+            return self.review(check_run, changed, config)
+        finally:
+            changed.close()
+
+    def review(self, check_run, changed: ChangedFiles, config: Config) -> str:
         if not changed.reviewed:
             self.complete(check_run, compose.no_files_plan(changed.notes))
             return "no PyTorch files changed"
@@ -375,10 +400,22 @@ def _file_text(repo, path: str, ref: str) -> Optional[str]:
 def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int = MAX_REVIEW_FILES,
                           max_bytes: int = MAX_REVIEW_BYTES) -> ChangedFiles:
     changed = ChangedFiles()
+    try:
+        _collect(repo, pr, head, config, changed, max_files, max_bytes)
+    except BaseException:
+        changed.close()
+        raise
+    return changed
+
+
+def _collect(repo, pr, head: str, config: Config, changed: ChangedFiles, max_files: int, max_bytes: int) -> None:
     base = pr.base.sha if config.filter == "introduced" else None
-    spent = 0
+    spent = checkpoint_bytes = 0
     for f in pr.get_files():  # all pages, up to GitHub's 3000 files
         path = f.filename
+        if is_checkpoint(path) and f.status != "removed":
+            checkpoint_bytes += _collect_checkpoint(repo, f, head, config, changed, checkpoint_bytes)
+            continue
         if not path.endswith(REVIEWED_SUFFIXES) or f.status == "removed":
             continue
         if not config.path_included(path):
@@ -413,7 +450,28 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
             base_text = decode_source(base_data, path)[0] if base_data is not None else None
             if base_text is not None:
                 changed.base_sources[path] = base_text
-    return changed
+
+
+def _collect_checkpoint(repo, f, head: str, config: Config, changed: ChangedFiles, spent: int) -> int:
+    """Fetch a changed checkpoint file into the review's scratch directory, within its byte budget; returns
+    the bytes it cost. Its findings are on the file (GitHub shows no diff of it): they go in the summary."""
+    path = f.filename
+    if not config.path_included(path):
+        changed.notes.append(FileError(path, "excluded", "excluded by the repository's include/exclude settings"))
+        return 0
+    if spent >= MAX_REVIEW_CHECKPOINT_BYTES:
+        changed.notes.append(FileError(path, "skipped", f"checkpoint not scanned: this review's budget for "
+                                                        f"checkpoints ({MAX_REVIEW_CHECKPOINT_BYTES >> 20} MiB) is spent"))
+        return 0
+    data = _blob_bytes(repo, path, f.sha, head)
+    if data is None:
+        changed.notes.append(FileError(path, "unavailable", "content could not be fetched at the head commit"))
+        return 0
+    changed.checkpoint_copy(path, data)
+    changed.sources[path] = ""  # no text: the scan reads the copy
+    changed.patches[path] = None
+    changed.reviewed.append(path)
+    return len(data)
 
 
 def _parse_cost(path: str, data: bytes) -> int:
@@ -464,6 +522,8 @@ def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, resul
                          index: Optional[RepositoryIndex] = None, repository: str = ""):
     """One changed file's findings, from the results cache when its blob was analyzed before with the same
     repository context (the other files it consulted, checked again in this head's tree)."""
+    if path in changed.checkpoints:
+        return checkpoint_result(changed.checkpoints[path], path, config)
     blob = changed.blobs.get(path)
     if results is None or not blob:
         return analyze_text(changed.sources[path], path, config, repository=index)

@@ -79,9 +79,10 @@ def rule_page(rule, precision: dict[str, tuple[str, str, str]]) -> str:
         f"| category | {rule.category.title} (`{rule.category.value}`) |",
         f"| default severity | {rule.severity.label} |",
         f"| fix | {fix} |",
-        f"| applies to code using | {rule.requires} |",
-        f"| measured precision | {measured} |",
-        f"| suppress | `# torchreview: ignore[{rule.id}]` on the line, or `ignore: [{rule.id}]` in the configuration |",
+        *(_file_rule_rows(rule) if getattr(rule, "scans_files", False) else [
+            f"| applies to code using | {rule.requires} |",
+            f"| measured precision | {measured} |",
+            f"| suppress | `# torchreview: ignore[{rule.id}]` on the line, or `ignore: [{rule.id}]` in the configuration |"]),
         "",
         docs.rstrip("\n"), "",
     ]
@@ -213,6 +214,14 @@ def main(argv=None) -> int:
     print(f"wrote {len(pages)} pages to {args.out} and the CLI reference of {CONFIGURATION}")
     return 0
 
+
+
+def _file_rule_rows(rule) -> list[str]:
+    """A rule on checkpoint files (analyzers/pickles.py) reads no code: no comment can silence it."""
+    from analyzers.pickles import CHECKPOINT_SUFFIXES
+
+    return [f"| applies to | checkpoint files: {', '.join(f'`{s}`' for s in CHECKPOINT_SUFFIXES)} |",
+            f"| suppress | `ignore: [{rule.id}]` in the configuration, or exclude the file (`exclude`) |"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -76,6 +76,16 @@ def test_pull_request_reports_changed_lines_only(pull_request):
     assert "2 findings in 2 changed files" in Path(github["GITHUB_STEP_SUMMARY"]).read_text()
 
 
+def test_a_checkpoint_the_pull_request_adds_is_scanned(pull_request):
+    repo, _, github = pull_request
+    # a pickle whose loading calls os.system (posix.system), written as its opcodes: GLOBAL, args, REDUCE
+    (repo / "weights.pkl").write_bytes(b"\x80\x02cposix\nsystem\nX\x02\x00\x00\x00id\x85R.")
+    _git("add", "-A", cwd=repo)
+    _git("commit", "-q", "-m", "weights", cwd=repo)
+    proc = run_action(repo, github)
+    assert "::error file=weights.pkl,line=1" in proc.stdout and "TR620" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_fail_on_decides_the_exit_status(pull_request):
     repo, _, github = pull_request
     assert run_action(repo, github, fail_on="critical").returncode == 0

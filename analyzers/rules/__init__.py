@@ -24,6 +24,7 @@ _MODULES = (
     "amp",
     "distributed",
     "finetuning",
+    "checkpoint_files",
 )
 _loaded = False
 
