@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from analyzers.config import ConfigError, find_config, load_config_file
-    from analyzers.diff import DiffError, git_changed_lines, keep_changed, keep_introduced
+    from analyzers.diff import DiffError, git_changed_lines, keep_changed, keep_changed_files_errors, keep_introduced
     from analyzers.engine import analyze_paths, fails
     from analyzers.output import render
 
@@ -152,10 +152,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     if changed is not None:  # the App's filter: what the change causes, or what it touches
         run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
                         else keep_changed(run.findings, changed))
+        run.errors = _changed_files_errors(run.errors, changed, args.diff)
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
     # like ruff: a file that could not be analyzed fails the run (a crashing rule is our bug, not the file's)
-    unanalyzed = [e for e in run.errors if e.kind != "rule-error"]
+    unanalyzed = [e for e in run.errors if e.unanalyzed]
     if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
@@ -173,15 +174,28 @@ def _add_fix_arguments(check: argparse.ArgumentParser) -> None:
                        help="with --fix/--diff-fixes, also apply fixes that change behaviour (e.g. weights_only=True)")
 
 
+def _changed_files_errors(errors, changed, ref: str) -> list:
+    """With --diff: only the changed files' errors count; how many others there were goes to stderr."""
+    from analyzers.diff import keep_changed_files_errors
+
+    kept = keep_changed_files_errors(errors, changed)
+    others = len({e.path for e in errors}) - len({e.path for e in kept})
+    if others:
+        print(f"{others} file{'s' if others != 1 else ''} not changed since {ref} could not be fully analyzed; "
+              "not reported (run without --diff to see them)", file=sys.stderr)
+    return kept
+
+
 def _check_fix(args: argparse.Namespace, config) -> int:
     from analyzers.diff import DiffError, git_changed_lines
     from analyzers.engine import discover, fails
     from analyzers.fixer import fix_files, unsafe_fixes_left
     from analyzers.output import render
 
+    changed_lines = None
     if args.diff:
         try:
-            git_changed_lines(args.diff)  # a bad ref or no repository: a usage error before anything is written
+            changed_lines = git_changed_lines(args.diff)  # a bad ref or no repository: a usage error before anything is written
         except DiffError as exc:
             raise UsageError(str(exc)) from None
     files = discover([_relative(p) for p in args.paths], config)
@@ -211,9 +225,11 @@ def _check_fix(args: argparse.Namespace, config) -> int:
               "review them)", file=sys.stderr)
     if args.diff_fixes:
         return EXIT_FINDINGS if changed else EXIT_OK  # as ruff --diff: 1 when there is something to apply
+    if changed_lines is not None:
+        run.errors = _changed_files_errors(run.errors, changed_lines, args.diff)
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
-    unanalyzed = [e for e in run.errors if e.kind != "rule-error"]
+    unanalyzed = [e for e in run.errors if e.unanalyzed]
     if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK

@@ -76,6 +76,15 @@ class RepositoryContext:
     index: RepositoryIndex
     scratch: Path
 
+    @property
+    def pins_digest(self) -> str:
+        """A digest of the tree's requirement files: a cached result read them without noting it, so a result
+        is reused only under the same pins."""
+        digest = hashlib.blake2b(digest_size=12)
+        for path in sorted(p for p in self.index.root.rglob("*") if p.is_file() and not p.name.endswith(".py")):
+            digest.update(path.relative_to(self.index.root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        return digest.hexdigest()
+
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -153,10 +162,11 @@ class ReviewRun:
         context = self.repository_context()
         try:
             index = context.index if context is not None else None
+            root_id = f"github:{self.job.repository}" + (f":pins={context.pins_digest}" if context is not None else "")
             # in a forked child: a file that crashes or stalls the parser becomes an error entry
             results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
                                    lambda path, text: analyze_changed_file(changed, path, config, self.results, index,
-                                                                           self.job.repository),
+                                                                           root_id),
                                    lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]),
                                    seconds=app_file_seconds(config))
             notebook_layouts(changed, [path for path in changed.reviewed
@@ -219,23 +229,34 @@ class ReviewRun:
     def base_fingerprints(self, changed: ChangedFiles, config: Config, index=None) -> frozenset[str]:
         """Fingerprints of what the base revision of the changed files already had (under the head path,
         so a renamed file's old findings are recognised); a file new in this PR had none. The base is
-        analyzed with the head's repository context, so only the PR's own files make the difference."""
-        results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
-                               lambda path, text: analyze_text(text, path, config, repository=index),
-                               lambda path, kind, message: FileResult(path), seconds=app_file_seconds(config))
+        analyzed with the base's repository context and pins (its own tree), as the head is with the head's:
+        a finding that depends on another file or on a pin is the PR's only when the PR made the difference
+        (a pin it lowered), never because its file was edited. Without the base's tree, the head's stands in."""
+        context = self.repository_context(self.pr.base.sha) if changed.base_sources else None
+        try:
+            base_index = context.index if context is not None else index
+            results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
+                                   lambda path, text: analyze_text(text, path, config, repository=base_index),
+                                   lambda path, kind, message: FileResult(path), seconds=app_file_seconds(config))
+        finally:
+            if context is not None:
+                context.close()
         base_findings = [f for result in results.values() for f in result.findings]
         return frozenset(fingerprints_for(base_findings, changed.base_sources).values())
 
-    def repository_context(self) -> Optional["RepositoryContext"]:
-        """The head's code (``.py`` files of its tarball) for questions across files: the model class in
-        ``model.py`` that ``train.py`` trains. None when it cannot be had; the review goes on per file."""
+    def repository_context(self, ref: Optional[str] = None) -> Optional["RepositoryContext"]:
+        """The code (``.py`` files of its zipball) and version pins (requirement files) at ``ref``, the head by
+        default, for questions across files: the model class in ``model.py`` that ``train.py`` trains, the
+        torch release ``requirements.txt`` allows. None when it cannot be had; the review goes on per file."""
+        from analyzers.program.versions import is_pin_file
         from bot.archives import ArchiveTooLarge, download_code
 
+        ref = ref or self.head
         scratch = Path(tempfile.mkdtemp(prefix="torchreview-context-"))
         try:
-            root = download_code(self.repo, self.head, scratch / "head")
+            root = download_code(self.repo, ref, scratch / "tree", also=is_pin_file)
         except (ArchiveTooLarge, GithubException, OSError, requests.RequestException, zipfile.BadZipFile) as exc:
-            log.info("no repository context for %s@%s: %s", self.job.repository, self.head[:7], exc)
+            log.info("no repository context for %s@%s: %s", self.job.repository, ref[:7], exc)
             shutil.rmtree(scratch, ignore_errors=True)
             return None
         return RepositoryContext(RepositoryIndex(root), scratch)
@@ -397,9 +418,10 @@ def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int
             changed.notes.append(FileError(path, "unavailable", "content could not be fetched at the head commit"))
             continue
         spent += _parse_cost(path, data)
-        text, error = decode_source(data, path)
-        if error is not None:
-            changed.notes.append(error)
+        text, note = decode_source(data, path)
+        if note is not None:  # why it was not read, or how it was (a codec we lack: as UTF-8)
+            changed.notes.append(note)
+        if text is None:
             continue
         changed.sources[path] = text
         if f.sha:
@@ -461,14 +483,15 @@ def notebook_layouts(changed: ChangedFiles, paths: list[str]) -> None:
 
 
 def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache],
-                         index: Optional[RepositoryIndex] = None, repository: str = ""):
+                         index: Optional[RepositoryIndex] = None, root_id: str = ""):
     """One changed file's findings, from the results cache when its blob was analyzed before with the same
-    repository context (the other files it consulted, checked again in this head's tree)."""
+    repository context (the other files it consulted, checked again in this head's tree; ``root_id`` names
+    the repository and its pins)."""
     blob = changed.blobs.get(path)
     if results is None or not blob:
         return analyze_text(changed.sources[path], path, config, repository=index)
     return results.analyze(changed.sources[path], path, config, repository=index, content=f"blob:{blob}",
-                           root_id=f"github:{repository}")
+                           root_id=root_id)
 
 
 def _blob_bytes(repo, path: str, blob_sha: Optional[str], head: str) -> Optional[bytes]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
 Version = tuple[int, ...]
@@ -130,6 +130,13 @@ def _mentions(text: str) -> dict[str, list[tuple[Optional[tuple[Version, bool]],
 
 _LEGACY_FOLDERS = {"legacy", "deprecated"}
 _FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str, Optional[Floor]]]]] = {}
+
+
+def is_pin_file(relative: str) -> bool:
+    """Whether the file at ``relative`` (a repository path, ``/``-separated) is one pins are read from: what a
+    copy of the repository must hold for the analysis to see the same versions."""
+    path = PurePosixPath(relative)
+    return any(path.match(pattern) for pattern in _FILES)
 
 
 def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str, Optional[Floor]]]:
