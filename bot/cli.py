@@ -107,8 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_cache_and_lsp_commands(sub)
 
-    feedback = sub.add_parser("feedback", help="what reviewers said about the App's comments")
-    feedback_sub = feedback.add_subparsers(dest="feedback_command", required=True)
+    feedback = sub.add_parser("feedback", help="what became of the App's comments, per installation and rule",
+                              description="Per installation and rule, from the App's store (REDIS_URL, else "
+                                          "TORCHREVIEW_DATA_DIR): comments posted, 👎 and `/review false-positive` "
+                                          "verdicts from users with write access, threads resolved by a fix (the "
+                                          "finding disappeared after a push), threads a person resolved with the "
+                                          "finding still there.")
+    feedback.add_argument("--format", choices=["table", "json"], default="table")
+    feedback.add_argument("--repository", metavar="OWNER/NAME", help="only this repository")
+    feedback.add_argument("--installation", type=int, metavar="ID", help="only this installation")
+    feedback.set_defaults(handler=cmd_feedback)
+    feedback_sub = feedback.add_subparsers(dest="feedback_command", metavar="export")
     export = feedback_sub.add_parser("export", help="print every recorded verdict as JSON (the App's store: "
                                                     "REDIS_URL, else TORCHREVIEW_DATA_DIR)")
     export.add_argument("--repository", metavar="OWNER/NAME", help="only this repository")
@@ -249,16 +258,49 @@ def _add_cache_arguments(check: argparse.ArgumentParser) -> None:
                        help="where the results cache lives (default: .torchreview_cache at the repository root)")
 
 
-def cmd_feedback_export(args: argparse.Namespace) -> int:
-    """Reviewers' verdicts (👎, /review false-positive) on the App's comments, per rule and repository."""
-    from collections import Counter
+def cmd_feedback(args: argparse.Namespace) -> int:
+    """What became of the App's comments, per installation and rule: a table, or JSON."""
+    from bot.feedback import REPORT_COLUMNS, report
 
+    rows = report(_app_store(), repository=args.repository, installation=args.installation)
+    if args.format == "json":
+        json.dump({"rows": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    headers = {"posted": "posted", "thumbs_down": "👎", "false_positive": "false-positive",
+               "resolved_by_fix": "resolved by a fix", "resolved_without_fix": "resolved without a fix"}
+    table = Table(title="torchreview comments and what became of them")
+    table.add_column("installation")
+    table.add_column("rule")
+    for column in REPORT_COLUMNS:
+        table.add_column(headers[column], justify="right")
+    for row in rows:
+        table.add_row("?" if row["installation"] is None else str(row["installation"]), row["rule"],
+                      *(str(row[column]) for column in REPORT_COLUMNS))
+    console = Console(width=200 if not sys.stdout.isatty() else None)
+    if rows:
+        console.print(table)
+    else:
+        console.print("No comments recorded yet" + (f" for {args.repository}" if args.repository else "") + ".")
+    return EXIT_OK
+
+
+def _app_store():
     from bot.settings import Settings
     from bot.store import make_store
 
     settings = Settings.from_env(require_github=False, role="web")  # the store only: no key is read
-    records = [r for r in make_store(settings.redis_url, settings.data_dir).feedback()
-               if args.repository in (None, r.get("repository"))]
+    return make_store(settings.redis_url, settings.data_dir)
+
+
+def cmd_feedback_export(args: argparse.Namespace) -> int:
+    """Reviewers' verdicts (👎, /review false-positive) on the App's comments, per rule and repository."""
+    from collections import Counter
+
+    records = [r for r in _app_store().feedback() if args.repository in (None, r.get("repository"))]
     totals = Counter((r["repository"], r["rule"], r["kind"]) for r in records)
     json.dump({"records": records,
                "totals": [{"repository": repo, "rule": rule, "kind": kind, "count": n}

@@ -31,7 +31,8 @@ from analyzers.notebook import NotebookError, read_cells
 from analyzers.program.modules import RepositoryIndex
 from bot import feedback
 from bot import review as compose
-from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
+from bot.conversation import (close_gone, gone_comments, is_ours, our_review_comments, resolved_by_people,
+                              review_threads, unique_comments, upsert_summary)
 from bot.github_client import commit_ref, our_check_runs
 from bot.jobs import RETARGETED, CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
@@ -97,8 +98,13 @@ def run_review(job, clients, store) -> str:
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
     if job.reason == "pull_request.closed":  # nothing to review: read what reviewers said, once more
-        recorded = feedback.collect(pr, job.repository, unique_comments(our_review_comments(pr, clients.bot_login())),
-                                    store, lambda user: is_ours(user, clients.bot_login()))
+        ours = unique_comments(our_review_comments(pr, clients.bot_login()))
+        recorded = feedback.collect(pr, job.repository, ours, store, lambda user: is_ours(user, clients.bot_login()),
+                                    installation=job.installation_id)
+        if ours:  # threads people resolved since the last review, findings still there
+            feedback.record_events(store, feedback.RESOLVED_UNFIXED, job.installation_id, job.repository, pr.number,
+                                   [c.comment.body for c in resolved_by_people(
+                                       ours, review_threads(gh, job.repository, pr.number), clients.bot_login())])
         return f"closed: {recorded} new verdict(s) on our comments"
     head = pr.head.sha
     budget = WriteBudget(store, job.installation_id)
@@ -195,7 +201,7 @@ class ReviewRun:
         existing = our_review_comments(self.pr, self.bot_login)
         if self.store is not None:  # what reviewers said about our earlier comments, before we say more
             feedback.collect(self.pr, self.job.repository, unique_comments(existing), self.store,
-                             lambda user: is_ours(user, self.bot_login))
+                             lambda user: is_ours(user, self.bot_login), installation=self.job.installation_id)
             analysis.feedback_note = feedback.summary_line(*feedback.marked_wrong(self.store, self.job.repository))
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
@@ -204,12 +210,18 @@ class ReviewRun:
         if current:
             self.complete(check_run, compose.superseded_plan(self.head, current))
             return f"superseded during review by {current[:7]}"
+        posted = []
         if plan.comments:
             event = "REQUEST_CHANGES" if config.review_event == "request_changes" and plan.blocking else "COMMENT"
-            self.post_review(plan, event)
+            posted = self.post_review(plan, event)
         gone = gone_comments(existing, plan.fingerprints)
+        threads = review_threads(self.gh, self.job.repository, self.pr.number) if existing else {}
         resolved, deleted = close_gone(self.gh, self.job.repository, self.pr, gone, config.cleanup, self.bot_login,
-                                       self.budget.spend)
+                                       self.budget.spend, threads=threads)
+        if self.store is not None:
+            fixed = {c.id for c in gone}
+            self.record_comment_events(posted, gone, [c for c in resolved_by_people(unique_comments(existing), threads,
+                                                                                    self.bot_login) if c.id not in fixed])
         if plan.findings_count or existing:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
         # and the push may land while we post: the verdict goes to the head it judged only if it still is
@@ -286,14 +298,24 @@ class ReviewRun:
         complete_check_run(check_run, plan, self.budget)
 
     # ---- the review ----------------------------------------------------------------------
-    def post_review(self, plan, event: str) -> None:
+    def record_comment_events(self, posted: list[dict], fixed: list, resolved_unfixed: list) -> None:
+        """What became of our comments in this review, for ``torchreview feedback``: those posted, those whose
+        finding a push removed (their threads resolved or deleted), those a person resolved with it still there."""
+        for kind, bodies in ((feedback.POSTED, [c["body"] for c in posted]),
+                             (feedback.FIXED, [c.comment.body for c in fixed]),
+                             (feedback.RESOLVED_UNFIXED, [c.comment.body for c in resolved_unfixed])):
+            feedback.record_events(self.store, kind, self.job.installation_id, self.job.repository, self.pr.number,
+                                   bodies)
+
+    def post_review(self, plan, event: str) -> list[dict]:
+        """Post the plan's comments in one review; the comments GitHub took."""
         body = (f"torchreview: {len(plan.comments)} new finding(s) on {self.head[:7]}. "
                 "The summary comment and the check run have the whole picture.")
         commit = commit_ref(self.repo, self.head)  # not fetched: only its sha is used
         self.budget.spend()
         try:
             self.pr.create_review(commit=commit, body=body, event=event, comments=plan.comments)
-            return
+            return plan.comments
         except GithubException as exc:
             if exc.status != 422:
                 raise
@@ -306,10 +328,12 @@ class ReviewRun:
             self.budget.spend()
             try:
                 self.pr.create_review(commit=commit, body=body, event=event, comments=kept)
+                return kept
             except GithubException as exc:
                 if exc.status != 422:
                     raise
                 log.warning("review still rejected; the findings stay in the summary comment and check run")
+        return []
 
 
 def head_moved_past(repo, pull_number: int, head: str) -> Optional[str]:
