@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     feedback.add_argument("--repository", metavar="OWNER/NAME", help="only this repository")
     feedback.add_argument("--installation", type=int, metavar="ID", help="only this installation")
     feedback.set_defaults(handler=cmd_feedback)
-    feedback_sub = feedback.add_subparsers(dest="feedback_command", metavar="export")
+    feedback_sub = feedback.add_subparsers(dest="feedback_command", metavar="[export]")
     export = feedback_sub.add_parser("export", help="print every recorded verdict as JSON (the App's store: "
                                                     "REDIS_URL, else TORCHREVIEW_DATA_DIR)")
     export.add_argument("--repository", metavar="OWNER/NAME", help="only this repository")

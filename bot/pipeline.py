@@ -215,13 +215,16 @@ class ReviewRun:
             event = "REQUEST_CHANGES" if config.review_event == "request_changes" and plan.blocking else "COMMENT"
             posted = self.post_review(plan, event)
         gone = gone_comments(existing, plan.fingerprints)
-        threads = review_threads(self.gh, self.job.repository, self.pr.number) if existing else {}
+        # read once, for closing the gone ones and for telling which threads people resolved (feedback)
+        threads = review_threads(self.gh, self.job.repository, self.pr.number) if gone or (
+            existing and self.store is not None) else None
         resolved, deleted = close_gone(self.gh, self.job.repository, self.pr, gone, config.cleanup, self.bot_login,
                                        self.budget.spend, threads=threads)
         if self.store is not None:
             fixed = {c.id for c in gone}
-            self.record_comment_events(posted, gone, [c for c in resolved_by_people(unique_comments(existing), threads,
-                                                                                    self.bot_login) if c.id not in fixed])
+            self.record_comment_events(posted, gone, [c for c in resolved_by_people(unique_comments(existing),
+                                                                                    threads or {}, self.bot_login)
+                                                      if c.id not in fixed])
         if plan.findings_count or existing:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
         # and the push may land while we post: the verdict goes to the head it judged only if it still is
