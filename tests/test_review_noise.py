@@ -108,3 +108,26 @@ def test_a_coding_cookie_naming_a_codec_we_lack_is_read_as_utf8(tmp_path):
     proc = run("check", "train.py", "--fail-on", "critical", "--format", "json", cwd=tmp_path)
     data = json.loads(proc.stdout)
     assert [e["kind"] for e in data["errors"]] == ["unknown-codec"] and data["findings"]
+
+
+# TR402 depends on another file: the model whose forward ends in a sigmoid is in model.py
+MODEL = ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+         "        self.fc = nn.Linear(4, 1)\n        self.sig = nn.Sigmoid()\n\n    def forward(self, x):\n"
+         "        return self.sig(self.fc(x))\n")
+TRAIN = ("import torch.nn as nn\nfrom model import Net\n\nnet = Net()\ncriterion = nn.BCELoss()\nfor x, y in loader:\n"
+         "    out = net(x)\n    loss = criterion(out.squeeze(), y)\n")
+
+
+def test_a_finding_another_file_causes_is_new_only_when_the_change_makes_it(tmp_path):
+    root = repository(tmp_path, {"model.py": MODEL, "train.py": TRAIN})
+    (root / "train.py").write_text("# training\n" + TRAIN)  # edited, the finding as it was
+    data, _ = check_diff(root, check=0)
+    assert data["findings"] == []
+    # the change adds the sigmoid in model.py: the finding in the edited train.py is the change's
+    root = repository(tmp_path / "second", {"model.py": MODEL.replace("self.sig(self.fc(x))", "self.fc(x)"),
+                                            "train.py": TRAIN})
+    run("check", ".", "--fail-on", "medium", cwd=root, check=0)
+    (root / "model.py").write_text(MODEL)
+    (root / "train.py").write_text("# training\n" + TRAIN)
+    data, _ = check_diff(root, check=1)
+    assert [(f["path"], f["rule"]) for f in data["findings"]] == [("train.py", "TR402")]

@@ -4,7 +4,7 @@ with its pins, did not have it, and a coding cookie naming a codec we lack is re
 from __future__ import annotations
 
 from tests.conftest import completed_run, deliver, new_repo, pr_payload
-from tests.test_review_noise import RATIO
+from tests.test_review_noise import MODEL, RATIO, TRAIN
 
 
 def reviewed(stack, base: dict, change: dict):
@@ -19,7 +19,7 @@ def reviewed(stack, base: dict, change: dict):
 
 def rules_reported(run, comments) -> set[tuple[str, str]]:
     return ({(a["path"], a["title"].split()[0]) for a in run.annotations}
-            | {(c.path, rule) for c in comments for rule in ("TR413", "TR601") if rule in c.body})
+            | {(c.path, rule) for c in comments for rule in ("TR402", "TR413", "TR601") if rule in c.body})
 
 
 def test_an_unchanged_imported_file_with_a_syntax_error_is_not_the_prs(stack):
@@ -42,6 +42,14 @@ def test_a_finding_the_prs_pin_change_causes_is_the_prs(stack):
                              {"requirements.txt": "torch==1.6.0\n", "train.py": "# evaluation\n" + RATIO})
     assert rules_reported(run, comments) == {("train.py", "TR413")}
     assert "1.6.0 (requirements.txt)" in next(c.body for c in comments if "TR413" in c.body)
+
+
+def test_a_finding_another_file_causes_is_the_prs_only_when_the_pr_makes_it(stack):
+    run, comments = reviewed(stack, {"model.py": MODEL, "train.py": TRAIN}, {"train.py": "# training\n" + TRAIN})
+    assert rules_reported(run, comments) == set()
+    run, comments = reviewed(stack, {"model.py": MODEL.replace("self.sig(self.fc(x))", "self.fc(x)"), "train.py": TRAIN},
+                             {"model.py": MODEL, "train.py": "# training\n" + TRAIN})
+    assert rules_reported(run, comments) == {("train.py", "TR402")}
 
 
 def test_a_coding_cookie_naming_a_codec_we_lack_is_read_as_utf8(stack):
