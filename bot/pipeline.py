@@ -81,9 +81,13 @@ class RepositoryContext:
     def pins_digest(self) -> str:
         """A digest of the tree's requirement files: a cached result read them without noting it, so a result
         is reused only under the same pins."""
+        from analyzers.program.versions import is_pin_file
+
         digest = hashlib.blake2b(digest_size=12)
-        for path in sorted(p for p in self.index.root.rglob("*") if p.is_file() and not p.name.endswith(".py")):
-            digest.update(path.relative_to(self.index.root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        for path in sorted(self.index.root.rglob("*")):
+            relative = path.relative_to(self.index.root).as_posix()
+            if is_pin_file(relative) and path.is_file():  # setup.py included: it may pin too
+                digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
         return digest.hexdigest()
 
     def close(self) -> None:

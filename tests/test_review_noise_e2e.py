@@ -57,3 +57,16 @@ def test_a_coding_cookie_naming_a_codec_we_lack_is_read_as_utf8(stack):
     run, comments = reviewed(stack, {}, {"train.py": source})
     assert rules_reported(run, comments) == {("train.py", "TR601")}
     assert "`train.py`" in run.output_summary and "read and analyzed as UTF-8" in run.output_summary
+
+
+def test_a_cached_result_is_not_reused_under_other_pins(stack):
+    state = stack["state"]
+    repo, name = new_repo(state, {}, {"requirements.txt": "torch>=1.8\n", "train.py": RATIO})
+    pr = state.open_pull_request(repo, {"train.py": "# evaluation\n" + RATIO})
+    deliver(stack, "pull_request", pr_payload("opened", name, pr))
+    run = completed_run(state, pr.head_sha)
+    assert rules_reported(run, []) == set()
+    head = state.push(pr, {"requirements.txt": "torch==1.6.0\n"})  # train.py's blob is the same: the pins are not
+    deliver(stack, "pull_request", pr_payload("synchronize", name, pr))
+    run = completed_run(state, head)
+    assert rules_reported(run, []) == {("train.py", "TR413")}
