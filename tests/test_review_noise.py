@@ -131,3 +131,22 @@ def test_a_finding_another_file_causes_is_new_only_when_the_change_makes_it(tmp_
     (root / "train.py").write_text("# training\n" + TRAIN)
     data, _ = check_diff(root, check=1)
     assert [(f["path"], f["rule"]) for f in data["findings"]] == [("train.py", "TR402")]
+
+
+def test_the_results_cache_is_not_reused_when_the_pins_change(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text(RATIO)
+    (tmp_path / "requirements.txt").write_text("torch>=1.8\n")
+
+    def rules() -> list[str]:
+        proc = run("check", ".", "--format", "json", "--fail-on", "critical", cwd=tmp_path, check=0)
+        return [f["rule"] for f in json.loads(proc.stdout)["findings"]]
+
+    assert rules() == [] and rules() == []  # the second run from the cache
+    (tmp_path / "requirements.txt").write_text("torch==1.6.0\n")  # a pin file's contents
+    assert rules() == ["TR413"]
+    (tmp_path / "requirements.txt").unlink()  # removed
+    assert rules() == []
+    (tmp_path / "src" / "requirements-dev.txt").write_text("torch<1.7\n")  # added, nearer the file
+    assert rules() == ["TR413"]
