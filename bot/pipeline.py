@@ -77,19 +77,6 @@ class RepositoryContext:
     index: RepositoryIndex
     scratch: Path
 
-    @property
-    def pins_digest(self) -> str:
-        """A digest of the tree's requirement files: a cached result read them without noting it, so a result
-        is reused only under the same pins."""
-        from analyzers.program.versions import is_pin_file
-
-        digest = hashlib.blake2b(digest_size=12)
-        for path in sorted(self.index.root.rglob("*")):
-            relative = path.relative_to(self.index.root).as_posix()
-            if is_pin_file(relative) and path.is_file():  # setup.py included: it may pin too
-                digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
-        return digest.hexdigest()
-
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -172,11 +159,10 @@ class ReviewRun:
         context = self.repository_context()
         try:
             index = context.index if context is not None else None
-            root_id = f"github:{self.job.repository}" + (f":pins={context.pins_digest}" if context is not None else "")
             # in a forked child: a file that crashes or stalls the parser becomes an error entry
             results = run_isolated(((path, changed.sources[path]) for path in changed.reviewed),
                                    lambda path, text: analyze_changed_file(changed, path, config, self.results, index,
-                                                                           root_id),
+                                                                           self.job.repository),
                                    lambda path, kind, message: FileResult(path, errors=[FileError(path, kind, message)]),
                                    seconds=app_file_seconds(config))
             notebook_layouts(changed, [path for path in changed.reviewed
@@ -514,15 +500,14 @@ def notebook_layouts(changed: ChangedFiles, paths: list[str]) -> None:
 
 
 def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache],
-                         index: Optional[RepositoryIndex] = None, root_id: str = ""):
+                         index: Optional[RepositoryIndex] = None, repository: str = ""):
     """One changed file's findings, from the results cache when its blob was analyzed before with the same
-    repository context (the other files it consulted, checked again in this head's tree; ``root_id`` names
-    the repository and its pins)."""
+    repository context (the other files and pins it consulted, checked again in this head's tree)."""
     blob = changed.blobs.get(path)
     if results is None or not blob:
         return analyze_text(changed.sources[path], path, config, repository=index)
     return results.analyze(changed.sources[path], path, config, repository=index, content=f"blob:{blob}",
-                           root_id=root_id)
+                           root_id=f"github:{repository}")
 
 
 def _blob_bytes(repo, path: str, blob_sha: Optional[str], head: str) -> Optional[bytes]:
