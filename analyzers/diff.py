@@ -124,6 +124,8 @@ def tree_at(ref: str, into: "Path", cwd: Optional[str] = None) -> tuple["Path", 
 
     from analyzers.program.versions import is_pin_file
 
+    if ref.startswith("-"):
+        raise DiffError(f"{ref!r} is not a git revision")  # never an option of git archive (--remote, --exec)
     top = _git(["rev-parse", "--show-toplevel"], cwd).strip()
     prefix = _git(["rev-parse", "--show-prefix"], cwd).strip()
     proc = subprocess.Popen(["git", "archive", "--format=tar", ref], cwd=top, stdout=subprocess.PIPE,

@@ -159,8 +159,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     paths = [_relative(p) for p in args.paths]
     run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count(), cache=_result_cache(args))
     if changed is not None:  # the App's filter: what the change causes, or what it touches
-        run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
-                        else keep_changed(run.findings, changed))
+        try:
+            run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
+                            else keep_changed(run.findings, changed))
+        except DiffError as exc:  # the tree at the ref could not be read
+            raise UsageError(str(exc)) from None
         run.errors = _changed_files_errors(run.errors, changed, args.diff)
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
