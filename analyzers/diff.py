@@ -5,6 +5,7 @@ import os
 import subprocess
 import tarfile
 import tempfile
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping, Optional
 
 from unidiff import PatchSet
@@ -84,7 +85,6 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
     files, its pins), as the working tree's file is in the working tree: a finding that depends on another
     file or a pin is new only when the change made the difference, not because its file was edited."""
     from dataclasses import replace
-    from pathlib import Path
 
     from analyzers.engine import analyze_text_bounded
     from analyzers.fingerprint import fingerprints_for
@@ -117,11 +117,9 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
     return [f for f in findings if now.get(f) not in before]
 
 
-def tree_at(ref: str, into: "Path", cwd: Optional[str] = None) -> tuple["Path", str]:
+def tree_at(ref: str, into: Path, cwd: Optional[str] = None) -> tuple[Path, str]:
     """The code (``.py``) and requirement files of the repository at ``ref``, written under ``into``; returns
     the repository's root there and the working folder's place in it (``src/``, or "" at the top)."""
-    from pathlib import Path, PurePosixPath
-
     from analyzers.program.versions import is_pin_file
 
     if ref.startswith("-"):

@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from analyzers.config import ConfigError, find_config, load_config_file
-    from analyzers.diff import DiffError, git_changed_lines, keep_changed, keep_changed_files_errors, keep_introduced
+    from analyzers.diff import DiffError, git_changed_lines, keep_changed, keep_introduced
     from analyzers.engine import analyze_paths, fails
     from analyzers.output import render
 
