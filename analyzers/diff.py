@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping, Optional
 
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from analyzers.model import Finding
+from analyzers.model import FileError, Finding
 from analyzers.pickles import is_checkpoint
 
 # path -> added/modified line numbers in the new file; None means "the whole file" (new notebook,
@@ -82,11 +85,14 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
                     config, cwd: Optional[str] = None) -> list[Finding]:
     """Findings of changed files that the file at ``ref`` did not have (the App's ``introduced`` filter):
     a deleted ``zero_grad()`` counts though its finding sits on an untouched line; what ``ref`` already
-    had does not, even on a touched line."""
-    from pathlib import Path
+    had does not, even on a touched line. The file at ``ref`` is analyzed in the tree at ``ref`` (its other
+    files, its pins), as the working tree's file is in the working tree: a finding that depends on another
+    file or a pin is new only when the change made the difference, not because its file was edited."""
+    from dataclasses import replace
 
     from analyzers.engine import analyze_text_bounded
     from analyzers.fingerprint import fingerprints_for
+    from analyzers.program.modules import RepositoryIndex
 
     findings = [f for f in findings if _changed_path(f.path) in changed]
     # A changed checkpoint is scanned whole and has no lines to compare: all its findings count, and its
@@ -103,11 +109,56 @@ def keep_introduced(findings: Iterable[Finding], changed: Mapping[str, Optional[
         shown = subprocess.run(["git", "show", f"{ref}:./{_changed_path(path)}"], cwd=cwd, capture_output=True)
         if shown.returncode == 0:  # else the file is new since ref: everything in it is introduced
             bases[path] = shown.stdout.decode("utf-8", errors="replace")
-    # bounded like the head's analysis; a base that cannot be analyzed shows nothing it already had
-    base_findings = [f for path, text in bases.items() for f in analyze_text_bounded(text, path, config).findings]
+    base_findings = []
+    if bases:
+        with tempfile.TemporaryDirectory(prefix="torchreview-base-") as scratch:
+            top, prefix = tree_at(ref, Path(scratch), cwd)
+            index = RepositoryIndex(top)
+            for path, text in bases.items():
+                # under its place in that tree (absolute: a relative path would name the working tree's file);
+                # bounded like the head's analysis; a base that cannot be analyzed shows nothing it already had
+                where = str(top / prefix / _changed_path(path))
+                result = analyze_text_bounded(text, where, config, repository=index)
+                base_findings += [replace(f, path=path) for f in result.findings]
     before = set(fingerprints_for(base_findings, bases).values())
     now = fingerprints_for(findings, heads)
     return [f for f in findings if now.get(f) not in before] + checkpoints
+
+
+def tree_at(ref: str, into: Path, cwd: Optional[str] = None) -> tuple[Path, str]:
+    """The code (``.py``) and requirement files of the repository at ``ref``, written under ``into``; returns
+    the repository's root there and the working folder's place in it (``src/``, or "" at the top)."""
+    from analyzers.program.versions import is_pin_file
+
+    if ref.startswith("-"):
+        raise DiffError(f"{ref!r} is not a git revision")  # never an option of git archive (--remote, --exec)
+    top = _git(["rev-parse", "--show-toplevel"], cwd).strip()
+    prefix = _git(["rev-parse", "--show-prefix"], cwd).strip()
+    proc = subprocess.Popen(["git", "archive", "--format=tar", ref], cwd=top, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
+            for member in archive:
+                relative = PurePosixPath(member.name)
+                if (not member.isreg() or relative.is_absolute() or ".." in relative.parts
+                        or not (member.name.endswith(".py") or is_pin_file(member.name))):
+                    continue  # regular files in the tree only; what the analysis reads of a repository
+                target = Path(into, *relative.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.extractfile(member).read())
+    finally:
+        proc.stdout.close()
+        error = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+        if proc.wait() != 0:
+            raise DiffError(f"git archive {ref} failed: {error.strip()}")
+    return Path(into), prefix
+
+
+def keep_changed_files_errors(errors: Iterable[FileError], changed: Mapping[str, Optional[set[int]]]) -> list[FileError]:
+    """The errors of the files the change touched: an unchanged file that cannot be analyzed (a syntax error
+    in a module the changed code imports, a timeout) is not the change's doing, neither listed nor failing."""
+    return [e for e in errors if _changed_path(e.path) in changed]
 
 
 def _changed_path(path: str) -> str:

@@ -457,15 +457,16 @@ def _too_large(display: str, size: int) -> FileError:
 
 
 def decode_source(data: bytes, display: str) -> tuple[Optional[str], Optional[FileError]]:
+    """The file's text, or None and why not. A text may come with a note (kind ``unknown-codec``): read,
+    analyzed, and said so, never a failure."""
     if len(data) > _size_limit(display):
         return None, _too_large(display, len(data))
     if b"\x00" in data[:8192]:
         return None, FileError(display, "binary-file", "contains NUL bytes; not a text file")
-    encoding = "utf-8-sig"
+    encoding, note = "utf-8-sig", None
     if not display.endswith(".ipynb"):  # notebooks are JSON, always UTF-8
         try:
-            # PEP 263: a "# -*- coding: latin-1 -*-" cookie on line 1 or 2 says how Python reads the file
-            encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+            encoding, note = source_encoding(data, display)
         except SyntaxError as exc:
             return None, FileError(display, "decode-error", str(exc))
     try:
@@ -473,7 +474,25 @@ def decode_source(data: bytes, display: str) -> tuple[Optional[str], Optional[Fi
     except (UnicodeDecodeError, LookupError) as exc:
         where = f" at byte {exc.start}: {exc.reason}" if isinstance(exc, UnicodeDecodeError) else ""
         return None, FileError(display, "decode-error", f"not valid {_encoding_name(encoding)}{where}")
-    return text, None
+    return text, note
+
+
+def source_encoding(data: bytes, display: str) -> tuple[str, Optional[FileError]]:
+    """How Python reads the file: PEP 263's ``# -*- coding: latin-1 -*-`` cookie on line 1 or 2, else UTF-8.
+    A cookie naming a codec this Python lacks (``future_fstrings``, registered by a package at import time
+    to rewrite the source) is read as UTF-8, with a note: those codecs take UTF-8 text."""
+    try:
+        return tokenize.detect_encoding(io.BytesIO(data).readline)[0], None
+    except SyntaxError as exc:
+        unknown = _UNKNOWN_CODEC.match(str(exc))
+        if unknown is None:
+            raise
+        return "utf-8-sig", FileError(display, "unknown-codec",
+                                      f"its coding cookie names {unknown.group(1)!r}, a codec this Python lacks; "
+                                      "read as UTF-8")
+
+
+_UNKNOWN_CODEC = re.compile(r"unknown encoding(?: for [^:]*)?: (.+)$")
 
 
 def _encoding_name(encoding: str) -> str:
@@ -605,14 +624,16 @@ def analyze_file(path: Path, display: Optional[str] = None, config: Optional[Con
         return _analyze_notebook_file(path, display, config)
     if pickles.is_checkpoint(display):  # read as opcodes, streamed; never decoded as text
         return pickles.checkpoint_result(path, display, config)
-    text, error = read_source(path, display)
-    if error is not None:
-        result = FileResult(display)
-        result.errors.append(error)
-        return result
+    text, note = read_source(path, display)
+    if text is None:
+        return FileResult(display, errors=[note])
     if cache is not None:
-        return cache.analyze(text, display, config, repository=index_for(path))
-    return analyze_text(text, display, config, repository=index_for(path))
+        result = cache.analyze(text, display, config, repository=index_for(path))
+    else:
+        result = analyze_text(text, display, config, repository=index_for(path))
+    if note is not None:  # read with a note (a codec we lack): said, after the analysis (the cache keeps no notes)
+        result.errors.append(note)
+    return result
 
 
 def _analyze_notebook_file(path: Path, display: str, config: Config) -> FileResult:

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import ast
 import difflib
-import io
 import json
 import os
 import re
 import subprocess
 import time
-import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -26,7 +24,7 @@ from analyzers.config import Config
 from analyzers.diff import keep_changed
 from analyzers.isolation import run_isolated
 from analyzers.engine import (MAX_FILE_BYTES, RunResult, analyze_notebook_text, analyze_source,
-                              decode_source, read_source)
+                              decode_source, read_source, source_encoding)
 from analyzers.pickles import checkpoint_result, is_checkpoint
 from analyzers.model import FileError, FileResult, Finding
 from analyzers.notebook import cell_to_python
@@ -219,7 +217,7 @@ def fix_notebook(text: str, path: str, config: Config, *, unsafe: bool = False, 
 def _encoding(data: bytes, path: str) -> str:
     if path.endswith(".ipynb"):
         return "utf-8-sig" if data.startswith(b"\xef\xbb\xbf") else "utf-8"
-    return tokenize.detect_encoding(io.BytesIO(data).readline)[0]  # keeps a BOM and a coding cookie
+    return source_encoding(data, path)[0]  # keeps a BOM and a coding cookie (UTF-8 for a codec we lack)
 
 
 def changed_since(ref: str, display: str) -> Keep:
@@ -264,10 +262,10 @@ def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, 
         fixed = FixedFile(display, "", "")
         fixed.result = checkpoint_result(path, display, config)
         return fixed
-    text, error = read_source(path, display)
-    if error is not None:
+    text, note = read_source(path, display)
+    if text is None:
         fixed = FixedFile(display, "", "")
-        fixed.result = FileResult(display, errors=[error])
+        fixed.result = FileResult(display, errors=[note])
         return fixed
     repository = index_for(path)
     keep = changed_since(diff_ref, display) if diff_ref else _everything
@@ -275,6 +273,8 @@ def fix_file(path: Path, display: str, config: Config, *, unsafe: bool = False, 
         fixed = fix_notebook(text, display, config, unsafe=unsafe, repository=repository, keep=keep)
     else:
         fixed = fix_source(text, display, config, unsafe=unsafe, repository=repository, keep=keep)
+    if note is not None:
+        fixed.result.errors.append(note)
     if write and fixed.changed:
         data = path.read_bytes()
         # bytes, not text mode: newlines are written exactly as they were read (\r\n stays \r\n)

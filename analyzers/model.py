@@ -139,10 +139,16 @@ class FileError:
 
     path: str
     kind: str  # syntax-error | decode-error | binary-file | too-large | rule-error | read-error | notebook-error
+    #            | unknown-codec (a note: the file was read and analyzed)
     message: str
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def unanalyzed(self) -> bool:
+        """Whether the file went unanalyzed: a crashing rule is our bug, not the file's; a note is no failure."""
+        return self.kind not in ("rule-error", "unknown-codec")
 
 
 @dataclass

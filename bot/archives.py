@@ -12,6 +12,7 @@ import io
 import struct
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import Callable, Optional
 
 import requests
 
@@ -47,11 +48,13 @@ def download_archive(repo, kind: str, ref: str, max_download: int, too_large: ty
 
 
 def download_code(repo, ref: str, into: Path, *, suffixes: tuple[str, ...] = (".py",),
+                  also: Optional[Callable[[str], bool]] = None,
                   max_download: int = MAX_DOWNLOAD_BYTES, max_bytes: int = MAX_CODE_BYTES,
                   max_files: int = MAX_CODE_FILES) -> Path:
-    """The files of ``repo`` at ``ref`` whose names end with ``suffixes``, under ``into``."""
+    """The files of ``repo`` at ``ref`` whose names end with ``suffixes`` (or whose repository path ``also``
+    accepts), under ``into``."""
     data = download_archive(repo, "zipball", ref, max_download, ArchiveTooLarge)
-    return unpack_code(data, ref, into, suffixes=suffixes, max_bytes=max_bytes, max_files=max_files)
+    return unpack_code(data, ref, into, suffixes=suffixes, also=also, max_bytes=max_bytes, max_files=max_files)
 
 
 def _central_directory(buffer: memoryview) -> tuple[int, int]:
@@ -91,16 +94,19 @@ def count_entries(data: io.BytesIO, limit: int) -> int:
 
 
 def unpack_code(data: io.BytesIO, ref: str, into: Path, *, suffixes: tuple[str, ...] = (".py",),
-                max_bytes: int = MAX_CODE_BYTES, max_files: int = MAX_CODE_FILES,
-                max_entries: int = MAX_ARCHIVE_ENTRIES) -> Path:
-    """The files of a zipball (its bytes) whose names end with ``suffixes``, under ``into``, within the caps."""
+                also: Optional[Callable[[str], bool]] = None, max_bytes: int = MAX_CODE_BYTES,
+                max_files: int = MAX_CODE_FILES, max_entries: int = MAX_ARCHIVE_ENTRIES) -> Path:
+    """The files of a zipball (its bytes) whose names end with ``suffixes`` or whose path in the repository
+    ``also`` accepts, under ``into``, within the caps."""
     if count_entries(data, max_entries) > max_entries:
         raise ArchiveTooLarge(f"the repository zipball at {ref[:7]} has over {max_entries} entries")
     with zipfile.ZipFile(data) as archive:
         wanted = []
         for info in archive.infolist():
             parts = PurePosixPath(info.filename).parts
-            if info.is_dir() or len(parts) < 2 or not info.filename.endswith(suffixes):
+            if info.is_dir() or len(parts) < 2:
+                continue
+            if not (info.filename.endswith(suffixes) or (also is not None and also("/".join(parts[1:])))):
                 continue
             if info.filename.startswith("/") or ".." in parts or (info.external_attr >> 16) & 0o170000 == 0o120000:
                 continue  # absolute, escaping, or a symbolic link: never written

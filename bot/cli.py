@@ -116,8 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_cache_and_lsp_commands(sub)
 
-    feedback = sub.add_parser("feedback", help="what reviewers said about the App's comments")
-    feedback_sub = feedback.add_subparsers(dest="feedback_command", required=True)
+    feedback = sub.add_parser("feedback", help="what became of the App's comments, per installation and rule",
+                              description="Per installation and rule, from the App's store (REDIS_URL, else "
+                                          "TORCHREVIEW_DATA_DIR): comments posted, 👎 and `/review false-positive` "
+                                          "verdicts from users with write access, threads resolved by a fix (the "
+                                          "finding disappeared after a push), threads a person resolved with the "
+                                          "finding still there.")
+    feedback.add_argument("--format", choices=["table", "json"], default="table")
+    feedback.add_argument("--repository", metavar="OWNER/NAME", help="only this repository")
+    feedback.add_argument("--installation", type=int, metavar="ID", help="only this installation")
+    feedback.set_defaults(handler=cmd_feedback)
+    feedback_sub = feedback.add_subparsers(dest="feedback_command", metavar="[export]")
     export = feedback_sub.add_parser("export", help="print every recorded verdict as JSON (the App's store: "
                                                     "REDIS_URL, else TORCHREVIEW_DATA_DIR)")
     export.add_argument("--repository", metavar="OWNER/NAME", help="only this repository")
@@ -159,12 +168,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     paths = [_relative(p) for p in args.paths]
     run = analyze_paths(paths, config, jobs=args.jobs or os.cpu_count(), cache=_result_cache(args))
     if changed is not None:  # the App's filter: what the change causes, or what it touches
-        run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
-                        else keep_changed(run.findings, changed))
+        try:
+            run.findings = (keep_introduced(run.findings, changed, args.diff, config) if config.filter == "introduced"
+                            else keep_changed(run.findings, changed))
+        except DiffError as exc:  # the tree at the ref could not be read
+            raise UsageError(str(exc)) from None
+        run.errors = _changed_files_errors(run.errors, changed, args.diff)
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
     # like ruff: a file that could not be analyzed fails the run (a crashing rule is our bug, not the file's)
-    unanalyzed = [e for e in run.errors if e.kind != "rule-error"]
+    unanalyzed = [e for e in run.errors if e.unanalyzed]
     if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
@@ -182,15 +195,28 @@ def _add_fix_arguments(check: argparse.ArgumentParser) -> None:
                        help="with --fix/--diff-fixes, also apply fixes that change behaviour (e.g. weights_only=True)")
 
 
+def _changed_files_errors(errors, changed, ref: str) -> list:
+    """With --diff: only the changed files' errors count; how many others there were goes to stderr."""
+    from analyzers.diff import keep_changed_files_errors
+
+    kept = keep_changed_files_errors(errors, changed)
+    others = len({e.path for e in errors}) - len({e.path for e in kept})
+    if others:
+        print(f"{others} file{'s' if others != 1 else ''} not changed since {ref} could not be fully analyzed; "
+              "not reported (run without --diff to see them)", file=sys.stderr)
+    return kept
+
+
 def _check_fix(args: argparse.Namespace, config) -> int:
     from analyzers.diff import DiffError, git_changed_lines
     from analyzers.engine import discover, fails
     from analyzers.fixer import fix_files, unsafe_fixes_left
     from analyzers.output import render
 
+    changed_lines = None
     if args.diff:
         try:
-            git_changed_lines(args.diff)  # a bad ref or no repository: a usage error before anything is written
+            changed_lines = git_changed_lines(args.diff)  # a bad ref or no repository: a usage error before anything is written
         except DiffError as exc:
             raise UsageError(str(exc)) from None
     files = discover([_relative(p) for p in args.paths], config)
@@ -220,9 +246,11 @@ def _check_fix(args: argparse.Namespace, config) -> int:
               "review them)", file=sys.stderr)
     if args.diff_fixes:
         return EXIT_FINDINGS if changed else EXIT_OK  # as ruff --diff: 1 when there is something to apply
+    if changed_lines is not None:
+        run.errors = _changed_files_errors(run.errors, changed_lines, args.diff)
     color = {"always": True, "never": False}.get(args.color)
     render(run, args.format, sys.stdout, color=color)
-    unanalyzed = [e for e in run.errors if e.kind != "rule-error"]
+    unanalyzed = [e for e in run.errors if e.unanalyzed]
     if unanalyzed and config.fail_on_errors and not args.exit_zero_on_errors:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if fails(run.findings, config.fail_on) else EXIT_OK
@@ -242,16 +270,49 @@ def _add_cache_arguments(check: argparse.ArgumentParser) -> None:
                        help="where the results cache lives (default: .torchreview_cache at the repository root)")
 
 
-def cmd_feedback_export(args: argparse.Namespace) -> int:
-    """Reviewers' verdicts (👎, /review false-positive) on the App's comments, per rule and repository."""
-    from collections import Counter
+def cmd_feedback(args: argparse.Namespace) -> int:
+    """What became of the App's comments, per installation and rule: a table, or JSON."""
+    from bot.feedback import REPORT_COLUMNS, report
 
+    rows = report(_app_store(), repository=args.repository, installation=args.installation)
+    if args.format == "json":
+        json.dump({"rows": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    headers = {"posted": "posted", "thumbs_down": "👎", "false_positive": "false-positive",
+               "resolved_by_fix": "resolved by a fix", "resolved_without_fix": "resolved without a fix"}
+    table = Table(title="torchreview comments and what became of them")
+    table.add_column("installation")
+    table.add_column("rule")
+    for column in REPORT_COLUMNS:
+        table.add_column(headers[column], justify="right")
+    for row in rows:
+        table.add_row("?" if row["installation"] is None else str(row["installation"]), row["rule"],
+                      *(str(row[column]) for column in REPORT_COLUMNS))
+    console = Console(width=200 if not sys.stdout.isatty() else None)
+    if rows:
+        console.print(table)
+    else:
+        console.print("No comments recorded yet" + (f" for {args.repository}" if args.repository else "") + ".")
+    return EXIT_OK
+
+
+def _app_store():
     from bot.settings import Settings
     from bot.store import make_store
 
     settings = Settings.from_env(require_github=False, role="web")  # the store only: no key is read
-    records = [r for r in make_store(settings.redis_url, settings.data_dir).feedback()
-               if args.repository in (None, r.get("repository"))]
+    return make_store(settings.redis_url, settings.data_dir)
+
+
+def cmd_feedback_export(args: argparse.Namespace) -> int:
+    """Reviewers' verdicts (👎, /review false-positive) on the App's comments, per rule and repository."""
+    from collections import Counter
+
+    records = [r for r in _app_store().feedback() if args.repository in (None, r.get("repository"))]
     totals = Counter((r["repository"], r["rule"], r["kind"]) for r in records)
     json.dump({"records": records,
                "totals": [{"repository": repo, "rule": rule, "kind": kind, "count": n}

@@ -21,7 +21,7 @@ query($owner: String!, $name: String!, $number: Int!, $after: String) {
     pullRequest(number: $number) {
       reviewThreads(first: 100, after: $after) {
         pageInfo { hasNextPage endCursor }
-        nodes { id isResolved comments(first: 100) { nodes { databaseId author { login } } } }
+        nodes { id isResolved resolvedBy { login } comments(first: 100) { nodes { databaseId author { login } } } }
       }
     }
   }
@@ -86,12 +86,12 @@ def gone_comments(existing: dict[str, BotComment], kept: frozenset[str]) -> list
 
 
 def close_gone(gh, repo_full_name: str, pr, gone: list[BotComment], cleanup: str, bot_login: Optional[str],
-               spend: Callable[[], None]) -> tuple[int, int]:
-    """Resolve (or, with ``cleanup = "delete"`` and no replies, delete) threads of fixed findings."""
+               spend: Callable[[], None], threads: Optional[dict[int, dict]] = None) -> tuple[int, int]:
+    """Resolve (or, with ``cleanup = "delete"`` and no replies, delete) threads of fixed findings; ``threads``:
+    the pull request's, when already fetched (:func:`review_threads`)."""
     if not gone:
         return 0, 0
-    owner, name = repo_full_name.split("/")
-    threads = _threads_by_root_comment(gh, owner, name, pr.number)
+    threads = threads if threads is not None else review_threads(gh, repo_full_name, pr.number)
     resolved = deleted = 0
     for item in gone:
         thread = threads.get(item.id)
@@ -117,7 +117,15 @@ def _login_is_ours(login: str, bot_login: Optional[str]) -> bool:
     return login == bot_login if bot_login else login.endswith("[bot]")
 
 
-def _threads_by_root_comment(gh, owner: str, name: str, number: int) -> dict[int, dict]:
+def resolved_by_people(comments: list[BotComment], threads: dict[int, dict], bot_login: Optional[str]) -> list[BotComment]:
+    """Those of our ``comments`` whose thread a person (not us) resolved."""
+    return [c for c in comments if threads.get(c.id, {}).get("resolved")
+            and not _login_is_ours(threads[c.id].get("resolved_by") or "", bot_login)]
+
+
+def review_threads(gh, repo_full_name: str, number: int) -> dict[int, dict]:
+    """The pull request's review threads by the id of their first comment: id, resolved, resolved_by, authors."""
+    owner, name = repo_full_name.split("/")
     threads: dict[int, dict] = {}
     after = None
     while True:
@@ -129,6 +137,7 @@ def _threads_by_root_comment(gh, owner: str, name: str, number: int) -> dict[int
             if comments:
                 threads[comments[0]["databaseId"]] = {
                     "id": node["id"], "resolved": node["isResolved"],
+                    "resolved_by": (node.get("resolvedBy") or {}).get("login"),
                     "authors": [(c.get("author") or {}).get("login", "") for c in comments],
                 }
         if not connection["pageInfo"]["hasNextPage"]:

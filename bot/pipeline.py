@@ -32,7 +32,8 @@ from analyzers.pickles import checkpoint_result, is_checkpoint
 from analyzers.program.modules import RepositoryIndex
 from bot import feedback
 from bot import review as compose
-from bot.conversation import close_gone, gone_comments, is_ours, our_review_comments, unique_comments, upsert_summary
+from bot.conversation import (close_gone, gone_comments, is_ours, our_review_comments, resolved_by_people,
+                              review_threads, unique_comments, upsert_summary)
 from bot.github_client import commit_ref, our_check_runs
 from bot.jobs import RETARGETED, CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
@@ -107,8 +108,13 @@ def run_review(job, clients, store) -> str:
     repo = gh.get_repo(job.repository)
     pr = repo.get_pull(job.pull_number)
     if job.reason == "pull_request.closed":  # nothing to review: read what reviewers said, once more
-        recorded = feedback.collect(pr, job.repository, unique_comments(our_review_comments(pr, clients.bot_login())),
-                                    store, lambda user: is_ours(user, clients.bot_login()))
+        ours = unique_comments(our_review_comments(pr, clients.bot_login()))
+        recorded = feedback.collect(pr, job.repository, ours, store, lambda user: is_ours(user, clients.bot_login()),
+                                    installation=job.installation_id)
+        if ours:  # threads people resolved since the last review, findings still there
+            feedback.record_events(store, feedback.RESOLVED_UNFIXED, job.installation_id, job.repository, pr.number,
+                                   [c.comment.body for c in resolved_by_people(
+                                       ours, review_threads(gh, job.repository, pr.number), clients.bot_login())])
         return f"closed: {recorded} new verdict(s) on our comments"
     head = pr.head.sha
     budget = WriteBudget(store, job.installation_id)
@@ -210,7 +216,7 @@ class ReviewRun:
         existing = our_review_comments(self.pr, self.bot_login)
         if self.store is not None:  # what reviewers said about our earlier comments, before we say more
             feedback.collect(self.pr, self.job.repository, unique_comments(existing), self.store,
-                             lambda user: is_ours(user, self.bot_login))
+                             lambda user: is_ours(user, self.bot_login), installation=self.job.installation_id)
             analysis.feedback_note = feedback.summary_line(*feedback.marked_wrong(self.store, self.job.repository))
         plan = compose.plan_review(analysis, settings, posted=frozenset(existing))
         check_plan = compose.plan_check_run(analysis, settings)
@@ -219,12 +225,21 @@ class ReviewRun:
         if current:
             self.complete(check_run, compose.superseded_plan(self.head, current))
             return f"superseded during review by {current[:7]}"
+        posted = []
         if plan.comments:
             event = "REQUEST_CHANGES" if config.review_event == "request_changes" and plan.blocking else "COMMENT"
-            self.post_review(plan, event)
+            posted = self.post_review(plan, event)
         gone = gone_comments(existing, plan.fingerprints)
+        # read once, for closing the gone ones and for telling which threads people resolved (feedback)
+        threads = review_threads(self.gh, self.job.repository, self.pr.number) if gone or (
+            existing and self.store is not None) else None
         resolved, deleted = close_gone(self.gh, self.job.repository, self.pr, gone, config.cleanup, self.bot_login,
-                                       self.budget.spend)
+                                       self.budget.spend, threads=threads)
+        if self.store is not None:
+            fixed = {c.id for c in gone}
+            self.record_comment_events(posted, gone, [c for c in resolved_by_people(unique_comments(existing),
+                                                                                    threads or {}, self.bot_login)
+                                                      if c.id not in fixed])
         if plan.findings_count or existing:
             upsert_summary(self.repo, self.pr.number, plan.body, self.bot_login, self.budget.spend)
         # and the push may land while we post: the verdict goes to the head it judged only if it still is
@@ -244,23 +259,34 @@ class ReviewRun:
     def base_fingerprints(self, changed: ChangedFiles, config: Config, index=None) -> frozenset[str]:
         """Fingerprints of what the base revision of the changed files already had (under the head path,
         so a renamed file's old findings are recognised); a file new in this PR had none. The base is
-        analyzed with the head's repository context, so only the PR's own files make the difference."""
-        results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
-                               lambda path, text: analyze_text(text, path, config, repository=index),
-                               lambda path, kind, message: FileResult(path), seconds=app_file_seconds(config))
+        analyzed with the base's repository context and pins (its own tree), as the head is with the head's:
+        a finding that depends on another file or on a pin is the PR's only when the PR made the difference
+        (a pin it lowered), never because its file was edited. Without the base's tree, the head's stands in."""
+        context = self.repository_context(self.pr.base.sha) if changed.base_sources else None
+        try:
+            base_index = context.index if context is not None else index
+            results = run_isolated(((path, text) for path, text in changed.base_sources.items()),
+                                   lambda path, text: analyze_text(text, path, config, repository=base_index),
+                                   lambda path, kind, message: FileResult(path), seconds=app_file_seconds(config))
+        finally:
+            if context is not None:
+                context.close()
         base_findings = [f for result in results.values() for f in result.findings]
         return frozenset(fingerprints_for(base_findings, changed.base_sources).values())
 
-    def repository_context(self) -> Optional["RepositoryContext"]:
-        """The head's code (``.py`` files of its tarball) for questions across files: the model class in
-        ``model.py`` that ``train.py`` trains. None when it cannot be had; the review goes on per file."""
+    def repository_context(self, ref: Optional[str] = None) -> Optional["RepositoryContext"]:
+        """The code (``.py`` files of its zipball) and version pins (requirement files) at ``ref``, the head by
+        default, for questions across files: the model class in ``model.py`` that ``train.py`` trains, the
+        torch release ``requirements.txt`` allows. None when it cannot be had; the review goes on per file."""
+        from analyzers.program.versions import is_pin_file
         from bot.archives import ArchiveTooLarge, download_code
 
+        ref = ref or self.head
         scratch = Path(tempfile.mkdtemp(prefix="torchreview-context-"))
         try:
-            root = download_code(self.repo, self.head, scratch / "head")
+            root = download_code(self.repo, ref, scratch / "tree", also=is_pin_file)
         except (ArchiveTooLarge, GithubException, OSError, requests.RequestException, zipfile.BadZipFile) as exc:
-            log.info("no repository context for %s@%s: %s", self.job.repository, self.head[:7], exc)
+            log.info("no repository context for %s@%s: %s", self.job.repository, ref[:7], exc)
             shutil.rmtree(scratch, ignore_errors=True)
             return None
         return RepositoryContext(RepositoryIndex(root), scratch)
@@ -290,14 +316,24 @@ class ReviewRun:
         complete_check_run(check_run, plan, self.budget)
 
     # ---- the review ----------------------------------------------------------------------
-    def post_review(self, plan, event: str) -> None:
+    def record_comment_events(self, posted: list[dict], fixed: list, resolved_unfixed: list) -> None:
+        """What became of our comments in this review, for ``torchreview feedback``: those posted, those whose
+        finding a push removed (their threads resolved or deleted), those a person resolved with it still there."""
+        for kind, bodies in ((feedback.POSTED, [c["body"] for c in posted]),
+                             (feedback.FIXED, [c.comment.body for c in fixed]),
+                             (feedback.RESOLVED_UNFIXED, [c.comment.body for c in resolved_unfixed])):
+            feedback.record_events(self.store, kind, self.job.installation_id, self.job.repository, self.pr.number,
+                                   bodies)
+
+    def post_review(self, plan, event: str) -> list[dict]:
+        """Post the plan's comments in one review; the comments GitHub took."""
         body = (f"torchreview: {len(plan.comments)} new finding(s) on {self.head[:7]}. "
                 "The summary comment and the check run have the whole picture.")
         commit = commit_ref(self.repo, self.head)  # not fetched: only its sha is used
         self.budget.spend()
         try:
             self.pr.create_review(commit=commit, body=body, event=event, comments=plan.comments)
-            return
+            return plan.comments
         except GithubException as exc:
             if exc.status != 422:
                 raise
@@ -310,10 +346,12 @@ class ReviewRun:
             self.budget.spend()
             try:
                 self.pr.create_review(commit=commit, body=body, event=event, comments=kept)
+                return kept
             except GithubException as exc:
                 if exc.status != 422:
                     raise
                 log.warning("review still rejected; the findings stay in the summary comment and check run")
+        return []
 
 
 def head_moved_past(repo, pull_number: int, head: str) -> Optional[str]:
@@ -434,9 +472,10 @@ def _collect(repo, pr, head: str, config: Config, changed: ChangedFiles, max_fil
             changed.notes.append(FileError(path, "unavailable", "content could not be fetched at the head commit"))
             continue
         spent += _parse_cost(path, data)
-        text, error = decode_source(data, path)
-        if error is not None:
-            changed.notes.append(error)
+        text, note = decode_source(data, path)
+        if note is not None:  # why it was not read, or how it was (a codec we lack: as UTF-8)
+            changed.notes.append(note)
+        if text is None:
             continue
         changed.sources[path] = text
         if f.sha:
@@ -521,7 +560,7 @@ def notebook_layouts(changed: ChangedFiles, paths: list[str]) -> None:
 def analyze_changed_file(changed: ChangedFiles, path: str, config: Config, results: Optional[ResultCache],
                          index: Optional[RepositoryIndex] = None, repository: str = ""):
     """One changed file's findings, from the results cache when its blob was analyzed before with the same
-    repository context (the other files it consulted, checked again in this head's tree)."""
+    repository context (the other files and pins it consulted, checked again in this head's tree)."""
     if path in changed.checkpoints:
         return checkpoint_result(changed.checkpoints[path], path, config)
     blob = changed.blobs.get(path)

@@ -60,6 +60,7 @@ NOTE_EXPLANATIONS = {
     "too-large": "file too large to analyze",
     "syntax-error": "could not be parsed (syntax error), so no rule ran on it",
     "decode-error": "not valid UTF-8 text, not analyzed",
+    "unknown-codec": "its coding cookie names a codec torchreview lacks; read and analyzed as UTF-8",
     "read-error": "could not be read",
     "notebook-error": "notebook could not be read",
     "rule-error": "a rule failed on this file; other rules still ran",

@@ -65,6 +65,12 @@ class Store(Protocol):
     def feedback(self) -> list[dict]:
         """Every recorded verdict, oldest first."""
 
+    def add_event(self, record: dict) -> bool:
+        """Record what became of one of the App's comments (posted, fixed...; ``record["id"]``); False if known."""
+
+    def events(self) -> list[dict]:
+        """Every recorded comment event, oldest first."""
+
 
 class RedisStore:
     _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
@@ -165,15 +171,28 @@ return 1
         return value.decode() if value is not None else None
 
     FEEDBACK = "torchreview:feedback"
+    EVENTS = "torchreview:comment-events"
 
     def add_feedback(self, record: dict) -> bool:
-        if not self.client.hsetnx(self.FEEDBACK + ":seen", record["id"], 1):
-            return False  # kept for good: it is the record of what users said
-        self.client.rpush(self.FEEDBACK, json.dumps(record, sort_keys=True))
-        return True
+        return self._append_once(self.FEEDBACK, record)
 
     def feedback(self) -> list[dict]:
-        return [json.loads(item) for item in self.client.lrange(self.FEEDBACK, 0, -1)]
+        return self._records(self.FEEDBACK)
+
+    def add_event(self, record: dict) -> bool:
+        return self._append_once(self.EVENTS, record)
+
+    def events(self) -> list[dict]:
+        return self._records(self.EVENTS)
+
+    def _append_once(self, log: str, record: dict) -> bool:
+        if not self.client.hsetnx(log + ":seen", record["id"], 1):
+            return False  # kept for good: it is the record of what users said and what became of our comments
+        self.client.rpush(log, json.dumps(record, sort_keys=True))
+        return True
+
+    def _records(self, log: str) -> list[dict]:
+        return [json.loads(item) for item in self.client.lrange(log, 0, -1)]
 
 
 class SqliteStore:
@@ -184,6 +203,7 @@ class SqliteStore:
         with self._db() as db:
             db.execute("CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, value TEXT, expires REAL)")
             db.execute("CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, record TEXT, at REAL)")
+            db.execute("CREATE TABLE IF NOT EXISTS events (id TEXT PRIMARY KEY, record TEXT, at REAL)")
             db.execute("CREATE TABLE IF NOT EXISTS slots (key TEXT, at REAL)")
 
     @contextmanager
@@ -228,13 +248,25 @@ class SqliteStore:
         return first
 
     def add_feedback(self, record: dict) -> bool:
-        with self._db() as db:
-            return db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?)",
-                              (record["id"], json.dumps(record, sort_keys=True), time.time())).rowcount == 1
+        return self._insert_once("feedback", record)
 
     def feedback(self) -> list[dict]:
+        return self._records("feedback")
+
+    def add_event(self, record: dict) -> bool:
+        return self._insert_once("events", record)
+
+    def events(self) -> list[dict]:
+        return self._records("events")
+
+    def _insert_once(self, table: str, record: dict) -> bool:  # table: one of the two names above, never input
         with self._db() as db:
-            return [json.loads(row[0]) for row in db.execute("SELECT record FROM feedback ORDER BY at, id")]
+            return db.execute(f"INSERT OR IGNORE INTO {table} VALUES (?, ?, ?)",
+                              (record["id"], json.dumps(record, sort_keys=True), time.time())).rowcount == 1
+
+    def _records(self, table: str) -> list[dict]:
+        with self._db() as db:
+            return [json.loads(row[0]) for row in db.execute(f"SELECT record FROM {table} ORDER BY at, id")]
 
     def release(self, key: str) -> None:
         with self._db() as db:

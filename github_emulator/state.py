@@ -756,6 +756,14 @@ class EmulatorState:
             self.review_threads[thread.id] = thread
         return comment
 
+    @_locked
+    def resolve_thread(self, comment_id: int, user: str) -> ReviewThread:
+        """A person resolves the review thread that ``comment_id`` is in (the "Resolve conversation" button)."""
+        root = self.thread_root(self.review_comments[comment_id])
+        thread = next(t for t in self.review_threads.values() if t.root_comment_id == root.id)
+        thread.is_resolved, thread.resolved_by = True, self.user(user)
+        return thread
+
     def thread_root(self, comment: ReviewComment) -> ReviewComment:
         while comment.in_reply_to_id is not None:
             comment = self.review_comments[comment.in_reply_to_id]

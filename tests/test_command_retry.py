@@ -99,8 +99,9 @@ def test_a_push_landing_while_the_review_posts_leaves_the_run_neutral(command, m
     pushed = []
 
     def push_while_posting(self, plan, event):
-        post_review(self, plan, event)
+        posted = post_review(self, plan, event)
         pushed.append(state.push(pr, {"train.py": TRAIN + "\nx = 1\n"}))
+        return posted
 
     monkeypatch.setattr(ReviewRun, "post_review", push_while_posting)
     command["run"]()
@@ -151,12 +152,13 @@ def test_a_duplicate_attempt_waits_for_the_one_still_answering(command, store, m
     seen = {}
 
     def duplicate_arrives(self, plan, event):
-        post_review(self, plan, event)
+        posted = post_review(self, plan, event)
         state.push(pr, {"train.py": TRAIN + "\nx = 1\n"})
         with pytest.raises(LockBusy):
             command["run"]()  # the duplicate, while this attempt holds the lock
         seen["runs"] = [(run.status, run.head_sha) for run in answers(state, pr, job.delivery, first_head)]
         seen["pin"] = store.get(command_head_key(job.installation_id, job.delivery))
+        return posted
 
     monkeypatch.setattr(ReviewRun, "post_review", duplicate_arrives)
     command["run"]()

@@ -734,13 +734,16 @@ class Dependencies:
     files: dict[str, Optional[str]] = field(default_factory=dict)  # absolute path -> content digest (None: unread)
     probes: dict[str, bool] = field(default_factory=dict)  # candidate module file -> was it a usable file
     listings: dict[str, list[str]] = field(default_factory=dict)  # file -> the sibling scripts it looked at
+    # folder -> the requirement files in it whose pins were read (their contents are in ``files``)
+    pin_files: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"files": self.files, "probes": self.probes, "listings": self.listings}
+        return {"files": self.files, "probes": self.probes, "listings": self.listings, "pin_files": self.pin_files}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Dependencies":
-        return cls(dict(data.get("files", {})), dict(data.get("probes", {})), dict(data.get("listings", {})))
+        return cls(dict(data.get("files", {})), dict(data.get("probes", {})), dict(data.get("listings", {})),
+                   dict(data.get("pin_files", {})))
 
     def relative_to(self, root: Path) -> "Dependencies":
         """The same, with paths relative to ``root`` (a checkout that is extracted anew for every run)."""
@@ -751,7 +754,8 @@ class Dependencies:
                 return path  # outside the repository: kept absolute
 
         return Dependencies({rel(p): d for p, d in self.files.items()}, {rel(p): u for p, u in self.probes.items()},
-                            {rel(p): [rel(x) for x in xs] for p, xs in self.listings.items()})
+                            {rel(p): [rel(x) for x in xs] for p, xs in self.listings.items()},
+                            {rel(p): names for p, names in self.pin_files.items()})
 
     def under(self, root: Path) -> "Dependencies":
         """:meth:`relative_to` undone against this run's checkout."""
@@ -760,13 +764,19 @@ class Dependencies:
 
         return Dependencies({absolute(p): d for p, d in self.files.items()},
                             {absolute(p): u for p, u in self.probes.items()},
-                            {absolute(p): [absolute(x) for x in xs] for p, xs in self.listings.items()})
+                            {absolute(p): [absolute(x) for x in xs] for p, xs in self.listings.items()},
+                            {absolute(p): names for p, names in self.pin_files.items()})
 
     def unchanged(self, root: Path, digest_of=None) -> bool:
         """Would the index find the same things now? ``digest_of`` may memoize :func:`file_digest`."""
         digest_of = digest_of or file_digest
+        from analyzers.program.versions import pin_file_names
+
         for path, usable in self.probes.items():
             if module_file_usable(Path(path), root) != usable:
+                return False
+        for folder, names in self.pin_files.items():
+            if pin_file_names(Path(folder)) != names:  # one added or removed; the contents are in ``files``
                 return False
         for path, siblings in self.listings.items():
             if [str(p) for p in python_siblings(Path(path))] != siblings:
@@ -799,6 +809,15 @@ def _note_probe(path: Path, usable: bool) -> bool:
     if deps is not None:
         deps.probes.setdefault(os.path.abspath(path), usable)
     return usable
+
+
+def note_pin_folder(folder: Path, pin_files: list[Path]) -> None:
+    """The requirement files of ``folder`` were read for its pins (versions.py)."""
+    deps = _RECORDING.get()
+    if deps is not None and os.path.abspath(folder) not in deps.pin_files:
+        deps.pin_files[os.path.abspath(folder)] = [p.name for p in pin_files]
+        for path in pin_files:
+            _note_file(path, file_digest(path))
 
 
 def _note_listing(path: Path, siblings: list[Path]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Optional
 
 Version = tuple[int, ...]
@@ -132,17 +132,36 @@ _LEGACY_FOLDERS = {"legacy", "deprecated"}
 _FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str, Optional[Floor]]]]] = {}
 
 
-def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str, Optional[Floor]]]:
-    """package -> (its cap or None when open above, the file, its floor or None when open below) for the files
-    directly in ``folder``; cached until one of those files changes. Several mentions: the strictest cap and
-    the lowest floor (a floor holds only when every mention has one)."""
+def is_pin_file(relative: str) -> bool:
+    """Whether the file at ``relative`` (a repository path, ``/``-separated) is one pins are read from: what a
+    copy of the repository must hold for the analysis to see the same versions."""
+    path = PurePosixPath(relative)
+    return any(path.match(pattern) for pattern in _FILES)
+
+
+def _pin_files(folder: Path) -> list[Path]:
     files: list[Path] = []
     for pattern in _FILES:
         try:
             files.extend(sorted(folder.glob(pattern)))
         except OSError:
             continue
-    files = files[:20]
+    return files[:20]
+
+
+def pin_file_names(folder: Path) -> list[str]:
+    """The requirement files pins are read from in ``folder`` (what the results cache checks again)."""
+    return [path.name for path in _pin_files(folder)]
+
+
+def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str, Optional[Floor]]]:
+    """package -> (its cap or None when open above, the file, its floor or None when open below) for the files
+    directly in ``folder``; cached until one of those files changes. Several mentions: the strictest cap and
+    the lowest floor (a floor holds only when every mention has one)."""
+    from analyzers.program.modules import note_pin_folder
+
+    files = _pin_files(folder)
+    note_pin_folder(folder, files)  # read now or from the cache below: the results cache must know either way
     stamps = []
     for path in files:
         try:
