@@ -58,7 +58,7 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     (gpu_runner.confirm); their verdicts are the report's ``findings``, decided until ``findings_deadline`` (a
     time.perf_counter() value). The experiments never cost the target its checks' report: one that fails
     outside the PR's code leaves the findings out and says so in the notes."""
-    from gpu_runner.build import CONFIGURE_HINT, Skip, build_subject, known_bug
+    from gpu_runner.build import CONFIGURE_HINT, BuiltWithBug, Skip, build_subject, known_bug
     from gpu_runner.checks import run_checks
 
     try:
@@ -69,6 +69,10 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
                        traceback=traceback.format_exc(limit=5))
     if isinstance(subject, Skip):
         return _report(target, "skipped", subject.reason)
+    if isinstance(subject, BuiltWithBug):
+        from dataclasses import asdict
+
+        return _report(target, "failed", checks=[asdict(subject.check)])
     try:
         budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
         report = run_checks(subject, steps=steps, seed=seed, budget_s=budget)
