@@ -13,10 +13,10 @@ called by it) is an ``error`` of that check, never the model's failure.
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import os
 import re
-import resource
 import statistics
 import sys
 import time
@@ -265,6 +265,18 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
     """Run every smoke check on ``subject`` and take its measures; status is "failed" when any check failed.
     With ``budget_s``, a model too slow to be checked in that time is checked on smaller batches and, if it must,
     with fewer steps (then a loss that does not fall enough is a warning, not a failure)."""
+    return _checked(subject, steps, seed, batch_size, budget_s, with_checks=True)
+
+
+def measure_subject(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: int = 8,
+                    budget_s: Optional[float] = None) -> TargetReport:
+    """Only the measures of ``run_checks`` (on the same batch size): another round of step times for comparing
+    head and base (gpu_runner.runner interleaves them)."""
+    return _checked(subject, steps, seed, batch_size, budget_s, with_checks=False)
+
+
+def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s: Optional[float],
+             with_checks: bool) -> TargetReport:
     with torch.random.fork_rng(devices=_cuda_devices(subject.device)):  # leave the caller's RNG state alone
         budget_note = ""
         requested_steps = steps
@@ -283,17 +295,20 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
         global _CONFIGURED_LAYOUT
         configured = subject.output_select is not None or subject.output_batch_axis != 0
         _CONFIGURED_LAYOUT = subject if configured else None
+        checks: list[CheckResult] = []
         try:
-            checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
-            run.model()
-            checks = [_reproduced(check, run) if check.status == "fail" else check for check in checks]
-            measures, notes = _take_measures(run)
+            if with_checks:
+                checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
+                run.model()
+                checks = [_reproduced(check, run) if check.status == "fail" else check for check in checks]
+            measures, step_times, notes = _take_measures(run)
             notes = [budget_note] * bool(budget_note) + notes
         finally:
             _CONFIGURED_LAYOUT = None
             run.model()  # the subject leaves as it came
     status = "failed" if any(check.status == "fail" for check in checks) else "passed"
-    return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes)
+    return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes,
+                        step_times_ms=step_times)
 
 
 def _second_batch_size(batch_size: int) -> int:
@@ -1767,21 +1782,44 @@ CHECK_NAMES = tuple(check_name for check_name, _ in _CHECKS)
 
 # --- measures ---------------------------------------------------------------------------------------------
 
-def _peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux reports KiB
+def _step_tensor_bytes(run: _Run, model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors a training step holds at its peak, each storage once: parameters, buffers, inputs,
+    the activations autograd saves for backward, the gradients and the optimizer's state. Counted, not read off
+    the process (its RSS moves with the allocator's caching and whatever else ran), so no load changes it."""
+    storages: dict = {}
+
+    def count(tensor: Any) -> Any:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            try:
+                storage = tensor.untyped_storage()
+                storages[(storage.data_ptr(), str(tensor.device))] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without a storage
+                pass
+        return tensor
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+        loss = _loss(run, _forward(model, batch), batch)
+    loss.backward()
+    for tensor in [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters()),
+                   *(value for state in optimizer.state.values() for value in state.values()),
+                   *(tensor for _, tensor in _input_tensors(batch))]:
+        count(tensor)
+    optimizer.zero_grad(set_to_none=True)
+    return sum(storages.values())
 
 
-def _take_measures(run: _Run) -> tuple[dict, list[str]]:
+def _take_measures(run: _Run) -> tuple[dict, list[float], list[str]]:
     """params, step_time_ms (median of 10 Adam steps after 3 warm-up steps; 5 after 1 for a model scaled down to
-    fit the time budget), peak_memory_bytes,
-    loss_after_steps (from overfit-batch's lr 1e-3 run)."""
+    fit the time budget; the steps' times are returned too; on CPU, the thread's CPU time), peak_memory_bytes (CUDA's allocator; on CPU the
+    tensor bytes of a step, ``_step_tensor_bytes``), loss_after_steps (from overfit-batch's lr 1e-3 run)."""
     subject = run.subject
     notes: list[str] = []
     measures: dict = {"params": sum(p.numel() for _, p in _trainable(subject.model)),
                       "loss_after_steps": run.loss_after_steps}
     on_cuda = str(subject.device).startswith("cuda") and torch.cuda.is_available()
     threads = torch.get_num_threads()
+    timings: list[float] = []
     try:
         run.seed_everything()
         model = run.model().train()
@@ -1792,25 +1830,30 @@ def _take_measures(run: _Run) -> tuple[dict, list[str]]:
             torch.cuda.reset_peak_memory_stats()
         else:
             torch.set_num_threads(1)
-        timings = []
         warmup, timed = (TIMING_WARMUP_STEPS, TIMING_STEPS) if not run.scaled else SCALED_TIMING_STEPS
+        # on CPU the step's own CPU time (one thread): other processes' load moves wall time by 2x, not this
+        clock = time.perf_counter if on_cuda else time.thread_time
+        gc.disable()  # a collection lands in whichever step allocates past its threshold: time it in neither
         for step in range(warmup + timed):
-            started = time.perf_counter()
+            started = clock()
             optimizer.zero_grad(set_to_none=True)
             _loss(run, _forward(model, batch), batch).backward()
             optimizer.step()
             if on_cuda:
                 torch.cuda.synchronize()
             if step >= warmup:
-                timings.append(time.perf_counter() - started)
+                timings.append(clock() - started)
         measures["step_time_ms"] = statistics.median(timings) * 1000
         if on_cuda:
             measures["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
         else:
-            measures["peak_memory_bytes"] = _peak_rss_bytes()
-            notes.append("step_time_ms is single-threaded on CPU; peak_memory_bytes is the process's peak RSS")
+            measures["peak_memory_bytes"] = _step_tensor_bytes(run, model, batch, optimizer)
+            notes.append("step_time_ms is the CPU time of a single-threaded step on CPU; peak_memory_bytes counts the "
+                         "tensors of a training step (parameters, activations saved for backward, gradients, "
+                         "optimizer state)")
     except Exception as exc:  # noqa: BLE001
         notes.append(f"could not time a training step: {type(exc).__name__}: {_one_line(exc, 160)}")
     finally:
+        gc.enable()
         torch.set_num_threads(threads)
-    return measures, notes
+    return measures, [round(t * 1000, 4) for t in timings], notes

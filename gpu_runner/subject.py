@@ -57,6 +57,7 @@ class TargetReport:
     measures: dict = field(default_factory=dict)  # params, step_time_ms, peak_memory_bytes, loss_after_steps
     reason: str = ""  # for skipped/error: what happened and how to configure it
     notes: list[str] = field(default_factory=list)
+    step_times_ms: list[float] = field(default_factory=list)  # the timed steps behind measures["step_time_ms"]
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
