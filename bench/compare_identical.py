@@ -50,7 +50,8 @@ def main() -> int:
             (outcome,) = run.outcomes
             rows = {row["measure"]: row for row in outcome.comparison}
             flagged += any(row["regression"] for row in rows.values())
-            cells = ", ".join(f"{name} {row['change']}{' FLAGGED' if row['regression'] else ''}"
+            cells = ", ".join(f"{name} {row['base']:.4g} -> {row['head']:.4g} {row['change']}"
+                              f"{' FLAGGED' if row['regression'] else ''}"
                               for name, row in rows.items() if name in ("step time", "peak memory"))
             print(f"run {index + 1:>2}: {outcome.status}; {cells or outcome.head.get('reason', '')[:200]}", flush=True)
     finally:

@@ -1786,13 +1786,13 @@ def _step_tensor_bytes(run: _Run, model: nn.Module, batch: Batch, optimizer: tor
     """Bytes of the tensors a training step holds at its peak, each storage once: parameters, buffers, inputs,
     the activations autograd saves for backward, the gradients and the optimizer's state. Counted, not read off
     the process (its RSS moves with the allocator's caching and whatever else ran), so no load changes it."""
-    storages: dict = {}
+    storages: dict = {}  # (address, device) -> (storage, bytes): held, so no address is reused while counting
 
     def count(tensor: Any) -> Any:
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
             try:
                 storage = tensor.untyped_storage()
-                storages[(storage.data_ptr(), str(tensor.device))] = storage.nbytes()
+                storages[(storage.data_ptr(), str(tensor.device))] = (storage, storage.nbytes())
             except (RuntimeError, NotImplementedError):  # a tensor subclass without a storage
                 pass
         return tensor
@@ -1806,7 +1806,7 @@ def _step_tensor_bytes(run: _Run, model: nn.Module, batch: Batch, optimizer: tor
                    *(tensor for _, tensor in _input_tensors(batch))]:
         count(tensor)
     optimizer.zero_grad(set_to_none=True)
-    return sum(storages.values())
+    return sum(size for _, size in storages.values())
 
 
 def _take_measures(run: _Run) -> tuple[dict, list[float], list[str]]:
