@@ -44,6 +44,15 @@ class Skip:
     reason: str  # what could not be inferred and how to configure it
 
 
+@dataclass
+class BuiltWithBug:
+    """The model was built and shows a bug before any check can run (its layers all in a plain list: no
+    registered parameter to train), reported as that check's failure rather than a skip."""
+
+    name: str
+    check: Any  # gpu_runner.subject.CheckResult
+
+
 class BuildError(Exception):
     """The PR's module cannot be imported, or an explicit configuration cannot be honoured."""
 
@@ -64,7 +73,7 @@ def known_bug(exc: BaseException) -> Optional[str]:
 
 
 def build_subject(code_root: Path, target: str, *, device: str, config: Optional[dict] = None,
-                  seed: int = 0) -> Union[Subject, Skip]:
+                  seed: int = 0) -> Union[Subject, Skip, BuiltWithBug]:
     """Build ``target`` (``"models/net.py:Net"``, ``"models/net.py:build_model"`` or ``"models/net.py"``)
     from the code under ``code_root``. ``config`` is the repo's smoke entry for it: ``factory``,
     ``input`` (``{"shape", "dtype", "low", "high"}`` or a list of them, ``name`` for a keyword input),
@@ -91,6 +100,11 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     if type(model).forward is nn.Module.forward:
         return Skip(f"{name} does not define forward (a base class?); name a concrete model or {CONFIGURE_HINT}")
     if not any(p.requires_grad for p in model.parameters()):
+        from gpu_runner.checks import registration_result
+
+        registration = registration_result(model)  # layers in a plain list look like "no parameters": say which
+        if registration.status == "fail":
+            return BuiltWithBug(name, registration)
         return Skip(f"{name} has no trainable parameters (an activation, a fixed encoding): there is nothing to "
                     "train, so the smoke checks do not apply; its users are checked where they are models")
     model.to(device)
@@ -122,7 +136,8 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     return Subject(name=name, model=model, make_batch=_BatchMaker(plan, task, device, float_dtype),
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
                    integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes,
-                   output_batch_axis=task.batch_axis, output_select=task.select, inputs_batch_first=plan.batch_first())
+                   output_batch_axis=task.batch_axis, output_select=task.select, inputs_batch_first=plan.batch_first(),
+                   inputs_guessed=plan.source not in ("configured", "example_input_array"))
 
 
 # ---- importing the PR's code ---------------------------------------------------------------------

@@ -13,10 +13,10 @@ called by it) is an ``error`` of that check, never the model's failure.
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import os
 import re
-import resource
 import statistics
 import sys
 import time
@@ -265,6 +265,18 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
     """Run every smoke check on ``subject`` and take its measures; status is "failed" when any check failed.
     With ``budget_s``, a model too slow to be checked in that time is checked on smaller batches and, if it must,
     with fewer steps (then a loss that does not fall enough is a warning, not a failure)."""
+    return _checked(subject, steps, seed, batch_size, budget_s, with_checks=True)
+
+
+def measure_subject(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: int = 8,
+                    budget_s: Optional[float] = None) -> TargetReport:
+    """Only the measures of ``run_checks`` (on the same batch size): another round of step times for comparing
+    head and base (gpu_runner.runner interleaves them)."""
+    return _checked(subject, steps, seed, batch_size, budget_s, with_checks=False)
+
+
+def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s: Optional[float],
+             with_checks: bool) -> TargetReport:
     with torch.random.fork_rng(devices=_cuda_devices(subject.device)):  # leave the caller's RNG state alone
         budget_note = ""
         requested_steps = steps
@@ -283,15 +295,53 @@ def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: 
         global _CONFIGURED_LAYOUT
         configured = subject.output_select is not None or subject.output_batch_axis != 0
         _CONFIGURED_LAYOUT = subject if configured else None
+        checks: list[CheckResult] = []
         try:
-            checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
-            measures, notes = _take_measures(run)
+            if with_checks:
+                checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
+                run.model()
+                checks = [_reproduced(check, run) if check.status == "fail" else check for check in checks]
+            measures, step_times, notes = _take_measures(run)
             notes = [budget_note] * bool(budget_note) + notes
         finally:
             _CONFIGURED_LAYOUT = None
             run.model()  # the subject leaves as it came
     status = "failed" if any(check.status == "fail" for check in checks) else "passed"
-    return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes)
+    return TargetReport(target=subject.name, status=status, checks=checks, measures=measures, notes=notes,
+                        step_times_ms=step_times)
+
+
+def _second_batch_size(batch_size: int) -> int:
+    return batch_size - 2 if batch_size > 4 else batch_size + 2
+
+
+def _reproduced(check: CheckResult, run: _Run) -> CheckResult:
+    """``check`` (a fail) as reported: the fail when the check fails again on a second batch size and seed (a
+    failure only one batch shows is the batch's, not the model's), else undecided. The checks whose non-finite
+    values nan-localization replays run first on the second batch too."""
+    batch_size, seed = _second_batch_size(run.batch_size), run.seed + 1
+    function = dict(_CHECKS)[check.name]
+    try:
+        run.subject.model.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        again = _Run(run.subject, run.steps, seed, batch_size, run.subject.make_batch(batch_size, seed),
+                     steps_cut=run.steps_cut, scaled=run.scaled)
+        if check.name == "nan-localization":
+            for earlier in dict.fromkeys(event.check for event in run.nonfinite_events):
+                if earlier in dict(_CHECKS):
+                    _run_isolated(earlier, dict(_CHECKS)[earlier], again)
+        second = _run_isolated(check.name, function, again)
+    except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything making the batch
+        second = CheckResult(check.name, "error", f"{type(exc).__name__}: {_one_line(exc, 160)}")
+    finally:
+        run.model()
+    where = f"a batch of {batch_size} (seed {seed})"
+    if second.status == "fail":
+        check.details["reproduced"] = {"batch_size": batch_size, "seed": seed}
+        return check
+    return _undecided(check.name, f"it failed on a batch of {run.batch_size} (seed {run.seed}) but not on {where}, "
+                      f"so it is not reported as a failure: {check.message} (then: {second.message})",
+                      {**check.details, "first": check.status, "second": second.status})
 
 
 def _cuda_devices(device: str) -> list[int]:
@@ -307,18 +357,88 @@ def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run)
     try:
         result = function(run)
     except Exception as exc:  # noqa: BLE001 - a check that crashes must not stop the others
-        where = _user_frame(exc.__traceback__)
-        details = {"error": True, "where": where, "traceback": traceback.format_exc(limit=-6)}
-        if _out_of_memory(exc):  # the runner's memory limit, whoever asked for the memory: not a finding
-            result = CheckResult(name, "error", f"the check ran out of memory (smoke.memory; a runner limit, not a "
-                                 f"finding about the model): {type(exc).__name__}: {_one_line(exc)}", details)
-        elif where:  # the model's own code raised: a finding
-            result = CheckResult(name, "fail", f"the check raised {type(exc).__name__}: {_one_line(exc)}", details)
-        else:  # raised in torchreview or in torch called by it: the runner's fault, never the model's
-            result = CheckResult(name, "error", f"the check could not run (a runner error, not a finding about the "
-                                 f"model): {type(exc).__name__}: {_one_line(exc)}", details)
+        result = _raised(name, exc, run)
     result.details["seconds"] = round(time.perf_counter() - started, 4)
     return result
+
+
+def _raised(name: str, exc: Exception, run: _Run) -> CheckResult:
+    """What a check that raised says: the model's bug when the model's code raised (on inputs the configuration
+    supplied) or when autograd rejects the graph its forward built; undecided when the model's code raised on the
+    runner's guessed inputs; else the runner's error."""
+    where = _user_frame(exc.__traceback__)
+    details = {"error": True, "where": where, "traceback": traceback.format_exc(limit=-6)}
+    text = f"{type(exc).__name__}: {_one_line(exc)}"
+    if _out_of_memory(exc):  # the runner's memory limit, whoever asked for the memory: not a finding
+        return CheckResult(name, "error", f"the check ran out of memory (smoke.memory; a runner limit, not a finding "
+                           f"about the model): {text}", details)
+    if not where and _raised_in_backward(exc):
+        located = _locate_backward_error(run)
+        if located is not None:  # the replay of one plain training step raises too: the model cannot train
+            details["where"] = located
+            return CheckResult(name, "fail", f"the backward raised {text}; the model's code at {located} builds a "
+                               "graph autograd cannot differentiate (an in-place change of a tensor it saved, or an "
+                               "output detached from the parameters).", details)
+    if where and run.subject.inputs_guessed:
+        return _undecided(name, f"the model's code raised {text} at {where} on the runner's guessed input: the guess "
+                          "may be wrong (configure smoke.targets' input to decide).", details)
+    if where:  # the model's own code raised on inputs it was given: a finding
+        return CheckResult(name, "fail", f"the check raised {text}", details)
+    # raised in torchreview or in torch called by it: the runner's fault, never the model's
+    return CheckResult(name, "error", f"the check could not run (a runner error, not a finding about the model): "
+                       f"{text}", details)
+
+
+def _undecided(name: str, message: str, details: Optional[dict] = None) -> CheckResult:
+    """A check the run could not decide: never a FAIL, and it says why."""
+    return CheckResult(name, "skip", f"undecided: {message}", {**(details or {}), "undecided": True})
+
+
+_AUTOGRAD_ENTRY = (os.path.join("torch", "autograd", "__init__.py"), os.path.join("torch", "_tensor.py"),
+                   os.path.join("torch", "autograd", "graph.py"))
+
+
+def _raised_in_backward(exc: BaseException) -> bool:
+    """``exc`` came out of autograd's engine (``loss.backward()``, ``torch.autograd.grad``)."""
+    return isinstance(exc, RuntimeError) and any(
+        frame.filename.endswith(_AUTOGRAD_ENTRY) and frame.name in ("backward", "grad", "_engine_run_backward")
+        for frame in traceback.extract_tb(exc.__traceback__))
+
+
+def _locate_backward_error(run: _Run) -> Optional[str]:
+    """Where the model's code made the graph node whose backward raises, from a replay of one plain training step
+    (the fixed batch, train mode) under anomaly mode; the model's forward itself when its output is detached.
+    None when the replay goes through (then the check's own use of autograd raised)."""
+    import warnings
+
+    model = run.model()
+    batch = run.batch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly(check_nan=False):
+                _loss(run, _forward(model, batch), batch).backward()
+        except RuntimeError as exc:
+            if not _raised_in_backward(exc):
+                return None
+            forward_traces = [str(w.message) for w in caught if "Traceback of forward call" in str(w.message)]
+            located = next((line for line in map(_last_user_line, forward_traces) if line), "")
+            return located or _forward_definition(model)
+        finally:
+            model.zero_grad(set_to_none=True)
+    return None
+
+
+def _forward_definition(model: nn.Module) -> str:
+    """``file.py:line in forward`` of the model's class (where an output detached from the graph comes from)."""
+    import inspect
+
+    forward = type(model).forward
+    try:
+        filename, line = inspect.getsourcefile(forward) or "?", inspect.getsourcelines(forward)[1]
+    except (OSError, TypeError):
+        return f"{type(model).__name__}.forward"
+    return f"{os.path.basename(filename)}:{line} in {type(model).__name__}.forward"
 
 
 _OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|DefaultCPUAllocator|Cannot allocate memory", re.I)
@@ -1057,21 +1177,110 @@ def _module_name(model: nn.Module, target: nn.Module) -> str:
     return type(target).__name__
 
 
+FLOAT64_MATCH_TOLERANCE = 1e-9  # relative, in float64: rounding leaves ~1e-13 through a deep net; a real difference stays
+
+
+def _match_tolerance(output: torch.Tensor) -> float:
+    """The relative difference two outputs of ``output``'s dtype may show from rounding alone."""
+    eps = torch.finfo(output.dtype).eps if output.is_floating_point() else 0.0
+    return max(OUTPUT_MATCH_TOLERANCE, 100 * eps)
+
+
+def _in_float64(model: nn.Module, batch: Batch, function: Callable[[nn.Module, Batch], float]) -> Optional[float]:
+    """``function(model, batch)`` with the model's floating parameters and buffers and the batch's floating inputs
+    in float64 (the model's own tensors are put back as they were); None when the model cannot run so."""
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
+    saved = [t.data for t in tensors]
+    try:
+        for tensor in tensors:
+            tensor.data = tensor.data.double()
+        return function(model, _map_inputs(batch, lambda t: t.double() if t.is_floating_point() else t))
+    except Exception:  # noqa: BLE001 - a tensor of its own in float32 (not a parameter or buffer), an op without float64
+        return None
+    finally:
+        for tensor, data in zip(tensors, saved):
+            tensor.data = data
+
+
+_SAMPLING_FUNCTIONS = ("randn", "rand", "randint", "randn_like", "rand_like", "randint_like", "normal", "multinomial",
+                       "bernoulli", "poisson", "randperm")
+_SAMPLING_METHODS = ("normal_", "uniform_", "bernoulli_", "exponential_", "random_", "geometric_", "cauchy_",
+                     "log_normal_", "multinomial", "bernoulli")
+_DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+
+
+class _RandomnessRecorder(torch.overrides.TorchFunctionMode):
+    """Records where the PR's code draws random numbers in a forward: ``samples`` (torch.randn_like, x.normal_,
+    torch.multinomial...: sampling by design, a VAE's latent) and ``dropouts`` (a functional dropout called with
+    training=True: the eval-mode bug), each as ``file:line in function: `code```."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch.nn.functional as F
+
+        self.samplers = {getattr(torch, n) for n in _SAMPLING_FUNCTIONS if hasattr(torch, n)} | \
+            {getattr(torch.Tensor, n) for n in _SAMPLING_METHODS if hasattr(torch.Tensor, n)}
+        self.dropout_functions = {getattr(F, n) for n in _DROPOUT_FUNCTIONS} | \
+            {getattr(torch, n) for n in _DROPOUT_FUNCTIONS if hasattr(torch, n)}
+        self.samples: list[str] = []
+        self.dropouts: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        found = self.samples if func in self.samplers else self.dropouts if func in self.dropout_functions else None
+        if found is not None:
+            on = func in self.samplers or bool(kwargs.get("training", args[2] if len(args) > 2 else True))
+            frame = sys._getframe(1)
+            while frame is not None and not _is_user_file(frame.f_code.co_filename):
+                frame = frame.f_back
+            if on and frame is not None:
+                found.append(_format_frame(traceback.extract_stack(frame, limit=1)[0]))
+        return func(*args, **kwargs)
+
+
+def _stochastic_by_design(model: nn.Module, batch: Batch, seed: int, device: str) -> tuple[list[str], list[str], float]:
+    """(where the eval forward samples, where it runs dropout, the relative difference of two eval forwards that
+    start from the same random seed): a forward that samples by design repeats itself under the same seed."""
+    outputs = []
+    recorder = _RandomnessRecorder()
+    with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(device)):
+        for _ in range(2):
+            torch.manual_seed(seed)
+            with recorder:
+                outputs.append(_require_output(_forward(model, batch)))
+    return list(dict.fromkeys(recorder.samples)), list(dict.fromkeys(recorder.dropouts)), \
+        _relative_difference(outputs[0], outputs[1])
+
+
 def check_eval_determinism(run: _Run) -> CheckResult:
     """In eval mode two forwards on the same batch agree, and the first k = B/2 rows of the batch give the same
-    outputs as a batch made of just those k rows (relative tolerance 1e-4)."""
+    outputs as a batch made of just those k rows (relative tolerance 1e-4, or 100 eps of the output's dtype; a
+    difference beyond it is rounding when the same forwards in float64 agree to 1e-9). A forward that samples in
+    eval mode by design (torch.randn_like, not a dropout) and repeats itself under the same seed is skipped."""
     name, batch_size = "eval-determinism", run.batch_size
     model = run.eval_model()
     batch = run.batch()
     with torch.no_grad():
         first = _require_output(_forward(model, batch))
         second = _require_output(_forward(model, batch))
+    tolerance = _match_tolerance(first)
     repeat_difference = _relative_difference(first, second)
-    details: dict = {"repeat_difference": repeat_difference}
-    if repeat_difference > OUTPUT_MATCH_TOLERANCE:
-        return CheckResult(name, "fail", f"two eval-mode forwards on the same batch differ (relative "
-                           f"{repeat_difference:.2g}): something random runs in eval mode (F.dropout without "
-                           "training=self.training, noise not gated on self.training).", details)
+    details: dict = {"repeat_difference": repeat_difference, "tolerance": tolerance}
+    if repeat_difference > tolerance:
+        samples, dropouts, seeded_difference = _stochastic_by_design(model, run.batch(), run.seed, run.subject.device)
+        details.update(samples=samples, dropouts=dropouts, same_seed_difference=seeded_difference)
+        if samples and not dropouts and seeded_difference <= tolerance:
+            return CheckResult(name, "skip", f"stochastic by design: the eval-mode forward samples "
+                               f"({_names(samples, 2)}) and repeats itself under the same seed, so determinism is "
+                               "not checked.", {**details, "stochastic": True})
+        in_float64 = None if dropouts or samples else _in_float64(
+            model, batch, lambda m, b: _relative_difference(*(_require_output(_forward(m, b)) for _ in range(2))))
+        details["float64_repeat_difference"] = in_float64
+        if in_float64 is None or in_float64 > FLOAT64_MATCH_TOLERANCE:
+            at = f" (a functional dropout in eval mode at {_names(dropouts, 2)})" if dropouts else ""
+            return CheckResult(name, "fail", f"two eval-mode forwards on the same batch differ (relative "
+                               f"{repeat_difference:.2g}): something random runs in eval mode{at} (F.dropout without "
+                               "training=self.training, noise not gated on self.training).", details)
     if run.subject.graph:
         return CheckResult(name, "pass", "two eval-mode forwards agree (batch-size invariance does not apply: the "
                            "batch's rows are the nodes of one graph).", details)
@@ -1084,16 +1293,31 @@ def check_eval_determinism(run: _Run) -> CheckResult:
         with torch.no_grad():
             small = _require_output(_forward(model, sliced))
     except Exception as exc:  # noqa: BLE001
+        if run.subject.inputs_guessed and _user_frame(exc.__traceback__):
+            return _undecided(name, f"a batch of {rows} of the runner's guessed input fails where a batch of "
+                              f"{batch_size} works ({type(exc).__name__}: {_one_line(exc, 160)}): the guess may be "
+                              "wrong (configure smoke.targets' input to decide).", details)
         return CheckResult(name, "fail", f"a batch of {rows} fails where a batch of {batch_size} works "
                            f"({type(exc).__name__}: {_one_line(exc, 160)}): the batch size is hard-coded.", details)
     size_difference = _relative_difference(first[:rows], small)
     details["batch_size_difference"] = size_difference
-    if size_difference > OUTPUT_MATCH_TOLERANCE:
+    if size_difference > tolerance:
+        def rows_alone_difference(model64: nn.Module, batch64: Batch) -> float:
+            sliced64 = _map_inputs(batch64, lambda t: t[:rows] if t.dim() > 0 and t.shape[0] == batch_size else t)
+            with torch.no_grad():
+                return _relative_difference(_require_output(_forward(model64, batch64))[:rows],
+                                            _require_output(_forward(model64, sliced64)))
+
+        size_difference_64 = _in_float64(model, batch, rows_alone_difference)
+        details["float64_batch_size_difference"] = size_difference_64
+    if size_difference > tolerance and (size_difference_64 is None or size_difference_64 > FLOAT64_MATCH_TOLERANCE):
         return CheckResult(name, "fail", f"the first {rows} rows of a batch of {batch_size} give different outputs "
                            f"than the same {rows} rows alone (relative {size_difference:.2g}): outputs depend on "
                            "the batch they are in (padding to the batch's longest item, statistics over the batch).", details)
+    rounding = (f" (up to rounding: {size_difference:.2g} in {first.dtype}, "
+                f"{size_difference_64:.2g} in float64)") if size_difference > tolerance else ""
     return CheckResult(name, "pass", f"eval mode is deterministic and the first {rows} rows give the same outputs in "
-                       f"a batch of {rows} and of {batch_size}.", details)
+                       f"a batch of {rows} and of {batch_size}{rounding}.", details)
 
 
 _DROPOUT_TYPES = (nn.modules.dropout._DropoutNd,)
@@ -1433,8 +1657,14 @@ def _unregistered_modules(model: nn.Module) -> list[tuple[str, int]]:
 def check_registration(run: _Run) -> CheckResult:
     """Every submodule with parameters is registered: none is held in a plain list, tuple or dict attribute
     (nn.ModuleList / nn.ModuleDict register theirs)."""
+    return registration_result(run.model())
+
+
+def registration_result(model: nn.Module) -> CheckResult:
+    """module-registration on ``model`` as built (also before the builder would skip it for having no
+    registered parameter: a model whose layers are all in a plain list has none)."""
     name = "module-registration"
-    found = _unregistered_modules(run.model())
+    found = _unregistered_modules(model)
     if found:
         attribute, count = found[0]
         return CheckResult(name, "fail", f"parameters of `self.{attribute}` are not registered ({count:,} parameters "
@@ -1552,21 +1782,44 @@ CHECK_NAMES = tuple(check_name for check_name, _ in _CHECKS)
 
 # --- measures ---------------------------------------------------------------------------------------------
 
-def _peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux reports KiB
+def _step_tensor_bytes(run: _Run, model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors a training step holds at its peak, each storage once: parameters, buffers, inputs,
+    the activations autograd saves for backward, the gradients and the optimizer's state. Counted, not read off
+    the process (its RSS moves with the allocator's caching and whatever else ran), so no load changes it."""
+    storages: dict = {}  # (address, device) -> (storage, bytes): held, so no address is reused while counting
+
+    def count(tensor: Any) -> Any:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            try:
+                storage = tensor.untyped_storage()
+                storages[(storage.data_ptr(), str(tensor.device))] = (storage, storage.nbytes())
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without a storage
+                pass
+        return tensor
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+        loss = _loss(run, _forward(model, batch), batch)
+    loss.backward()
+    for tensor in [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters()),
+                   *(value for state in optimizer.state.values() for value in state.values()),
+                   *(tensor for _, tensor in _input_tensors(batch))]:
+        count(tensor)
+    optimizer.zero_grad(set_to_none=True)
+    return sum(size for _, size in storages.values())
 
 
-def _take_measures(run: _Run) -> tuple[dict, list[str]]:
+def _take_measures(run: _Run) -> tuple[dict, list[float], list[str]]:
     """params, step_time_ms (median of 10 Adam steps after 3 warm-up steps; 5 after 1 for a model scaled down to
-    fit the time budget), peak_memory_bytes,
-    loss_after_steps (from overfit-batch's lr 1e-3 run)."""
+    fit the time budget; the steps' times are returned too; on CPU, the thread's CPU time), peak_memory_bytes (CUDA's allocator; on CPU the
+    tensor bytes of a step, ``_step_tensor_bytes``), loss_after_steps (from overfit-batch's lr 1e-3 run)."""
     subject = run.subject
     notes: list[str] = []
     measures: dict = {"params": sum(p.numel() for _, p in _trainable(subject.model)),
                       "loss_after_steps": run.loss_after_steps}
     on_cuda = str(subject.device).startswith("cuda") and torch.cuda.is_available()
     threads = torch.get_num_threads()
+    timings: list[float] = []
     try:
         run.seed_everything()
         model = run.model().train()
@@ -1577,25 +1830,30 @@ def _take_measures(run: _Run) -> tuple[dict, list[str]]:
             torch.cuda.reset_peak_memory_stats()
         else:
             torch.set_num_threads(1)
-        timings = []
         warmup, timed = (TIMING_WARMUP_STEPS, TIMING_STEPS) if not run.scaled else SCALED_TIMING_STEPS
+        # on CPU the step's own CPU time (one thread): other processes' load moves wall time by 2x, not this
+        clock = time.perf_counter if on_cuda else time.thread_time
+        gc.disable()  # a collection lands in whichever step allocates past its threshold: time it in neither
         for step in range(warmup + timed):
-            started = time.perf_counter()
+            started = clock()
             optimizer.zero_grad(set_to_none=True)
             _loss(run, _forward(model, batch), batch).backward()
             optimizer.step()
             if on_cuda:
                 torch.cuda.synchronize()
             if step >= warmup:
-                timings.append(time.perf_counter() - started)
+                timings.append(clock() - started)
         measures["step_time_ms"] = statistics.median(timings) * 1000
         if on_cuda:
             measures["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
         else:
-            measures["peak_memory_bytes"] = _peak_rss_bytes()
-            notes.append("step_time_ms is single-threaded on CPU; peak_memory_bytes is the process's peak RSS")
+            measures["peak_memory_bytes"] = _step_tensor_bytes(run, model, batch, optimizer)
+            notes.append("step_time_ms is the CPU time of a single-threaded step on CPU; peak_memory_bytes counts the "
+                         "tensors of a training step (parameters, activations saved for backward, gradients, "
+                         "optimizer state)")
     except Exception as exc:  # noqa: BLE001
         notes.append(f"could not time a training step: {type(exc).__name__}: {_one_line(exc, 160)}")
     finally:
+        gc.enable()
         torch.set_num_threads(threads)
-    return measures, notes
+    return measures, [round(t * 1000, 4) for t in timings], notes

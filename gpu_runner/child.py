@@ -51,15 +51,16 @@ FINDINGS_SHARE_OF_TIMEOUT = 0.8
 
 def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int,
               deadline: float | None = None, findings: list | None = None,
-              findings_deadline: float | None = None) -> dict:
+              findings_deadline: float | None = None, measure_only: bool = False) -> dict:
     """Build and check one target; ``deadline`` (a time.perf_counter() value) is when its checks should be done
     (the per-target budget, well before the timeout kills it): a slow model is checked on smaller batches, and
     with fewer steps if it must. ``findings``: static findings of the target's file that a run can decide
     (gpu_runner.confirm); their verdicts are the report's ``findings``, decided until ``findings_deadline`` (a
     time.perf_counter() value). The experiments never cost the target its checks' report: one that fails
-    outside the PR's code leaves the findings out and says so in the notes."""
-    from gpu_runner.build import CONFIGURE_HINT, Skip, build_subject, known_bug
-    from gpu_runner.checks import run_checks
+    outside the PR's code leaves the findings out and says so in the notes. ``measure_only``: no checks, only
+    the measures (another round of step times for comparing head and base)."""
+    from gpu_runner.build import CONFIGURE_HINT, BuiltWithBug, Skip, build_subject, known_bug
+    from gpu_runner.checks import measure_subject, run_checks
 
     try:
         subject = build_subject(code_root, target, device=device, config=config, seed=seed)
@@ -69,14 +70,18 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
                        traceback=traceback.format_exc(limit=5))
     if isinstance(subject, Skip):
         return _report(target, "skipped", subject.reason)
+    if isinstance(subject, BuiltWithBug):
+        from dataclasses import asdict
+
+        return _report(target, "failed", checks=[asdict(subject.check)])
     try:
         budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        report = run_checks(subject, steps=steps, seed=seed, budget_s=budget)
+        report = (measure_subject if measure_only else run_checks)(subject, steps=steps, seed=seed, budget_s=budget)
     except Exception as exc:  # noqa: BLE001
         return _report(target, "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
     data = report.to_dict()
     data["notes"] = list(subject.notes) + list(data.get("notes") or [])
-    if findings:
+    if findings and not measure_only:
         from gpu_runner.confirm import confirm_findings
 
         try:
@@ -125,7 +130,8 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 findings = item.get("findings") if isinstance(item.get("findings"), list) else []
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                                    int(job.get("steps", 50)), int(job.get("seed", 0)), deadline,
-                                   [f for f in findings if isinstance(f, dict)], findings_deadline)
+                                   [f for f in findings if isinstance(f, dict)], findings_deadline,
+                                   measure_only=bool(job.get("measure_only")))
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         result["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # the same, in CPU time (all threads)
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())

@@ -34,6 +34,10 @@ _MAX_TEXT = 4000  # characters per string of a report: the check run's summary h
 MAX_REPORT_BYTES = 64 << 10
 MAX_CHECKS = 40  # the runner's own checks are about a dozen
 MAX_LOSS_POINTS = 500
+MAX_STEP_TIMES = 100
+# Rounds of step-time measurements after head's and base's own runs, each base then head in fresh children, so
+# that a change of the machine's load between the two runs is not taken for a change of the code (gpu_runner.compare)
+COMPARE_ROUNDS = 2
 
 
 KINDS = ("model", "step")
@@ -133,12 +137,14 @@ def run_target(code_dir: Path, request: TargetRequest, *, device: str, steps: in
 
 def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, steps: int, seed: int,
                 limits: SandboxLimits, sandbox: bool = True, policy: Optional[str] = None,
-                threads: Optional[int] = None, budget_s: Optional[float] = None) -> tuple[list[dict], list[str]]:
+                threads: Optional[int] = None, budget_s: Optional[float] = None,
+                measure_only: bool = False) -> tuple[list[dict], list[str]]:
     """Every target of one revision in one sandboxed child: one interpreter and one ``import torch`` for all
     of them; (one report per request, sandbox warnings). ``limits.timeout_s`` holds per target (the harness
     kills a worker that runs past it and goes on with the next target in a fresh one); the sandbox's own
     wall-clock and CPU limits are that times the number of targets, or ``budget_s`` (what is left of the job's
-    time budget) when that is less: then the targets not done by then are errors that say so.
+    time budget) when that is less: then the targets not done by then are errors that say so. ``measure_only``:
+    no checks, only the measures (a round of step times for comparing head and base).
 
     The reports come only from the result channel the trusted harness (gpu_runner.child) writes;
     the child's stdout and stderr are logs. Raises ``SandboxRefused`` when the sandbox refuses.
@@ -152,6 +158,8 @@ def run_targets(code_dir: Path, requests: list[TargetRequest], *, device: str, s
            "device": device, "steps": steps, "seed": seed, "target_timeout_s": limits.timeout_s}
     if threads:
         job["threads"] = threads
+    if measure_only:
+        job["measure_only"] = True
     timeout_s = limits.timeout_s * count + 30
     over_budget = budget_s is not None and budget_s < timeout_s
     job_limits = replace(limits, timeout_s=budget_s if over_budget else timeout_s,
@@ -243,6 +251,9 @@ def _sanitized(report: dict, target: str) -> dict:
     for key in ("seconds", "cpu_seconds"):
         if isinstance(report.get(key), (int, float)) and not isinstance(report.get(key), bool):
             clean[key] = float(report[key])
+    times = report.get("step_times_ms")
+    if isinstance(times, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in times):
+        clean["step_times_ms"] = [float(x) for x in times[:MAX_STEP_TIMES]]
     for key in ("traceback", "loss_curve"):
         if key in report:
             clean[key] = report[key][:MAX_LOSS_POINTS] if key == "loss_curve" and isinstance(report[key], list) and all(
@@ -348,13 +359,14 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
     secrets = runner_secrets()
     stopped: list[str] = []
 
-    def run_all(code_dir: Path, batch: list[TargetRequest]) -> list[dict]:
+    def run_all(code_dir: Path, batch: list[TargetRequest], measure_only: bool = False) -> list[dict]:
         left = deadline - time.monotonic()
         if batch and left < 1:
             reports, new_warnings = [_error(r.target, BUDGET_REASON) for r in batch], []
         else:
             reports, new_warnings = run_targets(code_dir, batch, device=device, steps=steps, seed=seed,
-                                                limits=limits, sandbox=sandbox, policy=policy, budget_s=left)
+                                                limits=limits, sandbox=sandbox, policy=policy, budget_s=left,
+                                                measure_only=measure_only)
         _merge(warnings, new_warnings)
         if any(report.get("reason") == BUDGET_REASON for report in reports) and not stopped:
             stopped.append(f"The job's time budget of {budget:.0f}s ran out ({JOB_BUDGET_VARIABLE}, set by the "
@@ -371,13 +383,33 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
             for (outcome, _), base in zip(again, run_all(base_dir, [replace(r, findings=[]) for _, r in again])):
                 if base.get("status") in ("passed", "failed"):
                     outcome.base = base
-                    outcome.comparison = compare_reports(outcome.head, base, thresholds)
+            compared = [(o, replace(r, findings=[])) for o, r in again if o.base is not None]
+            _interleaved_rounds(compared, lambda code_dir, batch: run_all(code_dir, batch, measure_only=True),
+                                head_dir, base_dir)
+            for outcome, _ in compared:
+                outcome.comparison = compare_reports(outcome.head, outcome.base, thresholds)
     except SandboxRefused as exc:
         log.error("smoke: %s", exc)
         reason = str(exc)
         outcomes = [TargetOutcome(r.target, r.line, _error(r.target, reason)) for r in requests]
         return SmokeRun(outcomes, device, time.perf_counter() - started, warnings, refused=reason)
     return SmokeRun(outcomes, device, time.perf_counter() - started, warnings, stopped=stopped[0] if stopped else None)
+
+
+def _interleaved_rounds(compared: list[tuple[TargetOutcome, TargetRequest]], measure, head_dir: Path,
+                        base_dir: Path, rounds: int = COMPARE_ROUNDS) -> None:
+    """``COMPARE_ROUNDS`` more rounds of step times for each compared target, base then head back to back
+    (``measure(code_dir, requests)``: measure-only reports); each side's ``step_time_rounds`` holds its samples of
+    every round, its own run first, for gpu_runner.compare's decision."""
+    for outcome, _ in compared:
+        outcome.head["step_time_rounds"] = [outcome.head.get("step_times_ms") or []]
+        outcome.base["step_time_rounds"] = [outcome.base.get("step_times_ms") or []]
+    requests = [request for _, request in compared]
+    for _ in range(rounds if requests else 0):
+        for side, code_dir in (("base", base_dir), ("head", head_dir)):
+            for (outcome, _), report in zip(compared, measure(code_dir, requests)):
+                times = report.get("step_times_ms") if report.get("status") == "passed" else None
+                getattr(outcome, side)["step_time_rounds"].append(times or [])
 
 
 def _merge(into: list[str], new: list[str]) -> None:

@@ -36,12 +36,15 @@ class Subject:
     output_batch_axis: Optional[int] = 0  # None: the output has no batch axis
     output_select: Optional[Callable[[Any], Any]] = None
     inputs_batch_first: bool = True
+    # the inputs are the runner's guess (not configured, not the model's example_input_array): the model's code
+    # raising on them says more about the guess than about the model, so it is undecided, never a FAIL
+    inputs_guessed: bool = False
 
 
 @dataclass
 class CheckResult:
     name: str  # forward-contract, loss-at-init, gradients, params-change, overfit-batch, ...
-    status: str  # pass | fail | skip | warn
+    status: str  # pass | fail | skip | warn (a skip with details["undecided"]: the run could not tell)
     message: str  # one sentence a reviewer can act on
     details: dict = field(default_factory=dict)
 
@@ -54,6 +57,7 @@ class TargetReport:
     measures: dict = field(default_factory=dict)  # params, step_time_ms, peak_memory_bytes, loss_after_steps
     reason: str = ""  # for skipped/error: what happened and how to configure it
     notes: list[str] = field(default_factory=list)
+    step_times_ms: list[float] = field(default_factory=list)  # the timed steps behind measures["step_time_ms"]
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
