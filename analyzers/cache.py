@@ -251,7 +251,8 @@ def _finding_from_dict(f: dict) -> Finding:
     fix = Fix(**f["fix"]) if f.get("fix") else None
     related = tuple(Location(**site) for site in f.get("related", ()))  # the PR filter keeps a finding by them
     return Finding(f["path"], f["line"], f["column"], f["end_line"], f["end_column"], f["rule"], f["slug"],
-                   f["category"], Severity.parse(f["severity"]), f["message"], fix, f.get("cell"), related)
+                   f["category"], Severity.parse(f["severity"]), f["message"], fix, f.get("cell"), related,
+                   f.get("preview", False))
 
 
 def _result_from_dict(data: dict) -> FileResult:

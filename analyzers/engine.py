@@ -16,14 +16,14 @@ import threading
 import libcst as cst
 from libcst._nodes.base import CSTNode
 
-from analyzers import notebook
+from analyzers import levels, notebook
 from analyzers.config import Config
 from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
 from analyzers.guard import complexity_error
 from analyzers.isolation import run_isolated
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import RepositoryIndex, index_for
-from analyzers.rules import all_rules
+from analyzers.rules import all_rules, canonical_rule_id
 from analyzers.rules.base import Rule
 
 MAX_FILE_BYTES = 1_000_000  # ~25k lines; libcst needs >1 GB for files much larger than that
@@ -320,7 +320,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
             continue
         start, end = pos.start, pos.end
         suppressed = _suppressed(suppressions, rule.id, start.line, end.line)
-        severity = config.severity_for(rule.id, p.severity or rule.severity)
+        severity = config.severity_for(rule.id, levels.capped(rule.id, p.severity or rule.severity))
         key = (rule.id, start.line, start.column, p.message)
         if key in seen:
             continue
@@ -333,6 +333,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
             message=p.message, fix=fix, related=_related_locations(p.related, positions),
+            preview=levels.is_preview(rule.id),
         ))
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
     result.suppressed = [f for f in result.suppressed if f.severity >= config.min_severity]
@@ -410,7 +411,7 @@ def _suppressions(source: str) -> dict[int, Optional[set[str]]]:
             out[number] = None
             continue
         ids = {c.strip().upper() for c in re.split(r"[,\s]+", codes) if c.strip()}
-        ids = {c for c in ids if c.startswith("TR")}
+        ids = {canonical_rule_id(c) for c in ids if c.startswith("TR")}
         if "noqa" in match.group(0).lower() and not ids:
             continue  # ``# noqa: E501`` is for other linters
         out[number] = ids or None
@@ -561,7 +562,7 @@ def _with_cell(f: Finding, cell: int, line: int, end_line: int, column: int, end
                 site = replace(site, column=site.column + shift, end_column=site.end_column + end[2])
             related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start))
     return Finding(f.path, line, column, end_line, end_column, f.rule, f.slug, f.category, f.severity,
-                   f.message, fix, cell, tuple(related))
+                   f.message, fix, cell, tuple(related), f.preview)
 
 
 def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> None:
@@ -743,12 +744,17 @@ def _collect(run: RunResult, results: Iterable[FileResult]) -> None:
         run.cached += result.cached
 
 
+def blocks(finding: Finding, level: Severity) -> bool:
+    """Whether a finding fails a check run at ``level``: a preview rule's findings never do."""
+    return not finding.preview and finding.severity >= level
+
+
 def fails(findings: Iterable[Finding], level: Severity) -> bool:
-    return any(f.severity >= level for f in findings)
+    return any(blocks(f, level) for f in findings)
 
 
 __all__ = [
     "analyze_source", "analyze_file", "analyze_text", "analyze_text_bounded", "analyze_paths", "analyze_files",
     "discover", "RunResult",
-    "dotted_name", "fails", "MAX_FILE_BYTES",
+    "dotted_name", "blocks", "fails", "MAX_FILE_BYTES",
 ]
