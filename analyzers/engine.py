@@ -744,17 +744,17 @@ def _collect(run: RunResult, results: Iterable[FileResult]) -> None:
         run.cached += result.cached
 
 
-def blocks(finding: Finding, level: Severity) -> bool:
+def finding_fails(finding: Finding, level: Severity) -> bool:
     """Whether a finding fails a check run at ``level``: a preview rule's findings never do."""
     return not finding.preview and finding.severity >= level
 
 
 def fails(findings: Iterable[Finding], level: Severity) -> bool:
-    return any(blocks(f, level) for f in findings)
+    return any(finding_fails(f, level) for f in findings)
 
 
 __all__ = [
     "analyze_source", "analyze_file", "analyze_text", "analyze_text_bounded", "analyze_paths", "analyze_files",
     "discover", "RunResult",
-    "dotted_name", "blocks", "fails", "MAX_FILE_BYTES",
+    "dotted_name", "finding_fails", "fails", "MAX_FILE_BYTES",
 ]
