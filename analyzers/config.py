@@ -10,6 +10,7 @@ be found), never silently ignored::
       ignore: [TR105, per-step-sync-for-logging]
       severity: {TR702: medium}        # per-rule severity override
     preview: false                     # also run the preview rules (analyzers/levels.py); they never fail a check
+    measured_severities: true          # cap at medium the rules whose high/critical were right < 95 % on holdout
     paths:
       include: ["src/**", train.py]    # gitignore-style globs, relative to the repository root
       exclude: ["tests/**"]
@@ -97,6 +98,7 @@ FILE_TIMEOUT_RANGE = (1, 600)
 class Config:
     select: tuple[str, ...] = ("ALL",)
     preview: bool = False  # run preview rules too; a preview rule selected by its exact id or slug runs anyway
+    measured_severities: bool = True  # apply levels.json's severity caps; False: each rule's own severities
     ignore: tuple[str, ...] = ()
     severity: Mapping[str, Severity] = field(default_factory=dict)
     include: tuple[str, ...] = ()
@@ -182,6 +184,7 @@ class Config:
                 "severity": {k: v.label for k, v in self.severity.items()},
             },
             "preview": self.preview,
+            "measured_severities": self.measured_severities,
             "paths": {"include": list(self.include), "exclude": list(self.exclude)},
             "min_severity": self.min_severity.label,
             "fail_on": self.fail_on.label,
@@ -212,7 +215,7 @@ class Config:
 _RULE_KEYS = ("select", "ignore", "severity")
 _PATH_KEYS = ("include", "exclude")
 _NESTED_FORMS = {"rules": _RULE_KEYS, "paths": _PATH_KEYS}
-_TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "preview", "min_severity", "fail_on", "max_inline_comments",
+_TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "preview", "measured_severities", "min_severity", "fail_on", "max_inline_comments",
              "group_across_files", "group_rule_from_files", "review_event", "filter", "diff_context_lines", "skip",
              "cleanup", "fail_on_errors", "file_timeout", "smoke")
 _SKIP_KEYS = ("drafts", "labels", "title_markers", "bots")
@@ -249,7 +252,7 @@ def _settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
         steps.append(lambda: {"review_event": check.choice(data["review_event"], ("review_event",), REVIEW_EVENTS)})
     if "cleanup" in data:
         steps.append(lambda: {"cleanup": check.choice(data["cleanup"], ("cleanup",), CLEANUPS)})
-    for key in ("fail_on_errors", "group_across_files", "preview"):
+    for key in ("fail_on_errors", "group_across_files", "preview", "measured_severities"):
         if key in data:
             steps.append(lambda key=key: {key: check.boolean(data[key], (key,))})
     steps.append(lambda: _filter_settings(data, check))

@@ -320,7 +320,9 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
             continue
         start, end = pos.start, pos.end
         suppressed = _suppressed(suppressions, rule.id, start.line, end.line)
-        severity = config.severity_for(rule.id, levels.capped(rule.id, p.severity or rule.severity))
+        severity = p.severity or rule.severity
+        severity = config.severity_for(rule.id, levels.capped(rule.id, severity) if config.measured_severities
+                                       else severity)
         key = (rule.id, start.line, start.column, p.message)
         if key in seen:
             continue
