@@ -141,11 +141,11 @@ def test_rules_and_rule_docs():
 def test_diff_reports_only_changed_lines(tmp_path):
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
-    (tmp_path / "train.py").write_text("import torch\nold = torch.load('old.pt')\n")
+    (tmp_path / "train.py").write_text("import torch\nold = torch.symeig(a)\n")
     subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
     subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
-    (tmp_path / "train.py").write_text("import torch\nold = torch.load('old.pt')\nnew = torch.load('new.pt')\n")
-    (tmp_path / "fresh.py").write_text("import torch\nx = torch.load('x.pt')\n")  # untracked: all lines new
+    (tmp_path / "train.py").write_text("import torch\nold = torch.symeig(a)\nnew = torch.symeig(b)\n")
+    (tmp_path / "fresh.py").write_text("import torch\nx = torch.symeig(c)\n")  # untracked: all lines new
     data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=1).stdout)
     assert sorted((f["path"], f["line"]) for f in data["findings"]) == [("fresh.py", 2), ("train.py", 3)]
     run("check", ".", "--diff", "no-such-ref", cwd=tmp_path, check=2)
@@ -160,16 +160,19 @@ def test_diff_reports_what_a_deletion_causes(tmp_path):
     subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
     subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
     (tmp_path / "train.py").write_text(loop.replace("        optimizer.zero_grad()\n", ""))
-    data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=1).stdout)
+    # TR101 is a preview rule: selected by its id it runs, and its finding does not fail the run
+    data = json.loads(run("check", ".", "--diff", "HEAD", "--select", "TR101", "--format", "json", cwd=tmp_path,
+                          check=0).stdout)
     assert [f["rule"] for f in data["findings"]] == ["TR101"]  # on the untouched step() line
-    (tmp_path / ".torchreview.toml").write_text('filter = "added"\n')
+    (tmp_path / ".torchreview.toml").write_text('filter = "added"\npreview = true\n')
     data = json.loads(run("check", ".", "--diff", "HEAD", "--format", "json", cwd=tmp_path, check=0).stdout)
     assert data["findings"] == []  # only changed lines: nothing was added
 
 
 def test_example_shows_real_findings():
     root = Path(__file__).resolve().parents[1]
-    data = json.loads(run("check", "examples", "--format", "json", cwd=root, check=1).stdout)
+    # the stable TR816 in buggy_train.py fails the run; --preview shows the rest of the catalog
+    data = json.loads(run("check", "examples", "--preview", "--format", "json", cwd=root, check=1).stdout)
     rules = {f["rule"] for f in data["findings"]}
     assert len(rules) >= 10, rules
     assert data["errors"] == []
