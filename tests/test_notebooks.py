@@ -268,11 +268,12 @@ def test_app_comments_on_the_notebook_line_end_to_end(stack):
     state = stack["state"]
     plots = notebook(("code", "import torch\nckpt = torch.load(ckpt_path)\n"), outputs=[_image_output(700_000)] * 2)
     assert len(plots) > 1_000_000  # over the emulator's (and GitHub's) patch size limit
-    repo, name = new_repo(state, {}, {"train.ipynb": BASE_NB})
+    # TR601, the bug of both notebooks, is a preview rule: the repository opts in; it never fails the check
+    repo, name = new_repo(state, {}, {"train.ipynb": BASE_NB, ".github/torchreview.yml": "preview: true\n"})
     pr = state.open_pull_request(repo, {"train.ipynb": HEAD_NB, "plots.ipynb": plots}, user="alice")
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
     run = completed_run(state, pr.head_sha, timeout=120)
-    assert run.conclusion == "failure"
+    assert run.conclusion == "success"
     comments = state.review_comments_for(pr)
     bug_line = next(n for n, text in enumerate(HEAD_NB.split("\n"), 1) if text.strip() == '"state = torch.load(path)\\n"')
     assert [(c.path, c.line) for c in comments] == [("train.ipynb", bug_line)]
