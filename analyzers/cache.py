@@ -117,7 +117,8 @@ def engine_fingerprint() -> str:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{tool_version()}|{sys.version_info[:2]}|{getattr(libcst, '__version__', '?')}|".encode())
     digest.update(f"{_version('ipython')}|".encode())  # notebooks: IPython's transformer reads their cells
-    for source in sorted(package.rglob("*.py")):
+    # the rule levels and severity caps (levels.json) decide what runs and at which severity, like the source
+    for source in sorted([*package.rglob("*.py"), *package.rglob("*.json")]):
         digest.update(source.relative_to(package).as_posix().encode() + b"\0")
         digest.update(source.read_bytes())
     return digest.hexdigest()
