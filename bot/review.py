@@ -936,6 +936,9 @@ def summary_verdict(findings: Sequence[Finding], settings: ReviewSettings) -> st
     if blocking:
         return (f"### ❌ {count_phrase(blocking, 'issue')} at or above `{settings.fail_on.label}` "
                 f"must be fixed ({len(findings)} in total)")
+    if any(f.preview and f.severity >= settings.fail_on for f in findings):  # at the level, but a preview rule's
+        return (f"### ⚠️ {count_phrase(len(findings), 'issue')} below `{settings.fail_on.label}` or from preview "
+                f"rules (they never fail it); the check passes")
     return f"### ⚠️ {count_phrase(len(findings), 'issue')} below `{settings.fail_on.label}`; the check passes"
 
 

@@ -104,3 +104,16 @@ def test_rule_docs_show_the_level_and_the_measure():
     assert "Level: stable, holdout precision 100%" in get_rule("TR816").docs()
     assert "default severity: medium" in get_rule("TR601").docs() and "severity capped at medium" in \
         get_rule("TR601").docs()
+
+
+def test_the_app_never_fails_on_preview_findings_and_says_why():
+    from bot.review import ReviewSettings, comment_body, summary_verdict
+
+    code = "import torch\nstate = torch.load(args.resume)\n"
+    (preview,) = analyze_source(code, "t.py", Config(select=("TR601",), measured_severities=False)).findings
+    assert preview.preview and preview.severity is Severity.CRITICAL
+    verdict = summary_verdict([preview], ReviewSettings(fail_on=Severity.HIGH))
+    assert verdict.startswith("### ⚠️") and "preview rules (they never fail it); the check passes" in verdict
+    assert "preview rule (never fails the check)" in comment_body(preview, "0" * 16)
+    (stable,) = analyze_source("import torch\nvalues = torch.symeig(a)\n", "t.py", Config()).findings
+    assert summary_verdict([preview, stable], ReviewSettings(fail_on=Severity.HIGH)).startswith("### ❌ 1 issue")
