@@ -117,7 +117,8 @@ def engine_fingerprint() -> str:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{tool_version()}|{sys.version_info[:2]}|{getattr(libcst, '__version__', '?')}|".encode())
     digest.update(f"{_version('ipython')}|".encode())  # notebooks: IPython's transformer reads their cells
-    for source in sorted(package.rglob("*.py")):
+    # the rule levels and severity caps (levels.json) decide what runs and at which severity, like the source
+    for source in sorted([*package.rglob("*.py"), *package.rglob("*.json")]):
         digest.update(source.relative_to(package).as_posix().encode() + b"\0")
         digest.update(source.read_bytes())
     return digest.hexdigest()
@@ -251,7 +252,8 @@ def _finding_from_dict(f: dict) -> Finding:
     fix = Fix(**f["fix"]) if f.get("fix") else None
     related = tuple(Location(**site) for site in f.get("related", ()))  # the PR filter keeps a finding by them
     return Finding(f["path"], f["line"], f["column"], f["end_line"], f["end_column"], f["rule"], f["slug"],
-                   f["category"], Severity.parse(f["severity"]), f["message"], fix, f.get("cell"), related)
+                   f["category"], Severity.parse(f["severity"]), f["message"], fix, f.get("cell"), related,
+                   f.get("preview", False))
 
 
 def _result_from_dict(data: dict) -> FileResult:

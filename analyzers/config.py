@@ -9,6 +9,8 @@ be found), never silently ignored::
       select: [TR1, numerics]          # rule ids, id prefixes, slugs, categories, TorchFix codes ("ALL" by default)
       ignore: [TR105, per-step-sync-for-logging]
       severity: {TR702: medium}        # per-rule severity override
+    preview: false                     # also run the preview rules (analyzers/levels.py); they never fail a check
+    measured_severities: true          # cap at medium the rules whose high/critical were right < 95 % on holdout
     paths:
       include: ["src/**", train.py]    # gitignore-style globs, relative to the repository root
       exclude: ["tests/**"]
@@ -43,6 +45,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 import pathspec
 import yaml
 
+from analyzers import levels
 from analyzers.model import Category, Severity
 from analyzers.torchfix_map import is_torchfix_selector, rules_for_torchfix, torchfix_selector_problem
 
@@ -95,6 +98,8 @@ FILE_TIMEOUT_RANGE = (1, 600)
 @dataclass(frozen=True)
 class Config:
     select: tuple[str, ...] = ("ALL",)
+    preview: bool = False  # run preview rules too; a preview rule selected by its exact id or slug runs anyway
+    measured_severities: bool = True  # apply levels.json's severity caps; False: each rule's own severities
     ignore: tuple[str, ...] = ()
     severity: Mapping[str, Severity] = field(default_factory=dict)
     include: tuple[str, ...] = ()
@@ -119,7 +124,8 @@ class Config:
 
     # ---- rule selection ----------------------------------------------------------------
     def enabled_rules(self, rules: Iterable[type]) -> list[type]:
-        return [r for r in rules if _matches(r, self.select) and not _matches(r, self.ignore)]
+        return [r for r in rules if _matches(r, self.select) and not _matches(r, self.ignore)
+                and (self.preview or not levels.is_preview(r.id) or _names(r, self.select))]
 
     def severity_for(self, rule_id: str, default: Severity) -> Severity:
         return self.severity.get(rule_id, default)
@@ -146,8 +152,8 @@ class Config:
         return cls(source=source, **values)
 
     def merged_with_cli(self, *, select=None, ignore=None, min_severity=None, fail_on=None,
-                        file_timeout=None) -> "Config":
-        changes: dict[str, Any] = {}
+                        file_timeout=None, preview=False) -> "Config":
+        changes: dict[str, Any] = {"preview": True} if preview else {}
         if file_timeout is not None:
             if not FILE_TIMEOUT_RANGE[0] <= file_timeout <= FILE_TIMEOUT_RANGE[1]:
                 raise ConfigError(f"--file-timeout: must be from {FILE_TIMEOUT_RANGE[0]} to {FILE_TIMEOUT_RANGE[1]} "
@@ -179,6 +185,8 @@ class Config:
                 "select": list(self.select), "ignore": list(self.ignore),
                 "severity": {k: v.label for k, v in self.severity.items()},
             },
+            "preview": self.preview,
+            "measured_severities": self.measured_severities,
             "paths": {"include": list(self.include), "exclude": list(self.exclude)},
             "min_severity": self.min_severity.label,
             "fail_on": self.fail_on.label,
@@ -209,7 +217,7 @@ class Config:
 _RULE_KEYS = ("select", "ignore", "severity")
 _PATH_KEYS = ("include", "exclude")
 _NESTED_FORMS = {"rules": _RULE_KEYS, "paths": _PATH_KEYS}
-_TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "min_severity", "fail_on", "max_inline_comments",
+_TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "preview", "measured_severities", "min_severity", "fail_on", "max_inline_comments",
              "group_across_files", "group_rule_from_files", "review_event", "filter", "diff_context_lines", "skip",
              "cleanup", "fail_on_errors", "file_timeout", "smoke")
 _SKIP_KEYS = ("drafts", "labels", "title_markers", "bots")
@@ -246,7 +254,7 @@ def _settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
         steps.append(lambda: {"review_event": check.choice(data["review_event"], ("review_event",), REVIEW_EVENTS)})
     if "cleanup" in data:
         steps.append(lambda: {"cleanup": check.choice(data["cleanup"], ("cleanup",), CLEANUPS)})
-    for key in ("fail_on_errors", "group_across_files"):
+    for key in ("fail_on_errors", "group_across_files", "preview", "measured_severities"):
         if key in data:
             steps.append(lambda key=key: {key: check.boolean(data[key], (key,))})
     steps.append(lambda: _filter_settings(data, check))
@@ -745,8 +753,10 @@ def _severity(value: Any, where: str) -> Severity:
 
 
 def _matches(rule: type, selectors: Iterable[str]) -> bool:
+    from analyzers.rules import canonical_rule_id
+
     for selector in selectors:
-        s = selector.strip()
+        s = canonical_rule_id(selector.strip())
         upper = s.upper()
         if upper == "ALL" or (upper.startswith("TR") and rule.id.startswith(upper)):
             return True
@@ -755,6 +765,14 @@ def _matches(rule: type, selectors: Iterable[str]) -> bool:
         if s == rule.slug or s == rule.category.value:
             return True
     return False
+
+
+def _names(rule: type, selectors: Iterable[str]) -> bool:
+    """Whether a selector names the rule itself (its id, slug or an alias), not a prefix or category."""
+    from analyzers.rules import canonical_rule_id
+
+    return any(canonical_rule_id(s.strip()) in (rule.id, rule.slug) or s.strip().upper() == rule.id
+               for s in selectors)
 
 
 def selector_problem(selector: str, *, selecting: bool) -> Optional[str]:
@@ -771,8 +789,9 @@ def selector_problem(selector: str, *, selecting: bool) -> Optional[str]:
 
 
 def _resolve_rule_id(name: str) -> Optional[str]:
-    from analyzers.rules import all_rules
+    from analyzers.rules import all_rules, canonical_rule_id
 
+    name = canonical_rule_id(name)
     for rule in all_rules():
         if name.upper() == rule.id or name == rule.slug:
             return rule.id

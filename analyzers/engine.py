@@ -16,14 +16,14 @@ import threading
 import libcst as cst
 from libcst._nodes.base import CSTNode
 
-from analyzers import notebook, pickles
+from analyzers import levels, notebook, pickles
 from analyzers.config import Config
 from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
 from analyzers.guard import complexity_error
 from analyzers.isolation import run_isolated
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.modules import RepositoryIndex, index_for
-from analyzers.rules import all_rules
+from analyzers.rules import all_rules, canonical_rule_id
 from analyzers.rules.base import Rule
 from analyzers.torchfix_map import is_torchfix_selector, rules_for_torchfix
 
@@ -323,7 +323,9 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
             continue
         start, end = pos.start, pos.end
         suppressed = _suppressed(suppressions, rule.id, start.line, end.line)
-        severity = config.severity_for(rule.id, p.severity or rule.severity)
+        severity = p.severity or rule.severity
+        severity = config.severity_for(rule.id, levels.capped(rule.id, severity) if config.measured_severities
+                                       else severity)
         key = (rule.id, start.line, start.column, p.message)
         if key in seen:
             continue
@@ -336,6 +338,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
             message=p.message, fix=fix, related=_related_locations(p.related, positions),
+            preview=levels.is_preview(rule.id),
         ))
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
     result.suppressed = [f for f in result.suppressed if f.severity >= config.min_severity]
@@ -413,8 +416,9 @@ def _suppressions(source: str) -> dict[int, Optional[set[str]]]:
             out[number] = None
             continue
         named = {c.strip().upper() for c in re.split(r"[,\s]+", codes) if c.strip()}
-        # TorchFix's ``# noqa: TOR102`` (or a prefix, as flake8 reads it) stands for the rules that cover it
-        ids = {c for c in named if c.startswith("TR")} | \
+        # TorchFix's ``# noqa: TOR102`` (or a prefix, as flake8 reads it) stands for the rules that cover it;
+        # a retired id (an alias) for the rule that took its cases over
+        ids = {canonical_rule_id(c) for c in named if c.startswith("TR")} | \
             {rule for c in named if is_torchfix_selector(c) for rule in rules_for_torchfix(c)}
         if "noqa" in match.group(0).lower() and not ids:
             continue  # ``# noqa: E501`` is for other linters
@@ -585,7 +589,7 @@ def _with_cell(f: Finding, cell: int, line: int, end_line: int, column: int, end
                 site = replace(site, column=site.column + shift, end_column=site.end_column + end[2])
             related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start))
     return Finding(f.path, line, column, end_line, end_column, f.rule, f.slug, f.category, f.severity,
-                   f.message, fix, cell, tuple(related))
+                   f.message, fix, cell, tuple(related), f.preview)
 
 
 def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> None:
@@ -772,12 +776,17 @@ def _collect(run: RunResult, results: Iterable[FileResult]) -> None:
         run.cached += result.cached
 
 
+def finding_fails(finding: Finding, level: Severity) -> bool:
+    """Whether a finding fails a check run at ``level``: a preview rule's findings never do."""
+    return not finding.preview and finding.severity >= level
+
+
 def fails(findings: Iterable[Finding], level: Severity) -> bool:
-    return any(f.severity >= level for f in findings)
+    return any(finding_fails(f, level) for f in findings)
 
 
 __all__ = [
     "analyze_source", "analyze_file", "analyze_text", "analyze_text_bounded", "analyze_paths", "analyze_files",
     "discover", "RunResult",
-    "dotted_name", "fails", "MAX_FILE_BYTES",
+    "dotted_name", "finding_fails", "fails", "MAX_FILE_BYTES",
 ]

@@ -108,6 +108,7 @@ class Finding:
     fix: Optional[Fix] = None
     cell: Optional[int] = None  # notebook cell number (1-based) when the file is a .ipynb
     related: tuple[Location, ...] = ()  # the other sites that matter, in the same file
+    preview: bool = False  # the rule is at the preview level (analyzers.levels): shown, never fails a check
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -126,6 +127,8 @@ class Finding:
         }
         if self.cell is not None:
             data["cell"] = self.cell
+        if self.preview:
+            data["preview"] = True
         return data
 
     @property

@@ -50,7 +50,7 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
             line.append(f"{f.severity.label.upper():<8}", style=SEVERITY_STYLE[f.severity])
             line.append(f" {where:<10} ", style="dim")
             line.append(f"{f.rule} ", style="bold")
-            line.append(f"{f.slug}: ", style="magenta")
+            line.append(f"{f.slug}{' (preview)' if f.preview else ''}: ", style="magenta")
             line.append(f.message)
             if f.fix is not None:  # unsafe: --fix applies it only with --unsafe-fixes
                 line.append("  [fix available]" if f.fix.safe else "  [unsafe fix available]", style="green")

@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from analyzers.levels import LEVELS_FILE, Measure, decide, wilson  # noqa: E402
 from bench.corpus.corpus import (  # noqa: E402
     CORPUS_DIR, SPLITS, CorpusRepo, default_cache, read_repos, read_split, slug, split_of,
 )
@@ -59,7 +60,7 @@ SEVERITIES = ("critical", "high", "medium", "low", "info")
 ALWAYS_JUDGED = ("critical", "high")  # on holdout, every one of these is in the sample
 DEFAULT_SEED = "issue-24"
 DEFAULT_PER_STRATUM = 3
-Z95 = 1.959963984540054
+MEASURED = CORPUS_DIR / "measured.tsv"  # the judged holdout findings levels.json was derived from
 SHEET_COLUMNS = ("id", "split", "repo", "commit", "path", "cell", "line", "end_line", "rule", "severity",
                  "message", "weight")
 
@@ -298,17 +299,6 @@ def read_verdicts(directory: Path) -> dict[str, Verdict]:
 
 # ---- figures -------------------------------------------------------------------------------------
 
-def wilson(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion; (0, 1) when nothing was observed."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 @dataclass
 class Figures:
     findings: int = 0
@@ -428,11 +418,48 @@ def _table(title: str, header: list, rows: list[list], markdown: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- levels (analyzers/levels.py) ---------------------------------------------------------------
+
+def measured_rows(sample: list[CorpusFinding], sides: dict[str, str], verdicts: dict[str, Verdict]) -> list[tuple]:
+    """(id, rule, severity) of every judged holdout finding of the sample: what the levels are measured on."""
+    return sorted((f.id, f.rule, f.severity) for f in sample if sides[f.repo] == "holdout" and f.id in verdicts)
+
+
+def read_measured(path: Path = MEASURED) -> list[tuple]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [tuple(row) for row in csv.reader(handle, delimiter="\t") if row and row[0] != "id"]
+
+
+def write_measured(path: Path, rows: list[tuple]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(("id", "rule", "severity"))
+        writer.writerows(rows)
+
+
+def rule_levels(rows: list[tuple], verdicts: dict[str, Verdict]) -> dict:
+    """levels.json's content: every rule's level, severity cap and holdout measure (analyzers.levels.decide)."""
+    from analyzers.rules import all_rules, canonical_rule_id
+
+    overall: dict[str, Measure] = defaultdict(Measure)
+    by_severity: dict[str, dict[str, Measure]] = defaultdict(lambda: defaultdict(Measure))
+    for fid, rule, severity in rows:
+        rule = canonical_rule_id(rule)  # a merged rule's findings count for the rule it was folded into
+        overall[rule].add(verdicts[fid].verdict)
+        by_severity[rule][severity].add(verdicts[fid].verdict)
+    return {"rules": {rule.id: decide(rule, overall[rule.id], by_severity[rule.id])
+                      for rule in sorted(all_rules(), key=lambda r: r.id)}}
+
+
+def write_levels(path: Path, levels: dict) -> None:
+    path.write_text(json.dumps(levels, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
 # ---- the command ---------------------------------------------------------------------------------
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=("analyze", "sheet", "report"))
+    parser.add_argument("step", choices=("analyze", "sheet", "report", "levels"))
     parser.add_argument("--list", type=Path, default=CORPUS_DIR / "repos.tsv")
     parser.add_argument("--split", type=Path, default=CORPUS_DIR / "split.tsv")
     parser.add_argument("--cache", type=Path, default=None, help="the extracted corpus (bench/corpus/fetch.py)")
@@ -478,6 +505,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         write_sheet(target, sample, sides, totals)
         if args.out:
             print(f"{len(sample)} findings to judge in {args.out}")
+        return 0
+
+    if args.step == "levels":
+        rows = measured_rows(sample, sides, verdicts)
+        write_measured(MEASURED, rows)
+        write_levels(LEVELS_FILE, rule_levels(rows, verdicts))
+        print(f"{len(rows)} judged holdout findings in {MEASURED}; levels in {LEVELS_FILE}")
         return 0
 
     known = {f.id for f in findings}

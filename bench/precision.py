@@ -158,10 +158,15 @@ def analyze_repo(repo: str, commit: str, root: Optional[Path], jobs: int = 1,
     return run
 
 
+# what the benches measure: every rule, preview ones included, at the rule's own severity (no measured cap)
+MEASURED_CONFIG = Config(preview=True, measured_severities=False)
+
+
 def analyze_checkout(root: Path, jobs: int = 1, only: Optional[Iterable[str]] = None):
-    """(files, RunResult) of the engine's default configuration on a repository checked out at ``root``:
-    every file ``torchreview check .`` finds there, or the paths ``only`` names (relative to ``root``)."""
-    config = Config()
+    """(files, RunResult) of the whole catalog on a repository checked out at ``root``: every file
+    ``torchreview check .`` finds there, or the paths ``only`` names (relative to ``root``). Preview rules
+    included and each rule at its own severity: this is what measures them (analyzers/levels.py)."""
+    config = MEASURED_CONFIG
     if only is None:
         files = [(p, Path(p).relative_to(root).as_posix()) for p, _ in discover([str(root)], config)]
     else:

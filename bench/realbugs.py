@@ -123,9 +123,8 @@ def _git(args: list[str], cwd: Optional[Path] = None, git_dir: Optional[Path] = 
 
 def replay(git_dir: Path, base: str, head: str, work: Path) -> list:
     """The findings a pull request from ``base`` to ``head`` gets (the introduced filter), as the App sees it."""
-    from analyzers.config import Config
     from analyzers.diff import changed_lines_from_patch, keep_introduced
-    from bench.precision import analyze_checkout
+    from bench.precision import MEASURED_CONFIG, analyze_checkout
 
     patch = _git(["diff", "--no-color", "-U0", base, head, "--", "*.py", "*.ipynb"], git_dir=git_dir)
     changed = changed_lines_from_patch(patch) if patch.strip() else {}
@@ -151,7 +150,7 @@ def replay(git_dir: Path, base: str, head: str, work: Path) -> list:
     for path, text in heads.items():
         (tree / path).write_bytes(text)
     _, result = analyze_checkout(tree, jobs=1, only=sorted(heads))
-    return keep_introduced(result.findings, changed, "HEAD", Config(), cwd=str(tree))
+    return keep_introduced(result.findings, changed, "HEAD", MEASURED_CONFIG, cwd=str(tree))
 
 
 def _hits(pair: Pair, finding) -> bool:

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--select", type=_csv,
                        help="rule ids, prefixes (TR1), slugs, categories or TorchFix codes (TOR102, TOR1), comma-separated")
     check.add_argument("--ignore", type=_csv, help="rules to skip, same forms as --select")
+    check.add_argument("--preview", action="store_true",
+                       help="also run the preview rules (config preview: true); their findings never fail the run")
     check.add_argument("--min-severity", choices=["low", "medium", "high", "critical"], help="hide findings below this")
     check.add_argument("--fail-on", choices=["low", "medium", "high", "critical"],
                        help="exit 1 when a finding is at or above this severity (config fail_on, default high)")
@@ -154,7 +156,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         config = load_config_file(Path(args.config)) if args.config else find_config(Path.cwd())
         config = config.merged_with_cli(select=args.select, ignore=args.ignore, min_severity=args.min_severity,
-                                        fail_on=args.fail_on, file_timeout=args.file_timeout)
+                                        fail_on=args.fail_on, file_timeout=args.file_timeout, preview=args.preview)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if args.fix or args.diff_fixes:
@@ -383,7 +385,8 @@ def _relative(path: str) -> str:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    """Every rule, grouped by category: id, slug, default severity, whether it has a fix, summary."""
+    """Every rule, grouped by category: id, slug, level and measured holdout precision, default severity,
+    whether it has a fix, summary."""
     import json
     from itertools import groupby
 
@@ -391,26 +394,40 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from analyzers import levels
     from analyzers.model import Category
     from analyzers.rules import all_rules
 
     order = {category: index for index, category in enumerate(Category)}
     rules = sorted(all_rules(), key=lambda r: (order[r.category], r.id))
     if args.format == "json":
-        print(json.dumps([{"id": r.id, "slug": r.slug, "category": r.category.value, "severity": r.severity.label,
-                           "fix": rule_fix(r), "summary": r.summary, "requires": r.requires} for r in rules],
+        print(json.dumps([{"id": r.id, "slug": r.slug, "category": r.category.value,
+                           "severity": levels.capped(r.id, r.severity).label, "level": levels.level_of(r.id),
+                           "holdout": levels.entry(r.id)["holdout"], "fix": rule_fix(r), "summary": r.summary,
+                           "requires": r.requires} for r in rules],
                          indent=2))
         return EXIT_OK
     console = Console()
-    console.print(f"[bold]torchreview rules[/bold]: {len(rules)}, by category")
+    stable = sum(1 for r in rules if levels.level_of(r.id) == levels.STABLE)
+    console.print(f"[bold]torchreview rules[/bold]: {len(rules)}, by category; {stable} stable (run by default), "
+                  f"{len(rules) - stable} preview (`--preview` or `preview: true`; never fail a check). Holdout "
+                  f"precision: TP / judged findings [95 % interval], docs/evaluation.md")
     for category, members in groupby(rules, key=lambda r: r.category):
         table = Table(title=category.title, title_justify="left", show_lines=False)
-        for column in ("id", "slug", "severity", "fix", "summary"):
+        for column in ("id", "slug", "level", "holdout precision", "severity", "fix", "summary"):
             table.add_column(column, overflow="fold")
         for r in members:
-            table.add_row(r.id, r.slug, r.severity.label, rule_fix(r) or "", r.summary)
+            table.add_row(r.id, r.slug, levels.level_of(r.id), _holdout_figure(levels.entry(r.id)["holdout"]),
+                          levels.capped(r.id, r.severity).label, rule_fix(r) or "", r.summary)
         console.print(table)
     return EXIT_OK
+
+
+def _holdout_figure(measure) -> str:
+    if not measure or not measure["judged"]:
+        return "–"
+    low, high = measure["interval"]
+    return f"{measure['precision']:.0%} [{low:.0%}, {high:.0%}] n={measure['judged']}"
 
 
 def rule_fix(rule) -> Optional[str]:

@@ -37,6 +37,7 @@ SMOKE_CHECK = "torchreview / smoke"
 STATIC_REPO = "octo-org/vision"
 SMOKE_REPO = "octo-org/tabular"
 SMOKE_CONFIG = "smoke:\n  enabled: true\n  timeout: 120\n"
+STATIC_CONFIG = "preview: true  # every rule, the preview ones included: the demo shows the whole catalog\n"
 PARTS = ("all", "static", "smoke")
 RUNNER_HINT = "pip install 'torchreview[runner]'"
 BASE_TRAIN = '''import torch
@@ -171,7 +172,9 @@ class DemoApp:
 
 def static_part(app: DemoApp) -> None:
     console, state = app.console, app.state
-    repo = state.add_repo(STATIC_REPO, files={"README.md": "# vision\n", "train.py": BASE_TRAIN})
+    # the demo shows the whole catalog: preview rules too (they are reported, and never fail the check)
+    repo = state.add_repo(STATIC_REPO, files={"README.md": "# vision\n", "train.py": BASE_TRAIN,
+                                              ".github/torchreview.yml": STATIC_CONFIG})
     state.add_collaborator(repo, "alice", role="write")
     pr = state.open_pull_request(repo, {"train.py": (ROOT / "examples" / "buggy_train.py").read_text()},
                                  title="Train the classifier with AMP", user="alice")

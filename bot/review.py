@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Protocol, Se
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
+from analyzers.engine import finding_fails
 from analyzers.fingerprint import fingerprints_for, is_notebook_finding
 from analyzers.markdown import code_block, code_span, literal, longest_backtick_run, message, redact_urls, table_cell
 from analyzers.model import Category, Finding, Fix, Severity
@@ -427,7 +428,7 @@ def _plan_review(pr: PullRequestAnalysis, settings: ReviewSettings, posted: froz
     body = review_body(findings, overflow, unplaceable, pr, settings)
     return ReviewPlan(body=body, comments=[c.to_comment(digests) for c in comments], findings_count=len(findings),
                       fingerprints=frozenset(digests.values()),
-                      blocking=any(f.severity >= settings.fail_on for f in findings))
+                      blocking=any(finding_fails(f, settings.fail_on) for f in findings))
 
 
 # A group's first fixes become one committable suggestion as long as they cover this many lines at most (with
@@ -629,7 +630,7 @@ def no_issues_verdict(pr: PullRequestAnalysis) -> str:
 
 
 def review_verdict(findings: Sequence[Finding], settings: ReviewSettings) -> str:
-    blocking = sum(1 for f in findings if f.severity >= settings.fail_on)
+    blocking = sum(1 for f in findings if finding_fails(f, settings.fail_on))
     badge = SEVERITY_BADGES[max(f.severity for f in findings)].split()[0]
     verdict = f"{badge} **torchreview found {count_phrase(len(findings), 'issue')}** in this pull request"
     if blocking:
@@ -815,7 +816,8 @@ def review_comment(finding: Finding, where: Placement, digest: str) -> dict:
 
 
 def comment_body(finding: Finding, digest: str, suggestion: Optional[Fix] = None) -> str:
-    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {literal(finding.slug)}",
+    preview = " · preview rule (never fails the check)" if finding.preview else ""
+    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {literal(finding.slug)}{preview}",
              "", message(finding.message)]
     why = rule_why(finding)
     if why:
@@ -884,7 +886,7 @@ def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSet
         return no_files_plan(pr.notes)
     findings = keep_findings(pr.findings, pr.diffs, settings,
                              introduced=introduced_by(pr, fingerprints_for(pr.findings, pr.sources)))
-    failing = any(f.severity >= settings.fail_on for f in findings)
+    failing = any(finding_fails(f, settings.fail_on) for f in findings)
     try:
         annotations = [annotation(f, pr.sources.get(f.path)) for f in findings]
     finally:
@@ -901,7 +903,7 @@ def plan_check_run(pr: PullRequestAnalysis, settings: ReviewSettings = ReviewSet
 def check_title(findings: Sequence[Finding], settings: ReviewSettings) -> str:
     if not findings:
         return "No issues found"
-    blocking = sum(1 for f in findings if f.severity >= settings.fail_on)
+    blocking = sum(1 for f in findings if finding_fails(f, settings.fail_on))
     title = count_phrase(len(findings), "issue")
     return f"{title} ({blocking} at or above {settings.fail_on.label})" if blocking else title
 
@@ -931,10 +933,13 @@ def check_summary(findings: Sequence[Finding], pr: PullRequestAnalysis, settings
 def summary_verdict(findings: Sequence[Finding], settings: ReviewSettings) -> str:
     if not findings:
         return "### ✅ No issues found on the changed lines"
-    blocking = sum(1 for f in findings if f.severity >= settings.fail_on)
+    blocking = sum(1 for f in findings if finding_fails(f, settings.fail_on))
     if blocking:
         return (f"### ❌ {count_phrase(blocking, 'issue')} at or above `{settings.fail_on.label}` "
                 f"must be fixed ({len(findings)} in total)")
+    if any(f.preview and f.severity >= settings.fail_on for f in findings):  # at the level, but a preview rule's
+        return (f"### ⚠️ {count_phrase(len(findings), 'issue')} below `{settings.fail_on.label}` or from preview "
+                f"rules (they never fail it); the check passes")
     return f"### ⚠️ {count_phrase(len(findings), 'issue')} below `{settings.fail_on.label}`; the check passes"
 
 

@@ -59,7 +59,7 @@ def main():
             scaler.update()
             total_loss += loss
             torch.cuda.empty_cache()
-        print(epoch, total_loss / len(train_loader), evaluate(model, val_loader))
+        print(epoch, total_loss / len(train_loader), loss.data[0], evaluate(model, val_loader))
     torch.save(model, "classifier.pt")
 
 

@@ -18,8 +18,11 @@ from tests.test_precommit import _git, snapshot_of_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BASE_TRAIN = "import torch\n\nold = torch.load('old.pt')\n\n\ndef train(model):\n    return model\n"
-HEAD_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    return torch.load(path)\n"
+# TR810 (removed API, a stable rule at high) is the finding that fails; TR803 (eval.py's Variable) is a preview
+# rule the repository opts into (PREVIEW_CONFIG), low, never failing
+BASE_TRAIN = "import torch\n\nold = torch.symeig(a)\n\n\ndef train(model):\n    return model\n"
+HEAD_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    return torch.symeig(path)\n"
+PREVIEW_CONFIG = "preview = true\n"
 NEW_FILE = "import torch\nfrom torch.autograd import Variable\nx = Variable(torch.ones(2))\n"
 
 
@@ -30,7 +33,8 @@ def pull_request(tmp_path):
     repo.mkdir()
     _git("init", "-q", "-b", "main", cwd=repo)
     (repo / "train.py").write_text(BASE_TRAIN)
-    (repo / "untouched.py").write_text("import torch\nstate = torch.load('x.pt')\n")
+    (repo / "untouched.py").write_text("import torch\nstate = torch.symeig(x)\n")
+    (repo / ".torchreview.toml").write_text(PREVIEW_CONFIG)
     (repo / "README.md").write_text("hello\n")
     _git("add", "-A", cwd=repo)
     _git("commit", "-q", "-m", "base", cwd=repo)
@@ -71,7 +75,7 @@ def test_pull_request_reports_changed_lines_only(pull_request):
     sarif = json.loads((repo / "out/results.sarif").read_text())
     results = sarif["runs"][0]["results"]
     assert sorted((r["ruleId"], r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]) for r in results) == [
-        ("TR601", "train.py"), ("TR803", "eval.py")]
+        ("TR803", "eval.py"), ("TR810", "train.py")]
     assert _outputs(github) == {"sarif-file": "out/results.sarif", "findings": "2", "base": base}
     assert "2 findings in 2 changed files" in Path(github["GITHUB_STEP_SUMMARY"]).read_text()
 
@@ -198,7 +202,7 @@ def test_a_file_whose_analysis_stalls_is_cut_off_and_the_rest_is_reported(pull_r
 
     repo, base, github = pull_request
     (repo / "slow.py").write_text(STALL)
-    (repo / ".torchreview.toml").write_text("file_timeout = 2\n")
+    (repo / ".torchreview.toml").write_text(PREVIEW_CONFIG + "file_timeout = 2\n")
     _git("add", "-A", cwd=repo)
     _git("commit", "-q", "-m", "a file the analysis stalls on", cwd=repo)
     proc = subprocess.run([sys.executable, "-c", "import sys; from bot.action import main; sys.exit(main())"],

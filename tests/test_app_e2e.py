@@ -10,13 +10,18 @@ from tests.conftest import ROOT, Worker, completed_run, deliver, new_repo, pr_pa
 
 BUGGY = (ROOT / "examples" / "buggy_train.py").read_text()
 BASE_TRAIN = "import torch\n\n\ndef load(path):\n    return torch.load(path, weights_only=True)\n"
-HEAD_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path)\n    return state\n"
-FIXED_TRAIN = BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path, weights_only=True)\n    return state\n"
+# two bugs: TR601 (a preview rule: the test repositories opt in with PREVIEW) and TR810 (stable, high: it fails
+# the check, as preview findings never do)
+HEAD_TRAIN = (BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path)\n    return state\n"
+              "\n\ndef eigen(a):\n    return torch.symeig(a)\n")
+FIXED_TRAIN = (BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path, weights_only=True)\n    return state\n"
+               "\n\ndef eigen(a):\n    return torch.linalg.eigh(a)\n")
+PREVIEW = {".github/torchreview.yml": "preview: true\n"}
 
 
 def test_pull_request_review_then_fix(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {"train.py": BASE_TRAIN})
+    repo, name = new_repo(state, {}, {"train.py": BASE_TRAIN, **PREVIEW})
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN, "models/buggy.py": BUGGY}, user="alice")
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
     run = completed_run(state, pr.head_sha)
@@ -43,7 +48,7 @@ def test_pull_request_review_then_fix(stack):
 
 def test_duplicate_delivery_reviewed_once(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
     data = pr_payload("opened", name, pr)
     delivery = str(uuid.uuid4())
@@ -59,7 +64,7 @@ def test_duplicate_delivery_reviewed_once(stack):
 
 def test_github_errors_are_retried_and_posted_once(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
     state.faults.fail("GET", f"/repos/{name}/pulls/{pr.number}/files*", status=502, times=2)
     state.faults.secondary_rate_limit("POST", f"/repos/{name}/pulls/{pr.number}/reviews", times=1, retry_after=1)
@@ -76,7 +81,7 @@ def test_github_errors_are_retried_and_posted_once(stack):
 
 def test_worker_killed_mid_job_still_posts_once(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
     # Keep the job busy retrying until the worker is killed.
     state.faults.fail("POST", f"/repos/{name}/pulls/{pr.number}/reviews", status=502, times=None)
@@ -94,7 +99,7 @@ def test_worker_killed_mid_job_still_posts_once(stack):
 def test_big_and_odd_pull_request(stack):
     state = stack["state"]
     base = {"cfg.bin": b"\x00\x01", "models/ok.py": "import torch\n"}
-    repo, name = new_repo(state, {}, base)
+    repo, name = new_repo(state, {}, {**base, **PREVIEW})
     files = {f"pkg/mod_{i:03d}.py": f"import torch\nX_{i} = torch.zeros(1)\n" for i in range(396)}
     files["weights.py"] = b"import torch\x00\xff\xfe binary"
     files["broken.py"] = "import torch\ndef broken(:\n"
@@ -112,7 +117,7 @@ def test_big_and_odd_pull_request(stack):
 
 def test_config_is_read_from_the_base_branch(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {".torchreview.toml": 'ignore = ["TR601"]\n'})
+    repo, name = new_repo(state, {}, {".torchreview.toml": 'ignore = ["TR601", "TR810"]\n'})
     # The PR tries to turn on everything and fail on low: ignored, the base config rules.
     pr = state.open_pull_request(repo, {".torchreview.toml": 'fail_on = "low"\n', "train.py": HEAD_TRAIN})
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
@@ -133,7 +138,7 @@ def test_invalid_base_config_fails_the_check_with_the_error(stack):
 
 def test_no_pytorch_files(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, {"docs/guide.md": "# hi\n"})
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
     run = completed_run(state, pr.head_sha)
@@ -142,7 +147,7 @@ def test_no_pytorch_files(stack):
 
 def test_review_comment_command_reruns(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
     data = issue_comment_payload(state, pr, "/review", user="octo-maintainer")
     assert deliver(stack, "issue_comment", data).status_code == 202
@@ -153,7 +158,8 @@ def test_review_comment_command_reruns(stack):
 
 def test_inline_comment_limit_from_base_config(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {"pyproject.toml": "[tool.torchreview]\nmax_inline_comments = 2\n"})
+    repo, name = new_repo(state, {}, {"pyproject.toml": "[tool.torchreview]\nmax_inline_comments = 2\npreview = true\n"
+                                              "measured_severities = false\n"})
     pr = state.open_pull_request(repo, {"train.py": BUGGY})
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
     run = completed_run(state, pr.head_sha)
@@ -172,7 +178,7 @@ def test_a_review_command_run_again_reuses_its_own_check_run(stack):
     from bot.settings import Settings
 
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, {"train.py": HEAD_TRAIN})
     first_delivery = str(uuid.uuid4())
     first = issue_comment_payload(state, pr, "/review", user="octo-maintainer")

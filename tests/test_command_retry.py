@@ -16,7 +16,8 @@ from bot.settings import Settings
 from bot.store import RedisStore, SqliteStore
 from tests.conftest import WEBHOOK_SECRET, new_repo
 
-TRAIN = 'import torch\n\nstate = torch.load("a.pt", weights_only=False)\n'
+# TR810 (a stable rule: its high finding fails the check; preview rules never do)
+TRAIN = 'import torch\n\nstate = torch.symeig(a)\n'
 
 
 @pytest.fixture(params=["redis", "data-dir"])

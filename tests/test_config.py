@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
+from analyzers import levels
 from analyzers.config import (CONFIG_FILES_IN_ORDER, Config, ConfigError, find_config, load_config_file,
                               parse_config_text, parse_toml_config)
 from analyzers.model import Severity
@@ -15,15 +16,31 @@ def ids(config):
     return {r.id for r in config.enabled_rules(all_rules())}
 
 
-def test_defaults_enable_everything():
-    assert ids(Config()) == {r.id for r in all_rules()}
+def test_defaults_enable_the_stable_rules_and_preview_enables_everything():
+    stable = {r.id for r in all_rules() if levels.level_of(r.id) == levels.STABLE}
+    assert stable and ids(Config()) == stable
+    assert ids(Config(preview=True)) == {r.id for r in all_rules()}
+    assert ids(Config.from_mapping({"preview": True})) == {r.id for r in all_rules()}
+
+
+def test_a_preview_rule_runs_when_selected_by_its_exact_id_or_slug_not_by_a_prefix_or_category():
+    assert levels.level_of("TR601") == levels.PREVIEW  # the subject of this test
+    assert "TR601" not in ids(Config(select=("TR6",))) and "TR601" not in ids(Config(select=("serialization",)))
+    assert "TR601" in ids(Config(select=("TR601",))) and "TR601" in ids(Config(select=("unsafe-torch-load",)))
+    assert "TR601" in ids(Config().merged_with_cli(select=["TR6"], preview=True))
+
+
+def test_a_merged_rule_is_selected_and_ignored_by_its_old_id():
+    assert ids(Config(select=("TR721",))) == {"TR962"}
+    assert "TR962" not in ids(Config(preview=True, ignore=("TR721",)))
+    assert "TR962" in ids(Config(select=("shuffle-with-sampler",)))
 
 
 def test_select_ignore_by_id_prefix_slug_category():
-    config = Config.from_mapping({"select": ["TR6"], "ignore": ["save-whole-model"]})
+    config = Config.from_mapping({"select": ["TR6"], "ignore": ["save-whole-model"], "preview": True})
     assert ids(config) == {r.id for r in all_rules() if r.id.startswith("TR6")} - {"TR602"}
     assert "TR601" in ids(config)
-    config = Config.from_mapping({"select": ["serialization"]})
+    config = Config.from_mapping({"select": ["serialization"], "preview": True})
     assert "TR601" in ids(config) and all(i.startswith("TR6") for i in ids(config))
 
 
@@ -74,6 +91,7 @@ def test_include_globs():
 # ---- repository policy: YAML, nested forms, new keys ---------------------------------------
 
 POLICY_YAML = """\
+preview: true
 rules:
   select: [TR1, serialization]
   ignore: [save-whole-model]
@@ -264,7 +282,8 @@ def test_bad_new_values_are_clear_errors(text, needle):
 def test_to_dict_is_the_full_nested_configuration_and_round_trips():
     for config in (Config(), parse_config_text(POLICY_YAML, ".github/torchreview.yml")):
         data = config.to_dict()
-        assert set(data) == {"rules", "paths", "min_severity", "fail_on", "max_inline_comments",
+        assert set(data) == {"rules", "paths", "preview", "measured_severities", "min_severity", "fail_on",
+                             "max_inline_comments",
                              "group_across_files", "group_rule_from_files", "review_event", "filter",
                              "diff_context_lines", "skip", "cleanup", "fail_on_errors", "file_timeout", "smoke"}
         assert set(data["skip"]) == {"drafts", "labels", "title_markers", "bots"}

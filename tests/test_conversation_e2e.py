@@ -18,7 +18,10 @@ def loads(*names: str, weights_only: bool = False) -> dict[str, str]:
 # Three findings in three files: three comments (one rule's findings in one file would share one, and so would
 # one rule's findings in three files without PER_FILE).
 THREE = loads("a", "b", "c")
-PER_FILE = {".github/torchreview.yml": "group_rule_from_files: 0\n"}
+# every repository here opts into preview rules: the findings of these tests are TR601's, a preview rule
+# (reported, never failing the check)
+PREVIEW = {".github/torchreview.yml": "preview: true\n"}
+PER_FILE = {".github/torchreview.yml": "preview: true\ngroup_rule_from_files: 0\n"}
 FIX_B_ADD_D = {**loads("b", weights_only=True), **loads("d")}
 MOVED = {path: "# a comment\n# and another\n\n" + text for path, text in {**THREE, **FIX_B_ADD_D}.items()}
 
@@ -64,7 +67,7 @@ def test_pushes_comment_only_new_findings_and_resolve_fixed_ones(stack):
 
 def test_cleanup_delete_removes_unanswered_comments_only(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {".github/torchreview.yml": "cleanup: delete\ngroup_rule_from_files: 0\n"})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "preview: true\ncleanup: delete\ngroup_rule_from_files: 0\n"})
     pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
@@ -81,7 +84,7 @@ def test_cleanup_delete_removes_unanswered_comments_only(stack):
 
 def test_review_command_from_read_only_user_is_refused(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     state.add_collaborator(repo, "reader", role="read")
     pr = state.open_pull_request(repo, THREE)
     data = issue_comment_payload(state, pr, "/review", user="reader", author_association="COLLABORATOR")
@@ -96,21 +99,21 @@ def test_review_command_from_read_only_user_is_refused(stack):
 
 def test_review_command_by_collaborator_runs_and_acknowledges(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     state.add_collaborator(repo, "maintainer", role="write")
     pr = state.open_pull_request(repo, THREE)
     data = issue_comment_payload(state, pr, "/review", user="maintainer", author_association="NONE")
     comment = state.issue_comments[data["comment"]["id"]]
     assert deliver(stack, "issue_comment", data).status_code == 202
     run = completed_run(state, pr.head_sha)
-    assert run.conclusion == "failure" and len(bot_comments(state, pr)) == 1  # one rule in three files
+    assert run.conclusion == "success" and len(bot_comments(state, pr)) == 1  # one (preview) rule in three files
     assert len(parse_fingerprints(bot_comments(state, pr)[0].body)) == 3
     assert [r.content for r in comment.reactions] == ["eyes"]
 
 
 def test_review_config_and_help_commands(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {".github/torchreview.yml": "fail_on: medium\nrules:\n  ignore: [TR105]\n"})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "preview: true\nfail_on: medium\nrules:\n  ignore: [TR105]\n"})
     pr = state.open_pull_request(repo, THREE)
     deliver(stack, "issue_comment", issue_comment_payload(state, pr, "/review config", user="octo-maintainer"))
     reply = wait_for(lambda: [c for c in state.issue_comments_for(pr) if "fail_on" in c.body], 60, "the config reply")
@@ -125,10 +128,10 @@ def test_review_config_and_help_commands(stack):
 
 def test_a_rule_disabled_on_the_base_branch_stays_disabled_and_the_pr_cannot_disable(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {".github/torchreview.yml": "rules:\n  ignore: [TR601]\n"})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "preview: true\nrules:\n  ignore: [TR601]\n"})
     code = "import torch\n\nmodel = Net()\ntorch.save(model, 'm.pt')\n"
     pr = state.open_pull_request(repo, {**THREE, "train.py": code,
-                                        ".github/torchreview.yml": "rules:\n  ignore: [TR601, TR602]\n"})
+                                        ".github/torchreview.yml": "preview: true\nrules:\n  ignore: [TR601, TR602]\n"})
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     completed_run(state, pr.head_sha)
     rules = {c.body.split("TR", 1)[1][:3] for c in bot_comments(state, pr)}
@@ -148,7 +151,7 @@ def test_invalid_config_names_the_line(stack):
 
 def test_two_hundred_findings(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     code = "import torch\n" + "".join(f'x{i} = torch.load("{i}.pt")\n' for i in range(200))
     pr = state.open_pull_request(repo, {"train.py": code})
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
@@ -161,7 +164,7 @@ def test_two_hundred_findings(stack):
 
 def test_two_rapid_pushes_only_the_latest_head_is_reviewed(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, THREE)
     first = pr.head_sha
     first_payload = pr_payload("synchronize", name, pr)
@@ -176,7 +179,7 @@ def test_two_rapid_pushes_only_the_latest_head_is_reviewed(stack):
 
 def test_skip_label_and_drafts(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, THREE, labels=["torchreview:skip"])
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     pr2 = state.open_pull_request(repo, THREE, head="other", title="WIP [skip torchreview]")
@@ -188,12 +191,12 @@ def test_skip_label_and_drafts(stack):
     # ready for review: reviewed
     draft.draft = False
     deliver(stack, "pull_request", pr_payload("ready_for_review", name, draft))
-    assert completed_run(state, draft.head_sha).conclusion == "failure"
+    assert completed_run(state, draft.head_sha).conclusion == "success"  # reviewed: TR601 is preview
 
 
 def test_rerun_button(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, PREVIEW)
     pr = state.open_pull_request(repo, THREE)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
     run = completed_run(state, pr.head_sha)

@@ -13,10 +13,14 @@ from analyzers.engine import analyze_file, analyze_paths, analyze_source, analyz
 from analyzers.rules import get_rule
 from analyzers.rules.base import Rule
 
+# the whole catalog at each rule's own severity: these tests are about the engine, and use preview rules as subjects
+EVERY_RULE = Config(preview=True, measured_severities=False)
+
 UNSAFE = get_rule("TR601")
 
 
 def findings(code: str, **kwargs):
+    kwargs.setdefault("config", EVERY_RULE)
     return analyze_source(textwrap.dedent(code), "t.py", **kwargs).findings
 
 
@@ -97,7 +101,7 @@ def test_syntax_error_is_reported_not_raised():
 
 def test_syntax_error_in_a_notebook_cell_is_on_its_line():
     nb = _notebook(("code", "import torch"), ("code", "x = 1\ndef f(:\n    pass"))
-    [error] = analyze_text(nb, "nb.ipynb", Config()).errors
+    [error] = analyze_text(nb, "nb.ipynb", EVERY_RULE).errors
     assert error.kind == "syntax-error" and error.message == "cell 2, line 2, column 7: invalid syntax"
 
 
@@ -106,7 +110,7 @@ def test_coding_cookie_is_honoured(tmp_path):
     (tmp_path / "latin.py").write_bytes(source.encode("latin-1"))
     (tmp_path / "unknown.py").write_bytes(b"# coding: no-such-codec\nimport torch\n")
     (tmp_path / "lying.py").write_bytes("# coding: ascii\nimport torch\n# caf\xe9\n".encode("utf-8"))
-    run = analyze_paths([str(tmp_path)], Config(), jobs=1)
+    run = analyze_paths([str(tmp_path)], EVERY_RULE, jobs=1)
     assert [(f.path.rsplit("/", 1)[-1], f.rule, f.line) for f in run.findings] == [("latin.py", "TR601", 4)]
     errors = {e.path.rsplit("/", 1)[-1]: (e.kind, e.message) for e in run.errors}
     # a codec we lack (one a package registers at import time): read as UTF-8, with a note (tests/test_review_noise.py)
@@ -119,7 +123,7 @@ def test_binary_non_utf8_and_huge_files(tmp_path):
     (tmp_path / "latin.py").write_bytes("import torch\n# caf\xe9\n".encode("latin-1"))
     (tmp_path / "huge.py").write_text("import torch\n" + "x = 1\n" * (MAX_FILE_BYTES // 6 + 10))
     (tmp_path / "good.py").write_text("import torch\nm = torch.load('m.pt')\n")
-    run = analyze_paths([str(tmp_path)], Config(), jobs=1)
+    run = analyze_paths([str(tmp_path)], EVERY_RULE, jobs=1)
     kinds = {e.path.rsplit("/", 1)[-1]: e.kind for e in run.errors}
     assert kinds == {"bin.py": "binary-file", "latin.py": "decode-error", "huge.py": "too-large"}
     assert [f.rule for f in run.findings] == ["TR601"]
@@ -140,8 +144,8 @@ def test_rule_crash_becomes_error_and_other_rules_continue(monkeypatch):
 def test_parallel_run_matches_serial(tmp_path):
     for i in range(12):
         (tmp_path / f"m{i}.py").write_text(f"import torch\nx{i} = torch.load('a{i}')\n")
-    serial = analyze_paths([str(tmp_path)], Config(), jobs=1)
-    parallel = analyze_paths([str(tmp_path)], Config(), jobs=2)
+    serial = analyze_paths([str(tmp_path)], EVERY_RULE, jobs=1)
+    parallel = analyze_paths([str(tmp_path)], EVERY_RULE, jobs=2)
     assert [f.to_dict() for f in serial.findings] == [f.to_dict() for f in parallel.findings]
     assert len(serial.findings) == 12
 
@@ -157,7 +161,7 @@ def test_notebook_cells_and_lines():
         ("code", "import torch\n%matplotlib inline\n!pip install x"),
         ("code", ["x = 1\n", "state = torch.load('m.pt')\n"]),
     )
-    result = analyze_text(nb, "nb.ipynb", Config())
+    result = analyze_text(nb, "nb.ipynb", EVERY_RULE)
     (f,) = result.findings
     assert (f.cell, f.line) == (3, 2)
     assert f.to_dict()["cell"] == 3
@@ -166,20 +170,21 @@ def test_notebook_cells_and_lines():
 
 def test_notebook_with_broken_cell_still_analyzes_others():
     nb = _notebook(("code", "import torch\nstate = torch.load('m.pt')"), ("code", "def broken(:"))
-    result = analyze_text(nb, "nb.ipynb", Config())
+    result = analyze_text(nb, "nb.ipynb", EVERY_RULE)
     assert [(f.cell, f.line) for f in result.findings] == [(1, 2)]
     assert any(e.kind == "syntax-error" and "cell 2" in e.message for e in result.errors)
 
 
 def test_notebook_not_json():
-    result = analyze_text("{not json", "nb.ipynb", Config())
+    result = analyze_text("{not json", "nb.ipynb", EVERY_RULE)
     assert result.errors[0].kind == "notebook-error"
 
 
 def test_min_severity_and_severity_override():
     code = "import torch\nx = torch.load('a')\n"
-    assert findings(code, config=Config(min_severity=__import__("analyzers.model").model.Severity.CRITICAL)) == []
-    cfg = Config.from_mapping({"severity": {"TR601": "low"}})
+    assert findings(code, config=Config(preview=True, measured_severities=False,
+                                         min_severity=__import__("analyzers.model").model.Severity.CRITICAL)) == []
+    cfg = Config.from_mapping({"severity": {"TR601": "low"}, "preview": True})
     (f,) = findings(code, config=cfg)
     assert f.severity.label == "low"
 

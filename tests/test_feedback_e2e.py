@@ -28,7 +28,7 @@ def export(stack) -> dict:
 
 def test_thumbs_down_and_false_positive_replies_are_recorded_once_and_summarized(stack):
     state = stack["state"]
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "preview: true\n"})  # TR601, a preview rule, is the subject
     state.add_collaborator(repo, "alice", "write")  # a verdict counts from users with write access only
     pr = state.open_pull_request(repo, TWO)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))

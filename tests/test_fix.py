@@ -36,23 +36,24 @@ with torch.amp.autocast("cuda"):
 p = torch.log_softmax(y, dim=0)
 """
 UNSAFE = "import torch\nstate = torch.load('ckpt.pt')\n"
+# these tests are about fixes, of preview rules mostly: every `check` here runs with --preview
 
 
 def _findings(path, cwd):
-    proc = run("check", path, "--format", "json", "--fail-on", "low", cwd=cwd)
+    proc = run("check", "--preview", path, "--format", "json", "--fail-on", "low", cwd=cwd)
     return json.loads(proc.stdout)["findings"]
 
 
 def test_several_fixes_applied_and_the_file_reanalyzes_clean(tmp_path):
     (tmp_path / "train.py").write_text(FIXABLE)
     assert {f["rule"] for f in _findings("train.py", tmp_path)} == {"TR801", "TR803", "TR404"}
-    proc = run("check", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
+    proc = run("check", "--preview", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
     assert (tmp_path / "train.py").read_text() == FIXED
     assert "Fixed 4 findings in 1 file; 0 remaining" in proc.stderr
     assert "fixed train.py:5:6: TR801 deprecated-cuda-amp" in proc.stderr
     assert _findings("train.py", tmp_path) == []
     # nothing left to do: a second --fix changes nothing
-    proc = run("check", "train.py", "--fix", cwd=tmp_path, check=0)
+    proc = run("check", "--preview", "train.py", "--fix", cwd=tmp_path, check=0)
     assert "Fixed 0 findings in 0 files" in proc.stderr and (tmp_path / "train.py").read_text() == FIXED
 
 
@@ -60,11 +61,12 @@ def test_unsafe_fix_needs_the_flag(tmp_path):
     (tmp_path / "load.py").write_text(UNSAFE)
     (finding,) = _findings("load.py", tmp_path)
     assert finding["fix"]["safe"] is False  # TR601: weights_only=True refuses pickled objects
-    proc = run("check", "load.py", "--fix", cwd=tmp_path, check=1)  # the HIGH finding remains
+    # the finding remains (TR601 is a preview rule: reported, never failing the run)
+    proc = run("check", "--preview", "load.py", "--fix", cwd=tmp_path, check=0)
     assert (tmp_path / "load.py").read_text() == UNSAFE
     assert "1 more fix available with --unsafe-fixes" in proc.stderr
     assert "TR601" in proc.stdout and "[unsafe fix available]" in proc.stdout
-    run("check", "load.py", "--fix", "--unsafe-fixes", cwd=tmp_path, check=0)
+    run("check", "--preview", "load.py", "--fix", "--unsafe-fixes", cwd=tmp_path, check=0)
     assert (tmp_path / "load.py").read_text() == "import torch\nstate = torch.load('ckpt.pt', weights_only=True)\n"
 
 
@@ -78,14 +80,14 @@ def test_diff_fixes_prints_a_diff_and_writes_nothing(tmp_path):
     if shutil.which("git") is None:
         pytest.fail("git is needed")
     (tmp_path / "train.py").write_text(FIXABLE)
-    proc = run("check", "train.py", "--diff-fixes", cwd=tmp_path, check=1)  # 1: there is something to fix
+    proc = run("check", "--preview", "train.py", "--diff-fixes", cwd=tmp_path, check=1)  # 1: there is something to fix
     assert (tmp_path / "train.py").read_text() == FIXABLE
     assert proc.stdout.startswith("--- a/train.py\n+++ b/train.py\n")
     assert "\n-with torch.cuda.amp.autocast():\n" in proc.stdout and '\n+with torch.amp.autocast("cuda"):\n' in proc.stdout
     # the diff is the fix: git applies it and gets what --fix writes
     subprocess.run(["git", "apply", "-"], input=proc.stdout, text=True, cwd=tmp_path, check=True)
     assert (tmp_path / "train.py").read_text() == FIXED
-    run("check", "train.py", "--diff-fixes", cwd=tmp_path, check=0)  # nothing left: no diff, exit 0
+    run("check", "--preview", "train.py", "--diff-fixes", cwd=tmp_path, check=0)  # nothing left: no diff, exit 0
 
 
 def test_newlines_and_encoding_are_kept(tmp_path):
@@ -93,7 +95,7 @@ def test_newlines_and_encoding_are_kept(tmp_path):
     data = source.replace("\n", "\r\n").encode("latin-1")
     (tmp_path / "old.py").write_bytes(data)
     (tmp_path / "old.py").chmod(0o755)  # an executable script stays executable
-    run("check", "old.py", "--fix", cwd=tmp_path, check=0)
+    run("check", "--preview", "old.py", "--fix", cwd=tmp_path, check=0)
     assert (tmp_path / "old.py").stat().st_mode & 0o777 == 0o755
     assert [p.name for p in tmp_path.iterdir()] == ["old.py"]  # no temporary file left behind
     assert (tmp_path / "old.py").read_bytes() == data.replace(b"torch.cuda.amp.autocast()", b'torch.amp.autocast("cuda")')
@@ -112,7 +114,7 @@ def test_notebook_cells_are_fixed_in_the_json(tmp_path):
                    "z = Variable(x)")
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    proc = run("check", "nb.ipynb", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
+    proc = run("check", "--preview", "nb.ipynb", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)
     assert "fixed nb.ipynb:cell 3, line 1: TR803" in proc.stderr
     nb["cells"][2]["source"] = ["x = torch.ones(2)\n", 'with torch.amp.autocast("cuda"):\n', "    y = x * 2"]
     nb["cells"][3]["source"] = "z = x"  # a string source stays a string, with no newline added
@@ -165,11 +167,11 @@ def test_fix_with_diff_fixes_changed_lines_only(tmp_path):
     _git("commit", "-q", "-m", "base", cwd=tmp_path)
     # two changes on one new line: the second fix runs on the text the first left, still a changed line
     (tmp_path / "train.py").write_text(old + "new = Variable(torch.ones(3)) + Variable(torch.ones(4))\n")
-    run("check", "train.py", "--fix", "--diff", "HEAD", "--fail-on", "low", cwd=tmp_path, check=0)
+    run("check", "--preview", "train.py", "--fix", "--diff", "HEAD", "--fail-on", "low", cwd=tmp_path, check=0)
     assert (tmp_path / "train.py").read_text() == old + "new = torch.ones(3) + torch.ones(4)\n"
     # a bad ref is a usage error, and nothing is written
-    proc = run("check", "train.py", "--fix", "--diff", "no-such-ref", cwd=tmp_path, check=2)
+    proc = run("check", "--preview", "train.py", "--fix", "--diff", "no-such-ref", cwd=tmp_path, check=2)
     assert "no-such-ref" in proc.stderr
     assert (tmp_path / "train.py").read_text() == old + "new = torch.ones(3) + torch.ones(4)\n"
-    run("check", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)  # without --diff: the old line too
+    run("check", "--preview", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)  # without --diff: the old line too
     assert (tmp_path / "train.py").read_text().startswith("import torch\nfrom torch.autograd import Variable\nold = torch.ones(2)\n")

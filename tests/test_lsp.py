@@ -37,7 +37,14 @@ class Client(LanguageClient):
                 return params
 
 
+# the rules these tests use (TR601, TR401) are preview rules: the workspace opts in, at the rules' own severities
+WORKSPACE_CONFIG = "preview = true\nmeasured_severities = false\n"
+
+
 async def started(tmp_path: Path, debounce: str = "1.0", env: Optional[dict] = None) -> Client:
+    config = tmp_path / ".torchreview.toml"
+    if not config.exists():
+        config.write_text(WORKSPACE_CONFIG)
     client = Client()
     exe = Path(sys.executable).with_name("torchreview")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "bot.cli"]
@@ -193,7 +200,7 @@ def test_a_file_whose_analysis_stalls_is_said_on_the_file_and_the_server_goes_on
     from tests.test_bounded_analysis import STALL, stalling_env
 
     (tmp_path / ".git").mkdir()
-    (tmp_path / ".torchreview.toml").write_text("file_timeout = 2\n")
+    (tmp_path / ".torchreview.toml").write_text(WORKSPACE_CONFIG + "file_timeout = 2\n")
     slow, fast = tmp_path / "slow.py", tmp_path / "train.py"
     slow.write_text(STALL)
     fast.write_text(BUGGY)

@@ -169,7 +169,7 @@ def test_a_retried_job_is_counted_by_reason_on_the_workers_metrics(emulator, app
     try:
         state = emulator.state
         repo, name = new_repo(state, {})
-        pr = state.open_pull_request(repo, {"train.py": 'import torch\n\nm = torch.load("m.pt")\n'})
+        pr = state.open_pull_request(repo, {"train.py": 'import torch\n\nm = torch.symeig(a)\n'})
         state.faults.fail("POST", f"/repos/{name}/check-runs", status=502, times=2)
         stack = {"url": f"http://127.0.0.1:{server.server_port}{settings.webhook_path}"}
         assert deliver(stack, "pull_request", pull_request_payload("opened", pr)).status_code == 202

@@ -74,10 +74,11 @@ def test_the_cli_runs_from_the_built_wheel(installed):
     assert run(installed, "torchreview", "--version").stdout.strip() == f"torchreview {VERSION}"
     rules = run(installed, "torchreview", "rules", "--format", "json")
     assert rules.returncode == 0 and {"TR101", "TR601"} <= {r["id"] for r in json.loads(rules.stdout)}
-    (work / "train.py").write_text("import torch\nstate = torch.load('model.pt')\n")
+    # a stable rule's finding (TR810) and a preview rule's (TR601): the levels (levels.json) ship in the wheel
+    (work / "train.py").write_text("import torch\nstate = torch.load('model.pt')\nvalues = torch.symeig(a)\n")
     checked = run(installed, "torchreview", "check", "train.py", "--format", "json", "--no-cache")
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert [f["rule"] for f in json.loads(checked.stdout)["findings"]] == ["TR601"]
+    assert [f["rule"] for f in json.loads(checked.stdout)["findings"]] == ["TR810"]
     assert (installed[0] / "bin" / "torchreview-action").exists()  # the Action's step
     # the language server is in the base install
     lsp = run(installed, "python", "-c", "import bot.lsp, pygls; print('lsp ok')")

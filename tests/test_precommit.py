@@ -57,7 +57,8 @@ def test_pre_commit_hook_fails_on_bugs_and_passes_when_fixed(tmp_path):
     _git("init", "-q", cwd=project)
     (project / ".pre-commit-config.yaml").write_text(
         f"repos:\n- repo: {hook_repo}\n  rev: {rev}\n  hooks:\n  - id: torchreview\n")
-    (project / "train.py").write_text("import torch\nstate = torch.load('model.pt')\n")
+    # TR810 (a removed API): a stable rule at high, so the default hook fails on it
+    (project / "train.py").write_text("import torch\nstate = torch.symeig(a)\n")
     (project / "explore.ipynb").write_text(_notebook("import torch\nx = 1\n"))
     (project / "notes.txt").write_text("import torch\ntorch.load('model.pt')\n")  # not Python: not checked
 
@@ -79,17 +80,17 @@ def test_pre_commit_hook_fails_on_bugs_and_passes_when_fixed(tmp_path):
     names = {re.sub(r"[-_.]+", "-", p["name"]).lower() for p in json.loads(listed.stdout)}
     assert "torchreview" in names
     assert not names & {"flask", "celery", "gunicorn", "sqlalchemy", "pygithub", "redis", "ipython", "torch"}
-    assert "TR601" in first.stdout and "train.py" in first.stdout
+    assert "TR810" in first.stdout and "train.py" in first.stdout
     assert "notes.txt" not in first.stdout and "explore.ipynb" not in first.stdout
 
     # types_or: [python, jupyter]: a notebook is checked too
-    (project / "train.py").write_text("import torch\nstate = torch.load('model.pt', weights_only=True)\n")
-    (project / "explore.ipynb").write_text(_notebook("import torch\nstate = torch.load('model.pt')\n"))
+    (project / "train.py").write_text("import torch\nstate = torch.linalg.eigh(a)\n")
+    (project / "explore.ipynb").write_text(_notebook("import torch\nstate = torch.symeig(a)\n"))
     second = run_hooks()
     assert second.returncode == 1, second.stdout + second.stderr
     assert "explore.ipynb" in second.stdout and "train.py" not in second.stdout
 
-    (project / "explore.ipynb").write_text(_notebook("import torch\nstate = torch.load('model.pt', weights_only=True)\n"))
+    (project / "explore.ipynb").write_text(_notebook("import torch\nstate = torch.linalg.eigh(a)\n"))
     third = run_hooks()
     assert third.returncode == 0, third.stdout + third.stderr
     assert "torchreview" in third.stdout and "Passed" in third.stdout
@@ -99,7 +100,7 @@ def test_pre_commit_hook_fails_on_bugs_and_passes_when_fixed(tmp_path):
     from tests.test_bounded_analysis import STALL, STALLING_RULE
 
     (project / "slow.py").write_text(STALL)
-    (project / ".torchreview.toml").write_text("file_timeout = 2\n")
+    (project / ".torchreview.toml").write_text("preview = true\nfile_timeout = 2\n")  # TR999 is unmeasured: preview
     env["PYTHONPATH"] = str(STALLING_RULE)
     stalled = run_hooks()
     assert stalled.returncode == 1, stalled.stdout + stalled.stderr

@@ -8,7 +8,7 @@ from analyzers.engine import analyze_source
 from analyzers.rules import get_rule
 
 RULES = ("TR110", "TR111", "TR112", "TR113", "TR510", "TR511", "TR512", "TR513", "TR514",
-         "TR710", "TR711", "TR712", "TR713", "TR720", "TR721", "TR722", "TR723", "TR724", "TR725")
+         "TR710", "TR711", "TR712", "TR713", "TR720", "TR962", "TR722", "TR723", "TR724", "TR725")
 
 
 def findings(code: str, path: str = "train.py"):
@@ -126,7 +126,7 @@ def test_buggy_ddp_amp_script_finds_each_bug():
         "TR712",  # scaler.step without scaler.update
         "TR713",  # clip before unscale_
         "TR720",  # no set_epoch
-        "TR721",  # shuffle=True with sampler=
+        "TR962",  # shuffle=True with sampler= (TR721 was folded into TR962)
         "TR722",  # torch.save on every rank
         "TR723",  # accumulation without no_sync
         "TR725",  # wandb.init on every rank

@@ -50,7 +50,8 @@ def smoke_run(state, sha: str, timeout: float = 240.0):
 
 def test_collaborator_pr_gets_static_review_then_smoke_results(stack, gpu_worker):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    # preview: true: the static findings these tests use (TR601, TR513, TR401) are preview rules
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "preview: true\nsmoke:\n  enabled: true\n  timeout: 120\n"})
     state.add_collaborator(repo, "alice", role="write")
     pr = state.open_pull_request(repo, {"models/net.py": MODELS}, user="alice")
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
@@ -68,7 +69,7 @@ def test_collaborator_pr_gets_static_review_then_smoke_results(stack, gpu_worker
 
 def test_fork_prs_never_smoke_automatically_but_review_smoke_runs_pinned(stack, gpu_worker):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "preview: true\nsmoke:\n  enabled: true\n  timeout: 120\n"})
     fork = state.fork(repo, "mallory")
     pr = state.open_pull_request(repo, {"models/net.py": MODELS.split("class DetachedEncoder")[0]},
                                  user="mallory", head_repo=fork)
@@ -104,7 +105,7 @@ def load(path):
 
 def test_smoke_threads_are_commented_once_and_resolved_when_fixed(stack, gpu_worker):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "preview: true\nsmoke:\n  enabled: true\n  timeout: 120\n"})
     state.add_collaborator(repo, "alice", role="write")
     pr = state.open_pull_request(repo, {"models/net.py": DETACHED}, user="alice")
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
@@ -150,7 +151,7 @@ def train_one_epoch(model, loader, optimizer, criterion, device):
 
 def test_a_changed_training_step_is_run_and_commented_on_its_line(stack, gpu_worker):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n",
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "preview: true\nsmoke:\n  enabled: true\n  timeout: 120\n",
                                       "models/net.py": MODELS})
     state.add_collaborator(repo, "alice", role="write")
     pr = state.open_pull_request(repo, {"train.py": TRAIN_WITHOUT_ZERO_GRAD}, user="alice")
@@ -207,7 +208,7 @@ def fit(loader, epochs=3):
 
 def test_a_static_finding_the_smoke_run_confirms_is_said_on_its_line(stack, gpu_worker):
     state = stack["state"]
-    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "smoke:\n  enabled: true\n  timeout: 120\n"})
+    repo, name = new_repo(state, {}, {SMOKE_CONFIG: "preview: true\nsmoke:\n  enabled: true\n  timeout: 120\n"})
     state.add_collaborator(repo, "alice", role="write")
     pr = state.open_pull_request(repo, {"models/tagger.py": DROPOUT_ALWAYS_ON, "train.py": TRAIN_ON_PROBABILITIES},
                                  user="alice")

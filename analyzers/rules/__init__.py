@@ -28,6 +28,15 @@ _MODULES = (
 )
 _loaded = False
 
+# Rules folded into another (issue 26, "said once"): the old id and slug still select, ignore and suppress
+# (``# noqa: TR721``) the rule that took its cases over.
+RULE_ALIASES = {"TR721": "TR962", "shuffle-with-sampler": "TR962"}
+
+
+def canonical_rule_id(identifier: str) -> str:
+    """The id a rule id or slug now stands for: an alias's target, else the identifier itself."""
+    return RULE_ALIASES.get(identifier.upper(), RULE_ALIASES.get(identifier, identifier))
+
 
 def all_rules() -> list[type[Rule]]:
     global _loaded
@@ -39,10 +48,11 @@ def all_rules() -> list[type[Rule]]:
 
 
 def get_rule(identifier: str) -> type[Rule] | None:
+    identifier = canonical_rule_id(identifier)
     for rule in all_rules():
         if identifier.upper() == rule.id or identifier == rule.slug:
             return rule
     return None
 
 
-__all__ = ["Rule", "Valid", "Invalid", "all_rules", "get_rule"]
+__all__ = ["Rule", "Valid", "Invalid", "all_rules", "get_rule", "canonical_rule_id", "RULE_ALIASES"]

@@ -158,9 +158,12 @@ class Rule:
         def block(text: str) -> str:
             return textwrap.dedent(text).strip("\n")
 
+        from analyzers import levels
+
         return (
             f"# {cls.id} {cls.slug}\n\n"
-            f"Category: {cls.category.value} · default severity: {cls.severity.label}\n\n"
+            f"Category: {cls.category.value} · default severity: {levels.capped(cls.id, cls.severity).label}\n\n"
+            f"Level: {levels.describe(cls.id)}\n\n"
             f"## What it does\n{block(cls.what)}\n\n"
             f"## Why is this bad?\n{block(cls.why)}\n\n"
             f"## Example\n```python\n{block(cls.example)}\n```\n\n"

@@ -746,7 +746,7 @@ def _none(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Name) and expr.value == "None"
 
 
-class DataLoaderExclusiveOptions(Rule):
+class DataLoaderExclusiveOptions(Rule):  # TR721 (shuffle-with-sampler) was folded into it: an alias
     id = "TR962"
     slug = "dataloader-exclusive-options"
     category = Category.TRAINING
@@ -804,6 +804,14 @@ class DataLoaderExclusiveOptions(Rule):
             loader = torch.utils.data.DataLoader(ds, batch_size=32, batch_sampler=GroupedBatchSampler(ds, 32))
             """,
             line=3, message="`batch_size`",
+        ),
+        Invalid(  # the sampler chosen by a condition: the single-GPU run never shows the error
+            """
+            import torch.utils.data as tud
+            sampler = tud.distributed.DistributedSampler(ds) if args.distributed else None
+            loader = tud.DataLoader(ds, shuffle=True, sampler=sampler, num_workers=4)
+            """,
+            line=4, message="`shuffle=True`",
         ),
     ]
 

@@ -348,14 +348,14 @@ def test_a_spent_write_budget_requeues_the_job_instead_of_holding_the_worker(sta
 
 NESTED = "import torch\n\nx = " + "(" * 1500 + "1" + ")" * 1500 + "\n"  # 3 KB: SIGSEGV in libcst
 CHAIN = "import torch\n\nx = " + "+".join(["1"] * 20_000) + "\n"  # 40 KB: a minute, then a crash
-FINE = "import torch\n\nstate = torch.load('model.pt')\n"
+FINE = "import torch\n\nstate = torch.symeig(a)\n"  # TR810: a stable rule's finding fails the check
 
 
 def test_hostile_files_become_errors_and_the_review_completes(stack, store):
     state = stack["state"]
     repo, name, pr = opened(stack, {"a/nested.py": NESTED, "a/chain.py": CHAIN, "a/fine.py": FINE})
     run = completed_run(state, pr.head_sha, timeout=120)
-    assert run.conclusion == "failure"  # the real finding in fine.py (torch.load) still counts
+    assert run.conclusion == "failure"  # the real finding in fine.py (torch.symeig) still counts
     assert "nested.py" in run.output_summary + (run.output_text or "")
     assert "chain.py" in run.output_summary + (run.output_text or "")
     assert any(c.path == "a/fine.py" for c in state.review_comments_for(pr))

@@ -15,7 +15,7 @@ CODE = "import torch\n\nstate = torch.load('a.pt')\n"
 def test_only_writers_count_and_their_permission_is_asked_once(stack):
     state = stack["state"]
     store = redis.Redis.from_url(stack["env"]["REDIS_URL"])
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "preview: true\n"})  # TR601 is a preview rule
     state.add_collaborator(repo, "writer", "write")
     state.add_collaborator(repo, "reader", "read")  # can react and reply, cannot push: not a judge
     pr = state.open_pull_request(repo, {"train.py": CODE}, user="writer")

@@ -11,7 +11,7 @@ import requests
 
 from tests.conftest import deliver, new_repo, pr_payload
 
-BUGGY = "import torch\n\n\ndef resume(path):\n    return torch.load(path)\n"  # TR601: the check must fail
+BUGGY = "import torch\n\n\ndef resume(a):\n    return torch.symeig(a)\n"  # TR810 (stable, high): the check must fail
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_same_named_check_run_of_another_app(stack, github_actions_app, status, 
     ours = [r for r in runs if r.app.id == state.app.id]
     assert not rejected, "the App tried to edit the other App's check run"
     # what a secure App does: its own failing check run on the head, whatever other Apps post under the name
-    assert ours and ours[0].conclusion == "failure" and "TR601" in (ours[0].output_summary or "") or \
+    assert ours and ours[0].conclusion == "failure" and "TR810" in (ours[0].output_summary or "") or \
         pytest.fail("the App did not post its own verdict (see the printed check runs)")
 
 

@@ -17,7 +17,7 @@ POISON = ("import torch\n\n\ndef resume(path):\n"
 def test_outsider_poisons_feedback_with_fake_rules(stack):
     state = stack["state"]
     store = redis.Redis.from_url(stack["env"]["REDIS_URL"])
-    repo, name = new_repo(state, {})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "preview: true\n"})  # TR601 is a preview rule
     pr = state.open_pull_request(repo, {"train.py": POISON}, user="mallory")  # an outside contributor
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
     completed_run(state, pr.head_sha, timeout=120)

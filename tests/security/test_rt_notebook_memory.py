@@ -25,7 +25,7 @@ from tests.conftest import ROOT, deliver, new_repo, pr_payload
 
 LIMIT = 2 << 30  # deploy/kubernetes/worker.yaml: limits.memory 2Gi
 NESTED = b'{"cells": [' + b"[" * 30_000_000
-CELL = {"cell_type": "code", "execution_count": 1, "metadata": {}, "source": ["import torch\n", "m = torch.load(\"x.pt\")\n"],
+CELL = {"cell_type": "code", "execution_count": 1, "metadata": {}, "source": ["import torch\n", "m = torch.symeig(x)\n"],
         "outputs": [{"output_type": "stream", "name": "stdout", "text": ["a"] * 22_000_000}]}
 BIG_OUTPUTS = json.dumps({"cells": [CELL], "metadata": {}, "nbformat": 4, "nbformat_minor": 5},
                          separators=(",", ":")).encode()
@@ -64,7 +64,7 @@ def test_hostile_notebook_kills_the_worker_again_and_again(stack, notebook):
         assert deliver(stack, "pull_request", pr_payload("opened", name, evil)).status_code == 202
         time.sleep(3)
         repo2, name2 = new_repo(state, {})
-        victim = state.open_pull_request(repo2, {"train.py": "import torch\nx = torch.load('a.pt')\n"}, user="alice")
+        victim = state.open_pull_request(repo2, {"train.py": "import torch\nx = torch.symeig(a)\n"}, user="alice")
         assert deliver(stack, "pull_request", pr_payload("opened", name2, victim)).status_code == 202
         started = time.time()
         samples = []

@@ -20,7 +20,7 @@ def token_requests(state, since: float) -> list:
 def test_a_review_asks_for_a_token_of_its_repository_and_the_job_permissions_only(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"train.py": "import torch\nx = torch.load('a.pt')\n"}, user="alice")
+    pr = state.open_pull_request(repo, {"train.py": "import torch\nx = torch.symeig(a)\n"}, user="alice")
     started = time.time()
     assert deliver(stack, "pull_request", pr_payload("opened", name, pr)).status_code == 202
     assert completed_run(state, pr.head_sha, timeout=120).conclusion == "failure"

@@ -27,7 +27,7 @@ def kill_pool_mid_job(state, hold, worker, losses: int) -> None:
 def test_a_job_that_kills_its_worker_twice_is_failed_not_requeued(stack):
     state = stack["state"]
     repo, name = new_repo(state, {})
-    pr = state.open_pull_request(repo, {"train.py": "import torch\nx = torch.load('a.pt')\n"}, user="mallory")
+    pr = state.open_pull_request(repo, {"train.py": "import torch\nx = torch.symeig(a)\n"}, user="mallory")
     files = f"/repos/{name}/pulls/{pr.number}/files"
     hold = state.faults.hold("GET", files + "*", seconds=HOLD_SECONDS, times=None)
     try:
@@ -43,6 +43,6 @@ def test_a_job_that_kills_its_worker_twice_is_failed_not_requeued(stack):
     assert state.reviews_for(pr) == []
     assert stack["worker"].proc.poll() is None  # the worker itself is alive and takes the next job
     other_repo, other_name = new_repo(state, {})
-    other = state.open_pull_request(other_repo, {"train.py": "import torch\nx = torch.load('a.pt')\n"})
+    other = state.open_pull_request(other_repo, {"train.py": "import torch\nx = torch.symeig(a)\n"})
     assert deliver(stack, "pull_request", pr_payload("opened", other_name, other)).status_code == 202
     assert completed_run(state, other.head_sha, timeout=90).conclusion == "failure"  # reviewed: the finding
