@@ -772,6 +772,8 @@ def _names(rule: type, selectors: Iterable[str]) -> bool:
     from analyzers.rules import canonical_rule_id
 
     return any(canonical_rule_id(s.strip()) in (rule.id, rule.slug) or s.strip().upper() == rule.id
+               # an exact TorchFix code (TOR102, not the prefix TOR1) names the rules that cover it
+               or re.fullmatch(r"TOR\d{3}", s.strip().upper()) is not None and rule.id in rules_for_torchfix(s.strip())
                for s in selectors)
 
 

@@ -31,9 +31,10 @@ MIN_JUDGED = 15
 # high and critical are kept only where the rule's findings at that severity were right this often on holdout
 MIN_SEVERE_PRECISION = 0.95
 SEVERE = (Severity.HIGH, Severity.CRITICAL)
-# Rules whose logic is purely syntactic (a call of a removed or deprecated API): with too few findings to
-# measure they are stable unless a judged finding was a false positive.
-SYNTACTIC_MODULES = ("analyzers.rules.removed_api",)
+# Rules whose logic is purely syntactic, with nothing inferred: a call of a removed or deprecated API, or a
+# checkpoint file's pickle opcodes that import a callable. With too few findings to measure they are stable
+# unless a judged finding was a false positive.
+SYNTACTIC_MODULES = ("analyzers.rules.removed_api", "analyzers.rules.checkpoint_files")
 Z95 = 1.959963984540054
 
 
@@ -89,7 +90,7 @@ def decide_level(rule: type, overall: Measure, by_severity: Mapping[str, Measure
     if is_syntactic(rule):
         if overall.fp:
             return PREVIEW, "syntactic, but a judged finding was a false positive"
-        return STABLE, "syntactic (removed or deprecated API); too few findings to measure"
+        return STABLE, "syntactic (a removed or deprecated API, a checkpoint's opcodes); too few findings to measure"
     return PREVIEW, "too few judged findings to measure"
 
 

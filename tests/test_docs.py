@@ -174,6 +174,7 @@ def test_the_neovim_snippet_for_this_version_shows_a_finding(tmp_path):
     repo.mkdir()
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "train.py").write_text("import torch\n\n\ndef resume(path):\n    state = torch.load(path)\n    return state\n")
+    (repo / ".torchreview.toml").write_text("select = [\"TR601\"]\n")  # a preview rule: named to run
     (tmp_path / "init.lua").write_text(snippet)
     out = tmp_path / "out.txt"
     probe = tmp_path / "probe.lua"
