@@ -23,7 +23,7 @@ def feedback_command(stack, *args: str) -> str:
 def test_feedback_reports_posted_verdicts_and_how_threads_ended(stack):
     state = stack["state"]
     # one comment per file (by default, a rule found in three files or more is said once)
-    repo, name = new_repo(state, {}, {".github/torchreview.yml": "group_rule_from_files: 0\n"})
+    repo, name = new_repo(state, {}, {".github/torchreview.yml": "group_rule_from_files: 0\npreview: true  # TR601 is a preview rule\n"})
     state.add_collaborator(repo, "alice", "write")
     pr = state.open_pull_request(repo, FILES)
     deliver(stack, "pull_request", pr_payload("opened", name, pr))
