@@ -16,14 +16,41 @@ from analyzers.rules import all_rules  # noqa: E402
 from analyzers.rules.base import Invalid  # noqa: E402
 
 
-def _run(code: str):
+def _execute(_key: str, code: str):
     namespace: dict = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
         exec(compile(code, "<example>", "exec"), namespace)  # noqa: S102 - our own rule examples
     return {k: v for k, v in namespace.items() if not k.startswith("__") and not callable(v)
-            and not isinstance(v, type(torch))}
+            and not isinstance(v, (type(torch), type)) and _picklable(v)}
+
+
+def _picklable(value) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(value)
+    except Exception:  # noqa: BLE001 - an object that cannot leave the child is not compared
+        return False
+    return True
+
+
+def _run(code: str):
+    """The example in a forked child: it may change torch's global state (torch.set_default_dtype) as it likes."""
+    from analyzers.isolation import run_isolated
+
+    def attempt(key: str, text: str):
+        try:
+            return "ran", _execute(key, text)
+        except Exception as exc:  # noqa: BLE001 - the example needs what a snippet does not have
+            return "failed", f"{type(exc).__name__}: {exc}"
+
+    outcome = run_isolated([("example", code)], attempt, lambda key, kind, message: ("failed", message),
+                           seconds=120)["example"]
+    if outcome[0] != "ran":
+        raise RuntimeError(outcome[1])
+    return outcome[1]
 
 
 def _same(a, b) -> bool:

@@ -14,7 +14,7 @@ from gpu_runner.build import build_subject  # noqa: E402
 from gpu_runner.checks import measure_subject  # noqa: E402
 from gpu_runner.compare import compare_reports  # noqa: E402
 from gpu_runner.runner import COMPARE_ROUNDS, TargetRequest, smoke  # noqa: E402
-from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
 
 RUNS = 20
 NET = """

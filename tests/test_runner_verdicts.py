@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpu_runner.child import smoke_one  # noqa: E402
-from tests.runner_support import forget_tmp_modules, single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (autouse fixtures)
 
 STEPS = 20
 
