@@ -113,7 +113,9 @@ def build_world(state, storm: Storm) -> dict:
     for i in range(storm.installations):
         state.add_installation(f"org-{i:02d}", installation_id=i + 1)
         for r in range(repos_per_installation):
-            repo = state.add_repo(f"org-{i:02d}/models-{r}", files={"README.md": "# models\n", "train.py": BASE_TRAIN})
+            repo = state.add_repo(f"org-{i:02d}/models-{r}", files={"README.md": "# models\n", "train.py": BASE_TRAIN,
+                                                                       # TR601 is a preview rule: opted into
+                                                                       ".github/torchreview.yml": "preview: true\n"})
             state.add_collaborator(repo, WRITER, "maintain")
             repos.append((repo, i + 1))
     for n in range(storm.pull_requests):

@@ -12,6 +12,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -152,7 +153,9 @@ def static_claims(sources: dict[str, str], config=None, root: Optional[Path] = N
 
     max_files = MAX_REVIEW_FILES if max_files is None else max_files
     max_bytes = MAX_REVIEW_BYTES if max_bytes is None else max_bytes
-    config = config or Config()
+    # Every rule a run can decide, preview ones too: a run that confirms (or fails to reproduce) a preview rule's
+    # finding is the evidence that rule needs; the report says what the run showed about each claim.
+    config = replace(config or Config(), preview=True)
     try:
         index = RepositoryIndex(root) if root is not None else None
     except Exception:  # noqa: BLE001 - no context across files: each file on its own, as the review would

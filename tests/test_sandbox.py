@@ -14,6 +14,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import subprocess
 import textwrap
 import time
 import uuid
@@ -375,12 +376,25 @@ def test_output_is_decoded_leniently(code_dir):
 
 
 def test_max_rss_reflects_the_child(backend, code_dir):
-    result = run_python("""
-        block = b"x" * (50 << 20)  # written, so resident
-        print(len(block))
-    """, code_dir)
-    assert result.returncode == 0, result.stderr
-    assert 50 << 20 < result.max_rss_bytes < 1 << 30, result.max_rss_bytes
+    """Measured from a fresh interpreter: a child's high-water mark starts at its parent's resident size when
+    forked (and exec keeps it), so a test worker that once grew past 1 GiB would be measured, not the child."""
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(PROJECT_ROOT)!r})
+        from gpu_runner import sandbox
+        from tests.test_sandbox import capabilities, run_python
+        caps = capabilities({backend!r})
+        sandbox._capabilities = lambda: caps
+        result = run_python('block = b"x" * (50 << 20)  # written, so resident\\nprint(len(block))\\n',
+                            Path({str(code_dir)!r}))
+        print(result.returncode, result.max_rss_bytes, repr(result.stderr))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    returncode, max_rss, stderr = done.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert returncode == "0", stderr
+    assert 50 << 20 < int(max_rss) < 1 << 30, max_rss
 
 
 def test_missing_code_dir_is_an_error(tmp_path):
