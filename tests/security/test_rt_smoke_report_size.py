@@ -39,9 +39,8 @@ MODEL = "import json, os, sys\nimport torch.nn as nn\n" + "".join(CLASS.format(i
 
 @pytest.fixture(scope="module")
 def gpu_worker(stack):
-    worker = Worker(stack["env"], queues="gpu", concurrency=1)
-    yield worker
-    worker.stop()
+    with Worker(stack["env"], queues="gpu", concurrency=1) as worker:  # stopped however the module ends
+        yield worker
 
 
 def test_one_smoke_run_stores_megabytes_in_redis(stack, gpu_worker):
