@@ -27,9 +27,17 @@ GPU_QUEUE = "gpu"  # smoke training: `torchreview worker --queues gpu` on GPU ma
 REVIEW_TASK = "torchreview.review_pull_request"
 SMOKE_TASK = "torchreview.smoke_pull_request"
 RECOVER_TASK = "torchreview.recover_deliveries"  # the delivery sweep (bot/recover.py), on Celery beat
+BASE_PUSH_TASK = "torchreview.base_pushed"  # a push that may have changed a branch's configuration (bot/base_push.py)
 PR_ACTIONS = {"opened", "synchronize", "reopened", "ready_for_review"}
 PUSHED_HEAD_REASONS = {f"pull_request.{action}" for action in PR_ACTIONS}
 RETARGETED = "pull_request.edited"  # a base change (route_event sends no other edit)
+BASE_CONFIG_CHANGED = "push.base_config"  # a push changed the configuration of the PR's base branch
+# A new verdict on an unchanged head, because what it is judged against changed: a fresh check run at once.
+REJUDGED_REASONS = {RETARGETED, BASE_CONFIG_CHANGED}
+NO_COMMIT = "0" * 40  # a push's `before` when it creates the branch, its `after` when it deletes it
+# GitHub lists at most this many commits in a push payload (documented for timeline events; webhooks may list more):
+# a push listing this many may have left some out
+PUSH_COMMITS_LISTED = 20
 SMOKE_CHECK_NAME = "torchreview / smoke"
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
 HEAD_TTL = 30 * 24 * 3600  # how long the webhook remembers a PR's last pushed head
@@ -48,6 +56,8 @@ class ReviewJob:
     requested_by: Optional[str] = None
     # pull_request events: when GitHub last updated the PR (for a push: the push), to pin commands
     pr_updated_at: Optional[str] = None
+    # a base branch's configuration push: the commit that made the configuration this head is judged by again
+    base_sha: Optional[str] = None
 
     kind = "review"
 
@@ -103,8 +113,31 @@ class SmokeJob:
         return {"kind": self.kind, **asdict(self)}
 
 
-Job = Union[ReviewJob, CommandJob, SmokeJob]
-_KINDS = {cls.kind: cls for cls in (ReviewJob, CommandJob, SmokeJob)}
+@dataclass(frozen=True, kw_only=True)
+class BasePushJob:
+    """A push to ``branch`` that may have changed its configuration (bot/base_push.py decides, lists the open
+    PRs on it and enqueues their reviews). ``config_paths``: the configuration files the payload says the push
+    touched; None when the payload cannot say (a new branch, a forced push, commits or file lists left out)."""
+
+    installation_id: int
+    repository: str
+    branch: str
+    before: str
+    after: str
+    delivery: str
+    config_paths: Optional[list[str]] = None
+    pushed_at: Optional[float] = None  # when (epoch seconds): the newest push's configuration wins
+
+    kind = "base_push"
+    pull_number = None  # about a branch, no one PR (logs name jobs by repository#number)
+    reason = "push"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+Job = Union[ReviewJob, CommandJob, SmokeJob, BasePushJob]
+_KINDS = {cls.kind: cls for cls in (ReviewJob, CommandJob, SmokeJob, BasePushJob)}
 
 
 def job_from_dict(data: dict[str, Any]) -> Job:
@@ -190,6 +223,18 @@ def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Se
                           head_sha=run.get("head_sha"), reason=f"check_run.{action}", delivery=delivery,
                           requested_by=sender.get("login"))
                 for pr in run.get("pull_requests") or []]
+    if event == "push":
+        ref, after = payload.get("ref") or "", payload.get("after") or NO_COMMIT
+        if not ref.startswith("refs/heads/") or payload.get("deleted") or after == NO_COMMIT:
+            return []  # a tag, or a deleted branch: no open PR has it as its base
+        paths = config_paths_pushed(payload)
+        if paths is not None and not paths:
+            return []  # the payload lists every change, and none is to a configuration file
+        pushed_at = (payload.get("repository") or {}).get("pushed_at")
+        return [BasePushJob(installation_id=installation, repository=repo, branch=ref[len("refs/heads/"):],
+                            before=payload.get("before") or NO_COMMIT, after=after, delivery=delivery,
+                            config_paths=None if paths is None else sorted(paths),
+                            pushed_at=float(pushed_at) if isinstance(pushed_at, (int, float)) else None)]
     if event == "check_suite":
         suite = payload.get("check_suite") or {}
         if payload.get("action") not in {"requested", "rerequested"}:
@@ -200,6 +245,30 @@ def route_event(event: str, payload: dict[str, Any], delivery: str, settings: Se
                           delivery=delivery)
                 for pr in suite.get("pull_requests") or []]
     return []
+
+
+def config_paths_pushed(payload: dict[str, Any]) -> Optional[set[str]]:
+    """The configuration files (``analyzers.config.CONFIG_FILES_IN_ORDER``) a push payload says its commits added,
+    modified or removed; None when the payload cannot tell for sure: a new branch (nothing to compare with), a
+    forced push (commits it dropped are not listed), a list that may have been cut (no commits, as many as GitHub
+    lists at most, the last not the pushed head) or a commit without its file lists."""
+    from analyzers.config import CONFIG_FILES_IN_ORDER
+
+    commits = payload.get("commits")
+    before, after = payload.get("before") or NO_COMMIT, payload.get("after") or NO_COMMIT
+    if payload.get("created") or payload.get("forced") or before == NO_COMMIT:
+        return None
+    if not isinstance(commits, list) or not commits or len(commits) >= PUSH_COMMITS_LISTED:
+        return None
+    if not isinstance(commits[-1], dict) or commits[-1].get("id") != after:
+        return None
+    touched: set[str] = set()
+    for commit in commits:
+        lists = [commit.get(name) if isinstance(commit, dict) else None for name in ("added", "modified", "removed")]
+        if not all(isinstance(paths, list) for paths in lists):
+            return None
+        touched.update(path for paths in lists for path in paths if isinstance(path, str))
+    return touched & set(CONFIG_FILES_IN_ORDER)
 
 
 def _is_bot(user: dict[str, Any], settings: Settings) -> bool:
@@ -362,7 +431,8 @@ def send(job: Job, settings: Optional[Settings] = None) -> None:
     """Put ``job`` on its queue: smoke jobs on the GPU queue, the rest on the review queue."""
     # only the broker is needed here, and web processes send jobs too: never read the private key for it
     settings = settings or Settings.from_env(require_github=False, role="web")
-    name, queue = (SMOKE_TASK, GPU_QUEUE) if isinstance(job, SmokeJob) else (REVIEW_TASK, REVIEW_QUEUE)
+    name, queue = ((SMOKE_TASK, GPU_QUEUE) if isinstance(job, SmokeJob)
+                   else (BASE_PUSH_TASK, REVIEW_QUEUE) if isinstance(job, BasePushJob) else (REVIEW_TASK, REVIEW_QUEUE))
     # The webhook sends these while GitHub waits: Celery's generic repr of the arguments and a queue
     # declaration per message (the workers declare their queues) are most of a send's CPU.
     _producer(settings).send_task(name, args=[job.to_dict()], queue=queue, declare=[],

@@ -18,7 +18,7 @@ log = logging.getLogger("torchreview.metrics")
 
 # The ``event`` label takes only these values: unsigned deliveries are counted too (as 401s) and
 # anyone can send any X-GitHub-Event, so a free-text label would let them add series without bound.
-EVENT_LABELS = ("pull_request", "issue_comment", "check_run", "check_suite", "ping", "none", "other")
+EVENT_LABELS = ("pull_request", "issue_comment", "check_run", "check_suite", "push", "ping", "none", "other")
 
 WEBHOOKS = Counter("torchreview_webhooks_total", "Webhook deliveries answered", ["event", "status"])
 WEBHOOK_SECONDS = Histogram("torchreview_webhook_seconds", "Time to answer a webhook delivery",

@@ -31,11 +31,12 @@ from analyzers.notebook import NotebookError, read_cells
 from analyzers.pickles import checkpoint_result, is_checkpoint
 from analyzers.program.modules import RepositoryIndex
 from bot import feedback
+from bot.base_push import config_commit
 from bot import review as compose
 from bot.conversation import (close_gone, gone_comments, is_ours, our_review_comments, resolved_by_people,
                               review_threads, unique_comments, upsert_summary)
 from bot.github_client import commit_ref, our_check_runs
-from bot.jobs import RETARGETED, CommandJob, ReviewJob, SmokeJob, enqueue_smoke
+from bot.jobs import REJUDGED_REASONS, CommandJob, ReviewJob, SmokeJob, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
 
 log = logging.getLogger("torchreview.pipeline")
@@ -158,7 +159,8 @@ class ReviewRun:
 
     def run(self) -> str:
         try:
-            config = load_base_config(self.repo, self.pr.base.sha, self.store)
+            config = load_base_config(self.repo, config_commit(self.store, self.job.repository, self.pr,
+                                                               getattr(self.job, "base_sha", None)), self.store)
         except ConfigError as exc:
             self.complete(self.check_run(), compose.config_error_plan(str(exc)))
             return f"configuration error: {exc}"
@@ -301,9 +303,10 @@ class ReviewRun:
         own = [run for run in runs if run.external_id == self.job.delivery]
         if own:
             return own[0]
-        if runs and self.job.reason not in FORCED_REASONS and self.job.reason != RETARGETED:
+        if runs and self.job.reason not in FORCED_REASONS and self.job.reason not in REJUDGED_REASONS:
             return runs[0]  # the newest
-        # A retargeted head gets a new run at once: the verdict on the old base must not stand while this one is made.
+        # A head retargeted, or whose base's configuration changed, gets a new run at once: the verdict on the old
+        # base must not stand while this one is made.
         self.budget.spend()
         return self.repo.create_check_run(name=CHECK_NAME, head_sha=self.head, status="in_progress",
                                           external_id=self.job.delivery,
@@ -666,8 +669,9 @@ def run_command(job: CommandJob, clients, store) -> str:
     if command.name == "config":
         pr = repo.get_pull(job.pull_number)
         try:
-            config = load_base_config(repo, pr.base.sha, store)
-            text = commands.config_reply(config, pr.base.ref, pr.base.sha)
+            base = config_commit(store, job.repository, pr)
+            config = load_base_config(repo, base, store)
+            text = commands.config_reply(config, pr.base.ref, base)
         except ConfigError as exc:
             text = f"The repository's torchreview configuration on {code_span(pr.base.ref)} is invalid:\n\n{code_block(str(exc))}"
     elif command.name == "smoke":

@@ -513,6 +513,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
     from analyzers.config import ConfigError
     from bot.conversation import close_gone, our_review_comments
     from bot.github_client import classify, commit_ref
+    from bot.base_push import config_commit
     from bot.pipeline import complete_check_run, load_base_config
     from bot.review import parse_file_patch
     from bot.store import WriteBudget, WriteBudgetSpent
@@ -527,7 +528,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
     head = job.head_sha  # never re-read from the PR: a push after authorization must not run
     budget = WriteBudget(store, job.installation_id)
     try:
-        config = load_base_config(repo, pr.base.sha, store)
+        config = load_base_config(repo, config_commit(store, job.repository, pr), store)
     except ConfigError as exc:
         return f"configuration error: {exc}"
     settings = dict(config.smoke)

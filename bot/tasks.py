@@ -12,7 +12,8 @@ from celery.signals import after_setup_logger, after_setup_task_logger, worker_p
 
 import bot.worker_metrics  # noqa: F401 - connects the worker's metrics endpoint to Celery's signals
 import bot.health  # noqa: F401 - a worker of `torchreview serve` tells the web it is up
-from bot.jobs import RECOVER_TASK, REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown, make_celery
+from bot.jobs import (BASE_PUSH_TASK, RECOVER_TASK, REVIEW_TASK, SMOKE_TASK, job_from_dict, longest_countdown,
+                      make_celery)
 from bot.settings import Settings
 
 log = logging.getLogger("torchreview.tasks")
@@ -225,6 +226,29 @@ def smoke_pull_request(self, request: dict, failures: int = 0) -> str:
         return outcome
     finally:
         _finished(self, store)
+
+
+@celery_app.task(bind=True, name=BASE_PUSH_TASK, max_retries=MAX_RETRIES, acks_late=True, reject_on_worker_lost=True)
+def base_pushed(self, request: dict, failures: int = 0) -> str:
+    """A push that may have changed a branch's configuration: the open PRs on it are reviewed again
+    (bot/base_push.py). Only GitHub reads and enqueueing here: a retry enqueues no review twice."""
+    from bot.base_push import run_base_push
+
+    job = job_from_dict(request)
+    settings, store, clients = _runtime()
+    try:
+        outcome = run_base_push(job, clients, store)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        transient = _transient(exc, failures)
+        if transient is not None and (transient.rate_limited or failures < MAX_RETRIES):
+            log.warning("push %s:%s: %s; again in %.0fs", job.repository, job.branch, transient, transient.delay)
+            raise _again(self, request, failures + (not transient.rate_limited), transient.delay,
+                         BUDGET_RETRIES if transient.rate_limited else self.request.retries + 1, transient.reason,
+                         exc=transient)
+        log.exception("push %s:%s failed for good", job.repository, job.branch)
+        raise
+    log.info("push %s:%s: %s", job.repository, job.branch, outcome)
+    return outcome
 
 
 @celery_app.task(name=RECOVER_TASK, ignore_result=True)

@@ -53,7 +53,7 @@ def read_signed_body(stream, secret: str, header: Optional[str], limit: int, len
     return b"".join(chunks)
 
 
-HANDLED_EVENTS = {"pull_request", "issue_comment", "check_run", "check_suite"}
+HANDLED_EVENTS = {"pull_request", "issue_comment", "check_run", "check_suite", "push"}
 
 
 def create_app(settings: Optional[Settings] = None, *, enqueue: Optional[Callable[[Job], None]] = None,

@@ -72,6 +72,7 @@ OPERATIONS = (
     "GET /app",
     "POST /app/installations/{installation_id}/access_tokens",
     "GET /repos/{owner}/{repo}/installation",
+    "GET /repos/{owner}/{repo}/pulls",
     "GET /repos/{owner}/{repo}/pulls/{pull_number}",
     "GET /repos/{owner}/{repo}/pulls/{pull_number}/files",
     "GET /repos/{owner}/{repo}/pulls/{pull_number}/reviews",
@@ -108,7 +109,7 @@ WEBHOOKS = (
     "pull-request-closed", "pull-request-edited", "pull-request-labeled", "issue-comment-created",
     "issue-comment-edited", "check-run-rerequested", "check-run-requested-action", "check-run-created",
     "check-suite-requested", "check-suite-rerequested", "installation-created", "installation-deleted",
-    "installation-repositories-added", "ping",
+    "installation-repositories-added", "ping", "push",
 )
 # One example per event/action, by its index in the package's api.github.com/index.json. Picked once:
 # an App delivery (with `installation`) where one exists, then the fewest schema errors.
@@ -130,6 +131,7 @@ EXAMPLES = {
     "installation.deleted": ("installation", 3),
     "installation_repositories.added": ("installation_repositories", 1),
     "ping": ("ping", 2),
+    "push": ("push", 4),  # a branch's first push, as an App receives it
 }
 
 

@@ -278,13 +278,11 @@ class Renderer:
             "repo": self.repository(repo),
         }
 
-    def pull_request(self, pr: PullRequest) -> dict[str, Any]:
+    def pull_request_simple(self, pr: PullRequest) -> dict[str, Any]:
+        """A pull request as GitHub lists it (``pull-request-simple``): no counts, no mergeability."""
         api = f"{self.repo_api_url(pr.repo)}/pulls/{pr.number}"
         issue = f"{self.repo_api_url(pr.repo)}/issues/{pr.number}"
         html = f"{self.web}/{pr.repo.full_name}/pull/{pr.number}"
-        files = self.state.pull_files(pr)
-        base_history = set(self.state.ancestors(pr.base_sha))
-        head_commits = [sha for sha in self.state.ancestors(pr.head_sha) if sha not in base_history]
         links = {
             "self": api,
             "html": html,
@@ -332,6 +330,14 @@ class Renderer:
             "author_association": pr.author_association,
             "auto_merge": None,
             "draft": pr.draft,
+        }
+
+    def pull_request(self, pr: PullRequest) -> dict[str, Any]:
+        files = self.state.pull_files(pr)
+        base_history = set(self.state.ancestors(pr.base_sha))
+        head_commits = [sha for sha in self.state.ancestors(pr.head_sha) if sha not in base_history]
+        return {
+            **self.pull_request_simple(pr),
             "merged": pr.merged,
             "mergeable": True,
             "rebaseable": True,

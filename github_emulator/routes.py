@@ -13,7 +13,7 @@ import tarfile
 import time
 import zipfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlencode
 
@@ -62,6 +62,7 @@ ROUTES: tuple[Route, ...] = (
           "create_access_token", auth="app"),
     Route("apps/get-repo-installation", "GET", f"{_REPO}/installation", "get_repo_installation", auth="app"),
     Route("repos/get", "GET", _REPO, "get_repo", permissions=("metadata",)),
+    Route("pulls/list", "GET", f"{_REPO}/pulls", "list_pulls", permissions=("pull_requests",)),
     Route("pulls/get", "GET", f"{_REPO}/pulls/<int:pull_number>", "get_pull", permissions=("pull_requests",)),
     Route("pulls/list-files", "GET", f"{_REPO}/pulls/<int:pull_number>/files", "list_pull_files",
           permissions=("pull_requests",)),
@@ -268,6 +269,30 @@ class RestApi:
         return jsonify(self.render.collaborator_permission(g.repo, user))
 
     # ------------------------------------------------------------------ pull requests
+
+    def list_pulls(self, owner: str, repo: str) -> Response:
+        """GitHub's filters (state, base, head as ``owner:branch``), orders and pages; the simple form of each."""
+        state = request.args.get("state", "open")
+        base = request.args.get("base")
+        head = request.args.get("head")
+        head_owner, _, head_ref = head.rpartition(":") if head else ("", "", "")
+        pulls = [pr for (name, _), pr in self.state.pulls.items() if name == g.repo.full_name
+                 and (state == "all" or pr.state == state)
+                 and (base is None or pr.base_ref == base)
+                 # a head without an owner is read as the repository owner's branch
+                 and (head is None or (pr.head_ref == head_ref
+                                       and pr.head_repo.owner.login == (head_owner or g.repo.owner.login)))]
+        sort = request.args.get("sort", "created")
+        now = _now()
+        if sort == "long-running":  # open more than a month, active within the last one
+            month = timedelta(days=30)
+            pulls = [pr for pr in pulls if now - pr.created_at > month and now - pr.updated_at < month]
+        key = {"created": lambda pr: (pr.created_at, pr.number), "long-running": lambda pr: (pr.created_at, pr.number),
+               "updated": lambda pr: (pr.updated_at, pr.number),
+               "popularity": lambda pr: (len(self.state.issue_comments_for(pr)), pr.number)}[sort]
+        descending = request.args.get("direction", "desc" if sort == "created" else "asc") == "desc"
+        pulls.sort(key=key, reverse=descending)
+        return self._paginated(pulls, self.render.pull_request_simple)
 
     def get_pull(self, owner: str, repo: str, pull_number: int) -> Response:
         return jsonify(self.render.pull_request(self._pull(pull_number)))

@@ -5,6 +5,7 @@ import copy
 import hashlib
 import hmac
 import json
+import time
 import uuid
 from functools import lru_cache
 from typing import Any, Optional
@@ -58,6 +59,53 @@ def issue_comment_payload(state, pr, body: str, user: str, installation_id: int 
                            created_at=_iso(comment.created_at), updated_at=_iso(comment.updated_at))
     data["comment"]["user"].update(login=user, type="User")
     data["sender"].update(login=user, type="User")
+    return data
+
+
+NO_COMMIT = "0" * 40  # a push's `before` for a new branch, its `after` for a deleted one
+PUSH_COMMITS_CAP = 20  # the most commits GitHub lists in a push (the rest: compare before...after)
+
+
+def push_payload(state, repo, branch: str, before: str, after: str, installation_id: int = 1,
+                 sender: Optional[str] = None, max_commits: int = PUSH_COMMITS_CAP) -> dict[str, Any]:
+    """The real ``push`` payload for moving ``branch`` of an emulator repository from ``before`` to ``after``
+    (either may be :data:`NO_COMMIT`): the pushed commits (those of ``after`` not in ``before``), oldest first,
+    at most ``max_commits`` of them, each with the paths it added, modified and removed against its parent."""
+    from .diffing import diff_trees
+
+    repo = state.repo(repo)
+    data = real_payload("push")
+    _point_at_repo(data, repo.full_name, installation_id)
+    data["repository"].update(default_branch=repo.default_branch, master_branch=repo.default_branch,
+                              pushed_at=int(time.time()))
+    known = set(state.ancestors(before)) if before != NO_COMMIT else set()
+    pushed = [sha for sha in state.ancestors(after) if sha not in known] if after != NO_COMMIT else []
+    pushed.reverse()  # oldest first, as GitHub lists them
+    template = data["commits"][0] if data["commits"] else {}
+    commits = []
+    for sha in pushed[-max_commits:] if max_commits else []:
+        commit = state.commits[sha]
+        parent = state.commits[commit.parents[0]].tree if commit.parents else {}
+        changes: dict[str, list[str]] = {"added": [], "modified": [], "removed": []}
+        for diff in diff_trees(parent, commit.tree):
+            if diff.status == "renamed":  # a push lists a rename as the old path gone and the new one added
+                changes["removed"].append(diff.previous_filename)
+                changes["added"].append(diff.filename)
+            else:
+                changes["added" if diff.status == "added" else "removed" if diff.status == "removed"
+                        else "modified"].append(diff.filename)
+        commits.append({**copy.deepcopy(template), "id": sha, "tree_id": state.tree_listing(sha)[0],
+                        "distinct": True, "message": commit.message, **changes,
+                        "timestamp": _iso(commit.created_at),
+                        "url": f"https://github.com/{repo.full_name}/commit/{sha}"})
+    data.update(ref=f"refs/heads/{branch}", before=before, after=after, created=before == NO_COMMIT,
+                deleted=after == NO_COMMIT, base_ref=None, commits=commits,
+                forced=before != NO_COMMIT and after != NO_COMMIT and not state.is_ancestor(before, after),
+                head_commit=commits[-1] if commits and commits[-1]["id"] == after else None,
+                compare=f"https://github.com/{repo.full_name}/compare/{before[:12]}...{after[:12]}")
+    if sender is not None:
+        data["sender"].update(login=sender, type="User")
+        data["pusher"].update(name=sender)
     return data
 
 

@@ -203,6 +203,45 @@ def test_pull_files_paginate_with_link_headers(world, app_key):
     assert 'rel="next"' in first_page.headers["Link"] and "page=4" in first_page.headers["Link"]
 
 
+def test_pull_requests_listed_by_state_base_and_head_a_page_at_a_time(world, app_key):
+    state, emulator, installation, first = world
+    state.commit("octo-org/models", {"NOTES.md": "release\n"}, parent=state.repos["octo-org/models"].branches["main"],
+                 branch="release")
+    on_main = [state.open_pull_request("octo-org/models", {f"m{i}.py": "x = 1\n"}, head=f"main-{i}") for i in range(4)]
+    on_release = state.open_pull_request("octo-org/models", {"r.py": "x = 1\n"}, base="release", head="fix")
+    fork = state.fork("octo-org/models", owner="mallory")
+    from_fork = state.open_pull_request("octo-org/models", {"f.py": "x = 1\n"}, head_repo=fork, head="fix",
+                                        user="mallory")
+    on_main[1].state = "closed"
+    time.sleep(1.1)  # GitHub's timestamps have seconds: a later update sorts after
+    state.push(on_main[2], {"m2.py": "x = 2\n"})
+    client = integration(emulator, app_key[0], per_page=2).get_github_for_installation(installation.id)
+    remote = client.get_repo("octo-org/models")
+
+    open_on_main = [p.number for p in remote.get_pulls(state="open", base="main")]
+    assert open_on_main == [from_fork.number, on_main[3].number, on_main[2].number, on_main[0].number, first.number]
+    assert [p.number for p in remote.get_pulls(state="closed")] == [on_main[1].number]
+    assert len(list(remote.get_pulls(state="all"))) == 7
+    assert [p.number for p in remote.get_pulls(base="release")] == [on_release.number]
+    assert [p.number for p in remote.get_pulls(head="mallory:fix")] == [from_fork.number]
+    assert [p.number for p in remote.get_pulls(head="octo-org:fix")] == [on_release.number]
+    assert [p.number for p in remote.get_pulls(base="main", sort="updated", direction="desc")][0] == on_main[2].number
+    assert [p.number for p in remote.get_pulls(base="nowhere")] == []
+    listed = remote.get_pulls(base="main")[0]
+    assert listed.head.sha == from_fork.head_sha and listed.base.ref == "main" and listed.base.sha == from_fork.base_sha
+    pages = [r.query.get("page", "1") for r in state.requests_matching("GET", "/repos/octo-org/models/pulls")
+             if r.query.get("base") == "main" and "sort" not in r.query]
+    assert pages[:3] == ["1", "2", "3"]
+
+    token = {"Authorization": f"token {next(iter(state.tokens))}"}
+    page = requests.get(f"{emulator.url}/repos/octo-org/models/pulls", params={"per_page": 2, "base": "main"},
+                        headers=token)
+    assert 'rel="next"' in page.headers["Link"] and "base=main" in page.headers["Link"] and "page=3" in page.headers["Link"]
+    assert "mergeable" not in page.json()[0]  # the simple form, as GitHub lists them
+    refused = requests.get(f"{emulator.url}/repos/octo-org/models/pulls", params={"state": "merged"}, headers=token)
+    assert refused.status_code == 422
+
+
 def test_contents_at_a_ref(world, repo):
     _, _, _, pr = world
     assert b"softmax" in repo.get_contents("model.py", ref=pr.head_sha).decoded_content
@@ -468,7 +507,7 @@ def test_rate_limit_headers_and_endpoint(world, repo, gh):
 def test_every_described_operation_is_routed():
     described = {op["operationId"] for op in operations_index()}
     routed = {route.operation_id for route in ROUTES if route.operation_id}
-    assert routed == described and len(described) == len(contract.OPERATIONS) == 31
+    assert routed == described and len(described) == len(contract.OPERATIONS) == 32
 
 
 def test_missing_contract_names_the_command_that_fetches_it(monkeypatch, tmp_path):
