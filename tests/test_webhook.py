@@ -107,6 +107,35 @@ def test_a_base_change_is_reviewed_again_a_title_edit_is_not(webhook, redis_clie
     assert not [key for key in redis_client.keys("torchreview:head:*")]
 
 
+def test_a_push_is_enqueued_only_when_it_may_have_changed_the_configuration(webhook, redis_client):
+    push = payload("push")  # a branch's first push: nothing to compare its file lists with
+    body = json.dumps(push).encode()
+    headers = signed_headers(body, "push")
+    assert post(webhook, body, headers).status_code == 202
+    assert post(webhook, body, headers).status_code == 200  # the same delivery again: enqueued once
+    (job,) = queued(redis_client)
+    assert job["kind"] == "base_push" and job["config_paths"] is None and job["after"] == push["after"]
+    assert job["branch"] == "master" and job["pushed_at"] == push["repository"]["pushed_at"]
+    message = json.loads(redis_client.lindex(QUEUE, 0))
+    assert message["headers"]["task"] == "torchreview.base_pushed"  # listed and fanned out on a worker
+
+    redis_client.delete(QUEUE)
+    later = dict(push, created=False, before="a" * 40)  # complete file lists, README.md only: nothing to do
+    body = json.dumps(later).encode()
+    assert post(webhook, body, signed_headers(body, "push")).status_code == 204
+    later["commits"][0]["modified"] = [".torchreview.toml"]
+    body = json.dumps(later).encode()
+    assert post(webhook, body, signed_headers(body, "push")).status_code == 202
+    (job,) = queued(redis_client)
+    assert job["config_paths"] == [".torchreview.toml"] and job["before"] == "a" * 40
+
+    redis_client.delete(QUEUE)
+    deleted = dict(later, deleted=True, after="0" * 40, commits=[], head_commit=None)
+    body = json.dumps(deleted).encode()
+    assert post(webhook, body, signed_headers(body, "push")).status_code == 204
+    assert queued(redis_client) == []
+
+
 def test_ping(webhook):
     body = json.dumps(payload("ping")).encode()
     assert post(webhook, body, signed_headers(body, "ping")).status_code == 200
