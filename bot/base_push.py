@@ -16,7 +16,9 @@ from typing import Callable, Iterable, Optional
 from github import GithubException
 
 from analyzers.config import CONFIG_FILES_IN_ORDER, ConfigError
-from bot.jobs import BASE_CONFIG_CHANGED, NO_COMMIT, BasePushJob, ReviewJob, send
+from bot.jobs import BASE_CONFIG_CHANGED, BASE_CONFIG_TTL, NO_COMMIT, BasePushJob, ReviewJob, base_config_key, send
+from bot.pipeline import load_base_config
+
 
 log = logging.getLogger("torchreview.base_push")
 
@@ -24,29 +26,6 @@ log = logging.getLogger("torchreview.base_push")
 # judged by the new configuration at their next event (reviews read the branch's newest configuration commit).
 MAX_BASE_PUSH_REVIEWS = 200
 BASE_REVIEW_TTL = 7 * 24 * 3600  # how long an enqueued re-review of one head for one configuration is remembered
-# how long a branch's newest configuration commit is remembered (each configuration push renews it)
-BASE_CONFIG_TTL = 180 * 24 * 3600
-
-
-def base_config_key(repository: str, branch: str) -> str:
-    return f"torchreview:base-config:{repository}:{branch}"
-
-
-def newest_config_commit(store, repository: str, branch: str) -> Optional[str]:
-    """The newest commit of ``branch`` known to have changed its configuration, or None. GitHub refreshes a
-    PR's ``base.sha`` only now and then, so it can predate such a push: reviews read the configuration here."""
-    if store is None:
-        return None
-    from bot.store import stamped
-
-    known = stamped(store.get(base_config_key(repository, branch)))
-    return known[1] if known is not None else None
-
-
-def config_commit(store, repository: str, pr, pinned: Optional[str] = None) -> str:
-    """The base commit whose configuration judges ``pr``: the newest of its base branch known to have changed the
-    configuration, else ``pinned`` (the one a base-configuration job was made for), else the PR's ``base.sha``."""
-    return newest_config_commit(store, repository, pr.base.ref) or pinned or pr.base.sha
 
 
 def run_base_push(job: BasePushJob, clients, store, enqueue: Callable[[ReviewJob], None] = send) -> str:
@@ -89,8 +68,6 @@ def run_base_push(job: BasePushJob, clients, store, enqueue: Callable[[ReviewJob
 def configuration_changed(repo, before: str, after: str, store) -> bool:
     """Whether the configurations of the two commits differ, as reviews read them (an invalid one by its error).
     A branch's first push, or a ``before`` GitHub no longer has (a forced push), counts as a change."""
-    from bot.pipeline import load_base_config
-
     if before == NO_COMMIT:
         return True
 

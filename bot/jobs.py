@@ -335,6 +335,31 @@ def pin_command(store, job: CommandJob) -> CommandJob:
     return replace(job, head_sha=known[0])
 
 
+# ---- which base commit's configuration judges a PR --------------------------------------------------------
+
+# how long a branch's newest configuration commit is remembered (each configuration push renews it)
+BASE_CONFIG_TTL = 180 * 24 * 3600
+
+
+def base_config_key(repository: str, branch: str) -> str:
+    return f"torchreview:base-config:{repository}:{branch}"
+
+
+def newest_config_commit(store, repository: str, branch: str) -> Optional[str]:
+    """The newest commit of ``branch`` known to have changed its configuration, or None. GitHub refreshes a
+    PR's ``base.sha`` only now and then, so it can predate such a push: reviews read the configuration here."""
+    if store is None:
+        return None
+    known = stamped(store.get(base_config_key(repository, branch)))
+    return known[1] if known is not None else None
+
+
+def config_commit(store, repository: str, pr, pinned: Optional[str] = None) -> str:
+    """The base commit whose configuration judges ``pr``: the newest of its base branch known to have changed the
+    configuration, else ``pinned`` (the one a base-configuration job was made for), else the PR's ``base.sha``."""
+    return newest_config_commit(store, repository, pr.base.ref) or pinned or pr.base.sha
+
+
 # ---- enqueueing ------------------------------------------------------------------------------------
 
 

@@ -31,12 +31,11 @@ from analyzers.notebook import NotebookError, read_cells
 from analyzers.pickles import checkpoint_result, is_checkpoint
 from analyzers.program.modules import RepositoryIndex
 from bot import feedback
-from bot.base_push import config_commit
 from bot import review as compose
 from bot.conversation import (close_gone, gone_comments, is_ours, our_review_comments, resolved_by_people,
                               review_threads, unique_comments, upsert_summary)
 from bot.github_client import commit_ref, our_check_runs
-from bot.jobs import REJUDGED_REASONS, CommandJob, ReviewJob, SmokeJob, enqueue_smoke
+from bot.jobs import REJUDGED_REASONS, CommandJob, ReviewJob, SmokeJob, config_commit, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
 
 log = logging.getLogger("torchreview.pipeline")

@@ -513,7 +513,7 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
     from analyzers.config import ConfigError
     from bot.conversation import close_gone, our_review_comments
     from bot.github_client import classify, commit_ref
-    from bot.base_push import config_commit
+    from bot.jobs import config_commit
     from bot.pipeline import complete_check_run, load_base_config
     from bot.review import parse_file_patch
     from bot.store import WriteBudget, WriteBudgetSpent

@@ -8,9 +8,10 @@ import jsonschema
 import pytest
 
 from bot import base_push
-from bot.base_push import changed_config_files, config_commit, configuration_changed, run_base_push
+from bot.base_push import changed_config_files, configuration_changed, run_base_push
 from bot.github_client import GitHubClients
-from bot.jobs import BASE_CONFIG_CHANGED, NO_COMMIT, BasePushJob, config_paths_pushed, job_from_dict, route_event
+from bot.jobs import (BASE_CONFIG_CHANGED, NO_COMMIT, BasePushJob, config_commit, config_paths_pushed, job_from_dict,
+                      route_event)
 from bot.settings import Settings
 from bot.store import SqliteStore
 from github_emulator import EmulatorState
