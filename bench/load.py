@@ -462,8 +462,12 @@ class Outcome:
 class Driver:
     """Sends the plan open loop; an unacknowledged delivery is sent again (same id, same bytes) later."""
 
-    def __init__(self, url: str, emulator: EmulatorProcess, redeliver_after: float = 2.0) -> None:
+    def __init__(self, url: str, emulator: EmulatorProcess, redeliver_after: float = 2.0,
+                 give_up_after: float = 180.0) -> None:
+        # Redelivered until ``give_up_after`` seconds after its first send, not a number of times: how long
+        # the web is down (a restart under load) is what a redelivering sender has to outlast.
         self.url, self.emulator, self.redeliver_after = url, emulator, redeliver_after
+        self.give_up_after = give_up_after
         self.world = emulator.world
         self.plan = self.world["deliveries"]
         self.signed: dict[int, tuple[bytes, dict]] = {}
@@ -516,7 +520,7 @@ class Driver:
                 self.first_sent.setdefault(index, sent)
                 if 200 <= status < 300:
                     self.accepted.setdefault(index, sent + latency)
-                elif attempt < 20:
+                elif time.time() - self.first_sent[index] < self.give_up_after:
                     self.pending += 1
                     timer = threading.Timer(self.redeliver_after, self._resend, (index, attempt + 1))
                     timer.daemon = True
@@ -711,7 +715,9 @@ def check(outcome: Outcome) -> list[str]:
     explicit = {d["delivery"] for d in plan if d["kind"] == "rerequest" or (d["kind"] == "command" and d["writer"])}
     never_accepted = [i for i in range(len(plan)) if i not in outcome.accepted]
     if never_accepted:
-        problems.append(f"{len(never_accepted)} deliveries were never acknowledged (e.g. plan #{never_accepted[0]})")
+        statuses = [a.status for a in outcome.attempts if a.index == never_accepted[0]]
+        problems.append(f"{len(never_accepted)} deliveries were never acknowledged (e.g. plan #{never_accepted[0]}, "
+                        f"answered {statuses or 'nothing'}; 0: no answer)")
 
     completions: dict[int, tuple[float, str]] = {}  # check run id -> (time, client) of its last completing request
     head_reads: dict[tuple[str, str], list[float]] = defaultdict(list)  # (client, PR path) -> when it read the PR

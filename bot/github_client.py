@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Optional
 
 import github
@@ -162,6 +163,46 @@ class GitHubClients:
                 while len(self._clients) > MAX_CACHED_CLIENTS:
                     self._clients.popitem(last=False)
             return client
+
+
+class BlobTooLarge(ValueError):
+    """A blob over the bytes its reader may spend on it (the partial copy is removed)."""
+
+
+def stream_blob(repo, blob_sha: str, into, max_bytes: int, timeout: float = 60.0) -> Optional[int]:
+    """Write the git blob ``blob_sha`` of ``repo`` to the file ``into`` as it arrives, never holding it whole
+    (the JSON form is base64 of the whole file, a third larger, in memory): GitHub's raw media type for blobs,
+    with the client's own token. Returns its size; None when GitHub has no such blob; BlobTooLarge past
+    ``max_bytes``; a GithubException for any other answer, which ``classify`` judges as for PyGithub's calls."""
+    import requests
+
+    headers = {"Accept": "application/vnd.github.raw+json", "User-Agent": user_agent(),
+               "X-GitHub-Api-Version": "2022-11-28"}
+    repo.requester.auth.authentication(headers)
+    with requests.get(f"{repo.url}/git/blobs/{blob_sha}", headers=headers, timeout=timeout, stream=True) as response:
+        from bot.metrics import observe_github_response
+
+        observe_github_response(response.status_code, dict(response.headers))
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            try:
+                data = response.json()
+            except ValueError:
+                data = {"message": response.text[:200]}
+            raise GithubException(response.status_code, data, dict(response.headers))
+        written = 0
+        try:
+            with open(into, "wb") as out:
+                for chunk in response.iter_content(1 << 20):
+                    written += len(chunk)
+                    if written > max_bytes:
+                        raise BlobTooLarge(f"over {max_bytes} bytes")
+                    out.write(chunk)
+        except BaseException:
+            Path(into).unlink(missing_ok=True)
+            raise
+        return written
 
 
 def classify(exc: BaseException, attempt: int) -> Optional[TransientGitHubError]:

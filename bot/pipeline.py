@@ -34,7 +34,7 @@ from bot import feedback
 from bot import review as compose
 from bot.conversation import (close_gone, gone_comments, is_ours, our_review_comments, resolved_by_people,
                               review_threads, unique_comments, upsert_summary)
-from bot.github_client import commit_ref, our_check_runs
+from bot.github_client import BlobTooLarge, commit_ref, our_check_runs, stream_blob
 from bot.jobs import REJUDGED_REASONS, CommandJob, ReviewJob, SmokeJob, config_commit, enqueue_smoke
 from bot.store import WriteBudget, held_lock, results_cache
 
@@ -50,8 +50,9 @@ MAX_REVIEW_BYTES = 20 << 20  # about a minute of parsing
 NOTEBOOK_MEMORY_BYTES = 1 << 30
 NOTEBOOK_SECONDS = 60.0
 REVIEWED_SUFFIXES = (".py", ".ipynb")
-# Checkpoint files a PR adds or changes are scanned (analyzers.pickles), from a temporary copy on disk: their
-# bytes count against their own budget (GitHub stores at most 100 MiB per file outside LFS).
+# Checkpoint files a PR adds or changes are streamed to a temporary copy on disk (never held in memory) and scanned
+# there (analyzers.pickles); their bytes count against their own budget (GitHub stores at most 100 MiB per file
+# outside LFS), which bounds the download itself.
 MAX_REVIEW_CHECKPOINT_BYTES = 512 << 20
 RERUN_ACTION = {"label": "Re-run review", "description": "Review this commit again", "identifier": "rerun"}
 # Explicit requests: a fresh check run, and policy skips (draft, label...) do not apply.
@@ -78,13 +79,11 @@ class ChangedFiles:
     checkpoints: dict[str, Path] = field(default_factory=dict)
     scratch: Optional[Path] = None
 
-    def checkpoint_copy(self, path: str, data: bytes) -> Path:
+    def checkpoint_path(self, path: str) -> Path:
+        """Where the head content of the checkpoint ``path`` is streamed to (see ``checkpoints``)."""
         if self.scratch is None:
             self.scratch = Path(tempfile.mkdtemp(prefix="torchreview-checkpoints-"))
-        copy = self.scratch / f"{len(self.checkpoints)}-{Path(path).name}"
-        copy.write_bytes(data)
-        self.checkpoints[path] = copy
-        return copy
+        return self.scratch / f"{len(self.checkpoints)}-{Path(path).name}"
 
     def close(self) -> None:
         if self.scratch is not None:
@@ -425,16 +424,20 @@ def load_base_config(repo, base_sha: str, store=None) -> Config:
     return config
 
 
-def _file_text(repo, path: str, ref: str) -> Optional[str]:
+def _file_content(repo, path: str, ref: str):
+    """The file ``path`` at ``ref`` (PyGithub's ContentFile), or None when there is none (or a directory)."""
     try:
         content = repo.get_contents(path, ref=ref)
     except GithubException as exc:
         if exc.status == 404:
             return None
         raise
-    if isinstance(content, list):
-        return None  # a directory
-    return content.decoded_content.decode("utf-8", errors="replace")
+    return None if isinstance(content, list) else content
+
+
+def _file_text(repo, path: str, ref: str) -> Optional[str]:
+    content = _file_content(repo, path, ref)
+    return None if content is None else content.decoded_content.decode("utf-8", errors="replace")
 
 
 def collect_changed_files(repo, pr, head: str, config: Config, *, max_files: int = MAX_REVIEW_FILES,
@@ -504,15 +507,23 @@ def _collect_checkpoint(repo, f, head: str, config: Config, changed: ChangedFile
         changed.notes.append(FileError(path, "skipped", f"checkpoint not scanned: this review's budget for "
                                                         f"checkpoints ({MAX_REVIEW_CHECKPOINT_BYTES >> 20} MiB) is spent"))
         return 0
-    data = _blob_bytes(repo, path, f.sha, head)
-    if data is None:
+    blob_sha = f.sha or getattr(_file_content(repo, path, head), "sha", None)
+    copy = changed.checkpoint_path(path)
+    try:
+        size = stream_blob(repo, blob_sha, copy, MAX_REVIEW_CHECKPOINT_BYTES - spent) if blob_sha else None
+    except BlobTooLarge:
+        changed.notes.append(FileError(path, "skipped", f"checkpoint not scanned: it would take this review past "
+                                                        f"its budget for checkpoints ({MAX_REVIEW_CHECKPOINT_BYTES >> 20} MiB)"))
+        return 0
+    if size is None:
         changed.notes.append(FileError(path, "unavailable", "content could not be fetched at the head commit"))
         return 0
-    changed.checkpoint_copy(path, data)
+    changed.checkpoints[path] = copy
     changed.sources[path] = ""  # no text: the scan reads the copy
     changed.patches[path] = None
     changed.reviewed.append(path)
-    return len(data)
+    return size
+
 
 
 def _parse_cost(path: str, data: bytes) -> int:

@@ -128,6 +128,12 @@ def validation_failed(resource: str, field: str, message: str, code: str = "inva
     return EmulatorError(422, "Validation Failed", [error])
 
 
+def _wants_raw(accept: str) -> bool:
+    """``application/vnd.github.raw`` or ``...raw+json``: the media type GitHub documents for raw contents."""
+    return any(part.split(";")[0].strip() in ("application/vnd.github.raw", "application/vnd.github.raw+json")
+               for part in accept.split(","))
+
+
 def not_found(message: str = "Not Found") -> EmulatorError:
     return EmulatorError(404, message)
 
@@ -540,6 +546,9 @@ class RestApi:
         content = self.state.blobs.get(file_sha)
         if content is None:
             raise not_found()
+        if _wants_raw(request.headers.get("Accept", "")):
+            # GitHub's documented custom media type for blobs: the bytes themselves, no base64 JSON
+            return Response(content, mimetype="application/vnd.github.raw")
         return jsonify(self.render.blob(g.repo, file_sha, content))
 
     def download_tarball(self, owner: str, repo: str, ref: str) -> Response:
