@@ -373,8 +373,8 @@ class _TableRule(Rule):
         ImportError), and for a deprecated symbol it is the line the port changes; calls through the
         imported name are reported where they are, with their own advice."""
         module = dotted_name(node.module) if node.module is not None and not node.relative else None
-        if module is None or isinstance(node.names, cst.ImportStar) or in_compat_fallback(ctx, node):
-            return
+        if module is None or isinstance(node.names, cst.ImportStar) or _guarded(ctx, node):
+            return  # ``try: from torch import symeig / except ImportError:``: the author handles both
         entries = [TABLE[f"{module}.{alias.name.value}"] for alias in node.names
                    if isinstance(alias.name, cst.Name) and f"{module}.{alias.name.value}" in TABLE]
         entries = [e for e in entries if self._in_family(e, ctx)]
@@ -581,6 +581,14 @@ class DeprecatedTorchApi(_TableRule):
         """
         import torch
         x, _ = torch.solve(B, A)
+        """,
+        # an import the author guards: the newer spelling is the fallback
+        """
+        import torch
+        try:
+            from functorch import vmap
+        except ImportError:
+            from torch.func import vmap
         """,
         # the successor imported under the old name, the old one only as its fallback
         """
