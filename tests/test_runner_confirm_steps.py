@@ -13,20 +13,8 @@ from gpu_runner.confirm import confirm_step  # noqa: E402
 from gpu_runner.runner import STEP_DECIDABLE_RULES, TargetRequest  # noqa: E402
 from gpu_runner.steps import smoke_step  # noqa: E402
 from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (an autouse fixture)
+from tests.test_runner_steps import MODELS  # noqa: E402 (Net: Linear, ReLU, Dropout, Linear)
 
-MODELS = '''
-import torch.nn as nn
-
-
-class Net(nn.Module):
-    def __init__(self, in_features=16, hidden=32, num_classes=4):
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(0.1))
-        self.head = nn.Linear(hidden, num_classes)
-
-    def forward(self, x):
-        return self.head(self.encoder(x))
-'''
 
 # each training function has one bug the static engine reports; its twin in CORRECT does it right
 BUGGY = '''
@@ -75,54 +63,23 @@ def validate(model, loader, criterion, device):
     return total / len(loader)
 '''
 
-CORRECT = '''
-import torch
-from models import Net
+def _fixed(source: str, *edits: tuple[str, str]) -> str:
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return source
 
 
-def fit_without_zero_grad(model, loader, optimizer, criterion, device):
-    model.train()
-    for x, y in loader:
-        optimizer.zero_grad()
-        loss = criterion(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-
-
-def fit_summing_losses(model, loader, optimizer, criterion, device):
-    model.train()
-    running = 0
-    for x, y in loader:
-        optimizer.zero_grad()
-        loss = criterion(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        running += loss.item()
-    print(f"train loss {running / len(loader):.3f}")
-
-
-def fit_clipping_scaled(model, loader, optimizer, criterion, device):
-    model.train()
-    scaler = torch.amp.GradScaler(device)
-    for x, y in loader:
-        optimizer.zero_grad()
-        with torch.autocast(device, dtype=torch.float16):
-            loss = criterion(model(x.to(device)), y.to(device))
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(optimizer)
-        scaler.update()
-
-
-def validate(model, loader, criterion, device):
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        for x, y in loader:
-            total += criterion(model(x.to(device)), y.to(device)).item()
-    return total / len(loader)
-'''
+# the same functions with each bug fixed
+CORRECT = _fixed(
+    BUGGY,
+    ("    for x, y in loader:\n        loss = criterion", "    for x, y in loader:\n        optimizer.zero_grad()\n"
+                                                        "        loss = criterion"),
+    ("running += loss\n", "running += loss.item()\n"),
+    ("float(running.detach())", "running"),
+    ("scaler.scale(loss).backward()\n", "scaler.scale(loss).backward()\n        scaler.unscale_(optimizer)\n"),
+    ("    total = 0.0\n", "    model.eval()\n    total = 0.0\n"),
+)
 
 # a scaler that is off (as torch.cuda.amp.GradScaler is on a machine without CUDA): nothing is scaled, nothing shown
 DISABLED = BUGGY.replace("torch.amp.GradScaler(device)", "torch.amp.GradScaler(device, enabled=False)")
@@ -136,7 +93,7 @@ def line_in(source: str, text: str, function: str) -> int:
 
 @pytest.fixture
 def code(tmp_path):
-    return write_tree(tmp_path, {"models.py": MODELS.lstrip("\n"), "buggy.py": BUGGY.lstrip("\n"),
+    return write_tree(tmp_path, {"models.py": MODELS, "buggy.py": BUGGY.lstrip("\n"),
                                  "correct.py": CORRECT.lstrip("\n"), "disabled.py": DISABLED.lstrip("\n")})
 
 
