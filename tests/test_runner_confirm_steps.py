@@ -193,3 +193,27 @@ def test_the_runner_returns_the_step_verdicts_in_the_targets_report(code):
                              sandbox=False)
     verdicts = {f["rule"]: f["verdict"] for f in reports[0]["findings"]}
     assert verdicts == {"TR101": "confirmed", "TR201": "confirmed"}
+
+
+class _LazyBox:
+    @property
+    def total(self):
+        raise RuntimeError("computed on demand, and not now")
+
+
+def _step_with_a_raising_accumulator():
+    box = _LazyBox()
+    return box
+
+
+def test_an_observation_that_raises_never_reaches_the_step():
+    import inspect
+
+    from gpu_runner.confirm import _Function, _StepWatch
+
+    lines, first = inspect.getsourcelines(_step_with_a_raising_accumulator)
+    function = _Function("_step_with_a_raising_accumulator", first, first + len(lines) - 1)
+    watch = _StepWatch(__file__, [function], {function: {"box.total"}}, [])
+    with watch:
+        assert isinstance(_step_with_a_raising_accumulator(), _LazyBox)
+    assert watch.failures == 1 and watch.returned == {}
