@@ -236,7 +236,8 @@ RUNNER_CLAIM_KEYS = ("rule", "path", "line", "end_line", "class", "forward_of", 
 
 
 def with_claims(requests_: list, claims: dict[str, list[dict]]) -> None:
-    """Gives each step target the training-loop claims of its file; each model target the other claims of its file, and those that name its class's forward from another file
+    """Gives each step target the training-loop claims of its file; each model target the other claims of its
+    file, and those that name its class's forward from another file
     (a training script feeding its softmax output to CrossEntropyLoss) when that class is this target's (the
     file the static engine resolved it to; by name only when it could not): what the runner needs of them,
     nothing of the PR's text beyond names."""

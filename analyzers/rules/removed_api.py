@@ -209,6 +209,7 @@ class Entry:
     note: str = ""  # why the new spelling is not a plain rename, when it is not
     note_only_unfixed: bool = False  # the note explains why some calls get no fix: not shown beside a fix
     package: str = "torch"
+    moved: bool = False  # the successor is the same function under another module: an import of it is rewritten
 
     def shown_version(self, version: Version) -> str:
         return ".".join(map(str, version))
@@ -271,13 +272,33 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
           "torch.utils._pytree.register_pytree_node",
           rename(3, ("serialized_type_name", "to_dumpable_context", "from_dumpable_context"))),
     Entry("torchvision.transforms.v2.ToTensor", "v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])",
-          (0, 16), note="ToTensor converted and rescaled in one step; the v2 pipeline says both", package="torchvision"),
+          (0, 16), note="ToTensor converted and rescaled in one step; the v2 pipeline says both",
+          package="torchvision"),
     *[Entry(f"functorch.{name}", f"torch.func.{name}", (2, 0), None, f"torch.func.{name}", rename(99, (
         "in_dims", "out_dims", "randomness", "chunk_size", "argnums", "has_aux", "reapply_views", "remove",
-        "strict", "vectorize", "create_graph")), package="torch")
+        "strict", "vectorize", "create_graph")), package="torch", moved=True)
       for name in ("vmap", "grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "functionalize")],
 ]}
 _LAST_NAMES = {name.rsplit(".", 1)[-1] for name in TABLE}
+
+
+def module_swap(node: cst.ImportFrom) -> Optional[str]:
+    """The module a ``from OLD import a, b`` statement should import from instead, when every name it imports
+    is a :data:`TABLE` entry that only moved there (``functorch.vmap`` → ``torch.func.vmap``): rewriting the
+    module alone then leaves every call through those names correct."""
+    if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        return None
+    module = dotted_name(node.module)
+    targets = set()
+    for alias in node.names:
+        entry = TABLE.get(f"{module}.{dotted_name(alias.name)}")
+        if entry is None or not entry.moved or entry.replacement is None:
+            return None
+        successor, _, name = entry.replacement.rpartition(".")
+        if name != entry.name.rsplit(".", 1)[-1]:
+            return None
+        targets.add(successor)
+    return targets.pop() if len(targets) == 1 else None
 
 
 class ImportBindings:
@@ -343,8 +364,15 @@ class _TableRule(Rule):
         entry = TABLE.get(ctx.qualified_name(func) or "")
         if entry is None or in_compat_fallback(ctx, node) or self._has_successor(node, entry, ctx):
             return
+        if isinstance(func, cst.Name) and entry.moved and self._import_rewritten(func.value, ctx):
+            return  # ``from functorch import vmap``: the import's finding rewrites it, and this call with it
         if self._in_family(entry, ctx):
             self._report(node, entry, ctx)
+
+    def _import_rewritten(self, local: str, ctx: FileContext) -> bool:
+        statements = ctx.facts(ImportBindings).statements.get(local, [])
+        return bool(statements) and all(isinstance(s, cst.ImportFrom) and module_swap(s) is not None and
+                                        not _guarded(ctx, s) for s in statements)
 
     def visit_Attribute(self, node: cst.Attribute, ctx: FileContext) -> None:
         """A table symbol named but not called here (``transforms=[v2.ToTensor]``, ``solve = torch.qr``)."""
@@ -386,6 +414,12 @@ class _TableRule(Rule):
             status = "removed: on current releases this import raises ImportError"
         else:
             status = "deprecated"
+        successor = module_swap(node)
+        if successor is not None:  # the calls through these names need no change: they are not reported
+            self.report(node, f"imports {names}, {status}; import them from {code_span(successor)}, where they "
+                              "take the same arguments",
+                        replacement=node.with_changes(module=cst.parse_expression(successor)))
+            return
         self.report(node, f"imports {names}, {status}; import the successor instead ({instead})")
 
     def _in_family(self, entry: Entry, ctx: FileContext) -> bool:
@@ -533,7 +567,8 @@ class DeprecatedTorchApi(_TableRule):
         underscore-less `nn.init.*` / `clip_grad_norm`, the private `_register_pytree_node` and
         torchvision's `transforms.v2.ToTensor`; also the `from ... import` of one of them and a
         mention without a call (`[v2.ToTensor, ...]`). Where the successor is a pure rename (same
-        arguments, same results) it offers the rewrite. Stays quiet when the repository pins a
+        arguments, same results) it offers the rewrite; `from functorch import vmap` becomes
+        `from torch.func import vmap`, leaving the calls as they are. Stays quiet when the repository pins a
         torch release older than the deprecation. `torch.norm` (deprecated in its docs, as in
         TorchFix's table) is rewritten only where it is certainly a vector norm: `p` a number and
         `dim` absent or one integer.
@@ -696,7 +731,21 @@ class DeprecatedTorchApi(_TableRule):
             from functorch import vmap, jacrev
             batched = vmap(f)(xs)
             """,
-            line=3, count=2, message="imports `functorch.vmap`, `functorch.jacrev`, deprecated",
+            line=3, message="imports `functorch.vmap`, `functorch.jacrev`, deprecated",
+            fixed="""
+            import torch
+            from torch.func import vmap, jacrev
+            batched = vmap(f)(xs)
+            """,
+        ),
+        # a name that did not move with the others: the import is reported, the calls are rewritten one by one
+        Invalid(
+            """
+            import torch
+            from functorch import make_functional, vmap
+            batched = vmap(f)(xs)
+            """,
+            line=3, count=2, message="import the successor instead (`vmap` → `torch.func.vmap`)",
         ),
         # ``from torch.linalg import qr as new_qr`` elsewhere in the file does not excuse ``torch.qr``
         Invalid(
