@@ -217,3 +217,14 @@ def test_an_observation_that_raises_never_reaches_the_step():
     with watch:
         assert isinstance(_step_with_a_raising_accumulator(), _LazyBox)
     assert watch.failures == 1 and watch.returned == {}
+
+
+def test_torchreview_smoke_on_a_step_prints_its_verdicts(code, monkeypatch, capsys):
+    from bot.cli import main
+
+    (code / "epoch.py").write_text(BUGGY.lstrip("\n").replace("def fit_summing_losses(", "def train_one_epoch("))
+    monkeypatch.chdir(code)
+    main(["smoke", "epoch.py:train_one_epoch", "--device", "cpu"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Confirmed by running: TR104 loss-accumulated-with-graph at epoch.py:" in out
+    assert "`running` still held autograd history" in out
