@@ -28,22 +28,20 @@ class TorchFixCode:
 
 TORCHFIX_CODES: tuple[TorchFixCode, ...] = (
     TorchFixCode("TOR001", "call of a function PyTorch removed (torch.solve, torch.symeig)", ("TR810",),
-                 "TR810 also covers torch.eig, torch.lstsq and torch.matrix_rank; a call through a "
-                 "`from torch import symeig as alias` name is not followed"),
+                 "TR810 also covers torch.eig, torch.lstsq and torch.matrix_rank"),
     TorchFixCode("TOR002", "assignment to `require_grad` (a typo of `requires_grad`)", ("TR514",)),
     TorchFixCode("TOR003", "torch.utils.checkpoint without an explicit use_reentrant", ("TR812",)),
-    TorchFixCode("TOR004", "import of a function PyTorch removed", ("TR810",),
-                 "TR810 reports the call of the removed function, not the import statement"),
+    TorchFixCode("TOR004", "import of a function PyTorch removed", ("TR810",)),
     TorchFixCode("TOR101", "call of a deprecated torch function (torch.qr, chain_matmul, cholesky, range, "
                  "weight_norm, sdp_kernel, torch.cuda/cpu.amp, functorch, _register_pytree_node...)",
                  ("TR811", "TR801"),
-                 "torch.cuda.amp / torch.cpu.amp are TR801; the rest TR811, which needs the call's "
-                 "arguments to decide and does not list torch.utils._pytree._register_pytree_node"),
+                 "torch.cuda.amp / torch.cpu.amp are TR801; the rest TR811, which rewrites only pure renames "
+                 "(same arguments, same results)"),
     TorchFixCode("TOR102", "torch.load without a weights_only argument", ("TR601",),
                  "TR601 also reports weights_only=False and stays quiet for a checkpoint the same program "
                  "wrote (TorchFix accepts any explicit weights_only)"),
     TorchFixCode("TOR103", "import of a deprecated torch function", ("TR811", "TR801"),
-                 "the rules report the call of the deprecated function, not the import statement"),
+                 "TR811 reports the import without rewriting it; calls through the name are reported too"),
     TorchFixCode("TOR104", "call of a private torch function that has a public alias "
                  "(torch.utils.data._utils.collate.default_collate / default_convert)", ("TR813",),
                  "a bare call through a name imported from the private module is reported once, at the import"),
@@ -53,10 +51,9 @@ TORCHFIX_CODES: tuple[TorchFixCode, ...] = (
     TorchFixCode("TOR107", "torch.exp(x) - 1 instead of torch.expm1(x)", ("TR414",),
                  "as TOR106: only in half-precision files"),
     TorchFixCode("TOR108", "log(sum(exp(x))) instead of torch.logsumexp", ("TR412",)),
-    TorchFixCode("TOR201", "torchvision model builder called with pretrained= / pretrained_backbone=", ("TR814",),
-                 "TR814 needs the keyword (a positional True is not reported)"),
-    TorchFixCode("TOR202", "torchvision.transforms.v2.ToTensor (deprecated in favour of ToImage + ToDtype)", (),
-                 "not covered: no rule for torchvision.transforms.v2 yet"),
+    TorchFixCode("TOR201", "torchvision model builder called with pretrained= / pretrained_backbone=", ("TR814",)),
+    TorchFixCode("TOR202", "torchvision.transforms.v2.ToTensor (deprecated in favour of ToImage + ToDtype)", ("TR811",),
+                 "reported without a fix (the replacement is a two-step pipeline)"),
     TorchFixCode("TOR203", "`import torchvision.models as models` instead of `from torchvision import models`", (),
                  "not covered: a style preference with no effect on behaviour"),
     TorchFixCode("TOR401", "DataLoader without num_workers (loading in the training process)", ("TR702",),

@@ -70,23 +70,21 @@ def check_codemod(source: Path, fixtures: Path, scratch: Path) -> list[dict]:
     after = source.with_name(source.name.replace(".in.py", ".out.py")).read_text()
     copy = isolated_copy(source, scratch)
     ours = fix_source(before, str(copy), MAPPED, unsafe=True).text
-    ours_lines = ours.splitlines()
+    before_lines, after_lines, ours_lines = before.splitlines(), after.splitlines(), ours.splitlines()
+    # a change is the same when our output makes it at the same place: the same lines of the input replaced by
+    # the same text (a content search would also find a repeated block of the fixture elsewhere)
+    our_changes = {(i1, i2, tuple(ours_lines[j1:j2])) for tag, i1, i2, j1, j2 in _changes(before_lines, ours_lines)}
     rows = []
-    matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
-        wanted = after.splitlines()[j1:j2]
-        same = _contains(ours_lines, wanted) and not _contains(ours_lines, before.splitlines()[i1:i2])
+    for tag, i1, i2, j1, j2 in _changes(before_lines, after_lines):
+        wanted = after_lines[j1:j2]
         rows.append({"fixture": str(source.relative_to(fixtures)), "line": i1 + 1,
-                     "torchfix": wanted, "same_fix": same})
+                     "torchfix": wanted, "same_fix": (i1, i2, tuple(wanted)) in our_changes})
     return rows
 
 
-def _contains(lines: list[str], block: list[str]) -> bool:
-    if not block:
-        return True
-    return any(lines[k:k + len(block)] == block for k in range(len(lines) - len(block) + 1))
+def _changes(old: list[str], new: list[str]) -> list[tuple]:
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    return [op for op in matcher.get_opcodes() if op[0] != "equal"]
 
 
 def main(argv=None) -> int:
@@ -112,7 +110,8 @@ def main(argv=None) -> int:
         hit, total = by_code[code]
         print(f"{code:8} {hit:>4}/{total:<4}  {', '.join(rules_for_torchfix(code)) or 'not covered'}")
     hit = sum(bool(r["ours"]) for r in flags)
-    print(f"\nlines TorchFix flags that we flag through the map: {hit}/{len(flags)} = {100 * hit / len(flags):.1f} %")
+    print(f"\nlines TorchFix flags that we flag through the map: {hit}/{len(flags)} = "
+          f"{100 * hit / max(len(flags), 1):.1f} %")
     covered = [r for r in flags if rules_for_torchfix(r["code"])]
     covered_hit = sum(bool(r["ours"]) for r in covered)
     print(f"... of those whose code the map covers: {covered_hit}/{len(covered)} = "

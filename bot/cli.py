@@ -698,7 +698,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                 request.config = match.config
     # the static findings of the targets' files that a run can decide: the runner confirms or refutes each
     sources = {path: (root / path).read_text(errors="replace") for path in
-               {r.target.split(":", 1)[0] for r in requests_ if r.kind == "model"} if (root / path).is_file()}
+               {r.target.split(":", 1)[0] for r in requests_} if (root / path).is_file()}
     claims = static_claims(sources, config, root)
     with_claims(requests_, claims)
     with tempfile.TemporaryDirectory(prefix="torchreview-base-") as base_dir:

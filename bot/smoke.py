@@ -236,17 +236,21 @@ RUNNER_CLAIM_KEYS = ("rule", "path", "line", "end_line", "class", "forward_of", 
 
 
 def with_claims(requests_: list, claims: dict[str, list[dict]]) -> None:
-    """Gives each model target the claims of its file, and those that name its class's forward from another file
+    """Gives each step target the training-loop claims of its file; each model target the other claims of its
+    file, and those that name its class's forward from another file
     (a training script feeding its softmax output to CrossEntropyLoss) when that class is this target's (the
     file the static engine resolved it to; by name only when it could not): what the runner needs of them,
     nothing of the PR's text beyond names."""
+    from gpu_runner.runner import STEP_DECIDABLE_RULES
+
     for request in requests_:
-        if request.kind != "model":
-            continue
         path, _, name = request.target.partition(":")
-        mine = [c for file, found in claims.items() for c in found
-                if file == path or c.get("forward_of") and c.get("forward_of") == name
-                and c.get("forward_path") in (None, path)]
+        if request.kind == "step":  # the training-loop claims of the step's file, decided while it runs
+            mine = [c for c in claims.get(path, []) if c["rule"] in STEP_DECIDABLE_RULES]
+        else:
+            mine = [c for file, found in claims.items() for c in found if c["rule"] not in STEP_DECIDABLE_RULES and
+                    (file == path or c.get("forward_of") and c.get("forward_of") == name
+                     and c.get("forward_path") in (None, path))]
         request.findings = [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c} for c in mine]
 
 

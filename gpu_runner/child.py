@@ -116,10 +116,13 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
             threads = torch_threads(job.get("threads"), own=threads)  # per target: the load changes
             torch.set_num_threads(threads)
             if item.get("kind") == "step":
+                from gpu_runner.confirm import confirm_step
                 from gpu_runner.steps import smoke_step
 
-                result = smoke_step(code_root, item["target"], item.get("config"), device=job.get("device", "cpu"),
-                                    seed=int(job.get("seed", 0)))
+                findings = item.get("findings") if isinstance(item.get("findings"), list) else []
+                result = confirm_step(lambda: smoke_step(code_root, item["target"], item.get("config"),
+                                                         device=job.get("device", "cpu"), seed=int(job.get("seed", 0))),
+                                      str(code_root), item["target"], findings)
             else:
                 timeout = job.get("target_timeout_s")
                 budget = min(TARGET_BUDGET_S, CHECKS_SHARE_OF_TIMEOUT * float(timeout)) if timeout else TARGET_BUDGET_S

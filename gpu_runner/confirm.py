@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -470,4 +471,323 @@ _EXPERIMENTS: dict[str, Callable[[Subject, str, dict, Optional[float]], Optional
     "TR513": _dropout_always_on,
     "TR701": _tensor_without_device,
 }
-assert set(_EXPERIMENTS) == set(DECIDABLE_RULES)
+
+
+# --- claims about a training step, decided by running it (gpu_runner.steps) ----------------------------------
+#
+# A step target runs the PR's own training function a few iterations (gpu_runner.steps). Its checks already
+# decide two claims: TR101 (no zero_grad: a backward after a step finds the gradient that step used) and TR201
+# (an evaluation helper that never calls model.eval()). Two more are watched while it runs, through a profile
+# hook on the step's own frames: TR104 (a loss accumulated with its graph: what the accumulator holds when the
+# function returns) and TR713 (gradients clipped while still scaled: the GradScaler's state at the clip call).
+
+@dataclass(frozen=True)
+class _Function:
+    name: str
+    first: int  # its first decorator's line, or the def's
+    last: int
+
+    def holds(self, line: int) -> bool:
+        return self.first <= line <= self.last
+
+
+def _functions(source: str) -> list[_Function]:
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return [_Function(node.name, min([node.lineno] + [d.lineno for d in node.decorator_list]),
+                      node.end_lineno or node.lineno)
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _innermost(functions: list[_Function], line: int) -> Optional[_Function]:
+    around = [f for f in functions if f.holds(line)]
+    return max(around, key=lambda f: f.first) if around else None
+
+
+def _accumulator(source_line: str) -> Optional[str]:
+    """The name a flagged accumulation adds to: ``total += loss``, ``total = total + loss``, ``losses.append(loss)``
+    (``self.total`` as ``self.total``)."""
+    import ast
+
+    try:
+        statement = ast.parse(source_line.strip()).body[0]
+    except (SyntaxError, ValueError, IndexError):
+        return None
+    if isinstance(statement, ast.AugAssign):
+        target = statement.target
+    elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target = statement.targets[0]
+    elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call) and \
+            isinstance(statement.value.func, ast.Attribute) and statement.value.func.attr in ("append", "extend"):
+        target = statement.value.func.value
+    else:
+        return None
+    try:
+        return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
+    except (ValueError, RecursionError):
+        return None
+
+
+def _graph_size(tensor: torch.Tensor, limit: int = 200_000) -> int:
+    """How many autograd nodes ``tensor``'s history keeps alive (at most ``limit``)."""
+    seen, stack = set(), [tensor.grad_fn]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(next_node for next_node, _ in getattr(node, "next_functions", ()))
+    return len(seen)
+
+
+def _with_history(value: Any) -> list[torch.Tensor]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [item for item in items if isinstance(item, torch.Tensor) and item.grad_fn is not None]
+
+
+class _StepWatch:
+    """While the step runs: what each watched function's locals hold when it returns (TR104's accumulators), and
+    the GradScaler state at each clip of gradients called from a flagged line (TR713). A profile hook (chained
+    to any already set): it sees only Python frames' calls and returns, and looks closer only at the step file's
+    functions and torch's clip functions."""
+
+    _CLIPS = ("clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_")
+
+    def __init__(self, path: str, functions: list[_Function], accumulators: dict[_Function, set[str]],
+                 clip_lines: list[tuple[int, int]]) -> None:
+        self.path, self.functions = path, functions
+        self.accumulators, self.clip_lines = accumulators, clip_lines
+        self.returned: dict[tuple[_Function, str], tuple[Any, int]] = {}  # (function, name) -> (value, returns)
+        self.scalers: dict[int, Any] = {}
+        self.clips: list[dict] = []
+        self._roles: dict[Any, Optional[_Function]] = {}
+        self._previous = None
+        self.failures = 0  # observations that raised (a property of the PR's object, a scaler in a bad state)
+
+    def __enter__(self) -> "_StepWatch":
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        sys.setprofile(self._previous)
+
+    def _role(self, code) -> Optional[_Function]:
+        if code not in self._roles:
+            self._roles[code] = next((f for f in self.accumulators if f.name == code.co_name and
+                                      f.holds(code.co_firstlineno)), None) \
+                if _same_file(code.co_filename, self.path) else None
+        return self._roles[code]
+
+    def _profile(self, frame, event, arg) -> None:
+        if self._previous is not None:
+            self._previous(frame, event, arg)
+        try:
+            self._observe(frame, event, arg)
+        except Exception:  # noqa: BLE001 - a raising hook would raise inside the PR's step: what it missed is undecided
+            self.failures += 1
+
+    def _observe(self, frame, event, arg) -> None:
+        if event == "return":
+            function = self._role(frame.f_code)
+            if function is not None:
+                for name in self.accumulators[function]:
+                    value = _local(frame, name)
+                    if value is not _MISSING:
+                        returns = self.returned.get((function, name), (None, 0))[1]
+                        self.returned[(function, name)] = (value, returns + 1)
+        elif event == "call" and frame.f_code.co_filename.startswith(_TORCH_DIR):
+            name = frame.f_code.co_name
+            if name in ("scale", "unscale_"):
+                owner = frame.f_locals.get("self")
+                if isinstance(owner, torch.amp.GradScaler):
+                    self.scalers[id(owner)] = owner
+            elif name in self._CLIPS and self.clip_lines:
+                self._clip_called(frame)
+
+    def _clip_called(self, frame) -> None:
+        caller = frame.f_back
+        while caller is not None and caller.f_code.co_filename.startswith(_TORCH_DIR):
+            caller = caller.f_back
+        if caller is None or not _same_file(caller.f_code.co_filename, self.path):
+            return
+        line = caller.f_lineno
+        if not any(first <= line <= last for first, last in self.clip_lines):
+            return
+        from torch.amp.grad_scaler import OptState
+
+        states = []
+        for scaler in self.scalers.values():
+            if not scaler.is_enabled():
+                continue
+            stages = [state.get("stage") for state in getattr(scaler, "_per_optimizer_states", {}).values()]
+            states.append({"scale": float(scaler.get_scale()),
+                           "unscaled": any(stage is OptState.UNSCALED for stage in stages)})
+        self.clips.append({"line": line, "function": frame.f_code.co_name, "max_norm": frame.f_locals.get("max_norm"),
+                           "scalers": states, "disabled": sum(not s.is_enabled() for s in self.scalers.values())})
+
+
+_MISSING = object()
+
+
+def _local(frame, name: str) -> Any:
+    head, _, attribute = name.partition(".")
+    value = frame.f_locals.get(head, _MISSING)
+    for part in attribute.split(".") if attribute else ():
+        value = getattr(value, part, _MISSING) if value is not _MISSING else _MISSING
+    return value
+
+
+def confirm_step(run_step: Callable[[], dict], code_root: str, target: str, claims: list) -> dict:
+    """Runs the training step (``run_step``: gpu_runner.steps.smoke_step bound to its arguments) and returns its
+    report with a verdict, under ``findings``, for each claim about this step: TR101, TR104 and TR713 when the
+    flagged line is in the step's function, TR201 when it is in the evaluation helper the step's eval-mode check
+    ran. Claims about other code get none."""
+    claims = [c for c in (_well_formed(c) for c in claims) if c is not None and c["rule"] in _STEP_EXPERIMENTS]
+    path, _, qualified = target.partition(":")
+    located = _located(path, code_root)
+    try:
+        with open(located, encoding="utf-8", errors="replace") as handle:
+            source = handle.read()
+    except OSError:
+        return run_step()
+    claims = [c for c in claims if _same_file(_located(c.get("path") or path, code_root), located)]
+    if not claims:
+        return run_step()
+    functions, lines = _functions(source), source.splitlines()
+    step = next((f for f in functions if f.name == qualified.rsplit(".", 1)[-1]), None)
+    accumulators: dict[_Function, set[str]] = {}
+    for claim in claims:
+        function = _innermost(functions, claim["line"])
+        if claim["rule"] == "TR104" and function is not None and 0 < claim["line"] <= len(lines):
+            name = _accumulator(lines[claim["line"] - 1])
+            if name:
+                accumulators.setdefault(function, set()).add(name)
+    clip_lines = [(c["line"], c["end_line"]) for c in claims if c["rule"] == "TR713"]
+    watch = _StepWatch(located, functions, accumulators, clip_lines)
+    with watch:
+        report = run_step()
+    verdicts = []
+    for claim in claims:
+        experiment = _STEP_EXPERIMENTS[claim["rule"]]
+        verdict = experiment(report, claim, step, functions, watch, lines)
+        if verdict is not None:
+            verdicts.append(verdict)
+    if verdicts:
+        report["findings"] = verdicts
+    return report
+
+
+def _check_of(report: dict, name: str) -> Optional[dict]:
+    return next((c for c in report.get("checks") or [] if isinstance(c, dict) and c.get("name") == name), None)
+
+
+def _did_not_run(report: dict, claim: dict) -> Optional[dict]:
+    if report.get("status") in ("passed", "failed"):
+        return None
+    return _verdict(claim, "undecided", f"the step could not run on the runner's synthetic arguments: "
+                                        f"{report.get('reason') or report.get('status')}")
+
+
+def _in_step(claim: dict, step: Optional[_Function]) -> bool:
+    return step is not None and step.holds(claim["line"])
+
+
+def _zero_grad_from_step(report: dict, claim: dict, step: Optional[_Function], functions, watch, lines):
+    """TR101: the step's zero-grad check (a backward after an optimizer step found the gradient that step used)."""
+    if not _in_step(claim, step):
+        return None
+    undecided = _did_not_run(report, claim)
+    if undecided is not None:
+        return undecided
+    check = _check_of(report, "zero-grad")
+    if check is None or check.get("status") == "skip":
+        return _verdict(claim, "undecided", (check or {}).get("message") or "the step's gradients were not watched.")
+    if check.get("status") == "fail":
+        return _verdict(claim, "confirmed", check["message"], check="zero-grad")
+    return _verdict(claim, "refuted", f"running `{step.name}`: {check['message']}", check="zero-grad")
+
+
+def _eval_mode_from_step(report: dict, claim: dict, step: Optional[_Function], functions, watch, lines):
+    """TR201: the step's eval-mode check, which calls the file's evaluation helper after training."""
+    check = _check_of(report, "eval-mode")
+    line = (check or {}).get("details", {}).get("line")
+    helper = _innermost(functions, line) if isinstance(line, int) else None
+    if check is None or helper is None or not helper.holds(claim["line"]):
+        return None
+    if check.get("status") == "skip":
+        return _verdict(claim, "undecided", check.get("message") or "the evaluation helper did not run.")
+    if check.get("status") == "fail":
+        return _verdict(claim, "confirmed", check["message"], check="eval-mode")
+    return _verdict(claim, "refuted", f"called after training, `{helper.name}` ran the model in eval mode: "
+                                      f"{check['message']}", check="eval-mode")
+
+
+def _accumulated_graph(report: dict, claim: dict, step: Optional[_Function], functions, watch: _StepWatch, lines):
+    """TR104: what the accumulator holds when its function returns: autograd history (confirmed, with how many
+    graph nodes it keeps alive), or plain numbers / tensors without history (refuted)."""
+    function = _innermost(functions, claim["line"])
+    name = _accumulator(lines[claim["line"] - 1]) if 0 < claim["line"] <= len(lines) else None
+    value, returns = watch.returned.get((function, name), (_MISSING, 0)) if function is not None else (_MISSING, 0)
+    if function is None or not (_in_step(claim, step) or returns):
+        return None  # a function of the file the step never called
+    undecided = _did_not_run(report, claim)
+    if undecided is not None:
+        return undecided
+    where = f"{claim['path']}:{claim['line']}"
+    if name is None:
+        return _verdict(claim, "undecided", f"the accumulation at {where} is not a form the runner follows.")
+    if value is _MISSING:
+        return _verdict(claim, "undecided", f"`{function.name}` did not return with `{name}` set while the step ran.")
+    kept = _with_history(value)
+    if kept:
+        nodes = sum(_graph_size(t) for t in kept)
+        what = f"`{type(kept[0].grad_fn).__name__}`" if len(kept) == 1 else f"{len(kept)} tensors with history"
+        return _verdict(claim, "confirmed", f"when `{function.name}` returned, `{name}` still held autograd history "
+                                            f"({what}): {nodes:,} graph nodes, every accumulated iteration's forward "
+                                            "with the activations it saved, kept alive as long as it is; "
+                                            "accumulate `.item()` (or `.detach()`).", nodes=nodes)
+    shown = type(value).__name__ if not isinstance(value, torch.Tensor) else "a tensor without autograd history"
+    return _verdict(claim, "refuted", f"when `{function.name}` returned, `{name}` held {shown}: no graph is kept.")
+
+
+def _clipped_while_scaled(report: dict, claim: dict, step: Optional[_Function], functions, watch: _StepWatch, lines):
+    """TR713: at the flagged clip call, an enabled GradScaler had scaled the loss and not unscaled the gradients
+    (confirmed: the clip bounds gradients multiplied by the scale), or they had been unscaled (refuted)."""
+    if not _in_step(claim, step) and _innermost(functions, claim["line"]) is None:
+        return None
+    undecided = _did_not_run(report, claim)
+    if undecided is not None:
+        return undecided
+    where = f"{claim['path']}:{claim['line']}"
+    clips = [c for c in watch.clips if claim["line"] <= c["line"] <= claim["end_line"]]
+    if not clips:
+        return None if not _in_step(claim, step) else \
+            _verdict(claim, "undecided", f"the step never clipped gradients at {where}.")
+    scaled = [(clip, state) for clip in clips for state in clip["scalers"] if not state["unscaled"] and
+              state["scale"] != 1]
+    if scaled:
+        clip, state = scaled[0]
+        bound = f" max_norm={clip['max_norm']:g}" if isinstance(clip["max_norm"], (int, float)) else " its threshold"
+        return _verdict(claim, "confirmed", f"at `{clip['function']}` ({where}) the gradients were still multiplied "
+                                            f"by the GradScaler's scale {state['scale']:g} (no `scaler.unscale_` "
+                                            f"since `scaler.scale(loss)`):{bound} applied to them bounds the true "
+                                            f"gradients at 1/{state['scale']:g} of it.", scale=state["scale"])
+    if any(clip["scalers"] for clip in clips):
+        return _verdict(claim, "refuted", f"at {where} the GradScaler had already unscaled the gradients.")
+    disabled = any(clip["disabled"] for clip in clips)
+    return _verdict(claim, "undecided", f"no enabled GradScaler had scaled the loss when {where} clipped"
+                                        + (" (the scaler is disabled on this device)" if disabled else "") + ".")
+
+
+_STEP_EXPERIMENTS: dict[str, Callable[..., Optional[dict]]] = {
+    "TR101": _zero_grad_from_step,
+    "TR104": _accumulated_graph,
+    "TR201": _eval_mode_from_step,
+    "TR713": _clipped_while_scaled,
+}
+assert set(_EXPERIMENTS) | set(_STEP_EXPERIMENTS) == set(DECIDABLE_RULES)

@@ -26,7 +26,10 @@ log = logging.getLogger("torchreview.smoke")
 PACKAGE_DIR = Path(__file__).resolve().parent
 STATUSES = ("passed", "failed", "skipped", "error")
 VERDICTS = ("confirmed", "refuted", "undecided")  # of gpu_runner.confirm's experiments on static findings
-DECIDABLE_RULES = ("TR302", "TR401", "TR403", "TR513", "TR701")  # gpu_runner.confirm has an experiment for each
+# gpu_runner.confirm has an experiment for each: on a built model, or (the TR1xx/TR2xx/TR7xx training-loop ones)
+# while a step target runs the PR's training function
+STEP_DECIDABLE_RULES = ("TR101", "TR104", "TR201", "TR713")
+DECIDABLE_RULES = ("TR302", "TR401", "TR403", "TR513", "TR701") + STEP_DECIDABLE_RULES
 CHECK_STATUSES = ("pass", "fail", "warn", "skip", "error")  # error: the check itself crashed (the runner's fault)
 _MAX_TEXT = 4000  # characters per string of a report: the check run's summary has room for all targets
 # One side (head or base) of one target's report, as the worker posts it and keeps it in Redis: PR code writes

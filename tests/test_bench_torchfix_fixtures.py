@@ -38,3 +38,20 @@ def test_rejects_a_directory_without_fixtures(tmp_path):
     (tmp_path / "x" / "checker" / "a.txt").write_text("not what TorchFix writes\n")
     with pytest.raises(SystemExit, match="unexpected line"):
         main(["--fixtures", str(tmp_path)])
+
+
+def test_a_fix_counts_as_the_same_only_where_torchfix_makes_it(tmp_path, capsys):
+    # TorchFix's replacement text already stands two lines up; ours (which keeps torch.range's float dtype)
+    # differs at the line TorchFix changes, so the change is not ours even though its text is in our output
+    checker = tmp_path / "misc" / "checker"
+    checker.mkdir(parents=True)
+    (checker / "none.py").write_text("import torch\n")
+    (checker / "none.txt").write_text("")
+    codemod = tmp_path / "misc" / "codemod"
+    codemod.mkdir(parents=True)
+    (codemod / "again.in.py").write_text("import torch\nr = torch.arange(0, 5)\nprint(r)\nr = torch.range(0, 4)\n")
+    (codemod / "again.out.py").write_text("import torch\nr = torch.arange(0, 5)\nprint(r)\nr = torch.arange(0, 5)\n")
+    assert main(["--fixtures", str(tmp_path), "--json", str(tmp_path / "rows.json")]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert rows["fixes"] == [{"fixture": "misc/codemod/again.in.py", "line": 4, "torchfix": ["r = torch.arange(0, 5)"],
+                              "same_fix": False}]

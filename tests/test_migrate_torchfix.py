@@ -96,8 +96,8 @@ def test_flake8_selection_becomes_ours(tmp_path, capsys):
     assert run(tmp_path, capsys, "--write")[0] == 0
     cfg = (tmp_path / "setup.cfg").read_text()
     assert "TOR" not in cfg and "select = E,W,F\n" in cfg and "max-line-length = 120" in cfg
-    # TOR0 + TOR2 (TOR1 and TOR203 ignored; TOR4/TOR9 off by default); TOR202/203 have no rule
-    assert selected(tmp_path) == {"TR810", "TR514", "TR812", "TR814"}
+    # TOR0 + TOR2 (TOR1 and TOR203 ignored; TOR4/TOR9 off by default); TOR202 is TR811's, TOR203 has no rule
+    assert selected(tmp_path) == {"TR810", "TR514", "TR812", "TR814", "TR811"}
     # the rewrite is idempotent: a second run finds nothing left
     code, _out, err = run(tmp_path, capsys)
     assert code == 2 and "no TorchFix configuration found" in err

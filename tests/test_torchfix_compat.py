@@ -116,3 +116,29 @@ def test_docs_table_matches_the_map():
         row = next((line for line in docs.splitlines() if line.startswith(f"| {entry.code} |")), None)
         assert row is not None, entry.code
         assert f"| {', '.join(entry.rules) or 'not covered'} |" in row, entry.code
+
+
+def _table_findings(code: str) -> list:
+    from analyzers.rules.removed_api import DeprecatedTorchApi, RemovedTorchApi
+
+    return analyze_source(code, "model.py", Config(preview=True), rules=[DeprecatedTorchApi, RemovedTorchApi]).findings
+
+
+def test_a_fix_never_names_a_module_bound_only_further_down():
+    # TorchFix's pytree fixture imports the module under an alias only after the first call: rewriting that
+    # call to ``xx.register_pytree_node()`` would raise NameError, so it is reported without a fix
+    code = ("from torch.utils._pytree import _register_pytree_node\n"
+            "_register_pytree_node(Pair, flat, unflat)\n"
+            "from torch.utils import _pytree as xx\n"
+            "xx._register_pytree_node(Pair, flat, unflat)\n")
+    by_line = {f.line: f for f in _table_findings(code)}
+    assert sorted(by_line) == [1, 2, 4]
+    assert by_line[1].fix is None and "imports `torch.utils._pytree._register_pytree_node`" in by_line[1].message
+    assert by_line[2].fix is None
+    assert by_line[4].fix is not None and "xx.register_pytree_node(Pair, flat, unflat)" in by_line[4].fix.apply(code)
+
+
+def test_a_fix_keeps_the_alias_the_call_was_written_with():
+    code = "import torch\nimport torch as la\nA3 = la.chain_matmul(a, b, c)\n"
+    (finding,) = _table_findings(code)
+    assert finding.fix.apply(code).endswith("A3 = la.linalg.multi_dot([a, b, c])\n")

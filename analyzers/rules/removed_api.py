@@ -17,6 +17,7 @@ from analyzers.context import (FileContext, dotted_name, is_false, is_true, keyw
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program import in_compat_fallback
+from analyzers.program.flow import subtree
 from analyzers.program.versions import Version, VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
@@ -208,6 +209,7 @@ class Entry:
     note: str = ""  # why the new spelling is not a plain rename, when it is not
     note_only_unfixed: bool = False  # the note explains why some calls get no fix: not shown beside a fix
     package: str = "torch"
+    moved: bool = False  # the successor is the same function under another module: an import of it is rewritten
 
     def shown_version(self, version: Version) -> str:
         return ".".join(map(str, version))
@@ -266,12 +268,86 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
                    "kaiming_normal", "orthogonal", "sparse")],
     Entry("torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grad_norm_", (0, 4), None,
           "torch.nn.utils.clip_grad_norm_", rename(4, ("max_norm", "norm_type", "error_if_nonfinite", "foreach"))),
+    Entry("torch.utils._pytree._register_pytree_node", "torch.utils._pytree.register_pytree_node", (2, 2), None,
+          "torch.utils._pytree.register_pytree_node",
+          rename(3, ("serialized_type_name", "to_dumpable_context", "from_dumpable_context"))),
+    Entry("torchvision.transforms.v2.ToTensor", "v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])",
+          (0, 16), note="ToTensor converted and rescaled in one step; the v2 pipeline says both",
+          package="torchvision"),
     *[Entry(f"functorch.{name}", f"torch.func.{name}", (2, 0), None, f"torch.func.{name}", rename(99, (
         "in_dims", "out_dims", "randomness", "chunk_size", "argnums", "has_aux", "reapply_views", "remove",
-        "strict", "vectorize", "create_graph")), package="torch")
+        "strict", "vectorize", "create_graph")), package="torch", moved=True)
       for name in ("vmap", "grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "functionalize")],
 ]}
 _LAST_NAMES = {name.rsplit(".", 1)[-1] for name in TABLE}
+
+
+def module_swap(node: cst.ImportFrom) -> Optional[str]:
+    """The module a ``from OLD import a, b`` statement should import from instead, when every name it imports
+    is a :data:`TABLE` entry that only moved there (``functorch.vmap`` → ``torch.func.vmap``): rewriting the
+    module alone then leaves every call through those names correct."""
+    if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        return None
+    module = dotted_name(node.module)
+    targets = set()
+    for alias in node.names:
+        entry = TABLE.get(f"{module}.{dotted_name(alias.name)}")
+        if entry is None or not entry.moved or entry.replacement is None:
+            return None
+        successor, _, name = entry.replacement.rpartition(".")
+        if name != entry.name.rsplit(".", 1)[-1]:
+            return None
+        targets.add(successor)
+    return targets.pop() if len(targets) == 1 else None
+
+
+class ImportBindings:
+    """Every import statement of the file, at any depth (the compatibility imports that matter here sit in
+    ``try`` blocks inside functions), by the local name it binds; built once per file, on first use."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.statements: dict[str, list[cst.CSTNode]] = {}
+        self.from_pairs: set[tuple[str, str]] = set()  # (qualified, local) of every ``from M import N [as local]``
+        for node in subtree(ctx.module):
+            if isinstance(node, cst.Import):
+                for alias in node.names:
+                    local = alias.asname.name.value if alias.asname is not None and \
+                        isinstance(alias.asname.name, cst.Name) else (dotted_name(alias.name) or "").split(".")[0]
+                    self.statements.setdefault(local, []).append(node)
+            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) \
+                    and node.module is not None and not node.relative:
+                module = dotted_name(node.module)
+                for alias in node.names:
+                    name = dotted_name(alias.name)
+                    local = alias.asname.name.value if alias.asname is not None and \
+                        isinstance(alias.asname.name, cst.Name) else name
+                    self.from_pairs.add((f"{module}.{name}", local))
+                    self.statements.setdefault(local, []).append(node)
+
+    def imported_before(self, local: str, node: cst.CSTNode, ctx: FileContext) -> bool:
+        """Some import binding ``local`` starts on a line before ``node``'s."""
+        statements = self.statements.get(local, [])
+        if not statements:
+            return False
+        where = ctx.positions([node, *statements])
+        return any(where[s].start.line < where[node].start.line for s in statements)
+
+
+def _successor_callee(call: cst.Call, replacement: str, ctx: FileContext) -> Optional[cst.BaseExpression]:
+    """The successor written as the call writes its own prefix (``foo.chain_matmul`` after ``import torch as
+    foo`` → ``foo.linalg.multi_dot``, ``xx._register_pytree_node`` → ``xx.register_pytree_node``), else
+    through the file's imports, provided the name it starts with is bound where the call stands."""
+    written = dotted_name(call.func) or ""
+    qualified = ctx.qualified_name(call.func) or ""
+    if "." in written and "." in qualified:
+        written_prefix, qualified_prefix = written.rsplit(".", 1)[0], qualified.rsplit(".", 1)[0]
+        if replacement.startswith(qualified_prefix + "."):
+            return cst.parse_expression(written_prefix + replacement[len(qualified_prefix):])
+    callee = render_name(ctx, replacement)
+    head = (dotted_name(callee) or "").split(".", 1)[0] if callee is not None else ""
+    if not head or not ctx.facts(ImportBindings).imported_before(head, call, ctx):
+        return None  # ``from torch.utils import _pytree as xx`` below this call does not name it here
+    return callee
 
 
 class _TableRule(Rule):
@@ -282,45 +358,102 @@ class _TableRule(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
         last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
-        if last not in _LAST_NAMES:
+        # a bare name may be an import alias of a table symbol (``from torch import symeig as eigh_old``)
+        if last not in _LAST_NAMES and not (isinstance(func, cst.Name) and last in ctx.imports.names):
             return
         entry = TABLE.get(ctx.qualified_name(func) or "")
         if entry is None or in_compat_fallback(ctx, node) or self._has_successor(node, entry, ctx):
             return
+        if isinstance(func, cst.Name) and entry.moved and self._import_rewritten(func.value, ctx):
+            return  # ``from functorch import vmap``: the import's finding rewrites it, and this call with it
+        if self._in_family(entry, ctx):
+            self._report(node, entry, ctx)
+
+    def _import_rewritten(self, local: str, ctx: FileContext) -> bool:
+        statements = ctx.facts(ImportBindings).statements.get(local, [])
+        return bool(statements) and all(isinstance(s, cst.ImportFrom) and module_swap(s) is not None and
+                                        not _guarded(ctx, s) for s in statements)
+
+    def visit_Attribute(self, node: cst.Attribute, ctx: FileContext) -> None:
+        """A table symbol named but not called here (``transforms=[v2.ToTensor]``, ``solve = torch.qr``)."""
+        if node.attr.value not in _LAST_NAMES:
+            return
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.Call) and parent.func is node or isinstance(parent, cst.Attribute):
+            return  # a call is visit_Call's; ``torch.qr.__doc__`` is not a use
+        entry = TABLE.get(ctx.qualified_name(node) or "")
+        if entry is None or in_compat_fallback(ctx, node) or \
+                any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in ctx.ancestors(node)):
+            return
+        if self._in_family(entry, ctx):
+            self.report(node, f"{code_span(short(ctx, node))} ({code_span(entry.name)}) {self._status(entry)}; "
+                              f"use {code_span(entry.instead)}")
+
+    def _status(self, entry: Entry) -> str:
+        library = "PyTorch" if entry.package == "torch" else entry.package
+        if self.removed_family:
+            return (f"was deprecated in {library} {entry.shown_version(entry.deprecated)} and has since been "
+                    f"removed: it raises on current releases")
+        return f"is deprecated since {library} {entry.shown_version(entry.deprecated)}"
+
+    def visit_ImportFrom(self, node: cst.ImportFrom, ctx: FileContext) -> None:
+        """``from torch import symeig``: on the releases that removed it this line is what raises (an
+        ImportError), and for a deprecated symbol it is the line the port changes; calls through the
+        imported name are reported where they are, with their own advice."""
+        module = dotted_name(node.module) if node.module is not None and not node.relative else None
+        if module is None or isinstance(node.names, cst.ImportStar) or _guarded(ctx, node):
+            return  # ``try: from torch import symeig / except ImportError:``: the author handles both
+        entries = [TABLE[f"{module}.{alias.name.value}"] for alias in node.names
+                   if isinstance(alias.name, cst.Name) and f"{module}.{alias.name.value}" in TABLE]
+        entries = [e for e in entries if self._in_family(e, ctx)]
+        if not entries:
+            return
+        names = ", ".join(code_span(e.name) for e in entries)
+        instead = "; ".join(f"{code_span(e.name.rsplit('.', 1)[-1])} → {code_span(e.instead)}" for e in entries)
+        if self.removed_family:
+            status = "removed: on current releases this import raises ImportError"
+        else:
+            status = "deprecated"
+        successor = module_swap(node)
+        if successor is not None:  # the calls through these names need no change: they are not reported
+            self.report(node, f"imports {names}, {status}; import them from {code_span(successor)}, where they "
+                              "take the same arguments",
+                        replacement=node.with_changes(module=cst.parse_expression(successor)))
+            return
+        self.report(node, f"imports {names}, {status}; import the successor instead ({instead})")
+
+    def _in_family(self, entry: Entry, ctx: FileContext) -> bool:
         versions = ctx.facts(VersionFacts)
         is_removed = entry.removed is not None and versions.admits(entry.package, entry.removed)
         if is_removed != self.removed_family:
-            return
-        if not is_removed and not versions.admits(entry.package, entry.deprecated):
-            return
-        self._report(node, entry, ctx)
+            return False
+        return is_removed or versions.admits(entry.package, entry.deprecated)
 
     @staticmethod
     def _has_successor(node: cst.Call, entry: Entry, ctx: FileContext) -> bool:
         """``try: from torch import vmap / except ImportError: from functorch import vmap``: the old name is
-        the fallback of an import that prefers the new one."""
-        if isinstance(node.func, cst.Name):
-            binding = ctx.binding(node.func.value)
-            if binding is not None and binding.kind == "import" and in_compat_fallback(ctx, binding.node):
-                return True
+        the fallback of an import that prefers the new one. Only a call through that same bare name counts:
+        ``from torch.linalg import qr as new_qr`` elsewhere in the file says nothing about ``torch.qr(A)``."""
+        if not isinstance(node.func, cst.Name):
+            return False
+        binding = ctx.binding(node.func.value)
+        if binding is not None and binding.kind == "import" and in_compat_fallback(ctx, binding.node):
+            return True
         last = entry.name.rsplit(".", 1)[-1]
         successor = (entry.replacement or "").rsplit(".", 1)[0]
         candidates = {f"{module}.{last}" for module in ("torch", successor) if module} - {entry.name}
-        return any(name in ctx.imports.modules for name in candidates)
+        bindings = ctx.facts(ImportBindings).from_pairs
+        return any((name, node.func.value) in bindings for name in candidates)
 
     def _report(self, node: cst.Call, entry: Entry, ctx: FileContext) -> None:
         replacement = None
         if entry.fix is not None and entry.replacement is not None:
-            callee = render_name(ctx, entry.replacement)
+            callee = _successor_callee(node, entry.replacement, ctx)
             if callee is not None:
                 replacement = entry.fix(node, ctx, callee)
         written = short(ctx, node)
         qualified = f" ({code_span(entry.name)})" if not dotted_name(node.func) == entry.name else ""
-        if self.removed_family:
-            status = (f"was deprecated in PyTorch {entry.shown_version(entry.deprecated)} and has since been removed: "
-                      f"it raises on current releases")
-        else:
-            status = f"is deprecated since PyTorch {entry.shown_version(entry.deprecated)}"
+        status = self._status(entry)
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(entry.instead)
         note = f" ({entry.note})" if entry.note and not (entry.note_only_unfixed and replacement is not None) else ""
         self.report(node, f"{code_span(written)}{qualified} {status}; use {instead}{note}", replacement=replacement)
@@ -335,7 +468,9 @@ class RemovedTorchApi(_TableRule):
     summary = "torch.solve / symeig / matrix_rank / lstsq / eig were removed from PyTorch"
     what = """
         Flags calls of functions that PyTorch has removed: `torch.solve`, `torch.symeig`,
-        `torch.matrix_rank`, `torch.lstsq` and `torch.eig` (deprecated in 1.9 for `torch.linalg`).
+        `torch.matrix_rank`, `torch.lstsq` and `torch.eig` (deprecated in 1.9 for `torch.linalg`),
+        the `from torch import symeig` that imports one (the line that raises ImportError), and
+        calls through an import alias.
         Stays quiet when the repository pins a torch release that still has them
         (`requirements*.txt`, `pyproject.toml`, `setup.cfg`, `setup.py`, `environment.yml`), and
         inside `except ImportError/AttributeError` fallbacks.
@@ -397,12 +532,22 @@ class RemovedTorchApi(_TableRule):
             rank = th.linalg.matrix_rank(M)
             """,
         ),
+        # the import itself is what raises on current releases; the call is reported too
         Invalid(
             """
             from torch import symeig
             e, v = symeig(A, eigenvectors=True)
             """,
-            line=3, message="torch.linalg.eigh",
+            line=2, count=2, message="this import raises ImportError",
+        ),
+        # a call through an import alias is the removed function all the same
+        Invalid(
+            """
+            import torch
+            from torch import lstsq as least_squares
+            fit = least_squares(B, A)
+            """,
+            line=3, count=2, message="`torch.lstsq`",
         ),
     ]
 
@@ -419,8 +564,11 @@ class DeprecatedTorchApi(_TableRule):
         `torch.triangular_solve`, `torch.range`, `nn.UpsamplingNearest2d/UpsamplingBilinear2d`,
         `F.upsample*`, `torch.norm`, `torch.testing.assert_allclose`, `nn.utils.weight_norm`,
         `torch.backends.cuda.sdp_kernel`, `torch.set_default_tensor_type`, `functorch.*`, and the
-        underscore-less `nn.init.*` / `clip_grad_norm`. Where the successor is a pure rename (same
-        arguments, same results) it offers the rewrite. Stays quiet when the repository pins a
+        underscore-less `nn.init.*` / `clip_grad_norm`, the private `_register_pytree_node` and
+        torchvision's `transforms.v2.ToTensor`; also the `from ... import` of one of them and a
+        mention without a call (`[v2.ToTensor, ...]`). Where the successor is a pure rename (same
+        arguments, same results) it offers the rewrite; `from functorch import vmap` becomes
+        `from torch.func import vmap`, leaving the calls as they are. Stays quiet when the repository pins a
         torch release older than the deprecation. `torch.norm` (deprecated in its docs, as in
         TorchFix's table) is rewritten only where it is certainly a vector norm: `p` a number and
         `dim` absent or one integer.
@@ -468,6 +616,30 @@ class DeprecatedTorchApi(_TableRule):
         """
         import torch
         x, _ = torch.solve(B, A)
+        """,
+        # an import the author guards: the newer spelling is the fallback
+        """
+        import torch
+        try:
+            from functorch import vmap
+        except ImportError:
+            from torch.func import vmap
+        """,
+        # the successor imported under the old name, the old one only as its fallback
+        """
+        import torch
+        try:
+            from torch.func import vmap
+        except ImportError:
+            from functorch import vmap
+        batched = vmap(f)(xs)
+        """,
+        # the v1 ToTensor is not deprecated; attribute access on a symbol is not a use of it
+        """
+        import torch
+        from torchvision import transforms
+        steps = [transforms.ToTensor(), transforms.Normalize(mean, std)]
+        doc = torch.qr.__doc__
         """,
     ]
     INVALID = [
@@ -542,15 +714,74 @@ class DeprecatedTorchApi(_TableRule):
         Invalid(
             """
             import torch
-            from functorch import vmap
-            batched = vmap(f)(xs)
+            import functorch
+            batched = functorch.vmap(f)(xs)
             """,
             line=4, message="torch.func.vmap",
             fixed="""
             import torch
-            from functorch import vmap
+            import functorch
             batched = torch.func.vmap(f)(xs)
             """,
+        ),
+        # the import of a deprecated name is the line the port changes; calls through it are reported as well
+        Invalid(
+            """
+            import torch
+            from functorch import vmap, jacrev
+            batched = vmap(f)(xs)
+            """,
+            line=3, message="imports `functorch.vmap`, `functorch.jacrev`, deprecated",
+            fixed="""
+            import torch
+            from torch.func import vmap, jacrev
+            batched = vmap(f)(xs)
+            """,
+        ),
+        # a name that did not move with the others: the import is reported, the calls are rewritten one by one
+        Invalid(
+            """
+            import torch
+            from functorch import make_functional, vmap
+            batched = vmap(f)(xs)
+            """,
+            line=3, count=2, message="import the successor instead (`vmap` → `torch.func.vmap`)",
+        ),
+        # ``from torch.linalg import qr as new_qr`` elsewhere in the file does not excuse ``torch.qr``
+        Invalid(
+            """
+            import torch
+            from torch.linalg import qr as new_qr
+            q, r = torch.qr(A)
+            """,
+            line=4, message="use `torch.linalg.qr(A)`",
+            fixed="""
+            import torch
+            from torch.linalg import qr as new_qr
+            q, r = torch.linalg.qr(A)
+            """,
+        ),
+        # the private pytree registration, renamed when it became public
+        Invalid(
+            """
+            import torch
+            import torch.utils._pytree as pytree
+            pytree._register_pytree_node(Pair, flatten_pair, unflatten_pair)
+            """,
+            fixed="""
+            import torch
+            import torch.utils._pytree as pytree
+            pytree.register_pytree_node(Pair, flatten_pair, unflatten_pair)
+            """,
+        ),
+        # named without being called: a torchvision v2 pipeline listing the deprecated transform class
+        Invalid(
+            """
+            import torch
+            from torchvision.transforms import v2
+            steps = [v2.ToTensor, v2.Normalize]
+            """,
+            line=4, message="is deprecated since torchvision 0.16",
         ),
         Invalid(
             """
@@ -588,12 +819,10 @@ class DeprecatedTorchApi(_TableRule):
         Invalid(
             """
             import torch
-            from torch import norm
-            total = norm(grads, 2.0, -1, True)
+            total = torch.norm(grads, 2.0, -1, True)
             """,
             fixed="""
             import torch
-            from torch import norm
             total = torch.linalg.vector_norm(grads, ord=2.0, dim=-1, keepdim=True)
             """,
         ),
@@ -842,6 +1071,12 @@ class TorchvisionPretrained(Rule):
         import torchvision
         model = torchvision.models.resnet50(weights="IMAGENET1K_V1")
         """,
+        # a layer helper whose boolean is not its first argument
+        """
+        import torch
+        from torchvision.models.vgg import make_layers, cfgs
+        features = make_layers(cfgs["D"], False)
+        """,
         # timm / hub models keep pretrained=
         """
         import torch
@@ -885,10 +1120,29 @@ class TorchvisionPretrained(Rule):
             """,
             line=4, message="weights=",
         ),
+        # the pre-0.13 positional form: a literal boolean first argument is `pretrained`
+        Invalid(
+            """
+            import torch
+            import torchvision
+            net = torchvision.models.resnet50(True)
+            """,
+            line=4, message="a positional `pretrained`",
+            fixed="""
+            import torch
+            import torchvision
+            net = torchvision.models.resnet50(weights="IMAGENET1K_V1")
+            """,
+        ),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         arg = keyword_arg(node, "pretrained") or keyword_arg(node, "pretrained_backbone")
+        positional = positional_args(node)
+        if arg is None and positional and (is_true(positional[0].value) or is_false(positional[0].value)):
+            # ``resnet50(True)``: before 0.13 the first parameter of every builder was ``pretrained``; a
+            # literal boolean first argument can mean nothing else (layer helpers take configs first)
+            arg = positional[0]
         if arg is None:
             return
         qualified = ctx.qualified_name(node.func) or ""
@@ -896,7 +1150,7 @@ class TorchvisionPretrained(Rule):
             return
         if not ctx.facts(VersionFacts).admits("torchvision", (0, 13)):
             return
-        keyword = arg.keyword.value
+        keyword = arg.keyword.value if arg.keyword is not None else "pretrained"
         replacement = None
         if keyword == "pretrained" and is_false(arg.value):
             new_value: Optional[cst.BaseExpression] = cst.Name("None")
@@ -905,10 +1159,12 @@ class TorchvisionPretrained(Rule):
         else:
             new_value = None
         if new_value is not None:
-            replacement = node.with_changes(args=[a.with_changes(keyword=cst.Name("weights"), value=new_value)
+            replacement = node.with_changes(args=[a.with_changes(keyword=cst.Name("weights"), value=new_value,
+                                                                 equal=a.equal if a.keyword else _NO_SPACE_EQUAL)
                                                   if a is arg else a for a in node.args])
         new_keyword = "weights_backbone" if keyword == "pretrained_backbone" else "weights"
-        self.report(node, f"{code_span(short(ctx, node))}: `{keyword}=` is deprecated since torchvision 0.13 and warns "
+        written = f"`{keyword}=`" if arg.keyword is not None else "a positional `pretrained`"
+        self.report(node, f"{code_span(short(ctx, node))}: {written} is deprecated since torchvision 0.13 and warns "
                           f"on every call; pass `{new_keyword}=` (a weights enum or its name, e.g. "
                           f"`\"IMAGENET1K_V1\"`, which is what `pretrained=True` loads)", replacement=replacement)
 
