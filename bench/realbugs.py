@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
 
 from bench.corpus.corpus import CorpusRepo, SPLITS, read_split, split_by_hash  # noqa: E402
 from bench.corpus.fetch import clone, find_mirror, write_tree  # noqa: E402
+from analyzers.diff import DiffError  # noqa: E402
 
 PAIRS = ROOT / "bench" / "realbugs" / "pairs.tsv"
 COLUMNS = ("id", "repo", "fixed", "buggy", "path", "lines", "kind", "expected", "note")
@@ -241,7 +242,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             try:
                 result = run_pair(pair, git_dir, side_of(pair.repo, split))
-            except PairError as exc:
+            except (PairError, DiffError) as exc:  # one pair the engine cannot replay does not stop the others
                 result = PairResult(pair.id, pair.repo, side_of(pair.repo, split), pair.kind, pair.expected,
                                     error=str(exc))
         results.append(result)
