@@ -136,6 +136,7 @@ def tree_at(ref: str, into: Path, cwd: Optional[str] = None) -> tuple[Path, str]
     prefix = _git(["rev-parse", "--show-prefix"], cwd).strip()
     proc = subprocess.Popen(["git", "archive", "--format=tar", ref], cwd=top, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
+    unreadable: Optional[Exception] = None
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
             for member in archive:
@@ -146,12 +147,23 @@ def tree_at(ref: str, into: Path, cwd: Optional[str] = None) -> tuple[Path, str]
                 target = Path(into, *relative.parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(archive.extractfile(member).read())
+        # tarfile stops at the end-of-archive blocks, git pads the stream past them: read it to the end, or
+        # git dies of SIGPIPE writing the padding (exit -13, no message) and a good archive looks failed
+        while proc.stdout.read(1 << 16):
+            pass
+    except tarfile.TarError as exc:  # a stream cut short: git's own message says why (a missing object...)
+        unreadable = exc
+        proc.kill()
+    except BaseException:
+        proc.kill()
+        raise
     finally:
         proc.stdout.close()
         error = proc.stderr.read().decode(errors="replace")
         proc.stderr.close()
-        if proc.wait() != 0:
-            raise DiffError(f"git archive {ref} failed: {error.strip()}")
+        status = proc.wait()
+    if status != 0 or unreadable is not None:
+        raise DiffError(f"git archive {ref} failed: {error.strip() or unreadable or f'exit status {status}'}")
     return Path(into), prefix
 
 

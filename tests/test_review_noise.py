@@ -156,3 +156,36 @@ def test_the_results_cache_is_not_reused_when_the_pins_change(tmp_path):
     assert rules() == []
     (tmp_path / "src" / "requirements-dev.txt").write_text("torch<1.7\n")  # added, nearer the file
     assert rules() == ["TR413"]
+
+
+def test_the_base_tree_is_read_whatever_git_writes_after_the_end_of_the_archive(tmp_path, monkeypatch):
+    """tarfile stops at the first end-of-archive block. When the last file ends in the last 1 KiB of git's
+    10 KiB record, git's trailer fills a whole second record that tarfile never asks for; closing the pipe
+    before git has written it killed git with SIGPIPE, and a good base looked like a failed ``git archive``
+    (in the real-bug bench, 3 of 114 pairs, every run). A git that writes its last bytes late makes it sure."""
+    import os
+    import shutil
+
+    from analyzers.diff import tree_at
+
+    # pax header (1 KiB) + the file's header (512 B) + 16 blocks of it: the data ends at 9728 of 10240
+    train = "x = 1\n" + "#" * 7990 + "\n"
+    root = repository(tmp_path / "repo", {"train.py": train})
+    archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=root, capture_output=True, check=True)
+    assert len(archive.stdout) == 20480, "the trailer spills into a second record"
+    real_git = shutil.which("git")
+    late = tmp_path / "bin" / "git"
+    late.parent.mkdir()
+    late.write_text(f"""#!/bin/sh
+if [ "$1" = archive ]; then
+  "{real_git}" "$@" | head -c -512 || exit 1
+  sleep 0.5
+  head -c 512 /dev/zero
+else
+  exec "{real_git}" "$@"
+fi
+""")
+    late.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{late.parent}:{os.environ['PATH']}")
+    tree, prefix = tree_at("HEAD", tmp_path / "base", cwd=str(root))
+    assert (tree / "train.py").read_text() == train and prefix == ""
