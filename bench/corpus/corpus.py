@@ -47,6 +47,11 @@ def split_by_hash(repo: str) -> str:
     return SPLITS[int(hashlib.sha256(repo.lower().encode("utf-8")).hexdigest(), 16) % 2]
 
 
+def side_of(repo: str, split: dict[str, str]) -> str:
+    """A repository's side: its row in ``split.tsv`` when the corpus lists it, else the side its name hashes to."""
+    return split.get(repo) or split_by_hash(repo)
+
+
 def _rows(path: Path, columns: int) -> list[tuple[int, list[str]]]:
     rows = []
     with path.open(newline="", encoding="utf-8") as handle:
