@@ -22,6 +22,7 @@ is left out and reported.
 
     python bench/smoke_real.py --repos /tmp/smokereal [--mirrors DIR] [--side holdout] [--only owner/name,...]
                                [--steps 10] [--json OUT] [--no-sandbox]
+    python bench/smoke_real.py --report OUT [OUT ...]   # the figures again from saved runs, current expectations
 
 Each repository's targets run as one job (one warm interpreter in one sandbox, as the runner does for the
 targets of one revision), one repository at a time. Time per target is what the harness measured for that
@@ -291,9 +292,25 @@ def run_repository(repo: str, root: Path, rows: list[RunnerTarget], args: argpar
     return heads
 
 
+def report_saved(paths: list[Path], rows: list[RunnerTarget]) -> int:
+    """The summary of saved runs, each report matched to its row by ``owner/name/target``."""
+    by_key = {f"{row.repo}/{row.target}": row for row in rows}
+    results, stale = [], []
+    for path in paths:
+        for key, head in json.loads(path.read_text())["reports"].items():
+            if key in by_key:
+                results.append((by_key[key], head))
+            else:
+                stale.append(key)
+    print(format_summary(summarize(results)))
+    if stale:
+        print(f"\nreports of targets no longer listed, left out: {', '.join(stale)}")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repos", type=Path, required=True, help="folder holding each repository as DIR/owner+name")
+    parser.add_argument("--repos", type=Path, help="folder holding each repository as DIR/owner+name")
     parser.add_argument("--mirrors", type=Path, help="git mirrors to extract missing repositories from "
                         "(the layouts bench/corpus/fetch.py reads)")
     parser.add_argument("--targets", type=Path, default=TARGETS, help="the corpus (default bench/smoke_real/targets.tsv)")
@@ -305,7 +322,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", type=Path, help="write every report and the summary here")
     parser.add_argument("--no-sandbox", action="store_true", help="plain child processes (development only)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every failing check and reason")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: print the figures of earlier --json runs against the current targets file")
     args = parser.parse_args(argv)
+    if args.report:
+        return report_saved(args.report, read_targets(args.targets))
+    if args.repos is None:
+        parser.error("give --repos DIR (or --report JSON)")
     if args.mirrors is not None and not args.mirrors.is_dir():
         parser.error(f"--mirrors {args.mirrors}: not a directory")
 

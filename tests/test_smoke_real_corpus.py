@@ -134,3 +134,21 @@ def test_the_summary_counts_each_outcome_on_its_side():
 def test_a_side_with_nothing_run_says_so():
     assert "tune: no targets ran" in format_summary(summarize([(_row("a/one", "m.py:A"), {"status": "passed"})]))
 
+
+
+def test_saved_runs_are_reported_against_the_current_expectations(tmp_path, capsys):
+    import json
+
+    from bench.smoke_real import main
+
+    repo = _name_on("holdout")
+    targets = _write(tmp_path, f"{repo}\t{SHA}\tm.py:A\tbuilt\tholdout\t\t",
+                     f"{repo}\t{SHA}\tm.py:B\tskip:upstream-bug\tholdout\t\tits own to() raises")
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"reports": {f"{repo}/m.py:A": {"status": "passed", "seconds": 2.0},
+                                             f"{repo}/m.py:B": {"status": "skipped", "reason": "could not build"},
+                                             f"{repo}/m.py:Gone": {"status": "passed"}}}))
+    assert main(["--targets", str(targets), "--report", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "holdout: 2 targets from 1 repositories" in out and "(1 expected to skip)" in out
+    assert f"left out: {repo}/m.py:Gone" in out
