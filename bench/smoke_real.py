@@ -9,7 +9,8 @@ class a row:
   environment (torch, numpy, pyyaml): ``built``; ``skip:<kind>`` for a stated reason (``missing-package:<name>``
   when the class itself uses a package the runner lacks, ``no-parameters`` for an activation or a fixed
   encoding, ``needs-cuda`` for a forward that calls ``.cuda()`` unconditionally, ``upstream-bug`` for a class
-  that cannot run as published); ``fail:<check>`` only for a planted bug;
+  that cannot run as published); ``fail:<check>`` only for a known bug: planted, or found in the published code
+  by reading it (the note says where);
 - ``side``: ``tune`` or ``holdout``, the side of ``bench/corpus/split.tsv`` for a repository of the static
   corpus, else the parity of sha256("owner/name") (``bench.corpus.corpus.side_of``), unless the note says
   ``moved to tune`` and why;
@@ -86,7 +87,7 @@ def _check_expected(expected: str) -> Optional[str]:
         return None
     kind, _, detail = expected.partition(":")
     if kind == "fail":
-        return None if detail else "fail: names the check the planted bug fails"
+        return None if detail else "fail: names the check the known bug fails"
     if kind != "skip":
         return "expected is built, skip:<kind> or fail:<check>"
     skip_kind, _, package = detail.partition(":")
@@ -187,9 +188,9 @@ def summarize(results: list[tuple[RunnerTarget, dict]]) -> dict:
                                        if head.get("status") == "skipped" and row.expected.startswith("skip:")),
             "false_fails": [f"{row.repo}/{row.target}" for row, head in mine
                             if head.get("status") == "failed" and not row.expected.startswith("fail:")],
-            "planted_caught": sum(1 for row, head in mine
+            "known_bugs_caught": sum(1 for row, head in mine
                                   if row.expected.startswith("fail:") and head.get("status") == "failed"),
-            "planted": sum(1 for row, _ in mine if row.expected.startswith("fail:")),
+            "known_bugs": sum(1 for row, _ in mine if row.expected.startswith("fail:")),
             "errors": [f"{row.repo}/{row.target}" for row, head in mine if head.get("status") == "error"],
             "time_s": _times([head.get("seconds") or 0.0 for _, head in built]),
             "cpu_s": _times([head.get("cpu_seconds") or 0.0 for _, head in built]),
@@ -225,8 +226,9 @@ def format_summary(summary: dict) -> str:
                      + (", ".join(f"{kind} {n}" for kind, n in skipped.items()) or "none"))
         false_fails = figures["false_fails"]
         lines.append(f"  false FAILs {len(false_fails)}" + (f" ({', '.join(false_fails)})" if false_fails else ""))
-        if figures["planted"]:
-            lines.append(f"  planted bugs caught {figures['planted_caught']}/{figures['planted']}")
+        if figures["known_bugs"]:
+            lines.append(f"  known bugs (planted, or confirmed by reading) caught {figures['known_bugs_caught']}/"
+                         f"{figures['known_bugs']}")
         errors = figures["errors"]
         lines.append(f"  runner errors {len(errors)}" + (f" ({', '.join(errors)})" if errors else ""))
         wall, cpu = figures["time_s"], figures["cpu_s"]

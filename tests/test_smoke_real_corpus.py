@@ -123,12 +123,12 @@ def test_the_summary_counts_each_outcome_on_its_side():
     assert holdout["cpu_s"]["median"] == 1.25
     assert holdout["per_repository"]["a/one"] == {"targets": 4, "built": 2, "expected_build": 3,
                                                   "false_fails": 1, "errors": 0}
-    # a planted bug that fails is caught, not a false FAIL
-    assert tune["false_fails"] == [] and (tune["planted_caught"], tune["planted"]) == (1, 1)
+    # a known bug that fails is caught, not a false FAIL
+    assert tune["false_fails"] == [] and (tune["known_bugs_caught"], tune["known_bugs"]) == (1, 1)
     assert both["targets"] == 8 and both["built"] == 4
     text = format_summary(summary)
     assert "holdout: 6 targets from 2 repositories" in text and "false FAILs 1 (a/one/m.py:B)" in text
-    assert "planted bugs caught 1/1" in text
+    assert "known bugs (planted, or confirmed by reading) caught 1/1" in text
 
 
 def test_a_side_with_nothing_run_says_so():
