@@ -156,6 +156,14 @@ def reason_kind(report: dict) -> str:
     return reason[:60] or "?"
 
 
+def expected_reason_kind(expected: str) -> Optional[str]:
+    """The runner's reason kind (:func:`reason_kind`) an expected skip should come with, where it has one."""
+    kind, _, package = expected.removeprefix("skip:").partition(":")
+    if not expected.startswith("skip:"):
+        return None
+    return {"missing-package": f"missing package {package}", "no-parameters": "no trainable parameters"}.get(kind)
+
+
 def _p90(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
@@ -186,6 +194,10 @@ def summarize(results: list[tuple[RunnerTarget, dict]]) -> dict:
                                     if head.get("status") == "skipped").most_common()),
             "skipped_as_expected": sum(1 for row, head in mine
                                        if head.get("status") == "skipped" and row.expected.startswith("skip:")),
+            # an expected skip with a runner reason to compare (a missing package, no parameters) for another reason
+            "skipped_for_another_reason": [
+                f"{row.repo}/{row.target} ({reason_kind(head)}, expected {row.expected})" for row, head in mine
+                if head.get("status") == "skipped" and expected_reason_kind(row.expected) not in (None, reason_kind(head))],
             "false_fails": [f"{row.repo}/{row.target}" for row, head in mine
                             if head.get("status") == "failed" and not row.expected.startswith("fail:")],
             "known_bugs_caught": sum(1 for row, head in mine
@@ -224,6 +236,8 @@ def format_summary(summary: dict) -> str:
         skipped = figures["skipped"]
         lines.append(f"  skipped {sum(skipped.values())} ({figures['skipped_as_expected']} expected to skip): "
                      + (", ".join(f"{kind} {n}" for kind, n in skipped.items()) or "none"))
+        if figures["skipped_for_another_reason"]:
+            lines.append("  skipped, but not for the expected reason: " + ", ".join(figures["skipped_for_another_reason"]))
         false_fails = figures["false_fails"]
         lines.append(f"  false FAILs {len(false_fails)}" + (f" ({', '.join(false_fails)})" if false_fails else ""))
         if figures["known_bugs"]:

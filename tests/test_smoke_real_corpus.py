@@ -108,16 +108,20 @@ def test_the_summary_counts_each_outcome_on_its_side():
         (_row("a/one", "m.py:D", "skip:no-parameters"), {"status": "skipped", "reason": "no trainable parameters"}),
         (_row("b/two", "m.py:E"), {"status": "error", "reason": "the child died"}),
         (_row("b/two", "m.py:F"), {"status": "skipped", "reason": "cannot guess constructor argument 'cfg'"}),
+        (_row("b/two", "m.py:I", "skip:missing-package:einops"), {"status": "skipped",
+                                                                  "reason": "cannot guess constructor argument 'n'"}),
         (_row("c/tuned", "m.py:G", side="tune"), {"status": "passed", "seconds": 9.0, "cpu_seconds": 8.0}),
         (_row("c/tuned", "m.py:H", "fail:eval-determinism", side="tune"), {"status": "failed", "seconds": 5.0}),
     ]
     summary = summarize(results)
     holdout, tune, both = summary["holdout"], summary["tune"], summary["all"]
-    assert (holdout["targets"], holdout["repositories"], holdout["built"]) == (6, 2, 2)
+    assert (holdout["targets"], holdout["repositories"], holdout["built"]) == (7, 2, 2)
     assert (holdout["expected_build"], holdout["built_of_expected"]) == (5, 2)
-    assert holdout["skipped"] == {"missing package torchvision": 1, "no trainable parameters": 1,
-                                  "constructor argument": 1}
-    assert holdout["skipped_as_expected"] == 1
+    assert holdout["skipped"] == {"constructor argument": 2, "missing package torchvision": 1,
+                                  "no trainable parameters": 1}
+    assert holdout["skipped_as_expected"] == 2
+    assert holdout["skipped_for_another_reason"] == [
+        "b/two/m.py:I (constructor argument, expected skip:missing-package:einops)"]
     assert holdout["false_fails"] == ["a/one/m.py:B"] and holdout["errors"] == ["b/two/m.py:E"]
     assert holdout["time_s"] == {"median": 2.0, "p90": 3.0, "max": 3.0}
     assert holdout["cpu_s"]["median"] == 1.25
@@ -125,9 +129,9 @@ def test_the_summary_counts_each_outcome_on_its_side():
                                                   "false_fails": 1, "errors": 0}
     # a known bug that fails is caught, not a false FAIL
     assert tune["false_fails"] == [] and (tune["known_bugs_caught"], tune["known_bugs"]) == (1, 1)
-    assert both["targets"] == 8 and both["built"] == 4
+    assert both["targets"] == 9 and both["built"] == 4
     text = format_summary(summary)
-    assert "holdout: 6 targets from 2 repositories" in text and "false FAILs 1 (a/one/m.py:B)" in text
+    assert "holdout: 7 targets from 2 repositories" in text and "false FAILs 1 (a/one/m.py:B)" in text
     assert "known bugs (planted, or confirmed by reading) caught 1/1" in text
 
 
