@@ -50,19 +50,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.corpus.corpus import SPLITS, CorpusRepo, read_split, side_of, slug  # noqa: E402
+from bench.corpus.corpus import (COMMIT_SHA, REPO_NAME, SPLITS, CorpusError, CorpusRepo, read_split,  # noqa: E402
+                                 side_of, slug)
 
 TARGETS = ROOT / "bench" / "smoke_real" / "targets.tsv"
 COLUMNS = ("repo", "commit", "target", "expected", "side", "tags", "note")
 MOVED = "moved to tune"
 SKIP_KINDS = ("missing-package", "no-parameters", "needs-cuda", "upstream-bug")
 BUILT = ("passed", "failed")
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
-_SHA = re.compile(r"^[0-9a-f]{40}$")
 _TARGET = re.compile(r"^[\w./-]+\.py:[A-Za-z_]\w*$")
 
 
-class TargetsError(ValueError):
+class TargetsError(CorpusError):
     pass
 
 
@@ -112,9 +111,9 @@ def read_targets(path: Path = TARGETS, split: Optional[dict[str, str]] = None) -
             if len(row) != len(COLUMNS):
                 raise TargetsError(f"{where}: expected {len(COLUMNS)} tab-separated columns, got {len(row)}")
             repo, commit, target, expected, side, tags, note = (cell.strip() for cell in row)
-            if not _REPO.match(repo):
+            if not REPO_NAME.match(repo):
                 raise TargetsError(f"{where}: {repo!r} is not owner/name")
-            if not _SHA.match(commit):
+            if not COMMIT_SHA.match(commit):
                 raise TargetsError(f"{where}: {commit!r} is not a 40-digit commit")
             if commits.setdefault(repo, commit) != commit:
                 raise TargetsError(f"{where}: {repo} is pinned to {commits[repo][:12]} on an earlier row")
@@ -197,7 +196,8 @@ def summarize(results: list[tuple[RunnerTarget, dict]]) -> dict:
             # an expected skip with a runner reason to compare (a missing package, no parameters) for another reason
             "skipped_for_another_reason": [
                 f"{row.repo}/{row.target} ({reason_kind(head)}, expected {row.expected})" for row, head in mine
-                if head.get("status") == "skipped" and expected_reason_kind(row.expected) not in (None, reason_kind(head))],
+                if head.get("status") == "skipped"
+                and expected_reason_kind(row.expected) not in (None, reason_kind(head))],
             "false_fails": [f"{row.repo}/{row.target}" for row, head in mine
                             if head.get("status") == "failed" and not row.expected.startswith("fail:")],
             "known_bugs_caught": sum(1 for row, head in mine
@@ -237,7 +237,8 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  skipped {sum(skipped.values())} ({figures['skipped_as_expected']} expected to skip): "
                      + (", ".join(f"{kind} {n}" for kind, n in skipped.items()) or "none"))
         if figures["skipped_for_another_reason"]:
-            lines.append("  skipped, but not for the expected reason: " + ", ".join(figures["skipped_for_another_reason"]))
+            lines.append("  skipped, but not for the expected reason: "
+                         + ", ".join(figures["skipped_for_another_reason"]))
         false_fails = figures["false_fails"]
         lines.append(f"  false FAILs {len(false_fails)}" + (f" ({', '.join(false_fails)})" if false_fails else ""))
         if figures["known_bugs"]:
@@ -329,7 +330,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--repos", type=Path, help="folder holding each repository as DIR/owner+name")
     parser.add_argument("--mirrors", type=Path, help="git mirrors to extract missing repositories from "
                         "(the layouts bench/corpus/fetch.py reads)")
-    parser.add_argument("--targets", type=Path, default=TARGETS, help="the corpus (default bench/smoke_real/targets.tsv)")
+    parser.add_argument("--targets", type=Path, default=TARGETS,
+                        help="the corpus (default bench/smoke_real/targets.tsv)")
     parser.add_argument("--side", choices=SPLITS, help="only this side")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per target")
