@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.corpus.corpus import CorpusRepo, SPLITS, read_split, split_by_hash  # noqa: E402
+from bench.corpus.corpus import CorpusRepo, SPLITS, read_split, side_of  # noqa: E402
 from bench.corpus.fetch import clone, find_mirror, write_tree  # noqa: E402
 from analyzers.diff import DiffError  # noqa: E402
 
@@ -191,10 +191,6 @@ def _where(finding) -> str:
 
 
 # ---- the report ----------------------------------------------------------------------------------
-
-def side_of(repo: str, split: dict[str, str]) -> str:
-    return split.get(repo) or split_by_hash(repo)
-
 
 def summarize(results: list[PairResult]) -> str:
     lines = []

@@ -17,8 +17,8 @@ from pathlib import Path
 CORPUS_DIR = Path(__file__).resolve().parent
 SPLITS = ("tune", "holdout")
 COMMIT_MARKER = ".torchreview-corpus-commit"
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
-_SHA = re.compile(r"^[0-9a-f]{40}$")
+REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 class CorpusError(ValueError):
@@ -47,6 +47,11 @@ def split_by_hash(repo: str) -> str:
     return SPLITS[int(hashlib.sha256(repo.lower().encode("utf-8")).hexdigest(), 16) % 2]
 
 
+def side_of(repo: str, split: dict[str, str]) -> str:
+    """A repository's side: its row in ``split.tsv`` when the corpus lists it, else the side its name hashes to."""
+    return split.get(repo) or split_by_hash(repo)
+
+
 def _rows(path: Path, columns: int) -> list[tuple[int, list[str]]]:
     rows = []
     with path.open(newline="", encoding="utf-8") as handle:
@@ -66,9 +71,9 @@ def read_repos(path: Path = CORPUS_DIR / "repos.tsv") -> list[CorpusRepo]:
     seen: set[str] = set()
     for number, row in _rows(path, 2):
         repo, commit = row[0], row[1].lower()
-        if not _REPO.match(repo):
+        if not REPO_NAME.match(repo):
             raise CorpusError(f"{path}:{number}: {repo!r} is not owner/name")
-        if not _SHA.match(commit):
+        if not COMMIT_SHA.match(commit):
             raise CorpusError(f"{path}:{number}: {commit!r} is not a 40-digit commit")
         if repo.lower() in seen:
             raise CorpusError(f"{path}:{number}: {repo} is listed twice")
