@@ -247,3 +247,30 @@ def test_only_a_behaviour_keeping_fix_alone_on_its_lines_is_preferred(tmp_path):
             await stopped(client)
 
     asyncio.run(scenario())
+
+
+def test_a_quick_fix_also_removes_the_import_it_leaves_unused(tmp_path):
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "train.py"
+    text = "import torch\nfrom torch.autograd import Variable, grad\n\nx = Variable(torch.ones(2))\ng = grad\n"
+    path.write_text(text)
+
+    async def scenario() -> None:
+        client = await started(tmp_path, debounce="0")
+        try:
+            uri = open_document(client, path, text)
+            published = await client.diagnostics_for(uri)
+            [diagnostic] = [d for d in published.diagnostics if d.code == "TR803"]
+            [action] = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), range=diagnostic.range,
+                context=types.CodeActionContext(diagnostics=[diagnostic]))), TIMEOUT)
+            edits = action.edit.changes[uri]
+            assert len(edits) == 2  # the fix, and the import line it frees (edits of the document as it is)
+            fixed = text
+            for edit in sorted(edits, key=lambda e: e.range.start.line, reverse=True):
+                fixed = apply(fixed, edit)
+            assert fixed == "import torch\nfrom torch.autograd import grad\n\nx = torch.ones(2)\ng = grad\n"
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())
