@@ -52,6 +52,8 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
             line.append(f"{f.rule} ", style="bold")
             line.append(f"{f.slug}{' (preview)' if f.preview else ''}: ", style="magenta")
             line.append(f.message)
+            if f.context:
+                line.append(f" ({f.context})", style="dim")
             if f.fix is not None:  # unsafe: --fix applies it only with --unsafe-fixes
                 line.append("  [fix available]" if f.fix.safe else "  [unsafe fix available]", style="green")
             console.print(line)
@@ -209,7 +211,8 @@ def to_sarif(run: RunResult) -> dict:
                     "region": site_region,
                 },
             } for number, (site, site_region) in enumerate(related, 1)],
-            "properties": {"severity": f.severity.label, "category": f.category},
+            "properties": {"severity": f.severity.label, "category": f.category,
+                           **({"context": f.context} if f.context else {})},
         }
         if f.fix is not None and f.cell is None:  # a notebook fix is cell lines, not lines of its JSON
             result["fixes"] = [{

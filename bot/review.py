@@ -817,7 +817,8 @@ def review_comment(finding: Finding, where: Placement, digest: str) -> dict:
 
 def comment_body(finding: Finding, digest: str, suggestion: Optional[Fix] = None) -> str:
     preview = " · preview rule (never fails the check)" if finding.preview else ""
-    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {literal(finding.slug)}{preview}",
+    context = f" · {finding.context}" if finding.context else ""  # "lowered: test code"
+    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {literal(finding.slug)}{preview}{context}",
              "", message(finding.message)]
     why = rule_why(finding)
     if why:
