@@ -152,3 +152,15 @@ def test_never_below_low_and_never_a_security_rule():
     assert context_lowered(Severity.LOW, "numerics", "test code") == (Severity.LOW, None)
     assert context_lowered(Severity.CRITICAL, "numerics", "benchmark") == (Severity.HIGH, "lowered: benchmark")
     assert context_lowered(Severity.HIGH, "serialization", "test code") == (Severity.HIGH, None)
+
+
+def test_a_clock_without_repetitions_is_not_a_benchmark():
+    # a progress bar's step timer, in a helper module that trains nothing itself
+    progress = ("import time\nimport torch\n\nlast = time.time()\n\ndef progress(step, total):\n"
+                "    global last\n    now = time.time()\n    print(step, total, now - last)\n    last = now\n\n"
+                "model = torch.nn.Linear(10, 3)\ncriterion = torch.nn.CrossEntropyLoss()\n"
+                "def check(x, y):\n    " + BUG + "\n    return loss\n")
+    [finding] = _findings(progress, "utils.py")
+    assert finding.context is None
+    assert _findings(progress.replace("def check(x, y):", "for _ in range(10):\n    x, y = None, None\n"
+                                      "def check(x, y):"), "utils.py")[0].context == "lowered: benchmark"

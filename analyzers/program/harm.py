@@ -8,7 +8,8 @@ and says why. Each role is read from what the code does, not from its file name 
   ``unittest.TestCase`` subclass, or pytest fixtures (a ``conftest.py``'s);
 - **benchmark**: code that times code and trains nothing: a benchmarking library (``timeit``,
   ``torch.utils.benchmark``, ``triton.testing``), or clock reads (``time.perf_counter``, CUDA events with
-  ``enable_timing``) in a file with no ``backward()`` and no data read from outside;
+  ``enable_timing``) around repetitions (``for _ in range(n)``, ``torch.cuda.synchronize()``) in a file with no
+  ``backward()`` and no data read from outside (a clock alone is a progress bar's);
 - **tiny synthetic data**: every tensor the program makes up is small (at most ``TINY_ELEMENTS`` elements, its
   sizes literal), and it reads no data: no file, dataset, download or pretrained weights, and a ``DataLoader``
   only over a ``TensorDataset``.
@@ -20,11 +21,11 @@ from __future__ import annotations
 import math
 import sys
 from functools import cached_property
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from analyzers.context import argument, dotted_name
+from analyzers.context import argument, code_children, dotted_name
 from analyzers.program.values import LIBRARY_ROOTS
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ _BENCHMARK_LIBRARIES = ("timeit", "torch.utils.benchmark", "triton.testing", "py
 _CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.process_time", "time.perf_counter_ns",
            "time.time_ns"}
 _CUDA_EVENT = "torch.cuda.Event"
+_SYNCHRONIZE = "torch.cuda.synchronize"
 # calls that make up a tensor from its sizes
 _SYNTHETIC = {"torch.randn", "torch.rand", "torch.randint", "torch.zeros", "torch.ones", "torch.empty", "torch.full",
               "torch.normal", "numpy.random.randn", "numpy.random.rand", "numpy.random.randint",
@@ -58,17 +60,15 @@ _KNOWN_ROOTS = frozenset(sys.stdlib_module_names) | LIBRARY_ROOTS | {"matplotlib
 _TENSOR_DATASET = "torch.utils.data.TensorDataset"
 
 
-def _calls(module: cst.Module) -> Iterator[cst.Call]:
-    class Calls(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.found: list[cst.Call] = []
-
-        def visit_Call(self, node: cst.Call) -> None:
-            self.found.append(node)
-
-    visitor = Calls()
-    module.visit(visitor)
-    return iter(visitor.found)
+def _nodes(module: cst.Module) -> list[cst.CSTNode]:
+    """Every code node of the file, iteratively (deep expressions cannot overflow the stack); ``code_children``
+    skips whitespace and punctuation, which makes this several times faster than a libcst visitor."""
+    found, todo = [], [module]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        todo.extend(code_children(node))
+    return found
 
 
 class HarmContext:
@@ -89,25 +89,24 @@ class HarmContext:
 
     # ---- what the file holds -------------------------------------------------------------
     @cached_property
+    def _nodes(self) -> list[cst.CSTNode]:
+        return _nodes(self.ctx.module)
+
+    @cached_property
     def _calls(self) -> list[tuple[cst.Call, Optional[str]]]:
-        return [(call, self.ctx.qualified_name(call.func)) for call in _calls(self.ctx.module)]
+        return [(node, self.ctx.qualified_name(node.func)) for node in self._nodes if isinstance(node, cst.Call)]
 
     @cached_property
     def _single_assignments(self) -> dict[str, cst.BaseExpression]:
         """Names assigned exactly once in the file (``N = 64``), so a size written as a name can be read."""
         values: dict[str, list[cst.BaseExpression]] = {}
-
-        class Assignments(cst.CSTVisitor):
-            def visit_Assign(self, node: cst.Assign) -> None:
+        for node in self._nodes:
+            if isinstance(node, cst.Assign):
                 for target in node.targets:
                     if isinstance(target.target, cst.Name):
                         values.setdefault(target.target.value, []).append(node.value)
-
-            def visit_AugAssign(self, node: cst.AugAssign) -> None:
-                if isinstance(node.target, cst.Name):
-                    values.setdefault(node.target.value, []).extend([node.value, node.value])
-
-        self.ctx.module.visit(Assignments())
+            elif isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name):
+                values.setdefault(node.target.value, []).extend([node.value, node.value])  # never single
         return {name: found[0] for name, found in values.items() if len(found) == 1}
 
     def _imports(self, roots: tuple[str, ...]) -> bool:
@@ -145,7 +144,15 @@ class HarmContext:
             return True
         times = any(name in _CLOCKS or (name == _CUDA_EVENT and argument(call, None, "enable_timing") is not None)
                     for call, name in self._calls)
-        return times and not self._trains() and not self._reads_data()
+        # a clock alone is a progress bar or an epoch log; a benchmark repeats what it times
+        return times and self._repeats() and not self._trains() and not self._reads_data()
+
+    def _repeats(self) -> bool:
+        """``for _ in range(n)`` (the loop variable unused: the body is run n times over), or CUDA synchronized
+        before a clock is read."""
+        return any(name == _SYNCHRONIZE for _, name in self._calls) or any(
+            isinstance(node, cst.For) and isinstance(node.target, cst.Name) and node.target.value.strip("_") == ""
+            and isinstance(node.iter, cst.Call) and dotted_name(node.iter.func) == "range" for node in self._nodes)
 
     def _trains(self) -> bool:
         return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
@@ -174,14 +181,7 @@ class HarmContext:
 
     @cached_property
     def _relative_imports(self) -> bool:
-        found = []
-
-        class Relative(cst.CSTVisitor):
-            def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-                found.extend(node.relative)
-
-        self.ctx.module.visit(Relative())
-        return bool(found)
+        return any(isinstance(node, cst.ImportFrom) and node.relative for node in self._nodes)
 
     def _over_tensor_dataset(self, loader: cst.Call) -> bool:
         dataset = argument(loader, 0, "dataset")

@@ -109,6 +109,16 @@ class _AmpRule(Rule):
 # TR710
 
 
+# a float16 forward pass backpropagated without a scaler: which scaler to suggest depends on the pinned torch
+_FP16_LOOP = """
+    import torch
+    for x, y in loader:
+        with torch.autocast("cuda"):
+            loss = criterion(model(x), y)
+        loss.backward()
+"""
+
+
 class Fp16AutocastWithoutScaler(_AmpRule):
     id = "TR710"
     source_hint = re.compile(r"autocast")
@@ -214,34 +224,16 @@ class Fp16AutocastWithoutScaler(_AmpRule):
         ),
         # which scaler to use depends on the torch the repository pins, and the message says which it assumed
         Invalid(
-            """
-            import torch
-            for x, y in loader:
-                with torch.autocast("cuda"):
-                    loss = criterion(model(x), y)
-                loss.backward()
-            """,
+            _FP16_LOOP,
             line=4, message='`torch.amp.GradScaler("cuda")` (no torch pin found; assuming a current torch',
         ),
         Invalid(
-            """
-            import torch
-            for x, y in loader:
-                with torch.autocast("cuda"):
-                    loss = criterion(model(x), y)
-                loss.backward()
-            """,
+            _FP16_LOOP,
             requirements="torch==1.13.1\n",
             line=4, message="`torch.cuda.amp.GradScaler()` (torch==1.13.1 per requirements.txt",
         ),
         Invalid(
-            """
-            import torch
-            for x, y in loader:
-                with torch.autocast("cuda"):
-                    loss = criterion(model(x), y)
-                loss.backward()
-            """,
+            _FP16_LOOP,
             requirements="torch>=2.4\n",
             line=4, message='`torch.amp.GradScaler("cuda")` (torch>=2.4 per requirements.txt',
         ),
