@@ -81,7 +81,7 @@ def render_github(run: RunResult, stream: IO[str]) -> None:
     level = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning", Severity.LOW: "notice"}
     in_notebooks = _notebook_json_lines(run.findings)
     for f in run.findings:
-        title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label})")
+        title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label}{', ' + f.context if f.context else ''})")
         if f.cell is not None:  # the annotation goes on the .ipynb's JSON line; the message names the cell
             json_line = in_notebooks.get((f.path, f.cell, f.line))
             where = f"line={json_line}," if json_line else ""

@@ -164,3 +164,24 @@ def test_a_clock_without_repetitions_is_not_a_benchmark():
     assert finding.context is None
     assert _findings(progress.replace("def check(x, y):", "for _ in range(10):\n    x, y = None, None\n"
                                       "def check(x, y):"), "utils.py")[0].context == "lowered: benchmark"
+
+
+def test_every_output_says_why_a_finding_was_lowered():
+    import io
+
+    from analyzers.engine import RunResult
+    from analyzers.output import render
+    from bot.review import comment_body
+
+    [finding] = _findings(PYTEST, "tests/test_model.py")
+    run = RunResult(files=1, findings=[finding])
+    shown = {}
+    for fmt in ("text", "json", "sarif", "github"):
+        stream = io.StringIO()
+        render(run, fmt, stream, **({"color": False} if fmt == "text" else {}))
+        shown[fmt] = stream.getvalue()
+    assert "(lowered: test code)" in shown["text"]
+    assert json.loads(shown["json"])["findings"][0]["context"] == "lowered: test code"
+    assert json.loads(shown["sarif"])["runs"][0]["results"][0]["properties"]["context"] == "lowered: test code"
+    assert "(medium%2C lowered%3A test code)" in shown["github"]  # commas and colons of a title are escaped
+    assert "· lowered: test code" in comment_body(finding, "digest").splitlines()[0]
