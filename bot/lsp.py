@@ -161,11 +161,10 @@ class TorchreviewServer(LanguageServer):
         return types.TextEdit(range=types.Range(start=types.Position(line=fix.start_line - 1, character=0), end=end),
                               new_text=replacement)
 
-    def fix_edits(self, uri: str, analysis: Analysis, finding: Finding) -> list[types.TextEdit]:
+    def fix_lines(self, uri: str, analysis: Analysis, finding: Finding) -> list[Fix]:
         """The finding's fix, and the removal of the imports it leaves unused (``Variable(x)`` -> ``x`` frees
-        ``from torch.autograd import Variable``), as edits of the document as it is."""
-        return [self.line_edit(uri, analysis.text, fix)
-                for fix in with_freed_imports(analysis.text, finding.fix, self.path_of(uri) or "")]
+        ``from torch.autograd import Variable``), as line edits of the document as it is."""
+        return with_freed_imports(analysis.text, finding.fix, self.path_of(uri) or "")
 
     def code_actions(self, params: types.CodeActionParams) -> list[types.CodeAction]:
         uri = params.text_document.uri
@@ -176,20 +175,23 @@ class TorchreviewServer(LanguageServer):
         wanted = params.range
         offered = [f for f in analysis.findings if f.fix is not None
                    and _overlaps(self.diagnostic(uri, analysis, f).range, wanted)]
+        edits = {id(f): self.fix_lines(uri, analysis, f) for f in offered}
         actions = []
         for finding in offered:
             fix = finding.fix
             # An editor applies a preferred fix on its own ("fix all"): only one that keeps behaviour, and only when
-            # no other fix offered here rewrites the same lines (the two edits would collide).
+            # no other fix offered here rewrites the same lines (the two edits would collide), its import removals
+            # included (two fixes freeing two names of one import line)
             preferred = fix.safe and not any(
-                other is not finding and other.fix.start_line <= fix.end_line and fix.start_line <= other.fix.end_line
-                for other in offered)
+                a.start_line <= b.end_line and b.start_line <= a.end_line
+                for other in offered if other is not finding for a in edits[id(finding)] for b in edits[id(other)])
             actions.append(types.CodeAction(
                 title=f"Fix {finding.rule} ({finding.slug})" + ("" if fix.safe else " - changes behaviour, review it"),
                 kind=types.CodeActionKind.QuickFix,
                 diagnostics=[self.diagnostic(uri, analysis, finding)],
                 is_preferred=preferred,
-                edit=types.WorkspaceEdit(changes={uri: self.fix_edits(uri, analysis, finding)}),
+                edit=types.WorkspaceEdit(changes={uri: [self.line_edit(uri, analysis.text, line_fix)
+                                                        for line_fix in edits[id(finding)]]}),
             ))
         return actions
 

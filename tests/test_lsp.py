@@ -274,3 +274,29 @@ def test_a_quick_fix_also_removes_the_import_it_leaves_unused(tmp_path):
             await stopped(client)
 
     asyncio.run(scenario())
+
+
+def test_two_fixes_that_free_names_of_one_import_line_are_not_preferred(tmp_path):
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "train.py"
+    text = ("import torch\nfrom torch.cuda.amp import autocast, GradScaler\nscaler = GradScaler()\n"
+            "with autocast():\n    y = 1\n")
+    path.write_text(text)
+
+    async def scenario() -> None:
+        client = await started(tmp_path, debounce="0")
+        try:
+            uri = open_document(client, path, text)
+            published = await client.diagnostics_for(uri)
+            actions = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri),
+                range=types.Range(start=types.Position(line=2, character=0), end=types.Position(line=3, character=20)),
+                context=types.CodeActionContext(diagnostics=published.diagnostics))), TIMEOUT)
+            assert [a.title for a in actions] == ["Fix TR801 (deprecated-cuda-amp)"] * 2
+            # each also rewrites line 2 (the import of the name it frees): applied together, they would collide
+            assert all(any(e.range.start.line == 1 for e in a.edit.changes[uri]) for a in actions)
+            assert not any(a.is_preferred for a in actions)
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())
