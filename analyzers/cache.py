@@ -253,7 +253,7 @@ def _finding_from_dict(f: dict) -> Finding:
     related = tuple(Location(**site) for site in f.get("related", ()))  # the PR filter keeps a finding by them
     return Finding(f["path"], f["line"], f["column"], f["end_line"], f["end_column"], f["rule"], f["slug"],
                    f["category"], Severity.parse(f["severity"]), f["message"], fix, f.get("cell"), related,
-                   f.get("preview", False))
+                   f.get("preview", False), f.get("context"))
 
 
 def _result_from_dict(data: dict) -> FileResult:

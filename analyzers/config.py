@@ -11,6 +11,7 @@ be found), never silently ignored::
       severity: {TR702: medium}        # per-rule severity override
     preview: false                     # also run the preview rules (analyzers/levels.py); they never fail a check
     measured_severities: true          # cap at medium the rules whose high/critical were right < 95 % on holdout
+    context_severity: true             # one level lower in test code, benchmarks, tiny synthetic data
     paths:
       include: ["src/**", train.py]    # gitignore-style globs, relative to the repository root
       exclude: ["tests/**"]
@@ -100,6 +101,7 @@ class Config:
     select: tuple[str, ...] = ("ALL",)
     preview: bool = False  # run preview rules too; a preview rule selected by its exact id or slug runs anyway
     measured_severities: bool = True  # apply levels.json's severity caps; False: each rule's own severities
+    context_severity: bool = True  # lower findings where harm is small (analyzers.levels.context_lowered)
     ignore: tuple[str, ...] = ()
     severity: Mapping[str, Severity] = field(default_factory=dict)
     include: tuple[str, ...] = ()
@@ -187,6 +189,7 @@ class Config:
             },
             "preview": self.preview,
             "measured_severities": self.measured_severities,
+            "context_severity": self.context_severity,
             "paths": {"include": list(self.include), "exclude": list(self.exclude)},
             "min_severity": self.min_severity.label,
             "fail_on": self.fail_on.label,
@@ -217,7 +220,8 @@ class Config:
 _RULE_KEYS = ("select", "ignore", "severity")
 _PATH_KEYS = ("include", "exclude")
 _NESTED_FORMS = {"rules": _RULE_KEYS, "paths": _PATH_KEYS}
-_TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "preview", "measured_severities", "min_severity", "fail_on", "max_inline_comments",
+_TOP_KEYS = (*_RULE_KEYS, *_PATH_KEYS, *_NESTED_FORMS, "preview", "measured_severities", "context_severity",
+             "min_severity", "fail_on", "max_inline_comments",
              "group_across_files", "group_rule_from_files", "review_event", "filter", "diff_context_lines", "skip",
              "cleanup", "fail_on_errors", "file_timeout", "smoke")
 _SKIP_KEYS = ("drafts", "labels", "title_markers", "bots")
@@ -254,7 +258,7 @@ def _settings(data: Mapping[str, Any], check: "_Checker") -> dict[str, Any]:
         steps.append(lambda: {"review_event": check.choice(data["review_event"], ("review_event",), REVIEW_EVENTS)})
     if "cleanup" in data:
         steps.append(lambda: {"cleanup": check.choice(data["cleanup"], ("cleanup",), CLEANUPS)})
-    for key in ("fail_on_errors", "group_across_files", "preview", "measured_severities"):
+    for key in ("fail_on_errors", "group_across_files", "preview", "measured_severities", "context_severity"):
         if key in data:
             steps.append(lambda key=key: {key: check.boolean(data[key], (key,))})
     steps.append(lambda: _filter_settings(data, check))

@@ -22,6 +22,7 @@ from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_field
 from analyzers.guard import complexity_error
 from analyzers.isolation import run_isolated
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
+from analyzers.program.harm import HarmContext
 from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules, canonical_rule_id
 from analyzers.rules.base import Rule
@@ -323,9 +324,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
             continue
         start, end = pos.start, pos.end
         suppressed = _suppressed(suppressions, rule.id, start.line, end.line)
-        severity = p.severity or rule.severity
-        severity = config.severity_for(rule.id, levels.capped(rule.id, severity) if config.measured_severities
-                                       else severity)
+        severity, context = _severity(rule, p.severity or rule.severity, config, ctx)
         key = (rule.id, start.line, start.column, p.message)
         if key in seen:
             continue
@@ -338,13 +337,25 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
             message=p.message, fix=fix, related=_related_locations(p.related, positions),
-            preview=levels.is_preview(rule.id),
+            preview=levels.is_preview(rule.id), context=context,
         ))
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
     result.suppressed = [f for f in result.suppressed if f.severity >= config.min_severity]
     result.findings.sort(key=lambda f: f.sort_key)
     result.suppressed.sort(key=lambda f: f.sort_key)
     return result
+
+
+def _severity(rule: Rule, severity: Severity, config: Config, ctx: FileContext) -> tuple[Severity, Optional[str]]:
+    """A finding's severity: the rule's, capped at its measured level, lowered where the file's role makes the
+    harm small (with why, for the output); an explicit ``severity:`` in the configuration wins over both."""
+    if rule.id in config.severity:
+        return config.severity[rule.id], None
+    if config.measured_severities:
+        severity = levels.capped(rule.id, severity)
+    if not config.context_severity:
+        return severity, None
+    return levels.context_lowered(severity, rule.category.value, ctx.facts(HarmContext).role)
 
 
 def syntax_error_detail(source: str, exc: cst.ParserSyntaxError) -> str:
@@ -589,7 +600,7 @@ def _with_cell(f: Finding, cell: int, line: int, end_line: int, column: int, end
                 site = replace(site, column=site.column + shift, end_column=site.end_column + end[2])
             related.append(replace(site, line=start, end_line=end[1] if end[0] == cell else start))
     return Finding(f.path, line, column, end_line, end_column, f.rule, f.slug, f.category, f.severity,
-                   f.message, fix, cell, tuple(related), f.preview)
+                   f.message, fix, cell, tuple(related), f.preview, f.context)
 
 
 def _remap(result: FileResult, line_map: list[tuple[int, int, int, bool]]) -> None:

@@ -23,6 +23,7 @@ import libcst as cst
 from analyzers.config import Config
 from analyzers.diff import keep_changed
 from analyzers.isolation import run_isolated
+from analyzers.freed_imports import remove_freed_imports
 from analyzers.engine import (MAX_FILE_BYTES, RunResult, analyze_notebook_text, analyze_source,
                               decode_source, read_source, source_encoding)
 from analyzers.pickles import checkpoint_result, is_checkpoint
@@ -110,6 +111,13 @@ def _apply_to_source(source: str, findings: list[Finding], refused_keys: set, fi
     return source
 
 
+def _without_freed_imports(unfixed: str, text: str, path: str) -> str:
+    """``text`` without the imports this pass's fixes left unused (``Variable(x)`` -> ``x`` frees
+    ``from torch.autograd import Variable``); unchanged should the removal not parse."""
+    cleaned = remove_freed_imports(unfixed, text, path)
+    return cleaned if cleaned == text or _parses(cleaned) is None else text
+
+
 def _wanted(result: FileResult, unsafe: bool, refused_keys: set, lines_of) -> list[Finding]:
     return [f for f in result.findings if f.fix is not None and (f.fix.safe or unsafe)
             and _fix_key(f, lines_of(f)) not in refused_keys]
@@ -130,9 +138,11 @@ def fix_source(source: str, path: str, config: Config, *, unsafe: bool = False,
         if not wanted:
             break
         before = len(fixed.applied)
+        unfixed = fixed.text
         fixed.text = _apply_to_source(fixed.text, wanted, refused, fixed)
         if len(fixed.applied) == before:
             break  # every fix was refused: the text, and so this analysis, is unchanged
+        fixed.text = _without_freed_imports(unfixed, fixed.text, path)
     fixed.result = result
     return fixed
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from analyzers.model import Severity
+from analyzers.model import Category, Severity
 
 LEVELS_FILE = Path(__file__).resolve().parent / "rules" / "levels.json"
 STABLE, PREVIEW = "stable", "preview"
@@ -150,3 +150,17 @@ def describe(rule_id: str) -> str:
     if data.get("severity_cap"):
         text += f"; severity capped at {data['severity_cap']} (high/critical right < 95 % on holdout)"
     return text
+
+
+# Rules whose harm is where a file comes from, not what the code around it is for: a test that loads a
+# downloaded checkpoint is as exposed as a training script. Where the program wrote the file itself, the rules
+# already say so from the program model (analyzers.program.roles.CheckpointWrites), so context never lowers them.
+NOT_LOWERED_BY_CONTEXT = (Category.SECURITY.value,)
+
+
+def context_lowered(severity: Severity, category: str, role: Optional[str]) -> tuple[Severity, Optional[str]]:
+    """``severity`` one level lower (never below low) where the file's role makes the harm small (test code, a
+    benchmark, tiny synthetic data: analyzers.program.harm), and why; unchanged for security rules."""
+    if role is None or category in NOT_LOWERED_BY_CONTEXT or severity is Severity.LOW:
+        return severity, None
+    return Severity(severity - 1), f"lowered: {role}"

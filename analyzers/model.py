@@ -109,6 +109,8 @@ class Finding:
     cell: Optional[int] = None  # notebook cell number (1-based) when the file is a .ipynb
     related: tuple[Location, ...] = ()  # the other sites that matter, in the same file
     preview: bool = False  # the rule is at the preview level (analyzers.levels): shown, never fails a check
+    # why the severity is below the rule's, from the file's role ("lowered: test code"; analyzers.levels)
+    context: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -129,6 +131,8 @@ class Finding:
             data["cell"] = self.cell
         if self.preview:
             data["preview"] = True
+        if self.context:
+            data["context"] = self.context
         return data
 
     @property

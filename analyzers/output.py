@@ -52,6 +52,8 @@ def render_text(run: RunResult, stream: IO[str], *, color: bool | None = None) -
             line.append(f"{f.rule} ", style="bold")
             line.append(f"{f.slug}{' (preview)' if f.preview else ''}: ", style="magenta")
             line.append(f.message)
+            if f.context:
+                line.append(f" ({f.context})", style="dim")
             if f.fix is not None:  # unsafe: --fix applies it only with --unsafe-fixes
                 line.append("  [fix available]" if f.fix.safe else "  [unsafe fix available]", style="green")
             console.print(line)
@@ -79,7 +81,7 @@ def render_github(run: RunResult, stream: IO[str]) -> None:
     level = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning", Severity.LOW: "notice"}
     in_notebooks = _notebook_json_lines(run.findings)
     for f in run.findings:
-        title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label})")
+        title = _escape_property(f"{f.rule} {f.slug} ({f.severity.label}{', ' + f.context if f.context else ''})")
         if f.cell is not None:  # the annotation goes on the .ipynb's JSON line; the message names the cell
             json_line = in_notebooks.get((f.path, f.cell, f.line))
             where = f"line={json_line}," if json_line else ""
@@ -209,7 +211,8 @@ def to_sarif(run: RunResult) -> dict:
                     "region": site_region,
                 },
             } for number, (site, site_region) in enumerate(related, 1)],
-            "properties": {"severity": f.severity.label, "category": f.category},
+            "properties": {"severity": f.severity.label, "category": f.category,
+                           **({"context": f.context} if f.context else {})},
         }
         if f.fix is not None and f.cell is None:  # a notebook fix is cell lines, not lines of its JSON
             result["fixes"] = [{

@@ -1,7 +1,8 @@
 """``torchreview lsp``: the findings of ``torchreview check`` in an editor, over the Language Server Protocol.
 
 Diagnostics are published when a Python document is opened or saved, and after edits once typing
-pauses (``--debounce``); a mechanical fix is offered as a quick fix that replaces the fix's lines. The
+pauses (``--debounce``); a mechanical fix is offered as a quick fix that replaces the fix's lines (and removes
+an import the fix leaves unused). The
 configuration is the one ``torchreview check`` would use for the file (the nearest config file), and
 the repository index is the CLI's, so a class imported from ``model.py`` is understood the same way.
 """
@@ -19,7 +20,8 @@ from pygls.uris import to_fs_path
 
 from analyzers.config import Config, ConfigError, find_config
 from analyzers.engine import analyze_text_bounded
-from analyzers.model import FileError, FileResult, Finding, Severity
+from analyzers.freed_imports import with_freed_imports
+from analyzers.model import FileError, FileResult, Finding, Fix, Severity
 from analyzers.program.modules import index_for
 
 log = logging.getLogger("torchreview.lsp")
@@ -146,10 +148,9 @@ class TorchreviewServer(LanguageServer):
                                 severity=types.DiagnosticSeverity.Warning, code=error.kind, source=SOURCE,
                                 message=f"not analyzed: {error.message}")
 
-    def fix_edit(self, uri: str, analysis: Analysis, finding: Finding) -> types.TextEdit:
-        """The fix replaces whole lines: from the start of its first line to the start of the line after it."""
-        fix = finding.fix
-        lines = analysis.text.splitlines(keepends=True)
+    def line_edit(self, uri: str, text: str, fix: Fix) -> types.TextEdit:
+        """A fix replaces whole lines: from the start of its first line to the start of the line after it."""
+        lines = text.splitlines(keepends=True)
         replacement = fix.replacement
         if fix.end_line >= len(lines) and lines and not lines[-1].endswith(("\n", "\r")):
             # the last line has no newline: end on it, and do not add one
@@ -160,6 +161,11 @@ class TorchreviewServer(LanguageServer):
         return types.TextEdit(range=types.Range(start=types.Position(line=fix.start_line - 1, character=0), end=end),
                               new_text=replacement)
 
+    def fix_lines(self, uri: str, analysis: Analysis, finding: Finding) -> list[Fix]:
+        """The finding's fix, and the removal of the imports it leaves unused (``Variable(x)`` -> ``x`` frees
+        ``from torch.autograd import Variable``), as line edits of the document as it is."""
+        return with_freed_imports(analysis.text, finding.fix, self.path_of(uri) or "")
+
     def code_actions(self, params: types.CodeActionParams) -> list[types.CodeAction]:
         uri = params.text_document.uri
         document = self.workspace.get_text_document(uri)
@@ -169,20 +175,23 @@ class TorchreviewServer(LanguageServer):
         wanted = params.range
         offered = [f for f in analysis.findings if f.fix is not None
                    and _overlaps(self.diagnostic(uri, analysis, f).range, wanted)]
+        edits = {id(f): self.fix_lines(uri, analysis, f) for f in offered}
         actions = []
         for finding in offered:
             fix = finding.fix
             # An editor applies a preferred fix on its own ("fix all"): only one that keeps behaviour, and only when
-            # no other fix offered here rewrites the same lines (the two edits would collide).
+            # no other fix offered here rewrites the same lines (the two edits would collide), its import removals
+            # included (two fixes freeing two names of one import line)
             preferred = fix.safe and not any(
-                other is not finding and other.fix.start_line <= fix.end_line and fix.start_line <= other.fix.end_line
-                for other in offered)
+                a.start_line <= b.end_line and b.start_line <= a.end_line
+                for other in offered if other is not finding for a in edits[id(finding)] for b in edits[id(other)])
             actions.append(types.CodeAction(
                 title=f"Fix {finding.rule} ({finding.slug})" + ("" if fix.safe else " - changes behaviour, review it"),
                 kind=types.CodeActionKind.QuickFix,
                 diagnostics=[self.diagnostic(uri, analysis, finding)],
                 is_preferred=preferred,
-                edit=types.WorkspaceEdit(changes={uri: [self.fix_edit(uri, analysis, finding)]}),
+                edit=types.WorkspaceEdit(changes={uri: [self.line_edit(uri, analysis.text, line_fix)
+                                                        for line_fix in edits[id(finding)]]}),
             ))
         return actions
 

@@ -25,6 +25,7 @@ from unidiff.errors import UnidiffParseError
 
 from analyzers.engine import finding_fails
 from analyzers.fingerprint import fingerprints_for, is_notebook_finding
+from analyzers.freed_imports import with_freed_imports
 from analyzers.markdown import code_block, code_span, literal, longest_backtick_run, message, redact_urls, table_cell
 from analyzers.model import Category, Finding, Fix, Severity
 from analyzers.notebook import json_fix, json_source_lines
@@ -506,10 +507,33 @@ def group_suggestion(group: Sequence[Finding], diff: FileDiff,
     start, end = cluster[0].fix.start_line, cluster[-1].fix.end_line
     if not suggestion_fits(Fix(start, end, ""), diff, source):
         return None
+    together = _applied_together(source, start, end, [f.fix for f in cluster], all(f.fix.safe for f in cluster))
+    together = with_local_import_removal(together, diff, source, group[0].path)
+    return Placement(together.start_line, together.end_line, together), cluster
+
+
+def _applied_together(source: str, start: int, end: int, fixes: Sequence[Fix], safe: bool) -> Fix:
+    """One fix of lines ``start..end`` that applies ``fixes`` (inside those lines, not overlapping) together."""
     lines = source.splitlines(keepends=True)[start - 1:end]
-    for fix in reversed([f.fix for f in cluster]):  # from the bottom, so the line numbers above stay valid
+    for fix in sorted(fixes, key=lambda f: f.start_line, reverse=True):  # bottom up: the lines above stay valid
         lines[fix.start_line - start:fix.end_line - start + 1] = fix.replacement.splitlines(keepends=True)
-    return Placement(start, end, Fix(start, end, "".join(lines), all(f.fix.safe for f in cluster))), cluster
+    return Fix(start, end, "".join(lines), safe)
+
+
+def with_local_import_removal(fix: Fix, diff: FileDiff, source: Optional[str], path: str) -> Fix:
+    """``fix``, grown to also remove the imports it leaves unused (``Variable(x)`` -> ``x`` frees ``from
+    torch.autograd import Variable``) when the import is near (the whole within ``MAX_GROUP_SUGGESTION_LINES``)
+    and in the fix's hunk: a suggestion replaces one run of lines, so an import farther away is left to
+    ``torchreview check --fix``."""
+    if source is None:
+        return fix
+    edits = with_freed_imports(source, fix, path)
+    if len(edits) == 1:
+        return fix
+    start, end = min(e.start_line for e in edits), max(e.end_line for e in edits)
+    if end - start >= MAX_GROUP_SUGGESTION_LINES or not suggestion_fits(Fix(start, end, ""), diff, source):
+        return fix
+    return _applied_together(source, start, end, edits, fix.safe)
 
 
 @dataclass
@@ -700,6 +724,7 @@ def placement(finding: Finding, diff: FileDiff, source: Optional[str]) -> Option
     else:
         fix = finding.fix
         if fix is not None and suggestion_fits(fix, diff, source):
+            fix = with_local_import_removal(fix, diff, source, finding.path)
             return Placement(fix.start_line, fix.end_line, fix)
         lines = list(finding_lines(finding))
     for candidates in (diff.added, diff.commentable):  # an added line reads better than context
@@ -817,7 +842,8 @@ def review_comment(finding: Finding, where: Placement, digest: str) -> dict:
 
 def comment_body(finding: Finding, digest: str, suggestion: Optional[Fix] = None) -> str:
     preview = " · preview rule (never fails the check)" if finding.preview else ""
-    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {literal(finding.slug)}{preview}",
+    context = f" · {finding.context}" if finding.context else ""  # "lowered: test code"
+    parts = [f"{SEVERITY_BADGES[finding.severity]} · {code_span(finding.rule)} {literal(finding.slug)}{preview}{context}",
              "", message(finding.message)]
     why = rule_why(finding)
     if why:

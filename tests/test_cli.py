@@ -263,7 +263,7 @@ def test_every_config_problem_is_listed(project):
     ]
 
 
-KNOWN_KEYS = ("cleanup, diff_context_lines, exclude, fail_on, fail_on_errors, file_timeout, filter, group_across_files, "
+KNOWN_KEYS = ("cleanup, context_severity, diff_context_lines, exclude, fail_on, fail_on_errors, file_timeout, filter, group_across_files, "
               "group_rule_from_files, ignore, include, max_inline_comments, measured_severities, min_severity, paths, "
               "preview, review_event, rules, select, severity, skip, smoke")
 

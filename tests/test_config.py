@@ -282,7 +282,7 @@ def test_bad_new_values_are_clear_errors(text, needle):
 def test_to_dict_is_the_full_nested_configuration_and_round_trips():
     for config in (Config(), parse_config_text(POLICY_YAML, ".github/torchreview.yml")):
         data = config.to_dict()
-        assert set(data) == {"rules", "paths", "preview", "measured_severities", "min_severity", "fail_on",
+        assert set(data) == {"rules", "paths", "preview", "measured_severities", "context_severity", "min_severity", "fail_on",
                              "max_inline_comments",
                              "group_across_files", "group_rule_from_files", "review_event", "filter",
                              "diff_context_lines", "skip", "cleanup", "fail_on_errors", "file_timeout", "smoke"}

@@ -28,7 +28,6 @@ p = torch.log(torch.softmax(y, dim=0))
 """
 FIXED = """\
 import torch
-from torch.autograd import Variable
 
 x = torch.ones(2) + torch.zeros(2)
 with torch.amp.autocast("cuda"):
@@ -141,7 +140,9 @@ def test_a_fix_that_does_not_parse_is_refused():
     source = "import torch\nfrom torch.autograd import Variable\nprint(1)\nx = Variable(torch.ones(2))\n"
     fixed = fix_source(source, "t.py", Config(), rules=[_KeywordForPrint, get_rule("TR803")])
     # the good fix on line 4 is applied; the broken one is refused, reported, and its finding remains
-    assert fixed.text == source.replace("Variable(torch.ones(2))", "torch.ones(2)")
+    # (and the import it freed is gone)
+    assert fixed.text == source.replace("Variable(torch.ones(2))", "torch.ones(2)").replace(
+        "from torch.autograd import Variable\n", "")
     ((refused, why),) = fixed.refused
     assert refused.rule == "TR000" and "line 3" in why
     assert [f.rule for f in fixed.result.findings] == ["TR000"]
@@ -174,4 +175,77 @@ def test_fix_with_diff_fixes_changed_lines_only(tmp_path):
     assert "no-such-ref" in proc.stderr
     assert (tmp_path / "train.py").read_text() == old + "new = torch.ones(3) + torch.ones(4)\n"
     run("check", "--preview", "train.py", "--fix", "--fail-on", "low", cwd=tmp_path, check=0)  # without --diff: the old line too
-    assert (tmp_path / "train.py").read_text().startswith("import torch\nfrom torch.autograd import Variable\nold = torch.ones(2)\n")
+    # (the last Variable fixed: its import goes)
+    assert (tmp_path / "train.py").read_text().startswith("import torch\nold = torch.ones(2)\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Imports a fix leaves unused go with it; every other import stays
+
+
+def _fixed(source: str, *rules: str, path: str = "train.py") -> str:
+    return fix_source(source, path, Config(), rules=[get_rule(r) for r in rules]).text
+
+
+def test_the_import_a_fix_frees_is_removed_with_the_statement_when_it_empties():
+    source = "import torch\nfrom torch.autograd import Variable\n\nx = Variable(torch.ones(2))\n"
+    assert _fixed(source, "TR803") == "import torch\n\nx = torch.ones(2)\n"
+    # an alias is the name the scope analysis follows
+    aliased = "import torch\nfrom torch.autograd import Variable as V\nx = V(torch.ones(2))\n"
+    assert _fixed(aliased, "TR803") == "import torch\nx = torch.ones(2)\n"
+
+
+def test_another_rule_s_fix_frees_its_import_too():
+    source = ("import torch\nfrom torch.cuda.amp import autocast, GradScaler\n"
+              "scaler = GradScaler()\nwith autocast():\n    y = 1\n")
+    assert _fixed(source, "TR801") == ('import torch\nscaler = torch.amp.GradScaler("cuda")\n'
+                                       'with torch.amp.autocast("cuda"):\n    y = 1\n')
+
+
+def test_only_the_freed_name_leaves_a_from_import():
+    source = "import torch\nfrom torch.autograd import Variable, grad\nx = Variable(torch.ones(2))\ng = grad\n"
+    assert _fixed(source, "TR803") == "import torch\nfrom torch.autograd import grad\nx = torch.ones(2)\ng = grad\n"
+    # parenthesized over two lines, one name left: one plain line
+    wrapped = "import torch\nfrom torch.autograd import (Variable,\n    grad)  # autograd\nx = Variable(torch.ones(2))\ng = grad\n"
+    assert _fixed(wrapped, "TR803") == ("import torch\nfrom torch.autograd import grad  # autograd\n"
+                                        "x = torch.ones(2)\ng = grad\n")
+
+
+def test_imports_the_fix_did_not_free_stay():
+    # still used elsewhere in the file
+    used = "import torch\nfrom torch.autograd import Variable\nx = Variable(torch.ones(2))\nkind = Variable\n"
+    assert _fixed(used, "TR803") == used.replace("Variable(torch.ones(2))", "torch.ones(2)")
+    # already unused before the fix (someone's re-export, a side effect): not ours to remove
+    unused = "import os\nimport torch\nfrom torch.autograd import Variable\nx = Variable(torch.ones(2))\n"
+    assert _fixed(unused, "TR803") == "import os\nimport torch\nx = torch.ones(2)\n"
+    # exported through __all__, or named in a string annotation: in use after the fix as before
+    exported = "import torch\nfrom torch.autograd import Variable\n__all__ = ['Variable']\nx = Variable(torch.ones(2))\n"
+    assert "from torch.autograd import Variable\n" in _fixed(exported, "TR803")
+    annotated = ("import torch\nfrom torch.autograd import Variable\nx = Variable(torch.ones(2))\n"
+                 "def f(v: 'Variable'): ...\n")
+    assert "from torch.autograd import Variable\n" in _fixed(annotated, "TR803")
+    # a package's __init__.py: its imports are its namespace
+    source = "import torch\nfrom torch.autograd import Variable\nx = Variable(torch.ones(2))\n"
+    assert "from torch.autograd import Variable\n" in _fixed(source, "TR803", path="pkg/__init__.py")
+    # a star import binds nothing the scope analysis can follow; the only statement of a block stays
+    starred = "import torch\nfrom torch.autograd import *\nx = Variable(torch.ones(2))\n"
+    assert "from torch.autograd import *\n" in _fixed(starred, "TR803")
+    guarded = ("import torch\ntry:\n    from torch.autograd import Variable\nexcept ImportError:\n    Variable = None\n"
+               "x = Variable(torch.ones(2))\n")
+    assert "    from torch.autograd import Variable\n" in _fixed(guarded, "TR803")
+
+
+def test_the_editor_s_edits_are_of_the_text_before_the_fix():
+    from analyzers.freed_imports import with_freed_imports
+    from analyzers.model import Fix
+
+    # an import below the fix, which adds a line: the removal is placed on the line the import has now
+    source = "def f():\n    return helper(1)\n\nfrom tools import helper, other\nprint(other)\n"
+    fix = Fix(2, 2, "    value = 1\n    return value\n")
+    edits = with_freed_imports(source, fix, "t.py")
+    assert [(e.start_line, e.end_line, e.replacement) for e in edits] == [
+        (2, 2, fix.replacement), (4, 4, "from tools import other\n")]
+    text = source
+    for edit in reversed(edits):
+        text = edit.apply(text)
+    assert text == "def f():\n    value = 1\n    return value\n\nfrom tools import other\nprint(other)\n"

@@ -247,3 +247,42 @@ def test_only_a_behaviour_keeping_fix_alone_on_its_lines_is_preferred(tmp_path):
             await stopped(client)
 
     asyncio.run(scenario())
+
+
+def test_a_quick_fix_also_removes_the_import_it_leaves_unused(tmp_path):
+    (tmp_path / ".git").mkdir()
+    one, two = tmp_path / "one.py", tmp_path / "two.py"
+    single = "import torch\nfrom torch.autograd import Variable, grad\n\nx = Variable(torch.ones(2))\ng = grad\n"
+    both = ("import torch\nfrom torch.cuda.amp import autocast, GradScaler\nscaler = GradScaler()\n"
+            "with autocast():\n    y = 1\n")
+
+    async def actions_on(client, path, text, first_line, last_line):
+        path.write_text(text)
+        uri = open_document(client, path, text)
+        published = await client.diagnostics_for(uri)
+        actions = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=types.Range(start=types.Position(line=first_line, character=0),
+                              end=types.Position(line=last_line, character=20)),
+            context=types.CodeActionContext(diagnostics=published.diagnostics))), TIMEOUT)
+        return [action.edit.changes[uri] for action in actions], actions
+
+    async def scenario() -> None:
+        client = await started(tmp_path, debounce="0")
+        try:
+            [edits], _ = await actions_on(client, one, single, 3, 3)
+            assert len(edits) == 2  # the fix, and the import line it frees (edits of the document as it is)
+            fixed = single
+            for edit in sorted(edits, key=lambda e: e.range.start.line, reverse=True):
+                fixed = apply(fixed, edit)
+            assert fixed == "import torch\nfrom torch.autograd import grad\n\nx = torch.ones(2)\ng = grad\n"
+
+            # two fixes each freeing one name of line 2: applied together they would collide, so neither is preferred
+            edits, actions = await actions_on(client, two, both, 2, 3)
+            assert [a.title for a in actions] == ["Fix TR801 (deprecated-cuda-amp)"] * 2
+            assert all(any(e.range.start.line == 1 for e in mine) for mine in edits)
+            assert not any(a.is_preferred for a in actions)
+        finally:
+            await stopped(client)
+
+    asyncio.run(scenario())

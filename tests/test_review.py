@@ -700,3 +700,21 @@ def test_a_posted_group_is_not_posted_again():
     posted = frozenset(parse_fingerprints(first.comments[0]["body"]))
     again = plan_review(PullRequestAnalysis(findings, diffs, {"train.py": source}), posted=posted)
     assert again.comments == [] and again.findings_count == 2
+
+
+def test_a_suggestion_also_removes_a_nearby_import_its_fix_frees():
+    from analyzers.config import Config
+    from analyzers.engine import analyze_source
+    from bot.review import parse_file_patch, placement
+
+    source = "import torch\nfrom torch.autograd import Variable\n\nx = Variable(torch.ones(2))\n"
+    [finding] = [f for f in analyze_source(source, "new.py", Config(preview=True)).findings if f.rule == "TR803"]
+    new_file = parse_file_patch("new.py", "@@ -0,0 +1,4 @@\n" + "".join("+" + line for line in source.splitlines(True)))
+    where = placement(finding, new_file, source)
+    # one suggestion over lines 2-4: the fix and the import it leaves unused
+    assert (where.start_line, where.line) == (2, 4)
+    assert where.suggestion.replacement == "\nx = torch.ones(2)\n"
+    # the import outside the hunk (only line 4 changed): the suggestion is the fix alone
+    edited = parse_file_patch("new.py", "@@ -4,1 +4,1 @@\n-x = Variable(torch.ones(1))\n+x = Variable(torch.ones(2))\n")
+    alone = placement(finding, edited, source)
+    assert (alone.start_line, alone.line) == (4, 4) and alone.suggestion.replacement == "x = torch.ones(2)\n"

@@ -284,3 +284,19 @@ class VersionFacts:
             return False
         cap = self.cap(package)
         return cap is None or cap.admits(version)
+
+    def assumption(self, package: str) -> str:
+        """The release of ``package`` a version-dependent message assumed, said in the message:
+        ``torch>=2.4 per requirements.txt``, ``no torch pin found; assuming a current torch``."""
+        if self.legacy:
+            return f"code in a legacy folder; assuming an old {package}"
+        pinned = self._pinned(package)
+        if pinned is None:
+            return f"no {package} pin found; assuming a current {package}"
+        cap, source, floor = pinned
+        if cap is not None and floor is not None and cap.inclusive and cap.version == floor.version:
+            return f"{package}=={'.'.join(map(str, cap.version))} per {source}"
+        bounds = ",".join(bound.text for bound in (floor, cap) if bound is not None)
+        if not bounds:
+            return f"{package} unbounded in {source}; assuming a current {package}"
+        return f"{package}{bounds} per {source}"

@@ -14,12 +14,15 @@ from analyzers.context import FileContext, argument, dotted_name, is_false, keyw
     positional_args, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 from analyzers.rules.loop import _text, is_backward
 from analyzers.rules.training import _is_optimizer
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
              "torch.cuda.amp.autocast_mode.autocast"}
+_AMP_GRAD_SCALER, _AMP_GRAD_SCALER_SINCE = 'torch.amp.GradScaler("cuda")', (2, 3)
+_CUDA_GRAD_SCALER = "torch.cuda.amp.GradScaler()"
 _CUDA_ONLY = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
 _FP16 = {"torch.float16", "torch.half"}
 # libraries that scale the loss themselves
@@ -104,6 +107,16 @@ class _AmpRule(Rule):
 
 # ---------------------------------------------------------------------------------------------
 # TR710
+
+
+# a float16 forward pass backpropagated without a scaler: which scaler to suggest depends on the pinned torch
+_FP16_LOOP = """
+    import torch
+    for x, y in loader:
+        with torch.autocast("cuda"):
+            loss = criterion(model(x), y)
+        loss.backward()
+"""
 
 
 class Fp16AutocastWithoutScaler(_AmpRule):
@@ -209,6 +222,21 @@ class Fp16AutocastWithoutScaler(_AmpRule):
             """,
             line=5, message="`torch.autocast(\"cuda\")`",
         ),
+        # which scaler to use depends on the torch the repository pins, and the message says which it assumed
+        Invalid(
+            _FP16_LOOP,
+            line=4, message='`torch.amp.GradScaler("cuda")` (no torch pin found; assuming a current torch',
+        ),
+        Invalid(
+            _FP16_LOOP,
+            requirements="torch==1.13.1\n",
+            line=4, message="`torch.cuda.amp.GradScaler()` (torch==1.13.1 per requirements.txt",
+        ),
+        Invalid(
+            _FP16_LOOP,
+            requirements="torch>=2.4\n",
+            line=4, message='`torch.amp.GradScaler("cuda")` (torch>=2.4 per requirements.txt',
+        ),
         Invalid(
             """
             import torch
@@ -271,13 +299,16 @@ class Fp16AutocastWithoutScaler(_AmpRule):
         if facts.any_scaler or self.mentions_scaler or self.scaling_elsewhere(ctx):
             return
         training = {id(fn) for _, fn in facts.backwards}
+        versions = ctx.facts(VersionFacts)
+        # torch.amp.GradScaler is torch 2.3's; a repository pinned below it has only torch.cuda.amp's
+        scaler = _AMP_GRAD_SCALER if versions.admits("torch", _AMP_GRAD_SCALER_SINCE) else _CUDA_GRAD_SCALER
         for call, fn in self.autocasts:
             if id(fn) not in training:
                 continue
             self.report(call, f"{code_span(_text(ctx, call))} runs the forward pass in float16 and its loss is "
                               f"backpropagated without a `GradScaler`: small gradients underflow to zero and large "
-                              f"ones overflow; scale the loss with `torch.amp.GradScaler(\"cuda\")` (or use "
-                              f"`dtype=torch.bfloat16`, which needs no scaler)")
+                              f"ones overflow; scale the loss with `{scaler}` ({versions.assumption('torch')}; or "
+                              f"use `dtype=torch.bfloat16`, which needs no scaler)")
 
 
 # ---------------------------------------------------------------------------------------------

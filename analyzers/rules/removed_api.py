@@ -456,7 +456,9 @@ class _TableRule(Rule):
         status = self._status(entry)
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(entry.instead)
         note = f" ({entry.note})" if entry.note and not (entry.note_only_unfixed and replacement is not None) else ""
-        self.report(node, f"{code_span(written)}{qualified} {status}; use {instead}{note}", replacement=replacement)
+        assumed = ctx.facts(VersionFacts).assumption(entry.package)  # the pins the verdict rests on, said
+        self.report(node, f"{code_span(written)}{qualified} {status}; use {instead}{note} ({assumed})",
+                    replacement=replacement)
 
 
 class RemovedTorchApi(_TableRule):

@@ -1,0 +1,187 @@
+"""Context lowers severity where the harm is small: the same bug in a training script keeps its severity, in a pytest
+test, a benchmark or a tutorial on tiny synthetic data it is one level lower and says why (issue 26, item 2)."""
+from __future__ import annotations
+
+import json
+
+from analyzers.config import Config
+from analyzers.engine import analyze_notebook_text, analyze_source
+from analyzers.model import Severity
+
+# a softmax fed to CrossEntropyLoss (TR401, high): the same line in every fixture below
+BUG = "loss = criterion(torch.softmax(model(x), dim=1), y)"
+CONFIG = Config(preview=True, measured_severities=False)
+
+
+def _findings(source: str, path: str, config: Config = CONFIG, rule: str = "TR401"):
+    return [f for f in analyze_source(source, path, config).findings if f.rule == rule]
+
+
+TRAINING = f"""\
+import torch
+import torch.nn as nn
+from data import make_loader  # the repository's own data: real batches
+
+model = nn.Linear(10, 3)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in make_loader():
+    {BUG}
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+PYTEST = f"""\
+import pytest
+import torch
+import torch.nn as nn
+
+
+@pytest.fixture
+def model():
+    return nn.Linear(10, 3)
+
+
+def test_loss_is_finite(model):
+    criterion = nn.CrossEntropyLoss()
+    x, y = torch.randn(4, 10), torch.randint(0, 3, (4,))
+    {BUG}
+    assert torch.isfinite(loss)
+"""
+
+BENCHMARK = f"""\
+import time
+import torch
+import torch.nn as nn
+
+model = nn.Linear(1024, 1000)
+criterion = nn.CrossEntropyLoss()
+x = torch.randn(256, 1024)
+y = torch.randint(0, 1000, (256,))
+start = time.perf_counter()
+for _ in range(100):
+    {BUG}
+print("per step", (time.perf_counter() - start) / 100)
+"""
+
+
+def _notebook(*cells: str) -> str:
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": cell}
+        for cell in cells]})
+
+
+TUTORIAL = _notebook(
+    "import torch\nimport torch.nn as nn\nimport matplotlib.pyplot as plt",
+    "N = 64\nx = torch.randn(N, 10)\ny = torch.randint(0, 3, (N,))\nmodel = nn.Linear(10, 3)\n"
+    "criterion = nn.CrossEntropyLoss()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+    f"for step in range(100):\n    {BUG}\n    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()",
+)
+
+
+def test_a_training_script_keeps_the_rule_s_severity():
+    [finding] = _findings(TRAINING, "train.py")
+    assert finding.severity is Severity.HIGH and finding.context is None
+
+
+def test_a_pytest_test_is_one_level_lower_and_says_why():
+    [finding] = _findings(PYTEST, "tests/test_model.py")
+    assert finding.severity is Severity.MEDIUM and finding.context == "lowered: test code"
+    assert finding.to_dict()["context"] == "lowered: test code"
+    # a unittest.TestCase anywhere, whatever the file is called
+    unittest_case = ("import unittest\nimport torch\nimport torch.nn as nn\n\nclass LossCheck(unittest.TestCase):\n"
+                     "    def runTest(self):\n        model = nn.Linear(10, 3)\n        criterion = nn.CrossEntropyLoss()\n"
+                     "        x, y = torch.randn(4, 10), torch.randint(0, 3, (4,))\n        " + BUG + "\n")
+    assert _findings(unittest_case, "checks.py")[0].context == "lowered: test code"
+
+
+def test_a_file_named_test_that_holds_no_tests_is_not_test_code():
+    # in ML repositories test.py / test_model.py often evaluates a trained model: its bugs matter
+    evaluation = TRAINING.replace("train", "evaluate")
+    [finding] = _findings(evaluation, "test_model.py")
+    assert finding.severity is Severity.HIGH and finding.context is None
+
+
+def test_a_benchmark_is_lowered_but_timing_inside_training_is_not():
+    [finding] = _findings(BENCHMARK, "bench/loss_speed.py")
+    assert finding.severity is Severity.MEDIUM and finding.context == "lowered: benchmark"
+    # a training loop that logs how long its epochs take is still training
+    timed_training = TRAINING.replace("for x, y", "import time\nstarted = time.time()\nfor x, y")
+    assert _findings(timed_training, "train.py")[0].severity is Severity.HIGH
+
+
+def test_a_tutorial_notebook_on_tiny_synthetic_data_is_lowered():
+    result = analyze_notebook_text(TUTORIAL, "tutorials/intro.ipynb", CONFIG)
+    [finding] = [f for f in result.findings if f.rule == "TR401"]
+    assert finding.severity is Severity.MEDIUM and finding.context == "lowered: tiny synthetic data"
+    # the same notebook on real data (a dataset download), or on a large synthetic batch, is not
+    real = TUTORIAL.replace("import matplotlib.pyplot as plt", "import torchvision\\n"
+                            "data = torchvision.datasets.MNIST('.', download=True)")
+    assert [f.severity for f in analyze_notebook_text(real, "intro.ipynb", CONFIG).findings
+            if f.rule == "TR401"] == [Severity.HIGH]
+    large = TUTORIAL.replace("N = 64", "N = 1_000_000")
+    assert [f.severity for f in analyze_notebook_text(large, "intro.ipynb", CONFIG).findings
+            if f.rule == "TR401"] == [Severity.HIGH]
+
+
+def test_security_rules_are_not_lowered_in_tests():
+    # a test that loads a file gets TR601 at its own severity: where the file came from is the harm
+    source = "import pytest\nimport torch\n\ndef test_load(path):\n    state = torch.load(path, weights_only=False)\n"
+    # (a file named test_*.py is TR601's own exception; this one is test code by what it holds)
+    [finding] = _findings(source, "checks/io_checks.py", CONFIG, "TR601")
+    assert finding.context is None and finding.severity is Severity.HIGH
+    # while the same file's other findings are lowered: it is test code
+    also = "import torch.nn as nn\n" + source + PYTEST.split("\n\n\n", 1)[1]
+    assert _findings(also, "checks/io_checks.py")[0].context == "lowered: test code"
+
+
+def test_an_explicit_severity_wins_and_the_option_turns_it_off():
+    pinned = Config(preview=True, measured_severities=False, severity={"TR401": Severity.CRITICAL})
+    [finding] = _findings(PYTEST, "tests/test_model.py", pinned)
+    assert finding.severity is Severity.CRITICAL and finding.context is None
+    off = Config(preview=True, measured_severities=False, context_severity=False)
+    assert _findings(PYTEST, "tests/test_model.py", off)[0].severity is Severity.HIGH
+    loaded = Config.from_mapping({"context_severity": False})
+    assert loaded.context_severity is False and loaded.to_dict()["context_severity"] is False
+
+
+def test_never_below_low_and_never_a_security_rule():
+    from analyzers.levels import context_lowered
+
+    assert context_lowered(Severity.LOW, "numerics", "test code") == (Severity.LOW, None)
+    assert context_lowered(Severity.CRITICAL, "numerics", "benchmark") == (Severity.HIGH, "lowered: benchmark")
+    assert context_lowered(Severity.HIGH, "serialization", "test code") == (Severity.HIGH, None)
+
+
+def test_a_clock_without_repetitions_is_not_a_benchmark():
+    # a progress bar's step timer, in a helper module that trains nothing itself
+    progress = ("import time\nimport torch\n\nlast = time.time()\n\ndef progress(step, total):\n"
+                "    global last\n    now = time.time()\n    print(step, total, now - last)\n    last = now\n\n"
+                "model = torch.nn.Linear(10, 3)\ncriterion = torch.nn.CrossEntropyLoss()\n"
+                "def check(x, y):\n    " + BUG + "\n    return loss\n")
+    [finding] = _findings(progress, "utils.py")
+    assert finding.context is None
+    assert _findings(progress.replace("def check(x, y):", "for _ in range(10):\n    x, y = None, None\n"
+                                      "def check(x, y):"), "utils.py")[0].context == "lowered: benchmark"
+
+
+def test_every_output_says_why_a_finding_was_lowered():
+    import io
+
+    from analyzers.engine import RunResult
+    from analyzers.output import render
+    from bot.review import comment_body
+
+    [finding] = _findings(PYTEST, "tests/test_model.py")
+    run = RunResult(files=1, findings=[finding])
+    shown = {}
+    for fmt in ("text", "json", "sarif", "github"):
+        stream = io.StringIO()
+        render(run, fmt, stream, **({"color": False} if fmt == "text" else {}))
+        shown[fmt] = stream.getvalue()
+    assert "(lowered: test code)" in shown["text"]
+    assert json.loads(shown["json"])["findings"][0]["context"] == "lowered: test code"
+    assert json.loads(shown["sarif"])["runs"][0]["results"][0]["properties"]["context"] == "lowered: test code"
+    assert "(medium%2C lowered%3A test code)" in shown["github"]  # commas and colons of a title are escaped
+    assert "· lowered: test code" in comment_body(finding, "digest").splitlines()[0]
