@@ -10,8 +10,9 @@ from analyzers.context import (FileContext, argument, dotted_name, is_false, is_
                                short, string_value)
 from analyzers.markdown import code_span
 from analyzers.program import in_compat_fallback
+from analyzers.program.versions import VersionFacts
 from analyzers.model import Category, Severity
-from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.base import Invalid, Rule, Valid
 
 
 def _last(func: cst.BaseExpression) -> Optional[str]:
@@ -47,6 +48,9 @@ _DEPRECATED_AMP = {
     "torch.cuda.amp.autocast_mode.custom_bwd": ("cuda", "custom_bwd"),
 }
 _AMP_SYMBOLS = {"autocast", "GradScaler", "custom_fwd", "custom_bwd"}
+_AMP_DEPRECATED_SINCE = (2, 4)  # the FutureWarning; a project capped below it has nothing to migrate
+# the torch release whose torch.amp has each replacement: a fix written for an older pinned floor would break it
+_AMP_REPLACEMENT_SINCE = {"autocast": (1, 10), "GradScaler": (2, 3), "custom_fwd": (2, 4), "custom_bwd": (2, 4)}
 # torch.cuda.amp.autocast(enabled=True, dtype=torch.float16, cache_enabled=True): its positional
 # arguments do not line up with torch.amp.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)
 _AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
@@ -103,6 +107,8 @@ class DeprecatedCudaAmp(Rule):
         with autocast():
             pass
         """,
+        # every torch the pins allow predates the deprecation
+        Valid("import torch\nscaler = torch.cuda.amp.GradScaler()\n", requirements="torch>=1.12,<2.4\n"),
     ]
     INVALID = [
         Invalid(
@@ -145,6 +151,27 @@ class DeprecatedCudaAmp(Rule):
             scaler = torch.amp.GradScaler("cuda", 2.0**14, enabled=True)
             with autocast(True, torch.bfloat16):
                 pass
+            """,
+        ),
+        # the pins admit torch 2.4 (deprecated) but also 1.13, which has no torch.amp.GradScaler: no fix offered
+        Invalid(
+            """
+            import torch
+            scaler = torch.cuda.amp.GradScaler()
+            """,
+            requirements="torch>=1.13\n",
+            line=3, message="needs torch ≥ 2.3, which the pins do not guarantee",
+        ),
+        Invalid(
+            """
+            import torch
+            scaler = torch.cuda.amp.GradScaler()
+            """,
+            requirements="torch>=2.3\n",
+            line=3, message="(torch>=2.3 per requirements.txt)",
+            fixed="""
+            import torch
+            scaler = torch.amp.GradScaler("cuda")
             """,
         ),
         # no binding for torch itself: reported without a fix
@@ -234,6 +261,12 @@ class DeprecatedCudaAmp(Rule):
             self._report(expr, found[0], found[1], None, ctx)
 
     def _report(self, node: cst.CSTNode, device: str, symbol: str, call: Optional[cst.Call], ctx: FileContext) -> None:
+        versions = ctx.facts(VersionFacts)
+        if not versions.admits("torch", _AMP_DEPRECATED_SINCE):
+            return  # every torch the pins allow predates the deprecation
+        since = _AMP_REPLACEMENT_SINCE[symbol]
+        unpinned = versions.floor("torch") is None and versions.cap("torch") is None and not versions.legacy
+        fixable = unpinned or versions.guarantees("torch", since)
         written = short(ctx, call.func if call is not None else node)
         if symbol in ("custom_fwd", "custom_bwd"):
             new = f'torch.amp.{symbol}(device_type="{device}")'
@@ -244,9 +277,11 @@ class DeprecatedCudaAmp(Rule):
             written = f"{written}` (`{qualified}`)"
         else:
             written = f"{written}`"
-        replacement = self._fix(call, device, symbol, ctx)
-        self.report(node, f"`{written} is deprecated (FutureWarning since torch 2.4); use `{new}`",
-                    replacement=replacement)
+        replacement = self._fix(call, device, symbol, ctx) if fixable else None
+        caveat = "" if fixable else (f"; `torch.amp.{symbol}` needs torch ≥ {'.'.join(map(str, since))}, which the "
+                                     f"pins do not guarantee: keep the old call for older releases")
+        self.report(node, f"`{written} is deprecated (FutureWarning since torch 2.4); use `{new}`{caveat} "
+                          f"({versions.assumption('torch')})", replacement=replacement)
 
     @staticmethod
     def _fix(call: Optional[cst.Call], device: str, symbol: str, ctx: FileContext) -> Optional[cst.CSTNode]:
