@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_runner import absent
+from gpu_runner import absent, sites
 from gpu_runner.subject import Batch, Subject
 from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
 
@@ -88,6 +88,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     torch.manual_seed(seed)
     _IMPORT_NOTES.clear()
     _LAST_ARGUMENTS.clear()
+    _SITE_INPUTS.clear()
     built = _construct(code_root, target, config, notes)
     notes[:0] = _IMPORT_NOTES
     if isinstance(built, Skip):
@@ -119,7 +120,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         if output is _FAILED:
             notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
     else:
-        plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
+        plan, output = _input_from_sites(prober, notes)
+        if plan is None:
+            plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
         if plan is None and prober.missing_package:
             return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
                         "runner; install it in the runner image")
@@ -199,6 +202,7 @@ def import_file(code_root: Path, relative_path: str):
 
 _IMPORT_NOTES: list[str] = []  # what importing did unusually, for the next Subject's notes
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
+_SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 
 
 def _bare_packages(code_root: Path, dotted: str) -> None:
@@ -229,7 +233,7 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
             spec = TargetSpec(package_init, spec.name)
         else:
             return Skip(f"{what} {spec}: {spec.path} does not exist in the pull request's code")
-    module = _import_with_stand_ins(code_root, spec.path)
+    module = import_with_stand_ins(code_root, spec.path)
     if isinstance(module, Skip):
         return module
     if spec.name is None:
@@ -245,7 +249,7 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
 MAX_STAND_INS = 4
 
 
-def _import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
+def import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
     """``import_file``; a package that is not installed is replaced by a stand-in (gpu_runner.absent) and the
     import retried, so that a file importing torchvision only for its training functions still builds. A file
     that uses the missing package when imported is a Skip naming the package."""
@@ -336,10 +340,94 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
         return Skip(f"{spec} is not an nn.Module subclass; {CONFIGURE_HINT}")
     if is_class and inspect.isabstract(obj):
         return Skip(f"{spec} is abstract; name a concrete subclass or {CONFIGURE_HINT}")
+    if is_class:
+        model = _build_as_the_repository_does(code_root, spec, obj, notes)
+        if model is not None:
+            return model, str(spec)
     model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
     if isinstance(model, Skip):
         return model
     return model, str(spec)
+
+
+MAX_SITES_TRIED = 3
+
+
+def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, notes: list[str]) -> Optional[nn.Module]:
+    """The class built with the arguments of a call the repository makes (gpu_runner.sites: a training script's
+    argparse defaults, a YAML config, a factory's callers), sizes shrunk as for defaults and what no call gives
+    guessed. None when no call of the tree can be evaluated or none builds: the caller guesses instead."""
+    if "." in (spec.name or ""):
+        return None
+    try:
+        found = sites.constructions(code_root, spec.path, spec.name)
+    except (OSError, ValueError, RecursionError, SyntaxError):
+        return None
+    module = inspect.getmodule(cls)
+    for construction in found[:MAX_SITES_TRIED]:
+        given = _bind_site(cls, construction)
+        if not given:
+            continue
+        site_notes: list[str] = []
+        shrunk = {}
+        for key, value in given.items():
+            smaller = _shrunk_value(key, value, given)
+            shrunk[key] = smaller
+            if smaller != value:
+                site_notes.append(f"constructor: {key}={_short_repr(smaller)} (the repository's {_short_repr(value)}, "
+                                  "shrunk)")
+        arguments = _guess_arguments(cls, str(spec), site_notes, module=module, known=shrunk)
+        if isinstance(arguments, Skip):
+            continue
+        built = _call_with_retries(cls, arguments, site_notes, _none_defaults(cls, arguments))
+        if isinstance(built, BaseException):
+            notes.append(f"the repository's call at {construction.where} did not build here: "
+                         f"{type(built).__name__}: {_one_line_text(built, 160)}")
+            continue
+        origin = f" (values from {', '.join(construction.origins)})" if construction.origins else ""
+        notes.append(f"constructor: the arguments of the repository's call at {construction.where}{origin}: "
+                     + ", ".join(f"{k}={_short_repr(v)}" for k, v in given.items()))
+        notes.extend(site_notes)
+        try:
+            defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+        except (TypeError, ValueError):
+            defaults = {}
+        _LAST_ARGUMENTS.update({**defaults, **arguments})
+        _SITE_INPUTS[:] = [(construction.where, site_input) for site_input in construction.inputs]
+        return built
+    return None
+
+
+def _bind_site(cls: type, construction: "sites.Construction") -> dict:
+    """The evaluated arguments of ``construction`` by parameter name; {} when the call does not fit the
+    signature (another class of the same name)."""
+    try:
+        parameters = [p for p in inspect.signature(cls).parameters.values()]
+    except (TypeError, ValueError):
+        return {}
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    accepts_any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters)
+    named = {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)}
+    if len(construction.positional) > len(positional) and not any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return {}
+    given: dict = {}
+    for parameter, value in zip(positional, construction.positional):
+        if value is not sites.UNKNOWN and not (value is None and parameter.default is parameter.empty):
+            given[parameter.name] = value
+    for key, value in construction.keywords.items():
+        if key not in named and not accepts_any_keyword:
+            return {}
+        if value is not sites.UNKNOWN and value is not None:
+            given[key] = value
+    return given
+
+
+def _shrunk_value(name: str, value: Any, others: dict) -> Any:
+    """``_shrunk`` for a value the repository passes; a configuration read from a file is shrunk field by
+    field (a copy: the repository's own object is not changed)."""
+    if isinstance(value, sites.AttrDict):
+        return sites.AttrDict({k: _shrunk_value(str(k), v, value) for k, v in value.items()})
+    return _shrunk(name, value, others)
 
 
 def _choose_model_in_file(code_root: Path, path: str, notes: list[str]) -> Union[TargetSpec, Skip]:
@@ -764,7 +852,8 @@ def _set(config: Any, key: str, value: Any) -> None:
 
 
 def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
-                     module: Any = None) -> Union[dict, Skip]:
+                     module: Any = None, known: Optional[dict] = None) -> Union[dict, Skip]:
+    """Arguments for ``fn``: ``known`` ones as given, defaults (shrunk), the rest guessed."""
     from gpu_runner import guess
 
     try:
@@ -777,10 +866,11 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
     except Exception:
         hints = {}
     usages = guess.argument_usage(init, module, fn if inspect.isclass(fn) else None) if module is not None else {}
-    arguments: dict[str, Any] = {}
+    known = known or {}
+    arguments: dict[str, Any] = dict(known)
     defaults = {p.name: p.default for p in signature.parameters.values() if p.default is not p.empty}
     for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in known:
             continue
         if parameter.default is not parameter.empty:
             smaller = _shrunk(parameter.name, parameter.default, {**defaults, **arguments})
@@ -1303,6 +1393,24 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
         notes.append(f"input inferred {broadcast[0].source}: {broadcast[0].describe()} ({broadcast[2]}; no other "
                      "input worked)")
         return broadcast[0], broadcast[1]
+    return None, None
+
+
+def _input_from_sites(prober: "_Prober", notes: list[str]) -> tuple[Optional[InputPlan], Any]:
+    """The input the repository feeds the model where it builds it (``model(torch.randn(8, 3, 32, 32))``), its
+    first axis taken as the batch; (None, None) when there is none or the model (with its shrunk sizes) rejects it."""
+    for where, (args, kwargs) in _SITE_INPUTS:
+        def spec(shape: "sites.TensorShape") -> TensorSpec:
+            return TensorSpec(tuple(shape.shape[1:]), shape.dtype, high=shape.high)
+
+        plan = InputPlan(tuple(spec(a) for a in args), tuple((k, spec(v)) for k, v in kwargs.items()),
+                         source=f"from the repository's call of the model near {where}")
+        output = prober.try_plan(plan)
+        if output is not _FAILED:
+            notes.append(f"input {plan.source}: {plan.describe()}")
+            return plan, output
+        notes.append(f"the input of the repository's call near {where} ({plan.describe()}) failed here: "
+                     f"{prober.last_error}")
     return None, None
 
 
