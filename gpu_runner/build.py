@@ -140,7 +140,74 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
                    integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes,
                    output_batch_axis=task.batch_axis, output_select=task.select, inputs_batch_first=plan.batch_first(),
-                   inputs_guessed=plan.source not in ("configured", "example_input_array"))
+                   inputs_guessed=plan.source not in ("configured", "example_input_array"),
+                   smaller=_SmallerInput(plan, prober, config, code_root, device, float_dtype))
+
+
+IMAGE_SIDE_FLOOR = 8  # an image input is halved for the time budget down to this side, never below
+SEQUENCE_LENGTH_FLOOR = 4
+
+
+def _halved_plan(plan: InputPlan) -> Optional[tuple[InputPlan, str]]:
+    """``plan`` with its images' height and width (the last two axes of a float input of 3 or more axes) or its
+    sequences' length (a token input's only axis, a float [L, D] input's first) halved, in every input that has
+    that size on such an axis (a mask [L, L] too); None at the floor, for graphs and for inputs of neither kind."""
+    specs = [spec for spec in plan.all_specs() if not spec.is_target]
+    first = next((spec for spec in specs if spec.fill is None), None)
+    if first is None or plan.is_graph() or any(isinstance(spec, TupleSpec) for spec in plan.args):
+        return None
+    if first.dtype not in ("long", "int", "int64", "int32") and len(first.shape) >= 3:
+        sizes, floor, what = set(first.shape[-2:]), IMAGE_SIDE_FLOOR, "resolution"
+        axes = lambda spec: range(max(len(spec.shape) - 2, 0), len(spec.shape))  # noqa: E731 - the spatial axes
+    elif (first.dtype in ("long", "int", "int64", "int32") and len(first.shape) == 1) or len(first.shape) == 2:
+        sizes, floor, what = {first.shape[0]}, SEQUENCE_LENGTH_FLOOR, "sequence length"
+        axes = lambda spec: range(len(spec.shape))  # noqa: E731 - a mask [L] or [L, L]: every axis of that size
+    else:
+        return None
+    if min(sizes) // 2 < floor:
+        return None
+    halved = {size: size // 2 for size in sizes}
+
+    def smaller(spec: Union[TensorSpec, TupleSpec]) -> Union[TensorSpec, TupleSpec]:
+        if isinstance(spec, TupleSpec) or spec.adjacency:
+            return spec
+        shape = tuple(halved.get(d, d) if i in axes(spec) else d for i, d in enumerate(spec.shape))
+        return dataclasses.replace(spec, shape=shape)
+
+    new = InputPlan(tuple(smaller(s) for s in plan.args), tuple((k, smaller(s)) for k, s in plan.kwargs),
+                    source=plan.source)
+    shown = " x ".join(str(halved[d]) for d in (first.shape[-2:] if what == "resolution" else first.shape[:1]))
+    return new, f"{what} halved to {shown}"
+
+
+class _SmallerInput:
+    """``Subject.smaller``: the subject on its input at half the resolution or sequence length, when the forward
+    takes it; the loss's targets are remade for the new output shape."""
+
+    def __init__(self, plan: InputPlan, prober: "_Prober", config: dict, code_root: Path, device: str,
+                 float_dtype: torch.dtype):
+        self.plan, self.prober, self.config, self.code_root = plan, prober, config, code_root
+        self.device, self.float_dtype = device, float_dtype
+
+    def __call__(self, subject: Subject) -> Optional[Subject]:
+        plan = self.plan
+        while True:
+            halved = _halved_plan(plan)
+            if halved is None:
+                return None
+            plan, how = halved
+            output = self.prober.try_plan(plan)
+            if output is not _FAILED:
+                break  # a size the forward rejects (a patch grid): the next halving may still fit
+        notes: list[str] = []
+        task = _choose_task(plan, output, self.prober, self.config, self.code_root, notes)
+        if isinstance(task, Skip):
+            return None
+        return dataclasses.replace(
+            subject, make_batch=_BatchMaker(plan, task, self.device, self.float_dtype), loss_fn=task.loss_fn,
+            task=task.name, num_classes=task.num_classes, output_batch_axis=task.batch_axis, output_select=task.select,
+            notes=[*subject.notes, f"for the time budget: {how} ({plan.describe()})"],
+            smaller=_SmallerInput(plan, self.prober, self.config, self.code_root, self.device, self.float_dtype))
 
 
 # ---- importing the PR's code ---------------------------------------------------------------------
@@ -166,9 +233,12 @@ def _forget_modules_from_elsewhere(package: str, code_root: Path) -> None:
         del sys.modules[key]
 
 
-def import_file(code_root: Path, relative_path: str):
+def import_file(code_root: Path, relative_path: str, *, raise_missing: bool = False):
     """Import ``relative_path`` under ``code_root`` as the module its package layout makes it
-    (``models/net.py`` -> ``models.net``), so that its absolute and relative imports work."""
+    (``models/net.py`` -> ``models.net``), so that its absolute and relative imports work. A package
+    ``__init__.py`` that cannot be imported is skipped over (its folder registered bare); with ``raise_missing``,
+    one that fails on a package that is not installed raises that ModuleNotFoundError instead, so that the
+    caller can retry with a stand-in for it (and keep what the ``__init__`` defines)."""
     file_path = (code_root / relative_path).resolve()
     module_name = module_name_for_path(Path(relative_path).as_posix())
     valid = bool(module_name) and all(part.isidentifier() for part in module_name.split("."))
@@ -183,9 +253,13 @@ def import_file(code_root: Path, relative_path: str):
             try:
                 importlib.import_module(parent)
             except Exception as exc:  # noqa: BLE001 - e.g. a package __init__ importing what the runner lacks
+                if raise_missing and _not_installed(exc, code_root):
+                    raise
                 _bare_packages(code_root, parent)
+                failed = f"{type(exc).__name__}: {_one_line_text(exc, 160)}{_where_in(exc, code_root)}"
+                _BARE_PACKAGE_ERRORS[parent] = (failed, absent.missing_package(exc))
                 _IMPORT_NOTES.append(f"imported {relative_path} without running its package's __init__.py, which "
-                                     f"raised {type(exc).__name__}: {str(exc)[:160]}")
+                                     f"raised {failed}")
     existing = sys.modules.get(module_name)
     if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == file_path:
         return existing
@@ -201,6 +275,30 @@ def import_file(code_root: Path, relative_path: str):
 
 
 _IMPORT_NOTES: list[str] = []  # what importing did unusually, for the next Subject's notes
+# package -> (what its __init__.py raised, the missing package it used) when it was registered bare
+_BARE_PACKAGE_ERRORS: dict[str, tuple[str, Optional[str]]] = {}
+
+
+def _not_installed(exc: BaseException, code_root: Path) -> Optional[str]:
+    """The package ``exc`` says is not installed (a ModuleNotFoundError for a name that is not in the tree, and no
+    stand-in's report of a use), else None."""
+    if not isinstance(exc, ModuleNotFoundError) or absent.missing_package(exc):
+        return None
+    name = (exc.name or "").split(".")[0]
+    if not name or (code_root / name).exists() or (code_root / f"{name}.py").exists():
+        return None
+    return name
+
+
+def _where_in(exc: BaseException, code_root: Path) -> str:
+    """`` (at models/types_.py:3)``: the innermost line of the tree's code in ``exc``'s traceback, or ""."""
+    import traceback as traceback_module
+
+    root = str(code_root) + "/"
+    frames = [f for f in traceback_module.extract_tb(exc.__traceback__) if f.filename.startswith(root)]
+    if not frames:
+        return ""
+    return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 
@@ -246,7 +344,7 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
     return value
 
 
-MAX_STAND_INS = 4
+MAX_STAND_INS = 8  # packages replaced per file (each one a retried import); more is a skip that names the cap
 
 
 def import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
@@ -255,30 +353,60 @@ def import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType,
     that uses the missing package when imported is a Skip naming the package."""
 
     missing: list[str] = []
+    _BARE_PACKAGE_ERRORS.clear()
     while True:
         try:
             with absent.stand_ins(missing):
-                module = import_file(code_root, path)
+                module = import_file(code_root, path, raise_missing=True)
         except ModuleNotFoundError as exc:
             name = absent.missing_package(exc) or (exc.name or "").split(".")[0]
             local = (code_root / name).exists() or (code_root / f"{name}.py").exists()
             if not name or local:
-                raise BuildError(f"importing {path} failed: {exc}") from exc
-            if name in missing or len(missing) >= MAX_STAND_INS or absent.missing_package(exc):
-                return Skip(f"importing {path} needs '{exc.name}', which is not installed on the smoke runner; "
-                            "install it in the runner image")
+                raise BuildError(f"importing {path} failed: {exc}{_where_in(exc, code_root)}"
+                                 f"{_bare_package_cause(exc)}") from exc
+            if absent.missing_package(exc) or name in missing:
+                return Skip(f"importing {path} needs '{name}', which is not installed on the smoke runner "
+                            f"(used when the file is imported{_where_in(exc, code_root)}); install it in the "
+                            "runner image")
+            if len(missing) >= MAX_STAND_INS:
+                return Skip(f"importing {path} needs more packages the smoke runner lacks than the {MAX_STAND_INS} it "
+                            f"replaces with stand-ins ({', '.join(repr(m) for m in [*missing, name])}, perhaps more): "
+                            f"the cap on stand-ins stopped it, not a use of '{name}'; install them in the runner "
+                            "image or name the model's own file")
             missing.append(name)
             continue
         except (Exception, SystemExit) as exc:
             name = absent.missing_package(exc)
             if name:
                 return Skip(f"importing {path} needs '{name}', which is not installed on the smoke runner "
-                            f"({_one_line_text(exc, 160)}); install it in the runner image")
-            raise BuildError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+                            f"({_one_line_text(exc, 160)}{_where_in(exc, code_root)}); install it in the runner image")
+            package_failure = _bare_package_failure(exc)
+            if package_failure is not None and package_failure[2]:
+                init, failed, missing_name = package_failure
+                return Skip(f"importing {path} needs '{missing_name}', which is not installed on the smoke runner: "
+                            f"{init} uses it when imported ({failed}), and {path} imports from that package "
+                            f"({_one_line_text(exc, 120)}); install it in the runner image")
+            raise BuildError(f"importing {path} failed: {type(exc).__name__}: {exc}{_where_in(exc, code_root)}"
+                             f"{_bare_package_cause(exc)}") from exc
         if missing:
             _IMPORT_NOTES.append(f"imported {path} with stand-ins for {', '.join(repr(m) for m in missing)}, which "
                                  "the smoke runner does not have (the model never used them)")
         return module
+
+
+def _bare_package_failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
+    """For ``cannot import name 'BaseVAE' from 'models'`` after ``models/__init__.py`` failed: (that __init__'s
+    path, what it raised, the missing package it used)."""
+    text = str(exc)
+    for package, (failed, missing) in _BARE_PACKAGE_ERRORS.items():
+        if f"'{package}'" in text or f"'{package}." in text:
+            return package.replace(".", "/") + "/__init__.py", failed, missing
+    return None
+
+
+def _bare_package_cause(exc: BaseException) -> str:
+    found = _bare_package_failure(exc)
+    return f"; {found[0]}, which would have provided it, could not be imported: {found[1]}" if found else ""
 
 
 def load_callable(code_root: Path, reference: str) -> Any:
@@ -340,12 +468,16 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
         return Skip(f"{spec} is not an nn.Module subclass; {CONFIGURE_HINT}")
     if is_class and inspect.isabstract(obj):
         return Skip(f"{spec} is abstract; name a concrete subclass or {CONFIGURE_HINT}")
+    site_failures: list[str] = []
     if is_class:
-        model = _build_as_the_repository_does(code_root, spec, obj, notes)
+        model = _build_as_the_repository_does(code_root, spec, obj, notes, site_failures)
         if model is not None:
             return model, str(spec)
     model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
     if isinstance(model, Skip):
+        if site_failures:  # the repository's own calls were tried first: say why they did not build it
+            return Skip(f"{model.reason}; the repository's call{'s' * (len(site_failures) > 1)} did not build it "
+                        f"either: {'; '.join(site_failures)}")
         return model
     return model, str(spec)
 
@@ -353,10 +485,12 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
 MAX_SITES_TRIED = 3
 
 
-def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, notes: list[str]) -> Optional[nn.Module]:
+def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, notes: list[str],
+                                  failures: list[str]) -> Optional[nn.Module]:
     """The class built with the arguments of a call the repository makes (gpu_runner.sites: a training script's
     argparse defaults, a YAML config, a factory's callers), sizes shrunk as for defaults and what no call gives
-    guessed. None when no call of the tree can be evaluated or none builds: the caller guesses instead."""
+    guessed. None when no call of the tree can be evaluated or none builds (why, per call, in ``failures``): the
+    caller guesses instead."""
     if "." in (spec.name or ""):
         return None
     try:
@@ -377,16 +511,18 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
                 site_notes.append(f"constructor: {key}={_short_repr(smaller)} (the repository's {_short_repr(value)}, "
                                   "shrunk)")
         arguments = _guess_arguments(cls, str(spec), site_notes, module=module, known=shrunk)
+        shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in given.items())
         if isinstance(arguments, Skip):
+            failures.append(f"at {construction.where} it gives {shown}, and the rest {arguments.reason.split(';')[0]}")
             continue
         built = _call_with_retries(cls, arguments, site_notes, _none_defaults(cls, arguments))
         if isinstance(built, BaseException):
-            notes.append(f"the repository's call at {construction.where} did not build here: "
-                         f"{type(built).__name__}: {_one_line_text(built, 160)}")
+            failure = f"at {construction.where} ({shown}) it raised {type(built).__name__}: {_one_line_text(built, 160)}"
+            failures.append(failure)
+            notes.append(f"the repository's call {failure}")
             continue
         origin = f" (values from {', '.join(construction.origins)})" if construction.origins else ""
-        notes.append(f"constructor: the arguments of the repository's call at {construction.where}{origin}: "
-                     + ", ".join(f"{k}={_short_repr(v)}" for k, v in given.items()))
+        notes.append(f"constructor: the arguments of the repository's call at {construction.where}{origin}: {shown}")
         notes.extend(site_notes)
         try:
             defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from gpu_runner.targets import _dotted
+
 MAX_FILES = 3000  # Python files looked at per code tree (only those whose text names what is looked for are parsed)
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 24  # nested evaluations (a name, its assignment, a factory's caller...)
@@ -175,17 +177,6 @@ class _File:
         if origin is None:
             return dotted
         return origin + ("." + rest if rest else "")
-
-
-def _dotted(node: ast.AST) -> Optional[str]:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -395,9 +386,14 @@ class _Evaluator:
         hydra = self._hydra_config(path, parsed, function)
         if hydra is not UNKNOWN and parameters and parameters[0].arg == name:
             return (hydra,)
-        if parsed.enclosing_class(function) is None and parsed.parents.get(id(function)) is parsed.tree:
-            for caller_path, caller, call in self.repository.calls_of(path.resolve(), function.name):
-                expression = _argument_for(function, call, name)
+        owner = parsed.parents.get(id(function))
+        if owner is parsed.tree or (function.name == "__init__" and isinstance(owner, ast.ClassDef)
+                                    and parsed.parents.get(id(owner)) is parsed.tree):
+            # a function's callers pass it; a constructor's, the calls of its class (GAT(alpha=args.alpha) for the
+            # alpha that GAT.__init__ hands to its layers)
+            called = function.name if owner is parsed.tree else owner.name
+            for caller_path, caller, call in self.repository.calls_of(path.resolve(), called):
+                expression = _argument_for(function, call, name, method=owner is not parsed.tree)
                 if expression is not None:
                     value = self.value(caller_path, caller, expression, depth + 1)
                     if value is not UNKNOWN:
@@ -672,7 +668,7 @@ def _last_binding(scope: ast.AST, name: str, line: int) -> Optional[ast.AST]:
             continue
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            names = {name for t in targets for name in _bound_names(t)}
             if name in names and node.lineno > found_line and (not isinstance(node, ast.AnnAssign) or node.value):
                 found, found_line = node, node.lineno
         elif isinstance(node, (ast.With, ast.AsyncWith)):
@@ -687,12 +683,25 @@ def _last_binding(scope: ast.AST, name: str, line: int) -> Optional[ast.AST]:
     return found
 
 
-def _argument_for(function: ast.FunctionDef, call: ast.Call, name: str) -> Optional[ast.AST]:
-    """The expression ``call`` passes to parameter ``name`` of ``function`` (a module-level function)."""
+def _bound_names(target: ast.AST) -> Iterator[str]:
+    """The names an assignment target rebinds: ``a`` and ``b`` of ``a, *b = ...``; none for ``args.cuda = ...``
+    or ``cfg["x"] = ...`` (they change an object the name keeps)."""
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _bound_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from _bound_names(target.value)
+
+
+def _argument_for(function: ast.FunctionDef, call: ast.Call, name: str, method: bool = False) -> Optional[ast.AST]:
+    """The expression ``call`` passes to parameter ``name`` of ``function`` (a module-level function, or with
+    ``method`` a constructor called through its class: ``self`` is not passed)."""
     for keyword in call.keywords:
         if keyword.arg == name:
             return keyword.value
-    positional = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+    positional = [a.arg for a in [*function.args.posonlyargs, *function.args.args]][1 if method else 0:]
     if name in positional:
         index = positional.index(name)
         plain = [a for a in call.args if not isinstance(a, ast.Starred)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -293,8 +294,13 @@ def test_sequences_of_the_length_the_constructor_asserts(tmp_path):
     assert sum(isinstance(m, nn.Conv2d) for m in subject.model.modules()) == 3  # depth 1 per stage, 3 stages
 
 
-def test_a_package_whose_init_cannot_be_imported_is_skipped_over(tmp_path):
-    root = write_tree(tmp_path, {"pkg/__init__.py": "import a_package_nobody_has\nfrom pkg.mlp import MLP\n",
+@pytest.mark.parametrize("init, note", [
+    ("import a_package_nobody_has\n", "stand-ins for 'a_package_nobody_has'"),  # imported: a stand-in for it
+    ("import a_package_nobody_has\na_package_nobody_has.setup()\n",  # used: the package is skipped over
+     "without running its package's __init__.py, which raised MissingPackageError: a_package_nobody_has.setup"),
+])
+def test_a_package_whose_init_cannot_be_imported_is_skipped_over(tmp_path, init, note):
+    root = write_tree(tmp_path, {"pkg/__init__.py": init + "from pkg.mlp import MLP\n",
                             "pkg/layers.py": "import torch.nn as nn\nclass Dense(nn.Linear):\n    pass\n",
                             "pkg/mlp.py": '''
                                 import torch.nn as nn
@@ -310,8 +316,7 @@ def test_a_package_whose_init_cannot_be_imported_is_skipped_over(tmp_path):
                                         return self.net(x)
                             '''})
     subject = build(root, "pkg/mlp.py:MLP")
-    assert any("without running its package's __init__.py" in note and "a_package_nobody_has" in note
-               for note in subject.notes)
+    assert any(note in text for text in subject.notes), subject.notes
 
 
 def test_inputs_sized_by_the_constructor_image_and_one_dimensional(tmp_path):

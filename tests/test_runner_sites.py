@@ -42,6 +42,7 @@ TAGGER_SCRIPT = {
             parser.add_argument("--stacks", type=int, default=3)
             parser.add_argument("--epochs", type=int, default=10)
             args = parser.parse_args()
+            args.device = "cpu"  # sets an attribute: args is still the parsed namespace
             model = Tagger(args.alphabet, args.breadth, stacks=args.stacks)
             for _ in range(args.epochs):
                 pass
@@ -152,7 +153,7 @@ def test_a_class_built_only_in_a_training_script_takes_its_argparse_defaults(tmp
     assert isinstance(subject, Subject), subject
     assert subject.model.embed.num_embeddings == 40 and subject.model.embed.embedding_dim == 24
     assert len(subject.model.body) == 3
-    assert any("train.py:12" in n and "argparse defaults of train.py" in n for n in subject.notes), subject.notes
+    assert any("train.py:13" in n and "argparse defaults of train.py" in n for n in subject.notes), subject.notes
 
 
 def test_a_class_built_from_a_yaml_config_takes_its_values_and_input(tmp_path):
@@ -219,3 +220,52 @@ def test_unevaluable_arguments_are_left_unknown_and_calls_of_other_classes_ignor
     found = sites.constructions(root, "models/tagger.py", "Tagger")
     assert [c.where for c in found] == ["run.py:4"]
     assert found[0].positional == [sites.UNKNOWN, 16] and found[0].keywords == {"stacks": 2}
+
+
+def test_a_layer_built_inside_a_model_takes_what_the_models_callers_pass(tmp_path):
+    """``Block(width, slope)`` is built in ``Stack.__init__`` from its own parameters; ``Stack`` is built in
+    train.py from argparse defaults: the block's arguments come through both."""
+    root = write_tree(tmp_path, {
+        "layers.py": """\
+            from torch import nn
+
+            class Block(nn.Module):
+                def __init__(self, width, slope):
+                    super().__init__()
+                    self.fc, self.act = nn.Linear(width, width), nn.LeakyReLU(slope)
+
+                def forward(self, x):
+                    return self.act(self.fc(x))
+
+            class Stack(nn.Module):
+                def __init__(self, width, slope, count):
+                    super().__init__()
+                    self.blocks = nn.Sequential(*[Block(width, slope=slope) for _ in range(count)])
+
+                def forward(self, x):
+                    return self.blocks(x)
+            """,
+        "train.py": """\
+            import argparse
+            from layers import Stack
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--slope", type=float, default=0.3)
+            args = parser.parse_args()
+            model = Stack(12, args.slope, count=2)
+            """,
+    })
+    (site,) = sites.constructions(root, "layers.py", "Block")
+    assert site.where == "layers.py:14" and site.positional == [12] and site.keywords == {"slope": 0.3}
+    subject = _build(root, "layers.py:Block")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.fc.in_features == 12 and subject.model.act.negative_slope == 0.3
+
+
+def test_a_skip_says_what_the_repositorys_call_gave_and_what_it_left_out(tmp_path):
+    files = {**TAGGER, "run.py": "import random\nfrom models.tagger import Tagger\n\n"
+                                 "model = Tagger(random.randint(20, 30), 16, stacks=2)\n"}
+    skipped = _build(write_tree(tmp_path, files), "models/tagger.py:Tagger")
+    assert isinstance(skipped, Skip)
+    assert "the repository's call did not build it either: at run.py:4 it gives breadth=16, stacks=2, and the " \
+           "rest cannot guess constructor argument 'alphabet'" in skipped.reason, skipped.reason
