@@ -447,34 +447,47 @@ def test_a_step_that_uses_a_missing_package_is_skipped_naming_it_and_the_line(tm
     assert f"uses 'torchvision' at train.py:{line}, which is not installed on the smoke runner" in report["reason"]
 
 
+LIGHTNING_MODULE = {"lit.py": '''
+    import pytorch_lightning as pl
+    import torch
+    from torch import nn
+
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.cross_entropy(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters())
+    '''}
+
+
 def test_a_lightning_module_without_lightning_installed_says_so(tmp_path):
-    pytest.importorskip("torch")
     try:
         import pytorch_lightning  # noqa: F401
         pytest.skip("pytorch_lightning is installed here")
     except ImportError:
         pass
-    root = write_tree(tmp_path, {"lit.py": '''
-        import pytorch_lightning as pl
-        import torch
-        from torch import nn
-
-
-        class Lit(pl.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.layer = nn.Linear(8, 2)
-
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return nn.functional.cross_entropy(self.layer(x), y)
-
-            def configure_optimizers(self):
-                return torch.optim.Adam(self.parameters())
-        '''})
-    report = run(root, "lit.py:Lit.training_step")
+    report = run(write_tree(tmp_path, LIGHTNING_MODULE), "lit.py:Lit.training_step")
     assert report["status"] == "skipped"
     assert "needs 'pytorch_lightning', which is not installed on the smoke runner" in report["reason"], report
+
+
+def test_a_lightning_module_runs_where_lightning_is_installed(tmp_path):
+    """The runner's image and `runner` extra have Lightning; ``self.log`` outside a Trainer only warns."""
+    pytest.importorskip("pytorch_lightning")
+    report = run(write_tree(tmp_path, LIGHTNING_MODULE), "lit.py:Lit.training_step")
+    assert report["status"] == "passed", report
 
 
 def test_a_training_loop_under_any_name_is_a_step_when_it_takes_a_loader():
