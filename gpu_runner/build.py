@@ -495,7 +495,9 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         return None
     try:
         found = sites.constructions(code_root, spec.path, spec.name)
-    except (OSError, ValueError, RecursionError, SyntaxError):
+    except Exception as exc:  # noqa: BLE001 - reading the tree for call sites is a help, never a reason to skip
+        notes.append(f"looking for the repository's calls of {spec.name} failed ({type(exc).__name__}: "
+                     f"{_one_line_text(exc, 120)}); its arguments are guessed")
         return None
     module = inspect.getmodule(cls)
     for construction in found[:MAX_SITES_TRIED]:

@@ -29,6 +29,7 @@ MAX_FILES = 3000  # Python files looked at per code tree (only those whose text 
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 24  # nested evaluations (a name, its assignment, a factory's caller...)
 MAX_SITES = 6
+MAX_EVALUATIONS = 5000  # expressions evaluated per call site: factories called from many places stay cheap
 _SKIPPED_FOLDERS = {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".venv", "venv", "env",
                     "build", "dist", ".tox", ".eggs"}
 
@@ -238,8 +239,9 @@ class Repository:
         """The file of module ``dotted`` (``.config``, ``utils.config``) as ``importer`` imports it."""
         level = len(dotted) - len(dotted.lstrip("."))
         parts = [p for p in dotted.lstrip(".").split(".") if p]
-        bases = [importer.parent.parents[level - 2] if level > 1 else importer.parent] if level else \
-            [self.root, self.root / "src", importer.parent]
+        if level > len(importer.parents):
+            return None
+        bases = [importer.parents[level - 1]] if level else [self.root, self.root / "src", importer.parent]
         for base in bases:
             candidate = base.joinpath(*parts)
             for path in (candidate.with_suffix(".py"), candidate / "__init__.py"):
@@ -276,16 +278,22 @@ class _Evaluator:
     def __init__(self, repository: Repository):
         self.repository = repository
         self.origins: list[str] = []
+        self.budget = [MAX_EVALUATIONS]  # shared with the evaluators of called functions (_Bound)
+        self.visiting: set[int] = set()  # nodes being evaluated: a cycle (f(x) passing f's own x) has no value
 
     def value(self, path: Path, parsed: _File, node: Optional[ast.AST], depth: int = 0) -> Any:
-        if node is None or depth > MAX_DEPTH:
+        if node is None or depth > MAX_DEPTH or self.budget[0] <= 0 or id(node) in self.visiting:
             return UNKNOWN
+        self.budget[0] -= 1
+        self.visiting.add(id(node))
         try:
             return self._value(path, parsed, node, depth)
         except RecursionError:
             return UNKNOWN
         except Exception:  # noqa: BLE001 - an operation on evaluated values that raises has no value here
             return UNKNOWN
+        finally:
+            self.visiting.discard(id(node))
 
     def _value(self, path: Path, parsed: _File, node: ast.AST, depth: int) -> Any:
         if isinstance(node, ast.Constant):
@@ -618,7 +626,7 @@ class _Bound(_Evaluator):
     def __init__(self, outer: _Evaluator, function: ast.FunctionDef, call: ast.Call, caller_path: Path,
                  caller: _File):
         super().__init__(outer.repository)
-        self.origins = outer.origins
+        self.origins, self.budget, self.visiting = outer.origins, outer.budget, outer.visiting
         self.outer, self.function, self.call, self.caller_path, self.caller = outer, function, call, caller_path, caller
 
     def _local(self, path, parsed, function, name, line, depth):

@@ -269,3 +269,22 @@ def test_a_skip_says_what_the_repositorys_call_gave_and_what_it_left_out(tmp_pat
     assert isinstance(skipped, Skip)
     assert "the repository's call did not build it either: at run.py:4 it gives breadth=16, stacks=2, and the " \
            "rest cannot guess constructor argument 'alphabet'" in skipped.reason, skipped.reason
+
+
+def test_cycles_and_relative_imports_past_the_root_have_no_value(tmp_path):
+    root = write_tree(tmp_path, {
+        **TAGGER,
+        "run.py": """\
+            from models.tagger import Tagger
+            from .......far import away
+
+            def deeper(width):
+                return deeper(width)
+
+            def relay(width):
+                return Tagger(away, deeper(width), stacks=relay(width))
+
+            relay(3)
+            """,
+    })
+    assert sites.constructions(root, "models/tagger.py", "Tagger") == []  # nothing evaluable: no site, no hang
