@@ -261,7 +261,7 @@ class Repository:
                 continue
             local_names = {name} if path.resolve() == defining else {
                 local for local, origin in parsed.imports.items() if origin.rsplit(".", 1)[-1] == name
-                and self.module_path(path, origin.rsplit(".", 1)[0] or ".") is not None}
+                and self._provides(self.module_path(path, origin.rsplit(".", 1)[0] or "."), defining)}
             for node in ast.walk(parsed.tree):
                 if not isinstance(node, ast.Call):
                     continue
@@ -270,8 +270,14 @@ class Repository:
                     yield path, parsed, node
                 elif isinstance(func, ast.Attribute) and func.attr == name:
                     module = parsed.qualified(func.value)
-                    if module is not None and self.module_path(path, module) is not None:
+                    if module is not None and self._provides(self.module_path(path, module), defining):
                         yield path, parsed, node
+
+    @staticmethod
+    def _provides(module: Optional[Path], defining: Path) -> bool:
+        """Whether importing ``name`` from ``module`` can be the class of ``defining``: that file, or a package
+        ``__init__.py`` (which may re-export it); another module's class of the same name is not."""
+        return module is not None and (module == defining or module.name == "__init__.py")
 
 
 class _Evaluator:

@@ -210,6 +210,7 @@ def test_unevaluable_arguments_are_left_unknown_and_calls_of_other_classes_ignor
     root = write_tree(tmp_path, {
         **TAGGER,
         "other.py": "class Tagger:\n    pass\n\nTagger(1, 2, 3)\n",  # a class of the same name elsewhere
+        "uses_other.py": "from other import Tagger\n\nTagger(4, 5, 6)\n",
         "run.py": """\
             import random
             from models.tagger import Tagger
