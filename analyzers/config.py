@@ -351,7 +351,9 @@ _TASKS = ("classification", "language_model", "regression", "custom")
 # The table form of a smoke target (docs/runner.md, "Configuring smoke targets"): how to build, feed and train it. The
 # loss's target tensor is ``loss_target``: ``target`` names the model to build.
 _TARGET_KEYS = ("target", "factory", "input", "output", "task", "loss", "loss_target", "num_classes")
-_STEP_KEYS = ("step", "model", "factory", "input", "output", "task", "loss", "loss_target", "num_classes")
+# A step table may say ``function`` for ``step``; ``args`` gives values of the step's parameters by name.
+_STEP_KEYS = ("step", "function", "model", "args", "factory", "input", "output", "task", "loss", "loss_target",
+              "num_classes")
 _INPUT_KEYS = ("shape", "dtype", "low", "high", "fill", "batch_axis", "name", "tuple")
 _OUTPUT_KEYS = ("batch_axis", "select")
 _INPUT_DTYPES = ("float", "float32", "float16", "half", "bfloat16", "float64", "double", "long", "int64", "int",
@@ -369,7 +371,9 @@ def _smoke_targets(value: Any, check: "_Checker") -> tuple:
 
 def _smoke_steps(value: Any, check: "_Checker") -> tuple:
     """Each training step to run: "train.py:train_one_epoch", or a table naming the model it trains and how to
-    build it (the keys of a target table, with ``step`` and ``model`` for ``target``)."""
+    build it (the keys of a target table, with ``step`` (or ``function``) and ``model`` for ``target``), and
+    ``args``: values of the step's parameters by name (``{cuda = false, log_interval = 10}``; a table for a
+    config parameter gives its attributes: ``{args = {log_interval = 10}}``)."""
     return _smoke_entries(value, ("smoke", "steps"), check, "step", _STEP_KEYS)
 
 
@@ -386,6 +390,11 @@ def _smoke_entries(value: Any, path: KeyPath, check: "_Checker", name_key: str, 
                 entries.append(_reference(item, where, check, "path/to/file.py[:Name]"))
                 continue
             entry = check.table(item, where, known)
+            if "function" in entry:
+                if name_key in entry:
+                    raise check.error((*where, "function"), f"{_dotted((*where, 'function'))}: give the step once, "
+                                                            f"as {name_key} or as function, not both")
+                entry[name_key] = entry.pop("function")
             if name_key not in entry and not (name_key == "target" and "factory" in entry):
                 raise check.error(where, f"{_dotted(where)}: needs {name_key} = \"path/to/file.py:Name\"")
             for key, convert in _ENTRY_CHECKS.items():
@@ -476,6 +485,34 @@ def _output(value: Any, path: KeyPath, check: "_Checker") -> dict:
     return output
 
 
+_STEP_ARGUMENT_VALUES = (bool, int, float, str, type(None))
+
+
+def _step_arguments(value: Any, path: KeyPath, check: "_Checker") -> dict:
+    """Values of a step's parameters by name: numbers, strings, booleans, lists of them, or a table (a config
+    parameter's attributes)."""
+    if not isinstance(value, Mapping) or not value:
+        raise check.error(path, f"{_dotted(path)}: must be a table of the step's parameter names and their values, "
+                                f"e.g. {{cuda = false, log_interval = 10}}, got {value!r}")
+
+    def plain(item: Any, where: KeyPath, nested: bool) -> Any:
+        if isinstance(item, _STEP_ARGUMENT_VALUES):
+            return item
+        if isinstance(item, (list, tuple)):
+            return [plain(element, (*where, i), True) for i, element in enumerate(item)]
+        if isinstance(item, Mapping) and not nested:
+            return {str(k): plain(v, (*where, str(k)), True) for k, v in item.items()}
+        raise check.error(where, f"{_dotted(where)}: must be a number, string, boolean, list, or (for a config "
+                                 f"parameter) a table of attributes, got {_kind(item)}")
+
+    arguments = {}
+    for key, item in value.items():
+        if not (isinstance(key, str) and key.isidentifier()):
+            raise check.error((*path, str(key)), f"{_dotted((*path, str(key)))}: {key!r} is not a parameter name")
+        arguments[key] = plain(item, (*path, key), False)
+    return arguments
+
+
 def _num_classes_value(value: Any, path: KeyPath, check: "_Checker") -> int:
     return check.whole_number(value, path, 1, 10_000_000)
 
@@ -491,6 +528,7 @@ _ENTRY_CHECKS: dict[str, Callable[[Any, KeyPath, "_Checker"], Any]] = {
     "output": _output,
     "loss_target": lambda v, p, c: _tensor_spec(v, p, c, inputs=False),
     "num_classes": _num_classes_value,
+    "args": _step_arguments,
 }
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_runner import absent
+from gpu_runner import absent, sites
 from gpu_runner.subject import Batch, Subject
 from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
 
@@ -88,6 +88,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     torch.manual_seed(seed)
     _IMPORT_NOTES.clear()
     _LAST_ARGUMENTS.clear()
+    _SITE_INPUTS.clear()
     built = _construct(code_root, target, config, notes)
     notes[:0] = _IMPORT_NOTES
     if isinstance(built, Skip):
@@ -119,7 +120,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         if output is _FAILED:
             notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
     else:
-        plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
+        plan, output = _input_from_sites(prober, notes)
+        if plan is None:
+            plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
         if plan is None and prober.missing_package:
             return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
                         "runner; install it in the runner image")
@@ -137,7 +140,74 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
                    integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes,
                    output_batch_axis=task.batch_axis, output_select=task.select, inputs_batch_first=plan.batch_first(),
-                   inputs_guessed=plan.source not in ("configured", "example_input_array"))
+                   inputs_guessed=plan.source not in ("configured", "example_input_array"),
+                   smaller=_SmallerInput(plan, prober, config, code_root, device, float_dtype))
+
+
+IMAGE_SIDE_FLOOR = 8  # an image input is halved for the time budget down to this side, never below
+SEQUENCE_LENGTH_FLOOR = 4
+
+
+def _halved_plan(plan: InputPlan) -> Optional[tuple[InputPlan, str]]:
+    """``plan`` with its images' height and width (the last two axes of a float input of 3 or more axes) or its
+    sequences' length (a token input's only axis, a float [L, D] input's first) halved, in every input that has
+    that size on such an axis (a mask [L, L] too); None at the floor, for graphs and for inputs of neither kind."""
+    specs = [spec for spec in plan.all_specs() if not spec.is_target]
+    first = next((spec for spec in specs if spec.fill is None), None)
+    if first is None or plan.is_graph() or any(isinstance(spec, TupleSpec) for spec in plan.args):
+        return None
+    if first.dtype not in ("long", "int", "int64", "int32") and len(first.shape) >= 3:
+        sizes, floor, what = set(first.shape[-2:]), IMAGE_SIDE_FLOOR, "resolution"
+        axes = lambda spec: range(max(len(spec.shape) - 2, 0), len(spec.shape))  # noqa: E731 - the spatial axes
+    elif (first.dtype in ("long", "int", "int64", "int32") and len(first.shape) == 1) or len(first.shape) == 2:
+        sizes, floor, what = {first.shape[0]}, SEQUENCE_LENGTH_FLOOR, "sequence length"
+        axes = lambda spec: range(len(spec.shape))  # noqa: E731 - a mask [L] or [L, L]: every axis of that size
+    else:
+        return None
+    if min(sizes) // 2 < floor:
+        return None
+    halved = {size: size // 2 for size in sizes}
+
+    def smaller(spec: Union[TensorSpec, TupleSpec]) -> Union[TensorSpec, TupleSpec]:
+        if isinstance(spec, TupleSpec) or spec.adjacency:
+            return spec
+        shape = tuple(halved.get(d, d) if i in axes(spec) else d for i, d in enumerate(spec.shape))
+        return dataclasses.replace(spec, shape=shape)
+
+    new = InputPlan(tuple(smaller(s) for s in plan.args), tuple((k, smaller(s)) for k, s in plan.kwargs),
+                    source=plan.source)
+    shown = " x ".join(str(halved[d]) for d in (first.shape[-2:] if what == "resolution" else first.shape[:1]))
+    return new, f"{what} halved to {shown}"
+
+
+class _SmallerInput:
+    """``Subject.smaller``: the subject on its input at half the resolution or sequence length, when the forward
+    takes it; the loss's targets are remade for the new output shape."""
+
+    def __init__(self, plan: InputPlan, prober: "_Prober", config: dict, code_root: Path, device: str,
+                 float_dtype: torch.dtype):
+        self.plan, self.prober, self.config, self.code_root = plan, prober, config, code_root
+        self.device, self.float_dtype = device, float_dtype
+
+    def __call__(self, subject: Subject) -> Optional[Subject]:
+        plan = self.plan
+        while True:
+            halved = _halved_plan(plan)
+            if halved is None:
+                return None
+            plan, how = halved
+            output = self.prober.try_plan(plan)
+            if output is not _FAILED:
+                break  # a size the forward rejects (a patch grid): the next halving may still fit
+        notes: list[str] = []
+        task = _choose_task(plan, output, self.prober, self.config, self.code_root, notes)
+        if isinstance(task, Skip):
+            return None
+        return dataclasses.replace(
+            subject, make_batch=_BatchMaker(plan, task, self.device, self.float_dtype), loss_fn=task.loss_fn,
+            task=task.name, num_classes=task.num_classes, output_batch_axis=task.batch_axis, output_select=task.select,
+            notes=[*subject.notes, f"for the time budget: {how} ({plan.describe()})"],
+            smaller=_SmallerInput(plan, self.prober, self.config, self.code_root, self.device, self.float_dtype))
 
 
 # ---- importing the PR's code ---------------------------------------------------------------------
@@ -163,9 +233,12 @@ def _forget_modules_from_elsewhere(package: str, code_root: Path) -> None:
         del sys.modules[key]
 
 
-def import_file(code_root: Path, relative_path: str):
+def import_file(code_root: Path, relative_path: str, *, raise_missing: bool = False):
     """Import ``relative_path`` under ``code_root`` as the module its package layout makes it
-    (``models/net.py`` -> ``models.net``), so that its absolute and relative imports work."""
+    (``models/net.py`` -> ``models.net``), so that its absolute and relative imports work. A package
+    ``__init__.py`` that cannot be imported is skipped over (its folder registered bare); with ``raise_missing``,
+    one that fails on a package that is not installed raises that ModuleNotFoundError instead, so that the
+    caller can retry with a stand-in for it (and keep what the ``__init__`` defines)."""
     file_path = (code_root / relative_path).resolve()
     module_name = module_name_for_path(Path(relative_path).as_posix())
     valid = bool(module_name) and all(part.isidentifier() for part in module_name.split("."))
@@ -180,9 +253,13 @@ def import_file(code_root: Path, relative_path: str):
             try:
                 importlib.import_module(parent)
             except Exception as exc:  # noqa: BLE001 - e.g. a package __init__ importing what the runner lacks
+                if raise_missing and _not_installed(exc, code_root):
+                    raise
                 _bare_packages(code_root, parent)
+                failed = f"{type(exc).__name__}: {_one_line_text(exc, 160)}{_where_in(exc, code_root)}"
+                _BARE_PACKAGE_ERRORS[parent] = (failed, absent.missing_package(exc))
                 _IMPORT_NOTES.append(f"imported {relative_path} without running its package's __init__.py, which "
-                                     f"raised {type(exc).__name__}: {str(exc)[:160]}")
+                                     f"raised {failed}")
     existing = sys.modules.get(module_name)
     if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == file_path:
         return existing
@@ -198,7 +275,32 @@ def import_file(code_root: Path, relative_path: str):
 
 
 _IMPORT_NOTES: list[str] = []  # what importing did unusually, for the next Subject's notes
+# package -> (what its __init__.py raised, the missing package it used) when it was registered bare
+_BARE_PACKAGE_ERRORS: dict[str, tuple[str, Optional[str]]] = {}
+
+
+def _not_installed(exc: BaseException, code_root: Path) -> Optional[str]:
+    """The package ``exc`` says is not installed (a ModuleNotFoundError for a name that is not in the tree, and no
+    stand-in's report of a use), else None."""
+    if not isinstance(exc, ModuleNotFoundError) or absent.missing_package(exc):
+        return None
+    name = (exc.name or "").split(".")[0]
+    if not name or (code_root / name).exists() or (code_root / f"{name}.py").exists():
+        return None
+    return name
+
+
+def _where_in(exc: BaseException, code_root: Path) -> str:
+    """`` (at models/types_.py:3)``: the innermost line of the tree's code in ``exc``'s traceback, or ""."""
+    import traceback as traceback_module
+
+    root = str(code_root) + "/"
+    frames = [f for f in traceback_module.extract_tb(exc.__traceback__) if f.filename.startswith(root)]
+    if not frames:
+        return ""
+    return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
+_SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 
 
 def _bare_packages(code_root: Path, dotted: str) -> None:
@@ -229,7 +331,7 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
             spec = TargetSpec(package_init, spec.name)
         else:
             return Skip(f"{what} {spec}: {spec.path} does not exist in the pull request's code")
-    module = _import_with_stand_ins(code_root, spec.path)
+    module = import_with_stand_ins(code_root, spec.path)
     if isinstance(module, Skip):
         return module
     if spec.name is None:
@@ -242,39 +344,69 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
     return value
 
 
-MAX_STAND_INS = 4
+MAX_STAND_INS = 8  # packages replaced per file (each one a retried import); more is a skip that names the cap
 
 
-def _import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
+def import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
     """``import_file``; a package that is not installed is replaced by a stand-in (gpu_runner.absent) and the
     import retried, so that a file importing torchvision only for its training functions still builds. A file
     that uses the missing package when imported is a Skip naming the package."""
 
     missing: list[str] = []
+    _BARE_PACKAGE_ERRORS.clear()
     while True:
         try:
             with absent.stand_ins(missing):
-                module = import_file(code_root, path)
+                module = import_file(code_root, path, raise_missing=True)
         except ModuleNotFoundError as exc:
             name = absent.missing_package(exc) or (exc.name or "").split(".")[0]
             local = (code_root / name).exists() or (code_root / f"{name}.py").exists()
             if not name or local:
-                raise BuildError(f"importing {path} failed: {exc}") from exc
-            if name in missing or len(missing) >= MAX_STAND_INS or absent.missing_package(exc):
-                return Skip(f"importing {path} needs '{exc.name}', which is not installed on the smoke runner; "
-                            "install it in the runner image")
+                raise BuildError(f"importing {path} failed: {exc}{_where_in(exc, code_root)}"
+                                 f"{_bare_package_cause(exc)}") from exc
+            if absent.missing_package(exc) or name in missing:
+                return Skip(f"importing {path} needs '{name}', which is not installed on the smoke runner "
+                            f"(used when the file is imported{_where_in(exc, code_root)}); install it in the "
+                            "runner image")
+            if len(missing) >= MAX_STAND_INS:
+                return Skip(f"importing {path} needs more packages the smoke runner lacks than the {MAX_STAND_INS} it "
+                            f"replaces with stand-ins ({', '.join(repr(m) for m in [*missing, name])}, perhaps more): "
+                            f"the cap on stand-ins stopped it, not a use of '{name}'; install them in the runner "
+                            "image or name the model's own file")
             missing.append(name)
             continue
         except (Exception, SystemExit) as exc:
             name = absent.missing_package(exc)
             if name:
                 return Skip(f"importing {path} needs '{name}', which is not installed on the smoke runner "
-                            f"({_one_line_text(exc, 160)}); install it in the runner image")
-            raise BuildError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+                            f"({_one_line_text(exc, 160)}{_where_in(exc, code_root)}); install it in the runner image")
+            package_failure = _bare_package_failure(exc)
+            if package_failure is not None and package_failure[2]:
+                init, failed, missing_name = package_failure
+                return Skip(f"importing {path} needs '{missing_name}', which is not installed on the smoke runner: "
+                            f"{init} uses it when imported ({failed}), and {path} imports from that package "
+                            f"({_one_line_text(exc, 120)}); install it in the runner image")
+            raise BuildError(f"importing {path} failed: {type(exc).__name__}: {exc}{_where_in(exc, code_root)}"
+                             f"{_bare_package_cause(exc)}") from exc
         if missing:
             _IMPORT_NOTES.append(f"imported {path} with stand-ins for {', '.join(repr(m) for m in missing)}, which "
                                  "the smoke runner does not have (the model never used them)")
         return module
+
+
+def _bare_package_failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
+    """For ``cannot import name 'BaseVAE' from 'models'`` after ``models/__init__.py`` failed: (that __init__'s
+    path, what it raised, the missing package it used)."""
+    text = str(exc)
+    for package, (failed, missing) in _BARE_PACKAGE_ERRORS.items():
+        if f"'{package}'" in text or f"'{package}." in text:
+            return package.replace(".", "/") + "/__init__.py", failed, missing
+    return None
+
+
+def _bare_package_cause(exc: BaseException) -> str:
+    found = _bare_package_failure(exc)
+    return f"; {found[0]}, which would have provided it, could not be imported: {found[1]}" if found else ""
 
 
 def load_callable(code_root: Path, reference: str) -> Any:
@@ -336,10 +468,104 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
         return Skip(f"{spec} is not an nn.Module subclass; {CONFIGURE_HINT}")
     if is_class and inspect.isabstract(obj):
         return Skip(f"{spec} is abstract; name a concrete subclass or {CONFIGURE_HINT}")
+    site_failures: list[str] = []
+    if is_class:
+        model = _build_as_the_repository_does(code_root, spec, obj, notes, site_failures)
+        if model is not None:
+            return model, str(spec)
     model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
     if isinstance(model, Skip):
+        if site_failures:  # the repository's own calls were tried first: say why they did not build it
+            return Skip(f"{model.reason}; the repository's call{'s' * (len(site_failures) > 1)} did not build it "
+                        f"either: {'; '.join(site_failures)}")
         return model
     return model, str(spec)
+
+
+MAX_SITES_TRIED = 3
+
+
+def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, notes: list[str],
+                                  failures: list[str]) -> Optional[nn.Module]:
+    """The class built with the arguments of a call the repository makes (gpu_runner.sites: a training script's
+    argparse defaults, a YAML config, a factory's callers), sizes shrunk as for defaults and what no call gives
+    guessed. None when no call of the tree can be evaluated or none builds (why, per call, in ``failures``): the
+    caller guesses instead."""
+    if "." in (spec.name or ""):
+        return None
+    try:
+        found = sites.constructions(code_root, spec.path, spec.name)
+    except Exception as exc:  # noqa: BLE001 - reading the tree for call sites is a help, never a reason to skip
+        notes.append(f"looking for the repository's calls of {spec.name} failed ({type(exc).__name__}: "
+                     f"{_one_line_text(exc, 120)}); its arguments are guessed")
+        return None
+    module = inspect.getmodule(cls)
+    for construction in found[:MAX_SITES_TRIED]:
+        given = _bind_site(cls, construction)
+        if not given:
+            continue
+        site_notes: list[str] = []
+        shrunk = {}
+        for key, value in given.items():
+            smaller = _shrunk_value(key, value, given)
+            shrunk[key] = smaller
+            if smaller != value:
+                site_notes.append(f"constructor: {key}={_short_repr(smaller)} (the repository's {_short_repr(value)}, "
+                                  "shrunk)")
+        arguments = _guess_arguments(cls, str(spec), site_notes, module=module, known=shrunk)
+        shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in given.items())
+        if isinstance(arguments, Skip):
+            failures.append(f"at {construction.where} it gives {shown}, and the rest {arguments.reason.split(';')[0]}")
+            continue
+        built = _call_with_retries(cls, arguments, site_notes, _none_defaults(cls, arguments))
+        if isinstance(built, BaseException):
+            failure = f"at {construction.where} ({shown}) it raised {type(built).__name__}: {_one_line_text(built, 160)}"
+            failures.append(failure)
+            notes.append(f"the repository's call {failure}")
+            continue
+        origin = f" (values from {', '.join(construction.origins)})" if construction.origins else ""
+        notes.append(f"constructor: the arguments of the repository's call at {construction.where}{origin}: {shown}")
+        notes.extend(site_notes)
+        try:
+            defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+        except (TypeError, ValueError):
+            defaults = {}
+        _LAST_ARGUMENTS.update({**defaults, **arguments})
+        _SITE_INPUTS[:] = [(construction.where, site_input) for site_input in construction.inputs]
+        return built
+    return None
+
+
+def _bind_site(cls: type, construction: "sites.Construction") -> dict:
+    """The evaluated arguments of ``construction`` by parameter name; {} when the call does not fit the
+    signature (another class of the same name)."""
+    try:
+        parameters = [p for p in inspect.signature(cls).parameters.values()]
+    except (TypeError, ValueError):
+        return {}
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    accepts_any_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters)
+    named = {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)}
+    if len(construction.positional) > len(positional) and not any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return {}
+    given: dict = {}
+    for parameter, value in zip(positional, construction.positional):
+        if value is not sites.UNKNOWN and not (value is None and parameter.default is parameter.empty):
+            given[parameter.name] = value
+    for key, value in construction.keywords.items():
+        if key not in named and not accepts_any_keyword:
+            return {}
+        if value is not sites.UNKNOWN and value is not None:
+            given[key] = value
+    return given
+
+
+def _shrunk_value(name: str, value: Any, others: dict) -> Any:
+    """``_shrunk`` for a value the repository passes; a configuration read from a file is shrunk field by
+    field (a copy: the repository's own object is not changed)."""
+    if isinstance(value, sites.AttrDict):
+        return sites.AttrDict({k: _shrunk_value(str(k), v, value) for k, v in value.items()})
+    return _shrunk(name, value, others)
 
 
 def _choose_model_in_file(code_root: Path, path: str, notes: list[str]) -> Union[TargetSpec, Skip]:
@@ -764,7 +990,8 @@ def _set(config: Any, key: str, value: Any) -> None:
 
 
 def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
-                     module: Any = None) -> Union[dict, Skip]:
+                     module: Any = None, known: Optional[dict] = None) -> Union[dict, Skip]:
+    """Arguments for ``fn``: ``known`` ones as given, defaults (shrunk), the rest guessed."""
     from gpu_runner import guess
 
     try:
@@ -777,10 +1004,11 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
     except Exception:
         hints = {}
     usages = guess.argument_usage(init, module, fn if inspect.isclass(fn) else None) if module is not None else {}
-    arguments: dict[str, Any] = {}
+    known = known or {}
+    arguments: dict[str, Any] = dict(known)
     defaults = {p.name: p.default for p in signature.parameters.values() if p.default is not p.empty}
     for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in known:
             continue
         if parameter.default is not parameter.empty:
             smaller = _shrunk(parameter.name, parameter.default, {**defaults, **arguments})
@@ -1303,6 +1531,24 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
         notes.append(f"input inferred {broadcast[0].source}: {broadcast[0].describe()} ({broadcast[2]}; no other "
                      "input worked)")
         return broadcast[0], broadcast[1]
+    return None, None
+
+
+def _input_from_sites(prober: "_Prober", notes: list[str]) -> tuple[Optional[InputPlan], Any]:
+    """The input the repository feeds the model where it builds it (``model(torch.randn(8, 3, 32, 32))``), its
+    first axis taken as the batch; (None, None) when there is none or the model (with its shrunk sizes) rejects it."""
+    for where, (args, kwargs) in _SITE_INPUTS:
+        def spec(shape: "sites.TensorShape") -> TensorSpec:
+            return TensorSpec(tuple(shape.shape[1:]), shape.dtype, high=shape.high)
+
+        plan = InputPlan(tuple(spec(a) for a in args), tuple((k, spec(v)) for k, v in kwargs.items()),
+                         source=f"from the repository's call of the model near {where}")
+        output = prober.try_plan(plan)
+        if output is not _FAILED:
+            notes.append(f"input {plan.source}: {plan.describe()}")
+            return plan, output
+        notes.append(f"the input of the repository's call near {where} ({plan.describe()}) failed here: "
+                     f"{prober.last_error}")
     return None, None
 
 

@@ -260,6 +260,34 @@ def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: f
                            f"{CHECK_STEP_EQUIVALENTS * steps * first:.0f}s, more than the {budget_s:.0f}s budget")
 
 
+def _fits(subject: Subject, steps: int, batch_size: int, budget_s: float, seed: int) -> bool:
+    """Whether the checks at this batch size and number of steps fit the budget, by one more timed step (only
+    asked once the batch and the steps are cut, of a model that may be given smaller inputs)."""
+    if subject.smaller is None or steps > FEWEST_STEPS:
+        return True
+    state = {k: v.detach().clone() for k, v in subject.model.state_dict().items()}
+    try:
+        return CHECK_STEP_EQUIVALENTS * steps * _timed_step(subject, batch_size, seed) <= budget_s
+    except Exception:  # noqa: BLE001 - the checks will say what is wrong
+        return True
+    finally:
+        subject.model.zero_grad(set_to_none=True)
+        subject.model.load_state_dict(state)
+
+
+def _smaller_subject(subject: Subject) -> Optional[Subject]:
+    """``subject.smaller(subject)``, the model's state and RNG left as they were (the forward probes run it)."""
+    state = {k: v.detach().clone() for k, v in subject.model.state_dict().items()}
+    try:
+        with torch.random.fork_rng(devices=_cuda_devices(subject.device)):
+            return subject.smaller(subject)
+    except Exception:  # noqa: BLE001 - the PR's forward on a smaller input: the sizes it had are kept
+        return None
+    finally:
+        subject.model.zero_grad(set_to_none=True)
+        subject.model.load_state_dict(state)
+
+
 def run_checks(subject: Subject, *, steps: int = 50, seed: int = 0, batch_size: int = 8,
                budget_s: Optional[float] = None) -> TargetReport:
     """Run every smoke check on ``subject`` and take its measures; status is "failed" when any check failed.
@@ -282,7 +310,20 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
         requested_steps = steps
         if budget_s is not None:
             torch.manual_seed(seed)
+            requested_batch = batch_size
             batch_size, steps, budget_note = _scaled_to_budget(subject, steps, batch_size, budget_s, seed)
+            halvings: list[str] = []
+            while not _fits(subject, steps, batch_size, budget_s, seed) and subject.smaller is not None:
+                smaller = _smaller_subject(subject)  # batch and steps cut and still too slow: smaller inputs
+                if smaller is None:
+                    break
+                subject = smaller
+                halvings.append(subject.notes[-1])
+                torch.manual_seed(seed)
+                batch_size, steps, budget_note = _scaled_to_budget(subject, requested_steps, requested_batch,
+                                                                   budget_s, seed)
+            if halvings:
+                budget_note = "; ".join([halvings[-1], *[budget_note] * bool(budget_note)])
         try:
             torch.manual_seed(seed)
             fixed_batch = subject.make_batch(batch_size, seed)

@@ -43,8 +43,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
+from gpu_runner import absent, sites
+from gpu_runner import build as build_module
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
-                              guess_argument, import_file)
+                              guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.subject import CheckResult, Subject, TargetReport
 from gpu_runner.targets import find_targets, parse_target_spec
@@ -359,8 +361,11 @@ def _constant_scheduler(optimizer):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
 
-def _config_namespace(function: Callable, name: str, values: dict) -> types.SimpleNamespace:
-    """``args`` / ``config``: the attributes the function reads from it, each from the roles or the name table."""
+def _config_namespace(function: Callable, name: str, values: dict, given: Optional[dict] = None,
+                      repository_defaults: Optional[dict] = None) -> types.SimpleNamespace:
+    """``args`` / ``config``: the attributes the function reads from it, each as configured (``smoke.steps``
+    ``args``), from the roles, from the repository's own defaults (the argparse defaults of the step's file), or
+    from the name table."""
     import textwrap
 
     try:
@@ -369,23 +374,31 @@ def _config_namespace(function: Callable, name: str, values: dict) -> types.Simp
         raise StepSkip(f"cannot read the source of {function.__qualname__} to build its '{name}'") from None
     attributes = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                   and n.value.id == name and isinstance(n.ctx, ast.Load)]
-    namespace = types.SimpleNamespace()
+    namespace = types.SimpleNamespace(**(given or {}))
+    repository_defaults = repository_defaults or {}
     for attribute in dict.fromkeys(attributes):
         role = role_of(attribute)
+        if given and attribute in given:
+            continue
         if role in values:
             setattr(namespace, attribute, values[role])
             continue
+        if attribute in repository_defaults:
+            setattr(namespace, attribute, repository_defaults[attribute])
+            continue
         found, value = guess_argument(attribute)
         if not found:
-            raise StepSkip(f"cannot build {name}.{attribute}, which {function.__qualname__} reads; configure "
-                           "smoke.steps or give it a default")
+            raise StepSkip(f"cannot build {name}.{attribute}, which {function.__qualname__} reads; give it in "
+                           f"smoke.steps ({{step = ..., args = {{{name} = {{{attribute} = ...}}}}}}) or a default")
         setattr(namespace, attribute, value)
     return namespace
 
 
-def _arguments(function: Callable, values: dict, *, skip_first: bool = False) -> dict:
-    """Keyword arguments for ``function``: by role, a config namespace, or its default. Raises StepSkip for a
-    required argument the runner cannot build."""
+def _arguments(function: Callable, values: dict, *, skip_first: bool = False, given: Optional[dict] = None,
+               repository_defaults: Optional[dict] = None) -> dict:
+    """Keyword arguments for ``function``: as configured (``given``, by parameter name), by role, a config
+    namespace, or its default. Raises StepSkip for a required argument the runner cannot build."""
+    given = given or {}
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError) as exc:
@@ -397,18 +410,26 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False) ->
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         role = role_of(parameter.name)
-        if role in values and (parameter.default is parameter.empty or role in _ALWAYS_GIVEN):
+        configured = given.get(parameter.name, _NOT_GIVEN)
+        if configured is not _NOT_GIVEN and not (isinstance(configured, dict) and parameter.name.lower()
+                                                  in CONFIG_NAMES):
+            arguments[parameter.name] = configured
+        elif role in values and (parameter.default is parameter.empty or role in _ALWAYS_GIVEN):
             arguments[parameter.name] = values[role]
         elif parameter.default is not parameter.empty:
             continue
         elif parameter.name.lower() in CONFIG_NAMES:
-            arguments[parameter.name] = _config_namespace(function, parameter.name, values)
+            arguments[parameter.name] = _config_namespace(function, parameter.name, values,
+                                                          given.get(parameter.name), repository_defaults)
         else:
-            raise StepSkip(f"cannot build the argument '{parameter.name}' of {function.__qualname__}; name it in "
-                           "smoke.steps with a configured model, or give it a default")
+            raise StepSkip(f"cannot build the argument '{parameter.name}' of {function.__qualname__}; give its value "
+                           f"in smoke.steps ({{step = ..., args = {{{parameter.name} = ...}}}}), name a configured "
+                           "model there, or give it a default")
+
     return arguments
 
 
+_NOT_GIVEN = object()
 # Given even where the parameter has a default: what the step trains and measures with.
 _ALWAYS_GIVEN = {"model", "loader", "batch", "optimizer", "criterion", "device"}
 
@@ -456,6 +477,11 @@ class _Plan:
             if not detached:
                 where = _user_frames(cause.__traceback__, self.code_root)
                 at = f" at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno}" if where else ""
+                missing = absent.missing_package(cause)
+                if missing:
+                    raise StepSkip(f"{self.target} uses '{missing}'{at}, which is not installed on the smoke runner "
+                                   "(its file was imported with a stand-in for it); install it in the runner "
+                                   "image") from None
                 raise StepSkip(f"{self.target} raised {type(cause).__name__}{at} on the runner's synthetic "
                                f"arguments: {_one_line(cause, 200)}; configure smoke.steps if they do not fit "
                                "it") from None
@@ -755,9 +781,12 @@ class _FunctionPlan(_Plan):
 
     kind = "function"
 
-    def __init__(self, code_root, target, subject, where, function: Callable, owner: Optional[type]):
+    def __init__(self, code_root, target, subject, where, function: Callable, owner: Optional[type],
+                 given: Optional[dict] = None):
         super().__init__(code_root, target, subject, where)
         self.function, self.owner = function, owner
+        self.given = dict(given or {})  # smoke.steps args: parameter values by name
+        self.repository_defaults = sites.argparse_defaults(code_root, where[0])
         self.batch = _step_batch(subject)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=STEP_LEARNING_RATE)
@@ -792,7 +821,7 @@ class _FunctionPlan(_Plan):
             if model is None:
                 raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
             call = getattr(instance, self.function.__name__)
-        arguments = _arguments(call, values)
+        arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults)
         rounds = iterations if self.per_batch else 1
         for index in range(rounds):
             if self.per_batch:
@@ -814,9 +843,13 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
     spec = parse_target_spec(target)
     if spec is None or spec.name is None:
         raise StepSkip(f"'{target}' is not a step (path/to/file.py:function or :Class.method)")
-    module = import_file(code_root, spec.path) if (code_root / spec.path).is_file() else None
-    if module is None:
+    if not (code_root / spec.path).is_file():
         raise StepSkip(f"{spec.path} does not exist in the pull request's code")
+    build_module._IMPORT_NOTES.clear()
+    module = import_with_stand_ins(code_root, spec.path)  # torchvision, tqdm... used only inside functions
+    if isinstance(module, Skip):
+        raise StepSkip(module.reason)
+    import_notes = list(build_module._IMPORT_NOTES)  # building the model starts its own notes
     parts = spec.name.split(".")
     owner: Any = module
     for part in parts[:-1]:
@@ -825,19 +858,40 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
     if function is None or not callable(function):
         raise StepSkip(f"{spec.path} defines no function '{spec.name}'")
     where = _function_span(function, code_root, spec.path)
+    _check_configured_arguments(function, config.get("args") or {}, target)
     model_options = {k: v for k, v in config.items() if k in MODEL_OPTIONS}
     if inspect.isclass(owner) and issubclass(owner, nn.Module) and hasattr(owner, "configure_optimizers") \
             and parts[-1] == "training_step":
+        if config.get("args"):
+            raise BuildError(f"smoke.steps args: {target} is a LightningModule's training_step, called with batches "
+                             "the runner makes; args are for step functions")
         subject = _subject(code_root, f"{spec.path}:{'.'.join(parts[:-1])}", model_options, device, seed)
-        return _LightningPlan(code_root, target, subject, _class_span(owner, code_root, spec.path))
+        plan = _LightningPlan(code_root, target, subject, _class_span(owner, code_root, spec.path))
+        plan.notes[:0] = import_notes
+        return plan
     model_target = config.get("model") or _model_for(code_root, spec.path, module)
     subject = _subject(code_root, model_target, model_options, device, seed)
-    plan = _FunctionPlan(code_root, target, subject, where, function, owner if inspect.isclass(owner) else None)
-    plan.notes.insert(0, f"the model: {model_target}" + (" (configured)" if config.get("model") else ""))
+    plan = _FunctionPlan(code_root, target, subject, where, function, owner if inspect.isclass(owner) else None,
+                         config.get("args"))
+    plan.notes[:0] = [f"the model: {model_target}" + (" (configured)" if config.get("model") else ""),
+                      *import_notes]
     if plan.start_in_eval:
         plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
     plan.evaluation = _evaluation_helper(module, code_root, spec.path)
     return plan
+
+
+def _check_configured_arguments(function: Callable, given: dict, target: str) -> None:
+    """``smoke.steps`` ``args`` must name parameters of the step: a typo is an error that says which exist."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return
+    unknown = sorted(set(given) - {p.name for p in parameters})
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in parameters):
+        raise BuildError(f"smoke.steps args of {target}: {function.__qualname__} has no parameter "
+                         f"{', '.join(map(repr, unknown))} (its parameters: "
+                         f"{', '.join(p.name for p in parameters)})")
 
 
 def _subject(code_root: Path, model_target: str, options: dict, device: str, seed: int) -> Subject:

@@ -39,6 +39,9 @@ class Subject:
     # the inputs are the runner's guess (not configured, not the model's example_input_array): the model's code
     # raising on them says more about the guess than about the model, so it is undecided, never a FAIL
     inputs_guessed: bool = False
+    # the same model on inputs of half the resolution / sequence length (its forward checked), or None at the floor:
+    # what the time budget cuts after the batch and the steps (gpu_runner.checks)
+    smaller: Optional[Callable[["Subject"], Optional["Subject"]]] = None
 
 
 @dataclass

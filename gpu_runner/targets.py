@@ -213,6 +213,8 @@ def _resolve_module_classes(files) -> set[str]:
 STEP_FUNCTION_NAMES = re.compile(r"train_one_epoch|train_epoch|train_step|training_step|train_batch|train_on_batch|"
                                  r"train_loop|train|fit|fit_epoch|run_epoch|train_model|train_iter|train_iteration")
 STEP_MODEL_ARGUMENTS = re.compile(r"model|net|network|module|classifier")
+STEP_LOADER_ARGUMENTS = re.compile(r"(train_?|training_|data_?)?(loader|dataloader|data_loader|iterator)|train_data|"
+                                   r"train_dataset|dataset|batches")
 STEP_BATCH_ARGUMENTS = re.compile(r"batch|minibatch|mini_batch|batch_data|data_batch|sample")
 
 
@@ -259,6 +261,16 @@ def _step_candidates(node: ast.stmt) -> Iterator[tuple[str, tuple[int, int], ast
 
 
 def _is_step_function(node: ast.AST) -> bool:
-    return bool(STEP_FUNCTION_NAMES.fullmatch(node.name)) and any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
-        for n in ast.walk(node))
+    """Named like a training step and calling ``.backward()``; or, under any name, a training loop over a loader
+    it is given (``for x, y in loader: ... loss.backward(); optimizer.step()``)."""
+    if STEP_FUNCTION_NAMES.fullmatch(node.name):
+        return any(_calls_method(n, "backward") for n in ast.walk(node))
+    arguments = [a.arg.lower() for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+    if not any(STEP_LOADER_ARGUMENTS.fullmatch(a) for a in arguments):
+        return False
+    return any(isinstance(loop, ast.For) and any(_calls_method(n, "backward") for n in ast.walk(loop))
+               and any(_calls_method(n, "step") for n in ast.walk(loop)) for loop in ast.walk(node))
+
+
+def _calls_method(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name

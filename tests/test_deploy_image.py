@@ -104,7 +104,8 @@ def offline_resolve(argv: list[str], wheels: Path, extra_dirs: list[Path], repor
 def test_the_dockerfile_is_parsed_into_the_steps_this_test_replays():
     args, stages = dockerfile_steps(DOCKERFILE.read_text())
     assert args["TORCH_VERSION"] == "2.13.0"
-    assert [argv[0] for argv in stages["build"]] == ["wheel"]
+    assert [argv[0] for argv in stages["build"]] == ["wheel", "wheel"]
+    assert "--no-deps" in stages["build"][1]  # Lightning's packages, without the torch they require
     assert stages["runner"][0][0] == "install" and f"torch=={args['TORCH_VERSION']}" in stages["runner"][0]
     assert "--no-index" in stages["runner"][1] and "torchreview[runner]" in stages["runner"][1]
     assert "--no-index" in stages["app"][0] and "torchreview[app]" in stages["app"][0]
@@ -130,7 +131,7 @@ def test_the_image_stages_install_offline_from_the_wheel_set(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
     runner = offline_resolve(stages["runner"][1], wheels, [torch_dir], tmp_path / "runner.json", context)
-    assert {"torchreview", "torch", "numpy", "celery", "prometheus-client"} <= runner
+    assert {"torchreview", "torch", "numpy", "celery", "prometheus-client", "lightning", "pytorch-lightning"} <= runner
     app = offline_resolve(stages["app"][0], wheels, [], tmp_path / "app.json", context)
     # the App's server stack comes with its extra, and IPython for notebooks in its syntax; the webhook and
     # static workers never need torch

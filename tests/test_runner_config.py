@@ -226,6 +226,26 @@ def test_steps_are_validated_too():
                           "pyproject.toml")
 
 
+
+def test_step_tables_take_argument_values_and_function_for_step():
+    config = parse_config_text("smoke:\n  steps:\n    - {function: train.py:train_epoch, args: {cuda: false, "
+                               "log_interval: 10, args: {seed: 1}}}\n", ".github/torchreview.yml")
+    (request,) = configured_requests(config.smoke)
+    assert (request.target, request.kind) == ("train.py:train_epoch", "step")
+    assert request.config == {"args": {"cuda": False, "log_interval": 10, "args": {"seed": 1}}}
+    for text, error in [
+        ("{step: a.py:f, args: [1, 2]}", ".github/torchreview.yml:3: smoke.steps[0].args: must be a table of the "
+                                         "step's parameter names and their values"),
+        ("{step: a.py:f, args: {cuda: {a: {b: 1}}}}", ".github/torchreview.yml:3: smoke.steps[0].args.cuda.a: must "
+                                                      "be a number, string, boolean, list"),
+        ("{step: a.py:f, function: a.py:g}", ".github/torchreview.yml:3: smoke.steps[0].function: give the step "
+                                             "once, as step or as function, not both"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            parse_config_text("smoke:\n  steps:\n    - " + text + "\n", ".github/torchreview.yml")
+        assert str(info.value).startswith(error), str(info.value)
+
+
 FINE_TUNE_STEP = '''
     import torch
     import torch.nn as nn

@@ -358,3 +358,154 @@ def test_a_validation_pass_inside_the_epoch_is_not_a_training_forward(tmp_path):
                            "        model.train()\n")
     report = run(write_tree(tmp_path, {"models.py": MODELS, "train.py": source}), "train.py:train_one_epoch")
     assert report["status"] == "passed", [c for c in report["checks"] if c["status"] == "fail"]
+
+
+# ---- running steps unconfigured (issue 27, item 4) --------------------------------------------------------
+
+CUDA_FLAG_STEP = textwrap.dedent('''
+    import torch
+    from models import Net
+
+
+    def train_epoch(model, loader, optimizer, cuda, log_interval):
+        model.train()
+        for index, (x, y) in enumerate(loader):
+            if cuda:
+                x, y = x.cuda(), y.cuda()
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if index % log_interval == 0:
+                pass
+''')
+
+
+def test_smoke_steps_args_supply_what_the_runner_cannot_build(tmp_path):
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": CUDA_FLAG_STEP})
+    unconfigured = run(root, "train.py:train_epoch")
+    assert unconfigured["status"] == "skipped"
+    assert "'cuda'" in unconfigured["reason"] and "args = {cuda = ...}" in unconfigured["reason"]
+    configured = run(root, "train.py:train_epoch", {"args": {"cuda": False, "log_interval": 10}})
+    assert configured["status"] == "passed", configured
+    typo = run(root, "train.py:train_epoch", {"args": {"cude": False}})
+    assert typo["status"] == "skipped" and "has no parameter 'cude'" in typo["reason"] \
+        and "its parameters: model, loader, optimizer, cuda, log_interval" in typo["reason"]
+
+
+ARGPARSE_STEP = textwrap.dedent('''
+    import argparse
+    import torch
+    import torch.nn.functional as F
+    from torchvision import datasets, transforms
+    from models import Net
+
+
+    def train(args, model, device, train_loader, optimizer, epoch):
+        model.train()
+        for batch_idx, (data, target) in enumerate(train_loader):
+            data, target = data.to(device), target.to(device)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(data), target) * args.loss_weight
+            loss.backward()
+            optimizer.step()
+            if batch_idx % args.log_interval == 0 and args.dry_run:
+                break
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--loss-weight", type=float, default=0.5)
+        parser.add_argument("--log-interval", type=int, default=10)
+        parser.add_argument("--dry-run", action="store_true")
+        args = parser.parse_args()
+        train_loader = torch.utils.data.DataLoader(datasets.MNIST("data", transform=transforms.ToTensor()))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_a_step_reads_its_scripts_argparse_defaults_and_imports_torchvision_through_a_stand_in(tmp_path):
+    """``args.loss_weight`` is no name the runner knows: the script's own default says 0.5. The script imports
+    torchvision (not installed) for its data only: a stand-in while it is imported."""
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": ARGPARSE_STEP})
+    report = run(root, "train.py:train")
+    assert report["status"] == "passed", report
+    assert any("stand-ins for 'torchvision'" in note for note in report["notes"]), report["notes"]
+
+
+def test_a_step_that_uses_a_missing_package_is_skipped_naming_it_and_the_line(tmp_path):
+    step = ARGPARSE_STEP.replace("        loss.backward()",
+                                 "        loss.backward()\n        transforms.Normalize((0.5,), (0.5,))")
+    assert step != ARGPARSE_STEP
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": step})
+    report = run(root, "train.py:train")
+    assert report["status"] == "skipped"
+    line = line_of(root, "train.py", "transforms.Normalize")
+    assert f"uses 'torchvision' at train.py:{line}, which is not installed on the smoke runner" in report["reason"]
+
+
+LIGHTNING_MODULE = {"lit.py": '''
+    import pytorch_lightning as pl
+    import torch
+    from torch import nn
+
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.cross_entropy(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters())
+    '''}
+
+
+def test_a_lightning_module_without_lightning_installed_says_so(tmp_path):
+    try:
+        import pytorch_lightning  # noqa: F401
+        pytest.skip("pytorch_lightning is installed here")
+    except ImportError:
+        pass
+    report = run(write_tree(tmp_path, LIGHTNING_MODULE), "lit.py:Lit.training_step")
+    assert report["status"] == "skipped"
+    assert "needs 'pytorch_lightning', which is not installed on the smoke runner" in report["reason"], report
+
+
+def test_a_lightning_module_runs_where_lightning_is_installed(tmp_path):
+    """The runner's image and `runner` extra have Lightning; ``self.log`` outside a Trainer only warns."""
+    pytest.importorskip("pytorch_lightning")
+    report = run(write_tree(tmp_path, LIGHTNING_MODULE), "lit.py:Lit.training_step")
+    assert report["status"] == "passed", report
+
+
+def test_a_training_loop_under_any_name_is_a_step_when_it_takes_a_loader():
+    source = textwrap.dedent('''
+        def fit_classifier(model, loader, optimizer):
+            for x, y in loader:
+                optimizer.zero_grad()
+                model(x).sum().backward()
+                optimizer.step()
+
+        def report(model, loader):
+            for x, y in loader:
+                print(model(x))
+
+        def main(config):
+            for step in range(10):
+                loss.backward()
+                optimizer.step()
+    ''')
+    found = find_step_targets({"fit.py": source}, {"fit.py": None})
+    assert [t.name for t in found] == ["fit_classifier"]

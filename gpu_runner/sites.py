@@ -1,0 +1,825 @@
+"""Where the repository itself builds a model, and with what: its construction sites, evaluated statically.
+
+A class the runner cannot build from its signature alone (``Tagger(alphabet, breadth)``) is usually built
+somewhere: a training script (``Tagger(args.alphabet, args.breadth)`` after ``parser.add_argument("--breadth",
+default=48)``), a factory (``build_model(cfg)`` called with ``cfg = yaml.safe_load(open("configs/base.yaml"))``),
+a Hydra entry point (``@hydra.main(config_path="conf", config_name="train")``), a test or a ``__main__``
+block. This module finds those calls in the code tree and evaluates their arguments without running the
+repository: literals, names assigned before the call (in the function, the module or a module it imports
+from), argparse defaults, YAML / JSON files opened by a path it can evaluate, a factory's parameters through the
+callers of the factory, a method's parameters through their defaults. What it cannot evaluate is left out (the
+builder guesses it). The model's call sites give its input the same way: ``model(torch.randn(8, 3, 32, 32))``.
+
+Runs inside the sandboxed child, on the standard library only (the sandbox binds gpu_runner, not analyzers).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from gpu_runner.targets import _dotted
+
+MAX_FILES = 3000  # Python files looked at per code tree (only those whose text names what is looked for are parsed)
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 24  # nested evaluations (a name, its assignment, a factory's caller...)
+MAX_SITES = 6
+MAX_EVALUATIONS = 5000  # expressions evaluated per call site: factories called from many places stay cheap
+_SKIPPED_FOLDERS = {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".venv", "venv", "env",
+                    "build", "dist", ".tox", ".eggs"}
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
+
+
+class AttrDict(dict):
+    """A configuration read from YAML/JSON or an argparse namespace: ``cfg.model.dim`` and ``cfg["model"]``."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """A tensor the repository makes where it calls the model (``torch.randn(8, 3, 32, 32)``), batch included."""
+
+    shape: tuple
+    dtype: str = "float"
+    high: int = 2
+
+
+@dataclass
+class Construction:
+    """One call of the class: the arguments that could be evaluated (UNKNOWN where not), and how."""
+
+    where: str  # "train.py:42"
+    positional: list = field(default_factory=list)
+    keywords: dict = field(default_factory=dict)
+    origins: list[str] = field(default_factory=list)  # "argparse defaults of train.py", "configs/base.yaml"
+    inputs: list[tuple[list, dict]] = field(default_factory=list)  # the model's call sites: (args, kwargs)
+
+    @property
+    def known(self) -> int:
+        return sum(v is not UNKNOWN for v in [*self.positional, *self.keywords.values()])
+
+
+@dataclass(frozen=True)
+class _OpenFile:
+    path: Path
+
+
+@dataclass(frozen=True)
+class _ModuleRef:
+    path: Path
+
+
+def _to_attr(value: Any) -> Any:
+    if isinstance(value, dict) and not isinstance(value, AttrDict):
+        return AttrDict({k: _to_attr(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_to_attr(v) for v in value]
+    return value
+
+
+_INTERPOLATION = re.compile(r"^\$\{([\w.]+)\}$")
+
+
+def _resolve_interpolations(root: Any, value: Any = None, depth: int = 0) -> Any:
+    """OmegaConf's ``${model.dim}`` references, when they name a value of the same file."""
+    value = root if value is None else value
+    if isinstance(value, dict):
+        for key, item in list(value.items()):
+            value[key] = _resolve_interpolations(root, item, depth)
+    elif isinstance(value, list):
+        return [_resolve_interpolations(root, item, depth) for item in value]
+    elif isinstance(value, str) and depth < 5:
+        match = _INTERPOLATION.match(value)
+        if match:
+            found: Any = root
+            for part in match.group(1).split("."):
+                found = found.get(part, UNKNOWN) if isinstance(found, dict) else UNKNOWN
+            return value if found is UNKNOWN else _resolve_interpolations(root, found, depth + 1)
+    return value
+
+
+def _load_data_file(path: Path) -> Any:
+    if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+        return UNKNOWN
+    text = path.read_text(errors="replace")
+    try:
+        if path.suffix == ".json":
+            return _to_attr(json.loads(text))
+        if path.suffix == ".toml":
+            import tomllib
+
+            return _to_attr(tomllib.loads(text))
+        import yaml
+
+        return _to_attr(_resolve_interpolations(yaml.safe_load(text)))
+    except Exception:  # noqa: BLE001 - a file that does not parse is not a value
+        return UNKNOWN
+
+
+class _File:
+    def __init__(self, relative: str, source: str):
+        self.relative = relative
+        self.tree = ast.parse(source)
+        self.parents: dict[int, ast.AST] = {}
+        for node in ast.walk(self.tree):
+            for child in ast.iter_child_nodes(node):
+                self.parents[id(child)] = node
+        self.imports: dict[str, str] = {}  # local name -> dotted origin ("yaml.safe_load", ".net.Net")
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else \
+                        alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = "." * node.level + (node.module or "") + \
+                        ("." if node.module else "") + alias.name
+        self._argparse: Optional[AttrDict] = None
+
+    def enclosing_function(self, node: ast.AST) -> Optional[ast.FunctionDef]:
+        current = self.parents.get(id(node))
+        while current is not None and not isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            current = self.parents.get(id(current))
+        return current
+
+    def enclosing_class(self, node: ast.AST) -> Optional[ast.ClassDef]:
+        current = self.parents.get(id(node))
+        while current is not None and not isinstance(current, ast.ClassDef):
+            current = self.parents.get(id(current))
+        return current
+
+    def qualified(self, node: ast.AST) -> Optional[str]:
+        """``yaml.safe_load`` for ``yaml.safe_load`` / ``from yaml import safe_load``; local names as they are."""
+        dotted = _dotted(node)
+        if dotted is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        origin = self.imports.get(head)
+        if origin is None:
+            return dotted
+        return origin + ("." + rest if rest else "")
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+            ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+_PURE_BUILTINS = {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple, "list": list, "len": len,
+                  "min": min, "max": max, "abs": abs, "round": round, "sum": sum, "sorted": sorted, "dict": dict}
+# Calls that wrap a mapping as an object with attributes (``SimpleNamespace(**cfg)``, ``EasyDict(cfg)``).
+_NAMESPACE_MAKERS = {"types.SimpleNamespace", "argparse.Namespace", "easydict.EasyDict", "edict",
+                     "omegaconf.OmegaConf.create", "addict.Dict", "munch.Munch", "munch.munchify",
+                     "ml_collections.ConfigDict", "dotmap.DotMap"}
+_DATA_LOADERS = {"yaml.safe_load", "yaml.load", "yaml.full_load", "yaml.unsafe_load", "json.load",
+                 "omegaconf.OmegaConf.load", "tomllib.load", "toml.load"}
+_TENSOR_MAKERS = {"torch.randn": "float", "torch.rand": "float", "torch.zeros": "float", "torch.ones": "float",
+                  "torch.empty": "float", "torch.randint": "long", "torch.full": "float"}
+_DTYPE_NAMES = {"long": "long", "int64": "long", "int": "long", "int32": "long", "bool": "bool"}
+
+
+class Repository:
+    """The Python files of one code tree, parsed on demand."""
+
+    def __init__(self, code_root: Path):
+        self.root = Path(code_root).resolve()
+        self._paths: Optional[list[Path]] = None
+        self._texts: dict[Path, Optional[str]] = {}
+        self._files: dict[Path, Optional[_File]] = {}
+
+    def python_files(self) -> list[Path]:
+        if self._paths is None:
+            found: list[Path] = []
+            for folder, folders, files in os.walk(self.root):
+                folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+                found += [Path(folder) / name for name in sorted(files) if name.endswith(".py")]
+                if len(found) >= MAX_FILES:
+                    break
+            self._paths = found[:MAX_FILES]
+        return self._paths
+
+    def text(self, path: Path) -> Optional[str]:
+        if path not in self._texts:
+            try:
+                self._texts[path] = None if path.stat().st_size > MAX_FILE_BYTES else path.read_text(errors="replace")
+            except OSError:
+                self._texts[path] = None
+        return self._texts[path]
+
+    def file(self, path: Path) -> Optional[_File]:
+        if path not in self._files:
+            text = self.text(path)
+            try:
+                self._files[path] = None if text is None else _File(path.relative_to(self.root).as_posix(), text)
+            except (SyntaxError, ValueError, RecursionError):
+                self._files[path] = None
+        return self._files[path]
+
+    def module_path(self, importer: Path, dotted: str) -> Optional[Path]:
+        """The file of module ``dotted`` (``.config``, ``utils.config``) as ``importer`` imports it."""
+        level = len(dotted) - len(dotted.lstrip("."))
+        parts = [p for p in dotted.lstrip(".").split(".") if p]
+        if level > len(importer.parents):
+            return None
+        bases = [importer.parents[level - 1]] if level else [self.root, self.root / "src", importer.parent]
+        for base in bases:
+            candidate = base.joinpath(*parts)
+            for path in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+                if path.is_file() and path.resolve().is_relative_to(self.root):
+                    return path.resolve()
+        return None
+
+    def calls_of(self, defining: Path, name: str) -> Iterator[tuple[Path, _File, ast.Call]]:
+        """Calls of ``name`` (a module-level class or function of ``defining``) anywhere in the tree: by its name
+        in its own file or where imported, or as ``module.name(...)`` of a module of the tree."""
+        for path in self.python_files():
+            text = self.text(path)
+            if text is None or name not in text:
+                continue
+            parsed = self.file(path)
+            if parsed is None:
+                continue
+            local_names = {name} if path.resolve() == defining else {
+                local for local, origin in parsed.imports.items() if origin.rsplit(".", 1)[-1] == name
+                and self._provides(self.module_path(path, origin.rsplit(".", 1)[0] or "."), defining)}
+            for node in ast.walk(parsed.tree):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                if isinstance(func, ast.Name) and func.id in local_names:
+                    yield path, parsed, node
+                elif isinstance(func, ast.Attribute) and func.attr == name:
+                    module = parsed.qualified(func.value)
+                    if module is not None and self._provides(self.module_path(path, module), defining):
+                        yield path, parsed, node
+
+    @staticmethod
+    def _provides(module: Optional[Path], defining: Path) -> bool:
+        """Whether importing ``name`` from ``module`` can be the class of ``defining``: that file, or a package
+        ``__init__.py`` (which may re-export it); another module's class of the same name is not."""
+        return module is not None and (module == defining or module.name == "__init__.py")
+
+
+class _Evaluator:
+    def __init__(self, repository: Repository):
+        self.repository = repository
+        self.origins: list[str] = []
+        self.budget = [MAX_EVALUATIONS]  # shared with the evaluators of called functions (_Bound)
+        self.visiting: set[int] = set()  # nodes being evaluated: a cycle (f(x) passing f's own x) has no value
+
+    def value(self, path: Path, parsed: _File, node: Optional[ast.AST], depth: int = 0) -> Any:
+        if node is None or depth > MAX_DEPTH or self.budget[0] <= 0 or id(node) in self.visiting:
+            return UNKNOWN
+        self.budget[0] -= 1
+        self.visiting.add(id(node))
+        try:
+            return self._value(path, parsed, node, depth)
+        except RecursionError:
+            return UNKNOWN
+        except Exception:  # noqa: BLE001 - an operation on evaluated values that raises has no value here
+            return UNKNOWN
+        finally:
+            self.visiting.discard(id(node))
+
+    def _value(self, path: Path, parsed: _File, node: ast.AST, depth: int) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            items = [self.value(path, parsed, e, depth + 1) for e in node.elts]
+            if any(i is UNKNOWN for i in items):
+                return UNKNOWN
+            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](items)
+        if isinstance(node, ast.Dict):
+            result = AttrDict()
+            for key, item in zip(node.keys, node.values):
+                value = self.value(path, parsed, item, depth + 1)
+                if key is None:
+                    if not isinstance(value, dict):
+                        return UNKNOWN
+                    result.update(value)
+                    continue
+                result[self.value(path, parsed, key, depth + 1)] = value
+            return result
+        if isinstance(node, ast.Name):
+            return self._name(path, parsed, node, depth)
+        if isinstance(node, ast.Attribute):
+            base = self.value(path, parsed, node.value, depth + 1)
+            if isinstance(base, _ModuleRef):
+                target = self.repository.file(base.path)
+                return UNKNOWN if target is None else self._module_level(base.path, target, node.attr, depth + 1)
+            if isinstance(base, dict):
+                return base.get(node.attr, UNKNOWN)
+            return UNKNOWN
+        if isinstance(node, ast.Subscript):
+            base = self.value(path, parsed, node.value, depth + 1)
+            key = self.value(path, parsed, node.slice, depth + 1)
+            if base is UNKNOWN or key is UNKNOWN or isinstance(base, (_ModuleRef, _OpenFile, TensorShape)):
+                return UNKNOWN
+            return base[key]
+        if isinstance(node, ast.Slice):
+            parts = [None if p is None else self.value(path, parsed, p, depth + 1)
+                     for p in (node.lower, node.upper, node.step)]
+            return UNKNOWN if UNKNOWN in parts else slice(*parts)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = self.value(path, parsed, node.left, depth + 1), self.value(path, parsed, node.right, depth + 1)
+            if left is UNKNOWN or right is UNKNOWN:
+                return UNKNOWN
+            if isinstance(node.op, ast.Div) and isinstance(left, str):  # Path("configs") / "base.yaml"
+                return os.path.join(left, str(right))
+            return _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp):
+            operand = self.value(path, parsed, node.operand, depth + 1)
+            if operand is UNKNOWN:
+                return UNKNOWN
+            return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+                    ast.Invert: operator.invert}[type(node.op)](operand)
+        if isinstance(node, ast.BoolOp):
+            values = [self.value(path, parsed, v, depth + 1) for v in node.values]
+            if UNKNOWN in values:
+                return UNKNOWN
+            result = values[0]
+            for value in values[1:]:
+                result = (result and value) if isinstance(node.op, ast.And) else (result or value)
+            return result
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+            left = self.value(path, parsed, node.left, depth + 1)
+            right = self.value(path, parsed, node.comparators[0], depth + 1)
+            return UNKNOWN if UNKNOWN in (left, right) else _COMPARE[type(node.ops[0])](left, right)
+        if isinstance(node, ast.IfExp):
+            test = self.value(path, parsed, node.test, depth + 1)
+            if test is UNKNOWN:
+                return UNKNOWN
+            return self.value(path, parsed, node.body if test else node.orelse, depth + 1)
+        if isinstance(node, ast.Call):
+            return self._call(path, parsed, node, depth)
+        return UNKNOWN
+
+    # -- names ---------------------------------------------------------------------------------------------
+
+    def _name(self, path: Path, parsed: _File, node: ast.Name, depth: int) -> Any:
+        function = parsed.enclosing_function(node)
+        while function is not None:
+            found = self._local(path, parsed, function, node.id, node.lineno, depth)
+            if found is not None:
+                return found[0]
+            function = parsed.enclosing_function(function)
+        return self._module_level(path, parsed, node.id, depth, before=node.lineno
+                                  if parsed.enclosing_function(node) is None else None)
+
+    def _local(self, path: Path, parsed: _File, function: ast.FunctionDef, name: str, line: int,
+               depth: int) -> Optional[tuple[Any]]:
+        """(value,) when ``name`` is bound in ``function`` (an assignment before ``line``, or a parameter)."""
+        binding = _last_binding(function, name, line)
+        if binding is not None:
+            return (self._bound_value(path, parsed, binding, name, depth),)
+        arguments = function.args
+        positional = [*arguments.posonlyargs, *arguments.args]
+        parameters = positional + arguments.kwonlyargs
+        if not any(a.arg == name for a in parameters):
+            return None
+        hydra = self._hydra_config(path, parsed, function)
+        if hydra is not UNKNOWN and parameters and parameters[0].arg == name:
+            return (hydra,)
+        owner = parsed.parents.get(id(function))
+        if owner is parsed.tree or (function.name == "__init__" and isinstance(owner, ast.ClassDef)
+                                    and parsed.parents.get(id(owner)) is parsed.tree):
+            # a function's callers pass it; a constructor's, the calls of its class (GAT(alpha=args.alpha) for the
+            # alpha that GAT.__init__ hands to its layers)
+            called = function.name if owner is parsed.tree else owner.name
+            for caller_path, caller, call in self.repository.calls_of(path.resolve(), called):
+                expression = _argument_for(function, call, name, method=owner is not parsed.tree)
+                if expression is not None:
+                    value = self.value(caller_path, caller, expression, depth + 1)
+                    if value is not UNKNOWN:
+                        return (value,)
+        default = _parameter_default(function, name)
+        return (UNKNOWN if default is None else self.value(path, parsed, default, depth + 1),)
+
+    def _bound_value(self, path: Path, parsed: _File, binding: ast.AST, name: str, depth: int) -> Any:
+        if isinstance(binding, ast.withitem):
+            return self.value(path, parsed, binding.context_expr, depth + 1)
+        if isinstance(binding, (ast.Import, ast.ImportFrom)):
+            return self._imported(path, parsed, name, depth)
+        if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return UNKNOWN
+        target = binding.target if isinstance(binding, (ast.AnnAssign, ast.AugAssign)) else None
+        if isinstance(binding, ast.AugAssign):
+            return UNKNOWN
+        value = self.value(path, parsed, binding.value, depth + 1)
+        targets = [target] if target is not None else binding.targets
+        for item in targets:
+            if isinstance(item, ast.Name) and item.id == name:
+                return value
+            if isinstance(item, (ast.Tuple, ast.List)) and value is not UNKNOWN:
+                names = [e.id if isinstance(e, ast.Name) else None for e in item.elts]
+                if name in names and isinstance(value, (tuple, list)) and len(value) == len(names):
+                    return value[names.index(name)]
+        return UNKNOWN
+
+    def _module_level(self, path: Path, parsed: _File, name: str, depth: int, before: Optional[int] = None) -> Any:
+        binding = _last_binding(parsed.tree, name, before if before is not None else 10 ** 9)
+        if binding is not None:
+            return self._bound_value(path, parsed, binding, name, depth)
+        return UNKNOWN
+
+    def _imported(self, path: Path, parsed: _File, name: str, depth: int) -> Any:
+        origin = parsed.imports.get(name)
+        if origin is None:
+            return UNKNOWN
+        module_path = self.repository.module_path(path, origin)
+        if module_path is not None:
+            return _ModuleRef(module_path)  # import config as C / from . import config
+        module, _, attribute = origin.rpartition(".")
+        module_path = self.repository.module_path(path, module or ".")
+        target = self.repository.file(module_path) if module_path is not None else None
+        if target is None:
+            return UNKNOWN
+        return self._module_level(module_path, target, attribute, depth + 1)
+
+    # -- calls ---------------------------------------------------------------------------------------------
+
+    def _call(self, path: Path, parsed: _File, node: ast.Call, depth: int) -> Any:
+        qualified = parsed.qualified(node.func) or ""
+        method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+        if method in ("parse_args", "parse_known_args"):
+            namespace = self._argparse(path, parsed, depth)
+            return (namespace, []) if method == "parse_known_args" else namespace
+        args = [self.value(path, parsed, a, depth + 1) for a in node.args if not isinstance(a, ast.Starred)]
+        keywords = {}
+        for keyword in node.keywords:
+            value = self.value(path, parsed, keyword.value, depth + 1)
+            if keyword.arg is None:
+                if not isinstance(value, dict):
+                    return UNKNOWN
+                keywords.update(value)
+            else:
+                keywords[keyword.arg] = value
+        if qualified in ("open", "io.open") and args and isinstance(args[0], str):
+            return _OpenFile(self._data_path(path, args[0]))
+        if method == "open" and isinstance(node.func, ast.Attribute):  # Path(p).open()
+            base = self.value(path, parsed, node.func.value, depth + 1)
+            return _OpenFile(self._data_path(path, base)) if isinstance(base, str) else UNKNOWN
+        if qualified in ("pathlib.Path", "Path", "os.path.join") and args and all(isinstance(a, str) for a in args):
+            return os.path.join(*args)
+        if qualified in _DATA_LOADERS and args:
+            source = args[0]
+            data_path = source.path if isinstance(source, _OpenFile) else \
+                self._data_path(path, source) if isinstance(source, str) and qualified.endswith("OmegaConf.load") else None
+            if data_path is None:
+                return UNKNOWN
+            loaded = _load_data_file(data_path)
+            if loaded is not UNKNOWN:
+                self._note(data_path.relative_to(self.repository.root).as_posix()
+                           if data_path.is_relative_to(self.repository.root) else str(data_path))
+            return loaded
+        if qualified in ("yaml.safe_load_all",):
+            return UNKNOWN
+        if qualified == "vars" and len(args) == 1 and isinstance(args[0], dict):
+            return AttrDict(args[0])
+        if qualified == "getattr" and len(args) >= 2 and isinstance(args[0], dict):
+            return args[0].get(args[1], args[2] if len(args) > 2 else UNKNOWN)
+        if method == "get" and isinstance(node.func, ast.Attribute):
+            base = self.value(path, parsed, node.func.value, depth + 1)
+            if isinstance(base, dict) and args:
+                return base.get(args[0], args[1] if len(args) > 1 else keywords.get("default"))
+            return UNKNOWN
+        if qualified in _NAMESPACE_MAKERS or qualified.rsplit(".", 1)[-1] in ("SimpleNamespace", "Namespace", "EasyDict"):
+            mapping = args[0] if len(args) == 1 and isinstance(args[0], dict) else {}
+            if args and not mapping or any(v is UNKNOWN for v in keywords.values()):
+                return UNKNOWN
+            return _to_attr({**mapping, **keywords})
+        if qualified in _TENSOR_MAKERS:
+            return _tensor_shape(qualified, args, keywords)
+        if qualified in _PURE_BUILTINS and qualified not in parsed.imports:
+            if UNKNOWN in args or any(v is UNKNOWN for v in keywords.values()):
+                return UNKNOWN
+            return _PURE_BUILTINS[qualified](*args, **keywords)
+        return self._repository_function(path, parsed, node, depth)
+
+    def _repository_function(self, path: Path, parsed: _File, node: ast.Call, depth: int) -> Any:
+        """``load_config("configs/base.yaml")``: a function of the tree whose last statement returns a value,
+        evaluated with its parameters bound to the call's arguments."""
+        if not isinstance(node.func, ast.Name):
+            return UNKNOWN
+        name = node.func.id
+        definition_path, definition_file = path, parsed
+        if name in parsed.imports:
+            module, _, name = parsed.imports[name].rpartition(".")
+            definition_path = self.repository.module_path(path, module or ".")
+            definition_file = self.repository.file(definition_path) if definition_path is not None else None
+        if definition_file is None:
+            return UNKNOWN
+        function = next((n for n in definition_file.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and n.name == name), None)
+        if function is None:
+            return UNKNOWN
+        returned = [n for n in ast.walk(function) if isinstance(n, ast.Return) and n.value is not None]
+        if len(returned) != 1:
+            return UNKNOWN
+        bound = _Bound(self, function, node, path, parsed)
+        return bound.value(definition_path, definition_file, returned[0].value, depth + 1)
+
+    def _data_path(self, path: Path, text: str) -> Path:
+        relative = Path(text)
+        if relative.is_absolute():
+            return relative
+        for base in (self.repository.root, path.parent):
+            if (base / relative).exists():
+                return (base / relative).resolve()
+        return (self.repository.root / relative).resolve()
+
+    def _argparse(self, path: Path, parsed: _File, depth: int) -> AttrDict:
+        """Every ``add_argument`` default of the file (one parser or several: their names rarely collide)."""
+        if parsed._argparse is not None:
+            return parsed._argparse
+        namespace = AttrDict()
+        parsed._argparse = namespace  # a default that reads the namespace sees what is known so far
+        for node in ast.walk(parsed.tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            keywords = {k.arg: k.value for k in node.keywords if k.arg}
+            if node.func.attr == "set_defaults":
+                for key, expression in keywords.items():
+                    namespace[key] = self.value(path, parsed, expression, depth + 1)
+                continue
+            if node.func.attr != "add_argument":
+                continue
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            dest = self.value(path, parsed, keywords["dest"], depth + 1) if "dest" in keywords else None
+            if not isinstance(dest, str):
+                long = next((f for f in flags if f.startswith("--")), None)
+                flag = long or (flags[0] if flags else None)
+                if flag is None:
+                    continue
+                dest = flag.lstrip("-").replace("-", "_")
+            action = keywords.get("action")
+            action = action.value if isinstance(action, ast.Constant) else None
+            if "default" in keywords:
+                value = self.value(path, parsed, keywords["default"], depth + 1)
+                kind = keywords.get("type")
+                if isinstance(value, str) and isinstance(kind, ast.Name) and kind.id in ("int", "float"):
+                    try:
+                        value = {"int": int, "float": float}[kind.id](value)
+                    except ValueError:
+                        value = UNKNOWN
+            elif action == "store_true":
+                value = False
+            elif action == "store_false":
+                value = True
+            else:
+                value = UNKNOWN  # no default: None at run time, or required
+            namespace.setdefault(dest, value)
+        if namespace:
+            self._note(f"argparse defaults of {parsed.relative}")
+        return namespace
+
+    def _hydra_config(self, path: Path, parsed: _File, function: ast.FunctionDef) -> Any:
+        """The composed config of a ``@hydra.main(config_path=..., config_name=...)`` entry point: its file,
+        and the files its ``defaults`` list names per group."""
+        for decorator in function.decorator_list:
+            if not (isinstance(decorator, ast.Call) and (parsed.qualified(decorator.func) or "").endswith("hydra.main")):
+                continue
+            keywords = {k.arg: k.value.value for k in decorator.keywords if isinstance(k.value, ast.Constant)}
+            folder = (path.parent / (keywords.get("config_path") or ".")).resolve()
+            name = keywords.get("config_name")
+            if not isinstance(name, str):
+                return UNKNOWN
+            config = _load_data_file(folder / (name if name.endswith(".yaml") else name + ".yaml"))
+            if not isinstance(config, dict):
+                return UNKNOWN
+            for entry in config.pop("defaults", None) or []:
+                if isinstance(entry, dict):
+                    for group, option in entry.items():
+                        part = _load_data_file(folder / str(group) / f"{option}.yaml")
+                        if isinstance(part, dict):
+                            merged = AttrDict(part)
+                            merged.update(config.get(group) or {})
+                            config[str(group).split("@")[0]] = merged
+            config = _to_attr(_resolve_interpolations(config))
+            self._note(f"the Hydra config {folder.relative_to(self.repository.root).as_posix()}/{name}"
+                       if folder.is_relative_to(self.repository.root) else f"the Hydra config {name}")
+            return config
+        return UNKNOWN
+
+    def _note(self, origin: str) -> None:
+        if origin not in self.origins:
+            self.origins.append(origin)
+
+
+class _Bound(_Evaluator):
+    """Evaluates inside one called function, its parameters bound to one call's arguments."""
+
+    def __init__(self, outer: _Evaluator, function: ast.FunctionDef, call: ast.Call, caller_path: Path,
+                 caller: _File):
+        super().__init__(outer.repository)
+        self.origins, self.budget, self.visiting = outer.origins, outer.budget, outer.visiting
+        self.outer, self.function, self.call, self.caller_path, self.caller = outer, function, call, caller_path, caller
+
+    def _local(self, path, parsed, function, name, line, depth):
+        if function is self.function and _last_binding(function, name, line) is None:
+            expression = _argument_for(function, self.call, name)
+            if expression is not None:
+                return (self.outer.value(self.caller_path, self.caller, expression, depth + 1),)
+        return super()._local(path, parsed, function, name, line, depth)
+
+
+def _tensor_shape(qualified: str, args: list, keywords: dict) -> Any:
+    dtype = _TENSOR_MAKERS[qualified]
+    high = 2
+    if qualified == "torch.randint":
+        if len(args) >= 3:
+            high, shape = args[1], args[2]
+        elif len(args) == 2:
+            high, shape = args[0], args[1]
+        else:
+            return UNKNOWN
+    elif qualified == "torch.full":
+        shape = args[0] if args else keywords.get("size", UNKNOWN)
+    else:
+        shape = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+        shape = keywords.get("size", shape)
+    dtype_name = keywords.get("dtype")
+    if isinstance(shape, (tuple, list)) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape) \
+            and shape and isinstance(high, int):
+        return TensorShape(tuple(shape), _DTYPE_NAMES.get(str(dtype_name), dtype), high)
+    return UNKNOWN
+
+
+def _last_binding(scope: ast.AST, name: str, line: int) -> Optional[ast.AST]:
+    """The last statement of ``scope`` (not of functions or classes nested in it) before ``line`` that binds
+    ``name``: an assignment, a ``with ... as name``, an import, a def."""
+    found: Optional[ast.AST] = None
+    found_line = -1
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            if getattr(node, "name", None) == name and node.lineno < line and node.lineno > found_line:
+                found, found_line = node, node.lineno
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        if getattr(node, "lineno", line) >= line:
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {name for t in targets for name in _bound_names(t)}
+            if name in names and node.lineno > found_line and (not isinstance(node, ast.AnnAssign) or node.value):
+                found, found_line = node, node.lineno
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                if isinstance(item.optional_vars, ast.Name) and item.optional_vars.id == name and node.lineno > found_line:
+                    found, found_line = item, node.lineno
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound = {a.asname or (a.name if isinstance(node, ast.ImportFrom) else a.name.split(".")[0])
+                     for a in node.names}
+            if name in bound and node.lineno > found_line:
+                found, found_line = node, node.lineno
+    return found
+
+
+def _bound_names(target: ast.AST) -> Iterator[str]:
+    """The names an assignment target rebinds: ``a`` and ``b`` of ``a, *b = ...``; none for ``args.cuda = ...``
+    or ``cfg["x"] = ...`` (they change an object the name keeps)."""
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _bound_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from _bound_names(target.value)
+
+
+def _argument_for(function: ast.FunctionDef, call: ast.Call, name: str, method: bool = False) -> Optional[ast.AST]:
+    """The expression ``call`` passes to parameter ``name`` of ``function`` (a module-level function, or with
+    ``method`` a constructor called through its class: ``self`` is not passed)."""
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            return keyword.value
+    positional = [a.arg for a in [*function.args.posonlyargs, *function.args.args]][1 if method else 0:]
+    if name in positional:
+        index = positional.index(name)
+        plain = [a for a in call.args if not isinstance(a, ast.Starred)]
+        if len(plain) == len(call.args) and index < len(plain):
+            return plain[index]
+    return None
+
+
+def _parameter_default(function: ast.FunctionDef, name: str) -> Optional[ast.AST]:
+    positional = [*function.args.posonlyargs, *function.args.args]
+    defaults = function.args.defaults
+    offset = len(positional) - len(defaults)
+    for index, argument in enumerate(positional):
+        if argument.arg == name and index >= offset:
+            return defaults[index - offset]
+    for argument, default in zip(function.args.kwonlyargs, function.args.kw_defaults):
+        if argument.arg == name:
+            return default
+    return None
+
+
+def _is_test_path(relative: str) -> bool:
+    parts = relative.split("/")
+    return any(p in ("tests", "test") for p in parts[:-1]) or parts[-1].startswith("test_")
+
+
+def constructions(code_root: Path, path: str, name: str, repository: Optional[Repository] = None) -> list[Construction]:
+    """The calls of class ``name`` (defined in ``path`` under ``code_root``) in the tree, best first: the most
+    arguments evaluated, scripts and factories before tests."""
+    repository = repository or repository_for(code_root)
+    defining = (repository.root / path).resolve()
+    found: list[Construction] = []
+    for site_path, parsed, call in repository.calls_of(defining, name):
+        evaluator = _Evaluator(repository)
+        cls = parsed.enclosing_class(call)
+        if cls is not None and cls.name == name:
+            continue  # the class building another instance of itself (a recursive tree): not a site
+        positional = [UNKNOWN if isinstance(a, ast.Starred) else evaluator.value(site_path, parsed, a)
+                      for a in call.args]
+        if any(isinstance(a, ast.Starred) for a in call.args):
+            positional = positional[:next(i for i, a in enumerate(call.args) if isinstance(a, ast.Starred))]
+        keywords: dict = {}
+        for keyword in call.keywords:
+            value = evaluator.value(site_path, parsed, keyword.value)
+            if keyword.arg is None:
+                if isinstance(value, dict):
+                    keywords.update({str(k): v for k, v in value.items()})
+                continue
+            keywords[keyword.arg] = value
+        construction = Construction(f"{parsed.relative}:{call.lineno}", positional, keywords, evaluator.origins)
+        if construction.known == 0:
+            continue
+        construction.inputs = _model_inputs(evaluator, site_path, parsed, call)
+        found.append(construction)
+    found.sort(key=lambda c: (-c.known, _is_test_path(c.where.rsplit(":", 1)[0])))
+    return found[:MAX_SITES]
+
+
+def _model_inputs(evaluator: _Evaluator, path: Path, parsed: _File, call: ast.Call) -> list[tuple[list, dict]]:
+    """What the code around the construction feeds the model: ``model = Net(...)`` (through ``.to(device)``
+    and the like) then ``model(x, mask)`` with tensors it can evaluate (``x = torch.randn(2, 3, 32, 32)``)."""
+    holder: ast.AST = call
+    while isinstance(parsed.parents.get(id(holder)), (ast.Attribute, ast.Call)):
+        holder = parsed.parents[id(holder)]
+    statement = parsed.parents.get(id(holder))
+    if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+        return []
+    variable = _dotted(statement.targets[0])
+    if variable is None:
+        return []
+    scope = parsed.enclosing_function(call) or parsed.tree
+    inputs = []
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Call) or node.lineno <= statement.lineno:
+            continue
+        callee = _dotted(node.func)
+        if callee not in (variable, f"{variable}.forward"):
+            continue
+        args = [evaluator.value(path, parsed, a) for a in node.args]
+        kwargs = {k.arg: evaluator.value(path, parsed, k.value) for k in node.keywords if k.arg}
+        if args and all(isinstance(a, TensorShape) for a in [*args, *kwargs.values()]):
+            inputs.append((args, kwargs))
+    return inputs
+
+
+def argparse_defaults(code_root: Path, path: str) -> dict:
+    """The argparse defaults of file ``path`` (``--log-interval 10`` -> ``{"log_interval": 10}``), those that could
+    be evaluated; {} when the file defines no arguments."""
+    repository = repository_for(code_root)
+    file_path = (repository.root / path).resolve()
+    parsed = repository.file(file_path)
+    if parsed is None:
+        return {}
+    namespace = _Evaluator(repository)._argparse(file_path, parsed, 0)
+    return {k: v for k, v in namespace.items() if v is not UNKNOWN}
+
+
+_REPOSITORIES: dict[Path, Repository] = {}
+
+
+def repository_for(code_root: Path) -> Repository:
+    """One parsed view per code tree and process (a worker builds every target of one revision)."""
+    root = Path(code_root).resolve()
+    if root not in _REPOSITORIES:
+        _REPOSITORIES.clear()
+        _REPOSITORIES[root] = Repository(root)
+    return _REPOSITORIES[root]

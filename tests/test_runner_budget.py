@@ -1,0 +1,140 @@
+"""The per-target time budget (issue 27 item 6): after the batch and the steps, the input's resolution or sequence
+length is halved, down to a floor the forward still takes; and skip reasons that name the real cause."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from gpu_runner.build import MAX_STAND_INS, BuildError, Skip, build_subject  # noqa: E402
+from gpu_runner.checks import run_checks  # noqa: E402
+from gpu_runner.subject import Subject  # noqa: E402
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401
+
+IMAGE_MODEL = """\
+    from torch import nn
+
+    class Painter(nn.Module):
+        def __init__(self, image_size=32, smallest=0):
+            super().__init__()
+            self.image_size, self.smallest = image_size, smallest
+            self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, images):
+            assert images.shape[-1] >= self.smallest, "too small for the stem"
+            return self.head(self.features(images).flatten(1))
+    """
+
+SEQUENCE_MODEL = """\
+    from torch import nn
+
+    class Reader(nn.Module):
+        def __init__(self, vocab_size=100, dim=16, seq_len=32):
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, dim)
+            self.head = nn.Linear(dim, vocab_size)
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens))
+    """
+
+
+def _subject(root: Path, target: str) -> Subject:
+    subject = build_subject(root, target, device="cpu")
+    assert isinstance(subject, Subject), subject
+    return subject
+
+
+def test_an_image_model_over_budget_is_checked_at_halved_resolution_down_to_the_floor(tmp_path):
+    subject = _subject(write_tree(tmp_path, {"paint.py": IMAGE_MODEL}), "paint.py:Painter")
+    side = subject.make_batch(2, 0).args[0].shape[-1]
+    assert side >= 32
+    report = run_checks(subject, steps=2, budget_s=0.0)  # nothing fits: batch, steps, then resolution are cut
+    assert report.status == "passed", report
+    assert any("resolution halved to 8 x 8" in note and "checked on batches of 2" in note for note in report.notes), \
+        report.notes
+    roomy = run_checks(subject, steps=2, budget_s=3600.0)
+    assert not any("halved" in note for note in roomy.notes)
+
+
+def test_the_floor_is_the_smallest_size_the_forward_takes(tmp_path):
+    source = IMAGE_MODEL.replace("smallest=0", "smallest=16")
+    subject = _subject(write_tree(tmp_path, {"paint.py": source}), "paint.py:Painter")
+    report = run_checks(subject, steps=2, budget_s=0.0)
+    assert any("resolution halved to 16 x 16" in note for note in report.notes), report.notes
+    assert not any("8 x 8" in note for note in report.notes)
+
+
+def test_a_sequence_model_over_budget_is_checked_on_shorter_sequences(tmp_path):
+    subject = _subject(write_tree(tmp_path, {"read.py": SEQUENCE_MODEL}), "read.py:Reader")
+    length = subject.make_batch(2, 0).args[0].shape[-1]
+    report = run_checks(subject, steps=2, budget_s=0.0)
+    assert report.status == "passed", report
+    assert any("sequence length halved to 4" in note for note in report.notes), (length, report.notes)
+
+
+# ---- skip reasons that name the real cause ------------------------------------------------------------------
+
+def _script_importing(packages: list[str]) -> str:
+    imports = "".join(f"import {name}\n" for name in packages)
+    uses = "".join(f"    {name}.run()\n" for name in packages)
+    return imports + "from torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n" \
+        "        super().__init__()\n        self.fc = nn.Linear(4, 2)\n\n    def forward(self, x):\n" \
+        "        return self.fc(x)\n\n\ndef main():\n" + uses
+
+
+def test_stand_ins_up_to_the_cap_build_and_past_it_the_reason_names_the_cap(tmp_path):
+    packages = [f"absent_helper_{index}" for index in range(MAX_STAND_INS + 1)]
+    within = build_subject(write_tree(tmp_path / "within", {"net.py": _script_importing(packages[:-1])}),
+                           "net.py:Net", device="cpu")
+    assert isinstance(within, Subject), within
+    over = build_subject(write_tree(tmp_path / "over", {"net.py": _script_importing(packages)}), "net.py:Net",
+                         device="cpu")
+    assert isinstance(over, Skip)
+    assert f"than the {MAX_STAND_INS} it replaces with stand-ins" in over.reason
+    assert "the cap on stand-ins stopped it, not a use of 'absent_helper_8'" in over.reason, over.reason
+
+
+PACKAGE_WITH_INIT = {
+    "coders/__init__.py": "from .base import BaseCoder\nfrom .loaders import make_loader\n",
+    "coders/base.py": "from torch import nn\n\n\nclass BaseCoder(nn.Module):\n    width = 6\n",
+    "coders/loaders.py": "import torchvision\n\n\ndef make_loader():\n    return torchvision.datasets.MNIST('.')\n",
+    "coders/plain.py": """\
+        from torch import nn
+        from coders import BaseCoder
+
+
+        class PlainCoder(BaseCoder):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(self.width, 3)
+
+            def forward(self, x):
+                return self.fc(x)
+        """,
+}
+
+
+def test_a_package_init_that_imports_a_missing_package_keeps_what_it_defines(tmp_path):
+    subject = build_subject(write_tree(tmp_path, PACKAGE_WITH_INIT), "coders/plain.py:PlainCoder", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert any("stand-ins for 'torchvision'" in note for note in subject.notes), subject.notes
+
+
+def test_a_package_init_that_uses_a_missing_package_is_named_with_the_line_that_failed(tmp_path):
+    files = {**PACKAGE_WITH_INIT,
+             "coders/loaders.py": "import torchvision\n\nTO_TENSOR = torchvision.transforms.ToTensor()\n"}
+    skipped = build_subject(write_tree(tmp_path / "missing", files), "coders/plain.py:PlainCoder", device="cpu")
+    assert isinstance(skipped, Skip)
+    assert skipped.reason.startswith("importing coders/plain.py needs 'torchvision', which is not installed on the "
+                                     "smoke runner: coders/__init__.py uses it when imported"), skipped.reason
+    assert "(at coders/loaders.py:3)" in skipped.reason and "cannot import name 'BaseCoder'" in skipped.reason
+    files["coders/loaders.py"] = "raise RuntimeError('set DATA_ROOT first')\n"  # a failure of the tree's own code
+    with pytest.raises(BuildError) as info:
+        build_subject(write_tree(tmp_path / "raises", files), "coders/plain.py:PlainCoder", device="cpu")
+    text = str(info.value)
+    assert "cannot import name 'BaseCoder' from 'coders'" in text
+    assert "coders/__init__.py, which would have provided it, could not be imported: RuntimeError: set DATA_ROOT " \
+           "first (at coders/loaders.py:1)" in text, text
