@@ -15,8 +15,8 @@ from analyzers.context import FileContext, argument, dotted_name, is_false, keyw
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.loop import _text, is_backward
-from analyzers.rules.training import _is_optimizer
+from analyzers.program.names import node_text
+from analyzers.program.values import is_backward, is_optimizer
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
              "torch.cuda.amp.autocast_mode.autocast"}
@@ -80,7 +80,7 @@ class AmpFacts:
             receiver = dotted_name(node.func.value)
             if _scaler_like(receiver):
                 self.scaler_steps.append((node, receiver, fn))
-            elif receiver is not None and _is_optimizer(node.func.value, ctx) and not node.args:
+            elif receiver is not None and is_optimizer(node.func.value, ctx) and not node.args:
                 self.plain_steps.append((node, receiver, fn))
         elif name == "update" and isinstance(node.func, cst.Attribute):
             receiver = dotted_name(node.func.value)
@@ -274,7 +274,7 @@ class Fp16AutocastWithoutScaler(_AmpRule):
         for call, fn in self.autocasts:
             if id(fn) not in training:
                 continue
-            self.report(call, f"{code_span(_text(ctx, call))} runs the forward pass in float16 and its loss is "
+            self.report(call, f"{code_span(node_text(ctx, call))} runs the forward pass in float16 and its loss is "
                               f"backpropagated without a `GradScaler`: small gradients underflow to zero and large "
                               f"ones overflow; scale the loss with `torch.amp.GradScaler(\"cuda\")` (or use "
                               f"`dtype=torch.bfloat16`, which needs no scaler)")
@@ -564,8 +564,8 @@ class ClipWithoutUnscale(_AmpRule):
             step = next((c for c, s, f in facts.scaler_steps if f is fn and s == scaler), None)
             opt = "optimizer"
             if step is not None and step.args:
-                opt = _text(ctx, step.args[0].value)
-            self.report(call, f"{code_span(_text(ctx, call.func))} clips gradients that {code_span(scaler)} has "
+                opt = node_text(ctx, step.args[0].value)
+            self.report(call, f"{code_span(node_text(ctx, call.func))} clips gradients that {code_span(scaler)} has "
                               f"scaled up (by 65536 at the start): the threshold is meaningless and the updates "
                               f"shrink by the scale factor; call {code_span(f'{scaler}.unscale_({opt})')} "
                               f"before clipping")

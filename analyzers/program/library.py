@@ -1,0 +1,205 @@
+"""What the library APIs our users call do, as data: one entry per API, each citing the documented behaviour.
+
+Rules never list library names for these questions; they ask the queries at the bottom of this module:
+
+- which methods of ``nn.Module`` return the module itself, without running it (``model.to(device).eval()``);
+- which calls wrap or move a module and return it (DDP, ``torch.compile``, ``accelerator.prepare``), and which of
+  their arguments is the module;
+- which loaders return a model already in evaluation mode (``from_pretrained``, ``torch.jit.load``);
+- which calls run the model with autograd off (``generate``, a pipeline);
+- which samplers shard data across processes;
+- what a save writes and a load reads (pickle, tensors only, a whole model);
+- which top-level packages are libraries, not this repository's code.
+"""
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+_TORCH_MODULE = "https://pytorch.org/docs/stable/generated/torch.nn.Module.html"
+
+
+class Does(enum.Enum):
+    """One thing an API does, as far as the rules' questions go."""
+
+    RETURNS_SAME_MODULE = "returns the module it was called on (or given), without running it"
+    WRAPS_MODULE = "returns a wrapper around the module it was given, without running it"
+    MOVES_MODULE = "moves the module's parameters to a device"
+    REPLICATES_PER_DEVICE = "runs a replica of the module on each GPU of one process (DataParallel)"
+    REPLICATES_PER_PROCESS = "runs a replica of the module in each process, gradients all-reduced (DDP)"
+    RETURNS_EVAL_MODEL = "returns a model already in evaluation mode"
+    RUNS_WITHOUT_GRAD = "runs the model with autograd off"
+    SHARDS_DATA = "gives each process its own part of the data"
+    SAMPLES_PER_PROCESS = "a sampler of each process's part, reshuffled by set_epoch(epoch)"
+    WRITES_PICKLE = "writes a pickle: any Python object, code included"
+    READS_PICKLE = "reads a pickle (runs code unless restricted to weights)"
+    WRITES_TORCH_CHECKPOINT = "writes a file torch.load reads back"
+    READS_TORCH_CHECKPOINT = "reads a file torch.save wrote (a pickle in a zip archive)"
+    WRITES_TENSORS_ONLY = "writes tensors only"
+    READS_TENSORS_ONLY = "reads tensors only"
+
+
+@dataclass(frozen=True)
+class Api:
+    does: frozenset  # of Does
+    doc: str  # the page that documents the behaviour
+    module_argument: Optional[tuple[int, str]] = None  # (position, keyword) of the module a wrapper is given
+
+
+def _api(doc: str, *does: Does, module_argument: Optional[tuple[int, str]] = None) -> Api:
+    return Api(frozenset(does), doc, module_argument)
+
+
+# ``nn.Module`` methods that return ``self``: "Returns: self" in each method's documentation. ``type`` also
+# returns self on a module but a type name (a str) on a tensor, so it is left out of chains through unknown
+# receivers.
+MODULE_METHODS: dict[str, Api] = {
+    name: _api(f"{_TORCH_MODULE}#torch.nn.Module.{name}", Does.RETURNS_SAME_MODULE,
+               *((Does.MOVES_MODULE,) if name in ("to", "cuda", "cpu", "xpu", "ipu", "mtia", "to_empty") else ()))
+    for name in ("to", "cuda", "cpu", "xpu", "ipu", "mtia", "to_empty", "float", "double", "half", "bfloat16",
+                 "train", "eval", "requires_grad_", "share_memory", "apply")
+}
+
+_DDP_DOC = "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
+_DP_DOC = "https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html"
+_FSDP_DOC = "https://pytorch.org/docs/stable/fsdp.html"
+_HF_EVAL = ("https://huggingface.co/docs/transformers/main_classes/model#transformers.PreTrainedModel.from_pretrained"
+            " (\"The model is set in evaluation mode by default using model.eval()\")")
+_DIFFUSERS_EVAL = ("https://huggingface.co/docs/diffusers/api/models/overview#diffusers.ModelMixin.from_pretrained"
+                   " (\"The model is set in evaluation mode - model.eval() - by default\")")
+_SAMPLER_DOC = "https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler"
+_SERIALIZATION = "https://pytorch.org/docs/stable/notes/serialization.html"
+
+# Functions and classes, by qualified name (as :meth:`FileContext.qualified_name` resolves them).
+APIS: dict[str, Api] = {
+    # --- torch: wrappers that return a module around the one they are given
+    "torch.compile": _api("https://pytorch.org/docs/stable/generated/torch.compile.html", Does.WRAPS_MODULE,
+                          module_argument=(0, "model")),
+    "torch.nn.DataParallel": _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module")),
+    "torch.nn.parallel.DataParallel": _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module")),
+    "torch.nn.parallel.data_parallel.DataParallel": _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module")),
+    "torch.nn.parallel.DistributedDataParallel": _api(_DDP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_PROCESS, module_argument=(0, "module")),
+    "torch.nn.parallel.distributed.DistributedDataParallel": _api(_DDP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_PROCESS,
+                                                                  module_argument=(0, "module")),
+    "torch.distributed.fsdp.FullyShardedDataParallel": _api(_FSDP_DOC, Does.WRAPS_MODULE, Does.MOVES_MODULE,
+                                                            module_argument=(0, "module")),
+    "torch.nn.SyncBatchNorm.convert_sync_batchnorm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html"
+        "#torch.nn.SyncBatchNorm.convert_sync_batchnorm", Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.weight_norm": _api("https://pytorch.org/docs/stable/generated/torch.nn.utils.weight_norm.html",
+                                       Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.spectral_norm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.utils.spectral_norm.html",
+        Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.parametrizations.weight_norm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.utils.parametrizations.weight_norm.html",
+        Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.parametrizations.spectral_norm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.utils.parametrizations.spectral_norm.html",
+        Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    # a copy of the module: same class, same layers (what "which class built it" asks)
+    "copy.deepcopy": _api("https://docs.python.org/3/library/copy.html#copy.deepcopy", Does.RETURNS_SAME_MODULE,
+                          module_argument=(0, "x")),
+    # --- loaders of models in evaluation mode
+    "torch.jit.load": _api("https://pytorch.org/docs/stable/generated/torch.jit.load.html"
+                           " (a ScriptModule keeps the training flag it was saved with; models are exported in eval)",
+                           Does.RETURNS_EVAL_MODEL, Does.READS_PICKLE),
+    "torch.export.load": _api("https://pytorch.org/docs/stable/export.html#torch.export.load",
+                              Does.RETURNS_EVAL_MODEL),
+    # --- data sharding
+    "torch.utils.data.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA, Does.SAMPLES_PER_PROCESS),
+    "torch.utils.data.distributed.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA,
+                                                            Does.SAMPLES_PER_PROCESS),
+    "datasets.distributed.split_dataset_by_node": _api(
+        "https://huggingface.co/docs/datasets/package_reference/main_classes#datasets.distributed.split_dataset_by_node",
+        Does.SHARDS_DATA),
+    # --- what save / load read and write
+    "torch.save": _api(f"{_SERIALIZATION}#saving-and-loading-tensors", Does.WRITES_PICKLE,
+                              Does.WRITES_TORCH_CHECKPOINT),
+    "torch.serialization.save": _api(f"{_SERIALIZATION}#saving-and-loading-tensors", Does.WRITES_PICKLE,
+                              Does.WRITES_TORCH_CHECKPOINT),
+    "torch.load": _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_PICKLE,
+                              Does.READS_TORCH_CHECKPOINT),
+    "torch.serialization.load": _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_PICKLE,
+                              Does.READS_TORCH_CHECKPOINT),
+    "safetensors.torch.save_file": _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.save_file",
+                                        Does.WRITES_TENSORS_ONLY),
+    "safetensors.torch.load_file": _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.load_file",
+                                        Does.READS_TENSORS_ONLY),
+    "joblib.dump": _api("https://scikit-learn.org/stable/model_persistence.html", Does.WRITES_PICKLE),
+    "joblib.load": _api("https://scikit-learn.org/stable/model_persistence.html", Does.READS_PICKLE),
+    "pickle.load": _api("https://docs.python.org/3/library/pickle.html#pickle.load", Does.READS_PICKLE),
+    "pickle.dump": _api("https://docs.python.org/3/library/pickle.html#pickle.dump", Does.WRITES_PICKLE),
+    "lightning.pytorch.LightningModule.load_from_checkpoint": _api(
+        "https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.core.LightningModule.html"
+        "#lightning.pytorch.core.LightningModule.load_from_checkpoint", Does.READS_PICKLE),
+}
+
+# Methods known by name on receivers the rules cannot resolve (``AutoModel.from_pretrained``,
+# ``accelerator.prepare(model)``): what the method does on the libraries that define it.
+METHODS: dict[str, Api] = {
+    # transformers' and diffusers' pretrained models come back in evaluation mode
+    "from_pretrained": _api(f"{_HF_EVAL}; {_DIFFUSERS_EVAL}", Does.RETURNS_EVAL_MODEL),
+    # accelerate: "Prepare all objects passed in args for distributed training and mixed precision ... in the same
+    # order" - models wrapped (DDP/FSDP) and moved, data loaders sharded across processes
+    "prepare": _api("https://huggingface.co/docs/accelerate/package_reference/accelerator"
+                    "#accelerate.Accelerator.prepare", Does.WRAPS_MODULE, Does.MOVES_MODULE, Does.SHARDS_DATA),
+    # transformers: ``GenerationMixin.generate`` is decorated with ``torch.no_grad()``
+    "generate": _api("https://huggingface.co/docs/transformers/main_classes/text_generation"
+                     "#transformers.GenerationMixin.generate", Does.RUNS_WITHOUT_GRAD),
+    # transformers / diffusers: ``save_pretrained`` writes safetensors by default (safe_serialization=True)
+    "save_pretrained": _api("https://huggingface.co/docs/transformers/main_classes/model"
+                            "#transformers.PreTrainedModel.save_pretrained", Does.WRITES_TENSORS_ONLY),
+}
+
+# Top-level packages that are libraries: a class built from one of them is not this repository's model class.
+ML_LIBRARY_ROOTS = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
+                              "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers",
+                              "accelerate", "peft"})
+LIBRARY_ROOTS = ML_LIBRARY_ROOTS | frozenset(sys.stdlib_module_names)
+
+
+# ---- queries ------------------------------------------------------------------------------------
+
+def method_returns_same_module(method: str) -> bool:
+    """``model.<method>(...)`` returns ``model`` itself (``.to(device)``, ``.eval()``, ``.half()``)."""
+    return method in MODULE_METHODS
+
+
+def wrapped_module_argument(qualified: Optional[str]) -> Optional[tuple[int, str]]:
+    """(position, keyword) of the module ``qualified(...)`` wraps or returns; None when it is no such call."""
+    api = APIS.get(qualified) if qualified else None
+    if api is None or not api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE}:
+        return None
+    return api.module_argument
+
+
+def does(qualified: Optional[str], what: Does) -> bool:
+    api = APIS.get(qualified) if qualified else None
+    return api is not None and what in api.does
+
+
+def method_does(method: Optional[str], what: Does) -> bool:
+    api = METHODS.get(method) if method else None
+    return api is not None and what in api.does
+
+
+def apis_that(what: Does) -> frozenset:
+    """Qualified names of the functions and classes that do ``what``."""
+    return frozenset(name for name, api in APIS.items() if what in api.does)
+
+
+def is_library(qualified: Optional[str]) -> bool:
+    """``qualified`` comes from an installed library or the standard library, not from this repository."""
+    return qualified is not None and qualified.split(".", 1)[0] in LIBRARY_ROOTS
+
+
+def is_ddp(qualified: Optional[str]) -> bool:
+    return does(qualified, Does.REPLICATES_PER_PROCESS)
+
+
+def is_data_parallel(qualified: Optional[str]) -> bool:
+    """``DataParallel`` or ``DistributedDataParallel``: a replica of the model per GPU or per process."""
+    return does(qualified, Does.REPLICATES_PER_DEVICE) or does(qualified, Does.REPLICATES_PER_PROCESS)

@@ -1,0 +1,212 @@
+"""One copy of each meaning: names, kinds of values, test code, and the library table the rules consult."""
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from analyzers.context import FileContext
+from analyzers.engine import _Walker
+from analyzers.program import library
+from analyzers.program.flow import subtree
+from analyzers.program.library import Does
+from analyzers.program.names import name_is_model_like, name_is_optimizer_like, name_words, parenthesized
+from analyzers.program.roles import is_test_code
+from analyzers.program.values import constructor, is_backward, is_optimizer, is_optimizer_step, is_scheduler, \
+    wrapped_module
+
+RULES = Path(__file__).resolve().parents[1] / "analyzers" / "rules"
+
+
+def context(code: str, path: str = "example.py") -> FileContext:
+    source = textwrap.dedent(code)
+    module = cst.parse_module(source)
+    ctx = FileContext(path, source, module)
+    _Walker(ctx, [], lambda rule, exc: None).walk(module)
+    return ctx
+
+
+def calls(ctx: FileContext) -> list[cst.Call]:
+    return [n for n in subtree(ctx.module) if isinstance(n, cst.Call)]
+
+
+# ---- names --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["model", "self.net", "netG", "teacher_model", "resnet", "vae", "self.backbone",
+                                  "student", "ddp_model", "discriminator"])
+def test_names_that_hold_a_model(name):
+    assert name_is_model_like(name)
+
+
+@pytest.mark.parametrize("name", ["model_path", "build_model", "model_state", "loss_fn", "model_name", "get_net",
+                                  "model_cfg", "net_loss", "args", "optimizer"])
+def test_names_about_a_model_are_not_one(name):
+    assert not name_is_model_like(name)
+
+
+@pytest.mark.parametrize("name,expected", [("opt", True), ("optimizer_d", True), ("optG", True), ("g_opt", True),
+                                           ("self.optim", True), ("myoptimizer", True), ("options", False),
+                                           ("opts", False), ("optuna", False), ("adopt", False)])
+def test_optimizer_names(name, expected):
+    assert name_is_optimizer_like(name) is expected
+
+
+def test_words_of_camel_and_snake_names_agree():
+    assert name_words("valLoader") == name_words("val_loader") == ["val", "loader"]
+
+
+def test_parenthesized_only_when_an_operator_could_bind_tighter():
+    assert cst.Module([]).code_for_node(parenthesized(cst.parse_expression("a * b"))) == "(a * b)"
+    assert cst.Module([]).code_for_node(parenthesized(cst.parse_expression("f(a)"))) == "f(a)"
+
+
+# ---- kinds of values ----------------------------------------------------------------------------------------
+
+def test_optimizer_is_known_by_what_built_it_before_its_name():
+    ctx = context("""
+        import torch
+        trainer_state = torch.optim.Adam(params)
+        options = parse()
+        sched = torch.optim.lr_scheduler.StepLR(trainer_state, 1)
+        trainer_state.step()
+        options.step()
+        sched.step()
+    """)
+    steps = [c for c in calls(ctx) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "step"]
+    assert [is_optimizer_step(c, ctx) for c in steps] == [True, False, False]
+    assert is_scheduler(steps[2].func.value, ctx) and not is_optimizer(steps[2].func.value, ctx)
+
+
+def test_backward_is_a_method_call_of_any_receiver():
+    ctx = context("""
+        loss.backward()
+        scaler.scale(loss).backward()
+        self.manual_backward(loss)
+        backward(loss)
+    """)
+    outermost = [ctx.module.code_for_node(c) for c in calls(ctx) if is_backward(c)]
+    assert outermost == ["loss.backward()", "scaler.scale(loss).backward()", "self.manual_backward(loss)"]
+
+
+def test_wrappers_and_moves_return_the_module_they_are_given():
+    ctx = context("""
+        import torch, copy
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = Net()
+        a = net.to("cuda").eval()
+        b = DDP(net, device_ids=[0])
+        c = torch.compile(model=net)
+        d = copy.deepcopy(net)
+        e = torch.nn.utils.weight_norm(net)
+        f = net.forward(x)
+    """)
+    built = {n.targets[0].target.value: n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    for name in "abcde":
+        origin = constructor(ctx, built[name], built[name])
+        assert origin is not None and ctx.module.code_for_node(origin) == "Net()", name
+    assert wrapped_module(built["f"], ctx) is None  # runs the module: its outputs are no module
+
+
+# ---- roles: test code ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["conftest.py", "pkg/test_model.py", "pkg/model_test.py", "tests/helpers.py",
+                                  "test/nn/util.py", "torch/testing/_internal/common.py"])
+def test_test_code_by_name_or_folder(path):
+    assert is_test_code(context("import torch\n", path))
+
+
+def test_test_code_by_what_the_file_holds():
+    assert is_test_code(context("import pytest\nimport torch\n", "check_shapes.py"))
+    assert is_test_code(context("import unittest\nclass Shapes(unittest.TestCase):\n    pass\n", "shapes.py"))
+    # a quick self-check next to real code does not make a script a test: pytest would not collect it
+    assert not is_test_code(context("import torch\ndef test_shape():\n    pass\ndef train():\n    pass\n",
+                                    "train.py"))
+    assert not is_test_code(context("import torch\n", "src/latest.py"))
+
+
+# ---- the library table --------------------------------------------------------------------------------------
+
+def test_every_entry_cites_documentation():
+    for name, api in {**library.APIS, **library.METHODS, **library.MODULE_METHODS}.items():
+        assert api.doc.startswith("https://"), name
+        assert api.does, name
+        if api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE} and name in library.APIS:
+            assert api.module_argument is not None, f"{name}: which argument is the module?"
+
+
+def test_table_answers_the_rules_questions():
+    assert library.method_returns_same_module("requires_grad_")
+    assert not library.method_returns_same_module("forward")
+    assert library.wrapped_module_argument("torch.compile") == (0, "model")
+    assert library.is_ddp("torch.nn.parallel.DistributedDataParallel")
+    assert not library.is_ddp("torch.nn.DataParallel") and library.is_data_parallel("torch.nn.DataParallel")
+    assert library.does("torch.utils.data.distributed.DistributedSampler", Does.SHARDS_DATA)
+    assert library.method_does("from_pretrained", Does.RETURNS_EVAL_MODEL)
+    assert library.does("torch.save", Does.WRITES_TORCH_CHECKPOINT)
+    assert library.is_library("collections.OrderedDict") and library.is_library("timm.create_model")
+    assert not library.is_library("models.resnet.ResNet")
+
+
+def _module_constants(tree: ast.Module):
+    """String constants in the module-level assignments of a rule file (its word lists), not in rule classes."""
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for leaf in ast.walk(node):
+                if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
+                    yield node.lineno, leaf.value
+
+
+# The questions the table owns: rule files ask it instead of keeping their own lists.
+_OWNED = frozenset(name for name, api in library.APIS.items()
+                   if api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE, Does.RETURNS_EVAL_MODEL,
+                                  Does.REPLICATES_PER_DEVICE, Does.REPLICATES_PER_PROCESS, Does.SHARDS_DATA,
+                                  Does.WRITES_TORCH_CHECKPOINT, Does.READS_TORCH_CHECKPOINT})
+
+
+@pytest.mark.parametrize("path", sorted(p for p in RULES.glob("*.py") if p.name not in (
+    "removed_api.py", "deprecation.py")), ids=lambda p: p.name)  # TorchFix parity tables: another owner
+def test_rule_files_keep_no_list_of_what_the_table_knows(path):
+    tree = ast.parse(path.read_text())
+    listed = [(line, value) for line, value in _module_constants(tree) if value in _OWNED]
+    assert not listed, f"{path.name} lists library APIs the table describes; query analyzers.program.library: {listed}"
+    same_module = set(library.MODULE_METHODS)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Set):
+            values = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+            assert not (len(values & same_module) >= 4 and {"eval", "train"} <= values), \
+                f"{path.name}:{node.lineno} keeps its own list of methods that return the module"
+
+
+# ---- rules do not import rules ------------------------------------------------------------------------------
+
+def _imports_of(tree: ast.Module):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            yield node.lineno, "." * node.level + (node.module or ""), [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+
+
+_ALLOWED = {"analyzers.rules.base", "analyzers.rules"}  # the rule base class and the registry
+
+
+@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.name)
+def test_rule_modules_import_no_other_rule_module(path):
+    problems = []
+    for line, module, names in _imports_of(ast.parse(path.read_text())):
+        if module.startswith("."):
+            problems.append(f"line {line}: relative import {module}")
+        elif module == "analyzers.rules" and any(n not in ("REGISTRY", "all_rules") for n in names):
+            problems.append(f"line {line}: {names} from the rules package")
+        elif module.startswith("analyzers.rules.") and module not in _ALLOWED:
+            problems.append(f"line {line}: {module} {names}")
+        if module.startswith("analyzers.rules") and any(n.startswith("_") for n in names):
+            problems.append(f"line {line}: private {[n for n in names if n.startswith('_')]} from {module}")
+    assert not problems, f"{path.name} imports another rule module; move the shared meaning to analyzers/program: " \
+                         f"{problems}"
