@@ -150,13 +150,12 @@ def test_table_answers_the_rules_questions():
     assert not library.is_library("models.resnet.ResNet")
 
 
-def _module_constants(tree: ast.Module):
-    """String constants in the module-level assignments of a rule file (its word lists), not in rule classes."""
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            for leaf in ast.walk(node):
-                if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
-                    yield node.lineno, leaf.value
+def _name_collections(tree: ast.Module):
+    """Literal sets, tuples and lists of strings anywhere in a rule file (its word lists), with their line."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Set, ast.Tuple, ast.List)) and len(node.elts) >= 2 and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+            yield node.lineno, {e.value for e in node.elts}
 
 
 # The questions the table owns: rule files ask it instead of keeping their own lists.
@@ -169,15 +168,12 @@ _OWNED = frozenset(name for name, api in library.APIS.items()
 @pytest.mark.parametrize("path", sorted(p for p in RULES.glob("*.py") if p.name not in (
     "removed_api.py", "deprecation.py")), ids=lambda p: p.name)  # TorchFix parity tables: another owner
 def test_rule_files_keep_no_list_of_what_the_table_knows(path):
-    tree = ast.parse(path.read_text())
-    listed = [(line, value) for line, value in _module_constants(tree) if value in _OWNED]
-    assert not listed, f"{path.name} lists library APIs the table describes; query analyzers.program.library: {listed}"
-    same_module = set(library.MODULE_METHODS)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Set):
-            values = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
-            assert not (len(values & same_module) >= 4 and {"eval", "train"} <= values), \
-                f"{path.name}:{node.lineno} keeps its own list of methods that return the module"
+    for line, names in _name_collections(ast.parse(path.read_text())):
+        where = f"{path.name}:{line}"
+        assert not names & _OWNED, f"{where} lists library APIs the table describes: {sorted(names & _OWNED)}"
+        assert len(names & set(library.TRAINING_LIBRARIES)) < 2, f"{where} lists training libraries: ask the table"
+        assert not (len(names & set(library.MODULE_METHODS)) >= 4 and {"eval", "train"} <= names), \
+            f"{where} keeps its own list of the methods that return the module"
 
 
 # ---- rules do not import rules ------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ class Does(enum.Enum):
     READS_PICKLE = "reads a pickle (runs code unless restricted to weights)"
     WRITES_TORCH_CHECKPOINT = "writes a file torch.load reads back"
     READS_TORCH_CHECKPOINT = "reads a file torch.save wrote (a pickle in a zip archive)"
+    SCALES_LOSS = "its training loop scales the loss for mixed precision itself"
+    ADVANCES_SAMPLER_EPOCH = "its training loop calls the distributed sampler's set_epoch itself"
+    SETS_MODULE_MODE = "its training loop switches the model between train() and eval() itself"
     WRITES_TENSORS_ONLY = "writes tensors only"
     READS_TENSORS_ONLY = "reads tensors only"
 
@@ -77,12 +80,12 @@ APIS: dict[str, Api] = {
     # --- torch: wrappers that return a module around the one they are given
     "torch.compile": _api("https://pytorch.org/docs/stable/generated/torch.compile.html", Does.WRAPS_MODULE,
                           module_argument=(0, "model")),
-    "torch.nn.DataParallel": _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module")),
-    "torch.nn.parallel.DataParallel": _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module")),
-    "torch.nn.parallel.data_parallel.DataParallel": _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module")),
-    "torch.nn.parallel.DistributedDataParallel": _api(_DDP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_PROCESS, module_argument=(0, "module")),
-    "torch.nn.parallel.distributed.DistributedDataParallel": _api(_DDP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_PROCESS,
-                                                                  module_argument=(0, "module")),
+    **{name: _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module"))
+       for name in ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                    "torch.nn.parallel.data_parallel.DataParallel")},
+    **{name: _api(_DDP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_PROCESS, module_argument=(0, "module"))
+       for name in ("torch.nn.parallel.DistributedDataParallel",
+                    "torch.nn.parallel.distributed.DistributedDataParallel")},
     "torch.distributed.fsdp.FullyShardedDataParallel": _api(_FSDP_DOC, Does.WRAPS_MODULE, Does.MOVES_MODULE,
                                                             module_argument=(0, "module")),
     "torch.nn.SyncBatchNorm.convert_sync_batchnorm": _api(
@@ -113,8 +116,8 @@ APIS: dict[str, Api] = {
     "torch.utils.data.distributed.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA,
                                                             Does.SAMPLES_PER_PROCESS),
     "datasets.distributed.split_dataset_by_node": _api(
-        "https://huggingface.co/docs/datasets/package_reference/main_classes#datasets.distributed.split_dataset_by_node",
-        Does.SHARDS_DATA),
+        "https://huggingface.co/docs/datasets/package_reference/main_classes"
+        "#datasets.distributed.split_dataset_by_node", Does.SHARDS_DATA),
     # --- what save / load read and write
     "torch.save": _api(f"{_SERIALIZATION}#saving-and-loading-tensors", Does.WRITES_PICKLE,
                               Does.WRITES_TORCH_CHECKPOINT),
@@ -154,6 +157,27 @@ METHODS: dict[str, Api] = {
                             "#transformers.PreTrainedModel.save_pretrained", Does.WRITES_TENSORS_ONLY),
 }
 
+_LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "
+              "loss; use_distributed_sampler sets the sampler's epoch; validation runs in eval mode)")
+_ACCELERATE = ("https://huggingface.co/docs/accelerate/package_reference/accelerator (accelerator.backward scales the "
+               "loss under mixed precision; prepared data loaders set their sampler's epoch)")
+_SCALES = "the library's mixed-precision training wraps backward in its own loss scaler: "
+# Libraries whose own training loop does a duty the rules otherwise ask of the user's loop, by top-level package.
+TRAINING_LIBRARIES: dict[str, Api] = {
+    "lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
+    "pytorch_lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
+    "accelerate": _api(_ACCELERATE, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH),
+    "deepspeed": _api(_SCALES + "https://www.deepspeed.ai/docs/config-json/#fp16-training-options", Does.SCALES_LOSS),
+    "apex": _api(_SCALES + "https://nvidia.github.io/apex/amp.html", Does.SCALES_LOSS),
+    "fairscale": _api(_SCALES + "https://fairscale.readthedocs.io/en/latest/api/optim/grad_scaler.html",
+                      Does.SCALES_LOSS),
+    "transformers": _api(_SCALES + "https://huggingface.co/docs/transformers/main_classes/trainer "
+                         "(TrainingArguments fp16/bf16)", Does.SCALES_LOSS),
+    "composer": _api(_SCALES + "https://docs.mosaicml.com/projects/composer/en/stable/", Does.SCALES_LOSS),
+    "colossalai": _api(_SCALES + "https://colossalai.org/docs/features/mixed_precision_training_with_booster",
+                       Does.SCALES_LOSS),
+}
+
 # Top-level packages that are libraries: a class built from one of them is not this repository's model class.
 ML_LIBRARY_ROOTS = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
                               "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers",
@@ -189,6 +213,11 @@ def method_does(method: Optional[str], what: Does) -> bool:
 def apis_that(what: Does) -> frozenset:
     """Qualified names of the functions and classes that do ``what``."""
     return frozenset(name for name, api in APIS.items() if what in api.does)
+
+
+def training_libraries_that(what: Does) -> tuple[str, ...]:
+    """Top-level packages whose training loop does ``what`` for the user (a file importing one leaves it to them)."""
+    return tuple(root for root, api in TRAINING_LIBRARIES.items() if what in api.does)
 
 
 def is_library(qualified: Optional[str]) -> bool:

@@ -122,6 +122,13 @@ def is_backward(call: cst.Call, ctx: Optional[FileContext] = None) -> bool:
     return isinstance(func, cst.Attribute) and func.attr.value in BACKWARD_METHODS
 
 
+def is_plain_backward(call: cst.Call) -> bool:
+    """``<x>.backward(...)``: autograd's own backward, not a framework's ``manual_backward`` (which scales and
+    synchronizes gradients itself)."""
+    func = call.func
+    return isinstance(func, cst.Attribute) and func.attr.value == "backward"
+
+
 def is_optimizer_step(call: cst.Call, ctx: FileContext) -> bool:
     """``opt.step()`` or ``scaler.step(opt)``."""
     func = call.func

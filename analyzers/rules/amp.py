@@ -15,22 +15,20 @@ from analyzers.context import FileContext, argument, dotted_name, is_false, keyw
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
+from analyzers.program.library import Does, training_libraries_that
 from analyzers.program.names import node_text
-from analyzers.program.values import is_backward, is_optimizer
+from analyzers.program.values import is_optimizer, is_plain_backward
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
              "torch.cuda.amp.autocast_mode.autocast"}
 _CUDA_ONLY = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
 _FP16 = {"torch.float16", "torch.half"}
-# libraries that scale the loss themselves
-_SCALING_LIBRARIES = ("accelerate", "lightning", "pytorch_lightning", "deepspeed", "apex", "fairscale",
-                      "transformers", "composer", "colossalai")
 _CLIP = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value"}
 
 
 def _scaled_backward(call: cst.Call) -> Optional[str]:
     """``scaler`` for ``scaler.scale(loss).backward()``."""
-    if method_name(call) != "backward" or not isinstance(call.func, cst.Attribute):
+    if not is_plain_backward(call):
         return None
     inner = call.func.value
     if isinstance(inner, cst.Call) and method_name(inner) == "scale" and isinstance(inner.func, cst.Attribute):
@@ -68,7 +66,7 @@ class AmpFacts:
         qualified = ctx.call_name(node) or ""
         if qualified.endswith("GradScaler") or (dotted_name(node.func) or "").endswith("GradScaler"):
             self.any_scaler = True
-        if name == "backward" and is_backward(node, ctx):
+        if is_plain_backward(node):
             self.backwards.append((node, fn))
             scaler = _scaled_backward(node)
             if scaler is not None:
@@ -99,7 +97,7 @@ class _AmpRule(Rule):
         ctx.facts(AmpFacts).note(node, ctx)
 
     def scaling_elsewhere(self, ctx: FileContext) -> bool:
-        return any(ctx.imports.imports_root(lib) for lib in _SCALING_LIBRARIES)
+        return any(ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.SCALES_LOSS))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import AccumulationFacts, loop_stack, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.roles import is_test_code
-from analyzers.program.library import Does, does, is_ddp
-from analyzers.program.values import is_backward
+from analyzers.program.library import Does, does, is_ddp, training_libraries_that
+from analyzers.program.values import is_plain_backward
 
 _DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 _RANK_WORDS = re.compile(r"rank|main_process|is_main|is_master|master|global_zero|local_process_zero|"
@@ -138,7 +138,7 @@ class SamplerWithoutSetEpoch(Rule):
         name = method_name(node)
         if name == "set_epoch":
             self.set_epoch = True
-        elif name == "backward" and is_backward(node, ctx) and loop_stack(ctx):
+        elif is_plain_backward(node) and loop_stack(ctx):
             self.trains = True
         elif does(ctx.call_name(node), Does.SAMPLES_PER_PROCESS):
             shuffle = keyword_arg(node, "shuffle")
@@ -146,8 +146,8 @@ class SamplerWithoutSetEpoch(Rule):
                 self.samplers.append(node)
 
     def end_file(self, ctx: FileContext) -> None:
-        if self.set_epoch or not self.trains or any(ctx.imports.imports_root(lib) for lib in (
-                "accelerate", "lightning", "pytorch_lightning")):
+        if self.set_epoch or not self.trains or any(
+                ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.ADVANCES_SAMPLER_EPOCH)):
             return  # Accelerate and Lightning advance the sampler's epoch themselves
         for call in self.samplers:
             parent = ctx.parent(call)
@@ -296,7 +296,7 @@ class SaveOnEveryRank(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if _is_ddp_call(node, ctx):
             self.ddp = True
-        elif method_name(node) == "backward" and is_backward(node, ctx):
+        elif is_plain_backward(node):
             self.trains.add(id(ctx.function))
         elif does(ctx.call_name(node), Does.WRITES_TORCH_CHECKPOINT) and not self._guarded(node, ctx):
             path = node.args[1].value if len(node.args) > 1 else None
@@ -554,7 +554,7 @@ class DataParallelTraining(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if does(ctx.call_name(node), Does.REPLICATES_PER_DEVICE):
             self.calls.append(node)
-        elif method_name(node) == "backward" and is_backward(node, ctx) and loop_stack(ctx):
+        elif is_plain_backward(node) and loop_stack(ctx):
             self.trains = True
 
     def visit_Name(self, node: cst.Name, ctx: FileContext) -> None:

@@ -20,7 +20,7 @@ from analyzers.model import Category, Severity
 from analyzers.program.flow import assignment_before, subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.library import method_returns_same_module
-from analyzers.program.values import wrapped_module
+from analyzers.program.values import BACKWARD_METHODS, wrapped_module
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
 from analyzers.program.modules import torch_layer_features
@@ -453,7 +453,7 @@ class FrozenBatchNormInTrainMode(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
         func = node.func
-        if name in ("backward", "manual_backward"):
+        if name in BACKWARD_METHODS:
             if self.facts.backward is None:
                 self.facts.backward = self.order
             return

@@ -27,11 +27,12 @@ from analyzers.context import (
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
+from analyzers.program.library import Does, training_libraries_that
 from analyzers.program.modules import ModuleFacts, torch_layer_features
 from analyzers.program.loops import AccumulationFacts, body_nodes, loop_stack, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.values import BACKWARD_METHODS, constructor, is_backward, is_model_call, is_optimizer_step, \
-    model_class
+    is_plain_backward, model_class
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -670,8 +671,8 @@ class EvalNeverTrain(Rule):
         self.loops.append((node, ctx.function, self.order))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.evals or self.trained or ctx.imports.imports_root("lightning") or \
-                ctx.imports.imports_root("pytorch_lightning"):
+        if not self.evals or self.trained or any(
+                ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.SETS_MODULE_MODE)):
             return
         training = {id(lp) for lp, _, _ in self.loops if loop_trains(lp, ctx)}
         if not training:
@@ -1327,7 +1328,7 @@ class RetainGraphInLoop(Rule):
         self.candidates: list[tuple[cst.Call, cst.CSTNode]] = []
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if not is_backward(node, ctx) or method_name(node) != "backward":
+        if not is_plain_backward(node):
             return
         retain = keyword_arg(node, "retain_graph")
         if retain is None or not is_true(retain.value):
@@ -1340,7 +1341,7 @@ class RetainGraphInLoop(Rule):
         for node, loop in self.candidates:
             passes = 0
             for other in body_nodes(loop):
-                if isinstance(other, cst.Call) and (method_name(other) in ("backward", "grad", "manual_backward")
+                if isinstance(other, cst.Call) and ((method_name(other) in BACKWARD_METHODS or method_name(other) == "grad")
                                                     or "autograd" in (dotted_name(other.func) or "")):
                     passes += 1
             if passes > 1:

@@ -341,7 +341,7 @@ class SaveWholeModel(Rule):
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if ctx.call_name(node) not in ("torch.save", "torch.serialization.save"):
+        if not does(ctx.call_name(node), Does.WRITES_TORCH_CHECKPOINT):
             return
         obj = argument(node, 0, "obj")
         if obj is None or not isinstance(obj, (cst.Name, cst.Attribute)):

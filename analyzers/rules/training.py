@@ -32,7 +32,8 @@ from analyzers.program.library import is_library
 from analyzers.program.loops import LoopStack, loop_stack
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_segment
-from analyzers.program.values import BACKWARD_METHODS, is_model_call, is_optimizer, is_scaler, is_scheduler
+from analyzers.program.values import (BACKWARD_METHODS, is_model_call, is_optimizer, is_plain_backward, is_scaler,
+                                      is_scheduler)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -2320,7 +2321,7 @@ class BackwardOnNonScalar(Rule):
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if method_name(node) != "backward" or argument(node, 0, "gradient") is not None:
+        if not is_plain_backward(node) or argument(node, 0, "gradient") is not None:
             return
         receiver = call_receiver(node)
         if receiver is None:
