@@ -178,6 +178,31 @@ TRAINING_LIBRARIES: dict[str, Api] = {
                        Does.SCALES_LOSS),
 }
 
+# Optimizer classes by name, for calls the rules cannot resolve (``from timm.optim import Lamb``, a project's
+# copy of ``Lion``): torch.optim's algorithms and the widely used third-party ones.
+OPTIMIZER_CLASSES: dict[str, str] = {
+    **{name: "https://pytorch.org/docs/stable/optim.html#algorithms"
+       for name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS",
+                    "SparseAdam", "ASGD", "Rprop")},
+    "Lion": "https://huggingface.co/docs/timm/reference/optimizers",
+    "LAMB": "https://nvidia.github.io/apex/optimizers.html#apex.optimizers.FusedLAMB",
+    "Lamb": "https://huggingface.co/docs/timm/reference/optimizers",
+    "LARS": "https://huggingface.co/docs/timm/reference/optimizers",
+    "Adafactor": "https://huggingface.co/docs/transformers/main_classes/optimizer_schedules#transformers.Adafactor",
+}
+
+# Calls that yield the items of their first argument, by last name: ``for i, (x, y) in enumerate(tqdm(loader))``
+# iterates ``loader``.
+ITERATION_WRAPPERS: dict[str, str] = {
+    "enumerate": "https://docs.python.org/3/library/functions.html#enumerate",
+    "iter": "https://docs.python.org/3/library/functions.html#iter",
+    "zip": "https://docs.python.org/3/library/functions.html#zip",
+    "tqdm": "https://tqdm.github.io/docs/tqdm/",
+    "trange": "https://tqdm.github.io/docs/shortcuts/#trange",
+    "track": "https://rich.readthedocs.io/en/stable/reference/progress.html#rich.progress.track",
+    "progress_bar": "https://docs.fast.ai/callback.progress.html",
+}
+
 # Top-level packages that are libraries: a class built from one of them is not this repository's model class.
 ML_LIBRARY_ROOTS = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
                               "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers",
@@ -218,6 +243,15 @@ def apis_that(what: Does) -> frozenset:
 def training_libraries_that(what: Does) -> tuple[str, ...]:
     """Top-level packages whose training loop does ``what`` for the user (a file importing one leaves it to them)."""
     return tuple(root for root, api in TRAINING_LIBRARIES.items() if what in api.does)
+
+
+def names_an_optimizer_class(name: Optional[str]) -> bool:
+    return bool(name) and name.rsplit(".", 1)[-1] in OPTIMIZER_CLASSES
+
+
+def iterates_its_argument(name: Optional[str]) -> bool:
+    """``name(x, ...)`` yields the items of ``x`` (``enumerate``, ``tqdm.auto.tqdm``, ``zip``)."""
+    return bool(name) and name.rsplit(".", 1)[-1] in ITERATION_WRAPPERS
 
 
 def is_library(qualified: Optional[str]) -> bool:

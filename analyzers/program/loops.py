@@ -6,6 +6,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from analyzers.context import FileContext, code_children, dotted_name
+from analyzers.program.library import iterates_its_argument
 from analyzers.program.values import is_backward, is_optimizer_step
 
 LoopStack = tuple  # tuple of cst.For | cst.While, outermost first
@@ -42,6 +43,13 @@ def loop_trains(loop: cst.CSTNode, ctx: Optional[FileContext] = None) -> bool:
     if found is None:
         found = cache[id(loop)] = any(isinstance(node, cst.Call) and is_backward(node) for node in body_nodes(loop))
     return found
+
+
+def iterated(iterable: cst.BaseExpression) -> cst.BaseExpression:
+    """What a ``for`` really iterates: ``loader`` for ``enumerate(tqdm(loader))``."""
+    while isinstance(iterable, cst.Call) and iterable.args and iterates_its_argument(dotted_name(iterable.func)):
+        iterable = iterable.args[0].value
+    return iterable
 
 
 def accumulation_divisor(test: cst.BaseExpression) -> Optional[cst.BaseExpression]:

@@ -8,7 +8,8 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name
 from analyzers.program.flow import assignment_before, call_site_values
-from analyzers.program.library import is_library, method_returns_same_module, wrapped_module_argument
+from analyzers.program.library import is_library, method_returns_same_module, names_an_optimizer_class, \
+    wrapped_module_argument
 from analyzers.program.names import (last_segment, name_is_model_like, name_is_optimizer_like, name_is_scaler_like,
                                      name_is_scheduler_like)
 
@@ -96,6 +97,14 @@ def is_optimizer(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     if isinstance(origin, (cst.Name, cst.Attribute)):
         return name_is_optimizer_like(dotted_name(origin))
     return False
+
+
+def builds_optimizer(call: cst.Call, ctx: FileContext) -> bool:
+    """``torch.optim.Adam(...)``, ``optim.SGD(...)``, or a call of a known optimizer class however imported."""
+    qualified = ctx.qualified_name(call.func) or ""
+    if qualified.startswith("torch.optim.") and ".lr_scheduler" not in qualified:
+        return True
+    return names_an_optimizer_class(dotted_name(call.func))
 
 
 def is_scaler(expr: cst.BaseExpression, ctx: FileContext) -> bool:

@@ -13,6 +13,7 @@ from analyzers.markdown import named
 from analyzers.program.devices import expression_nodes, runs_only_with_cuda, selects_with_cpu_fallback
 from analyzers.program.flow import assignment_before, call_site_values, parameter_index, subtree
 from analyzers.program.library import is_data_parallel
+from analyzers.program.loops import iterated
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -1074,7 +1075,6 @@ class HardCodedCuda(Rule):
 # ---------------------------------------------------------------------------------------------
 # TR705
 
-_ITERATION_WRAPPERS = {"enumerate", "tqdm", "trange", "iter", "progress_bar", "track"}
 # Calls that may move what they are given (``to_device(batch, device)``, ``batch = prepare_batch(batch)``): a loop
 # that calls one is handling devices its own way, so it is not judged.
 _DEVICE_HANDLING = re.compile(r"device|cuda|gpu|move|transfer|prepare|send|place", re.IGNORECASE)
@@ -1487,10 +1487,7 @@ class BatchNotMovedToDevice(Rule):
         _observe_assign(node, ctx)  # ``device = ...`` in one branch of an ``if``: its CUDA names
 
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
-        iterable = node.iter
-        while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
-                _ITERATION_WRAPPERS and iterable.args:
-            iterable = iterable.args[0].value
+        iterable = iterated(node.iter)
         if isinstance(iterable, (cst.Name, cst.Attribute, cst.Call)):
             self.loops.append(_LoaderLoop(node, ctx.function_def, ctx.class_def, iterable))
 

@@ -12,7 +12,7 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule
-from analyzers.program.loops import AccumulationFacts, loop_stack, loop_trains
+from analyzers.program.loops import AccumulationFacts, iterated, loop_stack, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.roles import is_test_code
 from analyzers.program.library import Does, does, is_ddp, training_libraries_that
@@ -1066,7 +1066,6 @@ _PROCESS_GROUP = {"torch.distributed.init_process_group"}
 # Data that shards itself, or a framework that adds the sampler: nothing to say.
 _SELF_SHARDING = re.compile(r"IterableDataset|split_dataset_by_node|webdataset|\bwds\.|accelerate|lightning|"
                             r"Lightning|shard|DistributedBatchSampler|\[\s*\w*rank\w*\s*::", re.IGNORECASE)
-_LOADER_WRAPPERS = {"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "zip"}
 
 
 class DdpTrainingLoaderWithoutSampler(Rule):
@@ -1199,10 +1198,7 @@ class DdpTrainingLoaderWithoutSampler(Rule):
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
         if not loop_trains(node, ctx):
             return
-        iterable = node.iter
-        while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "") in _LOADER_WRAPPERS and \
-                iterable.args:
-            iterable = iterable.args[0].value
+        iterable = iterated(node.iter)
         name = dotted_name(iterable)
         if name is not None:
             self.training_iterables.add(name)

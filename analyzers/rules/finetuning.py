@@ -19,8 +19,8 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import assignment_before, subtree
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.library import method_returns_same_module
-from analyzers.program.values import BACKWARD_METHODS, wrapped_module
+from analyzers.program.library import method_returns_same_module, names_an_optimizer_class
+from analyzers.program.values import BACKWARD_METHODS, builds_optimizer, wrapped_module
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
 from analyzers.program.modules import torch_layer_features
@@ -646,8 +646,6 @@ class FrozenBatchNormInTrainMode(Rule):
 # ---------------------------------------------------------------------------------------------
 # TR117
 
-_OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS", "Lion",
-               "Adafactor", "LAMB", "Lamb", "LARS", "SparseAdam", "ASGD", "Rprop"}
 # ``model.module`` (DataParallel / DDP), ``model._orig_mod`` (torch.compile): the whole model, not a part of it
 _WHOLE = {"module", "_orig_mod", "model", "net", "network", "inner"}
 # uses of a model's parameters that neither optimize nor freeze them
@@ -670,14 +668,6 @@ class _PartOptimizer:
     built: str  # what ``model`` is built from (the message names it)
 
 
-def _optimizer_call(call: cst.Call, ctx: FileContext) -> bool:
-    qualified = ctx.qualified_name(call.func) or ""
-    if qualified.startswith("torch.optim.") and ".lr_scheduler" not in qualified:
-        return True
-    name = dotted_name(call.func) or ""
-    return name.rsplit(".", 1)[-1] in _OPTIMIZERS
-
-
 def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
     """What ``model`` was built from, when it is surely a fresh model: a torchvision/timm constructor, a module
     class (``Net(...)``, ``nn.Sequential``); None for a helper's result (``build_model(cfg)`` may freeze it)."""
@@ -694,7 +684,7 @@ def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[s
     if qualified.startswith("torchvision.models.") or qualified in ("timm.create_model", "timm.models.create_model"):
         return short(ctx, built.func, 40)
     name = dotted_name(built.func)
-    if name is None or not name.rsplit(".", 1)[-1][:1].isupper() or name.rsplit(".", 1)[-1] in _OPTIMIZERS:
+    if name is None or not name.rsplit(".", 1)[-1][:1].isupper() or names_an_optimizer_class(name):
         return None
     if qualified and not qualified.startswith("torch.nn.") and qualified.split(".", 1)[0] in (
             "transformers", "torch"):
@@ -871,7 +861,7 @@ class OptimizerOverPartOfTrainedModel(Rule):
         if name == "add_param_group":
             self.param_groups_added = True
             return
-        if isinstance(func, (cst.Name, cst.Attribute)) and node.args and _optimizer_call(node, ctx):
+        if isinstance(func, (cst.Name, cst.Attribute)) and node.args and builds_optimizer(node, ctx):
             self._optimizer(node, ctx)
             return
         callee = func.value if name == "forward" and isinstance(func, cst.Attribute) else func

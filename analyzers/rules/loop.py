@@ -32,7 +32,7 @@ from analyzers.program.modules import ModuleFacts, torch_layer_features
 from analyzers.program.loops import AccumulationFacts, body_nodes, loop_stack, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.values import BACKWARD_METHODS, constructor, is_backward, is_model_call, is_optimizer_step, \
-    is_plain_backward, model_class
+    is_plain_backward, model_class, builds_optimizer
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -458,9 +458,6 @@ class AccumulatedLossNotScaled(Rule):
 # ---------------------------------------------------------------------------------------------
 # TR112
 
-_OPTIMIZER_CLASSES = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS",
-                      "Lion", "Adafactor", "LAMB", "Lamb"}
-
 
 class EvalNeverTrain(Rule):
     id = "TR112"
@@ -642,8 +639,7 @@ class EvalNeverTrain(Rule):
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
-        qualified = ctx.call_name(node) or ""
-        if qualified.startswith("torch.optim.") or name in _OPTIMIZER_CLASSES:
+        if builds_optimizer(node, ctx):
             for arg in node.args:
                 value = arg.value
                 if (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
