@@ -206,3 +206,19 @@ def test_rule_modules_import_no_other_rule_module(path):
             problems.append(f"line {line}: private {[n for n in names if n.startswith('_')]} from {module}")
     assert not problems, f"{path.name} imports another rule module; move the shared meaning to analyzers/program: " \
                          f"{problems}"
+
+
+# ---- one way to cache facts ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.name)
+def test_rules_keep_facts_only_through_ctx_facts(path):
+    """Facts a file's rules share live in ``ctx.facts(Kind)``, never in attributes a rule sets on the context."""
+    stashed = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "getattr") \
+                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "ctx":
+            stashed.append(node.lineno)
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        stashed += [t.lineno for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                    and t.value.id == "ctx"]
+    assert not stashed, f"{path.name} keeps facts on the context at lines {stashed}: use ctx.facts(Kind)"

@@ -438,3 +438,18 @@ def _holds_tests(ctx: "FileContext") -> bool:
 def is_test_code(ctx: "FileContext") -> bool:
     """The file is a test (or test support): findings about training hygiene do not apply to it."""
     return ctx.facts(_TestModule).is_test
+
+
+class LightningClasses:
+    """The classes of a file that derive from ``LightningModule`` (directly or through another such class of the
+    file): the Trainer runs their steps. Known once per file (``ctx.facts(LightningClasses).names``)."""
+
+    def __init__(self, ctx: "FileContext") -> None:
+        self.names: set[str] = set()
+        for statement in ctx.module.body:
+            if isinstance(statement, cst.ClassDef):
+                for base in statement.bases:
+                    name = ctx.qualified_name(base.value) or dotted_name(base.value) or ""
+                    if last_segment(name) == "LightningModule" or name in self.names:
+                        self.names.add(statement.name.value)
+                        break

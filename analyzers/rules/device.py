@@ -27,7 +27,6 @@ _CONFIG_ROOTS = {"args", "arg", "cfg", "config", "conf", "opt", "opts", "options
                  "Config", "cfgs", "hyperparams", "hyp", "trainer"}
 _DTYPE_NAMES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "int8", "int16",
                 "int32", "int64", "long", "short", "bool", "uint8", "complex64", "complex128", "cfloat", "cdouble"}
-_FACTS_ATTR = "_torchreview_device_facts"
 
 
 def _device_like_name(dotted: Optional[str]) -> bool:
@@ -197,12 +196,15 @@ def _loop_variable(root: str, ctx: FileContext) -> bool:
     return binding.kind == "for" or binding.loop is not None
 
 
+class _FileDeviceFacts(_DeviceFacts):
+    """The device facts of one file, kept with the file's other facts (``ctx.facts``)."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__()
+
+
 def _facts(ctx: FileContext) -> _DeviceFacts:
-    facts = getattr(ctx, _FACTS_ATTR, None)
-    if facts is None:
-        facts = _DeviceFacts()
-        setattr(ctx, _FACTS_ATTR, facts)
-    return facts
+    return ctx.facts(_FileDeviceFacts)
 
 
 _OBSERVED = {"to", "cuda", "type_as", "device", "set_device", "DataParallel", "DistributedDataParallel", "prepare"}

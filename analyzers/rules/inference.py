@@ -137,6 +137,7 @@ def _covers(evaled: str, model: str) -> bool:
 
 class _Facts:
     def __init__(self, ctx: FileContext) -> None:
+        self.collector: Optional[Rule] = None
         self.module_state = _FnState(None, "<module>", None)
         self.stack: list[_FnState] = [self.module_state]
         self.nograd_withs: list[cst.With] = []
@@ -533,11 +534,10 @@ class _InferencePathRule(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        facts = getattr(ctx, "_torchreview_inference_facts", None)
-        self._owner = facts is None
-        if facts is None:
-            facts = _Facts(ctx)
-            ctx._torchreview_inference_facts = facts  # type: ignore[attr-defined]
+        facts = ctx.facts(_Facts)
+        if facts.collector is None:
+            facts.collector = self  # the first of TR201 / TR202 to run feeds the facts during the walk
+        self._owner = facts.collector is self
         self.facts: _Facts = facts
 
     def visit_FunctionDef(self, node: cst.FunctionDef, ctx: FileContext) -> None:

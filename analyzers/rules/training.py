@@ -32,6 +32,7 @@ from analyzers.program.library import is_library
 from analyzers.program.loops import LoopStack, loop_stack
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_segment
+from analyzers.program.roles import LightningClasses
 from analyzers.program.values import (BACKWARD_METHODS, is_model_call, is_optimizer, is_plain_backward, is_scaler,
                                       is_scheduler)
 from analyzers.model import Category, Severity
@@ -255,19 +256,7 @@ def _guard_between(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext, *, ex
 
 
 def _lightning_classes(ctx: FileContext) -> set:
-    cached = getattr(ctx, "_tr_lightning_classes", None)
-    if cached is not None:
-        return cached
-    found: set = set()
-    for stmt in ctx.module.body:
-        if isinstance(stmt, cst.ClassDef):
-            for base in stmt.bases:
-                name = ctx.qualified_name(base.value) or dotted_name(base.value) or ""
-                if last_segment(name) == "LightningModule" or name in found:
-                    found.add(stmt.name.value)
-                    break
-    ctx._tr_lightning_classes = found  # type: ignore[attr-defined]
-    return found
+    return ctx.facts(LightningClasses).names
 
 
 def _in_lightning(ctx: FileContext) -> bool:
