@@ -2,7 +2,7 @@
 pass or an optimizer step. Each predicate looks at what built the value first and its name last."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import libcst as cst
 
@@ -65,20 +65,23 @@ def _local_call_name(call: cst.Call) -> str:
     return dotted_name(call.func) or ""
 
 
-def is_scheduler(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    """``scheduler``, ``lr_sched`` or a value built by ``torch.optim.lr_scheduler.*`` / a ``*Scheduler(...)``."""
+def _named_or_built(expr: Optional[cst.BaseExpression], ctx: FileContext, named: Callable[[str], bool],
+                    built: Callable[[str, str], bool]) -> bool:
+    """``expr`` is a name that ``named`` accepts, or a name bound to a call whose (qualified, local) callee
+    ``built`` accepts."""
     name = dotted_name(expr)
     if name is None:
         return False
-    if name_is_scheduler_like(name):
+    if named(name):
         return True
     origin = ctx.origin(expr)
-    if isinstance(origin, cst.Call):
-        qualified = ctx.call_name(origin) or ""
-        local = _local_call_name(origin)
-        if ".lr_scheduler." in qualified or "schedul" in local.lower() or "lr_scheduler" in local:
-            return True
-    return False
+    return isinstance(origin, cst.Call) and built(ctx.call_name(origin) or "", _local_call_name(origin))
+
+
+def is_scheduler(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    """``scheduler``, ``lr_sched`` or a value built by ``torch.optim.lr_scheduler.*`` / a ``*Scheduler(...)``."""
+    return _named_or_built(expr, ctx, name_is_scheduler_like, lambda qualified, local: (
+        ".lr_scheduler." in qualified or "schedul" in local.lower() or "lr_scheduler" in local))
 
 
 def is_optimizer(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
@@ -107,17 +110,10 @@ def builds_optimizer(call: cst.Call, ctx: FileContext) -> bool:
     return names_an_optimizer_class(dotted_name(call.func))
 
 
-def is_scaler(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+def is_scaler(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     """``scaler`` / ``grad_scaler`` or a value built by a ``GradScaler(...)``."""
-    name = dotted_name(expr)
-    if name is None:
-        return False
-    if name_is_scaler_like(name):
-        return True
-    origin = ctx.origin(expr)
-    if isinstance(origin, cst.Call):
-        return (ctx.call_name(origin) or _local_call_name(origin)).endswith("GradScaler")
-    return False
+    return _named_or_built(expr, ctx, name_is_scaler_like,
+                           lambda qualified, local: (qualified or local).endswith("GradScaler"))
 
 
 # The backward pass: ``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``,
