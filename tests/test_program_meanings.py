@@ -130,8 +130,11 @@ def test_test_code_by_what_the_file_holds():
 # ---- the library table --------------------------------------------------------------------------------------
 
 def test_every_entry_cites_documentation():
-    for name, api in {**library.APIS, **library.METHODS, **library.MODULE_METHODS}.items():
-        assert api.doc.startswith("https://"), name
+    for name, doc in {**library.OPTIMIZER_CLASSES, **library.ITERATION_WRAPPERS}.items():
+        assert doc.startswith("https://"), name
+    for name, api in {**library.APIS, **library.METHODS, **library.MODULE_METHODS,
+                      **library.TRAINING_LIBRARIES}.items():
+        assert "https://" in api.doc, name
         assert api.does, name
         if api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE} and name in library.APIS:
             assert api.module_argument is not None, f"{name}: which argument is the module?"
@@ -222,3 +225,16 @@ def test_rules_keep_facts_only_through_ctx_facts(path):
         stashed += [t.lineno for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
                     and t.value.id == "ctx"]
     assert not stashed, f"{path.name} keeps facts on the context at lines {stashed}: use ctx.facts(Kind)"
+
+
+def test_every_kind_of_behaviour_in_the_table_is_asked_by_the_analyzers():
+    """An entry nobody consults is a claim nobody checks: each kind is asked outside the table, directly
+    (``Does.X``) or through a query of the table that the analyzers call."""
+    source = Path(library.__file__)
+    others = "\n".join(p.read_text() for p in source.parents[1].rglob("*.py") if p != source)
+    asked = {kind.name for kind in Does if f"Does.{kind.name}" in others}
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and f"{node.name}(" in others:
+            asked |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "Does"}
+    assert asked >= {kind.name for kind in Does}, sorted({kind.name for kind in Does} - asked)

@@ -6,9 +6,10 @@ Rules never list library names for these questions; they ask the queries at the 
 - which calls wrap or move a module and return it (DDP, ``torch.compile``, ``accelerator.prepare``), and which of
   their arguments is the module;
 - which loaders return a model already in evaluation mode (``from_pretrained``, ``torch.jit.load``);
-- which calls run the model with autograd off (``generate``, a pipeline);
 - which samplers shard data across processes;
-- what a save writes and a load reads (pickle, tensors only, a whole model);
+- which calls write a checkpoint and which read one back;
+- which libraries' training loops scale the loss, advance the sampler's epoch or switch train/eval themselves;
+- which classes are optimizers, which calls iterate their argument (``enumerate``, ``tqdm``);
 - which top-level packages are libraries, not this repository's code.
 """
 from __future__ import annotations
@@ -30,18 +31,13 @@ class Does(enum.Enum):
     REPLICATES_PER_DEVICE = "runs a replica of the module on each GPU of one process (DataParallel)"
     REPLICATES_PER_PROCESS = "runs a replica of the module in each process, gradients all-reduced (DDP)"
     RETURNS_EVAL_MODEL = "returns a model already in evaluation mode"
-    RUNS_WITHOUT_GRAD = "runs the model with autograd off"
     SHARDS_DATA = "gives each process its own part of the data"
     SAMPLES_PER_PROCESS = "a sampler of each process's part, reshuffled by set_epoch(epoch)"
-    WRITES_PICKLE = "writes a pickle: any Python object, code included"
-    READS_PICKLE = "reads a pickle (runs code unless restricted to weights)"
     WRITES_TORCH_CHECKPOINT = "writes a file torch.load reads back"
     READS_TORCH_CHECKPOINT = "reads a file torch.save wrote (a pickle in a zip archive)"
     SCALES_LOSS = "its training loop scales the loss for mixed precision itself"
     ADVANCES_SAMPLER_EPOCH = "its training loop calls the distributed sampler's set_epoch itself"
     SETS_MODULE_MODE = "its training loop switches the model between train() and eval() itself"
-    WRITES_TENSORS_ONLY = "writes tensors only"
-    READS_TENSORS_ONLY = "reads tensors only"
 
 
 @dataclass(frozen=True)
@@ -108,7 +104,7 @@ APIS: dict[str, Api] = {
     # --- loaders of models in evaluation mode
     "torch.jit.load": _api("https://pytorch.org/docs/stable/generated/torch.jit.load.html"
                            " (a ScriptModule keeps the training flag it was saved with; models are exported in eval)",
-                           Does.RETURNS_EVAL_MODEL, Does.READS_PICKLE),
+                           Does.RETURNS_EVAL_MODEL),
     "torch.export.load": _api("https://pytorch.org/docs/stable/export.html#torch.export.load",
                               Does.RETURNS_EVAL_MODEL),
     # --- data sharding
@@ -119,42 +115,22 @@ APIS: dict[str, Api] = {
         "https://huggingface.co/docs/datasets/package_reference/main_classes"
         "#datasets.distributed.split_dataset_by_node", Does.SHARDS_DATA),
     # --- what save / load read and write
-    "torch.save": _api(f"{_SERIALIZATION}#saving-and-loading-tensors", Does.WRITES_PICKLE,
-                              Does.WRITES_TORCH_CHECKPOINT),
-    "torch.serialization.save": _api(f"{_SERIALIZATION}#saving-and-loading-tensors", Does.WRITES_PICKLE,
-                              Does.WRITES_TORCH_CHECKPOINT),
-    "torch.load": _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_PICKLE,
-                              Does.READS_TORCH_CHECKPOINT),
-    "torch.serialization.load": _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_PICKLE,
-                              Does.READS_TORCH_CHECKPOINT),
-    "safetensors.torch.save_file": _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.save_file",
-                                        Does.WRITES_TENSORS_ONLY),
-    "safetensors.torch.load_file": _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.load_file",
-                                        Does.READS_TENSORS_ONLY),
-    "joblib.dump": _api("https://scikit-learn.org/stable/model_persistence.html", Does.WRITES_PICKLE),
-    "joblib.load": _api("https://scikit-learn.org/stable/model_persistence.html", Does.READS_PICKLE),
-    "pickle.load": _api("https://docs.python.org/3/library/pickle.html#pickle.load", Does.READS_PICKLE),
-    "pickle.dump": _api("https://docs.python.org/3/library/pickle.html#pickle.dump", Does.WRITES_PICKLE),
-    "lightning.pytorch.LightningModule.load_from_checkpoint": _api(
-        "https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.core.LightningModule.html"
-        "#lightning.pytorch.core.LightningModule.load_from_checkpoint", Does.READS_PICKLE),
+    **{name: _api(f"{_SERIALIZATION}#saving-and-loading-tensors", Does.WRITES_TORCH_CHECKPOINT)
+       for name in ("torch.save", "torch.serialization.save")},
+    **{name: _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_TORCH_CHECKPOINT)
+       for name in ("torch.load", "torch.serialization.load")},
+    # --- accelerate: "Prepare all objects passed in args for distributed training and mixed precision": models
+    # are wrapped (DDP/FSDP) and moved to the process's device, data loaders sharded across processes
+    **{f"{cls}.prepare": _api("https://huggingface.co/docs/accelerate/package_reference/accelerator"
+                              "#accelerate.Accelerator.prepare", Does.MOVES_MODULE, Does.SHARDS_DATA)
+       for cls in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator")},
 }
 
-# Methods known by name on receivers the rules cannot resolve (``AutoModel.from_pretrained``,
-# ``accelerator.prepare(model)``): what the method does on the libraries that define it.
+# Methods known by name on receivers the rules cannot resolve (``AutoModel.from_pretrained``): what the method
+# does on the libraries that define it.
 METHODS: dict[str, Api] = {
     # transformers' and diffusers' pretrained models come back in evaluation mode
     "from_pretrained": _api(f"{_HF_EVAL}; {_DIFFUSERS_EVAL}", Does.RETURNS_EVAL_MODEL),
-    # accelerate: "Prepare all objects passed in args for distributed training and mixed precision ... in the same
-    # order" - models wrapped (DDP/FSDP) and moved, data loaders sharded across processes
-    "prepare": _api("https://huggingface.co/docs/accelerate/package_reference/accelerator"
-                    "#accelerate.Accelerator.prepare", Does.WRAPS_MODULE, Does.MOVES_MODULE, Does.SHARDS_DATA),
-    # transformers: ``GenerationMixin.generate`` is decorated with ``torch.no_grad()``
-    "generate": _api("https://huggingface.co/docs/transformers/main_classes/text_generation"
-                     "#transformers.GenerationMixin.generate", Does.RUNS_WITHOUT_GRAD),
-    # transformers / diffusers: ``save_pretrained`` writes safetensors by default (safe_serialization=True)
-    "save_pretrained": _api("https://huggingface.co/docs/transformers/main_classes/model"
-                            "#transformers.PreTrainedModel.save_pretrained", Does.WRITES_TENSORS_ONLY),
 }
 
 _LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "

@@ -12,7 +12,7 @@ from analyzers.context import (FileContext, argument, call_receiver, dotted_name
 from analyzers.markdown import named
 from analyzers.program.devices import expression_nodes, runs_only_with_cuda, selects_with_cpu_fallback
 from analyzers.program.flow import assignment_before, call_site_values, parameter_index, subtree
-from analyzers.program.library import is_data_parallel
+from analyzers.program.library import Does, does, is_data_parallel
 from analyzers.program.loops import iterated
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -178,7 +178,7 @@ class _DeviceFacts:
         if name == "prepare":
             receiver = call_receiver(node)
             origin = ctx.origin_call_name(receiver) if receiver is not None else None
-            if origin in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"):
+            if origin is not None and does(f"{origin}.prepare", Does.MOVES_MODULE):
                 self.cuda_evidence = True
             return
         if not self.cuda_evidence:

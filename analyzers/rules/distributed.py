@@ -715,7 +715,8 @@ _DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
 
 def _is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
     """torch's DistributedSampler, or a project's own ``Distributed*Sampler`` class."""
-    return does(ctx.call_name(node), Does.SAMPLES_PER_PROCESS) or bool(_DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
+    return does(ctx.call_name(node), Does.SHARDS_DATA) or bool(
+        _DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
 
 
 def _names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
