@@ -15,8 +15,8 @@ from analyzers.program.flow import subtree
 from analyzers.program.library import Does
 from analyzers.program.names import name_is_model_like, name_is_optimizer_like, name_words, parenthesized
 from analyzers.program.roles import is_test_code
-from analyzers.program.values import constructor, is_backward, is_optimizer, is_optimizer_step, is_scheduler, \
-    wrapped_module
+from analyzers.program.values import (changes_in_eval, constructor, is_backward, is_optimizer, is_optimizer_step,
+                                      is_scheduler, wrapped_module)
 
 RULES = Path(__file__).resolve().parents[1] / "analyzers" / "rules"
 
@@ -238,3 +238,28 @@ def test_every_kind_of_behaviour_in_the_table_is_asked_by_the_analyzers():
             asked |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
                       and isinstance(n.value, ast.Name) and n.value.id == "Does"}
     assert asked >= {kind.name for kind in Does}, sorted({kind.name for kind in Does} - asked)
+
+
+def test_eval_changes_a_model_only_through_dropout_or_batchnorm():
+    ctx = context("""
+        import torch.nn as nn
+        class Plain(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(2, 2)
+        class Dropping(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.drop = nn.Dropout(0.1)
+        def run(plain, dropping, other):
+            plain(x); dropping(x); other(x)
+        plain = Plain()
+        plain = plain.cuda()
+        dropping = Dropping().to("cuda")
+        run(plain, dropping, load())
+    """)
+    uses = {c.func.value: c for c in calls(ctx) if isinstance(c.func, cst.Name) and c.func.value in (
+        "plain", "dropping", "other")}
+    assert not changes_in_eval(ctx, cst.Name("plain"), uses["plain"])  # through ``plain = plain.cuda()``
+    assert changes_in_eval(ctx, cst.Name("dropping"), uses["dropping"])
+    assert changes_in_eval(ctx, cst.Name("other"), uses["other"])  # unknown: assume it does

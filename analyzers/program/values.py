@@ -7,9 +7,10 @@ from typing import Callable, Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name
-from analyzers.program.flow import assignment_before, call_site_values
+from analyzers.program.flow import assignment_before, call_site_values, subtree
 from analyzers.program.library import is_library, method_returns_same_module, names_an_optimizer_class, \
     wrapped_module_argument
+from analyzers.program.modules import ModuleFacts, torch_layer_features
 from analyzers.program.names import (last_segment, name_is_model_like, name_is_optimizer_like, name_is_scaler_like,
                                      name_is_scheduler_like)
 
@@ -184,3 +185,42 @@ def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Opti
         return func.value
     wrapped = wrapped_module_argument(ctx.qualified_name(func))
     return argument(expr, *wrapped) if wrapped is not None else None
+
+
+# ---- what eval() changes ----------------------------------------------------------------------------------
+
+def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
+    """False only when the model is known to hold neither dropout nor BatchNorm (eval() would change nothing)."""
+    built = constructor(ctx, model, use)
+    if built is None:
+        return _assigned_features(ctx, dotted_name(model))
+    features = torch_layer_features(ctx, built)
+    if features is None:
+        cls = model_class(ctx, model, use)
+        features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
+    return features is None or bool(features & {"dropout", "batchnorm"})
+
+
+def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
+    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
+    is known to hold neither dropout nor BatchNorm."""
+    if not name:
+        return True
+    facts = ctx.facts(ModuleFacts)
+    seen = False
+    for node in subtree(ctx.module):
+        if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
+            continue
+        value = node.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
+                and method_returns_same_module(value.func.attr.value):
+            value = value.func.value
+        if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
+            continue  # ``model = model.cuda()``
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return True
+        features = facts.features(value.func.value)
+        if features is None or features & {"dropout", "batchnorm"}:
+            return True
+        seen = True
+    return not seen

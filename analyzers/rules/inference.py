@@ -9,10 +9,10 @@ import libcst as cst
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
 from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does, method_does, method_returns_same_module
-from analyzers.program.modules import ModuleFacts, torch_layer_features
+from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import name_is_model_like
 from analyzers.program.roles import is_test_code
-from analyzers.program.values import constructor, model_class
+from analyzers.program.values import changes_in_eval
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule, Valid
 
@@ -702,21 +702,10 @@ class MissingEvalMode(_InferencePathRule):
                 line=4, message="encoder"),
     ]
 
-    def _changes_in_eval(self, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
-        """False only when the model is known to hold neither dropout nor BatchNorm."""
-        built = constructor(self.ctx, model, use)
-        if built is None:
-            return True
-        features = torch_layer_features(self.ctx, built)
-        if features is None:
-            cls = model_class(self.ctx, model, use)
-            features = self.ctx.facts(ModuleFacts).features(cls) if cls is not None else None
-        return features is None or bool(features & {"dropout", "batchnorm"})
-
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
         if self.facts.eval_covered(call):
             return None
-        if _DOTTED.match(call.model) and not self._changes_in_eval(cst.parse_expression(call.model), call.node):
+        if _DOTTED.match(call.model) and not changes_in_eval(self.ctx, cst.parse_expression(call.model), call.node):
             return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
         return (f"`{call.model}` runs in {where} without `{call.model}.eval()` before it: dropout stays active and "
                 f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "

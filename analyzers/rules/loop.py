@@ -28,11 +28,10 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
 from analyzers.program.library import Does, training_libraries_that
-from analyzers.program.modules import ModuleFacts, torch_layer_features
 from analyzers.program.loops import AccumulationFacts, body_nodes, loop_stack, loop_trains
 from analyzers.program.names import node_text
-from analyzers.program.values import BACKWARD_METHODS, constructor, is_backward, is_model_call, is_optimizer_step, \
-    is_plain_backward, model_class, builds_optimizer
+from analyzers.program.values import (BACKWARD_METHODS, builds_optimizer, changes_in_eval, is_backward, is_model_call,
+                                      is_optimizer_step, is_plain_backward)
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -43,43 +42,6 @@ def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> b
         if isinstance(ancestor, (cst.For, cst.While)):
             return True
     return False
-
-
-def _changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
-    """False only when the model is known to hold neither dropout nor BatchNorm (as TR201 decides)."""
-    built = constructor(ctx, model, use)
-    if built is None:
-        return _assigned_features(ctx, dotted_name(model))
-    features = torch_layer_features(ctx, built)
-    if features is None:
-        cls = model_class(ctx, model, use)
-        features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
-    return features is None or bool(features & {"dropout", "batchnorm"})
-
-
-def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
-    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
-    is known to hold neither dropout nor BatchNorm."""
-    if not name:
-        return True
-    facts = ctx.facts(ModuleFacts)
-    seen = False
-    for node in subtree(ctx.module):
-        if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
-            continue
-        value = node.value
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
-                and value.func.attr.value in ("cuda", "to", "cpu", "float", "double"):
-            value = value.func.value
-        if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
-            continue  # ``model = model.cuda()``
-        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
-            return True
-        features = facts.features(value.func.value)
-        if features is None or features & {"dropout", "batchnorm"}:
-            return True
-        seen = True
-    return not seen
 
 
 def _under_no_grad(ctx: FileContext, node: cst.CSTNode) -> bool:
@@ -676,7 +638,7 @@ class EvalNeverTrain(Rule):
         for call, stack, fn, order in self.evals:
             if dotted_name(call.func.value) not in self.optimized:
                 continue  # a teacher, a frozen feature extractor, or a model we cannot tie to the optimizer
-            if not _changes_in_eval(ctx, call.func.value, call):
+            if not changes_in_eval(ctx, call.func.value, call):
                 continue  # no dropout and no BatchNorm: eval() changes nothing
             inside = any(id(lp) in training for lp in stack)
             if not inside:
@@ -1692,7 +1654,7 @@ class SamplingInTrainMode(Rule):
         for node, model, loop, recording, model_like in self.candidates:
             if not (model_like or dotted_name(model) in trained) or not self._only_pictured(node, ctx):
                 continue
-            train_mode = not self._evaluated_before(model, node, loop, ctx) and _changes_in_eval(ctx, model, node)
+            train_mode = not self._evaluated_before(model, node, loop, ctx) and changes_in_eval(ctx, model, node)
             if recording or train_mode:
                 self._report(node, model, recording, train_mode, ctx)
 
