@@ -15,6 +15,7 @@ from analyzers.program.flow import subtree
 from analyzers.program.library import Does
 from analyzers.program.names import name_is_model_like, name_is_optimizer_like, name_words, parenthesized
 from analyzers.program.roles import is_test_code
+from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import (changes_in_eval, constructor, is_backward, is_optimizer, is_optimizer_step,
                                       is_scheduler, wrapped_module)
 
@@ -263,3 +264,23 @@ def test_eval_changes_a_model_only_through_dropout_or_batchnorm():
     assert not changes_in_eval(ctx, cst.Name("plain"), uses["plain"])  # through ``plain = plain.cuda()``
     assert changes_in_eval(ctx, cst.Name("dropping"), uses["dropping"])
     assert changes_in_eval(ctx, cst.Name("other"), uses["other"])  # unknown: assume it does
+
+
+# ---- state at a point ---------------------------------------------------------------------------------------
+
+def test_no_grad_blocks_hold_in_their_own_function_only():
+    ctx = context("""
+        import torch
+        with torch.no_grad():
+            a = model(x)
+            def later():
+                b = model(x)
+        with torch.set_grad_enabled(True):
+            c = model(x)
+        with torch.inference_mode(False):
+            d = model(x)
+        with torch.set_grad_enabled(False), open(p) as f:
+            e = model(x)
+    """)
+    assigned = {n.targets[0].target.value: n for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    assert {name for name, node in assigned.items() if in_no_grad_block(ctx, node)} == {"a", "e"}

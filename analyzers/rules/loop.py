@@ -12,7 +12,6 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (
-    NO_GRAD_CONTEXTS,
     FileContext,
     argument,
     call_receiver,
@@ -30,6 +29,7 @@ from analyzers.program.flow import subtree
 from analyzers.program.library import Does, training_libraries_that
 from analyzers.program.loops import AccumulationFacts, body_nodes, loop_stack, loop_trains
 from analyzers.program.names import node_text
+from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import (BACKWARD_METHODS, builds_optimizer, changes_in_eval, is_backward, is_model_call,
                                       is_optimizer_step, is_plain_backward)
 from analyzers.rules.base import Invalid, Rule
@@ -41,17 +41,6 @@ def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> b
             return False
         if isinstance(ancestor, (cst.For, cst.While)):
             return True
-    return False
-
-
-def _under_no_grad(ctx: FileContext, node: cst.CSTNode) -> bool:
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.With):
-            for item in ancestor.items:
-                expr = item.item.func if isinstance(item.item, cst.Call) else item.item
-                if ctx.qualified_name(expr) in NO_GRAD_CONTEXTS and not (
-                        isinstance(item.item, cst.Call) and is_true(argument(item.item, 0, "mode"))):
-                    return True
     return False
 
 
@@ -987,7 +976,7 @@ class OutputsKeptWithGraph(Rule):
         call = binding.unpacked_from if binding.unpacked_from is not None else binding.value
         if not isinstance(call, cst.Call) or not is_model_call(call.func, ctx):
             return
-        if _under_no_grad(ctx, binding.node):
+        if in_no_grad_block(ctx, binding.node):
             return  # ``with torch.no_grad(): out = model(x)``, appended after the block
         listed = ctx.binding(target)
         if listed is not None and listed.loop is stack[-1]:

@@ -33,6 +33,7 @@ from analyzers.program.loops import LoopStack, loop_stack
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_segment
 from analyzers.program.roles import LightningClasses
+from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import (BACKWARD_METHODS, is_model_call, is_optimizer, is_plain_backward, is_scaler,
                                       is_scheduler)
 from analyzers.model import Category, Severity
@@ -184,7 +185,7 @@ def _expr_kind(expr: cst.BaseExpression, ctx: FileContext, depth: int = 0) -> Op
             # ``outputs.loss`` with ``outputs = model(**batch)``
             return "loss" if _expr_kind(expr.value, ctx, depth + 1) else None
         return None
-    if _assigned_under_no_grad(binding.node, ctx):
+    if in_no_grad_block(ctx, binding.node):
         return None
     if binding.kind in ("assign", "annassign", "walrus"):
         if binding.value is None:
@@ -210,19 +211,6 @@ def _detached_value(value: cst.BaseExpression) -> bool:
             return True
         return method_name(value) in _DETACHING_METHODS and call_receiver(value) is not None
     return isinstance(value, (cst.Integer, cst.Float))
-
-
-def _assigned_under_no_grad(node: cst.CSTNode, ctx: FileContext) -> bool:
-    """The assignment statement sits in a ``with torch.no_grad():`` block (ancestors only)."""
-    current = ctx.parents.get(id(node))
-    while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
-        if isinstance(current, cst.With):
-            for item in current.items:
-                expr = item.item.func if isinstance(item.item, cst.Call) else item.item
-                if ctx.qualified_name(expr) in ("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"):
-                    return True
-        current = ctx.parents.get(id(current))
-    return False
 
 
 def _names_used(expr: cst.CSTNode, ctx: FileContext) -> set:
@@ -2319,7 +2307,7 @@ class BackwardOnNonScalar(Rule):
         value: Optional[cst.BaseExpression] = receiver
         if shown is not None:
             value = ctx.assigned_value(shown)
-            if value is None or _assigned_under_no_grad(ctx.binding(shown).node, ctx):
+            if value is None or in_no_grad_block(ctx, ctx.binding(shown).node):
                 return
         reason = _non_scalar_reason(value, ctx)
         if reason is None:
