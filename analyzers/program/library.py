@@ -201,6 +201,11 @@ def wrapped_module_argument(qualified: Optional[str]) -> Optional[tuple[int, str
     return api.module_argument
 
 
+# the last names of the calls :func:`wrapped_module_argument` knows: a cheap test before resolving a callee
+WRAPPER_LAST_NAMES = frozenset(name.rsplit(".", 1)[-1] for name, api in APIS.items()
+                               if api.module_argument is not None)
+
+
 def does(qualified: Optional[str], what: Does) -> bool:
     api = APIS.get(qualified) if qualified else None
     return api is not None and what in api.does

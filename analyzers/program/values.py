@@ -8,11 +8,11 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name
 from analyzers.program.flow import assignment_before, call_site_values, subtree
-from analyzers.program.library import is_library, method_returns_same_module, names_an_optimizer_class, \
-    wrapped_module_argument
+from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
+                                       names_an_optimizer_class, wrapped_module_argument)
 from analyzers.program.modules import ModuleFacts, torch_layer_features
-from analyzers.program.names import (last_segment, name_is_model_like, name_is_optimizer_like, name_is_scaler_like,
-                                     name_is_scheduler_like)
+from analyzers.program.names import (last_name, last_segment, name_is_model_like, name_is_optimizer_like,
+                                     name_is_scaler_like, name_is_scheduler_like)
 
 def _enclosing_function(ctx: FileContext, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
     for ancestor in ctx.ancestors(node):
@@ -183,6 +183,9 @@ def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Opti
     if isinstance(func, cst.Attribute) and method_returns_same_module(func.attr.value) and \
             ctx.qualified_name(func) is None:
         return func.value
+    if last_name(func) not in WRAPPER_LAST_NAMES and not (
+            isinstance(func, cst.Name) and func.value in ctx.imports.names):
+        return None  # most calls: no need to resolve the callee (``DDP`` imported under another name still is)
     wrapped = wrapped_module_argument(ctx.qualified_name(func))
     return argument(expr, *wrapped) if wrapped is not None else None
 
