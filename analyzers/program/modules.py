@@ -18,9 +18,15 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
-from analyzers.program.roles import CONFIG_NAMES, SAVE_ON_MASTER, Payload, name_is_model_like
+import libcst as cst
+
+from analyzers.program.names import name_is_model_like
+from analyzers.program.roles import CONFIG_NAMES, SAVE_ON_MASTER, Payload
+
+if TYPE_CHECKING:
+    from analyzers.context import FileContext
 
 # Activations a forward may end in, by the callable that applies them.
 _ACTIVATION_CALLS = {
@@ -863,3 +869,14 @@ def python_siblings(path: Path) -> list[Path]:
         return sorted(p for p in resolved.parent.glob("*.py") if p.resolve() != resolved)[:200]
     except OSError:
         return []
+
+
+def torch_layer_features(ctx: "FileContext", call: cst.Call) -> Optional[set[str]]:
+    """dropout / batchnorm of a model built straight from torch.nn (``nn.Linear(...)``, ``nn.Sequential(...)``),
+    or None when it holds anything else (a project class, a torchvision model)."""
+    if not (ctx.qualified_name(call.func) or "").startswith("torch.nn."):
+        return None
+    layer = layer_of(ast.parse(ctx.module.code_for_node(call), mode="eval").body)
+    if layer is None or any(kind[:1].isupper() for kind in layer.kinds):
+        return None
+    return layer.kinds

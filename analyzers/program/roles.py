@@ -10,13 +10,14 @@ import libcst as cst
 
 from analyzers.context import argument, dotted_name, string_value
 from analyzers.program.flow import call_site_values, subtree
+from analyzers.program.library import Does, does, method_returns_same_module
+from analyzers.program.names import last_segment, name_is_model_like
 
 if TYPE_CHECKING:
     from analyzers.context import FileContext
 
 # An ``except`` for one of these around a call means "this is the fallback for another library version".
 _COMPAT_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "TypeError", "AttributeError", "NameError"}
-TORCH_SAVE = {"torch.save", "torch.serialization.save"}
 # The torchvision references' ``utils.save_on_master`` (copied into DETR, DINO, MAE and many more) is torch.save
 # on the main process: ``save_on_master(*args, **kwargs)``.
 SAVE_ON_MASTER = "save_on_master"
@@ -61,29 +62,13 @@ CONFIG_NAMES = {"args", "opt", "opts", "cfg", "config", "hparams", "hyperparamet
 _MODEL_WORDS = ("model", "net", "module", "generator", "discriminator", "encoder", "decoder", "backbone", "ema")
 
 
-def _last(name: str) -> str:
-    return name.rsplit(".", 1)[-1].lower()
-
-
-_MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
-                "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer"}
-_CHAINED_MODULE_METHODS = {"to", "cuda", "cpu", "eval", "train", "half", "float", "double", "bfloat16",
-                           "requires_grad_"}
-
-
-def name_is_model_like(name: str) -> bool:
-    last = name.rsplit(".", 1)[-1].lower()
-    return last in _MODEL_NAMES or (last.endswith(("_model", "_net", "model", "net"))
-                                    and not last.endswith(("_path", "state")))
-
-
 def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
     """Does ``name = value`` hold an ``nn.Module``: a torch.nn layer, a module class of this file, or an unknown
     class (imported from the project) assigned to a model-like name? ``Net().to(device)`` and friends return
     the module itself."""
     origin: Optional[cst.BaseExpression] = value
     while (isinstance(origin, cst.Call) and isinstance(origin.func, cst.Attribute)
-           and origin.func.attr.value in _CHAINED_MODULE_METHODS):
+           and method_returns_same_module(origin.func.attr.value)):
         origin = ctx.origin(origin.func.value)
     if not isinstance(origin, cst.Call):
         return name_is_model_like(name)
@@ -145,7 +130,7 @@ class CheckpointWrites:
         ctx = self.ctx
         result = []
         for node in subtree(ctx.module):
-            if isinstance(node, cst.Call) and (ctx.qualified_name(node.func) in TORCH_SAVE
+            if isinstance(node, cst.Call) and (does(ctx.qualified_name(node.func), Does.WRITES_TORCH_CHECKPOINT)
                                                or (dotted_name(node.func) or "").rsplit(".", 1)[-1] == SAVE_ON_MASTER):
                 path = self.opened_path(node, argument(node, 1, "f"))
                 obj = argument(node, 0, "obj")
@@ -250,7 +235,7 @@ class CheckpointWrites:
             if all(kinds is not None for kinds in assigned):
                 return set().union(*assigned)
         if name:
-            last = _last(name)
+            last = last_segment(name).lower()
             if last in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:
                 return {Payload.NAMESPACE}
             if any(word in last for word in _MODEL_WORDS) and not last.endswith(("_state", "state_dict", "_sd")):
@@ -422,3 +407,49 @@ def _normalized(ctx: "FileContext", expr: cst.CSTNode) -> str:
 
 def describe(kinds: Iterable[Payload]) -> str:
     return ", ".join(sorted(k.value for k in kinds))
+
+
+# Folders whose modules are tests or test support (``tests/``, pytorch's ``test/``, ``torch/testing/``).
+_TEST_FOLDERS = {"tests", "test", "testing"}
+
+
+class _TestModule:
+    """Whether a file is test code: it says so by its name or folder, or by what it holds (a pytest import,
+    ``unittest.TestCase`` classes). A ``def test_x()`` alone does not count: pytest collects it only from files
+    named as tests, and scripts keep quick self-checks next to real code."""
+
+    def __init__(self, ctx: "FileContext") -> None:
+        parts = ctx.path.replace("\\", "/").split("/")
+        base = parts[-1]
+        named = base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py") or \
+            bool(_TEST_FOLDERS & set(parts[:-1]))
+        self.is_test = named or ctx.imports.imports_root("pytest") or _holds_tests(ctx)
+
+
+def _holds_tests(ctx: "FileContext") -> bool:
+    for statement in ctx.module.body:
+        if isinstance(statement, cst.ClassDef) and any(
+                ctx.qualified_name(base.value) in ("unittest.TestCase", "unittest.case.TestCase")
+                for base in statement.bases):
+            return True
+    return False
+
+
+def is_test_code(ctx: "FileContext") -> bool:
+    """The file is a test (or test support): findings about training hygiene do not apply to it."""
+    return ctx.facts(_TestModule).is_test
+
+
+class LightningClasses:
+    """The classes of a file that derive from ``LightningModule`` (directly or through another such class of the
+    file): the Trainer runs their steps. Known once per file (``ctx.facts(LightningClasses).names``)."""
+
+    def __init__(self, ctx: "FileContext") -> None:
+        self.names: set[str] = set()
+        for statement in ctx.module.body:
+            if isinstance(statement, cst.ClassDef):
+                for base in statement.bases:
+                    name = ctx.qualified_name(base.value) or dotted_name(base.value) or ""
+                    if last_segment(name) == "LightningModule" or name in self.names:
+                        self.names.add(statement.name.value)
+                        break

@@ -1,21 +1,18 @@
-"""What a variable holds, asked after the walk: which model class a name was built from."""
+"""What a value is: an optimizer, a scheduler, a grad scaler, a model (and which class built it), a backward
+pass or an optimizer step. Each predicate looks at what built the value first and its name last."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name
-from analyzers.program.flow import assignment_before, call_site_values
-
-# Methods and wrappers that return the module they are given.
-MODULE_CHAIN = {"to", "cuda", "cpu", "eval", "train", "half", "float", "double", "bfloat16", "requires_grad_",
-                "share_memory"}
-MODULE_WRAPPERS = {"torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DistributedDataParallel",
-                   "torch.nn.parallel.DataParallel", "copy.deepcopy"}
-LIBRARY_ROOTS = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
-                 "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers", "accelerate"}
-
+from analyzers.program.flow import assignment_before, call_site_values, subtree
+from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
+                                       names_an_optimizer_class, wrapped_module_argument)
+from analyzers.program.modules import ModuleFacts, torch_layer_features
+from analyzers.program.names import (last_name, last_segment, name_is_model_like, name_is_optimizer_like,
+                                     name_is_scaler_like, name_is_scheduler_like)
 
 def _enclosing_function(ctx: FileContext, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
     for ancestor in ctx.ancestors(node):
@@ -32,12 +29,10 @@ def constructor(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.C
     if expr is None or depth > 6:
         return None
     if isinstance(expr, cst.Call):
-        func = expr.func
-        if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN and ctx.qualified_name(func) is None:
-            return constructor(ctx, func.value, use, depth + 1)
-        if ctx.qualified_name(func) in MODULE_WRAPPERS:
-            return constructor(ctx, argument(expr, 0, "module"), use, depth + 1)
-        local = dotted_name(func)
+        inner = wrapped_module(expr, ctx)
+        if inner is not None:
+            return constructor(ctx, inner, use, depth + 1)
+        local = dotted_name(expr.func)
         return expr if local is not None and local.rsplit(".", 1)[-1][:1].isupper() else None
     name = dotted_name(expr)
     if name is None:
@@ -62,7 +57,173 @@ def model_class(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.C
     call = constructor(ctx, expr, use)
     if call is None:
         return None
-    qualified = ctx.qualified_name(call.func)
-    if qualified is not None and qualified.split(".", 1)[0] in LIBRARY_ROOTS:
+    if is_library(ctx.qualified_name(call.func)):
         return None
     return dotted_name(call.func)
+
+
+def _local_call_name(call: cst.Call) -> str:
+    return dotted_name(call.func) or ""
+
+
+def _named_or_built(expr: Optional[cst.BaseExpression], ctx: FileContext, named: Callable[[str], bool],
+                    built: Callable[[str, str], bool]) -> bool:
+    """``expr`` is a name that ``named`` accepts, or a name bound to a call whose (qualified, local) callee
+    ``built`` accepts."""
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    if named(name):
+        return True
+    origin = ctx.origin(expr)
+    return isinstance(origin, cst.Call) and built(ctx.call_name(origin) or "", _local_call_name(origin))
+
+
+def is_scheduler(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    """``scheduler``, ``lr_sched`` or a value built by ``torch.optim.lr_scheduler.*`` / a ``*Scheduler(...)``."""
+    return _named_or_built(expr, ctx, name_is_scheduler_like, lambda qualified, local: (
+        ".lr_scheduler." in qualified or "schedul" in local.lower() or "lr_scheduler" in local))
+
+
+def is_optimizer(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    """A value built by ``torch.optim.*`` (not a scheduler), or named like an optimizer (``opt``, ``optimizerD``),
+    directly or through the name it was assigned from."""
+    name = dotted_name(expr)
+    if name is None or is_scheduler(expr, ctx):
+        return False
+    origin = ctx.origin(expr)
+    if isinstance(origin, cst.Call):
+        qualified = ctx.call_name(origin) or ""
+        if qualified.startswith("torch.optim.") and ".lr_scheduler" not in qualified:
+            return True
+    if name_is_optimizer_like(name):
+        return True
+    if isinstance(origin, (cst.Name, cst.Attribute)):
+        return name_is_optimizer_like(dotted_name(origin))
+    return False
+
+
+def builds_optimizer(call: cst.Call, ctx: FileContext) -> bool:
+    """``torch.optim.Adam(...)``, ``optim.SGD(...)``, or a call of a known optimizer class however imported."""
+    qualified = ctx.qualified_name(call.func) or ""
+    if qualified.startswith("torch.optim.") and ".lr_scheduler" not in qualified:
+        return True
+    return names_an_optimizer_class(dotted_name(call.func))
+
+
+def is_scaler(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    """``scaler`` / ``grad_scaler`` or a value built by a ``GradScaler(...)``."""
+    return _named_or_built(expr, ctx, name_is_scaler_like,
+                           lambda qualified, local: (qualified or local).endswith("GradScaler"))
+
+
+# The backward pass: ``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``,
+# Lightning's ``self.manual_backward(loss)``.
+BACKWARD_METHODS = frozenset({"backward", "manual_backward"})
+
+
+def is_backward(call: cst.Call, ctx: Optional[FileContext] = None) -> bool:
+    """``<x>.backward(...)`` / ``<x>.manual_backward(...)`` (a method call: a bare ``backward()`` is not)."""
+    func = call.func
+    return isinstance(func, cst.Attribute) and func.attr.value in BACKWARD_METHODS
+
+
+def is_plain_backward(call: cst.Call) -> bool:
+    """``<x>.backward(...)``: autograd's own backward, not a framework's ``manual_backward`` (which scales and
+    synchronizes gradients itself)."""
+    func = call.func
+    return isinstance(func, cst.Attribute) and func.attr.value == "backward"
+
+
+def is_optimizer_step(call: cst.Call, ctx: FileContext) -> bool:
+    """``opt.step()`` or ``scaler.step(opt)``."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or func.attr.value != "step":
+        return False
+    return is_optimizer(func.value, ctx) or is_scaler(func.value, ctx)
+
+
+# A callee named ``<verb>_model`` runs or builds a model and returns metrics, a model or a path: not its outputs.
+_HELPER_VERBS = {"evaluate", "eval", "validate", "val", "test", "train", "fit", "build", "create", "make", "get",
+                 "load", "init", "initialize", "save", "setup", "prepare", "export", "print", "summarize", "count"}
+
+
+def is_model_call(func: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``func(...)`` is a forward pass: ``model(x)``, ``self.net(x)``, ``nn.Linear(...)(x)`` through a name, or an
+    instance of a module class of this file."""
+    name = dotted_name(func)
+    if name is None:
+        return False
+    last = last_segment(name).lower()
+    if isinstance(func, cst.Name) and "_" in last and last.split("_", 1)[0] in _HELPER_VERBS and (
+            ctx.binding(func.value) is None or ctx.binding(func.value).kind in ("def", "import")):
+        # ``evaluate_model(...)``, ``train_model(...)``: a function that takes a model, not a forward pass
+        # (``eval_model = copy.deepcopy(model)`` stays a model)
+        return False
+    if name_is_model_like(name):
+        return True
+    origin = ctx.origin(func)
+    if isinstance(origin, cst.Call):
+        qualified = ctx.call_name(origin) or ""
+        cls = last_segment(qualified)
+        if qualified.startswith("torch.nn.") and cls[:1].isupper() and not cls.endswith("Loss"):
+            return True
+        local = _local_call_name(origin)
+        if local and local in ctx.module_classes_in_file:
+            return True
+    return False
+
+
+def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:
+    """The module expression a call returns unchanged or wrapped: ``net`` for ``net.to(device)``,
+    ``nn.DataParallel(net)``, ``torch.compile(net)``; None when ``expr`` is no such call."""
+    if not isinstance(expr, cst.Call):
+        return None
+    func = expr.func
+    if isinstance(func, cst.Attribute) and method_returns_same_module(func.attr.value) and \
+            ctx.qualified_name(func) is None:
+        return func.value
+    if last_name(func) not in WRAPPER_LAST_NAMES and not (
+            isinstance(func, cst.Name) and func.value in ctx.imports.names):
+        return None  # most calls: no need to resolve the callee (``DDP`` imported under another name still is)
+    wrapped = wrapped_module_argument(ctx.qualified_name(func))
+    return argument(expr, *wrapped) if wrapped is not None else None
+
+
+# ---- what eval() changes ----------------------------------------------------------------------------------
+
+def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
+    """False only when the model is known to hold neither dropout nor BatchNorm (eval() would change nothing)."""
+    built = constructor(ctx, model, use)
+    if built is None:
+        return _assigned_features(ctx, dotted_name(model))
+    features = torch_layer_features(ctx, built)
+    if features is None:
+        cls = model_class(ctx, model, use)
+        features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
+    return features is None or bool(features & {"dropout", "batchnorm"})
+
+
+def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
+    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
+    is known to hold neither dropout nor BatchNorm."""
+    if not name:
+        return True
+    facts = ctx.facts(ModuleFacts)
+    seen = False
+    for node in subtree(ctx.module):
+        if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
+            continue
+        value = node.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
+                and method_returns_same_module(value.func.attr.value):
+            value = value.func.value
+        if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
+            continue  # ``model = model.cuda()``
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return True
+        features = facts.features(value.func.value)
+        if features is None or features & {"dropout", "batchnorm"}:
+            return True
+        seen = True
+    return not seen

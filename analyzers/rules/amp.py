@@ -16,8 +16,9 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.loop import _text, is_backward
-from analyzers.rules.training import _is_optimizer
+from analyzers.program.library import Does, training_libraries_that
+from analyzers.program.names import node_text
+from analyzers.program.values import is_optimizer, is_plain_backward
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",
              "torch.cuda.amp.autocast_mode.autocast"}
@@ -25,15 +26,12 @@ _AMP_GRAD_SCALER, _AMP_GRAD_SCALER_SINCE = 'torch.amp.GradScaler("cuda")', (2, 3
 _CUDA_GRAD_SCALER = "torch.cuda.amp.GradScaler()"
 _CUDA_ONLY = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
 _FP16 = {"torch.float16", "torch.half"}
-# libraries that scale the loss themselves
-_SCALING_LIBRARIES = ("accelerate", "lightning", "pytorch_lightning", "deepspeed", "apex", "fairscale",
-                      "transformers", "composer", "colossalai")
 _CLIP = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value"}
 
 
 def _scaled_backward(call: cst.Call) -> Optional[str]:
     """``scaler`` for ``scaler.scale(loss).backward()``."""
-    if method_name(call) != "backward" or not isinstance(call.func, cst.Attribute):
+    if not is_plain_backward(call):
         return None
     inner = call.func.value
     if isinstance(inner, cst.Call) and method_name(inner) == "scale" and isinstance(inner.func, cst.Attribute):
@@ -71,7 +69,7 @@ class AmpFacts:
         qualified = ctx.call_name(node) or ""
         if qualified.endswith("GradScaler") or (dotted_name(node.func) or "").endswith("GradScaler"):
             self.any_scaler = True
-        if name == "backward" and is_backward(node, ctx):
+        if is_plain_backward(node):
             self.backwards.append((node, fn))
             scaler = _scaled_backward(node)
             if scaler is not None:
@@ -83,7 +81,7 @@ class AmpFacts:
             receiver = dotted_name(node.func.value)
             if _scaler_like(receiver):
                 self.scaler_steps.append((node, receiver, fn))
-            elif receiver is not None and _is_optimizer(node.func.value, ctx) and not node.args:
+            elif receiver is not None and is_optimizer(node.func.value, ctx) and not node.args:
                 self.plain_steps.append((node, receiver, fn))
         elif name == "update" and isinstance(node.func, cst.Attribute):
             receiver = dotted_name(node.func.value)
@@ -102,7 +100,7 @@ class _AmpRule(Rule):
         ctx.facts(AmpFacts).note(node, ctx)
 
     def scaling_elsewhere(self, ctx: FileContext) -> bool:
-        return any(ctx.imports.imports_root(lib) for lib in _SCALING_LIBRARIES)
+        return any(ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.SCALES_LOSS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +303,7 @@ class Fp16AutocastWithoutScaler(_AmpRule):
         for call, fn in self.autocasts:
             if id(fn) not in training:
                 continue
-            self.report(call, f"{code_span(_text(ctx, call))} runs the forward pass in float16 and its loss is "
+            self.report(call, f"{code_span(node_text(ctx, call))} runs the forward pass in float16 and its loss is "
                               f"backpropagated without a `GradScaler`: small gradients underflow to zero and large "
                               f"ones overflow; scale the loss with `{scaler}` ({versions.assumption('torch')}; or "
                               f"use `dtype=torch.bfloat16`, which needs no scaler)")
@@ -595,8 +593,8 @@ class ClipWithoutUnscale(_AmpRule):
             step = next((c for c, s, f in facts.scaler_steps if f is fn and s == scaler), None)
             opt = "optimizer"
             if step is not None and step.args:
-                opt = _text(ctx, step.args[0].value)
-            self.report(call, f"{code_span(_text(ctx, call.func))} clips gradients that {code_span(scaler)} has "
+                opt = node_text(ctx, step.args[0].value)
+            self.report(call, f"{code_span(node_text(ctx, call.func))} clips gradients that {code_span(scaler)} has "
                               f"scaled up (by 65536 at the start): the threshold is meaningless and the updates "
                               f"shrink by the scale factor; call {code_span(f'{scaler}.unscale_({opt})')} "
                               f"before clipping")

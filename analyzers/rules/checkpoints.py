@@ -11,11 +11,12 @@ from analyzers.context import (FileContext, argument, dotted_name, is_false, ite
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program import in_compat_fallback
+from analyzers.program.devices import CUDA_TEST, runs_only_with_cuda, selects_with_cpu_fallback
+from analyzers.program.library import Does, does, is_ddp
+from analyzers.program.values import is_optimizer, is_scheduler
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.flow import subtree
-from analyzers.rules.device import _CUDA_TEST, HardCodedCuda, _selects_with_cpu_fallback
 
-_TORCH_LOAD = {"torch.load", "torch.serialization.load"}
 # optimizers whose state is more than the learning rate (moments, momentum buffers)
 _STATEFUL_SGD_KEYWORDS = ("momentum",)
 
@@ -24,27 +25,7 @@ def _words(name: str) -> list[str]:
     return name.rsplit(".", 1)[-1].lower().replace("-", "_").split("_")
 
 
-def _optimizer_like(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
-    name = dotted_name(expr)
-    if name is None:
-        return False
-    last = name.rsplit(".", 1)[-1].lower()
-    if last.startswith("opt") or last.endswith(("optimizer", "optim", "_opt")):
-        return True
-    made = ctx.origin_call_name(expr) or ""
-    return made.startswith("torch.optim.") and ".lr_scheduler." not in made
-
-
 _RESTORING_HELPERS = ("restart_from_checkpoint", "resume_checkpoint", "load_checkpoint")
-
-
-def _scheduler_like(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
-    name = dotted_name(expr)
-    if name is None:
-        return False
-    if "sched" in name.rsplit(".", 1)[-1].lower():
-        return True
-    return (ctx.origin_call_name(expr) or "").startswith("torch.optim.lr_scheduler.")
 
 
 def _mentions_resume(node: cst.CSTNode, ctx: FileContext) -> bool:
@@ -204,23 +185,23 @@ class ResumeWithoutOptimizerState(Rule):
         func = node.func
         if isinstance(func, cst.Attribute):
             name = func.attr.value
-            if name == "load_state_dict" and _optimizer_like(func.value, ctx):
+            if name == "load_state_dict" and is_optimizer(func.value, ctx):
                 self._restores = True
-            elif name == "load_state_dict" and _scheduler_like(func.value, ctx):
+            elif name == "load_state_dict" and is_scheduler(func.value, ctx):
                 self._restores_scheduler = True
-            elif name == "step" and _scheduler_like(func.value, ctx):
+            elif name == "step" and is_scheduler(func.value, ctx):
                 self._steps_scheduler = True
-            elif name == "step" and _optimizer_like(func.value, ctx):
+            elif name == "step" and is_optimizer(func.value, ctx):
                 self._trains = True
             elif name in _RESTORING_HELPERS:
                 self._restores = self._restores_scheduler = True  # a helper that restores whatever it is given
         if name_of(func) in _RESTORING_HELPERS:
             self._restores = self._restores_scheduler = True
-        elif any(_optimizer_like(a.value, ctx) or _scheduler_like(a.value, ctx) for a in node.args) and \
+        elif any(is_optimizer(a.value, ctx) or is_scheduler(a.value, ctx) for a in node.args) and \
                 self._is_resume(node, ctx):
             # load_ckpt(path, model, optimizer, scheduler): a helper that restores what it is given
             self._restores = True
-            if any(_scheduler_like(a.value, ctx) for a in node.args):
+            if any(is_scheduler(a.value, ctx) for a in node.args):
                 self._restores_scheduler = True
         qualified = ctx.qualified_name(func) or ""
         if qualified.startswith("torch.optim.lr_scheduler.") and qualified.rsplit(".", 1)[-1][:1].isupper():
@@ -236,7 +217,7 @@ class ResumeWithoutOptimizerState(Rule):
             if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
                 target = dotted_name(parent.targets[0].target)
             self._optimizers.append((target or "the optimizer", node))
-        elif qualified in _TORCH_LOAD and self._is_resume(node, ctx) and not in_compat_fallback(ctx, node):
+        elif does(qualified, Does.READS_TORCH_CHECKPOINT) and self._is_resume(node, ctx) and not in_compat_fallback(ctx, node):
             self._loads.append(node)
 
     @staticmethod
@@ -300,8 +281,8 @@ def name_of(func: cst.BaseExpression) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # TR611
 
-_DISTRIBUTED = {"torch.nn.parallel.DistributedDataParallel", "torch.distributed.init_process_group",
-                "torch.nn.parallel.distributed.DistributedDataParallel"}
+# setting up a process group means distributed training, as does wrapping a model in DDP
+_INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 
 
 _CHECKPOINT_WORDS = ("ckpt", "checkpoint", "resume", "model", "weight", "state", "snapshot", "pretrained", ".pth",
@@ -325,10 +306,10 @@ class _LoadsWithoutMapLocation(Rule):
                 ctx.imports.names.get(last, last):
             return
         qualified = ctx.qualified_name(func)
-        if qualified in _DISTRIBUTED:
+        if qualified == _INIT_PROCESS_GROUP or is_ddp(qualified):
             self._distributed = True
             return
-        if qualified not in _TORCH_LOAD:
+        if not does(qualified, Does.READS_TORCH_CHECKPOINT):
             return
         scope = ctx.function_def
         # ``torch.load(path, device)`` maps; ``torch.load(path, weights_only=True)`` does not
@@ -460,7 +441,7 @@ def _device_choice(value: cst.BaseExpression, ctx: FileContext) -> bool:
     arms = {string_value(value.body), string_value(value.orelse)}
     if "cpu" in arms and any(arm is not None and arm.startswith("cuda") for arm in arms):
         return True
-    if _selects_with_cpu_fallback(value, ctx):  # f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    if selects_with_cpu_fallback(value, ctx):  # f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
         return True
     # ``torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")``
     cpu_arm = any(string_value(arm) == "cpu" or (type(arm) is cst.Call and arm.args and ctx.call_name(arm) ==
@@ -644,7 +625,7 @@ class LoadWithoutMapLocationOnCpuFallback(_LoadsWithoutMapLocation):
         test = ctx.parent(branch) if isinstance(branch, (cst.Else, cst.If)) else None
         if isinstance(branch, cst.If):
             test, branch = branch, None  # ``if not torch.cuda.is_available(): device = "cpu"``
-        if not isinstance(test, cst.If) or not any(_CUDA_TEST.search(name) for name in iter_names(test.test)):
+        if not isinstance(test, cst.If) or not any(CUDA_TEST.search(name) for name in iter_names(test.test)):
             return False
         target = dotted_name(node.targets[0].target)
         return branch is None or any(isinstance(n, cst.AssignTarget) and dotted_name(n.target) == target
@@ -678,7 +659,7 @@ class LoadWithoutMapLocationOnCpuFallback(_LoadsWithoutMapLocation):
         selected = code_span(f"if {short(ctx, chooser.test, 40)}: ... {short(ctx, first, 40)}") if chooser is not None \
             else code_span(short(ctx, first.value, 50))
         for call, scope in self._loads:
-            if scope in self._mapped_scopes or id(call) in self.own or HardCodedCuda._guarded(call, selection_ids, ctx):
+            if scope in self._mapped_scopes or id(call) in self.own or runs_only_with_cuda(call, selection_ids, ctx):
                 continue
             device = self.devices.get(id(call))
             replacement = _with_map_location(call, device) if device is not None else None
@@ -700,7 +681,7 @@ def _loaded_path(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: in
     if expr is None or depth > 3:
         return None
     if isinstance(expr, cst.Call):
-        return expr if ctx.qualified_name(expr.func) in _TORCH_LOAD else None
+        return expr if does(ctx.qualified_name(expr.func), Does.READS_TORCH_CHECKPOINT) else None
     if isinstance(expr, cst.Subscript):
         return _loaded_path(expr.value, ctx, depth + 1)
     if isinstance(expr, (cst.Name, cst.Attribute)):

@@ -10,6 +10,7 @@ from analyzers.context import (FileContext, argument, dotted_name, is_false, is_
                                short, string_value)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.names import last_segment, name_words
 from analyzers.rules.base import Invalid, Rule
 
 _RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix", "ElasticTransform",
@@ -364,9 +365,7 @@ _PREPROCESSING = ("sklearn.preprocessing.", "sklearn.feature_extraction.", "skle
 
 
 def _name_tokens(name: str) -> set[str]:
-    from analyzers.rules.leakage import _tokens
-
-    tokens = set(_tokens(name.rsplit(".", 1)[-1]))
+    tokens = set(name_words(last_segment(name)))
     for token in list(tokens):
         if token[:1] in ("x", "y") and len(token) > 1:
             tokens.add(token[1:])  # Xtest, yval

@@ -7,10 +7,13 @@ from typing import Iterable, Optional, Sequence
 import re
 import libcst as cst
 
-from analyzers.context import (FileContext, argument, call_receiver, code_children, dotted_name, is_false, is_true,
-                               iter_names, keyword_arg, method_name, string_value)
+from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, keyword_arg,
+                               method_name, string_value)
 from analyzers.markdown import named
+from analyzers.program.devices import expression_nodes, runs_only_with_cuda, selects_with_cpu_fallback
 from analyzers.program.flow import assignment_before, call_site_values, parameter_index, subtree
+from analyzers.program.library import Does, does, is_data_parallel
+from analyzers.program.loops import iterated
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -22,11 +25,8 @@ from analyzers.rules.base import Invalid, Rule
 _CONFIG_ROOTS = {"args", "arg", "cfg", "config", "conf", "opt", "opts", "options", "hparams", "hp", "params",
                  "settings", "flags", "FLAGS", "training_args", "train_args", "accelerator", "fabric", "CFG",
                  "Config", "cfgs", "hyperparams", "hyp", "trainer"}
-_WRAPPERS = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.DistributedDataParallel",
-             "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.DistributedDataParallel"}
 _DTYPE_NAMES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "int8", "int16",
                 "int32", "int64", "long", "short", "bool", "uint8", "complex64", "complex128", "cfloat", "cdouble"}
-_FACTS_ATTR = "_torchreview_device_facts"
 
 
 def _device_like_name(dotted: Optional[str]) -> bool:
@@ -172,13 +172,13 @@ class _DeviceFacts:
                 self.cuda_evidence = True
             return
         if name in ("DataParallel", "DistributedDataParallel"):
-            if ctx.call_name(node) in _WRAPPERS:
+            if is_data_parallel(ctx.call_name(node)):
                 self.cuda_evidence = True
             return
         if name == "prepare":
             receiver = call_receiver(node)
             origin = ctx.origin_call_name(receiver) if receiver is not None else None
-            if origin in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"):
+            if origin is not None and does(f"{origin}.prepare", Does.MOVES_MODULE):
                 self.cuda_evidence = True
             return
         if not self.cuda_evidence:
@@ -196,12 +196,15 @@ def _loop_variable(root: str, ctx: FileContext) -> bool:
     return binding.kind == "for" or binding.loop is not None
 
 
+class _FileDeviceFacts(_DeviceFacts):
+    """The device facts of one file, kept with the file's other facts (``ctx.facts``)."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__()
+
+
 def _facts(ctx: FileContext) -> _DeviceFacts:
-    facts = getattr(ctx, _FACTS_ATTR, None)
-    if facts is None:
-        facts = _DeviceFacts()
-        setattr(ctx, _FACTS_ATTR, facts)
-    return facts
+    return ctx.facts(_FileDeviceFacts)
 
 
 _OBSERVED = {"to", "cuda", "type_as", "device", "set_device", "DataParallel", "DistributedDataParallel", "prepare"}
@@ -580,9 +583,9 @@ class TensorWithoutDevice(Rule):
         rebound = cand.target is not None and any(
             isinstance(node, cst.Assign) and node.value is not None and not _chain_holds(node.value, cand.call)
             and any(dotted_name(t.target) == cand.target for t in node.targets)
-            and not any(isinstance(n, cst.Name) and n.value == cand.target for n in _fast_subtree(node.value))
-            for node in _fast_subtree(cand.fn.body))
-        for node in _fast_subtree(cand.fn.body):
+            and not any(isinstance(n, cst.Name) and n.value == cand.target for n in expression_nodes(node.value))
+            for node in expression_nodes(cand.fn.body))
+        for node in expression_nodes(cand.fn.body):
             if not isinstance(node, cst.Call) or not node.args:
                 continue
             callee = dotted_name(node.func)
@@ -634,7 +637,7 @@ def _embedding_attributes(cls: cst.ClassDef, ctx: FileContext) -> set[str]:
     """``self.wpe`` for ``self.wpe = nn.Embedding(...)``, ``self.transformer.wpe`` inside an
     ``nn.ModuleDict(dict(wpe=nn.Embedding(...)))`` (nanoGPT's layout)."""
     found: set[str] = set()
-    for node in _fast_subtree(cls.body):
+    for node in expression_nodes(cls.body):
         if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call)):
             continue
         target = dotted_name(node.targets[0].target)
@@ -643,7 +646,7 @@ def _embedding_attributes(cls: cst.ClassDef, ctx: FileContext) -> set[str]:
         if ctx.call_name(node.value) in _EMBEDDINGS:
             found.add(target)
             continue
-        for inner in _fast_subtree(node.value):
+        for inner in expression_nodes(node.value):
             if isinstance(inner, cst.Arg) and inner.keyword is not None and isinstance(inner.value, cst.Call) \
                     and ctx.call_name(inner.value) in _EMBEDDINGS:
                 found.add(f"{target}.{inner.keyword.value}")
@@ -947,27 +950,6 @@ class MissingPinMemory(_LoaderRule):
 # ---------------------------------------------------------------------------------------------
 # TR704
 
-# ``if torch.cuda.is_available():`` / ``if use_cuda:`` / ``if device.type == "cuda":`` / ``if args.gpu:``
-_CUDA_TEST = re.compile(r"cuda|gpu|is_available|device|accelerat", re.IGNORECASE)
-
-
-def _fast_subtree(node: cst.CSTNode):
-    """The expression nodes under ``node`` (``code_children``: no whitespace, far cheaper than ``.children``)."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(code_children(current))
-
-
-def _selects_with_cpu_fallback(value: cst.BaseExpression, ctx: FileContext) -> bool:
-    """``torch.device("cuda" if torch.cuda.is_available() else "cpu")`` and its spellings."""
-    if not any(name.endswith("is_available") for name in iter_names(value)):
-        return False  # the cheap test first: most assignments name no availability check
-    nodes = list(_fast_subtree(value))
-    asks = any(isinstance(n, cst.Call) and ctx.call_name(n) == "torch.cuda.is_available" for n in nodes)
-    return asks and any(isinstance(n, cst.SimpleString) and string_value(n) == "cpu" for n in nodes)
-
 
 class HardCodedCuda(Rule):
     id = "TR704"
@@ -1054,7 +1036,7 @@ class HardCodedCuda(Rule):
         self.candidates: list[tuple[cst.CSTNode, str]] = []
 
     def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
-        if _selects_with_cpu_fallback(node.value, ctx):
+        if selects_with_cpu_fallback(node.value, ctx):
             self.selections.append(node)
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
@@ -1084,37 +1066,17 @@ class HardCodedCuda(Rule):
             return
         selection_ids = {id(s) for s in self.selections}
         for node, shown in self.candidates:
-            if self._guarded(node, selection_ids, ctx):
+            if runs_only_with_cuda(node, selection_ids, ctx):
                 continue
             self.report(node, f"`{' '.join(shown.split())}` hard-codes CUDA although this file selects its device "
                               f"with a CPU fallback: on a machine without a GPU this line raises, and when the "
                               f"selection picks another device the tensors land away from the model; use the "
                               f"selected device (`.to(device)`)")
 
-    @staticmethod
-    def _guarded(node: cst.CSTNode, selection_ids: set[int], ctx: FileContext) -> bool:
-        below = node
-        for ancestor in ctx.ancestors(node):
-            if id(ancestor) in selection_ids:
-                return True  # the selection itself
-            if isinstance(ancestor, (cst.If, cst.IfExp, cst.While)) and below is not ancestor.test and any(
-                    _CUDA_TEST.search(name) for name in _names_and_strings(ancestor.test)):
-                return True
-            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)) and _CUDA_TEST.search(ancestor.name.value):
-                return True
-            below = ancestor
-        return False
-
-
-def _names_and_strings(expr: cst.BaseExpression) -> list[str]:
-    return list(iter_names(expr)) + [string_value(n) or "" for n in _fast_subtree(expr)
-                                     if isinstance(n, cst.SimpleString)]
-
 
 # ---------------------------------------------------------------------------------------------
 # TR705
 
-_ITERATION_WRAPPERS = {"enumerate", "tqdm", "trange", "iter", "progress_bar", "track"}
 # Calls that may move what they are given (``to_device(batch, device)``, ``batch = prepare_batch(batch)``): a loop
 # that calls one is handling devices its own way, so it is not judged.
 _DEVICE_HANDLING = re.compile(r"device|cuda|gpu|move|transfer|prepare|send|place", re.IGNORECASE)
@@ -1130,7 +1092,7 @@ _CPU, _MOVED = "cpu", "moved"
 
 def _moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
     """``expr`` moves something to a device, or calls a helper that may (``to_device(b, dev)``)."""
-    for node in _fast_subtree(expr):
+    for node in expression_nodes(expr):
         if not isinstance(node, cst.Call):
             continue
         name = method_name(node) or ""
@@ -1159,7 +1121,7 @@ def _cpu_type(expr: cst.BaseExpression, ctx: FileContext) -> bool:
 
 
 def _mentions(expr: cst.CSTNode, names: dict[str, str]) -> bool:
-    return any(isinstance(n, cst.Name) and n.value in names for n in _fast_subtree(expr))
+    return any(isinstance(n, cst.Name) and n.value in names for n in expression_nodes(expr))
 
 
 def _target_names(target: cst.BaseExpression) -> list[str]:
@@ -1308,7 +1270,7 @@ class _BatchFlow:
 
     def _calls(self, expr: cst.CSTNode) -> None:
         """Calls of a module (``model(x)``, ``self.net(**batch)``) given a batch value still on the CPU."""
-        for node in _fast_subtree(expr):
+        for node in expression_nodes(expr):
             if not isinstance(node, cst.Call) or not node.args:
                 continue
             callee = dotted_name(node.func)
@@ -1527,16 +1489,13 @@ class BatchNotMovedToDevice(Rule):
         _observe_assign(node, ctx)  # ``device = ...`` in one branch of an ``if``: its CUDA names
 
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
-        iterable = node.iter
-        while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "").rsplit(".", 1)[-1] in \
-                _ITERATION_WRAPPERS and iterable.args:
-            iterable = iterable.args[0].value
+        iterable = iterated(node.iter)
         if isinstance(iterable, (cst.Name, cst.Attribute, cst.Call)):
             self.loops.append(_LoaderLoop(node, ctx.function_def, ctx.class_def, iterable))
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
-        if name in ("DataParallel", "DistributedDataParallel") and ctx.call_name(node) in _WRAPPERS:
+        if name in ("DataParallel", "DistributedDataParallel") and is_data_parallel(ctx.call_name(node)):
             self.wrapped = True
             return
         if name == "cpu" or (name == "to" and string_value(argument(node, 0, "device")) == "cpu"):
@@ -1617,7 +1576,7 @@ class BatchNotMovedToDevice(Rule):
         its ``device`` parameter and kept it (``self.device = device``)."""
         if entry.cls is None or self._function_of(move) is entry.fn or "." in device:
             return device
-        for node in _fast_subtree(entry.cls.body):
+        for node in expression_nodes(entry.cls.body):
             if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Name) and \
                     node.value.value == device and (dotted_name(node.targets[0].target) or "").startswith("self."):
                 return dotted_name(node.targets[0].target) or device
@@ -1662,10 +1621,10 @@ class BatchNotMovedToDevice(Rule):
     def _only_assignment(cls: cst.ClassDef, name: str) -> Optional[cst.BaseExpression]:
         """The value of the one statement of the class that binds the attribute ``name`` (``self.loader``); None when
         several do, or one unpacks (``self.model, self.loader = accelerator.prepare(...)``)."""
-        values = [node.value for node in _fast_subtree(cls.body) if isinstance(node, cst.Assign)
+        values = [node.value for node in expression_nodes(cls.body) if isinstance(node, cst.Assign)
                   for target in node.targets if name in _target_paths(target.target)]
         augmented = any(isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name
-                        for node in _fast_subtree(cls.body))
+                        for node in expression_nodes(cls.body))
         if len(values) != 1 or augmented:
             return None
         return values[0] if isinstance(values[0], cst.Call) else None
@@ -1749,7 +1708,7 @@ class BatchNotMovedToDevice(Rule):
     @staticmethod
     def _bound_names(fn: cst.FunctionDef) -> set[str]:
         names = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
-        for node in _fast_subtree(fn.body):
+        for node in expression_nodes(fn.body):
             if isinstance(node, cst.AssignTarget):
                 names.update(_target_names(node.target))
         return names
@@ -1770,7 +1729,7 @@ class BatchNotMovedToDevice(Rule):
             if not (isinstance(forward, cst.FunctionDef) and forward.name.value == "forward"):
                 continue
             inputs = {p.name.value for p in (*forward.params.params, *forward.params.kwonly_params)} - {"self"}
-            for node in _fast_subtree(forward.body):
+            for node in expression_nodes(forward.body):
                 if isinstance(node, cst.Call) and method_name(node) in ("to", "cuda", "type_as") and \
                         _receiver_root(call_receiver(node)) in inputs:
                     return True

@@ -12,24 +12,21 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.loop import AccumulationFacts, _text, is_backward, loop_trains
-from analyzers.rules.serialization import _is_test_file
-from analyzers.rules.training import _loop_stack
+from analyzers.program.loops import AccumulationFacts, iterated, loop_stack, loop_trains
+from analyzers.program.names import node_text
+from analyzers.program.roles import is_test_code
+from analyzers.program.library import Does, does, is_ddp, training_libraries_that
+from analyzers.program.values import is_plain_backward
 
-_DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
-_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 _DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-_SAVE = {"torch.save", "torch.serialization.save"}
 _RANK_WORDS = re.compile(r"rank|main_process|is_main|is_master|master|global_zero|local_process_zero|"
                          r"process_index|is_primary|primary|gpu|device_id|proc_id|node_id|worker_id|leader",
                          re.IGNORECASE)
-_DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-                  "torch.nn.parallel.data_parallel.DataParallel"}
 
 
 def _is_ddp_call(call: cst.Call, ctx: FileContext) -> bool:
     qualified = ctx.call_name(call)
-    if qualified in _DDP:
+    if is_ddp(qualified):
         return True
     return qualified is None and (dotted_name(call.func) or "") in ("DDP", "DistributedDataParallel")
 
@@ -141,16 +138,16 @@ class SamplerWithoutSetEpoch(Rule):
         name = method_name(node)
         if name == "set_epoch":
             self.set_epoch = True
-        elif name == "backward" and is_backward(node, ctx) and _loop_stack(ctx):
+        elif is_plain_backward(node) and loop_stack(ctx):
             self.trains = True
-        elif ctx.call_name(node) in _SAMPLERS:
+        elif does(ctx.call_name(node), Does.SAMPLES_PER_PROCESS):
             shuffle = keyword_arg(node, "shuffle")
             if shuffle is None or is_true(shuffle.value):
                 self.samplers.append(node)
 
     def end_file(self, ctx: FileContext) -> None:
-        if self.set_epoch or not self.trains or any(ctx.imports.imports_root(lib) for lib in (
-                "accelerate", "lightning", "pytorch_lightning")):
+        if self.set_epoch or not self.trains or any(
+                ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.ADVANCES_SAMPLER_EPOCH)):
             return  # Accelerate and Lightning advance the sampler's epoch themselves
         for call in self.samplers:
             parent = ctx.parent(call)
@@ -299,9 +296,9 @@ class SaveOnEveryRank(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if _is_ddp_call(node, ctx):
             self.ddp = True
-        elif method_name(node) == "backward" and is_backward(node, ctx):
+        elif is_plain_backward(node):
             self.trains.add(id(ctx.function))
-        elif ctx.call_name(node) in _SAVE and not self._guarded(node, ctx):
+        elif does(ctx.call_name(node), Does.WRITES_TORCH_CHECKPOINT) and not self._guarded(node, ctx):
             path = node.args[1].value if len(node.args) > 1 else None
             if path is not None and (_mentions_rank(path) or _mentions_rank(ctx.origin(path) or path)):
                 return  # one file per rank
@@ -328,7 +325,7 @@ class SaveOnEveryRank(Rule):
         for call, fn in self.saves:
             if id(fn) not in self.trains or id(fn) in self.guarded:
                 continue
-            self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: all processes write the same "
+            self.report(call, f"{code_span(node_text(ctx, call))} runs on every DDP rank: all processes write the same "
                               f"file at once (a torn checkpoint, N times the I/O); save only on rank 0 "
                               f"(`if dist.get_rank() == 0:`)")
 
@@ -555,9 +552,9 @@ class DataParallelTraining(Rule):
         self.ddp = False
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if ctx.call_name(node) in _DATA_PARALLEL:
+        if does(ctx.call_name(node), Does.REPLICATES_PER_DEVICE):
             self.calls.append(node)
-        elif method_name(node) == "backward" and is_backward(node, ctx) and _loop_stack(ctx):
+        elif is_plain_backward(node) and loop_stack(ctx):
             self.trains = True
 
     def visit_Name(self, node: cst.Name, ctx: FileContext) -> None:
@@ -566,10 +563,10 @@ class DataParallelTraining(Rule):
             self.ddp = True
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed") or _is_test_file(ctx.path):
+        if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed") or is_test_code(ctx):
             return  # with DDP in the file, DataParallel is the single-process fallback
         for call in self.calls[:1]:
-            self.report(call, f"{code_span(_text(ctx, call))} trains through single-process DataParallel "
+            self.report(call, f"{code_span(node_text(ctx, call))} trains through single-process DataParallel "
                               f"(model replicated every step, outputs gathered on GPU 0, GIL-bound); "
                               f"`DistributedDataParallel` with one process per GPU is faster even on one machine")
 
@@ -609,7 +606,7 @@ class _CallsOnEveryRank(Rule):
             self.guarded.add(id(ctx.function))
 
     def unguarded_calls(self, ctx: FileContext) -> list[tuple[cst.Call, object]]:
-        if not self.ddp or _is_test_file(ctx.path):
+        if not self.ddp or is_test_code(ctx):
             return []
         return [(call, fn) for call, fn in self.calls if id(fn) not in self.guarded]
 
@@ -702,7 +699,7 @@ class LoggerOnEveryRank(_CallsOnEveryRank):
 
     def end_file(self, ctx: FileContext) -> None:
         for call, _fn in self.unguarded_calls(ctx):
-            self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: each process starts its own "
+            self.report(call, f"{code_span(node_text(ctx, call))} runs on every DDP rank: each process starts its own "
                               f"run / event file and logs its own shard's metrics; create it only on rank 0 "
                               f"(`if dist.get_rank() == 0:`)")
 
@@ -718,7 +715,8 @@ _DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
 
 def _is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
     """torch's DistributedSampler, or a project's own ``Distributed*Sampler`` class."""
-    return ctx.call_name(node) in _SAMPLERS or bool(_DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
+    return does(ctx.call_name(node), Does.SHARDS_DATA) or bool(
+        _DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
 
 
 def _names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
@@ -880,7 +878,7 @@ class EvalLoaderWithoutDistributedSampler(Rule):
             self.loaders.append((node, variable, variable))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not (self.ddp and self.sharded) or self.eval_sharded or _is_test_file(ctx.path):
+        if not (self.ddp and self.sharded) or self.eval_sharded or is_test_code(ctx):
             return
         for call, variable, named in self.loaders:
             if variable is not None and self._used_on_one_rank(ctx, variable):
@@ -1025,7 +1023,7 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
     def collects(self, node: cst.Call, ctx: FileContext) -> bool:
         if not (self._is_log_call(node, ctx) and self._shows_metric(node) and not SaveOnEveryRank._guarded(node, ctx)):
             return False
-        return any(loop_trains(loop, ctx) for loop in _loop_stack(ctx))
+        return any(loop_trains(loop, ctx) for loop in loop_stack(ctx))
 
     @staticmethod
     def _is_log_call(node: cst.Call, ctx: FileContext) -> bool:
@@ -1056,7 +1054,7 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
             if silenced and isinstance(call.func, cst.Name):
                 continue
             reported.add(id(fn))  # one per function: the fix is the same guard
-            self.report(call, f"{code_span(_text(ctx, call))} runs on every DDP rank: N interleaved copies of the "
+            self.report(call, f"{code_span(node_text(ctx, call))} runs on every DDP rank: N interleaved copies of the "
                               f"line, each with its own shard's value; print on rank 0 (`if dist.get_rank() == 0:`), "
                               f"after reducing the metric if it should cover every rank")
 
@@ -1069,7 +1067,6 @@ _PROCESS_GROUP = {"torch.distributed.init_process_group"}
 # Data that shards itself, or a framework that adds the sampler: nothing to say.
 _SELF_SHARDING = re.compile(r"IterableDataset|split_dataset_by_node|webdataset|\bwds\.|accelerate|lightning|"
                             r"Lightning|shard|DistributedBatchSampler|\[\s*\w*rank\w*\s*::", re.IGNORECASE)
-_LOADER_WRAPPERS = {"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "zip"}
 
 
 class DdpTrainingLoaderWithoutSampler(Rule):
@@ -1202,16 +1199,13 @@ class DdpTrainingLoaderWithoutSampler(Rule):
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
         if not loop_trains(node, ctx):
             return
-        iterable = node.iter
-        while isinstance(iterable, cst.Call) and (dotted_name(iterable.func) or "") in _LOADER_WRAPPERS and \
-                iterable.args:
-            iterable = iterable.args[0].value
+        iterable = iterated(node.iter)
         name = dotted_name(iterable)
         if name is not None:
             self.training_iterables.add(name)
 
     def end_file(self, ctx: FileContext) -> None:
-        if not (self.ddp and self.process_group) or self.sharded or _is_test_file(ctx.path) or \
+        if not (self.ddp and self.process_group) or self.sharded or is_test_code(ctx) or \
                 _SELF_SHARDING.search(ctx.source):
             return
         for call, variable, dataset in self.loaders:
@@ -1224,7 +1218,7 @@ class DdpTrainingLoaderWithoutSampler(Rule):
                 _TRAIN_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(dataset))
             if not (trains or named):
                 continue
-            shown = code_span(variable or "DataLoader") + f" over {code_span(_text(ctx, dataset))}"
+            shown = code_span(variable or "DataLoader") + f" over {code_span(node_text(ctx, dataset))}"
             self.report(call, f"{shown} has no DistributedSampler although the model is trained with "
                               f"DistributedDataParallel across processes: every rank iterates the whole dataset "
                               f"(with one seed, the same batches), so the N GPUs repeat each other's work and an "

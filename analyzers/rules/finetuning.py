@@ -19,11 +19,11 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import assignment_before, subtree
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.values import MODULE_CHAIN, MODULE_WRAPPERS
+from analyzers.program.library import method_returns_same_module, names_an_optimizer_class
+from analyzers.program.values import BACKWARD_METHODS, builds_optimizer, wrapped_module
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.inference import _torch_layer_features
-from analyzers.rules.loop import loop_trains
-from analyzers.rules.training import _loop_stack
+from analyzers.program.loops import loop_stack, loop_trains
+from analyzers.program.modules import torch_layer_features
 
 # torchvision / timm architectures built with BatchNorm (detection models use FrozenBatchNorm2d: left out)
 _BN_ARCHITECTURE = re.compile(r"resnet|resnext|densenet|efficientnet|mobilenet|mnasnet|shufflenet|regnet|inception|"
@@ -60,15 +60,12 @@ def _library_constructor(call: cst.Call, ctx: FileContext) -> Optional[str]:
 def _strip_chain(expr: cst.BaseExpression, ctx: FileContext) -> cst.BaseExpression:
     """``resnet50(...).to(device)`` / ``nn.DataParallel(net)``: the module under the moves and wrappers."""
     for _ in range(6):
-        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
-                expr.func.attr.value in MODULE_CHAIN and ctx.qualified_name(expr.func) is None:
-            expr = expr.func.value
-        elif isinstance(expr, cst.Call) and ctx.qualified_name(expr.func) in MODULE_WRAPPERS:
-            expr = argument(expr, 0, "module") or expr
-            if isinstance(expr, (cst.Name, cst.Attribute)):
-                expr = ctx.origin(expr) or expr
-        else:
+        inner = wrapped_module(expr, ctx)
+        if inner is None:
             break
+        chained = isinstance(expr.func, cst.Attribute) and method_returns_same_module(expr.func.attr.value)
+        # through a wrapper (DDP, compile), the name it wraps is followed to what built it
+        expr = ctx.origin(inner) or inner if not chained and isinstance(inner, (cst.Name, cst.Attribute)) else inner
     return expr
 
 
@@ -109,7 +106,7 @@ def _constructor_batchnorm(call: cst.Call, ctx: FileContext) -> Optional[str]:
     architecture = _library_constructor(call, ctx)
     if architecture is not None:
         return f"{_with_article(architecture)}, which holds BatchNorm"
-    features = _torch_layer_features(ctx, call)
+    features = torch_layer_features(ctx, call)
     if features is not None:
         return "its BatchNorm layers" if "batchnorm" in features else None
     cls = dotted_name(call.func)
@@ -456,7 +453,7 @@ class FrozenBatchNormInTrainMode(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
         func = node.func
-        if name in ("backward", "manual_backward"):
+        if name in BACKWARD_METHODS:
             if self.facts.backward is None:
                 self.facts.backward = self.order
             return
@@ -491,12 +488,12 @@ class FrozenBatchNormInTrainMode(Rule):
             return
         root = callee.split(".", 1)[0]
         if root not in self.facts.trained and ctx.loop is not None and \
-                any(loop_trains(lp, ctx) for lp in _loop_stack(ctx)):
+                any(loop_trains(lp, ctx) for lp in loop_stack(ctx)):
             self.facts.trained.add(root)
         if not self.no_grad:
             self.facts.grad_calls.add(callee)
         elif callee not in self.facts.no_grad_calls and ctx.qualified_name(func) is None and \
-                any(loop_trains(lp, ctx) for lp in _loop_stack(ctx)):
+                any(loop_trains(lp, ctx) for lp in loop_stack(ctx)):
             self.facts.no_grad_calls[callee] = (node, _has_batchnorm(func if name != "forward" else func.value, ctx))
 
     @staticmethod
@@ -613,7 +610,7 @@ class FrozenBatchNormInTrainMode(Rule):
                 continue
             value = node.value
             while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
-                    value.func.attr.value in MODULE_CHAIN:
+                    method_returns_same_module(value.func.attr.value):
                 value = value.func.value
             callee = dotted_name(value.func) if isinstance(value, cst.Call) else None
             target = dotted_name(node.targets[0].target)
@@ -649,8 +646,6 @@ class FrozenBatchNormInTrainMode(Rule):
 # ---------------------------------------------------------------------------------------------
 # TR117
 
-_OPTIMIZERS = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS", "Lion",
-               "Adafactor", "LAMB", "Lamb", "LARS", "SparseAdam", "ASGD", "Rprop"}
 # ``model.module`` (DataParallel / DDP), ``model._orig_mod`` (torch.compile): the whole model, not a part of it
 _WHOLE = {"module", "_orig_mod", "model", "net", "network", "inner"}
 # uses of a model's parameters that neither optimize nor freeze them
@@ -673,14 +668,6 @@ class _PartOptimizer:
     built: str  # what ``model`` is built from (the message names it)
 
 
-def _optimizer_call(call: cst.Call, ctx: FileContext) -> bool:
-    qualified = ctx.qualified_name(call.func) or ""
-    if qualified.startswith("torch.optim.") and ".lr_scheduler" not in qualified:
-        return True
-    name = dotted_name(call.func) or ""
-    return name.rsplit(".", 1)[-1] in _OPTIMIZERS
-
-
 def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
     """What ``model`` was built from, when it is surely a fresh model: a torchvision/timm constructor, a module
     class (``Net(...)``, ``nn.Sequential``); None for a helper's result (``build_model(cfg)`` may freeze it)."""
@@ -697,7 +684,7 @@ def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[s
     if qualified.startswith("torchvision.models.") or qualified in ("timm.create_model", "timm.models.create_model"):
         return short(ctx, built.func, 40)
     name = dotted_name(built.func)
-    if name is None or not name.rsplit(".", 1)[-1][:1].isupper() or name.rsplit(".", 1)[-1] in _OPTIMIZERS:
+    if name is None or not name.rsplit(".", 1)[-1][:1].isupper() or names_an_optimizer_class(name):
         return None
     if qualified and not qualified.startswith("torch.nn.") and qualified.split(".", 1)[0] in (
             "transformers", "torch"):
@@ -874,13 +861,13 @@ class OptimizerOverPartOfTrainedModel(Rule):
         if name == "add_param_group":
             self.param_groups_added = True
             return
-        if isinstance(func, (cst.Name, cst.Attribute)) and node.args and _optimizer_call(node, ctx):
+        if isinstance(func, (cst.Name, cst.Attribute)) and node.args and builds_optimizer(node, ctx):
             self._optimizer(node, ctx)
             return
         callee = func.value if name == "forward" and isinstance(func, cst.Attribute) else func
         if isinstance(callee, cst.Name) and callee.value not in self.trained_calls and \
                 ctx.qualified_name(callee) is None and not ctx.in_no_grad() and \
-                any(loop_trains(lp, ctx) for lp in _loop_stack(ctx)):
+                any(loop_trains(lp, ctx) for lp in loop_stack(ctx)):
             self.trained_calls[callee.value] = node
 
     @staticmethod

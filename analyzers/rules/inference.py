@@ -1,7 +1,6 @@
 """Inference: models run for validation / prediction in training mode or with autograd on."""
 from __future__ import annotations
 
-import ast
 import re
 from typing import Optional
 
@@ -9,27 +8,21 @@ import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
 from analyzers.program.flow import subtree
-from analyzers.program.modules import ModuleFacts, layer_of
-from analyzers.program.values import constructor, model_class
+from analyzers.program.library import Does, does, method_does, method_returns_same_module
+from analyzers.program.modules import ModuleFacts
+from analyzers.program.names import name_is_model_like
+from analyzers.program.roles import is_test_code
+from analyzers.program.values import changes_in_eval
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule, Valid
 
 # ---------------------------------------------------------------------------------------------
 # Names
 
-_MODEL_NAMES = {"model", "net", "network", "encoder", "decoder", "classifier", "backbone", "generator",
-                "discriminator", "unet", "vae", "transformer", "detector", "segmenter", "autoencoder"}
-_NOT_MODEL_SUFFIXES = ("_path", "path", "state", "_dir", "_name", "name", "_fn", "_cls", "_class", "_type",
-                       "_config", "_cfg", "_kwargs", "_args")
-_VERB_PREFIXES = ("get_", "build_", "create_", "make_", "load_", "init_", "setup_", "set_", "save_", "to_",
-                  "_get_", "_build_", "_create_", "_make_", "_load_", "_init_", "_setup_")
 # torch.nn classes without dropout / batch-norm / parameters worth the name "model"
 _NN_NOT_MODELS = {"Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6", "LeakyReLU", "Tanh", "GELU", "SiLU", "ELU",
                   "Identity", "Flatten", "Unflatten", "Upsample", "Softplus", "Hardtanh", "Mish", "CosineSimilarity",
                   "PairwiseDistance", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict"}
-# a chain ``Net().to(device).eval()`` is peeled through these
-_CHAIN_METHODS = {"to", "cuda", "cpu", "eval", "train", "float", "half", "double", "bfloat16", "requires_grad_",
-                  "share_memory", "to_empty"}
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SPLIT = re.compile(r"[._\W]+")
@@ -55,14 +48,6 @@ def is_eval_function_name(name: str) -> bool:
 
 def _is_val_data_name(name: str) -> bool:
     return any(t in _VAL_DATA_TOKENS or _VAL_DATA_JOINED.match(t) for t in _tokens(name))
-
-
-def name_is_model_like(name: str) -> bool:
-    last = name.rsplit(".", 1)[-1]
-    low = last.lower()
-    if low.startswith(_VERB_PREFIXES) or low.endswith(_NOT_MODEL_SUFFIXES):
-        return False
-    return low in _MODEL_NAMES or low.endswith(("model", "_net")) or (low.endswith("net") and len(low) > 3)
 
 
 def _val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
@@ -152,6 +137,7 @@ def _covers(evaled: str, model: str) -> bool:
 
 class _Facts:
     def __init__(self, ctx: FileContext) -> None:
+        self.collector: Optional[Rule] = None
         self.module_state = _FnState(None, "<module>", None)
         self.stack: list[_FnState] = [self.module_state]
         self.nograd_withs: list[cst.With] = []
@@ -162,10 +148,7 @@ class _Facts:
         self.module_evals: set[str] = set()
         self.trained: set[str] = set()  # receivers of an explicit .train() anywhere in the file
         self.skipped_classes: dict[cst.ClassDef, bool] = {}
-        path = ctx.path.replace("\\", "/")
-        base = path.rsplit("/", 1)[-1]
-        self.test_file = (base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
-                          or "/tests/" in "/" + path)
+        self.test_file = is_test_code(ctx)
         self._memo: dict[tuple, bool] = {}
 
     # ---- structure -----------------------------------------------------------------------
@@ -483,7 +466,7 @@ def _eval_chain(expr: Optional[cst.BaseExpression]) -> bool:
         attr = expr.func.attr.value
         if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
             return True
-        if attr not in _CHAIN_METHODS:
+        if not method_returns_same_module(attr):
             return False
         expr = expr.func.value
     return False
@@ -492,7 +475,8 @@ def _eval_chain(expr: Optional[cst.BaseExpression]) -> bool:
 def _origin_func(origin: Optional[cst.BaseExpression]) -> Optional[str]:
     """``load_model`` for ``model = load_model(path).to(device)``."""
     expr = origin
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _CHAIN_METHODS:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+            method_returns_same_module(expr.func.attr.value):
         expr = expr.func.value
     return method_name(expr) if isinstance(expr, cst.Call) else None
 
@@ -520,18 +504,19 @@ def _constructs_module(origin: Optional[cst.BaseExpression], ctx: FileContext) -
     """(origin builds an nn.Module, the chain puts it in eval mode / loads a pretrained HF model)."""
     eval_chain = False
     expr = origin
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _CHAIN_METHODS:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+            method_returns_same_module(expr.func.attr.value):
         attr = expr.func.attr.value
         if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
             eval_chain = True
         expr = expr.func.value
     if not isinstance(expr, cst.Call):
         return False, eval_chain
-    if isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "from_pretrained":
-        return True, True  # transformers returns pretrained models in eval mode
+    if isinstance(expr.func, cst.Attribute) and method_does(expr.func.attr.value, Does.RETURNS_EVAL_MODEL):
+        return True, True
     called = ctx.call_name(expr)
-    if called in ("torch.jit.load", "torch.export.load"):
-        return True, True  # scripted models keep the mode they were saved in: normally eval
+    if does(called, Does.RETURNS_EVAL_MODEL):
+        return True, True
     if called:
         leaf = called.rsplit(".", 1)[-1]
         if called.startswith("torch.nn.") and leaf[:1].isupper():
@@ -549,11 +534,10 @@ class _InferencePathRule(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        facts = getattr(ctx, "_torchreview_inference_facts", None)
-        self._owner = facts is None
-        if facts is None:
-            facts = _Facts(ctx)
-            ctx._torchreview_inference_facts = facts  # type: ignore[attr-defined]
+        facts = ctx.facts(_Facts)
+        if facts.collector is None:
+            facts.collector = self  # the first of TR201 / TR202 to run feeds the facts during the walk
+        self._owner = facts.collector is self
         self.facts: _Facts = facts
 
     def visit_FunctionDef(self, node: cst.FunctionDef, ctx: FileContext) -> None:
@@ -718,36 +702,14 @@ class MissingEvalMode(_InferencePathRule):
                 line=4, message="encoder"),
     ]
 
-    def _changes_in_eval(self, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
-        """False only when the model is known to hold neither dropout nor BatchNorm."""
-        built = constructor(self.ctx, model, use)
-        if built is None:
-            return True
-        features = _torch_layer_features(self.ctx, built)
-        if features is None:
-            cls = model_class(self.ctx, model, use)
-            features = self.ctx.facts(ModuleFacts).features(cls) if cls is not None else None
-        return features is None or bool(features & {"dropout", "batchnorm"})
-
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
         if self.facts.eval_covered(call):
             return None
-        if _DOTTED.match(call.model) and not self._changes_in_eval(cst.parse_expression(call.model), call.node):
+        if _DOTTED.match(call.model) and not changes_in_eval(self.ctx, cst.parse_expression(call.model), call.node):
             return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
         return (f"`{call.model}` runs in {where} without `{call.model}.eval()` before it: dropout stays active and "
                 f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "
                 f"call `{call.model}.eval()` first")
-
-
-def _torch_layer_features(ctx: FileContext, call: cst.Call) -> Optional[set[str]]:
-    """dropout / batchnorm of a model built straight from torch.nn (``nn.Linear(...)``, ``nn.Sequential(...)``),
-    or None when it holds anything else (a project class, a torchvision model)."""
-    if not (ctx.qualified_name(call.func) or "").startswith("torch.nn."):
-        return None
-    layer = layer_of(ast.parse(ctx.module.code_for_node(call), mode="eval").body)
-    if layer is None or any(kind[:1].isupper() for kind in layer.kinds):
-        return None
-    return layer.kinds
 
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*$")

@@ -1,7 +1,6 @@
 """Data leakage: preprocessing statistics learned from test data."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -11,6 +10,7 @@ from analyzers.context import (Binding, FileContext, FunctionNode, argument, cal
                                keyword_arg, method_name, positional_args)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.names import name_words
 from analyzers.rules.base import Invalid, Rule
 
 _PREPROCESSING_PACKAGES = ("sklearn.preprocessing.", "sklearn.feature_extraction.", "sklearn.decomposition.",
@@ -30,11 +30,6 @@ _CV_FUNCTIONS = {"sklearn.model_selection.cross_val_score", "sklearn.model_selec
 
 _HELD_OUT = {"test", "tests", "testing", "val", "valid", "validation", "holdout", "dev", "eval"}
 _INDEX_WORDS = ("idx", "index", "indices", "ids", "mask", "rows")
-_TOKEN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
-
-
-def _tokens(name: str) -> list[str]:
-    return [t.lower() for t in _TOKEN.findall(name)]
 
 
 def _held_out_token(token: str) -> bool:
@@ -314,7 +309,7 @@ class PreprocessingFitOnTestData(Rule):
         label = f"{kind} {code_span(receiver_name)}" if receiver_name else code_span(f"{kind}()")
         data_text = _short(ctx, data, 50)
         names = _data_names(data, ctx)
-        tokens = [t for n in names for t in _tokens(n)]
+        tokens = [t for n in names for t in name_words(n)]
         if any("train" in t for t in tokens):
             return
         if any(_held_out_token(t) for t in tokens):

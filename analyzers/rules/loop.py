@@ -12,11 +12,9 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (
-    NO_GRAD_CONTEXTS,
     FileContext,
     argument,
     call_receiver,
-    code_children,
     dotted_name,
     is_true,
     iter_names,
@@ -28,58 +26,13 @@ from analyzers.context import (
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
-from analyzers.program.modules import ModuleFacts
-from analyzers.program.values import constructor, model_class
+from analyzers.program.library import Does, training_libraries_that
+from analyzers.program.loops import AccumulationFacts, body_nodes, loop_stack, loop_trains
+from analyzers.program.names import node_text
+from analyzers.program.state import in_no_grad_block
+from analyzers.program.values import (BACKWARD_METHODS, builds_optimizer, changes_in_eval, is_backward, is_model_call,
+                                      is_optimizer_step, is_plain_backward)
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.inference import _torch_layer_features
-from analyzers.rules.training import _is_model_callee, _is_optimizer, _is_scaler, _loop_stack
-
-_BACKWARD = {"backward", "manual_backward"}
-
-
-def is_backward(call: cst.Call, ctx: FileContext) -> bool:
-    """``loss.backward()``, ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``,
-    ``torch.autograd.backward(...)``."""
-    name = method_name(call)
-    if name not in _BACKWARD:
-        return False
-    return isinstance(call.func, cst.Attribute)
-
-
-def is_optimizer_step(call: cst.Call, ctx: FileContext) -> bool:
-    """``opt.step()`` or ``scaler.step(opt)``."""
-    if method_name(call) != "step" or not isinstance(call.func, cst.Attribute):
-        return False
-    receiver = call.func.value
-    return _is_optimizer(receiver, ctx) or _is_scaler(receiver, ctx)
-
-
-def loop_trains(loop: cst.CSTNode, ctx: Optional[FileContext] = None) -> bool:
-    """The loop's body calls ``.backward()`` somewhere (its own statements, not nested functions).
-    With ``ctx``, answers are kept for the file, so each loop is looked at once."""
-    cache = ctx.facts(_TrainingLoops).answers if ctx is not None else {}
-    found = cache.get(id(loop))
-    if found is None:
-        found = cache[id(loop)] = any(
-            isinstance(node, cst.Call) and method_name(node) in _BACKWARD and isinstance(node.func, cst.Attribute)
-            for node in _body_nodes(loop))
-    return found
-
-
-class _TrainingLoops:
-    def __init__(self, ctx: FileContext) -> None:
-        self.answers: dict[int, bool] = {}
-
-
-def _body_nodes(scope: cst.CSTNode):
-    """Nodes under ``scope`` without entering nested functions, lambdas or classes."""
-    stack = [scope]
-    while stack:
-        node = stack.pop()
-        yield node
-        for child in code_children(node):
-            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                stack.append(child)
 
 
 def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> bool:
@@ -89,58 +42,6 @@ def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> b
         if isinstance(ancestor, (cst.For, cst.While)):
             return True
     return False
-
-
-def _changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
-    """False only when the model is known to hold neither dropout nor BatchNorm (as TR201 decides)."""
-    built = constructor(ctx, model, use)
-    if built is None:
-        return _assigned_features(ctx, dotted_name(model))
-    features = _torch_layer_features(ctx, built)
-    if features is None:
-        cls = model_class(ctx, model, use)
-        features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
-    return features is None or bool(features & {"dropout", "batchnorm"})
-
-
-def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
-    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
-    is known to hold neither dropout nor BatchNorm."""
-    if not name:
-        return True
-    facts = ctx.facts(ModuleFacts)
-    seen = False
-    for node in subtree(ctx.module):
-        if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
-            continue
-        value = node.value
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
-                and value.func.attr.value in ("cuda", "to", "cpu", "float", "double"):
-            value = value.func.value
-        if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
-            continue  # ``model = model.cuda()``
-        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
-            return True
-        features = facts.features(value.func.value)
-        if features is None or features & {"dropout", "batchnorm"}:
-            return True
-        seen = True
-    return not seen
-
-
-def _under_no_grad(ctx: FileContext, node: cst.CSTNode) -> bool:
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.With):
-            for item in ancestor.items:
-                expr = item.item.func if isinstance(item.item, cst.Call) else item.item
-                if ctx.qualified_name(expr) in NO_GRAD_CONTEXTS and not (
-                        isinstance(item.item, cst.Call) and is_true(argument(item.item, 0, "mode"))):
-                    return True
-    return False
-
-
-def _text(ctx: FileContext, node: cst.CSTNode) -> str:
-    return ctx.module.code_for_node(node).strip()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,8 +203,8 @@ class LrDecayNotApplied(Rule):
                 self._decay(node, name, ctx)
 
     def _decay(self, node: cst.CSTNode, name: str, ctx: FileContext) -> None:
-        if _LR_NAME.match(name.rsplit(".", 1)[-1]) and _loop_stack(ctx):
-            self.decays.append((node, name, _loop_stack(ctx)))
+        if _LR_NAME.match(name.rsplit(".", 1)[-1]) and loop_stack(ctx):
+            self.decays.append((node, name, loop_stack(ctx)))
 
     def visit_Attribute(self, node: cst.Attribute, ctx: FileContext) -> None:
         if node.attr.value in ("param_groups", "defaults"):
@@ -318,7 +219,7 @@ class LrDecayNotApplied(Rule):
         if qualified.startswith("torch.optim.") and qualified.rsplit(".", 1)[-1][:1].isupper():
             lr = dotted_name(argument(node, 1, "lr"))
             if lr is not None:
-                self.optimizers.append((node, lr, _loop_stack(ctx), ctx.function))
+                self.optimizers.append((node, lr, loop_stack(ctx), ctx.function))
 
     def end_file(self, ctx: FileContext) -> None:
         if self.applied:
@@ -342,7 +243,7 @@ class LrDecayNotApplied(Rule):
     @staticmethod
     def _passed_on(loop: cst.CSTNode, name: str, decay: cst.CSTNode) -> bool:
         """The loop hands the variable to a call (a helper that sets it, an optimizer built anew)."""
-        for node in _body_nodes(loop):
+        for node in body_nodes(loop):
             if isinstance(node, cst.Call) and method_name(node) not in ("print", "format", "info", "log", "write",
                                                                         "add_scalar", "set_postfix"):
                 for arg in node.args:
@@ -354,64 +255,6 @@ class LrDecayNotApplied(Rule):
 
 # ---------------------------------------------------------------------------------------------
 # TR111 (and the accumulation pattern TR723 reuses)
-
-
-def accumulation_divisor(test: cst.BaseExpression) -> Optional[cst.BaseExpression]:
-    """``N`` for an ``if (i + 1) % N == 0`` / ``if step % N == 0`` test with a non-literal ``N``."""
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-        return None
-    comparison = test.comparisons[0]
-    if not isinstance(comparison.operator, cst.Equal):
-        return None
-    left, right = test.left, comparison.comparator
-    for a, b in ((left, right), (right, left)):
-        if isinstance(a, cst.BinaryOperation) and isinstance(a.operator, cst.Modulo):
-            if isinstance(b, cst.Integer) and b.value == "0" and isinstance(a.right, (cst.Name, cst.Attribute)):
-                return a.right
-    return None
-
-
-_ACCUM_WORDS = ("accum", "grad_steps", "update_freq", "iters_to_accumulate", "accumulate")
-
-
-class AccumulationStep:
-    """One ``if (i + 1) % N == 0: optimizer.step()`` inside a loop whose body runs ``backward()`` on every pass."""
-
-    def __init__(self, node: cst.If, divisor: cst.BaseExpression, loop: cst.CSTNode, function) -> None:
-        self.node = node
-        self.divisor = divisor
-        self.loop = loop
-        self.function = function
-
-
-class AccumulationFacts:
-    """Gradient-accumulation steps in a file (shared by TR111 and TR723). Filled by :func:`note_if`."""
-
-    def __init__(self, ctx: FileContext) -> None:
-        self.steps: list[AccumulationStep] = []
-        self._seen: set[int] = set()
-
-    def note_if(self, node: cst.If, ctx: FileContext) -> None:
-        if id(node) in self._seen:
-            return
-        self._seen.add(id(node))
-        divisor = accumulation_divisor(node.test)
-        stack = _loop_stack(ctx)
-        if divisor is None or not stack:
-            return
-        word = (dotted_name(divisor) or "").rsplit(".", 1)[-1].lower()
-        if not any(w in word for w in _ACCUM_WORDS):
-            return
-        steps = [n for n in _body_nodes(node.body) if isinstance(n, cst.Call) and is_optimizer_step(n, ctx)]
-        if not steps:
-            return
-        # backward runs on every pass: in the loop, outside this ``if``
-        loop = stack[-1]
-        inside = {id(n) for n in _body_nodes(node)}
-        if not any(isinstance(n, cst.Call) and method_name(n) in _BACKWARD and id(n) not in inside
-                   for n in _body_nodes(loop)):
-            return
-        self.steps.append(AccumulationStep(node, divisor, loop, ctx.function))
 
 
 class AccumulatedLossNotScaled(Rule):
@@ -565,9 +408,6 @@ class AccumulatedLossNotScaled(Rule):
 
 # ---------------------------------------------------------------------------------------------
 # TR112
-
-_OPTIMIZER_CLASSES = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS",
-                      "Lion", "Adafactor", "LAMB", "Lamb"}
 
 
 class EvalNeverTrain(Rule):
@@ -750,8 +590,7 @@ class EvalNeverTrain(Rule):
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
-        qualified = ctx.call_name(node) or ""
-        if qualified.startswith("torch.optim.") or name in _OPTIMIZER_CLASSES:
+        if builds_optimizer(node, ctx):
             for arg in node.args:
                 value = arg.value
                 if (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
@@ -768,7 +607,7 @@ class EvalNeverTrain(Rule):
         elif name == "eval" and not node.args and isinstance(ctx.parent(node), cst.Expr):
             if ctx.qualified_name(node.func) is None:
                 self.order += 1
-                self.evals.append((node, _loop_stack(ctx), ctx.function, self.order))
+                self.evals.append((node, loop_stack(ctx), ctx.function, self.order))
 
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
         self.order += 1
@@ -779,8 +618,8 @@ class EvalNeverTrain(Rule):
         self.loops.append((node, ctx.function, self.order))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.evals or self.trained or ctx.imports.imports_root("lightning") or \
-                ctx.imports.imports_root("pytorch_lightning"):
+        if not self.evals or self.trained or any(
+                ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.SETS_MODULE_MODE)):
             return
         training = {id(lp) for lp, _, _ in self.loops if loop_trains(lp, ctx)}
         if not training:
@@ -788,7 +627,7 @@ class EvalNeverTrain(Rule):
         for call, stack, fn, order in self.evals:
             if dotted_name(call.func.value) not in self.optimized:
                 continue  # a teacher, a frozen feature extractor, or a model we cannot tie to the optimizer
-            if not _changes_in_eval(ctx, call.func.value, call):
+            if not changes_in_eval(ctx, call.func.value, call):
                 continue  # no dropout and no BatchNorm: eval() changes nothing
             inside = any(id(lp) in training for lp in stack)
             if not inside:
@@ -798,7 +637,7 @@ class EvalNeverTrain(Rule):
                             for lp, loop_fn, loop_order in self.loops)
                 if not later:
                     continue
-            receiver = _text(ctx, call.func.value)
+            receiver = node_text(ctx, call.func.value)
             where = "inside the training loop" if inside else "before the training loop"
             self.report(call, f"{code_span(receiver + '.eval()')} runs {where} and nothing in this file calls "
                               f"`.train()`: every training step after it runs in eval mode (dropout off, "
@@ -812,7 +651,7 @@ class EvalNeverTrain(Rule):
             if isinstance(ancestor, (cst.FunctionDef, cst.Module)):
                 return False
             if isinstance(ancestor, (cst.If, cst.Else)):
-                for node in _body_nodes(ancestor.body):
+                for node in body_nodes(ancestor.body):
                     if isinstance(node, (cst.Return, cst.Break)):
                         return True
                     if isinstance(node, cst.Call) and (dotted_name(node.func) or "") in (
@@ -937,7 +776,7 @@ class ClipGradMisplaced(Rule):
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack:
             return
         if name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value"):
@@ -962,10 +801,10 @@ class ClipGradMisplaced(Rule):
             position = next(i for i, (_, c) in enumerate(same) if c is call)
             before = [k for k, _ in same[:position] if k != "C"]
             after = [k for k, _ in same[position + 1:] if k != "C"]
-            clip = _text(ctx, call.func)
+            clip = node_text(ctx, call.func)
             if before and before[-1] == "S" and "S" not in after:
                 step = next(c for k, c in reversed(same[:position]) if k == "S")
-                self.report(call, f"{code_span(clip)} runs after {code_span(_text(ctx, step))}: the update already "
+                self.report(call, f"{code_span(clip)} runs after {code_span(node_text(ctx, step))}: the update already "
                                   f"used the unclipped gradients; clip between `backward()` and the step")
             elif not before and after and after[0] == "B":
                 self.report(call, f"{code_span(clip)} runs before this iteration's `backward()`: it clips the "
@@ -1119,7 +958,7 @@ class OutputsKeptWithGraph(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if method_name(node) != "append" or len(node.args) != 1 or not isinstance(node.func, cst.Attribute):
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack or ctx.in_no_grad():
             return
         target = dotted_name(node.func.value)
@@ -1135,9 +974,9 @@ class OutputsKeptWithGraph(Rule):
         if binding is None or binding.kind != "assign" or binding.loop is None or binding.loop is not stack[-1]:
             return
         call = binding.unpacked_from if binding.unpacked_from is not None else binding.value
-        if not isinstance(call, cst.Call) or not _is_model_callee(call.func, ctx):
+        if not isinstance(call, cst.Call) or not is_model_call(call.func, ctx):
             return
-        if _under_no_grad(ctx, binding.node):
+        if in_no_grad_block(ctx, binding.node):
             return  # ``with torch.no_grad(): out = model(x)``, appended after the block
         listed = ctx.binding(target)
         if listed is not None and listed.loop is stack[-1]:
@@ -1149,8 +988,8 @@ class OutputsKeptWithGraph(Rule):
             if not loop_trains(loop, ctx):
                 continue
             # backward in this very loop: one graph per step; only in a nested loop: one per epoch
-            per_step = any(isinstance(n, cst.Call) and method_name(n) in _BACKWARD
-                           for n in _body_nodes(loop.body) if not _in_nested_loop(n, loop, ctx))
+            per_step = any(isinstance(n, cst.Call) and method_name(n) in BACKWARD_METHODS
+                           for n in body_nodes(loop.body) if not _in_nested_loop(n, loop, ctx))
             every = "training step" if per_step else "epoch"
             self.report(node, f"{code_span(target)} keeps {code_span(name)}, a model output with its autograd graph, "
                               f"from every {every}: the graphs and their saved activations are never freed and "
@@ -1283,7 +1122,7 @@ class HiddenStateNotDetached(Rule):
         target = node.targets[0].target
         if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) < 2:
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack:
             return
         assigned = set(_flat_names(target))
@@ -1303,14 +1142,14 @@ class HiddenStateNotDetached(Rule):
             if len(kept) != len(names) or not kept:
                 continue
             shown = ", ".join(code_span(n) for n in kept)
-            self.report(node, f"{shown} is fed back into {code_span(_text(ctx, node.value.func))} on every batch and "
+            self.report(node, f"{shown} is fed back into {code_span(node_text(ctx, node.value.func))} on every batch and "
                               f"never detached: the next `backward()` reaches into the previous batches' graphs "
                               f"(an error, or with `retain_graph=True` ever slower backprop through all history); "
                               f"detach it at the start of each batch")
 
     @staticmethod
     def _refreshed(loop: cst.CSTNode, name: str, candidate: cst.Assign) -> bool:
-        for node in _body_nodes(loop.body):
+        for node in body_nodes(loop.body):
             if node is candidate:
                 continue
             if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
@@ -1328,7 +1167,7 @@ class HiddenStateNotDetached(Rule):
 
 def _is_recurrent_callee(func: cst.BaseExpression, ctx: FileContext) -> bool:
     last = (dotted_name(func) or "").rsplit(".", 1)[-1].lower()
-    return _is_model_callee(func, ctx) or any(w in last for w in ("rnn", "lstm", "gru"))
+    return is_model_call(func, ctx) or any(w in last for w in ("rnn", "lstm", "gru"))
 
 
 def _flat_names(expr: cst.CSTNode) -> list[str]:
@@ -1436,25 +1275,25 @@ class RetainGraphInLoop(Rule):
         self.candidates: list[tuple[cst.Call, cst.CSTNode]] = []
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if not is_backward(node, ctx) or method_name(node) != "backward":
+        if not is_plain_backward(node):
             return
         retain = keyword_arg(node, "retain_graph")
         if retain is None or not is_true(retain.value):
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if stack:
             self.candidates.append((node, stack[-1]))
 
     def end_file(self, ctx: FileContext) -> None:
         for node, loop in self.candidates:
             passes = 0
-            for other in _body_nodes(loop):
-                if isinstance(other, cst.Call) and (method_name(other) in ("backward", "grad", "manual_backward")
+            for other in body_nodes(loop):
+                if isinstance(other, cst.Call) and ((method_name(other) in BACKWARD_METHODS or method_name(other) == "grad")
                                                     or "autograd" in (dotted_name(other.func) or "")):
                     passes += 1
             if passes > 1:
                 continue
-            self.report(node, f"{code_span(_text(ctx, node))} is the only backward pass of the iteration: the "
+            self.report(node, f"{code_span(node_text(ctx, node))} is the only backward pass of the iteration: the "
                               f"retained graph is never used again and only holds memory - or hides state that "
                               f"links each iteration's graph to the previous ones; drop `retain_graph=True` (and "
                               f"detach any carried-over state)")
@@ -1599,7 +1438,7 @@ class FunctionalDropoutAlwaysOn(Rule):
                                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                       whitespace_after=cst.SimpleWhitespace(""))))
             replacement = node.with_changes(args=args)
-        self.report(node, f"{code_span(_text(ctx, node))} has no `training=` argument, and it defaults to `True`: "
+        self.report(node, f"{code_span(node_text(ctx, node))} has no `training=` argument, and it defaults to `True`: "
                           f"dropout stays on after `model.eval()`, so validation and inference are randomly "
                           f"perturbed; pass `training=self.training` (or use an `nn.Dropout` module)",
                     replacement=replacement)
@@ -1651,7 +1490,7 @@ class RequiresGradTypo(Rule):
         for target in node.targets:
             t = target.target
             if isinstance(t, cst.Attribute) and t.attr.value in _GRAD_TYPOS:
-                self.report(t, f"{code_span(_text(ctx, t))} is not `requires_grad`: the assignment creates a new "
+                self.report(t, f"{code_span(node_text(ctx, t))} is not `requires_grad`: the assignment creates a new "
                                f"attribute and leaves gradient tracking unchanged",
                             replacement=t.with_changes(attr=cst.Name("requires_grad")))
 
@@ -1789,11 +1628,11 @@ class SamplingInTrainMode(Rule):
             func = func.value
         if dotted_name(func) is None or ctx.qualified_name(func) is not None:
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack or not any(loop_trains(loop, ctx) for loop in stack):
             return
         # where the output goes is known only once the walk has seen the statements after this one
-        self.candidates.append((node, func, stack[0], not ctx.in_no_grad(), _is_model_callee(func, ctx)))
+        self.candidates.append((node, func, stack[0], not ctx.in_no_grad(), is_model_call(func, ctx)))
 
     def end_file(self, ctx: FileContext) -> None:
         if not self.candidates:
@@ -1804,7 +1643,7 @@ class SamplingInTrainMode(Rule):
         for node, model, loop, recording, model_like in self.candidates:
             if not (model_like or dotted_name(model) in trained) or not self._only_pictured(node, ctx):
                 continue
-            train_mode = not self._evaluated_before(model, node, loop, ctx) and _changes_in_eval(ctx, model, node)
+            train_mode = not self._evaluated_before(model, node, loop, ctx) and changes_in_eval(ctx, model, node)
             if recording or train_mode:
                 self._report(node, model, recording, train_mode, ctx)
 
@@ -1814,11 +1653,11 @@ class SamplingInTrainMode(Rule):
         if recording:
             problems.append("outside `torch.no_grad()` it records an autograd graph nothing backpropagates")
         if train_mode:
-            problems.append(f"`{_text(ctx, model)}` is in train mode, so its BatchNorm/dropout layers act as in "
+            problems.append(f"`{node_text(ctx, model)}` is in train mode, so its BatchNorm/dropout layers act as in "
                             f"training (batch statistics, running averages updated from this batch, units dropped)")
         fix = " and ".join(part for part, wanted in (
-            (f"`{_text(ctx, model)}.eval()`", train_mode), ("`with torch.no_grad():`", recording)) if wanted)
-        self.report(node, f"{code_span(_text(ctx, node))} generates samples for pictures inside the training loop: "
+            (f"`{node_text(ctx, model)}.eval()`", train_mode), ("`with torch.no_grad():`", recording)) if wanted)
+        self.report(node, f"{code_span(node_text(ctx, node))} generates samples for pictures inside the training loop: "
                           f"{'; '.join(problems)}; use {fix} around it (and `.train()` after)")
 
     def _only_pictured(self, node: cst.Call, ctx: FileContext) -> bool:
@@ -1886,12 +1725,12 @@ class SamplingInTrainMode(Rule):
     @staticmethod
     def _evaluated_before(model: cst.BaseExpression, node: cst.CSTNode, loop: cst.CSTNode,
                           ctx: FileContext) -> bool:
-        wanted = _text(ctx, model)
+        wanted = node_text(ctx, model)
         for earlier in subtree(loop):
             if earlier is node:
                 return False
             if isinstance(earlier, cst.Call) and method_name(earlier) == "eval" and isinstance(
-                    earlier.func, cst.Attribute) and _text(ctx, earlier.func.value) == wanted:
+                    earlier.func, cst.Attribute) and node_text(ctx, earlier.func.value) == wanted:
                 return True
         return False
 

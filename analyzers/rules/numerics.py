@@ -18,7 +18,10 @@ from analyzers.context import (
 )
 from analyzers.markdown import code_span, named
 from analyzers.program.flow import assignment_before, call_site_values, subtree
+from analyzers.program.library import is_library, method_returns_same_module
 from analyzers.program.modules import ModuleFacts
+from analyzers.program.names import last_name
+from analyzers.program.values import wrapped_module
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -52,12 +55,6 @@ _ACT_MODULES = {
 }
 _TENSOR_METHODS = {"softmax": "softmax", "log_softmax": "log_softmax", "sigmoid": "sigmoid"}
 _SEQUENTIAL = {"torch.nn.Sequential", "torch.nn.modules.container.Sequential", "torch.nn.modules.Sequential"}
-# ``model.to(device)`` / ``nn.CrossEntropyLoss().cuda()`` return the same module
-_MODULE_CHAIN = {"to", "cuda", "cpu", "train", "eval", "float", "double", "half", "bfloat16",
-                 "requires_grad_", "share_memory", "to_empty"}
-_MODULE_WRAPPERS = {"torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-                    "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.data_parallel.DataParallel",
-                    "torch.nn.parallel.distributed.DistributedDataParallel"}
 _FOLLOWED_KINDS = ("assign", "annassign", "walrus")
 _CONDITIONAL = tuple(c for c in (cst.If, cst.ExceptHandler, getattr(cst, "MatchCase", None)) if c is not None)
 
@@ -107,28 +104,11 @@ def _module_value(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst
     also when the wrapped module is reassigned to its own name (``D = D.to(device)``)."""
     expr, inside = _follow(expr, ctx, use, None)
     for _ in range(6):
-        if not isinstance(expr, cst.Call):
+        inner = wrapped_module(expr, ctx)
+        if inner is None:
             return expr
-        func = expr.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _MODULE_CHAIN and ctx.qualified_name(func) is None:
-            expr, inside = _follow(func.value, ctx, use, inside)
-            continue
-        if isinstance(func, (cst.Name, cst.Attribute)) and func_last(func) in ("compile", "DataParallel",
-                                                                               "DistributedDataParallel"):
-            if ctx.qualified_name(func) in _MODULE_WRAPPERS:
-                wrapped = argument(expr, 0, "model" if func_last(func) == "compile" else "module")
-                expr, inside = _follow(wrapped, ctx, use, inside)
-                continue
-        return expr
+        expr, inside = _follow(inner, ctx, use, inside)
     return expr
-
-
-def func_last(func: cst.BaseExpression) -> Optional[str]:
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    if isinstance(func, cst.Name):
-        return func.value
-    return None
 
 
 @dataclass
@@ -138,10 +118,6 @@ class _Act:
     inline: bool  # the expression examined *is* the producer (not reached through a name)
     form: str  # function | method | module | class
     class_name: Optional[str] = None
-
-
-_LIBRARY_ROOTS = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
-                  "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers", "accelerate"}
 
 
 def _module_kind(target: Optional[cst.BaseExpression], ctx: FileContext) -> tuple[Optional[str], Optional[str]]:
@@ -156,7 +132,7 @@ def _module_kind(target: Optional[cst.BaseExpression], ctx: FileContext) -> tupl
         if layers and not layers[-1].star and isinstance(layers[-1].value, cst.Call):
             return _ACT_MODULES.get(ctx.call_name(layers[-1].value) or ""), None
         return None, None
-    if name is None or name.split(".", 1)[0] not in _LIBRARY_ROOTS:
+    if not is_library(name):
         # a class of this repository (defined here, or imported from a sibling module)
         local = dotted_name(target.func)
         if local and local.rsplit(".", 1)[-1][:1].isupper():
@@ -167,7 +143,7 @@ def _module_kind(target: Optional[cst.BaseExpression], ctx: FileContext) -> tupl
 def _call_activation(call: cst.Call, ctx: FileContext, use: cst.CSTNode) -> tuple[Optional[str], str, Optional[str]]:
     """(kind, form, class name) for a call producing an activation output, or (None, "", None)."""
     func = call.func
-    name = func_last(func)
+    name = last_name(func)
     if isinstance(func, cst.Call):  # nn.Softmax(dim=1)(x)
         kind, cls = _module_kind(func, ctx)
         return (kind, "class" if kind == "class" else "module", cls) if kind else (None, "", None)
@@ -229,7 +205,6 @@ def activation_of(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst
     return _Act(kind, value, value is expr, form, cls)
 
 
-
 class _ForwardActivations:
     """Per-file record of local classes whose ``forward`` always returns an activation output."""
 
@@ -249,7 +224,7 @@ class _ForwardActivations:
         return None
 
     def visit_class(self, node: cst.ClassDef) -> None:
-        self.bases[node.name.value] = [b for b in (func_last(a.value) for a in node.bases) if b]
+        self.bases[node.name.value] = [b for b in (last_name(a.value) for a in node.bases) if b]
 
     def visit_return(self, node: cst.Return, ctx: FileContext) -> None:
         fn = self.forward_of(ctx)
@@ -321,8 +296,8 @@ class _ActivationIntoLoss(Rule):
     def _note_criterion(self, targets, value, ctx: FileContext) -> None:
         if not isinstance(value, cst.Call):
             return
-        last = func_last(value.func)
-        if last not in self._module_last and last not in _MODULE_CHAIN and \
+        last = last_name(value.func)
+        if last not in self._module_last and not method_returns_same_module(last) and \
                 ctx.imports.names.get(last or "") not in self.LOSS_MODULES:
             return
         if self._loss_module(_module_value(value, ctx, value), ctx) is None:
@@ -341,7 +316,7 @@ class _ActivationIntoLoss(Rule):
     # ---- the check ---------------------------------------------------------------------
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
-        last = func_last(func)
+        last = last_name(func)
         loss = None
         names = ctx.imports.names
         if last in self._func_last or names.get(last or "") in self.LOSS_FUNCS:
@@ -350,8 +325,8 @@ class _ActivationIntoLoss(Rule):
         elif last in self._criteria_last and dotted_name(func) in self._criteria:
             loss = self._loss_module(_module_value(func, ctx, node), ctx)
             crit_text = dotted_name(func)
-        elif isinstance(func, cst.Call) and (func_last(func.func) in self._module_last or
-                                             names.get(func_last(func.func) or "") in self.LOSS_MODULES):
+        elif isinstance(func, cst.Call) and (last_name(func.func) in self._module_last or
+                                             names.get(last_name(func.func) or "") in self.LOSS_MODULES):
             loss = self._loss_module(func, ctx)
             crit_text = loss
         if loss is None:
@@ -1030,7 +1005,7 @@ class LogOfSoftmax(Rule):
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
-        if func_last(func) != "log":
+        if last_name(func) != "log":
             return
         qualified = ctx.qualified_name(func)
         if qualified == "torch.log":
@@ -1412,7 +1387,7 @@ class NumpyInForward(Rule):
                 continue
             if isinstance(node, cst.Call):
                 func = node.func
-                last = func_last(func)
+                last = last_name(func)
                 if isinstance(func, cst.Attribute) and last in _SCALAR_METHODS:
                     continue
                 if isinstance(func, cst.Name) and last in _SCALAR_BUILTINS:
@@ -1452,7 +1427,7 @@ class NumpyInForward(Rule):
             name = ctx.call_name(node) if isinstance(func, (cst.Name, cst.Attribute)) else None
             if name is not None and name.startswith("torch"):
                 state.uses_torch = True
-        last = func_last(func)
+        last = last_name(func)
         if last == "numpy" and isinstance(func, cst.Attribute) and not node.args:
             if ctx.qualified_name(func) is None:
                 self._found(state, node, f"{code_span(short(ctx, node))} in {state.label} converts a tensor to NumPy: "

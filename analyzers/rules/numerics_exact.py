@@ -12,9 +12,8 @@ from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule, Valid
-from analyzers.rules.deprecation import _atom
-from analyzers.rules.removed_api import render_name
-from analyzers.rules.serialization import _is_test_file
+from analyzers.program.names import parenthesized, render_name
+from analyzers.program.roles import is_test_code
 
 _NAN_ATTRIBUTES = {"math.nan": "math", "numpy.nan": "numpy", "numpy.NaN": "numpy", "numpy.NAN": "numpy",
                    "torch.nan": "torch"}
@@ -731,7 +730,7 @@ class HandWrittenLog1pExpm1(Rule):
             x = _other_than_one(func.value)
             if x is None or _never_small(x) or _is_exp(x, ctx):
                 return
-            replacement = cst.Call(func=cst.Attribute(_atom(x), cst.Name("log1p")))  # ``(a * b).log1p()``
+            replacement = cst.Call(func=cst.Attribute(parenthesized(x), cst.Name("log1p")))  # ``(a * b).log1p()``
             self._report(node, replacement, "x.log1p()", "`1 + x` rounds to exactly 1", ctx)
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
@@ -759,7 +758,7 @@ class HandWrittenLog1pExpm1(Rule):
 
     def _report(self, node: cst.CSTNode, replacement: Optional[cst.BaseExpression], generic: str, loss: str,
                 ctx: FileContext) -> None:
-        if _is_test_file(ctx.path) or "testing" in ctx.path.replace("\\", "/").split("/")[:-1]:
+        if is_test_code(ctx):
             return  # a test's reference formula mirrors the math on purpose
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
         self.report(node, f"{code_span(short(ctx, node))} in half-precision code: {loss} when |x| is below ~5e-4 in "

@@ -10,6 +10,7 @@ import libcst as cst
 from analyzers.context import FileContext, argument, call_receiver, dotted_name, is_false, is_true, method_name
 from analyzers.program.flow import subtree
 from analyzers.program.modules import ModuleFacts
+from analyzers.program.roles import is_test_code
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -57,11 +58,6 @@ def _seeds_a_generator(call: cst.Call, ctx: FileContext) -> bool:
         return False
     made = receiver if isinstance(receiver, cst.Call) else ctx.origin(receiver)
     return isinstance(made, cst.Call) and (ctx.call_name(made) or "").endswith("Generator")
-
-
-def _is_test_file(path: str) -> bool:
-    base = path.replace("\\", "/").rsplit("/", 1)[-1]
-    return base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
 
 
 def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
@@ -350,7 +346,7 @@ class UnseededTraining(Rule):
         return False
 
     def end_file(self, ctx: FileContext) -> None:
-        if self.seeded or self.backward is None or not self.has_step or _is_test_file(ctx.path):
+        if self.seeded or self.backward is None or not self.has_step or is_test_code(ctx):
             return
         if self.optimizes_tensors and not self.optimizes_parameters:
             return  # it optimizes an input (``optim.Adam([target])``), not a randomly initialized model

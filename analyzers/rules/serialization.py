@@ -9,11 +9,12 @@ import libcst as cst
 from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
 from analyzers.model import Category, Severity
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback
-from analyzers.program.roles import constructs_module, describe, name_is_model_like
+from analyzers.program.library import Does, does
+from analyzers.program.names import name_is_model_like
+from analyzers.program.roles import constructs_module, describe, is_test_code
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
-TORCH_LOAD = {"torch.load", "torch.serialization.load"}
 # torch.load defaults to weights_only=True from this release on (unless a pickle_module is passed)
 WEIGHTS_ONLY_DEFAULT = (2, 6)
 SAFE_GLOBALS = ("torch.serialization.safe_globals",)
@@ -172,7 +173,7 @@ class UnsafeTorchLoad(Rule):
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if ctx.call_name(node) not in TORCH_LOAD:
+        if not does(ctx.call_name(node), Does.READS_TORCH_CHECKPOINT):
             return
         weights_only = keyword_arg(node, "weights_only")
         if weights_only is not None and is_true(weights_only.value):
@@ -186,7 +187,7 @@ class UnsafeTorchLoad(Rule):
         external = _looks_external(source, ctx)
         if source is not None and self._self_written(source, ctx, checkpoints, external):
             return  # the program reloads what it saved itself: no trust boundary is crossed
-        if _is_test_file(ctx.path):
+        if is_test_code(ctx):
             return  # a test reloading what it wrote to its temporary directory
         source_text = ctx.module.code_for_node(source) if source is not None else "?"
         severity = Severity.CRITICAL if external else None
@@ -273,11 +274,6 @@ def _with_weights_only(args: Sequence[cst.Arg]) -> list[cst.Arg]:
     return new_args
 
 
-def _is_test_file(path: str) -> bool:
-    parts = path.replace("\\", "/").split("/")
-    return "tests" in parts[:-1] or parts[-1].startswith("test_") or parts[-1].endswith("_test.py")
-
-
 def _looks_external(expr, ctx: FileContext) -> bool:
     if expr is None:
         return False
@@ -345,7 +341,7 @@ class SaveWholeModel(Rule):
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if ctx.call_name(node) not in ("torch.save", "torch.serialization.save"):
+        if not does(ctx.call_name(node), Does.WRITES_TORCH_CHECKPOINT):
             return
         obj = argument(node, 0, "obj")
         if obj is None or not isinstance(obj, (cst.Name, cst.Attribute)):

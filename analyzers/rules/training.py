@@ -28,21 +28,20 @@ from analyzers.context import (
 )
 from analyzers.markdown import code_span, named
 from analyzers.program.flow import subtree
+from analyzers.program.library import is_library
+from analyzers.program.loops import LoopStack, loop_stack
 from analyzers.program.modules import ModuleFacts
+from analyzers.program.names import last_segment
+from analyzers.program.roles import LightningClasses
+from analyzers.program.state import in_no_grad_block
+from analyzers.program.values import (BACKWARD_METHODS, is_model_call, is_optimizer, is_plain_backward, is_scaler,
+                                      is_scheduler)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
 # ---------------------------------------------------------------------------------------------
 # Shared classification helpers (each looks at one expression's immediate structure only)
 
-# opt, optim, optimizer, g_opt, opt_d, optG, optimizerD, generator_optimizer (not options/optuna/opts)
-_OPT_NAME = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\w*)?$")
-_MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder",
-                "classifier", "backbone", "policy", "critic", "actor", "unet", "vae", "transformer",
-                "netg", "netd", "gen", "disc", "student", "ddp_model", "wrapped_model"}
-# A callee named ``<verb>_model`` runs or builds a model and returns metrics, a model or a path: not its outputs.
-_HELPER_VERBS = {"evaluate", "eval", "validate", "val", "test", "train", "fit", "build", "create", "make", "get",
-                 "load", "init", "initialize", "save", "setup", "prepare", "export", "print", "summarize", "count"}
 _OUTPUT_NAMES = {"out", "output", "outputs", "logits", "pred", "preds", "prediction", "predictions",
                  "y_pred", "y_hat", "yhat", "scores", "recon", "reconstruction"}
 _RNN_CLASSES = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "Transformer", "TransformerEncoder",
@@ -55,25 +54,12 @@ _DETACHING_FUNCS = {"float", "int", "round", "len", "str", "bool"}
 _GRAPH_KEEPING_METHODS = {"mean", "sum", "cpu", "cuda", "to", "float", "double", "half", "clone", "squeeze",
                           "unsqueeze", "view", "reshape", "mul", "div", "add", "sub", "sqrt", "abs", "exp", "log",
                           "pow", "contiguous", "flatten", "norm", "max", "min"}
-_BACKWARD_METHODS = {"backward", "manual_backward"}
 _LOG_SINKS = {"print", "log", "info", "debug", "warning", "warn", "set_postfix", "set_postfix_str",
               "set_description", "add_scalar", "add_scalars", "log_metrics", "log_metric", "log_dict", "write",
               "append"}
 _SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
 _MATH_MODULES = {"math", "np", "numpy", "torch", "F", "cmath", "jnp"}
 _RANK_HINTS = ("rank", "main", "master", "process_zero", "is_zero")
-LoopStack = tuple  # tuple of cst.For | cst.While, outermost first
-
-
-def _loop_stack(ctx: FileContext) -> LoopStack:
-    """The ``for``/``while`` loops of the current function whose body encloses the current node."""
-    fn = ctx.function
-    return tuple(lp for lp in ctx.loops
-                 if (type(lp) is cst.For or type(lp) is cst.While) and ctx.loop_function.get(lp) is fn)
-
-
-def _last(dotted: Optional[str]) -> str:
-    return dotted.rsplit(".", 1)[-1] if dotted else ""
 
 
 def _is_loop_variable(expr: cst.BaseExpression, ctx: FileContext) -> bool:
@@ -82,62 +68,13 @@ def _is_loop_variable(expr: cst.BaseExpression, ctx: FileContext) -> bool:
     return binding is not None and binding.kind == "for"
 
 
-def _local_call_name(call: cst.Call) -> str:
-    return dotted_name(call.func) or ""
-
-
-def _is_scheduler(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    name = dotted_name(expr)
-    if name is None:
-        return False
-    if "sched" in _last(name).lower():
-        return True
-    origin = ctx.origin(expr)
-    if isinstance(origin, cst.Call):
-        qualified = ctx.call_name(origin) or ""
-        local = _local_call_name(origin)
-        if ".lr_scheduler." in qualified or "schedul" in local.lower() or "lr_scheduler" in local:
-            return True
-    return False
-
-
-def _is_optimizer(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    name = dotted_name(expr)
-    if name is None or _is_scheduler(expr, ctx):
-        return False
-    origin = ctx.origin(expr)
-    if isinstance(origin, cst.Call):
-        qualified = ctx.call_name(origin) or ""
-        if qualified.startswith("torch.optim.") and ".lr_scheduler" not in qualified:
-            return True
-    last = _last(name)
-    if _OPT_NAME.match(last):
-        return True
-    if isinstance(origin, (cst.Name, cst.Attribute)):
-        origin_last = _last(dotted_name(origin))
-        return bool(_OPT_NAME.match(origin_last))
-    return False
-
-
-def _is_scaler(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    name = dotted_name(expr)
-    if name is None:
-        return False
-    if "scaler" in _last(name).lower():
-        return True
-    origin = ctx.origin(expr)
-    if isinstance(origin, cst.Call):
-        return (ctx.call_name(origin) or _local_call_name(origin)).endswith("GradScaler")
-    return False
-
-
 def _keys(expr: cst.BaseExpression, ctx: FileContext) -> frozenset:
     """Names an optimizer may be referred to by: its own last segment and its alias's origin."""
     name = dotted_name(expr)
-    keys = {_last(name)} if name else set()
+    keys = {last_segment(name)} if name else set()
     origin = ctx.origin(expr)
     if origin is not expr and isinstance(origin, (cst.Name, cst.Attribute)):
-        keys.add(_last(dotted_name(origin)))
+        keys.add(last_segment(dotted_name(origin)))
     return frozenset(k for k in keys if k)
 
 
@@ -157,7 +94,7 @@ def _optimizer_step(call: cst.Call, ctx: FileContext) -> Optional[_Step]:
     receiver = call_receiver(call)
     if receiver is None:
         return None
-    if _is_scaler(receiver, ctx):
+    if is_scaler(receiver, ctx):
         args = positional_args(call)
         target = args[0].value if args else argument(call, 0, "optimizer")
         if target is None:
@@ -165,41 +102,17 @@ def _optimizer_step(call: cst.Call, ctx: FileContext) -> Optional[_Step]:
         name = dotted_name(target)
         return _Step(call, target, name or "optimizer", _keys(target, ctx) if name else frozenset(),
                      name is None or _is_loop_variable(target, ctx), False, True)
-    if not _is_optimizer(receiver, ctx):
+    if not is_optimizer(receiver, ctx):
         return None
     name = dotted_name(receiver) or "optimizer"
     return _Step(call, receiver, name, _keys(receiver, ctx), _is_loop_variable(receiver, ctx), bool(call.args), False)
-
-
-def _is_model_callee(func: cst.BaseExpression, ctx: FileContext) -> bool:
-    name = dotted_name(func)
-    if name is None:
-        return False
-    last = _last(name).lower()
-    if isinstance(func, cst.Name) and "_" in last and last.split("_", 1)[0] in _HELPER_VERBS and (
-            ctx.binding(func.value) is None or ctx.binding(func.value).kind in ("def", "import")):
-        # ``evaluate_model(...)``, ``train_model(...)``: a function that takes a model, not a forward pass
-        # (``eval_model = copy.deepcopy(model)`` stays a model)
-        return False
-    if last in _MODEL_NAMES or (last.endswith(("model", "net")) and not last.endswith(("_fn", "loss"))):
-        return True
-    origin = ctx.origin(func)
-    if isinstance(origin, cst.Call):
-        qualified = ctx.call_name(origin) or ""
-        cls = _last(qualified)
-        if qualified.startswith("torch.nn.") and cls[:1].isupper() and not cls.endswith("Loss"):
-            return True
-        local = _local_call_name(origin)
-        if local and local in ctx.module_classes_in_file:
-            return True
-    return False
 
 
 def _is_criterion_call(call: cst.Call, ctx: FileContext) -> bool:
     """A loss computation: ``criterion(out, y)``, ``F.cross_entropy(...)``, ``nn.MSELoss()(...)``."""
     name = dotted_name(call.func)
     if name is not None:
-        last = _last(name).lower()
+        last = last_segment(name).lower()
         if "loss" in last or "criterion" in last:
             return True
         qualified = ctx.qualified_name(call.func) or ""
@@ -234,7 +147,7 @@ def _value_kind(value: Optional[cst.BaseExpression], ctx: FileContext, depth: in
                 return None
         if _is_criterion_call(value, ctx):
             return "loss"
-        if _is_model_callee(func, ctx):
+        if is_model_call(func, ctx):
             return "model"
         qualified = ctx.qualified_name(func) or ""
         if qualified in ("torch.mean", "torch.sum", "torch.stack", "torch.cat"):
@@ -272,13 +185,13 @@ def _expr_kind(expr: cst.BaseExpression, ctx: FileContext, depth: int = 0) -> Op
             # ``outputs.loss`` with ``outputs = model(**batch)``
             return "loss" if _expr_kind(expr.value, ctx, depth + 1) else None
         return None
-    if _assigned_under_no_grad(binding.node, ctx):
+    if in_no_grad_block(ctx, binding.node):
         return None
     if binding.kind in ("assign", "annassign", "walrus"):
         if binding.value is None:
             # ``logits, loss = model(x, y)``: tuple unpacking of a model/criterion call
             node = binding.node
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and "loss" in _last(name).lower():
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and "loss" in last_segment(name).lower():
                 return "loss" if _value_kind(node.value, ctx, depth + 1) else None
             return None
         if binding.value is expr:
@@ -288,7 +201,7 @@ def _expr_kind(expr: cst.BaseExpression, ctx: FileContext, depth: int = 0) -> Op
         kind = _value_kind(binding.node.value, ctx, depth + 1)
         if kind is not None:
             return kind
-        return "loss" if "loss" in _last(name).lower() and not _detached_value(binding.node.value) else None
+        return "loss" if "loss" in last_segment(name).lower() and not _detached_value(binding.node.value) else None
     return None
 
 
@@ -298,19 +211,6 @@ def _detached_value(value: cst.BaseExpression) -> bool:
             return True
         return method_name(value) in _DETACHING_METHODS and call_receiver(value) is not None
     return isinstance(value, (cst.Integer, cst.Float))
-
-
-def _assigned_under_no_grad(node: cst.CSTNode, ctx: FileContext) -> bool:
-    """The assignment statement sits in a ``with torch.no_grad():`` block (ancestors only)."""
-    current = ctx.parents.get(id(node))
-    while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
-        if isinstance(current, cst.With):
-            for item in current.items:
-                expr = item.item.func if isinstance(item.item, cst.Call) else item.item
-                if ctx.qualified_name(expr) in ("torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"):
-                    return True
-        current = ctx.parents.get(id(current))
-    return False
 
 
 def _names_used(expr: cst.CSTNode, ctx: FileContext) -> set:
@@ -344,19 +244,7 @@ def _guard_between(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext, *, ex
 
 
 def _lightning_classes(ctx: FileContext) -> set:
-    cached = getattr(ctx, "_tr_lightning_classes", None)
-    if cached is not None:
-        return cached
-    found: set = set()
-    for stmt in ctx.module.body:
-        if isinstance(stmt, cst.ClassDef):
-            for base in stmt.bases:
-                name = ctx.qualified_name(base.value) or dotted_name(base.value) or ""
-                if _last(name) == "LightningModule" or name in found:
-                    found.add(stmt.name.value)
-                    break
-    ctx._tr_lightning_classes = found  # type: ignore[attr-defined]
-    return found
+    return ctx.facts(LightningClasses).names
 
 
 def _in_lightning(ctx: FileContext) -> bool:
@@ -367,7 +255,7 @@ def _in_lightning(ctx: FileContext) -> bool:
         if cls.name.value in lightning:
             return True
         for base in ctx.class_bases(cls):
-            if _last(base) == "LightningModule":
+            if last_segment(base) == "LightningModule":
                 return True
     return False
 
@@ -700,8 +588,8 @@ class MissingZeroGrad(Rule):
         fn_name = _fn_name(ctx)
         if fn_name is not None:
             self.calls.setdefault(fn_name, set()).add(name)
-        if name in _BACKWARD_METHODS:
-            self.backwards.append((_loop_stack(ctx), ctx.function))
+        if name in BACKWARD_METHODS:
+            self.backwards.append((loop_stack(ctx), ctx.function))
             if fn_name is not None:
                 self.backward_functions.add(fn_name)
             return
@@ -710,7 +598,7 @@ class MissingZeroGrad(Rule):
                 return
             step = _optimizer_step(node, ctx)
             if step is not None:
-                stack = _loop_stack(ctx)
+                stack = loop_stack(ctx)
                 root = (dotted_name(step.optimizer) or "").split(".", 1)[0]
                 if root and stack:
                     # ``for opt in self.optimizers: opt.step()`` iterates optimizers, not batches
@@ -722,21 +610,21 @@ class MissingZeroGrad(Rule):
             receiver = call_receiver(node)
             keys = None
             if name == "zero_grad" and receiver is not None and dotted_name(receiver) is not None and \
-                    _is_optimizer(receiver, ctx) and not _is_loop_variable(receiver, ctx):
+                    is_optimizer(receiver, ctx) and not _is_loop_variable(receiver, ctx):
                 keys = _keys(receiver, ctx)
-            self.zeros.append((keys, _loop_stack(ctx), ctx.function))
+            self.zeros.append((keys, loop_stack(ctx), ctx.function))
             if fn_name is not None:
                 self.zeroing_functions.add(fn_name)
             return
         if ctx.loops:
-            stack = _loop_stack(ctx)
+            stack = loop_stack(ctx)
             if stack:
                 self.loop_calls.append((name, stack, ctx.function))
 
     def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
         # ``p.grad = None`` (or any other assignment that replaces the gradient)
         if any(_is_grad_attr(t.target) for t in node.targets):
-            self.zeros.append((None, _loop_stack(ctx), ctx.function))
+            self.zeros.append((None, loop_stack(ctx), ctx.function))
             fn_name = _fn_name(ctx)
             if fn_name is not None:
                 self.zeroing_functions.add(fn_name)
@@ -943,14 +831,14 @@ class SchedulerStepBeforeOptimizer(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         if method_name(node) != "step" or not ctx.loops:
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack:
             return
         receiver = call_receiver(node)
         if receiver is None:
             return
         events = self.events.setdefault(id(stack[-1]), [])
-        if _is_scheduler(receiver, ctx):
+        if is_scheduler(receiver, ctx):
             events.append(("sched", node, dotted_name(receiver) or "scheduler"))
             return
         step = _optimizer_step(node, ctx)
@@ -1154,14 +1042,14 @@ class MissingGradClippingRNN(Rule):
             return
         if name is not None and name[:1].isupper() and isinstance(node.func, (cst.Name, cst.Attribute)):
             qualified = ctx.call_name(node)
-            if qualified is None or qualified.split(".", 1)[0] not in _LIBRARY_ROOTS:
+            if not is_library(qualified):
                 self.project_classes.add(dotted_name(node.func) or name)
             return
         if name == "step":
-            if self.first_step is None and ctx.loops and _loop_stack(ctx) and _optimizer_step(node, ctx):
+            if self.first_step is None and ctx.loops and loop_stack(ctx) and _optimizer_step(node, ctx):
                 self.first_step = node
-        elif name in _BACKWARD_METHODS:
-            if self.first_backward is None and ctx.loops and _loop_stack(ctx):
+        elif name in BACKWARD_METHODS:
+            if self.first_backward is None and ctx.loops and loop_stack(ctx):
                 self.first_backward = node
 
     def end_file(self, ctx: FileContext) -> None:
@@ -1196,9 +1084,6 @@ class MissingGradClippingRNN(Rule):
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token")
-_LIBRARY_ROOTS = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
-                  "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers", "accelerate",
-                  "collections", "argparse", "pathlib", "datetime", "typing", "dataclasses", "enum"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1390,7 +1275,7 @@ class LossAccumulatedWithGraph(Rule):
 
     def _check(self, node: cst.CSTNode, acc_expr: cst.BaseExpression, value: cst.BaseExpression,
                shown: str, ctx: FileContext) -> None:
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack:
             return
         loss_expr = _loss_operand(value)
@@ -1404,7 +1289,7 @@ class LossAccumulatedWithGraph(Rule):
             return
         kind = _expr_kind(loss_expr, ctx)
         loss_name = dotted_name(loss_expr) or "loss"
-        if kind is None or kind == "model" and "loss" not in _last(loss_name).lower():
+        if kind is None or kind == "model" and "loss" not in last_segment(loss_name).lower():
             return
         binding = ctx.binding(acc)
         if binding is not None and binding.kind != "param" and ctx.inside(binding.node, stack[-1]):
@@ -1438,7 +1323,7 @@ class LossAccumulatedWithGraph(Rule):
                 receiver = call_receiver(node)
                 if receiver is not None:
                     self._check(node, receiver, node.args[0].value, "{acc}.append({loss})", ctx)
-        elif name in _BACKWARD_METHODS or name == "grad" and ctx.call_name(node) == "torch.autograd.grad":
+        elif name in BACKWARD_METHODS or name == "grad" and ctx.call_name(node) == "torch.autograd.grad":
             names = self.backward_names.setdefault(id(ctx.function), set())
             receiver = call_receiver(node)
             if receiver is not None:
@@ -1500,7 +1385,7 @@ def _loss_operand(value: cst.BaseExpression) -> Optional[cst.BaseExpression]:
         return value
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)):
         for side in (value.left, value.right):
-            if isinstance(side, (cst.Name, cst.Attribute)) and "loss" in _last(dotted_name(side)).lower():
+            if isinstance(side, (cst.Name, cst.Attribute)) and "loss" in last_segment(dotted_name(side)).lower():
                 return side
     return None
 
@@ -1680,13 +1565,13 @@ class PerStepSyncForLogging(Rule):
         name = method_name(node)
         if name is None or not ctx.loops:
             return
-        if name in _BACKWARD_METHODS:
-            stack = _loop_stack(ctx)
+        if name in BACKWARD_METHODS:
+            stack = loop_stack(ctx)
             if stack:
                 self.backward_loops.add(id(stack[-1]))
             return
         if name in _SYNC_METHODS:
-            stack = _loop_stack(ctx)
+            stack = loop_stack(ctx)
             parent = ctx.parent(node)
             chained = isinstance(parent, cst.Attribute) and parent.attr.value in _SYNC_METHODS  # x.cpu().numpy()
             if stack and call_receiver(node) is not None and not node.args and not chained and \
@@ -1713,9 +1598,9 @@ class PerStepSyncForLogging(Rule):
         if isinstance(root, cst.Attribute) and root.attr.value == "data":
             root = root.value
         root_name = dotted_name(root)
-        if root_name is None or "loss" not in _last(root_name).lower():
+        if root_name is None or "loss" not in last_segment(root_name).lower():
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack:
             return
         found = _sink_of(node, ctx)
@@ -1737,9 +1622,9 @@ class PerStepSyncForLogging(Rule):
                 if not isinstance(expr, (cst.Name, cst.Attribute)):
                     continue
                 shown = dotted_name(expr)
-                if shown is None or "loss" not in _last(shown).lower() or _expr_kind(expr, ctx) is None:
+                if shown is None or "loss" not in last_segment(shown).lower() or _expr_kind(expr, ctx) is None:
                     continue
-                stack = _loop_stack(ctx)
+                stack = loop_stack(ctx)
                 if not stack or _guard_between(node, stack[-1], ctx):
                     return
                 self.events.append((expr, id(stack[-1]), id(node), (
@@ -2017,16 +1902,16 @@ class PerStepSynchronizeForLogging(Rule):
             return
         name = method_name(node)
         if name == "step" and isinstance(func, cst.Attribute):
-            self.step_loops.update(id(loop) for loop in _loop_stack(ctx))
+            self.step_loops.update(id(loop) for loop in loop_stack(ctx))
             return
-        if qualified is None and name not in _BACKWARD_METHODS and name not in _SYNC_METHODS and \
+        if qualified is None and name not in BACKWARD_METHODS and name not in _SYNC_METHODS and \
                 not (isinstance(func, cst.Name) and node.args):
             return  # nothing this rule looks at: skip the loop bookkeeping
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack:
             return
         loop = stack[-1]
-        if name in _BACKWARD_METHODS:
+        if name in BACKWARD_METHODS:
             self.backward_loops.add(id(loop))
             return
         if name in _SYNC_METHODS and not node.args and call_receiver(node) is not None and \
@@ -2281,7 +2166,7 @@ class EmptyCacheInLoop(Rule):
             return
         if ctx.call_name(node) not in ("torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"):
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack or _guard_between(node, stack[-1], ctx, except_handlers=True):
             return
         if len(stack) > 1 and _guard_between(stack[-1], stack[0], ctx, except_handlers=True):
@@ -2413,7 +2298,7 @@ class BackwardOnNonScalar(Rule):
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if method_name(node) != "backward" or argument(node, 0, "gradient") is not None:
+        if not is_plain_backward(node) or argument(node, 0, "gradient") is not None:
             return
         receiver = call_receiver(node)
         if receiver is None:
@@ -2422,7 +2307,7 @@ class BackwardOnNonScalar(Rule):
         value: Optional[cst.BaseExpression] = receiver
         if shown is not None:
             value = ctx.assigned_value(shown)
-            if value is None or _assigned_under_no_grad(ctx.binding(shown).node, ctx):
+            if value is None or in_no_grad_block(ctx, ctx.binding(shown).node):
                 return
         reason = _non_scalar_reason(value, ctx)
         if reason is None:
@@ -2442,7 +2327,7 @@ class BackwardOnNonScalar(Rule):
 
 
 def _output_like(name: str) -> bool:
-    last = _last(name).lower()
+    last = last_segment(name).lower()
     return last in _OUTPUT_NAMES or last.startswith(("out", "logit", "pred"))
 
 
@@ -2470,7 +2355,7 @@ def _non_scalar_reason(value: Optional[cst.BaseExpression], ctx: FileContext) ->
         constructor = ctx.call_name(origin) or ""
         if constructor.startswith("torch.nn.") and constructor.endswith("Loss"):
             return "none" if _reduction_none(origin) else None
-    if _is_model_callee(value.func, ctx) and not _is_criterion_call(value, ctx):
+    if is_model_call(value.func, ctx) and not _is_criterion_call(value, ctx):
         return "model"
     return None
 
@@ -2714,12 +2599,12 @@ class EvalWithoutTrainRestore(Rule):
                     self.evals.setdefault(id(ctx.function_def), []).append(target)
         if not ctx.loops:
             return
-        stack = _loop_stack(ctx)
+        stack = loop_stack(ctx)
         if not stack:
             return
         if mode_call == "train":
             self.train_calls.append((stack, ctx.function))
-        if name in _BACKWARD_METHODS or name == "step" and _optimizer_step(node, ctx) is not None:
+        if name in BACKWARD_METHODS or name == "step" and _optimizer_step(node, ctx) is not None:
             self.training.append((stack, ctx.function))
         used = set()
         func_name = dotted_name(node.func)

@@ -1,0 +1,249 @@
+"""What the library APIs our users call do, as data: one entry per API, each citing the documented behaviour.
+
+Rules never list library names for these questions; they ask the queries at the bottom of this module:
+
+- which methods of ``nn.Module`` return the module itself, without running it (``model.to(device).eval()``);
+- which calls wrap or move a module and return it (DDP, ``torch.compile``, ``accelerator.prepare``), and which of
+  their arguments is the module;
+- which loaders return a model already in evaluation mode (``from_pretrained``, ``torch.jit.load``);
+- which samplers shard data across processes;
+- which calls write a checkpoint and which read one back;
+- which libraries' training loops scale the loss, advance the sampler's epoch or switch train/eval themselves;
+- which classes are optimizers, which calls iterate their argument (``enumerate``, ``tqdm``);
+- which top-level packages are libraries, not this repository's code.
+"""
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+_TORCH_MODULE = "https://pytorch.org/docs/stable/generated/torch.nn.Module.html"
+
+
+class Does(enum.Enum):
+    """One thing an API does, as far as the rules' questions go."""
+
+    RETURNS_SAME_MODULE = "returns the module it was called on (or given), without running it"
+    WRAPS_MODULE = "returns a wrapper around the module it was given, without running it"
+    MOVES_MODULE = "moves the module's parameters to a device"
+    REPLICATES_PER_DEVICE = "runs a replica of the module on each GPU of one process (DataParallel)"
+    REPLICATES_PER_PROCESS = "runs a replica of the module in each process, gradients all-reduced (DDP)"
+    RETURNS_EVAL_MODEL = "returns a model already in evaluation mode"
+    SHARDS_DATA = "gives each process its own part of the data"
+    SAMPLES_PER_PROCESS = "a sampler of each process's part, reshuffled by set_epoch(epoch)"
+    WRITES_TORCH_CHECKPOINT = "writes a file torch.load reads back"
+    READS_TORCH_CHECKPOINT = "reads a file torch.save wrote (a pickle in a zip archive)"
+    SCALES_LOSS = "its training loop scales the loss for mixed precision itself"
+    ADVANCES_SAMPLER_EPOCH = "its training loop calls the distributed sampler's set_epoch itself"
+    SETS_MODULE_MODE = "its training loop switches the model between train() and eval() itself"
+
+
+@dataclass(frozen=True)
+class Api:
+    does: frozenset  # of Does
+    doc: str  # the page that documents the behaviour
+    module_argument: Optional[tuple[int, str]] = None  # (position, keyword) of the module a wrapper is given
+
+
+def _api(doc: str, *does: Does, module_argument: Optional[tuple[int, str]] = None) -> Api:
+    return Api(frozenset(does), doc, module_argument)
+
+
+# ``nn.Module`` methods that return ``self``: "Returns: self" in each method's documentation. ``type`` also
+# returns self on a module but a type name (a str) on a tensor, so it is left out of chains through unknown
+# receivers.
+MODULE_METHODS: dict[str, Api] = {
+    name: _api(f"{_TORCH_MODULE}#torch.nn.Module.{name}", Does.RETURNS_SAME_MODULE,
+               *((Does.MOVES_MODULE,) if name in ("to", "cuda", "cpu", "xpu", "ipu", "mtia", "to_empty") else ()))
+    for name in ("to", "cuda", "cpu", "xpu", "ipu", "mtia", "to_empty", "float", "double", "half", "bfloat16",
+                 "train", "eval", "requires_grad_", "share_memory", "apply")
+}
+
+_DDP_DOC = "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
+_DP_DOC = "https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html"
+_FSDP_DOC = "https://pytorch.org/docs/stable/fsdp.html"
+_HF_EVAL = ("https://huggingface.co/docs/transformers/main_classes/model#transformers.PreTrainedModel.from_pretrained"
+            " (\"The model is set in evaluation mode by default using model.eval()\")")
+_DIFFUSERS_EVAL = ("https://huggingface.co/docs/diffusers/api/models/overview#diffusers.ModelMixin.from_pretrained"
+                   " (\"The model is set in evaluation mode - model.eval() - by default\")")
+_SAMPLER_DOC = "https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler"
+_SERIALIZATION = "https://pytorch.org/docs/stable/notes/serialization.html"
+
+# Functions and classes, by qualified name (as :meth:`FileContext.qualified_name` resolves them).
+APIS: dict[str, Api] = {
+    # --- torch: wrappers that return a module around the one they are given
+    "torch.compile": _api("https://pytorch.org/docs/stable/generated/torch.compile.html", Does.WRAPS_MODULE,
+                          module_argument=(0, "model")),
+    **{name: _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module"))
+       for name in ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                    "torch.nn.parallel.data_parallel.DataParallel")},
+    **{name: _api(_DDP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_PROCESS, module_argument=(0, "module"))
+       for name in ("torch.nn.parallel.DistributedDataParallel",
+                    "torch.nn.parallel.distributed.DistributedDataParallel")},
+    "torch.distributed.fsdp.FullyShardedDataParallel": _api(_FSDP_DOC, Does.WRAPS_MODULE, Does.MOVES_MODULE,
+                                                            module_argument=(0, "module")),
+    "torch.nn.SyncBatchNorm.convert_sync_batchnorm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.SyncBatchNorm.html"
+        "#torch.nn.SyncBatchNorm.convert_sync_batchnorm", Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.weight_norm": _api("https://pytorch.org/docs/stable/generated/torch.nn.utils.weight_norm.html",
+                                       Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.spectral_norm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.utils.spectral_norm.html",
+        Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.parametrizations.weight_norm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.utils.parametrizations.weight_norm.html",
+        Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    "torch.nn.utils.parametrizations.spectral_norm": _api(
+        "https://pytorch.org/docs/stable/generated/torch.nn.utils.parametrizations.spectral_norm.html",
+        Does.RETURNS_SAME_MODULE, module_argument=(0, "module")),
+    # a copy of the module: same class, same layers (what "which class built it" asks)
+    "copy.deepcopy": _api("https://docs.python.org/3/library/copy.html#copy.deepcopy", Does.RETURNS_SAME_MODULE,
+                          module_argument=(0, "x")),
+    # --- loaders of models in evaluation mode
+    "torch.jit.load": _api("https://pytorch.org/docs/stable/generated/torch.jit.load.html"
+                           " (a ScriptModule keeps the training flag it was saved with; models are exported in eval)",
+                           Does.RETURNS_EVAL_MODEL),
+    "torch.export.load": _api("https://pytorch.org/docs/stable/export.html#torch.export.load",
+                              Does.RETURNS_EVAL_MODEL),
+    # --- data sharding
+    "torch.utils.data.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA, Does.SAMPLES_PER_PROCESS),
+    "torch.utils.data.distributed.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA,
+                                                            Does.SAMPLES_PER_PROCESS),
+    "datasets.distributed.split_dataset_by_node": _api(
+        "https://huggingface.co/docs/datasets/package_reference/main_classes"
+        "#datasets.distributed.split_dataset_by_node", Does.SHARDS_DATA),
+    # --- what save / load read and write
+    **{name: _api(f"{_SERIALIZATION}#saving-and-loading-tensors", Does.WRITES_TORCH_CHECKPOINT)
+       for name in ("torch.save", "torch.serialization.save")},
+    **{name: _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_TORCH_CHECKPOINT)
+       for name in ("torch.load", "torch.serialization.load")},
+    # --- accelerate: "Prepare all objects passed in args for distributed training and mixed precision": models
+    # are wrapped (DDP/FSDP) and moved to the process's device, data loaders sharded across processes
+    **{f"{cls}.prepare": _api("https://huggingface.co/docs/accelerate/package_reference/accelerator"
+                              "#accelerate.Accelerator.prepare", Does.MOVES_MODULE, Does.SHARDS_DATA)
+       for cls in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator")},
+}
+
+# Methods known by name on receivers the rules cannot resolve (``AutoModel.from_pretrained``): what the method
+# does on the libraries that define it.
+METHODS: dict[str, Api] = {
+    # transformers' and diffusers' pretrained models come back in evaluation mode
+    "from_pretrained": _api(f"{_HF_EVAL}; {_DIFFUSERS_EVAL}", Does.RETURNS_EVAL_MODEL),
+}
+
+_LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "
+              "loss; use_distributed_sampler sets the sampler's epoch; validation runs in eval mode)")
+_ACCELERATE = ("https://huggingface.co/docs/accelerate/package_reference/accelerator (accelerator.backward scales the "
+               "loss under mixed precision; prepared data loaders set their sampler's epoch)")
+_SCALES = "the library's mixed-precision training wraps backward in its own loss scaler: "
+# Libraries whose own training loop does a duty the rules otherwise ask of the user's loop, by top-level package.
+TRAINING_LIBRARIES: dict[str, Api] = {
+    "lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
+    "pytorch_lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
+    "accelerate": _api(_ACCELERATE, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH),
+    "deepspeed": _api(_SCALES + "https://www.deepspeed.ai/docs/config-json/#fp16-training-options", Does.SCALES_LOSS),
+    "apex": _api(_SCALES + "https://nvidia.github.io/apex/amp.html", Does.SCALES_LOSS),
+    "fairscale": _api(_SCALES + "https://fairscale.readthedocs.io/en/latest/api/optim/grad_scaler.html",
+                      Does.SCALES_LOSS),
+    "transformers": _api(_SCALES + "https://huggingface.co/docs/transformers/main_classes/trainer "
+                         "(TrainingArguments fp16/bf16)", Does.SCALES_LOSS),
+    "composer": _api(_SCALES + "https://docs.mosaicml.com/projects/composer/en/stable/", Does.SCALES_LOSS),
+    "colossalai": _api(_SCALES + "https://colossalai.org/docs/features/mixed_precision_training_with_booster",
+                       Does.SCALES_LOSS),
+}
+
+# Optimizer classes by name, for calls the rules cannot resolve (``from timm.optim import Lamb``, a project's
+# copy of ``Lion``): torch.optim's algorithms and the widely used third-party ones.
+OPTIMIZER_CLASSES: dict[str, str] = {
+    **{name: "https://pytorch.org/docs/stable/optim.html#algorithms"
+       for name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "LBFGS",
+                    "SparseAdam", "ASGD", "Rprop")},
+    "Lion": "https://huggingface.co/docs/timm/reference/optimizers",
+    "LAMB": "https://nvidia.github.io/apex/optimizers.html#apex.optimizers.FusedLAMB",
+    "Lamb": "https://huggingface.co/docs/timm/reference/optimizers",
+    "LARS": "https://huggingface.co/docs/timm/reference/optimizers",
+    "Adafactor": "https://huggingface.co/docs/transformers/main_classes/optimizer_schedules#transformers.Adafactor",
+}
+
+# Calls that yield the items of their first argument, by last name: ``for i, (x, y) in enumerate(tqdm(loader))``
+# iterates ``loader``.
+ITERATION_WRAPPERS: dict[str, str] = {
+    "enumerate": "https://docs.python.org/3/library/functions.html#enumerate",
+    "iter": "https://docs.python.org/3/library/functions.html#iter",
+    "zip": "https://docs.python.org/3/library/functions.html#zip",
+    "tqdm": "https://tqdm.github.io/docs/tqdm/",
+    "trange": "https://tqdm.github.io/docs/shortcuts/#trange",
+    "track": "https://rich.readthedocs.io/en/stable/reference/progress.html#rich.progress.track",
+    "progress_bar": "https://docs.fast.ai/callback.progress.html",
+}
+
+# Top-level packages that are libraries: a class built from one of them is not this repository's model class.
+ML_LIBRARY_ROOTS = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "transformers", "timm", "lightning",
+                              "pytorch_lightning", "numpy", "sklearn", "tensorflow", "jax", "flax", "diffusers",
+                              "accelerate", "peft"})
+LIBRARY_ROOTS = ML_LIBRARY_ROOTS | frozenset(sys.stdlib_module_names)
+
+
+# ---- queries ------------------------------------------------------------------------------------
+
+def method_returns_same_module(method: str) -> bool:
+    """``model.<method>(...)`` returns ``model`` itself (``.to(device)``, ``.eval()``, ``.half()``)."""
+    return method in MODULE_METHODS
+
+
+def wrapped_module_argument(qualified: Optional[str]) -> Optional[tuple[int, str]]:
+    """(position, keyword) of the module ``qualified(...)`` wraps or returns; None when it is no such call."""
+    api = APIS.get(qualified) if qualified else None
+    if api is None or not api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE}:
+        return None
+    return api.module_argument
+
+
+# the last names of the calls :func:`wrapped_module_argument` knows: a cheap test before resolving a callee
+WRAPPER_LAST_NAMES = frozenset(name.rsplit(".", 1)[-1] for name, api in APIS.items()
+                               if api.module_argument is not None)
+
+
+def does(qualified: Optional[str], what: Does) -> bool:
+    api = APIS.get(qualified) if qualified else None
+    return api is not None and what in api.does
+
+
+def method_does(method: Optional[str], what: Does) -> bool:
+    api = METHODS.get(method) if method else None
+    return api is not None and what in api.does
+
+
+def apis_that(what: Does) -> frozenset:
+    """Qualified names of the functions and classes that do ``what``."""
+    return frozenset(name for name, api in APIS.items() if what in api.does)
+
+
+def training_libraries_that(what: Does) -> tuple[str, ...]:
+    """Top-level packages whose training loop does ``what`` for the user (a file importing one leaves it to them)."""
+    return tuple(root for root, api in TRAINING_LIBRARIES.items() if what in api.does)
+
+
+def names_an_optimizer_class(name: Optional[str]) -> bool:
+    return bool(name) and name.rsplit(".", 1)[-1] in OPTIMIZER_CLASSES
+
+
+def iterates_its_argument(name: Optional[str]) -> bool:
+    """``name(x, ...)`` yields the items of ``x`` (``enumerate``, ``tqdm.auto.tqdm``, ``zip``)."""
+    return bool(name) and name.rsplit(".", 1)[-1] in ITERATION_WRAPPERS
+
+
+def is_library(qualified: Optional[str]) -> bool:
+    """``qualified`` comes from an installed library or the standard library, not from this repository."""
+    return qualified is not None and qualified.split(".", 1)[0] in LIBRARY_ROOTS
+
+
+def is_ddp(qualified: Optional[str]) -> bool:
+    return does(qualified, Does.REPLICATES_PER_PROCESS)
+
+
+def is_data_parallel(qualified: Optional[str]) -> bool:
+    """``DataParallel`` or ``DistributedDataParallel``: a replica of the model per GPU or per process."""
+    return does(qualified, Does.REPLICATES_PER_DEVICE) or does(qualified, Does.REPLICATES_PER_PROCESS)

@@ -1,0 +1,110 @@
+"""Facts about loops: which loops enclose a node, which loops train, and gradient-accumulation steps."""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, code_children, dotted_name
+from analyzers.program.library import iterates_its_argument
+from analyzers.program.values import is_backward, is_optimizer_step
+
+LoopStack = tuple  # tuple of cst.For | cst.While, outermost first
+
+
+def loop_stack(ctx: FileContext) -> LoopStack:
+    """The ``for``/``while`` loops of the current function whose body encloses the current node (during the walk)."""
+    fn = ctx.function
+    return tuple(lp for lp in ctx.loops
+                 if (type(lp) is cst.For or type(lp) is cst.While) and ctx.loop_function.get(lp) is fn)
+
+
+def body_nodes(scope: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Nodes under ``scope`` without entering nested functions, lambdas or classes."""
+    stack = [scope]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in code_children(node):
+            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                stack.append(child)
+
+
+class _TrainingLoops:
+    def __init__(self, ctx: FileContext) -> None:
+        self.answers: dict[int, bool] = {}
+
+
+def loop_trains(loop: cst.CSTNode, ctx: Optional[FileContext] = None) -> bool:
+    """The loop's body calls ``.backward()`` somewhere (its own statements, not nested functions).
+    With ``ctx``, answers are kept for the file, so each loop is looked at once."""
+    cache = ctx.facts(_TrainingLoops).answers if ctx is not None else {}
+    found = cache.get(id(loop))
+    if found is None:
+        found = cache[id(loop)] = any(isinstance(node, cst.Call) and is_backward(node) for node in body_nodes(loop))
+    return found
+
+
+def iterated(iterable: cst.BaseExpression) -> cst.BaseExpression:
+    """What a ``for`` really iterates: ``loader`` for ``enumerate(tqdm(loader))``."""
+    while isinstance(iterable, cst.Call) and iterable.args and iterates_its_argument(dotted_name(iterable.func)):
+        iterable = iterable.args[0].value
+    return iterable
+
+
+def accumulation_divisor(test: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """``N`` for an ``if (i + 1) % N == 0`` / ``if step % N == 0`` test with a non-literal ``N``."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    comparison = test.comparisons[0]
+    if not isinstance(comparison.operator, cst.Equal):
+        return None
+    left, right = test.left, comparison.comparator
+    for a, b in ((left, right), (right, left)):
+        if isinstance(a, cst.BinaryOperation) and isinstance(a.operator, cst.Modulo):
+            if isinstance(b, cst.Integer) and b.value == "0" and isinstance(a.right, (cst.Name, cst.Attribute)):
+                return a.right
+    return None
+
+
+_ACCUM_WORDS = ("accum", "grad_steps", "update_freq", "iters_to_accumulate", "accumulate")
+
+
+class AccumulationStep:
+    """One ``if (i + 1) % N == 0: optimizer.step()`` inside a loop whose body runs ``backward()`` on every pass."""
+
+    def __init__(self, node: cst.If, divisor: cst.BaseExpression, loop: cst.CSTNode, function) -> None:
+        self.node = node
+        self.divisor = divisor
+        self.loop = loop
+        self.function = function
+
+
+class AccumulationFacts:
+    """Gradient-accumulation steps in a file. Filled by :meth:`note_if` from each rule that asks, during the walk;
+    each ``if`` is looked at once, so what a rule sees does not depend on which other rules run."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.steps: list[AccumulationStep] = []
+        self._seen: set[int] = set()
+
+    def note_if(self, node: cst.If, ctx: FileContext) -> None:
+        if id(node) in self._seen:
+            return
+        self._seen.add(id(node))
+        divisor = accumulation_divisor(node.test)
+        stack = loop_stack(ctx)
+        if divisor is None or not stack:
+            return
+        word = (dotted_name(divisor) or "").rsplit(".", 1)[-1].lower()
+        if not any(w in word for w in _ACCUM_WORDS):
+            return
+        steps = [n for n in body_nodes(node.body) if isinstance(n, cst.Call) and is_optimizer_step(n, ctx)]
+        if not steps:
+            return
+        # backward runs on every pass: in the loop, outside this ``if``
+        loop = stack[-1]
+        inside = {id(n) for n in body_nodes(node)}
+        if not any(isinstance(n, cst.Call) and is_backward(n) and id(n) not in inside for n in body_nodes(loop)):
+            return
+        self.steps.append(AccumulationStep(node, divisor, loop, ctx.function))

@@ -1,0 +1,102 @@
+"""What a name says about the value it holds, and how a name is written in a file.
+
+One copy of each naming convention the rules rely on: a variable called ``model`` / ``netG`` / ``backbone``
+holds a module, ``opt`` / ``optimizer_d`` an optimizer, ``lr_scheduler`` a scheduler, ``scaler`` a grad scaler.
+Names are evidence of last resort: callers ask what built a value first (:mod:`analyzers.program.values`).
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, local_name_for
+
+
+def last_segment(dotted: Optional[str]) -> str:
+    """``fc`` for ``self.model.fc``; "" for None."""
+    return dotted.rsplit(".", 1)[-1] if dotted else ""
+
+
+def last_name(expr: Optional[cst.BaseExpression]) -> Optional[str]:
+    """``step`` for ``opt.step`` / ``step``; None for anything else (a call, a subscript)."""
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value
+    if isinstance(expr, cst.Name):
+        return expr.value
+    return None
+
+
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+
+def name_words(name: str) -> list[str]:
+    """The lower-case words of an identifier: ``valLoader`` and ``val_loader`` both give ``val, loader``."""
+    return [w.lower() for w in _WORD.findall(name)]
+
+
+# Names that hold a module. A union of what the serialization, inference and training rules each accepted.
+_MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator", "encoder", "decoder", "classifier",
+                "backbone", "policy", "critic", "actor", "unet", "vae", "transformer", "detector", "segmenter",
+                "autoencoder", "netg", "netd", "gen", "disc", "student", "ddp_model", "wrapped_model"}
+# ... and names ending like a model's that hold something about a model: its path, state, config, class, loss
+_NOT_MODEL_SUFFIXES = ("_path", "path", "state", "_dir", "_name", "name", "_fn", "_cls", "_class", "_type",
+                       "_config", "_cfg", "_kwargs", "_args", "loss")
+# ``get_model`` / ``build_net``: a function that makes a model, not one
+_VERB_PREFIXES = ("get_", "build_", "create_", "make_", "load_", "init_", "setup_", "set_", "save_", "to_",
+                  "_get_", "_build_", "_create_", "_make_", "_load_", "_init_", "_setup_")
+
+
+def name_is_model_like(name: str) -> bool:
+    """``model``, ``self.net``, ``netG``, ``teacher_model``, ``resnet`` — not ``model_path``, ``build_model``,
+    ``model_state``, ``loss_fn`` or ``criterion_loss``."""
+    low = last_segment(name).lower()
+    if low.startswith(_VERB_PREFIXES) or low.endswith(_NOT_MODEL_SUFFIXES):
+        return False
+    return low in _MODEL_NAMES or low.endswith(("model", "_net")) or (low.endswith("net") and len(low) > 3)
+
+
+# opt, optim, optimizer, g_opt, opt_d, optG, optimizerD, generator_optimizer (not options/optuna/opts)
+_OPTIMIZER_NAME = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\w*)?$")
+
+
+def name_is_optimizer_like(name: Optional[str]) -> bool:
+    """``opt``, ``optimizer_d``, ``optG``, ``g_opt``, ``myoptimizer`` — not ``options``, ``opts``, ``optuna``."""
+    last = last_segment(name)
+    return bool(_OPTIMIZER_NAME.match(last)) or last.lower().endswith(("optimizer", "optimiser"))
+
+
+def name_is_scheduler_like(name: Optional[str]) -> bool:
+    return "sched" in last_segment(name).lower()
+
+
+def name_is_scaler_like(name: Optional[str]) -> bool:
+    return "scaler" in last_segment(name).lower()
+
+
+def render_name(ctx: FileContext, qualified: str) -> Optional[cst.BaseExpression]:
+    """``qualified`` written through the file's imports: ``nn.Upsample`` after ``from torch import nn``."""
+    parts = qualified.split(".")
+    for cut in range(len(parts), 0, -1):
+        local = local_name_for(ctx, ".".join(parts[:cut]))
+        if local is not None:
+            return cst.parse_expression(".".join([local, *parts[cut:]]))
+    return None
+
+
+# expressions that bind tighter than any operator they may be embedded in
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString,
+          cst.List, cst.Dict, cst.Set, cst.Tuple, cst.ListComp, cst.DictComp, cst.SetComp, cst.GeneratorExp)
+
+
+def parenthesized(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``expr`` parenthesised unless it binds tighter than any operator it may be embedded in."""
+    if expr.lpar or isinstance(expr, _ATOMS):
+        return expr
+    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def node_text(ctx: FileContext, node: cst.CSTNode) -> str:
+    """The source of ``node`` as written (stripped), for messages."""
+    return ctx.module.code_for_node(node).strip()

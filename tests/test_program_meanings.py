@@ -1,0 +1,286 @@
+"""One copy of each meaning: names, kinds of values, test code, and the library table the rules consult."""
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from analyzers.context import FileContext
+from analyzers.engine import _Walker
+from analyzers.program import library
+from analyzers.program.flow import subtree
+from analyzers.program.library import Does
+from analyzers.program.names import name_is_model_like, name_is_optimizer_like, name_words, parenthesized
+from analyzers.program.roles import is_test_code
+from analyzers.program.state import in_no_grad_block
+from analyzers.program.values import (changes_in_eval, constructor, is_backward, is_optimizer, is_optimizer_step,
+                                      is_scheduler, wrapped_module)
+
+RULES = Path(__file__).resolve().parents[1] / "analyzers" / "rules"
+
+
+def context(code: str, path: str = "example.py") -> FileContext:
+    source = textwrap.dedent(code)
+    module = cst.parse_module(source)
+    ctx = FileContext(path, source, module)
+    _Walker(ctx, [], lambda rule, exc: None).walk(module)
+    return ctx
+
+
+def calls(ctx: FileContext) -> list[cst.Call]:
+    return [n for n in subtree(ctx.module) if isinstance(n, cst.Call)]
+
+
+# ---- names --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["model", "self.net", "netG", "teacher_model", "resnet", "vae", "self.backbone",
+                                  "student", "ddp_model", "discriminator"])
+def test_names_that_hold_a_model(name):
+    assert name_is_model_like(name)
+
+
+@pytest.mark.parametrize("name", ["model_path", "build_model", "model_state", "loss_fn", "model_name", "get_net",
+                                  "model_cfg", "net_loss", "args", "optimizer"])
+def test_names_about_a_model_are_not_one(name):
+    assert not name_is_model_like(name)
+
+
+@pytest.mark.parametrize("name,expected", [("opt", True), ("optimizer_d", True), ("optG", True), ("g_opt", True),
+                                           ("self.optim", True), ("myoptimizer", True), ("options", False),
+                                           ("opts", False), ("optuna", False), ("adopt", False)])
+def test_optimizer_names(name, expected):
+    assert name_is_optimizer_like(name) is expected
+
+
+def test_words_of_camel_and_snake_names_agree():
+    assert name_words("valLoader") == name_words("val_loader") == ["val", "loader"]
+
+
+def test_parenthesized_only_when_an_operator_could_bind_tighter():
+    assert cst.Module([]).code_for_node(parenthesized(cst.parse_expression("a * b"))) == "(a * b)"
+    assert cst.Module([]).code_for_node(parenthesized(cst.parse_expression("f(a)"))) == "f(a)"
+
+
+# ---- kinds of values ----------------------------------------------------------------------------------------
+
+def test_optimizer_is_known_by_what_built_it_before_its_name():
+    ctx = context("""
+        import torch
+        trainer_state = torch.optim.Adam(params)
+        options = parse()
+        sched = torch.optim.lr_scheduler.StepLR(trainer_state, 1)
+        trainer_state.step()
+        options.step()
+        sched.step()
+    """)
+    steps = [c for c in calls(ctx) if isinstance(c.func, cst.Attribute) and c.func.attr.value == "step"]
+    assert [is_optimizer_step(c, ctx) for c in steps] == [True, False, False]
+    assert is_scheduler(steps[2].func.value, ctx) and not is_optimizer(steps[2].func.value, ctx)
+
+
+def test_backward_is_a_method_call_of_any_receiver():
+    ctx = context("""
+        loss.backward()
+        scaler.scale(loss).backward()
+        self.manual_backward(loss)
+        backward(loss)
+    """)
+    outermost = [ctx.module.code_for_node(c) for c in calls(ctx) if is_backward(c)]
+    assert outermost == ["loss.backward()", "scaler.scale(loss).backward()", "self.manual_backward(loss)"]
+
+
+def test_wrappers_and_moves_return_the_module_they_are_given():
+    ctx = context("""
+        import torch, copy
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = Net()
+        a = net.to("cuda").eval()
+        b = DDP(net, device_ids=[0])
+        c = torch.compile(model=net)
+        d = copy.deepcopy(net)
+        e = torch.nn.utils.weight_norm(net)
+        f = net.forward(x)
+    """)
+    built = {n.targets[0].target.value: n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    for name in "abcde":
+        origin = constructor(ctx, built[name], built[name])
+        assert origin is not None and ctx.module.code_for_node(origin) == "Net()", name
+    assert wrapped_module(built["f"], ctx) is None  # runs the module: its outputs are no module
+
+
+# ---- roles: test code ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["conftest.py", "pkg/test_model.py", "pkg/model_test.py", "tests/helpers.py",
+                                  "test/nn/util.py", "torch/testing/_internal/common.py"])
+def test_test_code_by_name_or_folder(path):
+    assert is_test_code(context("import torch\n", path))
+
+
+def test_test_code_by_what_the_file_holds():
+    assert is_test_code(context("import pytest\nimport torch\n", "check_shapes.py"))
+    assert is_test_code(context("import unittest\nclass Shapes(unittest.TestCase):\n    pass\n", "shapes.py"))
+    # a quick self-check next to real code does not make a script a test: pytest would not collect it
+    assert not is_test_code(context("import torch\ndef test_shape():\n    pass\ndef train():\n    pass\n",
+                                    "train.py"))
+    assert not is_test_code(context("import torch\n", "src/latest.py"))
+
+
+# ---- the library table --------------------------------------------------------------------------------------
+
+def test_every_entry_cites_documentation():
+    for name, doc in {**library.OPTIMIZER_CLASSES, **library.ITERATION_WRAPPERS}.items():
+        assert doc.startswith("https://"), name
+    for name, api in {**library.APIS, **library.METHODS, **library.MODULE_METHODS,
+                      **library.TRAINING_LIBRARIES}.items():
+        assert "https://" in api.doc, name
+        assert api.does, name
+        if api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE} and name in library.APIS:
+            assert api.module_argument is not None, f"{name}: which argument is the module?"
+
+
+def test_table_answers_the_rules_questions():
+    assert library.method_returns_same_module("requires_grad_")
+    assert not library.method_returns_same_module("forward")
+    assert library.wrapped_module_argument("torch.compile") == (0, "model")
+    assert library.is_ddp("torch.nn.parallel.DistributedDataParallel")
+    assert not library.is_ddp("torch.nn.DataParallel") and library.is_data_parallel("torch.nn.DataParallel")
+    assert library.does("torch.utils.data.distributed.DistributedSampler", Does.SHARDS_DATA)
+    assert library.method_does("from_pretrained", Does.RETURNS_EVAL_MODEL)
+    assert library.does("torch.save", Does.WRITES_TORCH_CHECKPOINT)
+    assert library.is_library("collections.OrderedDict") and library.is_library("timm.create_model")
+    assert not library.is_library("models.resnet.ResNet")
+
+
+def _name_collections(tree: ast.Module):
+    """Literal sets, tuples and lists of strings anywhere in a rule file (its word lists), with their line."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Set, ast.Tuple, ast.List)) and len(node.elts) >= 2 and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+            yield node.lineno, {e.value for e in node.elts}
+
+
+# The questions the table owns: rule files ask it instead of keeping their own lists.
+_OWNED = frozenset(name for name, api in library.APIS.items()
+                   if api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE, Does.RETURNS_EVAL_MODEL,
+                                  Does.REPLICATES_PER_DEVICE, Does.REPLICATES_PER_PROCESS, Does.SHARDS_DATA,
+                                  Does.WRITES_TORCH_CHECKPOINT, Does.READS_TORCH_CHECKPOINT})
+
+
+@pytest.mark.parametrize("path", sorted(p for p in RULES.glob("*.py") if p.name not in (
+    "removed_api.py", "deprecation.py")), ids=lambda p: p.name)  # TorchFix parity tables: another owner
+def test_rule_files_keep_no_list_of_what_the_table_knows(path):
+    for line, names in _name_collections(ast.parse(path.read_text())):
+        where = f"{path.name}:{line}"
+        assert not names & _OWNED, f"{where} lists library APIs the table describes: {sorted(names & _OWNED)}"
+        assert len(names & set(library.TRAINING_LIBRARIES)) < 2, f"{where} lists training libraries: ask the table"
+        assert not (len(names & set(library.MODULE_METHODS)) >= 4 and {"eval", "train"} <= names), \
+            f"{where} keeps its own list of the methods that return the module"
+
+
+# ---- rules do not import rules ------------------------------------------------------------------------------
+
+def _imports_of(tree: ast.Module):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            yield node.lineno, "." * node.level + (node.module or ""), [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+
+
+_ALLOWED = {"analyzers.rules.base", "analyzers.rules"}  # the rule base class and the registry
+
+
+@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.name)
+def test_rule_modules_import_no_other_rule_module(path):
+    problems = []
+    for line, module, names in _imports_of(ast.parse(path.read_text())):
+        if module.startswith("."):
+            problems.append(f"line {line}: relative import {module}")
+        elif module == "analyzers.rules" and any(n not in ("REGISTRY", "all_rules") for n in names):
+            problems.append(f"line {line}: {names} from the rules package")
+        elif module.startswith("analyzers.rules.") and module not in _ALLOWED:
+            problems.append(f"line {line}: {module} {names}")
+        if module.startswith("analyzers.rules") and any(n.startswith("_") for n in names):
+            problems.append(f"line {line}: private {[n for n in names if n.startswith('_')]} from {module}")
+    assert not problems, f"{path.name} imports another rule module; move the shared meaning to analyzers/program: " \
+                         f"{problems}"
+
+
+# ---- one way to cache facts ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.name)
+def test_rules_keep_facts_only_through_ctx_facts(path):
+    """Facts a file's rules share live in ``ctx.facts(Kind)``, never in attributes a rule sets on the context."""
+    stashed = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "getattr") \
+                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "ctx":
+            stashed.append(node.lineno)
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        stashed += [t.lineno for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                    and t.value.id == "ctx"]
+    assert not stashed, f"{path.name} keeps facts on the context at lines {stashed}: use ctx.facts(Kind)"
+
+
+def test_every_kind_of_behaviour_in_the_table_is_asked_by_the_analyzers():
+    """An entry nobody consults is a claim nobody checks: each kind is asked outside the table, directly
+    (``Does.X``) or through a query of the table that the analyzers call."""
+    source = Path(library.__file__)
+    others = "\n".join(p.read_text() for p in source.parents[1].rglob("*.py") if p != source)
+    asked = {kind.name for kind in Does if f"Does.{kind.name}" in others}
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and f"{node.name}(" in others:
+            asked |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "Does"}
+    assert asked >= {kind.name for kind in Does}, sorted({kind.name for kind in Does} - asked)
+
+
+def test_eval_changes_a_model_only_through_dropout_or_batchnorm():
+    ctx = context("""
+        import torch.nn as nn
+        class Plain(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(2, 2)
+        class Dropping(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.drop = nn.Dropout(0.1)
+        def run(plain, dropping, other):
+            plain(x); dropping(x); other(x)
+        plain = Plain()
+        plain = plain.cuda()
+        dropping = Dropping().to("cuda")
+        run(plain, dropping, load())
+    """)
+    uses = {c.func.value: c for c in calls(ctx) if isinstance(c.func, cst.Name) and c.func.value in (
+        "plain", "dropping", "other")}
+    assert not changes_in_eval(ctx, cst.Name("plain"), uses["plain"])  # through ``plain = plain.cuda()``
+    assert changes_in_eval(ctx, cst.Name("dropping"), uses["dropping"])
+    assert changes_in_eval(ctx, cst.Name("other"), uses["other"])  # unknown: assume it does
+
+
+# ---- state at a point ---------------------------------------------------------------------------------------
+
+def test_no_grad_blocks_hold_in_their_own_function_only():
+    ctx = context("""
+        import torch
+        with torch.no_grad():
+            a = model(x)
+            def later():
+                b = model(x)
+        with torch.set_grad_enabled(True):
+            c = model(x)
+        with torch.inference_mode(False):
+            d = model(x)
+        with torch.set_grad_enabled(False), open(p) as f:
+            e = model(x)
+    """)
+    assigned = {n.targets[0].target.value: n for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    assert {name for name, node in assigned.items() if in_no_grad_block(ctx, node)} == {"a", "e"}
