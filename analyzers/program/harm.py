@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 from analyzers.context import argument, code_children, dotted_name
-from analyzers.program.values import LIBRARY_ROOTS
+from analyzers.program.roles import collects_tests
+from analyzers.program.library import LIBRARY_ROOTS
 
 if TYPE_CHECKING:
     from analyzers.context import FileContext
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 TEST_CODE, BENCHMARK, TINY_DATA = "test code", "benchmark", "tiny synthetic data"
 TINY_ELEMENTS = 1 << 16  # a 64 x 1024 batch: any real image or text batch is larger
 
-_TEST_FRAMEWORKS = ("pytest", "unittest")
 _BENCHMARK_LIBRARIES = ("timeit", "torch.utils.benchmark", "triton.testing", "pytest_benchmark")
 _CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.process_time", "time.perf_counter_ns",
            "time.time_ns"}
@@ -55,8 +55,7 @@ _DATA_SOURCE_PREFIXES = ("torchvision.datasets.", "torchaudio.datasets.", "torch
 _DATA_SOURCE_METHODS = {"from_pretrained", "load_state_dict_from_url"}
 _DATALOADER = "torch.utils.data.DataLoader"
 # the standard library and known libraries: a module of neither may be the repository's own, with its data
-_KNOWN_ROOTS = frozenset(sys.stdlib_module_names) | LIBRARY_ROOTS | {"matplotlib", "tqdm", "seaborn", "IPython",
-                                                                      "scipy", "pytest"}
+_KNOWN_ROOTS = LIBRARY_ROOTS | {"matplotlib", "tqdm", "seaborn", "IPython", "scipy", "pytest"}
 _TENSOR_DATASET = "torch.utils.data.TensorDataset"
 
 
@@ -79,7 +78,7 @@ class HarmContext:
 
     @cached_property
     def role(self) -> Optional[str]:
-        if self._is_test_code():
+        if collects_tests(self.ctx):
             return TEST_CODE
         if self._is_benchmark():
             return BENCHMARK
@@ -111,32 +110,6 @@ class HarmContext:
 
     def _imports(self, roots: tuple[str, ...]) -> bool:
         return any(self.ctx.imports.imports_root(root) for root in roots)
-
-    # ---- test code ------------------------------------------------------------------------
-    def _is_test_code(self) -> bool:
-        module = self.ctx.module
-        base = self.ctx.path.replace("\\", "/").rsplit("/", 1)[-1]
-        collected_by_name = base.startswith("test_") or base.endswith("_test.py")
-        framework = self._imports(_TEST_FRAMEWORKS)
-        for statement in module.body:
-            if isinstance(statement, cst.FunctionDef):
-                if statement.name.value.startswith("test") and (framework or collected_by_name):
-                    return True
-                if framework and any(self._is_fixture(d.decorator) for d in statement.decorators):
-                    return True
-            if isinstance(statement, cst.ClassDef):
-                bases = {self.ctx.qualified_name(arg.value) for arg in statement.bases}
-                if bases & {"unittest.TestCase", "unittest.IsolatedAsyncioTestCase"}:
-                    return True
-                if statement.name.value.startswith("Test") and (framework or collected_by_name) and any(
-                        isinstance(s, cst.FunctionDef) and s.name.value.startswith("test")
-                        for s in statement.body.body):
-                    return True
-        return False
-
-    def _is_fixture(self, decorator: cst.BaseExpression) -> bool:
-        target = decorator.func if isinstance(decorator, cst.Call) else decorator
-        return self.ctx.qualified_name(target) == "pytest.fixture"
 
     # ---- benchmark ------------------------------------------------------------------------
     def _is_benchmark(self) -> bool:

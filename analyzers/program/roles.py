@@ -416,23 +416,50 @@ _TEST_FOLDERS = {"tests", "test", "testing"}
 class _TestModule:
     """Whether a file is test code: it says so by its name or folder, or by what it holds (a pytest import,
     ``unittest.TestCase`` classes). A ``def test_x()`` alone does not count: pytest collects it only from files
-    named as tests, and scripts keep quick self-checks next to real code."""
+    named as tests, and scripts keep quick self-checks next to real code.
+
+    ``collects_tests`` is the narrower fact read from what the file does, not where it is: it holds tests that
+    pytest or unittest would collect (test functions or classes in a file named as tests or importing the
+    framework, ``TestCase`` subclasses, pytest fixtures). A ``test_eval.py`` evaluation script holds none."""
+
+    _FRAMEWORKS = ("pytest", "unittest")
+    _CASES = {"unittest.TestCase", "unittest.case.TestCase", "unittest.IsolatedAsyncioTestCase"}
 
     def __init__(self, ctx: "FileContext") -> None:
         parts = ctx.path.replace("\\", "/").split("/")
         base = parts[-1]
-        named = base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py") or \
-            bool(_TEST_FOLDERS & set(parts[:-1]))
-        self.is_test = named or ctx.imports.imports_root("pytest") or _holds_tests(ctx)
+        self.named_as_tests = base.startswith("test_") or base.endswith("_test.py")
+        named = base == "conftest.py" or self.named_as_tests or bool(_TEST_FOLDERS & set(parts[:-1]))
+        self.collects_tests = self._collects(ctx)
+        self.is_test = named or ctx.imports.imports_root("pytest") or self.collects_tests
+
+    def _collects(self, ctx: "FileContext") -> bool:
+        framework = any(ctx.imports.imports_root(root) for root in self._FRAMEWORKS)
+        collected = framework or self.named_as_tests
+        for statement in ctx.module.body:
+            if isinstance(statement, cst.FunctionDef):
+                if statement.name.value.startswith("test") and collected:
+                    return True
+                if framework and any(_is_pytest_fixture(ctx, d.decorator) for d in statement.decorators):
+                    return True
+            if isinstance(statement, cst.ClassDef):
+                if {ctx.qualified_name(arg.value) for arg in statement.bases} & self._CASES:
+                    return True
+                if statement.name.value.startswith("Test") and collected and any(
+                        isinstance(s, cst.FunctionDef) and s.name.value.startswith("test")
+                        for s in statement.body.body):
+                    return True
+        return False
 
 
-def _holds_tests(ctx: "FileContext") -> bool:
-    for statement in ctx.module.body:
-        if isinstance(statement, cst.ClassDef) and any(
-                ctx.qualified_name(base.value) in ("unittest.TestCase", "unittest.case.TestCase")
-                for base in statement.bases):
-            return True
-    return False
+def _is_pytest_fixture(ctx: "FileContext", decorator: cst.BaseExpression) -> bool:
+    target = decorator.func if isinstance(decorator, cst.Call) else decorator
+    return ctx.qualified_name(target) == "pytest.fixture"
+
+
+def collects_tests(ctx: "FileContext") -> bool:
+    """The file holds tests a test runner would collect (what it does, not where it is)."""
+    return ctx.facts(_TestModule).collects_tests
 
 
 def is_test_code(ctx: "FileContext") -> bool:
