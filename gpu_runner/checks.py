@@ -1681,7 +1681,10 @@ def check_nan_localization(run: _Run) -> CheckResult:
 
 def _unregistered_modules(model: nn.Module) -> list[tuple[str, int]]:
     """(attribute, number of parameters) for modules kept in a plain list, tuple or dict attribute: their
-    parameters are not the model's (no optimizer sees them, .to(device) does not move them)."""
+    parameters are not the model's (no optimizer sees them, .to(device) does not move them). A module of the
+    list that is also registered another way (``add_module``, ``setattr`` under another name) is the model's:
+    only parameters that ``model.parameters()`` lacks count."""
+    registered = {id(p) for p in model.parameters()}
     found = []
     for module_name, module in model.named_modules():
         for attribute, value in vars(module).items():
@@ -1689,7 +1692,7 @@ def _unregistered_modules(model: nn.Module) -> list[tuple[str, int]]:
                 continue
             items = list(value.values()) if isinstance(value, dict) else list(value)
             held = [item for item in items if isinstance(item, nn.Module)]
-            count = sum(p.numel() for item in held for p in item.parameters())
+            count = sum(p.numel() for item in held for p in item.parameters() if id(p) not in registered)
             if held and count:
                 found.append((f"{module_name + '.' if module_name else ''}{attribute}", count))
     return found

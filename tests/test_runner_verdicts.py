@@ -182,6 +182,34 @@ def test_layers_in_a_plain_list_fail_registration_instead_of_being_skipped(tmp_p
     assert "self.layers" in registration["message"]
 
 
+def test_a_plain_list_of_layers_also_registered_with_add_module_is_registered():
+    """The list is only a handle: each head is registered under its own name, so the optimizer sees it."""
+    from gpu_runner.checks import registration_result
+
+    class MultiHead(torch.nn.Module):
+        def __init__(self, dim=8, heads=3):
+            super().__init__()
+            self.heads = [torch.nn.Linear(dim, dim) for _ in range(heads)]
+            for i, head in enumerate(self.heads):
+                self.add_module(f"head_{i}", head)
+            self.loose = [torch.nn.Linear(dim, 2)]  # this one is nobody's: still reported
+
+        def forward(self, x):
+            return torch.cat([head(x) for head in self.heads], dim=1)
+
+    result = registration_result(MultiHead())
+    assert result.status == "fail" and result.details["unregistered"] == [("loose", 18)]
+
+    class Registered(torch.nn.Module):
+        def __init__(self, dim=8):
+            super().__init__()
+            self.heads = [torch.nn.Linear(dim, dim) for _ in range(2)]
+            for i, head in enumerate(self.heads):
+                self.add_module(f"head_{i}", head)
+
+    assert registration_result(Registered()).status == "pass"
+
+
 def test_a_model_without_parameters_is_still_skipped(tmp_path):
     report = smoke(tmp_path, """
         import torch
