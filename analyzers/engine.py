@@ -23,6 +23,7 @@ from analyzers.guard import complexity_error
 from analyzers.isolation import run_isolated
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.harm import HarmContext
+from analyzers.program.versions import VersionFacts
 from analyzers.program.modules import RepositoryIndex, index_for
 from analyzers.rules import all_rules, canonical_rule_id
 from analyzers.rules.base import Rule
@@ -336,7 +337,8 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         (result.suppressed if suppressed else result.findings).append(Finding(
             path=path, line=start.line, column=start.column + 1, end_line=end.line, end_column=end.column + 1,
             rule=rule.id, slug=rule.slug, category=rule.category.value, severity=severity,
-            message=p.message, fix=fix, related=_related_locations(p.related, positions),
+            message=_stating_assumption(p.message, p.pins, ctx), fix=fix,
+            related=_related_locations(p.related, positions),
             preview=levels.is_preview(rule.id), context=context,
         ))
     result.findings = [f for f in result.findings if f.severity >= config.min_severity]
@@ -344,6 +346,15 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     result.findings.sort(key=lambda f: f.sort_key)
     result.suppressed.sort(key=lambda f: f.sort_key)
     return result
+
+
+def _stating_assumption(message: str, package: Optional[str], ctx: FileContext) -> str:
+    """A version-dependent finding says which release of ``package`` it assumed (the pin, or that none was
+    found), once."""
+    if package is None:
+        return message
+    assumed = ctx.facts(VersionFacts).assumption(package)
+    return message if assumed in message else f"{message} ({assumed})"
 
 
 def _severity(rule: Rule, severity: Severity, config: Config, ctx: FileContext) -> tuple[Severity, Optional[str]]:

@@ -2,6 +2,8 @@
 that changes the verdict changes the finding."""
 from __future__ import annotations
 
+import textwrap
+
 from analyzers.engine import analyze_source
 from analyzers.program.modules import index_for
 from analyzers.rules import get_rule
@@ -53,3 +55,34 @@ def test_code_in_a_legacy_folder_is_said_to_assume_an_old_release(tmp_path):
             "    loss.backward()\n")
     [finding] = _findings(tmp_path, code, "TR710", {"requirements.txt": "torch>=2.4\n"}, script="legacy/train.py")
     assert "`torch.cuda.amp.GradScaler()` (code in a legacy folder; assuming an old torch" in finding.message
+
+
+def test_every_rule_that_reads_pins_names_them_in_each_message():
+    """A rule declares the library its verdict rests on (``pinned_package``); every finding of its examples
+    ends with what it assumed about that library, once."""
+    from analyzers.rules import all_rules
+
+    pinned = [rule for rule in all_rules() if rule.pinned_package]
+    assert {"TR812", "TR814", "TR817", "TR822"} <= {rule.id for rule in pinned}
+    for rule in pinned:
+        for example in rule.INVALID:
+            if getattr(example, "requirements", None):
+                continue  # examples with pins of their own name those (tested above)
+            code = example.code if hasattr(example, "code") else example
+            for finding in analyze_source(textwrap.dedent(code), "train.py", rules=[rule]).findings:
+                assumed = f"no {rule.pinned_package} pin found; assuming a current {rule.pinned_package}"
+                assert finding.message.count(assumed) == 1, (rule.id, finding.message)
+
+
+def test_a_numpy_pin_below_the_alias_removal_silences_it_and_one_above_is_named(tmp_path):
+    code = "import numpy as np\nimport torch\nmask = np.zeros(3, dtype=np.bool)\n"
+    assert _findings(tmp_path / "old", code, "TR817", {"requirements.txt": "numpy<1.24\n"}) == []
+    [finding] = _findings(tmp_path / "new", code, "TR817", {"requirements.txt": "numpy>=1.24\n"})
+    assert finding.message.endswith("(numpy>=1.24 per requirements.txt)")
+
+
+def test_a_removed_module_names_the_pin_of_its_own_package(tmp_path):
+    # TR820 judges each import by its package's pins (here torchvision's, not torch's)
+    code = "import torch\nfrom torchvision.transforms.functional_tensor import rgb_to_grayscale\n"
+    findings = _findings(tmp_path, code, "TR820", {"requirements.txt": "torch>=2.0\ntorchvision>=0.17\n"})
+    assert findings and all(f.message.endswith("(torchvision>=0.17 per requirements.txt)") for f in findings)

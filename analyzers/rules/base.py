@@ -66,6 +66,7 @@ class PendingFinding:
     # other sites: (node, what happens there), or (line, what happens there) for sites known by line only
     related: tuple[tuple[Union[cst.CSTNode, int], str], ...] = ()
     safe: Optional[bool] = None  # None: the rule's ``fix_safety``
+    pins: Optional[str] = None  # the library whose pinned releases the verdict rests on (the message names them)
 
 
 REGISTRY: dict[str, type["Rule"]] = {}
@@ -96,6 +97,9 @@ class Rule:
     #: "safe": the fix keeps behaviour (a rename), `--fix` applies it; "unsafe": it changes what the
     #: program does (e.g. weights_only=True refuses some checkpoints), applied only with --unsafe-fixes
     fix_safety: ClassVar[str] = "safe"
+    #: the library whose releases the verdict depends on (a removed or deprecated API): each message ends with
+    #: the pin it read, or that none was found (``VersionFacts.assumption``); ``report(pins=...)`` per finding
+    pinned_package: ClassVar[Optional[str]] = None
     #: a security weakness, not only a bug: SARIF gives it a security-severity, so code scanning ranks it
     #: among security alerts
     security: ClassVar[bool] = False
@@ -144,11 +148,14 @@ class Rule:
 
     def report(self, node: cst.CSTNode, message: str, *, replacement: Optional[cst.CSTNode] = None,
                severity: Optional[Severity] = None,
-               related: Sequence[tuple[Union[cst.CSTNode, int], str]] = (), safe: Optional[bool] = None) -> None:
+               related: Sequence[tuple[Union[cst.CSTNode, int], str]] = (), safe: Optional[bool] = None,
+               pins: Optional[str] = None) -> None:
         """Report ``node``. ``replacement`` is a node that replaces it as a mechanical fix (``safe``
         overrides the rule's ``fix_safety`` for this one fix); ``related`` are the other sites of the
-        problem (a pull request that changes only one of them is still told)."""
-        self.pending.append(PendingFinding(node, message, replacement, severity, tuple(related), safe))
+        problem (a pull request that changes only one of them is still told); ``pins``: the library whose
+        pinned releases this verdict assumed (default: the rule's ``pinned_package``)."""
+        self.pending.append(PendingFinding(node, message, replacement, severity, tuple(related), safe,
+                                           pins or self.pinned_package))
 
     def end_file(self, ctx: "FileContext") -> None:
         """Called once after the walk; override for whole-file checks."""

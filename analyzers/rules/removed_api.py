@@ -854,6 +854,7 @@ _CHECKPOINT = {"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.chec
 class CheckpointWithoutUseReentrant(Rule):
     id = "TR812"
     slug = "checkpoint-without-use-reentrant"
+    pinned_package = "torch"
     category = Category.DEPRECATION
     severity = Severity.MEDIUM
     summary = "torch.utils.checkpoint.checkpoint without use_reentrant= warns and will raise"
@@ -940,6 +941,7 @@ _PUBLIC_COLLATE = {"default_collate", "default_convert"}
 class PrivateDefaultCollate(Rule):
     id = "TR813"
     slug = "private-default-collate"
+    pinned_package = "torch"
     category = Category.DEPRECATION
     severity = Severity.LOW
     summary = "default_collate imported from a private torch module"
@@ -1045,6 +1047,7 @@ _NON_CLASSIFICATION = ("torchvision.models.detection.", "torchvision.models.segm
 class TorchvisionPretrained(Rule):
     id = "TR814"
     slug = "torchvision-pretrained-argument"
+    pinned_package = "torchvision"
     category = Category.DEPRECATION
     severity = Severity.LOW
     summary = "torchvision models take weights=, not the deprecated pretrained="
@@ -1182,6 +1185,7 @@ def _is_builtin_iter(call: Optional[cst.BaseExpression], ctx: FileContext) -> bo
 class IteratorNextMethod(Rule):
     id = "TR815"
     slug = "iterator-next-method"
+    pinned_package = "torch"
     category = Category.DEPRECATION
     severity = Severity.HIGH
     summary = "iter(loader).next() is Python 2; it raises AttributeError on current PyTorch"
@@ -1288,6 +1292,7 @@ def _scalar_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
 class IndexZeroDimData(Rule):
     id = "TR816"
     slug = "index-zero-dim-tensor"
+    pinned_package = "torch"
     category = Category.DEPRECATION
     severity = Severity.HIGH
     summary = "loss.data[0] indexes a 0-dim tensor: an IndexError since PyTorch 0.5; use loss.item()"
@@ -1381,6 +1386,7 @@ _NUMPY_ALIASES = {"numpy.float": "float", "numpy.int": "int", "numpy.bool": "boo
 class RemovedNumpyAlias(Rule):
     id = "TR817"
     slug = "removed-numpy-alias"
+    pinned_package = "numpy"
     category = Category.DEPRECATION
     severity = Severity.HIGH
     summary = "np.float / np.int / np.bool / np.object were removed in NumPy 1.24"
@@ -1814,7 +1820,7 @@ class RemovedModuleImport(Rule):
         else:
             what = f"{code_span(module)} was removed in {package} {release}"
         self.report(node, f"{what}: this import raises ImportError on current releases; use {instead}",
-                    replacement=replacement)
+                    replacement=replacement, pins=package)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1826,6 +1832,7 @@ _AUTOGRAD_FUNCTION = {"torch.autograd.Function", "torch.autograd.function.Functi
 class LegacyAutogradFunction(Rule):
     id = "TR821"
     slug = "legacy-autograd-function"
+    pinned_package = "torch"
     category = Category.DEPRECATION
     severity = Severity.HIGH
     summary = "torch.autograd.Function with an instance-method forward: a legacy API that now raises"
@@ -1950,6 +1957,7 @@ _SCIPY_MISC = {
 class RemovedScipyMiscImage(Rule):
     id = "TR822"
     slug = "removed-scipy-misc-image"
+    pinned_package = "scipy"
     category = Category.DEPRECATION
     severity = Severity.HIGH
     summary = "scipy.misc.imread / imsave / imresize / toimage were removed from SciPy"
