@@ -187,3 +187,15 @@ def test_every_output_says_why_a_finding_was_lowered():
     assert json.loads(shown["sarif"])["runs"][0]["results"][0]["properties"]["context"] == "lowered: test code"
     assert "(medium%2C lowered%3A test code)" in shown["github"]  # commas and colons of a title are escaped
     assert "· lowered: test code" in comment_body(finding, "digest").splitlines()[0]
+
+
+def test_tr601_judges_a_file_by_the_tests_it_holds_not_the_folder_it_sits_in():
+    # a self-play script kept under test/ that resumes from a path on its command line: exposed like any script
+    script = ("import argparse\nimport torch\n\nparser = argparse.ArgumentParser()\nparser.add_argument('--resume')\n"
+              "args = parser.parse_args()\nstate = torch.load(args.resume)\n")
+    [finding] = _findings(script, "test/selfplay/resume.py", CONFIG, "TR601")
+    assert finding.line == 7
+    # a pytest test of the same folder reloading what it saved is not
+    test = ("import torch\n\ndef test_roundtrip(tmp_path):\n    torch.save({'w': 1}, tmp_path / 'x.pt')\n"
+            "    assert torch.load(tmp_path / 'x.pt') == {'w': 1}\n")
+    assert not _findings(test, "test/test_io.py", CONFIG, "TR601")
