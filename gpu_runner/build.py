@@ -137,7 +137,8 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
                    integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes,
                    output_batch_axis=task.batch_axis, output_select=task.select, inputs_batch_first=plan.batch_first(),
-                   inputs_guessed=plan.source not in ("configured", "example_input_array"))
+                   inputs_guessed=plan.source not in ("configured", "example_input_array"),
+                   objective_guessed=not (config.get("task") or config.get("loss")))
 
 
 # ---- importing the PR's code ---------------------------------------------------------------------
