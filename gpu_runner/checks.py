@@ -756,8 +756,9 @@ def check_gradients(run: _Run) -> CheckResult:
         branches = _untaken_branches(run, missing)
         if branches and set(branches) == set(missing):
             details["untaken_branches"] = branches
+            uncalled = _names(sorted(set(branches.values())))
             return CheckResult(name, "warn", f"{_names(missing)} {'gets' if len(missing) == 1 else 'get'} no gradient "
-                               f"because the forward did not call {_names(sorted(set(branches.values())))} on this input, "
+                               f"because the forward did not call {uncalled} on this input, "
                                "although the code uses it on a path this input does not take: not a training bug, but "
                                "DistributedDataParallel needs find_unused_parameters=True for such a model.", details)
         verb = "gets" if len(missing) == 1 else "get"
@@ -799,16 +800,25 @@ def check_gradients(run: _Run) -> CheckResult:
                        "gradient.", details)
 
 
-GRADIENT_SEEDS = 5  # seeds a gradient gap must persist over before it is a bug and not a random drop
+GRADIENT_SEEDS = 8  # seeds a gradient gap must persist over before it is a bug and not a random drop
 
 
 def _gradient_with_other_seeds(run: _Run, names: list[str]) -> list[str]:
     """Those of ``names`` that get a finite, non-zero gradient from the same parameters and batch under another of
     ``GRADIENT_SEEDS`` seeds: their gap depends on the random draws of the forward, not on the code."""
+    if not _forward_draws_random(run):
+        return []
     remaining, found = set(names), []
+    import random
+
+    numpy = sys.modules.get("numpy")
+    saved = random.getstate(), numpy.random.get_state() if numpy is not None else None
     for offset in range(1, GRADIENT_SEEDS):
         model = run.model().train()
         torch.manual_seed(run.seed + offset)
+        random.seed(run.seed + offset)  # the other generators a forward may draw from, seeded too: reproducible
+        if numpy is not None:
+            numpy.random.seed(run.seed + offset)
         loss = _loss(run, _forward(model, run.batch()), run.batch())
         if loss.requires_grad:
             loss.backward()
@@ -820,8 +830,36 @@ def _gradient_with_other_seeds(run: _Run, names: list[str]) -> list[str]:
         model.zero_grad(set_to_none=True)
         if not remaining:
             break
+    random.setstate(saved[0])
+    if numpy is not None:
+        numpy.random.set_state(saved[1])
     run.model()
     return [n for n in names if n in found]
+
+
+def _random_states(device: str) -> list:
+    import random
+
+    states = [torch.get_rng_state(), random.getstate()]
+    numpy = sys.modules.get("numpy")  # only when something imported it: a forward drawing from it did
+    if numpy is not None:
+        _, keys, position, *_ = numpy.random.get_state()
+        states.append((keys.tobytes(), position))
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        states.append(torch.cuda.get_rng_state(torch.device(device)))
+    return states
+
+
+def _forward_draws_random(run: _Run) -> bool:
+    """Whether a training-mode forward draws from torch's, Python's or numpy's random generators (dropout, a random
+    drop of a block): only then can what gets a gradient vary with the seed."""
+    model = run.model().train()
+    before = _random_states(run.subject.device)
+    with torch.no_grad():
+        _forward(model, run.batch())
+    after = _random_states(run.subject.device)
+    run.model()
+    return any(not torch.equal(a, b) if isinstance(a, torch.Tensor) else a != b for a, b in zip(before, after))
 
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -1082,8 +1120,8 @@ def check_overfit_batch(run: _Run) -> CheckResult:
         if looked_up:
             return _undecided(name, f"the output is made of {looked_up} with no learned projection after them (an "
                               "embedding layer or a representation, not a prediction), and the loss is the runner's "
-                              "guess, so whether it can fall in a few steps says nothing (configure smoke.targets' task "
-                              "and loss to decide).", {"output_from": looked_up})
+                              "guess, so whether it can fall in a few steps says nothing (configure smoke.targets' "
+                              "task and loss to decide).", {"output_from": looked_up})
     reachable = _reachable_regression_batch(run)
     floor, floor_note = 0.0, ""
     if reachable is not None:
@@ -1479,10 +1517,12 @@ def check_eval_determinism(run: _Run) -> CheckResult:
     sequence_first = _sequence_first_layers(model) if run.subject.inputs_guessed else []
     if size_difference > tolerance and (size_difference_64 is None or size_difference_64 > FLOAT64_MATCH_TOLERANCE) \
             and sequence_first:
-        return _undecided(name, f"the first {rows} rows of a batch of {batch_size} give different outputs than the same "
-                          f"{rows} rows alone (relative {size_difference:.2g}), but {sequence_first[0]} is sequence-first "
+        return _undecided(name, f"the first {rows} rows of a batch of {batch_size} give different outputs than the "
+                          f"same {rows} rows alone (relative {size_difference:.2g}), but {sequence_first[0]} is "
+                          "sequence-first "
                           "(batch_first=False) and the input is the runner's batch-first guess, so its dim 0 may be "
-                          "time, which such a layer mixes by design (configure smoke.targets' input to decide).", details)
+                          "time, which such a layer mixes by design (configure smoke.targets' input to decide).",
+                          details)
     if size_difference > tolerance and (size_difference_64 is None or size_difference_64 > FLOAT64_MATCH_TOLERANCE):
         return CheckResult(name, "fail", f"the first {rows} rows of a batch of {batch_size} give different outputs "
                            f"than the same {rows} rows alone (relative {size_difference:.2g}): outputs depend on "
