@@ -1070,7 +1070,8 @@ _PASS_THROUGH_NODES = {"Add", "Sub", "Mul", "Div", "Neg", "NativeDropout", "View
                        "Permute", "Transpose", "T", "Expand", "Clone", "Slice", "Select", "Index", "Squeeze",
                        "Unsqueeze", "Cat", "Stack", "NativeLayerNorm", "ToCopy", "Alias", "AsStrided", "Repeat",
                        "Split", "SplitWithSizes", "Unbind", "MaskedFill"}
-_LOOKUP_NODES = {"Embedding": "embedding lookups", "AccumulateGrad": "parameters"}
+_LOOKUP_NODES = {"Embedding": "embedding lookups", "EmbeddingBag": "embedding lookups",
+                 "AccumulateGrad": "parameters"}
 _GRAPH_NODE_LIMIT = 5000
 
 
@@ -1078,6 +1079,8 @@ def _output_only_looked_up(run: _Run) -> str:
     """What the model's output is made of when it comes from embedding lookups (and parameters, constants) through
     sums, scalings, normalizations and reshapes alone, with no learned projection (matmul, convolution, ...) on any
     path: "embedding lookups and parameters"; "" otherwise (or when the graph is too large to walk)."""
+    if not any(isinstance(module, (nn.Embedding, nn.EmbeddingBag)) for module in run.subject.model.modules()):
+        return ""  # no lookup table, so the one forward this takes is spared (F.embedding on a bare tensor is missed)
     model = run.model().train()
     try:
         output = _primary_output(_forward(model, run.batch()))
