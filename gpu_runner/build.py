@@ -138,6 +138,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         return task
     return Subject(name=name, model=model, make_batch=_BatchMaker(plan, task, device, float_dtype),
                    loss_fn=task.loss_fn, task=task.name, device=device, num_classes=task.num_classes,
+                   objective_guessed=not (config.get("task") or config.get("loss")),
                    integer_inputs=plan.has_token_inputs(), graph=plan.is_graph(), notes=notes,
                    output_batch_axis=task.batch_axis, output_select=task.select, inputs_batch_first=plan.batch_first(),
                    inputs_guessed=plan.source not in ("configured", "example_input_array"),

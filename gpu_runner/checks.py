@@ -676,12 +676,14 @@ def check_forward_contract(run: _Run) -> CheckResult:
             return CheckResult(name, "fail", f"the model's own loss is {float(output)} at init.", details)
         return CheckResult(name, "pass", f"forward returns a finite scalar {float(output):.4g} (the model computes its "
                            "own loss); the per-row checks do not apply.", details)
+    batch_problem = ""
     if run.subject.output_batch_axis is None:
         details["batch_axis"] = "none (configured)"
     elif not shape or shape[0] != batch_size:
         where = [dim for dim, size in enumerate(shape) if size == batch_size]
         hint = f" (the batch is on dim {where[0]}: sequence-first output?)" if where else ""
         problems.append(f"output shape {shape} does not start with the batch size {batch_size}{hint}")
+    batch_problem = problems[0] if problems else ""
     integer_ok = run.subject.task == "custom" and not output.is_floating_point() and not output.is_complex()
     if not output.is_floating_point() and not integer_ok:
         problems.append(f"output dtype is {output.dtype}, expected a floating dtype for a {run.subject.task} task")
@@ -689,9 +691,19 @@ def check_forward_contract(run: _Run) -> CheckResult:
         bad = int((~torch.isfinite(output)).sum())
         run.note_nonfinite(name, "output")
         problems.append(f"the output has {bad} non-finite values (NaN/Inf) out of {output.numel()} at init")
+    if problems == problems[:1] and batch_problem and run.subject.inputs_guessed:
+        # the model may take another layout (a feature vector where an image was guessed, time first): its output
+        # rows say which, not that the model is wrong
+        return _undecided(name, f"{batch_problem} on the runner's guessed input {_input_shapes(run)}, which the model "
+                          "does not declare: the model may expect another shape or layout (configure smoke.targets' "
+                          "input to decide).", {**details, "problems": problems})
     if problems:
         return CheckResult(name, "fail", problems[0] + ".", {**details, "problems": problems})
     return CheckResult(name, "pass", f"output {shape} {str(output.dtype).replace('torch.', '')}, all finite.", details)
+
+
+def _input_shapes(run: _Run) -> str:
+    return ", ".join(str(tuple(tensor.shape)) for _, tensor in _input_tensors(run.fixed_batch)) or "(none)"
 
 
 def _num_classes(run: _Run, output: torch.Tensor) -> tuple[Optional[int], str]:
@@ -772,7 +784,24 @@ def check_gradients(run: _Run) -> CheckResult:
             return CheckResult(name, "pass", f"every trainable parameter gets a finite, non-zero gradient; "
                                f"{_names(elsewhere)} only through the parts of the output the smoke loss does not "
                                "train on (the output is a tuple or mapping).", details)
+    varying = _gradient_with_other_seeds(run, missing + zero) if missing or zero else []
+    if varying:  # dropped at random by design (stochastic depth, drop-path): only a deterministic loss is a bug
+        details["gradient_varies_with_seed"] = varying
+        missing = [n for n in missing if n not in varying]
+        zero = [n for n in zero if n not in varying]
+        if not missing and not zero and not non_finite:
+            return _undecided(name, f"{_names(varying)} got no gradient on seed {run.seed} but did on another of "
+                              f"{GRADIENT_SEEDS} seeds with the same parameters and batch: the forward drops that path "
+                              "at random (stochastic depth, drop-path), so the gaps are not a bug.", details)
     if missing:
+        branches = _untaken_branches(run, missing)
+        if branches and set(branches) == set(missing):
+            details["untaken_branches"] = branches
+            uncalled = _names(sorted(set(branches.values())))
+            return CheckResult(name, "warn", f"{_names(missing)} {'gets' if len(missing) == 1 else 'get'} no gradient "
+                               f"because the forward did not call {uncalled} on this input, "
+                               "although the code uses it on a path this input does not take: not a training bug, but "
+                               "DistributedDataParallel needs find_unused_parameters=True for such a model.", details)
         verb = "gets" if len(missing) == 1 else "get"
         return CheckResult(name, "fail", f"{_names(missing)} {verb} no gradient: detached from the loss or unused "
                            "in forward.", details)
@@ -810,6 +839,134 @@ def check_gradients(run: _Run) -> CheckResult:
                            details)
     return CheckResult(name, "pass", f"all {details['trainable']} trainable parameters get a finite, non-zero "
                        "gradient.", details)
+
+
+GRADIENT_SEEDS = 8  # seeds a gradient gap must persist over before it is a bug and not a random drop
+
+
+def _gradient_with_other_seeds(run: _Run, names: list[str]) -> list[str]:
+    """Those of ``names`` that get a finite, non-zero gradient from the same parameters and batch under another of
+    ``GRADIENT_SEEDS`` seeds: their gap depends on the random draws of the forward, not on the code."""
+    if not _forward_draws_random(run):
+        return []
+    remaining, found = set(names), []
+    import random
+
+    numpy = sys.modules.get("numpy")
+    saved = random.getstate(), numpy.random.get_state() if numpy is not None else None
+    for offset in range(1, GRADIENT_SEEDS):
+        model = run.model().train()
+        torch.manual_seed(run.seed + offset)
+        random.seed(run.seed + offset)  # the other generators a forward may draw from, seeded too: reproducible
+        if numpy is not None:
+            numpy.random.seed(run.seed + offset)
+        loss = _loss(run, _forward(model, run.batch()), run.batch())
+        if loss.requires_grad:
+            loss.backward()
+            parameters = dict(_trainable(model))
+            got = {n for n in remaining if parameters[n].grad is not None and bool(parameters[n].grad.any())
+                   and _is_finite(parameters[n].grad)}
+            found += sorted(got)
+            remaining -= got
+        model.zero_grad(set_to_none=True)
+        if not remaining:
+            break
+    random.setstate(saved[0])
+    if numpy is not None:
+        numpy.random.set_state(saved[1])
+    run.model()
+    return [n for n in names if n in found]
+
+
+def _random_states(device: str) -> list:
+    import random
+
+    states = [torch.get_rng_state(), random.getstate()]
+    numpy = sys.modules.get("numpy")  # only when something imported it: a forward drawing from it did
+    if numpy is not None:
+        _, keys, position, *_ = numpy.random.get_state()
+        states.append((keys.tobytes(), position))
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        states.append(torch.cuda.get_rng_state(torch.device(device)))
+    return states
+
+
+def _forward_draws_random(run: _Run) -> bool:
+    """Whether a training-mode forward draws from torch's, Python's or numpy's random generators (dropout, a random
+    drop of a block): only then can what gets a gradient vary with the seed."""
+    model = run.model().train()
+    before = _random_states(run.subject.device)
+    with torch.no_grad():
+        _forward(model, run.batch())
+    after = _random_states(run.subject.device)
+    run.model()
+    return any(not torch.equal(a, b) if isinstance(a, torch.Tensor) else a != b for a, b in zip(before, after))
+
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+def _untaken_branches(run: _Run, names: list[str]) -> dict[str, str]:
+    """For each parameter of ``names`` that lies under a module the forward never called, whose caller's code does
+    name it outside ``__init__`` (a branch for another input size or configuration, not taken on this input): the
+    parameter and ``Class.attribute``. A submodule or parameter no method but ``__init__`` mentions is a dead
+    registration (its parameters can never train) and is left out, as is a parameter under a called module."""
+    model = run.model().train()
+    called: set[int] = set()
+    hooks = [module.register_forward_pre_hook(lambda module, args: called.add(id(module)))
+             for module in model.modules()]
+    try:
+        with torch.no_grad():
+            _forward(model, run.batch())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    branches = {}
+    for param_name in names:
+        parts = param_name.split(".")
+        owner, chain = model, [model]
+        for part in parts[:-1]:
+            owner = getattr(owner, part, None)
+            if not isinstance(owner, nn.Module):
+                break
+            chain.append(owner)
+        else:
+            # the outermost module on the path that was not called, below one that was (containers are never called)
+            for depth in range(1, len(chain)):
+                if id(chain[depth]) not in called and not isinstance(chain[depth], _CONTAINERS):
+                    caller_depth = depth - 1
+                    while caller_depth > 0 and isinstance(chain[caller_depth], _CONTAINERS):
+                        caller_depth -= 1
+                    caller, attribute = chain[caller_depth], parts[caller_depth]
+                    if attribute in _attributes_used_outside_init(type(caller)):
+                        branches[param_name] = f"{type(caller).__name__}.{attribute}"
+                    break
+    return branches
+
+
+def _attributes_used_outside_init(cls: type) -> set[str]:
+    """The ``self.<name>`` attributes (and string constants, for ``getattr(self, "name")``) that the methods of
+    ``cls`` and its bases other than ``__init__`` mention; torch's own classes excluded."""
+    import ast
+    import inspect
+    import textwrap
+
+    used: set[str] = set()
+    for klass in cls.__mro__:
+        if klass in (nn.Module, object) or (klass.__module__ or "").startswith("torch."):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.name != "__init__":
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                        used.add(node.attr)
+                    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                        used.add(node.value)
+    return used
 
 
 def _reached_only_through_other_outputs(run: _Run, names: list[str]) -> list[str]:
@@ -948,6 +1105,49 @@ def _bounded_logits_floor(model: nn.Module, run: _Run) -> Optional[tuple[float, 
     return 1.0, math.log(1 + (classes - 1) * math.exp(-2.0))
 
 
+# autograd nodes that only move, mix or rescale values element by element (no learned projection): an output
+# reached through these alone from embedding lookups and raw parameters is a representation, not a prediction
+_PASS_THROUGH_NODES = {"Add", "Sub", "Mul", "Div", "Neg", "NativeDropout", "View", "ReshapeAlias", "UnsafeView",
+                       "Permute", "Transpose", "T", "Expand", "Clone", "Slice", "Select", "Index", "Squeeze",
+                       "Unsqueeze", "Cat", "Stack", "NativeLayerNorm", "ToCopy", "Alias", "AsStrided", "Repeat",
+                       "Split", "SplitWithSizes", "Unbind", "MaskedFill"}
+_LOOKUP_NODES = {"Embedding": "embedding lookups", "EmbeddingBag": "embedding lookups",
+                 "AccumulateGrad": "parameters"}
+_GRAPH_NODE_LIMIT = 5000
+
+
+def _output_only_looked_up(run: _Run) -> str:
+    """What the model's output is made of when it comes from embedding lookups (and parameters, constants) through
+    sums, scalings, normalizations and reshapes alone, with no learned projection (matmul, convolution, ...) on any
+    path: "embedding lookups and parameters"; "" otherwise (or when the graph is too large to walk)."""
+    if not any(isinstance(module, (nn.Embedding, nn.EmbeddingBag)) for module in run.subject.model.modules()):
+        return ""  # no lookup table, so the one forward this takes is spared (F.embedding on a bare tensor is missed)
+    model = run.model().train()
+    try:
+        output = _primary_output(_forward(model, run.batch()))
+        if output is None or output.grad_fn is None:
+            return ""
+        seen, stack, sources = set(), [output.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if len(seen) > _GRAPH_NODE_LIMIT:
+                return ""
+            kind = re.sub(r"Backward\d*$", "", type(node).__name__)
+            if kind in _LOOKUP_NODES:
+                sources.add(_LOOKUP_NODES[kind])
+                continue
+            if kind not in _PASS_THROUGH_NODES:
+                return ""
+            stack.extend(next_node for next_node, _ in node.next_functions)
+        return " and ".join(sorted(sources)) if "embedding lookups" in sources else ""
+    finally:
+        model.zero_grad(set_to_none=True)
+        run.model()
+
+
 def check_overfit_batch(run: _Run) -> CheckResult:
     """Adam on one fixed batch, at lr 1e-3, then 3e-3, then 1e-2 (each only when the one before falls short):
     pass when the loss halves within ``steps`` steps, or falls by a quarter (it learns, slower); warn from a
@@ -959,6 +1159,13 @@ def check_overfit_batch(run: _Run) -> CheckResult:
     name = "overfit-batch"
     if not _trainable(run.subject.model):
         return CheckResult(name, "skip", "the model has no trainable parameters.")
+    if run.subject.objective_guessed:
+        looked_up = _output_only_looked_up(run)
+        if looked_up:
+            return _undecided(name, f"the output is made of {looked_up} with no learned projection after them (an "
+                              "embedding layer or a representation, not a prediction), and the loss is the runner's "
+                              "guess, so whether it can fall in a few steps says nothing (configure smoke.targets' "
+                              "task and loss to decide).", {"output_from": looked_up})
     reachable = _reachable_regression_batch(run)
     floor, floor_note = 0.0, ""
     if reachable is not None:
@@ -1351,6 +1558,15 @@ def check_eval_determinism(run: _Run) -> CheckResult:
 
         size_difference_64 = _in_float64(model, batch, rows_alone_difference)
         details["float64_batch_size_difference"] = size_difference_64
+    sequence_first = _sequence_first_layers(model) if run.subject.inputs_guessed else []
+    if size_difference > tolerance and (size_difference_64 is None or size_difference_64 > FLOAT64_MATCH_TOLERANCE) \
+            and sequence_first:
+        return _undecided(name, f"the first {rows} rows of a batch of {batch_size} give different outputs than the "
+                          f"same {rows} rows alone (relative {size_difference:.2g}), but {sequence_first[0]} is "
+                          "sequence-first "
+                          "(batch_first=False) and the input is the runner's batch-first guess, so its dim 0 may be "
+                          "time, which such a layer mixes by design (configure smoke.targets' input to decide).",
+                          details)
     if size_difference > tolerance and (size_difference_64 is None or size_difference_64 > FLOAT64_MATCH_TOLERANCE):
         return CheckResult(name, "fail", f"the first {rows} rows of a batch of {batch_size} give different outputs "
                            f"than the same {rows} rows alone (relative {size_difference:.2g}): outputs depend on "

@@ -36,6 +36,9 @@ class Subject:
     output_batch_axis: Optional[int] = 0  # None: the output has no batch axis
     output_select: Optional[Callable[[Any], Any]] = None
     inputs_batch_first: bool = True
+    # the loss and its target are the runner's choice for the output it saw (no smoke task or loss configured): a
+    # check that needs the objective to be learnable cannot judge a model whose output is not made to be trained on
+    objective_guessed: bool = False
     # the inputs are the runner's guess (not configured, not the model's example_input_array): the model's code
     # raising on them says more about the guess than about the model, so it is undecided, never a FAIL
     inputs_guessed: bool = False
