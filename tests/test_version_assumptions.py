@@ -86,3 +86,38 @@ def test_a_removed_module_names_the_pin_of_its_own_package(tmp_path):
     code = "import torch\nfrom torchvision.transforms.functional_tensor import rgb_to_grayscale\n"
     findings = _findings(tmp_path, code, "TR820", {"requirements.txt": "torch>=2.0\ntorchvision>=0.17\n"})
     assert findings and all(f.message.endswith("(torchvision>=0.17 per requirements.txt)") for f in findings)
+
+
+PYPROJECT = """
+[project]
+name = "demo"
+dependencies = ["numpy>=1.20", "torch>=2.4"]
+
+[project.optional-dependencies]
+vision = ["torchvision>=0.19"]
+
+[tool.hatch.envs.ci.scripts]
+# how one CI job installs, not what the project supports
+gpu = ["pip install torch==2.0.1+cu118 --index-url https://download.pytorch.org/whl/cu118"]
+"""
+
+
+def test_pyproject_pins_are_its_declared_requirements_not_every_line_naming_a_package(tmp_path):
+    from analyzers.program.versions import _pyproject_requirements
+
+    assert _pyproject_requirements(PYPROJECT).splitlines() == ["numpy>=1.20", "torch>=2.4", "torchvision>=0.19"]
+    # the CI script's torch==2.0.1 would cap torch below 2.4 and silence the deprecation: it is not read
+    code = "import torch\nscaler = torch.cuda.amp.GradScaler()\n"
+    [finding] = _findings(tmp_path, code, "TR801", {"pyproject.toml": PYPROJECT})
+    assert finding.message.endswith("(torch>=2.4 per pyproject.toml)") and finding.fix is not None
+    # an unreadable pyproject.toml pins nothing
+    assert _pyproject_requirements("[project\ndependencies = [") == ""
+
+
+def test_poetry_versions_read_as_pins():
+    from analyzers.program.versions import _pyproject_requirements
+
+    poetry = ('[tool.poetry.dependencies]\npython = "^3.10"\ntorch = "^2.1"\nnumpy = {version = "1.26.4"}\n'
+              '[tool.poetry.group.dev.dependencies]\nscipy = ">=1.10,<2"\n')
+    assert _pyproject_requirements(poetry).splitlines() == ["python >=3.10", "torch >=2.1", "numpy ==1.26.4",
+                                                            "scipy >=1.10,<2"]

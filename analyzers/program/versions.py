@@ -128,6 +128,56 @@ def _mentions(text: str) -> dict[str, list[tuple[Optional[tuple[Version, bool]],
     return found
 
 
+def _pyproject_requirements(text: str) -> str:
+    """The requirement strings of a ``pyproject.toml``, one a line: the project's dependencies (optional ones and
+    dependency groups included), Poetry's, and the build requirements. Nothing else in the file is a pin: a
+    tool's script that runs ``pip install torch==2.0.1`` says how one CI job installs, not what the project
+    supports. An unreadable file pins nothing."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, UnicodeError):
+        return ""
+    found: list[str] = []
+
+    def strings(value) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, list):
+            for item in value:
+                strings(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                strings(item)
+
+    project = data.get("project") if isinstance(data.get("project"), dict) else {}
+    strings(project.get("dependencies", []))
+    strings(project.get("optional-dependencies", {}))
+    strings(data.get("dependency-groups", {}))
+    strings((data.get("build-system") or {}).get("requires", []) if isinstance(data.get("build-system"), dict) else [])
+    poetry = ((data.get("tool") or {}).get("poetry") or {}) if isinstance(data.get("tool"), dict) else {}
+    groups = [poetry.get("dependencies"), poetry.get("dev-dependencies"),
+              *((group or {}).get("dependencies") for group in (poetry.get("group") or {}).values()
+                if isinstance(group, dict))]
+    for table in groups:
+        if not isinstance(table, dict):
+            continue
+        for name, spec in table.items():
+            version = spec.get("version") if isinstance(spec, dict) else spec
+            if isinstance(version, str):
+                # Poetry's ^2.1 and ~2.1 allow that release and newer patches or minors (a floor); a bare
+                # 2.1.0 is that release exactly
+                if version[:1] in ("^", "~") and version[1:2] != "=":
+                    version = ">=" + version[1:]
+                elif version[:1].isdigit():
+                    version = "==" + version
+                found.append(f"{name} {version}")
+    return "\n".join(found)
+
+
 _LEGACY_FOLDERS = {"legacy", "deprecated"}
 _FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str, Optional[Floor]]]]] = {}
 
@@ -182,6 +232,8 @@ def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str, Optional[F
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+        if path.name == "pyproject.toml":
+            text = _pyproject_requirements(text)
         for name, mentions in _mentions(text).items():
             bounded = [c for c, _ in mentions if c is not None]
             cap = min(bounded) if bounded else None
