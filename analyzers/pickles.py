@@ -90,6 +90,9 @@ _INERT_BUILTINS = frozenset({
 MAX_SAFETENSORS_HEADER = 100_000_000  # the limit the safetensors library itself enforces
 _SKIP_ARGUMENT_BYTES = 1 << 16  # longer string/bytes arguments (inline tensor data) are skipped unread
 _LEGACY_TORCH_PICKLES = 5  # magic number, protocol, sys info, the object, storage keys; then raw bytes
+# torch's legacy format opens with a pickle of its magic number 0x1950a86a20f9469cfc6c (LONG1, 10 bytes), whatever
+# the file is called: a torch.save to model.pkl is a legacy torch file too, with raw storage bytes after 5 pickles
+_LEGACY_TORCH_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 _ZIP_MAGIC = b"PK\x03\x04"
 _LFS_POINTER = b"version https://git-lfs"  # the checkpoint lives in LFS storage, not in this file
 _NPY_MAGIC = b"\x93NUMPY"
@@ -163,6 +166,8 @@ def scan_file(path: Path, display: Optional[str] = None) -> ScanReport:
     with path.open("rb") as stream:
         head = stream.read(len(_LFS_POINTER))
         stream.seek(0)
+        if not head:
+            return ScanReport(display, "empty")  # nothing to load, nothing to run
         if head == _LFS_POINTER:
             return ScanReport(display, "lfs-pointer")
         if head.startswith(_ZIP_MAGIC):
@@ -177,7 +182,8 @@ def scan_file(path: Path, display: Optional[str] = None) -> ScanReport:
     opener = _decompressor(head) if display.lower().endswith((".joblib", ".pkl", ".pickle")) else None
     if opener is not None:  # joblib.dump(..., compress=...): the pickle stream is compressed whole
         report.kind = "compressed pickle"
-    legacy_torch = display.endswith((".pt", ".pth", ".ckpt", ".bin"))
+    legacy_torch = display.endswith((".pt", ".pth", ".ckpt", ".bin")) or (
+        head[:1] == b"\x80" and head[2:2 + len(_LEGACY_TORCH_MAGIC)] == _LEGACY_TORCH_MAGIC)
     limit = _LEGACY_TORCH_PICKLES if legacy_torch else None
     with _opened(path, opener) as stream:
         arrays = _scan_pickles(stream, report, "pickle", limit, joblib_arrays=not legacy_torch)

@@ -402,3 +402,22 @@ def test_the_allowlist_covers_what_torch_weights_only_accepts():
     refused = [key for key in _get_allowed_globals()
                if verdict(ImportedGlobal(*key.rsplit(".", 1), where="", offset=0)) != "allowed"]
     assert refused == []
+
+
+def test_a_legacy_torch_file_is_known_by_its_magic_number_whatever_its_name(tmp_path):
+    """torch.save in the legacy format writes 5 pickles and then raw storage bytes; saved as ``model.pkl`` those
+    bytes were read as a sixth pickle and reported as a malformed file (TR622, high)."""
+    target = tmp_path / "model.pkl"
+    torch.save(torch.nn.Linear(64, 64), target, _use_new_zipfile_serialization=False)
+    assert not target.read_bytes().startswith(b"PK")
+    assert _rules(target) == {"TR621"}  # the module classes weights_only refuses, and nothing malformed
+    # a plain pickle of the same name is not cut after five pickles: what follows them is still read
+    shell = tmp_path / "shell.pkl"
+    shell.write_bytes(b"".join(pickle.dumps(i, protocol=2) for i in range(5)) + pickle.dumps(RunsShell(), protocol=2))
+    assert "posix.system" in _critical_callables(shell) or "os.system" in _critical_callables(shell)
+
+
+def test_an_empty_checkpoint_is_nothing_to_report(tmp_path):
+    empty = tmp_path / "model.ckpt"
+    empty.write_bytes(b"")
+    assert _findings(empty) == []
