@@ -1408,6 +1408,8 @@ class RemovedNumpyAlias(Rule):
         omega = np.arange(embed_dim // 2, dtype=float)
     """
     VALID = [
+        # a shim that restores the alias for a library that still reads it: an assignment, not a use
+        "import numpy as np\nimport torch\nnp.float = float\nnp.int = int\n",
         """
         import numpy as np
         import torch
@@ -1457,6 +1459,10 @@ class RemovedNumpyAlias(Rule):
         builtin = _NUMPY_ALIASES.get(ctx.qualified_name(node) or "")
         if builtin is None or ctx.binding(builtin) is not None or in_compat_fallback(ctx, node):
             return
+        parent = ctx.parent(node)
+        if isinstance(parent, cst.AssignTarget) or (isinstance(parent, (cst.AnnAssign, cst.AugAssign))
+                                                    and parent.target is node):
+            return  # ``np.float = float`` puts the alias back for code that still uses it: a shim, not a use
         if not ctx.facts(VersionFacts).admits("numpy", (1, 24)):
             return
         shown = short(ctx, node)
