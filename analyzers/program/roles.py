@@ -37,9 +37,43 @@ def _handler_types(handler: cst.ExceptHandler) -> set[str]:
 
 
 def in_compat_fallback(ctx: "FileContext", node: cst.CSTNode) -> bool:
-    """``node`` runs only when an import, a keyword or an attribute is missing (an older library)."""
+    """``node`` runs only when an import, a keyword or an attribute is missing (an older library): inside an
+    ``except ImportError/AttributeError/TypeError`` handler, or as the default a name gets before the code
+    replaces it where the newer API exists (``f = old; if hasattr(mod, "new"): f = mod.new``)."""
     return any(isinstance(a, cst.ExceptHandler) and _handler_types(a) & _COMPAT_EXCEPTIONS
-               for a in ctx.ancestors(node))
+               for a in ctx.ancestors(node)) or _default_replaced_when_available(ctx, node)
+
+
+def _default_replaced_when_available(ctx: "FileContext", node: cst.CSTNode) -> bool:
+    statement = ctx.statement_of(node)
+    if not isinstance(statement, cst.Assign) or len(statement.targets) != 1 or \
+            not isinstance(statement.targets[0].target, cst.Name):
+        return False
+    name = statement.targets[0].target.value
+    line = ctx.parent(statement)
+    block = ctx.parent(line) if line is not None else None
+    body = getattr(block, "body", None)
+    if not isinstance(body, (list, tuple)) or line not in body:
+        return False
+    for later in body[body.index(line) + 1:]:
+        if isinstance(later, cst.If) and _tests_availability(later.test) and _assigns(later.body, name):
+            return True
+    return False
+
+
+def _tests_availability(test: cst.BaseExpression) -> bool:
+    """``hasattr(torch.nn.utils, "x")``, or a comparison with a ``__version__``: the code asks what it runs on."""
+    for node in subtree(test):
+        if isinstance(node, cst.Call) and dotted_name(node.func) in ("hasattr", "getattr"):
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value == "__version__":
+            return True
+    return False
+
+
+def _assigns(block: cst.BaseSuite, name: str) -> bool:
+    return any(isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name) and node.target.value == name
+               for node in subtree(block))
 
 
 class Payload(enum.Enum):

@@ -591,6 +591,15 @@ class DeprecatedTorchApi(_TableRule):
         m = torch.outer(a, b)
     """
     VALID = [
+        # the old function is only the default, replaced where the new one exists
+        """
+        import torch.nn as nn
+        def apply_norm(layer):
+            weight_norm = nn.utils.weight_norm
+            if hasattr(nn.utils.parametrizations, "weight_norm"):
+                weight_norm = nn.utils.parametrizations.weight_norm
+            return weight_norm(layer)
+        """,
         # the old name only as the fallback of an import preferring the new one
         """
         import torch
