@@ -423,6 +423,25 @@ def verdict_comments(run: dict, claims: dict, diffs: dict) -> list[dict]:
     return comments
 
 
+def said_once(failures: list[dict], verdicts: list[dict]) -> list[dict]:
+    """The comments of one smoke review, each line said once: a static finding the run confirmed on the very
+    line a failure comment takes (a training step's missing zero_grad: the step's failure and TR101's
+    confirmation are the same observation) is a line of that comment, not a second comment; the comment
+    keeps the failure's fingerprint (its thread lives and is resolved with the failure)."""
+    by_place = {(c["path"], c["line"]): c for c in failures}
+    kept = []
+    for verdict in verdicts:
+        failure = by_place.get((verdict["path"], verdict["line"]))
+        confirmed = verdict["body"].startswith(f"{VERDICT_MARK} **smoke** · **{VERDICT_WORDS['confirmed']}**")
+        if failure is None or not confirmed:
+            kept.append(verdict)
+            continue
+        said = verdict["body"].rsplit("\n\n", 1)[0].split(" · ", 1)[1]
+        body, marker = failure["body"].rsplit("\n\n", 1)
+        failure["body"] = f"{body}\n\n{said}\n\n{marker}"
+    return failures + kept
+
+
 def _reason(target: dict) -> str:
     return _public(target["head"].get("reason", ""))
 
@@ -601,7 +620,8 @@ def _run_smoke_job(job: SmokeJob, clients, store) -> str:
         # Like the static review: a failure that already has a comment is not commented again, and the
         # threads of failures that are gone (fixed, or the model removed) are resolved per `cleanup`.
         existing = our_review_comments(pr, clients.bot_login(), parse=parse_smoke_fingerprint)
-        comments = [c for c in failing_target_comments(report, diffs, spans) + verdict_comments(report, claims, diffs)
+        comments = [c for c in said_once(failing_target_comments(report, diffs, spans),
+                                         verdict_comments(report, claims, diffs))
                     if parse_smoke_fingerprint(c["body"]) not in existing] if head == pr.head.sha else []
         if comments:
             budget.spend()

@@ -160,7 +160,9 @@ def test_a_changed_training_step_is_run_and_commented_on_its_line(stack, gpu_wor
     assert smoke.conclusion == "failure" and "train.py:train_one_epoch" in smoke.output_summary, smoke.output_summary
     assert "zero-grad" in smoke.output_summary
     comments = [c for c in state.review_comments_for(pr) if "**smoke**" in c.body]
+    # the step's failure and the static finding it confirms are one observation: one comment says both
     assert len(comments) == 1 and comments[0].path == "train.py"
+    assert "Confirmed by running" in comments[0].body and "TR101" in comments[0].body
     assert comments[0].line == 10  # optimizer.step(), the step whose gradients are never reset
 
 

@@ -32,20 +32,6 @@ def test_the_corpus_is_big_enough_and_mostly_new():
     assert len(holdout) >= 60 and not {row.repo for row in holdout} & tuned
 
 
-def test_no_row_names_a_repository_kept_apart():
-    # ../shared/realcode beside the checkout (or beside the folder of its git worktrees)
-    checkout = Path(__file__).resolve().parents[1]
-    candidates = [up / "shared" / "realcode" / "excluded.txt" for up in (checkout.parent, checkout.parent.parent)]
-    excluded = next((path for path in candidates if path.is_file()), None)
-    if excluded is None:
-        pytest.skip("the list of measurement repositories is not beside this checkout")
-    names = [line.split()[0] for line in excluded.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    owners = {name[:-2].lower() for name in names if name.endswith("/*")}
-    kept_apart = {name.lower() for name in names}
-    for row in read_targets():
-        assert row.repo.lower() not in kept_apart and row.repo.split("/")[0].lower() not in owners, row.repo
-
-
 def _write(tmp_path: Path, *lines: str) -> Path:
     path = tmp_path / "targets.tsv"
     path.write_text(HEADER + "".join(line + "\n" for line in lines))

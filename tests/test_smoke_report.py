@@ -117,3 +117,22 @@ def evaluate(model, x, y, logits):
 '''
     [only] = static_claims({"eval.py": source})["eval.py"]
     assert (only["rule"], only["line"], only["forward_of"]) == ("TR401", 18, "Net")
+
+
+def test_a_confirmation_on_a_failures_line_is_said_in_that_comment():
+    from bot.smoke import VERDICT_MARK, said_once
+
+    failure = {"path": "train.py", "line": 10, "side": "RIGHT",
+               "body": "🔥 **smoke** · `train.py:step` failed\n\n- **zero-grad**: ...\n\n<!-- torchreview:smoke=aaa -->"}
+    confirmed = {"path": "train.py", "line": 10, "side": "RIGHT",
+                 "body": f"{VERDICT_MARK} **smoke** · **Confirmed by running** (TR101 ...)\n\n<!-- torchreview:smoke=bbb -->"}
+    refuted = {"path": "train.py", "line": 10, "side": "RIGHT",
+               "body": f"{VERDICT_MARK} **smoke** · **Not reproduced by running** (TR104 ...)\n\n"
+                       "<!-- torchreview:smoke=ccc -->"}
+    elsewhere = dict(confirmed, line=20, body=confirmed["body"].replace("bbb", "ddd"))
+    comments = said_once([dict(failure)], [confirmed, refuted, elsewhere])
+    assert [c["line"] for c in comments] == [10, 10, 20]
+    merged = comments[0]["body"]
+    assert "zero-grad" in merged and "**Confirmed by running** (TR101" in merged
+    assert merged.endswith("<!-- torchreview:smoke=aaa -->") and "bbb" not in merged
+    assert comments[1] is refuted and comments[2] is elsewhere
