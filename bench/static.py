@@ -8,6 +8,7 @@ seconds, files/s and peak memory (max RSS of the measuring process tree) for eac
     python bench/static.py --sample 5      # every 5th file (TorchFix takes ~50 CPU-minutes on all)
     python bench/static.py --sample 10 --repeat 3 --skip torchfix   # best of 3 rounds: for a busy machine
     python bench/static.py --skip torchfix
+    python bench/static.py --rules default   # the default set of stable rules (what a plain check runs; default: all)
     python bench/static.py --only-cache    # the results cache: a cold run, then a warm re-run
 
 Each measurement runs in a fresh subprocess so memory and import costs do not leak between tools.
@@ -86,10 +87,9 @@ def worker_paired(filelist: str) -> None:
     sys.path.insert(0, str(ROOT))
     import libcst as cst
 
-    from analyzers.config import Config
     from analyzers.engine import analyze_file
 
-    config = Config()
+    config = _config()
     parse = analysis = 0.0
     for path in Path(filelist).read_text().splitlines():
         started = time.process_time()
@@ -107,11 +107,10 @@ def worker_paired(filelist: str) -> None:
 
 def worker_torchreview(filelist: str, jobs: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from analyzers.config import Config
     from analyzers.engine import analyze_files
 
     files = [(Path(p), p) for p in Path(filelist).read_text().splitlines()]
-    run = analyze_files(files, Config(), jobs=jobs)
+    run = analyze_files(files, _config(), jobs=jobs)
     internal = [e for e in run.errors if e.kind == "rule-error"]
     print(json.dumps({"findings": len(run.findings), "errors": len(run.errors), "rule_errors": len(internal),
                       "rule_error_samples": [e.to_dict() for e in internal[:5]]}))
@@ -120,11 +119,10 @@ def worker_torchreview(filelist: str, jobs: int) -> None:
 def worker_torchreview_cached(filelist: str, jobs: int, cache_dir: str) -> None:
     sys.path.insert(0, str(ROOT))
     from analyzers.cache import ResultCache
-    from analyzers.config import Config
     from analyzers.engine import analyze_files
 
     files = [(Path(p), p) for p in Path(filelist).read_text().splitlines()]
-    run = analyze_files(files, Config(), jobs=jobs, cache=ResultCache.in_directory(Path(cache_dir)))
+    run = analyze_files(files, _config(), jobs=jobs, cache=ResultCache.in_directory(Path(cache_dir)))
     print(json.dumps({"findings": len(run.findings), "errors": len(run.errors), "cached": run.cached,
                       "results": sorted(json.dumps(f.to_dict(), sort_keys=True) for f in run.findings)}))
 
@@ -158,9 +156,12 @@ def main() -> None:
     parser.add_argument("--filelist", help=argparse.SUPPRESS)
     parser.add_argument("--jobs", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--rules", choices=["all", "default"], default="all",
+                        help="every rule, preview ones included (default), or the default set of stable rules")
     parser.add_argument("--only-cache", action="store_true",
                         help="measure only the results cache: torchreview cold, then warm (one job and all jobs)")
     args = parser.parse_args()
+    os.environ[_RULES_VARIABLE] = args.rules if args.worker is None else os.environ.get(_RULES_VARIABLE, "all")
     if args.worker == "paired":
         return worker_paired(args.filelist)
     if args.worker == "parse":
@@ -210,11 +211,11 @@ def main() -> None:
         notes.append(f"parse: {out.strip()}")
     if "torchreview" in best:
         seconds, peak, out, cpu = best["torchreview"]
-        rows.append((f"torchreview ({_rule_count()} rules)", 1, seconds, peak, cpu))
+        rows.append((f"torchreview ({_rule_count()})", 1, seconds, peak, cpu))
         notes.append(f"torchreview -j1: {out.strip()}")
         if cores > 1:
             seconds, peak, out, cpu = measure([*me, "--worker", "torchreview", "--jobs", str(cores)])
-            rows.append((f"torchreview ({_rule_count()} rules)", cores, seconds, peak, cpu))
+            rows.append((f"torchreview ({_rule_count()})", cores, seconds, peak, cpu))
             notes.append(f"torchreview -j{cores}: {out.strip()}")
     if "torchfix" not in args.skip:
         exe = Path(sys.executable).with_name("torchfix")
@@ -242,11 +243,25 @@ def main() -> None:
         print(note)
 
 
-def _rule_count() -> int:
+_RULES_VARIABLE = "TORCHREVIEW_BENCH_RULES"  # the parent's --rules, for its measuring subprocesses
+
+
+def _config():
+    """Every rule (preview included), or the default set a plain ``torchreview check`` runs."""
     sys.path.insert(0, str(ROOT))
+    from analyzers.config import Config
+
+    return Config(preview=os.environ.get(_RULES_VARIABLE, "all") == "all")
+
+
+def _rule_count() -> str:
+    sys.path.insert(0, str(ROOT))
+    from analyzers import levels
     from analyzers.rules import all_rules
 
-    return len(all_rules())
+    if os.environ.get(_RULES_VARIABLE, "all") == "all":
+        return f"all {len(all_rules())} rules"
+    return f"{sum(1 for rule in all_rules() if not levels.is_preview(rule.id))} stable rules"
 
 
 if __name__ == "__main__":
