@@ -77,6 +77,11 @@ def _forward_node(model: nn.Module) -> Optional[ast.FunctionDef]:
     return next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
 
 
+def _is_minus_one(node: ast.AST) -> bool:
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+        and node.operand.value == 1
+
+
 def _call_name(func: ast.AST) -> str:
     if isinstance(func, ast.Attribute):
         return func.attr
@@ -90,6 +95,7 @@ class _Reader:
         self.model, self.depth = model, depth
         self.facts: dict[str, ParameterFacts] = {p: ParameterFacts() for p in parameters}
         self.env: dict[str, _Value] = {p: _Value(frozenset({p}), ((p, None),)) for p in parameters}
+        self.reading: set[str] = set()  # helper methods being read (no recursion)
 
     # -- statements, in order; both branches of an `if` and loop bodies are read as straight-line code
     def run(self, statements: list[ast.stmt]) -> None:
@@ -167,6 +173,11 @@ class _Reader:
         sources = frozenset().union(*(a.sources for a in arguments)) if arguments else frozenset()
         for keyword in node.keywords:
             sources |= self.value(keyword.value).sources
+        receiver = _UNKNOWN  # x.view(...), self.fc(h).view(...): what the method is called on
+        if isinstance(node.func, ast.Attribute) and not (isinstance(node.func.value, ast.Name)
+                                                         and node.func.value.id in ("self", "torch", "F", "nn")):
+            receiver = self.value(node.func.value)
+            sources |= receiver.sources
         first = arguments[0] if arguments else _UNKNOWN
         layer = self._layer(node.func)
         if layer is not None:
@@ -177,9 +188,46 @@ class _Reader:
             return self._matrix_product(node.args[0], arguments[0], arguments[1], node.args[1])
         if name == "pack_padded_sequence" and len(node.args) >= 2 and arguments[1].bare:
             self._note(arguments[1].bare, "lengths", True, "the lengths given to pack_padded_sequence")
-        if name in _WIDTH_PRESERVING and isinstance(node.func, (ast.Name, ast.Attribute)) and arguments:
-            return _Value(sources, first.parts, first.kind)
+        if name in _WIDTH_PRESERVING and isinstance(node.func, (ast.Name, ast.Attribute)):
+            if receiver.parts:  # h.relu(), h.contiguous()
+                return _Value(sources, receiver.parts, receiver.kind)
+            if arguments:
+                return _Value(sources, first.parts, first.kind)
+        if name in ("view", "reshape") and isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
+                and _is_minus_one(node.args[0]) and isinstance(node.args[1], ast.Constant):
+            # t.view(-1, k): any tensor of B * k values, as wide as k where a layer needs it
+            return _Value(sources, receiver.parts)
+        method = self._method(node.func)
+        if method is not None:
+            self._read_method(method, [self.value(a) for a in node.args])
         return _Value(sources)
+
+    def _method(self, func: ast.AST) -> Optional[ast.FunctionDef]:
+        """``self.score`` as a method of the model's class (not a submodule), parsed."""
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self") \
+                or func.attr in self.reading:
+            return None
+        function = inspect.getattr_static(type(self.model), func.attr, None)
+        if not inspect.isfunction(function):
+            return None
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            return None
+        return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+
+    def _read_method(self, method: ast.FunctionDef, arguments: list[_Value]) -> None:
+        """Read a helper method's body with its parameters bound to the caller's values: what it requires of
+        them is required of the forward parameters they come from."""
+        names = [a.arg for a in method.args.posonlyargs + method.args.args][1:]
+        saved = self.env
+        self.env = dict(zip(names, arguments))
+        self.reading.add(method.name)
+        try:
+            self.run(method.body)
+        finally:
+            self.env = saved
+            self.reading.discard(method.name)
 
     def _concatenation(self, values: list[_Value], sources: frozenset) -> _Value:
         bare = [v.bare for v in values]
