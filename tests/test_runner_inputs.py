@@ -157,3 +157,44 @@ def test_a_flattened_input_and_a_helper_method_are_read_too(tmp_path):
     scored = build_subject(root, "steps.py:Scored", device="cpu")
     assert isinstance(scored, Subject), scored
     assert _shapes(scored) == [(3, 6), (3, 4)]
+
+
+STACK = """\
+    from torch import nn
+
+    LAYOUTS = {"small": [8, "M", 16, "M"]}
+
+
+    class Stack(nn.Module):  # its layers are built outside and handed in
+        def __init__(self, features, num_class=10):
+            super().__init__()
+            self.features = features
+            self.head = nn.Linear(16 * 8 * 8, num_class)
+
+        def forward(self, x):
+            return self.head(self.features(x).flatten(1))
+
+
+    def stack_layers(layout):
+        layers, channels = [], 3
+        for item in layout:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2))
+            else:
+                layers += [nn.Conv2d(channels, item, 3, padding=1), nn.ReLU()]
+                channels = item
+        return nn.Sequential(*layers)
+    """
+
+
+def test_an_argument_the_forward_calls_is_never_a_guessed_size(tmp_path):
+    with_factory = write_tree(tmp_path / "a", {"stack.py": STACK + """\
+
+    def small_stack():
+        return Stack(stack_layers(LAYOUTS["small"]))
+    """})
+    subject = build_subject(with_factory, "stack.py:Stack", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert any("small_stack()" in note for note in subject.notes) and _shapes(subject) == [(3, 3, 32, 32)]
+    without = build_subject(write_tree(tmp_path / "b", {"stack.py": STACK}), "stack.py:Stack", device="cpu")
+    assert isinstance(without, Skip) and "cannot guess constructor argument 'features'" in without.reason
