@@ -136,6 +136,8 @@ class _Reader:
             return self.env.get(node.id, _UNKNOWN)
         if isinstance(node, ast.Call):
             return self._call(node)
+        if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+            return self._over_modules(node)
         if isinstance(node, ast.BinOp):
             left, right = self.value(node.left), self.value(node.right)
             if isinstance(node.op, ast.MatMult):
@@ -147,6 +149,26 @@ class _Reader:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
                 sources |= self.value(child).sources
+        return _Value(frozenset(sources))
+
+    def _over_modules(self, node: ast.AST) -> _Value:
+        """``[head(x, adj) for head in self.heads]``: each head is read like ``self.heads[0](x, adj)``."""
+        sources: set = set()
+        for generator in node.generators:
+            sources |= self.value(generator.iter).sources
+        element = node.elt
+        if len(node.generators) == 1 and isinstance(node.generators[0].target, ast.Name) \
+                and isinstance(element, ast.Call) and isinstance(element.func, ast.Name) \
+                and element.func.id == node.generators[0].target.id:
+            iterated = node.generators[0].iter
+            modules = getattr(self.model, iterated.attr, None) if isinstance(iterated, ast.Attribute) \
+                and isinstance(iterated.value, ast.Name) and iterated.value.id == "self" else None
+            first = next(iter(modules), None) if isinstance(modules, (nn.ModuleList, nn.Sequential, list, tuple)) else None
+            if isinstance(first, nn.Module):
+                arguments = [self.value(a) for a in element.args]
+                sources |= frozenset().union(*(a.sources for a in arguments)) if arguments else frozenset()
+                return self._through_layer(first, element, arguments[0] if arguments else _UNKNOWN,
+                                           frozenset(sources))
         return _Value(frozenset(sources))
 
     def _matrix_product(self, left_node: ast.AST, left: _Value, right: _Value, right_node: ast.AST) -> _Value:
@@ -261,12 +283,13 @@ class _Reader:
         if type(layer).forward is not nn.Module.forward and not any(True for _ in layer.parameters(recurse=False)) \
                 and not list(layer.children()):
             return _Value(sources, first.parts, first.kind)  # an activation or dropout module
-        if self.depth < 1 and first.bare and node.args:  # the model's own submodule: read its forward too
+        if self.depth < 1 and node.args:  # the model's own submodule: read its forward too
             inner = read_forward(layer, self.depth + 1)
-            names = list(inner)
-            if names and inner[names[0]].known():
-                facts = inner[names[0]]
-                mine = self.facts[first.bare]
+            for argument, facts in zip(node.args, inner.values()):
+                parameter = self.value(argument).bare if isinstance(argument, ast.Name) else None
+                if parameter is None or not facts.known():
+                    continue
+                mine = self.facts[parameter]
                 for key in ("width", "layer", "vocabulary", "adjacency", "lengths"):
                     if getattr(facts, key) and not getattr(mine, key):
                         setattr(mine, key, getattr(facts, key))

@@ -198,3 +198,36 @@ def test_an_argument_the_forward_calls_is_never_a_guessed_size(tmp_path):
     assert any("small_stack()" in note for note in subject.notes) and _shapes(subject) == [(3, 3, 32, 32)]
     without = build_subject(write_tree(tmp_path / "b", {"stack.py": STACK}), "stack.py:Stack", device="cpu")
     assert isinstance(without, Skip) and "cannot guess constructor argument 'features'" in without.reason
+
+
+HEADS = """\
+    import torch
+    from torch import nn
+
+
+    class Head(nn.Module):
+        def __init__(self, n_in, n_out):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(n_in, n_out) * 0.1)
+
+        def forward(self, nodes, links):
+            return torch.relu(torch.mm(links, nodes @ self.weight))
+
+
+    class MultiHead(nn.Module):  # heads kept in a plain list, each registered, called in a comprehension
+        def __init__(self, n_in=10, n_out=4, heads=2):
+            super().__init__()
+            self.heads = [Head(n_in, n_out) for _ in range(heads)]
+            for i, head in enumerate(self.heads):
+                self.add_module(f"head_{i}", head)
+
+        def forward(self, feats, links):
+            return torch.cat([head(feats, links) for head in self.heads], dim=1)
+    """
+
+
+def test_heads_called_in_a_comprehension_are_read_like_the_first_head(tmp_path):
+    subject = build_subject(write_tree(tmp_path, {"heads.py": HEADS}), "heads.py:MultiHead", device="cpu")
+    assert isinstance(subject, Subject), subject
+    features, links = subject.make_batch(5, 0).args
+    assert features.shape == (5, 10) and links.shape == (5, 5)
