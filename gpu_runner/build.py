@@ -1761,7 +1761,10 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
     assignments for parameters concatenated into one layer with neither width known (each split of that
     layer's width, splits into two of the constructor's own sizes first). None when the body says nothing that
     the names and entry layers do not: a single input that only reaches a layer."""
-    facts = forward_body.read_forward(model)
+    try:
+        facts = forward_body.read_forward(model)
+    except Exception:  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
+        return None
     if not facts:
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
