@@ -1030,7 +1030,7 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             notes.append(f"constructor: {parameter.name}={annotation.__name__}(...) {how}")
             continue
         found, value = guess_argument(parameter.name, annotation)
-        if found and usage is not None and usage.called and not callable(value):
+        if found and usage is not None and usage.stored_and_called and not callable(value):
             found = False  # stored and called as a module (`self.features(x)`): a size from its name cannot be
         if found and _IMAGE_NAMES.fullmatch(parameter.name) and isinstance(value, int):
             value = _image_side_for_patches(value, {**defaults, **arguments})

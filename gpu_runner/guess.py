@@ -27,6 +27,7 @@ class Usage:
 
     attributes: list[str] = field(default_factory=list)  # arg.X read (in order)
     called: bool = False  # arg(...)
+    stored_and_called: bool = False  # self.X = arg, and a method calls self.X(...): a module instance
     length: Optional[int] = None  # assert len(arg) == N, or a, b = arg
     max_index: Optional[int] = None  # arg[i]
     is_tuple: bool = False  # isinstance(arg, tuple)
@@ -79,7 +80,7 @@ def argument_usage(function: Callable, module: Optional[types.ModuleType], owner
     _collect_usage(node, names, usage, module)
     if owner is not None:
         for name in _stored_and_called(node, _class_functions(owner)) & names:
-            usage[name].called = True
+            usage[name].stored_and_called = True
     return usage
 
 

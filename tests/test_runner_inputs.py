@@ -196,7 +196,17 @@ def test_an_argument_the_forward_calls_is_never_a_guessed_size(tmp_path):
     subject = build_subject(with_factory, "stack.py:Stack", device="cpu")
     assert isinstance(subject, Subject), subject
     assert any("small_stack()" in note for note in subject.notes) and _shapes(subject) == [(3, 3, 32, 32)]
-    without = build_subject(write_tree(tmp_path / "b", {"stack.py": STACK}), "stack.py:Stack", device="cpu")
+    other_class = STACK + """\
+
+    class Other(nn.Module):  # a module class of the file: not what `features` is (an instance, built outside)
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.layer(x)
+    """
+    without = build_subject(write_tree(tmp_path / "b", {"stack.py": other_class}), "stack.py:Stack", device="cpu")
     assert isinstance(without, Skip) and "cannot guess constructor argument 'features'" in without.reason
 
 
