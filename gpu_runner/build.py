@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_runner import absent, sites
+from gpu_runner import absent, forward_body, sites
+from gpu_runner.forward_body import describe_layer
 from gpu_runner.subject import Batch, Subject
 from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
 
@@ -155,7 +156,8 @@ def _halved_plan(plan: InputPlan) -> Optional[tuple[InputPlan, str]]:
     that size on such an axis (a mask [L, L] too); None at the floor, for graphs and for inputs of neither kind."""
     specs = [spec for spec in plan.all_specs() if not spec.is_target]
     first = next((spec for spec in specs if spec.fill is None), None)
-    if first is None or plan.is_graph() or any(isinstance(spec, TupleSpec) for spec in plan.args):
+    if first is None or plan.is_graph() or any(isinstance(spec, TupleSpec) for spec in plan.args) \
+            or any(spec.lengths for spec in specs):  # lengths are tied to the sequence length
         return None
     if first.dtype not in ("long", "int", "int64", "int32") and len(first.shape) >= 3:
         sizes, floor, what = set(first.shape[-2:]), IMAGE_SIDE_FLOOR, "resolution"
@@ -1028,6 +1030,8 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             notes.append(f"constructor: {parameter.name}={annotation.__name__}(...) {how}")
             continue
         found, value = guess_argument(parameter.name, annotation)
+        if found and usage is not None and usage.stored_and_called and not callable(value):
+            found = False  # stored and called as a module (`self.features(x)`): a size from its name cannot be
         if found and _IMAGE_NAMES.fullmatch(parameter.name) and isinstance(value, int):
             value = _image_side_for_patches(value, {**defaults, **arguments})
         length = guess.sequence_length(usage) if usage is not None else None
@@ -1080,10 +1084,13 @@ class TensorSpec:
     batch_axis: int = 0  # 1 for sequence-first RNN / Transformer inputs
     is_target: bool = False  # fed to a forward(x, targets) parameter, not an input of the model
     adjacency: bool = False  # [B, B]: the rows of the batch are the nodes of one graph
+    lengths: bool = False  # [B] sequence lengths for pack_padded_sequence: sorted, longest first, on the CPU
 
     def batched_shape(self, batch_size: int) -> list[int]:
         if self.adjacency:
             return [batch_size, batch_size]
+        if self.lengths:
+            return [batch_size]
         shape = list(self.shape)
         shape.insert(self.batch_axis, batch_size)
         return shape
@@ -1095,6 +1102,10 @@ class TensorSpec:
             edges = torch.rand(shape, generator=generator) < 0.3
             edges = edges | edges.T | torch.eye(shape[0], dtype=torch.bool)
             tensor = (edges.float() / edges.sum(dim=1, keepdim=True)).to(dtype)
+        elif self.lengths:  # pack_padded_sequence takes lengths on the CPU, longest first by default
+            lengths = torch.randint(1, SEQUENCE_LENGTH + 1, shape, generator=generator)
+            lengths[0] = SEQUENCE_LENGTH
+            return lengths.sort(descending=True).values
         elif self.fill is not None:
             tensor = torch.full(shape, self.fill, dtype=dtype)
         elif dtype.is_floating_point:
@@ -1108,6 +1119,8 @@ class TensorSpec:
     def describe(self) -> str:
         if self.adjacency:
             return "float [B, B] adjacency (the batch rows are one graph's nodes)"
+        if self.lengths:
+            return f"long [B] sequence lengths in [1, {SEQUENCE_LENGTH}], longest first, on the CPU"
         dims = [str(d) for d in self.shape]
         dims.insert(self.batch_axis, "B")
         text = f"{self.dtype} [{', '.join(dims)}]"
@@ -1128,6 +1141,7 @@ class TupleSpec:
     fill: Optional[float] = None
     is_target: bool = False
     adjacency: bool = False
+    lengths: bool = False
 
     def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str) -> tuple:
         return tuple(item.make(batch_size, generator, float_dtype, device) for item in self.items)
@@ -1297,18 +1311,6 @@ def _entry_layers(model: nn.Module) -> list[nn.Module]:
             if name == "":
                 break
     return found
-
-
-def describe_layer(layer: nn.Module) -> str:
-    if isinstance(layer, nn.Linear):
-        return f"Linear({layer.in_features}→{layer.out_features})"
-    if isinstance(layer, nn.modules.conv._ConvNd):
-        return f"{type(layer).__name__}({layer.in_channels}→{layer.out_channels})"
-    if isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
-        return f"{type(layer).__name__}({layer.num_embeddings}, {layer.embedding_dim})"
-    if isinstance(layer, nn.RNNBase):
-        return f"{type(layer).__name__}(input_size={layer.input_size}, batch_first={layer.batch_first})"
-    return type(layer).__name__
 
 
 def _sequence_layer_width(layer: nn.Module) -> tuple[int, bool]:
@@ -1728,6 +1730,12 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                     yield InputPlan(args, kwargs, source + ", without the optional masks")
 
     heuristic = [heuristic_options(i, p) for i, p in enumerate(tensors)]
+    read = _options_from_forward_body(model, tensors, hints)
+    if read is not None:  # what the body requires, before what the names suggest
+        body_options, joint = read
+        for assignment in joint:
+            yield from plans([[choice] for choice in assignment])
+        yield from plans([_unique(b + h) for b, h in zip(body_options, heuristic)])
     if all(heuristic):
         yield from plans(heuristic)
     traced = _specs_from_fx(model)  # only reached when the heuristics failed: tracing costs time
@@ -1735,6 +1743,92 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     common = [(spec, "by a search over common shapes") for spec in _common_shapes(min(sizes + [100]))]
     yield from plans([_unique(options + [(spec, "from a torch.fx trace") for spec in traced.get(p.name, [])] + common)
                       for options, p in zip(heuristic, tensors)])
+
+
+def _specs_for_width(width: int, layer: Optional[nn.Module]) -> list[TensorSpec]:
+    """Inputs ``width`` wide on the axis ``layer`` reads: features of a Linear, channels of a convolution, the
+    input size of an RNN (time-first unless the RNN is batch-first)."""
+    if isinstance(layer, nn.modules.conv._ConvNd):
+        return [TensorSpec((width,) + spec.shape[1:]) for spec in specs_for_layer(layer)]
+    if isinstance(layer, nn.RNNBase):
+        return [TensorSpec((SEQUENCE_LENGTH, width), batch_axis=0 if layer.batch_first else 1)]
+    return [TensorSpec((width,)), TensorSpec((SEQUENCE_LENGTH, width))]
+
+
+def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict
+                               ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]]]]:
+    """Per tensor parameter, the inputs its use in ``forward`` requires (``forward_body``), and whole
+    assignments for parameters concatenated into one layer with neither width known (each split of that
+    layer's width, splits into two of the constructor's own sizes first). None when the body says nothing that
+    the names and entry layers do not: a single input that only reaches a layer."""
+    try:
+        facts = forward_body.read_forward(model)
+    except Exception:  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
+        return None
+    if not facts:
+        return None
+    per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
+    special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of for f in per_parameter)
+    if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
+        return None
+    options: list[list[tuple[TensorSpec, str]]] = []
+    for facts_of in per_parameter:
+        why = "from the forward body (" + "; ".join(facts_of.why) + ")" if facts_of.why else ""
+        if facts_of.adjacency:
+            options.append([(TensorSpec((), adjacency=True), why)])
+        elif facts_of.lengths:
+            options.append([(TensorSpec((), "long", lengths=True), why)])
+        elif facts_of.vocabulary:
+            options.append([(TensorSpec((SEQUENCE_LENGTH,), "long", 0, facts_of.vocabulary), why)])
+        elif facts_of.width:
+            options.append([(spec, why) for spec in _specs_for_width(facts_of.width, facts_of.layer)])
+        else:
+            options.append([])
+    # a parameter concatenated with one whose input is known: the same leading axes, its own width unknown
+    names = [p.name for p in tensors]
+    for index, facts_of in enumerate(per_parameter):
+        if options[index] or not facts_of.partner or facts_of.partner not in names:
+            continue
+        partner_options = options[names.index(facts_of.partner)]
+        for spec, _ in partner_options[:1]:
+            if spec.dtype == "float" and spec.shape:
+                why = f"concatenated with '{facts_of.partner}' in the forward: its leading axes"
+                for width in _hint_sizes(hints, limit=None):
+                    options[index].append((dataclasses.replace(spec, shape=(width,) + spec.shape[1:]) if len(spec.shape) >= 3
+                                           else dataclasses.replace(spec, shape=spec.shape[:-1] + (width,)), why))
+    joint = []
+    done: set = set()
+    for index, facts_of in enumerate(per_parameter):
+        if not facts_of.split_of or facts_of.split_of[0] not in names or index in done:
+            continue
+        other, total = names.index(facts_of.split_of[0]), facts_of.split_of[1]
+        done |= {index, other}
+        sizes = _hint_sizes(hints, limit=total)
+        splits = sorted({(total - v, v) for v in sizes if 0 < v < total}, key=lambda s: (-(s[0] in sizes and s[1] in sizes), -s[0]))
+        for first_width, second_width in splits[:6]:
+            why = f"splitting the {total} features of {forward_body.describe_layer(facts_of.layer)} that they are concatenated into"
+            assignment = []
+            for i in range(len(tensors)):
+                if i in (index, other):
+                    width = first_width if i == index else second_width
+                    assignment.append((_specs_for_width(width, facts_of.layer)[0], why))
+                elif options[i]:
+                    assignment.append(options[i][0])
+                else:
+                    assignment = []
+                    break
+            if assignment:
+                joint.append(assignment)
+    return options, joint
+
+
+def _hint_sizes(hints: dict, limit: Optional[int]) -> list[int]:
+    """Sizes the constructor was given (a condition vector of ``n_classes``, an action of ``action_dim``), then 1."""
+    sizes = [v for v in hints.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0
+             and (limit is None or v < limit)]
+    if limit is not None and limit > 1:
+        sizes.append(limit // 2)
+    return list(dict.fromkeys(sizes + [1]))
 
 
 def _recurrent_state(layer: Optional[nn.Module]) -> list[Union[TensorSpec, TupleSpec]]:

@@ -27,6 +27,7 @@ class Usage:
 
     attributes: list[str] = field(default_factory=list)  # arg.X read (in order)
     called: bool = False  # arg(...)
+    stored_and_called: bool = False  # self.X = arg, and a method calls self.X(...): a module instance
     length: Optional[int] = None  # assert len(arg) == N, or a, b = arg
     max_index: Optional[int] = None  # arg[i]
     is_tuple: bool = False  # isinstance(arg, tuple)
@@ -77,7 +78,28 @@ def argument_usage(function: Callable, module: Optional[types.ModuleType], owner
         if shared:
             _collect_usage(other, shared, usage, module)
     _collect_usage(node, names, usage, module)
+    if owner is not None:
+        for name in _stored_and_called(node, _class_functions(owner)) & names:
+            usage[name].stored_and_called = True
     return usage
+
+
+def _stored_and_called(init: ast.FunctionDef, methods: list[ast.FunctionDef]) -> set[str]:
+    """Arguments ``__init__`` stores as ``self.X = arg`` whose attribute a method calls (``self.features(x)`` in
+    ``forward``): modules or functions, never a size."""
+    stored = {}
+    for sub in ast.walk(init):
+        if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Name):
+            for target in sub.targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    stored[target.attr] = sub.value.id
+    called = set()
+    for method in methods:
+        for sub in ast.walk(method):
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name) \
+                    and sub.func.value.id == "self" and sub.func.attr in stored:
+                called.add(stored[sub.func.attr])
+    return called
 
 
 def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: Optional[types.ModuleType]) -> None:

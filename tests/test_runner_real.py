@@ -380,7 +380,9 @@ def test_graph_inputs_and_skip_connection_inputs(tmp_path):
     assert report.status == "passed", [(c.name, c.message) for c in report.checks if c.status == "fail"]
     assert check(report, "batch-leakage").status == "skip"
     up = build(root, "graph.py:Up")
-    assert any("skip connection" in note for note in up.notes)
+    low, skip = up.make_batch(2, 0).args  # the skip connection: the channels the upsampling leaves, at twice the size
+    channels = low.shape[1]
+    assert skip.shape[1] == channels - channels // 2 and skip.shape[2:] == (2 * low.shape[2], 2 * low.shape[3])
 
 
 def test_parameter_free_module_is_skipped_not_checked(tmp_path):

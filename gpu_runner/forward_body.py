@@ -1,0 +1,346 @@
+"""What a model's ``forward`` body says about each of its tensor parameters.
+
+``build`` asks here before guessing inputs by name: the body is read once, statement by statement, keeping
+for each local name the forward parameters it was computed from and, where a layer fixes it, its feature width
+(the last axis after a ``Linear``, the channel axis after a convolution). From that:
+
+- a parameter given to a layer (directly, or through activations, dropout and ``torch.cat``) must have that
+  layer's input width: ``Linear`` in_features, a convolution's in_channels, an RNN's input_size; given to an
+  ``nn.Embedding`` it is integer ids below num_embeddings;
+- ``torch.cat([q, action], 1)`` into ``Linear(in)``, with ``q`` already ``out`` wide: ``action`` is ``in - out``
+  wide and shares ``q``'s leading axes (a condition vector, an action, a context);
+- ``torch.spmm(adj, h)`` / ``torch.matmul(adj, h)`` / ``adj @ h`` with ``h`` computed from another parameter:
+  ``adj`` is a square [N, N] matrix over the N rows of the node features;
+- ``pack_padded_sequence(x, lengths, ...)``: ``lengths`` is sorted integer lengths, on the CPU.
+
+A submodule of the model's own code called with a parameter (``self.encoder(x)``) is read the same way, one
+level down. Nothing here runs the model: the facts become candidate inputs that the prober verifies.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from torch import nn
+
+# calls that return a tensor of the same feature width as their first argument
+_WIDTH_PRESERVING = frozenset({"relu", "relu_", "gelu", "tanh", "sigmoid", "elu", "selu", "leaky_relu", "silu",
+                               "softplus", "dropout", "dropout2d", "softmax", "log_softmax", "mish", "hardtanh",
+                               "contiguous", "float", "clone", "abs", "exp", "sin", "cos", "normalize"})
+_MATRIX_PRODUCTS = frozenset({"mm", "spmm", "matmul", "bmm"})
+_LAYERS_WITH_WIDTH = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase, nn.Embedding, nn.EmbeddingBag)
+
+
+@dataclass
+class ParameterFacts:
+    """What the body requires of one forward parameter."""
+
+    width: Optional[int] = None  # its feature width
+    layer: Optional[nn.Module] = None  # the layer that fixes it (Linear, Conv, RNN)
+    vocabulary: Optional[int] = None  # integer ids below this
+    adjacency: bool = False
+    lengths: bool = False
+    partner: Optional[str] = None  # concatenated with this parameter along the feature axis
+    split_of: Optional[tuple[str, int]] = None  # (other parameter, total width) when both widths are unknown
+    why: list[str] = field(default_factory=list)
+
+    def known(self) -> bool:
+        return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of)
+
+
+@dataclass(frozen=True)
+class _Value:
+    sources: frozenset  # forward parameters it was computed from
+    parts: Optional[tuple] = None  # along the feature axis: (parameter or None, width or None) per part
+    kind: Optional[type] = None  # the layer type whose output fixed the width (Linear or a convolution)
+
+    @property
+    def bare(self) -> Optional[str]:
+        """The parameter itself (possibly through width-preserving calls)."""
+        if self.parts and len(self.parts) == 1 and self.parts[0][0] is not None:
+            return self.parts[0][0]
+        return None
+
+
+_UNKNOWN = _Value(frozenset())
+
+
+def _forward_node(model: nn.Module) -> Optional[ast.FunctionDef]:
+    try:
+        source = textwrap.dedent(inspect.getsource(type(model).forward))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    return next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+
+
+def _is_minus_one(node: ast.AST) -> bool:
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+        and node.operand.value == 1
+
+
+def _call_name(func: ast.AST) -> str:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return ""
+
+
+class _Reader:
+    def __init__(self, model: nn.Module, parameters: list[str], depth: int):
+        self.model, self.depth = model, depth
+        self.facts: dict[str, ParameterFacts] = {p: ParameterFacts() for p in parameters}
+        self.env: dict[str, _Value] = {p: _Value(frozenset({p}), ((p, None),)) for p in parameters}
+        self.reading: set[str] = set()  # helper methods being read (no recursion)
+
+    # -- statements, in order; both branches of an `if` and loop bodies are read as straight-line code
+    def run(self, statements: list[ast.stmt]) -> None:
+        for statement in statements:
+            if isinstance(statement, ast.Assign):
+                value = self.value(statement.value)
+                for target in statement.targets:
+                    if isinstance(target, ast.Name):
+                        self.env[target.id] = value
+                    elif isinstance(target, (ast.Tuple, ast.List)):  # out, hidden = self.rnn(x): derived, width unknown
+                        for element in target.elts:
+                            if isinstance(element, ast.Name):
+                                self.env[element.id] = _Value(value.sources)
+            elif isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+                self.value(statement.value)
+            elif isinstance(statement, (ast.Expr, ast.Return)) and statement.value is not None:
+                self.value(statement.value)
+            elif isinstance(statement, (ast.If, ast.For, ast.While, ast.With)):
+                self.run(statement.body + getattr(statement, "orelse", []))
+
+    def _layer(self, func: ast.AST) -> Optional[nn.Module]:
+        """``self.fc`` or ``self.layers[0]`` as a module of the model."""
+        index = None
+        if isinstance(func, ast.Subscript) and isinstance(func.slice, ast.Constant) and isinstance(func.slice.value, int):
+            index, func = func.slice.value, func.value
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"):
+            return None
+        module = getattr(self.model, func.attr, None)
+        if index is not None:
+            try:
+                module = module[index]
+            except Exception:  # noqa: BLE001 - not indexable: not a layer we can read
+                return None
+        return module if isinstance(module, nn.Module) else None
+
+    def value(self, node: ast.AST) -> _Value:
+        if isinstance(node, ast.Name):
+            return self.env.get(node.id, _UNKNOWN)
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+            return self._over_modules(node)
+        if isinstance(node, ast.BinOp):
+            left, right = self.value(node.left), self.value(node.right)
+            if isinstance(node.op, ast.MatMult):
+                return self._matrix_product(node.left, left, right, node.right)
+            sources = left.sources | right.sources
+            kept = left if left.parts else right
+            return _Value(sources, kept.parts, kept.kind)
+        sources: set = set()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                sources |= self.value(child).sources
+        return _Value(frozenset(sources))
+
+    def _over_modules(self, node: ast.AST) -> _Value:
+        """``[head(x, adj) for head in self.heads]``: each head is read like ``self.heads[0](x, adj)``."""
+        sources: set = set()
+        for generator in node.generators:
+            sources |= self.value(generator.iter).sources
+        element = node.elt
+        if len(node.generators) == 1 and isinstance(node.generators[0].target, ast.Name) \
+                and isinstance(element, ast.Call) and isinstance(element.func, ast.Name) \
+                and element.func.id == node.generators[0].target.id:
+            iterated = node.generators[0].iter
+            modules = getattr(self.model, iterated.attr, None) if isinstance(iterated, ast.Attribute) \
+                and isinstance(iterated.value, ast.Name) and iterated.value.id == "self" else None
+            first = next(iter(modules), None) if isinstance(modules, (nn.ModuleList, nn.Sequential, list, tuple)) else None
+            if isinstance(first, nn.Module):
+                arguments = [self.value(a) for a in element.args]
+                sources |= frozenset().union(*(a.sources for a in arguments)) if arguments else frozenset()
+                return self._through_layer(first, element, arguments[0] if arguments else _UNKNOWN,
+                                           frozenset(sources))
+        return _Value(frozenset(sources))
+
+    def _matrix_product(self, left_node: ast.AST, left: _Value, right: _Value, right_node: ast.AST) -> _Value:
+        parameter = left.bare if isinstance(left_node, ast.Name) else None
+        if parameter and right.sources and parameter not in right.sources:
+            self._note(parameter, "adjacency", True, "a square matrix multiplying node features in the forward")
+        weight = self._weight(right_node)
+        if weight is not None and weight.dim() == 2:  # x @ self.W: x is W's rows wide, the product W's columns
+            if left.parts and len(left.parts) == 1 and left.parts[0][0] and not left.parts[0][1]:
+                self._note(left.parts[0][0], "width", int(weight.shape[0]),
+                           f"{int(weight.shape[0])} wide into a product with a {list(weight.shape)} weight")
+            return _Value(left.sources, ((None, int(weight.shape[1])),), nn.Linear)
+        return _Value(left.sources | right.sources)
+
+    def _weight(self, node: ast.AST) -> Optional[nn.Parameter]:
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            value = getattr(self.model, node.attr, None)
+            return value if isinstance(value, nn.Parameter) else None
+        return None
+
+    def _call(self, node: ast.Call) -> _Value:
+        name = _call_name(node.func)
+        arguments = [self.value(a) for a in node.args]
+        sources = frozenset().union(*(a.sources for a in arguments)) if arguments else frozenset()
+        for keyword in node.keywords:
+            sources |= self.value(keyword.value).sources
+        receiver = _UNKNOWN  # x.view(...), self.fc(h).view(...): what the method is called on
+        if isinstance(node.func, ast.Attribute) and not (isinstance(node.func.value, ast.Name)
+                                                         and node.func.value.id in ("self", "torch", "F", "nn")):
+            receiver = self.value(node.func.value)
+            sources |= receiver.sources
+        first = arguments[0] if arguments else _UNKNOWN
+        layer = self._layer(node.func)
+        if layer is not None:
+            return self._through_layer(layer, node, first, sources)
+        if name == "cat" and node.args and isinstance(node.args[0], (ast.List, ast.Tuple)):
+            return self._concatenation([self.value(e) for e in node.args[0].elts], sources)
+        if name in _MATRIX_PRODUCTS and len(node.args) >= 2:
+            return self._matrix_product(node.args[0], arguments[0], arguments[1], node.args[1])
+        if name == "pack_padded_sequence" and len(node.args) >= 2 and arguments[1].bare:
+            self._note(arguments[1].bare, "lengths", True, "the lengths given to pack_padded_sequence")
+        if name in _WIDTH_PRESERVING and isinstance(node.func, (ast.Name, ast.Attribute)):
+            if receiver.parts:  # h.relu(), h.contiguous()
+                return _Value(sources, receiver.parts, receiver.kind)
+            if arguments:
+                return _Value(sources, first.parts, first.kind)
+        if name in ("view", "reshape") and isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
+                and _is_minus_one(node.args[0]) and isinstance(node.args[1], ast.Constant):
+            # t.view(-1, k): any tensor of B * k values, as wide as k where a layer needs it
+            return _Value(sources, receiver.parts)
+        method = self._method(node.func)
+        if method is not None:
+            self._read_method(method, [self.value(a) for a in node.args])
+        return _Value(sources)
+
+    def _method(self, func: ast.AST) -> Optional[ast.FunctionDef]:
+        """``self.score`` as a method of the model's class (not a submodule), parsed."""
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self") \
+                or func.attr in self.reading:
+            return None
+        function = inspect.getattr_static(type(self.model), func.attr, None)
+        if not inspect.isfunction(function):
+            return None
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            return None
+        return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+
+    def _read_method(self, method: ast.FunctionDef, arguments: list[_Value]) -> None:
+        """Read a helper method's body with its parameters bound to the caller's values: what it requires of
+        them is required of the forward parameters they come from."""
+        names = [a.arg for a in method.args.posonlyargs + method.args.args][1:]
+        saved = self.env
+        self.env = dict(zip(names, arguments))
+        self.reading.add(method.name)
+        try:
+            self.run(method.body)
+        finally:
+            self.env = saved
+            self.reading.discard(method.name)
+
+    def _concatenation(self, values: list[_Value], sources: frozenset) -> _Value:
+        bare = [v.bare for v in values]
+        for one, other in zip(bare, bare[1:]):
+            if one and other:
+                self.facts[one].partner = self.facts[one].partner or other
+                self.facts[other].partner = self.facts[other].partner or one
+        if any(not v.parts for v in values):
+            return _Value(sources)
+        kinds = {v.kind for v in values if v.kind is not None}
+        return _Value(sources, tuple(p for v in values for p in v.parts), next(iter(kinds)) if len(kinds) == 1 else None)
+
+    def _through_layer(self, layer: nn.Module, node: ast.Call, first: _Value, sources: frozenset) -> _Value:
+        if isinstance(layer, nn.Sequential) and len(layer):
+            layer = next((m for m in layer.modules() if isinstance(m, _LAYERS_WITH_WIDTH)), layer)
+        if isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
+            if first.bare:
+                self._note(first.bare, "vocabulary", layer.num_embeddings,
+                           f"ids given to Embedding({layer.num_embeddings}, {layer.embedding_dim})")
+            return _Value(sources, ((None, layer.embedding_dim),), nn.Linear)
+        width = None
+        if isinstance(layer, nn.Linear):
+            width, out, kind = layer.in_features, layer.out_features, nn.Linear
+        elif isinstance(layer, nn.modules.conv._ConvNd):
+            width, out, kind = layer.in_channels, layer.out_channels, type(layer)
+        elif isinstance(layer, nn.RNNBase):
+            width, out, kind = layer.input_size, None, None
+        if width:
+            self._require(first, width, layer)
+            return _Value(sources, ((None, out),) if out else None, kind)
+        if type(layer).forward is not nn.Module.forward and not any(True for _ in layer.parameters(recurse=False)) \
+                and not list(layer.children()):
+            return _Value(sources, first.parts, first.kind)  # an activation or dropout module
+        if self.depth < 1 and node.args:  # the model's own submodule: read its forward too
+            inner = read_forward(layer, self.depth + 1)
+            for argument, facts in zip(node.args, inner.values()):
+                parameter = self.value(argument).bare if isinstance(argument, ast.Name) else None
+                if parameter is None or not facts.known():
+                    continue
+                mine = self.facts[parameter]
+                for key in ("width", "layer", "vocabulary", "adjacency", "lengths"):
+                    if getattr(facts, key) and not getattr(mine, key):
+                        setattr(mine, key, getattr(facts, key))
+                mine.why += [f"{why} in {type(layer).__name__}" for why in facts.why]
+        return _Value(sources)
+
+    def _require(self, value: _Value, width: int, layer: nn.Module) -> None:
+        """``value`` enters ``layer``, whose input is ``width`` wide: solve for the parts of unknown width."""
+        if not value.parts:
+            return
+        known = sum(w for _, w in value.parts if w)
+        unknown = [p for p, w in value.parts if not w]
+        if len(unknown) == 1 and unknown[0] is not None and width > known:
+            self._note(unknown[0], "width", width - known, f"{width - known} wide into {describe_layer(layer)}"
+                       + (f" after {known} computed features" if known else ""))
+            self.facts[unknown[0]].layer = self.facts[unknown[0]].layer or layer
+        elif len(unknown) == 2 and all(unknown) and not known:
+            a, b = unknown
+            if not self.facts[a].width and not self.facts[b].width:
+                self.facts[a].split_of = (b, width)
+                self.facts[b].split_of = (a, width)
+                for p in (a, b):
+                    self.facts[p].layer = self.facts[p].layer or layer
+
+    def _note(self, parameter: str, key: str, value: Any, why: str) -> None:
+        facts = self.facts.get(parameter)
+        if facts is None or getattr(facts, key):
+            return
+        setattr(facts, key, value)
+        facts.why.append(why)
+
+
+def describe_layer(layer: nn.Module) -> str:
+    if isinstance(layer, nn.Linear):
+        return f"Linear({layer.in_features}→{layer.out_features})"
+    if isinstance(layer, nn.modules.conv._ConvNd):
+        return f"{type(layer).__name__}({layer.in_channels}→{layer.out_channels})"
+    if isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
+        return f"{type(layer).__name__}({layer.num_embeddings}, {layer.embedding_dim})"
+    if isinstance(layer, nn.RNNBase):
+        return f"{type(layer).__name__}(input_size={layer.input_size}, batch_first={layer.batch_first})"
+    return type(layer).__name__
+
+
+def read_forward(model: nn.Module, depth: int = 0) -> dict[str, ParameterFacts]:
+    """Per positional parameter of ``model.forward`` (in order, ``self`` left out), what its body requires;
+    empty when the source cannot be read."""
+    node = _forward_node(model)
+    if node is None:
+        return {}
+    parameters = [a.arg for a in node.args.posonlyargs + node.args.args][1:]
+    reader = _Reader(model, parameters, depth)
+    reader.run(node.body)
+    return reader.facts
