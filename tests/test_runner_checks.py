@@ -642,3 +642,14 @@ def test_a_dead_path_is_still_a_failure_unless_a_gate_starts_closed():
                  "input-dependence").status == "fail"
     gated = check(run_checks(classification_subject(ZeroGatedIgnoresInput(), (20,), 10), steps=STEPS), "input-dependence")
     assert gated.status == "warn" and "alpha" in gated.message
+
+
+def test_a_hot_start_on_guessed_inputs_is_undecided():
+    """Logits scale with the inputs: when the runner guessed them, a high initial loss says nothing about the
+    initialisation (a graph network fed unit-variance noise where its data are normalised counts)."""
+    from dataclasses import replace
+
+    subject = replace(classification_subject(HotInitialisation(), (20,), 10), inputs_guessed=True)
+    loss_at_init = check(run_checks(subject, steps=STEPS), "loss-at-init")
+    assert loss_at_init.status == "skip" and loss_at_init.message.startswith("undecided:")
+    assert loss_at_init.details["undecided"] is True
