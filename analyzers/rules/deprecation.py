@@ -10,6 +10,8 @@ from analyzers.context import (FileContext, argument, dotted_name, is_false, is_
                                short, string_value)
 from analyzers.markdown import code_span
 from analyzers.program import in_compat_fallback
+from analyzers.program.names import parenthesized
+from analyzers.program.values import is_optimizer
 from analyzers.program.versions import VersionFacts
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule, Valid
@@ -493,7 +495,7 @@ class HalfPrecisionTraining(Rule):
         if not isinstance(func, cst.Attribute):
             return
         name = func.attr.value
-        if name == "backward" or (name == "step" and self._is_optimizer(func.value, ctx)):
+        if name == "backward" or (name == "step" and is_optimizer(func.value, ctx)):
             self._training_step(node, ctx)
         elif name in ("half", "to", "type") and self._is_fp16_cast(node, name, ctx):
             if ctx.in_no_grad() or ctx.in_context_manager(*_AUTOCAST):
@@ -531,17 +533,6 @@ class HalfPrecisionTraining(Rule):
         if isinstance(parent, cst.Attribute) and parent.attr.value in ("float", "to", "type", "double"):
             return True
         return isinstance(parent, cst.IfExp)
-
-    @staticmethod
-    def _is_optimizer(receiver: cst.BaseExpression, ctx: FileContext) -> bool:
-        name = dotted_name(receiver)
-        if name is None:
-            return False
-        last = name.rsplit(".", 1)[-1].lower()
-        if last.startswith("opt") or last.endswith(("optimizer", "optim")):
-            return True
-        made = ctx.origin_call_name(receiver) or ""
-        return made.startswith("torch.optim.") and ".lr_scheduler." not in made
 
     @staticmethod
     def _is_fp16_cast(node: cst.Call, name: str, ctx: FileContext) -> bool:
@@ -584,17 +575,6 @@ class HalfPrecisionTraining(Rule):
 # TR803
 
 _VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable", "torch.Variable"}
-_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString,
-          cst.List, cst.Dict, cst.Set, cst.Tuple, cst.ListComp, cst.DictComp, cst.SetComp, cst.GeneratorExp)
-
-
-def _atom(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``expr`` parenthesised unless it binds tighter than any operator it may be embedded in."""
-    if expr.lpar or isinstance(expr, _ATOMS):
-        return expr
-    return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-
-
 class DeprecatedVariable(Rule):
     id = "TR803"
     slug = "deprecated-variable"
@@ -723,7 +703,7 @@ class DeprecatedVariable(Rule):
         if requires is None or is_false(requires.value):
             if node.lpar and not data.lpar:
                 return data.with_changes(lpar=node.lpar, rpar=node.rpar)
-            return _atom(data)
-        method = cst.Attribute(_atom(data), cst.Name("requires_grad_"))
+            return parenthesized(data)
+        method = cst.Attribute(parenthesized(data), cst.Name("requires_grad_"))
         args = [] if is_true(requires.value) else [cst.Arg(requires.value)]
         return cst.Call(func=method, args=args, lpar=node.lpar, rpar=node.rpar)

@@ -18,6 +18,7 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program import in_compat_fallback
 from analyzers.program.flow import subtree
+from analyzers.program.names import render_name
 from analyzers.program.versions import Version, VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
@@ -25,16 +26,6 @@ _NO_SPACE_EQUAL = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
-
-
-def render_name(ctx: FileContext, qualified: str) -> Optional[cst.BaseExpression]:
-    """``qualified`` written through the file's imports: ``nn.Upsample`` after ``from torch import nn``."""
-    parts = qualified.split(".")
-    for cut in range(len(parts), 0, -1):
-        local = local_name_for(ctx, ".".join(parts[:cut]))
-        if local is not None:
-            return cst.parse_expression(".".join([local, *parts[cut:]]))
-    return None
 
 
 def with_keyword(args: list[cst.Arg], name: str, value: cst.BaseExpression) -> list[cst.Arg]:
