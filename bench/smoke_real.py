@@ -22,8 +22,14 @@ The repositories' code is not in this checkout: ``--mirrors DIR`` extracts each 
 is left out and reported.
 
     python bench/smoke_real.py --repos /tmp/smokereal [--mirrors DIR] [--side holdout] [--only owner/name,...]
-                               [--steps 10] [--json OUT] [--no-sandbox]
+                               [--steps 10] [--device cpu|cuda] [--json OUT] [--no-sandbox]
     python bench/smoke_real.py --report OUT [OUT ...]   # the figures again from saved runs, current expectations
+    python bench/smoke_real.py --compare CPU.json CUDA.json   # targets whose outcome differs, paired time ratios
+
+``--json`` is rewritten after each repository, so a run stopped part way keeps what it finished. ``--compare``
+pairs two saved runs target by target (typically the same commit on ``--device cpu`` and ``--device cuda``):
+the outcomes that differ (a FAIL on one device only is a device-specific failure, or a false FAIL on one) and
+the median ratio of the built targets' times.
 
 Each repository's targets run as one job (one warm interpreter in one sandbox, as the runner does for the
 targets of one revision), one repository at a time. Time per target is what the harness measured for that
@@ -281,7 +287,7 @@ def run_repository(repo: str, root: Path, rows: list[RunnerTarget], args: argpar
     requests_ = [TargetRequest(row.target) for row in rows]
     with_claims(requests_, claims)
     started = time.perf_counter()
-    run = smoke(root, requests_, steps=args.steps, device="cpu",
+    run = smoke(root, requests_, steps=args.steps, device=args.device,
                 limits=SandboxLimits(timeout_s=args.timeout), sandbox=not args.no_sandbox)
     wall = time.perf_counter() - started
     if run.refused:
@@ -337,12 +343,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per target")
     parser.add_argument("--only", default="", help="comma-separated repositories (owner/name or name)")
     parser.add_argument("--match", default="", help="comma-separated substrings: only targets containing one")
-    parser.add_argument("--json", type=Path, help="write every report and the summary here")
+    parser.add_argument("--device", default="cpu", help="where the targets run: cpu (default) or cuda")
+    parser.add_argument("--json", type=Path, help="write every report and the summary here (after each repository)")
     parser.add_argument("--no-sandbox", action="store_true", help="plain child processes (development only)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every failing check and reason")
     parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: print the figures of earlier --json runs against the current targets file")
+    parser.add_argument("--compare", type=Path, nargs=2, metavar=("FIRST", "SECOND"),
+                        help="run nothing: the targets whose outcome differs between two saved runs, and time ratios")
     args = parser.parse_args(argv)
+    if args.compare:
+        print(compare_runs(*(json.loads(path.read_text()) for path in args.compare),
+                           names=tuple(path.name for path in args.compare)))
+        return 0
     if args.report:
         return report_saved(args.report, read_targets(args.targets))
     if args.repos is None:
@@ -376,6 +389,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         for row, head in zip(mine, run_repository(repo, root, mine, args)):
             results.append((row, head))
             reports[f"{repo}/{row.target}"] = head
+        if args.json:
+            _write_run(args.json, summarize(results), reports, missing, args)
 
     summary = summarize(results)
     print()
@@ -390,9 +405,36 @@ def main(argv: Optional[list[str]] = None) -> int:
     if missing:
         print(f"left out, not under {args.repos} and no mirror had the commit: {', '.join(missing)}")
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "reports": reports, "missing": missing},
-                                        indent=1, default=str))
+        _write_run(args.json, summary, reports, missing, args, complete=True)
     return 0
+
+
+def _write_run(path: Path, summary: dict, reports: dict, missing: list[str], args: argparse.Namespace, *,
+               complete: bool = False) -> None:
+    path.write_text(json.dumps({"summary": summary, "reports": reports, "missing": missing, "device": args.device,
+                                "sandboxed": not args.no_sandbox, "complete": complete}, indent=1, default=str))
+
+
+def compare_runs(first: dict, second: dict, *, names: tuple[str, str] = ("first", "second")) -> str:
+    """The targets both runs reached whose outcome differs, and the paired time ratio of those built in both."""
+    a_name, b_name = names
+    lines, ratios = [], []
+    both = [key for key in first["reports"] if key in second["reports"]]
+    for key in both:
+        a, b = first["reports"][key], second["reports"][key]
+        failing = [sorted(c["name"] for c in (r.get("checks") or []) if c["status"] == "fail") for r in (a, b)]
+        if a.get("status") != b.get("status") or failing[0] != failing[1]:
+            sides = [f"{name} {r.get('status')} {','.join(fails)} {'' if r.get('status') in BUILT else reason_kind(r)}"
+                     for name, r, fails in ((a_name, a, failing[0]), (b_name, b, failing[1]))]
+            lines.append(f"  {key}: {' | '.join(sides)}")
+        if a.get("status") in BUILT and b.get("status") in BUILT and a.get("seconds") and b.get("seconds"):
+            ratios.append(b["seconds"] / a["seconds"])
+    head = (f"{len(both)} targets in both runs ({len(first['reports'])} in {a_name}, {len(second['reports'])} in "
+            f"{b_name}); {len(lines)} with a different outcome")
+    if ratios:
+        head += (f"; built in both: {len(ratios)}, time {b_name}/{a_name} median {statistics.median(ratios):.2f}, "
+                 f"p10 {sorted(ratios)[len(ratios) // 10]:.2f}, p90 {_p90(ratios):.2f}")
+    return "\n".join([head, *lines])
 
 
 if __name__ == "__main__":

@@ -142,3 +142,22 @@ def test_saved_runs_are_reported_against_the_current_expectations(tmp_path, caps
     out = capsys.readouterr().out
     assert "holdout: 2 targets from 1 repositories" in out and "(1 expected to skip)" in out
     assert f"left out: {repo}/m.py:Gone" in out
+
+
+def test_compare_runs_names_the_targets_whose_outcome_differs_and_pairs_times():
+    from bench.smoke_real import compare_runs
+
+    def report(status, seconds, failing=()):
+        return {"status": status, "seconds": seconds,
+                "checks": [{"name": name, "status": "fail"} for name in failing]}
+
+    cpu = {"reports": {"a/x.py:A": report("passed", 2.0), "a/x.py:B": report("passed", 4.0),
+                       "a/x.py:C": report("skipped", 0.0) | {"reason": "needs package 'einops'"}}}
+    cuda = {"reports": {"a/x.py:A": report("passed", 1.0), "a/x.py:B": report("failed", 1.0, ["eval_determinism"]),
+                        "a/x.py:C": report("skipped", 0.0) | {"reason": "needs package 'einops'"}}}
+    text = compare_runs(cpu, cuda, names=("cpu", "cuda"))
+    first, *differing = text.splitlines()
+    assert "3 targets in both runs" in first and "1 with a different outcome" in first
+    assert "built in both: 2" in first and "median 0.38" in first
+    assert len(differing) == 1 and "a/x.py:B" in differing[0]
+    assert "cpu passed" in differing[0] and "cuda failed eval_determinism" in differing[0]
