@@ -152,6 +152,7 @@ def reason_kind(report: dict) -> str:
         return f"missing package {missing}"
     for needle, kind in (("cannot guess constructor argument", "constructor argument"),
                          ("could not infer an input", "input not found"),
+                         ("memory budget", "memory budget"),
                          ("raised", "constructor rejected the guesses"),
                          ("importing", "import failed"),
                          ("timed out", "timeout"),

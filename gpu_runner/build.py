@@ -28,7 +28,7 @@ from torch import nn
 
 from gpu_runner import absent, forward_body, sites
 from gpu_runner.forward_body import describe_layer
-from gpu_runner.subject import Batch, Subject
+from gpu_runner.subject import OUT_OF_MEMORY_REASON, Batch, Subject, out_of_memory
 from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
 
 SEQUENCE_LENGTH = 16  # tokens / time steps in inferred inputs; the guessed max_len/block_size is the same
@@ -794,6 +794,8 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
         if absent.missing_package(exc):
             return Skip(f"constructing {label} needs '{absent.missing_package(exc)}', which is not installed on the "
                         f"smoke runner ({_one_line_text(exc, 160)}); install it in the runner image")
+        if out_of_memory(exc):
+            return Skip(f"constructing {label} {OUT_OF_MEMORY_REASON}: {_one_line_text(exc, 160)}")
         bug = known_bug(exc)
         if bug is not None:
             return Skip(f"{label} cannot be built: {bug} ({detail})")
@@ -1473,6 +1475,25 @@ class _Prober:
         self.broadcast: Optional[str] = None  # how the parameters broadcast the last input (watch_broadcast)
         self.broadcast_shape: Optional[tuple] = None
 
+    def last_operation(self, plan: InputPlan, select: Callable[[Any], Any]) -> str:
+        """The operation that made the selected output (its autograd node, without "Backward"), lower case: "sigmoid",
+        "addmm", ...; "" when the forward fails or the output has no graph."""
+        generator = torch.Generator().manual_seed(0)
+        buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+        try:
+            args, kwargs = plan.make(PROBE_BATCH, generator, self.float_dtype, self.device)
+            with torch.enable_grad():
+                node = getattr(select(self.model(*args, **kwargs)), "grad_fn", None)
+        except Exception:  # noqa: BLE001 - the PR's forward: the plain objective then
+            return ""
+        finally:
+            self.model.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for name, buffer in self.model.named_buffers():
+                    if name in buffers and buffer.shape == buffers[name].shape:
+                        buffer.copy_(buffers[name])
+        return re.sub(r"Backward\d*$", "", type(node).__name__).lower() if node is not None else ""
+
     def try_plan(self, plan: InputPlan, batch_size: int = PROBE_BATCH, watch_broadcast: bool = False) -> Any:
         """The model's output on ``plan``, or _FAILED. With ``watch_broadcast``, ``self.broadcast`` says how the
         parameters broadcast the input, when they do (None otherwise)."""
@@ -1964,7 +1985,9 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
         notes.append(f"task: configured {task}")
     else:
         notes.append(f"task inferred from the output {_shape_text(primary, axis)}: {task}")
-    built = _task_for(task, primary, axis, plan, tokens_index, select, config, notes)
+    probabilities = (task == "regression" and configured_task is None and configured_loss is None
+                     and _is_probability(primary) and prober.last_operation(plan, select) == "sigmoid")
+    built = _task_for(task, primary, axis, plan, tokens_index, select, config, notes, probabilities=probabilities)
     if isinstance(built, Skip):
         return built
     if "batch_axis" in configured_output or (built.name == "language_model" and axis == 1):
@@ -2043,8 +2066,12 @@ def _flattened_token_logits(primary: torch.Tensor, axis: Optional[int], plan: In
     return primary.shape[0] == PROBE_BATCH * tokens.shape[0] and primary.shape[1] >= tokens.high > 1
 
 
+def _is_probability(primary: torch.Tensor) -> bool:
+    return primary.is_floating_point() and primary.numel() > 0 and bool(((primary >= 0) & (primary <= 1)).all())
+
+
 def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: InputPlan, tokens_index: Optional[int],
-              select: Callable, config: dict, notes: list[str]) -> Union[_Task, Skip]:
+              select: Callable, config: dict, notes: list[str], *, probabilities: bool = False) -> Union[_Task, Skip]:
     if task == "custom":
         if primary.numel() != 1 and not config.get("loss"):
             return Skip("task custom needs a scalar output or a configured loss; the output is "
@@ -2086,6 +2113,14 @@ def _task_for(task: str, primary: torch.Tensor, axis: Optional[int], plan: Input
     shape = list(primary.shape)
     if axis is not None:
         del shape[axis]
+    if probabilities:
+        # A sigmoid's output is a probability: under squared error its gradient vanishes once an Adam step
+        # saturates it (and the model is called unable to fit), as its own training with binary cross-entropy
+        # would not.
+        notes.append("the output is a sigmoid's (probabilities): trained with binary cross-entropy against targets in "
+                     "[0, 1], less the targets' own entropy (so a perfect fit is 0)")
+        return _Task("regression", _BernoulliDivergence(select),
+                     _random_regression_targets(tuple(shape), axis, draw=torch.rand))
     return _Task("regression", _MeanSquaredError(select), _random_regression_targets(tuple(shape), axis))
 
 
@@ -2121,6 +2156,20 @@ class _MeanSquaredError:
 
     def __call__(self, output, target):
         return F.mse_loss(self.select(output).float(), target)
+
+
+class _BernoulliDivergence:
+    """KL(target || output) for probabilities: binary cross-entropy less the target's entropy, 0 at a perfect fit
+    whatever the targets, so the checks' "halve the loss" holds for soft targets too."""
+
+    def __init__(self, select: Callable):
+        self.select = select
+
+    def __call__(self, output, target):
+        probabilities = self.select(output).float()
+        target = target.float().clamp(0.0, 1.0)
+        entropy = F.binary_cross_entropy(target.clamp(1e-7, 1 - 1e-7), target, reduction="mean")
+        return F.binary_cross_entropy(probabilities, target) - entropy.detach()
 
 
 class _ScalarOutputLoss:
@@ -2160,12 +2209,14 @@ def _time_first(make_target):
     return make
 
 
-def _random_regression_targets(shape: tuple, batch_axis: Optional[int]):
+def _random_regression_targets(shape: tuple, batch_axis: Optional[int], draw: Callable = torch.randn):
+    """Targets of the output's shape (the batch inserted at ``batch_axis``): ``draw`` (normal, or torch.rand for
+    probabilities) of that shape."""
     def make(batch_size, generator, args, device):
         full = list(shape)
         if batch_axis is not None:
             full.insert(batch_axis, batch_size)
-        return torch.randn(full, generator=generator).to(device)
+        return draw(full, generator=generator).to(device)
 
     return make
 

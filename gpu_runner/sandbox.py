@@ -117,6 +117,11 @@ class SandboxLimits:
     processes: int = 512  # RLIMIT_NPROC (threads count too)
     output_bytes: int = 1 << 20  # cap on captured stdout and on stderr each
     result_bytes: int = 4 << 20  # cap on the result channel
+    # A GPU run's RLIMIT_DATA gets this much more: the CUDA driver and its libraries (cuBLAS, cuDNN) map private
+    # writable host memory for every kernel image they load, lazily, as the models first use them, which over a job
+    # of many targets outgrew a 4 GiB budget on an H200 while the same job on CPU fit (bench/smoke_real.py
+    # --device cuda). Most of it is address space never touched; the container's memory limit bounds the rest.
+    gpu_driver_bytes: int = 8 << 30
 
     @property
     def tmp_bytes(self) -> int:
@@ -595,10 +600,11 @@ _STACK_SOFT_BYTES = 8 << 20
 MAX_OPEN_FILES = 4096
 
 
-def _rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
+def _rlimits(limits: SandboxLimits, *, gpu: bool = False) -> list[tuple[int, int, int]]:
     """(resource, soft, hard) for the child. RLIMIT_NPROC in every mode: as nobody it counts the sandbox's
     processes (in a user namespace, those of its nobody, and all of the runner uid's processes one level up)."""
-    return [(resource.RLIMIT_DATA, limits.data_bytes, limits.data_bytes),
+    data = limits.data_bytes + (limits.gpu_driver_bytes if gpu else 0)
+    return [(resource.RLIMIT_DATA, data, data),
             (resource.RLIMIT_STACK, _STACK_SOFT_BYTES, STACK_HARD_BYTES),
             (resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds),
             (resource.RLIMIT_FSIZE, limits.file_size_bytes, limits.file_size_bytes),
@@ -660,8 +666,9 @@ def run_sandboxed(argv: list[str], *, code_dir: Path, limits: SandboxLimits = Sa
     seccomp_program = syscall_filter.compiled_filter(gpu=gpu) if caps.layers["seccomp"] else None
     if gpu:
         warnings.append("gpu: shared memory (memfd, shared anonymous mappings) is allowed for the CUDA driver and is "
-                        "not counted in smoke.memory; the container's memory limit bounds it")
-    rlimits = _rlimits(limits)
+                        f"not counted in smoke.memory, and the data limit is {limits.gpu_driver_bytes >> 30} GiB higher "
+                        "for the driver's host mappings; the container's memory limit bounds both")
+    rlimits = _rlimits(limits, gpu=gpu)
     if caps.backend == "bubblewrap" and caps.bwrap_user_namespace:  # applied inside its namespace instead
         rlimits = [limit for limit in rlimits if limit[0] != resource.RLIMIT_NPROC]
     pass_fds: list[int] = []  # closed here once the child holds them (see _run_and_collect)

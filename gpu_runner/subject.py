@@ -5,8 +5,22 @@
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+
+_OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|DefaultCPUAllocator|Cannot allocate memory", re.I)
+# What a run stopped by the sandbox's memory limit says, wherever the allocation failed: the runner's limit, whoever
+# asked for the memory, never a finding about the model nor a reason to configure it differently.
+OUT_OF_MEMORY_REASON = "ran out of the runner's memory budget (smoke.memory; a runner limit, not a finding about the model)"
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation the memory limit refused (host or device)."""
+    import torch  # only the sandboxed child has torch; the App imports this module's types
+
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(exc, RuntimeError) and bool(_OUT_OF_MEMORY.search(str(exc))))
 
 
 @dataclass

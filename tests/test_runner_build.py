@@ -239,6 +239,25 @@ def test_a_model_without_super_init_says_so_instead_of_asking_for_configuration(
     assert "smoke.targets" not in result.reason
 
 
+@pytest.mark.parametrize("allocation", [
+    "raise MemoryError()",
+    "raise RuntimeError('[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can\\'t allocate memory')",
+])
+def test_a_constructor_stopped_by_the_memory_limit_names_the_limit_not_the_configuration(tmp_path, allocation):
+    root = write_tree(tmp_path, {"net.py": f"""\
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                {allocation}
+        """})
+    result = build_subject(root, "net.py:Net", device="cpu")
+    assert isinstance(result, Skip)
+    assert "memory budget" in result.reason and "smoke.memory" in result.reason
+    assert "factory" not in result.reason
+
+
 CONFIGURED = {
     "models/__init__.py": "",
     "models/layers.py": """\

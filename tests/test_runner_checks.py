@@ -653,3 +653,48 @@ def test_a_hot_start_on_guessed_inputs_is_undecided():
     loss_at_init = check(run_checks(subject, steps=STEPS), "loss-at-init")
     assert loss_at_init.status == "skip" and loss_at_init.message.startswith("undecided:")
     assert loss_at_init.details["undecided"] is True
+
+
+class Float32Only(nn.Module):
+    """A model that cannot run in float64 (a float32 tensor of its own, not a parameter or buffer), whose outputs
+    for a row move by ``wobble`` (relative) with the rows beside it: ``wobble`` ~ rounding, or a real dependence."""
+
+    def __init__(self, wobble: float):
+        super().__init__()
+        self.wobble = wobble
+        self.head = nn.Linear(20, 10)
+
+    def forward(self, x):
+        if x.dtype != torch.float32:
+            raise TypeError("float32 only")  # as a model mixing in float32 tensors of its own
+        return self.head(x) * (1 + self.wobble * (x.shape[0] > 4))  # the halves of 8 and 6 rows see 4 and 3
+
+
+def test_a_batch_difference_float64_cannot_explain_is_undecided_when_rounding_sized_and_failed_when_large():
+    small = check(run_checks(classification_subject(Float32Only(3e-4), (20,), 10), steps=STEPS), "eval-determinism")
+    assert small.status == "skip" and small.message.startswith("undecided:"), small.message
+    assert "cannot run in float64" in small.message
+    large = check(run_checks(classification_subject(Float32Only(0.5), (20,), 10), steps=STEPS), "eval-determinism")
+    assert large.status == "fail", large.message
+    assert "depend on the batch" in large.message
+
+
+class RecordsPrecisionFlags(MLPClassifier):
+    seen: list
+
+    def forward(self, x):
+        self.seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return super().forward(x)
+
+
+def test_the_checks_run_without_tf32_and_leave_the_users_defaults_as_they_were():
+    model = RecordsPrecisionFlags()
+    model.seen = []
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        run_checks(classification_subject(model, (20,), 10), steps=STEPS)
+        assert model.seen and set(model.seen[:10]) == {(False, False)}
+        assert torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

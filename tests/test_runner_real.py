@@ -416,6 +416,40 @@ def test_layer_norm_alone_fits_a_reachable_regression_target(tmp_path):
     assert overfit.status == "pass" and "reachable target" in overfit.message
 
 
+SIGMOID_HEADS = '''
+    import torch
+    import torch.nn as nn
+
+    class Scorer(nn.Module):  # a similarity score in (0, 1), trained with binary cross-entropy
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 1))
+
+        def forward(self, x):
+            return torch.sigmoid(self.body(x))
+
+    class FrozenScorer(Scorer):
+        def forward(self, x):
+            return torch.sigmoid(self.body(x).detach() + 0 * self.body[0].bias.sum())
+
+    class Clamped(Scorer):  # in [0, 1] too, but not a sigmoid's output: still squared error
+        def forward(self, x):
+            return self.body(x).clamp(0, 1)
+'''
+
+
+def test_a_sigmoid_output_is_fitted_as_a_probability_and_a_frozen_one_still_fails(tmp_path):
+    root = write_tree(tmp_path, {"scores.py": SIGMOID_HEADS})
+    subject = build(root, "scores.py:Scorer")
+    assert any("sigmoid's (probabilities)" in note for note in subject.notes), subject.notes
+    target = subject.make_batch(8, 0).target
+    assert float(subject.loss_fn(target, target)) == pytest.approx(0.0, abs=1e-5)  # a perfect fit is 0
+    assert check(run_checks(subject, steps=STEPS), "overfit-batch").status == "pass"
+    assert check(run_checks(build(root, "scores.py:FrozenScorer"), steps=STEPS), "overfit-batch").status == "fail"
+    clamped = build(root, "scores.py:Clamped")
+    assert not any("sigmoid" in note for note in clamped.notes), clamped.notes
+
+
 def test_a_detached_regression_model_still_fails_overfit(tmp_path):
     root = write_tree(tmp_path, {"frozen.py": '''
         import torch.nn as nn
@@ -560,7 +594,7 @@ def test_running_out_of_memory_in_a_check_is_a_runner_error_not_a_failure():
     from tests.test_runner_checks import classification_subject
 
     report = run_checks(classification_subject(OutOfMemoryOnFullBatches(), (20,), 10), steps=2)
-    out_of_memory = [c for c in report.checks if "ran out of memory" in c.message]
+    out_of_memory = [c for c in report.checks if "memory budget (smoke.memory" in c.message]
     assert out_of_memory and all(c.status == "error" for c in out_of_memory)
     assert not [c for c in report.checks if c.status == "fail"] and report.status == "passed"
 

@@ -400,3 +400,18 @@ def test_max_rss_reflects_the_child(backend, code_dir):
 def test_missing_code_dir_is_an_error(tmp_path):
     with pytest.raises(ValueError):
         run_sandboxed([sys.executable, "-c", "pass"], code_dir=tmp_path / "missing")
+
+
+def test_a_gpu_run_gets_room_for_the_cuda_drivers_host_mappings(code_dir):
+    """The CUDA driver maps private writable host memory for each kernel image it loads; RLIMIT_DATA counts it, so
+    a GPU run's data limit is smoke.memory's share plus gpu_driver_bytes (a CPU run's is not raised)."""
+    limits = SandboxLimits(memory_bytes=1 << 30, gpu_driver_bytes=2 << 30)
+    script = """
+        import resource
+        print(resource.getrlimit(resource.RLIMIT_DATA)[0])
+    """
+    cpu = run_python(script, code_dir, limits=limits)
+    gpu = run_python(script, code_dir, limits=limits, gpu=True)
+    assert cpu.returncode == 0 and gpu.returncode == 0, (cpu.stderr, gpu.stderr)
+    assert int(cpu.stdout) == limits.data_bytes
+    assert int(gpu.stdout) == limits.data_bytes + (2 << 30)
