@@ -161,3 +161,23 @@ def test_compare_runs_names_the_targets_whose_outcome_differs_and_pairs_times():
     assert "built in both: 2" in first and "median 0.38" in first
     assert len(differing) == 1 and "a/x.py:B" in differing[0]
     assert "cpu passed" in differing[0] and "cuda failed eval_determinism" in differing[0]
+
+
+def test_steps_bench_counts_a_repository_as_training_by_a_backward_call_outside_tests():
+    from bench.smoke_steps import summarize, trains
+
+    sources = {"train.py": "def fit(m, x):\n    m(x).sum().backward()\n",
+               "tests/test_fit.py": "def test_it(m, x):\n    m(x).sum().backward()\n",
+               "notes.py": "text = 'loss.backward()'\n", "broken.py": "def (:\n"}
+    assert trains(sources) == ["train.py"]
+    results = {"a/trains": {"training_files": ["train.py"], "steps": {
+                   "train.py:fit": {"status": "passed", "reason": "", "failing": [], "seconds": 1.0}}},
+               "b/trains": {"training_files": ["t.py"], "steps": {
+                   "t.py:go": {"status": "skipped", "reason": "cannot build the argument 'e' of go; give", "failing": [],
+                               "seconds": 0.0}}},
+               "c/idle": {"training_files": [], "steps": {}}}
+    text = summarize(results, {"a/trains": "tune", "b/trains": "tune", "c/idle": "holdout"})
+    assert "tune: 2 repositories, 2 train (a .backward( outside tests); a step found in 2, a step ran in 1 (50% of " \
+           "those that train)" in text
+    assert "1 x cannot build the argument 'e' of go" in text
+    assert "holdout: 1 repositories, 0 train" in text
