@@ -72,7 +72,7 @@ class RandomAugmentationOnEvalData(Rule):
     id = "TR960"
     source_hint = re.compile(r"Random|ColorJitter|Augment|AugMix|ElasticTransform")  # a random transform built in this file
     slug = "random-augmentation-on-eval-data"
-    category = Category.DATA_LEAKAGE
+    category = Category.DATA_PIPELINE
     severity = Severity.HIGH
     summary = "Random augmentation applied to a validation/test dataset"
     what = """
@@ -268,7 +268,7 @@ def _is_loader(expr: cst.BaseExpression, ctx: FileContext) -> bool:
 class CountBatchesByIterating(Rule):
     id = "TR961"
     slug = "count-batches-by-iterating"
-    category = Category.DEVICE
+    category = Category.DATA_PIPELINE
     severity = Severity.MEDIUM
     summary = "len(list(loader)) / sum(1 for _ in loader) runs the whole data pipeline to count batches"
     what = """
@@ -748,7 +748,7 @@ def _none(expr: cst.BaseExpression) -> bool:
 class DataLoaderExclusiveOptions(Rule):  # TR721 (shuffle-with-sampler) was folded into it: an alias
     id = "TR962"
     slug = "dataloader-exclusive-options"
-    category = Category.TRAINING
+    category = Category.DATA_PIPELINE
     severity = Severity.HIGH
     summary = "DataLoader(shuffle=True, sampler=...) or batch_sampler= with batch options raises ValueError"
     what = """
