@@ -17,7 +17,9 @@ _loaded = False
 
 # Rules folded into another (issue 26, "said once"), and slugs renamed: the old id or slug still selects,
 # ignores and suppresses (``# noqa: TR721``) the rule that now carries it.
-RULE_ALIASES = {"TR721": "TR962", "shuffle-with-sampler": "TR962"}
+RULE_ALIASES = {"TR721": "TR962", "shuffle-with-sampler": "TR962",
+                # TR105 and TR115 were per-step-sync-for-logging and per-step-synchronize-for-logging: one word apart
+                "per-step-sync-for-logging": "TR105", "per-step-synchronize-for-logging": "TR115"}
 
 
 def canonical_rule_id(identifier: str) -> str:

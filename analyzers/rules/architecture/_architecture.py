@@ -1,4 +1,4 @@
-"""Architecture: nn.Module subclasses that break module registration or share state by accident."""
+"""What TR301, TR302 and TR303 share."""
 from __future__ import annotations
 
 from typing import Optional

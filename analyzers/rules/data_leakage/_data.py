@@ -1,4 +1,4 @@
-"""Data pipeline: random augmentation on evaluation data, counting batches by re-iterating a loader."""
+"""What TR970 and TR971 share."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,4 +1,4 @@
-"""Data pipeline: random augmentation on evaluation data, counting batches by re-iterating a loader."""
+"""What TR960, TR961 and TR962 share."""
 from __future__ import annotations
 
 

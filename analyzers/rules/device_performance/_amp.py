@@ -1,4 +1,4 @@
-"""Mixed-precision mechanics: autocast, GradScaler and the order of unscale, clip, step and update.
+"""What TR710, TR711, TR712 and TR713 share.
 
 The facts (which functions run a scaled backward, which scaler names exist, where the steps are) are
 collected during the walk and compared in ``end_file``.

@@ -1,4 +1,4 @@
-"""Device placement and input-pipeline performance on CUDA."""
+"""What TR701, TR702, TR703 and TR705 share."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,4 @@
-"""Distributed training: samplers, per-rank side effects, gradient synchronisation, DataParallel."""
+"""What TR722, TR723, TR725, TR726, TR727 and TR728 share."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""Inference: models run for validation / prediction in training mode or with autograd on."""
+"""What TR201 and TR202 share."""
 from __future__ import annotations
 
 import re

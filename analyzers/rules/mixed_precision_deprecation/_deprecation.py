@@ -1,4 +1,4 @@
-"""Mixed precision and deprecations: torch.cuda.amp, pure fp16 training, autograd.Variable."""
+"""What TR801 and TR803 share."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,4 +1,4 @@
-"""Deprecated and removed PyTorch API, table-driven (TorchFix parity), gated on the version the repository pins.
+"""What TR810, TR811, TR814, TR818, TR820 and TR822 share.
 
 One table lists every deprecated symbol with the release that deprecated it, the release that removed it
 (if any), what to use instead and, where the new call is a pure rename, how to rewrite it. TR810 reports the

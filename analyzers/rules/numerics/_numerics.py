@@ -1,4 +1,4 @@
-"""Numerics: activations fed to losses that apply them again, log of softmax, NumPy in forward."""
+"""What TR401, TR402, TR403 and TR404 share."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""Numerics that have an exact, stable spelling: NaN comparisons, softplus, logsumexp, integer ratios."""
+"""What TR411, TR412 and TR414 share."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,4 +1,4 @@
-"""Reproducibility: seeding and cuDNN determinism settings."""
+"""What TR901 and TR902 share."""
 from __future__ import annotations
 
 import libcst as cst

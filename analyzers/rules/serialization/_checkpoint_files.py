@@ -1,4 +1,4 @@
-"""Rules on checkpoint files themselves (not Python code): what loading a pickle-based file would run.
+"""What TR620, TR621 and TR622 share.
 
 They report on files, not on code: :mod:`analyzers.pickles` reads the file and builds their findings,
 so they declare no handlers, and their examples are files built by ``tests/test_pickle_scan.py``.

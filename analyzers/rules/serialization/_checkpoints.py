@@ -1,4 +1,4 @@
-"""Checkpoints: resuming without the optimizer state, loading onto GPU 0 from every rank."""
+"""What TR611 and TR613 share."""
 from __future__ import annotations
 
 from typing import Optional

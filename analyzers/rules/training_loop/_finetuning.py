@@ -1,5 +1,4 @@
-"""Fine-tuning a pretrained model: a frozen backbone whose BatchNorm keeps training, an optimizer over the head
-while the backbone still computes gradients.
+"""What TR116 and TR117 share.
 
 Both rules collect small facts during the one walk (which parameters are frozen where, which modules are put in
 train or eval mode, in what order) and decide in ``end_file``.

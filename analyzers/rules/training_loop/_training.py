@@ -1,4 +1,4 @@
-"""Training-loop rules: optimizer bookkeeping, schedulers, loss accumulation, train/eval modes.
+"""What TR101, TR102, TR103, TR104, TR105, TR106, TR107, TR108 and TR115 share.
 
 Every rule here collects small facts while the engine walks the file (which loop a call sits
 in, which function, what a name was last assigned from) and decides at ``end_file``. Loops are

@@ -1,4 +1,4 @@
-"""TR105 per-step-sync-for-logging: loss.item()/print(loss) every training step only for logging forces a GPU sync."""
+"""TR105 loss-item-every-step: loss.item()/print(loss) every training step only for logging forces a GPU sync."""
 from __future__ import annotations
 
 from typing import Optional
@@ -30,7 +30,7 @@ _MATH_MODULES = {"math", "np", "numpy", "torch", "F", "cmath", "jnp"}
 
 class PerStepSyncForLogging(Rule):
     id = "TR105"
-    slug = "per-step-sync-for-logging"
+    slug = "loss-item-every-step"
     category = Category.TRAINING
     severity = Severity.LOW
     requires = "torch"

@@ -1,4 +1,4 @@
-"""TR115 per-step-synchronize-for-logging: torch.cuda.synchronize() / an all_reduce of the loss every training step only to time or log it."""
+"""TR115 synchronize-every-step: torch.cuda.synchronize() / an all_reduce of the loss every training step only to time or log it."""
 from __future__ import annotations
 
 import re
@@ -64,7 +64,7 @@ class _SyncCandidate:
 
 class PerStepSynchronizeForLogging(Rule):
     id = "TR115"
-    slug = "per-step-synchronize-for-logging"
+    slug = "synchronize-every-step"
     category = Category.TRAINING
     severity = Severity.LOW
     requires = "torch"
