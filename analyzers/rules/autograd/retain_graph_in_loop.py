@@ -1,4 +1,6 @@
-"""TR512 retain-graph-in-loop: backward(retain_graph=True) in a training loop that never backpropagates that graph again."""
+"""TR512 retain-graph-in-loop: backward(retain_graph=True) in a training loop that never backpropagates that graph
+again.
+"""
 from __future__ import annotations
 
 import libcst as cst

@@ -1,4 +1,6 @@
-"""TR951 preprocessing-fit-on-test-data: scikit-learn preprocessor fit on test/validation data or on the full data before the split."""
+"""TR951 preprocessing-fit-on-test-data: scikit-learn preprocessor fit on test/validation data or on the full data
+before the split.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass

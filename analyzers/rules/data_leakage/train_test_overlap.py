@@ -1,4 +1,6 @@
-"""TR971 train-test-overlap: A model fit on test data, on train + test concatenated, or tuned on a split overlapping the test set."""
+"""TR971 train-test-overlap: A model fit on test data, on train + test concatenated, or tuned on a split overlapping
+the test set.
+"""
 from __future__ import annotations
 
 import libcst as cst

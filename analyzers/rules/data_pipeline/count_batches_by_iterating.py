@@ -1,4 +1,6 @@
-"""TR961 count-batches-by-iterating: len(list(loader)) / sum(1 for _ in loader) runs the whole data pipeline to count batches."""
+"""TR961 count-batches-by-iterating: len(list(loader)) / sum(1 for _ in loader) runs the whole data pipeline to count
+batches.
+"""
 from __future__ import annotations
 
 from typing import Optional

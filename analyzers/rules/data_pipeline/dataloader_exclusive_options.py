@@ -1,4 +1,6 @@
-"""TR962 dataloader-exclusive-options: DataLoader(shuffle=True, sampler=...) or batch_sampler= with batch options raises ValueError."""
+"""TR962 dataloader-exclusive-options: DataLoader(shuffle=True, sampler=...) or batch_sampler= with batch options
+raises ValueError.
+"""
 from __future__ import annotations
 
 import libcst as cst

@@ -1,4 +1,6 @@
-"""TR705 batch-not-moved-to-device: model moved to a (CUDA-capable) device, but the batches of its DataLoader loop are fed to it unmoved."""
+"""TR705 batch-not-moved-to-device: model moved to a (CUDA-capable) device, but the batches of its DataLoader loop are
+fed to it unmoved.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass

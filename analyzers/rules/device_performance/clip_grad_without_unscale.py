@@ -1,4 +1,5 @@
-"""TR713 clip-grad-without-unscale: gradients clipped while still scaled by the GradScaler (no scaler.unscale_ first)."""
+"""TR713 clip-grad-without-unscale: gradients clipped while still scaled by the GradScaler (no scaler.unscale_ first).
+"""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,6 @@
-"""TR723 ddp-accumulation-without-no-sync: gradient accumulation on a DDP model all-reduces on every micro-step (no model.no_sync())."""
+"""TR723 ddp-accumulation-without-no-sync: gradient accumulation on a DDP model all-reduces on every micro-step (no
+model.no_sync()).
+"""
 from __future__ import annotations
 
 import re

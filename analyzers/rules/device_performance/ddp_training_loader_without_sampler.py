@@ -1,4 +1,6 @@
-"""TR728 ddp-training-loader-without-sampler: DDP training DataLoader without a DistributedSampler: every rank trains on the whole dataset."""
+"""TR728 ddp-training-loader-without-sampler: DDP training DataLoader without a DistributedSampler: every rank trains
+on the whole dataset.
+"""
 from __future__ import annotations
 
 import re

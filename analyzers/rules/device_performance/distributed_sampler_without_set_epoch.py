@@ -1,4 +1,6 @@
-"""TR720 distributed-sampler-without-set-epoch: DistributedSampler shuffles, but set_epoch() is never called in the epoch loop."""
+"""TR720 distributed-sampler-without-set-epoch: DistributedSampler shuffles, but set_epoch() is never called in the
+epoch loop.
+"""
 from __future__ import annotations
 
 import re

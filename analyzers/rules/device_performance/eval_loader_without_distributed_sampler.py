@@ -1,4 +1,6 @@
-"""TR726 eval-loader-without-distributed-sampler: validation/test DataLoader without a DistributedSampler while DDP training shards its data."""
+"""TR726 eval-loader-without-distributed-sampler: validation/test DataLoader without a DistributedSampler while DDP
+training shards its data.
+"""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,6 @@
-"""TR203 sampling-in-train-mode: samples generated for images inside the training loop with autograd on or BatchNorm/dropout in train mode."""
+"""TR203 sampling-in-train-mode: samples generated for images inside the training loop with autograd on or
+BatchNorm/dropout in train mode.
+"""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,6 @@
-"""TR812 checkpoint-without-use-reentrant: torch.utils.checkpoint.checkpoint without use_reentrant= warns and will raise."""
+"""TR812 checkpoint-without-use-reentrant: torch.utils.checkpoint.checkpoint without use_reentrant= warns and will
+raise.
+"""
 from __future__ import annotations
 
 import libcst as cst

@@ -1,4 +1,6 @@
-"""TR811 deprecated-torch-api: Deprecated torch API (torch.qr, torch.cholesky, torch.ger, nn.UpsamplingBilinear2d, functorch, ...)."""
+"""TR811 deprecated-torch-api: Deprecated torch API (torch.qr, torch.cholesky, torch.ger, nn.UpsamplingBilinear2d,
+functorch, ...).
+"""
 from __future__ import annotations
 
 from analyzers.model import Category, Severity

@@ -1,4 +1,5 @@
-"""TR816 index-zero-dim-tensor: loss.data[0] indexes a 0-dim tensor: an IndexError since PyTorch 0.5; use loss.item()."""
+"""TR816 index-zero-dim-tensor: loss.data[0] indexes a 0-dim tensor: an IndexError since PyTorch 0.5; use loss.item().
+"""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,4 +1,6 @@
-"""TR821 legacy-autograd-function: torch.autograd.Function with an instance-method forward: a legacy API that now raises."""
+"""TR821 legacy-autograd-function: torch.autograd.Function with an instance-method forward: a legacy API that now
+raises.
+"""
 from __future__ import annotations
 
 import libcst as cst

@@ -1,4 +1,6 @@
-"""TR414 hand-written-log1p-expm1: torch.log(1 + x) / torch.exp(x) - 1 in half-precision code lose small x; use torch.log1p / torch.expm1."""
+"""TR414 hand-written-log1p-expm1: torch.log(1 + x) / torch.exp(x) - 1 in half-precision code lose small x; use
+torch.log1p / torch.expm1.
+"""
 from __future__ import annotations
 
 import re

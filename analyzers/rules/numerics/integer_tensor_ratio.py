@@ -1,4 +1,6 @@
-"""TR413 integer-tensor-ratio: a count of matches (an integer tensor) divided with / on a torch that floor-divides integers."""
+"""TR413 integer-tensor-ratio: a count of matches (an integer tensor) divided with / on a torch that floor-divides
+integers.
+"""
 from __future__ import annotations
 
 import re

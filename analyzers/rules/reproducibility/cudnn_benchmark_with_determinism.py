@@ -1,4 +1,6 @@
-"""TR902 cudnn-benchmark-with-determinism: cudnn.benchmark = True in a file that asks for deterministic/reproducible runs."""
+"""TR902 cudnn-benchmark-with-determinism: cudnn.benchmark = True in a file that asks for deterministic/reproducible
+runs.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass

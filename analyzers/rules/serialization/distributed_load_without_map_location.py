@@ -1,4 +1,6 @@
-"""TR611 distributed-load-without-map-location: torch.load without map_location in distributed code puts every rank's copy on GPU 0."""
+"""TR611 distributed-load-without-map-location: torch.load without map_location in distributed code puts every rank's
+copy on GPU 0.
+"""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,6 @@
-"""TR613 load-without-map-location-cpu-fallback: torch.load of a checkpoint without map_location in a script that falls back to the CPU."""
+"""TR613 load-without-map-location-cpu-fallback: torch.load of a checkpoint without map_location in a script that falls
+back to the CPU.
+"""
 from __future__ import annotations
 
 import re

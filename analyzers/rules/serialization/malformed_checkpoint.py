@@ -1,4 +1,6 @@
-"""TR622 malformed-checkpoint: a checkpoint file that cannot be read as its format: a broken pickle or safetensors header."""
+"""TR622 malformed-checkpoint: a checkpoint file that cannot be read as its format: a broken pickle or safetensors
+header.
+"""
 from __future__ import annotations
 
 from analyzers.model import Category, Severity

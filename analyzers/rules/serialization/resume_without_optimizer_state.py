@@ -1,4 +1,6 @@
-"""TR610 resume-without-optimizer-state: Training resumes from a checkpoint but never restores the optimizer (or LR scheduler) state."""
+"""TR610 resume-without-optimizer-state: Training resumes from a checkpoint but never restores the optimizer (or LR
+scheduler) state.
+"""
 from __future__ import annotations
 
 import re

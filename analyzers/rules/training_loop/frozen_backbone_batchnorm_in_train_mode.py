@@ -1,4 +1,6 @@
-"""TR116 frozen-backbone-batchnorm-in-train-mode: a frozen pretrained backbone with BatchNorm is left in train mode while the rest of the model trains."""
+"""TR116 frozen-backbone-batchnorm-in-train-mode: a frozen pretrained backbone with BatchNorm is left in train mode
+while the rest of the model trains.
+"""
 from __future__ import annotations
 
 import re

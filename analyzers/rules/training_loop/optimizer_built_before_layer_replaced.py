@@ -1,4 +1,6 @@
-"""TR114 optimizer-built-before-layer-replaced: a layer (or the model) replaced after the optimizer collected its parameters: the new weights never train."""
+"""TR114 optimizer-built-before-layer-replaced: a layer (or the model) replaced after the optimizer collected its
+parameters: the new weights never train.
+"""
 from __future__ import annotations
 
 import re

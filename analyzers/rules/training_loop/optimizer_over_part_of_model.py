@@ -1,4 +1,6 @@
-"""TR117 optimizer-over-part-of-model: optimizer over a part of the model (model.fc) while the rest still computes gradients every step."""
+"""TR117 optimizer-over-part-of-model: optimizer over a part of the model (model.fc) while the rest still computes
+gradients every step.
+"""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,6 @@
-"""TR115 synchronize-every-step: torch.cuda.synchronize() / an all_reduce of the loss every training step only to time or log it."""
+"""TR115 synchronize-every-step: torch.cuda.synchronize() / an all_reduce of the loss every training step only to time
+or log it.
+"""
 from __future__ import annotations
 
 import re
