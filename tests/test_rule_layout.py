@@ -47,6 +47,8 @@ def test_every_rule_lives_in_its_category_folder_named_after_its_slug(rule):
 
 
 def test_discovery_finds_every_rule_and_nothing_else():
+    on_disk = sorted(f"analyzers.rules.{p.parent.name}.{p.stem}" for p in RULES.glob("*/[!_]*.py"))
+    assert rule_modules() == on_disk
     assert len(rule_modules()) == len(all_rules()) == len(REGISTRY)
     assert [r.id for r in all_rules()] == sorted(REGISTRY)
 
