@@ -7,7 +7,7 @@ be found), never silently ignored::
 
     rules:
       select: [TR1, numerics]          # rule ids, id prefixes, slugs, categories, TorchFix codes ("ALL" by default)
-      ignore: [TR105, per-step-sync-for-logging]
+      ignore: [TR105, loss-item-every-step]
       severity: {TR702: medium}        # per-rule severity override
     preview: false                     # also run the preview rules (analyzers/levels.py); they never fail a check
     measured_severities: true          # cap at medium the rules whose high/critical were right < 95 % on holdout

@@ -31,10 +31,6 @@ MIN_JUDGED = 15
 # high and critical are kept only where the rule's findings at that severity were right this often on holdout
 MIN_SEVERE_PRECISION = 0.95
 SEVERE = (Severity.HIGH, Severity.CRITICAL)
-# Rules whose logic is purely syntactic, with nothing inferred: a call of a removed or deprecated API, or a
-# checkpoint file's pickle opcodes that import a callable. With too few findings to measure they are stable
-# unless a judged finding was a false positive.
-SYNTACTIC_MODULES = ("analyzers.rules.removed_api", "analyzers.rules.checkpoint_files")
 Z95 = 1.959963984540054
 
 
@@ -76,7 +72,9 @@ class Measure:
 
 
 def is_syntactic(rule: type) -> bool:
-    return rule.__module__ in SYNTACTIC_MODULES
+    """Purely syntactic (``Rule.syntactic``): with too few findings to measure, stable unless a judged finding
+    was a false positive."""
+    return rule.syntactic
 
 
 def decide_level(rule: type, overall: Measure, by_severity: Mapping[str, Measure]) -> tuple[str, str]:

@@ -40,6 +40,7 @@ class Category(str, enum.Enum):
     DEPRECATION = "mixed-precision-deprecation"
     REPRODUCIBILITY = "reproducibility"
     DATA_LEAKAGE = "data-leakage"
+    DATA_PIPELINE = "data-pipeline"
 
     @property
     def title(self) -> str:
@@ -54,7 +55,30 @@ class Category(str, enum.Enum):
             "mixed-precision-deprecation": "Mixed precision & deprecations",
             "reproducibility": "Reproducibility",
             "data-leakage": "Data leakage",
+            "data-pipeline": "Data pipeline",
         }[self.value]
+
+    @property
+    def id_prefixes(self) -> tuple[str, ...]:
+        """The rule ids this category owns: a rule's id starts with one of them (TR9xx is shared by three)."""
+        return {
+            "training-loop": ("TR1",),
+            "inference": ("TR2",),
+            "architecture": ("TR3",),
+            "numerics": ("TR4",),
+            "autograd": ("TR5",),
+            "serialization": ("TR6",),
+            "device-performance": ("TR7",),
+            "mixed-precision-deprecation": ("TR8",),
+            "reproducibility": ("TR90",),
+            "data-leakage": ("TR95", "TR97"),
+            "data-pipeline": ("TR96",),
+        }[self.value]
+
+    @property
+    def package(self) -> str:
+        """The folder under analyzers/rules/ that holds this category's rules, one module each."""
+        return self.value.replace("-", "_")
 
 
 @dataclass(frozen=True)

@@ -655,7 +655,9 @@ def is_checkpoint(path: str) -> bool:
 def checkpoint_result(path: Path, display: str, config) -> "FileResult":
     """The findings of one checkpoint file (rules TR620-TR622), as the engine reports a source file's."""
     from analyzers.model import FileError, FileResult, Finding
-    from analyzers.rules.checkpoint_files import MalformedCheckpoint, PickleImportsUnlistedGlobal, PickleRunsCode
+    from analyzers.rules.serialization.malformed_checkpoint import MalformedCheckpoint
+    from analyzers.rules.serialization.pickle_runs_code import PickleRunsCode
+    from analyzers.rules.serialization.pickle_unlisted_global import PickleImportsUnlistedGlobal
 
     result = FileResult(display)
     try:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analyzers.model import Category  # noqa: E402
-from analyzers.rules import all_rules  # noqa: E402
+from analyzers.rules import RULE_ALIASES, all_rules  # noqa: E402
 from bot.cli import build_parser, rule_fix  # noqa: E402
 
 RULES_DIR = ROOT / "docs" / "rules"
@@ -60,6 +60,11 @@ def _code(example) -> str:
     return f"{fence}python\n{body}\n{fence}"
 
 
+def _source(rule) -> str:
+    """The rule's module, relative to the repository: analyzers/rules/<category>/<slug>.py."""
+    return rule.__module__.replace(".", "/") + ".py"
+
+
 def rule_page(rule, precision: dict[str, tuple[str, str, str]]) -> str:
     fix = {"none": "none", "safe": "safe (`--fix` applies it)",
            "unsafe": "unsafe (changes behaviour: `--fix --unsafe-fixes` applies it)"}[fix_kind(rule)]
@@ -79,6 +84,9 @@ def rule_page(rule, precision: dict[str, tuple[str, str, str]]) -> str:
         f"| category | {rule.category.title} (`{rule.category.value}`) |",
         f"| default severity | {rule.severity.label} |",
         f"| fix | {fix} |",
+        f"| source | [{_source(rule)}](../../{_source(rule)}) |",
+        *([f"| old names | {', '.join(f'`{a}`' for a in old_names)} (still select, ignore and name it) |"]
+          if (old_names := [alias for alias, target in RULE_ALIASES.items() if target == rule.id]) else []),
         *(_file_rule_rows(rule) if getattr(rule, "scans_files", False) else [
             f"| applies to code using | {rule.requires} |",
             f"| measured precision | {measured} |",
@@ -103,8 +111,9 @@ def index_page(rules) -> str:
     order = {category: index for index, category in enumerate(Category)}
     lines = [HEADER, "# Rules", "",
              f"{len(rules)} rules. `torchreview rules` lists them, `torchreview rule ID` prints a page in the terminal. "
-             "Every rule is a small class in `analyzers/rules/` that carries its docs and its VALID / INVALID "
-             "examples; these pages are generated from them (`python scripts/gen_docs.py`).", "",
+             "Every rule is a small class in a module of its own, `analyzers/rules/<category>/<slug>.py`, that "
+             "carries its docs and its VALID / INVALID examples; these pages are generated from them "
+             "(`python scripts/gen_docs.py`). CONTRIBUTING.md says how to add one.", "",
              "Deprecation rules (TR8xx) know which release they are talking about: `analyzers/program/versions.py` "
              "reads the torch version a repository pins, and a project pinned to an old torch is not told about "
              "deprecations after it.", ""]
@@ -112,7 +121,10 @@ def index_page(rules) -> str:
     for rule in sorted(rules, key=lambda r: (order[r.category], r.id)):
         if rule.category != current:
             current = rule.category
-            lines += ["", f"## {current.title}", "", "| rule | severity | fix | summary |", "|---|---|---|---|"]
+            owned = ", ".join(f"{prefix}{'x' * (5 - len(prefix))}" for prefix in current.id_prefixes)
+            lines += ["", f"## {current.title}", "",
+                      f"`{current.value}`: ids {owned}, one module each in `analyzers/rules/{current.package}/`.", "",
+                      "| rule | severity | fix | summary |", "|---|---|---|---|"]
         summary = rule.summary.replace("|", "\\|")
         lines.append(f"| [{rule.id} {rule.slug}]({rule.id}.md) | {rule.severity.label} | {fix_kind(rule)} | {summary} |")
     return "\n".join(lines) + "\n"

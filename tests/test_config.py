@@ -36,6 +36,32 @@ def test_a_merged_rule_is_selected_and_ignored_by_its_old_id():
     assert "TR962" in ids(Config(select=("shuffle-with-sampler",)))
 
 
+@pytest.mark.parametrize("old_slug, rule_id, new_slug", [
+    ("per-step-sync-for-logging", "TR105", "loss-item-every-step"),
+    ("per-step-synchronize-for-logging", "TR115", "synchronize-every-step"),
+])
+def test_a_renamed_slug_still_selects_ignores_and_names_its_rule(old_slug, rule_id, new_slug, tmp_path):
+    from analyzers.config import selector_problem
+    from analyzers.rules import get_rule
+
+    assert get_rule(old_slug) is get_rule(new_slug) is get_rule(rule_id)
+    assert ids(Config(select=(old_slug,))) == ids(Config(select=(new_slug,))) == {rule_id}
+    assert rule_id not in ids(Config(preview=True, ignore=(old_slug,)))
+    assert selector_problem(old_slug, selecting=True) is None and selector_problem(old_slug, selecting=False) is None
+    written = tmp_path / "torchreview.yml"
+    written.write_text(f"rules:\n  ignore: [{old_slug}]\npreview: true\n")
+    assert rule_id not in ids(load_config_file(written))
+
+
+def test_aliases_point_at_live_rules_and_shadow_none():
+    from analyzers.rules import RULE_ALIASES, get_rule
+
+    live = {r.id for r in all_rules()} | {r.slug for r in all_rules()}
+    for alias, target in RULE_ALIASES.items():
+        assert alias not in live, f"{alias} is an alias and a live rule's id or slug"
+        assert target in {r.id for r in all_rules()} and get_rule(alias).id == target
+
+
 def test_select_ignore_by_id_prefix_slug_category():
     config = Config.from_mapping({"select": ["TR6"], "ignore": ["save-whole-model"], "preview": True})
     assert ids(config) == {r.id for r in all_rules() if r.id.startswith("TR6")} - {"TR602"}

@@ -10,6 +10,7 @@ import pytest
 
 from analyzers.context import FileContext
 from analyzers.engine import _Walker
+from analyzers.model import Category
 from analyzers.program import library
 from analyzers.program.flow import subtree
 from analyzers.program.library import Does
@@ -20,6 +21,8 @@ from analyzers.program.values import (changes_in_eval, constructor, is_backward,
                                       is_scheduler, wrapped_module)
 
 RULES = Path(__file__).resolve().parents[1] / "analyzers" / "rules"
+# every module of the catalog's category folders: the rules (one each) and the helpers a folder's rules share
+RULE_FILES = sorted(p for p in RULES.glob("*/*.py") if p.name != "__init__.py")
 
 
 def context(code: str, path: str = "example.py") -> FileContext:
@@ -169,8 +172,8 @@ _OWNED = frozenset(name for name, api in library.APIS.items()
                                   Does.WRITES_TORCH_CHECKPOINT, Does.READS_TORCH_CHECKPOINT})
 
 
-@pytest.mark.parametrize("path", sorted(p for p in RULES.glob("*.py") if p.name not in (
-    "removed_api.py", "deprecation.py")), ids=lambda p: p.name)  # TorchFix parity tables: another owner
+@pytest.mark.parametrize("path", [p for p in RULE_FILES if p.parent.name != Category.DEPRECATION.package],
+                         ids=lambda p: p.name)  # the deprecations' TorchFix parity tables: another owner
 def test_rule_files_keep_no_list_of_what_the_table_knows(path):
     for line, names in _name_collections(ast.parse(path.read_text())):
         where = f"{path.name}:{line}"
@@ -196,7 +199,13 @@ def _imports_of(tree: ast.Module):
 _ALLOWED = {"analyzers.rules.base", "analyzers.rules"}  # the rule base class and the registry
 
 
-@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.name)
+def _shared_by_its_folder(path: Path, module: str) -> bool:
+    """A ``_`` module of the importing module's own category folder: what the folder's rules share."""
+    folder, _, name = module.removeprefix("analyzers.rules.").partition(".")
+    return folder == path.parent.name and name.startswith("_") and "." not in name
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_rule_modules_import_no_other_rule_module(path):
     problems = []
     for line, module, names in _imports_of(ast.parse(path.read_text())):
@@ -204,7 +213,8 @@ def test_rule_modules_import_no_other_rule_module(path):
             problems.append(f"line {line}: relative import {module}")
         elif module == "analyzers.rules" and any(n not in ("REGISTRY", "all_rules") for n in names):
             problems.append(f"line {line}: {names} from the rules package")
-        elif module.startswith("analyzers.rules.") and module not in _ALLOWED:
+        elif module.startswith("analyzers.rules.") and module not in _ALLOWED and \
+                not (_shared_by_its_folder(path, module) and not path.name.startswith("_")):
             problems.append(f"line {line}: {module} {names}")
         if module.startswith("analyzers.rules") and any(n.startswith("_") for n in names):
             problems.append(f"line {line}: private {[n for n in names if n.startswith('_')]} from {module}")
@@ -214,7 +224,7 @@ def test_rule_modules_import_no_other_rule_module(path):
 
 # ---- one way to cache facts ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", sorted(RULES.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_rules_keep_facts_only_through_ctx_facts(path):
     """Facts a file's rules share live in ``ctx.facts(Kind)``, never in attributes a rule sets on the context."""
     stashed = []

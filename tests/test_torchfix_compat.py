@@ -119,7 +119,8 @@ def test_docs_table_matches_the_map():
 
 
 def _table_findings(code: str) -> list:
-    from analyzers.rules.removed_api import DeprecatedTorchApi, RemovedTorchApi
+    from analyzers.rules.mixed_precision_deprecation.deprecated_torch_api import DeprecatedTorchApi
+    from analyzers.rules.mixed_precision_deprecation.removed_torch_api import RemovedTorchApi
 
     return analyze_source(code, "model.py", Config(preview=True), rules=[DeprecatedTorchApi, RemovedTorchApi]).findings
 

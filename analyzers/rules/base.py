@@ -103,6 +103,9 @@ class Rule:
     #: a security weakness, not only a bug: SARIF gives it a security-severity, so code scanning ranks it
     #: among security alerts
     security: ClassVar[bool] = False
+    #: purely syntactic, nothing inferred (a call of a removed API, a pickle opcode that imports a callable):
+    #: with too few findings to measure, such a rule is stable unless a judged finding was wrong (levels.py)
+    syntactic: ClassVar[bool] = False
     VALID: ClassVar[list[Example]] = []
     INVALID: ClassVar[list[Example]] = []
 

@@ -1,0 +1,7 @@
+"""Data pipeline rules (TR96x): random augmentation on evaluation data, loaders re-iterated to count
+batches, DataLoader options that exclude each other.
+
+One module per rule, named after its slug; a module whose name starts with ``_`` holds what several rules
+here share and defines no rule. Most rules collect small facts while the engine walks the file (which loop a
+call sits in, in which function, in what order) and decide in ``end_file``.
+"""

@@ -1,0 +1,93 @@
+"""TR702 dataloader-no-workers: training DataLoader loads batches in the main process (no num_workers) on a CUDA job."""
+from __future__ import annotations
+
+import re
+import libcst as cst
+
+from analyzers.context import (FileContext, keyword_arg)
+from analyzers.markdown import named
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid
+from analyzers.rules.device_performance._device import (
+    device_facts as _facts,
+    Loader as _Loader,
+    LoaderRule as _LoaderRule,
+)
+
+
+class DataLoaderNoWorkers(_LoaderRule):
+    id = "TR702"
+    source_hint = re.compile(r"DataLoader")  # a DataLoader call
+    slug = "dataloader-no-workers"
+    category = Category.DEVICE
+    severity = Severity.LOW
+    summary = "training DataLoader loads batches in the main process (no num_workers) on a CUDA job"
+    what = """
+        Flags a training `DataLoader` (`shuffle=True`, or a dataset/loader named `train*`) that
+        does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA.
+    """
+    why = """
+        With `num_workers=0` every batch is loaded, decoded and collated in the training
+        process, between GPU steps: the GPU idles while Python reads files and augments images.
+        Worker processes prepare the next batches in parallel with the step.
+    """
+    example = """
+        train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)
+        model = model.cuda()
+    """
+    fix_example = """
+        train_loader = DataLoader(train_ds, batch_size=64, shuffle=True,
+                                  num_workers=4, pin_memory=True, persistent_workers=True)
+        model = model.cuda()
+    """
+    VALID = [
+        # in-memory data: MNIST with ToTensor only, a TensorDataset; and a (shuffled) test loader
+        "import torch\nfrom torchvision import datasets, transforms\nfrom torch.utils.data import DataLoader\n"
+        "train_ds = datasets.MNIST('data', train=True, transform=transforms.ToTensor())\n"
+        "train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)\n"
+        "test_loader = DataLoader(test_folder, batch_size=64, shuffle=True)\n"
+        "for x, y in train_loader:\n    x = x.cuda()\n",
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(train_ds, batch_size=32, shuffle=True, num_workers=8)\nmodel.cuda()\n",
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(train_ds, batch_size=32, shuffle=True, num_workers=args.workers)\nmodel.cuda()\n",
+        # CPU-only file
+        "import torch\nfrom torch.utils.data import DataLoader\nloader = DataLoader(train_ds, shuffle=True)\n",
+        # evaluation loader
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "test_loader = DataLoader(test_ds, batch_size=256)\nmodel.to('cuda')\n",
+        # settings passed through **kwargs
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "loader = DataLoader(train_ds, shuffle=True, **loader_kwargs)\nmodel.cuda()\n",
+    ]
+    INVALID = [
+        Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
+                "train_loader = DataLoader(train_ds, batch_size=32, shuffle=True)\nmodel = Net().cuda()\n",
+                line=3, message="train_loader"),
+        Invalid("import torch\nfrom torch.utils.data import DataLoader as DL\n"
+                "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+                "loader = DL(trainset, batch_size=32, num_workers=0)\nmodel.to(device)\n",
+                line=4, message="num_workers=0"),
+        Invalid("import torch.utils.data as tud\nimport torch\n"
+                "dl = tud.DataLoader(ds, batch_size=8, shuffle=True)\n"
+                "for x, y in dl:\n    x = x.to('cuda')\n",
+                line=3, message="dl"),
+    ]
+
+    def wants(self, loader: _Loader) -> bool:
+        if not loader.training or loader.in_memory:
+            return False
+        workers = keyword_arg(loader.call, "num_workers")
+        if workers is None:
+            return len([a for a in loader.call.args if a.keyword is None]) < 6  # positional num_workers
+        return isinstance(workers.value, cst.Integer) and workers.value.evaluated_value == 0
+
+    def end_file(self, ctx: FileContext) -> None:
+        if not self.loaders or not _facts(ctx).cuda_evidence:
+            return
+        for loader in self.loaders:
+            workers = keyword_arg(loader.call, "num_workers")
+            how = "`num_workers=0`" if workers is not None else "no `num_workers`"
+            self.report(loader.call, f"training {named('DataLoader', loader.label)} has {how}: batches are loaded in the "
+                                     f"training process and the GPU waits for them; pass num_workers>0 "
+                                     f"(e.g. num_workers=4, persistent_workers=True)")

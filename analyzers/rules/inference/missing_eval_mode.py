@@ -1,0 +1,120 @@
+"""TR201 missing-eval-mode: model run for validation/inference without model.eval()."""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+from analyzers.program.values import changes_in_eval
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Valid
+from analyzers.rules.inference._inference import ModelCall as _ModelCall, InferencePathRule as _InferencePathRule
+
+
+class MissingEvalMode(_InferencePathRule):
+    id = "TR201"
+    slug = "missing-eval-mode"
+    category = Category.INFERENCE
+    severity = Severity.HIGH
+    summary = "model run for validation/inference without model.eval()"
+    what = """
+        Flags a model that is called in a validation, evaluation, test or prediction path (a
+        function named like `validate`, `evaluate`, `predict`, `infer`, `test`, or a loop over a
+        `val`/`test`/`eval`/`dev` loader) when no `model.eval()` (or `model.train(False)`) comes
+        before it in that function, in its class, or before the call sites in this file. Lightning
+        `LightningModule` hooks are skipped: Lightning switches modes itself. A model whose class
+        (found in this repository) has no dropout and no BatchNorm is skipped: eval() changes
+        nothing there.
+    """
+    why = """
+        In training mode dropout keeps dropping activations and batch-norm normalizes with the
+        statistics of the current batch (and keeps updating its running averages with validation
+        data). Metrics become noisy and too pessimistic, predictions depend on the batch they come
+        in, and the running statistics are silently corrupted by evaluation data.
+    """
+    example = """
+        def validate(model, loader):
+            with torch.no_grad():
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+    """
+    fix_example = """
+        def validate(model, loader):
+            model.eval()
+            with torch.no_grad():
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+            model.train()
+    """
+    VALID = [
+        # a single nn.Linear built in the file: nothing behaves differently in eval mode
+        "import torch\nimport torch.nn as nn\nmodel = nn.Linear(784, 10)\n"
+        "def test():\n    with torch.no_grad():\n        for x, y in test_loader:\n            out = model(x)\n",
+        # nothing in the model behaves differently in eval mode (no dropout, no BatchNorm)
+        "import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.fc = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
+        "    def forward(self, x):\n        return self.fc(x)\nnet = Net().to(device)\n"
+        "with torch.no_grad():\n    for x, y in val_loader:\n        pred = net(x)\n",
+        # eval() first
+        "import torch\ndef validate(model, loader):\n    model.eval()\n    with torch.no_grad():\n"
+        "        for x, y in loader:\n            out = model(x)\n",
+        # train(False)
+        "import torch\ndef evaluate(model, loader):\n    model.train(False)\n    with torch.no_grad():\n"
+        "        for x in loader:\n            model(x)\n",
+        # eval() inside the no_grad block
+        "import torch\ndef predict(model, x):\n    with torch.no_grad():\n        model.eval()\n        return model(x)\n",
+        # eval done by the caller in this file
+        "import torch\ndef evaluate(model, loader):\n    with torch.no_grad():\n        return [model(x) for x in loader]\n"
+        "def main(model, loader):\n    model.eval()\n    evaluate(model, loader)\n",
+        # Lightning sets eval mode for validation_step / test_step / predict_step
+        "import torch\nimport lightning as L\nclass Lit(L.LightningModule):\n    def validation_step(self, batch, i):\n"
+        "        x, y = batch\n        return self.model(x)\n    def test_step(self, batch, i):\n        return self.model(batch[0])\n"
+        "    def predict_step(self, batch, i):\n        return self.model(batch)\n",
+        # pytest tests that only run a model
+        "import torch\ndef test_forward_shape():\n    model = torch.nn.Linear(2, 3)\n    assert model(torch.zeros(1, 2)).shape == (1, 3)\n",
+        # self.eval() of an enclosing module covers self.model
+        "import torch\nimport torch.nn as nn\nclass Wrapper(nn.Module):\n    def evaluate(self, loader):\n        self.eval()\n"
+        "        with torch.no_grad():\n            for x in loader:\n                self.model(x)\n",
+        # eval() in __init__ of a predictor class
+        "import torch\nclass Predictor:\n    def __init__(self, path):\n        self.model = torch.jit.load(path)\n"
+        "        self.model.eval()\n    @torch.no_grad()\n    def predict(self, x):\n        return self.model(x)\n",
+        # eval'd in the chain
+        "import torch\nimport torch.nn as nn\nnet = nn.Sequential(nn.Linear(2, 2), nn.Dropout()).eval()\n"
+        "def infer(x):\n    with torch.no_grad():\n        return net(x)\n",
+        # training loop over the training data is not an evaluation path
+        "import torch\ndef train(model, train_loader, opt):\n    model.train()\n    for x, y in train_loader:\n"
+        "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
+        Valid("import torch\nfrom transformers import AutoModel\nmodel = AutoModel.from_pretrained('bert-base-uncased')\n"
+              "def predict(batch):\n    with torch.no_grad():\n        return model(**batch)\n"),
+    ]
+    INVALID = [
+        Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"
+                "            out = model(x)\n", line=5, message="`model`"),
+        Invalid("import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.drop = nn.Dropout(0.5)\n    def forward(self, x):\n"
+                "        return self.drop(x)\n"
+                "net = Net()\nwith torch.no_grad():\n    for x, y in val_loader:\n        pred = net(x)\n",
+                line=12, message="val_loader"),
+        Invalid("import torch\nclass Trainer:\n    def evaluate(self):\n        with torch.no_grad():\n"
+                "            for batch in self.val_loader:\n                logits = self.model(batch)\n",
+                line=6, message="`self.model`"),
+        # eval before, then train() again, then a validation loop
+        Invalid("import torch\ndef fit(model, train_loader, val_loader, opt):\n    model.eval()\n"
+                "    for epoch in range(3):\n        model.train()\n        for x, y in train_loader:\n"
+                "            model(x).sum().backward()\n            opt.step()\n        with torch.no_grad():\n"
+                "            for x, y in val_loader:\n                model(x)\n", line=11),
+        Invalid("import torch as th\ndef predict(encoder, x):\n    with th.inference_mode():\n        return encoder.forward(x)\n",
+                line=4, message="encoder"),
+    ]
+
+    def check(self, call: _ModelCall, where: str) -> Optional[str]:
+        if self.facts.eval_covered(call):
+            return None
+        if _DOTTED.match(call.model) and not changes_in_eval(self.ctx, cst.parse_expression(call.model), call.node):
+            return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
+        return (f"`{call.model}` runs in {where} without `{call.model}.eval()` before it: dropout stays active and "
+                f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "
+                f"call `{call.model}.eval()` first")
+
+
+_DOTTED = re.compile(r"^[A-Za-z_][\w.]*$")

@@ -1,0 +1,76 @@
+"""TR202 missing-no-grad: model run for validation/inference with autograd recording."""
+from __future__ import annotations
+
+from typing import Optional
+from analyzers.model import Category, Severity
+from analyzers.rules.base import Invalid, Valid
+from analyzers.rules.inference._inference import ModelCall as _ModelCall, InferencePathRule as _InferencePathRule
+
+
+class MissingNoGrad(_InferencePathRule):
+    id = "TR202"
+    slug = "missing-no-grad"
+    category = Category.INFERENCE
+    severity = Severity.MEDIUM
+    summary = "model run for validation/inference with autograd recording"
+    what = """
+        Flags a model that is called in a validation, evaluation, test or prediction path (see
+        TR201) outside `torch.no_grad()` / `torch.inference_mode()` (as a context manager or a
+        decorator) or `torch.set_grad_enabled(False)`, when the same function does not compute
+        gradients itself (`.backward()`, `torch.autograd.grad`, `torch.enable_grad()`). A caller in
+        this file that enters no-grad around the call counts.
+    """
+    why = """
+        With autograd on, every forward pass records the graph and keeps all intermediate
+        activations alive for a backward pass that never comes: evaluation uses several times
+        more memory (often the cause of out-of-memory errors during validation) and runs slower.
+    """
+    example = """
+        def evaluate(model, loader):
+            model.eval()
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum()
+    """
+    fix_example = """
+        @torch.no_grad()
+        def evaluate(model, loader):
+            model.eval()
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum()
+    """
+    VALID = [
+        "import torch\n@torch.no_grad()\ndef evaluate(model, loader):\n    model.eval()\n    for x in loader:\n        model(x)\n",
+        "import torch\n@torch.inference_mode()\ndef predict(model, x):\n    model.eval()\n    return model(x)\n",
+        "import torch\ndef validate(model, loader):\n    model.eval()\n    torch.set_grad_enabled(False)\n"
+        "    for x in loader:\n        model(x)\n",
+        # no_grad entered by the caller in this file
+        "import torch\ndef evaluate(model, loader):\n    model.eval()\n    return [model(x) for x in loader]\n"
+        "def main(model, loader):\n    with torch.no_grad():\n        evaluate(model, loader)\n",
+        # decorator on the enclosing method
+        "import torch\nclass Runner:\n    @torch.no_grad()\n    def validate(self):\n        self.model.eval()\n"
+        "        def step(x):\n            return self.model(x)\n        return [step(x) for x in self.val_loader]\n",
+        # gradients wanted on purpose (saliency maps, test-time adaptation)
+        "import torch\ndef predict_saliency(model, x):\n    model.eval()\n    x.requires_grad_()\n"
+        "    model(x).max().backward()\n    return x.grad\n",
+        "import torch\ndef infer_with_grad(model, x):\n    model.eval()\n    with torch.enable_grad():\n        return model(x)\n",
+        Valid("import torch\nimport pytorch_lightning as pl\nclass Lit(pl.LightningModule):\n    def test_step(self, batch, i):\n"
+              "        return self.net(batch)\n"),
+    ]
+    INVALID = [
+        Invalid("import torch\ndef evaluate(model, loader):\n    model.eval()\n    for x, y in loader:\n"
+                "        correct = (model(x).argmax(1) == y).sum()\n", line=5, message="`model`"),
+        Invalid("import torch\nmodel = torch.nn.Linear(3, 1)\nmodel.eval()\nfor x in test_loader:\n    y = model(x)\n",
+                line=5, message="test_loader"),
+        Invalid("import torch\nclass Engine:\n    def predict(self, x):\n        self.model.eval()\n"
+                "        return self.model(x).softmax(-1)\n", line=5, message="self.model"),
+        # enable_grad elsewhere in the file does not count; the call site here is not under no_grad
+        Invalid("import torch\ndef evaluate(net, loader):\n    net.eval()\n    return [net(x) for x in loader]\n"
+                "def main(net, loader):\n    print(evaluate(net, loader))\n", line=4),
+    ]
+
+    def check(self, call: _ModelCall, where: str) -> Optional[str]:
+        if self.facts.nograd_covered(call):
+            return None
+        return (f"`{call.model}` runs in {where} with autograd recording: wrap it in `torch.no_grad()` or "
+                f"`torch.inference_mode()` (or decorate the function) so activations are not kept for a backward "
+                f"pass that never comes")

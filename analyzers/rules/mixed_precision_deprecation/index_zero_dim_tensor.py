@@ -1,0 +1,123 @@
+"""TR816 index-zero-dim-tensor: loss.data[0] indexes a 0-dim tensor: an IndexError since PyTorch 0.5; use loss.item().
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import (FileContext, dotted_name, short)
+from analyzers.markdown import code_span
+from analyzers.model import Category, Severity
+from analyzers.program.versions import VersionFacts
+from analyzers.rules.base import Invalid, Rule
+
+
+_REDUCTIONS = {"sum", "mean", "max", "min", "prod", "norm", "std", "var", "item"}
+
+
+def _scalar_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
+    """Why ``expr`` is a 0-dim tensor: it is a loss, or a full reduction such as ``x.sum()``."""
+    name = dotted_name(expr)
+    last_name = name.rsplit(".", 1)[-1].lower() if name is not None else ""
+    if "loss" in last_name.split("_") or last_name.endswith("loss"):
+        return "a loss"
+    value = ctx.origin(expr) if name is not None else expr
+    if isinstance(value, cst.Call):
+        func = value.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if isinstance(func, cst.Attribute) and last in _REDUCTIONS and not value.args and \
+                ctx.qualified_name(func) is None:
+            return f"a full reduction (`.{last}()`)"
+        callee = (dotted_name(func) or "").lower()
+        if callee.rsplit(".", 1)[-1] in ("criterion", "loss_fn", "loss_func", "loss_function", "lossfn") or \
+                callee.endswith("_loss"):
+            return "a loss"
+    return None
+
+
+class IndexZeroDimData(Rule):
+    id = "TR816"
+    syntactic = True
+    slug = "index-zero-dim-tensor"
+    pinned_package = "torch"
+    category = Category.DEPRECATION
+    severity = Severity.HIGH
+    summary = "loss.data[0] indexes a 0-dim tensor: an IndexError since PyTorch 0.5; use loss.item()"
+    what = """
+        Flags `x.data[0]` where `x` is a scalar: a loss (a name containing "loss", or the result
+        of `criterion(...)` / `F.*_loss(...)`) or a full reduction such as `(pred == y).sum()`.
+    """
+    why = """
+        Before PyTorch 0.4 losses were 1-element vectors and `loss.data[0]` read the number.
+        Losses are 0-dim tensors now, and indexing one raises `IndexError: invalid index of a
+        0-dim tensor. Use tensor.item()`: the training loop crashes on its first log line.
+    """
+    example = """
+        total += loss.data[0]
+    """
+    fix_example = """
+        total += loss.item()
+    """
+    VALID = [
+        """
+        import torch
+        total += loss.item()
+        first = outputs.data[0]
+        """,
+        # indexing a batch of per-sample losses
+        """
+        import torch
+        losses = criterion_none(out, y)
+        worst = losses.data[0]
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                print(loss.data[0])
+            """,
+            line=6, message="`loss.data[0]`",
+            fixed="""
+            import torch
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+                print(loss.item())
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            correct = (pred == labels).sum()
+            acc = correct.data[0] / total
+            """,
+            line=4, message="full reduction",
+            fixed="""
+            import torch
+            correct = (pred == labels).sum()
+            acc = correct.item() / total
+            """,
+        ),
+    ]
+
+    def visit_Subscript(self, node: cst.Subscript, ctx: FileContext) -> None:
+        value = node.value
+        if not isinstance(value, cst.Attribute) or value.attr.value != "data" or len(node.slice) != 1:
+            return
+        index = node.slice[0].slice
+        if not isinstance(index, cst.Index) or not isinstance(index.value, cst.Integer) or index.value.value != "0":
+            return
+        if isinstance(ctx.parent(node), (cst.AssignTarget, cst.AugAssign)):
+            return
+        why = _scalar_origin(value.value, ctx)
+        if why is None or not ctx.facts(VersionFacts).admits("torch", (0, 5)):
+            return
+        replacement = cst.Call(func=cst.Attribute(value.value, cst.Name("item")))
+        self.report(node, f"{code_span(short(ctx, node))} indexes {code_span(short(ctx, value.value))}, {why} and so a "
+                          f"0-dim tensor: this raises IndexError since PyTorch 0.5; use "
+                          f"{code_span(short(ctx, replacement))}", replacement=replacement)

@@ -1,0 +1,227 @@
+"""TR414 hand-written-log1p-expm1: torch.log(1 + x) / torch.exp(x) - 1 in half-precision code lose small x; use
+torch.log1p / torch.expm1.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, short
+from analyzers.markdown import code_span
+from analyzers.model import Category, Severity
+from analyzers.program.flow import subtree
+from analyzers.rules.base import Invalid, Rule
+from analyzers.program.names import parenthesized
+from analyzers.program.roles import is_test_code
+from analyzers.rules.numerics._numerics_exact import (
+    is_one as _is_one,
+    single_argument as _single_argument,
+    unwrap as _unwrap,
+)
+
+
+# Half-precision evidence in the file: where `1 + x` rounds away anything below 5e-4 (float16) / 4e-3 (bfloat16).
+_HALF_PRECISION = re.compile(r"bfloat16|float16|\.half\(\)|autocast|torch_dtype")
+# ``x`` that is a magnitude or a count: log(1 + |x|) compresses a range, and small values cannot be lost there.
+_MAGNITUDES = {"abs", "arange", "numel", "long", "int", "count_nonzero", "bincount", "len", "size"}
+
+
+def _is_exp(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``torch.exp(x)`` or a tensor's ``x.exp()`` (not ``math.exp`` / ``np.exp``)."""
+    expr = _unwrap(expr)
+    if not isinstance(expr, cst.Call):
+        return False
+    qualified = ctx.qualified_name(expr.func)
+    if qualified == "torch.exp":
+        return True
+    return qualified is None and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "exp" and \
+        not expr.args
+
+
+def _other_than_one(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """``x`` of ``1 + x`` / ``x + 1`` (one literal 1 and one other operand), else None."""
+    expr = _unwrap(expr)
+    if not isinstance(expr, cst.BinaryOperation) or not isinstance(expr.operator, cst.Add):
+        return None
+    if _is_one(expr.left) and not _is_one(expr.right):
+        return _unwrap(expr.right)
+    if _is_one(expr.right) and not _is_one(expr.left):
+        return _unwrap(expr.left)
+    return None
+
+
+def _never_small(expr: cst.BaseExpression) -> bool:
+    """A literal, or a magnitude / count (``x.abs()``, ``torch.arange(n)``, ``len(xs)``): no tiny values to lose."""
+    if isinstance(expr, cst.UnaryOperation):
+        return _never_small(expr.expression)
+    if isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary)):
+        return True
+    for node in subtree(expr):
+        if isinstance(node, cst.Call):
+            name = node.func.attr.value if isinstance(node.func, cst.Attribute) else \
+                node.func.value if isinstance(node.func, cst.Name) else None
+            if name in _MAGNITUDES:
+                return True
+    return False
+
+
+class HandWrittenLog1pExpm1(Rule):
+    id = "TR414"
+    slug = "hand-written-log1p-expm1"
+    category = Category.NUMERICS
+    severity = Severity.LOW
+    summary = "torch.log(1 + x) / torch.exp(x) - 1 in half-precision code lose small x; use torch.log1p / torch.expm1"
+    # log/exp next to a literal 1, in a file that computes in float16 / bfloat16
+    source_hint = (re.compile(r"\blog\b|\bexp\b"), _HALF_PRECISION)
+    what = """
+        Flags `torch.log(1 + x)` / `torch.log(x + 1)` / `(1 + x).log()` and `torch.exp(x) - 1` /
+        `x.exp() - 1` on tensors (any import alias of `torch`) in a file that computes in half
+        precision (`autocast`, `float16` / `bfloat16`, `.half()`, `torch_dtype=`). Left alone:
+        `torch.log(1 + torch.exp(x))` (TR411's softplus), magnitudes and counts
+        (`torch.log(1 + x.abs())`, `torch.log(1 + torch.arange(n))`: a range compression with no
+        tiny values to lose), NumPy / `math`, tests (a reference formula mirrors the math on
+        purpose), and float32-only files, where `1 + x` only drops values below 6e-8.
+    """
+    why = """
+        `1 + x` is rounded to the tensor's precision before the log sees it: below about 5e-4
+        in float16 and 4e-3 in bfloat16 `1 + x` is exactly 1, so `log(1 + x)` returns 0 instead
+        of about `x`, and larger small values keep only two or three significant digits.
+        `exp(x) - 1` cancels the same way. `torch.log1p(x)` and `torch.expm1(x)` compute the same
+        functions without the rounding, for every `x`, in every dtype; the fix changes nothing else.
+    """
+    example = """
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            log_rate = torch.log(1 + rate)
+            growth = torch.exp(log_growth) - 1
+    """
+    fix_example = """
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            log_rate = torch.log1p(rate)
+            growth = torch.expm1(log_growth)
+    """
+    VALID = [
+        """
+        import torch
+        import numpy as np
+        import math
+        model = model.to(torch.bfloat16)
+        a = torch.log1p(rate)
+        b = torch.expm1(z)
+        c = torch.log(1 + torch.exp(x))  # softplus: TR411
+        d = np.log(1 + counts)
+        e = math.exp(t) - 1
+        f = torch.log(2 + x)
+        g = torch.log(1 + x + y)
+        h = torch.log(torch.tensor(1 + 1e-3))
+        i = torch.sign(coords) * torch.log(1.0 + coords.abs())
+        j = torch.log(1 + torch.arange(n).float())
+        """,
+        # float32 only: 1 + x drops nothing above 6e-8
+        """
+        import torch
+        log_rate = torch.log(1 + rate)
+        """,
+    ]
+    INVALID = [
+        Invalid(
+            """
+            import torch
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                log_rate = torch.log(1 + rate)
+            """,
+            line=4, message="`torch.log(1 + rate)`",
+            fixed="""
+            import torch
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                log_rate = torch.log1p(rate)
+            """,
+        ),
+        Invalid(
+            """
+            import torch as th
+            def elu(x, alpha):
+                return th.where(x > 0, x, alpha * (th.exp(x) - 1.0))
+            model.half()
+            """,
+            line=4, message="th.expm1(x)",
+            fixed="""
+            import torch as th
+            def elu(x, alpha):
+                return th.where(x > 0, x, alpha * (th.expm1(x)))
+            model.half()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            def bonus(p, scale):
+                damped = (p * scale + 1).log()
+                return damped * (p.exp() - 1)
+            x = torch.randn(8, dtype=torch.float16)
+            """,
+            line=4, count=2,
+            fixed="""
+            import torch
+            def bonus(p, scale):
+                damped = (p * scale).log1p()
+                return damped * (p.exp() - 1)
+            x = torch.randn(8, dtype=torch.float16)
+            """,
+        ),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "log") and \
+                not (isinstance(func, cst.Name) and func.value == "log"):
+            return
+        qualified = ctx.qualified_name(func)
+        if qualified == "torch.log":
+            argument = _single_argument(node)
+            x = _other_than_one(argument) if argument is not None else None
+            if x is None or _never_small(x) or _is_exp(x, ctx):
+                return
+            replacement = None
+            if isinstance(func, cst.Attribute):  # keep the file's alias: ``th.log`` -> ``th.log1p``
+                replacement = node.with_changes(func=func.with_changes(attr=cst.Name("log1p")), args=[cst.Arg(x)])
+            self._report(node, replacement, "torch.log1p(x)", "`1 + x` rounds to exactly 1", ctx)
+        elif qualified is None and isinstance(func, cst.Attribute) and func.attr.value == "log" and not node.args:
+            x = _other_than_one(func.value)
+            if x is None or _never_small(x) or _is_exp(x, ctx):
+                return
+            replacement = cst.Call(func=cst.Attribute(parenthesized(x), cst.Name("log1p")))  # ``(a * b).log1p()``
+            self._report(node, replacement, "x.log1p()", "`1 + x` rounds to exactly 1", ctx)
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation, ctx: FileContext) -> None:
+        if not isinstance(node.operator, cst.Subtract) or not _is_one(node.right):
+            return
+        exp = _unwrap(node.left)
+        if not _is_exp(exp, ctx):
+            return
+        assert isinstance(exp, cst.Call) and isinstance(exp.func, (cst.Attribute, cst.Name))
+        replacement: Optional[cst.BaseExpression] = None
+        if ctx.qualified_name(exp.func) == "torch.exp":
+            x = _single_argument(exp)
+            if x is None or _never_small(_unwrap(x)):
+                return
+            if isinstance(exp.func, cst.Attribute):
+                replacement = cst.Call(func=exp.func.with_changes(attr=cst.Name("expm1")), args=[cst.Arg(_unwrap(x))])
+            generic = "torch.expm1(x)"
+        else:
+            assert isinstance(exp.func, cst.Attribute)
+            if _never_small(exp.func.value):
+                return
+            replacement = cst.Call(func=exp.func.with_changes(attr=cst.Name("expm1")))
+            generic = "x.expm1()"
+        self._report(node, replacement, generic, "`exp(x) - 1` cancels to 0", ctx)
+
+    def _report(self, node: cst.CSTNode, replacement: Optional[cst.BaseExpression], generic: str, loss: str,
+                ctx: FileContext) -> None:
+        if is_test_code(ctx):
+            return  # a test's reference formula mirrors the math on purpose
+        instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
+        self.report(node, f"{code_span(short(ctx, node))} in half-precision code: {loss} when |x| is below ~5e-4 in "
+                          f"float16 (4e-3 in bfloat16) and keeps only a few digits above; {instead} computes the same "
+                          f"function without the rounding", replacement=replacement)

@@ -1,0 +1,306 @@
+"""TR601 unsafe-torch-load: torch.load without weights_only=True can execute arbitrary code."""
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+import libcst as cst
+
+from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
+from analyzers.model import Category, Severity
+from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback
+from analyzers.program.library import Does, does
+from analyzers.program.roles import collects_tests, describe
+from analyzers.program.versions import VersionFacts
+from analyzers.rules.base import Invalid, Rule
+
+
+# torch.load defaults to weights_only=True from this release on (unless a pickle_module is passed)
+WEIGHTS_ONLY_DEFAULT = (2, 6)
+SAFE_GLOBALS = ("torch.serialization.safe_globals",)
+# Names whose values come from outside the program: CLI arguments, env, config, downloads.
+_EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "url", "download",
+                   "request", "hub", "config", "cfg", "opt.", "flags", "hparams", "sys.")
+
+
+class UnsafeTorchLoad(Rule):
+    id = "TR601"
+    security = True
+    source_hint = re.compile(r"load")  # a torch.load call
+    fix_safety = "unsafe"  # weights_only=True refuses checkpoints holding arbitrary objects
+    slug = "unsafe-torch-load"
+    category = Category.SECURITY
+    severity = Severity.HIGH
+    summary = "torch.load without weights_only=True can execute arbitrary code"
+    what = """
+        Flags `torch.load(...)` calls that pass `weights_only=False`, or that do not pass
+        `weights_only=True`, on a file the program did not write itself. The finding is critical
+        when the path comes from outside the program (command-line arguments, environment,
+        configuration, a download). Not flagged: a checkpoint the same file saved before loading it
+        (the best-model reload of a training script or notebook, a cache), loads inside
+        `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
+        `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
+        The `weights_only=True` fix is offered only when nothing in the file, the scripts beside it
+        or the repository modules it imports saves a payload that weights-only loading refuses (a
+        whole module, an `argparse.Namespace`, NumPy arrays, through `torch.save` or
+        `save_on_master`); then the message names who saves what, with no fix. A load of a file
+        name the file only ever saves tensors to keeps the fix.
+    """
+    why = """
+        `torch.load` unpickles its input. A pickle can run any code while it loads, so a
+        checkpoint from an untrusted place is a remote-code-execution vector. torch >= 2.6
+        defaults to `weights_only=True`, but an explicit `weights_only=False` (often added to
+        silence an error) turns the protection off, and code that runs on older torch or that
+        copies the call elsewhere has no protection at all.
+    """
+    example = """
+        state = torch.load(args.checkpoint)
+    """
+    fix_example = """
+        state = torch.load(args.checkpoint, weights_only=True)
+        # for custom classes: torch.serialization.add_safe_globals([MyConfig])
+    """
+    VALID = [
+        # a cache at a path from the command line, written by this program when missing
+        "import torch, os\nif os.path.isfile(args.vector_cache):\n    vectors = torch.load(args.vector_cache)\n"
+        "else:\n    torch.save(vectors, args.vector_cache)\n",
+        # saved by train(), which the notebook calls with the same file name
+        "import torch\ndef train(model, save_path):\n    torch.save(model.state_dict(), save_path)\n"
+        "train(model, 'model_scratch.pt')\nmodel.load_state_dict(torch.load('model_scratch.pt'))\n",
+        "import torch\nstate = torch.load('model.pt', weights_only=True)\n",
+        "import torch\nstate = torch.load(path, map_location='cpu', weights_only=True)\n",
+        "import torch as th\nstate = th.load(f, weights_only=True)\n",
+        # not torch.load
+        "import torch\nimport pickle\nobj = json.load(f)\n",
+        "import torch\nclass Loader:\n    def load(self, p):\n        return p\nLoader().load('x')\n",
+        # the best checkpoint this script wrote a few lines earlier
+        "import torch\nfor epoch in range(3):\n    torch.save(model.state_dict(), 'best-model.pt')\n"
+        "model.load_state_dict(torch.load('best-model.pt'))\n",
+        # passed to where train() saves: an exercise whose train() says "## TODO: save the model"
+        "import torch\ndef train(n_epochs, model, save_path):\n    for epoch in range(n_epochs):\n        pass\n"
+        "    return model\nmodel = train(10, model, 'model_scratch.pt')\n"
+        "model.load_state_dict(torch.load('model_scratch.pt'))\n",
+        # written through a helper whose argument is the same file
+        "import torch\ntorch.save(ckpt, 'checkpoint.pth')\ndef load_checkpoint(filepath):\n"
+        "    return torch.load(filepath)\nmodel = load_checkpoint('checkpoint.pth')\n",
+        # a cache the program writes and reads back
+        "import torch, os\nif os.path.isfile(cache_file):\n    vectors = torch.load(cache_file)\n"
+        "else:\n    torch.save(vectors, cache_file)\n",
+        # a data set that caches its processed tensors through a file handle and reads them back
+        "import os, torch\nclass Digits(Dataset):\n    def __init__(self, root, build=False):\n"
+        "        self.root = root\n        if build:\n            self.build()\n"
+        "        self.images, self.labels = torch.load(os.path.join(self.root, 'cache', 'digits.pt'))\n"
+        "    def build(self):\n        images, labels = read_raw(self.root)\n"
+        "        with open(os.path.join(self.root, 'cache', 'digits.pt'), 'wb') as handle:\n"
+        "            torch.save((images, labels), handle)\n",
+        # weights-only with an allowlist
+        "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
+        # the fallback for torch builds without the keyword
+        "import torch\ntry:\n    sd = torch.load(p, map_location='cpu', weights_only=True)\nexcept TypeError:\n"
+        "    sd = torch.load(p, map_location='cpu')\n",
+    ]
+    INVALID = [
+        Invalid(
+            "import torch\nstate = torch.load('model.pt')\n",
+            line=2,
+            message="torch.load('model.pt')",
+            fixed="import torch\nstate = torch.load('model.pt', weights_only=True)\n",
+        ),
+        Invalid(
+            "import torch\nstate = torch.load(args.ckpt, weights_only=False)\n",
+            line=2,
+            message="weights_only=False",
+            fixed="import torch\nstate = torch.load(args.ckpt, weights_only=True)\n",
+        ),
+        Invalid("import torch as th\nsd = th.load(\n    path,\n    map_location='cpu',\n)\n", line=2),
+        Invalid("from torch import load\nsd = load(p)\n", line=2, fixed="from torch import load\nsd = load(p, weights_only=True)\n"),
+        Invalid("import torch.serialization\nsd = torch.serialization.load(p)\n", line=2),
+        # the same file name, but read from a directory the user names (features dumped by another run)
+        Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
+                "feats = torch.load(os.path.join(args.load_dir, 'feat.pth'))\n", line=3),
+        # a snapshot path from configuration, opened through fsspec (it may be remote): reported even
+        # though this program also writes it
+        Invalid("import torch, fsspec\ntorch.save(snapshot, self.config.snapshot_path)\n"
+                "with fsspec.open(self.config.snapshot_path) as f:\n    data = torch.load(f)\n", line=4),
+        # a resume from the run directory, which the training loop below writes only later: the file comes from
+        # an earlier run, wherever the configuration points
+        Invalid("import torch, os\nout_dir = 'out'\nif init_from == 'resume':\n"
+                "    checkpoint = torch.load(os.path.join(out_dir, 'ckpt.pt'))\nfor step in range(100):\n"
+                "    torch.save(checkpoint, os.path.join(out_dir, 'ckpt.pt'))\n", line=4),
+        # a resume path from the command line, in a file that saves the args into its checkpoints:
+        # weights_only=True would refuse them, so no mechanical fix, and the message says why
+        Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
+                "ckpt = torch.load(args.resume, map_location='cpu')\n", line=3, message="add_safe_globals"),
+        # a resume from the script's own output folder: the options only pick the run and the epoch inside it, so
+        # the path does not count as coming from outside (high, not critical)
+        Invalid("import torch\nif opt.start_epoch > 0:\n"
+                "    gen.load_state_dict(torch.load('checkpoints/%s/gen_%d.pt' % (opt.run_name, opt.start_epoch)))\n"
+                "for epoch in range(opt.start_epoch, opt.epochs):\n"
+                "    torch.save(gen.state_dict(), 'checkpoints/%s/gen_%d.pt' % (opt.run_name, epoch))\n",
+                line=3, message="rules out; pass `weights_only=True`"),
+        # a config dict and model arguments built with dict(): plain values whatever their names, so the message
+        # claims no Namespace or module and the fix stays on offer
+        Invalid("import torch\nconfig = {k: globals()[k] for k in keys}\nmodel_args = dict(n_layer=4, n_head=4)\n"
+                "torch.save({'model': model.state_dict(), 'model_args': model_args, 'config': config}, 'ck.pt')\n"
+                "state = torch.load(resume_path)\n", line=5, message="rules out; pass `weights_only=True`",
+                fixed="import torch\nconfig = {k: globals()[k] for k in keys}\nmodel_args = dict(n_layer=4, n_head=4)\n"
+                      "torch.save({'model': model.state_dict(), 'model_args': model_args, 'config': config}, 'ck.pt')\n"
+                      "state = torch.load(resume_path, weights_only=True)\n"),
+        # ... while the parsed arguments themselves are a Namespace, whatever their name
+        Invalid("import torch\nsettings = parser.parse_args()\n"
+                "torch.save({'model': model.state_dict(), 'settings': settings}, 'ck.pt')\n"
+                "state = torch.load(resume_path)\n", line=4, message="this file saves an argparse.Namespace"),
+        # every torch the requirements allow loads weights only by default: low, and the explicit keyword is a safe fix
+        Invalid("import torch\nstate = torch.load(args.ckpt)\n", requirements="numpy\ntorch>=2.6,<3\n", line=2,
+                message="relies on torch's default `weights_only=True` (requirements.txt pins torch>=2.6)",
+                fixed="import torch\nstate = torch.load(args.ckpt, weights_only=True)\n"),
+        # a pickle_module turns the default off again, whatever the pin
+        Invalid("import torch, dill\nstate = torch.load(args.ckpt, pickle_module=dill)\n", requirements="torch==2.7.1\n",
+                line=2, message="with `pickle_module=` (which turns the weights-only default off)"),
+        # a pin that still allows an old torch: the default load is not safe there
+        Invalid("import torch\nstate = torch.load(args.ckpt)\n", requirements="torch>=1.13\n", line=2,
+                message="on torch < 2.6, which nothing in the repository's requirements rules out"),
+        # a converter that renames keys into a dict it builds: a dict of tensors, whatever its name says, so the
+        # weights-only fix stays on offer
+        Invalid("import torch\nsd = torch.load(args.src, map_location='cpu')\nmodel_renamed = {}\n"
+                "for k, v in sd['model'].items():\n    model_renamed[k.replace('module.', '')] = v.clone()\n"
+                "torch.save({'model': model_renamed}, args.dst)\n", line=2, message="pass `weights_only=True`"),
+        # the whole model (built from a class, or resumed) is saved: the snapshot it resumes from is a pickled
+        # module, which weights_only=True refuses
+        Invalid("import torch\nif args.resume_snapshot:\n    model = torch.load(args.resume_snapshot)\nelse:\n"
+                "    model = SNLIClassifier(config)\nfor step in range(10):\n    torch.save(model, snapshot_path)\n",
+                line=3, message="this file saves a whole nn.Module into checkpoints"),
+    ]
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        if not does(ctx.call_name(node), Does.READS_TORCH_CHECKPOINT):
+            return
+        weights_only = keyword_arg(node, "weights_only")
+        if weights_only is not None and is_true(weights_only.value):
+            return
+        if weights_only is not None and not is_false(weights_only.value):
+            return  # a variable: the author decides at run time; nothing mechanical to say
+        if ctx.in_context_manager(*SAFE_GLOBALS) or in_compat_fallback(ctx, node):
+            return
+        source = argument(node, 0, "f")
+        checkpoints = ctx.facts(CheckpointWrites)
+        external = _looks_external(source, ctx)
+        if source is not None and self._self_written(source, ctx, checkpoints, external):
+            return  # the program reloads what it saved itself: no trust boundary is crossed
+        if collects_tests(ctx):
+            # a test reloading what it wrote to its temporary directory; by what the file holds, not the folder
+            # it sits in: a script kept under test/ that loads a path from its command line is still exposed
+            return
+        source_text = ctx.module.code_for_node(source) if source is not None else "?"
+        severity = Severity.CRITICAL if external else None
+        shown = f"torch.load({source_text})"
+        refused, saved_by = self._refused_payloads(source, checkpoints)
+        pickle_module = keyword_arg(node, "pickle_module")
+        floor = ctx.facts(VersionFacts).floor("torch")
+        if weights_only is None and pickle_module is None and floor is not None and \
+                floor.guarantees(WEIGHTS_ONLY_DEFAULT):
+            # every torch the pins allow loads weights only by default: safe today, said explicitly it stays safe
+            if not refused:
+                self.report(node, f"`{shown}` relies on torch's default `weights_only=True` ({floor.source} pins "
+                            f"torch{floor.text}); pass it explicitly so the load stays safe if the pin is loosened",
+                            replacement=node.with_changes(args=_with_weights_only(node.args)), severity=Severity.LOW,
+                            safe=True)
+            return
+        if weights_only is not None:
+            message = (f"`{shown}` passes `weights_only=False`: unpickling can run arbitrary code"
+                       + (" and the path comes from outside the program" if external else ""))
+            new_args = [a.with_changes(value=cst.Name("True")) if a is weights_only else a for a in node.args]
+        else:
+            # what the default does depends on the torch that runs it: say which one the message assumes
+            runs_on = ("with `pickle_module=` (which turns the weights-only default off)" if pickle_module is not None
+                       else "on torch < 2.6, which nothing in the repository's requirements rules out")
+            message = (f"`{shown}` without `weights_only=True` unpickles arbitrary objects {runs_on}"
+                       + (", from a path that comes from outside the program" if external else ""))
+            new_args = _with_weights_only(node.args)
+        if refused:
+            # weights_only=True would refuse this program's own checkpoints: no committable suggestion
+            self.report(node, message + f"; {saved_by} {describe(refused)} into checkpoints, which "
+                        "`weights_only=True` refuses: save `state_dict()`s and plain values, or allow the "
+                        "classes with `torch.serialization.add_safe_globals([...])` and load with "
+                        "`weights_only=True`", severity=severity)
+            return
+        self.report(node, message + "; pass `weights_only=True`", replacement=node.with_changes(args=new_args),
+                    severity=severity)
+
+    @staticmethod
+    def _refused_payloads(source: Optional[cst.BaseExpression], checkpoints: CheckpointWrites
+                          ) -> tuple[set[Payload], str]:
+        """What ``weights_only=True`` would refuse in the checkpoints this load may read, and who saves them:
+        this file's saves, else those of the scripts beside it and the modules it imports (a checkpoint that
+        ``util/misc.py`` writes with the run's ``args``). A load of a file name that this file only ever saves
+        tensors to (features dumped by ``--dump_features``) reads its own tensors: nothing refused."""
+        refused = {kind for kind in checkpoints.payload_kinds() if not kind.loads_weights_only}
+        if refused:
+            return refused, "this file saves"
+        names = checkpoints.literals(source) if source is not None else set()
+        own = [write for write in checkpoints.writes if names & write.path_literals]
+        if own and all(write.payloads <= {Payload.TENSORS} for write in own):
+            return set(), ""
+        nearby = checkpoints.refused_nearby()
+        if not nearby:
+            return set(), ""
+        files = sorted(nearby)
+        shown = ", ".join(f"`{path}`" for path in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        return set().union(*nearby.values()), f"{shown} in this repository {'saves' if len(files) == 1 else 'save'}"
+
+    @staticmethod
+    def _self_written(source: cst.BaseExpression, ctx: FileContext, checkpoints: CheckpointWrites,
+                      external: bool) -> bool:
+        # a path from outside the program counts as this program's own file only when it saves to exactly
+        # that expression too (a cache: ``if isfile(args.cache): load(args.cache) else: save(.., args.cache)``)
+        if checkpoints.written_before_loaded(source, ctx.origin(source), same_expression_only=external):
+            return True
+        if external:
+            return False
+        # a helper's parameter: self-written when every call in the file passes a self-written path
+        fn = ctx.function_def
+        if isinstance(source, cst.Name) and fn is not None and ctx.binding(source.value) is not None \
+                and ctx.binding(source.value).kind == "param":
+            values = call_site_values(ctx, fn, source.value)
+            return bool(values) and all(checkpoints.written_before_loaded(v, None) for v in values)
+        return False
+
+
+def _with_weights_only(args: Sequence[cst.Arg]) -> list[cst.Arg]:
+    new_args = list(args)
+    if new_args:
+        # keep a trailing comma layout intact: drop it from the last arg, add ours
+        new_args[-1] = new_args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    new_args.append(cst.Arg(value=cst.Name("True"), keyword=cst.Name("weights_only"),
+                            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+    return new_args
+
+
+def _looks_external(expr, ctx: FileContext) -> bool:
+    if expr is None:
+        return False
+    origin = ctx.origin(expr) or expr
+    if _in_fixed_directory(expr) or _in_fixed_directory(origin):
+        return False  # ``"saved_models/%s/G_%d.pth" % (opt.name, opt.epoch)``: options pick a file of the program's folder
+    text = ctx.module.code_for_node(origin) + " " + ctx.module.code_for_node(expr)
+    lowered = text.lower()
+    return any(h in lowered for h in _EXTERNAL_HINTS)
+
+
+def _in_fixed_directory(expr: cst.BaseExpression) -> bool:
+    """A path template whose directory the program spells (``"runs/%s.pt" % name``, ``f"ckpt/{tag}.pt"``,
+    ``"out/{}.pt".format(n)``, ``os.path.join("weights", name)``): the options fill in only names inside it."""
+    prefix = None
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo) and \
+            isinstance(expr.left, cst.SimpleString):
+        prefix = (expr.left.evaluated_value or "").split("%", 1)[0] if isinstance(expr.left.evaluated_value, str) \
+            else None
+    elif isinstance(expr, cst.FormattedString) and expr.parts and isinstance(expr.parts[0], cst.FormattedStringText):
+        prefix = expr.parts[0].value
+    elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format" \
+            and isinstance(expr.func.value, cst.SimpleString) and isinstance(expr.func.value.evaluated_value, str):
+        prefix = expr.func.value.evaluated_value.split("{", 1)[0]
+    elif isinstance(expr, cst.Call) and dotted_name(expr.func) == "os.path.join" and len(expr.args) > 1 and \
+            isinstance(expr.args[0].value, cst.SimpleString) and isinstance(expr.args[0].value.evaluated_value, str):
+        prefix = expr.args[0].value.evaluated_value.rstrip("/") + "/"
+    return bool(prefix) and "/" in prefix and prefix.strip("./") != ""
