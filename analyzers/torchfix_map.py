@@ -39,8 +39,8 @@ TORCHFIX_CODES: tuple[TorchFixCode, ...] = (
     TorchFixCode("TOR101", "call of a deprecated torch function (torch.qr, chain_matmul, cholesky, range, "
                  "weight_norm, sdp_kernel, torch.cuda/cpu.amp, functorch, _register_pytree_node...)",
                  ("TR811", "TR801"),
-                 "torch.cuda.amp / torch.cpu.amp are TR801; the rest TR811, which rewrites only pure renames "
-                 "(same arguments, same results)"),
+                 "torch.cuda.amp / torch.cpu.amp are TR801; the rest TR811, which rewrites a call only where the "
+                 "new spelling gives the same results"),
     TorchFixCode("TOR102", "torch.load without a weights_only argument", ("TR601",),
                  "TR601 also reports weights_only=False and stays quiet for a checkpoint the same program "
                  "wrote (TorchFix accepts any explicit weights_only)"),
