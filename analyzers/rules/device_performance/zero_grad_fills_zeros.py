@@ -23,7 +23,6 @@ def _set_to_none(call: cst.Call) -> cst.Arg | None:
 
 class ZeroGradFillsZeros(Rule):
     id = "TR729"
-    syntactic = True
     opt_in = True
     slug = "zero-grad-fills-zeros"
     category = Category.DEVICE

@@ -14,7 +14,6 @@ from analyzers.rules.base import Invalid, Rule
 
 class TorchvisionSubmoduleImportAlias(Rule):
     id = "TR823"
-    syntactic = True
     opt_in = True
     slug = "torchvision-submodule-import-alias"
     category = Category.DEPRECATION

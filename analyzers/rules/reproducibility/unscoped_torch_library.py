@@ -14,7 +14,6 @@ from analyzers.rules.base import Invalid, Rule
 
 class UnscopedTorchLibrary(Rule):
     id = "TR903"
-    syntactic = True
     opt_in = True
     slug = "unscoped-torch-library"
     category = Category.REPRODUCIBILITY
