@@ -39,6 +39,7 @@ import math
 import re
 import sys
 from contextlib import contextmanager
+from functools import cached_property
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
@@ -48,7 +49,7 @@ import yaml
 
 from analyzers import levels
 from analyzers.model import Category, Severity
-from analyzers.torchfix_map import is_torchfix_selector, rules_for_torchfix, torchfix_selector_problem
+from analyzers.torchfix_map import is_torchfix_selector, rules_for_torchfix, torchfix_scopes, torchfix_selector_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -127,7 +128,17 @@ class Config:
     # ---- rule selection ----------------------------------------------------------------
     def enabled_rules(self, rules: Iterable[type]) -> list[type]:
         return [r for r in rules if _matches(r, self.select) and not _matches(r, self.ignore)
-                and (self.preview or not levels.is_preview(r.id) or _names(r, self.select))]
+                and (self.preview or not levels.is_preview(r.id) or _names(r, self.select))
+                and (not r.opt_in or _names(r, self.select))]
+
+    def rule_options(self, rule_id: str) -> frozenset[str]:
+        """The options (``Rule.OPTIONS``) this selection turns on for a rule: TorchFix's scope, for the TOR
+        codes selected; none for a selection without TOR codes."""
+        return self._rule_options.get(rule_id, frozenset())
+
+    @cached_property
+    def _rule_options(self) -> dict[str, frozenset[str]]:
+        return torchfix_scopes(self.select, self.ignore)
 
     def severity_for(self, rule_id: str, default: Severity) -> Severity:
         return self.severity.get(rule_id, default)
@@ -810,12 +821,14 @@ def _matches(rule: type, selectors: Iterable[str]) -> bool:
 
 
 def _names(rule: type, selectors: Iterable[str]) -> bool:
-    """Whether a selector names the rule itself (its id, slug or an alias), not a prefix or category."""
+    """Whether a selector names the rule itself (its id, slug or an alias, or a TorchFix code covered by it), not an
+    id prefix or a category: a preview rule so named runs, and so does an opt-in rule."""
     from analyzers.rules import canonical_rule_id
 
     return any(canonical_rule_id(s.strip()) in (rule.id, rule.slug) or s.strip().upper() == rule.id
-               # an exact TorchFix code (TOR102, not the prefix TOR1) names the rules that cover it
-               or re.fullmatch(r"TOR\d{3}", s.strip().upper()) is not None and rule.id in rules_for_torchfix(s.strip())
+               # a TorchFix code or prefix names the rules covering its codes: TorchFix has no preview level, and
+               # a user who selected TOR4 asked for every TOR4xx check, as flake8 reads it
+               or is_torchfix_selector(s) and rule.id in rules_for_torchfix(s.strip())
                for s in selectors)
 
 

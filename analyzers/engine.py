@@ -290,10 +290,15 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     ctx.repository = repository
     libraries = imported_libraries(ctx)
     candidates = rules if rules is not None else config.enabled_rules(all_rules())
-    classes = [cls for cls in candidates if cls.requires in libraries and cls.may_report_on(source)]
+    classes = [cls for cls in candidates
+               if cls.requires in libraries and cls.may_report_on(source, config.rule_options(cls.id))]
     if not classes:
         return result
     instances = [cls(ctx) for cls in classes]
+    for rule in instances:
+        options = config.rule_options(rule.id)
+        if options:  # TorchFix's wider scope, for a TOR code the configuration selected
+            rule.options = options
 
     def rule_error(rule: Rule, exc: BaseException) -> None:
         result.errors.append(FileError(path, "rule-error", f"{rule.id} ({rule.slug}) failed: {type(exc).__name__}: {exc}"))

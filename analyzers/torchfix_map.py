@@ -4,6 +4,9 @@ TorchFix (pytorch-labs/torchfix, archived) is a flake8 plugin whose codes are ``
 Its users have ``select``/``ignore`` lists and ``# noqa: TOR102`` comments written in those codes; this
 table lets them keep working. A selector is a TorchFix code or a prefix of one (``TOR1``, ``TOR10``,
 ``TOR``), as flake8 matches them; it stands for the union of the rules of every code it names.
+A TorchFix user who selects a code gets TorchFix's scope for it: ``scope`` names the rule options
+(``Rule.OPTIONS``) that widen a rule to what TorchFix's checker reported, and the rules that exist only for
+TorchFix codes are ``opt_in`` (they run only when selected). Users who select no TOR code see neither.
 The descriptions are ours; the codes and their meaning come from TorchFix 0.7.0's README and visitors
 (TOR108 and TOR402 were added on its main branch after that release).
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 TORCHFIX_SELECTOR = re.compile(r"TOR\d{0,3}", re.I)
 # TorchFix leaves these families off unless selected (its DISABLED_BY_DEFAULT).
@@ -24,6 +27,7 @@ class TorchFixCode:
     checks: str  # what TorchFix reports, in our words
     rules: tuple[str, ...]  # our rules that cover it; empty: not covered
     note: str = ""  # what differs, or why it is not covered
+    scope: tuple[tuple[str, str], ...] = ()  # (rule, option): on when this code is selected, TorchFix's wider scope
 
 
 TORCHFIX_CODES: tuple[TorchFixCode, ...] = (
@@ -35,8 +39,8 @@ TORCHFIX_CODES: tuple[TorchFixCode, ...] = (
     TorchFixCode("TOR101", "call of a deprecated torch function (torch.qr, chain_matmul, cholesky, range, "
                  "weight_norm, sdp_kernel, torch.cuda/cpu.amp, functorch, _register_pytree_node...)",
                  ("TR811", "TR801"),
-                 "torch.cuda.amp / torch.cpu.amp are TR801; the rest TR811, which rewrites only pure renames "
-                 "(same arguments, same results)"),
+                 "torch.cuda.amp / torch.cpu.amp are TR801; the rest TR811, which rewrites a call only where the "
+                 "new spelling gives the same results"),
     TorchFixCode("TOR102", "torch.load without a weights_only argument", ("TR601",),
                  "TR601 also reports weights_only=False and stays quiet for a checkpoint the same program "
                  "wrote (TorchFix accepts any explicit weights_only)"),
@@ -44,25 +48,30 @@ TORCHFIX_CODES: tuple[TorchFixCode, ...] = (
                  "TR811 reports the import without rewriting it; calls through the name are reported too"),
     TorchFixCode("TOR104", "call of a private torch function that has a public alias "
                  "(torch.utils.data._utils.collate.default_collate / default_convert)", ("TR813",),
-                 "a bare call through a name imported from the private module is reported once, at the import"),
+                 "by default a bare call through a name imported from the private module is reported once, at the "
+                 "import; selected as TOR104, each call is reported too",
+                 scope=(("TR813", "each-call"),)),
     TorchFixCode("TOR105", "import of such a private function", ("TR813",)),
     TorchFixCode("TOR106", "torch.log(1 + x) instead of torch.log1p(x)", ("TR414",),
-                 "TR414 reports it only in files that compute in half precision, where the precision loss is real"),
+                 "by default TR414 reports it only in files that compute in half precision, where the precision loss "
+                 "is real; selected as TOR106, in any precision", scope=(("TR414", "any-precision"),)),
     TorchFixCode("TOR107", "torch.exp(x) - 1 instead of torch.expm1(x)", ("TR414",),
-                 "as TOR106: only in half-precision files"),
+                 "as TOR106: by default only in half-precision files; selected as TOR107, in any precision",
+                 scope=(("TR414", "any-precision"),)),
     TorchFixCode("TOR108", "log(sum(exp(x))) instead of torch.logsumexp", ("TR412",)),
     TorchFixCode("TOR201", "torchvision model builder called with pretrained= / pretrained_backbone=", ("TR814",)),
     TorchFixCode("TOR202", "torchvision.transforms.v2.ToTensor (deprecated in favour of ToImage + ToDtype)", ("TR811",),
                  "reported without a fix (the replacement is a two-step pipeline)"),
-    TorchFixCode("TOR203", "`import torchvision.models as models` instead of `from torchvision import models`", (),
-                 "not covered: a style preference with no effect on behaviour"),
+    TorchFixCode("TOR203", "`import torchvision.models as models` instead of `from torchvision import models`",
+                 ("TR823",), "TR823 runs only when selected (a style preference with no effect on behaviour)"),
     TorchFixCode("TOR401", "DataLoader without num_workers (loading in the training process)", ("TR702",),
-                 "TR702 reports only training loaders (shuffle=True or a train* name) in files that train on "
-                 "CUDA, where the idle GPU is a real cost"),
-    TorchFixCode("TOR402", "zero_grad(set_to_none=False)", (),
-                 "not covered: a performance preference; set_to_none=False is sometimes deliberate"),
-    TorchFixCode("TOR901", "torch.library.Library instead of _scoped_library in pytorch/pytorch's own tests", (),
-                 "not covered: internal to the pytorch/pytorch repository"),
+                 "by default TR702 reports only training loaders (shuffle=True or a train* name) in files that train "
+                 "on CUDA, where the idle GPU is a real cost; selected as TOR401, every DataLoader",
+                 scope=(("TR702", "every-loader"),)),
+    TorchFixCode("TOR402", "zero_grad(set_to_none=False)", ("TR729",),
+                 "TR729 runs only when selected (set_to_none=False is sometimes deliberate)"),
+    TorchFixCode("TOR901", "torch.library.Library instead of _scoped_library in pytorch/pytorch's own tests",
+                 ("TR903",), "TR903 runs only when selected (a convention of the pytorch/pytorch repository)"),
 )
 
 _BY_CODE = {entry.code: entry for entry in TORCHFIX_CODES}
@@ -102,3 +111,23 @@ def torchfix_selector_problem(selector: str, selecting: bool) -> Optional[str]:
 
 def torchfix_entry(code: str) -> Optional[TorchFixCode]:
     return _BY_CODE.get(code.strip().upper())
+
+
+def torchfix_codes_for(rule_id: str, option: Optional[str] = None) -> list[TorchFixCode]:
+    """The codes a rule covers, or (with ``option``) the codes whose selection turns that option on."""
+    if option is None:
+        return [e for e in TORCHFIX_CODES if rule_id in e.rules]
+    return [e for e in TORCHFIX_CODES if (rule_id, option) in e.scope]
+
+
+def torchfix_scopes(select: Iterable[str], ignore: Iterable[str] = ()) -> dict[str, frozenset[str]]:
+    """Rule id -> the options TorchFix's scope turns on, for the TorchFix codes selected and not ignored
+    (``select: [TOR4]`` widens TR702; ``ignore: [TOR401]`` beside it takes that back)."""
+    def named(selectors: Iterable[str]) -> set[str]:
+        return {e.code for s in selectors for e in torchfix_codes_named(s)}
+
+    options: dict[str, set[str]] = {}
+    for code in named(select) - named(ignore):
+        for rule_id, option in _BY_CODE[code].scope:
+            options.setdefault(rule_id, set()).add(option)
+    return {rule_id: frozenset(found) for rule_id, found in options.items()}

@@ -4,7 +4,9 @@ TorchFix's repository (fetched, never committed) has ``tests/fixtures/**/checker
 what it flags (``LINE:COLUMN TORxxx message``) and ``**/codemod/X.in.py`` with the ``X.out.py`` its fixes give.
 For every line TorchFix flags, this reports whether one of the rules the map gives for that code flags the
 same line; for every change TorchFix's fixes make, whether our fixes (unsafe ones included, as its codemod
-applies everything) make the same change. Each fixture is analyzed alone, copied into an empty directory,
+applies everything) make the same change. Both are measured two ways: with our default scope (every rule,
+preview included, no TOR code selected: what a user who does not select TorchFix codes gets) and with every
+TorchFix code selected (what a migrated TorchFix configuration gets: TorchFix's scope, analyzers.torchfix_map). Each fixture is analyzed alone, copied into an empty directory,
 as TorchFix's tests check it (a repository around it would change what the version-aware rules say).
 
     git clone https://github.com/pytorch-labs/torchfix /tmp/torchfix
@@ -31,8 +33,12 @@ from analyzers.fixer import fix_source  # noqa: E402
 from analyzers.torchfix_map import TORCHFIX_CODES, rules_for_torchfix  # noqa: E402
 
 EXPECTED_LINE = re.compile(r"(\d+):(\d+) (TOR\d{3}) ")
-# every TorchFix code we cover, as one selection: what a migrated configuration turns on
-MAPPED = Config().merged_with_cli(select=[e.code for e in TORCHFIX_CODES if e.rules])
+SCOPES = {
+    # every rule at our own scope: the opt-in rules (TOR203/402/901's) do not run, no rule is widened
+    "default": Config(preview=True),
+    # every TorchFix code selected, as a migrated TorchFix configuration does
+    "torchfix": Config().merged_with_cli(select=[e.code for e in TORCHFIX_CODES if e.rules]),
+}
 
 
 def expected_flags(txt: Path) -> list[tuple[int, str]]:
@@ -53,38 +59,74 @@ def isolated_copy(source: Path, scratch: Path) -> Path:
 
 
 def check_checker(py: Path, fixtures: Path, scratch: Path) -> list[dict]:
-    result = analyze_file(isolated_copy(py, scratch), py.name, MAPPED)
-    if result.errors:
-        raise SystemExit(f"{py}: {result.errors}")
+    results = {}
+    for scope, config in SCOPES.items():
+        results[scope] = analyze_file(isolated_copy(py, scratch), py.name, config)
+        if results[scope].errors:
+            raise SystemExit(f"{py}: {results[scope].errors}")
     rows = []
     for line, code in expected_flags(py.with_suffix(".txt")):
         covering = set(rules_for_torchfix(code))
-        ours = sorted({f.rule for f in result.findings if f.line <= line <= f.end_line and f.rule in covering})
-        rows.append({"fixture": str(py.relative_to(fixtures)), "line": line, "code": code,
-                     "text": py.read_text().splitlines()[line - 1].strip(), "ours": ours})
+        row = {"fixture": str(py.relative_to(fixtures)), "line": line, "code": code,
+               "text": py.read_text().splitlines()[line - 1].strip()}
+        for scope, result in results.items():
+            row[scope] = sorted({f.rule for f in result.findings if f.line <= line <= f.end_line and f.rule in covering})
+        rows.append(row)
     return rows
 
 
 def check_codemod(source: Path, fixtures: Path, scratch: Path) -> list[dict]:
     before = source.read_text()
     after = source.with_name(source.name.replace(".in.py", ".out.py")).read_text()
-    copy = isolated_copy(source, scratch)
-    ours = fix_source(before, str(copy), MAPPED, unsafe=True).text
-    before_lines, after_lines, ours_lines = before.splitlines(), after.splitlines(), ours.splitlines()
+    before_lines, after_lines = before.splitlines(), after.splitlines()
     # a change is the same when our output makes it at the same place: the same lines of the input replaced by
     # the same text (a content search would also find a repeated block of the fixture elsewhere)
-    our_changes = {(i1, i2, tuple(ours_lines[j1:j2])) for tag, i1, i2, j1, j2 in _changes(before_lines, ours_lines)}
+    our_changes = {}
+    for scope, config in SCOPES.items():
+        ours_lines = fix_source(before, str(isolated_copy(source, scratch)), config, unsafe=True).text.splitlines()
+        our_changes[scope] = {(i1, i2, tuple(ours_lines[j1:j2]))
+                              for tag, i1, i2, j1, j2 in _changes(before_lines, ours_lines)}
     rows = []
     for tag, i1, i2, j1, j2 in _changes(before_lines, after_lines):
         wanted = after_lines[j1:j2]
-        rows.append({"fixture": str(source.relative_to(fixtures)), "line": i1 + 1,
-                     "torchfix": wanted, "same_fix": (i1, i2, tuple(wanted)) in our_changes})
+        row = {"fixture": str(source.relative_to(fixtures)), "line": i1 + 1, "wanted": wanted}
+        row.update({scope: (i1, i2, tuple(wanted)) in changes for scope, changes in our_changes.items()})
+        rows.append(row)
     return rows
 
 
 def _changes(old: list[str], new: list[str]) -> list[tuple]:
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
     return [op for op in matcher.get_opcodes() if op[0] != "equal"]
+
+
+def _share(hit: int, total: int) -> str:
+    return f"{hit}/{total} = {100 * hit / max(total, 1):.1f} %"
+
+
+def report(flags: list[dict], fixes: list[dict]) -> None:
+    by_code: dict[str, list[dict]] = defaultdict(list)
+    for row in flags:
+        by_code[row["code"]].append(row)
+    print(f"{'code':8} {'default':>9} {'torchfix':>9}  rules")
+    for code in sorted(by_code):
+        rows = by_code[code]
+        hits = [f"{sum(bool(r[scope]) for r in rows)}/{len(rows)}" for scope in SCOPES]
+        print(f"{code:8} {hits[0]:>9} {hits[1]:>9}  {', '.join(rules_for_torchfix(code)) or 'not covered'}")
+    for scope, what in (("default", "our default scope (no TOR code selected)"),
+                        ("torchfix", "every TorchFix code selected (TorchFix's scope)")):
+        print(f"\n{what}:")
+        print(f"  lines TorchFix flags that we flag through the map: {_share(sum(bool(r[scope]) for r in flags), len(flags))}")
+        print(f"  changes TorchFix's fixes make that our fixes make the same: "
+              f"{_share(sum(r[scope] for r in fixes), len(fixes))}")
+        print("  not flagged:")
+        for row in flags:
+            if not row[scope]:
+                print(f"    {row['code']} {row['fixture']}:{row['line']}  {row['text'][:80]}")
+    print("\nfix differs (TorchFix's scope):")
+    for row in fixes:
+        if not row["torchfix"]:
+            print(f"  {row['fixture']}:{row['line']}  TorchFix: {' / '.join(row['wanted'])[:90]}")
 
 
 def main(argv=None) -> int:
@@ -101,32 +143,7 @@ def main(argv=None) -> int:
         flags = [row for py in checkers for row in check_checker(py, fixtures, Path(scratch))]
         fixes = [row for py in codemods for row in check_codemod(py, fixtures, Path(scratch))]
 
-    by_code: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for row in flags:
-        by_code[row["code"]][0] += bool(row["ours"])
-        by_code[row["code"]][1] += 1
-    print(f"{'code':8} {'flagged':>9}  rules")
-    for code in sorted(by_code):
-        hit, total = by_code[code]
-        print(f"{code:8} {hit:>4}/{total:<4}  {', '.join(rules_for_torchfix(code)) or 'not covered'}")
-    hit = sum(bool(r["ours"]) for r in flags)
-    print(f"\nlines TorchFix flags that we flag through the map: {hit}/{len(flags)} = "
-          f"{100 * hit / max(len(flags), 1):.1f} %")
-    covered = [r for r in flags if rules_for_torchfix(r["code"])]
-    covered_hit = sum(bool(r["ours"]) for r in covered)
-    print(f"... of those whose code the map covers: {covered_hit}/{len(covered)} = "
-          f"{100 * covered_hit / max(len(covered), 1):.1f} %")
-    same = sum(r["same_fix"] for r in fixes)
-    print(f"changes TorchFix's fixes make that our fixes make the same: {same}/{len(fixes)} = "
-          f"{100 * same / max(len(fixes), 1):.1f} %")
-    print("\nnot flagged:")
-    for row in flags:
-        if not row["ours"]:
-            print(f"  {row['code']} {row['fixture']}:{row['line']}  {row['text'][:80]}")
-    print("\nfix differs:")
-    for row in fixes:
-        if not row["same_fix"]:
-            print(f"  {row['fixture']}:{row['line']}  TorchFix: {' / '.join(row['torchfix'])[:90]}")
+    report(flags, fixes)
     if args.json:
         args.json.write_text(json.dumps({"flags": flags, "fixes": fixes}, indent=1))
     return 0

@@ -4,8 +4,8 @@ Where TorchFix is configured: flake8's ``[flake8]`` section (``.flake8``, ``setu
 codes in ``select``/``extend-select``/``ignore``/``extend-ignore``; a CI step that runs ``torchfix`` (or
 ``flake8 --select ...TOR...``) or installs it, in ``.github/workflows/*.yml``; a pre-commit hook from
 TorchFix's repository, or ``torchfix`` among a flake8 hook's ``additional_dependencies``. The TorchFix codes
-that configuration enabled become our rules through :mod:`analyzers.torchfix_map`, written to a new
-``.torchreview.toml``; TOR codes leave the flake8 lists; the CI step runs ``torchreview check`` instead.
+that configuration enabled are written to a new ``.torchreview.toml`` as its ``select`` (through
+:mod:`analyzers.torchfix_map` they run our rules with TorchFix's scope); TOR codes leave the flake8 lists; the CI step runs ``torchreview check`` instead.
 Edits are line by line, so the rest of each file (comments, order, other tools) is left as it was.
 """
 from __future__ import annotations
@@ -326,24 +326,29 @@ def migrate(root: Path) -> Migration:
 
 
 def _write_our_config(migration: Migration) -> None:
+    """``select`` = the TorchFix codes that were on, so that they run with TorchFix's scope (a rule widened by
+    its code, the rules that run only when their code is selected: analyzers.torchfix_map)."""
     covered = [e for e in TORCHFIX_CODES if e.code in migration.enabled and e.rules]
     uncovered = [e for e in TORCHFIX_CODES if e.code in migration.enabled and not e.rules]
+    codes = [e.code for e in covered]
     rules = list(dict.fromkeys(rule for e in covered for rule in e.rules))
     for entry in uncovered:
         migration.notes.append(f"{entry.code} ({entry.checks}): {entry.note}")
     existing = _existing_config(migration.root)
     if existing:
-        migration.notes.append(f"{existing} already configures torchreview: add `select = {_toml_list(rules)}` "
-                               "there for the rules TorchFix had on")
+        migration.notes.append(f"{existing} already configures torchreview: add `select = {_toml_list(codes)}` "
+                               f"there for the TorchFix checks you had on (our {', '.join(rules)}, with TorchFix's "
+                               "scope)")
         return
-    if not rules:
+    if not codes:
         raise MigrationError("the TorchFix configuration enables no code that torchreview covers: "
                              + "; ".join(f"{e.code}: {e.note}" for e in uncovered))
     text = ("# Migrated from TorchFix by `torchreview migrate-torchfix`, from "
             f"{', '.join(migration.found_in)}.\n"
-            f"# TorchFix codes that were on: {', '.join(sorted(migration.enabled))}; the rules covering them:\n"
-            "# (remove `select` for every torchreview rule; `# noqa: TORxxx` comments keep working)\n"
-            f"select = {_toml_list(rules)}\n")
+            f"# The TorchFix codes that were on: they run our {', '.join(rules)} with TorchFix's scope\n"
+            "# (docs/torchfix.md). Select our rules instead (or remove `select`) for torchreview's own scope;\n"
+            "# `# noqa: TORxxx` comments keep working.\n"
+            f"select = {_toml_list(codes)}\n")
     migration.edit(".torchreview.toml", text)
 
 

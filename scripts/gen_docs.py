@@ -97,14 +97,20 @@ def rule_page(rule, precision: dict[str, tuple[str, str, str]]) -> str:
     if rule.INVALID:
         lines += ["## Reported", "", "Each of these draws the finding (the rule's own tests run them):", ""]
         for example in rule.INVALID:
-            lines += [_code(example), ""]
+            lines += [*_selection(example), _code(example), ""]
             if getattr(example, "fixed", None):
                 lines += ["fixed:", "", _code(example.fixed), ""]
     if rule.VALID:
         lines += ["## Not reported", "", "Each of these is left alone:", ""]
         for example in rule.VALID:
-            lines += [_code(example), ""]
+            lines += [*_selection(example), _code(example), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _selection(example) -> list[str]:
+    """The line saying which selection an example runs under, when it is not the default."""
+    select = getattr(example, "select", ())
+    return [f"with `--select {','.join(select)}`:", ""] if select else []
 
 
 def index_page(rules) -> str:

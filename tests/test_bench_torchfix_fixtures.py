@@ -23,11 +23,14 @@ def test_reports_flagged_lines_and_fixes(tmp_path, capsys):
     (codemod / "ranges.out.py").write_text("import torch\nr = torch.arange(0, 5)\n")
     assert main(["--fixtures", str(tmp_path), "--json", str(tmp_path / "rows.json")]) == 0
     out = capsys.readouterr().out
-    assert "flag through the map: 1/2 = 50.0 %" in out
-    assert "TOR402 security/checker/loads.py:5" in out
-    assert "make the same: 1/2 = 50.0 %" in out and "misc/codemod/ranges.in.py:2" in out
+    default, torchfix = out.split("our default scope")[1].split("every TorchFix code selected")
+    # TOR402's rule runs only when its code is selected
+    assert "flag through the map: 1/2 = 50.0 %" in default and "TOR402 security/checker/loads.py:5" in default
+    assert "flag through the map: 2/2 = 100.0 %" in torchfix and "loads.py:5" not in torchfix.split("fix differs")[0]
+    assert "make the same: 1/2 = 50.0 %" in default and "misc/codemod/ranges.in.py:2" in out
     rows = json.loads((tmp_path / "rows.json").read_text())
-    assert [(r["code"], r["ours"]) for r in rows["flags"]] == [("TOR102", ["TR601"]), ("TOR402", [])]
+    assert [(r["code"], r["default"], r["torchfix"]) for r in rows["flags"]] == \
+        [("TOR102", ["TR601"], ["TR601"]), ("TOR402", [], ["TR729"])]
 
 
 def test_rejects_a_directory_without_fixtures(tmp_path):
@@ -53,5 +56,5 @@ def test_a_fix_counts_as_the_same_only_where_torchfix_makes_it(tmp_path, capsys)
     (codemod / "again.out.py").write_text("import torch\nr = torch.arange(0, 5)\nprint(r)\nr = torch.arange(0, 5)\n")
     assert main(["--fixtures", str(tmp_path), "--json", str(tmp_path / "rows.json")]) == 0
     rows = json.loads((tmp_path / "rows.json").read_text())
-    assert rows["fixes"] == [{"fixture": "misc/codemod/again.in.py", "line": 4, "torchfix": ["r = torch.arange(0, 5)"],
-                              "same_fix": False}]
+    assert rows["fixes"] == [{"fixture": "misc/codemod/again.in.py", "line": 4, "wanted": ["r = torch.arange(0, 5)"],
+                              "default": False, "torchfix": False}]

@@ -107,7 +107,13 @@ def test_extend_select_of_an_off_by_default_family_and_dot_flake8(tmp_path, caps
     write(tmp_path, {".flake8": "[flake8]\nextend-select = TOR4\nignore = TOR0 TOR2\n"})
     assert run(tmp_path, capsys, "--write")[0] == 0
     assert (tmp_path / ".flake8").read_text() == "[flake8]\n"
-    assert selected(tmp_path) == {"TR811", "TR801", "TR601", "TR813", "TR414", "TR412", "TR702"}
+    assert selected(tmp_path) == {"TR811", "TR801", "TR601", "TR813", "TR414", "TR412", "TR702", "TR729"}
+    # the codes themselves are selected, so the rules run with TorchFix's scope for them
+    assert (tmp_path / ".torchreview.toml").read_text().endswith(
+        'select = ["TOR101", "TOR102", "TOR103", "TOR104", "TOR105", "TOR106", "TOR107", "TOR108", "TOR401", "TOR402"]\n')
+    config = find_config(tmp_path)
+    assert config.rule_options("TR702") == {"every-loader"} and config.rule_options("TR414") == {"any-precision"}
+    assert config.rule_options("TR813") == {"each-call"} and config.rule_options("TR601") == frozenset()
 
 
 def test_ci_step_and_install_become_torchreview(tmp_path, capsys):
@@ -163,7 +169,7 @@ def test_flake8_plugin_dependency_alone_runs_torchfix_defaults(tmp_path, capsys)
 def test_existing_configuration_is_left_alone(tmp_path, capsys):
     write(tmp_path, {"setup.cfg": FLAKE8_SETUP_CFG, ".torchreview.toml": 'min_severity = "high"\n'})
     code, out, err = run(tmp_path, capsys, "--write")
-    assert code == 0 and ".torchreview.toml already configures torchreview" in err and '"TR810"' in err
+    assert code == 0 and ".torchreview.toml already configures torchreview" in err and '"TOR001"' in err
     assert (tmp_path / ".torchreview.toml").read_text() == 'min_severity = "high"\n'
     assert "+select = E,W,F" in out
 
@@ -172,8 +178,9 @@ def test_nothing_to_migrate_and_nothing_covered_are_errors(tmp_path, capsys):
     write(tmp_path, {"setup.cfg": "[flake8]\nselect = E,W\n"})
     code, _out, err = run(tmp_path, capsys)
     assert code == 2 and "no TorchFix configuration found" in err
+    # codes whose rules run only when selected are migrated like the others
     write(tmp_path, {"setup.cfg": "[flake8]\nselect = E,TOR203,TOR901\n"})
-    code, _out, err = run(tmp_path, capsys)
-    assert code == 2 and "enables no code that torchreview covers" in err and "TOR203" in err
+    assert run(tmp_path, capsys, "--write")[0] == 0
+    assert selected(tmp_path) == {"TR823", "TR903"}
     code, _out, err = run(tmp_path / "absent", capsys)
     assert code == 2 and "not a directory" in err

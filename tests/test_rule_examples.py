@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from analyzers.config import Config
 from analyzers.engine import analyze_source
 from analyzers.program.modules import index_for
 from analyzers.rules import all_rules
@@ -37,21 +38,23 @@ def test_every_rule_has_examples():
         assert len(rule.INVALID) >= 2, f"{rule.id} needs at least two INVALID examples"
 
 
-def _analyze(code: str, rule, requirements, tmp_path):
-    """The example alone, or as ``example.py`` of a repository pinning ``requirements``."""
+def _analyze(code: str, rule, requirements, tmp_path, select=()):
+    """The example alone, or as ``example.py`` of a repository pinning ``requirements``; under the example's
+    selection (a TorchFix code widens some rules), else the defaults."""
+    config = Config().merged_with_cli(select=list(select)) if select else Config()
     if requirements is None:
-        return analyze_source(code, "example.py", rules=[rule])
+        return analyze_source(code, "example.py", config, rules=[rule])
     (tmp_path / ".git").mkdir(exist_ok=True)
     (tmp_path / "requirements.txt").write_text(textwrap.dedent(requirements))
     script = tmp_path / "example.py"
     script.write_text(code)
-    return analyze_source(code, str(script), rules=[rule], repository=index_for(script))
+    return analyze_source(code, str(script), config, rules=[rule], repository=index_for(script))
 
 
 @pytest.mark.parametrize("rule,example", list(_cases("VALID")))
 def test_valid_example_has_no_finding(rule, example, tmp_path):
     code = _code(example if not isinstance(example, Valid) else example.code)
-    result = _analyze(code, rule, getattr(example, "requirements", None), tmp_path)
+    result = _analyze(code, rule, getattr(example, "requirements", None), tmp_path, getattr(example, "select", ()))
     assert not result.errors, result.errors
     assert [f for f in result.findings if f.rule == rule.id] == [], code
 
@@ -60,7 +63,7 @@ def test_valid_example_has_no_finding(rule, example, tmp_path):
 def test_invalid_example_is_found(rule, example, tmp_path):
     example = example if isinstance(example, Invalid) else Invalid(example)
     code = _code(example.code)
-    result = _analyze(code, rule, example.requirements, tmp_path)
+    result = _analyze(code, rule, example.requirements, tmp_path, example.select)
     assert not result.errors, result.errors
     findings = [f for f in result.findings if f.rule == rule.id]
     assert len(findings) == example.count, f"expected {example.count} finding(s) of {rule.id} in:\n{code}\ngot {findings}"
@@ -80,7 +83,7 @@ def test_invalid_example_is_found(rule, example, tmp_path):
         if finding.fix is not None:
             fixed = finding.fix.apply(code)
             compile(fixed, "example.py", "exec")
-            again = [f for f in _analyze(fixed, rule, example.requirements, tmp_path).findings
+            again = [f for f in _analyze(fixed, rule, example.requirements, tmp_path, example.select).findings
                      if f.rule == rule.id and f.line == finding.line and f.message == finding.message]
             assert not again, f"{rule.id}'s fix does not fix it:\n{fixed}"
 

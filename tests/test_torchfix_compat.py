@@ -7,6 +7,7 @@ import pytest
 
 from analyzers.config import Config, ConfigError, parse_config_text, parse_toml_config
 from analyzers.engine import analyze_source
+from analyzers.model import Severity
 from analyzers.rules import all_rules
 from analyzers.torchfix_map import TORCHFIX_CODES, rules_for_torchfix, torchfix_codes_named
 
@@ -35,7 +36,7 @@ def test_prefixes_expand_like_flake8():
     assert [e.code for e in torchfix_codes_named("TOR0")] == ["TOR001", "TOR002", "TOR003", "TOR004"]
     assert rules_for_torchfix("tor102") == ("TR601",)
     assert set(rules_for_torchfix("TOR1")) >= {"TR811", "TR801", "TR601", "TR813", "TR414", "TR412"}
-    assert rules_for_torchfix("TOR9") == ()
+    assert rules_for_torchfix("TOR9") == ("TR903",)
     assert torchfix_codes_named("TOR5") == []
 
 
@@ -47,14 +48,12 @@ def test_cli_select_and_ignore_with_torchfix_codes():
     left = enabled(Config().merged_with_cli(ignore=["TOR0"]))
     assert not left & {"TR810", "TR514", "TR812"} and "TR601" in left
     # ignoring a code we do not cover is harmless (a migrated flake8 config often does)
-    assert enabled(Config().merged_with_cli(ignore=["TOR9"])) == {r.id for r in all_rules()}
+    assert enabled(Config().merged_with_cli(ignore=["TOR9"])) == {r.id for r in all_rules() if not r.opt_in}
 
 
 @pytest.mark.parametrize("select,needle", [
     ("TOR5", "names no TorchFix code"),
     ("TOR999", "names no TorchFix code"),
-    ("TOR203", "has no torchreview equivalent (TOR203: not covered: a style preference"),
-    ("TOR9", "has no torchreview equivalent"),
 ])
 def test_selecting_nothing_is_a_clear_error(select, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
@@ -77,11 +76,11 @@ def rules_found(code: str) -> list[str]:
     return [f.rule for f in analyze_source(code, "train.py", Config(preview=True)).findings]  # TR601, TR514 are preview
 
 
-def test_an_exact_torchfix_code_names_its_rules_as_an_exact_id_does():
-    """A migrated `select: [TOR102]` asked for that check: it runs although TR601 is a preview rule (a prefix,
-    TOR1, does not name rules, as a TR1 prefix does not)."""
+def test_a_torchfix_selector_names_its_rules_as_an_exact_id_does():
+    """A migrated `select: [TOR102]` asked for that check: it runs although TR601 is a preview rule. TorchFix has
+    no preview level, so its prefix TOR1 asks for every TOR1xx check (our TR1 prefix runs only stable rules)."""
     assert {r.id for r in Config().merged_with_cli(select=["TOR102"]).enabled_rules(all_rules())} == {"TR601"}
-    assert "TR601" not in {r.id for r in Config().merged_with_cli(select=["TOR1"]).enabled_rules(all_rules())}
+    assert "TR601" in {r.id for r in Config().merged_with_cli(select=["TOR1"]).enabled_rules(all_rules())}
 
 
 def test_torchfix_noqa_suppresses_the_mapped_rules():
@@ -143,3 +142,74 @@ def test_a_fix_keeps_the_alias_the_call_was_written_with():
     code = "import torch\nimport torch as la\nA3 = la.chain_matmul(a, b, c)\n"
     (finding,) = _table_findings(code)
     assert finding.fix.apply(code).endswith("A3 = la.linalg.multi_dot([a, b, c])\n")
+
+
+# ---- TorchFix's scope for a user who selects TorchFix codes --------------------------------------------------------
+
+EVAL_LOADER = "import torch\nfrom torch.utils.data import DataLoader\ntest_loader = DataLoader(test_ds, batch_size=64)\n"
+
+
+def _found(code: str, config: Config) -> list:
+    return analyze_source(code, "loaders.py", config).findings
+
+
+def test_selecting_a_torchfix_code_gives_torchfix_scope():
+    assert _found(EVAL_LOADER, Config(preview=True)) == []  # our default: an evaluation loader in a CPU script
+    for selection in (["TOR401"], ["TOR4"], ["TOR"], ["TOR401", "TR1"]):
+        (finding,) = [f for f in _found(EVAL_LOADER, Config().merged_with_cli(select=selection)) if f.rule == "TR702"]
+        assert finding.severity == Severity.LOW and "TOR401" in finding.message, selection
+    # ignoring the code takes the scope back, whatever else selects the rule
+    assert Config().merged_with_cli(select=["TOR4", "TR702"], ignore=["TOR401"]).rule_options("TR702") == frozenset()
+    assert _found(EVAL_LOADER, Config().merged_with_cli(select=["TR702"])) == []
+
+
+def test_users_who_select_no_torchfix_code_get_no_option():
+    for config in (Config(), Config(preview=True), Config().merged_with_cli(select=["ALL"]),
+                   Config().merged_with_cli(select=["TR702", "TR4", "numerics", "private-default-collate"])):
+        assert all(config.rule_options(rule.id) == frozenset() for rule in all_rules())
+
+
+def test_every_option_is_declared_by_its_rule_and_turned_on_by_a_code():
+    by_id = {r.id: r for r in all_rules()}
+    declared = {(r.id, option) for r in all_rules() for option in r.OPTIONS}
+    mapped = {pair for entry in TORCHFIX_CODES for pair in entry.scope}
+    assert declared == mapped
+    for entry in TORCHFIX_CODES:
+        assert all(rule_id in entry.rules for rule_id, _ in entry.scope), entry.code
+    assert all(by_id[rule_id].OPTIONS for rule_id, _ in mapped)
+
+
+def _widened_examples():
+    for rule in all_rules():
+        for example in rule.INVALID:
+            if rule.OPTIONS and getattr(example, "select", ()):
+                yield pytest.param(rule, example, id=f"{rule.id}-{rule.INVALID.index(example)}")
+
+
+@pytest.mark.parametrize("rule,example", list(_widened_examples()))
+def test_what_only_torchfix_scope_reports_is_low_and_absent_by_default(rule, example):
+    import textwrap
+
+    code = textwrap.dedent(example.code)
+    selected = [f for f in analyze_source(code, "example.py", Config().merged_with_cli(select=list(example.select)),
+                                          rules=[rule]).findings]
+    default = analyze_source(code, "example.py", Config(), rules=[rule]).findings
+    widened = [f for f in selected if (f.line, f.message) not in {(d.line, d.message) for d in default}]
+    assert widened and len(default) < len(selected)
+    assert all(f.severity == Severity.LOW for f in widened)
+
+
+def test_opt_in_rules_run_only_when_chosen():
+    opt_in = {r.id for r in all_rules() if r.opt_in}
+    assert opt_in == {"TR729", "TR823", "TR903"}
+    everything = Config().merged_with_cli(select=["ALL"], preview=True)
+    assert not {r.id for r in everything.enabled_rules(all_rules())} & opt_in
+    assert not enabled(Config().merged_with_cli(select=["TR7", "device-performance"])) & opt_in
+    assert "TR729" in {r.id for r in Config().merged_with_cli(select=["TOR402"]).enabled_rules(all_rules())}
+    assert "TR729" in {r.id for r in Config().merged_with_cli(select=["TR729"]).enabled_rules(all_rules())}
+    assert "TR729" in {r.id for r in Config().merged_with_cli(select=["zero-grad-fills-zeros"]).enabled_rules(all_rules())}
+    assert "TR823" in {r.id for r in Config().merged_with_cli(select=["TOR2"]).enabled_rules(all_rules())}
+    zero_grad = "import torch\noptimizer.zero_grad(set_to_none=False)\n"
+    assert [f.rule for f in analyze_source(zero_grad, "t.py", everything).findings] == []
+    assert [f.rule for f in analyze_source(zero_grad, "t.py", Config().merged_with_cli(select=["TOR402"])).findings] \
+        == ["TR729"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional, Sequence, Union
+from typing import TYPE_CHECKING, ClassVar, Mapping, Optional, Sequence, Union
 
 import libcst as cst
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 class Valid:
     code: str
     requirements: Optional[str] = None  # a requirements.txt beside the example (rules that read version pins)
+    select: tuple[str, ...] = ()  # the selection it runs under (a TorchFix code widens some rules: Rule.OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Invalid:
     fixed: Optional[str] = None
     count: int = 1
     requirements: Optional[str] = None  # a requirements.txt beside the example (rules that read version pins)
+    select: tuple[str, ...] = ()  # the selection it runs under (a TorchFix code widens some rules: Rule.OPTIONS)
 
 
 Example = Union[str, Valid, Invalid]
@@ -106,6 +108,14 @@ class Rule:
     #: purely syntactic, nothing inferred (a call of a removed API, a pickle opcode that imports a callable):
     #: with too few findings to measure, such a rule is stable unless a judged finding was wrong (levels.py)
     syntactic: ClassVar[bool] = False
+    #: wider scopes a selection can turn on (name -> what it adds): a TorchFix user who selects a TOR code gets
+    #: TorchFix's scope for it (``TorchFixCode.scope`` in analyzers.torchfix_map); findings only the wider scope
+    #: makes are low severity. ``self.options`` holds the ones on for this run.
+    OPTIONS: ClassVar[Mapping[str, str]] = {}
+    options: frozenset[str] = frozenset()
+    #: runs only when a selection names it (its id or slug, or a TorchFix code it covers), never through
+    #: ``ALL``, an id prefix or a category: a check TorchFix users asked for that our default users do without
+    opt_in: ClassVar[bool] = False
     VALID: ClassVar[list[Example]] = []
     INVALID: ClassVar[list[Example]] = []
 
@@ -136,8 +146,9 @@ class Rule:
         REGISTRY[cls.id] = cls
 
     @classmethod
-    def may_report_on(cls, source: str) -> bool:
-        """False when the source lacks the text this rule needs to report anything (its ``source_hint``)."""
+    def may_report_on(cls, source: str, options: frozenset[str] = frozenset()) -> bool:
+        """False when the source lacks the text this rule needs to report anything (its ``source_hint``);
+        a rule whose ``options`` widen what it needs overrides this."""
         hint = cls.source_hint
         if hint is None:
             return True
@@ -164,6 +175,21 @@ class Rule:
         """Called once after the walk; override for whole-file checks."""
 
     @classmethod
+    def _selection_docs(cls) -> str:
+        """What opt-in and options mean for this rule, for its page; empty for most rules."""
+        from analyzers.torchfix_map import torchfix_codes_for
+
+        text = ""
+        codes = ", ".join(f"`{e.code}`" for e in torchfix_codes_for(cls.id))
+        if cls.opt_in:
+            text += (f"Runs only when selected by name (`--select {cls.id}`)" +
+                     (f" or by TorchFix code ({codes})" if codes else "") + "; `ALL` does not run it.\n\n")
+        for option, what in cls.OPTIONS.items():
+            widening = ", ".join(f"`{e.code}`" for e in torchfix_codes_for(cls.id, option))
+            text += f"Selected through TorchFix ({widening}): {textwrap.dedent(what).strip()}\n\n"
+        return text
+
+    @classmethod
     def docs(cls) -> str:
         def block(text: str) -> str:
             return textwrap.dedent(text).strip("\n")
@@ -174,6 +200,7 @@ class Rule:
             f"# {cls.id} {cls.slug}\n\n"
             f"Category: {cls.category.value} · default severity: {levels.capped(cls.id, cls.severity).label}\n\n"
             f"Level: {levels.describe(cls.id)}\n\n"
+            f"{cls._selection_docs()}"
             f"## What it does\n{block(cls.what)}\n\n"
             f"## Why is this bad?\n{block(cls.why)}\n\n"
             f"## Example\n```python\n{block(cls.example)}\n```\n\n"

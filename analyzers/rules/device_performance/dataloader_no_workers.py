@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 import libcst as cst
 
-from analyzers.context import (FileContext, keyword_arg)
+from analyzers.context import FileContext, argument
 from analyzers.markdown import named
 from analyzers.model import Category, Severity
-from analyzers.rules.base import Invalid
+from analyzers.rules.base import Invalid, Valid
 from analyzers.rules.device_performance._device import (
     device_facts as _facts,
     Loader as _Loader,
@@ -40,6 +40,10 @@ class DataLoaderNoWorkers(_LoaderRule):
                                   num_workers=4, pin_memory=True, persistent_workers=True)
         model = model.cuda()
     """
+    OPTIONS = {"every-loader": """
+        every `DataLoader` without `num_workers` (or with a literal `num_workers=0`) is reported at low
+        severity, evaluation loaders, in-memory data sets and CPU-only files included, as TorchFix reported them.
+    """}
     VALID = [
         # in-memory data: MNIST with ToTensor only, a TensorDataset; and a (shuffled) test loader
         "import torch\nfrom torchvision import datasets, transforms\nfrom torch.utils.data import DataLoader\n"
@@ -59,6 +63,10 @@ class DataLoaderNoWorkers(_LoaderRule):
         # settings passed through **kwargs
         "import torch\nfrom torch.utils.data import DataLoader\n"
         "loader = DataLoader(train_ds, shuffle=True, **loader_kwargs)\nmodel.cuda()\n",
+        # selected through TorchFix: a worker count known only at run time is not reported
+        Valid("import torch\nfrom torch.utils.data import DataLoader\n"
+              "test_loader = DataLoader(test_ds, num_workers=workers)\n"
+              "loader = DataLoader(ds, 10, False, None, None, 2)\n", select=("TOR401",)),
     ]
     INVALID = [
         Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
@@ -68,6 +76,17 @@ class DataLoaderNoWorkers(_LoaderRule):
                 "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
                 "loader = DL(trainset, batch_size=32, num_workers=0)\nmodel.to(device)\n",
                 line=4, message="num_workers=0"),
+        # positional num_workers (the sixth parameter)
+        Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
+                "train_loader = DataLoader(train_ds, 32, True, None, None, 0)\nmodel.cuda()\n",
+                line=3, message="`num_workers=0`"),
+        # selected through TorchFix: every loader, an evaluation loader in a CPU script too
+        Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
+                "test_loader = DataLoader(test_ds, batch_size=256)\n",
+                line=3, message="TOR401", select=("TOR401",)),
+        Invalid("import torch\nimport torch.utils.data\n"
+                "loader = torch.utils.data.DataLoader(torch.rand(100, 4), 10, False, None, None, 0)\n",
+                line=3, message="`num_workers=0`", select=("TOR4",)),
         Invalid("import torch.utils.data as tud\nimport torch\n"
                 "dl = tud.DataLoader(ds, batch_size=8, shuffle=True)\n"
                 "for x, y in dl:\n    x = x.to('cuda')\n",
@@ -75,19 +94,21 @@ class DataLoaderNoWorkers(_LoaderRule):
     ]
 
     def wants(self, loader: _Loader) -> bool:
-        if not loader.training or loader.in_memory:
-            return False
-        workers = keyword_arg(loader.call, "num_workers")
-        if workers is None:
-            return len([a for a in loader.call.args if a.keyword is None]) < 6  # positional num_workers
-        return isinstance(workers.value, cst.Integer) and workers.value.evaluated_value == 0
+        workers = argument(loader.call, 5, "num_workers")  # the sixth positional parameter
+        in_process = workers is None or (isinstance(workers, cst.Integer) and workers.evaluated_value == 0)
+        return in_process and ("every-loader" in self.options or (loader.training and not loader.in_memory))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.loaders or not _facts(ctx).cuda_evidence:
+        if not self.loaders:
             return
+        cuda = _facts(ctx).cuda_evidence
         for loader in self.loaders:
-            workers = keyword_arg(loader.call, "num_workers")
-            how = "`num_workers=0`" if workers is not None else "no `num_workers`"
-            self.report(loader.call, f"training {named('DataLoader', loader.label)} has {how}: batches are loaded in the "
-                                     f"training process and the GPU waits for them; pass num_workers>0 "
-                                     f"(e.g. num_workers=4, persistent_workers=True)")
+            how = "no `num_workers`" if argument(loader.call, 5, "num_workers") is None else "`num_workers=0`"
+            if cuda and loader.training and not loader.in_memory:
+                self.report(loader.call, f"training {named('DataLoader', loader.label)} has {how}: batches are loaded "
+                                         f"in the training process and the GPU waits for them; pass num_workers>0 "
+                                         f"(e.g. num_workers=4, persistent_workers=True)")
+            elif "every-loader" in self.options:
+                self.report(loader.call, f"{named('DataLoader', loader.label)} has {how}: each batch is loaded in the "
+                                         f"process that iterates the loader, while it waits; num_workers>0 loads the "
+                                         f"next batches in parallel (TorchFix's TOR401, selected)", severity=Severity.LOW)

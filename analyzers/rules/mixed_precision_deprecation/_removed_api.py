@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, dotted_name, keyword_arg, local_name_for,
+from analyzers.context import (FileContext, argument, dotted_name, keyword_arg, local_name_for,
                                positional_args, short, string_value)
 from analyzers.markdown import code_span
 from analyzers.program import in_compat_fallback
@@ -56,11 +56,51 @@ def rename(max_positional: int, keywords: tuple[str, ...] = ()) -> Fix:
 
 
 def fix_chain_matmul(call: cst.Call, ctx: FileContext, callee: cst.BaseExpression) -> Optional[cst.BaseExpression]:
-    if not plain(call) or any(a.keyword is not None for a in call.args) or len(call.args) < 2:
+    # torch.chain_matmul(a, b, c, out=o) -> torch.linalg.multi_dot([a, b, c], out=o): multi_dot takes out= too
+    matrices = positional_args(call)
+    if not plain(call) or len(matrices) < 2 or any(a.keyword is not None and a.keyword.value != "out"
+                                                   for a in call.args):
         return None
-    elements = [cst.Element(a.value, comma=COMMA if i < len(call.args) - 1 else cst.MaybeSentinel.DEFAULT)
-                for i, a in enumerate(call.args)]
-    return call.with_changes(func=callee, args=[cst.Arg(cst.List(elements))])
+    elements = [cst.Element(a.value, comma=COMMA if i < len(matrices) - 1 else cst.MaybeSentinel.DEFAULT)
+                for i, a in enumerate(matrices)]
+    out = keyword_arg(call, "out")
+    args = [cst.Arg(cst.List(elements))]
+    return call.with_changes(func=callee, args=with_keyword(args, "out", out.value) if out is not None else args)
+
+
+def _literal_flag(call: cst.Call, position: int, name: str) -> Optional[bool]:
+    """The value of a boolean parameter written as a literal, False... when absent; None when not a literal."""
+    value = argument(call, position, name)
+    if value is None:
+        return None if any(a.keyword is not None and a.keyword.value == name for a in call.args) else False
+    if isinstance(value, cst.Name) and value.value in ("True", "False"):
+        return value.value == "True"
+    return None
+
+
+def _only(call: cst.Call, max_positional: int, keywords: tuple[str, ...]) -> bool:
+    return plain(call) and len(positional_args(call)) <= max_positional and \
+        all(a.keyword is None or a.keyword.value in keywords for a in call.args)
+
+
+def fix_qr(call: cst.Call, ctx: FileContext, callee: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    # torch.qr(A, some=True) is linalg.qr(A) (mode="reduced", the default); some=False is mode="complete"
+    some = _literal_flag(call, 1, "some") if _only(call, 2, ("some",)) and positional_args(call) else None
+    if some is None:
+        return None
+    matrix = [call.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    some_given = argument(call, 1, "some") is not None
+    args = matrix if some or not some_given else with_keyword(matrix, "mode", cst.SimpleString('"complete"'))
+    return call.with_changes(func=callee, args=args)
+
+
+def fix_cholesky(call: cst.Call, ctx: FileContext, callee: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    # torch.cholesky(A) is linalg.cholesky(A); with upper=True it returns U = L^H: linalg.cholesky(A).mH (torch 1.11+)
+    upper = _literal_flag(call, 1, "upper") if _only(call, 2, ("upper",)) and positional_args(call) else None
+    if upper is None or (upper and not ctx.facts(VersionFacts).admits("torch", (1, 11))):
+        return None
+    new = call.with_changes(func=callee, args=[call.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+    return cst.Attribute(new, cst.Name("mH")) if upper else new
 
 
 def fix_lu_solve(call: cst.Call, ctx: FileContext, callee: cst.BaseExpression) -> Optional[cst.BaseExpression]:
@@ -216,8 +256,8 @@ TABLE: dict[str, Entry] = {e.name: e for e in [
           note="the arguments are swapped and the solution is a field of the result"),
     Entry("torch.eig", "torch.linalg.eig(A) (complex results)", LINALG, (2, 0)),
     # deprecated
-    Entry("torch.qr", "torch.linalg.qr(A)", LINALG, None, "torch.linalg.qr", rename(1)),
-    Entry("torch.cholesky", "torch.linalg.cholesky(A)", LINALG, None, "torch.linalg.cholesky", rename(1)),
+    Entry("torch.qr", "torch.linalg.qr(A)", LINALG, None, "torch.linalg.qr", fix_qr),
+    Entry("torch.cholesky", "torch.linalg.cholesky(A)", LINALG, None, "torch.linalg.cholesky", fix_cholesky),
     Entry("torch.chain_matmul", "torch.linalg.multi_dot([a, b, c])", LINALG, None, "torch.linalg.multi_dot",
           fix_chain_matmul),
     Entry("torch.ger", "torch.outer(a, b)", (1, 8), None, "torch.outer", rename(2)),

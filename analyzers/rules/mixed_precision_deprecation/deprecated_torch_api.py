@@ -177,6 +177,41 @@ class DeprecatedTorchApi(_TableRule):
             s = torch.lu_solve(b, LU, piv)
             """,
         ),
+        # literal flags have exact linalg spellings: some=False is mode="complete", upper=True the conjugate
+        # transpose of the lower factor; chain_matmul's out= is multi_dot's
+        Invalid(
+            """
+            import torch
+            q, r = torch.qr(A, some=False)
+            """,
+            fixed="""
+            import torch
+            q, r = torch.linalg.qr(A, mode="complete")
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            U = torch.cholesky(cov, upper=True)
+            """,
+            fixed="""
+            import torch
+            U = torch.linalg.cholesky(cov).mH
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            torch.chain_matmul(a, b, c, out=buffer)
+            L = torch.cholesky(cov, upper=is_upper)
+            """,
+            count=2,
+            fixed="""
+            import torch
+            torch.linalg.multi_dot([a, b, c], out=buffer)
+            L = torch.cholesky(cov, upper=is_upper)
+            """,
+        ),
         Invalid(
             """
             import torch

@@ -12,7 +12,7 @@ from analyzers.context import FileContext, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
-from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.base import Invalid, Rule, Valid
 from analyzers.program.names import parenthesized
 from analyzers.program.roles import is_test_code
 from analyzers.rules.numerics._numerics_exact import (
@@ -101,6 +101,10 @@ class HandWrittenLog1pExpm1(Rule):
             log_rate = torch.log1p(rate)
             growth = torch.expm1(log_growth)
     """
+    OPTIONS = {"any-precision": """
+        `torch.log(1 + x)` and `torch.exp(x) - 1` are reported in any precision (float32 files too), at low
+        severity, as TorchFix reported them.
+    """}
     VALID = [
         """
         import torch
@@ -123,8 +127,39 @@ class HandWrittenLog1pExpm1(Rule):
         import torch
         log_rate = torch.log(1 + rate)
         """,
+        # selected through TorchFix, in any precision: a magnitude still has no tiny values to lose
+        Valid("""
+        import torch
+        j = torch.log(1 + torch.arange(n).float())
+        k = torch.exp(x.abs()) - 1
+        """, select=("TOR106", "TOR107")),
     ]
     INVALID = [
+        # selected through TorchFix: float32 too
+        Invalid(
+            """
+            import torch
+            a = torch.randn(5)
+            b = torch.log(a + 1.0)
+            """,
+            line=4, message="TOR106", select=("TOR106",),
+            fixed="""
+            import torch
+            a = torch.randn(5)
+            b = torch.log1p(a)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            ret = (torch.exp(a) - 1) * scale
+            """,
+            line=3, message="TOR107", select=("TOR1",),
+            fixed="""
+            import torch
+            ret = (torch.expm1(a)) * scale
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -217,11 +252,23 @@ class HandWrittenLog1pExpm1(Rule):
             generic = "x.expm1()"
         self._report(node, replacement, generic, "`exp(x) - 1` cancels to 0", ctx)
 
+    @classmethod
+    def may_report_on(cls, source: str, options: frozenset[str] = frozenset()) -> bool:
+        if "any-precision" in options:  # the half-precision evidence is not needed
+            return cls.source_hint[0].search(source) is not None
+        return super().may_report_on(source, options)
+
     def _report(self, node: cst.CSTNode, replacement: Optional[cst.BaseExpression], generic: str, loss: str,
                 ctx: FileContext) -> None:
         if is_test_code(ctx):
             return  # a test's reference formula mirrors the math on purpose
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
-        self.report(node, f"{code_span(short(ctx, node))} in half-precision code: {loss} when |x| is below ~5e-4 in "
-                          f"float16 (4e-3 in bfloat16) and keeps only a few digits above; {instead} computes the same "
-                          f"function without the rounding", replacement=replacement)
+        if _HALF_PRECISION.search(ctx.source):
+            self.report(node, f"{code_span(short(ctx, node))} in half-precision code: {loss} when |x| is below ~5e-4 "
+                              f"in float16 (4e-3 in bfloat16) and keeps only a few digits above; {instead} computes "
+                              f"the same function without the rounding", replacement=replacement)
+        else:  # only with the any-precision option: the source hint keeps other files out
+            code = "TOR106" if "log1p" in generic else "TOR107"
+            self.report(node, f"{code_span(short(ctx, node))}: {loss} when |x| is below ~6e-8 in float32 and keeps "
+                              f"fewer digits of small x; {instead} computes the same function without the rounding "
+                              f"(TorchFix's {code}, selected)", replacement=replacement, severity=Severity.LOW)
