@@ -27,6 +27,7 @@ exception raised in the runner's own code (or in torch called by it) is an *erro
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import inspect
 import linecache
@@ -49,7 +50,7 @@ from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_
                               guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.subject import CheckResult, Subject, TargetReport
-from gpu_runner.targets import find_targets, parse_target_spec
+from gpu_runner.targets import _dotted, find_targets, global_reads, parse_target_spec
 
 STEP_ITERATIONS = 6  # optimizer steps per run: enough for a loss on one repeated batch to fall
 STEP_BATCH = 8
@@ -86,8 +87,19 @@ _DETACHED_LOSS = re.compile(r"does not require grad and does not have a grad_fn"
 
 
 def role_of(name: str) -> Optional[str]:
+    """The role of a parameter (or global) by its name; a compound name takes its last word's role for the roles a
+    qualifier does not change (``cifar_training_loader``, ``warmup_scheduler``), never for the model
+    (``linear_classifier`` beside a ``model`` is another module)."""
     lowered = name.lower()
-    return next((role for role, pattern in _ROLE_PATTERNS if pattern.fullmatch(lowered)), None)
+    role = next((role for role, pattern in _ROLE_PATTERNS if pattern.fullmatch(lowered)), None)
+    if role is None and "_" in lowered.strip("_"):
+        last = lowered.rstrip("_").rsplit("_", 1)[1]
+        role = next((role for role, pattern in _ROLE_PATTERNS if role in _QUALIFIED_ROLES and pattern.fullmatch(last)),
+                    None)
+    return role
+
+
+_QUALIFIED_ROLES = {"loader", "optimizer", "criterion", "scheduler", "logger"}
 
 
 class StepSkip(Exception):
@@ -374,24 +386,38 @@ def _config_namespace(function: Callable, name: str, values: dict, given: Option
         raise StepSkip(f"cannot read the source of {function.__qualname__} to build its '{name}'") from None
     attributes = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                   and n.value.id == name and isinstance(n.ctx, ast.Load)]
-    namespace = types.SimpleNamespace(**(given or {}))
-    repository_defaults = repository_defaults or {}
+    namespace = _Settings(values, repository_defaults or {}, **(given or {}))
     for attribute in dict.fromkeys(attributes):
-        role = role_of(attribute)
-        if given and attribute in given:
-            continue
-        if role in values:
-            setattr(namespace, attribute, values[role])
-            continue
-        if attribute in repository_defaults:
-            setattr(namespace, attribute, repository_defaults[attribute])
-            continue
-        found, value = guess_argument(attribute)
-        if not found:
+        if not hasattr(namespace, attribute):
             raise StepSkip(f"cannot build {name}.{attribute}, which {function.__qualname__} reads; give it in "
                            f"smoke.steps ({{step = ..., args = {{{name} = {{{attribute} = ...}}}}}}) or a default")
-        setattr(namespace, attribute, value)
     return namespace
+
+
+class _Settings(types.SimpleNamespace):
+    """A step's ``args`` / ``config``: an attribute not configured is made when first read (by the step or by a
+    helper it passes the settings to), from its role, the repository's own defaults, or the name table; one that
+    none of these gives stays missing (AttributeError)."""
+
+    def __init__(self, values: dict, repository_defaults: dict, **given):
+        super().__init__(**given)
+        object.__setattr__(self, "_sources", (values, repository_defaults))
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        values, repository_defaults = object.__getattribute__(self, "_sources")
+        role = role_of(attribute)
+        if role in values:
+            value = values[role]
+        elif attribute in repository_defaults:
+            value = repository_defaults[attribute]
+        else:
+            found, value = guess_argument(attribute)
+            if not found:
+                raise AttributeError(attribute)
+        setattr(self, attribute, value)
+        return value
 
 
 def _arguments(function: Callable, values: dict, *, skip_first: bool = False, given: Optional[dict] = None,
@@ -406,10 +432,13 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
     if skip_first and parameters:
         parameters = parameters[1:]
     arguments = {}
+    optimizer_names = [p.name for p in parameters if role_of(p.name) == "optimizer"]
     for parameter in parameters:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         role = role_of(parameter.name)
+        if role == "optimizer" and len(optimizer_names) > 1 and parameter.name.lower() in CONFIG_NAMES:
+            role = None  # ``opt`` beside an ``optimizer``: the options
         configured = given.get(parameter.name, _NOT_GIVEN)
         if configured is not _NOT_GIVEN and not (isinstance(configured, dict) and parameter.name.lower()
                                                   in CONFIG_NAMES):
@@ -470,7 +499,8 @@ class _Plan:
             model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
         self.instruments = _Instruments(model, self.code_root)
         try:
-            self.execute(iterations)
+            with _cuda_calls_to(self.subject.device, self.notes):
+                self.execute(iterations)
         except _UserCodeFailed as failed:
             cause = failed.__cause__
             detached = _DETACHED_LOSS.search(str(cause)) or self.instruments.detached_error is not None
@@ -678,6 +708,34 @@ class _Plan:
         return {}
 
 
+@contextlib.contextmanager
+def _cuda_calls_to(device: Any, notes: list[str]):
+    """On a runner without CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's device: a step
+    written for a GPU (``images = images.cuda(non_blocking=True)``) runs its own code instead of being skipped for
+    a placement the runner cannot give it. On a CUDA device nothing changes."""
+    if str(device).startswith("cuda") or torch.cuda.is_available():
+        yield
+        return
+    original_tensor, original_module = torch.Tensor.cuda, nn.Module.cuda
+    used: list[bool] = []
+
+    def tensor_cuda(tensor, *args, **kwargs):
+        used.append(True)
+        return tensor.to(device)
+
+    def module_cuda(module, *args, **kwargs):
+        used.append(True)
+        return module.to(device)
+
+    torch.Tensor.cuda, nn.Module.cuda = tensor_cuda, module_cuda
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda, nn.Module.cuda = original_tensor, original_module
+        if used:
+            notes.append(f"the step calls .cuda(); on this runner without CUDA those calls moved to {device}")
+
+
 def _names(names: list[str], limit: int = 3) -> str:
     shown = ", ".join(f"`{n}`" for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -822,6 +880,53 @@ class _FunctionPlan(_Plan):
                 raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
             call = getattr(instance, self.function.__name__)
         arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults)
+        restore = self._provide_globals(values)
+        try:
+            self._call(call, arguments, iterations)
+        finally:
+            restore()
+
+    def _provide_globals(self, values: dict) -> Callable[[], None]:
+        """The module globals the step reads in place of parameters (``def train(epoch)`` using the file's ``net``,
+        ``optimizer``, ``trainloader``): what the runner trains and measures with (model, loader, optimizer,
+        criterion, device) replaces what the file assigned; another role fills a global the file left unset (its
+        script part did not run); settings (``args``) are made from what is read. Returns what restores them."""
+        function = inspect.unwrap(self.function)
+        namespace = getattr(function, "__globals__", None)
+        node = _function_node(function)
+        if namespace is None or node is None:
+            return lambda: None
+        import builtins
+
+        saved: dict = {}
+        for name in sorted(global_reads(node)):
+            role = role_of(name)
+            if role in _ALWAYS_GIVEN and role in values:
+                value = values[role]
+            elif name in namespace or hasattr(builtins, name):
+                continue
+            elif role in values:
+                value = values[role]
+            elif name.lower() in CONFIG_NAMES:
+                value = _config_namespace(function, name, values, (self.given or {}).get(name),
+                                          self.repository_defaults)
+            else:
+                for key, old in saved.items():
+                    _restore(namespace, key, old)
+                raise StepSkip(f"{self.target} reads the global '{name}', which {self.path} sets only when run as a "
+                               "script and the runner cannot build; give the step its value as a parameter")
+            saved[name] = namespace.get(name, _NOT_GIVEN)
+            namespace[name] = value
+        if saved:
+            self.notes.append(f"the step reads module globals; the runner provided {', '.join(sorted(saved))}")
+
+        def restore() -> None:
+            for key, old in saved.items():
+                _restore(namespace, key, old)
+
+        return restore
+
+    def _call(self, call: Callable, arguments: dict, iterations: int) -> None:
         rounds = iterations if self.per_batch else 1
         for index in range(rounds):
             if self.per_batch:
@@ -836,6 +941,23 @@ class _FunctionPlan(_Plan):
                 raise _UserCodeFailed() from exc
 
 
+def _restore(namespace: dict, name: str, old: Any) -> None:
+    if old is _NOT_GIVEN:
+        namespace.pop(name, None)
+    else:
+        namespace[name] = old
+
+
+def _function_node(function: Callable) -> Optional[ast.AST]:
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    return next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+
+
 # ---- resolving a target ----------------------------------------------------------------------------------
 
 def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) -> _Plan:
@@ -846,9 +968,7 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
     if not (code_root / spec.path).is_file():
         raise StepSkip(f"{spec.path} does not exist in the pull request's code")
     build_module._IMPORT_NOTES.clear()
-    module = import_with_stand_ins(code_root, spec.path)  # torchvision, tqdm... used only inside functions
-    if isinstance(module, Skip):
-        raise StepSkip(module.reason)
+    module = _import_step_file(code_root, spec.path)
     import_notes = list(build_module._IMPORT_NOTES)  # building the model starts its own notes
     parts = spec.name.split(".")
     owner: Any = module
@@ -879,6 +999,113 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
     plan.evaluation = _evaluation_helper(module, code_root, spec.path)
     return plan
+
+
+def _import_step_file(code_root: Path, path: str) -> types.ModuleType:
+    """The step's file as a module, with stand-ins for packages used only inside functions. A script (a training
+    loop or a ``main()`` call at module level), or a file whose import fails on its script part (data sets,
+    ``parse_args()``), is imported as its definitions only: see ``_script_definitions``."""
+    tree = ast.parse((code_root / path).read_text(errors="replace"))
+    if not _runs_as_script(tree):
+        try:
+            module = import_with_stand_ins(code_root, path)  # torchvision, tqdm... used only inside functions
+        except BuildError as exc:
+            module = Skip(str(exc))
+        if not isinstance(module, Skip):
+            return module
+        plain_failure = module.reason
+    else:
+        plain_failure = None
+    try:
+        module = import_with_stand_ins(code_root, path, transform=_script_definitions)
+    except BuildError as exc:
+        module = Skip(str(exc))
+    if isinstance(module, Skip):
+        raise StepSkip(module.reason + (f" (imported whole, it failed too: {plain_failure})" if plain_failure else ""))
+    build_module._IMPORT_NOTES.append(
+        f"imported {path} as its definitions only (imports, functions, classes, assignments), without its script "
+        "part" + (f", since importing it whole failed: {plain_failure}" if plain_failure else
+                  " (a training loop or a main() call at module level)"))
+    return module
+
+
+def _runs_as_script(tree: ast.Module) -> bool:
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in tree.body:
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Name) and node.value.func.id in defined:
+            return True
+    return False
+
+
+def _script_definitions(tree: ast.Module) -> ast.Module:
+    """A file's definitions without its script: imports, functions and classes as they are; an assignment runs
+    inside ``try`` (one that raises leaves its name unset); what the step's runner provides itself (the model, the
+    loader, the optimizer... by their names' roles) and ``parse_args()`` results are not assigned; loops,
+    expressions, ``with`` blocks and the ``if __name__ == "__main__":`` block are left out."""
+
+    def keep(statements: list) -> list:
+        kept = []
+        for node in statements:
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                kept.append(node)  # must stay first, unguarded
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                kept.append(_guarded([node], reraise="ModuleNotFoundError"))  # a missing package: a stand-in
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                kept.append(node)
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                kept.append(node)  # a docstring
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                parses_arguments = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                       and n.func.attr in ("parse_args", "parse_known_args")
+                                       for n in ast.walk(node.value)) if node.value is not None else False
+                if parses_arguments or any(role_of(n) in _PROVIDED_ROLES for n in names):
+                    continue
+                kept.append(_guarded([node]))
+            elif isinstance(node, ast.Try):  # ``try: import apex`` / ``except ImportError: apex = None``
+                body = keep(node.body)
+                if body:
+                    handlers = [ast.copy_location(ast.ExceptHandler(type=h.type, name=h.name,
+                                                                    body=keep(h.body) or [ast.Pass()]), h)
+                                for h in node.handlers]
+                    finalbody = keep(node.finalbody)
+                    if handlers or finalbody:
+                        kept.append(ast.copy_location(ast.Try(body=body, handlers=handlers, orelse=keep(node.orelse),
+                                                              finalbody=finalbody), node))
+                    else:
+                        kept.extend(body)
+            elif isinstance(node, ast.If) and not _is_main_guard(node):
+                body, orelse = keep(node.body), keep(node.orelse)
+                if body or orelse:
+                    kept.append(_guarded([ast.copy_location(ast.If(test=node.test, body=body or [ast.Pass()], orelse=orelse),
+                                                            node)]))
+        return kept
+
+    return ast.Module(body=keep(tree.body), type_ignores=[])
+
+
+_PROVIDED_ROLES = {"model", "loader", "optimizer", "criterion", "scheduler", "scaler", "logger"}
+
+
+def _guarded(statements: list, reraise: Optional[str] = None) -> ast.Try:
+    """``try: statements`` / ``except (Exception, SystemExit): pass``; ``reraise`` names an exception let through."""
+    handlers = [ast.ExceptHandler(type=ast.Name(reraise, ast.Load()), name=None, body=[ast.Raise()])] \
+        if reraise else []
+    handlers.append(ast.ExceptHandler(type=ast.Tuple(elts=[ast.Name("Exception", ast.Load()),
+                                                           ast.Name("SystemExit", ast.Load())], ctx=ast.Load()),
+                                      name=None, body=[ast.Pass()]))
+    node = ast.Try(body=statements, handlers=handlers, orelse=[], finalbody=[])
+    return ast.copy_location(node, statements[0])
+
+
+def _is_main_guard(node: ast.If) -> bool:
+    test = node.test
+    return isinstance(test, ast.Compare) and any(isinstance(n, ast.Name) and n.id == "__name__"
+                                                 for n in ast.walk(test))
 
 
 def _check_configured_arguments(function: Callable, given: dict, target: str) -> None:
@@ -943,8 +1170,39 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     constructed = [model for is_called, model in models if is_called]
     if constructed or len(models) == 1:  # the one it constructs, else the only one it imports
         return (constructed or [models[0][1]])[0]
+    assigned = _model_assigned_in(code_root, tree, module)
+    if assigned is not None:
+        return assigned
     raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports from "
                    "the repository; name it in smoke.steps ({step = ..., model = \"models/net.py:Net\"})")
+
+
+def _model_assigned_in(code_root: Path, tree: ast.Module, module: types.ModuleType) -> Optional[str]:
+    """The model class the file constructs into a model-named variable (``net = SimpleDLA()``,
+    ``model = UNet(...).to(device)``), found through the imported module's namespace, so that star imports and a
+    package's re-exports (``from unet import UNet``) lead to the file that defines it."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or not any(isinstance(t, ast.Name) and role_of(t.id) == "model"
+                                                       for t in node.targets):
+            continue
+        call = node.value
+        while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                and call.func.attr in ("to", "cuda", "cpu", "float", "double", "half", "train"):
+            call = call.func.value  # Net(...).to(device)
+        if not isinstance(call, ast.Call):
+            continue
+        dotted = _dotted(call.func)
+        value: Any = module
+        for part in (dotted or "").split("."):
+            value = getattr(value, part, None) if part else None
+        if not (inspect.isclass(value) and issubclass(value, nn.Module)):
+            continue
+        try:
+            defined_in = Path(inspect.getsourcefile(value)).resolve().relative_to(code_root)
+        except (TypeError, OSError, ValueError):
+            continue  # a library's module: not the repository's model
+        return f"{defined_in.as_posix()}:{value.__qualname__}"
+    return None
 
 
 def _caller_sets_train(code_root: Path, path: str, name: str) -> Optional[_Where]:

@@ -1,0 +1,224 @@
+"""Training steps written as scripts run unconfigured (issue 27, item 4): an epoch function that reads the file's
+module-level model, optimizer and loader instead of taking them; a script whose module level loads data and loops
+over epochs (imported as its definitions only); a step written for a GPU (``.cuda()``) on a CPU runner; ``opt``
+options beside an ``optimizer``, read by a helper; the model found through a package's re-export. A planted bug in
+such a step still fails at its line; what the runner cannot provide is skipped, never failed."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpu_runner.steps import _script_definitions, role_of, smoke_step  # noqa: E402
+from gpu_runner.targets import find_step_targets, global_reads  # noqa: E402
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (an autouse fixture)
+
+NETWORK = '''
+    import torch.nn as nn
+
+
+    class Classifier(nn.Module):
+        def __init__(self, width=12, classes=3):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(width, 24), nn.ReLU(), nn.Dropout(0.2))
+            self.out = nn.Linear(24, classes)
+
+        def forward(self, x):
+            return self.out(self.body(x))
+'''
+
+# A script: data read from disk, the model and optimizer made at module level, then the epochs. The epoch function
+# takes only the epoch number.
+GLOBAL_SCRIPT = '''
+    import argparse
+    import torch
+    import torch.nn as nn
+    from network import Classifier
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--report_every", type=int, default=5)
+    args = parser.parse_args()
+
+    samples = torch.load("/no/such/folder/samples.pt")
+    train_loader = torch.utils.data.DataLoader(samples, batch_size=16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net = Classifier().to(device)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr)
+
+
+    def train(epoch):
+        net.train()
+        for index, (features, labels) in enumerate(train_loader):
+            features, labels = features.to(device), labels.to(device)
+            optimizer.zero_grad()
+            loss = criterion(net(features), labels)
+            loss.backward()
+            optimizer.step()
+            if index % args.report_every == 0:
+                print(epoch, index, loss.item())
+
+
+    for epoch in range(100):
+        train(epoch)
+'''
+
+GPU_STEP = '''
+    import argparse
+    import torch.nn.functional as F
+    from network import Classifier
+
+
+    def parse_options():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--warm", action="store_true")
+        parser.add_argument("--warm_epochs", type=int, default=3)
+        parser.add_argument("--learning_rate", type=float, default=0.01)
+        return parser.parse_args()
+
+
+    def warm_up(settings, epoch, optimizer):
+        if settings.warm and epoch <= settings.warm_epochs:
+            for group in optimizer.param_groups:
+                group["lr"] = settings.learning_rate * epoch / settings.warm_epochs
+
+
+    def train(train_loader, model, optimizer, epoch, opt):
+        model.train()
+        for images, labels in train_loader:
+            images = images.cuda(non_blocking=True)
+            labels = labels.cuda(non_blocking=True)
+            warm_up(opt, epoch, optimizer)
+            loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    def main():
+        opt = parse_options()
+        model = Classifier().cuda()
+'''
+
+
+def line_of(root: Path, path: str, text: str) -> int:
+    return next(i for i, line in enumerate((root / path).read_text().splitlines(), 1) if text in line)
+
+
+def run(root: Path, target: str) -> dict:
+    return smoke_step(root, target, None, device="cpu")
+
+
+def statuses(report: dict) -> dict:
+    return {c["name"]: c["status"] for c in report["checks"]}
+
+
+def test_an_epoch_function_reading_module_globals_is_a_step():
+    sources = {"network.py": textwrap.dedent(NETWORK), "main.py": textwrap.dedent(GLOBAL_SCRIPT),
+               "report.py": "model = None\n\ndef train(epoch):\n    print(epoch)\n"}
+    found = find_step_targets(sources, {path: None for path in sources})
+    assert [t.spec for t in found] == ["main.py:train"]
+    import ast
+
+    function = next(n for n in ast.parse(sources["main.py"]).body if getattr(n, "name", "") == "train")
+    assert {"net", "optimizer", "train_loader", "criterion", "device", "args"} <= global_reads(function)
+    assert not {"index", "features", "labels", "loss"} & global_reads(function)
+
+
+def test_a_script_step_runs_on_the_runners_globals(tmp_path):
+    root = write_tree(tmp_path, {"network.py": NETWORK, "main.py": GLOBAL_SCRIPT})
+    report = run(root, "main.py:train")
+    assert report["status"] == "passed", report
+    assert statuses(report)["zero-grad"] == "pass"
+    assert statuses(report)["loss"] != "fail"
+    notes = " ".join(report["notes"])
+    assert "definitions only" in notes and "the model: network.py:Classifier" in notes
+    assert "net" in notes and "optimizer" in notes  # the globals the runner provided
+
+
+def test_a_script_step_without_zero_grad_fails_at_its_line(tmp_path):
+    root = write_tree(tmp_path, {"network.py": NETWORK,
+                                 "main.py": GLOBAL_SCRIPT.replace("            optimizer.zero_grad()\n", "")})
+    report = run(root, "main.py:train")
+    assert report["status"] == "failed", report
+    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
+    assert zero_grad["status"] == "fail"
+    assert zero_grad["details"]["line"] == line_of(root, "main.py", "optimizer.step()")
+
+
+def test_a_global_the_runner_cannot_provide_is_a_skip(tmp_path):
+    script = GLOBAL_SCRIPT.replace("criterion(net(features), labels)",
+                                   "criterion(net(features * class_weights), labels)")
+    root = write_tree(tmp_path, {"network.py": NETWORK, "main.py": script})
+    report = run(root, "main.py:train")
+    assert report["status"] == "skipped"
+    assert "class_weights" in report["reason"]
+
+
+def test_definitions_only_leaves_out_the_script_part():
+    import ast
+
+    tree = _script_definitions(ast.parse(textwrap.dedent(GLOBAL_SCRIPT)))
+    text = ast.unparse(tree)
+    assert "def train(epoch)" in text and "from network import Classifier" in text
+    assert "for epoch in range(100)" not in text  # the training loop
+    assert "parse_args" not in text and "net = " not in text and "optimizer = " not in text  # the runner's own
+    assert "torch.load" in text  # data loading stays, guarded: a failure leaves the name unset
+
+
+def test_a_gpu_step_runs_on_a_cpu_runner_with_options_beside_its_optimizer(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the redirection of .cuda() is for runners without CUDA")
+    root = write_tree(tmp_path, {"network.py": NETWORK, "train.py": GPU_STEP})
+    report = run(root, "train.py:train")
+    assert report["status"] == "passed", report
+    assert any(".cuda()" in note for note in report["notes"])
+    assert torch.Tensor.cuda.__name__ == "cuda"  # put back after the step
+
+
+def test_a_gpu_step_without_zero_grad_still_fails(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the redirection of .cuda() is for runners without CUDA")
+    root = write_tree(tmp_path, {"network.py": NETWORK,
+                                 "train.py": GPU_STEP.replace("            optimizer.zero_grad()\n", "")})
+    report = run(root, "train.py:train")
+    assert report["status"] == "failed"
+    assert statuses(report)["zero-grad"] == "fail"
+
+
+def test_the_model_is_found_through_a_packages_re_export(tmp_path):
+    files = {"nets/__init__.py": "from .classifier import Classifier\n", "nets/classifier.py": NETWORK,
+             "fit.py": '''
+                import torch
+                import torch.nn.functional as F
+                from nets import Classifier
+
+
+                def train_model(model, device, epochs=1):
+                    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+                    model.train()
+                    x, y = torch.randn(16, 12), torch.randint(0, 3, (16,))
+                    for _ in range(4):
+                        optimizer.zero_grad()
+                        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+                        optimizer.step()
+
+
+                if __name__ == "__main__":
+                    model = Classifier(width=12).to("cpu")
+                    train_model(model, "cpu")
+             '''}
+    root = write_tree(tmp_path, files)
+    report = run(root, "fit.py:train_model")
+    assert report["status"] == "passed", report
+    assert "the model: nets/classifier.py:Classifier" in report["notes"]
+
+
+def test_compound_names_take_their_last_words_role_except_the_model():
+    assert role_of("cifar_training_loader") == "loader"
+    assert role_of("warmup_scheduler") == "scheduler"
+    assert role_of("linear_classifier") is None  # a second module beside the model, not the model
