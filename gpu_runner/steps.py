@@ -421,7 +421,7 @@ class _Settings(types.SimpleNamespace):
 
 
 def _arguments(function: Callable, values: dict, *, skip_first: bool = False, given: Optional[dict] = None,
-               repository_defaults: Optional[dict] = None) -> dict:
+               repository_defaults: Optional[dict] = None, by_use: Optional[dict] = None) -> dict:
     """Keyword arguments for ``function``: as configured (``given``, by parameter name), by role, a config
     namespace, or its default. Raises StepSkip for a required argument the runner cannot build."""
     given = given or {}
@@ -450,6 +450,10 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
         elif parameter.name.lower() in CONFIG_NAMES:
             arguments[parameter.name] = _config_namespace(function, parameter.name, values,
                                                           given.get(parameter.name), repository_defaults)
+        elif by_use and parameter.name in by_use:
+            arguments[parameter.name] = by_use[parameter.name]
+        elif not _reads_name(function, parameter.name):
+            arguments[parameter.name] = None  # taken but never used (a caller's epoch counter): any value runs it
         else:
             raise StepSkip(f"cannot build the argument '{parameter.name}' of {function.__qualname__}; give its value "
                            f"in smoke.steps ({{step = ..., args = {{{parameter.name} = ...}}}}), name a configured "
@@ -671,7 +675,7 @@ class _Plan:
         mode_dependent = [n for n, m in self.model.named_modules() if isinstance(m, _MODE_DEPENDENT)]
         values = self.values()
         try:
-            arguments = _arguments(function, values)
+            arguments = _arguments(function, values, by_use=_data_by_use(function, self.batch))
         except StepSkip as exc:
             return self._check(name, "skip", f"{function.__name__}: {exc}", where)
         self.model.train()
@@ -879,14 +883,23 @@ class _FunctionPlan(_Plan):
             if model is None:
                 raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
             call = getattr(instance, self.function.__name__)
-        arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults)
-        restore = self._provide_globals(values)
+        by_use = _data_by_use(call, self.batch)
+        arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults,
+                               by_use=by_use)
+        restore = self._provide_globals(values, by_use)
+        # the step takes the data itself (a graph's features and adjacency): one optimizer step per call
+        self.full_batch = any(name in by_use for name in [*arguments, *self.provided])
+        if self.full_batch:
+            self.notes.append("the step takes its data directly, not from a loader: "
+                              f"{', '.join(sorted(n for n in by_use if n in arguments or n in self.provided))} "
+                              "made from the runner's batch by what the step does with them; called once per "
+                              "iteration")
         try:
             self._call(call, arguments, iterations)
         finally:
             restore()
 
-    def _provide_globals(self, values: dict) -> Callable[[], None]:
+    def _provide_globals(self, values: dict, by_use: dict) -> Callable[[], None]:
         """The module globals the step reads in place of parameters (``def train(epoch)`` using the file's ``net``,
         ``optimizer``, ``trainloader``): what the runner trains and measures with (model, loader, optimizer,
         criterion, device) replaces what the file assigned; another role fills a global the file left unset (its
@@ -894,6 +907,7 @@ class _FunctionPlan(_Plan):
         function = inspect.unwrap(self.function)
         namespace = getattr(function, "__globals__", None)
         node = _function_node(function)
+        self.provided: set = set()
         if namespace is None or node is None:
             return lambda: None
         import builtins
@@ -910,6 +924,8 @@ class _FunctionPlan(_Plan):
             elif name.lower() in CONFIG_NAMES:
                 value = _config_namespace(function, name, values, (self.given or {}).get(name),
                                           self.repository_defaults)
+            elif name in by_use:
+                value = by_use[name]
             else:
                 for key, old in saved.items():
                     _restore(namespace, key, old)
@@ -917,6 +933,7 @@ class _FunctionPlan(_Plan):
                                "script and the runner cannot build; give the step its value as a parameter")
             saved[name] = namespace.get(name, _NOT_GIVEN)
             namespace[name] = value
+        self.provided = set(saved)
         if saved:
             self.notes.append(f"the step reads module globals; the runner provided {', '.join(sorted(saved))}")
 
@@ -927,7 +944,7 @@ class _FunctionPlan(_Plan):
         return restore
 
     def _call(self, call: Callable, arguments: dict, iterations: int) -> None:
-        rounds = iterations if self.per_batch else 1
+        rounds = iterations if self.per_batch or self.full_batch else 1
         for index in range(rounds):
             if self.per_batch:
                 for key, parameter in inspect.signature(call).parameters.items():
@@ -939,6 +956,79 @@ class _FunctionPlan(_Plan):
                 call(**arguments)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
+
+
+def _data_by_use(function: Callable, batch: tuple, depth: int = 1) -> dict:
+    """Values for the names a full-batch step feeds its model directly (``output = model(features, adj)``,
+    ``model(*inputs)``), compares its output with (``nll_loss(output[idx_train], labels[idx_train])``: the target)
+    or indexes the output or target with (``idx_train``, ``mask``: every row), from the runner's batch (inputs...,
+    target), read from what the function does with them. A name passed on to a function of the same module
+    (``test(model, criterion, input, target, mask_val)``) takes what that function does with it."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return {}
+    inputs, target = batch[:-1], batch[-1]
+    rows = torch.arange(len(target))
+    uses: dict = {}
+
+    def base(expression: ast.AST) -> ast.AST:
+        while isinstance(expression, (ast.Subscript, ast.Attribute)):
+            expression = expression.value
+        return expression
+
+    def is_model_call(call: ast.AST) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
+        return isinstance(func, ast.Name) and role_of(func.id) == "model"
+
+    outputs = set()
+    for item in ast.walk(node):
+        if is_model_call(item):
+            if len(item.args) == 1 and isinstance(item.args[0], ast.Starred) and isinstance(item.args[0].value,
+                                                                                           ast.Name):
+                uses.setdefault(item.args[0].value.id, tuple(inputs))
+            for position, argument in enumerate(item.args):
+                if isinstance(argument, ast.Name) and position < len(inputs):
+                    uses.setdefault(argument.id, inputs[position])
+        if isinstance(item, ast.Assign) and is_model_call(base(item.value)):
+            outputs.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    targets = set()
+    for item in ast.walk(node):
+        if isinstance(item, ast.Call) and not is_model_call(item) and len(item.args) >= 2:
+            first, second = base(item.args[0]), base(item.args[1])
+            if (is_model_call(first) or isinstance(first, ast.Name) and first.id in outputs) \
+                    and isinstance(second, ast.Name) and second.id not in outputs:
+                targets.add(second.id)
+                uses.setdefault(second.id, target)
+    for item in ast.walk(node):
+        if isinstance(item, ast.Subscript) and isinstance(item.slice, ast.Name) \
+                and isinstance(item.value, ast.Name) and item.value.id in outputs | targets:
+            uses.setdefault(item.slice.id, rows)
+    namespace = getattr(inspect.unwrap(function), "__globals__", {})
+    for item in ast.walk(node):
+        if depth <= 0 or not isinstance(item, ast.Call) or not isinstance(item.func, ast.Name):
+            continue
+        callee = namespace.get(item.func.id)
+        if not inspect.isfunction(callee) or callee.__module__ != getattr(function, "__module__", None):
+            continue
+        try:
+            parameters = list(inspect.signature(callee).parameters)
+        except (TypeError, ValueError):
+            continue
+        passed = {parameters[i]: a.id for i, a in enumerate(item.args[:len(parameters)]) if isinstance(a, ast.Name)}
+        for parameter, value in _data_by_use(callee, batch, depth - 1).items():
+            if parameter in passed:
+                uses.setdefault(passed[parameter], value)
+    return uses
+
+
+def _reads_name(function: Callable, name: str) -> bool:
+    """Whether ``function``'s body reads ``name`` (True when its source cannot be read)."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return True
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
 
 
 def _restore(namespace: dict, name: str, old: Any) -> None:

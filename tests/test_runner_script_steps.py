@@ -222,3 +222,78 @@ def test_compound_names_take_their_last_words_role_except_the_model():
     assert role_of("cifar_training_loader") == "loader"
     assert role_of("warmup_scheduler") == "scheduler"
     assert role_of("linear_classifier") is None  # a second module beside the model, not the model
+
+
+def test_a_parameter_the_step_never_reads_needs_no_value(tmp_path):
+    step = GPU_STEP.replace("def train(train_loader, model, optimizer, epoch, opt):",
+                            "def train(n, train_loader, model, optimizer, epoch, opt):")
+    root = write_tree(tmp_path, {"network.py": NETWORK, "train.py": step})
+    assert run(root, "train.py:train")["status"] == "passed"
+    read = step.replace("model.train()\n", "model.train()\n        assert n > 0\n", 1)
+    root = write_tree(tmp_path / "read", {"network.py": NETWORK, "train.py": read})
+    report = run(root, "train.py:train")
+    assert report["status"] == "skipped" and "'n'" in report["reason"]
+
+
+# A full-graph step: the node features, adjacency, labels and the training rows are the step's own parameters.
+GRAPH = '''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class GraphNet(nn.Module):
+        def __init__(self, features=10, hidden=16, classes=3):
+            super().__init__()
+            self.lift = nn.Linear(features, hidden)
+            self.out = nn.Linear(hidden, classes)
+
+        def forward(self, nodes, adjacency):
+            hidden = F.relu(adjacency @ self.lift(nodes))
+            return F.log_softmax(self.out(adjacency @ hidden), dim=1)
+
+
+    def score(model, nodes, adjacency, classes, rows):
+        model.eval()
+        with torch.no_grad():
+            prediction = model(nodes, adjacency)
+            return (prediction[rows].argmax(1) == classes[rows]).float().mean()
+
+
+    def train_epoch(epoch, model, optimizer, nodes, adjacency, classes, train_rows, held_out_rows):
+        model.train()
+        optimizer.zero_grad()
+        prediction = model(nodes, adjacency)
+        loss = F.nll_loss(prediction[train_rows], classes[train_rows])
+        loss.backward()
+        optimizer.step()
+        return loss.item(), score(model, nodes, adjacency, classes, held_out_rows)
+'''
+
+
+def test_a_full_graph_step_gets_its_data_by_what_it_does_with_it(tmp_path):
+    root = write_tree(tmp_path, {"graph.py": GRAPH})
+    assert [t.spec for t in find_step_targets({"graph.py": textwrap.dedent(GRAPH)}, {"graph.py": None})] \
+        == ["graph.py:train_epoch"]
+    report = run(root, "graph.py:train_epoch")
+    assert report["status"] == "passed", report
+    assert statuses(report)["zero-grad"] == "pass"  # called once per iteration: several optimizer steps
+    note = next(n for n in report["notes"] if "takes its data directly" in n)
+    assert all(name in note for name in ("nodes", "adjacency", "classes", "train_rows", "held_out_rows"))
+
+
+def test_a_full_graph_step_without_zero_grad_fails_at_its_line(tmp_path):
+    root = write_tree(tmp_path, {"graph.py": GRAPH.replace("        optimizer.zero_grad()\n", "")})
+    report = run(root, "graph.py:train_epoch")
+    assert report["status"] == "failed"
+    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
+    assert zero_grad["status"] == "fail" and zero_grad["details"]["line"] == line_of(root, "graph.py",
+                                                                                     "optimizer.step()")
+
+
+def test_data_the_step_uses_otherwise_is_not_made_up(tmp_path):
+    step = GRAPH.replace("loss.backward()", "(loss * weights.sum()).backward()").replace(
+        "held_out_rows):", "held_out_rows, weights):")
+    root = write_tree(tmp_path, {"graph.py": step})
+    report = run(root, "graph.py:train_epoch")
+    assert report["status"] == "skipped" and "'weights'" in report["reason"]
