@@ -1096,6 +1096,7 @@ def _import_step_file(code_root: Path, path: str) -> types.ModuleType:
     loop or a ``main()`` call at module level), or a file whose import fails on its script part (data sets,
     ``parse_args()``), is imported as its definitions only: see ``_script_definitions``."""
     tree = ast.parse((code_root / path).read_text(errors="replace"))
+    _script_folder_on_path(code_root, path)
     if not _runs_as_script(tree):
         try:
             module = import_with_stand_ins(code_root, path)  # torchvision, tqdm... used only inside functions
@@ -1117,6 +1118,25 @@ def _import_step_file(code_root: Path, path: str) -> types.ModuleType:
         "part" + (f", since importing it whole failed: {plain_failure}" if plain_failure else
                   " (a training loop or a main() call at module level)"))
     return module
+
+
+def _script_folder_on_path(code_root: Path, path: str) -> None:
+    """The step's folder first on ``sys.path``, as when its file runs as a script (``python sub/main.py``), so that
+    ``from model import Net`` finds ``sub/model.py``; a same-named module imported earlier from another folder of
+    the tree (another example's ``model.py``) is forgotten."""
+    folder = (code_root / path).resolve().parent
+    if folder == code_root.resolve():
+        return
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    for entry in folder.iterdir():
+        name = entry.stem if entry.suffix == ".py" else entry.name if (entry / "__init__.py").is_file() else None
+        loaded = sys.modules.get(name) if name else None
+        where = getattr(loaded, "__file__", None) if loaded is not None else None
+        if where and str(Path(where).resolve()).startswith(str(code_root.resolve()) + "/") \
+                and Path(where).resolve().parent not in (folder, entry.resolve()):
+            for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+                sys.modules.pop(key, None)
 
 
 def _runs_as_script(tree: ast.Module) -> bool:
@@ -1143,6 +1163,7 @@ def _script_definitions(tree: ast.Module) -> ast.Module:
                 kept.append(node)  # must stay first, unguarded
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 kept.append(_guarded([node], reraise="ModuleNotFoundError"))  # a missing package: a stand-in
+                # (a stand-in *used* by the module imported, MissingPackageError, leaves its names unset)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 kept.append(node)
             elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -1183,8 +1204,14 @@ _PROVIDED_ROLES = {"model", "loader", "optimizer", "criterion", "scheduler", "sc
 
 def _guarded(statements: list, reraise: Optional[str] = None) -> ast.Try:
     """``try: statements`` / ``except (Exception, SystemExit): pass``; ``reraise`` names an exception let through."""
-    handlers = [ast.ExceptHandler(type=ast.Name(reraise, ast.Load()), name=None, body=[ast.Raise()])] \
-        if reraise else []
+    handlers = []
+    if reraise:
+        used_stand_in = ast.Compare(left=ast.Attribute(ast.Call(ast.Name("type", ast.Load()),
+                                                                [ast.Name("__torchreview_error", ast.Load())], []),
+                                                       "__name__", ast.Load()),
+                                    ops=[ast.NotEq()], comparators=[ast.Constant(absent.MissingPackageError.__name__)])
+        handlers.append(ast.ExceptHandler(type=ast.Name(reraise, ast.Load()), name="__torchreview_error",
+                                          body=[ast.If(test=used_stand_in, body=[ast.Raise()], orelse=[])]))
     handlers.append(ast.ExceptHandler(type=ast.Tuple(elts=[ast.Name("Exception", ast.Load()),
                                                            ast.Name("SystemExit", ast.Load())], ctx=ast.Load()),
                                       name=None, body=[ast.Pass()]))
@@ -1244,14 +1271,17 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     imported = []
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and (node.module is not None or node.level):
-            base = Path(path).parent if node.level else Path()
+            base = Path(path).parent
             for _ in range(max(node.level - 1, 0)):
                 base = base.parent
-            relative = (base / (node.module or "").replace(".", "/")).as_posix().lstrip("./")
-            for candidate in (f"{relative}.py", f"{relative}/__init__.py"):
-                if (code_root / candidate).is_file():
-                    imported += [(alias.asname or alias.name, alias.name, candidate) for alias in node.names]
-                    break
+            # an absolute import: from the repository's root, or a script's sibling (its folder is on sys.path)
+            bases = [base] if node.level else [Path(), base]
+            candidates = [f"{relative}{suffix}" for folder in bases
+                          for relative in [(folder / (node.module or "").replace(".", "/")).as_posix().lstrip("./")]
+                          for suffix in (".py", "/__init__.py")]
+            found = next((c for c in candidates if (code_root / c).is_file()), None)
+            if found is not None:
+                imported += [(alias.asname or alias.name, alias.name, found) for alias in node.names]
     models = []
     for local, name, file in imported:
         file_source = (code_root / file).read_text(errors="replace")

@@ -297,3 +297,29 @@ def test_data_the_step_uses_otherwise_is_not_made_up(tmp_path):
     root = write_tree(tmp_path, {"graph.py": step})
     report = run(root, "graph.py:train_epoch")
     assert report["status"] == "skipped" and "'weights'" in report["reason"]
+
+
+def test_a_script_in_a_folder_imports_its_siblings_as_it_does_when_run(tmp_path):
+    step = '''
+        import torch
+        import torch.nn.functional as F
+        from model import Classifier
+
+        model = Classifier()
+
+
+        def train(epoch):
+            model.train()
+            for x, y in loader:
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+    '''
+    other = NETWORK.replace("class Classifier", "class Unrelated")
+    root = write_tree(tmp_path, {"first/model.py": other, "first/main.py": step.replace("Classifier", "Unrelated"),
+                                 "second/model.py": NETWORK, "second/main.py": step})
+    first = run(root, "first/main.py:train")
+    second = run(root, "second/main.py:train")  # the same worker: first/model.py must not answer `import model`
+    assert first["status"] == "passed", first
+    assert second["status"] == "passed", second
+    assert "the model: second/model.py:Classifier" in second["notes"]
