@@ -1293,8 +1293,30 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     assigned = _model_assigned_in(code_root, tree, module)
     if assigned is not None:
         return assigned
+    caller = _model_of_callers(code_root, path)
+    if caller is not None:
+        return caller
     raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports from "
                    "the repository; name it in smoke.steps ({step = ..., model = \"models/net.py:Net\"})")
+
+
+def _model_of_callers(code_root: Path, path: str) -> Optional[str]:
+    """The model of a file beside the step's that imports the step's module and defines a model (``main.py``
+    defining ``Net`` and calling ``from train import train_epoch``): the model the step is given."""
+    step_file = code_root / path
+    stem = step_file.stem
+    importing = re.compile(rf"^\s*(from\s+\.?{re.escape(stem)}\s+import|import\s+{re.escape(stem)}\b)", re.M)
+    for sibling in sorted(step_file.parent.glob("*.py")):
+        if sibling == step_file:
+            continue
+        source = sibling.read_text(errors="replace")
+        relative = sibling.relative_to(code_root).as_posix()
+        if not importing.search(source) or not find_targets({relative: source}, {relative: None}):
+            continue
+        chosen = _choose_model_in_file(code_root, relative, [])
+        if not isinstance(chosen, Skip):
+            return str(chosen)
+    return None
 
 
 def _model_assigned_in(code_root: Path, tree: ast.Module, module: types.ModuleType) -> Optional[str]:

@@ -323,3 +323,27 @@ def test_a_script_in_a_folder_imports_its_siblings_as_it_does_when_run(tmp_path)
     assert first["status"] == "passed", first
     assert second["status"] == "passed", second
     assert "the model: second/model.py:Classifier" in second["notes"]
+
+
+def test_the_model_comes_from_the_file_that_imports_the_step(tmp_path):
+    files = {"loop.py": '''
+                 import torch.nn.functional as F
+
+
+                 def train_epoch(epoch, args, model, data_loader, optimizer):
+                     model.train()
+                     for x, y in data_loader:
+                         optimizer.zero_grad()
+                         F.cross_entropy(model(x), y).backward()
+                         optimizer.step()
+             ''',
+             "run.py": NETWORK + '''
+
+    from loop import train_epoch
+    '''}
+    root = write_tree(tmp_path, files)
+    report = run(root, "loop.py:train_epoch")
+    assert report["status"] == "passed", report
+    assert "the model: run.py:Classifier" in report["notes"]
+    alone = write_tree(tmp_path / "alone", {"loop.py": files["loop.py"], "run.py": NETWORK})
+    assert "found no model" in run(alone, "loop.py:train_epoch")["reason"]  # a model file that never uses the step
