@@ -106,6 +106,15 @@ class StepSkip(Exception):
     """The step cannot be run on what the runner can build: a reason, never a finding."""
 
 
+class _EnoughSteps(BaseException):
+    """Raised by the instruments before an optimizer step past the bound: a loop that runs until a setting says
+    stop (``while True: ... if it >= config.max_iters: break``) ends there. A BaseException, so that the step's own
+    ``except Exception`` does not swallow it."""
+
+
+STEP_BOUND_FACTOR = 4  # optimizer steps allowed per iteration (several optimizers, accumulation) before the stop
+
+
 class _UserCodeFailed(Exception):
     """The PR's step raised on the synthetic arguments (the original is ``__cause__``)."""
 
@@ -214,6 +223,7 @@ class _Instruments:
     _pending_check: set = field(default_factory=set)  # ids whose first gradient since the last step is awaited
     _handles: list = field(default_factory=list)
     _last_step_at: Optional[float] = None
+    step_limit: Optional[int] = None  # optimizer steps after which the next one stops the step (_EnoughSteps)
 
     def __post_init__(self):
         self.names = {id(p): name for name, p in self.model.named_parameters()}
@@ -275,6 +285,8 @@ class _Instruments:
         self.forwards.append([module.training, torch.is_grad_enabled(), _caller_in(self.code_root), False])
 
     def _before_step(self, optimizer, args, kwargs):
+        if self.step_limit is not None and self.steps >= self.step_limit:
+            raise _EnoughSteps()
         self.stepped_optimizers.setdefault(id(optimizer), self.optimizer_lines.get(id(optimizer)))
         for group in optimizer.param_groups:
             self.stepped_parameters.update(id(p) for p in group["params"])
@@ -501,10 +513,12 @@ class _Plan:
         model.train()
         if self.start_in_eval:
             model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
-        self.instruments = _Instruments(model, self.code_root)
+        self.instruments = _Instruments(model, self.code_root, step_limit=STEP_BOUND_FACTOR * iterations)
         try:
             with _cuda_calls_to(self.subject.device, self.notes):
                 self.execute(iterations)
+        except _EnoughSteps:
+            self.notes.append(f"the step's loop was stopped after {self.instruments.steps} optimizer steps")
         except _UserCodeFailed as failed:
             cause = failed.__cause__
             detached = _DETACHED_LOSS.search(str(cause)) or self.instruments.detached_error is not None
@@ -1320,8 +1334,8 @@ def _model_of_callers(code_root: Path, path: str) -> Optional[str]:
 
 
 def _model_assigned_in(code_root: Path, tree: ast.Module, module: types.ModuleType) -> Optional[str]:
-    """The model class the file constructs into a model-named variable (``net = SimpleDLA()``,
-    ``model = UNet(...).to(device)``), found through the imported module's namespace, so that star imports and a
+    """The model class (or factory) the file constructs into a model-named variable (``net = SimpleDLA()``,
+    ``model = UNet(...).to(device)``, ``net = get_network(args)``), found through the imported module's namespace, so that star imports and a
     package's re-exports (``from unet import UNet``) lead to the file that defines it."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.Assign) or not any(isinstance(t, ast.Name) and role_of(t.id) == "model"
@@ -1337,8 +1351,8 @@ def _model_assigned_in(code_root: Path, tree: ast.Module, module: types.ModuleTy
         value: Any = module
         for part in (dotted or "").split("."):
             value = getattr(value, part, None) if part else None
-        if not (inspect.isclass(value) and issubclass(value, nn.Module)):
-            continue
+        if not (inspect.isclass(value) and issubclass(value, nn.Module) or inspect.isfunction(value)):
+            continue  # a model class, or the repository's factory (``net = get_network(args)``)
         try:
             defined_in = Path(inspect.getsourcefile(value)).resolve().relative_to(code_root)
         except (TypeError, OSError, ValueError):

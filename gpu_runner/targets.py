@@ -261,7 +261,8 @@ def _step_candidates(node: ast.stmt, script_names: frozenset = frozenset()) -> I
         if not any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in init_names):
             return
         for method in methods.values():
-            if method.name != "__init__" and _is_step_function(method):
+            # a trainer's method under any name (``run``, ``fit_model``) that holds the training loop
+            if method.name != "__init__" and (_is_step_function(method) or _holds_training_loop(method)):
                 yield f"{node.name}.{method.name}", span(method), method
 
 
@@ -273,7 +274,12 @@ def _is_step_function(node: ast.AST) -> bool:
     arguments = [a.arg.lower() for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
     if not any(STEP_LOADER_ARGUMENTS.fullmatch(a) for a in arguments):
         return False
-    return any(isinstance(loop, ast.For) and any(_calls_method(n, "backward") for n in ast.walk(loop))
+    return _holds_training_loop(node)
+
+
+def _holds_training_loop(node: ast.AST) -> bool:
+    """A loop (``for`` or ``while``) whose body calls ``.backward()`` and ``.step()``."""
+    return any(isinstance(loop, (ast.For, ast.While)) and any(_calls_method(n, "backward") for n in ast.walk(loop))
                and any(_calls_method(n, "step") for n in ast.walk(loop)) for loop in ast.walk(node))
 
 

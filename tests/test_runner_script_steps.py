@@ -347,3 +347,40 @@ def test_the_model_comes_from_the_file_that_imports_the_step(tmp_path):
     assert "the model: run.py:Classifier" in report["notes"]
     alone = write_tree(tmp_path / "alone", {"loop.py": files["loop.py"], "run.py": NETWORK})
     assert "found no model" in run(alone, "loop.py:train_epoch")["reason"]  # a model file that never uses the step
+
+
+COACH = '''
+    import torch.nn.functional as F
+    from network import Classifier
+
+
+    class Coach:
+        def __init__(self, model, loader, optimizer):
+            self.model, self.loader, self.optimizer = model, loader, optimizer
+            self.updates = 0
+
+        def run(self):
+            self.model.train()
+            while True:  # until interrupted: the runner's bound stops it
+                for x, y in self.loader:
+                    self.optimizer.zero_grad()
+                    F.cross_entropy(self.model(x), y).backward()
+                    self.optimizer.step()
+                    self.updates += 1
+
+
+    def main():
+        Coach(Classifier(), [], None).run()
+'''
+
+
+def test_a_trainers_endless_loop_under_any_name_is_found_and_bounded(tmp_path):
+    sources = {"network.py": textwrap.dedent(NETWORK), "coach.py": textwrap.dedent(COACH)}
+    assert [t.spec for t in find_step_targets(sources, {"coach.py": None})] == ["coach.py:Coach.run"]
+    root = write_tree(tmp_path, {"network.py": NETWORK, "coach.py": COACH})
+    report = run(root, "coach.py:Coach.run")
+    assert report["status"] == "passed", report
+    assert any("stopped after" in note for note in report["notes"])
+    broken = write_tree(tmp_path / "broken", {"network.py": NETWORK,
+                                              "coach.py": COACH.replace("self.optimizer.zero_grad()\n", "pass\n")})
+    assert statuses(run(broken, "coach.py:Coach.run"))["zero-grad"] == "fail"
