@@ -50,7 +50,7 @@ from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_
                               guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.subject import CheckResult, Subject, TargetReport
-from gpu_runner.targets import _dotted, find_targets, global_reads, parse_target_spec
+from gpu_runner.targets import _dotted, find_targets, global_reads, module_name_for_path, parse_target_spec
 
 STEP_ITERATIONS = 6  # optimizer steps per run: enough for a loss on one repeated batch to fall
 STEP_BATCH = 8
@@ -1121,6 +1121,7 @@ def _import_step_file(code_root: Path, path: str) -> types.ModuleType:
         plain_failure = module.reason
     else:
         plain_failure = None
+    _script_folder_on_path(code_root, path)  # again: the failed import may have left a sibling's namesake
     try:
         module = import_with_stand_ins(code_root, path, transform=_script_definitions)
     except BuildError as exc:
@@ -1139,18 +1140,25 @@ def _script_folder_on_path(code_root: Path, path: str) -> None:
     ``from model import Net`` finds ``sub/model.py``; a same-named module imported earlier from another folder of
     the tree (another example's ``model.py``) is forgotten."""
     folder = (code_root / path).resolve().parent
+    for earlier in _SCRIPT_FOLDERS:  # another step's folder would shadow this one's namespace packages
+        while earlier in sys.path:
+            sys.path.remove(earlier)
+    _SCRIPT_FOLDERS.clear()
     if folder == code_root.resolve():
         return
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+    sys.path.insert(0, str(folder))
+    _SCRIPT_FOLDERS.append(str(folder))
     for entry in folder.iterdir():
-        name = entry.stem if entry.suffix == ".py" else entry.name if (entry / "__init__.py").is_file() else None
+        name = entry.stem if entry.suffix == ".py" else entry.name if entry.is_dir() else None  # namespace packages too
         loaded = sys.modules.get(name) if name else None
         where = getattr(loaded, "__file__", None) if loaded is not None else None
         if where and str(Path(where).resolve()).startswith(str(code_root.resolve()) + "/") \
                 and Path(where).resolve().parent not in (folder, entry.resolve()):
             for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
                 sys.modules.pop(key, None)
+
+
+_SCRIPT_FOLDERS: list[str] = []  # the folder _script_folder_on_path put on sys.path
 
 
 def _runs_as_script(tree: ast.Module) -> bool:
@@ -1273,7 +1281,7 @@ def _class_span(cls: type, code_root: Path, path: str) -> tuple[str, int, int]:
 
 def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     """The model a step function trains: the one its file defines, else the one it imports from the repository
-    and constructs (or the only one it imports)."""
+    and constructs (or the only one it imports), else the one a file that uses the step defines or constructs."""
     source = (code_root / path).read_text(errors="replace")
     if find_targets({path: source}, {path: None}):
         chosen = _choose_model_in_file(code_root, path, [])
@@ -1281,9 +1289,20 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
             raise StepSkip(f"{chosen.reason}; name the model in smoke.steps ({{step = ..., model = ...}})")
         return str(chosen)
     tree = ast.parse(source)
+    found = _imported_model(code_root, path, tree) or _model_assigned_in(code_root, tree, module) \
+        or _model_of_callers(code_root, path)
+    if found is None:
+        raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports "
+                       "from the repository, nor does a file that imports it; name it in smoke.steps "
+                       "({step = ..., model = \"models/net.py:Net\"})")
+    return found
+
+
+def _imported_model(code_root: Path, path: str, tree: ast.Module) -> Optional[str]:
+    """The model class ``path`` imports from the repository and constructs, else the only one it imports."""
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     imported = []
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module is not None or node.level):
             base = Path(path).parent
             for _ in range(max(node.level - 1, 0)):
@@ -1304,32 +1323,41 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     constructed = [model for is_called, model in models if is_called]
     if constructed or len(models) == 1:  # the one it constructs, else the only one it imports
         return (constructed or [models[0][1]])[0]
-    assigned = _model_assigned_in(code_root, tree, module)
-    if assigned is not None:
-        return assigned
-    caller = _model_of_callers(code_root, path)
-    if caller is not None:
-        return caller
-    raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports from "
-                   "the repository; name it in smoke.steps ({step = ..., model = \"models/net.py:Net\"})")
+    return None
+
+
+MAX_CALLER_FILES = 400  # files read when looking for the users of a step's module
 
 
 def _model_of_callers(code_root: Path, path: str) -> Optional[str]:
-    """The model of a file beside the step's that imports the step's module and defines a model (``main.py``
-    defining ``Net`` and calling ``from train import train_epoch``): the model the step is given."""
-    step_file = code_root / path
-    stem = step_file.stem
-    importing = re.compile(rf"^\s*(from\s+\.?{re.escape(stem)}\s+import|import\s+{re.escape(stem)}\b)", re.M)
-    for sibling in sorted(step_file.parent.glob("*.py")):
-        if sibling == step_file:
+    """The model of a file that imports the step's module (``main.py`` defining ``Net`` and calling ``from train
+    import train_epoch``; ``chargpt.py`` building ``GPT(...)`` for ``from mingpt.trainer import Trainer``): the model
+    the step is given. Files beside the step's come first."""
+    step_file = (code_root / path).resolve()
+    dotted = module_name_for_path(path)
+    names = {re.escape(step_file.stem), re.escape(dotted)}
+    importing = re.compile(rf"^\s*(from\s+\.?({'|'.join(names)})\s+import|import\s+({'|'.join(names)})\b)", re.M)
+    siblings = sorted(step_file.parent.glob("*.py"))
+    others = sorted(p for p in code_root.rglob("*.py") if p.parent != step_file.parent
+                    and not any(part.startswith(".") for part in p.relative_to(code_root).parts))
+    for candidate in (siblings + others)[:MAX_CALLER_FILES]:
+        if candidate == step_file:
             continue
-        source = sibling.read_text(errors="replace")
-        relative = sibling.relative_to(code_root).as_posix()
-        if not importing.search(source) or not find_targets({relative: source}, {relative: None}):
+        source = candidate.read_text(errors="replace")
+        if not importing.search(source):
             continue
-        chosen = _choose_model_in_file(code_root, relative, [])
-        if not isinstance(chosen, Skip):
-            return str(chosen)
+        relative = candidate.relative_to(code_root).as_posix()
+        if find_targets({relative: source}, {relative: None}):
+            chosen = _choose_model_in_file(code_root, relative, [])
+            if not isinstance(chosen, Skip):
+                return str(chosen)
+            continue
+        try:
+            constructed = _imported_model(code_root, relative, ast.parse(source))
+        except (SyntaxError, ValueError):
+            continue
+        if constructed is not None:
+            return constructed
     return None
 
 
