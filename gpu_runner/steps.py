@@ -943,8 +943,9 @@ class _FunctionPlan(_Plan):
             else:
                 for key, old in saved.items():
                     _restore(namespace, key, old)
-                raise StepSkip(f"{self.target} reads the global '{name}', which {self.path} sets only when run as a "
-                               "script and the runner cannot build; give the step its value as a parameter")
+                raise StepSkip(f"{self.target} reads the global '{name}', which is unset once {self.path}'s "
+                               "definitions ran (it is assigned in the script part, or its import or assignment "
+                               "failed) and the runner cannot build; give the step its value as a parameter")
             saved[name] = namespace.get(name, _NOT_GIVEN)
             namespace[name] = value
         self.provided = set(saved)
@@ -1109,7 +1110,10 @@ def _import_step_file(code_root: Path, path: str) -> types.ModuleType:
     """The step's file as a module, with stand-ins for packages used only inside functions. A script (a training
     loop or a ``main()`` call at module level), or a file whose import fails on its script part (data sets,
     ``parse_args()``), is imported as its definitions only: see ``_script_definitions``."""
-    tree = ast.parse((code_root / path).read_text(errors="replace"))
+    try:
+        tree = ast.parse((code_root / path).read_text(errors="replace"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise StepSkip(f"{path} does not parse: {type(exc).__name__}: {_one_line(exc, 160)}") from None
     _script_folder_on_path(code_root, path)
     if not _runs_as_script(tree):
         try:

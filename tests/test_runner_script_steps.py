@@ -384,3 +384,14 @@ def test_a_trainers_endless_loop_under_any_name_is_found_and_bounded(tmp_path):
     broken = write_tree(tmp_path / "broken", {"network.py": NETWORK,
                                               "coach.py": COACH.replace("self.optimizer.zero_grad()\n", "pass\n")})
     assert statuses(run(broken, "coach.py:Coach.run"))["zero-grad"] == "fail"
+
+
+def test_a_package_only_the_script_part_uses_does_not_stop_the_step_in_the_worker(tmp_path):
+    from gpu_runner.runner import TargetRequest, smoke
+
+    script = GLOBAL_SCRIPT.replace("import argparse\n", "import argparse\n    import a_package_nobody_has\n").replace(
+        "samples = torch.load(", "samples = a_package_nobody_has.fetch(")
+    root = write_tree(tmp_path, {"network.py": NETWORK, "main.py": script})
+    run_ = smoke(root, [TargetRequest("main.py:train", kind="step")], steps=3, sandbox=False)
+    head = run_.outcomes[0].head
+    assert head["status"] == "passed", head
