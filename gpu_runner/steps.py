@@ -1177,8 +1177,8 @@ def _runs_as_script(tree: ast.Module) -> bool:
 
 
 def _script_definitions(tree: ast.Module) -> ast.Module:
-    """A file's definitions without its script: imports, functions and classes as they are; an assignment runs
-    inside ``try`` (one that raises leaves its name unset); what the step's runner provides itself (the model, the
+    """A file's definitions without its script: imports, functions, classes and assignments, each inside ``try``
+    (one that raises leaves its names unset); what the step's runner provides itself (the model, the
     loader, the optimizer... by their names' roles) and ``parse_args()`` results are not assigned; loops,
     expressions, ``with`` blocks and the ``if __name__ == "__main__":`` block are left out."""
 
@@ -1191,7 +1191,7 @@ def _script_definitions(tree: ast.Module) -> ast.Module:
                 kept.append(_guarded([node], reraise="ModuleNotFoundError"))  # a missing package: a stand-in
                 # (a stand-in *used* by the module imported, MissingPackageError, leaves its names unset)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                kept.append(node)
+                kept.append(_guarded([node]))  # a default or decorator may read what the script part set
             elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 kept.append(node)  # a docstring
             elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):

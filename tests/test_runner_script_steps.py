@@ -395,3 +395,31 @@ def test_a_package_only_the_script_part_uses_does_not_stop_the_step_in_the_worke
     run_ = smoke(root, [TargetRequest("main.py:train", kind="step")], steps=3, sandbox=False)
     head = run_.outcomes[0].head
     assert head["status"] == "passed", head
+
+
+def test_definitions_only_keeps_what_runs_and_leaves_unset_what_fails():
+    import ast
+
+    source = textwrap.dedent('''
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--lr", type=float, default=0.1)
+        args = parser.parse_args()
+        ratio = 1 / 0
+
+
+        def schedule(lr=args.lr):
+            return lr
+
+
+        def train(epoch):
+            return epoch
+
+
+        while True:
+            pass
+    ''')
+    namespace: dict = {"__name__": "script"}
+    exec(compile(ast.fix_missing_locations(_script_definitions(ast.parse(source))), "script.py", "exec"), namespace)
+    assert namespace["train"](3) == 3 and "parser" in namespace
+    assert "args" not in namespace and "ratio" not in namespace and "schedule" not in namespace
