@@ -431,6 +431,10 @@ class _Settings(types.SimpleNamespace):
         setattr(self, attribute, value)
         return value
 
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in vars(self).items() if k != "_sources"}
+        return f"Namespace({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
 
 def _arguments(function: Callable, values: dict, *, skip_first: bool = False, given: Optional[dict] = None,
                repository_defaults: Optional[dict] = None, by_use: Optional[dict] = None) -> dict:
