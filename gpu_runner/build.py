@@ -236,12 +236,14 @@ def _forget_modules_from_elsewhere(package: str, code_root: Path) -> None:
         del sys.modules[key]
 
 
-def import_file(code_root: Path, relative_path: str, *, raise_missing: bool = False):
+def import_file(code_root: Path, relative_path: str, *, raise_missing: bool = False,
+                transform: Optional[Callable[[ast.Module], ast.Module]] = None):
     """Import ``relative_path`` under ``code_root`` as the module its package layout makes it
     (``models/net.py`` -> ``models.net``), so that its absolute and relative imports work. A package
     ``__init__.py`` that cannot be imported is skipped over (its folder registered bare); with ``raise_missing``,
     one that fails on a package that is not installed raises that ModuleNotFoundError instead, so that the
-    caller can retry with a stand-in for it (and keep what the ``__init__`` defines)."""
+    caller can retry with a stand-in for it (and keep what the ``__init__`` defines). ``transform`` rewrites the
+    file's syntax tree before it runs (the module is marked with it, so that a plain import does not reuse it)."""
     file_path = (code_root / relative_path).resolve()
     module_name = module_name_for_path(Path(relative_path).as_posix())
     valid = bool(module_name) and all(part.isidentifier() for part in module_name.split("."))
@@ -264,13 +266,19 @@ def import_file(code_root: Path, relative_path: str, *, raise_missing: bool = Fa
                 _IMPORT_NOTES.append(f"imported {relative_path} without running its package's __init__.py, which "
                                      f"raised {failed}")
     existing = sys.modules.get(module_name)
-    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == file_path:
+    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == file_path \
+            and getattr(existing, "__torchreview_transform__", None) is transform:
         return existing
     spec = importlib.util.spec_from_file_location(module_name, file_path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        if transform is None:
+            spec.loader.exec_module(module)
+        else:
+            module.__torchreview_transform__ = transform
+            tree = transform(ast.parse(file_path.read_text(errors="replace"), str(file_path)))
+            exec(compile(ast.fix_missing_locations(tree), str(file_path), "exec"), module.__dict__)
     except BaseException:
         sys.modules.pop(module_name, None)
         raise
@@ -350,7 +358,8 @@ def _load_attribute(code_root: Path, spec: TargetSpec, what: str) -> Union[Any, 
 MAX_STAND_INS = 8  # packages replaced per file (each one a retried import); more is a skip that names the cap
 
 
-def import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType, Skip]:
+def import_with_stand_ins(code_root: Path, path: str,
+                          transform: Optional[Callable[[ast.Module], ast.Module]] = None) -> Union[types.ModuleType, Skip]:
     """``import_file``; a package that is not installed is replaced by a stand-in (gpu_runner.absent) and the
     import retried, so that a file importing torchvision only for its training functions still builds. A file
     that uses the missing package when imported is a Skip naming the package."""
@@ -360,7 +369,7 @@ def import_with_stand_ins(code_root: Path, path: str) -> Union[types.ModuleType,
     while True:
         try:
             with absent.stand_ins(missing):
-                module = import_file(code_root, path, raise_missing=True)
+                module = import_file(code_root, path, raise_missing=True, transform=transform)
         except ModuleNotFoundError as exc:
             name = absent.missing_package(exc) or (exc.name or "").split(".")[0]
             local = (code_root / name).exists() or (code_root / f"{name}.py").exists()

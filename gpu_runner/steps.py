@@ -27,6 +27,7 @@ exception raised in the runner's own code (or in torch called by it) is an *erro
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import inspect
 import linecache
@@ -49,7 +50,7 @@ from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_
                               guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.subject import CheckResult, Subject, TargetReport
-from gpu_runner.targets import find_targets, parse_target_spec
+from gpu_runner.targets import _dotted, find_targets, global_reads, module_name_for_path, parse_target_spec
 
 STEP_ITERATIONS = 6  # optimizer steps per run: enough for a loss on one repeated batch to fall
 STEP_BATCH = 8
@@ -86,12 +87,32 @@ _DETACHED_LOSS = re.compile(r"does not require grad and does not have a grad_fn"
 
 
 def role_of(name: str) -> Optional[str]:
+    """The role of a parameter (or global) by its name; a compound name takes its last word's role for the roles a
+    qualifier does not change (``cifar_training_loader``, ``warmup_scheduler``), never for the model
+    (``linear_classifier`` beside a ``model`` is another module)."""
     lowered = name.lower()
-    return next((role for role, pattern in _ROLE_PATTERNS if pattern.fullmatch(lowered)), None)
+    role = next((role for role, pattern in _ROLE_PATTERNS if pattern.fullmatch(lowered)), None)
+    if role is None and "_" in lowered.strip("_"):
+        last = lowered.rstrip("_").rsplit("_", 1)[1]
+        role = next((role for role, pattern in _ROLE_PATTERNS if role in _QUALIFIED_ROLES and pattern.fullmatch(last)),
+                    None)
+    return role
+
+
+_QUALIFIED_ROLES = {"loader", "optimizer", "criterion", "scheduler", "logger"}
 
 
 class StepSkip(Exception):
     """The step cannot be run on what the runner can build: a reason, never a finding."""
+
+
+class _EnoughSteps(BaseException):
+    """Raised by the instruments before an optimizer step past the bound: a loop that runs until a setting says
+    stop (``while True: ... if it >= config.max_iters: break``) ends there. A BaseException, so that the step's own
+    ``except Exception`` does not swallow it."""
+
+
+STEP_BOUND_FACTOR = 4  # optimizer steps allowed per iteration (several optimizers, accumulation) before the stop
 
 
 class _UserCodeFailed(Exception):
@@ -202,6 +223,7 @@ class _Instruments:
     _pending_check: set = field(default_factory=set)  # ids whose first gradient since the last step is awaited
     _handles: list = field(default_factory=list)
     _last_step_at: Optional[float] = None
+    step_limit: Optional[int] = None  # optimizer steps after which the next one stops the step (_EnoughSteps)
 
     def __post_init__(self):
         self.names = {id(p): name for name, p in self.model.named_parameters()}
@@ -263,6 +285,8 @@ class _Instruments:
         self.forwards.append([module.training, torch.is_grad_enabled(), _caller_in(self.code_root), False])
 
     def _before_step(self, optimizer, args, kwargs):
+        if self.step_limit is not None and self.steps >= self.step_limit:
+            raise _EnoughSteps()
         self.stepped_optimizers.setdefault(id(optimizer), self.optimizer_lines.get(id(optimizer)))
         for group in optimizer.param_groups:
             self.stepped_parameters.update(id(p) for p in group["params"])
@@ -374,28 +398,46 @@ def _config_namespace(function: Callable, name: str, values: dict, given: Option
         raise StepSkip(f"cannot read the source of {function.__qualname__} to build its '{name}'") from None
     attributes = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                   and n.value.id == name and isinstance(n.ctx, ast.Load)]
-    namespace = types.SimpleNamespace(**(given or {}))
-    repository_defaults = repository_defaults or {}
+    namespace = _Settings(values, repository_defaults or {}, **(given or {}))
     for attribute in dict.fromkeys(attributes):
-        role = role_of(attribute)
-        if given and attribute in given:
-            continue
-        if role in values:
-            setattr(namespace, attribute, values[role])
-            continue
-        if attribute in repository_defaults:
-            setattr(namespace, attribute, repository_defaults[attribute])
-            continue
-        found, value = guess_argument(attribute)
-        if not found:
+        if not hasattr(namespace, attribute):
             raise StepSkip(f"cannot build {name}.{attribute}, which {function.__qualname__} reads; give it in "
                            f"smoke.steps ({{step = ..., args = {{{name} = {{{attribute} = ...}}}}}}) or a default")
-        setattr(namespace, attribute, value)
     return namespace
 
 
+class _Settings(types.SimpleNamespace):
+    """A step's ``args`` / ``config``: an attribute not configured is made when first read (by the step or by a
+    helper it passes the settings to), from its role, the repository's own defaults, or the name table; one that
+    none of these gives stays missing (AttributeError)."""
+
+    def __init__(self, values: dict, repository_defaults: dict, **given):
+        super().__init__(**given)
+        object.__setattr__(self, "_sources", (values, repository_defaults))
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        values, repository_defaults = object.__getattribute__(self, "_sources")
+        role = role_of(attribute)
+        if role in values:
+            value = values[role]
+        elif attribute in repository_defaults:
+            value = repository_defaults[attribute]
+        else:
+            found, value = guess_argument(attribute)
+            if not found:
+                raise AttributeError(attribute)
+        setattr(self, attribute, value)
+        return value
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in vars(self).items() if k != "_sources"}
+        return f"Namespace({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
 def _arguments(function: Callable, values: dict, *, skip_first: bool = False, given: Optional[dict] = None,
-               repository_defaults: Optional[dict] = None) -> dict:
+               repository_defaults: Optional[dict] = None, by_use: Optional[dict] = None) -> dict:
     """Keyword arguments for ``function``: as configured (``given``, by parameter name), by role, a config
     namespace, or its default. Raises StepSkip for a required argument the runner cannot build."""
     given = given or {}
@@ -406,10 +448,13 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
     if skip_first and parameters:
         parameters = parameters[1:]
     arguments = {}
+    optimizer_names = [p.name for p in parameters if role_of(p.name) == "optimizer"]
     for parameter in parameters:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         role = role_of(parameter.name)
+        if role == "optimizer" and len(optimizer_names) > 1 and parameter.name.lower() in CONFIG_NAMES:
+            role = None  # ``opt`` beside an ``optimizer``: the options
         configured = given.get(parameter.name, _NOT_GIVEN)
         if configured is not _NOT_GIVEN and not (isinstance(configured, dict) and parameter.name.lower()
                                                   in CONFIG_NAMES):
@@ -421,6 +466,10 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
         elif parameter.name.lower() in CONFIG_NAMES:
             arguments[parameter.name] = _config_namespace(function, parameter.name, values,
                                                           given.get(parameter.name), repository_defaults)
+        elif by_use and parameter.name in by_use:
+            arguments[parameter.name] = by_use[parameter.name]
+        elif not _reads_name(function, parameter.name):
+            arguments[parameter.name] = None  # taken but never used (a caller's epoch counter): any value runs it
         else:
             raise StepSkip(f"cannot build the argument '{parameter.name}' of {function.__qualname__}; give its value "
                            f"in smoke.steps ({{step = ..., args = {{{parameter.name} = ...}}}}), name a configured "
@@ -468,9 +517,12 @@ class _Plan:
         model.train()
         if self.start_in_eval:
             model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
-        self.instruments = _Instruments(model, self.code_root)
+        self.instruments = _Instruments(model, self.code_root, step_limit=STEP_BOUND_FACTOR * iterations)
         try:
-            self.execute(iterations)
+            with _cuda_calls_to(self.subject.device, self.notes):
+                self.execute(iterations)
+        except _EnoughSteps:
+            self.notes.append(f"the step's loop was stopped after {self.instruments.steps} optimizer steps")
         except _UserCodeFailed as failed:
             cause = failed.__cause__
             detached = _DETACHED_LOSS.search(str(cause)) or self.instruments.detached_error is not None
@@ -641,7 +693,7 @@ class _Plan:
         mode_dependent = [n for n, m in self.model.named_modules() if isinstance(m, _MODE_DEPENDENT)]
         values = self.values()
         try:
-            arguments = _arguments(function, values)
+            arguments = _arguments(function, values, by_use=_data_by_use(function, self.batch))
         except StepSkip as exc:
             return self._check(name, "skip", f"{function.__name__}: {exc}", where)
         self.model.train()
@@ -676,6 +728,34 @@ class _Plan:
 
     def values(self) -> dict:
         return {}
+
+
+@contextlib.contextmanager
+def _cuda_calls_to(device: Any, notes: list[str]):
+    """On a runner without CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's device: a step
+    written for a GPU (``images = images.cuda(non_blocking=True)``) runs its own code instead of being skipped for
+    a placement the runner cannot give it. On a CUDA device nothing changes."""
+    if str(device).startswith("cuda") or torch.cuda.is_available():
+        yield
+        return
+    original_tensor, original_module = torch.Tensor.cuda, nn.Module.cuda
+    used: list[bool] = []
+
+    def tensor_cuda(tensor, *args, **kwargs):
+        used.append(True)
+        return tensor.to(device)
+
+    def module_cuda(module, *args, **kwargs):
+        used.append(True)
+        return module.to(device)
+
+    torch.Tensor.cuda, nn.Module.cuda = tensor_cuda, module_cuda
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda, nn.Module.cuda = original_tensor, original_module
+        if used:
+            notes.append(f"the step calls .cuda(); on this runner without CUDA those calls moved to {device}")
 
 
 def _names(names: list[str], limit: int = 3) -> str:
@@ -821,8 +901,69 @@ class _FunctionPlan(_Plan):
             if model is None:
                 raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
             call = getattr(instance, self.function.__name__)
-        arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults)
-        rounds = iterations if self.per_batch else 1
+        by_use = _data_by_use(call, self.batch)
+        arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults,
+                               by_use=by_use)
+        restore = self._provide_globals(values, by_use)
+        # the step takes the data itself (a graph's features and adjacency): one optimizer step per call
+        self.full_batch = any(name in by_use for name in [*arguments, *self.provided])
+        if self.full_batch:
+            self.notes.append("the step takes its data directly, not from a loader: "
+                              f"{', '.join(sorted(n for n in by_use if n in arguments or n in self.provided))} "
+                              "made from the runner's batch by what the step does with them; called once per "
+                              "iteration")
+        try:
+            self._call(call, arguments, iterations)
+        finally:
+            restore()
+
+    def _provide_globals(self, values: dict, by_use: dict) -> Callable[[], None]:
+        """The module globals the step reads in place of parameters (``def train(epoch)`` using the file's ``net``,
+        ``optimizer``, ``trainloader``): what the runner trains and measures with (model, loader, optimizer,
+        criterion, device) replaces what the file assigned; another role fills a global the file left unset (its
+        script part did not run); settings (``args``) are made from what is read. Returns what restores them."""
+        function = inspect.unwrap(self.function)
+        namespace = getattr(function, "__globals__", None)
+        node = _function_node(function)
+        self.provided: set = set()
+        if namespace is None or node is None:
+            return lambda: None
+        import builtins
+
+        saved: dict = {}
+        for name in sorted(global_reads(node)):
+            role = role_of(name)
+            if role in _ALWAYS_GIVEN and role in values:
+                value = values[role]
+            elif name in namespace or hasattr(builtins, name):
+                continue
+            elif role in values:
+                value = values[role]
+            elif name.lower() in CONFIG_NAMES:
+                value = _config_namespace(function, name, values, (self.given or {}).get(name),
+                                          self.repository_defaults)
+            elif name in by_use:
+                value = by_use[name]
+            else:
+                for key, old in saved.items():
+                    _restore(namespace, key, old)
+                raise StepSkip(f"{self.target} reads the global '{name}', which is unset once {self.path}'s "
+                               "definitions ran (it is assigned in the script part, or its import or assignment "
+                               "failed) and the runner cannot build; give the step its value as a parameter")
+            saved[name] = namespace.get(name, _NOT_GIVEN)
+            namespace[name] = value
+        self.provided = set(saved)
+        if saved:
+            self.notes.append(f"the step reads module globals; the runner provided {', '.join(sorted(saved))}")
+
+        def restore() -> None:
+            for key, old in saved.items():
+                _restore(namespace, key, old)
+
+        return restore
+
+    def _call(self, call: Callable, arguments: dict, iterations: int) -> None:
+        rounds = iterations if self.per_batch or self.full_batch else 1
         for index in range(rounds):
             if self.per_batch:
                 for key, parameter in inspect.signature(call).parameters.items():
@@ -836,6 +977,96 @@ class _FunctionPlan(_Plan):
                 raise _UserCodeFailed() from exc
 
 
+def _data_by_use(function: Callable, batch: tuple, depth: int = 1) -> dict:
+    """Values for the names a full-batch step feeds its model directly (``output = model(features, adj)``,
+    ``model(*inputs)``), compares its output with (``nll_loss(output[idx_train], labels[idx_train])``: the target)
+    or indexes the output or target with (``idx_train``, ``mask``: every row), from the runner's batch (inputs...,
+    target), read from what the function does with them. A name passed on to a function of the same module
+    (``test(model, criterion, input, target, mask_val)``) takes what that function does with it."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return {}
+    inputs, target = batch[:-1], batch[-1]
+    rows = torch.arange(len(target))
+    uses: dict = {}
+
+    def base(expression: ast.AST) -> ast.AST:
+        while isinstance(expression, (ast.Subscript, ast.Attribute)):
+            expression = expression.value
+        return expression
+
+    def is_model_call(call: ast.AST) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
+        return isinstance(func, ast.Name) and role_of(func.id) == "model"
+
+    outputs = set()
+    for item in ast.walk(node):
+        if is_model_call(item):
+            if len(item.args) == 1 and isinstance(item.args[0], ast.Starred) and isinstance(item.args[0].value,
+                                                                                           ast.Name):
+                uses.setdefault(item.args[0].value.id, tuple(inputs))
+            for position, argument in enumerate(item.args):
+                if isinstance(argument, ast.Name) and position < len(inputs):
+                    uses.setdefault(argument.id, inputs[position])
+        if isinstance(item, ast.Assign) and is_model_call(base(item.value)):
+            outputs.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    targets = set()
+    for item in ast.walk(node):
+        if isinstance(item, ast.Call) and not is_model_call(item) and len(item.args) >= 2:
+            first, second = base(item.args[0]), base(item.args[1])
+            if (is_model_call(first) or isinstance(first, ast.Name) and first.id in outputs) \
+                    and isinstance(second, ast.Name) and second.id not in outputs:
+                targets.add(second.id)
+                uses.setdefault(second.id, target)
+    for item in ast.walk(node):
+        if isinstance(item, ast.Subscript) and isinstance(item.slice, ast.Name) \
+                and isinstance(item.value, ast.Name) and item.value.id in outputs | targets:
+            uses.setdefault(item.slice.id, rows)
+    namespace = getattr(inspect.unwrap(function), "__globals__", {})
+    for item in ast.walk(node):
+        if depth <= 0 or not isinstance(item, ast.Call) or not isinstance(item.func, ast.Name):
+            continue
+        callee = namespace.get(item.func.id)
+        if not inspect.isfunction(callee) or callee.__module__ != getattr(function, "__module__", None):
+            continue
+        try:
+            parameters = list(inspect.signature(callee).parameters)
+        except (TypeError, ValueError):
+            continue
+        passed = {parameters[i]: a.id for i, a in enumerate(item.args[:len(parameters)]) if isinstance(a, ast.Name)}
+        for parameter, value in _data_by_use(callee, batch, depth - 1).items():
+            if parameter in passed:
+                uses.setdefault(passed[parameter], value)
+    return uses
+
+
+def _reads_name(function: Callable, name: str) -> bool:
+    """Whether ``function``'s body reads ``name`` (True when its source cannot be read)."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return True
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+
+
+def _restore(namespace: dict, name: str, old: Any) -> None:
+    if old is _NOT_GIVEN:
+        namespace.pop(name, None)
+    else:
+        namespace[name] = old
+
+
+def _function_node(function: Callable) -> Optional[ast.AST]:
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    return next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+
+
 # ---- resolving a target ----------------------------------------------------------------------------------
 
 def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) -> _Plan:
@@ -846,9 +1077,7 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
     if not (code_root / spec.path).is_file():
         raise StepSkip(f"{spec.path} does not exist in the pull request's code")
     build_module._IMPORT_NOTES.clear()
-    module = import_with_stand_ins(code_root, spec.path)  # torchvision, tqdm... used only inside functions
-    if isinstance(module, Skip):
-        raise StepSkip(module.reason)
+    module = _import_step_file(code_root, spec.path)
     import_notes = list(build_module._IMPORT_NOTES)  # building the model starts its own notes
     parts = spec.name.split(".")
     owner: Any = module
@@ -879,6 +1108,151 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
     plan.evaluation = _evaluation_helper(module, code_root, spec.path)
     return plan
+
+
+def _import_step_file(code_root: Path, path: str) -> types.ModuleType:
+    """The step's file as a module, with stand-ins for packages used only inside functions. A script (a training
+    loop or a ``main()`` call at module level), or a file whose import fails on its script part (data sets,
+    ``parse_args()``), is imported as its definitions only: see ``_script_definitions``."""
+    try:
+        tree = ast.parse((code_root / path).read_text(errors="replace"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise StepSkip(f"{path} does not parse: {type(exc).__name__}: {_one_line(exc, 160)}") from None
+    _script_folder_on_path(code_root, path)
+    if not _runs_as_script(tree):
+        try:
+            module = import_with_stand_ins(code_root, path)  # torchvision, tqdm... used only inside functions
+        except BuildError as exc:
+            module = Skip(str(exc))
+        if not isinstance(module, Skip):
+            return module
+        plain_failure = module.reason
+    else:
+        plain_failure = None
+    _script_folder_on_path(code_root, path)  # again: the failed import may have left a sibling's namesake
+    try:
+        module = import_with_stand_ins(code_root, path, transform=_script_definitions)
+    except BuildError as exc:
+        module = Skip(str(exc))
+    if isinstance(module, Skip):
+        raise StepSkip(module.reason + (f" (imported whole, it failed too: {plain_failure})" if plain_failure else ""))
+    build_module._IMPORT_NOTES.append(
+        f"imported {path} as its definitions only (imports, functions, classes, assignments), without its script "
+        "part" + (f", since importing it whole failed: {plain_failure}" if plain_failure else
+                  " (a training loop or a main() call at module level)"))
+    return module
+
+
+def _script_folder_on_path(code_root: Path, path: str) -> None:
+    """The step's folder first on ``sys.path``, as when its file runs as a script (``python sub/main.py``), so that
+    ``from model import Net`` finds ``sub/model.py``; a same-named module imported earlier from another folder of
+    the tree (another example's ``model.py``) is forgotten."""
+    folder = (code_root / path).resolve().parent
+    for earlier in _SCRIPT_FOLDERS:  # another step's folder would shadow this one's namespace packages
+        while earlier in sys.path:
+            sys.path.remove(earlier)
+    _SCRIPT_FOLDERS.clear()
+    if folder == code_root.resolve():
+        return
+    sys.path.insert(0, str(folder))
+    _SCRIPT_FOLDERS.append(str(folder))
+    for entry in folder.iterdir():
+        name = entry.stem if entry.suffix == ".py" else entry.name if entry.is_dir() else None  # namespace packages too
+        loaded = sys.modules.get(name) if name else None
+        where = getattr(loaded, "__file__", None) if loaded is not None else None
+        if where and str(Path(where).resolve()).startswith(str(code_root.resolve()) + "/") \
+                and Path(where).resolve().parent not in (folder, entry.resolve()):
+            for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+                sys.modules.pop(key, None)
+
+
+_SCRIPT_FOLDERS: list[str] = []  # the folder _script_folder_on_path put on sys.path
+
+
+def _runs_as_script(tree: ast.Module) -> bool:
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in tree.body:
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Name) and node.value.func.id in defined:
+            return True
+    return False
+
+
+def _script_definitions(tree: ast.Module) -> ast.Module:
+    """A file's definitions without its script: imports, functions, classes and assignments, each inside ``try``
+    (one that raises leaves its names unset); what the step's runner provides itself (the model, the
+    loader, the optimizer... by their names' roles) and ``parse_args()`` results are not assigned; loops,
+    expressions, ``with`` blocks and the ``if __name__ == "__main__":`` block are left out."""
+
+    def keep(statements: list) -> list:
+        kept = []
+        for node in statements:
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                kept.append(node)  # must stay first, unguarded
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                kept.append(_guarded([node], reraise="ModuleNotFoundError"))  # a missing package: a stand-in
+                # (a stand-in *used* by the module imported, MissingPackageError, leaves its names unset)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                kept.append(_guarded([node]))  # a default or decorator may read what the script part set
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                kept.append(node)  # a docstring
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                parses_arguments = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                                       and n.func.attr in ("parse_args", "parse_known_args")
+                                       for n in ast.walk(node.value)) if node.value is not None else False
+                if parses_arguments or any(role_of(n) in _PROVIDED_ROLES for n in names):
+                    continue
+                kept.append(_guarded([node]))
+            elif isinstance(node, ast.Try):  # ``try: import apex`` / ``except ImportError: apex = None``
+                body = keep(node.body)
+                if body:
+                    handlers = [ast.copy_location(ast.ExceptHandler(type=h.type, name=h.name,
+                                                                    body=keep(h.body) or [ast.Pass()]), h)
+                                for h in node.handlers]
+                    finalbody = keep(node.finalbody)
+                    if handlers or finalbody:
+                        kept.append(ast.copy_location(ast.Try(body=body, handlers=handlers, orelse=keep(node.orelse),
+                                                              finalbody=finalbody), node))
+                    else:
+                        kept.extend(body)
+            elif isinstance(node, ast.If) and not _is_main_guard(node):
+                body, orelse = keep(node.body), keep(node.orelse)
+                if body or orelse:
+                    kept.append(_guarded([ast.copy_location(ast.If(test=node.test, body=body or [ast.Pass()], orelse=orelse),
+                                                            node)]))
+        return kept
+
+    return ast.Module(body=keep(tree.body), type_ignores=[])
+
+
+_PROVIDED_ROLES = {"model", "loader", "optimizer", "criterion", "scheduler", "scaler", "logger"}
+
+
+def _guarded(statements: list, reraise: Optional[str] = None) -> ast.Try:
+    """``try: statements`` / ``except (Exception, SystemExit): pass``; ``reraise`` names an exception let through."""
+    handlers = []
+    if reraise:
+        used_stand_in = ast.Compare(left=ast.Attribute(ast.Call(ast.Name("type", ast.Load()),
+                                                                [ast.Name("__torchreview_error", ast.Load())], []),
+                                                       "__name__", ast.Load()),
+                                    ops=[ast.NotEq()], comparators=[ast.Constant(absent.MissingPackageError.__name__)])
+        handlers.append(ast.ExceptHandler(type=ast.Name(reraise, ast.Load()), name="__torchreview_error",
+                                          body=[ast.If(test=used_stand_in, body=[ast.Raise()], orelse=[])]))
+    handlers.append(ast.ExceptHandler(type=ast.Tuple(elts=[ast.Name("Exception", ast.Load()),
+                                                           ast.Name("SystemExit", ast.Load())], ctx=ast.Load()),
+                                      name=None, body=[ast.Pass()]))
+    node = ast.Try(body=statements, handlers=handlers, orelse=[], finalbody=[])
+    return ast.copy_location(node, statements[0])
+
+
+def _is_main_guard(node: ast.If) -> bool:
+    test = node.test
+    return isinstance(test, ast.Compare) and any(isinstance(n, ast.Name) and n.id == "__name__"
+                                                 for n in ast.walk(test))
 
 
 def _check_configured_arguments(function: Callable, given: dict, target: str) -> None:
@@ -915,7 +1289,7 @@ def _class_span(cls: type, code_root: Path, path: str) -> tuple[str, int, int]:
 
 def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     """The model a step function trains: the one its file defines, else the one it imports from the repository
-    and constructs (or the only one it imports)."""
+    and constructs (or the only one it imports), else the one a file that uses the step defines or constructs."""
     source = (code_root / path).read_text(errors="replace")
     if find_targets({path: source}, {path: None}):
         chosen = _choose_model_in_file(code_root, path, [])
@@ -923,18 +1297,32 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
             raise StepSkip(f"{chosen.reason}; name the model in smoke.steps ({{step = ..., model = ...}})")
         return str(chosen)
     tree = ast.parse(source)
+    found = _imported_model(code_root, path, tree) or _model_assigned_in(code_root, tree, module) \
+        or _model_of_callers(code_root, path)
+    if found is None:
+        raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports "
+                       "from the repository, nor does a file that imports it; name it in smoke.steps "
+                       "({step = ..., model = \"models/net.py:Net\"})")
+    return found
+
+
+def _imported_model(code_root: Path, path: str, tree: ast.Module) -> Optional[str]:
+    """The model class ``path`` imports from the repository and constructs, else the only one it imports."""
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     imported = []
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module is not None or node.level):
-            base = Path(path).parent if node.level else Path()
+            base = Path(path).parent
             for _ in range(max(node.level - 1, 0)):
                 base = base.parent
-            relative = (base / (node.module or "").replace(".", "/")).as_posix().lstrip("./")
-            for candidate in (f"{relative}.py", f"{relative}/__init__.py"):
-                if (code_root / candidate).is_file():
-                    imported += [(alias.asname or alias.name, alias.name, candidate) for alias in node.names]
-                    break
+            # an absolute import: from the repository's root, or a script's sibling (its folder is on sys.path)
+            bases = [base] if node.level else [Path(), base]
+            candidates = [f"{relative}{suffix}" for folder in bases
+                          for relative in [(folder / (node.module or "").replace(".", "/")).as_posix().lstrip("./")]
+                          for suffix in (".py", "/__init__.py")]
+            found = next((c for c in candidates if (code_root / c).is_file()), None)
+            if found is not None:
+                imported += [(alias.asname or alias.name, alias.name, found) for alias in node.names]
     models = []
     for local, name, file in imported:
         file_source = (code_root / file).read_text(errors="replace")
@@ -943,8 +1331,70 @@ def _model_for(code_root: Path, path: str, module: types.ModuleType) -> str:
     constructed = [model for is_called, model in models if is_called]
     if constructed or len(models) == 1:  # the one it constructs, else the only one it imports
         return (constructed or [models[0][1]])[0]
-    raise StepSkip(f"found no model for {path}: it neither defines an nn.Module nor constructs one it imports from "
-                   "the repository; name it in smoke.steps ({step = ..., model = \"models/net.py:Net\"})")
+    return None
+
+
+MAX_CALLER_FILES = 400  # files read when looking for the users of a step's module
+
+
+def _model_of_callers(code_root: Path, path: str) -> Optional[str]:
+    """The model of a file that imports the step's module (``main.py`` defining ``Net`` and calling ``from train
+    import train_epoch``; ``chargpt.py`` building ``GPT(...)`` for ``from mingpt.trainer import Trainer``): the model
+    the step is given. Files beside the step's come first."""
+    step_file = (code_root / path).resolve()
+    dotted = module_name_for_path(path)
+    names = {re.escape(step_file.stem), re.escape(dotted)}
+    importing = re.compile(rf"^\s*(from\s+\.?({'|'.join(names)})\s+import|import\s+({'|'.join(names)})\b)", re.M)
+    siblings = sorted(step_file.parent.glob("*.py"))
+    others = sorted(p for p in code_root.rglob("*.py") if p.parent != step_file.parent
+                    and not any(part.startswith(".") for part in p.relative_to(code_root).parts))
+    for candidate in (siblings + others)[:MAX_CALLER_FILES]:
+        if candidate == step_file:
+            continue
+        source = candidate.read_text(errors="replace")
+        if not importing.search(source):
+            continue
+        relative = candidate.relative_to(code_root).as_posix()
+        if find_targets({relative: source}, {relative: None}):
+            chosen = _choose_model_in_file(code_root, relative, [])
+            if not isinstance(chosen, Skip):
+                return str(chosen)
+            continue
+        try:
+            constructed = _imported_model(code_root, relative, ast.parse(source))
+        except (SyntaxError, ValueError):
+            continue
+        if constructed is not None:
+            return constructed
+    return None
+
+
+def _model_assigned_in(code_root: Path, tree: ast.Module, module: types.ModuleType) -> Optional[str]:
+    """The model class (or factory) the file constructs into a model-named variable (``net = SimpleDLA()``,
+    ``model = UNet(...).to(device)``, ``net = get_network(args)``), found through the imported module's namespace, so that star imports and a
+    package's re-exports (``from unet import UNet``) lead to the file that defines it."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or not any(isinstance(t, ast.Name) and role_of(t.id) == "model"
+                                                       for t in node.targets):
+            continue
+        call = node.value
+        while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                and call.func.attr in ("to", "cuda", "cpu", "float", "double", "half", "train"):
+            call = call.func.value  # Net(...).to(device)
+        if not isinstance(call, ast.Call):
+            continue
+        dotted = _dotted(call.func)
+        value: Any = module
+        for part in (dotted or "").split("."):
+            value = getattr(value, part, None) if part else None
+        if not (inspect.isclass(value) and issubclass(value, nn.Module) or inspect.isfunction(value)):
+            continue  # a model class, or the repository's factory (``net = get_network(args)``)
+        try:
+            defined_in = Path(inspect.getsourcefile(value)).resolve().relative_to(code_root)
+        except (TypeError, OSError, ValueError):
+            continue  # a library's module: not the repository's model
+        return f"{defined_in.as_posix()}:{value.__qualname__}"
+    return None
 
 
 def _caller_sets_train(code_root: Path, path: str, name: str) -> Optional[_Where]:

@@ -230,19 +230,24 @@ def find_step_targets(sources: dict[str, str], changed_lines: dict[str, Optional
             tree = ast.parse(sources.get(path, ""))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
+        script_names = module_level_names(tree)
         for node in tree.body:
-            for name, span, candidate in _step_candidates(node):
+            for name, span, candidate in _step_candidates(node, script_names):
                 if changed is None or any(span[0] <= n <= span[1] for n in changed):
                     found.append(Target(path=path, name=name, line=span[0], end_line=span[1], kind="step"))
     return sorted(found, key=lambda t: (t.path, t.line))
 
 
-def _step_candidates(node: ast.stmt) -> Iterator[tuple[str, tuple[int, int], ast.AST]]:
+def _step_candidates(node: ast.stmt, script_names: frozenset = frozenset()) -> Iterator[tuple[str, tuple[int, int],
+                                                                                             ast.AST]]:
     def span(item) -> tuple[int, int]:
         return min([item.lineno] + [d.lineno for d in item.decorator_list]), item.end_lineno or item.lineno
 
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        # the model as a parameter, or as a global the file's script part assigns (``def train(epoch)`` reading
+        # ``net``, ``optimizer``, ``trainloader`` set at module level or under ``if __name__ == "__main__"``)
         names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+        names += sorted(global_reads(node) & script_names)
         if _is_step_function(node) and any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in names):
             yield node.name, span(node), node
     elif isinstance(node, ast.ClassDef):
@@ -256,7 +261,8 @@ def _step_candidates(node: ast.stmt) -> Iterator[tuple[str, tuple[int, int], ast
         if not any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in init_names):
             return
         for method in methods.values():
-            if method.name != "__init__" and _is_step_function(method):
+            # a trainer's method under any name (``run``, ``fit_model``) that holds the training loop
+            if method.name != "__init__" and (_is_step_function(method) or _holds_training_loop(method)):
                 yield f"{node.name}.{method.name}", span(method), method
 
 
@@ -268,9 +274,50 @@ def _is_step_function(node: ast.AST) -> bool:
     arguments = [a.arg.lower() for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
     if not any(STEP_LOADER_ARGUMENTS.fullmatch(a) for a in arguments):
         return False
-    return any(isinstance(loop, ast.For) and any(_calls_method(n, "backward") for n in ast.walk(loop))
+    return _holds_training_loop(node)
+
+
+def _holds_training_loop(node: ast.AST) -> bool:
+    """A loop (``for`` or ``while``) whose body calls ``.backward()`` and ``.step()``."""
+    return any(isinstance(loop, (ast.For, ast.While)) and any(_calls_method(n, "backward") for n in ast.walk(loop))
                and any(_calls_method(n, "step") for n in ast.walk(loop)) for loop in ast.walk(node))
 
 
 def _calls_method(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name
+
+
+def global_reads(function: ast.AST) -> set[str]:
+    """The names ``function`` reads that it neither takes nor assigns: the module's globals (and builtins) it uses."""
+    arguments = function.args
+    local = {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
+    local |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+    declared_global: set[str] = set()
+    read: set[str] = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Global):
+            declared_global.update(node.names)
+        elif isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else local).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not function:
+            local.add(node.name)
+        elif isinstance(node, ast.arg) and node not in arguments.args:
+            local.add(node.arg)  # a lambda's or nested function's parameter
+        elif isinstance(node, ast.alias):
+            local.add((node.asname or node.name).split(".")[0])
+    return read - (local - declared_global)
+
+
+def module_level_names(tree: ast.Module) -> frozenset:
+    """Names the module's own statements bind outside functions and classes (the script part included: a
+    ``net = Net()`` under ``if __name__ == "__main__":``)."""
+    names: set[str] = set()
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return frozenset(names)

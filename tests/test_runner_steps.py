@@ -291,7 +291,8 @@ def test_what_cannot_be_built_or_called_is_skipped_with_the_reason(tmp_path):
     root = write_tree(tmp_path, {
         "models.py": MODELS,
         "train.py": TRAIN.replace("def train_one_epoch(model, loader, optimizer, criterion, device):",
-                                  "def train_one_epoch(model, loader, optimizer, criterion, device, tokenizer):"),
+                                  "def train_one_epoch(model, loader, optimizer, criterion, device, tokenizer):")
+                          .replace("x, y = x.to(device)", "x, y = tokenizer(x).to(device)"),
         "three.py": TRAIN.replace("    for x, y in loader:", "    for x, y, lengths in loader:"),
         "orphan.py": "def train_one_epoch(model, loader, optimizer):\n    for x, y in loader:\n"
                      "        optimizer.zero_grad(); model(x).sum().backward(); optimizer.step()\n"})
