@@ -151,6 +151,39 @@ def code_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
+# Every field of a node type that libcst's ``children`` visits, whitespace and punctuation included, in its order:
+# read once per type from the field names its ``_visit_and_replace_children`` passes to ``visit_*`` (string
+# constants, in source order), so ``all_children`` returns what ``node.children`` does without a visitor.
+_LEXICAL_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _lexical_fields(node_type: type) -> tuple[str, ...]:
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(node_type)}
+    names: list[str] = []
+    for const in node_type._visit_and_replace_children.__code__.co_consts:
+        if type(const) is str and const in fields and const not in names:
+            names.append(const)
+    _LEXICAL_FIELDS[node_type] = found = tuple(names)
+    return found
+
+
+def all_children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node.children`` (every child node, whitespace and punctuation too, in lexical order), read from the
+    fields directly: libcst rebuilds the node through a visitor to answer."""
+    node_types = NODE_TYPES
+    found = []
+    for name in _LEXICAL_FIELDS.get(type(node)) or _lexical_fields(type(node)):
+        value = getattr(node, name)
+        value_type = type(value)
+        if value_type in node_types:
+            found.append(value)
+        elif value_type is tuple or value_type is list:
+            found.extend([v for v in value if type(v) in node_types])
+    return found
+
+
 def iter_names(expr: cst.CSTNode) -> Iterator[str]:
     """Every dotted name used anywhere inside ``expr`` (cheap manual walk, no visitor)."""
     stack: list[cst.CSTNode] = [expr]

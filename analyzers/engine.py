@@ -289,8 +289,9 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     ctx = FileContext(path, source, module)
     ctx.repository = repository
     libraries = imported_libraries(ctx)
-    candidates = rules if rules is not None else config.enabled_rules(all_rules())
-    classes = [cls for cls in candidates if cls.requires in libraries and cls.may_report_on(source)]
+    candidates = rules if rules is not None else _enabled_rules(config)
+    hints = _SourceHints(source)
+    classes = [cls for cls in candidates if cls.requires in libraries and hints.admit(cls)]
     if not classes:
         return result
     instances = [cls(ctx) for cls in classes]
@@ -346,6 +347,42 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     result.findings.sort(key=lambda f: f.sort_key)
     result.suppressed.sort(key=lambda f: f.sort_key)
     return result
+
+
+_ENABLED: dict[tuple, list[type[Rule]]] = {}
+
+
+def _enabled_rules(config: Config) -> list[type[Rule]]:
+    """The configuration's selection, matched once per configuration rather than once per file."""
+    catalog = all_rules()
+    key = (config.select, config.ignore, config.preview, tuple(catalog))
+    enabled = _ENABLED.get(key)
+    if enabled is None:
+        if len(_ENABLED) > 64:  # a long-lived App sees a configuration per repository
+            _ENABLED.clear()
+        enabled = _ENABLED[key] = config.enabled_rules(catalog)
+    return enabled
+
+
+class _SourceHints:
+    """``Rule.may_report_on`` for every rule of one file, each distinct pattern searched once: rules share
+    hints (``backward`` is nine rules' hint), and each search scans the whole source."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.found: dict[re.Pattern, bool] = {}
+
+    def admit(self, rule: type[Rule]) -> bool:
+        hint = rule.source_hint
+        if hint is None:
+            return True
+        return all(self._search(pattern) for pattern in (hint if isinstance(hint, tuple) else (hint,)))
+
+    def _search(self, pattern: re.Pattern) -> bool:
+        found = self.found.get(pattern)
+        if found is None:
+            found = self.found[pattern] = pattern.search(self.source) is not None
+        return found
 
 
 def _stating_assumption(message: str, package: Optional[str], ctx: FileContext) -> str:

@@ -268,3 +268,121 @@ def test_overlapping_parses_in_threads_restore_validation_once():
         thread.join()
     assert errors == []
     assert CSTNode.__post_init__ is validate
+
+
+# Every kind of statement and expression, including the rarer syntax (match, type parameters, except*,
+# walrus, decorators, f-strings, star targets): what ``all_children`` must answer like libcst for.
+_EVERY_SHAPE = '''\
+# a header comment
+from __future__ import annotations
+import os.path as osp, sys
+from . import sibling
+from ..pkg import (a as b, c,)
+from x import *
+
+type Alias[T: int, *Ts, **P] = list[T]
+
+
+@decorator(1, key=2)
+class C[T](Base, metaclass=Meta):
+    x: int = 1
+
+    async def f[U](self, a, /, b=2, *args, c: int = 3, **kwargs) -> U:
+        global g
+        async with ctx() as (p, q), other():
+            async for i in aiter():
+                await something(i)
+        y = [v for v in range(3) if v if not v]
+        z = {k: v for k, v in d.items()}
+        s = {v for v in w}
+        gen = (v async for v in w)
+        lam = lambda p, *q, r=1, **s: p
+        t = a if b else c
+        u = -a + ~b - (not c) * d @ e // f % g ** h << i >> j & k | l ^ m
+        v = a < b <= c > d >= e == f != g in h not in i is j is not k
+        w = a and b or c
+        x += 1; x -= 1; x *= 2; x /= 2; x //= 2; x %= 2; x **= 2; x <<= 1; x >>= 1; x &= 1; x |= 1; x ^= 1; x @= m
+        del x[0], y.z
+        print(f"{a!r:>{width}} {b=}", rb"raw" b"concat", 1j, 1.5, ..., *args, **kwargs)
+        if (n := len(y)) > 1:
+            pass
+        elif n:
+            return
+        else:
+            raise ValueError("x") from None
+        while True:
+            break
+        else:
+            continue
+        try:
+            pass
+        except* (TypeError, ValueError) as e:
+            pass
+        try:
+            yield from y
+        except Exception:
+            yield
+        else:
+            assert x, "message"
+        finally:
+            nonlocal_thing = 1
+        match command:
+            case [1, 2, *rest]:
+                pass
+            case {"k": v, **others}:
+                pass
+            case Point(x=0, y=yy) | None as p if p:
+                pass
+            case (1 | 2, "s", True):
+                pass
+            case _:
+                pass
+        return a[1:2:3, ::, b]
+
+
+if __name__ == "__main__": main()
+'''
+
+
+def test_all_children_are_libcsts_children():
+    """``all_children`` reads the fields libcst's ``children`` visits, without its visitor: the same nodes, the
+    same order, for every node of every shape of code (whitespace and punctuation included)."""
+    from analyzers.context import all_children
+
+    todo = [cst.parse_module(_EVERY_SHAPE)]
+    shapes = set()
+    while todo:
+        node = todo.pop()
+        shapes.add(type(node))
+        expected = list(node.children)
+        got = all_children(node)
+        assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected)), type(node).__name__
+        todo.extend(expected)
+    assert {cst.Match, cst.TypeAlias, cst.TryStar, cst.MatchOr, cst.ParamSlash} <= shapes  # the rare ones came up
+
+
+def test_rule_source_hints_are_searched_once_per_file(monkeypatch):
+    """Rules share hint patterns: each distinct one is searched once per file, and a rule runs exactly when its
+    own ``may_report_on`` says it may report."""
+    from analyzers.engine import _SourceHints
+    from analyzers.rules import all_rules
+
+    source = "import torch\nloss.backward()\nopt.step()\nloader = DataLoader(ds)\n"
+    hints = _SourceHints(source)
+    for rule in all_rules():
+        assert hints.admit(rule) == rule.may_report_on(source), rule.id
+    patterns = set()
+    for rule in all_rules():
+        hint = rule.source_hint
+        patterns |= set(hint if isinstance(hint, tuple) else (hint,)) - {None}
+    assert set(hints.found) <= patterns and len(hints.found) < sum(
+        len(r.source_hint) if isinstance(r.source_hint, tuple) else r.source_hint is not None for r in all_rules())
+
+
+def test_enabled_rules_follow_the_configuration():
+    from analyzers.engine import _enabled_rules
+    from analyzers.rules import all_rules
+
+    for config in (Config(), Config(preview=True), Config(select=("TR1",)), Config(preview=True, ignore=("TR101",)),
+                   Config()):
+        assert _enabled_rules(config) == config.enabled_rules(all_rules())

@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import dotted_name
+from analyzers.context import all_children, dotted_name
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -20,7 +20,7 @@ def subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(reversed(current.children))  # source order
+        stack.extend(reversed(all_children(current)))  # source order
 
 
 def _target_root(target: cst.BaseExpression) -> Optional[str]:
@@ -123,7 +123,7 @@ class FlowIndex:
                     assigns.append((positions[id(node)], node))
                 if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                     continue
-                stack.extend(reversed(node.children))
+                stack.extend(reversed(all_children(node)))
             found = self._scopes[id(scope)] = (positions, assigns)
         return found
 

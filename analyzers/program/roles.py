@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import libcst as cst
 
-from analyzers.context import argument, dotted_name, string_value
+from analyzers.context import all_children, argument, dotted_name, string_value
 from analyzers.program.flow import call_site_values, subtree
 from analyzers.program.library import Does, does, method_returns_same_module
 from analyzers.program.names import last_segment, name_is_model_like
@@ -344,7 +344,7 @@ class CheckpointWrites:
         """id(node) -> parent for the whole file (the engine's map only covers what it has walked so far)."""
         parents: dict[int, cst.CSTNode] = {}
         for node in subtree(self.ctx.module):
-            for child in node.children:
+            for child in all_children(node):
                 parents[id(child)] = node
         return parents
 
@@ -376,7 +376,7 @@ class CheckpointWrites:
                 return True
         if isinstance(common, (cst.If, cst.Try, cst.TryStar)):
             return True
-        children = list(common.children)
+        children = all_children(common)
         return _index_of(children, saves[save_ids[id(common)] - 1]) < _index_of(children, loads[at - 1])
 
     def _written_beside(self) -> set[str]:
@@ -423,7 +423,7 @@ def _value_names(expr: cst.BaseExpression) -> set[str]:
         elif isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node):
             found.add(dotted_name(node))
         else:
-            stack.extend(node.children)
+            stack.extend(all_children(node))
     return found
 
 
