@@ -20,6 +20,7 @@ from analyzers import levels, notebook, pickles
 from analyzers.config import Config
 from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
 from analyzers.guard import complexity_error
+from analyzers.hints import SourceHints
 from analyzers.isolation import run_isolated
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.harm import HarmContext
@@ -290,7 +291,7 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     ctx.repository = repository
     libraries = imported_libraries(ctx)
     candidates = rules if rules is not None else _enabled_rules(config)
-    hints = _SourceHints(source)
+    hints = SourceHints(source)
     classes = [cls for cls in candidates if cls.requires in libraries and hints.admit(cls)]
     if not classes:
         return result
@@ -362,27 +363,6 @@ def _enabled_rules(config: Config) -> list[type[Rule]]:
             _ENABLED.clear()
         enabled = _ENABLED[key] = config.enabled_rules(catalog)
     return enabled
-
-
-class _SourceHints:
-    """``Rule.may_report_on`` for every rule of one file, each distinct pattern searched once: rules share
-    hints (``backward`` is nine rules' hint), and each search scans the whole source."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.found: dict[re.Pattern, bool] = {}
-
-    def admit(self, rule: type[Rule]) -> bool:
-        hint = rule.source_hint
-        if hint is None:
-            return True
-        return all(self._search(pattern) for pattern in (hint if isinstance(hint, tuple) else (hint,)))
-
-    def _search(self, pattern: re.Pattern) -> bool:
-        found = self.found.get(pattern)
-        if found is None:
-            found = self.found[pattern] = pattern.search(self.source) is not None
-        return found
 
 
 def _stating_assumption(message: str, package: Optional[str], ctx: FileContext) -> str:

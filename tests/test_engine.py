@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import libcst as cst
@@ -364,11 +365,11 @@ def test_all_children_are_libcsts_children():
 def test_rule_source_hints_are_searched_once_per_file(monkeypatch):
     """Rules share hint patterns: each distinct one is searched once per file, and a rule runs exactly when its
     own ``may_report_on`` says it may report."""
-    from analyzers.engine import _SourceHints
+    from analyzers.hints import SourceHints
     from analyzers.rules import all_rules
 
     source = "import torch\nloss.backward()\nopt.step()\nloader = DataLoader(ds)\n"
-    hints = _SourceHints(source)
+    hints = SourceHints(source)
     for rule in all_rules():
         assert hints.admit(rule) == rule.may_report_on(source), rule.id
     patterns = set()
@@ -386,3 +387,40 @@ def test_enabled_rules_follow_the_configuration():
     for config in (Config(), Config(preview=True), Config(select=("TR1",)), Config(preview=True, ignore=("TR101",)),
                    Config()):
         assert _enabled_rules(config) == config.enabled_rules(all_rules())
+
+
+@pytest.mark.parametrize("pattern,literals", [
+    (r"\.step\s*\(", (".step",)),
+    (r"synchronize\s*\(|all_reduce|\breduce\s*\(", ("synchronize", "all_reduce", "reduce")),
+    (r"DistributedDataParallel|DDP", ("istributedDataParallel", "DP")),  # re factors out the common "D"
+    (r"\bload\b", ("load",)),
+    (r"(?i)resume|restore", None),  # case-insensitive: no literal is necessary
+    (r"x(?i:abc)", ("x",)),
+    (r"[*/]", None),
+    (r"\blog\b|\bexp\b|[0-9]+", None),  # one branch without a literal: nothing is necessary
+    (r"a+bc?d", ("b",)),
+])
+def test_necessary_literals_of_a_hint(pattern, literals):
+    from analyzers.hints import necessary_literals
+
+    assert necessary_literals(re.compile(pattern)) == literals
+
+
+def test_hint_literals_never_refuse_a_text_the_regex_matches():
+    """The literal test may only skip searches that cannot match: for every rule's hint and every text that
+    matches it, one of its literals is in the text."""
+    from analyzers.hints import SourceHints, necessary_literals
+    from analyzers.rules import all_rules
+
+    texts = [code for rule in all_rules() for example in (*rule.VALID, *rule.INVALID)
+             for code in [getattr(example, "code", example)] if isinstance(code, str)]
+    assert len(texts) > 100
+    for rule in all_rules():
+        hint = rule.source_hint
+        for pattern in (hint if isinstance(hint, tuple) else (hint,)) if hint is not None else ():
+            literals = necessary_literals(pattern)
+            for text in texts:
+                if pattern.search(text):
+                    assert literals is None or any(literal in text for literal in literals), (pattern, text)
+        for text in texts[:50]:
+            assert SourceHints(text).admit(rule) == rule.may_report_on(text), rule.id
