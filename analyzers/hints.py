@@ -5,7 +5,7 @@ Every rule's hint is a regular expression searched over the whole file before th
 regex engine try every branch at every position. So each distinct pattern is searched once per file, and only
 where a plain substring test (``str.__contains__``, far faster than the regex) finds a literal that every match
 of the pattern must contain: the answer is the regex's own, the literal test only skips searches that cannot
-match.
+match. A pattern that only spells out words (``DataLoader``, ``wandb|mlflow``) is answered by the substring test.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ try:
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse as _sre  # type: ignore[no-redef]
 
-_LITERALS: dict[re.Pattern, Optional[tuple[str, ...]]] = {}
+# pattern -> (literals one of which every match contains, or None; whether a match is exactly one of them)
+_LITERALS: dict[re.Pattern, tuple[Optional[tuple[str, ...]], bool]] = {}
 
 
 class SourceHints:
@@ -37,9 +38,11 @@ class SourceHints:
         found = self.found.get(pattern)
         if found is None:
             source = self.source
-            literals = _LITERALS[pattern] if pattern in _LITERALS else necessary_literals(pattern)
-            found = (literals is None or any(literal in source for literal in literals)) and \
-                pattern.search(source) is not None
+            literals, exact = _LITERALS.get(pattern) or _read(pattern)
+            if literals is None:
+                found = pattern.search(source) is not None
+            else:
+                found = any(literal in source for literal in literals) and (exact or pattern.search(source) is not None)
             self.found[pattern] = found
         return found
 
@@ -47,15 +50,49 @@ class SourceHints:
 def necessary_literals(pattern: re.Pattern) -> Optional[tuple[str, ...]]:
     """Substrings one of which every match of ``pattern`` contains (``("all_reduce", "all_gather", "reduce")``);
     None when no such set is known (case-insensitive patterns, character classes only, anything unusual)."""
-    literals: Optional[tuple[str, ...]] = None
+    return _read(pattern)[0]
+
+
+def exact_literals(pattern: re.Pattern) -> Optional[tuple[str, ...]]:
+    """The strings ``pattern`` matches when they are a few plain words (``DataLoader``, ``wandb|mlflow``): then
+    finding one of them is the whole search."""
+    literals, exact = _read(pattern)
+    return literals if exact else None
+
+
+def _read(pattern: re.Pattern) -> tuple[Optional[tuple[str, ...]], bool]:
+    found: tuple[Optional[tuple[str, ...]], bool] = (None, False)
     if not pattern.flags & re.IGNORECASE:
         try:
-            literals = _sequence_literals(list(_sre.parse(pattern.pattern, pattern.flags)))
+            items = list(_sre.parse(pattern.pattern, pattern.flags))
+            words = _words(items)
+            found = (tuple(words), True) if words else (_sequence_literals(items), False)
         except Exception:  # a construct this reading does not know: search with the regex alone
-            literals = None
+            found = (None, False)
     if len(_LITERALS) < 1024:
-        _LITERALS[pattern] = literals
-    return literals
+        _LITERALS[pattern] = found
+    return found
+
+
+def _words(items: list) -> Optional[list[str]]:
+    """Every string a sequence of regex items matches, when it only spells out literals and alternations of
+    them; None otherwise."""
+    words = [""]
+    for op, value in items:
+        if op is _sre.LITERAL:
+            words = [word + chr(value) for word in words]
+        elif op is _sre.BRANCH or (op is _sre.SUBPATTERN and not value[1] & re.IGNORECASE):
+            branches = [_words(list(branch)) for branch in value[1]] if op is _sre.BRANCH else [_words(list(value[-1]))]
+            if not all(branches):
+                return None
+            words = [word + tail for word in words for branch in branches for tail in branch]
+        elif op is _sre.IN and all(kind is _sre.LITERAL for kind, _ in value):  # [ab], or re's own b|c
+            words = [word + chr(char) for word in words for _, char in value]
+        else:
+            return None
+        if len(words) > 64:
+            return None
+    return words if all(words) else None
 
 
 def _sequence_literals(items: list) -> Optional[tuple[str, ...]]:

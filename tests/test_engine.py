@@ -392,11 +392,12 @@ def test_enabled_rules_follow_the_configuration():
 @pytest.mark.parametrize("pattern,literals", [
     (r"\.step\s*\(", (".step",)),
     (r"synchronize\s*\(|all_reduce|\breduce\s*\(", ("synchronize", "all_reduce", "reduce")),
-    (r"DistributedDataParallel|DDP", ("istributedDataParallel", "DP")),  # re factors out the common "D"
+    (r"DistributedDataParallel|DDP", ("DistributedDataParallel", "DDP")),  # re factors out the "D"; read back whole
+    (r"D(?:istributed|DP)\s", ("istributed", "DP")),
     (r"\bload\b", ("load",)),
     (r"(?i)resume|restore", None),  # case-insensitive: no literal is necessary
     (r"x(?i:abc)", ("x",)),
-    (r"[*/]", None),
+    (r"[*/]", ("*", "/")),
     (r"\blog\b|\bexp\b|[0-9]+", None),  # one branch without a literal: nothing is necessary
     (r"a+bc?d", ("b",)),
 ])
@@ -422,5 +423,21 @@ def test_hint_literals_never_refuse_a_text_the_regex_matches():
             for text in texts:
                 if pattern.search(text):
                     assert literals is None or any(literal in text for literal in literals), (pattern, text)
-        for text in texts[:50]:
+        for text in texts:
             assert SourceHints(text).admit(rule) == rule.may_report_on(text), rule.id
+
+
+@pytest.mark.parametrize("pattern,words", [
+    (r"backward", ("backward",)),
+    (r"DistributedDataParallel|DDP", ("DistributedDataParallel", "DDP")),
+    (r"numpy|np\.", ("numpy", "np.")),
+    (r"a(?:b|c)d", ("abd", "acd")),
+    (r"\bload\b", None),  # a word boundary: not a plain substring
+    (r"load\s*\(", None),
+    (r"(?i)resume", None),
+    (r"x(?i:abc)", None),
+])
+def test_exact_literals_of_a_hint(pattern, words):
+    from analyzers.hints import exact_literals
+
+    assert exact_literals(re.compile(pattern)) == words
