@@ -393,7 +393,8 @@ def test_enabled_rules_follow_the_configuration():
     (r"\.step\s*\(", (".step",)),
     (r"synchronize\s*\(|all_reduce|\breduce\s*\(", ("synchronize", "all_reduce", "reduce")),
     (r"DistributedDataParallel|DDP", ("DistributedDataParallel", "DDP")),  # re factors out the "D"; read back whole
-    (r"D(?:istributed|DP)\s", ("istributed", "DP")),
+    (r"D(?:istributed|DP)\s", ("Distributed", "DDP")),  # every match starts with one
+    (r"\.eval\s*\(|\.train\s*\(", (".eval", ".train")),
     (r"\bload\b", ("load",)),
     (r"(?i)resume|restore", None),  # case-insensitive: no literal is necessary
     (r"x(?i:abc)", ("x",)),
@@ -425,6 +426,23 @@ def test_hint_literals_never_refuse_a_text_the_regex_matches():
                     assert literals is None or any(literal in text for literal in literals), (pattern, text)
         for text in texts:
             assert SourceHints(text).admit(rule) == rule.may_report_on(text), rule.id
+
+
+@pytest.mark.parametrize("pattern", [r"\bload\b", r"\blog\b|\bexp\b", r"load\s*\(", r"^import", r"(?m)^import",
+                                     r"synchronize\s*\(|all_reduce|\breduce\s*\(", r"ross_?[Ee]ntropy|nll_loss",
+                                     r"aim\b|wandb", r"\.(?:to|cuda)\s*\(", r"[\"']cpu[\"']", r"\.\w+\.parameters\(\)"])
+def test_hint_search_answers_like_the_regex(pattern):
+    """Whichever way a pattern is searched (words, prefixes tried in place, a literal first), the answer is the
+    regex's: on texts where it matches at the start, the end, after a near miss, and nowhere."""
+    from analyzers.hints import search
+
+    compiled = re.compile(pattern)
+    texts = ["", "load", "xload(", "a.load (x)", "logging.exp(1)\nexpand log", "upload\nloaded\nload",
+             "import x", "x\nimport y", "all_reduce", "dist.reduce (t)", "foreduce(", "CrossEntropy", "cross_entropy",
+             "maim aim", "aimless", "x.to(d)", "x.total(", "x.cuda  (", "'cpu'", '"cpu\'', "cpu", "m.fc.parameters()",
+             "m.parameters()", "nll_los", "nll_loss"]
+    for text in texts + [a + " " + b for a in texts for b in texts[:6]]:
+        assert search(compiled, text) == (compiled.search(text) is not None), (pattern, text)
 
 
 @pytest.mark.parametrize("pattern,words", [
