@@ -106,7 +106,19 @@ _FIELD_ORDER = {
     cst.GeneratorExp: ("for_in", "elt"),
     cst.DictComp: ("for_in", "key", "value"),
 }
-CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+class _PerType(dict):
+    """node type -> what ``compute`` says of it, computed on the first lookup; ``table[type(node)]`` in hot loops
+    (an empty answer, for ``Pass`` or a whitespace node, is kept like any other)."""
+
+    def __init__(self, compute) -> None:
+        super().__init__()
+        self.compute = compute
+
+    def __missing__(self, node_type: type) -> tuple[str, ...]:
+        found = self[node_type] = self.compute(node_type)
+        return found
 
 
 def _all_node_types() -> set[type]:
@@ -124,7 +136,7 @@ def _all_node_types() -> set[type]:
 NODE_TYPES = _all_node_types()  # a set lookup: isinstance against the CSTNode ABC is slow
 
 
-def child_fields(node_type: type) -> tuple[str, ...]:
+def _code_fields(node_type: type) -> tuple[str, ...]:
     """The fields of ``node_type`` that hold code (not whitespace or punctuation), in the order it runs."""
     import dataclasses
 
@@ -132,8 +144,10 @@ def child_fields(node_type: type) -> tuple[str, ...]:
     if names is None:
         names = tuple(f.name for f in dataclasses.fields(node_type)
                       if f.name not in SKIPPED_FIELDS and not f.name.startswith("whitespace"))
-    CHILD_FIELDS[node_type] = names
     return names
+
+
+CHILD_FIELDS: dict[type, tuple[str, ...]] = _PerType(_code_fields)
 
 
 def code_children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -141,7 +155,7 @@ def code_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     a comprehension's ``for`` comes first); no whitespace, punctuation or operator nodes."""
     node_types = NODE_TYPES
     found = []
-    for name in CHILD_FIELDS.get(type(node)) or child_fields(type(node)):
+    for name in CHILD_FIELDS[type(node)]:
         value = getattr(node, name)
         value_type = type(value)
         if value_type in node_types:
@@ -154,9 +168,6 @@ def code_children(node: cst.CSTNode) -> list[cst.CSTNode]:
 # Every field of a node type that libcst's ``children`` visits, whitespace and punctuation included, in its order:
 # read once per type from the field names its ``_visit_and_replace_children`` passes to ``visit_*`` (string
 # constants, in source order), so ``all_children`` returns what ``node.children`` does without a visitor.
-_LEXICAL_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
 def _lexical_fields(node_type: type) -> tuple[str, ...]:
     import dataclasses
 
@@ -165,8 +176,10 @@ def _lexical_fields(node_type: type) -> tuple[str, ...]:
     for const in node_type._visit_and_replace_children.__code__.co_consts:
         if type(const) is str and const in fields and const not in names:
             names.append(const)
-    _LEXICAL_FIELDS[node_type] = found = tuple(names)
-    return found
+    return tuple(names)
+
+
+_LEXICAL_FIELDS: dict[type, tuple[str, ...]] = _PerType(_lexical_fields)
 
 
 def all_children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -174,7 +187,7 @@ def all_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     fields directly: libcst rebuilds the node through a visitor to answer."""
     node_types = NODE_TYPES
     found = []
-    for name in _LEXICAL_FIELDS.get(type(node)) or _lexical_fields(type(node)):
+    for name in _LEXICAL_FIELDS[type(node)]:
         value = getattr(node, name)
         value_type = type(value)
         if value_type in node_types:

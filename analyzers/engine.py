@@ -20,7 +20,7 @@ from libcst._nodes.base import CSTNode
 
 from analyzers import levels, notebook, pickles
 from analyzers.config import Config
-from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
+from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, dotted_name
 from analyzers.guard import complexity_error
 from analyzers.hints import SourceHints
 from analyzers.isolation import run_isolated
@@ -108,7 +108,7 @@ class _Walker:
             if node_type in needs_leave:
                 push((leave_marker, node))
             # code_children(node), inlined: a call per node is measurable here
-            names = fields.get(node_type) or child_fields(node_type)
+            names = fields[node_type]
             children = []
             for name in names:
                 value = getattr(node, name)

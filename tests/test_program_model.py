@@ -368,3 +368,27 @@ def test_the_weights_only_fix_is_offered_only_when_no_checkpoint_of_the_reposito
     # without the script that saves the args, nothing says the fix is unsafe
     (tmp_path / "main_train.py").unlink()
     assert finding("visualize.py").fix is not None
+
+
+def test_module_nodes_list_the_whole_file_once_in_source_order():
+    """``ModuleNodes``: what a walk of ``subtree(ctx.module)`` yields, each node's parent, and the nodes of given
+    kinds as ``isinstance`` picks them, for any question asked over the whole file."""
+    from analyzers.program.flow import ModuleNodes
+
+    ctx = context("""
+        import torch
+        def train(model, path="a.pt", *, save=lambda m: torch.save(m, "b.pt")):
+            out = [torch.save(x, p) for x, p in pairs if x] if model else torch.save(model, path)
+            state = {"k": 1}
+            state["m"] = model
+            return out
+    """)
+    facts = ctx.facts(ModuleNodes)
+    assert facts.nodes == list(subtree(ctx.module))
+    for node in facts.nodes:
+        for child in node.children:
+            assert facts.parents[id(child)] is node
+    for kinds in [(cst.Call,), (cst.Assign, cst.Param), (cst.BaseExpression,), (cst.BaseSmallStatement, cst.Comma)]:
+        assert facts.of_type(*kinds) == [node for node in subtree(ctx.module) if isinstance(node, kinds)]
+    assert [ctx.module.code_for_node(call.func) for call in facts.of_type(cst.Call)] == \
+        ["torch.save", "torch.save", "torch.save"]
