@@ -392,3 +392,29 @@ def test_module_nodes_list_the_whole_file_once_in_source_order():
         assert facts.of_type(*kinds) == [node for node in subtree(ctx.module) if isinstance(node, kinds)]
     assert [ctx.module.code_for_node(call.func) for call in facts.of_type(cst.Call)] == \
         ["torch.save", "torch.save", "torch.save"]
+
+
+def test_pin_file_listing_is_kept_until_the_folder_changes(tmp_path):
+    """A folder's requirement files are listed once while the folder stays as it was (many files ask the same
+    folders), listed again when a file is added to it or to its requirements/, and never kept while the folder
+    changed too recently for its clock to show the next change."""
+    import os
+    import time
+
+    from analyzers.program import versions
+
+    (tmp_path / "requirements.txt").write_text("torch==1.8\n")
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt"]
+    assert tmp_path not in versions._LISTINGS  # just written: not yet trusted
+    past = time.time() - 60
+    os.utime(tmp_path, (past, past))
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt"]
+    assert tmp_path in versions._LISTINGS
+    (tmp_path / "requirements").mkdir()  # changes the folder's time: listed again
+    (tmp_path / "requirements" / "dev.txt").write_text("numpy\n")
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt", "dev.txt"]
+    os.utime(tmp_path, (past, past))
+    os.utime(tmp_path / "requirements", (past, past))
+    assert len(versions._pin_files(tmp_path)) == 2
+    (tmp_path / "requirements" / "gpu.txt").write_text("torch==2.1\n")  # only the subfolder changes
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt", "dev.txt", "gpu.txt"]
