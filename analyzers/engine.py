@@ -51,13 +51,10 @@ class _Walker:
 
     def __init__(self, ctx: FileContext, rules: list[Rule], on_rule_error) -> None:
         self.ctx = ctx
-        self.visit_table: dict[type, list] = {}
-        self.leave_table: dict[type, list] = {}
-        for rule in rules:
-            for node_cls, name in type(rule)._visit_handlers.items():
-                self.visit_table.setdefault(node_cls, []).append((rule, getattr(rule, name)))
-            for node_cls, name in type(rule)._leave_handlers.items():
-                self.leave_table.setdefault(node_cls, []).append((rule, getattr(rule, name)))
+        visits, leaves = _handler_names(tuple(type(rule) for rule in rules))
+        self.visit_table = _Handlers(rules, visits)
+        self.leave_table = _Handlers(rules, leaves)
+        self.leave_types = frozenset(leaves)
         self.on_rule_error = on_rule_error
         self.failed: set[int] = set()
 
@@ -80,7 +77,7 @@ class _Walker:
         node_types = NODE_TYPES
         visit_table = self.visit_table
         leave_table = self.leave_table
-        needs_leave = _LEAVE_BOOKKEEPING | set(leave_table)
+        needs_leave = _LEAVE_BOOKKEEPING | self.leave_types
         dispatch = self._dispatch
         parents = self.ctx.parents
         leave_marker = _LEAVE
@@ -91,7 +88,7 @@ class _Walker:
             if node is leave_marker:
                 node = parent
                 node_type = type(node)
-                handlers = leave_table.get(node_type)
+                handlers = leave_table[node_type]
                 if handlers:
                     dispatch(handlers, node)
                 if node_type in _LEAVE_BOOKKEEPING:
@@ -102,7 +99,7 @@ class _Walker:
                 parents[id(node)] = parent
             if node_type in _VISIT_BOOKKEEPING:
                 self._visit(node, node_type, parent)
-            handlers = visit_table.get(node_type)
+            handlers = visit_table[node_type]
             if handlers:
                 dispatch(handlers, node)
             if node_type in needs_leave:
@@ -208,6 +205,43 @@ class _Walker:
             if resolved and resolved.split(".", 1)[0] in ML_LIBRARIES:
                 self.ctx.imports.names[node.targets[0].target.value] = resolved
                 self.ctx.names_changed()
+
+
+_HANDLER_NAMES: dict[tuple, tuple[dict, dict]] = {}
+
+
+def _handler_names(classes: tuple[type[Rule], ...]) -> tuple[dict, dict]:
+    """node type -> [(position of the rule in ``classes``, its handler's name)], for visits and for leaves; the
+    same for every file that runs the same rules."""
+    found = _HANDLER_NAMES.get(classes)
+    if found is None:
+        visits: dict[type, list] = {}
+        leaves: dict[type, list] = {}
+        for position, cls in enumerate(classes):
+            for node_cls, name in cls._visit_handlers.items():
+                visits.setdefault(node_cls, []).append((position, name))
+            for node_cls, name in cls._leave_handlers.items():
+                leaves.setdefault(node_cls, []).append((position, name))
+        if len(_HANDLER_NAMES) > 256:
+            _HANDLER_NAMES.clear()
+        found = _HANDLER_NAMES[classes] = (visits, leaves)
+    return found
+
+
+class _Handlers(dict):
+    """node type -> [(rule, its bound handler)] for one file's rules, bound on the first node of each type (a
+    file meets a fraction of the types the rules handle); an empty list for a type no rule handles."""
+
+    def __init__(self, rules: list[Rule], names: dict[type, list]) -> None:
+        super().__init__()
+        self.rules = rules
+        self.names = names
+
+    def __missing__(self, node_type: type) -> list:
+        rules = self.rules
+        found = self[node_type] = [(rules[position], getattr(rules[position], name))
+                                   for position, name in self.names.get(node_type, ())]
+        return found
 
 
 _LEAVE = object()

@@ -37,7 +37,7 @@ class SourceHints:
         hint = rule.source_hint
         if hint is None:
             return True
-        return all(self._search(pattern) for pattern in (hint if isinstance(hint, tuple) else (hint,)))
+        return all(map(self._search, hint)) if type(hint) is tuple else self._search(hint)
 
     def _search(self, pattern: re.Pattern) -> bool:
         found = self.found.get(pattern)
