@@ -27,10 +27,10 @@ ComprehensionNode = Union[cst.ListComp, cst.SetComp, cst.DictComp, cst.Generator
 def dotted_name(expr: Optional[cst.CSTNode]) -> Optional[str]:
     """``a.b.c`` for a Name/Attribute chain, else None (calls, subscripts...)."""
     parts: list[str] = []
-    while isinstance(expr, cst.Attribute):
+    while type(expr) in _ATTRIBUTES:  # isinstance, by set: every rule asks this of most nodes it sees
         parts.append(expr.attr.value)
         expr = expr.value
-    if isinstance(expr, cst.Name):
+    if type(expr) in _NAMES:
         parts.append(expr.value)
         return ".".join(reversed(parts))
     return None
@@ -45,9 +45,9 @@ def call_receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
 def method_name(call: cst.Call) -> Optional[str]:
     """For ``anything.step(...)`` the string ``"step"``; for ``f(...)`` the name ``"f"``."""
     func = call.func
-    if isinstance(func, cst.Attribute):
+    if type(func) in _ATTRIBUTES:
         return func.attr.value
-    if isinstance(func, cst.Name):
+    if type(func) in _NAMES:
         return func.value
     return None
 
@@ -134,6 +134,9 @@ def _all_node_types() -> set[type]:
 
 
 NODE_TYPES = _all_node_types()  # a set lookup: isinstance against the CSTNode ABC is slow
+# ``isinstance(x, cst.Attribute)`` and ``cst.Name`` the same way (libcst's nodes are ABCs: isinstance is slow)
+_ATTRIBUTES = frozenset(t for t in NODE_TYPES if issubclass(t, cst.Attribute))
+_NAMES = frozenset(t for t in NODE_TYPES if issubclass(t, cst.Name))
 
 
 def _code_fields(node_type: type) -> tuple[str, ...]:
