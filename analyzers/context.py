@@ -373,6 +373,10 @@ class FileContext:
         # the rest of the code base (analyzers.program.modules.RepositoryIndex), when the file has one
         self.repository = None
 
+    def release(self) -> None:
+        """Forget the facts once the file is analyzed (each holds this context: a cycle through the whole tree)."""
+        self._facts.clear()
+
     def facts(self, kind: type[_Fact]) -> _Fact:
         """The program model's ``kind`` of facts about this file (built once, on first use, by any rule)."""
         found = self._facts.get(kind)

@@ -362,13 +362,28 @@ def _analyze_source(source: str, path: str, config: Optional[Config], rules: Opt
         return result
     ctx = FileContext(path, source, module)
     ctx.repository = repository
+    instances: list[Rule] = []
+    try:
+        return _run_rules(ctx, result, source, path, config, rules, instances)
+    finally:
+        # The file is done: forget what its context and its rules hold. Facts hold the context, and rules the
+        # facts that hold them; those cycles would keep the whole syntax tree alive until the garbage collector
+        # traverses it, where reference counting frees it now.
+        ctx.release()
+        for rule in instances:
+            rule.__dict__.clear()
+
+
+def _run_rules(ctx: FileContext, result: FileResult, source: str, path: str, config: Config,
+               rules: Optional[Sequence[type[Rule]]], instances: list[Rule]) -> FileResult:
+    module = ctx.module
     libraries = imported_libraries(ctx)
     candidates = rules if rules is not None else _enabled_rules(config)
     hints = SourceHints(source)
     classes = [cls for cls in candidates if cls.requires in libraries and hints.admit(cls)]
     if not classes:
         return result
-    instances = [cls(ctx) for cls in classes]
+    instances.extend(cls(ctx) for cls in classes)
 
     def rule_error(rule: Rule, exc: BaseException) -> None:
         result.errors.append(FileError(path, "rule-error", f"{rule.id} ({rule.slug}) failed: {type(exc).__name__}: {exc}"))

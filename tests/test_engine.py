@@ -459,3 +459,37 @@ def test_exact_literals_of_a_hint(pattern, words):
     from analyzers.hints import exact_literals
 
     assert exact_literals(re.compile(pattern)) == words
+
+
+def test_an_analyzed_files_tree_is_freed_without_the_garbage_collector(monkeypatch):
+    """Once a file is analyzed its context's facts and its rules' state are dropped, so the syntax tree is freed by
+    reference counting as the analysis returns (no cycle through it waits for a collection)."""
+    import gc
+    import sys
+
+    from analyzers import engine
+
+    trees = []
+    parse = engine.parse_module
+    monkeypatch.setattr(engine, "parse_module", lambda source: trees.append(parse(source)) or trees[-1])
+    code = textwrap.dedent("""
+        import torch
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+        torch.save(model, "m.pt")
+        model.load_state_dict(torch.load("m.pt"))
+    """)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = analyze_source(code, "train.py", config=EVERY_RULE)
+        assert result.findings
+        holders = sys.getrefcount(trees[0])  # outside the assert: pytest's rewriting keeps a reference of its own
+        assert holders == 2  # this list's reference and the argument's: nothing else holds the tree
+    finally:
+        if was_enabled:
+            gc.enable()
