@@ -27,10 +27,10 @@ ComprehensionNode = Union[cst.ListComp, cst.SetComp, cst.DictComp, cst.Generator
 def dotted_name(expr: Optional[cst.CSTNode]) -> Optional[str]:
     """``a.b.c`` for a Name/Attribute chain, else None (calls, subscripts...)."""
     parts: list[str] = []
-    while isinstance(expr, cst.Attribute):
+    while type(expr) in _ATTRIBUTES:  # isinstance, by set: every rule asks this of most nodes it sees
         parts.append(expr.attr.value)
         expr = expr.value
-    if isinstance(expr, cst.Name):
+    if type(expr) in _NAMES:
         parts.append(expr.value)
         return ".".join(reversed(parts))
     return None
@@ -45,9 +45,9 @@ def call_receiver(call: cst.Call) -> Optional[cst.BaseExpression]:
 def method_name(call: cst.Call) -> Optional[str]:
     """For ``anything.step(...)`` the string ``"step"``; for ``f(...)`` the name ``"f"``."""
     func = call.func
-    if isinstance(func, cst.Attribute):
+    if type(func) in _ATTRIBUTES:
         return func.attr.value
-    if isinstance(func, cst.Name):
+    if type(func) in _NAMES:
         return func.value
     return None
 
@@ -106,7 +106,19 @@ _FIELD_ORDER = {
     cst.GeneratorExp: ("for_in", "elt"),
     cst.DictComp: ("for_in", "key", "value"),
 }
-CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+class _PerType(dict):
+    """node type -> what ``compute`` says of it, computed on the first lookup; ``table[type(node)]`` in hot loops
+    (an empty answer, for ``Pass`` or a whitespace node, is kept like any other)."""
+
+    def __init__(self, compute) -> None:
+        super().__init__()
+        self.compute = compute
+
+    def __missing__(self, node_type: type) -> tuple[str, ...]:
+        found = self[node_type] = self.compute(node_type)
+        return found
 
 
 def _all_node_types() -> set[type]:
@@ -122,9 +134,12 @@ def _all_node_types() -> set[type]:
 
 
 NODE_TYPES = _all_node_types()  # a set lookup: isinstance against the CSTNode ABC is slow
+# ``isinstance(x, cst.Attribute)`` and ``cst.Name`` the same way (libcst's nodes are ABCs: isinstance is slow)
+_ATTRIBUTES = frozenset(t for t in NODE_TYPES if issubclass(t, cst.Attribute))
+_NAMES = frozenset(t for t in NODE_TYPES if issubclass(t, cst.Name))
 
 
-def child_fields(node_type: type) -> tuple[str, ...]:
+def _code_fields(node_type: type) -> tuple[str, ...]:
     """The fields of ``node_type`` that hold code (not whitespace or punctuation), in the order it runs."""
     import dataclasses
 
@@ -132,8 +147,10 @@ def child_fields(node_type: type) -> tuple[str, ...]:
     if names is None:
         names = tuple(f.name for f in dataclasses.fields(node_type)
                       if f.name not in SKIPPED_FIELDS and not f.name.startswith("whitespace"))
-    CHILD_FIELDS[node_type] = names
     return names
+
+
+CHILD_FIELDS: dict[type, tuple[str, ...]] = _PerType(_code_fields)
 
 
 def code_children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -141,7 +158,39 @@ def code_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     a comprehension's ``for`` comes first); no whitespace, punctuation or operator nodes."""
     node_types = NODE_TYPES
     found = []
-    for name in CHILD_FIELDS.get(type(node)) or child_fields(type(node)):
+    for name in CHILD_FIELDS[type(node)]:
+        value = getattr(node, name)
+        value_type = type(value)
+        if value_type in node_types:
+            found.append(value)
+        elif value_type is tuple or value_type is list:
+            found.extend([v for v in value if type(v) in node_types])
+    return found
+
+
+# Every field of a node type that libcst's ``children`` visits, whitespace and punctuation included, in its order:
+# read once per type from the field names its ``_visit_and_replace_children`` passes to ``visit_*`` (string
+# constants, in source order), so ``all_children`` returns what ``node.children`` does without a visitor.
+def _lexical_fields(node_type: type) -> tuple[str, ...]:
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(node_type)}
+    names: list[str] = []
+    for const in node_type._visit_and_replace_children.__code__.co_consts:
+        if type(const) is str and const in fields and const not in names:
+            names.append(const)
+    return tuple(names)
+
+
+_LEXICAL_FIELDS: dict[type, tuple[str, ...]] = _PerType(_lexical_fields)
+
+
+def all_children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node.children`` (every child node, whitespace and punctuation too, in lexical order), read from the
+    fields directly: libcst rebuilds the node through a visitor to answer."""
+    node_types = NODE_TYPES
+    found = []
+    for name in _LEXICAL_FIELDS[type(node)]:
         value = getattr(node, name)
         value_type = type(value)
         if value_type in node_types:
@@ -323,6 +372,10 @@ class FileContext:
         self._last_qualified: tuple = (None, None)
         # the rest of the code base (analyzers.program.modules.RepositoryIndex), when the file has one
         self.repository = None
+
+    def release(self) -> None:
+        """Forget the facts once the file is analyzed (each holds this context: a cycle through the whole tree)."""
+        self._facts.clear()
 
     def facts(self, kind: type[_Fact]) -> _Fact:
         """The program model's ``kind`` of facts about this file (built once, on first use, by any rule)."""

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import os
 import re
 import time
 import tokenize
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -18,8 +20,9 @@ from libcst._nodes.base import CSTNode
 
 from analyzers import levels, notebook, pickles
 from analyzers.config import Config
-from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, child_fields, dotted_name
+from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, dotted_name
 from analyzers.guard import complexity_error
+from analyzers.hints import SourceHints
 from analyzers.isolation import run_isolated
 from analyzers.model import FileError, FileResult, Finding, Fix, Location, Severity
 from analyzers.program.harm import HarmContext
@@ -48,13 +51,10 @@ class _Walker:
 
     def __init__(self, ctx: FileContext, rules: list[Rule], on_rule_error) -> None:
         self.ctx = ctx
-        self.visit_table: dict[type, list] = {}
-        self.leave_table: dict[type, list] = {}
-        for rule in rules:
-            for node_cls, name in type(rule)._visit_handlers.items():
-                self.visit_table.setdefault(node_cls, []).append((rule, getattr(rule, name)))
-            for node_cls, name in type(rule)._leave_handlers.items():
-                self.leave_table.setdefault(node_cls, []).append((rule, getattr(rule, name)))
+        visits, leaves = _handler_names(tuple(type(rule) for rule in rules))
+        self.visit_table = _Handlers(rules, visits)
+        self.leave_table = _Handlers(rules, leaves)
+        self.leave_types = frozenset(leaves)
         self.on_rule_error = on_rule_error
         self.failed: set[int] = set()
 
@@ -77,7 +77,7 @@ class _Walker:
         node_types = NODE_TYPES
         visit_table = self.visit_table
         leave_table = self.leave_table
-        needs_leave = _LEAVE_BOOKKEEPING | set(leave_table)
+        needs_leave = _LEAVE_BOOKKEEPING | self.leave_types
         dispatch = self._dispatch
         parents = self.ctx.parents
         leave_marker = _LEAVE
@@ -88,7 +88,7 @@ class _Walker:
             if node is leave_marker:
                 node = parent
                 node_type = type(node)
-                handlers = leave_table.get(node_type)
+                handlers = leave_table[node_type]
                 if handlers:
                     dispatch(handlers, node)
                 if node_type in _LEAVE_BOOKKEEPING:
@@ -99,13 +99,13 @@ class _Walker:
                 parents[id(node)] = parent
             if node_type in _VISIT_BOOKKEEPING:
                 self._visit(node, node_type, parent)
-            handlers = visit_table.get(node_type)
+            handlers = visit_table[node_type]
             if handlers:
                 dispatch(handlers, node)
             if node_type in needs_leave:
                 push((leave_marker, node))
             # code_children(node), inlined: a call per node is measurable here
-            names = fields.get(node_type) or child_fields(node_type)
+            names = fields[node_type]
             children = []
             for name in names:
                 value = getattr(node, name)
@@ -207,6 +207,43 @@ class _Walker:
                 self.ctx.names_changed()
 
 
+_HANDLER_NAMES: dict[tuple, tuple[dict, dict]] = {}
+
+
+def _handler_names(classes: tuple[type[Rule], ...]) -> tuple[dict, dict]:
+    """node type -> [(position of the rule in ``classes``, its handler's name)], for visits and for leaves; the
+    same for every file that runs the same rules."""
+    found = _HANDLER_NAMES.get(classes)
+    if found is None:
+        visits: dict[type, list] = {}
+        leaves: dict[type, list] = {}
+        for position, cls in enumerate(classes):
+            for node_cls, name in cls._visit_handlers.items():
+                visits.setdefault(node_cls, []).append((position, name))
+            for node_cls, name in cls._leave_handlers.items():
+                leaves.setdefault(node_cls, []).append((position, name))
+        if len(_HANDLER_NAMES) > 256:
+            _HANDLER_NAMES.clear()
+        found = _HANDLER_NAMES[classes] = (visits, leaves)
+    return found
+
+
+class _Handlers(dict):
+    """node type -> [(rule, its bound handler)] for one file's rules, bound on the first node of each type (a
+    file meets a fraction of the types the rules handle); an empty list for a type no rule handles."""
+
+    def __init__(self, rules: list[Rule], names: dict[type, list]) -> None:
+        super().__init__()
+        self.rules = rules
+        self.names = names
+
+    def __missing__(self, node_type: type) -> list:
+        rules = self.rules
+        found = self[node_type] = [(rules[position], getattr(rules[position], name))
+                                   for position, name in self.names.get(node_type, ())]
+        return found
+
+
 _LEAVE = object()
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _BLOCKS = {cst.IndentedBlock, cst.SimpleStatementSuite}
@@ -262,11 +299,48 @@ def parse_module(source: str) -> cst.Module:
                 CSTNode.__post_init__ = _VALIDATE_NODE
 
 
+_collector_pauses = 0
+_collector_resumes = False  # whether the collector was on when the first of the overlapping analyses began
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while one file is analyzed.
+
+    A parse allocates a tree of hundreds of thousands of nodes; every 700 allocations start a collection, and
+    the older generations' collections traverse every live object again (the tree itself once promoted, the
+    rules' modules, libcst): a fifth of a bare libcst parse on the torch sources. Nothing an analysis builds
+    needs collecting before it ends: what it drops is freed by reference counting, and the cycles it leaves
+    (the facts and their context, which hold the tree) are freed by one collection of the young generation
+    as it ends. Counted like the parser's validation switch: overlapping analyses in threads resume it once, after
+    the last, and only when it was on."""
+    global _collector_pauses, _collector_resumes
+    with _unvalidated_lock:
+        if not _collector_pauses:
+            _collector_resumes = gc.isenabled()
+            gc.disable()
+        _collector_pauses += 1
+    try:
+        yield
+    finally:
+        with _unvalidated_lock:
+            _collector_pauses -= 1
+            if not _collector_pauses and _collector_resumes:
+                gc.enable()
+                gc.collect(0)  # what the analysis left in cycles, now, once: its cost, not the next file's
+
+
 def analyze_source(source: str, path: str = "<string>", config: Optional[Config] = None,
                    rules: Optional[Sequence[type[Rule]]] = None,
                    repository: Optional[RepositoryIndex] = None) -> FileResult:
     """Analyze Python source text. ``rules`` overrides the config's selection (used by tests);
     ``repository`` is the rest of the code base, for questions that cross files."""
+    with _collector_paused():
+        return _analyze_source(source, path, config, rules, repository)
+
+
+def _analyze_source(source: str, path: str, config: Optional[Config], rules: Optional[Sequence[type[Rule]]],
+                    repository: Optional[RepositoryIndex]) -> FileResult:
     config = config or Config()
     result = FileResult(path)
     if _SKIP_FILE.search(source) and _skips_file(source):
@@ -288,13 +362,33 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
         return result
     ctx = FileContext(path, source, module)
     ctx.repository = repository
+    instances: list[Rule] = []
+    try:
+        return _run_rules(ctx, result, source, path, config, rules, instances)
+    finally:
+        # The file is done: forget what its context and its rules hold. Facts hold the context, and rules the
+        # facts that hold them; those cycles would keep the whole syntax tree alive until the garbage collector
+        # traverses it, where reference counting frees it now.
+        ctx.release()
+        for rule in instances:
+            rule.__dict__.clear()
+
+
+def _run_rules(ctx: FileContext, result: FileResult, source: str, path: str, config: Config,
+               rules: Optional[Sequence[type[Rule]]], instances: list[Rule]) -> FileResult:
+    module = ctx.module
     libraries = imported_libraries(ctx)
-    candidates = rules if rules is not None else config.enabled_rules(all_rules())
-    classes = [cls for cls in candidates
-               if cls.requires in libraries and cls.may_report_on(source, config.rule_options(cls.id))]
+    candidates = rules if rules is not None else _enabled_rules(config)
+    hints = SourceHints(source)
+
+    def may_report(cls: type[Rule]) -> bool:
+        options = config.rule_options(cls.id)  # TorchFix's wider scope may need less text than the hint
+        return cls.may_report_on(source, options) if options else hints.admit(cls)
+
+    classes = [cls for cls in candidates if cls.requires in libraries and may_report(cls)]
     if not classes:
         return result
-    instances = [cls(ctx) for cls in classes]
+    instances.extend(cls(ctx) for cls in classes)
     for rule in instances:
         options = config.rule_options(rule.id)
         if options:  # TorchFix's wider scope, for a TOR code the configuration selected
@@ -351,6 +445,21 @@ def analyze_source(source: str, path: str = "<string>", config: Optional[Config]
     result.findings.sort(key=lambda f: f.sort_key)
     result.suppressed.sort(key=lambda f: f.sort_key)
     return result
+
+
+_ENABLED: dict[tuple, list[type[Rule]]] = {}
+
+
+def _enabled_rules(config: Config) -> list[type[Rule]]:
+    """The configuration's selection, matched once per configuration rather than once per file."""
+    catalog = all_rules()
+    key = (config.select, config.ignore, config.preview, tuple(catalog))
+    enabled = _ENABLED.get(key)
+    if enabled is None:
+        if len(_ENABLED) > 64:  # a long-lived App sees a configuration per repository
+            _ENABLED.clear()
+        enabled = _ENABLED[key] = config.enabled_rules(catalog)
+    return enabled
 
 
 def _stating_assumption(message: str, package: Optional[str], ctx: FileContext) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import libcst as cst
@@ -268,3 +269,227 @@ def test_overlapping_parses_in_threads_restore_validation_once():
         thread.join()
     assert errors == []
     assert CSTNode.__post_init__ is validate
+
+
+# Every kind of statement and expression, including the rarer syntax (match, type parameters, except*,
+# walrus, decorators, f-strings, star targets): what ``all_children`` must answer like libcst for.
+_EVERY_SHAPE = '''\
+# a header comment
+from __future__ import annotations
+import os.path as osp, sys
+from . import sibling
+from ..pkg import (a as b, c,)
+from x import *
+
+type Alias[T: int, *Ts, **P] = list[T]
+
+
+@decorator(1, key=2)
+class C[T](Base, metaclass=Meta):
+    x: int = 1
+
+    async def f[U](self, a, /, b=2, *args, c: int = 3, **kwargs) -> U:
+        global g
+        async with ctx() as (p, q), other():
+            async for i in aiter():
+                await something(i)
+        y = [v for v in range(3) if v if not v]
+        z = {k: v for k, v in d.items()}
+        s = {v for v in w}
+        gen = (v async for v in w)
+        lam = lambda p, *q, r=1, **s: p
+        t = a if b else c
+        u = -a + ~b - (not c) * d @ e // f % g ** h << i >> j & k | l ^ m
+        v = a < b <= c > d >= e == f != g in h not in i is j is not k
+        w = a and b or c
+        x += 1; x -= 1; x *= 2; x /= 2; x //= 2; x %= 2; x **= 2; x <<= 1; x >>= 1; x &= 1; x |= 1; x ^= 1; x @= m
+        del x[0], y.z
+        print(f"{a!r:>{width}} {b=}", rb"raw" b"concat", 1j, 1.5, ..., *args, **kwargs)
+        if (n := len(y)) > 1:
+            pass
+        elif n:
+            return
+        else:
+            raise ValueError("x") from None
+        while True:
+            break
+        else:
+            continue
+        try:
+            pass
+        except* (TypeError, ValueError) as e:
+            pass
+        try:
+            yield from y
+        except Exception:
+            yield
+        else:
+            assert x, "message"
+        finally:
+            nonlocal_thing = 1
+        match command:
+            case [1, 2, *rest]:
+                pass
+            case {"k": v, **others}:
+                pass
+            case Point(x=0, y=yy) | None as p if p:
+                pass
+            case (1 | 2, "s", True):
+                pass
+            case _:
+                pass
+        return a[1:2:3, ::, b]
+
+
+if __name__ == "__main__": main()
+'''
+
+
+def test_all_children_are_libcsts_children():
+    """``all_children`` reads the fields libcst's ``children`` visits, without its visitor: the same nodes, the
+    same order, for every node of every shape of code (whitespace and punctuation included)."""
+    from analyzers.context import all_children
+
+    todo = [cst.parse_module(_EVERY_SHAPE)]
+    shapes = set()
+    while todo:
+        node = todo.pop()
+        shapes.add(type(node))
+        expected = list(node.children)
+        got = all_children(node)
+        assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected)), type(node).__name__
+        todo.extend(expected)
+    assert {cst.Match, cst.TypeAlias, cst.TryStar, cst.MatchOr, cst.ParamSlash} <= shapes  # the rare ones came up
+
+
+def test_rule_source_hints_are_searched_once_per_file(monkeypatch):
+    """Rules share hint patterns: each distinct one is searched once per file, and a rule runs exactly when its
+    own ``may_report_on`` says it may report."""
+    from analyzers.hints import SourceHints
+    from analyzers.rules import all_rules
+
+    source = "import torch\nloss.backward()\nopt.step()\nloader = DataLoader(ds)\n"
+    hints = SourceHints(source)
+    for rule in all_rules():
+        assert hints.admit(rule) == rule.may_report_on(source), rule.id
+    patterns = set()
+    for rule in all_rules():
+        hint = rule.source_hint
+        patterns |= set(hint if isinstance(hint, tuple) else (hint,)) - {None}
+    assert set(hints.found) <= patterns and len(hints.found) < sum(
+        len(r.source_hint) if isinstance(r.source_hint, tuple) else r.source_hint is not None for r in all_rules())
+
+
+def test_enabled_rules_follow_the_configuration():
+    from analyzers.engine import _enabled_rules
+    from analyzers.rules import all_rules
+
+    for config in (Config(), Config(preview=True), Config(select=("TR1",)), Config(preview=True, ignore=("TR101",)),
+                   Config()):
+        assert _enabled_rules(config) == config.enabled_rules(all_rules())
+
+
+@pytest.mark.parametrize("pattern,literals", [
+    (r"\.step\s*\(", (".step",)),
+    (r"synchronize\s*\(|all_reduce|\breduce\s*\(", ("synchronize", "all_reduce", "reduce")),
+    (r"DistributedDataParallel|DDP", ("DistributedDataParallel", "DDP")),  # re factors out the "D"; read back whole
+    (r"D(?:istributed|DP)\s", ("Distributed", "DDP")),  # every match starts with one
+    (r"\.eval\s*\(|\.train\s*\(", (".eval", ".train")),
+    (r"\bload\b", ("load",)),
+    (r"(?i)resume|restore", None),  # case-insensitive: no literal is necessary
+    (r"x(?i:abc)", ("x",)),
+    (r"[*/]", ("*", "/")),
+    (r"\blog\b|\bexp\b|[0-9]+", None),  # one branch without a literal: nothing is necessary
+    (r"a+bc?d", ("b",)),
+])
+def test_necessary_literals_of_a_hint(pattern, literals):
+    from analyzers.hints import necessary_literals
+
+    assert necessary_literals(re.compile(pattern)) == literals
+
+
+def test_hint_literals_never_refuse_a_text_the_regex_matches():
+    """The literal test may only skip searches that cannot match: for every rule's hint and every text that
+    matches it, one of its literals is in the text."""
+    from analyzers.hints import SourceHints, necessary_literals
+    from analyzers.rules import all_rules
+
+    texts = [code for rule in all_rules() for example in (*rule.VALID, *rule.INVALID)
+             for code in [getattr(example, "code", example)] if isinstance(code, str)]
+    assert len(texts) > 100
+    for rule in all_rules():
+        hint = rule.source_hint
+        for pattern in (hint if isinstance(hint, tuple) else (hint,)) if hint is not None else ():
+            literals = necessary_literals(pattern)
+            for text in texts:
+                if pattern.search(text):
+                    assert literals is None or any(literal in text for literal in literals), (pattern, text)
+        for text in texts:
+            assert SourceHints(text).admit(rule) == rule.may_report_on(text), rule.id
+
+
+@pytest.mark.parametrize("pattern", [r"\bload\b", r"\blog\b|\bexp\b", r"load\s*\(", r"^import", r"(?m)^import",
+                                     r"synchronize\s*\(|all_reduce|\breduce\s*\(", r"ross_?[Ee]ntropy|nll_loss",
+                                     r"aim\b|wandb", r"\.(?:to|cuda)\s*\(", r"[\"']cpu[\"']", r"\.\w+\.parameters\(\)"])
+def test_hint_search_answers_like_the_regex(pattern):
+    """Whichever way a pattern is searched (words, prefixes tried in place, a literal first), the answer is the
+    regex's: on texts where it matches at the start, the end, after a near miss, and nowhere."""
+    from analyzers.hints import search
+
+    compiled = re.compile(pattern)
+    texts = ["", "load", "xload(", "a.load (x)", "logging.exp(1)\nexpand log", "upload\nloaded\nload",
+             "import x", "x\nimport y", "all_reduce", "dist.reduce (t)", "foreduce(", "CrossEntropy", "cross_entropy",
+             "maim aim", "aimless", "x.to(d)", "x.total(", "x.cuda  (", "'cpu'", '"cpu\'', "cpu", "m.fc.parameters()",
+             "m.parameters()", "nll_los", "nll_loss"]
+    for text in texts + [a + " " + b for a in texts for b in texts[:6]]:
+        assert search(compiled, text) == (compiled.search(text) is not None), (pattern, text)
+
+
+@pytest.mark.parametrize("pattern,words", [
+    (r"backward", ("backward",)),
+    (r"DistributedDataParallel|DDP", ("DistributedDataParallel", "DDP")),
+    (r"numpy|np\.", ("numpy", "np.")),
+    (r"a(?:b|c)d", ("abd", "acd")),
+    (r"\bload\b", None),  # a word boundary: not a plain substring
+    (r"load\s*\(", None),
+    (r"(?i)resume", None),
+    (r"x(?i:abc)", None),
+])
+def test_exact_literals_of_a_hint(pattern, words):
+    from analyzers.hints import exact_literals
+
+    assert exact_literals(re.compile(pattern)) == words
+
+
+def test_an_analyzed_files_tree_is_freed_without_the_garbage_collector(monkeypatch):
+    """Once a file is analyzed its context's facts and its rules' state are dropped, so the syntax tree is freed by
+    reference counting as the analysis returns (no cycle through it waits for a collection)."""
+    import gc
+    import sys
+
+    from analyzers import engine
+
+    trees = []
+    parse = engine.parse_module
+    monkeypatch.setattr(engine, "parse_module", lambda source: trees.append(parse(source)) or trees[-1])
+    code = textwrap.dedent("""
+        import torch
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+        torch.save(model, "m.pt")
+        model.load_state_dict(torch.load("m.pt"))
+    """)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result = analyze_source(code, "train.py", config=EVERY_RULE)
+        assert result.findings
+        holders = sys.getrefcount(trees[0])  # outside the assert: pytest's rewriting keeps a reference of its own
+        assert holders == 2  # this list's reference and the argument's: nothing else holds the tree
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -368,3 +368,53 @@ def test_the_weights_only_fix_is_offered_only_when_no_checkpoint_of_the_reposito
     # without the script that saves the args, nothing says the fix is unsafe
     (tmp_path / "main_train.py").unlink()
     assert finding("visualize.py").fix is not None
+
+
+def test_module_nodes_list_the_whole_file_once_in_source_order():
+    """``ModuleNodes``: what a walk of ``subtree(ctx.module)`` yields, each node's parent, and the nodes of given
+    kinds as ``isinstance`` picks them, for any question asked over the whole file."""
+    from analyzers.program.flow import ModuleNodes
+
+    ctx = context("""
+        import torch
+        def train(model, path="a.pt", *, save=lambda m: torch.save(m, "b.pt")):
+            out = [torch.save(x, p) for x, p in pairs if x] if model else torch.save(model, path)
+            state = {"k": 1}
+            state["m"] = model
+            return out
+    """)
+    facts = ctx.facts(ModuleNodes)
+    assert facts.nodes == list(subtree(ctx.module))
+    for node in facts.nodes:
+        for child in node.children:
+            assert facts.parents[id(child)] is node
+    for kinds in [(cst.Call,), (cst.Assign, cst.Param), (cst.BaseExpression,), (cst.BaseSmallStatement, cst.Comma)]:
+        assert facts.of_type(*kinds) == [node for node in subtree(ctx.module) if isinstance(node, kinds)]
+    assert [ctx.module.code_for_node(call.func) for call in facts.of_type(cst.Call)] == \
+        ["torch.save", "torch.save", "torch.save"]
+
+
+def test_pin_file_listing_is_kept_until_the_folder_changes(tmp_path):
+    """A folder's requirement files are listed once while the folder stays as it was (many files ask the same
+    folders), listed again when a file is added to it or to its requirements/, and never kept while the folder
+    changed too recently for its clock to show the next change."""
+    import os
+    import time
+
+    from analyzers.program import versions
+
+    (tmp_path / "requirements.txt").write_text("torch==1.8\n")
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt"]
+    assert tmp_path not in versions._LISTINGS  # just written: not yet trusted
+    past = time.time() - 60
+    os.utime(tmp_path, (past, past))
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt"]
+    assert tmp_path in versions._LISTINGS
+    (tmp_path / "requirements").mkdir()  # changes the folder's time: listed again
+    (tmp_path / "requirements" / "dev.txt").write_text("numpy\n")
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt", "dev.txt"]
+    os.utime(tmp_path, (past, past))
+    os.utime(tmp_path / "requirements", (past, past))
+    assert len(versions._pin_files(tmp_path)) == 2
+    (tmp_path / "requirements" / "gpu.txt").write_text("torch==2.1\n")  # only the subfolder changes
+    assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt", "dev.txt", "gpu.txt"]

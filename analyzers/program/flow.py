@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import dotted_name
+from analyzers.context import NODE_TYPES, all_children, dotted_name
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -20,7 +20,36 @@ def subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(reversed(current.children))  # source order
+        stack.extend(reversed(all_children(current)))  # source order
+
+
+class ModuleNodes:
+    """Every node of the file in source order (``subtree(ctx.module)``: libcst's children, whitespace and punctuation
+    included) and each one's parent, listed once per file (``ctx.facts(ModuleNodes)``) for the questions that look
+    over the whole module, after the walk or before it reaches a node; each such question was a walk of its own."""
+
+    def __init__(self, ctx) -> None:
+        nodes: list[cst.CSTNode] = []
+        parents: dict[int, cst.CSTNode] = {}
+        stack: list[cst.CSTNode] = [ctx.module]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            children = all_children(node)
+            for child in children:
+                parents[id(child)] = node
+            stack.extend(reversed(children))
+        self.nodes = nodes
+        self.parents = parents
+        self._of_types: dict[tuple[type, ...], list[cst.CSTNode]] = {}
+
+    def of_type(self, *kinds: type) -> list:
+        """The nodes that are instances of ``kinds``, in source order."""
+        found = self._of_types.get(kinds)
+        if found is None:
+            wanted = {node_type for node_type in NODE_TYPES if issubclass(node_type, kinds)}  # isinstance, by set
+            found = self._of_types[kinds] = [node for node in self.nodes if type(node) in wanted]
+        return found
 
 
 def _target_root(target: cst.BaseExpression) -> Optional[str]:
@@ -99,13 +128,12 @@ class FlowIndex:
         """``x.step(...)`` calls for (True, "step"), ``train(...)`` for (False, "train"); in source order."""
         if self._calls is None:
             self._calls = {}
-            for node in subtree(self.ctx.module):
-                if type(node) is cst.Call:
-                    func = node.func
-                    if type(func) is cst.Attribute:
-                        self._calls.setdefault((True, func.attr.value), []).append(node)
-                    elif type(func) is cst.Name:
-                        self._calls.setdefault((False, func.value), []).append(node)
+            for node in self.ctx.facts(ModuleNodes).of_type(cst.Call):
+                func = node.func
+                if type(func) is cst.Attribute:
+                    self._calls.setdefault((True, func.attr.value), []).append(node)
+                elif type(func) is cst.Name:
+                    self._calls.setdefault((False, func.value), []).append(node)
         return self._calls.get((method, name), [])
 
     def scope_order(self, scope: cst.CSTNode) -> tuple[dict[int, int], list[tuple[int, cst.Assign]]]:
@@ -123,7 +151,7 @@ class FlowIndex:
                     assigns.append((positions[id(node)], node))
                 if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                     continue
-                stack.extend(reversed(node.children))
+                stack.extend(reversed(all_children(node)))
             found = self._scopes[id(scope)] = (positions, assigns)
         return found
 

@@ -718,10 +718,13 @@ def repository_root(path: Path) -> Path:
     """The repository a file belongs to: the nearest folder with ``.git`` (or, for a plain copy, a project
     file such as ``pyproject.toml`` or ``README.md``), else the file's own folder."""
     path = path.resolve()
+    folders = [str(path.parent)]  # as strings: asked for every file analyzed, and pathlib's objects cost more
+    while (parent := os.path.dirname(folders[-1])) != folders[-1]:
+        folders.append(parent)
     for marker in (_ROOT_MARKERS[:1], _ROOT_MARKERS[1:]):
-        for parent in [path.parent, *path.parent.parents]:
-            if any((parent / name).exists() for name in marker):
-                return parent
+        for folder in folders:
+            if any(os.path.exists(os.path.join(folder, name)) for name in marker):
+                return Path(folder)
     return path.parent
 
 

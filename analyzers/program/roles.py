@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import libcst as cst
 
-from analyzers.context import argument, dotted_name, string_value
-from analyzers.program.flow import call_site_values, subtree
+from analyzers.context import all_children, argument, dotted_name, string_value
+from analyzers.program.flow import ModuleNodes, call_site_values, subtree
 from analyzers.program.library import Does, does, method_returns_same_module
 from analyzers.program.names import last_segment, name_is_model_like
 
@@ -133,7 +133,7 @@ class CheckpointWrites:
     @cached_property
     def _assignments(self) -> dict[str, list[cst.BaseExpression]]:
         found: dict[str, list[cst.BaseExpression]] = {}
-        for node in subtree(self.ctx.module):
+        for node in self.ctx.facts(ModuleNodes).of_type(cst.Assign, cst.Param):
             if isinstance(node, cst.Assign):
                 for target in node.targets:
                     name = dotted_name(target.target)
@@ -147,25 +147,24 @@ class CheckpointWrites:
     def _subscript_stores(self) -> dict[str, list[tuple[Optional[str], cst.BaseExpression]]]:
         """``ckpt["args"] = args`` → {"ckpt": [("args", <args>)]}."""
         found: dict[str, list[tuple[Optional[str], cst.BaseExpression]]] = {}
-        for node in subtree(self.ctx.module):
-            if isinstance(node, cst.Assign):
-                for target in node.targets:
-                    sub = target.target
-                    if isinstance(sub, cst.Subscript) and len(sub.slice) == 1:
-                        container = dotted_name(sub.value)
-                        index = sub.slice[0].slice
-                        key = string_value(index.value) if isinstance(index, cst.Index) else None
-                        if container:
-                            found.setdefault(container, []).append((key, node.value))
+        for node in self.ctx.facts(ModuleNodes).of_type(cst.Assign):
+            for target in node.targets:
+                sub = target.target
+                if isinstance(sub, cst.Subscript) and len(sub.slice) == 1:
+                    container = dotted_name(sub.value)
+                    index = sub.slice[0].slice
+                    key = string_value(index.value) if isinstance(index, cst.Index) else None
+                    if container:
+                        found.setdefault(container, []).append((key, node.value))
         return found
 
     @cached_property
     def writes(self) -> list[CheckpointWrite]:
         ctx = self.ctx
         result = []
-        for node in subtree(ctx.module):
-            if isinstance(node, cst.Call) and (does(ctx.qualified_name(node.func), Does.WRITES_TORCH_CHECKPOINT)
-                                               or (dotted_name(node.func) or "").rsplit(".", 1)[-1] == SAVE_ON_MASTER):
+        for node in ctx.facts(ModuleNodes).of_type(cst.Call):
+            if does(ctx.qualified_name(node.func), Does.WRITES_TORCH_CHECKPOINT) or \
+                    (dotted_name(node.func) or "").rsplit(".", 1)[-1] == SAVE_ON_MASTER:
                 path = self.opened_path(node, argument(node, 1, "f"))
                 obj = argument(node, 0, "obj")
                 write = CheckpointWrite(node, path, self.payloads(obj) if obj is not None else set())
@@ -330,9 +329,7 @@ class CheckpointWrites:
         save_path)`` called as ``train(..., 'model_scratch.pt')``): that function writes there, even when its
         saving is an exercise's ``## TODO: save the model`` or goes through a helper."""
         found: set[str] = set()
-        for fn in subtree(self.ctx.module):
-            if not isinstance(fn, cst.FunctionDef):
-                continue
+        for fn in self.ctx.facts(ModuleNodes).of_type(cst.FunctionDef):
             for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
                 if "save" in param.name.value.lower():
                     for value in call_site_values(self.ctx, fn, param.name.value) or ():
@@ -342,11 +339,7 @@ class CheckpointWrites:
     @cached_property
     def _parents(self) -> dict[int, cst.CSTNode]:
         """id(node) -> parent for the whole file (the engine's map only covers what it has walked so far)."""
-        parents: dict[int, cst.CSTNode] = {}
-        for node in subtree(self.ctx.module):
-            for child in node.children:
-                parents[id(child)] = node
-        return parents
+        return self.ctx.facts(ModuleNodes).parents
 
     def _ancestry(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         """``node`` and its ancestors, innermost first."""
@@ -376,7 +369,7 @@ class CheckpointWrites:
                 return True
         if isinstance(common, (cst.If, cst.Try, cst.TryStar)):
             return True
-        children = list(common.children)
+        children = all_children(common)
         return _index_of(children, saves[save_ids[id(common)] - 1]) < _index_of(children, loads[at - 1])
 
     def _written_beside(self) -> set[str]:
@@ -423,7 +416,7 @@ def _value_names(expr: cst.BaseExpression) -> set[str]:
         elif isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node):
             found.add(dotted_name(node))
         else:
-            stack.extend(node.children)
+            stack.extend(all_children(node))
     return found
 
 

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name
-from analyzers.program.flow import assignment_before, call_site_values, subtree
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values
 from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument)
 from analyzers.program.modules import ModuleFacts, torch_layer_features
@@ -211,8 +211,8 @@ def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
         return True
     facts = ctx.facts(ModuleFacts)
     seen = False
-    for node in subtree(ctx.module):
-        if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
+    for node in ctx.facts(ModuleNodes).of_type(cst.Assign):
+        if not any(dotted_name(t.target) == name for t in node.targets):
             continue
         value = node.value
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \

@@ -8,7 +8,9 @@ cap the version; ``torch``, ``torch>=1.7`` or no mention at all leave it open (t
 """
 from __future__ import annotations
 
+import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -190,13 +192,45 @@ def is_pin_file(relative: str) -> bool:
 
 
 def _pin_files(folder: Path) -> list[Path]:
+    stamp = _listing_stamp(folder)
+    cached = _LISTINGS.get(folder)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
     files: list[Path] = []
     for pattern in _FILES:
         try:
             files.extend(sorted(folder.glob(pattern)))
         except OSError:
             continue
-    return files[:20]
+    files = files[:20]
+    if stamp is not None:
+        if len(_LISTINGS) > 4096:
+            _LISTINGS.clear()
+        _LISTINGS[folder] = (stamp, files)
+    return files
+
+
+# folder -> (its listing's stamp, its pin files): every file of a folder, and of the folders below it, asks the
+# same folders, and a stat is far cheaper than globbing each pattern again
+_LISTINGS: dict[Path, tuple[tuple, list[Path]]] = {}
+_SETTLED_NS = 2_000_000_000  # a folder changed this recently may change again within its clock's resolution
+
+
+def _listing_stamp(folder: Path) -> Optional[tuple]:
+    """The modification times of ``folder`` and its ``requirements/``: adding, removing or renaming a file in
+    either changes them. None (do not keep the listing) while either changed too recently to be sure of that."""
+    stamps = []
+    now = time.time_ns()
+    for path in (folder, folder / "requirements"):
+        try:
+            modified = os.stat(path).st_mtime_ns
+        except OSError:
+            stamps.append(None)
+            continue
+        if now - modified < _SETTLED_NS:
+            return None
+        stamps.append(modified)
+    return tuple(stamps)
 
 
 def pin_file_names(folder: Path) -> list[str]:
