@@ -471,25 +471,48 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
         return Skip(f"{spec} is not an nn.Module subclass; {CONFIGURE_HINT}")
     if is_class and inspect.isabstract(obj):
         return Skip(f"{spec} is abstract; name a concrete subclass or {CONFIGURE_HINT}")
-    site_failures: list[str] = []
+    site_failures: list[SiteFailure] = []
     if is_class:
         model = _build_as_the_repository_does(code_root, spec, obj, notes, site_failures)
         if model is not None:
             return model, str(spec)
     model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
     if isinstance(model, Skip):
-        if site_failures:  # the repository's own calls were tried first: say why they did not build it
-            return Skip(f"{model.reason}; the repository's call{'s' * (len(site_failures) > 1)} did not build it "
-                        f"either: {'; '.join(site_failures)}")
-        return model
+        return _skip_after_sites(model, site_failures, str(spec))
     return model, str(spec)
+
+
+@dataclass
+class SiteFailure:
+    """Why one of the repository's calls of the class did not build it."""
+
+    text: str
+    missing_package: Optional[str] = None  # the call raised because this package is not installed
+
+
+def _skip_after_sites(guessed: Skip, failures: list[SiteFailure], label: str) -> Skip:
+    """One cause per skip: a package missing where the repository's own call needs it outranks what guessing
+    could not do (installing the package builds the class the repository's way); otherwise the guess's reason,
+    with why each of the repository's calls did not build it either."""
+    if not failures or _names_missing_package(guessed.reason):
+        return guessed
+    missing = next((f for f in failures if f.missing_package), None)
+    if missing is not None:
+        return Skip(f"constructing {label} as the repository does needs '{missing.missing_package}', which is not "
+                    f"installed on the smoke runner ({missing.text}); install it in the runner image")
+    return Skip(f"{guessed.reason}; the repository's call{'s' * (len(failures) > 1)} did not build it either: "
+                f"{'; '.join(f.text for f in failures)}")
+
+
+def _names_missing_package(reason: str) -> bool:
+    return "which is not installed on the smoke runner" in reason
 
 
 MAX_SITES_TRIED = 3
 
 
 def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, notes: list[str],
-                                  failures: list[str]) -> Optional[nn.Module]:
+                                  failures: list[SiteFailure]) -> Optional[nn.Module]:
     """The class built with the arguments of a call the repository makes (gpu_runner.sites: a training script's
     argparse defaults, a YAML config, a factory's callers), sizes shrunk as for defaults and what no call gives
     guessed. None when no call of the tree can be evaluated or none builds (why, per call, in ``failures``): the
@@ -504,10 +527,10 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         return None
     module = inspect.getmodule(cls)
     for construction in found[:MAX_SITES_TRIED]:
-        given = _bind_site(cls, construction)
+        site_notes: list[str] = []
+        given = _materialized(code_root, _bind_site(cls, construction), site_notes)
         if not given:
             continue
-        site_notes: list[str] = []
         shrunk = {}
         for key, value in given.items():
             smaller = _shrunk_value(key, value, given)
@@ -518,12 +541,13 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         arguments = _guess_arguments(cls, str(spec), site_notes, module=module, known=shrunk)
         shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in given.items())
         if isinstance(arguments, Skip):
-            failures.append(f"at {construction.where} it gives {shown}, and the rest {arguments.reason.split(';')[0]}")
+            failures.append(SiteFailure(f"at {construction.where} it gives {shown}, and the rest "
+                                        f"{arguments.reason.split(';')[0]}"))
             continue
         built = _call_with_retries(cls, arguments, site_notes, _none_defaults(cls, arguments))
         if isinstance(built, BaseException):
             failure = f"at {construction.where} ({shown}) it raised {type(built).__name__}: {_one_line_text(built, 160)}"
-            failures.append(failure)
+            failures.append(SiteFailure(failure, absent.missing_package(built)))
             notes.append(f"the repository's call {failure}")
             continue
         origin = f" (values from {', '.join(construction.origins)})" if construction.origins else ""
@@ -561,6 +585,56 @@ def _bind_site(cls: type, construction: "sites.Construction") -> dict:
         if value is not sites.UNKNOWN and value is not None:
             given[key] = value
     return given
+
+
+MAX_NESTED_INSTANCES = 3  # DDPM(eps_model=UNet(...)) built inside a site's arguments, this deep
+
+
+def _materialized(code_root: Path, given: dict, notes: list[str], depth: int = 0) -> dict:
+    """``given`` with the repository's own classes and objects made real: a ``sites.ClassRef`` imported, a
+    ``sites.Instance`` (a module or a dataclass config the repository builds to pass on) constructed with its
+    evaluated arguments, shrunk, the rest guessed. A value that cannot be made is left out (then guessed)."""
+    made = {}
+    for key, value in given.items():
+        real = _made_value(code_root, key, value, notes, depth)
+        if real is not _NOT_MADE:
+            made[key] = real
+    return made
+
+
+_NOT_MADE = object()
+
+
+def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: int) -> Any:
+    if isinstance(value, (list, tuple)):
+        items = [_made_value(code_root, key, v, notes, depth) for v in value]
+        return _NOT_MADE if any(i is _NOT_MADE for i in items) else type(value)(items)
+    if isinstance(value, sites.ClassRef):
+        loaded = _load_attribute(code_root, TargetSpec(value.path, value.name), "class")
+        return _NOT_MADE if isinstance(loaded, Skip) else loaded
+    if not isinstance(value, sites.Instance):
+        return value
+    cls = _made_value(code_root, key, value.cls, notes, depth)
+    if depth >= MAX_NESTED_INSTANCES or not inspect.isclass(cls) \
+            or not (issubclass(cls, nn.Module) or dataclasses.is_dataclass(cls)):
+        return _NOT_MADE
+    label = f"{value.cls.path}:{value.cls.name}"
+    inner_notes: list[str] = []
+    given = _materialized(code_root, _bind_site(cls, value), inner_notes, depth + 1)
+    known = {k: _shrunk_value(k, v, given) for k, v in given.items()}
+    arguments = _guess_arguments(cls, label, inner_notes, module=inspect.getmodule(cls), known=known)
+    if isinstance(arguments, Skip):
+        notes.append(f"constructor: {key} is the repository's {value.cls.name}(...), which could not be built here "
+                     f"({arguments.reason.split(';')[0]})")
+        return _NOT_MADE
+    built = _call_with_retries(cls, arguments, inner_notes, _none_defaults(cls, arguments))
+    if isinstance(built, BaseException):
+        notes.append(f"constructor: {key} is the repository's {value.cls.name}(...), which raised "
+                     f"{type(built).__name__}: {_one_line_text(built, 120)}")
+        return _NOT_MADE
+    shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
+    notes.append(f"constructor: {key}={value.cls.name}({shown}), as the repository builds it")
+    return built
 
 
 def _shrunk_value(name: str, value: Any, others: dict) -> Any:

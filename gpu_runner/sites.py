@@ -89,6 +89,24 @@ class _ModuleRef:
     path: Path
 
 
+@dataclass(frozen=True)
+class ClassRef:
+    """A class defined at module level in the tree (``block=Bottleneck``): the builder imports it."""
+
+    path: str  # relative to the code root
+    name: str
+
+
+@dataclass
+class Instance:
+    """An object the repository builds from one of its own classes (``DDPM(eps_model=NaiveUnet(3, 3))``, ``bert =
+    BERT(len(vocab), hidden=256)``): the builder constructs it with these arguments (UNKNOWN where not evaluated)."""
+
+    cls: ClassRef
+    positional: list = field(default_factory=list)
+    keywords: dict = field(default_factory=dict)
+
+
 def _to_attr(value: Any) -> Any:
     if isinstance(value, dict) and not isinstance(value, AttrDict):
         return AttrDict({k: _to_attr(v) for k, v in value.items()})
@@ -420,6 +438,8 @@ class _Evaluator:
             return self.value(path, parsed, binding.context_expr, depth + 1)
         if isinstance(binding, (ast.Import, ast.ImportFrom)):
             return self._imported(path, parsed, name, depth)
+        if isinstance(binding, ast.ClassDef) and parsed.parents.get(id(binding)) is parsed.tree:
+            return ClassRef(parsed.relative, binding.name)
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return UNKNOWN
         target = binding.target if isinstance(binding, (ast.AnnAssign, ast.AugAssign)) else None
@@ -514,6 +534,12 @@ class _Evaluator:
             if UNKNOWN in args or any(v is UNKNOWN for v in keywords.values()):
                 return UNKNOWN
             return _PURE_BUILTINS[qualified](*args, **keywords)
+        if isinstance(node.func, (ast.Name, ast.Attribute)):
+            called = self.value(path, parsed, node.func, depth + 1)
+            if isinstance(called, ClassRef):
+                positional = args if not any(isinstance(a, ast.Starred) for a in node.args) else \
+                    args[:next(i for i, a in enumerate(node.args) if isinstance(a, ast.Starred))]
+                return Instance(called, positional, keywords)
         return self._repository_function(path, parsed, node, depth)
 
     def _repository_function(self, path: Path, parsed: _File, node: ast.Call, depth: int) -> Any:
