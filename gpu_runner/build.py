@@ -89,6 +89,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     torch.manual_seed(seed)
     _IMPORT_NOTES.clear()
     _LAST_ARGUMENTS.clear()
+    _CODE_ROOT[:] = [code_root]
     _SITE_INPUTS.clear()
     built = _construct(code_root, target, config, notes)
     notes[:0] = _IMPORT_NOTES
@@ -123,7 +124,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     else:
         plan, output = _input_from_sites(prober, notes)
         if plan is None:
-            plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
+            plan, output = _infer_input(model, prober, notes, _input_hints(model))
         if plan is None and prober.missing_package:
             return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
                         "runner; install it in the runner image")
@@ -302,6 +303,7 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
     if not frames:
         return ""
     return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
+_CODE_ROOT: list[Path] = []  # the code tree of the target being built
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 
@@ -1047,8 +1049,12 @@ def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str
             pass
         notes.append(f"constructor: {parameter}={how}" + (f" with {', '.join(changed)}" if changed else ""))
         return config
+    attributes = usage.attributes if usage is not None else []
+    repository_options = _repository_options(attributes, notes, parameter)
+    if repository_options is not None:
+        return repository_options
     namespace = types.SimpleNamespace()
-    for attribute in (usage.attributes if usage is not None else []):
+    for attribute in attributes:
         found, value = guess_argument(attribute)
         if not found:
             return Skip(f"cannot guess constructor argument '{parameter}' of {label}: a config object whose "
@@ -1057,6 +1063,35 @@ def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str
     notes.append(f"constructor: {parameter}=SimpleNamespace({', '.join(f'{k}={v!r}' for k, v in vars(namespace).items())})"
                  " from the attributes the constructor reads")
     return namespace
+
+
+def _repository_options(attributes: list[str], notes: list[str], parameter: str) -> Optional[types.SimpleNamespace]:
+    """The argparse defaults of the repository's script whose options include every attribute the constructor
+    reads of its config (``configs.pred_len``, ``configs.enc_in``: the namespace ``run.py`` hands the model),
+    sizes shrunk and options without a default guessed by name; None when no script defines them all."""
+    if not attributes or not _CODE_ROOT:
+        return None
+    try:
+        candidates = sites.argparse_namespaces(_CODE_ROOT[0])
+    except Exception:  # noqa: BLE001 - reading the tree is a help, never a reason to skip
+        return None
+    for where, options in sorted(candidates, key=lambda c: -sum(a in c[1] for a in attributes)):
+        if not all(a in options for a in attributes):
+            break
+        values = {}
+        for key, value in options.items():
+            if value is sites.UNKNOWN:
+                found, value = guess_argument(key)
+                if not found:
+                    if key in attributes:
+                        break
+                    continue
+            values[key] = _shrunk_value(key, value, options)
+        else:
+            notes.append(f"constructor: {parameter}=the argparse defaults of {where} (its options include all "
+                         f"{len(attributes)} the constructor reads)")
+            return types.SimpleNamespace(**values)
+    return None
 
 
 def _set(config: Any, key: str, value: Any) -> None:
@@ -1656,6 +1691,22 @@ def _first_int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def _input_hints(model: nn.Module) -> dict:
+    """What describes the input besides the forward: the constructor's arguments, the fields of a config object
+    among them (``configs.seq_len``), and the sizes the model keeps on itself (``self.channels = configs.enc_in``)."""
+    hints: dict = {}
+    for key, value in vars(model).items():
+        if not key.startswith("_") and isinstance(value, int) and not isinstance(value, bool):
+            hints[key] = value
+    for value in _LAST_ARGUMENTS.values():
+        if isinstance(value, (types.SimpleNamespace, dict)) or dataclasses.is_dataclass(value) \
+                and not isinstance(value, type):
+            fields = value if isinstance(value, dict) else guess_config_fields(value)
+            hints.update({k: v for k, v in fields.items() if isinstance(k, str)})
+    hints.update(_LAST_ARGUMENTS)
+    return hints
+
+
 def _specs_from_hints(hints: dict) -> list[TensorSpec]:
     """Inputs the constructor's own arguments describe: an image of ``image_size`` with ``channels``, or a
     1-D signal of ``seq_len`` with ``channels`` (a 1-D ViT)."""
@@ -1671,6 +1722,7 @@ def _specs_from_hints(hints: dict) -> list[TensorSpec]:
     for name in _LENGTH_NAMES:
         if _first_int(hints.get(name)) and channels:
             specs.append(TensorSpec((channels, _first_int(hints[name]))))
+            specs.append(TensorSpec((_first_int(hints[name]), channels)))  # time first: [B, seq_len, channels]
     return specs
 
 

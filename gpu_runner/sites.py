@@ -224,6 +224,7 @@ class Repository:
         self._paths: Optional[list[Path]] = None
         self._texts: dict[Path, Optional[str]] = {}
         self._files: dict[Path, Optional[_File]] = {}
+        self._namespaces: Optional[list[tuple[str, dict]]] = None
 
     def python_files(self) -> list[Path]:
         if self._paths is None:
@@ -837,6 +838,25 @@ def argparse_defaults(code_root: Path, path: str) -> dict:
         return {}
     namespace = _Evaluator(repository)._argparse(file_path, parsed, 0)
     return {k: v for k, v in namespace.items() if v is not UNKNOWN}
+
+
+def argparse_namespaces(code_root: Path) -> list[tuple[str, dict]]:
+    """Every file of the tree that defines command-line options, with its argparse defaults (UNKNOWN where an
+    option has none): the namespaces a script may hand a model as its ``args`` / ``configs``."""
+    repository = repository_for(code_root)
+    if repository._namespaces is None:
+        repository._namespaces = []
+        for path in repository.python_files():
+            text = repository.text(path)
+            if text is None or "add_argument" not in text:
+                continue
+            parsed = repository.file(path)
+            if parsed is None:
+                continue
+            namespace = _Evaluator(repository)._argparse(path, parsed, 0)
+            if namespace:
+                repository._namespaces.append((parsed.relative, dict(namespace)))
+    return repository._namespaces
 
 
 _REPOSITORIES: dict[Path, Repository] = {}
