@@ -540,6 +540,9 @@ class _Evaluator:
             if isinstance(called, ClassRef):
                 positional = args if not any(isinstance(a, ast.Starred) for a in node.args) else \
                     args[:next(i for i, a in enumerate(node.args) if isinstance(a, ast.Starred))]
+                given = [*positional, *keywords.values()]
+                if given and all(v is UNKNOWN for v in given):
+                    return UNKNOWN  # nothing of it evaluated: no more known than an unknown value
                 return Instance(called, positional, keywords)
         return self._repository_function(path, parsed, node, depth)
 
