@@ -611,6 +611,14 @@ def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: 
     if isinstance(value, (list, tuple)):
         items = [_made_value(code_root, key, v, notes, depth) for v in value]
         return _NOT_MADE if any(i is _NOT_MADE for i in items) else type(value)(items)
+    if isinstance(value, sites.Typed):
+        found, guessed = guess_argument(key)
+        if found and type(guessed).__name__ == value.kind:
+            return guessed
+        if value.kind == "float":
+            notes.append(f"constructor: {key}=1.0 guessed (the repository passes a float it computes when it runs)")
+            return 1.0
+        return _NOT_MADE
     if isinstance(value, sites.ClassRef):
         loaded = _load_attribute(code_root, TargetSpec(value.path, value.name), "class")
         return _NOT_MADE if isinstance(loaded, Skip) else loaded

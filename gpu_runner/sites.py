@@ -29,6 +29,8 @@ MAX_FILES = 3000  # Python files looked at per code tree (only those whose text 
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 24  # nested evaluations (a name, its assignment, a factory's caller...)
 MAX_SITES = 6
+MAX_MARKDOWN_FILES = 200
+_PYTHON_BLOCK = re.compile(r"^```(?:python|py|python3)[ \t]*\n(.*?)^```", re.M | re.S)
 MAX_EVALUATIONS = 5000  # expressions evaluated per call site: factories called from many places stay cheap
 _SKIPPED_FOLDERS = {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".venv", "venv", "env",
                     "build", "dist", ".tox", ".eggs"}
@@ -95,6 +97,13 @@ class ClassRef:
 
     path: str  # relative to the code root
     name: str
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A number computed at run time whose type the code says: ``max_action = float(env.action_space.high[0])``."""
+
+    kind: str  # "int" | "float"
 
 
 @dataclass
@@ -225,6 +234,9 @@ class Repository:
         self._texts: dict[Path, Optional[str]] = {}
         self._files: dict[Path, Optional[_File]] = {}
         self._namespaces: Optional[list[tuple[str, dict]]] = None
+        self._doc_examples: dict[Path, list[_File]] = {}
+        self._markdown: Optional[list[Path]] = None
+        self._code_blocks: dict[Path, Optional[_File]] = {}
 
     def python_files(self) -> list[Path]:
         if self._paths is None:
@@ -271,13 +283,7 @@ class Repository:
     def calls_of(self, defining: Path, name: str) -> Iterator[tuple[Path, _File, ast.Call]]:
         """Calls of ``name`` (a module-level class or function of ``defining``) anywhere in the tree: by its name
         in its own file or where imported, or as ``module.name(...)`` of a module of the tree."""
-        for path in self.python_files():
-            text = self.text(path)
-            if text is None or name not in text:
-                continue
-            parsed = self.file(path)
-            if parsed is None:
-                continue
+        for path, parsed in self._files_naming(name):
             local_names = {name} if path.resolve() == defining else {
                 local for local, origin in parsed.imports.items() if origin.rsplit(".", 1)[-1] == name
                 and self._provides(self.module_path(path, origin.rsplit(".", 1)[0] or "."), defining)}
@@ -291,6 +297,71 @@ class Repository:
                     module = parsed.qualified(func.value)
                     if module is not None and self._provides(self.module_path(path, module), defining):
                         yield path, parsed, node
+        defining_file = self.file(defining)
+        for example in (self._examples(defining, defining_file) if defining_file is not None else []):
+            for node in ast.walk(example.tree):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name:
+                    yield defining, example, node
+
+    def _files_naming(self, name: str) -> Iterator[tuple[Path, _File]]:
+        """The parsed Python files whose text names ``name``, then the Python code blocks of the tree's Markdown
+        files (a README's usage, each file's blocks as one program: they share names as its readers run them)."""
+        for path in self.python_files():
+            text = self.text(path)
+            if text is None or name not in text:
+                continue
+            parsed = self.file(path)
+            if parsed is not None:
+                yield path, parsed
+        for path in self.markdown_files():
+            text = self.text(path)
+            if text is None or name not in text:
+                continue
+            if path not in self._code_blocks:
+                blocks = "\n".join(m.group(1) for m in _PYTHON_BLOCK.finditer(text))
+                try:
+                    self._code_blocks[path] = _File(f"{path.relative_to(self.root).as_posix()} (code blocks)", blocks) \
+                        if blocks else None
+                except (SyntaxError, ValueError, RecursionError):
+                    self._code_blocks[path] = None
+            if self._code_blocks[path] is not None:
+                yield path, self._code_blocks[path]
+
+    def markdown_files(self) -> list[Path]:
+        if self._markdown is None:
+            found: list[Path] = []
+            for folder, folders, files in os.walk(self.root):
+                folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+                found += [Path(folder) / n for n in sorted(files) if n.lower().endswith((".md", ".markdown"))]
+                if len(found) >= MAX_MARKDOWN_FILES:
+                    break
+            self._markdown = found[:MAX_MARKDOWN_FILES]
+        return self._markdown
+
+    def _examples(self, path: Path, parsed: _File) -> list[_File]:
+        """The doctest examples in the docstrings of ``path`` (``>>> m = Net(d_in=4)`` then ``>>> m(x)``), each
+        docstring's as one file that sees the module's imports and names, as doctest runs them."""
+        if path not in self._doc_examples:
+            import doctest
+
+            found = []
+            for node in ast.walk(parsed.tree):
+                if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                docstring = ast.get_docstring(node, clean=True)
+                if not docstring or ">>>" not in docstring:
+                    continue
+                try:
+                    examples = doctest.DocTestParser().get_examples(docstring)
+                    owner = getattr(node, "name", "the module")
+                    example = _File(f"{parsed.relative} (docstring example of {owner})",
+                                    "\n".join(e.source for e in examples))
+                except (ValueError, SyntaxError, RecursionError):
+                    continue
+                example.imports = {**parsed.imports, **example.imports}
+                found.append(example)
+            self._doc_examples[path] = found
+        return self._doc_examples[path]
 
     @staticmethod
     def _provides(module: Optional[Path], defining: Path) -> bool:
@@ -348,6 +419,8 @@ class _Evaluator:
                 return UNKNOWN if target is None else self._module_level(base.path, target, node.attr, depth + 1)
             if isinstance(base, dict):
                 return base.get(node.attr, UNKNOWN)
+            if isinstance(base, TensorShape) and node.attr == "shape":
+                return base.shape
             return UNKNOWN
         if isinstance(node, ast.Subscript):
             base = self.value(path, parsed, node.value, depth + 1)
@@ -427,12 +500,21 @@ class _Evaluator:
             called = function.name if owner is parsed.tree else owner.name
             for caller_path, caller, call in self.repository.calls_of(path.resolve(), called):
                 expression = _argument_for(function, call, name, method=owner is not parsed.tree)
-                if expression is not None:
-                    value = self.value(caller_path, caller, expression, depth + 1)
-                    if value is not UNKNOWN:
-                        return (value,)
+                value = self.value(caller_path, caller, expression, depth + 1) if expression is not None else \
+                    self._unpacked_keyword(caller_path, caller, call, name, depth)
+                if value is not UNKNOWN:
+                    return (value,)
         default = _parameter_default(function, name)
         return (UNKNOWN if default is None else self.value(path, parsed, default, depth + 1),)
+
+    def _unpacked_keyword(self, path: Path, parsed: _File, call: ast.Call, name: str, depth: int) -> Any:
+        """What ``f(**kwargs)`` passes as ``name``, when ``kwargs`` evaluates to a mapping that has it."""
+        for keyword in call.keywords:
+            if keyword.arg is None:
+                mapping = self.value(path, parsed, keyword.value, depth + 1)
+                if isinstance(mapping, dict) and name in mapping:
+                    return mapping[name]
+        return UNKNOWN
 
     def _bound_value(self, path: Path, parsed: _File, binding: ast.AST, name: str, depth: int) -> Any:
         if isinstance(binding, ast.withitem):
@@ -533,7 +615,7 @@ class _Evaluator:
             return _tensor_shape(qualified, args, keywords)
         if qualified in _PURE_BUILTINS and qualified not in parsed.imports:
             if UNKNOWN in args or any(v is UNKNOWN for v in keywords.values()):
-                return UNKNOWN
+                return Typed(qualified) if qualified in ("int", "float") and len(args) == 1 else UNKNOWN
             return _PURE_BUILTINS[qualified](*args, **keywords)
         if isinstance(node.func, (ast.Name, ast.Attribute)):
             called = self.value(path, parsed, node.func, depth + 1)

@@ -210,3 +210,95 @@ def test_a_package_missing_where_the_repository_builds_the_class_is_the_one_caus
     assert isinstance(skipped, Skip), skipped
     assert "as the repository does needs 'nowhere_installed_pkg'" in skipped.reason, skipped.reason
     assert "go.py:3" in skipped.reason and "cannot guess" not in skipped.reason, skipped.reason
+
+
+# A block whose argument names the guesses do not know; only its documentation shows it built and called.
+BLOCK_SOURCE = '''\
+    import torch
+    from torch import nn
+
+    class Fold(nn.Module):
+        """Folds features.
+
+        >>> rows = 2
+        >>> fold = Fold(girth=6, plies=3)
+        >>> fold(torch.randn(rows, 5, 6)).shape
+        torch.Size([2, 5, 6])
+        """
+
+        def __init__(self, girth, plies):
+            super().__init__()
+            self.layers = nn.Sequential(*[nn.Linear(girth, girth) for _ in range(plies)])
+
+        def forward(self, x):
+            assert x.dim() == 3
+            return self.layers(x)
+    '''
+
+
+def test_a_docstring_example_is_a_call_site_with_its_input(tmp_path):
+    root = write_tree(tmp_path, {"fold.py": BLOCK_SOURCE})
+    [site] = sites.constructions(root, "fold.py", "Fold")
+    assert "docstring example of Fold" in site.where and site.keywords == {"girth": 6, "plies": 3}
+    assert site.inputs and site.inputs[0][0][0].shape == (2, 5, 6)
+    subject = _build(root, "fold.py:Fold")
+    assert isinstance(subject, Subject), subject
+    assert len(subject.model.layers) == 3 and subject.model.layers[0].in_features == 6
+    assert any("[B, 5, 6]" in n for n in subject.notes), subject.notes
+
+
+def test_a_readmes_python_blocks_are_one_program_of_call_sites(tmp_path):
+    source = BLOCK_SOURCE.replace('>>>', '').replace('torch.Size([2, 5, 6])', '')  # no doctest: only the README
+    root = write_tree(tmp_path, {"pkg/fold.py": source, "README.md": """\
+        # Fold
+
+        ```python
+        from pkg.fold import Fold
+        girth = 4
+        ```
+
+        Some prose, and a block in another language:
+
+        ```bash
+        Fold(girth=99)
+        ```
+
+        ```python
+        fold = Fold(girth=girth, plies=2)
+        ```
+        """})
+    [site] = sites.constructions(root, "pkg/fold.py", "Fold")
+    assert site.where.startswith("README.md (code blocks)") and site.keywords == {"girth": 4, "plies": 2}
+
+
+def test_a_float_computed_at_run_time_and_keywords_passed_as_a_mapping(tmp_path):
+    """``Agent(**options)`` with ``options = {"limit": float(env.high)}``: the agent hands ``limit`` to the model;
+    its value is unknown but the code says it is a float."""
+    root = write_tree(tmp_path, {"agent.py": """\
+        import torch
+        from torch import nn
+
+        class Policy(nn.Module):
+            def __init__(self, state_dim, action_dim, limit):
+                super().__init__()
+                self.fc = nn.Linear(state_dim, action_dim)
+                self.limit = limit
+
+            def forward(self, state):
+                return self.limit * torch.tanh(self.fc(state))
+
+        class Agent:
+            def __init__(self, state_dim, action_dim, limit):
+                self.policy = Policy(state_dim, action_dim, limit)
+        """, "main.py": """\
+        import agent
+
+        def run(env):
+            options = {"state_dim": env.size, "action_dim": 2, "limit": float(env.high)}
+            return agent.Agent(**options)
+        """})
+    [site] = sites.constructions(root, "agent.py", "Policy")
+    assert site.positional[1:] == [2, sites.Typed("float")], site
+    subject = _build(root, "agent.py:Policy")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.limit == 1.0 and subject.model.fc.out_features == 2
