@@ -546,7 +546,9 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
             failures.append(SiteFailure(f"at {construction.where} it gives {shown}, and the rest "
                                         f"{arguments.reason.split(';')[0]}"))
             continue
-        built = _call_with_retries(cls, arguments, site_notes, _none_defaults(cls, arguments))
+        marked = {k: Shrunk(v, given[k]) if k in given and shrunk.get(k) is v and v is not given[k] else v
+                  for k, v in arguments.items()}
+        built = _call_with_retries(cls, marked, site_notes, _none_defaults(cls, arguments))
         if isinstance(built, BaseException):
             failure = f"at {construction.where} ({shown}) it raised {type(built).__name__}: {_one_line_text(built, 160)}"
             failures.append(SiteFailure(failure, absent.missing_package(built)))
@@ -856,7 +858,8 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
         failure = arguments.reason
     else:
         forwarded = _forwarded_shrinks(fn, module, arguments, guessed_notes)
-        built = _call_with_retries(fn, {**arguments, **forwarded}, guessed_notes, _none_defaults(fn, arguments))
+        built = _call_with_retries(fn, {**_marked_shrunk_defaults(fn, arguments), **forwarded}, guessed_notes,
+                                   _none_defaults(fn, arguments))
         if isinstance(built, BaseException) and forwarded:  # the callee did not take them after all
             retried = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
             if not isinstance(retried, BaseException):
@@ -963,14 +966,20 @@ def _none_defaults(fn: Callable, arguments: dict) -> dict:
 def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_defaults: Optional[dict] = None) -> Any:
     """``fn(**arguments)``; a config object we made that lacks an attribute gets it (guessed by name) and the
     call is retried; then, on any other error, variants: string fields of a config set to None (a preset name
-    next to explicit sizes), sequence arguments at lengths 2 and 4. Returns the model or the first exception."""
+    next to explicit sizes), sequence arguments at lengths 2 and 4, and the sizes we shrank at their own values
+    (a depth the constructor wants of the form 6n+2). Returns the model or the first exception."""
     configs = {name: value for name, value in arguments.items() if getattr(value, "_torchreview_made", False)
                or isinstance(value, types.SimpleNamespace)}
     first_error: Optional[BaseException] = None
+    unshrunk = {k: v.original for k, v in arguments.items() if isinstance(v, Shrunk)}
+    arguments = {k: v.value if isinstance(v, Shrunk) else v for k, v in arguments.items()}
+
     def variants() -> Iterator[dict]:  # lazily: a config variant holds only while it is being tried
         yield from _variants(arguments, configs)
         if none_defaults:
             yield {**arguments, **none_defaults}
+        if unshrunk:
+            yield {**arguments, **unshrunk}
 
     for variant in variants():
         for _ in range(MAX_CONFIG_RETRIES):
@@ -979,6 +988,9 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                 if variant is not arguments and none_defaults and all(variant.get(k) is v for k, v in none_defaults.items()):
                     notes.append("constructor: " + ", ".join(f"{k}={v!r}" for k, v in none_defaults.items())
                                  + " guessed for arguments that default to None")
+                if unshrunk and all(variant.get(k) is v for k, v in unshrunk.items()):
+                    notes.append("constructor: " + ", ".join(f"{k}={_short_repr(v)}" for k, v in unshrunk.items())
+                                 + " not shrunk: the constructor rejected the smaller values")
                 return model
             except AttributeError as exc:
                 missing = _MISSING_ATTRIBUTE.search(str(exc))
@@ -997,6 +1009,24 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                 first_error = first_error or exc
                 break
     return first_error
+
+
+def _marked_shrunk_defaults(fn: Callable, arguments: dict) -> dict:
+    """``arguments`` with each size shrunk from its default marked ``Shrunk`` (the default restorable)."""
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+    except (TypeError, ValueError):
+        return arguments
+    return {k: Shrunk(v, defaults[k]) if k in defaults and isinstance(v, (int, float, tuple, list))
+            and isinstance(defaults[k], type(v)) and v != defaults[k] else v for k, v in arguments.items()}
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """An argument given smaller than its own value, which a retry may restore (``_call_with_retries``)."""
+
+    value: Any
+    original: Any
 
 
 def _variants(arguments: dict, configs: dict) -> Iterator[dict]:

@@ -302,3 +302,28 @@ def test_a_float_computed_at_run_time_and_keywords_passed_as_a_mapping(tmp_path)
     subject = _build(root, "agent.py:Policy")
     assert isinstance(subject, Subject), subject
     assert subject.model.limit == 1.0 and subject.model.fc.out_features == 2
+
+
+def test_a_constructor_that_rejects_shrunk_sizes_gets_the_repositorys_own(tmp_path):
+    """``depth`` must be 3n+1: the shrunk 2 is rejected, the repository's 4 (and the default 7) are not."""
+    source = """\
+        from torch import nn
+
+        class Ladder(nn.Module):
+            def __init__(self, rungs, depth=7):
+                super().__init__()
+                assert (depth - 1) % 3 == 0, "depth must be 3n+1"
+                self.steps = nn.Sequential(*[nn.Linear(rungs, rungs) for _ in range((depth - 1) // 3)])
+
+            def forward(self, x):
+                return self.steps(x)
+        """
+    subject = _build(write_tree(tmp_path / "default", {"ladder.py": source.replace("rungs", "in_features")}),
+                     "ladder.py:Ladder")
+    assert isinstance(subject, Subject), subject
+    assert len(subject.model.steps) == 2
+    assert any("depth=7 not shrunk" in n for n in subject.notes), subject.notes
+    site = write_tree(tmp_path / "site", {"ladder.py": source, "go.py": "from ladder import Ladder\nLadder(4, depth=4)\n"})
+    subject = _build(site, "ladder.py:Ladder")
+    assert isinstance(subject, Subject), subject
+    assert len(subject.model.steps) == 1 and subject.model.steps[0].in_features == 4
