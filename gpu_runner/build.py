@@ -128,6 +128,9 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
         if plan is None and prober.missing_package:
             return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
                         "runner; install it in the runner image")
+        if plan is None and prober.needs_cuda:
+            return Skip(f"the forward of {name} needs CUDA, which the smoke runner's machine lacks: it moves tensors "
+                        f"to the GPU itself ({prober.needs_cuda}); run it on a GPU runner")
         if plan is None:
             return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
                         f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
@@ -1608,6 +1611,11 @@ def _flat(values: Any) -> Iterator[Any]:
             yield value
 
 
+# What torch raises when code asks for a GPU the machine does not have.
+_NO_CUDA = re.compile(r"not compiled with CUDA enabled|Found no NVIDIA driver|no CUDA GPUs are available|"
+                      r"CUDA driver initialization failed|torch\.cuda\.is_available\(\) is False")
+
+
 class _Prober:
     """Runs the model on candidate inputs without changing its state (buffers are restored)."""
 
@@ -1617,6 +1625,7 @@ class _Prober:
         self.first_error: Optional[str] = None
         self.last_error: Optional[str] = None
         self.missing_package: Optional[str] = None  # a package the forward used that the runner lacks
+        self.needs_cuda: Optional[str] = None  # the error of a forward that moved tensors to a GPU there is not
         self.broadcast: Optional[str] = None  # how the parameters broadcast the last input (watch_broadcast)
         self.broadcast_shape: Optional[tuple] = None
 
@@ -1639,6 +1648,8 @@ class _Prober:
                 return output
         except Exception as exc:
             self.missing_package = self.missing_package or absent.missing_package(exc)
+            if self.needs_cuda is None and not torch.cuda.is_available() and _NO_CUDA.search(str(exc)):
+                self.needs_cuda = f"{type(exc).__name__}: {_one_line_text(exc, 120)}"
             self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             self.first_error = self.first_error or self.last_error
             return _FAILED

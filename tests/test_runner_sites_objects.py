@@ -327,3 +327,22 @@ def test_a_constructor_that_rejects_shrunk_sizes_gets_the_repositorys_own(tmp_pa
     subject = _build(site, "ladder.py:Ladder")
     assert isinstance(subject, Subject), subject
     assert len(subject.model.steps) == 1 and subject.model.steps[0].in_features == 4
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the forward runs where there is a GPU")
+def test_a_forward_that_moves_tensors_to_a_gpu_says_it_needs_cuda(tmp_path):
+    root = write_tree(tmp_path, {"net.py": """\
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self, in_features=4):
+                super().__init__()
+                self.fc = nn.Linear(in_features, 2)
+
+            def forward(self, x):
+                return self.fc(x).cuda()
+        """})
+    skipped = _build(root, "net.py:Net")
+    assert isinstance(skipped, Skip), skipped
+    assert "needs CUDA" in skipped.reason and "could not infer an input" not in skipped.reason, skipped.reason
