@@ -618,7 +618,7 @@ class _Evaluator:
                 return Typed(qualified) if qualified in ("int", "float") and len(args) == 1 else UNKNOWN
             return _PURE_BUILTINS[qualified](*args, **keywords)
         if isinstance(node.func, (ast.Name, ast.Attribute)):
-            called = self.value(path, parsed, node.func, depth + 1)
+            called = self._module_level_callee(path, parsed, node.func, depth)
             if isinstance(called, ClassRef):
                 positional = args if not any(isinstance(a, ast.Starred) for a in node.args) else \
                     args[:next(i for i, a in enumerate(node.args) if isinstance(a, ast.Starred))]
@@ -627,6 +627,24 @@ class _Evaluator:
                     return UNKNOWN  # nothing of it evaluated: no more known than an unknown value
                 return Instance(called, positional, keywords)
         return self._repository_function(path, parsed, node, depth)
+
+    def _module_level_callee(self, path: Path, parsed: _File, func: ast.AST, depth: int) -> Any:
+        """What a called ``Name`` / ``module.Name`` is when the name is bound at module level (a class, an
+        import); a local or a parameter (``layer(x)``) is not looked up: its callers are not worth a search."""
+        if isinstance(func, ast.Name):
+            function = parsed.enclosing_function(func)
+            while function is not None:
+                arguments = function.args
+                if _last_binding(function, func.id, func.lineno) is not None or func.id in {
+                        a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}:
+                    return UNKNOWN
+                function = parsed.enclosing_function(function)
+            return self._module_level(path, parsed, func.id, depth + 1)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in parsed.imports:
+            module = self._imported(path, parsed, func.value.id, depth + 1)
+            target = self.repository.file(module.path) if isinstance(module, _ModuleRef) else None
+            return UNKNOWN if target is None else self._module_level(module.path, target, func.attr, depth + 1)
+        return UNKNOWN
 
     def _repository_function(self, path: Path, parsed: _File, node: ast.Call, depth: int) -> Any:
         """``load_config("configs/base.yaml")``: a function of the tree whose last statement returns a value,
