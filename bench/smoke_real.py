@@ -156,6 +156,7 @@ def reason_kind(report: dict) -> str:
                          ("raised", "constructor rejected the guesses"),
                          ("importing", "import failed"),
                          ("timed out", "timeout"),
+                         ("needs CUDA", "needs CUDA"),
                          ("no trainable parameters", "no trainable parameters")):
         if needle in reason:
             return kind

@@ -89,6 +89,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     torch.manual_seed(seed)
     _IMPORT_NOTES.clear()
     _LAST_ARGUMENTS.clear()
+    _CODE_ROOT[:] = [code_root]
     _SITE_INPUTS.clear()
     built = _construct(code_root, target, config, notes)
     notes[:0] = _IMPORT_NOTES
@@ -123,10 +124,13 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     else:
         plan, output = _input_from_sites(prober, notes)
         if plan is None:
-            plan, output = _infer_input(model, prober, notes, dict(_LAST_ARGUMENTS))
+            plan, output = _infer_input(model, prober, notes, _input_hints(model))
         if plan is None and prober.missing_package:
             return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
                         "runner; install it in the runner image")
+        if plan is None and prober.needs_cuda:
+            return Skip(f"the forward of {name} needs CUDA, which the smoke runner's machine lacks: it moves tensors "
+                        f"to the GPU itself ({prober.needs_cuda}); run it on a GPU runner")
         if plan is None:
             return Skip(f"could not infer an input for {name}: tried {prober.tried} shapes "
                         f"(first error: {prober.first_error}); {CONFIGURE_HINT}")
@@ -310,6 +314,7 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
     if not frames:
         return ""
     return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
+_CODE_ROOT: list[Path] = []  # the code tree of the target being built
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 
@@ -480,25 +485,48 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
         return Skip(f"{spec} is not an nn.Module subclass; {CONFIGURE_HINT}")
     if is_class and inspect.isabstract(obj):
         return Skip(f"{spec} is abstract; name a concrete subclass or {CONFIGURE_HINT}")
-    site_failures: list[str] = []
+    site_failures: list[SiteFailure] = []
     if is_class:
         model = _build_as_the_repository_does(code_root, spec, obj, notes, site_failures)
         if model is not None:
             return model, str(spec)
     model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
     if isinstance(model, Skip):
-        if site_failures:  # the repository's own calls were tried first: say why they did not build it
-            return Skip(f"{model.reason}; the repository's call{'s' * (len(site_failures) > 1)} did not build it "
-                        f"either: {'; '.join(site_failures)}")
-        return model
+        return _skip_after_sites(model, site_failures, str(spec))
     return model, str(spec)
+
+
+@dataclass
+class SiteFailure:
+    """Why one of the repository's calls of the class did not build it."""
+
+    text: str
+    missing_package: Optional[str] = None  # the call raised because this package is not installed
+
+
+def _skip_after_sites(guessed: Skip, failures: list[SiteFailure], label: str) -> Skip:
+    """One cause per skip: a package missing where the repository's own call needs it outranks what guessing
+    could not do (installing the package builds the class the repository's way); otherwise the guess's reason,
+    with why each of the repository's calls did not build it either."""
+    if not failures or _names_missing_package(guessed.reason):
+        return guessed
+    missing = next((f for f in failures if f.missing_package), None)
+    if missing is not None:
+        return Skip(f"constructing {label} as the repository does needs '{missing.missing_package}', which is not "
+                    f"installed on the smoke runner ({missing.text}); install it in the runner image")
+    return Skip(f"{guessed.reason}; the repository's call{'s' * (len(failures) > 1)} did not build it either: "
+                f"{'; '.join(f.text for f in failures)}")
+
+
+def _names_missing_package(reason: str) -> bool:
+    return "which is not installed on the smoke runner" in reason
 
 
 MAX_SITES_TRIED = 3
 
 
 def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, notes: list[str],
-                                  failures: list[str]) -> Optional[nn.Module]:
+                                  failures: list[SiteFailure]) -> Optional[nn.Module]:
     """The class built with the arguments of a call the repository makes (gpu_runner.sites: a training script's
     argparse defaults, a YAML config, a factory's callers), sizes shrunk as for defaults and what no call gives
     guessed. None when no call of the tree can be evaluated or none builds (why, per call, in ``failures``): the
@@ -513,10 +541,10 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         return None
     module = inspect.getmodule(cls)
     for construction in found[:MAX_SITES_TRIED]:
-        given = _bind_site(cls, construction)
+        site_notes: list[str] = []
+        given = _materialized(code_root, _bind_site(cls, construction), site_notes)
         if not given:
             continue
-        site_notes: list[str] = []
         shrunk = {}
         for key, value in given.items():
             smaller = _shrunk_value(key, value, given)
@@ -527,12 +555,15 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         arguments = _guess_arguments(cls, str(spec), site_notes, module=module, known=shrunk)
         shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in given.items())
         if isinstance(arguments, Skip):
-            failures.append(f"at {construction.where} it gives {shown}, and the rest {arguments.reason.split(';')[0]}")
+            failures.append(SiteFailure(f"at {construction.where} it gives {shown}, and the rest "
+                                        f"{arguments.reason.split(';')[0]}"))
             continue
-        built = _call_with_retries(cls, arguments, site_notes, _none_defaults(cls, arguments))
+        marked = {k: Shrunk(v, given[k]) if k in given and shrunk.get(k) is v and v is not given[k] else v
+                  for k, v in arguments.items()}
+        built = _call_with_retries(cls, marked, site_notes, _none_defaults(cls, arguments))
         if isinstance(built, BaseException):
             failure = f"at {construction.where} ({shown}) it raised {type(built).__name__}: {_one_line_text(built, 160)}"
-            failures.append(failure)
+            failures.append(SiteFailure(failure, absent.missing_package(built)))
             notes.append(f"the repository's call {failure}")
             continue
         origin = f" (values from {', '.join(construction.origins)})" if construction.origins else ""
@@ -570,6 +601,64 @@ def _bind_site(cls: type, construction: "sites.Construction") -> dict:
         if value is not sites.UNKNOWN and value is not None:
             given[key] = value
     return given
+
+
+MAX_NESTED_INSTANCES = 3  # DDPM(eps_model=UNet(...)) built inside a site's arguments, this deep
+
+
+def _materialized(code_root: Path, given: dict, notes: list[str], depth: int = 0) -> dict:
+    """``given`` with the repository's own classes and objects made real: a ``sites.ClassRef`` imported, a
+    ``sites.Instance`` (a module or a dataclass config the repository builds to pass on) constructed with its
+    evaluated arguments, shrunk, the rest guessed. A value that cannot be made is left out (then guessed)."""
+    made = {}
+    for key, value in given.items():
+        real = _made_value(code_root, key, value, notes, depth)
+        if real is not _NOT_MADE:
+            made[key] = real
+    return made
+
+
+_NOT_MADE = object()
+
+
+def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: int) -> Any:
+    if isinstance(value, (list, tuple)):
+        items = [_made_value(code_root, key, v, notes, depth) for v in value]
+        return _NOT_MADE if any(i is _NOT_MADE for i in items) else type(value)(items)
+    if isinstance(value, sites.Typed):
+        found, guessed = guess_argument(key)
+        if found and type(guessed).__name__ == value.kind:
+            return guessed
+        if value.kind == "float":
+            notes.append(f"constructor: {key}=1.0 guessed (the repository passes a float it computes when it runs)")
+            return 1.0
+        return _NOT_MADE
+    if isinstance(value, sites.ClassRef):
+        loaded = _load_attribute(code_root, TargetSpec(value.path, value.name), "class")
+        return _NOT_MADE if isinstance(loaded, Skip) else loaded
+    if not isinstance(value, sites.Instance):
+        return value
+    cls = _made_value(code_root, key, value.cls, notes, depth)
+    if depth >= MAX_NESTED_INSTANCES or not inspect.isclass(cls) \
+            or not (issubclass(cls, nn.Module) or dataclasses.is_dataclass(cls)):
+        return _NOT_MADE
+    label = f"{value.cls.path}:{value.cls.name}"
+    inner_notes: list[str] = []
+    given = _materialized(code_root, _bind_site(cls, value), inner_notes, depth + 1)
+    known = {k: _shrunk_value(k, v, given) for k, v in given.items()}
+    arguments = _guess_arguments(cls, label, inner_notes, module=inspect.getmodule(cls), known=known)
+    if isinstance(arguments, Skip):
+        notes.append(f"constructor: {key} is the repository's {value.cls.name}(...), which could not be built here "
+                     f"({arguments.reason.split(';')[0]})")
+        return _NOT_MADE
+    built = _call_with_retries(cls, arguments, inner_notes, _none_defaults(cls, arguments))
+    if isinstance(built, BaseException):
+        notes.append(f"constructor: {key} is the repository's {value.cls.name}(...), which raised "
+                     f"{type(built).__name__}: {_one_line_text(built, 120)}")
+        return _NOT_MADE
+    shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
+    notes.append(f"constructor: {key}={value.cls.name}({shown}), as the repository builds it")
+    return built
 
 
 def _shrunk_value(name: str, value: Any, others: dict) -> Any:
@@ -781,7 +870,8 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
         failure = arguments.reason
     else:
         forwarded = _forwarded_shrinks(fn, module, arguments, guessed_notes)
-        built = _call_with_retries(fn, {**arguments, **forwarded}, guessed_notes, _none_defaults(fn, arguments))
+        built = _call_with_retries(fn, {**_marked_shrunk_defaults(fn, arguments), **forwarded}, guessed_notes,
+                                   _none_defaults(fn, arguments))
         if isinstance(built, BaseException) and forwarded:  # the callee did not take them after all
             retried = _call_with_retries(fn, arguments, guessed_notes, _none_defaults(fn, arguments))
             if not isinstance(retried, BaseException):
@@ -890,14 +980,20 @@ def _none_defaults(fn: Callable, arguments: dict) -> dict:
 def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_defaults: Optional[dict] = None) -> Any:
     """``fn(**arguments)``; a config object we made that lacks an attribute gets it (guessed by name) and the
     call is retried; then, on any other error, variants: string fields of a config set to None (a preset name
-    next to explicit sizes), sequence arguments at lengths 2 and 4. Returns the model or the first exception."""
+    next to explicit sizes), sequence arguments at lengths 2 and 4, and the sizes we shrank at their own values
+    (a depth the constructor wants of the form 6n+2). Returns the model or the first exception."""
     configs = {name: value for name, value in arguments.items() if getattr(value, "_torchreview_made", False)
                or isinstance(value, types.SimpleNamespace)}
     first_error: Optional[BaseException] = None
+    unshrunk = {k: v.original for k, v in arguments.items() if isinstance(v, Shrunk)}
+    arguments = {k: v.value if isinstance(v, Shrunk) else v for k, v in arguments.items()}
+
     def variants() -> Iterator[dict]:  # lazily: a config variant holds only while it is being tried
         yield from _variants(arguments, configs)
         if none_defaults:
             yield {**arguments, **none_defaults}
+        if unshrunk:
+            yield {**arguments, **unshrunk}
 
     for variant in variants():
         for _ in range(MAX_CONFIG_RETRIES):
@@ -906,6 +1002,9 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                 if variant is not arguments and none_defaults and all(variant.get(k) is v for k, v in none_defaults.items()):
                     notes.append("constructor: " + ", ".join(f"{k}={v!r}" for k, v in none_defaults.items())
                                  + " guessed for arguments that default to None")
+                if unshrunk and all(variant.get(k) is v for k, v in unshrunk.items()):
+                    notes.append("constructor: " + ", ".join(f"{k}={_short_repr(v)}" for k, v in unshrunk.items())
+                                 + " not shrunk: the constructor rejected the smaller values")
                 return model
             except AttributeError as exc:
                 missing = _MISSING_ATTRIBUTE.search(str(exc))
@@ -924,6 +1023,24 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                 first_error = first_error or exc
                 break
     return first_error
+
+
+def _marked_shrunk_defaults(fn: Callable, arguments: dict) -> dict:
+    """``arguments`` with each size shrunk from its default marked ``Shrunk`` (the default restorable)."""
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+    except (TypeError, ValueError):
+        return arguments
+    return {k: Shrunk(v, defaults[k]) if k in defaults and isinstance(v, (int, float, tuple, list))
+            and isinstance(defaults[k], type(v)) and v != defaults[k] else v for k, v in arguments.items()}
+
+
+@dataclass(frozen=True)
+class Shrunk:
+    """An argument given smaller than its own value, which a retry may restore (``_call_with_retries``)."""
+
+    value: Any
+    original: Any
 
 
 def _variants(arguments: dict, configs: dict) -> Iterator[dict]:
@@ -984,8 +1101,12 @@ def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str
             pass
         notes.append(f"constructor: {parameter}={how}" + (f" with {', '.join(changed)}" if changed else ""))
         return config
+    attributes = usage.attributes if usage is not None else []
+    repository_options = _repository_options(attributes, notes, parameter)
+    if repository_options is not None:
+        return repository_options
     namespace = types.SimpleNamespace()
-    for attribute in (usage.attributes if usage is not None else []):
+    for attribute in attributes:
         found, value = guess_argument(attribute)
         if not found:
             return Skip(f"cannot guess constructor argument '{parameter}' of {label}: a config object whose "
@@ -994,6 +1115,35 @@ def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str
     notes.append(f"constructor: {parameter}=SimpleNamespace({', '.join(f'{k}={v!r}' for k, v in vars(namespace).items())})"
                  " from the attributes the constructor reads")
     return namespace
+
+
+def _repository_options(attributes: list[str], notes: list[str], parameter: str) -> Optional[types.SimpleNamespace]:
+    """The argparse defaults of the repository's script whose options include every attribute the constructor
+    reads of its config (``configs.pred_len``, ``configs.enc_in``: the namespace ``run.py`` hands the model),
+    sizes shrunk and options without a default guessed by name; None when no script defines them all."""
+    if not attributes or not _CODE_ROOT:
+        return None
+    try:
+        candidates = sites.argparse_namespaces(_CODE_ROOT[0])
+    except Exception:  # noqa: BLE001 - reading the tree is a help, never a reason to skip
+        return None
+    for where, options in sorted(candidates, key=lambda c: -sum(a in c[1] for a in attributes)):
+        if not all(a in options for a in attributes):
+            break
+        values = {}
+        for key, value in options.items():
+            if value is sites.UNKNOWN:
+                found, value = guess_argument(key)
+                if not found:
+                    if key in attributes:
+                        break
+                    continue
+            values[key] = _shrunk_value(key, value, options)
+        else:
+            notes.append(f"constructor: {parameter}=the argparse defaults of {where} (its options include all "
+                         f"{len(attributes)} the constructor reads)")
+            return types.SimpleNamespace(**values)
+    return None
 
 
 def _set(config: Any, key: str, value: Any) -> None:
@@ -1472,6 +1622,11 @@ def _flat(values: Any) -> Iterator[Any]:
             yield value
 
 
+# What torch raises when code asks for a GPU the machine does not have.
+_NO_CUDA = re.compile(r"not compiled with CUDA enabled|Found no NVIDIA driver|no CUDA GPUs are available|"
+                      r"CUDA driver initialization failed|torch\.cuda\.is_available\(\) is False")
+
+
 class _Prober:
     """Runs the model on candidate inputs without changing its state (buffers are restored)."""
 
@@ -1481,6 +1636,7 @@ class _Prober:
         self.first_error: Optional[str] = None
         self.last_error: Optional[str] = None
         self.missing_package: Optional[str] = None  # a package the forward used that the runner lacks
+        self.needs_cuda: Optional[str] = None  # the error of a forward that moved tensors to a GPU there is not
         self.broadcast: Optional[str] = None  # how the parameters broadcast the last input (watch_broadcast)
         self.broadcast_shape: Optional[tuple] = None
 
@@ -1522,6 +1678,8 @@ class _Prober:
                 return output
         except Exception as exc:
             self.missing_package = self.missing_package or absent.missing_package(exc)
+            if self.needs_cuda is None and not torch.cuda.is_available() and _NO_CUDA.search(str(exc)):
+                self.needs_cuda = f"{type(exc).__name__}: {_one_line_text(exc, 120)}"
             self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             self.first_error = self.first_error or self.last_error
             return _FAILED
@@ -1612,6 +1770,22 @@ def _first_int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def _input_hints(model: nn.Module) -> dict:
+    """What describes the input besides the forward: the constructor's arguments, the fields of a config object
+    among them (``configs.seq_len``), and the sizes the model keeps on itself (``self.channels = configs.enc_in``)."""
+    hints: dict = {}
+    for key, value in vars(model).items():
+        if not key.startswith("_") and isinstance(value, int) and not isinstance(value, bool):
+            hints[key] = value
+    for value in _LAST_ARGUMENTS.values():
+        if isinstance(value, (types.SimpleNamespace, dict)) or dataclasses.is_dataclass(value) \
+                and not isinstance(value, type):
+            fields = value if isinstance(value, dict) else guess_config_fields(value)
+            hints.update({k: v for k, v in fields.items() if isinstance(k, str)})
+    hints.update(_LAST_ARGUMENTS)
+    return hints
+
+
 def _specs_from_hints(hints: dict) -> list[TensorSpec]:
     """Inputs the constructor's own arguments describe: an image of ``image_size`` with ``channels``, or a
     1-D signal of ``seq_len`` with ``channels`` (a 1-D ViT)."""
@@ -1627,6 +1801,7 @@ def _specs_from_hints(hints: dict) -> list[TensorSpec]:
     for name in _LENGTH_NAMES:
         if _first_int(hints.get(name)) and channels:
             specs.append(TensorSpec((channels, _first_int(hints[name]))))
+            specs.append(TensorSpec((_first_int(hints[name]), channels)))  # time first: [B, seq_len, channels]
     return specs
 
 

@@ -29,6 +29,8 @@ MAX_FILES = 3000  # Python files looked at per code tree (only those whose text 
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 24  # nested evaluations (a name, its assignment, a factory's caller...)
 MAX_SITES = 6
+MAX_MARKDOWN_FILES = 200
+_PYTHON_BLOCK = re.compile(r"^```(?:python|py|python3)[ \t]*\n(.*?)^```", re.M | re.S)
 MAX_EVALUATIONS = 5000  # expressions evaluated per call site: factories called from many places stay cheap
 _SKIPPED_FOLDERS = {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".venv", "venv", "env",
                     "build", "dist", ".tox", ".eggs"}
@@ -87,6 +89,31 @@ class _OpenFile:
 @dataclass(frozen=True)
 class _ModuleRef:
     path: Path
+
+
+@dataclass(frozen=True)
+class ClassRef:
+    """A class defined at module level in the tree (``block=Bottleneck``): the builder imports it."""
+
+    path: str  # relative to the code root
+    name: str
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A number computed at run time whose type the code says: ``max_action = float(env.action_space.high[0])``."""
+
+    kind: str  # "int" | "float"
+
+
+@dataclass
+class Instance:
+    """An object the repository builds from one of its own classes (``DDPM(eps_model=NaiveUnet(3, 3))``, ``bert =
+    BERT(len(vocab), hidden=256)``): the builder constructs it with these arguments (UNKNOWN where not evaluated)."""
+
+    cls: ClassRef
+    positional: list = field(default_factory=list)
+    keywords: dict = field(default_factory=dict)
 
 
 def _to_attr(value: Any) -> Any:
@@ -206,6 +233,10 @@ class Repository:
         self._paths: Optional[list[Path]] = None
         self._texts: dict[Path, Optional[str]] = {}
         self._files: dict[Path, Optional[_File]] = {}
+        self._namespaces: Optional[list[tuple[str, dict]]] = None
+        self._doc_examples: dict[Path, list[_File]] = {}
+        self._markdown: Optional[list[Path]] = None
+        self._code_blocks: dict[Path, Optional[_File]] = {}
 
     def python_files(self) -> list[Path]:
         if self._paths is None:
@@ -252,13 +283,7 @@ class Repository:
     def calls_of(self, defining: Path, name: str) -> Iterator[tuple[Path, _File, ast.Call]]:
         """Calls of ``name`` (a module-level class or function of ``defining``) anywhere in the tree: by its name
         in its own file or where imported, or as ``module.name(...)`` of a module of the tree."""
-        for path in self.python_files():
-            text = self.text(path)
-            if text is None or name not in text:
-                continue
-            parsed = self.file(path)
-            if parsed is None:
-                continue
+        for path, parsed in self._files_naming(name):
             local_names = {name} if path.resolve() == defining else {
                 local for local, origin in parsed.imports.items() if origin.rsplit(".", 1)[-1] == name
                 and self._provides(self.module_path(path, origin.rsplit(".", 1)[0] or "."), defining)}
@@ -272,6 +297,71 @@ class Repository:
                     module = parsed.qualified(func.value)
                     if module is not None and self._provides(self.module_path(path, module), defining):
                         yield path, parsed, node
+        defining_file = self.file(defining)
+        for example in (self._examples(defining, defining_file) if defining_file is not None else []):
+            for node in ast.walk(example.tree):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name:
+                    yield defining, example, node
+
+    def _files_naming(self, name: str) -> Iterator[tuple[Path, _File]]:
+        """The parsed Python files whose text names ``name``, then the Python code blocks of the tree's Markdown
+        files (a README's usage, each file's blocks as one program: they share names as its readers run them)."""
+        for path in self.python_files():
+            text = self.text(path)
+            if text is None or name not in text:
+                continue
+            parsed = self.file(path)
+            if parsed is not None:
+                yield path, parsed
+        for path in self.markdown_files():
+            text = self.text(path)
+            if text is None or name not in text:
+                continue
+            if path not in self._code_blocks:
+                blocks = "\n".join(m.group(1) for m in _PYTHON_BLOCK.finditer(text))
+                try:
+                    self._code_blocks[path] = _File(f"{path.relative_to(self.root).as_posix()} (code blocks)", blocks) \
+                        if blocks else None
+                except (SyntaxError, ValueError, RecursionError):
+                    self._code_blocks[path] = None
+            if self._code_blocks[path] is not None:
+                yield path, self._code_blocks[path]
+
+    def markdown_files(self) -> list[Path]:
+        if self._markdown is None:
+            found: list[Path] = []
+            for folder, folders, files in os.walk(self.root):
+                folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+                found += [Path(folder) / n for n in sorted(files) if n.lower().endswith((".md", ".markdown"))]
+                if len(found) >= MAX_MARKDOWN_FILES:
+                    break
+            self._markdown = found[:MAX_MARKDOWN_FILES]
+        return self._markdown
+
+    def _examples(self, path: Path, parsed: _File) -> list[_File]:
+        """The doctest examples in the docstrings of ``path`` (``>>> m = Net(d_in=4)`` then ``>>> m(x)``), each
+        docstring's as one file that sees the module's imports and names, as doctest runs them."""
+        if path not in self._doc_examples:
+            import doctest
+
+            found = []
+            for node in ast.walk(parsed.tree):
+                if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                docstring = ast.get_docstring(node, clean=True)
+                if not docstring or ">>>" not in docstring:
+                    continue
+                try:
+                    examples = doctest.DocTestParser().get_examples(docstring)
+                    owner = getattr(node, "name", "the module")
+                    example = _File(f"{parsed.relative} (docstring example of {owner})",
+                                    "\n".join(e.source for e in examples))
+                except (ValueError, SyntaxError, RecursionError):
+                    continue
+                example.imports = {**parsed.imports, **example.imports}
+                found.append(example)
+            self._doc_examples[path] = found
+        return self._doc_examples[path]
 
     @staticmethod
     def _provides(module: Optional[Path], defining: Path) -> bool:
@@ -329,6 +419,8 @@ class _Evaluator:
                 return UNKNOWN if target is None else self._module_level(base.path, target, node.attr, depth + 1)
             if isinstance(base, dict):
                 return base.get(node.attr, UNKNOWN)
+            if isinstance(base, TensorShape) and node.attr == "shape":
+                return base.shape
             return UNKNOWN
         if isinstance(node, ast.Subscript):
             base = self.value(path, parsed, node.value, depth + 1)
@@ -408,18 +500,29 @@ class _Evaluator:
             called = function.name if owner is parsed.tree else owner.name
             for caller_path, caller, call in self.repository.calls_of(path.resolve(), called):
                 expression = _argument_for(function, call, name, method=owner is not parsed.tree)
-                if expression is not None:
-                    value = self.value(caller_path, caller, expression, depth + 1)
-                    if value is not UNKNOWN:
-                        return (value,)
+                value = self.value(caller_path, caller, expression, depth + 1) if expression is not None else \
+                    self._unpacked_keyword(caller_path, caller, call, name, depth)
+                if value is not UNKNOWN:
+                    return (value,)
         default = _parameter_default(function, name)
         return (UNKNOWN if default is None else self.value(path, parsed, default, depth + 1),)
+
+    def _unpacked_keyword(self, path: Path, parsed: _File, call: ast.Call, name: str, depth: int) -> Any:
+        """What ``f(**kwargs)`` passes as ``name``, when ``kwargs`` evaluates to a mapping that has it."""
+        for keyword in call.keywords:
+            if keyword.arg is None:
+                mapping = self.value(path, parsed, keyword.value, depth + 1)
+                if isinstance(mapping, dict) and name in mapping:
+                    return mapping[name]
+        return UNKNOWN
 
     def _bound_value(self, path: Path, parsed: _File, binding: ast.AST, name: str, depth: int) -> Any:
         if isinstance(binding, ast.withitem):
             return self.value(path, parsed, binding.context_expr, depth + 1)
         if isinstance(binding, (ast.Import, ast.ImportFrom)):
             return self._imported(path, parsed, name, depth)
+        if isinstance(binding, ast.ClassDef) and parsed.parents.get(id(binding)) is parsed.tree:
+            return ClassRef(parsed.relative, binding.name)
         if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return UNKNOWN
         target = binding.target if isinstance(binding, (ast.AnnAssign, ast.AugAssign)) else None
@@ -512,9 +615,36 @@ class _Evaluator:
             return _tensor_shape(qualified, args, keywords)
         if qualified in _PURE_BUILTINS and qualified not in parsed.imports:
             if UNKNOWN in args or any(v is UNKNOWN for v in keywords.values()):
-                return UNKNOWN
+                return Typed(qualified) if qualified in ("int", "float") and len(args) == 1 else UNKNOWN
             return _PURE_BUILTINS[qualified](*args, **keywords)
+        if isinstance(node.func, (ast.Name, ast.Attribute)):
+            called = self._module_level_callee(path, parsed, node.func, depth)
+            if isinstance(called, ClassRef):
+                positional = args if not any(isinstance(a, ast.Starred) for a in node.args) else \
+                    args[:next(i for i, a in enumerate(node.args) if isinstance(a, ast.Starred))]
+                given = [*positional, *keywords.values()]
+                if given and all(v is UNKNOWN for v in given):
+                    return UNKNOWN  # nothing of it evaluated: no more known than an unknown value
+                return Instance(called, positional, keywords)
         return self._repository_function(path, parsed, node, depth)
+
+    def _module_level_callee(self, path: Path, parsed: _File, func: ast.AST, depth: int) -> Any:
+        """What a called ``Name`` / ``module.Name`` is when the name is bound at module level (a class, an
+        import); a local or a parameter (``layer(x)``) is not looked up: its callers are not worth a search."""
+        if isinstance(func, ast.Name):
+            function = parsed.enclosing_function(func)
+            while function is not None:
+                arguments = function.args
+                if _last_binding(function, func.id, func.lineno) is not None or func.id in {
+                        a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}:
+                    return UNKNOWN
+                function = parsed.enclosing_function(function)
+            return self._module_level(path, parsed, func.id, depth + 1)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in parsed.imports:
+            module = self._imported(path, parsed, func.value.id, depth + 1)
+            target = self.repository.file(module.path) if isinstance(module, _ModuleRef) else None
+            return UNKNOWN if target is None else self._module_level(module.path, target, func.attr, depth + 1)
+        return UNKNOWN
 
     def _repository_function(self, path: Path, parsed: _File, node: ast.Call, depth: int) -> Any:
         """``load_config("configs/base.yaml")``: a function of the tree whose last statement returns a value,
@@ -811,6 +941,25 @@ def argparse_defaults(code_root: Path, path: str) -> dict:
         return {}
     namespace = _Evaluator(repository)._argparse(file_path, parsed, 0)
     return {k: v for k, v in namespace.items() if v is not UNKNOWN}
+
+
+def argparse_namespaces(code_root: Path) -> list[tuple[str, dict]]:
+    """Every file of the tree that defines command-line options, with its argparse defaults (UNKNOWN where an
+    option has none): the namespaces a script may hand a model as its ``args`` / ``configs``."""
+    repository = repository_for(code_root)
+    if repository._namespaces is None:
+        repository._namespaces = []
+        for path in repository.python_files():
+            text = repository.text(path)
+            if text is None or "add_argument" not in text:
+                continue
+            parsed = repository.file(path)
+            if parsed is None:
+                continue
+            namespace = _Evaluator(repository)._argparse(path, parsed, 0)
+            if namespace:
+                repository._namespaces.append((parsed.relative, dict(namespace)))
+    return repository._namespaces
 
 
 _REPOSITORIES: dict[Path, Repository] = {}

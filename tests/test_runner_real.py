@@ -239,13 +239,13 @@ def test_class_typed_argument_from_a_sibling_and_a_list_from_its_subscripts(tmp_
 
 
 def test_the_repositorys_own_call_comes_before_guessing_what_it_leaves_out(tmp_path):
-    """``ResNetTiny()`` calls ``ResNet(BasicBlock, [2, 2])``: the blocks per stage are the repository's (the
-    sibling class is no value the static evaluation gives: still guessed)."""
+    """``ResNetTiny()`` calls ``ResNet(BasicBlock, [2, 2])``: the blocks per stage and the block class are the
+    repository's (the class passed is a value the static evaluation gives, not a guess)."""
     subject = build(write_tree(tmp_path, {"models/resnet.py": RESNET_STYLE}), "models/resnet.py:ResNet")
     assert len(subject.model.layer1) == 2 and len(subject.model.layer2) == 2
-    assert any("repository's call at models/resnet.py:" in note and "num_blocks=[2, 2]" in note
+    assert any("repository's call at models/resnet.py:" in note and "block=BasicBlock, num_blocks=[2, 2]" in note
                for note in subject.notes), subject.notes
-    assert any("block=BasicBlock guessed" in note for note in subject.notes)
+    assert not any("block=BasicBlock guessed" in note for note in subject.notes), subject.notes
 
 
 def test_a_key_of_the_module_table_the_constructor_indexes(tmp_path):
