@@ -514,3 +514,16 @@ class LightningClasses:
                     if last_segment(name) == "LightningModule" or name in self.names:
                         self.names.add(statement.name.value)
                         break
+
+
+def in_lightning_module(ctx: "FileContext") -> bool:
+    """The code being walked sits in a class deriving from ``LightningModule``: the Trainer runs its steps."""
+    if not ctx.classes:
+        return False
+    lightning = ctx.facts(LightningClasses).names
+    for cls in ctx.classes:
+        if cls.name.value in lightning:
+            return True
+        if any(last_segment(base) == "LightningModule" for base in ctx.class_bases(cls)):
+            return True
+    return False

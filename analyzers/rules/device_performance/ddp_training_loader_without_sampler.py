@@ -16,10 +16,10 @@ from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import iterated, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.roles import is_test_code
+from analyzers.program.ranks import depends_on_rank
+from analyzers.program.library import is_data_loader
 from analyzers.rules.device_performance._distributed import (
-    DATALOADER as _DATALOADER,
     is_ddp_call as _is_ddp_call,
-    mentions_rank as _mentions_rank,
     DDP_HINT as _DDP_HINT,
     EVAL_DATA as _EVAL_DATA,
     is_sharding_sampler as _is_sharding_sampler,
@@ -160,7 +160,7 @@ class DdpTrainingLoaderWithoutSampler(Rule):
                 self.process_group = True  # ``world_size=1``: one process, nothing to split
         elif _is_sharding_sampler(node, ctx):
             self.sharded = True
-        elif qualified in _DATALOADER and not _may_have_sampler(node, max_positional=2):
+        elif is_data_loader(qualified) and not _may_have_sampler(node, max_positional=2):
             self.loaders.append((node, _assigned_name(node, ctx), argument(node, 0, "dataset")))
 
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
@@ -195,14 +195,14 @@ class DdpTrainingLoaderWithoutSampler(Rule):
     @staticmethod
     def _built_per_rank(dataset: cst.BaseExpression, ctx: FileContext) -> bool:
         """The dataset (or what its name was assigned) mentions the rank: it is split per process already."""
-        if _mentions_rank(dataset):
+        if depends_on_rank(dataset, ctx):
             return True
         name = dotted_name(dataset)
         if name is None:
             return False
         for node in subtree(ctx.module):
             if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets) and \
-                    _mentions_rank(node.value):
+                    depends_on_rank(node.value, ctx):
                 return True
         return False
 

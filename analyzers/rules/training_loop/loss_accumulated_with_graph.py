@@ -15,8 +15,8 @@ from analyzers.program.loops import loop_stack
 from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
+from analyzers.program.graphs import graph_kind_read
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.training_loop._training import expr_kind as _expr_kind
 
 
 def _names_used(expr: cst.CSTNode, ctx: FileContext) -> set:
@@ -228,7 +228,7 @@ class LossAccumulatedWithGraph(Rule):
         acc = dotted_name(base)
         if acc is None:
             return
-        kind = _expr_kind(loss_expr, ctx)
+        kind = graph_kind_read(loss_expr, ctx)
         loss_name = dotted_name(loss_expr) or "loss"
         if kind is None or kind == "model" and "loss" not in last_segment(loss_name).lower():
             return
