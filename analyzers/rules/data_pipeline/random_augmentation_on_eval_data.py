@@ -10,7 +10,7 @@ from analyzers.context import (FileContext, argument, dotted_name, is_false, key
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.data_pipeline._data import DATALOADERS as _DATALOADERS
+from analyzers.program.library import is_data_loader
 
 
 _RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix", "ElasticTransform",
@@ -170,7 +170,7 @@ class RandomAugmentationOnEvalData(Rule):
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         qualified = ctx.qualified_name(node.func)
-        if qualified in _DATALOADERS:
+        if is_data_loader(qualified):
             self._loader(node, ctx)
             return
         if qualified in _RANDOM_SPLIT:

@@ -6,8 +6,8 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_true, keyword_arg,
-                               method_name, string_value)
-from analyzers.program.library import Does, does, is_data_parallel
+                               method_name, short, string_value)
+from analyzers.program.library import Does, does, is_data_loader, is_data_parallel
 from analyzers.rules.base import Rule
 
 
@@ -220,11 +220,6 @@ def observe_assign(node: cst.Assign, ctx: FileContext) -> None:
         facts.observe_assign(node, ctx)
 
 
-def short(ctx: FileContext, node: cst.CSTNode, limit: int = 70) -> str:
-    text = " ".join(ctx.module.code_for_node(node).split())
-    return text if len(text) <= limit else text[: limit - 5] + "...)"
-
-
 def chain_top(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
     """The outermost method call or subscript of the chain ``node`` starts: ``Net().to(device).train()``,
     ``torch.arange(t).unsqueeze(0)[None]``."""
@@ -260,9 +255,6 @@ def to_moves_device(call: cst.Call, ctx: FileContext) -> bool:
 # ---------------------------------------------------------------------------------------------
 # DataLoader rules
 
-DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-
-
 @dataclass
 class Loader:
     call: cst.Call
@@ -293,7 +285,7 @@ def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -
 
 
 def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
-    if ctx.call_name(node) not in DATALOADERS:
+    if not is_data_loader(ctx.call_name(node)):
         return None
     if any(a.star for a in node.args):
         return None  # ``**loader_kwargs`` may carry the setting

@@ -6,7 +6,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (FileContext, dotted_name, keyword_arg,
-                               method_name)
+                               method_name, short)
 from analyzers.program.devices import expression_nodes
 from analyzers.program.flow import subtree
 from analyzers.model import Category, Severity
@@ -16,7 +16,6 @@ from analyzers.rules.device_performance._device import (
     device_facts as _facts,
     observe as _observe,
     observe_assign as _observe_assign,
-    short as _short,
     chain_top as _chain_top,
     to_moves_device as _to_moves_device,
 )
@@ -337,7 +336,7 @@ class TensorWithoutDevice(Rule):
             embedding = self._embedding_fed(cand, ctx) if cuda or cand.owner.endswith(".forward()") else None
             if not cuda and embedding is None:
                 continue
-            shown = _short(ctx, cand.call)
+            shown = short(ctx, cand.call, 70)
             hint = self._device_hint(cand.fn)
             if embedding is not None:
                 # CPU indices into a CUDA embedding table always raise: not a slowdown, a crash on the first step
