@@ -8,6 +8,7 @@ import libcst as cst
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_true, keyword_arg,
                                method_name, short, string_value)
 from analyzers.program.library import Does, does, is_data_loader, is_data_parallel
+from analyzers.program.names import last_segment, names_evaluation_data
 from analyzers.rules.base import Rule
 
 
@@ -265,14 +266,6 @@ class Loader:
 
 # Data sets that live in memory as small tensors: loading them costs nothing worth a worker or pinning.
 IN_MEMORY_DATASETS = {"TensorDataset", "MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST"}
-EVALUATION_WORDS = ("val", "test", "eval", "dev", "holdout")
-
-
-def is_evaluation_name(name: Optional[str]) -> bool:
-    last = (name or "").rsplit(".", 1)[-1].lower()
-    return any(word in last for word in EVALUATION_WORDS)
-
-
 def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     origin = ctx.origin(dataset) if dataset is not None else None
     if not isinstance(origin, cst.Call):
@@ -302,7 +295,7 @@ def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
         n is not None and "train" in n.lower() for n in (dataset_name, target))
     if not training and isinstance(parent, cst.Return) and fn is not None and "train" in fn.name.value.lower():
         training = True
-    if is_evaluation_name(target) or is_evaluation_name(dataset_name):
+    if names_evaluation_data(last_segment(target)) or names_evaluation_data(last_segment(dataset_name)):
         training = False  # a shuffled test loader is still a test loader
     label = target or (f"DataLoader({dataset_name})" if dataset_name else short(ctx, node, 50))
     return Loader(node, label, training, dataset_in_memory(dataset, ctx))

@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, dotted_name, iter_names, keyword_arg, positional_args)
+from analyzers.context import (FileContext, dotted_name, keyword_arg, positional_args)
 from analyzers.rules.base import Rule
 from analyzers.program.ranks import returns_off_rank
 from analyzers.program.roles import is_test_code
@@ -53,9 +53,6 @@ class CallsOnEveryRank(Rule):
         return [(call, fn) for call, fn in self.calls if id(fn) not in self.guarded]
 
 
-# a name that says "evaluation data": val / valid / test / eval as a word between underscores or digits
-EVAL_DATA = re.compile(r"(?<![a-z])(val|valid|validation|test|testing|eval|evaluation|dev)(?![a-z])|"
-                        r"(val|valid|test|eval)(set|data|dataset|loader|dl|ds)", re.IGNORECASE)
 DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
 
 
@@ -63,10 +60,6 @@ def is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
     """torch's DistributedSampler, or a project's own ``Distributed*Sampler`` class."""
     return does(ctx.call_name(node), Does.SHARDS_DATA) or bool(
         DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
-
-
-def names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
-    return expr is not None and any(EVAL_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(expr))
 
 
 def may_have_sampler(loader: cst.Call, max_positional: int) -> bool:

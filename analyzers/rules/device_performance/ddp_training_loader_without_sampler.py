@@ -18,12 +18,11 @@ from analyzers.program.names import node_text
 from analyzers.program.roles import is_test_code
 from analyzers.program.ranks import depends_on_rank
 from analyzers.program.library import is_data_loader
+from analyzers.program.names import last_segment, mentions_evaluation_data, names_evaluation_data
 from analyzers.rules.device_performance._distributed import (
     is_ddp_call as _is_ddp_call,
     DDP_HINT as _DDP_HINT,
-    EVAL_DATA as _EVAL_DATA,
     is_sharding_sampler as _is_sharding_sampler,
-    names_eval_data as _names_eval_data,
     may_have_sampler as _may_have_sampler,
     assigned_name as _assigned_name,
 )
@@ -176,7 +175,7 @@ class DdpTrainingLoaderWithoutSampler(Rule):
                 _SELF_SHARDING.search(ctx.source):
             return
         for call, variable, dataset in self.loaders:
-            if dataset is None or _names_eval_data(dataset) or (variable is not None and _is_eval_name(variable)):
+            if dataset is None or mentions_evaluation_data(dataset) or (variable is not None and names_evaluation_data(last_segment(variable))):
                 continue
             if self._built_per_rank(dataset, ctx):
                 continue
@@ -205,7 +204,3 @@ class DdpTrainingLoaderWithoutSampler(Rule):
                     depends_on_rank(node.value, ctx):
                 return True
         return False
-
-
-def _is_eval_name(variable: str) -> bool:
-    return bool(_EVAL_DATA.search(variable.rsplit(".", 1)[-1]))

@@ -1,7 +1,6 @@
 """What TR201 and TR202 share."""
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import libcst as cst
@@ -10,7 +9,7 @@ from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_na
 from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does, method_does, method_returns_same_module
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.names import name_is_model_like
+from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
 from analyzers.program.roles import is_test_code
 from analyzers.rules.base import Rule
 
@@ -22,32 +21,6 @@ from analyzers.rules.base import Rule
 NN_NOT_MODELS = {"Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6", "LeakyReLU", "Tanh", "GELU", "SiLU", "ELU",
                   "Identity", "Flatten", "Unflatten", "Upsample", "Softplus", "Hardtanh", "Mish", "CosineSimilarity",
                   "PairwiseDistance", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict"}
-
-CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-SPLIT = re.compile(r"[._\W]+")
-EVAL_FN_TOKENS = {"val", "valid", "eval", "test", "testing", "inference"}
-EVAL_FN_PREFIXES = ("validat", "evaluat", "predict", "infer")
-VAL_DATA_TOKENS = {"val", "valid", "validation", "eval", "evaluation", "test", "testing", "dev", "holdout"}
-VAL_DATA_JOINED = re.compile(r"^(?:val|valid|test|eval|dev)(?:loader|loaders|dl|set|data|dataset|ds|iter|batches)$")
-
-
-def tokens(name: str) -> list[str]:
-    return [t for t in SPLIT.split(CAMEL.sub("_", name).lower()) if t]
-
-
-def is_eval_function_name(name: str) -> bool:
-    """validate / evaluate / eval_epoch / predict / run_inference / test ... (not pytest ``test_x``)."""
-    if name.startswith("test_") or name.startswith("Test"):
-        return False
-    for token in tokens(name):
-        if token in EVAL_FN_TOKENS or token.startswith(EVAL_FN_PREFIXES):
-            return True
-    return False
-
-
-def is_val_data_name(name: str) -> bool:
-    return any(t in VAL_DATA_TOKENS or VAL_DATA_JOINED.match(t) for t in tokens(name))
-
 
 def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
     """The validation-data name a ``for`` iterates (``val_loader``, ``loaders['test']``...), or None."""
@@ -61,14 +34,14 @@ def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
         if isinstance(node, (cst.Name, cst.Attribute)):
             dotted = dotted_name(node)
             if dotted is not None:
-                if is_val_data_name(dotted):
+                if names_evaluation_data(dotted):
                     return dotted
                 continue
             stack.append(node.value)
         elif isinstance(node, cst.Subscript):
             for element in node.slice:
                 index = getattr(element.slice, "value", None)
-                if isinstance(index, cst.SimpleString) and is_val_data_name(index.value.strip("'\"")):
+                if isinstance(index, cst.SimpleString) and names_evaluation_data(index.value.strip("'\"")):
                     base = dotted_name(node.value) or "..."
                     return f"{base}[{index.value}]"
             stack.append(node.value)
@@ -156,7 +129,7 @@ class Facts:
         direct_cls = cls if cls is not None and ctx.parent(ctx.parent(node) or node) is cls else None
         state = FnState(node, node.name.value, direct_cls)
         name = node.name.value
-        state.eval_named = is_eval_function_name(name)
+        state.eval_named = names_evaluation_function(name)
         decorators = ctx.decorators_of(node)
         state.skip = name.startswith("test_") or any("fixture" in d or "pytest" in d for d in decorators)
         if direct_cls is not None and self._framework_class(direct_cls, ctx):
