@@ -11,6 +11,7 @@ import libcst as cst
 from analyzers.context import argument, dotted_name, string_value
 from analyzers.program.flow import call_site_values, subtree
 from analyzers.program.library import Does, does, method_returns_same_module
+from analyzers.program.builds import built_module
 from analyzers.program.names import last_segment, name_is_model_like
 
 if TYPE_CHECKING:
@@ -97,9 +98,10 @@ _MODEL_WORDS = ("model", "net", "module", "generator", "discriminator", "encoder
 
 
 def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
-    """Does ``name = value`` hold an ``nn.Module``: a torch.nn layer, a module class of this file, or an unknown
-    class (imported from the project) assigned to a model-like name? ``Net().to(device)`` and friends return
-    the module itself."""
+    """Does ``name = value`` hold an ``nn.Module``: what :func:`~analyzers.program.values.built_module` can tell,
+    else an unknown class (imported from the project) assigned to a model-like name."""
+    if built_module(ctx, value) is not None:
+        return True
     origin: Optional[cst.BaseExpression] = value
     while (isinstance(origin, cst.Call) and isinstance(origin.func, cst.Attribute)
            and method_returns_same_module(origin.func.attr.value)):
@@ -107,12 +109,7 @@ def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
     if not isinstance(origin, cst.Call):
         return name_is_model_like(name)
     called = ctx.call_name(origin) or dotted_name(origin.func) or ""
-    last = called.rsplit(".", 1)[-1]
-    if called.startswith("torch.nn.") and last[:1].isupper():
-        return True
-    if called in ctx.module_classes_in_file:
-        return True
-    return last[:1].isupper() and name_is_model_like(name)
+    return called.rsplit(".", 1)[-1][:1].isupper() and name_is_model_like(name)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import libcst as cst
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_true, keyword_arg,
                                method_name, short, string_value)
 from analyzers.program.library import Does, does, is_data_loader, is_data_parallel
+from analyzers.program.data import dataset_in_memory
 from analyzers.program.names import last_segment, names_evaluation_data
 from analyzers.rules.base import Rule
 
@@ -262,19 +263,6 @@ class Loader:
     label: str  # ``train_loader = DataLoader(train_ds, ...)`` → "train_loader"
     training: bool
     in_memory: bool = False  # MNIST-like or TensorDataset: nothing to decode, little to copy
-
-
-# Data sets that live in memory as small tensors: loading them costs nothing worth a worker or pinning.
-IN_MEMORY_DATASETS = {"TensorDataset", "MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST"}
-def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
-    origin = ctx.origin(dataset) if dataset is not None else None
-    if not isinstance(origin, cst.Call):
-        return False
-    called = (ctx.call_name(origin) or dotted_name(origin.func) or "").rsplit(".", 1)[-1]
-    if called not in IN_MEMORY_DATASETS:
-        return False
-    # random augmentation makes even MNIST worth decoding in workers
-    return "Random" not in ctx.module.code_for_node(origin)
 
 
 def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:

@@ -9,6 +9,7 @@ from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_na
 from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does, method_does, method_returns_same_module
 from analyzers.program.modules import ModuleFacts
+from analyzers.program.builds import built_module
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
 from analyzers.program.roles import is_test_code
 from analyzers.rules.base import Rule
@@ -16,11 +17,6 @@ from analyzers.rules.base import Rule
 
 # ---------------------------------------------------------------------------------------------
 # Names
-
-# torch.nn classes without dropout / batch-norm / parameters worth the name "model"
-NN_NOT_MODELS = {"Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6", "LeakyReLU", "Tanh", "GELU", "SiLU", "ELU",
-                  "Identity", "Flatten", "Unflatten", "Upsample", "Softplus", "Hardtanh", "Mish", "CosineSimilarity",
-                  "PairwiseDistance", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict"}
 
 def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
     """The validation-data name a ``for`` iterates (``val_loader``, ``loaders['test']``...), or None."""
@@ -321,7 +317,9 @@ class Facts:
                 return
         name_like = name_is_model_like(model)
         origin = ctx.origin(target)
-        constructed, eval_chain = constructs_module(origin, ctx)
+        built = built_module(ctx, origin)
+        constructed = built is not None and built.model
+        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin)
         if not (name_like or constructed):
             return
         if isinstance(origin, (cst.Lambda,)):
@@ -470,35 +468,6 @@ def loops_over_loader(ctx: FileContext) -> bool:
             elif isinstance(node, cst.Call):
                 stack.extend(a.value for a in node.args)
     return False
-
-
-def constructs_module(origin: Optional[cst.BaseExpression], ctx: FileContext) -> tuple[bool, bool]:
-    """(origin builds an nn.Module, the chain puts it in eval mode / loads a pretrained HF model)."""
-    eval_chain = False
-    expr = origin
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
-            method_returns_same_module(expr.func.attr.value):
-        attr = expr.func.attr.value
-        if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
-            eval_chain = True
-        expr = expr.func.value
-    if not isinstance(expr, cst.Call):
-        return False, eval_chain
-    if isinstance(expr.func, cst.Attribute) and method_does(expr.func.attr.value, Does.RETURNS_EVAL_MODEL):
-        return True, True
-    called = ctx.call_name(expr)
-    if does(called, Does.RETURNS_EVAL_MODEL):
-        return True, True
-    if called:
-        leaf = called.rsplit(".", 1)[-1]
-        if called.startswith("torch.nn.") and leaf[:1].isupper():
-            return (not leaf.endswith("Loss") and leaf not in NN_NOT_MODELS), eval_chain
-        if called.startswith(("torchvision.models.", "timm.create_model")):
-            return True, eval_chain
-    local = dotted_name(expr.func)
-    if local and local in ctx.module_classes_in_file:
-        return True, eval_chain
-    return False, eval_chain
 
 
 class InferencePathRule(Rule):
