@@ -1,0 +1,188 @@
+"""The program model's answers about processes and data: which tests read the rank, which code runs on one rank
+only, which modules an expression builds, which data sets live in memory, what names evaluation data."""
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from analyzers.program.builds import built_module
+from analyzers.program.data import dataset_in_memory, random_transforms
+from analyzers.program.flow import subtree
+from analyzers.program.library import is_data_loader
+from analyzers.program.names import names_evaluation_data, names_evaluation_function
+from analyzers.program.ranks import depends_on_rank, is_rank_test, rank_guarded
+from tests.test_program_meanings import context
+
+
+def _ifs(ctx) -> list[cst.If]:
+    return [n for n in subtree(ctx.module) if isinstance(n, cst.If)]
+
+
+def _call(ctx, name: str) -> cst.Call:
+    return next(n for n in subtree(ctx.module) if isinstance(n, cst.Call)
+                and ctx.module.code_for_node(n.func).endswith(name))
+
+
+# ---- rank guards: decided by where the tested value comes from --------------------------------------------
+
+@pytest.mark.parametrize("test", [
+    "dist.get_rank() == 0",
+    "torch.distributed.get_rank() != 0",
+    "int(os.environ['LOCAL_RANK']) == 0",
+    "os.environ.get('RANK', '0') == '0'",
+    "accelerator.is_main_process",
+    "not trainer.is_global_zero",
+    "args.local_rank in [-1, 0]",
+])
+def test_a_test_of_what_the_libraries_say_the_rank_is_is_a_rank_test(test):
+    ctx = context(f"""
+        import os
+        import torch
+        import torch.distributed as dist
+        if {test}:
+            pass
+    """)
+    assert is_rank_test(_ifs(ctx)[0].test, ctx)
+
+
+def test_a_name_assigned_from_the_rank_carries_it_into_the_test():
+    ctx = context("""
+        import torch.distributed as dist
+        ddp_rank = dist.get_rank()
+        leader = ddp_rank == 0
+        if leader:
+            pass
+    """)
+    assert is_rank_test(_ifs(ctx)[0].test, ctx)
+
+
+def test_a_helper_of_the_file_that_returns_a_rank_comparison_is_a_rank_test():
+    ctx = context("""
+        import torch.distributed as dist
+        def first_process():
+            if not dist.is_initialized():
+                return True
+            return dist.get_rank() == 0
+        if first_process():
+            pass
+    """)
+    assert is_rank_test(_ifs(ctx)[-1].test, ctx)
+
+
+def test_the_index_spawn_passes_and_the_device_ids_given_to_ddp_are_ranks():
+    ctx = context("""
+        import torch.multiprocessing as mp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def worker(gpu, cfg):
+            model = DDP(net, device_ids=[cfg.device_index])
+            if gpu == 0:
+                pass
+            if cfg.device_index == 0:
+                pass
+        mp.spawn(worker, nprocs=4, args=(cfg,))
+    """)
+    first, second = _ifs(ctx)
+    assert is_rank_test(first.test, ctx)
+    assert is_rank_test(second.test, ctx)
+
+
+@pytest.mark.parametrize("test", [
+    "args.gpu is not None",  # which device, not which process: a single-GPU script has one too
+    "use_master_weights",
+    "epoch % 10 == 0",
+    "ranking_loss > 0",
+])
+def test_tests_that_only_sound_like_ranks_are_not_rank_tests(test):
+    ctx = context(f"""
+        use_master_weights = cfg.fp32
+        if {test}:
+            pass
+    """)
+    assert not is_rank_test(_ifs(ctx)[-1].test, ctx)
+
+
+def test_a_value_built_by_a_call_that_takes_the_rank_does_not_depend_on_it():
+    """``DDP(net, device_ids=[rank])`` is a model, not a rank; ``f"ckpt_{rank}.pt"`` is a per-rank path."""
+    ctx = context("""
+        import torch.distributed as dist
+        rank = dist.get_rank()
+        model = DDP(net, device_ids=[rank])
+        path = os.path.join(out, "ckpt_%d.pt" % rank)
+    """)
+    assert not depends_on_rank(cst.parse_expression("model"), ctx)
+    assert depends_on_rank(cst.parse_expression("path"), ctx)
+
+
+def test_code_under_a_rank_test_or_a_rank_zero_decorator_is_rank_guarded():
+    ctx = context("""
+        import torch
+        import torch.distributed as dist
+        from lightning.pytorch.utilities import rank_zero_only
+        if dist.get_rank() == 0:
+            torch.save(a, "a.pt")
+        @rank_zero_only
+        def write():
+            torch.save(b, "b.pt")
+        if args.gpu is not None:
+            torch.save(c, "c.pt")
+    """)
+    saves = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.call_name(n) == "torch.save"]
+    assert [rank_guarded(s, ctx) for s in saves] == [True, True, False]
+
+
+# ---- modules an expression builds -------------------------------------------------------------------------
+
+def test_built_module_follows_chains_and_names_and_knows_eval_mode():
+    ctx = context("""
+        import torch.nn as nn
+        import torchvision
+        class Net(nn.Module):
+            pass
+        net = Net().cuda()
+        a = net.eval()
+        b = torchvision.models.resnet18()
+        c = nn.ReLU()
+        d = make_something()
+    """)
+    values = {t.targets[0].target.value: t.value for t in subtree(ctx.module) if isinstance(t, cst.Assign)}
+    assert built_module(ctx, values["a"]).eval_mode and built_module(ctx, values["a"]).model
+    assert built_module(ctx, values["b"]).model and not built_module(ctx, values["b"]).eval_mode
+    assert not built_module(ctx, values["c"]).model  # a module, but no layers worth calling a model
+    assert built_module(ctx, values["d"]) is None
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+
+def test_in_memory_data_sets_come_from_the_library_table_and_lose_it_with_random_transforms():
+    ctx = context("""
+        import torch
+        from torchvision import datasets, transforms
+        from torch.utils.data import TensorDataset, DataLoader
+        augment = transforms.Compose([transforms.RandomRotation(10), transforms.ToTensor()])
+        plain = datasets.MNIST("data", True, transforms.ToTensor())
+        augmented = datasets.MNIST("data", train=True, transform=augment)
+        tensors = TensorDataset(x, y)
+        folder = datasets.ImageFolder("data")
+        loader = DataLoader(tensors)
+    """)
+    verdict = {name: dataset_in_memory(cst.parse_expression(name), ctx)
+               for name in ("plain", "augmented", "tensors", "folder")}
+    assert verdict == {"plain": True, "augmented": False, "tensors": True, "folder": False}
+    assert random_transforms(cst.parse_expression("augment"), ctx) == ["RandomRotation"]
+    assert is_data_loader(ctx.call_name(_call(ctx, "DataLoader")))
+
+
+@pytest.mark.parametrize("name,evaluation", [
+    ("val_loader", True), ("testset", True), ("X_valid", True), ("devData", True), ("val2017", True),
+    ("interval", False), ("device", False), ("latest_ckpt", False), ("train_loader", False),
+])
+def test_evaluation_data_is_read_from_the_words_of_a_name(name, evaluation):
+    assert names_evaluation_data(name) is evaluation
+
+
+@pytest.mark.parametrize("name,evaluation", [
+    ("validate", True), ("eval_epoch", True), ("run_inference", True), ("predict", True),
+    ("test_forward_shape", False), ("train_one_epoch", False),
+])
+def test_evaluation_functions_are_read_from_their_names(name, evaluation):
+    assert names_evaluation_function(name) is evaluation
