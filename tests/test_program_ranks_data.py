@@ -2,6 +2,8 @@
 only, which modules an expression builds, which data sets live in memory, what names evaluation data."""
 from __future__ import annotations
 
+import textwrap
+
 import libcst as cst
 import pytest
 
@@ -186,3 +188,54 @@ def test_evaluation_data_is_read_from_the_words_of_a_name(name, evaluation):
 ])
 def test_evaluation_functions_are_read_from_their_names(name, evaluation):
     assert names_evaluation_function(name) is evaluation
+
+
+# ---- accumulators that live for one optimizer step or one call ---------------------------------------------
+
+def _tr104(code: str) -> list:
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR104"]
+    result = analyze_source(textwrap.dedent(code), "train.py", rules=rules)
+    assert not result.errors, result.errors
+    return result.findings
+
+
+def test_a_list_rebuilt_for_each_optimizer_step_does_not_outlive_the_step():
+    assert not _tr104("""
+        import torch
+        for batch in loader:
+            opt.zero_grad()
+            chunk_losses = []
+            for part in batch.split(4):
+                loss = criterion(model(part), part.y)
+                chunk_losses.append(loss)
+                loss.backward()
+            opt.step()
+    """)
+    # ... while one rebuilt for each epoch keeps every step's graph of the epoch
+    assert _tr104("""
+        import torch
+        for epoch in range(10):
+            epoch_losses = []
+            for x, y in loader:
+                opt.zero_grad()
+                loss = criterion(model(x), y)
+                loss.backward()
+                opt.step()
+                epoch_losses.append(loss)
+    """)
+
+
+def test_terms_gathered_into_the_loss_that_is_returned_are_part_of_it():
+    assert not _tr104("""
+        import torch
+        def compute_loss(model, chunks, use_aux):
+            aux_losses = []
+            for chunk in chunks:
+                out = model(chunk)
+                aux_losses.append(out.aux_loss)
+            aux = torch.stack(aux_losses).mean() if use_aux else None
+            loss = out.loss + 0.1 * aux
+            return loss
+    """)

@@ -11,7 +11,7 @@ from analyzers.context import (
     dotted_name,
     iter_names,
     method_name)
-from analyzers.program.loops import loop_stack
+from analyzers.program.loops import loop_stack, steps_each_iteration
 from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
@@ -19,15 +19,23 @@ from analyzers.program.graphs import graph_kind_read
 from analyzers.rules.base import Invalid, Rule
 
 
-def _names_used(expr: cst.CSTNode, ctx: FileContext) -> set:
-    """Dotted names in ``expr``, plus one level through the names' last assignments."""
+def _names_used(expr: cst.CSTNode, ctx: FileContext, depth: int = 3) -> set:
+    """Dotted names ``expr``'s value is computed from, following the names' assignments ``depth`` levels back
+    (``loss = ce + aux_weight * aux; aux = torch.stack(aux_losses).mean()`` uses ``aux_losses``)."""
     names = set(iter_names(expr))
-    for name in list(names):
-        value = ctx.assigned_value(name)
-        if value is not None and not isinstance(value, cst.AugAssign):
-            names.update(iter_names(value))
-        elif isinstance(value, cst.AugAssign):
-            names.update(iter_names(value.value))
+    frontier = set(names)
+    for _ in range(depth):
+        found = set()
+        for name in frontier:
+            value = ctx.assigned_value(name)
+            if isinstance(value, cst.AugAssign):
+                value = value.value
+            if value is not None:
+                found.update(iter_names(value))
+        frontier = found - names
+        names |= found
+        if not frontier:
+            break
     return names
 
 
@@ -235,6 +243,9 @@ class LossAccumulatedWithGraph(Rule):
         binding = ctx.binding(acc)
         if binding is not None and binding.kind != "param" and ctx.inside(binding.node, stack[-1]):
             return  # rebuilt in this iteration (multi-term loss, per-iteration list)
+        if binding is not None and binding.kind != "param" and any(
+                ctx.inside(binding.node, loop) and steps_each_iteration(loop, ctx) for loop in stack[:-1]):
+            return  # rebuilt for each optimizer step (a step's chunks gathered): nothing outlives the step
         if ctx.in_no_grad():
             return
         self.candidates.append((node, acc, loss_name, (shown, acc_expr), ctx.function))
@@ -290,9 +301,12 @@ class LossAccumulatedWithGraph(Rule):
 
 def _returned_tensors(expr: cst.BaseExpression, ctx: FileContext, out: set, depth: int) -> None:
     """Names whose tensor value a ``return`` hands back as is (``total``, ``total / n``, ``sum(losses)``)."""
-    if depth > 3:
+    if depth > 8:
         return
-    if isinstance(expr, (cst.Name, cst.Attribute)):
+    if isinstance(expr, cst.IfExp):
+        _returned_tensors(expr.body, ctx, out, depth + 1)
+        _returned_tensors(expr.orelse, ctx, out, depth + 1)
+    elif isinstance(expr, (cst.Name, cst.Attribute)):
         name = dotted_name(expr)
         if name is None:
             return
