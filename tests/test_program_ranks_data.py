@@ -239,3 +239,22 @@ def test_terms_gathered_into_the_loss_that_is_returned_are_part_of_it():
             loss = out.loss + 0.1 * aux
             return loss
     """)
+
+
+def test_a_host_side_random_draw_that_only_decides_a_branch_needs_no_device():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR701"]
+    code = """
+        import torch
+        import torch.nn as nn
+        class Block(nn.Module):
+            def forward(self, x):
+                if self.training and torch.rand(1) < self.drop_prob:
+                    return x
+                noise = torch.rand(x.shape)
+                return x + noise
+        model = Block().cuda()
+    """
+    findings = analyze_source(textwrap.dedent(code), "block.py", rules=rules).findings
+    assert [f.line for f in findings] == [8]  # the noise added to x, not the draw that picks a branch

@@ -217,3 +217,16 @@ def _unpacked_part(target: cst.BaseExpression, value: cst.BaseExpression,
             if part is not None:
                 return part
     return None
+
+
+def decides_branch(expr: cst.BaseExpression, ctx) -> bool:
+    """``expr``'s value is only the test of an ``if`` / ``while`` / conditional expression (through ``not``,
+    ``and``, ``or``): Python reads it as one bool on the host, and it goes nowhere else."""
+    current: cst.CSTNode = expr
+    while True:
+        parent = ctx.parent(current)
+        if isinstance(parent, (cst.UnaryOperation, cst.BooleanOperation)) and \
+                not isinstance(getattr(parent, "operator", None), (cst.Minus, cst.Plus, cst.BitInvert)):
+            current = parent
+            continue
+        return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is current
