@@ -258,3 +258,20 @@ def test_a_host_side_random_draw_that_only_decides_a_branch_needs_no_device():
     """
     findings = analyze_source(textwrap.dedent(code), "block.py", rules=rules).findings
     assert [f.line for f in findings] == [8]  # the noise added to x, not the draw that picks a branch
+
+
+def test_a_test_of_a_half_precision_kernel_is_not_fp16_training():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR802"]
+    body = """
+        import torch
+        def {name}():
+            x = torch.rand(4, 3).cuda().half().requires_grad_()
+            y = layer(x)
+            y.sum().backward()
+            assert x.grad is not None
+    """
+    assert not analyze_source(textwrap.dedent(body.format(name="test_layer_half")), "test_layer.py",
+                              rules=rules).findings
+    assert analyze_source(textwrap.dedent(body.format(name="train_half")), "train.py", rules=rules).findings
