@@ -275,3 +275,22 @@ def test_a_test_of_a_half_precision_kernel_is_not_fp16_training():
     assert not analyze_source(textwrap.dedent(body.format(name="test_layer_half")), "test_layer.py",
                               rules=rules).findings
     assert analyze_source(textwrap.dedent(body.format(name="train_half")), "train.py", rules=rules).findings
+
+
+def test_detached_copies_gathered_for_logging_beside_the_loss_do_not_cut_it():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR405"]
+    code = """
+        import torch
+        def compute_loss_q(data):
+            q = torch.min(critic_a(data), critic_b(data))
+            loss_q = ((q - data["backup"]) ** 2).mean()
+            info = dict(QVals=q.detach().numpy())
+            return loss_q, info
+        def compute_loss_pi(logp, q):
+            scale = logp.detach().numpy().mean()
+            return torch.mean(scale * logp - q), {}
+    """
+    findings = analyze_source(textwrap.dedent(code), "sac.py", rules=rules).findings
+    assert [f.line for f in findings] == [9]  # the copy that goes back into the loss
