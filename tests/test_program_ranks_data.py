@@ -294,3 +294,40 @@ def test_detached_copies_gathered_for_logging_beside_the_loss_do_not_cut_it():
     """
     findings = analyze_source(textwrap.dedent(code), "sac.py", rules=rules).findings
     assert [f.line for f in findings] == [9]  # the copy that goes back into the loss
+
+
+def test_a_wrapper_keeps_the_mode_of_the_module_it_wraps():
+    ctx = context("""
+        import torch.nn as nn
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained("bert-base-uncased")
+        model = nn.DataParallel(model.cuda())
+        trained = nn.DataParallel(nn.Linear(2, 2))
+    """)
+    values = [t.value for t in subtree(ctx.module) if isinstance(t, cst.Assign)]
+    assert built_module(ctx, values[1]).eval_mode
+    assert not built_module(ctx, values[2]).eval_mode and built_module(ctx, values[2]).model
+
+
+def test_a_pretrained_model_wrapped_for_several_gpus_is_still_in_eval_mode():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR201"]
+    code = """
+        import torch
+        import torch.nn as nn
+        from transformers import AutoModelForSequenceClassification
+        def predict(model_path, batches):
+            model = AutoModelForSequenceClassification.from_pretrained(model_path)
+            if torch.cuda.is_available():
+                model = nn.DataParallel(model.cuda())
+            logits = []
+            for batch in batches:
+                with torch.no_grad():
+                    logits.append(model(**batch).logits)
+            return logits
+    """
+    assert not analyze_source(textwrap.dedent(code), "predict.py", rules=rules).findings
+    trained = textwrap.dedent(code).replace("AutoModelForSequenceClassification.from_pretrained(model_path)",
+                                            "build_classifier(model_path).train()")
+    assert analyze_source(trained, "predict.py", rules=rules).findings

@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false
-from analyzers.program.library import Does, does, method_does, method_returns_same_module
+from analyzers.program.library import Does, does, method_does, method_returns_same_module, wrapped_module_argument
 
 
 # torch.nn classes without dropout / batch-norm / parameters worth the name "model"
@@ -32,12 +32,19 @@ def built_module(ctx: FileContext, value: Optional[cst.BaseExpression]) -> Optio
     names those are called on. None when nothing says (an unknown call, a parameter)."""
     eval_mode = False
     expr = value
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
-            method_returns_same_module(expr.func.attr.value):
-        attr = expr.func.attr.value
-        if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
-            eval_mode = True
-        expr = ctx.origin(expr.func.value)
+    for _ in range(8):
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+                method_returns_same_module(expr.func.attr.value):
+            attr = expr.func.attr.value
+            if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
+                eval_mode = True
+            expr = ctx.origin(expr.func.value)
+            continue
+        wrapped = wrapped_module_argument(ctx.call_name(expr)) if isinstance(expr, cst.Call) else None
+        inner = argument(expr, *wrapped) if wrapped is not None else None
+        if inner is None:
+            break
+        expr = ctx.origin(inner)  # DataParallel(model), torch.compile(model): the module inside, in its mode
     if not isinstance(expr, cst.Call):
         return None
     if isinstance(expr.func, cst.Attribute) and method_does(expr.func.attr.value, Does.RETURNS_EVAL_MODEL):
