@@ -331,3 +331,19 @@ def test_a_pretrained_model_wrapped_for_several_gpus_is_still_in_eval_mode():
     trained = textwrap.dedent(code).replace("AutoModelForSequenceClassification.from_pretrained(model_path)",
                                             "build_classifier(model_path).train()")
     assert analyze_source(trained, "predict.py", rules=rules).findings
+
+
+def test_modules_saved_in_a_list_are_whole_modules_in_the_checkpoint():
+    from analyzers.program.roles import CheckpointWrites, Payload
+    ctx = context("""
+        import torch
+        import torch.nn as nn
+        class Encoder(nn.Module):
+            pass
+        encoder = Encoder().cuda()
+        decoder = nn.Linear(4, 4)
+        torch.save([encoder, decoder], "autoencoder.pkl")
+        torch.save([encoder.state_dict(), decoder.state_dict()], "weights.pt")
+    """)
+    writes = ctx.facts(CheckpointWrites).writes
+    assert [w.payloads for w in writes] == [{Payload.MODULE}, {Payload.TENSORS}]

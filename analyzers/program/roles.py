@@ -241,6 +241,9 @@ class CheckpointWrites:
     def _value_payload(self, value: cst.BaseExpression, key: Optional[str], depth: int) -> set[Payload]:
         if isinstance(value, cst.Dict):
             return self.payloads(value, depth)
+        if isinstance(value, (cst.List, cst.Tuple, cst.Set)) and value.elements:
+            # ``torch.save([encoder, decoder], path)``: what each element puts in the file
+            return set().union(*(self.payloads(e.value, depth) for e in value.elements))
         if isinstance(value, cst.Call):
             called = dotted_name(value.func) or ""
             method = called.rsplit(".", 1)[-1]
