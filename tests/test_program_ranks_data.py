@@ -347,3 +347,24 @@ def test_modules_saved_in_a_list_are_whole_modules_in_the_checkpoint():
     """)
     writes = ctx.facts(CheckpointWrites).writes
     assert [w.payloads for w in writes] == [{Payload.MODULE}, {Payload.TENSORS}]
+
+
+def test_distributed_loads_of_scheduler_state_or_on_one_rank_do_not_crowd_gpu_0():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR611"]
+    code = """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.optim.lr_scheduler import LambdaLR
+        dist.init_process_group("nccl")
+        optimizer = torch.optim.AdamW(model.parameters())
+        scheduler = LambdaLR(optimizer, lambda step: 1.0)
+        optimizer.load_state_dict(torch.load(os.path.join(args.resume, "optimizer.pt")))
+        scheduler.load_state_dict(torch.load(os.path.join(args.resume, "scheduler.pt")))
+        if args.local_rank in [-1, 0]:
+            model.load_state_dict(torch.load(os.path.join(args.output_dir, "model.bin")))
+    """
+    findings = analyze_source(textwrap.dedent(code), "run.py", rules=rules).findings
+    assert [f.line for f in findings] == [9]  # the optimizer's state holds tensors saved on a GPU
