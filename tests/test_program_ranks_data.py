@@ -368,3 +368,23 @@ def test_distributed_loads_of_scheduler_state_or_on_one_rank_do_not_crowd_gpu_0(
     """
     findings = analyze_source(textwrap.dedent(code), "run.py", rules=rules).findings
     assert [f.line for f in findings] == [9]  # the optimizer's state holds tensors saved on a GPU
+
+
+def test_a_validation_split_given_a_deterministic_transform_afterwards_is_not_augmented():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR960"]
+    code = """
+        import copy
+        from torch.utils.data import random_split
+        from torchvision import datasets, transforms
+        train_tf = transforms.Compose([transforms.RandomCrop(28, padding=2), transforms.ToTensor()])
+        test_tf = transforms.Compose([transforms.ToTensor()])
+        full = datasets.MNIST("data", train=True, transform=train_tf)
+        train_data, valid_data = random_split(full, [50000, 10000])
+    """
+    assert analyze_source(textwrap.dedent(code), "nb.py", rules=rules).findings
+    fixed = textwrap.dedent(code) + "valid_data = copy.deepcopy(valid_data)\nvalid_data.dataset.transform = test_tf\n"
+    assert not analyze_source(fixed, "nb.py", rules=rules).findings
+    still_random = textwrap.dedent(code) + "valid_data.dataset.transform = train_tf\n"
+    assert analyze_source(still_random, "nb.py", rules=rules).findings

@@ -5,7 +5,8 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, keyword_arg
+from analyzers.context import FileContext, argument, dotted_name, keyword_arg
+from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does
 
 # transforms that draw a random number per item, besides the ``Random*`` classes
@@ -51,3 +52,15 @@ def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -
         return False
     transform = argument(origin, 2, "transform")
     return not random_transforms(transform, ctx)
+
+
+def transform_replaced(dataset: str, ctx: FileContext) -> bool:
+    """The program gives ``dataset`` (or the data set it wraps: ``valid_data.dataset``) a transform with no random
+    step somewhere: ``valid_data.dataset.transform = test_transforms`` after splitting it off augmented data."""
+    for node in subtree(ctx.module):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            target = dotted_name(node.targets[0].target) or ""
+            if target.startswith(f"{dataset}.") and target.rsplit(".", 1)[-1] in ("transform", "transforms") and \
+                    not random_transforms(node.value, ctx):
+                return True
+    return False

@@ -10,7 +10,7 @@ from analyzers.context import (FileContext, argument, dotted_name, is_false, key
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.program.data import random_transforms
+from analyzers.program.data import random_transforms, transform_replaced
 from analyzers.program.library import is_data_loader
 from analyzers.program.names import last_segment, names_evaluation_data
 
@@ -185,7 +185,7 @@ class RandomAugmentationOnEvalData(Rule):
         value = transform.value if transform is not None else (
             argument(made, 1, "transform") if ctx.qualified_name(made.func) in _FOLDER_DATASETS else None)
         randoms = list(dict.fromkeys(random_transforms(value, ctx)))
-        if not randoms:
+        if not randoms or transform_replaced(evaluation, ctx):
             return
         shown = ", ".join(code_span(r) for r in randoms)
         self.report(node, f"{code_span(evaluation)} is split off {code_span(short(ctx, dataset, 40))}, whose transform "
