@@ -388,3 +388,22 @@ def test_a_validation_split_given_a_deterministic_transform_afterwards_is_not_au
     assert not analyze_source(fixed, "nb.py", rules=rules).findings
     still_random = textwrap.dedent(code) + "valid_data.dataset.transform = train_tf\n"
     assert analyze_source(still_random, "nb.py", rules=rules).findings
+
+
+def test_losses_gathered_in_a_forward_and_returned_in_one_branch_are_returned():
+    code = """
+        import torch
+        def forward(self, x, labels, train_exits):
+            loss = self.criterion(self.head(x), labels)
+            outputs = (self.head(x),)
+            exit_losses = []
+            for exit_head in self.exits:
+                exit_loss = self.criterion(exit_head(x), labels)
+                exit_losses.append(exit_loss)
+            if train_exits:
+                outputs = (sum(exit_losses[:-1]),) + outputs
+            else:
+                outputs = (loss,) + outputs
+            return outputs
+    """
+    assert not _tr104(code)

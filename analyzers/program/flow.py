@@ -230,3 +230,10 @@ def decides_branch(expr: cst.BaseExpression, ctx) -> bool:
             current = parent
             continue
         return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is current
+
+
+def assigned_values(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
+    """Every value ``name`` is assigned in ``scope`` (all branches, in source order; ``a = b = v`` and plain
+    targets only): where a name's value may come from, whatever path ran."""
+    return [node.value for node in subtree(scope) if isinstance(node, cst.Assign)
+            and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)]

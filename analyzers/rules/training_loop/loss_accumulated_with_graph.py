@@ -11,6 +11,7 @@ from analyzers.context import (
     dotted_name,
     iter_names,
     method_name)
+from analyzers.program.flow import assigned_values
 from analyzers.program.loops import loop_stack, steps_each_iteration
 from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
@@ -308,12 +309,19 @@ def _returned_tensors(expr: cst.BaseExpression, ctx: FileContext, out: set, dept
         _returned_tensors(expr.orelse, ctx, out, depth + 1)
     elif isinstance(expr, (cst.Name, cst.Attribute)):
         name = dotted_name(expr)
-        if name is None:
+        if name is None or name in out:
             return
         out.add(name)
-        value = ctx.assigned_value(name)
-        if value is not None and not isinstance(value, cst.AugAssign) and value is not expr:
-            _returned_tensors(value, ctx, out, depth + 1)
+        values = [ctx.assigned_value(name)]
+        if isinstance(expr, cst.Name) and ctx.function_def is not None:
+            # every assignment of the name in the function, whichever branch ran last
+            # (``outputs = (sum(aux_losses),) + outputs`` in one branch, ``(loss,) + outputs`` in the other)
+            values += [v for v in assigned_values(ctx.function_def, name) if v is not values[0]]
+        for value in values:
+            if value is not None and value is not expr:
+                _returned_tensors(value, ctx, out, depth + 1)
+    elif isinstance(expr, cst.Subscript):
+        _returned_tensors(expr.value, ctx, out, depth + 1)
     elif isinstance(expr, (cst.Tuple, cst.List)):
         for element in expr.elements:
             _returned_tensors(element.value, ctx, out, depth + 1)
