@@ -407,3 +407,25 @@ def test_losses_gathered_in_a_forward_and_returned_in_one_branch_are_returned():
             return outputs
     """
     assert not _tr104(code)
+
+
+def test_outputs_of_one_steps_chunks_gathered_per_step_do_not_outlive_it():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR510"]
+    code = """
+        import torch
+        for x, y in loader:
+            opt.zero_grad()
+            outputs = []
+            for xc, yc in zip(x.chunk(4), y.chunk(4)):
+                out = model(xc)
+                outputs.append(out)
+                criterion(out, yc).backward()
+            opt.step()
+            accuracy = (torch.cat(outputs).argmax(1) == y).float().mean()
+    """
+    assert not analyze_source(textwrap.dedent(code), "train.py", rules=rules).findings
+    per_epoch = textwrap.dedent(code).replace("    outputs = []\n", "").replace(
+        "for x, y in loader:", "outputs = []\nfor x, y in loader:")
+    assert analyze_source(per_epoch, "train.py", rules=rules).findings
