@@ -429,3 +429,22 @@ def test_outputs_of_one_steps_chunks_gathered_per_step_do_not_outlive_it():
     per_epoch = textwrap.dedent(code).replace("    outputs = []\n", "").replace(
         "for x, y in loader:", "outputs = []\nfor x, y in loader:")
     assert analyze_source(per_epoch, "train.py", rules=rules).findings
+
+
+def test_a_value_also_written_with_safetensors_is_a_state_dict_whatever_its_name():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR602"]
+    code = """
+        import os
+        import torch
+        from safetensors.torch import save_file
+        def save_to_file(file_name, model):
+            if os.path.splitext(file_name)[1] == ".safetensors":
+                save_file(model, file_name)
+            else:
+                torch.save(model, file_name)
+    """
+    assert not analyze_source(textwrap.dedent(code), "extract.py", rules=rules).findings
+    plain = textwrap.dedent(code).replace("save_file(model, file_name)", "pass")
+    assert analyze_source(plain, "extract.py", rules=rules).findings

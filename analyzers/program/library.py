@@ -45,6 +45,7 @@ class Does(enum.Enum):
     JOINS_PROCESS_GROUP = "joins the process group (its rank= argument is this process's rank)"
     SPAWNS_PROCESSES = "starts one process per rank, passing the process index as its function's first argument"
     RUNS_ON_RANK_ZERO = "a decorator: the function it wraps runs on the process of rank 0 only"
+    TAKES_TENSOR_DICT = "takes a dict of tensors (a state dict), never a module, as its first argument"
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ APIS: dict[str, Api] = {
     **{f"torchvision.datasets.{name}": _api(f"https://pytorch.org/vision/stable/generated/torchvision.datasets"
                                             f".{name}.html", Does.HOLDS_DATA_IN_MEMORY)
        for name in ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST")},
+    # --- safetensors writes a flat dict of tensors ("tensors (Dict[str, torch.Tensor])")
+    **{name: _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.save_file",
+                  Does.TAKES_TENSOR_DICT)
+       for name in ("safetensors.torch.save_file", "safetensors.torch.save")},
     # --- ranks: where a process learns which one it is
     **{name: _api("https://pytorch.org/docs/stable/distributed.html#torch.distributed.get_rank", Does.RETURNS_RANK)
        for name in ("torch.distributed.get_rank", "torch.distributed.get_node_local_rank",

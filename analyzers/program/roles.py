@@ -112,6 +112,21 @@ def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
     return called.rsplit(".", 1)[-1][:1].isupper() and name_is_model_like(name)
 
 
+def holds_module(ctx: "FileContext", expr: cst.BaseExpression) -> bool:
+    """Does ``expr`` (a name or attribute about to be saved) hold an ``nn.Module``: what built it says so, or,
+    when nothing built it here, its name does, unless the function also hands it to an API that takes a dict of
+    tensors (``save_file(model, path)`` of safetensors: a state dict, whatever it is called)."""
+    origin = ctx.origin(expr)
+    name = dotted_name(expr) or ""
+    if isinstance(origin, cst.Call):
+        return constructs_module(ctx, origin, name)
+    if not name_is_model_like(name):
+        return False
+    scope = next((a for a in ctx.ancestors(expr) if isinstance(a, cst.FunctionDef)), ctx.module)
+    return not any(isinstance(node, cst.Call) and node.args and dotted_name(node.args[0].value) == name
+                   and does(ctx.call_name(node), Does.TAKES_TENSOR_DICT) for node in subtree(scope))
+
+
 @dataclass
 class CheckpointWrite:
     call: cst.Call
