@@ -448,3 +448,19 @@ def test_a_value_also_written_with_safetensors_is_a_state_dict_whatever_its_name
     assert not analyze_source(textwrap.dedent(code), "extract.py", rules=rules).findings
     plain = textwrap.dedent(code).replace("save_file(model, file_name)", "pass")
     assert analyze_source(plain, "extract.py", rules=rules).findings
+
+
+def test_exp_of_values_less_their_maximum_cannot_overflow():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR412"]
+    code = """
+        import torch
+        def log_sum_exp(x):
+            x_max = x.data.max()
+            return torch.log(torch.sum(torch.exp(x - x_max), 1, keepdim=True)) + x_max
+        def unstable(x, shift):
+            return torch.log(torch.sum(torch.exp(x - shift), 1))
+    """
+    findings = analyze_source(textwrap.dedent(code), "boxes.py", rules=rules).findings
+    assert [f.line for f in findings] == [7]

@@ -227,3 +227,35 @@ def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
             return True
         seen = True
     return not seen
+
+
+_MAXIMA = {"max", "amax"}
+_SAME_VALUES = {"data", "detach", "values", "clone"}
+
+
+def _values_root(expr: cst.BaseExpression) -> Optional[str]:
+    """``x`` for ``x``, ``x.data``, ``x.detach()``, ``self.x``: the value a read of the same numbers starts at."""
+    while True:
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SAME_VALUES:
+            expr = expr.func.value
+        elif isinstance(expr, cst.Attribute) and expr.attr.value in _SAME_VALUES:
+            expr = expr.value
+        else:
+            return dotted_name(expr)
+
+
+def is_maximum_of(value: Optional[cst.BaseExpression], of: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``value`` is the maximum of ``of``'s values (``x.max()``, ``x.data.max(1, keepdim=True)[0]``,
+    ``torch.amax(x, dim)``), directly or through the name it was assigned to: ``exp(x - value)`` cannot overflow."""
+    target = _values_root(of)
+    if target is None or value is None:
+        return False
+    expr = ctx.origin(value) if isinstance(value, (cst.Name, cst.Attribute)) else value
+    while isinstance(expr, cst.Subscript) or isinstance(expr, cst.Attribute) and expr.attr.value == "values":
+        expr = expr.value
+    if not isinstance(expr, cst.Call) or not isinstance(expr.func, cst.Attribute) or \
+            expr.func.attr.value not in _MAXIMA:
+        return False
+    if (ctx.qualified_name(expr.func) or "").startswith("torch."):
+        return bool(expr.args) and _values_root(expr.args[0].value) == target
+    return _values_root(expr.func.value) == target
