@@ -464,3 +464,25 @@ def test_exp_of_values_less_their_maximum_cannot_overflow():
     """
     findings = analyze_source(textwrap.dedent(code), "boxes.py", rules=rules).findings
     assert [f.line for f in findings] == [7]
+
+
+def test_a_load_in_the_branch_that_does_not_resume_is_no_resume():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR610"]
+    code = """
+        import torch
+        net = build_net()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        if args.resume:
+            net.load_weights(args.resume)
+        else:
+            net.backbone.load_state_dict(torch.load(args.backbone_weights))
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(net(x), y).backward()
+            optimizer.step()
+    """
+    assert not analyze_source(textwrap.dedent(code), "train.py", rules=rules).findings
+    negated = textwrap.dedent(code).replace("if args.resume:", "if not args.resume:")
+    assert analyze_source(negated, "train.py", rules=rules).findings

@@ -237,3 +237,13 @@ def assigned_values(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
     targets only): where a name's value may come from, whatever path ran."""
     return [node.value for node in subtree(scope) if isinstance(node, cst.Assign)
             and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)]
+
+
+def runs_when_true(branching: cst.CSTNode, node: cst.CSTNode, ctx) -> bool:
+    """Whether ``node`` (inside the ``if`` / ``while`` ``branching``) runs when its test, read without a leading
+    ``not``, holds: in the body of ``if x:`` or the ``else`` of ``if not x:``."""
+    test = getattr(branching, "test", None)
+    negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+    orelse = getattr(branching, "orelse", None)
+    in_else = orelse is not None and any(a is orelse for a in ctx.ancestors(node))
+    return in_else == negated
