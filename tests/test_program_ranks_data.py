@@ -486,3 +486,24 @@ def test_a_load_in_the_branch_that_does_not_resume_is_no_resume():
     assert not analyze_source(textwrap.dedent(code), "train.py", rules=rules).findings
     negated = textwrap.dedent(code).replace("if args.resume:", "if not args.resume:")
     assert analyze_source(negated, "train.py", rules=rules).findings
+
+
+def test_eval_changes_nothing_in_a_sequential_of_plain_torch_layers_reached_from_a_closure():
+    from analyzers.engine import analyze_source
+    from analyzers.rules import all_rules
+    rules = [r for r in all_rules() if r.id == "TR201"]
+    code = """
+        import torch
+        import torch.nn as nn
+        def train(features, labels, layers):
+            net = nn.Sequential(nn.Linear(features.shape[-1], 1){extra})
+            loss = nn.MSELoss()
+            def eval_loss():
+                return loss(net(features).view(-1), labels).item()
+            for x, y in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(features, labels)):
+                loss(net(x), y).backward()
+            return eval_loss()
+    """
+    assert not analyze_source(textwrap.dedent(code.format(extra="")), "sgd.py", rules=rules).findings
+    with_dropout = textwrap.dedent(code.format(extra=", nn.Dropout(0.5)"))
+    assert analyze_source(with_dropout, "sgd.py", rules=rules).findings

@@ -220,9 +220,11 @@ def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
             value = value.func.value
         if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
             continue  # ``model = model.cuda()``
-        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+        if not isinstance(value, cst.Call):
             return True
-        features = facts.features(value.func.value)
+        # ``net = nn.Sequential(nn.Linear(...))`` is read from torch's own layers, ``net = Net()`` from the class
+        features = torch_layer_features(ctx, value) if isinstance(value.func, cst.Attribute) else \
+            facts.features(value.func.value) if isinstance(value.func, cst.Name) else None
         if features is None or features & {"dropout", "batchnorm"}:
             return True
         seen = True
