@@ -196,7 +196,7 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     """False only when the model is known to hold neither dropout nor BatchNorm (eval() would change nothing)."""
     built = constructor(ctx, model, use)
     if built is None:
-        return _assigned_features(ctx, dotted_name(model))
+        return _assigned_features(ctx, dotted_name(model), use)
     features = torch_layer_features(ctx, built)
     if features is None:
         cls = model_class(ctx, model, use)
@@ -204,14 +204,22 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     return features is None or bool(features & {"dropout", "batchnorm"})
 
 
-def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
-    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
-    is known to hold neither dropout nor BatchNorm."""
+def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.CSTNode] = None) -> bool:
+    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from, in the
+    function that binds the name where it is used (or the file), is known to hold neither dropout nor BatchNorm."""
     if not name:
         return True
+    scope: cst.CSTNode = ctx.module
+    for fn in (a for a in (ctx.ancestors(use) if use is not None else ()) if isinstance(a, cst.FunctionDef)):
+        if any(p.name.value == name for p in fn.params.params + fn.params.kwonly_params + fn.params.posonly_params):
+            return True  # the caller's model: nothing here says what it holds
+        if any(isinstance(n, cst.Assign) and any(dotted_name(t.target) == name for t in n.targets)
+               for n in subtree(fn.body)):
+            scope = fn
+            break
     facts = ctx.facts(ModuleFacts)
     seen = False
-    for node in subtree(ctx.module):
+    for node in subtree(scope):
         if not isinstance(node, cst.Assign) or not any(dotted_name(t.target) == name for t in node.targets):
             continue
         value = node.value
