@@ -245,3 +245,33 @@ def _unpacked_part(target: cst.BaseExpression, value: cst.BaseExpression,
             if part is not None:
                 return part
     return None
+
+
+def decides_branch(expr: cst.BaseExpression, ctx) -> bool:
+    """``expr``'s value is only the test of an ``if`` / ``while`` / conditional expression (through ``not``,
+    ``and``, ``or``): Python reads it as one bool on the host, and it goes nowhere else."""
+    current: cst.CSTNode = expr
+    while True:
+        parent = ctx.parent(current)
+        if isinstance(parent, (cst.UnaryOperation, cst.BooleanOperation)) and \
+                not isinstance(getattr(parent, "operator", None), (cst.Minus, cst.Plus, cst.BitInvert)):
+            current = parent
+            continue
+        return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is current
+
+
+def assigned_values(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
+    """Every value ``name`` is assigned in ``scope`` (all branches, in source order; ``a = b = v`` and plain
+    targets only): where a name's value may come from, whatever path ran."""
+    return [node.value for node in subtree(scope) if isinstance(node, cst.Assign)
+            and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)]
+
+
+def runs_when_true(branching: cst.CSTNode, node: cst.CSTNode, ctx) -> bool:
+    """Whether ``node`` (inside the ``if`` / ``while`` ``branching``) runs when its test, read without a leading
+    ``not``, holds: in the body of ``if x:`` or the ``else`` of ``if not x:``."""
+    test = getattr(branching, "test", None)
+    negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+    orelse = getattr(branching, "orelse", None)
+    in_else = orelse is not None and any(a is orelse for a in ctx.ancestors(node))
+    return in_else == negated

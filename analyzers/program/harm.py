@@ -27,7 +27,7 @@ import libcst as cst
 
 from analyzers.context import argument, code_children, dotted_name
 from analyzers.program.roles import collects_tests
-from analyzers.program.library import LIBRARY_ROOTS
+from analyzers.program.library import LIBRARY_ROOTS, is_data_loader
 
 if TYPE_CHECKING:
     from analyzers.context import FileContext
@@ -53,7 +53,6 @@ _DATA_SOURCES = {"torch.load", "torch.hub.load", "torch.hub.load_state_dict_from
 _DATA_SOURCE_PREFIXES = ("torchvision.datasets.", "torchaudio.datasets.", "torchtext.datasets.", "sklearn.datasets.",
                          "pandas.read_", "imageio.", "tensorflow_datasets.")
 _DATA_SOURCE_METHODS = {"from_pretrained", "load_state_dict_from_url"}
-_DATALOADER = "torch.utils.data.DataLoader"
 # the standard library and known libraries: a module of neither may be the repository's own, with its data
 _KNOWN_ROOTS = LIBRARY_ROOTS | {"matplotlib", "tqdm", "seaborn", "IPython", "scipy", "pytest"}
 _TENSOR_DATASET = "torch.utils.data.TensorDataset"
@@ -142,7 +141,7 @@ class HarmContext:
                 continue
             if name in _DATA_SOURCES or name.startswith(_DATA_SOURCE_PREFIXES):
                 return True
-            if name == _DATALOADER and not self._over_tensor_dataset(call):
+            if is_data_loader(name) and not self._over_tensor_dataset(call):
                 return True
         return False
 

@@ -38,6 +38,14 @@ class Does(enum.Enum):
     SCALES_LOSS = "its training loop scales the loss for mixed precision itself"
     ADVANCES_SAMPLER_EPOCH = "its training loop calls the distributed sampler's set_epoch itself"
     SETS_MODULE_MODE = "its training loop switches the model between train() and eval() itself"
+    LOADS_BATCHES = "iterates a data set in batches (a data loader)"
+    HOLDS_DATA_IN_MEMORY = "a data set of small tensors held in memory: nothing to decode or read per item"
+    RETURNS_RANK = "returns the process's rank in the job, or whether it is the main process"
+    SELECTS_PROCESS_DEVICE = "selects this process's device (its argument is the process's device index)"
+    JOINS_PROCESS_GROUP = "joins the process group (its rank= argument is this process's rank)"
+    SPAWNS_PROCESSES = "starts one process per rank, passing the process index as its function's first argument"
+    RUNS_ON_RANK_ZERO = "a decorator: the function it wraps runs on the process of rank 0 only"
+    TAKES_TENSOR_DICT = "takes a dict of tensors (a state dict), never a module, as its first argument"
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,42 @@ APIS: dict[str, Api] = {
        for name in ("torch.save", "torch.serialization.save")},
     **{name: _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_TORCH_CHECKPOINT)
        for name in ("torch.load", "torch.serialization.load")},
+    # --- data loaders and in-memory data sets
+    **{name: _api("https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader", Does.LOADS_BATCHES)
+       for name in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")},
+    "torch.utils.data.TensorDataset": _api("https://pytorch.org/docs/stable/data.html#torch.utils.data.TensorDataset"
+                                           " (wraps tensors already in memory)", Does.HOLDS_DATA_IN_MEMORY),
+    # torchvision's MNIST family loads the whole (70k x 28 x 28) set into one tensor when built
+    **{f"torchvision.datasets.{name}": _api(f"https://pytorch.org/vision/stable/generated/torchvision.datasets"
+                                            f".{name}.html", Does.HOLDS_DATA_IN_MEMORY)
+       for name in ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST")},
+    # --- safetensors writes a flat dict of tensors ("tensors (Dict[str, torch.Tensor])")
+    **{name: _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.save_file",
+                  Does.TAKES_TENSOR_DICT)
+       for name in ("safetensors.torch.save_file", "safetensors.torch.save")},
+    # --- ranks: where a process learns which one it is
+    **{name: _api("https://pytorch.org/docs/stable/distributed.html#torch.distributed.get_rank", Does.RETURNS_RANK)
+       for name in ("torch.distributed.get_rank", "torch.distributed.get_node_local_rank",
+                    "torch.distributed.distributed_c10d.get_rank")},
+    "torch_xla.core.xla_model.get_ordinal": _api("https://pytorch.org/xla/release/2.0/index.html"
+                                                 "#torch_xla.core.xla_model.get_ordinal", Does.RETURNS_RANK),
+    **{f"horovod.torch.{name}": _api("https://horovod.readthedocs.io/en/stable/api.html", Does.RETURNS_RANK)
+       for name in ("rank", "local_rank")},
+    "torch.cuda.set_device": _api("https://pytorch.org/docs/stable/generated/torch.cuda.set_device.html",
+                                  Does.SELECTS_PROCESS_DEVICE),
+    "torch.distributed.init_process_group": _api(
+        "https://pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group",
+        Does.JOINS_PROCESS_GROUP),
+    **{name: _api("https://pytorch.org/docs/stable/multiprocessing.html#spawning-subprocesses"
+                  " (\"fn ... called as fn(i, *args), where i is the process index\")", Does.SPAWNS_PROCESSES)
+       for name in ("torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn",
+                    "torch.multiprocessing.start_processes")},
+    **{name: _api("https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.utilities.rank_zero.html",
+                  Does.RUNS_ON_RANK_ZERO)
+       for name in ("lightning.pytorch.utilities.rank_zero_only", "lightning.pytorch.utilities.rank_zero.rank_zero_only",
+                    "pytorch_lightning.utilities.rank_zero_only",
+                    "pytorch_lightning.utilities.rank_zero.rank_zero_only",
+                    "lightning_utilities.core.rank_zero.rank_zero_only")},
     # --- accelerate: "Prepare all objects passed in args for distributed training and mixed precision": models
     # are wrapped (DDP/FSDP) and moved to the process's device, data loaders sharded across processes
     **{f"{cls}.prepare": _api("https://huggingface.co/docs/accelerate/package_reference/accelerator"
@@ -153,6 +197,23 @@ TRAINING_LIBRARIES: dict[str, Api] = {
     "colossalai": _api(_SCALES + "https://colossalai.org/docs/features/mixed_precision_training_with_booster",
                        Does.SCALES_LOSS),
 }
+
+# Attributes that hold the process's rank or whether it is the main process, on the objects the libraries give
+# (accelerate's Accelerator and PartialState, Lightning's Trainer / LightningModule / Fabric, transformers' Trainer
+# and TrainingArguments): https://huggingface.co/docs/accelerate/package_reference/state,
+# https://lightning.ai/docs/pytorch/stable/common/trainer.html#properties,
+# https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments
+RANK_ATTRIBUTES = frozenset({"process_index", "local_process_index", "is_main_process", "is_local_main_process",
+                             "global_rank", "local_rank", "node_rank", "is_global_zero", "is_world_process_zero",
+                             "is_local_process_zero", "process_rank"})
+# Environment variables the launchers (torchrun, torch.distributed.launch, SLURM, MPI) set to the rank:
+# https://pytorch.org/docs/stable/elastic/run.html#environment-variables
+RANK_ENVIRONMENT = frozenset({"RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_LOCALID",
+                              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK"})
+# The predicates the libraries above name "is this the main process", as projects' own helpers copy them
+RANK_PREDICATE_NAMES = frozenset({"is_main_process", "is_local_main_process", "is_global_zero", "is_world_process_zero",
+                                  "is_local_process_zero", "is_master", "is_main", "is_master_process",
+                                  "master_process", "main_process", "is_primary", "is_rank_zero", "is_rank_0"})
 
 # Optimizer classes by name, for calls the rules cannot resolve (``from timm.optim import Lamb``, a project's
 # copy of ``Lion``): torch.optim's algorithms and the widely used third-party ones.
@@ -238,6 +299,11 @@ def iterates_its_argument(name: Optional[str]) -> bool:
 def is_library(qualified: Optional[str]) -> bool:
     """``qualified`` comes from an installed library or the standard library, not from this repository."""
     return qualified is not None and qualified.split(".", 1)[0] in LIBRARY_ROOTS
+
+
+def is_data_loader(qualified: Optional[str]) -> bool:
+    """``torch.utils.data.DataLoader`` (under either of its import paths)."""
+    return does(qualified, Does.LOADS_BATCHES)
 
 
 def is_ddp(qualified: Optional[str]) -> bool:

@@ -108,3 +108,17 @@ class AccumulationFacts:
         if not any(isinstance(n, cst.Call) and is_backward(n) and id(n) not in inside for n in body_nodes(loop)):
             return
         self.steps.append(AccumulationStep(node, divisor, loop, ctx.function))
+
+
+def steps_each_iteration(loop: cst.CSTNode, ctx: FileContext) -> bool:
+    """One pass of ``loop`` is one optimizer step: its own body (not a loop nested in it) calls ``opt.step()``.
+    A value rebuilt in each pass lives for one step (``losses = []`` per batch, gathered over its chunks)."""
+    stack = list(code_children(loop.body)) if hasattr(loop, "body") else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call) and is_optimizer_step(node, ctx):
+            return True
+        if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        stack.extend(code_children(node))
+    return False

@@ -11,7 +11,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, local_name_for
+from analyzers.context import FileContext, iter_names, local_name_for
 
 
 def last_segment(dotted: Optional[str]) -> str:
@@ -55,6 +55,35 @@ def name_is_model_like(name: str) -> bool:
     if low.startswith(_VERB_PREFIXES) or low.endswith(_NOT_MODEL_SUFFIXES):
         return False
     return low in _MODEL_NAMES or low.endswith(("model", "_net")) or (low.endswith("net") and len(low) > 3)
+
+
+# What evaluation data and evaluation code are called: ``val_loader``, ``testset``, ``X_valid``, ``dev_ds``;
+# ``validate``, ``evaluate``, ``eval_epoch``, ``run_inference``. One list for every rule that asks.
+_EVALUATION_DATA_WORDS = {"val", "valid", "validation", "eval", "evaluation", "test", "testing", "dev", "holdout"}
+_EVALUATION_DATA_JOINED = re.compile(
+    r"^(?:val|valid|test|eval|dev)(?:loader|loaders|dl|set|sets|data|dataset|ds|iter|batches)$")
+_EVALUATION_FUNCTION_WORDS = {"val", "valid", "eval", "test", "testing", "inference"}
+_EVALUATION_FUNCTION_PREFIXES = ("validat", "evaluat", "predict", "infer")
+
+
+def names_evaluation_data(name: Optional[str]) -> bool:
+    """A word of ``name`` says it holds evaluation data (``val_loader``, ``testset``, ``devData``), not
+    ``interval`` or ``device``."""
+    return bool(name) and any(word in _EVALUATION_DATA_WORDS or _EVALUATION_DATA_JOINED.match(word)
+                              for word in name_words(name))
+
+
+def mentions_evaluation_data(expr: Optional[cst.BaseExpression]) -> bool:
+    """Some name used in ``expr`` is named for evaluation data (by its last segment: ``self.val_set``)."""
+    return expr is not None and any(names_evaluation_data(last_segment(name)) for name in iter_names(expr))
+
+
+def names_evaluation_function(name: str) -> bool:
+    """validate / evaluate / eval_epoch / predict / run_inference / test ... (not pytest's ``test_x``)."""
+    if name.startswith(("test_", "Test")):
+        return False
+    return any(word in _EVALUATION_FUNCTION_WORDS or word.startswith(_EVALUATION_FUNCTION_PREFIXES)
+               for word in name_words(name))
 
 
 # opt, optim, optimizer, g_opt, opt_d, optG, optimizerD, generator_optimizer (not options/optuna/opts)

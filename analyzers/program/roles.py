@@ -11,6 +11,7 @@ import libcst as cst
 from analyzers.context import all_children, argument, dotted_name, string_value
 from analyzers.program.flow import ModuleNodes, call_site_values, subtree
 from analyzers.program.library import Does, does, method_returns_same_module
+from analyzers.program.builds import built_module
 from analyzers.program.names import last_segment, name_is_model_like
 
 if TYPE_CHECKING:
@@ -97,9 +98,10 @@ _MODEL_WORDS = ("model", "net", "module", "generator", "discriminator", "encoder
 
 
 def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
-    """Does ``name = value`` hold an ``nn.Module``: a torch.nn layer, a module class of this file, or an unknown
-    class (imported from the project) assigned to a model-like name? ``Net().to(device)`` and friends return
-    the module itself."""
+    """Does ``name = value`` hold an ``nn.Module``: what :func:`~analyzers.program.values.built_module` can tell,
+    else an unknown class (imported from the project) assigned to a model-like name."""
+    if built_module(ctx, value) is not None:
+        return True
     origin: Optional[cst.BaseExpression] = value
     while (isinstance(origin, cst.Call) and isinstance(origin.func, cst.Attribute)
            and method_returns_same_module(origin.func.attr.value)):
@@ -107,12 +109,22 @@ def constructs_module(ctx: "FileContext", value: cst.Call, name: str) -> bool:
     if not isinstance(origin, cst.Call):
         return name_is_model_like(name)
     called = ctx.call_name(origin) or dotted_name(origin.func) or ""
-    last = called.rsplit(".", 1)[-1]
-    if called.startswith("torch.nn.") and last[:1].isupper():
-        return True
-    if called in ctx.module_classes_in_file:
-        return True
-    return last[:1].isupper() and name_is_model_like(name)
+    return called.rsplit(".", 1)[-1][:1].isupper() and name_is_model_like(name)
+
+
+def holds_module(ctx: "FileContext", expr: cst.BaseExpression) -> bool:
+    """Does ``expr`` (a name or attribute about to be saved) hold an ``nn.Module``: what built it says so, or,
+    when nothing built it here, its name does, unless the function also hands it to an API that takes a dict of
+    tensors (``save_file(model, path)`` of safetensors: a state dict, whatever it is called)."""
+    origin = ctx.origin(expr)
+    name = dotted_name(expr) or ""
+    if isinstance(origin, cst.Call):
+        return constructs_module(ctx, origin, name)
+    if not name_is_model_like(name):
+        return False
+    scope = next((a for a in ctx.ancestors(expr) if isinstance(a, cst.FunctionDef)), ctx.module)
+    return not any(isinstance(node, cst.Call) and node.args and dotted_name(node.args[0].value) == name
+                   and does(ctx.call_name(node), Does.TAKES_TENSOR_DICT) for node in subtree(scope))
 
 
 @dataclass
@@ -243,6 +255,9 @@ class CheckpointWrites:
     def _value_payload(self, value: cst.BaseExpression, key: Optional[str], depth: int) -> set[Payload]:
         if isinstance(value, cst.Dict):
             return self.payloads(value, depth)
+        if isinstance(value, (cst.List, cst.Tuple, cst.Set)) and value.elements:
+            # ``torch.save([encoder, decoder], path)``: what each element puts in the file
+            return set().union(*(self.payloads(e.value, depth) for e in value.elements))
         if isinstance(value, cst.Call):
             called = dotted_name(value.func) or ""
             method = called.rsplit(".", 1)[-1]
@@ -507,3 +522,16 @@ class LightningClasses:
                     if last_segment(name) == "LightningModule" or name in self.names:
                         self.names.add(statement.name.value)
                         break
+
+
+def in_lightning_module(ctx: "FileContext") -> bool:
+    """The code being walked sits in a class deriving from ``LightningModule``: the Trainer runs its steps."""
+    if not ctx.classes:
+        return False
+    lightning = ctx.facts(LightningClasses).names
+    for cls in ctx.classes:
+        if cls.name.value in lightning:
+            return True
+        if any(last_segment(base) == "LightningModule" for base in ctx.class_bases(cls)):
+            return True
+    return False

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name
-from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument)
 from analyzers.program.modules import ModuleFacts, torch_layer_features
@@ -196,7 +196,7 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     """False only when the model is known to hold neither dropout nor BatchNorm (eval() would change nothing)."""
     built = constructor(ctx, model, use)
     if built is None:
-        return _assigned_features(ctx, dotted_name(model))
+        return _assigned_features(ctx, dotted_name(model), use)
     features = torch_layer_features(ctx, built)
     if features is None:
         cls = model_class(ctx, model, use)
@@ -204,14 +204,24 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     return features is None or bool(features & {"dropout", "batchnorm"})
 
 
-def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
-    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from in the file
-    is known to hold neither dropout nor BatchNorm."""
+def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.CSTNode] = None) -> bool:
+    """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from, in the
+    function that binds the name where it is used (or the file), is known to hold neither dropout nor BatchNorm."""
     if not name:
         return True
+    scope: cst.CSTNode = ctx.module
+    for fn in (a for a in (ctx.ancestors(use) if use is not None else ()) if isinstance(a, cst.FunctionDef)):
+        if any(p.name.value == name for p in fn.params.params + fn.params.kwonly_params + fn.params.posonly_params):
+            return True  # the caller's model: nothing here says what it holds
+        if any(isinstance(n, cst.Assign) and any(dotted_name(t.target) == name for t in n.targets)
+               for n in subtree(fn.body)):
+            scope = fn
+            break
     facts = ctx.facts(ModuleFacts)
     seen = False
-    for node in ctx.facts(ModuleNodes).of_type(cst.Assign):
+    assignments = (ctx.facts(ModuleNodes).of_type(cst.Assign) if scope is ctx.module
+                   else (n for n in subtree(scope) if isinstance(n, cst.Assign)))
+    for node in assignments:
         if not any(dotted_name(t.target) == name for t in node.targets):
             continue
         value = node.value
@@ -220,10 +230,44 @@ def _assigned_features(ctx: FileContext, name: Optional[str]) -> bool:
             value = value.func.value
         if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
             continue  # ``model = model.cuda()``
-        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+        if not isinstance(value, cst.Call):
             return True
-        features = facts.features(value.func.value)
+        # ``net = nn.Sequential(nn.Linear(...))`` is read from torch's own layers, ``net = Net()`` from the class
+        features = torch_layer_features(ctx, value) if isinstance(value.func, cst.Attribute) else \
+            facts.features(value.func.value) if isinstance(value.func, cst.Name) else None
         if features is None or features & {"dropout", "batchnorm"}:
             return True
         seen = True
     return not seen
+
+
+_MAXIMA = {"max", "amax"}
+_SAME_VALUES = {"data", "detach", "values", "clone"}
+
+
+def _values_root(expr: cst.BaseExpression) -> Optional[str]:
+    """``x`` for ``x``, ``x.data``, ``x.detach()``, ``self.x``: the value a read of the same numbers starts at."""
+    while True:
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SAME_VALUES:
+            expr = expr.func.value
+        elif isinstance(expr, cst.Attribute) and expr.attr.value in _SAME_VALUES:
+            expr = expr.value
+        else:
+            return dotted_name(expr)
+
+
+def is_maximum_of(value: Optional[cst.BaseExpression], of: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``value`` is the maximum of ``of``'s values (``x.max()``, ``x.data.max(1, keepdim=True)[0]``,
+    ``torch.amax(x, dim)``), directly or through the name it was assigned to: ``exp(x - value)`` cannot overflow."""
+    target = _values_root(of)
+    if target is None or value is None:
+        return False
+    expr = ctx.origin(value) if isinstance(value, (cst.Name, cst.Attribute)) else value
+    while isinstance(expr, cst.Subscript) or isinstance(expr, cst.Attribute) and expr.attr.value == "values":
+        expr = expr.value
+    if not isinstance(expr, cst.Call) or not isinstance(expr.func, cst.Attribute) or \
+            expr.func.attr.value not in _MAXIMA:
+        return False
+    if (ctx.qualified_name(expr.func) or "").startswith("torch."):
+        return bool(expr.args) and _values_root(expr.args[0].value) == target
+    return _values_root(expr.func.value) == target

@@ -9,7 +9,7 @@ from analyzers.context import (
     method_name)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.loops import body_nodes, loop_stack, loop_trains
+from analyzers.program.loops import body_nodes, loop_stack, loop_trains, steps_each_iteration
 from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import (BACKWARD_METHODS, is_model_call)
 from analyzers.rules.base import Invalid, Rule
@@ -189,6 +189,9 @@ class OutputsKeptWithGraph(Rule):
         listed = ctx.binding(target)
         if listed is not None and listed.loop is stack[-1]:
             return  # a list built afresh in each iteration of this loop
+        if listed is not None and listed.kind != "param" and any(
+                ctx.inside(listed.node, loop) and steps_each_iteration(loop, ctx) for loop in stack[:-1]):
+            return  # built afresh for each optimizer step (a step's chunks): nothing outlives the step
         self.candidates.append((node, target, value.value, stack[-1]))
 
     def end_file(self, ctx: FileContext) -> None:

@@ -11,14 +11,14 @@ from analyzers.context import (FileContext, dotted_name, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.data_pipeline._data import DATALOADERS as _DATALOADERS
+from analyzers.program.library import is_data_loader
 
 
 def _is_loader(expr: cst.BaseExpression, ctx: FileContext) -> bool:
     name = dotted_name(expr)
     if name is None:
         return False
-    if ctx.origin_call_name(expr) in _DATALOADERS:
+    if is_data_loader(ctx.origin_call_name(expr)):
         return True
     last = name.rsplit(".", 1)[-1].lower()
     return last.endswith(("loader", "_dl")) or last in ("dl", "dataloader")

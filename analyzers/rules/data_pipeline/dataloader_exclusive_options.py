@@ -10,7 +10,7 @@ from analyzers.context import (FileContext, is_false, is_true, keyword_arg, posi
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.data_pipeline._data import DATALOADERS as _DATALOADERS
+from analyzers.program.library import is_data_loader
 
 
 _BATCH_SAMPLER_EXCLUSIVE = ("batch_size", "shuffle", "sampler", "drop_last")
@@ -94,7 +94,7 @@ class DataLoaderExclusiveOptions(Rule):  # TR721 (shuffle-with-sampler) was fold
         last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
         if last != "DataLoader" and "DataLoader" not in ctx.imports.names.get(last, ""):
             return
-        if ctx.qualified_name(func) not in _DATALOADERS or any(a.star for a in node.args):
+        if not is_data_loader(ctx.qualified_name(func)) or any(a.star for a in node.args):
             return
         batch_sampler = keyword_arg(node, "batch_sampler")
         if batch_sampler is not None and not _none(batch_sampler.value):

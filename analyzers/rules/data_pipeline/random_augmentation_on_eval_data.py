@@ -10,47 +10,15 @@ from analyzers.context import (FileContext, argument, dotted_name, is_false, key
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.data_pipeline._data import DATALOADERS as _DATALOADERS
+from analyzers.program.data import random_transforms, transform_replaced
+from analyzers.program.library import is_data_loader
+from analyzers.program.names import last_segment, names_evaluation_data
 
 
-_RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix", "ElasticTransform",
-                      "RandomApply", "RandomChoice", "RandomOrder"}
-_TRANSFORM_ROOTS = ("torchvision.transforms", "torchvision.transforms.v2", "albumentations", "monai.transforms",
-                    "timm.data")
-_EVAL_WORD = re.compile(r"(^|_|\b)(val|valid|validation|test|testing|eval|evaluation|dev|holdout)(_|\b|$|set|data|"
-                        r"dataset|loader|ds|dl)", re.IGNORECASE)
 _EVAL_SPLITS = {"val", "valid", "validation", "test", "eval", "dev", "testing"}
 _RANDOM_SPLIT = {"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"}
 _FOLDER_DATASETS = {"torchvision.datasets.ImageFolder", "torchvision.datasets.DatasetFolder",
                     "torchvision.datasets.folder.ImageFolder"}
-
-
-def _random_transforms(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> list[str]:
-    """Names of the random transforms ``expr`` (a Compose, a list, or a name bound to one) applies."""
-    if expr is None or depth > 3:
-        return []
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        return _random_transforms(ctx.assigned_value(expr), ctx, depth + 1)
-    if isinstance(expr, (cst.List, cst.Tuple)):
-        found: list[str] = []
-        for element in expr.elements:
-            found.extend(_random_transforms(element.value, ctx, depth + 1))
-        return found
-    if not isinstance(expr, cst.Call):
-        return []
-    qualified = ctx.qualified_name(expr.func) or ""
-    last = qualified.rsplit(".", 1)[-1]
-    if not qualified.startswith(_TRANSFORM_ROOTS):
-        return []
-    if last == "Compose":
-        return _random_transforms(argument(expr, 0, "transforms"), ctx, depth + 1)
-    if last.startswith("Random") or last in _RANDOM_TRANSFORMS:
-        probability = keyword_arg(expr, "p")
-        if probability is not None and isinstance(probability.value, (cst.Integer, cst.Float)) and \
-                float(probability.value.value) == 0.0:
-            return []
-        return [last]
-    return []
 
 
 def _evaluation_reason(node: cst.Call, ctx: FileContext) -> Optional[str]:
@@ -63,7 +31,7 @@ def _evaluation_reason(node: cst.Call, ctx: FileContext) -> Optional[str]:
     parent = ctx.parent(node)
     if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
         target = dotted_name(parent.targets[0].target)
-        if target and _EVAL_WORD.search(target.rsplit(".", 1)[-1]):
+        if target and names_evaluation_data(last_segment(target)):
             return f"it is assigned to {code_span(target)}"
     return None
 
@@ -170,7 +138,7 @@ class RandomAugmentationOnEvalData(Rule):
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         qualified = ctx.qualified_name(node.func)
-        if qualified in _DATALOADERS:
+        if is_data_loader(qualified):
             self._loader(node, ctx)
             return
         if qualified in _RANDOM_SPLIT:
@@ -187,7 +155,7 @@ class RandomAugmentationOnEvalData(Rule):
         reason = _evaluation_reason(node, ctx)
         if reason is None:
             return
-        randoms = list(dict.fromkeys(_random_transforms(value, ctx)))
+        randoms = list(dict.fromkeys(random_transforms(value, ctx)))
         if not randoms:
             return
         shown = ", ".join(code_span(r) for r in randoms)
@@ -206,7 +174,7 @@ class RandomAugmentationOnEvalData(Rule):
         if not isinstance(target, (cst.Tuple, cst.List)):
             return
         names = [dotted_name(e.value) or "" for e in target.elements]
-        evaluation = next((n for n in names if n and _EVAL_WORD.search(n.rsplit(".", 1)[-1])), None)
+        evaluation = next((n for n in names if n and names_evaluation_data(last_segment(n))), None)
         if evaluation is None:
             return
         dataset = argument(node, 0, "dataset")
@@ -216,8 +184,8 @@ class RandomAugmentationOnEvalData(Rule):
         transform = keyword_arg(made, "transform")
         value = transform.value if transform is not None else (
             argument(made, 1, "transform") if ctx.qualified_name(made.func) in _FOLDER_DATASETS else None)
-        randoms = list(dict.fromkeys(_random_transforms(value, ctx)))
-        if not randoms:
+        randoms = list(dict.fromkeys(random_transforms(value, ctx)))
+        if not randoms or transform_replaced(evaluation, ctx):
             return
         shown = ", ".join(code_span(r) for r in randoms)
         self.report(node, f"{code_span(evaluation)} is split off {code_span(short(ctx, dataset, 40))}, whose transform "
@@ -232,14 +200,14 @@ class RandomAugmentationOnEvalData(Rule):
         if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
             return
         target = dotted_name(parent.targets[0].target)
-        if not target or not _EVAL_WORD.search(target.rsplit(".", 1)[-1]):
+        if not target or not names_evaluation_data(last_segment(target)):
             return
         dataset = argument(node, 0, "dataset")
         made = ctx.origin(dataset) if isinstance(dataset, (cst.Name, cst.Attribute)) else None
         if not isinstance(made, cst.Call) or _evaluation_reason(made, ctx) is not None:
             return  # an evaluation dataset is reported where it is built
         transform = keyword_arg(made, "transform")
-        randoms = list(dict.fromkeys(_random_transforms(transform.value if transform is not None else None, ctx)))
+        randoms = list(dict.fromkeys(random_transforms(transform.value if transform is not None else None, ctx)))
         if not randoms:
             return
         shown = ", ".join(code_span(r) for r in randoms)

@@ -6,8 +6,10 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_true, keyword_arg,
-                               method_name, string_value)
-from analyzers.program.library import Does, does, is_data_parallel
+                               method_name, short, string_value)
+from analyzers.program.library import Does, does, is_data_loader, is_data_parallel
+from analyzers.program.data import dataset_in_memory
+from analyzers.program.names import last_segment, names_evaluation_data
 from analyzers.rules.base import Rule
 
 
@@ -220,11 +222,6 @@ def observe_assign(node: cst.Assign, ctx: FileContext) -> None:
         facts.observe_assign(node, ctx)
 
 
-def short(ctx: FileContext, node: cst.CSTNode, limit: int = 70) -> str:
-    text = " ".join(ctx.module.code_for_node(node).split())
-    return text if len(text) <= limit else text[: limit - 5] + "...)"
-
-
 def chain_top(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
     """The outermost method call or subscript of the chain ``node`` starts: ``Net().to(device).train()``,
     ``torch.arange(t).unsqueeze(0)[None]``."""
@@ -260,9 +257,6 @@ def to_moves_device(call: cst.Call, ctx: FileContext) -> bool:
 # ---------------------------------------------------------------------------------------------
 # DataLoader rules
 
-DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-
-
 @dataclass
 class Loader:
     call: cst.Call
@@ -271,29 +265,8 @@ class Loader:
     in_memory: bool = False  # MNIST-like or TensorDataset: nothing to decode, little to copy
 
 
-# Data sets that live in memory as small tensors: loading them costs nothing worth a worker or pinning.
-IN_MEMORY_DATASETS = {"TensorDataset", "MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST"}
-EVALUATION_WORDS = ("val", "test", "eval", "dev", "holdout")
-
-
-def is_evaluation_name(name: Optional[str]) -> bool:
-    last = (name or "").rsplit(".", 1)[-1].lower()
-    return any(word in last for word in EVALUATION_WORDS)
-
-
-def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
-    origin = ctx.origin(dataset) if dataset is not None else None
-    if not isinstance(origin, cst.Call):
-        return False
-    called = (ctx.call_name(origin) or dotted_name(origin.func) or "").rsplit(".", 1)[-1]
-    if called not in IN_MEMORY_DATASETS:
-        return False
-    # random augmentation makes even MNIST worth decoding in workers
-    return "Random" not in ctx.module.code_for_node(origin)
-
-
 def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
-    if ctx.call_name(node) not in DATALOADERS:
+    if not is_data_loader(ctx.call_name(node)):
         return None
     if any(a.star for a in node.args):
         return None  # ``**loader_kwargs`` may carry the setting
@@ -310,7 +283,7 @@ def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
         n is not None and "train" in n.lower() for n in (dataset_name, target))
     if not training and isinstance(parent, cst.Return) and fn is not None and "train" in fn.name.value.lower():
         training = True
-    if is_evaluation_name(target) or is_evaluation_name(dataset_name):
+    if names_evaluation_data(last_segment(target)) or names_evaluation_data(last_segment(dataset_name)):
         training = False  # a shuffled test loader is still a test loader
     label = target or (f"DataLoader({dataset_name})" if dataset_name else short(ctx, node, 50))
     return Loader(node, label, training, dataset_in_memory(dataset, ctx))

@@ -6,16 +6,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, dotted_name, iter_names, keyword_arg, positional_args)
+from analyzers.context import (FileContext, dotted_name, keyword_arg, positional_args)
 from analyzers.rules.base import Rule
+from analyzers.program.ranks import returns_off_rank
 from analyzers.program.roles import is_test_code
 from analyzers.program.library import Does, does, is_ddp
-
-
-DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-RANK_WORDS = re.compile(r"rank|main_process|is_main|is_master|master|global_zero|local_process_zero|"
-                         r"process_index|is_primary|primary|gpu|device_id|proc_id|node_id|worker_id|leader",
-                         re.IGNORECASE)
 
 
 def is_ddp_call(call: cst.Call, ctx: FileContext) -> bool:
@@ -23,20 +18,6 @@ def is_ddp_call(call: cst.Call, ctx: FileContext) -> bool:
     if is_ddp(qualified):
         return True
     return qualified is None and (dotted_name(call.func) or "") in ("DDP", "DistributedDataParallel")
-
-
-def mentions_rank(expr: cst.CSTNode) -> bool:
-    return any(RANK_WORDS.search(name) for name in iter_names(expr))
-
-
-def rank_guarded(node: cst.Call, ctx: FileContext) -> bool:
-    """Whether the call runs only on some ranks: under a test of the rank, or in a function named for one."""
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, (cst.If, cst.IfExp, cst.While)) and mentions_rank(ancestor.test):
-            return True
-        if isinstance(ancestor, cst.FunctionDef):
-            return bool(RANK_WORDS.search(ancestor.name.value))
-    return False
 
 
 DDP_HINT = re.compile(r"DistributedDataParallel|DDP")  # how _is_ddp_call recognises the wrapper
@@ -63,9 +44,7 @@ class CallsOnEveryRank(Rule):
             self.calls.append((node, ctx.function))
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
-        if mentions_rank(node.test) and isinstance(node.body, cst.IndentedBlock) and any(
-                isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
-                for s in node.body.body):
+        if returns_off_rank(node, ctx):
             self.guarded.add(id(ctx.function))
 
     def unguarded_calls(self, ctx: FileContext) -> list[tuple[cst.Call, object]]:
@@ -74,9 +53,6 @@ class CallsOnEveryRank(Rule):
         return [(call, fn) for call, fn in self.calls if id(fn) not in self.guarded]
 
 
-# a name that says "evaluation data": val / valid / test / eval as a word between underscores or digits
-EVAL_DATA = re.compile(r"(?<![a-z])(val|valid|validation|test|testing|eval|evaluation|dev)(?![a-z])|"
-                        r"(val|valid|test|eval)(set|data|dataset|loader|dl|ds)", re.IGNORECASE)
 DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
 
 
@@ -84,10 +60,6 @@ def is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
     """torch's DistributedSampler, or a project's own ``Distributed*Sampler`` class."""
     return does(ctx.call_name(node), Does.SHARDS_DATA) or bool(
         DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
-
-
-def names_eval_data(expr: Optional[cst.CSTNode]) -> bool:
-    return expr is not None and any(EVAL_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(expr))
 
 
 def may_have_sampler(loader: cst.Call, max_positional: int) -> bool:

@@ -10,10 +10,10 @@ import re
 import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, keyword_arg,
-                               method_name, string_value)
+                               method_name, short, string_value)
 from analyzers.program.devices import expression_nodes
 from analyzers.program.flow import assignment_before, call_site_values, parameter_index
-from analyzers.program.library import is_data_parallel
+from analyzers.program.library import is_data_loader, is_data_parallel
 from analyzers.program.loops import iterated
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -23,10 +23,8 @@ from analyzers.rules.device_performance._device import (
     is_cuda_device as _is_cuda_device,
     receiver_root as _receiver_root,
     observe_assign as _observe_assign,
-    short as _short,
     chain_top as _chain_top,
     to_moves_device as _to_moves_device,
-    DATALOADERS as _DATALOADERS,
 )
 
 
@@ -233,7 +231,7 @@ class _BatchFlow:
             arg = node.args[0]
             if self.status(arg.value) == _CPU:
                 root = _receiver_root(arg.value) or ""
-                shown = ("**" if arg.star == "**" else "*" if arg.star else "") + _short(self.ctx, arg.value, 40)
+                shown = ("**" if arg.star == "**" else "*" if arg.star else "") + short(self.ctx, arg.value, 40)
                 self.uses.append(_CpuBatchUse(node, callee, shown, root, self.discarded.get(root)))
 
 
@@ -497,7 +495,7 @@ class BatchNotMovedToDevice(Rule):
                 break
 
     def _message(self, use: _CpuBatchUse, entry: _LoaderLoop, move: cst.Call, ctx: FileContext) -> str:
-        loader = _short(ctx, entry.iterable, 40)
+        loader = short(ctx, entry.iterable, 40)
         if method_name(move) == "to":
             target = keyword_arg(move, "device")
             device = ctx.module.code_for_node(target.value if target is not None else move.args[0].value)
@@ -511,10 +509,10 @@ class BatchNotMovedToDevice(Rule):
         line = positions[move].start.line
         if use.discarded_move is not None:
             discarded_line = positions[use.discarded_move].start.line
-            how = (f"`{_short(ctx, use.discarded_move, 40)}` on line {discarded_line} returns a moved copy that is "
+            how = (f"`{short(ctx, use.discarded_move, 40)}` on line {discarded_line} returns a moved copy that is "
                    f"thrown away (a tensor's `.to` is not in place), so `{use.argument}` from `{loader}` still "
                    f"reaches `{use.callee}(...)` on the CPU")
-            fix = f"keep the copy: `{use.root} = {_short(ctx, use.discarded_move, 40)}`"
+            fix = f"keep the copy: `{use.root} = {short(ctx, use.discarded_move, 40)}`"
         else:
             how = f"`{use.argument}` from `{loader}` reaches `{use.callee}(...)` without being moved"
             fix = (f"move it in the loop (`{use.root} = {use.root}{copy}`)" if use.argument == use.root
@@ -550,7 +548,7 @@ class BatchNotMovedToDevice(Rule):
         if depth > 3:
             return None
         if isinstance(expr, cst.Call):
-            return expr if self.ctx.call_name(expr) in _DATALOADERS else None
+            return expr if is_data_loader(self.ctx.call_name(expr)) else None
         name = dotted_name(expr)
         if name is None:
             return None

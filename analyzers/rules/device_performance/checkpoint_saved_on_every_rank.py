@@ -12,10 +12,9 @@ from analyzers.rules.base import Invalid, Rule
 from analyzers.program.names import node_text
 from analyzers.program.library import Does, does
 from analyzers.program.values import is_plain_backward
+from analyzers.program.ranks import depends_on_rank, rank_guarded, returns_off_rank
 from analyzers.rules.device_performance._distributed import (
     is_ddp_call as _is_ddp_call,
-    mentions_rank as _mentions_rank,
-    rank_guarded as _rank_guarded,
     DDP_HINT as _DDP_HINT,
 )
 
@@ -151,16 +150,14 @@ class SaveOnEveryRank(Rule):
             self.ddp = True
         elif is_plain_backward(node):
             self.trains.add(id(ctx.function))
-        elif does(ctx.call_name(node), Does.WRITES_TORCH_CHECKPOINT) and not _rank_guarded(node, ctx):
+        elif does(ctx.call_name(node), Does.WRITES_TORCH_CHECKPOINT) and not rank_guarded(node, ctx):
             path = node.args[1].value if len(node.args) > 1 else None
-            if path is not None and (_mentions_rank(path) or _mentions_rank(ctx.origin(path) or path)):
+            if path is not None and (depends_on_rank(path, ctx) or depends_on_rank(ctx.origin(path) or path, ctx)):
                 return  # one file per rank
             self.saves.append((node, ctx.function))
 
     def visit_If(self, node: cst.If, ctx: FileContext) -> None:
-        if _mentions_rank(node.test) and any(isinstance(s, cst.SimpleStatementLine) and any(
-                isinstance(small, cst.Return) for small in s.body) for s in node.body.body
-                if isinstance(node.body, cst.IndentedBlock)):
+        if returns_off_rank(node, ctx):
             self.guarded.add(id(ctx.function))
 
     def end_file(self, ctx: FileContext) -> None:

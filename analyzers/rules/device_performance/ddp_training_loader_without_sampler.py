@@ -16,14 +16,13 @@ from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import iterated, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.roles import is_test_code
+from analyzers.program.ranks import depends_on_rank
+from analyzers.program.library import is_data_loader
+from analyzers.program.names import last_segment, mentions_evaluation_data, names_evaluation_data
 from analyzers.rules.device_performance._distributed import (
-    DATALOADER as _DATALOADER,
     is_ddp_call as _is_ddp_call,
-    mentions_rank as _mentions_rank,
     DDP_HINT as _DDP_HINT,
-    EVAL_DATA as _EVAL_DATA,
     is_sharding_sampler as _is_sharding_sampler,
-    names_eval_data as _names_eval_data,
     may_have_sampler as _may_have_sampler,
     assigned_name as _assigned_name,
 )
@@ -160,7 +159,7 @@ class DdpTrainingLoaderWithoutSampler(Rule):
                 self.process_group = True  # ``world_size=1``: one process, nothing to split
         elif _is_sharding_sampler(node, ctx):
             self.sharded = True
-        elif qualified in _DATALOADER and not _may_have_sampler(node, max_positional=2):
+        elif is_data_loader(qualified) and not _may_have_sampler(node, max_positional=2):
             self.loaders.append((node, _assigned_name(node, ctx), argument(node, 0, "dataset")))
 
     def visit_For(self, node: cst.For, ctx: FileContext) -> None:
@@ -176,7 +175,7 @@ class DdpTrainingLoaderWithoutSampler(Rule):
                 _SELF_SHARDING.search(ctx.source):
             return
         for call, variable, dataset in self.loaders:
-            if dataset is None or _names_eval_data(dataset) or (variable is not None and _is_eval_name(variable)):
+            if dataset is None or mentions_evaluation_data(dataset) or (variable is not None and names_evaluation_data(last_segment(variable))):
                 continue
             if self._built_per_rank(dataset, ctx):
                 continue
@@ -195,17 +194,13 @@ class DdpTrainingLoaderWithoutSampler(Rule):
     @staticmethod
     def _built_per_rank(dataset: cst.BaseExpression, ctx: FileContext) -> bool:
         """The dataset (or what its name was assigned) mentions the rank: it is split per process already."""
-        if _mentions_rank(dataset):
+        if depends_on_rank(dataset, ctx):
             return True
         name = dotted_name(dataset)
         if name is None:
             return False
         for node in subtree(ctx.module):
             if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets) and \
-                    _mentions_rank(node.value):
+                    depends_on_rank(node.value, ctx):
                 return True
         return False
-
-
-def _is_eval_name(variable: str) -> bool:
-    return bool(_EVAL_DATA.search(variable.rsplit(".", 1)[-1]))

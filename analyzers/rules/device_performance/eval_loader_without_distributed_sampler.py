@@ -14,13 +14,13 @@ from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.roles import is_test_code
+from analyzers.program.ranks import rank_guarded
+from analyzers.program.library import is_data_loader
+from analyzers.program.names import mentions_evaluation_data
 from analyzers.rules.device_performance._distributed import (
-    DATALOADER as _DATALOADER,
     is_ddp_call as _is_ddp_call,
-    rank_guarded as _rank_guarded,
     DDP_HINT as _DDP_HINT,
     is_sharding_sampler as _is_sharding_sampler,
-    names_eval_data as _names_eval_data,
     may_have_sampler as _may_have_sampler,
     assigned_name as _assigned_name,
 )
@@ -148,21 +148,21 @@ class EvalLoaderWithoutDistributedSampler(Rule):
             statement = ctx.statement_of(node)
             targets = statement.body[0].targets if isinstance(statement, cst.SimpleStatementLine) and isinstance(
                 statement.body[0], cst.Assign) else ()
-            if any(_names_eval_data(arg.value) for arg in node.args) or any(
-                    _names_eval_data(t.target) for t in targets):
+            if any(mentions_evaluation_data(arg.value) for arg in node.args) or any(
+                    mentions_evaluation_data(t.target) for t in targets):
                 self.eval_sharded = True
-        elif ctx.call_name(node) in _DATALOADER:
+        elif is_data_loader(ctx.call_name(node)):
             self._loader(node, ctx)
 
     def _loader(self, node: cst.Call, ctx: FileContext) -> None:
-        if _may_have_sampler(node, max_positional=3) or _rank_guarded(node, ctx):
+        if _may_have_sampler(node, max_positional=3) or rank_guarded(node, ctx):
             return
         dataset = argument(node, 0, "dataset")
         parent = ctx.parent(node)
         variable = _assigned_name(node, ctx)
-        if dataset is not None and _names_eval_data(dataset):
+        if dataset is not None and mentions_evaluation_data(dataset):
             self.loaders.append((node, variable, ctx.module.code_for_node(dataset).strip()))
-        elif variable is not None and _names_eval_data(parent.targets[0].target):
+        elif variable is not None and mentions_evaluation_data(parent.targets[0].target):
             self.loaders.append((node, variable, variable))
 
     def end_file(self, ctx: FileContext) -> None:
@@ -182,6 +182,6 @@ class EvalLoaderWithoutDistributedSampler(Rule):
         """Some use of the loader sits under a rank check (``if rank == 0: evaluate(model, val_loader)``)."""
         for node in subtree(ctx.module):
             if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == variable and \
-                    not isinstance(ctx.parent(node), cst.AssignTarget) and _rank_guarded(node, ctx):
+                    not isinstance(ctx.parent(node), cst.AssignTarget) and rank_guarded(node, ctx):
                 return True
         return False

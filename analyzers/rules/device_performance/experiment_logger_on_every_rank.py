@@ -10,9 +10,8 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid
 from analyzers.program.names import node_text
+from analyzers.program.ranks import depends_on_rank, rank_guarded
 from analyzers.rules.device_performance._distributed import (
-    mentions_rank as _mentions_rank,
-    rank_guarded as _rank_guarded,
     DDP_HINT as _DDP_HINT,
     CallsOnEveryRank as _CallsOnEveryRank,
 )
@@ -105,8 +104,8 @@ class LoggerOnEveryRank(_CallsOnEveryRank):
     ]
 
     def collects(self, node: cst.Call, ctx: FileContext) -> bool:
-        return (ctx.call_name(node) in _LOGGERS and not _rank_guarded(node, ctx)
-                and not any(_mentions_rank(arg.value) or _mentions_rank(ctx.origin(arg.value) or arg.value)
+        return (ctx.call_name(node) in _LOGGERS and not rank_guarded(node, ctx)
+                and not any(depends_on_rank(arg.value, ctx) or depends_on_rank(ctx.origin(arg.value) or arg.value, ctx)
                             for arg in node.args))
 
     def end_file(self, ctx: FileContext) -> None:

@@ -12,9 +12,8 @@ from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid
 from analyzers.program.loops import loop_stack, loop_trains
 from analyzers.program.names import node_text
+from analyzers.program.ranks import depends_on_rank, rank_guarded
 from analyzers.rules.device_performance._distributed import (
-    mentions_rank as _mentions_rank,
-    rank_guarded as _rank_guarded,
     DDP_HINT as _DDP_HINT,
     CallsOnEveryRank as _CallsOnEveryRank,
 )
@@ -139,7 +138,7 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
     ]
 
     def collects(self, node: cst.Call, ctx: FileContext) -> bool:
-        if not (self._is_log_call(node, ctx) and self._shows_metric(node) and not _rank_guarded(node, ctx)):
+        if not (self._is_log_call(node, ctx) and self._shows_metric(node, ctx) and not rank_guarded(node, ctx)):
             return False
         return any(loop_trains(loop, ctx) for loop in loop_stack(ctx))
 
@@ -156,9 +155,9 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
         return False
 
     @staticmethod
-    def _shows_metric(node: cst.Call) -> bool:
+    def _shows_metric(node: cst.Call, ctx: FileContext) -> bool:
         for arg in node.args:
-            if _mentions_rank(arg.value) or re.search(r"rank|gpu|device", _string_text(arg.value), re.IGNORECASE):
+            if depends_on_rank(arg.value, ctx) or re.search(r"rank|gpu|device", _string_text(arg.value), re.IGNORECASE):
                 return False  # a per-rank message on purpose
         return any(_METRIC_WORDS.search(name) for arg in node.args for name in iter_names(arg.value)) or any(
             isinstance(n, cst.Call) and method_name(n) == "item" for arg in node.args for n in subtree(arg.value))

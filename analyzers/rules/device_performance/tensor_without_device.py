@@ -6,9 +6,9 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (FileContext, dotted_name, keyword_arg,
-                               method_name)
+                               method_name, short)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import subtree
+from analyzers.program.flow import decides_branch, subtree
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.rules.device_performance._device import (
@@ -16,7 +16,6 @@ from analyzers.rules.device_performance._device import (
     device_facts as _facts,
     observe as _observe,
     observe_assign as _observe_assign,
-    short as _short,
     chain_top as _chain_top,
     to_moves_device as _to_moves_device,
 )
@@ -314,6 +313,13 @@ class TensorWithoutDevice(Rule):
                     isinstance(parent, cst.Subscript) and parent.value is current):
                 current = parent  # ``(torch.arange(n) + 1).to(device)``, ``torch.ones(n)[None].cuda()``
                 continue
+            if isinstance(parent, cst.ComparisonTarget) and isinstance(grand, cst.Comparison) or \
+                    isinstance(parent, cst.Comparison) and parent.left is current:
+                comparison = grand if isinstance(parent, cst.ComparisonTarget) else parent
+                return decides_branch(comparison, ctx) and not any(
+                    isinstance(operand, cst.Call) for operand in
+                    [comparison.left, *(target.comparator for target in comparison.comparisons)]
+                    if operand is not current)  # ``if torch.rand(1) < p:`` a host-side draw decides a branch
             if isinstance(parent, cst.Arg) and isinstance(grand, cst.Call):
                 sink = method_name(grand)
                 if sink in _HOST_SINKS:
@@ -337,7 +343,7 @@ class TensorWithoutDevice(Rule):
             embedding = self._embedding_fed(cand, ctx) if cuda or cand.owner.endswith(".forward()") else None
             if not cuda and embedding is None:
                 continue
-            shown = _short(ctx, cand.call)
+            shown = short(ctx, cand.call, 70)
             hint = self._device_hint(cand.fn)
             if embedding is not None:
                 # CPU indices into a CUDA embedding table always raise: not a slowdown, a crash on the first step

@@ -1,7 +1,6 @@
 """What TR201 and TR202 share."""
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import libcst as cst
@@ -10,44 +9,14 @@ from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_na
 from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does, method_does, method_returns_same_module
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.names import name_is_model_like
+from analyzers.program.builds import built_module
+from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
 from analyzers.program.roles import is_test_code
 from analyzers.rules.base import Rule
 
 
 # ---------------------------------------------------------------------------------------------
 # Names
-
-# torch.nn classes without dropout / batch-norm / parameters worth the name "model"
-NN_NOT_MODELS = {"Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6", "LeakyReLU", "Tanh", "GELU", "SiLU", "ELU",
-                  "Identity", "Flatten", "Unflatten", "Upsample", "Softplus", "Hardtanh", "Mish", "CosineSimilarity",
-                  "PairwiseDistance", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict"}
-
-CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-SPLIT = re.compile(r"[._\W]+")
-EVAL_FN_TOKENS = {"val", "valid", "eval", "test", "testing", "inference"}
-EVAL_FN_PREFIXES = ("validat", "evaluat", "predict", "infer")
-VAL_DATA_TOKENS = {"val", "valid", "validation", "eval", "evaluation", "test", "testing", "dev", "holdout"}
-VAL_DATA_JOINED = re.compile(r"^(?:val|valid|test|eval|dev)(?:loader|loaders|dl|set|data|dataset|ds|iter|batches)$")
-
-
-def tokens(name: str) -> list[str]:
-    return [t for t in SPLIT.split(CAMEL.sub("_", name).lower()) if t]
-
-
-def is_eval_function_name(name: str) -> bool:
-    """validate / evaluate / eval_epoch / predict / run_inference / test ... (not pytest ``test_x``)."""
-    if name.startswith("test_") or name.startswith("Test"):
-        return False
-    for token in tokens(name):
-        if token in EVAL_FN_TOKENS or token.startswith(EVAL_FN_PREFIXES):
-            return True
-    return False
-
-
-def is_val_data_name(name: str) -> bool:
-    return any(t in VAL_DATA_TOKENS or VAL_DATA_JOINED.match(t) for t in tokens(name))
-
 
 def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
     """The validation-data name a ``for`` iterates (``val_loader``, ``loaders['test']``...), or None."""
@@ -61,14 +30,14 @@ def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
         if isinstance(node, (cst.Name, cst.Attribute)):
             dotted = dotted_name(node)
             if dotted is not None:
-                if is_val_data_name(dotted):
+                if names_evaluation_data(dotted):
                     return dotted
                 continue
             stack.append(node.value)
         elif isinstance(node, cst.Subscript):
             for element in node.slice:
                 index = getattr(element.slice, "value", None)
-                if isinstance(index, cst.SimpleString) and is_val_data_name(index.value.strip("'\"")):
+                if isinstance(index, cst.SimpleString) and names_evaluation_data(index.value.strip("'\"")):
                     base = dotted_name(node.value) or "..."
                     return f"{base}[{index.value}]"
             stack.append(node.value)
@@ -156,7 +125,7 @@ class Facts:
         direct_cls = cls if cls is not None and ctx.parent(ctx.parent(node) or node) is cls else None
         state = FnState(node, node.name.value, direct_cls)
         name = node.name.value
-        state.eval_named = is_eval_function_name(name)
+        state.eval_named = names_evaluation_function(name)
         decorators = ctx.decorators_of(node)
         state.skip = name.startswith("test_") or any("fixture" in d or "pytest" in d for d in decorators)
         if direct_cls is not None and self._framework_class(direct_cls, ctx):
@@ -348,7 +317,9 @@ class Facts:
                 return
         name_like = name_is_model_like(model)
         origin = ctx.origin(target)
-        constructed, eval_chain = constructs_module(origin, ctx)
+        built = built_module(ctx, origin)
+        constructed = built is not None and built.model
+        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin)
         if not (name_like or constructed):
             return
         if isinstance(origin, (cst.Lambda,)):
@@ -497,35 +468,6 @@ def loops_over_loader(ctx: FileContext) -> bool:
             elif isinstance(node, cst.Call):
                 stack.extend(a.value for a in node.args)
     return False
-
-
-def constructs_module(origin: Optional[cst.BaseExpression], ctx: FileContext) -> tuple[bool, bool]:
-    """(origin builds an nn.Module, the chain puts it in eval mode / loads a pretrained HF model)."""
-    eval_chain = False
-    expr = origin
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
-            method_returns_same_module(expr.func.attr.value):
-        attr = expr.func.attr.value
-        if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
-            eval_chain = True
-        expr = expr.func.value
-    if not isinstance(expr, cst.Call):
-        return False, eval_chain
-    if isinstance(expr.func, cst.Attribute) and method_does(expr.func.attr.value, Does.RETURNS_EVAL_MODEL):
-        return True, True
-    called = ctx.call_name(expr)
-    if does(called, Does.RETURNS_EVAL_MODEL):
-        return True, True
-    if called:
-        leaf = called.rsplit(".", 1)[-1]
-        if called.startswith("torch.nn.") and leaf[:1].isupper():
-            return (not leaf.endswith("Loss") and leaf not in NN_NOT_MODELS), eval_chain
-        if called.startswith(("torchvision.models.", "timm.create_model")):
-            return True, eval_chain
-    local = dotted_name(expr.func)
-    if local and local in ctx.module_classes_in_file:
-        return True, eval_chain
-    return False, eval_chain
 
 
 class InferencePathRule(Rule):

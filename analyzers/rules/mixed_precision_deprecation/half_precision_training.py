@@ -10,6 +10,7 @@ from analyzers.context import (FileContext, argument, dotted_name, short, string
 from analyzers.markdown import code_span
 from analyzers.program.values import is_optimizer
 from analyzers.model import Category, Severity
+from analyzers.program.roles import collects_tests
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -239,6 +240,8 @@ class HalfPrecisionTraining(Rule):
         return ctx.qualified_name(value) in _FP16_TYPES or text in ("torch.HalfTensor", "torch.cuda.HalfTensor")
 
     def end_file(self, ctx: FileContext) -> None:
+        if collects_tests(ctx):
+            return  # tests of half-precision kernels: their backward checks gradients, it trains nothing
         for cast in self._casts:
             fn = cast.function
             if fn is None:

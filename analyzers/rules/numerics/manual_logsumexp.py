@@ -9,6 +9,7 @@ from analyzers.context import FileContext, dotted_name, keyword_arg, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
+from analyzers.program.values import is_maximum_of
 from analyzers.program.names import render_name
 from analyzers.rules.numerics._numerics_exact import single_argument as _single_argument, unwrap as _unwrap
 
@@ -107,6 +108,8 @@ class ManualLogSumExp(Rule):
             if summed is None:
                 return
             x, dims = summed
+            if self._shifted_by_its_maximum(x, ctx):
+                return  # ``exp(x - x.max())``: the largest exponent is 0
             callee = render_name(ctx, "torch.logsumexp")
             replacement = None
             if callee is not None and dims:
@@ -118,8 +121,16 @@ class ManualLogSumExp(Rule):
             if summed is None:
                 return
             x, dims = summed
+            if self._shifted_by_its_maximum(x, ctx):
+                return
             replacement = cst.Call(func=cst.Attribute(x, cst.Name("logsumexp")), args=dims) if dims else None
             self._report(node, replacement, "x.logsumexp(dim)", ctx)
+
+    @staticmethod
+    def _shifted_by_its_maximum(x: cst.BaseExpression, ctx: FileContext) -> bool:
+        x = _unwrap(x)
+        return isinstance(x, cst.BinaryOperation) and isinstance(x.operator, cst.Subtract) and \
+            is_maximum_of(x.right, x.left, ctx)
 
     def _report(self, node: cst.Call, replacement: Optional[cst.BaseExpression], generic: str,
                 ctx: FileContext) -> None:

@@ -49,11 +49,22 @@ class _NumpyState:
 
 def _detached_side_output(found: cst.CSTNode, ctx: FileContext) -> bool:
     """A NumPy copy returned next to the result, after an explicit ``.detach()`` / ``.data``: a second output
-    (replay priorities, statistics) that the author took out of autograd on purpose, not part of the loss."""
-    element = ctx.parent(found)
-    tup = ctx.parent(element) if isinstance(element, cst.Element) else None
-    if not isinstance(tup, cst.Tuple) or not isinstance(ctx.parent(tup), cst.Return) or tup.elements[0] is element:
+    (replay priorities, statistics) that the author took out of autograd on purpose, not part of the loss. It may
+    get there inside a container (``info = dict(q=q.detach().numpy()); return loss, info``)."""
+    if not _detached(found):
         return False
+    holder = _container_holding(found, ctx)
+    parent = ctx.parent(holder)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+        name = parent.targets[0].target.value
+        fn = next((a for a in ctx.ancestors(parent) if isinstance(a, cst.FunctionDef)), None)
+        uses = [n for n in subtree(fn.body) if isinstance(n, cst.Name) and n.value == name
+                and not isinstance(ctx.parent(n), cst.AssignTarget)] if fn is not None else []
+        return bool(uses) and all(_returned_beside_result(use, ctx) for use in uses)
+    return _returned_beside_result(holder, ctx)
+
+
+def _detached(found: cst.CSTNode) -> bool:
     node = found
     while isinstance(node, (cst.Call, cst.Attribute)):
         if isinstance(node, cst.Call):
@@ -63,6 +74,27 @@ def _detached_side_output(found: cst.CSTNode, ctx: FileContext) -> bool:
             return True
         node = node.value
     return False
+
+
+def _container_holding(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
+    """The outermost dict / list / tuple / ``dict(...)`` literal ``node`` is an item of (``node`` if none)."""
+    while True:
+        parent = ctx.parent(node)
+        grand = ctx.parent(parent) if parent is not None else None
+        if isinstance(parent, (cst.DictElement, cst.Element)) and isinstance(grand, (cst.Dict, cst.List, cst.Tuple)) \
+                and not isinstance(ctx.parent(grand), cst.Return):
+            node = grand
+        elif isinstance(parent, cst.Arg) and parent.keyword is not None and isinstance(grand, cst.Call) and \
+                dotted_name(grand.func) == "dict":
+            node = grand
+        else:
+            return node
+
+
+def _returned_beside_result(node: cst.CSTNode, ctx: FileContext) -> bool:
+    element = ctx.parent(node)
+    tup = ctx.parent(element) if isinstance(element, cst.Element) else None
+    return isinstance(tup, cst.Tuple) and isinstance(ctx.parent(tup), cst.Return) and tup.elements[0] is not element
 
 
 class NumpyInForward(Rule):

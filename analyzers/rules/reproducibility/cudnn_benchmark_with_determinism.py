@@ -9,10 +9,9 @@ from typing import Optional
 import re
 import libcst as cst
 
-from analyzers.context import FileContext, argument, is_false, is_true, method_name
+from analyzers.context import FileContext, argument, is_false, is_true, method_name, short
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.reproducibility._reproducibility import short as _short
 
 
 @dataclass
@@ -130,13 +129,13 @@ class CudnnBenchmarkWithDeterminism(Rule):
             qualified = ctx.qualified_name(expr)
             if qualified == _BENCHMARK:
                 if is_true(value):
-                    self.benchmarks.append(_Flag(node, _short(ctx, expr) + " = True", _block_of(node, ctx)))
+                    self.benchmarks.append(_Flag(node, short(ctx, expr) + " = True", _block_of(node, ctx)))
                 else:
                     block = _block_of(node, ctx)
                     if block is not None:
                         self.off_blocks.add(id(block))
             elif qualified == _DETERMINISTIC and is_true(value):
-                self.requests.append(_Flag(node, _short(ctx, node), _block_of(node, ctx)))
+                self.requests.append(_Flag(node, short(ctx, node), _block_of(node, ctx)))
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
@@ -144,7 +143,7 @@ class CudnnBenchmarkWithDeterminism(Rule):
             return
         if name == "use_deterministic_algorithms":
             if ctx.call_name(node) == "torch.use_deterministic_algorithms" and is_true(argument(node, 0, "mode")):
-                self.requests.append(_Flag(node, _short(ctx, node), _block_of(node, ctx)))
+                self.requests.append(_Flag(node, short(ctx, node), _block_of(node, ctx)))
 
     def end_file(self, ctx: FileContext) -> None:
         # A seed alone is not a request for bitwise determinism: seed + benchmark is the standard idiom for

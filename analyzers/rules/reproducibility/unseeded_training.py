@@ -6,13 +6,12 @@ from typing import Optional
 import re
 import libcst as cst
 
-from analyzers.context import FileContext, argument, call_receiver, dotted_name, method_name
+from analyzers.context import FileContext, argument, call_receiver, dotted_name, method_name, short
 from analyzers.program.flow import subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.roles import is_test_code
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.reproducibility._reproducibility import short as _short
 
 
 # Calls named like seeding that do not seed torch's global generators.
@@ -351,7 +350,7 @@ class UnseededTraining(Rule):
             (ctx.path.endswith(".ipynb") and bool(self.entry_functions))
         if not runs:
             return
-        shown = _short(ctx, self.backward)
+        shown = short(ctx, self.backward)
         self.report(self.backward, f"{shown} in {self.backward_owner} trains, but this script never seeds torch: "
                                    f"initialization, dropout and shuffling differ on every run; call "
                                    f"torch.manual_seed(seed) (or seed_everything/set_seed) at start-up")

@@ -7,6 +7,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, keyword_arg)
 from analyzers.program.library import Does, does, is_ddp
+from analyzers.program.values import is_scheduler
 from analyzers.rules.base import Rule
 
 
@@ -60,7 +61,8 @@ class LoadsWithoutMapLocation(Rule):
             call = ctx.parent(parent)
             if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
                     call.func.attr.value == "load_state_dict":
-                return True
+                # a scheduler's state is plain numbers: nothing in it has a device
+                return not is_scheduler(call.func.value, ctx)
         texts = [ctx.module.code_for_node(node.args[0].value) if node.args else ""]
         if isinstance(parent, cst.Assign):
             texts.append(ctx.module.code_for_node(parent.targets[0].target))

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 
+import libcst as cst
+
 from analyzers.context import (FileContext, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.ranks import rank_guarded
 from analyzers.rules.base import Invalid
 from analyzers.rules.serialization._checkpoints import LoadsWithoutMapLocation as _LoadsWithoutMapLocation
 
@@ -87,11 +90,19 @@ class DistributedLoadWithoutMapLocation(_LoadsWithoutMapLocation):
         ),
     ]
 
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._one_rank: set[int] = set()
+
+    def load_seen(self, node: cst.Call, ctx: FileContext) -> None:
+        if rank_guarded(node, ctx):
+            self._one_rank.add(id(node))  # only some ranks load it: they do not all crowd one GPU
+
     def end_file(self, ctx: FileContext) -> None:
         if not self._loads or not self._distributed:
             return
         for call, scope in self._loads:
-            if scope in self._mapped_scopes:
+            if scope in self._mapped_scopes or id(call) in self._one_rank:
                 continue
             self.report(call, f"{code_span(short(ctx, call))} has no `map_location` in distributed code: every rank "
                               f"restores the tensors onto the GPU they were saved from (usually GPU 0); pass "

@@ -14,6 +14,7 @@ from analyzers.model import Category, Severity
 from analyzers.program import in_compat_fallback
 from analyzers.program.library import Does, does
 from analyzers.program.values import is_optimizer, is_scheduler
+from analyzers.program.flow import runs_when_true
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -219,7 +220,8 @@ class ResumeWithoutOptimizerState(Rule):
             return True
         for ancestor in ctx.ancestors(node):
             if isinstance(ancestor, (cst.If, cst.While)) and _mentions_resume(ancestor.test, ctx):
-                return True
+                # ``if args.resume: ... else: load(pretrained)``: the other branch initialises, it does not resume
+                return runs_when_true(ancestor, node, ctx)
             if isinstance(ancestor, cst.FunctionDef):
                 return "resume" in ancestor.name.value.lower()
         return False

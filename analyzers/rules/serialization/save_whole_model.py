@@ -8,8 +8,7 @@ import libcst as cst
 from analyzers.context import FileContext, argument, dotted_name
 from analyzers.model import Category, Severity
 from analyzers.program.library import Does, does
-from analyzers.program.names import name_is_model_like
-from analyzers.program.roles import constructs_module
+from analyzers.program.roles import holds_module
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -55,17 +54,9 @@ class SaveWholeModel(Rule):
         obj = argument(node, 0, "obj")
         if obj is None or not isinstance(obj, (cst.Name, cst.Attribute)):
             return
-        if not _is_module_value(obj, ctx):
+        if not holds_module(ctx, obj):
             return
         name = dotted_name(obj)
         replacement = cst.Call(func=cst.Attribute(value=obj, attr=cst.Name("state_dict")))
         self.report(obj, f"torch.save({name}, ...) pickles the whole module; save {name}.state_dict() instead",
                     replacement=replacement)
-
-
-def _is_module_value(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    origin = ctx.origin(expr)
-    name = dotted_name(expr) or ""
-    if isinstance(origin, cst.Call):
-        return constructs_module(ctx, origin, name)
-    return name_is_model_like(name)

@@ -17,8 +17,8 @@ from analyzers.program.names import last_segment
 from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import (is_model_call, is_plain_backward)
 from analyzers.model import Category, Severity
+from analyzers.program.graphs import is_criterion_call
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.training_loop._training import is_criterion_call as _is_criterion_call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +199,6 @@ def _non_scalar_reason(value: Optional[cst.BaseExpression], ctx: FileContext) ->
         constructor = ctx.call_name(origin) or ""
         if constructor.startswith("torch.nn.") and constructor.endswith("Loss"):
             return "none" if _reduction_none(origin) else None
-    if is_model_call(value.func, ctx) and not _is_criterion_call(value, ctx):
+    if is_model_call(value.func, ctx) and not is_criterion_call(value, ctx):
         return "model"
     return None

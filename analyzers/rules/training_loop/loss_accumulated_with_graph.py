@@ -11,23 +11,32 @@ from analyzers.context import (
     dotted_name,
     iter_names,
     method_name)
-from analyzers.program.loops import loop_stack
+from analyzers.program.flow import assigned_values
+from analyzers.program.loops import loop_stack, steps_each_iteration
 from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
+from analyzers.program.graphs import graph_kind_read
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.training_loop._training import expr_kind as _expr_kind
 
 
-def _names_used(expr: cst.CSTNode, ctx: FileContext) -> set:
-    """Dotted names in ``expr``, plus one level through the names' last assignments."""
+def _names_used(expr: cst.CSTNode, ctx: FileContext, depth: int = 3) -> set:
+    """Dotted names ``expr``'s value is computed from, following the names' assignments ``depth`` levels back
+    (``loss = ce + aux_weight * aux; aux = torch.stack(aux_losses).mean()`` uses ``aux_losses``)."""
     names = set(iter_names(expr))
-    for name in list(names):
-        value = ctx.assigned_value(name)
-        if value is not None and not isinstance(value, cst.AugAssign):
-            names.update(iter_names(value))
-        elif isinstance(value, cst.AugAssign):
-            names.update(iter_names(value.value))
+    frontier = set(names)
+    for _ in range(depth):
+        found = set()
+        for name in frontier:
+            value = ctx.assigned_value(name)
+            if isinstance(value, cst.AugAssign):
+                value = value.value
+            if value is not None:
+                found.update(iter_names(value))
+        frontier = found - names
+        names |= found
+        if not frontier:
+            break
     return names
 
 
@@ -228,13 +237,16 @@ class LossAccumulatedWithGraph(Rule):
         acc = dotted_name(base)
         if acc is None:
             return
-        kind = _expr_kind(loss_expr, ctx)
+        kind = graph_kind_read(loss_expr, ctx)
         loss_name = dotted_name(loss_expr) or "loss"
         if kind is None or kind == "model" and "loss" not in last_segment(loss_name).lower():
             return
         binding = ctx.binding(acc)
         if binding is not None and binding.kind != "param" and ctx.inside(binding.node, stack[-1]):
             return  # rebuilt in this iteration (multi-term loss, per-iteration list)
+        if binding is not None and binding.kind != "param" and any(
+                ctx.inside(binding.node, loop) and steps_each_iteration(loop, ctx) for loop in stack[:-1]):
+            return  # rebuilt for each optimizer step (a step's chunks gathered): nothing outlives the step
         if ctx.in_no_grad():
             return
         self.candidates.append((node, acc, loss_name, (shown, acc_expr), ctx.function))
@@ -290,16 +302,26 @@ class LossAccumulatedWithGraph(Rule):
 
 def _returned_tensors(expr: cst.BaseExpression, ctx: FileContext, out: set, depth: int) -> None:
     """Names whose tensor value a ``return`` hands back as is (``total``, ``total / n``, ``sum(losses)``)."""
-    if depth > 3:
+    if depth > 8:
         return
-    if isinstance(expr, (cst.Name, cst.Attribute)):
+    if isinstance(expr, cst.IfExp):
+        _returned_tensors(expr.body, ctx, out, depth + 1)
+        _returned_tensors(expr.orelse, ctx, out, depth + 1)
+    elif isinstance(expr, (cst.Name, cst.Attribute)):
         name = dotted_name(expr)
-        if name is None:
+        if name is None or name in out:
             return
         out.add(name)
-        value = ctx.assigned_value(name)
-        if value is not None and not isinstance(value, cst.AugAssign) and value is not expr:
-            _returned_tensors(value, ctx, out, depth + 1)
+        values = [ctx.assigned_value(name)]
+        if isinstance(expr, cst.Name) and ctx.function_def is not None:
+            # every assignment of the name in the function, whichever branch ran last
+            # (``outputs = (sum(aux_losses),) + outputs`` in one branch, ``(loss,) + outputs`` in the other)
+            values += [v for v in assigned_values(ctx.function_def, name) if v is not values[0]]
+        for value in values:
+            if value is not None and value is not expr:
+                _returned_tensors(value, ctx, out, depth + 1)
+    elif isinstance(expr, cst.Subscript):
+        _returned_tensors(expr.value, ctx, out, depth + 1)
     elif isinstance(expr, (cst.Tuple, cst.List)):
         for element in expr.elements:
             _returned_tensors(element.value, ctx, out, depth + 1)

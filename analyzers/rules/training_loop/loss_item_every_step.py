@@ -16,12 +16,12 @@ from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
+from analyzers.program.roles import in_lightning_module
+from analyzers.program.graphs import graph_kind_read
 from analyzers.rules.training_loop._training import (
     LOG_SINKS as _LOG_SINKS,
     SYNC_METHODS as _SYNC_METHODS,
-    expr_kind as _expr_kind,
     guard_between as _guard_between,
-    in_lightning as _in_lightning,
 )
 
 
@@ -211,11 +211,11 @@ class PerStepSyncForLogging(Rule):
             if stack and call_receiver(node) is not None and not node.args and not chained and \
                     not _guard_between(node, stack[-1], ctx):
                 self.syncs.setdefault(id(stack[-1]), set()).add(id(node))
-            if not _in_lightning(ctx):
+            if not in_lightning_module(ctx):
                 self._sync_call(node, name, ctx)
         elif name in _LOG_SINKS and name != "append":
             receiver = call_receiver(node)
-            if not (receiver is not None and dotted_name(receiver) in _MATH_MODULES) and not _in_lightning(ctx):
+            if not (receiver is not None and dotted_name(receiver) in _MATH_MODULES) and not in_lightning_module(ctx):
                 self._printed_tensor(node, name, ctx)
 
     def _sync_call(self, node: cst.Call, name: str, ctx: FileContext) -> None:
@@ -256,7 +256,7 @@ class PerStepSyncForLogging(Rule):
                 if not isinstance(expr, (cst.Name, cst.Attribute)):
                     continue
                 shown = dotted_name(expr)
-                if shown is None or "loss" not in last_segment(shown).lower() or _expr_kind(expr, ctx) is None:
+                if shown is None or "loss" not in last_segment(shown).lower() or graph_kind_read(expr, ctx) is None:
                     continue
                 stack = loop_stack(ctx)
                 if not stack or _guard_between(node, stack[-1], ctx):

@@ -17,12 +17,12 @@ from analyzers.program.loops import LoopStack, loop_stack
 from analyzers.program.values import (BACKWARD_METHODS, is_optimizer)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
+from analyzers.program.roles import in_lightning_module
 from analyzers.rules.training_loop._training import (
     is_loop_variable as _is_loop_variable,
     optimizer_keys as _keys,
     Step as _Step,
     optimizer_step as _optimizer_step,
-    in_lightning as _in_lightning,
     enclosing_function_name as _fn_name,
     closure as _closure,
 )
@@ -340,7 +340,7 @@ class MissingZeroGrad(Rule):
                 self.backward_functions.add(fn_name)
             return
         if name == "step":
-            if _in_lightning(ctx):
+            if in_lightning_module(ctx):
                 return
             step = _optimizer_step(node, ctx)
             if step is not None:

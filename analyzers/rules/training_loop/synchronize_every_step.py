@@ -21,12 +21,12 @@ from analyzers.program.loops import loop_stack
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
+from analyzers.program.roles import in_lightning_module
+from analyzers.program.ranks import is_rank_test
 from analyzers.rules.training_loop._training import (
     LOG_SINKS as _LOG_SINKS,
     SYNC_METHODS as _SYNC_METHODS,
-    is_rank_test as _is_rank_test,
     guard_between as _guard_between,
-    in_lightning as _in_lightning,
 )
 
 
@@ -49,7 +49,7 @@ def _every_iteration(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> 
         if ancestor is loop:
             return True
         if isinstance(ancestor, (cst.If, cst.IfExp)) and below is not ancestor.test and \
-                not (isinstance(ancestor, cst.If) and _is_rank_test(ancestor.test)):
+                not (isinstance(ancestor, cst.If) and is_rank_test(ancestor.test, ctx)):
             return False
         below = ancestor
     return True
@@ -295,7 +295,7 @@ class PerStepSynchronizeForLogging(Rule):
             kind, reduced, helper = "helper", target, node.func.value
         else:
             return
-        if _guard_between(node, loop, ctx) or _in_lightning(ctx):
+        if _guard_between(node, loop, ctx) or in_lightning_module(ctx):
             return
         self.candidates.append(_SyncCandidate(node, loop, kind, reduced, helper))
 

@@ -1,0 +1,64 @@
+"""Which ``nn.Module`` an expression builds, as far as the program shows: the one answer the rules ask before
+falling back to what a name says."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, argument, dotted_name, is_false
+from analyzers.program.library import Does, does, method_does, method_returns_same_module, wrapped_module_argument
+
+
+# torch.nn classes without dropout / batch-norm / parameters worth the name "model"
+_NN_NOT_MODELS = {"Softmax", "LogSoftmax", "Sigmoid", "ReLU", "ReLU6", "LeakyReLU", "Tanh", "GELU", "SiLU", "ELU",
+                  "Identity", "Flatten", "Unflatten", "Upsample", "Softplus", "Hardtanh", "Mish", "CosineSimilarity",
+                  "PairwiseDistance", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict"}
+
+
+@dataclass(frozen=True)
+class BuiltModule:
+    """What the program can tell about the ``nn.Module`` an expression builds."""
+
+    model: bool  # has layers worth calling a model (not a bare activation, a loss or a parameter container)
+    eval_mode: bool  # the chain (``.eval()``, ``.train(False)``) or the loader leaves it in evaluation mode
+
+
+def built_module(ctx: FileContext, value: Optional[cst.BaseExpression]) -> Optional[BuiltModule]:
+    """The module ``value`` builds when the program can tell it builds one: a ``torch.nn`` class, a module class
+    of this file, a torchvision / timm model, a loader that returns a model (``from_pretrained``,
+    ``torch.jit.load``), through the methods that return the module itself (``Net().to(device).eval()``) and the
+    names those are called on. None when nothing says (an unknown call, a parameter)."""
+    eval_mode = False
+    expr = value
+    for _ in range(8):
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+                method_returns_same_module(expr.func.attr.value):
+            attr = expr.func.attr.value
+            if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
+                eval_mode = True
+            expr = ctx.origin(expr.func.value)
+            continue
+        wrapped = wrapped_module_argument(ctx.call_name(expr)) if isinstance(expr, cst.Call) else None
+        inner = argument(expr, *wrapped) if wrapped is not None else None
+        if inner is None:
+            break
+        expr = ctx.origin(inner)  # DataParallel(model), torch.compile(model): the module inside, in its mode
+    if not isinstance(expr, cst.Call):
+        return None
+    if isinstance(expr.func, cst.Attribute) and method_does(expr.func.attr.value, Does.RETURNS_EVAL_MODEL):
+        return BuiltModule(True, True)
+    called = ctx.call_name(expr)
+    if does(called, Does.RETURNS_EVAL_MODEL):
+        return BuiltModule(True, True)
+    if called:
+        leaf = called.rsplit(".", 1)[-1]
+        if called.startswith("torch.nn.") and leaf[:1].isupper():
+            return BuiltModule(not leaf.endswith("Loss") and leaf not in _NN_NOT_MODELS, eval_mode)
+        if called.startswith(("torchvision.models.", "timm.create_model")):
+            return BuiltModule(True, eval_mode)
+    local = dotted_name(expr.func)
+    if local and local in ctx.module_classes_in_file:
+        return BuiltModule(True, eval_mode)
+    return None

@@ -1,0 +1,201 @@
+"""Which code runs on every process of a distributed job and which only on some: the one answer to "is this a
+rank guard" and "does this value depend on the rank".
+
+A value depends on the rank when the program gets it from where ranks come from, not when its text holds a word:
+
+- a library call or attribute that returns the process's rank or whether it is the main one
+  (:data:`analyzers.program.library.RANK_SOURCES`: ``dist.get_rank()``, ``accelerator.is_main_process``,
+  ``trainer.is_global_zero``, ``os.environ["LOCAL_RANK"]``...);
+- a name the program itself uses as the process index: what it passes as ``DistributedDataParallel``'s
+  ``device_ids``, to ``torch.cuda.set_device``, as ``init_process_group``'s ``rank``, or the first parameter of
+  the function ``torch.multiprocessing.spawn`` starts (spawn passes the process index there);
+- a name assigned from such a value (``master_process = ddp_rank == 0``), or a function of this file that
+  returns one (``def is_main_process(): return get_rank() == 0``);
+- where nothing in the file says where a value comes from (a parameter, ``args.local_rank``, a helper imported
+  from the project), an identifier spelled as the launchers and libraries spell ranks (``rank``,
+  ``local_rank``, ``is_main_process``): the convention ``torch.distributed.launch`` and the libraries set.
+
+A rank guard is a test (``if``, ``while``, conditional expression) that reads such a value.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from analyzers.context import FileContext, argument, dotted_name, string_value
+from analyzers.program.flow import subtree
+from analyzers.program.library import (RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES, Does, does,
+                                       is_ddp, is_library)
+from analyzers.program.names import name_words
+
+_MAX_DEPTH = 4
+
+
+def _spelled_as_rank(identifier: str) -> bool:
+    """``rank``, ``local_rank``, ``ddp_rank``, ``is_rank_zero``, ``is_main_process``: how launchers and libraries
+    name the rank. Used only where the program does not say where a value comes from."""
+    return "rank" in name_words(identifier) or identifier in RANK_PREDICATE_NAMES
+
+
+class _RankNames:
+    """The names a file uses as the process index and its functions that return a rank value (built once)."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.names: set[str] = set()
+        self.functions: dict[str, cst.FunctionDef] = {}
+        spawned: set[str] = set()
+        for node in subtree(ctx.module):
+            if isinstance(node, cst.FunctionDef):
+                self.functions.setdefault(node.name.value, node)
+            elif isinstance(node, cst.Call):
+                self._note_call(node, ctx, spawned)
+        for name in spawned:
+            fn = self.functions.get(name)
+            if fn is not None and fn.params.params:
+                self.names.add(fn.params.params[0].name.value)
+        self.returning: dict[str, bool] = {}
+
+    def _note_call(self, call: cst.Call, ctx: FileContext, spawned: set[str]) -> None:
+        qualified = ctx.call_name(call)
+        if qualified is None:
+            return
+        if is_ddp(qualified):
+            ids = argument(call, 1, "device_ids")
+            if isinstance(ids, (cst.List, cst.Tuple)) and len(ids.elements) == 1:
+                self._add(ids.elements[0].value)
+        elif does(qualified, Does.SELECTS_PROCESS_DEVICE):
+            self._add(argument(call, 0, "device"))
+        elif does(qualified, Does.JOINS_PROCESS_GROUP):
+            self._add(argument(call, 99, "rank"))
+        elif does(qualified, Does.SPAWNS_PROCESSES):
+            target = argument(call, 0, "fn")
+            if isinstance(target, cst.Name):
+                spawned.add(target.value)
+
+    def _add(self, expr: Optional[cst.BaseExpression]) -> None:
+        name = dotted_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if name is not None:
+            self.names.add(name)
+
+
+def _rank_names(ctx: FileContext) -> _RankNames:
+    return ctx.facts(_RankNames)
+
+
+def _returns_rank(fn: cst.FunctionDef, ctx: FileContext, depth: int) -> bool:
+    known = _rank_names(ctx).returning
+    name = fn.name.value
+    if name not in known:
+        known[name] = False  # recursion ends here
+        known[name] = any(isinstance(node, cst.Return) and node.value is not None
+                          and depends_on_rank(node.value, ctx, depth + 1)
+                          for node in subtree(fn.body))
+    return known[name]
+
+
+def _is_rank_source(expr: cst.BaseExpression, ctx: FileContext, depth: int) -> bool:
+    """``expr`` itself (not a part of it) is a rank value."""
+    if isinstance(expr, cst.Call):
+        qualified = ctx.call_name(expr)
+        if does(qualified, Does.RETURNS_RANK):
+            return True
+        if qualified in ("os.environ.get", "os.getenv"):
+            return string_value(argument(expr, 0, "key")) in RANK_ENVIRONMENT
+        fn = _rank_names(ctx).functions.get(expr.func.value) if isinstance(expr.func, cst.Name) else None
+        if fn is not None:
+            return _returns_rank(fn, ctx, depth)
+        if qualified is None or not is_library(qualified):
+            # a helper this file does not define (``utils.is_main_process()``): its name is all there is
+            callee = dotted_name(expr.func)
+            return callee is not None and _spelled_as_rank(callee.rsplit(".", 1)[-1])
+        return False
+    if isinstance(expr, cst.Subscript):
+        if ctx.qualified_name(expr.value) == "os.environ" and len(expr.slice) == 1 and \
+                isinstance(expr.slice[0].slice, cst.Index):
+            return string_value(expr.slice[0].slice.value) in RANK_ENVIRONMENT
+        return False
+    if not isinstance(expr, (cst.Name, cst.Attribute)):
+        return False
+    name = dotted_name(expr)
+    if name is None:
+        return False
+    facts = _rank_names(ctx)
+    if name in facts.names:
+        return True
+    binding = ctx.binding(name, expr)
+    if binding is not None and binding.kind in ("assign", "annassign", "walrus", "augassign") \
+            and binding.value is not None and binding.value is not expr:
+        if depends_on_rank(binding.value, ctx, depth + 1):
+            return True
+        if binding.kind != "augassign" and not _spelled_as_rank(name.rsplit(".", 1)[-1]):
+            return False  # the program says where the value comes from, and it is not a rank
+    last = name.rsplit(".", 1)[-1]
+    if isinstance(expr, cst.Attribute) and last in RANK_ATTRIBUTES:
+        return True
+    return _spelled_as_rank(last)
+
+
+# calls whose result is computed from their arguments' values alone (a rank in, a rank-dependent value out);
+# any other call (``model(x)``, ``DDP(net, device_ids=[rank])``) makes something new of its arguments
+_VALUE_CALLS = frozenset({"int", "str", "float", "bool", "abs", "min", "max", "format", "os.path.join",
+                          "pathlib.Path", "os.path.expanduser"})
+_VALUE_METHODS = frozenset({"format", "join", "replace", "item", "lower", "upper"})
+
+
+def _parts(expr: cst.BaseExpression, ctx: FileContext) -> Iterator[cst.BaseExpression]:
+    """The sub-expressions a value is computed from: through operators, comparisons, f-strings, containers,
+    subscripts and value conversions (``int(...)``, ``os.path.join``, ``"{}".format``); not into the arguments of
+    other calls, lambdas or comprehensions."""
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.BaseExpression):
+            yield node
+        if isinstance(node, (cst.Name, cst.Attribute, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp,
+                             cst.GeneratorExp)):
+            continue
+        if isinstance(node, cst.Call):
+            method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
+            if method in _VALUE_METHODS or (ctx.call_name(node) or dotted_name(node.func)) in _VALUE_CALLS:
+                stack.extend(reversed([a.value for a in node.args]))
+                if method in _VALUE_METHODS:
+                    stack.append(node.func.value)
+            continue
+        stack.extend(reversed(node.children))
+
+
+def depends_on_rank(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> bool:
+    """Whether ``expr``'s value depends on which process computes it (``rank == 0``, ``f"ckpt_{rank}.pt"``,
+    ``is_main_process()``, ``not accelerator.is_local_main_process``)."""
+    if expr is None or depth > _MAX_DEPTH:
+        return False
+    for part in _parts(expr, ctx):
+        if _is_rank_source(part, ctx, depth):
+            return True
+    return False
+
+
+def is_rank_test(test: cst.BaseExpression, ctx: FileContext) -> bool:
+    """A condition that holds on some processes and not others: it reads the rank."""
+    return depends_on_rank(test, ctx)
+
+
+def rank_guarded(node: cst.CSTNode, ctx: FileContext) -> bool:
+    """Whether ``node`` runs only on some processes: under a test of the rank, or in a function a library
+    decorator runs on rank zero only (Lightning's ``rank_zero_only``)."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.If, cst.IfExp, cst.While)) and is_rank_test(ancestor.test, ctx):
+            return True
+        if isinstance(ancestor, cst.FunctionDef):
+            return any(does(ctx.qualified_name(d.decorator.func if isinstance(d.decorator, cst.Call)
+                                               else d.decorator), Does.RUNS_ON_RANK_ZERO)
+                       for d in ancestor.decorators)
+    return False
+
+
+def returns_off_rank(node: cst.If, ctx: FileContext) -> bool:
+    """``if <rank test>: return``: the rest of the function runs on some processes only."""
+    return isinstance(node.body, cst.IndentedBlock) and is_rank_test(node.test, ctx) and any(
+        isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
+        for s in node.body.body)
