@@ -5,7 +5,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (dotted_name)
+from analyzers.context import (all_children, dotted_name)
 from analyzers.program.names import last_segment, name_words
 
 
@@ -39,7 +39,7 @@ def mentions_test(expr: Optional[cst.BaseExpression]) -> Optional[str]:
                 if name_tokens(name) & TEST_WORDS:
                     return name
                 continue
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(all_children(node)))
     return None
 
 

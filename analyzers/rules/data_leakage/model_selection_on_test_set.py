@@ -5,7 +5,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, dotted_name, short)
+from analyzers.context import (FileContext, all_children, dotted_name, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -199,4 +199,4 @@ def _walk_names(node: cst.CSTNode):
         if isinstance(current, (cst.Name, cst.Attribute)) and dotted_name(current) is not None:
             yield current
             continue
-        stack.extend(current.children)
+        stack.extend(all_children(current))

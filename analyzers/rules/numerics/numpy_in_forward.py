@@ -8,6 +8,7 @@ import re
 import libcst as cst
 
 from analyzers.context import (
+    all_children,
     FileContext,
     short,
     dotted_name)
@@ -397,7 +398,7 @@ class NumpyInForward(Rule):
                 continue
             if isinstance(node, (cst.Lambda, cst.SimpleString, cst.FormattedString)):
                 continue
-            stack.extend(reversed(node.children))
+            stack.extend(reversed(all_children(node)))
         return None
 
     def _is_numpy(self, func: cst.BaseExpression) -> bool:

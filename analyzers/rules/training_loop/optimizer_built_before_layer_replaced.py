@@ -9,6 +9,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (
+    all_children,
     FileContext,
     call_receiver,
     dotted_name,
@@ -53,7 +54,7 @@ def _scope_statements(scope: cst.CSTNode):
         yield node
         if node is not scope and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(all_children(node)))
 
 
 class OptimizerBuiltBeforeModelReplaced(Rule):
