@@ -260,11 +260,29 @@ def decides_branch(expr: cst.BaseExpression, ctx) -> bool:
         return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is current
 
 
-def assigned_values(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
+class _AssignedValues:
+    """Per scope, the values each plain name is assigned, listed by one walk of the scope (``ctx.facts``): a
+    question asked for every name a ``return`` hands back was a walk of the whole function each time."""
+
+    def __init__(self, ctx) -> None:
+        self._scopes: dict[int, tuple[cst.CSTNode, dict[str, list[cst.BaseExpression]]]] = {}
+
+    def of(self, scope: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
+        held = self._scopes.get(id(scope))
+        if held is None:
+            by_name: dict[str, list[cst.BaseExpression]] = {}
+            for node in subtree(scope):
+                if isinstance(node, cst.Assign):
+                    for name in dict.fromkeys(t.target.value for t in node.targets if isinstance(t.target, cst.Name)):
+                        by_name.setdefault(name, []).append(node.value)
+            held = self._scopes[id(scope)] = (scope, by_name)  # the scope held: its id stays its own
+        return held[1]
+
+
+def assigned_values(ctx, scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
     """Every value ``name`` is assigned in ``scope`` (all branches, in source order; ``a = b = v`` and plain
     targets only): where a name's value may come from, whatever path ran."""
-    return [node.value for node in subtree(scope) if isinstance(node, cst.Assign)
-            and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)]
+    return list(ctx.facts(_AssignedValues).of(scope).get(name, ()))
 
 
 def runs_when_true(branching: cst.CSTNode, node: cst.CSTNode, ctx) -> bool:

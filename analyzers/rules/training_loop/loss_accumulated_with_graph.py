@@ -316,7 +316,7 @@ def _returned_tensors(expr: cst.BaseExpression, ctx: FileContext, out: set, dept
         if isinstance(expr, cst.Name) and ctx.function_def is not None:
             # every assignment of the name in the function, whichever branch ran last
             # (``outputs = (sum(aux_losses),) + outputs`` in one branch, ``(loss,) + outputs`` in the other)
-            values += [v for v in assigned_values(ctx.function_def, name) if v is not values[0]]
+            values += [v for v in assigned_values(ctx, ctx.function_def, name) if v is not values[0]]
         for value in values:
             if value is not None and value is not expr:
                 _returned_tensors(value, ctx, out, depth + 1)
