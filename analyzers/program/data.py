@@ -1,13 +1,15 @@
 """What a data set is: what its transform does to each item, and whether it holds its items in memory."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, keyword_arg
+from analyzers.context import FileContext, argument, dotted_name, keyword_arg, is_true, short
 from analyzers.program.flow import subtree
-from analyzers.program.library import Does, does
+from analyzers.program.library import Does, does, is_data_loader
+from analyzers.program.names import last_segment, names_evaluation_data
 
 # transforms that draw a random number per item, besides the ``Random*`` classes
 _RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix", "ElasticTransform",
@@ -64,3 +66,35 @@ def transform_replaced(dataset: str, ctx: FileContext) -> bool:
                     not random_transforms(node.value, ctx):
                 return True
     return False
+
+
+@dataclass
+class Loader:
+    call: cst.Call
+    label: str  # ``train_loader = DataLoader(train_ds, ...)`` → "train_loader"
+    training: bool
+    in_memory: bool = False  # MNIST-like or TensorDataset: nothing to decode, little to copy
+
+
+def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
+    if not is_data_loader(ctx.call_name(node)):
+        return None
+    if any(a.star for a in node.args):
+        return None  # ``**loader_kwargs`` may carry the setting
+    dataset = argument(node, 0, "dataset")
+    dataset_name = dotted_name(dataset) if dataset is not None else None
+    parent = ctx.parent(node)
+    target = None
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        target = dotted_name(parent.targets[0].target)
+    elif isinstance(parent, cst.AnnAssign):
+        target = dotted_name(parent.target)
+    fn = ctx.function_def
+    training = is_true(argument(node, 2, "shuffle")) or any(
+        n is not None and "train" in n.lower() for n in (dataset_name, target))
+    if not training and isinstance(parent, cst.Return) and fn is not None and "train" in fn.name.value.lower():
+        training = True
+    if names_evaluation_data(last_segment(target)) or names_evaluation_data(last_segment(dataset_name)):
+        training = False  # a shuffled test loader is still a test loader
+    label = target or (f"DataLoader({dataset_name})" if dataset_name else short(ctx, node, 50))
+    return Loader(node, label, training, dataset_in_memory(dataset, ctx))

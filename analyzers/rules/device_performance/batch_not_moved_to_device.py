@@ -17,15 +17,10 @@ from analyzers.program.library import is_data_loader, is_data_parallel
 from analyzers.program.loops import iterated
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.device_performance._device import (
-    DTYPE_NAMES as _DTYPE_NAMES,
-    device_like_name as _device_like_name,
-    is_cuda_device as _is_cuda_device,
-    receiver_root as _receiver_root,
-    observe_assign as _observe_assign,
-    chain_top as _chain_top,
-    to_moves_device as _to_moves_device,
-)
+from analyzers.program.devices import (DTYPE_NAMES as _DTYPE_NAMES, device_like_name as _device_like_name,
+                                       is_cuda_device as _is_cuda_device, receiver_root as _receiver_root,
+                                       observe_assign as _observe_assign, chain_top as _chain_top,
+                                       to_moves_device as _to_moves_device)
 
 
 # Calls that may move what they are given (``to_device(batch, device)``, ``batch = prepare_batch(batch)``): a loop

@@ -8,11 +8,9 @@ from analyzers.context import FileContext, argument
 from analyzers.markdown import named
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Valid
-from analyzers.rules.device_performance._device import (
-    device_facts as _facts,
-    Loader as _Loader,
-    LoaderRule as _LoaderRule,
-)
+from analyzers.program.devices import device_facts as _facts
+from analyzers.program.data import Loader as _Loader
+from analyzers.rules.device_performance._device import LoaderRule as _LoaderRule
 
 
 class DataLoaderNoWorkers(_LoaderRule):

@@ -11,14 +11,9 @@ from analyzers.program.devices import expression_nodes
 from analyzers.program.flow import decides_branch, subtree
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.device_performance._device import (
-    device_like_name as _device_like_name,
-    device_facts as _facts,
-    observe as _observe,
-    observe_assign as _observe_assign,
-    chain_top as _chain_top,
-    to_moves_device as _to_moves_device,
-)
+from analyzers.program.devices import (device_like_name as _device_like_name, device_facts as _facts,
+                                       observe as _observe, observe_assign as _observe_assign,
+                                       chain_top as _chain_top, to_moves_device as _to_moves_device)
 
 
 _CREATION = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace", "logspace",
