@@ -11,7 +11,8 @@ from analyzers.model import Category, Severity
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid
 from analyzers.program.names import node_text
-from analyzers.rules.device_performance._amp import AmpFacts, AmpRule as _AmpRule
+from analyzers.program.amp import AmpFacts
+from analyzers.rules.device_performance._amp import AmpRule as _AmpRule
 
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast",

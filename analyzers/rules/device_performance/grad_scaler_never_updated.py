@@ -7,7 +7,8 @@ from analyzers.context import FileContext
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid
-from analyzers.rules.device_performance._amp import AmpFacts, AmpRule as _AmpRule
+from analyzers.program.amp import AmpFacts
+from analyzers.rules.device_performance._amp import AmpRule as _AmpRule
 
 
 class ScalerNeverUpdated(_AmpRule):
