@@ -1,12 +1,13 @@
 """What a data set is: what its transform does to each item, and whether it holds its items in memory."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, keyword_arg, is_true, short
+from analyzers.context import FileContext, argument, dotted_name, keyword_arg, is_true, short, positional_args
 from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does, is_data_loader
 from analyzers.program.names import last_segment, names_evaluation_data
@@ -98,3 +99,19 @@ def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
         training = False  # a shuffled test loader is still a test loader
     label = target or (f"DataLoader({dataset_name})" if dataset_name else short(ctx, node, 50))
     return Loader(node, label, training, dataset_in_memory(dataset, ctx))
+
+
+DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")
+
+
+def is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
+    """torch's DistributedSampler, or a project's own ``Distributed*Sampler`` class."""
+    return does(ctx.call_name(node), Does.SHARDS_DATA) or bool(
+        DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
+
+
+def may_have_sampler(loader: cst.Call, max_positional: int) -> bool:
+    """A ``DataLoader(...)`` call that passes a sampler, or may: ``**kwargs``, or more than ``max_positional``
+    positional arguments (``sampler`` is the fourth: one passed that way is not read)."""
+    return (any(a.star for a in loader.args) or len(positional_args(loader)) > max_positional
+            or keyword_arg(loader, "sampler") is not None or keyword_arg(loader, "batch_sampler") is not None)

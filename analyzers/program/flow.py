@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import NODE_TYPES, all_children, dotted_name
+from analyzers.context import NODE_TYPES, all_children, dotted_name, FileContext
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -293,3 +293,11 @@ def runs_when_true(branching: cst.CSTNode, node: cst.CSTNode, ctx) -> bool:
     orelse = getattr(branching, "orelse", None)
     in_else = orelse is not None and any(a is orelse for a in ctx.ancestors(node))
     return in_else == negated
+
+
+def assigned_name(node: cst.Call, ctx: FileContext) -> Optional[str]:
+    """``name`` in ``name = <node>`` (one target), else None."""
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return dotted_name(parent.targets[0].target)
+    return None

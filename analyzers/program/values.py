@@ -2,6 +2,7 @@
 pass or an optimizer step. Each predicate looks at what built the value first and its name last."""
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional
 
 import libcst as cst
@@ -9,7 +10,7 @@ import libcst as cst
 from analyzers.context import FileContext, argument, dotted_name
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
-                                       names_an_optimizer_class, wrapped_module_argument)
+                                       names_an_optimizer_class, wrapped_module_argument, is_ddp)
 from analyzers.program.modules import ModuleFacts, torch_layer_features
 from analyzers.program.names import (last_name, last_segment, name_is_model_like, name_is_optimizer_like,
                                      name_is_scaler_like, name_is_scheduler_like)
@@ -271,3 +272,14 @@ def is_maximum_of(value: Optional[cst.BaseExpression], of: cst.BaseExpression, c
     if (ctx.qualified_name(expr.func) or "").startswith("torch."):
         return bool(expr.args) and _values_root(expr.args[0].value) == target
     return _values_root(expr.func.value) == target
+
+
+def is_ddp_call(call: cst.Call, ctx: FileContext) -> bool:
+    """A call that wraps a model in DistributedDataParallel (the table's, or an unresolved ``DDP(...)``)."""
+    qualified = ctx.call_name(call)
+    if is_ddp(qualified):
+        return True
+    return qualified is None and (dotted_name(call.func) or "") in ("DDP", "DistributedDataParallel")
+
+
+DDP_HINT = re.compile(r"DistributedDataParallel|DDP")  # the source text is_ddp_call needs: a rule's source_hint

@@ -13,10 +13,7 @@ from analyzers.program.names import node_text
 from analyzers.program.library import Does, does
 from analyzers.program.values import is_plain_backward
 from analyzers.program.ranks import depends_on_rank, rank_guarded, returns_off_rank
-from analyzers.rules.device_performance._distributed import (
-    is_ddp_call as _is_ddp_call,
-    DDP_HINT as _DDP_HINT,
-)
+from analyzers.program.values import is_ddp_call as _is_ddp_call, DDP_HINT as _DDP_HINT
 
 
 class SaveOnEveryRank(Rule):

@@ -12,7 +12,7 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import AccumulationFacts
-from analyzers.rules.device_performance._distributed import is_ddp_call as _is_ddp_call
+from analyzers.program.values import is_ddp_call as _is_ddp_call
 
 
 class DdpAccumulationWithoutNoSync(Rule):

@@ -17,13 +17,9 @@ from analyzers.program.roles import is_test_code
 from analyzers.program.ranks import rank_guarded
 from analyzers.program.library import is_data_loader
 from analyzers.program.names import mentions_evaluation_data
-from analyzers.rules.device_performance._distributed import (
-    is_ddp_call as _is_ddp_call,
-    DDP_HINT as _DDP_HINT,
-    is_sharding_sampler as _is_sharding_sampler,
-    may_have_sampler as _may_have_sampler,
-    assigned_name as _assigned_name,
-)
+from analyzers.program.values import is_ddp_call as _is_ddp_call, DDP_HINT as _DDP_HINT
+from analyzers.program.data import is_sharding_sampler as _is_sharding_sampler, may_have_sampler as _may_have_sampler
+from analyzers.program.flow import assigned_name as _assigned_name
 
 
 class EvalLoaderWithoutDistributedSampler(Rule):

@@ -11,10 +11,8 @@ from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid
 from analyzers.program.names import node_text
 from analyzers.program.ranks import depends_on_rank, rank_guarded
-from analyzers.rules.device_performance._distributed import (
-    DDP_HINT as _DDP_HINT,
-    CallsOnEveryRank as _CallsOnEveryRank,
-)
+from analyzers.program.values import DDP_HINT as _DDP_HINT
+from analyzers.rules.device_performance._distributed import CallsOnEveryRank as _CallsOnEveryRank
 
 
 _LOGGERS = {"wandb.init", "torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",

@@ -13,10 +13,8 @@ from analyzers.rules.base import Invalid
 from analyzers.program.loops import loop_stack, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.ranks import depends_on_rank, rank_guarded
-from analyzers.rules.device_performance._distributed import (
-    DDP_HINT as _DDP_HINT,
-    CallsOnEveryRank as _CallsOnEveryRank,
-)
+from analyzers.program.values import DDP_HINT as _DDP_HINT
+from analyzers.rules.device_performance._distributed import CallsOnEveryRank as _CallsOnEveryRank
 
 
 _METRIC_WORDS = re.compile(r"loss|acc(?!um)|top1|top5|metric|perplexity|ppl|bleu|psnr|iou|f1|auc|score", re.IGNORECASE)
