@@ -313,3 +313,13 @@ def is_ddp(qualified: Optional[str]) -> bool:
 def is_data_parallel(qualified: Optional[str]) -> bool:
     """``DataParallel`` or ``DistributedDataParallel``: a replica of the model per GPU or per process."""
     return does(qualified, Does.REPLICATES_PER_DEVICE) or does(qualified, Does.REPLICATES_PER_PROCESS)
+
+
+# Methods and functions that report a value (print, log, progress bar, TensorBoard): a value reaching one is read on
+# the host.
+LOG_SINKS = {"print", "log", "info", "debug", "warning", "warn", "set_postfix", "set_postfix_str",
+              "set_description", "add_scalar", "add_scalars", "log_metrics", "log_metric", "log_dict", "write",
+              "append"}
+
+# Tensor methods that copy a value to the host, so the host waits for the device to finish computing it.
+SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}

@@ -7,6 +7,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, code_children, dotted_name
 from analyzers.program.library import iterates_its_argument
+from analyzers.program.ranks import is_rank_test
 from analyzers.program.values import is_backward, is_optimizer_step
 
 LoopStack = tuple  # tuple of cst.For | cst.While, outermost first
@@ -122,3 +123,35 @@ def steps_each_iteration(loop: cst.CSTNode, ctx: FileContext) -> bool:
             continue
         stack.extend(code_children(node))
     return False
+
+
+def guard_between(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext, *, except_handlers: bool = False) -> bool:
+    """An ``if`` (other than a rank check) or, optionally, an ``except`` between ``node`` and ``loop``."""
+    for ancestor in ctx.ancestors(node):
+        if ancestor is loop:
+            return False
+        if isinstance(ancestor, cst.If) and not is_rank_test(ancestor.test, ctx):
+            return True
+        if isinstance(ancestor, cst.IfExp):
+            return True
+        if except_handlers and isinstance(ancestor, (cst.ExceptHandler, cst.ExceptStarHandler)):
+            return True
+    return False
+
+
+def enclosing_function_name(ctx: FileContext) -> Optional[str]:
+    fn = ctx.function_def
+    return fn.name.value if fn is not None else None
+
+
+def closure(direct: set, calls: dict) -> set:
+    """Functions (by name) that do something directly or call one that does, transitively."""
+    result = set(direct)
+    changed = True
+    while changed:
+        changed = False
+        for fn, called in calls.items():
+            if fn not in result and called & result:
+                result.add(fn)
+                changed = True
+    return result

@@ -3,11 +3,12 @@ pass or an optimizer step. Each predicate looks at what built the value first an
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name
+from analyzers.context import FileContext, argument, dotted_name, call_receiver, positional_args
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_ddp)
@@ -137,11 +138,9 @@ def is_plain_backward(call: cst.Call) -> bool:
 
 
 def is_optimizer_step(call: cst.Call, ctx: FileContext) -> bool:
-    """``opt.step()`` or ``scaler.step(opt)``."""
+    """``opt.step()`` or ``scaler.step(opt)`` (what :func:`optimizer_step` reads)."""
     func = call.func
-    if not isinstance(func, cst.Attribute) or func.attr.value != "step":
-        return False
-    return is_optimizer(func.value, ctx) or is_scaler(func.value, ctx)
+    return isinstance(func, cst.Attribute) and func.attr.value == "step" and optimizer_step(call, ctx) is not None
 
 
 # A callee named ``<verb>_model`` runs or builds a model and returns metrics, a model or a path: not its outputs.
@@ -283,3 +282,49 @@ def is_ddp_call(call: cst.Call, ctx: FileContext) -> bool:
 
 
 DDP_HINT = re.compile(r"DistributedDataParallel|DDP")  # the source text is_ddp_call needs: a rule's source_hint
+
+
+def is_loop_variable(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    name = dotted_name(expr)
+    binding = ctx.binding(name) if name else None
+    return binding is not None and binding.kind == "for"
+
+
+def optimizer_keys(expr: cst.BaseExpression, ctx: FileContext) -> frozenset:
+    """Names an optimizer may be referred to by: its own last segment and its alias's origin."""
+    name = dotted_name(expr)
+    keys = {last_segment(name)} if name else set()
+    origin = ctx.origin(expr)
+    if origin is not expr and isinstance(origin, (cst.Name, cst.Attribute)):
+        keys.add(last_segment(dotted_name(origin)))
+    return frozenset(k for k in keys if k)
+
+
+@dataclass
+class Step:
+    node: cst.Call
+    optimizer: cst.BaseExpression
+    display: str
+    keys: frozenset
+    vague: bool  # a loop variable / subscript: cannot tell which optimizer
+    has_args: bool  # ``opt.step(closure)``
+    via_scaler: bool
+
+
+def optimizer_step(call: cst.Call, ctx: FileContext) -> Optional[Step]:
+    """``opt.step()`` or ``scaler.step(opt)`` (callers check the method name is "step" first)."""
+    receiver = call_receiver(call)
+    if receiver is None:
+        return None
+    if is_scaler(receiver, ctx):
+        args = positional_args(call)
+        target = args[0].value if args else argument(call, 0, "optimizer")
+        if target is None:
+            return None
+        name = dotted_name(target)
+        return Step(call, target, name or "optimizer", optimizer_keys(target, ctx) if name else frozenset(),
+                     name is None or is_loop_variable(target, ctx), False, True)
+    if not is_optimizer(receiver, ctx):
+        return None
+    name = dotted_name(receiver) or "optimizer"
+    return Step(call, receiver, name, optimizer_keys(receiver, ctx), is_loop_variable(receiver, ctx), bool(call.args), False)

@@ -11,7 +11,7 @@ from analyzers.program.flow import subtree
 from analyzers.program.loops import loop_stack
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.training_loop._training import guard_between as _guard_between
+from analyzers.program.loops import guard_between as _guard_between
 
 
 _OOM_ERRORS = {"RuntimeError", "OutOfMemoryError", "MemoryError"}

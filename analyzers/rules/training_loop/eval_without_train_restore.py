@@ -18,11 +18,8 @@ from analyzers.program.loops import LoopStack, loop_stack
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.training_loop._training import (
-    optimizer_step as _optimizer_step,
-    enclosing_function_name as _fn_name,
-    closure as _closure,
-)
+from analyzers.program.values import optimizer_step as _optimizer_step
+from analyzers.program.loops import enclosing_function_name as _fn_name, closure as _closure
 
 
 @dataclass

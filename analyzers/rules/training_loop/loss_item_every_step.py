@@ -18,11 +18,8 @@ from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.roles import in_lightning_module
 from analyzers.program.graphs import graph_kind_read
-from analyzers.rules.training_loop._training import (
-    LOG_SINKS as _LOG_SINKS,
-    SYNC_METHODS as _SYNC_METHODS,
-    guard_between as _guard_between,
-)
+from analyzers.program.loops import guard_between as _guard_between
+from analyzers.program.library import LOG_SINKS as _LOG_SINKS, SYNC_METHODS as _SYNC_METHODS
 
 
 _MATH_MODULES = {"math", "np", "numpy", "torch", "F", "cmath", "jnp"}

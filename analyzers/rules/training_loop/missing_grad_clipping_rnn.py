@@ -19,7 +19,7 @@ from analyzers.program.modules import ModuleFacts
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.training_loop._training import optimizer_step as _optimizer_step
+from analyzers.program.values import optimizer_step as _optimizer_step
 
 
 _RNN_CLASSES = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "Transformer", "TransformerEncoder",

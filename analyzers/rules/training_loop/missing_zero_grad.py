@@ -18,14 +18,9 @@ from analyzers.program.values import (BACKWARD_METHODS, is_optimizer)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.roles import in_lightning_module
-from analyzers.rules.training_loop._training import (
-    is_loop_variable as _is_loop_variable,
-    optimizer_keys as _keys,
-    Step as _Step,
-    optimizer_step as _optimizer_step,
-    enclosing_function_name as _fn_name,
-    closure as _closure,
-)
+from analyzers.program.values import (is_loop_variable as _is_loop_variable, optimizer_keys as _keys, Step as _Step,
+                                      optimizer_step as _optimizer_step)
+from analyzers.program.loops import enclosing_function_name as _fn_name, closure as _closure
 
 
 class MissingZeroGrad(Rule):

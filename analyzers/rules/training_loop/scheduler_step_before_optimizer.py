@@ -12,7 +12,7 @@ from analyzers.program.loops import loop_stack
 from analyzers.program.values import (is_scheduler)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.training_loop._training import optimizer_step as _optimizer_step
+from analyzers.program.values import optimizer_step as _optimizer_step
 
 
 class SchedulerStepBeforeOptimizer(Rule):
