@@ -301,3 +301,16 @@ def assigned_name(node: cst.Call, ctx: FileContext) -> Optional[str]:
     if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
         return dotted_name(parent.targets[0].target)
     return None
+
+
+def targets(node: cst.CSTNode) -> list[str]:
+    """The plain names an assignment or ``for`` target binds: ``a, (b, c)`` gives ``a, b, c``."""
+    names = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            names.append(current.value)
+        elif isinstance(current, (cst.Tuple, cst.List)):
+            stack.extend(reversed([e.value for e in current.elements]))
+    return names

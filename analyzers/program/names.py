@@ -11,7 +11,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, iter_names, local_name_for
+from analyzers.context import FileContext, iter_names, local_name_for, all_children, dotted_name
 
 
 def last_segment(dotted: Optional[str]) -> str:
@@ -129,3 +129,41 @@ def parenthesized(expr: cst.BaseExpression) -> cst.BaseExpression:
 def node_text(ctx: FileContext, node: cst.CSTNode) -> str:
     """The source of ``node`` as written (stripped), for messages."""
     return ctx.module.code_for_node(node).strip()
+
+
+# What held-out test data is called (not validation data: choosing a model on it is what it is for).
+TEST_WORDS = {"test", "testing", "holdout"}
+
+
+def name_tokens(name: str) -> set[str]:
+    """The words of ``name``'s last segment, also without an ``X``/``y`` prefix or a ``set``/``data`` suffix."""
+    tokens = set(name_words(last_segment(name)))
+    for token in list(tokens):
+        if token[:1] in ("x", "y") and len(token) > 1:
+            tokens.add(token[1:])  # Xtest, yval
+        for suffix in ("set", "data", "df", "ds"):
+            if token.endswith(suffix) and len(token) > len(suffix):
+                tokens.add(token[: -len(suffix)])  # testset, valdata
+    return tokens
+
+
+def mentions_test(expr: Optional[cst.BaseExpression]) -> Optional[str]:
+    """The first name under ``expr`` that reads as test data (``X_test``, ``testset``), if any."""
+    if expr is None:
+        return None
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            name = dotted_name(node)
+            if name is not None:
+                if name_tokens(name) & TEST_WORDS:
+                    return name
+                continue
+        stack.extend(reversed(all_children(node)))
+    return None
+
+
+def within(path: str, prefix: str) -> bool:
+    """``path`` is ``prefix`` or one of its submodules."""
+    return path == prefix or path.startswith(prefix + ".")

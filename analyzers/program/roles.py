@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Iterable, Optional
 import libcst as cst
 
 from analyzers.context import all_children, argument, dotted_name, string_value
+from analyzers.program.builds import built_module
 from analyzers.program.flow import ModuleNodes, call_site_values, subtree
 from analyzers.program.library import Does, does, method_returns_same_module
-from analyzers.program.builds import built_module
 from analyzers.program.names import last_segment, name_is_model_like
 
 if TYPE_CHECKING:
@@ -535,3 +535,12 @@ def in_lightning_module(ctx: "FileContext") -> bool:
         if any(last_segment(base) == "LightningModule" for base in ctx.class_bases(cls)):
             return True
     return False
+
+
+def direct_method_class(node: cst.FunctionDef, ctx: FileContext) -> Optional[cst.ClassDef]:
+    """The class whose body defines ``node`` directly, or None (functions, nested defs)."""
+    cls = ctx.class_def
+    if cls is None:
+        return None
+    block = ctx.parent(node)
+    return cls if block is not None and ctx.parent(block) is cls else None

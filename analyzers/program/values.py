@@ -328,3 +328,15 @@ def optimizer_step(call: cst.Call, ctx: FileContext) -> Optional[Step]:
         return None
     name = dotted_name(receiver) or "optimizer"
     return Step(call, receiver, name, optimizer_keys(receiver, ctx), is_loop_variable(receiver, ctx), bool(call.args), False)
+
+
+def strip_chain(expr: cst.BaseExpression, ctx: FileContext) -> cst.BaseExpression:
+    """``resnet50(...).to(device)`` / ``nn.DataParallel(net)``: the module under the moves and wrappers."""
+    for _ in range(6):
+        inner = wrapped_module(expr, ctx)
+        if inner is None:
+            break
+        chained = isinstance(expr.func, cst.Attribute) and method_returns_same_module(expr.func.attr.value)
+        # through a wrapper (DDP, compile), the name it wraps is followed to what built it
+        expr = ctx.origin(inner) or inner if not chained and isinstance(inner, (cst.Name, cst.Attribute)) else inner
+    return expr

@@ -9,7 +9,7 @@ import libcst as cst
 from analyzers.context import FileContext
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.architecture._architecture import direct_method_class as _direct_method_class
+from analyzers.program.roles import direct_method_class as _direct_method_class
 
 
 class MissingSuperInit(Rule):

@@ -10,7 +10,7 @@ from analyzers.markdown import code_span
 from analyzers.program import mutated_names, stored_attributes
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.architecture._architecture import direct_method_class as _direct_method_class
+from analyzers.program.roles import direct_method_class as _direct_method_class
 
 
 _MUTABLE_CALLS = {"list", "dict", "set", "bytearray", "defaultdict", "OrderedDict", "deque", "Counter"}

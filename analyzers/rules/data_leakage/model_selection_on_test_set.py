@@ -9,7 +9,8 @@ from analyzers.context import (FileContext, all_children, dotted_name, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.data_leakage._data import mentions_test as _mentions_test, targets as _targets
+from analyzers.program.names import mentions_test as _mentions_test
+from analyzers.program.flow import targets as _targets
 
 
 class _Loop:

@@ -9,12 +9,9 @@ from analyzers.context import (FileContext, argument, dotted_name, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.data_leakage._data import (
-    TEST_WORDS as _TEST_WORDS,
-    name_tokens as _name_tokens,
-    mentions_test as _mentions_test,
-    targets as _targets,
-)
+from analyzers.program.names import (TEST_WORDS as _TEST_WORDS, name_tokens as _name_tokens,
+                                     mentions_test as _mentions_test)
+from analyzers.program.flow import targets as _targets
 
 
 _VAL_WORDS = {"val", "valid", "validation", "dev"}

@@ -11,7 +11,7 @@ from analyzers.program import in_compat_fallback
 from analyzers.program.versions import VersionFacts
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule, Valid
-from analyzers.rules.mixed_precision_deprecation._deprecation import last_name as _last
+from analyzers.program.names import last_name as _last
 
 
 _NO_SPACE_EQUAL = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))

@@ -10,7 +10,7 @@ from analyzers.markdown import code_span
 from analyzers.program.names import parenthesized
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.mixed_precision_deprecation._deprecation import last_name as _last
+from analyzers.program.names import last_name as _last
 
 
 _VARIABLE = {"torch.autograd.Variable", "torch.autograd.variable.Variable", "torch.Variable"}

@@ -20,7 +20,8 @@ from analyzers.program.values import BACKWARD_METHODS
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
 from analyzers.program.modules import torch_layer_features
-from analyzers.rules.training_loop._finetuning import strip_chain as _strip_chain, within as _within
+from analyzers.program.values import strip_chain as _strip_chain
+from analyzers.program.names import within as _within
 
 
 # torchvision / timm architectures built with BatchNorm (detection models use FrozenBatchNorm2d: left out)

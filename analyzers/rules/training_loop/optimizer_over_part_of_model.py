@@ -19,7 +19,8 @@ from analyzers.program.library import names_an_optimizer_class
 from analyzers.program.values import builds_optimizer
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
-from analyzers.rules.training_loop._finetuning import strip_chain as _strip_chain, within as _within
+from analyzers.program.values import strip_chain as _strip_chain
+from analyzers.program.names import within as _within
 
 
 # ``model.module`` (DataParallel / DDP), ``model._orig_mod`` (torch.compile): the whole model, not a part of it
