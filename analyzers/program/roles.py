@@ -544,3 +544,27 @@ def direct_method_class(node: cst.FunctionDef, ctx: FileContext) -> Optional[cst
         return None
     block = ctx.parent(node)
     return cls if block is not None and ctx.parent(block) is cls else None
+
+
+# What a model checkpoint's path or variable is called.
+CHECKPOINT_WORDS = ("ckpt", "checkpoint", "resume", "model", "weight", "state", "snapshot", "pretrained", ".pth",
+                    "best", "last")
+
+
+def loads_model_checkpoint(node: cst.Call, ctx: FileContext) -> bool:
+    """A ``torch.load`` call that reads a model checkpoint (tensors saved from a GPU), not a cached vocabulary or a
+    CPU feature file: what its path or target is called, or a ``load_state_dict`` of a module or optimizer it feeds."""
+    from analyzers.program.values import is_scheduler  # values needs modules, which needs this module
+
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Arg):
+        call = ctx.parent(parent)
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
+                call.func.attr.value == "load_state_dict":
+            # a scheduler's state is plain numbers: nothing in it has a device
+            return not is_scheduler(call.func.value, ctx)
+    texts = [ctx.module.code_for_node(node.args[0].value) if node.args else ""]
+    if isinstance(parent, cst.Assign):
+        texts.append(ctx.module.code_for_node(parent.targets[0].target))
+    text = " ".join(texts).lower()
+    return any(word in text for word in CHECKPOINT_WORDS)

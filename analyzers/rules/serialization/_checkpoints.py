@@ -1,4 +1,4 @@
-"""What TR611 and TR613 share."""
+"""The rule base of TR611 and TR613: checkpoint loads without ``map_location``."""
 from __future__ import annotations
 
 from typing import Optional
@@ -7,15 +7,12 @@ import libcst as cst
 
 from analyzers.context import (FileContext, keyword_arg)
 from analyzers.program.library import Does, does, is_ddp
-from analyzers.program.values import is_scheduler
+from analyzers.program.roles import loads_model_checkpoint
 from analyzers.rules.base import Rule
 
 
 # setting up a process group means distributed training, as does wrapping a model in DDP
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
-
-CHECKPOINT_WORDS = ("ckpt", "checkpoint", "resume", "model", "weight", "state", "snapshot", "pretrained", ".pth",
-                     "best", "last")
 
 
 class LoadsWithoutMapLocation(Rule):
@@ -46,25 +43,9 @@ class LoadsWithoutMapLocation(Rule):
                 any(a.star for a in node.args):
             self._mapped_scopes.add(scope)
             return
-        if self._checkpoint_like(node, ctx):
+        if loads_model_checkpoint(node, ctx):
             self._loads.append((node, scope))
             self.load_seen(node, ctx)
 
     def load_seen(self, node: cst.Call, ctx: FileContext) -> None:
         """A candidate load, at the point of the walk where it is (for what is in scope there)."""
-
-    @staticmethod
-    def _checkpoint_like(node: cst.Call, ctx: FileContext) -> bool:
-        """A model checkpoint (tensors saved from a GPU), not a cached vocabulary or CPU feature file."""
-        parent = ctx.parent(node)
-        if isinstance(parent, cst.Arg):
-            call = ctx.parent(parent)
-            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
-                    call.func.attr.value == "load_state_dict":
-                # a scheduler's state is plain numbers: nothing in it has a device
-                return not is_scheduler(call.func.value, ctx)
-        texts = [ctx.module.code_for_node(node.args[0].value) if node.args else ""]
-        if isinstance(parent, cst.Assign):
-            texts.append(ctx.module.code_for_node(parent.targets[0].target))
-        text = " ".join(texts).lower()
-        return any(word in text for word in CHECKPOINT_WORDS)
