@@ -8,7 +8,8 @@ import libcst as cst
 from analyzers.program.values import changes_in_eval
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Valid
-from analyzers.rules.inference._inference import ModelCall as _ModelCall, InferencePathRule as _InferencePathRule
+from analyzers.program.evaluation import ModelCall as _ModelCall
+from analyzers.rules.inference._inference import InferencePathRule as _InferencePathRule
 
 
 class MissingEvalMode(_InferencePathRule):

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Optional
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Valid
-from analyzers.rules.inference._inference import ModelCall as _ModelCall, InferencePathRule as _InferencePathRule
+from analyzers.program.evaluation import ModelCall as _ModelCall
+from analyzers.rules.inference._inference import InferencePathRule as _InferencePathRule
 
 
 class MissingNoGrad(_InferencePathRule):

@@ -1,0 +1,467 @@
+"""Model calls on evaluation paths (a loop over validation data, an ``evaluate()``-like function) and the modes they
+run in: whether the model was put in eval mode and whether gradients are off there, along this function, the
+functions that call it and how the model was built. Fed during the walk by the inference rules (any one of them),
+once per file (``ctx.facts(EvaluationPaths)``)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
+from analyzers.program.builds import built_module
+from analyzers.program.flow import subtree
+from analyzers.program.library import method_returns_same_module
+from analyzers.program.modules import ModuleFacts
+from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
+from analyzers.program.roles import is_test_code
+
+
+def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
+    """The validation-data name a ``for`` iterates (``val_loader``, ``loaders['test']``...), or None."""
+    if isinstance(iter_expr, cst.Call) and method_name(iter_expr) in ("range", "len"):
+        return None
+    stack: list[cst.CSTNode] = [iter_expr]
+    budget = 40
+    while stack and budget:
+        budget -= 1
+        node = stack.pop()
+        if isinstance(node, (cst.Name, cst.Attribute)):
+            dotted = dotted_name(node)
+            if dotted is not None:
+                if names_evaluation_data(dotted):
+                    return dotted
+                continue
+            stack.append(node.value)
+        elif isinstance(node, cst.Subscript):
+            for element in node.slice:
+                index = getattr(element.slice, "value", None)
+                if isinstance(index, cst.SimpleString) and names_evaluation_data(index.value.strip("'\"")):
+                    base = dotted_name(node.value) or "..."
+                    return f"{base}[{index.value}]"
+            stack.append(node.value)
+        elif isinstance(node, cst.Call):
+            stack.append(node.func)
+            stack.extend(a.value for a in node.args)
+    return None
+
+
+class FnState:
+    __slots__ = ("node", "name", "eval_named", "skip", "evals", "nograd_dec", "grad_off", "has_backward",
+                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval")
+
+    def __init__(self, node: Optional[cst.FunctionDef], name: str, cls: Optional[cst.ClassDef]) -> None:
+        self.node = node
+        self.name = name
+        self.eval_named = False
+        self.skip = False
+        self.evals: dict[str, bool] = {}  # receiver -> in eval mode (True) / set back to train (False)
+        self.nograd_dec = False
+        self.grad_off = False  # torch.set_grad_enabled(False) as a statement
+        self.has_backward = False
+        self.needs_grad = False  # enable_grad / autograd.grad / requires_grad_ : gradients wanted
+        self.val_loops: list[ValLoop] = []
+        self.cls = cls
+        self.returns_eval = False  # ``return model.eval()`` / eval() before a return: a loader of eval models
+        self.leaves_eval = False  # still has something in eval mode when it ends
+
+
+class ValLoop:
+    __slots__ = ("node", "name", "has_backward")
+
+    def __init__(self, node: cst.CSTNode, name: str) -> None:
+        self.node = node
+        self.name = name
+        self.has_backward = False
+
+
+class ModelCall:
+    __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
+                 "eval_chain", "origin_func")
+
+    def __init__(self, **kw) -> None:
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class CallSite:
+    __slots__ = ("name", "caller", "evaled", "nograd")
+
+    def __init__(self, name: str, caller: FnState, evaled: bool, nograd: bool) -> None:
+        self.name = name
+        self.caller = caller
+        self.evaled = evaled
+        self.nograd = nograd
+
+
+def covers(evaled: str, model: str) -> bool:
+    return (evaled == "*" or evaled == model or model.startswith(evaled + ".") or evaled.startswith(model + "."))
+
+
+class EvaluationPaths:
+    """The model calls on evaluation paths of one file, and what each function does to train/eval and grad mode."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.collector: Optional[object] = None  # the rule that feeds these facts during the walk
+        self.module_state = FnState(None, "<module>", None)
+        self.stack: list[FnState] = [self.module_state]
+        self.nograd_withs: list[cst.With] = []
+        self.model_calls: list[ModelCall] = []
+        self.sites: dict[str, list[CallSite]] = {}
+        self.functions: dict[str, list[FnState]] = {}
+        self.class_evals: dict[cst.ClassDef, set[str]] = {}
+        self.module_evals: set[str] = set()
+        self.trained: set[str] = set()  # receivers of an explicit .train() anywhere in the file
+        self.skipped_classes: dict[cst.ClassDef, bool] = {}
+        self.test_file = is_test_code(ctx)
+        self._memo: dict[tuple, bool] = {}
+
+    # ---- structure -----------------------------------------------------------------------
+    def enter_function(self, node: cst.FunctionDef, ctx: FileContext) -> None:
+        cls = ctx.class_def
+        direct_cls = cls if cls is not None and ctx.parent(ctx.parent(node) or node) is cls else None
+        state = FnState(node, node.name.value, direct_cls)
+        name = node.name.value
+        state.eval_named = names_evaluation_function(name)
+        decorators = ctx.decorators_of(node)
+        state.skip = name.startswith("test_") or any("fixture" in d or "pytest" in d for d in decorators)
+        if direct_cls is not None and self._framework_class(direct_cls, ctx):
+            state.skip = True
+        state.nograd_dec = any(d in NO_GRAD_CONTEXTS for d in decorators)
+        self.stack.append(state)
+        self.functions.setdefault(name, []).append(state)
+
+    def leave_function(self) -> None:
+        state = self.stack.pop()
+        state.leaves_eval = any(state.evals.values())
+
+    def on_return(self, node: cst.Return) -> None:
+        state = self.stack[-1]
+        if state.node is None or node.value is None:
+            return
+        if any(state.evals.values()) or has_eval_chain(node.value):
+            state.returns_eval = True
+
+    def _framework_class(self, cls: cst.ClassDef, ctx: FileContext) -> bool:
+        """Lightning modules and HF Trainers put the model in eval mode themselves."""
+        known = self.skipped_classes.get(cls)
+        if known is None:
+            known = False
+            for base in ctx.class_bases(cls):
+                leaf = base.rsplit(".", 1)[-1]
+                if leaf.endswith("LightningModule") or leaf in ("Trainer", "Seq2SeqTrainer"):
+                    known = True
+            self.skipped_classes[cls] = known
+        return known
+
+    def enter_with(self, node: cst.With, ctx: FileContext) -> None:
+        for item in node.items:
+            call = item.item if isinstance(item.item, cst.Call) else None
+            expr = call.func if call is not None else item.item
+            name = ctx.qualified_name(expr)
+            if name in NO_GRAD_CONTEXTS:
+                if name == "torch.set_grad_enabled" and call is not None and is_true(argument(call, 0, "mode")):
+                    continue
+                self.nograd_withs.append(node)
+                return
+            if name in ("torch.enable_grad", "torch.autograd.enable_grad") or (
+                    name == "torch.set_grad_enabled" and call is not None and is_true(argument(call, 0, "mode"))):
+                self.stack[-1].needs_grad = True
+
+    def leave_with(self, node: cst.With) -> None:
+        if self.nograd_withs and self.nograd_withs[-1] is node:
+            self.nograd_withs.pop()
+
+    def enter_loop(self, node: cst.CSTNode, iter_expr: cst.BaseExpression) -> None:
+        name = val_iter_name(iter_expr)
+        if name is not None:
+            self.stack[-1].val_loops.append(ValLoop(node, name))
+
+    def leave_loop(self, node: cst.CSTNode) -> None:
+        loops = self.stack[-1].val_loops
+        if loops and loops[-1].node is node:
+            loops.pop()
+
+    # ---- state at the current point ---------------------------------------------------------
+    def nograd_now(self) -> bool:
+        if self.nograd_withs:
+            return True
+        return any(s.nograd_dec or s.grad_off for s in self.stack)
+
+    def evaled_any(self) -> bool:
+        return any(v for s in self.stack for v in s.evals.values())
+
+    def _record_eval(self, receiver: str, value: bool, ctx: FileContext, call: cst.Call) -> None:
+        state = self.stack[-1]
+        if value:
+            state.evals[receiver] = True
+            if state is self.module_state:
+                self.module_evals.add(receiver)
+            if (receiver == "self" or receiver.startswith("self.")) and ctx.class_def is not None:
+                self.class_evals.setdefault(ctx.class_def, set()).add(receiver)
+            return
+        self.trained.add(receiver)
+        # model.train(): only an unconditional one undoes an earlier eval()
+        for ancestor in ctx.ancestors(call):
+            if isinstance(ancestor, (cst.If, cst.Else, cst.Try, cst.ExceptHandler, cst.Match, cst.IfExp)):
+                return
+            if ancestor is state.node or isinstance(ancestor, (cst.FunctionDef, cst.Module)):
+                break
+        for key in list(state.evals):
+            if key == receiver or (receiver == "self" and key.startswith("self.")):
+                state.evals[key] = False
+
+    # ---- calls ---------------------------------------------------------------------------------
+    def on_call(self, node: cst.Call, ctx: FileContext) -> None:
+        func = node.func
+        state = self.stack[-1]
+        if isinstance(func, cst.Attribute):
+            attr = func.attr.value
+            if attr == "eval" and not node.args:
+                receiver = dotted_name(func.value)
+                if receiver is not None:
+                    self._record_eval(receiver, True, ctx, node)
+                return
+            if attr == "train":
+                receiver = dotted_name(func.value)
+                if receiver is not None:
+                    mode = argument(node, 0, "mode")
+                    if is_false(mode):
+                        self._record_eval(receiver, True, ctx, node)
+                    elif mode is None or is_true(mode):
+                        self._record_eval(receiver, False, ctx, node)
+                return
+            if attr == "backward":
+                self._mark_backward(state)
+                return
+            if attr in ("requires_grad_", "enable_grad", "grad", "set_grad_enabled"):
+                self._grad_call(node, attr, ctx, state)
+                return
+        elif isinstance(func, cst.Name):
+            if func.value in ("enable_grad", "grad", "set_grad_enabled"):
+                self._grad_call(node, func.value, ctx, state)
+                return
+        else:
+            return
+        callee = func.attr.value if isinstance(func, cst.Attribute) else func.value
+        low = callee.lower()
+        if "eval" in low and not low.startswith("evaluat") and ("mode" in low or low.startswith(("set_", "to_", "_set"))
+                                                                or low.endswith("_eval")):
+            # set_eval_mode(model) / self.set_eval() helpers
+            targets = [dotted_name(a.value) for a in node.args if isinstance(a.value, (cst.Name, cst.Attribute))]
+            if isinstance(func, cst.Attribute):
+                targets.append(dotted_name(func.value))
+            targets = [t for t in targets if t]
+            for target in targets or ["*"]:
+                self._record_eval(target, True, ctx, node)
+            return
+        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any(), self.nograd_now()))
+        defined = self.functions.get(callee)
+        if defined and any(s.leaves_eval for s in defined if s.node is not None and s not in self.stack):
+            # a helper defined above that leaves its argument in eval mode (evaluate(model) without train())
+            targets = [dotted_name(a.value) for a in node.args if isinstance(a.value, (cst.Name, cst.Attribute))]
+            for target in [t for t in targets if t] or ["*"]:
+                self._record_eval(target, True, ctx, node)
+        if node.args:
+            self._maybe_model_call(node, ctx)
+
+    def _mark_backward(self, state: FnState) -> None:
+        state.has_backward = True
+        for loop in state.val_loops:
+            loop.has_backward = True
+
+    def _grad_call(self, node: cst.Call, attr: str, ctx: FileContext, state: FnState) -> None:
+        if attr == "requires_grad_":
+            if not node.args or is_true(argument(node, 0, "requires_grad")):
+                state.needs_grad = True
+            return
+        qualified = ctx.call_name(node) or ""
+        if attr == "grad" and qualified in ("torch.autograd.grad",):
+            self._mark_backward(state)
+        elif attr == "enable_grad" and qualified.startswith("torch."):
+            state.needs_grad = True
+        elif attr == "set_grad_enabled" and qualified in ("torch.set_grad_enabled", "torch.autograd.set_grad_enabled"):
+            mode = argument(node, 0, "mode")
+            parent = ctx.parent(node)
+            if is_false(mode) and isinstance(parent, cst.Expr):
+                state.grad_off = True
+            elif is_true(mode):
+                state.needs_grad = True
+
+    def _in_path(self) -> bool:
+        if self.stack[-1].val_loops:
+            return True
+        return any(s.eval_named for s in self.stack)
+
+    def _maybe_model_call(self, node: cst.Call, ctx: FileContext) -> None:
+        if not self._in_path() or self.test_file:
+            return
+        if any(s.skip for s in self.stack):
+            return
+        func = node.func
+        target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
+        if not isinstance(target, (cst.Name, cst.Attribute)):
+            return
+        model = dotted_name(target)
+        if model is None or model == "self" or model.startswith("super"):
+            return
+        head = model.split(".", 1)[0]
+        if ctx.imports.names.get(head) is not None:
+            return  # an imported function/module, not a model instance
+        if isinstance(target, cst.Name):
+            binding = ctx.binding(model)
+            if binding is not None and binding.kind in ("def", "import"):
+                return
+        name_like = name_is_model_like(model)
+        origin = ctx.origin(target)
+        built = built_module(ctx, origin)
+        constructed = built is not None and built.model
+        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin)
+        if not (name_like or constructed):
+            return
+        if isinstance(origin, (cst.Lambda,)):
+            return
+        if shape_check(node, target, ctx):
+            return
+        cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)
+        if head == "self" and cls is not None and (ctx.is_module_subclass(cls) or any(
+                ctx.facts(ModuleFacts).is_module_class(base) for base in
+                (dotted_name(b.value) for b in cls.bases) if base)):
+            # a module's own predict()/inference() helper: the caller decides the mode, unless it loops over data
+            if not self.stack[-1].val_loops and not loops_over_loader(ctx):
+                return
+        aliases = {model}
+        origin_name = dotted_name(origin) if isinstance(origin, (cst.Name, cst.Attribute)) else None
+        if origin_name:
+            aliases.add(origin_name)
+        eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
+        self.model_calls.append(ModelCall(
+            node=node, model=model, aliases=aliases, stack=tuple(self.stack),
+            loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,
+            eval_local=eval_local, nograd_local=self.nograd_now(), cls=cls,
+            is_global=head != "self" and not bound_locally(head, ctx), eval_chain=eval_chain,
+            origin_func=origin_func(origin),
+        ))
+
+    # ---- decisions -------------------------------------------------------------------------
+    def path_of(self, call: ModelCall) -> Optional[str]:
+        """Where the call runs, for the message; None when it is not a validation path after all."""
+        if call.loop is not None and not call.loop.has_backward:
+            return f"the loop over `{call.loop.name}`"
+        for state in reversed(call.stack):
+            if state.eval_named and not state.has_backward:
+                return f"`{state.name}()`"
+        return None
+
+    def covered_by_callers(self, state: FnState, kind: str, visiting: Optional[set] = None) -> bool:
+        if state.node is None:
+            return False
+        key = (id(state), kind)
+        if key in self._memo:
+            return self._memo[key]
+        visiting = visiting or set()
+        if id(state) in visiting:
+            return False
+        visiting.add(id(state))
+        result = False
+        for site in self.sites.get(state.name, ()):
+            if site.caller is state:
+                continue
+            if (site.evaled if kind == "eval" else site.nograd) or self.covered_by_callers(site.caller, kind, visiting):
+                result = True
+                break
+        self._memo[key] = result
+        return result
+
+    def eval_covered(self, call: ModelCall) -> bool:
+        if call.eval_local:
+            return True
+        # built in eval mode (``Net().eval()``, ``from_pretrained``, ``load_model()`` returning ``model.eval()``)
+        # and never put back into training mode in this file
+        built_eval = call.eval_chain or (call.origin_func and any(
+            s.returns_eval for s in self.functions.get(call.origin_func, ())))
+        if built_eval and not any(covers(t, a) and t != "self" for t in self.trained for a in call.aliases):
+            return True
+        if call.cls is not None and any(covers(k, a) for k in self.class_evals.get(call.cls, ()) for a in call.aliases):
+            return True
+        if call.is_global and any(covers(k, a) for k in self.module_evals for a in call.aliases):
+            return True
+        return any(self.covered_by_callers(s, "eval") for s in call.stack)
+
+    def nograd_covered(self, call: ModelCall) -> bool:
+        if call.nograd_local or self.module_state.grad_off:
+            return True
+        if any(s.needs_grad for s in call.stack if s.node is not None) or call.stack[-1].needs_grad:
+            return True
+        return any(self.covered_by_callers(s, "nograd") for s in call.stack)
+
+
+SYNTHETIC = {"torch.randn", "torch.rand", "torch.randint", "torch.zeros", "torch.ones", "torch.empty", "torch.full"}
+
+
+def shape_check(call: cst.Call, target: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``def test(): net = ResNet18(); y = net(torch.randn(1, 3, 32, 32)); print(y.size())``: a model built
+    in this very function, no weights loaded, run once (no loop) on a random or constant tensor. That checks
+    shapes; there are no results whose mode could matter, nor a graph worth freeing."""
+    fn = ctx.function_def
+    if fn is None or not isinstance(target, cst.Name) or ctx.loops_in_function() or not call.args:
+        return False
+    binding = ctx.scopes[-1].bindings.get(target.value) if ctx.scopes else None
+    if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Call):
+        return False
+    for node in subtree(fn.body):
+        if isinstance(node, cst.Call) and "load" in (method_name(node) or "").lower():
+            return False  # weights come in: this may be a real evaluation
+    value = call.args[0].value
+    if isinstance(value, cst.Name):
+        bound = ctx.scopes[-1].bindings.get(value.value)
+        value = bound.value if bound is not None and bound.kind == "assign" else None
+    return isinstance(value, cst.Call) and ctx.call_name(value) in SYNTHETIC
+
+
+def bound_locally(head: str, ctx: FileContext) -> bool:
+    for scope in ctx.scopes[1:]:
+        if isinstance(scope.node, cst.ClassDef):
+            continue
+        if head in scope.bindings:
+            return True
+    return False
+
+
+def has_eval_chain(expr: Optional[cst.BaseExpression]) -> bool:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        attr = expr.func.attr.value
+        if attr == "eval" or (attr == "train" and is_false(argument(expr, 0, "mode"))):
+            return True
+        if not method_returns_same_module(attr):
+            return False
+        expr = expr.func.value
+    return False
+
+
+def origin_func(origin: Optional[cst.BaseExpression]) -> Optional[str]:
+    """``load_model`` for ``model = load_model(path).to(device)``."""
+    expr = origin
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+            method_returns_same_module(expr.func.attr.value):
+        expr = expr.func.value
+    return method_name(expr) if isinstance(expr, cst.Call) else None
+
+
+def loops_over_loader(ctx: FileContext) -> bool:
+    for loop in ctx.loops_in_function():
+        iter_expr = loop.iter if isinstance(loop, cst.For) else getattr(getattr(loop, "for_in", None), "iter", None)
+        if iter_expr is None or isinstance(loop, cst.While):
+            continue
+        stack = [iter_expr]
+        budget = 20
+        while stack and budget:
+            budget -= 1
+            node = stack.pop()
+            dotted = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+            if dotted is not None:
+                if "loader" in dotted.lower() or "dataset" in dotted.lower():
+                    return True
+            elif isinstance(node, cst.Call):
+                stack.extend(a.value for a in node.args)
+    return False
