@@ -13,7 +13,7 @@ from analyzers.markdown import code_span
 from analyzers.program.names import last_name
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.numerics._numerics import Act as _Act, activation_of
+from analyzers.program.activations import Act as _Act, activation_of
 
 
 class LogOfSoftmax(Rule):
