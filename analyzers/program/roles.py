@@ -568,3 +568,53 @@ def loads_model_checkpoint(node: cst.Call, ctx: FileContext) -> bool:
         texts.append(ctx.module.code_for_node(parent.targets[0].target))
     text = " ".join(texts).lower()
     return any(word in text for word in CHECKPOINT_WORDS)
+
+
+class ImportBindings:
+    """Every import statement of the file, at any depth (the compatibility imports that matter here sit in
+    ``try`` blocks inside functions), by the local name it binds; built once per file, on first use."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self.statements: dict[str, list[cst.CSTNode]] = {}
+        self.from_pairs: set[tuple[str, str]] = set()  # (qualified, local) of every ``from M import N [as local]``
+        for node in subtree(ctx.module):
+            if isinstance(node, cst.Import):
+                for alias in node.names:
+                    local = alias.asname.name.value if alias.asname is not None and \
+                        isinstance(alias.asname.name, cst.Name) else (dotted_name(alias.name) or "").split(".")[0]
+                    self.statements.setdefault(local, []).append(node)
+            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) \
+                    and node.module is not None and not node.relative:
+                module = dotted_name(node.module)
+                for alias in node.names:
+                    name = dotted_name(alias.name)
+                    local = alias.asname.name.value if alias.asname is not None and \
+                        isinstance(alias.asname.name, cst.Name) else name
+                    self.from_pairs.add((f"{module}.{name}", local))
+                    self.statements.setdefault(local, []).append(node)
+
+    def imported_before(self, local: str, node: cst.CSTNode, ctx: FileContext) -> bool:
+        """Some import binding ``local`` starts on a line before ``node``'s."""
+        statements = self.statements.get(local, [])
+        if not statements:
+            return False
+        where = ctx.positions([node, *statements])
+        return any(where[s].start.line < where[node].start.line for s in statements)
+
+
+def handles_other_versions(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """Inside ``try:`` with an ImportError handler, under an ``if`` on a version, or a compatibility fallback
+    (:func:`in_compat_fallback`): the author handles the library versions on both sides of a change."""
+    previous: cst.CSTNode = node
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.Try) and previous is ancestor.body and ancestor.handlers:
+            for handler in ancestor.handlers:
+                if handler.type is None:
+                    return True
+                text = ctx.module.code_for_node(handler.type)
+                if any(word in text for word in ("ImportError", "ModuleNotFoundError", "Exception")):
+                    return True
+        if isinstance(ancestor, cst.If) and "version" in ctx.module.code_for_node(ancestor.test).lower():
+            return True
+        previous = ancestor
+    return in_compat_fallback(ctx, node)

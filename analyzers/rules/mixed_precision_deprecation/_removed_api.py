@@ -16,10 +16,10 @@ from analyzers.context import (FileContext, argument, dotted_name, keyword_arg, 
                                positional_args, short, string_value)
 from analyzers.markdown import code_span
 from analyzers.program import in_compat_fallback
-from analyzers.program.flow import subtree
 from analyzers.program.names import render_name
 from analyzers.program.versions import Version, VersionFacts
 from analyzers.rules.base import Rule
+from analyzers.program.roles import ImportBindings, handles_other_versions
 
 
 NO_SPACE_EQUAL = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
@@ -330,38 +330,6 @@ def module_swap(node: cst.ImportFrom) -> Optional[str]:
     return targets.pop() if len(targets) == 1 else None
 
 
-class ImportBindings:
-    """Every import statement of the file, at any depth (the compatibility imports that matter here sit in
-    ``try`` blocks inside functions), by the local name it binds; built once per file, on first use."""
-
-    def __init__(self, ctx: FileContext) -> None:
-        self.statements: dict[str, list[cst.CSTNode]] = {}
-        self.from_pairs: set[tuple[str, str]] = set()  # (qualified, local) of every ``from M import N [as local]``
-        for node in subtree(ctx.module):
-            if isinstance(node, cst.Import):
-                for alias in node.names:
-                    local = alias.asname.name.value if alias.asname is not None and \
-                        isinstance(alias.asname.name, cst.Name) else (dotted_name(alias.name) or "").split(".")[0]
-                    self.statements.setdefault(local, []).append(node)
-            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) \
-                    and node.module is not None and not node.relative:
-                module = dotted_name(node.module)
-                for alias in node.names:
-                    name = dotted_name(alias.name)
-                    local = alias.asname.name.value if alias.asname is not None and \
-                        isinstance(alias.asname.name, cst.Name) else name
-                    self.from_pairs.add((f"{module}.{name}", local))
-                    self.statements.setdefault(local, []).append(node)
-
-    def imported_before(self, local: str, node: cst.CSTNode, ctx: FileContext) -> bool:
-        """Some import binding ``local`` starts on a line before ``node``'s."""
-        statements = self.statements.get(local, [])
-        if not statements:
-            return False
-        where = ctx.positions([node, *statements])
-        return any(where[s].start.line < where[node].start.line for s in statements)
-
-
 def successor_callee(call: cst.Call, replacement: str, ctx: FileContext) -> Optional[cst.BaseExpression]:
     """The successor written as the call writes its own prefix (``foo.chain_matmul`` after ``import torch as
     foo`` → ``foo.linalg.multi_dot``, ``xx._register_pytree_node`` → ``xx.register_pytree_node``), else
@@ -401,7 +369,7 @@ class TableRule(Rule):
     def _import_rewritten(self, local: str, ctx: FileContext) -> bool:
         statements = ctx.facts(ImportBindings).statements.get(local, [])
         return bool(statements) and all(isinstance(s, cst.ImportFrom) and module_swap(s) is not None and
-                                        not guarded(ctx, s) for s in statements)
+                                        not handles_other_versions(ctx, s) for s in statements)
 
     def visit_Attribute(self, node: cst.Attribute, ctx: FileContext) -> None:
         """A table symbol named but not called here (``transforms=[v2.ToTensor]``, ``solve = torch.qr``)."""
@@ -430,7 +398,7 @@ class TableRule(Rule):
         ImportError), and for a deprecated symbol it is the line the port changes; calls through the
         imported name are reported where they are, with their own advice."""
         module = dotted_name(node.module) if node.module is not None and not node.relative else None
-        if module is None or isinstance(node.names, cst.ImportStar) or guarded(ctx, node):
+        if module is None or isinstance(node.names, cst.ImportStar) or handles_other_versions(ctx, node):
             return  # ``try: from torch import symeig / except ImportError:``: the author handles both
         entries = [TABLE[f"{module}.{alias.name.value}"] for alias in node.names
                    if isinstance(alias.name, cst.Name) and f"{module}.{alias.name.value}" in TABLE]
@@ -490,18 +458,3 @@ class TableRule(Rule):
                     replacement=replacement)
 
 
-def guarded(ctx: FileContext, node: cst.CSTNode) -> bool:
-    """Inside ``try:`` with an ImportError handler, or under an ``if`` on a version: the author handles both."""
-    previous: cst.CSTNode = node
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.Try) and previous is ancestor.body and ancestor.handlers:
-            for handler in ancestor.handlers:
-                if handler.type is None:
-                    return True
-                text = ctx.module.code_for_node(handler.type)
-                if any(word in text for word in ("ImportError", "ModuleNotFoundError", "Exception")):
-                    return True
-        if isinstance(ancestor, cst.If) and "version" in ctx.module.code_for_node(ancestor.test).lower():
-            return True
-        previous = ancestor
-    return in_compat_fallback(ctx, node)

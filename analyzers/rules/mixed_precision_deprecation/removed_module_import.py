@@ -10,7 +10,7 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.versions import Version, VersionFacts
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.mixed_precision_deprecation._removed_api import guarded as _guarded
+from analyzers.program.roles import handles_other_versions as _handles_other_versions
 
 
 # module -> (package, removed in, what to use instead)
@@ -139,7 +139,7 @@ class RemovedModuleImport(Rule):
     def _report(self, node: cst.CSTNode, module: str, found: tuple[str, Version, str], ctx: FileContext,
                 symbols: Optional[list[str]] = None, replacement: Optional[cst.CSTNode] = None) -> None:
         package, removed, instead = found
-        if _guarded(ctx, node) or not ctx.facts(VersionFacts).admits(package, removed):
+        if _handles_other_versions(ctx, node) or not ctx.facts(VersionFacts).admits(package, removed):
             return
         release = ".".join(map(str, removed))
         if symbols:

@@ -8,7 +8,7 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
-from analyzers.rules.mixed_precision_deprecation._removed_api import guarded as _guarded
+from analyzers.program.roles import handles_other_versions as _handles_other_versions
 
 
 # scipy.misc image helpers: deprecated in SciPy 1.0, removed in 1.2 (imresize in 1.3)
@@ -87,7 +87,7 @@ class RemovedScipyMiscImage(Rule):
         name = node.attr.value
         if name not in _SCIPY_MISC or ctx.qualified_name(node) != f"scipy.misc.{name}":
             return
-        if _guarded(ctx, node) or not ctx.facts(VersionFacts).admits("scipy", (1, 3)):
+        if _handles_other_versions(ctx, node) or not ctx.facts(VersionFacts).admits("scipy", (1, 3)):
             return
         self.report(node, f"{code_span(short(ctx, node))} was removed from SciPy (1.2/1.3): it raises AttributeError on "
                           f"current installs; use {_SCIPY_MISC[name]}")
@@ -97,7 +97,7 @@ class RemovedScipyMiscImage(Rule):
                 isinstance(node.names, cst.ImportStar):
             return
         removed = [n for n in (dotted_name(a.name) for a in node.names) if n in _SCIPY_MISC]
-        if not removed or _guarded(ctx, node) or not ctx.facts(VersionFacts).admits("scipy", (1, 3)):
+        if not removed or _handles_other_versions(ctx, node) or not ctx.facts(VersionFacts).admits("scipy", (1, 3)):
             return
         shown = ", ".join(code_span(n) for n in removed)
         instead = "; ".join(f"{code_span(n)}: {_SCIPY_MISC[n]}" for n in removed)
