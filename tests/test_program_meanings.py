@@ -294,3 +294,64 @@ def test_no_grad_blocks_hold_in_their_own_function_only():
     """)
     assigned = {n.targets[0].target.value: n for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
     assert {name for name, node in assigned.items() if in_no_grad_block(ctx, node)} == {"a", "e"}
+
+
+# ---- a folder's ``_`` modules share presentation, never meaning ---------------------------------------------
+
+SHARED_MODULES = [p for p in RULE_FILES if p.name.startswith("_")]
+
+
+def _takes_context(fn: ast.AST) -> bool:
+    arguments = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+    return any(a.arg == "ctx" or (a.annotation is not None and "FileContext" in ast.unparse(a.annotation))
+               for a in arguments)
+
+
+def _builds_syntax(fn: ast.AST) -> bool:
+    """A fix builder: it rewrites the call it is given into the libcst node a replacement writes (a function that
+    returns the node some other expression stands for is a question about values, not a fix)."""
+    arguments = fn.args.posonlyargs + fn.args.args
+    return fn.returns is not None and "cst." in ast.unparse(fn.returns) and bool(arguments) and \
+        arguments[0].annotation is not None and ast.unparse(arguments[0].annotation) == "cst.Call"
+
+
+def semantic_queries(source: str) -> list[str]:
+    """What a ``_`` module asks the file's context outside a rule class: a function that reads the context and
+    answers something other than a fix's syntax, or a class (facts, states) whose methods read the context.
+    Those are questions about the program, and belong in ``analyzers/program``."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _takes_context(node) and \
+                not _builds_syntax(node):
+            found.append(f"{node.name} (line {node.lineno})")
+        elif isinstance(node, ast.ClassDef) and not any(isinstance(b, ast.Name) and b.id == "Rule"
+                                                        for b in node.bases):
+            if any(isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and _takes_context(m) for m in node.body):
+                found.append(f"class {node.name} (line {node.lineno})")
+    return found
+
+
+def test_the_check_finds_a_query_and_spares_rules_and_fixes():
+    source = textwrap.dedent('''
+        def names_a_gpu(expr, ctx: FileContext) -> bool:
+            return True
+        class LoopFacts:
+            def __init__(self, ctx):
+                pass
+        def fix_rename(call: cst.Call, ctx, callee) -> Optional[cst.BaseExpression]:
+            return None
+        def unwrapped(expr: cst.BaseExpression, ctx) -> cst.BaseExpression:
+            return expr
+        def is_one(expr) -> bool:
+            return True
+        class SharedBase(Rule):
+            def visit_Call(self, node, ctx):
+                pass
+    ''')
+    assert semantic_queries(source) == ["names_a_gpu (line 2)", "class LoopFacts (line 4)", "unwrapped (line 9)"]
+
+
+@pytest.mark.parametrize("path", SHARED_MODULES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shared_rule_modules_define_no_semantic_query(path):
+    found = semantic_queries(path.read_text())
+    assert not found, f"{path.name} answers questions about the program; move them to analyzers/program: {found}"
