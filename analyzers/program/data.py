@@ -7,10 +7,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, keyword_arg, is_true, short, positional_args
-from analyzers.program.flow import subtree
+from analyzers.context import (FileContext, argument, dotted_name, is_true, iter_names, keyword_arg, positional_args,
+                               short)
+from analyzers.program.flow import ModuleNodes, call_site_values, parameter_index, subtree
 from analyzers.program.library import Does, does, is_data_loader
-from analyzers.program.names import last_segment, names_evaluation_data
+from analyzers.program.names import last_segment, mentions_evaluation_data, names_evaluation_data
 
 # transforms that draw a random number per item, besides the ``Random*`` classes
 _RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoAugment", "AugMix", "ElasticTransform",
@@ -77,6 +78,61 @@ class Loader:
     in_memory: bool = False  # MNIST-like or TensorDataset: nothing to decode, little to copy
 
 
+# ``train_loader``, ``trainset``, ``dataset_train``, ``pretrain_ds``: a word of the name says training data
+_TRAIN_WORD = re.compile(r"(?<![a-z])train|train(?![a-z])", re.IGNORECASE)
+
+
+class TrainingIterables:
+    """What the file's training loops iterate: the dotted name under ``for ... in <it>`` (through ``enumerate``,
+    ``tqdm``...) of every loop whose body calls backward, and, where that name is a parameter of the loop's
+    function, the names the function's call sites in this file pass for it (``train(model, train_dl)``)."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        from analyzers.program.loops import iterated, loop_trains  # loops needs values, which needs this module
+
+        nodes = ctx.facts(ModuleNodes)
+        self.names: set[str] = set()
+        for loop in nodes.of_type(cst.For):
+            if not loop_trains(loop, ctx):
+                continue
+            name = dotted_name(iterated(loop.iter))
+            if name is None:
+                continue
+            self.names.add(name)
+            fn = _enclosing_function(loop, nodes)
+            if fn is not None and "." not in name and parameter_index(fn, name) is not None:
+                for value in call_site_values(ctx, fn, name) or ():
+                    passed = dotted_name(value)
+                    if passed is not None:
+                        self.names.add(passed)
+
+
+def _enclosing_function(node: cst.CSTNode, nodes: ModuleNodes) -> Optional[cst.FunctionDef]:
+    parent = nodes.parents.get(id(node))
+    while parent is not None and not isinstance(parent, cst.FunctionDef):
+        parent = nodes.parents.get(id(parent))
+    return parent
+
+
+def loader_trains(call: cst.Call, target: Optional[str], dataset: Optional[cst.BaseExpression],
+                  ctx: FileContext) -> bool:
+    """Does the DataLoader ``call`` (assigned to ``target``, over ``dataset``) feed training? Where it is iterated
+    decides first: a loop that calls backward over it. Else, unless its name or its data's names say evaluation
+    data, it shuffles, a word of its name or of its data's names says train, or a ``train*`` function returns it."""
+    if target is not None and target in ctx.facts(TrainingIterables).names:
+        return True
+    if names_evaluation_data(last_segment(target)) or mentions_evaluation_data(dataset):
+        return False  # a shuffled test loader is still a test loader
+    if is_true(argument(call, 2, "shuffle")):
+        return True
+    names = [target] if target is not None else []
+    names += list(iter_names(dataset)) if dataset is not None else []
+    if any(_TRAIN_WORD.search(last_segment(name)) for name in names):
+        return True
+    fn = ctx.function_def
+    return isinstance(ctx.parent(call), cst.Return) and fn is not None and bool(_TRAIN_WORD.search(fn.name.value))
+
+
 def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
     if not is_data_loader(ctx.call_name(node)):
         return None
@@ -90,15 +146,8 @@ def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
         target = dotted_name(parent.targets[0].target)
     elif isinstance(parent, cst.AnnAssign):
         target = dotted_name(parent.target)
-    fn = ctx.function_def
-    training = is_true(argument(node, 2, "shuffle")) or any(
-        n is not None and "train" in n.lower() for n in (dataset_name, target))
-    if not training and isinstance(parent, cst.Return) and fn is not None and "train" in fn.name.value.lower():
-        training = True
-    if names_evaluation_data(last_segment(target)) or names_evaluation_data(last_segment(dataset_name)):
-        training = False  # a shuffled test loader is still a test loader
     label = target or (f"DataLoader({dataset_name})" if dataset_name else short(ctx, node, 50))
-    return Loader(node, label, training, dataset_in_memory(dataset, ctx))
+    return Loader(node, label, loader_trains(node, target, dataset, ctx), dataset_in_memory(dataset, ctx))
 
 
 DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")

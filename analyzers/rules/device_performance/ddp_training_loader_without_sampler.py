@@ -8,23 +8,21 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, argument, dotted_name, iter_names, keyword_arg)
+from analyzers.context import FileContext, argument, dotted_name, keyword_arg
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule
-from analyzers.program.loops import iterated, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.roles import is_test_code
 from analyzers.program.ranks import depends_on_rank
 from analyzers.program.library import is_data_loader
-from analyzers.program.names import last_segment, mentions_evaluation_data, names_evaluation_data
 from analyzers.program.values import is_ddp_call as _is_ddp_call, DDP_HINT as _DDP_HINT
-from analyzers.program.data import is_sharding_sampler as _is_sharding_sampler, may_have_sampler as _may_have_sampler
+from analyzers.program.data import (is_sharding_sampler as _is_sharding_sampler, loader_trains,
+                                    may_have_sampler as _may_have_sampler)
 from analyzers.program.flow import assigned_name as _assigned_name
 
 
-_TRAIN_DATA = re.compile(r"(?<![a-z])train|train(?![a-z])", re.IGNORECASE)
 _PROCESS_GROUP = {"torch.distributed.init_process_group"}
 # Data that shards itself, or a framework that adds the sampler: nothing to say.
 _SELF_SHARDING = re.compile(r"IterableDataset|split_dataset_by_node|webdataset|\bwds\.|accelerate|lightning|"
@@ -143,7 +141,6 @@ class DdpTrainingLoaderWithoutSampler(Rule):
         self.process_group = False
         self.sharded = False
         self.loaders: list[tuple[cst.Call, Optional[str], Optional[cst.BaseExpression]]] = []
-        self.training_iterables: set[str] = set()
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         qualified = ctx.call_name(node)
@@ -158,27 +155,12 @@ class DdpTrainingLoaderWithoutSampler(Rule):
         elif is_data_loader(qualified) and not _may_have_sampler(node, max_positional=2):
             self.loaders.append((node, _assigned_name(node, ctx), argument(node, 0, "dataset")))
 
-    def visit_For(self, node: cst.For, ctx: FileContext) -> None:
-        if not loop_trains(node, ctx):
-            return
-        iterable = iterated(node.iter)
-        name = dotted_name(iterable)
-        if name is not None:
-            self.training_iterables.add(name)
-
     def end_file(self, ctx: FileContext) -> None:
         if not (self.ddp and self.process_group) or self.sharded or is_test_code(ctx) or \
                 _SELF_SHARDING.search(ctx.source):
             return
         for call, variable, dataset in self.loaders:
-            if dataset is None or mentions_evaluation_data(dataset) or (variable is not None and names_evaluation_data(last_segment(variable))):
-                continue
-            if self._built_per_rank(dataset, ctx):
-                continue
-            trains = variable in self.training_iterables if variable is not None else False
-            named = (variable is not None and _TRAIN_DATA.search(variable.rsplit(".", 1)[-1])) or any(
-                _TRAIN_DATA.search(name.rsplit(".", 1)[-1]) for name in iter_names(dataset))
-            if not (trains or named):
+            if dataset is None or self._built_per_rank(dataset, ctx) or not loader_trains(call, variable, dataset, ctx):
                 continue
             shown = code_span(variable or "DataLoader") + f" over {code_span(node_text(ctx, dataset))}"
             self.report(call, f"{shown} has no DistributedSampler although the model is trained with "
