@@ -507,3 +507,79 @@ def test_eval_changes_nothing_in_a_sequential_of_plain_torch_layers_reached_from
     assert not analyze_source(textwrap.dedent(code.format(extra="")), "sgd.py", rules=rules).findings
     with_dropout = textwrap.dedent(code.format(extra=", nn.Dropout(0.5)"))
     assert analyze_source(with_dropout, "sgd.py", rules=rules).findings
+
+
+# ---- loaders: where a loader is iterated says what it is for --------------------------------------------------
+
+def _loader_training(code: str) -> dict[str, bool]:
+    from analyzers.program.data import loader_of_call
+
+    ctx = context(code)
+    loaders = [loader_of_call(call, ctx) for call in subtree(ctx.module) if isinstance(call, cst.Call)]
+    return {loader.label: loader.training for loader in loaders if loader is not None}
+
+
+def test_a_loader_that_a_training_loop_iterates_trains_whatever_it_is_called():
+    code = """
+        from torch.utils.data import DataLoader
+        def fit(model, opt, batches):
+            for x, y in batches:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+        def main(model, opt, ds, other):
+            dl = DataLoader(ds, batch_size=8)
+            fit(model, opt, dl)
+            peek = DataLoader(other, batch_size=8)
+            for x, y in peek:
+                print(x.shape)
+    """
+    assert _loader_training(code) == {"dl": True, "peek": False}
+
+
+def test_without_a_training_loop_names_and_shuffling_decide_and_evaluation_names_win():
+    code = """
+        from torch.utils.data import DataLoader
+        train_loader = DataLoader(data, batch_size=8)
+        shuffled = DataLoader(data, batch_size=8, shuffle=True)
+        val_loader = DataLoader(val_set, batch_size=8, shuffle=True)
+        folds = DataLoader(Subset(data, valid_idx), batch_size=8, shuffle=True)
+        plain = DataLoader(data, batch_size=8)
+    """
+    assert _loader_training(code) == {"train_loader": True, "shuffled": True, "val_loader": False, "folds": False,
+                                      "plain": False}
+
+
+@pytest.mark.parametrize("name, configuration", [
+    ("args", True), ("self.cfg", True), ("FLAGS", True), ("training_args", True), ("model_config", True),
+    ("hparams", True), ("params", False), ("device", False), ("configure", False)])
+def test_one_answer_to_what_holds_the_configuration(name, configuration):
+    from analyzers.program.names import names_configuration
+
+    assert names_configuration(name) is configuration
+
+
+def test_a_device_read_from_configuration_or_a_run_object_is_a_device_variable():
+    from analyzers.program.devices import device_like_name
+
+    assert device_like_name("args.device") and device_like_name("self.cfg.device")
+    assert device_like_name("accelerator.device") and device_like_name("train_args.device")
+    assert not device_like_name("self.device") and not device_like_name("params.device")
+
+
+def test_a_scaler_is_known_by_what_built_it():
+    from analyzers.program.amp import AmpFacts
+
+    ctx = context("""
+        import torch
+        gs = torch.cuda.amp.GradScaler()
+        def step(loss, opt):
+            gs.scale(loss).backward()
+            gs.step(opt)
+            gs.update()
+    """)
+    facts = ctx.facts(AmpFacts)
+    for call in subtree(ctx.module):
+        if isinstance(call, cst.Call):
+            facts.note(call, ctx)
+    assert [receiver for _, receiver, _ in facts.scaler_steps] == ["gs"] and facts.scaler_updates == {"gs"}

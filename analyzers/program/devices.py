@@ -10,6 +10,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, code_children, iter_names, string_value, argument, call_receiver,
                                dotted_name, is_true, keyword_arg, method_name)
+from analyzers.program.names import names_configuration
 from analyzers.program.library import Does, does, is_data_parallel
 
 # ``if torch.cuda.is_available():`` / ``if use_cuda:`` / ``if device.type == "cuda":`` / ``if args.gpu:``
@@ -55,10 +56,8 @@ def runs_only_with_cuda(node: cst.CSTNode, selection_ids: set[int], ctx: FileCon
     return False
 
 
-# Roots of expressions that carry run configuration: ``args.device``, ``cfg.device``...
-CONFIG_ROOTS = {"args", "arg", "cfg", "config", "conf", "opt", "opts", "options", "hparams", "hp", "params",
-                 "settings", "flags", "FLAGS", "training_args", "train_args", "accelerator", "fabric", "CFG",
-                 "Config", "cfgs", "hyperparams", "hyp", "trainer"}
+# Objects of a training library whose ``.device`` is the run's device (accelerate, Lightning Fabric, a Trainer)
+_RUN_OBJECTS = {"accelerator", "fabric", "trainer"}
 
 
 DTYPE_NAMES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "int8", "int16",
@@ -82,7 +81,7 @@ def device_like_name(dotted: Optional[str]) -> bool:
         if len(parts) < 2:
             return False
     root = parts[0]
-    return root in CONFIG_ROOTS or root.lower().endswith(("args", "cfg", "config"))
+    return names_configuration(root) or root.lower() in _RUN_OBJECTS
 
 
 def is_cuda_device(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> bool:

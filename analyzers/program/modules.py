@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import libcst as cst
 
-from analyzers.program.names import name_is_model_like
-from analyzers.program.roles import CONFIG_NAMES, SAVE_ON_MASTER, Payload
+from analyzers.program.names import name_is_model_like, names_configuration
+from analyzers.program.roles import SAVE_ON_MASTER, Payload
 
 if TYPE_CHECKING:
     from analyzers.context import FileContext
@@ -359,7 +359,7 @@ def _refused_value(key: Optional[str], value: ast.AST,
                 (_dotted(v.func) or "").rsplit(".", 1)[-1] in _PLAIN_CALLS | {"parse_args"}) for v in values):
             return set().union(*(_refused_value(None, v) for v in values))
     name = (_dotted(value) or "").rsplit(".", 1)[-1].lower()
-    if name in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:
+    if names_configuration(name) or names_configuration(key):
         return {Payload.NAMESPACE}
     if name and name_is_model_like(name) and not name.endswith(("_state", "state_dict", "_sd")):
         return {Payload.MODULE}

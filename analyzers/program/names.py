@@ -86,6 +86,20 @@ def names_evaluation_function(name: str) -> bool:
                for word in name_words(name))
 
 
+# What the run's configuration is called (``args.lr``, ``cfg.device``, ``hparams``, ``train_args``). Not ``params``:
+# it holds a model's parameters as often as settings. One list for every question about configuration.
+CONFIG_NAMES = frozenset({"args", "arg", "opt", "opts", "options", "cfg", "cfgs", "config", "conf", "hparams", "hp",
+                          "hyperparams", "hyperparameters", "hyp", "settings", "flags"})
+_CONFIG_SUFFIXES = ("_args", "_cfg", "_config")
+
+
+def names_configuration(name: Optional[str]) -> bool:
+    """``args``, ``self.cfg``, ``FLAGS``, ``training_args``, ``model_config``: the name (its last segment) holds the
+    run's configuration."""
+    low = last_segment(name).lower()
+    return low in CONFIG_NAMES or low.endswith(_CONFIG_SUFFIXES)
+
+
 # opt, optim, optimizer, g_opt, opt_d, optG, optimizerD, generator_optimizer (not options/optuna/opts)
 _OPTIMIZER_NAME = re.compile(r"^(?:\w*_)?(?:opt|optim|optimizer|optimiser)(?:[A-Z_\d]\w*)?$")
 

@@ -12,7 +12,7 @@ from analyzers.context import all_children, argument, dotted_name, string_value
 from analyzers.program.builds import built_module
 from analyzers.program.flow import ModuleNodes, call_site_values, subtree
 from analyzers.program.library import Does, does, method_returns_same_module
-from analyzers.program.names import last_segment, name_is_model_like
+from analyzers.program.names import last_segment, name_is_model_like, names_configuration
 
 if TYPE_CHECKING:
     from analyzers.context import FileContext
@@ -93,7 +93,6 @@ class Payload(enum.Enum):
 # calls that build a configuration object, which weights_only=True refuses to unpickle
 _NAMESPACE_CONSTRUCTORS = {"argparse.Namespace", "types.SimpleNamespace", "omegaconf.OmegaConf.create",
                            "omegaconf.OmegaConf.load", "easydict.EasyDict"}
-CONFIG_NAMES = {"args", "opt", "opts", "cfg", "config", "hparams", "hyperparameters", "flags", "conf"}
 _MODEL_WORDS = ("model", "net", "module", "generator", "discriminator", "encoder", "decoder", "backbone", "ema")
 
 
@@ -284,7 +283,7 @@ class CheckpointWrites:
                 return set().union(*assigned)
         if name:
             last = last_segment(name).lower()
-            if last in CONFIG_NAMES or (key or "").lower() in CONFIG_NAMES:
+            if names_configuration(last) or names_configuration(key):
                 return {Payload.NAMESPACE}
             if any(word in last for word in _MODEL_WORDS) and not last.endswith(("_state", "state_dict", "_sd")):
                 return {Payload.MODULE}
