@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, method_name
+from analyzers.program.library import Does, training_libraries_that
 from analyzers.program.values import is_optimizer, is_plain_backward, is_scaler
 
 
@@ -74,3 +75,8 @@ class AmpFacts:
         elif name in CLIP and ("clip_grad" in qualified or "utils" in (dotted_name(node.func) or "")
                                 or isinstance(node.func, cst.Name)):
             self.clips.append((node, fn))
+
+
+def library_scales_loss(ctx: FileContext) -> bool:
+    """The file imports a training library whose mixed precision scales the loss itself (Lightning, Accelerate)."""
+    return any(ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.SCALES_LOSS))

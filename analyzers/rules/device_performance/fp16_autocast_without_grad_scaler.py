@@ -11,7 +11,7 @@ from analyzers.model import Category, Severity
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid
 from analyzers.program.names import node_text
-from analyzers.program.amp import AmpFacts
+from analyzers.program.amp import AmpFacts, library_scales_loss
 from analyzers.rules.device_performance._amp import AmpRule as _AmpRule
 
 
@@ -210,7 +210,7 @@ class Fp16AutocastWithoutScaler(_AmpRule):
 
     def end_file(self, ctx: FileContext) -> None:
         facts = ctx.facts(AmpFacts)
-        if facts.any_scaler or self.mentions_scaler or self.scaling_elsewhere(ctx):
+        if facts.any_scaler or self.mentions_scaler or library_scales_loss(ctx):
             return
         training = {id(fn) for _, fn in facts.backwards}
         versions = ctx.facts(VersionFacts)
