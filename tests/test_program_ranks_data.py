@@ -583,3 +583,15 @@ def test_a_scaler_is_known_by_what_built_it():
         if isinstance(call, cst.Call):
             facts.note(call, ctx)
     assert [receiver for _, receiver, _ in facts.scaler_steps] == ["gs"] and facts.scaler_updates == {"gs"}
+
+
+def test_a_test_loader_stays_one_when_a_loop_calls_backward_over_it_for_saliency():
+    code = """
+        from torch.utils.data import DataLoader
+        test_loader = DataLoader(test_set, batch_size=20)
+        for x, y in test_loader:
+            out = model(x)
+            out[0, y[0]].backward()
+            show(x.grad)
+    """
+    assert _loader_training(code) == {"test_loader": False}

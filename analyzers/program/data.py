@@ -116,13 +116,14 @@ def _enclosing_function(node: cst.CSTNode, nodes: ModuleNodes) -> Optional[cst.F
 
 def loader_trains(call: cst.Call, target: Optional[str], dataset: Optional[cst.BaseExpression],
                   ctx: FileContext) -> bool:
-    """Does the DataLoader ``call`` (assigned to ``target``, over ``dataset``) feed training? Where it is iterated
-    decides first: a loop that calls backward over it. Else, unless its name or its data's names say evaluation
-    data, it shuffles, a word of its name or of its data's names says train, or a ``train*`` function returns it."""
-    if target is not None and target in ctx.facts(TrainingIterables).names:
-        return True
+    """Does the DataLoader ``call`` (assigned to ``target``, over ``dataset``) feed training? Not when its name or
+    its data's names say evaluation data (a test loader stays one when a Grad-CAM loop calls backward over it).
+    Else where it is iterated decides first: a loop that calls backward over it; then it shuffles, a word of its
+    name or of its data's names says train, or a ``train*`` function returns it."""
     if names_evaluation_data(last_segment(target)) or mentions_evaluation_data(dataset):
         return False  # a shuffled test loader is still a test loader
+    if target is not None and target in ctx.facts(TrainingIterables).names:
+        return True
     if is_true(argument(call, 2, "shuffle")):
         return True
     names = [target] if target is not None else []

@@ -37,8 +37,8 @@ class DdpTrainingLoaderWithoutSampler(Rule):
     severity = Severity.MEDIUM
     summary = "DDP training DataLoader without a DistributedSampler: every rank trains on the whole dataset"
     what = """
-        Flags the training `DataLoader` (iterated by a loop that calls `.backward()`, or, unless
-        named for evaluation data, shuffled, named `train*` or over `train*` data) of a file that starts a process group (`init_process_group`) and
+        Flags the training `DataLoader` (not named for evaluation data, and iterated by a loop that
+        calls `.backward()`, shuffled, named `train*` or over `train*` data) of a file that starts a process group (`init_process_group`) and
         wraps its model in `DistributedDataParallel`, when that loader has no `sampler=` /
         `batch_sampler=` and nothing in the file shards the data another way: no
         `DistributedSampler` at all, no rank in the dataset's construction, no `IterableDataset`,
