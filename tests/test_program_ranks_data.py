@@ -552,7 +552,7 @@ def test_without_a_training_loop_names_and_shuffling_decide_and_evaluation_names
 
 @pytest.mark.parametrize("name, configuration", [
     ("args", True), ("self.cfg", True), ("FLAGS", True), ("training_args", True), ("model_config", True),
-    ("hparams", True), ("params", False), ("device", False), ("configure", False)])
+    ("hparams", True), ("params", False), ("device", False), ("configure", False), ("self._config", False)])
 def test_one_answer_to_what_holds_the_configuration(name, configuration):
     from analyzers.program.names import names_configuration
 
@@ -595,3 +595,17 @@ def test_a_test_loader_stays_one_when_a_loop_calls_backward_over_it_for_saliency
             show(x.grad)
     """
     assert _loader_training(code) == {"test_loader": False}
+
+
+def test_a_parameter_a_training_loop_iterates_names_no_loader_of_another_function():
+    code = """
+        from torch.utils.data import DataLoader
+        def train_epoch(data_loader, model, opt):
+            for x, y in data_loader:
+                model(x).sum().backward()
+                opt.step()
+        def cache_features(dataset, model):
+            data_loader = DataLoader(dataset, batch_size=8)
+            return [model(x) for x, _ in data_loader]
+    """
+    assert _loader_training(code) == {"data_loader": False}

@@ -83,28 +83,39 @@ _TRAIN_WORD = re.compile(r"(?<![a-z])train|train(?![a-z])", re.IGNORECASE)
 
 
 class TrainingIterables:
-    """What the file's training loops iterate: the dotted name under ``for ... in <it>`` (through ``enumerate``,
+    """What the file's training loops iterate: the name under ``for ... in <it>`` (through ``enumerate``,
     ``tqdm``...) of every loop whose body calls backward, and, where that name is a parameter of the loop's
-    function, the names the function's call sites in this file pass for it (``train(model, train_dl)``)."""
+    function, the names the function's call sites in this file pass for it (``train(model, train_dl)``). A plain
+    name counts in its own function only (another function's ``data_loader`` is another variable); an attribute
+    (``self.train_loader``) anywhere."""
 
     def __init__(self, ctx: FileContext) -> None:
         from analyzers.program.loops import iterated, loop_trains  # loops needs values, which needs this module
 
         nodes = ctx.facts(ModuleNodes)
-        self.names: set[str] = set()
+        self._nodes = nodes
+        self.names: set[tuple[Optional[int], str]] = set()
         for loop in nodes.of_type(cst.For):
             if not loop_trains(loop, ctx):
                 continue
             name = dotted_name(iterated(loop.iter))
             if name is None:
                 continue
-            self.names.add(name)
             fn = _enclosing_function(loop, nodes)
+            self.names.add(self._key(name, fn))
             if fn is not None and "." not in name and parameter_index(fn, name) is not None:
                 for value in call_site_values(ctx, fn, name) or ():
                     passed = dotted_name(value)
                     if passed is not None:
-                        self.names.add(passed)
+                        self.names.add(self._key(passed, _enclosing_function(value, nodes)))
+
+    @staticmethod
+    def _key(name: str, fn: Optional[cst.FunctionDef]) -> tuple[Optional[int], str]:
+        return (None if "." in name else id(fn) if fn is not None else 0), name
+
+    def iterated_by_training(self, name: str, where: cst.CSTNode) -> bool:
+        """``name``, bound where ``where`` stands, is iterated by a training loop of the file."""
+        return self._key(name, _enclosing_function(where, self._nodes)) in self.names
 
 
 def _enclosing_function(node: cst.CSTNode, nodes: ModuleNodes) -> Optional[cst.FunctionDef]:
@@ -122,7 +133,8 @@ def loader_trains(call: cst.Call, target: Optional[str], dataset: Optional[cst.B
     name or of its data's names says train, or a ``train*`` function returns it."""
     if names_evaluation_data(last_segment(target)) or mentions_evaluation_data(dataset):
         return False  # a shuffled test loader is still a test loader
-    if target is not None and target in ctx.facts(TrainingIterables).names:
+    iterables = ctx.facts(TrainingIterables)
+    if target is not None and iterables.iterated_by_training(target, call):
         return True
     if is_true(argument(call, 2, "shuffle")):
         return True
@@ -130,7 +142,7 @@ def loader_trains(call: cst.Call, target: Optional[str], dataset: Optional[cst.B
     names += list(iter_names(dataset)) if dataset is not None else []
     if any(_TRAIN_WORD.search(last_segment(name)) for name in names):
         return True
-    fn = ctx.function_def
+    fn = _enclosing_function(call, ctx.facts(ModuleNodes))
     return isinstance(ctx.parent(call), cst.Return) and fn is not None and bool(_TRAIN_WORD.search(fn.name.value))
 
 

@@ -95,9 +95,9 @@ _CONFIG_SUFFIXES = ("_args", "_cfg", "_config")
 
 def names_configuration(name: Optional[str]) -> bool:
     """``args``, ``self.cfg``, ``FLAGS``, ``training_args``, ``model_config``: the name (its last segment) holds the
-    run's configuration."""
+    run's configuration. A private attribute (``self._config``) holds whatever its class keeps: not by name."""
     low = last_segment(name).lower()
-    return low in CONFIG_NAMES or low.endswith(_CONFIG_SUFFIXES)
+    return low in CONFIG_NAMES or (low.endswith(_CONFIG_SUFFIXES) and not low.startswith("_"))
 
 
 # opt, optim, optimizer, g_opt, opt_d, optG, optimizerD, generator_optimizer (not options/optuna/opts)
