@@ -50,7 +50,8 @@ from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_
                               guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.subject import CheckResult, Subject, TargetReport
-from gpu_runner.targets import _dotted, find_targets, global_reads, module_name_for_path, parse_target_spec
+from gpu_runner.targets import (SCRIPT_STEP, _dotted, builds_its_own_model, find_targets, global_reads,
+                               module_level_names, module_name_for_path, parse_target_spec)
 
 STEP_ITERATIONS = 6  # optimizer steps per run: enough for a loss on one repeated batch to fall
 STEP_BATCH = 8
@@ -224,14 +225,23 @@ class _Instruments:
     _handles: list = field(default_factory=list)
     _last_step_at: Optional[float] = None
     step_limit: Optional[int] = None  # optimizer steps after which the next one stops the step (_EnoughSteps)
+    # backward() calls after which the next one stops a loop that never steps an optimizer (a manual update)
+    backward_limit: Optional[int] = None
+    backwards: int = 0
+    # tensors an optimizer trains that are no module's (an optimized input): a loss reaching them is connected
+    extra_parameter_ids: set = field(default_factory=set)
+    stepped_with_gradient: set = field(default_factory=set)  # ids stepped while holding a non-zero gradient
+    _suspect: dict = field(default_factory=dict)  # id -> (step, name, where): accumulated onto a step's gradient
 
     def __post_init__(self):
         self.names = {id(p): name for name, p in self.model.named_parameters()}
-        self.parameter_ids = set(self.names)
+        self.parameter_ids = set(self.names) | set(self.extra_parameter_ids)
         for name, parameter in self.model.named_parameters():
             if parameter.requires_grad:
                 self._handles.append(parameter.register_hook(self._gradient_hook(parameter)))
-        self._handles.append(self.model.register_forward_pre_hook(self._forward_hook))
+        roots = getattr(self.model, "torchreview_roots", None)  # several modules one loop trains (a GAN)
+        for root in roots() if callable(roots) else [self.model]:
+            self._handles.append(root.register_forward_pre_hook(self._forward_hook))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles.append(register_optimizer_step_pre_hook(self._before_step))
@@ -240,6 +250,10 @@ class _Instruments:
         instruments = self
 
         def backward(tensor, *args, **kwargs):  # the step's own loss.backward()
+            if instruments.backward_limit is not None and instruments.steps == 0 \
+                    and instruments.backwards >= instruments.backward_limit:
+                raise _EnoughSteps()
+            instruments.backwards += 1
             instruments._record_backward(tensor)
             return instruments._original_backward(tensor, *args, **kwargs)
 
@@ -268,13 +282,17 @@ class _Instruments:
         def hook(gradient):
             # runs before the new gradient is accumulated into .grad: .grad is still what the last step used
             self.got_gradient.add(key)
+            current = parameter.grad
+            if current is None or not bool(current.abs().sum() > 0):
+                self._suspect.pop(key, None)  # zeroed since: what accumulated before never reached a step
             if key in self._pending_check:
                 self._pending_check.discard(key)
                 previous = self._after_step.get(key)
-                current = parameter.grad
                 if previous is not None and current is not None and bool(previous.abs().sum() > 0) \
                         and current.shape == previous.shape and torch.equal(current, previous):
-                    self.stale.append((self.steps, self.names[key], _caller_in(self.code_root)))
+                    # stale only if it is stepped again before a zero_grad (a GAN's generator loss also reaches
+                    # the discriminator, whose gradients are zeroed before its own next step)
+                    self._suspect[key] = (self.steps, self.names[key], _caller_in(self.code_root))
                 else:
                     self.zeroed_after_step += 1
             return None
@@ -285,6 +303,14 @@ class _Instruments:
         self.forwards.append([module.training, torch.is_grad_enabled(), _caller_in(self.code_root), False])
 
     def _before_step(self, optimizer, args, kwargs):
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                key = id(parameter)
+                if key in self._suspect and parameter.grad is not None:
+                    self.stale.append(self._suspect.pop(key))
+                if key not in self.stepped_with_gradient and parameter.grad is not None \
+                        and bool(parameter.grad.abs().sum() > 0):
+                    self.stepped_with_gradient.add(key)
         if self.step_limit is not None and self.steps >= self.step_limit:
             raise _EnoughSteps()
         self.stepped_optimizers.setdefault(id(optimizer), self.optimizer_lines.get(id(optimizer)))
@@ -488,12 +514,22 @@ _ALWAYS_GIVEN = {"model", "loader", "batch", "optimizer", "criterion", "device"}
 class _Plan:
     kind = ""
 
-    def __init__(self, code_root: Path, target: str, subject: Subject, where: tuple[str, int, int]):
+    # a parameter that got gradients but did not change fails; where the step's own optimizer and learning rate
+    # update it (a script), it only warns unless no parameter changed (a tiny update can round to nothing)
+    partial_unchanged_fails = True
+
+    def __init__(self, code_root: Path, target: str, subject: Optional[Subject], where: tuple[str, int, int],
+                 device: Any = None):
         self.code_root, self.target, self.subject = code_root, target, subject
-        self.model: nn.Module = subject.model
+        self.model: Optional[nn.Module] = subject.model if subject is not None else None
+        self.device = subject.device if subject is not None else device
         self.path, self.first_line, self.last_line = where
-        self.notes: list[str] = list(subject.notes)
+        self.notes: list[str] = list(subject.notes) if subject is not None else []
         self.instruments: Optional[_Instruments] = None
+        self.reference: Optional[set] = None
+        self.trainable: dict = {}
+        self.before: dict = {}
+        self.iterations = STEP_ITERATIONS
         self.start_in_eval = False
         self.caller_sets_train: Optional[_Where] = None
         self.evaluation: Optional[tuple[Callable, _Where]] = None
@@ -509,17 +545,25 @@ class _Plan:
     def execute(self, iterations: int) -> None:
         raise NotImplementedError
 
+    def begin(self, model: nn.Module, reference: Optional[set], *, step_limit: int, backward_limit: Optional[int] = None,
+              extra_parameter_ids: frozenset = frozenset()) -> None:
+        """Instrument ``model`` from here on: what it holds now is what the checks compare with."""
+        self.model, self.reference = model, reference
+        self.trainable = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
+        self.before = {id(p): p.detach().clone() for p in model.parameters()}
+        self.instruments = _Instruments(model, self.code_root, step_limit=step_limit, backward_limit=backward_limit,
+                                        extra_parameter_ids=set(extra_parameter_ids))
+
     def run(self, iterations: int) -> list[CheckResult]:
-        model = self.model
-        reference = _reference_gradients(self.subject)
-        trainable = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
-        before = {id(p): p.detach().clone() for p in model.parameters()}
-        model.train()
-        if self.start_in_eval:
-            model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
-        self.instruments = _Instruments(model, self.code_root, step_limit=STEP_BOUND_FACTOR * iterations)
+        self.iterations = iterations
+        if self.model is not None:  # built by the runner; a script's is found when its loop starts (_ScriptPlan)
+            reference = _reference_gradients(self.subject)
+            self.model.train()
+            if self.start_in_eval:
+                self.model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
+            self.begin(self.model, reference, step_limit=STEP_BOUND_FACTOR * iterations)
         try:
-            with _cuda_calls_to(self.subject.device, self.notes):
+            with _cuda_calls_to(self.device, self.notes):
                 self.execute(iterations)
         except _EnoughSteps:
             self.notes.append(f"the step's loop was stopped after {self.instruments.steps} optimizer steps")
@@ -538,10 +582,16 @@ class _Plan:
                                f"arguments: {_one_line(cause, 200)}; configure smoke.steps if they do not fit "
                                "it") from None
         finally:
-            self.instruments.close()
+            if self.instruments is not None:
+                self.instruments.close()
+        if self.instruments is None:
+            raise StepSkip(f"{self.target} ran its setup but never reached its training loop at line "
+                           f"{self.first_line} (a condition on a setting, or an early return)")
+        model, before, trainable = self.model, self.before, self.trainable
         changed = {key for key, p in ((id(p), p) for p in model.parameters())
-                   if not torch.equal(before[key], p.detach())}
+                   if key in before and not torch.equal(before[key], p.detach())}
         instruments = self.instruments
+        reference = self.reference if self.reference is not None else instruments.stepped_with_gradient
         if instruments.detached_error is None and not instruments.losses and instruments.steps == 0:
             raise StepSkip(f"{self.target} ran on the synthetic arguments but neither called backward() nor "
                            "stepped an optimizer (an empty loader? a condition on a setting?)")
@@ -651,6 +701,11 @@ class _Plan:
                                f"gradient from the step's loss ({_names(no_gradient)}): the step cuts them off "
                                "(`.detach()`, `.data`, `torch.no_grad()` around part of the forward), so they never "
                                "train.", where, parameters=no_gradient[:20])
+        if unchanged and not self.partial_unchanged_fails and len(unchanged) < len(expected):
+            return self._check(name, "warn", f"{len(unchanged)} of {len(expected)} parameter(s) got gradients but "
+                               f"did not change over {instruments.steps} optimizer steps ({_names(unchanged)}): their "
+                               "update may be too small to show, or their learning rate is 0.",
+                               instruments.step_lines[0], parameters=unchanged[:20])
         if unchanged:
             return self._check(name, "fail", f"{len(unchanged)} parameter(s) got gradients but did not change over "
                                f"{instruments.steps} optimizer steps ({_names(unchanged)}): a learning rate of 0, or "
@@ -1079,6 +1134,15 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
     build_module._IMPORT_NOTES.clear()
     module = _import_step_file(code_root, spec.path)
     import_notes = list(build_module._IMPORT_NOTES)  # building the model starts its own notes
+    if _is_script_step(code_root, spec.path, spec.name) and not config.get("model"):
+        from gpu_runner.script_steps import script_plan
+
+        if config.get("args"):
+            raise BuildError(f"smoke.steps args: {target} builds its own model and settings (a script's training "
+                             "loop); args are for step functions that take them")
+        plan = script_plan(code_root, target, spec.path, spec.name, module, device)
+        plan.notes[:0] = import_notes
+        return plan
     parts = spec.name.split(".")
     owner: Any = module
     for part in parts[:-1]:
@@ -1108,6 +1172,16 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
     plan.evaluation = _evaluation_helper(module, code_root, spec.path)
     return plan
+
+
+def _is_script_step(code_root: Path, path: str, name: str) -> bool:
+    """The module-level loop (``__main__``), or a function of the file that builds its own model and loops."""
+    if name == SCRIPT_STEP:
+        return True
+    tree = ast.parse((code_root / path).read_text(errors="replace"))
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+                None)
+    return node is not None and builds_its_own_model(node, module_level_names(tree))
 
 
 def _import_step_file(code_root: Path, path: str) -> types.ModuleType:
