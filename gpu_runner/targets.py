@@ -286,8 +286,22 @@ def builds_its_own_model(function: ast.AST, script_names: frozenset = frozenset(
     parameter or as a global its file's script part assigns: it builds what it trains itself."""
     names = [a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs]
     names += sorted(global_reads(function) & script_names)
-    return not any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in names) \
-        and bool(training_loop_chain(function.body))
+    if any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in names):
+        return False
+    chain = training_loop_chain(function.body)
+    if not chain:
+        return False
+    # its setup builds something to train: an optimizer over parameters, or a model-named variable
+    stack = [s for s in function.body]
+    while stack:
+        node = stack.pop()
+        if node is chain[-1] or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if _calls_method(node, "parameters") or isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and STEP_MODEL_ARGUMENTS.fullmatch(t.id.lower()) for t in node.targets):
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _step_candidates(node: ast.stmt, script_names: frozenset = frozenset()) -> Iterator[tuple[str, tuple[int, int],
