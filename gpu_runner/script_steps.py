@@ -29,6 +29,7 @@ import ast
 import contextlib
 import copy
 import inspect
+import linecache
 import os
 import re
 import shutil
@@ -320,8 +321,15 @@ class ScriptPlan(_Plan):
         if _is_distributed_error(exc):
             return (f"{before} needs a distributed launch{at} ({type(exc).__name__}: {_one_line(exc, 120)}); run "
                     "it as a single process or configure smoke.steps with a step function")
+        if isinstance(exc, NameError) and getattr(exc, "name", None):
+            from gpu_runner.steps import failed_import
+
+            failed = failed_import(self.code_root, self.path, exc.name, self.module.__dict__)
+            if failed:
+                return f"{before} uses '{exc.name}'{at}, which {failed}"
         if isinstance(exc, SystemExit):
-            return f"{before} exited{at} (SystemExit: {exc.code})"
+            code = linecache.getline(frames[-1].filename, frames[-1].lineno).strip() if frames else ""
+            return f"{before} exited{at}" + (f" (`{code}`)" if code else f" (SystemExit: {exc.code})")
         return f"{before} raised {type(exc).__name__}{at}: {_one_line(exc, 200)}"
 
     def _loop_starts(self, global_scope: dict, local_scope: dict) -> None:

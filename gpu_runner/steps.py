@@ -49,6 +49,7 @@ from gpu_runner import build as build_module
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
                               guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
+from gpu_runner.guess import config_attributes as guess_config_attributes
 from gpu_runner.subject import CheckResult, Subject, TargetReport
 from gpu_runner.targets import (SCRIPT_STEP, _dotted, builds_its_own_model, find_targets, global_reads,
                                module_level_names, module_name_for_path, parse_target_spec)
@@ -424,12 +425,30 @@ def _config_namespace(function: Callable, name: str, values: dict, given: Option
         raise StepSkip(f"cannot read the source of {function.__qualname__} to build its '{name}'") from None
     attributes = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                   and n.value.id == name and isinstance(n.ctx, ast.Load)]
-    namespace = _Settings(values, repository_defaults or {}, **(given or {}))
+    namespace = _Settings(values, {**(repository_defaults or {}), **_default_config_of_owner(function)},
+                          **(given or {}))
     for attribute in dict.fromkeys(attributes):
         if not hasattr(namespace, attribute):
             raise StepSkip(f"cannot build {name}.{attribute}, which {function.__qualname__} reads; give it in "
                            f"smoke.steps ({{step = ..., args = {{{name} = {{{attribute} = ...}}}}}}) or a default")
     return namespace
+
+
+def _default_config_of_owner(function: Callable) -> dict:
+    """The fields of ``Owner.get_default_config()`` when ``function`` is a method of a class that says what its
+    config holds (minGPT's ``Trainer``: ``weight_decay``, ``betas``...), shrunk as a script's settings are."""
+    from gpu_runner.script_steps import shrunk_setting
+
+    module = inspect.getmodule(function)
+    owner = getattr(module, function.__qualname__.split(".")[0], None) if "." in function.__qualname__ else None
+    maker = getattr(owner, "get_default_config", None) if inspect.isclass(owner) else None
+    if not callable(maker):
+        return {}
+    try:
+        fields = guess_config_attributes(maker())
+    except Exception:  # noqa: BLE001 - the repository's own factory: without it, the fields are guessed
+        return {}
+    return {key: shrunk_setting(key, value, fields, "cpu", []) for key, value in fields.items()}
 
 
 class _Settings(types.SimpleNamespace):
@@ -485,6 +504,8 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
         if configured is not _NOT_GIVEN and not (isinstance(configured, dict) and parameter.name.lower()
                                                   in CONFIG_NAMES):
             arguments[parameter.name] = configured
+        elif role == "loader" and "dataset" in values and _builds_its_own_loader(function, parameter.name):
+            arguments[parameter.name] = values["dataset"]
         elif role in values and (parameter.default is parameter.empty or role in _ALWAYS_GIVEN):
             arguments[parameter.name] = values[role]
         elif parameter.default is not parameter.empty:
@@ -505,6 +526,21 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
 
 
 _NOT_GIVEN = object()
+_DATASET_NAMES = re.compile(r"(\w+_)?(dataset|ds)")
+
+
+def _builds_its_own_loader(function: Callable, name: str) -> bool:
+    """A ``train_dataset`` that the function (or, for a method, its class: minGPT's ``Trainer``) hands to a
+    ``DataLoader`` it makes itself: it takes a data set, not a loader."""
+    if not _DATASET_NAMES.fullmatch(name.lower()):
+        return False
+    module = inspect.getmodule(function)
+    owner = getattr(module, function.__qualname__.split(".")[0], None) if "." in function.__qualname__ else None
+    try:
+        source = inspect.getsource(owner if inspect.isclass(owner) else function)
+    except (OSError, TypeError):
+        return False
+    return "DataLoader(" in source
 # Given even where the parameter has a default: what the step trains and measures with.
 _ALWAYS_GIVEN = {"model", "loader", "batch", "optimizer", "criterion", "device"}
 
@@ -934,7 +970,8 @@ class _FunctionPlan(_Plan):
         self.start_in_eval = not self.per_batch
 
     def values(self, iterations: int = STEP_ITERATIONS) -> dict:
-        return {"model": self.model, "loader": _Loader(self.batch, iterations), "batch": copy.deepcopy(self.batch),
+        loader = _Loader(self.batch, iterations)
+        return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": copy.deepcopy(self.batch),
                 "index": 0, "optimizer": self.optimizer, "criterion": self.criterion, "device": self.subject.device,
                 "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
@@ -988,6 +1025,9 @@ class _FunctionPlan(_Plan):
         saved: dict = {}
         for name in sorted(global_reads(node)):
             role = role_of(name)
+            current = namespace.get(name, getattr(builtins, name, None))
+            if inspect.isclass(current) or inspect.isroutine(current) or inspect.ismodule(current):
+                continue  # ``DataLoader``, ``iter``: what the step calls, not data it trains on
             if role in _ALWAYS_GIVEN and role in values:
                 value = values[role]
             elif name in namespace or hasattr(builtins, name):
@@ -1002,9 +1042,12 @@ class _FunctionPlan(_Plan):
             else:
                 for key, old in saved.items():
                     _restore(namespace, key, old)
+                failed = failed_import(self.code_root, self.path, name, namespace)
+                if failed:
+                    raise StepSkip(f"{self.target} reads the global '{name}', which {failed}")
                 raise StepSkip(f"{self.target} reads the global '{name}', which is unset once {self.path}'s "
-                               "definitions ran (it is assigned in the script part, or its import or assignment "
-                               "failed) and the runner cannot build; give the step its value as a parameter")
+                               "definitions ran (it is assigned in the script part, or its assignment failed) and "
+                               "the runner cannot build; give the step its value as a parameter")
             saved[name] = namespace.get(name, _NOT_GIVEN)
             namespace[name] = value
         self.provided = set(saved)
@@ -1095,6 +1138,31 @@ def _data_by_use(function: Callable, batch: tuple, depth: int = 1) -> dict:
             if parameter in passed:
                 uses.setdefault(passed[parameter], value)
     return uses
+
+
+def failed_import(code_root: Path, path: str, name: str, namespace: dict) -> Optional[str]:
+    """Why ``name`` is unset when the file binds it by an import (``import lib``, ``from utils import progress_bar``):
+    that import, run again, says what it lacks. None when no import binds it or it now works."""
+    file_path = (code_root / path).resolve()
+    try:
+        tree = ast.parse(file_path.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    node = next((n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 and any((a.asname or a.name.split(".")[0]) == name for a in n.names)), None)
+    if node is None:
+        return None
+    try:
+        exec(compile(ast.Module(body=[node], type_ignores=[]), str(file_path), "exec"), dict(namespace))
+    except Exception as exc:  # noqa: BLE001 - the repository's import, reported
+        statement = ast.get_source_segment(file_path.read_text(errors="replace"), node) or ""
+        missing = absent.missing_package(exc) or build_module._not_installed(exc, code_root)
+        if missing:
+            return (f"its import `{statement}` (line {node.lineno}) leaves unset: it needs '{missing}', which is not "
+                    "installed on the smoke runner")
+        return (f"its import `{statement}` (line {node.lineno}) leaves unset: it raised {type(exc).__name__}"
+                f"{build_module._where_in(exc, code_root)}: {_one_line(exc, 160)}")
+    return None
 
 
 def _reads_name(function: Callable, name: str) -> bool:

@@ -308,3 +308,77 @@ def test_settings_shrink_as_the_runner_shrinks_models():
     assert shrunk_setting("learning_rate", 3e-4, {}, "cpu", notes) == 3e-4
     assert shrunk_setting("max_iters", 600000, {}, "cpu", notes) == 600000  # the runner's bound stops the loop
     assert shrunk_setting("num_classes", 1000, {}, "cpu", notes) == 1000
+
+
+# A trainer that takes a data set and makes its own loader, with a config whose defaults the class gives.
+COACH = '''
+    import types
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+
+    class Classifier(nn.Module):
+        def __init__(self, width=12, classes=3):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(width, 24), nn.ReLU(), nn.Linear(24, classes))
+
+        def forward(self, x):
+            return self.body(x)
+
+
+    class Coach:
+        @staticmethod
+        def get_default_config():
+            return types.SimpleNamespace(momentum=0.9, step_size=0.05, batch_size=64, num_workers=4)
+
+        def __init__(self, config, model, train_dataset):
+            self.config, self.model, self.train_dataset = config, model, train_dataset
+
+        def run(self):
+            config = self.config
+            optimizer = torch.optim.SGD(self.model.parameters(), lr=config.step_size, momentum=config.momentum)
+            loader = DataLoader(self.train_dataset, batch_size=config.batch_size, shuffle=True,
+                                num_workers=config.num_workers)
+            while True:
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    F.cross_entropy(self.model(x), y).backward()
+                    optimizer.step()
+'''
+
+
+def test_a_trainer_gets_a_data_set_and_its_classs_default_config(tmp_path):
+    root = write_tree(tmp_path, {"coach.py": COACH})
+    report = run(root, "coach.py:Coach.run")
+    assert report["status"] == "passed", report
+    broken = write_tree(tmp_path / "broken", {"coach.py": COACH.replace("optimizer.zero_grad()", "pass")})
+    assert statuses(run(broken, "coach.py:Coach.run"))["zero-grad"] == "fail"
+
+
+def test_an_unset_global_from_a_failed_import_names_what_the_import_needs(tmp_path):
+    files = {"helpers/__init__.py": "import a_package_nobody_has\n\nSCALE = a_package_nobody_has.scale()\n\n\ndef meter(value):\n    return value\n",
+             "network.py": COACH.split("class Coach")[0],
+             "main.py": '''
+                 import torch
+                 import torch.nn.functional as F
+                 from helpers import meter
+                 from network import Classifier
+
+                 net = Classifier()
+
+
+                 def train(epoch):
+                     net.train()
+                     for x, y in trainloader:
+                         optimizer.zero_grad()
+                         loss = F.cross_entropy(net(x), y)
+                         loss.backward()
+                         optimizer.step()
+                         meter(loss.item())
+             '''}
+    report = run(write_tree(tmp_path, files), "main.py:train")
+    assert report["status"] == "skipped"
+    assert "`from helpers import meter` (line 4)" in report["reason"] and "a_package_nobody_has" in report["reason"]
