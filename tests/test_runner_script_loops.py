@@ -382,3 +382,17 @@ def test_an_unset_global_from_a_failed_import_names_what_the_import_needs(tmp_pa
     report = run(write_tree(tmp_path, files), "main.py:train")
     assert report["status"] == "skipped"
     assert "`from helpers import meter` (line 4)" in report["reason"] and "a_package_nobody_has" in report["reason"]
+
+
+def test_the_static_no_zero_grad_finding_on_a_script_loop_is_confirmed_by_running_it(tmp_path):
+    from bot.smoke import RUNNER_CLAIM_KEYS, static_claims
+    from gpu_runner.confirm import confirm_step
+
+    broken = CHARACTERS.replace("        optimizer.zero_grad(set_to_none=True)\n", "")
+    root = write_tree(tmp_path, {"train.py": broken})
+    claims = [{k: c[k] for k in RUNNER_CLAIM_KEYS if k in c}
+              for c in static_claims({"train.py": (root / "train.py").read_text()}).get("train.py", [])]
+    assert any(c["rule"] == "TR101" for c in claims)
+    report = confirm_step(lambda: run(root, "train.py:__main__"), str(root), "train.py:__main__", claims)
+    verdicts = {f["rule"]: f["verdict"] for f in report.get("findings", [])}
+    assert verdicts.get("TR101") == "confirmed", report.get("findings")
