@@ -199,7 +199,7 @@ class ScriptPlan(_Plan):
     """Runs the script's setup, then its training loop, the model found when the loop starts."""
 
     kind = "script"
-    partial_unchanged_fails = False
+    unchanged_fails = False
 
     def __init__(self, code_root: Path, target: str, path: str, module: types.ModuleType,
                  function: Optional[Callable], device: Any):
@@ -354,9 +354,14 @@ class ScriptPlan(_Plan):
         names = ", ".join(f"{name} ({type(m).__name__}, {sum(p.numel() for p in m.parameters()):,} parameters)"
                           for name, m in chosen.items())
         self.notes.append(f"the script's setup ran; its loop at line {self.first_line} trains {names}")
+        in_eval = [name for name, m in chosen.items() if not m.training]
+        if in_eval:
+            self.eval_before_the_loop = f"{', '.join(in_eval)} in eval mode when the loop starts"
+        # a loss reaching any tensor an optimizer holds, or any module in scope, is connected to what trains
         module_ids = {id(p) for p in model.parameters()}
+        in_scope = {id(p) for m in modules.values() for p in m.parameters()}
         self.begin(model, None, step_limit=self.iterations, backward_limit=3 * self.iterations,
-                   extra_parameter_ids=frozenset(optimized - module_ids))
+                   extra_parameter_ids=frozenset((optimized | in_scope) - module_ids))
         self.reached_loop = True
 
 

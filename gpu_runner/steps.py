@@ -551,8 +551,10 @@ class _Plan:
     kind = ""
 
     # a parameter that got gradients but did not change fails; where the step's own optimizer and learning rate
-    # update it (a script), it only warns unless no parameter changed (a tiny update can round to nothing)
-    partial_unchanged_fails = True
+    # update it (a script), it only warns: a small SGD update of a small gradient can round to nothing in float32
+    unchanged_fails = True
+    # a script that puts its model in eval mode before its loop trains so on purpose (BatchNorm statistics frozen)
+    eval_before_the_loop: Optional[str] = None
 
     def __init__(self, code_root: Path, target: str, subject: Optional[Subject], where: tuple[str, int, int],
                  device: Any = None):
@@ -737,7 +739,7 @@ class _Plan:
                                f"gradient from the step's loss ({_names(no_gradient)}): the step cuts them off "
                                "(`.detach()`, `.data`, `torch.no_grad()` around part of the forward), so they never "
                                "train.", where, parameters=no_gradient[:20])
-        if unchanged and not self.partial_unchanged_fails and len(unchanged) < len(expected):
+        if unchanged and not self.unchanged_fails:
             return self._check(name, "warn", f"{len(unchanged)} of {len(expected)} parameter(s) got gradients but "
                                f"did not change over {instruments.steps} optimizer steps ({_names(unchanged)}): their "
                                "update may be too small to show, or their learning rate is 0.",
@@ -769,6 +771,11 @@ class _Plan:
         if self.caller_sets_train is not None:
             return self._check(name, "pass", f"{self.target} does not set train mode itself, but its caller does "
                                f"({self.caller_sets_train.text()}).", self.caller_sets_train)
+        if self.eval_before_the_loop is not None:
+            return self._check(name, "warn", f"the training forward at {where.text() if where else '?'} ran in eval "
+                               f"mode, as the script set it before its loop ({self.eval_before_the_loop}): "
+                               f"{_names(mode_dependent)} behave as in evaluation; fine if frozen BatchNorm "
+                               "statistics are meant.", where, modules=mode_dependent[:20])
         cause = ("it was called with the model in eval mode, as it is after an evaluation, and never calls "
                  "`model.train()`" if self.start_in_eval else "the model is in eval mode when the step's forward runs")
         return self._check(name, "fail", f"the training forward at {where.text() if where else '?'} ran in eval mode: "

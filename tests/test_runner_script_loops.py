@@ -396,3 +396,13 @@ def test_the_static_no_zero_grad_finding_on_a_script_loop_is_confirmed_by_runnin
     report = confirm_step(lambda: run(root, "train.py:__main__"), str(root), "train.py:__main__", claims)
     verdicts = {f["rule"]: f["verdict"] for f in report.get("findings", [])}
     assert verdicts.get("TR101") == "confirmed", report.get("findings")
+
+
+def test_eval_mode_set_inside_the_loop_and_never_undone_fails_and_set_before_it_only_warns(tmp_path):
+    validating = CHARACTERS.replace("        if it % 500 == 0:\n",
+                                    "        if it % 2 == 0:\n            model.eval()\n")
+    report = run(write_tree(tmp_path, {"train.py": validating}), "train.py:__main__")
+    assert statuses(report)["train-mode"] == "fail", report
+    frozen = CHARACTERS.replace("    optimizer = torch.optim.AdamW", "    model.eval()\n    optimizer = torch.optim.AdamW")
+    report = run(write_tree(tmp_path / "frozen", {"train.py": frozen}), "train.py:__main__")
+    assert statuses(report)["train-mode"] == "warn" and report["status"] == "passed", report
