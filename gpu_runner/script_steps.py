@@ -50,6 +50,8 @@ from gpu_runner.targets import SCRIPT_STEP, training_loop_chain
 
 LOOP_HOOK = "__torchreview_loop_starts__"
 SETTING_HOOK = "__torchreview_setting__"
+MISSING = "__torchreview_missing__"  # absent.MissingPackageError, for the statements _UnusedReports wraps
+UNUSED_REPORT = "__torchreview_unused_report__"
 SHRUNK_LENGTH = 4 * SEQUENCE_LENGTH  # a script's own data is cut to its sequence length: 64 tokens or steps
 EVALUATION_BATCHES = 2
 
@@ -116,6 +118,50 @@ class _Settings(ast.NodeTransformer):
         if isinstance(node.target, ast.Name) and node.value is not None:
             node.value = ast.copy_location(_setting_call(node.target.id, node.value), node.value)
         return node
+
+
+class _UnusedReports(ast.NodeTransformer):
+    """A statement that only calls a package the runner lacks and drops the result (``wandb.log(...)``,
+    ``matplotlib.use("Agg")``) cannot feed the training: it is skipped, with a note, rather than skipping the step.
+    ``packages``: local name -> the installed-or-not package it is bound to by an import of the file (not the
+    repository's own modules)."""
+
+    def __init__(self, packages: dict):
+        self.packages = packages
+
+    def visit_FunctionDef(self, node):
+        return node
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+    def visit_Expr(self, node: ast.Expr):
+        root = node.value.func if isinstance(node.value, ast.Call) else None
+        while isinstance(root, (ast.Attribute, ast.Call)):
+            root = root.value if isinstance(root, ast.Attribute) else root.func
+        if not isinstance(root, ast.Name) or root.id not in self.packages:
+            return node
+        error = "__torchreview_error"
+        report = ast.Expr(ast.Call(ast.Name(UNUSED_REPORT, ast.Load()),
+                                   [ast.Name(error, ast.Load()), ast.Constant(self.packages[root.id]),
+                                    ast.Constant(node.lineno)], []))
+        handler = ast.ExceptHandler(type=ast.Name(MISSING, ast.Load()), name=error, body=[report])
+        return ast.copy_location(ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[]), node)
+
+
+def _imported_packages(tree: ast.Module, code_root: Path) -> dict:
+    """Local name -> top-level package, for the file's imports of packages that are not the repository's."""
+    packages = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            pairs = [(a.asname or a.name.split(".")[0], a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            pairs = [(a.asname or a.name, node.module.split(".")[0]) for a in node.names if a.name != "*"]
+        else:
+            continue
+        for local, top in pairs:
+            if not (code_root / top).exists() and not (code_root / f"{top}.py").exists():
+                packages[local] = top
+    return packages
 
 
 def _hook_statement(like: ast.stmt) -> ast.stmt:
@@ -220,6 +266,7 @@ class ScriptPlan(_Plan):
                 raise StepSkip(f"{target} holds no training loop (a loop calling .backward())")
             part = ast.Module(body=[changed], type_ignores=[])
             loop = training_loop_chain(node.body)[-1]
+        part = _UnusedReports(_imported_packages(tree, code_root)).visit(part)
         super().__init__(code_root, target, None, (path, loop.lineno, loop.end_lineno or loop.lineno), device=device)
         self.module, self.function, self.source_path = module, function, source_path
         self.code = compile(ast.fix_missing_locations(part), str(source_path), "exec")
@@ -230,8 +277,10 @@ class ScriptPlan(_Plan):
 
     def execute(self, iterations: int) -> None:
         namespace = self.module.__dict__
-        saved = {name: namespace.get(name, _ABSENT) for name in (LOOP_HOOK, SETTING_HOOK)}
+        saved = {name: namespace.get(name, _ABSENT) for name in (LOOP_HOOK, SETTING_HOOK, MISSING, UNUSED_REPORT)}
         namespace[LOOP_HOOK] = self._loop_starts
+        namespace[MISSING] = absent.MissingPackageError
+        namespace[UNUSED_REPORT] = self._unused_report
         namespace[SETTING_HOOK] = lambda name, value, scope: shrunk_setting(name, value, scope, self.device,
                                                                             self.shrunk)
         try:
@@ -249,6 +298,13 @@ class ScriptPlan(_Plan):
             if self.shrunk:
                 self.notes.append("settings shrunk as the runner shrinks models: " + "; ".join(self.shrunk[:12])
                                   + (f" and {len(self.shrunk) - 12} more" if len(self.shrunk) > 12 else ""))
+
+    def _unused_report(self, error: BaseException, package: str, line: int) -> None:
+        if absent.missing_package(error) != package:
+            raise error
+        note = f"statements that only call '{package}', which the runner lacks, were skipped (line {line}"
+        if not any(n.startswith(note.split(" (line")[0]) for n in self.notes):
+            self.notes.append(note + ")")
 
     def _call_function(self) -> None:
         namespace = self.module.__dict__

@@ -406,3 +406,15 @@ def test_eval_mode_set_inside_the_loop_and_never_undone_fails_and_set_before_it_
     frozen = CHARACTERS.replace("    optimizer = torch.optim.AdamW", "    model.eval()\n    optimizer = torch.optim.AdamW")
     report = run(write_tree(tmp_path / "frozen", {"train.py": frozen}), "train.py:__main__")
     assert statuses(report)["train-mode"] == "warn" and report["status"] == "passed", report
+
+
+def test_a_statement_that_only_calls_a_missing_package_is_skipped_not_the_step(tmp_path):
+    logged = CHARACTERS.replace("import torch\n", "import torch\n    import a_tracker_nobody_has as tracker\n", 1) \
+        .replace("    model = TinyLM", "    tracker.init(project=\"chars\")\n    model = TinyLM") \
+        .replace("        if it % 500 == 0:\n", "        tracker.log({\"loss\": loss.item()})\n        if it % 500 == 0:\n")
+    report = run(write_tree(tmp_path, {"train.py": logged}), "train.py:__main__")
+    assert report["status"] == "passed", report
+    assert any("only call 'a_tracker_nobody_has'" in note for note in report["notes"])
+    used = logged.replace("    model = TinyLM", "    run_name = tracker.name()\n    model = TinyLM")
+    report = run(write_tree(tmp_path / "used", {"train.py": used}), "train.py:__main__")
+    assert report["status"] == "skipped" and "needs 'a_tracker_nobody_has'" in report["reason"], report
