@@ -32,6 +32,7 @@ import copy
 import inspect
 import linecache
 import math
+import os
 import re
 import sys
 import time
@@ -138,6 +139,35 @@ def smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: 
     """The report (``TargetReport.to_dict()`` shape) of running the training step ``target``
     (``"train.py:train_one_epoch"``, ``"lit.py:LitModel.training_step"``, ``"train.py:Trainer.train_step"``)."""
     code_root = Path(code_root).resolve()
+    with _process_state_kept():
+        return _smoke_step(code_root, target, config, device=device, seed=seed, iterations=iterations)
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """What a step's file sets for its whole process (``torch.set_default_dtype``, ``cudnn.benchmark = True``,
+    ``os.environ``), at import or in a script's setup, must not outlive it in the warm worker: the next targets
+    run there."""
+    state = (torch.get_default_dtype(), torch.get_default_device(), torch.is_grad_enabled(),
+             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic, dict(os.environ))
+    try:
+        yield
+    finally:
+        dtype, default_device, grad, matmul_tf32, cudnn_tf32, benchmark, deterministic, environment = state
+        torch.set_default_dtype(dtype)
+        if torch.get_default_device() != default_device:  # setting it at all installs a mode on every call
+            torch.set_default_device(None if default_device.type == "cpu" else default_device)
+        torch.set_grad_enabled(grad)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul_tf32, cudnn_tf32
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, deterministic
+        if dict(os.environ) != environment:
+            os.environ.clear()
+            os.environ.update(environment)
+
+
+def _smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: str, seed: int,
+                iterations: int) -> dict:
     try:
         plan = _plan(code_root, target, dict(config or {}), device, seed)
     except (StepSkip, BuildError) as exc:

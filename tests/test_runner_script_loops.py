@@ -418,3 +418,16 @@ def test_a_statement_that_only_calls_a_missing_package_is_skipped_not_the_step(t
     used = logged.replace("    model = TinyLM", "    run_name = tracker.name()\n    model = TinyLM")
     report = run(write_tree(tmp_path / "used", {"train.py": used}), "train.py:__main__")
     assert report["status"] == "skipped" and "needs 'a_tracker_nobody_has'" in report["reason"], report
+
+
+def test_what_a_script_sets_for_its_process_is_put_back_after_it(tmp_path):
+    import os
+
+    settings = CHARACTERS.replace("    model = TinyLM", "    torch.backends.cudnn.benchmark = True\n"
+                                  "    import os\n    os.environ[\"TORCHREVIEW_TEST_LEFTOVER\"] = \"1\"\n"
+                                  "    model = TinyLM")
+    before = (torch.get_default_dtype(), torch.backends.cudnn.benchmark)
+    report = run(write_tree(tmp_path, {"train.py": settings}), "train.py:__main__")
+    assert report["status"] == "passed", report
+    assert (torch.get_default_dtype(), torch.backends.cudnn.benchmark) == before
+    assert "TORCHREVIEW_TEST_LEFTOVER" not in os.environ
