@@ -29,6 +29,7 @@ from torch import nn
 
 from gpu_runner.runner import DECIDABLE_RULES
 from gpu_runner.subject import Subject
+from gpu_runner.targets import SCRIPT_STEP
 
 FLOOR_STEPS = 30  # Adam steps on one batch that show how close to its floor the loss gets
 FLOOR_LR = 1e-2
@@ -503,6 +504,18 @@ def _functions(source: str) -> list[_Function]:
             for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
+def _script_loop(source: str) -> Optional[_Function]:
+    import ast
+
+    from gpu_runner.targets import training_loop_chain
+
+    try:
+        chain = training_loop_chain(ast.parse(source).body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return _Function(SCRIPT_STEP, chain[-1].lineno, chain[-1].end_lineno or chain[-1].lineno) if chain else None
+
+
 def _innermost(functions: list[_Function], line: int) -> Optional[_Function]:
     around = [f for f in functions if f.holds(line)]
     return max(around, key=lambda f: f.first) if around else None
@@ -660,6 +673,8 @@ def confirm_step(run_step: Callable[[], dict], code_root: str, target: str, clai
         return run_step()
     functions, lines = _functions(source), source.splitlines()
     step = next((f for f in functions if f.name == qualified.rsplit(".", 1)[-1]), None)
+    if qualified == SCRIPT_STEP:  # a script's module-level loop: its lines are the step's
+        step = _script_loop(source)
     accumulators: dict[_Function, set[str]] = {}
     for claim in claims:
         function = _innermost(functions, claim["line"])

@@ -32,6 +32,7 @@ import copy
 import inspect
 import linecache
 import math
+import os
 import re
 import sys
 import time
@@ -49,8 +50,10 @@ from gpu_runner import build as build_module
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
                               guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
+from gpu_runner.guess import config_attributes as guess_config_attributes
 from gpu_runner.subject import CheckResult, Subject, TargetReport
-from gpu_runner.targets import _dotted, find_targets, global_reads, module_name_for_path, parse_target_spec
+from gpu_runner.targets import (SCRIPT_STEP, _dotted, builds_its_own_model, find_targets, global_reads,
+                               module_level_names, module_name_for_path, parse_target_spec)
 
 STEP_ITERATIONS = 6  # optimizer steps per run: enough for a loss on one repeated batch to fall
 STEP_BATCH = 8
@@ -136,6 +139,35 @@ def smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: 
     """The report (``TargetReport.to_dict()`` shape) of running the training step ``target``
     (``"train.py:train_one_epoch"``, ``"lit.py:LitModel.training_step"``, ``"train.py:Trainer.train_step"``)."""
     code_root = Path(code_root).resolve()
+    with _process_state_kept():
+        return _smoke_step(code_root, target, config, device=device, seed=seed, iterations=iterations)
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """What a step's file sets for its whole process (``torch.set_default_dtype``, ``cudnn.benchmark = True``,
+    ``os.environ``), at import or in a script's setup, must not outlive it in the warm worker: the next targets
+    run there."""
+    state = (torch.get_default_dtype(), torch.get_default_device(), torch.is_grad_enabled(),
+             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic, dict(os.environ))
+    try:
+        yield
+    finally:
+        dtype, default_device, grad, matmul_tf32, cudnn_tf32, benchmark, deterministic, environment = state
+        torch.set_default_dtype(dtype)
+        if torch.get_default_device() != default_device:  # setting it at all installs a mode on every call
+            torch.set_default_device(None if default_device.type == "cpu" else default_device)
+        torch.set_grad_enabled(grad)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul_tf32, cudnn_tf32
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, deterministic
+        if dict(os.environ) != environment:
+            os.environ.clear()
+            os.environ.update(environment)
+
+
+def _smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: str, seed: int,
+                iterations: int) -> dict:
     try:
         plan = _plan(code_root, target, dict(config or {}), device, seed)
     except (StepSkip, BuildError) as exc:
@@ -224,14 +256,23 @@ class _Instruments:
     _handles: list = field(default_factory=list)
     _last_step_at: Optional[float] = None
     step_limit: Optional[int] = None  # optimizer steps after which the next one stops the step (_EnoughSteps)
+    # backward() calls after which the next one stops a loop that never steps an optimizer (a manual update)
+    backward_limit: Optional[int] = None
+    backwards: int = 0
+    # tensors an optimizer trains that are no module's (an optimized input): a loss reaching them is connected
+    extra_parameter_ids: set = field(default_factory=set)
+    stepped_with_gradient: set = field(default_factory=set)  # ids stepped while holding a non-zero gradient
+    _suspect: dict = field(default_factory=dict)  # id -> (step, name, where): accumulated onto a step's gradient
 
     def __post_init__(self):
         self.names = {id(p): name for name, p in self.model.named_parameters()}
-        self.parameter_ids = set(self.names)
+        self.parameter_ids = set(self.names) | set(self.extra_parameter_ids)
         for name, parameter in self.model.named_parameters():
             if parameter.requires_grad:
                 self._handles.append(parameter.register_hook(self._gradient_hook(parameter)))
-        self._handles.append(self.model.register_forward_pre_hook(self._forward_hook))
+        roots = getattr(self.model, "torchreview_roots", None)  # several modules one loop trains (a GAN)
+        for root in roots() if callable(roots) else [self.model]:
+            self._handles.append(root.register_forward_pre_hook(self._forward_hook))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles.append(register_optimizer_step_pre_hook(self._before_step))
@@ -240,6 +281,10 @@ class _Instruments:
         instruments = self
 
         def backward(tensor, *args, **kwargs):  # the step's own loss.backward()
+            if instruments.backward_limit is not None and instruments.steps == 0 \
+                    and instruments.backwards >= instruments.backward_limit:
+                raise _EnoughSteps()
+            instruments.backwards += 1
             instruments._record_backward(tensor)
             return instruments._original_backward(tensor, *args, **kwargs)
 
@@ -268,13 +313,17 @@ class _Instruments:
         def hook(gradient):
             # runs before the new gradient is accumulated into .grad: .grad is still what the last step used
             self.got_gradient.add(key)
+            current = parameter.grad
+            if current is None or not bool(current.abs().sum() > 0):
+                self._suspect.pop(key, None)  # zeroed since: what accumulated before never reached a step
             if key in self._pending_check:
                 self._pending_check.discard(key)
                 previous = self._after_step.get(key)
-                current = parameter.grad
                 if previous is not None and current is not None and bool(previous.abs().sum() > 0) \
                         and current.shape == previous.shape and torch.equal(current, previous):
-                    self.stale.append((self.steps, self.names[key], _caller_in(self.code_root)))
+                    # stale only if it is stepped again before a zero_grad (a GAN's generator loss also reaches
+                    # the discriminator, whose gradients are zeroed before its own next step)
+                    self._suspect[key] = (self.steps, self.names[key], _caller_in(self.code_root))
                 else:
                     self.zeroed_after_step += 1
             return None
@@ -285,6 +334,14 @@ class _Instruments:
         self.forwards.append([module.training, torch.is_grad_enabled(), _caller_in(self.code_root), False])
 
     def _before_step(self, optimizer, args, kwargs):
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                key = id(parameter)
+                if key in self._suspect and parameter.grad is not None:
+                    self.stale.append(self._suspect.pop(key))
+                if key not in self.stepped_with_gradient and parameter.grad is not None \
+                        and bool(parameter.grad.abs().sum() > 0):
+                    self.stepped_with_gradient.add(key)
         if self.step_limit is not None and self.steps >= self.step_limit:
             raise _EnoughSteps()
         self.stepped_optimizers.setdefault(id(optimizer), self.optimizer_lines.get(id(optimizer)))
@@ -398,12 +455,30 @@ def _config_namespace(function: Callable, name: str, values: dict, given: Option
         raise StepSkip(f"cannot read the source of {function.__qualname__} to build its '{name}'") from None
     attributes = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                   and n.value.id == name and isinstance(n.ctx, ast.Load)]
-    namespace = _Settings(values, repository_defaults or {}, **(given or {}))
+    namespace = _Settings(values, {**(repository_defaults or {}), **_default_config_of_owner(function)},
+                          **(given or {}))
     for attribute in dict.fromkeys(attributes):
         if not hasattr(namespace, attribute):
             raise StepSkip(f"cannot build {name}.{attribute}, which {function.__qualname__} reads; give it in "
                            f"smoke.steps ({{step = ..., args = {{{name} = {{{attribute} = ...}}}}}}) or a default")
     return namespace
+
+
+def _default_config_of_owner(function: Callable) -> dict:
+    """The fields of ``Owner.get_default_config()`` when ``function`` is a method of a class that says what its
+    config holds (minGPT's ``Trainer``: ``weight_decay``, ``betas``...), shrunk as a script's settings are."""
+    from gpu_runner.script_steps import shrunk_setting
+
+    module = inspect.getmodule(function)
+    owner = getattr(module, function.__qualname__.split(".")[0], None) if "." in function.__qualname__ else None
+    maker = getattr(owner, "get_default_config", None) if inspect.isclass(owner) else None
+    if not callable(maker):
+        return {}
+    try:
+        fields = guess_config_attributes(maker())
+    except Exception:  # noqa: BLE001 - the repository's own factory: without it, the fields are guessed
+        return {}
+    return {key: shrunk_setting(key, value, fields, "cpu", []) for key, value in fields.items()}
 
 
 class _Settings(types.SimpleNamespace):
@@ -459,6 +534,8 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
         if configured is not _NOT_GIVEN and not (isinstance(configured, dict) and parameter.name.lower()
                                                   in CONFIG_NAMES):
             arguments[parameter.name] = configured
+        elif role == "loader" and "dataset" in values and _builds_its_own_loader(function, parameter.name):
+            arguments[parameter.name] = values["dataset"]
         elif role in values and (parameter.default is parameter.empty or role in _ALWAYS_GIVEN):
             arguments[parameter.name] = values[role]
         elif parameter.default is not parameter.empty:
@@ -479,6 +556,21 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
 
 
 _NOT_GIVEN = object()
+_DATASET_NAMES = re.compile(r"(\w+_)?(dataset|ds)")
+
+
+def _builds_its_own_loader(function: Callable, name: str) -> bool:
+    """A ``train_dataset`` that the function (or, for a method, its class: minGPT's ``Trainer``) hands to a
+    ``DataLoader`` it makes itself: it takes a data set, not a loader."""
+    if not _DATASET_NAMES.fullmatch(name.lower()):
+        return False
+    module = inspect.getmodule(function)
+    owner = getattr(module, function.__qualname__.split(".")[0], None) if "." in function.__qualname__ else None
+    try:
+        source = inspect.getsource(owner if inspect.isclass(owner) else function)
+    except (OSError, TypeError):
+        return False
+    return "DataLoader(" in source
 # Given even where the parameter has a default: what the step trains and measures with.
 _ALWAYS_GIVEN = {"model", "loader", "batch", "optimizer", "criterion", "device"}
 
@@ -488,12 +580,24 @@ _ALWAYS_GIVEN = {"model", "loader", "batch", "optimizer", "criterion", "device"}
 class _Plan:
     kind = ""
 
-    def __init__(self, code_root: Path, target: str, subject: Subject, where: tuple[str, int, int]):
+    # a parameter that got gradients but did not change fails; where the step's own optimizer and learning rate
+    # update it (a script), it only warns: a small SGD update of a small gradient can round to nothing in float32
+    unchanged_fails = True
+    # a script that puts its model in eval mode before its loop trains so on purpose (BatchNorm statistics frozen)
+    eval_before_the_loop: Optional[str] = None
+
+    def __init__(self, code_root: Path, target: str, subject: Optional[Subject], where: tuple[str, int, int],
+                 device: Any = None):
         self.code_root, self.target, self.subject = code_root, target, subject
-        self.model: nn.Module = subject.model
+        self.model: Optional[nn.Module] = subject.model if subject is not None else None
+        self.device = subject.device if subject is not None else device
         self.path, self.first_line, self.last_line = where
-        self.notes: list[str] = list(subject.notes)
+        self.notes: list[str] = list(subject.notes) if subject is not None else []
         self.instruments: Optional[_Instruments] = None
+        self.reference: Optional[set] = None
+        self.trainable: dict = {}
+        self.before: dict = {}
+        self.iterations = STEP_ITERATIONS
         self.start_in_eval = False
         self.caller_sets_train: Optional[_Where] = None
         self.evaluation: Optional[tuple[Callable, _Where]] = None
@@ -509,17 +613,25 @@ class _Plan:
     def execute(self, iterations: int) -> None:
         raise NotImplementedError
 
+    def begin(self, model: nn.Module, reference: Optional[set], *, step_limit: int, backward_limit: Optional[int] = None,
+              extra_parameter_ids: frozenset = frozenset()) -> None:
+        """Instrument ``model`` from here on: what it holds now is what the checks compare with."""
+        self.model, self.reference = model, reference
+        self.trainable = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
+        self.before = {id(p): p.detach().clone() for p in model.parameters()}
+        self.instruments = _Instruments(model, self.code_root, step_limit=step_limit, backward_limit=backward_limit,
+                                        extra_parameter_ids=set(extra_parameter_ids))
+
     def run(self, iterations: int) -> list[CheckResult]:
-        model = self.model
-        reference = _reference_gradients(self.subject)
-        trainable = {id(p): name for name, p in model.named_parameters() if p.requires_grad}
-        before = {id(p): p.detach().clone() for p in model.parameters()}
-        model.train()
-        if self.start_in_eval:
-            model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
-        self.instruments = _Instruments(model, self.code_root, step_limit=STEP_BOUND_FACTOR * iterations)
+        self.iterations = iterations
+        if self.model is not None:  # built by the runner; a script's is found when its loop starts (_ScriptPlan)
+            reference = _reference_gradients(self.subject)
+            self.model.train()
+            if self.start_in_eval:
+                self.model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
+            self.begin(self.model, reference, step_limit=STEP_BOUND_FACTOR * iterations)
         try:
-            with _cuda_calls_to(self.subject.device, self.notes):
+            with _cuda_calls_to(self.device, self.notes):
                 self.execute(iterations)
         except _EnoughSteps:
             self.notes.append(f"the step's loop was stopped after {self.instruments.steps} optimizer steps")
@@ -538,10 +650,16 @@ class _Plan:
                                f"arguments: {_one_line(cause, 200)}; configure smoke.steps if they do not fit "
                                "it") from None
         finally:
-            self.instruments.close()
+            if self.instruments is not None:
+                self.instruments.close()
+        if self.instruments is None:
+            raise StepSkip(f"{self.target} ran its setup but never reached its training loop at line "
+                           f"{self.first_line} (a condition on a setting, or an early return)")
+        model, before, trainable = self.model, self.before, self.trainable
         changed = {key for key, p in ((id(p), p) for p in model.parameters())
-                   if not torch.equal(before[key], p.detach())}
+                   if key in before and not torch.equal(before[key], p.detach())}
         instruments = self.instruments
+        reference = self.reference if self.reference is not None else instruments.stepped_with_gradient
         if instruments.detached_error is None and not instruments.losses and instruments.steps == 0:
             raise StepSkip(f"{self.target} ran on the synthetic arguments but neither called backward() nor "
                            "stepped an optimizer (an empty loader? a condition on a setting?)")
@@ -651,6 +769,11 @@ class _Plan:
                                f"gradient from the step's loss ({_names(no_gradient)}): the step cuts them off "
                                "(`.detach()`, `.data`, `torch.no_grad()` around part of the forward), so they never "
                                "train.", where, parameters=no_gradient[:20])
+        if unchanged and not self.unchanged_fails:
+            return self._check(name, "warn", f"{len(unchanged)} of {len(expected)} parameter(s) got gradients but "
+                               f"did not change over {instruments.steps} optimizer steps ({_names(unchanged)}): their "
+                               "update may be too small to show, or their learning rate is 0.",
+                               instruments.step_lines[0], parameters=unchanged[:20])
         if unchanged:
             return self._check(name, "fail", f"{len(unchanged)} parameter(s) got gradients but did not change over "
                                f"{instruments.steps} optimizer steps ({_names(unchanged)}): a learning rate of 0, or "
@@ -678,6 +801,11 @@ class _Plan:
         if self.caller_sets_train is not None:
             return self._check(name, "pass", f"{self.target} does not set train mode itself, but its caller does "
                                f"({self.caller_sets_train.text()}).", self.caller_sets_train)
+        if self.eval_before_the_loop is not None:
+            return self._check(name, "warn", f"the training forward at {where.text() if where else '?'} ran in eval "
+                               f"mode, as the script set it before its loop ({self.eval_before_the_loop}): "
+                               f"{_names(mode_dependent)} behave as in evaluation; fine if frozen BatchNorm "
+                               "statistics are meant.", where, modules=mode_dependent[:20])
         cause = ("it was called with the model in eval mode, as it is after an evaluation, and never calls "
                  "`model.train()`" if self.start_in_eval else "the model is in eval mode when the step's forward runs")
         return self._check(name, "fail", f"the training forward at {where.text() if where else '?'} ran in eval mode: "
@@ -879,7 +1007,8 @@ class _FunctionPlan(_Plan):
         self.start_in_eval = not self.per_batch
 
     def values(self, iterations: int = STEP_ITERATIONS) -> dict:
-        return {"model": self.model, "loader": _Loader(self.batch, iterations), "batch": copy.deepcopy(self.batch),
+        loader = _Loader(self.batch, iterations)
+        return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": copy.deepcopy(self.batch),
                 "index": 0, "optimizer": self.optimizer, "criterion": self.criterion, "device": self.subject.device,
                 "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
@@ -933,6 +1062,9 @@ class _FunctionPlan(_Plan):
         saved: dict = {}
         for name in sorted(global_reads(node)):
             role = role_of(name)
+            current = namespace.get(name, getattr(builtins, name, None))
+            if inspect.isclass(current) or inspect.isroutine(current) or inspect.ismodule(current):
+                continue  # ``DataLoader``, ``iter``: what the step calls, not data it trains on
             if role in _ALWAYS_GIVEN and role in values:
                 value = values[role]
             elif name in namespace or hasattr(builtins, name):
@@ -947,9 +1079,12 @@ class _FunctionPlan(_Plan):
             else:
                 for key, old in saved.items():
                     _restore(namespace, key, old)
+                failed = failed_import(self.code_root, self.path, name, namespace)
+                if failed:
+                    raise StepSkip(f"{self.target} reads the global '{name}', which {failed}")
                 raise StepSkip(f"{self.target} reads the global '{name}', which is unset once {self.path}'s "
-                               "definitions ran (it is assigned in the script part, or its import or assignment "
-                               "failed) and the runner cannot build; give the step its value as a parameter")
+                               "definitions ran (it is assigned in the script part, or its assignment failed) and "
+                               "the runner cannot build; give the step its value as a parameter")
             saved[name] = namespace.get(name, _NOT_GIVEN)
             namespace[name] = value
         self.provided = set(saved)
@@ -1042,6 +1177,31 @@ def _data_by_use(function: Callable, batch: tuple, depth: int = 1) -> dict:
     return uses
 
 
+def failed_import(code_root: Path, path: str, name: str, namespace: dict) -> Optional[str]:
+    """Why ``name`` is unset when the file binds it by an import (``import lib``, ``from utils import progress_bar``):
+    that import, run again, says what it lacks. None when no import binds it or it now works."""
+    file_path = (code_root / path).resolve()
+    try:
+        tree = ast.parse(file_path.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    node = next((n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 and any((a.asname or a.name.split(".")[0]) == name for a in n.names)), None)
+    if node is None:
+        return None
+    try:
+        exec(compile(ast.Module(body=[node], type_ignores=[]), str(file_path), "exec"), dict(namespace))
+    except Exception as exc:  # noqa: BLE001 - the repository's import, reported
+        statement = ast.get_source_segment(file_path.read_text(errors="replace"), node) or ""
+        missing = absent.missing_package(exc) or build_module._not_installed(exc, code_root)
+        if missing:
+            return (f"its import `{statement}` (line {node.lineno}) leaves unset: it needs '{missing}', which is not "
+                    "installed on the smoke runner")
+        return (f"its import `{statement}` (line {node.lineno}) leaves unset: it raised {type(exc).__name__}"
+                f"{build_module._where_in(exc, code_root)}: {_one_line(exc, 160)}")
+    return None
+
+
 def _reads_name(function: Callable, name: str) -> bool:
     """Whether ``function``'s body reads ``name`` (True when its source cannot be read)."""
     node = _function_node(inspect.unwrap(function))
@@ -1079,6 +1239,15 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
     build_module._IMPORT_NOTES.clear()
     module = _import_step_file(code_root, spec.path)
     import_notes = list(build_module._IMPORT_NOTES)  # building the model starts its own notes
+    if _is_script_step(code_root, spec.path, spec.name) and not config.get("model"):
+        from gpu_runner.script_steps import script_plan
+
+        if config.get("args"):
+            raise BuildError(f"smoke.steps args: {target} builds its own model and settings (a script's training "
+                             "loop); args are for step functions that take them")
+        plan = script_plan(code_root, target, spec.path, spec.name, module, device)
+        plan.notes[:0] = import_notes
+        return plan
     parts = spec.name.split(".")
     owner: Any = module
     for part in parts[:-1]:
@@ -1108,6 +1277,16 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
     plan.evaluation = _evaluation_helper(module, code_root, spec.path)
     return plan
+
+
+def _is_script_step(code_root: Path, path: str, name: str) -> bool:
+    """The module-level loop (``__main__``), or a function of the file that builds its own model and loops."""
+    if name == SCRIPT_STEP:
+        return True
+    tree = ast.parse((code_root / path).read_text(errors="replace"))
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+                None)
+    return node is not None and builds_its_own_model(node, module_level_names(tree))
 
 
 def _import_step_file(code_root: Path, path: str) -> types.ModuleType:

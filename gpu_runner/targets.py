@@ -231,11 +231,77 @@ def find_step_targets(sources: dict[str, str], changed_lines: dict[str, Optional
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         script_names = module_level_names(tree)
-        for node in tree.body:
-            for name, span, candidate in _step_candidates(node, script_names):
-                if changed is None or any(span[0] <= n <= span[1] for n in changed):
-                    found.append(Target(path=path, name=name, line=span[0], end_line=span[1], kind="step"))
+        candidates = [c for node in tree.body for c in _step_candidates(node, script_names)]
+        chain = training_loop_chain(tree.body)
+        if chain:  # the script's own loop (nanoGPT's ``while True: ... loss.backward() ... optimizer.step()``)
+            loop = chain[-1]
+            candidates.append((SCRIPT_STEP, (loop.lineno, loop.end_lineno or loop.lineno), loop))
+        for name, span, candidate in candidates:
+            if changed is None or any(span[0] <= n <= span[1] for n in changed):
+                found.append(Target(path=path, name=name, line=span[0], end_line=span[1], kind="step"))
     return sorted(found, key=lambda t: (t.path, t.line))
+
+
+SCRIPT_STEP = "__main__"  # the step name of a script's module-level training loop (``train.py:__main__``)
+
+
+def training_loop_chain(statements: list) -> list:
+    """The statements leading to the first training loop of a block (a ``for`` / ``while`` whose body calls
+    ``.backward()``, outside nested functions and classes): the ``if`` / ``with`` / ``try`` statements that hold
+    it, outermost first, then the loop; empty when there is none. A loop inside another (batches inside epochs) is
+    part of the outer one."""
+    for statement in statements:
+        if isinstance(statement, (ast.For, ast.AsyncFor, ast.While)):
+            if _calls_backward_outside_definitions(statement):
+                return [statement]
+        elif isinstance(statement, (ast.If, ast.With, ast.AsyncWith, ast.Try)):
+            for block in _blocks(statement):
+                inner = training_loop_chain(block)
+                if inner:
+                    return [statement] + inner
+    return []
+
+
+def _blocks(statement: ast.stmt) -> list:
+    """The statement lists an ``if`` / ``with`` / ``try`` runs (a ``try``'s handlers and ``else`` are left out:
+    the loop that runs is the one in its body)."""
+    if isinstance(statement, ast.If):
+        return [statement.body, statement.orelse]
+    return [statement.body]
+
+
+def _calls_backward_outside_definitions(node: ast.AST) -> bool:
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if _calls_method(item, "backward"):
+            return True
+        stack.extend(child for child in ast.iter_child_nodes(item)
+                     if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)))
+    return False
+
+
+def builds_its_own_model(function: ast.AST, script_names: frozenset = frozenset()) -> bool:
+    """A function (``main()``, ``train_mnist(n_epoch=100)``) that holds a training loop and takes no model, as a
+    parameter or as a global its file's script part assigns: it builds what it trains itself."""
+    names = [a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs]
+    names += sorted(global_reads(function) & script_names)
+    if any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in names):
+        return False
+    chain = training_loop_chain(function.body)
+    if not chain:
+        return False
+    # its setup builds something to train: an optimizer over parameters, or a model-named variable
+    stack = [s for s in function.body]
+    while stack:
+        node = stack.pop()
+        if node is chain[-1] or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if _calls_method(node, "parameters") or isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and STEP_MODEL_ARGUMENTS.fullmatch(t.id.lower()) for t in node.targets):
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _step_candidates(node: ast.stmt, script_names: frozenset = frozenset()) -> Iterator[tuple[str, tuple[int, int],
@@ -249,6 +315,8 @@ def _step_candidates(node: ast.stmt, script_names: frozenset = frozenset()) -> I
         names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
         names += sorted(global_reads(node) & script_names)
         if _is_step_function(node) and any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in names):
+            yield node.name, span(node), node
+        elif builds_its_own_model(node, script_names):  # run as a script: its setup, then its loop
             yield node.name, span(node), node
     elif isinstance(node, ast.ClassDef):
         methods = {m.name: m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}

@@ -1,0 +1,543 @@
+"""A training loop written as a script: nanoGPT's ``while True: ... loss.backward(); optimizer.step()`` at module
+level, under ``if __name__ == "__main__":``, or in a ``main()`` that builds its own model. The runner runs the
+script's own setup (the statements before the loop: settings, data, model, optimizer), then the loop, bounded to a
+few optimizer steps, inside the sandbox, with the step checks of ``gpu_runner.steps`` on what the loop trains.
+
+What changes from running ``python train.py``:
+
+- settings are shrunk the way the runner shrinks a model's constructor arguments (``n_layer = 12`` -> 2, widths,
+  heads' widths), and batch sizes, sequence lengths, evaluation batches, accumulation steps and data-loader workers
+  too, as each is assigned (a plain assignment, an argparse default, a parameter default); a device setting that
+  names CUDA on a runner without it is the runner's device;
+- ``parse_args()`` reads no command line (the defaults), ``sys.argv`` is the script alone, ``torch.compile`` is
+  the identity (the checks are about the model's code, not the compiler), data loaders load in the process;
+- the script runs in a scratch folder that mirrors its own (links to its files), so that what it writes (a
+  checkpoint folder) does not need the read-only code tree;
+- the loop stops at the runner's bound (``iterations`` optimizer steps), and what follows it (saving, plotting)
+  does not run.
+
+The model is what the loop trains: when the loop starts, every ``nn.Module`` in its scope whose parameters an
+optimizer in scope holds (several: a GAN's generator and discriminator); without an optimizer, the modules named
+like a model. A setup that needs what the sandbox does not have (a data file, the network, a package, command-line
+arguments, a distributed launch) is skipped, naming it; the loop's own code raising on the shrunk settings is
+skipped too, never failed.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import copy
+import inspect
+import linecache
+import os
+import re
+import shutil
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from gpu_runner import absent
+from gpu_runner.build import SEQUENCE_LENGTH, _shrunk
+from gpu_runner.guess import CONFIG_NAMES
+from gpu_runner.steps import STEP_BATCH, StepSkip, _Plan, _UserCodeFailed, _one_line, _user_frames, role_of
+from gpu_runner.targets import SCRIPT_STEP, training_loop_chain
+
+LOOP_HOOK = "__torchreview_loop_starts__"
+SETTING_HOOK = "__torchreview_setting__"
+MISSING = "__torchreview_missing__"  # absent.MissingPackageError, for the statements _UnusedReports wraps
+UNUSED_REPORT = "__torchreview_unused_report__"
+SHRUNK_LENGTH = 4 * SEQUENCE_LENGTH  # a script's own data is cut to its sequence length: 64 tokens or steps
+EVALUATION_BATCHES = 2
+
+_BATCH_SETTINGS = re.compile(r"(\w+_)?(batch_size|batchsize|bs|bsz|minibatch_size|micro_batch_size)", re.I)
+_LENGTH_SETTINGS = re.compile(r"(\w+_)?(block_size|seq_len|seq_length|sequence_length|max_len|max_length|"
+                              r"max_seq_len|context_length|context_size|ctx_len|bptt)", re.I)
+_EVALUATION_COUNTS = re.compile(r"(eval|val|valid|test)_?(iters|iterations|steps|batches|samples)|"
+                                r"num_(eval|val)_(batches|steps)", re.I)
+_WORKER_SETTINGS = re.compile(r"(num_|n_)?workers|n_cpu", re.I)
+
+
+def shrunk_setting(name: str, value: Any, others: dict, device: Any, notes: list) -> Any:
+    """The value a script's setting ``name`` gets on the runner (see the module's docstring); anything else is
+    left as the script has it."""
+    if isinstance(value, str) and role_of(name) == "device" and value.startswith("cuda") \
+            and not str(device).startswith("cuda") and not torch.cuda.is_available():
+        new = str(device)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        new = _shrunk(name, value, others) if isinstance(value, (tuple, list)) else value
+    elif _BATCH_SETTINGS.fullmatch(name):
+        new = min(value, STEP_BATCH)
+    elif _LENGTH_SETTINGS.fullmatch(name):
+        new = min(value, SHRUNK_LENGTH)
+    elif _EVALUATION_COUNTS.fullmatch(name):
+        new = min(value, EVALUATION_BATCHES)
+    elif role_of(name) == "accumulation":
+        new = min(value, 2)
+    elif _WORKER_SETTINGS.fullmatch(name):
+        new = 0
+    else:
+        new = _shrunk(name, value, others)
+    if new is not value and new != value:
+        notes.append(f"{name} = {new!r} (the script's {value!r})")
+    return new
+
+
+# ---- rewriting the script -------------------------------------------------------------------------------
+
+def _setting_call(name: str, value: ast.expr) -> ast.Call:
+    return ast.Call(ast.Name(SETTING_HOOK, ast.Load()), [ast.Constant(name), value, _scope()], [])
+
+
+def _scope() -> ast.Call:
+    """``{**globals(), **locals()}``: what the settings assigned so far are, for a width that keeps its heads."""
+    return ast.Dict(keys=[None, None], values=[ast.Call(ast.Name("globals", ast.Load()), [], []),
+                                                ast.Call(ast.Name("locals", ast.Load()), [], [])])
+
+
+class _Settings(ast.NodeTransformer):
+    """Wraps each plain assignment of a name (``n_layer = 12``, ``batch_size: int = 64``) in the setting hook; the
+    bodies of functions and classes are left alone."""
+
+    def visit_FunctionDef(self, node):
+        return node
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+    def visit_Assign(self, node: ast.Assign):
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            node.value = ast.copy_location(_setting_call(node.targets[0].id, node.value), node.value)
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign):
+        if isinstance(node.target, ast.Name) and node.value is not None:
+            node.value = ast.copy_location(_setting_call(node.target.id, node.value), node.value)
+        return node
+
+
+class _UnusedReports(ast.NodeTransformer):
+    """A statement that only calls a package the runner lacks and drops the result (``wandb.log(...)``,
+    ``matplotlib.use("Agg")``) cannot feed the training: it is skipped, with a note, rather than skipping the step.
+    ``packages``: local name -> the installed-or-not package it is bound to by an import of the file (not the
+    repository's own modules)."""
+
+    def __init__(self, packages: dict):
+        self.packages = packages
+
+    def visit_FunctionDef(self, node):
+        return node
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+    def visit_Expr(self, node: ast.Expr):
+        root = node.value.func if isinstance(node.value, ast.Call) else None
+        while isinstance(root, (ast.Attribute, ast.Call)):
+            root = root.value if isinstance(root, ast.Attribute) else root.func
+        if not isinstance(root, ast.Name) or root.id not in self.packages:
+            return node
+        error = "__torchreview_error"
+        report = ast.Expr(ast.Call(ast.Name(UNUSED_REPORT, ast.Load()),
+                                   [ast.Name(error, ast.Load()), ast.Constant(self.packages[root.id]),
+                                    ast.Constant(node.lineno)], []))
+        handler = ast.ExceptHandler(type=ast.Name(MISSING, ast.Load()), name=error, body=[report])
+        return ast.copy_location(ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[]), node)
+
+
+def _imported_packages(tree: ast.Module, code_root: Path) -> dict:
+    """Local name -> top-level package, for the file's imports of packages that are not the repository's."""
+    packages = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            pairs = [(a.asname or a.name.split(".")[0], a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            pairs = [(a.asname or a.name, node.module.split(".")[0]) for a in node.names if a.name != "*"]
+        else:
+            continue
+        for local, top in pairs:
+            if not (code_root / top).exists() and not (code_root / f"{top}.py").exists():
+                packages[local] = top
+    return packages
+
+
+def _hook_statement(like: ast.stmt) -> ast.stmt:
+    call = ast.Call(ast.Name(LOOP_HOOK, ast.Load()), [ast.Call(ast.Name("globals", ast.Load()), [], []),
+                                                      ast.Call(ast.Name("locals", ast.Load()), [], [])], [])
+    return ast.copy_location(ast.Expr(call), like)
+
+
+def _up_to_the_loop(statements: list, chain: list, *, already_defined: bool) -> list:
+    """``statements`` as far as the training loop: the setup before it (settings wrapped), the hook, the loop; what
+    follows is dropped. At module level the imports, functions and classes already ran (the file was imported as
+    its definitions), so only the rest runs again; a ``__main__`` guard on the way is entered."""
+    head = chain[0]
+    index = next(i for i, s in enumerate(statements) if s is head)
+    kept = []
+    for statement in statements[:index]:
+        if already_defined and isinstance(statement, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                                      ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        kept.append(_Settings().visit(statement))
+    if len(chain) == 1:
+        return kept + [_hook_statement(head), head]
+    inner = chain[1]
+    if isinstance(head, ast.If):
+        block = head.body if any(s is inner for s in head.body) else head.orelse
+        rest = _up_to_the_loop(block, chain[1:], already_defined=False)
+        if _is_main_guard(head) and block is head.body:
+            return kept + rest
+        branch = copy.copy(head)
+        branch.body, branch.orelse = (rest, []) if block is head.body else ([ast.Pass()], rest)
+        return kept + [branch]
+    changed = copy.copy(head)  # with / try: the loop inside its body
+    changed.body = _up_to_the_loop(head.body, chain[1:], already_defined=False)
+    if isinstance(changed, ast.Try):
+        changed.orelse, changed.finalbody = [], []
+    return kept + [changed]
+
+
+def _is_main_guard(node: ast.If) -> bool:
+    test = node.test
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+
+
+def script_part(tree: ast.Module) -> Optional[ast.Module]:
+    """The module's statements up to its training loop (see _up_to_the_loop), or None without a loop."""
+    chain = training_loop_chain(tree.body)
+    if not chain:
+        return None
+    return ast.Module(body=_up_to_the_loop(tree.body, chain, already_defined=True), type_ignores=[])
+
+
+def function_up_to_the_loop(node: ast.FunctionDef) -> Optional[ast.FunctionDef]:
+    chain = training_loop_chain(node.body)
+    if not chain:
+        return None
+    changed = copy.copy(node)
+    changed.body = _up_to_the_loop(node.body, chain, already_defined=False)
+    changed.decorator_list = []
+    return changed
+
+
+# ---- the plan ------------------------------------------------------------------------------------------
+
+class _Models(nn.ModuleDict):
+    """Several modules trained by one loop (a generator and a discriminator), instrumented as one model."""
+
+    def torchreview_roots(self) -> list:
+        return list(self.values())
+
+
+class _SetupSkip(BaseException):
+    """The script's setup cannot run in the sandbox (raised through the script's own ``except Exception``);
+    ``need`` (``needs command-line arguments...``) is said of the setup."""
+
+    def __init__(self, message: str, need: bool = False):
+        super().__init__(message)
+        self.need = need
+
+
+class ScriptPlan(_Plan):
+    """Runs the script's setup, then its training loop, the model found when the loop starts."""
+
+    kind = "script"
+    unchanged_fails = False
+
+    def __init__(self, code_root: Path, target: str, path: str, module: types.ModuleType,
+                 function: Optional[Callable], device: Any):
+        source_path = (code_root / path).resolve()
+        tree = ast.parse(source_path.read_text(errors="replace"), str(source_path))
+        if function is None:
+            part = script_part(tree)
+            if part is None:
+                raise StepSkip(f"{path} has no training loop at module level (a loop calling .backward())")
+            loop = training_loop_chain(tree.body)[-1]
+        else:
+            node = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and n.name == function.__name__ and n.lineno == function.__code__.co_firstlineno), None)
+            node = node or next((n for n in tree.body if isinstance(n, ast.FunctionDef)
+                                 and n.name == function.__name__), None)
+            changed = function_up_to_the_loop(node) if node is not None else None
+            if changed is None:
+                raise StepSkip(f"{target} holds no training loop (a loop calling .backward())")
+            part = ast.Module(body=[changed], type_ignores=[])
+            loop = training_loop_chain(node.body)[-1]
+        part = _UnusedReports(_imported_packages(tree, code_root)).visit(part)
+        super().__init__(code_root, target, None, (path, loop.lineno, loop.end_lineno or loop.lineno), device=device)
+        self.module, self.function, self.source_path = module, function, source_path
+        self.code = compile(ast.fix_missing_locations(part), str(source_path), "exec")
+        self.shrunk: list[str] = []
+        self.reached_loop = False
+
+    # -- running --
+
+    def execute(self, iterations: int) -> None:
+        namespace = self.module.__dict__
+        saved = {name: namespace.get(name, _ABSENT) for name in (LOOP_HOOK, SETTING_HOOK, MISSING, UNUSED_REPORT)}
+        namespace[LOOP_HOOK] = self._loop_starts
+        namespace[MISSING] = absent.MissingPackageError
+        namespace[UNUSED_REPORT] = self._unused_report
+        namespace[SETTING_HOOK] = lambda name, value, scope: shrunk_setting(name, value, scope, self.device,
+                                                                            self.shrunk)
+        try:
+            with _script_environment(self.source_path, self.device, self.shrunk, self.notes):
+                if self.function is None:
+                    self._run_user(lambda: exec(self.code, namespace))
+                else:
+                    self._run_user(self._call_function)
+        finally:
+            for name, old in saved.items():
+                if old is _ABSENT:
+                    namespace.pop(name, None)
+                else:
+                    namespace[name] = old
+            if self.shrunk:
+                self.notes.append("settings shrunk as the runner shrinks models: " + "; ".join(self.shrunk[:12])
+                                  + (f" and {len(self.shrunk) - 12} more" if len(self.shrunk) > 12 else ""))
+
+    def _unused_report(self, error: BaseException, package: str, line: int) -> None:
+        if absent.missing_package(error) != package:
+            raise error
+        note = f"statements that only call '{package}', which the runner lacks, were skipped (line {line}"
+        if not any(n.startswith(note.split(" (line")[0]) for n in self.notes):
+            self.notes.append(note + ")")
+
+    def _call_function(self) -> None:
+        namespace = self.module.__dict__
+        name = self.function.__name__
+        original = namespace.get(name, _ABSENT)
+        exec(self.code, namespace)  # the function cut after its loop, with its settings wrapped
+        truncated = namespace[name]
+        if original is _ABSENT:
+            namespace.pop(name, None)
+        else:
+            namespace[name] = original
+        truncated(**self._function_arguments(truncated))
+
+    def _function_arguments(self, function: Callable) -> dict:
+        """Its defaults (shrunk like settings), the runner's device, options from the file's argparse defaults."""
+        from gpu_runner import sites
+        from gpu_runner.steps import _config_namespace
+
+        arguments = {}
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            if parameter.default is not parameter.empty:
+                arguments[parameter.name] = shrunk_setting(parameter.name, parameter.default, {}, self.device,
+                                                           self.shrunk)
+            elif role_of(parameter.name) == "device":
+                arguments[parameter.name] = self.device
+            elif parameter.name.lower() in CONFIG_NAMES:
+                defaults = {k: shrunk_setting(k, v, {}, self.device, self.shrunk)
+                            for k, v in sites.argparse_defaults(self.code_root, self.path).items()}
+                try:
+                    arguments[parameter.name] = _config_namespace(function, parameter.name, {"device": self.device},
+                                                                  None, defaults)
+                except StepSkip as exc:
+                    raise _SetupSkip(str(exc)) from None
+            else:
+                raise _SetupSkip(f"cannot build the argument '{parameter.name}' of {self.target}: it has no default "
+                                 "and is not a device or options; give the step its value in smoke.steps "
+                                 f"({{step = ..., args = {{{parameter.name} = ...}}}})")
+        return arguments
+
+    def _run_user(self, run: Callable[[], None]) -> None:
+        try:
+            run()
+        except _SetupSkip as exc:
+            raise StepSkip(f"{self._setup()} {exc}" if exc.need else str(exc)) from None
+        except (Exception, SystemExit) as exc:
+            if self.reached_loop:
+                raise _UserCodeFailed() from exc
+            raise StepSkip(self._setup_failure(exc)) from None
+
+    def _setup(self) -> str:
+        return f"the setup of {self.target} (before its training loop at line {self.first_line})"
+
+    def _setup_failure(self, exc: BaseException) -> str:
+        frames = _user_frames(exc.__traceback__, self.code_root)
+        at = f" at {Path(frames[-1].filename).resolve().relative_to(self.code_root)}:{frames[-1].lineno}" \
+            if frames else ""
+        before = self._setup()
+        missing = absent.missing_package(exc) or (exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError)
+                                                  and exc.name else None)
+        if missing:
+            return (f"{before} needs '{missing}'{at}, which is not installed on the smoke runner; install it in the "
+                    "runner image")
+        if isinstance(exc, FileNotFoundError) or (isinstance(exc, OSError) and exc.filename):
+            return (f"{before} needs the file '{exc.filename}'{at}, which is not in the repository (data the "
+                    "script expects to be downloaded or prepared first)")
+        if _is_network_error(exc):
+            return f"{before} needs the network{at} ({type(exc).__name__}: {_one_line(exc, 120)}), which the sandbox has none of"
+        if _is_distributed_error(exc):
+            return (f"{before} needs a distributed launch{at} ({type(exc).__name__}: {_one_line(exc, 120)}); run "
+                    "it as a single process or configure smoke.steps with a step function")
+        if isinstance(exc, NameError) and getattr(exc, "name", None):
+            from gpu_runner.steps import failed_import
+
+            failed = failed_import(self.code_root, self.path, exc.name, self.module.__dict__)
+            if failed:
+                return f"{before} uses '{exc.name}'{at}, which {failed}"
+        if isinstance(exc, SystemExit):
+            code = linecache.getline(frames[-1].filename, frames[-1].lineno).strip() if frames else ""
+            return f"{before} exited{at}" + (f" (`{code}`)" if code else f" (SystemExit: {exc.code})")
+        return f"{before} raised {type(exc).__name__}{at}: {_one_line(exc, 200)}"
+
+    def _loop_starts(self, global_scope: dict, local_scope: dict) -> None:
+        """Called just before the training loop: the model and optimizers in scope are what it trains."""
+        if self.reached_loop:
+            return
+        scope = {**global_scope, **local_scope}
+        optimizers = _values_of(scope, torch.optim.Optimizer)
+        optimized = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+        modules = {name: m for name, m in _named_values_of(scope, nn.Module)
+                   if any(p.requires_grad for p in m.parameters())}
+        if optimizers:
+            chosen = {name: m for name, m in modules.items() if any(id(p) in optimized for p in m.parameters())}
+        else:
+            chosen = {name: m for name, m in modules.items() if role_of(name) == "model"} or modules
+        chosen = _outermost(chosen)
+        if not chosen:
+            raise _SetupSkip(f"{self.target}: no nn.Module with trainable parameters is in scope when the training "
+                             f"loop at line {self.first_line} starts (the loop builds its model itself, or trains "
+                             "no module)")
+        model = next(iter(chosen.values())) if len(chosen) == 1 else _Models(chosen)
+        names = ", ".join(f"{name} ({type(m).__name__}, {sum(p.numel() for p in m.parameters()):,} parameters)"
+                          for name, m in chosen.items())
+        self.notes.append(f"the script's setup ran; its loop at line {self.first_line} trains {names}")
+        in_eval = [name for name, m in chosen.items() if not m.training]
+        if in_eval:
+            self.eval_before_the_loop = f"{', '.join(in_eval)} in eval mode when the loop starts"
+        # a loss reaching any tensor an optimizer holds, or any module in scope, is connected to what trains
+        module_ids = {id(p) for p in model.parameters()}
+        in_scope = {id(p) for m in modules.values() for p in m.parameters()}
+        self.begin(model, None, step_limit=self.iterations, backward_limit=3 * self.iterations,
+                   extra_parameter_ids=frozenset((optimized | in_scope) - module_ids))
+        self.reached_loop = True
+
+
+_ABSENT = object()
+
+
+def _named_values_of(scope: dict, kind: type) -> list:
+    """(name, value) of ``kind`` in ``scope``, also one level inside lists, tuples and dicts; each object once."""
+    found, seen = [], set()
+    for name, value in scope.items():
+        if name.startswith("__"):
+            continue
+        items = [(name, value)]
+        if isinstance(value, (list, tuple)):
+            items = [(f"{name}_{i}", v) for i, v in enumerate(value[:16])]
+        elif isinstance(value, dict) and not isinstance(value, nn.Module):
+            items = [(f"{name}_{k}", v) for k, v in list(value.items())[:16] if isinstance(k, str)]
+        for item_name, item in items:
+            if isinstance(item, kind) and id(item) not in seen and not isinstance(item, types.ModuleType):
+                seen.add(id(item))
+                found.append((re.sub(r"\W", "_", item_name), item))
+    return found
+
+
+def _values_of(scope: dict, kind: type) -> list:
+    return [value for _, value in _named_values_of(scope, kind)]
+
+
+def _outermost(modules: dict) -> dict:
+    """The modules that are no other one's submodule (``model`` and not ``model.head``)."""
+    inside = {id(sub) for m in modules.values() for sub in m.modules() if sub is not m}
+    return {name: m for name, m in modules.items() if id(m) not in inside}
+
+
+_NETWORK_ERRORS = ("URLError", "HTTPError", "ConnectionError", "gaierror", "Timeout", "ConnectTimeout",
+                   "NewConnectionError", "MaxRetryError", "SSLError")
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    chain, seen = exc, set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if type(chain).__name__ in _NETWORK_ERRORS or isinstance(chain, (ConnectionError,)) \
+                or "Name or service not known" in str(chain) or "Temporary failure in name resolution" in str(chain):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
+
+
+def _is_distributed_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(word in text for word in ("init_process_group", "environment variable RANK", "MASTER_ADDR",
+                                         "LOCAL_RANK", "WORLD_SIZE", "process group", "NCCL", "torchrun"))
+
+
+# ---- the script's environment ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
+    """``sys.argv`` of the script alone; ``parse_args()`` on no command line, its values shrunk; ``torch.compile``
+    the identity; data loaders without worker processes; the working folder a scratch mirror of the script's."""
+    saved_argv, saved_cwd = sys.argv, os.getcwd()
+    parse_known_args = argparse.ArgumentParser.parse_known_args
+    compile_ = torch.compile
+    loader_init = torch.utils.data.DataLoader.__init__
+    used: dict = {}
+
+    def parse_without_command_line(parser, args=None, namespace=None):
+        required = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+                    if a.required or (not a.option_strings and a.nargs not in ("?", "*"))]
+        if args is None and required:
+            raise _SetupSkip(f"needs command-line arguments ({', '.join(required[:4])}), which have no default; "
+                             "configure smoke.steps with a step function", need=True)
+        parsed, rest = parse_known_args(parser, [] if args is None else args, namespace)
+        values = vars(parsed)
+        for key, value in list(values.items()):
+            setattr(parsed, key, shrunk_setting(key, value, values, device, shrunk))
+        return parsed, rest
+
+    def identity_compile(model=None, *args, **kwargs):
+        used["compile"] = True
+        return model if model is not None else (lambda fn: fn)
+
+    def loader_in_process(self, *args, **kwargs):
+        if kwargs.get("num_workers"):
+            used["workers"] = True
+            kwargs["num_workers"] = 0
+            kwargs.pop("prefetch_factor", None)
+            kwargs.pop("persistent_workers", None)
+        return loader_init(self, *args, **kwargs)
+
+    scratch = Path(tempfile.mkdtemp(prefix="torchreview_script_"))
+    for entry in script.parent.iterdir():
+        with contextlib.suppress(OSError):
+            (scratch / entry.name).symlink_to(entry)
+    sys.argv = [str(script)]
+    argparse.ArgumentParser.parse_known_args = parse_without_command_line
+    torch.compile = identity_compile
+    torch.utils.data.DataLoader.__init__ = loader_in_process
+    os.chdir(scratch)
+    try:
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        argparse.ArgumentParser.parse_known_args = parse_known_args
+        torch.compile = compile_
+        torch.utils.data.DataLoader.__init__ = loader_init
+        shutil.rmtree(scratch, ignore_errors=True)
+        if used.get("compile"):
+            notes.append("torch.compile was the identity: the checks are about the model's code")
+        if used.get("workers"):
+            notes.append("data loaders loaded in the process (num_workers=0)")
+
+
+def script_plan(code_root: Path, target: str, path: str, name: str, module: types.ModuleType,
+                device: Any) -> ScriptPlan:
+    """The plan for ``path:__main__`` (the module-level loop) or ``path:function`` (a function that builds its own
+    model and loops)."""
+    function = None if name == SCRIPT_STEP else getattr(module, name, None)
+    if name != SCRIPT_STEP and not callable(function):
+        raise StepSkip(f"{path} defines no function '{name}'")
+    return ScriptPlan(code_root, target, path, module, function, device)
