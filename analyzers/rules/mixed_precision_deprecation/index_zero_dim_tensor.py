@@ -64,6 +64,7 @@ class IndexZeroDimData(Rule):
         import torch
         total += loss.item()
         first = outputs.data[0]
+        loss.data[0] += 1
         """,
         # indexing a batch of per-sample losses
         """
@@ -90,6 +91,28 @@ class IndexZeroDimData(Rule):
                 print(loss.item())
             """,
         ),
+        # accumulated into a running total: the read is the value of an augmented assignment
+        Invalid(
+            """
+            import torch
+            def evaluate(model, loader):
+                total = 0
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    total += loss.data[0]
+                return total
+            """,
+            line=7, message="`loss.data[0]`",
+            fixed="""
+            import torch
+            def evaluate(model, loader):
+                total = 0
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    total += loss.item()
+                return total
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -112,7 +135,10 @@ class IndexZeroDimData(Rule):
         index = node.slice[0].slice
         if not isinstance(index, cst.Index) or not isinstance(index.value, cst.Integer) or index.value.value != "0":
             return
-        if isinstance(ctx.parent(node), (cst.AssignTarget, cst.AugAssign)):
+        parent = ctx.parent(node)
+        # a store into the first element (``x.data[0] = v``, ``x.data[0] += v``) is not a read of a scalar;
+        # ``total += loss.data[0]`` reads one
+        if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.AugAssign) and parent.target is node):
             return
         why = _scalar_origin(value.value, ctx)
         if why is None or not ctx.facts(VersionFacts).admits("torch", (0, 5)):
