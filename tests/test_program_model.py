@@ -285,6 +285,74 @@ def test_classes_are_found_through_imports_and_re_exports(repo):
     assert index_for(repo / "train.py").root == repo.resolve() == repository_root(repo / "models" / "net.py")
 
 
+def test_submodule_classes_named_in_lower_case_are_resolved_through_star_imports(tmp_path):
+    # a model assembled from blocks whose class names are lower case (``conv_block``), defined in a module the
+    # model's file star-imports: what eval() changes in it is known, not taken for "nothing"
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "parts.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        class conv_block(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(c, c, 3), nn.BatchNorm2d(c), nn.ReLU())
+        def make_head(c):
+            return nn.Conv2d(c, 1, 1)
+    """))
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        from parts import *
+        class Segmenter(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = conv_block(8)
+                self.head = make_head(8)
+                self.size = int(8)
+    """))
+    index = RepositoryIndex(tmp_path)
+    segmenter = index.find_class(tmp_path / "model.py", "Segmenter")
+    assert index.features(segmenter) == {"batchnorm"}  # a helper function and a builtin add nothing
+    ctx = context("import torch.nn as nn\nnet = nn.Sequential(nn.Linear(2, 2), block(2))\n")
+    call = first(ctx, cst.Call)
+    from analyzers.program.modules import torch_layer_features
+    assert torch_layer_features(ctx, call) is None  # holds something not from torch.nn: unknown
+    ctx = context("import torch.nn as nn\nnet = nn.Sequential(nn.Linear(2, 2), nn.ReLU())\n")
+    assert torch_layer_features(ctx, first(ctx, cst.Call)) == set()
+
+
+def test_a_prediction_helper_of_a_model_built_from_lower_case_blocks_is_told_to_call_eval(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "blocks.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        class down(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.conv = nn.Sequential(nn.Conv2d(c, c, 3), nn.BatchNorm2d(c))
+    """))
+    (tmp_path / "unet.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        from blocks import *
+        class UNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.down1 = down(3)
+    """))
+    text = textwrap.dedent("""
+        import torch
+        from unet import UNet
+        def predict_mask(net, image):
+            with torch.no_grad():
+                return net(image) > 0.5
+        if __name__ == "__main__":
+            net = UNet()
+            net.load_state_dict(torch.load("unet.pth", weights_only=True))
+            predict_mask(net, torch.zeros(1, 3, 8, 8))
+    """)
+    (tmp_path / "predict.py").write_text(text)
+    rules = [r for r in all_rules() if r.id == "TR201"]
+    found = analyze_source(text, str(tmp_path / "predict.py"), rules=rules, repository=RepositoryIndex(tmp_path))
+    assert [(f.rule, f.line) for f in found.findings] == [("TR201", 6)]
+
+
 def test_summaries_are_cached_by_content(repo):
     index = RepositoryIndex(repo)
     first_summary = index.summary(repo / "models" / "net.py")

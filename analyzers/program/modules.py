@@ -75,6 +75,11 @@ class Layer:
     activation: Optional[str] = None  # the module's output is this activation (nn.Sigmoid, Sequential ending in one)
     kinds: set[str] = field(default_factory=set)  # dropout | batchnorm | recurrent | transformer | <class name>
 
+    @property
+    def classes(self) -> set[str]:
+        """The callables this layer was built with that may be project classes, to resolve through the index."""
+        return self.kinds - _FEATURES
+
 
 @dataclass
 class ClassSummary:
@@ -156,9 +161,11 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
         layer.kinds |= {"transformer", "dropout"}  # their dropout defaults to 0.1
     elif name == "Linear" and _names_vocabulary(call):
         layer.kinds.add("vocab-output")  # a language model's head: one logit per token of the vocabulary
-    elif name[:1].isupper() and name not in _ACTIVATION_MODULES and name not in _CONTAINERS and \
+    elif name not in _ACTIVATION_MODULES and name not in _CONTAINERS and name not in _FEATURES and \
             (_dotted(call.func) or "").split(".", 1)[0] not in _LIBRARY_PREFIXES:
-        layer.kinds.add(_dotted(call.func) or name)  # a project class: resolved through the index on demand
+        # maybe a project class, whatever its case (``double_conv(...)``): resolved through the index on demand,
+        # and ignored there when no class of the repository has that name (a helper function, a builtin)
+        layer.kinds.add(_dotted(call.func) or name)
     return layer
 
 
@@ -591,7 +598,7 @@ class RepositoryIndex:
             found.add("dropout")
         path = Path(cls.path)
         for layer in cls.layers.values():
-            for kind in layer.kinds - _FEATURES:
+            for kind in layer.classes:
                 sub = self.find_class(path, kind)
                 if sub is not None:
                     found |= self.features(sub, seen)
@@ -880,6 +887,6 @@ def torch_layer_features(ctx: "FileContext", call: cst.Call) -> Optional[set[str
     if not (ctx.qualified_name(call.func) or "").startswith("torch.nn."):
         return None
     layer = layer_of(ast.parse(ctx.module.code_for_node(call), mode="eval").body)
-    if layer is None or any(kind[:1].isupper() for kind in layer.kinds):
+    if layer is None or layer.classes:
         return None
     return layer.kinds
