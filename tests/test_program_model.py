@@ -353,6 +353,29 @@ def test_a_prediction_helper_of_a_model_built_from_lower_case_blocks_is_told_to_
     assert [(f.rule, f.line) for f in found.findings] == [("TR201", 6)]
 
 
+def test_names_brought_by_star_imports_of_repository_modules_resolve_to_their_library(tmp_path):
+    # ``from .utils import *`` where utils star-imports a module that does ``import numpy as np``: ``np`` is
+    # numpy in the importing file; a class the repository defines is no library name
+    (tmp_path / ".git").mkdir()
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("import numpy as np\nfrom torch.autograd import Variable\n")
+    (package / "utils.py").write_text("from .base import *\nclass Tensor:\n    pass\n")
+    text = "import torch\nfrom .utils import *\nx = np.asarray(v, dtype=np.float)\ny = Variable(t)\nz = Tensor()\nw = other()\n"
+    (package / "calc.py").write_text(text)
+    ctx = context(text, path=str(package / "calc.py"), repository=RepositoryIndex(tmp_path))
+    names = {ctx.module.code_for_node(n): ctx.qualified_name(n.func) for n in subtree(ctx.module)
+             if isinstance(n, cst.Call)}
+    assert names == {"np.asarray(v, dtype=np.float)": "numpy.asarray", "Variable(t)": "torch.autograd.Variable",
+                     "Tensor()": None, "other()": None}
+    rules = [r for r in all_rules() if r.id in ("TR817", "TR803")]
+    found = analyze_source(text, str(package / "calc.py"), rules=rules, repository=RepositoryIndex(tmp_path))
+    assert sorted((f.rule, f.line) for f in found.findings) == [("TR803", 4), ("TR817", 3)]
+    alone = analyze_source(text, str(package / "calc.py"), rules=rules)
+    assert alone.findings == []  # without the repository nothing says what the names are
+
+
 def test_summaries_are_cached_by_content(repo):
     index = RepositoryIndex(repo)
     first_summary = index.summary(repo / "models" / "net.py")

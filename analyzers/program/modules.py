@@ -545,6 +545,34 @@ class RepositoryIndex:
                     return found
         return None
 
+    def star_imported(self, importer: Path, name: str, source: Optional[str] = None,
+                      depth: int = 0) -> Optional[str]:
+        """The qualified name ``name`` has in ``importer`` when it comes from a ``from m import *`` of a
+        repository module that imports it from a library (``import numpy as np`` in ``m``): ``numpy``. None
+        when no star import brings it, or one brings a name the repository defines itself."""
+        if depth > 4:
+            return None
+        summary = self.summary(importer, source)
+        if summary is None:
+            return None
+        for module, level in reversed(summary.star_imports):  # a later star import shadows an earlier one
+            for path in self._module_files(module, level, importer):
+                other = self.summary(path)
+                if other is None:
+                    continue
+                if name in other.classes:
+                    return None
+                imported = other.imports.get(name)
+                if imported is not None:
+                    origin, imported_name, origin_level = imported
+                    if origin_level:
+                        return None  # a name of the repository itself
+                    return origin if imported_name is None else f"{origin}.{imported_name}"
+                found = self.star_imported(path, name, depth=depth + 1)
+                if found is not None:
+                    return found
+        return None
+
     def saved_beside(self, path: Path) -> set[str]:
         """File names the other scripts of ``path``'s folder give literally to ``torch.save``."""
         names: set[str] = set()
@@ -651,6 +679,14 @@ class ModuleFacts:
         if self._local is None:
             self._local = summarize(self.ctx.source, self.ctx.path)
         return self._local
+
+    def star_imported(self, name: str) -> Optional[str]:
+        """What a name this file neither defines nor imports means through its star imports (see
+        :meth:`RepositoryIndex.star_imported`); None without a repository."""
+        index = self.ctx.repository
+        if index is None or not self._summary().star_imports:
+            return None
+        return index.star_imported(file_in_repository(self.ctx), name, self.ctx.source)
 
     def find_class(self, name: str) -> Optional[ClassSummary]:
         index = self.ctx.repository
