@@ -11,7 +11,7 @@ from analyzers.program.library import Does, does, method_does, method_returns_sa
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.builds import built_module
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
-from analyzers.program.roles import is_test_code
+from analyzers.program.roles import collects_tests, is_test_code
 from analyzers.rules.base import Rule
 
 
@@ -82,7 +82,7 @@ class ValLoop:
 
 class ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain", "origin_func")
+                 "eval_chain", "origin_func", "after_eval")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -125,9 +125,11 @@ class Facts:
         direct_cls = cls if cls is not None and ctx.parent(ctx.parent(node) or node) is cls else None
         state = FnState(node, node.name.value, direct_cls)
         name = node.name.value
-        state.eval_named = names_evaluation_function(name)
+        # ``def test_net(net, image)`` is pytest's only in a file pytest collects; elsewhere it runs a model to test it
+        pytest_test = name.startswith("test_") and collects_tests(ctx)
+        state.eval_named = names_evaluation_function(name) or (name.startswith("test_") and not pytest_test)
         decorators = ctx.decorators_of(node)
-        state.skip = name.startswith("test_") or any("fixture" in d or "pytest" in d for d in decorators)
+        state.skip = pytest_test or any("fixture" in d or "pytest" in d for d in decorators)
         if direct_cls is not None and self._framework_class(direct_cls, ctx):
             state.skip = True
         state.nograd_dec = any(d in NO_GRAD_CONTEXTS for d in decorators)
@@ -297,7 +299,10 @@ class Facts:
         return any(s.eval_named for s in self.stack)
 
     def _maybe_model_call(self, node: cst.Call, ctx: FileContext) -> None:
-        if not self._in_path() or self.test_file:
+        in_path = self._in_path()
+        # a model put in eval mode in this scope is run for inference there, whatever the names say (``demo()``,
+        # a loop over ``dataloader``), unless that scope also trains (path_of checks the backward)
+        if not (in_path or self.evaled_any()) or self.test_file:
             return
         if any(s.skip for s in self.stack):
             return
@@ -338,12 +343,14 @@ class Facts:
         if origin_name:
             aliases.add(origin_name)
         eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
+        if not in_path and not eval_local:
+            return
         self.model_calls.append(ModelCall(
             node=node, model=model, aliases=aliases, stack=tuple(self.stack),
             loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,
             eval_local=eval_local, nograd_local=self.nograd_now(), cls=cls,
             is_global=head != "self" and not bound_locally(head, ctx), eval_chain=eval_chain,
-            origin_func=origin_func(origin),
+            origin_func=origin_func(origin), after_eval=not in_path,
         ))
 
     # ---- decisions -------------------------------------------------------------------------
@@ -354,6 +361,10 @@ class Facts:
         for state in reversed(call.stack):
             if state.eval_named and not state.has_backward:
                 return f"`{state.name}()`"
+        if call.after_eval and not any(state.has_backward for state in call.stack):
+            scope = call.stack[-1]
+            where = "the module's code" if scope.node is None else f"`{scope.name}()`"
+            return f"{where} after `{call.model}.eval()`"
         return None
 
     def covered_by_callers(self, state: FnState, kind: str, visiting: Optional[set] = None) -> bool:

@@ -55,6 +55,11 @@ class MissingNoGrad(_InferencePathRule):
         "import torch\ndef infer_with_grad(model, x):\n    model.eval()\n    with torch.enable_grad():\n        return model(x)\n",
         Valid("import torch\nimport pytorch_lightning as pl\nclass Lit(pl.LightningModule):\n    def test_step(self, batch, i):\n"
               "        return self.net(batch)\n"),
+        # eval() for a forward inside a function that also trains: not an inference path
+        "import torch\ndef fit(model, loader, opt):\n    model.eval()\n    for x, y in loader:\n"
+        "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
+        # a pytest test in a file pytest collects
+        "import torch\nimport pytest\ndef test_forward(model, batch):\n    for x in batch:\n        assert model(x).shape\n",
     ]
     INVALID = [
         Invalid("import torch\ndef evaluate(model, loader):\n    model.eval()\n    for x, y in loader:\n"
@@ -66,6 +71,15 @@ class MissingNoGrad(_InferencePathRule):
         # enable_grad elsewhere in the file does not count; the call site here is not under no_grad
         Invalid("import torch\ndef evaluate(net, loader):\n    net.eval()\n    return [net(x) for x in loader]\n"
                 "def main(net, loader):\n    print(evaluate(net, loader))\n", line=4),
+        # eval() says the model runs for inference, whatever the function and the loader are called
+        Invalid("import torch\ndef demo(model, loader):\n    model.eval()\n    for images, paths in loader:\n"
+                "        print(paths, model(images).argmax(1))\n", line=5, message="after `model.eval()`"),
+        Invalid("import torch\nmodel = Detector()\nmodel.eval()\nfor paths, images in dataloader:\n"
+                "    boxes = model(images)\n", line=5, message="the module's code after `model.eval()`"),
+        # test_net in a script pytest never collects: it runs the model to test it, not a pytest test
+        Invalid("import torch\ndef test_net(net, image):\n    return net(image.unsqueeze(0))\n"
+                "if __name__ == '__main__':\n    net = Detector()\n    net.eval()\n    test_net(net, load_image())\n",
+                line=3, message="test_net"),
     ]
 
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
