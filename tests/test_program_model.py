@@ -509,3 +509,22 @@ def test_pin_file_listing_is_kept_until_the_folder_changes(tmp_path):
     assert len(versions._pin_files(tmp_path)) == 2
     (tmp_path / "requirements" / "gpu.txt").write_text("torch==2.1\n")  # only the subfolder changes
     assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt", "dev.txt", "gpu.txt"]
+
+
+def test_an_explicit_forward_is_the_call_of_its_object():
+    from analyzers.program.graphs import is_criterion_call
+    from analyzers.program.values import called_object
+
+    ctx = context("""
+        import torch.nn as nn
+        loss = nn.MSELoss()
+        a = loss.forward(fx, y)
+        b = net.forward(x)
+        c = criterion(fx, y)
+    """)
+    calls = {ctx.module.code_for_node(n): n for n in subtree(ctx.module)
+             if isinstance(n, cst.Call) and not ctx.module.code_for_node(n).startswith("nn.")}
+    assert {text: is_criterion_call(call, ctx) for text, call in calls.items()} == {
+        "loss.forward(fx, y)": True, "net.forward(x)": False, "criterion(fx, y)": True}
+    assert ctx.module.code_for_node(called_object(calls["net.forward(x)"].func)) == "net"
+    assert called_object(calls["criterion(fx, y)"].func) is calls["criterion(fx, y)"].func
