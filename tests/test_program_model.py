@@ -528,3 +528,17 @@ def test_an_explicit_forward_is_the_call_of_its_object():
         "loss.forward(fx, y)": True, "net.forward(x)": False, "criterion(fx, y)": True}
     assert ctx.module.code_for_node(called_object(calls["net.forward(x)"].func)) == "net"
     assert called_object(calls["criterion(fx, y)"].func) is calls["criterion(fx, y)"].func
+
+
+def test_a_no_grad_context_entered_by_hand_turns_autograd_off():
+    from analyzers.program.state import enters_grad_off
+
+    ctx = context("""
+        import torch
+        torch.no_grad().__enter__()
+        torch.enable_grad().__enter__()
+        ctx = torch.inference_mode().__enter__()
+        open(path).__enter__()
+    """)
+    calls = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.module.code_for_node(n).endswith("__enter__()")]
+    assert [enters_grad_off(call, ctx) for call in calls] == [True, False, False, False]

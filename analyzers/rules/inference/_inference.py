@@ -12,6 +12,7 @@ from analyzers.program.modules import ModuleFacts
 from analyzers.program.builds import built_module
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
 from analyzers.program.roles import collects_tests, is_test_code
+from analyzers.program.state import enters_grad_off
 from analyzers.rules.base import Rule
 
 
@@ -241,6 +242,9 @@ class Facts:
                 return
             if attr in ("requires_grad_", "enable_grad", "grad", "set_grad_enabled"):
                 self._grad_call(node, attr, ctx, state)
+                return
+            if attr == "__enter__" and enters_grad_off(node, ctx):
+                state.grad_off = True
                 return
         elif isinstance(func, cst.Name):
             if func.value in ("enable_grad", "grad", "set_grad_enabled"):

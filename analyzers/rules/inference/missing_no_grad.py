@@ -58,6 +58,9 @@ class MissingNoGrad(_InferencePathRule):
         # eval() for a forward inside a function that also trains: not an inference path
         "import torch\ndef fit(model, loader, opt):\n    model.eval()\n    for x, y in loader:\n"
         "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
+        # a no-grad context entered by hand for the rest of the function
+        "import torch\ndef evaluate(model, test_set):\n    model.eval()\n    torch.no_grad().__enter__()\n"
+        "    for x in test_set:\n        model(x)\n",
         # a pytest test in a file pytest collects
         "import torch\nimport pytest\ndef test_forward(model, batch):\n    for x in batch:\n        assert model(x).shape\n",
     ]
