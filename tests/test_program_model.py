@@ -542,3 +542,42 @@ def test_a_no_grad_context_entered_by_hand_turns_autograd_off():
     """)
     calls = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.module.code_for_node(n).endswith("__enter__()")]
     assert [enters_grad_off(call, ctx) for call in calls] == [True, False, False, False]
+
+
+def test_a_function_of_another_file_that_leaves_its_argument_in_eval_mode(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "evaluation.py").write_text(textwrap.dedent("""
+        import torch
+        def eval_net(net, loader):
+            net.eval()
+            with torch.no_grad():
+                return sum(float(net(x).mean()) for x in loader)
+        def eval_restoring(net, loader):
+            was_training = net.training
+            net.eval()
+            score = sum(float(net(x).mean()) for x in loader)
+            net.train(was_training)
+            return score
+        def eval_copy(net, loader):
+            other = make_copy(net)
+            other.eval()
+    """))
+    summary = summarize((tmp_path / "evaluation.py").read_text(), "evaluation.py")
+    assert summary.eval_helpers == {"eval_net": (["net", "loader"], ["net"])}
+    text = textwrap.dedent("""
+        import torch
+        from evaluation import eval_net, eval_restoring
+        def train_net(net, train_loader, val_loader, optimizer):
+            for epoch in range(10):
+                for x, y in train_loader:
+                    loss = torch.nn.functional.mse_loss(net(x), y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                eval_restoring(net, val_loader)
+                print(eval_net(net, val_loader))
+    """)
+    (tmp_path / "train.py").write_text(text)
+    rules = [r for r in all_rules() if r.id == "TR108"]
+    found = analyze_source(text, str(tmp_path / "train.py"), rules=rules, repository=RepositoryIndex(tmp_path))
+    assert [(f.rule, f.line) for f in found.findings] == [("TR108", 12)]

@@ -111,6 +111,8 @@ class FileSummary:
     # what its checkpoints hold that weights_only=True refuses (a whole module, a Namespace, NumPy arrays)
     refused_payloads: set[Payload] = field(default_factory=set)
     reads_data: bool = False  # reads a data set (files, a dataset library, a download): see READS_DATA
+    # functions that leave a module they are given in eval mode: name -> (parameters, the eval()'d parameters)
+    eval_helpers: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -290,6 +292,10 @@ def summarize(source: str, path: str) -> FileSummary:
                 summary.module_layers[node.targets[0].id] = layer
         elif isinstance(node, ast.ClassDef):
             summary.classes[node.name] = _summarize_class(node, path)
+        elif isinstance(node, ast.FunctionDef):
+            left = _leaves_in_eval(node)
+            if left:
+                summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _dotted(node.func) in ("torch.save", "save") and len(node.args) > 1:
             for part in ast.walk(node.args[1]):
@@ -301,6 +307,27 @@ def summarize(source: str, path: str) -> FileSummary:
         if name in summary.module_layers:
             summary.module_layers[name].activation = (layer_of(extra[-1]) or Layer()).activation
     return summary
+
+
+def _leaves_in_eval(fn: ast.FunctionDef) -> list[str]:
+    """The parameters (or their attributes: ``model.encoder``) ``fn`` puts in eval mode (``.eval()``,
+    ``.train(False)``) without switching them back: no other ``.train(...)`` call on them in ``fn``."""
+    params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+    evaluated: list[str] = []
+    restored: set[str] = set()
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        target = _dotted(node.func.value)
+        if target is None or target.split(".", 1)[0] not in params:
+            continue
+        mode = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if node.func.attr == "eval" and not node.args and not node.keywords or (
+                node.func.attr == "train" and isinstance(mode, ast.Constant) and mode.value is False):
+            evaluated.append(target)
+        elif node.func.attr == "train":
+            restored.add(target.split(".", 1)[0])  # train(), train(True), train(was_training)
+    return [t for t in dict.fromkeys(evaluated) if t.split(".", 1)[0] not in restored]
 
 
 def _refused_payloads(tree: ast.AST) -> set[Payload]:
@@ -509,14 +536,25 @@ class RepositoryIndex:
     def find_class(self, importer: Path, local_name: str, source: Optional[str] = None,
                    depth: int = 0) -> Optional[ClassSummary]:
         """The class ``local_name`` means in ``importer``: defined there, imported, or re-exported."""
+        return self._find_defined(importer, local_name, lambda summary: summary.classes, source, depth)
+
+    def find_eval_helper(self, importer: Path, local_name: str,
+                         source: Optional[str] = None) -> Optional[tuple[list[str], list[str]]]:
+        """(parameters, parameters left in eval mode) of the function ``local_name`` means in ``importer``, when
+        it leaves a module it is given in eval mode."""
+        return self._find_defined(importer, local_name, lambda summary: summary.eval_helpers, source, 0)
+
+    def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
+        """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
+        re-exported."""
         if depth > 4:
             return None
         summary = self.summary(importer, source)
         if summary is None:
             return None
         head, _, rest = local_name.partition(".")
-        if not rest and head in summary.classes:
-            return summary.classes[head]
+        if not rest and head in defined(summary):
+            return defined(summary)[head]
         imported = summary.imports.get(head)
         if imported is not None:
             module, name, level = imported
@@ -529,18 +567,18 @@ class RepositoryIndex:
             if not target_name:
                 return None
             for path in self._module_files(target_module, level, importer):
-                found = self.find_class(path, target_name, depth=depth + 1)
+                found = self._find_defined(path, target_name, defined, None, depth + 1)
                 if found is not None:
                     return found
             if name is not None and not rest:  # from pkg import Net, where pkg/Net.py... or a submodule
                 for path in self._module_files(f"{module}.{name}" if module else name, level, importer):
-                    found = self.find_class(path, name, depth=depth + 1)
+                    found = self._find_defined(path, name, defined, None, depth + 1)
                     if found is not None:
                         return found
             return None
         for module, level in summary.star_imports:
             for path in self._module_files(module, level, importer):
-                found = self.find_class(path, local_name, depth=depth + 1)
+                found = self._find_defined(path, local_name, defined, None, depth + 1)
                 if found is not None:
                     return found
         return None
@@ -679,6 +717,14 @@ class ModuleFacts:
         if self._local is None:
             self._local = summarize(self.ctx.source, self.ctx.path)
         return self._local
+
+    def eval_helper(self, name: str) -> Optional[tuple[list[str], list[str]]]:
+        """(parameters, parameters left in eval mode) of a function this file imports from the repository that
+        puts a module it is given in eval mode and never back; None otherwise, or without a repository."""
+        index = self.ctx.repository
+        if index is None:
+            return None
+        return index.find_eval_helper(file_in_repository(self.ctx), name, self.ctx.source)
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see
