@@ -535,3 +535,14 @@ def in_lightning_module(ctx: "FileContext") -> bool:
         if any(last_segment(base) == "LightningModule" for base in ctx.class_bases(cls)):
             return True
     return False
+
+
+def main_block(ctx: "FileContext", node: cst.CSTNode) -> Optional[cst.If]:
+    """The module-level ``if __name__ == "__main__":`` block ``node`` runs in (the script's entry point), if any."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None
+        if isinstance(ancestor, cst.If) and isinstance(ctx.parent(ancestor), cst.Module) and \
+                isinstance(ancestor.test, cst.Comparison) and dotted_name(ancestor.test.left) == "__name__":
+            return ancestor
+    return None

@@ -11,7 +11,7 @@ from analyzers.program.library import Does, does, method_does, method_returns_sa
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.builds import built_module
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
-from analyzers.program.roles import collects_tests, is_test_code
+from analyzers.program.roles import collects_tests, is_test_code, main_block
 from analyzers.program.state import enters_grad_off
 from analyzers.rules.base import Rule
 
@@ -422,12 +422,14 @@ def shape_check(call: cst.Call, target: cst.BaseExpression, ctx: FileContext) ->
     in this very function, no weights loaded, run once (no loop) on a random or constant tensor. That checks
     shapes; there are no results whose mode could matter, nor a graph worth freeing."""
     fn = ctx.function_def
-    if fn is None or not isinstance(target, cst.Name) or ctx.loops_in_function() or not call.args:
+    # a function, or a script's ``if __name__ == "__main__":`` block (a module's self-check)
+    scope = fn if fn is not None else main_block(ctx, call)
+    if scope is None or not isinstance(target, cst.Name) or ctx.loops_in_function() or not call.args:
         return False
     binding = ctx.scopes[-1].bindings.get(target.value) if ctx.scopes else None
     if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Call):
         return False
-    for node in subtree(fn.body):
+    for node in subtree(scope.body):
         if isinstance(node, cst.Call) and "load" in (method_name(node) or "").lower():
             return False  # weights come in: this may be a real evaluation
     value = call.args[0].value

@@ -58,6 +58,9 @@ class MissingNoGrad(_InferencePathRule):
         # eval() for a forward inside a function that also trains: not an inference path
         "import torch\ndef fit(model, loader, opt):\n    model.eval()\n    for x, y in loader:\n"
         "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
+        # a module's self-check on a random input, after eval()
+        "import torch\nif __name__ == '__main__':\n    net = Separator(n_src=2)\n    x = torch.rand(2, 3200)\n"
+        "    print(net(x).shape)\n    net.eval()\n    print(net(x).shape)\n",
         # a no-grad context entered by hand for the rest of the function
         "import torch\ndef evaluate(model, test_set):\n    model.eval()\n    torch.no_grad().__enter__()\n"
         "    for x in test_set:\n        model(x)\n",
