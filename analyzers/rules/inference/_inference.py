@@ -347,8 +347,8 @@ class Facts:
         if origin_name:
             aliases.add(origin_name)
         eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
-        if not in_path and not eval_local:
-            return
+        if not in_path and (not eval_local or (not ctx.loops_in_function() and synthetic_input(node, ctx))):
+            return  # one forward on a random tensor after eval() measures the model (FLOPs, shapes)
         self.model_calls.append(ModelCall(
             node=node, model=model, aliases=aliases, stack=tuple(self.stack),
             loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,
@@ -432,9 +432,21 @@ def shape_check(call: cst.Call, target: cst.BaseExpression, ctx: FileContext) ->
     for node in subtree(scope.body):
         if isinstance(node, cst.Call) and "load" in (method_name(node) or "").lower():
             return False  # weights come in: this may be a real evaluation
+    return synthetic_input(call, ctx)
+
+
+def synthetic_input(call: cst.Call, ctx: FileContext) -> bool:
+    """The call's first argument is a random or constant tensor (``torch.rand(...)``, or a name bound to one)."""
+    if not call.args:
+        return False
     value = call.args[0].value
     if isinstance(value, cst.Name):
         bound = ctx.scopes[-1].bindings.get(value.value)
+        # ``x = x.cuda()`` / ``x = x.to(device)``: the same numbers elsewhere (the methods a module shares)
+        while bound is not None and isinstance(bound.value, cst.Call) and isinstance(bound.value.func, cst.Attribute) \
+                and method_returns_same_module(bound.value.func.attr.value) and \
+                dotted_name(bound.value.func.value) == value.value:
+            bound = bound.previous
         value = bound.value if bound is not None and bound.kind == "assign" else None
     return isinstance(value, cst.Call) and ctx.call_name(value) in SYNTHETIC
 
