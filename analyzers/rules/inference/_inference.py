@@ -304,8 +304,8 @@ class Facts:
 
     def _maybe_model_call(self, node: cst.Call, ctx: FileContext) -> None:
         in_path = self._in_path()
-        # a model put in eval mode in this scope is run for inference there, whatever the names say (``demo()``,
-        # a loop over ``dataloader``), unless that scope also trains (path_of checks the backward)
+        # a model put in eval mode in this scope and run in a loop there runs for inference, whatever the names
+        # say (``demo()``, a loop over ``dataloader``), unless that scope also trains (path_of checks the backward)
         if not (in_path or self.evaled_any()) or self.test_file:
             return
         if any(s.skip for s in self.stack):
@@ -347,8 +347,10 @@ class Facts:
         if origin_name:
             aliases.add(origin_name)
         eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
-        if not in_path and (not eval_local or (not ctx.loops_in_function() and synthetic_input(node, ctx))):
-            return  # one forward on a random tensor after eval() measures the model (FLOPs, shapes)
+        if not in_path and (not eval_local or not ctx.loops_in_function()):
+            # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
+            # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)
+            return
         self.model_calls.append(ModelCall(
             node=node, model=model, aliases=aliases, stack=tuple(self.stack),
             loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,

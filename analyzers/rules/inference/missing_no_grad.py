@@ -61,7 +61,9 @@ class MissingNoGrad(_InferencePathRule):
         # a module's self-check on a random input, after eval()
         "import torch\nif __name__ == '__main__':\n    net = Separator(n_src=2)\n    x = torch.rand(2, 3200)\n"
         "    print(net(x).shape)\n    net.eval()\n    print(net(x).shape)\n",
-        # one forward on a random tensor after eval(), to count the model's operations
+        # one forward after eval(): to count the model's operations, or to compare it with a converted copy
+        "import torch\ndef convert(original, new_model, batch):\n    original.eval()\n    new_model.eval()\n"
+        "    assert torch.allclose(original(batch), new_model(batch))\n",
         "import torch\ndef count_flops(model, size):\n    model.eval()\n    x = torch.rand(size)\n    if cuda:\n"
         "        x = x.cuda()\n    model(x)\n",
         # a no-grad context entered by hand for the rest of the function
