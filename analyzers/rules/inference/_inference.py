@@ -126,8 +126,9 @@ class Facts:
         direct_cls = cls if cls is not None and ctx.parent(ctx.parent(node) or node) is cls else None
         state = FnState(node, node.name.value, direct_cls)
         name = node.name.value
-        # ``def test_net(net, image)`` is pytest's only in a file pytest collects; elsewhere it runs a model to test it
-        pytest_test = name.startswith("test_") and collects_tests(ctx)
+        # ``def test_net(net, image)`` is a test when pytest collects it or it asserts; else it runs a model to test it
+        pytest_test = name.startswith("test_") and (collects_tests(ctx) or any(
+            isinstance(inner, cst.Assert) for inner in subtree(node.body)))
         state.eval_named = names_evaluation_function(name) or (name.startswith("test_") and not pytest_test)
         decorators = ctx.decorators_of(node)
         state.skip = pytest_test or any("fixture" in d or "pytest" in d for d in decorators)
@@ -367,7 +368,8 @@ class Facts:
         for state in reversed(call.stack):
             if state.eval_named and not state.has_backward:
                 return f"`{state.name}()`"
-        if call.after_eval and not any(state.has_backward for state in call.stack):
+        if call.after_eval and not any(state.has_backward for state in call.stack) and \
+                not any(covers(t, a) for t in self.trained for a in call.aliases):  # train() again: it trains too
             scope = call.stack[-1]
             where = "the module's code" if scope.node is None else f"`{scope.name}()`"
             return f"{where} after `{call.model}.eval()`"

@@ -69,6 +69,12 @@ class MissingNoGrad(_InferencePathRule):
         # a no-grad context entered by hand for the rest of the function
         "import torch\ndef evaluate(model, test_set):\n    model.eval()\n    torch.no_grad().__enter__()\n"
         "    for x in test_set:\n        model(x)\n",
+        # eval() for a warm-up before the model is trained again in this file
+        "import torch\ndef run(model, x, n):\n    model.eval()\n    for _ in range(n):\n        model(x)\n"
+        "    model.train()\n    for _ in range(n):\n        train_step(model, x)\n",
+        # a test that asserts, in a file named outside pytest's defaults
+        "import torch\ndef test_cached_matches_uncached(model, x):\n    model.eval()\n"
+        "    assert torch.allclose(model(x), model(x, use_cache=False))\n",
         # a pytest test in a file pytest collects
         "import torch\nimport pytest\ndef test_forward(model, batch):\n    for x in batch:\n        assert model(x).shape\n",
     ]
