@@ -273,6 +273,7 @@ class ImportTable:
         self.names: dict[str, str] = {}
         self.modules: set[str] = set()  # every module imported from, fully qualified
         self.star_modules: set[str] = set()
+        self.has_star = False  # any ``from m import *``, a relative one included
 
     def add(self, node: Union[cst.Import, cst.ImportFrom]) -> None:
         if isinstance(node, cst.Import):
@@ -287,6 +288,8 @@ class ImportTable:
                     head = full.split(".", 1)[0]
                     self.names[head] = head
             return
+        if isinstance(node.names, cst.ImportStar):
+            self.has_star = True
         if node.relative:
             return  # project-local modules: never torch/sklearn
         module = dotted_name(node.module) if node.module is not None else None
@@ -355,6 +358,7 @@ class FileContext:
         self.module = module
         self.imports = ImportTable()
         _collect_module_imports(module, self.imports)
+        self._star_names: dict[str, Optional[str]] = {}
         self.parents: dict[int, cst.CSTNode] = {}  # id(node) -> parent: libcst hashes nodes in Python, ids hash in C
         # Enclosing structure, innermost last. Maintained by the engine's walker.
         self.functions: list[FunctionNode] = []
@@ -411,7 +415,18 @@ class FileContext:
             target = self.imports.resolve(dotted_name(binding.value) or "")
             if target is not None:
                 return f"{target}.{rest}" if rest else target
+        if binding is None and self.imports.has_star and self.repository is not None:
+            target = self._star_imported(head)  # ``from .utils import *`` where utils does ``import numpy as np``
+            if target is not None:
+                return f"{target}.{rest}" if rest else target
         return None
+
+    def _star_imported(self, name: str) -> Optional[str]:
+        if name not in self._star_names:
+            from analyzers.program.modules import ModuleFacts  # the program model imports this module
+
+            self._star_names[name] = self.facts(ModuleFacts).star_imported(name)
+        return self._star_names[name]
 
     def names_changed(self) -> None:
         """Scopes, bindings or imports changed: forget the last answer of ``qualified_name``."""

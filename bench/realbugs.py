@@ -133,8 +133,9 @@ def replay(git_dir: Path, base: str, head: str, work: Path) -> list:
         return []
     tree = work / "tree"
     write_tree(git_dir, head, tree, keep=lambda path: path.endswith(_KEPT))
-    # a throw-away repository whose HEAD holds the base side of the changed files: keep_introduced reads the
-    # base through `git show HEAD:path`, as `torchreview check --diff HEAD` does in a user's checkout
+    # a throw-away repository whose HEAD holds the base side of the changed files beside the rest of the tree:
+    # keep_introduced reads the base through `git show HEAD:path` and analyzes it in the tree at HEAD (the
+    # files it imports, star imports included), as `torchreview check --diff HEAD` does in a user's checkout
     heads = {path: (tree / path).read_bytes() for path in changed if (tree / path).is_file()}
     _git(["init", "-q"], cwd=tree)
     for path in changed:
@@ -146,7 +147,7 @@ def replay(git_dir: Path, base: str, head: str, work: Path) -> list:
             continue
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_bytes(base_text)
-        _git(["add", "--", path], cwd=tree)
+    _git(["add", "-A", "-f", "."], cwd=tree)
     _git(["commit", "-q", "--allow-empty", "-m", "base"], cwd=tree)
     for path, text in heads.items():
         (tree / path).write_bytes(text)

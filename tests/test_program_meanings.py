@@ -152,6 +152,8 @@ def test_table_answers_the_rules_questions():
     assert not library.is_ddp("torch.nn.DataParallel") and library.is_data_parallel("torch.nn.DataParallel")
     assert library.does("torch.utils.data.distributed.DistributedSampler", Does.SHARDS_DATA)
     assert library.method_does("from_pretrained", Does.RETURNS_EVAL_MODEL)
+    assert library.method_does("named_parameters", Does.RETURNS_ITERATOR)  # a generator: next(it), never it.next()
+    assert not library.method_does("state_dict", Does.RETURNS_ITERATOR)
     assert library.does("torch.save", Does.WRITES_TORCH_CHECKPOINT)
     assert library.is_library("collections.OrderedDict") and library.is_library("timm.create_model")
     assert not library.is_library("models.resnet.ResNet")

@@ -285,6 +285,97 @@ def test_classes_are_found_through_imports_and_re_exports(repo):
     assert index_for(repo / "train.py").root == repo.resolve() == repository_root(repo / "models" / "net.py")
 
 
+def test_submodule_classes_named_in_lower_case_are_resolved_through_star_imports(tmp_path):
+    # a model assembled from blocks whose class names are lower case (``conv_block``), defined in a module the
+    # model's file star-imports: what eval() changes in it is known, not taken for "nothing"
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "parts.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        class conv_block(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(c, c, 3), nn.BatchNorm2d(c), nn.ReLU())
+        def make_head(c):
+            return nn.Conv2d(c, 1, 1)
+    """))
+    (tmp_path / "model.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        from parts import *
+        class Segmenter(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = conv_block(8)
+                self.head = make_head(8)
+                self.size = int(8)
+    """))
+    index = RepositoryIndex(tmp_path)
+    segmenter = index.find_class(tmp_path / "model.py", "Segmenter")
+    assert index.features(segmenter) == {"batchnorm"}  # a helper function and a builtin add nothing
+    ctx = context("import torch.nn as nn\nnet = nn.Sequential(nn.Linear(2, 2), block(2))\n")
+    call = first(ctx, cst.Call)
+    from analyzers.program.modules import torch_layer_features
+    assert torch_layer_features(ctx, call) is None  # holds something not from torch.nn: unknown
+    ctx = context("import torch.nn as nn\nnet = nn.Sequential(nn.Linear(2, 2), nn.ReLU())\n")
+    assert torch_layer_features(ctx, first(ctx, cst.Call)) == set()
+
+
+def test_a_prediction_helper_of_a_model_built_from_lower_case_blocks_is_told_to_call_eval(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "blocks.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        class down(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.conv = nn.Sequential(nn.Conv2d(c, c, 3), nn.BatchNorm2d(c))
+    """))
+    (tmp_path / "unet.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        from blocks import *
+        class UNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.down1 = down(3)
+    """))
+    text = textwrap.dedent("""
+        import torch
+        from unet import UNet
+        def predict_mask(net, image):
+            with torch.no_grad():
+                return net(image) > 0.5
+        if __name__ == "__main__":
+            net = UNet()
+            net.load_state_dict(torch.load("unet.pth", weights_only=True))
+            predict_mask(net, torch.zeros(1, 3, 8, 8))
+    """)
+    (tmp_path / "predict.py").write_text(text)
+    rules = [r for r in all_rules() if r.id == "TR201"]
+    found = analyze_source(text, str(tmp_path / "predict.py"), rules=rules, repository=RepositoryIndex(tmp_path))
+    assert [(f.rule, f.line) for f in found.findings] == [("TR201", 6)]
+
+
+def test_names_brought_by_star_imports_of_repository_modules_resolve_to_their_library(tmp_path):
+    # ``from .utils import *`` where utils star-imports a module that does ``import numpy as np``: ``np`` is
+    # numpy in the importing file; a class the repository defines is no library name
+    (tmp_path / ".git").mkdir()
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("import numpy as np\nfrom torch.autograd import Variable\n")
+    (package / "utils.py").write_text("from .base import *\nclass Tensor:\n    pass\n")
+    text = "import torch\nfrom .utils import *\nx = np.asarray(v, dtype=np.float)\ny = Variable(t)\nz = Tensor()\nw = other()\n"
+    (package / "calc.py").write_text(text)
+    ctx = context(text, path=str(package / "calc.py"), repository=RepositoryIndex(tmp_path))
+    names = {ctx.module.code_for_node(n): ctx.qualified_name(n.func) for n in subtree(ctx.module)
+             if isinstance(n, cst.Call)}
+    assert names == {"np.asarray(v, dtype=np.float)": "numpy.asarray", "Variable(t)": "torch.autograd.Variable",
+                     "Tensor()": None, "other()": None}
+    rules = [r for r in all_rules() if r.id in ("TR817", "TR803")]
+    found = analyze_source(text, str(package / "calc.py"), rules=rules, repository=RepositoryIndex(tmp_path))
+    assert sorted((f.rule, f.line) for f in found.findings) == [("TR803", 4), ("TR817", 3)]
+    alone = analyze_source(text, str(package / "calc.py"), rules=rules)
+    assert alone.findings == []  # without the repository nothing says what the names are
+
+
 def test_summaries_are_cached_by_content(repo):
     index = RepositoryIndex(repo)
     first_summary = index.summary(repo / "models" / "net.py")
@@ -418,3 +509,75 @@ def test_pin_file_listing_is_kept_until_the_folder_changes(tmp_path):
     assert len(versions._pin_files(tmp_path)) == 2
     (tmp_path / "requirements" / "gpu.txt").write_text("torch==2.1\n")  # only the subfolder changes
     assert [p.name for p in versions._pin_files(tmp_path)] == ["requirements.txt", "dev.txt", "gpu.txt"]
+
+
+def test_an_explicit_forward_is_the_call_of_its_object():
+    from analyzers.program.graphs import is_criterion_call
+    from analyzers.program.values import called_object
+
+    ctx = context("""
+        import torch.nn as nn
+        loss = nn.MSELoss()
+        a = loss.forward(fx, y)
+        b = net.forward(x)
+        c = criterion(fx, y)
+    """)
+    calls = {ctx.module.code_for_node(n): n for n in subtree(ctx.module)
+             if isinstance(n, cst.Call) and not ctx.module.code_for_node(n).startswith("nn.")}
+    assert {text: is_criterion_call(call, ctx) for text, call in calls.items()} == {
+        "loss.forward(fx, y)": True, "net.forward(x)": False, "criterion(fx, y)": True}
+    assert ctx.module.code_for_node(called_object(calls["net.forward(x)"].func)) == "net"
+    assert called_object(calls["criterion(fx, y)"].func) is calls["criterion(fx, y)"].func
+
+
+def test_a_no_grad_context_entered_by_hand_turns_autograd_off():
+    from analyzers.program.state import enters_grad_off
+
+    ctx = context("""
+        import torch
+        torch.no_grad().__enter__()
+        torch.enable_grad().__enter__()
+        ctx = torch.inference_mode().__enter__()
+        open(path).__enter__()
+    """)
+    calls = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.module.code_for_node(n).endswith("__enter__()")]
+    assert [enters_grad_off(call, ctx) for call in calls] == [True, False, False, False]
+
+
+def test_a_function_of_another_file_that_leaves_its_argument_in_eval_mode(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "evaluation.py").write_text(textwrap.dedent("""
+        import torch
+        def eval_net(net, loader):
+            net.eval()
+            with torch.no_grad():
+                return sum(float(net(x).mean()) for x in loader)
+        def eval_restoring(net, loader):
+            was_training = net.training
+            net.eval()
+            score = sum(float(net(x).mean()) for x in loader)
+            net.train(was_training)
+            return score
+        def eval_copy(net, loader):
+            other = make_copy(net)
+            other.eval()
+    """))
+    summary = summarize((tmp_path / "evaluation.py").read_text(), "evaluation.py")
+    assert summary.eval_helpers == {"eval_net": (["net", "loader"], ["net"])}
+    text = textwrap.dedent("""
+        import torch
+        from evaluation import eval_net, eval_restoring
+        def train_net(net, train_loader, val_loader, optimizer):
+            for epoch in range(10):
+                for x, y in train_loader:
+                    loss = torch.nn.functional.mse_loss(net(x), y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                eval_restoring(net, val_loader)
+                print(eval_net(net, val_loader))
+    """)
+    (tmp_path / "train.py").write_text(text)
+    rules = [r for r in all_rules() if r.id == "TR108"]
+    found = analyze_source(text, str(tmp_path / "train.py"), rules=rules, repository=RepositoryIndex(tmp_path))
+    assert [(f.rule, f.line) for f in found.findings] == [("TR108", 12)]

@@ -14,7 +14,8 @@ from analyzers.program.flow import subtree
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
-from analyzers.program.roles import is_test_code
+from analyzers.program.roles import collects_tests, is_test_code, main_block
+from analyzers.program.state import enters_grad_off
 
 
 def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
@@ -77,7 +78,7 @@ class ValLoop:
 
 class ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain", "origin_func")
+                 "eval_chain", "origin_func", "after_eval")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -122,9 +123,12 @@ class EvaluationPaths:
         direct_cls = cls if cls is not None and ctx.parent(ctx.parent(node) or node) is cls else None
         state = FnState(node, node.name.value, direct_cls)
         name = node.name.value
-        state.eval_named = names_evaluation_function(name)
+        # ``def test_net(net, image)`` is a test when pytest collects it or it asserts; else it runs a model to test it
+        pytest_test = name.startswith("test_") and (collects_tests(ctx) or any(
+            isinstance(inner, cst.Assert) for inner in subtree(node.body)))
+        state.eval_named = names_evaluation_function(name) or (name.startswith("test_") and not pytest_test)
         decorators = ctx.decorators_of(node)
-        state.skip = name.startswith("test_") or any("fixture" in d or "pytest" in d for d in decorators)
+        state.skip = pytest_test or any("fixture" in d or "pytest" in d for d in decorators)
         if direct_cls is not None and self._framework_class(direct_cls, ctx):
             state.skip = True
         state.nograd_dec = any(d in NO_GRAD_CONTEXTS for d in decorators)
@@ -237,6 +241,9 @@ class EvaluationPaths:
             if attr in ("requires_grad_", "enable_grad", "grad", "set_grad_enabled"):
                 self._grad_call(node, attr, ctx, state)
                 return
+            if attr == "__enter__" and enters_grad_off(node, ctx):
+                state.grad_off = True
+                return
         elif isinstance(func, cst.Name):
             if func.value in ("enable_grad", "grad", "set_grad_enabled"):
                 self._grad_call(node, func.value, ctx, state)
@@ -294,7 +301,10 @@ class EvaluationPaths:
         return any(s.eval_named for s in self.stack)
 
     def _maybe_model_call(self, node: cst.Call, ctx: FileContext) -> None:
-        if not self._in_path() or self.test_file:
+        in_path = self._in_path()
+        # a model put in eval mode in this scope and run in a loop there runs for inference, whatever the names
+        # say (``demo()``, a loop over ``dataloader``), unless that scope also trains (path_of checks the backward)
+        if not (in_path or self.evaled_any()) or self.test_file:
             return
         if any(s.skip for s in self.stack):
             return
@@ -335,12 +345,16 @@ class EvaluationPaths:
         if origin_name:
             aliases.add(origin_name)
         eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
+        if not in_path and (not eval_local or not ctx.loops_in_function()):
+            # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
+            # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)
+            return
         self.model_calls.append(ModelCall(
             node=node, model=model, aliases=aliases, stack=tuple(self.stack),
             loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,
             eval_local=eval_local, nograd_local=self.nograd_now(), cls=cls,
             is_global=head != "self" and not bound_locally(head, ctx), eval_chain=eval_chain,
-            origin_func=origin_func(origin),
+            origin_func=origin_func(origin), after_eval=not in_path,
         ))
 
     # ---- decisions -------------------------------------------------------------------------
@@ -351,6 +365,11 @@ class EvaluationPaths:
         for state in reversed(call.stack):
             if state.eval_named and not state.has_backward:
                 return f"`{state.name}()`"
+        if call.after_eval and not any(state.has_backward for state in call.stack) and \
+                not any(covers(t, a) for t in self.trained for a in call.aliases):  # train() again: it trains too
+            scope = call.stack[-1]
+            where = "the module's code" if scope.node is None else f"`{scope.name}()`"
+            return f"{where} after `{call.model}.eval()`"
         return None
 
     def covered_by_callers(self, state: FnState, kind: str, visiting: Optional[set] = None) -> bool:
@@ -404,17 +423,31 @@ def shape_check(call: cst.Call, target: cst.BaseExpression, ctx: FileContext) ->
     in this very function, no weights loaded, run once (no loop) on a random or constant tensor. That checks
     shapes; there are no results whose mode could matter, nor a graph worth freeing."""
     fn = ctx.function_def
-    if fn is None or not isinstance(target, cst.Name) or ctx.loops_in_function() or not call.args:
+    # a function, or a script's ``if __name__ == "__main__":`` block (a module's self-check)
+    scope = fn if fn is not None else main_block(ctx, call)
+    if scope is None or not isinstance(target, cst.Name) or ctx.loops_in_function() or not call.args:
         return False
     binding = ctx.scopes[-1].bindings.get(target.value) if ctx.scopes else None
     if binding is None or binding.kind != "assign" or not isinstance(binding.value, cst.Call):
         return False
-    for node in subtree(fn.body):
+    for node in subtree(scope.body):
         if isinstance(node, cst.Call) and "load" in (method_name(node) or "").lower():
             return False  # weights come in: this may be a real evaluation
+    return synthetic_input(call, ctx)
+
+
+def synthetic_input(call: cst.Call, ctx: FileContext) -> bool:
+    """The call's first argument is a random or constant tensor (``torch.rand(...)``, or a name bound to one)."""
+    if not call.args:
+        return False
     value = call.args[0].value
     if isinstance(value, cst.Name):
         bound = ctx.scopes[-1].bindings.get(value.value)
+        # ``x = x.cuda()`` / ``x = x.to(device)``: the same numbers elsewhere (the methods a module shares)
+        while bound is not None and isinstance(bound.value, cst.Call) and isinstance(bound.value.func, cst.Attribute) \
+                and method_returns_same_module(bound.value.func.attr.value) and \
+                dotted_name(bound.value.func.value) == value.value:
+            bound = bound.previous
         value = bound.value if bound is not None and bound.kind == "assign" else None
     return isinstance(value, cst.Call) and ctx.call_name(value) in SYNTHETIC
 

@@ -10,7 +10,7 @@ import libcst as cst
 from analyzers.context import FileContext, call_receiver, dotted_name, method_name, positional_args
 from analyzers.program.names import last_segment
 from analyzers.program.state import in_no_grad_block
-from analyzers.program.values import is_model_call
+from analyzers.program.values import called_object, is_model_call
 
 DETACHING_METHODS = {"item", "detach", "tolist", "numpy", "detach_"}
 DETACHING_FUNCS = {"float", "int", "round", "len", "str", "bool"}
@@ -21,17 +21,19 @@ GRAPH_KEEPING_METHODS = {"mean", "sum", "cpu", "cuda", "to", "float", "double", 
 
 
 def is_criterion_call(call: cst.Call, ctx: FileContext) -> bool:
-    """A loss computation: ``criterion(out, y)``, ``F.cross_entropy(...)``, ``nn.MSELoss()(...)``."""
-    name = dotted_name(call.func)
+    """A loss computation: ``criterion(out, y)``, ``F.cross_entropy(...)``, ``nn.MSELoss()(...)``, also called
+    through an explicit ``criterion.forward(out, y)``."""
+    func = called_object(call.func)
+    name = dotted_name(func)
     if name is not None:
         last = last_segment(name).lower()
         if "loss" in last or "criterion" in last:
             return True
-        qualified = ctx.qualified_name(call.func) or ""
+        qualified = ctx.qualified_name(func) or ""
         if qualified.startswith("torch.nn.functional.") and (
                 "loss" in qualified or "entropy" in qualified or qualified.endswith(("kl_div", "margin_ranking"))):
             return True
-    origin = ctx.origin(call.func)
+    origin = ctx.origin(func)
     if isinstance(origin, cst.Call):
         qualified = ctx.call_name(origin) or ""
         if qualified.startswith("torch.nn.") and qualified.endswith("Loss"):

@@ -46,6 +46,7 @@ class Does(enum.Enum):
     SPAWNS_PROCESSES = "starts one process per rank, passing the process index as its function's first argument"
     RUNS_ON_RANK_ZERO = "a decorator: the function it wraps runs on the process of rank 0 only"
     TAKES_TENSOR_DICT = "takes a dict of tensors (a state dict), never a module, as its first argument"
+    RETURNS_ITERATOR = "returns a Python 3 iterator (a generator): next(it) works, the Python 2 it.next() does not"
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,10 @@ APIS: dict[str, Api] = {
 METHODS: dict[str, Api] = {
     # transformers' and diffusers' pretrained models come back in evaluation mode
     "from_pretrained": _api(f"{_HF_EVAL}; {_DIFFUSERS_EVAL}", Does.RETURNS_EVAL_MODEL),
+    # nn.Module's traversals are generators ("Yields:" in each method's documentation)
+    **{name: _api(f"{_TORCH_MODULE}#torch.nn.Module.{name}", Does.RETURNS_ITERATOR)
+       for name in ("parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+                    "modules", "named_modules")},
 }
 
 _LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "

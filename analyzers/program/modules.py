@@ -75,6 +75,11 @@ class Layer:
     activation: Optional[str] = None  # the module's output is this activation (nn.Sigmoid, Sequential ending in one)
     kinds: set[str] = field(default_factory=set)  # dropout | batchnorm | recurrent | transformer | <class name>
 
+    @property
+    def classes(self) -> set[str]:
+        """The callables this layer was built with that may be project classes, to resolve through the index."""
+        return self.kinds - _FEATURES
+
 
 @dataclass
 class ClassSummary:
@@ -106,6 +111,8 @@ class FileSummary:
     # what its checkpoints hold that weights_only=True refuses (a whole module, a Namespace, NumPy arrays)
     refused_payloads: set[Payload] = field(default_factory=set)
     reads_data: bool = False  # reads a data set (files, a dataset library, a download): see READS_DATA
+    # functions that leave a module they are given in eval mode: name -> (parameters, the eval()'d parameters)
+    eval_helpers: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -156,9 +163,11 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
         layer.kinds |= {"transformer", "dropout"}  # their dropout defaults to 0.1
     elif name == "Linear" and _names_vocabulary(call):
         layer.kinds.add("vocab-output")  # a language model's head: one logit per token of the vocabulary
-    elif name[:1].isupper() and name not in _ACTIVATION_MODULES and name not in _CONTAINERS and \
+    elif name not in _ACTIVATION_MODULES and name not in _CONTAINERS and name not in _FEATURES and \
             (_dotted(call.func) or "").split(".", 1)[0] not in _LIBRARY_PREFIXES:
-        layer.kinds.add(_dotted(call.func) or name)  # a project class: resolved through the index on demand
+        # maybe a project class, whatever its case (``double_conv(...)``): resolved through the index on demand,
+        # and ignored there when no class of the repository has that name (a helper function, a builtin)
+        layer.kinds.add(_dotted(call.func) or name)
     return layer
 
 
@@ -283,6 +292,10 @@ def summarize(source: str, path: str) -> FileSummary:
                 summary.module_layers[node.targets[0].id] = layer
         elif isinstance(node, ast.ClassDef):
             summary.classes[node.name] = _summarize_class(node, path)
+        elif isinstance(node, ast.FunctionDef):
+            left = _leaves_in_eval(node)
+            if left:
+                summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _dotted(node.func) in ("torch.save", "save") and len(node.args) > 1:
             for part in ast.walk(node.args[1]):
@@ -294,6 +307,27 @@ def summarize(source: str, path: str) -> FileSummary:
         if name in summary.module_layers:
             summary.module_layers[name].activation = (layer_of(extra[-1]) or Layer()).activation
     return summary
+
+
+def _leaves_in_eval(fn: ast.FunctionDef) -> list[str]:
+    """The parameters (or their attributes: ``model.encoder``) ``fn`` puts in eval mode (``.eval()``,
+    ``.train(False)``) without switching them back: no other ``.train(...)`` call on them in ``fn``."""
+    params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+    evaluated: list[str] = []
+    restored: set[str] = set()
+    for node in ast.walk(fn):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        target = _dotted(node.func.value)
+        if target is None or target.split(".", 1)[0] not in params:
+            continue
+        mode = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if node.func.attr == "eval" and not node.args and not node.keywords or (
+                node.func.attr == "train" and isinstance(mode, ast.Constant) and mode.value is False):
+            evaluated.append(target)
+        elif node.func.attr == "train":
+            restored.add(target.split(".", 1)[0])  # train(), train(True), train(was_training)
+    return [t for t in dict.fromkeys(evaluated) if t.split(".", 1)[0] not in restored]
 
 
 def _refused_payloads(tree: ast.AST) -> set[Payload]:
@@ -502,14 +536,25 @@ class RepositoryIndex:
     def find_class(self, importer: Path, local_name: str, source: Optional[str] = None,
                    depth: int = 0) -> Optional[ClassSummary]:
         """The class ``local_name`` means in ``importer``: defined there, imported, or re-exported."""
+        return self._find_defined(importer, local_name, lambda summary: summary.classes, source, depth)
+
+    def find_eval_helper(self, importer: Path, local_name: str,
+                         source: Optional[str] = None) -> Optional[tuple[list[str], list[str]]]:
+        """(parameters, parameters left in eval mode) of the function ``local_name`` means in ``importer``, when
+        it leaves a module it is given in eval mode."""
+        return self._find_defined(importer, local_name, lambda summary: summary.eval_helpers, source, 0)
+
+    def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
+        """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
+        re-exported."""
         if depth > 4:
             return None
         summary = self.summary(importer, source)
         if summary is None:
             return None
         head, _, rest = local_name.partition(".")
-        if not rest and head in summary.classes:
-            return summary.classes[head]
+        if not rest and head in defined(summary):
+            return defined(summary)[head]
         imported = summary.imports.get(head)
         if imported is not None:
             module, name, level = imported
@@ -522,18 +567,46 @@ class RepositoryIndex:
             if not target_name:
                 return None
             for path in self._module_files(target_module, level, importer):
-                found = self.find_class(path, target_name, depth=depth + 1)
+                found = self._find_defined(path, target_name, defined, None, depth + 1)
                 if found is not None:
                     return found
             if name is not None and not rest:  # from pkg import Net, where pkg/Net.py... or a submodule
                 for path in self._module_files(f"{module}.{name}" if module else name, level, importer):
-                    found = self.find_class(path, name, depth=depth + 1)
+                    found = self._find_defined(path, name, defined, None, depth + 1)
                     if found is not None:
                         return found
             return None
         for module, level in summary.star_imports:
             for path in self._module_files(module, level, importer):
-                found = self.find_class(path, local_name, depth=depth + 1)
+                found = self._find_defined(path, local_name, defined, None, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def star_imported(self, importer: Path, name: str, source: Optional[str] = None,
+                      depth: int = 0) -> Optional[str]:
+        """The qualified name ``name`` has in ``importer`` when it comes from a ``from m import *`` of a
+        repository module that imports it from a library (``import numpy as np`` in ``m``): ``numpy``. None
+        when no star import brings it, or one brings a name the repository defines itself."""
+        if depth > 4:
+            return None
+        summary = self.summary(importer, source)
+        if summary is None:
+            return None
+        for module, level in reversed(summary.star_imports):  # a later star import shadows an earlier one
+            for path in self._module_files(module, level, importer):
+                other = self.summary(path)
+                if other is None:
+                    continue
+                if name in other.classes:
+                    return None
+                imported = other.imports.get(name)
+                if imported is not None:
+                    origin, imported_name, origin_level = imported
+                    if origin_level:
+                        return None  # a name of the repository itself
+                    return origin if imported_name is None else f"{origin}.{imported_name}"
+                found = self.star_imported(path, name, depth=depth + 1)
                 if found is not None:
                     return found
         return None
@@ -591,7 +664,7 @@ class RepositoryIndex:
             found.add("dropout")
         path = Path(cls.path)
         for layer in cls.layers.values():
-            for kind in layer.kinds - _FEATURES:
+            for kind in layer.classes:
                 sub = self.find_class(path, kind)
                 if sub is not None:
                     found |= self.features(sub, seen)
@@ -644,6 +717,22 @@ class ModuleFacts:
         if self._local is None:
             self._local = summarize(self.ctx.source, self.ctx.path)
         return self._local
+
+    def eval_helper(self, name: str) -> Optional[tuple[list[str], list[str]]]:
+        """(parameters, parameters left in eval mode) of a function this file imports from the repository that
+        puts a module it is given in eval mode and never back; None otherwise, or without a repository."""
+        index = self.ctx.repository
+        if index is None:
+            return None
+        return index.find_eval_helper(file_in_repository(self.ctx), name, self.ctx.source)
+
+    def star_imported(self, name: str) -> Optional[str]:
+        """What a name this file neither defines nor imports means through its star imports (see
+        :meth:`RepositoryIndex.star_imported`); None without a repository."""
+        index = self.ctx.repository
+        if index is None or not self._summary().star_imports:
+            return None
+        return index.star_imported(file_in_repository(self.ctx), name, self.ctx.source)
 
     def find_class(self, name: str) -> Optional[ClassSummary]:
         index = self.ctx.repository
@@ -880,6 +969,6 @@ def torch_layer_features(ctx: "FileContext", call: cst.Call) -> Optional[set[str
     if not (ctx.qualified_name(call.func) or "").startswith("torch.nn."):
         return None
     layer = layer_of(ast.parse(ctx.module.code_for_node(call), mode="eval").body)
-    if layer is None or any(kind[:1].isupper() for kind in layer.kinds):
+    if layer is None or layer.classes:
         return None
     return layer.kinds

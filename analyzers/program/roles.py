@@ -617,3 +617,14 @@ def handles_other_versions(ctx: FileContext, node: cst.CSTNode) -> bool:
             return True
         previous = ancestor
     return in_compat_fallback(ctx, node)
+
+
+def main_block(ctx: "FileContext", node: cst.CSTNode) -> Optional[cst.If]:
+    """The module-level ``if __name__ == "__main__":`` block ``node`` runs in (the script's entry point), if any."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None
+        if isinstance(ancestor, cst.If) and isinstance(ctx.parent(ancestor), cst.Module) and \
+                isinstance(ancestor.test, cst.Comparison) and dotted_name(ancestor.test.left) == "__name__":
+            return ancestor
+    return None

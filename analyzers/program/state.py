@@ -21,6 +21,14 @@ def turns_grad_off(call_or_name: cst.BaseExpression, ctx: FileContext) -> bool:
     return not (name.endswith("inference_mode") and is_false(mode))
 
 
+def enters_grad_off(call: cst.Call, ctx: FileContext) -> bool:
+    """A statement that turns autograd off for the code after it, without a ``with`` block: a no-grad context
+    entered by hand (``torch.no_grad().__enter__()``, ``torch.inference_mode().__enter__()``)."""
+    func = call.func
+    return (isinstance(func, cst.Attribute) and func.attr.value == "__enter__" and isinstance(func.value, cst.Call)
+            and isinstance(ctx.parent(call), cst.Expr) and turns_grad_off(func.value, ctx))
+
+
 def in_no_grad_block(ctx: FileContext, node: cst.CSTNode) -> bool:
     """``node`` runs inside a ``with`` block that turns autograd off, in its own function (a ``with`` around a
     ``def`` does not hold when the function is called later)."""

@@ -148,6 +148,14 @@ _HELPER_VERBS = {"evaluate", "eval", "validate", "val", "test", "train", "fit", 
                  "load", "init", "initialize", "save", "setup", "prepare", "export", "print", "summarize", "count"}
 
 
+def called_object(func: cst.BaseExpression) -> cst.BaseExpression:
+    """The object whose call runs: ``loss`` for ``loss.forward(fx, y)`` (an explicit ``forward`` is the call
+    itself, hooks aside), ``func`` for any other callee."""
+    if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+        return func.value
+    return func
+
+
 def is_model_call(func: cst.BaseExpression, ctx: FileContext) -> bool:
     """``func(...)`` is a forward pass: ``model(x)``, ``self.net(x)``, ``nn.Linear(...)(x)`` through a name, or an
     instance of a module class of this file."""

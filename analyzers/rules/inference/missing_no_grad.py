@@ -56,6 +56,28 @@ class MissingNoGrad(_InferencePathRule):
         "import torch\ndef infer_with_grad(model, x):\n    model.eval()\n    with torch.enable_grad():\n        return model(x)\n",
         Valid("import torch\nimport pytorch_lightning as pl\nclass Lit(pl.LightningModule):\n    def test_step(self, batch, i):\n"
               "        return self.net(batch)\n"),
+        # eval() for a forward inside a function that also trains: not an inference path
+        "import torch\ndef fit(model, loader, opt):\n    model.eval()\n    for x, y in loader:\n"
+        "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
+        # a module's self-check on a random input, after eval()
+        "import torch\nif __name__ == '__main__':\n    net = Separator(n_src=2)\n    x = torch.rand(2, 3200)\n"
+        "    print(net(x).shape)\n    net.eval()\n    print(net(x).shape)\n",
+        # one forward after eval(): to count the model's operations, or to compare it with a converted copy
+        "import torch\ndef convert(original, new_model, batch):\n    original.eval()\n    new_model.eval()\n"
+        "    assert torch.allclose(original(batch), new_model(batch))\n",
+        "import torch\ndef count_flops(model, size):\n    model.eval()\n    x = torch.rand(size)\n    if cuda:\n"
+        "        x = x.cuda()\n    model(x)\n",
+        # a no-grad context entered by hand for the rest of the function
+        "import torch\ndef evaluate(model, test_set):\n    model.eval()\n    torch.no_grad().__enter__()\n"
+        "    for x in test_set:\n        model(x)\n",
+        # eval() for a warm-up before the model is trained again in this file
+        "import torch\ndef run(model, x, n):\n    model.eval()\n    for _ in range(n):\n        model(x)\n"
+        "    model.train()\n    for _ in range(n):\n        train_step(model, x)\n",
+        # a test that asserts, in a file named outside pytest's defaults
+        "import torch\ndef test_cached_matches_uncached(model, x):\n    model.eval()\n"
+        "    assert torch.allclose(model(x), model(x, use_cache=False))\n",
+        # a pytest test in a file pytest collects
+        "import torch\nimport pytest\ndef test_forward(model, batch):\n    for x in batch:\n        assert model(x).shape\n",
     ]
     INVALID = [
         Invalid("import torch\ndef evaluate(model, loader):\n    model.eval()\n    for x, y in loader:\n"
@@ -67,6 +89,15 @@ class MissingNoGrad(_InferencePathRule):
         # enable_grad elsewhere in the file does not count; the call site here is not under no_grad
         Invalid("import torch\ndef evaluate(net, loader):\n    net.eval()\n    return [net(x) for x in loader]\n"
                 "def main(net, loader):\n    print(evaluate(net, loader))\n", line=4),
+        # eval() says the model runs for inference, whatever the function and the loader are called
+        Invalid("import torch\ndef demo(model, loader):\n    model.eval()\n    for images, paths in loader:\n"
+                "        print(paths, model(images).argmax(1))\n", line=5, message="after `model.eval()`"),
+        Invalid("import torch\nmodel = Detector()\nmodel.eval()\nfor paths, images in dataloader:\n"
+                "    boxes = model(images)\n", line=5, message="the module's code after `model.eval()`"),
+        # test_net in a script pytest never collects: it runs the model to test it, not a pytest test
+        Invalid("import torch\ndef test_net(net, image):\n    return net(image.unsqueeze(0))\n"
+                "if __name__ == '__main__':\n    net = Detector()\n    net.eval()\n    test_net(net, load_image())\n",
+                line=3, message="test_net"),
     ]
 
     def check(self, call: _ModelCall, where: str) -> Optional[str]:

@@ -9,6 +9,7 @@ import libcst as cst
 from analyzers.context import (FileContext, dotted_name, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.values import called_object
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
@@ -19,8 +20,7 @@ _REDUCTIONS = {"sum", "mean", "max", "min", "prod", "norm", "std", "var", "item"
 def _scalar_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
     """Why ``expr`` is a 0-dim tensor: it is a loss, or a full reduction such as ``x.sum()``."""
     name = dotted_name(expr)
-    last_name = name.rsplit(".", 1)[-1].lower() if name is not None else ""
-    if "loss" in last_name.split("_") or last_name.endswith("loss"):
+    if name is not None and _names_a_loss(name):
         return "a loss"
     value = ctx.origin(expr) if name is not None else expr
     if isinstance(value, cst.Call):
@@ -29,11 +29,16 @@ def _scalar_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
         if isinstance(func, cst.Attribute) and last in _REDUCTIONS and not value.args and \
                 ctx.qualified_name(func) is None:
             return f"a full reduction (`.{last}()`)"
-        callee = (dotted_name(func) or "").lower()
+        callee = (dotted_name(called_object(func)) or "").lower()
         if callee.rsplit(".", 1)[-1] in ("criterion", "loss_fn", "loss_func", "loss_function", "lossfn") or \
-                callee.endswith("_loss"):
+                callee.endswith("_loss") or callee == "loss":
             return "a loss"
     return None
+
+
+def _names_a_loss(name: str) -> bool:
+    last_name = name.rsplit(".", 1)[-1].lower()
+    return "loss" in last_name.split("_") or last_name.endswith("loss")
 
 
 class IndexZeroDimData(Rule):
@@ -64,6 +69,7 @@ class IndexZeroDimData(Rule):
         import torch
         total += loss.item()
         first = outputs.data[0]
+        loss.data[0] += 1
         """,
         # indexing a batch of per-sample losses
         """
@@ -90,6 +96,50 @@ class IndexZeroDimData(Rule):
                 print(loss.item())
             """,
         ),
+        # the loss object called through an explicit forward(), its result read at index 0
+        Invalid(
+            """
+            import torch
+            def train(model, loss, optimizer, x, y):
+                optimizer.zero_grad()
+                output = loss.forward(model.forward(x), y)
+                output.backward()
+                optimizer.step()
+                return output.data[0]
+            """,
+            line=8, message="`output.data[0]`",
+            fixed="""
+            import torch
+            def train(model, loss, optimizer, x, y):
+                optimizer.zero_grad()
+                output = loss.forward(model.forward(x), y)
+                output.backward()
+                optimizer.step()
+                return output.item()
+            """,
+        ),
+        # accumulated into a running total: the read is the value of an augmented assignment
+        Invalid(
+            """
+            import torch
+            def evaluate(model, loader):
+                total = 0
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    total += loss.data[0]
+                return total
+            """,
+            line=7, message="`loss.data[0]`",
+            fixed="""
+            import torch
+            def evaluate(model, loader):
+                total = 0
+                for x, y in loader:
+                    loss = criterion(model(x), y)
+                    total += loss.item()
+                return total
+            """,
+        ),
         Invalid(
             """
             import torch
@@ -112,7 +162,10 @@ class IndexZeroDimData(Rule):
         index = node.slice[0].slice
         if not isinstance(index, cst.Index) or not isinstance(index.value, cst.Integer) or index.value.value != "0":
             return
-        if isinstance(ctx.parent(node), (cst.AssignTarget, cst.AugAssign)):
+        parent = ctx.parent(node)
+        # a store into the first element (``x.data[0] = v``, ``x.data[0] += v``) is not a read of a scalar;
+        # ``total += loss.data[0]`` reads one
+        if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.AugAssign) and parent.target is node):
             return
         why = _scalar_origin(value.value, ctx)
         if why is None or not ctx.facts(VersionFacts).admits("torch", (0, 5)):

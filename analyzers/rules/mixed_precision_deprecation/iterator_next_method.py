@@ -8,12 +8,18 @@ import libcst as cst
 from analyzers.context import (FileContext, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.library import Does, method_does
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
 
-def _is_builtin_iter(call: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
-    return (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == "iter"
+def _makes_iterator(call: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    """``iter(x)``, or a library method documented to return a generator (``model.parameters()``)."""
+    if not isinstance(call, cst.Call):
+        return False
+    if isinstance(call.func, cst.Attribute):
+        return method_does(call.func.attr.value, Does.RETURNS_ITERATOR)
+    return (isinstance(call.func, cst.Name) and call.func.value == "iter"
             and ctx.binding("iter") is None and "iter" not in ctx.imports.names and len(call.args) == 1)
 
 
@@ -81,6 +87,18 @@ class IteratorNextMethod(Rule):
             x, y = next(iter(loader))
             """,
         ),
+        # nn.Module.parameters() is a generator
+        Invalid(
+            """
+            import torch
+            w = model.parameters().next().data
+            """,
+            line=3, message="`model.parameters().next()`",
+            fixed="""
+            import torch
+            w = next(model.parameters()).data
+            """,
+        ),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
@@ -89,7 +107,7 @@ class IteratorNextMethod(Rule):
             return
         receiver = func.value
         made = receiver if isinstance(receiver, cst.Call) else ctx.assigned_value(receiver)
-        if not _is_builtin_iter(made, ctx) or ctx.binding("next") is not None:
+        if not _makes_iterator(made, ctx) or ctx.binding("next") is not None:
             return
         if not ctx.facts(VersionFacts).admits("torch", (2, 0)):
             return

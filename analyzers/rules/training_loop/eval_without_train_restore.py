@@ -15,6 +15,7 @@ from analyzers.context import (
     is_false,
     method_name)
 from analyzers.program.loops import LoopStack, loop_stack
+from analyzers.program.modules import ModuleFacts
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -28,12 +29,13 @@ class _Helper:
     params: list  # parameter names, ``self``/``cls`` dropped for methods
     is_method: bool
     targets: list  # dotted names put into eval mode (params resolved at the call site)
-    node: cst.FunctionDef
+    node: Optional[cst.FunctionDef]  # None for a function of another file
 
 
 class EvalWithoutTrainRestore(Rule):
     id = "TR108"
-    source_hint = (re.compile(r"\.eval\s*\(|\.train\s*\("), re.compile(r"backward|\.step\s*\("))  # a helper that evals, called from a training loop
+    # a training loop (the helper that evals may be in another file)
+    source_hint = re.compile(r"backward|\.step\s*\(")
     slug = "eval-without-train-restore"
     category = Category.TRAINING
     severity = Severity.HIGH
@@ -41,7 +43,7 @@ class EvalWithoutTrainRestore(Rule):
     summary = "helper switches the model to eval() and the training loop never switches back"
     what = """
         Flags a call, inside a training loop (a loop that calls `.backward()` or steps an
-        optimizer), to a function of the same file that puts a module into eval mode
+        optimizer), to a function (of the same file, or of the repository) that puts a module into eval mode
         (`model.eval()` / `model.train(False)`) and never restores training mode, when the loop
         itself never calls `.train()` on each iteration.
     """
@@ -293,7 +295,7 @@ class EvalWithoutTrainRestore(Rule):
                 _Helper(node.name.value, params + kw, is_method, targets, node))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.helpers or not self.training:
+        if not self.training:
             return
         trainers = _closure(self.trainers_direct, self.calls)
         self._by_loop: dict[int, list] = {}
@@ -301,7 +303,7 @@ class EvalWithoutTrainRestore(Rule):
             for lp in entry[2]:
                 self._by_loop.setdefault(id(lp), []).append(entry)
         for call, name, stack, fn, _ in self.loop_calls:
-            candidates = self.helpers.get(name)
+            candidates = self.helpers.get(name) or self._imported_helper(call, name, ctx)
             if not candidates or name in trainers:
                 continue
             func = call.func
@@ -324,6 +326,16 @@ class EvalWithoutTrainRestore(Rule):
                         f"later step runs with dropout off and BatchNorm frozen; call {obj}.train() at the start "
                         f"of each iteration or restore the mode in {name}()"))
                     break
+
+    @staticmethod
+    def _imported_helper(call: cst.Call, name: str, ctx: FileContext) -> list[_Helper]:
+        """``from evaluate import eval_net``: a function of another file of the repository that leaves its argument
+        in eval mode."""
+        binding = ctx.binding(name, call)
+        if not isinstance(call.func, cst.Name) or (binding is not None and binding.kind != "import"):
+            return []
+        found = ctx.facts(ModuleFacts).eval_helper(name)
+        return [_Helper(name, found[0], False, found[1], None)] if found is not None else []
 
     @staticmethod
     def _evaluated_object(helper: _Helper, call: cst.Call) -> Optional[str]:

@@ -79,8 +79,8 @@ def _has_batchnorm(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
     layer = summary.layers.get(rest) if summary is not None else None
     if layer is None:
         return None
-    if "batchnorm" in layer.kinds or any(kind[:1].isupper() and "batchnorm" in (facts.features(kind) or ())
-                                         for kind in layer.kinds):
+    if "batchnorm" in layer.kinds or any("batchnorm" in (facts.features(kind) or ())
+                                         for kind in layer.classes):
         return f"`{rest}` of `{cls}`, which builds BatchNorm"
     return None
 
