@@ -394,6 +394,47 @@ def test_module_nodes_list_the_whole_file_once_in_source_order():
         ["torch.save", "torch.save", "torch.save"]
 
 
+def test_assigned_values_list_every_assignment_of_a_name_in_every_kind_of_block():
+    """``assigned_values``: each ``name = value`` in the scope, whichever block holds it (branches, loops, ``with``,
+    ``try`` / ``except`` / ``finally``, ``match``, one-line suites, a nested function), in source order; never
+    an augmented, annotated or unpacking assignment, nor a walrus."""
+    from analyzers.program.flow import assigned_values
+
+    ctx = context("""
+        def step(batch, flag):
+            out = 1
+            if flag: out = 2
+            else:
+                for x in batch:
+                    with ctx():
+                        out = x
+            while flag:
+                try:
+                    out = a = 3
+                except ValueError:
+                    out = 4
+                finally:
+                    out += 5
+            match flag:
+                case 1:
+                    out = 6
+            def helper():
+                out = 7
+            out: int = 8
+            out, other = 9, 10
+            if (out := 11):
+                pass
+            total = out = [12 for out in batch]
+            return out
+    """)
+    fn = first(ctx, cst.FunctionDef)
+    assert [ctx.module.code_for_node(v) for v in assigned_values(ctx, fn, "out")] == \
+        ["1", "2", "x", "3", "4", "6", "7", "[12 for out in batch]"]
+    assert [ctx.module.code_for_node(v) for v in assigned_values(ctx, fn, "a")] == ["3"]
+    assert assigned_values(ctx, first(ctx, cst.FunctionDef, lambda f: f.name.value == "helper"), "out")[0] is \
+        assigned_values(ctx, fn, "out")[6]
+
+
 def test_pin_file_listing_is_kept_until_the_folder_changes(tmp_path):
     """A folder's requirement files are listed once while the folder stays as it was (many files ask the same
     folders), listed again when a file is added to it or to its requirements/, and never kept while the folder

@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import NODE_TYPES, all_children, dotted_name, FileContext
+from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, all_children, dotted_name
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -260,6 +260,34 @@ def decides_branch(expr: cst.BaseExpression, ctx) -> bool:
         return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is current
 
 
+# The nodes an ``Assign`` statement can be under, or be: not expressions nor the other small statements. Python has
+# no statement inside an expression, so a walk for assignments need not enter them (most of a function's nodes).
+_MAY_HOLD_ASSIGNMENT = frozenset(t for t in NODE_TYPES if t is cst.Assign or
+                                 not issubclass(t, (cst.BaseExpression, cst.BaseSmallStatement)))
+
+
+def _assignments(scope: cst.CSTNode) -> Iterator[cst.Assign]:
+    """Every ``x = ...`` statement under ``scope``, in source order, nested functions' included."""
+    wanted = _MAY_HOLD_ASSIGNMENT
+    stack: list[cst.CSTNode] = [scope]
+    while stack:
+        node = stack.pop()
+        node_type = type(node)
+        if node_type is cst.Assign:
+            yield node
+            continue
+        children = []  # code_children(node), less what holds no assignment
+        for field in CHILD_FIELDS[node_type]:
+            value = getattr(node, field)
+            value_type = type(value)
+            if value_type in wanted:
+                children.append(value)
+            elif value_type is tuple or value_type is list:
+                children.extend([v for v in value if type(v) in wanted])
+        children.reverse()
+        stack.extend(children)
+
+
 class _AssignedValues:
     """Per scope, the values each plain name is assigned, listed by one walk of the scope (``ctx.facts``): a
     question asked for every name a ``return`` hands back was a walk of the whole function each time."""
@@ -271,10 +299,9 @@ class _AssignedValues:
         held = self._scopes.get(id(scope))
         if held is None:
             by_name: dict[str, list[cst.BaseExpression]] = {}
-            for node in subtree(scope):
-                if isinstance(node, cst.Assign):
-                    for name in dict.fromkeys(t.target.value for t in node.targets if isinstance(t.target, cst.Name)):
-                        by_name.setdefault(name, []).append(node.value)
+            for node in _assignments(scope):
+                for name in dict.fromkeys(t.target.value for t in node.targets if isinstance(t.target, cst.Name)):
+                    by_name.setdefault(name, []).append(node.value)
             held = self._scopes[id(scope)] = (scope, by_name)  # the scope held: its id stays its own
         return held[1]
 
