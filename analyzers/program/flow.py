@@ -260,23 +260,25 @@ def decides_branch(expr: cst.BaseExpression, ctx) -> bool:
         return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is current
 
 
-# The nodes an ``Assign`` statement can be under, or be: not expressions nor the other small statements. Python has
-# no statement inside an expression, so a walk for assignments need not enter them (most of a function's nodes).
-_MAY_HOLD_ASSIGNMENT = frozenset(t for t in NODE_TYPES if t is cst.Assign or
-                                 not issubclass(t, (cst.BaseExpression, cst.BaseSmallStatement)))
+# Small statements (``x = ...``, ``return ...``) and the nodes that can hold one: not expressions, since Python has no
+# statement inside an expression, so a walk for statements need not enter them (most of a function's nodes).
+_SMALL_STATEMENTS = frozenset(t for t in NODE_TYPES if issubclass(t, cst.BaseSmallStatement))
+_STATEMENT_WALK = frozenset(t for t in NODE_TYPES if not issubclass(t, cst.BaseExpression))
 
 
-def _assignments(scope: cst.CSTNode) -> Iterator[cst.Assign]:
-    """Every ``x = ...`` statement under ``scope``, in source order, nested functions' included."""
-    wanted = _MAY_HOLD_ASSIGNMENT
+def small_statements(scope: cst.CSTNode) -> Iterator[cst.BaseSmallStatement]:
+    """Every small statement under ``scope`` (assignments, returns, ``pass``...), in source order, nested
+    functions' included; what ``subtree`` would yield of them, without entering any expression."""
+    wanted = _STATEMENT_WALK
+    small = _SMALL_STATEMENTS
     stack: list[cst.CSTNode] = [scope]
     while stack:
         node = stack.pop()
         node_type = type(node)
-        if node_type is cst.Assign:
+        if node_type in small:
             yield node
             continue
-        children = []  # code_children(node), less what holds no assignment
+        children = []  # code_children(node), less the expressions
         for field in CHILD_FIELDS[node_type]:
             value = getattr(node, field)
             value_type = type(value)
@@ -299,7 +301,9 @@ class _AssignedValues:
         held = self._scopes.get(id(scope))
         if held is None:
             by_name: dict[str, list[cst.BaseExpression]] = {}
-            for node in _assignments(scope):
+            for node in small_statements(scope):
+                if type(node) is not cst.Assign:
+                    continue
                 for name in dict.fromkeys(t.target.value for t in node.targets if isinstance(t.target, cst.Name)):
                     by_name.setdefault(name, []).append(node.value)
             held = self._scopes[id(scope)] = (scope, by_name)  # the scope held: its id stays its own
