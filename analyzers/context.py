@@ -200,6 +200,26 @@ def all_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
+# The fields of a node type that hold code (``CHILD_FIELDS``), in the order they are written (``_LEXICAL_FIELDS``):
+# ``a if t else b`` lists ``a`` first here, ``t`` first there.
+SOURCE_CODE_FIELDS: dict[type, tuple[str, ...]] = _PerType(
+    lambda node_type: tuple(name for name in _LEXICAL_FIELDS[node_type] if name in CHILD_FIELDS[node_type]))
+
+
+def code_children_as_written(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``code_children`` in the order the code is written: ``all_children`` less whitespace and punctuation."""
+    node_types = NODE_TYPES
+    found = []
+    for name in SOURCE_CODE_FIELDS[type(node)]:
+        value = getattr(node, name)
+        value_type = type(value)
+        if value_type in node_types:
+            found.append(value)
+        elif value_type is tuple or value_type is list:
+            found.extend([v for v in value if type(v) in node_types])
+    return found
+
+
 def iter_names(expr: cst.CSTNode) -> Iterator[str]:
     """Every dotted name used anywhere inside ``expr`` (cheap manual walk, no visitor)."""
     stack: list[cst.CSTNode] = [expr]

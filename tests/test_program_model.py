@@ -7,7 +7,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from analyzers.context import FileContext
+from analyzers.context import FileContext, code_children
 from analyzers.engine import analyze_source
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback, mutated_names
 from analyzers.program.flow import assignment_before, stored_attributes, subtree
@@ -371,8 +371,9 @@ def test_the_weights_only_fix_is_offered_only_when_no_checkpoint_of_the_reposito
 
 
 def test_module_nodes_list_the_whole_file_once_in_source_order():
-    """``ModuleNodes``: what a walk of ``subtree(ctx.module)`` yields, each node's parent, and the nodes of given
-    kinds as ``isinstance`` picks them, for any question asked over the whole file."""
+    """``ModuleNodes``: the code nodes a walk of ``subtree(ctx.module)`` yields (every node but whitespace and
+    punctuation), in its order, each one's parent, and the nodes of given kinds as ``isinstance`` picks them, for
+    any question asked over the whole file."""
     from analyzers.program.flow import ModuleNodes
 
     ctx = context("""
@@ -384,11 +385,19 @@ def test_module_nodes_list_the_whole_file_once_in_source_order():
             return out
     """)
     facts = ctx.facts(ModuleNodes)
-    assert facts.nodes == list(subtree(ctx.module))
+    code, stack = set(), [ctx.module]
+    while stack:
+        node = stack.pop()
+        code.add(id(node))
+        stack.extend(code_children(node))
+    walked = [node for node in subtree(ctx.module) if id(node) in code]
+    assert facts.nodes == walked
+    assert any(isinstance(node, cst.IfExp) for node in walked)  # written body first, run test first
+    assert not any(isinstance(node, (cst.Comma, cst.SimpleWhitespace, cst.LeftParen)) for node in facts.nodes)
     for node in facts.nodes:
-        for child in node.children:
+        for child in code_children(node):
             assert facts.parents[id(child)] is node
-    for kinds in [(cst.Call,), (cst.Assign, cst.Param), (cst.BaseExpression,), (cst.BaseSmallStatement, cst.Comma)]:
+    for kinds in [(cst.Call,), (cst.Assign, cst.Param), (cst.BaseExpression,), (cst.BaseSmallStatement, cst.Arg)]:
         assert facts.of_type(*kinds) == [node for node in subtree(ctx.module) if isinstance(node, kinds)]
     assert [ctx.module.code_for_node(call.func) for call in facts.of_type(cst.Call)] == \
         ["torch.save", "torch.save", "torch.save"]

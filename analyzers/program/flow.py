@@ -5,7 +5,8 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, all_children, dotted_name
+from analyzers.context import (CHILD_FIELDS, NODE_TYPES, FileContext, all_children, code_children_as_written,
+                               dotted_name)
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -24,9 +25,9 @@ def subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 
 class ModuleNodes:
-    """Every node of the file in source order (``subtree(ctx.module)``: libcst's children, whitespace and punctuation
-    included) and each one's parent, listed once per file (``ctx.facts(ModuleNodes)``) for the questions that look
-    over the whole module, after the walk or before it reaches a node; each such question was a walk of its own."""
+    """Every code node of the file (``code_children``'s: no whitespace or punctuation) in source order, and each
+    one's parent, listed once per file (``ctx.facts(ModuleNodes)``) for the questions that look over the whole
+    module, after the walk or before it reaches a node; each such question was a walk of its own."""
 
     def __init__(self, ctx) -> None:
         nodes: list[cst.CSTNode] = []
@@ -35,10 +36,11 @@ class ModuleNodes:
         while stack:
             node = stack.pop()
             nodes.append(node)
-            children = all_children(node)
+            children = code_children_as_written(node)
             for child in children:
                 parents[id(child)] = node
-            stack.extend(reversed(children))
+            children.reverse()
+            stack.extend(children)
         self.nodes = nodes
         self.parents = parents
         self._of_types: dict[tuple[type, ...], list[cst.CSTNode]] = {}
@@ -137,7 +139,7 @@ class FlowIndex:
         return self._calls.get((method, name), [])
 
     def scope_order(self, scope: cst.CSTNode) -> tuple[dict[int, int], list[tuple[int, cst.Assign]]]:
-        """The scope's nodes in source order (id -> position), not entering nested functions or classes, and
+        """The scope's code nodes in source order (id -> position), not entering nested functions or classes, and
         its assignments with their positions."""
         found = self._scopes.get(id(scope))
         if found is None:
@@ -151,7 +153,7 @@ class FlowIndex:
                     assigns.append((positions[id(node)], node))
                 if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                     continue
-                stack.extend(reversed(all_children(node)))
+                stack.extend(reversed(code_children_as_written(node)))
             found = self._scopes[id(scope)] = (positions, assigns)
         return found
 
