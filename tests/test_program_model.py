@@ -188,6 +188,26 @@ def test_checkpoints_saved_beside_a_file_or_by_a_module_it_imports(tmp_path):
     assert index.refused_payloads_near(tmp_path / "tools" / "convert.py") == {}
 
 
+
+def test_a_neighbour_that_never_saves_is_read_for_the_question_of_what_it_saves_and_still_a_dependency(tmp_path):
+    """``refused_payloads_near`` over a folder where one script saves a whole module and another never says ``save``:
+    the answer names the saver only, and the results cache still depends on both files' bytes (an edit that adds a
+    save to the other one must re-run the analysis)."""
+    from analyzers.program.modules import recording
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "pretrain.py").write_text("import torch\ntorch.save(model, 'whole.pt')\n")
+    (tmp_path / "data.py").write_text("import torch\nclass Frames(torch.utils.data.Dataset):\n    pass\n")
+    (tmp_path / "finetune.py").write_text("import torch\nckpt = torch.load(args.finetune)\n")
+    index = RepositoryIndex(tmp_path)
+    with recording() as deps:
+        assert index.refused_payloads_near(tmp_path / "finetune.py") == {"pretrain.py": {Payload.MODULE}}
+    assert {Path(path).name for path, digest in deps.files.items() if digest} >= {"pretrain.py", "data.py"}
+    assert index.summary(tmp_path / "data.py").classes["Frames"].bases  # asked for itself, it is summarized
+    (tmp_path / "data.py").write_text("import torch\ntorch.save(net, 'net.pt')\n")
+    assert RepositoryIndex(tmp_path).refused_payloads_near(tmp_path / "finetune.py") == {
+        "pretrain.py": {Payload.MODULE}, "data.py": {Payload.MODULE}}
+
 RESUME_THEN_TRAIN = """
     import os
     import torch

@@ -584,14 +584,25 @@ class RepositoryIndex:
             if name is not None:
                 others += self._module_files(f"{module}.{name}" if module else name, level, path)
         for other in dict.fromkeys(others):
-            other_summary = self.summary(other)
-            if other_summary is not None and other_summary.refused_payloads:
+            refused = self._refused_payloads_of(other)
+            if refused:
                 try:
                     shown = other.resolve().relative_to(self.root).as_posix()
                 except ValueError:
                     shown = other.name
-                found[shown] = set(other_summary.refused_payloads)
+                found[shown] = set(refused)
         return found
+
+    def _refused_payloads_of(self, path: Path) -> set[Payload]:
+        """``summary(path).refused_payloads``. A file not summarized yet that never says ``save`` is read, not
+        parsed: ``summarize`` looks for checkpoints only where it does (most of the files beside a loader)."""
+        if path not in self._by_path:
+            data = _read_bounded(path)
+            if data is not None and b"save" not in data:  # ASCII: the same bytes in the text summarize reads
+                _note_file(path, _digest(data))  # what summary() notes: the answer depends on these bytes
+                return set()
+        summary = self.summary(path)
+        return summary.refused_payloads if summary is not None else set()
 
     def module_layer(self, importer: Path, local_name: str, source: Optional[str] = None) -> Optional[Layer]:
         """A module-level ``D = nn.Sequential(...)`` of ``importer`` (or imported into it)."""
