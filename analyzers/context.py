@@ -725,10 +725,16 @@ class _Misaligned(Exception):
     """ast and libcst disagree about where a statement is: trust neither."""
 
 
+# Statements whose indented ``body`` is ast's ``body`` of the same statement, statement for statement: a node in that
+# body is placed by generating its own statement there, not the whole block (a loop of a hundred lines).
+_BLOCK_STATEMENTS = (cst.ClassDef, cst.FunctionDef, cst.For, cst.While, cst.With, cst.If, cst.Try)
+
+
 class _StatementPlacer:
-    """Generates code again only for the innermost class or function body statements that hold the
-    wanted nodes; their lines come from ``ast`` and their columns from the real line (the code of a
-    nested statement generated alone lacks the indentation of the blocks around it)."""
+    """Generates code again only for the innermost statements that hold the wanted nodes, inside class and function
+    bodies and the bodies of blocks (``for``, ``while``, ``with``, ``if``, ``try``); their lines come from ``ast`` and
+    their columns from the real line (the code of a nested statement generated alone lacks the indentation of
+    the blocks around it)."""
 
     def __init__(self, module: cst.Module, parents: dict, lines: list[str]) -> None:
         self.module = module
@@ -755,7 +761,7 @@ class _StatementPlacer:
         for i, group in groups.items():
             statement, (first_line, ast_statement) = statements[i], first_lines[i]
             body = getattr(statement, "body", None)
-            if isinstance(statement, (cst.ClassDef, cst.FunctionDef)) and isinstance(body, cst.IndentedBlock) \
+            if isinstance(statement, _BLOCK_STATEMENTS) and isinstance(body, cst.IndentedBlock) \
                     and self.place(body.body, ast_statement.body, group):
                 continue
             self._generate(statement, first_line, group)
