@@ -200,6 +200,26 @@ def all_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
+# The fields of a node type that hold code (``CHILD_FIELDS``), in the order they are written (``_LEXICAL_FIELDS``):
+# ``a if t else b`` lists ``a`` first here, ``t`` first there.
+SOURCE_CODE_FIELDS: dict[type, tuple[str, ...]] = _PerType(
+    lambda node_type: tuple(name for name in _LEXICAL_FIELDS[node_type] if name in CHILD_FIELDS[node_type]))
+
+
+def code_children_as_written(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``code_children`` in the order the code is written: ``all_children`` less whitespace and punctuation."""
+    node_types = NODE_TYPES
+    found = []
+    for name in SOURCE_CODE_FIELDS[type(node)]:
+        value = getattr(node, name)
+        value_type = type(value)
+        if value_type in node_types:
+            found.append(value)
+        elif value_type is tuple or value_type is list:
+            found.extend([v for v in value if type(v) in node_types])
+    return found
+
+
 def iter_names(expr: cst.CSTNode) -> Iterator[str]:
     """Every dotted name used anywhere inside ``expr`` (cheap manual walk, no visitor)."""
     stack: list[cst.CSTNode] = [expr]
@@ -720,10 +740,16 @@ class _Misaligned(Exception):
     """ast and libcst disagree about where a statement is: trust neither."""
 
 
+# Statements whose indented ``body`` is ast's ``body`` of the same statement, statement for statement: a node in that
+# body is placed by generating its own statement there, not the whole block (a loop of a hundred lines).
+_BLOCK_STATEMENTS = (cst.ClassDef, cst.FunctionDef, cst.For, cst.While, cst.With, cst.If, cst.Try)
+
+
 class _StatementPlacer:
-    """Generates code again only for the innermost class or function body statements that hold the
-    wanted nodes; their lines come from ``ast`` and their columns from the real line (the code of a
-    nested statement generated alone lacks the indentation of the blocks around it)."""
+    """Generates code again only for the innermost statements that hold the wanted nodes, inside class and function
+    bodies and the bodies of blocks (``for``, ``while``, ``with``, ``if``, ``try``); their lines come from ``ast`` and
+    their columns from the real line (the code of a nested statement generated alone lacks the indentation of
+    the blocks around it)."""
 
     def __init__(self, module: cst.Module, parents: dict, lines: list[str]) -> None:
         self.module = module
@@ -750,7 +776,7 @@ class _StatementPlacer:
         for i, group in groups.items():
             statement, (first_line, ast_statement) = statements[i], first_lines[i]
             body = getattr(statement, "body", None)
-            if isinstance(statement, (cst.ClassDef, cst.FunctionDef)) and isinstance(body, cst.IndentedBlock) \
+            if isinstance(statement, _BLOCK_STATEMENTS) and isinstance(body, cst.IndentedBlock) \
                     and self.place(body.body, ast_statement.body, group):
                 continue
             self._generate(statement, first_line, group)

@@ -204,6 +204,13 @@ _POSITION_CASES = {
     "crlf and form feed": "import torch\r\n\x0c\r\nclass A:\r\n    def f(self):\r\n        return torch.ones(1)\r\n",
     "tabs and one-line bodies": "class A:\n\tdef f(self): return 1\n\tdef g(self):\n\t\treturn [1,\n  2]\nif True: x = 1\n",
     "continuation": "import os\ndef f(x):\n    y = x + \\\n        1\n    return (y,\n y)\n",
+    "blocks in blocks": "import torch\nfor epoch in range(3):\n    # a comment\n    with torch.no_grad():\n"
+                        "        while x:\n            if y: z = 1\n            elif w:\n                z = (2 +\n  3)\n"
+                        "            else:\n\n                z = 3\n        try:\n            a = f(b)\n"
+                        "        except ValueError:\n            a = 0\n        else:\n            a += 1\n"
+                        "        finally:\n            pass\n    for i in x: s = i\nelse:\n    done = 1\n"
+                        "async def g():\n    async for a in b:\n        async with c as d:\n"
+                        "            await d.run(a)\n",
 }
 
 

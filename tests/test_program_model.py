@@ -7,7 +7,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from analyzers.context import FileContext
+from analyzers.context import FileContext, code_children
 from analyzers.engine import analyze_source
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback, mutated_names
 from analyzers.program.flow import assignment_before, stored_attributes, subtree
@@ -187,6 +187,26 @@ def test_checkpoints_saved_beside_a_file_or_by_a_module_it_imports(tmp_path):
                                                                      "pretrain.py": {Payload.MODULE}}
     assert index.refused_payloads_near(tmp_path / "tools" / "convert.py") == {}
 
+
+
+def test_a_neighbour_that_never_saves_is_read_for_the_question_of_what_it_saves_and_still_a_dependency(tmp_path):
+    """``refused_payloads_near`` over a folder where one script saves a whole module and another never says ``save``:
+    the answer names the saver only, and the results cache still depends on both files' bytes (an edit that adds a
+    save to the other one must re-run the analysis)."""
+    from analyzers.program.modules import recording
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "pretrain.py").write_text("import torch\ntorch.save(model, 'whole.pt')\n")
+    (tmp_path / "data.py").write_text("import torch\nclass Frames(torch.utils.data.Dataset):\n    pass\n")
+    (tmp_path / "finetune.py").write_text("import torch\nckpt = torch.load(args.finetune)\n")
+    index = RepositoryIndex(tmp_path)
+    with recording() as deps:
+        assert index.refused_payloads_near(tmp_path / "finetune.py") == {"pretrain.py": {Payload.MODULE}}
+    assert {Path(path).name for path, digest in deps.files.items() if digest} >= {"pretrain.py", "data.py"}
+    assert index.summary(tmp_path / "data.py").classes["Frames"].bases  # asked for itself, it is summarized
+    (tmp_path / "data.py").write_text("import torch\ntorch.save(net, 'net.pt')\n")
+    assert RepositoryIndex(tmp_path).refused_payloads_near(tmp_path / "finetune.py") == {
+        "pretrain.py": {Payload.MODULE}, "data.py": {Payload.MODULE}}
 
 RESUME_THEN_TRAIN = """
     import os
@@ -462,8 +482,9 @@ def test_the_weights_only_fix_is_offered_only_when_no_checkpoint_of_the_reposito
 
 
 def test_module_nodes_list_the_whole_file_once_in_source_order():
-    """``ModuleNodes``: what a walk of ``subtree(ctx.module)`` yields, each node's parent, and the nodes of given
-    kinds as ``isinstance`` picks them, for any question asked over the whole file."""
+    """``ModuleNodes``: the code nodes a walk of ``subtree(ctx.module)`` yields (every node but whitespace and
+    punctuation), in its order, each one's parent, and the nodes of given kinds as ``isinstance`` picks them, for
+    any question asked over the whole file."""
     from analyzers.program.flow import ModuleNodes
 
     ctx = context("""
@@ -475,14 +496,63 @@ def test_module_nodes_list_the_whole_file_once_in_source_order():
             return out
     """)
     facts = ctx.facts(ModuleNodes)
-    assert facts.nodes == list(subtree(ctx.module))
+    code, stack = set(), [ctx.module]
+    while stack:
+        node = stack.pop()
+        code.add(id(node))
+        stack.extend(code_children(node))
+    walked = [node for node in subtree(ctx.module) if id(node) in code]
+    assert facts.nodes == walked
+    assert any(isinstance(node, cst.IfExp) for node in walked)  # written body first, run test first
+    assert not any(isinstance(node, (cst.Comma, cst.SimpleWhitespace, cst.LeftParen)) for node in facts.nodes)
     for node in facts.nodes:
-        for child in node.children:
+        for child in code_children(node):
             assert facts.parents[id(child)] is node
-    for kinds in [(cst.Call,), (cst.Assign, cst.Param), (cst.BaseExpression,), (cst.BaseSmallStatement, cst.Comma)]:
+    for kinds in [(cst.Call,), (cst.Assign, cst.Param), (cst.BaseExpression,), (cst.BaseSmallStatement, cst.Arg)]:
         assert facts.of_type(*kinds) == [node for node in subtree(ctx.module) if isinstance(node, kinds)]
     assert [ctx.module.code_for_node(call.func) for call in facts.of_type(cst.Call)] == \
         ["torch.save", "torch.save", "torch.save"]
+
+
+def test_assigned_values_list_every_assignment_of_a_name_in_every_kind_of_block():
+    """``assigned_values``: each ``name = value`` in the scope, whichever block holds it (branches, loops, ``with``,
+    ``try`` / ``except`` / ``finally``, ``match``, one-line suites, a nested function), in source order; never
+    an augmented, annotated or unpacking assignment, nor a walrus."""
+    from analyzers.program.flow import assigned_values
+
+    ctx = context("""
+        def step(batch, flag):
+            out = 1
+            if flag: out = 2
+            else:
+                for x in batch:
+                    with ctx():
+                        out = x
+            while flag:
+                try:
+                    out = a = 3
+                except ValueError:
+                    out = 4
+                finally:
+                    out += 5
+            match flag:
+                case 1:
+                    out = 6
+            def helper():
+                out = 7
+            out: int = 8
+            out, other = 9, 10
+            if (out := 11):
+                pass
+            total = out = [12 for out in batch]
+            return out
+    """)
+    fn = first(ctx, cst.FunctionDef)
+    assert [ctx.module.code_for_node(v) for v in assigned_values(ctx, fn, "out")] == \
+        ["1", "2", "x", "3", "4", "6", "7", "[12 for out in batch]"]
+    assert [ctx.module.code_for_node(v) for v in assigned_values(ctx, fn, "a")] == ["3"]
+    assert assigned_values(ctx, first(ctx, cst.FunctionDef, lambda f: f.name.value == "helper"), "out")[0] is \
+        assigned_values(ctx, fn, "out")[6]
 
 
 def test_pin_file_listing_is_kept_until_the_folder_changes(tmp_path):

@@ -5,7 +5,8 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import NODE_TYPES, all_children, dotted_name, FileContext
+from analyzers.context import (CHILD_FIELDS, NODE_TYPES, FileContext, all_children, code_children_as_written,
+                               dotted_name)
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -24,9 +25,9 @@ def subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 
 class ModuleNodes:
-    """Every node of the file in source order (``subtree(ctx.module)``: libcst's children, whitespace and punctuation
-    included) and each one's parent, listed once per file (``ctx.facts(ModuleNodes)``) for the questions that look
-    over the whole module, after the walk or before it reaches a node; each such question was a walk of its own."""
+    """Every code node of the file (``code_children``'s: no whitespace or punctuation) in source order, and each
+    one's parent, listed once per file (``ctx.facts(ModuleNodes)``) for the questions that look over the whole
+    module, after the walk or before it reaches a node; each such question was a walk of its own."""
 
     def __init__(self, ctx) -> None:
         nodes: list[cst.CSTNode] = []
@@ -35,10 +36,11 @@ class ModuleNodes:
         while stack:
             node = stack.pop()
             nodes.append(node)
-            children = all_children(node)
+            children = code_children_as_written(node)
             for child in children:
                 parents[id(child)] = node
-            stack.extend(reversed(children))
+            children.reverse()
+            stack.extend(children)
         self.nodes = nodes
         self.parents = parents
         self._of_types: dict[tuple[type, ...], list[cst.CSTNode]] = {}
@@ -137,7 +139,7 @@ class FlowIndex:
         return self._calls.get((method, name), [])
 
     def scope_order(self, scope: cst.CSTNode) -> tuple[dict[int, int], list[tuple[int, cst.Assign]]]:
-        """The scope's nodes in source order (id -> position), not entering nested functions or classes, and
+        """The scope's code nodes in source order (id -> position), not entering nested functions or classes, and
         its assignments with their positions."""
         found = self._scopes.get(id(scope))
         if found is None:
@@ -151,7 +153,7 @@ class FlowIndex:
                     assigns.append((positions[id(node)], node))
                 if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                     continue
-                stack.extend(reversed(all_children(node)))
+                stack.extend(reversed(code_children_as_written(node)))
             found = self._scopes[id(scope)] = (positions, assigns)
         return found
 
@@ -260,6 +262,36 @@ def decides_branch(expr: cst.BaseExpression, ctx) -> bool:
         return isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is current
 
 
+# Small statements (``x = ...``, ``return ...``) and the nodes that can hold one: not expressions, since Python has no
+# statement inside an expression, so a walk for statements need not enter them (most of a function's nodes).
+_SMALL_STATEMENTS = frozenset(t for t in NODE_TYPES if issubclass(t, cst.BaseSmallStatement))
+_STATEMENT_WALK = frozenset(t for t in NODE_TYPES if not issubclass(t, cst.BaseExpression))
+
+
+def small_statements(scope: cst.CSTNode) -> Iterator[cst.BaseSmallStatement]:
+    """Every small statement under ``scope`` (assignments, returns, ``pass``...), in source order, nested
+    functions' included; what ``subtree`` would yield of them, without entering any expression."""
+    wanted = _STATEMENT_WALK
+    small = _SMALL_STATEMENTS
+    stack: list[cst.CSTNode] = [scope]
+    while stack:
+        node = stack.pop()
+        node_type = type(node)
+        if node_type in small:
+            yield node
+            continue
+        children = []  # code_children(node), less the expressions
+        for field in CHILD_FIELDS[node_type]:
+            value = getattr(node, field)
+            value_type = type(value)
+            if value_type in wanted:
+                children.append(value)
+            elif value_type is tuple or value_type is list:
+                children.extend([v for v in value if type(v) in wanted])
+        children.reverse()
+        stack.extend(children)
+
+
 class _AssignedValues:
     """Per scope, the values each plain name is assigned, listed by one walk of the scope (``ctx.facts``): a
     question asked for every name a ``return`` hands back was a walk of the whole function each time."""
@@ -271,10 +303,11 @@ class _AssignedValues:
         held = self._scopes.get(id(scope))
         if held is None:
             by_name: dict[str, list[cst.BaseExpression]] = {}
-            for node in subtree(scope):
-                if isinstance(node, cst.Assign):
-                    for name in dict.fromkeys(t.target.value for t in node.targets if isinstance(t.target, cst.Name)):
-                        by_name.setdefault(name, []).append(node.value)
+            for node in small_statements(scope):
+                if type(node) is not cst.Assign:
+                    continue
+                for name in dict.fromkeys(t.target.value for t in node.targets if isinstance(t.target, cst.Name)):
+                    by_name.setdefault(name, []).append(node.value)
             held = self._scopes[id(scope)] = (scope, by_name)  # the scope held: its id stays its own
         return held[1]
 

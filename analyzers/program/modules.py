@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import libcst as cst
 
+from analyzers.hints import search
 from analyzers.program.names import name_is_model_like, names_configuration
 from analyzers.program.roles import SAVE_ON_MASTER, Payload
 
@@ -144,7 +145,7 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
         layer.activation = last.activation if last is not None else None
     elif name in ("ModuleList", "ModuleDict"):
         for arg in call.args:
-            for node in ast.walk(arg):
+            for node in _walk(arg):
                 sub = layer_of(node) if isinstance(node, ast.Call) and node is not arg else None
                 if sub is not None:
                     layer.kinds |= sub.kinds
@@ -171,10 +172,29 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
     return layer
 
 
-def _appended_layers(body: list[ast.stmt]) -> dict[str, list[ast.AST]]:
-    """``layers.append(nn.Sigmoid())`` / ``layers += [...]``: what is added to a list before ``Sequential(*layers)``."""
+def _walk(tree: ast.AST) -> list[ast.AST]:
+    """``list(ast.walk(tree))``, the same nodes in the same (breadth-first) order, without its generators of fields
+    per node: a file's summary asks several questions over all of its nodes, and reads them once."""
+    found = [tree]
+    node_type = ast.AST
+    append = found.append
+    for node in found:  # the list grows while it is read
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, node_type):
+                append(value)
+            elif type(value) is list:
+                for item in value:
+                    if isinstance(item, node_type):
+                        append(item)
+    return found
+
+
+def _appended_layers(nodes: list[ast.AST]) -> dict[str, list[ast.AST]]:
+    """``layers.append(nn.Sigmoid())`` / ``layers += [...]``: what is added to a list before ``Sequential(*layers)``,
+    among ``nodes`` (a ``_walk`` of the statements before it)."""
     added: dict[str, list[ast.AST]] = {}
-    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+    for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("append",
                                                                                                       "add_module"):
             target = _dotted(node.func.value)
@@ -195,7 +215,7 @@ class _ForwardReader:
         # name -> [(line, value, assigned inside a branch)] in source order
         self.assignments: dict[str, list[tuple[int, ast.AST, bool]]] = {}
         self._collect(fn.body, False)
-        self.returns = [(n.lineno, n.value) for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value is not None]
+        self.returns = [(n.lineno, n.value) for n in _walk(fn) if isinstance(n, ast.Return) and n.value is not None]
 
     def _collect(self, body: list[ast.stmt], conditional: bool) -> None:
         for stmt in body:
@@ -274,7 +294,7 @@ READS_DATA = re.compile(
 
 def summarize(source: str, path: str) -> FileSummary:
     """A summary of one file; a file that does not parse summarizes to nothing."""
-    summary = FileSummary(path, reads_data=bool(READS_DATA.search(source)))
+    summary = FileSummary(path, reads_data=search(READS_DATA, source))
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -282,9 +302,10 @@ def summarize(source: str, path: str) -> FileSummary:
     for node in tree.body:
         _note_import(node, summary)
         if isinstance(node, (ast.If, ast.Try)):
-            for inner in ast.walk(node):
+            for inner in _walk(node):
                 _note_import(inner, summary)
-    appended = _appended_layers(tree.body)
+    nodes = _walk(tree)
+    appended = _appended_layers(nodes)
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             layer = layer_of(node.value)
@@ -296,13 +317,13 @@ def summarize(source: str, path: str) -> FileSummary:
             left = _leaves_in_eval(node)
             if left:
                 summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call) and _dotted(node.func) in ("torch.save", "save") and len(node.args) > 1:
-            for part in ast.walk(node.args[1]):
+            for part in _walk(node.args[1]):
                 if isinstance(part, ast.Constant) and isinstance(part.value, str) and "." in part.value:
                     summary.saved_names.add(part.value.rsplit("/", 1)[-1])
     if "save" in source:
-        summary.refused_payloads = _refused_payloads(tree)
+        summary.refused_payloads = _refused_payloads(nodes)
     for name, extra in appended.items():
         if name in summary.module_layers:
             summary.module_layers[name].activation = (layer_of(extra[-1]) or Layer()).activation
@@ -330,14 +351,14 @@ def _leaves_in_eval(fn: ast.FunctionDef) -> list[str]:
     return [t for t in dict.fromkeys(evaluated) if t.split(".", 1)[0] not in restored]
 
 
-def _refused_payloads(tree: ast.AST) -> set[Payload]:
+def _refused_payloads(nodes: list[ast.AST]) -> set[Payload]:
     """What a file's checkpoints hold that ``weights_only=True`` refuses, for the other files of the repository
     (the file's own rules read :class:`analyzers.program.roles.CheckpointWrites`, which follows more): the first
     argument of ``torch.save`` / ``save_on_master``, a dict literal or a name assigned one (``to_save = {...,
-    "args": args}``, ``ckpt["args"] = args``), or a name."""
+    "args": args}``, ``ckpt["args"] = args``), or a name. ``nodes``: the file's, from ``_walk``."""
     dicts: dict[str, list[tuple[Optional[str], ast.AST]]] = {}
     assigned: dict[str, list[ast.AST]] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if isinstance(target, ast.Name):
@@ -350,7 +371,7 @@ def _refused_payloads(tree: ast.AST) -> set[Payload]:
                 key = target.slice.value if isinstance(target.slice, ast.Constant) else None
                 dicts.setdefault(target.value.id, []).append((key if isinstance(key, str) else None, node.value))
     found: set[Payload] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if not (isinstance(node, ast.Call) and node.args and _writes_checkpoint(_dotted(node.func) or "")):
             continue
         obj = node.args[0]
@@ -419,9 +440,9 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
     methods = {item.name: item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
     init = methods.get("__init__")
     if init is not None:
-        appended = _appended_layers(init.body)
+        appended = _appended_layers(_walk(ast.Module(body=init.body, type_ignores=[])))
         local_layers: dict[str, ast.AST] = {}
-        for stmt in ast.walk(init):
+        for stmt in _walk(init):
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                 target = stmt.targets[0]
                 if isinstance(target, ast.Name):
@@ -453,7 +474,7 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
         cls.forward_activation = reader.activation()
         if cls.forward_activation is not None and reader.returns:
             cls.forward_return_line = reader.returns[0][0]
-        for inner in ast.walk(forward):
+        for inner in _walk(forward):
             if isinstance(inner, ast.Call) and _last(inner.func) in ("dropout", "dropout2d", "dropout1d",
                                                                     "alpha_dropout"):
                 cls.functional_dropout = True
@@ -636,14 +657,25 @@ class RepositoryIndex:
             if name is not None:
                 others += self._module_files(f"{module}.{name}" if module else name, level, path)
         for other in dict.fromkeys(others):
-            other_summary = self.summary(other)
-            if other_summary is not None and other_summary.refused_payloads:
+            refused = self._refused_payloads_of(other)
+            if refused:
                 try:
                     shown = other.resolve().relative_to(self.root).as_posix()
                 except ValueError:
                     shown = other.name
-                found[shown] = set(other_summary.refused_payloads)
+                found[shown] = set(refused)
         return found
+
+    def _refused_payloads_of(self, path: Path) -> set[Payload]:
+        """``summary(path).refused_payloads``. A file not summarized yet that never says ``save`` is read, not
+        parsed: ``summarize`` looks for checkpoints only where it does (most of the files beside a loader)."""
+        if path not in self._by_path:
+            data = _read_bounded(path)
+            if data is not None and b"save" not in data:  # ASCII: the same bytes in the text summarize reads
+                _note_file(path, _digest(data))  # what summary() notes: the answer depends on these bytes
+                return set()
+        summary = self.summary(path)
+        return summary.refused_payloads if summary is not None else set()
 
     def module_layer(self, importer: Path, local_name: str, source: Optional[str] = None) -> Optional[Layer]:
         """A module-level ``D = nn.Sequential(...)`` of ``importer`` (or imported into it)."""
@@ -777,7 +809,7 @@ class ModuleFacts:
 
     def reads_data(self, class_names: Iterable[str]) -> bool:
         """Does this file, or the file of any of these classes (its Dataset), read real data?"""
-        if READS_DATA.search(self.ctx.source):
+        if search(READS_DATA, self.ctx.source):
             return True
         index = self.ctx.repository
         for name in class_names:

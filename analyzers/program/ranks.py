@@ -23,8 +23,9 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, string_value
-from analyzers.program.flow import subtree
+from analyzers.context import (NODE_TYPES, FileContext, all_children, argument, code_children, dotted_name,
+                               string_value)
+from analyzers.program.flow import small_statements
 from analyzers.program.library import (RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES, Does, does,
                                        is_ddp, is_library)
 from analyzers.program.names import name_words
@@ -45,11 +46,17 @@ class _RankNames:
         self.names: set[str] = set()
         self.functions: dict[str, cst.FunctionDef] = {}
         spawned: set[str] = set()
-        for node in subtree(ctx.module):
-            if isinstance(node, cst.FunctionDef):
+        stack: list[cst.CSTNode] = [ctx.module]  # code nodes only: whitespace is most of a file's nodes
+        while stack:
+            node = stack.pop()
+            node_type = type(node)
+            if node_type is cst.FunctionDef:
                 self.functions.setdefault(node.name.value, node)
-            elif isinstance(node, cst.Call):
+            elif node_type is cst.Call:
                 self._note_call(node, ctx, spawned)
+            children = code_children(node)
+            children.reverse()  # source order: the first function of a name is the one kept
+            stack.extend(children)
         for name in spawned:
             fn = self.functions.get(name)
             if fn is not None and fn.params.params:
@@ -90,7 +97,7 @@ def _returns_rank(fn: cst.FunctionDef, ctx: FileContext, depth: int) -> bool:
         known[name] = False  # recursion ends here
         known[name] = any(isinstance(node, cst.Return) and node.value is not None
                           and depends_on_rank(node.value, ctx, depth + 1)
-                          for node in subtree(fn.body))
+                          for node in small_statements(fn.body))
     return known[name]
 
 
@@ -150,19 +157,24 @@ def _parts(expr: cst.BaseExpression, ctx: FileContext) -> Iterator[cst.BaseExpre
     stack: list[cst.CSTNode] = [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.BaseExpression):
+        node_type = type(node)
+        if node_type in _EXPRESSIONS:
             yield node
-        if isinstance(node, (cst.Name, cst.Attribute, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp,
-                             cst.GeneratorExp)):
+        if node_type in _NOT_ENTERED:
             continue
-        if isinstance(node, cst.Call):
+        if node_type is cst.Call:
             method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
             if method in _VALUE_METHODS or (ctx.call_name(node) or dotted_name(node.func)) in _VALUE_CALLS:
                 stack.extend(reversed([a.value for a in node.args]))
                 if method in _VALUE_METHODS:
                     stack.append(node.func.value)
             continue
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(all_children(node)))
+
+
+_EXPRESSIONS = frozenset(t for t in NODE_TYPES if issubclass(t, cst.BaseExpression))  # isinstance, by set
+_NOT_ENTERED = frozenset(t for t in NODE_TYPES if issubclass(t, (cst.Name, cst.Attribute, cst.Lambda, cst.ListComp,
+                                                                  cst.SetComp, cst.DictComp, cst.GeneratorExp)))
 
 
 def depends_on_rank(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> bool:
@@ -196,6 +208,7 @@ def rank_guarded(node: cst.CSTNode, ctx: FileContext) -> bool:
 
 def returns_off_rank(node: cst.If, ctx: FileContext) -> bool:
     """``if <rank test>: return``: the rest of the function runs on some processes only."""
-    return isinstance(node.body, cst.IndentedBlock) and is_rank_test(node.test, ctx) and any(
+    # the shape first: the rank question follows the test's names through the file, and few ``if``s return
+    return isinstance(node.body, cst.IndentedBlock) and any(
         isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
-        for s in node.body.body)
+        for s in node.body.body) and is_rank_test(node.test, ctx)
