@@ -46,6 +46,7 @@ class Does(enum.Enum):
     SPAWNS_PROCESSES = "starts one process per rank, passing the process index as its function's first argument"
     RUNS_ON_RANK_ZERO = "a decorator: the function it wraps runs on the process of rank 0 only"
     TAKES_TENSOR_DICT = "takes a dict of tensors (a state dict), never a module, as its first argument"
+    KEEPS_FP32_MASTER_WEIGHTS = "trains a float16 model through a float32 master copy of its weights"
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,13 @@ APIS: dict[str, Api] = {
                     "pytorch_lightning.utilities.rank_zero_only",
                     "pytorch_lightning.utilities.rank_zero.rank_zero_only",
                     "lightning_utilities.core.rank_zero.rank_zero_only")},
+    # --- optimizers and engines that train a half-precision model on a float32 master copy of its weights
+    **{name: _api("https://nvidia.github.io/apex/fp16_utils.html#apex.fp16_utils.FP16_Optimizer (\"maintains fp32 "
+                  "master parameters\" for a model cast to half)", Does.KEEPS_FP32_MASTER_WEIGHTS)
+       for name in ("apex.fp16_utils.FP16_Optimizer", "apex.fp16_utils.fp16_optimizer.FP16_Optimizer",
+                    "apex.optimizers.FP16_Optimizer")},
+    "deepspeed.initialize": _api("https://www.deepspeed.ai/docs/config-json/#fp16-training-options (fp16 mode keeps "
+                                 "fp32 master weights in its optimizer)", Does.KEEPS_FP32_MASTER_WEIGHTS),
     # --- accelerate: "Prepare all objects passed in args for distributed training and mixed precision": models
     # are wrapped (DDP/FSDP) and moved to the process's device, data loaders sharded across processes
     **{f"{cls}.prepare": _api("https://huggingface.co/docs/accelerate/package_reference/accelerator"
@@ -285,6 +293,11 @@ def apis_that(what: Does) -> frozenset:
 def training_libraries_that(what: Does) -> tuple[str, ...]:
     """Top-level packages whose training loop does ``what`` for the user (a file importing one leaves it to them)."""
     return tuple(root for root, api in TRAINING_LIBRARIES.items() if what in api.does)
+
+
+# the last names of the calls that train a half model on float32 master weights: a cheap test before resolving
+MASTER_WEIGHTS_LAST_NAMES = frozenset(name.rsplit(".", 1)[-1] for name, api in APIS.items()
+                                      if Does.KEEPS_FP32_MASTER_WEIGHTS in api.does)
 
 
 def names_an_optimizer_class(name: Optional[str]) -> bool:

@@ -1,0 +1,62 @@
+"""What a training loop iterates is data, and which optimizers keep float32 master weights (analyzers/program)."""
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from analyzers.context import FileContext
+from analyzers.engine import _Walker
+from analyzers.program import library
+from analyzers.program.flow import subtree
+from analyzers.program.library import Does
+from analyzers.program.loops import batch_of_training_loop
+
+
+def context(code: str) -> FileContext:
+    source = textwrap.dedent(code)
+    module = cst.parse_module(source)
+    ctx = FileContext("example.py", source, module)
+    _Walker(ctx, [], lambda rule, exc: None).walk(module)
+    return ctx
+
+
+def cast_receivers(ctx: FileContext) -> dict[str, bool]:
+    """Receiver of each ``.half()`` -> is it a batch of a training loop."""
+    return {node.func.value.value: batch_of_training_loop(node.func.value, ctx) for node in subtree(ctx.module)
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "half"
+            and isinstance(node.func.value, cst.Name)}
+
+
+def test_the_items_a_training_loop_iterates_are_batches_not_the_model():
+    ctx = context("""
+        def fit(model, loader, opt):
+            model.half()
+            for step, (tokens, targets) in enumerate(loader):
+                tokens.half()
+                loss = model(tokens, targets)
+                loss.backward()
+                opt.step()
+        def score(net, batches):
+            for inputs in batches:
+                inputs.half()
+                net(inputs)
+        def cast_all(members, loader):
+            for x in loader:
+                for member in members:
+                    member.half()
+                    member(x).sum().backward()
+    """)
+    assert cast_receivers(ctx) == {
+        "model": False,  # not bound by a loop
+        "tokens": True,  # an item of the loop that trains
+        "inputs": False,  # that loop only evaluates
+        "member": False,  # the loop calls it: it iterates models
+    }
+
+
+def test_master_weight_optimizers_are_known_by_the_table():
+    assert library.does("apex.fp16_utils.FP16_Optimizer", Does.KEEPS_FP32_MASTER_WEIGHTS)
+    assert library.does("deepspeed.initialize", Does.KEEPS_FP32_MASTER_WEIGHTS)
+    assert not library.does("torch.optim.Adam", Does.KEEPS_FP32_MASTER_WEIGHTS)
+    assert "FP16_Optimizer" in library.MASTER_WEIGHTS_LAST_NAMES
