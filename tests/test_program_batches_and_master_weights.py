@@ -60,3 +60,22 @@ def test_master_weight_optimizers_are_known_by_the_table():
     assert library.does("deepspeed.initialize", Does.KEEPS_FP32_MASTER_WEIGHTS)
     assert not library.does("torch.optim.Adam", Does.KEEPS_FP32_MASTER_WEIGHTS)
     assert "FP16_Optimizer" in library.MASTER_WEIGHTS_LAST_NAMES
+
+
+def test_a_value_read_only_as_a_slice_bound_or_python_number_stays_on_the_host():
+    from analyzers.program.flow import read_only_as_host_scalar
+    ctx = context("""
+        def crop(images, size):
+            top = draw()
+            steps = draw()
+            picked = draw()
+            unused = draw()
+            for _ in range(int(steps)):
+                images = images[:, top : top + size]
+            return images[picked]
+    """)
+    fn = next(n for n in subtree(ctx.module) if isinstance(n, cst.FunctionDef))
+    assert read_only_as_host_scalar(ctx, fn, "top")  # slice bounds, through arithmetic
+    assert read_only_as_host_scalar(ctx, fn, "steps")  # int(...)
+    assert not read_only_as_host_scalar(ctx, fn, "picked")  # an index tensor: the device reads it
+    assert not read_only_as_host_scalar(ctx, fn, "unused")  # never read: nothing to say

@@ -293,3 +293,39 @@ def runs_when_true(branching: cst.CSTNode, node: cst.CSTNode, ctx) -> bool:
     orelse = getattr(branching, "orelse", None)
     in_else = orelse is not None and any(a is orelse for a in ctx.ancestors(node))
     return in_else == negated
+
+
+_HOST_NUMBER_BUILTINS = frozenset({"int", "float", "bool", "range"})
+
+
+def read_only_as_host_scalar(ctx, scope: cst.CSTNode, name: str) -> bool:
+    """Every read of ``name`` in ``scope`` is a slice bound (``x[:, a : a + n]``), through arithmetic, or the
+    argument of ``int`` / ``float`` / ``bool`` / ``range``: Python takes a 0-dim tensor's value there, on the host,
+    and no device ever reads the tensor. False when ``name`` is never read."""
+    reads = 0
+    for node in subtree(scope):
+        if not isinstance(node, cst.Name) or node.value != name:
+            continue
+        use: cst.CSTNode = node
+        parent = ctx.parent(use)
+        if isinstance(parent, (cst.AssignTarget, cst.Param)) or (
+                isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is use) or (
+                isinstance(parent, cst.Attribute) and parent.attr is use):
+            continue  # a store, a parameter, or ``x.name``: not a read of the local
+        reads += 1
+        while isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
+            use, parent = parent, ctx.parent(parent)
+        if isinstance(parent, cst.Slice):
+            continue
+        grand = ctx.parent(parent) if isinstance(parent, cst.Arg) else None
+        if isinstance(grand, cst.Call) and makes_python_number(grand, ctx):
+            continue
+        return False
+    return reads > 0
+
+
+def makes_python_number(call: cst.Call, ctx) -> bool:
+    """``int(...)`` / ``float(...)`` / ``bool(...)`` / ``range(...)`` of the builtins: a tensor argument is read
+    once, on the host, into a Python number."""
+    return isinstance(call.func, cst.Name) and call.func.value in _HOST_NUMBER_BUILTINS and \
+        ctx.binding(call.func.value) is None

@@ -8,7 +8,7 @@ import libcst as cst
 from analyzers.context import (FileContext, dotted_name, keyword_arg,
                                method_name, short)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import decides_branch, subtree
+from analyzers.program.flow import decides_branch, makes_python_number, read_only_as_host_scalar, subtree
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.rules.device_performance._device import (
@@ -174,6 +174,21 @@ class TensorWithoutDevice(Rule):
                 return x * self.scale
         model = Net().cuda()
         """,
+        # random crop offsets: 0-dim tensors Python reads as slice bounds, on the host
+        """
+        import torch
+        import torch.nn as nn
+        class RandomCrops(nn.Module):
+            def forward(self, images, n: int):
+                crops = []
+                for _ in range(n):
+                    size = int(torch.rand([]) * self.size) + 1
+                    top = torch.randint(0, images.shape[2] - self.size + 1, ())
+                    left = torch.randint(0, images.shape[3] - self.size + 1, ())
+                    crops.append(images[:, :, top : top + self.size, left : left + self.size])
+                return torch.cat(crops)
+        model = RandomCrops().cuda()
+        """,
         # not an nn.Module; host-side bookkeeping in a training step
         """
         import torch
@@ -322,7 +337,7 @@ class TensorWithoutDevice(Rule):
                     if operand is not current)  # ``if torch.rand(1) < p:`` a host-side draw decides a branch
             if isinstance(parent, cst.Arg) and isinstance(grand, cst.Call):
                 sink = method_name(grand)
-                if sink in _HOST_SINKS:
+                if sink in _HOST_SINKS or makes_python_number(grand, ctx):
                     return True
                 if isinstance(grand.func, cst.Attribute) and (ctx.call_name(grand) or "").startswith("torch."):
                     current = grand  # ``torch.triu(torch.ones(n, n)).to(device)``: follow the torch op
@@ -338,6 +353,9 @@ class TensorWithoutDevice(Rule):
         for cand in self.candidates:
             if cand.target is not None and cand.target.split(".")[0] in moved.get(id(cand.fn), ()):
                 continue
+            if cand.target is not None and "." not in cand.target and \
+                    read_only_as_host_scalar(ctx, cand.fn, cand.target):
+                continue  # a random offset used as a slice bound: Python reads it on the host, no device sees it
             # a model file that moves nothing itself (nanoGPT's model.py: train.py moves it) is still told about
             # position ids for its own embedding, which break on any GPU, one level lower
             embedding = self._embedding_fed(cand, ctx) if cuda or cand.owner.endswith(".forward()") else None
