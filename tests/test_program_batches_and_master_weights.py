@@ -79,3 +79,24 @@ def test_a_value_read_only_as_a_slice_bound_or_python_number_stays_on_the_host()
     assert read_only_as_host_scalar(ctx, fn, "steps")  # int(...)
     assert not read_only_as_host_scalar(ctx, fn, "picked")  # an index tensor: the device reads it
     assert not read_only_as_host_scalar(ctx, fn, "unused")  # never read: nothing to say
+
+
+def test_a_name_picked_from_a_registry_of_classes_holds_a_class():
+    from analyzers.program.values import names_a_class
+    ctx = context("""
+        from zoo import GCN, GraphSAGE
+        import torch.nn as nn
+        class Local(nn.Module):
+            pass
+        ARCHITECTURES = {"gcn": GCN, "sage": GraphSAGE, "local": Local}
+        TRAINED = [first_net, second_net]
+        def run(name, i):
+            Model = ARCHITECTURES[name]
+            model = Model(3)
+            chosen = TRAINED[i]
+            chosen(3)
+            model(3)
+    """)
+    called = {n.func.value: names_a_class(ctx, n.func) for n in subtree(ctx.module)
+              if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)}
+    assert called == {"Model": True, "chosen": False, "model": False}

@@ -174,6 +174,45 @@ def is_model_call(func: cst.BaseExpression, ctx: FileContext) -> bool:
     return False
 
 
+def names_a_class(ctx: FileContext, expr: cst.BaseExpression) -> bool:
+    """``expr`` holds a class, not an instance: ``Model = MODELS[name]`` picked out of a dict, list or tuple
+    literal whose items are all classes (defined in this file, or imported CapWords names). Calling it builds a
+    model; it runs none."""
+    origin = _value_of(ctx, expr)
+    if not isinstance(origin, cst.Subscript):
+        return False
+    container = _value_of(ctx, origin.value)
+    if isinstance(container, cst.Dict):
+        items = [element.value for element in container.elements if isinstance(element, cst.DictElement)]
+    elif isinstance(container, (cst.List, cst.Tuple)):
+        items = [element.value for element in container.elements if isinstance(element, cst.Element)]
+    else:
+        return False
+    return bool(items) and all(_is_class(ctx, item) for item in items)
+
+
+def _value_of(ctx: FileContext, expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """What produced ``expr``: during the walk the binding in scope, after it the last assignment before it."""
+    origin = ctx.origin(expr)
+    if isinstance(origin, cst.Name):
+        return assignment_before(ctx, expr, origin.value) or origin
+    return origin
+
+
+def _is_class(ctx: FileContext, item: cst.BaseExpression) -> bool:
+    """A capitalised name imported or defined by ``class`` at this file's top level: PEP 8's spelling of a class
+    (``GCN`` and ``VGG`` too; the item is called, so it is no constant)."""
+    name = dotted_name(item)
+    if name is None:
+        return False
+    last = last_segment(name)
+    if not last[:1].isupper():
+        return False
+    head = name.split(".", 1)[0]
+    return head in ctx.imports.names or any(isinstance(stmt, cst.ClassDef) and stmt.name.value == name
+                                            for stmt in ctx.module.body)
+
+
 def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:
     """The module expression a call returns unchanged or wrapped: ``net`` for ``net.to(device)``,
     ``nn.DataParallel(net)``, ``torch.compile(net)``; None when ``expr`` is no such call."""

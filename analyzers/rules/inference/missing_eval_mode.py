@@ -86,6 +86,9 @@ class MissingEvalMode(_InferencePathRule):
         "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
         Valid("import torch\nfrom transformers import AutoModel\nmodel = AutoModel.from_pretrained('bert-base-uncased')\n"
               "def predict(batch):\n    with torch.no_grad():\n        return model(**batch)\n"),
+        Valid("import torch\nfrom zoo import GCN, GIN\nMODELS = {'gcn': GCN, 'gin': GIN}\n"
+              "@torch.no_grad()\ndef run_inference(name, data):\n    Model = MODELS[name]\n"
+              "    model = Model(data, 3).eval()\n    return model(data)\n"),
     ]
     INVALID = [
         Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"
