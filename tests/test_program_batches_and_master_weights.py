@@ -100,3 +100,17 @@ def test_a_name_picked_from_a_registry_of_classes_holds_a_class():
     called = {n.func.value: names_a_class(ctx, n.func) for n in subtree(ctx.module)
               if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)}
     assert called == {"Model": True, "chosen": False, "model": False}
+
+
+
+def test_the_names_a_value_passed_through_are_its_aliases():
+    from analyzers.program.values import alias_names
+    ctx = context("""
+        model = build_model(config)
+        model.eval()
+        runner = model
+        served = runner
+        fresh = build_model(config)
+    """)
+    assert alias_names(ctx, cst.Name("served")) == ["runner", "model"]  # model.eval() covers it
+    assert alias_names(ctx, cst.Name("fresh")) == []

@@ -213,6 +213,24 @@ def _is_class(ctx: FileContext, item: cst.BaseExpression) -> bool:
                                             for stmt in ctx.module.body)
 
 
+def alias_names(ctx: FileContext, expr: cst.BaseExpression, depth: int = 4) -> list[str]:
+    """The names a value passed through by plain assignment before ``expr`` held it: ``["model"]`` for
+    ``runner`` after ``runner = model`` (whatever ``model`` was built from). A mode set on any of them
+    (``model.eval()`` before the aliasing) is the value's mode."""
+    names: list[str] = []
+    current: Optional[cst.BaseExpression] = expr
+    for _ in range(depth):
+        value = ctx.assigned_value(current) if isinstance(current, (cst.Name, cst.Attribute)) else None
+        if not isinstance(value, (cst.Name, cst.Attribute)):
+            break
+        name = dotted_name(value)
+        if name is None or name in names:
+            break
+        names.append(name)
+        current = value
+    return names
+
+
 def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:
     """The module expression a call returns unchanged or wrapped: ``net`` for ``net.to(device)``,
     ``nn.DataParallel(net)``, ``torch.compile(net)``; None when ``expr`` is no such call."""

@@ -10,7 +10,7 @@ from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does, method_does, method_returns_same_module
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.builds import built_module
-from analyzers.program.values import names_a_class
+from analyzers.program.values import alias_names, names_a_class
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
 from analyzers.program.roles import is_test_code
 from analyzers.rules.base import Rule
@@ -334,7 +334,7 @@ class Facts:
             # a module's own predict()/inference() helper: the caller decides the mode, unless it loops over data
             if not self.stack[-1].val_loops and not loops_over_loader(ctx):
                 return
-        aliases = {model}
+        aliases = {model, *alias_names(ctx, target)}  # ``model.eval(); runner = model``: the same model
         origin_name = dotted_name(origin) if isinstance(origin, (cst.Name, cst.Attribute)) else None
         if origin_name:
             aliases.add(origin_name)
