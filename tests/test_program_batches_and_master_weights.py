@@ -114,3 +114,20 @@ def test_the_names_a_value_passed_through_are_its_aliases():
     """)
     assert alias_names(ctx, cst.Name("served")) == ["runner", "model"]  # model.eval() covers it
     assert alias_names(ctx, cst.Name("fresh")) == []
+
+
+def test_an_implicit_load_beside_an_explicit_unrestricted_one_of_the_same_file_is_that_decision():
+    from analyzers.program.roles import unrestricted_load_beside
+    ctx = context("""
+        import torch
+        def per_version(f):
+            if torch.__version__ < "2.6":
+                return torch.load(f)
+            return torch.load(f, weights_only=False)
+        def two_files(a, b):
+            first = torch.load(a)
+            return first, torch.load(b, weights_only=False)
+    """)
+    implicit = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.call_name(n) == "torch.load"
+                and not any(arg.keyword is not None for arg in n.args)]
+    assert [unrestricted_load_beside(ctx, call) for call in implicit] == [True, False]

@@ -535,3 +535,24 @@ def in_lightning_module(ctx: "FileContext") -> bool:
         if any(last_segment(base) == "LightningModule" for base in ctx.class_bases(cls)):
             return True
     return False
+
+
+def unrestricted_load_beside(ctx: "FileContext", load: cst.Call) -> bool:
+    """Another ``torch.load`` in the same function reads the same source with an explicit ``weights_only=False``
+    (``if torch.__version__ < "2.6": torch.load(f) else: torch.load(f, weights_only=False)``): the author decided
+    the payload needs full unpickling on every torch, so the implicit load is that same decision, said there."""
+    source = argument(load, 0, "f")
+    if source is None:
+        return False
+    text = ctx.module.code_for_node(source)
+    scope = next((a for a in ctx.ancestors(load) if isinstance(a, cst.FunctionDef)), ctx.module)
+    for node in subtree(scope):
+        if node is load or not isinstance(node, cst.Call) or not does(ctx.call_name(node), Does.READS_TORCH_CHECKPOINT):
+            continue
+        other = argument(node, 0, "f")
+        flag = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "weights_only"),
+                    None)
+        if other is not None and ctx.module.code_for_node(other) == text and isinstance(flag, cst.Name) and \
+                flag.value == "False":
+            return True
+    return False
