@@ -131,3 +131,27 @@ def test_an_implicit_load_beside_an_explicit_unrestricted_one_of_the_same_file_i
     implicit = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.call_name(n) == "torch.load"
                 and not any(arg.keyword is not None for arg in n.args)]
     assert [unrestricted_load_beside(ctx, call) for call in implicit] == [True, False]
+
+
+def test_a_probability_zeroed_outside_training_wherever_it_comes_from():
+    from analyzers.program.state import zero_unless_training
+    ctx = context("""
+        class Block:
+            def forward(self, x):
+                if not self.training:
+                    p = 0.0
+                else:
+                    p = self.rate
+                q = self.rate if self.training else 0
+                return self.helper(x, p), self.helper_always(x, self.rate), q
+            def helper(self, x, rate):
+                return drop(x, rate)
+            def helper_always(self, x, rate):
+                return drop(x, rate)
+    """)
+    functions = {n.name.value: n for n in subtree(ctx.module) if isinstance(n, cst.FunctionDef)}
+    forward = functions["forward"]
+    assert zero_unless_training(ctx, cst.Name("p"), forward)
+    assert zero_unless_training(ctx, cst.Name("q"), forward)
+    assert zero_unless_training(ctx, cst.Name("rate"), functions["helper"])  # through its one call site
+    assert not zero_unless_training(ctx, cst.Name("rate"), functions["helper_always"])
