@@ -155,3 +155,20 @@ def test_a_probability_zeroed_outside_training_wherever_it_comes_from():
     assert zero_unless_training(ctx, cst.Name("q"), forward)
     assert zero_unless_training(ctx, cst.Name("rate"), functions["helper"])  # through its one call site
     assert not zero_unless_training(ctx, cst.Name("rate"), functions["helper_always"])
+
+
+def test_a_call_handed_a_model_acts_on_it_and_is_no_forward_pass():
+    from analyzers.program.values import hands_a_model
+    ctx = context("""
+        import torch.nn as nn
+        net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        accelerator.unwrap_model(unet)
+        helper.wrap(net)
+        model(images)
+        decoder(encoder(images))
+        self.model(self.inputs)
+    """)
+    handed = {ctx.module.code_for_node(n.func): hands_a_model(ctx, n) for n in subtree(ctx.module)
+              if isinstance(n, cst.Call) and not ctx.module.code_for_node(n.func).startswith("nn.")}
+    assert handed == {"accelerator.unwrap_model": True, "helper.wrap": True, "model": False, "decoder": False,
+                      "encoder": False, "self.model": False}

@@ -10,6 +10,7 @@ from analyzers.context import FileContext, argument, dotted_name
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument)
+from analyzers.program.builds import built_module
 from analyzers.program.modules import ModuleFacts, torch_layer_features
 from analyzers.program.names import (last_name, last_segment, name_is_model_like, name_is_optimizer_like,
                                      name_is_scaler_like, name_is_scheduler_like)
@@ -229,6 +230,25 @@ def alias_names(ctx: FileContext, expr: cst.BaseExpression, depth: int = 4) -> l
         names.append(name)
         current = value
     return names
+
+
+def hands_a_model(ctx: FileContext, call: cst.Call) -> bool:
+    """``call`` is given a model as an argument (``accelerator.unwrap_model(unet)``, ``self._wrap_model(self.model)``,
+    ``generate_from_model(self.model, batch)``): a helper that acts on the model, not the model's forward pass,
+    whatever the callee is called. A forward pass takes data."""
+    for arg in call.args:
+        value = arg.value
+        if not isinstance(value, (cst.Name, cst.Attribute)):
+            continue
+        name = dotted_name(value)
+        if name is not None and name != "self" and (name_is_model_like(name) or _holds_built_model(ctx, value)):
+            return True
+    return False
+
+
+def _holds_built_model(ctx: FileContext, value: cst.BaseExpression) -> bool:
+    built = built_module(ctx, ctx.origin(value))
+    return built is not None and built.model
 
 
 def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:

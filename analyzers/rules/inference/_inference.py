@@ -10,7 +10,7 @@ from analyzers.program.flow import subtree
 from analyzers.program.library import Does, does, method_does, method_returns_same_module
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.builds import built_module
-from analyzers.program.values import alias_names, names_a_class
+from analyzers.program.values import alias_names, hands_a_model, names_a_class
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
 from analyzers.program.roles import is_test_code
 from analyzers.rules.base import Rule
@@ -323,8 +323,10 @@ class Facts:
         eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin)
         if not (name_like or constructed):
             return
-        if isinstance(origin, (cst.Lambda,)) or names_a_class(ctx, target):
-            return  # ``Model = MODELS[name]; Model(cfg)`` builds a model from a registry of classes: nothing runs
+        if isinstance(origin, (cst.Lambda,)) or names_a_class(ctx, target) or hands_a_model(ctx, node):
+            # ``Model = MODELS[name]; Model(cfg)`` builds a model from a class; ``unwrap_model(unet)`` is handed one:
+            # neither runs a model's forward pass
+            return
         if shape_check(node, target, ctx):
             return
         cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)

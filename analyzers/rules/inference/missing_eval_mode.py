@@ -90,6 +90,8 @@ class MissingEvalMode(_InferencePathRule):
               "    if script:\n        serving_model = torch.jit.trace(model, x)\n    else:\n"
               "        serving_model = model\n    def predict():\n        with torch.no_grad():\n"
               "            return serving_model(x)\n    return predict\n"),
+        Valid("import torch\ndef on_validation_end(accelerator, unet, batch):\n    with torch.no_grad():\n"
+              "        accelerator.unwrap_model(unet).reset_cache()\n"),
         Valid("import torch\nfrom zoo import GCN, GIN\nMODELS = {'gcn': GCN, 'gin': GIN}\n"
               "@torch.no_grad()\ndef run_inference(name, data):\n    Model = MODELS[name]\n"
               "    model = Model(data, 3).eval()\n    return model(data)\n"),
