@@ -172,3 +172,24 @@ def test_a_call_handed_a_model_acts_on_it_and_is_no_forward_pass():
               if isinstance(n, cst.Call) and not ctx.module.code_for_node(n.func).startswith("nn.")}
     assert handed == {"accelerator.unwrap_model": True, "helper.wrap": True, "model": False, "decoder": False,
                       "encoder": False, "self.model": False}
+
+
+def test_from_pretrained_of_a_tokenizer_config_or_scheduler_builds_no_module():
+    from analyzers.program.builds import built_module
+    ctx = context("""
+        import transformers
+        from transformers import AutoModel, AutoTokenizer, BertTokenizerFast, AutoConfig
+        from diffusers import DDPMScheduler
+        a = AutoModel.from_pretrained(name)
+        b = AutoTokenizer.from_pretrained(name)
+        c = BertTokenizerFast.from_pretrained(name)
+        d = AutoConfig.from_pretrained(name)
+        e = DDPMScheduler.from_pretrained(name)
+        f = transformers.AutoModelForCausalLM.from_pretrained(name)
+        g = transformers.AutoTokenizer.from_pretrained(name)
+    """)
+    built = {n.targets[0].target.value: built_module(ctx, n.value) is not None for n in subtree(ctx.module)
+             if isinstance(n, cst.Assign)}
+    assert built == {"a": True, "b": False, "c": False, "d": False, "e": False, "f": True, "g": False}
+    assert library.pretrained_gives_no_module("transformers.AutoTokenizer")
+    assert all(doc.startswith("https://") for doc in library.PRETRAINED_NOT_MODULES.values())

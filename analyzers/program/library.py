@@ -185,6 +185,25 @@ METHODS: dict[str, Api] = {
     "from_pretrained": _api(f"{_HF_EVAL}; {_DIFFUSERS_EVAL}", Does.RETURNS_EVAL_MODEL),
 }
 
+# ... except on the classes whose ``from_pretrained`` gives no module: transformers' tokenizers
+# (PreTrainedTokenizerBase), configurations (PretrainedConfig), processors and feature extractors (ProcessorMixin,
+# FeatureExtractionMixin, ImageProcessingMixin), and diffusers' schedulers (SchedulerMixin), by the suffix those
+# families' class names share (``AutoTokenizer``, ``BertTokenizerFast``, ``AutoConfig``, ``DDPMScheduler``)
+PRETRAINED_NOT_MODULES: dict[str, str] = {
+    **{suffix: "https://huggingface.co/docs/transformers/main_classes/tokenizer"
+       for suffix in ("Tokenizer", "TokenizerFast")},
+    "Config": "https://huggingface.co/docs/transformers/main_classes/configuration",
+    "Processor": "https://huggingface.co/docs/transformers/main_classes/processors",
+    "FeatureExtractor": "https://huggingface.co/docs/transformers/main_classes/feature_extractor",
+    "Scheduler": "https://huggingface.co/docs/diffusers/api/schedulers/overview",
+}
+
+
+def pretrained_gives_no_module(receiver: Optional[str]) -> bool:
+    """``receiver.from_pretrained(...)`` returns a tokenizer, a configuration, a processor or a scheduler."""
+    return bool(receiver) and receiver.rsplit(".", 1)[-1].endswith(tuple(PRETRAINED_NOT_MODULES))
+
+
 _LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "
               "loss; use_distributed_sampler sets the sampler's epoch; validation runs in eval mode)")
 _ACCELERATE = ("https://huggingface.co/docs/accelerate/package_reference/accelerator (accelerator.backward scales the "
