@@ -193,3 +193,24 @@ def test_from_pretrained_of_a_tokenizer_config_or_scheduler_builds_no_module():
     assert built == {"a": True, "b": False, "c": False, "d": False, "e": False, "f": True, "g": False}
     assert library.pretrained_gives_no_module("transformers.AutoTokenizer")
     assert all(doc.startswith("https://") for doc in library.PRETRAINED_NOT_MODULES.values())
+
+
+def test_branches_on_different_values_of_one_setting_never_run_together():
+    from analyzers.program.flow import exclusive_branches
+    ctx = context("""
+        if args.mode == "freeze":
+            freeze()
+        if args.mode == "finetune":
+            unfreeze()
+        if args.other == "x":
+            other()
+        for phase in ("train", "val"):
+            if phase == "train":
+                train_phase()
+            if phase == "val":
+                val_phase()
+    """)
+    at = {n.func.value: n for n in subtree(ctx.module) if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)}
+    assert exclusive_branches(ctx, at["freeze"], at["unfreeze"])
+    assert not exclusive_branches(ctx, at["freeze"], at["other"])  # another setting
+    assert not exclusive_branches(ctx, at["train_phase"], at["val_phase"])  # the loop changes it

@@ -329,3 +329,34 @@ def makes_python_number(call: cst.Call, ctx) -> bool:
     once, on the host, into a Python number."""
     return isinstance(call.func, cst.Name) and call.func.value in _HOST_NUMBER_BUILTINS and \
         ctx.binding(call.func.value) is None
+
+
+def _chosen_values(ctx, node: cst.CSTNode) -> dict[str, str]:
+    """``{"args.weights": "'freeze'"}`` for a node under ``if args.weights == 'freeze':`` (the body, not the else):
+    the literal each enclosing test's expression equals where ``node`` runs. Expressions a loop around ``node``
+    rebinds (``for phase in ...: if phase == "train"``) change between iterations and are left out."""
+    chosen: dict[str, str] = {}
+    looped: set[str] = set()
+    child = node
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.For):
+            looped |= {n.value for n in subtree(ancestor.target) if isinstance(n, cst.Name)}
+        if isinstance(ancestor, cst.If) and child is ancestor.body:
+            test = ancestor.test
+            if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+                    isinstance(test.comparisons[0].operator, cst.Equal):
+                left, right = test.left, test.comparisons[0].comparator
+                if isinstance(left, (cst.SimpleString, cst.Integer)):
+                    left, right = right, left
+                if isinstance(right, (cst.SimpleString, cst.Integer)) and isinstance(left, (cst.Name, cst.Attribute)):
+                    chosen.setdefault(ctx.module.code_for_node(left), right.value)
+        child = ancestor
+    return {key: value for key, value in chosen.items() if key.split(".", 1)[0] not in looped}
+
+
+def exclusive_branches(ctx, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    """``first`` and ``second`` never run in one run of the program: they sit under tests of the same expression
+    for different literals (``if args.weights == 'finetune': model.train()`` and ``if args.weights == 'freeze':
+    model.requires_grad_(False)``)."""
+    one, other = _chosen_values(ctx, first), _chosen_values(ctx, second)
+    return any(key in other and other[key] != value for key, value in one.items())
