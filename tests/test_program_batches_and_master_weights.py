@@ -214,3 +214,26 @@ def test_branches_on_different_values_of_one_setting_never_run_together():
     assert exclusive_branches(ctx, at["freeze"], at["unfreeze"])
     assert not exclusive_branches(ctx, at["freeze"], at["other"])  # another setting
     assert not exclusive_branches(ctx, at["train_phase"], at["val_phase"])  # the loop changes it
+
+
+def test_what_a_method_does_includes_the_helpers_it_delegates_to():
+    from analyzers.program.flow import reaches_through_own_methods
+    ctx = context("""
+        class Table:
+            def __init__(self, n):
+                self.build(n)
+            def build(self, n):
+                self.fill(n)
+            def fill(self, n):
+                mark(n)
+            def other(self):
+                self.unrelated()
+            def unrelated(self):
+                pass
+    """)
+    cls = next(n for n in subtree(ctx.module) if isinstance(n, cst.ClassDef))
+    methods = {m.name.value: m for m in cls.body.body}
+    marks = lambda node: isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "mark"
+    assert reaches_through_own_methods(cls, methods["__init__"], marks)  # two calls deep
+    assert not reaches_through_own_methods(cls, methods["__init__"], marks, depth=1)
+    assert not reaches_through_own_methods(cls, methods["other"], marks)

@@ -360,3 +360,25 @@ def exclusive_branches(ctx, first: cst.CSTNode, second: cst.CSTNode) -> bool:
     model.requires_grad_(False)``)."""
     one, other = _chosen_values(ctx, first), _chosen_values(ctx, second)
     return any(key in other and other[key] != value for key, value in one.items())
+
+
+def reaches_through_own_methods(cls: cst.ClassDef, fn: cst.FunctionDef, found, depth: int = 2) -> bool:
+    """Some node of ``fn``'s body, or of a method of ``cls`` that it calls on ``self`` (``self.make_weight(...)``,
+    ``depth`` calls deep), satisfies ``found``: what a method does includes what the helpers it delegates to do."""
+    methods = {stmt.name.value: stmt for stmt in cls.body.body if isinstance(stmt, cst.FunctionDef)}
+    seen: set[str] = set()
+    frontier = [fn]
+    for _ in range(depth + 1):
+        following = []
+        for method in frontier:
+            for node in subtree(method.body):
+                if found(node):
+                    return True
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                        isinstance(node.func.value, cst.Name) and node.func.value.value == "self":
+                    name = node.func.attr.value
+                    if name in methods and name not in seen:
+                        seen.add(name)
+                        following.append(methods[name])
+        frontier = following
+    return False
