@@ -237,3 +237,17 @@ def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     assert reaches_through_own_methods(cls, methods["__init__"], marks)  # two calls deep
     assert not reaches_through_own_methods(cls, methods["__init__"], marks, depth=1)
     assert not reaches_through_own_methods(cls, methods["other"], marks)
+
+
+def test_the_names_the_optimizers_are_given():
+    from analyzers.program.values import optimized_names
+    ctx = context("""
+        import torch
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=1e-3)
+        opt_d = torch.optim.SGD(discriminator.parameters())
+    """)
+    names = optimized_names(ctx)
+    assert "model.parameters" in names and "discriminator" in names and "frozen" not in names
+    assert optimized_names(context("import torch\nopt = torch.optim.Adam(groups)\n")) is None  # unknown
+    assert optimized_names(context("import torch\nx = 1\n")) is None  # no optimizer here

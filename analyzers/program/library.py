@@ -253,6 +253,8 @@ OPTIMIZER_CLASSES: dict[str, str] = {
     "Lamb": "https://huggingface.co/docs/timm/reference/optimizers",
     "LARS": "https://huggingface.co/docs/timm/reference/optimizers",
     "Adafactor": "https://huggingface.co/docs/transformers/main_classes/optimizer_schedules#transformers.Adafactor",
+    **{name: "https://huggingface.co/docs/bitsandbytes/main/en/reference/optim/adam"
+       for name in ("Adam8bit", "AdamW8bit", "PagedAdamW8bit", "PagedAdamW")},
 }
 
 # Calls that yield the items of their first argument, by last name: ``for i, (x, y) in enumerate(tqdm(loader))``

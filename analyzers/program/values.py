@@ -112,6 +112,37 @@ def builds_optimizer(call: cst.Call, ctx: FileContext) -> bool:
     return names_an_optimizer_class(dotted_name(call.func))
 
 
+class _OptimizedNames:
+    def __init__(self, ctx: FileContext) -> None:
+        self.names = _optimized_names(ctx)
+
+
+def _optimized_names(ctx: FileContext) -> Optional[frozenset]:
+    mentioned: set[str] = set()
+    built = [call for call in ctx.facts(ModuleNodes).of_type(cst.Call) if builds_optimizer(call, ctx)]
+    for call in built:
+        names = set()
+        for arg in call.args:
+            values = [arg.value]
+            if isinstance(arg.value, cst.Name) and not name_is_model_like(arg.value.value):
+                # ``Adam(params)`` after ``params = model.parameters()``: one assignment up
+                values.append(assignment_before(ctx, call, arg.value.value))
+            names |= {dotted_name(node) for value in values if value is not None for node in subtree(value)
+                      if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node)}
+        if not any(name_is_model_like(name) for name in names):
+            return None  # an optimizer given nothing named like a model: what it trains is unknown
+        mentioned |= names
+    return frozenset(mentioned) if built else None
+
+
+def optimized_names(ctx: FileContext) -> Optional[frozenset]:
+    """Every name the optimizers built in this file are given (``model.parameters``, ``model``, and what a plain
+    ``params`` name was assigned from, one assignment up): a module none of them mention is not trained here (a
+    frozen base cast to half, a teacher). None when nothing here builds an optimizer, or one is given nothing
+    named like a model."""
+    return ctx.facts(_OptimizedNames).names
+
+
 def is_scaler(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     """``scaler`` / ``grad_scaler`` or a value built by a ``GradScaler(...)``."""
     return _named_or_built(expr, ctx, name_is_scaler_like,

@@ -11,7 +11,7 @@ from analyzers.markdown import code_span
 from analyzers.program.library import MASTER_WEIGHTS_LAST_NAMES, Does, does
 from analyzers.program.loops import batch_of_training_loop
 from analyzers.program.names import last_name
-from analyzers.program.values import is_optimizer
+from analyzers.program.values import is_optimizer, optimized_names
 from analyzers.model import Category, Severity
 from analyzers.program.roles import collects_tests
 from analyzers.rules.base import Invalid, Rule
@@ -24,6 +24,25 @@ _AUTOCAST = ("torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.au
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
+def _cast_receiver(cast: cst.Call) -> Optional[str]:
+    """``unet`` for ``unet.to("cuda").to(torch.float16)``; None when the chain starts from a call (``Net().half()``)."""
+    receiver = cast.func.value if isinstance(cast.func, cst.Attribute) else None
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value
+    return dotted_name(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+
+
+def _assigned_to(cast: cst.Call, ctx: FileContext) -> Optional[str]:
+    """``unet`` for ``unet = UNet().to("cuda").half()``."""
+    top: cst.CSTNode = cast
+    while isinstance(ctx.parent(top), cst.Attribute) and isinstance(ctx.parent(ctx.parent(top)), cst.Call):
+        top = ctx.parent(ctx.parent(top))
+    parent = ctx.parent(top)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return dotted_name(parent.targets[0].target)
+    return None
+
+
 @dataclass
 class _HalfCast:
     node: cst.Call
@@ -32,6 +51,7 @@ class _HalfCast:
     global_count: int
     loops: tuple
     batch: bool  # the cast is of a batch a training loop iterates, not of the model
+    module: Optional[str] = None  # the name of what is cast (``unet``), or of what holds it (``unet = UNet().half()``)
 
 
 class HalfPrecisionTraining(Rule):
@@ -121,6 +141,17 @@ class HalfPrecisionTraining(Rule):
                 model(x).sum().backward()
                 optimizer.step()
             torch.save({k: v.half() for k, v in model.state_dict().items()}, "m.pt")
+        """,
+        # the half-precision UNet is a frozen base: the optimizer trains only the adapter
+        """
+        import torch
+        unet = UNet().to("cuda").to(torch.float16)
+        control_net = ControlNet(unet).cuda()
+        optimizer = torch.optim.AdamW(control_net.parameters(), lr=1e-4)
+        for x, y in loader:
+            loss = criterion(control_net(x), y)
+            loss.backward()
+            optimizer.step()
         """,
         # apex's FP16_Optimizer trains the half model on a float32 master copy of its weights
         """
@@ -225,7 +256,8 @@ class HalfPrecisionTraining(Rule):
                 return
             function = ctx.function_def
             self._casts.append(_HalfCast(node, function, self._counts.get(function, 0), self._global, loops,
-                                         batch_of_training_loop(func.value, ctx, node)))
+                                         batch_of_training_loop(func.value, ctx, node),
+                                         _cast_receiver(node) or _assigned_to(node, ctx)))
 
     def _training_step(self, node: cst.Call, ctx: FileContext) -> None:
         self._global += 1
@@ -277,7 +309,12 @@ class HalfPrecisionTraining(Rule):
         if self._master_weights:
             return  # apex's FP16_Optimizer, a DeepSpeed engine: the half model trains on fp32 master weights
         reported: list[_HalfCast] = []
+        optimized = optimized_names(ctx)
         for cast in self._casts:
+            module = cast.module
+            if optimized is not None and module is not None and not cast.batch and not any(
+                    name == module or name.startswith(module + ".") for name in optimized):
+                continue  # no optimizer here is given this module: a frozen base in half precision trains nothing
             fn = cast.function
             if fn is None:
                 trains = self._global > cast.global_count or self._in_functions > 0
