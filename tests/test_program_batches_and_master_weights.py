@@ -251,3 +251,21 @@ def test_the_names_the_optimizers_are_given():
     assert "model.parameters" in names and "discriminator" in names and "frozen" not in names
     assert optimized_names(context("import torch\nopt = torch.optim.Adam(groups)\n")) is None  # unknown
     assert optimized_names(context("import torch\nx = 1\n")) is None  # no optimizer here
+
+
+def test_code_under_a_negative_cuda_test_runs_off_cuda_only():
+    from analyzers.program.state import runs_only_off_cuda
+    ctx = context("""
+        def forward(x):
+            on_gpu = x.is_cuda
+            if on_gpu:
+                a = make()
+            else:
+                b = make()
+            if not x.is_cuda:
+                c = make()
+            d = make()
+    """)
+    made = {n.targets[0].target.value: runs_only_off_cuda(ctx, n) for n in subtree(ctx.module)
+            if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call)}
+    assert made == {"a": False, "b": True, "c": True, "d": False}

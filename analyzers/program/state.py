@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, is_false, is_true
-from analyzers.program.flow import call_site_values, parameter_index, runs_when_true, subtree
+from analyzers.program.flow import assignment_before, call_site_values, parameter_index, runs_when_true, subtree
 
 
 def turns_grad_off(call_or_name: cst.BaseExpression, ctx: FileContext) -> bool:
@@ -77,3 +77,25 @@ def zero_unless_training(ctx: FileContext, expr: cst.BaseExpression, fn: Optiona
         if not zero_unless_training(ctx, node.value, fn, depth + 1):
             return False
     return bool(assigned)
+
+
+def _tests_cuda(ctx: FileContext, test: cst.BaseExpression, at: cst.CSTNode) -> bool:
+    """``x.is_cuda``, or a name assigned from it (``on_gpu = x.is_cuda``)."""
+    if isinstance(test, cst.Name):
+        test = assignment_before(ctx, at, test.value) or test
+    return isinstance(test, cst.Attribute) and test.attr.value == "is_cuda"
+
+
+def runs_only_off_cuda(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """``node`` runs only when a tensor the code tested is not on CUDA: the ``else`` of ``if x.is_cuda:`` (or the
+    body of ``if not x.is_cuda:``), in its own function. A CPU tensor made there meets CPU tensors."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(ancestor, cst.If):
+            test = ancestor.test
+            inner = test.expression if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) \
+                else test
+            if _tests_cuda(ctx, inner, ancestor) and not runs_when_true(ancestor, node, ctx):
+                return True
+    return False

@@ -9,6 +9,7 @@ from analyzers.context import (FileContext, dotted_name, keyword_arg,
                                method_name, short)
 from analyzers.program.devices import expression_nodes
 from analyzers.program.flow import decides_branch, makes_python_number, read_only_as_host_scalar, subtree
+from analyzers.program.state import runs_only_off_cuda
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.rules.device_performance._device import (
@@ -174,6 +175,20 @@ class TensorWithoutDevice(Rule):
                 return x * self.scale
         model = Net().cuda()
         """,
+        # the CPU branch of a device test: the mask meets CPU inputs there
+        """
+        import torch
+        import torch.nn as nn
+        class MaskedDrop(nn.Module):
+            def forward(self, x):
+                on_gpu = x.is_cuda
+                if on_gpu:
+                    self.mask = (torch.rand(x.shape[1]) > 0.5).float().to("cuda")
+                else:
+                    self.mask = (torch.rand(x.shape[1]) > 0.5).float()
+                return x * self.mask
+        model = MaskedDrop().cuda()
+        """,
         # random crop offsets: 0-dim tensors Python reads as slice bounds, on the host
         """
         import torch
@@ -289,8 +304,8 @@ class TensorWithoutDevice(Rule):
             return
         if any(a.star for a in node.args) or keyword_arg(node, "device") is not None or keyword_arg(node, "out"):
             return
-        if self._moved_or_host(node, ctx):
-            return
+        if self._moved_or_host(node, ctx) or runs_only_off_cuda(ctx, node):
+            return  # moved, read on the host, or made where the input was found to be on the CPU
         if name == "tensor" and node.args and _shape_metadata(node.args[0].value):
             return  # sizes read off other tensors (``[x.shape[-1] for x in crops]``): CPU-side bookkeeping
         if name == "tensor" and node.args and _constant_scalar(node.args[0].value) and \
@@ -331,10 +346,13 @@ class TensorWithoutDevice(Rule):
             if isinstance(parent, cst.ComparisonTarget) and isinstance(grand, cst.Comparison) or \
                     isinstance(parent, cst.Comparison) and parent.left is current:
                 comparison = grand if isinstance(parent, cst.ComparisonTarget) else parent
-                return decides_branch(comparison, ctx) and not any(
-                    isinstance(operand, cst.Call) for operand in
-                    [comparison.left, *(target.comparator for target in comparison.comparisons)]
-                    if operand is not current)  # ``if torch.rand(1) < p:`` a host-side draw decides a branch
+                if decides_branch(comparison, ctx) and not any(
+                        isinstance(operand, cst.Call) for operand in
+                        [comparison.left, *(target.comparator for target in comparison.comparisons)]
+                        if operand is not current):
+                    return True  # ``if torch.rand(1) < p:`` a host-side draw decides a branch
+                current = comparison  # ``(torch.rand(n) > p).float().to(device)``: a mask, then moved
+                continue
             if isinstance(parent, cst.Arg) and isinstance(grand, cst.Call):
                 sink = method_name(grand)
                 if sink in _HOST_SINKS or makes_python_number(grand, ctx):
