@@ -302,17 +302,9 @@ def read_only_as_host_scalar(ctx, scope: cst.CSTNode, name: str) -> bool:
     """Every read of ``name`` in ``scope`` is a slice bound (``x[:, a : a + n]``), through arithmetic, or the
     argument of ``int`` / ``float`` / ``bool`` / ``range``: Python takes a 0-dim tensor's value there, on the host,
     and no device ever reads the tensor. False when ``name`` is never read."""
-    reads = 0
-    for node in subtree(scope):
-        if not isinstance(node, cst.Name) or node.value != name:
-            continue
-        use: cst.CSTNode = node
+    reads = reads_of(ctx, scope, name)
+    for use in reads:
         parent = ctx.parent(use)
-        if isinstance(parent, (cst.AssignTarget, cst.Param)) or (
-                isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is use) or (
-                isinstance(parent, cst.Attribute) and parent.attr is use):
-            continue  # a store, a parameter, or ``x.name``: not a read of the local
-        reads += 1
         while isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
             use, parent = parent, ctx.parent(parent)
         if isinstance(parent, cst.Slice):
@@ -321,7 +313,22 @@ def read_only_as_host_scalar(ctx, scope: cst.CSTNode, name: str) -> bool:
         if isinstance(grand, cst.Call) and makes_python_number(grand, ctx):
             continue
         return False
-    return reads > 0
+    return bool(reads)
+
+
+def reads_of(ctx, scope: cst.CSTNode, name: str) -> list[cst.Name]:
+    """The reads of the local ``name`` in ``scope``: not its stores, parameters, or ``x.name`` attributes."""
+    reads = []
+    for node in subtree(scope):
+        if not isinstance(node, cst.Name) or node.value != name:
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.AssignTarget, cst.Param)) or (
+                isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node) or (
+                isinstance(parent, cst.Attribute) and parent.attr is node):
+            continue
+        reads.append(node)
+    return reads
 
 
 def makes_python_number(call: cst.Call, ctx) -> bool:

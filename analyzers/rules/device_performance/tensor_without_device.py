@@ -8,7 +8,7 @@ import libcst as cst
 from analyzers.context import (FileContext, dotted_name, keyword_arg,
                                method_name, short)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import decides_branch, makes_python_number, read_only_as_host_scalar, subtree
+from analyzers.program.flow import decides_branch, makes_python_number, read_only_as_host_scalar, reads_of, subtree
 from analyzers.program.state import runs_only_off_cuda
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -28,6 +28,22 @@ _MOVES = {"to", "cuda", "type_as"}
 # Host-side use of a freshly created tensor: bookkeeping, not model math.
 _HOST_USES = {"item", "tolist", "numpy", "cpu"}
 _HOST_SINKS = {"log", "log_dict", "print", "append", "extend", "format", "info", "debug", "add_scalar", "write"}
+
+
+def _arithmetic_holder(call: cst.Call, ctx: FileContext) -> Optional[str]:
+    """``theta`` for ``theta = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))``: the name the value computed
+    from the new tensor is assigned to, through methods and arithmetic."""
+    node: cst.CSTNode = call
+    while True:
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)) or (
+                isinstance(parent, cst.Attribute) and isinstance(ctx.parent(parent), cst.Call)):
+            node = parent if not isinstance(parent, cst.Attribute) else ctx.parent(parent)
+            continue
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target,
+                                                                                      cst.Name):
+            return parent.targets[0].target.value
+        return None
 
 
 @dataclass
@@ -174,6 +190,18 @@ class TensorWithoutDevice(Rule):
             def forward(self, x):
                 return x * self.scale
         model = Net().cuda()
+        """,
+        # computed once into a cache, which keeps it on the input's device
+        """
+        import torch
+        import torch.nn as nn
+        class Rotary(nn.Module):
+            def forward(self, x):
+                if self.theta is None:
+                    theta = 1.0 / (10000 ** (torch.arange(0, self.dim, 2).float() / self.dim))
+                    self.theta = theta.to(x.device).to(x.dtype)
+                return x * self.theta
+        model = Rotary().cuda()
         """,
         # the CPU branch of a device test: the mask meets CPU inputs there
         """
@@ -374,6 +402,10 @@ class TensorWithoutDevice(Rule):
             if cand.target is not None and "." not in cand.target and \
                     read_only_as_host_scalar(ctx, cand.fn, cand.target):
                 continue  # a random offset used as a slice bound: Python reads it on the host, no device sees it
+            holder = cand.target or _arithmetic_holder(cand.call, ctx)
+            reads = reads_of(ctx, cand.fn, holder) if holder is not None and "." not in holder else []
+            if reads and all(self._moved_or_host(read, ctx) for read in reads):
+                continue  # every use moves it first (``self.theta = theta.to(x.device)``, a cache filled once)
             # a model file that moves nothing itself (nanoGPT's model.py: train.py moves it) is still told about
             # position ids for its own embedding, which break on any GPU, one level lower
             embedding = self._embedding_fed(cand, ctx) if cuda or cand.owner.endswith(".forward()") else None
