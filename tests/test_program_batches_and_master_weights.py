@@ -269,3 +269,14 @@ def test_code_under_a_negative_cuda_test_runs_off_cuda_only():
     made = {n.targets[0].target.value: runs_only_off_cuda(ctx, n) for n in subtree(ctx.module)
             if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call)}
     assert made == {"a": False, "b": True, "c": True, "d": False}
+
+
+def test_espnet_inference_wrappers_come_back_in_eval_mode():
+    from analyzers.program.builds import built_module
+    ctx = context("""
+        from espnet2.bin.asr_inference import Speech2Text
+        recognizer = Speech2Text(asr_model_file=path, device="cuda")
+    """)
+    assign = next(n for n in subtree(ctx.module) if isinstance(n, cst.Assign))
+    built = built_module(ctx, assign.value)
+    assert built is not None and built.eval_mode

@@ -116,6 +116,11 @@ APIS: dict[str, Api] = {
                            Does.RETURNS_EVAL_MODEL),
     "torch.export.load": _api("https://pytorch.org/docs/stable/export.html#torch.export.load",
                               Does.RETURNS_EVAL_MODEL),
+    # ESPnet's inference wrappers put their model in eval mode when built and decode under no_grad
+    **{name: _api("https://espnet.github.io/espnet/_gen/espnet2.bin.html#espnet2-bin-asr-inference "
+                  "(Speech2Text: \"asr_model.eval()\" in __init__, __call__ under torch.no_grad)",
+                  Does.RETURNS_EVAL_MODEL)
+       for name in ("espnet2.bin.asr_inference.Speech2Text", "espnet2.bin.tts_inference.Text2Speech")},
     # --- data sharding
     "torch.utils.data.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA, Does.SAMPLES_PER_PROCESS),
     "torch.utils.data.distributed.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA,
