@@ -280,3 +280,11 @@ def test_espnet_inference_wrappers_come_back_in_eval_mode():
     assign = next(n for n in subtree(ctx.module) if isinstance(n, cst.Assign))
     built = built_module(ctx, assign.value)
     assert built is not None and built.eval_mode
+
+
+def test_functions_that_ready_or_unwrap_a_model_are_not_one():
+    from analyzers.program.names import name_is_model_like
+    for name in ("self.prepare_model", "accelerator.unwrap_model", "self._wrap_model", "wrap_model"):
+        assert not name_is_model_like(name), name
+    for name in ("model", "wrapped_model", "prepared_model", "self.model"):
+        assert name_is_model_like(name), name
