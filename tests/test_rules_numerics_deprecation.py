@@ -253,7 +253,7 @@ def test_half_precision_training_vs_inference():
             return model(x.half())
     """
     _, findings = run(code, ["TR802"])
-    assert [f.line for f in findings] == [5, 7]
+    assert [f.line for f in findings] == [5]  # the batch's cast follows the model's: said once, at the weights
     assert "train()" in findings[0].message
 
 

@@ -8,7 +8,8 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false
-from analyzers.program.library import Does, does, method_does, method_returns_same_module, wrapped_module_argument
+from analyzers.program.library import (Does, does, method_does, method_returns_same_module, pretrained_gives_no_module,
+                                       wrapped_module_argument)
 
 
 # torch.nn classes without dropout / batch-norm / parameters worth the name "model"
@@ -48,6 +49,8 @@ def built_module(ctx: FileContext, value: Optional[cst.BaseExpression]) -> Optio
     if not isinstance(expr, cst.Call):
         return None
     if isinstance(expr.func, cst.Attribute) and method_does(expr.func.attr.value, Does.RETURNS_EVAL_MODEL):
+        if pretrained_gives_no_module(dotted_name(expr.func.value)):
+            return None  # ``AutoTokenizer.from_pretrained(...)``: a tokenizer, no module
         return BuiltModule(True, True)
     called = ctx.call_name(expr)
     if does(called, Does.RETURNS_EVAL_MODEL):

@@ -16,6 +16,7 @@ from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
 from analyzers.program.roles import collects_tests, is_test_code, main_block
 from analyzers.program.state import enters_grad_off
+from analyzers.program.values import alias_names, hands_a_model, names_a_class
 
 
 def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
@@ -329,7 +330,9 @@ class EvaluationPaths:
         eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin)
         if not (name_like or constructed):
             return
-        if isinstance(origin, (cst.Lambda,)):
+        if isinstance(origin, (cst.Lambda,)) or names_a_class(ctx, target) or hands_a_model(ctx, node):
+            # ``Model = MODELS[name]; Model(cfg)`` builds a model from a class; ``unwrap_model(unet)`` is handed one:
+            # neither runs a model's forward pass
             return
         if shape_check(node, target, ctx):
             return
@@ -340,7 +343,7 @@ class EvaluationPaths:
             # a module's own predict()/inference() helper: the caller decides the mode, unless it loops over data
             if not self.stack[-1].val_loops and not loops_over_loader(ctx):
                 return
-        aliases = {model}
+        aliases = {model, *alias_names(ctx, target)}  # ``model.eval(); runner = model``: the same model
         origin_name = dotted_name(origin) if isinstance(origin, (cst.Name, cst.Attribute)) else None
         if origin_name:
             aliases.add(origin_name)

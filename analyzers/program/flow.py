@@ -347,3 +347,99 @@ def targets(node: cst.CSTNode) -> list[str]:
         elif isinstance(current, (cst.Tuple, cst.List)):
             stack.extend(reversed([e.value for e in current.elements]))
     return names
+
+
+_HOST_NUMBER_BUILTINS = frozenset({"int", "float", "bool", "range"})
+
+
+def read_only_as_host_scalar(ctx, scope: cst.CSTNode, name: str) -> bool:
+    """Every read of ``name`` in ``scope`` is a slice bound (``x[:, a : a + n]``), through arithmetic, or the
+    argument of ``int`` / ``float`` / ``bool`` / ``range``: Python takes a 0-dim tensor's value there, on the host,
+    and no device ever reads the tensor. False when ``name`` is never read."""
+    reads = reads_of(ctx, scope, name)
+    for use in reads:
+        parent = ctx.parent(use)
+        while isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
+            use, parent = parent, ctx.parent(parent)
+        if isinstance(parent, cst.Slice):
+            continue
+        grand = ctx.parent(parent) if isinstance(parent, cst.Arg) else None
+        if isinstance(grand, cst.Call) and makes_python_number(grand, ctx):
+            continue
+        return False
+    return bool(reads)
+
+
+def reads_of(ctx, scope: cst.CSTNode, name: str) -> list[cst.Name]:
+    """The reads of the local ``name`` in ``scope``: not its stores, parameters, or ``x.name`` attributes."""
+    reads = []
+    for node in subtree(scope):
+        if not isinstance(node, cst.Name) or node.value != name:
+            continue
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.AssignTarget, cst.Param)) or (
+                isinstance(parent, (cst.AugAssign, cst.AnnAssign)) and parent.target is node) or (
+                isinstance(parent, cst.Attribute) and parent.attr is node):
+            continue
+        reads.append(node)
+    return reads
+
+
+def makes_python_number(call: cst.Call, ctx) -> bool:
+    """``int(...)`` / ``float(...)`` / ``bool(...)`` / ``range(...)`` of the builtins: a tensor argument is read
+    once, on the host, into a Python number."""
+    return isinstance(call.func, cst.Name) and call.func.value in _HOST_NUMBER_BUILTINS and \
+        ctx.binding(call.func.value) is None
+
+
+def _chosen_values(ctx, node: cst.CSTNode) -> dict[str, str]:
+    """``{"args.weights": "'freeze'"}`` for a node under ``if args.weights == 'freeze':`` (the body, not the else):
+    the literal each enclosing test's expression equals where ``node`` runs. Expressions a loop around ``node``
+    rebinds (``for phase in ...: if phase == "train"``) change between iterations and are left out."""
+    chosen: dict[str, str] = {}
+    looped: set[str] = set()
+    child = node
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.For):
+            looped |= {n.value for n in subtree(ancestor.target) if isinstance(n, cst.Name)}
+        if isinstance(ancestor, cst.If) and child is ancestor.body:
+            test = ancestor.test
+            if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+                    isinstance(test.comparisons[0].operator, cst.Equal):
+                left, right = test.left, test.comparisons[0].comparator
+                if isinstance(left, (cst.SimpleString, cst.Integer)):
+                    left, right = right, left
+                if isinstance(right, (cst.SimpleString, cst.Integer)) and isinstance(left, (cst.Name, cst.Attribute)):
+                    chosen.setdefault(ctx.module.code_for_node(left), right.value)
+        child = ancestor
+    return {key: value for key, value in chosen.items() if key.split(".", 1)[0] not in looped}
+
+
+def exclusive_branches(ctx, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    """``first`` and ``second`` never run in one run of the program: they sit under tests of the same expression
+    for different literals (``if args.weights == 'finetune': model.train()`` and ``if args.weights == 'freeze':
+    model.requires_grad_(False)``)."""
+    one, other = _chosen_values(ctx, first), _chosen_values(ctx, second)
+    return any(key in other and other[key] != value for key, value in one.items())
+
+
+def reaches_through_own_methods(cls: cst.ClassDef, fn: cst.FunctionDef, found, depth: int = 2) -> bool:
+    """Some node of ``fn``'s body, or of a method of ``cls`` that it calls on ``self`` (``self.make_weight(...)``,
+    ``depth`` calls deep), satisfies ``found``: what a method does includes what the helpers it delegates to do."""
+    methods = {stmt.name.value: stmt for stmt in cls.body.body if isinstance(stmt, cst.FunctionDef)}
+    seen: set[str] = set()
+    frontier = [fn]
+    for _ in range(depth + 1):
+        following = []
+        for method in frontier:
+            for node in subtree(method.body):
+                if found(node):
+                    return True
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                        isinstance(node.func.value, cst.Name) and node.func.value.value == "self":
+                    name = node.func.attr.value
+                    if name in methods and name not in seen:
+                        seen.add(name)
+                        following.append(methods[name])
+        frontier = following
+    return False

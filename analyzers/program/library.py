@@ -47,6 +47,7 @@ class Does(enum.Enum):
     RUNS_ON_RANK_ZERO = "a decorator: the function it wraps runs on the process of rank 0 only"
     TAKES_TENSOR_DICT = "takes a dict of tensors (a state dict), never a module, as its first argument"
     RETURNS_ITERATOR = "returns a Python 3 iterator (a generator): next(it) works, the Python 2 it.next() does not"
+    KEEPS_FP32_MASTER_WEIGHTS = "trains a float16 model through a float32 master copy of its weights"
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,11 @@ APIS: dict[str, Api] = {
                            Does.RETURNS_EVAL_MODEL),
     "torch.export.load": _api("https://pytorch.org/docs/stable/export.html#torch.export.load",
                               Does.RETURNS_EVAL_MODEL),
+    # ESPnet's inference wrappers put their model in eval mode when built and decode under no_grad
+    **{name: _api("https://espnet.github.io/espnet/_gen/espnet2.bin.html#espnet2-bin-asr-inference "
+                  "(Speech2Text: \"asr_model.eval()\" in __init__, __call__ under torch.no_grad)",
+                  Does.RETURNS_EVAL_MODEL)
+       for name in ("espnet2.bin.asr_inference.Speech2Text", "espnet2.bin.tts_inference.Text2Speech")},
     # --- data sharding
     "torch.utils.data.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA, Does.SAMPLES_PER_PROCESS),
     "torch.utils.data.distributed.DistributedSampler": _api(_SAMPLER_DOC, Does.SHARDS_DATA,
@@ -164,6 +170,13 @@ APIS: dict[str, Api] = {
                     "pytorch_lightning.utilities.rank_zero_only",
                     "pytorch_lightning.utilities.rank_zero.rank_zero_only",
                     "lightning_utilities.core.rank_zero.rank_zero_only")},
+    # --- optimizers and engines that train a half-precision model on a float32 master copy of its weights
+    **{name: _api("https://nvidia.github.io/apex/fp16_utils.html#apex.fp16_utils.FP16_Optimizer (\"maintains fp32 "
+                  "master parameters\" for a model cast to half)", Does.KEEPS_FP32_MASTER_WEIGHTS)
+       for name in ("apex.fp16_utils.FP16_Optimizer", "apex.fp16_utils.fp16_optimizer.FP16_Optimizer",
+                    "apex.optimizers.FP16_Optimizer")},
+    "deepspeed.initialize": _api("https://www.deepspeed.ai/docs/config-json/#fp16-training-options (fp16 mode keeps "
+                                 "fp32 master weights in its optimizer)", Does.KEEPS_FP32_MASTER_WEIGHTS),
     # --- accelerate: "Prepare all objects passed in args for distributed training and mixed precision": models
     # are wrapped (DDP/FSDP) and moved to the process's device, data loaders sharded across processes
     **{f"{cls}.prepare": _api("https://huggingface.co/docs/accelerate/package_reference/accelerator"
@@ -181,6 +194,25 @@ METHODS: dict[str, Api] = {
        for name in ("parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
                     "modules", "named_modules")},
 }
+
+# ... except on the classes whose ``from_pretrained`` gives no module: transformers' tokenizers
+# (PreTrainedTokenizerBase), configurations (PretrainedConfig), processors and feature extractors (ProcessorMixin,
+# FeatureExtractionMixin, ImageProcessingMixin), and diffusers' schedulers (SchedulerMixin), by the suffix those
+# families' class names share (``AutoTokenizer``, ``BertTokenizerFast``, ``AutoConfig``, ``DDPMScheduler``)
+PRETRAINED_NOT_MODULES: dict[str, str] = {
+    **{suffix: "https://huggingface.co/docs/transformers/main_classes/tokenizer"
+       for suffix in ("Tokenizer", "TokenizerFast")},
+    "Config": "https://huggingface.co/docs/transformers/main_classes/configuration",
+    "Processor": "https://huggingface.co/docs/transformers/main_classes/processors",
+    "FeatureExtractor": "https://huggingface.co/docs/transformers/main_classes/feature_extractor",
+    "Scheduler": "https://huggingface.co/docs/diffusers/api/schedulers/overview",
+}
+
+
+def pretrained_gives_no_module(receiver: Optional[str]) -> bool:
+    """``receiver.from_pretrained(...)`` returns a tokenizer, a configuration, a processor or a scheduler."""
+    return bool(receiver) and receiver.rsplit(".", 1)[-1].endswith(tuple(PRETRAINED_NOT_MODULES))
+
 
 _LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "
               "loss; use_distributed_sampler sets the sampler's epoch; validation runs in eval mode)")
@@ -231,6 +263,8 @@ OPTIMIZER_CLASSES: dict[str, str] = {
     "Lamb": "https://huggingface.co/docs/timm/reference/optimizers",
     "LARS": "https://huggingface.co/docs/timm/reference/optimizers",
     "Adafactor": "https://huggingface.co/docs/transformers/main_classes/optimizer_schedules#transformers.Adafactor",
+    **{name: "https://huggingface.co/docs/bitsandbytes/main/en/reference/optim/adam"
+       for name in ("Adam8bit", "AdamW8bit", "PagedAdamW8bit", "PagedAdamW")},
 }
 
 # Calls that yield the items of their first argument, by last name: ``for i, (x, y) in enumerate(tqdm(loader))``
@@ -290,6 +324,11 @@ def apis_that(what: Does) -> frozenset:
 def training_libraries_that(what: Does) -> tuple[str, ...]:
     """Top-level packages whose training loop does ``what`` for the user (a file importing one leaves it to them)."""
     return tuple(root for root, api in TRAINING_LIBRARIES.items() if what in api.does)
+
+
+# the last names of the calls that train a half model on float32 master weights: a cheap test before resolving
+MASTER_WEIGHTS_LAST_NAMES = frozenset(name.rsplit(".", 1)[-1] for name, api in APIS.items()
+                                      if Does.KEEPS_FP32_MASTER_WEIGHTS in api.does)
 
 
 def names_an_optimizer_class(name: Optional[str]) -> bool:

@@ -46,6 +46,33 @@ def loop_trains(loop: cst.CSTNode, ctx: Optional[FileContext] = None) -> bool:
     return found
 
 
+def batch_of_training_loop(expr: cst.BaseExpression, ctx: FileContext, at: Optional[cst.CSTNode] = None) -> bool:
+    """``expr`` is an item of what a training loop iterates (``x`` in ``for x, y in loader: ... backward()``): a
+    batch of data, not the model being trained. Only a plain name bound by the target of the innermost ``for``
+    around it, in the same function, whose body calls backward and never calls the name itself (``for net in
+    nets: net(x).sum().backward()`` iterates models). ``at``: the node that uses ``expr`` (during the walk, the
+    nodes under the one being visited have no parent yet)."""
+    if not isinstance(expr, cst.Name):
+        return False
+    loop = next((a for a in ctx.ancestors(at or expr) if isinstance(a, (cst.For, cst.FunctionDef, cst.ClassDef,
+                                                                    cst.Lambda))), None)
+    if not isinstance(loop, cst.For) or expr.value not in _target_names(loop.target):
+        return False
+    return loop_trains(loop, ctx) and not any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == expr.value
+        for node in body_nodes(loop.body))
+
+
+def _target_names(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_target_names(element.value) for element in target.elements))
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return set()
+
+
 def iterated(iterable: cst.BaseExpression) -> cst.BaseExpression:
     """What a ``for`` really iterates: ``loader`` for ``enumerate(tqdm(loader))``."""
     while isinstance(iterable, cst.Call) and iterable.args and iterates_its_argument(dotted_name(iterable.func)):

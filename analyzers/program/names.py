@@ -43,9 +43,12 @@ _MODEL_NAMES = {"model", "net", "network", "module", "generator", "discriminator
 # ... and names ending like a model's that hold something about a model: its path, state, config, class, loss
 _NOT_MODEL_SUFFIXES = ("_path", "path", "state", "_dir", "_name", "name", "_fn", "_cls", "_class", "_type",
                        "_config", "_cfg", "_kwargs", "_args", "loss")
-# ``get_model`` / ``build_net``: a function that makes a model, not one
+# ``get_model`` / ``build_net`` / ``prepare_model`` / ``unwrap_model``: a function that makes, readies or unwraps a
+# model, not one
 _VERB_PREFIXES = ("get_", "build_", "create_", "make_", "load_", "init_", "setup_", "set_", "save_", "to_",
-                  "_get_", "_build_", "_create_", "_make_", "_load_", "_init_", "_setup_")
+                  "prepare_", "wrap_", "unwrap_",
+                  "_get_", "_build_", "_create_", "_make_", "_load_", "_init_", "_setup_", "_prepare_", "_wrap_",
+                  "_unwrap_")
 
 
 def name_is_model_like(name: str) -> bool:

@@ -628,3 +628,24 @@ def main_block(ctx: "FileContext", node: cst.CSTNode) -> Optional[cst.If]:
                 isinstance(ancestor.test, cst.Comparison) and dotted_name(ancestor.test.left) == "__name__":
             return ancestor
     return None
+
+
+def unrestricted_load_beside(ctx: "FileContext", load: cst.Call) -> bool:
+    """Another ``torch.load`` in the same function reads the same source with an explicit ``weights_only=False``
+    (``if torch.__version__ < "2.6": torch.load(f) else: torch.load(f, weights_only=False)``): the author decided
+    the payload needs full unpickling on every torch, so the implicit load is that same decision, said there."""
+    source = argument(load, 0, "f")
+    if source is None:
+        return False
+    text = ctx.module.code_for_node(source)
+    scope = next((a for a in ctx.ancestors(load) if isinstance(a, cst.FunctionDef)), ctx.module)
+    for node in subtree(scope):
+        if node is load or not isinstance(node, cst.Call) or not does(ctx.call_name(node), Does.READS_TORCH_CHECKPOINT):
+            continue
+        other = argument(node, 0, "f")
+        flag = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "weights_only"),
+                    None)
+        if other is not None and ctx.module.code_for_node(other) == text and isinstance(flag, cst.Name) and \
+                flag.value == "False":
+            return True
+    return False

@@ -12,6 +12,7 @@ from analyzers.context import FileContext, argument, dotted_name, call_receiver,
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_ddp)
+from analyzers.program.builds import built_module
 from analyzers.program.modules import ModuleFacts, torch_layer_features
 from analyzers.program.names import (last_name, last_segment, name_is_model_like, name_is_optimizer_like,
                                      name_is_scaler_like, name_is_scheduler_like)
@@ -113,6 +114,37 @@ def builds_optimizer(call: cst.Call, ctx: FileContext) -> bool:
     return names_an_optimizer_class(dotted_name(call.func))
 
 
+class _OptimizedNames:
+    def __init__(self, ctx: FileContext) -> None:
+        self.names = _optimized_names(ctx)
+
+
+def _optimized_names(ctx: FileContext) -> Optional[frozenset]:
+    mentioned: set[str] = set()
+    built = [call for call in ctx.facts(ModuleNodes).of_type(cst.Call) if builds_optimizer(call, ctx)]
+    for call in built:
+        names = set()
+        for arg in call.args:
+            values = [arg.value]
+            if isinstance(arg.value, cst.Name) and not name_is_model_like(arg.value.value):
+                # ``Adam(params)`` after ``params = model.parameters()``: one assignment up
+                values.append(assignment_before(ctx, call, arg.value.value))
+            names |= {dotted_name(node) for value in values if value is not None for node in subtree(value)
+                      if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node)}
+        if not any(name_is_model_like(name) for name in names):
+            return None  # an optimizer given nothing named like a model: what it trains is unknown
+        mentioned |= names
+    return frozenset(mentioned) if built else None
+
+
+def optimized_names(ctx: FileContext) -> Optional[frozenset]:
+    """Every name the optimizers built in this file are given (``model.parameters``, ``model``, and what a plain
+    ``params`` name was assigned from, one assignment up): a module none of them mention is not trained here (a
+    frozen base cast to half, a teacher). None when nothing here builds an optimizer, or one is given nothing
+    named like a model."""
+    return ctx.facts(_OptimizedNames).names
+
+
 def is_scaler(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     """``scaler`` / ``grad_scaler`` or a value built by a ``GradScaler(...)``."""
     return _named_or_built(expr, ctx, name_is_scaler_like,
@@ -180,6 +212,82 @@ def is_model_call(func: cst.BaseExpression, ctx: FileContext) -> bool:
         if local and local in ctx.module_classes_in_file:
             return True
     return False
+
+
+def names_a_class(ctx: FileContext, expr: cst.BaseExpression) -> bool:
+    """``expr`` holds a class, not an instance: ``Model = MODELS[name]`` picked out of a dict, list or tuple
+    literal whose items are all classes (defined in this file, or imported CapWords names). Calling it builds a
+    model; it runs none."""
+    origin = _value_of(ctx, expr)
+    if not isinstance(origin, cst.Subscript):
+        return False
+    container = _value_of(ctx, origin.value)
+    if isinstance(container, cst.Dict):
+        items = [element.value for element in container.elements if isinstance(element, cst.DictElement)]
+    elif isinstance(container, (cst.List, cst.Tuple)):
+        items = [element.value for element in container.elements if isinstance(element, cst.Element)]
+    else:
+        return False
+    return bool(items) and all(_is_class(ctx, item) for item in items)
+
+
+def _value_of(ctx: FileContext, expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """What produced ``expr``: during the walk the binding in scope, after it the last assignment before it."""
+    origin = ctx.origin(expr)
+    if isinstance(origin, cst.Name):
+        return assignment_before(ctx, expr, origin.value) or origin
+    return origin
+
+
+def _is_class(ctx: FileContext, item: cst.BaseExpression) -> bool:
+    """A capitalised name imported or defined by ``class`` at this file's top level: PEP 8's spelling of a class
+    (``GCN`` and ``VGG`` too; the item is called, so it is no constant)."""
+    name = dotted_name(item)
+    if name is None:
+        return False
+    last = last_segment(name)
+    if not last[:1].isupper():
+        return False
+    head = name.split(".", 1)[0]
+    return head in ctx.imports.names or any(isinstance(stmt, cst.ClassDef) and stmt.name.value == name
+                                            for stmt in ctx.module.body)
+
+
+def alias_names(ctx: FileContext, expr: cst.BaseExpression, depth: int = 4) -> list[str]:
+    """The names a value passed through by plain assignment before ``expr`` held it: ``["model"]`` for
+    ``runner`` after ``runner = model`` (whatever ``model`` was built from). A mode set on any of them
+    (``model.eval()`` before the aliasing) is the value's mode."""
+    names: list[str] = []
+    current: Optional[cst.BaseExpression] = expr
+    for _ in range(depth):
+        value = ctx.assigned_value(current) if isinstance(current, (cst.Name, cst.Attribute)) else None
+        if not isinstance(value, (cst.Name, cst.Attribute)):
+            break
+        name = dotted_name(value)
+        if name is None or name in names:
+            break
+        names.append(name)
+        current = value
+    return names
+
+
+def hands_a_model(ctx: FileContext, call: cst.Call) -> bool:
+    """``call`` is given a model as an argument (``accelerator.unwrap_model(unet)``, ``self._wrap_model(self.model)``,
+    ``generate_from_model(self.model, batch)``): a helper that acts on the model, not the model's forward pass,
+    whatever the callee is called. A forward pass takes data."""
+    for arg in call.args:
+        value = arg.value
+        if not isinstance(value, (cst.Name, cst.Attribute)):
+            continue
+        name = dotted_name(value)
+        if name is not None and name != "self" and (name_is_model_like(name) or _holds_built_model(ctx, value)):
+            return True
+    return False
+
+
+def _holds_built_model(ctx: FileContext, value: cst.BaseExpression) -> bool:
+    built = built_module(ctx, ctx.origin(value))
+    return built is not None and built.model
 
 
 def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:

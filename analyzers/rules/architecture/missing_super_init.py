@@ -8,6 +8,7 @@ import libcst as cst
 
 from analyzers.context import FileContext
 from analyzers.model import Category, Severity
+from analyzers.program.flow import reaches_through_own_methods
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.roles import direct_method_class as _direct_method_class
 
@@ -49,6 +50,9 @@ class MissingSuperInit(Rule):
         "        self.fc = nn.Linear(2, 2)\n",
         "import torch.nn as nn\nclass Base(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "class Child(Base):\n    def __init__(self, d):\n        Base.__init__(self)\n        self.d = d\n",
+        # the base is initialised by a helper method the constructor delegates to
+        "import torch.nn as nn\nclass Table(nn.Embedding):\n    def __init__(self, n, d):\n        self.build(n, d)\n"
+        "    def build(self, n, d):\n        if not hasattr(self, 'weight'):\n            super().__init__(n, d)\n",
         # no __init__: nn.Module's is inherited
         "import torch.nn as nn\nclass Net(nn.Module):\n    def forward(self, x):\n        return x\n",
         # not a module
@@ -91,10 +95,19 @@ class MissingSuperInit(Rule):
         record = self._stack.pop()
         if record is None or record[2]:
             return
+        if reaches_through_own_methods(record[1], node, _initializes_base):
+            return  # ``self.make_weight(...)`` calls ``super().__init__(...)`` for it
         cls_name = record[1].name.value
         self.report(node.name, f"`{cls_name}.__init__` never calls `super().__init__()`: nn.Module's parameter, buffer "
                                f"and submodule registries are never created, so assigning submodules raises "
                                f"AttributeError and nothing is registered; call `super().__init__()` first")
+
+
+def _initializes_base(node: cst.CSTNode) -> bool:
+    """``super()...`` or ``Base.__init__(self, ...)``: what the visit above counts as reaching the base."""
+    return isinstance(node, cst.Call) and (
+        isinstance(node.func, cst.Attribute) and node.func.attr.value == "__init__" or
+        isinstance(node.func, cst.Name) and node.func.value == "super")
 
 
 def _trivial_body(node: cst.FunctionDef) -> bool:

@@ -14,6 +14,7 @@ from analyzers.context import (
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.names import node_text
+from analyzers.program.state import zero_unless_training
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -50,6 +51,23 @@ class FunctionalDropoutAlwaysOn(Rule):
             return self.fc2(x)
     """
     VALID = [
+        # the caller zeroes the probability outside training and hands it to an attention helper
+        """
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class Attention(nn.Module):
+            def forward(self, q, k, v):
+                if not self.training:
+                    drop = 0.0
+                else:
+                    drop = self.dropout
+                return self._attend(q, k, v, drop)
+            def _attend(self, q, k, v, dropout_p: float = 0.0):
+                weights = (q @ k.transpose(-2, -1)).softmax(-1)
+                if dropout_p > 0.0:
+                    weights = F.dropout(weights, p=dropout_p)
+                return weights @ v
+        """,
         """
         import torch.nn as nn
         import torch.nn.functional as F
@@ -139,8 +157,8 @@ class FunctionalDropoutAlwaysOn(Rule):
                for a in ctx.ancestors(node)):
             return  # ``if self.training: x = F.dropout(x, p)``
         p = argument(node, 1, "p")
-        if isinstance(p, (cst.Integer, cst.Float)) and float(p.value) == 0.0:
-            return
+        if p is not None and zero_unless_training(ctx, p, fn):
+            return  # ``p`` is 0 whenever the module is not training (zeroed by the caller in eval)
         params = [*fn.params.posonly_params, *fn.params.params]
         replacement = None
         if params and params[0].name.value == "self" and not any(a.star for a in node.args):

@@ -8,7 +8,8 @@ import libcst as cst
 from analyzers.context import (FileContext, dotted_name, keyword_arg,
                                method_name, short)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import decides_branch, subtree
+from analyzers.program.flow import decides_branch, makes_python_number, read_only_as_host_scalar, reads_of, subtree
+from analyzers.program.state import runs_only_off_cuda
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.devices import (device_like_name as _device_like_name, device_facts as _facts,
@@ -22,6 +23,22 @@ _MOVES = {"to", "cuda", "type_as"}
 # Host-side use of a freshly created tensor: bookkeeping, not model math.
 _HOST_USES = {"item", "tolist", "numpy", "cpu"}
 _HOST_SINKS = {"log", "log_dict", "print", "append", "extend", "format", "info", "debug", "add_scalar", "write"}
+
+
+def _arithmetic_holder(call: cst.Call, ctx: FileContext) -> Optional[str]:
+    """``theta`` for ``theta = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))``: the name the value computed
+    from the new tensor is assigned to, through methods and arithmetic."""
+    node: cst.CSTNode = call
+    while True:
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)) or (
+                isinstance(parent, cst.Attribute) and isinstance(ctx.parent(parent), cst.Call)):
+            node = parent if not isinstance(parent, cst.Attribute) else ctx.parent(parent)
+            continue
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target,
+                                                                                      cst.Name):
+            return parent.targets[0].target.value
+        return None
 
 
 @dataclass
@@ -169,6 +186,47 @@ class TensorWithoutDevice(Rule):
                 return x * self.scale
         model = Net().cuda()
         """,
+        # computed once into a cache, which keeps it on the input's device
+        """
+        import torch
+        import torch.nn as nn
+        class Rotary(nn.Module):
+            def forward(self, x):
+                if self.theta is None:
+                    theta = 1.0 / (10000 ** (torch.arange(0, self.dim, 2).float() / self.dim))
+                    self.theta = theta.to(x.device).to(x.dtype)
+                return x * self.theta
+        model = Rotary().cuda()
+        """,
+        # the CPU branch of a device test: the mask meets CPU inputs there
+        """
+        import torch
+        import torch.nn as nn
+        class MaskedDrop(nn.Module):
+            def forward(self, x):
+                on_gpu = x.is_cuda
+                if on_gpu:
+                    self.mask = (torch.rand(x.shape[1]) > 0.5).float().to("cuda")
+                else:
+                    self.mask = (torch.rand(x.shape[1]) > 0.5).float()
+                return x * self.mask
+        model = MaskedDrop().cuda()
+        """,
+        # random crop offsets: 0-dim tensors Python reads as slice bounds, on the host
+        """
+        import torch
+        import torch.nn as nn
+        class RandomCrops(nn.Module):
+            def forward(self, images, n: int):
+                crops = []
+                for _ in range(n):
+                    size = int(torch.rand([]) * self.size) + 1
+                    top = torch.randint(0, images.shape[2] - self.size + 1, ())
+                    left = torch.randint(0, images.shape[3] - self.size + 1, ())
+                    crops.append(images[:, :, top : top + self.size, left : left + self.size])
+                return torch.cat(crops)
+        model = RandomCrops().cuda()
+        """,
         # not an nn.Module; host-side bookkeeping in a training step
         """
         import torch
@@ -269,8 +327,8 @@ class TensorWithoutDevice(Rule):
             return
         if any(a.star for a in node.args) or keyword_arg(node, "device") is not None or keyword_arg(node, "out"):
             return
-        if self._moved_or_host(node, ctx):
-            return
+        if self._moved_or_host(node, ctx) or runs_only_off_cuda(ctx, node):
+            return  # moved, read on the host, or made where the input was found to be on the CPU
         if name == "tensor" and node.args and _shape_metadata(node.args[0].value):
             return  # sizes read off other tensors (``[x.shape[-1] for x in crops]``): CPU-side bookkeeping
         if name == "tensor" and node.args and _constant_scalar(node.args[0].value) and \
@@ -311,13 +369,16 @@ class TensorWithoutDevice(Rule):
             if isinstance(parent, cst.ComparisonTarget) and isinstance(grand, cst.Comparison) or \
                     isinstance(parent, cst.Comparison) and parent.left is current:
                 comparison = grand if isinstance(parent, cst.ComparisonTarget) else parent
-                return decides_branch(comparison, ctx) and not any(
-                    isinstance(operand, cst.Call) for operand in
-                    [comparison.left, *(target.comparator for target in comparison.comparisons)]
-                    if operand is not current)  # ``if torch.rand(1) < p:`` a host-side draw decides a branch
+                if decides_branch(comparison, ctx) and not any(
+                        isinstance(operand, cst.Call) for operand in
+                        [comparison.left, *(target.comparator for target in comparison.comparisons)]
+                        if operand is not current):
+                    return True  # ``if torch.rand(1) < p:`` a host-side draw decides a branch
+                current = comparison  # ``(torch.rand(n) > p).float().to(device)``: a mask, then moved
+                continue
             if isinstance(parent, cst.Arg) and isinstance(grand, cst.Call):
                 sink = method_name(grand)
-                if sink in _HOST_SINKS:
+                if sink in _HOST_SINKS or makes_python_number(grand, ctx):
                     return True
                 if isinstance(grand.func, cst.Attribute) and (ctx.call_name(grand) or "").startswith("torch."):
                     current = grand  # ``torch.triu(torch.ones(n, n)).to(device)``: follow the torch op
@@ -333,6 +394,13 @@ class TensorWithoutDevice(Rule):
         for cand in self.candidates:
             if cand.target is not None and cand.target.split(".")[0] in moved.get(id(cand.fn), ()):
                 continue
+            if cand.target is not None and "." not in cand.target and \
+                    read_only_as_host_scalar(ctx, cand.fn, cand.target):
+                continue  # a random offset used as a slice bound: Python reads it on the host, no device sees it
+            holder = cand.target or _arithmetic_holder(cand.call, ctx)
+            reads = reads_of(ctx, cand.fn, holder) if holder is not None and "." not in holder else []
+            if reads and all(self._moved_or_host(read, ctx) for read in reads):
+                continue  # every use moves it first (``self.theta = theta.to(x.device)``, a cache filled once)
             # a model file that moves nothing itself (nanoGPT's model.py: train.py moves it) is still told about
             # position ids for its own embedding, which break on any GPU, one level lower
             embedding = self._embedding_fed(cand, ctx) if cuda or cand.owner.endswith(".forward()") else None

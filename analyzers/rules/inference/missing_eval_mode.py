@@ -87,6 +87,18 @@ class MissingEvalMode(_InferencePathRule):
         "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
         Valid("import torch\nfrom transformers import AutoModel\nmodel = AutoModel.from_pretrained('bert-base-uncased')\n"
               "def predict(batch):\n    with torch.no_grad():\n        return model(**batch)\n"),
+        Valid("import torch\ndef prepare(config, x, script):\n    model = build_model(config)\n    model.eval()\n"
+              "    if script:\n        serving_model = torch.jit.trace(model, x)\n    else:\n"
+              "        serving_model = model\n    def predict():\n        with torch.no_grad():\n"
+              "            return serving_model(x)\n    return predict\n"),
+        Valid("import torch\nfrom espnet2.bin.asr_inference import Speech2Text\nclass Scorer:\n"
+              "    def __init__(self, path):\n        self.asr_model = Speech2Text(asr_model_file=path)\n"
+              "    def predict_hypothesis(self, wav):\n        return self.asr_model(wav)\n"),
+        Valid("import torch\ndef on_validation_end(accelerator, unet, batch):\n    with torch.no_grad():\n"
+              "        accelerator.unwrap_model(unet).reset_cache()\n"),
+        Valid("import torch\nfrom zoo import GCN, GIN\nMODELS = {'gcn': GCN, 'gin': GIN}\n"
+              "@torch.no_grad()\ndef run_inference(name, data):\n    Model = MODELS[name]\n"
+              "    model = Model(data, 3).eval()\n    return model(data)\n"),
     ]
     INVALID = [
         Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"

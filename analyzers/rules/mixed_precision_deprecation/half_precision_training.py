@@ -8,7 +8,10 @@ import libcst as cst
 
 from analyzers.context import (FileContext, argument, dotted_name, short, string_value)
 from analyzers.markdown import code_span
-from analyzers.program.values import is_optimizer
+from analyzers.program.library import MASTER_WEIGHTS_LAST_NAMES, Does, does
+from analyzers.program.loops import batch_of_training_loop
+from analyzers.program.names import last_name
+from analyzers.program.values import is_optimizer, optimized_names
 from analyzers.model import Category, Severity
 from analyzers.program.roles import collects_tests
 from analyzers.rules.base import Invalid, Rule
@@ -21,6 +24,25 @@ _AUTOCAST = ("torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.au
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
+def _cast_receiver(cast: cst.Call) -> Optional[str]:
+    """``unet`` for ``unet.to("cuda").to(torch.float16)``; None when the chain starts from a call (``Net().half()``)."""
+    receiver = cast.func.value if isinstance(cast.func, cst.Attribute) else None
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value
+    return dotted_name(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
+
+
+def _assigned_to(cast: cst.Call, ctx: FileContext) -> Optional[str]:
+    """``unet`` for ``unet = UNet().to("cuda").half()``."""
+    top: cst.CSTNode = cast
+    while isinstance(ctx.parent(top), cst.Attribute) and isinstance(ctx.parent(ctx.parent(top)), cst.Call):
+        top = ctx.parent(ctx.parent(top))
+    parent = ctx.parent(top)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        return dotted_name(parent.targets[0].target)
+    return None
+
+
 @dataclass
 class _HalfCast:
     node: cst.Call
@@ -28,6 +50,8 @@ class _HalfCast:
     function_count: int  # training steps already seen in that function when the cast ran
     global_count: int
     loops: tuple
+    batch: bool  # the cast is of a batch a training loop iterates, not of the model
+    module: Optional[str] = None  # the name of what is cast (``unet``), or of what holds it (``unet = UNet().half()``)
 
 
 class HalfPrecisionTraining(Rule):
@@ -118,6 +142,28 @@ class HalfPrecisionTraining(Rule):
                 optimizer.step()
             torch.save({k: v.half() for k, v in model.state_dict().items()}, "m.pt")
         """,
+        # the half-precision UNet is a frozen base: the optimizer trains only the adapter
+        """
+        import torch
+        unet = UNet().to("cuda").to(torch.float16)
+        control_net = ControlNet(unet).cuda()
+        optimizer = torch.optim.AdamW(control_net.parameters(), lr=1e-4)
+        for x, y in loader:
+            loss = criterion(control_net(x), y)
+            loss.backward()
+            optimizer.step()
+        """,
+        # apex's FP16_Optimizer trains the half model on a float32 master copy of its weights
+        """
+        import torch
+        from apex.fp16_utils import FP16_Optimizer
+        model = Net().cuda().half()
+        optimizer = FP16_Optimizer(torch.optim.Adam(model.parameters()), dynamic_loss_scale=True)
+        for x, y in loader:
+            loss = criterion(model(x.half()), y)
+            optimizer.backward(loss)
+            optimizer.step()
+        """,
     ]
     INVALID = [
         Invalid(
@@ -166,6 +212,19 @@ class HalfPrecisionTraining(Rule):
             """,
             line=7,
         ),
+        # the model's weights and the batches are both cast: said once, at the weights
+        Invalid(
+            """
+            import torch
+            model = Net().cuda().half()
+            for images, labels in loader:
+                images = images.half()
+                loss = criterion(model(images), labels)
+                loss.backward()
+                optimizer.step()
+            """,
+            line=3, message="`Net().cuda().half()`",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
@@ -176,9 +235,12 @@ class HalfPrecisionTraining(Rule):
         self._train_loops: set = set()
         self._global = 0
         self._in_functions = 0  # training steps inside any function
+        self._master_weights = False  # an optimizer or engine here trains the half model on fp32 master weights
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
+        if last_name(func) in MASTER_WEIGHTS_LAST_NAMES and does(ctx.call_name(node), Does.KEEPS_FP32_MASTER_WEIGHTS):
+            self._master_weights = True
         if not isinstance(func, cst.Attribute):
             return
         name = func.attr.value
@@ -193,7 +255,9 @@ class HalfPrecisionTraining(Rule):
             if any(isinstance(lp, _COMPREHENSIONS) for lp in loops):
                 return
             function = ctx.function_def
-            self._casts.append(_HalfCast(node, function, self._counts.get(function, 0), self._global, loops))
+            self._casts.append(_HalfCast(node, function, self._counts.get(function, 0), self._global, loops,
+                                         batch_of_training_loop(func.value, ctx, node),
+                                         _cast_receiver(node) or _assigned_to(node, ctx)))
 
     def _training_step(self, node: cst.Call, ctx: FileContext) -> None:
         self._global += 1
@@ -242,7 +306,15 @@ class HalfPrecisionTraining(Rule):
     def end_file(self, ctx: FileContext) -> None:
         if collects_tests(ctx):
             return  # tests of half-precision kernels: their backward checks gradients, it trains nothing
+        if self._master_weights:
+            return  # apex's FP16_Optimizer, a DeepSpeed engine: the half model trains on fp32 master weights
+        reported: list[_HalfCast] = []
+        optimized = optimized_names(ctx)
         for cast in self._casts:
+            module = cast.module
+            if optimized is not None and module is not None and not cast.batch and not any(
+                    name == module or name.startswith(module + ".") for name in optimized):
+                continue  # no optimizer here is given this module: a frozen base in half precision trains nothing
             fn = cast.function
             if fn is None:
                 trains = self._global > cast.global_count or self._in_functions > 0
@@ -251,6 +323,12 @@ class HalfPrecisionTraining(Rule):
             trains = trains or any(loop in self._train_loops for loop in cast.loops)
             if not trains:
                 continue
+            reported.append(cast)
+        weights_cast = any(not cast.batch for cast in reported)
+        for cast in reported:
+            if cast.batch and weights_cast:
+                continue  # the batch follows the model's dtype: said once, where the weights are cast
+            fn = cast.function
             evidence = self._evidence.get(fn) or self._evidence.get(None) or next(iter(self._evidence.values()), None)
             where = f"{fn.name.value}()" if fn is not None else "this script"
             step = f", which calls {code_span(short(ctx, evidence, 40))}" if evidence is not None else ""

@@ -78,11 +78,14 @@ def _detached(found: cst.CSTNode) -> bool:
 
 
 def _container_holding(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
-    """The outermost dict / list / tuple / ``dict(...)`` literal ``node`` is an item of (``node`` if none)."""
+    """The outermost dict / list / tuple / ``dict(...)`` literal or arithmetic (``a.numpy() - b.numpy()``)
+    ``node`` is part of (``node`` if none)."""
     while True:
         parent = ctx.parent(node)
         grand = ctx.parent(parent) if parent is not None else None
-        if isinstance(parent, (cst.DictElement, cst.Element)) and isinstance(grand, (cst.Dict, cst.List, cst.Tuple)) \
+        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
+            node = parent
+        elif isinstance(parent, (cst.DictElement, cst.Element)) and isinstance(grand, (cst.Dict, cst.List, cst.Tuple)) \
                 and not isinstance(ctx.parent(grand), cst.Return):
             node = grand
         elif isinstance(parent, cst.Arg) and parent.keyword is not None and isinstance(grand, cst.Call) and \
@@ -189,6 +192,15 @@ class NumpyInForward(Rule):
             td = torch.nn.functional.smooth_l1_loss(q, target, reduction="none")
             weighted = weights * td
             return torch.mean(weighted), (weighted + 1e-6).detach().cpu().numpy()
+        """,
+        # the same, with the errors computed from two detached NumPy copies
+        """
+        import torch
+        import torch.nn.functional as F
+        def q_loss_and_errors(q, target, weights):
+            loss = torch.mean(F.mse_loss(q, target, reduction="none") * weights)
+            errors = target.data.cpu().numpy() - q.data.cpu().numpy()
+            return loss, errors
         """,
         # a loss-plotting helper is not a loss function
         """

@@ -10,7 +10,7 @@ from analyzers.context import FileContext, argument, dotted_name, is_false, is_t
 from analyzers.model import Category, Severity
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback
 from analyzers.program.library import Does, does
-from analyzers.program.roles import collects_tests, describe
+from analyzers.program.roles import collects_tests, describe, unrestricted_load_beside
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
@@ -100,6 +100,9 @@ class UnsafeTorchLoad(Rule):
         "    sd = torch.load(p, map_location='cpu')\n",
     ]
     INVALID = [
+        # per torch version, the same file loaded with an explicit weights_only=False: reported there, once
+        Invalid("import torch\ndef load(f):\n    if torch.__version__ < '2.6':\n        return torch.load(f)\n"
+                "    return torch.load(f, weights_only=False)\n", line=5, message="weights_only=False"),
         Invalid(
             "import torch\nstate = torch.load('model.pt')\n",
             line=2,
@@ -182,6 +185,8 @@ class UnsafeTorchLoad(Rule):
             return  # a variable: the author decides at run time; nothing mechanical to say
         if ctx.in_context_manager(*SAFE_GLOBALS) or in_compat_fallback(ctx, node):
             return
+        if weights_only is None and unrestricted_load_beside(ctx, node):
+            return  # the explicit weights_only=False load of the same file beside it is reported: said once
         source = argument(node, 0, "f")
         checkpoints = ctx.facts(CheckpointWrites)
         external = _looks_external(source, ctx)

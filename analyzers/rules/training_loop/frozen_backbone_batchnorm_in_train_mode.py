@@ -13,7 +13,7 @@ from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, call_rece
     method_name, short, string_value
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.flow import subtree
+from analyzers.program.flow import exclusive_branches, subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.values import BACKWARD_METHODS
@@ -307,6 +307,23 @@ class FrozenBatchNormInTrainMode(Rule):
                 nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
         """,
+        # a linear-probe / fine-tune switch: train() only in the fine-tune mode, eval() in the frozen one
+        """
+        import torch
+        import torchvision
+        model = torchvision.models.resnet50()
+        if args.weights == "freeze":
+            model.requires_grad_(False)
+            model.fc.requires_grad_(True)
+        for epoch in range(10):
+            if args.weights == "finetune":
+                model.train()
+            elif args.weights == "freeze":
+                model.eval()
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                optimizer.step()
+        """,
         # frozen for a demo forward pass; what backpropagates in this file is something else
         """
         import torch
@@ -564,7 +581,8 @@ class FrozenBatchNormInTrainMode(Rule):
             if root not in facts.trained:
                 continue  # never run in a training loop here (a demo, a feature extractor used elsewhere)
             evals = [e for e in facts.evals if _within(e.path, path)]
-            trains = [t for t in facts.trains if _within(path, t.path) and t.path.split(".", 1)[0] == root]
+            trains = [t for t in facts.trains if _within(path, t.path) and t.path.split(".", 1)[0] == root
+                      and not exclusive_branches(ctx, t.node, freeze.node)]  # finetune / freeze modes of one run
             if trains:
                 # a validation ``model.eval()`` is undone by the next ``model.train()``: only a switch of the frozen
                 # part itself, after the train(), keeps its statistics fixed

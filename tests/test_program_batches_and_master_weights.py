@@ -1,0 +1,290 @@
+"""What a training loop iterates is data, and which optimizers keep float32 master weights (analyzers/program)."""
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from analyzers.context import FileContext
+from analyzers.engine import _Walker
+from analyzers.program import library
+from analyzers.program.flow import subtree
+from analyzers.program.library import Does
+from analyzers.program.loops import batch_of_training_loop
+
+
+def context(code: str) -> FileContext:
+    source = textwrap.dedent(code)
+    module = cst.parse_module(source)
+    ctx = FileContext("example.py", source, module)
+    _Walker(ctx, [], lambda rule, exc: None).walk(module)
+    return ctx
+
+
+def cast_receivers(ctx: FileContext) -> dict[str, bool]:
+    """Receiver of each ``.half()`` -> is it a batch of a training loop."""
+    return {node.func.value.value: batch_of_training_loop(node.func.value, ctx) for node in subtree(ctx.module)
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "half"
+            and isinstance(node.func.value, cst.Name)}
+
+
+def test_the_items_a_training_loop_iterates_are_batches_not_the_model():
+    ctx = context("""
+        def fit(model, loader, opt):
+            model.half()
+            for step, (tokens, targets) in enumerate(loader):
+                tokens.half()
+                loss = model(tokens, targets)
+                loss.backward()
+                opt.step()
+        def score(net, batches):
+            for inputs in batches:
+                inputs.half()
+                net(inputs)
+        def cast_all(members, loader):
+            for x in loader:
+                for member in members:
+                    member.half()
+                    member(x).sum().backward()
+    """)
+    assert cast_receivers(ctx) == {
+        "model": False,  # not bound by a loop
+        "tokens": True,  # an item of the loop that trains
+        "inputs": False,  # that loop only evaluates
+        "member": False,  # the loop calls it: it iterates models
+    }
+
+
+def test_master_weight_optimizers_are_known_by_the_table():
+    assert library.does("apex.fp16_utils.FP16_Optimizer", Does.KEEPS_FP32_MASTER_WEIGHTS)
+    assert library.does("deepspeed.initialize", Does.KEEPS_FP32_MASTER_WEIGHTS)
+    assert not library.does("torch.optim.Adam", Does.KEEPS_FP32_MASTER_WEIGHTS)
+    assert "FP16_Optimizer" in library.MASTER_WEIGHTS_LAST_NAMES
+
+
+def test_a_value_read_only_as_a_slice_bound_or_python_number_stays_on_the_host():
+    from analyzers.program.flow import read_only_as_host_scalar
+    ctx = context("""
+        def crop(images, size):
+            top = draw()
+            steps = draw()
+            picked = draw()
+            unused = draw()
+            for _ in range(int(steps)):
+                images = images[:, top : top + size]
+            return images[picked]
+    """)
+    fn = next(n for n in subtree(ctx.module) if isinstance(n, cst.FunctionDef))
+    assert read_only_as_host_scalar(ctx, fn, "top")  # slice bounds, through arithmetic
+    assert read_only_as_host_scalar(ctx, fn, "steps")  # int(...)
+    assert not read_only_as_host_scalar(ctx, fn, "picked")  # an index tensor: the device reads it
+    assert not read_only_as_host_scalar(ctx, fn, "unused")  # never read: nothing to say
+
+
+def test_a_name_picked_from_a_registry_of_classes_holds_a_class():
+    from analyzers.program.values import names_a_class
+    ctx = context("""
+        from zoo import GCN, GraphSAGE
+        import torch.nn as nn
+        class Local(nn.Module):
+            pass
+        ARCHITECTURES = {"gcn": GCN, "sage": GraphSAGE, "local": Local}
+        TRAINED = [first_net, second_net]
+        def run(name, i):
+            Model = ARCHITECTURES[name]
+            model = Model(3)
+            chosen = TRAINED[i]
+            chosen(3)
+            model(3)
+    """)
+    called = {n.func.value: names_a_class(ctx, n.func) for n in subtree(ctx.module)
+              if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)}
+    assert called == {"Model": True, "chosen": False, "model": False}
+
+
+
+def test_the_names_a_value_passed_through_are_its_aliases():
+    from analyzers.program.values import alias_names
+    ctx = context("""
+        model = build_model(config)
+        model.eval()
+        runner = model
+        served = runner
+        fresh = build_model(config)
+    """)
+    assert alias_names(ctx, cst.Name("served")) == ["runner", "model"]  # model.eval() covers it
+    assert alias_names(ctx, cst.Name("fresh")) == []
+
+
+def test_an_implicit_load_beside_an_explicit_unrestricted_one_of_the_same_file_is_that_decision():
+    from analyzers.program.roles import unrestricted_load_beside
+    ctx = context("""
+        import torch
+        def per_version(f):
+            if torch.__version__ < "2.6":
+                return torch.load(f)
+            return torch.load(f, weights_only=False)
+        def two_files(a, b):
+            first = torch.load(a)
+            return first, torch.load(b, weights_only=False)
+    """)
+    implicit = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.call_name(n) == "torch.load"
+                and not any(arg.keyword is not None for arg in n.args)]
+    assert [unrestricted_load_beside(ctx, call) for call in implicit] == [True, False]
+
+
+def test_a_probability_zeroed_outside_training_wherever_it_comes_from():
+    from analyzers.program.state import zero_unless_training
+    ctx = context("""
+        class Block:
+            def forward(self, x):
+                if not self.training:
+                    p = 0.0
+                else:
+                    p = self.rate
+                q = self.rate if self.training else 0
+                return self.helper(x, p), self.helper_always(x, self.rate), q
+            def helper(self, x, rate):
+                return drop(x, rate)
+            def helper_always(self, x, rate):
+                return drop(x, rate)
+    """)
+    functions = {n.name.value: n for n in subtree(ctx.module) if isinstance(n, cst.FunctionDef)}
+    forward = functions["forward"]
+    assert zero_unless_training(ctx, cst.Name("p"), forward)
+    assert zero_unless_training(ctx, cst.Name("q"), forward)
+    assert zero_unless_training(ctx, cst.Name("rate"), functions["helper"])  # through its one call site
+    assert not zero_unless_training(ctx, cst.Name("rate"), functions["helper_always"])
+
+
+def test_a_call_handed_a_model_acts_on_it_and_is_no_forward_pass():
+    from analyzers.program.values import hands_a_model
+    ctx = context("""
+        import torch.nn as nn
+        net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        accelerator.unwrap_model(unet)
+        helper.wrap(net)
+        model(images)
+        decoder(encoder(images))
+        self.model(self.inputs)
+    """)
+    handed = {ctx.module.code_for_node(n.func): hands_a_model(ctx, n) for n in subtree(ctx.module)
+              if isinstance(n, cst.Call) and not ctx.module.code_for_node(n.func).startswith("nn.")}
+    assert handed == {"accelerator.unwrap_model": True, "helper.wrap": True, "model": False, "decoder": False,
+                      "encoder": False, "self.model": False}
+
+
+def test_from_pretrained_of_a_tokenizer_config_or_scheduler_builds_no_module():
+    from analyzers.program.builds import built_module
+    ctx = context("""
+        import transformers
+        from transformers import AutoModel, AutoTokenizer, BertTokenizerFast, AutoConfig
+        from diffusers import DDPMScheduler
+        a = AutoModel.from_pretrained(name)
+        b = AutoTokenizer.from_pretrained(name)
+        c = BertTokenizerFast.from_pretrained(name)
+        d = AutoConfig.from_pretrained(name)
+        e = DDPMScheduler.from_pretrained(name)
+        f = transformers.AutoModelForCausalLM.from_pretrained(name)
+        g = transformers.AutoTokenizer.from_pretrained(name)
+    """)
+    built = {n.targets[0].target.value: built_module(ctx, n.value) is not None for n in subtree(ctx.module)
+             if isinstance(n, cst.Assign)}
+    assert built == {"a": True, "b": False, "c": False, "d": False, "e": False, "f": True, "g": False}
+    assert library.pretrained_gives_no_module("transformers.AutoTokenizer")
+    assert all(doc.startswith("https://") for doc in library.PRETRAINED_NOT_MODULES.values())
+
+
+def test_branches_on_different_values_of_one_setting_never_run_together():
+    from analyzers.program.flow import exclusive_branches
+    ctx = context("""
+        if args.mode == "freeze":
+            freeze()
+        if args.mode == "finetune":
+            unfreeze()
+        if args.other == "x":
+            other()
+        for phase in ("train", "val"):
+            if phase == "train":
+                train_phase()
+            if phase == "val":
+                val_phase()
+    """)
+    at = {n.func.value: n for n in subtree(ctx.module) if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)}
+    assert exclusive_branches(ctx, at["freeze"], at["unfreeze"])
+    assert not exclusive_branches(ctx, at["freeze"], at["other"])  # another setting
+    assert not exclusive_branches(ctx, at["train_phase"], at["val_phase"])  # the loop changes it
+
+
+def test_what_a_method_does_includes_the_helpers_it_delegates_to():
+    from analyzers.program.flow import reaches_through_own_methods
+    ctx = context("""
+        class Table:
+            def __init__(self, n):
+                self.build(n)
+            def build(self, n):
+                self.fill(n)
+            def fill(self, n):
+                mark(n)
+            def other(self):
+                self.unrelated()
+            def unrelated(self):
+                pass
+    """)
+    cls = next(n for n in subtree(ctx.module) if isinstance(n, cst.ClassDef))
+    methods = {m.name.value: m for m in cls.body.body}
+    marks = lambda node: isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "mark"
+    assert reaches_through_own_methods(cls, methods["__init__"], marks)  # two calls deep
+    assert not reaches_through_own_methods(cls, methods["__init__"], marks, depth=1)
+    assert not reaches_through_own_methods(cls, methods["other"], marks)
+
+
+def test_the_names_the_optimizers_are_given():
+    from analyzers.program.values import optimized_names
+    ctx = context("""
+        import torch
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=1e-3)
+        opt_d = torch.optim.SGD(discriminator.parameters())
+    """)
+    names = optimized_names(ctx)
+    assert "model.parameters" in names and "discriminator" in names and "frozen" not in names
+    assert optimized_names(context("import torch\nopt = torch.optim.Adam(groups)\n")) is None  # unknown
+    assert optimized_names(context("import torch\nx = 1\n")) is None  # no optimizer here
+
+
+def test_code_under_a_negative_cuda_test_runs_off_cuda_only():
+    from analyzers.program.state import runs_only_off_cuda
+    ctx = context("""
+        def forward(x):
+            on_gpu = x.is_cuda
+            if on_gpu:
+                a = make()
+            else:
+                b = make()
+            if not x.is_cuda:
+                c = make()
+            d = make()
+    """)
+    made = {n.targets[0].target.value: runs_only_off_cuda(ctx, n) for n in subtree(ctx.module)
+            if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call)}
+    assert made == {"a": False, "b": True, "c": True, "d": False}
+
+
+def test_espnet_inference_wrappers_come_back_in_eval_mode():
+    from analyzers.program.builds import built_module
+    ctx = context("""
+        from espnet2.bin.asr_inference import Speech2Text
+        recognizer = Speech2Text(asr_model_file=path, device="cuda")
+    """)
+    assign = next(n for n in subtree(ctx.module) if isinstance(n, cst.Assign))
+    built = built_module(ctx, assign.value)
+    assert built is not None and built.eval_mode
+
+
+def test_functions_that_ready_or_unwrap_a_model_are_not_one():
+    from analyzers.program.names import name_is_model_like
+    for name in ("self.prepare_model", "accelerator.unwrap_model", "self._wrap_model", "wrap_model"):
+        assert not name_is_model_like(name), name
+    for name in ("model", "wrapped_model", "prepared_model", "self.model"):
+        assert name_is_model_like(name), name
