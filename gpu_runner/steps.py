@@ -678,8 +678,8 @@ class _Plan:
                            "stepped an optimizer (an empty loader? a condition on a setting?)")
         if instruments.elsewhere and not instruments.disconnected:
             where = instruments.elsewhere[0]
-            raise StepSkip(f"the loss backpropagated at {where.text() if where else '?'} trains parameters that are "
-                           f"not those of the model the runner took for {self.target}'s (built elsewhere, as inside "
+            raise StepSkip(f"the loss backpropagated at {where.text() if where else '?'} trains parameters "
+                           f"outside the model the runner took for {self.target} (a module built elsewhere, as inside "
                            "the loop?): name the model in smoke.steps")
         checks = [self._loss_check(), self._zero_grad_check(), self._coverage_check(trainable),
                   self._updated_check(trainable, reference, changed), self._train_mode_check()]

@@ -464,5 +464,5 @@ def test_a_loss_that_trains_a_module_built_inside_the_loop_is_undecided_not_a_de
     root = write_tree(tmp_path, {"train.py": script})
     report = run(root, "train.py:__main__")
     assert report["status"] == "skipped", report
-    assert "trains parameters that are not those of the model" in report["reason"]
+    assert "trains parameters outside the model the runner took" in report["reason"]
     assert f"train.py:{line_of(root, 'train.py', 'loss.backward()')}" in report["reason"]
