@@ -6,11 +6,11 @@ class a row:
 - ``repo`` (owner/name) and ``commit`` (40 hex digits, the same on every row of a repository);
 - ``target``: ``path/to/file.py:Class``, as the runner takes it;
 - ``expected``: what a correct runner does with the unmodified class, unconfigured, on CPU with the runner's
-  environment (torch, numpy, pyyaml): ``built``; ``skip:<kind>`` for a stated reason (``missing-package:<name>``
-  when the class itself uses a package the runner lacks, ``no-parameters`` for an activation or a fixed
-  encoding, ``needs-cuda`` for a forward that calls ``.cuda()`` unconditionally, ``upstream-bug`` for a class
-  that cannot run as published); ``fail:<check>`` only for a known bug: planted, or found in the published code
-  by reading it (the note says where);
+  environment (torch, numpy, einops, pandas, Lightning, pyyaml): ``built``; ``skip:<kind>`` for a stated reason
+  (``missing-package:<name>`` when the class itself uses a package the runner lacks, ``no-parameters`` for an
+  activation or a fixed encoding, ``needs-cuda`` for a forward that calls ``.cuda()`` unconditionally,
+  ``upstream-bug`` for a class that cannot run as published); ``fail:<check>`` only for a known bug: planted,
+  or found in the published code by reading it (the note says where);
 - ``side``: ``tune`` or ``holdout``, the side of ``bench/corpus/split.tsv`` for a repository of the static
   corpus, else the parity of sha256("owner/name") (``bench.corpus.corpus.side_of``), unless the note says
   ``moved to tune`` and why;

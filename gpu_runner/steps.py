@@ -248,6 +248,9 @@ class _Instruments:
     losses: list = field(default_factory=list)
     loss_lines: list = field(default_factory=list)
     disconnected: list = field(default_factory=list)  # (loss value, where): backward on a loss no parameter feeds
+    # where a loss was backpropagated into parameters none of which is the model's: the loop trains
+    # something the runner did not take for its model (a module built inside the loop), so no check applies
+    elsewhere: list = field(default_factory=list)
     detached_error: Optional[tuple] = None  # (message, where): backward on a loss without a graph
     forwards: list = field(default_factory=list)  # [training, grad enabled, where, a backward followed it]
     step_seconds: list = field(default_factory=list)
@@ -370,23 +373,33 @@ class _Instruments:
             self.loss_lines.append(where)
             if tensor.grad_fn is None and not tensor.requires_grad:
                 self.detached_error = (value, where)
-            elif not _reaches(tensor.grad_fn, self.parameter_ids):
-                self.disconnected.append((value, where))
+            else:
+                reached = _reaches(tensor.grad_fn, self.parameter_ids)
+                if reached == "other":
+                    self.elsewhere.append(where)
+                elif reached == "none":
+                    self.disconnected.append((value, where))
 
 
-def _reaches(grad_fn, parameter_ids: set, limit: int = 20000) -> bool:
-    """Whether the autograd graph under ``grad_fn`` accumulates into one of the parameters."""
-    stack, seen = [grad_fn], set()
+def _reaches(grad_fn, parameter_ids: set, limit: int = 20000) -> str:
+    """What the autograd graph under ``grad_fn`` accumulates into: "model" (one of the parameters), "other"
+    (only modules' parameters that are not among them) or "none" (no parameter: a tensor made trainable by hand,
+    as a detached output's ``.requires_grad_()``, does not count)."""
+    stack, seen, other = [grad_fn], set(), False
     while stack and len(seen) < limit:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
         variable = getattr(node, "variable", None)
-        if variable is not None and id(variable) in parameter_ids:
-            return True
+        if variable is not None:
+            if id(variable) in parameter_ids:
+                return "model"
+            other = other or isinstance(variable, torch.nn.Parameter)
         stack.extend(next_node for next_node, _ in getattr(node, "next_functions", ()))
-    return len(seen) >= limit  # too large to walk: assume connected rather than cry wolf
+    if len(seen) >= limit:
+        return "model"  # too large to walk: assume connected rather than cry wolf
+    return "other" if other else "none"
 
 
 # ---- synthetic arguments ---------------------------------------------------------------------------------
@@ -663,6 +676,11 @@ class _Plan:
         if instruments.detached_error is None and not instruments.losses and instruments.steps == 0:
             raise StepSkip(f"{self.target} ran on the synthetic arguments but neither called backward() nor "
                            "stepped an optimizer (an empty loader? a condition on a setting?)")
+        if instruments.elsewhere and not instruments.disconnected:
+            where = instruments.elsewhere[0]
+            raise StepSkip(f"the loss backpropagated at {where.text() if where else '?'} trains parameters "
+                           f"outside the model the runner took for {self.target} (a module built elsewhere, as inside "
+                           "the loop?): name the model in smoke.steps")
         checks = [self._loss_check(), self._zero_grad_check(), self._coverage_check(trainable),
                   self._updated_check(trainable, reference, changed), self._train_mode_check()]
         evaluation = self._evaluation_check()

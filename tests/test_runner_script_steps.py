@@ -423,3 +423,46 @@ def test_definitions_only_keeps_what_runs_and_leaves_unset_what_fails():
     exec(compile(ast.fix_missing_locations(_script_definitions(ast.parse(source))), "script.py", "exec"), namespace)
     assert namespace["train"](3) == 3 and "parser" in namespace
     assert "args" not in namespace and "ratio" not in namespace and "schedule" not in namespace
+
+
+def test_a_loss_that_trains_a_module_built_inside_the_loop_is_undecided_not_a_detached_loss(tmp_path):
+    # the module in scope when the loop starts is frozen inside the one the loop builds and trains: the loss
+    # reaches parameters, only not those of the model the runner took, so no check about that model applies
+    script = '''
+        import torch
+        import torch.nn as nn
+
+
+        class Backbone(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(8, 8)
+
+            def forward(self, x):
+                return self.proj(x)
+
+
+        class Head(nn.Module):
+            def __init__(self, backbone, classes):
+                super().__init__()
+                self.backbone = backbone
+                self.out = nn.Linear(8, classes)
+
+            def forward(self, x):
+                with torch.no_grad():
+                    features = self.backbone(x)
+                return self.out(features)
+
+
+        if __name__ == "__main__":
+            backbone = Backbone()
+            for classes in (2, 3):
+                head = Head(backbone, classes)
+                loss = head(torch.randn(4, 8)).pow(2).mean()
+                loss.backward()
+    '''
+    root = write_tree(tmp_path, {"train.py": script})
+    report = run(root, "train.py:__main__")
+    assert report["status"] == "skipped", report
+    assert "trains parameters outside the model the runner took" in report["reason"]
+    assert f"train.py:{line_of(root, 'train.py', 'loss.backward()')}" in report["reason"]
