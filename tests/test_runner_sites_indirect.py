@@ -1,0 +1,182 @@
+"""gpu_runner.sites: the calls that build a class without naming it (a registry of classes, a partial, a
+classmethod such as ``from_config``, a subclass's ``super().__init__``, a loop over classes), read as the class's
+construction sites. Each tree's class has arguments whose names mean nothing to the guesses."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from gpu_runner import sites  # noqa: E402
+from gpu_runner.build import build_subject  # noqa: E402
+from gpu_runner.subject import Subject  # noqa: E402
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401
+
+MIXER = {
+    "nets/__init__.py": "",
+    "nets/mixer.py": """\
+        from torch import nn
+
+        class Mixer(nn.Module):
+            def __init__(self, breadth, rounds):
+                super().__init__()
+                self.layers = nn.Sequential(*[nn.Linear(breadth, breadth) for _ in range(rounds)])
+
+            def forward(self, x):
+                return self.layers(x)
+
+            @classmethod
+            def from_config(cls, cfg):
+                return cls(cfg["breadth"], rounds=cfg["rounds"])
+
+
+        class Other(nn.Module):
+            def __init__(self, breadth, rounds):
+                super().__init__()
+                self.head = nn.Linear(breadth, rounds)
+
+            def forward(self, x):
+                return self.head(x)
+        """,
+}
+
+
+def _sites(root):
+    return [(s.positional, s.keywords) for s in sites.constructions(root, "nets/mixer.py", "Mixer")]
+
+
+def test_a_registry_entry_chosen_by_an_argparse_default_is_a_site(tmp_path):
+    root = write_tree(tmp_path, {**MIXER, "nets/zoo.py": """\
+        from nets.mixer import Mixer, Other
+
+        MODELS = {"mixer": Mixer, "other": Other}
+        """, "train.py": """\
+        import argparse
+        from nets.zoo import MODELS
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--arch", default="mixer")
+        parser.add_argument("--breadth", type=int, default=24)
+        args = parser.parse_args()
+        model = MODELS[args.arch](breadth=args.breadth, rounds=3)
+        """})
+    assert ([], {"breadth": 24, "rounds": 3}) in _sites(root)
+    subject = build_subject(root, "nets/mixer.py:Mixer", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert any("train.py:8" in note for note in subject.notes), subject.notes
+
+
+def test_a_registry_call_whose_key_selects_another_entry_is_not_a_site(tmp_path):
+    root = write_tree(tmp_path, {**MIXER, "train.py": """\
+        from nets.mixer import Mixer, Other
+
+        MODELS = {"mixer": Mixer, "other": Other}
+        net = MODELS["other"](breadth=5, rounds=2)
+        """})
+    assert _sites(root) == []
+
+
+def test_a_class_registered_by_a_decorator_is_built_through_the_registry_lookup(tmp_path):
+    root = write_tree(tmp_path, {
+        "nets/__init__.py": "",
+        "nets/registry.py": """\
+            class Registry:
+                def __init__(self):
+                    self.entries = {}
+
+                def register(self, name):
+                    def add(cls):
+                        self.entries[name] = cls
+                        return cls
+                    return add
+
+                def get(self, name):
+                    return self.entries[name]
+
+            NETS = Registry()
+            """,
+        "nets/mixer.py": """\
+            from torch import nn
+            from nets.registry import NETS
+
+            @NETS.register("mix")
+            class Mixer(nn.Module):
+                def __init__(self, breadth, rounds):
+                    super().__init__()
+                    self.layers = nn.Sequential(*[nn.Linear(breadth, breadth) for _ in range(rounds)])
+
+                def forward(self, x):
+                    return self.layers(x)
+            """,
+        "configs/run.yaml": "arch: mix\nnet:\n  breadth: 12\n  rounds: 2\n",
+        "run.py": """\
+            import yaml
+            from nets.registry import NETS
+
+            def main():
+                cfg = yaml.safe_load(open("configs/run.yaml"))
+                builder = NETS.get(cfg["arch"])
+                return builder(**cfg["net"])
+            """})
+    assert ([], {"breadth": 12, "rounds": 2}) in _sites(root)
+
+
+def test_a_partial_and_its_call_together_are_a_site(tmp_path):
+    root = write_tree(tmp_path, {**MIXER, "train.py": """\
+        from functools import partial
+        from nets.mixer import Mixer
+
+        def build():
+            make = partial(Mixer, rounds=3)
+            return make(breadth=10)
+        """})
+    assert ([], {"rounds": 3, "breadth": 10}) in _sites(root)
+
+
+def test_a_classmethods_own_call_takes_its_arguments_from_the_methods_callers(tmp_path):
+    root = write_tree(tmp_path, {**MIXER, "train.py": """\
+        from nets.mixer import Mixer
+
+        settings = {"breadth": 14, "rounds": 2}
+        model = Mixer.from_config(settings)
+        """})
+    assert ([14], {"rounds": 2}) in _sites(root)
+
+
+def test_a_subclass_constructor_handing_on_its_keywords_is_a_site_of_the_base(tmp_path):
+    root = write_tree(tmp_path, {**MIXER, "nets/small.py": """\
+        from nets.mixer import Mixer
+
+        class SmallMixer(Mixer):
+            def __init__(self, **options):
+                super().__init__(breadth=16, **options)
+
+        def small():
+            return SmallMixer(rounds=2)
+        """})
+    assert ([], {"breadth": 16, "rounds": 2}) in _sites(root)
+
+
+def test_a_loop_over_classes_builds_each_of_them(tmp_path):
+    root = write_tree(tmp_path, {**MIXER, "tests/test_nets.py": """\
+        from nets.mixer import Mixer, Other
+
+        def test_shapes():
+            for net_class in (Mixer, Other):
+                net = net_class(breadth=6, rounds=2)
+        """})
+    assert ([], {"breadth": 6, "rounds": 2}) in _sites(root)
+
+
+def test_a_name_that_only_shares_the_registry_entrys_name_is_not_a_site(tmp_path):
+    """``Mixer`` of another module registered under the same key is another class."""
+    root = write_tree(tmp_path, {**MIXER, "other/__init__.py": "", "other/mixer.py": """\
+        class Mixer:
+            def __init__(self, breadth, rounds):
+                pass
+        """, "train.py": """\
+        from other.mixer import Mixer
+
+        MODELS = {"mixer": Mixer}
+        net = MODELS["mixer"](breadth=5, rounds=2)
+        """})
+    assert _sites(root) == []
