@@ -239,6 +239,7 @@ class Repository:
         self._markdown: Optional[list[Path]] = None
         self._code_blocks: dict[Path, Optional[_File]] = {}
         self._indirect: dict[tuple[Path, str], list] = {}
+        self._data: Optional[list[Path]] = None
 
     def python_files(self) -> list[Path]:
         if self._paths is None:
@@ -328,6 +329,18 @@ class Repository:
                     self._code_blocks[path] = None
             if self._code_blocks[path] is not None:
                 yield path, self._code_blocks[path]
+
+    def data_files(self) -> list[Path]:
+        """The tree's YAML and JSON files (configs), at most MAX_DATA_FILES."""
+        if self._data is None:
+            found: list[Path] = []
+            for folder, folders, files in os.walk(self.root):
+                folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+                found += [Path(folder) / n for n in sorted(files) if n.endswith((".yaml", ".yml", ".json"))]
+                if len(found) >= MAX_DATA_FILES:
+                    break
+            self._data = found[:MAX_DATA_FILES]
+        return self._data
 
     def markdown_files(self) -> list[Path]:
         if self._markdown is None:
@@ -1163,6 +1176,63 @@ def _parameter_default(function: ast.FunctionDef, name: str) -> Optional[ast.AST
     return None
 
 
+MAX_DATA_FILES = 400  # YAML / JSON files looked at per code tree for instantiation configs
+_TARGET_KEYS = (("_target_", None), ("class_path", "init_args"))  # Hydra's instantiate; Lightning's CLI
+_HYDRA_FLAGS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def _config_constructions(repository: Repository, defining: Path, name: str) -> list[Construction]:
+    """The entries of the tree's YAML / JSON configs that instantiate the class: ``_target_: nets.mixer.Mixer``
+    beside its arguments (Hydra), ``class_path:`` with ``init_args:`` (Lightning's CLI); a nested entry that
+    names another class of the tree is that class, built the same way."""
+    found: list[Construction] = []
+    for path in repository.data_files():
+        text = repository.text(path)
+        if text is None or name not in text or not any(key in text for key, _ in _TARGET_KEYS):
+            continue
+        data = _load_data_file(path)
+        relative = path.relative_to(repository.root).as_posix()
+        stack = [data]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+                continue
+            if not isinstance(node, dict):
+                continue
+            stack.extend(node.values())
+            made = _instantiated(repository, node)
+            if made is not None and made.cls.name == name and (repository.root / made.cls.path).resolve() == defining:
+                found.append(Construction(relative, list(made.positional), dict(made.keywords), [relative]))
+    return found
+
+
+def _instantiated(repository: Repository, node: dict) -> Optional[Instance]:
+    """The class of the tree a config entry instantiates, with its arguments (nested entries made the same
+    way; an unresolved ``${...}`` interpolation is unknown); None when it names none."""
+    for key, arguments_key in _TARGET_KEYS:
+        dotted = node.get(key)
+        if not isinstance(dotted, str) or "." not in dotted:
+            continue
+        module, _, cls_name = dotted.rpartition(".")
+        module_path = repository.module_path(repository.root / "__init__.py", module)
+        if module_path is None:
+            return None
+        arguments = node.get(arguments_key, {}) if arguments_key else \
+            {k: v for k, v in node.items() if k not in _HYDRA_FLAGS}
+        if not isinstance(arguments, dict):
+            return None
+        keywords = {}
+        for argument, value in arguments.items():
+            if isinstance(value, dict):
+                value = _instantiated(repository, value) or value
+            keywords[str(argument)] = UNKNOWN if isinstance(value, str) and "${" in value else value
+        positional = node.get("_args_", []) if arguments_key is None else []
+        return Instance(ClassRef(module_path.relative_to(repository.root).as_posix(), cls_name),
+                        list(positional) if isinstance(positional, list) else [], keywords)
+    return None
+
+
 def _is_test_path(relative: str) -> bool:
     parts = relative.split("/")
     return any(p in ("tests", "test") for p in parts[:-1]) or parts[-1].startswith("test_")
@@ -1198,6 +1268,10 @@ def constructions(code_root: Path, path: str, name: str, repository: Optional[Re
             continue
         construction.inputs = _model_inputs(evaluator, site_path, parsed, call)
         found.append(construction)
+    try:
+        found += [c for c in _config_constructions(repository, defining, name) if c.known]
+    except Exception:  # noqa: BLE001 - a config that cannot be read is no site
+        pass
     found.sort(key=lambda c: (-c.known, _is_test_path(c.where.rsplit(":", 1)[0])))
     return found[:MAX_SITES]
 

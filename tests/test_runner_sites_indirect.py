@@ -180,3 +180,33 @@ def test_a_name_that_only_shares_the_registry_entrys_name_is_not_a_site(tmp_path
         net = MODELS["mixer"](breadth=5, rounds=2)
         """})
     assert _sites(root) == []
+
+
+def test_a_config_entry_that_instantiates_the_class_is_a_site(tmp_path):
+    """Hydra's ``_target_`` beside the arguments (a nested entry built as its class), Lightning's ``class_path``
+    with ``init_args`` (interpolations resolved in the file); another class's entry is no site."""
+    root = write_tree(tmp_path, {**MIXER, "nets/wrap.py": """\
+        from torch import nn
+
+        class Wrapped(nn.Module):
+            def __init__(self, inner, scale):
+                super().__init__()
+                self.inner, self.scale = inner, scale
+
+            def forward(self, x):
+                return self.inner(x) * self.scale
+        """,
+        "conf/model.yaml": "depth: 2\nnet:\n  _target_: nets.wrap.Wrapped\n  scale: 2.0\n  inner:\n"
+                           "    _target_: nets.mixer.Mixer\n    breadth: 18\n    rounds: ${depth}\n",
+        "conf/cli.json": '{"model": {"class_path": "nets.mixer.Mixer", "init_args": {"breadth": 9, "rounds": 1}},'
+                         ' "other": {"class_path": "nets.mixer.Other", "init_args": {"breadth": 3, "rounds": 1}}}'})
+    found = _sites(root)
+    assert ([], {"breadth": 9, "rounds": 1}) in found
+    assert ([], {"breadth": 18, "rounds": 2}) in found
+    assert len(found) == 2
+    [wrapped] = sites.constructions(root, "nets/wrap.py", "Wrapped")
+    inner = wrapped.keywords["inner"]
+    assert isinstance(inner, sites.Instance) and inner.cls == sites.ClassRef("nets/mixer.py", "Mixer")
+    subject = build_subject(root, "nets/wrap.py:Wrapped", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.inner.layers[0].in_features == 18 and subject.model.scale == 2.0
