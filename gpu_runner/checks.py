@@ -230,35 +230,53 @@ def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: f
                       seed: int) -> tuple[int, int, str]:
     """The batch size (``batch_size``, else 4, else 2) and number of steps (``steps``, else fewer, down to 5) at
     which a timed training step says the checks fit in ``budget_s`` seconds, and a note when they are smaller: a
-    slow model is checked smaller rather than killed at the per-target timeout. The first step of a model pays for
-    its allocations, so a step that looks a little too slow is timed again; a smaller batch is timed itself (a step
-    on 2 samples costs more than a quarter of one on 8). The model's state is restored."""
+    slow model is checked smaller rather than killed at the per-target timeout. The smallest batch is timed first:
+    it is cheap, a bigger batch's step costs at least as much and (the samples of a batch share the work) at most
+    in proportion, so a bigger batch is timed only when those bounds do not decide it; a slow model never pays
+    for a full-batch step it cannot afford. The first step of a model pays for its allocations, so a step that
+    looks a little too slow is timed again. The model's state is restored."""
     model = subject.model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    chosen, step = batch_size, 0.0
+
+    def cost(step_s: float) -> float:
+        return CHECK_STEP_EQUIVALENTS * steps * step_s
+
+    def timed(size: int) -> float:
+        step_s = _timed_step(subject, size, seed)
+        if budget_s < cost(step_s) <= 3 * budget_s:
+            step_s = min(step_s, _timed_step(subject, size, seed))
+        return step_s
+
+    sizes = [batch_size, *(b for b in SMALLER_BATCHES if b < batch_size)]
+    smallest = sizes[-1]
+    chosen, step = smallest, 0.0
     try:
-        step = _timed_step(subject, batch_size, seed)
-        first = step
-        if budget_s < CHECK_STEP_EQUIVALENTS * steps * step <= 3 * budget_s:
-            step = min(step, _timed_step(subject, batch_size, seed))
-        for smaller in SMALLER_BATCHES:
-            if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s or smaller >= batch_size:
-                continue
-            chosen, step = smaller, _timed_step(subject, smaller, seed)
+        floor = timed(smallest)
+        chosen, step = smallest, floor
+        for size in sizes[:-1]:
+            if cost(floor) > budget_s:
+                break  # a bigger batch costs at least this much
+            if cost(floor * size / smallest) <= budget_s:
+                chosen, step = size, floor * size / smallest  # fits even if it grew in proportion
+                break
+            size_step = timed(size)
+            if cost(size_step) <= budget_s:
+                chosen, step = size, size_step
+                break
     except Exception:  # noqa: BLE001 - the checks will say what is wrong
         return batch_size, steps, ""
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(state)
-    if chosen == batch_size and CHECK_STEP_EQUIVALENTS * steps * step <= budget_s:
+    if chosen == batch_size and cost(step) <= budget_s:
         return batch_size, steps, ""
-    fewer = steps if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s else \
+    fewer = steps if cost(step) <= budget_s else \
         max(min(steps, FEWEST_STEPS), int(budget_s / (CHECK_STEP_EQUIVALENTS * step)))
     what = f"batches of {chosen}, not {batch_size}" if chosen < batch_size else f"batches of {batch_size}"
     what += f", and {fewer} steps, not {steps}" if fewer < steps else ""
-    return chosen, fewer, (f"checked on {what}: one training step took {first:.2f}s on {batch_size} samples "
-                           f"({step:.2f}s on {chosen}), so the checks would take about "
-                           f"{CHECK_STEP_EQUIVALENTS * steps * first:.0f}s, more than the {budget_s:.0f}s budget")
+    full = f"at least {cost(step):.0f}s" if chosen < batch_size else f"about {cost(step):.0f}s"
+    return chosen, fewer, (f"checked on {what}: one training step took {step:.2f}s on {chosen} samples, so the "
+                           f"checks on {batch_size} would take {full}, more than the {budget_s:.0f}s budget")
 
 
 def _fits(subject: Subject, steps: int, batch_size: int, budget_s: float, seed: int) -> bool:

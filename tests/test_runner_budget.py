@@ -138,3 +138,26 @@ def test_a_package_init_that_uses_a_missing_package_is_named_with_the_line_that_
     assert "cannot import name 'BaseCoder' from 'coders'" in text
     assert "coders/__init__.py, which would have provided it, could not be imported: RuntimeError: set DATA_ROOT " \
            "first (at coders/loaders.py:1)" in text, text
+
+
+def test_a_model_over_budget_is_never_timed_on_the_full_batch_and_one_that_fits_only_on_the_smallest(tmp_path, monkeypatch):
+    """The smallest batch is timed first: a step that already overruns there rules out the bigger batches (they
+    cost at least as much), and one cheap enough that the full batch fits even at a proportional cost is not
+    timed on the full batch either."""
+    from gpu_runner import checks
+
+    subject = _subject(write_tree(tmp_path, {"paint.py": IMAGE_MODEL}), "paint.py:Painter")
+    timed_sizes: list[int] = []
+    real = checks._timed_step
+
+    def recording(subject, batch_size, seed):
+        timed_sizes.append(batch_size)
+        return real(subject, batch_size, seed)
+
+    monkeypatch.setattr(checks, "_timed_step", recording)
+    batch, steps, note = checks._scaled_to_budget(subject, 10, 8, 0.0, 0)
+    assert 8 not in timed_sizes and 4 not in timed_sizes and timed_sizes[0] == 2
+    assert (batch, steps) == (2, checks.FEWEST_STEPS) and "checks on 8 would take at least" in note
+    timed_sizes.clear()
+    assert checks._scaled_to_budget(subject, 10, 8, 3600.0, 0) == (8, 10, "")
+    assert timed_sizes == [2]
