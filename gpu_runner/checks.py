@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from gpu_runner.subject import OUT_OF_MEMORY_REASON, Batch, CheckResult, Subject, TargetReport, out_of_memory
+from gpu_runner.subject import OUT_OF_MEMORY_REASON, Batch, CheckResult, Subject, TargetReport, out_of_memory, phase
 
 # --- thresholds (calibrated on the healthy fixtures in tests/test_runner_checks.py) -----------------------
 
@@ -330,9 +330,11 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
         if budget_s is not None:
             torch.manual_seed(seed)
             requested_batch = batch_size
+            phase("the timing of a training step that plans the checks within the time budget")
             batch_size, steps, budget_note = _scaled_to_budget(subject, steps, batch_size, budget_s, seed)
             halvings: list[str] = []
             while not _fits(subject, steps, batch_size, budget_s, seed) and subject.smaller is not None:
+                phase("the halving of the input's resolution or length for the time budget")
                 smaller = _smaller_subject(subject)  # batch and steps cut and still too slow: smaller inputs
                 if smaller is None:
                     break
@@ -365,6 +367,7 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
                     checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
                     run.model()
                     checks = [_reproduced(check, run) if check.status == "fail" else check for check in checks]
+            phase(f"the measures (step time, memory) on batches of {batch_size}")
             measures, step_times, notes = _take_measures(run)
             notes = [budget_note] * bool(budget_note) + notes
         finally:
@@ -429,6 +432,7 @@ def _cuda_devices(device: str) -> list[int]:
 
 
 def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run) -> CheckResult:
+    phase(f"the {name} check on batches of {run.batch_size}, {run.steps} steps")
     run.seed_everything()
     started = time.perf_counter()
     try:

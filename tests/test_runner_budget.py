@@ -161,3 +161,44 @@ def test_a_model_over_budget_is_never_timed_on_the_full_batch_and_one_that_fits_
     timed_sizes.clear()
     assert checks._scaled_to_budget(subject, 10, 8, 3600.0, 0) == (8, 10, "")
     assert timed_sizes == [2]
+
+
+def test_a_target_killed_at_the_timeout_is_reported_with_the_phase_that_took_the_time(tmp_path):
+    """A constructor that hangs times out 'during the import and build of the model'; a forward that hangs once
+    the checks are under way names the check (or the budget's timing) it hung in, not only the timeout."""
+    from gpu_runner.runner import TargetRequest, run_targets
+    from gpu_runner.sandbox import SandboxLimits
+
+    root = write_tree(tmp_path, {"slow.py": """\
+        import time
+        import torch.nn as nn
+
+        class Hangs(nn.Module):
+            def __init__(self):
+                super().__init__()
+                time.sleep(120)
+
+            def forward(self, x):
+                return x
+
+
+        class Late(nn.Module):
+            calls = 0
+
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 4)
+
+            def forward(self, x):
+                Late.calls += 1
+                if Late.calls > 40:
+                    time.sleep(120)
+                return self.fc(x)
+        """})
+    reports, _ = run_targets(root, [TargetRequest("slow.py:Hangs"), TargetRequest("slow.py:Late")], device="cpu",
+                             steps=2, seed=0, limits=SandboxLimits(timeout_s=20), sandbox=False)
+    assert [r["status"] for r in reports] == ["error", "error"]
+    assert "timed out after 20s (smoke.timeout) during the import and build of the model" in reports[0]["reason"]
+    assert " during " in reports[1]["reason"] and "building" not in reports[1]["reason"], reports[1]["reason"]
+    assert any(what in reports[1]["reason"] for what in ("check on batches of", "the timing of a training step", "the measures")), \
+        reports[1]["reason"]
