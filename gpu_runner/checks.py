@@ -215,6 +215,14 @@ def _warm_batch_norm(model: nn.Module, subject: Subject, batch_size: int, seed: 
 CHECK_STEP_EQUIVALENTS = 7  # training steps the checks take per --steps (measured: 6.3 on a small ViT)
 SMALLER_BATCHES = (4, 2)
 FEWEST_STEPS = 5  # a model too slow even on batches of 2 is checked with fewer steps, not fewer than this
+# the measures after the checks, in training steps: a scaled run's warm-up and timed steps and the step whose
+# tensors are counted (part of the target's time, so part of its plan)
+MEASURE_STEPS = sum(SCALED_TIMING_STEPS) + 1
+
+
+def _planned_seconds(steps: int, step_s: float) -> float:
+    """What the checks and the measures after them take, for a training step of ``step_s`` seconds."""
+    return (CHECK_STEP_EQUIVALENTS * steps + MEASURE_STEPS) * step_s
 
 
 def _timed_step(subject: Subject, batch_size: int, seed: int) -> float:
@@ -239,7 +247,7 @@ def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: f
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def cost(step_s: float) -> float:
-        return CHECK_STEP_EQUIVALENTS * steps * step_s
+        return _planned_seconds(steps, step_s)
 
     def timed(size: int) -> float:
         step_s = _timed_step(subject, size, seed)
@@ -271,12 +279,12 @@ def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: f
     if chosen == batch_size and cost(step) <= budget_s:
         return batch_size, steps, ""
     fewer = steps if cost(step) <= budget_s else \
-        max(min(steps, FEWEST_STEPS), int(budget_s / (CHECK_STEP_EQUIVALENTS * step)))
+        max(min(steps, FEWEST_STEPS), int((budget_s / step - MEASURE_STEPS) / CHECK_STEP_EQUIVALENTS))
     what = f"batches of {chosen}, not {batch_size}" if chosen < batch_size else f"batches of {batch_size}"
     what += f", and {fewer} steps, not {steps}" if fewer < steps else ""
     full = f"at least {cost(step):.0f}s" if chosen < batch_size else f"about {cost(step):.0f}s"
     return chosen, fewer, (f"checked on {what}: one training step took {step:.2f}s on {chosen} samples, so the "
-                           f"checks on {batch_size} would take {full}, more than the {budget_s:.0f}s budget")
+                           f"checks and measures on {batch_size} would take {full}, more than the {budget_s:.0f}s budget")
 
 
 def _fits(subject: Subject, steps: int, batch_size: int, budget_s: float, seed: int) -> bool:
@@ -286,7 +294,7 @@ def _fits(subject: Subject, steps: int, batch_size: int, budget_s: float, seed: 
         return True
     state = {k: v.detach().clone() for k, v in subject.model.state_dict().items()}
     try:
-        return CHECK_STEP_EQUIVALENTS * steps * _timed_step(subject, batch_size, seed) <= budget_s
+        return _planned_seconds(steps, _timed_step(subject, batch_size, seed)) <= budget_s
     except Exception:  # noqa: BLE001 - the checks will say what is wrong
         return True
     finally:

@@ -157,7 +157,7 @@ def test_a_model_over_budget_is_never_timed_on_the_full_batch_and_one_that_fits_
     monkeypatch.setattr(checks, "_timed_step", recording)
     batch, steps, note = checks._scaled_to_budget(subject, 10, 8, 0.0, 0)
     assert 8 not in timed_sizes and 4 not in timed_sizes and timed_sizes[0] == 2
-    assert (batch, steps) == (2, checks.FEWEST_STEPS) and "checks on 8 would take at least" in note
+    assert (batch, steps) == (2, checks.FEWEST_STEPS) and "checks and measures on 8 would take at least" in note
     timed_sizes.clear()
     assert checks._scaled_to_budget(subject, 10, 8, 3600.0, 0) == (8, 10, "")
     assert timed_sizes == [2]
