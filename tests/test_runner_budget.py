@@ -155,11 +155,11 @@ def test_a_model_over_budget_is_never_timed_on_the_full_batch_and_one_that_fits_
         return real(subject, batch_size, seed)
 
     monkeypatch.setattr(checks, "_timed_step", recording)
-    batch, steps, note = checks._scaled_to_budget(subject, 10, 8, 0.0, 0)
+    batch, steps, note, step = checks._scaled_to_budget(subject, 10, 8, 0.0, 0)
     assert 8 not in timed_sizes and 4 not in timed_sizes and timed_sizes[0] == 2
     assert (batch, steps) == (2, checks.FEWEST_STEPS) and "checks and measures on 8 would take at least" in note
     timed_sizes.clear()
-    assert checks._scaled_to_budget(subject, 10, 8, 3600.0, 0) == (8, 10, "")
+    assert step > 0 and checks._scaled_to_budget(subject, 10, 8, 3600.0, 0)[:3] == (8, 10, "")
     assert timed_sizes == [2]
 
 
@@ -202,3 +202,13 @@ def test_a_target_killed_at_the_timeout_is_reported_with_the_phase_that_took_the
     assert " during " in reports[1]["reason"] and "building" not in reports[1]["reason"], reports[1]["reason"]
     assert any(what in reports[1]["reason"] for what in ("check on batches of", "the timing of a training step", "the measures")), \
         reports[1]["reason"]
+
+
+def test_a_target_that_cannot_fit_even_at_its_smallest_leaves_out_the_checks_that_only_warn(tmp_path):
+    subject = _subject(write_tree(tmp_path, {"paint.py": IMAGE_MODEL}), "paint.py:Painter")
+    tight = run_checks(subject, steps=2, budget_s=0.0)
+    health = next(c for c in tight.checks if c.name == "gradient-health")
+    assert health.status == "skip" and "does not fit its time budget" in health.message
+    assert next(c for c in tight.checks if c.name == "gradients").status == "pass"  # the checks that fail still run
+    roomy = run_checks(subject, steps=2, budget_s=3600.0)
+    assert "time budget" not in next(c for c in roomy.checks if c.name == "gradient-health").message
