@@ -1240,7 +1240,7 @@ def _is_test_path(relative: str) -> bool:
 
 def constructions(code_root: Path, path: str, name: str, repository: Optional[Repository] = None) -> list[Construction]:
     """The calls of class ``name`` (defined in ``path`` under ``code_root``) in the tree, best first: the most
-    arguments evaluated, scripts and factories before tests."""
+    arguments evaluated, then those that show the model's input, scripts and factories before tests."""
     repository = repository or repository_for(code_root)
     defining = (repository.root / path).resolve()
     found: list[Construction] = []
@@ -1272,7 +1272,8 @@ def constructions(code_root: Path, path: str, name: str, repository: Optional[Re
         found += [c for c in _config_constructions(repository, defining, name) if c.known]
     except Exception:  # noqa: BLE001 - a config that cannot be read is no site
         pass
-    found.sort(key=lambda c: (-c.known, _is_test_path(c.where.rsplit(":", 1)[0])))
+    # on a tie, a site whose code also calls the model with tensors it makes (a docstring example) gives the input too
+    found.sort(key=lambda c: (-c.known, not c.inputs, _is_test_path(c.where.rsplit(":", 1)[0])))
     return found[:MAX_SITES]
 
 

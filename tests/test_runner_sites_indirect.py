@@ -210,3 +210,37 @@ def test_a_config_entry_that_instantiates_the_class_is_a_site(tmp_path):
     subject = build_subject(root, "nets/wrap.py:Wrapped", device="cpu")
     assert isinstance(subject, Subject), subject
     assert subject.model.inner.layers[0].in_features == 18 and subject.model.scale == 2.0
+
+
+def test_of_two_sites_as_complete_the_one_that_also_shows_the_input_comes_first(tmp_path):
+    """A constructor's call inside another class gives as many arguments as the docstring example, which also
+    calls the model with a tensor it makes: the example comes first, so the input is the repository's too."""
+    root = write_tree(tmp_path, {"nets/__init__.py": "", "nets/mixer.py": '''\
+        import torch
+        from torch import nn
+
+
+        class Mixer(nn.Module):
+            """
+            >>> m = Mixer(4, 2)
+            >>> y = m(torch.randn(3, 4))
+            """
+
+            def __init__(self, breadth, rounds):
+                super().__init__()
+                self.layers = nn.Sequential(*[nn.Linear(breadth, breadth) for _ in range(rounds)])
+
+            def forward(self, x):
+                return self.layers(x)
+
+
+        class Holder(nn.Module):
+            def __init__(self, width=6):
+                super().__init__()
+                self.mixer = Mixer(width, 3)
+
+            def forward(self, x):
+                return self.mixer(x)
+        '''})
+    first, second = sites.constructions(root, "nets/mixer.py", "Mixer")
+    assert first.positional == [4, 2] and first.inputs and second.positional == [6, 3] and not second.inputs
