@@ -463,6 +463,32 @@ class Repository:
 
     def _subclass_constructor_calls(self, path: Path, parsed: _File, defining: Path, name: str,
                                     local: set[str]) -> Iterator[tuple[Path, _File, ast.Call]]:
+        """A subclass's ``super().__init__(...)`` as a call of the class, keeping only what it passes to parameters
+        without a default: the subclass's choice of a defaulted value (``drop=0.0``) is the subclass's, while a
+        value the class cannot do without is how the repository builds it (and ``**options`` its callers')."""
+        defining_file = self.file(defining)
+        base = next((n for n in defining_file.tree.body if isinstance(n, ast.ClassDef) and n.name == name), None) \
+            if defining_file is not None else None
+        base_init = next((m for m in base.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None) \
+            if base is not None else None
+        for path_, parsed_, call in self._subclass_init_calls(path, parsed, defining, name, local):
+            if base_init is None:
+                yield path_, parsed_, call
+                continue
+            names = [a.arg for a in [*base_init.args.posonlyargs, *base_init.args.args]][1:]
+            required = {n for n in names + [a.arg for a in base_init.args.kwonlyargs]
+                        if _parameter_default(base_init, n) is None}
+            keywords = [k for k in call.keywords if k.arg is None or k.arg in required]
+            for index, argument in enumerate(call.args):
+                if isinstance(argument, ast.Starred) or index >= len(names):
+                    break
+                if names[index] in required:
+                    keywords.append(ast.keyword(arg=names[index], value=argument))
+            if keywords:
+                yield path_, parsed_, self._synthetic(parsed_, call, [], keywords)
+
+    def _subclass_init_calls(self, path: Path, parsed: _File, defining: Path, name: str,
+                             local: set[str]) -> Iterator[tuple[Path, _File, ast.Call]]:
         for node in parsed.tree.body:
             if not isinstance(node, ast.ClassDef) or node.name == name and path.resolve() == defining \
                     or not any(self._refers(path, parsed, base, defining, name, local) for base in node.bases):

@@ -244,3 +244,32 @@ def test_of_two_sites_as_complete_the_one_that_also_shows_the_input_comes_first(
         '''})
     first, second = sites.constructions(root, "nets/mixer.py", "Mixer")
     assert first.positional == [4, 2] and first.inputs and second.positional == [6, 3] and not second.inputs
+
+
+def test_a_subclass_choice_of_a_defaulted_value_is_not_the_base_classs_site(tmp_path):
+    """``super().__init__(breadth=16, drop=0.0)``: ``breadth`` has no default, so the base needs it; ``drop`` has
+    one, and setting it to 0 is what the subclass is for, not how the base is built."""
+    root = write_tree(tmp_path, {"nets/__init__.py": "", "nets/tagger.py": """\
+        from torch import nn
+
+        class Tagger(nn.Module):
+            def __init__(self, breadth, drop=0.3):
+                super().__init__()
+                self.fc = nn.Linear(breadth, 4)
+                self.drop = nn.Dropout(drop)
+
+            def forward(self, x):
+                return self.drop(self.fc(x))
+
+
+        class Quiet(Tagger):
+            def __init__(self):
+                super().__init__(16, drop=0.0)
+
+
+        class Silent(Tagger):
+            def __init__(self):
+                super().__init__(drop=0.0)
+        """})
+    assert [(s.positional, s.keywords) for s in sites.constructions(root, "nets/tagger.py", "Tagger")] == \
+        [([], {"breadth": 16})]
