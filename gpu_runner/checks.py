@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
-from gpu_runner.subject import OUT_OF_MEMORY_REASON, Batch, CheckResult, Subject, TargetReport, out_of_memory
+from gpu_runner.subject import OUT_OF_MEMORY_REASON, Batch, CheckResult, Subject, TargetReport, out_of_memory, phase
 
 # --- thresholds (calibrated on the healthy fixtures in tests/test_runner_checks.py) -----------------------
 
@@ -92,6 +92,7 @@ class _Run:
     fixed_batch: Batch
     steps_cut: bool = False  # fewer steps than asked for, to fit the time budget
     scaled: bool = False  # smaller batches or fewer steps than asked for, to fit the time budget
+    over_budget: bool = False  # too slow for the budget even at the smallest batch, steps and input
     nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
     loss_after_steps: Optional[float] = None
 
@@ -215,6 +216,14 @@ def _warm_batch_norm(model: nn.Module, subject: Subject, batch_size: int, seed: 
 CHECK_STEP_EQUIVALENTS = 7  # training steps the checks take per --steps (measured: 6.3 on a small ViT)
 SMALLER_BATCHES = (4, 2)
 FEWEST_STEPS = 5  # a model too slow even on batches of 2 is checked with fewer steps, not fewer than this
+# the measures after the checks, in training steps: a scaled run's warm-up and timed steps and the step whose
+# tensors are counted (part of the target's time, so part of its plan)
+MEASURE_STEPS = sum(SCALED_TIMING_STEPS) + 1
+
+
+def _planned_seconds(steps: int, step_s: float) -> float:
+    """What the checks and the measures after them take, for a training step of ``step_s`` seconds."""
+    return (CHECK_STEP_EQUIVALENTS * steps + MEASURE_STEPS) * step_s
 
 
 def _timed_step(subject: Subject, batch_size: int, seed: int) -> float:
@@ -227,53 +236,58 @@ def _timed_step(subject: Subject, batch_size: int, seed: int) -> float:
 
 
 def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: float,
-                      seed: int) -> tuple[int, int, str]:
+                      seed: int) -> tuple[int, int, str, float]:
     """The batch size (``batch_size``, else 4, else 2) and number of steps (``steps``, else fewer, down to 5) at
     which a timed training step says the checks fit in ``budget_s`` seconds, and a note when they are smaller: a
-    slow model is checked smaller rather than killed at the per-target timeout. The first step of a model pays for
-    its allocations, so a step that looks a little too slow is timed again; a smaller batch is timed itself (a step
-    on 2 samples costs more than a quarter of one on 8). The model's state is restored."""
+    slow model is checked smaller rather than killed at the per-target timeout. The smallest batch is timed first:
+    it is cheap, a bigger batch's step costs at least as much and (the samples of a batch share the work) at most
+    in proportion, so a bigger batch is timed only when those bounds do not decide it; a slow model never pays
+    for a full-batch step it cannot afford. The first step of a model pays for its allocations, so a step that
+    looks a little too slow is timed again. Also returns the training step's time at the batch chosen (0 when it
+    could not be timed). The model's state is restored."""
     model = subject.model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    chosen, step = batch_size, 0.0
+
+    def cost(step_s: float) -> float:
+        return _planned_seconds(steps, step_s)
+
+    def timed(size: int) -> float:
+        step_s = _timed_step(subject, size, seed)
+        if budget_s < cost(step_s) <= 3 * budget_s:
+            step_s = min(step_s, _timed_step(subject, size, seed))
+        return step_s
+
+    sizes = [batch_size, *(b for b in SMALLER_BATCHES if b < batch_size)]
+    smallest = sizes[-1]
+    chosen, step = smallest, 0.0
     try:
-        step = _timed_step(subject, batch_size, seed)
-        first = step
-        if budget_s < CHECK_STEP_EQUIVALENTS * steps * step <= 3 * budget_s:
-            step = min(step, _timed_step(subject, batch_size, seed))
-        for smaller in SMALLER_BATCHES:
-            if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s or smaller >= batch_size:
-                continue
-            chosen, step = smaller, _timed_step(subject, smaller, seed)
+        floor = timed(smallest)
+        chosen, step = smallest, floor
+        for size in sizes[:-1]:
+            if cost(floor) > budget_s:
+                break  # a bigger batch costs at least this much
+            if cost(floor * size / smallest) <= budget_s:
+                chosen, step = size, floor * size / smallest  # fits even if it grew in proportion
+                break
+            size_step = timed(size)
+            if cost(size_step) <= budget_s:
+                chosen, step = size, size_step
+                break
     except Exception:  # noqa: BLE001 - the checks will say what is wrong
-        return batch_size, steps, ""
+        return batch_size, steps, "", 0.0
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(state)
-    if chosen == batch_size and CHECK_STEP_EQUIVALENTS * steps * step <= budget_s:
-        return batch_size, steps, ""
-    fewer = steps if CHECK_STEP_EQUIVALENTS * steps * step <= budget_s else \
-        max(min(steps, FEWEST_STEPS), int(budget_s / (CHECK_STEP_EQUIVALENTS * step)))
+    if chosen == batch_size and cost(step) <= budget_s:
+        return batch_size, steps, "", step
+    fewer = steps if cost(step) <= budget_s else \
+        max(min(steps, FEWEST_STEPS), int((budget_s / step - MEASURE_STEPS) / CHECK_STEP_EQUIVALENTS))
     what = f"batches of {chosen}, not {batch_size}" if chosen < batch_size else f"batches of {batch_size}"
     what += f", and {fewer} steps, not {steps}" if fewer < steps else ""
-    return chosen, fewer, (f"checked on {what}: one training step took {first:.2f}s on {batch_size} samples "
-                           f"({step:.2f}s on {chosen}), so the checks would take about "
-                           f"{CHECK_STEP_EQUIVALENTS * steps * first:.0f}s, more than the {budget_s:.0f}s budget")
-
-
-def _fits(subject: Subject, steps: int, batch_size: int, budget_s: float, seed: int) -> bool:
-    """Whether the checks at this batch size and number of steps fit the budget, by one more timed step (only
-    asked once the batch and the steps are cut, of a model that may be given smaller inputs)."""
-    if subject.smaller is None or steps > FEWEST_STEPS:
-        return True
-    state = {k: v.detach().clone() for k, v in subject.model.state_dict().items()}
-    try:
-        return CHECK_STEP_EQUIVALENTS * steps * _timed_step(subject, batch_size, seed) <= budget_s
-    except Exception:  # noqa: BLE001 - the checks will say what is wrong
-        return True
-    finally:
-        subject.model.zero_grad(set_to_none=True)
-        subject.model.load_state_dict(state)
+    full = f"at least {cost(step):.0f}s" if chosen < batch_size else f"about {cost(step):.0f}s"
+    return chosen, fewer, (f"checked on {what}: one training step took {step:.2f}s on {chosen} samples, so the "
+                           f"checks and measures on {batch_size} would take {full}, more than the {budget_s:.0f}s "
+                           "budget"), step
 
 
 def _smaller_subject(subject: Subject) -> Optional[Subject]:
@@ -309,20 +323,30 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
     with torch.random.fork_rng(devices=_cuda_devices(subject.device)):  # leave the caller's RNG state alone
         budget_note = ""
         requested_steps = steps
+        over_budget = False
         if budget_s is not None:
+            deadline = time.perf_counter() + budget_s  # the probes below spend it too
+
+            def left() -> float:
+                return max(0.0, deadline - time.perf_counter())
+
             torch.manual_seed(seed)
             requested_batch = batch_size
-            batch_size, steps, budget_note = _scaled_to_budget(subject, steps, batch_size, budget_s, seed)
+            phase("the timing of a training step that plans the checks within the time budget")
+            batch_size, steps, budget_note, step_s = _scaled_to_budget(subject, steps, batch_size, left(), seed)
             halvings: list[str] = []
-            while not _fits(subject, steps, batch_size, budget_s, seed) and subject.smaller is not None:
-                smaller = _smaller_subject(subject)  # batch and steps cut and still too slow: smaller inputs
+            # batch and steps cut and still too slow: smaller inputs (the plan's own timed step says so)
+            while steps <= FEWEST_STEPS and _planned_seconds(steps, step_s) > left() and subject.smaller is not None:
+                phase("the halving of the input's resolution or length for the time budget")
+                smaller = _smaller_subject(subject)
                 if smaller is None:
                     break
                 subject = smaller
                 halvings.append(subject.notes[-1])
                 torch.manual_seed(seed)
-                batch_size, steps, budget_note = _scaled_to_budget(subject, requested_steps, requested_batch,
-                                                                   budget_s, seed)
+                batch_size, steps, budget_note, step_s = _scaled_to_budget(subject, requested_steps, requested_batch,
+                                                                           left(), seed)
+            over_budget = _planned_seconds(steps, step_s) > left()
             if halvings:
                 budget_note = "; ".join([halvings[-1], *[budget_note] * bool(budget_note)])
         try:
@@ -335,7 +359,7 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
             return TargetReport(target=subject.name, status="error",
                                 reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
         run = _Run(subject, steps, seed, batch_size, fixed_batch, steps_cut=steps < requested_steps,
-                   scaled=bool(budget_note))
+                   scaled=bool(budget_note), over_budget=over_budget)
         run.model()  # the initial state, restored before every check and at the end
         global _CONFIGURED_LAYOUT
         configured = subject.output_select is not None or subject.output_batch_axis != 0
@@ -347,6 +371,7 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
                     checks = [_run_isolated(name, function, run) for name, function in _CHECKS]
                     run.model()
                     checks = [_reproduced(check, run) if check.status == "fail" else check for check in checks]
+            phase(f"the measures (step time, memory) on batches of {batch_size}")
             measures, step_times, notes = _take_measures(run)
             notes = [budget_note] * bool(budget_note) + notes
         finally:
@@ -410,7 +435,17 @@ def _cuda_devices(device: str) -> list[int]:
     return [torch.cuda.current_device() if index is None else index]
 
 
+# Checks that only ever warn: left out of a run that cannot fit its time budget even at its smallest, so the
+# checks that can fail keep the time
+WARNING_ONLY_CHECKS = ("gradient-health",)
+
+
 def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run) -> CheckResult:
+    if run.over_budget and name in WARNING_ONLY_CHECKS:
+        return CheckResult(name, "skip", "not run: the target does not fit its time budget even on batches of "
+                           f"{run.batch_size}, {run.steps} steps and its smallest input, and this check only warns.",
+                           {"seconds": 0.0, "budget": True})
+    phase(f"the {name} check on batches of {run.batch_size}, {run.steps} steps")
     run.seed_everything()
     started = time.perf_counter()
     try:

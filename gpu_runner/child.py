@@ -62,6 +62,9 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     from gpu_runner.build import CONFIGURE_HINT, BuiltWithBug, Skip, build_subject, known_bug
     from gpu_runner.checks import measure_subject, run_checks
 
+    from gpu_runner.subject import phase
+
+    phase("the import and build of the model (its constructor, then its input inferred by running its forward)")
     try:
         subject = build_subject(code_root, target, device=device, config=config, seed=seed)
     except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything while importing/constructing
@@ -84,6 +87,7 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     if findings and not measure_only:
         from gpu_runner.confirm import confirm_findings
 
+        phase("the experiments deciding the static findings of its file")
         try:
             data["findings"] = confirm_findings(subject, target.split(":", 1)[0], findings, seed, findings_deadline,
                                                 str(code_root))
@@ -97,6 +101,9 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
     """Runs the PR's code: builds and smokes each target, one framed line per report on ``out``."""
     os.chdir(code_root)
     sys.path.insert(0, str(code_root))
+    from gpu_runner.subject import _PHASE_LISTENERS
+
+    _PHASE_LISTENERS.append(lambda text: _write_all(out, (nonce + PHASE_MARK + " ".join(text.split()) + "\n").encode()))
     torch_ready = False
     threads = 0  # what the worker's own targets have been running on: part of the load average
     for item in job["targets"]:
@@ -213,16 +220,23 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _collect(fd: int, pid: int, cap: int, nonce: str, per_target_s: float | None) -> tuple[bytes, int, bool]:
-    """The worker's output, exit status, and whether it was killed for taking longer than ``per_target_s``
-    on one target (the clock restarts with every report). Reading stops when the worker has exited and the
-    pipe is drained, even if a process it left behind still holds the pipe open."""
+PHASE_MARK = "~"  # after the nonce: a progress line (what the current target is doing), not a report
+_PHASE_WINDOW = 4096  # bytes of the worker's latest output searched for its last progress line
+
+
+def _collect(fd: int, pid: int, cap: int, nonce: str,
+             per_target_s: float | None) -> tuple[bytes, int, bool, str | None]:
+    """The worker's output, exit status, whether it was killed for taking longer than ``per_target_s``
+    on one target (the clock restarts with every report), and what that target was doing then (its last
+    progress line, None when it sent none). Reading stops when the worker has exited and the pipe is drained,
+    even if a process it left behind still holds the pipe open."""
     import select
 
     chunks, kept, status, reports, timed_out = [], 0, None, 0, False
     marker = nonce.encode()
+    report_marker, phase_marker = marker + b"{", marker + PHASE_MARK.encode()
     deadline = time.monotonic() + per_target_s if per_target_s else None
-    tail = b""
+    tail, window, current = b"", b"", None
     while True:
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
@@ -232,8 +246,15 @@ def _collect(fd: int, pid: int, cap: int, nonce: str, per_target_s: float | None
             if kept < cap:
                 chunks.append(chunk[:cap - kept])
                 kept += len(chunks[-1])
-            seen = (tail + chunk).count(marker)
-            tail = (tail + chunk)[-len(marker):]
+            seen = (tail + chunk).count(report_marker)
+            tail = (tail + chunk)[-len(report_marker):]
+            window = (window + chunk)[-_PHASE_WINDOW:]
+            last_phase, last_report = window.rfind(phase_marker), window.rfind(report_marker)
+            end = window.find(b"\n", last_phase)
+            if last_report > last_phase:
+                current = None
+            elif last_phase >= 0 and end > 0:
+                current = window[last_phase + len(phase_marker):end].decode(errors="replace")[:200]
             if seen and deadline is not None:
                 reports += seen
                 deadline = time.monotonic() + per_target_s
@@ -252,7 +273,7 @@ def _collect(fd: int, pid: int, cap: int, nonce: str, per_target_s: float | None
             break  # exited, and nothing more to read
     if status is None:
         _, status = os.waitpid(pid, 0)
-    return b"".join(chunks), status, timed_out
+    return b"".join(chunks), status, timed_out, current
 
 
 def _framed_reports(data: bytes, nonce: str) -> list[dict]:
@@ -303,11 +324,12 @@ def _run_worker(job: dict, code_root: Path, result_fd: int, nonce: str, targets:
             os._exit(status)
     os.close(write_end)
     per_target = job.get("target_timeout_s")
-    output, status, timed_out = _collect(read_end, pid, _WORKER_OUTPUT_CAP, nonce,
-                                         float(per_target) if per_target else None)
+    output, status, timed_out, doing = _collect(read_end, pid, _WORKER_OUTPUT_CAP, nonce,
+                                                float(per_target) if per_target else None)
     os.close(read_end)
-    why = (f"timed out after {float(per_target):.0f}s (smoke.timeout); its processes were killed" if timed_out
-           else f"the model's code ended the smoke child ({_describe_exit(status)})")
+    during = f" during {doing}" if doing else ""
+    why = (f"timed out after {float(per_target):.0f}s (smoke.timeout){during}; its processes were killed" if timed_out
+           else f"the model's code ended the smoke child ({_describe_exit(status)}){during}")
     return _framed_reports(output, nonce)[:len(targets)], why
 
 

@@ -182,6 +182,7 @@ class _File:
                     self.imports[alias.asname or alias.name] = "." * node.level + (node.module or "") + \
                         ("." if node.module else "") + alias.name
         self._argparse: Optional[AttrDict] = None
+        self.synthetic: list[ast.Call] = []  # calls made of other calls' arguments (a partial and its call)
 
     def enclosing_function(self, node: ast.AST) -> Optional[ast.FunctionDef]:
         current = self.parents.get(id(node))
@@ -237,6 +238,8 @@ class Repository:
         self._doc_examples: dict[Path, list[_File]] = {}
         self._markdown: Optional[list[Path]] = None
         self._code_blocks: dict[Path, Optional[_File]] = {}
+        self._indirect: dict[tuple[Path, str], list] = {}
+        self._data: Optional[list[Path]] = None
 
     def python_files(self) -> list[Path]:
         if self._paths is None:
@@ -327,6 +330,18 @@ class Repository:
             if self._code_blocks[path] is not None:
                 yield path, self._code_blocks[path]
 
+    def data_files(self) -> list[Path]:
+        """The tree's YAML and JSON files (configs), at most MAX_DATA_FILES."""
+        if self._data is None:
+            found: list[Path] = []
+            for folder, folders, files in os.walk(self.root):
+                folders[:] = sorted(f for f in folders if f not in _SKIPPED_FOLDERS and not f.startswith("."))
+                found += [Path(folder) / n for n in sorted(files) if n.endswith((".yaml", ".yml", ".json"))]
+                if len(found) >= MAX_DATA_FILES:
+                    break
+            self._data = found[:MAX_DATA_FILES]
+        return self._data
+
     def markdown_files(self) -> list[Path]:
         if self._markdown is None:
             found: list[Path] = []
@@ -362,6 +377,282 @@ class Repository:
                 found.append(example)
             self._doc_examples[path] = found
         return self._doc_examples[path]
+
+    # -- calls that build the class without naming it ----------------------------------------------------------
+
+    def construction_calls(self, defining: Path, name: str) -> Iterator[tuple[Path, _File, ast.Call]]:
+        """Every call that builds ``name`` of ``defining``: by its name (``calls_of``), then the calls that reach it
+        another way (``indirect_calls_of``)."""
+        yield from self.calls_of(defining, name)
+        yield from self.indirect_calls_of(defining, name)
+
+    def local_names_of(self, path: Path, parsed: _File, defining: Path, name: str) -> set[str]:
+        """The names under which file ``path`` sees ``name`` of ``defining`` (its own, or imported)."""
+        if path.resolve() == defining:
+            return {name}
+        return {local for local, origin in parsed.imports.items() if origin.rsplit(".", 1)[-1] == name
+                and self._provides(self.module_path(path, origin.rsplit(".", 1)[0] or "."), defining)}
+
+    def _refers(self, path: Path, parsed: _File, node: ast.AST, defining: Path, name: str, local: set[str]) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in local
+        if isinstance(node, ast.Attribute) and node.attr == name:
+            module = parsed.qualified(node.value)
+            return module is not None and self._provides(self.module_path(path, module), defining)
+        return False
+
+    def method_calls_of(self, defining: Path, class_name: str, method: str) -> Iterator[tuple[Path, _File, ast.Call]]:
+        """Calls ``Class.method(...)`` of a class of ``defining`` (a classmethod such as ``from_config``)."""
+        for path, parsed in self._files_naming(method):
+            local = self.local_names_of(path, parsed, defining, class_name)
+            for node in ast.walk(parsed.tree):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method \
+                        and self._refers(path, parsed, node.func.value, defining, class_name, local):
+                    yield path, parsed, node
+
+    def indirect_calls_of(self, defining: Path, name: str) -> list[tuple[Path, _File, ast.Call]]:
+        key = (defining, name)
+        if key not in self._indirect:
+            self._indirect[key] = []  # a lookup that reaches itself (a registry's own callers) finds nothing more
+            self._indirect[key] = list(self._indirect_calls(defining, name))
+        return self._indirect[key]
+
+    def _indirect_calls(self, defining: Path, name: str) -> Iterator[tuple[Path, _File, ast.Call]]:
+        """Calls that build the class without naming it, each as a call of the class (its arguments are what the
+        class receives): ``cls(...)`` in its own classmethods (``Net.from_config(cfg)``); ``super().__init__(...)``
+        in the constructors of its subclasses; ``partial(Net, dim=8)`` (with the arguments of the partial's
+        calls); a name bound to it (``net_class = Net``, ``for net_class in (Net, Other)``); and a registry that
+        holds it (``MODELS = {"net": Net}`` or ``@MODELS.register``, then ``MODELS[args.arch](...)``,
+        ``MODELS.get(name)(...)``), unless the key evaluates to another entry."""
+        defining_file = self.file(defining)
+        if defining_file is not None:
+            yield from self._classmethod_calls(defining, defining_file, name)
+        registries: list[tuple[Path, str, dict]] = []  # (file binding it, its name, {key: names its entries})
+        for path, parsed in self._files_naming(name):
+            local = self.local_names_of(path, parsed, defining, name)
+            if not local and not any(isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(parsed.tree)):
+                continue
+            yield from self._subclass_constructor_calls(path, parsed, defining, name, local)
+            yield from self._partial_calls(path, parsed, defining, name, local)
+            holders = _names_holding(parsed.tree, lambda n: self._refers(path, parsed, n, defining, name, local))
+            for node in ast.walk(parsed.tree):
+                if isinstance(node, ast.Call) and (isinstance(node.func, ast.Subscript) or isinstance(
+                        node.func, ast.Name) and node.func.id in holders and node.func.id not in local) \
+                        and self._denotes(path, parsed, node.func, defining, name, local, node.lineno, 0):
+                    yield path, parsed, node
+            registries += self._registries(path, parsed, defining, name, local)
+        seen: set[tuple[Path, str]] = set()
+        for registry_path, registry, keys in registries:
+            if (registry_path, registry) in seen:
+                continue
+            seen.add((registry_path, registry))
+            yield from self._registry_calls(registry_path, registry, keys, name)
+
+    def _classmethod_calls(self, defining: Path, parsed: _File, name: str) -> Iterator[tuple[Path, _File, ast.Call]]:
+        for node in parsed.tree.body:
+            if not (isinstance(node, ast.ClassDef) and node.name == name):
+                continue
+            for method in node.body:
+                if not isinstance(method, ast.FunctionDef) or not method.args.args or not any(
+                        isinstance(d, ast.Name) and d.id == "classmethod" for d in method.decorator_list):
+                    continue
+                own = method.args.args[0].arg
+                for call in ast.walk(method):
+                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == own:
+                        yield defining, parsed, call
+
+    def _subclass_constructor_calls(self, path: Path, parsed: _File, defining: Path, name: str,
+                                    local: set[str]) -> Iterator[tuple[Path, _File, ast.Call]]:
+        """A subclass's ``super().__init__(...)`` as a call of the class, keeping only what it passes to parameters
+        without a default: the subclass's choice of a defaulted value (``drop=0.0``) is the subclass's, while a
+        value the class cannot do without is how the repository builds it (and ``**options`` its callers')."""
+        defining_file = self.file(defining)
+        base = next((n for n in defining_file.tree.body if isinstance(n, ast.ClassDef) and n.name == name), None) \
+            if defining_file is not None else None
+        base_init = next((m for m in base.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None) \
+            if base is not None else None
+        for path_, parsed_, call in self._subclass_init_calls(path, parsed, defining, name, local):
+            if base_init is None:
+                yield path_, parsed_, call
+                continue
+            names = [a.arg for a in [*base_init.args.posonlyargs, *base_init.args.args]][1:]
+            required = {n for n in names + [a.arg for a in base_init.args.kwonlyargs]
+                        if _parameter_default(base_init, n) is None}
+            keywords = [k for k in call.keywords if k.arg is None or k.arg in required]
+            for index, argument in enumerate(call.args):
+                if isinstance(argument, ast.Starred) or index >= len(names):
+                    break
+                if names[index] in required:
+                    keywords.append(ast.keyword(arg=names[index], value=argument))
+            if keywords:
+                yield path_, parsed_, self._synthetic(parsed_, call, [], keywords)
+
+    def _subclass_init_calls(self, path: Path, parsed: _File, defining: Path, name: str,
+                             local: set[str]) -> Iterator[tuple[Path, _File, ast.Call]]:
+        for node in parsed.tree.body:
+            if not isinstance(node, ast.ClassDef) or node.name == name and path.resolve() == defining \
+                    or not any(self._refers(path, parsed, base, defining, name, local) for base in node.bases):
+                continue
+            init = next((m for m in node.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+            for call in ast.walk(init) if init is not None else []:
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "__init__"):
+                    continue
+                owner = call.func.value
+                if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                    yield path, parsed, call
+                elif self._refers(path, parsed, owner, defining, name, local) and call.args:
+                    yield path, parsed, self._synthetic(parsed, call, call.args[1:], call.keywords)  # Base.__init__(self, ...)
+
+    def _partial_calls(self, path: Path, parsed: _File, defining: Path, name: str,
+                       local: set[str]) -> Iterator[tuple[Path, _File, ast.Call]]:
+        for node in ast.walk(parsed.tree):
+            if not (isinstance(node, ast.Call) and parsed.qualified(node.func) in ("functools.partial", "partial")
+                    and node.args and self._refers(path, parsed, node.args[0], defining, name, local)):
+                continue
+            statement = parsed.parents.get(id(node))
+            later = []
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                    and isinstance(statement.targets[0], ast.Name):
+                scope = parsed.enclosing_function(node) or parsed.tree
+                held = statement.targets[0].id
+                later = [c for c in ast.walk(scope) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                         and c.func.id == held and c.lineno > statement.lineno]
+            for call in later or [None]:
+                yield path, parsed, self._synthetic(
+                    parsed, call or node, node.args[1:] + (call.args if call else []),
+                    node.keywords + (call.keywords if call else []))
+
+    @staticmethod
+    def _synthetic(parsed: _File, like: ast.Call, args: list, keywords: list) -> ast.Call:
+        """A call of the class made of another call's arguments, placed where ``like`` is."""
+        call = ast.Call(func=like.func, args=list(args), keywords=list(keywords))
+        ast.copy_location(call, like)
+        parsed.parents[id(call)] = parsed.parents.get(id(like), parsed.tree)
+        parsed.synthetic.append(call)  # kept alive: parents is keyed by id
+        return call
+
+    def _denotes(self, path: Path, parsed: _File, node: ast.AST, defining: Path, name: str, local: set[str],
+                 line: int, depth: int) -> bool:
+        """Whether a callee expression is the class: a name bound to it (``net_class = Net``), a loop variable
+        over a sequence holding it, a subscript of a literal container holding it."""
+        if depth > 2:
+            return False
+        if self._refers(path, parsed, node, defining, name, local):
+            return depth > 0
+        if isinstance(node, ast.Subscript):
+            return self._holds(path, parsed, node.value, defining, name, local, line, depth + 1, node.slice)
+        if not isinstance(node, ast.Name):
+            return False
+        scope = parsed.enclosing_function(node) or parsed.tree if depth == 0 else parsed.tree
+        binding = _last_binding(scope, node.id, line)
+        if isinstance(binding, ast.Assign) and len(binding.targets) == 1 and isinstance(binding.targets[0], ast.Name):
+            return self._denotes(path, parsed, binding.value, defining, name, local, binding.lineno, depth + 1)
+        for loop in ast.walk(scope):
+            if isinstance(loop, (ast.For, ast.comprehension)) and isinstance(loop.target, ast.Name) \
+                    and loop.target.id == node.id and self._holds(path, parsed, loop.iter, defining, name, local,
+                                                                  line, depth + 1, None):
+                return True
+        return False
+
+    def _holds(self, path: Path, parsed: _File, node: ast.AST, defining: Path, name: str, local: set[str],
+               line: int, depth: int, key: Optional[ast.AST]) -> bool:
+        """Whether a container expression (a literal, or a name bound to one) holds the class; with ``key``, the
+        entry that key selects is the class unless the key evaluates to another entry."""
+        if isinstance(node, ast.Name):
+            binding = _last_binding(parsed.enclosing_function(node) or parsed.tree, node.id, line) \
+                or _last_binding(parsed.tree, node.id, 10 ** 9)
+            if isinstance(binding, ast.Assign) and len(binding.targets) == 1:
+                return self._holds(path, parsed, binding.value, defining, name, local, line, depth + 1, key)
+            return False
+        if isinstance(node, ast.Dict):
+            entries = dict(zip(node.keys, node.values))
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            entries = dict(enumerate(node.elts))
+        else:
+            return False
+        mine = [k for k, v in entries.items() if self._refers(path, parsed, v, defining, name, local)]
+        if not mine:
+            return False
+        if key is None:
+            return True
+        chosen = _Evaluator(self).value(path, parsed, key)
+        if chosen is UNKNOWN:
+            return True
+        return any((k.value if isinstance(k, ast.Constant) else k) == chosen for k in mine)
+
+    def _registries(self, path: Path, parsed: _File, defining: Path, name: str,
+                    local: set[str]) -> list[tuple[Path, str, dict]]:
+        """Module-level mappings the class is put in by this file: ``MODELS = {"net": Net}``, ``MODELS["net"] =
+        Net``, a ``@MODELS.register(...)`` decorator on the class; each with the keys known to hold it."""
+        found = []
+        for node in parsed.tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name) and isinstance(node.value, ast.Dict):
+                    keys = {k.value for k, v in zip(node.value.keys, node.value.values) if isinstance(k, ast.Constant)
+                            and self._refers(path, parsed, v, defining, name, local)}
+                    if keys:
+                        found.append((path.resolve(), target.id, keys))
+                elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                        and self._refers(path, parsed, node.value, defining, name, local):
+                    key = target.slice.value if isinstance(target.slice, ast.Constant) else None
+                    found.append((self._binding_file(path, parsed, target.value.id), target.value.id, {key, name}))
+            elif isinstance(node, ast.ClassDef) and node.name == name and path.resolve() == defining:
+                for decorator in node.decorator_list:
+                    call = decorator if isinstance(decorator, ast.Call) else None
+                    func = call.func if call is not None else decorator
+                    if isinstance(func, ast.Attribute) and func.attr.startswith("register") \
+                            and isinstance(func.value, ast.Name):
+                        keys = {name}
+                        for argument in ([*call.args, *(k.value for k in call.keywords if k.arg == "name")]
+                                         if call is not None else []):
+                            if isinstance(argument, ast.Constant):
+                                keys.add(argument.value)
+                        found.append((self._binding_file(path, parsed, func.value.id), func.value.id, keys))
+        return found
+
+    def _binding_file(self, path: Path, parsed: _File, local: str) -> Path:
+        origin = parsed.imports.get(local)
+        if origin is None:
+            return path.resolve()
+        module = self.module_path(path, origin.rsplit(".", 1)[0] or ".")
+        return module if module is not None else path.resolve()
+
+    def _registry_calls(self, registry_path: Path, registry: str, keys: set,
+                        name: str) -> Iterator[tuple[Path, _File, ast.Call]]:
+        """``MODELS[key](...)`` / ``MODELS.get(key)(...)`` / ``builder = MODELS[key]; builder(...)`` anywhere,
+        unless ``key`` evaluates to a key that is not the class's."""
+        for path, parsed in self._files_naming(registry):
+            local = self.local_names_of(path, parsed, registry_path, registry) if path.resolve() != registry_path \
+                else {registry}
+            if not local:
+                continue
+            holders = _names_holding(parsed.tree, lambda n: isinstance(n, ast.Name) and n.id in local)
+            for node in ast.walk(parsed.tree):
+                if not isinstance(node, ast.Call) or isinstance(node.func, ast.Name) and node.func.id not in holders:
+                    continue
+                key = self._registry_key(parsed, node.func, local, node.lineno, 0)
+                if key is None:
+                    continue
+                chosen = _Evaluator(self).value(path, parsed, key) if isinstance(key, ast.AST) else UNKNOWN
+                if chosen is UNKNOWN or chosen in keys or (isinstance(chosen, str) and chosen.lower() == name.lower()):
+                    yield path, parsed, node
+
+    def _registry_key(self, parsed: _File, func: ast.AST, local: set[str], line: int, depth: int) -> Any:
+        """The key expression when ``func`` looks an entry up in the registry (``REG[key]``, ``REG.get(key)``),
+        UNKNOWN for a lookup whose key is not an expression, None when it is no lookup."""
+        if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name) and func.value.id in local:
+            return func.slice
+        if isinstance(func, ast.Call) and isinstance(func.func, ast.Attribute) and func.func.attr in ("get", "build") \
+                and isinstance(func.func.value, ast.Name) and func.func.value.id in local:
+            return func.args[0] if func.args else UNKNOWN
+        if isinstance(func, ast.Name) and depth == 0:
+            binding = _last_binding(parsed.enclosing_function(func) or parsed.tree, func.id, line)
+            if isinstance(binding, ast.Assign) and len(binding.targets) == 1:
+                return self._registry_key(parsed, binding.value, local, binding.lineno, depth + 1)
+        return None
+
 
     @staticmethod
     def _provides(module: Optional[Path], defining: Path) -> bool:
@@ -488,6 +779,8 @@ class _Evaluator:
         positional = [*arguments.posonlyargs, *arguments.args]
         parameters = positional + arguments.kwonlyargs
         if not any(a.arg == name for a in parameters):
+            if arguments.kwarg is not None and arguments.kwarg.arg == name:
+                return (self._forwarded_keywords(path, parsed, function, depth),)
             return None
         hydra = self._hydra_config(path, parsed, function)
         if hydra is not UNKNOWN and parameters and parameters[0].arg == name:
@@ -498,14 +791,38 @@ class _Evaluator:
             # a function's callers pass it; a constructor's, the calls of its class (GAT(alpha=args.alpha) for the
             # alpha that GAT.__init__ hands to its layers)
             called = function.name if owner is parsed.tree else owner.name
-            for caller_path, caller, call in self.repository.calls_of(path.resolve(), called):
+            for caller_path, caller, call in self.repository.construction_calls(path.resolve(), called):
                 expression = _argument_for(function, call, name, method=owner is not parsed.tree)
+                value = self.value(caller_path, caller, expression, depth + 1) if expression is not None else \
+                    self._unpacked_keyword(caller_path, caller, call, name, depth)
+                if value is not UNKNOWN:
+                    return (value,)
+        elif isinstance(owner, ast.ClassDef) and parsed.parents.get(id(owner)) is parsed.tree and any(
+                isinstance(d, ast.Name) and d.id in ("classmethod", "staticmethod") for d in function.decorator_list):
+            # Net.from_config(cfg): the method's callers pass it (its cls / nothing in place of self)
+            bound = any(isinstance(d, ast.Name) and d.id == "classmethod" for d in function.decorator_list)
+            for caller_path, caller, call in self.repository.method_calls_of(path.resolve(), owner.name, function.name):
+                expression = _argument_for(function, call, name, method=bound)
                 value = self.value(caller_path, caller, expression, depth + 1) if expression is not None else \
                     self._unpacked_keyword(caller_path, caller, call, name, depth)
                 if value is not UNKNOWN:
                     return (value,)
         default = _parameter_default(function, name)
         return (UNKNOWN if default is None else self.value(path, parsed, default, depth + 1),)
+
+    def _forwarded_keywords(self, path: Path, parsed: _File, function: ast.FunctionDef, depth: int) -> Any:
+        """A constructor's ``**kwargs``: the keywords its class's first call site passes that no named parameter
+        takes (``Small(rounds=2)`` for ``Small.__init__(self, **kw)`` handing ``kw`` on); {} when it passes none."""
+        owner = parsed.parents.get(id(function))
+        if function.name != "__init__" or not isinstance(owner, ast.ClassDef):
+            return UNKNOWN
+        named = {a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]}
+        for caller_path, caller, call in self.repository.calls_of(path.resolve(), owner.name):
+            rest = {k.arg: self.value(caller_path, caller, k.value, depth + 1) for k in call.keywords
+                    if k.arg is not None and k.arg not in named}
+            if not any(k.arg is None for k in call.keywords):
+                return AttrDict(rest)
+        return UNKNOWN
 
     def _unpacked_keyword(self, path: Path, parsed: _File, call: ast.Call, name: str, depth: int) -> Any:
         """What ``f(**kwargs)`` passes as ``name``, when ``kwargs`` evaluates to a mapping that has it."""
@@ -827,6 +1144,24 @@ def _last_binding(scope: ast.AST, name: str, line: int) -> Optional[ast.AST]:
     return found
 
 
+def _names_holding(tree: ast.AST, wanted) -> set[str]:
+    """Names assigned (or looped over) from an expression with a node ``wanted`` accepts, or with such a name:
+    the only callees worth following to what they are bound to."""
+    bindings = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            bindings.append(([n for t in node.targets for n in _bound_names(t)], node.value))
+        elif isinstance(node, (ast.For, ast.comprehension)):
+            bindings.append((list(_bound_names(node.target)), node.iter))
+    found: set[str] = set()
+    for _ in range(2):
+        for names, value in bindings:
+            if not set(names) <= found and any(wanted(n) or isinstance(n, ast.Name) and n.id in found
+                                               for n in ast.walk(value)):
+                found.update(names)
+    return found
+
+
 def _bound_names(target: ast.AST) -> Iterator[str]:
     """The names an assignment target rebinds: ``a`` and ``b`` of ``a, *b = ...``; none for ``args.cuda = ...``
     or ``cfg["x"] = ...`` (they change an object the name keeps)."""
@@ -867,6 +1202,63 @@ def _parameter_default(function: ast.FunctionDef, name: str) -> Optional[ast.AST
     return None
 
 
+MAX_DATA_FILES = 400  # YAML / JSON files looked at per code tree for instantiation configs
+_TARGET_KEYS = (("_target_", None), ("class_path", "init_args"))  # Hydra's instantiate; Lightning's CLI
+_HYDRA_FLAGS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def _config_constructions(repository: Repository, defining: Path, name: str) -> list[Construction]:
+    """The entries of the tree's YAML / JSON configs that instantiate the class: ``_target_: nets.mixer.Mixer``
+    beside its arguments (Hydra), ``class_path:`` with ``init_args:`` (Lightning's CLI); a nested entry that
+    names another class of the tree is that class, built the same way."""
+    found: list[Construction] = []
+    for path in repository.data_files():
+        text = repository.text(path)
+        if text is None or name not in text or not any(key in text for key, _ in _TARGET_KEYS):
+            continue
+        data = _load_data_file(path)
+        relative = path.relative_to(repository.root).as_posix()
+        stack = [data]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+                continue
+            if not isinstance(node, dict):
+                continue
+            stack.extend(node.values())
+            made = _instantiated(repository, node)
+            if made is not None and made.cls.name == name and (repository.root / made.cls.path).resolve() == defining:
+                found.append(Construction(relative, list(made.positional), dict(made.keywords), [relative]))
+    return found
+
+
+def _instantiated(repository: Repository, node: dict) -> Optional[Instance]:
+    """The class of the tree a config entry instantiates, with its arguments (nested entries made the same
+    way; an unresolved ``${...}`` interpolation is unknown); None when it names none."""
+    for key, arguments_key in _TARGET_KEYS:
+        dotted = node.get(key)
+        if not isinstance(dotted, str) or "." not in dotted:
+            continue
+        module, _, cls_name = dotted.rpartition(".")
+        module_path = repository.module_path(repository.root / "__init__.py", module)
+        if module_path is None:
+            return None
+        arguments = node.get(arguments_key, {}) if arguments_key else \
+            {k: v for k, v in node.items() if k not in _HYDRA_FLAGS}
+        if not isinstance(arguments, dict):
+            return None
+        keywords = {}
+        for argument, value in arguments.items():
+            if isinstance(value, dict):
+                value = _instantiated(repository, value) or value
+            keywords[str(argument)] = UNKNOWN if isinstance(value, str) and "${" in value else value
+        positional = node.get("_args_", []) if arguments_key is None else []
+        return Instance(ClassRef(module_path.relative_to(repository.root).as_posix(), cls_name),
+                        list(positional) if isinstance(positional, list) else [], keywords)
+    return None
+
+
 def _is_test_path(relative: str) -> bool:
     parts = relative.split("/")
     return any(p in ("tests", "test") for p in parts[:-1]) or parts[-1].startswith("test_")
@@ -874,14 +1266,16 @@ def _is_test_path(relative: str) -> bool:
 
 def constructions(code_root: Path, path: str, name: str, repository: Optional[Repository] = None) -> list[Construction]:
     """The calls of class ``name`` (defined in ``path`` under ``code_root``) in the tree, best first: the most
-    arguments evaluated, scripts and factories before tests."""
+    arguments evaluated, then those that show the model's input, scripts and factories before tests."""
     repository = repository or repository_for(code_root)
     defining = (repository.root / path).resolve()
     found: list[Construction] = []
-    for site_path, parsed, call in repository.calls_of(defining, name):
+    for site_path, parsed, call in repository.construction_calls(defining, name):
         evaluator = _Evaluator(repository)
         cls = parsed.enclosing_class(call)
-        if cls is not None and cls.name == name:
+        function = parsed.enclosing_function(call)
+        if cls is not None and cls.name == name and not (function is not None and any(
+                isinstance(d, ast.Name) and d.id == "classmethod" for d in function.decorator_list)):
             continue  # the class building another instance of itself (a recursive tree): not a site
         positional = [UNKNOWN if isinstance(a, ast.Starred) else evaluator.value(site_path, parsed, a)
                       for a in call.args]
@@ -900,7 +1294,12 @@ def constructions(code_root: Path, path: str, name: str, repository: Optional[Re
             continue
         construction.inputs = _model_inputs(evaluator, site_path, parsed, call)
         found.append(construction)
-    found.sort(key=lambda c: (-c.known, _is_test_path(c.where.rsplit(":", 1)[0])))
+    try:
+        found += [c for c in _config_constructions(repository, defining, name) if c.known]
+    except Exception:  # noqa: BLE001 - a config that cannot be read is no site
+        pass
+    # on a tie, a site whose code also calls the model with tensors it makes (a docstring example) gives the input too
+    found.sort(key=lambda c: (-c.known, not c.inputs, _is_test_path(c.where.rsplit(":", 1)[0])))
     return found[:MAX_SITES]
 
 

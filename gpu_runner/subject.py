@@ -15,6 +15,19 @@ _OUT_OF_MEMORY = re.compile(r"can't allocate memory|out of memory|DefaultCPUAllo
 OUT_OF_MEMORY_REASON = "ran out of the runner's memory budget (smoke.memory; a runner limit, not a finding about the model)"
 
 
+_PHASE_LISTENERS: list[Callable[[str], None]] = []
+
+
+def phase(text: str) -> None:
+    """Tells the harness what the current target is doing ("the overfit-batch check on batches of 2"), so that a
+    target killed at the per-target timeout is reported with the phase that took the time."""
+    for listener in _PHASE_LISTENERS:
+        try:
+            listener(text)
+        except OSError:
+            pass
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is an allocation the memory limit refused (host or device)."""
     import torch  # only the sandboxed child has torch; the App imports this module's types

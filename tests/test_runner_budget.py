@@ -138,3 +138,77 @@ def test_a_package_init_that_uses_a_missing_package_is_named_with_the_line_that_
     assert "cannot import name 'BaseCoder' from 'coders'" in text
     assert "coders/__init__.py, which would have provided it, could not be imported: RuntimeError: set DATA_ROOT " \
            "first (at coders/loaders.py:1)" in text, text
+
+
+def test_a_model_over_budget_is_never_timed_on_the_full_batch_and_one_that_fits_only_on_the_smallest(tmp_path, monkeypatch):
+    """The smallest batch is timed first: a step that already overruns there rules out the bigger batches (they
+    cost at least as much), and one cheap enough that the full batch fits even at a proportional cost is not
+    timed on the full batch either."""
+    from gpu_runner import checks
+
+    subject = _subject(write_tree(tmp_path, {"paint.py": IMAGE_MODEL}), "paint.py:Painter")
+    timed_sizes: list[int] = []
+    real = checks._timed_step
+
+    def recording(subject, batch_size, seed):
+        timed_sizes.append(batch_size)
+        return real(subject, batch_size, seed)
+
+    monkeypatch.setattr(checks, "_timed_step", recording)
+    batch, steps, note, step = checks._scaled_to_budget(subject, 10, 8, 0.0, 0)
+    assert 8 not in timed_sizes and 4 not in timed_sizes and timed_sizes[0] == 2
+    assert (batch, steps) == (2, checks.FEWEST_STEPS) and "checks and measures on 8 would take at least" in note
+    timed_sizes.clear()
+    assert step > 0 and checks._scaled_to_budget(subject, 10, 8, 3600.0, 0)[:3] == (8, 10, "")
+    assert timed_sizes == [2]
+
+
+def test_a_target_killed_at_the_timeout_is_reported_with_the_phase_that_took_the_time(tmp_path):
+    """A constructor that hangs times out 'during the import and build of the model'; a forward that hangs once
+    the checks are under way names the check (or the budget's timing) it hung in, not only the timeout."""
+    from gpu_runner.runner import TargetRequest, run_targets
+    from gpu_runner.sandbox import SandboxLimits
+
+    root = write_tree(tmp_path, {"slow.py": """\
+        import time
+        import torch.nn as nn
+
+        class Hangs(nn.Module):
+            def __init__(self):
+                super().__init__()
+                time.sleep(120)
+
+            def forward(self, x):
+                return x
+
+
+        class Late(nn.Module):
+            calls = 0
+
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 4)
+
+            def forward(self, x):
+                Late.calls += 1
+                if Late.calls > 40:
+                    time.sleep(120)
+                return self.fc(x)
+        """})
+    reports, _ = run_targets(root, [TargetRequest("slow.py:Hangs"), TargetRequest("slow.py:Late")], device="cpu",
+                             steps=2, seed=0, limits=SandboxLimits(timeout_s=20), sandbox=False)
+    assert [r["status"] for r in reports] == ["error", "error"]
+    assert "timed out after 20s (smoke.timeout) during the import and build of the model" in reports[0]["reason"]
+    assert " during " in reports[1]["reason"] and "building" not in reports[1]["reason"], reports[1]["reason"]
+    assert any(what in reports[1]["reason"] for what in ("check on batches of", "the timing of a training step", "the measures")), \
+        reports[1]["reason"]
+
+
+def test_a_target_that_cannot_fit_even_at_its_smallest_leaves_out_the_checks_that_only_warn(tmp_path):
+    subject = _subject(write_tree(tmp_path, {"paint.py": IMAGE_MODEL}), "paint.py:Painter")
+    tight = run_checks(subject, steps=2, budget_s=0.0)
+    health = next(c for c in tight.checks if c.name == "gradient-health")
+    assert health.status == "skip" and "does not fit its time budget" in health.message
+    assert next(c for c in tight.checks if c.name == "gradients").status == "pass"  # the checks that fail still run
+    roomy = run_checks(subject, steps=2, budget_s=3600.0)
+    assert "time budget" not in next(c for c in roomy.checks if c.name == "gradient-health").message
