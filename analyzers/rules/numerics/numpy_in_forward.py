@@ -143,6 +143,11 @@ class NumpyInForward(Rule):
         so is NumPy on the raw input of a module that runs its own layers on another path
         (pre-processing, or an inference dispatcher handing the input to ONNX Runtime / OpenCV),
         and anything in an inference-only `forward` (`@torch.inference_mode()`, `@torch.no_grad()`).
+        Only values known to be tensors count: inputs and what torch, the model or the module's
+        layers compute from them, not what another object returns (a replay buffer's arrays); a
+        module with neither layers nor torch in its `forward` is taken to compute in NumPy; and a
+        copy taken off the graph on purpose (`.detach()` / `.data` then `.numpy()`) is flagged only
+        when it comes back into the result.
     """
     why = """
         Autograd only records torch operations. A value that goes through NumPy is a plain

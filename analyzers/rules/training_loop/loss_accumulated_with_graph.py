@@ -53,7 +53,9 @@ class LossAccumulatedWithGraph(Rule):
         `F.*` loss, of the model, or `.mean()`/`.sum()` of those) and the accumulator outlives
         the iteration. Not flagged: `.item()`, `.detach()`, `float(loss)`, `loss.data`, code under
         `torch.no_grad()`, totals that are backpropagated or returned, and multi-term losses
-        built from a fresh variable in the same iteration.
+        built from a fresh variable in the same iteration. Values known to carry no graph are
+        never flagged: numbers, `loss.data[0]`, and what a function of the file returns when
+        every `return` hands back such a value.
     """
     why = """
         Each accumulated loss keeps a reference to its whole computation graph, including all
