@@ -651,3 +651,56 @@ def test_a_function_of_another_file_that_leaves_its_argument_in_eval_mode(tmp_pa
     rules = [r for r in all_rules() if r.id == "TR108"]
     found = analyze_source(text, str(tmp_path / "train.py"), rules=rules, repository=RepositoryIndex(tmp_path))
     assert [(f.rule, f.line) for f in found.findings] == [("TR108", 12)]
+
+
+# ---- graphs and tensor kinds -------------------------------------------------------------------------------
+
+def test_values_read_off_the_autograd_graph_are_graph_free_and_tensors_are_not():
+    from analyzers.program.graphs import graph_free
+
+    ctx = context("""
+        import torch
+        steps = 50
+        def step(x, y):
+            loss = criterion(model(x), y)
+            loss.backward()
+            return model(x), loss.data[0] / steps
+
+        def fit(x, y):
+            loss = criterion(model(x), y)
+            return loss
+
+        out, number = step(a, b)
+        logits, tensor = fit(a, b)
+        old_style = loss.data[0]
+        running = 0.5
+        running += old_style * 2
+        scalar = float(loss) + loss.item() / loss.size(0)
+        host = loss.detach().cpu().numpy()
+        attached = loss * 2
+    """)
+    names = {n.value: n for n in subtree(ctx.module) if isinstance(n, cst.Name)}
+    free = {name: graph_free(names[name], ctx) for name in
+            ("number", "old_style", "running", "scalar", "host", "attached", "out", "tensor", "logits")}
+    assert free == {"number": True, "old_style": True, "running": True, "scalar": True, "host": True,
+                    "attached": False, "out": False, "tensor": False, "logits": False}
+
+
+def test_only_torch_calls_forward_passes_and_passing_builtins_are_known_to_return_tensors_of_their_arguments():
+    from analyzers.program.values import returns_tensor_of_args
+
+    ctx = context("""
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+        criterion = torch.nn.MSELoss()
+        a = F.relu(x)
+        b = criterion(x, y)
+        c = sum(losses)
+        d = replay_buffer.sample(batch_size)
+        e = np.exp(x)
+        f = load_batch(x)
+    """)
+    calls = {t.targets[0].target.value: t.value for t in subtree(ctx.module) if isinstance(t, cst.Assign)}
+    known = {name: returns_tensor_of_args(call, ctx) for name, call in calls.items() if name != "criterion"}
+    assert known == {"a": True, "b": True, "c": True, "d": False, "e": False, "f": False}

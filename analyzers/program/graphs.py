@@ -8,6 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, call_receiver, dotted_name, method_name, positional_args
+from analyzers.program.flow import assigned_values
 from analyzers.program.names import last_segment
 from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import called_object, is_model_call
@@ -99,7 +100,7 @@ def graph_kind_read(expr: cst.BaseExpression, ctx: FileContext, depth: int = 0) 
             # ``outputs.loss`` with ``outputs = model(**batch)``
             return "loss" if graph_kind_read(expr.value, ctx, depth + 1) else None
         return None
-    if in_no_grad_block(ctx, binding.node):
+    if in_no_grad_block(ctx, binding.node) or binding_graph_free(binding, ctx):
         return None
     if binding.kind in ("assign", "annassign", "walrus"):
         if binding.value is None:
@@ -117,6 +118,128 @@ def graph_kind_read(expr: cst.BaseExpression, ctx: FileContext, depth: int = 0) 
             return kind
         return "loss" if "loss" in last_segment(name).lower() and not detached_value(binding.node.value) else None
     return None
+
+
+# methods whose result is a Python value or a tensor read off the graph: ``.size()`` is a ``torch.Size``
+_NO_GRAPH_METHODS = DETACHING_METHODS | {"size", "dim", "numel", "nelement", "stride"}
+
+
+def graph_free(value: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0, resolve=True) -> bool:
+    """True when ``value`` is known to carry no autograd graph: numbers and arithmetic on them, ``.item()`` /
+    ``.tolist()`` / ``.detach()`` / ``.numpy()`` / ``float(...)``, anything read through ``.data`` (``loss.data[0]``:
+    a Python number on old torch), names bound to such values, and what a function of this file returns when every
+    ``return`` hands back such a value. False when unsure. ``resolve`` is True for an expression of this scope, or
+    the other function whose returns are read (its names are read through its own assignments)."""
+    if value is None or depth > 12:
+        return False
+    if isinstance(value, (cst.Integer, cst.Float, cst.Imaginary)):
+        return True
+    if isinstance(value, cst.UnaryOperation):
+        return graph_free(value.expression, ctx, depth + 1, resolve)
+    if isinstance(value, cst.BinaryOperation):
+        return graph_free(value.left, ctx, depth + 1, resolve) and graph_free(value.right, ctx, depth + 1, resolve)
+    if isinstance(value, cst.Subscript):
+        return graph_free(value.value, ctx, depth + 1, resolve)
+    if isinstance(value, cst.Attribute) and value.attr.value == "data":
+        return True
+    if isinstance(value, cst.Call):
+        func = value.func
+        if isinstance(func, cst.Name) and func.value in DETACHING_FUNCS:
+            return resolve is not True or ctx.binding(func.value) is None  # the builtin, not a local of that name
+        receiver = call_receiver(value)
+        method = method_name(value)
+        if receiver is not None and method in _NO_GRAPH_METHODS:
+            return True
+        if receiver is not None and method in GRAPH_KEEPING_METHODS:
+            return graph_free(receiver, ctx, depth + 1, resolve)
+        if resolve is True and isinstance(func, cst.Name):
+            return _returns_graph_free(ctx.binding(func.value), None, ctx, depth + 1)
+        return False
+    if isinstance(value, cst.Name) and isinstance(resolve, cst.FunctionDef):
+        # a name in another function's return: known only through that function's own plain assignments
+        if value.value in _names_of(resolve):
+            return False
+        values = assigned_values(ctx, resolve, value.value)
+        if values:
+            return all(graph_free(v, ctx, depth + 1, resolve) for v in values)
+    if isinstance(value, cst.Name) or isinstance(value, cst.Attribute) and resolve is True:
+        name = dotted_name(value)
+        binding = ctx.binding(name, value) if name is not None else None
+        return binding is not None and binding_graph_free(binding, ctx, depth + 1)
+    return False
+
+
+def binding_graph_free(binding, ctx: FileContext, depth: int = 0) -> bool:
+    """One assignment (see :func:`graph_free`): ``x = loss.item()``, ``out, l = train(...)`` with ``train`` returning
+    ``out, loss.data[0]`` at that position, ``total += loss.data[0]`` after a graph-free start."""
+    if depth > 12:
+        return False
+    if binding.kind in ("assign", "annassign", "walrus"):
+        if binding.value is not None:
+            return graph_free(binding.value, ctx, depth + 1)
+        call = binding.unpacked_from
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and binding.element is not None:
+            return _returns_graph_free(ctx.binding(call.func.value, call), binding.element, ctx, depth + 1)
+        return False
+    if binding.kind == "augassign" and isinstance(binding.node, cst.AugAssign):
+        return graph_free(binding.node.value, ctx, depth + 1) and (
+            binding.previous is None or binding_graph_free(binding.previous, ctx, depth + 1))
+    return False
+
+
+def _returns_graph_free(binding, element: Optional[int], ctx: FileContext, depth: int) -> bool:
+    """Every ``return`` of the function ``binding`` defines hands back a graph-free value (its ``element``-th
+    item when the caller unpacks a tuple)."""
+    if binding is None or binding.kind != "def" or not isinstance(binding.node, cst.FunctionDef):
+        return False
+    returned = [node.value for node in _own_returns(binding.node)]
+    if not returned or any(v is None for v in returned):
+        return False
+    for value in returned:
+        if element is not None:
+            if not isinstance(value, (cst.Tuple, cst.List)) or element >= len(value.elements):
+                return False
+            value = value.elements[element].value
+        if not graph_free(value, ctx, depth + 1, resolve=binding.node):
+            return False
+    return True
+
+
+def _names_of(fn: cst.FunctionDef) -> frozenset:
+    """The names ``fn`` binds other than by a plain ``name = value`` (parameters, loop and tuple targets,
+    ``+=``): their values in its returns are unknown here."""
+    names = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
+    names |= {p.name.value for p in (fn.params.star_arg, fn.params.star_kwarg) if isinstance(p, cst.Param)}
+    stack: list[cst.CSTNode] = [fn.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.AsName)) or (
+                isinstance(node, cst.AssignTarget) and not isinstance(node.target, cst.Name)):
+            names |= {n.value for n in _subtree_names(node.target if not isinstance(node, cst.AsName) else node.name)}
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        stack.extend(node.children)
+    return frozenset(names)
+
+
+def _subtree_names(node: cst.CSTNode) -> list[cst.Name]:
+    if isinstance(node, cst.Name):
+        return [node]
+    return [n for child in node.children for n in _subtree_names(child)]
+
+
+def _own_returns(fn: cst.FunctionDef) -> list[cst.Return]:
+    """The function's ``return`` statements, not those of functions or classes nested in it."""
+    found: list[cst.Return] = []
+    stack: list[cst.CSTNode] = [fn.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Return):
+            found.append(node)
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        stack.extend(node.children)
+    return found
 
 
 def detached_value(value: cst.BaseExpression) -> bool:

@@ -456,3 +456,30 @@ def strip_chain(expr: cst.BaseExpression, ctx: FileContext) -> cst.BaseExpressio
         # through a wrapper (DDP, compile), the name it wraps is followed to what built it
         expr = ctx.origin(inner) or inner if not chained and isinstance(inner, (cst.Name, cst.Attribute)) else inner
     return expr
+
+
+# builtins that hand back (one of) the tensors they are given, or an iterator over them
+TENSOR_PASSING_BUILTINS = {"sum", "max", "min", "abs", "zip", "enumerate", "list", "tuple", "reversed", "sorted",
+                           "iter", "next", "pow", "divmod"}
+
+
+def returns_tensor_of_args(call: cst.Call, ctx: FileContext) -> bool:
+    """Whether ``call`` is known to compute its result from its tensor arguments as tensors: a torch function
+    (``torch.exp``, ``F.relu``, ``Variable``), a torch object built earlier (``criterion = nn.MSELoss()``), a
+    forward pass (``model(x)``, ``self.fc(x)``), or a builtin that passes its arguments through (``sum``,
+    ``zip``). Any other call (``replay_buffer.sample(batch_size)``, a helper of unknown code) may as well return
+    NumPy arrays or numbers: unknown, not a tensor."""
+    func = called_object(call.func)
+    if isinstance(func, cst.Name) and func.value in TENSOR_PASSING_BUILTINS and ctx.binding(func.value) is None:
+        return True
+    if (ctx.qualified_name(func) or "").startswith("torch") or (ctx.origin_call_name(func) or "").startswith("torch"):
+        return True
+    if (dotted_name(func) or "").startswith("self."):
+        return True  # the module's own layers and methods
+    return is_model_call(func, ctx)
+
+
+# methods only a torch tensor has (NumPy arrays, lists and numbers have none of them): calling one shows the
+# receiver is a tensor
+TENSOR_ONLY_METHODS = {"cpu", "cuda", "detach", "numpy", "unsqueeze", "permute", "contiguous", "dim", "masked_fill",
+                       "expand", "half", "float", "requires_grad_", "backward", "softmax", "log_softmax"}

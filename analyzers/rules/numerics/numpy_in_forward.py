@@ -15,6 +15,7 @@ from analyzers.context import (
 from analyzers.markdown import code_span, named
 from analyzers.program.flow import subtree
 from analyzers.program.names import last_name
+from analyzers.program.values import TENSOR_ONLY_METHODS, returns_tensor_of_args
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -46,6 +47,7 @@ class _NumpyState:
     found: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     statements: set = field(default_factory=set)
     uses_torch: bool = False
+    loss_class: bool = False  # the forward of a ``*Loss`` module: its inputs are predictions
 
 
 def _detached_side_output(found: cst.CSTNode, ctx: FileContext) -> bool:
@@ -75,6 +77,31 @@ def _detached(found: cst.CSTNode) -> bool:
             return True
         node = node.value
     return False
+
+
+def _flows_back_into_result(found: cst.CSTNode, ctx: FileContext) -> bool:
+    """A NumPy copy taken off the graph (``h.detach().numpy()``) that comes back into the computation: wrapped
+    into a tensor again (``torch.from_numpy(np.exp(...))``), returned as the function's result, or assigned to a
+    name read that way. Anything else (metrics, replay priorities, logging) left the graph on purpose."""
+    def fed_back(node: cst.CSTNode) -> bool:
+        for ancestor in ctx.ancestors(node):
+            if isinstance(ancestor, cst.Call) and (ctx.call_name(ancestor) or "").startswith("torch"):
+                return True
+            if isinstance(ancestor, cst.Return):
+                return True
+            if isinstance(ancestor, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                return False
+        return False
+
+    if fed_back(found):
+        return True
+    statement = ctx.statement_of(found)
+    fn = next((a for a in ctx.ancestors(found) if isinstance(a, cst.FunctionDef)), None)
+    if not isinstance(statement, cst.Assign) or fn is None:
+        return False
+    names = {t.target.value for t in statement.targets if isinstance(t.target, cst.Name)}
+    return any(fed_back(n) for n in subtree(fn.body) if isinstance(n, cst.Name) and n.value in names
+               and not isinstance(ctx.parent(n), cst.AssignTarget))
 
 
 def _container_holding(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
@@ -116,6 +143,11 @@ class NumpyInForward(Rule):
         so is NumPy on the raw input of a module that runs its own layers on another path
         (pre-processing, or an inference dispatcher handing the input to ONNX Runtime / OpenCV),
         and anything in an inference-only `forward` (`@torch.inference_mode()`, `@torch.no_grad()`).
+        Only values known to be tensors count: inputs and what torch, the model or the module's
+        layers compute from them, not what another object returns (a replay buffer's arrays); a
+        module with neither layers nor torch in its `forward` is taken to compute in NumPy; and a
+        copy taken off the graph on purpose (`.detach()` / `.data` then `.numpy()`) is flagged only
+        when it comes back into the result.
     """
     why = """
         Autograd only records torch operations. A value that goes through NumPy is a plain
@@ -201,6 +233,39 @@ class NumpyInForward(Rule):
             loss = torch.mean(F.mse_loss(q, target, reduction="none") * weights)
             errors = target.data.cpu().numpy() - q.data.cpu().numpy()
             return loss, errors
+        """,
+        # arrays from a replay buffer are NumPy, not tensors; priorities and metrics leave the graph on purpose
+        """
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+        def compute_td_loss(batch_size):
+            state, action, reward, done, indices = replay_buffer.sample(batch_size)
+            state = torch.FloatTensor(np.float32(state))
+            q = current_model(state).gather(1, torch.LongTensor(action).unsqueeze(1)).squeeze(1)
+            loss = (q - torch.FloatTensor(reward)).pow(2)
+            priorities = loss + 1e-5
+            loss = loss.mean()
+            loss.backward()
+            replay_buffer.update_priorities(indices, priorities.data.cpu().numpy())
+            return loss
+        def segmentation_loss(pred, target, metrics):
+            loss = F.binary_cross_entropy_with_logits(pred, target)
+            metrics["loss"] += loss.data.cpu().numpy() * target.size(0)
+            return loss
+        """,
+        # a module computing in NumPy, with neither layers nor torch: nothing shows its values are tensors
+        """
+        import numpy as np
+        import torch.nn as nn
+        class ArrayPropagation(nn.Module):
+            def __init__(self, weights):
+                super().__init__()
+                self.weights = weights
+            def forward(self, x, adj):
+                for weight, bias in self.weights:
+                    x = np.maximum(adj @ x @ weight + bias, 0)
+                return x
         """,
         # a loss-plotting helper is not a loss function
         """
@@ -301,6 +366,7 @@ class NumpyInForward(Rule):
     def visit_FunctionDef(self, node: cst.FunctionDef, ctx: FileContext) -> None:
         kind, label = self._kind(node, ctx)
         state = _NumpyState(node, kind, label)
+        state.loss_class = ctx.class_def is not None and "loss" in ctx.class_def.name.value.lower()
         if kind is not None:
             params = node.params
             skip_first = label != node.name.value  # a method: drop self
@@ -317,9 +383,13 @@ class NumpyInForward(Rule):
         state = self._states.pop()
         if state.kind == "loss" and not state.uses_torch:
             return
+        if state.kind == "forward" and not (state.uses_torch or state.calls_layers or state.loss_class):
+            return  # neither torch nor layers of its own: nothing shows its values are tensors with a graph
         for found, message in state.found:
             if _detached_side_output(found, ctx):
                 continue  # ``return loss, td.detach().cpu().numpy()``: priorities / stats beside the loss, on purpose
+            if _detached(found) and not _flows_back_into_result(found, ctx):
+                continue  # taken off the graph on purpose (metrics, replay priorities) and never fed back
             if state.calls_layers and found in state.on_raw_input:
                 # NumPy on the raw input of a module that runs its own layers elsewhere: pre-processing or a
                 # hand-off to another runtime (ONNX Runtime, OpenCV), not a cut in this module's gradient path
@@ -403,7 +473,14 @@ class NumpyInForward(Rule):
                     continue
                 if self._is_numpy(func):
                     continue  # reported on its own
-                stack.extend(reversed([func] + [a.value for a in node.args]))
+                if isinstance(func, cst.Attribute) and not (dotted_name(func) or "").startswith("self."):
+                    stack.append(func.value)  # a method: a tensor's method keeps it a tensor, another object's is unknown
+                    if returns_tensor_of_args(node, self.ctx):
+                        stack.extend(reversed([a.value for a in node.args]))
+                elif returns_tensor_of_args(node, self.ctx):
+                    stack.extend(reversed([func] + [a.value for a in node.args]))
+                else:
+                    stack.append(func)  # ``model(x)`` with ``model`` a parameter of the loss function
                 continue
             if isinstance(node, cst.Arg):
                 stack.append(node.value)
@@ -432,9 +509,10 @@ class NumpyInForward(Rule):
         if state.kind == "forward" and isinstance(func, cst.Attribute) and \
                 (dotted_name(func.value) or "").startswith("self") and func.attr.value not in _SCALAR_METHODS:
             state.calls_layers = True
-        if state.kind == "loss" and not state.uses_torch:
+        if not state.uses_torch:
             name = ctx.call_name(node) if isinstance(func, (cst.Name, cst.Attribute)) else None
-            if name is not None and name.startswith("torch"):
+            if name is not None and name.startswith("torch") or \
+                    isinstance(func, cst.Attribute) and func.attr.value in TENSOR_ONLY_METHODS:
                 state.uses_torch = True
         last = last_name(func)
         if last == "numpy" and isinstance(func, cst.Attribute) and not node.args:

@@ -53,7 +53,9 @@ class LossAccumulatedWithGraph(Rule):
         `F.*` loss, of the model, or `.mean()`/`.sum()` of those) and the accumulator outlives
         the iteration. Not flagged: `.item()`, `.detach()`, `float(loss)`, `loss.data`, code under
         `torch.no_grad()`, totals that are backpropagated or returned, and multi-term losses
-        built from a fresh variable in the same iteration.
+        built from a fresh variable in the same iteration. Values known to carry no graph are
+        never flagged: numbers, `loss.data[0]`, and what a function of the file returns when
+        every `return` hands back such a value.
     """
     why = """
         Each accumulated loss keeps a reference to its whole computation graph, including all
@@ -147,6 +149,43 @@ class LossAccumulatedWithGraph(Rule):
                 part = criterion(out, t)
                 total += part
             return total
+        """,
+        # numbers read off the graph (``loss.data[0]`` is a Python number on old torch), also when a training
+        # function of the file returns them
+        """
+        import torch
+        def train_step(x, y):
+            loss = 0
+            for t in range(x.size(0)):
+                loss += criterion(model(x[t]), y[t])
+            loss.backward()
+            return loss.data[0] / x.size(0)
+        running_loss = 0
+        history = []
+        for step in range(1000):
+            running_loss += train_step(*next_batch())
+            if step % 100 == 0:
+                history.append(running_loss / 100)
+                running_loss = 0
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            print_loss_total += loss.data[0]
+            plot_loss = print_loss_total / 100
+            plot_losses.append(plot_loss)
+        """,
+        # one loss summed over layers and handed back for backward: not kept across training iterations
+        """
+        import torch
+        def distillation_loss(batch, student, teacher):
+            total, layer_total = 0.0, 0.0
+            out = student(batch.x)
+            total += criterion(out.logits, batch.y)
+            for mine, theirs in zip(out.hidden, teacher(batch.x).hidden):
+                layer_loss = mse(mine, theirs)
+                layer_total += layer_loss
+            total += layer_total
+            return [total, layer_total.item()]
         """,
         # floats from a helper: not known to be tensors
         """
@@ -318,6 +357,8 @@ def _returned_tensors(expr: cst.BaseExpression, ctx: FileContext, out: set, dept
             # (``outputs = (sum(aux_losses),) + outputs`` in one branch, ``(loss,) + outputs`` in the other)
             values += [v for v in assigned_values(ctx, ctx.function_def, name) if v is not values[0]]
         for value in values:
+            if isinstance(value, cst.AugAssign):
+                value = value.value  # ``loss += att_loss + rep_loss``: the terms added are returned too
             if value is not None and value is not expr:
                 _returned_tensors(value, ctx, out, depth + 1)
     elif isinstance(expr, cst.Subscript):
