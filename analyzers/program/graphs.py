@@ -7,7 +7,8 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, call_receiver, dotted_name, method_name, positional_args
+from analyzers.context import (FileContext, call_receiver, code_children_as_written, dotted_name, method_name,
+                               positional_args)
 from analyzers.program.flow import assigned_values
 from analyzers.program.names import last_segment
 from analyzers.program.state import in_no_grad_block
@@ -157,7 +158,7 @@ def graph_free(value: Optional[cst.BaseExpression], ctx: FileContext, depth: int
         return False
     if isinstance(value, cst.Name) and isinstance(resolve, cst.FunctionDef):
         # a name in another function's return: known only through that function's own plain assignments
-        if value.value in _names_of(resolve):
+        if value.value in ctx.facts(FunctionShapes).names_of(resolve):
             return False
         values = assigned_values(ctx, resolve, value.value)
         if values:
@@ -192,7 +193,7 @@ def _returns_graph_free(binding, element: Optional[int], ctx: FileContext, depth
     item when the caller unpacks a tuple)."""
     if binding is None or binding.kind != "def" or not isinstance(binding.node, cst.FunctionDef):
         return False
-    returned = [node.value for node in _own_returns(binding.node)]
+    returned = [node.value for node in ctx.facts(FunctionShapes).own_returns(binding.node)]
     if not returned or any(v is None for v in returned):
         return False
     for value in returned:
@@ -203,6 +204,27 @@ def _returns_graph_free(binding, element: Optional[int], ctx: FileContext, depth
         if not graph_free(value, ctx, depth + 1, resolve=binding.node):
             return False
     return True
+
+
+class FunctionShapes:
+    """Per function of the file, read once: the names it binds other than by a plain assignment, and its own
+    ``return`` statements (the graph questions ask them again for every value a caller reads)."""
+
+    def __init__(self, ctx: FileContext) -> None:
+        self._names: dict[cst.FunctionDef, frozenset] = {}
+        self._returns: dict[cst.FunctionDef, list[cst.Return]] = {}
+
+    def names_of(self, fn: cst.FunctionDef) -> frozenset:
+        found = self._names.get(fn)
+        if found is None:
+            found = self._names[fn] = _names_of(fn)
+        return found
+
+    def own_returns(self, fn: cst.FunctionDef) -> list[cst.Return]:
+        found = self._returns.get(fn)
+        if found is None:
+            found = self._returns[fn] = _own_returns(fn)
+        return found
 
 
 def _names_of(fn: cst.FunctionDef) -> frozenset:
@@ -218,14 +240,14 @@ def _names_of(fn: cst.FunctionDef) -> frozenset:
             names |= {n.value for n in _subtree_names(node.target if not isinstance(node, cst.AsName) else node.name)}
         if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
-        stack.extend(node.children)
+        stack.extend(code_children_as_written(node))
     return frozenset(names)
 
 
 def _subtree_names(node: cst.CSTNode) -> list[cst.Name]:
     if isinstance(node, cst.Name):
         return [node]
-    return [n for child in node.children for n in _subtree_names(child)]
+    return [n for child in code_children_as_written(node) for n in _subtree_names(child)]
 
 
 def _own_returns(fn: cst.FunctionDef) -> list[cst.Return]:
@@ -236,9 +258,10 @@ def _own_returns(fn: cst.FunctionDef) -> list[cst.Return]:
         node = stack.pop()
         if isinstance(node, cst.Return):
             found.append(node)
-        elif isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
-        stack.extend(node.children)
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) or isinstance(node, cst.BaseExpression):
+            continue  # no return statement lies inside an expression
+        stack.extend(code_children_as_written(node))
     return found
 
 
