@@ -121,7 +121,7 @@ class MissingEvalMode(_InferencePathRule):
     ]
 
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
-        if self.facts.eval_covered(call):
+        if self.facts.eval_covered(call) or self.facts.runs_a_function(call):
             return None
         if _DOTTED.match(call.model) and not changes_in_eval(self.ctx, cst.parse_expression(call.model), call.node):
             return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
