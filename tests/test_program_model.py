@@ -704,3 +704,68 @@ def test_only_torch_calls_forward_passes_and_passing_builtins_are_known_to_retur
     calls = {t.targets[0].target.value: t.value for t in subtree(ctx.module) if isinstance(t, cst.Assign)}
     known = {name: returns_tensor_of_args(call, ctx) for name, call in calls.items() if name != "criterion"}
     assert known == {"a": True, "b": True, "c": True, "d": False, "e": False, "f": False}
+
+
+def _evaluation_findings(code: str) -> list[tuple[str, int]]:
+    rules = [r for r in all_rules() if r.id in ("TR201", "TR202")]
+    result = analyze_source(textwrap.dedent(code), "example.py", rules=rules)
+    return sorted((f.rule, f.line) for f in result.findings)
+
+
+def test_what_runs_on_an_evaluation_path_is_a_module_only_on_evidence():
+    # a method of the class, a class picked from a registry we cannot see, a parameter that every caller
+    # fills with a plain function: none of them is a module with a mode
+    assert _evaluation_findings("""
+        import torch
+        from registry import factories
+        class Runner:
+            def reload_model(self, step):
+                self.step = step
+            def test(self, loader):
+                with torch.no_grad():
+                    for x in loader:
+                        self.reload_model(x)
+        def affine(X):
+            return X @ W + b
+        def evaluate_accuracy(loader, net):
+            with torch.no_grad():
+                return sum((net(x).argmax(1) == y).sum() for x, y in loader)
+        def fit(net, loader):
+            return evaluate_accuracy(loader, net)
+        fit(affine, val_loader)
+        def evaluate(opt, loader):
+            Detector = factories[opt.kind]
+            with torch.no_grad():
+                detector = Detector(opt)
+    """) == []
+    # the same parameter given a module by one caller is a model again
+    found = _evaluation_findings("""
+        import torch
+        import torch.nn as nn
+        def affine(X):
+            return X
+        def evaluate_accuracy(loader, net):
+            with torch.no_grad():
+                return sum((net(x).argmax(1) == y).sum() for x, y in loader)
+        evaluate_accuracy(val_loader, affine)
+        evaluate_accuracy(val_loader, nn.Sequential(nn.Linear(2, 2), nn.Dropout()))
+    """)
+    assert ("TR201", 8) in found
+
+
+def test_an_eval_chained_on_construction_holds_against_train_on_another_functions_binding():
+    code = """
+        import torch
+        def train(loader):
+            model = Net()
+            model.train()
+        def test(loader):
+            model = make_net().eval()
+            with torch.no_grad():
+                for x in loader:
+                    model(x)
+    """
+    assert _evaluation_findings(code) == []
+    # train() in the same function does undo it
+    assert ("TR201", 11) in _evaluation_findings(code.replace("model = make_net().eval()",
+                                                             "model = make_net().eval()\n            model.train()"))

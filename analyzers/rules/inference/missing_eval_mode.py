@@ -99,6 +99,19 @@ class MissingEvalMode(_InferencePathRule):
         Valid("import torch\nfrom zoo import GCN, GIN\nMODELS = {'gcn': GCN, 'gin': GIN}\n"
               "@torch.no_grad()\ndef run_inference(name, data):\n    Model = MODELS[name]\n"
               "    model = Model(data, 3).eval()\n    return model(data)\n"),
+        # a method of the class that loads weights is no module
+        Valid("import torch\nclass Solver:\n    def reload_model(self, step):\n        self.step = step\n"
+              "    def test(self):\n        with torch.no_grad():\n            self.reload_model(self.test_iters)\n"),
+        # every caller hands a plain function: no module, no mode
+        Valid("import torch\ndef net(X):\n    return X @ W\ndef evaluate_accuracy(loader, net):\n"
+              "    with torch.no_grad():\n        return [net(x) for x, y in loader]\nevaluate_accuracy(test_loader, net)\n"),
+        # a class picked from a registry and built: construction, no forward pass
+        Valid("import torch\nfrom detectors import factory\ndef test(opt):\n    Detector = factory[opt.task]\n"
+              "    with torch.no_grad():\n        detector = Detector(opt)\n"),
+        # built in eval mode here; the train() elsewhere is another function's model
+        Valid("import torch\ndef train(loader):\n    model = make_net()\n    model.train()\n"
+              "def test(loader):\n    model = make_net().eval()\n    with torch.no_grad():\n        for x in loader:\n"
+              "            model(x)\n"),
     ]
     INVALID = [
         Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"
