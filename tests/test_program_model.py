@@ -769,3 +769,22 @@ def test_an_eval_chained_on_construction_holds_against_train_on_another_function
     # train() in the same function does undo it
     assert ("TR201", 11) in _evaluation_findings(code.replace("model = make_net().eval()",
                                                              "model = make_net().eval()\n            model.train()"))
+
+
+def test_a_tuple_item_a_loader_returns_in_eval_mode_keeps_its_mode_where_it_is_unpacked():
+    code = """
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        def load_pair(name):
+            encoder = AutoModel.from_pretrained(name)
+            decoder = Decoder()
+            return AutoTokenizer.from_pretrained(name), encoder, decoder
+        def evaluate(texts):
+            tokenizer, encoder, decoder = load_pair("m")
+            with torch.no_grad():
+                for text in texts:
+                    encoder(**tokenizer(text))
+                    decoder(text)
+    """
+    # the pretrained encoder comes back in eval mode; the decoder, built by a class we cannot see, may not
+    assert _evaluation_findings(code) == [("TR201", 13)]

@@ -50,7 +50,7 @@ def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
 
 class FnState:
     __slots__ = ("node", "name", "eval_named", "skip", "evals", "nograd_dec", "grad_off", "has_backward",
-                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval")
+                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval", "returns_eval_at")
 
     def __init__(self, node: Optional[cst.FunctionDef], name: str, cls: Optional[cst.ClassDef]) -> None:
         self.node = node
@@ -66,6 +66,7 @@ class FnState:
         self.cls = cls
         self.returns_eval = False  # ``return model.eval()`` / eval() before a return: a loader of eval models
         self.leaves_eval = False  # still has something in eval mode when it ends
+        self.returns_eval_at: set[int] = set()  # ``return text_model, tokenizer``: the tuple items in eval mode
 
 
 class ValLoop:
@@ -79,7 +80,7 @@ class ValLoop:
 
 class ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain", "origin_func", "after_eval")
+                 "eval_chain", "origin_func", "after_eval", "unpacked_from")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -144,12 +145,20 @@ class EvaluationPaths:
         state = self.stack.pop()
         state.leaves_eval = any(state.evals.values())
 
-    def on_return(self, node: cst.Return) -> None:
+    def on_return(self, node: cst.Return, ctx: FileContext) -> None:
         state = self.stack[-1]
         if state.node is None or node.value is None:
             return
         if any(state.evals.values()) or has_eval_chain(node.value):
             state.returns_eval = True
+        if isinstance(node.value, cst.Tuple):
+            for index, element in enumerate(node.value.elements):
+                name = dotted_name(element.value) if isinstance(element.value, (cst.Name, cst.Attribute)) else None
+                origin = ctx.origin(element.value) if name else element.value
+                built = built_module(ctx, origin)
+                if (built is not None and built.eval_mode) or has_eval_chain(origin) or \
+                        (name and any(v and covers(k, name) for k, v in state.evals.items())):
+                    state.returns_eval_at.add(index)
 
     def _framework_class(self, cls: cst.ClassDef, ctx: FileContext) -> bool:
         """Lightning modules and HF Trainers put the model in eval mode themselves."""
@@ -360,12 +369,16 @@ class EvaluationPaths:
             # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
             # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)
             return
+        binding = ctx.binding(model) if isinstance(target, cst.Name) else None
+        unpacked = binding.unpacked_from if binding is not None else None
         self.model_calls.append(ModelCall(
             node=node, model=model, aliases=aliases, stack=tuple(self.stack),
             loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,
             eval_local=eval_local, nograd_local=self.nograd_now(), cls=cls,
             is_global=head != "self" and not bound_locally(head, ctx), eval_chain=eval_chain,
             origin_func=origin_func(origin), after_eval=not in_path,
+            # ``text_model, tokenizer = load_pair()``: the function and the item of the tuple it returns
+            unpacked_from=(method_name(unpacked), binding.element) if isinstance(unpacked, cst.Call) else None,
         ))
 
     # ---- decisions -------------------------------------------------------------------------
@@ -451,7 +464,8 @@ class EvaluationPaths:
         # built in eval mode (``Net().eval()``, ``from_pretrained``, ``load_model()`` returning ``model.eval()``)
         # and never put back into training mode
         built_eval = call.eval_chain or (call.origin_func and any(
-            s.returns_eval for s in self.functions.get(call.origin_func, ())))
+            s.returns_eval for s in self.functions.get(call.origin_func, ()))) or (call.unpacked_from and any(
+                call.unpacked_from[1] in s.returns_eval_at for s in self.functions.get(call.unpacked_from[0], ())))
         if built_eval and not self.trained_again(call):
             return True
         if call.cls is not None and any(covers(k, a) for k in self.class_evals.get(call.cls, ()) for a in call.aliases):

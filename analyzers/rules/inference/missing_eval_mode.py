@@ -108,6 +108,11 @@ class MissingEvalMode(_InferencePathRule):
         # a class picked from a registry and built: construction, no forward pass
         Valid("import torch\nfrom detectors import factory\ndef test(opt):\n    Detector = factory[opt.task]\n"
               "    with torch.no_grad():\n        detector = Detector(opt)\n"),
+        # a loader of this file returns the pretrained model (in eval mode) as one item of a tuple
+        Valid("import torch\nfrom transformers import CLIPTextModel, CLIPTokenizer\ndef load_clip(name):\n"
+              "    text_model = CLIPTextModel.from_pretrained(name)\n    tokenizer = CLIPTokenizer.from_pretrained(name)\n"
+              "    return tokenizer, text_model\ndef evaluate(prompts):\n    tokenizer, text_model = load_clip('clip')\n"
+              "    with torch.no_grad():\n        for p in prompts:\n            text_model(**tokenizer(p))\n"),
         # built in eval mode here; the train() elsewhere is another function's model
         Valid("import torch\ndef train(loader):\n    model = make_net()\n    model.train()\n"
               "def test(loader):\n    model = make_net().eval()\n    with torch.no_grad():\n        for x in loader:\n"
