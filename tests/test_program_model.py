@@ -788,3 +788,39 @@ def test_a_tuple_item_a_loader_returns_in_eval_mode_keeps_its_mode_where_it_is_u
     """
     # the pretrained encoder comes back in eval mode; the decoder, built by a class we cannot see, may not
     assert _evaluation_findings(code) == [("TR201", 13)]
+
+
+def test_a_wrapper_whose_constructor_puts_the_wrapped_module_in_eval_mode_is_built_in_eval_mode(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "wrappers.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        class FrozenFeatures(nn.Module):
+            def __init__(self, backbone):
+                super().__init__()
+                self.backbone = backbone
+                self.drop = nn.Dropout(0.1)
+                self.backbone.eval()
+        class TrainableFeatures(nn.Module):
+            def __init__(self, backbone):
+                super().__init__()
+                self.backbone = backbone
+                self.drop = nn.Dropout(0.1)
+                self.backbone.eval()
+                self.backbone.train()
+    """))
+    script = tmp_path / "probe.py"
+    code = textwrap.dedent("""
+        import torch
+        from wrappers import FrozenFeatures, TrainableFeatures
+        def evaluate(backbone, loader):
+            frozen_model = FrozenFeatures(backbone)
+            trainable_model = TrainableFeatures(backbone)
+            with torch.no_grad():
+                for x in loader:
+                    frozen_model(x)
+                    trainable_model(x)
+    """)
+    script.write_text(code)
+    rules = [r for r in all_rules() if r.id == "TR201"]
+    result = analyze_source(code, str(script), rules=rules, repository=index_for(script))
+    assert [(f.rule, f.line) for f in result.findings] == [("TR201", 10)]

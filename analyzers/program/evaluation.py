@@ -342,7 +342,8 @@ class EvaluationPaths:
         origin = ctx.origin(target)
         built = built_module(ctx, origin)
         constructed = built is not None and built.model
-        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin)
+        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin) or \
+            constructor_evaluates(ctx, origin)
         if not (name_like or constructed):
             return
         if isinstance(origin, (cst.Lambda,)) or names_a_class(ctx, target) or hands_a_model(ctx, node):
@@ -517,6 +518,17 @@ def synthetic_input(call: cst.Call, ctx: FileContext) -> bool:
             bound = bound.previous
         value = bound.value if bound is not None and bound.kind == "assign" else None
     return isinstance(value, cst.Call) and ctx.call_name(value) in SYNTHETIC
+
+
+def constructor_evaluates(ctx: FileContext, origin: Optional[cst.BaseExpression]) -> bool:
+    """``Wrapper(backbone)`` of a repository class whose ``__init__`` puts what it holds in eval mode."""
+    if not isinstance(origin, cst.Call) or not isinstance(origin.func, (cst.Name, cst.Attribute)):
+        return False
+    name = dotted_name(origin.func)
+    if not name or not name.rsplit(".", 1)[-1][:1].isupper():
+        return False
+    found = ctx.facts(ModuleFacts).find_class(name)
+    return found is not None and found.init_evaluates
 
 
 def defines_method(cls: cst.ClassDef, name: str) -> bool:

@@ -113,6 +113,11 @@ class MissingEvalMode(_InferencePathRule):
               "    text_model = CLIPTextModel.from_pretrained(name)\n    tokenizer = CLIPTokenizer.from_pretrained(name)\n"
               "    return tokenizer, text_model\ndef evaluate(prompts):\n    tokenizer, text_model = load_clip('clip')\n"
               "    with torch.no_grad():\n        for p in prompts:\n            text_model(**tokenizer(p))\n"),
+        # the wrapper's constructor puts the wrapped module in eval mode
+        Valid("import torch\nimport torch.nn as nn\nclass Frozen(nn.Module):\n    def __init__(self, backbone):\n"
+              "        super().__init__()\n        self.backbone = backbone\n        self.drop = nn.Dropout(0.1)\n"
+              "        self.backbone.eval()\ndef evaluate(backbone, loader):\n    feature_model = Frozen(backbone)\n"
+              "    with torch.no_grad():\n        for x in loader:\n            feature_model(x)\n"),
         # built in eval mode here; the train() elsewhere is another function's model
         Valid("import torch\ndef train(loader):\n    model = make_net()\n    model.train()\n"
               "def test(loader):\n    model = make_net().eval()\n    with torch.no_grad():\n        for x in loader:\n"
