@@ -733,6 +733,12 @@ def test_what_runs_on_an_evaluation_path_is_a_module_only_on_evidence():
         def fit(net, loader):
             return evaluate_accuracy(loader, net)
         fit(affine, val_loader)
+        import helpers
+        def validate(loader):
+            net = helpers.linreg
+            with torch.no_grad():
+                for x in loader:
+                    net(x)
         def evaluate(opt, loader):
             Detector = factories[opt.kind]
             with torch.no_grad():

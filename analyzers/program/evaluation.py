@@ -340,6 +340,9 @@ class EvaluationPaths:
                 return
         name_like = name_is_model_like(model)
         origin = ctx.origin(target)
+        if origin is not target and isinstance(origin, (cst.Name, cst.Attribute)) and \
+                ctx.imports.names.get((dotted_name(origin) or "").split(".", 1)[0]) is not None:
+            return  # ``net = d2l.linreg``: what an import names is a function or a class, as when called directly
         built = built_module(ctx, origin)
         constructed = built is not None and built.model
         eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin) or \

@@ -118,6 +118,9 @@ class MissingEvalMode(_InferencePathRule):
               "        super().__init__()\n        self.backbone = backbone\n        self.drop = nn.Dropout(0.1)\n"
               "        self.backbone.eval()\ndef evaluate(backbone, loader):\n    feature_model = Frozen(backbone)\n"
               "    with torch.no_grad():\n        for x in loader:\n            feature_model(x)\n"),
+        # a name given what an import names (a function of a helper module), as when it is called directly
+        Valid("import torch\nimport helpers\ndef evaluate(loader):\n    net, loss = helpers.linreg, helpers.squared_loss\n"
+              "    with torch.no_grad():\n        for x, y in loader:\n            loss(net(x), y)\n"),
         # built in eval mode here; the train() elsewhere is another function's model
         Valid("import torch\ndef train(loader):\n    model = make_net()\n    model.train()\n"
               "def test(loader):\n    model = make_net().eval()\n    with torch.no_grad():\n        for x in loader:\n"
