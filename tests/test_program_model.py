@@ -704,3 +704,129 @@ def test_only_torch_calls_forward_passes_and_passing_builtins_are_known_to_retur
     calls = {t.targets[0].target.value: t.value for t in subtree(ctx.module) if isinstance(t, cst.Assign)}
     known = {name: returns_tensor_of_args(call, ctx) for name, call in calls.items() if name != "criterion"}
     assert known == {"a": True, "b": True, "c": True, "d": False, "e": False, "f": False}
+
+
+def _evaluation_findings(code: str) -> list[tuple[str, int]]:
+    rules = [r for r in all_rules() if r.id in ("TR201", "TR202")]
+    result = analyze_source(textwrap.dedent(code), "example.py", rules=rules)
+    return sorted((f.rule, f.line) for f in result.findings)
+
+
+def test_what_runs_on_an_evaluation_path_is_a_module_only_on_evidence():
+    # a method of the class, a class picked from a registry we cannot see, a parameter that every caller
+    # fills with a plain function: none of them is a module with a mode
+    assert _evaluation_findings("""
+        import torch
+        from registry import factories
+        class Runner:
+            def reload_model(self, step):
+                self.step = step
+            def test(self, loader):
+                with torch.no_grad():
+                    for x in loader:
+                        self.reload_model(x)
+        def affine(X):
+            return X @ W + b
+        def evaluate_accuracy(loader, net):
+            with torch.no_grad():
+                return sum((net(x).argmax(1) == y).sum() for x, y in loader)
+        def fit(net, loader):
+            return evaluate_accuracy(loader, net)
+        fit(affine, val_loader)
+        import helpers
+        def validate(loader):
+            net = helpers.linreg
+            with torch.no_grad():
+                for x in loader:
+                    net(x)
+        def evaluate(opt, loader):
+            Detector = factories[opt.kind]
+            with torch.no_grad():
+                detector = Detector(opt)
+    """) == []
+    # the same parameter given a module by one caller is a model again
+    found = _evaluation_findings("""
+        import torch
+        import torch.nn as nn
+        def affine(X):
+            return X
+        def evaluate_accuracy(loader, net):
+            with torch.no_grad():
+                return sum((net(x).argmax(1) == y).sum() for x, y in loader)
+        evaluate_accuracy(val_loader, affine)
+        evaluate_accuracy(val_loader, nn.Sequential(nn.Linear(2, 2), nn.Dropout()))
+    """)
+    assert ("TR201", 8) in found
+
+
+def test_an_eval_chained_on_construction_holds_against_train_on_another_functions_binding():
+    code = """
+        import torch
+        def train(loader):
+            model = Net()
+            model.train()
+        def test(loader):
+            model = make_net().eval()
+            with torch.no_grad():
+                for x in loader:
+                    model(x)
+    """
+    assert _evaluation_findings(code) == []
+    # train() in the same function does undo it
+    assert ("TR201", 11) in _evaluation_findings(code.replace("model = make_net().eval()",
+                                                             "model = make_net().eval()\n            model.train()"))
+
+
+def test_a_tuple_item_a_loader_returns_in_eval_mode_keeps_its_mode_where_it_is_unpacked():
+    code = """
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        def load_pair(name):
+            encoder = AutoModel.from_pretrained(name)
+            decoder = Decoder()
+            return AutoTokenizer.from_pretrained(name), encoder, decoder
+        def evaluate(texts):
+            tokenizer, encoder, decoder = load_pair("m")
+            with torch.no_grad():
+                for text in texts:
+                    encoder(**tokenizer(text))
+                    decoder(text)
+    """
+    # the pretrained encoder comes back in eval mode; the decoder, built by a class we cannot see, may not
+    assert _evaluation_findings(code) == [("TR201", 13)]
+
+
+def test_a_wrapper_whose_constructor_puts_the_wrapped_module_in_eval_mode_is_built_in_eval_mode(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "wrappers.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+        class FrozenFeatures(nn.Module):
+            def __init__(self, backbone):
+                super().__init__()
+                self.backbone = backbone
+                self.drop = nn.Dropout(0.1)
+                self.backbone.eval()
+        class TrainableFeatures(nn.Module):
+            def __init__(self, backbone):
+                super().__init__()
+                self.backbone = backbone
+                self.drop = nn.Dropout(0.1)
+                self.backbone.eval()
+                self.backbone.train()
+    """))
+    script = tmp_path / "probe.py"
+    code = textwrap.dedent("""
+        import torch
+        from wrappers import FrozenFeatures, TrainableFeatures
+        def evaluate(backbone, loader):
+            frozen_model = FrozenFeatures(backbone)
+            trainable_model = TrainableFeatures(backbone)
+            with torch.no_grad():
+                for x in loader:
+                    frozen_model(x)
+                    trainable_model(x)
+    """)
+    script.write_text(code)
+    rules = [r for r in all_rules() if r.id == "TR201"]
+    result = analyze_source(code, str(script), rules=rules, repository=index_for(script))
+    assert [(f.rule, f.line) for f in result.findings] == [("TR201", 10)]

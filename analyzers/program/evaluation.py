@@ -50,7 +50,7 @@ def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
 
 class FnState:
     __slots__ = ("node", "name", "eval_named", "skip", "evals", "nograd_dec", "grad_off", "has_backward",
-                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval")
+                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval", "returns_eval_at")
 
     def __init__(self, node: Optional[cst.FunctionDef], name: str, cls: Optional[cst.ClassDef]) -> None:
         self.node = node
@@ -66,6 +66,7 @@ class FnState:
         self.cls = cls
         self.returns_eval = False  # ``return model.eval()`` / eval() before a return: a loader of eval models
         self.leaves_eval = False  # still has something in eval mode when it ends
+        self.returns_eval_at: set[int] = set()  # ``return text_model, tokenizer``: the tuple items in eval mode
 
 
 class ValLoop:
@@ -79,7 +80,7 @@ class ValLoop:
 
 class ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain", "origin_func", "after_eval")
+                 "eval_chain", "origin_func", "after_eval", "unpacked_from")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -87,13 +88,16 @@ class ModelCall:
 
 
 class CallSite:
-    __slots__ = ("name", "caller", "evaled", "nograd")
+    __slots__ = ("name", "caller", "evaled", "nograd", "functions")
 
-    def __init__(self, name: str, caller: FnState, evaled: bool, nograd: bool) -> None:
+    def __init__(self, name: str, caller: FnState, evaled: bool, nograd: bool,
+                 functions: tuple = ()) -> None:
         self.name = name
         self.caller = caller
         self.evaled = evaled
         self.nograd = nograd
+        # per positional argument: "def" (a plain function), the caller's parameter it passes on, or None
+        self.functions = functions
 
 
 def covers(evaled: str, model: str) -> bool:
@@ -114,6 +118,7 @@ class EvaluationPaths:
         self.class_evals: dict[cst.ClassDef, set[str]] = {}
         self.module_evals: set[str] = set()
         self.trained: set[str] = set()  # receivers of an explicit .train() anywhere in the file
+        self.trained_in: dict[str, list[FnState]] = {}  # the functions that call it
         self.skipped_classes: dict[cst.ClassDef, bool] = {}
         self.test_file = is_test_code(ctx)
         self._memo: dict[tuple, bool] = {}
@@ -140,12 +145,20 @@ class EvaluationPaths:
         state = self.stack.pop()
         state.leaves_eval = any(state.evals.values())
 
-    def on_return(self, node: cst.Return) -> None:
+    def on_return(self, node: cst.Return, ctx: FileContext) -> None:
         state = self.stack[-1]
         if state.node is None or node.value is None:
             return
         if any(state.evals.values()) or has_eval_chain(node.value):
             state.returns_eval = True
+        if isinstance(node.value, cst.Tuple):
+            for index, element in enumerate(node.value.elements):
+                name = dotted_name(element.value) if isinstance(element.value, (cst.Name, cst.Attribute)) else None
+                origin = ctx.origin(element.value) if name else element.value
+                built = built_module(ctx, origin)
+                if (built is not None and built.eval_mode) or has_eval_chain(origin) or \
+                        (name and any(v and covers(k, name) for k, v in state.evals.items())):
+                    state.returns_eval_at.add(index)
 
     def _framework_class(self, cls: cst.ClassDef, ctx: FileContext) -> bool:
         """Lightning modules and HF Trainers put the model in eval mode themselves."""
@@ -206,6 +219,7 @@ class EvaluationPaths:
                 self.class_evals.setdefault(ctx.class_def, set()).add(receiver)
             return
         self.trained.add(receiver)
+        self.trained_in.setdefault(receiver, []).append(state)
         # model.train(): only an unconditional one undoes an earlier eval()
         for ancestor in ctx.ancestors(call):
             if isinstance(ancestor, (cst.If, cst.Else, cst.Try, cst.ExceptHandler, cst.Match, cst.IfExp)):
@@ -263,7 +277,8 @@ class EvaluationPaths:
             for target in targets or ["*"]:
                 self._record_eval(target, True, ctx, node)
             return
-        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any(), self.nograd_now()))
+        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any(), self.nograd_now(),
+                                                          _function_arguments(node, ctx, state)))
         defined = self.functions.get(callee)
         if defined and any(s.leaves_eval for s in defined if s.node is not None and s not in self.stack):
             # a helper defined above that leaves its argument in eval mode (evaluate(model) without train())
@@ -325,9 +340,13 @@ class EvaluationPaths:
                 return
         name_like = name_is_model_like(model)
         origin = ctx.origin(target)
+        if origin is not target and isinstance(origin, (cst.Name, cst.Attribute)) and \
+                ctx.imports.names.get((dotted_name(origin) or "").split(".", 1)[0]) is not None:
+            return  # ``net = d2l.linreg``: what an import names is a function or a class, as when called directly
         built = built_module(ctx, origin)
         constructed = built is not None and built.model
-        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin)
+        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin) or \
+            constructor_evaluates(ctx, origin)
         if not (name_like or constructed):
             return
         if isinstance(origin, (cst.Lambda,)) or names_a_class(ctx, target) or hands_a_model(ctx, node):
@@ -337,6 +356,8 @@ class EvaluationPaths:
         if shape_check(node, target, ctx):
             return
         cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)
+        if cls is not None and model.count(".") == 1 and head == "self" and defines_method(cls, model[5:]):
+            return  # ``self.restore_model(step)``: a method of this class, not a module held by it
         if head == "self" and cls is not None and (ctx.is_module_subclass(cls) or any(
                 ctx.facts(ModuleFacts).is_module_class(base) for base in
                 (dotted_name(b.value) for b in cls.bases) if base)):
@@ -352,12 +373,16 @@ class EvaluationPaths:
             # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
             # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)
             return
+        binding = ctx.binding(model) if isinstance(target, cst.Name) else None
+        unpacked = binding.unpacked_from if binding is not None else None
         self.model_calls.append(ModelCall(
             node=node, model=model, aliases=aliases, stack=tuple(self.stack),
             loop=self.stack[-1].val_loops[-1] if self.stack[-1].val_loops else None,
             eval_local=eval_local, nograd_local=self.nograd_now(), cls=cls,
             is_global=head != "self" and not bound_locally(head, ctx), eval_chain=eval_chain,
             origin_func=origin_func(origin), after_eval=not in_path,
+            # ``text_model, tokenizer = load_pair()``: the function and the item of the tuple it returns
+            unpacked_from=(method_name(unpacked), binding.element) if isinstance(unpacked, cst.Call) else None,
         ))
 
     # ---- decisions -------------------------------------------------------------------------
@@ -395,14 +420,57 @@ class EvaluationPaths:
         self._memo[key] = result
         return result
 
+    def only_functions(self, state: FnState, parameter: str, visiting: Optional[set] = None) -> bool:
+        """Every call site of ``state``'s function in this file passes a plain function (``def net(X)``) as
+        ``parameter``, itself or through a parameter of its caller that only ever gets one. A site that
+        passes anything else, or no site at all, leaves the question open."""
+        if state.node is None:
+            return False
+        params = [p.name.value for p in state.node.params.params]
+        if parameter not in params:
+            return False
+        index = params.index(parameter) - (1 if state.cls is not None and params[:1] == ["self"] else 0)
+        visiting = visiting or set()
+        if (id(state), parameter) in visiting:
+            return False
+        visiting.add((id(state), parameter))
+        sites = [site for site in self.sites.get(state.name, ()) if site.caller is not state]
+        if not sites or index < 0:
+            return False
+        for site in sites:
+            passed = site.functions[index] if index < len(site.functions) else None
+            if passed == "def":
+                continue
+            if passed is None or not self.only_functions(site.caller, passed, visiting):
+                return False
+        return True
+
+    def runs_a_function(self, call: ModelCall) -> bool:
+        """The called name is a parameter that every call site fills with a plain function: no module, no mode."""
+        if "." in call.model:
+            return False
+        scope = next((s for s in reversed(call.stack) if s.node is not None), None)
+        return scope is not None and self.only_functions(scope, call.model)
+
+    def trained_again(self, call: ModelCall) -> bool:
+        """``.train()`` on the model after it was built in eval mode: for a name bound in the calling function,
+        only a ``train()`` in that function (another function's ``model`` is another binding)."""
+        for trained, states in self.trained_in.items():
+            if trained == "self" or not any(covers(trained, a) for a in call.aliases):
+                continue
+            if call.is_global or trained.startswith("self.") or any(s in call.stack for s in states):
+                return True
+        return False
+
     def eval_covered(self, call: ModelCall) -> bool:
         if call.eval_local:
             return True
         # built in eval mode (``Net().eval()``, ``from_pretrained``, ``load_model()`` returning ``model.eval()``)
-        # and never put back into training mode in this file
+        # and never put back into training mode
         built_eval = call.eval_chain or (call.origin_func and any(
-            s.returns_eval for s in self.functions.get(call.origin_func, ())))
-        if built_eval and not any(covers(t, a) and t != "self" for t in self.trained for a in call.aliases):
+            s.returns_eval for s in self.functions.get(call.origin_func, ()))) or (call.unpacked_from and any(
+                call.unpacked_from[1] in s.returns_eval_at for s in self.functions.get(call.unpacked_from[0], ())))
+        if built_eval and not self.trained_again(call):
             return True
         if call.cls is not None and any(covers(k, a) for k in self.class_evals.get(call.cls, ()) for a in call.aliases):
             return True
@@ -453,6 +521,42 @@ def synthetic_input(call: cst.Call, ctx: FileContext) -> bool:
             bound = bound.previous
         value = bound.value if bound is not None and bound.kind == "assign" else None
     return isinstance(value, cst.Call) and ctx.call_name(value) in SYNTHETIC
+
+
+def constructor_evaluates(ctx: FileContext, origin: Optional[cst.BaseExpression]) -> bool:
+    """``Wrapper(backbone)`` of a repository class whose ``__init__`` puts what it holds in eval mode."""
+    if not isinstance(origin, cst.Call) or not isinstance(origin.func, (cst.Name, cst.Attribute)):
+        return False
+    name = dotted_name(origin.func)
+    if not name or not name.rsplit(".", 1)[-1][:1].isupper():
+        return False
+    found = ctx.facts(ModuleFacts).find_class(name)
+    return found is not None and found.init_evaluates
+
+
+def defines_method(cls: cst.ClassDef, name: str) -> bool:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    return any(isinstance(stmt, cst.FunctionDef) and stmt.name.value == name for stmt in body)
+
+
+def _function_arguments(call: cst.Call, ctx: FileContext, state: FnState) -> tuple:
+    """What each positional argument of ``call`` is, as far as a model question needs: ``"def"`` for a name
+    bound by ``def`` (a plain function), the name of the caller's parameter it passes on, else None."""
+    if not call.args or any(a.keyword is not None or a.star for a in call.args):
+        return ()
+    params = {p.name.value for p in state.node.params.params} if state.node is not None else set()
+    kinds = []
+    for arg in call.args:
+        value = arg.value
+        kind = None
+        if isinstance(value, cst.Name):
+            binding = ctx.binding(value.value)
+            if binding is not None and binding.kind == "def":
+                kind = "def"
+            elif value.value in params:
+                kind = value.value
+        kinds.append(kind)
+    return tuple(kinds)
 
 
 def bound_locally(head: str, ctx: FileContext) -> bool:

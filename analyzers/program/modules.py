@@ -93,6 +93,9 @@ class ClassSummary:
     has_forward: bool = False
     functional_dropout: bool = False  # F.dropout in forward
     features: set[str] = field(default_factory=set)  # dropout | batchnorm | recurrent | transformer
+    # ``__init__`` puts the instance or a module it holds in eval mode (``self.backbone.eval()``) and never
+    # back: a wrapper built for inference
+    init_evaluates: bool = False
 
     @property
     def changes_in_eval(self) -> bool:
@@ -330,6 +333,25 @@ def summarize(source: str, path: str) -> FileSummary:
     return summary
 
 
+def _evaluates_itself(init: ast.FunctionDef) -> bool:
+    """``self.eval()`` / ``self.model.eval()`` (or ``.train(False)``) in a constructor, and no other
+    ``train(...)`` on ``self`` there."""
+    evaluated = False
+    for node in ast.walk(init):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        target = _dotted(node.func.value) or ""
+        if target.split(".", 1)[0] != "self":
+            continue
+        mode = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if node.func.attr == "eval" and not node.args and not node.keywords or (
+                node.func.attr == "train" and isinstance(mode, ast.Constant) and mode.value is False):
+            evaluated = True
+        elif node.func.attr == "train":
+            return False
+    return evaluated
+
+
 def _leaves_in_eval(fn: ast.FunctionDef) -> list[str]:
     """The parameters (or their attributes: ``model.encoder``) ``fn`` puts in eval mode (``.eval()``,
     ``.train(False)``) without switching them back: no other ``.train(...)`` call on them in ``fn``."""
@@ -440,6 +462,7 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
     methods = {item.name: item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
     init = methods.get("__init__")
     if init is not None:
+        cls.init_evaluates = _evaluates_itself(init)
         appended = _appended_layers(_walk(ast.Module(body=init.body, type_ignores=[])))
         local_layers: dict[str, ast.AST] = {}
         for stmt in _walk(init):

@@ -222,6 +222,11 @@ def names_a_class(ctx: FileContext, expr: cst.BaseExpression) -> bool:
     if not isinstance(origin, cst.Subscript):
         return False
     container = _value_of(ctx, origin.value)
+    if not isinstance(container, (cst.Dict, cst.List, cst.Tuple)):
+        # a registry we cannot see (``Detector = detector_factory[task]``): the CapWords name the pick is given
+        # is PEP 8's spelling of a class, and an instance would not be picked out of a container of classes
+        name = expr.value if isinstance(expr, cst.Name) else ""
+        return name[:1].isupper() and any(c.islower() for c in name)
     if isinstance(container, cst.Dict):
         items = [element.value for element in container.elements if isinstance(element, cst.DictElement)]
     elif isinstance(container, (cst.List, cst.Tuple)):

@@ -68,7 +68,7 @@ class InferencePathRule(Rule):
 
     def visit_Return(self, node: cst.Return, ctx: FileContext) -> None:
         if self._owner:
-            self.facts.on_return(node)
+            self.facts.on_return(node, ctx)
 
     def end_file(self, ctx: FileContext) -> None:
         seen: set[tuple] = set()

@@ -99,6 +99,32 @@ class MissingEvalMode(_InferencePathRule):
         Valid("import torch\nfrom zoo import GCN, GIN\nMODELS = {'gcn': GCN, 'gin': GIN}\n"
               "@torch.no_grad()\ndef run_inference(name, data):\n    Model = MODELS[name]\n"
               "    model = Model(data, 3).eval()\n    return model(data)\n"),
+        # a method of the class that loads weights is no module
+        Valid("import torch\nclass Solver:\n    def reload_model(self, step):\n        self.step = step\n"
+              "    def test(self):\n        with torch.no_grad():\n            self.reload_model(self.test_iters)\n"),
+        # every caller hands a plain function: no module, no mode
+        Valid("import torch\ndef net(X):\n    return X @ W\ndef evaluate_accuracy(loader, net):\n"
+              "    with torch.no_grad():\n        return [net(x) for x, y in loader]\nevaluate_accuracy(test_loader, net)\n"),
+        # a class picked from a registry and built: construction, no forward pass
+        Valid("import torch\nfrom detectors import factory\ndef test(opt):\n    Detector = factory[opt.task]\n"
+              "    with torch.no_grad():\n        detector = Detector(opt)\n"),
+        # a loader of this file returns the pretrained model (in eval mode) as one item of a tuple
+        Valid("import torch\nfrom transformers import CLIPTextModel, CLIPTokenizer\ndef load_clip(name):\n"
+              "    text_model = CLIPTextModel.from_pretrained(name)\n    tokenizer = CLIPTokenizer.from_pretrained(name)\n"
+              "    return tokenizer, text_model\ndef evaluate(prompts):\n    tokenizer, text_model = load_clip('clip')\n"
+              "    with torch.no_grad():\n        for p in prompts:\n            text_model(**tokenizer(p))\n"),
+        # the wrapper's constructor puts the wrapped module in eval mode
+        Valid("import torch\nimport torch.nn as nn\nclass Frozen(nn.Module):\n    def __init__(self, backbone):\n"
+              "        super().__init__()\n        self.backbone = backbone\n        self.drop = nn.Dropout(0.1)\n"
+              "        self.backbone.eval()\ndef evaluate(backbone, loader):\n    feature_model = Frozen(backbone)\n"
+              "    with torch.no_grad():\n        for x in loader:\n            feature_model(x)\n"),
+        # a name given what an import names (a function of a helper module), as when it is called directly
+        Valid("import torch\nimport helpers\ndef evaluate(loader):\n    net, loss = helpers.linreg, helpers.squared_loss\n"
+              "    with torch.no_grad():\n        for x, y in loader:\n            loss(net(x), y)\n"),
+        # built in eval mode here; the train() elsewhere is another function's model
+        Valid("import torch\ndef train(loader):\n    model = make_net()\n    model.train()\n"
+              "def test(loader):\n    model = make_net().eval()\n    with torch.no_grad():\n        for x in loader:\n"
+              "            model(x)\n"),
     ]
     INVALID = [
         Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"
@@ -121,7 +147,7 @@ class MissingEvalMode(_InferencePathRule):
     ]
 
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
-        if self.facts.eval_covered(call):
+        if self.facts.eval_covered(call) or self.facts.runs_a_function(call):
             return None
         if _DOTTED.match(call.model) and not changes_in_eval(self.ctx, cst.parse_expression(call.model), call.node):
             return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
