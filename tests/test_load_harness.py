@@ -34,9 +34,18 @@ def storm(tmp_path_factory):
     return outcome
 
 
+def _worker_lines_about(storm, problems: list[str], limit: int = 60) -> str:
+    """The workers' log lines that name a pull request a problem names, and the faults around them: what the
+    next person needs when a rare interleaving of faults loses a head (the storm's folder is gone by then)."""
+    names = {problem.split(":", 1)[0] for problem in problems if "#" in problem.split(":", 1)[0]}
+    lines = [line for line in storm.logs.splitlines() if any(name in line for name in names)]
+    faults = [f"{at - storm.burst_started:.1f}s {event}" for at, event in storm.events]
+    return "\n".join(["", "worker log lines about them:", *lines[-limit:], "faults:", *faults])
+
+
 def test_the_app_holds_through_a_small_storm(storm):
     problems = load.check(storm)
-    assert problems == [], "\n".join(problems)
+    assert problems == [], "\n".join(problems) + _worker_lines_about(storm, problems)
     figures = load.figures(storm)
     faults = " ".join(figures["faults"])
     assert faults.count("worker SIGKILLed") == 1 and faults.count("redis restarted") == 1
