@@ -1,4 +1,4 @@
-"""A training loop written as a script: nanoGPT's ``while True: ... loss.backward(); optimizer.step()`` at module
+"""A training loop written as a script: ``while True: ... loss.backward(); optimizer.step()`` at module
 level, under ``if __name__ == "__main__":``, or in a ``main()`` that builds its own model. The runner runs the
 script's own setup (the statements before the loop: settings, data, model, optimizer), then the loop, bounded to a
 few optimizer steps, inside the sandbox, with the step checks of ``gpu_runner.steps`` on what the loop trains.

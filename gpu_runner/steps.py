@@ -51,6 +51,7 @@ from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_
                               guess_argument, import_with_stand_ins)
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.guess import config_attributes as guess_config_attributes
+from gpu_runner.guess import config_candidates
 from gpu_runner.subject import CheckResult, Subject, TargetReport
 from gpu_runner.targets import (SCRIPT_STEP, _dotted, builds_its_own_model, find_targets, global_reads,
                                module_level_names, module_name_for_path, parse_target_spec)
@@ -478,20 +479,22 @@ def _config_namespace(function: Callable, name: str, values: dict, given: Option
 
 
 def _default_config_of_owner(function: Callable) -> dict:
-    """The fields of ``Owner.get_default_config()`` when ``function`` is a method of a class that says what its
-    config holds (minGPT's ``Trainer``: ``weight_decay``, ``betas``...), shrunk as a script's settings are."""
+    """The fields of the config the repository makes for ``function``'s class when it is a method (the class's
+    ``get_default_config()`` or a config class of its module, as models' configs are found), shrunk as a
+    script's settings are."""
     from gpu_runner.script_steps import shrunk_setting
 
     module = inspect.getmodule(function)
     owner = getattr(module, function.__qualname__.split(".")[0], None) if "." in function.__qualname__ else None
-    maker = getattr(owner, "get_default_config", None) if inspect.isclass(owner) else None
-    if not callable(maker):
+    if not inspect.isclass(owner) or module is None:
         return {}
-    try:
-        fields = guess_config_attributes(maker())
-    except Exception:  # noqa: BLE001 - the repository's own factory: without it, the fields are guessed
-        return {}
-    return {key: shrunk_setting(key, value, fields, "cpu", []) for key, value in fields.items()}
+    for _, make in config_candidates(owner, module)[:1]:
+        try:
+            fields = guess_config_attributes(make())
+        except Exception:  # noqa: BLE001 - the repository's own factory: without it, the fields are guessed
+            return {}
+        return {key: shrunk_setting(key, value, fields, "cpu", []) for key, value in fields.items()}
+    return {}
 
 
 class _Settings(types.SimpleNamespace):
@@ -573,7 +576,7 @@ _DATASET_NAMES = re.compile(r"(\w+_)?(dataset|ds)")
 
 
 def _builds_its_own_loader(function: Callable, name: str) -> bool:
-    """A ``train_dataset`` that the function (or, for a method, its class: minGPT's ``Trainer``) hands to a
+    """A ``train_dataset`` that the function (or, for a method, its class: a trainer class) hands to a
     ``DataLoader`` it makes itself: it takes a data set, not a loader."""
     if not _DATASET_NAMES.fullmatch(name.lower()):
         return False
@@ -1536,7 +1539,7 @@ MAX_CALLER_FILES = 400  # files read when looking for the users of a step's modu
 
 def _model_of_callers(code_root: Path, path: str) -> Optional[str]:
     """The model of a file that imports the step's module (``main.py`` defining ``Net`` and calling ``from train
-    import train_epoch``; ``chargpt.py`` building ``GPT(...)`` for ``from mingpt.trainer import Trainer``): the model
+    import train_epoch``; ``demo.py`` building ``Model(...)`` for ``from pkg.trainer import Trainer``): the model
     the step is given. Files beside the step's come first."""
     step_file = (code_root / path).resolve()
     dotted = module_name_for_path(path)

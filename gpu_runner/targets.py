@@ -233,7 +233,7 @@ def find_step_targets(sources: dict[str, str], changed_lines: dict[str, Optional
         script_names = module_level_names(tree)
         candidates = [c for node in tree.body for c in _step_candidates(node, script_names)]
         chain = training_loop_chain(tree.body)
-        if chain:  # the script's own loop (nanoGPT's ``while True: ... loss.backward() ... optimizer.step()``)
+        if chain:  # the script's own loop (``while True: ... loss.backward() ... optimizer.step()`` at module level)
             loop = chain[-1]
             candidates.append((SCRIPT_STEP, (loop.lineno, loop.end_lineno or loop.lineno), loop))
         for name, span, candidate in candidates:
