@@ -123,15 +123,35 @@ def _has_check_run(job) -> bool:
     return command is not None and command.name == "review"
 
 
+# How long a retry's message is offered to the broker before giving up: through a restart of Redis (a deploy: a
+# second or a few away), as the store's commands are (bot.store.RedisStore). Celery's default gives up after about
+# half a second of refused connections.
+RETRY_PUBLISH_POLICY = {"max_retries": 12, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 1.0}
+
+
 def _again(task, request: dict, failures: int, countdown: float, max_retries: int, reason: str, exc=None):
     """Re-queue the job; ``failures`` (GitHub or Redis errors in a row) rides along with it, so that waits
     for a lock or the write budget neither lengthen the back-off nor use up the failures allowed.
-    ``reason``: one of bot.metrics.RETRY_REASONS, counted."""
+    ``reason``: one of bot.metrics.RETRY_REASONS, counted.
+
+    A retry is a new message published, then the one held acknowledged. When the broker refuses the new one
+    (Redis away longer than ``RETRY_PUBLISH_POLICY`` rides out), Celery rejects the held message *without*
+    requeueing it, and the job is gone for good (a head never reviewed, although its delivery was acknowledged).
+    The held message is put back instead: it runs again at once, or, if the broker is still away when the worker
+    hands it back, after the visibility timeout (it stays in Redis's unacknowledged set until then)."""
+    from celery.exceptions import Reject
+
     from bot import metrics
 
     metrics.JOB_RETRIES.labels(kind=request.get("kind") or "review", reason=reason).inc()
-    return task.retry(args=[request], kwargs={"failures": failures}, countdown=min(countdown, longest_countdown()),
-                      max_retries=max_retries, exc=exc)
+    try:
+        return task.retry(args=[request], kwargs={"failures": failures}, countdown=min(countdown, longest_countdown()),
+                          max_retries=max_retries, exc=exc, retry_policy=RETRY_PUBLISH_POLICY)
+    except Reject as refused:
+        log.warning("%s %s#%s: the broker refused its retry (%s); put back on the queue as it was",
+                    request.get("kind") or "review", request.get("repository"), request.get("pull_number"),
+                    refused.reason)
+        raise Reject(refused.reason, requeue=True) from None
 
 
 def _transient(exc: BaseException, failures: int):
@@ -140,7 +160,10 @@ def _transient(exc: BaseException, failures: int):
 
     from bot.github_client import TransientGitHubError, backoff, classify
 
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+    from kombu.exceptions import OperationalError
+
+    # Redis as the store, or as the broker a job enqueues on (a smoke job, a base push's reviews): kombu's error
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OperationalError)):
         return TransientGitHubError(f"Redis unavailable: {exc}", backoff(failures), reason="redis")
     return classify(exc, failures)
 

@@ -172,3 +172,40 @@ def test_a_head_recorded_by_an_earlier_version_is_still_read(tmp_path):
     assert _smoke_comment(store, "2026-01-01T10:00:30Z").head_sha == "c" * 40
     _push(store, "d" * 40, "2026-01-01T10:01:00Z")  # the next push replaces it in the new form
     assert _smoke_comment(store, "2026-01-01T10:02:00Z").head_sha == "d" * 40
+
+
+def test_a_retry_the_broker_refuses_puts_the_job_back_instead_of_dropping_it():
+    """Celery publishes a retry as a new message, then acknowledges the held one; when the publish fails (Redis
+    away longer than the publish's own retries) it rejects the held one without requeueing: the job was gone.
+    tests/test_broker_outage.py shows it end to end."""
+    from celery.exceptions import Reject
+    from kombu.exceptions import OperationalError
+
+    from bot.tasks import RETRY_PUBLISH_POLICY, _again
+
+    class Refused:
+        def __init__(self):
+            self.options = None
+
+        def retry(self, **options):
+            self.options = options
+            raise Reject(OperationalError("Error 111 connecting. Connection refused."), requeue=False)
+
+    task = Refused()
+    with pytest.raises(Reject) as put_back:
+        _again(task, {"kind": "review", "repository": "o/r", "pull_number": 2}, 0, 5, 3, "rate_limit")
+    assert put_back.value.requeue is True
+    # and the publish itself rides out a restart of Redis (seconds), not Celery's half second
+    policy = task.options["retry_policy"]
+    assert policy is RETRY_PUBLISH_POLICY and policy["max_retries"] * policy["interval_max"] >= 5
+
+
+def test_the_broker_away_when_a_job_enqueues_another_is_transient():
+    """A review enqueueing its smoke job, a base push enqueueing reviews: kombu's error for a broker it could not
+    reach is Redis away for a moment, not a job failed for good."""
+    from kombu.exceptions import OperationalError
+
+    from bot.tasks import _transient
+
+    transient = _transient(OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused."), 0)
+    assert transient is not None and transient.reason == "redis" and not transient.rate_limited
