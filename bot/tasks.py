@@ -100,6 +100,18 @@ def _alive_here(holder: str) -> bool:
     return True
 
 
+def _mark_started(task, store, request: dict, failures: int) -> int:
+    """``_started``, with Redis away longer than the store's reconnects ride out re-queueing the job (a wait, not
+    one of its failures): raised out of the task, the error failed it, and a failed job is acknowledged, gone."""
+    try:
+        return _started(task, store)
+    except Exception as exc:  # noqa: BLE001 - classified below
+        transient = _transient(exc, failures)
+        if transient is None or transient.reason != "redis":
+            raise
+        raise _again(task, request, failures, transient.delay, task.request.retries + 1, "redis", exc=transient)
+
+
 def _finished(task, store) -> None:
     try:
         store.unlock(_running_key(task), _holder())  # only our own mark: a live run's stays
@@ -177,7 +189,7 @@ def review_pull_request(self, request: dict, failures: int = 0) -> str:
     job = job_from_dict(request)
     _note_redelivery(self, job)
     settings, store, clients = _runtime()
-    losses = _started(self, store)
+    losses = _mark_started(self, store, request, failures)
     if losses >= WORKER_LOSSES_ALLOWED:
         _finished(self, store)
         log.error("review %s#%s: %s", job.repository, job.pull_number, _worker_loss_message(losses))
@@ -222,7 +234,7 @@ def smoke_pull_request(self, request: dict, failures: int = 0) -> str:
     job = job_from_dict(request)  # the same pinned head_sha on every retry: never re-read
     _note_redelivery(self, job)
     settings, store, clients = _runtime()
-    losses = _started(self, store)
+    losses = _mark_started(self, store, request, failures)
     if losses >= WORKER_LOSSES_ALLOWED:
         _finished(self, store)
         log.error("smoke %s#%s: %s", job.repository, job.pull_number, _worker_loss_message(losses))

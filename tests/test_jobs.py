@@ -209,3 +209,28 @@ def test_the_broker_away_when_a_job_enqueues_another_is_transient():
 
     transient = _transient(OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused."), 0)
     assert transient is not None and transient.reason == "redis" and not transient.rate_limited
+
+
+def test_redis_away_when_a_job_starts_re_queues_it():
+    """The job's running mark is its first Redis write: Redis away past the store's reconnects there failed the
+    task, and a failed task is acknowledged, so the job was gone."""
+    import redis
+
+    from bot.tasks import _mark_started
+
+    class Away:
+        def get(self, key):
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    class Task:
+        class request:
+            id, retries = "t1", 3
+
+        def retry(self, **options):
+            self.options = options
+            raise RuntimeError("re-queued")
+
+    task = Task()
+    with pytest.raises(RuntimeError, match="re-queued"):
+        _mark_started(task, Away(), {"kind": "review"}, 2)
+    assert task.options["kwargs"] == {"failures": 2} and task.options["max_retries"] == 4
