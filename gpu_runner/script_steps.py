@@ -510,6 +510,7 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
         return loader_init(self, *args, **kwargs)
 
     scratch = Path(tempfile.mkdtemp(prefix="torchreview_script_"))
+    stand_ins = _RawDataStandIns(notes)
     for entry in script.parent.iterdir():
         with contextlib.suppress(OSError):
             (scratch / entry.name).symlink_to(entry)
@@ -519,7 +520,8 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     torch.utils.data.DataLoader.__init__ = loader_in_process
     os.chdir(scratch)
     try:
-        yield
+        with stand_ins:
+            yield
     finally:
         os.chdir(saved_cwd)
         sys.argv = saved_argv
@@ -531,6 +533,70 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
             notes.append("torch.compile was the identity: the checks are about the model's code")
         if used.get("workers"):
             notes.append("data loaders loaded in the process (num_workers=0)")
+
+
+RAW_DATA_LENGTH = 1 << 15  # elements of a raw data file's stand-in when the code gives no shape
+RAW_TOKEN_BOUND = 64  # integer stand-in values are below it: any vocabulary, class count or index range fits
+
+
+class _RawDataStandIns:
+    """Raw binary data files that are missing (``np.memmap(path, dtype=np.uint16, mode="r")``, ``np.fromfile``):
+    such a file has no header, so its dtype and shape are the code's own (the ``dtype`` and ``shape`` it passes,
+    else one dimension); the runner gives the code an array of that dtype and shape, integers below
+    ``RAW_TOKEN_BOUND`` (token ids, labels) or floats from a normal distribution, and says so in the step's notes.
+    A file that exists is read as the code asks; a file opened for writing is the code's own business."""
+
+    def __init__(self, notes: list):
+        self.notes = notes
+        self.saved: dict = {}
+
+    def __enter__(self):
+        import numpy
+
+        self.numpy = numpy
+        self.saved = {"memmap": numpy.memmap, "fromfile": numpy.fromfile}
+        memmap, fromfile = self.saved["memmap"], self.saved["fromfile"]
+        stand_in = self.stand_in
+
+        class _MemmapOrStandIn(memmap):
+            def __new__(cls, filename, dtype=numpy.uint8, mode="r+", offset=0, shape=None, order="C"):
+                if isinstance(filename, (str, os.PathLike)) and str(mode) in ("r", "r+", "c", "readonly",
+                                                                              "readwrite", "copyonwrite") \
+                        and not os.path.exists(filename):
+                    return stand_in(filename, dtype, shape, "np.memmap")
+                return memmap.__new__(memmap, filename, dtype=dtype, mode=mode, offset=offset, shape=shape,
+                                      order=order)
+
+        def fromfile_or_stand_in(file, dtype=float, count=-1, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and not os.path.exists(file):
+                return stand_in(file, dtype, None if count in (-1, None) else (count,), "np.fromfile")
+            return fromfile(file, dtype, count, *args, **kwargs)
+
+        numpy.memmap, numpy.fromfile = _MemmapOrStandIn, fromfile_or_stand_in
+        return self
+
+    def __exit__(self, *exc_info):
+        for name, value in self.saved.items():
+            setattr(self.numpy, name, value)
+        return False
+
+    def stand_in(self, filename: Any, dtype: Any, shape: Any, reader: str):
+        numpy = self.numpy
+        dtype = numpy.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape) if shape is not None else (RAW_DATA_LENGTH,)
+        generator = numpy.random.default_rng(0)
+        if dtype.kind in "iub":
+            values = generator.integers(0, 2 if dtype.kind == "b" else RAW_TOKEN_BOUND, size=shape).astype(dtype)
+        elif dtype.kind in "fc":
+            values = generator.standard_normal(size=shape).astype(dtype)
+        else:
+            raise FileNotFoundError(2, "No such file or directory", str(filename))
+        note = (f"the data file '{filename}' is missing: the runner gave {reader} synthetic data of the dtype and "
+                f"shape the code asks for ({dtype.name}, {shape}" + (f", values below {RAW_TOKEN_BOUND}" if
+                                                                     dtype.kind in "iu" else "") + ")")
+        if note not in self.notes:
+            self.notes.append(note)
+        return values
 
 
 def script_plan(code_root: Path, target: str, path: str, name: str, module: types.ModuleType,
