@@ -486,12 +486,23 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     used: dict = {}
 
     def parse_without_command_line(parser, args=None, namespace=None):
-        required = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
-                    if a.required or (not a.option_strings and a.nargs not in ("?", "*"))]
-        if args is None and required:
-            raise _SetupSkip(f"needs command-line arguments ({', '.join(required[:4])}), which have no default; "
-                             "configure smoke.steps with a step function", need=True)
-        parsed, rest = parse_known_args(parser, [] if args is None else args, namespace)
+        command_line = []
+        if args is None:
+            required = [a for a in parser._actions if a.required or (not a.option_strings
+                                                                       and a.nargs not in ("?", "*"))]
+            values = {a.dest: required_argument_value(a, script) for a in required}
+            lacking = [a.option_strings[0] if a.option_strings else a.dest for a in required if values[a.dest] is None]
+            if lacking:
+                raise _SetupSkip(f"needs command-line arguments ({', '.join(lacking[:4])}), which have no default "
+                                 "and no value the code declares; configure smoke.steps with a step function",
+                                 need=True)
+            for action in required:
+                value, source = values[action.dest]
+                words = [str(v) for v in (value if isinstance(value, list) else [value])]
+                command_line += [action.option_strings[0], *words] if action.option_strings else words
+                given = f"{action.option_strings[0] if action.option_strings else action.dest} {' '.join(words)}"
+                used.setdefault("arguments", []).append(f"{given} ({source})")
+        parsed, rest = parse_known_args(parser, command_line if args is None else args, namespace)
         values = vars(parsed)
         for key, value in list(values.items()):
             setattr(parsed, key, shrunk_setting(key, value, values, device, shrunk))
@@ -533,6 +544,60 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
             notes.append("torch.compile was the identity: the checks are about the model's code")
         if used.get("workers"):
             notes.append("data loaders loaded in the process (num_workers=0)")
+        if used.get("arguments"):
+            notes.append("command-line arguments without a default were given values the code declares: "
+                         + "; ".join(dict.fromkeys(used["arguments"])))
+
+
+def required_argument_value(action: argparse.Action, script: Path) -> Optional[tuple[Any, str]]:
+    """(value, where it comes from) for a command-line argument without a default: its first choice; else a value
+    the code compares it with (``args.net == "vgg16"``, ``args.mode in ("train", "test")``) in the script or the
+    files beside it; else, for a number, a small one by its name (as constructor arguments are guessed) or its
+    type. None for a string nothing declares (a path, a name): the step stays skipped, naming it."""
+    from gpu_runner.build import guess_argument
+
+    many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
+    if action.choices:
+        value, source = list(action.choices)[0], "its first choice"
+    else:
+        compared = _compared_constants(action.dest, script)
+        if compared is not None and (action.type in (None, str) or isinstance(compared, action.type)):
+            value, source = compared, "a value the code compares it with"
+        elif action.type in (int, float):
+            found, guessed = guess_argument(action.dest, action.type)
+            by_name = found and isinstance(guessed, (int, float)) and not isinstance(guessed, bool)
+            value = action.type(guessed) if by_name else action.type(2 if action.type is int else 0.1)
+            source = f"a small {action.type.__name__}" + (" by its name" if by_name else "")
+        else:
+            return None
+    if many:
+        value = [value] * (action.nargs if isinstance(action.nargs, int) else 1)
+    return value, source
+
+
+def _compared_constants(name: str, script: Path) -> Any:
+    """The first constant that ``<options>.name`` is compared with (``==``, ``!=``, ``in``) in ``script``, else in
+    the Python files beside it; None when none is."""
+    files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(errors="replace"))
+        except (OSError, SyntaxError, ValueError, RecursionError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare) or len(node.comparators) != 1 \
+                    or not isinstance(node.ops[0], (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
+                continue
+            sides = [node.left, node.comparators[0]]
+            for mine, other in (sides, sides[::-1]):
+                if not (isinstance(mine, ast.Attribute) and mine.attr == name and isinstance(mine.value, ast.Name)):
+                    continue
+                items = other.elts if isinstance(other, (ast.Tuple, ast.List, ast.Set)) else [other]
+                constant = next((i.value for i in items if isinstance(i, ast.Constant) and i.value is not None
+                                 and not isinstance(i.value, bool)), None)
+                if constant is not None:
+                    return constant
+    return None
 
 
 RAW_DATA_LENGTH = 1 << 15  # elements of a raw data file's stand-in when the code gives no shape

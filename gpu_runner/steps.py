@@ -1098,9 +1098,16 @@ class _FunctionPlan(_Plan):
             elif name in by_use:
                 value = by_use[name]
             else:
+                failed = failed_import(self.code_root, self.path, name, namespace)
+                if failed and _only_called_for_effect(node, name):
+                    # a progress bar or logger whose import failed: the training does not read what it returns
+                    self.notes.append(f"'{name}' is only called for its effect (its result unused), and {failed}: "
+                                      "the runner called a no-op in its place")
+                    saved[name] = namespace.get(name, _NOT_GIVEN)
+                    namespace[name] = _NullLogger()
+                    continue
                 for key, old in saved.items():
                     _restore(namespace, key, old)
-                failed = failed_import(self.code_root, self.path, name, namespace)
                 if failed:
                     raise StepSkip(f"{self.target} reads the global '{name}', which {failed}")
                 raise StepSkip(f"{self.target} reads the global '{name}', which is unset once {self.path}'s "
@@ -1221,6 +1228,15 @@ def failed_import(code_root: Path, path: str, name: str, namespace: dict) -> Opt
         return (f"its import `{statement}` (line {node.lineno}) leaves unset: it raised {type(exc).__name__}"
                 f"{build_module._where_in(exc, code_root)}: {_one_line(exc, 160)}")
     return None
+
+
+def _only_called_for_effect(function: ast.AST, name: str) -> bool:
+    """Every read of ``name`` in ``function`` is a call statement whose result is dropped (``progress_bar(i, n,
+    text)``, ``log(...)``): nothing the function computes depends on it."""
+    reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+    called = {id(n.value.func) for n in ast.walk(function) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+              and isinstance(n.value.func, ast.Name) and n.value.func.id == name}
+    return bool(reads) and all(id(n) in called for n in reads)
 
 
 def _reads_name(function: Callable, name: str) -> bool:

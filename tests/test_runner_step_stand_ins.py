@@ -102,3 +102,136 @@ def test_fromfile_with_a_count_and_floats_gets_that_many_values(tmp_path):
     report = smoke_step(write_tree(tmp_path, {"train.py": source}), "train.py:__main__", None, device="cpu")
     assert report["status"] == "passed", report
     assert any("np.fromfile" in note and "float32, (48,)" in note for note in report["notes"])
+
+
+# A display helper whose module asks the terminal for its width when imported: in a process without a terminal
+# the import raises, and the epoch function (reading the file's globals) only calls it for its effect.
+PROGRESS = {
+    "display.py": '''
+        import os
+
+        rows, columns = os.popen("stty size 2>/dev/null < /dev/null", "r").read().split()
+
+
+        def show_progress(index, total, text):
+            print(f"[{index + 1}/{total}] {text}"[:int(columns)])
+    ''',
+    "network.py": '''
+        import torch.nn as nn
+
+
+        class Classifier(nn.Module):
+            def __init__(self, width=12, classes=3):
+                super().__init__()
+                self.hidden = nn.Linear(width, 24)
+                self.out = nn.Linear(24, classes)
+
+            def forward(self, x):
+                return self.out(self.hidden(x).relu())
+    ''',
+    "main.py": '''
+        import torch
+        import torch.nn as nn
+        from display import show_progress
+        from network import Classifier
+
+        net = Classifier()
+        criterion = nn.CrossEntropyLoss()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+
+        def train(epoch):
+            net.train()
+            for index, (x, y) in enumerate(trainloader):
+                optimizer.zero_grad()
+                loss = criterion(net(x), y)
+                loss.backward()
+                optimizer.step()
+                show_progress(index, len(trainloader), f"loss {loss.item():.3f}")
+    ''',
+}
+
+
+def test_a_helper_whose_import_failed_and_is_only_called_for_its_effect_is_a_no_op(tmp_path):
+    report = smoke_step(write_tree(tmp_path, PROGRESS), "main.py:train", None, device="cpu")
+    assert report["status"] == "passed", report
+    assert any("'show_progress' is only called for its effect" in note and "ValueError" in note
+               for note in report["notes"]), report["notes"]
+
+
+def test_a_missing_zero_grad_fails_beside_a_no_op_progress_display(tmp_path):
+    files = dict(PROGRESS, **{"main.py": PROGRESS["main.py"].replace("                optimizer.zero_grad()\n", "")})
+    root = write_tree(tmp_path, files)
+    report = smoke_step(root, "main.py:train", None, device="cpu")
+    assert report["status"] == "failed", report
+    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
+    assert zero_grad["status"] == "fail" and zero_grad["details"]["line"] == line_of(root, "main.py", "optimizer.step()")
+
+
+def test_a_helper_whose_result_the_step_uses_stays_a_skip(tmp_path):
+    files = dict(PROGRESS, **{"main.py": PROGRESS["main.py"].replace(
+        "                show_progress(index", "                shown = show_progress(index")})
+    report = smoke_step(write_tree(tmp_path, files), "main.py:train", None, device="cpu")
+    assert report["status"] == "skipped", report
+    assert "`from display import show_progress`" in report["reason"] and "ValueError" in report["reason"]
+
+
+# A script whose options have no default: a required architecture name the code dispatches on, a required
+# choice, a positional count; the loop trains what they select.
+OPTIONS = '''
+    import argparse
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arch", type=str, required=True, help="which network")
+    parser.add_argument("--loss", required=True, choices=["cross_entropy", "nll"])
+    parser.add_argument("hidden", type=int)
+    options = parser.parse_args()
+
+
+    def network(options):
+        if options.arch == "wide":
+            return nn.Sequential(nn.Linear(10, options.hidden * 4), nn.ReLU(), nn.Linear(options.hidden * 4, 3))
+        elif options.arch == "narrow":
+            return nn.Sequential(nn.Linear(10, options.hidden), nn.ReLU(), nn.Linear(options.hidden, 3))
+        raise ValueError(options.arch)
+
+
+    model = network(options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 10), torch.randint(0, 3, (16,))
+    for epoch in range(100):
+        optimizer.zero_grad()
+        logits = model(x)
+        loss = F.cross_entropy(logits, y) if options.loss == "cross_entropy" else F.nll_loss(logits.log_softmax(1), y)
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_required_options_get_values_the_code_declares(tmp_path):
+    report = smoke_step(write_tree(tmp_path, {"train.py": OPTIONS}), "train.py:__main__", None, device="cpu")
+    assert report["status"] == "passed", report
+    notes = " ".join(report["notes"])
+    assert "--arch wide (a value the code compares it with)" in notes, notes
+    assert "--loss cross_entropy (its first choice)" in notes and "hidden 32 (a small int by its name)" in notes
+
+
+def test_a_missing_zero_grad_still_fails_with_declared_option_values(tmp_path):
+    root = write_tree(tmp_path, {"train.py": OPTIONS.replace("        optimizer.zero_grad()\n", "")})
+    report = smoke_step(root, "train.py:__main__", None, device="cpu")
+    assert report["status"] == "failed", report
+    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
+    assert zero_grad["status"] == "fail" and zero_grad["details"]["line"] == line_of(root, "train.py",
+                                                                                     "optimizer.step()")
+
+
+def test_a_required_path_nothing_declares_stays_a_skip_naming_it(tmp_path):
+    source = OPTIONS.replace('parser.add_argument("hidden", type=int)\n',
+                             'parser.add_argument("hidden", type=int)\n    parser.add_argument("--data_root")\n'
+                             '    parser.add_argument("--weights", required=True)\n')
+    report = smoke_step(write_tree(tmp_path, {"train.py": source}), "train.py:__main__", None, device="cpu")
+    assert report["status"] == "skipped", report
+    assert "needs command-line arguments (--weights)" in report["reason"], report["reason"]
