@@ -5,6 +5,8 @@ value the code itself declares (a choice, a value it compares the option with, a
 bug in such a step still fails at its line; what cannot be derived stays a skip naming it."""
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -235,3 +237,117 @@ def test_a_required_path_nothing_declares_stays_a_skip_naming_it(tmp_path):
     report = smoke_step(write_tree(tmp_path, {"train.py": source}), "train.py:__main__", None, device="cpu")
     assert report["status"] == "skipped", report
     assert "needs command-line arguments (--weights)" in report["reason"], report["reason"]
+
+
+# An experiment class built from the command line's options: its constructor makes the network and the optimizer
+# itself (through a build method); the loaders are handed in by the script; its fit method loops over epochs.
+EXPERIMENT = {
+    "nets.py": '''
+        import torch.nn as nn
+
+
+        class Regressor(nn.Module):
+            def __init__(self, features, hidden):
+                super().__init__()
+                self.inner = nn.Linear(features, hidden)
+                self.outer = nn.Linear(hidden, 1)
+
+            def forward(self, x):
+                return self.outer(self.inner(x).tanh())
+    ''',
+    "experiment.py": '''
+        import torch
+        from nets import Regressor
+
+
+        class Experiment:
+            def __init__(self, options, train_loader, valid_loader):
+                self.train_loader, self.valid_loader = train_loader, valid_loader
+                self.epochs = options.epochs
+                self.features, self.hidden, self.lr = options.features, options.hidden, options.lr
+                self.build()
+
+            def build(self):
+                self.net = Regressor(self.features, self.hidden)
+                self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.lr)
+                self.criterion = torch.nn.MSELoss()
+
+            def fit(self):
+                for epoch in range(self.epochs):
+                    self.net.train()
+                    for x, y in self.train_loader:
+                        self.optimizer.zero_grad()
+                        loss = self.criterion(self.net(x), y)
+                        loss.backward()
+                        self.optimizer.step()
+    ''',
+    "main.py": '''
+        import argparse
+        from experiment import Experiment
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--epochs", type=int, default=50)
+            parser.add_argument("--features", type=int, default=7)
+            parser.add_argument("--hidden", type=int, default=64)
+            parser.add_argument("--lr", type=float, default=1e-3)
+            parser.add_argument("--data", default="data/series.csv")
+            options = parser.parse_args()
+            loaders = load(options.data)
+            Experiment(options, *loaders).fit()
+    ''',
+}
+
+
+def test_a_trainer_class_that_builds_its_own_model_is_a_step():
+    from gpu_runner.targets import find_step_targets
+
+    sources = {path: textwrap.dedent(text) for path, text in EXPERIMENT.items()}
+    found = find_step_targets(sources, {"experiment.py": None})
+    assert [t.spec for t in found] == ["experiment.py:Experiment.fit"]
+
+
+def test_a_trainer_class_runs_on_its_options_with_the_model_it_builds(tmp_path):
+    report = smoke_step(write_tree(tmp_path, EXPERIMENT), "experiment.py:Experiment.fit", None, device="cpu")
+    assert report["status"] == "passed", report
+    assert checks(report)["zero-grad"] == "pass" and checks(report)["params-updated"] in ("pass", "warn")
+    assert any("Experiment built its own model: net (Regressor" in note for note in report["notes"]), report["notes"]
+
+
+def test_a_trainer_class_without_zero_grad_fails_at_its_line(tmp_path):
+    files = dict(EXPERIMENT, **{"experiment.py": EXPERIMENT["experiment.py"].replace(
+        "                        self.optimizer.zero_grad()\n", "")})
+    root = write_tree(tmp_path, files)
+    report = smoke_step(root, "experiment.py:Experiment.fit", None, device="cpu")
+    assert report["status"] == "failed", report
+    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
+    assert zero_grad["status"] == "fail"
+    assert zero_grad["details"]["line"] == line_of(root, "experiment.py", "self.optimizer.step()")
+
+
+def test_a_trainer_class_whose_options_cannot_be_built_stays_a_skip(tmp_path):
+    files = dict(EXPERIMENT, **{"main.py": EXPERIMENT["main.py"].replace(
+        '            parser.add_argument("--features", type=int, default=7)\n', "")})
+    files["experiment.py"] = files["experiment.py"].replace("options.features", "options.n_series_xyz")
+    report = smoke_step(write_tree(tmp_path, files), "experiment.py:Experiment.fit", None, device="cpu")
+    assert report["status"] == "skipped", report
+    assert "n_series_xyz" in report["reason"], report["reason"]
+
+
+def test_code_after_a_trainer_methods_loop_that_raises_is_noted_not_checked(tmp_path):
+    files = dict(EXPERIMENT, **{"experiment.py": EXPERIMENT["experiment.py"].replace(
+        "                        self.optimizer.step()\n",
+        "                        self.optimizer.step()\n"
+        "                    if loss.item() > 1e9:\n"
+        "                        best = self.net.state_dict()\n"
+        "                torch.save(best, 'best.pt')  # unbound when no epoch was better: the repository's own slip\n")})
+    files["main.py"] = files["main.py"].replace("default=50", "default=3")
+    report = smoke_step(write_tree(tmp_path, files), "experiment.py:Experiment.fit", None, device="cpu")
+    assert report["status"] == "passed", report
+    assert any("the code after it raised UnboundLocalError" in note for note in report["notes"]), report["notes"]
+    # the same error inside the loop, before the steps ran, is the step's: a skip naming it, never a pass
+    files["experiment.py"] = files["experiment.py"].replace(
+        "                        self.optimizer.zero_grad()\n",
+        "                        self.optimizer.zero_grad()\n                        print(best)\n")
+    report = smoke_step(write_tree(tmp_path / "inside", files), "experiment.py:Experiment.fit", None, device="cpu")
+    assert report["status"] == "skipped" and "UnboundLocalError" in report["reason"], report
