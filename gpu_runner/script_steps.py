@@ -9,8 +9,11 @@ What changes from running ``python train.py``:
   heads' widths), and batch sizes, sequence lengths, evaluation batches, accumulation steps and data-loader workers
   too, as each is assigned (a plain assignment, an argparse default, a parameter default); a device setting that
   names CUDA on a runner without it is the runner's device;
-- ``parse_args()`` reads no command line (the defaults), ``sys.argv`` is the script alone, ``torch.compile`` is
-  the identity (the checks are about the model's code, not the compiler), data loaders load in the process;
+- ``parse_args()`` reads no command line (the defaults; an argument without one gets a value the code declares,
+  see ``required_argument_value``), ``sys.argv`` is the script alone, ``torch.compile`` is the identity (the checks
+  are about the model's code, not the compiler), data loaders load in the process;
+- a raw data file mapped or read with ``np.memmap`` / ``np.fromfile`` that is missing is stand-in data of the
+  dtype and shape the code passes (``_RawDataStandIns``), said in the notes;
 - the script runs in a scratch folder that mirrors its own (links to its files), so that what it writes (a
   checkpoint folder) does not need the read-only code tree;
 - the loop stops at the runner's bound (``iterations`` optimizer steps), and what follows it (saving, plotting)
