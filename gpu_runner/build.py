@@ -98,6 +98,13 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     model, resolved_name = built
     requested = parse_target_spec(target)
     name = str(requested) if requested is not None and requested.name else resolved_name
+    return subject_of_model(model, name, resolved_name, config, code_root, device, notes)
+
+
+def subject_of_model(model: Any, name: str, resolved_name: str, config: dict, code_root: Path, device: str,
+                     notes: list) -> Union[Subject, Skip, BuiltWithBug]:
+    """The subject (input, task, loss) for ``model``, already built: by ``build_subject`` from its target, or by a
+    training step from the instance a trainer class built for itself."""
     if not isinstance(model, nn.Module):
         raise BuildError(f"{resolved_name} returned {type(model).__name__}, not an nn.Module")
     if type(model).forward is nn.Module.forward:

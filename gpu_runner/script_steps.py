@@ -9,8 +9,11 @@ What changes from running ``python train.py``:
   heads' widths), and batch sizes, sequence lengths, evaluation batches, accumulation steps and data-loader workers
   too, as each is assigned (a plain assignment, an argparse default, a parameter default); a device setting that
   names CUDA on a runner without it is the runner's device;
-- ``parse_args()`` reads no command line (the defaults), ``sys.argv`` is the script alone, ``torch.compile`` is
-  the identity (the checks are about the model's code, not the compiler), data loaders load in the process;
+- ``parse_args()`` reads no command line (the defaults; an argument without one gets a value the code declares,
+  see ``required_argument_value``), ``sys.argv`` is the script alone, ``torch.compile`` is the identity (the checks
+  are about the model's code, not the compiler), data loaders load in the process;
+- a raw data file mapped or read with ``np.memmap`` / ``np.fromfile`` that is missing is stand-in data of the
+  dtype and shape the code passes (``_RawDataStandIns``), said in the notes;
 - the script runs in a scratch folder that mirrors its own (links to its files), so that what it writes (a
   checkpoint folder) does not need the read-only code tree;
 - the loop stops at the runner's bound (``iterations`` optimizer steps), and what follows it (saving, plotting)
@@ -486,12 +489,23 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     used: dict = {}
 
     def parse_without_command_line(parser, args=None, namespace=None):
-        required = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
-                    if a.required or (not a.option_strings and a.nargs not in ("?", "*"))]
-        if args is None and required:
-            raise _SetupSkip(f"needs command-line arguments ({', '.join(required[:4])}), which have no default; "
-                             "configure smoke.steps with a step function", need=True)
-        parsed, rest = parse_known_args(parser, [] if args is None else args, namespace)
+        command_line = []
+        if args is None:
+            required = [a for a in parser._actions if a.required or (not a.option_strings
+                                                                       and a.nargs not in ("?", "*"))]
+            values = {a.dest: required_argument_value(a, script) for a in required}
+            lacking = [a.option_strings[0] if a.option_strings else a.dest for a in required if values[a.dest] is None]
+            if lacking:
+                raise _SetupSkip(f"needs command-line arguments ({', '.join(lacking[:4])}), which have no default "
+                                 "and no value the code declares; configure smoke.steps with a step function",
+                                 need=True)
+            for action in required:
+                value, source = values[action.dest]
+                words = [str(v) for v in (value if isinstance(value, list) else [value])]
+                command_line += [action.option_strings[0], *words] if action.option_strings else words
+                given = f"{action.option_strings[0] if action.option_strings else action.dest} {' '.join(words)}"
+                used.setdefault("arguments", []).append(f"{given} ({source})")
+        parsed, rest = parse_known_args(parser, command_line if args is None else args, namespace)
         values = vars(parsed)
         for key, value in list(values.items()):
             setattr(parsed, key, shrunk_setting(key, value, values, device, shrunk))
@@ -510,6 +524,7 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
         return loader_init(self, *args, **kwargs)
 
     scratch = Path(tempfile.mkdtemp(prefix="torchreview_script_"))
+    stand_ins = _RawDataStandIns(notes)
     for entry in script.parent.iterdir():
         with contextlib.suppress(OSError):
             (scratch / entry.name).symlink_to(entry)
@@ -519,7 +534,8 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     torch.utils.data.DataLoader.__init__ = loader_in_process
     os.chdir(scratch)
     try:
-        yield
+        with stand_ins:
+            yield
     finally:
         os.chdir(saved_cwd)
         sys.argv = saved_argv
@@ -531,6 +547,124 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
             notes.append("torch.compile was the identity: the checks are about the model's code")
         if used.get("workers"):
             notes.append("data loaders loaded in the process (num_workers=0)")
+        if used.get("arguments"):
+            notes.append("command-line arguments without a default were given values the code declares: "
+                         + "; ".join(dict.fromkeys(used["arguments"])))
+
+
+def required_argument_value(action: argparse.Action, script: Path) -> Optional[tuple[Any, str]]:
+    """(value, where it comes from) for a command-line argument without a default: its first choice; else a value
+    the code compares it with (``args.net == "vgg16"``, ``args.mode in ("train", "test")``) in the script or the
+    files beside it; else, for a number, a small one by its name (as constructor arguments are guessed) or its
+    type. None for a string nothing declares (a path, a name): the step stays skipped, naming it."""
+    from gpu_runner.build import guess_argument
+
+    many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
+    if action.choices:
+        value, source = list(action.choices)[0], "its first choice"
+    else:
+        compared = _compared_constants(action.dest, script)
+        if compared is not None and (action.type in (None, str) or isinstance(compared, action.type)):
+            value, source = compared, "a value the code compares it with"
+        elif action.type in (int, float):
+            found, guessed = guess_argument(action.dest, action.type)
+            by_name = found and isinstance(guessed, (int, float)) and not isinstance(guessed, bool)
+            value = action.type(guessed) if by_name else action.type(2 if action.type is int else 0.1)
+            source = f"a small {action.type.__name__}" + (" by its name" if by_name else "")
+        else:
+            return None
+    if many:
+        value = [value] * (action.nargs if isinstance(action.nargs, int) else 1)
+    return value, source
+
+
+def _compared_constants(name: str, script: Path) -> Any:
+    """The first constant that ``<options>.name`` is compared with (``==``, ``!=``, ``in``) in ``script``, else in
+    the Python files beside it; None when none is."""
+    files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(errors="replace"))
+        except (OSError, SyntaxError, ValueError, RecursionError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare) or len(node.comparators) != 1 \
+                    or not isinstance(node.ops[0], (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
+                continue
+            sides = [node.left, node.comparators[0]]
+            for mine, other in (sides, sides[::-1]):
+                if not (isinstance(mine, ast.Attribute) and mine.attr == name and isinstance(mine.value, ast.Name)):
+                    continue
+                items = other.elts if isinstance(other, (ast.Tuple, ast.List, ast.Set)) else [other]
+                constant = next((i.value for i in items if isinstance(i, ast.Constant) and i.value is not None
+                                 and not isinstance(i.value, bool)), None)
+                if constant is not None:
+                    return constant
+    return None
+
+
+RAW_DATA_LENGTH = 1 << 15  # elements of a raw data file's stand-in when the code gives no shape
+RAW_TOKEN_BOUND = 64  # integer stand-in values are below it: any vocabulary, class count or index range fits
+
+
+class _RawDataStandIns:
+    """Raw binary data files that are missing (``np.memmap(path, dtype=np.uint16, mode="r")``, ``np.fromfile``):
+    such a file has no header, so its dtype and shape are the code's own (the ``dtype`` and ``shape`` it passes,
+    else one dimension); the runner gives the code an array of that dtype and shape, integers below
+    ``RAW_TOKEN_BOUND`` (token ids, labels) or floats from a normal distribution, and says so in the step's notes.
+    A file that exists is read as the code asks; a file opened for writing is the code's own business."""
+
+    def __init__(self, notes: list):
+        self.notes = notes
+        self.saved: dict = {}
+
+    def __enter__(self):
+        import numpy
+
+        self.numpy = numpy
+        self.saved = {"memmap": numpy.memmap, "fromfile": numpy.fromfile}
+        memmap, fromfile = self.saved["memmap"], self.saved["fromfile"]
+        stand_in = self.stand_in
+
+        class _MemmapOrStandIn(memmap):
+            def __new__(cls, filename, dtype=numpy.uint8, mode="r+", offset=0, shape=None, order="C"):
+                if isinstance(filename, (str, os.PathLike)) and str(mode) in ("r", "r+", "c", "readonly",
+                                                                              "readwrite", "copyonwrite") \
+                        and not os.path.exists(filename):
+                    return stand_in(filename, dtype, shape, "np.memmap")
+                return memmap.__new__(memmap, filename, dtype=dtype, mode=mode, offset=offset, shape=shape,
+                                      order=order)
+
+        def fromfile_or_stand_in(file, dtype=float, count=-1, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and not os.path.exists(file):
+                return stand_in(file, dtype, None if count in (-1, None) else (count,), "np.fromfile")
+            return fromfile(file, dtype, count, *args, **kwargs)
+
+        numpy.memmap, numpy.fromfile = _MemmapOrStandIn, fromfile_or_stand_in
+        return self
+
+    def __exit__(self, *exc_info):
+        for name, value in self.saved.items():
+            setattr(self.numpy, name, value)
+        return False
+
+    def stand_in(self, filename: Any, dtype: Any, shape: Any, reader: str):
+        numpy = self.numpy
+        dtype = numpy.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape) if shape is not None else (RAW_DATA_LENGTH,)
+        generator = numpy.random.default_rng(0)
+        if dtype.kind in "iub":
+            values = generator.integers(0, 2 if dtype.kind == "b" else RAW_TOKEN_BOUND, size=shape).astype(dtype)
+        elif dtype.kind in "fc":
+            values = generator.standard_normal(size=shape).astype(dtype)
+        else:
+            raise FileNotFoundError(2, "No such file or directory", str(filename))
+        note = (f"the data file '{filename}' is missing: the runner gave {reader} synthetic data of the dtype and "
+                f"shape the code asks for ({dtype.name}, {shape}" + (f", values below {RAW_TOKEN_BOUND}" if
+                                                                     dtype.kind in "iu" else "") + ")")
+        if note not in self.notes:
+            self.notes.append(note)
+        return values
 
 
 def script_plan(code_root: Path, target: str, path: str, name: str, module: types.ModuleType,

@@ -37,6 +37,7 @@ import re
 import sys
 import time
 import traceback
+import textwrap
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1098,9 +1099,16 @@ class _FunctionPlan(_Plan):
             elif name in by_use:
                 value = by_use[name]
             else:
+                failed = failed_import(self.code_root, self.path, name, namespace)
+                if failed and _only_called_for_effect(node, name):
+                    # a progress bar or logger whose import failed: the training does not read what it returns
+                    self.notes.append(f"'{name}' is only called for its effect (its result unused), and {failed}: "
+                                      "the runner called a no-op in its place")
+                    saved[name] = namespace.get(name, _NOT_GIVEN)
+                    namespace[name] = _NullLogger()
+                    continue
                 for key, old in saved.items():
                     _restore(namespace, key, old)
-                failed = failed_import(self.code_root, self.path, name, namespace)
                 if failed:
                     raise StepSkip(f"{self.target} reads the global '{name}', which {failed}")
                 raise StepSkip(f"{self.target} reads the global '{name}', which is unset once {self.path}'s "
@@ -1131,6 +1139,156 @@ class _FunctionPlan(_Plan):
                 call(**arguments)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
+
+
+class _PendingLoader:
+    """What a trainer class is constructed with in place of its loaders and data sets, before the model it builds
+    exists to make batches for; replaced by the runner's loader once it does."""
+
+    def __len__(self) -> int:
+        return STEP_ITERATIONS
+
+    def __iter__(self):
+        raise StepSkip("the trainer reads its data while it is constructed, before its model exists: the runner "
+                       "cannot make batches for it; configure smoke.steps with an input")
+
+
+class _TrainerPlan(_Plan):
+    """A method of a class that builds what it trains itself (an experiment / solver / agent class: its
+    constructor, or a method it calls, makes the model and an optimizer over its parameters): the class is
+    constructed from its options (the argparse defaults of the files that construct it, the class's config),
+    the model is what its optimizers hold, a batch is made for that model as for any built model, and the method
+    runs on the runner's loader, its loop bounded."""
+
+    kind = "trainer"
+    unchanged_fails = False  # the class's own optimizer and learning rate update the model, as a script's do
+
+    def __init__(self, code_root, target, where, function: Callable, owner: type, given: Optional[dict], device):
+        super().__init__(code_root, target, None, where, device=device)
+        self.function, self.owner, self.given = function, owner, dict(given or {})
+        self.repository_defaults = {}
+        for path in [where[0], *_files_constructing(code_root, owner.__name__)]:
+            for key, value in sites.argparse_defaults(code_root, path).items():
+                self.repository_defaults.setdefault(key, value)
+
+    def execute(self, iterations: int) -> None:
+        from gpu_runner.script_steps import _script_environment
+
+        shrunk: list = []
+        # run where the class's file is, as its script runs it: a scratch mirror of its folder for what it writes
+        with _script_environment((self.code_root / self.path).resolve(), self.device, shrunk, self.notes):
+            self._execute(iterations)
+
+    def _execute(self, iterations: int) -> None:
+        from gpu_runner.script_steps import _named_values_of, _outermost, shrunk_setting
+
+        pending = _PendingLoader()
+        values = {"loader": pending, "dataset": pending, "device": self.device, "epoch": 1, "epochs": 1,
+                  "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
+        defaults = {k: shrunk_setting(k, v, self.repository_defaults, self.device, [])
+                    for k, v in self.repository_defaults.items()}
+        # an option named like data (``dataset = "CelebA"``) is the option's value, not the pending loader
+        named_data = {k: v for k, v in defaults.items() if role_of(k) in ("loader", "dataset")}
+        given = {p: dict(named_data) for p in list(inspect.signature(self.owner.__init__).parameters)[1:]
+                 if p.lower() in CONFIG_NAMES}
+        try:
+            arguments = _arguments(self.owner.__init__, values, skip_first=True, given=given,
+                                   repository_defaults=defaults)
+            instance = self.owner(**arguments)
+        except StepSkip:
+            raise
+        except Exception as exc:
+            where = _user_frames(exc.__traceback__, self.code_root)
+            at = f" at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno}" if where else ""
+            missing = absent.missing_package(exc)
+            raise StepSkip(f"constructing {self.owner.__name__} from its options raised {type(exc).__name__}{at}: "
+                           f"{_one_line(exc, 200)}" + (f" (it needs '{missing}')" if missing else "")) from None
+        attributes = dict(vars(instance))
+        optimizers = [v for _, v in _named_values_of(attributes, torch.optim.Optimizer)]
+        held = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+        modules = {name: m for name, m in _named_values_of(attributes, nn.Module)
+                   if any(id(p) in held for p in m.parameters())}
+        chosen = _outermost(modules)
+        if len(chosen) != 1:
+            raise StepSkip(f"{self.owner.__name__} holds {len(chosen)} models its optimizers train "
+                           f"({', '.join(chosen) or 'none'}): the runner makes batches for one; name the model in "
+                           "smoke.steps")
+        (name, model), = chosen.items()
+        notes: list = []
+        subject = build_module.subject_of_model(model, f"{self.owner.__name__}.{name}", type(model).__name__, {},
+                                                self.code_root, self.device, notes)
+        if not isinstance(subject, Subject):
+            raise StepSkip(f"the model {self.owner.__name__} builds ({name}: {type(model).__name__}) gets no batch: "
+                           f"{getattr(subject, 'reason', subject)}")
+        self.subject = subject
+        batch = _step_batch(subject)
+        if any(isinstance(v, nn.BCELoss) for v in attributes.values()) and batch[-1].is_floating_point():
+            # the class's criterion takes probabilities against targets in [0, 1] (binary masks, labels)
+            batch = batch[:-1] + ((batch[-1] > 0).to(batch[-1].dtype),)
+            self.notes.append("the class's criterion is a BCELoss: the batch's targets are 0 / 1")
+        loader = _Loader(batch, iterations)
+        for key, value in attributes.items():
+            if value is pending:
+                setattr(instance, key, loader)
+        self.notes.append(f"{self.owner.__name__} built its own model: {name} ({type(model).__name__}, "
+                          f"{sum(p.numel() for p in model.parameters()):,} parameters), trained by its own optimizer"
+                          + ("s" if len(optimizers) > 1 else ""))
+        self.notes.extend(notes[:3])
+        model.train()
+        self.begin(model, None, step_limit=STEP_BOUND_FACTOR * iterations, backward_limit=3 * iterations,
+                   extra_parameter_ids=frozenset(held - {id(p) for p in model.parameters()}))
+        method = getattr(instance, self.function.__name__)
+        values.update(loader=loader, dataset=loader.dataset, model=model, batch=copy.deepcopy(batch))
+        call_arguments = _arguments(method, values, given=self.given, repository_defaults=defaults)
+        try:
+            method(**call_arguments)
+        except (StepSkip, _EnoughSteps):
+            raise
+        except Exception as exc:
+            after = self._after_the_loop(exc, iterations)
+            if after is None:
+                raise _UserCodeFailed() from exc
+            # as a script's loop is run and what follows it is not: the training ran, the code after it is noted
+            self.notes.append(f"{self.target}'s training loop ran to its end ({self.instruments.steps} optimizer "
+                              f"steps); the code after it raised {type(exc).__name__} at line {after}: "
+                              f"{_one_line(exc, 120)} (not a training step: not checked)")
+
+    def _after_the_loop(self, exc: BaseException, iterations: int) -> Optional[int]:
+        """The line of the method, past its training loop, that raised ``exc`` once the loop had made at least
+        ``iterations`` optimizer steps; None otherwise (a failure of the step itself)."""
+        from gpu_runner.targets import training_loop_chain
+
+        if self.instruments is None or self.instruments.steps < iterations:
+            return None
+        try:
+            lines, start = inspect.getsourcelines(self.function)
+            node = ast.parse(textwrap.dedent("".join(lines))).body[0]
+        except (OSError, TypeError, SyntaxError, IndexError):
+            return None
+        chain = training_loop_chain(node.body)
+        if not chain:
+            return None
+        loop = chain[-1]
+        last_loop_line = start + (loop.end_lineno or loop.lineno) - 1
+        code = self.function.__code__
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == code.co_filename
+                  and f.name == code.co_name]
+        if not frames or frames[-1].lineno is None or frames[-1].lineno <= last_loop_line:
+            return None
+        return frames[-1].lineno
+
+
+def _files_constructing(code_root: Path, name: str) -> list[str]:
+    """The repository's files (relative paths) that call ``name(...)``: where a class is built from its options."""
+    pattern = re.compile(rf"\b{re.escape(name)}\(")
+    found = []
+    for path in sorted(code_root.rglob("*.py")):
+        try:
+            if pattern.search(path.read_text(errors="replace")):
+                found.append(path.relative_to(code_root).as_posix())
+        except (OSError, ValueError):
+            continue
+    return found[:8]
 
 
 def _data_by_use(function: Callable, batch: tuple, depth: int = 1) -> dict:
@@ -1223,6 +1381,15 @@ def failed_import(code_root: Path, path: str, name: str, namespace: dict) -> Opt
     return None
 
 
+def _only_called_for_effect(function: ast.AST, name: str) -> bool:
+    """Every read of ``name`` in ``function`` is a call statement whose result is dropped (``progress_bar(i, n,
+    text)``, ``log(...)``): nothing the function computes depends on it."""
+    reads = [n for n in ast.walk(function) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+    called = {id(n.value.func) for n in ast.walk(function) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+              and isinstance(n.value.func, ast.Name) and n.value.func.id == name}
+    return bool(reads) and all(id(n) in called for n in reads)
+
+
 def _reads_name(function: Callable, name: str) -> bool:
     """Whether ``function``'s body reads ``name`` (True when its source cannot be read)."""
     node = _function_node(inspect.unwrap(function))
@@ -1288,6 +1455,11 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan = _LightningPlan(code_root, target, subject, _class_span(owner, code_root, spec.path))
         plan.notes[:0] = import_notes
         return plan
+    if inspect.isclass(owner) and not issubclass(owner, nn.Module) and not config.get("model") \
+            and _trainer_builds_its_own_model(owner):
+        plan = _TrainerPlan(code_root, target, where, function, owner, config.get("args"), device)
+        plan.notes[:0] = import_notes
+        return plan
     model_target = config.get("model") or _model_for(code_root, spec.path, module)
     subject = _subject(code_root, model_target, model_options, device, seed)
     plan = _FunctionPlan(code_root, target, subject, where, function, owner if inspect.isclass(owner) else None,
@@ -1298,6 +1470,20 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
     plan.evaluation = _evaluation_helper(module, code_root, spec.path)
     return plan
+
+
+def _trainer_builds_its_own_model(owner: type) -> bool:
+    """``owner`` takes no model and makes one with an optimizer itself (``targets.trainer_builds_its_own_model``)."""
+    from gpu_runner.targets import STEP_MODEL_ARGUMENTS, trainer_builds_its_own_model
+
+    try:
+        parameters = list(inspect.signature(owner.__init__).parameters)[1:]
+        tree = ast.parse(textwrap.dedent(inspect.getsource(owner)))
+    except (OSError, TypeError, ValueError, SyntaxError):
+        return False
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+    return node is not None and not any(STEP_MODEL_ARGUMENTS.fullmatch(p.lower()) for p in parameters) \
+        and trainer_builds_its_own_model(node)
 
 
 def _is_script_step(code_root: Path, path: str, name: str) -> bool:

@@ -326,12 +326,35 @@ def _step_candidates(node: ast.stmt, script_names: frozenset = frozenset()) -> I
         if "__init__" not in methods:
             return
         init_names = {a.arg for a in methods["__init__"].args.args}
-        if not any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in init_names):
+        if not any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in init_names) \
+                and not trainer_builds_its_own_model(node):
             return
         for method in methods.values():
             # a trainer's method under any name (``run``, ``fit_model``) that holds the training loop
             if method.name != "__init__" and (_is_step_function(method) or _holds_training_loop(method)):
                 yield f"{node.name}.{method.name}", span(method), method
+
+
+def trainer_builds_its_own_model(node: ast.ClassDef) -> bool:
+    """A plain class (no ``forward``: not a module) whose constructor builds what it trains: ``__init__``, or a
+    method it calls on ``self`` (``self.build_model()``), makes an optimizer over ``.parameters()`` (an experiment,
+    solver or agent class built from its config)."""
+    methods = {m.name: m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if "forward" in methods or "__init__" not in methods:
+        return False
+    reached, pending = set(), ["__init__"]
+    while pending:
+        name = pending.pop()
+        if name in reached or name not in methods:
+            continue
+        reached.add(name)
+        for item in ast.walk(methods[name]):
+            if _calls_method(item, "parameters"):
+                return True
+            if isinstance(item, ast.Call) and isinstance(item.func, ast.Attribute) \
+                    and isinstance(item.func.value, ast.Name) and item.func.value.id == "self":
+                pending.append(item.func.attr)
+    return False
 
 
 def _is_step_function(node: ast.AST) -> bool:
