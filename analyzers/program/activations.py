@@ -202,54 +202,6 @@ def activation_of(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst
     return Act(kind, value, value is expr, form, cls)
 
 
-class ForwardActivations:
-    """Per-file record of local classes whose ``forward`` always returns an activation output."""
-
-    def __init__(self) -> None:
-        self.kinds: dict[str, Optional[str]] = {}  # class name -> kind (None: forward returns other things)
-        self.bases: dict[str, list[str]] = {}
-        self.returns: dict[cst.FunctionDef, list[Optional[str]]] = {}
-
-    @staticmethod
-    def forward_of(ctx: FileContext) -> Optional[cst.FunctionDef]:
-        fn = ctx.function
-        cls = ctx.class_def
-        if isinstance(fn, cst.FunctionDef) and fn.name.value == "forward" and cls is not None:
-            block = ctx.parent(fn)
-            if block is not None and ctx.parent(block) is cls:
-                return fn
-        return None
-
-    def visit_class(self, node: cst.ClassDef) -> None:
-        self.bases[node.name.value] = [b for b in (last_name(a.value) for a in node.bases) if b]
-
-    def visit_return(self, node: cst.Return, ctx: FileContext) -> None:
-        fn = self.forward_of(ctx)
-        if fn is None:
-            return
-        act = activation_of(node.value, ctx, node)
-        self.returns.setdefault(fn, []).append(act.kind if act is not None and act.kind != "class" else None)
-
-    def leave_function(self, node: cst.FunctionDef, ctx: FileContext) -> None:
-        if self.forward_of(ctx) is not node:
-            return
-        kinds = self.returns.pop(node, [])
-        kind = kinds[0] if kinds and all(k == kinds[0] for k in kinds) else None
-        self.kinds[ctx.class_def.name.value] = kind
-
-    def kind(self, cls: str, seen: Optional[set] = None) -> Optional[str]:
-        if cls in self.kinds:
-            return self.kinds[cls]
-        seen = seen or set()
-        if cls in seen or cls not in self.bases:
-            return None
-        seen.add(cls)
-        for base in self.bases[cls]:
-            if base in self.bases:
-                return self.kind(base, seen)
-        return None
-
-
 def module_class_passed_to(fn: Optional[cst.FunctionDef], parameter: str, ctx: FileContext) -> Optional[str]:
     """The one model class every call of ``fn`` in this file passes for ``parameter``, if there is one."""
     if fn is None:

@@ -9,7 +9,7 @@ import libcst as cst
 from analyzers.context import FileContext, short, argument, dotted_name
 from analyzers.markdown import code_span
 from analyzers.model import Severity
-from analyzers.program.activations import module_class_passed_to, module_value, Act, activation_of, ForwardActivations
+from analyzers.program.activations import module_class_passed_to, module_value, Act, activation_of
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_name
@@ -29,7 +29,6 @@ class ActivationIntoLoss(Rule):
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
-        self._forwards = ForwardActivations()
         self._criteria: set[str] = set()  # dotted names ever assigned a loss object
         self._criteria_last: set[str] = set()
         self._func_last = {q.rsplit(".", 1)[-1] for q in self.LOSS_FUNCS}
@@ -37,15 +36,6 @@ class ActivationIntoLoss(Rule):
         self._deferred: list[tuple] = []
 
     # ---- per-file facts ----------------------------------------------------------------
-    def visit_ClassDef(self, node: cst.ClassDef, ctx: FileContext) -> None:
-        self._forwards.visit_class(node)
-
-    def visit_Return(self, node: cst.Return, ctx: FileContext) -> None:
-        self._forwards.visit_return(node, ctx)
-
-    def leave_FunctionDef(self, node: cst.FunctionDef, ctx: FileContext) -> None:
-        self._forwards.leave_function(node, ctx)
-
     def leave_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
         self._note_criterion([t.target for t in node.targets], node.value, ctx)
 
@@ -108,7 +98,7 @@ class ActivationIntoLoss(Rule):
                 cls = module_class_passed_to(fn, act.class_name, ctx)
                 if cls is None:
                     continue
-            kind = self._forwards.kind(cls) or ctx.facts(ModuleFacts).forward_activation(cls)
+            kind = ctx.facts(ModuleFacts).forward_activation(cls)
             if kind in self.KINDS.get(loss, ()):
                 self._emit(node, value, act, kind, crit_text, loss, cls)
 
