@@ -48,6 +48,10 @@ def _restore(code: str) -> tuple[FileContext, cst.Call]:
     ("blob = torch.load(weights_file)\nfor k, v in blob.items():\n    print(k, v.shape)", set(), None),
     ("emb = torch.load(weights_file)\nrows = emb.size(0)\nemb = emb.to(device)", set(), None),
     ("return torch.load(weights_file)", set(), None),
+    # a keyword that takes a state dict by its name (transformers' from_pretrained, load_state_dict)
+    ("net = Encoder.from_pretrained(name, state_dict=torch.load(weights_file))", {Payload.TENSORS}, "Encoder."),
+    # getattr is a builtin: it decides nothing about the payload
+    ("sd = torch.load(weights_file)\nmeta = getattr(sd, '_metadata', None)", set(), None),
 ])
 def test_what_the_use_of_a_load_shows(code, kinds, use):
     ctx, load = _restore(code)
@@ -66,6 +70,22 @@ def test_what_the_use_of_a_load_shows(code, kinds, use):
 def test_where_a_loaded_value_leaves_the_file_s_view(code, escape):
     ctx, load = _restore(code)
     assert ctx.facts(LoadedPayloads).escapes(load) == escape
+
+
+def test_a_helper_that_returns_the_load_is_judged_by_its_callers():
+    ctx = _context("""
+        import torch
+        def read_checkpoint(path, device):
+            blob = torch.load(path, map_location=device)
+            return blob
+        def main(a):
+            saved = read_checkpoint(a.ckpt, "cpu")
+            vocoder.load_state_dict(saved["vocoder"])
+    """)
+    facts = ctx.facts(LoadedPayloads)
+    assert facts.of(_loads(ctx)[0]) == {Payload.TENSORS} and facts.escapes(_loads(ctx)[0]) == ""
+    lonely = _context("import torch\ndef read_checkpoint(path):\n    return torch.load(path)\n")
+    assert lonely.facts(LoadedPayloads).escapes(_loads(lonely)[0]) == "return torch.load(path)"
 
 
 def test_an_attribute_of_self_is_followed_across_methods():

@@ -376,6 +376,10 @@ SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
 # ``x.load_state_dict(loaded)``: nn.Module.load_state_dict and Optimizer.load_state_dict take a dict of tensors
 # and plain values (https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.load_state_dict)
 STATE_DICT_CONSUMERS = frozenset({"load_state_dict", "set_state_dict"})
+# ``f(..., state_dict=loaded)``: the keyword load_state_dict and transformers' ``from_pretrained`` take a dict of
+# tensors by ("state_dict (Dict[str, torch.Tensor])",
+# https://huggingface.co/docs/transformers/main_classes/model#transformers.PreTrainedModel.from_pretrained)
+STATE_DICT_KEYWORDS = frozenset({"state_dict"})
 # methods only an nn.Module (or another whole pickled object) has: ``loaded.eval()`` means the file holds a module
 MODULE_ONLY_METHODS = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "named_modules",
                                  "children", "named_children", "forward", "buffers", "named_buffers", "apply",
@@ -394,4 +398,4 @@ CONTAINER_ATTRIBUTES = frozenset({
 # builtins a loaded value may be handed to without deciding what it must be (printing it, counting it)
 PLAIN_VALUE_BUILTINS = frozenset({"print", "len", "int", "float", "str", "bool", "repr", "type", "isinstance",
                                   "sorted", "list", "dict", "tuple", "set", "enumerate", "zip", "iter", "next",
-                                  "sum", "max", "min", "any", "all", "hasattr"})
+                                  "sum", "max", "min", "any", "all", "hasattr", "getattr"})

@@ -15,7 +15,7 @@ import libcst as cst
 from analyzers.context import dotted_name
 from analyzers.program.flow import ModuleNodes, subtree
 from analyzers.program.library import (ARRAY_ONLY_METHODS, CONTAINER_ATTRIBUTES, MODULE_ONLY_METHODS,
-                                       PLAIN_VALUE_BUILTINS, STATE_DICT_CONSUMERS)
+                                       PLAIN_VALUE_BUILTINS, STATE_DICT_CONSUMERS, STATE_DICT_KEYWORDS)
 from analyzers.program.roles import Payload
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class LoadedPayloads:
 
     def escapes(self, load: cst.Call) -> str:
         """Where the loaded value (or an item of it) goes to code this file does not show, so that code decides
-        what the payload must be: returned, yielded, or passed to a function or class other than a builtin (the
+        what the payload must be: returned (by a function this file never calls), yielded, or passed to a function or class other than a builtin (the
         code of that use, ``build_model(ckpt["cfg"])``); "" when every use stays in view."""
         self._shown(load)
         return self._escapes.get(id(load), "")
@@ -53,7 +53,7 @@ class LoadedPayloads:
         if id(load) not in self._found:
             found: dict[Payload, str] = {}
             self._escape = ""
-            self._judge(load, found, depth=2)
+            self._judge(load, found, depth=3)
             self._found[id(load)] = found
             self._escapes[id(load)] = self._escape
         return self._found[id(load)]
@@ -75,12 +75,19 @@ class LoadedPayloads:
             if not isinstance(call, cst.Call):
                 return
             method = call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
-            if method in STATE_DICT_CONSUMERS and (parent.keyword is None and call.args[0] is parent or
-                                                   parent.keyword is not None and parent.keyword.value == "state_dict"):
+            if method in STATE_DICT_CONSUMERS and parent.keyword is None and call.args[0] is parent or \
+                    parent.keyword is not None and parent.keyword.value in STATE_DICT_KEYWORDS:
                 found.setdefault(Payload.TENSORS, self._code(call))
             elif not self._escape and self._hands_over(call, method):
                 self._escape = self._code(call)
-        elif isinstance(parent, (cst.Return, cst.Yield)) and not self._escape:
+        elif isinstance(parent, cst.Return) and value is not None:
+            # returned from a helper: judged by what the file's callers of the helper do with it
+            calls = self._callers(parent, value) if depth else None
+            if calls is None:
+                self._escape = self._escape or self._code(parent)
+            for call in calls or ():
+                self._judge(call, found, depth - 1)
+        elif isinstance(parent, cst.Yield) and not self._escape:
             self._escape = self._code(parent)
         elif isinstance(parent, cst.Call) and parent.func is value:
             found.setdefault(Payload.MODULE, self._code(parent))  # ``net(x)``: the file holds something callable
@@ -91,6 +98,17 @@ class LoadedPayloads:
             if name:
                 for read in self._reads(parent, name)[:_MAX_USES]:
                     self._judge(read, found, depth - 1)
+
+    def _callers(self, returned: cst.Return, value: cst.BaseExpression) -> Optional[list[cst.Call]]:
+        """The calls in this file of the function that returns the whole loaded value (``return ckpt``, not an item
+        of it), by its name or as ``self.<name>``; None when it has none or the value returned is only a part."""
+        fn = next((node for node in self._ancestry(returned) if isinstance(node, (cst.FunctionDef, cst.Lambda))), None)
+        if not isinstance(fn, cst.FunctionDef) or isinstance(value, cst.Subscript):
+            return None
+        name = fn.name.value
+        calls = [node for node in self.ctx.facts(ModuleNodes).of_type(cst.Call)
+                 if (dotted_name(node.func) or "") in (name, f"self.{name}", f"cls.{name}")]
+        return calls or None
 
     def _hands_over(self, call: cst.Call, method: str) -> bool:
         """Is ``call`` code that decides what its argument must be, out of this file's view? Not a builtin, torch or

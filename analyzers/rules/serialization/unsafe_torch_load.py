@@ -49,8 +49,9 @@ class UnsafeTorchLoad(Rule):
         `ckpt["args"].lr`): no fix, one step lower, and the message names who saves or uses what and
         the real ways out (a `state_dict()` checkpoint, `add_safe_globals` / `safe_globals`, loading
         only trusted files). Not known, and the result goes to code this file does not show
-        (returned, or passed to a function that builds from it): no fix, one step lower. A result
-        used only as a dict or a tensor, or not at all, keeps the fix. The message names the torch
+        (passed to a function that builds from it, or returned by a helper the file never calls; a
+        helper it calls is judged by what its callers do): no fix, one step lower. A result used
+        only as a dict or a tensor, or not at all, keeps the fix. The message names the torch
         the pins allow (requirements, `pyproject.toml`, `setup.py`, conda `environment.yml`).
     """
     why = """
