@@ -48,6 +48,9 @@ def _restore(code: str) -> tuple[FileContext, cst.Call]:
     ("blob = torch.load(weights_file)\nfor k, v in blob.items():\n    print(k, v.shape)", set(), None),
     ("emb = torch.load(weights_file)\nrows = emb.size(0)\nemb = emb.to(device)", set(), None),
     ("return torch.load(weights_file)", set(), None),
+    # the per-module step of load_state_dict, called by hand in a loading loop
+    ("sd = torch.load(weights_file)\nfor m in net.modules():\n    m._load_from_state_dict(sd, '', {}, True, [], [], [])",
+     {Payload.TENSORS}, "m._load_from_state_dict("),
     # a keyword that takes a state dict by its name (transformers' from_pretrained, load_state_dict)
     ("net = Encoder.from_pretrained(name, state_dict=torch.load(weights_file))", {Payload.TENSORS}, "Encoder."),
     # getattr is a builtin: it decides nothing about the payload

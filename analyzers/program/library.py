@@ -375,7 +375,8 @@ SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
 
 # ``x.load_state_dict(loaded)``: nn.Module.load_state_dict and Optimizer.load_state_dict take a dict of tensors
 # and plain values (https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.load_state_dict)
-STATE_DICT_CONSUMERS = frozenset({"load_state_dict", "set_state_dict"})
+# (and nn.Module._load_from_state_dict(state_dict, prefix, ...), the per-module step load_state_dict runs)
+STATE_DICT_CONSUMERS = frozenset({"load_state_dict", "set_state_dict", "_load_from_state_dict"})
 # ``f(..., state_dict=loaded)``: the keyword load_state_dict and transformers' ``from_pretrained`` take a dict of
 # tensors by ("state_dict (Dict[str, torch.Tensor])",
 # https://huggingface.co/docs/transformers/main_classes/model#transformers.PreTrainedModel.from_pretrained)
