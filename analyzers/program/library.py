@@ -367,3 +367,36 @@ LOG_SINKS = {"print", "log", "info", "debug", "warning", "warn", "set_postfix", 
 
 # Tensor methods that copy a value to the host, so the host waits for the device to finish computing it.
 SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
+
+
+# ---- what a loaded checkpoint is used as ------------------------------------------------------------
+# What the use of ``torch.load``'s result says about the payload it unpickled (docs: torch.nn.Module, numpy.ndarray,
+# torch.Tensor, dict). Read by :mod:`analyzers.program.payloads`.
+
+# ``x.load_state_dict(loaded)``: nn.Module.load_state_dict and Optimizer.load_state_dict take a dict of tensors
+# and plain values (https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.load_state_dict)
+# (and nn.Module._load_from_state_dict(state_dict, prefix, ...), the per-module step load_state_dict runs)
+STATE_DICT_CONSUMERS = frozenset({"load_state_dict", "set_state_dict", "_load_from_state_dict"})
+# ``f(..., state_dict=loaded)``: the keyword load_state_dict and transformers' ``from_pretrained`` take a dict of
+# tensors by ("state_dict (Dict[str, torch.Tensor])",
+# https://huggingface.co/docs/transformers/main_classes/model#transformers.PreTrainedModel.from_pretrained)
+STATE_DICT_KEYWORDS = frozenset({"state_dict"})
+# methods only an nn.Module (or another whole pickled object) has: ``loaded.eval()`` means the file holds a module
+MODULE_ONLY_METHODS = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "named_modules",
+                                 "children", "named_children", "forward", "buffers", "named_buffers", "apply",
+                                 "zero_grad", "load_state_dict", "state_dict", "register_buffer", "add_module",
+                                 "requires_grad_"})
+# a NumPy array's, not a tensor's (https://numpy.org/doc/stable/reference/generated/numpy.ndarray.astype.html)
+ARRAY_ONLY_METHODS = frozenset({"astype", "tobytes", "tofile", "ravel", "itemsize", "nbytes", "flat"})
+# a dict's and a tensor's attributes: using them says nothing beyond "a dict" or "a tensor"
+CONTAINER_ATTRIBUTES = frozenset({
+    "keys", "items", "values", "get", "pop", "copy", "update", "setdefault", "popitem", "clear",
+    "shape", "dtype", "device", "data", "grad", "T", "mT", "H", "ndim", "is_cuda", "requires_grad", "layout", "real",
+    "imag", "names", "size", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "long", "int", "bool",
+    "numpy", "item", "tolist", "detach", "clone", "contiguous", "view", "reshape", "squeeze", "unsqueeze", "permute",
+    "transpose", "type", "append", "extend", "index", "count", "split", "strip", "format", "sum", "mean",
+})
+# builtins a loaded value may be handed to without deciding what it must be (printing it, counting it)
+PLAIN_VALUE_BUILTINS = frozenset({"print", "len", "int", "float", "str", "bool", "repr", "type", "isinstance",
+                                  "sorted", "list", "dict", "tuple", "set", "enumerate", "zip", "iter", "next",
+                                  "sum", "max", "min", "any", "all", "hasattr", "getattr"})

@@ -180,6 +180,32 @@ def _pyproject_requirements(text: str) -> str:
     return "\n".join(found)
 
 
+def conda_requirements(text: str) -> str:
+    """The package specs of a conda ``environment.yml``, one a line: the items of its top-level ``dependencies:``
+    list, those of its ``pip:`` sub-list included (``pytorch=1.12.1``, ``pytorch::pytorch>=2``, ``torch==2.1``).
+    Nothing else in the file is a pin: ``channels: [pytorch]`` names where packages come from, ``name:`` the
+    environment. Read line by line (no YAML library): a flow list ``dependencies: [a, b]`` is split on commas."""
+    found: list[str] = []
+    inside = False
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].rstrip()
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if not raw[:1].isspace() and not stripped.startswith("-"):
+            key, _, rest = stripped.partition(":")
+            inside = key.strip() == "dependencies"
+            if inside and rest.strip().startswith("["):
+                found.extend(item.strip(" '\"").split("::", 1)[-1] for item in rest.strip().strip("[]").split(","))
+                inside = False
+            continue
+        if inside and stripped.startswith("-"):
+            item = stripped[1:].strip().strip("'\"")
+            if item and not item.endswith(":"):  # ``- pip:`` opens the sub-list whose items follow
+                found.append(item.split("::", 1)[-1])  # ``pytorch::pytorch=2.1``: the channel, then the spec
+    return "\n".join(found)
+
+
 _LEGACY_FOLDERS = {"legacy", "deprecated"}
 _FOLDERS: dict[Path, tuple[tuple, dict[str, tuple[Optional[Cap], str, Optional[Floor]]]]] = {}
 
@@ -268,6 +294,8 @@ def _folder_pins(folder: Path) -> dict[str, tuple[Optional[Cap], str, Optional[F
             continue
         if path.name == "pyproject.toml":
             text = _pyproject_requirements(text)
+        elif path.suffix in (".yml", ".yaml"):
+            text = conda_requirements(text)
         for name, mentions in _mentions(text).items():
             bounded = [c for c, _ in mentions if c is not None]
             cap = min(bounded) if bounded else None
@@ -310,6 +338,21 @@ def pinned_floor(path: Path, root: Optional[Path], package: str) -> Optional[Flo
     return pins[2] if pins is not None else None
 
 
+def checkout_root(root: Optional[Path]) -> Optional[Path]:
+    """How far up pins are looked for: the repository index's ``root``, or the checkout that holds it. A vendored
+    package inside a repository (``third_party/lib/`` with its own ``README.md`` or ``setup.py``) is the index's
+    root for its files, yet runs on what the repository's ``environment.yml`` installs: the walk goes on to the
+    folder with ``.git`` above it, else to the working folder when that holds it (a checkout without ``.git``)."""
+    if root is None:
+        return None
+    root = root.resolve()
+    for folder in root.parents:
+        if (folder / ".git").exists():
+            return folder
+    cwd = Path.cwd().resolve()
+    return cwd if cwd in root.parents else root
+
+
 def _locate(shown: Path, root: Optional[Path]) -> Optional[Path]:
     """The file behind a displayed path: absolute, relative to the working folder, or to the repository root
     or a folder above it (a review shows paths relative to the checkout)."""
@@ -338,7 +381,7 @@ class VersionFacts:
             else:
                 root = getattr(index, "root", None)
                 path = _locate(Path(self.ctx.path), root)
-                self._pins[package] = _nearest_pins(path, root, package) if path is not None else None
+                self._pins[package] = _nearest_pins(path, checkout_root(root), package) if path is not None else None
         return self._pins[package]
 
     def cap(self, package: str) -> Optional[Cap]:

@@ -10,6 +10,7 @@ from analyzers.context import FileContext, argument, dotted_name, is_false, is_t
 from analyzers.model import Category, Severity
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback
 from analyzers.program.library import Does, does
+from analyzers.program.payloads import LoadedPayloads
 from analyzers.program.roles import collects_tests, describe, unrestricted_load_beside
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
@@ -40,11 +41,18 @@ class UnsafeTorchLoad(Rule):
         (the best-model reload of a training script or notebook, a cache), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
         `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
-        The `weights_only=True` fix is offered only when nothing in the file, the scripts beside it
-        or the repository modules it imports saves a payload that weights-only loading refuses (a
-        whole module, an `argparse.Namespace`, NumPy arrays, through `torch.save` or
-        `save_on_master`); then the message names who saves what, with no fix. A load of a file
-        name the file only ever saves tensors to keeps the fix.
+        What the file holds decides the fix. Known to load weights-only (the result feeds
+        `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
+        values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
+        beside it or the modules it imports save a whole module, an `argparse.Namespace` or NumPy
+        arrays; or the result is used as one: `net.eval()`, `net(x)`, `arr.astype(...)`,
+        `ckpt["args"].lr`): no fix, one step lower, and the message names who saves or uses what and
+        the real ways out (a `state_dict()` checkpoint, `add_safe_globals` / `safe_globals`, loading
+        only trusted files). Not known, and the result goes to code this file does not show
+        (passed to a function that builds from it, or returned by a helper the file never calls; a
+        helper it calls is judged by what its callers do): no fix, one step lower. A result used
+        only as a dict or a tensor, or not at all, keeps the fix. The message names the torch
+        the pins allow (requirements, `pyproject.toml`, `setup.py`, conda `environment.yml`).
     """
     why = """
         `torch.load` unpickles its input. A pickle can run any code while it loads, so a
@@ -117,6 +125,22 @@ class UnsafeTorchLoad(Rule):
         ),
         Invalid("import torch as th\nsd = th.load(\n    path,\n    map_location='cpu',\n)\n", line=2),
         Invalid("from torch import load\nsd = load(p)\n", line=2, fixed="from torch import load\nsd = load(p, weights_only=True)\n"),
+        # the result feeds load_state_dict: a dict of tensors, which weights_only=True loads
+        Invalid("import torch\nfrom torch import load\nnet.load_state_dict(load(p))\n", line=3,
+                fixed="import torch\nfrom torch import load\nnet.load_state_dict(load(p, weights_only=True))\n"),
+        # the loaded value goes to code this file does not show, which decides what it must hold: reported, said
+        # less firmly, and no fix (weights_only=True might refuse it)
+        Invalid("import torch\nckpt = torch.load(args.weights)\nmodel = build_model(ckpt['cfg'])\n", line=2,
+                message="`build_model(ckpt['cfg'])` decides what the file must hold"),
+        # used as a whole module: weights_only=True would refuse it, so the message names the use and the way out
+        Invalid("import torch\nnet = torch.load(args.model, map_location='cpu')\nnet.eval()\n", line=2,
+                message="its result is used as a whole nn.Module (`net.eval()`)"),
+        # a field of a pickled configuration read from the loaded checkpoint
+        Invalid("import torch\ndef restore(path):\n    ckpt = torch.load(path)\n    lr = ckpt['args'].lr\n"
+                "    return ckpt, lr\n", line=3, message="`ckpt['args'].lr`"),
+        # the repository's conda environment pins an old torch: the default load unpickles everything there
+        Invalid("import torch\nstate = torch.load(args.ckpt)\n", line=2, message="the torch < 2.6 the repository pins",
+                requirements="torch==1.12.1\n"),
         Invalid("import torch.serialization\nsd = torch.serialization.load(p)\n", line=2),
         # the same file name, but read from a directory the user names (features dumped by another run)
         Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
@@ -197,11 +221,25 @@ class UnsafeTorchLoad(Rule):
             # it sits in: a script kept under test/ that loads a path from its command line is still exposed
             return
         source_text = ctx.module.code_for_node(source) if source is not None else "?"
-        severity = Severity.CRITICAL if external else None
         shown = f"torch.load({source_text})"
         refused, saved_by = self._refused_payloads(source, checkpoints)
+        loaded = ctx.facts(LoadedPayloads)
+        used_as = {kind for kind in loaded.of(node) if not kind.loads_weights_only} - refused
+        reasons = [f"{saved_by} {describe(refused)} into checkpoints"] if refused else []
+        if used_as:
+            # the program uses what it loaded as a module, an array, an object with fields: weights_only=True
+            # refuses that payload whatever the file is called
+            uses = ", ".join(f"`{loaded.use(node, kind)}`" for kind in sorted(used_as, key=lambda k: k.value))
+            reasons.append(f"its result is used as {describe(used_as)} ({uses})")
+            refused |= used_as
+        # weights-only compatible by what the program does: the result feeds load_state_dict, or every checkpoint
+        # this file (or the name the load reads) is saved with holds tensors and plain values. Neither that nor
+        # refused: the fix stays on offer while every use of the result is in view (it is used as a dict or a
+        # tensor, or not at all), not when it goes to code that decides what it must be
+        compatible = not refused and (Payload.TENSORS in loaded.of(node) or self._saves_tensors(source, checkpoints))
         pickle_module = keyword_arg(node, "pickle_module")
-        floor = ctx.facts(VersionFacts).floor("torch")
+        versions = ctx.facts(VersionFacts)
+        floor = versions.floor("torch")
         if weights_only is None and pickle_module is None and floor is not None and \
                 floor.guarantees(WEIGHTS_ONLY_DEFAULT):
             # every torch the pins allow loads weights only by default: safe today, said explicitly it stays safe
@@ -217,20 +255,44 @@ class UnsafeTorchLoad(Rule):
             new_args = [a.with_changes(value=cst.Name("True")) if a is weights_only else a for a in node.args]
         else:
             # what the default does depends on the torch that runs it: say which one the message assumes
-            runs_on = ("with `pickle_module=` (which turns the weights-only default off)" if pickle_module is not None
-                       else "on torch < 2.6, which nothing in the repository's requirements rules out")
+            cap = versions.cap("torch")
+            if pickle_module is not None:
+                runs_on = "with `pickle_module=` (which turns the weights-only default off)"
+            elif cap is not None and not cap.admits(WEIGHTS_ONLY_DEFAULT):
+                runs_on = f"on the torch < 2.6 the repository pins ({versions.assumption('torch')})"
+            else:
+                runs_on = "on torch < 2.6, which nothing in the repository's requirements rules out"
             message = (f"`{shown}` without `weights_only=True` unpickles arbitrary objects {runs_on}"
                        + (", from a path that comes from outside the program" if external else ""))
             new_args = _with_weights_only(node.args)
+        # said with less weight when weights_only=True cannot simply be added: the file needs full unpickling (the
+        # risk is in trusting its source), or nothing shows what it holds
+        lowered = Severity.HIGH if external else Severity.MEDIUM
         if refused:
             # weights_only=True would refuse this program's own checkpoints: no committable suggestion
-            self.report(node, message + f"; {saved_by} {describe(refused)} into checkpoints, which "
-                        "`weights_only=True` refuses: save `state_dict()`s and plain values, or allow the "
-                        "classes with `torch.serialization.add_safe_globals([...])` and load with "
-                        "`weights_only=True`", severity=severity)
+            self.report(node, message + f"; {' and '.join(reasons)}, which `weights_only=True` refuses: load "
+                        "only files you trust, or save `state_dict()`s and plain values instead, or allow the classes with "
+                        "`torch.serialization.add_safe_globals([...])` (`safe_globals` around one load) and load "
+                        "with `weights_only=True`", severity=lowered)
+            return
+        escapes = "" if compatible else loaded.escapes(node)
+        if escapes:
+            # what the file must hold is decided by code out of view: say less, and offer no fix
+            self.report(node, message + f"; `{escapes}` decides what the file must hold, which nothing here shows: "
+                        "if it is a `state_dict()` or tensors, pass `weights_only=True`; if it holds other objects, "
+                        "allow their classes with `torch.serialization.safe_globals([...])`", severity=lowered)
             return
         self.report(node, message + "; pass `weights_only=True`", replacement=node.with_changes(args=new_args),
-                    severity=severity)
+                    severity=Severity.CRITICAL if external else None)
+
+    @staticmethod
+    def _saves_tensors(source: Optional[cst.BaseExpression], checkpoints: CheckpointWrites) -> bool:
+        """The checkpoints this load may read are known to hold tensors and plain values only: those saved to the
+        file name it reads, else every checkpoint the file saves (a script reloads its own format)."""
+        names = checkpoints.literals(source) if source is not None else set()
+        own = [write for write in checkpoints.writes if names & write.path_literals]
+        writes = own or checkpoints.writes
+        return bool(writes) and all(write.payloads and write.payloads <= {Payload.TENSORS} for write in writes)
 
     @staticmethod
     def _refused_payloads(source: Optional[cst.BaseExpression], checkpoints: CheckpointWrites
