@@ -518,9 +518,14 @@ def item_values(ctx, expr: cst.BaseExpression) -> Optional[list[cst.BaseExpressi
         return list_items(ctx, expr, name) if name else None
     if not isinstance(expr, cst.Name):
         return None
-    binding = ctx.binding(expr.value, expr)
-    loop = binding.node if binding is not None and binding.kind == "for" else None
-    if not isinstance(loop, cst.For):
+    # the innermost ``for`` around the read whose target binds the name (during the walk or after it)
+    parents = ctx.facts(ModuleNodes).parents
+    loop = parents.get(id(expr))
+    while loop is not None and not (isinstance(loop, cst.For) and expr.value in targets(loop.target)):
+        if isinstance(loop, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None
+        loop = parents.get(id(loop))
+    if loop is None or ctx.inside(expr, loop.iter):
         return None
     source, target = loop.iter, loop.target
     if isinstance(source, cst.Call) and isinstance(source.func, cst.Name) and source.func.value == "enumerate" and \
