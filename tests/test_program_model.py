@@ -62,6 +62,61 @@ def test_call_site_values_are_the_callers_arguments_and_unknown_with_star_args()
     assert call_site_values(starred, first(starred, cst.FunctionDef), "model") is None
 
 
+def test_a_parameter_is_the_module_every_caller_passes():
+    from analyzers.program.builds import passed_module
+
+    code = """
+        import torch.nn as nn
+        class Scorer(nn.Module):
+            pass
+        def score(head, xs):
+            return [head(x) for x in xs]
+        def run(xs):
+            head = Scorer().to("cpu")
+            score(head, xs)
+            score(Scorer().eval(), xs)
+    """
+    ctx = context(code)
+    fn = first(ctx, cst.FunctionDef, lambda f: f.name.value == "score")
+    use = first(ctx, cst.Call, lambda c: isinstance(c.func, cst.Name) and c.func.value == "head")
+    built = passed_module(ctx, use.func, use)
+    assert built is not None and built.model and not built.eval_mode  # one caller's is in training mode
+    unknown = context(code + "    score(pick(), xs)\n")
+    use = first(unknown, cst.Call, lambda c: isinstance(c.func, cst.Name) and c.func.value == "head")
+    assert passed_module(unknown, use.func, use) is None  # a caller passes what the file does not show
+    assert fn is not None
+
+
+def test_items_of_a_list_filled_item_by_item():
+    from analyzers.program.flow import item_values
+
+    ctx = context("""
+        class Feeds:
+            def __init__(self, loaders):
+                self.iters = []
+                for loader in loaders:
+                    self.iters.append(iter(loader))
+            def refill(self, i, loader):
+                self.iters[i] = iter(loader)
+            def pull(self):
+                for i, it in enumerate(self.iters):
+                    it.next()
+                return self.iters[0]
+        other = make_list()
+        for thing in other:
+            thing.next()
+    """)
+    loop_read = first(ctx, cst.Call, lambda c: isinstance(c.func, cst.Attribute) and
+                      isinstance(c.func.value, cst.Name) and c.func.value.value == "it")
+    assert [cst.Module([]).code_for_node(v) for v in item_values(ctx, loop_read.func.value)] == \
+        ["iter(loader)", "iter(loader)"]
+    indexed = first(ctx, cst.Subscript, lambda s: isinstance(ctx.parent(s), cst.Return))
+    assert len(item_values(ctx, indexed)) == 2
+    unknown = first(ctx, cst.Call, lambda c: isinstance(c.func, cst.Attribute) and
+                    isinstance(c.func.value, cst.Name) and c.func.value.value == "thing")
+    assert item_values(ctx, unknown.func.value) is None  # a list built by a call: its items are not known
+
+
 def test_a_global_read_inside_a_function_finds_the_module_assignment():
     ctx = context("""
         import torch.nn as nn

@@ -90,7 +90,14 @@ def follow(expr, ctx: FileContext, use: cst.CSTNode, inside: Optional[tuple[str,
         if binding is None or binding.value is None or binding.kind not in FOLLOWED_KINDS:
             return expr, inside
         if is_conditional(binding, use, ctx):
-            return None, inside
+            moved = wrapped_module(binding.value, ctx)
+            if moved is None or dotted_name(moved) != name or binding.previous is None:
+                return None, inside
+            # ``if use_gpu: model = model.cuda()``: the branch moves or wraps the same value, so whether it ran
+            # or not, the value is the one bound before it
+            inside = (name, binding)
+            expr = moved
+            continue
         inside = (name, binding)
         expr = binding.value
     return expr, inside

@@ -8,6 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false
+from analyzers.program.flow import assignment_before, call_site_values
 from analyzers.program.library import (Does, does, method_does, method_returns_same_module, pretrained_gives_no_module,
                                        wrapped_module_argument)
 
@@ -65,3 +66,38 @@ def built_module(ctx: FileContext, value: Optional[cst.BaseExpression]) -> Optio
     if local and local in ctx.module_classes_in_file:
         return BuiltModule(True, eval_mode)
     return None
+
+
+def passed_module(ctx: FileContext, param: cst.BaseExpression, use: cst.CSTNode,
+                  depth: int = 0) -> Optional[BuiltModule]:
+    """The module a parameter holds when every call of its function in this file passes one the program sees
+    built (``test(model, predictor)`` after ``predictor = LinkPredictor(...).to(device)``), through callers'
+    own parameters; in eval mode only when every caller's is. None when a call passes something else, passes
+    it through ``*args``, or there is no call in the file (callers elsewhere may pass anything)."""
+    if depth > 3 or not isinstance(param, cst.Name):
+        return None
+    fn = next((a for a in ctx.ancestors(use) if isinstance(a, cst.FunctionDef)), None)
+    if fn is None or not any(p.name.value == param.value for p in (*fn.params.posonly_params, *fn.params.params,
+                                                                       *fn.params.kwonly_params)):
+        return None
+    if assignment_before(ctx, use, param.value) is not None:
+        return None  # rebound in the function: the parameter's value is not what reaches the use
+    values = call_site_values(ctx, fn, param.value)
+    if not values:
+        return None
+    found: list[BuiltModule] = []
+    for value in values:
+        expr: Optional[cst.BaseExpression] = value
+        for _ in range(4):  # ``predictor = LinkPredictor(...)`` two lines above the call
+            name = dotted_name(expr) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+            assigned = assignment_before(ctx, value, name) if name else None
+            if assigned is None:
+                break
+            expr = assigned
+        built = built_module(ctx, expr) if isinstance(expr, cst.Call) else None
+        if built is None and isinstance(expr, cst.Name):
+            built = passed_module(ctx, expr, value, depth + 1)
+        if built is None or not built.model:
+            return None
+        found.append(built)
+    return BuiltModule(True, all(b.eval_mode for b in found))

@@ -9,7 +9,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
-from analyzers.program.builds import built_module
+from analyzers.program.builds import built_module, passed_module
 from analyzers.program.flow import subtree
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
@@ -80,7 +80,7 @@ class ValLoop:
 
 class ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain", "origin_func", "after_eval", "unpacked_from")
+                 "eval_chain", "origin_func", "after_eval", "unpacked_from", "passed")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -122,6 +122,8 @@ class EvaluationPaths:
         self.skipped_classes: dict[cst.ClassDef, bool] = {}
         self.test_file = is_test_code(ctx)
         self._memo: dict[tuple, bool] = {}
+        self.ctx = ctx
+        self._passed: dict[int, Optional[BuiltModule]] = {}
 
     # ---- structure -----------------------------------------------------------------------
     def enter_function(self, node: cst.FunctionDef, ctx: FileContext) -> None:
@@ -347,7 +349,11 @@ class EvaluationPaths:
         constructed = built is not None and built.model
         eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin) or \
             constructor_evaluates(ctx, origin)
-        if not (name_like or constructed):
+        # a parameter named like nothing in particular: a model when every caller in this file passes one, which
+        # only the whole file tells (``runs_a_module``, after the walk)
+        passed = not (name_like or constructed) and origin is target and isinstance(target, cst.Name) and \
+            getattr(ctx.binding(model), "kind", None) == "param"
+        if not (name_like or constructed or passed):
             return
         if isinstance(origin, (cst.Lambda,)) or names_a_class(ctx, target) or hands_a_model(ctx, node):
             # ``Model = MODELS[name]; Model(cfg)`` builds a model from a class; ``unwrap_model(unet)`` is handed one:
@@ -383,6 +389,7 @@ class EvaluationPaths:
             origin_func=origin_func(origin), after_eval=not in_path,
             # ``text_model, tokenizer = load_pair()``: the function and the item of the tuple it returns
             unpacked_from=(method_name(unpacked), binding.element) if isinstance(unpacked, cst.Call) else None,
+            passed=target if passed else None,
         ))
 
     # ---- decisions -------------------------------------------------------------------------
@@ -445,6 +452,19 @@ class EvaluationPaths:
                 return False
         return True
 
+    def passed_module(self, call: ModelCall) -> Optional[BuiltModule]:
+        """For a call of a parameter known by its callers only: the module every caller in this file passes."""
+        if call.passed is None:
+            return None
+        if id(call) not in self._passed:
+            self._passed[id(call)] = passed_module(self.ctx, call.passed, call.node)
+        return self._passed[id(call)]
+
+    def runs_a_module(self, call: ModelCall) -> bool:
+        """The called object is a module: by its name or how it was built, or, for a parameter named like
+        nothing in particular, because every call of its function in this file passes one."""
+        return call.passed is None or self.passed_module(call) is not None
+
     def runs_a_function(self, call: ModelCall) -> bool:
         """The called name is a parameter that every call site fills with a plain function: no module, no mode."""
         if "." in call.model:
@@ -470,6 +490,8 @@ class EvaluationPaths:
         built_eval = call.eval_chain or (call.origin_func and any(
             s.returns_eval for s in self.functions.get(call.origin_func, ()))) or (call.unpacked_from and any(
                 call.unpacked_from[1] in s.returns_eval_at for s in self.functions.get(call.unpacked_from[0], ())))
+        passed = self.passed_module(call)
+        built_eval = built_eval or (passed is not None and passed.eval_mode)
         if built_eval and not self.trained_again(call):
             return True
         if call.cls is not None and any(covers(k, a) for k in self.class_evals.get(call.cls, ()) for a in call.aliases):

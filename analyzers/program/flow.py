@@ -443,3 +443,97 @@ def reaches_through_own_methods(cls: cst.ClassDef, fn: cst.FunctionDef, found, d
                         following.append(methods[name])
         frontier = following
     return False
+
+
+def _list_scope(ctx, use: cst.CSTNode, name: str) -> Optional[cst.CSTNode]:
+    """Where a list named ``name`` lives, seen from ``use``: the class for ``self.x`` (its methods share it),
+    the enclosing function for a local name, the module for a global one."""
+    nodes = ctx.facts(ModuleNodes)
+    current = nodes.parents.get(id(use))
+    function = None
+    while current is not None:
+        if isinstance(current, cst.ClassDef) and name.startswith("self."):
+            return current
+        if isinstance(current, cst.FunctionDef) and function is None:
+            function = current
+        current = nodes.parents.get(id(current))
+    if name.startswith("self."):
+        return None
+    if function is not None and any(dotted_name(t.target) == name for node in subtree(function)
+                                    if isinstance(node, cst.Assign) for t in node.targets):
+        return function
+    return ctx.module
+
+
+def list_items(ctx, use: cst.CSTNode, name: str) -> Optional[list[cst.BaseExpression]]:
+    """Every value the code puts into the list ``name`` (``x`` or ``self.x``) visible from ``use``: the elements
+    of the list literals bound to it, and what ``.append(v)``, ``.insert(i, v)``, ``.extend([...])``,
+    ``x[i] = v`` and ``x += [...]`` add. None when the list gets anything the code does not show item by item
+    (a call's result, a comprehension, an ``extend`` of another list) or is never built here."""
+    scope = _list_scope(ctx, use, name)
+    if scope is None:
+        return None
+    items: list[cst.BaseExpression] = []
+    built = False
+
+    def literal(value: cst.BaseExpression) -> bool:
+        if isinstance(value, (cst.List, cst.Tuple)) and \
+                not any(isinstance(e, cst.StarredElement) for e in value.elements):
+            items.extend(e.value for e in value.elements)
+            return True
+        return False
+
+    for node in subtree(scope):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                if dotted_name(target.target) == name:
+                    if not literal(node.value):
+                        return None
+                    built = True
+                elif isinstance(target.target, cst.Subscript) and dotted_name(target.target.value) == name:
+                    items.append(node.value)
+        elif isinstance(node, cst.AugAssign) and dotted_name(node.target) == name:
+            if not literal(node.value):
+                return None
+        elif isinstance(node, (cst.AnnAssign, cst.NamedExpr)) and dotted_name(node.target) == name:
+            return None
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                dotted_name(node.func.value) == name:
+            method = node.func.attr.value
+            if method == "append" and len(node.args) == 1:
+                items.append(node.args[0].value)
+            elif method == "insert" and len(node.args) == 2:
+                items.append(node.args[1].value)
+            elif method == "extend" and (len(node.args) != 1 or not literal(node.args[0].value)):
+                return None
+    return items if built and items else None
+
+
+def item_values(ctx, expr: cst.BaseExpression) -> Optional[list[cst.BaseExpression]]:
+    """What an item read from a list may be: ``xs[i]``, or a loop variable of ``for x in xs`` /
+    ``for i, x in enumerate(xs)``, is one of the values the code puts into ``xs`` (:func:`list_items`).
+    None when the expression is no such read or the list's items are not all known."""
+    if isinstance(expr, cst.Subscript):
+        name = dotted_name(expr.value)
+        return list_items(ctx, expr, name) if name else None
+    if not isinstance(expr, cst.Name):
+        return None
+    # the innermost ``for`` around the read whose target binds the name (during the walk or after it)
+    parents = ctx.facts(ModuleNodes).parents
+    loop = parents.get(id(expr))
+    while loop is not None and not (isinstance(loop, cst.For) and expr.value in targets(loop.target)):
+        if isinstance(loop, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None
+        loop = parents.get(id(loop))
+    if loop is None or ctx.inside(expr, loop.iter):
+        return None
+    source, target = loop.iter, loop.target
+    if isinstance(source, cst.Call) and isinstance(source.func, cst.Name) and source.func.value == "enumerate" and \
+            ctx.binding("enumerate", expr) is None and len(source.args) == 1:
+        if not (isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2):
+            return None
+        source, target = source.args[0].value, target.elements[1].value
+    if not (isinstance(target, cst.Name) and target.value == expr.value):
+        return None
+    name = dotted_name(source)
+    return list_items(ctx, loop, name) if name else None

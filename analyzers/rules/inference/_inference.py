@@ -74,7 +74,7 @@ class InferencePathRule(Rule):
         seen: set[tuple] = set()
         for call in self.facts.model_calls:
             where = self.facts.path_of(call)
-            if where is None:
+            if where is None or not self.facts.runs_a_module(call):
                 continue
             key = (id(call.stack[-1]), call.model)
             if key in seen:

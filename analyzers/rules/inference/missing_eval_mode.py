@@ -125,8 +125,28 @@ class MissingEvalMode(_InferencePathRule):
         Valid("import torch\ndef train(loader):\n    model = make_net()\n    model.train()\n"
               "def test(loader):\n    model = make_net().eval()\n    with torch.no_grad():\n        for x in loader:\n"
               "            model(x)\n"),
+        # a parameter named like nothing in particular: every caller passes a module built in eval mode
+        Valid("import torch\nimport torch.nn as nn\nclass Head(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.drop = nn.Dropout(0.2)\n    def forward(self, x):\n"
+              "        return self.drop(x)\n@torch.no_grad()\ndef test(scorer, batches):\n"
+              "    return [scorer(x) for x in batches]\ndef main(batches):\n    head = Head().eval()\n"
+              "    test(head, batches)\n"),
+        # ... or a caller passes something the file does not show to be a module
+        Valid("import torch\nimport torch.nn as nn\nclass Head(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.drop = nn.Dropout(0.2)\n    def forward(self, x):\n"
+              "        return self.drop(x)\n@torch.no_grad()\ndef test(scorer, batches):\n"
+              "    return [scorer(x) for x in batches]\ndef main(batches, pick):\n    test(Head(), batches)\n"
+              "    test(pick, batches)\n"),
     ]
     INVALID = [
+        # the second module of an evaluation function is a parameter; the caller hands it a module with dropout
+        Invalid("import torch\nimport torch.nn as nn\nclass Head(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.drop = nn.Dropout(0.2)\n    def forward(self, x):\n"
+                "        return self.drop(x)\n@torch.no_grad()\ndef test(encoder, scorer, batches):\n"
+                "    encoder.eval()\n    return [scorer(encoder(x)) for x in batches]\n"
+                "def main(batches):\n    encoder = nn.Sequential(nn.Linear(4, 4), nn.Dropout())\n"
+                "    scorer = Head().to('cpu')\n    test(encoder, scorer, batches)\n",
+                line=12, message="`scorer`"),
         Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"
                 "            out = model(x)\n", line=5, message="`model`"),
         Invalid("import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"

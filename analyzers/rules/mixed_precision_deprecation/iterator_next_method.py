@@ -8,6 +8,7 @@ import libcst as cst
 from analyzers.context import (FileContext, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.flow import item_values
 from analyzers.program.library import Does, method_does
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
@@ -61,8 +62,36 @@ class IteratorNextMethod(Rule):
         sampler = Sampler(data)
         batch = sampler.next()
         """,
+        # a list that also holds something else than iterators
+        """
+        import torch
+        feeds = [iter(loader_a)]
+        feeds.append(Stream())
+        for feed in feeds:
+            batch = feed.next()
+        """,
     ]
     INVALID = [
+        # an item of a list every value put into which is an iterator
+        Invalid(
+            """
+            import torch
+            class Mixed:
+                def __init__(self, loaders):
+                    self.loaders = loaders
+                    self.iters = []
+                    for loader in loaders:
+                        self.iters.append(iter(loader))
+                def batch(self):
+                    for i, it in enumerate(self.iters):
+                        try:
+                            x = it.next()
+                        except StopIteration:
+                            self.iters[i] = iter(self.loaders[i])
+                            x = self.iters[i].next()
+            """,
+            line=12, count=2, message="`it.next()`",
+        ),
         Invalid(
             """
             import torch
@@ -107,7 +136,10 @@ class IteratorNextMethod(Rule):
             return
         receiver = func.value
         made = receiver if isinstance(receiver, cst.Call) else ctx.assigned_value(receiver)
-        if not _makes_iterator(made, ctx) or ctx.binding("next") is not None:
+        # an item of a list of iterators (``iters.append(iter(loader))``, then ``for it in iters: it.next()``)
+        items = item_values(ctx, receiver) if made is None else None
+        if not (_makes_iterator(made, ctx) or (items and all(_makes_iterator(item, ctx) for item in items))) or \
+                ctx.binding("next") is not None:
             return
         if not ctx.facts(VersionFacts).admits("torch", (2, 0)):
             return

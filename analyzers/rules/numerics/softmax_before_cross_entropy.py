@@ -49,6 +49,20 @@ class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
     KINDS = {"CrossEntropyLoss": ("softmax", "log_softmax"), "F.cross_entropy": ("softmax", "log_softmax"),
              "NLLLoss": ("softmax",), "F.nll_loss": ("softmax",)}
     VALID = [
+        # the branch builds another model, not the same one moved
+        """
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class Classifier(nn.Module):
+            def forward(self, x):
+                return F.softmax(self.fc(x), dim=1)
+        net = Classifier()
+        if use_logits:
+            net = LogitsNet()
+        criterion = nn.CrossEntropyLoss()
+        loss = criterion(net(x), y)
+        """,
         # logits into the loss, softmax only for metrics
         """
         import torch.nn as nn
@@ -115,6 +129,26 @@ class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
         """,
     ]
     INVALID = [
+        # the model is moved to the GPU on one branch only: either way it is the same module
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class Classifier(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Linear(8, 3)
+                def forward(self, x):
+                    return F.softmax(self.fc(x), dim=1)
+            net = Classifier()
+            if torch.cuda.is_available():
+                net = net.cuda()
+            criterion = nn.CrossEntropyLoss()
+            loss = criterion(net(x), y)
+            """,
+            line=15, message="Classifier.forward returns softmax",
+        ),
         Invalid(
             """
             import torch.nn as nn
