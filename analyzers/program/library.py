@@ -400,3 +400,24 @@ CONTAINER_ATTRIBUTES = frozenset({
 PLAIN_VALUE_BUILTINS = frozenset({"print", "len", "int", "float", "str", "bool", "repr", "type", "isinstance",
                                   "sorted", "list", "dict", "tuple", "set", "enumerate", "zip", "iter", "next",
                                   "sum", "max", "min", "any", "all", "hasattr", "getattr"})
+
+# Whether a tensor tracks gradients before anyone sets ``requires_grad``: the creation ops make tensors that do
+# not ("requires_grad (bool, optional) – If autograd should record operations on the returned tensor. Default:
+# False.", https://pytorch.org/docs/stable/generated/torch.zeros.html and every creation op of
+# https://pytorch.org/docs/stable/torch.html#creation-ops); an nn.Parameter does ("requires_grad (bool, optional)
+# – if the parameter requires gradient. Default: True",
+# https://pytorch.org/docs/stable/generated/torch.nn.parameter.Parameter.html), and so does every parameter
+# ``Module.parameters()`` / ``named_parameters()`` yields (they are nn.Parameter objects).
+TENSOR_CREATION_OPS = frozenset({
+    "torch.tensor", "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.rand", "torch.randn",
+    "torch.randint", "torch.randperm", "torch.arange", "torch.linspace", "torch.logspace", "torch.eye",
+    "torch.zeros_like", "torch.ones_like", "torch.empty_like", "torch.full_like", "torch.rand_like",
+    "torch.randn_like", "torch.randint_like", "torch.as_tensor", "torch.from_numpy", "torch.Tensor",
+    "torch.FloatTensor", "torch.LongTensor", "torch.DoubleTensor",
+})
+PARAMETER_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+PARAMETER_ITERATORS = frozenset({"parameters"})
+# tensor methods whose result tracks gradients exactly when their receiver does (a copy in another dtype, device
+# or layout: https://pytorch.org/docs/stable/generated/torch.Tensor.to.html returns ``self`` or a copy of it)
+SAME_GRAD_CONVERSIONS = frozenset({"float", "double", "half", "bfloat16", "long", "int", "to", "cuda", "cpu",
+                                   "contiguous", "clone", "unsqueeze", "view", "reshape"})  # ``for p in model.parameters()``: each p is an nn.Parameter

@@ -8,9 +8,9 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, call_receiver, positional_args
+from analyzers.context import FileContext, argument, dotted_name, call_receiver, is_false, is_true, keyword_arg, positional_args
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
-from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
+from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_ddp)
 from analyzers.program.builds import built_module
 from analyzers.program.modules import ModuleFacts, torch_layer_features
@@ -488,3 +488,46 @@ def returns_tensor_of_args(call: cst.Call, ctx: FileContext) -> bool:
 # receiver is a tensor
 TENSOR_ONLY_METHODS = {"cpu", "cuda", "detach", "numpy", "unsqueeze", "permute", "contiguous", "dim", "masked_fill",
                        "expand", "half", "float", "requires_grad_", "backward", "softmax", "log_softmax"}
+
+
+def _literal_flag(expr: Optional[cst.BaseExpression]) -> Optional[bool]:
+    return True if is_true(expr) else False if is_false(expr) else None
+
+
+def tracks_gradients_by_default(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[bool]:
+    """Does the tensor ``expr`` names record autograd operations before anyone sets its ``requires_grad``?
+
+    True for an ``nn.Parameter`` (built in the file, or yielded by ``.parameters()``), False for a tensor a
+    creation op made without ``requires_grad=True`` (the library table's ``TENSOR_CREATION_OPS``); None when the
+    program cannot tell (a parameter of the function, an attribute, a value from elsewhere). Asked during the
+    walk: a name's value is the binding that reaches the point being visited.
+    """
+    for _ in range(4):
+        if not isinstance(expr, cst.Name):
+            break
+        binding = ctx.binding(expr.value)
+        if binding is None or binding.value is None:
+            return None
+        if binding.kind == "for":
+            iterable = binding.value
+            if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute) and \
+                    iterable.func.attr.value in PARAMETER_ITERATORS and isinstance(binding.node.target, cst.Name):
+                return True
+            return None
+        if binding.kind not in ("assign", "annassign") or binding.previous is not None:
+            return None  # rebound: which value reaches here depends on the path
+        expr = binding.value
+    converted = False
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+            expr.func.attr.value in SAME_GRAD_CONVERSIONS:
+        expr, converted = expr.func.value, True  # ``torch.zeros(n, d).float()``: the created tensor's flag
+    if not isinstance(expr, cst.Call):
+        return None
+    qualified = ctx.call_name(expr)
+    if qualified in PARAMETER_CLASSES and not converted:
+        flag = argument(expr, 1, "requires_grad")
+        return True if flag is None else _literal_flag(flag)
+    if qualified in TENSOR_CREATION_OPS:
+        flag = keyword_arg(expr, "requires_grad")
+        return False if flag is None else _literal_flag(flag.value)
+    return None
