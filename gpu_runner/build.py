@@ -492,8 +492,47 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
             return model, str(spec)
     model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
     if isinstance(model, Skip):
+        if is_class and _NOT_GUESSED in model.reason:
+            parameterless = _parameterless_with_stand_ins(obj, str(spec))
+            if parameterless is not None:
+                return parameterless
         return _skip_after_sites(model, site_failures, str(spec))
     return model, str(spec)
+
+
+_NOT_GUESSED = "cannot guess constructor argument"
+
+
+def _parameterless_with_stand_ins(cls: type, label: str) -> Optional[Skip]:
+    """The real reason to skip a class whose constructor needs modules or functions it stores and calls
+    (``self.features = features`` then ``self.features(nodes)``), which no guess supplies, when the class has
+    nothing of its own to train: built with a stand-in without parameters (``nn.Identity``) for each of those
+    arguments and the rest guessed, it holds no trainable parameter. None when it has no such argument, does not
+    build that way, or does hold parameters (the constructor-argument skip stands)."""
+    from gpu_runner import guess
+
+    module = inspect.getmodule(cls)
+    try:
+        usages = guess.argument_usage(cls.__init__, module, cls)
+    except Exception:  # noqa: BLE001 - reading the constructor is a help for the skip reason only
+        return None
+    called = sorted(name for name, usage in usages.items() if usage.stored_and_called)
+    if not called:
+        return None
+    arguments = _guess_arguments(cls, label, [], module=module, known={name: nn.Identity() for name in called})
+    if isinstance(arguments, Skip):
+        return None
+    built = _call_with_retries(cls, arguments, [], _none_defaults(cls, arguments))
+    if not isinstance(built, nn.Module) or any(p.requires_grad for p in built.parameters()):
+        return None
+    from gpu_runner.checks import registration_result
+
+    if registration_result(built).status == "fail":
+        return None  # layers kept in a plain list: its own parameters exist, unregistered (the guess skip stands)
+    shown = ", ".join(f"'{name}'" for name in called)
+    return Skip(f"{label} has no trainable parameters of its own: it only calls the module or function its caller "
+                f"passes as {shown} (built with a stand-in for {'it' if len(called) == 1 else 'them'}, it holds none), "
+                "so the smoke checks do not apply; its users are checked where they are models")
 
 
 @dataclass
@@ -540,6 +579,14 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
                      f"{_one_line_text(exc, 120)}); its arguments are guessed")
         return None
     module = inspect.getmodule(cls)
+    usages: dict = {}
+    if found:
+        from gpu_runner import guess
+
+        try:
+            usages = guess.argument_usage(cls.__init__, module, cls)
+        except Exception:  # noqa: BLE001 - sizes are then shrunk by their names only
+            usages = {}
     for construction in found[:MAX_SITES_TRIED]:
         site_notes: list[str] = []
         given = _materialized(code_root, _bind_site(cls, construction), site_notes)
@@ -548,6 +595,8 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         shrunk = {}
         for key, value in given.items():
             smaller = _shrunk_value(key, value, given)
+            if smaller == value:
+                smaller = _shrunk_free_size(value, usages.get(key))
             shrunk[key] = smaller
             if smaller != value:
                 site_notes.append(f"constructor: {key}={_short_repr(smaller)} (the repository's {_short_repr(value)}, "
@@ -842,6 +891,21 @@ def _shrunk(name: str, value: Any, others: dict) -> Any:
                    and not isinstance(v, bool) and v > 0]
         if all(SHRUNK_IMAGE_SIDE % patch == 0 for patch in patches):
             return SHRUNK_IMAGE_SIDE
+    return value
+
+
+FREE_SIZE_LIMIT = 2048
+SHRUNK_FREE_SIZE = 256
+
+
+def _shrunk_free_size(value: Any, usage: Any) -> Any:
+    """A smaller value for a size the constructor only gives a layer as a free size (a Linear's or a
+    convolution's output width, an Embedding's number of rows; ``guess.Usage.free_size``), whatever its name:
+    a head of 65,536 outputs, a vocabulary of 50,000 tokens, shrunk to 256 (nothing else's shape depends on
+    it). Anything else unchanged."""
+    if usage is not None and usage.free_size and isinstance(value, int) and not isinstance(value, bool) \
+            and value > FREE_SIZE_LIMIT:
+        return SHRUNK_FREE_SIZE
     return value
 
 
@@ -1176,6 +1240,8 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             continue
         if parameter.default is not parameter.empty:
             smaller = _shrunk(parameter.name, parameter.default, {**defaults, **arguments})
+            if smaller == parameter.default:
+                smaller = _shrunk_free_size(parameter.default, usages.get(parameter.name))
             if smaller is not parameter.default and smaller != parameter.default:
                 arguments[parameter.name] = smaller
                 notes.append(f"constructor: {parameter.name}={smaller!r} (default {parameter.default!r}, shrunk)")
@@ -1219,7 +1285,7 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
                 arguments[parameter.name] = config
                 continue
         if not found:
-            return Skip(f"cannot guess constructor argument '{parameter.name}' of {label}; "
+            return Skip(f"{_NOT_GUESSED} '{parameter.name}' of {label}; "
                         "configure smoke.targets with a factory")
         arguments[parameter.name] = value
         notes.append(f"constructor: {parameter.name}={_short_repr(value)} guessed")
@@ -1886,6 +1952,11 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     def heuristic_options(index: int, parameter: _ForwardParameter) -> list[tuple[TensorSpec, str]]:
         choices: list[tuple[TensorSpec, str]] = []
         as_tokens = parameter.role == "tokens"
+        tables = forward_body.column_tables(model) if index == 0 else None
+        if tables is not None:  # the model is the tables: one id per column
+            choices.append((TensorSpec((tables[0],), "long", 0, tables[1]),
+                            f"as {tables[0]} columns of ids, one per embedding table (the smallest has "
+                            f"{tables[1]} rows)"))
         if as_tokens:
             choices.append((TensorSpec((SEQUENCE_LENGTH,), "long", 0, vocab), f"from the name '{parameter.name}'"))
         if parameter.role == "target":
@@ -1929,10 +2000,16 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                 sources = [source for _, source in combination]
                 source = sources[0] if len(set(sources)) == 1 else "; ".join(
                     f"{p.name} {source}" for source, p in zip(sources, tensors))
-                mask_specs = tuple((m.name, _mask_spec(m, combination[0][0])) for m in masks)
+                mask_choices = [_mask_specs(m, combination[0][0]) for m in masks]
+                mask_specs = tuple((m.name, choices[0]) for m, choices in zip(masks, mask_choices))
                 yield InputPlan(args, kwargs + mask_specs, source)
                 if masks and all(m.keyword for m in masks):
                     yield InputPlan(args, kwargs, source + ", without the optional masks")
+                for variant in range(1, max((len(c) for c in mask_choices), default=1)):
+                    mask_specs = tuple((m.name, choices[min(variant, len(choices) - 1)])
+                                       for m, choices in zip(masks, mask_choices))
+                    yield InputPlan(args, kwargs + mask_specs, source + ", the masks shaped to broadcast over "
+                                                                        "attention scores [B, heads, L, L]")
 
     heuristic = [heuristic_options(i, p) for i, p in enumerate(tensors)]
     read = _options_from_forward_body(model, tensors, hints)
@@ -1973,7 +2050,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
     if not facts:
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
-    special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of for f in per_parameter)
+    special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns for f in per_parameter)
     if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
         return None
     options: list[list[tuple[TensorSpec, str]]] = []
@@ -1985,6 +2062,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
             options.append([(TensorSpec((), "long", lengths=True), why)])
         elif facts_of.vocabulary:
             options.append([(TensorSpec((SEQUENCE_LENGTH,), "long", 0, facts_of.vocabulary), why)])
+        elif facts_of.columns:
+            options.append([(TensorSpec((facts_of.columns[0],), "long", 0, facts_of.columns[1]), why)])
         elif facts_of.width:
             options.append([(spec, why) for spec in _specs_for_width(facts_of.width, facts_of.layer)])
         else:
@@ -2072,8 +2151,11 @@ def _combinations_of_rank(options: list[list], rank: int) -> Iterator[tuple]:
             yield (options[0][first],) + rest
 
 
-def _mask_spec(parameter: _ForwardParameter, first_input: TensorSpec) -> TensorSpec:
-    """Masks that hide nothing: ones for attention masks, False for padding masks."""
+def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec) -> list[TensorSpec]:
+    """Masks that hide nothing (ones for attention masks, False for padding masks), most likely shape first:
+    one value per position ([B, L]), then, for an attention mask over a sequence of L positions, the shapes that
+    broadcast over the scores [B, heads, L, L] that attention masks are applied to: [B, 1, 1, L] (a key
+    padding mask), [B, 1, L, L] (one mask for every head), [B, L, L]."""
     if first_input.dtype == "long":
         shape = first_input.shape
     elif len(first_input.shape) >= 2:
@@ -2081,8 +2163,14 @@ def _mask_spec(parameter: _ForwardParameter, first_input: TensorSpec) -> TensorS
     else:
         shape = (SEQUENCE_LENGTH,)
     if parameter.role == "padding_mask":
-        return TensorSpec(shape, "bool", fill=0)
-    return TensorSpec(shape, "long", fill=1)
+        return [TensorSpec(shape, "bool", fill=0)]
+    shapes = [shape]
+    sequence = first_input.batch_axis == 0 and (len(first_input.shape) == 2 or (
+        first_input.dtype == "long" and len(first_input.shape) == 1))
+    if sequence:
+        length = first_input.shape[0]
+        shapes += [(1, 1, length), (1, length, length), (length, length)]
+    return [TensorSpec(s, "long", fill=1) for s in shapes]
 
 
 # ---- task, target and loss -----------------------------------------------------------------------

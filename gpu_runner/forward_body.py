@@ -45,10 +45,32 @@ class ParameterFacts:
     lengths: bool = False
     partner: Optional[str] = None  # concatenated with this parameter along the feature axis
     split_of: Optional[tuple[str, int]] = None  # (other parameter, total width) when both widths are unknown
+    columns: Optional[tuple[int, int]] = None  # (count, below): one id per column, each into its own table
     why: list[str] = field(default_factory=list)
 
     def known(self) -> bool:
-        return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of)
+        return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of or self.columns)
+
+
+def column_tables(layer: nn.Module) -> Optional[tuple[int, int]]:
+    """(k, rows) for a module that holds a list of k embedding tables, one per column of its input (categorical
+    features, each with its own vocabulary): its input is k integer ids per row, each below ``rows``, the
+    smallest table's size. None for any other module."""
+    for child in layer.children():
+        if isinstance(child, nn.ModuleList) and len(child) and all(isinstance(m, nn.Embedding) for m in child):
+            return len(child), min(m.num_embeddings for m in child)
+    return None
+
+
+def feature_weights(layer: nn.Module) -> Optional[int]:
+    """n for a module without sublayers whose own parameters are all [n, d] (a weight row per input feature,
+    applied as ``x[..., None] * weight``): its input has n features. None otherwise."""
+    if list(layer.children()):
+        return None
+    shapes = [p.shape for p in layer.parameters(recurse=False)]
+    if shapes and all(len(s) == 2 for s in shapes) and len({s[0] for s in shapes}) == 1 and shapes[0][0] > 1:
+        return int(shapes[0][0])
+    return None
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,7 @@ class _Reader:
         self.facts: dict[str, ParameterFacts] = {p: ParameterFacts() for p in parameters}
         self.env: dict[str, _Value] = {p: _Value(frozenset({p}), ((p, None),)) for p in parameters}
         self.reading: set[str] = set()  # helper methods being read (no recursion)
+        self.aliases: dict[str, ast.AST] = {}  # loop names bound to an expression (``module`` to ``self.encoder``)
 
     # -- statements, in order; both branches of an `if` and loop bodies are read as straight-line code
     def run(self, statements: list[ast.stmt]) -> None:
@@ -113,11 +136,34 @@ class _Reader:
                 self.value(statement.value)
             elif isinstance(statement, (ast.Expr, ast.Return)) and statement.value is not None:
                 self.value(statement.value)
+            elif isinstance(statement, ast.For) and self._unrolled(statement):
+                continue
             elif isinstance(statement, (ast.If, ast.For, ast.While, ast.With)):
                 self.run(statement.body + getattr(statement, "orelse", []))
 
+    def _unrolled(self, loop: ast.For) -> bool:
+        """A loop over a literal list of tuples (``for name, x, module in [("a", a, self.enc_a), ...]``), read
+        once per tuple with its names bound to the tuple's expressions: ``module(x)`` is ``self.enc_a(a)``."""
+        rows = loop.iter.elts if isinstance(loop.iter, (ast.List, ast.Tuple)) else []
+        names = loop.target.elts if isinstance(loop.target, (ast.Tuple, ast.List)) else []
+        if not rows or not names or not all(isinstance(n, ast.Name) for n in names) \
+                or not all(isinstance(r, (ast.Tuple, ast.List)) and len(r.elts) == len(names) for r in rows):
+            return False
+        saved = dict(self.aliases)
+        try:
+            for row in rows:
+                for name, expression in zip(names, row.elts):
+                    self.aliases[name.id] = expression
+                    self.env[name.id] = self.value(expression)
+                self.run(loop.body + loop.orelse)
+        finally:
+            self.aliases = saved
+        return True
+
     def _layer(self, func: ast.AST) -> Optional[nn.Module]:
-        """``self.fc`` or ``self.layers[0]`` as a module of the model."""
+        """``self.fc`` or ``self.layers[0]`` as a module of the model (or a loop name bound to one)."""
+        if isinstance(func, ast.Name) and func.id in self.aliases:
+            func = self.aliases[func.id]
         index = None
         if isinstance(func, ast.Subscript) and isinstance(func.slice, ast.Constant) and isinstance(func.slice.value, int):
             index, func = func.slice.value, func.value
@@ -283,6 +329,16 @@ class _Reader:
         if type(layer).forward is not nn.Module.forward and not any(True for _ in layer.parameters(recurse=False)) \
                 and not list(layer.children()):
             return _Value(sources, first.parts, first.kind)  # an activation or dropout module
+        tables = column_tables(layer)
+        if tables is not None and first.bare:
+            self._note(first.bare, "columns", tables, f"{tables[0]} columns of ids, one per embedding table of "
+                                                      f"{type(layer).__name__} (the smallest has {tables[1]} rows)")
+            return _Value(sources)
+        features = feature_weights(layer)
+        if features is not None and first.bare:
+            self._note(first.bare, "width", features, f"{features} features, one per row of the weights of "
+                                                      f"{type(layer).__name__}")
+            return _Value(sources)
         if self.depth < 1 and node.args:  # the model's own submodule: read its forward too
             inner = read_forward(layer, self.depth + 1)
             for argument, facts in zip(node.args, inner.values()):
@@ -290,7 +346,7 @@ class _Reader:
                 if parameter is None or not facts.known():
                     continue
                 mine = self.facts[parameter]
-                for key in ("width", "layer", "vocabulary", "adjacency", "lengths"):
+                for key in ("width", "layer", "vocabulary", "adjacency", "lengths", "columns"):
                     if getattr(facts, key) and not getattr(mine, key):
                         setattr(mine, key, getattr(facts, key))
                 mine.why += [f"{why} in {type(layer).__name__}" for why in facts.why]

@@ -1,0 +1,173 @@
+"""gpu_runner.build: inputs, skip reasons and sizes read from how a class uses what it is given (issue 27).
+
+Each tree holds one small class written for the case: an attention block whose required mask must broadcast over
+its scores, an aggregator that only calls the function its caller hands it, ..."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from gpu_runner.build import Skip, build_subject  # noqa: E402
+from gpu_runner.subject import Subject  # noqa: E402
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401
+
+
+def test_a_required_mask_is_offered_in_the_shapes_that_broadcast_over_attention_scores(tmp_path):
+    root = write_tree(tmp_path, {"scorers/__init__.py": "", "scorers/block.py": """\
+        import torch
+        from torch import nn
+
+        class MaskedBlock(nn.Module):
+            def __init__(self, width=32, heads=4):
+                super().__init__()
+                self.heads = heads
+                self.qkv = nn.Linear(width, 3 * width)
+                self.out = nn.Linear(width, width)
+
+            def forward(self, x, mask):
+                b, n, d = x.shape
+                q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+                scores = q @ k.transpose(-1, -2)
+                scores = scores.masked_fill(mask == 0, -1e9)  # scores [B, heads, N, N]
+                return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))
+        """})
+    subject = build_subject(root, "scorers/block.py:MaskedBlock", device="cpu")
+    assert isinstance(subject, Subject), subject
+    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    assert "mask=long [B, 1, 1, 16]" in described or "mask=long [B, 1, 16, 16]" in described, described
+
+
+def test_a_layer_that_only_calls_the_function_it_is_given_skips_as_having_no_parameters(tmp_path):
+    root = write_tree(tmp_path, {"pooling/__init__.py": "", "pooling/mean.py": """\
+        import torch
+        from torch import nn
+
+        class NeighbourMean(nn.Module):
+            def __init__(self, lookup, normalise=False):
+                super().__init__()
+                self.lookup = lookup
+                self.normalise = normalise
+
+            def forward(self, ids):
+                rows = self.lookup(ids)
+                return rows.mean(0)
+        """})
+    skipped = build_subject(root, "pooling/mean.py:NeighbourMean", device="cpu")
+    assert isinstance(skipped, Skip), skipped
+    assert "no trainable parameters" in skipped.reason and "'lookup'" in skipped.reason, skipped.reason
+
+
+def test_a_layer_given_a_function_that_holds_parameters_of_its_own_keeps_the_constructor_reason(tmp_path):
+    root = write_tree(tmp_path, {"pooling2/__init__.py": "", "pooling2/weighted.py": """\
+        import torch
+        from torch import nn
+
+        class WeightedLookup(nn.Module):
+            def __init__(self, lookup):
+                super().__init__()
+                self.lookup = lookup
+                self.gain = nn.Parameter(torch.ones(1))
+
+            def forward(self, ids):
+                return self.lookup(ids) * self.gain
+        """})
+    skipped = build_subject(root, "pooling2/weighted.py:WeightedLookup", device="cpu")
+    assert isinstance(skipped, Skip), skipped
+    assert "cannot guess constructor argument 'lookup'" in skipped.reason, skipped.reason
+
+
+def test_a_large_size_given_only_as_a_layer_output_width_is_shrunk_whatever_its_name(tmp_path):
+    root = write_tree(tmp_path, {"heads/__init__.py": "", "heads/projection.py": """\
+        from torch import nn
+
+        class ProjectionHead(nn.Module):
+            def __init__(self, in_features=64, prototypes=65536, table_rows=50000):
+                super().__init__()
+                self.codes = nn.Embedding(table_rows, in_features)
+                self.mix = nn.Linear(in_features, in_features)
+                self.last = nn.Linear(in_features, prototypes, bias=False)
+
+            def forward(self, x):
+                return self.last(self.mix(x) + self.codes.weight[:1])
+        """})
+    subject = build_subject(root, "heads/projection.py:ProjectionHead", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.last.out_features == 256 and subject.model.codes.num_embeddings == 256
+    assert subject.model.mix.in_features == 64  # an input width is left as it is
+    assert any("prototypes=256" in n and "shrunk" in n for n in subject.notes), subject.notes
+
+
+def test_a_large_output_width_from_the_repository_call_is_shrunk_too(tmp_path):
+    root = write_tree(tmp_path, {"heads2/__init__.py": "", "heads2/projection.py": """\
+        from torch import nn
+
+        class Prototypes(nn.Module):
+            def __init__(self, features, count):
+                super().__init__()
+                self.last = nn.Linear(features, count)
+
+            def forward(self, x):
+                return self.last(x)
+        """, "train_heads.py": """\
+        from heads2.projection import Prototypes
+
+        head = Prototypes(48, 65536)
+        """})
+    subject = build_subject(root, "heads2/projection.py:Prototypes", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.last.out_features == 256 and subject.model.last.in_features == 48, subject.notes
+
+
+TABULAR = {"tabular/__init__.py": "", "tabular/net.py": """\
+    import torch
+    from torch import nn
+
+    class PerColumnTables(nn.Module):
+        def __init__(self, sizes=(5, 9, 3), width=8):
+            super().__init__()
+            self.tables = nn.ModuleList([nn.Embedding(n, width) for n in sizes])
+
+        def forward(self, ids):
+            if ids.shape[-1] != len(self.tables):
+                raise ValueError("one column per table")
+            return torch.stack([t(ids[..., j]) for j, t in enumerate(self.tables)], dim=1)
+
+    class PerFeatureScale(nn.Module):
+        def __init__(self, count=6, width=8):
+            super().__init__()
+            self.scale = nn.Parameter(torch.randn(count, width))
+            self.shift = nn.Parameter(torch.zeros(count, width))
+
+        def forward(self, x):
+            return x[..., None] * self.scale + self.shift
+
+    class Mixed(nn.Module):
+        def __init__(self, width=8):
+            super().__init__()
+            self.numeric = PerFeatureScale(6, width)
+            self.categories = PerColumnTables((5, 9, 3), width)
+            self.head = nn.Linear(width, 1)
+
+        def forward(self, numbers, codes):
+            parts = []
+            for label, given, encoder in [("numbers", numbers, self.numeric), ("codes", codes, self.categories)]:
+                if given is None:
+                    raise ValueError(label)
+                parts.append(encoder(given))
+            return self.head(torch.cat(parts, dim=1).mean(1))
+    """}
+
+
+def test_a_module_of_per_column_embedding_tables_takes_one_id_per_column(tmp_path):
+    root = write_tree(tmp_path, TABULAR)
+    subject = build_subject(root, "tabular/net.py:PerColumnTables", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert any("long [B, 3] in [0, 3)" in n for n in subject.notes), subject.notes
+
+
+def test_numeric_and_categorical_inputs_are_read_through_a_loop_over_encoders(tmp_path):
+    root = write_tree(tmp_path, TABULAR)
+    subject = build_subject(root, "tabular/net.py:Mixed", device="cpu")
+    assert isinstance(subject, Subject), subject
+    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    assert "float [B, 6], long [B, 3] in [0, 3)" in described, described
