@@ -2014,7 +2014,10 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     heuristic = [heuristic_options(i, p) for i, p in enumerate(tensors)]
     read = _options_from_forward_body(model, tensors, hints)
     if read is not None:  # what the body requires, before what the names suggest
-        body_options, joint = read
+        body_options, joint, time_first = read
+        for index in time_first:  # time-first in the body: the guesses by name too
+                heuristic[index] = _unique([(_batch_second(spec), why + ", time-first as the forward reads it")
+                                            for spec, why in heuristic[index]] + heuristic[index])
         for assignment in joint:
             yield from plans([[choice] for choice in assignment])
         yield from plans([_unique(b + h) for b, h in zip(body_options, heuristic)])
@@ -2038,11 +2041,13 @@ def _specs_for_width(width: int, layer: Optional[nn.Module]) -> list[TensorSpec]
 
 
 def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict
-                               ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]]]]:
+                               ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]],
+                                                   list[int]]]:
     """Per tensor parameter, the inputs its use in ``forward`` requires (``forward_body``), and whole
     assignments for parameters concatenated into one layer with neither width known (each split of that
     layer's width, splits into two of the constructor's own sizes first). None when the body says nothing that
-    the names and entry layers do not: a single input that only reaches a layer."""
+    the names and entry layers do not: a single input that only reaches a layer. Third, the parameters the body
+    transposes to batch-first (time-first inputs)."""
     try:
         facts = forward_body.read_forward(model)
     except Exception:  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
@@ -2050,7 +2055,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
     if not facts:
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
-    special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns for f in per_parameter)
+    special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns or f.time_first
+                  or f.state_of is not None for f in per_parameter)
     if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
         return None
     options: list[list[tuple[TensorSpec, str]]] = []
@@ -2060,12 +2066,18 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
             options.append([(TensorSpec((), adjacency=True), why)])
         elif facts_of.lengths:
             options.append([(TensorSpec((), "long", lengths=True), why)])
-        elif facts_of.vocabulary:
-            options.append([(TensorSpec((SEQUENCE_LENGTH,), "long", 0, facts_of.vocabulary), why)])
+        elif facts_of.state_of is not None:
+            options.append([(spec, why) for spec in _recurrent_state(facts_of.state_of)])
+        elif facts_of.vocabulary:  # a sequence of ids, else one id per row (a decoder's single step)
+            options.append([(TensorSpec((SEQUENCE_LENGTH,), "long", 0, facts_of.vocabulary), why),
+                            (TensorSpec((), "long", 0, facts_of.vocabulary), why + ", one id per row")])
         elif facts_of.columns:
             options.append([(TensorSpec((facts_of.columns[0],), "long", 0, facts_of.columns[1]), why)])
         elif facts_of.width:
             options.append([(spec, why) for spec in _specs_for_width(facts_of.width, facts_of.layer)])
+        elif facts_of.time_first:  # a time-first sequence of unknown width: as wide as one of the given sizes
+            options.append([(TensorSpec((width,)), why + f", {width} wide as a constructor size")
+                            for width in _hint_sizes(hints, limit=None) if width > 1])
         else:
             options.append([])
     # a parameter concatenated with one whose input is known: the same leading axes, its own width unknown
@@ -2103,7 +2115,24 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
                     break
             if assignment:
                 joint.append(assignment)
-    return options, joint
+    time_first = [i for i, facts_of in enumerate(per_parameter) if facts_of.time_first]
+    for index in time_first:  # [T, B, ...] where the body transposes it to batch-first
+        options[index] = [(_batch_second(spec), why) for spec, why in options[index]]
+        joint = [a[:index] + [(_batch_second(a[index][0]), a[index][1])] + a[index + 1:] for a in joint]
+    return options, joint, time_first
+
+
+def _batch_second(spec: TensorSpec) -> TensorSpec:
+    """``spec`` with its batch on axis 1, as a sequence of ``SEQUENCE_LENGTH`` steps when it was one vector:
+    [D] -> [T, B, D], [L, D] -> [L, B, D]. Other inputs unchanged."""
+    if not isinstance(spec, TensorSpec) or spec.dtype != "float" or spec.adjacency or spec.lengths \
+            or spec.batch_axis != 0 or spec.is_target:
+        return spec
+    if len(spec.shape) == 1:
+        return dataclasses.replace(spec, shape=(SEQUENCE_LENGTH,) + spec.shape, batch_axis=1)
+    if len(spec.shape) == 2:
+        return dataclasses.replace(spec, batch_axis=1)
+    return spec
 
 
 def _hint_sizes(hints: dict, limit: Optional[int]) -> list[int]:

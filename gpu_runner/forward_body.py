@@ -46,10 +46,13 @@ class ParameterFacts:
     partner: Optional[str] = None  # concatenated with this parameter along the feature axis
     split_of: Optional[tuple[str, int]] = None  # (other parameter, total width) when both widths are unknown
     columns: Optional[tuple[int, int]] = None  # (count, below): one id per column, each into its own table
+    time_first: bool = False  # transposed to batch-first in the body: [T, B, ...], the batch on axis 1
+    state_of: Optional[nn.Module] = None  # given to this RNN as its initial state
     why: list[str] = field(default_factory=list)
 
     def known(self) -> bool:
-        return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of or self.columns)
+        return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of or self.columns
+                    or self.time_first or self.state_of is not None)
 
 
 def column_tables(layer: nn.Module) -> Optional[tuple[int, int]]:
@@ -102,6 +105,40 @@ def _forward_node(model: nn.Module) -> Optional[ast.FunctionDef]:
 def _is_minus_one(node: ast.AST) -> bool:
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
         and node.operand.value == 1
+
+
+def _constants(node: ast.Call) -> Optional[list[int]]:
+    values = []
+    for argument in node.args:
+        if isinstance(argument, ast.Constant) and isinstance(argument.value, int):
+            values.append(argument.value)
+        elif isinstance(argument, ast.UnaryOp) and isinstance(argument.op, ast.USub) \
+                and isinstance(argument.operand, ast.Constant) and isinstance(argument.operand.value, int):
+            values.append(-argument.operand.value)
+        else:
+            return None
+    return values
+
+
+def _swaps_first_two_axes(node: ast.Call) -> bool:
+    """``.transpose(0, 1)`` or ``.permute(1, 0, ...)`` (three axes or more: the last one stays)."""
+    values = _constants(node)
+    return values is not None and (sorted(values) == [0, 1] and _call_name(node.func) == "transpose"
+                                   or len(values) >= 3 and values[:2] == [1, 0])
+
+
+def _keeps_last_axis(name: str, node: ast.Call) -> bool:
+    """A method call that leaves a tensor's last axis (its feature width) where it is: ``transpose(0, 1)``,
+    ``repeat(t, 1, 1)`` (the last factor 1), ``unsqueeze(0)``."""
+    if name == "transpose":
+        return _swaps_first_two_axes(node)
+    if name == "repeat":
+        last = node.args[-1] if node.args else None
+        return isinstance(last, ast.Constant) and last.value == 1
+    if name == "unsqueeze":
+        values = _constants(node)
+        return values in ([0], [1])
+    return False
 
 
 def _call_name(func: ast.AST) -> str:
@@ -261,6 +298,12 @@ class _Reader:
                 return _Value(sources, receiver.parts, receiver.kind)
             if arguments:
                 return _Value(sources, first.parts, first.kind)
+        if name in ("transpose", "permute") and receiver.bare and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and _swaps_first_two_axes(node):
+            self._note(receiver.bare, "time_first", True, f"'{receiver.bare}' made batch-first by .{name}(...) in "
+                                                          "the forward: [T, B, ...]")
+        if _keeps_last_axis(name, node) and receiver.parts:  # x.transpose(0, 1), h.repeat(t, 1, 1), h.unsqueeze(0)
+            return _Value(sources, receiver.parts, receiver.kind)
         if name in ("view", "reshape") and isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
                 and _is_minus_one(node.args[0]) and isinstance(node.args[1], ast.Constant):
             # t.view(-1, k): any tensor of B * k values, as wide as k where a layer needs it
@@ -323,30 +366,32 @@ class _Reader:
             width, out, kind = layer.in_channels, layer.out_channels, type(layer)
         elif isinstance(layer, nn.RNNBase):
             width, out, kind = layer.input_size, None, None
+            state = self.value(node.args[1]) if len(node.args) >= 2 else _UNKNOWN
+            if state.bare and isinstance(node.args[1], ast.Name):
+                self._note(state.bare, "state_of", layer, f"the initial state of {describe_layer(layer)}")
         if width:
             self._require(first, width, layer)
             return _Value(sources, ((None, out),) if out else None, kind)
         if type(layer).forward is not nn.Module.forward and not any(True for _ in layer.parameters(recurse=False)) \
                 and not list(layer.children()):
             return _Value(sources, first.parts, first.kind)  # an activation or dropout module
-        tables = column_tables(layer)
-        if tables is not None and first.bare:
-            self._note(first.bare, "columns", tables, f"{tables[0]} columns of ids, one per embedding table of "
-                                                      f"{type(layer).__name__} (the smallest has {tables[1]} rows)")
-            return _Value(sources)
-        features = feature_weights(layer)
-        if features is not None and first.bare:
-            self._note(first.bare, "width", features, f"{features} features, one per row of the weights of "
-                                                      f"{type(layer).__name__}")
-            return _Value(sources)
-        if self.depth < 1 and node.args:  # the model's own submodule: read its forward too
-            inner = read_forward(layer, self.depth + 1)
+        inner = read_forward(layer, self.depth + 1) if self.depth < 1 and node.args else {}
+        if first.bare and not next(iter(inner.values()), ParameterFacts()).known():
+            tables, features = column_tables(layer), feature_weights(layer)
+            if tables is not None:
+                self._note(first.bare, "columns", tables, f"{tables[0]} columns of ids, one per embedding table of "
+                                                          f"{type(layer).__name__} (the smallest has {tables[1]} rows)")
+            elif features is not None:
+                self._note(first.bare, "width", features, f"{features} features, one per row of the weights of "
+                                                          f"{type(layer).__name__}")
+        if inner:  # the model's own submodule: what its forward requires
             for argument, facts in zip(node.args, inner.values()):
                 parameter = self.value(argument).bare if isinstance(argument, ast.Name) else None
                 if parameter is None or not facts.known():
                     continue
                 mine = self.facts[parameter]
-                for key in ("width", "layer", "vocabulary", "adjacency", "lengths", "columns"):
+                for key in ("width", "layer", "vocabulary", "adjacency", "lengths", "columns", "time_first",
+                            "state_of"):
                     if getattr(facts, key) and not getattr(mine, key):
                         setattr(mine, key, getattr(facts, key))
                 mine.why += [f"{why} in {type(layer).__name__}" for why in facts.why]

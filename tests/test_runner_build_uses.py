@@ -171,3 +171,63 @@ def test_numeric_and_categorical_inputs_are_read_through_a_loop_over_encoders(tm
     assert isinstance(subject, Subject), subject
     described = next(n for n in subject.notes if n.startswith("input inferred"))
     assert "float [B, 6], long [B, 3] in [0, 3)" in described, described
+
+
+STEPS = {"stepper/__init__.py": "", "stepper/net.py": """\
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Scorer(nn.Module):
+        def __init__(self, size):
+            super().__init__()
+            self.size = size
+            self.mix = nn.Linear(size * 2, size)
+            self.weight = nn.Parameter(torch.rand(size))
+
+        def forward(self, query, memory):
+            steps = memory.size(0)
+            q = query.repeat(steps, 1, 1).transpose(0, 1)
+            memory = memory.transpose(0, 1)
+            return self.rank(q, memory)
+
+        def rank(self, q, memory):
+            energy = torch.tanh(self.mix(torch.cat([q, memory], 2)))
+            return F.softmax((energy * self.weight).sum(2), dim=1).unsqueeze(1)
+
+    class StepDecoder(nn.Module):
+        def __init__(self, vocab, size):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, size)
+            self.scorer = Scorer(size)
+            self.cell = nn.GRU(size * 2, size)
+            self.out = nn.Linear(size, vocab)
+
+        def forward(self, word, previous, memory):
+            here = self.embed(word).unsqueeze(0)
+            weights = self.scorer(previous[-1], memory)
+            context = weights.bmm(memory.transpose(0, 1)).transpose(0, 1)
+            output, state = self.cell(torch.cat([here, context], 2), previous)
+            return self.out(output.squeeze(0)), state
+    """, "stepper/build.py": """\
+    from stepper.net import Scorer, StepDecoder
+
+    scorer = Scorer(24)
+    decoder = StepDecoder(30, 24)
+    """}
+
+
+def test_a_sequence_the_forward_transposes_to_batch_first_is_given_time_first(tmp_path):
+    root = write_tree(tmp_path, STEPS)
+    subject = build_subject(root, "stepper/net.py:Scorer", device="cpu")
+    assert isinstance(subject, Subject), subject
+    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    assert "float [B, 24], float [16, B, 24]" in described, described
+
+
+def test_a_decoder_step_gets_one_id_per_row_the_rnn_state_and_time_first_memory(tmp_path):
+    root = write_tree(tmp_path, STEPS)
+    subject = build_subject(root, "stepper/net.py:StepDecoder", device="cpu")
+    assert isinstance(subject, Subject), subject
+    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    assert "long [B] in [0, 30), float [1, B, 24], float [16, B, 24]" in described, described
