@@ -2005,7 +2005,9 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                 yield InputPlan(args, kwargs + mask_specs, source)
                 if masks and all(m.keyword for m in masks):
                     yield InputPlan(args, kwargs, source + ", without the optional masks")
-                for variant in range(1, max((len(c) for c in mask_choices), default=1)):
+                # a required mask in the other shapes attention masks take (optional ones are left out instead)
+                for variant in range(1, max((len(c) for c in mask_choices), default=1) if masks and not all(
+                        m.keyword for m in masks) else 1):
                     mask_specs = tuple((m.name, choices[min(variant, len(choices) - 1)])
                                        for m, choices in zip(masks, mask_choices))
                     yield InputPlan(args, kwargs + mask_specs, source + ", the masks shaped to broadcast over "
