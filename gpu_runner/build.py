@@ -2075,6 +2075,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
                             (TensorSpec((), "long", 0, facts_of.vocabulary), why + ", one id per row")])
         elif facts_of.columns:
             options.append([(TensorSpec((facts_of.columns[0],), "long", 0, facts_of.columns[1]), why)])
+        elif facts_of.width and facts_of.channels_last:
+            options.append([(TensorSpec((SEQUENCE_LENGTH, facts_of.width)), why)])
         elif facts_of.width:
             options.append([(spec, why) for spec in _specs_for_width(facts_of.width, facts_of.layer)])
         elif facts_of.time_first:  # a time-first sequence of unknown width: as wide as one of the given sizes

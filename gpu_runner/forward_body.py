@@ -31,6 +31,7 @@ _WIDTH_PRESERVING = frozenset({"relu", "relu_", "gelu", "tanh", "sigmoid", "elu"
                                "softplus", "dropout", "dropout2d", "softmax", "log_softmax", "mish", "hardtanh",
                                "contiguous", "float", "clone", "abs", "exp", "sin", "cos", "normalize"})
 _MATRIX_PRODUCTS = frozenset({"mm", "spmm", "matmul", "bmm"})
+MAX_DEPTH = 2  # submodules read below the model (an embedding block, then its value and time embeddings)
 _LAYERS_WITH_WIDTH = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase, nn.Embedding, nn.EmbeddingBag)
 
 
@@ -48,6 +49,7 @@ class ParameterFacts:
     columns: Optional[tuple[int, int]] = None  # (count, below): one id per column, each into its own table
     time_first: bool = False  # transposed to batch-first in the body: [T, B, ...], the batch on axis 1
     state_of: Optional[nn.Module] = None  # given to this RNN as its initial state
+    channels_last: bool = False  # [L, C]: its last two axes swapped before the convolution that fixes its width
     why: list[str] = field(default_factory=list)
 
     def known(self) -> bool:
@@ -81,6 +83,7 @@ class _Value:
     sources: frozenset  # forward parameters it was computed from
     parts: Optional[tuple] = None  # along the feature axis: (parameter or None, width or None) per part
     kind: Optional[type] = None  # the layer type whose output fixed the width (Linear or a convolution)
+    channels_last: bool = False  # the parameter with its last two axes swapped: [B, L, C] made [B, C, L]
 
     @property
     def bare(self) -> Optional[str]:
@@ -125,6 +128,16 @@ def _swaps_first_two_axes(node: ast.Call) -> bool:
     values = _constants(node)
     return values is not None and (sorted(values) == [0, 1] and _call_name(node.func) == "transpose"
                                    or len(values) >= 3 and values[:2] == [1, 0])
+
+
+def _swaps_last_two_axes(node: ast.Call) -> bool:
+    """``.permute(0, 2, 1)``, ``.transpose(1, 2)`` or ``.transpose(-1, -2)`` (of a three-axis tensor)."""
+    values = _constants(node)
+    if values is None:
+        return False
+    if _call_name(node.func) == "transpose":
+        return sorted(values) in ([1, 2], [-2, -1])
+    return values == [0, 2, 1]
 
 
 def _keeps_last_axis(name: str, node: ast.Call) -> bool:
@@ -302,6 +315,9 @@ class _Reader:
                 and isinstance(node.func.value, ast.Name) and _swaps_first_two_axes(node):
             self._note(receiver.bare, "time_first", True, f"'{receiver.bare}' made batch-first by .{name}(...) in "
                                                           "the forward: [T, B, ...]")
+        if name in ("transpose", "permute") and receiver.bare and isinstance(node.func, ast.Attribute) \
+                and _swaps_last_two_axes(node):  # x.permute(0, 2, 1) into a Conv1d: x is [B, L, C]
+            return _Value(sources, receiver.parts, receiver.kind, channels_last=True)
         if _keeps_last_axis(name, node) and receiver.parts:  # x.transpose(0, 1), h.repeat(t, 1, 1), h.unsqueeze(0)
             return _Value(sources, receiver.parts, receiver.kind)
         if name in ("view", "reshape") and isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
@@ -371,11 +387,13 @@ class _Reader:
                 self._note(state.bare, "state_of", layer, f"the initial state of {describe_layer(layer)}")
         if width:
             self._require(first, width, layer)
+            if first.channels_last and first.bare and isinstance(layer, nn.modules.conv._ConvNd):
+                self._note(first.bare, "channels_last", True, f"its last two axes swapped before {describe_layer(layer)}")
             return _Value(sources, ((None, out),) if out else None, kind)
         if type(layer).forward is not nn.Module.forward and not any(True for _ in layer.parameters(recurse=False)) \
                 and not list(layer.children()):
             return _Value(sources, first.parts, first.kind)  # an activation or dropout module
-        inner = read_forward(layer, self.depth + 1) if self.depth < 1 and node.args else {}
+        inner = read_forward(layer, self.depth + 1) if self.depth < MAX_DEPTH and node.args else {}
         if first.bare and not next(iter(inner.values()), ParameterFacts()).known():
             tables, features = column_tables(layer), feature_weights(layer)
             if tables is not None:
@@ -384,14 +402,14 @@ class _Reader:
             elif features is not None:
                 self._note(first.bare, "width", features, f"{features} features, one per row of the weights of "
                                                           f"{type(layer).__name__}")
-        if inner:  # the model's own submodule: what its forward requires
+        if inner:  # the model's own submodule (two levels down at most): what its forward requires
             for argument, facts in zip(node.args, inner.values()):
                 parameter = self.value(argument).bare if isinstance(argument, ast.Name) else None
                 if parameter is None or not facts.known():
                     continue
                 mine = self.facts[parameter]
                 for key in ("width", "layer", "vocabulary", "adjacency", "lengths", "columns", "time_first",
-                            "state_of"):
+                            "state_of", "channels_last"):
                     if getattr(facts, key) and not getattr(mine, key):
                         setattr(mine, key, getattr(facts, key))
                 mine.why += [f"{why} in {type(layer).__name__}" for why in facts.why]

@@ -231,3 +231,51 @@ def test_a_decoder_step_gets_one_id_per_row_the_rnn_state_and_time_first_memory(
     assert isinstance(subject, Subject), subject
     described = next(n for n in subject.notes if n.startswith("input inferred"))
     assert "long [B] in [0, 30), float [1, B, 24], float [16, B, 24]" in described, described
+
+
+SERIES = {"series/__init__.py": "", "series/net.py": """\
+    import torch
+    from torch import nn
+
+    class ValueCoding(nn.Module):
+        def __init__(self, variables, width):
+            super().__init__()
+            self.conv = nn.Conv1d(variables, width, kernel_size=3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x.permute(0, 2, 1)).transpose(1, 2)
+
+    class ClockCoding(nn.Module):
+        def __init__(self, fields, width):
+            super().__init__()
+            self.proj = nn.Linear(fields, width, bias=False)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    class Coding(nn.Module):
+        def __init__(self, variables, fields, width):
+            super().__init__()
+            self.value = ValueCoding(variables, width)
+            self.clock = ClockCoding(fields, width)
+
+        def forward(self, x, stamps):
+            return self.value(x) + self.clock(stamps)
+
+    class Forecaster(nn.Module):
+        def __init__(self, variables=5, fields=3, width=16):
+            super().__init__()
+            self.coding = Coding(variables, fields, width)
+            self.head = nn.Linear(width, variables)
+
+        def forward(self, series, stamps):
+            return self.head(torch.relu(self.coding(series, stamps)))
+    """}
+
+
+def test_series_read_two_submodules_down_are_channels_last_where_the_body_swaps_them_for_a_conv(tmp_path):
+    root = write_tree(tmp_path, SERIES)
+    subject = build_subject(root, "series/net.py:Forecaster", device="cpu")
+    assert isinstance(subject, Subject), subject
+    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    assert "float [B, 16, 5], float [B, 16, 3]" in described, described
