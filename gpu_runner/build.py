@@ -161,7 +161,7 @@ def _halved_plan(plan: InputPlan) -> Optional[tuple[InputPlan, str]]:
     specs = [spec for spec in plan.all_specs() if not spec.is_target]
     first = next((spec for spec in specs if spec.fill is None), None)
     if first is None or plan.is_graph() or any(isinstance(spec, TupleSpec) for spec in plan.args) \
-            or any(spec.lengths for spec in specs):  # lengths are tied to the sequence length
+            or any(spec.lengths or spec.columns for spec in specs):  # lengths are tied to the sequence length
         return None
     if first.dtype not in ("long", "int", "int64", "int32") and len(first.shape) >= 3:
         sizes, floor, what = set(first.shape[-2:]), IMAGE_SIDE_FLOOR, "resolution"
@@ -1312,6 +1312,7 @@ class TensorSpec:
     is_target: bool = False  # fed to a forward(x, targets) parameter, not an input of the model
     adjacency: bool = False  # [B, B]: the rows of the batch are the nodes of one graph
     lengths: bool = False  # [B] sequence lengths for pack_padded_sequence: sorted, longest first, on the CPU
+    columns: bool = False  # ids of categorical features, one per column into its own table: not a sequence
 
     def batched_shape(self, batch_size: int) -> list[int]:
         if self.adjacency:
@@ -1954,7 +1955,7 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
         as_tokens = parameter.role == "tokens"
         tables = forward_body.column_tables(model) if index == 0 else None
         if tables is not None:  # the model is the tables: one id per column
-            choices.append((TensorSpec((tables[0],), "long", 0, tables[1]),
+            choices.append((TensorSpec((tables[0],), "long", 0, tables[1], columns=True),
                             f"as {tables[0]} columns of ids, one per embedding table (the smallest has "
                             f"{tables[1]} rows)"))
         if as_tokens:
@@ -2074,7 +2075,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
             options.append([(TensorSpec((SEQUENCE_LENGTH,), "long", 0, facts_of.vocabulary), why),
                             (TensorSpec((), "long", 0, facts_of.vocabulary), why + ", one id per row")])
         elif facts_of.columns:
-            options.append([(TensorSpec((facts_of.columns[0],), "long", 0, facts_of.columns[1]), why)])
+            options.append([(TensorSpec((facts_of.columns[0],), "long", 0, facts_of.columns[1], columns=True), why)])
         elif facts_of.width and facts_of.channels_last:
             options.append([(TensorSpec((SEQUENCE_LENGTH, facts_of.width)), why)])
         elif facts_of.width:
@@ -2283,7 +2284,8 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
     else:
         second = prober.try_plan(plan, SECOND_PROBE_BATCH)
         axis = _batch_axis(primary, select(second) if second is not _FAILED else None)
-    tokens_index = next((i for i, s in enumerate(plan.args) if s.dtype == "long" and len(s.shape) == 1), None)
+    tokens_index = next((i for i, s in enumerate(plan.args) if s.dtype == "long" and len(s.shape) == 1
+                         and not getattr(s, "columns", False)), None)
 
     task = configured_task or _infer_task_name(primary, axis, plan, tokens_index)
     if configured_task is not None:

@@ -163,6 +163,11 @@ def test_a_module_of_per_column_embedding_tables_takes_one_id_per_column(tmp_pat
     subject = build_subject(root, "tabular/net.py:PerColumnTables", device="cpu")
     assert isinstance(subject, Subject), subject
     assert any("long [B, 3] in [0, 3)" in n for n in subject.notes), subject.notes
+    # columns are features, not a sequence: no next-token objective that leaves the last column's table untrained
+    assert subject.task != "language_model", subject.task
+    batch = subject.make_batch(4, 0)
+    subject.loss_fn(subject.model(*batch.args), batch.target).backward()
+    assert all(t.weight.grad is not None and t.weight.grad.abs().sum() > 0 for t in subject.model.tables)
 
 
 def test_numeric_and_categorical_inputs_are_read_through_a_loop_over_encoders(tmp_path):
