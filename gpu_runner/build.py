@@ -168,7 +168,7 @@ def _halved_plan(plan: InputPlan) -> Optional[tuple[InputPlan, str]]:
     specs = [spec for spec in plan.all_specs() if not spec.is_target]
     first = next((spec for spec in specs if spec.fill is None), None)
     if first is None or plan.is_graph() or any(isinstance(spec, TupleSpec) for spec in plan.args) \
-            or any(spec.lengths for spec in specs):  # lengths are tied to the sequence length
+            or any(spec.lengths or spec.columns for spec in specs):  # lengths are tied to the sequence length
         return None
     if first.dtype not in ("long", "int", "int64", "int32") and len(first.shape) >= 3:
         sizes, floor, what = set(first.shape[-2:]), IMAGE_SIDE_FLOOR, "resolution"
@@ -499,8 +499,47 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
             return model, str(spec)
     model = _call_with_guessed_arguments(obj, str(spec), notes, explicit=False)
     if isinstance(model, Skip):
+        if is_class and _NOT_GUESSED in model.reason:
+            parameterless = _parameterless_with_stand_ins(obj, str(spec))
+            if parameterless is not None:
+                return parameterless
         return _skip_after_sites(model, site_failures, str(spec))
     return model, str(spec)
+
+
+_NOT_GUESSED = "cannot guess constructor argument"
+
+
+def _parameterless_with_stand_ins(cls: type, label: str) -> Optional[Skip]:
+    """The real reason to skip a class whose constructor needs modules or functions it stores and calls
+    (``self.features = features`` then ``self.features(nodes)``), which no guess supplies, when the class has
+    nothing of its own to train: built with a stand-in without parameters (``nn.Identity``) for each of those
+    arguments and the rest guessed, it holds no trainable parameter. None when it has no such argument, does not
+    build that way, or does hold parameters (the constructor-argument skip stands)."""
+    from gpu_runner import guess
+
+    module = inspect.getmodule(cls)
+    try:
+        usages = guess.argument_usage(cls.__init__, module, cls)
+    except Exception:  # noqa: BLE001 - reading the constructor is a help for the skip reason only
+        return None
+    called = sorted(name for name, usage in usages.items() if usage.stored_and_called)
+    if not called:
+        return None
+    arguments = _guess_arguments(cls, label, [], module=module, known={name: nn.Identity() for name in called})
+    if isinstance(arguments, Skip):
+        return None
+    built = _call_with_retries(cls, arguments, [], _none_defaults(cls, arguments))
+    if not isinstance(built, nn.Module) or any(p.requires_grad for p in built.parameters()):
+        return None
+    from gpu_runner.checks import registration_result
+
+    if registration_result(built).status == "fail":
+        return None  # layers kept in a plain list: its own parameters exist, unregistered (the guess skip stands)
+    shown = ", ".join(f"'{name}'" for name in called)
+    return Skip(f"{label} has no trainable parameters of its own: it only calls the module or function its caller "
+                f"passes as {shown} (built with a stand-in for {'it' if len(called) == 1 else 'them'}, it holds none), "
+                "so the smoke checks do not apply; its users are checked where they are models")
 
 
 @dataclass
@@ -547,6 +586,14 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
                      f"{_one_line_text(exc, 120)}); its arguments are guessed")
         return None
     module = inspect.getmodule(cls)
+    usages: dict = {}
+    if found:
+        from gpu_runner import guess
+
+        try:
+            usages = guess.argument_usage(cls.__init__, module, cls)
+        except Exception:  # noqa: BLE001 - sizes are then shrunk by their names only
+            usages = {}
     for construction in found[:MAX_SITES_TRIED]:
         site_notes: list[str] = []
         given = _materialized(code_root, _bind_site(cls, construction), site_notes)
@@ -555,6 +602,8 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         shrunk = {}
         for key, value in given.items():
             smaller = _shrunk_value(key, value, given)
+            if smaller == value:
+                smaller = _shrunk_free_size(value, usages.get(key))
             shrunk[key] = smaller
             if smaller != value:
                 site_notes.append(f"constructor: {key}={_short_repr(smaller)} (the repository's {_short_repr(value)}, "
@@ -849,6 +898,21 @@ def _shrunk(name: str, value: Any, others: dict) -> Any:
                    and not isinstance(v, bool) and v > 0]
         if all(SHRUNK_IMAGE_SIDE % patch == 0 for patch in patches):
             return SHRUNK_IMAGE_SIDE
+    return value
+
+
+FREE_SIZE_LIMIT = 2048
+SHRUNK_FREE_SIZE = 256
+
+
+def _shrunk_free_size(value: Any, usage: Any) -> Any:
+    """A smaller value for a size the constructor only gives a layer as a free size (a Linear's or a
+    convolution's output width, an Embedding's number of rows; ``guess.Usage.free_size``), whatever its name:
+    a head of 65,536 outputs, a vocabulary of 50,000 tokens, shrunk to 256 (nothing else's shape depends on
+    it). Anything else unchanged."""
+    if usage is not None and usage.free_size and isinstance(value, int) and not isinstance(value, bool) \
+            and value > FREE_SIZE_LIMIT:
+        return SHRUNK_FREE_SIZE
     return value
 
 
@@ -1183,6 +1247,8 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             continue
         if parameter.default is not parameter.empty:
             smaller = _shrunk(parameter.name, parameter.default, {**defaults, **arguments})
+            if smaller == parameter.default:
+                smaller = _shrunk_free_size(parameter.default, usages.get(parameter.name))
             if smaller is not parameter.default and smaller != parameter.default:
                 arguments[parameter.name] = smaller
                 notes.append(f"constructor: {parameter.name}={smaller!r} (default {parameter.default!r}, shrunk)")
@@ -1226,7 +1292,7 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
                 arguments[parameter.name] = config
                 continue
         if not found:
-            return Skip(f"cannot guess constructor argument '{parameter.name}' of {label}; "
+            return Skip(f"{_NOT_GUESSED} '{parameter.name}' of {label}; "
                         "configure smoke.targets with a factory")
         arguments[parameter.name] = value
         notes.append(f"constructor: {parameter.name}={_short_repr(value)} guessed")
@@ -1253,6 +1319,7 @@ class TensorSpec:
     is_target: bool = False  # fed to a forward(x, targets) parameter, not an input of the model
     adjacency: bool = False  # [B, B]: the rows of the batch are the nodes of one graph
     lengths: bool = False  # [B] sequence lengths for pack_padded_sequence: sorted, longest first, on the CPU
+    columns: bool = False  # ids of categorical features, one per column into its own table: not a sequence
 
     def batched_shape(self, batch_size: int) -> list[int]:
         if self.adjacency:
@@ -1893,6 +1960,11 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     def heuristic_options(index: int, parameter: _ForwardParameter) -> list[tuple[TensorSpec, str]]:
         choices: list[tuple[TensorSpec, str]] = []
         as_tokens = parameter.role == "tokens"
+        tables = forward_body.column_tables(model) if index == 0 else None
+        if tables is not None:  # the model is the tables: one id per column
+            choices.append((TensorSpec((tables[0],), "long", 0, tables[1], columns=True),
+                            f"as {tables[0]} columns of ids, one per embedding table (the smallest has "
+                            f"{tables[1]} rows)"))
         if as_tokens:
             choices.append((TensorSpec((SEQUENCE_LENGTH,), "long", 0, vocab), f"from the name '{parameter.name}'"))
         if parameter.role == "target":
@@ -1936,15 +2008,26 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                 sources = [source for _, source in combination]
                 source = sources[0] if len(set(sources)) == 1 else "; ".join(
                     f"{p.name} {source}" for source, p in zip(sources, tensors))
-                mask_specs = tuple((m.name, _mask_spec(m, combination[0][0])) for m in masks)
+                mask_choices = [_mask_specs(m, combination[0][0]) for m in masks]
+                mask_specs = tuple((m.name, choices[0]) for m, choices in zip(masks, mask_choices))
                 yield InputPlan(args, kwargs + mask_specs, source)
                 if masks and all(m.keyword for m in masks):
                     yield InputPlan(args, kwargs, source + ", without the optional masks")
+                # a required mask in the other shapes attention masks take (optional ones are left out instead)
+                for variant in range(1, max((len(c) for c in mask_choices), default=1) if masks and not all(
+                        m.keyword for m in masks) else 1):
+                    mask_specs = tuple((m.name, choices[min(variant, len(choices) - 1)])
+                                       for m, choices in zip(masks, mask_choices))
+                    yield InputPlan(args, kwargs + mask_specs, source + ", the masks shaped to broadcast over "
+                                                                        "attention scores [B, heads, L, L]")
 
     heuristic = [heuristic_options(i, p) for i, p in enumerate(tensors)]
     read = _options_from_forward_body(model, tensors, hints)
     if read is not None:  # what the body requires, before what the names suggest
-        body_options, joint = read
+        body_options, joint, time_first = read
+        for index in time_first:  # time-first in the body: the guesses by name too
+                heuristic[index] = _unique([(_batch_second(spec), why + ", time-first as the forward reads it")
+                                            for spec, why in heuristic[index]] + heuristic[index])
         for assignment in joint:
             yield from plans([[choice] for choice in assignment])
         yield from plans([_unique(b + h) for b, h in zip(body_options, heuristic)])
@@ -1968,11 +2051,13 @@ def _specs_for_width(width: int, layer: Optional[nn.Module]) -> list[TensorSpec]
 
 
 def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict
-                               ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]]]]:
+                               ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]],
+                                                   list[int]]]:
     """Per tensor parameter, the inputs its use in ``forward`` requires (``forward_body``), and whole
     assignments for parameters concatenated into one layer with neither width known (each split of that
     layer's width, splits into two of the constructor's own sizes first). None when the body says nothing that
-    the names and entry layers do not: a single input that only reaches a layer."""
+    the names and entry layers do not: a single input that only reaches a layer. Third, the parameters the body
+    transposes to batch-first (time-first inputs)."""
     try:
         facts = forward_body.read_forward(model)
     except Exception:  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
@@ -1980,7 +2065,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
     if not facts:
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
-    special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of for f in per_parameter)
+    special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns or f.time_first
+                  or f.state_of is not None for f in per_parameter)
     if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
         return None
     options: list[list[tuple[TensorSpec, str]]] = []
@@ -1990,10 +2076,20 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
             options.append([(TensorSpec((), adjacency=True), why)])
         elif facts_of.lengths:
             options.append([(TensorSpec((), "long", lengths=True), why)])
-        elif facts_of.vocabulary:
-            options.append([(TensorSpec((SEQUENCE_LENGTH,), "long", 0, facts_of.vocabulary), why)])
+        elif facts_of.state_of is not None:
+            options.append([(spec, why) for spec in _recurrent_state(facts_of.state_of)])
+        elif facts_of.vocabulary:  # a sequence of ids, else one id per row (a decoder's single step)
+            options.append([(TensorSpec((SEQUENCE_LENGTH,), "long", 0, facts_of.vocabulary), why),
+                            (TensorSpec((), "long", 0, facts_of.vocabulary), why + ", one id per row")])
+        elif facts_of.columns:
+            options.append([(TensorSpec((facts_of.columns[0],), "long", 0, facts_of.columns[1], columns=True), why)])
+        elif facts_of.width and facts_of.channels_last:
+            options.append([(TensorSpec((SEQUENCE_LENGTH, facts_of.width)), why)])
         elif facts_of.width:
             options.append([(spec, why) for spec in _specs_for_width(facts_of.width, facts_of.layer)])
+        elif facts_of.time_first:  # a time-first sequence of unknown width: as wide as one of the given sizes
+            options.append([(TensorSpec((width,)), why + f", {width} wide as a constructor size")
+                            for width in _hint_sizes(hints, limit=None) if width > 1])
         else:
             options.append([])
     # a parameter concatenated with one whose input is known: the same leading axes, its own width unknown
@@ -2031,7 +2127,24 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
                     break
             if assignment:
                 joint.append(assignment)
-    return options, joint
+    time_first = [i for i, facts_of in enumerate(per_parameter) if facts_of.time_first]
+    for index in time_first:  # [T, B, ...] where the body transposes it to batch-first
+        options[index] = [(_batch_second(spec), why) for spec, why in options[index]]
+        joint = [a[:index] + [(_batch_second(a[index][0]), a[index][1])] + a[index + 1:] for a in joint]
+    return options, joint, time_first
+
+
+def _batch_second(spec: TensorSpec) -> TensorSpec:
+    """``spec`` with its batch on axis 1, as a sequence of ``SEQUENCE_LENGTH`` steps when it was one vector:
+    [D] -> [T, B, D], [L, D] -> [L, B, D]. Other inputs unchanged."""
+    if not isinstance(spec, TensorSpec) or spec.dtype != "float" or spec.adjacency or spec.lengths \
+            or spec.batch_axis != 0 or spec.is_target:
+        return spec
+    if len(spec.shape) == 1:
+        return dataclasses.replace(spec, shape=(SEQUENCE_LENGTH,) + spec.shape, batch_axis=1)
+    if len(spec.shape) == 2:
+        return dataclasses.replace(spec, batch_axis=1)
+    return spec
 
 
 def _hint_sizes(hints: dict, limit: Optional[int]) -> list[int]:
@@ -2079,8 +2192,11 @@ def _combinations_of_rank(options: list[list], rank: int) -> Iterator[tuple]:
             yield (options[0][first],) + rest
 
 
-def _mask_spec(parameter: _ForwardParameter, first_input: TensorSpec) -> TensorSpec:
-    """Masks that hide nothing: ones for attention masks, False for padding masks."""
+def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec) -> list[TensorSpec]:
+    """Masks that hide nothing (ones for attention masks, False for padding masks), most likely shape first:
+    one value per position ([B, L]), then, for an attention mask over a sequence of L positions, the shapes that
+    broadcast over the scores [B, heads, L, L] that attention masks are applied to: [B, 1, 1, L] (a key
+    padding mask), [B, 1, L, L] (one mask for every head), [B, L, L]."""
     if first_input.dtype == "long":
         shape = first_input.shape
     elif len(first_input.shape) >= 2:
@@ -2088,8 +2204,14 @@ def _mask_spec(parameter: _ForwardParameter, first_input: TensorSpec) -> TensorS
     else:
         shape = (SEQUENCE_LENGTH,)
     if parameter.role == "padding_mask":
-        return TensorSpec(shape, "bool", fill=0)
-    return TensorSpec(shape, "long", fill=1)
+        return [TensorSpec(shape, "bool", fill=0)]
+    shapes = [shape]
+    sequence = first_input.batch_axis == 0 and (len(first_input.shape) == 2 or (
+        first_input.dtype == "long" and len(first_input.shape) == 1))
+    if sequence:
+        length = first_input.shape[0]
+        shapes += [(1, 1, length), (1, length, length), (length, length)]
+    return [TensorSpec(s, "long", fill=1) for s in shapes]
 
 
 # ---- task, target and loss -----------------------------------------------------------------------
@@ -2169,7 +2291,8 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
     else:
         second = prober.try_plan(plan, SECOND_PROBE_BATCH)
         axis = _batch_axis(primary, select(second) if second is not _FAILED else None)
-    tokens_index = next((i for i, s in enumerate(plan.args) if s.dtype == "long" and len(s.shape) == 1), None)
+    tokens_index = next((i for i, s in enumerate(plan.args) if s.dtype == "long" and len(s.shape) == 1
+                         and not getattr(s, "columns", False)), None)
 
     task = configured_task or _infer_task_name(primary, axis, plan, tokens_index)
     if configured_task is not None:

@@ -31,6 +31,7 @@ _WIDTH_PRESERVING = frozenset({"relu", "relu_", "gelu", "tanh", "sigmoid", "elu"
                                "softplus", "dropout", "dropout2d", "softmax", "log_softmax", "mish", "hardtanh",
                                "contiguous", "float", "clone", "abs", "exp", "sin", "cos", "normalize"})
 _MATRIX_PRODUCTS = frozenset({"mm", "spmm", "matmul", "bmm"})
+MAX_DEPTH = 2  # submodules read below the model (an embedding block, then its value and time embeddings)
 _LAYERS_WITH_WIDTH = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase, nn.Embedding, nn.EmbeddingBag)
 
 
@@ -45,10 +46,36 @@ class ParameterFacts:
     lengths: bool = False
     partner: Optional[str] = None  # concatenated with this parameter along the feature axis
     split_of: Optional[tuple[str, int]] = None  # (other parameter, total width) when both widths are unknown
+    columns: Optional[tuple[int, int]] = None  # (count, below): one id per column, each into its own table
+    time_first: bool = False  # transposed to batch-first in the body: [T, B, ...], the batch on axis 1
+    state_of: Optional[nn.Module] = None  # given to this RNN as its initial state
+    channels_last: bool = False  # [L, C]: its last two axes swapped before the convolution that fixes its width
     why: list[str] = field(default_factory=list)
 
     def known(self) -> bool:
-        return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of)
+        return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of or self.columns
+                    or self.time_first or self.state_of is not None)
+
+
+def column_tables(layer: nn.Module) -> Optional[tuple[int, int]]:
+    """(k, rows) for a module that holds a list of k embedding tables, one per column of its input (categorical
+    features, each with its own vocabulary): its input is k integer ids per row, each below ``rows``, the
+    smallest table's size. None for any other module."""
+    for child in layer.children():
+        if isinstance(child, nn.ModuleList) and len(child) and all(isinstance(m, nn.Embedding) for m in child):
+            return len(child), min(m.num_embeddings for m in child)
+    return None
+
+
+def feature_weights(layer: nn.Module) -> Optional[int]:
+    """n for a module without sublayers whose own parameters are all [n, d] (a weight row per input feature,
+    applied as ``x[..., None] * weight``): its input has n features. None otherwise."""
+    if list(layer.children()):
+        return None
+    shapes = [p.shape for p in layer.parameters(recurse=False)]
+    if shapes and all(len(s) == 2 for s in shapes) and len({s[0] for s in shapes}) == 1 and shapes[0][0] > 1:
+        return int(shapes[0][0])
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,6 +83,7 @@ class _Value:
     sources: frozenset  # forward parameters it was computed from
     parts: Optional[tuple] = None  # along the feature axis: (parameter or None, width or None) per part
     kind: Optional[type] = None  # the layer type whose output fixed the width (Linear or a convolution)
+    channels_last: bool = False  # the parameter with its last two axes swapped: [B, L, C] made [B, C, L]
 
     @property
     def bare(self) -> Optional[str]:
@@ -82,6 +110,50 @@ def _is_minus_one(node: ast.AST) -> bool:
         and node.operand.value == 1
 
 
+def _constants(node: ast.Call) -> Optional[list[int]]:
+    values = []
+    for argument in node.args:
+        if isinstance(argument, ast.Constant) and isinstance(argument.value, int):
+            values.append(argument.value)
+        elif isinstance(argument, ast.UnaryOp) and isinstance(argument.op, ast.USub) \
+                and isinstance(argument.operand, ast.Constant) and isinstance(argument.operand.value, int):
+            values.append(-argument.operand.value)
+        else:
+            return None
+    return values
+
+
+def _swaps_first_two_axes(node: ast.Call) -> bool:
+    """``.transpose(0, 1)`` or ``.permute(1, 0, ...)`` (three axes or more: the last one stays)."""
+    values = _constants(node)
+    return values is not None and (sorted(values) == [0, 1] and _call_name(node.func) == "transpose"
+                                   or len(values) >= 3 and values[:2] == [1, 0])
+
+
+def _swaps_last_two_axes(node: ast.Call) -> bool:
+    """``.permute(0, 2, 1)``, ``.transpose(1, 2)`` or ``.transpose(-1, -2)`` (of a three-axis tensor)."""
+    values = _constants(node)
+    if values is None:
+        return False
+    if _call_name(node.func) == "transpose":
+        return sorted(values) in ([1, 2], [-2, -1])
+    return values == [0, 2, 1]
+
+
+def _keeps_last_axis(name: str, node: ast.Call) -> bool:
+    """A method call that leaves a tensor's last axis (its feature width) where it is: ``transpose(0, 1)``,
+    ``repeat(t, 1, 1)`` (the last factor 1), ``unsqueeze(0)``."""
+    if name == "transpose":
+        return _swaps_first_two_axes(node)
+    if name == "repeat":
+        last = node.args[-1] if node.args else None
+        return isinstance(last, ast.Constant) and last.value == 1
+    if name == "unsqueeze":
+        values = _constants(node)
+        return values in ([0], [1])
+    return False
+
+
 def _call_name(func: ast.AST) -> str:
     if isinstance(func, ast.Attribute):
         return func.attr
@@ -96,6 +168,7 @@ class _Reader:
         self.facts: dict[str, ParameterFacts] = {p: ParameterFacts() for p in parameters}
         self.env: dict[str, _Value] = {p: _Value(frozenset({p}), ((p, None),)) for p in parameters}
         self.reading: set[str] = set()  # helper methods being read (no recursion)
+        self.aliases: dict[str, ast.AST] = {}  # loop names bound to an expression (``module`` to ``self.encoder``)
 
     # -- statements, in order; both branches of an `if` and loop bodies are read as straight-line code
     def run(self, statements: list[ast.stmt]) -> None:
@@ -113,11 +186,34 @@ class _Reader:
                 self.value(statement.value)
             elif isinstance(statement, (ast.Expr, ast.Return)) and statement.value is not None:
                 self.value(statement.value)
+            elif isinstance(statement, ast.For) and self._unrolled(statement):
+                continue
             elif isinstance(statement, (ast.If, ast.For, ast.While, ast.With)):
                 self.run(statement.body + getattr(statement, "orelse", []))
 
+    def _unrolled(self, loop: ast.For) -> bool:
+        """A loop over a literal list of tuples (``for name, x, module in [("a", a, self.enc_a), ...]``), read
+        once per tuple with its names bound to the tuple's expressions: ``module(x)`` is ``self.enc_a(a)``."""
+        rows = loop.iter.elts if isinstance(loop.iter, (ast.List, ast.Tuple)) else []
+        names = loop.target.elts if isinstance(loop.target, (ast.Tuple, ast.List)) else []
+        if not rows or not names or not all(isinstance(n, ast.Name) for n in names) \
+                or not all(isinstance(r, (ast.Tuple, ast.List)) and len(r.elts) == len(names) for r in rows):
+            return False
+        saved = dict(self.aliases)
+        try:
+            for row in rows:
+                for name, expression in zip(names, row.elts):
+                    self.aliases[name.id] = expression
+                    self.env[name.id] = self.value(expression)
+                self.run(loop.body + loop.orelse)
+        finally:
+            self.aliases = saved
+        return True
+
     def _layer(self, func: ast.AST) -> Optional[nn.Module]:
-        """``self.fc`` or ``self.layers[0]`` as a module of the model."""
+        """``self.fc`` or ``self.layers[0]`` as a module of the model (or a loop name bound to one)."""
+        if isinstance(func, ast.Name) and func.id in self.aliases:
+            func = self.aliases[func.id]
         index = None
         if isinstance(func, ast.Subscript) and isinstance(func.slice, ast.Constant) and isinstance(func.slice.value, int):
             index, func = func.slice.value, func.value
@@ -215,6 +311,15 @@ class _Reader:
                 return _Value(sources, receiver.parts, receiver.kind)
             if arguments:
                 return _Value(sources, first.parts, first.kind)
+        if name in ("transpose", "permute") and receiver.bare and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and _swaps_first_two_axes(node):
+            self._note(receiver.bare, "time_first", True, f"'{receiver.bare}' made batch-first by .{name}(...) in "
+                                                          "the forward: [T, B, ...]")
+        if name in ("transpose", "permute") and receiver.bare and isinstance(node.func, ast.Attribute) \
+                and _swaps_last_two_axes(node):  # x.permute(0, 2, 1) into a Conv1d: x is [B, L, C]
+            return _Value(sources, receiver.parts, receiver.kind, channels_last=True)
+        if _keeps_last_axis(name, node) and receiver.parts:  # x.transpose(0, 1), h.repeat(t, 1, 1), h.unsqueeze(0)
+            return _Value(sources, receiver.parts, receiver.kind)
         if name in ("view", "reshape") and isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
                 and _is_minus_one(node.args[0]) and isinstance(node.args[1], ast.Constant):
             # t.view(-1, k): any tensor of B * k values, as wide as k where a layer needs it
@@ -277,20 +382,34 @@ class _Reader:
             width, out, kind = layer.in_channels, layer.out_channels, type(layer)
         elif isinstance(layer, nn.RNNBase):
             width, out, kind = layer.input_size, None, None
+            state = self.value(node.args[1]) if len(node.args) >= 2 else _UNKNOWN
+            if state.bare and isinstance(node.args[1], ast.Name):
+                self._note(state.bare, "state_of", layer, f"the initial state of {describe_layer(layer)}")
         if width:
             self._require(first, width, layer)
+            if first.channels_last and first.bare and isinstance(layer, nn.modules.conv._ConvNd):
+                self._note(first.bare, "channels_last", True, f"its last two axes swapped before {describe_layer(layer)}")
             return _Value(sources, ((None, out),) if out else None, kind)
         if type(layer).forward is not nn.Module.forward and not any(True for _ in layer.parameters(recurse=False)) \
                 and not list(layer.children()):
             return _Value(sources, first.parts, first.kind)  # an activation or dropout module
-        if self.depth < 1 and node.args:  # the model's own submodule: read its forward too
-            inner = read_forward(layer, self.depth + 1)
+        inner = read_forward(layer, self.depth + 1) if self.depth < MAX_DEPTH and node.args else {}
+        if first.bare and not next(iter(inner.values()), ParameterFacts()).known():
+            tables, features = column_tables(layer), feature_weights(layer)
+            if tables is not None:
+                self._note(first.bare, "columns", tables, f"{tables[0]} columns of ids, one per embedding table of "
+                                                          f"{type(layer).__name__} (the smallest has {tables[1]} rows)")
+            elif features is not None:
+                self._note(first.bare, "width", features, f"{features} features, one per row of the weights of "
+                                                          f"{type(layer).__name__}")
+        if inner:  # the model's own submodule (two levels down at most): what its forward requires
             for argument, facts in zip(node.args, inner.values()):
                 parameter = self.value(argument).bare if isinstance(argument, ast.Name) else None
                 if parameter is None or not facts.known():
                     continue
                 mine = self.facts[parameter]
-                for key in ("width", "layer", "vocabulary", "adjacency", "lengths"):
+                for key in ("width", "layer", "vocabulary", "adjacency", "lengths", "columns", "time_first",
+                            "state_of", "channels_last"):
                     if getattr(facts, key) and not getattr(mine, key):
                         setattr(mine, key, getattr(facts, key))
                 mine.why += [f"{why} in {type(layer).__name__}" for why in facts.why]

@@ -34,6 +34,16 @@ class Usage:
     iterated: bool = False  # for _ in arg / zip(arg, ...)
     choices: list[Any] = field(default_factory=list)  # arg in {...} / arg == 'x'
     dict_keys: list[Any] = field(default_factory=list)  # MODULE_DICT[arg]
+    free_size: bool = False  # a size no other shape depends on: a layer's output width, a table's number of rows
+
+
+# Layers whose output width (out_features, out_channels) or number of rows (num_embeddings) is free: the layer
+# alone fixes it, so an argument used only there can be made smaller without breaking any other shape. Position of
+# that size among the positional arguments, and its keyword.
+_FREE_SIZES = {**{name: (1, "out_features") for name in ("Linear", "LazyLinear")},
+               **{name: (1, "out_channels") for name in ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+                                                         "ConvTranspose2d", "ConvTranspose3d")},
+               **{name: (0, "num_embeddings") for name in ("Embedding", "EmbeddingBag")}}
 
 
 def _function_node(function: Callable) -> Optional[ast.FunctionDef]:
@@ -115,6 +125,14 @@ def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: O
             if arg := name_of(sub.func):
                 usage[arg].called = True
             func = sub.func
+            layer = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if layer in _FREE_SIZES:
+                index, keyword = _FREE_SIZES[layer]
+                given = sub.args[index] if len(sub.args) > index else \
+                    next((k.value for k in sub.keywords if k.arg == keyword), None)
+                for named in _size_operands(given):
+                    if named in names:
+                        usage[named].free_size = True
             if isinstance(func, ast.Name) and func.id == "isinstance" and len(sub.args) == 2 \
                     and (arg := name_of(sub.args[0])):
                 kinds = sub.args[1].elts if isinstance(sub.args[1], ast.Tuple) else [sub.args[1]]
@@ -155,6 +173,15 @@ def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: O
                 usage[arg].iterated = True
             else:
                 usage[arg].length = len(elements)
+
+
+def _size_operands(node: Optional[ast.AST]) -> list[str]:
+    """The names a size expression is made of: ``dim`` in ``dim``, ``2 * dim``, ``dim // 4``."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.FloorDiv, ast.Add)):
+        return _size_operands(node.left) + _size_operands(node.right)
+    return []
 
 
 def sequence_length(usage: Usage) -> Optional[int]:
