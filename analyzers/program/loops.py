@@ -6,7 +6,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from analyzers.context import FileContext, code_children, dotted_name
-from analyzers.program.library import iterates_its_argument
+from analyzers.program.library import is_data_loader, iterates_its_argument
 from analyzers.program.ranks import is_rank_test
 from analyzers.program.values import is_backward, is_optimizer_step
 
@@ -150,6 +150,29 @@ def steps_each_iteration(loop: cst.CSTNode, ctx: FileContext) -> bool:
             continue
         stack.extend(code_children(node))
     return False
+
+
+def one_pass_is_a_batch(loop: cst.CSTNode, ctx: FileContext) -> bool:
+    """One pass of ``loop`` handles one batch: its own body (not a loop nested in it) calls ``.backward()`` or an
+    optimizer step or takes ``next()`` of an iterator, or it iterates a ``DataLoader`` the file builds (``for x, y
+    in loader``, also through ``enumerate`` / ``tqdm``). An epoch loop, whose batches are handled by the functions
+    it calls or by a loop nested in it, is not one; neither is a loop over something the program cannot name."""
+    stack = list(code_children(loop.body)) if hasattr(loop, "body") else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call) and (is_backward(node) or is_optimizer_step(node, ctx) or
+                                           (isinstance(node.func, cst.Name) and node.func.value == "next")):
+            return True
+        if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        stack.extend(code_children(node))
+    if not isinstance(loop, cst.For):
+        return False
+    source = iterated(loop.iter)
+    if isinstance(source, cst.Name):
+        binding = ctx.binding(source.value)
+        source = binding.value if binding is not None and binding.kind in ("assign", "annassign") else None
+    return isinstance(source, cst.Call) and is_data_loader(ctx.call_name(source))
 
 
 def guard_between(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext, *, except_handlers: bool = False) -> bool:

@@ -8,7 +8,7 @@ from analyzers.context import (
     dotted_name,
     method_name)
 from analyzers.program.flow import subtree
-from analyzers.program.loops import loop_stack
+from analyzers.program.loops import loop_stack, one_pass_is_a_batch
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import guard_between as _guard_between
@@ -37,8 +37,11 @@ class EmptyCacheInLoop(Rule):
     requires = "torch"
     summary = "torch.cuda.empty_cache() called on every loop iteration"
     what = """
-        Flags `torch.cuda.empty_cache()` inside a loop body, unless it runs only in an `except`
-        handler (out-of-memory recovery) or behind an `if`.
+        Flags `torch.cuda.empty_cache()` in the body of a loop whose every pass is one batch (it calls
+        `backward()`, steps an optimizer, takes `next()` of an iterator, or iterates a `DataLoader`),
+        unless it runs only in an `except` handler (out-of-memory recovery) or behind an `if`. Once
+        per epoch or per run (the batches are handled inside the functions the loop calls) costs
+        nothing that matters and is not flagged.
     """
     why = """
         `empty_cache` returns the caching allocator's free blocks to the driver. It does not free
@@ -100,6 +103,21 @@ class EmptyCacheInLoop(Rule):
             if step % 1000 == 0:
                 torch.cuda.empty_cache()
         """,
+        # once per epoch: the batches are handled by the loop nested in it, or by the function it calls
+        """
+        import torch as th
+        for epoch in range(10):
+            for batch in loader:
+                step(batch)
+            th.cuda.empty_cache()
+        """,
+        """
+        import torch
+        for epoch in range(epochs):
+            loss = train(epoch)
+            torch.cuda.empty_cache()
+            evaluate()
+        """,
         # something else's empty_cache
         """
         import torch
@@ -111,11 +129,12 @@ class EmptyCacheInLoop(Rule):
         Invalid(
             """
             import torch
+            loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=True)
             for x, y in loader:
                 train_step(x, y)
                 torch.cuda.empty_cache()
             """,
-            line=5, message="torch.cuda.empty_cache()",
+            line=6, message="torch.cuda.empty_cache()",
         ),
         Invalid(
             """
@@ -131,12 +150,25 @@ class EmptyCacheInLoop(Rule):
         Invalid(
             """
             import torch as th
+            from torch.utils.data import DataLoader
+            loader = DataLoader(dataset, batch_size=32)
             for epoch in range(10):
-                for batch in loader:
-                    step(batch)
-                th.cuda.empty_cache()
+                for step, (x, y) in enumerate(loader):
+                    train_step(x, y)
+                    th.cuda.empty_cache()
             """,
-            line=6,
+            line=8,
+        ),
+        Invalid(
+            """
+            import torch
+            def fit(model, opt, batches):
+                for x, y in batches:
+                    model(x).mean().backward()
+                    opt.step()
+                    torch.cuda.empty_cache()
+            """,
+            line=7,
         ),
     ]
 
@@ -150,6 +182,8 @@ class EmptyCacheInLoop(Rule):
             return
         if len(stack) > 1 and _guard_between(stack[-1], stack[0], ctx, except_handlers=True):
             return
+        if not one_pass_is_a_batch(stack[-1], ctx):
+            return  # once per epoch or per run (the batches are handled inside what the loop calls), or unknown
         if _recovers_from_oom(stack[0]) or any(word in (fn.name.value.lower() if isinstance(fn, cst.FunctionDef)
                                                         else "") for fn in ctx.functions
                                                for word in ("profile", "benchmark", "measure")):
