@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 import libcst as cst
 
 from analyzers.hints import search
+from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_OPTIONAL, NORM_LAYERS_WITH_STATS,
+                                       norm_keeps_running_stats)
 from analyzers.program.names import name_is_model_like, names_configuration
 from analyzers.program.roles import SAVE_ON_MASTER, Payload
 
@@ -37,9 +39,6 @@ _ACTIVATION_MODULES = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmo
 # Calls that return their input's values reshaped: an activation stays an activation.
 _SHAPE_METHODS = {"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "permute", "transpose",
                   "view_as", "reshape_as", "float", "double", "half", "to", "cpu", "cuda", "clone"}
-_DROPOUT = {"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"}
-_NORM_WITH_STATS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InstanceNorm1d",
-                    "InstanceNorm2d", "InstanceNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"}
 _RECURRENT = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"}
 _TRANSFORMER = {"Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
                 "TransformerDecoderLayer", "MultiheadAttention"}
@@ -47,7 +46,10 @@ _CONTAINERS = {"Sequential"}
 # ``nn.Linear`` / ``torch.nn.Conv2d`` / ``torchvision.models.resnet18``: library layers, never project classes
 _LIBRARY_PREFIXES = {"nn", "torch", "torchvision", "timm", "transformers", "F", "L", "pl"}
 # What a class's layers tell about it (the rest of Layer.kinds are project class names to resolve).
-_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output"}
+_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output", "reads-training"}
+# The features that make eval() change what a module computes: dropout, batch norm with running statistics, and code
+# of the repository's own that reads ``self.training`` (a branch of its own for training).
+MODE_FEATURES = frozenset({"dropout", "batchnorm", "reads-training"})
 
 
 def _last(node: ast.AST) -> Optional[str]:
@@ -99,8 +101,9 @@ class ClassSummary:
 
     @property
     def changes_in_eval(self) -> bool:
-        """Does ``eval()`` change what this module computes (dropout, BatchNorm statistics)?"""
-        return bool(self.features & {"dropout", "batchnorm"}) or self.functional_dropout
+        """Does ``eval()`` change what this module computes (dropout, BatchNorm statistics, a ``self.training``
+        branch)?"""
+        return bool(self.features & MODE_FEATURES) or self.functional_dropout
 
 
 @dataclass
@@ -152,10 +155,11 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
                 sub = layer_of(node) if isinstance(node, ast.Call) and node is not arg else None
                 if sub is not None:
                     layer.kinds |= sub.kinds
-    if name in _DROPOUT:
+    if name in MODE_DEPENDENT_LAYERS:
         layer.kinds.add("dropout")
-    elif name in _NORM_WITH_STATS:
-        layer.kinds.add("batchnorm")
+    elif name in NORM_LAYERS_WITH_STATS or name in NORM_LAYERS_STATS_OPTIONAL:
+        if norm_keeps_running_stats(name, _tracks_running_stats(call)):
+            layer.kinds.add("batchnorm")
     elif name in _RECURRENT:
         layer.kinds.add("recurrent")
         if name in ("RNN", "RNNCell"):
@@ -173,6 +177,24 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
         # and ignored there when no class of the repository has that name (a helper function, a builtin)
         layer.kinds.add(_dotted(call.func) or name)
     return layer
+
+
+def _tracks_running_stats(call: ast.Call) -> Optional[bool]:
+    """The ``track_running_stats`` a norm layer is built with: None when not given, True when not a constant."""
+    for keyword in call.keywords:
+        if keyword.arg == "track_running_stats":
+            value = keyword.value
+            return bool(value.value) if isinstance(value, ast.Constant) else True
+    if len(call.args) >= 5:  # num_features, eps, momentum, affine, track_running_stats
+        value = call.args[4]
+        return bool(value.value) if isinstance(value, ast.Constant) else True
+    return None
+
+
+def _reads_training(method: ast.AST) -> bool:
+    """Does ``method`` read ``self.training`` (``if self.training:``, ``F.dropout(x, training=self.training)``)?"""
+    return any(isinstance(node, ast.Attribute) and node.attr == "training" and isinstance(node.ctx, ast.Load)
+               and isinstance(node.value, ast.Name) and node.value.id == "self" for node in _walk(method))
 
 
 def _walk(tree: ast.AST) -> list[ast.AST]:
@@ -490,6 +512,8 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
                                 layer.kinds |= (layer_of(item) or Layer()).kinds
                         cls.layers[target.attr] = layer
                         cls.features |= layer.kinds & _FEATURES
+    if any(_reads_training(method) for name, method in methods.items() if name != "__init__"):
+        cls.features.add("reads-training")
     forward = methods.get("forward")
     if isinstance(forward, ast.FunctionDef):
         cls.has_forward = True
