@@ -22,7 +22,9 @@ class DataLoaderNoWorkers(_LoaderRule):
     summary = "training DataLoader loads batches in the main process (no num_workers) on a CUDA job"
     what = """
         Flags a training `DataLoader` (`shuffle=True`, or a dataset/loader named `train*`) that
-        does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA.
+        does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA. A data
+        set the program model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a
+        `Dataset` class of the repository whose `__getitem__` only indexes what it holds).
     """
     why = """
         With `num_workers=0` every batch is loaded, decoded and collated in the training

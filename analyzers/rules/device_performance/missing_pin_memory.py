@@ -21,7 +21,9 @@ class MissingPinMemory(_LoaderRule):
     summary = "DataLoader without pin_memory=True while batches are copied to CUDA"
     what = """
         Flags a `DataLoader` without `pin_memory=True` (absent or `False`) in a script whose
-        loop copies batches to the GPU (`batch.to(device)`, `x.cuda()`...).
+        loop copies batches to the GPU (`batch.to(device)`, `x.cuda()`...). A data set the program
+        model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a `Dataset` class
+        of the repository whose `__getitem__` only indexes what it holds).
     """
     why = """
         Host-to-device copies from pageable memory go through an extra staging copy and cannot
