@@ -319,6 +319,9 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     A parameter of the function is answered by the values every call of the function in this file passes."""
     built = constructor(ctx, model, use)
     if built is None:
+        if isinstance(model, cst.Attribute) and dotted_name(model.value) not in (None, "self", "cls") and depth < 3 \
+                and not changes_in_eval(ctx, model.value, use, depth + 1):
+            return False  # a submodule or a method of a mode-free model (``model.encoder(x)``) is mode-free too
         return _assigned_features(ctx, dotted_name(model), use, depth)
     features = torch_layer_features(ctx, built)
     if features is None:
@@ -337,7 +340,7 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
     for fn in (a for a in (ctx.ancestors(use) if use is not None else ()) if isinstance(a, cst.FunctionDef)):
         if any(p.name.value == name for p in fn.params.params + fn.params.kwonly_params + fn.params.posonly_params):
             # the caller's model: mode-free only when every call in this file passes a mode-free one
-            passed = call_site_values(ctx, fn, name) if depth < 3 and "." not in name else None
+            passed = call_site_values(ctx, fn, name) if depth < 3 and name not in ("self", "cls") else None
             return not passed or any(changes_in_eval(ctx, value, value, depth + 1) for value in passed)
         if any(isinstance(n, cst.Assign) and any(dotted_name(t.target) == name for t in n.targets)
                for n in subtree(fn.body)):
