@@ -159,8 +159,13 @@ def test_dataset_in_memory_from_the_library_table_and_the_class():
         b = Held([1, 2])
         c = Files(paths)
         d = Transformed()
+        import torch as t
+        e = t.from_numpy(array)
+        f = [t.zeros(3) for _ in range(4)]
+        g = load_everything()
     """))
-    assert [dataset_in_memory(cst.parse_expression(name), ctx) for name in "abcd"] == [True, True, False, False]
+    assert [dataset_in_memory(cst.parse_expression(name), ctx) for name in "abcdefg"] == \
+        [True, True, False, False, True, True, False]
 
 
 def test_a_method_or_submodule_of_a_model_follows_the_model():

@@ -52,9 +52,11 @@ def random_transforms(expr: Optional[cst.BaseExpression], ctx: FileContext, dept
 def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     """A data set of small tensors already in memory whose items need no random augmentation: loading one costs
     nothing worth a worker process or pinned memory. Library data sets from the library table (``TensorDataset``,
-    torchvision's MNIST family); a class of the repository from what its ``__getitem__`` does (it indexes tensors
+    torchvision's MNIST family, a tensor built by torch); a list built in the program; a class of the repository from what its ``__getitem__`` does (it indexes tensors
     or lists the instance holds, opens no file); anything else is unknown, and not in memory."""
     origin = ctx.origin(dataset) if dataset is not None else None
+    if isinstance(origin, (cst.List, cst.ListComp)):
+        return True  # a list built in the program: its items are already in memory
     if not isinstance(origin, cst.Call):
         return False
     if does(ctx.call_name(origin), Does.HOLDS_DATA_IN_MEMORY):

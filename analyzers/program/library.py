@@ -143,6 +143,10 @@ APIS: dict[str, Api] = {
     **{f"torchvision.datasets.{name}": _api(f"https://pytorch.org/vision/stable/generated/torchvision.datasets"
                                             f".{name}.html", Does.HOLDS_DATA_IN_MEMORY)
        for name in ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST")},
+    # a tensor is itself a map-style data set (``__getitem__`` indexes its first dimension) held in memory
+    **{f"torch.{name}": _api("https://pytorch.org/docs/stable/data.html#map-style-datasets (a tensor built in "
+                             "memory, indexed by its first dimension)", Does.HOLDS_DATA_IN_MEMORY)
+       for name in ("tensor", "as_tensor", "from_numpy", "stack", "cat", "LongTensor", "FloatTensor")},
     # --- safetensors writes a flat dict of tensors ("tensors (Dict[str, torch.Tensor])")
     **{name: _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.save_file",
                   Does.TAKES_TENSOR_DICT)

@@ -45,6 +45,10 @@ class DataLoaderNoWorkers(_LoaderRule):
         severity, evaluation loaders, in-memory data sets and CPU-only files included, as TorchFix reported them.
     """}
     VALID = [
+        # a tensor built in memory is the data set
+        Valid("import torch\nfrom torch.utils.data import DataLoader\ndef train(ids):\n"
+              "    data = torch.from_numpy(ids)\n    train_loader = DataLoader(data, batch_size=8, shuffle=True)\n"
+              "    for x in train_loader:\n        x = x.cuda()\n"),
         # a data set class of the program that only indexes tensors it holds: nothing to read per item
         Valid("import torch\nfrom torch.utils.data import Dataset, DataLoader\nclass Tokens(Dataset):\n"
               "    def __init__(self, ids, labels):\n        self.ids = torch.tensor(ids)\n        self.labels = labels\n"
