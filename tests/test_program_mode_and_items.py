@@ -203,15 +203,3 @@ def test_a_wrapper_attribute_follows_what_every_construction_passes():
     assert not _mode_dependent(code % "", "self.model")
     assert _mode_dependent(code % "other = Wrapper(noisy, 'cpu')", "self.model")
     assert _mode_dependent(code % "wrapped.model = noisy", "self.model")  # set again elsewhere: unknown
-
-
-def test_an_owner_holding_a_model_it_cannot_see_into_answers_nothing_for_its_attributes():
-    code = """
-        from transformers import BertModel
-        class Embedder:
-            def __init__(self):
-                self.model = BertModel.from_pretrained("bert-base-uncased")
-        embedder = Embedder()
-        use(embedder.model)
-    """
-    assert _mode_dependent(code, "embedder.model")

@@ -330,8 +330,7 @@ def test_submodule_classes_named_in_lower_case_are_resolved_through_star_imports
     """))
     index = RepositoryIndex(tmp_path)
     segmenter = index.find_class(tmp_path / "model.py", "Segmenter")
-    # a helper function and a builtin add no feature, only "opaque" (what they build is unknown)
-    assert index.features(segmenter) == {"batchnorm", "opaque"}
+    assert index.features(segmenter) == {"batchnorm"}  # a helper function and a builtin add nothing
     ctx = context("import torch.nn as nn\nnet = nn.Sequential(nn.Linear(2, 2), block(2))\n")
     call = first(ctx, cst.Call)
     from analyzers.program.modules import torch_layer_features

@@ -45,12 +45,8 @@ _TRANSFORMER = {"Transformer", "TransformerEncoder", "TransformerDecoder", "Tran
 _CONTAINERS = {"Sequential"}
 # ``nn.Linear`` / ``torch.nn.Conv2d`` / ``torchvision.models.resnet18``: library layers, never project classes
 _LIBRARY_PREFIXES = {"nn", "torch", "torchvision", "timm", "transformers", "F", "L", "pl"}
-_OTHER_LIBRARIES = {"torchvision", "timm", "transformers"}  # their models hold layers the summary does not read
 # What a class's layers tell about it (the rest of Layer.kinds are project class names to resolve).
-# "opaque": a submodule built by something the model cannot see into (another library's model, a helper function,
-# a class it does not find): what it holds is unknown.
-_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output", "reads-training",
-             "opaque"}
+_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output", "reads-training"}
 # The features that make eval() change what a module computes: dropout, batch norm with running statistics, and code
 # of the repository's own that reads ``self.training`` (a branch of its own for training).
 MODE_FEATURES = frozenset({"dropout", "batchnorm", "reads-training"})
@@ -178,8 +174,6 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
         layer.kinds |= {"transformer", "dropout"}  # their dropout defaults to 0.1
     elif name == "Linear" and _names_vocabulary(call):
         layer.kinds.add("vocab-output")  # a language model's head: one logit per token of the vocabulary
-    elif (_dotted(call.func) or "").split(".", 1)[0] in _OTHER_LIBRARIES:
-        layer.kinds.add("opaque")  # torchvision.models.resnet18(), timm.create_model(...)
     elif name not in _ACTIVATION_MODULES and name not in _CONTAINERS and name not in _FEATURES and \
             (_dotted(call.func) or "").split(".", 1)[0] not in _LIBRARY_PREFIXES:
         # maybe a project class, whatever its case (``double_conv(...)``): resolved through the index on demand,
@@ -786,8 +780,6 @@ class RepositoryIndex:
                 sub = self.find_class(path, kind)
                 if sub is not None:
                     found |= self.features(sub, seen)
-                else:
-                    found.add("opaque")
         for base in cls.bases:
             sub = self.find_class(path, base)
             if sub is not None:
@@ -941,12 +933,8 @@ class ModuleFacts:
         seen.add(cls.name)
         found = set(cls.features) | ({"dropout"} if cls.functional_dropout else set())
         classes = self._summary().classes
-        for layer in cls.layers.values():
-            for kind in layer.classes:
-                sub = classes.get(kind)
-                found |= self._local_features(sub, seen) if sub is not None else {"opaque"}
-        for base in cls.bases:
-            sub = classes.get(base)
+        for name in [kind for layer in cls.layers.values() for kind in layer.classes] + cls.bases:
+            sub = classes.get(name)
             if sub is not None:
                 found |= self._local_features(sub, seen)
         return found

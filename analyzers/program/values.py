@@ -319,8 +319,8 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     A parameter of the function is answered by the values every call of the function in this file passes."""
     built = constructor(ctx, model, use)
     if built is None:
-        if isinstance(model, cst.Attribute) and dotted_name(model.value) not in (None, "self", "cls") and \
-                _fully_known_mode_free(ctx, model.value, use):
+        if isinstance(model, cst.Attribute) and dotted_name(model.value) not in (None, "self", "cls") and depth < 3 \
+                and not changes_in_eval(ctx, model.value, use, depth + 1):
             return False  # a submodule or a method of a mode-free model (``model.encoder(x)``) is mode-free too
         if isinstance(model, cst.Attribute) and dotted_name(model.value) == "self" and depth < 3:
             passed = _constructor_values(ctx, model.attr.value, use)
@@ -332,14 +332,6 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
         cls = model_class(ctx, model, use)
         features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
     return features is None or bool(features & MODE_FEATURES)
-
-
-def _fully_known_mode_free(ctx: FileContext, owner: cst.BaseExpression, use: cst.CSTNode) -> bool:
-    """``owner`` was built from a repository class whose every submodule the model sees into (none opaque), and
-    none of them is mode-dependent: so is anything reached through it."""
-    cls = model_class(ctx, owner, use)
-    features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
-    return features is not None and not features & (MODE_FEATURES | {"opaque"})
 
 
 def _constructor_values(ctx: FileContext, attribute: str, use: cst.CSTNode) -> Optional[list[cst.BaseExpression]]:
