@@ -185,21 +185,3 @@ def test_a_method_or_submodule_of_a_model_follows_the_model():
     assert not _mode_dependent(code % "pass", "model.down")
     assert _mode_dependent(code % "self.drop = nn.Dropout()", "model.encoder")
     assert _mode_dependent("use(model.encoder)\n", "model.encoder")  # an unknown owner
-
-
-def test_a_wrapper_attribute_follows_what_every_construction_passes():
-    code = """
-        import torch.nn as nn
-        class Wrapper:
-            def __init__(self, model, device):
-                self.model = model
-            def predict(self, x):
-                return use(self.model(x))
-        small = nn.Linear(4, 2)
-        noisy = nn.Sequential(nn.Linear(4, 2), nn.Dropout())
-        wrapped = Wrapper(small, "cpu")
-        %s
-    """
-    assert not _mode_dependent(code % "", "self.model")
-    assert _mode_dependent(code % "other = Wrapper(noisy, 'cpu')", "self.model")
-    assert _mode_dependent(code % "wrapped.model = noisy", "self.model")  # set again elsewhere: unknown

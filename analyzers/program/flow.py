@@ -158,18 +158,16 @@ class FlowIndex:
         return found
 
 
-def call_site_values(ctx, fn: cst.FunctionDef, name: str,
-                     called_as: Optional[str] = None) -> Optional[list[cst.BaseExpression]]:
-    """The expressions every call of ``fn`` in this file passes for parameter ``name``; ``called_as`` names the
-    class whose constructor calls reach ``fn`` (an ``__init__``: ``Wrapper(model)``).
+def call_site_values(ctx, fn: cst.FunctionDef, name: str) -> Optional[list[cst.BaseExpression]]:
+    """The expressions every call of ``fn`` in this file passes for parameter ``name``.
 
     None when the answer is unknown: no call in the file, or a call that passes it through ``*args`` /
     ``**kwargs`` or relies on the default (callers elsewhere may pass anything).
     """
-    function_name = called_as or fn.name.value
+    function_name = fn.name.value
     position = parameter_index(fn, name)
     first = [*fn.params.posonly_params, *fn.params.params][:1]
-    method = called_as is None and bool(first) and first[0].name.value in ("self", "cls")
+    method = bool(first) and first[0].name.value in ("self", "cls")
     values: list[cst.BaseExpression] = []
     # obj.train_step(...) for a method; train(...), not model.train(), for a function
     for node in ctx.facts(FlowIndex).calls(method, function_name):

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, call_receiver, positional_args
-from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, parameter_index, subtree
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_ddp)
 from analyzers.program.builds import built_module
@@ -322,36 +322,12 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
         if isinstance(model, cst.Attribute) and dotted_name(model.value) not in (None, "self", "cls") and depth < 3 \
                 and not changes_in_eval(ctx, model.value, use, depth + 1):
             return False  # a submodule or a method of a mode-free model (``model.encoder(x)``) is mode-free too
-        if isinstance(model, cst.Attribute) and dotted_name(model.value) == "self" and depth < 3:
-            passed = _constructor_values(ctx, model.attr.value, use)
-            if passed is not None:
-                return any(changes_in_eval(ctx, value, value, depth + 1) for value in passed)
         return _assigned_features(ctx, dotted_name(model), use, depth)
     features = torch_layer_features(ctx, built)
     if features is None:
         cls = model_class(ctx, model, use)
         features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
     return features is None or bool(features & MODE_FEATURES)
-
-
-def _constructor_values(ctx: FileContext, attribute: str, use: cst.CSTNode) -> Optional[list[cst.BaseExpression]]:
-    """``self.model``, set once in the file, by its class's ``__init__`` from its parameter ``model``: the values every
-    construction of the class in this file passes for it (``ModelWrapper(net)``); None when unknown."""
-    cls = next((a for a in ctx.ancestors(use) if isinstance(a, cst.ClassDef)), None)
-    if cls is None:
-        return None
-    # every store to an attribute of that name in the file (``wrapped.model = other`` too): only one, in __init__
-    stores = [node for node in subtree(ctx.module) if isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign))
-              and any(isinstance(t, cst.Attribute) and t.attr.value == attribute for t in (
-                  [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]))]
-    init = next((f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
-    if init is None or len(stores) != 1 or not isinstance(stores[0], cst.Assign) or \
-            not isinstance(stores[0].value, cst.Name) or not any(s is stores[0] for s in subtree(init)):
-        return None
-    parameter = stores[0].value.value
-    if parameter_index(init, parameter) is None:
-        return None
-    return call_site_values(ctx, init, parameter, called_as=cls.name.value)
 
 
 def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.CSTNode] = None,
