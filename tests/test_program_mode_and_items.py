@@ -166,22 +166,3 @@ def test_dataset_in_memory_from_the_library_table_and_the_class():
     """))
     assert [dataset_in_memory(cst.parse_expression(name), ctx) for name in "abcdefg"] == \
         [True, True, False, False, True, True, False]
-
-
-def test_a_method_or_submodule_of_a_model_follows_the_model():
-    code = """
-        import torch.nn as nn
-        class AE(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.down = nn.Linear(8, 2)
-                %s
-            def encoder(self, x):
-                return self.down(x)
-        model = AE()
-        use(model.encoder)
-    """
-    assert not _mode_dependent(code % "pass", "model.encoder")
-    assert not _mode_dependent(code % "pass", "model.down")
-    assert _mode_dependent(code % "self.drop = nn.Dropout()", "model.encoder")
-    assert _mode_dependent("use(model.encoder)\n", "model.encoder")  # an unknown owner

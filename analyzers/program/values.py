@@ -319,9 +319,6 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     A parameter of the function is answered by the values every call of the function in this file passes."""
     built = constructor(ctx, model, use)
     if built is None:
-        if isinstance(model, cst.Attribute) and dotted_name(model.value) not in (None, "self", "cls") and depth < 3 \
-                and not changes_in_eval(ctx, model.value, use, depth + 1):
-            return False  # a submodule or a method of a mode-free model (``model.encoder(x)``) is mode-free too
         return _assigned_features(ctx, dotted_name(model), use, depth)
     features = torch_layer_features(ctx, built)
     if features is None:
