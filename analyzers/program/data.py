@@ -11,6 +11,7 @@ from analyzers.context import (FileContext, argument, dotted_name, is_true, iter
                                short)
 from analyzers.program.flow import ModuleNodes, call_site_values, parameter_index, subtree
 from analyzers.program.library import Does, does, is_data_loader
+from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_segment, mentions_evaluation_data, names_evaluation_data
 
 # transforms that draw a random number per item, besides the ``Random*`` classes
@@ -49,13 +50,21 @@ def random_transforms(expr: Optional[cst.BaseExpression], ctx: FileContext, dept
 
 
 def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
-    """A data set of small tensors already in memory (``TensorDataset``, torchvision's MNIST family) whose items
-    need no random augmentation: loading one costs nothing worth a worker process or pinned memory."""
+    """A data set of small tensors already in memory whose items need no random augmentation: loading one costs
+    nothing worth a worker process or pinned memory. Library data sets from the library table (``TensorDataset``,
+    torchvision's MNIST family, a tensor built by torch); a list built in the program; a class of the repository from what its ``__getitem__`` does (it indexes tensors
+    or lists the instance holds, opens no file); anything else is unknown, and not in memory."""
     origin = ctx.origin(dataset) if dataset is not None else None
-    if not isinstance(origin, cst.Call) or not does(ctx.call_name(origin), Does.HOLDS_DATA_IN_MEMORY):
+    if isinstance(origin, (cst.List, cst.ListComp)):
+        return True  # a list built in the program: its items are already in memory
+    if not isinstance(origin, cst.Call):
         return False
-    transform = argument(origin, 2, "transform")
-    return not random_transforms(transform, ctx)
+    if does(ctx.call_name(origin), Does.HOLDS_DATA_IN_MEMORY):
+        transform = argument(origin, 2, "transform")
+        return not random_transforms(transform, ctx)
+    if not isinstance(origin.func, cst.Name):
+        return False
+    return ctx.facts(ModuleFacts).item_source(origin.func.value) == "memory"
 
 
 def transform_replaced(dataset: str, ctx: FileContext) -> bool:

@@ -143,6 +143,10 @@ APIS: dict[str, Api] = {
     **{f"torchvision.datasets.{name}": _api(f"https://pytorch.org/vision/stable/generated/torchvision.datasets"
                                             f".{name}.html", Does.HOLDS_DATA_IN_MEMORY)
        for name in ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST")},
+    # a tensor is itself a map-style data set (``__getitem__`` indexes its first dimension) held in memory
+    **{f"torch.{name}": _api("https://pytorch.org/docs/stable/data.html#map-style-datasets (a tensor built in "
+                             "memory, indexed by its first dimension)", Does.HOLDS_DATA_IN_MEMORY)
+       for name in ("tensor", "as_tensor", "from_numpy", "stack", "cat", "LongTensor", "FloatTensor")},
     # --- safetensors writes a flat dict of tensors ("tensors (Dict[str, torch.Tensor])")
     **{name: _api("https://huggingface.co/docs/safetensors/api/torch#safetensors.torch.save_file",
                   Does.TAKES_TENSOR_DICT)
@@ -327,6 +331,35 @@ def training_libraries_that(what: Does) -> tuple[str, ...]:
 
 
 # the last names of the calls that train a half model on float32 master weights: a cheap test before resolving
+# --- what ``model.eval()`` changes among torch.nn's layers. Module.eval "has an effect only on certain modules"
+# (https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.eval): dropout, which "during
+# training ... randomly zeroes some of the elements" and is the identity in evaluation
+# (https://pytorch.org/docs/stable/generated/torch.nn.Dropout.html), and batch norm, which normalizes with the batch's
+# statistics in training and with its running estimates in evaluation, unless built with track_running_stats=False
+# (https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm2d.html). InstanceNorm "uses instance statistics in both
+# training and evaluation modes" unless built with track_running_stats=True
+# (https://pytorch.org/docs/stable/generated/torch.nn.InstanceNorm2d.html). Every other torch.nn layer computes the same
+# thing in both modes (recurrent layers apply their ``dropout=`` argument in training only).
+MODE_DEPENDENT_LAYERS = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
+                                   "FeatureAlphaDropout"})
+# batch norm: mode-dependent by default, not with track_running_stats=False
+NORM_LAYERS_WITH_STATS = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
+                                    "LazyBatchNorm2d", "LazyBatchNorm3d"})
+# instance norm: mode-dependent only with track_running_stats=True
+NORM_LAYERS_STATS_OPTIONAL = frozenset({"InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LazyInstanceNorm1d",
+                                        "LazyInstanceNorm2d", "LazyInstanceNorm3d"})
+
+
+def norm_keeps_running_stats(layer: str, track_running_stats: Optional[bool]) -> bool:
+    """Does a norm layer named ``layer``, built with ``track_running_stats`` (None: not given; a value that is not
+    a constant is passed as True: it may keep them), normalize differently in eval mode?"""
+    if layer in NORM_LAYERS_WITH_STATS:
+        return track_running_stats is not False
+    if layer in NORM_LAYERS_STATS_OPTIONAL:
+        return track_running_stats is True
+    return False
+
+
 MASTER_WEIGHTS_LAST_NAMES = frozenset(name.rsplit(".", 1)[-1] for name, api in APIS.items()
                                       if Does.KEEPS_FP32_MASTER_WEIGHTS in api.does)
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 import libcst as cst
 
 from analyzers.hints import search
+from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_OPTIONAL, NORM_LAYERS_WITH_STATS,
+                                       norm_keeps_running_stats)
 from analyzers.program.names import name_is_model_like, names_configuration
 from analyzers.program.roles import SAVE_ON_MASTER, Payload
 
@@ -37,9 +39,6 @@ _ACTIVATION_MODULES = {"Softmax": "softmax", "LogSoftmax": "log_softmax", "Sigmo
 # Calls that return their input's values reshaped: an activation stays an activation.
 _SHAPE_METHODS = {"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "permute", "transpose",
                   "view_as", "reshape_as", "float", "double", "half", "to", "cpu", "cuda", "clone"}
-_DROPOUT = {"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"}
-_NORM_WITH_STATS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "InstanceNorm1d",
-                    "InstanceNorm2d", "InstanceNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"}
 _RECURRENT = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"}
 _TRANSFORMER = {"Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
                 "TransformerDecoderLayer", "MultiheadAttention"}
@@ -47,7 +46,10 @@ _CONTAINERS = {"Sequential"}
 # ``nn.Linear`` / ``torch.nn.Conv2d`` / ``torchvision.models.resnet18``: library layers, never project classes
 _LIBRARY_PREFIXES = {"nn", "torch", "torchvision", "timm", "transformers", "F", "L", "pl"}
 # What a class's layers tell about it (the rest of Layer.kinds are project class names to resolve).
-_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output"}
+_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output", "reads-training"}
+# The features that make eval() change what a module computes: dropout, batch norm with running statistics, and code
+# of the repository's own that reads ``self.training`` (a branch of its own for training).
+MODE_FEATURES = frozenset({"dropout", "batchnorm", "reads-training"})
 
 
 def _last(node: ast.AST) -> Optional[str]:
@@ -96,11 +98,15 @@ class ClassSummary:
     # ``__init__`` puts the instance or a module it holds in eval mode (``self.backbone.eval()``) and never
     # back: a wrapper built for inference
     init_evaluates: bool = False
+    # a data set's items, from what ``__getitem__`` does: "memory" (it only indexes what the instance holds and
+    # converts it to tensors), "disk" (it opens, reads or decodes files), None (anything else: unknown)
+    item_source: Optional[str] = None
 
     @property
     def changes_in_eval(self) -> bool:
-        """Does ``eval()`` change what this module computes (dropout, BatchNorm statistics)?"""
-        return bool(self.features & {"dropout", "batchnorm"}) or self.functional_dropout
+        """Does ``eval()`` change what this module computes (dropout, BatchNorm statistics, a ``self.training``
+        branch)?"""
+        return bool(self.features & MODE_FEATURES) or self.functional_dropout
 
 
 @dataclass
@@ -152,10 +158,11 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
                 sub = layer_of(node) if isinstance(node, ast.Call) and node is not arg else None
                 if sub is not None:
                     layer.kinds |= sub.kinds
-    if name in _DROPOUT:
+    if name in MODE_DEPENDENT_LAYERS:
         layer.kinds.add("dropout")
-    elif name in _NORM_WITH_STATS:
-        layer.kinds.add("batchnorm")
+    elif name in NORM_LAYERS_WITH_STATS or name in NORM_LAYERS_STATS_OPTIONAL:
+        if norm_keeps_running_stats(name, _tracks_running_stats(call)):
+            layer.kinds.add("batchnorm")
     elif name in _RECURRENT:
         layer.kinds.add("recurrent")
         if name in ("RNN", "RNNCell"):
@@ -173,6 +180,51 @@ def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[L
         # and ignored there when no class of the repository has that name (a helper function, a builtin)
         layer.kinds.add(_dotted(call.func) or name)
     return layer
+
+
+def _tracks_running_stats(call: ast.Call) -> Optional[bool]:
+    """The ``track_running_stats`` a norm layer is built with: None when not given, True when not a constant."""
+    for keyword in call.keywords:
+        if keyword.arg == "track_running_stats":
+            value = keyword.value
+            return bool(value.value) if isinstance(value, ast.Constant) else True
+    if len(call.args) >= 5:  # num_features, eps, momentum, affine, track_running_stats
+        value = call.args[4]
+        return bool(value.value) if isinstance(value, ast.Constant) else True
+    return None
+
+
+# Calls a ``__getitem__`` of items held in memory may make: conversions to tensors or arrays, and shape and type
+# changes of what it indexed.
+_IN_MEMORY_ITEM_CALLS = {"tensor", "as_tensor", "from_numpy", "LongTensor", "FloatTensor", "Tensor", "array",
+                         "asarray", "long", "float", "int", "bool", "len", "dict", "tuple", "list", "range", "to",
+                         "clone", "view", "reshape", "unsqueeze", "squeeze", "flatten", "type", "astype", "copy",
+                         "get", "items", "keys", "values", "isinstance", "min", "max", "str", "zeros_like", "ones_like"}
+# Calls that read or decode a file: an item costs disk reads or decoding, the work loader workers overlap.
+_FILE_READS = {"open", "imread", "read", "read_csv", "read_image", "decode_image", "loadmat", "imdecode", "load",
+               "loadtxt", "fromfile", "memmap", "File", "urlopen", "read_file", "listdir", "glob", "get_image",
+               "VideoCapture", "load_image", "read_text", "read_bytes"}
+
+
+def _item_source(getitem: ast.AST) -> Optional[str]:
+    """"disk" when ``__getitem__`` reads or decodes a file; "memory" when its calls are only tensor conversions and
+    it indexes something the instance holds (``self.x[index]``); None otherwise (a transform, a tokenizer, a helper:
+    unknown)."""
+    nodes = _walk(getitem)
+    calls = [_last(node.func) for node in nodes if isinstance(node, ast.Call)]
+    if any(name in _FILE_READS for name in calls):
+        return "disk"
+    indexes_held = any(isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and
+                       isinstance(node.value.value, ast.Name) and node.value.value.id == "self" for node in nodes)
+    if indexes_held and all(name in _IN_MEMORY_ITEM_CALLS for name in calls):
+        return "memory"
+    return None
+
+
+def _reads_training(method: ast.AST) -> bool:
+    """Does ``method`` read ``self.training`` (``if self.training:``, ``F.dropout(x, training=self.training)``)?"""
+    return any(isinstance(node, ast.Attribute) and node.attr == "training" and isinstance(node.ctx, ast.Load)
+               and isinstance(node.value, ast.Name) and node.value.id == "self" for node in _walk(method))
 
 
 def _walk(tree: ast.AST) -> list[ast.AST]:
@@ -490,6 +542,11 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
                                 layer.kinds |= (layer_of(item) or Layer()).kinds
                         cls.layers[target.attr] = layer
                         cls.features |= layer.kinds & _FEATURES
+    getitem = methods.get("__getitem__")
+    if getitem is not None:
+        cls.item_source = _item_source(getitem)
+    if any(_reads_training(method) for name, method in methods.items() if name != "__init__"):
+        cls.features.add("reads-training")
     forward = methods.get("forward")
     if isinstance(forward, ast.FunctionDef):
         cls.has_forward = True
@@ -844,6 +901,21 @@ class ModuleFacts:
                 return True
         return False
 
+    def item_source(self, name: str) -> Optional[str]:
+        """Where the data set class ``name`` (of this repository) takes its items from: "memory", "disk", or None
+        (unknown: not found, or ``__getitem__`` does something else); an inherited ``__getitem__`` counts."""
+        cls = self.find_class(name)
+        index = self.ctx.repository
+        seen: set[str] = set()
+        while cls is not None and f"{cls.path}:{cls.name}" not in seen and len(seen) < 6:
+            seen.add(f"{cls.path}:{cls.name}")
+            if cls.item_source is not None:
+                return cls.item_source
+            parents = [index.find_class(Path(cls.path), b) if index is not None else self._summary().classes.get(b)
+                       for b in cls.bases]
+            cls = next((p for p in parents if p is not None), None)
+        return None
+
     def features(self, name: str) -> Optional[set[str]]:
         """None when the class is unknown (imported from outside the repository, or no repository)."""
         cls = self.find_class(name)
@@ -852,7 +924,20 @@ class ModuleFacts:
         index = self.ctx.repository
         if index is not None:
             return index.features(cls)
-        return set(cls.features) | ({"dropout"} if cls.functional_dropout else set())
+        return self._local_features(cls, set())
+
+    def _local_features(self, cls: ClassSummary, seen: set[str]) -> set[str]:
+        """Without a repository: the features of a class, its submodules and bases defined in this file."""
+        if cls.name in seen:
+            return set()
+        seen.add(cls.name)
+        found = set(cls.features) | ({"dropout"} if cls.functional_dropout else set())
+        classes = self._summary().classes
+        for name in [kind for layer in cls.layers.values() for kind in layer.classes] + cls.bases:
+            sub = classes.get(name)
+            if sub is not None:
+                found |= self._local_features(sub, seen)
+        return found
 
 
 _ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "README.md", "LICENSE")

@@ -13,7 +13,7 @@ from analyzers.program.flow import ModuleNodes, assignment_before, call_site_val
 from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_ddp)
 from analyzers.program.builds import built_module
-from analyzers.program.modules import ModuleFacts, torch_layer_features
+from analyzers.program.modules import MODE_FEATURES, ModuleFacts, torch_layer_features
 from analyzers.program.names import (last_name, last_segment, name_is_model_like, name_is_optimizer_like,
                                      name_is_scaler_like, name_is_scheduler_like)
 
@@ -313,27 +313,32 @@ def wrapped_module(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Opti
 
 # ---- what eval() changes ----------------------------------------------------------------------------------
 
-def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode) -> bool:
-    """False only when the model is known to hold neither dropout nor BatchNorm (eval() would change nothing)."""
+def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNode, depth: int = 0) -> bool:
+    """Is the model mode-dependent: yes or unknown (True), or no (False: it is known to hold no dropout, no batch
+    norm with running statistics and no code of its own reading ``self.training``, so eval() changes nothing)?
+    A parameter of the function is answered by the values every call of the function in this file passes."""
     built = constructor(ctx, model, use)
     if built is None:
-        return _assigned_features(ctx, dotted_name(model), use)
+        return _assigned_features(ctx, dotted_name(model), use, depth)
     features = torch_layer_features(ctx, built)
     if features is None:
         cls = model_class(ctx, model, use)
         features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
-    return features is None or bool(features & {"dropout", "batchnorm"})
+    return features is None or bool(features & MODE_FEATURES)
 
 
-def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.CSTNode] = None) -> bool:
+def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.CSTNode] = None,
+                       depth: int = 0) -> bool:
     """Fallback through ``model = model.cuda()`` chains: True unless every class ``name`` is built from, in the
-    function that binds the name where it is used (or the file), is known to hold neither dropout nor BatchNorm."""
+    function that binds the name where it is used (or the file), is known to be mode-free."""
     if not name:
         return True
     scope: cst.CSTNode = ctx.module
     for fn in (a for a in (ctx.ancestors(use) if use is not None else ()) if isinstance(a, cst.FunctionDef)):
         if any(p.name.value == name for p in fn.params.params + fn.params.kwonly_params + fn.params.posonly_params):
-            return True  # the caller's model: nothing here says what it holds
+            # the caller's model: mode-free only when every call in this file passes a mode-free one
+            passed = call_site_values(ctx, fn, name) if depth < 3 and name not in ("self", "cls") else None
+            return not passed or any(changes_in_eval(ctx, value, value, depth + 1) for value in passed)
         if any(isinstance(n, cst.Assign) and any(dotted_name(t.target) == name for t in n.targets)
                for n in subtree(fn.body)):
             scope = fn
@@ -356,7 +361,7 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
         # ``net = nn.Sequential(nn.Linear(...))`` is read from torch's own layers, ``net = Net()`` from the class
         features = torch_layer_features(ctx, value) if isinstance(value.func, cst.Attribute) else \
             facts.features(value.func.value) if isinstance(value.func, cst.Name) else None
-        if features is None or features & {"dropout", "batchnorm"}:
+        if features is None or features & MODE_FEATURES:
             return True
         seen = True
     return not seen

@@ -22,7 +22,9 @@ class DataLoaderNoWorkers(_LoaderRule):
     summary = "training DataLoader loads batches in the main process (no num_workers) on a CUDA job"
     what = """
         Flags a training `DataLoader` (`shuffle=True`, or a dataset/loader named `train*`) that
-        does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA.
+        does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA. A data
+        set the program model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a
+        `Dataset` class of the repository whose `__getitem__` only indexes what it holds).
     """
     why = """
         With `num_workers=0` every batch is loaded, decoded and collated in the training
@@ -43,6 +45,17 @@ class DataLoaderNoWorkers(_LoaderRule):
         severity, evaluation loaders, in-memory data sets and CPU-only files included, as TorchFix reported them.
     """}
     VALID = [
+        # a tensor built in memory is the data set
+        Valid("import torch\nfrom torch.utils.data import DataLoader\ndef train(ids):\n"
+              "    data = torch.from_numpy(ids)\n    train_loader = DataLoader(data, batch_size=8, shuffle=True)\n"
+              "    for x in train_loader:\n        x = x.cuda()\n"),
+        # a data set class of the program that only indexes tensors it holds: nothing to read per item
+        Valid("import torch\nfrom torch.utils.data import Dataset, DataLoader\nclass Tokens(Dataset):\n"
+              "    def __init__(self, ids, labels):\n        self.ids = torch.tensor(ids)\n        self.labels = labels\n"
+              "    def __getitem__(self, i):\n        return self.ids[i], torch.tensor(self.labels[i])\n"
+              "    def __len__(self):\n        return len(self.labels)\n"
+              "train_loader = DataLoader(Tokens(ids, labels), batch_size=32, shuffle=True)\n"
+              "for x, y in train_loader:\n    x = x.cuda()\n"),
         # in-memory data: MNIST with ToTensor only, a TensorDataset; and a (shuffled) test loader
         "import torch\nfrom torchvision import datasets, transforms\nfrom torch.utils.data import DataLoader\n"
         "train_ds = datasets.MNIST('data', train=True, transform=transforms.ToTensor())\n"
@@ -67,6 +80,13 @@ class DataLoaderNoWorkers(_LoaderRule):
               "loader = DataLoader(ds, 10, False, None, None, 2)\n", select=("TOR401",)),
     ]
     INVALID = [
+        # its __getitem__ opens an image file per item
+        Invalid("import torch\nfrom PIL import Image\nfrom torch.utils.data import Dataset, DataLoader\nclass Photos(Dataset):\n"
+                "    def __init__(self, paths):\n        self.paths = paths\n"
+                "    def __getitem__(self, i):\n        return Image.open(self.paths[i])\n"
+                "    def __len__(self):\n        return len(self.paths)\n"
+                "train_loader = DataLoader(Photos(paths), batch_size=32, shuffle=True)\n"
+                "for x in train_loader:\n    x = x.cuda()\n", line=11),
         Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
                 "train_loader = DataLoader(train_ds, batch_size=32, shuffle=True)\nmodel = Net().cuda()\n",
                 line=3, message="train_loader"),

@@ -6,7 +6,7 @@ import re
 from analyzers.context import (FileContext, is_false, keyword_arg)
 from analyzers.markdown import named
 from analyzers.model import Category, Severity
-from analyzers.rules.base import Invalid
+from analyzers.rules.base import Invalid, Valid
 from analyzers.program.devices import device_facts as _facts
 from analyzers.program.data import Loader as _Loader
 from analyzers.rules.device_performance._device import LoaderRule as _LoaderRule
@@ -21,7 +21,9 @@ class MissingPinMemory(_LoaderRule):
     summary = "DataLoader without pin_memory=True while batches are copied to CUDA"
     what = """
         Flags a `DataLoader` without `pin_memory=True` (absent or `False`) in a script whose
-        loop copies batches to the GPU (`batch.to(device)`, `x.cuda()`...).
+        loop copies batches to the GPU (`batch.to(device)`, `x.cuda()`...). A data set the program
+        model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a `Dataset` class
+        of the repository whose `__getitem__` only indexes what it holds).
     """
     why = """
         Host-to-device copies from pageable memory go through an extra staging copy and cannot
@@ -39,6 +41,13 @@ class MissingPinMemory(_LoaderRule):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     """
     VALID = [
+        # a data set class of the program that only indexes tensors it holds: nothing to read per item
+        Valid("import torch\nfrom torch.utils.data import Dataset, DataLoader\nclass Tokens(Dataset):\n"
+              "    def __init__(self, ids, labels):\n        self.ids = torch.tensor(ids)\n        self.labels = labels\n"
+              "    def __getitem__(self, i):\n        return self.ids[i], torch.tensor(self.labels[i])\n"
+              "    def __len__(self):\n        return len(self.labels)\n"
+              "train_loader = DataLoader(Tokens(ids, labels), batch_size=32, shuffle=True, num_workers=2)\n"
+              "for x, y in train_loader:\n    x = x.cuda()\n"),
         # in-memory data: MNIST with ToTensor only, a TensorDataset; and a (shuffled) test loader
         "import torch\nfrom torchvision import datasets, transforms\nfrom torch.utils.data import DataLoader\n"
         "train_ds = datasets.MNIST('data', train=True, transform=transforms.ToTensor())\n"
@@ -58,6 +67,13 @@ class MissingPinMemory(_LoaderRule):
         "for x, y in loader:\n    x = x.cuda()\n",
     ]
     INVALID = [
+        # its __getitem__ opens an image file per item
+        Invalid("import torch\nfrom PIL import Image\nfrom torch.utils.data import Dataset, DataLoader\nclass Photos(Dataset):\n"
+                "    def __init__(self, paths):\n        self.paths = paths\n"
+                "    def __getitem__(self, i):\n        return Image.open(self.paths[i])\n"
+                "    def __len__(self):\n        return len(self.paths)\n"
+                "train_loader = DataLoader(Photos(paths), batch_size=32, shuffle=True, num_workers=2)\n"
+                "for x in train_loader:\n    x = x.cuda()\n", line=11),
         Invalid("import torch\nfrom torch.utils.data import DataLoader\n"
                 "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
                 "train_loader = DataLoader(train_ds, batch_size=64, num_workers=4)\n"

@@ -23,8 +23,11 @@ class MissingEvalMode(_InferencePathRule):
         function named like `validate`, `evaluate`, `predict`, `infer`, `test`, or a loop over a
         `val`/`test`/`eval`/`dev` loader) when no `model.eval()` (or `model.train(False)`) comes
         before it in that function, in its class, or before the call sites in this file. Lightning
-        `LightningModule` hooks are skipped: Lightning switches modes itself. A model whose class
-        (found in this repository) has no dropout and no BatchNorm is skipped: eval() changes
+        `LightningModule` hooks are skipped: Lightning switches modes itself. A model the program
+        model knows to be mode-free is skipped: its class (found in this repository, through its
+        submodules and bases) or its torch.nn layers hold no dropout, no batch norm with running
+        statistics (InstanceNorm keeps none by default) and no code reading `self.training`; a
+        helper's parameter is answered by what every call in the file passes. eval() changes
         nothing there.
     """
     why = """
@@ -56,6 +59,17 @@ class MissingEvalMode(_InferencePathRule):
         "        super().__init__()\n        self.fc = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
         "    def forward(self, x):\n        return self.fc(x)\nnet = Net().to(device)\n"
         "with torch.no_grad():\n    for x, y in val_loader:\n        pred = net(x)\n",
+        # batch norm built without running statistics normalizes with the batch's statistics in both modes
+        Valid("import torch\nimport torch.nn as nn\nclass Scaler(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.norm = nn.BatchNorm1d(8, track_running_stats=False)\n"
+              "    def forward(self, x):\n        return self.norm(x)\nscaler = Scaler()\n"
+              "def validate(model, loader):\n    with torch.no_grad():\n        for x in loader:\n            model(x)\n"
+              "validate(scaler, val_loader)\n"),
+        # instance norm keeps no running statistics by default
+        Valid("import torch\nimport torch.nn as nn\nclass Styler(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.norm = nn.InstanceNorm2d(3)\n"
+              "    def forward(self, x):\n        return self.norm(x)\nstyler = Styler()\n"
+              "with torch.no_grad():\n    for x in val_loader:\n        styler(x)\n"),
         # eval() first
         "import torch\ndef validate(model, loader):\n    model.eval()\n    with torch.no_grad():\n"
         "        for x, y in loader:\n            out = model(x)\n",
@@ -162,6 +176,16 @@ class MissingEvalMode(_InferencePathRule):
                 "    for epoch in range(3):\n        model.train()\n        for x, y in train_loader:\n"
                 "            model(x).sum().backward()\n            opt.step()\n        with torch.no_grad():\n"
                 "            for x, y in val_loader:\n                model(x)\n", line=11),
+        # the model's own code takes another branch in training: eval() changes it
+        Invalid("import torch\nimport torch.nn as nn\nclass Noisy(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.fc = nn.Linear(4, 4)\n    def forward(self, x):\n"
+                "        if self.training:\n            x = x + torch.randn_like(x)\n        return self.fc(x)\n"
+                "net = Noisy()\nwith torch.no_grad():\n    for x in val_loader:\n        net(x)\n", line=14),
+        # instance norm asked to keep running statistics uses them in eval mode
+        Invalid("import torch\nimport torch.nn as nn\nclass Styler(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.norm = nn.InstanceNorm2d(3, track_running_stats=True)\n"
+                "    def forward(self, x):\n        return self.norm(x)\nstyler = Styler()\n"
+                "with torch.no_grad():\n    for x in val_loader:\n        styler(x)\n", line=12),
         Invalid("import torch as th\ndef predict(encoder, x):\n    with th.inference_mode():\n        return encoder.forward(x)\n",
                 line=4, message="encoder"),
     ]

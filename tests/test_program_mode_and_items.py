@@ -1,0 +1,168 @@
+"""Two questions of the program model: does eval() change a model (is it mode-dependent), and does a data set hold
+its items in memory or read them from disk."""
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from analyzers.context import FileContext
+from analyzers.program.data import dataset_in_memory
+from analyzers.program.flow import subtree
+from analyzers.program.library import norm_keeps_running_stats
+from analyzers.program.modules import ModuleFacts, RepositoryIndex
+from analyzers.program.values import changes_in_eval
+
+
+def context(code: str, path: str = "example.py", repository=None) -> FileContext:
+    source = textwrap.dedent(code)
+    module = cst.parse_module(source)
+    ctx = FileContext(path, source, module)
+    ctx.repository = repository
+    from analyzers.engine import _Walker
+
+    _Walker(ctx, [], lambda rule, exc: None).walk(module)
+    return ctx
+
+
+def _call_of(ctx: FileContext, name: str) -> cst.Call:
+    return next(node for node in subtree(ctx.module) if isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Name) and node.func.value == name)
+
+
+def _mode_dependent(code: str, model: str = "model") -> bool:
+    ctx = context(code)
+    use = _call_of(ctx, "use")
+    return changes_in_eval(ctx, cst.parse_expression(model), use)
+
+
+# ---- mode dependence ---------------------------------------------------------------------------------------
+
+def test_library_table_says_which_norm_layers_keep_running_statistics():
+    assert norm_keeps_running_stats("BatchNorm2d", None)
+    assert not norm_keeps_running_stats("BatchNorm2d", False)
+    assert not norm_keeps_running_stats("InstanceNorm2d", None)
+    assert norm_keeps_running_stats("InstanceNorm2d", True)
+    assert not norm_keeps_running_stats("LayerNorm", None)
+
+
+def test_plain_layers_in_sequential_module_list_and_nested_classes_are_mode_free():
+    assert not _mode_dependent("""
+        import torch.nn as nn
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.convs = nn.ModuleList([nn.Conv2d(3, 3, 1) for _ in range(2)])
+            def forward(self, x):
+                return x
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.block = Block()
+                self.head = nn.Sequential(nn.Flatten(), nn.Linear(12, 2), nn.ReLU())
+            def forward(self, x):
+                return self.head(self.block(x))
+        model = Net()
+        use(model)
+    """)
+
+
+def test_a_nested_dropout_a_training_branch_or_an_unknown_class_is_not_mode_free():
+    nested = """
+        import torch.nn as nn
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([nn.Linear(2, 2), nn.Dropout(0.2)])
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.block = Block()
+        model = Net()
+        use(model)
+    """
+    assert _mode_dependent(nested)
+    assert _mode_dependent("""
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(2, 2)
+            def forward(self, x):
+                return self.fc(x + torch.randn_like(x)) if self.training else self.fc(x)
+        model = Net()
+        use(model)
+    """)
+    assert _mode_dependent("from elsewhere import Net\nmodel = Net()\nuse(model)\n")
+
+
+def test_a_helper_parameter_is_answered_by_every_call_site():
+    helper = """
+        import torch.nn as nn
+        small = nn.Linear(4, 2)
+        noisy = nn.Sequential(nn.Linear(4, 2), nn.Dropout())
+        def score(model, x):
+            use(model)
+        score(small, 1)
+        %s
+    """
+    ctx = context(helper % "")
+    use = _call_of(ctx, "use")
+    assert not changes_in_eval(ctx, cst.parse_expression("model"), use)
+    ctx = context(helper % "score(noisy, 2)")
+    use = _call_of(ctx, "use")
+    assert changes_in_eval(ctx, cst.parse_expression("model"), use)
+
+
+# ---- where a data set's items come from --------------------------------------------------------------------
+
+DATASETS = """
+    import torch
+    from torch.utils.data import Dataset
+    class Held(Dataset):
+        def __init__(self, ids):
+            self.ids = torch.tensor(ids)
+        def __getitem__(self, i):
+            return self.ids[i].long()
+    class Files(Dataset):
+        def __init__(self, paths):
+            self.paths = paths
+        def __getitem__(self, i):
+            with open(self.paths[i]) as f:
+                return f.read()
+    class Transformed(Dataset):
+        def __getitem__(self, i):
+            return self.transform(self.items[i])
+    class Child(Held):
+        pass
+"""
+
+
+def test_item_source_of_repository_data_sets(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "sets.py").write_text(textwrap.dedent(DATASETS))
+    ctx = context("from sets import Held, Files, Transformed, Child\n", path=str(tmp_path / "train.py"),
+                  repository=RepositoryIndex(tmp_path))
+    facts = ctx.facts(ModuleFacts)
+    assert facts.item_source("Held") == "memory"
+    assert facts.item_source("Child") == "memory"  # an inherited __getitem__
+    assert facts.item_source("Files") == "disk"
+    assert facts.item_source("Transformed") is None  # a transform may do anything: unknown
+    assert facts.item_source("Missing") is None
+
+
+def test_dataset_in_memory_from_the_library_table_and_the_class():
+    ctx = context(textwrap.dedent(DATASETS) + textwrap.dedent("""
+        from torch.utils.data import TensorDataset
+        a = TensorDataset(x, y)
+        b = Held([1, 2])
+        c = Files(paths)
+        d = Transformed()
+        import torch as t
+        e = t.from_numpy(array)
+        f = [t.zeros(3) for _ in range(4)]
+        g = load_everything()
+    """))
+    assert [dataset_in_memory(cst.parse_expression(name), ctx) for name in "abcdefg"] == \
+        [True, True, False, False, True, True, False]
