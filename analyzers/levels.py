@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from analyzers.model import Category, Severity
+from analyzers.program.harm import TEST_CODE, TINY_DATA
 
 LEVELS_FILE = Path(__file__).resolve().parent / "rules" / "levels.json"
 STABLE, PREVIEW = "stable", "preview"
@@ -162,3 +163,14 @@ def context_lowered(severity: Severity, category: str, role: Optional[str]) -> t
     if role is None or category in NOT_LOWERED_BY_CONTEXT or severity is Severity.LOW:
         return severity, None
     return Severity(severity - 1), f"lowered: {role}"
+
+
+# Roles where code never runs long enough for speed to matter (``analyzers.program.harm``'s names; a benchmark
+# is where speed is the point, so it is not one).
+SPEED_IRRELEVANT_ROLES = (TEST_CODE, TINY_DATA)
+
+
+def context_silences(speed_only: bool, role: Optional[str]) -> bool:
+    """A finding whose only harm is speed says nothing where the file's role is test code or a program on tiny
+    synthetic data: a tutorial's or a unit test's loop never runs long enough for the advice to pay."""
+    return speed_only and role in SPEED_IRRELEVANT_ROLES

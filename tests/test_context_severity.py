@@ -199,3 +199,68 @@ def test_tr601_judges_a_file_by_the_tests_it_holds_not_the_folder_it_sits_in():
     test = ("import torch\n\ndef test_roundtrip(tmp_path):\n    torch.save({'w': 1}, tmp_path / 'x.pt')\n"
             "    assert torch.load(tmp_path / 'x.pt') == {'w': 1}\n")
     assert not _findings(test, "test/test_io.py", CONFIG, "TR601")
+
+
+# A speed-only finding (TR702: a training loader with no workers, on a CUDA job) is silent where the code never runs
+# long enough for the advice to pay: test code, a program on tiny synthetic data. A benchmark keeps it.
+_LOADER_LOOP = """\
+    loader = DataLoader(dataset, batch_size=32, shuffle=True)
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def _speed_program(header: str, body_indent: str = "") -> str:
+    body = "".join(body_indent + line + "\n" for line in _LOADER_LOOP.splitlines())
+    return header + body
+
+
+SPEED_TRAINING = _speed_program("""\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+from data import ImageFiles  # the repository's own images, read from disk
+
+dataset = ImageFiles("train/")
+model = nn.Linear(10, 1).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def train():
+""")
+
+SPEED_PYTEST = _speed_program("""\
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+from data import ImageFiles
+
+
+def test_one_epoch_lowers_the_loss():
+    dataset = ImageFiles("fixtures/")
+    model = nn.Linear(10, 1).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+""")
+
+
+def test_a_speed_only_finding_is_silent_in_test_code_and_kept_in_a_training_script():
+    assert [f.rule for f in _findings(SPEED_TRAINING, "train.py", rule="TR702")] == ["TR702"]
+    assert _findings(SPEED_PYTEST, "tests/test_train.py", rule="TR702") == []
+    # with context severity off, nothing is silenced
+    off = Config(preview=True, measured_severities=False, context_severity=False)
+    assert [f.rule for f in _findings(SPEED_PYTEST, "tests/test_train.py", off, rule="TR702")] == ["TR702"]
+
+
+def test_only_rules_whose_harm_is_speed_alone_are_silenced():
+    from analyzers.levels import context_silences
+    from analyzers.program.harm import BENCHMARK, TEST_CODE, TINY_DATA
+    from analyzers.rules import all_rules
+    speed = {rule.id for rule in all_rules() if rule.speed_only}
+    assert {"TR105", "TR106", "TR702", "TR703"} <= speed
+    assert not speed & {"TR101", "TR201", "TR401", "TR601", "TR705"}  # bugs stay bugs in a test
+    assert context_silences(True, TEST_CODE) and context_silences(True, TINY_DATA)
+    assert not context_silences(True, BENCHMARK) and not context_silences(True, None)
+    assert not context_silences(False, TEST_CODE)

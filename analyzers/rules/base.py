@@ -108,6 +108,10 @@ class Rule:
     #: purely syntactic, nothing inferred (a call of a removed API, a pickle opcode that imports a callable):
     #: with too few findings to measure, such a rule is stable unless a judged finding was wrong (levels.py)
     syntactic: ClassVar[bool] = False
+    #: the only harm is speed (a GPU stall, a slower loader, an extra all-reduce): where the code never runs at
+    #: scale (test code, a program on tiny synthetic data) there is nothing to gain, and the finding is not
+    #: reported (``analyzers.levels.context_silences``)
+    speed_only: ClassVar[bool] = False
     #: wider scopes a selection can turn on (name -> what it adds): a TorchFix user who selects a TOR code gets
     #: TorchFix's scope for it (``TorchFixCode.scope`` in analyzers.torchfix_map); findings only the wider scope
     #: makes are low severity. ``self.options`` holds the ones on for this run.

@@ -22,6 +22,7 @@ class DataParallelTraining(Rule):
     slug = "data-parallel-training"
     category = Category.DEVICE
     severity = Severity.LOW
+    speed_only = True
     summary = "nn.DataParallel for training; DistributedDataParallel is faster even on one machine"
     what = """
         Flags `nn.DataParallel(model)` in a file that trains (calls `.backward()` in a loop) and

@@ -19,6 +19,7 @@ class DataLoaderNoWorkers(_LoaderRule):
     slug = "dataloader-no-workers"
     category = Category.DEVICE
     severity = Severity.LOW
+    speed_only = True
     summary = "training DataLoader loads batches in the main process (no num_workers) on a CUDA job"
     what = """
         Flags a training `DataLoader` (`shuffle=True`, or a dataset/loader named `train*`) that

@@ -21,6 +21,7 @@ class DdpAccumulationWithoutNoSync(Rule):
     slug = "ddp-accumulation-without-no-sync"
     category = Category.DEVICE
     severity = Severity.MEDIUM
+    speed_only = True
     summary = "gradient accumulation on a DDP model all-reduces on every micro-step (no model.no_sync())"
     what = """
         Flags gradient accumulation (`backward()` on every batch, `optimizer.step()` only under

@@ -18,6 +18,7 @@ class MissingPinMemory(_LoaderRule):
     slug = "missing-pin-memory"
     category = Category.DEVICE
     severity = Severity.LOW
+    speed_only = True
     summary = "DataLoader without pin_memory=True while batches are copied to CUDA"
     what = """
         Flags a `DataLoader` without `pin_memory=True` (absent or `False`) in a script whose

@@ -27,6 +27,7 @@ class ZeroGradFillsZeros(Rule):
     slug = "zero-grad-fills-zeros"
     category = Category.DEVICE
     severity = Severity.LOW
+    speed_only = True
     fix_safety = "unsafe"  # code that reads `.grad` between zero_grad and backward gets None instead of zeros
     source_hint = re.compile(r"set_to_none\s*=\s*False|zero_grad\(\s*False")
     summary = "zero_grad(set_to_none=False) writes zeros into every gradient instead of freeing it (TorchFix's TOR402)"

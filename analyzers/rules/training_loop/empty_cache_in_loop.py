@@ -34,6 +34,7 @@ class EmptyCacheInLoop(Rule):
     slug = "empty-cache-in-loop"
     category = Category.TRAINING
     severity = Severity.LOW
+    speed_only = True
     requires = "torch"
     summary = "torch.cuda.empty_cache() called on every loop iteration"
     what = """

@@ -30,6 +30,7 @@ class PerStepSyncForLogging(Rule):
     slug = "loss-item-every-step"
     category = Category.TRAINING
     severity = Severity.LOW
+    speed_only = True
     requires = "torch"
     summary = "loss.item()/print(loss) every training step only for logging forces a GPU sync"
     what = """

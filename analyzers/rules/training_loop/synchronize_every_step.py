@@ -66,6 +66,7 @@ class PerStepSynchronizeForLogging(Rule):
     slug = "synchronize-every-step"
     category = Category.TRAINING
     severity = Severity.LOW
+    speed_only = True
     requires = "torch"
     summary = "torch.cuda.synchronize() / an all_reduce of the loss every training step only to time or log it"
     source_hint = re.compile(r"synchronize\s*\(|all_reduce|all_gather|\breduce\s*\(")
