@@ -10,11 +10,11 @@ from tests.conftest import ROOT, Worker, completed_run, deliver, new_repo, pr_pa
 
 BUGGY = (ROOT / "examples" / "buggy_train.py").read_text()
 BASE_TRAIN = "import torch\n\n\ndef load(path):\n    return torch.load(path, weights_only=True)\n"
-# two bugs: TR601 (a preview rule: the test repositories opt in with PREVIEW) and TR810 (stable, high: it fails
+# two bugs: TR601 (the load feeds load_state_dict, so weights_only=True is a safe fix; a preview rule: the test repositories opt in with PREVIEW) and TR810 (stable, high: it fails
 # the check, as preview findings never do)
-HEAD_TRAIN = (BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path)\n    return state\n"
+HEAD_TRAIN = (BASE_TRAIN + "\n\ndef resume(model, path):\n    model.load_state_dict(torch.load(path))\n    return model\n"
               "\n\ndef eigen(a):\n    return torch.symeig(a)\n")
-FIXED_TRAIN = (BASE_TRAIN + "\n\ndef resume(path):\n    state = torch.load(path, weights_only=True)\n    return state\n"
+FIXED_TRAIN = (BASE_TRAIN + "\n\ndef resume(model, path):\n    model.load_state_dict(torch.load(path, weights_only=True))\n    return model\n"
                "\n\ndef eigen(a):\n    return torch.linalg.eigh(a)\n")
 PREVIEW = {".github/torchreview.yml": "preview: true\n"}
 

@@ -49,6 +49,18 @@ class LoadedPayloads:
         self._shown(load)
         return self._escapes.get(id(load), "")
 
+    def fed_whole_to_state_dict(self, load: cst.Call) -> bool:
+        """The load itself is the state dict argument of a consumer (``model.load_state_dict(torch.load(p))``,
+        ``Net.from_pretrained(..., state_dict=torch.load(p))``): the file holds a state dict, else that call fails."""
+        arg = self._parent(load)
+        call = self._parent(arg) if isinstance(arg, cst.Arg) else None
+        if not isinstance(call, cst.Call) or arg.value is not load:
+            return False
+        if arg.keyword is not None:
+            return arg.keyword.value in STATE_DICT_KEYWORDS
+        method = call.func.attr.value if isinstance(call.func, cst.Attribute) else dotted_name(call.func)
+        return method in STATE_DICT_CONSUMERS and call.args[0] is arg
+
     def _shown(self, load: cst.Call) -> dict[Payload, str]:
         if id(load) not in self._found:
             found: dict[Payload, str] = {}

@@ -197,6 +197,11 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch\nif args.resume_snapshot:\n    model = torch.load(args.resume_snapshot)\nelse:\n"
                 "    model = SNLIClassifier(config)\nfor step in range(10):\n    torch.save(model, snapshot_path)\n",
                 line=3, message="this file saves a whole nn.Module into checkpoints"),
+        # handed whole to load_state_dict, the file is a state dict whatever else the script saves: the fix is safe
+        Invalid("import torch\nmodel.load_state_dict(torch.load(args.weights))\ntorch.save(model, 'final.pt')\n",
+                line=2, message="pass `weights_only=True`",
+                fixed="import torch\nmodel.load_state_dict(torch.load(args.weights, weights_only=True))\n"
+                      "torch.save(model, 'final.pt')\n"),
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
@@ -222,8 +227,11 @@ class UnsafeTorchLoad(Rule):
             return
         source_text = ctx.module.code_for_node(source) if source is not None else "?"
         shown = f"torch.load({source_text})"
-        refused, saved_by = self._refused_payloads(source, checkpoints)
         loaded = ctx.facts(LoadedPayloads)
+        # handed whole to load_state_dict, the file holds a state dict (anything else fails there), whatever
+        # else this file or its neighbours save; a checkpoint read for one of its items may hold more
+        refused, saved_by = (set(), "") if loaded.fed_whole_to_state_dict(node) else \
+            self._refused_payloads(source, checkpoints)
         used_as = {kind for kind in loaded.of(node) if not kind.loads_weights_only} - refused
         reasons = [f"{saved_by} {describe(refused)} into checkpoints"] if refused else []
         if used_as:
