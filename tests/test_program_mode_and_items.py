@@ -12,17 +12,7 @@ from analyzers.program.flow import subtree
 from analyzers.program.library import norm_keeps_running_stats
 from analyzers.program.modules import ModuleFacts, RepositoryIndex
 from analyzers.program.values import changes_in_eval
-
-
-def context(code: str, path: str = "example.py", repository=None) -> FileContext:
-    source = textwrap.dedent(code)
-    module = cst.parse_module(source)
-    ctx = FileContext(path, source, module)
-    ctx.repository = repository
-    from analyzers.engine import _Walker
-
-    _Walker(ctx, [], lambda rule, exc: None).walk(module)
-    return ctx
+from tests.test_program_model import context
 
 
 def _call_of(ctx: FileContext, name: str) -> cst.Call:

@@ -12,6 +12,13 @@ from gpu_runner.subject import Subject  # noqa: E402
 from tests.runner_support import single_thread, write_tree  # noqa: E402,F401
 
 
+
+def inputs_inferred(root, target: str) -> str:
+    """The note in which the runner says what inputs it inferred for ``target``, which must build."""
+    subject = build_subject(root, target, device="cpu")
+    assert isinstance(subject, Subject), subject
+    return next(n for n in subject.notes if n.startswith("input inferred"))
+
 def test_a_required_mask_is_offered_in_the_shapes_that_broadcast_over_attention_scores(tmp_path):
     root = write_tree(tmp_path, {"scorers/__init__.py": "", "scorers/block.py": """\
         import torch
@@ -31,9 +38,7 @@ def test_a_required_mask_is_offered_in_the_shapes_that_broadcast_over_attention_
                 scores = scores.masked_fill(mask == 0, -1e9)  # scores [B, heads, N, N]
                 return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d))
         """})
-    subject = build_subject(root, "scorers/block.py:MaskedBlock", device="cpu")
-    assert isinstance(subject, Subject), subject
-    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    described = inputs_inferred(root, "scorers/block.py:MaskedBlock")
     assert "mask=long [B, 1, 1, 16]" in described or "mask=long [B, 1, 16, 16]" in described, described
 
 
@@ -172,9 +177,7 @@ def test_a_module_of_per_column_embedding_tables_takes_one_id_per_column(tmp_pat
 
 def test_numeric_and_categorical_inputs_are_read_through_a_loop_over_encoders(tmp_path):
     root = write_tree(tmp_path, TABULAR)
-    subject = build_subject(root, "tabular/net.py:Mixed", device="cpu")
-    assert isinstance(subject, Subject), subject
-    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    described = inputs_inferred(root, "tabular/net.py:Mixed")
     assert "float [B, 6], long [B, 3] in [0, 3)" in described, described
 
 
@@ -224,17 +227,13 @@ STEPS = {"stepper/__init__.py": "", "stepper/net.py": """\
 
 def test_a_sequence_the_forward_transposes_to_batch_first_is_given_time_first(tmp_path):
     root = write_tree(tmp_path, STEPS)
-    subject = build_subject(root, "stepper/net.py:Scorer", device="cpu")
-    assert isinstance(subject, Subject), subject
-    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    described = inputs_inferred(root, "stepper/net.py:Scorer")
     assert "float [B, 24], float [16, B, 24]" in described, described
 
 
 def test_a_decoder_step_gets_one_id_per_row_the_rnn_state_and_time_first_memory(tmp_path):
     root = write_tree(tmp_path, STEPS)
-    subject = build_subject(root, "stepper/net.py:StepDecoder", device="cpu")
-    assert isinstance(subject, Subject), subject
-    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    described = inputs_inferred(root, "stepper/net.py:StepDecoder")
     assert "long [B] in [0, 30), float [1, B, 24], float [16, B, 24]" in described, described
 
 
@@ -280,7 +279,5 @@ SERIES = {"series/__init__.py": "", "series/net.py": """\
 
 def test_series_read_two_submodules_down_are_channels_last_where_the_body_swaps_them_for_a_conv(tmp_path):
     root = write_tree(tmp_path, SERIES)
-    subject = build_subject(root, "series/net.py:Forecaster", device="cpu")
-    assert isinstance(subject, Subject), subject
-    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    described = inputs_inferred(root, "series/net.py:Forecaster")
     assert "float [B, 16, 5], float [B, 16, 3]" in described, described

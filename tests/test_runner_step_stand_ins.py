@@ -68,6 +68,13 @@ def checks(report: dict) -> dict:
     return {c["name"]: c["status"] for c in report["checks"]}
 
 
+def assert_zero_grad_fails_at(report: dict, root, path: str, text: str) -> None:
+    """The step failed, and its zero-grad check at the line of ``path`` that holds ``text``."""
+    assert report["status"] == "failed", report
+    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
+    assert zero_grad["status"] == "fail" and zero_grad["details"]["line"] == line_of(root, path, text)
+
+
 def test_a_missing_raw_token_file_gets_stand_in_data_of_the_codes_dtype(tmp_path):
     root = write_tree(tmp_path, {"train.py": TOKENS})
     report = smoke_step(root, "train.py:__main__", None, device="cpu")
@@ -80,10 +87,7 @@ def test_a_missing_raw_token_file_gets_stand_in_data_of_the_codes_dtype(tmp_path
 def test_a_planted_missing_zero_grad_still_fails_at_its_line_on_stand_in_data(tmp_path):
     root = write_tree(tmp_path, {"train.py": TOKENS.replace("        optimizer.zero_grad()\n", "")})
     report = smoke_step(root, "train.py:__main__", None, device="cpu")
-    assert report["status"] == "failed", report
-    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
-    assert zero_grad["status"] == "fail"
-    assert zero_grad["details"]["line"] == line_of(root, "train.py", "optimizer.step()")
+    assert_zero_grad_fails_at(report, root, "train.py", "optimizer.step()")
 
 
 def test_a_raw_file_that_exists_is_read_as_it_is(tmp_path):
@@ -165,9 +169,7 @@ def test_a_missing_zero_grad_fails_beside_a_no_op_progress_display(tmp_path):
     files = dict(PROGRESS, **{"main.py": PROGRESS["main.py"].replace("                optimizer.zero_grad()\n", "")})
     root = write_tree(tmp_path, files)
     report = smoke_step(root, "main.py:train", None, device="cpu")
-    assert report["status"] == "failed", report
-    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
-    assert zero_grad["status"] == "fail" and zero_grad["details"]["line"] == line_of(root, "main.py", "optimizer.step()")
+    assert_zero_grad_fails_at(report, root, "main.py", "optimizer.step()")
 
 
 def test_a_helper_whose_result_the_step_uses_stays_a_skip(tmp_path):
@@ -224,10 +226,7 @@ def test_required_options_get_values_the_code_declares(tmp_path):
 def test_a_missing_zero_grad_still_fails_with_declared_option_values(tmp_path):
     root = write_tree(tmp_path, {"train.py": OPTIONS.replace("        optimizer.zero_grad()\n", "")})
     report = smoke_step(root, "train.py:__main__", None, device="cpu")
-    assert report["status"] == "failed", report
-    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
-    assert zero_grad["status"] == "fail" and zero_grad["details"]["line"] == line_of(root, "train.py",
-                                                                                     "optimizer.step()")
+    assert_zero_grad_fails_at(report, root, "train.py", "optimizer.step()")
 
 
 def test_a_required_path_nothing_declares_stays_a_skip_naming_it(tmp_path):
@@ -319,10 +318,7 @@ def test_a_trainer_class_without_zero_grad_fails_at_its_line(tmp_path):
         "                        self.optimizer.zero_grad()\n", "")})
     root = write_tree(tmp_path, files)
     report = smoke_step(root, "experiment.py:Experiment.fit", None, device="cpu")
-    assert report["status"] == "failed", report
-    zero_grad = next(c for c in report["checks"] if c["name"] == "zero-grad")
-    assert zero_grad["status"] == "fail"
-    assert zero_grad["details"]["line"] == line_of(root, "experiment.py", "self.optimizer.step()")
+    assert_zero_grad_fails_at(report, root, "experiment.py", "self.optimizer.step()")
 
 
 def test_a_trainer_class_whose_options_cannot_be_built_stays_a_skip(tmp_path):
