@@ -82,6 +82,11 @@ def is_false(expr: Optional[cst.BaseExpression]) -> bool:
     return isinstance(expr, cst.Name) and expr.value == "False"
 
 
+def literal_bool(expr: Optional[cst.BaseExpression]) -> Optional[bool]:
+    """``True`` / ``False`` for those literals, None for anything else."""
+    return True if is_true(expr) else False if is_false(expr) else None
+
+
 # ---- children, cheaply ---------------------------------------------------------------------------
 # libcst's ``node.children`` rebuilds the node through a visitor on every call (~50 us). The engine's
 # walk and the helpers below read the fields directly instead.

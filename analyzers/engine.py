@@ -424,9 +424,8 @@ def _run_rules(ctx: FileContext, result: FileResult, source: str, path: str, con
             continue
         start, end = pos.start, pos.end
         suppressed = _suppressed(suppressions, rule.id, start.line, end.line)
-        if config.context_severity and rule.speed_only and \
-                levels.context_silences(True, ctx.facts(HarmContext).role):
-            continue
+        if config.context_severity and levels.context_silences(rule.speed_only, ctx.facts(HarmContext).role):
+            continue  # speed advice where the code never runs at scale
         severity, context = _severity(rule, p.severity or rule.severity, config, ctx)
         key = (rule.id, start.line, start.column, p.message)
         if key in seen:

@@ -1,7 +1,7 @@
 """Facts about loops: which loops enclose a node, which loops train, and gradient-accumulation steps."""
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import libcst as cst
 
@@ -141,10 +141,15 @@ class AccumulationFacts:
 def steps_each_iteration(loop: cst.CSTNode, ctx: FileContext) -> bool:
     """One pass of ``loop`` is one optimizer step: its own body (not a loop nested in it) calls ``opt.step()``.
     A value rebuilt in each pass lives for one step (``losses = []`` per batch, gathered over its chunks)."""
+    return _own_body_calls(loop, lambda call: is_optimizer_step(call, ctx))
+
+
+def _own_body_calls(loop: cst.CSTNode, wanted: Callable[[cst.Call], bool]) -> bool:
+    """A call of ``loop``'s own body (not of a loop, function or class nested in it) is ``wanted``."""
     stack = list(code_children(loop.body)) if hasattr(loop, "body") else []
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Call) and is_optimizer_step(node, ctx):
+        if isinstance(node, cst.Call) and wanted(node):
             return True
         if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
@@ -157,15 +162,9 @@ def one_pass_is_a_batch(loop: cst.CSTNode, ctx: FileContext) -> bool:
     optimizer step or takes ``next()`` of an iterator, or it iterates a ``DataLoader`` the file builds (``for x, y
     in loader``, also through ``enumerate`` / ``tqdm``). An epoch loop, whose batches are handled by the functions
     it calls or by a loop nested in it, is not one; neither is a loop over something the program cannot name."""
-    stack = list(code_children(loop.body)) if hasattr(loop, "body") else []
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Call) and (is_backward(node) or is_optimizer_step(node, ctx) or
-                                           (isinstance(node.func, cst.Name) and node.func.value == "next")):
-            return True
-        if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        stack.extend(code_children(node))
+    if _own_body_calls(loop, lambda call: is_backward(call) or is_optimizer_step(call, ctx) or
+                       (isinstance(call.func, cst.Name) and call.func.value == "next")):
+        return True
     if not isinstance(loop, cst.For):
         return False
     source = iterated(loop.iter)

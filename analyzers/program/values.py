@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, call_receiver, is_false, is_true, keyword_arg, positional_args
+from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_ddp)
@@ -495,10 +495,6 @@ TENSOR_ONLY_METHODS = {"cpu", "cuda", "detach", "numpy", "unsqueeze", "permute",
                        "expand", "half", "float", "requires_grad_", "backward", "softmax", "log_softmax"}
 
 
-def _literal_flag(expr: Optional[cst.BaseExpression]) -> Optional[bool]:
-    return True if is_true(expr) else False if is_false(expr) else None
-
-
 def tracks_gradients_by_default(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[bool]:
     """Does the tensor ``expr`` names record autograd operations before anyone sets its ``requires_grad``?
 
@@ -531,8 +527,8 @@ def tracks_gradients_by_default(expr: Optional[cst.BaseExpression], ctx: FileCon
     qualified = ctx.call_name(expr)
     if qualified in PARAMETER_CLASSES and not converted:
         flag = argument(expr, 1, "requires_grad")
-        return True if flag is None else _literal_flag(flag)
+        return True if flag is None else literal_bool(flag)
     if qualified in TENSOR_CREATION_OPS:
         flag = keyword_arg(expr, "requires_grad")
-        return False if flag is None else _literal_flag(flag.value)
+        return False if flag is None else literal_bool(flag.value)
     return None

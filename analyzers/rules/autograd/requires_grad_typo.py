@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from analyzers.context import FileContext, is_false, is_true
+from analyzers.context import FileContext, literal_bool
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.names import node_text
@@ -64,7 +64,7 @@ class RequiresGradTypo(Rule):
         for target in node.targets:
             t = target.target
             if isinstance(t, cst.Attribute) and t.attr.value in _GRAD_TYPOS:
-                wanted = True if is_true(node.value) else False if is_false(node.value) else None
+                wanted = literal_bool(node.value)
                 if wanted is not None and tracks_gradients_by_default(t.value, ctx) is wanted:
                     continue  # the flag already has the value the typo meant to set: no effect
                 self.report(t, f"{code_span(node_text(ctx, t))} is not `requires_grad`: the assignment creates a new "
