@@ -451,6 +451,23 @@ def test_names_brought_by_star_imports_of_repository_modules_resolve_to_their_li
     assert alone.findings == []  # without the repository nothing says what the names are
 
 
+def test_a_later_star_import_shadows_an_earlier_one_and_a_repository_class_shadows_a_deeper_library_name(tmp_path):
+    (tmp_path / ".git").mkdir()
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "old.py").write_text("import numpy as np\nfrom torch.autograd import Variable\n")
+    (package / "new.py").write_text("import jax.numpy as np\n")
+    (package / "own.py").write_text("from .deep import *\n")
+    (package / "deep.py").write_text("class Variable:\n    pass\n")
+    text = "from .old import *\nfrom .new import *\nfrom .own import *\na = np.zeros(2)\nb = Variable(a)\n"
+    (package / "calc.py").write_text(text)
+    ctx = context(text, path=str(package / "calc.py"), repository=RepositoryIndex(tmp_path))
+    names = {ctx.module.code_for_node(n): ctx.qualified_name(n.func) for n in subtree(ctx.module)
+             if isinstance(n, cst.Call)}
+    assert names == {"np.zeros(2)": "jax.numpy.zeros", "Variable(a)": None}
+
+
 def test_summaries_are_cached_by_content(repo):
     index = RepositoryIndex(repo)
     first_summary = index.summary(repo / "models" / "net.py")

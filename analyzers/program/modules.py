@@ -570,12 +570,25 @@ _SUMMARIES: dict[str, FileSummary] = {}
 MAX_IMPORTS_FOLLOWED = 50
 
 
+def summary_by_digest(digest: str, source: str, path: str) -> FileSummary:
+    """The summary of ``source`` (whose digest is ``digest``) at ``path``, parsed once per process for a content:
+    the analyzed file and the index's view of it share one."""
+    found = _SUMMARIES.get(digest)
+    if found is None:
+        found = summarize(source, path)
+        if len(_SUMMARIES) >= MAX_CACHED_SUMMARIES:
+            _SUMMARIES.pop(next(iter(_SUMMARIES)))  # oldest first: a bounded cache
+        _SUMMARIES[digest] = found
+    elif found.path != path:  # the same content elsewhere (the next review's checkout): no re-parse
+        found = replace(found, path=path, classes={name: replace(c, path=path) for name, c in found.classes.items()})
+    return found
+
+
 class RepositoryIndex:
     """Summaries of a repository's files, read on demand and cached by content."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
-        self._by_digest = _SUMMARIES  # shared by every index of the process: a file's next review is free
         self._by_path: dict[Path, tuple[tuple[int, int], str, FileSummary]] = {}
 
     def summary(self, path: Path, source: Optional[str] = None) -> Optional[FileSummary]:
@@ -602,15 +615,7 @@ class RepositoryIndex:
             source = data.decode("utf-8-sig", "replace")  # a BOM is not Python: ast would refuse the file
         else:
             digest = _digest(source.encode("utf-8", "replace"))
-        found = self._by_digest.get(digest)
-        if found is None:
-            found = summarize(source, str(path))
-            if len(self._by_digest) >= MAX_CACHED_SUMMARIES:
-                self._by_digest.pop(next(iter(self._by_digest)))  # oldest first: a bounded cache
-            self._by_digest[digest] = found
-        elif found.path != str(path):  # the same content elsewhere (the next review's checkout): no re-parse
-            found = replace(found, path=str(path),
-                            classes={name: replace(c, path=str(path)) for name, c in found.classes.items()})
+        found = summary_by_digest(digest, source, str(path))
         if key is not None:
             self._by_path[path] = (key, digest if given is None else None, found)
         return found
@@ -684,33 +689,31 @@ class RepositoryIndex:
                     return found
         return None
 
-    def star_imported(self, importer: Path, name: str, source: Optional[str] = None,
-                      depth: int = 0) -> Optional[str]:
-        """The qualified name ``name`` has in ``importer`` when it comes from a ``from m import *`` of a
-        repository module that imports it from a library (``import numpy as np`` in ``m``): ``numpy``. None
-        when no star import brings it, or one brings a name the repository defines itself."""
-        if depth > 4:
-            return None
-        summary = self.summary(importer, source)
+    def star_names(self, importer: Path, source: Optional[str] = None,
+                   depth: int = 0) -> dict[str, Optional[str]]:
+        """Every name ``importer``'s ``from m import *`` of repository modules brings, with the qualified name it
+        has: ``numpy`` for the ``np`` of ``import numpy as np`` in ``m``; None for a name the repository defines
+        itself (a class, or an import from within the repository). Read once per file: a file that star-imports
+        a package asks about many names."""
+        table: dict[str, Optional[str]] = {}
+        summary = self.summary(importer, source) if depth <= 4 else None
         if summary is None:
-            return None
+            return table
         for module, level in reversed(summary.star_imports):  # a later star import shadows an earlier one
             for path in self._module_files(module, level, importer):
                 other = self.summary(path)
                 if other is None:
                     continue
-                if name in other.classes:
-                    return None
-                imported = other.imports.get(name)
-                if imported is not None:
-                    origin, imported_name, origin_level = imported
-                    if origin_level:
-                        return None  # a name of the repository itself
-                    return origin if imported_name is None else f"{origin}.{imported_name}"
-                found = self.star_imported(path, name, depth=depth + 1)
-                if found is not None:
-                    return found
-        return None
+                brought: dict[str, Optional[str]] = dict.fromkeys(other.classes)
+                for name, (origin, imported_name, origin_level) in other.imports.items():
+                    if name not in brought:
+                        brought[name] = None if origin_level else (
+                            origin if imported_name is None else f"{origin}.{imported_name}")
+                for name, meaning in self.star_names(path, depth=depth + 1).items():
+                    brought.setdefault(name, meaning)
+                for name, meaning in brought.items():
+                    table.setdefault(name, meaning)
+        return table
 
     def saved_beside(self, path: Path) -> set[str]:
         """File names the other scripts of ``path``'s folder give literally to ``torch.save``."""
@@ -824,10 +827,12 @@ class ModuleFacts:
     def __init__(self, ctx) -> None:
         self.ctx = ctx
         self._local: Optional[FileSummary] = None
+        self._star_names: Optional[dict[str, Optional[str]]] = None
 
     def _summary(self) -> FileSummary:
         if self._local is None:
-            self._local = summarize(self.ctx.source, self.ctx.path)
+            self._local = summary_by_digest(_digest(self.ctx.source.encode("utf-8", "replace")), self.ctx.source,
+                                            str(self.ctx.path))
         return self._local
 
     def eval_helper(self, name: str) -> Optional[tuple[list[str], list[str]]]:
@@ -840,11 +845,12 @@ class ModuleFacts:
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see
-        :meth:`RepositoryIndex.star_imported`); None without a repository."""
-        index = self.ctx.repository
-        if index is None or not self._summary().star_imports:
-            return None
-        return index.star_imported(file_in_repository(self.ctx), name, self.ctx.source)
+        :meth:`RepositoryIndex.star_names`); None without a repository, or for a name of the repository."""
+        if self._star_names is None:
+            index = self.ctx.repository
+            self._star_names = {} if index is None or not self._summary().star_imports else \
+                index.star_names(file_in_repository(self.ctx), self.ctx.source)
+        return self._star_names.get(name)
 
     def find_class(self, name: str) -> Optional[ClassSummary]:
         index = self.ctx.repository
