@@ -428,43 +428,43 @@ def test_a_prediction_helper_of_a_model_built_from_lower_case_blocks_is_told_to_
     assert [(f.rule, f.line) for f in found.findings] == [("TR201", 6)]
 
 
-def test_names_brought_by_star_imports_of_repository_modules_resolve_to_their_library(tmp_path):
-    # ``from .utils import *`` where utils star-imports a module that does ``import numpy as np``: ``np`` is
-    # numpy in the importing file; a class the repository defines is no library name
+def _package_calls(tmp_path, modules: dict[str, str], text: str):
+    """Write ``modules`` and ``calc.py`` (``text``) into a package of a repository; the qualified name of every
+    call of ``calc.py``, by its source."""
     (tmp_path / ".git").mkdir()
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "base.py").write_text("import numpy as np\nfrom torch.autograd import Variable\n")
-    (package / "utils.py").write_text("from .base import *\nclass Tensor:\n    pass\n")
-    text = "import torch\nfrom .utils import *\nx = np.asarray(v, dtype=np.float)\ny = Variable(t)\nz = Tensor()\nw = other()\n"
+    for name, source in modules.items():
+        (package / name).write_text(source)
     (package / "calc.py").write_text(text)
     ctx = context(text, path=str(package / "calc.py"), repository=RepositoryIndex(tmp_path))
-    names = {ctx.module.code_for_node(n): ctx.qualified_name(n.func) for n in subtree(ctx.module)
-             if isinstance(n, cst.Call)}
+    return {ctx.module.code_for_node(n): ctx.qualified_name(n.func) for n in subtree(ctx.module)
+            if isinstance(n, cst.Call)}
+
+
+def test_names_brought_by_star_imports_of_repository_modules_resolve_to_their_library(tmp_path):
+    # ``from .utils import *`` where utils star-imports a module that does ``import numpy as np``: ``np`` is
+    # numpy in the importing file; a class the repository defines is no library name
+    text = "import torch\nfrom .utils import *\nx = np.asarray(v, dtype=np.float)\ny = Variable(t)\nz = Tensor()\nw = other()\n"
+    names = _package_calls(tmp_path, {"base.py": "import numpy as np\nfrom torch.autograd import Variable\n",
+                                      "utils.py": "from .base import *\nclass Tensor:\n    pass\n"}, text)
     assert names == {"np.asarray(v, dtype=np.float)": "numpy.asarray", "Variable(t)": "torch.autograd.Variable",
                      "Tensor()": None, "other()": None}
+    path = str(tmp_path / "pkg" / "calc.py")
     rules = [r for r in all_rules() if r.id in ("TR817", "TR803")]
-    found = analyze_source(text, str(package / "calc.py"), rules=rules, repository=RepositoryIndex(tmp_path))
+    found = analyze_source(text, path, rules=rules, repository=RepositoryIndex(tmp_path))
     assert sorted((f.rule, f.line) for f in found.findings) == [("TR803", 4), ("TR817", 3)]
-    alone = analyze_source(text, str(package / "calc.py"), rules=rules)
+    alone = analyze_source(text, path, rules=rules)
     assert alone.findings == []  # without the repository nothing says what the names are
 
 
 def test_a_later_star_import_shadows_an_earlier_one_and_a_repository_class_shadows_a_deeper_library_name(tmp_path):
-    (tmp_path / ".git").mkdir()
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "old.py").write_text("import numpy as np\nfrom torch.autograd import Variable\n")
-    (package / "new.py").write_text("import jax.numpy as np\n")
-    (package / "own.py").write_text("from .deep import *\n")
-    (package / "deep.py").write_text("class Variable:\n    pass\n")
-    text = "from .old import *\nfrom .new import *\nfrom .own import *\na = np.zeros(2)\nb = Variable(a)\n"
-    (package / "calc.py").write_text(text)
-    ctx = context(text, path=str(package / "calc.py"), repository=RepositoryIndex(tmp_path))
-    names = {ctx.module.code_for_node(n): ctx.qualified_name(n.func) for n in subtree(ctx.module)
-             if isinstance(n, cst.Call)}
+    names = _package_calls(tmp_path, {"old.py": "import numpy as np\nfrom torch.autograd import Variable\n",
+                                      "new.py": "import jax.numpy as np\n",
+                                      "own.py": "from .deep import *\n",
+                                      "deep.py": "class Variable:\n    pass\n"},
+                           "from .old import *\nfrom .new import *\nfrom .own import *\na = np.zeros(2)\nb = Variable(a)\n")
     assert names == {"np.zeros(2)": "jax.numpy.zeros", "Variable(a)": None}
 
 
