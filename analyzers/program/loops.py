@@ -175,15 +175,28 @@ def one_pass_is_a_batch(loop: cst.CSTNode, ctx: FileContext) -> bool:
 
 
 def guard_between(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext, *, except_handlers: bool = False) -> bool:
-    """An ``if`` (other than a rank check) or, optionally, an ``except`` between ``node`` and ``loop``."""
+    """An ``if`` (other than a rank check) or, optionally, an ``except`` between ``node`` and ``loop``: ``node``
+    does not run on every pass. An ``if``'s own test always runs: it guards only its branches."""
+    below = node
     for ancestor in ctx.ancestors(node):
         if ancestor is loop:
             return False
-        if isinstance(ancestor, cst.If) and not is_rank_test(ancestor.test, ctx):
+        if isinstance(ancestor, cst.If) and below is not ancestor.test and not is_rank_test(ancestor.test, ctx):
             return True
-        if isinstance(ancestor, cst.IfExp):
+        if isinstance(ancestor, cst.IfExp) and below is not ancestor.test:
             return True
         if except_handlers and isinstance(ancestor, (cst.ExceptHandler, cst.ExceptStarHandler)):
+            return True
+        below = ancestor
+    return False
+
+
+def in_inner_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> bool:
+    """Another loop between ``node`` and ``loop``: ``node`` runs many times per pass of ``loop``, or none."""
+    for ancestor in ctx.ancestors(node):
+        if ancestor is loop:
+            return False
+        if isinstance(ancestor, (cst.For, cst.While)):
             return True
     return False
 

@@ -113,6 +113,18 @@ def name_is_optimizer_like(name: Optional[str]) -> bool:
     return bool(_OPTIMIZER_NAME.match(last)) or last.lower().endswith(("optimizer", "optimiser"))
 
 
+def name_is_loader_like(name: Optional[str]) -> bool:
+    """``loader``, ``train_loader``, ``valLoader``, ``dl``, ``train_dl``."""
+    last = last_segment(name).lower()
+    return last.endswith(("loader", "_dl")) or last == "dl"
+
+
+def name_is_recurrent_like(name: Optional[str]) -> bool:
+    """``lstm``, ``self.rnn``, ``gru_cell``, ``encoder_rnn``: a recurrent layer, by the words its kind is spelled with."""
+    last = last_segment(name).lower()
+    return any(word in last for word in ("rnn", "lstm", "gru"))
+
+
 def name_is_scheduler_like(name: Optional[str]) -> bool:
     return "sched" in last_segment(name).lower()
 
@@ -162,6 +174,12 @@ def name_tokens(name: str) -> set[str]:
             if token.endswith(suffix) and len(token) > len(suffix):
                 tokens.add(token[: -len(suffix)])  # testset, valdata
     return tokens
+
+
+def mentions_resume(ctx: FileContext, node: cst.CSTNode) -> bool:
+    """The code of ``node`` speaks of resuming (``args.resume``, ``restore_path``): a checkpoint a run continues from."""
+    code = ctx.module.code_for_node(node).lower()
+    return "resume" in code or "restore" in code
 
 
 def mentions_test(expr: Optional[cst.BaseExpression]) -> Optional[str]:

@@ -10,12 +10,13 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
-from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, is_library, method_returns_same_module,
-                                       names_an_optimizer_class, wrapped_module_argument, is_ddp)
+from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, is_library, method_does, method_returns_same_module,
+                                       names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp)
 from analyzers.program.builds import built_module
 from analyzers.program.modules import MODE_FEATURES, ModuleFacts, torch_layer_features
-from analyzers.program.names import (last_name, last_segment, name_is_model_like, name_is_optimizer_like,
-                                     name_is_scaler_like, name_is_scheduler_like)
+from analyzers.program.names import (last_name, last_segment, name_is_loader_like, name_is_model_like,
+                                     name_is_optimizer_like, name_is_recurrent_like, name_is_scaler_like,
+                                     name_is_scheduler_like)
 
 def _enclosing_function(ctx: FileContext, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
     for ancestor in ctx.ancestors(node):
@@ -86,6 +87,27 @@ def is_scheduler(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     """``scheduler``, ``lr_sched`` or a value built by ``torch.optim.lr_scheduler.*`` / a ``*Scheduler(...)``."""
     return _named_or_built(expr, ctx, name_is_scheduler_like, lambda qualified, local: (
         ".lr_scheduler." in qualified or "schedul" in local.lower() or "lr_scheduler" in local))
+
+
+def makes_iterator(call: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    """``iter(x)`` (the builtin), or a library method documented to return a generator (``model.parameters()``)."""
+    if not isinstance(call, cst.Call):
+        return False
+    if isinstance(call.func, cst.Attribute):
+        return method_does(call.func.attr.value, Does.RETURNS_ITERATOR)
+    return (isinstance(call.func, cst.Name) and call.func.value == "iter"
+            and ctx.binding("iter") is None and "iter" not in ctx.imports.names and len(call.args) == 1)
+
+
+def calls_recurrent_module(func: cst.BaseExpression, ctx: FileContext) -> bool:
+    """A call of the model, or of a callee named like a recurrent layer (``self.lstm``, ``rnn_cell``): what may
+    return a hidden state."""
+    return is_model_call(func, ctx) or name_is_recurrent_like(dotted_name(func))
+
+
+def is_loader(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+    """A value built by a ``DataLoader``, or named like a loader (``train_loader``, ``dl``)."""
+    return _named_or_built(expr, ctx, name_is_loader_like, lambda qualified, local: is_data_loader(qualified))
 
 
 def is_optimizer(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:

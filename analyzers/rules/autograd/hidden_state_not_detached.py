@@ -5,14 +5,13 @@ import libcst as cst
 
 from analyzers.context import (
     FileContext,
-    dotted_name,
     iter_names,
     method_name)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.loops import body_nodes, loop_stack, loop_trains
 from analyzers.program.names import node_text
-from analyzers.program.values import (is_model_call)
+from analyzers.program.values import calls_recurrent_module
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -145,7 +144,7 @@ class HiddenStateNotDetached(Rule):
             for name in _flat_names(arg.value):
                 if name in assigned:
                     passed.append(name)
-        if passed and _is_recurrent_callee(node.value.func, ctx):
+        if passed and calls_recurrent_module(node.value.func, ctx):
             self.candidates.append((node, passed, stack[-1]))
 
     def end_file(self, ctx: FileContext) -> None:
@@ -177,11 +176,6 @@ class HiddenStateNotDetached(Rule):
                 if any(name == n.split(".")[0] for n in iter_names(node)):
                     return True
         return False
-
-
-def _is_recurrent_callee(func: cst.BaseExpression, ctx: FileContext) -> bool:
-    last = (dotted_name(func) or "").rsplit(".", 1)[-1].lower()
-    return is_model_call(func, ctx) or any(w in last for w in ("rnn", "lstm", "gru"))
 
 
 def _flat_names(expr: cst.CSTNode) -> list[str]:

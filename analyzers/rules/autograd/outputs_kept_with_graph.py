@@ -9,19 +9,10 @@ from analyzers.context import (
     method_name)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.loops import body_nodes, loop_stack, loop_trains, steps_each_iteration
+from analyzers.program.loops import body_nodes, in_inner_loop, loop_stack, loop_trains, steps_each_iteration
 from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import (BACKWARD_METHODS, is_model_call)
 from analyzers.rules.base import Invalid, Rule
-
-
-def _in_nested_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> bool:
-    for ancestor in ctx.ancestors(node):
-        if ancestor is loop:
-            return False
-        if isinstance(ancestor, (cst.For, cst.While)):
-            return True
-    return False
 
 
 _KEEPS_GRAPH = {"cpu", "cuda", "to", "float", "double", "half", "clone", "squeeze", "unsqueeze", "view", "reshape",
@@ -200,7 +191,7 @@ class OutputsKeptWithGraph(Rule):
                 continue
             # backward in this very loop: one graph per step; only in a nested loop: one per epoch
             per_step = any(isinstance(n, cst.Call) and method_name(n) in BACKWARD_METHODS
-                           for n in body_nodes(loop.body) if not _in_nested_loop(n, loop, ctx))
+                           for n in body_nodes(loop.body) if not in_inner_loop(n, loop, ctx))
             every = "training step" if per_step else "epoch"
             self.report(node, f"{code_span(target)} keeps {code_span(name)}, a model output with its autograd graph, "
                               f"from every {every}: the graphs and their saved activations are never freed and "

@@ -7,21 +7,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, dotted_name, short)
+from analyzers.context import (FileContext, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.program.library import is_data_loader
-
-
-def _is_loader(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    name = dotted_name(expr)
-    if name is None:
-        return False
-    if is_data_loader(ctx.origin_call_name(expr)):
-        return True
-    last = name.rsplit(".", 1)[-1].lower()
-    return last.endswith(("loader", "_dl")) or last in ("dl", "dataloader")
+from analyzers.program.values import is_loader
 
 
 class CountBatchesByIterating(Rule):
@@ -103,7 +93,7 @@ class CountBatchesByIterating(Rule):
         elif isinstance(inner, cst.GeneratorExp) and isinstance(inner.elt, cst.Integer) and inner.elt.value == "1" \
                 and inner.for_in.inner_for_in is None and not inner.for_in.ifs:
             iterated = inner.for_in.iter
-        if iterated is None or not _is_loader(iterated, ctx):
+        if iterated is None or not is_loader(iterated, ctx):
             return
         loader = short(ctx, iterated)
         self.report(node, f"{code_span(short(ctx, node))} iterates {code_span(loader)} to the end, loading and "

@@ -1,7 +1,6 @@
 """TR815 iterator-next-method: iter(loader).next() is Python 2; it raises AttributeError on current PyTorch."""
 from __future__ import annotations
 
-from typing import Optional
 
 import libcst as cst
 
@@ -9,19 +8,9 @@ from analyzers.context import (FileContext, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import item_values
-from analyzers.program.library import Does, method_does
+from analyzers.program.values import makes_iterator
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
-
-
-def _makes_iterator(call: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
-    """``iter(x)``, or a library method documented to return a generator (``model.parameters()``)."""
-    if not isinstance(call, cst.Call):
-        return False
-    if isinstance(call.func, cst.Attribute):
-        return method_does(call.func.attr.value, Does.RETURNS_ITERATOR)
-    return (isinstance(call.func, cst.Name) and call.func.value == "iter"
-            and ctx.binding("iter") is None and "iter" not in ctx.imports.names and len(call.args) == 1)
 
 
 class IteratorNextMethod(Rule):
@@ -138,7 +127,7 @@ class IteratorNextMethod(Rule):
         made = receiver if isinstance(receiver, cst.Call) else ctx.assigned_value(receiver)
         # an item of a list of iterators (``iters.append(iter(loader))``, then ``for it in iters: it.next()``)
         items = item_values(ctx, receiver) if made is None else None
-        if not (_makes_iterator(made, ctx) or (items and all(_makes_iterator(item, ctx) for item in items))) or \
+        if not (makes_iterator(made, ctx) or (items and all(makes_iterator(item, ctx) for item in items))) or \
                 ctx.binding("next") is not None:
             return
         if not ctx.facts(VersionFacts).admits("torch", (2, 0)):

@@ -15,15 +15,11 @@ from analyzers.program import in_compat_fallback
 from analyzers.program.library import Does, does
 from analyzers.program.values import is_optimizer, is_scheduler
 from analyzers.program.flow import runs_when_true
+from analyzers.program.names import mentions_resume
 from analyzers.rules.base import Invalid, Rule
 
 
 _RESTORING_HELPERS = ("restart_from_checkpoint", "resume_checkpoint", "load_checkpoint")
-
-
-def _mentions_resume(node: cst.CSTNode, ctx: FileContext) -> bool:
-    code = ctx.module.code_for_node(node).lower()
-    return "resume" in code or "restore" in code
 
 
 class ResumeWithoutOptimizerState(Rule):
@@ -216,10 +212,10 @@ class ResumeWithoutOptimizerState(Rule):
     @staticmethod
     def _is_resume(node: cst.Call, ctx: FileContext) -> bool:
         path = argument(node, 0, "f")
-        if path is not None and _mentions_resume(path, ctx):
+        if path is not None and mentions_resume(ctx, path):
             return True
         for ancestor in ctx.ancestors(node):
-            if isinstance(ancestor, (cst.If, cst.While)) and _mentions_resume(ancestor.test, ctx):
+            if isinstance(ancestor, (cst.If, cst.While)) and mentions_resume(ctx, ancestor.test):
                 # ``if args.resume: ... else: load(pretrained)``: the other branch initialises, it does not resume
                 return runs_when_true(ancestor, node, ctx)
             if isinstance(ancestor, cst.FunctionDef):

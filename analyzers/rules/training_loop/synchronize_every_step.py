@@ -22,7 +22,6 @@ from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.roles import in_lightning_module
-from analyzers.program.ranks import is_rank_test
 from analyzers.program.loops import guard_between as _guard_between
 from analyzers.program.library import LOG_SINKS as _LOG_SINKS, SYNC_METHODS as _SYNC_METHODS
 
@@ -37,19 +36,6 @@ _STREAMS = re.compile(r"Stream\s*\(|\.stream\s*\(|Event\s*\(|record_stream|wait_
                       r"to\([^)]*cpu[^)]*non_blocking")
 # Where a reduced value may go when it is only reported: a logger, a progress bar, a meter, a list.
 _REPORTING = _LOG_SINKS | {"update", "add_scalar", "item"}
-
-
-def _every_iteration(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> bool:
-    """``node`` runs on every pass of ``loop``: no ``if`` body between them (an ``if``'s test always runs)."""
-    below = node
-    for ancestor in ctx.ancestors(node):
-        if ancestor is loop:
-            return True
-        if isinstance(ancestor, (cst.If, cst.IfExp)) and below is not ancestor.test and \
-                not (isinstance(ancestor, cst.If) and is_rank_test(ancestor.test, ctx)):
-            return False
-        below = ancestor
-    return True
 
 
 @dataclass
@@ -277,7 +263,7 @@ class PerStepSynchronizeForLogging(Rule):
             self.backward_loops.add(id(loop))
             return
         if name in _SYNC_METHODS and not node.args and call_receiver(node) is not None and \
-                _every_iteration(node, loop, ctx):
+                not _guard_between(node, loop, ctx):
             self.host_reads[id(loop)] = self.host_reads.get(id(loop), 0) + 1
             return
         if qualified == "torch.cuda.synchronize":
