@@ -375,7 +375,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "architecture/submodules_in_plain_container.py:_nn_name",
     "architecture/submodules_in_plain_container.py:_module_kind",
     "architecture/submodules_in_plain_container.py:_kinds",
-    "autograd/inplace_on_leaf.py:_leaf_call",
     "data_leakage/preprocessing_fit_on_test_data.py:_data_names",
     "data_leakage/preprocessing_fit_on_test_data.py:_preprocessor",
     "data_leakage/preprocessing_fit_on_test_data.py:_short",

@@ -443,7 +443,7 @@ PLAIN_VALUE_BUILTINS = frozenset({"print", "len", "int", "float", "str", "bool",
 # ``Module.parameters()`` / ``named_parameters()`` yields (they are nn.Parameter objects).
 TENSOR_CREATION_OPS = frozenset({
     "torch.tensor", "torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.rand", "torch.randn",
-    "torch.randint", "torch.randperm", "torch.arange", "torch.linspace", "torch.logspace", "torch.eye",
+    "torch.randint", "torch.randperm", "torch.normal", "torch.arange", "torch.linspace", "torch.logspace", "torch.eye",
     "torch.zeros_like", "torch.ones_like", "torch.empty_like", "torch.full_like", "torch.rand_like",
     "torch.randn_like", "torch.randint_like", "torch.as_tensor", "torch.from_numpy", "torch.Tensor",
     "torch.FloatTensor", "torch.LongTensor", "torch.DoubleTensor",

@@ -517,6 +517,24 @@ TENSOR_ONLY_METHODS = {"cpu", "cuda", "detach", "numpy", "unsqueeze", "permute",
                        "expand", "half", "float", "requires_grad_", "backward", "softmax", "log_softmax"}
 
 
+def leaf_requiring_grad(call: cst.Call, ctx: FileContext) -> Optional[str]:
+    """What kind of leaf tensor that requires grad ``call`` makes (``nn.Parameter(w)``, ``x.requires_grad_()``,
+    ``torch.zeros(3, requires_grad=True)``), in words; None when it makes none, or the program cannot tell."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "requires_grad_":
+        flag = argument(call, 0, "requires_grad")
+        return "a leaf tensor that requires grad" if flag is None or literal_bool(flag) is True else None
+    called = ctx.call_name(call)
+    if called in PARAMETER_CLASSES:
+        flag = argument(call, 1, "requires_grad")
+        return None if flag is not None and literal_bool(flag) is False else "an nn.Parameter"
+    if called in TENSOR_CREATION_OPS:
+        flag = keyword_arg(call, "requires_grad")
+        if flag is not None and literal_bool(flag.value) is True:
+            return "a leaf tensor created with requires_grad=True"
+    return None
+
+
 def tracks_gradients_by_default(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[bool]:
     """Does the tensor ``expr`` names record autograd operations before anyone sets its ``requires_grad``?
 

@@ -5,16 +5,12 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg, method_name
+from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, method_name
 from analyzers.model import Category, Severity
+from analyzers.program.values import leaf_requiring_grad
 from analyzers.rules.base import Invalid, Rule, Valid
 
 
-_FACTORIES = {f"torch.{n}" for n in (
-    "randn", "rand", "zeros", "ones", "empty", "full", "tensor", "arange", "linspace", "logspace", "eye", "randint",
-    "randn_like", "rand_like", "zeros_like", "ones_like", "empty_like", "full_like", "normal", "randperm",
-)}
-_PARAMETER = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
 _INPLACE = {
     "add_", "sub_", "mul_", "div_", "copy_", "zero_", "fill_", "clamp_", "clamp_min_", "clamp_max_", "clip_",
     "normal_", "uniform_", "addcmul_", "addcdiv_", "pow_", "neg_", "exp_", "log_", "sqrt_", "abs_", "sign_",
@@ -166,7 +162,7 @@ class InplaceOnLeaf(Rule):
             return self._parameter_loop(name, binding.node, ctx)
         if binding.kind not in ("assign", "annassign") or not isinstance(binding.value, cst.Call):
             return None
-        return _leaf_call(binding.value, ctx)
+        return leaf_requiring_grad(binding.value, ctx)
 
     def _parameter_loop(self, name: str, loop: cst.For, ctx: FileContext) -> Optional[str]:
         iter_expr = loop.iter
@@ -185,24 +181,3 @@ class InplaceOnLeaf(Rule):
                 and isinstance(target.elements[1].value, cst.Name) and target.elements[1].value.value == name):
             return f"a parameter of `{owner}`"
         return None
-
-
-def _leaf_call(call: cst.Call, ctx: FileContext) -> Optional[str]:
-    func = call.func
-    if isinstance(func, cst.Attribute) and func.attr.value == "requires_grad_":
-        if not call.args or is_true(argument(call, 0, "requires_grad")):
-            return "a leaf tensor that requires grad"
-        return None
-    called = ctx.call_name(call)
-    if called in _PARAMETER:
-        flag = keyword_arg(call, "requires_grad")
-        if flag is None and len(call.args) > 1 and call.args[1].keyword is None:
-            flag = call.args[1]
-        if flag is not None and is_false(flag.value):
-            return None
-        return "an nn.Parameter"
-    if called in _FACTORIES:
-        flag = keyword_arg(call, "requires_grad")
-        if flag is not None and is_true(flag.value):
-            return "a leaf tensor created with requires_grad=True"
-    return None
