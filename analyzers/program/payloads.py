@@ -14,7 +14,7 @@ import libcst as cst
 
 from analyzers.context import dotted_name
 from analyzers.program.flow import ModuleNodes, subtree
-from analyzers.program.library import (ARRAY_ONLY_METHODS, CONTAINER_ATTRIBUTES, MODULE_ONLY_METHODS,
+from analyzers.program.library import (ARRAY_ONLY_METHODS, Does, does, CONTAINER_ATTRIBUTES, MODULE_ONLY_METHODS,
                                        PLAIN_VALUE_BUILTINS, STATE_DICT_CONSUMERS, STATE_DICT_KEYWORDS)
 from analyzers.program.roles import Payload
 
@@ -170,3 +170,17 @@ class LoadedPayloads:
 def loaded_payloads(ctx: "FileContext", load: cst.Call) -> set[Payload]:
     """The payload kinds the uses of ``load``'s result show; empty when they show none."""
     return ctx.facts(LoadedPayloads).of(load)
+
+
+def checkpoint_load_of(expr: Optional[cst.BaseExpression], ctx: "FileContext", depth: int = 0) -> Optional[cst.Call]:
+    """The checkpoint read (``torch.load(...)``) a value comes from: the call itself, through names it was
+    assigned to, or a key of one (``ckpt["model"]``); None otherwise."""
+    if expr is None or depth > 3:
+        return None
+    if isinstance(expr, cst.Call):
+        return expr if does(ctx.qualified_name(expr.func), Does.READS_TORCH_CHECKPOINT) else None
+    if isinstance(expr, cst.Subscript):
+        return checkpoint_load_of(expr.value, ctx, depth + 1)
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        return checkpoint_load_of(ctx.assigned_value(expr), ctx, depth + 1)
+    return None

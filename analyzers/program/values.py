@@ -105,6 +105,16 @@ def calls_recurrent_module(func: cst.BaseExpression, ctx: FileContext) -> bool:
     return is_model_call(func, ctx) or name_is_recurrent_like(dotted_name(func))
 
 
+def seeds_private_generator(call: cst.Call, ctx: FileContext) -> bool:
+    """``g.manual_seed(0)`` where ``g`` is (or ``torch.Generator()`` itself is) a generator of its own, not the
+    global one."""
+    receiver = call_receiver(call)
+    if receiver is None:
+        return False
+    made = receiver if isinstance(receiver, cst.Call) else ctx.origin(receiver)
+    return isinstance(made, cst.Call) and (ctx.call_name(made) or "").endswith("Generator")
+
+
 def is_loader(expr: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
     """A value built by a ``DataLoader``, or named like a loader (``train_loader``, ``dl``)."""
     return _named_or_built(expr, ctx, name_is_loader_like, lambda qualified, local: is_data_loader(qualified))

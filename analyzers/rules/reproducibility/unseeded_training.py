@@ -10,6 +10,7 @@ from analyzers.context import FileContext, argument, call_receiver, dotted_name,
 from analyzers.program.flow import subtree
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.roles import is_test_code
+from analyzers.program.values import seeds_private_generator
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 
@@ -41,15 +42,6 @@ def _entry_function(name: str) -> bool:
     if lowered == "main" or lowered.endswith("_main") or lowered.startswith("main_"):
         return True
     return lowered.startswith("train") and not any(w in lowered for w in _HELPER_WORDS)
-
-
-def _seeds_a_generator(call: cst.Call, ctx: FileContext) -> bool:
-    """``g.manual_seed(0)`` where ``g`` is (or ``torch.Generator()`` itself is) a private generator."""
-    receiver = call_receiver(call)
-    if receiver is None:
-        return False
-    made = receiver if isinstance(receiver, cst.Call) else ctx.origin(receiver)
-    return isinstance(made, cst.Call) and (ctx.call_name(made) or "").endswith("Generator")
 
 
 class UnseededTraining(Rule):
@@ -306,7 +298,7 @@ class UnseededTraining(Rule):
         elif not self.seeded and "seed" in name.lower():
             if name.endswith(_READ_SEED):
                 return
-            if _seeds_a_generator(node, ctx):
+            if seeds_private_generator(node, ctx):
                 return  # ``torch.Generator().manual_seed(0)`` for random_split: the global generator stays unseeded
             qualified = ctx.call_name(node)
             if qualified not in _NOT_TORCH_SEED:

@@ -2,28 +2,14 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import libcst as cst
 
 from analyzers.context import (FileContext, argument, is_false, keyword_arg, short, string_value)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.library import Does, does
+from analyzers.program.payloads import checkpoint_load_of
 from analyzers.rules.base import Invalid, Rule
-
-
-def _loaded_path(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> Optional[cst.Call]:
-    """The ``torch.load(...)`` call a state dict comes from: direct, through a name, or a key of one."""
-    if expr is None or depth > 3:
-        return None
-    if isinstance(expr, cst.Call):
-        return expr if does(ctx.qualified_name(expr.func), Does.READS_TORCH_CHECKPOINT) else None
-    if isinstance(expr, cst.Subscript):
-        return _loaded_path(expr.value, ctx, depth + 1)
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        return _loaded_path(ctx.assigned_value(expr), ctx, depth + 1)
-    return None
 
 
 class StrictFalseOnOwnCheckpoint(Rule):
@@ -107,7 +93,7 @@ class StrictFalseOnOwnCheckpoint(Rule):
         strict = keyword_arg(node, "strict")
         if strict is None or not is_false(strict.value) or not isinstance(ctx.parent(node), cst.Expr):
             return
-        load = _loaded_path(argument(node, 0, "state_dict"), ctx)
+        load = checkpoint_load_of(argument(node, 0, "state_dict"), ctx)
         if load is None:
             return
         path = argument(load, 0, "f")
