@@ -10,5 +10,6 @@ apt_install_for bwrap bubblewrap "the sandbox for pull-request code" - \
   || echo "going on without bubblewrap: the sandbox tests see only the weaker fallbacks" >&2
 source scripts/_venv.sh dev
 source scripts/_contract.sh
-# Fails, naming them, when processes the tests started are still running after pytest has exited.
-python -m tests.leftover_processes -- python -m pytest -q -n auto "$@"
+# Fails, naming them, when processes the tests started are still running after pytest has exited. The slowest
+# tests are listed at the end: where the suite's time goes, in every CI log.
+python -m tests.leftover_processes -- python -m pytest -q -n auto --durations=20 "$@"
