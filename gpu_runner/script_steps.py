@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gpu_runner import absent
+from gpu_runner import absent, vision_data
 from gpu_runner.build import SEQUENCE_LENGTH, _shrunk
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.steps import STEP_BATCH, StepSkip, _Plan, _UserCodeFailed, _one_line, _user_frames, role_of
@@ -516,6 +516,15 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
         return model if model is not None else (lambda fn: fn)
 
     def loader_in_process(self, *args, **kwargs):
+        dataset = args[0] if args else kwargs.get("dataset")
+        if isinstance(dataset, vision_data.SyntheticImages):
+            # the runner's own images: batches of the runner's size (the script's sizes are shrunk likewise)
+            if len(args) > 1 and isinstance(args[1], int) and args[1] > STEP_BATCH:
+                args = (args[0], STEP_BATCH, *args[2:])
+                used["synthetic batch"] = True
+            elif isinstance(kwargs.get("batch_size"), int) and kwargs["batch_size"] > STEP_BATCH:
+                kwargs["batch_size"] = STEP_BATCH
+                used["synthetic batch"] = True
         if kwargs.get("num_workers"):
             used["workers"] = True
             kwargs["num_workers"] = 0
@@ -534,7 +543,7 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     torch.utils.data.DataLoader.__init__ = loader_in_process
     os.chdir(scratch)
     try:
-        with stand_ins:
+        with stand_ins, vision_data.synthetic_vision_data(notes):
             yield
     finally:
         os.chdir(saved_cwd)
@@ -545,6 +554,8 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
         shutil.rmtree(scratch, ignore_errors=True)
         if used.get("compile"):
             notes.append("torch.compile was the identity: the checks are about the model's code")
+        if used.get("synthetic batch"):
+            notes.append(f"data loaders over the synthetic images load batches of {STEP_BATCH}")
         if used.get("workers"):
             notes.append("data loaders loaded in the process (num_workers=0)")
         if used.get("arguments"):
