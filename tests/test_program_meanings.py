@@ -357,3 +357,30 @@ def test_the_check_finds_a_query_and_spares_rules_and_fixes():
 def test_shared_rule_modules_define_no_semantic_query(path):
     found = semantic_queries(path.read_text())
     assert not found, f"{path.name} answers questions about the program; move them to analyzers/program: {found}"
+
+
+# ---- order of execution ---------------------------------------------------------------------------------------
+
+def test_a_statement_written_after_a_loop_in_the_same_scope_cannot_run_before_it():
+    from analyzers.program.flow import may_run_before
+
+    ctx = context("""
+        for item in items:
+            use(item)
+        prepare()
+        def helper():
+            for item in items:
+                use(item)
+            settle()
+        for epoch in range(3):
+            for item in items:
+                use(item)
+            adjust()
+    """)
+    loops = [n for n in subtree(ctx.module) if isinstance(n, cst.For)]
+    named = {c.func.value: c for c in calls(ctx) if isinstance(c.func, cst.Name) and c.func.value != "use"}
+    assert not may_run_before(ctx, named["prepare"], loops[0])  # below the loop, at the same level
+    assert not may_run_before(ctx, named["settle"], loops[1])  # likewise inside one function
+    assert may_run_before(ctx, named["adjust"], loops[3])  # the outer loop's next pass runs it first
+    assert may_run_before(ctx, named["settle"], loops[0])  # another scope: which runs first is not known
+    assert may_run_before(ctx, named["prepare"], loops[2])  # written before the loop
