@@ -155,6 +155,9 @@ def test_table_answers_the_rules_questions():
     assert library.method_does("named_parameters", Does.RETURNS_ITERATOR)  # a generator: next(it), never it.next()
     assert not library.method_does("state_dict", Does.RETURNS_ITERATOR)
     assert library.does("torch.save", Does.WRITES_TORCH_CHECKPOINT)
+    assert library.does("pytorch_lightning.callbacks.ModelCheckpoint", Does.REPORTS_WRITTEN_CHECKPOINTS)
+    assert library.does("lightning.pytorch.Trainer", Does.REPORTS_WRITTEN_CHECKPOINTS)
+    assert not library.does("torch.utils.data.DataLoader", Does.REPORTS_WRITTEN_CHECKPOINTS)
     assert library.is_library("collections.OrderedDict") and library.is_library("timm.create_model")
     assert not library.is_library("models.resnet.ResNet")
 
