@@ -340,6 +340,26 @@ class CheckpointWrites:
                 return True
         return False
 
+    def saved_objects(self, load: cst.Call) -> Optional[set[str]]:
+        """What a ``torch.load`` of a file this program writes gives back: the names of the objects every save to
+        that same path puts there (``torch.save(model, './net.pkl')`` then ``model = torch.load('./net.pkl')``
+        gives {"model"}: the same model, of the same class). None when no save writes there, or one saves
+        something other than a name."""
+        path = argument(load, 0, "f")
+        if path is None:
+            return None
+        text = _normalized(self.ctx, path)
+        found: set[str] = set()
+        for write in self.writes:
+            if write.path is None or write.path_text != text:
+                continue
+            saved = argument(write.call, 0, "obj")
+            name = dotted_name(saved) if isinstance(saved, (cst.Name, cst.Attribute)) else None
+            if name is None:
+                return None
+            found.add(name)
+        return found or None
+
     def names_a_file_training_wrote(self, path: cst.BaseExpression) -> bool:
         """``checkpoint.best_model_path`` after ``checkpoint = ModelCheckpoint(...)`` (or
         ``trainer.checkpoint_callback.best_model_path``): a file the library's training loop wrote for this
