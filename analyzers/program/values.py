@@ -351,8 +351,10 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
         if not any(dotted_name(t.target) == name for t in node.targets):
             continue
         value = node.value
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
-                and method_returns_same_module(value.func.attr.value):
+        # ``model = model.cuda()`` and ``model = CNN().cuda()``: the module the chain starts from
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+                isinstance(value.func.value, (cst.Name, cst.Attribute, cst.Call)) and \
+                method_returns_same_module(value.func.attr.value):
             value = value.func.value
         if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
             continue  # ``model = model.cuda()``

@@ -73,7 +73,7 @@ class MissingEvalMode(_InferencePathRule):
         # a mode-free model, restored from the file the same program saves it to: the same model comes back
         Valid("import torch\nimport torch.nn as nn\nclass Plain(nn.Module):\n    def __init__(self):\n"
               "        super().__init__()\n        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())\n"
-              "    def forward(self, x):\n        return self.body(x)\nnet = Plain()\ntry:\n"
+              "    def forward(self, x):\n        return self.body(x)\nnet = Plain().cuda()\ntry:\n"
               "    net = torch.load('plain.pkl')\nexcept FileNotFoundError:\n    pass\n"
               "for x, y in train_loader:\n    step(net, x, y)\n    torch.save(net, 'plain.pkl')\n"
               "with torch.no_grad():\n    for x, y in test_loader:\n        out = net(x)\n"),
