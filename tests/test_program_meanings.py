@@ -155,6 +155,9 @@ def test_table_answers_the_rules_questions():
     assert library.method_does("named_parameters", Does.RETURNS_ITERATOR)  # a generator: next(it), never it.next()
     assert not library.method_does("state_dict", Does.RETURNS_ITERATOR)
     assert library.does("torch.save", Does.WRITES_TORCH_CHECKPOINT)
+    assert library.does("pytorch_lightning.callbacks.ModelCheckpoint", Does.REPORTS_WRITTEN_CHECKPOINTS)
+    assert library.does("lightning.pytorch.Trainer", Does.REPORTS_WRITTEN_CHECKPOINTS)
+    assert not library.does("torch.utils.data.DataLoader", Does.REPORTS_WRITTEN_CHECKPOINTS)
     assert library.is_library("collections.OrderedDict") and library.is_library("timm.create_model")
     assert not library.is_library("models.resnet.ResNet")
 
@@ -431,3 +434,30 @@ def test_an_if_guards_its_branches_but_its_own_test_runs_on_every_pass():
     guarded = {text for text, call in by_text.items() if guard_between(call, loop, ctx)}
     assert guarded == {"print(loss.detach())", "loss.detach()", "a.cpu()"}
     assert {text for text, call in by_text.items() if in_inner_loop(call, loop, ctx)} == {"part.sum()"}
+
+
+# ---- order of execution ---------------------------------------------------------------------------------------
+
+def test_a_statement_written_after_a_loop_in_the_same_scope_cannot_run_before_it():
+    from analyzers.program.flow import may_run_before
+
+    ctx = context("""
+        for item in items:
+            use(item)
+        prepare()
+        def helper():
+            for item in items:
+                use(item)
+            settle()
+        for epoch in range(3):
+            for item in items:
+                use(item)
+            adjust()
+    """)
+    loops = [n for n in subtree(ctx.module) if isinstance(n, cst.For)]
+    named = {c.func.value: c for c in calls(ctx) if isinstance(c.func, cst.Name) and c.func.value != "use"}
+    assert not may_run_before(ctx, named["prepare"], loops[0])  # below the loop, at the same level
+    assert not may_run_before(ctx, named["settle"], loops[1])  # likewise inside one function
+    assert may_run_before(ctx, named["adjust"], loops[3])  # the outer loop's next pass runs it first
+    assert may_run_before(ctx, named["settle"], loops[0])  # another scope: which runs first is not known
+    assert may_run_before(ctx, named["prepare"], loops[2])  # written before the loop

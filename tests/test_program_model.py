@@ -360,6 +360,30 @@ def test_classes_are_found_through_imports_and_re_exports(repo):
     assert index_for(repo / "train.py").root == repo.resolve() == repository_root(repo / "models" / "net.py")
 
 
+def test_a_module_named_setup_inside_a_package_is_not_the_project_root(tmp_path):
+    # a copy without .git: the project's README marks the root; ``setup.py`` beside ``__init__.py`` is one of the
+    # package's modules (it sets the evaluation up), so the package's classes are found from its other modules
+    (tmp_path / "README.md").write_text("a project\n")
+    package = tmp_path / "proj" / "evaluate"
+    package.mkdir(parents=True)
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "setup.py").write_text("def prepare():\n    return None\n")
+    (package / "wrappers.py").write_text("import torch.nn as nn\nclass Frozen(nn.Module):\n"
+                                         "    def __init__(self, inner):\n        super().__init__()\n"
+                                         "        self.inner = inner\n        self.inner.eval()\n")
+    (package / "probe.py").write_text("from proj.evaluate.wrappers import Frozen\n")
+    assert repository_root(package / "probe.py") == tmp_path.resolve()
+    found = RepositoryIndex(tmp_path).find_class(package / "probe.py", "Frozen")
+    assert found is not None and found.init_evaluates
+    # a folder that is no package keeps its setup.py as the marker of a project of its own
+    tool = tmp_path / "tools" / "exporter"
+    tool.mkdir(parents=True)
+    (tool / "setup.py").write_text("from setuptools import setup\nsetup(name='exporter')\n")
+    (tool / "export.py").write_text("")
+    assert repository_root(tool / "export.py") == tool.resolve()
+
+
 def test_submodule_classes_named_in_lower_case_are_resolved_through_star_imports(tmp_path):
     # a model assembled from blocks whose class names are lower case (``conv_block``), defined in a module the
     # model's file star-imports: what eval() changes in it is known, not taken for "nothing"

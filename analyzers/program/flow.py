@@ -158,6 +158,39 @@ class FlowIndex:
         return found
 
 
+def may_run_before(ctx, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    """Can ``first`` have run before ``second`` in one run of the program?
+
+    No only when the order is plain: both in one scope (the module, or one function), ``first`` written after the
+    end of ``second`` and no loop holding both (a later iteration would run it first): a model moved in a
+    notebook cell below the loop that feeds it. Yes whenever they sit in different scopes (which function runs
+    when is not known here)."""
+    parents = ctx.facts(ModuleNodes).parents
+
+    def chain(node: cst.CSTNode) -> list[cst.CSTNode]:
+        found = [node]
+        while (parent := parents.get(id(found[-1]))) is not None:
+            found.append(parent)
+        return found
+
+    firsts, seconds = chain(first), chain(second)
+    scope_kinds = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+    first_scope = next((n for n in firsts[1:] if isinstance(n, scope_kinds)), None)
+    second_scope = next((n for n in seconds[1:] if isinstance(n, scope_kinds)), None)
+    if first_scope is not second_scope:
+        return True
+    second_ids = {id(n) for n in seconds}
+    if any(id(n) == id(second) for n in firsts):
+        return True  # ``first`` inside ``second``
+    shared = [n for n in firsts if id(n) in second_ids]
+    if any(isinstance(n, (cst.For, cst.While)) for n in shared):
+        return True
+    scope = first_scope if first_scope is not None else ctx.module
+    positions, _ = ctx.facts(FlowIndex).scope_order(scope)
+    at_first, at_second = positions.get(id(first)), positions.get(id(second))
+    return at_first is None or at_second is None or at_first < at_second
+
+
 def call_site_values(ctx, fn: cst.FunctionDef, name: str) -> Optional[list[cst.BaseExpression]]:
     """The expressions every call of ``fn`` in this file passes for parameter ``name``.
 

@@ -35,6 +35,8 @@ class Does(enum.Enum):
     SAMPLES_PER_PROCESS = "a sampler of each process's part, reshuffled by set_epoch(epoch)"
     WRITES_TORCH_CHECKPOINT = "writes a file torch.load reads back"
     READS_TORCH_CHECKPOINT = "reads a file torch.save wrote (a pickle in a zip archive)"
+    REPORTS_WRITTEN_CHECKPOINTS = ("a checkpoint callback (or a trainer holding one): its path attributes "
+                                   "(WRITTEN_CHECKPOINT_ATTRIBUTES) name files the training run itself wrote")
     SCALES_LOSS = "its training loop scales the loss for mixed precision itself"
     ADVANCES_SAMPLER_EPOCH = "its training loop calls the distributed sampler's set_epoch itself"
     SETS_MODULE_MODE = "its training loop switches the model between train() and eval() itself"
@@ -134,6 +136,20 @@ APIS: dict[str, Api] = {
        for name in ("torch.save", "torch.serialization.save")},
     **{name: _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_TORCH_CHECKPOINT)
        for name in ("torch.load", "torch.serialization.load")},
+    # --- Lightning's checkpoint callback saves during ``trainer.fit``; ``best_model_path`` and its siblings name the
+    # files it wrote; ``Trainer.checkpoint_callback`` is "the first ModelCheckpoint callback in the Trainer.callbacks
+    # list"
+    **{name: _api("https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.ModelCheckpoint.html "
+                  "(best_model_path: \"the path to the best model checkpoint\"; last_model_path)",
+                  Does.REPORTS_WRITTEN_CHECKPOINTS)
+       for name in ("lightning.pytorch.callbacks.ModelCheckpoint",
+                    "lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint",
+                    "pytorch_lightning.callbacks.ModelCheckpoint",
+                    "pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint")},
+    **{name: _api("https://lightning.ai/docs/pytorch/stable/common/trainer.html#checkpoint-callback",
+                  Does.REPORTS_WRITTEN_CHECKPOINTS)
+       for name in ("lightning.Trainer", "lightning.pytorch.Trainer", "lightning.pytorch.trainer.trainer.Trainer",
+                    "pytorch_lightning.Trainer", "pytorch_lightning.trainer.trainer.Trainer")},
     # --- data loaders and in-memory data sets
     **{name: _api("https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader", Does.LOADS_BATCHES)
        for name in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")},
@@ -187,6 +203,11 @@ APIS: dict[str, Api] = {
                               "#accelerate.Accelerator.prepare", Does.MOVES_MODULE, Does.SHARDS_DATA)
        for cls in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator")},
 }
+
+# What a checkpoint callback (ModelCheckpoint) reports of the files it wrote, and the trainer attribute that holds
+# the callback (https://lightning.ai/docs/pytorch/stable/api/lightning.pytorch.callbacks.ModelCheckpoint.html).
+WRITTEN_CHECKPOINT_ATTRIBUTES = frozenset({"best_model_path", "last_model_path", "kth_best_model_path"})
+CHECKPOINT_CALLBACK_ATTRIBUTES = frozenset({"checkpoint_callback"})
 
 # Methods known by name on receivers the rules cannot resolve (``AutoModel.from_pretrained``): what the method
 # does on the libraries that define it.

@@ -958,9 +958,16 @@ def repository_root(path: Path) -> Path:
         folders.append(parent)
     for marker in (_ROOT_MARKERS[:1], _ROOT_MARKERS[1:]):
         for folder in folders:
-            if any(os.path.exists(os.path.join(folder, name)) for name in marker):
+            if any(os.path.exists(os.path.join(folder, name)) and not _module_of_a_package(folder, name)
+                   for name in marker):
                 return Path(folder)
     return path.parent
+
+
+def _module_of_a_package(folder: str, name: str) -> bool:
+    """``setup.py`` in a folder with ``__init__.py`` is one of the package's modules (``pkg/eval/setup.py`` that
+    builds the evaluation's model), not the project's packaging script: it marks no root."""
+    return name.endswith(".py") and os.path.exists(os.path.join(folder, "__init__.py"))
 
 
 # ---- what one analysis read, for the results cache ------------------------------------------------

@@ -10,8 +10,9 @@ import libcst as cst
 
 from analyzers.context import all_children, argument, dotted_name, string_value
 from analyzers.program.builds import built_module
-from analyzers.program.flow import ModuleNodes, call_site_values, subtree
-from analyzers.program.library import Does, does, method_returns_same_module
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
+from analyzers.program.library import (CHECKPOINT_CALLBACK_ATTRIBUTES, WRITTEN_CHECKPOINT_ATTRIBUTES, Does, does,
+                                       method_returns_same_module)
 from analyzers.program.names import last_segment, name_is_model_like, names_configuration
 
 if TYPE_CHECKING:
@@ -318,6 +319,8 @@ class CheckpointWrites:
 
         A save that runs only after the load (a resume at the top of a script whose training loop saves
         there later) does not count: that file comes from an earlier run, from wherever the path points."""
+        if self.names_a_file_training_wrote(path) or (origin is not None and self.names_a_file_training_wrote(origin)):
+            return True
         candidates = [path] + ([origin] if origin is not None else [])
         for expr in candidates:
             text = _normalized(self.ctx, expr)
@@ -328,14 +331,66 @@ class CheckpointWrites:
                     return True
                 if same_expression_only:
                     continue
-                if literals & write.path_literals and write.path is not None and names <= self._names(write.path) \
-                        and self._saved_first(write.call, path):
+                if literals & write.path_literals and write.path is not None and self._saved_first(write.call, path) \
+                        and (names <= self._names(write.path) or self._same_file_name_family(expr, write.path)):
                     return True
             if not same_expression_only and literals and not names and literals & self._written_beside():
                 return True
             if not same_expression_only and literals and not names and literals & self._save_parameter_literals:
                 return True
         return False
+
+    def saved_objects(self, load: cst.Call) -> Optional[set[str]]:
+        """What a ``torch.load`` of a file this program writes gives back: the names of the objects every save to
+        that same path puts there (``torch.save(model, './net.pkl')`` then ``model = torch.load('./net.pkl')``
+        gives {"model"}: the same model, of the same class). None when no save writes there, or one saves
+        something other than a name."""
+        path = argument(load, 0, "f")
+        if path is None:
+            return None
+        text = _normalized(self.ctx, path)
+        found: set[str] = set()
+        for write in self.writes:
+            if write.path is None or write.path_text != text:
+                continue
+            saved = argument(write.call, 0, "obj")
+            name = dotted_name(saved) if isinstance(saved, (cst.Name, cst.Attribute)) else None
+            if name is None:
+                return None
+            found.add(name)
+        return found or None
+
+    def names_a_file_training_wrote(self, path: cst.BaseExpression) -> bool:
+        """``checkpoint.best_model_path`` after ``checkpoint = ModelCheckpoint(...)`` (or
+        ``trainer.checkpoint_callback.best_model_path``): a file the library's training loop wrote for this
+        program, which it reads back (the library table says which objects report such paths)."""
+        if not isinstance(path, cst.Attribute) or path.attr.value not in WRITTEN_CHECKPOINT_ATTRIBUTES:
+            return False
+        holder: Optional[cst.BaseExpression] = path.value
+        if isinstance(holder, cst.Attribute) and holder.attr.value in CHECKPOINT_CALLBACK_ATTRIBUTES:
+            holder = holder.value
+        # the walk may not have reached the path yet (a rule asks from the load call): ask from the nearest
+        # ancestor it has
+        use: Optional[cst.CSTNode] = path
+        while use is not None and id(use) not in self.ctx.parents and use is not self.ctx.module:
+            use = self._parents.get(id(use))
+        for _ in range(3):
+            if not isinstance(holder, (cst.Name, cst.Attribute)) or use is None:
+                break
+            holder = assignment_before(self.ctx, use, dotted_name(holder) or "")
+        return isinstance(holder, cst.Call) and does(self.ctx.qualified_name(holder.func),
+                                                     Does.REPORTS_WRITTEN_CHECKPOINTS)
+
+    def _same_file_name_family(self, load: cst.BaseExpression, save: cst.BaseExpression) -> bool:
+        """One file-name template, filled with different values, in the same place: ``'{}.pkl'.format(best_epoch)``
+        reads one of the files ``'{}.pkl'.format(epoch)`` wrote (the best epoch's). The values fill only the last
+        path segment, and whatever builds the rest of the path (a directory variable) is the same on both sides;
+        a template with a slot in its directory (``'%s/model.pt' % args.dir``) is not a family."""
+        load_template, save_template = _file_name_template(load), _file_name_template(save)
+        if load_template is None or save_template is None or load_template[0] != save_template[0]:
+            return False
+        return load_template[1] <= save_template[1] | self._names(save)
+
 
     @cached_property
     def _save_parameter_literals(self) -> set[str]:
@@ -432,6 +487,41 @@ def _value_names(expr: cst.BaseExpression) -> set[str]:
         else:
             stack.extend(all_children(node))
     return found
+
+
+def _file_name_template(expr: cst.BaseExpression) -> Optional[tuple[str, set[str]]]:
+    """``'ckpt/{}.pkl'.format(epoch)`` → ("ckpt/{}.pkl", names outside the slots): a path whose only string is a
+    template with slots in its last segment (``str.format``, ``%``, an f-string), the values of the slots left out;
+    the names of the rest of the path (``os.path.join(out_dir, f'{epoch}.pt')``) kept. None for anything else."""
+    templates: list[str] = []
+    outside: set[str] = set()
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format" \
+                and isinstance(node.func.value, cst.SimpleString):
+            templates.append(string_value(node.func.value) or "")
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo) and \
+                isinstance(node.left, cst.SimpleString):
+            templates.append(string_value(node.left) or "")
+        elif isinstance(node, cst.FormattedString):
+            templates.append("".join(part.value if isinstance(part, cst.FormattedStringText) else "{}"
+                                     for part in node.parts))
+        elif isinstance(node, cst.SimpleString):
+            return None  # a second string (a folder name) beside the template: judged the usual way
+        elif isinstance(node, cst.Call):
+            stack.extend(arg.value for arg in node.args)
+        elif isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node):
+            outside.add(dotted_name(node) or "")
+        else:
+            stack.extend(all_children(node))
+    if len(templates) != 1:
+        return None
+    folder, _, name = templates[0].rpartition("/")
+    slots = ("{", "%")
+    if not any(slot in name for slot in slots) or any(slot in folder for slot in slots) or "." not in name:
+        return None
+    return templates[0], outside
 
 
 def _function_of(chain: list[cst.CSTNode]) -> Optional[cst.CSTNode]:

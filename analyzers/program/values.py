@@ -10,7 +10,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
-from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, is_library, method_does, method_returns_same_module,
+from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp)
 from analyzers.program.builds import built_module
 from analyzers.program.modules import MODE_FEATURES, ModuleFacts, torch_layer_features
@@ -383,13 +383,17 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
         if not any(dotted_name(t.target) == name for t in node.targets):
             continue
         value = node.value
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and dotted_name(value.func.value) \
-                and method_returns_same_module(value.func.attr.value):
+        # ``model = model.cuda()`` and ``model = CNN().cuda()``: the module the chain starts from
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+                isinstance(value.func.value, (cst.Name, cst.Attribute, cst.Call)) and \
+                method_returns_same_module(value.func.attr.value):
             value = value.func.value
         if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
             continue  # ``model = model.cuda()``
         if not isinstance(value, cst.Call):
             return True
+        if _reloads_itself(ctx, value, name):
+            continue  # ``model = torch.load('net.pkl')`` of the file ``torch.save(model, 'net.pkl')`` writes
         # ``net = nn.Sequential(nn.Linear(...))`` is read from torch's own layers, ``net = Net()`` from the class
         features = torch_layer_features(ctx, value) if isinstance(value.func, cst.Attribute) else \
             facts.features(value.func.value) if isinstance(value.func, cst.Name) else None
@@ -397,6 +401,16 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
             return True
         seen = True
     return not seen
+
+
+def _reloads_itself(ctx: FileContext, value: cst.Call, name: str) -> bool:
+    """``name = torch.load(path)`` where every save to that path in this file saves ``name`` itself: the value
+    comes back as it was saved (the same model), so it adds nothing to what the other assignments say."""
+    from analyzers.program.roles import CheckpointWrites
+
+    if not does(ctx.call_name(value), Does.READS_TORCH_CHECKPOINT):
+        return False
+    return ctx.facts(CheckpointWrites).saved_objects(value) == {name}
 
 
 _MAXIMA = {"max", "amax"}

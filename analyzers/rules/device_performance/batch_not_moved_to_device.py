@@ -12,7 +12,7 @@ import libcst as cst
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, keyword_arg,
                                method_name, short, string_value)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import assignment_before, call_site_values, parameter_index
+from analyzers.program.flow import assignment_before, call_site_values, may_run_before, parameter_index
 from analyzers.program.library import is_data_loader, is_data_parallel
 from analyzers.program.loops import iterated
 from analyzers.model import Category, Severity
@@ -319,6 +319,19 @@ class BatchNotMovedToDevice(Rule):
         for x, y in gpu_loader:
             out = model(x)
         """,
+        # the loop runs before anything moves the model (a tutorial that moves it further down, for its GPU
+        # part): model and batches are both on the CPU there
+        """
+        import torch
+        from torch.utils.data import DataLoader
+        from torchvision.datasets import FashionMNIST
+        loader = DataLoader(FashionMNIST("data", download=True), batch_size=32)
+        classifier = SmallNet()
+        for pictures, targets in loader:
+            scores = classifier(pictures)
+        gpu = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        classifier.to(gpu)
+        """,
         """
         import torch
         import torch.nn as nn
@@ -380,6 +393,22 @@ class BatchNotMovedToDevice(Rule):
                     loss = criterion(model(images), labels)
             """,
             line=11, message="`images` from `train_loader` reaches `model(...)`",
+        ),
+        # the loop before the move runs on the CPU; the one after it feeds CPU batches to a GPU model
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            from torchvision.datasets import FashionMNIST
+            loader = DataLoader(FashionMNIST("data", download=True), batch_size=32)
+            classifier = SmallNet()
+            for pictures, targets in loader:
+                scores = classifier(pictures)
+            classifier.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+            for pictures, targets in loader:
+                scores = classifier(pictures)
+            """,
+            line=11, message="`pictures` from `loader` reaches `classifier(...)`",
         ),
         # the loader passed to a training function; ``x.to(device)`` thrown away
         Invalid(
@@ -484,7 +513,7 @@ class BatchNotMovedToDevice(Rule):
             flow.run(entry.loop.body.body)
             for use in flow.uses:
                 move = self._model_move(use.callee, entry)
-                if move is None or self._forward_moves_inputs(move, ctx):
+                if move is None or self._forward_moves_inputs(move, ctx) or not may_run_before(ctx, move, entry.loop):
                     continue
                 self.report(use.call, self._message(use, entry, move, ctx), related=((move, "the model is moved here"),))
                 break

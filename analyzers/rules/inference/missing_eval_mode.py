@@ -70,6 +70,13 @@ class MissingEvalMode(_InferencePathRule):
               "        super().__init__()\n        self.norm = nn.InstanceNorm2d(3)\n"
               "    def forward(self, x):\n        return self.norm(x)\nstyler = Styler()\n"
               "with torch.no_grad():\n    for x in val_loader:\n        styler(x)\n"),
+        # a mode-free model, restored from the file the same program saves it to: the same model comes back
+        Valid("import torch\nimport torch.nn as nn\nclass Plain(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())\n"
+              "    def forward(self, x):\n        return self.body(x)\nnet = Plain().cuda()\ntry:\n"
+              "    net = torch.load('plain.pkl')\nexcept FileNotFoundError:\n    pass\n"
+              "for x, y in train_loader:\n    step(net, x, y)\n    torch.save(net, 'plain.pkl')\n"
+              "with torch.no_grad():\n    for x, y in test_loader:\n        out = net(x)\n"),
         # eval() first
         "import torch\ndef validate(model, loader):\n    model.eval()\n    with torch.no_grad():\n"
         "        for x, y in loader:\n            out = model(x)\n",
@@ -163,6 +170,13 @@ class MissingEvalMode(_InferencePathRule):
                 line=12, message="`scorer`"),
         Invalid("import torch\ndef validate(model, loader):\n    with torch.no_grad():\n        for x, y in loader:\n"
                 "            out = model(x)\n", line=5, message="`model`"),
+        # restored from a file the program does not write: whatever it holds may have dropout
+        Invalid("import torch\nimport torch.nn as nn\nclass Plain(nn.Module):\n    def __init__(self):\n"
+                "        super().__init__()\n        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())\n"
+                "    def forward(self, x):\n        return self.body(x)\nnet = Plain()\n"
+                "net = torch.load(args.weights)\nwith torch.no_grad():\n    for x, y in test_loader:\n"
+                "        out = net(x)\n", line=13, message="`net`"),
+
         Invalid("import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n"
                 "        super().__init__()\n        self.drop = nn.Dropout(0.5)\n    def forward(self, x):\n"
                 "        return self.drop(x)\n"

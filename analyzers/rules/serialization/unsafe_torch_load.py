@@ -101,6 +101,18 @@ class UnsafeTorchLoad(Rule):
         "    def build(self):\n        images, labels = read_raw(self.root)\n"
         "        with open(os.path.join(self.root, 'cache', 'digits.pt'), 'wb') as handle:\n"
         "            torch.save((images, labels), handle)\n",
+        # one of the files the training loop wrote, named by the same template: the best epoch's
+        "import torch\nfor epoch in range(n_epochs):\n    score = run_epoch(net)\n"
+        "    torch.save(net.state_dict(), 'snapshots/{}.weights'.format(epoch))\n    if score > top:\n"
+        "        top, chosen = score, epoch\nnet.load_state_dict(torch.load('snapshots/{}.weights'.format(chosen)))\n",
+        "import torch, os\nfor k in range(5):\n    torch.save(state, os.path.join(root, f'round{k}.bin'))\n"
+        "state = torch.load(os.path.join(root, f'round{last}.bin'))\n",
+        # the best checkpoint Lightning's callback wrote during this program's own fit
+        "import torch\nimport pytorch_lightning as pl\nfrom pytorch_lightning.callbacks import ModelCheckpoint\n"
+        "saver = ModelCheckpoint(dirpath='runs', monitor='val_loss')\ntrainer = pl.Trainer(callbacks=[saver])\n"
+        "trainer.fit(system)\nweights = torch.load(saver.best_model_path)['state_dict']\n",
+        "import torch\nfrom lightning.pytorch import Trainer\ntrainer = Trainer(max_epochs=3)\ntrainer.fit(system)\n"
+        "final = torch.load(trainer.checkpoint_callback.last_model_path)\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # the fallback for torch builds without the keyword
@@ -145,6 +157,14 @@ class UnsafeTorchLoad(Rule):
         # the same file name, but read from a directory the user names (features dumped by another run)
         Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
                 "feats = torch.load(os.path.join(args.load_dir, 'feat.pth'))\n", line=3),
+        # a path attribute of an object the library table does not know as a checkpoint callback
+        Invalid("import torch\nrun = fetch_run(args.run_id)\nweights = torch.load(run.best_model_path)\n", line=3),
+        # the same template, but the slot picks the folder: another run's files, wherever it wrote them
+        Invalid("import torch\nfor epoch in range(3):\n    torch.save(sd, '{}/weights.pt'.format(run_dir))\n"
+                "sd = torch.load('{}/weights.pt'.format(other_dir))\n", line=4),
+        # the same file-name template, in a folder the load names differently
+        Invalid("import torch, os\nfor k in range(5):\n    torch.save(state, os.path.join(out_root, f'round{k}.bin'))\n"
+                "state = torch.load(os.path.join(in_root, f'round{k}.bin'))\n", line=4),
         # a snapshot path from configuration, opened through fsspec (it may be remote): reported even
         # though this program also writes it
         Invalid("import torch, fsspec\ntorch.save(snapshot, self.config.snapshot_path)\n"
