@@ -167,3 +167,45 @@ def test_a_condition_that_cannot_be_evaluated_picks_no_class(tmp_path):
     tree = {"blocks.py": CHOSEN["blocks.py"].replace('mode="dense"', "mode")}
     found = sites.constructions(write_tree(tmp_path, tree), "blocks.py", "Stage")
     assert not found or not isinstance(found[0].positional[0], sites.Instance)
+
+
+# A block handed an attention module built in the same call with the same repository width: the two must be
+# shrunk alike (the attention's width follows its head count, the block has none of its own).
+SHARED_WIDTH = {
+    "stack.py": """\
+        from torch import nn
+
+        class Heads(nn.Module):
+            def __init__(self, d_model, n_heads):
+                super().__init__()
+                self.proj, self.n_heads = nn.Linear(d_model, d_model), n_heads
+
+            def forward(self, x):
+                return self.proj(x) / self.n_heads
+
+
+        class Layer(nn.Module):
+            def __init__(self, heads, d_model):
+                super().__init__()
+                self.heads, self.norm = heads, nn.LayerNorm(d_model)
+
+            def forward(self, x):
+                mixed = self.heads(x)
+                return self.norm(x + mixed)
+
+
+        class Stack(nn.Module):
+            def __init__(self, width=512):
+                super().__init__()
+                self.layer = Layer(Heads(width, 8), width)
+
+            def forward(self, x):
+                return self.layer(x)
+        """,
+}
+
+
+def test_a_width_shared_with_a_module_built_in_the_same_call_is_shrunk_alike(tmp_path):
+    subject = build_subject(write_tree(tmp_path, SHARED_WIDTH), "stack.py:Layer", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.norm.normalized_shape[0] == subject.model.heads.proj.in_features < 512
