@@ -596,12 +596,15 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
             usages = {}
     for construction in found[:MAX_SITES_TRIED]:
         site_notes: list[str] = []
+        _WIDTHS_SHRUNK.clear()
         given = _materialized(code_root, _bind_site(cls, construction), site_notes)
         if not given:
             continue
         shrunk = {}
         for key, value in given.items():
             smaller = _shrunk_value(key, value, given)
+            if smaller != value and _matches(_WIDTH_NAMES, key) and value in _WIDTHS_SHRUNK:
+                smaller = _WIDTHS_SHRUNK[value]  # the width a module built in the same call was given
             if smaller == value:
                 smaller = _shrunk_free_size(value, usages.get(key))
             shrunk[key] = smaller
@@ -675,6 +678,7 @@ def _materialized(code_root: Path, given: dict, notes: list[str], depth: int = 0
 
 
 _NOT_MADE = object()
+_WIDTHS_SHRUNK: dict = {}  # in the call being built: a repository width -> what it was shrunk to, the first time
 
 
 def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: int) -> Any:
@@ -702,6 +706,9 @@ def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: 
     inner_notes: list[str] = []
     given = _materialized(code_root, _bind_site(cls, value), inner_notes, depth + 1)
     known = {k: _shrunk_value(k, v, given) for k, v in given.items()}
+    for k, v in given.items():  # one repository width, one shrunk width across the call (d_model of a layer and
+        if known[k] != v and _matches(_WIDTH_NAMES, k) and isinstance(v, int):  # of the attention it is handed)
+            known[k] = _WIDTHS_SHRUNK.setdefault(v, known[k])
     arguments = _guess_arguments(cls, label, inner_notes, module=inspect.getmodule(cls), known=known)
     if isinstance(arguments, Skip):
         notes.append(f"constructor: {key} is the repository's {value.cls.name}(...), which could not be built here "
@@ -2066,7 +2073,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
     special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns or f.time_first
-                  or f.state_of is not None for f in per_parameter)
+                  or f.state_of is not None or f.width and f.channels_last for f in per_parameter)
     if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
         return None
     options: list[list[tuple[TensorSpec, str]]] = []

@@ -704,6 +704,10 @@ class _Evaluator:
         if isinstance(node, ast.Name):
             return self._name(path, parsed, node, depth)
         if isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name):
+                held = self._instance_attribute(path, parsed, node, depth)
+                if held is not None:
+                    return held[0]
             base = self.value(path, parsed, node.value, depth + 1)
             if isinstance(base, _ModuleRef):
                 target = self.repository.file(base.path)
@@ -876,6 +880,71 @@ class _Evaluator:
             return UNKNOWN
         return self._module_level(module_path, target, attribute, depth + 1)
 
+    # -- attributes of the instance a method runs on ------------------------------------------------------
+
+    def _instance_attribute(self, path: Path, parsed: _File, node: ast.Attribute, depth: int) -> Optional[tuple[Any]]:
+        """(value,) of ``self.args`` read in a method of a module-level class: what the method assigned to it
+        before, else what the class's constructor assigns (``self.args = args``, the argument from the calls of the
+        class), else what a base class's constructor assigns, its parameters bound to the ``super().__init__(...)``
+        call that reaches it (or to the class's own calls when the class has no constructor). None when ``node`` is
+        not an attribute of the method's instance."""
+        function = parsed.enclosing_function(node)
+        owner = parsed.parents.get(id(function)) if function is not None else None
+        if not isinstance(owner, ast.ClassDef) or parsed.parents.get(id(owner)) is not parsed.tree \
+                or not function.args.args or function.args.args[0].arg != node.value.id \
+                or any(isinstance(d, ast.Name) and d.id in ("classmethod", "staticmethod") for d in function.decorator_list):
+            return None
+        assigned = _attribute_assignment(function, node.value.id, node.attr, node.lineno)
+        if assigned is not None:
+            return (self.value(path, parsed, assigned, depth + 1),)
+        return (self._constructor_attribute(self, path, parsed, owner, node.attr, depth, None),)
+
+    def _constructor_attribute(self, evaluator: "_Evaluator", path: Path, parsed: _File, cls: ast.ClassDef,
+                               attribute: str, depth: int, reached: Optional[tuple]) -> Any:
+        """What ``cls``'s constructor (or its bases', up the chain) assigns to ``self.<attribute>``, evaluated by
+        ``evaluator`` (which binds the constructor's parameters); ``reached`` is how the constructor is called when
+        it runs for a subclass: (call, its file's path, its file, whether ``self`` is implicit)."""
+        if depth > MAX_DEPTH:
+            return UNKNOWN
+        init = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+        if init is not None and init.args.args:
+            if reached is not None:
+                evaluator = _Bound(evaluator, init, reached[0], reached[1], reached[2], method=reached[3])
+            assigned = _attribute_assignment(init, init.args.args[0].arg, attribute, 10 ** 9)
+            if assigned is not None:
+                return evaluator.value(path, parsed, assigned, depth + 1)
+        for base_node in cls.bases[:1]:
+            base = self.value(path, parsed, base_node, depth + 1)
+            if not isinstance(base, ClassRef):
+                return UNKNOWN
+            base_path = (self.repository.root / base.path).resolve()
+            base_file = self.repository.file(base_path)
+            base_cls = next((n for n in base_file.tree.body if isinstance(n, ast.ClassDef) and n.name == base.name),
+                            None) if base_file is not None else None
+            if base_cls is None:
+                return UNKNOWN
+            if init is None:  # the base's constructor runs with the arguments of this class's calls
+                if reached is not None:
+                    return self._constructor_attribute(evaluator, base_path, base_file, base_cls, attribute,
+                                                       depth + 1, reached)
+                for caller_path, caller, call in self.repository.construction_calls(path.resolve(), cls.name):
+                    value = self._constructor_attribute(evaluator, base_path, base_file, base_cls, attribute,
+                                                        depth + 1, (call, caller_path, caller, True))
+                    if value is not UNKNOWN:
+                        return value
+                return UNKNOWN
+            for call in ast.walk(init):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "__init__"):
+                    continue
+                through_super = isinstance(call.func.value, ast.Call) and isinstance(call.func.value.func, ast.Name) \
+                    and call.func.value.func.id == "super"
+                if through_super or isinstance(call.func.value, ast.Name) and call.func.value.id == _base_name(base_node):
+                    return self._constructor_attribute(evaluator, base_path, base_file, base_cls, attribute,
+                                                       depth + 1, (call, path, parsed, through_super))
+            return UNKNOWN
+        return UNKNOWN
+
     # -- calls ---------------------------------------------------------------------------------------------
 
     def _call(self, path: Path, parsed: _File, node: ast.Call, depth: int) -> Any:
@@ -947,12 +1016,18 @@ class _Evaluator:
 
     def _module_level_callee(self, path: Path, parsed: _File, func: ast.AST, depth: int) -> Any:
         """What a called ``Name`` / ``module.Name`` is when the name is bound at module level (a class, an
-        import); a local or a parameter (``layer(x)``) is not looked up: its callers are not worth a search."""
+        import), or assigned a class of the tree in the function (``Attn = Sparse if kind == "sparse" else
+        Dense``, the branch its condition takes); a parameter (``layer(x)``) is not looked up: its callers are not
+        worth a search."""
         if isinstance(func, ast.Name):
             function = parsed.enclosing_function(func)
             while function is not None:
                 arguments = function.args
-                if _last_binding(function, func.id, func.lineno) is not None or func.id in {
+                binding = _last_binding(function, func.id, func.lineno)
+                if isinstance(binding, ast.Assign) and isinstance(binding.value, (ast.Name, ast.Attribute, ast.IfExp)):
+                    value = self._bound_value(path, parsed, binding, func.id, depth + 1)
+                    return value if isinstance(value, ClassRef) else UNKNOWN
+                if binding is not None or func.id in {
                         a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}:
                     return UNKNOWN
                 function = parsed.enclosing_function(function)
@@ -1077,14 +1152,15 @@ class _Bound(_Evaluator):
     """Evaluates inside one called function, its parameters bound to one call's arguments."""
 
     def __init__(self, outer: _Evaluator, function: ast.FunctionDef, call: ast.Call, caller_path: Path,
-                 caller: _File):
+                 caller: _File, method: bool = False):
         super().__init__(outer.repository)
         self.origins, self.budget, self.visiting = outer.origins, outer.budget, outer.visiting
         self.outer, self.function, self.call, self.caller_path, self.caller = outer, function, call, caller_path, caller
+        self.method = method  # a constructor called through its class or super(): ``self`` is not in the call
 
     def _local(self, path, parsed, function, name, line, depth):
         if function is self.function and _last_binding(function, name, line) is None:
-            expression = _argument_for(function, self.call, name)
+            expression = _argument_for(function, self.call, name, method=self.method)
             if expression is not None:
                 return (self.outer.value(self.caller_path, self.caller, expression, depth + 1),)
         return super()._local(path, parsed, function, name, line, depth)
@@ -1112,19 +1188,26 @@ def _tensor_shape(qualified: str, args: list, keywords: dict) -> Any:
     return UNKNOWN
 
 
+def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``scope``, with the functions, classes and lambdas nested in it but not their bodies."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
 def _last_binding(scope: ast.AST, name: str, line: int) -> Optional[ast.AST]:
     """The last statement of ``scope`` (not of functions or classes nested in it) before ``line`` that binds
     ``name``: an assignment, a ``with ... as name``, an import, a def."""
     found: Optional[ast.AST] = None
     found_line = -1
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
+    for node in _own_nodes(scope):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             if getattr(node, "name", None) == name and node.lineno < line and node.lineno > found_line:
                 found, found_line = node, node.lineno
             continue
-        stack.extend(ast.iter_child_nodes(node))
         if getattr(node, "lineno", line) >= line:
             continue
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
@@ -1142,6 +1225,26 @@ def _last_binding(scope: ast.AST, name: str, line: int) -> Optional[ast.AST]:
             if name in bound and node.lineno > found_line:
                 found, found_line = node, node.lineno
     return found
+
+
+def _attribute_assignment(function: ast.FunctionDef, owner: str, attribute: str, line: int) -> Optional[ast.AST]:
+    """The value last assigned to ``owner.attribute`` in ``function`` (not in functions nested in it) before
+    ``line``: ``self.args = args``; None when it assigns none (or only as part of an unpacking)."""
+    found: Optional[ast.AST] = None
+    found_line = -1
+    for node in _own_nodes(function):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.lineno >= line or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if any(isinstance(t, ast.Attribute) and t.attr == attribute and isinstance(t.value, ast.Name)
+               and t.value.id == owner for t in targets) and node.lineno > found_line:
+            found, found_line = node.value, node.lineno
+    return found
+
+
+def _base_name(node: ast.AST) -> Optional[str]:
+    """The name a class statement gives its base (``Base`` of ``class Net(Base)`` or ``lib.Base``)."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
 
 
 def _names_holding(tree: ast.AST, wanted) -> set[str]:

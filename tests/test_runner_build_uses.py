@@ -281,3 +281,10 @@ def test_series_read_two_submodules_down_are_channels_last_where_the_body_swaps_
     root = write_tree(tmp_path, SERIES)
     described = inputs_inferred(root, "series/net.py:Forecaster")
     assert "float [B, 16, 5], float [B, 16, 3]" in described, described
+
+
+def test_a_lone_series_swapped_before_its_conv_is_channels_last(tmp_path):
+    # one input, [B, L, C]: a channels-first guess only works when L happens to equal C
+    root = write_tree(tmp_path, SERIES)
+    described = inputs_inferred(root, "series/net.py:ValueCoding")
+    assert "float [B, 16, 5]" in described, described
