@@ -140,3 +140,52 @@ _OWN_METHOD = _HEADER + """
 ])
 def test_a_module_method_that_puts_the_module_in_eval_mode_runs_it_for_inference(body, expected):
     assert _rules_hit(_OWN_METHOD.format(body=body)) == expected
+
+
+@pytest.mark.parametrize("body, expected", [
+    # a sampling loop under a no_grad decorator: each step feeds the model its own samples
+    ("""
+    @torch.no_grad()
+    def draw(tagger_model, start, steps):
+        out = start
+        for _ in range(steps):
+            probs = tagger_model(out)[:, -1].softmax(-1)
+            out = torch.cat((out, torch.multinomial(probs, 1)), dim=-1)
+        return out
+    """, [("TR201", 18)]),
+    # features extracted inside a no_grad block
+    ("""
+    def features(tagger_model, batches):
+        with torch.no_grad():
+            return [tagger_model(batch) for batch in batches]
+    """, [("TR201", 16)]),
+    # the same loop after eval(): nothing to say
+    ("""
+    @torch.no_grad()
+    def draw(tagger_model, start, steps):
+        tagger_model.eval()
+        for _ in range(steps):
+            start = tagger_model(start)
+        return start
+    """, []),
+    # a target network under no_grad inside a training step
+    ("""
+    def step(tagger_model, target_model, batches, optimizer):
+        for batch in batches:
+            with torch.no_grad():
+                goal = target_model(batch)
+            loss = (tagger_model(batch) - goal).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+    """, []),
+    # running statistics refreshed on purpose: the model is put in train mode for it
+    ("""
+    def refresh_stats(tagger_model, batches):
+        tagger_model.train()
+        with torch.no_grad():
+            for batch in batches:
+                tagger_model(batch)
+    """, []),
+])
+def test_a_forward_repeated_with_gradients_off_runs_the_model_for_its_results(body, expected):
+    assert _rules_hit(_HEADER + body) == expected
