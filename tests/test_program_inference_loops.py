@@ -189,3 +189,34 @@ def test_a_module_method_that_puts_the_module_in_eval_mode_runs_it_for_inference
 ])
 def test_a_forward_repeated_with_gradients_off_runs_the_model_for_its_results(body, expected):
     assert _rules_hit(_HEADER + body) == expected
+
+
+@pytest.mark.parametrize("loop", [
+    # the output feeds a loss as well as a detached copy: the loop trains (its backward in a helper)
+    """
+    def fit(batches, scaler_step):
+        tagger_model = Tagger()
+        for batch, target in batches:
+            out = tagger_model(batch)
+            loss = (out - out.detach().mean()).pow(2).sum()
+            scaler_step(loss)
+    """,
+    # a model an object holds: whoever built the object decides its mode
+    """
+    class Runner:
+        def features(self, batches):
+            return [self.net(batch).numpy() for batch in batches] + [
+                self.net(batch).detach() for batch in batches]
+
+        def extract(self, batches):
+            rows = []
+            for batch in batches:
+                rows.append(self.net(batch).detach().numpy())
+            with torch.no_grad():
+                for batch in batches:
+                    rows.append(self.net(batch))
+            return rows
+    """,
+])
+def test_an_output_that_also_feeds_a_computation_or_a_model_held_by_an_object_is_not_an_inference_loop(loop):
+    assert _rules_hit(_HEADER + loop) == []

@@ -343,6 +343,12 @@ class EvaluationPaths:
         if model is None or (model == "self" and not own) or model.startswith("super"):
             return
         head = model.split(".", 1)[0]
+        if head == "self":
+            # a model an object holds (``self.model``): its owner's caller decides the mode, so what this code does
+            # with it (a loop over data keeping only numbers, a no-grad loop) says nothing on its own
+            data_loop, nograd_loop = None, False
+            if not (in_path or self.evaled_any() or own):
+                return
         if ctx.imports.names.get(head) is not None:
             return  # an imported function/module, not a model instance
         if isinstance(target, cst.Name):
@@ -401,7 +407,7 @@ class EvaluationPaths:
             unpacked_from=(method_name(unpacked), binding.element) if isinstance(unpacked, cst.Call) else None,
             passed=target if passed else None,
             # neither named nor put in eval mode: a loop over data whose forward passes path_of weighs after the
-            # walk (where their outputs go)
+            # walk (where their outputs go), or one with gradients off
             data_loop=data_loop if not in_path and not eval_local else None,
             nograd_loop=nograd_loop and not eval_local,
         ))

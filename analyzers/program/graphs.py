@@ -307,6 +307,20 @@ def output_taken_off_graph(call: cst.Call, scope: cst.CSTNode, ctx: FileContext)
     if not isinstance(parent, cst.Assign) or len(parent.targets) != 1 or \
             not isinstance(parent.targets[0].target, cst.Name):
         return False
-    name = parent.targets[0].target.value
-    return any(isinstance(node, cst.Name) and node.value == name and node is not parent.targets[0].target and
-               _detached_read(node, ctx) for node in subtree(scope))
+    target = parent.targets[0].target
+    reads = [node for node in subtree(scope) if isinstance(node, cst.Name) and node.value == target.value and
+             node is not target and not _names_an_attribute(node, ctx)]
+    # every read keeps only the numbers: one that feeds a loss or any other computation keeps the graph
+    return bool(reads) and all(_detached_read(node, ctx) or _reads_metadata(node, ctx) for node in reads)
+
+
+def _names_an_attribute(node: cst.Name, ctx: FileContext) -> bool:
+    parent = ctx.parent(node)
+    return isinstance(parent, cst.Attribute) and parent.attr is node
+
+
+def _reads_metadata(node: cst.CSTNode, ctx: FileContext) -> bool:
+    """``out.shape``, ``out.size(0)``, ``out.device``: what a tensor is, not its numbers."""
+    parent = ctx.parent(node)
+    return isinstance(parent, cst.Attribute) and parent.value is node and \
+        parent.attr.value in ("shape", "size", "dim", "ndim", "device", "dtype", "numel")
