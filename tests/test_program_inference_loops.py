@@ -220,3 +220,25 @@ def test_a_forward_repeated_with_gradients_off_runs_the_model_for_its_results(bo
 ])
 def test_an_output_that_also_feeds_a_computation_or_a_model_held_by_an_object_is_not_an_inference_loop(loop):
     assert _rules_hit(_HEADER + loop) == []
+
+
+def test_a_repository_decorator_that_puts_the_model_in_eval_mode_covers_the_function_it_wraps():
+    body = """
+    def in_eval_mode(fn):
+        def wrapper(net, *args):
+            before = net.training
+            net.eval()
+            result = fn(net, *args)
+            net.train(before)
+            return result
+        return wrapper
+
+    @in_eval_mode
+    @torch.no_grad()
+    def draw(tagger_model, start, steps):
+        for _ in range(steps):
+            start = tagger_model(start)
+        return start
+    """
+    assert _rules_hit(_HEADER + body) == []
+    assert _rules_hit(_HEADER + body.replace("            net.eval()\n", "")) == [("TR201", 26)]

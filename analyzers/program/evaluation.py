@@ -141,6 +141,8 @@ class EvaluationPaths:
         if direct_cls is not None and self._framework_class(direct_cls, ctx):
             state.skip = True
         state.nograd_dec = any(d in NO_GRAD_CONTEXTS for d in decorators)
+        if any(decorator_evaluates(ctx, dec.decorator) for dec in node.decorators):
+            state.evals["*"] = True  # a decorator of this repository runs the function with its model in eval mode
         self.stack.append(state)
         self.functions.setdefault(name, []).append(state)
 
@@ -596,6 +598,25 @@ def constructor_evaluates(ctx: FileContext, origin: Optional[cst.BaseExpression]
         return False
     found = ctx.facts(ModuleFacts).find_class(name)
     return found is not None and found.init_evaluates
+
+
+def decorator_evaluates(ctx: FileContext, decorator: cst.BaseExpression) -> bool:
+    """``@eval_mode`` where this file defines ``def eval_mode(fn)`` whose wrapper calls ``.eval()`` on one of its
+    own parameters (the decorated function's model) before it calls ``fn``."""
+    expr = decorator.func if isinstance(decorator, cst.Call) else decorator
+    binding = ctx.binding(expr.value) if isinstance(expr, cst.Name) else None
+    outer = binding.node if binding is not None and binding.kind == "def" else None
+    if not isinstance(outer, cst.FunctionDef):
+        return False
+    for inner in subtree(outer.body):
+        if not isinstance(inner, cst.FunctionDef):
+            continue
+        params = {p.name.value for p in (*inner.params.params, *inner.params.posonly_params)}
+        for call in subtree(inner.body):
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "eval" \
+                    and not call.args and isinstance(call.func.value, cst.Name) and call.func.value.value in params:
+                return True
+    return False
 
 
 def defines_method(cls: cst.ClassDef, name: str) -> bool:
