@@ -142,55 +142,6 @@ def test_a_module_method_that_puts_the_module_in_eval_mode_runs_it_for_inference
     assert _rules_hit(_OWN_METHOD.format(body=body)) == expected
 
 
-@pytest.mark.parametrize("body, expected", [
-    # a sampling loop under a no_grad decorator: each step feeds the model its own samples
-    ("""
-    @torch.no_grad()
-    def draw(tagger_model, start, steps):
-        out = start
-        for _ in range(steps):
-            probs = tagger_model(out)[:, -1].softmax(-1)
-            out = torch.cat((out, torch.multinomial(probs, 1)), dim=-1)
-        return out
-    """, [("TR201", 18)]),
-    # features extracted inside a no_grad block
-    ("""
-    def features(tagger_model, batches):
-        with torch.no_grad():
-            return [tagger_model(batch) for batch in batches]
-    """, [("TR201", 16)]),
-    # the same loop after eval(): nothing to say
-    ("""
-    @torch.no_grad()
-    def draw(tagger_model, start, steps):
-        tagger_model.eval()
-        for _ in range(steps):
-            start = tagger_model(start)
-        return start
-    """, []),
-    # a target network under no_grad inside a training step
-    ("""
-    def step(tagger_model, target_model, batches, optimizer):
-        for batch in batches:
-            with torch.no_grad():
-                goal = target_model(batch)
-            loss = (tagger_model(batch) - goal).pow(2).mean()
-            loss.backward()
-            optimizer.step()
-    """, []),
-    # running statistics refreshed on purpose: the model is put in train mode for it
-    ("""
-    def refresh_stats(tagger_model, batches):
-        tagger_model.train()
-        with torch.no_grad():
-            for batch in batches:
-                tagger_model(batch)
-    """, []),
-])
-def test_a_forward_repeated_with_gradients_off_runs_the_model_for_its_results(body, expected):
-    assert _rules_hit(_HEADER + body) == expected
-
-
 @pytest.mark.parametrize("loop", [
     # the output feeds a loss as well as a detached copy: the loop trains (its backward in a helper)
     """
@@ -212,9 +163,6 @@ def test_a_forward_repeated_with_gradients_off_runs_the_model_for_its_results(bo
             rows = []
             for batch in batches:
                 rows.append(self.net(batch).detach().numpy())
-            with torch.no_grad():
-                for batch in batches:
-                    rows.append(self.net(batch))
             return rows
     """,
 ])
@@ -235,10 +183,8 @@ def test_a_repository_decorator_that_puts_the_model_in_eval_mode_covers_the_func
 
     @in_eval_mode
     @torch.no_grad()
-    def draw(tagger_model, start, steps):
-        for _ in range(steps):
-            start = tagger_model(start)
-        return start
+    def predict(tagger_model, start):
+        return tagger_model(start).argmax(-1)
     """
     assert _rules_hit(_HEADER + body) == []
-    assert _rules_hit(_HEADER + body.replace("            net.eval()\n", "")) == [("TR201", 26)]
+    assert _rules_hit(_HEADER + body.replace("            net.eval()\n", "")) == [("TR201", 25)]

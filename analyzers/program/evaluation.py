@@ -81,7 +81,7 @@ class ValLoop:
 
 class ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain", "origin_func", "after_eval", "unpacked_from", "passed", "data_loop", "nograd_loop")
+                 "eval_chain", "origin_func", "after_eval", "unpacked_from", "passed", "data_loop")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -326,11 +326,7 @@ class EvaluationPaths:
         # a model put in eval mode in this scope and run in a loop there runs for inference, whatever the names
         # say (``demo()``, a loop over ``dataloader``), unless that scope also trains (path_of checks the backward)
         data_loop = None if in_path or self.evaled_any() else data_loop_of(ctx)
-        # a forward repeated with gradients off (a sampling loop, feature extraction under ``torch.no_grad()``):
-        # code that never wants a backward pass, so it runs the model for its results
-        nograd_loop = not (in_path or self.evaled_any()) and data_loop is None and self.nograd_now() and \
-            bool(ctx.loops_in_function())
-        if not (in_path or self.evaled_any() or data_loop is not None or nograd_loop) or self.test_file:
+        if not (in_path or self.evaled_any() or data_loop is not None) or self.test_file:
             return
         if any(s.skip for s in self.stack):
             return
@@ -347,8 +343,8 @@ class EvaluationPaths:
         head = model.split(".", 1)[0]
         if head == "self":
             # a model an object holds (``self.model``): its owner's caller decides the mode, so what this code does
-            # with it (a loop over data keeping only numbers, a no-grad loop) says nothing on its own
-            data_loop, nograd_loop = None, False
+            # with it (a loop over data keeping only numbers) says nothing on its own
+            data_loop = None
             if not (in_path or self.evaled_any() or own):
                 return
         if ctx.imports.names.get(head) is not None:
@@ -392,8 +388,7 @@ class EvaluationPaths:
         if origin_name:
             aliases.add(origin_name)
         eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
-        if not in_path and (not eval_local or not ctx.loops_in_function()) and data_loop is None and not own and \
-                not nograd_loop:
+        if not in_path and (not eval_local or not ctx.loops_in_function()) and data_loop is None and not own:
             # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
             # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)
             return
@@ -409,9 +404,8 @@ class EvaluationPaths:
             unpacked_from=(method_name(unpacked), binding.element) if isinstance(unpacked, cst.Call) else None,
             passed=target if passed else None,
             # neither named nor put in eval mode: a loop over data whose forward passes path_of weighs after the
-            # walk (where their outputs go), or one with gradients off
+            # walk (where their outputs go)
             data_loop=data_loop if not in_path and not eval_local else None,
-            nograd_loop=nograd_loop and not eval_local,
         ))
 
     def _evaluates_itself(self, call: cst.Call, ctx: FileContext) -> bool:
@@ -438,12 +432,6 @@ class EvaluationPaths:
             # the loop keeps only the numbers of each forward pass and nothing around it trains: it runs the
             # model for its results (features, predictions), whatever the loop and the function are called
             return f"the loop over `{node_text(self.ctx, call.data_loop.iter)}`"
-        if call.nograd_loop:
-            if any(state.has_backward for state in call.stack) or \
-                    any(covers(t, a) for t in self.trained for a in call.aliases):  # train() on purpose (BN stats)
-                return None
-            scope = call.stack[-1]
-            return f"{'the module' if scope.node is None else f'`{scope.name}()`'}'s loop under `torch.no_grad()`"
         if call.after_eval and not any(state.has_backward for state in call.stack) and \
                 not any(covers(t, a) for t in self.trained for a in call.aliases):  # train() again: it trains too
             scope = call.stack[-1]
