@@ -156,9 +156,12 @@ def replay(git_dir: Path, base: str, head: str, work: Path) -> list:
 
 
 def _hits(pair: Pair, finding) -> bool:
+    """The expected rule on the bug's lines: at the finding's own site or one of its related sites (the other end
+    of a two-site bug, where the App comments when the pull request changed that end: bot.review.finding_sites)."""
     if finding.rule != pair.expected or finding.path != pair.path or (finding.cell or None) != pair.cell:
         return False
-    return finding.line <= pair.last + SLACK and finding.end_line >= pair.first - SLACK
+    return any(line <= pair.last + SLACK and end >= pair.first - SLACK for line, end in
+               [(finding.line, finding.end_line), *((site.line, site.end_line) for site in finding.related)])
 
 
 @dataclass

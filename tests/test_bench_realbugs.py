@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -103,3 +104,13 @@ def test_notebook_lines_carry_their_cell(tmp_path):
     row = "nb\to/r\t" + "1" * 40 + "\t" + "2" * 40 + "\tn.ipynb\t4:2-5\tk\tTR202\tn"
     (pair,) = realbugs.read_pairs(_pairs(tmp_path, row))
     assert (pair.cell, pair.first, pair.last, pair.in_scope) == (4, 2, 5, True)
+
+
+def test_a_finding_counts_at_the_bug_when_one_of_its_related_sites_is_there():
+    from analyzers.model import Finding, Location, Severity
+    pair = realbugs.Pair("p", "me/demo", "f" * 40, "b" * 40, "net.py", None, 10, 10, "kind", "TR401")
+    far = Finding(rule="TR401", path="net.py", line=40, column=1, end_line=40, end_column=9, message="m",
+                  severity=Severity.HIGH, slug="s", category="numerics")
+    assert not realbugs._hits(pair, far)
+    assert realbugs._hits(pair, replace(far, related=(Location(11, 5, 11, 20, "softmax here"),)))
+    assert not realbugs._hits(pair, replace(far, rule="TR402", related=(Location(11, 5, 11, 20, "softmax here"),)))

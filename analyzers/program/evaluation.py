@@ -11,9 +11,10 @@ import libcst as cst
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
 from analyzers.program.builds import built_module, passed_module
 from analyzers.program.flow import subtree
+from analyzers.program.graphs import output_taken_off_graph
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function
+from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function, node_text
 from analyzers.program.roles import collects_tests, is_test_code, main_block
 from analyzers.program.state import enters_grad_off
 from analyzers.program.values import alias_names, hands_a_model, names_a_class
@@ -80,7 +81,7 @@ class ValLoop:
 
 class ModelCall:
     __slots__ = ("node", "model", "aliases", "stack", "loop", "eval_local", "nograd_local", "cls", "is_global",
-                 "eval_chain", "origin_func", "after_eval", "unpacked_from", "passed")
+                 "eval_chain", "origin_func", "after_eval", "unpacked_from", "passed", "data_loop")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -140,6 +141,8 @@ class EvaluationPaths:
         if direct_cls is not None and self._framework_class(direct_cls, ctx):
             state.skip = True
         state.nograd_dec = any(d in NO_GRAD_CONTEXTS for d in decorators)
+        if any(decorator_evaluates(ctx, dec.decorator) for dec in node.decorators):
+            state.evals["*"] = True  # a decorator of this repository runs the function with its model in eval mode
         self.stack.append(state)
         self.functions.setdefault(name, []).append(state)
 
@@ -322,7 +325,8 @@ class EvaluationPaths:
         in_path = self._in_path()
         # a model put in eval mode in this scope and run in a loop there runs for inference, whatever the names
         # say (``demo()``, a loop over ``dataloader``), unless that scope also trains (path_of checks the backward)
-        if not (in_path or self.evaled_any()) or self.test_file:
+        data_loop = None if in_path or self.evaled_any() else data_loop_of(ctx)
+        if not (in_path or self.evaled_any() or data_loop is not None) or self.test_file:
             return
         if any(s.skip for s in self.stack):
             return
@@ -331,16 +335,25 @@ class EvaluationPaths:
         if not isinstance(target, (cst.Name, cst.Attribute)):
             return
         model = dotted_name(target)
-        if model is None or model == "self" or model.startswith("super"):
+        # ``self.eval(); return self.forward(x)``: a module's own method that puts the module in eval mode runs it
+        # for inference (a predict() API); anywhere else the module calling itself is its forward pass
+        own = model == "self" and self._evaluates_itself(node, ctx)
+        if model is None or (model == "self" and not own) or model.startswith("super"):
             return
         head = model.split(".", 1)[0]
+        if head == "self":
+            # a model an object holds (``self.model``): its owner's caller decides the mode, so what this code does
+            # with it (a loop over data keeping only numbers) says nothing on its own
+            data_loop = None
+            if not (in_path or self.evaled_any() or own):
+                return
         if ctx.imports.names.get(head) is not None:
             return  # an imported function/module, not a model instance
         if isinstance(target, cst.Name):
             binding = ctx.binding(model)
             if binding is not None and binding.kind in ("def", "import"):
                 return
-        name_like = name_is_model_like(model)
+        name_like = own or name_is_model_like(model)
         origin = ctx.origin(target)
         if origin is not target and isinstance(origin, (cst.Name, cst.Attribute)) and \
                 ctx.imports.names.get((dotted_name(origin) or "").split(".", 1)[0]) is not None:
@@ -364,7 +377,7 @@ class EvaluationPaths:
         cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)
         if cls is not None and model.count(".") == 1 and head == "self" and defines_method(cls, model[5:]):
             return  # ``self.restore_model(step)``: a method of this class, not a module held by it
-        if head == "self" and cls is not None and (ctx.is_module_subclass(cls) or any(
+        if head == "self" and not own and cls is not None and (ctx.is_module_subclass(cls) or any(
                 ctx.facts(ModuleFacts).is_module_class(base) for base in
                 (dotted_name(b.value) for b in cls.bases) if base)):
             # a module's own predict()/inference() helper: the caller decides the mode, unless it loops over data
@@ -375,7 +388,7 @@ class EvaluationPaths:
         if origin_name:
             aliases.add(origin_name)
         eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
-        if not in_path and (not eval_local or not ctx.loops_in_function()):
+        if not in_path and (not eval_local or not ctx.loops_in_function()) and data_loop is None and not own:
             # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
             # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)
             return
@@ -390,7 +403,19 @@ class EvaluationPaths:
             # ``text_model, tokenizer = load_pair()``: the function and the item of the tuple it returns
             unpacked_from=(method_name(unpacked), binding.element) if isinstance(unpacked, cst.Call) else None,
             passed=target if passed else None,
+            # neither named nor put in eval mode: a loop over data whose forward passes path_of weighs after the
+            # walk (where their outputs go)
+            data_loop=data_loop if not in_path and not eval_local else None,
         ))
+
+    def _evaluates_itself(self, call: cst.Call, ctx: FileContext) -> bool:
+        """The call runs ``self`` in a method of a module class that put ``self`` in eval mode, on real input."""
+        state = self.stack[-1]
+        cls = state.cls
+        if cls is None or not state.evals.get("self") or synthetic_input(call, ctx):
+            return False
+        return ctx.is_module_subclass(cls) or any(ctx.facts(ModuleFacts).is_module_class(base) for base in
+                                                  (dotted_name(b.value) for b in cls.bases) if base)
 
     # ---- decisions -------------------------------------------------------------------------
     def path_of(self, call: ModelCall) -> Optional[str]:
@@ -400,6 +425,13 @@ class EvaluationPaths:
         for state in reversed(call.stack):
             if state.eval_named and not state.has_backward:
                 return f"`{state.name}()`"
+        if call.data_loop is not None:
+            if any(state.has_backward for state in call.stack) or \
+                    not output_taken_off_graph(call.node, call.data_loop.body, self.ctx):
+                return None
+            # the loop keeps only the numbers of each forward pass and nothing around it trains: it runs the
+            # model for its results (features, predictions), whatever the loop and the function are called
+            return f"the loop over `{node_text(self.ctx, call.data_loop.iter)}`"
         if call.after_eval and not any(state.has_backward for state in call.stack) and \
                 not any(covers(t, a) for t in self.trained for a in call.aliases):  # train() again: it trains too
             scope = call.stack[-1]
@@ -556,6 +588,25 @@ def constructor_evaluates(ctx: FileContext, origin: Optional[cst.BaseExpression]
     return found is not None and found.init_evaluates
 
 
+def decorator_evaluates(ctx: FileContext, decorator: cst.BaseExpression) -> bool:
+    """``@eval_mode`` where this file defines ``def eval_mode(fn)`` whose wrapper calls ``.eval()`` on one of its
+    own parameters (the decorated function's model) before it calls ``fn``."""
+    expr = decorator.func if isinstance(decorator, cst.Call) else decorator
+    binding = ctx.binding(expr.value) if isinstance(expr, cst.Name) else None
+    outer = binding.node if binding is not None and binding.kind == "def" else None
+    if not isinstance(outer, cst.FunctionDef):
+        return False
+    for inner in subtree(outer.body):
+        if not isinstance(inner, cst.FunctionDef):
+            continue
+        params = {p.name.value for p in (*inner.params.params, *inner.params.posonly_params)}
+        for call in subtree(inner.body):
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "eval" \
+                    and not call.args and isinstance(call.func.value, cst.Name) and call.func.value.value in params:
+                return True
+    return False
+
+
 def defines_method(cls: cst.ClassDef, name: str) -> bool:
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
     return any(isinstance(stmt, cst.FunctionDef) and stmt.name.value == name for stmt in body)
@@ -608,6 +659,23 @@ def origin_func(origin: Optional[cst.BaseExpression]) -> Optional[str]:
             method_returns_same_module(expr.func.attr.value):
         expr = expr.func.value
     return method_name(expr) if isinstance(expr, cst.Call) else None
+
+
+def data_loop_of(ctx: FileContext) -> Optional[cst.For]:
+    """The innermost ``for`` of this function when it walks over data: an iterable that is not a count
+    (``range(n)``, ``len(x)``) nor a literal; None otherwise."""
+    loops = ctx.loops_in_function()
+    loop = loops[-1] if loops else None
+    if not isinstance(loop, cst.For):
+        return None
+    iterable = loop.iter
+    while isinstance(iterable, cst.Call) and method_name(iterable) in ("enumerate", "tqdm", "iter") and iterable.args:
+        iterable = iterable.args[0].value
+    if isinstance(iterable, cst.Call) and method_name(iterable) in ("range", "len", "zip", "items", "keys", "values"):
+        return None
+    if not isinstance(iterable, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)):
+        return None
+    return loop
 
 
 def loops_over_loader(ctx: FileContext) -> bool:

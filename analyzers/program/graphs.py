@@ -9,7 +9,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, call_receiver, code_children_as_written, dotted_name, method_name,
                                positional_args)
-from analyzers.program.flow import assigned_values
+from analyzers.program.flow import assigned_values, subtree
 from analyzers.program.names import last_segment
 from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import called_object, is_model_call
@@ -273,3 +273,54 @@ def detached_value(value: cst.BaseExpression) -> bool:
     return isinstance(value, (cst.Integer, cst.Float))
 
 
+
+
+def _detached_read(node: cst.CSTNode, ctx: FileContext) -> bool:
+    """``node`` (a value) is read through tensor methods that keep its numbers, or indexing, into ``.detach()`` /
+    ``.numpy()`` / ``.item()`` / ``.tolist()``: ``out.detach()``, ``out[0].cpu().numpy()``."""
+    current = node
+    for _ in range(8):
+        parent = ctx.parent(current)
+        if isinstance(parent, cst.Subscript) and parent.value is current:
+            current = parent
+            continue
+        if not isinstance(parent, cst.Attribute) or parent.value is not current:
+            return False
+        call = ctx.parent(parent)
+        if not isinstance(call, cst.Call) or call.func is not parent:
+            return parent.attr.value == "data"  # ``out.data``: the numbers, off the graph
+        if parent.attr.value in DETACHING_METHODS:
+            return True
+        if parent.attr.value not in GRAPH_KEEPING_METHODS:
+            return False
+        current = call
+    return False
+
+
+def output_taken_off_graph(call: cst.Call, scope: cst.CSTNode, ctx: FileContext) -> bool:
+    """The output of ``call`` (a model's forward) leaves autograd within ``scope``: read straight into
+    ``.detach()`` / ``.numpy()`` / ``.item()`` (through views and copies), or bound to a name that ``scope`` reads so.
+    Code that keeps only the numbers of a forward pass uses it for its results, not for a backward pass."""
+    if _detached_read(call, ctx):
+        return True
+    parent = ctx.parent(call)
+    if not isinstance(parent, cst.Assign) or len(parent.targets) != 1 or \
+            not isinstance(parent.targets[0].target, cst.Name):
+        return False
+    target = parent.targets[0].target
+    reads = [node for node in subtree(scope) if isinstance(node, cst.Name) and node.value == target.value and
+             node is not target and not _names_an_attribute(node, ctx)]
+    # every read keeps only the numbers: one that feeds a loss or any other computation keeps the graph
+    return bool(reads) and all(_detached_read(node, ctx) or _reads_metadata(node, ctx) for node in reads)
+
+
+def _names_an_attribute(node: cst.Name, ctx: FileContext) -> bool:
+    parent = ctx.parent(node)
+    return isinstance(parent, cst.Attribute) and parent.attr is node
+
+
+def _reads_metadata(node: cst.CSTNode, ctx: FileContext) -> bool:
+    """``out.shape``, ``out.size(0)``, ``out.device``: what a tensor is, not its numbers."""
+    parent = ctx.parent(node)
+    return isinstance(parent, cst.Attribute) and parent.value is node and \
+        parent.attr.value in ("shape", "size", "dim", "ndim", "device", "dtype", "numel")

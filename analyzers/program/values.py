@@ -596,3 +596,40 @@ def tracks_gradients_by_default(expr: Optional[cst.BaseExpression], ctx: FileCon
         flag = keyword_arg(expr, "requires_grad")
         return False if flag is None else literal_bool(flag.value)
     return None
+
+
+def called_functions(ctx: FileContext, call: cst.Call) -> tuple[str, ...]:
+    """The qualified names of the functions ``call`` may run: its own, or, for a local name bound to a choice
+    between functions (``read = load_safetensors if safe else torch.load``), each branch's that is known."""
+    name = ctx.call_name(call)
+    if name is not None:
+        return (name,)
+    if isinstance(call.func, cst.Name):
+        binding = ctx.binding(call.func.value)
+        if binding is not None and binding.kind == "assign" and isinstance(binding.value, cst.IfExp):
+            choice = binding.value
+            return tuple(found for found in (ctx.qualified_name(branch) for branch in (choice.body, choice.orelse))
+                         if found)
+    return ()
+
+
+def unpacked_keyword(ctx: FileContext, call: cst.Call, keyword: str) -> Optional[cst.BaseExpression]:
+    """The value ``call`` passes for ``keyword`` through ``**options``, where ``options`` is bound to a dict literal
+    or ``dict(...)`` (or a choice between such), the first one that holds the key; None when none does or it is
+    not known."""
+    for arg in call.args:
+        if arg.star != "**" or not isinstance(arg.value, cst.Name):
+            continue
+        binding = ctx.binding(arg.value.value)
+        value = binding.value if binding is not None and binding.kind == "assign" else None
+        for option in (value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,):
+            if isinstance(option, cst.Dict):
+                for element in option.elements:
+                    if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and \
+                            element.key.evaluated_value == keyword:
+                        return element.value
+            elif isinstance(option, cst.Call) and dotted_name(option.func) == "dict":
+                found = keyword_arg(option, keyword)
+                if found is not None:
+                    return found.value
+    return None

@@ -21,7 +21,9 @@ class MissingEvalMode(_InferencePathRule):
     what = """
         Flags a model that is called in a validation, evaluation, test or prediction path (a
         function named like `validate`, `evaluate`, `predict`, `infer`, `test`, or a loop over a
-        `val`/`test`/`eval`/`dev` loader) when no `model.eval()` (or `model.train(False)`) comes
+        `val`/`test`/`eval`/`dev` loader; also, whatever the names, a loop over data that keeps only
+        the numbers of each forward pass while nothing around it trains, or a module's own method
+        that calls `self.eval()`) when no `model.eval()` (or `model.train(False)`) comes
         before it in that function, in its class, or before the call sites in this file. Lightning
         `LightningModule` hooks are skipped: Lightning switches modes itself. A model the program
         model knows to be mode-free is skipped: its class (found in this repository, through its

@@ -12,6 +12,7 @@ from analyzers.program import CheckpointWrites, Payload, call_site_values, in_co
 from analyzers.program.library import Does, does
 from analyzers.program.payloads import LoadedPayloads
 from analyzers.program.roles import collects_tests, describe, unrestricted_load_beside
+from analyzers.program.values import called_functions, unpacked_keyword
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
@@ -225,16 +226,19 @@ class UnsafeTorchLoad(Rule):
     ]
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
-        if not does(ctx.call_name(node), Does.READS_TORCH_CHECKPOINT):
+        if not any(does(name, Does.READS_TORCH_CHECKPOINT) for name in called_functions(ctx, node)):
             return
         weights_only = keyword_arg(node, "weights_only")
-        if weights_only is not None and is_true(weights_only.value):
+        passed = weights_only.value if weights_only is not None else unpacked_keyword(ctx, node, "weights_only")
+        if passed is not None and is_true(passed):
             return
-        if weights_only is not None and not is_false(weights_only.value):
+        if passed is not None and not is_false(passed):
             return  # a variable: the author decides at run time; nothing mechanical to say
+        # a call of a function chosen at run time, or options unpacked from a dict: no edit of this call fits
+        fixable = ctx.call_name(node) is not None and (weights_only is not None or passed is None)
         if ctx.in_context_manager(*SAFE_GLOBALS) or in_compat_fallback(ctx, node):
             return
-        if weights_only is None and unrestricted_load_beside(ctx, node):
+        if passed is None and unrestricted_load_beside(ctx, node):
             return  # the explicit weights_only=False load of the same file beside it is reported: said once
         source = argument(node, 0, "f")
         checkpoints = ctx.facts(CheckpointWrites)
@@ -268,16 +272,17 @@ class UnsafeTorchLoad(Rule):
         pickle_module = keyword_arg(node, "pickle_module")
         versions = ctx.facts(VersionFacts)
         floor = versions.floor("torch")
-        if weights_only is None and pickle_module is None and floor is not None and \
+        if passed is None and pickle_module is None and floor is not None and \
                 floor.guarantees(WEIGHTS_ONLY_DEFAULT):
             # every torch the pins allow loads weights only by default: safe today, said explicitly it stays safe
             if not refused:
                 self.report(node, f"`{shown}` relies on torch's default `weights_only=True` ({floor.source} pins "
                             f"torch{floor.text}); pass it explicitly so the load stays safe if the pin is loosened",
-                            replacement=node.with_changes(args=_with_weights_only(node.args)), severity=Severity.LOW,
+                            replacement=node.with_changes(args=_with_weights_only(node.args)) if fixable else None,
+                            severity=Severity.LOW,
                             safe=True)
             return
-        if weights_only is not None:
+        if passed is not None:
             message = (f"`{shown}` passes `weights_only=False`: unpickling can run arbitrary code"
                        + (" and the path comes from outside the program" if external else ""))
             new_args = [a.with_changes(value=cst.Name("True")) if a is weights_only else a for a in node.args]
@@ -310,7 +315,8 @@ class UnsafeTorchLoad(Rule):
                         "if it is a `state_dict()` or tensors, pass `weights_only=True`; if it holds other objects, "
                         "allow their classes with `torch.serialization.safe_globals([...])`", severity=lowered)
             return
-        self.report(node, message + "; pass `weights_only=True`", replacement=node.with_changes(args=new_args),
+        self.report(node, message + "; pass `weights_only=True`",
+                    replacement=node.with_changes(args=new_args) if fixable else None,
                     severity=Severity.CRITICAL if external else None)
 
     @staticmethod
