@@ -46,6 +46,14 @@ class SourceHints:
         return found
 
 
+def prepare(patterns) -> None:
+    """Read what each pattern's matches must contain now, once per process (the rules' hints, as the rules load),
+    rather than on the first file that happens to ask: a file's cost is then its own."""
+    for pattern in patterns:
+        if pattern not in _LITERALS:
+            _read(pattern)
+
+
 def search(pattern: re.Pattern, source: str) -> bool:
     """``pattern.search(source) is not None``, sooner."""
     literals, relation = _LITERALS.get(pattern) or _read(pattern)

@@ -500,3 +500,12 @@ def test_an_analyzed_files_tree_is_freed_without_the_garbage_collector(monkeypat
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_every_rule_hint_is_read_when_the_rules_load_not_by_the_first_file_that_asks():
+    from analyzers import hints
+    from analyzers.rules import all_rules
+
+    patterns = [p for rule in all_rules() for p in (rule.source_hint if isinstance(rule.source_hint, tuple)
+                                                    else (rule.source_hint,)) if p is not None]
+    assert patterns and all(p in hints._LITERALS for p in patterns)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import libcst as cst
 
-from analyzers.hints import search
+from analyzers.hints import prepare, search
 from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_OPTIONAL, NORM_LAYERS_WITH_STATS,
                                        norm_keeps_running_stats)
 from analyzers.program.names import name_is_model_like, names_configuration
@@ -345,6 +345,7 @@ READS_DATA = re.compile(
     r"numpy\.load\(|\bmemmap\(|torch\.load\(|Image\.open|\bh5py\b|json\.load|pickle\.load|\bglob\b|"
     r"listdir|scandir|\.read\(|torchtext|torchaudio\.load|\burlretrieve|requests\.get|load_from_disk|"
     r"webdataset|tfrecord|lmdb|\.npy\b|\.csv\b|\.txt\b|from_pretrained\(|tokeniz")
+prepare((READS_DATA,))  # read once at import, not by the first file summarized
 
 
 def summarize(source: str, path: str) -> FileSummary:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from analyzers import hints
 from analyzers.model import Category
 from analyzers.rules.base import REGISTRY, Invalid, Rule, Valid
 
@@ -43,6 +44,9 @@ def all_rules() -> list[type[Rule]]:
         for name in rule_modules():
             importlib.import_module(name)
         _loaded = True
+        hints.prepare(pattern for rule in REGISTRY.values()
+                      for pattern in (rule.source_hint if isinstance(rule.source_hint, tuple) else (rule.source_hint,))
+                      if pattern is not None)
     return [REGISTRY[k] for k in sorted(REGISTRY)]
 
 
