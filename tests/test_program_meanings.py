@@ -114,6 +114,57 @@ def test_wrappers_and_moves_return_the_module_they_are_given():
     assert wrapped_module(built["f"], ctx) is None  # runs the module: its outputs are no module
 
 
+
+def test_a_module_holds_batchnorm_by_its_library_builder_its_layer_or_its_class():
+    from analyzers.program.values import batchnorm_evidence
+    ctx = context("""
+        import timm, torch
+        from torch import nn
+        from torchvision import models
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class Stem(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+                self.head = nn.Linear(8, 2)
+        class Plain(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+        wide = models.wide_resnet50_2(weights=None).to("cuda")
+        wrapped = DDP(timm.create_model("efficientnet_b0", pretrained=True))
+        vit = timm.create_model("vit_base_patch16_224")
+        boxes = models.detection.fasterrcnn_resnet50_fpn()
+        norm = nn.BatchNorm1d(16)
+        stem = Stem()
+        plain = Plain()
+        a = wide.layer3
+        b = wide.fc
+        c = stem.body
+        d = stem.head
+    """)
+    assigned = {n.targets[0].target.value: n for n in subtree(ctx.module)
+                if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Name)}
+    # a name, through what it was assigned; an attribute (``wide.layer3.parameters()``), as written
+    evidence = {name: batchnorm_evidence(n.value if isinstance(n.value, cst.Attribute) else n.targets[0].target, ctx)
+                for name, n in assigned.items()}
+    assert evidence["wide"] == "a wide_resnet50_2, which holds BatchNorm"  # through .to(): the builder
+    assert evidence["wrapped"] == "an efficientnet_b0, which holds BatchNorm"  # through the wrapper
+    assert evidence["norm"] == "its BatchNorm layers"
+    assert evidence["stem"] == "`Stem`, which builds BatchNorm"
+    assert evidence["a"] == "`layer3` of a wide_resnet50_2, which holds BatchNorm"
+    assert evidence["c"] == "`body` of `Stem`, which builds BatchNorm"
+    # a transformer, a detection model (FrozenBatchNorm2d), a classifier head, a class without BatchNorm
+    assert {name for name, said in evidence.items() if said is None} >= {"vit", "boxes", "b", "d", "plain"}
+
+
+def test_library_builders_name_the_architectures_that_hold_batchnorm():
+    assert library.library_architecture_with_batchnorm("torchvision.models.densenet121") == "densenet121"
+    assert library.library_architecture_with_batchnorm("timm.create_model", "resnet18") == "resnet18"
+    assert library.library_architecture_with_batchnorm("torchvision.models.vgg16") is None  # VGG without _bn
+    assert library.library_architecture_with_batchnorm("timm.create_model", None) is None  # the name is not known
+    assert library.library_architecture_with_batchnorm("models.resnet50") is None  # the repository's own builder
+
 # ---- roles: test code ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["conftest.py", "pkg/test_model.py", "pkg/model_test.py", "tests/helpers.py",
@@ -401,9 +452,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "serialization/load_without_map_location_cpu_fallback.py:_device_choice",
     "serialization/unsafe_torch_load.py:_looks_external",
     "training_loop/backward_on_non_scalar.py:_non_scalar_reason",
-    "training_loop/frozen_backbone_batchnorm_in_train_mode.py:_library_constructor",
-    "training_loop/frozen_backbone_batchnorm_in_train_mode.py:_has_batchnorm",
-    "training_loop/frozen_backbone_batchnorm_in_train_mode.py:_constructor_batchnorm",
     "training_loop/loss_accumulated_with_graph.py:_names_used",
     "training_loop/loss_accumulated_with_graph.py:_returned_tensors",
     "training_loop/loss_item_every_step.py:_sink_of",

@@ -15,6 +15,7 @@ Rules never list library names for these questions; they ask the queries at the 
 from __future__ import annotations
 
 import enum
+import re
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -369,6 +370,38 @@ NORM_LAYERS_WITH_STATS = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
 # instance norm: mode-dependent only with track_running_stats=True
 NORM_LAYERS_STATS_OPTIONAL = frozenset({"InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LazyInstanceNorm1d",
                                         "LazyInstanceNorm2d", "LazyInstanceNorm3d"})
+
+
+# Model builders that name the architecture they build: ``torchvision.models.<architecture>(...)`` (every builder of
+# https://pytorch.org/vision/stable/models.html) and ``timm.create_model("<architecture>", ...)``
+# (https://huggingface.co/docs/timm/reference/models#timm.create_model). Of those, the architectures whose published
+# definitions put BatchNorm layers in their body (ResNet, DenseNet, EfficientNet, MobileNet, VGG-BN, Inception, ...);
+# torchvision's detection models use FrozenBatchNorm2d instead (https://pytorch.org/vision/stable/models.html#object-
+# detection-instance-segmentation-and-person-keypoint-detection), so they are left out.
+NAMED_ARCHITECTURE_BUILDERS = frozenset({"timm.create_model", "timm.models.create_model"})
+_BATCHNORM_ARCHITECTURES = re.compile(
+    r"resnet|resnext|densenet|efficientnet|mobilenet|mnasnet|shufflenet|regnet|inception|googlenet|vgg\d+_bn|darknet|"
+    r"cspdark|hrnet|dla\d|res2net|senet|nfnet_bn|ghostnet|dpn\d", re.IGNORECASE)
+# the attributes of those architectures that hold their BatchNorm layers (torchvision's ResNet ``layer1``..``layer4``,
+# VGG / DenseNet / MobileNet ``features``, timm's ``blocks``), and the names under which a model keeps such
+# a body (``self.backbone = resnet50()``); a classifier head (``fc``, ``classifier``) holds none
+BATCHNORM_BODY_ATTRIBUTES = frozenset({"features", "layer1", "layer2", "layer3", "layer4", "backbone", "encoder",
+                                       "blocks", "body", "trunk", "base", "base_model", "cnn", "conv_layers",
+                                       "extractor", "feature_extractor"})
+
+
+def library_architecture_with_batchnorm(qualified: Optional[str], model_name: Optional[str] = None) -> Optional[str]:
+    """The architecture a library model builder builds (``qualified``, the builder; ``model_name``, the name a
+    ``create_model`` is given) when that architecture holds BatchNorm layers; None otherwise or when not known."""
+    if qualified is None:
+        return None
+    if qualified.startswith("torchvision.models.") and ".detection." not in qualified:
+        name: Optional[str] = qualified.rsplit(".", 1)[-1]
+    elif qualified in NAMED_ARCHITECTURE_BUILDERS:
+        name = model_name
+    else:
+        return None
+    return name if name is not None and _BATCHNORM_ARCHITECTURES.search(name) else None
 
 
 def norm_keeps_running_stats(layer: str, track_running_stats: Optional[bool]) -> bool:

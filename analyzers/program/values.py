@@ -8,10 +8,12 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args
+from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args, \
+    string_value
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
-from analyzers.program.library import (PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
-                                       names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp)
+from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
+                                       names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp,
+                                       library_architecture_with_batchnorm)
 from analyzers.program.builds import built_module
 from analyzers.program.modules import MODE_FEATURES, ModuleFacts, torch_layer_features
 from analyzers.program.names import (last_name, last_segment, name_is_loader_like, name_is_model_like,
@@ -512,6 +514,62 @@ def strip_chain(expr: cst.BaseExpression, ctx: FileContext) -> cst.BaseExpressio
         # through a wrapper (DDP, compile), the name it wraps is followed to what built it
         expr = ctx.origin(inner) or inner if not chained and isinstance(inner, (cst.Name, cst.Attribute)) else inner
     return expr
+
+
+def batchnorm_evidence(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
+    """What shows that the module ``expr`` holds BatchNorm layers, as a phrase for a message (``"a resnet50, which
+    holds BatchNorm"``, ``"`layer4` of `Net`, which builds BatchNorm"``), or None when the program does not show it:
+    the library builder it comes from (library.library_architecture_with_batchnorm), the torch layer it is, or the
+    repository class that builds it, followed through moves and wrappers, and one attribute deep
+    (``model.backbone``)."""
+    built = strip_chain(ctx.origin(expr) or expr, ctx)
+    if isinstance(built, cst.Call):
+        return _built_with_batchnorm(built, ctx)
+    path = dotted_name(expr)
+    if path is None or "." not in path:
+        return None
+    root, _, part = path.rpartition(".")
+    owner = strip_chain(ctx.origin(cst.parse_expression(root)) or expr, ctx)
+    if not isinstance(owner, cst.Call):
+        return None
+    architecture = _library_architecture(owner, ctx)
+    if architecture is not None:
+        return f"`{part}` of {_with_article(architecture)}, which holds BatchNorm" \
+            if part in BATCHNORM_BODY_ATTRIBUTES else None
+    cls = dotted_name(owner.func)
+    if cls is None or not cls.rsplit(".", 1)[-1][:1].isupper():
+        return None
+    facts = ctx.facts(ModuleFacts)
+    summary = facts.find_class(cls)
+    layer = summary.layers.get(part) if summary is not None else None
+    if layer is None:
+        return None
+    if "batchnorm" in layer.kinds or any("batchnorm" in (facts.features(kind) or ()) for kind in layer.classes):
+        return f"`{part}` of `{cls}`, which builds BatchNorm"
+    return None
+
+
+def _library_architecture(call: cst.Call, ctx: FileContext) -> Optional[str]:
+    return library_architecture_with_batchnorm(ctx.qualified_name(call.func),
+                                               string_value(argument(call, 0, "model_name")))
+
+
+def _with_article(architecture: str) -> str:
+    return f"{'an' if architecture[:1].lower() in 'aeiou' else 'a'} {architecture}"  # an efficientnet_b0, a resnet50
+
+
+def _built_with_batchnorm(call: cst.Call, ctx: FileContext) -> Optional[str]:
+    architecture = _library_architecture(call, ctx)
+    if architecture is not None:
+        return f"{_with_article(architecture)}, which holds BatchNorm"
+    features = torch_layer_features(ctx, call)
+    if features is not None:
+        return "its BatchNorm layers" if "batchnorm" in features else None
+    cls = dotted_name(call.func)
+    if cls is None or not cls.rsplit(".", 1)[-1][:1].isupper() or ctx.qualified_name(call.func) is not None:
+        return None
+    features = ctx.facts(ModuleFacts).features(cls)
+    return f"`{cls}`, which builds BatchNorm" if features and "batchnorm" in features else None
 
 
 # builtins that hand back (one of) the tensors they are given, or an iterator over them

@@ -10,27 +10,18 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, call_receiver, dotted_name, is_false, is_true, \
-    method_name, short, string_value
+    method_name, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import exclusive_branches, subtree
-from analyzers.program.modules import ModuleFacts
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.values import BACKWARD_METHODS
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
-from analyzers.program.modules import torch_layer_features
-from analyzers.program.values import strip_chain as _strip_chain
+from analyzers.program.values import batchnorm_evidence
 from analyzers.program.names import within as _within
 
 
-# torchvision / timm architectures built with BatchNorm (detection models use FrozenBatchNorm2d: left out)
-_BN_ARCHITECTURE = re.compile(r"resnet|resnext|densenet|efficientnet|mobilenet|mnasnet|shufflenet|regnet|inception|"
-                              r"googlenet|vgg\d+_bn|darknet|cspdark|hrnet|dla\d|res2net|senet|nfnet_bn|ghostnet|dpn\d",
-                              re.IGNORECASE)
-# parts of those architectures that hold BatchNorm layers (a head does not)
-_BN_PARTS = {"features", "layer1", "layer2", "layer3", "layer4", "backbone", "encoder", "blocks", "body", "trunk",
-             "base", "base_model", "cnn", "conv_layers", "extractor", "feature_extractor"}
 # frozen copies whose weights follow another model (EMA teachers, momentum encoders): their train-mode BatchNorm is
 # part of the method (MoCo's shuffled BN, DINO's teacher)
 _FOLLOWER_WORDS = ("teacher", "ema", "momentum", "target", "shadow", "_k", "key_encoder", "average", "swa")
@@ -41,66 +32,6 @@ _FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|fix_?b
                         r"(?:bn|batch_?norm)\w*(?:eval|freeze|frozen|fix)|(?:eval|freeze|frozen|fix)\w*(?:bn|batch_?norm)|"
                         r"BatchNorm[^\n]*\n?[^\n]*\.eval\(\)|\.eval\(\)[^\n]*BatchNorm|"
                         r"momentum\s*=\s*0(?:\.0*)?\s*[,)]", re.IGNORECASE)
-
-
-def _library_constructor(call: cst.Call, ctx: FileContext) -> Optional[str]:
-    """``torchvision.models.resnet50`` / ``timm.create_model("resnet50")``: the architecture's name when it is one
-    known to hold BatchNorm."""
-    qualified = ctx.qualified_name(call.func) or ""
-    if qualified.startswith("torchvision.models.") and ".detection." not in qualified:
-        name = qualified.rsplit(".", 1)[-1]
-        return name if _BN_ARCHITECTURE.search(name) else None
-    if qualified in ("timm.create_model", "timm.models.create_model"):
-        name = string_value(argument(call, 0, "model_name"))
-        return name if name is not None and _BN_ARCHITECTURE.search(name) else None
-    return None
-
-
-def _has_batchnorm(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
-    """What shows that the module ``expr`` holds BatchNorm (a description for the message), or None."""
-    built = _strip_chain(ctx.origin(expr) or expr, ctx)
-    if isinstance(built, cst.Call):
-        return _constructor_batchnorm(built, ctx)
-    path = dotted_name(expr)
-    if path is None or "." not in path:
-        return None
-    root, _, rest = path.rpartition(".")
-    owner = _strip_chain(ctx.origin(cst.parse_expression(root)) or expr, ctx)
-    if not isinstance(owner, cst.Call):
-        return None
-    architecture = _library_constructor(owner, ctx)
-    if architecture is not None:
-        return f"`{rest}` of {_with_article(architecture)}, which holds BatchNorm" if rest in _BN_PARTS else None
-    cls = dotted_name(owner.func)
-    if cls is None or not cls.rsplit(".", 1)[-1][:1].isupper():
-        return None
-    facts = ctx.facts(ModuleFacts)
-    summary = facts.find_class(cls)
-    layer = summary.layers.get(rest) if summary is not None else None
-    if layer is None:
-        return None
-    if "batchnorm" in layer.kinds or any("batchnorm" in (facts.features(kind) or ())
-                                         for kind in layer.classes):
-        return f"`{rest}` of `{cls}`, which builds BatchNorm"
-    return None
-
-
-def _with_article(architecture: str) -> str:
-    return f"{'an' if architecture[:1].lower() in 'aeiou' else 'a'} {architecture}"  # an efficientnet_b0, a resnet50
-
-
-def _constructor_batchnorm(call: cst.Call, ctx: FileContext) -> Optional[str]:
-    architecture = _library_constructor(call, ctx)
-    if architecture is not None:
-        return f"{_with_article(architecture)}, which holds BatchNorm"
-    features = torch_layer_features(ctx, call)
-    if features is not None:
-        return "its BatchNorm layers" if "batchnorm" in features else None
-    cls = dotted_name(call.func)
-    if cls is None or not cls.rsplit(".", 1)[-1][:1].isupper() or ctx.qualified_name(call.func) is not None:
-        return None
-    features = ctx.facts(ModuleFacts).features(cls)
-    return f"`{cls}`, which builds BatchNorm" if features and "batchnorm" in features else None
 
 
 def _is_follower(path: str) -> bool:
@@ -493,7 +424,7 @@ class FrozenBatchNormInTrainMode(Rule):
             self.facts.grad_calls.add(callee)
         elif callee not in self.facts.no_grad_calls and ctx.qualified_name(func) is None and \
                 any(loop_trains(lp, ctx) for lp in loop_stack(ctx)):
-            self.facts.no_grad_calls[callee] = (node, _has_batchnorm(func if name != "forward" else func.value, ctx))
+            self.facts.no_grad_calls[callee] = (node, batchnorm_evidence(func if name != "forward" else func.value, ctx))
 
     @staticmethod
     def _weights_handed_on(node: cst.Call, ctx: FileContext) -> bool:
@@ -536,7 +467,7 @@ class FrozenBatchNormInTrainMode(Rule):
             return
         fn = ctx.function_def
         cls = ctx.class_def.name.value if ctx.class_def is not None and path.startswith("self.") else None
-        self.facts.freezes.append(_Freeze(path, node, how, _has_batchnorm(expr, ctx), cls,
+        self.facts.freezes.append(_Freeze(path, node, how, batchnorm_evidence(expr, ctx), cls,
                                           fn is not None and fn.name.value == "__init__"))
 
     # ---- the verdict ---------------------------------------------------------------------------
