@@ -312,6 +312,75 @@ ML_LIBRARY_ROOTS = frozenset({"torch", "torchvision", "torchaudio", "torchtext",
 LIBRARY_ROOTS = ML_LIBRARY_ROOTS | frozenset(sys.stdlib_module_names)
 
 
+# ---- scikit-learn and the libraries that follow its estimator API ---------------------------------------------
+_SKLEARN_GUIDE = "https://scikit-learn.org/stable/"
+# Packages of transformers that learn statistics of the rows they are fit on: ``fit`` then ``transform``
+# (https://scikit-learn.org/stable/data_transforms.html; ``sklearn.experimental`` enables IterativeImputer).
+FITTED_TRANSFORMER_PACKAGES = ("sklearn.preprocessing.", "sklearn.feature_extraction.", "sklearn.decomposition.",
+                               "sklearn.impute.", "sklearn.feature_selection.", "sklearn.experimental.")
+# Of those, the ones whose ``fit`` learns nothing from the rows: each class's docs call it stateless ("This estimator
+# is stateless and does not need to be fitted", e.g. https://scikit-learn.org/stable/modules/generated/
+# sklearn.preprocessing.Normalizer.html), so fitting them on test data is harmless.
+STATELESS_TRANSFORMERS = frozenset({"FunctionTransformer", "Binarizer", "Normalizer", "PolynomialFeatures",
+                                    "HashingVectorizer", "FeatureHasher"})
+# Encoders of target labels: fit on every label they only fix the list of classes
+# (https://scikit-learn.org/stable/modules/preprocessing_targets.html).
+LABEL_ENCODERS = frozenset({"LabelEncoder", "LabelBinarizer", "MultiLabelBinarizer"})
+# Chains and unions of steps, fit as one (https://scikit-learn.org/stable/modules/compose.html).
+PIPELINES = frozenset({"sklearn.pipeline.Pipeline", "sklearn.pipeline.make_pipeline", "sklearn.pipeline.FeatureUnion",
+                       "sklearn.pipeline.make_union"})
+COLUMN_TRANSFORMERS = frozenset({"sklearn.compose.ColumnTransformer", "sklearn.compose.make_column_transformer",
+                                 "sklearn.compose._column_transformer.ColumnTransformer"})
+# Functions that split arrays into train and test rows, and that fit and score on folds of their ``X``
+# (https://scikit-learn.org/stable/modules/cross_validation.html; ``sklearn.cross_validation`` before 0.20).
+TRAIN_TEST_SPLITTERS = frozenset({"sklearn.model_selection.train_test_split",
+                                  "sklearn.cross_validation.train_test_split"})
+CROSS_VALIDATION_FUNCTIONS = frozenset({"sklearn.model_selection.cross_val_score",
+                                        "sklearn.model_selection.cross_validate",
+                                        "sklearn.model_selection.cross_val_predict"})
+MODEL_SELECTION_PACKAGE = "sklearn.model_selection."  # its classes' ``split(X)`` yields train/test indices
+# Packages whose classes are estimators with ``fit(X, y)`` (scikit-learn's API, which XGBoost, LightGBM and
+# CatBoost follow: https://xgboost.readthedocs.io/en/stable/python/sklearn_estimator.html); of scikit-learn's,
+# the meta-estimators that search, chain or split rather than learn a model of their own.
+ESTIMATOR_PACKAGES = ("sklearn.", "xgboost.", "lightgbm.", "catboost.")
+META_ESTIMATOR_PACKAGES = ("sklearn.model_selection.", "sklearn.pipeline.", "sklearn.compose.")
+METRICS_PACKAGE = "sklearn.metrics."  # functions that score predictions against labels
+# Functions that stack the rows of their arguments into one array or frame.
+ROW_CONCATENATIONS = frozenset({"pandas.concat", "numpy.concatenate", "numpy.vstack", "numpy.row_stack", "torch.cat",
+                                "torch.vstack"})
+
+
+def fitted_transformer(qualified: Optional[str]) -> Optional[str]:
+    """The class name when ``qualified`` is a transformer whose ``fit`` learns from the rows it is given."""
+    if qualified is None or not qualified.startswith(FITTED_TRANSFORMER_PACKAGES):
+        return None
+    last = qualified.rsplit(".", 1)[-1]
+    return last if last[:1].isupper() and last not in STATELESS_TRANSFORMERS else None
+
+
+def learns_from_rows(qualified: Optional[str]) -> bool:
+    """A transformer of the packages that fit on rows (stateless ones included): not a model of its own."""
+    return qualified is not None and qualified.startswith(FITTED_TRANSFORMER_PACKAGES)
+
+
+def is_estimator_class(qualified: Optional[str]) -> bool:
+    """A class of an estimator library (a model or meta-estimator with ``fit``), not one of its functions."""
+    return qualified is not None and qualified.startswith(ESTIMATOR_PACKAGES) and \
+        qualified.rsplit(".", 1)[-1][:1].isupper()
+
+
+def is_meta_estimator(qualified: Optional[str]) -> bool:
+    return qualified is not None and qualified.startswith(META_ESTIMATOR_PACKAGES)
+
+
+def is_metric(qualified: Optional[str]) -> bool:
+    return qualified is not None and qualified.startswith(METRICS_PACKAGE)
+
+
+def is_model_selection(qualified: Optional[str]) -> bool:
+    return qualified is not None and qualified.startswith(MODEL_SELECTION_PACKAGE)
+
+
 # ---- queries ------------------------------------------------------------------------------------
 
 def method_returns_same_module(method: str) -> bool:
@@ -390,17 +459,19 @@ BATCHNORM_BODY_ATTRIBUTES = frozenset({"features", "layer1", "layer2", "layer3",
                                        "extractor", "feature_extractor"})
 
 
+def builds_library_model(qualified: Optional[str]) -> bool:
+    """A library's model builder: each call returns a new model of its architecture, every parameter trainable
+    unless the caller freezes it (torchvision.models.<architecture>, timm.create_model)."""
+    return qualified is not None and (qualified.startswith("torchvision.models.") or
+                                      qualified in NAMED_ARCHITECTURE_BUILDERS)
+
+
 def library_architecture_with_batchnorm(qualified: Optional[str], model_name: Optional[str] = None) -> Optional[str]:
     """The architecture a library model builder builds (``qualified``, the builder; ``model_name``, the name a
     ``create_model`` is given) when that architecture holds BatchNorm layers; None otherwise or when not known."""
-    if qualified is None:
+    if not builds_library_model(qualified) or ".detection." in qualified:
         return None
-    if qualified.startswith("torchvision.models.") and ".detection." not in qualified:
-        name: Optional[str] = qualified.rsplit(".", 1)[-1]
-    elif qualified in NAMED_ARCHITECTURE_BUILDERS:
-        name = model_name
-    else:
-        return None
+    name = model_name if qualified in NAMED_ARCHITECTURE_BUILDERS else qualified.rsplit(".", 1)[-1]
     return name if name is not None and _BATCHNORM_ARCHITECTURES.search(name) else None
 
 

@@ -11,6 +11,7 @@ from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.names import mentions_test as _mentions_test
 from analyzers.program.flow import targets as _targets
+from analyzers.program.library import is_estimator_class, is_metric
 
 
 class _Loop:
@@ -133,8 +134,7 @@ class TestSetModelSelection(Rule):
         if name in ("fit", "fit_predict", "fit_transform"):
             for loop in loops:
                 loop.fits = True
-        if name == "set_params" or (qualified.startswith(("sklearn.", "xgboost.", "lightgbm.", "catboost."))
-                                    and qualified.rsplit(".", 1)[-1][:1].isupper()):
+        if name == "set_params" or is_estimator_class(qualified):
             for loop in loops:
                 used = {n.value for a in node.args for n in _walk_names(a.value)}
                 if used & loop.variables:
@@ -142,7 +142,7 @@ class TestSetModelSelection(Rule):
         test = None
         if name == "score" and isinstance(func, cst.Attribute) and node.args:
             test = _mentions_test(node.args[0].value)
-        elif qualified.startswith("sklearn.metrics.") and node.args:
+        elif is_metric(qualified) and node.args:
             test = _mentions_test(node.args[0].value) or (
                 _mentions_test(node.args[1].value) if len(node.args) > 1 else None)
         if test is not None:

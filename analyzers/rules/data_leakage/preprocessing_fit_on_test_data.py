@@ -12,24 +12,11 @@ from analyzers.context import (Binding, FileContext, FunctionNode, argument, cal
                                keyword_arg, method_name, positional_args)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.library import (COLUMN_TRANSFORMERS, CROSS_VALIDATION_FUNCTIONS, LABEL_ENCODERS, PIPELINES,
+                                       TRAIN_TEST_SPLITTERS, fitted_transformer, is_model_selection, learns_from_rows)
 from analyzers.program.names import name_words
 from analyzers.rules.base import Invalid, Rule
 
-
-_PREPROCESSING_PACKAGES = ("sklearn.preprocessing.", "sklearn.feature_extraction.", "sklearn.decomposition.",
-                           "sklearn.impute.", "sklearn.feature_selection.", "sklearn.experimental.")
-# Transformers whose fit learns nothing from the rows: fitting them on test data is harmless.
-_STATELESS = {"FunctionTransformer", "Binarizer", "Normalizer", "PolynomialFeatures", "HashingVectorizer",
-              "FeatureHasher"}
-# Encoders of the target labels: fitting them on every label only fixes the class list, no leak.
-_LABEL_ENCODERS = {"LabelEncoder", "LabelBinarizer", "MultiLabelBinarizer"}
-_PIPELINES = {"sklearn.pipeline.Pipeline", "sklearn.pipeline.make_pipeline", "sklearn.pipeline.FeatureUnion",
-              "sklearn.pipeline.make_union"}
-_COLUMN_TRANSFORMERS = {"sklearn.compose.ColumnTransformer", "sklearn.compose.make_column_transformer",
-                        "sklearn.compose._column_transformer.ColumnTransformer"}
-_SPLITTERS = {"sklearn.model_selection.train_test_split", "sklearn.cross_validation.train_test_split"}
-_CV_FUNCTIONS = {"sklearn.model_selection.cross_val_score", "sklearn.model_selection.cross_validate",
-                 "sklearn.model_selection.cross_val_predict"}
 
 _HELD_OUT = {"test", "tests", "testing", "val", "valid", "validation", "holdout", "dev", "eval"}
 _INDEX_WORDS = ("idx", "index", "indices", "ids", "mask", "rows")
@@ -90,11 +77,11 @@ def _preprocessor(call: cst.Call, ctx: FileContext, depth: int = 0) -> Optional[
     if name is None:
         return None
     last = name.rsplit(".", 1)[-1]
-    if name.startswith(_PREPROCESSING_PACKAGES):
-        return last if last[:1].isupper() and last not in _STATELESS else None
-    if name in _COLUMN_TRANSFORMERS:
+    if learns_from_rows(name):
+        return fitted_transformer(name)
+    if name in COLUMN_TRANSFORMERS:
         return last
-    if name in _PIPELINES:
+    if name in PIPELINES:
         steps = _pipeline_steps(call, last)
         if not steps:
             return None
@@ -321,7 +308,7 @@ class PreprocessingFitOnTestData(Rule):
                               f"learns leak the held-out rows into the model and inflate the score; fit on the "
                               f"training split and only `.transform()` {code_span(data_text)}")
             return
-        if kind in _LABEL_ENCODERS:
+        if kind in LABEL_ENCODERS:
             return
         data_name = dotted_name(data) if isinstance(data, (cst.Name, cst.Attribute)) else None
         binding = ctx.binding(data_name) if data_name else None
@@ -332,14 +319,14 @@ class PreprocessingFitOnTestData(Rule):
             receiver = call_receiver(node)
             made = receiver if isinstance(receiver, cst.Call) else ctx.origin(receiver)
             splitter = ctx.call_name(made) if isinstance(made, cst.Call) else None
-            if splitter is None or not splitter.startswith("sklearn.model_selection."):
+            if not is_model_selection(splitter):
                 return
             arrays = [argument(node, 0, "X")]
         else:
             qualified = ctx.call_name(node)
-            if qualified in _SPLITTERS:
+            if qualified in TRAIN_TEST_SPLITTERS:
                 arrays = [a.value for a in positional_args(node)]
-            elif qualified in _CV_FUNCTIONS:
+            elif qualified in CROSS_VALIDATION_FUNCTIONS:
                 arrays = [argument(node, 1, "X")]
             else:
                 return

@@ -12,14 +12,11 @@ from analyzers.rules.base import Invalid, Rule
 from analyzers.program.names import (TEST_WORDS as _TEST_WORDS, name_tokens as _name_tokens,
                                      mentions_test as _mentions_test)
 from analyzers.program.flow import targets as _targets
+from analyzers.program.library import (ROW_CONCATENATIONS, TRAIN_TEST_SPLITTERS, is_estimator_class, is_meta_estimator,
+                                       learns_from_rows)
 
 
 _VAL_WORDS = {"val", "valid", "validation", "dev"}
-_SPLIT = {"sklearn.model_selection.train_test_split", "sklearn.cross_validation.train_test_split"}
-_CONCATS = {"pandas.concat", "numpy.concatenate", "numpy.vstack", "numpy.row_stack", "torch.cat", "torch.vstack"}
-_ESTIMATORS = ("sklearn.", "xgboost.", "lightgbm.", "catboost.")
-_PREPROCESSING = ("sklearn.preprocessing.", "sklearn.feature_extraction.", "sklearn.decomposition.", "sklearn.impute.",
-                  "sklearn.feature_selection.")
 
 
 class TrainTestOverlap(Rule):
@@ -107,7 +104,7 @@ class TrainTestOverlap(Rule):
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
         name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        if name == "train_test_split" and ctx.qualified_name(func) in _SPLIT:
+        if name == "train_test_split" and ctx.qualified_name(func) in TRAIN_TEST_SPLITTERS:
             self._split(node, ctx)
         elif name == "fit" and isinstance(func, cst.Attribute) and node.args:
             self._fit(node, ctx)
@@ -136,11 +133,10 @@ class TrainTestOverlap(Rule):
     def _fit(self, node: cst.Call, ctx: FileContext) -> None:
         receiver = node.func.value
         made = ctx.origin_call_name(receiver) or (ctx.call_name(receiver) if isinstance(receiver, cst.Call) else "") or ""
-        if made.startswith(_PREPROCESSING):
+        if learns_from_rows(made):
             return
         data = node.args[0].value
-        if made.startswith(_ESTIMATORS) and made.rsplit(".", 1)[-1][:1].isupper() and \
-                not made.startswith(("sklearn.model_selection.", "sklearn.pipeline.", "sklearn.compose.")):
+        if is_estimator_class(made) and not is_meta_estimator(made):
             test = _mentions_test(data)
             if test is not None and "train" not in _name_tokens(test):
                 self.report(node, f"{code_span(short(ctx, node))} trains {code_span(made.rsplit('.', 1)[-1])} on "
@@ -148,7 +144,7 @@ class TrainTestOverlap(Rule):
                                   f"memorization; fit on the training split")
                 return
         value = ctx.origin(data) if isinstance(data, (cst.Name, cst.Attribute)) else data
-        if not isinstance(value, cst.Call) or ctx.qualified_name(value.func) not in _CONCATS or not value.args:
+        if not isinstance(value, cst.Call) or ctx.qualified_name(value.func) not in ROW_CONCATENATIONS or not value.args:
             return
         parts = value.args[0].value
         if not isinstance(parts, (cst.List, cst.Tuple)):

@@ -15,7 +15,7 @@ from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import assignment_before
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.library import names_an_optimizer_class
+from analyzers.program.library import builds_library_model, names_an_optimizer_class
 from analyzers.program.values import builds_optimizer
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
@@ -57,7 +57,7 @@ def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[s
     if not isinstance(built, cst.Call):
         return None
     qualified = ctx.qualified_name(built.func) or ""
-    if qualified.startswith("torchvision.models.") or qualified in ("timm.create_model", "timm.models.create_model"):
+    if builds_library_model(qualified):
         return short(ctx, built.func, 40)
     name = dotted_name(built.func)
     if name is None or not name.rsplit(".", 1)[-1][:1].isupper() or names_an_optimizer_class(name):
