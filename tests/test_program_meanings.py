@@ -165,6 +165,44 @@ def test_library_builders_name_the_architectures_that_hold_batchnorm():
     assert library.library_architecture_with_batchnorm("timm.create_model", None) is None  # the name is not known
     assert library.library_architecture_with_batchnorm("models.resnet50") is None  # the repository's own builder
 
+
+def test_a_copy_taken_off_the_graph_either_comes_back_into_the_result_or_leaves_on_purpose():
+    from analyzers.program.graphs import detached_side_output, flows_back_into_result, taken_off_graph
+    ctx = context("""
+        import numpy as np, torch
+        def forward(self, x):
+            h = self.body(x)
+            smooth = torch.from_numpy(np.tanh(h.detach().numpy()))
+            weights = h.detach().cpu().numpy()
+            stats = {"mean": h.data.numpy()}
+            return h * smooth, stats
+    """)
+    found = {ctx.module.code_for_node(c): c for c in calls(ctx) if ctx.module.code_for_node(c).endswith(".numpy()")}
+    back = found["h.detach().numpy()"]
+    assert taken_off_graph(back) and flows_back_into_result(back, ctx)  # wrapped into a tensor again
+    kept = found["h.detach().cpu().numpy()"]
+    assert taken_off_graph(kept) and not flows_back_into_result(kept, ctx)  # assigned, never read back
+    side = found["h.data.numpy()"]
+    assert detached_side_output(side, ctx)  # a second output next to the result, inside a dict
+    assert not taken_off_graph(next(c for c in calls(ctx) if ctx.module.code_for_node(c) == "self.body(x)"))
+
+
+def test_what_a_value_is_computed_from_and_what_a_return_hands_back():
+    from analyzers.program.flow import names_computed_from, returned_names
+    ctx = context("""
+        import torch
+        aux = torch.stack(parts).mean()
+        main = criterion(batch)
+        loss = main + 0.1 * aux
+        total = loss.detach()
+        handed_back = (loss if batch else total), {"aux": aux}
+    """)  # module level: the walk has ended there, with every assignment visible
+    assigned = {n.targets[0].target.value: n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    # through the names' assignments, a few levels back
+    assert {"main", "aux", "parts", "batch", "criterion"} <= names_computed_from(assigned["loss"], ctx)
+    # the names whose values a ``return`` of this expression hands back as they are (both branches, the dict's value)
+    assert {"loss", "total", "aux", "main"} <= returned_names(assigned["handed_back"], ctx)
+
 # ---- roles: test code ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["conftest.py", "pkg/test_model.py", "pkg/model_test.py", "tests/helpers.py",
@@ -486,17 +524,11 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "numerics/hand_written_log1p_expm1.py:_is_exp",
     "numerics/integer_tensor_ratio.py:_is_count",
     "numerics/nan_equality_comparison.py:_nan_source",
-    "numerics/numpy_in_forward.py:_detached_side_output",
-    "numerics/numpy_in_forward.py:_flows_back_into_result",
-    "numerics/numpy_in_forward.py:_container_holding",
-    "numerics/numpy_in_forward.py:_returned_beside_result",
     "reproducibility/cudnn_benchmark_with_determinism.py:_block_of",
     "reproducibility/cudnn_benchmark_with_determinism.py:_exclusive",
     "serialization/load_without_map_location_cpu_fallback.py:_device_choice",
     "serialization/unsafe_torch_load.py:_looks_external",
     "training_loop/backward_on_non_scalar.py:_non_scalar_reason",
-    "training_loop/loss_accumulated_with_graph.py:_names_used",
-    "training_loop/loss_accumulated_with_graph.py:_returned_tensors",
     "training_loop/loss_item_every_step.py:_sink_of",
     "training_loop/optimizer_over_part_of_model.py:_model_constructor",
 })

@@ -5,8 +5,8 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import (CHILD_FIELDS, NODE_TYPES, FileContext, all_children, code_children_as_written,
-                               dotted_name)
+from analyzers.context import (CHILD_FIELDS, NODE_TYPES, FileContext, all_children, call_receiver,
+                               code_children_as_written, dotted_name, iter_names, method_name)
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -570,3 +570,77 @@ def item_values(ctx, expr: cst.BaseExpression) -> Optional[list[cst.BaseExpressi
         return None
     name = dotted_name(source)
     return list_items(ctx, loop, name) if name else None
+
+
+# ---- what a value is computed from, and what a return hands back ------------------------------------------
+
+def names_computed_from(expr: cst.CSTNode, ctx: FileContext, depth: int = 3) -> set:
+    """Dotted names ``expr``'s value is computed from, following the names' assignments ``depth`` levels back
+    (``loss = ce + aux_weight * aux; aux = torch.stack(aux_losses).mean()`` uses ``aux_losses``)."""
+    names = set(iter_names(expr))
+    frontier = set(names)
+    for _ in range(depth):
+        found = set()
+        for name in frontier:
+            value = ctx.assigned_value(name)
+            if isinstance(value, cst.AugAssign):
+                value = value.value
+            if value is not None:
+                found.update(iter_names(value))
+        frontier = found - names
+        names |= found
+        if not frontier:
+            break
+    return names
+
+
+def returned_names(expr: cst.BaseExpression, ctx: FileContext) -> set[str]:
+    """Names whose tensor value ``return expr`` hands back as is (``total``, ``total / n``, ``sum(losses)``, an
+    element of a returned tuple or dict), following their assignments in the function."""
+    out: set[str] = set()
+    _returned_into(expr, ctx, out, 0)
+    return out
+
+
+def _returned_into(expr: cst.BaseExpression, ctx: FileContext, out: set, depth: int) -> None:
+    """Names whose tensor value a ``return`` hands back as is (``total``, ``total / n``, ``sum(losses)``)."""
+    if depth > 8:
+        return
+    if isinstance(expr, cst.IfExp):
+        _returned_into(expr.body, ctx, out, depth + 1)
+        _returned_into(expr.orelse, ctx, out, depth + 1)
+    elif isinstance(expr, (cst.Name, cst.Attribute)):
+        name = dotted_name(expr)
+        if name is None or name in out:
+            return
+        out.add(name)
+        values = [ctx.assigned_value(name)]
+        if isinstance(expr, cst.Name) and ctx.function_def is not None:
+            # every assignment of the name in the function, whichever branch ran last
+            # (``outputs = (sum(aux_losses),) + outputs`` in one branch, ``(loss,) + outputs`` in the other)
+            values += [v for v in assigned_values(ctx, ctx.function_def, name) if v is not values[0]]
+        for value in values:
+            if isinstance(value, cst.AugAssign):
+                value = value.value  # ``loss += att_loss + rep_loss``: the terms added are returned too
+            if value is not None and value is not expr:
+                _returned_into(value, ctx, out, depth + 1)
+    elif isinstance(expr, cst.Subscript):
+        _returned_into(expr.value, ctx, out, depth + 1)
+    elif isinstance(expr, (cst.Tuple, cst.List)):
+        for element in expr.elements:
+            _returned_into(element.value, ctx, out, depth + 1)
+    elif isinstance(expr, cst.Dict):
+        for element in expr.elements:
+            if isinstance(element, cst.DictElement):
+                _returned_into(element.value, ctx, out, depth + 1)
+    elif isinstance(expr, cst.BinaryOperation):
+        _returned_into(expr.left, ctx, out, depth + 1)
+        _returned_into(expr.right, ctx, out, depth + 1)
+    elif isinstance(expr, cst.Call):
+        name = method_name(expr)
+        receiver = call_receiver(expr)
+        if receiver is not None and name in ("mean", "sum", "float"):
+            _returned_into(receiver, ctx, out, depth + 1)
+        elif name in ("sum", "stack", "cat", "mean"):
+            for arg in expr.args:
+                _returned_into(arg.value, ctx, out, depth + 1)

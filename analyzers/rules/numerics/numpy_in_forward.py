@@ -14,6 +14,7 @@ from analyzers.context import (
     dotted_name)
 from analyzers.markdown import code_span, named
 from analyzers.program.flow import subtree
+from analyzers.program.graphs import detached_side_output, flows_back_into_result, taken_off_graph
 from analyzers.program.names import last_name
 from analyzers.program.values import TENSOR_ONLY_METHODS, returns_tensor_of_args
 from analyzers.model import Category, Severity
@@ -48,84 +49,6 @@ class _NumpyState:
     statements: set = field(default_factory=set)
     uses_torch: bool = False
     loss_class: bool = False  # the forward of a ``*Loss`` module: its inputs are predictions
-
-
-def _detached_side_output(found: cst.CSTNode, ctx: FileContext) -> bool:
-    """A NumPy copy returned next to the result, after an explicit ``.detach()`` / ``.data``: a second output
-    (replay priorities, statistics) that the author took out of autograd on purpose, not part of the loss. It may
-    get there inside a container (``info = dict(q=q.detach().numpy()); return loss, info``)."""
-    if not _detached(found):
-        return False
-    holder = _container_holding(found, ctx)
-    parent = ctx.parent(holder)
-    if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
-        name = parent.targets[0].target.value
-        fn = next((a for a in ctx.ancestors(parent) if isinstance(a, cst.FunctionDef)), None)
-        uses = [n for n in subtree(fn.body) if isinstance(n, cst.Name) and n.value == name
-                and not isinstance(ctx.parent(n), cst.AssignTarget)] if fn is not None else []
-        return bool(uses) and all(_returned_beside_result(use, ctx) for use in uses)
-    return _returned_beside_result(holder, ctx)
-
-
-def _detached(found: cst.CSTNode) -> bool:
-    node = found
-    while isinstance(node, (cst.Call, cst.Attribute)):
-        if isinstance(node, cst.Call):
-            node = node.func
-            continue
-        if node.attr.value in ("data", "detach"):
-            return True
-        node = node.value
-    return False
-
-
-def _flows_back_into_result(found: cst.CSTNode, ctx: FileContext) -> bool:
-    """A NumPy copy taken off the graph (``h.detach().numpy()``) that comes back into the computation: wrapped
-    into a tensor again (``torch.from_numpy(np.exp(...))``), returned as the function's result, or assigned to a
-    name read that way. Anything else (metrics, replay priorities, logging) left the graph on purpose."""
-    def fed_back(node: cst.CSTNode) -> bool:
-        for ancestor in ctx.ancestors(node):
-            if isinstance(ancestor, cst.Call) and (ctx.call_name(ancestor) or "").startswith("torch"):
-                return True
-            if isinstance(ancestor, cst.Return):
-                return True
-            if isinstance(ancestor, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-                return False
-        return False
-
-    if fed_back(found):
-        return True
-    statement = ctx.statement_of(found)
-    fn = next((a for a in ctx.ancestors(found) if isinstance(a, cst.FunctionDef)), None)
-    if not isinstance(statement, cst.Assign) or fn is None:
-        return False
-    names = {t.target.value for t in statement.targets if isinstance(t.target, cst.Name)}
-    return any(fed_back(n) for n in subtree(fn.body) if isinstance(n, cst.Name) and n.value in names
-               and not isinstance(ctx.parent(n), cst.AssignTarget))
-
-
-def _container_holding(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
-    """The outermost dict / list / tuple / ``dict(...)`` literal or arithmetic (``a.numpy() - b.numpy()``)
-    ``node`` is part of (``node`` if none)."""
-    while True:
-        parent = ctx.parent(node)
-        grand = ctx.parent(parent) if parent is not None else None
-        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)):
-            node = parent
-        elif isinstance(parent, (cst.DictElement, cst.Element)) and isinstance(grand, (cst.Dict, cst.List, cst.Tuple)) \
-                and not isinstance(ctx.parent(grand), cst.Return):
-            node = grand
-        elif isinstance(parent, cst.Arg) and parent.keyword is not None and isinstance(grand, cst.Call) and \
-                dotted_name(grand.func) == "dict":
-            node = grand
-        else:
-            return node
-
-
-def _returned_beside_result(node: cst.CSTNode, ctx: FileContext) -> bool:
-    element = ctx.parent(node)
-    tup = ctx.parent(element) if isinstance(element, cst.Element) else None
-    return isinstance(tup, cst.Tuple) and isinstance(ctx.parent(tup), cst.Return) and tup.elements[0] is not element
 
 
 class NumpyInForward(Rule):
@@ -386,9 +309,9 @@ class NumpyInForward(Rule):
         if state.kind == "forward" and not (state.uses_torch or state.calls_layers or state.loss_class):
             return  # neither torch nor layers of its own: nothing shows its values are tensors with a graph
         for found, message in state.found:
-            if _detached_side_output(found, ctx):
+            if detached_side_output(found, ctx):
                 continue  # ``return loss, td.detach().cpu().numpy()``: priorities / stats beside the loss, on purpose
-            if _detached(found) and not _flows_back_into_result(found, ctx):
+            if taken_off_graph(found) and not flows_back_into_result(found, ctx):
                 continue  # taken off the graph on purpose (metrics, replay priorities) and never fed back
             if state.calls_layers and found in state.on_raw_input:
                 # NumPy on the raw input of a module that runs its own layers elsewhere: pre-processing or a

@@ -9,35 +9,14 @@ from analyzers.context import (
     FileContext,
     call_receiver,
     dotted_name,
-    iter_names,
     method_name)
-from analyzers.program.flow import assigned_values
+from analyzers.program.flow import names_computed_from, returned_names
 from analyzers.program.loops import loop_stack, steps_each_iteration
 from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
 from analyzers.model import Category, Severity
 from analyzers.program.graphs import graph_kind_read
 from analyzers.rules.base import Invalid, Rule
-
-
-def _names_used(expr: cst.CSTNode, ctx: FileContext, depth: int = 3) -> set:
-    """Dotted names ``expr``'s value is computed from, following the names' assignments ``depth`` levels back
-    (``loss = ce + aux_weight * aux; aux = torch.stack(aux_losses).mean()`` uses ``aux_losses``)."""
-    names = set(iter_names(expr))
-    frontier = set(names)
-    for _ in range(depth):
-        found = set()
-        for name in frontier:
-            value = ctx.assigned_value(name)
-            if isinstance(value, cst.AugAssign):
-                value = value.value
-            if value is not None:
-                found.update(iter_names(value))
-        frontier = found - names
-        names |= found
-        if not frontier:
-            break
-    return names
 
 
 class LossAccumulatedWithGraph(Rule):
@@ -319,14 +298,14 @@ class LossAccumulatedWithGraph(Rule):
             names = self.backward_names.setdefault(id(ctx.function), set())
             receiver = call_receiver(node)
             if receiver is not None:
-                names.update(_names_used(receiver, ctx))
+                names.update(names_computed_from(receiver, ctx))
             for arg in node.args:
-                names.update(_names_used(arg.value, ctx))
+                names.update(names_computed_from(arg.value, ctx))
 
     def visit_Return(self, node: cst.Return, ctx: FileContext) -> None:
         if node.value is not None:
             names = self.returned_names.setdefault(id(ctx.function), set())
-            _returned_tensors(node.value, ctx, names, 0)
+            names.update(returned_names(node.value, ctx))
 
     def end_file(self, ctx: FileContext) -> None:
         for node, acc, loss_name, (template, acc_expr), fn in self.candidates:
@@ -337,50 +316,6 @@ class LossAccumulatedWithGraph(Rule):
             self.report(node, (f"{shown} keeps the autograd graph of every iteration alive ({loss_name} is never "
                                f"detached): memory grows each step; accumulate {loss_name}.item() "
                                f"or {loss_name}.detach() instead"))
-
-
-def _returned_tensors(expr: cst.BaseExpression, ctx: FileContext, out: set, depth: int) -> None:
-    """Names whose tensor value a ``return`` hands back as is (``total``, ``total / n``, ``sum(losses)``)."""
-    if depth > 8:
-        return
-    if isinstance(expr, cst.IfExp):
-        _returned_tensors(expr.body, ctx, out, depth + 1)
-        _returned_tensors(expr.orelse, ctx, out, depth + 1)
-    elif isinstance(expr, (cst.Name, cst.Attribute)):
-        name = dotted_name(expr)
-        if name is None or name in out:
-            return
-        out.add(name)
-        values = [ctx.assigned_value(name)]
-        if isinstance(expr, cst.Name) and ctx.function_def is not None:
-            # every assignment of the name in the function, whichever branch ran last
-            # (``outputs = (sum(aux_losses),) + outputs`` in one branch, ``(loss,) + outputs`` in the other)
-            values += [v for v in assigned_values(ctx, ctx.function_def, name) if v is not values[0]]
-        for value in values:
-            if isinstance(value, cst.AugAssign):
-                value = value.value  # ``loss += att_loss + rep_loss``: the terms added are returned too
-            if value is not None and value is not expr:
-                _returned_tensors(value, ctx, out, depth + 1)
-    elif isinstance(expr, cst.Subscript):
-        _returned_tensors(expr.value, ctx, out, depth + 1)
-    elif isinstance(expr, (cst.Tuple, cst.List)):
-        for element in expr.elements:
-            _returned_tensors(element.value, ctx, out, depth + 1)
-    elif isinstance(expr, cst.Dict):
-        for element in expr.elements:
-            if isinstance(element, cst.DictElement):
-                _returned_tensors(element.value, ctx, out, depth + 1)
-    elif isinstance(expr, cst.BinaryOperation):
-        _returned_tensors(expr.left, ctx, out, depth + 1)
-        _returned_tensors(expr.right, ctx, out, depth + 1)
-    elif isinstance(expr, cst.Call):
-        name = method_name(expr)
-        receiver = call_receiver(expr)
-        if receiver is not None and name in ("mean", "sum", "float"):
-            _returned_tensors(receiver, ctx, out, depth + 1)
-        elif name in ("sum", "stack", "cat", "mean"):
-            for arg in expr.args:
-                _returned_tensors(arg.value, ctx, out, depth + 1)
 
 
 def _loss_operand(value: cst.BaseExpression) -> Optional[cst.BaseExpression]:
