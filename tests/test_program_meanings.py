@@ -203,6 +203,22 @@ def test_what_a_value_is_computed_from_and_what_a_return_hands_back():
     # the names whose values a ``return`` of this expression hands back as they are (both branches, the dict's value)
     assert {"loss", "total", "aux", "main"} <= returned_names(assigned["handed_back"], ctx)
 
+
+def test_the_call_that_writes_a_value_out_and_the_ones_that_compute_with_it():
+    from analyzers.program.flow import logging_call_consuming
+    ctx = context("""
+        import math
+        import numpy as np
+        print(f"loss {loss.item():.3f}")
+        bar.set_postfix(loss=loss.item())
+        log(loss.item())
+        total = math.log(loss.item())
+        spread = np.log(loss.item())
+        best = max(best, loss.item()) if loss.item() < best else best
+    """)
+    said = [logging_call_consuming(c, ctx) for c in calls(ctx) if ctx.module.code_for_node(c) == "loss.item()"]
+    assert [found[0] if found else None for found in said] == ["print", "bar.set_postfix", "log", None, None, None, None]
+
 # ---- roles: test code ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["conftest.py", "pkg/test_model.py", "pkg/model_test.py", "tests/helpers.py",
@@ -529,7 +545,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "serialization/load_without_map_location_cpu_fallback.py:_device_choice",
     "serialization/unsafe_torch_load.py:_looks_external",
     "training_loop/backward_on_non_scalar.py:_non_scalar_reason",
-    "training_loop/loss_item_every_step.py:_sink_of",
     "training_loop/optimizer_over_part_of_model.py:_model_constructor",
 })
 

@@ -7,6 +7,7 @@ import libcst as cst
 
 from analyzers.context import (CHILD_FIELDS, NODE_TYPES, FileContext, all_children, call_receiver,
                                code_children_as_written, dotted_name, iter_names, method_name)
+from analyzers.program.library import LOG_SINKS, is_logging_call
 
 # Methods that change a list / dict / set in place.
 MUTATING_METHODS = frozenset({
@@ -644,3 +645,21 @@ def _returned_into(expr: cst.BaseExpression, ctx: FileContext, out: set, depth: 
         elif name in ("sum", "stack", "cat", "mean"):
             for arg in expr.args:
                 _returned_into(arg.value, ctx, out, depth + 1)
+
+
+def logging_call_consuming(node: cst.CSTNode, ctx: FileContext) -> Optional[tuple[str, cst.Call]]:
+    """The call that writes ``node``'s value out within its statement (``print(f"{loss.item()}")``,
+    ``bar.set_postfix(loss=loss.item())``), with its name as written; None when the value is compared, chosen
+    on, or computed with first (``math.log(loss.item())``)."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.Call):
+            name = method_name(ancestor)
+            if name in LOG_SINKS:
+                if not is_logging_call(name, ctx.qualified_name(ancestor.func)):
+                    return None
+                return dotted_name(ancestor.func) or name, ancestor
+        elif isinstance(ancestor, (cst.Comparison, cst.BooleanOperation, cst.IfExp, cst.BaseSmallStatement,
+                                   cst.BaseCompoundStatement)):
+            return None
+    return None
+

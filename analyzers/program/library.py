@@ -523,6 +523,16 @@ LOG_SINKS = {"print", "log", "info", "debug", "warning", "warn", "set_postfix", 
               "set_description", "add_scalar", "add_scalars", "log_metrics", "log_metric", "log_dict", "write",
               "append"}
 
+# Libraries whose ``log`` computes a logarithm instead of writing a record (``math.log(loss.item())``).
+_COMPUTING_ROOTS = frozenset({"math", "cmath", "numpy", "torch", "jax"})
+
+
+def is_logging_call(method: Optional[str], qualified: Optional[str]) -> bool:
+    """A call that writes values out (print, a logger, a progress bar, a metrics tracker, a list it appends to), by
+    its method name (``qualified``: the call's name through the imports, when it has one)."""
+    return method in LOG_SINKS and not (qualified is not None and qualified.split(".", 1)[0] in _COMPUTING_ROOTS)
+
+
 # Tensor methods that copy a value to the host, so the host waits for the device to finish computing it.
 SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
 

@@ -1,7 +1,6 @@
 """TR105 loss-item-every-step: loss.item()/print(loss) every training step only for logging forces a GPU sync."""
 from __future__ import annotations
 
-from typing import Optional
 
 import libcst as cst
 
@@ -19,10 +18,10 @@ from analyzers.rules.base import Invalid, Rule
 from analyzers.program.roles import in_lightning_module
 from analyzers.program.graphs import graph_kind_read
 from analyzers.program.loops import guard_between as _guard_between
-from analyzers.program.library import LOG_SINKS as _LOG_SINKS, SYNC_METHODS as _SYNC_METHODS
+from analyzers.program.flow import logging_call_consuming
+from analyzers.program.library import SYNC_METHODS as _SYNC_METHODS, is_logging_call
 
 
-_MATH_MODULES = {"math", "np", "numpy", "torch", "F", "cmath", "jnp"}
 
 
 class PerStepSyncForLogging(Rule):
@@ -211,10 +210,8 @@ class PerStepSyncForLogging(Rule):
                 self.syncs.setdefault(id(stack[-1]), set()).add(id(node))
             if not in_lightning_module(ctx):
                 self._sync_call(node, name, ctx)
-        elif name in _LOG_SINKS and name != "append":
-            receiver = call_receiver(node)
-            if not (receiver is not None and dotted_name(receiver) in _MATH_MODULES) and not in_lightning_module(ctx):
-                self._printed_tensor(node, name, ctx)
+        elif name != "append" and is_logging_call(name, ctx.qualified_name(node.func)) and not in_lightning_module(ctx):
+            self._printed_tensor(node, name, ctx)
 
     def _sync_call(self, node: cst.Call, name: str, ctx: FileContext) -> None:
         receiver = call_receiver(node)
@@ -235,7 +232,7 @@ class PerStepSyncForLogging(Rule):
         stack = loop_stack(ctx)
         if not stack:
             return
-        found = _sink_of(node, ctx)
+        found = logging_call_consuming(node, ctx)
         if found is None or _guard_between(node, stack[-1], ctx):
             return
         sink, sink_node = found
@@ -276,20 +273,3 @@ class PerStepSyncForLogging(Rule):
             if loop in self.backward_loops and sink not in reported:
                 reported.add(sink)  # one finding per logging call, however many values it reads
                 self.report(node, message)
-
-
-def _sink_of(node: cst.CSTNode, ctx: FileContext) -> Optional[tuple[str, cst.Call]]:
-    """The logging call that consumes ``node``'s value within its statement, if any."""
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, cst.Call):
-            name = method_name(ancestor)
-            if name in _LOG_SINKS:
-                receiver = call_receiver(ancestor)
-                if name == "log" and receiver is not None and dotted_name(receiver) in _MATH_MODULES:
-                    return None  # ``math.log(loss.item())`` computes, it does not log
-                return dotted_name(ancestor.func) or name, ancestor
-        elif isinstance(ancestor, (cst.Comparison, cst.BooleanOperation, cst.IfExp)):
-            return None
-        elif isinstance(ancestor, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-            return None
-    return None
