@@ -219,6 +219,26 @@ def test_the_call_that_writes_a_value_out_and_the_ones_that_compute_with_it():
     said = [logging_call_consuming(c, ctx) for c in calls(ctx) if ctx.module.code_for_node(c) == "loss.item()"]
     assert [found[0] if found else None for found in said] == ["print", "bar.set_postfix", "log", None, None, None, None]
 
+
+def test_why_what_backward_is_called_on_is_no_scalar():
+    from analyzers.program.graphs import non_scalar_origin
+    ctx = context("""
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+        per_item = nn.MSELoss(reduction="none")
+        mean = nn.MSELoss()
+        net = Net()
+        a = F.cross_entropy(y, t, reduction="none")
+        b = per_item(y, t) * weights
+        c = mean(y, t)
+        d = net(x)
+        e = F.l1_loss(y, t)
+    """)
+    assigned = {n.targets[0].target.value: n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    assert {name: non_scalar_origin(assigned[name], ctx) for name in "abcde"} == {
+        "a": "none", "b": "none", "c": None, "d": "model", "e": None}
+
 # ---- roles: test code ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["conftest.py", "pkg/test_model.py", "pkg/model_test.py", "tests/helpers.py",
@@ -544,7 +564,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "reproducibility/cudnn_benchmark_with_determinism.py:_exclusive",
     "serialization/load_without_map_location_cpu_fallback.py:_device_choice",
     "serialization/unsafe_torch_load.py:_looks_external",
-    "training_loop/backward_on_non_scalar.py:_non_scalar_reason",
     "training_loop/optimizer_over_part_of_model.py:_model_constructor",
 })
 

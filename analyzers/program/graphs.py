@@ -7,8 +7,8 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, call_receiver, code_children_as_written, dotted_name, method_name,
-                               positional_args)
+from analyzers.context import (FileContext, call_receiver, code_children_as_written, dotted_name, is_false,
+                               keyword_arg, method_name, positional_args, string_value)
 from analyzers.program.flow import assigned_values, subtree
 from analyzers.program.names import last_segment
 from analyzers.program.state import in_no_grad_block
@@ -405,3 +405,37 @@ def _returned_beside_result(node: cst.CSTNode, ctx: FileContext) -> bool:
     element = ctx.parent(node)
     tup = ctx.parent(element) if isinstance(element, cst.Element) else None
     return isinstance(tup, cst.Tuple) and isinstance(ctx.parent(tup), cst.Return) and tup.elements[0] is not element
+
+
+# ---- what backward is called on ------------------------------------------------------------------------
+
+def _unreduced(call: cst.Call) -> bool:
+    reduction = keyword_arg(call, "reduction")
+    if reduction is not None and string_value(reduction.value) == "none":
+        return True
+    reduce = keyword_arg(call, "reduce")
+    return reduce is not None and is_false(reduce.value)
+
+
+def non_scalar_origin(value: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[str]:
+    """Why ``value`` (what ``.backward()`` is called on) is not a scalar: ``"none"``, a loss computed with
+    ``reduction="none"`` (or the old ``reduce=False``), alone or in arithmetic; ``"model"``, a model's output
+    rather than a criterion's. None when neither shows."""
+    if isinstance(value, cst.BinaryOperation):
+        for side in (value.left, value.right):
+            if isinstance(side, cst.Call) and non_scalar_origin(side, ctx) == "none":
+                return "none"
+        return None
+    if not isinstance(value, cst.Call):
+        return None
+    qualified = ctx.qualified_name(value.func) or ""
+    if qualified.startswith("torch.nn.functional.") and _unreduced(value):
+        return "none"
+    origin = ctx.origin(value.func)
+    if isinstance(origin, cst.Call):
+        constructor = ctx.call_name(origin) or ""
+        if constructor.startswith("torch.nn.") and constructor.endswith("Loss"):
+            return "none" if _unreduced(origin) else None
+    if is_model_call(value.func, ctx) and not is_criterion_call(value, ctx):
+        return "model"
+    return None

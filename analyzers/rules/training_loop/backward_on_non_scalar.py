@@ -9,15 +9,12 @@ from analyzers.context import (
     FileContext,
     argument,
     call_receiver,
-    dotted_name,
-    is_false,
-    keyword_arg,
-    string_value)
+    dotted_name)
 from analyzers.program.names import last_segment
 from analyzers.program.state import in_no_grad_block
-from analyzers.program.values import (is_model_call, is_plain_backward)
+from analyzers.program.values import is_plain_backward
 from analyzers.model import Category, Severity
-from analyzers.program.graphs import is_criterion_call
+from analyzers.program.graphs import non_scalar_origin
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -153,7 +150,7 @@ class BackwardOnNonScalar(Rule):
             value = ctx.assigned_value(shown)
             if value is None or in_no_grad_block(ctx, ctx.binding(shown).node):
                 return
-        reason = _non_scalar_reason(value, ctx)
+        reason = non_scalar_origin(value, ctx)
         if reason is None:
             return
         if reason == "model":
@@ -173,32 +170,3 @@ class BackwardOnNonScalar(Rule):
 def _output_like(name: str) -> bool:
     last = last_segment(name).lower()
     return last in _OUTPUT_NAMES or last.startswith(("out", "logit", "pred"))
-
-
-def _reduction_none(call: cst.Call) -> bool:
-    reduction = keyword_arg(call, "reduction")
-    if reduction is not None and string_value(reduction.value) == "none":
-        return True
-    reduce = keyword_arg(call, "reduce")
-    return reduce is not None and is_false(reduce.value)
-
-
-def _non_scalar_reason(value: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[str]:
-    if isinstance(value, cst.BinaryOperation):
-        for side in (value.left, value.right):
-            if isinstance(side, cst.Call) and _non_scalar_reason(side, ctx) == "none":
-                return "none"
-        return None
-    if not isinstance(value, cst.Call):
-        return None
-    qualified = ctx.qualified_name(value.func) or ""
-    if qualified.startswith("torch.nn.functional.") and _reduction_none(value):
-        return "none"
-    origin = ctx.origin(value.func)
-    if isinstance(origin, cst.Call):
-        constructor = ctx.call_name(origin) or ""
-        if constructor.startswith("torch.nn.") and constructor.endswith("Loss"):
-            return "none" if _reduction_none(origin) else None
-    if is_model_call(value.func, ctx) and not is_criterion_call(value, ctx):
-        return "model"
-    return None
