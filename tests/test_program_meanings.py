@@ -14,6 +14,7 @@ from analyzers.model import Category
 from analyzers.program import library
 from analyzers.program.flow import attribute_values, subtree
 from analyzers.program.library import Does
+from analyzers.program.loops import training_step_loop
 from analyzers.program.names import (name_is_model_like, name_is_optimizer_like, name_says_not_a_model, name_words,
                                      parenthesized)
 from analyzers.program.roles import is_test_code
@@ -482,3 +483,19 @@ def test_the_values_a_class_gives_an_attribute():
     """)
     cls = next(n for n in subtree(ctx.module) if isinstance(n, cst.ClassDef))
     assert [ctx.module.code_for_node(v) for v in attribute_values(cls, "model")] == ["step_fn", "other"]
+
+
+@pytest.mark.parametrize("code, step", [
+    # sub-steps nested in a batch loop: the batch loop's pass is the step
+    ("for epoch in range(3):\n    for x in batches:\n        for _ in range(2):\n            g(x).backward()\n"
+     "        d(x).backward()\n", 1),
+    # the batch loop nested in an epoch loop: the batch loop
+    ("for epoch in range(3):\n    for x in batches:\n        f(x).backward()\n", 1),
+    # nothing handles a batch: no step
+    ("for a in range(3):\n    for b in range(4):\n        print(a, b)\n", None),
+])
+def test_the_loop_whose_pass_is_the_training_step(code, step):
+    ctx = context("import torch\n" + code)
+    stack = tuple(n for n in subtree(ctx.module) if isinstance(n, cst.For))  # each nests the next, outermost first
+    found = training_step_loop(stack, ctx)
+    assert (stack.index(found) if found is not None else None) == step
