@@ -12,9 +12,11 @@ from analyzers.context import FileContext
 from analyzers.engine import _Walker
 from analyzers.model import Category
 from analyzers.program import library
-from analyzers.program.flow import subtree
+from analyzers.program.flow import attribute_values, subtree
 from analyzers.program.library import Does
-from analyzers.program.names import name_is_model_like, name_is_optimizer_like, name_words, parenthesized
+from analyzers.program.loops import training_step_loop
+from analyzers.program.names import (name_is_model_like, name_is_optimizer_like, name_says_not_a_model, name_words,
+                                     parenthesized)
 from analyzers.program.roles import is_test_code
 from analyzers.program.state import in_no_grad_block
 from analyzers.program.values import (changes_in_eval, constructor, is_backward, is_optimizer, is_optimizer_step,
@@ -618,3 +620,39 @@ def test_a_statement_written_after_a_loop_in_the_same_scope_cannot_run_before_it
     assert may_run_before(ctx, named["adjust"], loops[3])  # the outer loop's next pass runs it first
     assert may_run_before(ctx, named["settle"], loops[0])  # another scope: which runs first is not known
     assert may_run_before(ctx, named["prepare"], loops[2])  # written before the loop
+
+
+@pytest.mark.parametrize("name, about", [("model_fn", True), ("self.net_path", True), ("build_model", True),
+                                         ("encoder_cfg", True), ("model", False), ("self.backbone", False),
+                                         ("teacher", False)])
+def test_names_that_say_they_hold_something_about_a_model(name, about):
+    assert name_says_not_a_model(name) is about
+
+
+def test_the_values_a_class_gives_an_attribute():
+    ctx = context("""
+        class Holder:
+            def __init__(self, step_fn):
+                self.model = step_fn
+            def swap(self, other):
+                self.model: object = other
+                self.other = 1
+    """)
+    cls = next(n for n in subtree(ctx.module) if isinstance(n, cst.ClassDef))
+    assert [ctx.module.code_for_node(v) for v in attribute_values(cls, "model")] == ["step_fn", "other"]
+
+
+@pytest.mark.parametrize("code, step", [
+    # sub-steps nested in a batch loop: the batch loop's pass is the step
+    ("for epoch in range(3):\n    for x in batches:\n        for _ in range(2):\n            g(x).backward()\n"
+     "        d(x).backward()\n", 1),
+    # the batch loop nested in an epoch loop: the batch loop
+    ("for epoch in range(3):\n    for x in batches:\n        f(x).backward()\n", 1),
+    # nothing handles a batch: no step
+    ("for a in range(3):\n    for b in range(4):\n        print(a, b)\n", None),
+])
+def test_the_loop_whose_pass_is_the_training_step(code, step):
+    ctx = context("import torch\n" + code)
+    stack = tuple(n for n in subtree(ctx.module) if isinstance(n, cst.For))  # each nests the next, outermost first
+    found = training_step_loop(stack, ctx)
+    assert (stack.index(found) if found is not None else None) == step

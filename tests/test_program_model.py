@@ -295,6 +295,36 @@ def test_a_checkpoint_counts_as_self_written_only_when_it_can_be_saved_before_th
     assert ctx.facts(CheckpointWrites).written_before_loaded(path, ctx.origin(path)) is self_written
 
 
+RESTORE_THEN_TRAIN = """
+    import os
+    import torch
+    try:
+        pair = torch.load({load})
+    except FileNotFoundError:
+        pair = fresh()
+    for epoch in range(4):
+        fit(pair)
+        torch.save(pair, {save})
+"""
+
+
+@pytest.mark.parametrize("load, save, fixed", [
+    # the same file spelled whole on both sides: what an earlier run of this program left there
+    ("'./state/pair.bin'", "'state/pair.bin'", True),
+    ("os.path.join('state', 'pair.bin')", "'state/pair.bin'", True),
+    # a different fixed file: nothing of this program writes it
+    ("'state/other.bin'", "'state/pair.bin'", False),
+    # a folder or a file the run's settings choose: wherever they point, not this program's own file
+    ("os.path.join(folder, 'pair.bin')", "os.path.join(folder, 'pair.bin')", False),
+    ("opts.resume", "'state/pair.bin'", False),
+    ("f'state/{tag}.bin'", "f'state/{tag}.bin'", False),
+])
+def test_a_fixed_file_the_program_saves_to_is_its_own_whatever_the_order(load, save, fixed):
+    ctx = context(RESTORE_THEN_TRAIN.format(load=load, save=save))
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert ctx.facts(CheckpointWrites).writes_fixed_path(call.args[0].value) is fixed
+
+
 def test_a_load_in_the_loop_that_saves_reads_the_previous_iterations_file():
     ctx = context("""
         import torch

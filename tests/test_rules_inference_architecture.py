@@ -534,3 +534,27 @@ def test_test_function_that_loads_weights_is_still_an_evaluation():
             print(net(probe).argmax(1))
     """
     assert sorted(ids(code, "models/tiny.py")) == ["TR201", "TR202"]
+
+
+def test_an_attribute_that_holds_a_function_it_was_handed_is_no_model():
+    # the attribute is called ``model``, but every value the class gives it is named as a function: no module,
+    # no mode, no autograd state to set
+    code = """
+    import torch
+
+    class Stepper:
+        def __init__(self, score_fn, steps):
+            self.model = score_fn
+            self.steps = steps
+
+        def predict_step(self, x, t):
+            return self.model(x, t)
+
+        def run(self, x):
+            for t in self.steps:
+                x = x - self.predict_step(x, t)
+            return x
+    """
+    assert ids(code, "stepper.py") == []
+    # handed a model, the same class runs it for inference: both rules still speak
+    assert sorted(ids(code.replace("score_fn", "score_model"), "stepper.py")) == ["TR201", "TR202"]

@@ -10,11 +10,12 @@ import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
 from analyzers.program.builds import built_module, passed_module
-from analyzers.program.flow import subtree
+from analyzers.program.flow import attribute_values, subtree
 from analyzers.program.graphs import output_taken_off_graph
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.names import name_is_model_like, names_evaluation_data, names_evaluation_function, node_text
+from analyzers.program.names import (name_is_model_like, name_says_not_a_model, names_evaluation_data,
+                                     names_evaluation_function, node_text)
 from analyzers.program.roles import collects_tests, is_test_code, main_block
 from analyzers.program.state import enters_grad_off
 from analyzers.program.values import alias_names, hands_a_model, names_a_class
@@ -377,6 +378,11 @@ class EvaluationPaths:
         cls = next((s.cls for s in reversed(self.stack) if s.node is not None), None)
         if cls is not None and model.count(".") == 1 and head == "self" and defines_method(cls, model[5:]):
             return  # ``self.restore_model(step)``: a method of this class, not a module held by it
+        if cls is not None and model.count(".") == 1 and head == "self":
+            values = attribute_values(cls, model[5:])
+            if values and all(isinstance(v, (cst.Name, cst.Attribute)) and name_says_not_a_model(dotted_name(v) or "")
+                              for v in values):
+                return  # ``self.model = model_fn``: what the object holds is the function it was handed, no module
         if head == "self" and not own and cls is not None and (ctx.is_module_subclass(cls) or any(
                 ctx.facts(ModuleFacts).is_module_class(base) for base in
                 (dotted_name(b.value) for b in cls.bases) if base)):

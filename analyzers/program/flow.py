@@ -107,6 +107,22 @@ def stored_attributes(scope: cst.CSTNode, names: set[str]) -> dict[str, str]:
     return stored
 
 
+def attribute_values(cls: cst.ClassDef, attribute: str) -> list[cst.BaseExpression]:
+    """Every value a method of ``cls`` assigns to ``self.<attribute>`` (``self.model = model_fn`` gives
+    ``model_fn``): what the attribute can hold, as far as this class sets it."""
+    found: list[cst.BaseExpression] = []
+    for node in subtree(cls):
+        if isinstance(node, cst.Assign):
+            targets, value = [t.target for t in node.targets], node.value
+        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(dotted_name(target) == f"self.{attribute}" for target in targets):
+            found.append(value)
+    return found
+
+
 def parameter_index(fn: cst.FunctionDef, name: str) -> Optional[int]:
     """Position of parameter ``name`` as a call passes it positionally (``self`` excluded for methods)."""
     positional = [*fn.params.posonly_params, *fn.params.params]

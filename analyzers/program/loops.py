@@ -174,6 +174,14 @@ def one_pass_is_a_batch(loop: cst.CSTNode, ctx: FileContext) -> bool:
     return isinstance(source, cst.Call) and is_data_loader(ctx.call_name(source))
 
 
+def training_step_loop(stack: LoopStack, ctx: FileContext) -> Optional[cst.CSTNode]:
+    """The loop whose one pass is the training step a node runs in: the outermost loop around it (``stack``,
+    outermost first) that handles one batch a pass. A few generator updates in ``for _ in range(k)`` nested in a
+    batch loop are part of that batch's step, and what they build (a generated sample) can be backpropagated
+    again by the step's other losses. None when no loop around the node handles a batch."""
+    return next((loop for loop in stack if one_pass_is_a_batch(loop, ctx)), None)
+
+
 def guard_between(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext, *, except_handlers: bool = False) -> bool:
     """An ``if`` (other than a rank check) or, optionally, an ``except`` between ``node`` and ``loop``: ``node``
     does not run on every pass. An ``if``'s own test always runs: it guards only its branches."""

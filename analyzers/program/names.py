@@ -60,6 +60,13 @@ def name_is_model_like(name: str) -> bool:
     return low in _MODEL_NAMES or low.endswith(("model", "_net")) or (low.endswith("net") and len(low) > 3)
 
 
+def name_says_not_a_model(name: str) -> bool:
+    """``model_fn``, ``net_path``, ``build_model``, ``model_cfg``: the name says what it holds is something about a
+    model (a function, a path, a configuration), not a model itself."""
+    low = last_segment(name).lower()
+    return low.startswith(_VERB_PREFIXES) or low.endswith(_NOT_MODEL_SUFFIXES)
+
+
 # What evaluation data and evaluation code are called: ``val_loader``, ``testset``, ``X_valid``, ``dev_ds``;
 # ``validate``, ``evaluate``, ``eval_epoch``, ``run_inference``. One list for every rule that asks.
 _EVALUATION_DATA_WORDS = {"val", "valid", "validation", "eval", "evaluation", "test", "testing", "dev", "holdout"}

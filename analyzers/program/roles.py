@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Iterable, Optional
@@ -340,6 +341,17 @@ class CheckpointWrites:
                 return True
         return False
 
+    def writes_fixed_path(self, path: cst.BaseExpression) -> bool:
+        """Is ``path`` one fixed file of this program's own: a constant string (no name, option or template slot
+        in it) that a save of this program writes to, spelled the same, wherever that save runs? A notebook that
+        restores ``'./model/net.pkl'`` when it is there and trains on, saving to ``'./model/net.pkl'`` as it goes,
+        reads back what its own earlier run wrote: nothing but this program chooses that file. A resume whose
+        path holds a name (``os.path.join(out_dir, 'ckpt.pt')``, ``args.resume``) is not one: the run's
+        configuration picks where it reads."""
+        constant = _constant_path(path)
+        return constant is not None and any(
+            write.path is not None and _constant_path(write.path) == constant for write in self.writes)
+
     def saved_objects(self, load: cst.Call) -> Optional[set[str]]:
         """What a ``torch.load`` of a file this program writes gives back: the names of the objects every save to
         that same path puts there (``torch.save(model, './net.pkl')`` then ``model = torch.load('./net.pkl')``
@@ -530,6 +542,20 @@ def _function_of(chain: list[cst.CSTNode]) -> Optional[cst.CSTNode]:
 
 def _index_of(nodes: list[cst.CSTNode], node: cst.CSTNode) -> int:
     return next(index for index, child in enumerate(nodes) if child is node)
+
+
+def _constant_path(expr: cst.BaseExpression) -> Optional[str]:
+    """The file a path expression names when it is spelled whole in the code (``'./model/net.pkl'``,
+    ``os.path.join('model', 'net.pkl')``), normalized; None when any part of it is computed."""
+    if isinstance(expr, cst.Call) and dotted_name(expr.func) in ("os.path.join", "path.join"):
+        if not expr.args or any(arg.star or arg.keyword is not None for arg in expr.args):
+            return None
+        values = [string_value(arg.value) for arg in expr.args]
+    else:
+        values = [string_value(expr)]
+    if not all(values):
+        return None
+    return os.path.normpath(os.path.join(*values))
 
 
 def _normalized(ctx: "FileContext", expr: cst.CSTNode) -> str:

@@ -13,7 +13,7 @@ from analyzers.context import (
     method_name)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.loops import body_nodes, loop_stack
+from analyzers.program.loops import body_nodes, loop_stack, training_step_loop
 from analyzers.program.names import node_text
 from analyzers.program.values import (BACKWARD_METHODS, is_plain_backward)
 from analyzers.rules.base import Invalid, Rule
@@ -27,7 +27,10 @@ class RetainGraphInLoop(Rule):
     summary = "backward(retain_graph=True) in a training loop that never backpropagates that graph again"
     what = """
         Flags `loss.backward(retain_graph=True)` inside a loop when it is the only backward
-        pass of the iteration (no second `.backward()` or `torch.autograd.grad` there).
+        pass of the iteration (no second `.backward()` or `torch.autograd.grad` there). The
+        iteration is the training step: the pass of the outermost loop around the call that
+        handles one batch, so a loop of generator updates nested in a batch loop is part of
+        that batch's step.
     """
     why = """
         `retain_graph=True` keeps every buffer of the graph alive after the backward pass, for
@@ -75,6 +78,20 @@ class RetainGraphInLoop(Rule):
             loss.backward(retain_graph=True)
             grads = torch.autograd.grad(loss, x)
         """,
+        # a few generator updates nested in the batch loop: the discriminator's loss backpropagates the generated
+        # output's retained graph once they are done
+        """
+        import torch
+        for real in loader:
+            for _ in range(2):
+                fake = G(z)
+                g_loss = -D(fake).mean()
+                g_loss.backward(retain_graph=True)
+                opt_g.step()
+            d_loss = D(fake).mean() - D(real).mean()
+            d_loss.backward()
+            opt_d.step()
+        """,
         # not in a loop
         "import torch\nloss.backward(retain_graph=True)\n",
     ]
@@ -116,7 +133,8 @@ class RetainGraphInLoop(Rule):
             return
         stack = loop_stack(ctx)
         if stack:
-            self.candidates.append((node, stack[-1]))
+            # the iteration is the training step: a loop of sub-steps inside a batch loop belongs to that batch
+            self.candidates.append((node, training_step_loop(stack, ctx) or stack[-1]))
 
     def end_file(self, ctx: FileContext) -> None:
         for node, loop in self.candidates:

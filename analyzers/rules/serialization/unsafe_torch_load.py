@@ -39,7 +39,9 @@ class UnsafeTorchLoad(Rule):
         `weights_only=True`, on a file the program did not write itself. The finding is critical
         when the path comes from outside the program (command-line arguments, environment,
         configuration, a download). Not flagged: a checkpoint the same file saved before loading it
-        (the best-model reload of a training script or notebook, a cache), loads inside
+        (the best-model reload of a training script or notebook, a cache), a fixed file spelled
+        whole in the code that the program itself saves to as it runs (a notebook that restores
+        `'./model/net.pkl'` from its earlier run, then trains and saves there again), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
         `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
         What the file holds decides the fix. Known to load weights-only (the result feeds
@@ -114,6 +116,9 @@ class UnsafeTorchLoad(Rule):
         "trainer.fit(system)\nweights = torch.load(saver.best_model_path)['state_dict']\n",
         "import torch\nfrom lightning.pytorch import Trainer\ntrainer = Trainer(max_epochs=3)\ntrainer.fit(system)\n"
         "final = torch.load(trainer.checkpoint_callback.last_model_path)\n",
+        # restored from the fixed file its own training loop saves to: what an earlier run of it left there
+        "import torch\ntry:\n    net = torch.load('saved/net.pkl')\nexcept OSError:\n    net = Net()\n"
+        "for epoch in range(5):\n    fit(net)\n    torch.save(net, 'saved/net.pkl')\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # the fallback for torch builds without the keyword
@@ -356,6 +361,8 @@ class UnsafeTorchLoad(Rule):
         # that expression too (a cache: ``if isfile(args.cache): load(args.cache) else: save(.., args.cache)``)
         if checkpoints.written_before_loaded(source, ctx.origin(source), same_expression_only=external):
             return True
+        if checkpoints.writes_fixed_path(source):
+            return True  # restored from the fixed file this program saves to as it runs (an earlier run's)
         if external:
             return False
         # a helper's parameter: self-written when every call in the file passes a self-written path
