@@ -343,7 +343,7 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
 _CODE_ROOT: list[Path] = []  # the code tree of the target being built
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
-_PARENT_INPUTS: list = []  # (parent, InputPlan or None): what the parent it was built inside fed the model last built
+_PARENT_INPUTS: list = []  # (parent, InputPlan or None, instance): what the parent it was built inside fed it
 
 
 def _bare_packages(code_root: Path, dotted: str) -> None:
@@ -704,7 +704,7 @@ def _build_inside_parent(code_root: Path, spec: TargetSpec, cls: type, notes: li
         _LAST_ARGUMENTS.clear()
         _LAST_ARGUMENTS.update(arguments)
         _SITE_INPUTS.clear()
-        _PARENT_INPUTS[:] = [(f"{path}:{name}", plan)]
+        _PARENT_INPUTS[:] = [(f"{path}:{name}", plan, instance)]
         return instance
     if tried:
         notes.append(f"the repository's classes that build {spec.name} did not give one here: {'; '.join(tried)}")
@@ -2011,8 +2011,8 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
 def _input_from_parent(prober: "_Prober", notes: list[str]) -> tuple[Optional[InputPlan], Any]:
     """The input the parent the model was built inside fed it (``_PARENT_INPUTS``); (None, None) when there is
     none or the model alone rejects it (then inferred as usual: never a failure)."""
-    for where, plan in _PARENT_INPUTS:
-        if plan is None:
+    for where, plan, instance in _PARENT_INPUTS:
+        if plan is None or instance is not prober.model:  # fed to another instance (an earlier target's)
             continue
         output = prober.try_plan(plan)
         if output is not _FAILED:
