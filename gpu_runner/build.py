@@ -17,6 +17,7 @@ import inspect
 import math
 import re
 import sys
+import time
 import types
 import typing
 from dataclasses import dataclass
@@ -668,6 +669,7 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
 
 
 MAX_PARENT_DEPTH = 2  # a class built inside a parent built inside its own parent, no deeper
+PARENTS_TIME_S = 30.0  # no further parent is tried once the ones tried took this long: the target's timeout stays far
 
 
 def _build_inside_parent(code_root: Path, spec: TargetSpec, cls: type, notes: list[str]) -> Optional[nn.Module]:
@@ -683,7 +685,11 @@ def _build_inside_parent(code_root: Path, spec: TargetSpec, cls: type, notes: li
     except Exception:  # noqa: BLE001 - reading the tree for parents is a help, never a reason to skip
         return None
     tried: list[str] = []
+    started = time.monotonic()
     for path, name in candidates:
+        if time.monotonic() - started > PARENTS_TIME_S:
+            tried.append(f"{path}:{name} (not tried: the parents before it took over {PARENTS_TIME_S:.0f}s)")
+            break
         saved = (dict(_LAST_ARGUMENTS), list(_SITE_INPUTS), list(_PARENT_INPUTS))
         _PARENT_CHAIN.append(cls)
         try:
