@@ -173,3 +173,39 @@ def test_a_captured_input_is_used_only_where_it_follows_the_batch():
             ((torch.zeros(4, 4),), (torch.zeros(2, 2),), "argument 1 [4, 4] does not follow the batch")):
         reason = _plan_from_two_calls(block, (first, {}), (second, {}))
         assert isinstance(reason, str) and reason.startswith(why), reason
+
+
+def test_a_block_built_alone_without_an_input_takes_the_one_its_parent_feeds(tmp_path):
+    """The defaults build the pooler, but no inferred input matches its grid of positions (a feature map of
+    grid x grid cells); the backbone that holds it feeds it one."""
+    pooler = """\
+        import torch
+        from torch import nn
+
+
+        class Pooler(nn.Module):
+            def __init__(self, grid=5, width=24):
+                super().__init__()
+                self.place = nn.Parameter(torch.randn(grid * grid, width))
+                self.read = nn.Linear(width, width)
+
+            def forward(self, fmap):
+                return self.read((fmap.flatten(2).transpose(1, 2) + self.place).mean(dim=1))
+        """
+    backbone = """\
+
+        class Backbone(nn.Module):
+            def __init__(self, channels=3, width=24):
+                super().__init__()
+                self.stem = nn.Conv2d(channels, width, 4, stride=4)
+                self.pool = Pooler(5, width)
+
+            def forward(self, images):
+                return self.pool(self.stem(images[:, :, :20, :20]))
+        """
+    alone = _build(write_tree(tmp_path / "alone", {"net.py": pooler}), "net.py:Pooler")
+    assert isinstance(alone, Skip) and alone.reason.startswith("could not infer an input for net.py:Pooler"), alone
+    subject = _build(write_tree(tmp_path / "held", {"net.py": pooler + backbone}), "net.py:Pooler")
+    assert isinstance(subject, Subject), subject
+    assert "input from what net.py:Backbone feeds it: float [B, 24, 5, 5]" in subject.notes, subject.notes
+    assert [tuple(a.shape) for a in subject.make_batch(2, 0).args] == [(2, 24, 5, 5)]
