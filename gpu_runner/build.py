@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
 import math
 import re
 import sys
+import time
 import types
 import typing
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpu_runner import absent, forward_body, sites
+from gpu_runner import absent, forward_body, parents, sites
 from gpu_runner.forward_body import describe_layer
 from gpu_runner.subject import OUT_OF_MEMORY_REASON, Batch, Subject, out_of_memory
 from gpu_runner.targets import TargetSpec, find_targets, module_name_for_path, parse_target_spec
@@ -91,6 +93,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     _LAST_ARGUMENTS.clear()
     _CODE_ROOT[:] = [code_root]
     _SITE_INPUTS.clear()
+    _PARENT_INPUTS.clear()
     built = _construct(code_root, target, config, notes)
     notes[:0] = _IMPORT_NOTES
     if isinstance(built, Skip):
@@ -98,7 +101,22 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     model, resolved_name = built
     requested = parse_target_spec(target)
     name = str(requested) if requested is not None and requested.name else resolved_name
-    return subject_of_model(model, name, resolved_name, config, code_root, device, notes)
+    inside_parent = bool(_PARENT_INPUTS)
+    subject = subject_of_model(model, name, resolved_name, config, code_root, device, list(notes))
+    if not isinstance(subject, Skip) or inside_parent or config.get("input") is not None or config.get("factory") \
+            or not subject.reason.startswith("could not infer an input"):
+        return subject
+    resolved = parse_target_spec(resolved_name)
+    if resolved is None or not resolved.name or not inspect.isclass(type(model)) \
+            or resolved.name != type(model).__name__:
+        return subject
+    parent_notes: list[str] = []  # no input fits the class as built alone: the one a parent feeds it, as it builds it
+    _PARENT_INPUTS.clear()
+    rebuilt = _build_inside_parent(code_root, resolved, type(model), parent_notes)
+    if rebuilt is None or not _PARENT_INPUTS or _PARENT_INPUTS[0][1] is None:
+        return subject
+    again = subject_of_model(rebuilt, name, resolved_name, config, code_root, device, _IMPORT_NOTES + parent_notes)
+    return subject if isinstance(again, Skip) else again
 
 
 def subject_of_model(model: Any, name: str, resolved_name: str, config: dict, code_root: Path, device: str,
@@ -129,7 +147,9 @@ def subject_of_model(model: Any, name: str, resolved_name: str, config: dict, co
         if output is _FAILED:
             notes.append(f"forward failed on the configured input {plan.describe()}: {prober.last_error}")
     else:
-        plan, output = _input_from_sites(prober, notes)
+        plan, output = _input_from_parent(prober, notes)
+        if plan is None:
+            plan, output = _input_from_sites(prober, notes)
         if plan is None:
             plan, output = _infer_input(model, prober, notes, _input_hints(model))
         if plan is None and prober.missing_package:
@@ -324,6 +344,7 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
 _CODE_ROOT: list[Path] = []  # the code tree of the target being built
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
+_PARENT_INPUTS: list = []  # (parent, InputPlan or None, instance): what the parent it was built inside fed it
 
 
 def _bare_packages(code_root: Path, dotted: str) -> None:
@@ -503,7 +524,16 @@ def _construct(code_root: Path, target: str, config: dict, notes: list[str]) -> 
             parameterless = _parameterless_with_stand_ins(obj, str(spec))
             if parameterless is not None:
                 return parameterless
-        return _skip_after_sites(model, site_failures, str(spec))
+        skip = _skip_after_sites(model, site_failures, str(spec))
+        if is_class and not _names_missing_package(skip.reason):
+            parent_notes: list[str] = []
+            inside = _build_inside_parent(code_root, spec, obj, parent_notes)
+            if inside is not None:
+                notes.extend(parent_notes)
+                return inside, str(spec)
+            if parent_notes:
+                return Skip(f"{skip.reason}; {'; '.join(parent_notes)}")
+        return skip
     return model, str(spec)
 
 
@@ -636,6 +666,184 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         _SITE_INPUTS[:] = [(construction.where, site_input) for site_input in construction.inputs]
         return built
     return None
+
+
+MAX_PARENT_DEPTH = 2  # a class built inside a parent built inside its own parent, no deeper
+PARENTS_TIME_S = 30.0  # no further parent is tried once the ones tried took this long: the target's timeout stays far
+
+
+def _build_inside_parent(code_root: Path, spec: TargetSpec, cls: type, notes: list[str]) -> Optional[nn.Module]:
+    """An instance of ``cls`` as a class of the repository that builds it does (gpu_runner.parents: a ResNet's
+    ``_make_layer(Bottleneck, ...)`` with the width it expands to, an encoder's ``EncoderLayer(d_model, heads)``):
+    the parent built with the usual machinery (its call sites, guesses, shrinking), the instance taken from its
+    modules, and what the parent's forward feeds it recorded in ``_PARENT_INPUTS``. None when no parent builds one
+    (why, for each parent tried, in ``notes``; nothing when the repository has no such parent)."""
+    if len(_PARENT_CHAIN) >= MAX_PARENT_DEPTH or cls in _PARENT_CHAIN or "." in (spec.name or ""):
+        return None
+    try:
+        candidates = parents.builders(code_root, spec.path, spec.name)
+    except Exception:  # noqa: BLE001 - reading the tree for parents is a help, never a reason to skip
+        return None
+    tried: list[str] = []
+    started = time.monotonic()
+    for path, name in candidates:
+        if time.monotonic() - started > PARENTS_TIME_S:
+            tried.append(f"{path}:{name} (not tried: the parents before it took over {PARENTS_TIME_S:.0f}s)")
+            break
+        saved = (dict(_LAST_ARGUMENTS), list(_SITE_INPUTS), list(_PARENT_INPUTS))
+        _PARENT_CHAIN.append(cls)
+        try:
+            found = _capture_in_parent(code_root, TargetSpec(path, name), cls)
+        except Exception as exc:  # noqa: BLE001 - the repository's parent code: this parent does not help
+            found = f"{type(exc).__name__}: {_one_line_text(exc, 120)}"
+        finally:
+            _PARENT_CHAIN.pop()
+            _LAST_ARGUMENTS.clear()
+            _LAST_ARGUMENTS.update(saved[0])
+            _SITE_INPUTS[:], _PARENT_INPUTS[:] = saved[1], saved[2]
+        if isinstance(found, str):
+            tried.append(f"{path}:{name} ({found})")
+            continue
+        instance, arguments, plan, how = found
+        shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
+        notes.append(f"built inside {name} ({path}) as the repository builds it: {spec.name}({shown}); {how}")
+        _LAST_ARGUMENTS.clear()
+        _LAST_ARGUMENTS.update(arguments)
+        _SITE_INPUTS.clear()
+        _PARENT_INPUTS[:] = [(f"{path}:{name}", plan, instance)]
+        return instance
+    if tried:
+        notes.append(f"the repository's classes that build {spec.name} did not give one here: {'; '.join(tried)}")
+    return None
+
+
+_PARENT_CHAIN: list = []  # the classes being built inside parents, outermost first
+
+
+def _capture_in_parent(code_root: Path, parent: TargetSpec, cls: type) -> Union[str, tuple]:
+    """``(instance of cls, its constructor arguments, InputPlan or None, how the input was found)`` from the
+    parent built as usual, or why not (a short text)."""
+    records: dict[int, dict] = {}
+    own_init = cls.__dict__.get("__init__")
+    original = cls.__init__
+
+    @functools.wraps(original)  # its signature stays the class's: the parent's own sites may bind to it
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if type(self) is cls:
+            try:
+                bound = inspect.signature(original).bind(self, *args, **kwargs)
+                records[id(self)] = dict(list(bound.arguments.items())[1:])
+            except TypeError:
+                records[id(self)] = {}
+
+    cls.__init__ = recording_init
+    try:
+        built = _construct(code_root, str(parent), {}, [])
+    finally:
+        if own_init is not None:
+            cls.__init__ = own_init
+        else:
+            del cls.__init__
+    if isinstance(built, Skip):
+        return built.reason.split(";")[0]
+    model = built[0]
+    if not isinstance(model, nn.Module):
+        return f"it made a {type(model).__name__}"
+    instances = [m for m in model.modules() if type(m) is cls and id(m) in records]
+    if not instances:
+        return f"the {parent.name} built here holds no {cls.__name__}"
+    plan, how, called = _input_inside_parent(model, instances)
+    instance = called or instances[0]
+    return instance, records[id(instance)], plan, how
+
+
+def _input_inside_parent(parent: nn.Module, instances: list) -> tuple[Optional[InputPlan], str, Optional[nn.Module]]:
+    """What the parent's forward, on the input inferred for it, feeds the first of ``instances`` it calls: at two
+    batch sizes, so that the batch axis of each tensor is the one that follows the parent's batch. (None, why,
+    the instance or None) when there is no such input."""
+    float_dtype = next((p.dtype for p in parent.parameters() if p.is_floating_point()), torch.float32)
+    prober = _Prober(parent, "cpu", float_dtype)
+    plan, _ = _input_from_sites(prober, [])
+    if plan is None:
+        plan, _ = _infer_input(parent, prober, [], _input_hints(parent))
+    if plan is None:
+        return None, "no input was found for the parent, so its own input is inferred", None
+    calls: dict[int, list] = {}
+
+    def record(module, args, kwargs):
+        calls.setdefault(id(module), []).append((args, kwargs))
+
+    handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in instances]
+    seen: list[tuple] = []
+    try:
+        for batch in (PROBE_BATCH, SECOND_PROBE_BATCH):
+            calls.clear()
+            if prober.try_plan(plan, batch) is _FAILED:
+                return None, f"the parent's forward failed at batch {batch}, so its own input is inferred", None
+            first = next((m for m in instances if id(m) in calls), None)
+            if first is None:
+                return None, "the parent's forward does not call it, so its own input is inferred", None
+            seen.append((first, calls[id(first)][0]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    (module, (args_a, kwargs_a)), (_, (args_b, kwargs_b)) = seen
+    captured = _plan_from_two_calls(module, (args_a, kwargs_a), (args_b, kwargs_b))
+    if isinstance(captured, str):
+        return None, f"what the parent feeds it is not usable here ({captured}), so its own input is inferred", module
+    return captured, f"input: what the parent's forward feeds it ({captured.describe()})", module
+
+
+def _plan_from_two_calls(module: nn.Module, first: tuple, second: tuple) -> Union[InputPlan, str]:
+    """The InputPlan of one module's inputs seen at batch PROBE_BATCH (``first``) and SECOND_PROBE_BATCH
+    (``second``); why not when an input is no tensor, or its batch axis is not the only one that follows the batch."""
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+
+    def spec(a: Any, b: Any, label: str) -> Union[TensorSpec, TupleSpec, str]:
+        if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and a and len(a) == len(b):
+            items = [spec(x, y, label) for x, y in zip(a, b)]
+            bad = next((i for i in items if isinstance(i, str)), None)
+            return bad if bad else TupleSpec(tuple(items))
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            return f"{label} is a {type(a).__name__}"
+        if a.dim() != b.dim():
+            return f"{label} changes rank with the batch"
+        moved = [d for d in range(a.dim()) if a.shape[d] != b.shape[d]]
+        if len(moved) != 1 or a.shape[moved[0]] != PROBE_BATCH or b.shape[moved[0]] != SECOND_PROBE_BATCH:
+            return f"{label} {list(a.shape)} does not follow the batch on one axis"
+        axis = moved[0]
+        shape = tuple(a.shape[:axis]) + tuple(a.shape[axis + 1:])
+        if a.is_floating_point():
+            return TensorSpec(shape, batch_axis=axis)
+        if a.dtype == torch.bool:
+            return TensorSpec(shape, "bool", batch_axis=axis)
+        if a.dtype != torch.long or (a.numel() and int(a.min()) < 0):
+            return f"{label} is a {a.dtype} tensor"
+        high = max(2, int(a.max()) + 1 if a.numel() else 2)
+        return TensorSpec(shape, "long", 0, high, batch_axis=axis)
+
+    (args_a, kwargs_a), (args_b, kwargs_b) = first, second
+    while args_a and args_a[-1] is None and len(args_a) == len(args_b):  # trailing defaults passed as None
+        args_a, args_b = args_a[:-1], args_b[:-1]
+    if len(args_a) != len(args_b) or set(kwargs_a) != set(kwargs_b):
+        return "the calls differ"
+    specs = [spec(a, b, f"argument {i + 1}") for i, (a, b) in enumerate(zip(args_a, args_b))]
+    named = []
+    for key in kwargs_a:
+        if kwargs_a[key] is None and kwargs_b[key] is None and key in parameters \
+                and parameters[key].default is None:
+            continue
+        named.append((key, spec(kwargs_a[key], kwargs_b[key], key)))
+    bad = next((s for s in specs + [s for _, s in named] if isinstance(s, str)), None)
+    if bad:
+        return bad
+    if not specs and not named:
+        return "it takes no tensor"
+    return InputPlan(tuple(specs), tuple(named), source="from the parent's forward")
 
 
 def _bind_site(cls: type, construction: "sites.Construction") -> dict:
@@ -1803,6 +2011,20 @@ def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
         notes.append(f"input inferred {broadcast[0].source}: {broadcast[0].describe()} ({broadcast[2]}; no other "
                      "input worked)")
         return broadcast[0], broadcast[1]
+    return None, None
+
+
+def _input_from_parent(prober: "_Prober", notes: list[str]) -> tuple[Optional[InputPlan], Any]:
+    """The input the parent the model was built inside fed it (``_PARENT_INPUTS``); (None, None) when there is
+    none or the model alone rejects it (then inferred as usual: never a failure)."""
+    for where, plan, instance in _PARENT_INPUTS:
+        if plan is None or instance is not prober.model:  # fed to another instance (an earlier target's)
+            continue
+        output = prober.try_plan(plan)
+        if output is not _FAILED:
+            notes.append(f"input from what {where} feeds it: {plan.describe()}")
+            return plan, output
+        notes.append(f"the input {where} feeds it ({plan.describe()}) failed here alone: {prober.last_error}")
     return None, None
 
 
