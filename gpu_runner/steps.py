@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from gpu_runner import absent, sites
+from gpu_runner.batch_keys import KeyedDataset, KeysUnknown, keyed_batch
 from gpu_runner import build as build_module
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
                               guess_argument, import_with_stand_ins)
@@ -440,6 +441,25 @@ class _Loader(torch.utils.data.DataLoader):
     def __init__(self, batch: tuple, iterations: int):
         tensors = [torch.cat([t] * iterations) for t in batch]
         super().__init__(torch.utils.data.TensorDataset(*tensors), batch_size=len(batch[0]), shuffle=False)
+
+
+class _KeyedLoader(torch.utils.data.DataLoader):
+    """A DataLoader over ``iterations`` copies of one dict batch (``{key: tensor}``)."""
+
+    def __init__(self, columns: dict, iterations: int):
+        super().__init__(KeyedDataset(columns, iterations), batch_size=len(next(iter(columns.values()))),
+                         shuffle=False)
+
+
+def _keyed_batch(function: Callable, batch: tuple) -> Optional[dict]:
+    """The step's batch as a dict, when it reads its batch by keys (gpu_runner.batch_keys); None otherwise."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return None
+    try:
+        return keyed_batch(node, batch, role_of)
+    except KeysUnknown as exc:
+        raise StepSkip(f"{exc}; configure smoke.steps with an input") from None
 
 
 class _Criterion(nn.Module):
@@ -1018,6 +1038,11 @@ class _FunctionPlan(_Plan):
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
         self.batch = _step_batch(subject)
+        self.keyed = _keyed_batch(function, self.batch)
+        if self.keyed is not None:
+            self.notes.append(f"the step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches are "
+                              "dicts, each key the model's input or the target the step uses it as "
+                              "(gpu_runner.batch_keys)")
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=STEP_LEARNING_RATE)
         self.criterion = _Criterion(subject.loss_fn)
@@ -1029,12 +1054,15 @@ class _FunctionPlan(_Plan):
         self.start_in_eval = not self.per_batch
 
     def values(self, iterations: int = STEP_ITERATIONS) -> dict:
-        loader = _Loader(self.batch, iterations)
-        return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": copy.deepcopy(self.batch),
+        loader = _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
+        return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": self._one_batch(),
                 "index": 0, "optimizer": self.optimizer, "criterion": self.criterion, "device": self.subject.device,
                 "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
+
+    def _one_batch(self) -> Any:
+        return copy.deepcopy(self.batch if self.keyed is None else self.keyed)
 
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
@@ -1132,7 +1160,7 @@ class _FunctionPlan(_Plan):
             if self.per_batch:
                 for key, parameter in inspect.signature(call).parameters.items():
                     if role_of(key) == "batch":
-                        arguments[key] = copy.deepcopy(self.batch)
+                        arguments[key] = self._one_batch()
                     elif role_of(key) == "index" and key in arguments:
                         arguments[key] = index
             try:
