@@ -454,12 +454,7 @@ class _KeyedLoader(torch.utils.data.DataLoader):
 def _keyed_batch(function: Callable, batch: tuple) -> Optional[dict]:
     """The step's batch as a dict, when it reads its batch by keys (gpu_runner.batch_keys); None otherwise."""
     node = _function_node(inspect.unwrap(function))
-    if node is None:
-        return None
-    try:
-        return keyed_batch(node, batch, role_of)
-    except KeysUnknown as exc:
-        raise StepSkip(f"{exc}; configure smoke.steps with an input") from None
+    return keyed_batch(node, batch, role_of) if node is not None else None
 
 
 class _Criterion(nn.Module):
@@ -622,6 +617,8 @@ class _Plan:
     unchanged_fails = True
     # a script that puts its model in eval mode before its loop trains so on purpose (BatchNorm statistics frozen)
     eval_before_the_loop: Optional[str] = None
+    # said after the reason when the step raises on the runner's arguments: what the runner could not make
+    skip_hint = ""
 
     def __init__(self, code_root: Path, target: str, subject: Optional[Subject], where: tuple[str, int, int],
                  device: Any = None):
@@ -684,8 +681,9 @@ class _Plan:
                                    "(its file was imported with a stand-in for it); install it in the runner "
                                    "image") from None
                 raise StepSkip(f"{self.target} raised {type(cause).__name__}{at} on the runner's synthetic "
-                               f"arguments: {_one_line(cause, 200)}; configure smoke.steps if they do not fit "
-                               "it") from None
+                               f"arguments: {_one_line(cause, 200)}"
+                               + (f" ({self.skip_hint})" if self.skip_hint else "")
+                               + "; configure smoke.steps if they do not fit it") from None
         finally:
             if self.instruments is not None:
                 self.instruments.close()
@@ -1038,7 +1036,13 @@ class _FunctionPlan(_Plan):
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
         self.batch = _step_batch(subject)
-        self.keyed = _keyed_batch(function, self.batch)
+        self.keyed = None
+        try:
+            self.keyed = _keyed_batch(function, self.batch)
+        except KeysUnknown as exc:
+            # the batches stay tuples: a step that makes its own loader still runs; one that reads the runner's
+            # batches by key raises on them, and its skip says why
+            self.skip_hint = str(exc)
         if self.keyed is not None:
             self.notes.append(f"the step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches are "
                               "dicts, each key the model's input or the target the step uses it as "

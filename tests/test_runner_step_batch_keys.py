@@ -1,7 +1,8 @@
 """A training step that reads its batch by keys (``batch["pixels"]``, ``batch["kind"]``), unconfigured (issue 27,
 item 4): the runner's batches are dicts whose keys hold what the step does with them (the model's input, the
 target its loss compares with), so the step runs and is checked; a planted missing ``zero_grad()`` fails at its
-line; a key the step uses otherwise, or a batch spread into the model's keywords, is a skip naming why."""
+line; a key the step uses otherwise, or a batch spread into the model's keywords, is a skip naming why, unless the
+step makes its own loader."""
 from __future__ import annotations
 
 import ast
@@ -97,6 +98,26 @@ def test_a_key_used_for_something_else_is_a_skip_naming_it(tmp_path):
                             'kinds = record["kind"].to(device)[record["keep"]]')
     report = smoke_step(write_tree(tmp_path, {"leaves.py": source}), "leaves.py:train_one_epoch", None, device="cpu")
     assert report["status"] == "skipped" and "'keep'" in report["reason"], report
+
+
+# The step makes its own records, with a field the runner could not fill: it runs on them as it always did.
+OWN_RECORDS = LEAVES + '''
+
+    def fit_own(model, optimizer, criterion, device):
+        model.train()
+        own_loader = [{"pixels": torch.rand(8, 3, 32, 32), "kind": torch.randint(0, 5, (8,)),
+                       "keep": torch.ones(8, dtype=torch.bool)}] * 6
+        for record in own_loader:
+            optimizer.zero_grad()
+            loss = criterion(model(record["pixels"])[record["keep"]], record["kind"][record["keep"]])
+            loss.backward()
+            optimizer.step()
+'''
+
+
+def test_a_step_with_its_own_records_runs_on_them_even_with_a_key_the_runner_cannot_fill(tmp_path):
+    report = smoke_step(write_tree(tmp_path, {"leaves.py": OWN_RECORDS}), "leaves.py:fit_own", None, device="cpu")
+    assert report["status"] == "passed", report
 
 
 def step_node(source: str) -> ast.AST:
