@@ -44,10 +44,12 @@ def _batch_names(node: ast.AST, role_of: Callable[[str], Optional[str]]) -> set[
     return names
 
 
-def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[str]]) -> Optional[dict]:
+def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[str]],
+                self_is_model: bool = False) -> Optional[dict]:
     """``{key: tensor}`` for a step (its function's ``ast`` node) that reads its batch by string keys, from the
-    runner's ``batch`` (inputs..., target); None when it reads none. Raises KeysUnknown for a key whose use the
-    step does not show (see the module's docstring)."""
+    runner's ``batch`` (inputs..., target); None when it reads none. ``self_is_model``: the step is a method of the
+    model (a LightningModule's ``training_step``), so ``self(x)`` calls it. Raises KeysUnknown for a key whose use
+    the step does not show (see the module's docstring)."""
     names = _batch_names(node, role_of)
     if not names:
         return None
@@ -86,7 +88,7 @@ def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[s
         if not isinstance(call, ast.Call):
             return False
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
-        return isinstance(func, ast.Name) and role_of(func.id) == "model" \
+        return isinstance(func, ast.Name) and (role_of(func.id) == "model" or self_is_model and func.id == "self") \
             or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
             and role_of(func.attr) == "model"
 

@@ -958,6 +958,16 @@ class _LightningPlan(_Plan):
     def __init__(self, *args):
         super().__init__(*args)
         self.batch = _step_batch(self.subject)
+        self.keyed = None
+        node = _function_node(inspect.unwrap(type(self.model).training_step))
+        try:
+            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=True) if node is not None else None
+        except KeysUnknown as exc:
+            self.skip_hint = str(exc)
+        if self.keyed is not None:
+            self.notes.append(f"training_step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
+                              "are dicts, each key the model's input or the target the step uses it as "
+                              "(gpu_runner.batch_keys)")
         self._optimizer_where: Optional[_Where] = None
 
     def optimizer_where(self) -> Optional[_Where]:
@@ -984,7 +994,7 @@ class _LightningPlan(_Plan):
             model.train()
             optimizer.zero_grad()
             try:
-                output = model.training_step(copy.deepcopy(self.batch), index)
+                output = model.training_step(copy.deepcopy(self.batch if self.keyed is None else self.keyed), index)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
             loss = output.get("loss") if isinstance(output, dict) else output

@@ -120,6 +120,43 @@ def test_a_step_with_its_own_records_runs_on_them_even_with_a_key_the_runner_can
     assert report["status"] == "passed", report
 
 
+# A Lightning-style tagger whose training_step reads named fields and calls itself.
+TAGGER = '''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class ToneTagger(nn.Module):
+        def __init__(self, features=10, tones=3):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(features, 16), nn.GELU())
+            self.head = nn.Linear(16, tones)
+
+        def forward(self, signal):
+            return self.head(self.body(signal))
+
+        def training_step(self, batch, batch_idx):
+            logits = self(batch["signal"])
+            return F.cross_entropy(logits, batch["tone"])
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+'''
+
+
+def test_a_lightning_style_step_reading_keys_runs_and_its_partial_optimizer_fails(tmp_path):
+    report = smoke_step(write_tree(tmp_path, {"tagger.py": TAGGER}), "tagger.py:ToneTagger.training_step", None,
+                        device="cpu")
+    assert report["status"] == "passed", report
+    assert any("training_step reads its batch by keys" in n for n in report["notes"])
+    planted = TAGGER.replace("torch.optim.Adam(self.parameters(), lr=1e-3)",
+                             "torch.optim.Adam(self.head.parameters(), lr=1e-3)")
+    report = smoke_step(write_tree(tmp_path / "planted", {"tagger.py": planted}), "tagger.py:ToneTagger.training_step",
+                        None, device="cpu")
+    assert report["status"] == "failed" and checks(report)["optimizer-coverage"] == "fail", report
+
+
 def step_node(source: str) -> ast.AST:
     return ast.parse(textwrap.dedent(source)).body[0]
 
