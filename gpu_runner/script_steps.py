@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gpu_runner import absent, vision_data
+from gpu_runner import absent, training_apis, vision_data
 from gpu_runner.build import SEQUENCE_LENGTH, _shrunk
 from gpu_runner.guess import CONFIG_NAMES
 from gpu_runner.steps import STEP_BATCH, StepSkip, _Plan, _UserCodeFailed, _one_line, _user_frames, role_of
@@ -543,7 +543,7 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     torch.utils.data.DataLoader.__init__ = loader_in_process
     os.chdir(scratch)
     try:
-        with stand_ins, vision_data.synthetic_vision_data(notes):
+        with stand_ins, vision_data.synthetic_vision_data(notes), training_apis.single_process_apis(device, notes):
             yield
     finally:
         os.chdir(saved_cwd)

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from gpu_runner import absent, sites
+from gpu_runner.batch_keys import KeyedDataset, KeysUnknown, keyed_batch
 from gpu_runner import build as build_module
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
                               guess_argument, import_with_stand_ins)
@@ -442,6 +443,20 @@ class _Loader(torch.utils.data.DataLoader):
         super().__init__(torch.utils.data.TensorDataset(*tensors), batch_size=len(batch[0]), shuffle=False)
 
 
+class _KeyedLoader(torch.utils.data.DataLoader):
+    """A DataLoader over ``iterations`` copies of one dict batch (``{key: tensor}``)."""
+
+    def __init__(self, columns: dict, iterations: int):
+        super().__init__(KeyedDataset(columns, iterations), batch_size=len(next(iter(columns.values()))),
+                         shuffle=False)
+
+
+def _keyed_batch(function: Callable, batch: tuple) -> Optional[dict]:
+    """The step's batch as a dict, when it reads its batch by keys (gpu_runner.batch_keys); None otherwise."""
+    node = _function_node(inspect.unwrap(function))
+    return keyed_batch(node, batch, role_of) if node is not None else None
+
+
 class _Criterion(nn.Module):
     """The builder's loss as an ``nn.Module`` criterion: ``criterion(output, target)``."""
 
@@ -602,6 +617,8 @@ class _Plan:
     unchanged_fails = True
     # a script that puts its model in eval mode before its loop trains so on purpose (BatchNorm statistics frozen)
     eval_before_the_loop: Optional[str] = None
+    # said after the reason when the step raises on the runner's arguments: what the runner could not make
+    skip_hint = ""
 
     def __init__(self, code_root: Path, target: str, subject: Optional[Subject], where: tuple[str, int, int],
                  device: Any = None):
@@ -664,8 +681,9 @@ class _Plan:
                                    "(its file was imported with a stand-in for it); install it in the runner "
                                    "image") from None
                 raise StepSkip(f"{self.target} raised {type(cause).__name__}{at} on the runner's synthetic "
-                               f"arguments: {_one_line(cause, 200)}; configure smoke.steps if they do not fit "
-                               "it") from None
+                               f"arguments: {_one_line(cause, 200)}"
+                               + (f" ({self.skip_hint})" if self.skip_hint else "")
+                               + "; configure smoke.steps if they do not fit it") from None
         finally:
             if self.instruments is not None:
                 self.instruments.close()
@@ -940,6 +958,16 @@ class _LightningPlan(_Plan):
     def __init__(self, *args):
         super().__init__(*args)
         self.batch = _step_batch(self.subject)
+        self.keyed = None
+        node = _function_node(inspect.unwrap(type(self.model).training_step))
+        try:
+            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=True) if node is not None else None
+        except KeysUnknown as exc:
+            self.skip_hint = str(exc)
+        if self.keyed is not None:
+            self.notes.append(f"training_step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
+                              "are dicts, each key the model's input or the target the step uses it as "
+                              "(gpu_runner.batch_keys)")
         self._optimizer_where: Optional[_Where] = None
 
     def optimizer_where(self) -> Optional[_Where]:
@@ -966,7 +994,7 @@ class _LightningPlan(_Plan):
             model.train()
             optimizer.zero_grad()
             try:
-                output = model.training_step(copy.deepcopy(self.batch), index)
+                output = model.training_step(copy.deepcopy(self.batch if self.keyed is None else self.keyed), index)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
             loss = output.get("loss") if isinstance(output, dict) else output
@@ -1018,6 +1046,17 @@ class _FunctionPlan(_Plan):
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
         self.batch = _step_batch(subject)
+        self.keyed = None
+        try:
+            self.keyed = _keyed_batch(function, self.batch)
+        except KeysUnknown as exc:
+            # the batches stay tuples: a step that makes its own loader still runs; one that reads the runner's
+            # batches by key raises on them, and its skip says why
+            self.skip_hint = str(exc)
+        if self.keyed is not None:
+            self.notes.append(f"the step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches are "
+                              "dicts, each key the model's input or the target the step uses it as "
+                              "(gpu_runner.batch_keys)")
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=STEP_LEARNING_RATE)
         self.criterion = _Criterion(subject.loss_fn)
@@ -1029,12 +1068,15 @@ class _FunctionPlan(_Plan):
         self.start_in_eval = not self.per_batch
 
     def values(self, iterations: int = STEP_ITERATIONS) -> dict:
-        loader = _Loader(self.batch, iterations)
-        return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": copy.deepcopy(self.batch),
+        loader = _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
+        return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": self._one_batch(),
                 "index": 0, "optimizer": self.optimizer, "criterion": self.criterion, "device": self.subject.device,
                 "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
+
+    def _one_batch(self) -> Any:
+        return copy.deepcopy(self.batch if self.keyed is None else self.keyed)
 
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
@@ -1132,7 +1174,7 @@ class _FunctionPlan(_Plan):
             if self.per_batch:
                 for key, parameter in inspect.signature(call).parameters.items():
                     if role_of(key) == "batch":
-                        arguments[key] = copy.deepcopy(self.batch)
+                        arguments[key] = self._one_batch()
                     elif role_of(key) == "index" and key in arguments:
                         arguments[key] = index
             try:

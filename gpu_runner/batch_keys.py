@@ -1,0 +1,139 @@
+"""Batches that are dicts: a training step that reads its batch by key (``images = batch["image"].to(device)``,
+``x, y = batch["x"], batch["y"]``) gets a loader of dicts, each key holding what the step does with it (issue 27,
+item 4): the runner's batch is ``(inputs..., target)`` for the model it built, and a key is the model's i-th input
+when the step passes it (or a name assigned from it) as the model's i-th positional argument, the target when the
+step compares the model's output with it (``criterion(output, batch["label"])``: a call whose first argument is
+the model's output and whose second is the key). A key the step reads for anything else (a mask, an index, a
+length), or a batch unpacked into the model's keywords (``model(**batch)``): the runner does not guess what a key
+holds, the batches stay tuples (a step that makes its own loader runs on it as before), and a step that then raises
+on them is skipped naming the key.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Callable, Optional
+
+import torch
+
+# tensor methods that give the same data (device, dtype, layout): ``batch["x"].to(device).float()`` is still "x"
+_SAME_DATA = {"to", "cuda", "cpu", "float", "long", "int", "half", "double", "bfloat16", "contiguous", "type"}
+
+
+class KeysUnknown(Exception):
+    """The step reads its batch by keys, and what one of them holds cannot be told from the step."""
+
+
+def _batch_names(node: ast.AST, role_of: Callable[[str], Optional[str]]) -> set[str]:
+    """The step's names for a batch: a parameter named like one, a loop's variable over a loader (``for batch in
+    loader``, ``for i, batch in enumerate(tqdm(loader))``)."""
+    names = {a.arg for a in node.args.args + node.args.kwonlyargs if role_of(a.arg) == "batch"}
+
+    def loader_in(expression: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and role_of(n.id) == "loader"
+                   or isinstance(n, ast.Attribute) and role_of(n.attr) == "loader" for n in ast.walk(expression))
+
+    for loop in ast.walk(node):
+        if isinstance(loop, (ast.For, ast.AsyncFor)) and loader_in(loop.iter):
+            target = loop.target
+            if isinstance(target, ast.Tuple) and isinstance(loop.iter, ast.Call) \
+                    and isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "enumerate" \
+                    and len(target.elts) == 2:
+                target = target.elts[1]
+            if isinstance(target, ast.Name):
+                names.add(target.id)
+    return names
+
+
+def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[str]],
+                self_is_model: bool = False) -> Optional[dict]:
+    """``{key: tensor}`` for a step (its function's ``ast`` node) that reads its batch by string keys, from the
+    runner's ``batch`` (inputs..., target); None when it reads none. ``self_is_model``: the step is a method of the
+    model (a LightningModule's ``training_step``), so ``self(x)`` calls it. Raises KeysUnknown for a key whose use
+    the step does not show (see the module's docstring)."""
+    names = _batch_names(node, role_of)
+    if not names:
+        return None
+    keys: dict[str, None] = {}
+    for item in ast.walk(node):
+        if isinstance(item, ast.Subscript) and isinstance(item.value, ast.Name) and item.value.id in names \
+                and isinstance(item.slice, ast.Constant) and isinstance(item.slice.value, str):
+            keys.setdefault(item.slice.value)
+    if not keys:
+        return None
+    aliases: dict[str, str] = {}
+
+    def key_of(expression: ast.AST) -> Optional[str]:
+        while isinstance(expression, ast.Call) and isinstance(expression.func, ast.Attribute) \
+                and expression.func.attr in _SAME_DATA:
+            expression = expression.func.value
+        if isinstance(expression, ast.Subscript) and isinstance(expression.value, ast.Name) \
+                and expression.value.id in names and isinstance(expression.slice, ast.Constant):
+            return expression.slice.value if isinstance(expression.slice.value, str) else None
+        if isinstance(expression, ast.Name):
+            return aliases.get(expression.id)
+        return None
+
+    assignments = [n for n in ast.walk(node) if isinstance(n, ast.Assign) and len(n.targets) == 1]
+    for _ in range(2):  # ``x = batch["x"]; x = x.to(device)``
+        for assign in assignments:
+            target, value = assign.targets[0], assign.value
+            pairs = list(zip(target.elts, value.elts)) if isinstance(target, ast.Tuple) \
+                and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts) else [(target, value)]
+            for name, expression in pairs:
+                key = key_of(expression)
+                if isinstance(name, ast.Name) and key is not None:
+                    aliases[name.id] = key
+
+    def is_model_call(call: ast.AST) -> bool:
+        if not isinstance(call, ast.Call):
+            return False
+        func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
+        return isinstance(func, ast.Name) and (role_of(func.id) == "model" or self_is_model and func.id == "self") \
+            or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
+            and role_of(func.attr) == "model"
+
+    def base(expression: ast.AST) -> ast.AST:
+        while isinstance(expression, (ast.Subscript, ast.Attribute)):
+            expression = expression.value
+        return expression
+
+    inputs, target = batch[:-1], batch[-1]
+    found: dict[str, torch.Tensor] = {}
+    outputs: set[str] = set()
+    for item in ast.walk(node):
+        if is_model_call(item):
+            if any(k.arg is None and isinstance(k.value, ast.Name) and k.value.id in names for k in item.keywords):
+                raise KeysUnknown("the step passes its batch to the model as keywords (model(**batch)): the "
+                                  "names the model takes are not keys the runner can fill")
+            for position, argument in enumerate(item.args[:len(inputs)]):
+                key = key_of(argument)
+                if key is not None:
+                    found.setdefault(key, inputs[position])
+        if isinstance(item, ast.Assign) and is_model_call(base(item.value)):
+            outputs.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    for item in ast.walk(node):
+        if isinstance(item, ast.Call) and not is_model_call(item) and len(item.args) >= 2:
+            first = base(item.args[0])
+            key = key_of(item.args[1])
+            if key is not None and (is_model_call(first) or isinstance(first, ast.Name) and first.id in outputs):
+                found.setdefault(key, target)
+    unknown = [k for k in keys if k not in found]
+    if unknown:
+        raise KeysUnknown(f"the step reads its batch by keys, and {', '.join(repr(k) for k in unknown)} is neither "
+                          "passed to the model nor compared with its output: the runner cannot tell what it holds")
+    return {key: found[key] for key in keys}
+
+
+class KeyedDataset(torch.utils.data.Dataset):
+    """Rows of ``columns`` as dicts (``{key: row}``), repeated ``copies`` times; a DataLoader collates them into a
+    dict batch."""
+
+    def __init__(self, columns: dict, copies: int):
+        self.columns = {k: torch.cat([v] * copies) for k, v in columns.items()}
+        self.rows = len(next(iter(self.columns.values())))
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: int) -> dict:
+        return {k: v[index] for k, v in self.columns.items()}
