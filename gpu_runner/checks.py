@@ -93,6 +93,7 @@ class _Run:
     steps_cut: bool = False  # fewer steps than asked for, to fit the time budget
     scaled: bool = False  # smaller batches or fewer steps than asked for, to fit the time budget
     over_budget: bool = False  # too slow for the budget even at the smallest batch, steps and input
+    budget_cause: str = ""  # when over_budget: the step time, input and budget that make it so
     nonfinite_events: list[NonFiniteEvent] = field(default_factory=list)
     loss_after_steps: Optional[float] = None
 
@@ -286,8 +287,23 @@ def _scaled_to_budget(subject: Subject, steps: int, batch_size: int, budget_s: f
     what += f", and {fewer} steps, not {steps}" if fewer < steps else ""
     full = f"at least {cost(step):.0f}s" if chosen < batch_size else f"about {cost(step):.0f}s"
     return chosen, fewer, (f"checked on {what}: one training step took {step:.2f}s on {chosen} samples, so the "
-                           f"checks and measures on {batch_size} would take {full}, more than the {budget_s:.0f}s "
-                           "budget"), step
+                           f"checks and measures on {batch_size} would take {full}, more than the {budget_s:.1f}s "
+                           "left of the time budget"), step
+
+
+def _budget_cause(run: _Run, step_s: float, left_s: float, halvings: list[str]) -> str:
+    """Why a target does not fit its time budget even at its smallest: the step's time at the input it was timed
+    on, what was shrunk before, and what was left of the budget."""
+    if halvings:
+        smallest = f"after shrinking its input ({halvings[-1].removeprefix('for the time budget: ')})"
+    elif run.subject.smaller is None:
+        smallest = "an input the runner cannot make smaller"
+    else:
+        smallest = "at the smallest input its forward takes"
+    timed = f"one training step took {step_s:.2f}s" if step_s > 0 else "a training step could not be timed"
+    return (f"{timed} at input {_input_shapes(run)} ({smallest}), so {run.steps} steps of checks "
+            f"and the measures need about {_planned_seconds(run.steps, step_s):.0f}s, more than the {left_s:.1f}s left "
+            "of it")
 
 
 def _smaller_subject(subject: Subject) -> Optional[Subject]:
@@ -347,6 +363,7 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
                 batch_size, steps, budget_note, step_s = _scaled_to_budget(subject, requested_steps, requested_batch,
                                                                            left(), seed)
             over_budget = _planned_seconds(steps, step_s) > left()
+            left_at_plan = left()
             if halvings:
                 budget_note = "; ".join([halvings[-1], *[budget_note] * bool(budget_note)])
         try:
@@ -360,6 +377,8 @@ def _checked(subject: Subject, steps: int, seed: int, batch_size: int, budget_s:
                                 reason=f"could not make a batch of {batch_size}: {type(exc).__name__}: {exc}")
         run = _Run(subject, steps, seed, batch_size, fixed_batch, steps_cut=steps < requested_steps,
                    scaled=bool(budget_note), over_budget=over_budget)
+        if over_budget:
+            run.budget_cause = _budget_cause(run, step_s, left_at_plan, halvings)
         run.model()  # the initial state, restored before every check and at the end
         global _CONFIGURED_LAYOUT
         configured = subject.output_select is not None or subject.output_batch_axis != 0
@@ -442,8 +461,8 @@ WARNING_ONLY_CHECKS = ("gradient-health",)
 
 def _run_isolated(name: str, function: Callable[[_Run], CheckResult], run: _Run) -> CheckResult:
     if run.over_budget and name in WARNING_ONLY_CHECKS:
-        return CheckResult(name, "skip", "not run: the target does not fit its time budget even on batches of "
-                           f"{run.batch_size}, {run.steps} steps and its smallest input, and this check only warns.",
+        return CheckResult(name, "skip", f"not run: the target does not fit its time budget: {run.budget_cause}; "
+                           "this check only warns.",
                            {"seconds": 0.0, "budget": True})
     phase(f"the {name} check on batches of {run.batch_size}, {run.steps} steps")
     run.seed_everything()

@@ -46,6 +46,9 @@ TARGET_BUDGET_S = 20.0
 # The experiments on static findings (gpu_runner.confirm) run after the checks, until the checks' deadline plus this
 # much, and never past this share of the per-target timeout: a target killed at its timeout loses its whole report.
 FINDINGS_BUDGET_S = 20.0
+# A note says what the import and build spent of the budget when it was at least this share (the checks, planned
+# on the rest, may have been made smaller for it)
+BUILD_SHARE_SHOWN = 0.25
 FINDINGS_SHARE_OF_TIMEOUT = 0.8
 
 
@@ -65,6 +68,7 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     from gpu_runner.subject import phase
 
     phase("the import and build of the model (its constructor, then its input inferred by running its forward)")
+    build_started = time.perf_counter()
     try:
         subject = build_subject(code_root, target, device=device, config=config, seed=seed)
     except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything while importing/constructing
@@ -83,7 +87,9 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
     except Exception as exc:  # noqa: BLE001
         return _report(target, "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
     data = report.to_dict()
-    data["notes"] = list(subject.notes) + list(data.get("notes") or [])
+    shown = budget is not None and deadline - budget - build_started >= BUILD_SHARE_SHOWN * (deadline - build_started)
+    data["notes"] = list(subject.notes) + [_build_share(build_started, deadline, budget)] * shown \
+        + list(data.get("notes") or [])
     if findings and not measure_only:
         from gpu_runner.confirm import confirm_findings
 
@@ -95,6 +101,14 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
             data["notes"].append(f"the static findings could not be checked by running: {type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())[:200]}")
     return data
+
+
+def _build_share(build_started: float, deadline: float, left: float) -> str:
+    """What the import and build spent of the per-target time budget (for a target checked smaller: the checks
+    had only the rest)."""
+    took = deadline - left - build_started
+    return (f"the import and build took {took:.1f}s of the {deadline - build_started:.0f}s time budget, leaving "
+            f"{left:.1f}s for the checks")
 
 
 def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:

@@ -209,6 +209,10 @@ def test_a_target_that_cannot_fit_even_at_its_smallest_leaves_out_the_checks_tha
     tight = run_checks(subject, steps=2, budget_s=0.0)
     health = next(c for c in tight.checks if c.name == "gradient-health")
     assert health.status == "skip" and "does not fit its time budget" in health.message
+    # the reason names the real cause: the step's time at the input it was shrunk to, and the budget left
+    assert "at input (2, 3, 8, 8) (after shrinking its input (resolution halved to 8 x 8" in health.message, \
+        health.message
+    assert "one training step took" in health.message and "more than the 0.0s left of it" in health.message
     assert next(c for c in tight.checks if c.name == "gradients").status == "pass"  # the checks that fail still run
     roomy = run_checks(subject, steps=2, budget_s=3600.0)
     assert "time budget" not in next(c for c in roomy.checks if c.name == "gradient-health").message
