@@ -175,6 +175,23 @@ def _count_floor(use: ast.Name, parents: dict, methods: list[ast.FunctionDef],
     return inner.get(name)
 
 
+def _loop_index_unused_as_index(call: ast.Call, parents: dict) -> bool:
+    """``call`` (a ``range``) is what a ``for`` loop or a comprehension iterates, and the loop's variable never
+    indexes or slices anything: ``x[:, i]`` ties the count to a size of the data, a recurrence's ``if i == 0``
+    does not."""
+    loop = parents.get(call)
+    if isinstance(loop, ast.For) and loop.iter is call:
+        scope: list[ast.AST] = [*loop.body, *loop.orelse]
+    elif isinstance(loop, ast.comprehension) and loop.iter is call and parents.get(loop) is not None:
+        scope = [parents[loop]]
+    else:
+        return False
+    variables = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    return not any(isinstance(sub, ast.Subscript) and any(isinstance(n, ast.Name) and n.id in variables
+                                                           for n in ast.walk(sub.slice))
+                   for node in scope for sub in ast.walk(node))
+
+
 def _attribute_loop_floor(attribute: str, methods: list[ast.FunctionDef]) -> Optional[int]:
     """1 when every read of ``self.<attribute>`` in ``methods`` is ``range(self.<attribute>)``, 2 when some sit
     in arithmetic inside ``range(...)``; None when one is read otherwise, or never."""
@@ -192,7 +209,7 @@ def _attribute_loop_floor(attribute: str, methods: list[ast.FunctionDef]) -> Opt
                 node, bare = parents[node], False
             call = parents.get(node)
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "range"
-                    and node in call.args):
+                    and node in call.args) or not _loop_index_unused_as_index(call, parents):
                 return None
             floor = max(floor or 1, 1 if bare and len(call.args) == 1 else 2)
     return floor

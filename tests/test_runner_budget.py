@@ -246,10 +246,10 @@ UNROLLED_MODEL = """\
             return x + self.body(x)
 
     class Looped(nn.Module):
-        def __init__(self, channels=3, passes=6, hops=5, blocks=3, gate=7):
+        def __init__(self, channels=3, passes=6, hops=5, blocks=3, gate=7, slices=4):
             super().__init__()
             self.stage = Stage(channels, 8, passes=passes)
-            self.hops, self.blocks, self.gate = hops, blocks, gate
+            self.hops, self.blocks, self.gate, self.slices = hops, blocks, gate, slices
             self.layers = nn.ModuleList(nn.Conv2d(8, 8, 1) for _ in range(blocks))
             self.head = nn.Linear(8, 4)
 
@@ -263,6 +263,7 @@ UNROLLED_MODEL = """\
                 x = x + 1
             for _ in range(self.gate):
                 x = x * 0.9
+            x = sum(x[:, k] for k in range(self.slices)).unsqueeze(1) + x
             return self.head(x.mean((2, 3)))
     """
 
@@ -270,7 +271,7 @@ UNROLLED_MODEL = """\
 def test_a_count_read_only_as_a_forward_loop_count_is_shrunk_through_the_classes_it_is_handed_to(tmp_path):
     """``passes`` only sets how often Refine's forward loops (handed on through Stage): shrunk to 1; ``hops`` is
     read inside arithmetic in ``range``: 2 keeps the loop's body running; ``blocks`` builds layers in the
-    constructor and ``gate`` is also a condition: both kept (the decision is how each value is used, not its
+    constructor, ``gate`` is also a condition and ``slices`` indexes the data (``x[:, k]``): all kept (the decision is how each value is used, not its
     name)."""
     from gpu_runner import guess
 
@@ -278,13 +279,13 @@ def test_a_count_read_only_as_a_forward_loop_count_is_shrunk_through_the_classes
     subject = _subject(root, "looped.py:Looped")
     model = subject.model
     assert [block.passes for block in model.stage.body] == [1, 1]
-    assert model.hops == 2 and len(model.layers) == 3 and model.gate == 7
+    assert model.hops == 2 and len(model.layers) == 3 and model.gate == 7 and model.slices == 4
     assert any("passes=1 (default 6, shrunk)" in note for note in subject.notes), subject.notes
     import looped
 
     usage = guess.argument_usage(looped.Looped.__init__, looped, looped.Looped)
     assert {name: usage[name].loop_floor for name in usage} == \
-        {"channels": None, "passes": 1, "hops": 2, "blocks": None, "gate": None}
+        {"channels": None, "passes": 1, "hops": 2, "blocks": None, "gate": None, "slices": None}
 
 
 def test_loop_counts_are_read_in_methods_whose_lines_mix_tabs_and_spaces(tmp_path):
