@@ -50,18 +50,24 @@ FINDINGS_BUDGET_S = 20.0
 # on the rest, may have been made smaller for it)
 BUILD_SHARE_SHOWN = 0.25
 FINDINGS_SHARE_OF_TIMEOUT = 0.8
+# A model whose checks, planned at its smallest, would run past this share of the per-target timeout is skipped with
+# the cause (step time, input) instead of killed at the timeout without a report
+CHECKS_LIMIT_SHARE_OF_TIMEOUT = 0.8
 
 
 def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int,
               deadline: float | None = None, findings: list | None = None,
-              findings_deadline: float | None = None, measure_only: bool = False) -> dict:
+              findings_deadline: float | None = None, measure_only: bool = False,
+              limit: float | None = None) -> dict:
     """Build and check one target; ``deadline`` (a time.perf_counter() value) is when its checks should be done
     (the per-target budget, well before the timeout kills it): a slow model is checked on smaller batches, and
     with fewer steps if it must. ``findings``: static findings of the target's file that a run can decide
     (gpu_runner.confirm); their verdicts are the report's ``findings``, decided until ``findings_deadline`` (a
     time.perf_counter() value). The experiments never cost the target its checks' report: one that fails
     outside the PR's code leaves the findings out and says so in the notes. ``measure_only``: no checks, only
-    the measures (another round of step times for comparing head and base)."""
+    the measures (another round of step times for comparing head and base). ``limit`` (a time.perf_counter()
+    value): when the target would be killed; a model too slow to be checked before it, even shrunk, is skipped
+    with its step time and input."""
     from gpu_runner.build import CONFIGURE_HINT, BuiltWithBug, Skip, build_subject, known_bug
     from gpu_runner.checks import measure_subject, run_checks
 
@@ -83,7 +89,9 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
         return _report(target, "failed", checks=[asdict(subject.check)])
     try:
         budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        report = (measure_subject if measure_only else run_checks)(subject, steps=steps, seed=seed, budget_s=budget)
+        report = (measure_subject if measure_only else run_checks)(subject, steps=steps, seed=seed, budget_s=budget,
+                                                                      limit_s=None if limit is None else
+                                                                      limit - time.perf_counter())
     except Exception as exc:  # noqa: BLE001
         return _report(target, "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
     data = report.to_dict()
@@ -158,7 +166,8 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                                    int(job.get("steps", 50)), int(job.get("seed", 0)), deadline,
                                    [f for f in findings if isinstance(f, dict)], findings_deadline,
-                                   measure_only=bool(job.get("measure_only")))
+                                   measure_only=bool(job.get("measure_only")),
+                                   limit=started + CHECKS_LIMIT_SHARE_OF_TIMEOUT * float(timeout) if timeout else None)
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         result["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # the same, in CPU time (all threads)
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())

@@ -297,3 +297,17 @@ def test_loop_counts_are_read_in_methods_whose_lines_mix_tabs_and_spaces(tmp_pat
     (root / "mixed.py").write_text(source)
     subject = _subject(root, "mixed.py:Mixed")
     assert subject.model.rounds == 1, subject.notes
+
+
+def test_a_target_whose_smallest_plan_runs_past_its_timeout_is_skipped_with_the_cause(tmp_path):
+    """Over the budget at its smallest, a model is still checked while the plan fits before its timeout; past
+    that, it is skipped with the step's time and the input it was shrunk to, not killed without a report."""
+    subject = _subject(write_tree(tmp_path, {"paint.py": IMAGE_MODEL}), "paint.py:Painter")
+    killed = run_checks(subject, steps=2, budget_s=0.0, limit_s=0.0)
+    assert killed.status == "skipped" and not killed.checks, killed
+    assert killed.reason.startswith("too slow to check before its timeout, even shrunk: one training step took")
+    assert "at input (2, 3, 8, 8) (after shrinking its input (resolution halved to 8 x 8" in killed.reason, \
+        killed.reason
+    assert "left before its timeout" in killed.reason and "smoke.timeout" in killed.reason
+    roomy = run_checks(subject, steps=2, budget_s=0.0, limit_s=3600.0)
+    assert roomy.status == "passed" and roomy.checks
