@@ -1128,6 +1128,16 @@ def _shrunk_free_size(value: Any, usage: Any) -> Any:
     if usage is not None and usage.free_size and isinstance(value, int) and not isinstance(value, bool) \
             and value > FREE_SIZE_LIMIT:
         return SHRUNK_FREE_SIZE
+    return _shrunk_loop_count(value, usage)
+
+
+def _shrunk_loop_count(value: Any, usage: Any) -> Any:
+    """A count that only sets how many times a forward loops (``guess.Usage.loop_floor``: a recurrence run ``t``
+    times, a number of refinement iterations), whatever its name, at the smallest value that keeps the loop's
+    body running: the model's shapes and parameters stay, its forward costs a fraction. Anything else unchanged."""
+    floor = getattr(usage, "loop_floor", None)
+    if floor is not None and isinstance(value, int) and not isinstance(value, bool) and value > floor:
+        return floor
     return value
 
 

@@ -46,25 +46,33 @@ TARGET_BUDGET_S = 20.0
 # The experiments on static findings (gpu_runner.confirm) run after the checks, until the checks' deadline plus this
 # much, and never past this share of the per-target timeout: a target killed at its timeout loses its whole report.
 FINDINGS_BUDGET_S = 20.0
+# A note says what the import and build spent of the budget when it was at least this share (the checks, planned
+# on the rest, may have been made smaller for it)
+BUILD_SHARE_SHOWN = 0.25
 FINDINGS_SHARE_OF_TIMEOUT = 0.8
+
 
 
 def smoke_one(code_root: Path, target: str, config: dict | None, device: str, steps: int, seed: int,
               deadline: float | None = None, findings: list | None = None,
-              findings_deadline: float | None = None, measure_only: bool = False) -> dict:
+              findings_deadline: float | None = None, measure_only: bool = False,
+              limit: float | None = None) -> dict:
     """Build and check one target; ``deadline`` (a time.perf_counter() value) is when its checks should be done
     (the per-target budget, well before the timeout kills it): a slow model is checked on smaller batches, and
     with fewer steps if it must. ``findings``: static findings of the target's file that a run can decide
     (gpu_runner.confirm); their verdicts are the report's ``findings``, decided until ``findings_deadline`` (a
     time.perf_counter() value). The experiments never cost the target its checks' report: one that fails
     outside the PR's code leaves the findings out and says so in the notes. ``measure_only``: no checks, only
-    the measures (another round of step times for comparing head and base)."""
+    the measures (another round of step times for comparing head and base). ``limit`` (a time.perf_counter()
+    value): when the target would be killed; a model too slow to be checked before it, even shrunk, is skipped
+    with its step time and input."""
     from gpu_runner.build import CONFIGURE_HINT, BuiltWithBug, Skip, build_subject, known_bug
     from gpu_runner.checks import measure_subject, run_checks
 
     from gpu_runner.subject import phase
 
     phase("the import and build of the model (its constructor, then its input inferred by running its forward)")
+    build_started = time.perf_counter()
     try:
         subject = build_subject(code_root, target, device=device, config=config, seed=seed)
     except Exception as exc:  # noqa: BLE001 - the PR's code can raise anything while importing/constructing
@@ -79,11 +87,15 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
         return _report(target, "failed", checks=[asdict(subject.check)])
     try:
         budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        report = (measure_subject if measure_only else run_checks)(subject, steps=steps, seed=seed, budget_s=budget)
+        report = (measure_subject if measure_only else run_checks)(subject, steps=steps, seed=seed, budget_s=budget,
+                                                                      limit_s=None if limit is None else
+                                                                      limit - time.perf_counter())
     except Exception as exc:  # noqa: BLE001
         return _report(target, "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
     data = report.to_dict()
-    data["notes"] = list(subject.notes) + list(data.get("notes") or [])
+    shown = budget is not None and deadline - budget - build_started >= BUILD_SHARE_SHOWN * (deadline - build_started)
+    data["notes"] = list(subject.notes) + [_build_share(build_started, deadline, budget)] * shown \
+        + list(data.get("notes") or [])
     if findings and not measure_only:
         from gpu_runner.confirm import confirm_findings
 
@@ -95,6 +107,14 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
             data["notes"].append(f"the static findings could not be checked by running: {type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())[:200]}")
     return data
+
+
+def _build_share(build_started: float, deadline: float, left: float) -> str:
+    """What the import and build spent of the per-target time budget (for a target checked smaller: the checks
+    had only the rest)."""
+    took = deadline - left - build_started
+    return (f"the import and build took {took:.1f}s of the {deadline - build_started:.0f}s time budget, leaving "
+            f"{left:.1f}s for the checks")
 
 
 def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
@@ -144,7 +164,8 @@ def _worker(job: dict, code_root: Path, out: int, nonce: str) -> None:
                 result = smoke_one(code_root, item["target"], item.get("config"), job.get("device", "cpu"),
                                    int(job.get("steps", 50)), int(job.get("seed", 0)), deadline,
                                    [f for f in findings if isinstance(f, dict)], findings_deadline,
-                                   measure_only=bool(job.get("measure_only")))
+                                   measure_only=bool(job.get("measure_only")),
+                                   limit=started + float(timeout) if timeout else None)
         result["seconds"] = round(time.perf_counter() - started, 3)  # import, build and checks of this target
         result["cpu_seconds"] = round(time.process_time() - cpu_started, 3)  # the same, in CPU time (all threads)
         _write_all(out, (nonce + json.dumps(result, default=str) + "\n").encode())

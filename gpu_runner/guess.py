@@ -35,6 +35,10 @@ class Usage:
     choices: list[Any] = field(default_factory=list)  # arg in {...} / arg == 'x'
     dict_keys: list[Any] = field(default_factory=list)  # MODULE_DICT[arg]
     free_size: bool = False  # a size no other shape depends on: a layer's output width, a table's number of rows
+    # a count that only sets how many times a method loops (``self.t = t``, then ``for _ in range(self.t)`` in
+    # ``forward``; or handed on to a class of the module that does): the smallest value that keeps the loop's
+    # body running (1 when every ``range`` reads it bare, else 2); None for anything else
+    loop_floor: Optional[int] = None
 
 
 # Layers whose output width (out_features, out_channels) or number of rows (num_embeddings) is free: the layer
@@ -46,14 +50,24 @@ _FREE_SIZES = {**{name: (1, "out_features") for name in ("Linear", "LazyLinear")
                **{name: (0, "num_embeddings") for name in ("Embedding", "EmbeddingBag")}}
 
 
-def _function_node(function: Callable) -> Optional[ast.FunctionDef]:
+def _parsed_source(obj: Any) -> Optional[ast.Module]:
+    """The syntax tree of ``obj``'s source; a method whose lines mix tabs and spaces (``dedent`` then finds no
+    common margin) is parsed inside a block instead."""
     try:
-        source = textwrap.dedent(inspect.getsource(function))
+        source = inspect.getsource(obj)
     except (OSError, TypeError):
         return None
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    for text in (textwrap.dedent(source), "if True:\n" + source):
+        try:
+            return ast.parse(text)
+        except SyntaxError:
+            continue
+    return None
+
+
+def _function_node(function: Callable) -> Optional[ast.FunctionDef]:
+    tree = _parsed_source(function)
+    if tree is None:
         return None
     return next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
 
@@ -66,9 +80,8 @@ def _literal(node: ast.AST) -> tuple[bool, Any]:
 
 
 def _class_functions(cls: type) -> list[ast.FunctionDef]:
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError, SyntaxError):
+    tree = _parsed_source(cls)
+    if tree is None:
         return []
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
@@ -91,7 +104,115 @@ def argument_usage(function: Callable, module: Optional[types.ModuleType], owner
     if owner is not None:
         for name in _stored_and_called(node, _class_functions(owner)) & names:
             usage[name].stored_and_called = True
+        for name, floor in _loop_counts(node, owner, module, names).items():
+            usage[name].loop_floor = floor
     return usage
+
+
+MAX_LOOP_COUNT_DEPTH = 4  # classes followed when a count is handed on from constructor to constructor
+
+
+def _loop_counts(init: ast.FunctionDef, owner: type, module: Optional[types.ModuleType], names: set,
+                 depth: int = 0) -> dict[str, int]:
+    """The parameters of ``init`` whose every use is a loop count, with the smallest value each loop keeps
+    running at: ``self.X = arg`` where the class's other methods read ``self.X`` only as ``range``'s argument
+    (1 when bare, 2 inside arithmetic: ``range(self.X - 1)``), or ``Cls(..., arg)`` for a class of ``module``
+    whose parameter there is such a count itself (followed through ``MAX_LOOP_COUNT_DEPTH`` classes). A
+    parameter with any other use (a shape, a layer count built in ``__init__``, a condition) is left out."""
+    parents = {child: parent for parent in ast.walk(init) for child in ast.iter_child_nodes(parent)}
+    methods = [f for f in _class_functions(owner) if f.name != "__init__"]
+    floors: dict[str, int] = {}
+    refused: set[str] = set()
+    for sub in ast.walk(init):
+        if not (isinstance(sub, ast.Name) and sub.id in names and isinstance(sub.ctx, ast.Load)):
+            continue
+        floor = _count_floor(sub, parents, methods, module, depth)
+        if floor is None:
+            refused.add(sub.id)
+        else:
+            floors[sub.id] = max(floors.get(sub.id, 1), floor)
+    return {name: floor for name, floor in floors.items() if name not in refused}
+
+
+def _count_floor(use: ast.Name, parents: dict, methods: list[ast.FunctionDef],
+                 module: Optional[types.ModuleType], depth: int) -> Optional[int]:
+    """For one read of a parameter in ``__init__``: the loop floor it allows (``_loop_counts``), None when
+    this use is not a loop count's."""
+    parent = parents.get(use)
+    target = None
+    if isinstance(parent, ast.Assign) and parent.value is use and len(parent.targets) == 1:
+        target = parent.targets[0]
+    elif isinstance(parent, ast.Tuple) and isinstance(parents.get(parent), ast.Assign) \
+            and parents[parent].value is parent and len(parents[parent].targets) == 1 \
+            and isinstance(parents[parent].targets[0], ast.Tuple) \
+            and len(parents[parent].targets[0].elts) == len(parent.elts):  # self.a, self.b = a, b
+        target = parents[parent].targets[0].elts[parent.elts.index(use)]
+    if target is not None:
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            return _attribute_loop_floor(target.attr, methods)
+        return None
+    call = parents.get(parent) if isinstance(parent, ast.keyword) else parent
+    if not isinstance(call, ast.Call) or use is call.func or module is None or depth >= MAX_LOOP_COUNT_DEPTH \
+            or not isinstance(call.func, ast.Name):
+        return None
+    cls = getattr(module, call.func.id, None)
+    if not inspect.isclass(cls) or getattr(cls, "__module__", None) != module.__name__:
+        return None
+    node = _function_node(cls.__init__)
+    if node is None:
+        return None
+    positional = [a.arg for a in node.args.args][1:]  # past self
+    if isinstance(parent, ast.keyword):
+        name = parent.arg
+    else:
+        index = call.args.index(use)
+        name = positional[index] if index < len(positional) and \
+            not any(isinstance(a, ast.Starred) for a in call.args[:index + 1]) else None
+    if name is None:
+        return None
+    inner = _loop_counts(node, cls, module, {a.arg for a in node.args.args + node.args.kwonlyargs} - {"self"},
+                         depth + 1)
+    return inner.get(name)
+
+
+def _loop_index_unused_as_index(call: ast.Call, parents: dict) -> bool:
+    """``call`` (a ``range``) is what a ``for`` loop or a comprehension iterates, and the loop's variable never
+    indexes or slices anything: ``x[:, i]`` ties the count to a size of the data, a recurrence's ``if i == 0``
+    does not."""
+    loop = parents.get(call)
+    if isinstance(loop, ast.For) and loop.iter is call:
+        scope: list[ast.AST] = [*loop.body, *loop.orelse]
+    elif isinstance(loop, ast.comprehension) and loop.iter is call and parents.get(loop) is not None:
+        scope = [parents[loop]]
+    else:
+        return False
+    variables = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    return not any(isinstance(sub, ast.Subscript) and any(isinstance(n, ast.Name) and n.id in variables
+                                                           for n in ast.walk(sub.slice))
+                   for node in scope for sub in ast.walk(node))
+
+
+def _attribute_loop_floor(attribute: str, methods: list[ast.FunctionDef]) -> Optional[int]:
+    """1 when every read of ``self.<attribute>`` in ``methods`` is ``range(self.<attribute>)``, 2 when some sit
+    in arithmetic inside ``range(...)``; None when one is read otherwise, or never."""
+    floor = None
+    for method in methods:
+        parents = {child: parent for parent in ast.walk(method) for child in ast.iter_child_nodes(parent)}
+        for sub in ast.walk(method):
+            if not (isinstance(sub, ast.Attribute) and sub.attr == attribute and isinstance(sub.value, ast.Name)
+                    and sub.value.id == "self"):
+                continue
+            if not isinstance(sub.ctx, ast.Load):
+                return None  # set again outside the constructor
+            node, bare = sub, True
+            while isinstance(parents.get(node), ast.BinOp):
+                node, bare = parents[node], False
+            call = parents.get(node)
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "range"
+                    and node in call.args) or not _loop_index_unused_as_index(call, parents):
+                return None
+            floor = max(floor or 1, 1 if bare and len(call.args) == 1 else 2)
+    return floor
 
 
 def _stored_and_called(init: ast.FunctionDef, methods: list[ast.FunctionDef]) -> set[str]:

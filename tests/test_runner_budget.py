@@ -209,6 +209,105 @@ def test_a_target_that_cannot_fit_even_at_its_smallest_leaves_out_the_checks_tha
     tight = run_checks(subject, steps=2, budget_s=0.0)
     health = next(c for c in tight.checks if c.name == "gradient-health")
     assert health.status == "skip" and "does not fit its time budget" in health.message
+    # the reason names the real cause: the step's time at the input it was shrunk to, and the budget left
+    assert "at input (2, 3, 8, 8) (after shrinking its input (resolution halved to 8 x 8" in health.message, \
+        health.message
+    assert "one training step took" in health.message and "more than the 0.0s left of it" in health.message
     assert next(c for c in tight.checks if c.name == "gradients").status == "pass"  # the checks that fail still run
     roomy = run_checks(subject, steps=2, budget_s=3600.0)
     assert "time budget" not in next(c for c in roomy.checks if c.name == "gradient-health").message
+
+
+# ---- counts that only set how many times the forward loops -------------------------------------------------
+
+UNROLLED_MODEL = """\
+    from torch import nn
+
+    class Refine(nn.Module):
+        def __init__(self, width, passes=4):
+            super().__init__()
+            self.passes = passes
+            self.mix = nn.Conv2d(width, width, 3, padding=1)
+
+        def forward(self, x):
+            y = self.mix(x)
+            for _ in range(self.passes):
+                y = self.mix(x + y)
+            return y
+
+    class Stage(nn.Module):
+        def __init__(self, c_in, c_out, passes=4):
+            super().__init__()
+            self.entry = nn.Conv2d(c_in, c_out, 1)
+            self.body = nn.Sequential(Refine(c_out, passes=passes), Refine(c_out, passes))
+
+        def forward(self, x):
+            x = self.entry(x)
+            return x + self.body(x)
+
+    class Looped(nn.Module):
+        def __init__(self, channels=3, passes=6, hops=5, blocks=3, gate=7, slices=4):
+            super().__init__()
+            self.stage = Stage(channels, 8, passes=passes)
+            self.hops, self.blocks, self.gate, self.slices = hops, blocks, gate, slices
+            self.layers = nn.ModuleList(nn.Conv2d(8, 8, 1) for _ in range(blocks))
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = self.stage(x)
+            for _ in range(1, self.hops - 1):
+                x = x * 0.5
+            for layer in self.layers:
+                x = layer(x)
+            if self.gate > 3:
+                x = x + 1
+            for _ in range(self.gate):
+                x = x * 0.9
+            x = sum(x[:, k] for k in range(self.slices)).unsqueeze(1) + x
+            return self.head(x.mean((2, 3)))
+    """
+
+
+def test_a_count_read_only_as_a_forward_loop_count_is_shrunk_through_the_classes_it_is_handed_to(tmp_path):
+    """``passes`` only sets how often Refine's forward loops (handed on through Stage): shrunk to 1; ``hops`` is
+    read inside arithmetic in ``range``: 2 keeps the loop's body running; ``blocks`` builds layers in the
+    constructor, ``gate`` is also a condition and ``slices`` indexes the data (``x[:, k]``): all kept (the decision is how each value is used, not its
+    name)."""
+    from gpu_runner import guess
+
+    root = write_tree(tmp_path, {"looped.py": UNROLLED_MODEL})
+    subject = _subject(root, "looped.py:Looped")
+    model = subject.model
+    assert [block.passes for block in model.stage.body] == [1, 1]
+    assert model.hops == 2 and len(model.layers) == 3 and model.gate == 7 and model.slices == 4
+    assert any("passes=1 (default 6, shrunk)" in note for note in subject.notes), subject.notes
+    import looped
+
+    usage = guess.argument_usage(looped.Looped.__init__, looped, looped.Looped)
+    assert {name: usage[name].loop_floor for name in usage} == \
+        {"channels": None, "passes": 1, "hops": 2, "blocks": None, "gate": None, "slices": None}
+
+
+def test_loop_counts_are_read_in_methods_whose_lines_mix_tabs_and_spaces(tmp_path):
+    source = ("from torch import nn\n\nclass Mixed(nn.Module):\n    def __init__(self, rounds=3):\n"
+              "        super().__init__()\n        self.rounds = rounds\n        self.fc = nn.Sequential(\n"
+              "\t\t\tnn.Linear(4, 4))\n\n    def forward(self, x):\n        for _ in range(self.rounds):\n"
+              "            x = self.fc(x)\n        return x\n")
+    root = tmp_path
+    (root / "mixed.py").write_text(source)
+    subject = _subject(root, "mixed.py:Mixed")
+    assert subject.model.rounds == 1, subject.notes
+
+
+def test_a_target_whose_smallest_plan_runs_past_its_timeout_is_skipped_with_the_cause(tmp_path):
+    """Over the budget at its smallest, a model is still checked while the plan fits before its timeout; past
+    that, it is skipped with the step's time and the input it was shrunk to, not killed without a report."""
+    subject = _subject(write_tree(tmp_path, {"paint.py": IMAGE_MODEL}), "paint.py:Painter")
+    killed = run_checks(subject, steps=2, budget_s=0.0, limit_s=0.0)
+    assert killed.status == "skipped" and not killed.checks, killed
+    assert killed.reason.startswith("too slow to check before its timeout, even shrunk: one training step took")
+    assert "at input (2, 3, 8, 8) (after shrinking its input (resolution halved to 8 x 8" in killed.reason, \
+        killed.reason
+    assert "left before its timeout" in killed.reason and "smoke.timeout" in killed.reason
+    roomy = run_checks(subject, steps=2, budget_s=0.0, limit_s=3600.0)
+    assert roomy.status == "passed" and roomy.checks
