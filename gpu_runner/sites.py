@@ -970,6 +970,11 @@ class _Evaluator:
             return _OpenFile(self._data_path(path, base)) if isinstance(base, str) else UNKNOWN
         if qualified in ("pathlib.Path", "Path", "os.path.join") and args and all(isinstance(a, str) for a in args):
             return os.path.join(*args)
+        if qualified in ("pathlib.Path", "Path", "os.path.join") and len(args) >= 2 and args[-1] is UNKNOWN and \
+                all(isinstance(a, str) for a in args[:-1]):
+            # ``os.path.join("configs", args.config)`` with the file named on the command line: one of the
+            # repository's own configuration files in that folder stands for it (said in the origins)
+            return self._one_configuration_in(path, os.path.join(*args[:-1]))
         if qualified in _DATA_LOADERS and args:
             source = args[0]
             data_path = source.path if isinstance(source, _OpenFile) else \
@@ -1058,8 +1063,28 @@ class _Evaluator:
         returned = [n for n in ast.walk(function) if isinstance(n, ast.Return) and n.value is not None]
         if len(returned) != 1:
             return UNKNOWN
+        if _copies_keys_to_attributes(function, returned[0]) and node.args:
+            # ``dict2namespace(config)``: the mapping, read by attribute (``config.model.ch``)
+            given = self.value(path, parsed, node.args[0], depth + 1)
+            return _to_attr(given) if isinstance(given, dict) else UNKNOWN
         bound = _Bound(self, function, node, path, parsed)
         return bound.value(definition_path, definition_file, returned[0].value, depth + 1)
+
+    def _one_configuration_in(self, path: Path, folder_text: str) -> Any:
+        """The path of the first YAML / JSON file (by name) in the repository folder ``folder_text``, for a file the
+        command line names there; UNKNOWN when that is no folder of the repository or holds none."""
+        folder = self._data_path(path, folder_text)
+        if not folder.is_dir() or not folder.is_relative_to(self.repository.root):
+            return UNKNOWN
+        try:
+            candidates = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in (".yaml", ".yml", ".json"))
+        except OSError:
+            return UNKNOWN
+        if not candidates:
+            return UNKNOWN
+        relative = candidates[0].relative_to(self.repository.root).as_posix()
+        self._note(f"{relative}, one of the configuration files in {folder_text}/ (the command line names which)")
+        return str(candidates[0])
 
     def _data_path(self, path: Path, text: str) -> Path:
         relative = Path(text)
@@ -1186,6 +1211,29 @@ def _tensor_shape(qualified: str, args: list, keywords: dict) -> Any:
             and shape and isinstance(high, int):
         return TensorShape(tuple(shape), _DTYPE_NAMES.get(str(dtype_name), dtype), high)
     return UNKNOWN
+
+
+def _copies_keys_to_attributes(function: ast.FunctionDef, returned: ast.Return) -> bool:
+    """A function that copies a mapping's items onto an object by attribute and returns it: ``for key, value in
+    config.items(): ... setattr(namespace, key, ...)`` then ``return namespace``, with the mapping its first
+    parameter (a nested mapping converted the same way, by calling itself)."""
+    parameters = function.args.posonlyargs + function.args.args
+    if not parameters or not isinstance(returned.value, ast.Name):
+        return False
+    mapping, result = parameters[0].arg, returned.value.id
+    for loop in ast.walk(function):
+        if not (isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute)
+                and loop.iter.func.attr == "items" and isinstance(loop.iter.func.value, ast.Name)
+                and loop.iter.func.value.id == mapping and isinstance(loop.target, ast.Tuple) and loop.target.elts
+                and isinstance(loop.target.elts[0], ast.Name)):
+            continue
+        key = loop.target.elts[0].id
+        for call in ast.walk(loop):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "setattr" and \
+                    len(call.args) >= 2 and isinstance(call.args[0], ast.Name) and call.args[0].id == result and \
+                    isinstance(call.args[1], ast.Name) and call.args[1].id == key:
+                return True
+    return False
 
 
 def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:

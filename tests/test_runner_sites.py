@@ -206,6 +206,55 @@ def test_hydra_entry_point_composes_its_defaults(tmp_path):
     assert found[0].origins == ["the Hydra config conf/train"]
 
 
+
+def test_a_config_file_named_on_the_command_line_is_one_of_the_repositorys_and_a_namespace_helper_keeps_it(tmp_path):
+    # the script joins a folder with a file the user names (``--recipe``, required, no default) and turns the
+    # mapping into attributes with its own helper: the folder's first configuration file stands for the named one
+    root = write_tree(tmp_path, {
+        **MIXER,
+        "recipes/alpha.yml": "lanes: 6\nfold: 2\n",
+        "recipes/beta.yml": "lanes: 9\nfold: 3\n",
+        "recipes/notes.txt": "not a configuration\n",
+        "launch.py": """\
+            import argparse, os, types
+            import yaml
+            from models.net import Mixer
+
+            def as_attributes(mapping):
+                holder = types.SimpleNamespace()
+                for key, value in mapping.items():
+                    setattr(holder, key, as_attributes(value) if isinstance(value, dict) else value)
+                return holder
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--recipe", required=True)
+            args = parser.parse_args()
+            with open(os.path.join("recipes", args.recipe)) as handle:
+                settings = as_attributes(yaml.safe_load(handle))
+            model = Mixer(settings)
+            """,
+    })
+    found = sites.constructions(root, "models/net.py", "Mixer")
+    assert len(found) == 1 and dict(found[0].positional[0]) == {"lanes": 6, "fold": 2}
+    assert any("recipes/alpha.yml, one of the configuration files in recipes/" in o for o in found[0].origins)
+
+
+def test_a_named_file_in_a_folder_without_configurations_stays_unknown(tmp_path):
+    root = write_tree(tmp_path, {
+        **MIXER,
+        "recipes/readme.txt": "nothing to read\n",
+        "launch.py": """\
+            import os, sys
+            import yaml
+            from models.net import Mixer
+
+            settings = yaml.safe_load(open(os.path.join("recipes", sys.argv[1])))
+            model = Mixer(settings)
+            """,
+    })
+    found = sites.constructions(root, "models/net.py", "Mixer")
+    assert all(c.positional == [] or c.positional[0] is sites.UNKNOWN for c in found)
+
 def test_unevaluable_arguments_are_left_unknown_and_calls_of_other_classes_ignored(tmp_path):
     root = write_tree(tmp_path, {
         **TAGGER,
