@@ -2305,7 +2305,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
     special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns or f.time_first
-                  or f.state_of is not None or f.width and f.channels_last for f in per_parameter)
+                  or f.state_of is not None or f.width and f.channels_last or f.axis_sizes for f in per_parameter)
     if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
         return None
     options: list[list[tuple[TensorSpec, str]]] = []
@@ -2366,11 +2366,29 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
                     break
             if assignment:
                 joint.append(assignment)
+    for index, facts_of in enumerate(per_parameter):  # sizes an assert in the forward requires of its axes
+        if facts_of.axis_sizes:
+            sized = [(_with_axis_sizes(spec, facts_of.axis_sizes), why) for spec, why in options[index]]
+            options[index] = [(spec, why) for spec, why in sized if spec is not None] or options[index]
     time_first = [i for i, facts_of in enumerate(per_parameter) if facts_of.time_first]
     for index in time_first:  # [T, B, ...] where the body transposes it to batch-first
         options[index] = [(_batch_second(spec), why) for spec, why in options[index]]
         joint = [a[:index] + [(_batch_second(a[index][0]), a[index][1])] + a[index + 1:] for a in joint]
     return options, joint, time_first
+
+
+def _with_axis_sizes(spec: Any, sizes: dict) -> Optional[TensorSpec]:
+    """``spec`` with the axes ``sizes`` names (counted with the batch first, negative from the end) set to those
+    sizes; None when an axis is the batch or outside the spec."""
+    if not isinstance(spec, TensorSpec) or spec.batch_axis != 0 or spec.adjacency or spec.lengths:
+        return spec
+    shape = list(spec.shape)
+    for axis, size in sizes.items():
+        index = axis - 1 if axis > 0 else len(shape) + axis if axis < 0 else None
+        if index is None or not 0 <= index < len(shape):
+            return None
+        shape[index] = size
+    return dataclasses.replace(spec, shape=tuple(shape))
 
 
 def _batch_second(spec: TensorSpec) -> TensorSpec:

@@ -50,11 +50,12 @@ class ParameterFacts:
     time_first: bool = False  # transposed to batch-first in the body: [T, B, ...], the batch on axis 1
     state_of: Optional[nn.Module] = None  # given to this RNN as its initial state
     channels_last: bool = False  # [L, C]: its last two axes swapped before the convolution that fixes its width
+    axis_sizes: dict = field(default_factory=dict)  # axis (batch included) -> the size an assert in forward requires
     why: list[str] = field(default_factory=list)
 
     def known(self) -> bool:
         return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of or self.columns
-                    or self.time_first or self.state_of is not None)
+                    or self.time_first or self.state_of is not None or self.axis_sizes)
 
 
 def column_tables(layer: nn.Module) -> Optional[tuple[int, int]]:
@@ -169,11 +170,15 @@ class _Reader:
         self.env: dict[str, _Value] = {p: _Value(frozenset({p}), ((p, None),)) for p in parameters}
         self.reading: set[str] = set()  # helper methods being read (no recursion)
         self.aliases: dict[str, ast.AST] = {}  # loop names bound to an expression (``module`` to ``self.encoder``)
+        self.axes: dict[str, tuple[str, int]] = {}  # ``B, C, H, W = x.shape``: H is axis 2 of x
 
     # -- statements, in order; both branches of an `if` and loop bodies are read as straight-line code
     def run(self, statements: list[ast.stmt]) -> None:
         for statement in statements:
-            if isinstance(statement, ast.Assign):
+            if isinstance(statement, ast.Assert):
+                self._asserted_sizes(statement.test)
+            elif isinstance(statement, ast.Assign):
+                self._unpacked_shape(statement)
                 value = self.value(statement.value)
                 for target in statement.targets:
                     if isinstance(target, ast.Name):
@@ -190,6 +195,79 @@ class _Reader:
                 continue
             elif isinstance(statement, (ast.If, ast.For, ast.While, ast.With)):
                 self.run(statement.body + getattr(statement, "orelse", []))
+
+    def _shape_of(self, node: ast.AST) -> Optional[str]:
+        """The forward parameter whose shape ``node`` is (``x.shape``, ``x.size()``)."""
+        if isinstance(node, ast.Call) and not node.args and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "size":
+            node = ast.Attribute(value=node.func.value, attr="shape")
+        if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name) \
+                and node.value.id in self.facts and self.env.get(node.value.id) is not None \
+                and self.env[node.value.id].bare == node.value.id:
+            return node.value.id
+        return None
+
+    def _unpacked_shape(self, statement: ast.Assign) -> None:
+        """``B, C, H, W = x.shape``: each name is one axis of the parameter ``x``."""
+        parameter = self._shape_of(statement.value)
+        for target in statement.targets:
+            if parameter is not None and isinstance(target, (ast.Tuple, ast.List)) and \
+                    not any(isinstance(e, ast.Starred) for e in target.elts):
+                for axis, element in enumerate(target.elts):
+                    if isinstance(element, ast.Name):
+                        self.axes[element.id] = (parameter, axis)
+            elif isinstance(target, ast.Name):
+                self.axes.pop(target.id, None)
+
+    def _axis(self, node: ast.AST) -> Optional[tuple[str, int]]:
+        """(parameter, axis) for ``x.shape[2]``, ``x.size(2)``, ``x.size(-1)`` or a name unpacked from ``x.shape``."""
+        if isinstance(node, ast.Name):
+            return self.axes.get(node.id)
+        index = None
+        if isinstance(node, ast.Subscript):
+            parameter, index = self._shape_of(node.value), node.slice
+        elif isinstance(node, ast.Call) and len(node.args) == 1 and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "size":
+            parameter, index = self._shape_of(ast.Attribute(value=node.func.value, attr="shape")), node.args[0]
+        else:
+            return None
+        if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub) and isinstance(index.operand, ast.Constant):
+            index = ast.Constant(-index.operand.value)
+        if parameter is None or not isinstance(index, ast.Constant) or not isinstance(index.value, int):
+            return None
+        return parameter, index.value
+
+    def _model_size(self, node: ast.AST) -> Optional[int]:
+        """A size the built model holds (``self.resolution``, ``self.img_size[0]``) or a literal one."""
+        if isinstance(node, ast.Constant):
+            return node.value if isinstance(node.value, int) and not isinstance(node.value, bool) else None
+        index = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
+            node, index = node.value, node.slice.value
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            return None
+        value = getattr(self.model, node.attr, None)
+        if index is not None:
+            try:
+                value = value[index] if isinstance(value, (tuple, list)) else None
+            except IndexError:
+                return None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    def _asserted_sizes(self, test: ast.AST) -> None:
+        """``assert x.shape[2] == x.shape[3] == self.resolution`` / ``assert H == self.img_size[0]``: the axes
+        compared for equality with one size of the model must have that size."""
+        for compare in ast.walk(test):
+            if not isinstance(compare, ast.Compare) or not all(isinstance(op, ast.Eq) for op in compare.ops):
+                continue
+            operands = [compare.left, *compare.comparators]
+            axes = [a for a in (self._axis(o) for o in operands) if a is not None]
+            sizes = {v for v in (self._model_size(o) for o in operands) if v is not None}
+            if axes and len(sizes) == 1:
+                size = sizes.pop()
+                for parameter, axis in axes:
+                    self.facts[parameter].axis_sizes[axis] = size
+                    self.facts[parameter].why.append(f"axis {axis} asserted to be {size} in the forward")
 
     def _unrolled(self, loop: ast.For) -> bool:
         """A loop over a literal list of tuples (``for name, x, module in [("a", a, self.enc_a), ...]``), read
