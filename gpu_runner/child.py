@@ -94,8 +94,8 @@ def smoke_one(code_root: Path, target: str, config: dict | None, device: str, st
         return _report(target, "error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
     data = report.to_dict()
     shown = budget is not None and deadline - budget - build_started >= BUILD_SHARE_SHOWN * (deadline - build_started)
-    data["notes"] = list(subject.notes) + [_build_share(build_started, deadline, budget)] * shown \
-        + list(data.get("notes") or [])
+    share = [_build_share(build_started, deadline, budget)] if shown else []  # no budget: nothing to share out
+    data["notes"] = list(subject.notes) + share + list(data.get("notes") or [])
     if findings and not measure_only:
         from gpu_runner.confirm import confirm_findings
 
