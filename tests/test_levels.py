@@ -66,7 +66,7 @@ def test_a_rule_wrong_at_high_more_than_5_percent_of_the_time_is_capped_at_mediu
 
 
 def test_the_cap_applies_by_default_and_measured_severities_false_keeps_the_rules_own():
-    code = "import torch\nstate = torch.load(args.resume)\n"
+    code = "import argparse, torch\nargs = argparse.ArgumentParser().parse_args()\nstate = torch.load(args.resume)\n"
     assert levels.entry("TR601")["severity_cap"] == "medium"
     (capped,) = analyze_source(code, "t.py", Config(select=("TR601",))).findings
     (own,) = analyze_source(code, "t.py", Config(select=("TR601",), measured_severities=False)).findings
@@ -109,7 +109,7 @@ def test_rule_docs_show_the_level_and_the_measure():
 def test_the_app_never_fails_on_preview_findings_and_says_why():
     from bot.review import ReviewSettings, comment_body, summary_verdict
 
-    code = "import torch\nstate = torch.load(args.resume)\n"
+    code = "import argparse, torch\nargs = argparse.ArgumentParser().parse_args()\nstate = torch.load(args.resume)\n"
     (preview,) = analyze_source(code, "t.py", Config(select=("TR601",), measured_severities=False)).findings
     assert preview.preview and preview.severity is Severity.CRITICAL
     verdict = summary_verdict([preview], ReviewSettings(fail_on=Severity.HIGH))

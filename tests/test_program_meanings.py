@@ -565,7 +565,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "reproducibility/cudnn_benchmark_with_determinism.py:_block_of",
     "reproducibility/cudnn_benchmark_with_determinism.py:_exclusive",
     "serialization/load_without_map_location_cpu_fallback.py:_device_choice",
-    "serialization/unsafe_torch_load.py:_looks_external",
     "training_loop/optimizer_over_part_of_model.py:_model_constructor",
 })
 

@@ -288,9 +288,12 @@ def test_fit_on_everything_only_for_exploration_is_not_leakage():
     ("'weights/%s_%d.pth' % (opt.name, opt.epoch)", "high"),
     ("f'runs/{cfg.tag}/last.pt'", "high"),
     ("os.path.join('pretrained', args.file)", "high"),
+    # options nothing here parses: whatever the caller passes, not known to come from the command line
+    ("unparsed.resume", "high"),
 ])
 def test_unsafe_load_is_critical_only_when_options_choose_the_folder(path_expr, severity):
-    code = f"import os\nimport torch\nstate = torch.load({path_expr})\n"
+    code = ("import argparse, os\nimport torch\nargs = argparse.ArgumentParser().parse_args()\nopt = args\ncfg = args\n"
+            f"def restore(unparsed):\n    state = torch.load({path_expr})\n")
     # the rule's own choice, before the measured cap of levels.json (which lowers TR601 to medium by default)
     found = findings(code, ids=("TR601",), config=Config(measured_severities=False))
     assert [(f.rule, f.severity.name.lower()) for f in found] == [("TR601", severity)]

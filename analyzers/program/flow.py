@@ -219,8 +219,16 @@ def call_site_values(ctx, fn: cst.FunctionDef, name: str) -> Optional[list[cst.B
     first = [*fn.params.posonly_params, *fn.params.params][:1]
     method = bool(first) and first[0].name.value in ("self", "cls")
     values: list[cst.BaseExpression] = []
+    calls = ctx.facts(FlowIndex).calls(method, function_name)
+    if method and function_name == "__init__":
+        # a constructor's parameters are what the class is called with (``Trainer(args)``), not what a
+        # subclass's ``super().__init__(...)`` passes
+        owner = ctx.parents.get(id(fn))
+        while owner is not None and not isinstance(owner, cst.ClassDef):
+            owner = ctx.parents.get(id(owner))
+        calls = ctx.facts(FlowIndex).calls(False, owner.name.value) if owner is not None else []
     # obj.train_step(...) for a method; train(...), not model.train(), for a function
-    for node in ctx.facts(FlowIndex).calls(method, function_name):
+    for node in calls:
         value = None
         for arg in node.args:
             if arg.star:
@@ -245,12 +253,21 @@ def assignment_before(ctx, use: cst.CSTNode, name: str, unpacked: bool = False) 
     rebinds the name too: ``x, y = a, b`` gives ``a``; ``model, loader = accelerator.prepare(model, loader)``
     gives the whole right side (not the ``DataLoader(...)`` assigned before it).
     """
+    # the walk's parents reach only what it has visited; a use further down the file needs the whole file's
+    parents = ctx.parents if id(use) in ctx.parents else ctx.facts(ModuleNodes).parents
+    ancestors: list[cst.CSTNode] = []
     scope: Optional[cst.CSTNode] = use
     while scope is not None and not isinstance(scope, (cst.FunctionDef, cst.Module)):
-        scope = ctx.parents.get(id(scope))
+        scope = parents.get(id(scope))
+        if scope is not None:
+            ancestors.append(scope)
     if scope is None:
         return None
-    found = _last_assignment(ctx, scope, use, name, frozenset(ctx.ancestors(use)), unpacked)
+    current = parents.get(id(scope))
+    while current is not None:
+        ancestors.append(current)
+        current = parents.get(id(current))
+    found = _last_assignment(ctx, scope, use, name, frozenset(ancestors), unpacked)
     if found is None and isinstance(scope, cst.FunctionDef) and not _binds(scope, name):
         # a global read inside a function (``def test(): ... model(x)`` with ``model = Net()`` at module level):
         # the module's last assignment, since functions run after the module body defined them

@@ -51,6 +51,15 @@ class Does(enum.Enum):
     TAKES_TENSOR_DICT = "takes a dict of tensors (a state dict), never a module, as its first argument"
     RETURNS_ITERATOR = "returns a Python 3 iterator (a generator): next(it) works, the Python 2 it.next() does not"
     KEEPS_FP32_MASTER_WEIGHTS = "trains a float16 model through a float32 master copy of its weights"
+    # where a value comes from when it comes from outside the program (analyzers/program/origins.py)
+    READS_COMMAND_LINE = "gives what the command line said (the arguments the program was started with)"
+    READS_ENVIRONMENT = "gives what the process's environment variables say"
+    READS_CONFIGURATION = "gives what a configuration file says (parsed YAML, JSON, TOML)"
+    READS_USER_INPUT = "gives what the user types"
+    DOWNLOADS = "fetches a file or its content from the network"
+    BUILDS_PATH = "returns a path or string built from its arguments (what they come from, it comes from)"
+    FILLS_PARAMETERS_FROM_OUTSIDE = ("a decorator: the function it wraps is called with what the command line and "
+                                     "configuration files say")
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,45 @@ APIS: dict[str, Api] = {
        for name in ("torch.save", "torch.serialization.save")},
     **{name: _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_TORCH_CHECKPOINT)
        for name in ("torch.load", "torch.serialization.load")},
+    # --- values that come from outside the program: what a path built from one points at is chosen by whoever runs
+    # it (https://docs.python.org/3/library/sys.html#sys.argv, .../os.html#os.environ, .../os.html#os.getenv,
+    # .../functions.html#input, https://abseil.io/docs/python/guides/flags)
+    **{name: _api("https://docs.python.org/3/library/sys.html#sys.argv", Does.READS_COMMAND_LINE)
+       for name in ("sys.argv", "absl.flags.FLAGS")},
+    **{name: _api("https://docs.python.org/3/library/os.html#os.environ", Does.READS_ENVIRONMENT)
+       for name in ("os.environ", "os.getenv", "os.environ.get", "os.getenvb")},
+    **{name: _api("https://docs.python.org/3/library/functions.html#input", Does.READS_USER_INPUT)
+       for name in ("input", "builtins.input")},
+    # parsers of configuration files: https://pyyaml.org/wiki/PyYAMLDocumentation, json.load, tomllib.load,
+    # https://omegaconf.readthedocs.io/en/latest/usage.html#from-a-yaml-file (OmegaConf.load; from_cli reads argv)
+    **{name: _api("https://pyyaml.org/wiki/PyYAMLDocumentation; https://docs.python.org/3/library/json.html; "
+                  "https://docs.python.org/3/library/tomllib.html; https://omegaconf.readthedocs.io/en/latest/usage.html",
+                  Does.READS_CONFIGURATION)
+       for name in ("yaml.load", "yaml.safe_load", "yaml.full_load", "yaml.unsafe_load", "json.load", "tomllib.load",
+                    "toml.load", "omegaconf.OmegaConf.load", "mmcv.Config.fromfile", "mmengine.Config.fromfile",
+                    "mmengine.config.Config.fromfile")},
+    # path builders: https://docs.python.org/3/library/os.path.html, https://docs.python.org/3/library/pathlib.html
+    **{name: _api("https://docs.python.org/3/library/os.path.html; https://docs.python.org/3/library/pathlib.html",
+                  Does.BUILDS_PATH)
+       for name in ("os.path.join", "os.path.expanduser", "os.path.expandvars", "os.path.abspath", "os.path.realpath",
+                    "os.path.normpath", "os.fspath", "pathlib.Path", "pathlib.PurePath", "pathlib.PosixPath")},
+    # Hydra composes the decorated task function's config from YAML files and command-line overrides
+    # (https://hydra.cc/docs/tutorials/basic/your_first_app/simple_cli/); click passes its options and arguments
+    # (https://click.palletsprojects.com/en/stable/options/)
+    **{name: _api("https://hydra.cc/docs/tutorials/basic/your_first_app/simple_cli/; "
+                  "https://click.palletsprojects.com/en/stable/options/", Does.FILLS_PARAMETERS_FROM_OUTSIDE)
+       for name in ("hydra.main", "click.command", "click.option", "click.argument")},
+    "omegaconf.OmegaConf.from_cli": _api("https://omegaconf.readthedocs.io/en/latest/usage.html#from-command-line-arguments",
+                                         Does.READS_COMMAND_LINE),
+    # downloads: each returns the fetched file's local path or its content
+    **{name: _api("https://docs.python.org/3/library/urllib.request.html#urllib.request.urlretrieve; "
+                  "https://huggingface.co/docs/huggingface_hub/package_reference/file_download; "
+                  "https://requests.readthedocs.io/en/latest/api/#requests.get; https://github.com/wkentaro/gdown",
+                  Does.DOWNLOADS)
+       for name in ("urllib.request.urlretrieve", "urllib.request.urlopen", "huggingface_hub.hf_hub_download",
+                    "huggingface_hub.snapshot_download", "huggingface_hub.cached_download", "requests.get",
+                    "gdown.download", "gdown.cached_download", "wget.download", "torch.hub.download_url_to_file",
+                    "fsspec.open")},
     # --- Lightning's checkpoint callback saves during ``trainer.fit``; ``best_model_path`` and its siblings name the
     # files it wrote; ``Trainer.checkpoint_callback`` is "the first ModelCheckpoint callback in the Trainer.callbacks
     # list"
@@ -215,6 +263,22 @@ CHECKPOINT_CALLBACK_ATTRIBUTES = frozenset({"checkpoint_callback"})
 METHODS: dict[str, Api] = {
     # transformers' and diffusers' pretrained models come back in evaluation mode
     "from_pretrained": _api(f"{_HF_EVAL}; {_DIFFUSERS_EVAL}", Does.RETURNS_EVAL_MODEL),
+    # str.format and pathlib's joins build a path from the receiver and their arguments
+    # (https://docs.python.org/3/library/stdtypes.html#str.format, .../pathlib.html#pathlib.PurePath.joinpath)
+    **{name: _api("https://docs.python.org/3/library/stdtypes.html#str.format; "
+                  "https://docs.python.org/3/library/pathlib.html#pathlib.PurePath.joinpath", Does.BUILDS_PATH)
+       for name in ("format", "joinpath", "with_name", "with_suffix")},
+    # command-line parsers: argparse's ArgumentParser.parse_args / parse_known_args
+    # (https://docs.python.org/3/library/argparse.html#the-parse-args-method), and transformers' HfArgumentParser
+    # (https://huggingface.co/docs/transformers/internal/trainer_utils#transformers.HfArgumentParser), whose
+    # parse_*_file methods read a configuration file
+    **{name: _api("https://docs.python.org/3/library/argparse.html#the-parse-args-method; "
+                  "https://huggingface.co/docs/transformers/internal/trainer_utils#transformers.HfArgumentParser",
+                  Does.READS_COMMAND_LINE)
+       for name in ("parse_args", "parse_known_args", "parse_args_into_dataclasses")},
+    **{name: _api("https://huggingface.co/docs/transformers/internal/trainer_utils#transformers.HfArgumentParser",
+                  Does.READS_CONFIGURATION)
+       for name in ("parse_json_file", "parse_yaml_file")},
     # nn.Module's traversals are generators ("Yields:" in each method's documentation)
     **{name: _api(f"{_TORCH_MODULE}#torch.nn.Module.{name}", Does.RETURNS_ITERATOR)
        for name in ("parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",

@@ -6,10 +6,11 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, dotted_name, is_false, is_true, keyword_arg
+from analyzers.context import FileContext, argument, is_false, is_true, keyword_arg
 from analyzers.model import Category, Severity
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback
 from analyzers.program.library import Does, does
+from analyzers.program.origins import Outside, path_outside_origin
 from analyzers.program.payloads import LoadedPayloads
 from analyzers.program.roles import collects_tests, describe, unrestricted_load_beside
 from analyzers.program.values import called_functions, unpacked_keyword
@@ -20,9 +21,6 @@ from analyzers.rules.base import Invalid, Rule
 # torch.load defaults to weights_only=True from this release on (unless a pickle_module is passed)
 WEIGHTS_ONLY_DEFAULT = (2, 6)
 SAFE_GLOBALS = ("torch.serialization.safe_globals",)
-# Names whose values come from outside the program: CLI arguments, env, config, downloads.
-_EXTERNAL_HINTS = ("argv", "args.", "argparse", "environ", "getenv", "input(", "url", "download",
-                   "request", "hub", "config", "cfg", "opt.", "flags", "hparams", "sys.")
 
 
 class UnsafeTorchLoad(Rule):
@@ -247,8 +245,11 @@ class UnsafeTorchLoad(Rule):
             return  # the explicit weights_only=False load of the same file beside it is reported: said once
         source = argument(node, 0, "f")
         checkpoints = ctx.facts(CheckpointWrites)
-        external = _looks_external(source, ctx)
-        if source is not None and self._self_written(source, ctx, checkpoints, external):
+        outside = path_outside_origin(ctx, source)
+        # from outside the program for certain (critical), or perhaps (a parameter no call in view passes): either
+        # way, only a save to exactly this path makes it the program's own file
+        external = outside is not None and outside is not Outside.CALLER
+        if source is not None and self._self_written(source, ctx, checkpoints, outside is not None):
             return  # the program reloads what it saved itself: no trust boundary is crossed
         if collects_tests(ctx):
             # a test reloading what it wrote to its temporary directory; by what the file holds, not the folder
@@ -289,7 +290,7 @@ class UnsafeTorchLoad(Rule):
             return
         if passed is not None:
             message = (f"`{shown}` passes `weights_only=False`: unpickling can run arbitrary code"
-                       + (" and the path comes from outside the program" if external else ""))
+                       + (f" and the path comes from {outside.value}" if external else ""))
             new_args = [a.with_changes(value=cst.Name("True")) if a is weights_only else a for a in node.args]
         else:
             # what the default does depends on the torch that runs it: say which one the message assumes
@@ -301,11 +302,11 @@ class UnsafeTorchLoad(Rule):
             else:
                 runs_on = "on torch < 2.6, which nothing in the repository's requirements rules out"
             message = (f"`{shown}` without `weights_only=True` unpickles arbitrary objects {runs_on}"
-                       + (", from a path that comes from outside the program" if external else ""))
+                       + (f", from a path that comes from {outside.value}" if external else ""))
             new_args = _with_weights_only(node.args)
         # said with less weight when weights_only=True cannot simply be added: the file needs full unpickling (the
         # risk is in trusting its source), or nothing shows what it holds
-        lowered = Severity.HIGH if external else Severity.MEDIUM
+        lowered = Severity.HIGH if outside is not None else Severity.MEDIUM
         if refused:
             # weights_only=True would refuse this program's own checkpoints: no committable suggestion
             self.report(node, message + f"; {' and '.join(reasons)}, which `weights_only=True` refuses: load "
@@ -382,33 +383,3 @@ def _with_weights_only(args: Sequence[cst.Arg]) -> list[cst.Arg]:
     new_args.append(cst.Arg(value=cst.Name("True"), keyword=cst.Name("weights_only"),
                             equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
     return new_args
-
-
-def _looks_external(expr, ctx: FileContext) -> bool:
-    if expr is None:
-        return False
-    origin = ctx.origin(expr) or expr
-    if _in_fixed_directory(expr) or _in_fixed_directory(origin):
-        return False  # ``"saved_models/%s/G_%d.pth" % (opt.name, opt.epoch)``: options pick a file of the program's folder
-    text = ctx.module.code_for_node(origin) + " " + ctx.module.code_for_node(expr)
-    lowered = text.lower()
-    return any(h in lowered for h in _EXTERNAL_HINTS)
-
-
-def _in_fixed_directory(expr: cst.BaseExpression) -> bool:
-    """A path template whose directory the program spells (``"runs/%s.pt" % name``, ``f"ckpt/{tag}.pt"``,
-    ``"out/{}.pt".format(n)``, ``os.path.join("weights", name)``): the options fill in only names inside it."""
-    prefix = None
-    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo) and \
-            isinstance(expr.left, cst.SimpleString):
-        prefix = (expr.left.evaluated_value or "").split("%", 1)[0] if isinstance(expr.left.evaluated_value, str) \
-            else None
-    elif isinstance(expr, cst.FormattedString) and expr.parts and isinstance(expr.parts[0], cst.FormattedStringText):
-        prefix = expr.parts[0].value
-    elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "format" \
-            and isinstance(expr.func.value, cst.SimpleString) and isinstance(expr.func.value.evaluated_value, str):
-        prefix = expr.func.value.evaluated_value.split("{", 1)[0]
-    elif isinstance(expr, cst.Call) and dotted_name(expr.func) == "os.path.join" and len(expr.args) > 1 and \
-            isinstance(expr.args[0].value, cst.SimpleString) and isinstance(expr.args[0].value.evaluated_value, str):
-        prefix = expr.args[0].value.evaluated_value.rstrip("/") + "/"
-    return bool(prefix) and "/" in prefix and prefix.strip("./") != ""
