@@ -724,13 +724,35 @@ def compute_positions(module: cst.Module, wanted: set[cst.CSTNode],
     return {node: computed[node] for node in wanted if node in computed}
 
 
+# The last text ast parsed, and its tree: the analyzed file's positions and the repository index's summary of that
+# same file (a class defined there, its payloads) both read its ``ast``, which is a fifth of a libcst parse.
+_LAST_AST: tuple = ("", None)
+
+
+def parse_ast(source: str) -> ast.Module:
+    """``ast.parse(source)``, parsed once when asked again for the same text (callers only read the tree)."""
+    global _LAST_AST
+    last, tree = _LAST_AST
+    if tree is not None and (last is source or last == source):
+        return tree
+    tree = ast.parse(source)
+    _LAST_AST = (source, tree)
+    return tree
+
+
+def forget_ast() -> None:
+    """Drop the last tree (the analysis of its file is over)."""
+    global _LAST_AST
+    _LAST_AST = ("", None)
+
+
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # how Python counts lines (str.splitlines also splits on \f, \x1c...)
 
 
 def _positions_by_statement(module: cst.Module, wanted: set[cst.CSTNode], parents: dict,
                             source: str) -> Optional[dict[cst.CSTNode, "cst.metadata.CodeRange"]]:
     try:
-        tree = ast.parse(source)
+        tree = parse_ast(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     placer = _StatementPlacer(module, parents, _LINE_BREAK.split(source))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import libcst as cst
 
+from analyzers.context import parse_ast
 from analyzers.hints import prepare, search
 from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_OPTIONAL, NORM_LAYERS_WITH_STATS,
                                        norm_keeps_running_stats)
@@ -352,7 +353,7 @@ def summarize(source: str, path: str) -> FileSummary:
     """A summary of one file; a file that does not parse summarizes to nothing."""
     summary = FileSummary(path, reads_data=search(READS_DATA, source))
     try:
-        tree = ast.parse(source)
+        tree = parse_ast(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return summary
     for node in tree.body:
