@@ -228,14 +228,26 @@ def _reads_training(method: ast.AST) -> bool:
                and isinstance(node.value, ast.Name) and node.value.id == "self" for node in _walk(method))
 
 
+# Fields whose nodes no question here asks about: expression contexts (``Load``, ``Store``: a third of a file's
+# nodes) and operators (``Add``, ``Eq``); their parents are walked, and read them as attributes when they need to.
+_UNWALKED_FIELDS = frozenset({"ctx", "op", "ops"})
+_WALKED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _walk(tree: ast.AST) -> list[ast.AST]:
-    """``list(ast.walk(tree))``, the same nodes in the same (breadth-first) order, without its generators of fields
-    per node: a file's summary asks several questions over all of its nodes, and reads them once."""
+    """``list(ast.walk(tree))`` less the contexts and operators, the other nodes in the same (breadth-first)
+    order, without its generators of fields per node: a file's summary asks several questions over all of its
+    nodes, and reads them once."""
     found = [tree]
     node_type = ast.AST
     append = found.append
+    walked = _WALKED_FIELDS
     for node in found:  # the list grows while it is read
-        for name in node._fields:
+        kind = type(node)
+        names = walked.get(kind)
+        if names is None:
+            names = walked[kind] = tuple(name for name in kind._fields if name not in _UNWALKED_FIELDS)
+        for name in names:
             value = getattr(node, name, None)
             if isinstance(value, node_type):
                 append(value)
@@ -391,7 +403,7 @@ def _evaluates_itself(init: ast.FunctionDef) -> bool:
     """``self.eval()`` / ``self.model.eval()`` (or ``.train(False)``) in a constructor, and no other
     ``train(...)`` on ``self`` there."""
     evaluated = False
-    for node in ast.walk(init):
+    for node in _walk(init):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         target = _dotted(node.func.value) or ""
@@ -412,7 +424,7 @@ def _leaves_in_eval(fn: ast.FunctionDef) -> list[str]:
     params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
     evaluated: list[str] = []
     restored: set[str] = set()
-    for node in ast.walk(fn):
+    for node in _walk(fn):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         target = _dotted(node.func.value)
