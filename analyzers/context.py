@@ -385,6 +385,7 @@ class FileContext:
         _collect_module_imports(module, self.imports)
         self._star_names: dict[str, Optional[str]] = {}
         self.parents: dict[int, cst.CSTNode] = {}  # id(node) -> parent: libcst hashes nodes in Python, ids hash in C
+        self.walked = False  # the engine's walk is over: ``parents`` holds every code node of the module
         # Enclosing structure, innermost last. Maintained by the engine's walker.
         self.functions: list[FunctionNode] = []
         self.classes: list[cst.ClassDef] = []

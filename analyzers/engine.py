@@ -404,6 +404,7 @@ def _run_rules(ctx: FileContext, result: FileResult, source: str, path: str, con
     except RecursionError:
         result.errors.append(FileError(path, "rule-error", "code nested too deeply to analyze"))
         return result
+    ctx.walked = True
     for rule in instances:
         if id(rule) in walker.failed:
             continue
