@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import (CHILD_FIELDS, NODE_TYPES, SOURCE_CODE_FIELDS, FileContext, all_children, call_receiver,
+from analyzers.context import (CHILD_FIELDS, NODE_TYPES, FileContext, all_children, call_receiver,
                                code_children_as_written, dotted_name, iter_names, method_name)
 from analyzers.program.library import LOG_SINKS, is_logging_call
 
@@ -36,22 +36,12 @@ class ModuleNodes:
         # Once the engine's walk is over, its parent map is this one (the same code nodes, each under its parent):
         # shared, not built again. Asked during the walk, the map is built here.
         parents: Optional[dict[int, cst.CSTNode]] = None if getattr(ctx, "walked", False) else {}
-        fields = SOURCE_CODE_FIELDS
-        node_types = NODE_TYPES
         stack: list[cst.CSTNode] = [ctx.module]
         pop, extend = stack.pop, stack.extend
         while stack:
             node = pop()
             append(node)
-            # code_children_as_written(node), inlined: a call per node is a fifth of this walk
-            children = []
-            for name in fields[type(node)]:
-                value = getattr(node, name)
-                value_type = type(value)
-                if value_type in node_types:
-                    children.append(value)
-                elif value_type is tuple or value_type is list:
-                    children.extend([v for v in value if type(v) in node_types])
+            children = code_children_as_written(node)
             if parents is not None:
                 for child in children:
                     parents[id(child)] = node
