@@ -725,26 +725,35 @@ def compute_positions(module: cst.Module, wanted: set[cst.CSTNode],
     return {node: computed[node] for node in wanted if node in computed}
 
 
-# The last text ast parsed, and its tree: the analyzed file's positions and the repository index's summary of that
-# same file (a class defined there, its payloads) both read its ``ast``, which is a fifth of a libcst parse.
-_LAST_AST: tuple = ("", None)
+# The text of the file under analysis, and its ``ast`` tree once parsed: its finding positions and the repository
+# index's summary of that same file (a class defined there, its payloads) both read it, and an ``ast`` parse is a
+# fifth of a libcst parse. Other texts (the summaries of other files, read in between) are parsed and not kept.
+_KEPT_AST: tuple = (None, None)
 
 
-def parse_ast(source: str) -> ast.Module:
-    """``ast.parse(source)``, parsed once when asked again for the same text (callers only read the tree)."""
-    global _LAST_AST
-    last, tree = _LAST_AST
-    if tree is not None and (last is source or last == source):
-        return tree
-    tree = ast.parse(source)
-    _LAST_AST = (source, tree)
-    return tree
+def keep_ast(source: str) -> None:
+    """Keep the ``ast`` tree of ``source`` (the analyzed file's text) once someone parses it, until ``forget_ast``."""
+    global _KEPT_AST
+    _KEPT_AST = (source, None)
 
 
 def forget_ast() -> None:
-    """Drop the last tree (the analysis of its file is over)."""
-    global _LAST_AST
-    _LAST_AST = ("", None)
+    """Drop the kept tree (the analysis of its file is over)."""
+    global _KEPT_AST
+    _KEPT_AST = (None, None)
+
+
+def parse_ast(source: str) -> ast.Module:
+    """``ast.parse(source)``, parsed once for the analyzed file's text however often it is asked (callers only read
+    the tree)."""
+    global _KEPT_AST
+    kept, tree = _KEPT_AST
+    if kept is None or not (kept is source or kept == source):
+        return ast.parse(source)
+    if tree is None:
+        tree = ast.parse(source)
+        _KEPT_AST = (kept, tree)
+    return tree
 
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # how Python counts lines (str.splitlines also splits on \f, \x1c...)
