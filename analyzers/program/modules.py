@@ -1125,7 +1125,9 @@ def python_siblings(path: Path) -> list[Path]:
     """The other scripts of ``path``'s folder (at most 200), as :meth:`RepositoryIndex.saved_beside` reads them."""
     try:
         resolved = path.resolve()
-        return sorted(p for p in resolved.parent.glob("*.py") if p.resolve() != resolved)[:200]
+        # the folder is resolved already: a sibling is itself unless it is a link (one lstat, not a resolve per file)
+        return sorted(p for p in resolved.parent.glob("*.py")
+                      if p != resolved and not (p.is_symlink() and p.resolve() == resolved))[:200]
     except OSError:
         return []
 
