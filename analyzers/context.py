@@ -385,6 +385,7 @@ class FileContext:
         _collect_module_imports(module, self.imports)
         self._star_names: dict[str, Optional[str]] = {}
         self.parents: dict[int, cst.CSTNode] = {}  # id(node) -> parent: libcst hashes nodes in Python, ids hash in C
+        self.walked = False  # the engine's walk is over: ``parents`` holds every code node of the module
         # Enclosing structure, innermost last. Maintained by the engine's walker.
         self.functions: list[FunctionNode] = []
         self.classes: list[cst.ClassDef] = []
@@ -724,13 +725,44 @@ def compute_positions(module: cst.Module, wanted: set[cst.CSTNode],
     return {node: computed[node] for node in wanted if node in computed}
 
 
+# The text of the file under analysis, and its ``ast`` tree once parsed: its finding positions and the repository
+# index's summary of that same file (a class defined there, its payloads) both read it, and an ``ast`` parse is a
+# fifth of a libcst parse. Other texts (the summaries of other files, read in between) are parsed and not kept.
+_KEPT_AST: tuple = (None, None)
+
+
+def keep_ast(source: str) -> None:
+    """Keep the ``ast`` tree of ``source`` (the analyzed file's text) once someone parses it, until ``forget_ast``."""
+    global _KEPT_AST
+    _KEPT_AST = (source, None)
+
+
+def forget_ast() -> None:
+    """Drop the kept tree (the analysis of its file is over)."""
+    global _KEPT_AST
+    _KEPT_AST = (None, None)
+
+
+def parse_ast(source: str) -> ast.Module:
+    """``ast.parse(source)``, parsed once for the analyzed file's text however often it is asked (callers only read
+    the tree)."""
+    global _KEPT_AST
+    kept, tree = _KEPT_AST
+    if kept is None or not (kept is source or kept == source):
+        return ast.parse(source)
+    if tree is None:
+        tree = ast.parse(source)
+        _KEPT_AST = (kept, tree)
+    return tree
+
+
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # how Python counts lines (str.splitlines also splits on \f, \x1c...)
 
 
 def _positions_by_statement(module: cst.Module, wanted: set[cst.CSTNode], parents: dict,
                             source: str) -> Optional[dict[cst.CSTNode, "cst.metadata.CodeRange"]]:
     try:
-        tree = ast.parse(source)
+        tree = parse_ast(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     placer = _StatementPlacer(module, parents, _LINE_BREAK.split(source))

@@ -20,7 +20,7 @@ from libcst._nodes.base import CSTNode
 
 from analyzers import levels, notebook, pickles
 from analyzers.config import Config
-from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, dotted_name
+from analyzers.context import CHILD_FIELDS, NODE_TYPES, FileContext, dotted_name, forget_ast, keep_ast
 from analyzers.guard import complexity_error
 from analyzers.hints import SourceHints
 from analyzers.isolation import run_isolated
@@ -363,6 +363,7 @@ def _analyze_source(source: str, path: str, config: Optional[Config], rules: Opt
     ctx = FileContext(path, source, module)
     ctx.repository = repository
     instances: list[Rule] = []
+    keep_ast(source)  # its positions and its summary share one ``ast`` parse
     try:
         return _run_rules(ctx, result, source, path, config, rules, instances)
     finally:
@@ -372,6 +373,7 @@ def _analyze_source(source: str, path: str, config: Optional[Config], rules: Opt
         ctx.release()
         for rule in instances:
             rule.__dict__.clear()
+        forget_ast()
 
 
 def _run_rules(ctx: FileContext, result: FileResult, source: str, path: str, config: Config,
@@ -403,6 +405,7 @@ def _run_rules(ctx: FileContext, result: FileResult, source: str, path: str, con
     except RecursionError:
         result.errors.append(FileError(path, "rule-error", "code nested too deeply to analyze"))
         return result
+    ctx.walked = True
     for rule in instances:
         if id(rule) in walker.failed:
             continue

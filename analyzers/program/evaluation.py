@@ -361,8 +361,6 @@ class EvaluationPaths:
             return  # ``net = d2l.linreg``: what an import names is a function or a class, as when called directly
         built = built_module(ctx, origin)
         constructed = built is not None and built.model
-        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin) or \
-            constructor_evaluates(ctx, origin)
         # a parameter named like nothing in particular: a model when every caller in this file passes one, which
         # only the whole file tells (``runs_a_module``, after the walk)
         passed = not (name_like or constructed) and origin is target and isinstance(target, cst.Name) and \
@@ -398,6 +396,9 @@ class EvaluationPaths:
             # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
             # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)
             return
+        # asked only of a model call kept: a constructor's class may be summarized from another file to answer
+        eval_chain = (built is not None and built.eval_mode) or has_eval_chain(origin) or \
+            constructor_evaluates(ctx, origin)
         binding = ctx.binding(model) if isinstance(target, cst.Name) else None
         unpacked = binding.unpacked_from if binding is not None else None
         self.model_calls.append(ModelCall(

@@ -32,18 +32,23 @@ class ModuleNodes:
 
     def __init__(self, ctx) -> None:
         nodes: list[cst.CSTNode] = []
-        parents: dict[int, cst.CSTNode] = {}
+        append = nodes.append
+        # Once the engine's walk is over, its parent map is this one (the same code nodes, each under its parent):
+        # shared, not built again. Asked during the walk, the map is built here.
+        parents: Optional[dict[int, cst.CSTNode]] = None if getattr(ctx, "walked", False) else {}
         stack: list[cst.CSTNode] = [ctx.module]
+        pop, extend = stack.pop, stack.extend
         while stack:
-            node = stack.pop()
-            nodes.append(node)
+            node = pop()
+            append(node)
             children = code_children_as_written(node)
-            for child in children:
-                parents[id(child)] = node
+            if parents is not None:
+                for child in children:
+                    parents[id(child)] = node
             children.reverse()
-            stack.extend(children)
+            extend(children)
         self.nodes = nodes
-        self.parents = parents
+        self.parents = parents if parents is not None else ctx.parents
         self._of_types: dict[tuple[type, ...], list[cst.CSTNode]] = {}
 
     def of_type(self, *kinds: type) -> list:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from analyzers.context import argument, code_children, dotted_name
+from analyzers.context import argument, dotted_name
+from analyzers.program.flow import ModuleNodes
 from analyzers.program.roles import collects_tests
 from analyzers.program.library import LIBRARY_ROOTS, is_data_loader
 
@@ -58,17 +59,6 @@ _KNOWN_ROOTS = LIBRARY_ROOTS | {"matplotlib", "tqdm", "seaborn", "IPython", "sci
 _TENSOR_DATASET = "torch.utils.data.TensorDataset"
 
 
-def _nodes(module: cst.Module) -> list[cst.CSTNode]:
-    """Every code node of the file, iteratively (deep expressions cannot overflow the stack); ``code_children``
-    skips whitespace and punctuation, which makes this several times faster than a libcst visitor."""
-    found, todo = [], [module]
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        todo.extend(code_children(node))
-    return found
-
-
 class HarmContext:
     """The low-harm role of one file (``role``: one of the names above, or None), a fact of the program model."""
 
@@ -86,13 +76,14 @@ class HarmContext:
         return None
 
     # ---- what the file holds -------------------------------------------------------------
-    @cached_property
+    @property
     def _nodes(self) -> list[cst.CSTNode]:
-        return _nodes(self.ctx.module)
+        """Every code node of the file: the program model's list, which other facts walk too (not a walk of its own)."""
+        return self.ctx.facts(ModuleNodes).nodes
 
     @cached_property
     def _calls(self) -> list[tuple[cst.Call, Optional[str]]]:
-        return [(node, self.ctx.qualified_name(node.func)) for node in self._nodes if isinstance(node, cst.Call)]
+        return [(node, self.ctx.qualified_name(node.func)) for node in self.ctx.facts(ModuleNodes).of_type(cst.Call)]
 
     @cached_property
     def _single_assignments(self) -> dict[str, cst.BaseExpression]:

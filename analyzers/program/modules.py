@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import libcst as cst
 
+from analyzers.context import parse_ast
 from analyzers.hints import prepare, search
 from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_OPTIONAL, NORM_LAYERS_WITH_STATS,
                                        norm_keeps_running_stats)
@@ -227,14 +228,26 @@ def _reads_training(method: ast.AST) -> bool:
                and isinstance(node.value, ast.Name) and node.value.id == "self" for node in _walk(method))
 
 
+# Fields whose nodes no question here asks about: expression contexts (``Load``, ``Store``: a third of a file's
+# nodes) and operators (``Add``, ``Eq``); their parents are walked, and read them as attributes when they need to.
+_UNWALKED_FIELDS = frozenset({"ctx", "op", "ops"})
+_WALKED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _walk(tree: ast.AST) -> list[ast.AST]:
-    """``list(ast.walk(tree))``, the same nodes in the same (breadth-first) order, without its generators of fields
-    per node: a file's summary asks several questions over all of its nodes, and reads them once."""
+    """``list(ast.walk(tree))`` less the contexts and operators, the other nodes in the same (breadth-first)
+    order, without its generators of fields per node: a file's summary asks several questions over all of its
+    nodes, and reads them once."""
     found = [tree]
     node_type = ast.AST
     append = found.append
+    walked = _WALKED_FIELDS
     for node in found:  # the list grows while it is read
-        for name in node._fields:
+        kind = type(node)
+        names = walked.get(kind)
+        if names is None:
+            names = walked[kind] = tuple(name for name in kind._fields if name not in _UNWALKED_FIELDS)
+        for name in names:
             value = getattr(node, name, None)
             if isinstance(value, node_type):
                 append(value)
@@ -352,7 +365,7 @@ def summarize(source: str, path: str) -> FileSummary:
     """A summary of one file; a file that does not parse summarizes to nothing."""
     summary = FileSummary(path, reads_data=search(READS_DATA, source))
     try:
-        tree = ast.parse(source)
+        tree = parse_ast(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return summary
     for node in tree.body:
@@ -390,7 +403,7 @@ def _evaluates_itself(init: ast.FunctionDef) -> bool:
     """``self.eval()`` / ``self.model.eval()`` (or ``.train(False)``) in a constructor, and no other
     ``train(...)`` on ``self`` there."""
     evaluated = False
-    for node in ast.walk(init):
+    for node in _walk(init):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         target = _dotted(node.func.value) or ""
@@ -411,7 +424,7 @@ def _leaves_in_eval(fn: ast.FunctionDef) -> list[str]:
     params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
     evaluated: list[str] = []
     restored: set[str] = set()
-    for node in ast.walk(fn):
+    for node in _walk(fn):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         target = _dotted(node.func.value)
@@ -1112,7 +1125,9 @@ def python_siblings(path: Path) -> list[Path]:
     """The other scripts of ``path``'s folder (at most 200), as :meth:`RepositoryIndex.saved_beside` reads them."""
     try:
         resolved = path.resolve()
-        return sorted(p for p in resolved.parent.glob("*.py") if p.resolve() != resolved)[:200]
+        # the folder is resolved already: a sibling is itself unless it is a link (one lstat, not a resolve per file)
+        return sorted(p for p in resolved.parent.glob("*.py")
+                      if p != resolved and not (p.is_symlink() and p.resolve() == resolved))[:200]
     except OSError:
         return []
 

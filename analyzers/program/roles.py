@@ -325,19 +325,25 @@ class CheckpointWrites:
         candidates = [path] + ([origin] if origin is not None else [])
         for expr in candidates:
             text = _normalized(self.ctx, expr)
-            literals = self.literals(expr)
+            literals: Optional[set[str]] = None  # the file names the path spells: read when a question needs them
             names = self._names(expr)
             for write in self.writes:
                 if write.path_text == text and self._saved_first(write.call, path):
                     return True
                 if same_expression_only:
                     continue
+                if literals is None:
+                    literals = self.literals(expr)
                 if literals & write.path_literals and write.path is not None and self._saved_first(write.call, path) \
                         and (names <= self._names(write.path) or self._same_file_name_family(expr, write.path)):
                     return True
-            if not same_expression_only and literals and not names and literals & self._written_beside():
+            if same_expression_only or names:
+                continue
+            if literals is None:
+                literals = self.literals(expr)
+            if literals and literals & self._written_beside():
                 return True
-            if not same_expression_only and literals and not names and literals & self._save_parameter_literals:
+            if literals and literals & self._save_parameter_literals:
                 return True
         return False
 

@@ -309,7 +309,8 @@ class HalfPrecisionTraining(Rule):
         if self._master_weights:
             return  # apex's FP16_Optimizer, a DeepSpeed engine: the half model trains on fp32 master weights
         reported: list[_HalfCast] = []
-        optimized = optimized_names(ctx)
+        # what the optimizers are given: a walk over every call of the file, asked only when there is a cast to judge
+        optimized = optimized_names(ctx) if self._casts else None
         for cast in self._casts:
             module = cast.module
             if optimized is not None and module is not None and not cast.batch and not any(
