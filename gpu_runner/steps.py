@@ -451,12 +451,6 @@ class _KeyedLoader(torch.utils.data.DataLoader):
                          shuffle=False)
 
 
-def _keyed_batch(function: Callable, batch: tuple) -> Optional[dict]:
-    """The step's batch as a dict, when it reads its batch by keys (gpu_runner.batch_keys); None otherwise."""
-    node = _function_node(inspect.unwrap(function))
-    return keyed_batch(node, batch, role_of) if node is not None else None
-
-
 class _Criterion(nn.Module):
     """The builder's loss as an ``nn.Module`` criterion: ``criterion(output, target)``."""
 
@@ -639,6 +633,28 @@ class _Plan:
     def close(self) -> None:
         if self.instruments is not None:
             self.instruments.close()
+
+    def _batch_by_keys(self, function: Callable, reader: str, self_is_model: bool = False) -> None:
+        """``self.batch`` (a tuple) and ``self.keyed``: the same batch as a dict when ``function`` reads its batch
+        by keys (gpu_runner.batch_keys), else None. Where the keys cannot be matched the batches stay tuples: a step
+        that makes its own loader still runs; one that reads the runner's batches by key raises on them, and its
+        skip says why (``skip_hint``)."""
+        self.batch = _step_batch(self.subject)
+        self.keyed: Optional[dict] = None
+        node = _function_node(inspect.unwrap(function))
+        try:
+            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=self_is_model) \
+                if node is not None else None
+        except KeysUnknown as exc:
+            self.skip_hint = str(exc)
+        if self.keyed is not None:
+            self.notes.append(f"{reader} reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
+                              "are dicts, each key the model's input or the target the step uses it as "
+                              "(gpu_runner.batch_keys)")
+
+    def _one_batch(self) -> Any:
+        """A fresh copy of the batch, as the step reads it (a tuple, or a dict by keys)."""
+        return copy.deepcopy(self.batch if self.keyed is None else self.keyed)
 
     def step_time_ms(self) -> Optional[float]:
         seconds = self.instruments.step_seconds if self.instruments else []
@@ -966,17 +982,7 @@ class _LightningPlan(_Plan):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.batch = _step_batch(self.subject)
-        self.keyed = None
-        node = _function_node(inspect.unwrap(type(self.model).training_step))
-        try:
-            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=True) if node is not None else None
-        except KeysUnknown as exc:
-            self.skip_hint = str(exc)
-        if self.keyed is not None:
-            self.notes.append(f"training_step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
-                              "are dicts, each key the model's input or the target the step uses it as "
-                              "(gpu_runner.batch_keys)")
+        self._batch_by_keys(type(self.model).training_step, "training_step", self_is_model=True)
         self._optimizer_where: Optional[_Where] = None
 
     def optimizer_where(self) -> Optional[_Where]:
@@ -1003,7 +1009,7 @@ class _LightningPlan(_Plan):
             model.train()
             optimizer.zero_grad()
             try:
-                output = model.training_step(copy.deepcopy(self.batch if self.keyed is None else self.keyed), index)
+                output = model.training_step(self._one_batch(), index)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
             loss = output.get("loss") if isinstance(output, dict) else output
@@ -1054,18 +1060,7 @@ class _FunctionPlan(_Plan):
         self.function, self.owner = function, owner
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
-        self.batch = _step_batch(subject)
-        self.keyed = None
-        try:
-            self.keyed = _keyed_batch(function, self.batch)
-        except KeysUnknown as exc:
-            # the batches stay tuples: a step that makes its own loader still runs; one that reads the runner's
-            # batches by key raises on them, and its skip says why
-            self.skip_hint = str(exc)
-        if self.keyed is not None:
-            self.notes.append(f"the step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches are "
-                              "dicts, each key the model's input or the target the step uses it as "
-                              "(gpu_runner.batch_keys)")
+        self._batch_by_keys(function, "the step")
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=STEP_LEARNING_RATE)
         self.criterion = _Criterion(subject.loss_fn)
@@ -1083,9 +1078,6 @@ class _FunctionPlan(_Plan):
                 "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
-
-    def _one_batch(self) -> Any:
-        return copy.deepcopy(self.batch if self.keyed is None else self.keyed)
 
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
