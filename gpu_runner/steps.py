@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gpu_runner import absent, sites
+from gpu_runner import absent, sites, training_apis, vision_data
 from gpu_runner.batch_keys import KeyedDataset, KeysUnknown, keyed_batch
 from gpu_runner import build as build_module
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
@@ -1072,12 +1072,15 @@ class _FunctionPlan(_Plan):
         self.start_in_eval = not self.per_batch
 
     def values(self, iterations: int = STEP_ITERATIONS) -> dict:
-        loader = _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
+        loader = self._loader(iterations)
         return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": self._one_batch(),
                 "index": 0, "optimizer": self.optimizer, "criterion": self.criterion, "device": self.subject.device,
                 "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
+
+    def _loader(self, iterations: int) -> torch.utils.data.DataLoader:
+        return _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
 
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
@@ -1098,6 +1101,9 @@ class _FunctionPlan(_Plan):
         by_use = _data_by_use(call, self.batch)
         arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults,
                                by_use=by_use)
+        for key in arguments:
+            if role_of(key) == "device" and isinstance(arguments[key], str) and _reads_attribute_of(call, key):
+                arguments[key] = torch.device(arguments[key])  # ``device.type``: the step takes a torch.device
         restore = self._provide_globals(values, by_use)
         # the step takes the data itself (a graph's features and adjacency): one optimizer step per call
         self.full_batch = any(name in by_use for name in [*arguments, *self.provided])
@@ -1106,8 +1112,13 @@ class _FunctionPlan(_Plan):
                               f"{', '.join(sorted(n for n in by_use if n in arguments or n in self.provided))} "
                               "made from the runner's batch by what the step does with them; called once per "
                               "iteration")
+        datasets = _RepositoryDatasets(self.code_root, lambda: self._loader(iterations).dataset, self.notes)
         try:
-            self._call(call, arguments, iterations)
+            # the helpers a step wraps its loop in, where their packages are absent (wandb, accelerate; torchvision's
+            # data sets): as a script's step has them
+            with datasets, training_apis.single_process_apis(self.device, self.notes), \
+                    vision_data.synthetic_vision_data(self.notes):
+                self._call(call, arguments, iterations)
         finally:
             restore()
 
@@ -1182,6 +1193,88 @@ class _FunctionPlan(_Plan):
                 call(**arguments)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
+
+
+class _StandInDataset(torch.utils.data.Dataset):
+    """What a repository's data set becomes when it cannot be built on the runner: the rows of the runner's data."""
+
+    _torchreview_rows: torch.utils.data.Dataset
+
+    def __len__(self) -> int:
+        return len(self._torchreview_rows)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._torchreview_rows[index]
+
+
+class _RepositoryDatasets:
+    """While a step that is given its model runs: a data set class the repository defines (a ``Dataset`` subclass
+    in a file under the code root) whose constructor raises, because its files are not on the runner (an image
+    folder, a CSV file, a download), yields the runner's rows instead (``rows()``: the batch the step's model
+    takes, as tuples or as dicts by key), so the step's own split, loader and loop run on them. A data set that
+    builds is the step's own, untouched. Said in the step's notes."""
+
+    def __init__(self, code_root: Path, rows: Callable[[], torch.utils.data.Dataset], notes: list):
+        self.code_root, self.rows, self.notes = code_root.resolve(), rows, notes
+        self.saved: list[tuple[type, Callable]] = []
+
+    def classes(self) -> list[type]:
+        found = []
+        for module in list(sys.modules.values()):
+            filename = getattr(module, "__file__", None)
+            if not filename:
+                continue
+            try:
+                Path(filename).resolve().relative_to(self.code_root)
+            except (ValueError, OSError):
+                continue
+            for value in list(vars(module).values()):
+                if inspect.isclass(value) and value.__module__ == module.__name__ and "__init__" in vars(value) \
+                        and issubclass(value, torch.utils.data.Dataset) \
+                        and not issubclass(value, torch.utils.data.IterableDataset) and value not in found:
+                    found.append(value)
+        return found
+
+    def __enter__(self) -> "_RepositoryDatasets":
+        for cls in self.classes():
+            self.saved.append((cls, vars(cls)["__init__"]))
+            cls.__init__ = self._guarded(cls, vars(cls)["__init__"])
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        for cls, init in reversed(self.saved):
+            cls.__init__ = init
+        self.saved.clear()
+        return False
+
+    def _guarded(self, cls: type, init: Callable) -> Callable:
+        plan = self
+
+        def init_or_stand_in(instance, *args, **kwargs):
+            if isinstance(instance, _StandInDataset):
+                return None  # a subclass's ``super().__init__()`` after its base stood in
+            try:
+                init(instance, *args, **kwargs)
+            except Exception as exc:
+                try:
+                    instance.__class__ = _StandInDataset
+                except TypeError:  # a layout the stand-in cannot take (``__slots__``): the failure stands
+                    raise exc from None
+                instance._torchreview_rows = plan.rows()
+                where = _caller_in_traceback(exc, plan.code_root)
+                note = (f"the repository's data set {cls.__name__} could not be built on the runner ({type(exc).__name__}"
+                        f"{where}: {_one_line(exc, 120)}): the step's own split, loader and loop ran on the runner's "
+                        f"rows ({len(instance)} of them) instead")
+                if note not in plan.notes:
+                    plan.notes.append(note)
+
+        init_or_stand_in.__wrapped__ = init
+        return init_or_stand_in
+
+
+def _caller_in_traceback(exc: BaseException, code_root: Path) -> str:
+    frames = _user_frames(exc.__traceback__, code_root)
+    return f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
 
 
 class _PendingLoader:
@@ -1439,6 +1532,13 @@ def _reads_name(function: Callable, name: str) -> bool:
     if node is None:
         return True
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+
+
+def _reads_attribute_of(function: Callable, name: str) -> bool:
+    """``function`` reads an attribute of its parameter ``name`` (``device.type``)."""
+    node = _function_node(inspect.unwrap(function))
+    return node is not None and any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                                    and n.value.id == name for n in ast.walk(node))
 
 
 def _restore(namespace: dict, name: str, old: Any) -> None:
