@@ -50,19 +50,28 @@ class KeysUnknown(Exception):
 
 def _batch_names(node: ast.AST, role_of: Callable[[str], Optional[str]]) -> set[str]:
     """The step's names for a batch: a parameter named like one, a loop's variable over a loader (``for batch in
-    loader``, ``for i, batch in enumerate(tqdm(loader))``)."""
+    loader``, ``for i, batch in enumerate(tqdm(loader))``, or over a name assigned such an iterable first)."""
     names = {a.arg for a in node.args.args + node.args.kwonlyargs if role_of(a.arg) == "batch"}
 
     def loader_in(expression: ast.AST) -> bool:
         return any(isinstance(n, ast.Name) and role_of(n.id) == "loader"
                    or isinstance(n, ast.Attribute) and role_of(n.attr) == "loader" for n in ast.walk(expression))
 
+    # an iterable named first (``data_iter = tqdm(enumerate(loader)); for i, data in data_iter``)
+    named = {n.targets[0].id: n.value for n in ast.walk(node) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name)}
+
+    def enumerates(expression: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "enumerate"
+                   for n in ast.walk(expression))
+
     for loop in ast.walk(node):
-        if isinstance(loop, (ast.For, ast.AsyncFor)) and loader_in(loop.iter):
+        iterable = loop.iter if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+        if isinstance(iterable, ast.Name) and iterable.id in named:
+            iterable = named[iterable.id]
+        if iterable is not None and loader_in(iterable):
             target = loop.target
-            if isinstance(target, ast.Tuple) and isinstance(loop.iter, ast.Call) \
-                    and isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "enumerate" \
-                    and len(target.elts) == 2:
+            if isinstance(target, ast.Tuple) and enumerates(iterable) and len(target.elts) == 2:
                 target = target.elts[1]
             if isinstance(target, ast.Name):
                 names.add(target.id)

@@ -634,12 +634,13 @@ class _Plan:
         if self.instruments is not None:
             self.instruments.close()
 
-    def _batch_by_keys(self, function: Callable, reader: str, self_is_model: bool = False) -> None:
+    def _batch_by_keys(self, function: Callable, reader: str, self_is_model: bool = False,
+                       batch: Optional[tuple] = None) -> None:
         """``self.batch`` (a tuple) and ``self.keyed``: the same batch as a dict when ``function`` reads its batch
         by keys (gpu_runner.batch_keys), else None. Where the keys cannot be matched the batches stay tuples: a step
         that makes its own loader still runs; one that reads the runner's batches by key raises on them, and its
-        skip says why (``skip_hint``)."""
-        self.batch = _step_batch(self.subject)
+        skip says why (``skip_hint``). ``batch``: the tuple batch, where the plan made it (else the subject's)."""
+        self.batch = batch if batch is not None else _step_batch(self.subject)
         self.keyed: Optional[dict] = None
         node = _function_node(inspect.unwrap(function))
         try:
@@ -651,6 +652,10 @@ class _Plan:
             self.notes.append(f"{reader} reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
                               "are dicts, each key the model's input or the target the step uses it as "
                               "(gpu_runner.batch_keys)")
+
+    def _loader(self, iterations: int) -> torch.utils.data.DataLoader:
+        """A loader of ``iterations`` copies of the batch, as the step reads it (tuples, or dicts by keys)."""
+        return _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
 
     def _one_batch(self) -> Any:
         """A fresh copy of the batch, as the step reads it (a tuple, or a dict by keys)."""
@@ -1079,9 +1084,6 @@ class _FunctionPlan(_Plan):
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
 
-    def _loader(self, iterations: int) -> torch.utils.data.DataLoader:
-        return _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
-
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
         call = self.function
@@ -1327,6 +1329,8 @@ class _TrainerPlan(_Plan):
         named_data = {k: v for k, v in defaults.items() if role_of(k) in ("loader", "dataset")}
         given = {p: dict(named_data) for p in list(inspect.signature(self.owner.__init__).parameters)[1:]
                  if p.lower() in CONFIG_NAMES}
+        given.update(self._annotated_modules())
+        given.update(self._guessed_sizes(given, values))
         try:
             arguments = _arguments(self.owner.__init__, values, skip_first=True, given=given,
                                    repository_defaults=defaults)
@@ -1341,6 +1345,11 @@ class _TrainerPlan(_Plan):
                            f"{_one_line(exc, 200)}" + (f" (it needs '{missing}')" if missing else "")) from None
         attributes = dict(vars(instance))
         optimizers = [v for _, v in _named_values_of(attributes, torch.optim.Optimizer)]
+        for wrapper in attributes.values():  # an optimizer inside a wrapper the class keeps (a warm-up schedule)
+            if not isinstance(wrapper, (nn.Module, torch.Tensor, torch.optim.Optimizer, type, types.ModuleType)) \
+                    and isinstance(getattr(wrapper, "__dict__", None), dict):
+                optimizers += [v for _, v in _named_values_of(vars(wrapper), torch.optim.Optimizer)
+                               if all(v is not o for o in optimizers)]
         held = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
         modules = {name: m for name, m in _named_values_of(attributes, nn.Module)
                    if any(id(p) in held for p in m.parameters())}
@@ -1362,7 +1371,8 @@ class _TrainerPlan(_Plan):
             # the class's criterion takes probabilities against targets in [0, 1] (binary masks, labels)
             batch = batch[:-1] + ((batch[-1] > 0).to(batch[-1].dtype),)
             self.notes.append("the class's criterion is a BCELoss: the batch's targets are 0 / 1")
-        loader = _Loader(batch, iterations)
+        self._batch_by_keys(self.function, "the step", batch=batch)
+        loader = self._loader(iterations)
         for key, value in attributes.items():
             if value is pending:
                 setattr(instance, key, loader)
@@ -1374,7 +1384,7 @@ class _TrainerPlan(_Plan):
         self.begin(model, None, step_limit=STEP_BOUND_FACTOR * iterations, backward_limit=3 * iterations,
                    extra_parameter_ids=frozenset(held - {id(p) for p in model.parameters()}))
         method = getattr(instance, self.function.__name__)
-        values.update(loader=loader, dataset=loader.dataset, model=model, batch=copy.deepcopy(batch))
+        values.update(loader=loader, dataset=loader.dataset, model=model, batch=self._one_batch())
         call_arguments = _arguments(method, values, given=self.given, repository_defaults=defaults)
         try:
             method(**call_arguments)
@@ -1388,6 +1398,52 @@ class _TrainerPlan(_Plan):
             self.notes.append(f"{self.target}'s training loop ran to its end ({self.instruments.steps} optimizer "
                               f"steps); the code after it raised {type(exc).__name__} at line {after}: "
                               f"{_one_line(exc, 120)} (not a training step: not checked)")
+
+    def _guessed_sizes(self, given: dict, values: dict) -> dict:
+        """The constructor's required parameters with no role, no option and no value from above that the runner
+        guesses for a model's constructor by name (``vocab_size``, ``hidden_dim``): the same guess as for the
+        model the trainer builds from them, so sizes passed on to it agree."""
+        from gpu_runner.build import guess_argument
+
+        guessed = {}
+        for parameter in list(inspect.signature(self.owner.__init__).parameters.values())[1:]:
+            if parameter.default is not parameter.empty or parameter.name in given \
+                    or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) \
+                    or role_of(parameter.name) in values or parameter.name.lower() in CONFIG_NAMES:
+                continue
+            found, value = guess_argument(parameter.name, parameter.annotation)
+            if found:
+                guessed[parameter.name] = value
+        if guessed:
+            self.notes.append(f"{self.owner.__name__}'s constructor got sizes guessed by name, as a model's are: "
+                              + ", ".join(f"{k}={v!r}" for k, v in guessed.items()))
+        return guessed
+
+    def _annotated_modules(self) -> dict:
+        """The constructor's required parameters annotated with a module class of the repository (``bert: BERT``,
+        a backbone the trainer wraps in its own model): each built as the runner builds that model."""
+        built = {}
+        try:
+            parameters = list(inspect.signature(self.owner.__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            return built
+        for parameter in parameters:
+            cls = parameter.annotation
+            if parameter.default is not parameter.empty or not inspect.isclass(cls) or not issubclass(cls, nn.Module):
+                continue
+            try:
+                relative = Path(inspect.getsourcefile(cls)).resolve().relative_to(self.code_root.resolve())
+            except (TypeError, OSError, ValueError):
+                continue  # torch's own classes, a package's: not the repository's to build
+            notes: list = []
+            made = build_module._construct(self.code_root, f"{relative.as_posix()}:{cls.__qualname__}", {}, notes)
+            if isinstance(made, Skip):
+                raise StepSkip(f"cannot build the argument '{parameter.name}' of {self.owner.__name__}.__init__ "
+                               f"(a {cls.__name__}): {made.reason}")
+            built[parameter.name] = made[0].to(self.device)
+            self.notes.append(f"{self.owner.__name__} takes a {cls.__name__} ('{parameter.name}'): the runner built "
+                              f"it as it builds that model ({relative.as_posix()}:{cls.__qualname__})")
+        return built
 
     def _after_the_loop(self, exc: BaseException, iterations: int) -> Optional[int]:
         """The line of the method, past its training loop, that raised ``exc`` once the loop had made at least

@@ -369,9 +369,11 @@ def _is_step_function(node: ast.AST) -> bool:
 
 
 def _holds_training_loop(node: ast.AST) -> bool:
-    """A loop (``for`` or ``while``) whose body calls ``.backward()`` and ``.step()``."""
+    """A loop (``for`` or ``while``) whose body calls ``.backward()`` and steps or zeroes an optimizer: ``.step()``,
+    or ``.zero_grad()`` (an optimizer wrapper that steps under its own name, ``schedule.step_and_update_lr()``)."""
     return any(isinstance(loop, (ast.For, ast.While)) and any(_calls_method(n, "backward") for n in ast.walk(loop))
-               and any(_calls_method(n, "step") for n in ast.walk(loop)) for loop in ast.walk(node))
+               and any(_calls_method(n, "step") or _calls_method(n, "zero_grad") for n in ast.walk(loop))
+               for loop in ast.walk(node))
 
 
 def _calls_method(node: ast.AST, name: str) -> bool:

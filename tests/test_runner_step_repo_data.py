@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from gpu_runner.batch_keys import class_indices, keyed_batch  # noqa: E402
 from gpu_runner.steps import role_of, smoke_step  # noqa: E402
 from tests.runner_support import single_thread, write_tree  # noqa: E402,F401 (an autouse fixture)
-from tests.test_runner_step_stand_ins import assert_zero_grad_fails_at, checks  # noqa: E402
+from tests.test_runner_step_stand_ins import assert_zero_grad_fails_at, passed_notes  # noqa: E402
 
 # A per-pixel wet/dry labeller of field scans; its folder of scans is only on the author's machine.
 SCANS = '''
@@ -77,11 +77,8 @@ LABELLER = '''
 
 def test_a_data_set_whose_files_are_missing_runs_the_step_on_the_runners_rows(tmp_path):
     root = write_tree(tmp_path, {"scans.py": SCANS, "labeller.py": LABELLER})
-    report = smoke_step(root, "labeller.py:fit_labeller", None, device="cpu")
-    assert report["status"] == "passed", report
-    assert checks(report)["zero-grad"] == "pass" and checks(report)["params-updated"] == "pass"
-    notes = " ".join(report["notes"])
-    assert "FieldScans could not be built" in notes and "no scans" not in report.get("reason", "")
+    notes = passed_notes(smoke_step(root, "labeller.py:fit_labeller", None, device="cpu"))
+    assert "FieldScans could not be built" in notes
 
 
 def test_a_planted_missing_zero_grad_still_fails_on_the_stand_in_rows(tmp_path):
