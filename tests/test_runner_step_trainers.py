@@ -90,6 +90,24 @@ def test_a_trainers_loop_through_an_optimizer_wrapper_is_found():
     assert find_step_targets({"tutor.py": textwrap.dedent(without)}, {"tutor.py": None}) == []
 
 
+def test_a_loop_that_only_backpropagates_for_gradients_is_not_a_step():
+    saliency = textwrap.dedent('''
+        class Highlighter:
+            def __init__(self, model):
+                self.model = model
+
+            def highlight(self, data_loader):
+                maps = []
+                for x, y in data_loader:
+                    self.model.zero_grad()
+                    x.requires_grad_(True)
+                    self.model(x)[:, 0].sum().backward()
+                    maps.append(x.grad.abs())
+                return maps
+    ''')
+    assert find_step_targets({"saliency.py": saliency}, {"saliency.py": None}) == []
+
+
 def test_a_trainer_given_a_repository_backbone_and_sizes_runs_and_passes(tmp_path):
     root = write_tree(tmp_path, {"reader.py": READER, "tutor.py": TUTOR})
     notes = passed_notes(smoke_step(root, "tutor.py:Tutor.lesson", None, device="cpu"))
