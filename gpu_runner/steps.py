@@ -1114,11 +1114,13 @@ class _FunctionPlan(_Plan):
                               f"{', '.join(sorted(n for n in by_use if n in arguments or n in self.provided))} "
                               "made from the runner's batch by what the step does with them; called once per "
                               "iteration")
+        from gpu_runner.script_steps import loaders_in_process
+
         datasets = _RepositoryDatasets(self.code_root, lambda: self._loader(iterations).dataset, self.notes)
         try:
             # the helpers a step wraps its loop in, where their packages are absent (wandb, accelerate; torchvision's
-            # data sets): as a script's step has them
-            with datasets, training_apis.single_process_apis(self.device, self.notes), \
+            # data sets), and its loaders without worker processes: as a script's step has them
+            with datasets, loaders_in_process(self.notes), training_apis.single_process_apis(self.device, self.notes), \
                     vision_data.synthetic_vision_data(self.notes):
                 self._call(call, arguments, iterations)
         finally:

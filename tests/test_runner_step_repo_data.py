@@ -1,7 +1,7 @@
 """A step that is given its model but builds its own data (issue 27, item 4): a data set class of the repository
 whose files are not on the runner (a folder of field scans, a table) stands in with the runner's rows, so the
 step's own split, loader and loop run on them; a target the step casts to integers is class indices; a device the
-step reads attributes of (``device.type``) is a torch.device. A data set that builds is left alone, and a planted
+step reads attributes of (``device.type``) is a torch.device; its loaders load in the process. A data set that builds is left alone, and a planted
 missing ``zero_grad()`` still fails at its line."""
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ LABELLER = '''
         everything = FieldScans("/nowhere/field_scans")
         kept = int(len(everything) * held_out)
         train_part, _ = random_split(everything, [len(everything) - kept, kept])
-        loader = DataLoader(train_part, batch_size=batch_size, shuffle=True)
+        loader = DataLoader(train_part, batch_size=batch_size, shuffle=True, num_workers=2)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         criterion = nn.CrossEntropyLoss()
         for epoch in range(epochs):
@@ -78,7 +78,7 @@ LABELLER = '''
 def test_a_data_set_whose_files_are_missing_runs_the_step_on_the_runners_rows(tmp_path):
     root = write_tree(tmp_path, {"scans.py": SCANS, "labeller.py": LABELLER})
     notes = passed_notes(smoke_step(root, "labeller.py:fit_labeller", None, device="cpu"))
-    assert "FieldScans could not be built" in notes
+    assert "FieldScans could not be built" in notes and "loaded in the process (num_workers=0)" in notes
 
 
 def test_a_planted_missing_zero_grad_still_fails_on_the_stand_in_rows(tmp_path):
