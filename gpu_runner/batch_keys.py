@@ -4,10 +4,10 @@ item 4): the runner's batch is ``(inputs..., target)`` for the model it built, a
 when the step passes it (or a name assigned from it) as the model's i-th positional argument, the target when the
 step compares the model's output with it (``criterion(output, batch["label"])``: a call whose first argument is
 the model's output and whose second is the key); a target the step casts to integers
-(``batch["mask"].to(dtype=torch.long)``) holds class indices, not the runner's scores. A key the step reads for anything else (a mask, an index, a
-length), or a batch unpacked into the model's keywords (``model(**batch)``): the runner does not guess what a key
-holds, the batches stay tuples (a step that makes its own loader runs on it as before), and a step that then raises
-on them is skipped naming the key.
+(``batch["mask"].to(dtype=torch.long)``) holds class indices, not the runner's scores. A key the step reads for
+anything else (a mask, an index, a length), or a batch unpacked into the model's keywords (``model(**batch)``): the
+runner does not guess what a key holds, the batches stay tuples (a step that makes its own loader runs on it as
+before), and a step that then raises on them is skipped naming the key.
 """
 from __future__ import annotations
 

@@ -219,6 +219,12 @@ def _user_frames(tb, code_root: Path) -> list[traceback.FrameSummary]:
     return [f for f in traceback.extract_tb(tb) if str(Path(f.filename).resolve()).startswith(root)] if tb else []
 
 
+def _raised_at(exc: BaseException, code_root: Path) -> str:
+    """`` at file.py:line`` of the innermost frame of the PR's code that ``exc`` passed through; empty if none."""
+    frames = _user_frames(exc.__traceback__, code_root)
+    return f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+
+
 def _caller_in(code_root: Path) -> Optional[_Where]:
     """The innermost frame of the PR's code on the current stack: the line that called into torch."""
     root = str(code_root) + "/"
@@ -694,8 +700,7 @@ class _Plan:
             cause = failed.__cause__
             detached = _DETACHED_LOSS.search(str(cause)) or self.instruments.detached_error is not None
             if not detached:
-                where = _user_frames(cause.__traceback__, self.code_root)
-                at = f" at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno}" if where else ""
+                at = _raised_at(cause, self.code_root)
                 missing = absent.missing_package(cause)
                 if missing:
                     raise StepSkip(f"{self.target} uses '{missing}'{at}, which is not installed on the smoke runner "
@@ -771,7 +776,8 @@ class _Plan:
         head, tail = sum(losses[:2]) / 2, sum(losses[-2:]) / 2
         ends_fell = losses[-1] < losses[0] - LOSS_FALL_FRACTION * abs(losses[0])
         means_fell = tail < head - LOSS_FALL_FRACTION * abs(head)
-        curve = f"{losses[0]:.4g} → {losses[-1]:.4g}, the mean of the first two {head:.4g} → of the last two {tail:.4g}"
+        curve = (f"{losses[0]:.4g} → {losses[-1]:.4g}, the mean of the first two {head:.4g} → of the last two "
+                 f"{tail:.4g}")
         if ends_fell and means_fell:
             return self._check(name, "pass", f"the loss fell from {losses[0]:.4g} to {losses[-1]:.4g} in "
                                f"{len(losses)} iterations on one repeated batch.", where, losses=losses)
@@ -1265,20 +1271,14 @@ class _RepositoryDatasets:
                 except TypeError:  # a layout the stand-in cannot take (``__slots__``): the failure stands
                     raise exc from None
                 instance._torchreview_rows = plan.rows()
-                where = _caller_in_traceback(exc, plan.code_root)
-                note = (f"the repository's data set {cls.__name__} could not be built on the runner ({type(exc).__name__}"
-                        f"{where}: {_one_line(exc, 120)}): the step's own split, loader and loop ran on the runner's "
-                        f"rows ({len(instance)} of them) instead")
+                note = (f"the repository's data set {cls.__name__} could not be built on the runner "
+                        f"({type(exc).__name__}{_raised_at(exc, plan.code_root)}: {_one_line(exc, 120)}): the step's "
+                        f"own split, loader and loop ran on the runner's rows ({len(instance)} of them) instead")
                 if note not in plan.notes:
                     plan.notes.append(note)
 
         init_or_stand_in.__wrapped__ = init
         return init_or_stand_in
-
-
-def _caller_in_traceback(exc: BaseException, code_root: Path) -> str:
-    frames = _user_frames(exc.__traceback__, code_root)
-    return f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
 
 
 class _PendingLoader:
@@ -1340,8 +1340,7 @@ class _TrainerPlan(_Plan):
         except StepSkip:
             raise
         except Exception as exc:
-            where = _user_frames(exc.__traceback__, self.code_root)
-            at = f" at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno}" if where else ""
+            at = _raised_at(exc, self.code_root)
             missing = absent.missing_package(exc)
             raise StepSkip(f"constructing {self.owner.__name__} from its options raised {type(exc).__name__}{at}: "
                            f"{_one_line(exc, 200)}" + (f" (it needs '{missing}')" if missing else "")) from None
