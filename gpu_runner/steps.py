@@ -1265,6 +1265,8 @@ class _RepositoryDatasets:
                 return None  # a subclass's ``super().__init__()`` after its base stood in
             try:
                 init(instance, *args, **kwargs)
+            except StepSkip:
+                raise  # the runner's own verdict on what the step reached, not the data set's failure
             except Exception as exc:
                 try:
                     instance.__class__ = _StandInDataset
