@@ -3,10 +3,11 @@
 item 4): the runner's batch is ``(inputs..., target)`` for the model it built, and a key is the model's i-th input
 when the step passes it (or a name assigned from it) as the model's i-th positional argument, the target when the
 step compares the model's output with it (``criterion(output, batch["label"])``: a call whose first argument is
-the model's output and whose second is the key). A key the step reads for anything else (a mask, an index, a
-length), or a batch unpacked into the model's keywords (``model(**batch)``): the runner does not guess what a key
-holds, the batches stay tuples (a step that makes its own loader runs on it as before), and a step that then raises
-on them is skipped naming the key.
+the model's output and whose second is the key); a target the step casts to integers
+(``batch["mask"].to(dtype=torch.long)``) holds class indices, not the runner's scores. A key the step reads for
+anything else (a mask, an index, a length), or a batch unpacked into the model's keywords (``model(**batch)``): the
+runner does not guess what a key holds, the batches stay tuples (a step that makes its own loader runs on it as
+before), and a step that then raises on them is skipped naming the key.
 """
 from __future__ import annotations
 
@@ -19,25 +20,58 @@ import torch
 _SAME_DATA = {"to", "cuda", "cpu", "float", "long", "int", "half", "double", "bfloat16", "contiguous", "type"}
 
 
+_INTEGER_DTYPES = {"long", "int64", "int", "int32", "LongTensor", "IntTensor"}
+
+
+def _casts_to_integer(call: ast.AST) -> bool:
+    """``x.long()``, ``x.to(dtype=torch.long)``, ``x.to(device, torch.long)``, ``x.type(torch.LongTensor)``."""
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+        return False
+    if call.func.attr in ("long", "int"):
+        return True
+    if call.func.attr not in ("to", "type"):
+        return False
+    values = list(call.args) + [k.value for k in call.keywords if k.arg in ("dtype", None)]
+    return any(isinstance(v, ast.Attribute) and v.attr in _INTEGER_DTYPES for v in values)
+
+
+def class_indices(target: torch.Tensor) -> torch.Tensor:
+    """A floating target as the class indices a step that casts it to integers reads: the index of the largest of
+    its classes (dimension 1: ``[B, C, ...]`` scores or one-hot rows) where it has them, else its values rounded
+    and kept non-negative."""
+    if target.dim() >= 2 and target.shape[1] > 1:
+        return target.argmax(dim=1)
+    return target.round().clamp(min=0).long()
+
+
 class KeysUnknown(Exception):
     """The step reads its batch by keys, and what one of them holds cannot be told from the step."""
 
 
 def _batch_names(node: ast.AST, role_of: Callable[[str], Optional[str]]) -> set[str]:
     """The step's names for a batch: a parameter named like one, a loop's variable over a loader (``for batch in
-    loader``, ``for i, batch in enumerate(tqdm(loader))``)."""
+    loader``, ``for i, batch in enumerate(tqdm(loader))``, or over a name assigned such an iterable first)."""
     names = {a.arg for a in node.args.args + node.args.kwonlyargs if role_of(a.arg) == "batch"}
 
     def loader_in(expression: ast.AST) -> bool:
         return any(isinstance(n, ast.Name) and role_of(n.id) == "loader"
                    or isinstance(n, ast.Attribute) and role_of(n.attr) == "loader" for n in ast.walk(expression))
 
+    # an iterable named first (``data_iter = tqdm(enumerate(loader)); for i, data in data_iter``)
+    named = {n.targets[0].id: n.value for n in ast.walk(node) if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name)}
+
+    def enumerates(expression: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "enumerate"
+                   for n in ast.walk(expression))
+
     for loop in ast.walk(node):
-        if isinstance(loop, (ast.For, ast.AsyncFor)) and loader_in(loop.iter):
+        iterable = loop.iter if isinstance(loop, (ast.For, ast.AsyncFor)) else None
+        if isinstance(iterable, ast.Name) and iterable.id in named:
+            iterable = named[iterable.id]
+        if iterable is not None and loader_in(iterable):
             target = loop.target
-            if isinstance(target, ast.Tuple) and isinstance(loop.iter, ast.Call) \
-                    and isinstance(loop.iter.func, ast.Name) and loop.iter.func.id == "enumerate" \
-                    and len(target.elts) == 2:
+            if isinstance(target, ast.Tuple) and enumerates(iterable) and len(target.elts) == 2:
                 target = target.elts[1]
             if isinstance(target, ast.Name):
                 names.add(target.id)
@@ -117,6 +151,10 @@ def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[s
             key = key_of(item.args[1])
             if key is not None and (is_model_call(first) or isinstance(first, ast.Name) and first.id in outputs):
                 found.setdefault(key, target)
+    for key, value in found.items():
+        if value is target and target.is_floating_point() and any(
+                _casts_to_integer(item) and key_of(item.func.value) == key for item in ast.walk(node)):
+            found[key] = class_indices(target)
     unknown = [k for k in keys if k not in found]
     if unknown:
         raise KeysUnknown(f"the step reads its batch by keys, and {', '.join(repr(k) for k in unknown)} is neither "

@@ -479,13 +479,47 @@ def _is_distributed_error(exc: BaseException) -> bool:
 # ---- the script's environment ----------------------------------------------------------------------------
 
 @contextlib.contextmanager
+def loaders_in_process(notes: list):
+    """While a step runs: its data loaders load in the process (``num_workers=0``: no worker processes in the
+    sandbox), and those over the runner's synthetic images load batches of the runner's size. Said in the notes."""
+    loader_init = torch.utils.data.DataLoader.__init__
+    used: dict = {}
+
+    def loader_in_process(self, *args, **kwargs):
+        dataset = args[0] if args else kwargs.get("dataset")
+        if isinstance(dataset, vision_data.SyntheticImages):
+            # the runner's own images: batches of the runner's size (the script's sizes are shrunk likewise)
+            if len(args) > 1 and isinstance(args[1], int) and args[1] > STEP_BATCH:
+                args = (args[0], STEP_BATCH, *args[2:])
+                used["synthetic batch"] = True
+            elif isinstance(kwargs.get("batch_size"), int) and kwargs["batch_size"] > STEP_BATCH:
+                kwargs["batch_size"] = STEP_BATCH
+                used["synthetic batch"] = True
+        if kwargs.get("num_workers"):
+            used["workers"] = True
+            kwargs["num_workers"] = 0
+            kwargs.pop("prefetch_factor", None)
+            kwargs.pop("persistent_workers", None)
+        return loader_init(self, *args, **kwargs)
+
+    torch.utils.data.DataLoader.__init__ = loader_in_process
+    try:
+        yield
+    finally:
+        torch.utils.data.DataLoader.__init__ = loader_init
+        if used.get("synthetic batch"):
+            notes.append(f"data loaders over the synthetic images load batches of {STEP_BATCH}")
+        if used.get("workers"):
+            notes.append("data loaders loaded in the process (num_workers=0)")
+
+
+@contextlib.contextmanager
 def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     """``sys.argv`` of the script alone; ``parse_args()`` on no command line, its values shrunk; ``torch.compile``
     the identity; data loaders without worker processes; the working folder a scratch mirror of the script's."""
     saved_argv, saved_cwd = sys.argv, os.getcwd()
     parse_known_args = argparse.ArgumentParser.parse_known_args
     compile_ = torch.compile
-    loader_init = torch.utils.data.DataLoader.__init__
     used: dict = {}
 
     def parse_without_command_line(parser, args=None, namespace=None):
@@ -515,23 +549,6 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
         used["compile"] = True
         return model if model is not None else (lambda fn: fn)
 
-    def loader_in_process(self, *args, **kwargs):
-        dataset = args[0] if args else kwargs.get("dataset")
-        if isinstance(dataset, vision_data.SyntheticImages):
-            # the runner's own images: batches of the runner's size (the script's sizes are shrunk likewise)
-            if len(args) > 1 and isinstance(args[1], int) and args[1] > STEP_BATCH:
-                args = (args[0], STEP_BATCH, *args[2:])
-                used["synthetic batch"] = True
-            elif isinstance(kwargs.get("batch_size"), int) and kwargs["batch_size"] > STEP_BATCH:
-                kwargs["batch_size"] = STEP_BATCH
-                used["synthetic batch"] = True
-        if kwargs.get("num_workers"):
-            used["workers"] = True
-            kwargs["num_workers"] = 0
-            kwargs.pop("prefetch_factor", None)
-            kwargs.pop("persistent_workers", None)
-        return loader_init(self, *args, **kwargs)
-
     scratch = Path(tempfile.mkdtemp(prefix="torchreview_script_"))
     stand_ins = _RawDataStandIns(notes)
     for entry in script.parent.iterdir():
@@ -540,24 +557,19 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     sys.argv = [str(script)]
     argparse.ArgumentParser.parse_known_args = parse_without_command_line
     torch.compile = identity_compile
-    torch.utils.data.DataLoader.__init__ = loader_in_process
     os.chdir(scratch)
     try:
-        with stand_ins, vision_data.synthetic_vision_data(notes), training_apis.single_process_apis(device, notes):
+        with stand_ins, loaders_in_process(notes), vision_data.synthetic_vision_data(notes), \
+                training_apis.single_process_apis(device, notes):
             yield
     finally:
         os.chdir(saved_cwd)
         sys.argv = saved_argv
         argparse.ArgumentParser.parse_known_args = parse_known_args
         torch.compile = compile_
-        torch.utils.data.DataLoader.__init__ = loader_init
         shutil.rmtree(scratch, ignore_errors=True)
         if used.get("compile"):
             notes.append("torch.compile was the identity: the checks are about the model's code")
-        if used.get("synthetic batch"):
-            notes.append(f"data loaders over the synthetic images load batches of {STEP_BATCH}")
-        if used.get("workers"):
-            notes.append("data loaders loaded in the process (num_workers=0)")
         if used.get("arguments"):
             notes.append("command-line arguments without a default were given values the code declares: "
                          + "; ".join(dict.fromkeys(used["arguments"])))

@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from gpu_runner import absent, sites
+from gpu_runner import absent, sites, training_apis, vision_data
 from gpu_runner.batch_keys import KeyedDataset, KeysUnknown, keyed_batch
 from gpu_runner import build as build_module
 from gpu_runner.build import (BuildError, Skip, _add_to_sys_path, _choose_model_in_file, build_subject,
@@ -217,6 +217,12 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 def _user_frames(tb, code_root: Path) -> list[traceback.FrameSummary]:
     root = str(code_root) + "/"
     return [f for f in traceback.extract_tb(tb) if str(Path(f.filename).resolve()).startswith(root)] if tb else []
+
+
+def _raised_at(exc: BaseException, code_root: Path) -> str:
+    """`` at file.py:line`` of the innermost frame of the PR's code that ``exc`` passed through; empty if none."""
+    frames = _user_frames(exc.__traceback__, code_root)
+    return f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
 
 
 def _caller_in(code_root: Path) -> Optional[_Where]:
@@ -451,12 +457,6 @@ class _KeyedLoader(torch.utils.data.DataLoader):
                          shuffle=False)
 
 
-def _keyed_batch(function: Callable, batch: tuple) -> Optional[dict]:
-    """The step's batch as a dict, when it reads its batch by keys (gpu_runner.batch_keys); None otherwise."""
-    node = _function_node(inspect.unwrap(function))
-    return keyed_batch(node, batch, role_of) if node is not None else None
-
-
 class _Criterion(nn.Module):
     """The builder's loss as an ``nn.Module`` criterion: ``criterion(output, target)``."""
 
@@ -640,6 +640,33 @@ class _Plan:
         if self.instruments is not None:
             self.instruments.close()
 
+    def _batch_by_keys(self, function: Callable, reader: str, self_is_model: bool = False,
+                       batch: Optional[tuple] = None) -> None:
+        """``self.batch`` (a tuple) and ``self.keyed``: the same batch as a dict when ``function`` reads its batch
+        by keys (gpu_runner.batch_keys), else None. Where the keys cannot be matched the batches stay tuples: a step
+        that makes its own loader still runs; one that reads the runner's batches by key raises on them, and its
+        skip says why (``skip_hint``). ``batch``: the tuple batch, where the plan made it (else the subject's)."""
+        self.batch = batch if batch is not None else _step_batch(self.subject)
+        self.keyed: Optional[dict] = None
+        node = _function_node(inspect.unwrap(function))
+        try:
+            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=self_is_model) \
+                if node is not None else None
+        except KeysUnknown as exc:
+            self.skip_hint = str(exc)
+        if self.keyed is not None:
+            self.notes.append(f"{reader} reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
+                              "are dicts, each key the model's input or the target the step uses it as "
+                              "(gpu_runner.batch_keys)")
+
+    def _loader(self, iterations: int) -> torch.utils.data.DataLoader:
+        """A loader of ``iterations`` copies of the batch, as the step reads it (tuples, or dicts by keys)."""
+        return _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
+
+    def _one_batch(self) -> Any:
+        """A fresh copy of the batch, as the step reads it (a tuple, or a dict by keys)."""
+        return copy.deepcopy(self.batch if self.keyed is None else self.keyed)
+
     def step_time_ms(self) -> Optional[float]:
         seconds = self.instruments.step_seconds if self.instruments else []
         return round(1000 * sorted(seconds)[len(seconds) // 2], 3) if seconds else None
@@ -673,8 +700,7 @@ class _Plan:
             cause = failed.__cause__
             detached = _DETACHED_LOSS.search(str(cause)) or self.instruments.detached_error is not None
             if not detached:
-                where = _user_frames(cause.__traceback__, self.code_root)
-                at = f" at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno}" if where else ""
+                at = _raised_at(cause, self.code_root)
                 missing = absent.missing_package(cause)
                 if missing:
                     raise StepSkip(f"{self.target} uses '{missing}'{at}, which is not installed on the smoke runner "
@@ -744,14 +770,24 @@ class _Plan:
         if len(losses) < 2:
             return self._check(name, "pass", f"the loss is finite ({losses[0]:.4g}); one iteration is too few to see "
                                "it fall.", where, losses=losses)
-        head = sum(losses[:2]) / 2
-        tail = sum(losses[-2:]) / 2
-        if tail < head - LOSS_FALL_FRACTION * abs(head):
+        # two readings of the curve, each over a margin: its ends (the first loss against the last) and its means (the
+        # first two against the last two). A verdict needs both to agree; where they disagree the curve went both
+        # ways, and a run this short cannot tell a slow fall from noise: undecided, never described as a fall
+        head, tail = sum(losses[:2]) / 2, sum(losses[-2:]) / 2
+        ends_fell = losses[-1] < losses[0] - LOSS_FALL_FRACTION * abs(losses[0])
+        means_fell = tail < head - LOSS_FALL_FRACTION * abs(head)
+        curve = (f"{losses[0]:.4g} → {losses[-1]:.4g}, the mean of the first two {head:.4g} → of the last two "
+                 f"{tail:.4g}")
+        if ends_fell and means_fell:
             return self._check(name, "pass", f"the loss fell from {losses[0]:.4g} to {losses[-1]:.4g} in "
                                f"{len(losses)} iterations on one repeated batch.", where, losses=losses)
+        if ends_fell or means_fell:
+            return self._check(name, "skip", f"undecided: the loss went both ways in {len(losses)} iterations on one "
+                               f"repeated batch ({curve}): too noisy a curve to tell whether it falls.", where,
+                               losses=losses, undecided=True)
         return self._check(name, "warn", f"the loss did not fall in {len(losses)} iterations on one repeated batch "
-                           f"({losses[0]:.4g} → {losses[-1]:.4g}): a slow optimizer or learning rate, or the update "
-                           "does not reach what the loss measures.", where, losses=losses)
+                           f"({curve}): a slow optimizer or learning rate, or the update does not reach what the loss "
+                           "measures.", where, losses=losses)
 
     def _zero_grad_check(self) -> CheckResult:
         name, instruments = "zero-grad", self.instruments
@@ -957,17 +993,7 @@ class _LightningPlan(_Plan):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.batch = _step_batch(self.subject)
-        self.keyed = None
-        node = _function_node(inspect.unwrap(type(self.model).training_step))
-        try:
-            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=True) if node is not None else None
-        except KeysUnknown as exc:
-            self.skip_hint = str(exc)
-        if self.keyed is not None:
-            self.notes.append(f"training_step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
-                              "are dicts, each key the model's input or the target the step uses it as "
-                              "(gpu_runner.batch_keys)")
+        self._batch_by_keys(type(self.model).training_step, "training_step", self_is_model=True)
         self._optimizer_where: Optional[_Where] = None
 
     def optimizer_where(self) -> Optional[_Where]:
@@ -994,7 +1020,7 @@ class _LightningPlan(_Plan):
             model.train()
             optimizer.zero_grad()
             try:
-                output = model.training_step(copy.deepcopy(self.batch if self.keyed is None else self.keyed), index)
+                output = model.training_step(self._one_batch(), index)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
             loss = output.get("loss") if isinstance(output, dict) else output
@@ -1045,18 +1071,7 @@ class _FunctionPlan(_Plan):
         self.function, self.owner = function, owner
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
-        self.batch = _step_batch(subject)
-        self.keyed = None
-        try:
-            self.keyed = _keyed_batch(function, self.batch)
-        except KeysUnknown as exc:
-            # the batches stay tuples: a step that makes its own loader still runs; one that reads the runner's
-            # batches by key raises on them, and its skip says why
-            self.skip_hint = str(exc)
-        if self.keyed is not None:
-            self.notes.append(f"the step reads its batch by keys ({', '.join(self.keyed)}): the runner's batches are "
-                              "dicts, each key the model's input or the target the step uses it as "
-                              "(gpu_runner.batch_keys)")
+        self._batch_by_keys(function, "the step")
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=STEP_LEARNING_RATE)
         self.criterion = _Criterion(subject.loss_fn)
@@ -1068,15 +1083,12 @@ class _FunctionPlan(_Plan):
         self.start_in_eval = not self.per_batch
 
     def values(self, iterations: int = STEP_ITERATIONS) -> dict:
-        loader = _Loader(self.batch, iterations) if self.keyed is None else _KeyedLoader(self.keyed, iterations)
+        loader = self._loader(iterations)
         return {"model": self.model, "loader": loader, "dataset": loader.dataset, "batch": self._one_batch(),
                 "index": 0, "optimizer": self.optimizer, "criterion": self.criterion, "device": self.subject.device,
                 "epoch": 1, "epochs": 1, "scheduler": _constant_scheduler(self.optimizer),
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
-
-    def _one_batch(self) -> Any:
-        return copy.deepcopy(self.batch if self.keyed is None else self.keyed)
 
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
@@ -1097,6 +1109,9 @@ class _FunctionPlan(_Plan):
         by_use = _data_by_use(call, self.batch)
         arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults,
                                by_use=by_use)
+        for key in arguments:
+            if role_of(key) == "device" and isinstance(arguments[key], str) and _reads_attribute_of(call, key):
+                arguments[key] = torch.device(arguments[key])  # ``device.type``: the step takes a torch.device
         restore = self._provide_globals(values, by_use)
         # the step takes the data itself (a graph's features and adjacency): one optimizer step per call
         self.full_batch = any(name in by_use for name in [*arguments, *self.provided])
@@ -1105,8 +1120,15 @@ class _FunctionPlan(_Plan):
                               f"{', '.join(sorted(n for n in by_use if n in arguments or n in self.provided))} "
                               "made from the runner's batch by what the step does with them; called once per "
                               "iteration")
+        from gpu_runner.script_steps import loaders_in_process
+
+        datasets = _RepositoryDatasets(self.code_root, lambda: self._loader(iterations).dataset, self.notes)
         try:
-            self._call(call, arguments, iterations)
+            # the helpers a step wraps its loop in, where their packages are absent (wandb, accelerate; torchvision's
+            # data sets), and its loaders without worker processes: as a script's step has them
+            with datasets, loaders_in_process(self.notes), training_apis.single_process_apis(self.device, self.notes), \
+                    vision_data.synthetic_vision_data(self.notes):
+                self._call(call, arguments, iterations)
         finally:
             restore()
 
@@ -1183,6 +1205,84 @@ class _FunctionPlan(_Plan):
                 raise _UserCodeFailed() from exc
 
 
+class _StandInDataset(torch.utils.data.Dataset):
+    """What a repository's data set becomes when it cannot be built on the runner: the rows of the runner's data."""
+
+    _torchreview_rows: torch.utils.data.Dataset
+
+    def __len__(self) -> int:
+        return len(self._torchreview_rows)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._torchreview_rows[index]
+
+
+class _RepositoryDatasets:
+    """While a step that is given its model runs: a data set class the repository defines (a ``Dataset`` subclass
+    in a file under the code root) whose constructor raises, because its files are not on the runner (an image
+    folder, a CSV file, a download), yields the runner's rows instead (``rows()``: the batch the step's model
+    takes, as tuples or as dicts by key), so the step's own split, loader and loop run on them. A data set that
+    builds is the step's own, untouched. Said in the step's notes."""
+
+    def __init__(self, code_root: Path, rows: Callable[[], torch.utils.data.Dataset], notes: list):
+        self.code_root, self.rows, self.notes = code_root.resolve(), rows, notes
+        self.saved: list[tuple[type, Callable]] = []
+
+    def classes(self) -> list[type]:
+        found = []
+        for module in list(sys.modules.values()):
+            filename = getattr(module, "__file__", None)
+            if not filename:
+                continue
+            try:
+                Path(filename).resolve().relative_to(self.code_root)
+            except (ValueError, OSError):
+                continue
+            for value in list(vars(module).values()):
+                if inspect.isclass(value) and value.__module__ == module.__name__ and "__init__" in vars(value) \
+                        and issubclass(value, torch.utils.data.Dataset) \
+                        and not issubclass(value, torch.utils.data.IterableDataset) and value not in found:
+                    found.append(value)
+        return found
+
+    def __enter__(self) -> "_RepositoryDatasets":
+        for cls in self.classes():
+            self.saved.append((cls, vars(cls)["__init__"]))
+            cls.__init__ = self._guarded(cls, vars(cls)["__init__"])
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        for cls, init in reversed(self.saved):
+            cls.__init__ = init
+        self.saved.clear()
+        return False
+
+    def _guarded(self, cls: type, init: Callable) -> Callable:
+        plan = self
+
+        def init_or_stand_in(instance, *args, **kwargs):
+            if isinstance(instance, _StandInDataset):
+                return None  # a subclass's ``super().__init__()`` after its base stood in
+            try:
+                init(instance, *args, **kwargs)
+            except StepSkip:
+                raise  # the runner's own verdict on what the step reached, not the data set's failure
+            except Exception as exc:
+                try:
+                    instance.__class__ = _StandInDataset
+                except TypeError:  # a layout the stand-in cannot take (``__slots__``): the failure stands
+                    raise exc from None
+                instance._torchreview_rows = plan.rows()
+                note = (f"the repository's data set {cls.__name__} could not be built on the runner "
+                        f"({type(exc).__name__}{_raised_at(exc, plan.code_root)}: {_one_line(exc, 120)}): the step's "
+                        f"own split, loader and loop ran on the runner's rows ({len(instance)} of them) instead")
+                if note not in plan.notes:
+                    plan.notes.append(note)
+
+        init_or_stand_in.__wrapped__ = init
+        return init_or_stand_in
+
+
 class _PendingLoader:
     """What a trainer class is constructed with in place of its loaders and data sets, before the model it builds
     exists to make batches for; replaced by the runner's loader once it does."""
@@ -1233,6 +1333,8 @@ class _TrainerPlan(_Plan):
         named_data = {k: v for k, v in defaults.items() if role_of(k) in ("loader", "dataset")}
         given = {p: dict(named_data) for p in list(inspect.signature(self.owner.__init__).parameters)[1:]
                  if p.lower() in CONFIG_NAMES}
+        given.update(self._annotated_modules())
+        given.update(self._guessed_sizes(given, values))
         try:
             arguments = _arguments(self.owner.__init__, values, skip_first=True, given=given,
                                    repository_defaults=defaults)
@@ -1240,13 +1342,17 @@ class _TrainerPlan(_Plan):
         except StepSkip:
             raise
         except Exception as exc:
-            where = _user_frames(exc.__traceback__, self.code_root)
-            at = f" at {where[-1].filename.rsplit('/', 1)[-1]}:{where[-1].lineno}" if where else ""
+            at = _raised_at(exc, self.code_root)
             missing = absent.missing_package(exc)
             raise StepSkip(f"constructing {self.owner.__name__} from its options raised {type(exc).__name__}{at}: "
                            f"{_one_line(exc, 200)}" + (f" (it needs '{missing}')" if missing else "")) from None
         attributes = dict(vars(instance))
         optimizers = [v for _, v in _named_values_of(attributes, torch.optim.Optimizer)]
+        for wrapper in attributes.values():  # an optimizer inside a wrapper the class keeps (a warm-up schedule)
+            if not isinstance(wrapper, (nn.Module, torch.Tensor, torch.optim.Optimizer, type, types.ModuleType)) \
+                    and isinstance(getattr(wrapper, "__dict__", None), dict):
+                optimizers += [v for _, v in _named_values_of(vars(wrapper), torch.optim.Optimizer)
+                               if all(v is not o for o in optimizers)]
         held = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
         modules = {name: m for name, m in _named_values_of(attributes, nn.Module)
                    if any(id(p) in held for p in m.parameters())}
@@ -1268,7 +1374,8 @@ class _TrainerPlan(_Plan):
             # the class's criterion takes probabilities against targets in [0, 1] (binary masks, labels)
             batch = batch[:-1] + ((batch[-1] > 0).to(batch[-1].dtype),)
             self.notes.append("the class's criterion is a BCELoss: the batch's targets are 0 / 1")
-        loader = _Loader(batch, iterations)
+        self._batch_by_keys(self.function, "the step", batch=batch)
+        loader = self._loader(iterations)
         for key, value in attributes.items():
             if value is pending:
                 setattr(instance, key, loader)
@@ -1280,7 +1387,7 @@ class _TrainerPlan(_Plan):
         self.begin(model, None, step_limit=STEP_BOUND_FACTOR * iterations, backward_limit=3 * iterations,
                    extra_parameter_ids=frozenset(held - {id(p) for p in model.parameters()}))
         method = getattr(instance, self.function.__name__)
-        values.update(loader=loader, dataset=loader.dataset, model=model, batch=copy.deepcopy(batch))
+        values.update(loader=loader, dataset=loader.dataset, model=model, batch=self._one_batch())
         call_arguments = _arguments(method, values, given=self.given, repository_defaults=defaults)
         try:
             method(**call_arguments)
@@ -1294,6 +1401,52 @@ class _TrainerPlan(_Plan):
             self.notes.append(f"{self.target}'s training loop ran to its end ({self.instruments.steps} optimizer "
                               f"steps); the code after it raised {type(exc).__name__} at line {after}: "
                               f"{_one_line(exc, 120)} (not a training step: not checked)")
+
+    def _guessed_sizes(self, given: dict, values: dict) -> dict:
+        """The constructor's required parameters with no role, no option and no value from above that the runner
+        guesses for a model's constructor by name (``vocab_size``, ``hidden_dim``): the same guess as for the
+        model the trainer builds from them, so sizes passed on to it agree."""
+        from gpu_runner.build import guess_argument
+
+        guessed = {}
+        for parameter in list(inspect.signature(self.owner.__init__).parameters.values())[1:]:
+            if parameter.default is not parameter.empty or parameter.name in given \
+                    or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) \
+                    or role_of(parameter.name) in values or parameter.name.lower() in CONFIG_NAMES:
+                continue
+            found, value = guess_argument(parameter.name, parameter.annotation)
+            if found:
+                guessed[parameter.name] = value
+        if guessed:
+            self.notes.append(f"{self.owner.__name__}'s constructor got sizes guessed by name, as a model's are: "
+                              + ", ".join(f"{k}={v!r}" for k, v in guessed.items()))
+        return guessed
+
+    def _annotated_modules(self) -> dict:
+        """The constructor's required parameters annotated with a module class of the repository (``bert: BERT``,
+        a backbone the trainer wraps in its own model): each built as the runner builds that model."""
+        built = {}
+        try:
+            parameters = list(inspect.signature(self.owner.__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            return built
+        for parameter in parameters:
+            cls = parameter.annotation
+            if parameter.default is not parameter.empty or not inspect.isclass(cls) or not issubclass(cls, nn.Module):
+                continue
+            try:
+                relative = Path(inspect.getsourcefile(cls)).resolve().relative_to(self.code_root.resolve())
+            except (TypeError, OSError, ValueError):
+                continue  # torch's own classes, a package's: not the repository's to build
+            notes: list = []
+            made = build_module._construct(self.code_root, f"{relative.as_posix()}:{cls.__qualname__}", {}, notes)
+            if isinstance(made, Skip):
+                raise StepSkip(f"cannot build the argument '{parameter.name}' of {self.owner.__name__}.__init__ "
+                               f"(a {cls.__name__}): {made.reason}")
+            built[parameter.name] = made[0].to(self.device)
+            self.notes.append(f"{self.owner.__name__} takes a {cls.__name__} ('{parameter.name}'): the runner built "
+                              f"it as it builds that model ({relative.as_posix()}:{cls.__qualname__})")
+        return built
 
     def _after_the_loop(self, exc: BaseException, iterations: int) -> Optional[int]:
         """The line of the method, past its training loop, that raised ``exc`` once the loop had made at least
@@ -1438,6 +1591,13 @@ def _reads_name(function: Callable, name: str) -> bool:
     if node is None:
         return True
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+
+
+def _reads_attribute_of(function: Callable, name: str) -> bool:
+    """``function`` reads an attribute of its parameter ``name`` (``device.type``)."""
+    node = _function_node(inspect.unwrap(function))
+    return node is not None and any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                                    and n.value.id == name for n in ast.walk(node))
 
 
 def _restore(namespace: dict, name: str, old: Any) -> None:

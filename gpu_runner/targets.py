@@ -369,9 +369,15 @@ def _is_step_function(node: ast.AST) -> bool:
 
 
 def _holds_training_loop(node: ast.AST) -> bool:
-    """A loop (``for`` or ``while``) whose body calls ``.backward()`` and ``.step()``."""
+    """A loop (``for`` or ``while``) whose body calls ``.backward()`` and steps an optimizer: ``.step()``, or an
+    optimizer wrapper's own stepping method (``schedule.step_and_update_lr()``) beside a ``.zero_grad()``. A loop
+    that only zeroes and backpropagates (gradients for saliency, a gradient norm) updates nothing: not a step."""
+    def steps(loop: ast.AST) -> bool:
+        calls = [n.func.attr for n in ast.walk(loop) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+        return "step" in calls or "zero_grad" in calls and any(c.startswith("step_") for c in calls)
+
     return any(isinstance(loop, (ast.For, ast.While)) and any(_calls_method(n, "backward") for n in ast.walk(loop))
-               and any(_calls_method(n, "step") for n in ast.walk(loop)) for loop in ast.walk(node))
+               and steps(loop) for loop in ast.walk(node))
 
 
 def _calls_method(node: ast.AST, name: str) -> bool:

@@ -68,6 +68,13 @@ def checks(report: dict) -> dict:
     return {c["name"]: c["status"] for c in report["checks"]}
 
 
+def passed_notes(report: dict) -> str:
+    """The step passed, with zero-grad and params-updated passing; its notes, joined."""
+    assert report["status"] == "passed", report
+    assert checks(report)["zero-grad"] == "pass" and checks(report)["params-updated"] == "pass"
+    return " ".join(report["notes"])
+
+
 def assert_zero_grad_fails_at(report: dict, root, path: str, text: str) -> None:
     """The step failed, and its zero-grad check at the line of ``path`` that holds ``text``."""
     assert report["status"] == "failed", report

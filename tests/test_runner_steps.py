@@ -438,13 +438,14 @@ def test_a_step_reads_its_scripts_argparse_defaults_and_imports_torchvision_thro
 
 
 def test_a_step_that_uses_a_missing_package_is_skipped_naming_it_and_the_line(tmp_path):
+    # a detection data set: outside what gpu_runner.vision_data stands in for (classification data, transforms)
     step = ARGPARSE_STEP.replace("        loss.backward()",
-                                 "        loss.backward()\n        transforms.Normalize((0.5,), (0.5,))")
+                                 "        loss.backward()\n        datasets.CocoDetection(\"boxes\", \"boxes.json\")")
     assert step != ARGPARSE_STEP
     root = write_tree(tmp_path, {"models.py": MODELS, "train.py": step})
     report = run(root, "train.py:train")
     assert report["status"] == "skipped"
-    line = line_of(root, "train.py", "transforms.Normalize")
+    line = line_of(root, "train.py", "datasets.CocoDetection")
     assert f"uses 'torchvision' at train.py:{line}, which is not installed on the smoke runner" in report["reason"]
 
 
