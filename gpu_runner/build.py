@@ -2305,7 +2305,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
     special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns or f.time_first
-                  or f.state_of is not None or f.width and f.channels_last or f.axis_sizes for f in per_parameter)
+                  or f.state_of is not None or f.width and f.channels_last or f.axis_sizes or f.rank
+                  for f in per_parameter)
     if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
         return None
     options: list[list[tuple[TensorSpec, str]]] = []
@@ -2366,6 +2367,13 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
                     break
             if assignment:
                 joint.append(assignment)
+    for index, facts_of in enumerate(per_parameter):  # the number of axes an assert in the forward requires
+        if facts_of.rank:
+            why = "from the forward body (" + "; ".join(facts_of.why) + ")"
+            ranked = [(spec, why_) for spec, why_ in options[index] if _rank(spec) == facts_of.rank]
+            if not ranked and facts_of.rank == 1:  # one value per sample: a [B] vector, real-valued or counts
+                ranked = [(TensorSpec(()), why), (TensorSpec((), "long", 0, ONE_PER_SAMPLE_HIGH), why)]
+            options[index] = ranked or options[index]
     for index, facts_of in enumerate(per_parameter):  # sizes an assert in the forward requires of its axes
         if facts_of.axis_sizes:
             sized = [(_with_axis_sizes(spec, facts_of.axis_sizes), why) for spec, why in options[index]]
@@ -2375,6 +2383,18 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         options[index] = [(_batch_second(spec), why) for spec, why in options[index]]
         joint = [a[:index] + [(_batch_second(a[index][0]), a[index][1])] + a[index + 1:] for a in joint]
     return options, joint, time_first
+
+
+ONE_PER_SAMPLE_HIGH = 10  # integer values of a [B] input the body asserts one-dimensional (a step, a class)
+
+
+def _rank(spec: Any) -> Optional[int]:
+    """How many axes the tensor ``spec`` makes, the batch included."""
+    if not isinstance(spec, TensorSpec):
+        return None
+    if spec.adjacency:
+        return 2
+    return 1 if spec.lengths else len(spec.shape) + 1
 
 
 def _with_axis_sizes(spec: Any, sizes: dict) -> Optional[TensorSpec]:
