@@ -1121,7 +1121,10 @@ class _Evaluator:
                 dest = flag.lstrip("-").replace("-", "_")
             action = keywords.get("action")
             action = action.value if isinstance(action, ast.Constant) else None
-            if "default" in keywords:
+            required = keywords.get("required")
+            if isinstance(required, ast.Constant) and required.value is True:
+                value = UNKNOWN  # the command line must give it: argparse never uses its default
+            elif "default" in keywords:
                 value = self.value(path, parsed, keywords["default"], depth + 1)
                 kind = keywords.get("type")
                 if isinstance(value, str) and isinstance(kind, ast.Name) and kind.id in ("int", "float"):
