@@ -54,13 +54,14 @@ class ParameterFacts:
     time_first: bool = False  # transposed to batch-first in the body: [T, B, ...], the batch on axis 1
     state_of: Optional[nn.Module] = None  # given to this RNN as its initial state
     channels_last: bool = False  # [L, C]: its last two axes swapped before the convolution that fixes its width
+    spread: bool = False  # a [B, C] vector made [B, C, 1, 1] and spread over an image's positions: C is its width
     axis_sizes: dict = field(default_factory=dict)  # axis (batch included) -> the size an assert in forward requires
     rank: Optional[int] = None  # how many axes (batch included) an assert requires: 1 is one value per sample
     why: list[str] = field(default_factory=list)
 
     def known(self) -> bool:
         return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of or self.columns
-                    or self.time_first or self.state_of is not None or self.axis_sizes or self.rank)
+                    or self.time_first or self.state_of is not None or self.axis_sizes or self.rank or self.spread)
 
 
 def column_tables(layer: nn.Module) -> Optional[tuple[int, int]]:
@@ -90,6 +91,7 @@ class _Value:
     parts: Optional[tuple] = None  # along the feature axis: (parameter or None, width or None) per part
     kind: Optional[type] = None  # the layer type whose output fixed the width (Linear or a convolution)
     channels_last: bool = False  # the parameter with its last two axes swapped: [B, L, C] made [B, C, L]
+    spread: bool = False  # the parameter, a [B, C] vector, with axes of size 1 added after C ([B, C, 1, 1])
 
     @property
     def bare(self) -> Optional[str]:
@@ -144,6 +146,26 @@ def _swaps_last_two_axes(node: ast.Call) -> bool:
     if _call_name(node.func) == "transpose":
         return sorted(values) in ([1, 2], [-2, -1])
     return values == [0, 2, 1]
+
+
+def _singleton_axes_after_features(node: ast.Call) -> bool:
+    """``v.view(v.size(0), v.size(1), 1, 1)`` / ``v.reshape(-1, k, 1, 1)`` / ``v.view(*v.shape, 1, 1)``: a
+    [B, C] vector given axes of size 1 after its features, to broadcast over an image's positions."""
+    arguments = node.args
+    if arguments and isinstance(arguments[0], ast.Starred):
+        arguments = [None, None] + arguments[1:]
+    if len(arguments) < 3:
+        return False
+    return all(isinstance(a, ast.Constant) and a.value == 1 for a in arguments[2:])
+
+
+def _keeps_channel_axis(name: str, node: ast.Call) -> bool:
+    """A call that leaves axis 1 of a [B, C, 1, 1] tensor where it is: ``repeat(1, 1, H, W)``, ``expand(...)``,
+    ``expand_as(x)``."""
+    if name in ("expand", "expand_as"):
+        return True
+    return name == "repeat" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+        and node.args[1].value == 1
 
 
 def _keeps_last_axis(name: str, node: ast.Call) -> bool:
@@ -433,6 +455,11 @@ class _Reader:
         if name in ("transpose", "permute") and receiver.bare and isinstance(node.func, ast.Attribute) \
                 and _swaps_last_two_axes(node):  # x.permute(0, 2, 1) into a Conv1d: x is [B, L, C]
             return _Value(sources, receiver.parts, receiver.kind, channels_last=True)
+        if name in ("view", "reshape") and receiver.bare and isinstance(node.func, ast.Attribute) \
+                and _singleton_axes_after_features(node):  # c.view(B, C, 1, 1): a vector spread over positions
+            return _Value(sources, receiver.parts, receiver.kind, spread=True)
+        if receiver.spread and _keeps_channel_axis(name, node):  # c.repeat(1, 1, H, W): still C on axis 1
+            return _Value(sources, receiver.parts, receiver.kind, spread=True)
         if _keeps_last_axis(name, node) and receiver.parts:  # x.transpose(0, 1), h.repeat(t, 1, 1), h.unsqueeze(0)
             return _Value(sources, receiver.parts, receiver.kind)
         if name in ("view", "reshape") and isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
@@ -487,6 +514,10 @@ class _Reader:
             self.reading.discard(helper.name)
 
     def _concatenation(self, values: list[_Value], sources: frozenset) -> _Value:
+        for value in values:  # torch.cat([x, c_map], 1): c's features are channels beside x's
+            if value.spread and value.bare:
+                self._note(value.bare, "spread", True, "a vector given one value per channel at every position "
+                                                       "(made [B, C, 1, 1] and repeated) in the forward")
         bare = [v.bare for v in values]
         for one, other in zip(bare, bare[1:]):
             if one and other:
@@ -517,6 +548,8 @@ class _Reader:
                 self._note(state.bare, "state_of", layer, f"the initial state of {describe_layer(layer)}")
         if width:
             self._require(first, width, layer)
+            if first.spread and first.bare and isinstance(layer, nn.modules.conv._ConvNd):
+                self._note(first.bare, "spread", True, f"a vector spread over the positions {describe_layer(layer)} reads")
             if first.channels_last and first.bare and isinstance(layer, nn.modules.conv._ConvNd):
                 self._note(first.bare, "channels_last", True, f"its last two axes swapped before {describe_layer(layer)}")
             return _Value(sources, ((None, out),) if out else None, kind)
@@ -539,7 +572,7 @@ class _Reader:
                     continue
                 mine = self.facts[parameter]
                 for key in ("width", "layer", "vocabulary", "adjacency", "lengths", "columns", "time_first",
-                            "state_of", "channels_last", "rank"):
+                            "state_of", "channels_last", "rank", "spread"):
                     if getattr(facts, key) and not getattr(mine, key):
                         setattr(mine, key, getattr(facts, key))
                 mine.why += [f"{why} in {type(layer).__name__}" for why in facts.why]

@@ -377,3 +377,31 @@ def test_the_reader_takes_the_rank_only_of_a_parameter_passed_unchanged():
 def _one_axis(values):
     assert values.dim() == 1
     return values
+
+
+PAINTED = """\
+    import torch
+    from torch import nn
+
+
+    class Painted(nn.Module):  # a label vector painted over every pixel, joined to the image as extra channels
+        def __init__(self, labels=6, width=16):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3 + labels, width, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(width, 3, 3, padding=1))
+
+        def forward(self, image, label):
+            label = label.reshape(label.shape[0], label.shape[1], 1, 1)
+            label = label.expand(-1, -1, image.shape[2], image.shape[3])
+            return self.body(torch.cat([image, label], dim=1))
+    """
+
+
+def test_a_vector_spread_over_the_pixels_is_one_vector_per_sample_and_the_split_takes_the_constructors_size(tmp_path):
+    # 9 input channels shared by an image and a label vector: the split uses the constructor's 6 (3 + 6), and the
+    # label stays a [B, 6] vector, not an image of 6 channels
+    root = write_tree(tmp_path, {"painted.py": PAINTED})
+    subject = build_subject(root, "painted.py:Painted", device="cpu")
+    assert isinstance(subject, Subject), subject
+    image, label = _shapes(subject)
+    assert image[:2] == (3, 3) and label == (3, 6)
