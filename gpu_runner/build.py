@@ -2289,6 +2289,15 @@ def _specs_for_width(width: int, layer: Optional[nn.Module]) -> list[TensorSpec]
     return [TensorSpec((width,)), TensorSpec((SEQUENCE_LENGTH, width))]
 
 
+def _width_specs(facts: "forward_body.ParameterFacts", width: int, layer: Optional[nn.Module] = None
+                 ) -> list[TensorSpec]:
+    """Inputs ``width`` wide where the body reads them: a vector the body spreads over an image's positions
+    ([B, C] made [B, C, 1, 1]) is [B, width]; else as ``_specs_for_width`` says for its layer."""
+    if facts.spread:
+        return [TensorSpec((width,))]
+    return _specs_for_width(width, layer if layer is not None else facts.layer)
+
+
 def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict
                                ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]],
                                                    list[int]]]:
@@ -2305,7 +2314,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         return None
     per_parameter = [facts.get(p.name, forward_body.ParameterFacts()) for p in tensors]
     special = any(f.vocabulary or f.adjacency or f.lengths or f.split_of or f.columns or f.time_first
-                  or f.state_of is not None or f.width and f.channels_last or f.axis_sizes for f in per_parameter)
+                  or f.state_of is not None or f.width and f.channels_last or f.axis_sizes or f.rank or f.spread
+                  for f in per_parameter)
     if not special and (len(tensors) < 2 or not any(f.width for f in per_parameter)):
         return None
     options: list[list[tuple[TensorSpec, str]]] = []
@@ -2325,7 +2335,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         elif facts_of.width and facts_of.channels_last:
             options.append([(TensorSpec((SEQUENCE_LENGTH, facts_of.width)), why)])
         elif facts_of.width:
-            options.append([(spec, why) for spec in _specs_for_width(facts_of.width, facts_of.layer)])
+            options.append([(spec, why) for spec in _width_specs(facts_of, facts_of.width)])
         elif facts_of.time_first:  # a time-first sequence of unknown width: as wide as one of the given sizes
             options.append([(TensorSpec((width,)), why + f", {width} wide as a constructor size")
                             for width in _hint_sizes(hints, limit=None) if width > 1])
@@ -2351,14 +2361,16 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         other, total = names.index(facts_of.split_of[0]), facts_of.split_of[1]
         done |= {index, other}
         sizes = _hint_sizes(hints, limit=total)
-        splits = sorted({(total - v, v) for v in sizes if 0 < v < total}, key=lambda s: (-(s[0] in sizes and s[1] in sizes), -s[0]))
+        given = set(_hint_sizes(hints, limit=None)) - {1}  # the constructor's own sizes: splits into them first
+        splits = sorted({(total - v, v) for v in sizes if 0 < v < total},
+                        key=lambda s: (-((s[0] in given) + (s[1] in given)), -(s[0] in sizes and s[1] in sizes), -s[0]))
         for first_width, second_width in splits[:6]:
             why = f"splitting the {total} features of {forward_body.describe_layer(facts_of.layer)} that they are concatenated into"
             assignment = []
             for i in range(len(tensors)):
                 if i in (index, other):
                     width = first_width if i == index else second_width
-                    assignment.append((_specs_for_width(width, facts_of.layer)[0], why))
+                    assignment.append((_width_specs(per_parameter[i], width, facts_of.layer)[0], why))
                 elif options[i]:
                     assignment.append(options[i][0])
                 else:
@@ -2366,6 +2378,13 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
                     break
             if assignment:
                 joint.append(assignment)
+    for index, facts_of in enumerate(per_parameter):  # the number of axes an assert in the forward requires
+        if facts_of.rank:
+            why = "from the forward body (" + "; ".join(facts_of.why) + ")"
+            ranked = [(spec, why_) for spec, why_ in options[index] if _rank(spec) == facts_of.rank]
+            if not ranked and facts_of.rank == 1:  # one value per sample: a [B] vector, real-valued or counts
+                ranked = [(TensorSpec(()), why), (TensorSpec((), "long", 0, ONE_PER_SAMPLE_HIGH), why)]
+            options[index] = ranked or options[index]
     for index, facts_of in enumerate(per_parameter):  # sizes an assert in the forward requires of its axes
         if facts_of.axis_sizes:
             sized = [(_with_axis_sizes(spec, facts_of.axis_sizes), why) for spec, why in options[index]]
@@ -2375,6 +2394,18 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         options[index] = [(_batch_second(spec), why) for spec, why in options[index]]
         joint = [a[:index] + [(_batch_second(a[index][0]), a[index][1])] + a[index + 1:] for a in joint]
     return options, joint, time_first
+
+
+ONE_PER_SAMPLE_HIGH = 10  # integer values of a [B] input the body asserts one-dimensional (a step, a class)
+
+
+def _rank(spec: Any) -> Optional[int]:
+    """How many axes the tensor ``spec`` makes, the batch included."""
+    if not isinstance(spec, TensorSpec):
+        return None
+    if spec.adjacency:
+        return 2
+    return 1 if spec.lengths else len(spec.shape) + 1
 
 
 def _with_axis_sizes(spec: Any, sizes: dict) -> Optional[TensorSpec]:

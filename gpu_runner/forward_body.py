@@ -14,12 +14,15 @@ for each local name the forward parameters it was computed from and, where a lay
 - ``pack_padded_sequence(x, lengths, ...)``: ``lengths`` is sorted integer lengths, on the CPU.
 
 A submodule of the model's own code called with a parameter (``self.encoder(x)``) is read the same way, one
-level down. Nothing here runs the model: the facts become candidate inputs that the prober verifies.
+level down; so is a helper the forward calls with a parameter, a method of the model or a function of the
+repository (``embed(t, self.dim)``), whose asserts then bind the parameter (``assert t.dim() == 1``: one value
+per sample). Nothing here runs the model: the facts become candidate inputs that the prober verifies.
 """
 from __future__ import annotations
 
 import ast
 import inspect
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -32,6 +35,7 @@ _WIDTH_PRESERVING = frozenset({"relu", "relu_", "gelu", "tanh", "sigmoid", "elu"
                                "contiguous", "float", "clone", "abs", "exp", "sin", "cos", "normalize"})
 _MATRIX_PRODUCTS = frozenset({"mm", "spmm", "matmul", "bmm"})
 MAX_DEPTH = 2  # submodules read below the model (an embedding block, then its value and time embeddings)
+MAX_HELPERS = 2  # helper methods and functions read inside one another below the forward
 _LAYERS_WITH_WIDTH = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase, nn.Embedding, nn.EmbeddingBag)
 
 
@@ -50,12 +54,14 @@ class ParameterFacts:
     time_first: bool = False  # transposed to batch-first in the body: [T, B, ...], the batch on axis 1
     state_of: Optional[nn.Module] = None  # given to this RNN as its initial state
     channels_last: bool = False  # [L, C]: its last two axes swapped before the convolution that fixes its width
+    spread: bool = False  # a [B, C] vector made [B, C, 1, 1] and spread over an image's positions: C is its width
     axis_sizes: dict = field(default_factory=dict)  # axis (batch included) -> the size an assert in forward requires
+    rank: Optional[int] = None  # how many axes (batch included) an assert requires: 1 is one value per sample
     why: list[str] = field(default_factory=list)
 
     def known(self) -> bool:
         return bool(self.width or self.vocabulary or self.adjacency or self.lengths or self.split_of or self.columns
-                    or self.time_first or self.state_of is not None or self.axis_sizes)
+                    or self.time_first or self.state_of is not None or self.axis_sizes or self.rank or self.spread)
 
 
 def column_tables(layer: nn.Module) -> Optional[tuple[int, int]]:
@@ -85,6 +91,7 @@ class _Value:
     parts: Optional[tuple] = None  # along the feature axis: (parameter or None, width or None) per part
     kind: Optional[type] = None  # the layer type whose output fixed the width (Linear or a convolution)
     channels_last: bool = False  # the parameter with its last two axes swapped: [B, L, C] made [B, C, L]
+    spread: bool = False  # the parameter, a [B, C] vector, with axes of size 1 added after C ([B, C, 1, 1])
 
     @property
     def bare(self) -> Optional[str]:
@@ -141,6 +148,26 @@ def _swaps_last_two_axes(node: ast.Call) -> bool:
     return values == [0, 2, 1]
 
 
+def _singleton_axes_after_features(node: ast.Call) -> bool:
+    """``v.view(v.size(0), v.size(1), 1, 1)`` / ``v.reshape(-1, k, 1, 1)`` / ``v.view(*v.shape, 1, 1)``: a
+    [B, C] vector given axes of size 1 after its features, to broadcast over an image's positions."""
+    arguments = node.args
+    if arguments and isinstance(arguments[0], ast.Starred):
+        arguments = [None, None] + arguments[1:]
+    if len(arguments) < 3:
+        return False
+    return all(isinstance(a, ast.Constant) and a.value == 1 for a in arguments[2:])
+
+
+def _keeps_channel_axis(name: str, node: ast.Call) -> bool:
+    """A call that leaves axis 1 of a [B, C, 1, 1] tensor where it is: ``repeat(1, 1, H, W)``, ``expand(...)``,
+    ``expand_as(x)``."""
+    if name in ("expand", "expand_as"):
+        return True
+    return name == "repeat" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+        and node.args[1].value == 1
+
+
 def _keeps_last_axis(name: str, node: ast.Call) -> bool:
     """A method call that leaves a tensor's last axis (its feature width) where it is: ``transpose(0, 1)``,
     ``repeat(t, 1, 1)`` (the last factor 1), ``unsqueeze(0)``."""
@@ -171,6 +198,10 @@ class _Reader:
         self.reading: set[str] = set()  # helper methods being read (no recursion)
         self.aliases: dict[str, ast.AST] = {}  # loop names bound to an expression (``module`` to ``self.encoder``)
         self.axes: dict[str, tuple[str, int]] = {}  # ``B, C, H, W = x.shape``: H is axis 2 of x
+        # in a helper's body, its parameters bound to a forward parameter passed unchanged (``embed(t)``: t)
+        self.unchanged: dict[str, str] = {}
+        forward = getattr(type(model), "forward", None)
+        self.globals: dict = getattr(forward, "__globals__", {})  # where a called function's name is looked up
 
     # -- statements, in order; both branches of an `if` and loop bodies are read as straight-line code
     def run(self, statements: list[ast.stmt]) -> None:
@@ -183,6 +214,7 @@ class _Reader:
                 for target in statement.targets:
                     if isinstance(target, ast.Name):
                         self.env[target.id] = value
+                        self.unchanged.pop(target.id, None)
                     elif isinstance(target, (ast.Tuple, ast.List)):  # out, hidden = self.rnn(x): derived, width unknown
                         for element in target.elts:
                             if isinstance(element, ast.Name):
@@ -201,10 +233,29 @@ class _Reader:
         if isinstance(node, ast.Call) and not node.args and isinstance(node.func, ast.Attribute) \
                 and node.func.attr == "size":
             node = ast.Attribute(value=node.func.value, attr="shape")
-        if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name) \
-                and node.value.id in self.facts and self.env.get(node.value.id) is not None \
-                and self.env[node.value.id].bare == node.value.id:
-            return node.value.id
+        if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name):
+            return self._unchanged(node.value.id)
+        return None
+
+    def _unchanged(self, name: str) -> Optional[str]:
+        """The forward parameter the local ``name`` still is: the parameter itself, or a helper's parameter it
+        was passed to unchanged."""
+        value = self.env.get(name)
+        if value is None or value.bare is None or value.bare not in self.facts:
+            return None
+        return value.bare if value.bare == name or self.unchanged.get(name) == value.bare else None
+
+    def _rank_of(self, node: ast.AST) -> Optional[str]:
+        """The forward parameter whose number of axes ``node`` is (``len(x.shape)``, ``x.dim()``, ``x.ndim``)."""
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len" \
+                and len(node.args) == 1:
+            return self._shape_of(node.args[0])
+        if isinstance(node, ast.Call) and not node.args and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("dim", "ndimension"):
+            node = node.func
+        if isinstance(node, ast.Attribute) and node.attr in ("ndim", "dim", "ndimension") \
+                and isinstance(node.value, ast.Name):
+            return self._unchanged(node.value.id)
         return None
 
     def _unpacked_shape(self, statement: ast.Assign) -> None:
@@ -261,6 +312,14 @@ class _Reader:
             if not isinstance(compare, ast.Compare) or not all(isinstance(op, ast.Eq) for op in compare.ops):
                 continue
             operands = [compare.left, *compare.comparators]
+            ranked = [p for p in (self._rank_of(o) for o in operands) if p is not None]
+            literal = {o.value for o in operands if isinstance(o, ast.Constant) and isinstance(o.value, int)
+                       and not isinstance(o.value, bool) and o.value > 0}
+            if ranked and len(literal) == 1:
+                rank = literal.pop()
+                for parameter in ranked:
+                    self._note(parameter, "rank", rank, f"{rank} axes asserted"
+                               + (" (one value per sample)" if rank == 1 else ""))
             axes = [a for a in (self._axis(o) for o in operands) if a is not None]
             sizes = {v for v in (self._model_size(o) for o in operands) if v is not None}
             if axes and len(sizes) == 1:
@@ -396,45 +455,69 @@ class _Reader:
         if name in ("transpose", "permute") and receiver.bare and isinstance(node.func, ast.Attribute) \
                 and _swaps_last_two_axes(node):  # x.permute(0, 2, 1) into a Conv1d: x is [B, L, C]
             return _Value(sources, receiver.parts, receiver.kind, channels_last=True)
+        if name in ("view", "reshape") and receiver.bare and isinstance(node.func, ast.Attribute) \
+                and _singleton_axes_after_features(node):  # c.view(B, C, 1, 1): a vector spread over positions
+            return _Value(sources, receiver.parts, receiver.kind, spread=True)
+        if receiver.spread and _keeps_channel_axis(name, node):  # c.repeat(1, 1, H, W): still C on axis 1
+            return _Value(sources, receiver.parts, receiver.kind, spread=True)
         if _keeps_last_axis(name, node) and receiver.parts:  # x.transpose(0, 1), h.repeat(t, 1, 1), h.unsqueeze(0)
             return _Value(sources, receiver.parts, receiver.kind)
         if name in ("view", "reshape") and isinstance(node.func, ast.Attribute) and len(node.args) == 2 \
                 and _is_minus_one(node.args[0]) and isinstance(node.args[1], ast.Constant):
             # t.view(-1, k): any tensor of B * k values, as wide as k where a layer needs it
             return _Value(sources, receiver.parts)
-        method = self._method(node.func)
-        if method is not None:
-            self._read_method(method, [self.value(a) for a in node.args])
+        helper = self._helper(node.func)
+        if helper is not None and len(self.reading) < MAX_HELPERS:
+            self._read_helper(*helper, node.args, [self.value(a) for a in node.args])
         return _Value(sources)
 
-    def _method(self, func: ast.AST) -> Optional[ast.FunctionDef]:
-        """``self.score`` as a method of the model's class (not a submodule), parsed."""
-        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self") \
-                or func.attr in self.reading:
+    def _helper(self, func: ast.AST) -> Optional[tuple[ast.FunctionDef, bool, dict]]:
+        """``self.score`` as a method of the model's class (not a submodule), or ``embed`` / ``utils.embed`` as a
+        function of the repository's own code: (its parsed definition, whether it takes ``self`` first, the
+        globals its names are looked up in)."""
+        method = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+        if method:
+            function = inspect.getattr_static(type(self.model), func.attr, None)
+        elif isinstance(func, ast.Name):
+            function = self.globals.get(func.id)
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+                and inspect.ismodule(self.globals.get(func.value.id)):
+            function = getattr(self.globals[func.value.id], func.attr, None)
+        else:
             return None
-        function = inspect.getattr_static(type(self.model), func.attr, None)
-        if not inspect.isfunction(function):
+        if not inspect.isfunction(function) or function.__name__ in self.reading \
+                or (not method and not _repository_code(function)):
             return None
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
         except (OSError, TypeError, SyntaxError, IndentationError):
             return None
-        return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+        node = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+        return (node, method, function.__globals__) if node is not None else None
 
-    def _read_method(self, method: ast.FunctionDef, arguments: list[_Value]) -> None:
-        """Read a helper method's body with its parameters bound to the caller's values: what it requires of
-        them is required of the forward parameters they come from."""
-        names = [a.arg for a in method.args.posonlyargs + method.args.args][1:]
-        saved = self.env
-        self.env = dict(zip(names, arguments))
-        self.reading.add(method.name)
+    def _read_helper(self, helper: ast.FunctionDef, method: bool, names_in: dict, argument_nodes: list[ast.expr],
+                     arguments: list[_Value]) -> None:
+        """Read a helper's body with its parameters bound to the caller's values: what it requires of them
+        (a width, an assert) is required of the forward parameters they come from."""
+        names = [a.arg for a in helper.args.posonlyargs + helper.args.args][1 if method else 0:]
+        unchanged = {name: self._unchanged(node.id) for name, node in zip(names, argument_nodes)
+                     if isinstance(node, ast.Name) and self._unchanged(node.id)}
+        saved = self.env, self.unchanged, self.axes, self.globals
+        self.env, self.unchanged, self.axes = dict(zip(names, arguments)), unchanged, {}
+        if not method:
+            self.globals = names_in
+        self.reading.add(helper.name)
         try:
-            self.run(method.body)
+            self.run(helper.body)
         finally:
-            self.env = saved
-            self.reading.discard(method.name)
+            self.env, self.unchanged, self.axes, self.globals = saved
+            self.reading.discard(helper.name)
 
     def _concatenation(self, values: list[_Value], sources: frozenset) -> _Value:
+        for value in values:  # torch.cat([x, c_map], 1): c's features are channels beside x's
+            if value.spread and value.bare:
+                self._note(value.bare, "spread", True, "a vector given one value per channel at every position "
+                                                       "(made [B, C, 1, 1] and repeated) in the forward")
         bare = [v.bare for v in values]
         for one, other in zip(bare, bare[1:]):
             if one and other:
@@ -465,6 +548,8 @@ class _Reader:
                 self._note(state.bare, "state_of", layer, f"the initial state of {describe_layer(layer)}")
         if width:
             self._require(first, width, layer)
+            if first.spread and first.bare and isinstance(layer, nn.modules.conv._ConvNd):
+                self._note(first.bare, "spread", True, f"a vector spread over the positions {describe_layer(layer)} reads")
             if first.channels_last and first.bare and isinstance(layer, nn.modules.conv._ConvNd):
                 self._note(first.bare, "channels_last", True, f"its last two axes swapped before {describe_layer(layer)}")
             return _Value(sources, ((None, out),) if out else None, kind)
@@ -487,7 +572,7 @@ class _Reader:
                     continue
                 mine = self.facts[parameter]
                 for key in ("width", "layer", "vocabulary", "adjacency", "lengths", "columns", "time_first",
-                            "state_of", "channels_last"):
+                            "state_of", "channels_last", "rank", "spread"):
                     if getattr(facts, key) and not getattr(mine, key):
                         setattr(mine, key, getattr(facts, key))
                 mine.why += [f"{why} in {type(layer).__name__}" for why in facts.why]
@@ -517,6 +602,17 @@ class _Reader:
             return
         setattr(facts, key, value)
         facts.why.append(why)
+
+
+def _repository_code(function: Any) -> bool:
+    """A function of the code under test, not of Python, torch or another installed package."""
+    try:
+        path = inspect.getsourcefile(function) or ""
+    except TypeError:
+        return False
+    top = (function.__module__ or "").split(".")[0]
+    return bool(path) and top not in sys.stdlib_module_names and top not in ("torch", "numpy", "einops") \
+        and not any(part in path for part in ("site-packages", "dist-packages"))
 
 
 def describe_layer(layer: nn.Module) -> str:

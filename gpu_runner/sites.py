@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import operator
 import os
 import re
@@ -143,6 +144,28 @@ def _resolve_interpolations(root: Any, value: Any = None, depth: int = 0) -> Any
                 found = found.get(part, UNKNOWN) if isinstance(found, dict) else UNKNOWN
             return value if found is UNKNOWN else _resolve_interpolations(root, found, depth + 1)
     return value
+
+
+MAX_CONFIGURATIONS_COMPARED = 50
+
+
+def _configuration_size(path: Path) -> float:
+    """How large a configuration file's numbers are, as the log of their product: the sum of log2 of every
+    positive integer in it (a list's items included). An image side of 256 against 32, six resolution levels
+    against four, weigh more than a batch size of 64 against 128; a file that does not parse is the largest."""
+    data = _load_data_file(path)
+    if data is UNKNOWN:
+        return float("inf")
+    total, stack = 0.0, [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            total += math.log2(value)
+    return total
 
 
 def _load_data_file(path: Path) -> Any:
@@ -1071,8 +1094,10 @@ class _Evaluator:
         return bound.value(definition_path, definition_file, returned[0].value, depth + 1)
 
     def _one_configuration_in(self, path: Path, folder_text: str) -> Any:
-        """The path of the first YAML / JSON file (by name) in the repository folder ``folder_text``, for a file the
-        command line names there; UNKNOWN when that is no folder of the repository or holds none."""
+        """The path of one YAML / JSON file in the repository folder ``folder_text``, for a file the command line
+        names there: any of them is one the repository runs with, so the one with the smallest sizes (the cheapest
+        to check: ``_configuration_size``), the first by name among equals; UNKNOWN when that is no folder of the
+        repository or holds none."""
         folder = self._data_path(path, folder_text)
         if not folder.is_dir() or not folder.is_relative_to(self.repository.root):
             return UNKNOWN
@@ -1082,9 +1107,12 @@ class _Evaluator:
             return UNKNOWN
         if not candidates:
             return UNKNOWN
-        relative = candidates[0].relative_to(self.repository.root).as_posix()
-        self._note(f"{relative}, one of the configuration files in {folder_text}/ (the command line names which)")
-        return str(candidates[0])
+        chosen = min(candidates[:MAX_CONFIGURATIONS_COMPARED], key=_configuration_size)
+        relative = chosen.relative_to(self.repository.root).as_posix()
+        self._note(f"{relative}, one of the configuration files in {folder_text}/ (the command line names which; "
+                   f"the one with the smallest sizes)" if len(candidates) > 1 else
+                   f"{relative}, one of the configuration files in {folder_text}/ (the command line names which)")
+        return str(chosen)
 
     def _data_path(self, path: Path, text: str) -> Path:
         relative = Path(text)
@@ -1121,7 +1149,10 @@ class _Evaluator:
                 dest = flag.lstrip("-").replace("-", "_")
             action = keywords.get("action")
             action = action.value if isinstance(action, ast.Constant) else None
-            if "default" in keywords:
+            required = keywords.get("required")
+            if isinstance(required, ast.Constant) and required.value is True:
+                value = UNKNOWN  # the command line must give it: argparse never uses its default
+            elif "default" in keywords:
                 value = self.value(path, parsed, keywords["default"], depth + 1)
                 kind = keywords.get("type")
                 if isinstance(value, str) and isinstance(kind, ast.Name) and kind.id in ("int", "float"):

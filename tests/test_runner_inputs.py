@@ -281,3 +281,127 @@ def test_sizes_an_assert_in_the_forward_requires_are_the_inputs_sizes(tmp_path):
     squares = build_subject(root, "sized.py:Squares", device="cpu")
     assert isinstance(squares, Subject), squares
     assert _shapes(squares) == [(3, 2, 20, 20)]
+
+
+HELPERS = """\
+    import math
+
+    import torch
+    from torch import nn
+
+    import features
+
+
+    def phase_code(steps, width):  # a helper of the repository: one scalar per sample in, `width` features out
+        assert steps.dim() == 1, "one step per sample"
+        scale = torch.exp(torch.arange(width // 2) * -(math.log(100.0) / width))
+        angle = steps.float()[:, None] * scale[None, :]
+        return torch.cat([angle.sin(), angle.cos()], dim=1)
+
+
+    class Stepped(nn.Module):  # the step reaches only a helper function, whose assert says its shape
+        def __init__(self, width=12):
+            super().__init__()
+            self.width = width
+            self.image = nn.Conv2d(3, width, 3, padding=1)
+            self.step = nn.Linear(width, width)
+
+        def forward(self, x, s):
+            code = self.step(phase_code(s, self.width))
+            return self.image(x) + code[:, :, None, None]
+
+
+    class ThroughModule(nn.Module):  # the same through a function of another file, called as module.function
+        def __init__(self):
+            super().__init__()
+            self.mix = nn.Linear(6, 6)
+
+        def forward(self, level):
+            return self.mix(features.ramp(level))
+
+
+    class Method(nn.Module):  # and through a method of the model, whose helper asserts with len(x.shape)
+        def __init__(self):
+            super().__init__()
+            self.out = nn.Linear(4, 2)
+
+        def forward(self, when):
+            return self.out(self.expand(when))
+
+        def expand(self, moments):
+            return features.checked(moments).repeat(1, 4)
+    """
+
+FEATURES = """\
+    import torch
+
+
+    def ramp(values):
+        assert len(values.shape) == 1
+        return values[:, None] * torch.linspace(0, 1, 6)
+
+
+    def checked(values):
+        assert values.ndim == 1
+        return values.float()[:, None]
+    """
+
+
+def test_an_assert_in_a_helper_the_forward_calls_shapes_the_input(tmp_path):
+    # each second input is one value per sample ([B]); only a helper called with it says so, by its assert
+    root = write_tree(tmp_path, {"helpers.py": HELPERS, "features.py": FEATURES})
+    stepped = build_subject(root, "helpers.py:Stepped", device="cpu")
+    assert isinstance(stepped, Subject), stepped
+    assert _shapes(stepped)[1] == (3,)
+    assert any("one value per sample" in note for note in stepped.notes), stepped.notes
+    for target in ("helpers.py:ThroughModule", "helpers.py:Method"):
+        subject = build_subject(root, target, device="cpu")
+        assert isinstance(subject, Subject), (target, subject)
+        assert _shapes(subject) == [(3,)], target
+
+
+def test_the_reader_takes_the_rank_only_of_a_parameter_passed_unchanged():
+    from torch import nn
+
+    from gpu_runner import forward_body
+
+    class Shifted(nn.Module):  # the helper sees x.flatten(1), not x: its assert says nothing of x
+        def forward(self, x, y):
+            return _one_axis(x.flatten(1)) + _one_axis(y)
+
+    facts = forward_body.read_forward(Shifted())
+    assert facts["x"].rank is None
+    assert facts["y"].rank == 1
+
+
+def _one_axis(values):
+    assert values.dim() == 1
+    return values
+
+
+PAINTED = """\
+    import torch
+    from torch import nn
+
+
+    class Painted(nn.Module):  # a label vector painted over every pixel, joined to the image as extra channels
+        def __init__(self, labels=6, width=16):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3 + labels, width, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(width, 3, 3, padding=1))
+
+        def forward(self, image, label):
+            label = label.reshape(label.shape[0], label.shape[1], 1, 1)
+            label = label.expand(-1, -1, image.shape[2], image.shape[3])
+            return self.body(torch.cat([image, label], dim=1))
+    """
+
+
+def test_a_vector_spread_over_the_pixels_is_one_vector_per_sample_and_the_split_takes_the_constructors_size(tmp_path):
+    # 9 input channels shared by an image and a label vector: the split uses the constructor's 6 (3 + 6), and the
+    # label stays a [B, 6] vector, not an image of 6 channels
+    root = write_tree(tmp_path, {"painted.py": PAINTED})
+    subject = build_subject(root, "painted.py:Painted", device="cpu")
+    assert isinstance(subject, Subject), subject
+    image, label = _shapes(subject)
+    assert image[:2] == (3, 3) and label == (3, 6)

@@ -239,6 +239,29 @@ def test_a_config_file_named_on_the_command_line_is_one_of_the_repositorys_and_a
     assert any("recipes/alpha.yml, one of the configuration files in recipes/" in o for o in found[0].origins)
 
 
+def test_of_the_configurations_the_command_line_may_name_the_one_with_the_smallest_sizes_is_read(tmp_path):
+    # any file of the folder is one the repository runs with: the cheapest to check is taken, not the first by name
+    root = write_tree(tmp_path, {
+        **MIXER,
+        "recipes/large.yml": "lanes: 512\nfold: 4\nshape: [64, 64]\nbatch: 8\n",
+        "recipes/small.yml": "lanes: 32\nfold: 4\nshape: [16, 16]\nbatch: 32\n",
+        "recipes/broken.yml": "lanes: [unclosed\n",
+        "launch.py": """\
+            import argparse, os
+            import yaml
+            from models.net import Mixer
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--recipe", required=True)
+            args = parser.parse_args()
+            model = Mixer(yaml.safe_load(open(os.path.join("recipes", args.recipe))))
+            """,
+    })
+    found = sites.constructions(root, "models/net.py", "Mixer")
+    assert len(found) == 1 and dict(found[0].positional[0])["lanes"] == 32
+    assert any("recipes/small.yml" in o and "smallest sizes" in o for o in found[0].origins), found[0].origins
+
+
 def test_a_named_file_in_a_folder_without_configurations_stays_unknown(tmp_path):
     root = write_tree(tmp_path, {
         **MIXER,

@@ -65,6 +65,25 @@ def test_a_registry_entry_chosen_by_an_argparse_default_is_a_site(tmp_path):
     assert any("train.py:8" in note for note in subject.notes), subject.notes
 
 
+def test_a_required_option_has_no_default_so_its_registry_call_may_build_any_entry(tmp_path):
+    # argparse never uses the default of a required option: the command line chooses, so the key is unknown and
+    # the call builds whichever entry it names, here Mixer too (and a condition on the key is left undecided)
+    root = write_tree(tmp_path, {**MIXER, "train.py": """\
+        import argparse
+        from nets.mixer import Mixer, Other
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--arch", required=True, default="other")
+        parser.add_argument("--breadth", type=int, default=24)
+        args = parser.parse_args()
+        MODELS = {"mixer": Mixer, "other": Other}
+        rounds = 2 if args.arch == "other" else 3
+        model = MODELS[args.arch](breadth=args.breadth, rounds=rounds)
+        """})
+    found = _sites(root)
+    assert found and all(site == ([], {"breadth": 24, "rounds": sites.UNKNOWN}) for site in found), found
+
+
 def test_a_registry_call_whose_key_selects_another_entry_is_not_a_site(tmp_path):
     root = write_tree(tmp_path, {**MIXER, "train.py": """\
         from nets.mixer import Mixer, Other
