@@ -35,6 +35,10 @@ def _restore(code: str) -> tuple[FileContext, cst.Call]:
     ("encoder.load_state_dict(torch.load(weights_file))", {Payload.TENSORS}, "encoder.load_state_dict("),
     # through a name and a key
     ("blob = torch.load(weights_file)\nopt.load_state_dict(blob['optim'])", {Payload.TENSORS}, "opt.load_state_dict("),
+    # an item taken with get() (or the first of two that exists), moved and cast, then switched to eval: a module
+    ("blob = torch.load(weights_file)\nnet = (blob.get('averaged') or blob['net']).to(device).float()\nnet.eval()",
+     {Payload.MODULE}, "net.eval()"),
+    ("blob = torch.load(weights_file)\nblob.get('net').cuda().eval()", {Payload.MODULE}, "blob.get('net').cuda().eval()"),
     # the loaded object is run, or asked for its parameters: a pickled module
     ("scorer = torch.load(weights_file)\nout = scorer(batch)", {Payload.MODULE}, "scorer(batch)"),
     ("scorer = torch.load(weights_file)\nn = sum(p.numel() for p in scorer.parameters())", {Payload.MODULE},

@@ -628,6 +628,12 @@ CONTAINER_ATTRIBUTES = frozenset({
     "numpy", "item", "tolist", "detach", "clone", "contiguous", "view", "reshape", "squeeze", "unsqueeze", "permute",
     "transpose", "type", "append", "extend", "index", "count", "split", "strip", "format", "sum", "mean",
 })
+# a dict's methods that give one of its items (https://docs.python.org/3/library/stdtypes.html#dict.get)
+ITEM_METHODS = frozenset({"get", "pop"})
+# methods that hand back the value they are called on, moved or cast, on a tensor (Tensor.to, .cuda, .float: "a
+# Tensor with the specified device and/or dtype"; https://pytorch.org/docs/stable/generated/torch.Tensor.to.html) and
+# on a module (MODULE_METHODS: "Returns: self"): what the result is used as, the value is
+RETURNS_RECEIVER = frozenset({"to", "cuda", "cpu", "float", "double", "half", "bfloat16"})
 # builtins a loaded value may be handed to without deciding what it must be (printing it, counting it)
 PLAIN_VALUE_BUILTINS = frozenset({"print", "len", "int", "float", "str", "bool", "repr", "type", "isinstance",
                                   "sorted", "list", "dict", "tuple", "set", "enumerate", "zip", "iter", "next",

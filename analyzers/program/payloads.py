@@ -14,8 +14,9 @@ import libcst as cst
 
 from analyzers.context import dotted_name
 from analyzers.program.flow import ModuleNodes, subtree
-from analyzers.program.library import (ARRAY_ONLY_METHODS, Does, does, CONTAINER_ATTRIBUTES, MODULE_ONLY_METHODS,
-                                       PLAIN_VALUE_BUILTINS, STATE_DICT_CONSUMERS, STATE_DICT_KEYWORDS)
+from analyzers.program.library import (ARRAY_ONLY_METHODS, CONTAINER_ATTRIBUTES, ITEM_METHODS, MODULE_ONLY_METHODS,
+                                       PLAIN_VALUE_BUILTINS, RETURNS_RECEIVER, STATE_DICT_CONSUMERS,
+                                       STATE_DICT_KEYWORDS, Does, does)
 from analyzers.program.roles import Payload
 
 if TYPE_CHECKING:
@@ -82,6 +83,13 @@ class LoadedPayloads:
         parent = self._parent(value)
         if isinstance(parent, cst.Subscript) and parent.value is value:
             self._judge(parent, found, depth)  # ``ckpt["model"]``: judged by what that item is used as
+        elif isinstance(parent, cst.BooleanOperation):
+            self._judge(parent, found, depth)  # ``ckpt.get("ema") or ckpt["model"]``: either item, used as the whole
+        elif isinstance(parent, cst.Attribute) and parent.value is value and self._passes_through(parent):
+            # ``ckpt.get("model")`` is an item; ``.to(device)``, ``.float()`` hand back the value they are called on
+            # (a tensor's or a module's, as the library table documents): judged by what the result is used as
+            self._attribute(parent, found)
+            self._judge(self._parent(parent), found, depth)
         elif isinstance(parent, cst.Arg):
             call = self._parent(parent)
             if not isinstance(call, cst.Call):
@@ -110,6 +118,13 @@ class LoadedPayloads:
             if name:
                 for read in self._reads(parent, name)[:_MAX_USES]:
                     self._judge(read, found, depth - 1)
+
+    def _passes_through(self, attribute: cst.Attribute) -> bool:
+        """``value.<attribute>(...)`` gives an item of the value or the value itself (moved or cast)."""
+        call = self._parent(attribute)
+        if not (isinstance(call, cst.Call) and call.func is attribute):
+            return False
+        return attribute.attr.value in ITEM_METHODS or attribute.attr.value in RETURNS_RECEIVER
 
     def _callers(self, returned: cst.Return, value: cst.BaseExpression) -> Optional[list[cst.Call]]:
         """The calls in this file of the function that returns the whole loaded value (``return ckpt``, not an item
