@@ -561,7 +561,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "mixed_precision_deprecation/index_zero_dim_tensor.py:_scalar_origin",
     "numerics/hand_written_log1p_expm1.py:_is_exp",
     "numerics/integer_tensor_ratio.py:_is_count",
-    "numerics/nan_equality_comparison.py:_nan_source",
     "reproducibility/cudnn_benchmark_with_determinism.py:_block_of",
     "reproducibility/cudnn_benchmark_with_determinism.py:_exclusive",
     "serialization/load_without_map_location_cpu_fallback.py:_device_choice",
@@ -655,3 +654,16 @@ def test_the_loop_whose_pass_is_the_training_step(code, step):
     stack = tuple(n for n in subtree(ctx.module) if isinstance(n, cst.For))  # each nests the next, outermost first
     found = training_step_loop(stack, ctx)
     assert (stack.index(found) if found is not None else None) == step
+
+
+@pytest.mark.parametrize("code,source", [
+    ("x = float('nan')", "float"), ("import math\nx = math.nan", "math"), ("import numpy as np\nx = np.NaN", "numpy"),
+    ("import torch\nx = torch.nan", "torch"), ("x = float('inf')", None), ("def float(v):\n    return v\nx = float('nan')", None),
+])
+def test_nan_constants_by_the_library_that_defines_them(code, source):
+    from analyzers.program.values import nan_constant_source
+
+    ctx = context(code)
+    value = next(node.value for node in subtree(ctx.module) if isinstance(node, cst.Assign)
+                 and isinstance(node.targets[0].target, cst.Name) and node.targets[0].target.value == "x")
+    assert nan_constant_source(value, ctx) == source

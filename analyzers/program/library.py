@@ -628,6 +628,11 @@ CONTAINER_ATTRIBUTES = frozenset({
     "numpy", "item", "tolist", "detach", "clone", "contiguous", "view", "reshape", "squeeze", "unsqueeze", "permute",
     "transpose", "type", "append", "extend", "index", "count", "split", "strip", "format", "sum", "mean",
 })
+# NaN constants, by the library that defines them (https://docs.python.org/3/library/math.html#math.nan,
+# https://numpy.org/doc/stable/reference/constants.html#numpy.nan, https://pytorch.org/docs/stable/torch.html#torch.nan):
+# NaN compares unequal to everything, itself included
+NAN_CONSTANTS = {"math.nan": "math", "numpy.nan": "numpy", "numpy.NaN": "numpy", "numpy.NAN": "numpy",
+                 "torch.nan": "torch"}
 # a dict's methods that give one of its items (https://docs.python.org/3/library/stdtypes.html#dict.get)
 ITEM_METHODS = frozenset({"get", "pop"})
 # methods that hand back the value they are called on, moved or cast, on a tensor (Tensor.to, .cuda, .float: "a

@@ -11,7 +11,7 @@ import libcst as cst
 from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args, \
     string_value
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
-from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
+from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, NAN_CONSTANTS, PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp,
                                        library_architecture_with_batchnorm)
 from analyzers.program.builds import built_module
@@ -690,4 +690,18 @@ def unpacked_keyword(ctx: FileContext, call: cst.Call, keyword: str) -> Optional
                 found = keyword_arg(option, keyword)
                 if found is not None:
                     return found.value
+    return None
+
+
+def nan_constant_source(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
+    """``torch`` / ``numpy`` / ``math`` / ``float`` when ``expr`` is a NaN constant (``float("nan")``, ``np.nan``),
+    else None."""
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "float" and \
+            len(expr.args) == 1 and ctx.binding("float") is None:
+        text = string_value(expr.args[0].value)
+        if text is not None and text.strip().lower() in ("nan", "+nan", "-nan"):
+            return "float"
+        return None
+    if isinstance(expr, (cst.Attribute, cst.Name)):
+        return NAN_CONSTANTS.get(ctx.qualified_name(expr) or "")
     return None

@@ -5,27 +5,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, local_name_for, short, string_value
+from analyzers.context import FileContext, local_name_for, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.values import nan_constant_source
 from analyzers.rules.base import Invalid, Rule
-
-
-_NAN_ATTRIBUTES = {"math.nan": "math", "numpy.nan": "numpy", "numpy.NaN": "numpy", "numpy.NAN": "numpy",
-                   "torch.nan": "torch"}
-
-
-def _nan_source(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
-    """``torch`` / ``numpy`` / ``math`` / ``float`` when ``expr`` is a NaN constant, else None."""
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "float" and \
-            len(expr.args) == 1 and ctx.binding("float") is None:
-        text = string_value(expr.args[0].value)
-        if text is not None and text.strip().lower() in ("nan", "+nan", "-nan"):
-            return "float"
-        return None
-    if isinstance(expr, (cst.Attribute, cst.Name)):
-        return _NAN_ATTRIBUTES.get(ctx.qualified_name(expr) or "")
-    return None
 
 
 class NanEqualityComparison(Rule):
@@ -116,10 +100,10 @@ class NanEqualityComparison(Rule):
         for target in node.comparisons:
             equal = isinstance(target.operator, cst.Equal)
             if equal or isinstance(target.operator, cst.NotEqual):
-                source = _nan_source(target.comparator, ctx)
+                source = nan_constant_source(target.comparator, ctx)
                 other = left
                 if source is None:
-                    source, other = _nan_source(left, ctx), target.comparator
+                    source, other = nan_constant_source(left, ctx), target.comparator
                 if source is not None:
                     replacement = self._fix(node, other, source, equal, ctx) if len(node.comparisons) == 1 else None
                     answer = "False" if equal else "True"
