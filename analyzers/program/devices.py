@@ -263,7 +263,7 @@ def observe_assign(node: cst.Assign, ctx: FileContext) -> None:
 
 def chain_top(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
     """The outermost method call or subscript of the chain ``node`` starts: ``Net().to(device).train()``,
-    ``torch.arange(t).unsqueeze(0)[None]``."""
+    ``torch.arange(t).unsqueeze(0)[None]``, ``Variable(torch.zeros(n)).cuda()`` (a call that returns its argument)."""
     while True:
         parent = ctx.parent(node)
         grand = ctx.parent(parent) if parent is not None else None
@@ -272,8 +272,16 @@ def chain_top(node: cst.CSTNode, ctx: FileContext) -> cst.CSTNode:
             node = grand
         elif isinstance(parent, cst.Subscript) and parent.value is node:
             node = parent
+        elif returns_its_argument(grand, parent, ctx):
+            node = grand
         else:
             return node
+
+
+def returns_its_argument(call: Optional[cst.CSTNode], arg: Optional[cst.CSTNode], ctx: FileContext) -> bool:
+    """``call`` hands back the tensor ``arg`` passes it (``Variable(t)``): the same value, for where it goes."""
+    return isinstance(call, cst.Call) and isinstance(arg, cst.Arg) and bool(call.args) and call.args[0] is arg and \
+        arg.keyword is None and does(ctx.call_name(call), Does.RETURNS_ITS_ARGUMENT)
 
 
 def to_moves_device(call: cst.Call, ctx: FileContext) -> bool:

@@ -57,6 +57,7 @@ class Does(enum.Enum):
     READS_CONFIGURATION = "gives what a configuration file says (parsed YAML, JSON, TOML)"
     READS_USER_INPUT = "gives what the user types"
     DOWNLOADS = "fetches a file or its content from the network"
+    RETURNS_ITS_ARGUMENT = "returns the tensor it is given (a deprecated wrapper that no longer wraps)"
     BUILDS_PATH = "returns a path or string built from its arguments (what they come from, it comes from)"
     FILLS_PARAMETERS_FROM_OUTSIDE = ("a decorator: the function it wraps is called with what the command line and "
                                      "configuration files say")
@@ -146,6 +147,10 @@ APIS: dict[str, Api] = {
        for name in ("torch.save", "torch.serialization.save")},
     **{name: _api("https://pytorch.org/docs/stable/generated/torch.load.html", Does.READS_TORCH_CHECKPOINT)
        for name in ("torch.load", "torch.serialization.load")},
+    # --- "The Variable API has been deprecated ... Variable(tensor) and Variable(tensor, requires_grad) still work as
+    # expected, but they return Tensors instead of Variables" (https://pytorch.org/docs/stable/autograd.html#variable-deprecated)
+    **{name: _api("https://pytorch.org/docs/stable/autograd.html#variable-deprecated", Does.RETURNS_ITS_ARGUMENT)
+       for name in ("torch.autograd.Variable", "torch.autograd.variable.Variable", "torch.Variable")},
     # --- values that come from outside the program: what a path built from one points at is chosen by whoever runs
     # it (https://docs.python.org/3/library/sys.html#sys.argv, .../os.html#os.environ, .../os.html#os.getenv,
     # .../functions.html#input, https://abseil.io/docs/python/guides/flags)

@@ -14,7 +14,8 @@ from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.devices import (device_like_name as _device_like_name, device_facts as _facts,
                                        observe as _observe, observe_assign as _observe_assign,
-                                       chain_top as _chain_top, to_moves_device as _to_moves_device)
+                                       chain_top as _chain_top, returns_its_argument,
+                                       to_moves_device as _to_moves_device)
 
 
 _CREATION = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange", "linspace", "logspace",
@@ -148,6 +149,23 @@ class TensorWithoutDevice(Rule):
                 h = torch.zeros(x.size(0), 16, device=x.device)
                 return x + h.sum()
         model = Net().cuda()
+        """,
+        # wrapped in the deprecated Variable (which returns the tensor it is given), then moved under the flag that
+        # moves the model
+        """
+        import torch
+        from torch import nn
+        from torch.autograd import Variable
+        ON_GPU = torch.cuda.is_available()
+        class Scorer(nn.Module):
+            def forward(self, x):
+                scores = Variable(torch.zeros(x.size(0)))
+                if ON_GPU:
+                    scores = scores.cuda()
+                return scores + x.sum(1)
+        model = Scorer()
+        if ON_GPU:
+            model.cuda()
         """,
         # *_like / new_* / moved in the same expression / moved later in the function
         """
@@ -375,6 +393,9 @@ class TensorWithoutDevice(Rule):
                         if operand is not current):
                     return True  # ``if torch.rand(1) < p:`` a host-side draw decides a branch
                 current = comparison  # ``(torch.rand(n) > p).float().to(device)``: a mask, then moved
+                continue
+            if returns_its_argument(grand, parent, ctx):
+                current = grand  # ``Variable(torch.zeros(n)).cuda()``: the same tensor, moved
                 continue
             if isinstance(parent, cst.Arg) and isinstance(grand, cst.Call):
                 sink = method_name(grand)
