@@ -686,7 +686,7 @@ class _Plan:
     def run(self, iterations: int) -> list[CheckResult]:
         self.iterations = iterations
         if self.model is not None:  # built by the runner; a script's is found when its loop starts (_ScriptPlan)
-            reference = _reference_gradients(self.subject)
+            reference = self._reference()
             self.model.train()
             if self.start_in_eval:
                 self.model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
@@ -737,6 +737,11 @@ class _Plan:
         return checks
 
     # -- the checks --
+
+    def _reference(self) -> Optional[set]:
+        """What a correct step must update: the parameters the builder's loss reaches (None: those that got a
+        gradient and stepped)."""
+        return _reference_gradients(self.subject)
 
     def _check(self, name: str, status: str, message: str, where: Optional[_Where] = None, **details) -> CheckResult:
         where = where or _Where(self.path, self.first_line, "")
@@ -890,8 +895,8 @@ class _Plan:
                            modules=mode_dependent[:20])
 
     def _evaluation_check(self) -> Optional[CheckResult]:
-        if self.evaluation is None:
-            return None
+        if self.evaluation is None or getattr(self, "probe", None) is not None:
+            return None  # a probe's evaluation takes the backbone and the head: not run
         function, where = self.evaluation
         name = "eval-mode"
         mode_dependent = [n for n, m in self.model.named_modules() if isinstance(m, _MODE_DEPENDENT)]
@@ -1071,10 +1076,21 @@ class _FunctionPlan(_Plan):
         self.function, self.owner = function, owner
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
-        self._batch_by_keys(function, "the step")
+        # a frozen backbone and a trained head, two module parameters (a linear probe): the runner's model is the
+        # backbone; the head is sized on what the step feeds it (_probe_head)
+        self.probe = _frozen_backbone_and_head(function) if owner is None else None
+        self.backbone: Optional[nn.Module] = None
+        self.head: Optional[nn.Module] = None
+        if self.probe is not None:
+            inputs = _step_batch(subject)[:-1]
+            labels = torch.arange(STEP_BATCH, device=inputs[0].device) % PROBE_CLASSES
+            self._batch_by_keys(function, "the step", batch=(*inputs, labels[:inputs[0].shape[0]]))
+            self.criterion = _Criterion(nn.functional.cross_entropy)
+        else:
+            self._batch_by_keys(function, "the step")
+            self.criterion = _Criterion(subject.loss_fn)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=STEP_LEARNING_RATE)
-        self.criterion = _Criterion(subject.loss_fn)
         names = list(inspect.signature(function).parameters)
         roles = {role_of(n) for n in names}
         self.per_batch = "batch" in roles and "loader" not in roles
@@ -1090,9 +1106,57 @@ class _FunctionPlan(_Plan):
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
 
+    def _reference(self) -> Optional[set]:
+        return None if self.probe is not None else super()._reference()
+
+    def run(self, iterations: int) -> list[CheckResult]:
+        if self.probe is not None:
+            self._probe_head()
+        return super().run(iterations)
+
+    def _probe_head(self) -> None:
+        """Runs the step up to its head's first call, with a head that records what it is given and stops it
+        there; the runner's head is then a linear layer from those features to ``PROBE_CLASSES`` classes, and it is
+        what the step trains (its optimizer, the checks): the backbone, called under ``torch.no_grad()``, stays
+        as it was."""
+        backbone_name, head_name = self.probe
+        self.backbone, self.head = self.model, _HeadProbe()
+        try:
+            with _cuda_calls_to(self.device, []):  # as the run itself (its notes are the run's)
+                self.execute(1)
+        except _HeadReached as reached:
+            features = reached.features
+        except StepSkip as exc:
+            raise StepSkip(f"{self.target} trains '{head_name}' on features of a frozen '{backbone_name}' (a linear "
+                           f"probe): {exc}") from None
+        except _UserCodeFailed as exc:
+            cause = exc.__cause__
+            raise StepSkip(f"{self.target} trains '{head_name}' on features of a frozen '{backbone_name}' (a linear "
+                           f"probe); before its head was called it raised {type(cause).__name__}"
+                           f"{_raised_at(cause, self.code_root)}: {_one_line(cause, 200)}; configure smoke.steps "
+                           "with both modules") from None
+        else:
+            raise StepSkip(f"{self.target} takes a frozen '{backbone_name}' and a trained '{head_name}', but never "
+                           "called the head on the runner's batch: nothing to train")
+        if not isinstance(features, torch.Tensor) or features.dim() < 2 or not features.is_floating_point():
+            raise StepSkip(f"the head '{head_name}' of {self.target} is called with "
+                           f"{type(features).__name__ if not isinstance(features, torch.Tensor) else tuple(features.shape)}"
+                           ", not a batch of float features: the runner cannot size a head for it; configure "
+                           "smoke.steps")
+        width = features[0].numel()
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(width, PROBE_CLASSES)).to(features.device)
+        self.model = self.head
+        self.optimizer = torch.optim.Adam(self.head.parameters(), lr=STEP_LEARNING_RATE)
+        self.notes.append(f"the step trains '{head_name}' on features of a frozen '{backbone_name}' (it calls the "
+                          f"backbone only under torch.no_grad()): '{backbone_name}' is the runner's model, "
+                          f"'{head_name}' a linear layer from its {width} features to {PROBE_CLASSES} classes, and "
+                          "the checks are about the head")
+
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
         call = self.function
+        if self.probe is not None:
+            values = {**values, "model": self.backbone}
         if self.owner is not None:
             try:
                 instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True))
@@ -1107,7 +1171,9 @@ class _FunctionPlan(_Plan):
                 raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
             call = getattr(instance, self.function.__name__)
         by_use = _data_by_use(call, self.batch)
-        arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults,
+        given = self.given if self.probe is None else \
+            {**self.given, self.probe[0]: self.backbone, self.probe[1]: self.head}
+        arguments = _arguments(call, values, given=given, repository_defaults=self.repository_defaults,
                                by_use=by_use)
         for key in arguments:
             if role_of(key) == "device" and isinstance(arguments[key], str) and _reads_attribute_of(call, key):
@@ -1203,6 +1269,75 @@ class _FunctionPlan(_Plan):
                 call(**arguments)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
+
+
+PROBE_CLASSES = 10  # the classes of a linear probe's head (its batch's labels cycle through them)
+_MODULE_WORDS = {"head", "backbone", "encoder", "classifier", "model", "net", "network", "probe"}
+_NO_GRAD_CALLS = {"no_grad", "inference_mode"}
+
+
+class _HeadReached(BaseException):
+    """Raised by the head's stand-in on its first call, with what it was given (``_FunctionPlan._probe_head``)."""
+
+    def __init__(self, features: Any):
+        super().__init__("the head was reached")
+        self.features = features
+
+
+class _HeadProbe(nn.Module):
+    def forward(self, features, *args, **kwargs):
+        raise _HeadReached(features)
+
+
+def _is_module_name(name: str) -> bool:
+    """A parameter that holds a module: the model's role, or a compound name ending in a module word
+    (``linear_classifier``, ``proj_head``)."""
+    lowered = name.lower().rstrip("_")
+    return role_of(name) == "model" or lowered.rsplit("_", 1)[-1] in _MODULE_WORDS
+
+
+def _frozen_backbone_and_head(function: Callable) -> Optional[tuple[str, str]]:
+    """``(backbone, head)``: the names of two module parameters of ``function`` of which it calls one only inside
+    ``torch.no_grad()`` / ``torch.inference_mode()`` (a frozen feature extractor: ``backbone(x)``,
+    ``backbone.encoder(x)``) and the other outside them (the head it trains). None for any other step."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return None
+    try:
+        names = [n for n in inspect.signature(function).parameters if _is_module_name(n)]
+    except (TypeError, ValueError):
+        return None
+    if len(names) != 2:
+        return None
+    calls: dict = {name: [] for name in names}  # name -> [called under no_grad, ...]
+
+    def visit(statement: ast.AST, frozen: bool) -> None:
+        if isinstance(statement, (ast.With, ast.AsyncWith)):
+            inner = frozen or any(isinstance(item.context_expr, ast.Call)
+                                  and (_dotted(item.context_expr.func) or "").rsplit(".", 1)[-1] in _NO_GRAD_CALLS
+                                  for item in statement.items)
+            for item in statement.items:
+                visit(item.context_expr, frozen)
+            for child in statement.body:
+                visit(child, inner)
+            return
+        if isinstance(statement, ast.Call):
+            base = statement.func
+            if isinstance(base, ast.Attribute) and base.attr not in ("eval", "train", "to", "cuda", "parameters",
+                                                                      "named_parameters", "requires_grad_"):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in calls:
+                calls[base.id].append(frozen)
+        for child in ast.iter_child_nodes(statement):
+            visit(child, frozen)
+
+    for statement in node.body:
+        visit(statement, False)
+    frozen = [n for n in names if calls[n] and all(calls[n])]
+    trained = [n for n in names if calls[n] and not any(calls[n])]
+    if len(frozen) == 1 and len(trained) == 1:
+        return frozen[0], trained[0]
+    return None
 
 
 class _StandInDataset(torch.utils.data.Dataset):
