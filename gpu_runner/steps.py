@@ -650,14 +650,30 @@ class _Plan:
         self.keyed: Optional[dict] = None
         node = _function_node(inspect.unwrap(function))
         try:
-            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=self_is_model) \
-                if node is not None else None
+            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=self_is_model,
+                                     outputs=self._outputs_on_batch) if node is not None else None
         except KeysUnknown as exc:
             self.skip_hint = str(exc)
         if self.keyed is not None:
             self.notes.append(f"{reader} reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
                               "are dicts, each key the model's input or the target the step uses it as "
                               "(gpu_runner.batch_keys)")
+
+    def _outputs_on_batch(self) -> Any:
+        """What the subject's model returns on the batch's inputs (in eval mode, without autograd; its state left
+        as it was): the shapes of a model's several outputs, each compared with a key (gpu_runner.batch_keys)."""
+        model = self.subject.model if self.subject is not None else None
+        if model is None:
+            return None
+        mode = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return model(*self.batch[:-1])
+        except Exception:  # noqa: BLE001 - the step's own run meets the same error and reports it
+            return None
+        finally:
+            model.train(mode)
 
     def _loader(self, iterations: int) -> torch.utils.data.DataLoader:
         """A loader of ``iterations`` copies of the batch, as the step reads it (tuples, or dicts by keys)."""
