@@ -1326,6 +1326,7 @@ def _frozen_backbone_and_head(function: Callable) -> Optional[tuple[str, str]]:
     if len(names) != 2:
         return None
     calls: dict = {name: [] for name in names}  # name -> [called under no_grad, ...]
+    call_nodes: dict = {name: [] for name in names}
 
     def visit(statement: ast.AST, frozen: bool) -> None:
         if isinstance(statement, (ast.With, ast.AsyncWith)):
@@ -1344,6 +1345,7 @@ def _frozen_backbone_and_head(function: Callable) -> Optional[tuple[str, str]]:
                 base = base.value
             if isinstance(base, ast.Name) and base.id in calls:
                 calls[base.id].append(frozen)
+                call_nodes[base.id].append(statement)
         for child in ast.iter_child_nodes(statement):
             visit(child, frozen)
 
@@ -1351,9 +1353,29 @@ def _frozen_backbone_and_head(function: Callable) -> Optional[tuple[str, str]]:
         visit(statement, False)
     frozen = [n for n in names if calls[n] and all(calls[n])]
     trained = [n for n in names if calls[n] and not any(calls[n])]
-    if len(frozen) == 1 and len(trained) == 1:
+    if len(frozen) == 1 and len(trained) == 1 and _fed_from(node, call_nodes[frozen[0]], call_nodes[trained[0]]):
         return frozen[0], trained[0]
     return None
+
+
+def _fed_from(node: ast.AST, sources: list, calls: list) -> bool:
+    """Whether one of ``calls`` takes an argument computed from one of ``sources`` (the backbone's calls): directly,
+    or through names assigned from them (``features = backbone(x)``, ``pooled = torch.cat([f[:, 0] for f in
+    features])``). A teacher and a student that both read the batch are not a probe: the student is no head."""
+    source_ids = {id(n) for n in sources}
+    derived: set = set()
+
+    def reads(expression: ast.AST) -> bool:
+        return any(id(n) in source_ids or isinstance(n, ast.Name) and n.id in derived for n in ast.walk(expression))
+
+    assignments = [n for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                   and n.value is not None]
+    for _ in range(4):
+        for assignment in assignments:
+            if reads(assignment.value):
+                targets = assignment.targets if isinstance(assignment, ast.Assign) else [assignment.target]
+                derived.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return any(reads(argument) for call in calls for argument in [*call.args, *(k.value for k in call.keywords)])
 
 
 class _StandInDataset(torch.utils.data.Dataset):

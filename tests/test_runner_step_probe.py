@@ -72,6 +72,12 @@ def test_the_frozen_module_is_the_one_called_only_without_gradients(tmp_path):
             for x, y in batches:
                 classifier(encoder(x)).sum().backward()
 
+        def distil(teacher, student, batches):
+            for x, y in batches:
+                with torch.no_grad():
+                    hint = teacher(x)
+                (student(x) - hint).pow(2).mean().backward()
+
         def one(model, batches):
             for x, y in batches:
                 with torch.no_grad():
@@ -80,6 +86,8 @@ def test_the_frozen_module_is_the_one_called_only_without_gradients(tmp_path):
     assert _frozen_backbone_and_head(namespace["tune"]) == ("encoder", "classifier")
     # both trained (no block without gradients), or one model only: not a probe
     assert _frozen_backbone_and_head(namespace["both"]) is None
+    # a student fed the batch itself, beside a frozen teacher: no head on the teacher's features
+    assert _frozen_backbone_and_head(namespace["distil"]) is None
     assert _frozen_backbone_and_head(namespace["one"]) is None
 
 
