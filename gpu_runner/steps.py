@@ -957,9 +957,10 @@ class _Plan:
 
 @contextlib.contextmanager
 def _cuda_calls_to(device: Any, notes: list[str]):
-    """On a runner without CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's device: a step
-    written for a GPU (``images = images.cuda(non_blocking=True)``) runs its own code instead of being skipped for
-    a placement the runner cannot give it. On a CUDA device nothing changes."""
+    """On a runner without CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's device and
+    ``torch.cuda.synchronize()`` (timing a step) does nothing: a step written for a GPU (``images =
+    images.cuda(non_blocking=True)``) runs its own code instead of being skipped for a placement the runner cannot
+    give it. On a CUDA device nothing changes."""
     if str(device).startswith("cuda") or torch.cuda.is_available():
         yield
         return
@@ -974,13 +975,20 @@ def _cuda_calls_to(device: Any, notes: list[str]):
         used.append(True)
         return module.to(device)
 
-    torch.Tensor.cuda, nn.Module.cuda = tensor_cuda, module_cuda
+    original_synchronize = torch.cuda.synchronize
+
+    def synchronize(*args, **kwargs):  # waiting for a CUDA device's queue: nothing is queued on this runner
+        used.append(True)
+
+    torch.Tensor.cuda, nn.Module.cuda, torch.cuda.synchronize = tensor_cuda, module_cuda, synchronize
     try:
         yield
     finally:
         torch.Tensor.cuda, nn.Module.cuda = original_tensor, original_module
+        torch.cuda.synchronize = original_synchronize
         if used:
-            notes.append(f"the step calls .cuda(); on this runner without CUDA those calls moved to {device}")
+            notes.append(f"the step calls .cuda() (or torch.cuda.synchronize()); on this runner without CUDA those "
+                         f"calls moved to {device} (synchronize does nothing)")
 
 
 def _names(names: list[str], limit: int = 3) -> str:
@@ -1092,6 +1100,11 @@ class _FunctionPlan(_Plan):
         self.function, self.owner = function, owner
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
+        self.from_callers = _options_from_callers(code_root, where[0], function, self.repository_defaults)
+        if self.from_callers:
+            self.notes.append("its file calls the step with options: "
+                              + ", ".join(f"{k}={v!r}" for k, v in sorted(self.from_callers.items()))
+                              + " (the option's default, as the call passes it)")
         # a frozen backbone and a trained head, two module parameters (a linear probe): the runner's model is the
         # backbone; the head is sized on what the step feeds it (_probe_head)
         self.probe = _frozen_backbone_and_head(function) if owner is None else None
@@ -1187,8 +1200,9 @@ class _FunctionPlan(_Plan):
                 raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
             call = getattr(instance, self.function.__name__)
         by_use = _data_by_use(call, self.batch)
-        given = self.given if self.probe is None else \
-            {**self.given, self.probe[0]: self.backbone, self.probe[1]: self.head}
+        given = {**self.from_callers, **self.given}
+        if self.probe is not None:
+            given.update({self.probe[0]: self.backbone, self.probe[1]: self.head})
         arguments = _arguments(call, values, given=given, repository_defaults=self.repository_defaults,
                                by_use=by_use)
         for key in arguments:
@@ -1836,6 +1850,8 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.notes[:0] = import_notes
         return plan
     model_target = config.get("model") or _model_for(code_root, spec.path, module)
+    if not config.get("model") and not inspect.isclass(owner):
+        model_target = _backbone_for_probe(code_root, function, model_target, import_notes)
     subject = _subject(code_root, model_target, model_options, device, seed)
     plan = _FunctionPlan(code_root, target, subject, where, function, owner if inspect.isclass(owner) else None,
                          config.get("args"))
@@ -2182,6 +2198,87 @@ def _caller_sets_train(code_root: Path, path: str, name: str) -> Optional[_Where
                             and _called_name(earlier.value) == "eval":
                         break
     return None
+
+
+_MODULE_METHODS = {"eval", "train", "to", "cuda", "cpu", "parameters", "named_parameters", "requires_grad_",
+                   "forward", "state_dict", "load_state_dict", "modules", "children", "zero_grad", "half", "float"}
+
+
+def _backbone_for_probe(code_root: Path, function: Callable, model_target: str, notes: list) -> str:
+    """For a linear probe (``_frozen_backbone_and_head``) whose step calls methods of its backbone that the model
+    found for its file lacks (``backbone.get_features(x)``), the repository's model class that defines them all,
+    where exactly one does; else ``model_target``."""
+    probe = _frozen_backbone_and_head(function)
+    node = _function_node(inspect.unwrap(function))
+    if probe is None or node is None:
+        return model_target
+    methods = {n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == probe[0]} - _MODULE_METHODS
+    if not methods:
+        return model_target
+    try:
+        chosen = build_module.load_callable(code_root, model_target)
+    except Exception:  # noqa: BLE001 - the model is built (and its failure reported) as before
+        return model_target
+    if all(hasattr(chosen, m) for m in methods):
+        return model_target
+    defining = []
+    for path in sorted(code_root.rglob("*.py")):
+        relative = path.relative_to(code_root).as_posix()
+        if any(part.startswith(".") or part in ("tests", "test", "venv", ".venv", "site-packages")
+               for part in relative.split("/")[:-1]) or len(defining) > 1:
+            continue
+        try:
+            source = path.read_text(errors="replace")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        classes = {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                   and methods <= {f.name for f in c.body if isinstance(f, ast.FunctionDef)}}
+        if classes:
+            models = {t.name for t in find_targets({relative: source}, {relative: None})}
+            defining += [f"{relative}:{name}" for name in sorted(classes & models)]
+    if len(defining) != 1:
+        return model_target
+    notes.append(f"the step calls {', '.join(sorted(methods))} on its frozen '{probe[0]}', which {model_target} "
+                 f"lacks: the backbone is {defining[0]}, the repository's model that defines "
+                 + ("it" if len(methods) == 1 else "them"))
+    return defining[0]
+
+
+def _options_from_callers(code_root: Path, path: str, function: Callable, defaults: dict) -> dict:
+    """``{parameter: value}`` for the parameters of ``function`` that have no role and no default and that a call
+    in its file passes as a command-line option (``train(model, loader, args.n_last_blocks)``): the option's
+    default, where it is a plain value (a number, a flag, a string) and every such call passes the same option."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+        tree = ast.parse((code_root / path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, TypeError):
+        return {}
+    wanted = {p.name: i for i, p in enumerate(parameters)
+              if p.default is p.empty and role_of(p.name) is None and p.name.lower() not in CONFIG_NAMES
+              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not wanted:
+        return {}
+    seen: dict = {}
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == function.__name__):
+            continue
+        passed = {parameters[i].name: a for i, a in enumerate(call.args[:len(parameters)])
+                  if not isinstance(a, ast.Starred)}
+        passed.update({k.arg: k.value for k in call.keywords if k.arg})
+        for name in wanted:
+            argument = passed.get(name)
+            option = argument.attr if isinstance(argument, ast.Attribute) and isinstance(argument.value, ast.Name) \
+                and argument.value.id.lower() in CONFIG_NAMES else None
+            seen.setdefault(name, set()).add(option)
+    values = {}
+    for name, options in seen.items():
+        option = next(iter(options)) if len(options) == 1 else None
+        value = defaults.get(option) if option is not None else None
+        if isinstance(value, (bool, int, float, str)):
+            values[name] = value
+    return values
 
 
 def _called_name(call: ast.Call) -> Optional[str]:

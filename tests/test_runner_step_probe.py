@@ -2,7 +2,9 @@
 frozen feature extractor) and trains the other on its features. The runner's model is the extractor; the head is a
 linear layer sized on the features the step feeds it, and the checks are about the head. It runs and passes; a
 planted missing ``zero_grad()``, or a head left in eval mode, fails with that diagnosis; a step that never reaches
-its head is skipped with the cause."""
+its head is skipped with the cause. Where the model found for the step's file lacks the methods the step calls on
+its backbone, the repository's one model class that defines them is the backbone; a setting the file passes at the
+call from its command line (``probe(..., args.depth)``) is that option's default."""
 from __future__ import annotations
 
 import textwrap
@@ -117,3 +119,71 @@ def test_a_probe_that_fails_before_its_head_is_skipped_with_the_cause(tmp_path):
     root = write_tree(tmp_path, {"leaves.py": broken})
     report = smoke_step(root, "leaves.py:probe_epoch", {"model": "leaves.py:LeafNet"}, device="cpu")
     assert report["status"] == "skipped" and "linear probe" in report["reason"], report
+
+
+# The probe in its own file beside a head class of its own; the backbone in another file, found by the method the
+# step calls on it; a setting passed from the command line at the call; the step times itself with synchronize.
+BACKBONE = '''
+    import torch.nn as nn
+
+
+    class LeafNet(nn.Module):
+        def __init__(self, kinds=5):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
+            self.out = nn.Linear(24, kinds)
+
+        def last_layers(self, pictures, depth):
+            return [self.stem(pictures).flatten(1)] * depth
+
+        def forward(self, pictures):
+            return self.out(self.stem(pictures).flatten(1))
+'''
+
+PROBE = '''
+    import argparse
+    import torch
+    import torch.nn as nn
+
+
+    class ScoreHead(nn.Module):
+        def __init__(self, width=24, kinds=10):
+            super().__init__()
+            self.linear = nn.Linear(width, kinds)
+
+        def forward(self, features):
+            return self.linear(features)
+
+
+    def probe(net, score_head, optimizer, loader, depth):
+        score_head.train()
+        for pictures, kinds in loader:
+            with torch.no_grad():
+                layers = net.last_layers(pictures, depth)
+                features = torch.cat(layers, dim=-1)
+            loss = nn.CrossEntropyLoss()(score_head(features), kinds)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            torch.cuda.synchronize()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--depth", type=int, default=2)
+        args = parser.parse_args()
+        probe(None, ScoreHead(), None, None, args.depth)
+'''
+
+
+def test_a_probe_finds_its_backbone_by_the_methods_it_calls_and_its_setting_at_the_call(tmp_path):
+    root = write_tree(tmp_path, {"backbones.py": BACKBONE, "probe.py": PROBE})
+    notes = passed_notes(smoke_step(root, "probe.py:probe", None, device="cpu"))
+    assert "the backbone is backbones.py:LeafNet" in notes and "depth=2" in notes and "48 features" in notes
+
+
+def test_a_planted_missing_zero_grad_in_a_probe_of_a_found_backbone_fails(tmp_path):
+    root = write_tree(tmp_path, {"backbones.py": BACKBONE,
+                                 "probe.py": PROBE.replace("            optimizer.zero_grad()\n", "")})
+    report = smoke_step(root, "probe.py:probe", None, device="cpu")
+    assert report["status"] == "failed" and checks(report)["zero-grad"] == "fail", report
