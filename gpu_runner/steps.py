@@ -1150,11 +1150,13 @@ class _FunctionPlan(_Plan):
         as it was."""
         backbone_name, head_name = self.probe
         self.backbone, self.head = self.model, _HeadProbe()
+        mark = len(self.notes)
         try:
             with _cuda_calls_to(self.device, []):  # as the run itself (its notes are the run's)
                 self.execute(1)
         except _HeadReached as reached:
             features = reached.features
+            del self.notes[mark:]  # what the step's setup noted is noted again when it runs
         except StepSkip as exc:
             raise StepSkip(f"{self.target} trains '{head_name}' on features of a frozen '{backbone_name}' (a linear "
                            f"probe): {exc}") from None
