@@ -4,7 +4,9 @@ item 4): the runner's batch is ``(inputs..., target)`` for the model it built, a
 when the step passes it (or a name assigned from it) as the model's i-th positional argument, the target when the
 step compares the model's output with it (``criterion(output, batch["label"])``: a call whose first argument is
 the model's output and whose second is the key); a target the step casts to integers
-(``batch["mask"].to(dtype=torch.long)``) holds class indices, not the runner's scores. A key the step reads for
+(``batch["mask"].to(dtype=torch.long)``) holds class indices, not the runner's scores; a key compared with one of
+several outputs the step unpacks (``a, b = model(x)``; ``criterion(b.transpose(1, 2), batch["tags"])``) holds
+class indices shaped for that output, its classes on dimension 1 of what is compared. A key the step reads for
 anything else (a mask, an index, a length), or a batch unpacked into the model's keywords (``model(**batch)``): the
 runner does not guess what a key holds, the batches stay tuples (a step that makes its own loader runs on it as
 before), and a step that then raises on them is skipped naming the key.
@@ -12,7 +14,7 @@ before), and a step that then raises on them is skipped naming the key.
 from __future__ import annotations
 
 import ast
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -78,12 +80,40 @@ def _batch_names(node: ast.AST, role_of: Callable[[str], Optional[str]]) -> set[
     return names
 
 
+def _element_target(output: Any, compared: ast.AST) -> Optional[torch.Tensor]:
+    """Class indices for one output of a model that returns several (``a, b = model(x)``), compared with a key as
+    ``criterion(b, key)`` or ``criterion(b.transpose(1, 2), key)``: the classes are dimension 1 of what is compared
+    (the convention of ``cross_entropy`` / ``nll_loss``), the target that shape without it, its values cycling
+    through the classes. None for an output that is not a float tensor of at least two dimensions, or compared
+    through anything but a transpose of constant dimensions."""
+    if not isinstance(output, torch.Tensor) or not output.is_floating_point() or output.dim() < 2:
+        return None
+    shape = list(output.shape)
+    if isinstance(compared, ast.Call):
+        if not (isinstance(compared.func, ast.Attribute) and compared.func.attr == "transpose"
+                and len(compared.args) == 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, int)
+                                                    for a in compared.args)):
+            return None
+        first, second = (a.value % len(shape) for a in compared.args)
+        shape[first], shape[second] = shape[second], shape[first]
+    elif not isinstance(compared, ast.Name):
+        return None
+    classes = shape[1]
+    rest = shape[:1] + shape[2:]
+    count = 1
+    for size in rest:
+        count *= size
+    return (torch.arange(count, device=output.device) % classes).reshape(rest)
+
+
 def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[str]],
-                self_is_model: bool = False) -> Optional[dict]:
+                self_is_model: bool = False, outputs: Optional[Callable[[], Any]] = None) -> Optional[dict]:
     """``{key: tensor}`` for a step (its function's ``ast`` node) that reads its batch by string keys, from the
     runner's ``batch`` (inputs..., target); None when it reads none. ``self_is_model``: the step is a method of the
-    model (a LightningModule's ``training_step``), so ``self(x)`` calls it. Raises KeysUnknown for a key whose use
-    the step does not show (see the module's docstring)."""
+    model (a LightningModule's ``training_step``), so ``self(x)`` calls it. ``outputs``: what the model returns on
+    the batch's inputs, for a step that unpacks several outputs and compares each with a key of its own
+    (``_element_target``). Raises KeysUnknown for a key whose use the step does not show (see the module's
+    docstring)."""
     names = _batch_names(node, role_of)
     if not names:
         return None
@@ -133,7 +163,8 @@ def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[s
 
     inputs, target = batch[:-1], batch[-1]
     found: dict[str, torch.Tensor] = {}
-    outputs: set[str] = set()
+    named: set[str] = set()  # names of the model's output
+    elements: dict[str, int] = {}  # names of one of its outputs, by position (``a, b = model(x)``)
     for item in ast.walk(node):
         if is_model_call(item):
             if any(k.arg is None and isinstance(k.value, ast.Name) and k.value.id in names for k in item.keywords):
@@ -144,13 +175,31 @@ def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[s
                 if key is not None:
                     found.setdefault(key, inputs[position])
         if isinstance(item, ast.Assign) and is_model_call(base(item.value)):
-            outputs.update(t.id for t in item.targets if isinstance(t, ast.Name))
+            named.update(t.id for t in item.targets if isinstance(t, ast.Name))
+            if isinstance(item.value, ast.Call) and len(item.targets) == 1 and isinstance(item.targets[0], ast.Tuple):
+                elements.update({t.id: i for i, t in enumerate(item.targets[0].elts) if isinstance(t, ast.Name)})
+    returned: list = []  # the model's outputs, computed once where a key is compared with one of several
     for item in ast.walk(node):
         if isinstance(item, ast.Call) and not is_model_call(item) and len(item.args) >= 2:
             first = base(item.args[0])
             key = key_of(item.args[1])
-            if key is not None and (is_model_call(first) or isinstance(first, ast.Name) and first.id in outputs):
+            if key is None:
+                continue
+            if is_model_call(first) or isinstance(first, ast.Name) and first.id in named:
                 found.setdefault(key, target)
+                continue
+            compared = item.args[0]
+            first = compared.func.value if isinstance(compared, ast.Call) \
+                and isinstance(compared.func, ast.Attribute) else compared
+            if isinstance(first, ast.Name) and first.id in elements and outputs is not None and key not in found:
+                if not returned:
+                    returned.append(outputs())
+                values = returned[0]
+                index = elements[first.id]
+                if isinstance(values, (tuple, list)) and index < len(values):
+                    element = _element_target(values[index], item.args[0])
+                    if element is not None:
+                        found[key] = element
     for key, value in found.items():
         if value is target and target.is_floating_point() and any(
                 _casts_to_integer(item) and key_of(item.func.value) == key for item in ast.walk(node)):

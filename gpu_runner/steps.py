@@ -650,14 +650,30 @@ class _Plan:
         self.keyed: Optional[dict] = None
         node = _function_node(inspect.unwrap(function))
         try:
-            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=self_is_model) \
-                if node is not None else None
+            self.keyed = keyed_batch(node, self.batch, role_of, self_is_model=self_is_model,
+                                     outputs=self._outputs_on_batch) if node is not None else None
         except KeysUnknown as exc:
             self.skip_hint = str(exc)
         if self.keyed is not None:
             self.notes.append(f"{reader} reads its batch by keys ({', '.join(self.keyed)}): the runner's batches "
                               "are dicts, each key the model's input or the target the step uses it as "
                               "(gpu_runner.batch_keys)")
+
+    def _outputs_on_batch(self) -> Any:
+        """What the subject's model returns on the batch's inputs (in eval mode, without autograd; its state left
+        as it was): the shapes of a model's several outputs, each compared with a key (gpu_runner.batch_keys)."""
+        model = self.subject.model if self.subject is not None else None
+        if model is None:
+            return None
+        mode = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return model(*self.batch[:-1])
+        except Exception:  # noqa: BLE001 - the step's own run meets the same error and reports it
+            return None
+        finally:
+            model.train(mode)
 
     def _loader(self, iterations: int) -> torch.utils.data.DataLoader:
         """A loader of ``iterations`` copies of the batch, as the step reads it (tuples, or dicts by keys)."""
@@ -686,7 +702,7 @@ class _Plan:
     def run(self, iterations: int) -> list[CheckResult]:
         self.iterations = iterations
         if self.model is not None:  # built by the runner; a script's is found when its loop starts (_ScriptPlan)
-            reference = _reference_gradients(self.subject)
+            reference = self._reference()
             self.model.train()
             if self.start_in_eval:
                 self.model.eval()  # as it is after an evaluation helper ran: the step must set train mode itself
@@ -737,6 +753,11 @@ class _Plan:
         return checks
 
     # -- the checks --
+
+    def _reference(self) -> Optional[set]:
+        """What a correct step must update: the parameters the builder's loss reaches (None: those that got a
+        gradient and stepped)."""
+        return _reference_gradients(self.subject)
 
     def _check(self, name: str, status: str, message: str, where: Optional[_Where] = None, **details) -> CheckResult:
         where = where or _Where(self.path, self.first_line, "")
@@ -890,8 +911,8 @@ class _Plan:
                            modules=mode_dependent[:20])
 
     def _evaluation_check(self) -> Optional[CheckResult]:
-        if self.evaluation is None:
-            return None
+        if self.evaluation is None or getattr(self, "probe", None) is not None:
+            return None  # a probe's evaluation takes the backbone and the head: not run
         function, where = self.evaluation
         name = "eval-mode"
         mode_dependent = [n for n, m in self.model.named_modules() if isinstance(m, _MODE_DEPENDENT)]
@@ -936,9 +957,10 @@ class _Plan:
 
 @contextlib.contextmanager
 def _cuda_calls_to(device: Any, notes: list[str]):
-    """On a runner without CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's device: a step
-    written for a GPU (``images = images.cuda(non_blocking=True)``) runs its own code instead of being skipped for
-    a placement the runner cannot give it. On a CUDA device nothing changes."""
+    """On a runner without CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's device and
+    ``torch.cuda.synchronize()`` (timing a step) does nothing: a step written for a GPU (``images =
+    images.cuda(non_blocking=True)``) runs its own code instead of being skipped for a placement the runner cannot
+    give it. On a CUDA device nothing changes."""
     if str(device).startswith("cuda") or torch.cuda.is_available():
         yield
         return
@@ -953,13 +975,20 @@ def _cuda_calls_to(device: Any, notes: list[str]):
         used.append(True)
         return module.to(device)
 
-    torch.Tensor.cuda, nn.Module.cuda = tensor_cuda, module_cuda
+    original_synchronize = torch.cuda.synchronize
+
+    def synchronize(*args, **kwargs):  # waiting for a CUDA device's queue: nothing is queued on this runner
+        used.append(True)
+
+    torch.Tensor.cuda, nn.Module.cuda, torch.cuda.synchronize = tensor_cuda, module_cuda, synchronize
     try:
         yield
     finally:
         torch.Tensor.cuda, nn.Module.cuda = original_tensor, original_module
+        torch.cuda.synchronize = original_synchronize
         if used:
-            notes.append(f"the step calls .cuda(); on this runner without CUDA those calls moved to {device}")
+            notes.append(f"the step calls .cuda() (or torch.cuda.synchronize()); on this runner without CUDA those "
+                         f"calls moved to {device} (synchronize does nothing)")
 
 
 def _names(names: list[str], limit: int = 3) -> str:
@@ -1071,10 +1100,26 @@ class _FunctionPlan(_Plan):
         self.function, self.owner = function, owner
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
         self.repository_defaults = sites.argparse_defaults(code_root, where[0])
-        self._batch_by_keys(function, "the step")
+        self.from_callers = _options_from_callers(code_root, where[0], function, self.repository_defaults)
+        if self.from_callers:
+            self.notes.append("its file calls the step with options: "
+                              + ", ".join(f"{k}={v!r}" for k, v in sorted(self.from_callers.items()))
+                              + " (the option's default, as the call passes it)")
+        # a frozen backbone and a trained head, two module parameters (a linear probe): the runner's model is the
+        # backbone; the head is sized on what the step feeds it (_probe_head)
+        self.probe = _frozen_backbone_and_head(function) if owner is None else None
+        self.backbone: Optional[nn.Module] = None
+        self.head: Optional[nn.Module] = None
+        if self.probe is not None:
+            inputs = _step_batch(subject)[:-1]
+            labels = torch.arange(STEP_BATCH, device=inputs[0].device) % PROBE_CLASSES
+            self._batch_by_keys(function, "the step", batch=(*inputs, labels[:inputs[0].shape[0]]))
+            self.criterion = _Criterion(nn.functional.cross_entropy)
+        else:
+            self._batch_by_keys(function, "the step")
+            self.criterion = _Criterion(subject.loss_fn)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=STEP_LEARNING_RATE)
-        self.criterion = _Criterion(subject.loss_fn)
         names = list(inspect.signature(function).parameters)
         roles = {role_of(n) for n in names}
         self.per_batch = "batch" in roles and "loader" not in roles
@@ -1090,9 +1135,59 @@ class _FunctionPlan(_Plan):
                 "scaler": torch.amp.GradScaler("cuda", enabled=str(self.subject.device).startswith("cuda")),
                 "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
 
+    def _reference(self) -> Optional[set]:
+        return None if self.probe is not None else super()._reference()
+
+    def run(self, iterations: int) -> list[CheckResult]:
+        if self.probe is not None:
+            self._probe_head()
+        return super().run(iterations)
+
+    def _probe_head(self) -> None:
+        """Runs the step up to its head's first call, with a head that records what it is given and stops it
+        there; the runner's head is then a linear layer from those features to ``PROBE_CLASSES`` classes, and it is
+        what the step trains (its optimizer, the checks): the backbone, called under ``torch.no_grad()``, stays
+        as it was."""
+        backbone_name, head_name = self.probe
+        self.backbone, self.head = self.model, _HeadProbe()
+        mark = len(self.notes)
+        try:
+            with _cuda_calls_to(self.device, []):  # as the run itself (its notes are the run's)
+                self.execute(1)
+        except _HeadReached as reached:
+            features = reached.features
+            del self.notes[mark:]  # what the step's setup noted is noted again when it runs
+        except StepSkip as exc:
+            raise StepSkip(f"{self.target} trains '{head_name}' on features of a frozen '{backbone_name}' (a linear "
+                           f"probe): {exc}") from None
+        except _UserCodeFailed as exc:
+            cause = exc.__cause__
+            raise StepSkip(f"{self.target} trains '{head_name}' on features of a frozen '{backbone_name}' (a linear "
+                           f"probe); before its head was called it raised {type(cause).__name__}"
+                           f"{_raised_at(cause, self.code_root)}: {_one_line(cause, 200)}; configure smoke.steps "
+                           "with both modules") from None
+        else:
+            raise StepSkip(f"{self.target} takes a frozen '{backbone_name}' and a trained '{head_name}', but never "
+                           "called the head on the runner's batch: nothing to train")
+        if not isinstance(features, torch.Tensor) or features.dim() < 2 or not features.is_floating_point():
+            raise StepSkip(f"the head '{head_name}' of {self.target} is called with "
+                           f"{type(features).__name__ if not isinstance(features, torch.Tensor) else tuple(features.shape)}"
+                           ", not a batch of float features: the runner cannot size a head for it; configure "
+                           "smoke.steps")
+        width = features[0].numel()
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(width, PROBE_CLASSES)).to(features.device)
+        self.model = self.head
+        self.optimizer = torch.optim.Adam(self.head.parameters(), lr=STEP_LEARNING_RATE)
+        self.notes.append(f"the step trains '{head_name}' on features of a frozen '{backbone_name}' (it calls the "
+                          f"backbone only under torch.no_grad()): '{backbone_name}' is the runner's model, "
+                          f"'{head_name}' a linear layer from its {width} features to {PROBE_CLASSES} classes, and "
+                          "the checks are about the head")
+
     def execute(self, iterations: int) -> None:
         values = self.values(iterations)
         call = self.function
+        if self.probe is not None:
+            values = {**values, "model": self.backbone}
         if self.owner is not None:
             try:
                 instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True))
@@ -1107,7 +1202,10 @@ class _FunctionPlan(_Plan):
                 raise StepSkip(f"{self.owner.__name__} does not keep the model it was given as an attribute")
             call = getattr(instance, self.function.__name__)
         by_use = _data_by_use(call, self.batch)
-        arguments = _arguments(call, values, given=self.given, repository_defaults=self.repository_defaults,
+        given = {**self.from_callers, **self.given}
+        if self.probe is not None:
+            given.update({self.probe[0]: self.backbone, self.probe[1]: self.head})
+        arguments = _arguments(call, values, given=given, repository_defaults=self.repository_defaults,
                                by_use=by_use)
         for key in arguments:
             if role_of(key) == "device" and isinstance(arguments[key], str) and _reads_attribute_of(call, key):
@@ -1203,6 +1301,97 @@ class _FunctionPlan(_Plan):
                 call(**arguments)
             except Exception as exc:
                 raise _UserCodeFailed() from exc
+
+
+PROBE_CLASSES = 10  # the classes of a linear probe's head (its batch's labels cycle through them)
+_MODULE_WORDS = {"head", "backbone", "encoder", "classifier", "model", "net", "network", "probe"}
+_NO_GRAD_CALLS = {"no_grad", "inference_mode"}
+
+
+class _HeadReached(BaseException):
+    """Raised by the head's stand-in on its first call, with what it was given (``_FunctionPlan._probe_head``)."""
+
+    def __init__(self, features: Any):
+        super().__init__("the head was reached")
+        self.features = features
+
+
+class _HeadProbe(nn.Module):
+    def forward(self, features, *args, **kwargs):
+        raise _HeadReached(features)
+
+
+def _is_module_name(name: str) -> bool:
+    """A parameter that holds a module: the model's role, or a compound name ending in a module word
+    (``linear_classifier``, ``proj_head``)."""
+    lowered = name.lower().rstrip("_")
+    return role_of(name) == "model" or lowered.rsplit("_", 1)[-1] in _MODULE_WORDS
+
+
+def _frozen_backbone_and_head(function: Callable) -> Optional[tuple[str, str]]:
+    """``(backbone, head)``: the names of two module parameters of ``function`` of which it calls one only inside
+    ``torch.no_grad()`` / ``torch.inference_mode()`` (a frozen feature extractor: ``backbone(x)``,
+    ``backbone.encoder(x)``) and the other outside them (the head it trains). None for any other step."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return None
+    try:
+        names = [n for n in inspect.signature(function).parameters if _is_module_name(n)]
+    except (TypeError, ValueError):
+        return None
+    if len(names) != 2:
+        return None
+    calls: dict = {name: [] for name in names}  # name -> [called under no_grad, ...]
+    call_nodes: dict = {name: [] for name in names}
+
+    def visit(statement: ast.AST, frozen: bool) -> None:
+        if isinstance(statement, (ast.With, ast.AsyncWith)):
+            inner = frozen or any(isinstance(item.context_expr, ast.Call)
+                                  and (_dotted(item.context_expr.func) or "").rsplit(".", 1)[-1] in _NO_GRAD_CALLS
+                                  for item in statement.items)
+            for item in statement.items:
+                visit(item.context_expr, frozen)
+            for child in statement.body:
+                visit(child, inner)
+            return
+        if isinstance(statement, ast.Call):
+            base = statement.func
+            if isinstance(base, ast.Attribute) and base.attr not in ("eval", "train", "to", "cuda", "parameters",
+                                                                      "named_parameters", "requires_grad_"):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in calls:
+                calls[base.id].append(frozen)
+                call_nodes[base.id].append(statement)
+        for child in ast.iter_child_nodes(statement):
+            visit(child, frozen)
+
+    for statement in node.body:
+        visit(statement, False)
+    frozen = [n for n in names if calls[n] and all(calls[n])]
+    trained = [n for n in names if calls[n] and not any(calls[n])]
+    if len(frozen) == 1 and len(trained) == 1 and _fed_from(node, call_nodes[frozen[0]], call_nodes[trained[0]]):
+        return frozen[0], trained[0]
+    return None
+
+
+def _fed_from(node: ast.AST, sources: list, calls: list) -> bool:
+    """Whether one of ``calls`` takes an argument computed from one of ``sources`` (the backbone's calls): directly,
+    or through names assigned from them (``features = backbone(x)``, ``pooled = torch.cat([f[:, 0] for f in
+    features])``). A teacher and a student that both read the batch are not a probe: the student is no head."""
+    source_ids = {id(n) for n in sources}
+    derived: set = set()
+
+    def reads(expression: ast.AST) -> bool:
+        return any(id(n) in source_ids or isinstance(n, ast.Name) and n.id in derived for n in ast.walk(expression))
+
+    assignments = [n for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                   and n.value is not None]
+    for _ in range(4):
+        for assignment in assignments:
+            if reads(assignment.value):
+                targets = assignment.targets if isinstance(assignment, ast.Assign) else [assignment.target]
+                derived.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return any(reads(argument) for call in calls for argument in [*call.args, *(k.value for k in call.keywords)])
 
 
 class _StandInDataset(torch.utils.data.Dataset):
@@ -1663,6 +1852,8 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.notes[:0] = import_notes
         return plan
     model_target = config.get("model") or _model_for(code_root, spec.path, module)
+    if not config.get("model") and not inspect.isclass(owner):
+        model_target = _backbone_for_probe(code_root, function, model_target, import_notes)
     subject = _subject(code_root, model_target, model_options, device, seed)
     plan = _FunctionPlan(code_root, target, subject, where, function, owner if inspect.isclass(owner) else None,
                          config.get("args"))
@@ -2009,6 +2200,87 @@ def _caller_sets_train(code_root: Path, path: str, name: str) -> Optional[_Where
                             and _called_name(earlier.value) == "eval":
                         break
     return None
+
+
+_MODULE_METHODS = {"eval", "train", "to", "cuda", "cpu", "parameters", "named_parameters", "requires_grad_",
+                   "forward", "state_dict", "load_state_dict", "modules", "children", "zero_grad", "half", "float"}
+
+
+def _backbone_for_probe(code_root: Path, function: Callable, model_target: str, notes: list) -> str:
+    """For a linear probe (``_frozen_backbone_and_head``) whose step calls methods of its backbone that the model
+    found for its file lacks (``backbone.get_features(x)``), the repository's model class that defines them all,
+    where exactly one does; else ``model_target``."""
+    probe = _frozen_backbone_and_head(function)
+    node = _function_node(inspect.unwrap(function))
+    if probe is None or node is None:
+        return model_target
+    methods = {n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and isinstance(n.func.value, ast.Name) and n.func.value.id == probe[0]} - _MODULE_METHODS
+    if not methods:
+        return model_target
+    try:
+        chosen = build_module.load_callable(code_root, model_target)
+    except Exception:  # noqa: BLE001 - the model is built (and its failure reported) as before
+        return model_target
+    if all(hasattr(chosen, m) for m in methods):
+        return model_target
+    defining = []
+    for path in sorted(code_root.rglob("*.py")):
+        relative = path.relative_to(code_root).as_posix()
+        if any(part.startswith(".") or part in ("tests", "test", "venv", ".venv", "site-packages")
+               for part in relative.split("/")[:-1]) or len(defining) > 1:
+            continue
+        try:
+            source = path.read_text(errors="replace")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        classes = {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                   and methods <= {f.name for f in c.body if isinstance(f, ast.FunctionDef)}}
+        if classes:
+            models = {t.name for t in find_targets({relative: source}, {relative: None})}
+            defining += [f"{relative}:{name}" for name in sorted(classes & models)]
+    if len(defining) != 1:
+        return model_target
+    notes.append(f"the step calls {', '.join(sorted(methods))} on its frozen '{probe[0]}', which {model_target} "
+                 f"lacks: the backbone is {defining[0]}, the repository's model that defines "
+                 + ("it" if len(methods) == 1 else "them"))
+    return defining[0]
+
+
+def _options_from_callers(code_root: Path, path: str, function: Callable, defaults: dict) -> dict:
+    """``{parameter: value}`` for the parameters of ``function`` that have no role and no default and that a call
+    in its file passes as a command-line option (``train(model, loader, args.n_last_blocks)``): the option's
+    default, where it is a plain value (a number, a flag, a string) and every such call passes the same option."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+        tree = ast.parse((code_root / path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, TypeError):
+        return {}
+    wanted = {p.name: i for i, p in enumerate(parameters)
+              if p.default is p.empty and role_of(p.name) is None and p.name.lower() not in CONFIG_NAMES
+              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not wanted:
+        return {}
+    seen: dict = {}
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == function.__name__):
+            continue
+        passed = {parameters[i].name: a for i, a in enumerate(call.args[:len(parameters)])
+                  if not isinstance(a, ast.Starred)}
+        passed.update({k.arg: k.value for k in call.keywords if k.arg})
+        for name in wanted:
+            argument = passed.get(name)
+            option = argument.attr if isinstance(argument, ast.Attribute) and isinstance(argument.value, ast.Name) \
+                and argument.value.id.lower() in CONFIG_NAMES else None
+            seen.setdefault(name, set()).add(option)
+    values = {}
+    for name, options in seen.items():
+        option = next(iter(options)) if len(options) == 1 else None
+        value = defaults.get(option) if option is not None else None
+        if isinstance(value, (bool, int, float, str)):
+            values[name] = value
+    return values
 
 
 def _called_name(call: ast.Call) -> Optional[str]:
