@@ -577,6 +577,14 @@ def is_data_loader(qualified: Optional[str]) -> bool:
     return does(qualified, Does.LOADS_BATCHES)
 
 
+# Packages whose calls coordinate the processes of a distributed job: code that names one of them takes part in one
+# (https://pytorch.org/docs/stable/distributed.html, https://pytorch.org/docs/stable/multiprocessing.html,
+# https://pytorch.org/ignite/distributed.html, https://huggingface.co/docs/accelerate, https://www.deepspeed.ai,
+# https://horovod.readthedocs.io)
+DISTRIBUTED_PACKAGES = ("torch.distributed", "torch.multiprocessing", "ignite.distributed", "accelerate", "deepspeed",
+                        "horovod")
+
+
 def is_ddp(qualified: Optional[str]) -> bool:
     return does(qualified, Does.REPLICATES_PER_PROCESS)
 

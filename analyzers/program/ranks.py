@@ -26,8 +26,8 @@ import libcst as cst
 from analyzers.context import (NODE_TYPES, FileContext, all_children, argument, code_children, dotted_name,
                                string_value)
 from analyzers.program.flow import small_statements
-from analyzers.program.library import (RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES, Does, does,
-                                       is_ddp, is_library)
+from analyzers.program.library import (DISTRIBUTED_PACKAGES, RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES,
+                                       Does, does, is_ddp, is_library)
 from analyzers.program.names import name_words
 
 _MAX_DEPTH = 4
@@ -212,3 +212,43 @@ def returns_off_rank(node: cst.If, ctx: FileContext) -> bool:
     return isinstance(node.body, cst.IndentedBlock) and any(
         isinstance(s, cst.SimpleStatementLine) and any(isinstance(small, cst.Return) for small in s.body)
         for s in node.body.body) and is_rank_test(node.test, ctx)
+
+
+def in_single_process_test(node: cst.CSTNode, ctx: FileContext) -> bool:
+    """``node`` runs in a test that a test runner collects (a ``test*`` function of a file that collects tests)
+    and that does no distributed work: neither it nor a function of this file it calls names a package that
+    coordinates processes (``library.DISTRIBUTED_PACKAGES``) or wraps a model in DDP. The runner runs it in one
+    process, whatever the rest of the file sets up for its distributed tests."""
+    from analyzers.program.roles import collects_tests
+
+    if not collects_tests(ctx):
+        return False
+    test = None
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.FunctionDef) and ancestor.name.value.startswith("test"):
+            test = ancestor  # the outermost: a helper defined inside a test runs in it
+    return test is not None and not _does_distributed_work(test, ctx, depth=1)
+
+
+def _does_distributed_work(fn: cst.FunctionDef, ctx: FileContext, depth: int) -> bool:
+    for node in [*fn.decorators, fn.params, fn.body]:
+        for inner in _subtree(node):
+            if isinstance(inner, (cst.Name, cst.Attribute)):
+                qualified = ctx.qualified_name(inner) or ""
+                if is_ddp(qualified) or any(qualified == package or qualified.startswith(package + ".")
+                                            for package in DISTRIBUTED_PACKAGES):
+                    return True
+            if depth and isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name):
+                called = next((s for s in ctx.module.body if isinstance(s, cst.FunctionDef)
+                               and s.name.value == inner.func.value), None)
+                if called is not None and called is not fn and _does_distributed_work(called, ctx, depth - 1):
+                    return True
+    return False
+
+
+def _subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        yield current
+        todo.extend(code_children(current))

@@ -10,7 +10,7 @@ import libcst as cst
 from analyzers.context import (FileContext, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.ranks import rank_guarded
+from analyzers.program.ranks import in_single_process_test, rank_guarded
 from analyzers.rules.base import Invalid
 from analyzers.rules.serialization._checkpoints import LoadsWithoutMapLocation as _LoadsWithoutMapLocation
 
@@ -25,7 +25,8 @@ class DistributedLoadWithoutMapLocation(_LoadsWithoutMapLocation):
     what = """
         Flags `torch.load(...)` without `map_location=` in a file that sets up distributed
         training (`init_process_group` / `DistributedDataParallel`), unless another `torch.load`
-        in the same function passes one.
+        in the same function passes one, only some ranks run it, or it sits in a collected test
+        that does no distributed work itself (the test runner runs it in one process).
     """
     why = """
         `torch.load` restores each tensor onto the device it was saved from, usually `cuda:0`.
@@ -50,6 +51,17 @@ class DistributedLoadWithoutMapLocation(_LoadsWithoutMapLocation):
         dist.init_process_group("nccl")
         ckpt = torch.load(args.resume, map_location="cpu")
         """,
+        # a single-process test beside the file's distributed ones
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+        def _run_on_ranks(rank):
+            dist.init_process_group("gloo", rank=rank)
+        def test_checkpoint_round_trip(tmp_path):
+            torch.save({"w": torch.ones(2)}, tmp_path / "c.pt")
+            state = torch.load(tmp_path / "c.pt")
+        """,
         # not distributed
         """
         import torch
@@ -67,6 +79,18 @@ class DistributedLoadWithoutMapLocation(_LoadsWithoutMapLocation):
         """,
     ]
     INVALID = [
+        # a test that starts the distributed job itself: every rank loads
+        Invalid(
+            """
+            import pytest
+            import torch
+            import torch.distributed as dist
+            def test_resume_on_every_rank(tmp_path):
+                dist.init_process_group("gloo")
+                state = torch.load(tmp_path / "ckpt.pt")
+            """,
+            line=7, message="no `map_location`",
+        ),
         Invalid(
             """
             import torch
@@ -97,6 +121,8 @@ class DistributedLoadWithoutMapLocation(_LoadsWithoutMapLocation):
     def load_seen(self, node: cst.Call, ctx: FileContext) -> None:
         if rank_guarded(node, ctx):
             self._one_rank.add(id(node))  # only some ranks load it: they do not all crowd one GPU
+        elif in_single_process_test(node, ctx):
+            self._one_rank.add(id(node))  # a test of one process beside the file's distributed ones
 
     def end_file(self, ctx: FileContext) -> None:
         if not self._loads or not self._distributed:
