@@ -25,6 +25,7 @@ import libcst as cst
 
 from analyzers.context import (NODE_TYPES, FileContext, all_children, argument, code_children, dotted_name,
                                string_value)
+from analyzers.program.devices import expression_nodes
 from analyzers.program.flow import small_statements
 from analyzers.program.library import (DISTRIBUTED_PACKAGES, RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES,
                                        Does, does, is_ddp, is_library)
@@ -232,7 +233,7 @@ def in_single_process_test(node: cst.CSTNode, ctx: FileContext) -> bool:
 
 def _does_distributed_work(fn: cst.FunctionDef, ctx: FileContext, depth: int) -> bool:
     for node in [*fn.decorators, fn.params, fn.body]:
-        for inner in _subtree(node):
+        for inner in expression_nodes(node):
             if isinstance(inner, (cst.Name, cst.Attribute)):
                 qualified = ctx.qualified_name(inner) or ""
                 if is_ddp(qualified) or any(qualified == package or qualified.startswith(package + ".")
@@ -245,10 +246,3 @@ def _does_distributed_work(fn: cst.FunctionDef, ctx: FileContext, depth: int) ->
                     return True
     return False
 
-
-def _subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        yield current
-        todo.extend(code_children(current))
