@@ -243,12 +243,12 @@ class EvaluationPaths:
         if isinstance(func, cst.Attribute):
             attr = func.attr.value
             if attr == "eval" and not node.args:
-                receiver = dotted_name(func.value)
+                receiver = switched_module(func.value, ctx, node)
                 if receiver is not None:
                     self._record_eval(receiver, True, ctx, node)
                 return
             if attr == "train":
-                receiver = dotted_name(func.value)
+                receiver = switched_module(func.value, ctx, node)
                 if receiver is not None:
                     mode = argument(node, 0, "mode")
                     if is_false(mode):
@@ -702,3 +702,57 @@ def loops_over_loader(ctx: FileContext) -> bool:
             elif isinstance(node, cst.Call):
                 stack.extend(a.value for a in node.args)
     return False
+
+
+def switched_module(receiver: cst.BaseExpression, ctx: FileContext, call: cst.Call) -> Optional[str]:
+    """The module (as a dotted name) whose mode ``receiver.eval()`` / ``.train()`` sets: the receiver itself; the
+    module under methods that return it (``model.cuda().eval()``, the library table's ``Module`` methods); or a
+    container of modules whose every item is switched in a loop over it (``for k in nets: nets[k].eval()``,
+    ``[m.eval() for m in nets.values()]``). ``call`` is the switching call, where the walk stands."""
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) and \
+            method_returns_same_module(receiver.func.attr.value):
+        receiver = receiver.func.value
+    name = dotted_name(receiver)
+    if name is not None and "." not in name:
+        over = _iterated_container(call, name, ctx, items=True)  # ``for m in nets.values(): m.eval()``
+        return over or name
+    if name is not None:
+        return name
+    if isinstance(receiver, cst.Subscript) and len(receiver.slice) == 1 and \
+            isinstance(receiver.slice[0].slice, cst.Index) and isinstance(receiver.slice[0].slice.value, cst.Name):
+        container = dotted_name(receiver.value)  # ``nets[k].eval()`` with k running over nets' keys
+        key = receiver.slice[0].slice.value.value
+        if container is not None and _iterated_container(call, key, ctx, items=False) == container:
+            return container
+    return None
+
+
+def _iterated_container(node: cst.CSTNode, variable: str, ctx: FileContext, items: bool) -> Optional[str]:
+    """The container (a dotted name) that the loop or comprehension around ``node`` binding ``variable`` runs
+    over: its keys (``for k in nets``, ``nets.keys()``) or, with ``items``, its values (``nets.values()``, a list)."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef)):
+            return None
+        loops = [ancestor] if isinstance(ancestor, cst.For) else \
+            list(_comprehension_fors(ancestor.for_in)) if isinstance(ancestor, (cst.ListComp, cst.SetComp,
+                                                                                 cst.GeneratorExp, cst.DictComp)) else []
+        for loop in loops:
+            if not (isinstance(loop.target, cst.Name) and loop.target.value == variable):
+                continue
+            source = loop.iter
+            method = source.func.attr.value if isinstance(source, cst.Call) and \
+                isinstance(source.func, cst.Attribute) and not source.args else None
+            if method is not None:
+                source = source.func.value
+            if method == "values" and items or method in (None, "keys") and not items:
+                return dotted_name(source)
+            return None
+    return None
+
+
+def _comprehension_fors(for_in: cst.CompFor):
+    current: Optional[cst.CompFor] = for_in
+    while current is not None:
+        yield current
+        current = current.inner_for_in
+

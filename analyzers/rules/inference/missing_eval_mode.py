@@ -53,6 +53,17 @@ class MissingEvalMode(_InferencePathRule):
             model.train()
     """
     VALID = [
+        # every part of a model kept as a mapping switched in a comprehension over its keys
+        "import torch\nfrom networks import build_model\ndef main(args):\n    model = build_model(args)\n"
+        "    for epoch in range(args.epochs):\n        _ = [model[key].train() for key in model]\n"
+        "        for x in train_loader:\n            model.decoder(model.encoder(x)).mean().backward()\n"
+        "        _ = [model[key].eval() for key in model]\n        with torch.no_grad():\n"
+        "            for x in val_loader:\n                y = model.decoder(model.encoder(x))\n",
+        # switched after a method that returns the module itself
+        "import torch\nimport torch.nn as nn\nclass Head(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.drop = nn.Dropout(0.2)\n    def forward(self, x):\n        return self.drop(x)\n"
+        "model = nn.DataParallel(Head())\nmodel.cuda().eval()\nwith torch.no_grad():\n    for x in test_loader:\n"
+        "        y = model(x)\n",
         # a single nn.Linear built in the file: nothing behaves differently in eval mode
         "import torch\nimport torch.nn as nn\nmodel = nn.Linear(784, 10)\n"
         "def test():\n    with torch.no_grad():\n        for x, y in test_loader:\n            out = model(x)\n",
