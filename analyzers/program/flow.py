@@ -273,16 +273,24 @@ def assignment_before(ctx, use: cst.CSTNode, name: str, unpacked: bool = False) 
         ancestors.append(current)
         current = parents.get(id(current))
     found = _last_assignment(ctx, scope, use, name, frozenset(ancestors), unpacked)
-    if found is None and isinstance(scope, cst.FunctionDef) and not _binds(scope, name):
+    if found is None and isinstance(scope, cst.FunctionDef) and parameter(scope, name) is None:
         # a global read inside a function (``def test(): ... model(x)`` with ``model = Net()`` at module level):
         # the module's last assignment, since functions run after the module body defined them
         found = _last_assignment(ctx, ctx.module, None, name, unpacked=unpacked)
     return found
 
 
-def _binds(fn: cst.FunctionDef, name: str) -> bool:
+def parameter(fn: cst.FunctionDef, name: str) -> Optional[cst.Param]:
+    """``fn``'s parameter called ``name`` (positional or keyword), if it has one."""
     params = fn.params
-    return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
+    return next((p for p in (*params.posonly_params, *params.params, *params.kwonly_params) if p.name.value == name),
+                None)
+
+
+def module_function(ctx, name: str) -> Optional[cst.FunctionDef]:
+    """The function the file defines at module level under ``name``, if any."""
+    return next((statement for statement in ctx.module.body
+                 if isinstance(statement, cst.FunctionDef) and statement.name.value == name), None)
 
 
 def _last_assignment(ctx, scope: cst.CSTNode, use: Optional[cst.CSTNode], name: str,

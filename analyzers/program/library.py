@@ -59,8 +59,8 @@ class Does(enum.Enum):
     DOWNLOADS = "fetches a file or its content from the network"
     RETURNS_ITS_ARGUMENT = "returns the tensor it is given (a deprecated wrapper that no longer wraps)"
     BUILDS_PATH = "returns a path or string built from its arguments (what they come from, it comes from)"
-    FILLS_PARAMETERS_FROM_OUTSIDE = ("a decorator: the function it wraps is called with what the command line and "
-                                     "configuration files say")
+    FILLS_PARAMETERS_FROM_OUTSIDE = ("a decorator: the function it wraps is called with what the outside says (which "
+                                     "outside: the READS_* it is tagged with)")
 
 
 @dataclass(frozen=True)
@@ -176,9 +176,11 @@ APIS: dict[str, Api] = {
     # Hydra composes the decorated task function's config from YAML files and command-line overrides
     # (https://hydra.cc/docs/tutorials/basic/your_first_app/simple_cli/); click passes its options and arguments
     # (https://click.palletsprojects.com/en/stable/options/)
-    **{name: _api("https://hydra.cc/docs/tutorials/basic/your_first_app/simple_cli/; "
-                  "https://click.palletsprojects.com/en/stable/options/", Does.FILLS_PARAMETERS_FROM_OUTSIDE)
-       for name in ("hydra.main", "click.command", "click.option", "click.argument")},
+    "hydra.main": _api("https://hydra.cc/docs/tutorials/basic/your_first_app/simple_cli/",
+                       Does.FILLS_PARAMETERS_FROM_OUTSIDE, Does.READS_CONFIGURATION),
+    **{name: _api("https://click.palletsprojects.com/en/stable/options/", Does.FILLS_PARAMETERS_FROM_OUTSIDE,
+                  Does.READS_COMMAND_LINE)
+       for name in ("click.command", "click.option", "click.argument")},
     "omegaconf.OmegaConf.from_cli": _api("https://omegaconf.readthedocs.io/en/latest/usage.html#from-command-line-arguments",
                                          Does.READS_COMMAND_LINE),
     # downloads: each returns the fetched file's local path or its content

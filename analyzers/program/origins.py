@@ -19,8 +19,10 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import code_children, dotted_name
-from analyzers.program.flow import ModuleNodes, assignment_before, attribute_values, call_site_values
+from analyzers.context import dotted_name
+from analyzers.program.flow import (ModuleNodes, assignment_before, attribute_values, call_site_values, module_function,
+                                    parameter)
+from analyzers.program.graphs import FunctionShapes
 from analyzers.program.library import Does, does, method_does
 
 # how many steps (assignments, parameters, parts) a value is followed back before the answer is "not known"
@@ -111,7 +113,7 @@ class _Follow:
         if found is not None:
             return found
         dotted = dotted_name(expr)
-        where = self._function_of(expr)
+        where = self._enclosing(expr, cst.FunctionDef)
         binding = None
         if where is ctx.function_def and dotted is not None:  # read where the walk stands: its scopes know the name
             binding = ctx.binding(dotted, expr)
@@ -120,12 +122,13 @@ class _Follow:
         value = binding.value if binding is not None else None
         if binding is None:  # a call site elsewhere in the file: its own function's assignments and parameters
             value = self._assigned_elsewhere(expr, dotted)
-            if value is None and isinstance(expr, cst.Name) and where is not None and _is_parameter(where, expr.value):
+            if value is None and isinstance(expr, cst.Name) and where is not None and \
+                    parameter(where, expr.value) is not None:
                 return self._parameter(where, expr.value)
         if value is not None:
             return self.origin(value)
         if dotted is not None and dotted.count(".") == 1 and dotted.startswith("self."):
-            cls = self._class_of(expr)  # kept by another method: what any method of the class sets it to
+            cls = self._enclosing(expr, cst.ClassDef)  # kept by another method: what any method of the class sets it to
             if cls is not None:
                 found = self._first(*attribute_values(cls, dotted[len("self."):]))
                 if found is not None:
@@ -134,17 +137,12 @@ class _Follow:
             return self.origin(expr.value)  # a field of a parsed namespace or configuration
         return None
 
-    def _class_of(self, node: cst.CSTNode) -> Optional[cst.ClassDef]:
+    def _enclosing(self, node: cst.CSTNode, kind: type) -> Optional[cst.CSTNode]:
+        """The innermost ``kind`` (a function or a class) around ``node``, by the whole file's parents: a call site
+        may lie past the walk."""
         parents = self.ctx.facts(ModuleNodes).parents
         current = parents.get(id(node))
-        while current is not None and not isinstance(current, cst.ClassDef):
-            current = parents.get(id(current))
-        return current
-
-    def _function_of(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
-        parents = self.ctx.facts(ModuleNodes).parents  # the whole file's: a call site may lie past the walk
-        current = parents.get(id(node))
-        while current is not None and not isinstance(current, cst.FunctionDef):
+        while current is not None and not isinstance(current, kind):
             current = parents.get(id(current))
         return current
 
@@ -160,10 +158,9 @@ class _Follow:
             target = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
             qualified = self.ctx.qualified_name(target)
             if does(qualified, Does.FILLS_PARAMETERS_FROM_OUTSIDE):
-                return Outside.CONFIGURATION if qualified == "hydra.main" else Outside.COMMAND_LINE
-        params = fn.params
-        default = next((p.default for p in (*params.posonly_params, *params.params, *params.kwonly_params)
-                        if p.name.value == name), None)
+                return self._api(qualified)  # Hydra's config, click's options: what the table says it reads
+        declared = parameter(fn, name)
+        default = declared.default if declared is not None else None
         passed = call_site_values(self.ctx, fn, name)
         if passed is None and default is None:
             return Outside.CALLER
@@ -171,16 +168,15 @@ class _Follow:
 
     def _returned(self, fn: cst.FunctionDef) -> Optional[Outside]:
         """What a function of this file returns (``args = parse_options()``), by its return statements."""
-        returns = [node for node in _own_nodes(fn) if isinstance(node, cst.Return) and node.value is not None]
-        return self._first(*(node.value for node in returns))
+        returns = self.ctx.facts(FunctionShapes).own_returns(fn)
+        return self._first(*(node.value for node in returns if node.value is not None))
 
     def _local_function(self, func: cst.BaseExpression) -> Optional[cst.FunctionDef]:
         """The function of this file a call calls: a module-level ``def`` by name, a method through ``self.``."""
         if isinstance(func, cst.Name) and self.ctx.qualified_name(func) is None:
-            return next((node for node in self.ctx.module.body
-                         if isinstance(node, cst.FunctionDef) and node.name.value == func.value), None)
+            return module_function(self.ctx, func.value)
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-            cls = self._class_of(func)
+            cls = self._enclosing(func, cst.ClassDef)
             if cls is not None:
                 return next((node for node in cls.body.body if isinstance(node, cst.FunctionDef)
                              and node.name.value == func.attr.value), None)
@@ -216,11 +212,6 @@ class _Follow:
         return found if found is Outside.DOWNLOAD else None
 
 
-def _is_parameter(fn: cst.FunctionDef, name: str) -> bool:
-    params = fn.params
-    return any(p.name.value == name for p in (*params.posonly_params, *params.params, *params.kwonly_params))
-
-
 def path_outside_origin(ctx, path: Optional[cst.BaseExpression]) -> Optional[Outside]:
     """Where from outside the program a file path comes, unless the program spells the folder it is in and the
     outside only picks a name inside it (``"saved_models/%s/G_%d.pth" % (opt.name, opt.epoch)``): a file of the
@@ -251,15 +242,3 @@ def _in_fixed_directory(expr: cst.BaseExpression) -> bool:
         prefix = expr.args[0].value.evaluated_value.rstrip("/") + "/"
     return bool(prefix) and "/" in prefix and prefix.strip("./") != ""
 
-
-def _own_nodes(fn: cst.FunctionDef) -> list[cst.CSTNode]:
-    """The code nodes of a function's body, not entering the functions and classes it defines."""
-    found: list[cst.CSTNode] = []
-    todo: list[cst.CSTNode] = [fn.body]
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        todo.extend(code_children(node))
-    return found

@@ -26,7 +26,7 @@ import libcst as cst
 from analyzers.context import (NODE_TYPES, FileContext, all_children, argument, code_children, dotted_name,
                                string_value)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import small_statements
+from analyzers.program.flow import module_function, small_statements
 from analyzers.program.library import (DISTRIBUTED_PACKAGES, RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES,
                                        Does, does, is_ddp, is_library)
 from analyzers.program.names import name_words
@@ -240,8 +240,7 @@ def _does_distributed_work(fn: cst.FunctionDef, ctx: FileContext, depth: int) ->
                                             for package in DISTRIBUTED_PACKAGES):
                     return True
             if depth and isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name):
-                called = next((s for s in ctx.module.body if isinstance(s, cst.FunctionDef)
-                               and s.name.value == inner.func.value), None)
+                called = module_function(ctx, inner.func.value)
                 if called is not None and called is not fn and _does_distributed_work(called, ctx, depth - 1):
                     return True
     return False
