@@ -288,7 +288,7 @@ def import_file(code_root: Path, relative_path: str, *, raise_missing: bool = Fa
         if parent:
             try:
                 importlib.import_module(parent)
-            except Exception as exc:  # noqa: BLE001 - e.g. a package __init__ importing what the runner lacks
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - e.g. a package __init__ importing what the runner lacks
                 if raise_missing and _not_installed(exc, code_root):
                     raise
                 _bare_packages(code_root, parent)
@@ -694,7 +694,7 @@ def _build_inside_parent(code_root: Path, spec: TargetSpec, cls: type, notes: li
         _PARENT_CHAIN.append(cls)
         try:
             found = _capture_in_parent(code_root, TargetSpec(path, name), cls)
-        except Exception as exc:  # noqa: BLE001 - the repository's parent code: this parent does not help
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the repository's parent code: this parent does not help
             found = f"{type(exc).__name__}: {_one_line_text(exc, 120)}"
         finally:
             _PARENT_CHAIN.pop()
@@ -1202,7 +1202,7 @@ def _call_with_guessed_arguments(fn: Callable, label: str, notes: list[str], *, 
         for factory in guess.module_factories(module, fn):
             try:
                 model = factory()
-            except Exception:  # noqa: BLE001 - the next factory, or the skip
+            except (Exception, SystemExit):  # noqa: BLE001 - the next factory, or the skip
                 continue
             notes.append(f"built by {factory.__name__}(), the module's own factory of {fn.__name__} "
                          f"({failure.split(';')[0]})")
@@ -1315,7 +1315,7 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                     break
                 setattr(config, missing.group(1), value)
                 notes.append(f"constructor: config.{missing.group(1)}={value!r} guessed")
-            except Exception as exc:  # noqa: BLE001 - the PR's constructor can raise anything
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the PR's constructor can raise anything
                 first_error = first_error or exc
                 break
     return first_error
@@ -1948,7 +1948,7 @@ class _Prober:
             args, kwargs = plan.make(PROBE_BATCH, generator, self.float_dtype, self.device)
             with torch.enable_grad():
                 node = getattr(select(self.model(*args, **kwargs)), "grad_fn", None)
-        except Exception:  # noqa: BLE001 - the PR's forward: the plain objective then
+        except (Exception, SystemExit):  # noqa: BLE001 - the PR's forward: the plain objective then
             return ""
         finally:
             self.model.zero_grad(set_to_none=True)
@@ -1975,7 +1975,7 @@ class _Prober:
                     output = self.model(*args, **kwargs)
                 self.broadcast, self.broadcast_shape = watch.found, watch.broadcast_shape
                 return output
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             self.missing_package = self.missing_package or absent.missing_package(exc)
             if self.needs_cuda is None and not torch.cuda.is_available() and _NO_CUDA.search(str(exc)):
                 self.needs_cuda = f"{type(exc).__name__}: {_one_line_text(exc, 120)}"
@@ -2139,7 +2139,7 @@ def _dead_parameters(model: nn.Module, plan: InputPlan, device: str, float_dtype
         weights = torch.randn(primary.shape, generator=generator).to(primary.device)
         (primary.float() * weights).sum().backward()
         return sum(1 for p in model.parameters() if p.requires_grad and (p.grad is None or not bool(p.grad.any())))
-    except Exception:  # noqa: BLE001 - the checks will say what is wrong
+    except (Exception, SystemExit):  # noqa: BLE001 - the checks will say what is wrong
         return None
     finally:
         model.zero_grad(set_to_none=True)
@@ -2308,7 +2308,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
     transposes to batch-first (time-first inputs)."""
     try:
         facts = forward_body.read_forward(model)
-    except Exception:  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
+    except (Exception, SystemExit):  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
         return None
     if not facts:
         return None

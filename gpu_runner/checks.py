@@ -1707,7 +1707,10 @@ def check_train_eval_differ(run: _Run) -> CheckResult:
 
 # --- device placement -------------------------------------------------------------------------------------
 
-_DEVICE_MISMATCH = re.compile(r"same device|expected device|found at least two devices|device mismatch", re.I)
+# FakeTensorMode words it "found two different devices" up to torch 2.11 (seen on a GPU runner image), "same device"
+# later; eager kernels say "same device" / "expected device".
+_DEVICE_MISMATCH = re.compile(r"same device|expected device|found at least two devices|two different devices|"
+                              r"device mismatch", re.I)
 _HARD_CODED_CUDA = re.compile(r"not compiled with CUDA|not linked with support for cuda|no NVIDIA driver|"
                               r"CUDA driver|cuda is not available", re.I)
 _FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "range",

@@ -242,6 +242,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 PHASE_MARK = "~"  # after the nonce: a progress line (what the current target is doing), not a report
+CRASH_MARK = "!"  # after the nonce: the exception that ended the worker, so the error names its cause
 _PHASE_WINDOW = 4096  # bytes of the worker's latest output searched for its last progress line
 
 
@@ -318,6 +319,31 @@ def _not_dumpable() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
+def _crash_summary(exc: BaseException, code_root: Path) -> str:
+    """One line: the exception and the innermost frame that raised it, named as the repository's code (a path
+    under ``code_root``) or as the runner's (``gpu_runner/...``), so an error says whose code ended the worker."""
+    text = " ".join(traceback.format_exception_only(type(exc), exc)[-1].split())[:300]
+    frames = traceback.extract_tb(exc.__traceback__)
+    root = str(code_root).rstrip("/") + "/"
+    own = [f for f in frames if f.filename.startswith(root)]
+    runner = [f for f in frames if "/gpu_runner/" in f.filename]
+    if own:
+        where = f"{own[-1].filename[len(root):]}:{own[-1].lineno}, the repository's code"
+    elif runner:
+        where = f"gpu_runner/{runner[-1].filename.rsplit('/gpu_runner/', 1)[1]}:{runner[-1].lineno}, the runner's own code"
+    else:
+        where = ""
+    return f"{text} (at {where})" if where else text
+
+
+def _crash_line(output: bytes, nonce: str) -> str:
+    marker = (nonce + CRASH_MARK).encode()
+    at = output.rfind(marker)
+    if at < 0:
+        return ""
+    return output[at + len(marker):].split(b"\n", 1)[0].decode(errors="replace")
+
+
 def _describe_exit(status: int) -> str:
     code = os.waitstatus_to_exitcode(status)
     return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
@@ -336,8 +362,9 @@ def _run_worker(job: dict, code_root: Path, result_fd: int, nonce: str, targets:
         try:
             os.setpgid(0, 0)
             _worker({**job, "targets": targets}, code_root, write_end, nonce)
-        except BaseException:  # noqa: BLE001 - report whatever ended the worker, then leave
+        except BaseException as exc:  # noqa: BLE001 - report whatever ended the worker, then leave
             traceback.print_exc()
+            _write_all(write_end, (nonce + CRASH_MARK + _crash_summary(exc, code_root) + "\n").encode())
             status = 1
         finally:
             sys.stdout.flush()
@@ -349,8 +376,13 @@ def _run_worker(job: dict, code_root: Path, result_fd: int, nonce: str, targets:
                                                 float(per_target) if per_target else None)
     os.close(read_end)
     during = f" during {doing}" if doing else ""
-    why = (f"timed out after {float(per_target):.0f}s (smoke.timeout){during}; its processes were killed" if timed_out
-           else f"the model's code ended the smoke child ({_describe_exit(status)}){during}")
+    crash = _crash_line(output, nonce)
+    if timed_out:
+        why = f"timed out after {float(per_target):.0f}s (smoke.timeout){during}; its processes were killed"
+    elif crash:
+        why = f"the smoke child ended with {crash}{during}"
+    else:
+        why = f"the model's code ended the smoke child ({_describe_exit(status)}){during}"
     return _framed_reports(output, nonce)[:len(targets)], why
 
 

@@ -957,11 +957,12 @@ class _Plan:
 
 @contextlib.contextmanager
 def _cuda_calls_to(device: Any, notes: list[str]):
-    """On a runner without CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's device and
-    ``torch.cuda.synchronize()`` (timing a step) does nothing: a step written for a GPU (``images =
+    """On a runner whose device is not CUDA, ``tensor.cuda()`` / ``module.cuda()`` in the step move to the runner's
+    device and ``torch.cuda.synchronize()`` (timing a step) does nothing: a step written for a GPU (``images =
     images.cuda(non_blocking=True)``) runs its own code instead of being skipped for a placement the runner cannot
-    give it. On a CUDA device nothing changes."""
-    if str(device).startswith("cuda") or torch.cuda.is_available():
+    give it, and a CPU run on a machine that has a GPU stays on the CPU like its model. On a CUDA device nothing
+    changes."""
+    if str(device).startswith("cuda"):
         yield
         return
     original_tensor, original_module = torch.Tensor.cuda, nn.Module.cuda
@@ -987,8 +988,8 @@ def _cuda_calls_to(device: Any, notes: list[str]):
         torch.Tensor.cuda, nn.Module.cuda = original_tensor, original_module
         torch.cuda.synchronize = original_synchronize
         if used:
-            notes.append(f"the step calls .cuda() (or torch.cuda.synchronize()); on this runner without CUDA those "
-                         f"calls moved to {device} (synchronize does nothing)")
+            notes.append(f"the step calls .cuda() (or torch.cuda.synchronize()); on this runner's device, {device}, "
+                         "those calls moved there (synchronize does nothing)")
 
 
 def _names(names: list[str], limit: int = 3) -> str:

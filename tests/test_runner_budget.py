@@ -100,7 +100,8 @@ def test_stand_ins_up_to_the_cap_build_and_past_it_the_reason_names_the_cap(tmp_
 PACKAGE_WITH_INIT = {
     "coders/__init__.py": "from .base import BaseCoder\nfrom .loaders import make_loader\n",
     "coders/base.py": "from torch import nn\n\n\nclass BaseCoder(nn.Module):\n    width = 6\n",
-    "coders/loaders.py": "import torchvision\n\n\ndef make_loader():\n    return torchvision.datasets.MNIST('.')\n",
+    # a package no runner has (torchvision would be installed on some: a GPU image has it)
+    "coders/loaders.py": "import visionkit_nobody_has\n\n\ndef make_loader():\n    return visionkit_nobody_has.datasets.MNIST('.')\n",
     "coders/plain.py": """\
         from torch import nn
         from coders import BaseCoder
@@ -120,15 +121,15 @@ PACKAGE_WITH_INIT = {
 def test_a_package_init_that_imports_a_missing_package_keeps_what_it_defines(tmp_path):
     subject = build_subject(write_tree(tmp_path, PACKAGE_WITH_INIT), "coders/plain.py:PlainCoder", device="cpu")
     assert isinstance(subject, Subject), subject
-    assert any("stand-ins for 'torchvision'" in note for note in subject.notes), subject.notes
+    assert any("stand-ins for 'visionkit_nobody_has'" in note for note in subject.notes), subject.notes
 
 
 def test_a_package_init_that_uses_a_missing_package_is_named_with_the_line_that_failed(tmp_path):
     files = {**PACKAGE_WITH_INIT,
-             "coders/loaders.py": "import torchvision\n\nTO_TENSOR = torchvision.transforms.ToTensor()\n"}
+             "coders/loaders.py": "import visionkit_nobody_has\n\nTO_TENSOR = visionkit_nobody_has.transforms.ToTensor()\n"}
     skipped = build_subject(write_tree(tmp_path / "missing", files), "coders/plain.py:PlainCoder", device="cpu")
     assert isinstance(skipped, Skip)
-    assert skipped.reason.startswith("importing coders/plain.py needs 'torchvision', which is not installed on the "
+    assert skipped.reason.startswith("importing coders/plain.py needs 'visionkit_nobody_has', which is not installed on the "
                                      "smoke runner: coders/__init__.py uses it when imported"), skipped.reason
     assert "(at coders/loaders.py:3)" in skipped.reason and "cannot import name 'BaseCoder'" in skipped.reason
     files["coders/loaders.py"] = "raise RuntimeError('set DATA_ROOT first')\n"  # a failure of the tree's own code

@@ -209,3 +209,35 @@ def test_a_block_built_alone_without_an_input_takes_the_one_its_parent_feeds(tmp
     assert isinstance(subject, Subject), subject
     assert "input from what net.py:Backbone feeds it: float [B, 24, 5, 5]" in subject.notes, subject.notes
     assert [tuple(a.shape) for a in subject.make_batch(2, 0).args] == [(2, 24, 5, 5)]
+
+
+
+# A parent whose constructor reads a command line that needs an option nobody gives it: argparse ends the process
+# (SystemExit, not an Exception). That parent does not help; the block is then skipped as without a parent, and the
+# worker that builds it goes on to its next target.
+EXITING_TOWER = """\
+    import argparse
+
+    from torch import nn
+    from blocks.mixing import Mixer
+
+
+    class Tower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--run_dir", required=True)
+            parser.add_argument("--d_model", type=int, default=32)
+            options = parser.parse_args([])
+            self.mix = Mixer(options.d_model, 4)
+
+        def forward(self, x):
+            return self.mix(x, x[..., 0] > 0)
+    """
+
+
+def test_a_parent_whose_constructor_exits_is_a_parent_that_does_not_help(tmp_path):
+    root = write_tree(tmp_path, {"blocks/__init__.py": "", "blocks/mixing.py": MIXER, "tower.py": EXITING_TOWER})
+    skipped = _build(root, "blocks/mixing.py:Mixer")
+    assert isinstance(skipped, Skip), skipped
+    assert skipped.reason.startswith("could not infer an input for blocks/mixing.py:Mixer"), skipped.reason

@@ -715,13 +715,18 @@ def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
         "a.py": "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                 "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        return self.fc(x)\n",
         "crash.py": "import os\nos._exit(3)\n",
-        "missing.py": "import a_package_nobody_has\na_package_nobody_has.setup()\n"})
+        "missing.py": "import a_package_nobody_has\na_package_nobody_has.setup()\n",
+        # an exception no per-target handler takes ends the worker: the error names it and the line that raised it
+        "interrupt.py": "import torch.nn as nn\nclass I(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                        "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        raise KeyboardInterrupt\n"})
     requests = [TargetRequest("a.py:A"), TargetRequest("crash.py:B"), TargetRequest("missing.py:C"),
-                TargetRequest("a.py:A")]
+                TargetRequest("interrupt.py:I"), TargetRequest("a.py:A")]
     reports, _ = run_targets(root, requests, device="cpu", steps=2, seed=0, limits=SandboxLimits(timeout_s=120),
                              sandbox=False)
-    assert [r["status"] for r in reports] == ["passed", "error", "skipped", "passed"]
+    assert [r["status"] for r in reports] == ["passed", "error", "skipped", "error", "passed"]
     assert "exit status 3" in reports[1]["reason"] and "a_package_nobody_has" in reports[2]["reason"]
+    assert reports[3]["reason"].startswith("the smoke child ended with KeyboardInterrupt (at interrupt.py:7, the "
+                                           "repository's code)"), reports[3]["reason"]
     assert [r["target"] for r in reports] == [r.target for r in requests]
     assert reports[0]["seconds"] > 0 and "seconds" not in reports[2]["measures"]
 

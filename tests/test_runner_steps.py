@@ -428,9 +428,17 @@ ARGPARSE_STEP = textwrap.dedent('''
 ''')
 
 
+def _skip_where_torchvision_is_installed() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:  # a GPU image has it: nothing stands in for it there
+        pytest.skip("torchvision is installed on this runner")
+
+
 def test_a_step_reads_its_scripts_argparse_defaults_and_imports_torchvision_through_a_stand_in(tmp_path):
     """``args.loss_weight`` is no name the runner knows: the script's own default says 0.5. The script imports
     torchvision (not installed) for its data only: a stand-in while it is imported."""
+    _skip_where_torchvision_is_installed()
     root = write_tree(tmp_path, {"models.py": MODELS, "train.py": ARGPARSE_STEP})
     report = run(root, "train.py:train")
     assert report["status"] == "passed", report
@@ -439,6 +447,7 @@ def test_a_step_reads_its_scripts_argparse_defaults_and_imports_torchvision_thro
 
 def test_a_step_that_uses_a_missing_package_is_skipped_naming_it_and_the_line(tmp_path):
     # a detection data set: outside what gpu_runner.vision_data stands in for (classification data, transforms)
+    _skip_where_torchvision_is_installed()
     step = ARGPARSE_STEP.replace("        loss.backward()",
                                  "        loss.backward()\n        datasets.CocoDetection(\"boxes\", \"boxes.json\")")
     assert step != ARGPARSE_STEP
