@@ -213,10 +213,10 @@ def keyed_batch(node: ast.AST, batch: tuple, role_of: Callable[[str], Optional[s
 
 class KeyedDataset(torch.utils.data.Dataset):
     """Rows of ``columns`` as dicts (``{key: row}``), repeated ``copies`` times; a DataLoader collates them into a
-    dict batch."""
+    dict batch. On the CPU, as a real data set's rows are (the step moves them; pinned memory holds CPU tensors)."""
 
     def __init__(self, columns: dict, copies: int):
-        self.columns = {k: torch.cat([v] * copies) for k, v in columns.items()}
+        self.columns = {k: torch.cat([v] * copies).cpu() for k, v in columns.items()}
         self.rows = len(next(iter(self.columns.values())))
 
     def __len__(self) -> int:

@@ -442,10 +442,12 @@ def _step_batch(subject: Subject) -> tuple:
 
 
 class _Loader(torch.utils.data.DataLoader):
-    """A DataLoader over ``iterations`` copies of one batch (the step must lower the loss on it)."""
+    """A DataLoader over ``iterations`` copies of one batch (the step must lower the loss on it). Its rows are on the
+    CPU whatever the runner's device, as a real data set's are: the step moves them, and a loader it builds over
+    them with ``pin_memory=True`` can pin them (CUDA tensors cannot be pinned)."""
 
     def __init__(self, batch: tuple, iterations: int):
-        tensors = [torch.cat([t] * iterations) for t in batch]
+        tensors = [torch.cat([t] * iterations).cpu() for t in batch]
         super().__init__(torch.utils.data.TensorDataset(*tensors), batch_size=len(batch[0]), shuffle=False)
 
 

@@ -520,3 +520,33 @@ def test_a_training_loop_under_any_name_is_a_step_when_it_takes_a_loader():
     ''')
     found = find_step_targets({"fit.py": source}, {"fit.py": None})
     assert [t.name for t in found] == ["fit_classifier"]
+
+
+# A step that makes its own loader over the data set it is given, pinning memory where there is a GPU: the rows the
+# runner hands it are on the CPU, as a real data set's are, so they can be pinned, and the step moves each batch.
+PINNING_STEP = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+    from models import Net
+
+
+    def fit(model, train_dataset, optimizer, device):
+        loader = DataLoader(train_dataset, batch_size=8, shuffle=True, pin_memory=torch.cuda.is_available())
+        model.train()
+        for inputs, labels in loader:
+            assert inputs.device.type == "cpu"
+            inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+''')
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="a GPU runner's rows; this machine has no CUDA"))])
+def test_the_data_set_a_step_is_given_holds_cpu_rows_it_can_pin(tmp_path, device):
+    root = write_tree(tmp_path, {"models.py": MODELS, "train.py": PINNING_STEP})
+    report = smoke_step(root, "train.py:fit", None, device=device)
+    assert report["status"] == "passed", report
