@@ -1318,6 +1318,9 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - the PR's constructor can raise anything
                 first_error = first_error or exc
                 break
+            except SystemExit as exc:  # a factory that exits on a value it does not know (``sys.exit()``)
+                first_error = first_error or RuntimeError(f"{fn.__name__} exited (SystemExit: {exc.code})")
+                break
     return first_error
 
 
@@ -1423,21 +1426,30 @@ def _repository_options(attributes: list[str], notes: list[str], parameter: str)
         candidates = sites.argparse_namespaces(_CODE_ROOT[0])
     except Exception:  # noqa: BLE001 - reading the tree is a help, never a reason to skip
         return None
+    from gpu_runner.script_steps import _compared_constants
+
     for where, options in sorted(candidates, key=lambda c: -sum(a in c[1] for a in attributes)):
         if not all(a in options for a in attributes):
             break
-        values = {}
+        values, compared = {}, []
         for key, value in options.items():
             if value is sites.UNKNOWN:
                 found, value = guess_argument(key)
-                if not found:
-                    if key in attributes:
+                if not found and key in attributes:
+                    # an option without a default that the code compares with a constant (``args.net ==
+                    # "vgg16"`` in the factory that reads it): that constant, as a script's run gets it
+                    value = _compared_constants(key, _CODE_ROOT[0] / where)
+                    if value is None:
                         break
+                    compared.append(f"{key}={value!r}")
+                elif not found:
                     continue
             values[key] = _shrunk_value(key, value, options)
         else:
             notes.append(f"constructor: {parameter}=the argparse defaults of {where} (its options include all "
-                         f"{len(attributes)} the constructor reads)")
+                         f"{len(attributes)} the constructor reads)"
+                         + (f"; without a default, {', '.join(compared)}: a value the code compares it with"
+                            if compared else ""))
             return types.SimpleNamespace(**values)
     return None
 

@@ -208,9 +208,10 @@ def _is_main_guard(node: ast.If) -> bool:
     return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
 
 
-def script_part(tree: ast.Module) -> Optional[ast.Module]:
-    """The module's statements up to its training loop (see _up_to_the_loop), or None without a loop."""
-    chain = training_loop_chain(tree.body)
+def script_part(tree: ast.Module, calling: Optional[str] = None) -> Optional[ast.Module]:
+    """The module's statements up to its training loop (see _up_to_the_loop; with ``calling``, the loop that calls
+    that function of the file), or None without a loop."""
+    chain = training_loop_chain(tree.body, calling)
     if not chain:
         return None
     return ast.Module(body=_up_to_the_loop(tree.body, chain, already_defined=True), type_ignores=[])
@@ -251,14 +252,15 @@ class ScriptPlan(_Plan):
     unchanged_fails = False
 
     def __init__(self, code_root: Path, target: str, path: str, module: types.ModuleType,
-                 function: Optional[Callable], device: Any):
+                 function: Optional[Callable], device: Any, calling: Optional[str] = None):
         source_path = (code_root / path).resolve()
         tree = ast.parse(source_path.read_text(errors="replace"), str(source_path))
         if function is None:
-            part = script_part(tree)
+            part = script_part(tree, calling)
             if part is None:
-                raise StepSkip(f"{path} has no training loop at module level (a loop calling .backward())")
-            loop = training_loop_chain(tree.body)[-1]
+                raise StepSkip(f"{path} has no training loop at module level (a loop calling "
+                               + (f"{calling}())" if calling else ".backward())"))
+            loop = training_loop_chain(tree.body, calling)[-1]
         else:
             node = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                          and n.name == function.__name__ and n.lineno == function.__code__.co_firstlineno), None)
@@ -271,7 +273,7 @@ class ScriptPlan(_Plan):
             loop = training_loop_chain(node.body)[-1]
         part = _UnusedReports(_imported_packages(tree, code_root)).visit(part)
         super().__init__(code_root, target, None, (path, loop.lineno, loop.end_lineno or loop.lineno), device=device)
-        self.module, self.function, self.source_path = module, function, source_path
+        self.module, self.function, self.source_path, self.tree = module, function, source_path, tree
         self.code = compile(ast.fix_missing_locations(part), str(source_path), "exec")
         self.shrunk: list[str] = []
         self.reached_loop = False
@@ -286,6 +288,10 @@ class ScriptPlan(_Plan):
         namespace[UNUSED_REPORT] = self._unused_report
         namespace[SETTING_HOOK] = lambda name, value, scope: shrunk_setting(name, value, scope, self.device,
                                                                             self.shrunk)
+        writers = training_apis.unset_writers(self.tree, namespace)
+        if writers:
+            self.notes.append("tensorboard is not installed: the script's SummaryWriter wrote nothing "
+                              "(gpu_runner.training_apis)")
         try:
             with _script_environment(self.source_path, self.device, self.shrunk, self.notes):
                 if self.function is None:
@@ -293,6 +299,8 @@ class ScriptPlan(_Plan):
                 else:
                     self._run_user(self._call_function)
         finally:
+            for name in writers:
+                namespace.pop(name, None)
             for name, old in saved.items():
                 if old is _ABSENT:
                     namespace.pop(name, None)
@@ -698,3 +706,26 @@ def script_plan(code_root: Path, target: str, path: str, name: str, module: type
     if name != SCRIPT_STEP and not callable(function):
         raise StepSkip(f"{path} defines no function '{name}'")
     return ScriptPlan(code_root, target, path, module, function, device)
+
+
+def calling_script_plan(code_root: Path, target: str, path: str, name: str, module: types.ModuleType,
+                        device: Any) -> Optional[ScriptPlan]:
+    """For a step function of a script that reads what the script's own setup assigns (``def train(epoch)`` using
+    the ``net``, ``optimizer`` and loader built under ``__main__``, the model made by a factory such as ``net =
+    get_network(args)``): the script's setup as the script runs it, then its loop that calls the step (``for epoch
+    in ...: train(epoch)``), bounded like a script's loop. None when the file has no such loop."""
+    from gpu_runner.targets import global_reads, module_level_names
+
+    try:
+        tree = ast.parse((code_root / path).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return None
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+                None)
+    if node is None or not training_loop_chain(tree.body, name) \
+            or not any(role_of(g) == "model" for g in global_reads(node) & module_level_names(tree)):
+        return None
+    plan = ScriptPlan(code_root, target, path, module, None, device, calling=name)
+    plan.notes.append(f"{name} reads the model its script's setup assigns: the setup ran as the script runs it, "
+                      f"then the script's loop calling {name}() at line {plan.first_line}")
+    return plan

@@ -171,10 +171,14 @@ def _process_state_kept():
 
 def _smoke_step(code_root: Path, target: str, config: Optional[dict], *, device: str, seed: int,
                 iterations: int) -> dict:
+    skipped: Optional[str] = None  # why the runner's own plan was skipped, when the step's script runs it instead
     try:
         plan = _plan(code_root, target, dict(config or {}), device, seed)
     except (StepSkip, BuildError) as exc:
-        return _report(target, "skipped", str(exc))
+        plan = _through_its_script(code_root, target, config, device)
+        if plan is None:
+            return _report(target, "skipped", str(exc))
+        skipped = str(exc)
     except Exception as exc:  # noqa: BLE001 - building the PR's model or importing its file
         if _user_frames(exc.__traceback__, code_root):
             return _report(target, "skipped", f"could not set up {target}: {type(exc).__name__}: {_one_line(exc)}")
@@ -185,13 +189,29 @@ def _smoke_step(code_root: Path, target: str, config: Optional[dict], *, device:
         try:
             checks = plan.run(iterations)
         except StepSkip as exc:
-            return _report(target, "skipped", str(exc), notes=plan.notes)
+            fallback = _through_its_script(code_root, target, config, device) if skipped is None else None
+            if fallback is None:
+                reason = str(exc) if skipped is None else f"{skipped} (run through its script: {exc})"
+                return _report(target, "skipped", reason, notes=plan.notes)
+            plan.close()
+            plan, skipped = fallback, str(exc)
+            torch.manual_seed(seed)
+            try:
+                checks = plan.run(iterations)
+            except StepSkip as again:
+                return _report(target, "skipped", f"{skipped} (run through its script: {again})", notes=plan.notes)
+            except Exception as error:  # noqa: BLE001 - the harness itself, as below
+                return _report(target, "error", f"the runner failed while running {target}: "
+                                                f"{type(error).__name__}: {_one_line(error)}",
+                               traceback=traceback.format_exc(limit=-8), notes=plan.notes)
         except Exception as exc:  # noqa: BLE001 - the harness itself: a runner error, never the step's failure
             return _report(target, "error", f"the runner failed while running {target}: {type(exc).__name__}: "
                                             f"{_one_line(exc)}", traceback=traceback.format_exc(limit=-8),
                            notes=plan.notes)
         finally:
             plan.close()
+    if skipped is not None:
+        plan.notes.insert(0, f"the runner's own plan for the step was skipped ({_one_line(StepSkip(skipped), 160)})")
     status = "failed" if any(c.status == "fail" for c in checks) else "passed"
     # not "step_time_ms": an instrumented iteration of the PR's loop is no steady timing to compare with the base
     measures = {"params": sum(p.numel() for p in plan.model.parameters()), "iteration_ms": plan.step_time_ms(),
@@ -1866,6 +1886,23 @@ def _plan(code_root: Path, target: str, config: dict, device: str, seed: int) ->
         plan.caller_sets_train = _caller_sets_train(code_root, spec.path, parts[-1])
     plan.evaluation = _evaluation_helper(module, code_root, spec.path)
     return plan
+
+
+def _through_its_script(code_root: Path, target: str, config: Optional[dict], device: str) -> Optional[_Plan]:
+    """When the runner's own plan for an unconfigured step function is skipped (the model its script assigns
+    comes from a factory the runner cannot build, the script's data is not what the runner makes): the plan that
+    runs the script's setup and its loop calling the step (``script_steps.calling_script_plan``); None when the
+    step is configured, not a plain function of its file, or its file has no such loop."""
+    spec = parse_target_spec(target)
+    if config or spec is None or not spec.name or "." in spec.name or spec.name == SCRIPT_STEP:
+        return None
+    from gpu_runner.script_steps import calling_script_plan
+
+    try:
+        module = _import_step_file(code_root, spec.path)
+        return calling_script_plan(code_root, target, spec.path, spec.name, module, device)
+    except (StepSkip, BuildError):
+        return None
 
 
 def _trainer_builds_its_own_model(owner: type) -> bool:

@@ -245,21 +245,34 @@ def find_step_targets(sources: dict[str, str], changed_lines: dict[str, Optional
 SCRIPT_STEP = "__main__"  # the step name of a script's module-level training loop (``train.py:__main__``)
 
 
-def training_loop_chain(statements: list) -> list:
+def training_loop_chain(statements: list, calling: Optional[str] = None) -> list:
     """The statements leading to the first training loop of a block (a ``for`` / ``while`` whose body calls
-    ``.backward()``, outside nested functions and classes): the ``if`` / ``with`` / ``try`` statements that hold
-    it, outermost first, then the loop; empty when there is none. A loop inside another (batches inside epochs) is
-    part of the outer one."""
+    ``.backward()``, outside nested functions and classes; with ``calling``, instead one whose body calls the
+    function of that name: ``for epoch in ...: train(epoch)``): the ``if`` / ``with`` / ``try`` statements that
+    hold it, outermost first, then the loop; empty when there is none. A loop inside another (batches inside
+    epochs) is part of the outer one."""
     for statement in statements:
         if isinstance(statement, (ast.For, ast.AsyncFor, ast.While)):
-            if _calls_backward_outside_definitions(statement):
+            if _calls_backward_outside_definitions(statement) if calling is None \
+                    else _calls_function_outside_definitions(statement, calling):
                 return [statement]
         elif isinstance(statement, (ast.If, ast.With, ast.AsyncWith, ast.Try)):
             for block in _blocks(statement):
-                inner = training_loop_chain(block)
+                inner = training_loop_chain(block, calling)
                 if inner:
                     return [statement] + inner
     return []
+
+
+def _calls_function_outside_definitions(node: ast.AST, name: str) -> bool:
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.Call) and isinstance(item.func, ast.Name) and item.func.id == name:
+            return True
+        stack.extend(child for child in ast.iter_child_nodes(item)
+                     if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)))
+    return False
 
 
 def _blocks(statement: ast.stmt) -> list:

@@ -20,6 +20,10 @@ Only what the packages document, for the single process the runner is:
   ``process_index`` / ``local_process_index`` 0, ``sync_gradients`` true, ``use_distributed`` false,
   ``mixed_precision`` ``"no"``, ``distributed_type`` ``"NO"``. Anything else of accelerate (``save_state``,
   ``accelerate.utils``...) is still the missing package, and the step is skipped naming it.
+- TensorBoard's ``SummaryWriter`` (``torch.utils.tensorboard``, ``tensorboardX``) without the ``tensorboard`` /
+  ``tensorboardX`` package: a writer whose methods (``add_scalar``, ``add_histogram``, ``flush``, ``close``...)
+  write nothing and return None, as theirs return None; bound only where the script's own import of it failed
+  and left the name unset (``unset_writers``).
 - ``wandb``: ``init`` gives a disabled run, and its ``log``, ``finish``, ``watch``, ``config.update``,
   ``define_metric``, ``save``, ``alert``, ``login`` and the media types it logs (``Image``, ``Histogram``,
   ``Table``...) do nothing, as wandb documents for ``mode="disabled"`` ("all calls to the wandb API are no-ops").
@@ -205,6 +209,47 @@ def substitutes(device: Any, used: list) -> dict[str, Callable]:
                                   "accelerate.accelerator.Accelerator": accelerator}
     table.update({f"wandb.{name}": disabled(name) for name in _WANDB_CALLS})
     return table
+
+
+class DisabledWriter:
+    """TensorBoard's ``SummaryWriter`` writing nothing: every method returns None, as the writer's own do."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+    def __enter__(self) -> "DisabledWriter":
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        return False
+
+
+_WRITERS = {"torch.utils.tensorboard": "tensorboard", "torch.utils.tensorboard.writer": "tensorboard",
+            "tensorboardX": "tensorboardX"}  # where SummaryWriter is imported from -> the package it needs
+
+
+def unset_writers(tree: Any, namespace: dict) -> list[str]:
+    """The local names a failed ``from torch.utils.tensorboard import SummaryWriter`` (or tensorboardX's) of the
+    file left unset because the package is not installed: each bound to ``DisabledWriter`` in ``namespace``;
+    returns them (the caller unbinds them after the step)."""
+    import ast
+
+    bound = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level or node.module not in _WRITERS \
+                or importlib.util.find_spec(_WRITERS[node.module]) is not None:
+            continue
+        for alias in node.names:
+            local = alias.asname or alias.name
+            if alias.name == "SummaryWriter" and local not in namespace:
+                namespace[local] = DisabledWriter
+                bound.append(local)
+    return bound
 
 
 def _note(used: list, name: str) -> None:
