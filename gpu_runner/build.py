@@ -1315,7 +1315,7 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                     break
                 setattr(config, missing.group(1), value)
                 notes.append(f"constructor: config.{missing.group(1)}={value!r} guessed")
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the PR's constructor can raise anything
+            except Exception as exc:  # noqa: BLE001 - the PR's constructor can raise anything
                 first_error = first_error or exc
                 break
             except SystemExit as exc:  # a factory that exits on a value it does not know (``sys.exit()``)
