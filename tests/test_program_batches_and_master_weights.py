@@ -216,6 +216,40 @@ def test_branches_on_different_values_of_one_setting_never_run_together():
     assert not exclusive_branches(ctx, at["train_phase"], at["val_phase"])  # the loop changes it
 
 
+def test_arms_of_one_branch_never_run_together_and_what_follows_it_runs_with_either():
+    from analyzers.program.flow import enclosing_block, exclusive_branches, in_different_arms
+    ctx = context("""
+        if use_fast_kernels():
+            fast()
+        elif legacy:
+            legacy_path()
+        else:
+            slow()
+        after()
+        try:
+            attempt()
+        except RuntimeError:
+            fallback()
+        match backend:
+            case "gpu":
+                on_gpu()
+            case _:
+                on_cpu()
+        if ready:
+            first()
+            second()
+    """)
+    at = {n.func.value: n for n in subtree(ctx.module) if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)}
+    for one, other in (("fast", "legacy_path"), ("fast", "slow"), ("legacy_path", "slow"), ("attempt", "fallback"),
+                       ("on_gpu", "on_cpu")):
+        assert in_different_arms(ctx, at[one], at[other]) and in_different_arms(ctx, at[other], at[one])
+        assert exclusive_branches(ctx, at[one], at[other])
+    assert not in_different_arms(ctx, at["use_fast_kernels"], at["slow"])  # the test runs whichever arm follows
+    assert not in_different_arms(ctx, at["fast"], at["after"]) and not in_different_arms(ctx, at["first"], at["second"])
+    assert enclosing_block(ctx, at["first"]) is enclosing_block(ctx, at["second"])
+    assert isinstance(enclosing_block(ctx, at["after"]), cst.Module)
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

@@ -496,11 +496,34 @@ def _chosen_values(ctx, node: cst.CSTNode) -> dict[str, str]:
 
 
 def exclusive_branches(ctx, first: cst.CSTNode, second: cst.CSTNode) -> bool:
-    """``first`` and ``second`` never run in one run of the program: they sit under tests of the same expression
-    for different literals (``if args.weights == 'finetune': model.train()`` and ``if args.weights == 'freeze':
-    model.requires_grad_(False)``)."""
+    """``first`` and ``second`` never run in one pass of the program: they sit in different arms of one ``if`` /
+    ``elif`` / ``else``, ``try`` / ``except`` or ``match`` (``in_different_arms``), or under tests of the same
+    expression for different literals (``if args.weights == 'finetune': model.train()`` and ``if args.weights ==
+    'freeze': model.requires_grad_(False)``)."""
+    if in_different_arms(ctx, first, second):
+        return True
     one, other = _chosen_values(ctx, first), _chosen_values(ctx, second)
     return any(key in other and other[key] != value for key, value in one.items())
+
+
+def in_different_arms(ctx, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    """``first`` and ``second`` sit in different arms of the innermost ``if`` / ``try`` / ``match`` holding both
+    (an ``elif`` is an arm of the ``if`` it continues); a test is no arm: ``if flag:`` runs with either branch."""
+    first_chain = [first, *ctx.ancestors(first)]
+    around_second = {id(a) for a in ctx.ancestors(second)}
+    for below, ancestor in zip(first_chain, first_chain[1:]):
+        if id(ancestor) in around_second:
+            if not isinstance(ancestor, (cst.If, cst.Try, cst.TryStar, cst.Match)):
+                return False
+            second_chain = [second, *ctx.ancestors(second)]
+            other = second_chain[second_chain.index(ancestor) - 1]
+            return other is not below and not (isinstance(ancestor, cst.If) and (ancestor.test is below or ancestor.test is other))
+    return False
+
+
+def enclosing_block(ctx, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The block of statements ``node`` is in: the innermost indented block, or the module."""
+    return next((a for a in ctx.ancestors(node) if isinstance(a, (cst.IndentedBlock, cst.Module))), None)
 
 
 def reaches_through_own_methods(cls: cst.ClassDef, fn: cst.FunctionDef, found, depth: int = 2) -> bool:

@@ -11,6 +11,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, is_false, is_true, method_name, short
 from analyzers.model import Category, Severity
+from analyzers.program.flow import enclosing_block, exclusive_branches
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -20,25 +21,6 @@ class _Flag:
     text: str
     block: Optional[cst.CSTNode]
     seed: bool = False
-
-
-def _block_of(node: cst.CSTNode, ctx: FileContext) -> Optional[cst.CSTNode]:
-    for ancestor in ctx.ancestors(node):
-        if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
-            return ancestor
-    return None
-
-
-def _exclusive(a: cst.CSTNode, b: cst.CSTNode, ctx: FileContext) -> bool:
-    """``a`` and ``b`` sit in different branches of one ``if``/``else``."""
-    for ancestor in ctx.ancestors(a):
-        if isinstance(ancestor, cst.If) and ancestor.orelse is not None and ctx.inside(b, ancestor):
-            a_body = ctx.inside(a, ancestor.body)
-            b_body = ctx.inside(b, ancestor.body)
-            if a_body != b_body and (a_body or ctx.inside(a, ancestor.orelse)) and \
-                    (b_body or ctx.inside(b, ancestor.orelse)):
-                return True
-    return False
 
 
 _BENCHMARK = "torch.backends.cudnn.benchmark"
@@ -129,13 +111,13 @@ class CudnnBenchmarkWithDeterminism(Rule):
             qualified = ctx.qualified_name(expr)
             if qualified == _BENCHMARK:
                 if is_true(value):
-                    self.benchmarks.append(_Flag(node, short(ctx, expr) + " = True", _block_of(node, ctx)))
+                    self.benchmarks.append(_Flag(node, short(ctx, expr) + " = True", enclosing_block(ctx, node)))
                 else:
-                    block = _block_of(node, ctx)
+                    block = enclosing_block(ctx, node)
                     if block is not None:
                         self.off_blocks.add(id(block))
             elif qualified == _DETERMINISTIC and is_true(value):
-                self.requests.append(_Flag(node, short(ctx, node), _block_of(node, ctx)))
+                self.requests.append(_Flag(node, short(ctx, node), enclosing_block(ctx, node)))
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
@@ -143,7 +125,7 @@ class CudnnBenchmarkWithDeterminism(Rule):
             return
         if name == "use_deterministic_algorithms":
             if ctx.call_name(node) == "torch.use_deterministic_algorithms" and is_true(argument(node, 0, "mode")):
-                self.requests.append(_Flag(node, short(ctx, node), _block_of(node, ctx)))
+                self.requests.append(_Flag(node, short(ctx, node), enclosing_block(ctx, node)))
 
     def end_file(self, ctx: FileContext) -> None:
         # A seed alone is not a request for bitwise determinism: seed + benchmark is the standard idiom for
@@ -158,7 +140,7 @@ class CudnnBenchmarkWithDeterminism(Rule):
                     continue  # benchmark switched off right where determinism is requested
                 if request.seed and self.off_blocks:
                     continue  # a seed alone is a weak request, and the file switches benchmark off somewhere
-                if _exclusive(bench.node, request.node, ctx):
+                if exclusive_branches(ctx, bench.node, request.node):
                     continue
                 self.report(bench.node, f"{bench.text} lets cuDNN pick non-deterministic, run-dependent algorithms, "
                                         f"contradicting {request.text}: runs will not be reproducible; set "

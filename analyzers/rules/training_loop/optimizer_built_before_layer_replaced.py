@@ -18,7 +18,7 @@ from analyzers.context import (
     short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.flow import subtree
+from analyzers.program.flow import exclusive_branches, subtree
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -230,7 +230,7 @@ class OptimizerBuiltBeforeModelReplaced(Rule):
                 for opt in {p[0] for p in pending}:
                     if self._trains_with(node, opt):
                         for entry in [p for p in pending if p[0] == opt]:
-                            if not self._exclusive(entry[1], node, ctx):
+                            if not exclusive_branches(ctx, entry[1], node):
                                 self._report(entry, ctx)
                                 pending.remove(entry)
 
@@ -313,19 +313,6 @@ class OptimizerBuiltBeforeModelReplaced(Rule):
         """Every branch the optimizer was built in also holds ``site`` (not ``if a: opt = ... else: swap``)."""
         around_site = {id(a) for a in ctx.ancestors(site)}
         return all(id(a) in around_site for a in ctx.ancestors(creation) if isinstance(a, _BRANCHES))
-
-    def _exclusive(self, first: cst.CSTNode, second: cst.CSTNode, ctx: FileContext) -> bool:
-        """``first`` and ``second`` sit in different arms of one ``if`` / ``try`` / ``match``."""
-        first_chain = [first, *ctx.ancestors(first)]
-        around_second = {id(a): a for a in ctx.ancestors(second)}
-        for below, ancestor in zip(first_chain, first_chain[1:]):
-            if id(ancestor) in around_second:
-                if not isinstance(ancestor, (cst.If, cst.Try, cst.TryStar, cst.Match)):
-                    return False
-                second_chain = [second, *ctx.ancestors(second)]
-                other = second_chain[second_chain.index(ancestor) - 1]
-                return other is not below and not (isinstance(ancestor, cst.If) and below is ancestor.test)
-        return False
 
     def _report(self, entry: tuple[str, cst.CSTNode, str, cst.Assign, str], ctx: FileContext) -> None:
         opt, site, what, creation, prefix = entry
