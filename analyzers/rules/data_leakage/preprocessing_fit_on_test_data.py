@@ -9,7 +9,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import (Binding, FileContext, FunctionNode, argument, call_receiver, dotted_name,
-                               keyword_arg, method_name, positional_args)
+                               keyword_arg, method_name, positional_args, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.library import (COLUMN_TRANSFORMERS, CROSS_VALIDATION_FUNCTIONS, LABEL_ENCODERS, PIPELINES,
@@ -111,11 +111,6 @@ def _pipeline_steps(call: cst.Call, kind: str) -> list[cst.BaseExpression]:
             return []
         out.append(pair.elements[1].value)
     return out
-
-
-def _short(ctx: FileContext, node: cst.CSTNode, limit: int = 60) -> str:
-    text = " ".join(ctx.module.code_for_node(node).split())
-    return text if len(text) <= limit else text[: limit - 5] + "...)"
 
 
 @dataclass
@@ -297,7 +292,7 @@ class PreprocessingFitOnTestData(Rule):
             return
         receiver_name = dotted_name(receiver) or ""
         label = f"{kind} {code_span(receiver_name)}" if receiver_name else code_span(f"{kind}()")
-        data_text = _short(ctx, data, 50)
+        data_text = short(ctx, data, 50)
         names = _data_names(data, ctx)
         tokens = [t for n in names for t in name_words(n)]
         if any("train" in t for t in tokens):
@@ -345,7 +340,7 @@ class PreprocessingFitOnTestData(Rule):
                 same_data = fit.data_binding is binding and fit.data_name == array_name
                 if produced or same_data:
                     self.reported.add(id(fit.node))
-                    self.split_hits.append((fit, _short(ctx, node, 60), not produced))
+                    self.split_hits.append((fit, short(ctx, node, 60), not produced))
 
     def end_file(self, ctx: FileContext) -> None:
         for fit, split, data_only in self.split_hits:
