@@ -250,6 +250,19 @@ def test_arms_of_one_branch_never_run_together_and_what_follows_it_runs_with_eit
     assert isinstance(enclosing_block(ctx, at["after"]), cst.Module)
 
 
+def test_the_name_a_call_is_bound_to_directly_or_through_methods_called_on_its_result():
+    from analyzers.program.flow import assigned_name
+    ctx = context("""
+        net = Decoder()
+        half_net = Decoder().to("cuda").half()
+        print(Decoder())
+    """)
+    calls = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and isinstance(n.func, cst.Name)
+             and n.func.value == "Decoder"]
+    assert [assigned_name(c, ctx) for c in calls] == ["net", None, None]
+    assert [assigned_name(c, ctx, chained=True) for c in calls] == ["net", "half_net", None]
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

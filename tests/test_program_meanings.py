@@ -556,7 +556,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "device_performance/batch_not_moved_to_device.py:class _BatchFlow",
     "device_performance/tensor_without_device.py:_arithmetic_holder",
     "device_performance/tensor_without_device.py:_embedding_attributes",
-    "mixed_precision_deprecation/half_precision_training.py:_assigned_to",
     "mixed_precision_deprecation/index_zero_dim_tensor.py:_scalar_origin",
     "numerics/hand_written_log1p_expm1.py:_is_exp",
     "numerics/integer_tensor_ratio.py:_is_count",

@@ -408,9 +408,13 @@ def runs_when_true(branching: cst.CSTNode, node: cst.CSTNode, ctx) -> bool:
     return in_else == negated
 
 
-def assigned_name(node: cst.Call, ctx: FileContext) -> Optional[str]:
-    """``name`` in ``name = <node>`` (one target), else None."""
-    parent = ctx.parent(node)
+def assigned_name(node: cst.Call, ctx: FileContext, chained: bool = False) -> Optional[str]:
+    """``name`` in ``name = <node>`` (one target), else None; ``chained``: also through calls of methods on the
+    result (``unet`` for the ``.to("cuda")`` of ``unet = UNet().to("cuda").half()``)."""
+    top: cst.CSTNode = node
+    while chained and isinstance(ctx.parent(top), cst.Attribute) and isinstance(ctx.parent(ctx.parent(top)), cst.Call):
+        top = ctx.parent(ctx.parent(top))
+    parent = ctx.parent(top)
     if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
         return dotted_name(parent.targets[0].target)
     return None

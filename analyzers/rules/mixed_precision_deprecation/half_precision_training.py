@@ -8,6 +8,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, argument, dotted_name, short, string_value)
 from analyzers.markdown import code_span
+from analyzers.program.flow import assigned_name
 from analyzers.program.library import MASTER_WEIGHTS_LAST_NAMES, Does, does
 from analyzers.program.loops import batch_of_training_loop
 from analyzers.program.names import last_name
@@ -30,17 +31,6 @@ def _cast_receiver(cast: cst.Call) -> Optional[str]:
     while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
         receiver = receiver.func.value
     return dotted_name(receiver) if isinstance(receiver, (cst.Name, cst.Attribute)) else None
-
-
-def _assigned_to(cast: cst.Call, ctx: FileContext) -> Optional[str]:
-    """``unet`` for ``unet = UNet().to("cuda").half()``."""
-    top: cst.CSTNode = cast
-    while isinstance(ctx.parent(top), cst.Attribute) and isinstance(ctx.parent(ctx.parent(top)), cst.Call):
-        top = ctx.parent(ctx.parent(top))
-    parent = ctx.parent(top)
-    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
-        return dotted_name(parent.targets[0].target)
-    return None
 
 
 @dataclass
@@ -257,7 +247,7 @@ class HalfPrecisionTraining(Rule):
             function = ctx.function_def
             self._casts.append(_HalfCast(node, function, self._counts.get(function, 0), self._global, loops,
                                          batch_of_training_loop(func.value, ctx, node),
-                                         _cast_receiver(node) or _assigned_to(node, ctx)))
+                                         _cast_receiver(node) or assigned_name(node, ctx, chained=True)))
 
     def _training_step(self, node: cst.Call, ctx: FileContext) -> None:
         self._global += 1
