@@ -263,6 +263,29 @@ def test_the_name_a_call_is_bound_to_directly_or_through_methods_called_on_its_r
     assert [assigned_name(c, ctx, chained=True) for c in calls] == ["net", "half_net", None]
 
 
+def test_torch_operations_and_counts_of_matches_are_read_from_the_call_not_its_spelling():
+    from analyzers.program.values import counts_matches, tensor_operation_operand
+    ctx = context("""
+        import math
+        import numpy as np
+        import torch as T
+        a = T.exp(logits)
+        b = logits.exp()
+        c = math.exp(rate)
+        d = np.exp(rate)
+        e = (pred == labels).sum().cpu()
+        f = T.sum(pred.eq(labels))
+        g = pred.eq(labels).float().sum()
+        h = (pred == labels).sum(dtype=T.float32)
+        i = T.count_nonzero(pred != labels)
+    """)
+    values = {n.targets[0].target.value: n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    operands = {k: tensor_operation_operand(v, ctx, "exp") for k, v in values.items() if k in "abcd"}
+    assert [k for k, v in operands.items() if v is not None] == ["a", "b"]
+    assert all(operands[k].value == "logits" for k in "ab")
+    assert [k for k, v in values.items() if counts_matches(v, ctx)] == ["e", "f", "i"]
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

@@ -705,3 +705,47 @@ def nan_constant_source(expr: cst.BaseExpression, ctx: FileContext) -> Optional[
     if isinstance(expr, (cst.Attribute, cst.Name)):
         return NAN_CONSTANTS.get(ctx.qualified_name(expr) or "")
     return None
+
+
+def tensor_operation_operand(expr: cst.BaseExpression, ctx: FileContext, operation: str) -> Optional[cst.BaseExpression]:
+    """``x`` of torch's ``operation`` applied to it: ``torch.exp(x)`` or a tensor's own ``x.exp()`` (a method no
+    import resolves); None for anything else, ``math.exp(x)`` and ``np.exp(x)`` included."""
+    if not isinstance(expr, cst.Call) or not isinstance(expr.func, (cst.Attribute, cst.Name)):
+        return None
+    qualified = ctx.qualified_name(expr.func)
+    if qualified == f"torch.{operation}":
+        return expr.args[0].value if expr.args and not expr.args[0].star else None
+    if qualified is None and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == operation \
+            and not expr.args:
+        return expr.func.value
+    return None
+
+
+_COMPARISON_OPERATORS = (cst.Equal, cst.NotEqual, cst.LessThan, cst.GreaterThan, cst.LessThanEqual,
+                         cst.GreaterThanEqual)
+_COMPARISON_METHODS = {"eq", "ne", "lt", "gt", "le", "ge"}
+# methods that keep a count a count: moving it, reshaping it, casting it to another integer type
+_COUNT_KEEPING = {"cpu", "cuda", "squeeze", "view", "reshape", "detach", "long", "int", "to"}
+
+
+def _compares(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Comparison):
+        return all(isinstance(target.operator, _COMPARISON_OPERATORS) for target in expr.comparisons)
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+        expr.func.attr.value in _COMPARISON_METHODS
+
+
+def counts_matches(expr: cst.BaseExpression, ctx: FileContext) -> bool:
+    """An integer tensor counting matches: ``(pred == y).sum()``, ``torch.sum(a == b)``, ``pred.eq(y).sum()``,
+    moved or reshaped after (``.cpu()``, ``.view(-1)``...); not one summed with a floating ``dtype=``."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+            expr.func.attr.value in _COUNT_KEEPING and not expr.args:
+        expr = expr.func.value
+    while isinstance(expr, cst.Attribute) and expr.attr.value == "data":
+        expr = expr.value
+    if not isinstance(expr, cst.Call) or keyword_arg(expr, "dtype") is not None:
+        return False
+    if ctx.qualified_name(expr.func) in ("torch.sum", "torch.count_nonzero"):
+        return bool(expr.args) and _compares(expr.args[0].value)
+    return isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("sum", "count_nonzero") and \
+        ctx.qualified_name(expr.func) is None and _compares(expr.func.value)

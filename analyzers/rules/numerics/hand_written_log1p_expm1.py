@@ -15,6 +15,7 @@ from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule, Valid
 from analyzers.program.names import parenthesized
 from analyzers.program.roles import is_test_code
+from analyzers.program.values import tensor_operation_operand
 from analyzers.rules.numerics._numerics_exact import (
     is_one as _is_one,
     single_argument as _single_argument,
@@ -26,18 +27,6 @@ from analyzers.rules.numerics._numerics_exact import (
 _HALF_PRECISION = re.compile(r"bfloat16|float16|\.half\(\)|autocast|torch_dtype")
 # ``x`` that is a magnitude or a count: log(1 + |x|) compresses a range, and small values cannot be lost there.
 _MAGNITUDES = {"abs", "arange", "numel", "long", "int", "count_nonzero", "bincount", "len", "size"}
-
-
-def _is_exp(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    """``torch.exp(x)`` or a tensor's ``x.exp()`` (not ``math.exp`` / ``np.exp``)."""
-    expr = _unwrap(expr)
-    if not isinstance(expr, cst.Call):
-        return False
-    qualified = ctx.qualified_name(expr.func)
-    if qualified == "torch.exp":
-        return True
-    return qualified is None and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "exp" and \
-        not expr.args
 
 
 def _other_than_one(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
@@ -216,7 +205,7 @@ class HandWrittenLog1pExpm1(Rule):
         if qualified == "torch.log":
             argument = _single_argument(node)
             x = _other_than_one(argument) if argument is not None else None
-            if x is None or _never_small(x) or _is_exp(x, ctx):
+            if x is None or _never_small(x) or tensor_operation_operand(_unwrap(x), ctx, "exp") is not None:
                 return
             replacement = None
             if isinstance(func, cst.Attribute):  # keep the file's alias: ``th.log`` -> ``th.log1p``
@@ -224,7 +213,7 @@ class HandWrittenLog1pExpm1(Rule):
             self._report(node, replacement, "torch.log1p(x)", "`1 + x` rounds to exactly 1", ctx)
         elif qualified is None and isinstance(func, cst.Attribute) and func.attr.value == "log" and not node.args:
             x = _other_than_one(func.value)
-            if x is None or _never_small(x) or _is_exp(x, ctx):
+            if x is None or _never_small(x) or tensor_operation_operand(_unwrap(x), ctx, "exp") is not None:
                 return
             replacement = cst.Call(func=cst.Attribute(parenthesized(x), cst.Name("log1p")))  # ``(a * b).log1p()``
             self._report(node, replacement, "x.log1p()", "`1 + x` rounds to exactly 1", ctx)
@@ -233,7 +222,7 @@ class HandWrittenLog1pExpm1(Rule):
         if not isinstance(node.operator, cst.Subtract) or not _is_one(node.right):
             return
         exp = _unwrap(node.left)
-        if not _is_exp(exp, ctx):
+        if tensor_operation_operand(exp, ctx, "exp") is None:
             return
         assert isinstance(exp, cst.Call) and isinstance(exp.func, (cst.Attribute, cst.Name))
         replacement: Optional[cst.BaseExpression] = None

@@ -7,39 +7,16 @@ import re
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, keyword_arg, short
+from analyzers.context import FileContext, dotted_name, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import subtree
+from analyzers.program.values import counts_matches
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule, Valid
 
 
-_COMPARISONS = (cst.Equal, cst.NotEqual, cst.LessThan, cst.GreaterThan, cst.LessThanEqual, cst.GreaterThanEqual)
-_COUNT_KEEPING = {"cpu", "cuda", "squeeze", "view", "reshape", "detach", "long", "int", "to"}
 _TRUE_DIVISION = (1, 7)  # torch 1.7 made ``/`` on integer tensors a true division (1.6 raised, before floor-divided)
-
-
-def _is_comparison(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Comparison):
-        return all(isinstance(target.operator, _COMPARISONS) for target in expr.comparisons)
-    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in (
-        "eq", "ne", "lt", "gt", "le", "ge")
-
-
-def _is_count(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    """An integer tensor counting matches: ``(pred == y).sum()``, ``torch.sum(a == b)``, ``pred.eq(y).sum()``."""
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
-            expr.func.attr.value in _COUNT_KEEPING and not expr.args:
-        expr = expr.func.value
-    while isinstance(expr, cst.Attribute) and expr.attr.value == "data":
-        expr = expr.value
-    if not isinstance(expr, cst.Call) or keyword_arg(expr, "dtype") is not None:
-        return False
-    if ctx.qualified_name(expr.func) in ("torch.sum", "torch.count_nonzero"):
-        return bool(expr.args) and _is_comparison(expr.args[0].value)
-    return isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("sum", "count_nonzero") and \
-        ctx.qualified_name(expr.func) is None and _is_comparison(expr.func.value)
 
 
 class IntegerTensorRatio(Rule):
@@ -120,7 +97,7 @@ class IntegerTensorRatio(Rule):
             left = left.right  # 100. * correct: the scalar takes the tensor's integer type
         if isinstance(node.right, cst.Float):
             return  # how an old torch divided by a float scalar is not worth guessing
-        counted = _is_count(left, ctx) or (isinstance(left, cst.Name) and self._only_counts(left.value, node, ctx))
+        counted = counts_matches(left, ctx) or (isinstance(left, cst.Name) and self._only_counts(left.value, node, ctx))
         if not counted:
             return
         effect = "raises a RuntimeError" if cap.admits((1, 6)) else "floor-divides, so the ratio loses its fraction"
@@ -140,7 +117,7 @@ class IntegerTensorRatio(Rule):
                 value = node.value
             else:
                 continue
-            if _is_count(value, ctx):
+            if counts_matches(value, ctx):
                 counts += 1
             elif not (isinstance(value, cst.Integer) and value.value == "0"):
                 return False
