@@ -286,6 +286,22 @@ def test_torch_operations_and_counts_of_matches_are_read_from_the_call_not_its_s
     assert [k for k, v in values.items() if counts_matches(v, ctx)] == ["e", "f", "i"]
 
 
+def test_a_device_chosen_between_cuda_and_the_cpu_when_the_script_runs():
+    from analyzers.program.devices import chooses_cuda_or_cpu
+    ctx = context("""
+        import torch
+        a = torch.device("cuda" if opts.gpu else "cpu")
+        b = "cuda:0" if use_gpu else "cpu"
+        c = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        d = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+        e = torch.device("cuda")
+        f = "cuda" if fast else "mps"
+        g = torch.device("cpu")
+    """)
+    values = {n.targets[0].target.value: n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    assert [k for k, v in values.items() if chooses_cuda_or_cpu(v, ctx)] == ["a", "b", "c", "d"]
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

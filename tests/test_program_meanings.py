@@ -557,7 +557,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "device_performance/tensor_without_device.py:_arithmetic_holder",
     "device_performance/tensor_without_device.py:_embedding_attributes",
     "mixed_precision_deprecation/index_zero_dim_tensor.py:_scalar_origin",
-    "serialization/load_without_map_location_cpu_fallback.py:_device_choice",
     "training_loop/optimizer_over_part_of_model.py:_model_constructor",
 })
 

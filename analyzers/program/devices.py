@@ -35,6 +35,29 @@ def selects_with_cpu_fallback(value: cst.BaseExpression, ctx: FileContext) -> bo
     return asks and any(isinstance(n, cst.SimpleString) and string_value(n) == "cpu" for n in nodes)
 
 
+def chooses_cuda_or_cpu(value: cst.BaseExpression, ctx: FileContext) -> bool:
+    """``torch.device("cuda" if use_cuda else "cpu")`` / ``"cuda:0" if args.cuda else "cpu"``: CUDA or the CPU,
+    chosen when the script runs (``selects_with_cpu_fallback`` is the spelling that asks
+    ``torch.cuda.is_available()``)."""
+    if type(value) is cst.Call:
+        if method_name(value) != "device" or not value.args or ctx.call_name(value) != "torch.device":
+            return False
+        value = value.args[0].value
+    if type(value) is not cst.IfExp:
+        return False  # most assignments: the cheap test first
+    arms = {string_value(value.body), string_value(value.orelse)}
+    if "cpu" in arms and any(arm is not None and arm.startswith("cuda") for arm in arms):
+        return True
+    if selects_with_cpu_fallback(value, ctx):  # f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+        return True
+    # ``torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")``
+    cpu_arm = any(string_value(arm) == "cpu" or (type(arm) is cst.Call and arm.args and ctx.call_name(arm) ==
+                                                 "torch.device" and string_value(arm.args[0].value) == "cpu")
+                  for arm in (value.body, value.orelse))
+    return cpu_arm and any(type(n) is cst.Call and ctx.call_name(n) == "torch.accelerator.is_available"
+                           for n in expression_nodes(value.test))
+
+
 def _names_and_strings(expr: cst.BaseExpression) -> list[str]:
     return list(iter_names(expr)) + [string_value(n) or "" for n in expression_nodes(expr)
                                      if isinstance(n, cst.SimpleString)]

@@ -11,32 +11,10 @@ from analyzers.context import (FileContext, argument, dotted_name, iter_names, m
                                short, string_value)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.devices import CUDA_TEST, runs_only_with_cuda, selects_with_cpu_fallback
+from analyzers.program.devices import CUDA_TEST, chooses_cuda_or_cpu, runs_only_with_cuda
 from analyzers.rules.base import Invalid
 from analyzers.program.flow import subtree
 from analyzers.rules.serialization._checkpoints import LoadsWithoutMapLocation as _LoadsWithoutMapLocation
-
-
-def _device_choice(value: cst.BaseExpression, ctx: FileContext) -> bool:
-    """``torch.device("cuda" if use_cuda else "cpu")`` / ``"cuda:0" if args.cuda else "cpu"``: CUDA or the CPU,
-    chosen when the script runs (TR704's ``torch.cuda.is_available()`` selection is the other spelling)."""
-    if type(value) is cst.Call:
-        if method_name(value) != "device" or not value.args or ctx.call_name(value) != "torch.device":
-            return False
-        value = value.args[0].value
-    if type(value) is not cst.IfExp:
-        return False  # most assignments: the cheap test first
-    arms = {string_value(value.body), string_value(value.orelse)}
-    if "cpu" in arms and any(arm is not None and arm.startswith("cuda") for arm in arms):
-        return True
-    if selects_with_cpu_fallback(value, ctx):  # f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
-        return True
-    # ``torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")``
-    cpu_arm = any(string_value(arm) == "cpu" or (type(arm) is cst.Call and arm.args and ctx.call_name(arm) ==
-                                                 "torch.device" and string_value(arm.args[0].value) == "cpu")
-                  for arm in (value.body, value.orelse))
-    return cpu_arm and any(type(n) is cst.Call and ctx.call_name(n) == "torch.accelerator.is_available"
-                           for n in subtree(value.test))
 
 
 def _with_map_location(call: cst.Call, device: str) -> cst.Call:
@@ -195,7 +173,7 @@ class LoadWithoutMapLocationOnCpuFallback(_LoadsWithoutMapLocation):
         self.own: set[int] = set()  # loads of a file this program saved before
 
     def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
-        if len(node.targets) == 1 and (_device_choice(node.value, ctx) or self._cpu_branch(node, ctx)):
+        if len(node.targets) == 1 and (chooses_cuda_or_cpu(node.value, ctx) or self._cpu_branch(node, ctx)):
             self.selections.append(node)
 
     @staticmethod
