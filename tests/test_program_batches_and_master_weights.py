@@ -302,6 +302,22 @@ def test_a_device_chosen_between_cuda_and_the_cpu_when_the_script_runs():
     assert [k for k, v in values.items() if chooses_cuda_or_cpu(v, ctx)] == ["a", "b", "c", "d"]
 
 
+def test_why_a_value_is_a_zero_dim_tensor():
+    from analyzers.program.values import zero_dim_origin
+    ctx = context("""
+        total = criterion(out, y)
+        recon = self.recon_loss(out, y)
+        mass = weights.sum()
+        avg = weights.mean(dim=1)
+        g_loss = adversarial(out)
+        other = model(x)
+    """)
+    names = [n.targets[0].target for n in subtree(ctx.module) if isinstance(n, cst.Assign)]
+    assert {n.value: zero_dim_origin(n, ctx) for n in names} == {
+        "total": "a loss", "recon": "a loss", "mass": "a full reduction (`.sum()`)", "avg": None, "g_loss": "a loss",
+        "other": None}
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

@@ -132,6 +132,19 @@ def name_is_recurrent_like(name: Optional[str]) -> bool:
     return any(word in last for word in ("rnn", "lstm", "gru"))
 
 
+def name_is_loss_like(name: Optional[str]) -> bool:
+    """``loss``, ``train_loss``, ``self.g_loss``, ``totalloss``: a value named as a loss."""
+    last = last_segment(name).lower()
+    return "loss" in last.split("_") or last.endswith("loss")
+
+
+def name_is_criterion_like(name: Optional[str]) -> bool:
+    """``criterion``, ``self.loss_fn``, ``loss_function``, ``recon_loss``, ``loss``: a callable named as a loss
+    function (its result is a loss)."""
+    last = last_segment(name).lower()
+    return last in ("criterion", "loss_fn", "loss_func", "loss_function", "lossfn", "loss") or last.endswith("_loss")
+
+
 def name_is_scheduler_like(name: Optional[str]) -> bool:
     return "sched" in last_segment(name).lower()
 

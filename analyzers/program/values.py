@@ -16,9 +16,9 @@ from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, NAN_CONSTANTS,
                                        library_architecture_with_batchnorm)
 from analyzers.program.builds import built_module
 from analyzers.program.modules import MODE_FEATURES, ModuleFacts, torch_layer_features
-from analyzers.program.names import (last_name, last_segment, name_is_loader_like, name_is_model_like,
-                                     name_is_optimizer_like, name_is_recurrent_like, name_is_scaler_like,
-                                     name_is_scheduler_like)
+from analyzers.program.names import (last_name, last_segment, name_is_criterion_like, name_is_loader_like,
+                                     name_is_loss_like, name_is_model_like, name_is_optimizer_like,
+                                     name_is_recurrent_like, name_is_scaler_like, name_is_scheduler_like)
 
 def _enclosing_function(ctx: FileContext, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
     for ancestor in ctx.ancestors(node):
@@ -749,3 +749,24 @@ def counts_matches(expr: cst.BaseExpression, ctx: FileContext) -> bool:
         return bool(expr.args) and _compares(expr.args[0].value)
     return isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("sum", "count_nonzero") and \
         ctx.qualified_name(expr.func) is None and _compares(expr.func.value)
+
+
+# reductions whose tensor method, called without arguments, returns a 0-dim tensor
+_FULL_REDUCTIONS = {"sum", "mean", "max", "min", "prod", "norm", "std", "var", "item"}
+
+
+def zero_dim_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
+    """Why ``expr`` is a 0-dim tensor: it is a loss (named as one, or what a loss function returns), or a full
+    reduction such as ``x.sum()``; None when nothing says so."""
+    name = dotted_name(expr)
+    if name is not None and name_is_loss_like(name):
+        return "a loss"
+    value = ctx.origin(expr) if name is not None else expr
+    if isinstance(value, cst.Call):
+        func = value.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _FULL_REDUCTIONS and not value.args and \
+                ctx.qualified_name(func) is None:
+            return f"a full reduction (`.{func.attr.value}()`)"
+        if name_is_criterion_like(dotted_name(called_object(func))):
+            return "a loss"
+    return None

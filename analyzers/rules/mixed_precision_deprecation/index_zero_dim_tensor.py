@@ -2,43 +2,14 @@
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import libcst as cst
 
-from analyzers.context import (FileContext, dotted_name, short)
+from analyzers.context import FileContext, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.values import called_object
+from analyzers.program.values import zero_dim_origin
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
-
-
-_REDUCTIONS = {"sum", "mean", "max", "min", "prod", "norm", "std", "var", "item"}
-
-
-def _scalar_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
-    """Why ``expr`` is a 0-dim tensor: it is a loss, or a full reduction such as ``x.sum()``."""
-    name = dotted_name(expr)
-    if name is not None and _names_a_loss(name):
-        return "a loss"
-    value = ctx.origin(expr) if name is not None else expr
-    if isinstance(value, cst.Call):
-        func = value.func
-        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        if isinstance(func, cst.Attribute) and last in _REDUCTIONS and not value.args and \
-                ctx.qualified_name(func) is None:
-            return f"a full reduction (`.{last}()`)"
-        callee = (dotted_name(called_object(func)) or "").lower()
-        if callee.rsplit(".", 1)[-1] in ("criterion", "loss_fn", "loss_func", "loss_function", "lossfn") or \
-                callee.endswith("_loss") or callee == "loss":
-            return "a loss"
-    return None
-
-
-def _names_a_loss(name: str) -> bool:
-    last_name = name.rsplit(".", 1)[-1].lower()
-    return "loss" in last_name.split("_") or last_name.endswith("loss")
 
 
 class IndexZeroDimData(Rule):
@@ -167,7 +138,7 @@ class IndexZeroDimData(Rule):
         # ``total += loss.data[0]`` reads one
         if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.AugAssign) and parent.target is node):
             return
-        why = _scalar_origin(value.value, ctx)
+        why = zero_dim_origin(value.value, ctx)
         if why is None or not ctx.facts(VersionFacts).admits("torch", (0, 5)):
             return
         replacement = cst.Call(func=cst.Attribute(value.value, cst.Name("item")))
