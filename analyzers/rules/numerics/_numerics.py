@@ -9,7 +9,8 @@ import libcst as cst
 from analyzers.context import FileContext, short, argument, dotted_name
 from analyzers.markdown import code_span
 from analyzers.model import Severity
-from analyzers.program.activations import caller_value, layer_passed_to, module_passed_to, module_value, Act, activation_of
+from analyzers.program.activations import (Act, activation_of, caller_value, layer_passed_to, module_passed_to,
+                                           module_value)
 from analyzers.program.flow import call_site_values
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
