@@ -22,8 +22,10 @@ class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
     summary = "softmax output passed to CrossEntropyLoss, which applies log_softmax itself"
     what = """
         Flags a softmax output (`F.softmax`, `torch.softmax`, `x.softmax(dim)`, an
-        `nn.Softmax` module, a `Sequential` ending in `nn.Softmax`, or a model defined in the
-        file whose `forward` returns softmax) passed as the input of `nn.CrossEntropyLoss` /
+        `nn.Softmax` module, a `Sequential` ending in `nn.Softmax` (also one filled by
+        `add_module` / `append` after it is built, or returned by a builder function), or a model
+        defined in the file whose `forward` returns softmax; in a step function, the model and the
+        loss every caller passes) passed as the input of `nn.CrossEntropyLoss` /
         `F.cross_entropy`, and softmax probabilities passed to `NLLLoss` / `F.nll_loss`.
         A `log_softmax` output passed to CrossEntropyLoss is reported at low severity as
         redundant.
