@@ -956,3 +956,48 @@ def test_a_wrapper_whose_constructor_puts_the_wrapped_module_in_eval_mode_is_bui
     rules = [r for r in all_rules() if r.id == "TR201"]
     result = analyze_source(code, str(script), rules=rules, repository=index_for(script))
     assert [(f.rule, f.line) for f in result.findings] == [("TR201", 10)]
+
+
+# ---- activations: which layer a module ends with -----------------------------------------------------------
+
+def test_a_sequential_ends_with_the_last_layer_added_after_it_is_built():
+    from analyzers.program.activations import module_kind, sequential_last_layer
+
+    ctx = context("""
+        import torch.nn as nn
+        grown = nn.Sequential(nn.Linear(3, 3))
+        grown.add_module("out", nn.Linear(3, 2))
+        grown.append(nn.LogSoftmax(dim=1))
+        branched = nn.Sequential()
+        for width in widths:
+            branched.append(nn.Softmax(dim=1))
+        rebuilt = nn.Sequential(nn.Sigmoid())
+        rebuilt = nn.Sequential(nn.Tanh())
+        rebuilt.append(nn.Linear(2, 2))
+    """)
+    sequentials = [node for node in subtree(ctx.module) if isinstance(node, cst.Call)
+                   and getattr(node.func, "attr", None) is not None and node.func.attr.value == "Sequential"]
+    grown, branched, first_rebuilt, _ = sequentials
+    assert module_kind(grown, ctx) == ("log_softmax", None)
+    assert sequential_last_layer(branched, ctx) is None  # added in a loop: which layer ends it is unknown here
+    assert module_kind(first_rebuilt, ctx) == ("sigmoid", None)  # the name is bound again before anything is added
+
+
+def test_a_builder_functions_module_and_a_parameter_every_caller_fills_alike():
+    from analyzers.program.activations import module_passed_to
+
+    ctx = context("""
+        import torch.nn as nn
+        def build(k):
+            body = nn.Sequential(nn.Linear(k, k))
+            body.add_module("probs", nn.Softmax(dim=-1))
+            return body
+        def score(body, x):
+            return body(x)
+        def main():
+            body = build(4)
+            score(body, x)
+        score(build(8), y)
+    """)
+    score = next(node for node in ctx.module.body if isinstance(node, cst.FunctionDef) and node.name.value == "score")
+    assert module_passed_to(score, "body", ctx) == ("softmax", None)

@@ -9,7 +9,8 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import Binding, FileContext, dotted_name, positional_args
-from analyzers.program.flow import assignment_before, call_site_values
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, module_function, subtree
+from analyzers.program.graphs import FunctionShapes
 from analyzers.program.library import is_library
 from analyzers.program.names import last_name
 from analyzers.program.values import wrapped_module
@@ -122,26 +123,147 @@ class Act:
     inline: bool  # the expression examined *is* the producer (not reached through a name)
     form: str  # function | method | module | class
     class_name: Optional[str] = None
+    layer: Optional[cst.Call] = None  # the activation layer of the module that produced it (the line to change)
 
 
-def module_kind(target: Optional[cst.BaseExpression], ctx: FileContext) -> tuple[Optional[str], Optional[str]]:
-    """(activation kind, local class name) of a module object's constructor call."""
+# the methods that add a layer at the end of a Sequential built first and filled after
+GROWING_METHODS = {"add_module": 1, "append": 0}
+
+
+def _added_layer(statement: cst.CSTNode, name: str) -> tuple[bool, Optional[cst.BaseExpression]]:
+    """(adds, layer): whether ``statement`` is ``name.add_module("fc", layer)`` / ``name.append(layer)``, and the
+    layer it adds."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
+            not isinstance(statement.body[0], cst.Expr) or not isinstance(statement.body[0].value, cst.Call):
+        return False, None
+    call = statement.body[0].value
+    func = call.func
+    if not isinstance(func, cst.Attribute) or func.attr.value not in GROWING_METHODS or \
+            not isinstance(func.value, cst.Name) or func.value.value != name:
+        return False, None
+    index = GROWING_METHODS[func.attr.value]
+    positional = positional_args(call)
+    if any(arg.star for arg in call.args) or len(positional) <= index:
+        return True, None
+    return True, positional[index].value
+
+
+def _grows(node: cst.CSTNode, name: str) -> bool:
+    """Anything under ``node`` adds a layer to ``name``."""
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in GROWING_METHODS
+               and isinstance(n.func.value, cst.Name) and n.func.value.value == name for n in subtree(node))
+
+
+def _rebinds(statement: cst.CSTNode, name: str) -> bool:
+    return any(isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Name) and n.target.value == name
+               for n in subtree(statement))
+
+
+def sequential_last_layer(target: cst.Call, ctx: FileContext) -> Optional[cst.BaseExpression]:
+    """The layer a ``Sequential`` ends with: its last positional layer, or the last one the statements after its
+    assignment add (``net = nn.Sequential()`` then ``net.add_module("act", nn.Softmax())`` / ``net.append(...)``).
+    None when unknown: a starred layer, or a layer added under a branch or a loop."""
+    layers = positional_args(target)
+    last = layers[-1].value if layers and not layers[-1].star else None
+    if layers and layers[-1].star:
+        return None
+    parents = ctx.parents if id(target) in ctx.parents else ctx.facts(ModuleNodes).parents
+    assign = parents.get(id(target))
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or \
+            not isinstance(assign.targets[0].target, cst.Name):
+        return last
+    name = assign.targets[0].target.value
+    line = parents.get(id(assign))
+    block = parents.get(id(line))
+    body = getattr(block, "body", None)
+    if not isinstance(body, (list, tuple)) or not any(statement is line for statement in body):
+        return last
+    after = False
+    for statement in body:
+        if statement is line:
+            after = True
+            continue
+        if not after:
+            continue
+        adds, layer = _added_layer(statement, name)
+        if adds:
+            last = layer
+            if layer is None:
+                return None
+        elif _rebinds(statement, name):
+            break
+        elif _grows(statement, name):
+            return None  # a layer added under a branch or a loop: which one comes last is not known here
+    return last
+
+
+def module_kind(target: Optional[cst.BaseExpression], ctx: FileContext,
+                depth: int = 0) -> tuple[Optional[str], Optional[str]]:
+    """(activation kind, local class name) of a module object's constructor call, or of a call of a function of
+    this file that builds and returns one (``net = build_model(n_in, n_out)``)."""
     if not isinstance(target, cst.Call):
         return None, None
     name = ctx.call_name(target)
     if name in ACT_MODULES:
         return ACT_MODULES[name], None
     if name in SEQUENTIAL:
-        layers = positional_args(target)
-        if layers and not layers[-1].star and isinstance(layers[-1].value, cst.Call):
-            return ACT_MODULES.get(ctx.call_name(layers[-1].value) or ""), None
+        last = sequential_last_layer(target, ctx)
+        if isinstance(last, cst.Call):
+            return ACT_MODULES.get(ctx.call_name(last) or ""), None
         return None, None
     if not is_library(name):
         # a class of this repository (defined here, or imported from a sibling module)
         local = dotted_name(target.func)
         if local and local.rsplit(".", 1)[-1][:1].isupper():
             return "class", local
+        if isinstance(target.func, cst.Name) and depth < 3:
+            return _returned_module_kind(module_function(ctx, target.func.value), ctx, depth + 1)
     return None, None
+
+
+def activation_layer(target: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> Optional[cst.Call]:
+    """Where a module object's activation is built: the ``nn.Softmax(...)`` it is, or the one its ``Sequential``
+    ends with, also through a builder function of this file (the line a fix changes)."""
+    if not isinstance(target, cst.Call):
+        return None
+    name = ctx.call_name(target)
+    if name in ACT_MODULES:
+        return target
+    if name in SEQUENTIAL:
+        last = sequential_last_layer(target, ctx)
+        return last if isinstance(last, cst.Call) and ctx.call_name(last) in ACT_MODULES else None
+    if isinstance(target.func, cst.Name) and not is_library(name) and depth < 3:
+        fn = module_function(ctx, target.func.value)
+        for node in ctx.facts(FunctionShapes).own_returns(fn) if fn is not None else ():
+            value = assignment_before(ctx, node, node.value.value) if isinstance(node.value, cst.Name) else node.value
+            found = activation_layer(_unwrapped(value, ctx), ctx, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _returned_module_kind(fn: Optional[cst.FunctionDef], ctx: FileContext,
+                          depth: int) -> tuple[Optional[str], Optional[str]]:
+    """What every ``return`` of the builder ``fn`` hands back, when they all agree."""
+    if fn is None:
+        return None, None
+    kinds = set()
+    for node in ctx.facts(FunctionShapes).own_returns(fn):
+        value = node.value
+        if isinstance(value, cst.Name):
+            value = assignment_before(ctx, node, value.value)
+        kinds.add(module_kind(_unwrapped(value, ctx), ctx, depth))
+    return kinds.pop() if len(kinds) == 1 else (None, None)
+
+
+def _unwrapped(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:
+    """``Net().to(device)``: the module under moves and wrappers, without following names."""
+    for _ in range(6):
+        inner = wrapped_module(expr, ctx) if isinstance(expr, cst.Call) else None
+        if inner is None:
+            return expr
+        expr = inner
+    return expr
 
 
 def call_activation(call: cst.Call, ctx: FileContext, use: cst.CSTNode) -> tuple[Optional[str], str, Optional[str]]:
@@ -206,22 +328,46 @@ def activation_of(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst
     kind, form, cls = call_activation(value, ctx, use)
     if kind is None:
         return None
-    return Act(kind, value, value is expr, form, cls)
+    layer = None
+    if form == "module" and isinstance(value.func, (cst.Name, cst.Attribute)):
+        func = value.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value
+        layer = activation_layer(module_value(func, ctx, use), ctx)
+    return Act(kind, value, value is expr, form, cls, layer)
 
 
-def module_class_passed_to(fn: Optional[cst.FunctionDef], parameter: str, ctx: FileContext) -> Optional[str]:
-    """The one model class every call of ``fn`` in this file passes for ``parameter``, if there is one."""
+def caller_value(value: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:
+    """What a call site passes, read in the caller's scope: a name is the value it was last assigned there (or at
+    module level) before the call, not whatever the name means where the question is asked (the callee's own
+    parameter of the same name, ``fit(net)`` inside ``def fit(net)``). None when the caller does not show it."""
+    if not isinstance(value, cst.Name):
+        return value
+    found = assignment_before(ctx, value, value.value)
+    if found is not None:
+        return found
+    return value if ctx.binding(value.value) is None else None
+
+
+def module_passed_to(fn: Optional[cst.FunctionDef], parameter: str,
+                     ctx: FileContext) -> tuple[Optional[str], Optional[str]]:
+    """(activation kind, local class name) of the module every call of ``fn`` in this file passes for
+    ``parameter``, when they all pass the same kind: one model class, or modules that end in the same activation."""
     if fn is None:
-        return None
+        return None, None
     values = call_site_values(ctx, fn, parameter)
     if not values:
-        return None
-    classes = set()
+        return None, None
+    kinds = set()
     for value in values:
-        if isinstance(value, cst.Name) and ctx.binding(value.value) is None:
-            value = assignment_before(ctx, value, value.value) or value  # a local of the calling function
-        kind, cls = module_kind(module_value(value, ctx, value), ctx)
-        if kind != "class":
-            return None
-        classes.add(cls)
-    return classes.pop() if len(classes) == 1 else None
+        kind, cls = module_kind(module_value(caller_value(value, ctx), ctx, value), ctx)
+        if kind is None:
+            return None, None
+        kinds.add((kind, cls))
+    return kinds.pop() if len(kinds) == 1 else (None, None)
+
+
+def layer_passed_to(fn: Optional[cst.FunctionDef], parameter: str, ctx: FileContext) -> Optional[cst.Call]:
+    """The activation layer of the module the first call of ``fn`` passes for ``parameter`` (see activation_layer)."""
+    values = call_site_values(ctx, fn, parameter) if fn is not None else None
+    return activation_layer(module_value(caller_value(values[0], ctx), ctx, values[0]), ctx) if values else None

@@ -9,7 +9,9 @@ import libcst as cst
 from analyzers.context import FileContext, short, argument, dotted_name
 from analyzers.markdown import code_span
 from analyzers.model import Severity
-from analyzers.program.activations import module_class_passed_to, module_value, Act, activation_of
+from analyzers.program.activations import (Act, activation_of, caller_value, layer_passed_to, module_passed_to,
+                                           module_value)
+from analyzers.program.flow import call_site_values
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_name
@@ -34,6 +36,7 @@ class ActivationIntoLoss(Rule):
         self._func_last = {q.rsplit(".", 1)[-1] for q in self.LOSS_FUNCS}
         self._module_last = {q.rsplit(".", 1)[-1] for q in self.LOSS_MODULES}
         self._deferred: list[tuple] = []
+        self._passed: dict[tuple[int, str], Optional[str]] = {}  # (function, parameter) -> the loss passed for it
 
     # ---- per-file facts ----------------------------------------------------------------
     def leave_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
@@ -58,6 +61,20 @@ class ActivationIntoLoss(Rule):
                 self._criteria.add(name)
                 self._criteria_last.add(name.rsplit(".", 1)[-1])
 
+    def _passed_loss(self, fn: cst.FunctionDef, name: str, ctx: FileContext) -> Optional[str]:
+        """``def train(model, criterion, ...)``: the loss every caller in this file passes for the parameter."""
+        key = (id(fn), name)
+        if key not in self._passed:
+            binding = ctx.binding(name)
+            self._passed[key] = None
+            if binding is not None and binding.kind == "param":
+                losses = set()
+                for value in call_site_values(ctx, fn, name) or ():
+                    value = caller_value(value, ctx)
+                    losses.add(self._loss_module(module_value(value, ctx, value), ctx))
+                self._passed[key] = losses.pop() if len(losses) == 1 else None
+        return self._passed[key]
+
     def _loss_module(self, expr, ctx: FileContext) -> Optional[str]:
         if isinstance(expr, cst.Call):
             return self.LOSS_MODULES.get(ctx.call_name(expr) or "")
@@ -66,6 +83,8 @@ class ActivationIntoLoss(Rule):
     # ---- the check ---------------------------------------------------------------------
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            func = func.value  # ``criterion.forward(out, y)`` is ``criterion(out, y)``
         last = last_name(func)
         loss = None
         names = ctx.imports.names
@@ -75,6 +94,9 @@ class ActivationIntoLoss(Rule):
         elif last in self._criteria_last and dotted_name(func) in self._criteria:
             loss = self._loss_module(module_value(func, ctx, node), ctx)
             crit_text = dotted_name(func)
+        elif isinstance(func, cst.Name) and ctx.function_def is not None:
+            loss = self._passed_loss(ctx.function_def, func.value, ctx)
+            crit_text = func.value
         elif isinstance(func, cst.Call) and (last_name(func.func) in self._module_last or
                                              names.get(last_name(func.func) or "") in self.LOSS_MODULES):
             loss = self._loss_module(func, ctx)
@@ -95,8 +117,13 @@ class ActivationIntoLoss(Rule):
         for node, value, act, crit_text, loss, fn in self._deferred:
             cls = act.class_name
             if act.kind == "param":
-                cls = module_class_passed_to(fn, act.class_name, ctx)
-                if cls is None:
+                passed, cls = module_passed_to(fn, act.class_name, ctx)
+                if passed is None:
+                    continue
+                if passed != "class":  # every caller passes a module that ends in this activation
+                    if passed in self.KINDS.get(loss, ()):
+                        act.layer = layer_passed_to(fn, act.class_name, ctx)
+                        self._emit(node, value, act, passed, crit_text, loss, None)
                     continue
             kind = ctx.facts(ModuleFacts).forward_activation(cls)
             if kind in self.KINDS.get(loss, ()):
@@ -124,6 +151,8 @@ class ActivationIntoLoss(Rule):
                 related.append((line, f"`{cls}.forward` returns {kind}(...) here"))
         elif not act.inline:
             related.append((act.producer, f"the {kind} is applied here"))
+        if act.layer is not None and act.layer is not act.producer:
+            related.append((act.layer, f"the {kind} layer is built here"))
         self.report(value, message, replacement=self.fix(act, kind, cls), severity=severity, related=related)
 
     def describe(self, crit: str, source: str, kind: str, loss: str) -> tuple[str, Optional[Severity]]:

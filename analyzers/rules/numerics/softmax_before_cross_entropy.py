@@ -22,8 +22,10 @@ class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
     summary = "softmax output passed to CrossEntropyLoss, which applies log_softmax itself"
     what = """
         Flags a softmax output (`F.softmax`, `torch.softmax`, `x.softmax(dim)`, an
-        `nn.Softmax` module, a `Sequential` ending in `nn.Softmax`, or a model defined in the
-        file whose `forward` returns softmax) passed as the input of `nn.CrossEntropyLoss` /
+        `nn.Softmax` module, a `Sequential` ending in `nn.Softmax` (also one filled by
+        `add_module` / `append` after it is built, or returned by a builder function), or a model
+        defined in the file whose `forward` returns softmax; in a step function, the model and the
+        loss every caller passes) passed as the input of `nn.CrossEntropyLoss` /
         `F.cross_entropy`, and softmax probabilities passed to `NLLLoss` / `F.nll_loss`.
         A `log_softmax` output passed to CrossEntropyLoss is reported at low severity as
         redundant.
@@ -49,6 +51,33 @@ class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
     KINDS = {"CrossEntropyLoss": ("softmax", "log_softmax"), "F.cross_entropy": ("softmax", "log_softmax"),
              "NLLLoss": ("softmax",), "F.nll_loss": ("softmax",)}
     VALID = [
+        # the Sequential's last layer is added under a branch: which one ends it is not known
+        """
+        import torch.nn as nn
+        clf = nn.Sequential(nn.Linear(8, 5))
+        if export:
+            clf.add_module("probs", nn.Softmax(dim=1))
+        ce = nn.CrossEntropyLoss()
+        total = ce(clf(batch), target)
+        """,
+        # a layer added after the softmax: the Sequential ends in logits
+        """
+        import torch.nn as nn
+        clf = nn.Sequential()
+        clf.add_module("probs", nn.Softmax(dim=1))
+        clf.add_module("proj", nn.Linear(5, 5))
+        ce = nn.CrossEntropyLoss()
+        total = ce(clf(batch), target)
+        """,
+        # the parameter receives a different loss from each caller: the step function's loss is not known
+        """
+        import torch
+        def update(head, objective, inputs, labels):
+            return objective(head(inputs), labels)
+        head = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Softmax(dim=1))
+        update(head, torch.nn.CrossEntropyLoss(), xs, ys)
+        update(head, torch.nn.MSELoss(), xs, ys)
+        """,
         # the branch builds another model, not the same one moved
         """
         import torch
@@ -238,6 +267,42 @@ class SoftmaxBeforeCrossEntropy(_ActivationIntoLoss):
                     return F.cross_entropy(logits, y)
             """,
             line=11, message="Lit.forward returns softmax",
+        ),
+        # a Sequential filled by add_module after it is built: its last layer is the softmax
+        Invalid(
+            """
+            import torch.nn as nn
+            clf = nn.Sequential()
+            clf.add_module("proj", nn.Linear(8, 5))
+            clf.add_module("probs", nn.Softmax(dim=1))
+            ce = nn.CrossEntropyLoss()
+            total = ce(clf(batch), target)
+            """,
+            line=7, message="`clf(batch)` is a softmax output",
+        ),
+        # a builder function returns the model, and a step function receives it and the loss as parameters
+        # (called through an explicit .forward)
+        Invalid(
+            """
+            import torch
+            def make_head(width, classes):
+                head = torch.nn.Sequential()
+                head.append(torch.nn.Linear(width, classes))
+                head.append(torch.nn.Softmax(dim=-1))
+                return head
+            def update(head, objective, solver, inputs, labels):
+                solver.zero_grad()
+                scores = head.forward(inputs)
+                objective.forward(scores, labels).backward()
+                solver.step()
+            def run():
+                head = make_head(16, 4)
+                objective = torch.nn.CrossEntropyLoss()
+                solver = torch.optim.Adam(head.parameters())
+                for inputs, labels in batches:
+                    update(head, objective, solver, inputs, labels)
+            """,
+            line=11, message="`scores` comes from `head.forward(inputs)`",
         ),
     ]
 
