@@ -550,7 +550,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "architecture/submodules_in_plain_container.py:_kinds",
     "data_leakage/preprocessing_fit_on_test_data.py:_data_names",
     "data_leakage/preprocessing_fit_on_test_data.py:_preprocessor",
-    "data_pipeline/random_augmentation_on_eval_data.py:_evaluation_reason",
     "device_performance/batch_not_moved_to_device.py:_moves_or_handles_device",
     "device_performance/batch_not_moved_to_device.py:_cpu_type",
     "device_performance/batch_not_moved_to_device.py:class _BatchFlow",

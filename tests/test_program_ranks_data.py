@@ -609,3 +609,17 @@ def test_a_parameter_a_training_loop_iterates_names_no_loader_of_another_functio
             return [model(x) for x, _ in data_loader]
     """
     assert _loader_training(code) == {"data_loader": False}
+
+
+def test_why_a_data_set_holds_evaluation_data():
+    from analyzers.program.data import evaluation_data_reason
+    ctx = context("""
+        a = CIFAR10(root, train=False, transform=t)
+        b = Flowers(root, split="val")
+        val_set = ImageFolder(valdir, transform=t)
+        c = ImageFolder(traindir, transform=t)
+        d = Flowers(root, split="train")
+    """)
+    calls = [n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)]
+    assert [evaluation_data_reason(c, ctx) for c in calls] == [
+        "`train=False`", "`split=\"val\"`", "it is assigned to `val_set`", None, None]

@@ -7,8 +7,8 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, argument, dotted_name, is_true, iter_names, keyword_arg, positional_args,
-                               short)
+from analyzers.context import (FileContext, argument, dotted_name, is_false, is_true, iter_names, keyword_arg,
+                               positional_args, short, string_value)
 from analyzers.program.flow import ModuleNodes, call_site_values, parameter_index, subtree
 from analyzers.program.library import Does, does, is_data_loader
 from analyzers.program.modules import ModuleFacts
@@ -19,6 +19,26 @@ _RANDOM_TRANSFORMS = {"ColorJitter", "RandAugment", "TrivialAugmentWide", "AutoA
                       "RandomApply", "RandomChoice", "RandomOrder"}
 _TRANSFORM_ROOTS = ("torchvision.transforms", "torchvision.transforms.v2", "albumentations", "monai.transforms",
                     "timm.data")
+
+
+_EVALUATION_SPLITS = {"val", "valid", "validation", "test", "eval", "dev", "testing"}
+
+
+def evaluation_data_reason(node: cst.Call, ctx: FileContext) -> Optional[str]:
+    """Why the data set ``node`` builds holds evaluation data, said as a message quotes it: ``train=False``, an
+    evaluation ``split=``, or the name it is assigned to; None when nothing says so."""
+    train = keyword_arg(node, "train")
+    if train is not None and is_false(train.value):
+        return "`train=False`"
+    split = keyword_arg(node, "split")
+    if split is not None and (string_value(split.value) or "").lower() in _EVALUATION_SPLITS:
+        return f"`split={ctx.module.code_for_node(split.value)}`"
+    parent = ctx.parent(node)
+    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+        target = dotted_name(parent.targets[0].target)
+        if target and names_evaluation_data(last_segment(target)):
+            return f"it is assigned to `{target}`"  # a dotted name: no backtick to escape
+    return None
 
 
 def random_transforms(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> list[str]:

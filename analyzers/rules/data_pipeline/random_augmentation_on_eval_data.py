@@ -2,38 +2,21 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, argument, dotted_name, is_false, keyword_arg, short, string_value)
+from analyzers.context import FileContext, argument, dotted_name, keyword_arg, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.program.data import random_transforms, transform_replaced
+from analyzers.program.data import evaluation_data_reason, random_transforms, transform_replaced
 from analyzers.program.library import is_data_loader
 from analyzers.program.names import last_segment, names_evaluation_data
 
 
-_EVAL_SPLITS = {"val", "valid", "validation", "test", "eval", "dev", "testing"}
 _RANDOM_SPLIT = {"torch.utils.data.random_split", "torch.utils.data.dataset.random_split"}
 _FOLDER_DATASETS = {"torchvision.datasets.ImageFolder", "torchvision.datasets.DatasetFolder",
                     "torchvision.datasets.folder.ImageFolder"}
-
-
-def _evaluation_reason(node: cst.Call, ctx: FileContext) -> Optional[str]:
-    train = keyword_arg(node, "train")
-    if train is not None and is_false(train.value):
-        return "`train=False`"
-    split = keyword_arg(node, "split")
-    if split is not None and (string_value(split.value) or "").lower() in _EVAL_SPLITS:
-        return f"`split={ctx.module.code_for_node(split.value)}`"
-    parent = ctx.parent(node)
-    if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
-        target = dotted_name(parent.targets[0].target)
-        if target and names_evaluation_data(last_segment(target)):
-            return f"it is assigned to {code_span(target)}"
-    return None
 
 
 class RandomAugmentationOnEvalData(Rule):
@@ -152,7 +135,7 @@ class RandomAugmentationOnEvalData(Rule):
             value = argument(node, 1, "transform")
             if value is None:
                 return
-        reason = _evaluation_reason(node, ctx)
+        reason = evaluation_data_reason(node, ctx)
         if reason is None:
             return
         randoms = list(dict.fromkeys(random_transforms(value, ctx)))
@@ -204,7 +187,7 @@ class RandomAugmentationOnEvalData(Rule):
             return
         dataset = argument(node, 0, "dataset")
         made = ctx.origin(dataset) if isinstance(dataset, (cst.Name, cst.Attribute)) else None
-        if not isinstance(made, cst.Call) or _evaluation_reason(made, ctx) is not None:
+        if not isinstance(made, cst.Call) or evaluation_data_reason(made, ctx) is not None:
             return  # an evaluation dataset is reported where it is built
         transform = keyword_arg(made, "transform")
         randoms = list(dict.fromkeys(random_transforms(transform.value if transform is not None else None, ctx)))
