@@ -318,6 +318,23 @@ def test_why_a_value_is_a_zero_dim_tensor():
         "other": None}
 
 
+def test_a_fresh_model_is_named_by_its_constructor_and_a_helpers_result_is_not():
+    from analyzers.program.values import fresh_model_constructor
+    ctx = context("""
+        import torch
+        import torchvision
+        net = Classifier(10).cuda()
+        backbone = torchvision.models.resnet18(weights=None)
+        wrapped = torch.nn.DataParallel(Classifier(10))
+        helped = build_model(cfg)
+        opt = torch.optim.SGD(params, lr=0.1)
+    """)
+    names = {n.targets[0].target.value: n.targets[0].target for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    assert {k: fresh_model_constructor(v, ctx) for k, v in names.items()} == {
+        "net": "Classifier", "backbone": "torchvision.models.resnet18", "wrapped": "Classifier", "helped": None,
+        "opt": None}
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

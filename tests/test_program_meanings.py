@@ -555,7 +555,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "device_performance/batch_not_moved_to_device.py:class _BatchFlow",
     "device_performance/tensor_without_device.py:_arithmetic_holder",
     "device_performance/tensor_without_device.py:_embedding_attributes",
-    "training_loop/optimizer_over_part_of_model.py:_model_constructor",
 })
 
 

@@ -9,11 +9,11 @@ from typing import Callable, Optional
 import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args, \
-    string_value
+    short, string_value
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
 from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, NAN_CONSTANTS, PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp,
-                                       library_architecture_with_batchnorm)
+                                       library_architecture_with_batchnorm, builds_library_model)
 from analyzers.program.builds import built_module
 from analyzers.program.modules import MODE_FEATURES, ModuleFacts, torch_layer_features
 from analyzers.program.names import (last_name, last_segment, name_is_criterion_like, name_is_loader_like,
@@ -55,6 +55,30 @@ def constructor(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.C
             if len(texts) == 1 and built[0] is not None:
                 return built[0]
     return None
+
+
+def fresh_model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
+    """What ``model`` was built from, when it is surely a fresh model: a torchvision/timm constructor, a module
+    class (``Net(...)``, ``nn.Sequential``); None for a helper's result (``build_model(cfg)`` may freeze it)."""
+    built = strip_chain(ctx.origin(expr) or expr, ctx)
+    for _ in range(3):  # ``model = model.cuda()`` / ``model = model.to(device)``: the model built before
+        before = assignment_before(ctx, built, dotted_name(built) or "") if isinstance(
+            built, (cst.Name, cst.Attribute)) else None
+        if before is None:
+            break
+        built = strip_chain(before, ctx)
+    if not isinstance(built, cst.Call):
+        return None
+    qualified = ctx.qualified_name(built.func) or ""
+    if builds_library_model(qualified):
+        return short(ctx, built.func, 40)
+    name = dotted_name(built.func)
+    if name is None or not name.rsplit(".", 1)[-1][:1].isupper() or names_an_optimizer_class(name):
+        return None
+    if qualified and not qualified.startswith("torch.nn.") and qualified.split(".", 1)[0] in (
+            "transformers", "torch"):
+        return None  # a pretrained transformers class may be loaded with frozen parts; torch non-modules
+    return name
 
 
 def model_class(ctx: FileContext, expr: Optional[cst.BaseExpression], use: cst.CSTNode) -> Optional[str]:

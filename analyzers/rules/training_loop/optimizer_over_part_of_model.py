@@ -13,13 +13,10 @@ import libcst as cst
 from analyzers.context import FileContext, argument, call_receiver, dotted_name, method_name, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.flow import assignment_before
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.library import builds_library_model, names_an_optimizer_class
-from analyzers.program.values import builds_optimizer
+from analyzers.program.values import builds_optimizer, fresh_model_constructor
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
-from analyzers.program.values import strip_chain as _strip_chain
 from analyzers.program.names import within as _within
 
 
@@ -42,30 +39,6 @@ class _PartOptimizer:
     part: str  # ``model.fc``
     model: str  # ``model``
     built: str  # what ``model`` is built from (the message names it)
-
-
-def _model_constructor(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
-    """What ``model`` was built from, when it is surely a fresh model: a torchvision/timm constructor, a module
-    class (``Net(...)``, ``nn.Sequential``); None for a helper's result (``build_model(cfg)`` may freeze it)."""
-    built = _strip_chain(ctx.origin(expr) or expr, ctx)
-    for _ in range(3):  # ``model = model.cuda()`` / ``model = model.to(device)``: the model built before
-        before = assignment_before(ctx, built, dotted_name(built) or "") if isinstance(
-            built, (cst.Name, cst.Attribute)) else None
-        if before is None:
-            break
-        built = _strip_chain(before, ctx)
-    if not isinstance(built, cst.Call):
-        return None
-    qualified = ctx.qualified_name(built.func) or ""
-    if builds_library_model(qualified):
-        return short(ctx, built.func, 40)
-    name = dotted_name(built.func)
-    if name is None or not name.rsplit(".", 1)[-1][:1].isupper() or names_an_optimizer_class(name):
-        return None
-    if qualified and not qualified.startswith("torch.nn.") and qualified.split(".", 1)[0] in (
-            "transformers", "torch"):
-        return None  # a pretrained transformers class may be loaded with frozen parts; torch non-modules
-    return name
 
 
 class OptimizerOverPartOfTrainedModel(Rule):
@@ -291,7 +264,7 @@ class OptimizerOverPartOfTrainedModel(Rule):
         model, _, attr = part.rpartition(".")
         if attr in _WHOLE or "." in model:
             return  # ``model.module.parameters()`` is the whole model; deeper paths: a part of a part
-        built = _model_constructor(cst.parse_expression(model), ctx)
+        built = fresh_model_constructor(cst.parse_expression(model), ctx)
         if built is None:
             return
         parent = ctx.parent(node)
