@@ -335,6 +335,38 @@ def test_a_fresh_model_is_named_by_its_constructor_and_a_helpers_result_is_not()
         "opt": None}
 
 
+def test_what_builds_a_module_or_a_parameter():
+    from analyzers.program.builds import module_kinds, module_or_parameter
+    ctx = context("""
+        import copy
+        import timm
+        import torch
+        from torch import nn
+        from blocks import ResidualBlock, Mixer
+
+
+        class Local(nn.Module):
+            pass
+
+
+        layer = nn.Linear(4, 4)
+        a = layer
+        b = nn.Parameter(torch.zeros(3))
+        c = Local()
+        d = ResidualBlock(8)
+        e = Mixer(8)
+        f = copy.deepcopy(layer)
+        g = timm.create_model("resnet18")
+        h = torch.zeros(3)
+    """)
+    values = {n.targets[0].target.value: n.value for n in subtree(ctx.module)
+              if isinstance(n, cst.Assign) and n.targets[0].target.value != "layer"}
+    assert {k: module_or_parameter(v, ctx) for k, v in values.items()} == {
+        "a": "module", "b": "parameter", "c": "module", "d": "module", "e": None, "f": "module", "g": "module",
+        "h": None}
+    assert module_kinds([values["a"], values["b"], values["h"]], ctx) == {"module", "parameter", None}
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

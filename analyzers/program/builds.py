@@ -9,8 +9,8 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, is_false
 from analyzers.program.flow import assignment_before, call_site_values
-from analyzers.program.library import (Does, does, method_does, method_returns_same_module, pretrained_gives_no_module,
-                                       wrapped_module_argument)
+from analyzers.program.library import (Does, builds_library_model, does, method_does, method_returns_same_module,
+                                       pretrained_gives_no_module, wrapped_module_argument)
 
 
 # torch.nn classes without dropout / batch-norm / parameters worth the name "model"
@@ -101,3 +101,51 @@ def passed_module(ctx: FileContext, param: cst.BaseExpression, use: cst.CSTNode,
             return None
         found.append(built)
     return BuiltModule(True, all(b.eval_mode for b in found))
+
+
+_PARAMETER = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
+# a class of another file named as a layer, and a deep copy of a name that says it holds one: a module
+_MODULE_LIKE_SUFFIXES = ("Block", "Layer")
+_CLONE_NAMES = ("module", "layer", "block")
+
+
+def module_or_parameter(expr: Optional[cst.BaseExpression], ctx: FileContext, follow: bool = True) -> Optional[str]:
+    """"module" / "parameter" when ``expr`` builds an ``nn.Module`` / ``nn.Parameter`` (a ``torch.nn`` class, a
+    library model builder, a module class of this file, a class named as a block or layer, a deep copy of one), through
+    the name it is assigned to; None otherwise, and for ``self.<attr>`` (registered where it is assigned)."""
+    if isinstance(expr, (cst.Name, cst.Attribute)) and follow:
+        if (dotted_name(expr) or "").startswith("self."):
+            return None  # already an attribute of the module: registered there
+        origin = ctx.origin(expr)
+        return module_or_parameter(origin, ctx, follow=False) if origin is not expr else None
+    if not isinstance(expr, cst.Call):
+        return None
+    called = ctx.call_name(expr)
+    if called is not None:
+        if called in _PARAMETER:
+            return "parameter"
+        leaf = called.rsplit(".", 1)[-1]
+        if called.startswith("torch.nn.") and leaf[:1].isupper():
+            return "module"
+        if builds_library_model(called):
+            return "module"
+        if called == "copy.deepcopy":
+            arg = expr.args[0].value if expr.args else None
+            name = (dotted_name(arg) or "").rsplit(".", 1)[-1].lower()
+            if name in _CLONE_NAMES or name.endswith(("_layer", "_block", "_module")):
+                return "module"
+            return module_or_parameter(arg, ctx) if arg is not None else None
+    local = dotted_name(expr.func)
+    if local is None:
+        return None
+    leaf = local.rsplit(".", 1)[-1]
+    if local in ctx.module_classes_in_file:
+        return "module"
+    if leaf[:1].isupper() and leaf.endswith(_MODULE_LIKE_SUFFIXES):
+        return "module"
+    return None
+
+
+def module_kinds(exprs, ctx: FileContext) -> set[Optional[str]]:
+    """``module_or_parameter`` of each of ``exprs``."""
+    return {module_or_parameter(e, ctx) for e in exprs}

@@ -8,68 +8,13 @@ import libcst as cst
 from analyzers.context import FileContext, dotted_name, method_name
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
+from analyzers.program.builds import module_kinds, module_or_parameter
+from analyzers.program.names import render_name
 from analyzers.program.roles import direct_method_class as _direct_method_class
 
 
-_PARAMETER = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
 _CONTAINERS = {"Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict"}
 _SELF_REGISTRATION = {"add_module", "register_module", "register_parameter", "register_buffer", "setattr"}
-_MODULE_LIKE_SUFFIXES = ("Block", "Layer")
-_CLONE_NAMES = ("module", "layer", "block")
-
-
-def _nn_name(ctx: FileContext, container: str) -> Optional[str]:
-    """How this file spells ``torch.nn.<container>``: ``nn.ModuleList``, ``ModuleList``, ``torch.nn.ModuleList``."""
-    names = ctx.imports.names
-    for local, full in names.items():
-        if full == f"torch.nn.{container}":
-            return local
-    nn_aliases = sorted((local for local, full in names.items() if full == "torch.nn"), key=lambda n: n != "nn")
-    if nn_aliases:
-        return f"{nn_aliases[0]}.{container}"
-    for local, full in names.items():
-        if full == "torch":
-            return f"{local}.nn.{container}"
-    return None
-
-
-def _module_kind(expr: Optional[cst.BaseExpression], ctx: FileContext, follow: bool = True) -> Optional[str]:
-    """"module" / "parameter" when ``expr`` builds an nn.Module / nn.Parameter, else None."""
-    if isinstance(expr, (cst.Name, cst.Attribute)) and follow:
-        if (dotted_name(expr) or "").startswith("self."):
-            return None  # already an attribute of the module: registered there
-        origin = ctx.origin(expr)
-        return _module_kind(origin, ctx, follow=False) if origin is not expr else None
-    if not isinstance(expr, cst.Call):
-        return None
-    called = ctx.call_name(expr)
-    if called is not None:
-        if called in _PARAMETER:
-            return "parameter"
-        leaf = called.rsplit(".", 1)[-1]
-        if called.startswith("torch.nn.") and leaf[:1].isupper():
-            return "module"
-        if called.startswith("torchvision.models.") and not called.startswith("torchvision.models.feature_extraction"):
-            return "module"
-        if called == "copy.deepcopy":
-            arg = expr.args[0].value if expr.args else None
-            name = (dotted_name(arg) or "").rsplit(".", 1)[-1].lower()
-            if name in _CLONE_NAMES or name.endswith(("_layer", "_block", "_module")):
-                return "module"
-            return _module_kind(arg, ctx) if arg is not None else None
-    local = dotted_name(expr.func)
-    if local is None:
-        return None
-    leaf = local.rsplit(".", 1)[-1]
-    if local in ctx.module_classes_in_file:
-        return "module"
-    if leaf[:1].isupper() and leaf.endswith(_MODULE_LIKE_SUFFIXES):
-        return "module"
-    return None
-
-
-def _kinds(exprs, ctx: FileContext) -> set[Optional[str]]:
-    return {_module_kind(e, ctx) for e in exprs}
 
 
 class _MethodRecord:
@@ -204,13 +149,13 @@ class SubmodulesInPlainContainer(Rule):
             value = node.args[-1].value
             if name == "extend":
                 if isinstance(value, (cst.List, cst.Tuple)):
-                    kinds = _kinds((e.value for e in value.elements), ctx)
+                    kinds = module_kinds((e.value for e in value.elements), ctx)
                 elif isinstance(value, (cst.ListComp, cst.GeneratorExp)):
-                    kinds = {_module_kind(value.elt, ctx)}
+                    kinds = {module_or_parameter(value.elt, ctx)}
                 else:
                     return
             else:
-                kinds = {_module_kind(value, ctx)}
+                kinds = {module_or_parameter(value, ctx)}
             record.appended.setdefault(target, set()).update(kinds)
 
     def visit_AugAssign(self, node: cst.AugAssign, ctx: FileContext) -> None:
@@ -219,7 +164,7 @@ class SubmodulesInPlainContainer(Rule):
             return
         target = dotted_name(node.target)
         if target is not None and isinstance(node.value, (cst.List, cst.Tuple)):
-            record.appended.setdefault(target, set()).update(_kinds((e.value for e in node.value.elements), ctx))
+            record.appended.setdefault(target, set()).update(module_kinds((e.value for e in node.value.elements), ctx))
 
     def leave_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
         record = self._record
@@ -231,7 +176,7 @@ class SubmodulesInPlainContainer(Rule):
             if isinstance(target_expr, cst.Subscript):
                 base = dotted_name(target_expr.value)
                 if base is not None:
-                    record.appended.setdefault(base, set()).add(_module_kind(value, ctx))
+                    record.appended.setdefault(base, set()).add(module_or_parameter(value, ctx))
                 continue
             target = dotted_name(target_expr)
             if target is None:
@@ -257,16 +202,16 @@ class SubmodulesInPlainContainer(Rule):
             record.aliases[target] = (value, value.value)
             return
         if isinstance(value, (cst.List, cst.Tuple)):
-            kinds = _kinds((e.value for e in value.elements if not isinstance(e, cst.StarredElement)), ctx)
+            kinds = module_kinds((e.value for e in value.elements if not isinstance(e, cst.StarredElement)), ctx)
             container = "list"
         elif isinstance(value, cst.ListComp):
-            kinds = {_module_kind(value.elt, ctx)}
+            kinds = {module_or_parameter(value.elt, ctx)}
             container = "list"
         elif isinstance(value, cst.Dict):
-            kinds = _kinds((e.value for e in value.elements if isinstance(e, cst.DictElement)), ctx)
+            kinds = module_kinds((e.value for e in value.elements if isinstance(e, cst.DictElement)), ctx)
             container = "dict"
         elif isinstance(value, cst.DictComp):
-            kinds = {_module_kind(value.value, ctx)}
+            kinds = {module_or_parameter(value.value, ctx)}
             container = "dict"
         else:
             return
@@ -308,10 +253,9 @@ class SubmodulesInPlainContainer(Rule):
         plain = "dict" if container == "dict" else "list"
         message = (f"`{target}` of `{cls_name}` keeps {what} in a plain {plain}: they are not registered, so "
                    f"`.parameters()`, `.to(device)`, `.eval()` and `state_dict()` miss them; use `nn.{wanted}`")
-        spelled = _nn_name(ctx, wanted)
+        func = render_name(ctx, f"torch.nn.{wanted}")  # ``nn.ModuleList`` as this file spells it
         replacement = None
-        if spelled is not None and (wrap is not None or empty):
-            func = cst.parse_expression(spelled)
+        if func is not None and (wrap is not None or empty):
             replacement = cst.Call(func=func, args=[] if empty else [cst.Arg(value=wrap)])
         self.report(value, message, replacement=replacement)
 
