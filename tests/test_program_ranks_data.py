@@ -623,3 +623,27 @@ def test_why_a_data_set_holds_evaluation_data():
     calls = [n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)]
     assert [evaluation_data_reason(c, ctx) for c in calls] == [
         "`train=False`", "`split=\"val\"`", "it is assigned to `val_set`", None, None]
+
+
+def test_the_data_an_expression_reads_and_the_preprocessor_a_call_builds():
+    from analyzers.program.data import data_names, preprocessor_of
+    ctx = context("""
+        import numpy as np
+        from sklearn.decomposition import PCA
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+        a = X_test.values
+        b = frame["text"].to_numpy()
+        c = X[val_idx]
+        d = np.concatenate([X_train, X_holdout])
+        s = StandardScaler()
+        p = make_pipeline(StandardScaler(), PCA(3))
+        m = make_pipeline(StandardScaler(), LogisticRegression())
+    """)
+    values = {n.targets[0].target.value: n.value for n in subtree(ctx.module) if isinstance(n, cst.Assign)}
+    assert [data_names(values[k], ctx) for k in "abcd"] == [["X_test.values"], ["frame"], ["X", "val_idx"],
+                                                          ["X_train", "X_holdout"]]
+    assert preprocessor_of(values["s"], ctx) == "StandardScaler"
+    assert preprocessor_of(values["p"], ctx) == "make_pipeline(StandardScaler, PCA)"
+    assert preprocessor_of(values["m"], ctx) is None  # it ends in a model

@@ -7,10 +7,11 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import (FileContext, argument, dotted_name, is_false, is_true, iter_names, keyword_arg,
-                               positional_args, short, string_value)
+from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, iter_names,
+                               keyword_arg, positional_args, short, string_value)
 from analyzers.program.flow import ModuleNodes, call_site_values, parameter_index, subtree
-from analyzers.program.library import Does, does, is_data_loader
+from analyzers.program.library import (COLUMN_TRANSFORMERS, PIPELINES, Does, does, fitted_transformer, is_data_loader,
+                                       learns_from_rows)
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_segment, mentions_evaluation_data, names_evaluation_data
 
@@ -206,3 +207,89 @@ def may_have_sampler(loader: cst.Call, max_positional: int) -> bool:
     positional arguments (``sampler`` is the fourth: one passed that way is not read)."""
     return (any(a.star for a in loader.args) or len(positional_args(loader)) > max_positional
             or keyword_arg(loader, "sampler") is not None or keyword_arg(loader, "batch_sampler") is not None)
+
+
+# an index into a data set named for the rows it picks: ``X[test_idx]`` reads the test rows
+_INDEX_WORDS = ("idx", "index", "indices", "ids", "mask", "rows")
+
+
+def data_names(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> list[str]:
+    """The names that identify the data an expression reads: ``X_test`` in ``X_test.values`` / ``test_df["text"]``,
+    and an index named as one in ``X[test_idx]``."""
+    if expr is None or depth > 6:
+        return []
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        name = dotted_name(expr)
+        if name is not None:
+            return [name]
+        return data_names(expr.value, ctx, depth + 1) if isinstance(expr, cst.Attribute) else []
+    if isinstance(expr, cst.Subscript):
+        names = data_names(expr.value, ctx, depth + 1)
+        for element in expr.slice:
+            index = element.slice
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.Name):
+                lowered = index.value.value.lower()
+                if any(w in lowered for w in _INDEX_WORDS):
+                    names.append(index.value.value)  # X[test_idx]
+        return names
+    if isinstance(expr, cst.Call):
+        receiver = call_receiver(expr)
+        if receiver is not None and ctx.qualified_name(receiver) is None:
+            return data_names(receiver, ctx, depth + 1)  # X_test.values / test_df["t"].to_numpy()
+        out: list[str] = []
+        for arg in positional_args(expr):
+            out.extend(data_names(arg.value, ctx, depth + 1))  # np.array(X_test), pd.concat([...])
+        return out
+    if isinstance(expr, cst.BinaryOperation):
+        return data_names(expr.left, ctx, depth + 1) + data_names(expr.right, ctx, depth + 1)
+    if isinstance(expr, (cst.List, cst.Tuple)):
+        out = []
+        for element in expr.elements:
+            out.extend(data_names(element.value, ctx, depth + 1))
+        return out
+    return []
+
+
+def preprocessor_of(call: cst.Call, ctx: FileContext, depth: int = 0) -> Optional[str]:
+    """The preprocessor ``call`` builds, one that learns from the rows it is fitted on: ``StandardScaler`` for
+    ``StandardScaler(...)``; a pipeline made only of preprocessors too (``Pipeline(StandardScaler, PCA)``)."""
+    if depth > 3:
+        return None
+    name = ctx.call_name(call)
+    if name is None:
+        return None
+    last = name.rsplit(".", 1)[-1]
+    if learns_from_rows(name):
+        return fitted_transformer(name)
+    if name in COLUMN_TRANSFORMERS:
+        return last
+    if name in PIPELINES:
+        steps = _pipeline_steps(call, last)
+        if not steps:
+            return None
+        inner = []
+        for step in steps:
+            if isinstance(step, cst.SimpleString):
+                continue  # "passthrough"
+            value = ctx.origin(step) if isinstance(step, (cst.Name, cst.Attribute)) else step
+            found = preprocessor_of(value, ctx, depth + 1) if isinstance(value, cst.Call) else None
+            if found is None:
+                return None  # ends in a model (or unknown): not only preprocessing
+            inner.append(found)
+        return f"{last}({', '.join(inner)})" if inner else None
+    return None
+
+
+def _pipeline_steps(call: cst.Call, kind: str) -> list[cst.BaseExpression]:
+    if kind in ("make_pipeline", "make_union"):
+        return [a.value for a in positional_args(call)]
+    steps = argument(call, 0, "steps" if kind == "Pipeline" else "transformer_list")
+    if not isinstance(steps, (cst.List, cst.Tuple)):
+        return []
+    out = []
+    for element in steps.elements:
+        pair = element.value
+        if not isinstance(pair, cst.Tuple) or len(pair.elements) < 2:
+            return []
+        out.append(pair.elements[1].value)
+    return out

@@ -12,14 +12,14 @@ from analyzers.context import (Binding, FileContext, FunctionNode, argument, cal
                                keyword_arg, method_name, positional_args, short)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.library import (COLUMN_TRANSFORMERS, CROSS_VALIDATION_FUNCTIONS, LABEL_ENCODERS, PIPELINES,
-                                       TRAIN_TEST_SPLITTERS, fitted_transformer, is_model_selection, learns_from_rows)
+from analyzers.program.data import data_names, preprocessor_of
+from analyzers.program.library import (CROSS_VALIDATION_FUNCTIONS, LABEL_ENCODERS, TRAIN_TEST_SPLITTERS,
+                                       is_model_selection)
 from analyzers.program.names import name_words
 from analyzers.rules.base import Invalid, Rule
 
 
 _HELD_OUT = {"test", "tests", "testing", "val", "valid", "validation", "holdout", "dev", "eval"}
-_INDEX_WORDS = ("idx", "index", "indices", "ids", "mask", "rows")
 
 
 def _held_out_token(token: str) -> bool:
@@ -31,86 +31,6 @@ def _held_out_token(token: str) -> bool:
         if token.endswith(suffix) and token[: -len(suffix)] in _HELD_OUT:
             return True  # testset, valdata
     return False
-
-
-def _data_names(expr: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0) -> list[str]:
-    """Names that identify the data passed to ``fit``: ``X_test`` in ``X_test.values``/``test_df["text"]``."""
-    if expr is None or depth > 6:
-        return []
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        name = dotted_name(expr)
-        if name is not None:
-            return [name]
-        return _data_names(expr.value, ctx, depth + 1) if isinstance(expr, cst.Attribute) else []
-    if isinstance(expr, cst.Subscript):
-        names = _data_names(expr.value, ctx, depth + 1)
-        for element in expr.slice:
-            index = element.slice
-            if isinstance(index, cst.Index) and isinstance(index.value, cst.Name):
-                lowered = index.value.value.lower()
-                if any(w in lowered for w in _INDEX_WORDS):
-                    names.append(index.value.value)  # X[test_idx]
-        return names
-    if isinstance(expr, cst.Call):
-        receiver = call_receiver(expr)
-        if receiver is not None and ctx.qualified_name(receiver) is None:
-            return _data_names(receiver, ctx, depth + 1)  # X_test.values / test_df["t"].to_numpy()
-        out: list[str] = []
-        for arg in positional_args(expr):
-            out.extend(_data_names(arg.value, ctx, depth + 1))  # np.array(X_test), pd.concat([...])
-        return out
-    if isinstance(expr, cst.BinaryOperation):
-        return _data_names(expr.left, ctx, depth + 1) + _data_names(expr.right, ctx, depth + 1)
-    if isinstance(expr, (cst.List, cst.Tuple)):
-        out = []
-        for element in expr.elements:
-            out.extend(_data_names(element.value, ctx, depth + 1))
-        return out
-    return []
-
-
-def _preprocessor(call: cst.Call, ctx: FileContext, depth: int = 0) -> Optional[str]:
-    """``StandardScaler`` for ``StandardScaler(...)``; pipelines made only of preprocessors too."""
-    if depth > 3:
-        return None
-    name = ctx.call_name(call)
-    if name is None:
-        return None
-    last = name.rsplit(".", 1)[-1]
-    if learns_from_rows(name):
-        return fitted_transformer(name)
-    if name in COLUMN_TRANSFORMERS:
-        return last
-    if name in PIPELINES:
-        steps = _pipeline_steps(call, last)
-        if not steps:
-            return None
-        inner = []
-        for step in steps:
-            if isinstance(step, cst.SimpleString):
-                continue  # "passthrough"
-            value = ctx.origin(step) if isinstance(step, (cst.Name, cst.Attribute)) else step
-            found = _preprocessor(value, ctx, depth + 1) if isinstance(value, cst.Call) else None
-            if found is None:
-                return None  # ends in a model (or unknown): not only preprocessing
-            inner.append(found)
-        return f"{last}({', '.join(inner)})" if inner else None
-    return None
-
-
-def _pipeline_steps(call: cst.Call, kind: str) -> list[cst.BaseExpression]:
-    if kind in ("make_pipeline", "make_union"):
-        return [a.value for a in positional_args(call)]
-    steps = argument(call, 0, "steps" if kind == "Pipeline" else "transformer_list")
-    if not isinstance(steps, (cst.List, cst.Tuple)):
-        return []
-    out = []
-    for element in steps.elements:
-        pair = element.value
-        if not isinstance(pair, cst.Tuple) or len(pair.elements) < 2:
-            return []
-        out.append(pair.elements[1].value)
-    return out
 
 
 @dataclass
@@ -278,7 +198,7 @@ class PreprocessingFitOnTestData(Rule):
         made = receiver if isinstance(receiver, cst.Call) else ctx.origin(receiver)
         if not isinstance(made, cst.Call):
             return
-        kind = _preprocessor(made, ctx)
+        kind = preprocessor_of(made, ctx)
         if kind is None:
             return
         data = argument(node, 0, "X")
@@ -293,7 +213,7 @@ class PreprocessingFitOnTestData(Rule):
         receiver_name = dotted_name(receiver) or ""
         label = f"{kind} {code_span(receiver_name)}" if receiver_name else code_span(f"{kind}()")
         data_text = short(ctx, data, 50)
-        names = _data_names(data, ctx)
+        names = data_names(data, ctx)
         tokens = [t for n in names for t in name_words(n)]
         if any("train" in t for t in tokens):
             return
