@@ -367,6 +367,30 @@ def test_what_builds_a_module_or_a_parameter():
     assert module_kinds([values["a"], values["b"], values["h"]], ctx) == {"module", "parameter", None}
 
 
+def test_the_name_a_computation_from_a_new_tensor_lands_in_and_a_modules_embedding_tables():
+    from analyzers.program.devices import embedding_attributes
+    from analyzers.program.flow import computed_into
+    ctx = context("""
+        import torch
+        from torch import nn
+        theta = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
+        print(torch.ones(3))
+
+
+        class Tiny(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tokens = nn.Embedding(100, 8)
+                self.stack = nn.ModuleDict(dict(positions=nn.Embedding(16, 8), head=nn.Linear(8, 2)))
+                self.out = nn.Linear(8, 2)
+    """)
+    factories = [n for n in subtree(ctx.module) if isinstance(n, cst.Call) and ctx.call_name(n) in (
+        "torch.arange", "torch.ones")]
+    assert [computed_into(c, ctx) for c in factories] == ["theta", None]
+    cls = next(n for n in subtree(ctx.module) if isinstance(n, cst.ClassDef))
+    assert embedding_attributes(cls, ctx) == {"self.tokens", "self.stack.positions"}
+
+
 def test_what_a_method_does_includes_the_helpers_it_delegates_to():
     from analyzers.program.flow import reaches_through_own_methods
     ctx = context("""

@@ -546,8 +546,6 @@ RULE_FILE_QUERIES_LEFT = frozenset({
     "device_performance/batch_not_moved_to_device.py:_moves_or_handles_device",
     "device_performance/batch_not_moved_to_device.py:_cpu_type",
     "device_performance/batch_not_moved_to_device.py:class _BatchFlow",
-    "device_performance/tensor_without_device.py:_arithmetic_holder",
-    "device_performance/tensor_without_device.py:_embedding_attributes",
 })
 
 

@@ -58,6 +58,29 @@ def chooses_cuda_or_cpu(value: cst.BaseExpression, ctx: FileContext) -> bool:
                            for n in expression_nodes(value.test))
 
 
+EMBEDDING_CLASSES = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
+
+
+def embedding_attributes(cls: cst.ClassDef, ctx: FileContext) -> set[str]:
+    """``self.wpe`` for ``self.wpe = nn.Embedding(...)``, ``self.transformer.wpe`` inside an
+    ``nn.ModuleDict(dict(wpe=nn.Embedding(...)))`` (nanoGPT's layout)."""
+    found: set[str] = set()
+    for node in expression_nodes(cls.body):
+        if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call)):
+            continue
+        target = dotted_name(node.targets[0].target)
+        if target is None or not target.startswith("self."):
+            continue
+        if ctx.call_name(node.value) in EMBEDDING_CLASSES:
+            found.add(target)
+            continue
+        for inner in expression_nodes(node.value):
+            if isinstance(inner, cst.Arg) and inner.keyword is not None and isinstance(inner.value, cst.Call) \
+                    and ctx.call_name(inner.value) in EMBEDDING_CLASSES:
+                found.add(f"{target}.{inner.keyword.value}")
+    return found
+
+
 def _names_and_strings(expr: cst.BaseExpression) -> list[str]:
     return list(iter_names(expr)) + [string_value(n) or "" for n in expression_nodes(expr)
                                      if isinstance(n, cst.SimpleString)]

@@ -420,6 +420,22 @@ def assigned_name(node: cst.Call, ctx: FileContext, chained: bool = False) -> Op
     return None
 
 
+def computed_into(call: cst.Call, ctx: FileContext) -> Optional[str]:
+    """``theta`` for ``theta = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))``: the name the value computed
+    from the new tensor is assigned to, through methods and arithmetic."""
+    node: cst.CSTNode = call
+    while True:
+        parent = ctx.parent(node)
+        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)) or (
+                isinstance(parent, cst.Attribute) and isinstance(ctx.parent(parent), cst.Call)):
+            node = parent if not isinstance(parent, cst.Attribute) else ctx.parent(parent)
+            continue
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target,
+                                                                                      cst.Name):
+            return parent.targets[0].target.value
+        return None
+
+
 def targets(node: cst.CSTNode) -> list[str]:
     """The plain names an assignment or ``for`` target binds: ``a, (b, c)`` gives ``a, b, c``."""
     names = []

@@ -7,8 +7,9 @@ import libcst as cst
 
 from analyzers.context import (FileContext, dotted_name, keyword_arg,
                                method_name, short)
-from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import decides_branch, makes_python_number, read_only_as_host_scalar, reads_of, subtree
+from analyzers.program.devices import embedding_attributes, expression_nodes
+from analyzers.program.flow import (computed_into, decides_branch, makes_python_number, read_only_as_host_scalar,
+                                   reads_of, subtree)
 from analyzers.program.state import runs_only_off_cuda
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
@@ -24,22 +25,6 @@ _MOVES = {"to", "cuda", "type_as"}
 # Host-side use of a freshly created tensor: bookkeeping, not model math.
 _HOST_USES = {"item", "tolist", "numpy", "cpu"}
 _HOST_SINKS = {"log", "log_dict", "print", "append", "extend", "format", "info", "debug", "add_scalar", "write"}
-
-
-def _arithmetic_holder(call: cst.Call, ctx: FileContext) -> Optional[str]:
-    """``theta`` for ``theta = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))``: the name the value computed
-    from the new tensor is assigned to, through methods and arithmetic."""
-    node: cst.CSTNode = call
-    while True:
-        parent = ctx.parent(node)
-        if isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation)) or (
-                isinstance(parent, cst.Attribute) and isinstance(ctx.parent(parent), cst.Call)):
-            node = parent if not isinstance(parent, cst.Attribute) else ctx.parent(parent)
-            continue
-        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target,
-                                                                                      cst.Name):
-            return parent.targets[0].target.value
-        return None
 
 
 @dataclass
@@ -418,7 +403,7 @@ class TensorWithoutDevice(Rule):
             if cand.target is not None and "." not in cand.target and \
                     read_only_as_host_scalar(ctx, cand.fn, cand.target):
                 continue  # a random offset used as a slice bound: Python reads it on the host, no device sees it
-            holder = cand.target or _arithmetic_holder(cand.call, ctx)
+            holder = cand.target or computed_into(cand.call, ctx)
             reads = reads_of(ctx, cand.fn, holder) if holder is not None and "." not in holder else []
             if reads and all(self._moved_or_host(read, ctx) for read in reads):
                 continue  # every use moves it first (``self.theta = theta.to(x.device)``, a cache filled once)
@@ -456,7 +441,7 @@ class TensorWithoutDevice(Rule):
     def _embedding_fed(cand: _Candidate, ctx: FileContext) -> Optional[str]:
         """The embedding layer (``self.wpe``, ``self.transformer.wpe``, ``F.embedding``) the new tensor indexes."""
         cls = next((a for a in ctx.ancestors(cand.fn) if isinstance(a, cst.ClassDef)), None)
-        tables = _embedding_attributes(cls, ctx) if cls is not None else set()
+        tables = embedding_attributes(cls, ctx) if cls is not None else set()
         # ``pos = self.pos_ids[:t]`` after ``pos = torch.arange(t)``: the name then holds something else (a rebinding
         # from itself, ``pos = pos.unsqueeze(0)``, still holds the new tensor)
         rebound = cand.target is not None and any(
@@ -492,29 +477,6 @@ def _chain_root(value: cst.BaseExpression, stop: cst.CSTNode) -> cst.BaseExpress
 def _chain_holds(value: cst.BaseExpression, call: cst.Call) -> bool:
     """``value`` is ``call`` or a method chain/subscript on it: ``torch.arange(t).unsqueeze(0)``."""
     return _chain_root(value, call) is call
-
-
-_EMBEDDINGS = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
-
-
-def _embedding_attributes(cls: cst.ClassDef, ctx: FileContext) -> set[str]:
-    """``self.wpe`` for ``self.wpe = nn.Embedding(...)``, ``self.transformer.wpe`` inside an
-    ``nn.ModuleDict(dict(wpe=nn.Embedding(...)))`` (nanoGPT's layout)."""
-    found: set[str] = set()
-    for node in expression_nodes(cls.body):
-        if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call)):
-            continue
-        target = dotted_name(node.targets[0].target)
-        if target is None or not target.startswith("self."):
-            continue
-        if ctx.call_name(node.value) in _EMBEDDINGS:
-            found.add(target)
-            continue
-        for inner in expression_nodes(node.value):
-            if isinstance(inner, cst.Arg) and inner.keyword is not None and isinstance(inner.value, cst.Call) \
-                    and ctx.call_name(inner.value) in _EMBEDDINGS:
-                found.add(f"{target}.{inner.keyword.value}")
-    return found
 
 
 _CONSTANTS = {"pi", "e", "tau", "inf"}
