@@ -437,7 +437,7 @@ def computed_into(call: cst.Call, ctx: FileContext) -> Optional[str]:
 
 
 def targets(node: cst.CSTNode) -> list[str]:
-    """The plain names an assignment or ``for`` target binds: ``a, (b, c)`` gives ``a, b, c``."""
+    """The plain names an assignment or ``for`` target binds: ``a, (b, c)`` gives ``a, b, c``; ``a, *b`` gives ``a, b``."""
     names = []
     stack = [node]
     while stack:
@@ -446,6 +446,8 @@ def targets(node: cst.CSTNode) -> list[str]:
             names.append(current.value)
         elif isinstance(current, (cst.Tuple, cst.List)):
             stack.extend(reversed([e.value for e in current.elements]))
+        elif isinstance(current, cst.StarredElement):
+            stack.append(current.value)  # ``first, *rest = ...`` binds ``rest``
     return names
 
 

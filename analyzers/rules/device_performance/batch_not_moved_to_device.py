@@ -4,80 +4,26 @@ fed to it unmoved.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional
 
 import re
 import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, keyword_arg,
                                method_name, short, string_value)
-from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import assignment_before, call_site_values, may_run_before, parameter_index
+from analyzers.program.flow import assignment_before, call_site_values, may_run_before, parameter_index, targets
 from analyzers.program.library import is_data_loader, is_data_parallel
 from analyzers.program.loops import iterated
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.program.devices import (DTYPE_NAMES as _DTYPE_NAMES, device_like_name as _device_like_name,
-                                       is_cuda_device as _is_cuda_device, receiver_root as _receiver_root,
-                                       observe_assign as _observe_assign, chain_top as _chain_top,
-                                       to_moves_device as _to_moves_device)
+from analyzers.program.devices import (BatchFlow, CpuBatchUse, expression_nodes, is_cuda_device as _is_cuda_device,
+                                       receiver_root as _receiver_root, observe_assign as _observe_assign,
+                                       chain_top as _chain_top, to_moves_device as _to_moves_device)
 
 
-# Calls that may move what they are given (``to_device(batch, device)``, ``batch = prepare_batch(batch)``): a loop
-# that calls one is handling devices its own way, so it is not judged.
-_DEVICE_HANDLING = re.compile(r"device|cuda|gpu|move|transfer|prepare|send|place", re.IGNORECASE)
-# Tensor methods that keep a batch tensor where it is: ``x.view(-1, 784)`` is still on the CPU.
-_KEEPS_PLACE = {"view", "reshape", "float", "long", "double", "half", "int", "bool", "squeeze", "unsqueeze",
-                "permute", "transpose", "contiguous", "flatten", "clone", "detach", "t", "expand", "repeat",
-                "type", "requires_grad_", "narrow", "chunk", "split", "unbind"}
 _CPU_DATASETS = ("torchvision.", "torchaudio.")
 _MOVES_IN_TEXT = re.compile(r"\.(?:to|cuda)\s*\(|device")
 _MAKES_TENSORS = re.compile(r"torch\.|[Tt]ensor|transform|numpy|np\.")
-_CPU, _MOVED = "cpu", "moved"
-
-
-def _moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
-    """``expr`` moves something to a device, or calls a helper that may (``to_device(b, dev)``)."""
-    for node in expression_nodes(expr):
-        if not isinstance(node, cst.Call):
-            continue
-        name = method_name(node) or ""
-        if name == "cuda" or (name == "to" and _to_moves_device(node, ctx)):
-            return True
-        if name == "type" and node.args and not _cpu_type(node.args[0].value, ctx):
-            return True  # ``imgs.type(Tensor)`` with ``Tensor = torch.cuda.FloatTensor if cuda else ...``
-        if name != "to" and _DEVICE_HANDLING.search(name):
-            return True
-        for arg in node.args:
-            if arg.keyword is not None and arg.keyword.value == "device":
-                return True
-            if isinstance(arg.value, (cst.Name, cst.Attribute)) and _device_like_name(dotted_name(arg.value)):
-                return True
-    return False
-
-
-def _cpu_type(expr: cst.BaseExpression, ctx: FileContext) -> bool:
-    """``x.type(torch.float32)`` / ``x.type("torch.FloatTensor")``: a conversion that keeps the tensor where it is
-    (unlike ``torch.cuda.FloatTensor``, or a ``Tensor`` alias that may be one)."""
-    text = string_value(expr)
-    if text is not None:
-        return "cuda" not in text
-    dotted = dotted_name(expr) or ""
-    return dotted.rsplit(".", 1)[-1] in _DTYPE_NAMES and (ctx.qualified_name(expr) or "").startswith("torch.")
-
-
-def _mentions(expr: cst.CSTNode, names: dict[str, str]) -> bool:
-    return any(isinstance(n, cst.Name) and n.value in names for n in expression_nodes(expr))
-
-
-def _target_names(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _target_names(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
 
 
 def _target_paths(target: cst.BaseExpression) -> list[str]:
@@ -88,146 +34,6 @@ def _target_paths(target: cst.BaseExpression) -> list[str]:
         return _target_paths(target.value)
     path = dotted_name(target)
     return [path] if path is not None else []
-
-
-@dataclass
-class _CpuBatchUse:
-    call: cst.Call  # ``model(images)``
-    callee: str  # "model"
-    argument: str  # "images"
-    root: str  # the batch variable: "images" for ``images.view(-1, 784)``
-    discarded_move: Optional[cst.Call] = None  # ``images.to(device)`` whose result nobody kept
-
-
-class _BatchFlow:
-    """Where a loop's batch goes, statement by statement: still on the CPU, or moved (or handed to a helper)."""
-
-    def __init__(self, names: list[str], ctx: FileContext) -> None:
-        self.ctx = ctx
-        self.state: dict[str, str] = {name: _CPU for name in names}
-        self.discarded: dict[str, cst.Call] = {}
-        self.uses: list[_CpuBatchUse] = []
-        self.gave_up = False  # the batch went to a helper that may move it in place
-
-    def status(self, expr: cst.BaseExpression) -> Optional[str]:
-        if _mentions(expr, self.state) and _moves_or_handles_device(expr, self.ctx):
-            return _MOVED
-        while True:
-            if isinstance(expr, cst.Name):
-                return self.state.get(expr.value)
-            if isinstance(expr, (cst.Subscript, cst.Attribute)):
-                expr = expr.value
-            elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
-                    expr.func.attr.value in _KEEPS_PLACE:
-                expr = expr.func.value
-            else:
-                return None
-
-    def run(self, statements: Iterable[cst.CSTNode]) -> None:
-        for statement in statements:
-            if self.gave_up:
-                return
-            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-                continue
-            if isinstance(statement, cst.SimpleStatementLine):
-                for small in statement.body:
-                    self._small(small)
-                continue
-            for header in self._headers(statement):
-                self._calls(header)
-            for block in self._blocks(statement):
-                self.run(block)
-
-    @staticmethod
-    def _headers(statement: cst.CSTNode) -> list[cst.CSTNode]:
-        if isinstance(statement, (cst.If, cst.While)):
-            return [statement.test]
-        if isinstance(statement, cst.For):
-            return [statement.iter]
-        if isinstance(statement, cst.With):
-            return [item.item for item in statement.items]
-        return []
-
-    @staticmethod
-    def _blocks(statement: cst.CSTNode) -> list[Sequence[cst.CSTNode]]:
-        blocks = []
-        for attr in ("body", "orelse", "finalbody"):
-            part = getattr(statement, attr, None)
-            while part is not None:
-                inner = getattr(part, "body", None)
-                if isinstance(inner, Sequence):
-                    blocks.append(inner)
-                    break
-                part = inner
-            if isinstance(part, cst.If):  # ``elif``
-                blocks.append([part])
-        for handler in getattr(statement, "handlers", ()):
-            blocks.append(handler.body.body)
-        return blocks
-
-    def _small(self, small: cst.CSTNode) -> None:
-        if isinstance(small, cst.Assign):
-            self._calls(small.value)
-            for target in small.targets:
-                self._assign(target.target, small.value)
-        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and small.value is not None:
-            self._calls(small.value)
-            self._assign(small.target, small.value)
-        elif isinstance(small, cst.Expr):
-            value = small.value
-            if isinstance(value, cst.Call) and _mentions(value, self.state) and \
-                    _moves_or_handles_device(value, self.ctx):
-                receiver = call_receiver(value)
-                name = method_name(value)
-                if name in ("to", "cuda") and isinstance(receiver, cst.Name) and \
-                        self.state.get(receiver.value) == _CPU and not any(_mentions(a.value, self.state)
-                                                                            for a in value.args):
-                    self.discarded[receiver.value] = value  # ``x.to(device)``: a tensor's .to returns a copy
-                else:
-                    self.gave_up = True  # ``to_device(batch, device)``, ``batch.to_gpu()``: may move in place
-                    return
-            self._calls(value)
-        else:
-            self._calls(small)
-
-    def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
-            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
-                for t, v in zip(target.elements, value.elements):
-                    self._assign(t.value, v.value)
-                return
-            status = self.status(value)
-            for name in _target_names(target):
-                self._set(name, status)
-            return
-        if isinstance(target, cst.Name):
-            self._set(target.value, self.status(value))
-        elif isinstance(target, (cst.Subscript, cst.Attribute)):
-            root = _receiver_root(target)
-            if root in self.state and self.status(value) == _MOVED:
-                self.state[root] = _MOVED  # ``batch["x"] = batch["x"].to(device)``
-
-    def _set(self, name: str, status: Optional[str]) -> None:
-        if status is None:
-            self.state.pop(name, None)
-        else:
-            self.state[name] = status
-        self.discarded.pop(name, None)
-
-    def _calls(self, expr: cst.CSTNode) -> None:
-        """Calls of a module (``model(x)``, ``self.net(**batch)``) given a batch value still on the CPU."""
-        for node in expression_nodes(expr):
-            if not isinstance(node, cst.Call) or not node.args:
-                continue
-            callee = dotted_name(node.func)
-            if callee is None or (isinstance(node.func, cst.Attribute) and not callee.startswith("self.")):
-                continue
-            # only the main input: later ones may stay on the CPU on purpose (pack_padded_sequence's lengths)
-            arg = node.args[0]
-            if self.status(arg.value) == _CPU:
-                root = _receiver_root(arg.value) or ""
-                shown = ("**" if arg.star == "**" else "*" if arg.star else "") + short(self.ctx, arg.value, 40)
-                self.uses.append(_CpuBatchUse(node, callee, shown, root, self.discarded.get(root)))
 
 
 @dataclass
@@ -509,7 +315,7 @@ class BatchNotMovedToDevice(Rule):
             loader = self._loader(entry.iterable, entry.loop, entry.fn, 0, entry.cls)
             if loader is None or not self._stays_on_cpu(loader, ctx):
                 continue
-            flow = _BatchFlow([n for n in self._batch_names(entry.loop)], ctx)
+            flow = BatchFlow([n for n in self._batch_names(entry.loop)], ctx)
             flow.run(entry.loop.body.body)
             for use in flow.uses:
                 move = self._model_move(use.callee, entry)
@@ -518,7 +324,7 @@ class BatchNotMovedToDevice(Rule):
                 self.report(use.call, self._message(use, entry, move, ctx), related=((move, "the model is moved here"),))
                 break
 
-    def _message(self, use: _CpuBatchUse, entry: _LoaderLoop, move: cst.Call, ctx: FileContext) -> str:
+    def _message(self, use: CpuBatchUse, entry: _LoaderLoop, move: cst.Call, ctx: FileContext) -> str:
         loader = short(ctx, entry.iterable, 40)
         if method_name(move) == "to":
             target = keyword_arg(move, "device")
@@ -563,7 +369,7 @@ class BatchNotMovedToDevice(Rule):
         if isinstance(loop.iter, cst.Call) and dotted_name(loop.iter.func) == "enumerate" and \
                 isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2:
             target = target.elements[1].value  # ``for i, (x, y) in enumerate(loader)``: not the counter
-        return _target_names(target)
+        return targets(target)
 
     def _loader(self, expr: cst.BaseExpression, use: cst.CSTNode, fn: Optional[cst.FunctionDef],
                 depth: int, cls: Optional[cst.ClassDef] = None) -> Optional[cst.Call]:
@@ -685,7 +491,7 @@ class BatchNotMovedToDevice(Rule):
         names = {p.name.value for p in (*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params)}
         for node in expression_nodes(fn.body):
             if isinstance(node, cst.AssignTarget):
-                names.update(_target_names(node.target))
+                names.update(targets(node.target))
         return names
 
     def _forward_moves_inputs(self, move: cst.Call, ctx: FileContext) -> bool:
