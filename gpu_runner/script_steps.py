@@ -179,9 +179,10 @@ class _UnusedReports(ast.NodeTransformer):
 
 
 def _only_called_for_effect(function: ast.AST) -> set:
-    """The names a function assigns and reads only as ``name.method(...)`` statements, dropping what they return."""
+    """The names a function assigns and reads, only ever as ``name.method(...)`` statements that drop what they
+    return (a name never read is not one: nothing says what it is for)."""
     parents = {child: parent for parent in ast.walk(function) for child in ast.iter_child_nodes(parent)}
-    assigned, other = set(), set()
+    assigned, called, other = set(), set(), set()
     for node in ast.walk(function):
         if not isinstance(node, ast.Name):
             continue
@@ -190,10 +191,12 @@ def _only_called_for_effect(function: ast.AST) -> set:
             continue
         attribute = parents.get(node)
         call = parents.get(attribute)
-        if not (isinstance(attribute, ast.Attribute) and isinstance(call, ast.Call) and call.func is attribute
-                and isinstance(parents.get(call), ast.Expr)):
+        if isinstance(attribute, ast.Attribute) and isinstance(call, ast.Call) and call.func is attribute \
+                and isinstance(parents.get(call), ast.Expr):
+            called.add(node.id)
+        else:
             other.add(node.id)
-    return assigned - other
+    return (assigned & called) - other
 
 
 def _imported_packages(tree: ast.Module, code_root: Path) -> dict:
