@@ -55,6 +55,7 @@ LOOP_HOOK = "__torchreview_loop_starts__"
 SETTING_HOOK = "__torchreview_setting__"
 MISSING = "__torchreview_missing__"  # absent.MissingPackageError, for the statements _UnusedReports wraps
 UNUSED_REPORT = "__torchreview_unused_report__"
+DROPPED = "__torchreview_dropped__"  # what an object of a missing package that is only called for effect becomes
 SHRUNK_LENGTH = 4 * SEQUENCE_LENGTH  # a script's own data is cut to its sequence length: 64 tokens or steps
 EVALUATION_BATCHES = 2
 
@@ -126,29 +127,76 @@ class _Settings(ast.NodeTransformer):
 class _UnusedReports(ast.NodeTransformer):
     """A statement that only calls a package the runner lacks and drops the result (``wandb.log(...)``,
     ``matplotlib.use("Agg")``) cannot feed the training: it is skipped, with a note, rather than skipping the step.
-    ``packages``: local name -> the installed-or-not package it is bound to by an import of the file (not the
-    repository's own modules)."""
+    So is an object made by such a package (``logger = tb_logger.Logger(...)``) that the code only ever calls
+    methods of, dropping what they return (``logger.log_value(...)``): it is bound to one whose methods do
+    nothing. ``packages``: local name -> the installed-or-not package it is bound to by an import of the file (not
+    the repository's own modules). ``scope``: where the names' uses are read (the file, or the step's function).
+    ``function``: the step's function (a ``main()``), whose body is read too (other functions are not: they run as
+    the file defines them)."""
 
-    def __init__(self, packages: dict):
-        self.packages = packages
+    def __init__(self, packages: dict, scope: ast.AST, function: Optional[ast.AST] = None):
+        self.packages, self.function = packages, function
+        self.dropped = _only_called_for_effect(scope)
 
     def visit_FunctionDef(self, node):
+        return self.generic_visit(node) if node is self.function else node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
         return node
 
-    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+    visit_Lambda = visit_ClassDef
 
-    def visit_Expr(self, node: ast.Expr):
-        root = node.value.func if isinstance(node.value, ast.Call) else None
+    def _package(self, call: ast.AST) -> Optional[str]:
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == SETTING_HOOK \
+                and len(call.args) > 1:
+            call = call.args[1]  # a setting the script assigns, wrapped in its hook (_Settings)
+        root = call.func if isinstance(call, ast.Call) else None
         while isinstance(root, (ast.Attribute, ast.Call)):
             root = root.value if isinstance(root, ast.Attribute) else root.func
-        if not isinstance(root, ast.Name) or root.id not in self.packages:
-            return node
+        return self.packages.get(root.id) if isinstance(root, ast.Name) else None
+
+    def _guarded(self, node: ast.stmt, package: str, fallback: list) -> ast.Try:
         error = "__torchreview_error"
         report = ast.Expr(ast.Call(ast.Name(UNUSED_REPORT, ast.Load()),
-                                   [ast.Name(error, ast.Load()), ast.Constant(self.packages[root.id]),
+                                   [ast.Name(error, ast.Load()), ast.Constant(package),
                                     ast.Constant(node.lineno)], []))
-        handler = ast.ExceptHandler(type=ast.Name(MISSING, ast.Load()), name=error, body=[report])
+        handler = ast.ExceptHandler(type=ast.Name(MISSING, ast.Load()), name=error, body=[report, *fallback])
         return ast.copy_location(ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[]), node)
+
+    def visit_Expr(self, node: ast.Expr):
+        package = self._package(node.value)
+        return node if package is None else self._guarded(node, package, [])
+
+    def visit_Assign(self, node: ast.Assign):
+        package = self._package(node.value)
+        if package is None or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name) \
+                or node.targets[0].id not in self.dropped:
+            return node
+        stand_in = ast.Assign([ast.Name(node.targets[0].id, ast.Store())], ast.Name(DROPPED, ast.Load()))
+        return self._guarded(node, package, [ast.copy_location(stand_in, node)])
+
+
+def _only_called_for_effect(function: ast.AST) -> set:
+    """The names a function assigns and reads, only ever as ``name.method(...)`` statements that drop what they
+    return (a name never read is not one: nothing says what it is for)."""
+    parents = {child: parent for parent in ast.walk(function) for child in ast.iter_child_nodes(parent)}
+    assigned, called, other = set(), set(), set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Name):
+            continue
+        if isinstance(node.ctx, ast.Store):
+            assigned.add(node.id)
+            continue
+        attribute = parents.get(node)
+        call = parents.get(attribute)
+        if isinstance(attribute, ast.Attribute) and isinstance(call, ast.Call) and call.func is attribute \
+                and isinstance(parents.get(call), ast.Expr):
+            called.add(node.id)
+        else:
+            other.add(node.id)
+    return (assigned & called) - other
 
 
 def _imported_packages(tree: ast.Module, code_root: Path) -> dict:
@@ -217,8 +265,9 @@ def script_part(tree: ast.Module, calling: Optional[str] = None) -> Optional[ast
     return ast.Module(body=_up_to_the_loop(tree.body, chain, already_defined=True), type_ignores=[])
 
 
-def function_up_to_the_loop(node: ast.FunctionDef) -> Optional[ast.FunctionDef]:
-    chain = training_loop_chain(node.body)
+def function_up_to_the_loop(node: ast.FunctionDef, calling: Optional[str] = None) -> Optional[ast.FunctionDef]:
+    """The function cut after its training loop (with ``calling``, its loop calling that function of the file)."""
+    chain = training_loop_chain(node.body, calling)
     if not chain:
         return None
     changed = copy.copy(node)
@@ -266,12 +315,14 @@ class ScriptPlan(_Plan):
                          and n.name == function.__name__ and n.lineno == function.__code__.co_firstlineno), None)
             node = node or next((n for n in tree.body if isinstance(n, ast.FunctionDef)
                                  and n.name == function.__name__), None)
-            changed = function_up_to_the_loop(node) if node is not None else None
+            changed = function_up_to_the_loop(node, calling) if node is not None else None
             if changed is None:
-                raise StepSkip(f"{target} holds no training loop (a loop calling .backward())")
+                raise StepSkip(f"{target} holds no training loop (a loop calling "
+                               + (f"{calling}())" if calling else ".backward())"))
             part = ast.Module(body=[changed], type_ignores=[])
-            loop = training_loop_chain(node.body)[-1]
-        part = _UnusedReports(_imported_packages(tree, code_root)).visit(part)
+            loop = training_loop_chain(node.body, calling)[-1]
+        function_node = changed if function is not None else None
+        part = _UnusedReports(_imported_packages(tree, code_root), function_node or tree, function_node).visit(part)
         super().__init__(code_root, target, None, (path, loop.lineno, loop.end_lineno or loop.lineno), device=device)
         self.module, self.function, self.source_path, self.tree = module, function, source_path, tree
         self.code = compile(ast.fix_missing_locations(part), str(source_path), "exec")
@@ -282,10 +333,12 @@ class ScriptPlan(_Plan):
 
     def execute(self, iterations: int) -> None:
         namespace = self.module.__dict__
-        saved = {name: namespace.get(name, _ABSENT) for name in (LOOP_HOOK, SETTING_HOOK, MISSING, UNUSED_REPORT)}
+        saved = {name: namespace.get(name, _ABSENT)
+                 for name in (LOOP_HOOK, SETTING_HOOK, MISSING, UNUSED_REPORT, DROPPED)}
         namespace[LOOP_HOOK] = self._loop_starts
         namespace[MISSING] = absent.MissingPackageError
         namespace[UNUSED_REPORT] = self._unused_report
+        namespace[DROPPED] = training_apis.DisabledWriter()
         namespace[SETTING_HOOK] = lambda name, value, scope: shrunk_setting(name, value, scope, self.device,
                                                                             self.shrunk)
         writers = training_apis.unset_writers(self.tree, namespace)
@@ -710,22 +763,47 @@ def script_plan(code_root: Path, target: str, path: str, name: str, module: type
 
 def calling_script_plan(code_root: Path, target: str, path: str, name: str, module: types.ModuleType,
                         device: Any) -> Optional[ScriptPlan]:
-    """For a step function of a script that reads what the script's own setup assigns (``def train(epoch)`` using
-    the ``net``, ``optimizer`` and loader built under ``__main__``, the model made by a factory such as ``net =
-    get_network(args)``): the script's setup as the script runs it, then its loop that calls the step (``for epoch
-    in ...: train(epoch)``), bounded like a script's loop. None when the file has no such loop."""
-    from gpu_runner.targets import global_reads, module_level_names
+    """For a step function of a script whose own plan the runner skips: the script's setup as the script runs it,
+    then its loop that calls the step, bounded like a script's loop. Either the step reads what the script's
+    setup assigns (``def train(epoch)`` using the ``net``, ``optimizer`` and loader built under ``__main__``, the
+    model made by a factory such as ``net = get_network(args)``) and the loop is the script's own; or the step
+    takes its model as a parameter and a function of the file that the script calls (``main()``) makes what it
+    passes (its model, loader, criterion, options) and loops calling it. None when the file has neither."""
+    from gpu_runner.targets import _calls_function_outside_definitions, global_reads, module_level_names
 
     try:
         tree = ast.parse((code_root / path).read_text(errors="replace"))
     except (OSError, SyntaxError, ValueError, RecursionError):
         return None
-    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
-                None)
-    if node is None or not training_loop_chain(tree.body, name) \
-            or not any(role_of(g) == "model" for g in global_reads(node) & module_level_names(tree)):
+    functions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    node = next((n for n in functions if n.name == name), None)
+    if node is None:
         return None
-    plan = ScriptPlan(code_root, target, path, module, None, device, calling=name)
-    plan.notes.append(f"{name} reads the model its script's setup assigns: the setup ran as the script runs it, "
-                      f"then the script's loop calling {name}() at line {plan.first_line}")
+    if training_loop_chain(tree.body, name) \
+            and any(role_of(g) == "model" for g in global_reads(node) & module_level_names(tree)):
+        plan = ScriptPlan(code_root, target, path, module, None, device, calling=name)
+        plan.notes.append(f"{name} reads the model its script's setup assigns: the setup ran as the script runs "
+                          f"it, then the script's loop calling {name}() at line {plan.first_line}")
+        return plan
+    parameters = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+    if not any(role_of(p) == "model" for p in parameters):
+        return None
+    script = [s for s in tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    caller = next((f for f in functions if f is not node and not _parameters_without_defaults(f)
+                   and training_loop_chain(f.body, name)
+                   and any(_calls_function_outside_definitions(s, f.name) for s in script)), None)
+    function = getattr(module, caller.name, None) if caller is not None else None
+    if not callable(function):
+        return None
+    plan = ScriptPlan(code_root, target, path, module, function, device, calling=name)
+    plan.notes.append(f"{name} takes what {caller.name}(), which the script calls, makes: {caller.name}() ran as "
+                      f"the script runs it, up to its loop calling {name}() at line {plan.first_line}")
     return plan
+
+
+def _parameters_without_defaults(function: ast.AST) -> list:
+    arguments = function.args
+    positional = arguments.posonlyargs + arguments.args
+    required = positional[:len(positional) - len(arguments.defaults)]
+    required += [a for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is None]
+    return [a.arg for a in required]
