@@ -101,6 +101,18 @@ class ClassRef:
 
 
 @dataclass(frozen=True)
+class LibraryRef:
+    """A class or function of a library the runner's environment has, named where the repository passes it
+    (``BatchNorm=nn.BatchNorm2d``, ``act=F.gelu``): the builder imports it. Only the libraries of
+    ``IMPORTABLE_LIBRARIES``: importing them runs no repository code."""
+
+    dotted: str  # "torch.nn.BatchNorm2d"
+
+
+IMPORTABLE_LIBRARIES = ("torch", "einops")
+
+
+@dataclass(frozen=True)
 class Typed:
     """A number computed at run time whose type the code says: ``max_action = float(env.action_space.high[0])``."""
 
@@ -737,6 +749,8 @@ class _Evaluator:
                 return UNKNOWN if target is None else self._module_level(base.path, target, node.attr, depth + 1)
             if isinstance(base, dict):
                 return base.get(node.attr, UNKNOWN)
+            if isinstance(base, LibraryRef):
+                return LibraryRef(f"{base.dotted}.{node.attr}")
             if isinstance(base, TensorShape) and node.attr == "shape":
                 return base.shape
             return UNKNOWN
@@ -899,8 +913,8 @@ class _Evaluator:
         module, _, attribute = origin.rpartition(".")
         module_path = self.repository.module_path(path, module or ".")
         target = self.repository.file(module_path) if module_path is not None else None
-        if target is None:
-            return UNKNOWN
+        if target is None:  # import torch.nn as nn / from torch.nn import BatchNorm2d: the library's, not the tree's
+            return LibraryRef(origin) if origin.split(".")[0] in IMPORTABLE_LIBRARIES else UNKNOWN
         return self._module_level(module_path, target, attribute, depth + 1)
 
     # -- attributes of the instance a method runs on ------------------------------------------------------
