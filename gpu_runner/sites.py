@@ -7,8 +7,9 @@ a Hydra entry point (``@hydra.main(config_path="conf", config_name="train")``), 
 block. This module finds those calls in the code tree and evaluates their arguments without running the
 repository: literals, names assigned before the call (in the function, the module or a module it imports
 from), argparse defaults, YAML / JSON files opened by a path it can evaluate, a factory's parameters through the
-callers of the factory, a method's parameters through their defaults. What it cannot evaluate is left out (the
-builder guesses it). The model's call sites give its input the same way: ``model(torch.randn(8, 3, 32, 32))``.
+callers of the factory, a method's parameters through their defaults, a class or function of torch named by an
+import (``BatchNorm=nn.BatchNorm2d``: a ``LibraryRef`` the builder imports). What it cannot evaluate is left out
+(the builder guesses it). The model's call sites give its input the same way: ``model(torch.randn(8, 3, 32, 32))``.
 
 Runs inside the sandboxed child, on the standard library only (the sandbox binds gpu_runner, not analyzers).
 """
