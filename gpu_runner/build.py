@@ -16,10 +16,12 @@ import importlib.util
 import inspect
 import math
 import re
+import socket
 import sys
 import time
 import types
 import typing
+import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
@@ -886,6 +888,26 @@ def _materialized(code_root: Path, given: dict, notes: list[str], depth: int = 0
 
 
 _NOT_MADE = object()
+
+
+def library_object(ref: "sites.LibraryRef") -> Any:
+    """The object a ``sites.LibraryRef`` names (``torch.nn.BatchNorm2d``), imported from the longest importable
+    module prefix; _NOT_MADE when a part is missing or the library is not one the builder may import."""
+    parts = ref.dotted.split(".")
+    if parts[0] not in sites.IMPORTABLE_LIBRARIES:
+        return _NOT_MADE
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[cut:]:
+                found = getattr(found, attribute)
+        except AttributeError:
+            return _NOT_MADE
+        return found
+    return _NOT_MADE
 _WIDTHS_SHRUNK: dict = {}  # in the call being built: a repository width -> what it was shrunk to, the first time
 
 
@@ -904,6 +926,8 @@ def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: 
     if isinstance(value, sites.ClassRef):
         loaded = _load_attribute(code_root, TargetSpec(value.path, value.name), "class")
         return _NOT_MADE if isinstance(loaded, Skip) else loaded
+    if isinstance(value, sites.LibraryRef):
+        return library_object(value)
     if not isinstance(value, sites.Instance):
         return value
     cls = _made_value(code_root, key, value.cls, notes, depth)
@@ -1024,9 +1048,20 @@ _NAMES_TO_GUESS = [(re.compile(f"(?:{pattern})", re.IGNORECASE), value) for patt
 
 def _name_suffixes(name: str) -> list[str]:
     """``name`` and its shorter ``_``-separated tails, longest first: ``sm_enc_mlp_dim`` -> ``enc_mlp_dim``,
-    ``mlp_dim``, ``dim`` (a prefixed argument means what its tail means: CrossViT's ``sm_dim``, ``lg_dim``)."""
+    ``mlp_dim``, ``dim`` (a prefixed argument means what its tail means: CrossViT's ``sm_dim``, ``lg_dim``); a count
+    named thing-first is also tried count-first (``layer_num`` as ``num_layers``)."""
     parts = name.split("_")
-    return ["_".join(parts[i:]) for i in range(len(parts)) if parts[i]]
+    tails = ["_".join(parts[i:]) for i in range(len(parts)) if parts[i]]
+    named = []
+    for tail in tails:
+        named.append(tail)
+        counted = _COUNT_LAST.fullmatch(tail)
+        if counted:  # a count named thing-first means what its count-first name means: class_num as num_classes
+            named += [f"num_{counted.group(1)}{plural}" for plural in ("s", "es", "")]
+    return named
+
+
+_COUNT_LAST = re.compile(r"([a-z][a-z0-9]*)_(?:num|number|count|cnt)", re.I)
 
 
 def _matches(pattern: "re.Pattern", name: str) -> bool:
@@ -1039,7 +1074,7 @@ def _matches(pattern: "re.Pattern", name: str) -> bool:
 
 def guess_argument(name: str, annotation: Any = inspect.Parameter.empty) -> tuple[bool, Any]:
     """(found, value) for a required constructor argument, by its name, else by its most specific known tail
-    (``sm_dim`` as ``dim``), and its annotation for lists/bools."""
+    (``sm_dim`` as ``dim``; ``action_num`` as ``num_actions``), and its annotation for lists/bools."""
     for suffix in _name_suffixes(name):
         found, value = _guess_by_name(suffix, annotation)
         if found:
@@ -1290,6 +1325,8 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
             yield {**arguments, **none_defaults}
         if unshrunk:
             yield {**arguments, **unshrunk}
+        if _network_unreachable(first_error):
+            yield from _offline_variants(fn, arguments)
 
     for variant in variants():
         for _ in range(MAX_CONFIG_RETRIES):
@@ -1298,6 +1335,11 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                 if variant is not arguments and none_defaults and all(variant.get(k) is v for k, v in none_defaults.items()):
                     notes.append("constructor: " + ", ".join(f"{k}={v!r}" for k, v in none_defaults.items())
                                  + " guessed for arguments that default to None")
+                offline = [k for k, v in variant.items()
+                           if v is False and arguments.get(k, _flag_default(fn, k)) is True]
+                if offline:
+                    notes.append(f"constructor: {offline[0]}=False (with True the constructor reached for the network, "
+                                 "which the runner does not have: pretrained weights, a download)")
                 if unshrunk and all(variant.get(k) is v for k, v in unshrunk.items()):
                     notes.append("constructor: " + ", ".join(f"{k}={_short_repr(v)}" for k, v in unshrunk.items())
                                  + " not shrunk: the constructor rejected the smaller values")
@@ -1322,6 +1364,39 @@ def _call_with_retries(fn: Callable, arguments: dict, notes: list[str], none_def
                 first_error = first_error or RuntimeError(f"{fn.__name__} exited (SystemExit: {exc.code})")
                 break
     return first_error
+
+
+def _network_unreachable(exc: Optional[BaseException]) -> bool:
+    """``exc`` (or what caused it) is the network refusing: no name resolution, no route, a refused connection
+    (the sandbox has no network), not a missing file."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, (urllib.error.URLError, ConnectionError, socket.gaierror, socket.timeout)) \
+                or any(t.__name__ in ("MaxRetryError", "NewConnectionError", "ConnectTimeout")
+                       for t in type(exc).__mro__):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _flag_default(fn: Callable, name: str) -> Any:
+    try:
+        parameter = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):
+        return None
+    return None if parameter is None or parameter.default is parameter.empty else parameter.default
+
+
+def _offline_variants(fn: Callable, arguments: dict) -> Iterator[dict]:
+    """After a call failed on the network: the call with one flag that is True (given, or by default) set to
+    False, one flag at a time (``pretrained=True`` downloads weights; the flag's name is not looked at)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    for name, parameter in parameters.items():
+        if arguments.get(name, parameter.default) is True:
+            yield {**arguments, name: False}
 
 
 def _marked_shrunk_defaults(fn: Callable, arguments: dict) -> dict:
@@ -1433,6 +1508,9 @@ def _repository_options(attributes: list[str], notes: list[str], parameter: str)
             break
         values, compared = {}, []
         for key, value in options.items():
+            if isinstance(value, sites.LibraryRef):
+                value = library_object(value)
+                value = sites.UNKNOWN if value is _NOT_MADE else value
             if value is sites.UNKNOWN:
                 found, value = guess_argument(key)
                 if not found and key in attributes:

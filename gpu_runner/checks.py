@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 from torch.utils import _pytree as pytree
 
+from gpu_runner import forward_body
 from gpu_runner.subject import OUT_OF_MEMORY_REASON, Batch, CheckResult, Subject, TargetReport, out_of_memory, phase
 
 # --- thresholds (calibrated on the healthy fixtures in tests/test_runner_checks.py) -----------------------
@@ -1312,6 +1313,13 @@ def check_overfit_batch(run: _Run) -> CheckResult:
     probabilities = run.subject.task in ("classification", "language_model") and output is not None \
         and _looks_like_probabilities(output)
     diverged = [(lr, r["nonfinite_step"]) for lr, r in runs.items() if r["nonfinite_step"] is not None]
+    if probabilities and not diverged and run.subject.objective_guessed:
+        reader = forward_body.output_read_as_probabilities(run.subject.model)
+        if reader:
+            return _undecided(name, f"the output sums to 1 over its last dim and {reader} reads it as probabilities "
+                              "(samples from it or takes its log): a distribution by design, so the runner's guessed "
+                              "cross-entropy on it, which expects logits, says nothing (configure smoke.targets' "
+                              "loss to decide).", {"runs": runs, "read_as_probabilities_by": reader})
     progress = (first["initial"] - best) / abs(first["initial"]) if math.isfinite(best) else 0.0
     if not probabilities and not diverged and progress >= OVERFIT_SLOW_FRACTION:
         status = "pass" if progress >= OVERFIT_PASS_PROGRESS else "warn"

@@ -33,9 +33,14 @@ from torch import nn
 _WIDTH_PRESERVING = frozenset({"relu", "relu_", "gelu", "tanh", "sigmoid", "elu", "selu", "leaky_relu", "silu",
                                "softplus", "dropout", "dropout2d", "softmax", "log_softmax", "mish", "hardtanh",
                                "contiguous", "float", "clone", "abs", "exp", "sin", "cos", "normalize"})
+# calls that resample or pad a map's positions and keep its channels (axis 1): a convolution's width still holds
+_CHANNEL_PRESERVING = frozenset({"interpolate", "upsample", "upsample_bilinear", "upsample_nearest", "pad",
+                                 "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+                                 "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool2d"})
 _MATRIX_PRODUCTS = frozenset({"mm", "spmm", "matmul", "bmm"})
 MAX_DEPTH = 2  # submodules read below the model (an embedding block, then its value and time embeddings)
 MAX_HELPERS = 2  # helper methods and functions read inside one another below the forward
+_NORMALIZATIONS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 _LAYERS_WITH_WIDTH = (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase, nn.Embedding, nn.EmbeddingBag)
 
 
@@ -448,6 +453,9 @@ class _Reader:
                 return _Value(sources, receiver.parts, receiver.kind)
             if arguments:
                 return _Value(sources, first.parts, first.kind)
+        if name in _CHANNEL_PRESERVING and arguments and first.parts and first.kind is not nn.Linear \
+                and not receiver.parts:  # F.interpolate(x, size=...): x's channels reach the next convolution
+            return _Value(sources, first.parts, first.kind)
         if name in ("transpose", "permute") and receiver.bare and isinstance(node.func, ast.Attribute) \
                 and isinstance(node.func.value, ast.Name) and _swaps_first_two_axes(node):
             self._note(receiver.bare, "time_first", True, f"'{receiver.bare}' made batch-first by .{name}(...) in "
@@ -556,6 +564,8 @@ class _Reader:
         if type(layer).forward is not nn.Module.forward and not any(True for _ in layer.parameters(recurse=False)) \
                 and not list(layer.children()):
             return _Value(sources, first.parts, first.kind)  # an activation or dropout module
+        if isinstance(layer, _NORMALIZATIONS):  # a normalization keeps its input's width (BatchNorm2d(48) after a
+            return _Value(sources, first.parts, first.kind)  # 48-channel convolution)
         inner = read_forward(layer, self.depth + 1) if self.depth < MAX_DEPTH and node.args else {}
         if first.bare and not next(iter(inner.values()), ParameterFacts()).known():
             tables, features = column_tables(layer), feature_weights(layer)
@@ -637,3 +647,59 @@ def read_forward(model: nn.Module, depth: int = 0) -> dict[str, ParameterFacts]:
     reader = _Reader(model, parameters, depth)
     reader.run(node.body)
     return reader.facts
+
+
+# what a distribution's probabilities are consumed by: sampling from them, their logarithm, a distribution made of
+# them (``Categorical(probs)``); a loss that expects logits is none of these
+_PROBABILITY_READERS = frozenset({"multinomial", "log", "log2", "log10", "Categorical", "OneHotCategorical",
+                                  "RelaxedOneHotCategorical", "Multinomial", "Bernoulli"})
+
+
+def output_read_as_probabilities(model: nn.Module) -> str:
+    """The method of the model's own class (or a base's, in the repository) that takes ``self.forward(...)`` /
+    ``self(...)`` and reads it as probabilities: samples from it, takes its log, or makes a distribution of it
+    (``probs = self.forward(x); probs.multinomial(1)``). A softmax ending such a forward is the design (a policy's
+    action probabilities), not a softmax before a loss that expects logits. "" when no method does."""
+    for cls in type(model).__mro__:
+        if cls in (nn.Module, object) or not _repository_code(cls):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            continue
+        for method in ast.walk(tree):
+            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name == "forward":
+                continue
+            outputs = {target.id for node in ast.walk(method) if isinstance(node, ast.Assign)
+                       and _calls_own_forward(node.value) for target in node.targets if isinstance(target, ast.Name)}
+            for node in ast.walk(method):
+                if not isinstance(node, ast.Call) or _call_name(node.func) not in _PROBABILITY_READERS:
+                    continue
+                read = [*node.args, *(k.value for k in node.keywords)]
+                if isinstance(node.func, ast.Attribute):
+                    read.append(node.func.value)
+                if any(_calls_own_forward(e) or isinstance(e, ast.Name) and e.id in outputs
+                       or _reads_output(e, outputs) for e in read):
+                    return f"{cls.__name__}.{method.name}"
+    return ""
+
+
+def _calls_own_forward(node: ast.AST) -> bool:
+    """``self.forward(...)`` or ``self(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return isinstance(func, ast.Name) and func.id == "self" or isinstance(func, ast.Attribute) \
+        and func.attr == "forward" and isinstance(func.value, ast.Name) and func.value.id == "self"
+
+
+def _reads_output(node: ast.AST, outputs: set[str]) -> bool:
+    """An indexing or gather of the output (``probs.gather(1, a)``, ``probs[:, a]``), still its probabilities."""
+    while isinstance(node, (ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in ("gather", "squeeze", "unsqueeze", "view"):
+            node = node.func.value
+        else:
+            return False
+    return isinstance(node, ast.Name) and node.id in outputs

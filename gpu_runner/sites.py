@@ -7,8 +7,9 @@ a Hydra entry point (``@hydra.main(config_path="conf", config_name="train")``), 
 block. This module finds those calls in the code tree and evaluates their arguments without running the
 repository: literals, names assigned before the call (in the function, the module or a module it imports
 from), argparse defaults, YAML / JSON files opened by a path it can evaluate, a factory's parameters through the
-callers of the factory, a method's parameters through their defaults. What it cannot evaluate is left out (the
-builder guesses it). The model's call sites give its input the same way: ``model(torch.randn(8, 3, 32, 32))``.
+callers of the factory, a method's parameters through their defaults, a class or function of torch named by an
+import (``BatchNorm=nn.BatchNorm2d``: a ``LibraryRef`` the builder imports). What it cannot evaluate is left out
+(the builder guesses it). The model's call sites give its input the same way: ``model(torch.randn(8, 3, 32, 32))``.
 
 Runs inside the sandboxed child, on the standard library only (the sandbox binds gpu_runner, not analyzers).
 """
@@ -98,6 +99,18 @@ class ClassRef:
 
     path: str  # relative to the code root
     name: str
+
+
+@dataclass(frozen=True)
+class LibraryRef:
+    """A class or function of a library the runner's environment has, named where the repository passes it
+    (``BatchNorm=nn.BatchNorm2d``, ``act=F.gelu``): the builder imports it. Only the libraries of
+    ``IMPORTABLE_LIBRARIES``: importing them runs no repository code."""
+
+    dotted: str  # "torch.nn.BatchNorm2d"
+
+
+IMPORTABLE_LIBRARIES = ("torch", "einops")
 
 
 @dataclass(frozen=True)
@@ -737,6 +750,8 @@ class _Evaluator:
                 return UNKNOWN if target is None else self._module_level(base.path, target, node.attr, depth + 1)
             if isinstance(base, dict):
                 return base.get(node.attr, UNKNOWN)
+            if isinstance(base, LibraryRef):
+                return LibraryRef(f"{base.dotted}.{node.attr}")
             if isinstance(base, TensorShape) and node.attr == "shape":
                 return base.shape
             return UNKNOWN
@@ -899,8 +914,8 @@ class _Evaluator:
         module, _, attribute = origin.rpartition(".")
         module_path = self.repository.module_path(path, module or ".")
         target = self.repository.file(module_path) if module_path is not None else None
-        if target is None:
-            return UNKNOWN
+        if target is None:  # import torch.nn as nn / from torch.nn import BatchNorm2d: the library's, not the tree's
+            return LibraryRef(origin) if origin.split(".")[0] in IMPORTABLE_LIBRARIES else UNKNOWN
         return self._module_level(module_path, target, attribute, depth + 1)
 
     # -- attributes of the instance a method runs on ------------------------------------------------------
