@@ -1326,6 +1326,14 @@ def check_overfit_batch(run: _Run) -> CheckResult:
         return CheckResult(name, status, f"loss fell from {first['initial']:.3g} to {best:.3g} ({progress:.0%}) in "
                            f"{run.steps} Adam steps at lr {' or '.join(runs)}: the model learns, but slower than "
                            "halving the loss on one batch; more steps (--steps) would tell more.", {"runs": runs})
+    clamped = _clamping_output(run) if run.subject.objective_guessed and not probabilities and not diverged and \
+        run.subject.task in ("classification", "language_model") else ""
+    if clamped:
+        return _undecided(name, f"the output is {clamped}'s (never below zero, exactly zero and without gradient where "
+                          "a unit is off), and the loss is the runner's guess, a cross-entropy that reads it as logits: "
+                          "a class whose unit is off cannot be raised, so a slow fall says nothing about the model (a "
+                          "layer that ends in its activation, not a classifier; configure smoke.targets' task and "
+                          "loss to decide).", {"runs": runs, "output_from": clamped})
     if run.steps_cut and not probabilities and not diverged:
         return CheckResult(name, "warn", f"loss fell from {first['initial']:.3g} to {best:.3g} ({progress:.0%}) in "
                            f"only {run.steps} Adam steps at lr {' or '.join(runs)} (all that fit the time budget): "
@@ -1339,6 +1347,22 @@ def check_overfit_batch(run: _Run) -> CheckResult:
         message += ("; the output already sums to 1 over its last dim, so a softmax is applied before a loss that "
                     "expects logits (double softmax)")
     return CheckResult(name, "fail", message + ".", {"runs": runs})
+
+
+# autograd nodes of activations that clamp at zero: below it their output is 0 and passes no gradient back
+_CLAMPING_NODES = {"relubackward0": "a ReLU", "relu6backward0": "a ReLU6", "hardtanhbackward0": "a clamp",
+                   "clampminbackward0": "a clamp", "clampbackward0": "a clamp", "thresholdbackward0": "a threshold"}
+
+
+def _clamping_output(run: _Run) -> str:
+    """"a ReLU" (or another activation that clamps at zero) when the selected output is made by one; "" else."""
+    try:
+        with torch.enable_grad():
+            output = _primary_output(_forward(run.eval_model(), run.batch()))
+    except Exception:  # noqa: BLE001 - the PR's forward: no claim then
+        return ""
+    node = getattr(output, "grad_fn", None)
+    return _CLAMPING_NODES.get(type(node).__name__.lower(), "") if node is not None else ""
 
 
 def _blank(tensor: torch.Tensor) -> torch.Tensor:

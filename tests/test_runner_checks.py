@@ -3,7 +3,7 @@ caught by the check meant for it (and named in its message)."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -647,7 +647,6 @@ def test_a_dead_path_is_still_a_failure_unless_a_gate_starts_closed():
 def test_a_hot_start_on_guessed_inputs_is_undecided():
     """Logits scale with the inputs: when the runner guessed them, a high initial loss says nothing about the
     initialisation (a graph network fed unit-variance noise where its data are normalised counts)."""
-    from dataclasses import replace
 
     subject = replace(classification_subject(HotInitialisation(), (20,), 10), inputs_guessed=True)
     loss_at_init = check(run_checks(subject, steps=STEPS), "loss-at-init")
@@ -698,3 +697,26 @@ def test_the_checks_run_without_tf32_and_leave_the_users_defaults_as_they_were()
         assert torch.backends.cudnn.allow_tf32 is True
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+class DeadUnitsOut(nn.Module):
+    """A hidden layer that ends in its ReLU, its units mostly off for the runner's input: under a cross-entropy the
+    runner guessed, an off class gets no gradient and the loss barely falls, which says nothing about the layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(20, 10)
+        with torch.no_grad():
+            self.proj.bias.fill_(-30.0)
+
+    def forward(self, x):
+        return F.relu(self.proj(x))
+
+
+def test_a_relu_output_under_a_guessed_cross_entropy_is_undecided_not_failed():
+    subject = classification_subject(DeadUnitsOut(), (20,), 10)
+    guessed = run_checks(replace(subject, objective_guessed=True), steps=STEPS)
+    overfit = check(guessed, "overfit-batch")
+    assert overfit.status == "skip" and overfit.message.startswith("undecided: the output is a ReLU's"), overfit
+    # given by whoever configured it, the same objective is a real one: the layer cannot fit it
+    assert check(run_checks(subject, steps=STEPS), "overfit-batch").status == "fail"
