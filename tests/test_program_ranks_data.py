@@ -8,7 +8,7 @@ import libcst as cst
 import pytest
 
 from analyzers.program.builds import built_module
-from analyzers.program.data import dataset_in_memory, random_transforms
+from analyzers.program.data import dataset_in_memory, random_transforms, sampler_feeds_training
 from analyzers.program.flow import subtree
 from analyzers.program.library import is_data_loader
 from analyzers.program.names import names_evaluation_data, names_evaluation_function
@@ -609,3 +609,34 @@ def test_a_parameter_a_training_loop_iterates_names_no_loader_of_another_functio
             return [model(x) for x, _ in data_loader]
     """
     assert _loader_training(code) == {"data_loader": False}
+
+
+def _samplers_feeding_training(code: str) -> dict[str, bool]:
+    ctx = context(code)
+    found = {}
+    for node in subtree(ctx.module):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and \
+                ctx.module.code_for_node(node.value.func).endswith("Sampler"):
+            found[node.targets[0].target.value] = sampler_feeds_training(node.value, ctx)
+    return found
+
+
+def test_a_sampler_feeds_training_unless_its_data_or_every_loader_it_orders_is_for_evaluation():
+    code = """
+        from torch.utils.data import DataLoader, DistributedSampler
+        first = DistributedSampler(fit_part)
+        second = DistributedSampler(held_out_part)
+        third = DistributedSampler(valid_rows)
+        orphan = DistributedSampler(rows)
+        fit_loader = DataLoader(fit_part, sampler=first)
+        check_loader = DataLoader(held_out_part, sampler=second)
+        for epoch in range(2):
+            for x, y in fit_loader:
+                model(x).sum().backward()
+        with torch.no_grad():
+            for x, y in check_loader:
+                model(x)
+    """
+    # the second orders the batches of a loader no training loop reads; the third's data is named for
+    # evaluation; nothing shows where the orphan's batches go, so it may train
+    assert _samplers_feeding_training(code) == {"first": True, "second": False, "third": False, "orphan": True}

@@ -186,3 +186,24 @@ def may_have_sampler(loader: cst.Call, max_positional: int) -> bool:
     positional arguments (``sampler`` is the fourth: one passed that way is not read)."""
     return (any(a.star for a in loader.args) or len(positional_args(loader)) > max_positional
             or keyword_arg(loader, "sampler") is not None or keyword_arg(loader, "batch_sampler") is not None)
+
+
+def sampler_feeds_training(sampler: cst.Call, ctx: FileContext) -> bool:
+    """Can the batches the sampler ``sampler`` orders reach training? Not when its own data or the name it is
+    bound to says evaluation data (``DistributedSampler(eval_dataset)``, ``val_sampler = ...``), nor when every
+    DataLoader of the file it is handed to (``sampler=``, inline or by name) is one that does not train (see
+    ``loader_trains``). Unknown (no loader in the file takes it) counts as training."""
+    parent = ctx.parent(sampler)
+    target = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and len(parent.targets) == 1 \
+        else None
+    if names_evaluation_data(last_segment(target)) or mentions_evaluation_data(argument(sampler, 0, "dataset")):
+        return False
+    fed: list[bool] = []
+    for call in ctx.facts(ModuleNodes).of_type(cst.Call):
+        given = keyword_arg(call, "sampler")
+        if given is None or not is_data_loader(ctx.call_name(call)):
+            continue
+        if given.value is sampler or (target is not None and dotted_name(given.value) == target):
+            loader = loader_of_call(call, ctx)
+            fed.append(loader is None or loader.training)
+    return not fed or any(fed)
