@@ -624,19 +624,19 @@ def _samplers_feeding_training(code: str) -> dict[str, bool]:
 def test_a_sampler_feeds_training_unless_its_data_or_every_loader_it_orders_is_for_evaluation():
     code = """
         from torch.utils.data import DataLoader, DistributedSampler
-        first = DistributedSampler(fit_part)
-        second = DistributedSampler(held_out_part)
+        first = DistributedSampler(part_a)
+        second = DistributedSampler(part_b)
         third = DistributedSampler(valid_rows)
+        train_order = DistributedSampler(rows_c)
         orphan = DistributedSampler(rows)
-        fit_loader = DataLoader(fit_part, sampler=first)
-        check_loader = DataLoader(held_out_part, sampler=second)
+        loader_a = DataLoader(part_a, sampler=first)
+        dev_loader = DataLoader(part_b, sampler=second)
+        DataLoader(test_rows, sampler=train_order)
         for epoch in range(2):
-            for x, y in fit_loader:
+            for x, y in loader_a:
                 model(x).sum().backward()
-        with torch.no_grad():
-            for x, y in check_loader:
-                model(x)
     """
-    # the second orders the batches of a loader no training loop reads; the third's data is named for
-    # evaluation; nothing shows where the orphan's batches go, so it may train
-    assert _samplers_feeding_training(code) == {"first": True, "second": False, "third": False, "orphan": True}
+    # the second orders only a loader named for held-out data; the third's data is named for evaluation; a sampler
+    # named for training feeds it whatever loader takes it; nothing shows where the orphan's batches go
+    assert _samplers_feeding_training(code) == {"first": True, "second": False, "third": False, "train_order": True,
+                                                "orphan": True}

@@ -27,8 +27,8 @@ class SamplerWithoutSetEpoch(Rule):
     what = """
         Flags a shuffling `DistributedSampler` in a file that trains over epochs (a loop that
         calls `.backward()`) when nothing in the file calls `set_epoch(...)`. Not flagged: a sampler
-        over evaluation data, or one that orders only loaders that do not train (their batch order
-        changes no result).
+        over evaluation data, or one that orders only loaders named for evaluation data (their
+        batch order changes no result).
     """
     why = """
         `DistributedSampler` seeds its shuffle with `seed + epoch`. Without
@@ -81,17 +81,17 @@ class SamplerWithoutSetEpoch(Rule):
             for x, y in fit_loader:
                 criterion(model(x), y).backward()
         """,
-        # named neutrally, but it orders only the batches of the loader the scoring loop reads
+        # named neutrally, but it orders only the batches of a loader named for held-out data
         """
         import torch
         from torch.utils.data import DataLoader, DistributedSampler
         sampler_b = DistributedSampler(ds_b)
-        scoring_loader = DataLoader(ds_b, sampler=sampler_b)
+        dev_loader = DataLoader(ds_b, sampler=sampler_b)
         for epoch in range(10):
             for x, y in train_loader:
                 criterion(model(x), y).backward()
             with torch.no_grad():
-                for x, y in scoring_loader:
+                for x, y in dev_loader:
                     model(x)
         """,
         # a builder module: the training script sets the epoch
