@@ -105,6 +105,28 @@ def test_a_helper_parameter_is_answered_by_every_call_site():
     assert changes_in_eval(ctx, cst.parse_expression("model"), use)
 
 
+def test_an_attribute_stored_from_a_constructor_parameter_is_answered_by_the_class_calls():
+    holder = """
+        import torch.nn as nn
+        plain = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+        normed = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+        class Ranker:
+            def __init__(self, scorer, k):
+                self.scorer = scorer
+            def top(self, rows):
+                use(self.scorer)
+        Ranker(plain, 5)
+        %s
+    """
+    ctx = context(holder % "")
+    assert not changes_in_eval(ctx, cst.parse_expression("self.scorer"), _call_of(ctx, "use"))
+    ctx = context(holder % "Ranker(scorer=normed, k=1)")
+    assert changes_in_eval(ctx, cst.parse_expression("self.scorer"), _call_of(ctx, "use"))
+    # no call of the class in the file: its callers may hand it anything
+    ctx = context(holder.replace("Ranker(plain, 5)", "") % "")
+    assert changes_in_eval(ctx, cst.parse_expression("self.scorer"), _call_of(ctx, "use"))
+
+
 # ---- where a data set's items come from --------------------------------------------------------------------
 
 DATASETS = """

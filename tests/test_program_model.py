@@ -337,6 +337,21 @@ def test_a_load_in_the_loop_that_saves_reads_the_previous_iterations_file():
     assert ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None)
 
 
+@pytest.mark.parametrize("keyword, own", [
+    ("checkpoint_save_file", True),  # the imported helper's parameter says it saves there
+    ("init_from", False),  # a file handed to the helper to read: another run's, wherever it came from
+])
+def test_a_file_handed_to_an_imported_helper_by_a_saving_keyword_is_the_programs_own(keyword, own):
+    ctx = context(f"""
+        import torch
+        from trainers import fit_epochs
+        fit_epochs(net, loaders, {keyword}='top-scorer.bin')
+        net.load_state_dict(torch.load('top-scorer.bin'))
+    """)
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None) is own
+
+
 # ---- the repository index ------------------------------------------------------------------------------
 
 MODEL = """\

@@ -8,7 +8,7 @@ import libcst as cst
 import pytest
 
 from analyzers.program.builds import built_module
-from analyzers.program.data import dataset_in_memory, random_transforms
+from analyzers.program.data import dataset_in_memory, random_transforms, sampler_feeds_training
 from analyzers.program.flow import subtree
 from analyzers.program.library import is_data_loader
 from analyzers.program.names import names_evaluation_data, names_evaluation_function
@@ -647,3 +647,32 @@ def test_the_data_an_expression_reads_and_the_preprocessor_a_call_builds():
     assert preprocessor_of(values["s"], ctx) == "StandardScaler"
     assert preprocessor_of(values["p"], ctx) == "make_pipeline(StandardScaler, PCA)"
     assert preprocessor_of(values["m"], ctx) is None  # it ends in a model
+def _samplers_feeding_training(code: str) -> dict[str, bool]:
+    ctx = context(code)
+    found = {}
+    for node in subtree(ctx.module):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and \
+                ctx.module.code_for_node(node.value.func).endswith("Sampler"):
+            found[node.targets[0].target.value] = sampler_feeds_training(node.value, ctx)
+    return found
+
+
+def test_a_sampler_feeds_training_unless_its_data_or_every_loader_it_orders_is_for_evaluation():
+    code = """
+        from torch.utils.data import DataLoader, DistributedSampler
+        first = DistributedSampler(part_a)
+        second = DistributedSampler(part_b)
+        third = DistributedSampler(valid_rows)
+        train_order = DistributedSampler(rows_c)
+        orphan = DistributedSampler(rows)
+        loader_a = DataLoader(part_a, sampler=first)
+        dev_loader = DataLoader(part_b, sampler=second)
+        DataLoader(test_rows, sampler=train_order)
+        for epoch in range(2):
+            for x, y in loader_a:
+                model(x).sum().backward()
+    """
+    # the second orders only a loader named for held-out data; the third's data is named for evaluation; a sampler
+    # named for training feeds it whatever loader takes it; nothing shows where the orphan's batches go
+    assert _samplers_feeding_training(code) == {"first": True, "second": False, "third": False, "train_order": True,
+                                                "orphan": True}

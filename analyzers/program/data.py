@@ -293,3 +293,31 @@ def _pipeline_steps(call: cst.Call, kind: str) -> list[cst.BaseExpression]:
             return []
         out.append(pair.elements[1].value)
     return out
+def sampler_feeds_training(sampler: cst.Call, ctx: FileContext) -> bool:
+    """Can the batches the sampler ``sampler`` orders reach training? Only evidence of evaluation says no: its
+    own data or the name it is bound to says evaluation data (``DistributedSampler(eval_dataset)``,
+    ``val_sampler = ...``), or every DataLoader of the file it is handed to (``sampler=``, inline or by name) is
+    bound to such a name or loads such data. A name that says training (``train_sampler``) says yes, and so does
+    anything unknown."""
+    parent = ctx.parent(sampler)
+    target = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and len(parent.targets) == 1 \
+        else None
+    if target is not None and _TRAIN_WORD.search(last_segment(target)):
+        return True
+    if _evaluation_data(target, argument(sampler, 0, "dataset")):
+        return False
+    fed: list[bool] = []
+    for call in ctx.facts(ModuleNodes).of_type(cst.Call):
+        given = keyword_arg(call, "sampler")
+        if given is None or not is_data_loader(ctx.call_name(call)):
+            continue
+        if given.value is sampler or (target is not None and dotted_name(given.value) == target):
+            holder = ctx.parent(call)
+            bound = dotted_name(holder.targets[0].target) if isinstance(holder, cst.Assign) and \
+                len(holder.targets) == 1 else None
+            fed.append(not _evaluation_data(bound, argument(call, 0, "dataset")))
+    return not fed or any(fed)
+
+
+def _evaluation_data(name: Optional[str], data: Optional[cst.BaseExpression]) -> bool:
+    return names_evaluation_data(last_segment(name)) or mentions_evaluation_data(data)

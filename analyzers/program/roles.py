@@ -414,13 +414,20 @@ class CheckpointWrites:
     def _save_parameter_literals(self) -> set[str]:
         """File names this file passes to a parameter named for where its function saves (``def train(...,
         save_path)`` called as ``train(..., 'model_scratch.pt')``): that function writes there, even when its
-        saving is an exercise's ``## TODO: save the model`` or goes through a helper."""
+        saving is an exercise's ``## TODO: save the model`` or goes through a helper. A function this file does not
+        define is read from the keyword it is called with (``fit(model, best_model_save_path='best.pt')`` of an
+        imported training helper): the keyword is that function's parameter."""
         found: set[str] = set()
-        for fn in self.ctx.facts(ModuleNodes).of_type(cst.FunctionDef):
+        nodes = self.ctx.facts(ModuleNodes)
+        for fn in nodes.of_type(cst.FunctionDef):
             for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
                 if "save" in param.name.value.lower():
                     for value in call_site_values(self.ctx, fn, param.name.value) or ():
                         found |= self.literals(value)
+        for call in nodes.of_type(cst.Call):
+            for arg in call.args:
+                if arg.keyword is not None and "save" in arg.keyword.value.lower():
+                    found |= self.literals(arg.value)
         return found
 
     @cached_property

@@ -416,6 +416,14 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
             value = value.func.value
         if isinstance(value, (cst.Name, cst.Attribute)) and dotted_name(value) == name:
             continue  # ``model = model.cuda()``
+        if isinstance(value, cst.Name) and depth < 3:
+            passed = _parameter_values(ctx, node, value.value)
+            if passed is not None:
+                # ``self.model = model`` in ``__init__(self, model)``: what every call of it in this file passes
+                if any(changes_in_eval(ctx, v, v, depth + 1) for v in passed):
+                    return True
+                seen = True
+                continue
         if not isinstance(value, cst.Call):
             return True
         if _reloads_itself(ctx, value, name):
@@ -427,6 +435,19 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
             return True
         seen = True
     return not seen
+
+
+def _parameter_values(ctx: FileContext, assignment: cst.Assign, name: str) -> Optional[list[cst.BaseExpression]]:
+    """The values the calls of this file pass for ``name`` when it is a parameter of the function that holds
+    ``assignment`` (for ``__init__``, the calls of the class); None when it is not one, or a call is not known."""
+    parents = ctx.facts(ModuleNodes).parents
+    fn = parents.get(id(assignment))
+    while fn is not None and not isinstance(fn, cst.FunctionDef):
+        fn = parents.get(id(fn))
+    params = [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params] if fn is not None else []
+    if name in ("self", "cls") or not any(p.name.value == name for p in params):
+        return None
+    return call_site_values(ctx, fn, name)
 
 
 def _reloads_itself(ctx: FileContext, value: cst.Call, name: str) -> bool:

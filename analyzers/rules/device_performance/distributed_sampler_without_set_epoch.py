@@ -11,6 +11,7 @@ from analyzers.context import (FileContext, dotted_name, is_true, keyword_arg, m
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
+from analyzers.program.data import sampler_feeds_training
 from analyzers.program.loops import loop_stack
 from analyzers.program.library import Does, does, training_libraries_that
 from analyzers.program.values import is_plain_backward
@@ -25,7 +26,9 @@ class SamplerWithoutSetEpoch(Rule):
     summary = "DistributedSampler shuffles, but set_epoch() is never called in the epoch loop"
     what = """
         Flags a shuffling `DistributedSampler` in a file that trains over epochs (a loop that
-        calls `.backward()`) when nothing in the file calls `set_epoch(...)`.
+        calls `.backward()`) when nothing in the file calls `set_epoch(...)`. Not flagged: a sampler
+        over evaluation data, or one that orders only loaders named for evaluation data (their
+        batch order changes no result).
     """
     why = """
         `DistributedSampler` seeds its shuffle with `seed + epoch`. Without
@@ -68,6 +71,28 @@ class SamplerWithoutSetEpoch(Rule):
         for epoch in range(10):
             for x, y in train_loader:
                 criterion(model(x), y).backward()
+        """,
+        # a shuffling sampler over held-out data: the order of evaluation batches changes no result
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+        holdout_sampler = DistributedSampler(eval_ds)
+        for epoch in range(10):
+            for x, y in fit_loader:
+                criterion(model(x), y).backward()
+        """,
+        # named neutrally, but it orders only the batches of a loader named for held-out data
+        """
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+        sampler_b = DistributedSampler(ds_b)
+        dev_loader = DataLoader(ds_b, sampler=sampler_b)
+        for epoch in range(10):
+            for x, y in train_loader:
+                criterion(model(x), y).backward()
+            with torch.no_grad():
+                for x, y in dev_loader:
+                    model(x)
         """,
         # a builder module: the training script sets the epoch
         """
@@ -127,6 +152,8 @@ class SamplerWithoutSetEpoch(Rule):
                 ctx.imports.imports_root(lib) for lib in training_libraries_that(Does.ADVANCES_SAMPLER_EPOCH)):
             return  # Accelerate and Lightning advance the sampler's epoch themselves
         for call in self.samplers:
+            if not sampler_feeds_training(call, ctx):
+                continue  # it orders evaluation batches only: their order changes no result
             parent = ctx.parent(call)
             owner = None
             if isinstance(parent, cst.Assign) and len(parent.targets) == 1:

@@ -39,7 +39,9 @@ class UnsafeTorchLoad(Rule):
         configuration, a download). Not flagged: a checkpoint the same file saved before loading it
         (the best-model reload of a training script or notebook, a cache), a fixed file spelled
         whole in the code that the program itself saves to as it runs (a notebook that restores
-        `'./model/net.pkl'` from its earlier run, then trains and saves there again), loads inside
+        `'./model/net.pkl'` from its earlier run, then trains and saves there again), a file the
+        program hands to a function's saving parameter (`fit(..., best_model_save_path='top.pt')`,
+        whether the function is defined in the file or imported), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
         `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
         What the file holds decides the fix. Known to load weights-only (the result feeds
@@ -89,6 +91,9 @@ class UnsafeTorchLoad(Rule):
         "import torch\ndef train(n_epochs, model, save_path):\n    for epoch in range(n_epochs):\n        pass\n"
         "    return model\nmodel = train(10, model, 'model_scratch.pt')\n"
         "model.load_state_dict(torch.load('model_scratch.pt'))\n",
+        # an imported training helper is told to save its best model to this file, which is then read back
+        "import torch\nfrom helpers import fit\nfit(model, loaders, best_model_save_path='top.pt')\n"
+        "model.load_state_dict(torch.load('top.pt'))\n",
         # written through a helper whose argument is the same file
         "import torch\ntorch.save(ckpt, 'checkpoint.pth')\ndef load_checkpoint(filepath):\n"
         "    return torch.load(filepath)\nmodel = load_checkpoint('checkpoint.pth')\n",
