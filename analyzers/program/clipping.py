@@ -24,7 +24,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, code_children, dotted_name, literal_bool, method_name, parse_ast
 from analyzers.program.loops import closure
-from analyzers.program.library import CLIPPING_APIS, CLIPPING_OPTIONS, METHODS, Does, does, method_does
+from analyzers.program.library import CLIPPING_APIS, CLIPPING_OPTIONS, METHODS, Does, does, is_library, method_does
 
 # The in-place operations that bound a tensor's values: on a gradient, clipping by value.
 _IN_PLACE_BOUNDS = frozenset({"clamp_", "clip_", "clamp_min_", "clamp_max_"})
@@ -106,6 +106,7 @@ class ClippingFacts:
         self.ctx = ctx
         self.clip_calls: list[cst.Call] = []
         self.options: list[cst.CSTNode] = []  # a library's clipping option turned on
+        self._repository_answers: dict[str, bool] = {}
         own = self._own_functions()
         for call in _calls(ctx.module):
             if self._clips(call, own):
@@ -153,8 +154,12 @@ class ClippingFacts:
             return True
         if name in _CLIPPING_LAST_NAMES and isinstance(call.func, cst.Name):
             return True  # a clip_grad_norm_ imported from where the file does not say
-        from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
-        return ctx.facts(ModuleFacts).clipping_function(dotted)
+        if is_library(ctx.call_name(call)):
+            return False
+        if dotted not in self._repository_answers:  # a function of the repository: asked once per name
+            from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
+            self._repository_answers[dotted] = ctx.facts(ModuleFacts).clipping_function(dotted)
+        return self._repository_answers[dotted]
 
     @property
     def clips(self) -> bool:
