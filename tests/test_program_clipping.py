@@ -30,6 +30,11 @@ def test_the_table_knows_the_libraries_clipping_methods_and_options():
     # clipping by value, by hand, in a helper of the same file
     "def bound(opt, c):\n    for g in opt.param_groups:\n        for p in g['params']:\n"
     "            p.grad.data.clamp_(-c, c)\nfor b in data:\n    loss.backward()\n    bound(opt, 5.)\n    opt.step()\n",
+    # clipping by norm, by hand: the gradients rescaled in place
+    "def rescale(ps, c, n):\n    for p in ps:\n        p.grad.data *= c / n\nfor b in data:\n    loss.backward()\n"
+    "    rescale(net.parameters(), 1.0, 3.0)\n    opt.step()\n",
+    "def rescale(ps, c, n):\n    for p in ps:\n        p.grad.mul_(c / n)\nfor b in data:\n    loss.backward()\n"
+    "    rescale(net.parameters(), 1.0, 3.0)\n    opt.step()\n",
     # a method of the file's trainer class that clips, called on self
     "import torch\nclass T:\n    def clip(self):\n        torch.nn.utils.clip_grad_norm_(self.m.parameters(), 1)\n"
     "    def fit(self):\n        for b in data:\n            self.loss.backward()\n            self.clip()\n",

@@ -5,7 +5,8 @@ saying clipping is left out). A file clips the gradients its training step compu
 
 - it calls a function or method that clips in place (:data:`analyzers.program.library.CLIPPING_APIS`:
   ``torch.nn.utils.clip_grad_norm_``; a library's ``accelerator.clip_grad_norm_``, ``fabric.clip_gradients``...);
-- it clamps a parameter's gradient in place itself (``p.grad.data.clamp_(-c, c)``);
+- it clamps or rescales a parameter's gradient in place itself (``p.grad.data.clamp_(-c, c)``,
+  ``p.grad.data *= max_norm / norm``);
 - it calls a function that does either: one of its own, or one of the repository it imports
   (``from utils import clip_gradient``), found through the repository's summaries.
 
@@ -18,16 +19,19 @@ second step unclipped.
 from __future__ import annotations
 
 import ast
-from typing import Iterator, Optional
+from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, code_children, dotted_name, literal_bool, method_name, parse_ast
+from analyzers.context import FileContext, dotted_name, literal_bool, method_name, parse_ast
+from analyzers.program.flow import ModuleNodes
 from analyzers.program.loops import closure
 from analyzers.program.library import CLIPPING_APIS, CLIPPING_OPTIONS, METHODS, Does, does, is_library, method_does
 
-# The in-place operations that bound a tensor's values: on a gradient, clipping by value.
-_IN_PLACE_BOUNDS = frozenset({"clamp_", "clip_", "clamp_min_", "clamp_max_"})
+# The in-place operations that bound or rescale a tensor's values: on a gradient, clipping by value, or by norm
+# written by hand (``p.grad.data.mul_(max_norm / norm)``, ``p.grad *= max_norm / norm``).
+_IN_PLACE_BOUNDS = frozenset({"clamp_", "clip_", "clamp_min_", "clamp_max_", "mul_", "div_"})
+_IN_PLACE_SCALINGS = (ast.Mult, ast.Div)
 # the last names of the clipping functions and methods: what the ``ast`` summaries of other files recognize
 _CLIPPING_LAST_NAMES = frozenset({name.rsplit(".", 1)[-1] for name in CLIPPING_APIS}
                                  | {name for name, api in METHODS.items() if Does.CLIPS_GRADIENTS in api.does})
@@ -64,6 +68,9 @@ def clipping_functions(tree: ast.Module) -> set[str]:
                 clipping.add(name)
             elif isinstance(func, ast.Name) and func.id in functions:
                 calls[name].add(func.id)
+        if any(isinstance(node, ast.AugAssign) and isinstance(node.op, _IN_PLACE_SCALINGS)
+               and _bounds_a_gradient(_ast_dotted(node.target)) for node in ast.walk(fn)):
+            clipping.add(name)
     return closure(clipping, calls)
 
 
@@ -76,15 +83,6 @@ def _ast_dotted(node: ast.AST) -> Optional[str]:
         return None
     parts.append(node.id)
     return ".".join(reversed(parts))
-
-
-def _calls(node: cst.CSTNode) -> Iterator[cst.Call]:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Call):
-            yield current
-        stack.extend(code_children(current))
 
 
 def _turned_on(value: cst.BaseExpression) -> bool:
@@ -108,13 +106,14 @@ class ClippingFacts:
         self.options: list[cst.CSTNode] = []  # a library's clipping option turned on
         self._repository_answers: dict[str, bool] = {}
         own = self._own_functions()
-        for call in _calls(ctx.module):
+        nodes = ctx.facts(ModuleNodes)
+        for call in nodes.of_type(cst.Call):
             if self._clips(call, own):
                 self.clip_calls.append(call)
             for arg in call.args:
                 if arg.keyword is not None and arg.keyword.value in CLIPPING_OPTIONS and _turned_on(arg.value):
                     self.options.append(arg)
-        for node in _dict_entries(ctx.module):
+        for node in nodes.of_type(cst.DictElement):
             key = node.key
             if isinstance(key, cst.SimpleString) and key.evaluated_value in CLIPPING_OPTIONS and \
                     _turned_on(node.value):
@@ -164,15 +163,6 @@ class ClippingFacts:
     @property
     def clips(self) -> bool:
         return bool(self.clip_calls)
-
-
-def _dict_entries(module: cst.Module) -> Iterator[cst.DictElement]:
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.DictElement):
-            yield current
-        stack.extend(code_children(current))
 
 
 def clips_gradients(ctx: FileContext, own_optimizer_step: bool) -> bool:
