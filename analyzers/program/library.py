@@ -51,6 +51,7 @@ class Does(enum.Enum):
     TAKES_TENSOR_DICT = "takes a dict of tensors (a state dict), never a module, as its first argument"
     RETURNS_ITERATOR = "returns a Python 3 iterator (a generator): next(it) works, the Python 2 it.next() does not"
     KEEPS_FP32_MASTER_WEIGHTS = "trains a float16 model through a float32 master copy of its weights"
+    CLIPS_GRADIENTS = "clips the gradients of the parameters it is given (or of the model it wraps) in place"
     # where a value comes from when it comes from outside the program (analyzers/program/origins.py)
     READS_COMMAND_LINE = "gives what the command line said (the arguments the program was started with)"
     READS_ENVIRONMENT = "gives what the process's environment variables say"
@@ -465,6 +466,44 @@ def wrapped_module_argument(qualified: Optional[str]) -> Optional[tuple[int, str
     if api is None or not api.does & {Does.WRAPS_MODULE, Does.RETURNS_SAME_MODULE}:
         return None
     return api.module_argument
+
+
+# --- gradient clipping. torch's functions clip "the gradient norm of an iterable of parameters ... in-place"
+# (https://pytorch.org/docs/stable/generated/torch.nn.utils.clip_grad_norm_.html, .../clip_grad_value_.html,
+# .../clip_grads_with_norm_.html); timm's dispatch_clip_grad calls them
+# (https://huggingface.co/docs/timm/reference/utils#timm.utils.dispatch_clip_grad).
+_CLIP_DOC = "https://pytorch.org/docs/stable/generated/torch.nn.utils.clip_grad_norm_.html"
+CLIPPING_APIS: frozenset = frozenset(
+    f"{package}.{name}" for package in ("torch.nn.utils", "torch.nn.utils.clip_grad")
+    for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value", "clip_grads_with_norm_")
+) | frozenset({"timm.utils.dispatch_clip_grad", "timm.utils.clip_grad.dispatch_clip_grad"})
+APIS.update({name: _api(_CLIP_DOC, Does.CLIPS_GRADIENTS) for name in CLIPPING_APIS})
+# ... and the methods of the libraries that clip a model's gradients for it, known by name on receivers the rules
+# cannot resolve: accelerate's Accelerator.clip_grad_norm_ / clip_grad_value_
+# (https://huggingface.co/docs/accelerate/package_reference/accelerator#accelerate.Accelerator.clip_grad_norm_),
+# FSDP's FullyShardedDataParallel.clip_grad_norm_ (https://pytorch.org/docs/stable/fsdp.html), Lightning's
+# Fabric.clip_gradients and LightningModule.clip_gradients
+# (https://lightning.ai/docs/fabric/stable/api/fabric_methods.html#clip-gradients,
+# https://lightning.ai/docs/pytorch/stable/common/lightning_module.html#clip-gradients), fairseq's
+# FairseqOptimizer.clip_grad_norm (https://fairseq.readthedocs.io/en/latest/optim.html)
+METHODS.update({name: _api("https://huggingface.co/docs/accelerate/package_reference/accelerator; "
+                           "https://pytorch.org/docs/stable/fsdp.html; "
+                           "https://lightning.ai/docs/fabric/stable/api/fabric_methods.html#clip-gradients; "
+                           "https://fairseq.readthedocs.io/en/latest/optim.html", Does.CLIPS_GRADIENTS)
+                for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_gradients")})
+# The options that make a library's own training step clip: Lightning's Trainer(gradient_clip_val=...)
+# (https://lightning.ai/docs/pytorch/stable/common/trainer.html#gradient-clip-val), transformers'
+# TrainingArguments(max_grad_norm=1.0 by default) (https://huggingface.co/docs/transformers/main_classes/trainer
+# #transformers.TrainingArguments.max_grad_norm), a DeepSpeed configuration's "gradient_clipping"
+# (https://www.deepspeed.ai/docs/config-json/#gradient-clipping), MMEngine's optim_wrapper clip_grad
+# (https://mmengine.readthedocs.io/en/latest/tutorials/optim_wrapper.html#gradient-clipping). They clip the steps the
+# library takes (the trainer's loop, the engine's step), never a torch optimizer's own step() in the user's loop.
+CLIPPING_OPTIONS: dict[str, str] = {
+    "gradient_clip_val": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#gradient-clip-val",
+    "max_grad_norm": "https://huggingface.co/docs/transformers/main_classes/trainer",
+    "gradient_clipping": "https://www.deepspeed.ai/docs/config-json/#gradient-clipping",
+    "clip_grad": "https://mmengine.readthedocs.io/en/latest/tutorials/optim_wrapper.html#gradient-clipping",
+}
 
 
 # the last names of the calls :func:`wrapped_module_argument` knows: a cheap test before resolving a callee

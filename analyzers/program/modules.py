@@ -124,6 +124,8 @@ class FileSummary:
     reads_data: bool = False  # reads a data set (files, a dataset library, a download): see READS_DATA
     # functions that leave a module they are given in eval mode: name -> (parameters, the eval()'d parameters)
     eval_helpers: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
+    # functions that clip gradients (see analyzers/program/clipping.py): name -> True
+    clipping_functions: dict[str, bool] = field(default_factory=dict)
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -133,6 +135,42 @@ def _names_vocabulary(call: ast.Call) -> bool:
     """``nn.Linear(hidden, vocab_size)``: the output size is named after a vocabulary."""
     candidates = call.args[1:2] + [k.value for k in call.keywords if k.arg == "out_features"]
     return any(any(word in (_dotted(c) or "").lower() for word in _VOCABULARY_WORDS) for c in candidates)
+
+
+def _predicts_embedded_tokens(init: ast.FunctionDef) -> bool:
+    """Does the class ``init`` builds have a head with one output per token it embeds: an ``nn.Linear`` whose output
+    size is the number of rows of one of its ``nn.Embedding``s, or a count computed from them (``total = n_text +
+    n_image``, ``self.total = total``)? The model reads token ids and predicts a distribution over them: a language
+    model, whatever its sizes are called."""
+    nodes = _walk(init)
+    counts: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Call) and _last(node.func) == "Embedding":
+            rows = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "num_embeddings"),
+                                                       None)
+            if rows is not None and _dotted(rows) is not None:
+                counts.add(_dotted(rows))
+    if not counts:
+        return False
+    assignments = [(node.targets[0], node.value) for node in nodes
+                   if isinstance(node, ast.Assign) and len(node.targets) == 1]
+    for _ in range(4):  # counts computed from counts, a few assignments deep
+        grown = {_dotted(target) for target, value in assignments
+                 if isinstance(value, (ast.Name, ast.Attribute, ast.BinOp)) and _dotted(target) is not None
+                 and any(_dotted(part) in counts for part in ast.walk(value) if isinstance(part, (ast.Name,
+                                                                                                   ast.Attribute)))}
+        if grown <= counts:
+            break
+        counts |= grown
+    counts |= {f"self.{name}" for name in counts if "." not in name} | \
+        {name.split(".", 1)[1] for name in counts if name.startswith("self.")}
+    for node in nodes:
+        if isinstance(node, ast.Call) and _last(node.func) == "Linear":
+            out = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "out_features"), None)
+            if out is not None and _dotted(out) in counts:
+                return True
+    return False
 
 
 def layer_of(call: ast.AST, extra: Optional[list[ast.AST]] = None) -> Optional[Layer]:
@@ -386,6 +424,8 @@ def summarize(source: str, path: str) -> FileSummary:
             left = _leaves_in_eval(node)
             if left:
                 summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
+    from analyzers.program.clipping import clipping_functions  # clipping asks this module about other files
+    summary.clipping_functions = dict.fromkeys(clipping_functions(tree), True)
     for node in nodes:
         if isinstance(node, ast.Call) and _dotted(node.func) in ("torch.save", "save") and len(node.args) > 1:
             for part in _walk(node.args[1]):
@@ -556,6 +596,8 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
                                 layer.kinds |= (layer_of(item) or Layer()).kinds
                         cls.layers[target.attr] = layer
                         cls.features |= layer.kinds & _FEATURES
+        if _predicts_embedded_tokens(init):
+            cls.features.add("vocab-output")
     getitem = methods.get("__getitem__")
     if getitem is not None:
         cls.item_source = _item_source(getitem)
@@ -663,6 +705,10 @@ class RepositoryIndex:
         """(parameters, parameters left in eval mode) of the function ``local_name`` means in ``importer``, when
         it leaves a module it is given in eval mode."""
         return self._find_defined(importer, local_name, lambda summary: summary.eval_helpers, source, 0)
+
+    def find_clipping_function(self, importer: Path, local_name: str, source: Optional[str] = None) -> Optional[bool]:
+        """True when the function ``local_name`` means in ``importer`` clips gradients."""
+        return self._find_defined(importer, local_name, lambda summary: summary.clipping_functions, source, 0)
 
     def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
         """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
@@ -856,6 +902,14 @@ class ModuleFacts:
         if index is None:
             return None
         return index.find_eval_helper(file_in_repository(self.ctx), name, self.ctx.source)
+
+    def clipping_function(self, name: str) -> bool:
+        """Does the function ``name`` this file imports from the repository clip gradients (see
+        :func:`analyzers.program.clipping.clipping_functions`)? False without a repository."""
+        index = self.ctx.repository
+        if index is None:
+            return False
+        return bool(index.find_clipping_function(file_in_repository(self.ctx), name, self.ctx.source))
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see

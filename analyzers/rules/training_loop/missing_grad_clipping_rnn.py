@@ -13,6 +13,7 @@ from analyzers.context import (
     method_name,
     positional_args)
 from analyzers.markdown import code_span
+from analyzers.program.clipping import clips_gradients
 from analyzers.program.library import is_library
 from analyzers.program.loops import loop_stack
 from analyzers.program.modules import ModuleFacts
@@ -24,8 +25,6 @@ from analyzers.program.values import optimizer_step as _optimizer_step
 
 _RNN_CLASSES = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "Transformer", "TransformerEncoder",
                 "TransformerEncoderLayer", "TransformerDecoder", "TransformerDecoderLayer", "MultiheadAttention"}
-_CLIP_HINTS = ("clip_grad", "grad_clip", "gradient_clip", "clip_gradient", "max_grad_norm", "clip_norm",
-               "clipnorm", "clip_by_norm", "clip_value")
 
 
 class MissingGradClippingRNN(Rule):
@@ -40,10 +39,15 @@ class MissingGradClippingRNN(Rule):
         Flags a file that trains, in a loop, a vanilla `nn.RNN`, or a language or translation
         model (a head with one output per vocabulary token) built on `nn.LSTM`/`nn.GRU` or
         `nn.Transformer*`/`nn.MultiheadAttention` — in the file or in a model class of the
-        repository it imports — while nothing in the file clips gradients (`clip_grad_norm_`,
-        `clip_grad_value_`, a trainer's gradient-clipping option). Short-sequence classifiers
-        (an LSTM over MNIST rows, a ViT) and L-BFGS training are not flagged. Reported once, on the first optimizer
-        step in a loop.
+        repository it imports — while nothing the file calls clips gradients: no `clip_grad_norm_` /
+        `clip_grad_value_` (torch's, accelerate's, Fabric's), no gradient clamped in place, no function of the
+        file or of the repository that does either. A library's clipping option (DeepSpeed's
+        `gradient_clipping`, Lightning's `gradient_clip_val`) clips the library's own steps, not a torch
+        optimizer's `step()` in the file's loop. Words in the text (an unused `--grad_clip` option, a comment)
+        clip nothing. A language model is one whose head has one output per vocabulary token, or per token it
+        embeds (the `nn.Linear`'s size is its `nn.Embedding`'s, or computed from them). Short-sequence
+        classifiers (an LSTM over MNIST rows, a ViT) and L-BFGS training are not flagged. Reported once, on the
+        first optimizer step in a loop.
     """
     why = """
         Recurrent networks and transformers are prone to exploding gradients: one bad batch
@@ -138,6 +142,16 @@ class MissingGradClippingRNN(Rule):
             accelerator.clip_grad_value_(model.parameters(), cfg.grad_clip)
             opt.step()
         """,
+        # clipped by value, by hand
+        """
+        import torch
+        rnn = torch.nn.RNN(8, 8)
+        for x in loader:
+            rnn(x)[0].sum().backward()
+            for p in rnn.parameters():
+                p.grad.data.clamp_(-5, 5)
+            opt.step()
+        """,
     ]
     INVALID = [
         Invalid(
@@ -182,6 +196,23 @@ class MissingGradClippingRNN(Rule):
             """,
             line=5, message="nn.RNN",
         ),
+        # DeepSpeed's configuration clips the engine's steps; the plain optimizer's branch clips nothing
+        Invalid(
+            """
+            import torch
+            rnn = torch.nn.RNN(8, 8)
+            config = {"gradient_clipping": 1.0}
+            engine = build_engine(rnn, config)
+            for x in loader:
+                if use_engine:
+                    engine.backward(rnn(x)[0].sum())
+                    engine.step()
+                else:
+                    rnn(x)[0].sum().backward()
+                    opt.step()
+            """,
+            line=12, message="nn.RNN",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
@@ -191,9 +222,13 @@ class MissingGradClippingRNN(Rule):
         self.vocab_output = False
         self.first_step: Optional[cst.Call] = None
         self.first_backward: Optional[cst.Call] = None
+        self.line_search = False  # an L-BFGS optimizer is built here
 
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
         name = method_name(node)
+        if name == "LBFGS":  # torch.optim.LBFGS, or a library's: a line-search optimizer
+            self.line_search = True
+            return
         if name in _RNN_CLASSES or name == "Linear":
             qualified = ctx.call_name(node) or ""
             if qualified.startswith("torch.nn."):
@@ -223,8 +258,7 @@ class MissingGradClippingRNN(Rule):
         target = self.first_step or self.first_backward
         if target is None:
             return
-        source = ctx.source.lower()
-        if any(hint in source for hint in _CLIP_HINTS) or "lbfgs" in source:
+        if self.line_search or clips_gradients(ctx, own_optimizer_step=target is self.first_step):
             return  # clipped already; or L-BFGS, whose line search bounds its own steps
         built = dict(self.built)
         vocab_output = self.vocab_output
