@@ -113,3 +113,22 @@ def test_a_head_with_one_output_per_embedded_token(init, predicts):
            f"        {init}\n"
     features = summarize(code, "m.py").classes["M"].features
     assert ("vocab-output" in features) is predicts
+
+
+def test_a_helper_nothing_resolves_that_is_handed_the_trained_model_may_clip_it():
+    """``helpers`` sits beside the script on ``sys.path`` at run time: no index finds it. Handed what the optimizer
+    trains, it may clip: unknown, so the step is not said to lack clipping. Handed something else, it says nothing."""
+    step = """
+        import torch
+        import helpers
+        net = torch.nn.LSTM(8, 8)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        for batch in data:
+            loss = net(batch)[0].sum()
+            loss.backward()
+            helpers.{call}
+            optimizer.step()
+    """
+    for call, clips in (("bound_gradients(net, 5.0)", True), ("rescale(net.parameters(), 5.0)", True),
+                        ("log_progress(loss)", False)):
+        assert clips_gradients(context(step.format(call=call)), own_optimizer_step=True) is clips, call

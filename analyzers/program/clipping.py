@@ -158,7 +158,23 @@ class ClippingFacts:
         if dotted not in self._repository_answers:  # a function of the repository: asked once per name
             from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
             self._repository_answers[dotted] = ctx.facts(ModuleFacts).clipping_function(dotted)
-        return self._repository_answers[dotted]
+        answer = self._repository_answers[dotted]
+        # a function nothing resolves (a package beside the script, put on sys.path at run time) that is handed
+        # what the optimizer trains may clip it: unknown, so no claim that the step does not clip
+        return self._hands_over_trained_parameters(call) if answer is None else answer
+
+    def _hands_over_trained_parameters(self, call: cst.Call) -> bool:
+        from analyzers.program.values import optimized_names  # values asks the program model that imports this one
+
+        trained = optimized_names(self.ctx) or frozenset()
+        for arg in call.args:
+            value = arg.value
+            if isinstance(value, cst.Call) and method_name(value) in ("parameters", "named_parameters"):
+                return True
+            name = dotted_name(value)
+            if name is not None and (name in trained or f"{name}.parameters" in trained):
+                return True
+        return False
 
     @property
     def clips(self) -> bool:

@@ -903,13 +903,14 @@ class ModuleFacts:
             return None
         return index.find_eval_helper(file_in_repository(self.ctx), name, self.ctx.source)
 
-    def clipping_function(self, name: str) -> bool:
+    def clipping_function(self, name: str) -> Optional[bool]:
         """Does the function ``name`` this file imports from the repository clip gradients (see
-        :func:`analyzers.program.clipping.clipping_functions`)? False without a repository."""
+        :func:`analyzers.program.clipping.clipping_functions`)? None when it cannot be found (no repository, or a
+        module the index does not resolve)."""
         index = self.ctx.repository
         if index is None:
-            return False
-        return bool(index.find_clipping_function(file_in_repository(self.ctx), name, self.ctx.source))
+            return None
+        return index.find_clipping_function(file_in_repository(self.ctx), name, self.ctx.source)
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see
