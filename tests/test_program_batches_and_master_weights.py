@@ -367,6 +367,66 @@ def test_what_builds_a_module_or_a_parameter():
     assert module_kinds([values["a"], values["b"], values["h"]], ctx) == {"module", "parameter", None}
 
 
+def test_which_built_modules_hold_nothing_to_register():
+    """An activation, a pooling or padding layer, and a class of the file whose ``__init__`` keeps only constants
+    hold no parameter, buffer or train/eval switch; a layer with weights, a dropout, a class that reads
+    ``self.training``, one without its own ``__init__`` or one from another file may."""
+    from analyzers.program.builds import registered_kind, stateless_module
+    ctx = context("""
+        import torch
+        from torch import nn
+        from blocks import Swish
+
+
+        class Scale(nn.Module):
+            def __init__(self, factor=2.0):
+                super().__init__()
+                self.factor = 2.0
+                self.mode = ("a", -1)
+
+            def forward(self, x):
+                return x * self.factor
+
+
+        class Noisy(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, x):
+                return x + torch.randn_like(x) if self.training else x
+
+
+        class Bare(nn.Module):
+            pass
+
+
+        class Holds(nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+
+        relu = nn.ReLU(inplace=True)
+        a = relu
+        b = nn.MaxPool2d(2)
+        c = nn.ZeroPad2d(1)
+        d = Scale()
+        e = nn.Linear(2, 2)
+        f = nn.Dropout(0.5)
+        g = nn.PReLU()
+        h = Noisy()
+        i = Bare()
+        j = Holds(nn.Linear(2, 2))
+        k = Swish()
+        l = nn.BatchNorm1d(4)
+    """)
+    values = {n.targets[0].target.value: n.value for n in subtree(ctx.module)
+              if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Name)
+              and n.targets[0].target.value != "relu"}
+    assert sorted(k for k, v in values.items() if stateless_module(v, ctx)) == ["a", "b", "c", "d"]
+    assert registered_kind(values["b"], ctx) == "stateless" and registered_kind(values["e"], ctx) == "module"
+
+
 def test_the_name_a_computation_from_a_new_tensor_lands_in_and_a_modules_embedding_tables():
     from analyzers.program.devices import embedding_attributes
     from analyzers.program.flow import computed_into

@@ -1016,3 +1016,53 @@ def test_a_builder_functions_module_and_a_parameter_every_caller_fills_alike():
     """)
     score = next(node for node in ctx.module.body if isinstance(node, cst.FunctionDef) and node.name.value == "score")
     assert module_passed_to(score, "body", ctx) == ("softmax", None)
+
+
+def _notebook(*cells: str) -> str:
+    import json
+
+    return json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "source": cell.splitlines(True)}
+                                 for cell in cells] + [{"cell_type": "markdown", "metadata": {},
+                                                        "source": ["torch.save(x, 'prose.pt')"]}],
+                      "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def test_a_notebook_beside_a_script_counts_among_the_savers_of_its_folder(tmp_path):
+    """A folder where a notebook trains and saves ``net.pt`` and a script loads it: the notebook's code cells say
+    which files the folder's programs write (a markdown cell says nothing; a cell that does not parse is skipped,
+    the others still read), and an edit of the notebook is a dependency of the answer."""
+    from analyzers.program.modules import recording
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "train.ipynb").write_text(_notebook("import torch\nnet = make()", "def broken(:\n  torch.save(a, 'x.pt')",
+                                                    "torch.save(net.state_dict(), 'out/net.pt')"))
+    (tmp_path / "show.py").write_text("import torch\nstate = torch.load('out/net.pt')\n")
+    index = RepositoryIndex(tmp_path)
+    with recording() as deps:
+        assert index.saved_beside(tmp_path / "show.py") == {"net.pt"}
+    assert any(Path(path).name == "train.ipynb" and digest for path, digest in deps.files.items())
+    assert deps.unchanged(tmp_path)
+    (tmp_path / "other.ipynb").write_text(_notebook("print(1)"))
+    assert not deps.unchanged(tmp_path)  # a notebook added beside it: asked again
+    assert index.saved_beside(tmp_path / "train.ipynb") == set()  # its own saves are its own program's
+
+
+def test_a_script_loading_what_its_notebook_saved_is_judged_as_reloading_its_own_checkpoint(tmp_path):
+    """The TR601 finding on a script that loads a fixed file is the same whether the file is written by a script
+    or by a notebook of its folder."""
+    load = "import torch\nckpt = torch.load('weights/model.pt')\nprint(ckpt['epoch'])\n"
+    save = "import torch\ntorch.save({'epoch': 3}, 'weights/model.pt')\n"
+
+    def tr601(folder: Path) -> list:
+        rules = [rule for rule in all_rules() if rule.id == "TR601"]
+        found = analyze_source(load, str(folder / "show.py"), rules=rules, repository=RepositoryIndex(folder)).findings
+        return [(f.severity, f.message) for f in found]
+
+    by_script, by_notebook, by_nothing = (tmp_path / "a", tmp_path / "b", tmp_path / "c")
+    for folder in (by_script, by_notebook, by_nothing):
+        folder.mkdir()
+        (folder / ".git").mkdir()
+        (folder / "show.py").write_text(load)
+    (by_script / "train.py").write_text(save)
+    (by_notebook / "train.ipynb").write_text(_notebook(save))
+    assert tr601(by_notebook) == tr601(by_script) != tr601(by_nothing)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
 
 from analyzers.context import FileContext, argument, dotted_name, is_false
 from analyzers.program.flow import assignment_before, call_site_values
@@ -144,6 +145,93 @@ def module_or_parameter(expr: Optional[cst.BaseExpression], ctx: FileContext, fo
     if leaf[:1].isupper() and leaf.endswith(_MODULE_LIKE_SUFFIXES):
         return "module"
     return None
+
+
+# torch.nn classes that hold no parameter and no buffer and compute the same in train() and eval() (activations,
+# pooling, padding, reshaping, resampling): a plain list of them loses nothing by not being registered. Not
+# PReLU (a weight), Dropout / RReLU (differ in training), the norms (parameters, running statistics), the losses
+# (a ``weight`` buffer).
+_NN_STATELESS = frozenset({
+    "ReLU", "ReLU6", "LeakyReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Sigmoid", "Tanh", "Softmax",
+    "LogSoftmax", "Softmin", "Softmax2d", "Softplus", "Softsign", "Hardtanh", "Hardswish", "Hardsigmoid",
+    "Tanhshrink", "Softshrink", "Hardshrink", "Threshold", "LogSigmoid", "GLU",
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+    "LPPool1d", "LPPool2d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
+    "Identity", "Flatten", "Unflatten", "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle",
+    "PixelUnshuffle", "ChannelShuffle", "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad2d",
+    "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d", "ReplicationPad1d",
+    "ReplicationPad2d", "ReplicationPad3d", "CircularPad1d", "CircularPad2d", "CircularPad3d",
+})
+
+
+def stateless_module(expr: Optional[cst.BaseExpression], ctx: FileContext, follow: bool = True) -> bool:
+    """Does ``expr`` build an ``nn.Module`` that holds nothing to register: no parameter, no buffer, no submodule,
+    and no behaviour that ``train()`` / ``eval()`` switches? A ``torch.nn`` activation, pooling or padding layer,
+    or a module class of this file whose ``__init__`` stores only constants and which never reads
+    ``self.training``. False when anything is unknown (a parameter, a class of another file, one without its own
+    ``__init__``)."""
+    if isinstance(expr, (cst.Name, cst.Attribute)) and follow:
+        origin = ctx.origin(expr)
+        return origin is not expr and stateless_module(origin, ctx, follow=False)
+    if not isinstance(expr, cst.Call):
+        return False
+    called = ctx.call_name(expr) or ""
+    if called.startswith("torch.nn."):
+        return called.rsplit(".", 1)[-1] in _NN_STATELESS
+    local = dotted_name(expr.func)
+    if local is None or local not in ctx.module_classes_in_file:
+        return False
+    cls = next((s for s in ctx.module.body if isinstance(s, cst.ClassDef) and s.name.value == local), None)
+    return cls is not None and _holds_nothing(cls, ctx)
+
+
+def _holds_nothing(cls: cst.ClassDef, ctx: FileContext) -> bool:
+    """A module class based on ``nn.Module`` itself whose ``__init__`` only calls ``super().__init__()`` and stores
+    constants, and whose code never reads ``self.training``."""
+    if not cls.bases or any(base != "torch.nn.Module" for base in ctx.class_bases(cls)):
+        return False
+    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    if init is None or not isinstance(init.body, cst.IndentedBlock):
+        return False
+    for statement in init.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        for small in statement.body:
+            if isinstance(small, cst.Pass) or (isinstance(small, cst.Expr) and (
+                    isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+                    or _calls_super_init(small.value))):
+                continue
+            if isinstance(small, cst.Assign) and _constant(small.value) and all(
+                    (dotted_name(t.target) or "").startswith("self.") for t in small.targets):
+                continue
+            return False
+    return not m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("training")))
+
+
+def _calls_super_init(expr: cst.BaseExpression) -> bool:
+    return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "__init__"
+            and isinstance(expr.func.value, cst.Call) and dotted_name(expr.func.value.func) == "super")
+
+
+def _constant(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    if isinstance(expr, cst.Name):
+        return expr.value in ("True", "False", "None")
+    if isinstance(expr, cst.UnaryOperation):
+        return _constant(expr.expression)
+    if isinstance(expr, cst.Tuple):
+        return all(_constant(e.value) for e in expr.elements)
+    return False
+
+
+def registered_kind(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[str]:
+    """What registering ``expr`` in a module keeps: ``module_or_parameter``, with "stateless" for a module that
+    holds nothing to register (:func:`stateless_module`: an activation, a pooling layer), whose absence from
+    ``.parameters()``, ``state_dict()``, ``.to()`` and ``.eval()`` changes nothing."""
+    kind = module_or_parameter(expr, ctx)
+    return "stateless" if kind == "module" and stateless_module(expr, ctx) else kind
 
 
 def module_kinds(exprs, ctx: FileContext) -> set[Optional[str]]:

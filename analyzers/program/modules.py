@@ -399,6 +399,40 @@ READS_DATA = re.compile(
 prepare((READS_DATA,))  # read once at import, not by the first file summarized
 
 
+def _saved_names(nodes: list[ast.AST]) -> set[str]:
+    """The file names (with an extension, folders dropped) given literally to ``torch.save`` among ``nodes``."""
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Call) and _dotted(node.func) in ("torch.save", "save") and len(node.args) > 1:
+            for part in _walk(node.args[1]):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str) and "." in part.value:
+                    names.add(part.value.rsplit("/", 1)[-1])
+    return names
+
+
+def notebook_saved_names(data: bytes) -> set[str]:
+    """:func:`_saved_names` over the code cells of a notebook's JSON, each cell read as IPython runs it; a cell
+    that does not parse says nothing, an unreadable notebook nothing at all."""
+    from analyzers.notebook import NotebookError, cell_to_python, read_cells
+
+    try:
+        cells = read_cells(data)
+    except NotebookError:
+        return set()
+    names: set[str] = set()
+    for cell in cells:
+        if cell.cell_type != "code" or "save" not in cell.source:
+            continue
+        python = cell_to_python(cell.source)
+        try:
+            tree = parse_ast(python.source) if python is not None else None
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        if tree is not None:
+            names |= _saved_names(_walk(tree))
+    return names
+
+
 def summarize(source: str, path: str) -> FileSummary:
     """A summary of one file; a file that does not parse summarizes to nothing."""
     summary = FileSummary(path, reads_data=search(READS_DATA, source))
@@ -426,11 +460,7 @@ def summarize(source: str, path: str) -> FileSummary:
                 summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
     from analyzers.program.clipping import clipping_functions  # clipping asks this module about other files
     summary.clipping_functions = dict.fromkeys(clipping_functions(tree), True)
-    for node in nodes:
-        if isinstance(node, ast.Call) and _dotted(node.func) in ("torch.save", "save") and len(node.args) > 1:
-            for part in _walk(node.args[1]):
-                if isinstance(part, ast.Constant) and isinstance(part.value, str) and "." in part.value:
-                    summary.saved_names.add(part.value.rsplit("/", 1)[-1])
+    summary.saved_names = _saved_names(nodes)
     if "save" in source:
         summary.refused_payloads = _refused_payloads(nodes)
     for name, extra in appended.items():
@@ -646,6 +676,7 @@ class RepositoryIndex:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self._by_path: dict[Path, tuple[tuple[int, int], str, FileSummary]] = {}
+        self._notebooks: dict[Path, tuple[tuple[int, int], Optional[str], set[str]]] = {}
 
     def summary(self, path: Path, source: Optional[str] = None) -> Optional[FileSummary]:
         try:
@@ -776,7 +807,9 @@ class RepositoryIndex:
         return table
 
     def saved_beside(self, path: Path) -> set[str]:
-        """File names the other scripts of ``path``'s folder give literally to ``torch.save``."""
+        """File names the other scripts and notebooks of ``path``'s folder give literally to ``torch.save``: a
+        companion notebook that trains and saves the checkpoint a script of its folder loads is the same
+        program's."""
         names: set[str] = set()
         siblings = python_siblings(path)
         _note_listing(path, siblings)
@@ -784,6 +817,28 @@ class RepositoryIndex:
             summary = self.summary(sibling)
             if summary is not None:
                 names |= summary.saved_names
+        for notebook in notebook_siblings(path):
+            names |= self._notebook_saves(notebook)
+        return names
+
+    def _notebook_saves(self, path: Path) -> set[str]:
+        """:func:`notebook_saved_names` of one notebook, read once per content (by its size and time while it
+        stays the same); one over ``MAX_SUMMARY_BYTES`` (images in its outputs) is not read."""
+        try:
+            stat = path.stat()
+        except OSError:
+            _note_file(path, None)
+            return set()
+        key = (stat.st_mtime_ns, stat.st_size)
+        cached = self._notebooks.get(path)
+        if cached is not None and cached[0] == key:
+            _note_file(path, cached[1])
+            return cached[2]
+        data = _read_bounded(path)
+        digest = _digest(data) if data is not None else None
+        _note_file(path, digest)
+        names = notebook_saved_names(data) if data is not None and b"save" in data else set()
+        self._notebooks[path] = (key, digest, names)
         return names
 
     def refused_payloads_near(self, path: Path) -> dict[str, set[Payload]]:
@@ -1099,7 +1154,7 @@ class Dependencies:
             if pin_file_names(Path(folder)) != names:  # one added or removed; the contents are in ``files``
                 return False
         for path, siblings in self.listings.items():
-            if [str(p) for p in python_siblings(Path(path))] != siblings:
+            if [str(p) for p in python_siblings(Path(path)) + notebook_siblings(Path(path))] != siblings:
                 return False
         return all(digest_of(Path(path)) == digest for path, digest in self.files.items())
 
@@ -1141,9 +1196,10 @@ def note_pin_folder(folder: Path, pin_files: list[Path]) -> None:
 
 
 def _note_listing(path: Path, siblings: list[Path]) -> None:
+    """The scripts of ``path``'s folder (``siblings``) were read, and its notebooks may be: both are noted."""
     deps = _RECORDING.get()
-    if deps is not None:
-        deps.listings.setdefault(os.path.abspath(path), [str(p) for p in siblings])
+    if deps is not None and os.path.abspath(path) not in deps.listings:
+        deps.listings[os.path.abspath(path)] = [str(p) for p in siblings + notebook_siblings(path)]
 
 
 def _digest(data: bytes) -> str:
@@ -1178,11 +1234,21 @@ def module_file_usable(candidate: Path, root: Path) -> bool:
 
 def python_siblings(path: Path) -> list[Path]:
     """The other scripts of ``path``'s folder (at most 200), as :meth:`RepositoryIndex.saved_beside` reads them."""
+    return _siblings(path, "*.py", 200)
+
+
+def notebook_siblings(path: Path) -> list[Path]:
+    """The notebooks of ``path``'s folder other than itself (at most 50), as
+    :meth:`RepositoryIndex.saved_beside` reads them."""
+    return _siblings(path, "*.ipynb", 50)
+
+
+def _siblings(path: Path, pattern: str, most: int) -> list[Path]:
     try:
         resolved = path.resolve()
         # the folder is resolved already: a sibling is itself unless it is a link (one lstat, not a resolve per file)
-        return sorted(p for p in resolved.parent.glob("*.py")
-                      if p != resolved and not (p.is_symlink() and p.resolve() == resolved))[:200]
+        return sorted(p for p in resolved.parent.glob(pattern)
+                      if p != resolved and not (p.is_symlink() and p.resolve() == resolved))[:most]
     except OSError:
         return []
 

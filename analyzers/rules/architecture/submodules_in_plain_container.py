@@ -8,7 +8,7 @@ import libcst as cst
 from analyzers.context import FileContext, dotted_name, method_name
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
-from analyzers.program.builds import module_kinds, module_or_parameter
+from analyzers.program.builds import registered_kind
 from analyzers.program.names import render_name
 from analyzers.program.roles import direct_method_class as _direct_method_class
 
@@ -40,7 +40,9 @@ class SubmodulesInPlainContainer(Rule):
     what = """
         Flags an `nn.Module` that stores submodules (or `nn.Parameter`s) on `self` in a plain
         Python list, tuple or dict: a list/dict display or comprehension of modules, or an empty
-        list/dict later filled with `.append(Block(...))` / `[key] = nn.Linear(...)`.
+        list/dict later filled with `.append(Block(...))` / `[key] = nn.Linear(...)`. Quiet when every
+        module there holds nothing to register (activations, pooling, padding, a class of the file whose
+        `__init__` keeps only constants): leaving those out of `.parameters()` or `state_dict()` loses nothing.
     """
     why = """
         `nn.Module` only registers submodules assigned directly as attributes or held in
@@ -82,6 +84,14 @@ class SubmodulesInPlainContainer(Rule):
         "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "        layers = []\n        for i in range(3):\n            layers.append(nn.Linear(2, 2))\n"
         "        self.net = nn.Sequential(*layers)\n",
+        # modules that hold nothing to register (no parameter, buffer or train/eval switch): nothing is lost
+        "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.acts = {'relu': nn.ReLU(), 'gelu': nn.GELU()}\n"
+        "        self.pools = [nn.MaxPool2d(2) for _ in range(3)]\n",
+        "import torch.nn as nn\nclass Swish(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.beta = 1.0\n    def forward(self, x):\n        return x * (self.beta * x).sigmoid()\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.acts = []\n"
+        "        for _ in range(2):\n            self.acts.append(Swish())\n",
         # not a module class
         "import torch.nn as nn\nclass Builder:\n    def __init__(self):\n        self.layers = [nn.Linear(2, 2)]\n",
     ]
@@ -104,6 +114,9 @@ class SubmodulesInPlainContainer(Rule):
                 "        self.layers = [nn.Linear(8, 8) for _ in range(n)]\n", line=5,
                 fixed="import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
                       "        self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(n)])\n"),
+        # a dropout layer behaves differently in training: eval() must reach it
+        Invalid("import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                "        self.drops = [nn.Dropout(0.1), nn.ReLU()]\n", line=5, message="self.drops"),
         Invalid("import torch\nfrom torch.nn import Module, Parameter\nclass Mix(Module):\n    def __init__(self):\n"
                 "        super().__init__()\n        self.weights = [Parameter(torch.ones(1)) for _ in range(3)]\n",
                 line=6, message="ParameterList"),
@@ -149,13 +162,13 @@ class SubmodulesInPlainContainer(Rule):
             value = node.args[-1].value
             if name == "extend":
                 if isinstance(value, (cst.List, cst.Tuple)):
-                    kinds = module_kinds((e.value for e in value.elements), ctx)
+                    kinds = {registered_kind(e.value, ctx) for e in value.elements}
                 elif isinstance(value, (cst.ListComp, cst.GeneratorExp)):
-                    kinds = {module_or_parameter(value.elt, ctx)}
+                    kinds = {registered_kind(value.elt, ctx)}
                 else:
                     return
             else:
-                kinds = {module_or_parameter(value, ctx)}
+                kinds = {registered_kind(value, ctx)}
             record.appended.setdefault(target, set()).update(kinds)
 
     def visit_AugAssign(self, node: cst.AugAssign, ctx: FileContext) -> None:
@@ -164,7 +177,8 @@ class SubmodulesInPlainContainer(Rule):
             return
         target = dotted_name(node.target)
         if target is not None and isinstance(node.value, (cst.List, cst.Tuple)):
-            record.appended.setdefault(target, set()).update(module_kinds((e.value for e in node.value.elements), ctx))
+            record.appended.setdefault(target, set()).update(
+                {registered_kind(e.value, ctx) for e in node.value.elements})
 
     def leave_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
         record = self._record
@@ -176,7 +190,7 @@ class SubmodulesInPlainContainer(Rule):
             if isinstance(target_expr, cst.Subscript):
                 base = dotted_name(target_expr.value)
                 if base is not None:
-                    record.appended.setdefault(base, set()).add(module_or_parameter(value, ctx))
+                    record.appended.setdefault(base, set()).add(registered_kind(value, ctx))
                 continue
             target = dotted_name(target_expr)
             if target is None:
@@ -202,16 +216,17 @@ class SubmodulesInPlainContainer(Rule):
             record.aliases[target] = (value, value.value)
             return
         if isinstance(value, (cst.List, cst.Tuple)):
-            kinds = module_kinds((e.value for e in value.elements if not isinstance(e, cst.StarredElement)), ctx)
+            kinds = {registered_kind(e.value, ctx) for e in value.elements
+                     if not isinstance(e, cst.StarredElement)}
             container = "list"
         elif isinstance(value, cst.ListComp):
-            kinds = {module_or_parameter(value.elt, ctx)}
+            kinds = {registered_kind(value.elt, ctx)}
             container = "list"
         elif isinstance(value, cst.Dict):
-            kinds = module_kinds((e.value for e in value.elements if isinstance(e, cst.DictElement)), ctx)
+            kinds = {registered_kind(e.value, ctx) for e in value.elements if isinstance(e, cst.DictElement)}
             container = "dict"
         elif isinstance(value, cst.DictComp):
-            kinds = {module_or_parameter(value.value, ctx)}
+            kinds = {registered_kind(value.value, ctx)}
             container = "dict"
         else:
             return
