@@ -132,3 +132,7 @@ def test_a_helper_nothing_resolves_that_is_handed_the_trained_model_may_clip_it(
     for call, clips in (("bound_gradients(net, 5.0)", True), ("rescale(net.parameters(), 5.0)", True),
                         ("log_progress(loss)", False)):
         assert clips_gradients(context(step.format(call=call)), own_optimizer_step=True) is clips, call
+    # handed the model while the run is set up, outside the loop that trains: not where a step clips
+    set_up = step.replace("        for batch in data:", "        helpers.distribute(model=net)\n        for batch in data:")
+    set_up = set_up.format(call="log_progress(loss)")
+    assert not clips_gradients(context(set_up), own_optimizer_step=True)

@@ -159,13 +159,18 @@ class ClippingFacts:
             from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
             self._repository_answers[dotted] = ctx.facts(ModuleFacts).clipping_function(dotted)
         answer = self._repository_answers[dotted]
-        # a function nothing resolves (a package beside the script, put on sys.path at run time) that is handed
-        # what the optimizer trains may clip it: unknown, so no claim that the step does not clip
+        # a function nothing resolves (a package beside the script, put on sys.path at run time) that the training
+        # loop hands what the optimizer trains may clip it: unknown, so no claim that the step does not clip
         return self._hands_over_trained_parameters(call) if answer is None else answer
 
     def _hands_over_trained_parameters(self, call: cst.Call) -> bool:
+        """``call`` sits in a loop that trains and is given the model the optimizer trains, or its parameters."""
+        from analyzers.program.loops import loop_trains
         from analyzers.program.values import optimized_names  # values asks the program model that imports this one
 
+        loop = next((a for a in self.ctx.ancestors(call) if isinstance(a, (cst.For, cst.While))), None)
+        if loop is None or not loop_trains(loop, self.ctx):
+            return False  # set-up (``backend.distribute(model=model)``): not where a step clips
         trained = optimized_names(self.ctx) or frozenset()
         for arg in call.args:
             value = arg.value
