@@ -136,3 +136,6 @@ def test_a_helper_nothing_resolves_that_is_handed_the_trained_model_may_clip_it(
     set_up = step.replace("        for batch in data:", "        helpers.distribute(model=net)\n        for batch in data:")
     set_up = set_up.format(call="log_progress(loss)")
     assert not clips_gradients(context(set_up), own_optimizer_step=True)
+    # handed the model after the step, to measure it: not where clipping goes
+    measured = step.replace("            optimizer.step()\n", "            optimizer.step()\n            helpers.accuracy(net)\n")
+    assert not clips_gradients(context(measured.format(call="log_progress(loss)")), own_optimizer_step=True)

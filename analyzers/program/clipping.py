@@ -24,7 +24,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, literal_bool, method_name, parse_ast
-from analyzers.program.flow import ModuleNodes
+from analyzers.program.flow import ModuleNodes, subtree
 from analyzers.program.loops import closure
 from analyzers.program.library import CLIPPING_APIS, CLIPPING_OPTIONS, METHODS, Does, does, is_library, method_does
 
@@ -168,9 +168,18 @@ class ClippingFacts:
         from analyzers.program.loops import loop_trains
         from analyzers.program.values import optimized_names  # values asks the program model that imports this one
 
+        from analyzers.program.values import is_backward, is_optimizer_step
+
         loop = next((a for a in self.ctx.ancestors(call) if isinstance(a, (cst.For, cst.While))), None)
         if loop is None or not loop_trains(loop, self.ctx):
             return False  # set-up (``backend.distribute(model=model)``): not where a step clips
+        # where clipping goes: after a backward and before the optimizer's step, in the loop's source order (an
+        # evaluation helper after the step, handed the model, is not)
+        order = [n for n in subtree(loop) if isinstance(n, cst.Call)]
+        at = next(i for i, n in enumerate(order) if n is call)
+        if not any(is_backward(n, self.ctx) for n in order[:at]) or \
+                not any(is_optimizer_step(n, self.ctx) for n in order[at + 1:]):
+            return False
         trained = optimized_names(self.ctx) or frozenset()
         for arg in call.args:
             value = arg.value
