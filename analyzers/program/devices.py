@@ -64,7 +64,7 @@ EMBEDDING_CLASSES = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
 
 def embedding_attributes(cls: cst.ClassDef, ctx: FileContext) -> set[str]:
     """``self.wpe`` for ``self.wpe = nn.Embedding(...)``, ``self.transformer.wpe`` inside an
-    ``nn.ModuleDict(dict(wpe=nn.Embedding(...)))`` (nanoGPT's layout)."""
+    ``nn.ModuleDict(dict(wpe=nn.Embedding(...)))`` (a table passed by keyword to a container)."""
     found: set[str] = set()
     for node in expression_nodes(cls.body):
         if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call)):
