@@ -1568,6 +1568,11 @@ class _TrainerPlan(_Plan):
         held = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
         modules = {name: m for name, m in _named_values_of(attributes, nn.Module)
                    if any(id(p) in held for p in m.parameters())}
+        made_in_method = not optimizers and self._optimizer_made_in_method()
+        if made_in_method:
+            # the method makes its optimizer over ``self.<model>.parameters()``: the model is what the instance holds
+            modules = {name: m for name, m in _named_values_of(attributes, nn.Module)
+                       if any(p.requires_grad for p in m.parameters())}
         chosen = _outermost(modules)
         if len(chosen) != 1:
             raise StepSkip(f"{self.owner.__name__} holds {len(chosen)} models its optimizers train "
@@ -1593,7 +1598,8 @@ class _TrainerPlan(_Plan):
                 setattr(instance, key, loader)
         self.notes.append(f"{self.owner.__name__} built its own model: {name} ({type(model).__name__}, "
                           f"{sum(p.numel() for p in model.parameters()):,} parameters), trained by its own optimizer"
-                          + ("s" if len(optimizers) > 1 else ""))
+                          + ("s" if len(optimizers) > 1 else "")
+                          + (f" (made by {self.function.__name__} itself)" if made_in_method else ""))
         self.notes.extend(notes[:3])
         model.train()
         self.begin(model, None, step_limit=STEP_BOUND_FACTOR * iterations, backward_limit=3 * iterations,
@@ -1601,8 +1607,12 @@ class _TrainerPlan(_Plan):
         method = getattr(instance, self.function.__name__)
         values.update(loader=loader, dataset=loader.dataset, model=model, batch=self._one_batch())
         call_arguments = _arguments(method, values, given=self.given, repository_defaults=defaults)
+        # the method may build its own data (``self._get_data(flag="train")``): a repository data set whose files are
+        # not on the runner yields the runner's rows for the model, as for a step that is given its model
+        datasets = _RepositoryDatasets(self.code_root, lambda: self._loader(iterations).dataset, self.notes)
         try:
-            method(**call_arguments)
+            with datasets:
+                method(**call_arguments)
         except (StepSkip, _EnoughSteps):
             raise
         except Exception as exc:
@@ -1613,6 +1623,18 @@ class _TrainerPlan(_Plan):
             self.notes.append(f"{self.target}'s training loop ran to its end ({self.instruments.steps} optimizer "
                               f"steps); the code after it raised {type(exc).__name__} at line {after}: "
                               f"{_one_line(exc, 120)} (not a training step: not checked)")
+
+    def _optimizer_made_in_method(self) -> bool:
+        """The class makes its optimizer in a training method over a model it holds (see
+        ``targets.trainer_optimizes_what_it_holds``), not in its constructor."""
+        from gpu_runner.targets import trainer_optimizes_what_it_holds
+
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(self.owner)))
+        except (OSError, TypeError, SyntaxError):
+            return False
+        node = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+        return node is not None and trainer_optimizes_what_it_holds(node)
 
     def _guessed_sizes(self, given: dict, values: dict) -> dict:
         """The constructor's required parameters with no role, no option and no value from above that the runner
@@ -1686,8 +1708,9 @@ class _TrainerPlan(_Plan):
 
 
 def _files_constructing(code_root: Path, name: str) -> list[str]:
-    """The repository's files (relative paths) that call ``name(...)``: where a class is built from its options."""
-    pattern = re.compile(rf"\b{re.escape(name)}\(")
+    """The repository's files (relative paths) that call ``name(...)``, or take it under another name
+    (``Exp = Exp_Informer`` before ``Exp(args)``): where a class is built from its options."""
+    pattern = re.compile(rf"\b{re.escape(name)}\(|=\s*{re.escape(name)}\s*$", re.M)
     found = []
     for path in sorted(code_root.rglob("*.py")):
         try:
@@ -1907,7 +1930,7 @@ def _through_its_script(code_root: Path, target: str, config: Optional[dict], de
 
 def _trainer_builds_its_own_model(owner: type) -> bool:
     """``owner`` takes no model and makes one with an optimizer itself (``targets.trainer_builds_its_own_model``)."""
-    from gpu_runner.targets import STEP_MODEL_ARGUMENTS, trainer_builds_its_own_model
+    from gpu_runner.targets import STEP_MODEL_ARGUMENTS, trainer_builds_its_own_model, trainer_optimizes_what_it_holds
 
     try:
         parameters = list(inspect.signature(owner.__init__).parameters)[1:]
@@ -1916,7 +1939,7 @@ def _trainer_builds_its_own_model(owner: type) -> bool:
         return False
     node = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
     return node is not None and not any(STEP_MODEL_ARGUMENTS.fullmatch(p.lower()) for p in parameters) \
-        and trainer_builds_its_own_model(node)
+        and (trainer_builds_its_own_model(node) or trainer_optimizes_what_it_holds(node))
 
 
 def _is_script_step(code_root: Path, path: str, name: str) -> bool:

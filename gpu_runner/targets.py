@@ -340,7 +340,7 @@ def _step_candidates(node: ast.stmt, script_names: frozenset = frozenset()) -> I
             return
         init_names = {a.arg for a in methods["__init__"].args.args}
         if not any(STEP_MODEL_ARGUMENTS.fullmatch(n.lower()) for n in init_names) \
-                and not trainer_builds_its_own_model(node):
+                and not trainer_builds_its_own_model(node) and not trainer_optimizes_what_it_holds(node):
             return
         for method in methods.values():
             # a trainer's method under any name (``run``, ``fit_model``) that holds the training loop
@@ -367,6 +367,44 @@ def trainer_builds_its_own_model(node: ast.ClassDef) -> bool:
             if isinstance(item, ast.Call) and isinstance(item.func, ast.Attribute) \
                     and isinstance(item.func.value, ast.Name) and item.func.value.id == "self":
                 pending.append(item.func.attr)
+    return False
+
+
+def trainer_optimizes_what_it_holds(node: ast.ClassDef) -> bool:
+    """A plain class (no ``forward``: not a module) with a constructor and a method holding a training loop that
+    makes its optimizer itself over a model the instance holds: the method, or a method it calls on ``self``
+    (``self._select_optimizer()``), calls ``self.<model>.parameters()``. The model is then made by the
+    constructor, or by a base class's constructor the runner does not read here (an experiment class whose base
+    builds ``self.model`` through ``self._build_model()``); which one the instance holds is read once it is built."""
+    methods = {m.name: m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if "forward" in methods or "__init__" not in methods:
+        return False
+
+    def optimizes_held_parameters(start: str) -> bool:
+        reached, pending = set(), [start]
+        while pending:
+            name = pending.pop()
+            if name in reached or name not in methods:
+                continue
+            reached.add(name)
+            for item in ast.walk(methods[name]):
+                if _calls_method(item, "parameters") and _is_self_attribute(item.func.value):
+                    return True
+                if isinstance(item, ast.Call) and isinstance(item.func, ast.Attribute) \
+                        and isinstance(item.func.value, ast.Name) and item.func.value.id == "self":
+                    pending.append(item.func.attr)
+        return False
+
+    return any(name != "__init__" and _holds_training_loop(method) and optimizes_held_parameters(name)
+               for name, method in methods.items())
+
+
+def _is_self_attribute(node: ast.AST) -> bool:
+    """``self.model`` (``self.model.module`` too): an attribute the instance holds."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+        if isinstance(node, ast.Name):
+            return node.id == "self"
     return False
 
 
