@@ -362,12 +362,22 @@ def trainer_builds_its_own_model(node: ast.ClassDef) -> bool:
             continue
         reached.add(name)
         for item in ast.walk(methods[name]):
-            if _calls_method(item, "parameters"):
+            if _calls_method(item, "parameters") or _makes_torch_optimizer(item):
                 return True
             if isinstance(item, ast.Call) and isinstance(item.func, ast.Attribute) \
                     and isinstance(item.func.value, ast.Name) and item.func.value.id == "self":
                 pending.append(item.func.attr)
     return False
+
+
+def _makes_torch_optimizer(node: ast.AST) -> bool:
+    """``torch.optim.SGD(groups, ...)`` / ``optim.Adam(...)``: an optimizer made from ``torch.optim`` (over parameter
+    groups the code lists, ``[{"params": model.get_1x_lr_params()}, ...]``, not only ``.parameters()``)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr[:1].isupper()):
+        return False
+    owner = node.func.value
+    return isinstance(owner, ast.Name) and owner.id == "optim" or isinstance(owner, ast.Attribute) \
+        and owner.attr == "optim" and isinstance(owner.value, ast.Name) and owner.value.id == "torch"
 
 
 def trainer_optimizes_what_it_holds(node: ast.ClassDef) -> bool:
@@ -412,11 +422,35 @@ def _is_step_function(node: ast.AST) -> bool:
     """Named like a training step and calling ``.backward()``; or, under any name, a training loop over a loader
     it is given (``for x, y in loader: ... loss.backward(); optimizer.step()``)."""
     if STEP_FUNCTION_NAMES.fullmatch(node.name):
-        return any(_calls_method(n, "backward") for n in ast.walk(node))
+        return any(_calls_method(n, "backward") for n in ast.walk(node)) or _hands_loss_to_an_update(node)
     arguments = [a.arg.lower() for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
     if not any(STEP_LOADER_ARGUMENTS.fullmatch(a) for a in arguments):
         return False
     return _holds_training_loop(node)
+
+
+_OPTIMIZER_ARGUMENTS = re.compile(r"(\w+_)?(optimi[sz]er|optim)")
+
+
+def _hands_loss_to_an_update(node: ast.AST) -> bool:
+    """A loop that hands a loss and the optimizer the function takes to a helper that backpropagates and steps
+    (``loss_scaler(loss, optimizer, parameters=model.parameters())``, ``backward_and_step(loss, optimizer)``): the
+    update is the helper's, the loop is the step's."""
+    arguments = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                 if _OPTIMIZER_ARGUMENTS.fullmatch(a.arg.lower())}
+    if not arguments:
+        return False
+    for loop in ast.walk(node):
+        if not isinstance(loop, (ast.For, ast.While)):
+            continue
+        for call in ast.walk(loop):
+            if not isinstance(call, ast.Call):
+                continue
+            given = [*call.args, *(k.value for k in call.keywords)]
+            names = {g.id for g in given if isinstance(g, ast.Name)}
+            if names & arguments and any("loss" in n.lower() for n in names - arguments):
+                return True
+    return False
 
 
 def _holds_training_loop(node: ast.AST) -> bool:
