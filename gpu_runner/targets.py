@@ -222,8 +222,10 @@ def find_step_targets(sources: dict[str, str], changed_lines: dict[str, Optional
     """Training steps in ``changed_lines``' files whose lines overlap a changed line (``None``: the whole file):
     a Lightning-style class (``training_step`` and ``configure_optimizers``; Lightning need not be installed),
     named ``Class.training_step``; a function named like a training step (``train_one_epoch``, ``train``,
-    ``train_step``...) that takes the model and calls ``.backward()``; and such a method of a plain class (a
-    trainer taking the model in its constructor), named ``Class.method``. Found with ``ast`` alone."""
+    ``train_step``...) that takes the model and calls ``.backward()`` (or hands its loss and optimizer to an update
+    helper); and such a method of a plain class (a trainer taking the model in its constructor, making its model
+    and optimizer there, or making the optimizer in the method over the model it holds), named ``Class.method``.
+    Found with ``ast`` alone."""
     found = []
     for path, changed in changed_lines.items():
         try:
