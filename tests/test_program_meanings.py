@@ -286,6 +286,8 @@ def test_table_answers_the_rules_questions():
     assert library.does("lightning.pytorch.Trainer", Does.REPORTS_WRITTEN_CHECKPOINTS)
     assert not library.does("torch.utils.data.DataLoader", Does.REPORTS_WRITTEN_CHECKPOINTS)
     assert library.is_library("collections.OrderedDict") and library.is_library("timm.create_model")
+    assert library.does("torch.set_default_device", Does.SETS_DEFAULT_DEVICE)
+    assert not library.does("torch.cuda.set_device", Does.SETS_DEFAULT_DEVICE)  # selects a GPU; factories stay on CPU
     assert not library.is_library("models.resnet.ResNet")
 
 
@@ -639,3 +641,30 @@ def test_nan_constants_by_the_library_that_defines_them(code, source):
     value = next(node.value for node in subtree(ctx.module) if isinstance(node, cst.Assign)
                  and isinstance(node.targets[0].target, cst.Name) and node.targets[0].target.value == "x")
     assert nan_constant_source(value, ctx) == source
+
+
+# ---- what the program does, not the words in its text ------------------------------------------------------------
+
+def test_the_default_device_is_set_by_a_call_not_by_its_name_in_a_comment():
+    from analyzers.program.devices import sets_default_device
+    assert sets_default_device(context("import torch\ntorch.set_default_device('cuda')\n"))
+    assert sets_default_device(context("from torch import set_default_device as use\nuse(dev)\n"))
+    assert not sets_default_device(context("import torch\n# torch.set_default_device('cuda') later\n"
+                                           "print('set_default_device')\ntorch.cuda.set_device(0)\n"))
+
+
+@pytest.mark.parametrize("code,kept", [
+    # replaced at the top of the file, under another name for the module
+    ("import builtins as b\nb.print = lambda *a, **k: None\n", True),
+    # replaced in a function the file calls through another of its functions
+    ("import builtins\ndef mute(main):\n    if not main:\n        builtins.print = lambda *a, **k: None\n"
+     "def launch(rank):\n    mute(rank == 0)\nlaunch(0)\n", True),
+    ("import builtins\ndef quiet():\n    setattr(builtins, 'print', lambda *a, **k: None)\nquiet()\n", True),
+    # defined but never called; a local variable that shadows print; only words
+    ("import builtins\ndef mute():\n    builtins.print = None\n", False),
+    ("def report():\n    print = logger.info\n    print('x')\nreport()\n", False),
+    ("# builtins.print is replaced by setup_for_distributed\ninit_distributed_mode(args)\n", False),
+])
+def test_print_is_kept_to_one_process_when_the_program_replaces_the_builtin(code, kept):
+    from analyzers.program.ranks import print_kept_to_one_process
+    assert print_kept_to_one_process(context(code)) is kept

@@ -10,7 +10,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, code_children, iter_names, string_value, argument, call_receiver,
                                dotted_name, is_true, keyword_arg, method_name, short)
-from analyzers.program.flow import targets
+from analyzers.program.flow import ModuleNodes, targets
 from analyzers.program.names import names_configuration
 from analyzers.program.library import Does, does, is_data_parallel
 
@@ -109,6 +109,12 @@ _RUN_OBJECTS = {"accelerator", "fabric", "trainer"}
 
 DTYPE_NAMES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "int8", "int16",
                 "int32", "int64", "long", "short", "bool", "uint8", "complex64", "complex128", "cfloat", "cdouble"}
+
+
+def sets_default_device(ctx: FileContext) -> bool:
+    """Does the file set the device tensors are created on without ``device=`` (:attr:`Does.SETS_DEFAULT_DEVICE`:
+    ``torch.set_default_device("cuda")``)? A call, not a word: a comment or a string naming it sets nothing."""
+    return any(does(ctx.call_name(call), Does.SETS_DEFAULT_DEVICE) for call in ctx.facts(ModuleNodes).of_type(cst.Call))
 
 
 def device_like_name(dotted: Optional[str]) -> bool:

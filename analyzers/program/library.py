@@ -52,6 +52,7 @@ class Does(enum.Enum):
     RETURNS_ITERATOR = "returns a Python 3 iterator (a generator): next(it) works, the Python 2 it.next() does not"
     KEEPS_FP32_MASTER_WEIGHTS = "trains a float16 model through a float32 master copy of its weights"
     CLIPS_GRADIENTS = "clips the gradients of the parameters it is given (or of the model it wraps) in place"
+    SETS_DEFAULT_DEVICE = "sets the device factory functions (torch.zeros...) create tensors on without device="
     # where a value comes from when it comes from outside the program (analyzers/program/origins.py)
     READS_COMMAND_LINE = "gives what the command line said (the arguments the program was started with)"
     READS_ENVIRONMENT = "gives what the process's environment variables say"
@@ -467,6 +468,12 @@ def wrapped_module_argument(qualified: Optional[str]) -> Optional[tuple[int, str
         return None
     return api.module_argument
 
+
+# --- the default device: "Sets the default torch.Tensor to be allocated on device. ... factory calls will be
+# performed as if they were passed device as an argument" (https://pytorch.org/docs/stable/generated/
+# torch.set_default_device.html)
+APIS["torch.set_default_device"] = _api("https://pytorch.org/docs/stable/generated/torch.set_default_device.html",
+                                        Does.SETS_DEFAULT_DEVICE)
 
 # --- gradient clipping. torch's functions clip "the gradient norm of an iterable of parameters ... in-place"
 # (https://pytorch.org/docs/stable/generated/torch.nn.utils.clip_grad_norm_.html, .../clip_grad_value_.html,

@@ -126,6 +126,8 @@ class FileSummary:
     eval_helpers: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
     # functions that clip gradients (see analyzers/program/clipping.py): name -> True
     clipping_functions: dict[str, bool] = field(default_factory=dict)
+    # functions that replace the built-in print (see analyzers/program/ranks.py): name -> True
+    print_replacing_functions: dict[str, bool] = field(default_factory=dict)
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -460,6 +462,8 @@ def summarize(source: str, path: str) -> FileSummary:
                 summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
     from analyzers.program.clipping import clipping_functions  # clipping asks this module about other files
     summary.clipping_functions = dict.fromkeys(clipping_functions(tree), True)
+    from analyzers.program.ranks import print_replacing_functions  # ranks asks this module about other files
+    summary.print_replacing_functions = dict.fromkeys(print_replacing_functions(tree), True)
     summary.saved_names = _saved_names(nodes)
     if "save" in source:
         summary.refused_payloads = _refused_payloads(nodes)
@@ -741,6 +745,11 @@ class RepositoryIndex:
         """True when the function ``local_name`` means in ``importer`` clips gradients."""
         return self._find_defined(importer, local_name, lambda summary: summary.clipping_functions, source, 0)
 
+    def find_print_replacing_function(self, importer: Path, local_name: str,
+                                      source: Optional[str] = None) -> Optional[bool]:
+        """True when the function ``local_name`` means in ``importer`` replaces the built-in ``print``."""
+        return self._find_defined(importer, local_name, lambda summary: summary.print_replacing_functions, source, 0)
+
     def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
         """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
         re-exported."""
@@ -966,6 +975,14 @@ class ModuleFacts:
         if index is None:
             return None
         return index.find_clipping_function(file_in_repository(self.ctx), name, self.ctx.source)
+
+    def print_replacing_function(self, name: str) -> Optional[bool]:
+        """Does the function ``name`` this file imports from the repository replace the built-in ``print`` (see
+        :func:`analyzers.program.ranks.print_kept_to_one_process`)? None when it cannot be found."""
+        index = self.ctx.repository
+        if index is None:
+            return None
+        return index.find_print_replacing_function(file_in_repository(self.ctx), name, self.ctx.source)
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see
