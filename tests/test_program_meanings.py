@@ -668,3 +668,17 @@ def test_the_default_device_is_set_by_a_call_not_by_its_name_in_a_comment():
 def test_print_is_kept_to_one_process_when_the_program_replaces_the_builtin(code, kept):
     from analyzers.program.ranks import print_kept_to_one_process
     assert print_kept_to_one_process(context(code)) is kept
+
+
+@pytest.mark.parametrize("code,handles", [
+    ("x = x.to(device)\n", True),
+    ("model.cuda()\n", True),
+    ("import torch\nif torch.cuda.is_available():\n    pass\n", True),
+    ("import torch\nt = torch.zeros(3, device=dev)\n", True),
+    ("from torch.nn.parallel import DistributedDataParallel as D\nm = D(m)\n", True),
+    # a dtype conversion; words in comments and strings
+    ("import torch\nx = x.to(torch.float16)\n# move to the cuda device later\nprint('device')\n", False),
+])
+def test_a_file_handles_devices_when_its_code_does(code, handles):
+    from analyzers.program.devices import file_handles_devices
+    assert file_handles_devices(context(code)) is handles

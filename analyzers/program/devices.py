@@ -368,22 +368,35 @@ _CPU, _MOVED = "cpu", "moved"
 
 def moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
     """``expr`` moves something to a device, or calls a helper that may (``to_device(b, dev)``)."""
-    for node in expression_nodes(expr):
-        if not isinstance(node, cst.Call):
-            continue
-        name = method_name(node) or ""
-        if name == "cuda" or (name == "to" and to_moves_device(node, ctx)):
+    return any(isinstance(node, cst.Call) and _call_handles_device(node, ctx) for node in expression_nodes(expr))
+
+
+def _call_handles_device(node: cst.Call, ctx: FileContext) -> bool:
+    name = method_name(node) or ""
+    if name == "cuda" or (name == "to" and to_moves_device(node, ctx)):
+        return True
+    if name == "type" and node.args and not keeps_place_type(node.args[0].value, ctx):
+        return True  # ``imgs.type(Tensor)`` with ``Tensor = torch.cuda.FloatTensor if cuda else ...``
+    if name != "to" and _DEVICE_HANDLING.search(name):
+        return True
+    for arg in node.args:
+        if arg.keyword is not None and arg.keyword.value == "device":
             return True
-        if name == "type" and node.args and not keeps_place_type(node.args[0].value, ctx):
-            return True  # ``imgs.type(Tensor)`` with ``Tensor = torch.cuda.FloatTensor if cuda else ...``
-        if name != "to" and _DEVICE_HANDLING.search(name):
+        if isinstance(arg.value, (cst.Name, cst.Attribute)) and device_like_name(dotted_name(arg.value)):
             return True
-        for arg in node.args:
-            if arg.keyword is not None and arg.keyword.value == "device":
-                return True
-            if isinstance(arg.value, (cst.Name, cst.Attribute)) and device_like_name(dotted_name(arg.value)):
-                return True
     return False
+
+
+def file_handles_devices(ctx: FileContext) -> bool:
+    """Does the file's code place anything on a device, choose one or ask about one: ``.cuda()``, ``.to(device)``, a
+    ``device=`` argument, ``torch.device(...)``, anything of ``torch.cuda``, a data-parallel wrapper? A file that
+    never does runs its tensors where they are made, on the CPU, whatever its comments and strings say."""
+    nodes = ctx.facts(ModuleNodes)
+    for node in nodes.of_type(cst.Name, cst.Attribute):
+        qualified = ctx.qualified_name(node) or ""
+        if qualified == "torch.device" or qualified.startswith("torch.cuda.") or is_data_parallel(qualified):
+            return True
+    return any(_call_handles_device(call, ctx) for call in nodes.of_type(cst.Call))
 
 
 def keeps_place_type(expr: cst.BaseExpression, ctx: FileContext) -> bool:
