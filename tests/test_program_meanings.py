@@ -682,3 +682,16 @@ def test_print_is_kept_to_one_process_when_the_program_replaces_the_builtin(code
 def test_a_file_handles_devices_when_its_code_does(code, handles):
     from analyzers.program.devices import file_handles_devices
     assert file_handles_devices(context(code)) is handles
+
+
+@pytest.mark.parametrize("code,hands", [
+    ("loader = DataLoader(ds, collate_fn=pad)\n", True),
+    ("options = dict(batch_size=8, collate_fn=pad)\n", True),
+    ("options = {'batch_size': 8, 'collate_fn': pad}\n", True),
+    ("options['collate_fn'] = pad\n", True),
+    # a function named for it, a comment, a string
+    ("def my_collate(batch):\n    return batch\n# no collate_fn: the default stacks\nprint('collate_fn')\n", False),
+])
+def test_a_collate_function_is_handed_over_by_code_not_named_in_text(code, hands):
+    from analyzers.program.data import hands_a_collate_function
+    assert hands_a_collate_function(context(code)) is hands

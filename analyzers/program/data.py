@@ -202,6 +202,19 @@ def is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
         DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
 
 
+def hands_a_collate_function(ctx: FileContext) -> bool:
+    """Does the file's code give some loader a collate function: a ``collate_fn=`` argument (to a loader, to
+    ``dict(...)``, to ``kwargs.update(...)``), a ``"collate_fn"`` key of a dict, or an item stored under that key?
+    Loader options built in such a file may carry one; a comment or a helper's name carries nothing."""
+    nodes = ctx.facts(ModuleNodes)
+    if any(arg.keyword is not None and arg.keyword.value == "collate_fn" for arg in nodes.of_type(cst.Arg)):
+        return True
+    keys = [element.key for element in nodes.of_type(cst.DictElement)]
+    keys += [element.slice.value for subscript in nodes.of_type(cst.Subscript) for element in subscript.slice
+             if isinstance(element.slice, cst.Index)]
+    return any(string_value(key) == "collate_fn" for key in keys)
+
+
 def may_have_sampler(loader: cst.Call, max_positional: int) -> bool:
     """A ``DataLoader(...)`` call that passes a sampler, or may: ``**kwargs``, or more than ``max_positional``
     positional arguments (``sampler`` is the fourth: one passed that way is not read)."""
