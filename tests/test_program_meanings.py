@@ -695,3 +695,20 @@ def test_a_file_handles_devices_when_its_code_does(code, handles):
 def test_a_collate_function_is_handed_over_by_code_not_named_in_text(code, hands):
     from analyzers.program.data import hands_a_collate_function
     assert hands_a_collate_function(context(code)) is hands
+
+
+@pytest.mark.parametrize("code,half", [
+    ("import torch\nmodel = model.to(torch.bfloat16)\n", True),
+    ("from torch import float16 as f16\nx = x.to(f16)\n", True),
+    ("import torch\nwith torch.autocast('cuda'):\n    y = f(x)\n", True),
+    ("model = model.half()\n", True),
+    ("m = AutoModel.from_pretrained(name, torch_dtype='bfloat16')\n", True),
+    ("acc = Accelerator(mixed_precision='fp16')\n", True),
+    ("trainer = Trainer(precision=16)\n", True),
+    # words only; a float32 option; an unrelated method named half with arguments
+    ("# float16 and autocast would help\nprint('half precision')\n", False),
+    ("trainer = Trainer(precision='32-true')\nsplit = data.half(0.5)\n", False),
+])
+def test_half_precision_is_what_the_code_computes_in(code, half):
+    from analyzers.program.devices import computes_in_half_precision
+    assert computes_in_half_precision(context(code)) is half

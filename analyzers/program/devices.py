@@ -12,7 +12,8 @@ from analyzers.context import (FileContext, code_children, iter_names, string_va
                                dotted_name, is_true, keyword_arg, method_name, short)
 from analyzers.program.flow import ModuleNodes, targets
 from analyzers.program.names import names_configuration
-from analyzers.program.library import Does, does, is_data_parallel
+from analyzers.program.library import (AUTOCAST_APIS, HALF_PRECISION_DTYPES, HALF_PRECISION_METHODS,
+                                       HALF_PRECISION_SETTINGS, PRECISION_OPTIONS, Does, does, is_data_parallel)
 
 # ``if torch.cuda.is_available():`` / ``if use_cuda:`` / ``if device.type == "cuda":`` / ``if args.gpu:``
 CUDA_TEST = re.compile(r"cuda|gpu|is_available|device|accelerat", re.IGNORECASE)
@@ -109,6 +110,29 @@ _RUN_OBJECTS = {"accelerator", "fabric", "trainer"}
 
 DTYPE_NAMES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "int8", "int16",
                 "int32", "int64", "long", "short", "bool", "uint8", "complex64", "complex128", "cfloat", "cdouble"}
+
+
+def computes_in_half_precision(ctx: FileContext) -> bool:
+    """Does the file's code compute in a 16-bit float: a half dtype (``torch.float16``, ``torch.bfloat16``), an
+    autocast region, ``.half()`` / ``.bfloat16()``, or a library's precision option set to one (``torch_dtype=``,
+    ``mixed_precision="fp16"``, ``precision="bf16-mixed"``)? Words in comments and strings elsewhere say nothing."""
+    nodes = ctx.facts(ModuleNodes)
+    for node in nodes.of_type(cst.Name, cst.Attribute):
+        qualified = ctx.qualified_name(node)
+        if qualified in HALF_PRECISION_DTYPES or qualified in AUTOCAST_APIS:
+            return True
+    for call in nodes.of_type(cst.Call):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in HALF_PRECISION_METHODS and not call.args:
+            return True
+        for arg in call.args:
+            if arg.keyword is None or arg.keyword.value not in PRECISION_OPTIONS:
+                continue
+            value = arg.value
+            setting = string_value(value) if isinstance(value, cst.SimpleString) else \
+                value.value if isinstance(value, cst.Integer) else None
+            if setting in HALF_PRECISION_SETTINGS:
+                return True
+    return False
 
 
 def sets_default_device(ctx: FileContext) -> bool:

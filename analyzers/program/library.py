@@ -469,6 +469,19 @@ def wrapped_module_argument(qualified: Optional[str]) -> Optional[tuple[int, str
     return api.module_argument
 
 
+# --- half precision. torch's 16-bit floating dtypes (https://pytorch.org/docs/stable/tensor_attributes.html#torch.dtype)
+# and its autocast regions, which run eligible ops in float16 or bfloat16 (https://pytorch.org/docs/stable/amp.html);
+# the libraries' options that do the same: transformers' ``torch_dtype``
+# (https://huggingface.co/docs/transformers/main_classes/model#large-model-loading), accelerate's
+# ``mixed_precision`` (https://huggingface.co/docs/accelerate/package_reference/accelerator), Lightning's
+# ``precision`` (https://lightning.ai/docs/pytorch/stable/common/precision_basic.html).
+HALF_PRECISION_DTYPES = frozenset({"torch.float16", "torch.half", "torch.bfloat16"})
+AUTOCAST_APIS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
+HALF_PRECISION_METHODS = frozenset({"half", "bfloat16"})
+PRECISION_OPTIONS = frozenset({"dtype", "torch_dtype", "mixed_precision", "precision"})
+HALF_PRECISION_SETTINGS = frozenset({"float16", "bfloat16", "fp16", "bf16", "half", "16", "16-mixed", "bf16-mixed",
+                                     "16-true", "bf16-true"})
+
 # --- the default device: "Sets the default torch.Tensor to be allocated on device. ... factory calls will be
 # performed as if they were passed device as an argument" (https://pytorch.org/docs/stable/generated/
 # torch.set_default_device.html)
