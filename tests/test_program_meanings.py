@@ -712,3 +712,17 @@ def test_a_collate_function_is_handed_over_by_code_not_named_in_text(code, hands
 def test_half_precision_is_what_the_code_computes_in(code, half):
     from analyzers.program.devices import computes_in_half_precision
     assert computes_in_half_precision(context(code)) is half
+
+
+@pytest.mark.parametrize("code,overlaps", [
+    ("import torch\nside = torch.cuda.Stream()\n", True),
+    ("import torch\nwith torch.cuda.stream(side):\n    y = f(x)\n", True),
+    ("x.record_stream(s)\n", True),
+    ("host = logits.cpu(non_blocking=True)\n", True),
+    ("host = logits.to('cpu', non_blocking=True)\n", True),
+    # a copy to the GPU that does not wait is not one to the host; words only
+    ("x = x.cuda(non_blocking=True)\n# torch.cuda.Stream() would overlap this\nprint('Event(')\n", False),
+])
+def test_work_overlaps_asynchronously_when_the_code_uses_streams(code, overlaps):
+    from analyzers.program.devices import overlaps_work_asynchronously
+    assert overlaps_work_asynchronously(context(code)) is overlaps

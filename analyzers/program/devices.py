@@ -13,7 +13,8 @@ from analyzers.context import (FileContext, code_children, iter_names, string_va
 from analyzers.program.flow import ModuleNodes, targets
 from analyzers.program.names import names_configuration
 from analyzers.program.library import (AUTOCAST_APIS, HALF_PRECISION_DTYPES, HALF_PRECISION_METHODS,
-                                       HALF_PRECISION_SETTINGS, PRECISION_OPTIONS, Does, does, is_data_parallel)
+                                       HALF_PRECISION_SETTINGS, PRECISION_OPTIONS, STREAM_APIS, STREAM_METHODS, Does, does,
+                                       is_data_parallel)
 
 # ``if torch.cuda.is_available():`` / ``if use_cuda:`` / ``if device.type == "cuda":`` / ``if args.gpu:``
 CUDA_TEST = re.compile(r"cuda|gpu|is_available|device|accelerat", re.IGNORECASE)
@@ -132,6 +133,23 @@ def computes_in_half_precision(ctx: FileContext) -> bool:
                 value.value if isinstance(value, cst.Integer) else None
             if setting in HALF_PRECISION_SETTINGS:
                 return True
+    return False
+
+
+def overlaps_work_asynchronously(ctx: FileContext) -> bool:
+    """Does the file's code order work across CUDA streams or copy to the host without waiting: a stream or an event
+    (``torch.cuda.Stream()``, ``with torch.cuda.stream(s):``), ``record_stream`` / ``wait_stream``, or a
+    ``non_blocking=True`` copy to the CPU? Such code may need an explicit synchronize to be correct."""
+    nodes = ctx.facts(ModuleNodes)
+    if any(ctx.qualified_name(node) in STREAM_APIS for node in nodes.of_type(cst.Name, cst.Attribute)):
+        return True
+    for call in nodes.of_type(cst.Call):
+        name = method_name(call)
+        if name in STREAM_METHODS and isinstance(call.func, cst.Attribute):
+            return True
+        if name in ("cpu", "to") and is_true(argument(call, 99, "non_blocking")) and \
+                (name == "cpu" or string_value(argument(call, 0, "device")) == "cpu"):
+            return True
     return False
 
 

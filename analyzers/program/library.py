@@ -482,6 +482,14 @@ PRECISION_OPTIONS = frozenset({"dtype", "torch_dtype", "mixed_precision", "preci
 HALF_PRECISION_SETTINGS = frozenset({"float16", "bfloat16", "fp16", "bf16", "half", "16", "16-mixed", "bf16-mixed",
                                      "16-true", "bf16-true"})
 
+# --- work that runs asynchronously of the host: CUDA streams and events
+# (https://pytorch.org/docs/stable/notes/cuda.html#cuda-streams, https://pytorch.org/docs/stable/generated/
+# torch.cuda.Event.html), and the tensor methods that order work across streams (Tensor.record_stream,
+# https://pytorch.org/docs/stable/generated/torch.Tensor.record_stream.html; Stream.wait_stream / wait_event).
+STREAM_APIS = frozenset({"torch.cuda.Stream", "torch.cuda.Event", "torch.cuda.stream", "torch.cuda.ExternalStream",
+                         "torch.Stream", "torch.Event", "torch.cuda.current_stream", "torch.cuda.default_stream"})
+STREAM_METHODS = frozenset({"record_stream", "wait_stream", "wait_event", "record_event"})
+
 # --- the default device: "Sets the default torch.Tensor to be allocated on device. ... factory calls will be
 # performed as if they were passed device as an argument" (https://pytorch.org/docs/stable/generated/
 # torch.set_default_device.html)
