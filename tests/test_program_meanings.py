@@ -726,3 +726,17 @@ def test_half_precision_is_what_the_code_computes_in(code, half):
 def test_work_overlaps_asynchronously_when_the_code_uses_streams(code, overlaps):
     from analyzers.program.devices import overlaps_work_asynchronously
     assert overlaps_work_asynchronously(context(code)) is overlaps
+
+
+@pytest.mark.parametrize("code,splits", [
+    ("from accelerate import Accelerator\n", True),
+    ("import lightning as L\n", True),
+    ("from torch.utils.data import IterableDataset\nclass S(IterableDataset):\n    pass\n", True),
+    ("from datasets.distributed import split_dataset_by_node\nds = split_dataset_by_node(ds, r, n)\n", True),
+    ("import torch.distributed as dist\nmine = files[dist.get_rank()::dist.get_world_size()]\n", True),
+    # words; slicing by a count that is not the rank
+    ("# accelerate or an IterableDataset would shard this\nprint('shard')\nhead = files[:n]\n", False),
+])
+def test_data_splits_itself_when_the_code_shards_it(code, splits):
+    from analyzers.program.data import data_splits_itself
+    assert data_splits_itself(context(code)) is splits

@@ -314,15 +314,19 @@ def pretrained_gives_no_module(receiver: Optional[str]) -> bool:
 
 
 _LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "
-              "loss; use_distributed_sampler sets the sampler's epoch; validation runs in eval mode)")
+              "loss; use_distributed_sampler adds a DistributedSampler and sets its epoch; validation runs in eval "
+              "mode)")
 _ACCELERATE = ("https://huggingface.co/docs/accelerate/package_reference/accelerator (accelerator.backward scales the "
-               "loss under mixed precision; prepared data loaders set their sampler's epoch)")
+               "loss under mixed precision; prepared data loaders are sharded across processes and set their "
+               "sampler's epoch)")
 _SCALES = "the library's mixed-precision training wraps backward in its own loss scaler: "
 # Libraries whose own training loop does a duty the rules otherwise ask of the user's loop, by top-level package.
 TRAINING_LIBRARIES: dict[str, Api] = {
-    "lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
-    "pytorch_lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
-    "accelerate": _api(_ACCELERATE, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH),
+    "lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE,
+                      Does.SHARDS_DATA),
+    "pytorch_lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE,
+                              Does.SHARDS_DATA),
+    "accelerate": _api(_ACCELERATE, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SHARDS_DATA),
     "deepspeed": _api(_SCALES + "https://www.deepspeed.ai/docs/config-json/#fp16-training-options", Does.SCALES_LOSS),
     "apex": _api(_SCALES + "https://nvidia.github.io/apex/amp.html", Does.SCALES_LOSS),
     "fairscale": _api(_SCALES + "https://fairscale.readthedocs.io/en/latest/api/optim/grad_scaler.html",
@@ -552,6 +556,13 @@ def method_does(method: Optional[str], what: Does) -> bool:
 def apis_that(what: Does) -> frozenset:
     """Qualified names of the functions and classes that do ``what``."""
     return frozenset(name for name, api in APIS.items() if what in api.does)
+
+
+# Iterable-style data sets: "each worker / process ... the dataset itself decides what it yields" (an IterableDataset
+# is never given a sampler: https://pytorch.org/docs/stable/data.html#iterable-style-datasets); webdataset's
+# WebDataset is one (https://github.com/webdataset/webdataset#readme, nodesplitter= splits its shards across nodes).
+ITERABLE_DATASETS = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset",
+                               "torch.utils.data.IterDataPipe", "webdataset.WebDataset", "webdataset.DataPipeline"})
 
 
 def training_libraries_that(what: Does) -> tuple[str, ...]:
