@@ -740,3 +740,16 @@ def test_work_overlaps_asynchronously_when_the_code_uses_streams(code, overlaps)
 def test_data_splits_itself_when_the_code_shards_it(code, splits):
     from analyzers.program.data import data_splits_itself
     assert data_splits_itself(context(code)) is splits
+
+
+@pytest.mark.parametrize("code,freezes", [
+    ("for p in model.backbone.parameters():\n    p.requires_grad = False\n", True),
+    ("for p in model.parameters():\n    p.requires_grad = not args.finetune_head_only\n", True),
+    ("model.encoder.requires_grad_(False)\n", True),
+    # unfreezing; a comment and a name
+    ("model.requires_grad_()\nfor p in model.parameters():\n    p.requires_grad = True\n", False),
+    ("# freeze the backbone first\ndef freeze_backbone(m):\n    m.eval()\nfreeze_backbone(model)\n", False),
+])
+def test_the_program_freezes_parameters_when_its_code_does(code, freezes):
+    from analyzers.program.freezing import program_freezes
+    assert program_freezes(context(code)) is freezes
