@@ -753,3 +753,33 @@ def test_data_splits_itself_when_the_code_shards_it(code, splits):
 def test_the_program_freezes_parameters_when_its_code_does(code, freezes):
     from analyzers.program.freezing import program_freezes
     assert program_freezes(context(code)) is freezes
+
+
+@pytest.mark.parametrize("code,fixed", [
+    ("import torch.nn as nn\ndef set_bn_eval(m):\n    if isinstance(m, nn.BatchNorm2d):\n        m.eval()\n", True),
+    ("import torch.nn as nn\nmodel.apply(lambda m: m.eval() if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)) "
+     "else None)\n", True),
+    ("import torch.nn as nn\nbn = nn.BatchNorm2d(64, track_running_stats=False)\n", True),
+    ("import torch.nn as nn\nbn = nn.BatchNorm2d(64, momentum=0)\n", True),
+    ("backbone = dict(type='ResNet', depth=50, norm_eval=True)\n", True),
+    ("from torchvision.ops import FrozenBatchNorm2d\nnet = resnet50(norm_layer=FrozenBatchNorm2d)\n", True),
+    # names and comments; eval() of the whole model; an isinstance test that does not evaluate
+    ("# fix_bn / freeze_bn: keep BatchNorm in eval\ndef freeze_bn(m):\n    m.train()\nmodel.eval()\n"
+     "n = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())\nbn = nn.BatchNorm2d(8, momentum=0.1)\n", False),
+])
+def test_batchnorm_statistics_are_fixed_when_the_code_fixes_them(code, fixed):
+    from analyzers.program.freezing import program_fixes_batchnorm_statistics
+    assert program_fixes_batchnorm_statistics(context(code)) is fixed
+
+
+def test_no_rule_decides_from_the_files_text():
+    """A rule reads what the code does through the context and the program model; the file's whole text (where a
+    comment or a string says anything) only gates whether the rule runs at all (``source_hint``)."""
+    found = []
+    for path in RULE_FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "source" and (
+                    isinstance(node.value, ast.Name) and node.value.id == "ctx" or
+                    isinstance(node.value, ast.Attribute) and node.value.attr == "ctx"):
+                found.append(f"{path.parent.name}/{path.name}:{node.lineno}")
+    assert not found, f"rules read the file's text to decide; ask analyzers/program what the code does: {found}"

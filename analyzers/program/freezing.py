@@ -15,6 +15,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, parse_ast
 from analyzers.program.flow import ModuleNodes
+from analyzers.program.library import FROZEN_NORM_LAYERS, NORM_FREEZING_OPTIONS, NORM_LAYERS_WITH_STATS
 from analyzers.program.loops import closure
 
 # the context managers and decorators under which autograd records nothing (torch.no_grad, torch.inference_mode,
@@ -73,6 +74,101 @@ def stops_gradient(cls: ast.ClassDef) -> bool:
         elif isinstance(node, (ast.Attribute, ast.Name)) and \
                 (node.attr if isinstance(node, ast.Attribute) else node.id) in ("no_grad", "inference_mode"):
             return True  # ``@torch.no_grad`` without parentheses
+    return False
+
+
+# BatchNorm classes an ``isinstance`` test names, by last name (``nn.BatchNorm2d``, ``_BatchNorm``, ``SyncBatchNorm``)
+_BATCHNORM_CLASS_NAMES = frozenset(NORM_LAYERS_WITH_STATS | {"_BatchNorm", "_NormBase"})
+
+
+def _names_batchnorm(node: ast.AST) -> bool:
+    """``nn.BatchNorm2d``, ``(nn.BatchNorm1d, nn.BatchNorm2d)``, ``torch.nn.modules.batchnorm._BatchNorm``."""
+    if isinstance(node, ast.Tuple):
+        return any(_names_batchnorm(element) for element in node.elts)
+    last = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    return last in _BATCHNORM_CLASS_NAMES or (last is not None and "FrozenBatchNorm" in last)
+
+
+def _evaluates_batchnorm(scope: ast.AST) -> bool:
+    """Does this function, lambda or loop put BatchNorm modules in eval mode: an ``isinstance`` test against a BatchNorm
+    class, and an ``.eval()`` / ``.train(False)`` call, in one body?"""
+    tests_batchnorm = evaluates = False
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "isinstance" and len(node.args) == 2 and \
+                _names_batchnorm(node.args[1]):
+            tests_batchnorm = True
+        elif isinstance(func, ast.Attribute) and (func.attr == "eval" and not node.args or func.attr == "train" and
+                                                  node.args and isinstance(node.args[0], ast.Constant)
+                                                  and node.args[0].value is False):
+            evaluates = True
+    return tests_batchnorm and evaluates
+
+
+def batchnorm_fixing_functions(tree: ast.Module) -> set[str]:
+    """The top-level functions of a parsed file that put BatchNorm modules in eval mode, or call another function of
+    the file that does (for the repository's summaries)."""
+    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    direct = {name for name, fn in functions.items() if _evaluates_batchnorm(fn)}
+    calls = {name: {node.func.id for node in ast.walk(fn) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name) and node.func.id in functions}
+             for name, fn in functions.items()}
+    return closure(direct, calls)
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.For)
+
+
+def _fixes_batchnorm_statistics(tree: ast.Module) -> bool:
+    """Does the file's code keep BatchNorm statistics from changing by itself: a function, method, lambda or loop
+    (``for m in model.modules():``) that puts BatchNorm modules in eval mode, a BatchNorm built with ``track_running_stats=False`` or ``momentum=0``, or a
+    norm-freezing option turned on (``norm_eval=True``)?"""
+    for node in ast.walk(tree):
+        if isinstance(node, _SCOPES) and _evaluates_batchnorm(node):
+            return True
+        if isinstance(node, ast.keyword):
+            value = node.value
+            if node.arg == "track_running_stats" and isinstance(value, ast.Constant) and value.value is False:
+                return True
+            if node.arg == "momentum" and isinstance(value, ast.Constant) and value.value == 0 and \
+                    not isinstance(value.value, bool):
+                return True
+            if node.arg in NORM_FREEZING_OPTIONS and isinstance(value, ast.Constant) and value.value is True:
+                return True
+        if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in NORM_FREEZING_OPTIONS and
+                                              isinstance(v, ast.Constant) and v.value is True
+                                              for k, v in zip(node.keys, node.values)):
+            return True
+    return False
+
+
+def program_fixes_batchnorm_statistics(ctx: FileContext) -> bool:
+    """Does the program keep BatchNorm statistics fixed another way than ``eval()`` of the frozen module: a frozen
+    BatchNorm layer (:data:`FROZEN_NORM_LAYERS`), BatchNorm built without running statistics, a norm-freezing option,
+    code that puts BatchNorm modules in eval mode, or a function of the repository it calls that does
+    (``model.apply(set_bn_eval)`` with ``set_bn_eval`` in ``utils.py``)?"""
+    try:
+        tree = parse_ast(ctx.source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    if _fixes_batchnorm_statistics(tree):
+        return True
+    nodes = ctx.facts(ModuleNodes)
+    if any(ctx.qualified_name(node) in FROZEN_NORM_LAYERS for node in nodes.of_type(cst.Name, cst.Attribute)):
+        return True
+    from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
+    facts = ctx.facts(ModuleFacts)
+    asked: set[str] = set()
+    for node in nodes.of_type(cst.Name, cst.Attribute):  # called, or handed to ``apply``
+        named = dotted_name(node)
+        if named is None or named in asked or named.startswith("self.") or not isinstance(
+                ctx.facts(ModuleNodes).parents.get(id(node)), (cst.Call, cst.Arg)):
+            continue
+        asked.add(named)
+        if facts.batchnorm_fixing_function(named):
+            return True
     return False
 
 

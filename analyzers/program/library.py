@@ -585,6 +585,17 @@ MODE_DEPENDENT_LAYERS = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout
 # batch norm: mode-dependent by default, not with track_running_stats=False
 NORM_LAYERS_WITH_STATS = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
                                     "LazyBatchNorm2d", "LazyBatchNorm3d"})
+# batch norm with its statistics fixed by construction: torchvision's FrozenBatchNorm2d ("BatchNorm2d where the batch
+# statistics and the affine parameters are fixed", https://pytorch.org/vision/stable/generated/
+# torchvision.ops.FrozenBatchNorm2d.html), and the copies detectron2 and timm keep
+# (https://detectron2.readthedocs.io/en/latest/modules/layers.html#detectron2.layers.FrozenBatchNorm2d,
+# https://huggingface.co/docs/timm/reference/layers); OpenMMLab backbones' ``norm_eval=True`` "set norm layers to eval
+# mode, namely, freeze running stats" (https://mmdetection.readthedocs.io/en/latest/api.html#mmdet.models.backbones.
+# ResNet), and BatchNorm's own ``track_running_stats=False`` / ``momentum=0`` keep no running statistics to change.
+FROZEN_NORM_LAYERS = frozenset({"torchvision.ops.FrozenBatchNorm2d", "torchvision.ops.misc.FrozenBatchNorm2d",
+                                "detectron2.layers.FrozenBatchNorm2d", "timm.layers.FrozenBatchNorm2d",
+                                "timm.models.layers.FrozenBatchNorm2d"})
+NORM_FREEZING_OPTIONS = frozenset({"norm_eval"})
 # instance norm: mode-dependent only with track_running_stats=True
 NORM_LAYERS_STATS_OPTIONAL = frozenset({"InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LazyInstanceNorm1d",
                                         "LazyInstanceNorm2d", "LazyInstanceNorm3d"})

@@ -133,6 +133,7 @@ class FileSummary:
     # functions that freeze parameters, and whether the file's code freezes any (see analyzers/program/freezing.py)
     freezing_functions: dict[str, bool] = field(default_factory=dict)
     freezes: bool = False
+    batchnorm_fixing_functions: dict[str, bool] = field(default_factory=dict)  # put BatchNorm modules in eval mode
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -469,8 +470,9 @@ def summarize(source: str, path: str) -> FileSummary:
     summary.clipping_functions = dict.fromkeys(clipping_functions(tree), True)
     from analyzers.program.ranks import print_replacing_functions  # ranks asks this module about other files
     summary.print_replacing_functions = dict.fromkeys(print_replacing_functions(tree), True)
-    from analyzers.program.freezing import file_freezes, freezing_functions, stops_gradient
+    from analyzers.program.freezing import batchnorm_fixing_functions, file_freezes, freezing_functions, stops_gradient
     summary.freezing_functions = dict.fromkeys(freezing_functions(tree), True)
+    summary.batchnorm_fixing_functions = dict.fromkeys(batchnorm_fixing_functions(tree), True)
     summary.freezes = file_freezes(tree)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name in summary.classes:
@@ -766,6 +768,11 @@ class RepositoryIndex:
         """True when the function ``local_name`` means in ``importer`` freezes parameters."""
         return self._find_defined(importer, local_name, lambda summary: summary.freezing_functions, source, 0)
 
+    def find_batchnorm_fixing_function(self, importer: Path, local_name: str,
+                                       source: Optional[str] = None) -> Optional[bool]:
+        """True when the function ``local_name`` means in ``importer`` puts BatchNorm modules in eval mode."""
+        return self._find_defined(importer, local_name, lambda summary: summary.batchnorm_fixing_functions, source, 0)
+
     def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
         """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
         re-exported."""
@@ -1007,6 +1014,14 @@ class ModuleFacts:
         if index is None:
             return None
         return index.find_freezing_function(file_in_repository(self.ctx), name, self.ctx.source)
+
+    def batchnorm_fixing_function(self, name: str) -> Optional[bool]:
+        """Does the function ``name`` this file imports from the repository put BatchNorm modules in eval mode (see
+        :mod:`analyzers.program.freezing`)? None when it cannot be found."""
+        index = self.ctx.repository
+        if index is None:
+            return None
+        return index.find_batchnorm_fixing_function(file_in_repository(self.ctx), name, self.ctx.source)
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see
