@@ -286,6 +286,8 @@ def test_table_answers_the_rules_questions():
     assert library.does("lightning.pytorch.Trainer", Does.REPORTS_WRITTEN_CHECKPOINTS)
     assert not library.does("torch.utils.data.DataLoader", Does.REPORTS_WRITTEN_CHECKPOINTS)
     assert library.is_library("collections.OrderedDict") and library.is_library("timm.create_model")
+    assert library.does("torch.set_default_device", Does.SETS_DEFAULT_DEVICE)
+    assert not library.does("torch.cuda.set_device", Does.SETS_DEFAULT_DEVICE)  # selects a GPU; factories stay on CPU
     assert not library.is_library("models.resnet.ResNet")
 
 
@@ -639,3 +641,145 @@ def test_nan_constants_by_the_library_that_defines_them(code, source):
     value = next(node.value for node in subtree(ctx.module) if isinstance(node, cst.Assign)
                  and isinstance(node.targets[0].target, cst.Name) and node.targets[0].target.value == "x")
     assert nan_constant_source(value, ctx) == source
+
+
+# ---- what the program does, not the words in its text ------------------------------------------------------------
+
+def test_the_default_device_is_set_by_a_call_not_by_its_name_in_a_comment():
+    from analyzers.program.devices import sets_default_device
+    assert sets_default_device(context("import torch\ntorch.set_default_device('cuda')\n"))
+    assert sets_default_device(context("from torch import set_default_device as use\nuse(dev)\n"))
+    assert not sets_default_device(context("import torch\n# torch.set_default_device('cuda') later\n"
+                                           "print('set_default_device')\ntorch.cuda.set_device(0)\n"))
+
+
+@pytest.mark.parametrize("code,kept", [
+    # replaced at the top of the file, under another name for the module
+    ("import builtins as b\nb.print = lambda *a, **k: None\n", True),
+    # replaced in a function the file calls through another of its functions
+    ("import builtins\ndef mute(main):\n    if not main:\n        builtins.print = lambda *a, **k: None\n"
+     "def launch(rank):\n    mute(rank == 0)\nlaunch(0)\n", True),
+    ("import builtins\ndef quiet():\n    setattr(builtins, 'print', lambda *a, **k: None)\nquiet()\n", True),
+    # defined but never called; a local variable that shadows print; only words
+    ("import builtins\ndef mute():\n    builtins.print = None\n", False),
+    ("def report():\n    print = logger.info\n    print('x')\nreport()\n", False),
+    ("# builtins.print is replaced by setup_for_distributed\ninit_distributed_mode(args)\n", False),
+])
+def test_print_is_kept_to_one_process_when_the_program_replaces_the_builtin(code, kept):
+    from analyzers.program.ranks import print_kept_to_one_process
+    assert print_kept_to_one_process(context(code)) is kept
+
+
+@pytest.mark.parametrize("code,handles", [
+    ("x = x.to(device)\n", True),
+    ("model.cuda()\n", True),
+    ("import torch\nif torch.cuda.is_available():\n    pass\n", True),
+    ("import torch\nt = torch.zeros(3, device=dev)\n", True),
+    ("from torch.nn.parallel import DistributedDataParallel as D\nm = D(m)\n", True),
+    # a dtype conversion; words in comments and strings
+    ("import torch\nx = x.to(torch.float16)\n# move to the cuda device later\nprint('device')\n", False),
+])
+def test_a_file_handles_devices_when_its_code_does(code, handles):
+    from analyzers.program.devices import file_handles_devices
+    assert file_handles_devices(context(code)) is handles
+
+
+@pytest.mark.parametrize("code,hands", [
+    ("loader = DataLoader(ds, collate_fn=pad)\n", True),
+    ("options = dict(batch_size=8, collate_fn=pad)\n", True),
+    ("options = {'batch_size': 8, 'collate_fn': pad}\n", True),
+    ("options['collate_fn'] = pad\n", True),
+    # a function named for it, a comment, a string
+    ("def my_collate(batch):\n    return batch\n# no collate_fn: the default stacks\nprint('collate_fn')\n", False),
+])
+def test_a_collate_function_is_handed_over_by_code_not_named_in_text(code, hands):
+    from analyzers.program.data import hands_a_collate_function
+    assert hands_a_collate_function(context(code)) is hands
+
+
+@pytest.mark.parametrize("code,half", [
+    ("import torch\nmodel = model.to(torch.bfloat16)\n", True),
+    ("from torch import float16 as f16\nx = x.to(f16)\n", True),
+    ("import torch\nwith torch.autocast('cuda'):\n    y = f(x)\n", True),
+    ("model = model.half()\n", True),
+    ("m = AutoModel.from_pretrained(name, torch_dtype='bfloat16')\n", True),
+    ("acc = Accelerator(mixed_precision='fp16')\n", True),
+    ("trainer = Trainer(precision=16)\n", True),
+    # words only; a float32 option; an unrelated method named half with arguments
+    ("# float16 and autocast would help\nprint('half precision')\n", False),
+    ("trainer = Trainer(precision='32-true')\nsplit = data.half(0.5)\n", False),
+])
+def test_half_precision_is_what_the_code_computes_in(code, half):
+    from analyzers.program.devices import computes_in_half_precision
+    assert computes_in_half_precision(context(code)) is half
+
+
+@pytest.mark.parametrize("code,overlaps", [
+    ("import torch\nside = torch.cuda.Stream()\n", True),
+    ("import torch\nwith torch.cuda.stream(side):\n    y = f(x)\n", True),
+    ("x.record_stream(s)\n", True),
+    ("host = logits.cpu(non_blocking=True)\n", True),
+    ("host = logits.to('cpu', non_blocking=True)\n", True),
+    # a copy to the GPU that does not wait is not one to the host; words only
+    ("x = x.cuda(non_blocking=True)\n# torch.cuda.Stream() would overlap this\nprint('Event(')\n", False),
+])
+def test_work_overlaps_asynchronously_when_the_code_uses_streams(code, overlaps):
+    from analyzers.program.devices import overlaps_work_asynchronously
+    assert overlaps_work_asynchronously(context(code)) is overlaps
+
+
+@pytest.mark.parametrize("code,splits", [
+    ("from accelerate import Accelerator\n", True),
+    ("import lightning as L\n", True),
+    ("from torch.utils.data import IterableDataset\nclass S(IterableDataset):\n    pass\n", True),
+    ("from datasets.distributed import split_dataset_by_node\nds = split_dataset_by_node(ds, r, n)\n", True),
+    ("import torch.distributed as dist\nmine = files[dist.get_rank()::dist.get_world_size()]\n", True),
+    # words; slicing by a count that is not the rank
+    ("# accelerate or an IterableDataset would shard this\nprint('shard')\nhead = files[:n]\n", False),
+])
+def test_data_splits_itself_when_the_code_shards_it(code, splits):
+    from analyzers.program.data import data_splits_itself
+    assert data_splits_itself(context(code)) is splits
+
+
+@pytest.mark.parametrize("code,freezes", [
+    ("for p in model.backbone.parameters():\n    p.requires_grad = False\n", True),
+    ("for p in model.parameters():\n    p.requires_grad = not args.finetune_head_only\n", True),
+    ("model.encoder.requires_grad_(False)\n", True),
+    # unfreezing; a comment and a name
+    ("model.requires_grad_()\nfor p in model.parameters():\n    p.requires_grad = True\n", False),
+    ("# freeze the backbone first\ndef freeze_backbone(m):\n    m.eval()\nfreeze_backbone(model)\n", False),
+])
+def test_the_program_freezes_parameters_when_its_code_does(code, freezes):
+    from analyzers.program.freezing import program_freezes
+    assert program_freezes(context(code)) is freezes
+
+
+@pytest.mark.parametrize("code,fixed", [
+    ("import torch.nn as nn\ndef set_bn_eval(m):\n    if isinstance(m, nn.BatchNorm2d):\n        m.eval()\n", True),
+    ("import torch.nn as nn\nmodel.apply(lambda m: m.eval() if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)) "
+     "else None)\n", True),
+    ("import torch.nn as nn\nbn = nn.BatchNorm2d(64, track_running_stats=False)\n", True),
+    ("import torch.nn as nn\nbn = nn.BatchNorm2d(64, momentum=0)\n", True),
+    ("backbone = dict(type='ResNet', depth=50, norm_eval=True)\n", True),
+    ("from torchvision.ops import FrozenBatchNorm2d\nnet = resnet50(norm_layer=FrozenBatchNorm2d)\n", True),
+    # names and comments; eval() of the whole model; an isinstance test that does not evaluate
+    ("# fix_bn / freeze_bn: keep BatchNorm in eval\ndef freeze_bn(m):\n    m.train()\nmodel.eval()\n"
+     "n = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())\nbn = nn.BatchNorm2d(8, momentum=0.1)\n", False),
+])
+def test_batchnorm_statistics_are_fixed_when_the_code_fixes_them(code, fixed):
+    from analyzers.program.freezing import program_fixes_batchnorm_statistics
+    assert program_fixes_batchnorm_statistics(context(code)) is fixed
+
+
+def test_no_rule_decides_from_the_files_text():
+    """A rule reads what the code does through the context and the program model; the file's whole text (where a
+    comment or a string says anything) only gates whether the rule runs at all (``source_hint``)."""
+    found = []
+    for path in RULE_FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "source" and (
+                    isinstance(node.value, ast.Name) and node.value.id == "ctx" or
+                    isinstance(node.value, ast.Attribute) and node.value.attr == "ctx"):
+                found.append(f"{path.parent.name}/{path.name}:{node.lineno}")
+    assert not found, f"rules read the file's text to decide; ask analyzers/program what the code does: {found}"

@@ -241,14 +241,54 @@ def test_ddp_script_done_right_is_quiet():
     assert run(code, "TR726", "TR727") == []
 
 
-def test_evaluation_only_on_rank_zero_and_a_silenced_print():
+def test_evaluation_only_on_rank_zero():
     code = DDP_SCRIPT.replace("        acc = evaluate(model, val_loader)\n        if rank == 0:\n",
                               "        if rank == 0:\n            acc = evaluate(model.module, val_loader)\n")
     assert lines(run(code, "TR726"), "TR726") == []
-    silenced = DDP_SCRIPT.replace('    dist.init_process_group("nccl", rank=rank, world_size=world_size)\n',
-                                  '    dist.init_process_group("nccl", rank=rank, world_size=world_size)\n'
-                                  '    utils.setup_for_distributed(rank == 0)\n')
-    assert lines(run(silenced, "TR727"), "TR727") == []
+
+
+# A launch helper of the project replaces print on the processes that are not the main one, through a function it
+# calls; what it is called does not matter, what it does does.
+QUIETING_HELPERS = """
+import builtins
+
+
+def keep_print_to(main):
+    shown = builtins.print
+
+    def print(*args, **kwargs):
+        if main or kwargs.pop("force", False):
+            shown(*args, **kwargs)
+
+    builtins.print = print
+
+
+def start(rank):
+    keep_print_to(rank == 0)
+
+
+def connect(rank):
+    return rank
+"""
+
+
+def test_a_print_the_project_keeps_to_the_main_process_is_not_reported(tmp_path: Path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "launch.py").write_text(QUIETING_HELPERS)
+    script = tmp_path / "train.py"
+    call = '    dist.init_process_group("nccl", rank=rank, world_size=world_size)\n'
+    for helper, reported in (("start", []), ("connect", [41])):
+        code = DDP_SCRIPT.replace(call, f"{call}    launch.{helper}(rank)\n").replace(
+            "import torch\n", "import torch\nimport launch\n", 1)
+        script.write_text(code)
+        result = analyze_file(script, "train.py", Config(select=("TR727",)))
+        assert not result.errors, result.errors
+        assert lines(result.findings, "TR727") == reported, helper
+
+
+def test_a_print_replaced_at_the_top_of_the_file_is_not_reported():
+    code = DDP_SCRIPT.replace("import torch\n", "import torch\nimport builtins as _b\n_b.print = quiet_print\n", 1)
+    assert lines(run(code, "TR727"), "TR727") == []
 
 
 def test_notebook_style_module_level_ddp_loop_with_logger():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from analyzers.config import Config
-from analyzers.engine import analyze_text
+from analyzers.engine import analyze_file, analyze_text
 from tests.test_notebooks import notebook
 from tests.test_rules_catalog_c import lines, run
 
@@ -484,3 +484,52 @@ def test_frozen_backbone_message_names_the_architecture_with_its_article():
             opt.step()
         """), "finetune.py", Config(select=("TR116",))).findings
     assert len(findings) == 1 and "`features` of an efficientnet_b0, which holds BatchNorm" in findings[0].message
+
+
+# A model class and a freezing helper of the repository, in another file: what their code does decides, never what
+# they are called.
+TRAIN_HEAD = """
+import torch
+from nets import Classifier
+from tools import {helper}
+model = Classifier()
+{helper}(model.body)
+optimizer = torch.optim.SGD(model.head.parameters(), lr=0.1)
+for x, y in loader:
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+"""
+
+NETS = """
+import torch
+from torch import nn
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+    def forward(self, x):
+        return self.head(self.body(x){cut})
+"""
+
+TOOLS = """
+def lock(module):
+    for p in module.parameters():
+        p.requires_grad = False
+def lock_all(module):
+    lock(module)
+def freeze_bn(module):
+    module.eval()
+"""
+
+
+def test_a_repository_helper_that_freezes_and_a_class_that_detaches_are_followed(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "tools.py").write_text(TOOLS)
+    script = tmp_path / "train.py"
+    for helper, cut, reported in (("lock_all", "", []), ("freeze_bn", ".detach()", []), ("freeze_bn", "", [7])):
+        (tmp_path / "nets.py").write_text(NETS.format(cut=cut))
+        script.write_text(TRAIN_HEAD.format(helper=helper))
+        result = analyze_file(script, "train.py", Config(select=("TR117",)))
+        assert not result.errors, result.errors
+        assert lines(result.findings, "TR117") == reported, (helper, cut)

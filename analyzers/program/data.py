@@ -10,8 +10,8 @@ import libcst as cst
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, iter_names,
                                keyword_arg, positional_args, short, string_value)
 from analyzers.program.flow import ModuleNodes, call_site_values, parameter_index, subtree
-from analyzers.program.library import (COLUMN_TRANSFORMERS, PIPELINES, Does, does, fitted_transformer, is_data_loader,
-                                       learns_from_rows)
+from analyzers.program.library import (COLUMN_TRANSFORMERS, ITERABLE_DATASETS, PIPELINES, Does, does,
+                                       fitted_transformer, is_data_loader, learns_from_rows, training_libraries_that)
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import last_segment, mentions_evaluation_data, names_evaluation_data
 
@@ -200,6 +200,38 @@ def is_sharding_sampler(node: cst.Call, ctx: FileContext) -> bool:
     """torch's DistributedSampler, or a project's own ``Distributed*Sampler`` class."""
     return does(ctx.call_name(node), Does.SHARDS_DATA) or bool(
         DISTRIBUTED_SAMPLER_NAME.search(dotted_name(node.func) or ""))
+
+
+def data_splits_itself(ctx: FileContext) -> bool:
+    """Does the file's data reach each process in its own part without a sampler being passed: a training library
+    that shards what it is given (accelerate, Lightning: :func:`training_libraries_that`), a call that shards
+    (``Does.SHARDS_DATA``: ``split_dataset_by_node``, a distributed sampler of any kind), an iterable-style data set
+    (its iterator decides what each process reads: :data:`ITERABLE_DATASETS`, or a class built on one), or data
+    sliced by the process's rank (``files[rank::world_size]``)?"""
+    from analyzers.program.ranks import depends_on_rank  # ranks imports devices, which this module's importers need
+    if any(ctx.imports.imports_root(library) for library in training_libraries_that(Does.SHARDS_DATA)):
+        return True
+    nodes = ctx.facts(ModuleNodes)
+    if any(ctx.qualified_name(node) in ITERABLE_DATASETS for node in nodes.of_type(cst.Name, cst.Attribute)):
+        return True
+    if any(is_sharding_sampler(call, ctx) for call in nodes.of_type(cst.Call)):
+        return True
+    return any(isinstance(element.slice, cst.Slice) and any(
+        part is not None and depends_on_rank(part, ctx) for part in (element.slice.lower, element.slice.step))
+        for subscript in nodes.of_type(cst.Subscript) for element in subscript.slice)
+
+
+def hands_a_collate_function(ctx: FileContext) -> bool:
+    """Does the file's code give some loader a collate function: a ``collate_fn=`` argument (to a loader, to
+    ``dict(...)``, to ``kwargs.update(...)``), a ``"collate_fn"`` key of a dict, or an item stored under that key?
+    Loader options built in such a file may carry one; a comment or a helper's name carries nothing."""
+    nodes = ctx.facts(ModuleNodes)
+    if any(arg.keyword is not None and arg.keyword.value == "collate_fn" for arg in nodes.of_type(cst.Arg)):
+        return True
+    keys = [element.key for element in nodes.of_type(cst.DictElement)]
+    keys += [element.slice.value for subscript in nodes.of_type(cst.Subscript) for element in subscript.slice
+             if isinstance(element.slice, cst.Index)]
+    return any(string_value(key) == "collate_fn" for key in keys)
 
 
 def may_have_sampler(loader: cst.Call, max_positional: int) -> bool:

@@ -10,9 +10,11 @@ import libcst as cst
 
 from analyzers.context import (FileContext, code_children, iter_names, string_value, argument, call_receiver,
                                dotted_name, is_true, keyword_arg, method_name, short)
-from analyzers.program.flow import targets
+from analyzers.program.flow import ModuleNodes, targets
 from analyzers.program.names import names_configuration
-from analyzers.program.library import Does, does, is_data_parallel
+from analyzers.program.library import (AUTOCAST_APIS, HALF_PRECISION_DTYPES, HALF_PRECISION_METHODS,
+                                       HALF_PRECISION_SETTINGS, PRECISION_OPTIONS, STREAM_APIS, STREAM_METHODS, Does, does,
+                                       is_data_parallel)
 
 # ``if torch.cuda.is_available():`` / ``if use_cuda:`` / ``if device.type == "cuda":`` / ``if args.gpu:``
 CUDA_TEST = re.compile(r"cuda|gpu|is_available|device|accelerat", re.IGNORECASE)
@@ -109,6 +111,52 @@ _RUN_OBJECTS = {"accelerator", "fabric", "trainer"}
 
 DTYPE_NAMES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "int8", "int16",
                 "int32", "int64", "long", "short", "bool", "uint8", "complex64", "complex128", "cfloat", "cdouble"}
+
+
+def computes_in_half_precision(ctx: FileContext) -> bool:
+    """Does the file's code compute in a 16-bit float: a half dtype (``torch.float16``, ``torch.bfloat16``), an
+    autocast region, ``.half()`` / ``.bfloat16()``, or a library's precision option set to one (``torch_dtype=``,
+    ``mixed_precision="fp16"``, ``precision="bf16-mixed"``)? Words in comments and strings elsewhere say nothing."""
+    nodes = ctx.facts(ModuleNodes)
+    for node in nodes.of_type(cst.Name, cst.Attribute):
+        qualified = ctx.qualified_name(node)
+        if qualified in HALF_PRECISION_DTYPES or qualified in AUTOCAST_APIS:
+            return True
+    for call in nodes.of_type(cst.Call):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in HALF_PRECISION_METHODS and not call.args:
+            return True
+        for arg in call.args:
+            if arg.keyword is None or arg.keyword.value not in PRECISION_OPTIONS:
+                continue
+            value = arg.value
+            setting = string_value(value) if isinstance(value, cst.SimpleString) else \
+                value.value if isinstance(value, cst.Integer) else None
+            if setting in HALF_PRECISION_SETTINGS:
+                return True
+    return False
+
+
+def overlaps_work_asynchronously(ctx: FileContext) -> bool:
+    """Does the file's code order work across CUDA streams or copy to the host without waiting: a stream or an event
+    (``torch.cuda.Stream()``, ``with torch.cuda.stream(s):``), ``record_stream`` / ``wait_stream``, or a
+    ``non_blocking=True`` copy to the CPU? Such code may need an explicit synchronize to be correct."""
+    nodes = ctx.facts(ModuleNodes)
+    if any(ctx.qualified_name(node) in STREAM_APIS for node in nodes.of_type(cst.Name, cst.Attribute)):
+        return True
+    for call in nodes.of_type(cst.Call):
+        name = method_name(call)
+        if name in STREAM_METHODS and isinstance(call.func, cst.Attribute):
+            return True
+        if name in ("cpu", "to") and is_true(argument(call, 99, "non_blocking")) and \
+                (name == "cpu" or string_value(argument(call, 0, "device")) == "cpu"):
+            return True
+    return False
+
+
+def sets_default_device(ctx: FileContext) -> bool:
+    """Does the file set the device tensors are created on without ``device=`` (:attr:`Does.SETS_DEFAULT_DEVICE`:
+    ``torch.set_default_device("cuda")``)? A call, not a word: a comment or a string naming it sets nothing."""
+    return any(does(ctx.call_name(call), Does.SETS_DEFAULT_DEVICE) for call in ctx.facts(ModuleNodes).of_type(cst.Call))
 
 
 def device_like_name(dotted: Optional[str]) -> bool:
@@ -362,22 +410,35 @@ _CPU, _MOVED = "cpu", "moved"
 
 def moves_or_handles_device(expr: cst.CSTNode, ctx: FileContext) -> bool:
     """``expr`` moves something to a device, or calls a helper that may (``to_device(b, dev)``)."""
-    for node in expression_nodes(expr):
-        if not isinstance(node, cst.Call):
-            continue
-        name = method_name(node) or ""
-        if name == "cuda" or (name == "to" and to_moves_device(node, ctx)):
+    return any(isinstance(node, cst.Call) and _call_handles_device(node, ctx) for node in expression_nodes(expr))
+
+
+def _call_handles_device(node: cst.Call, ctx: FileContext) -> bool:
+    name = method_name(node) or ""
+    if name == "cuda" or (name == "to" and to_moves_device(node, ctx)):
+        return True
+    if name == "type" and node.args and not keeps_place_type(node.args[0].value, ctx):
+        return True  # ``imgs.type(Tensor)`` with ``Tensor = torch.cuda.FloatTensor if cuda else ...``
+    if name != "to" and _DEVICE_HANDLING.search(name):
+        return True
+    for arg in node.args:
+        if arg.keyword is not None and arg.keyword.value == "device":
             return True
-        if name == "type" and node.args and not keeps_place_type(node.args[0].value, ctx):
-            return True  # ``imgs.type(Tensor)`` with ``Tensor = torch.cuda.FloatTensor if cuda else ...``
-        if name != "to" and _DEVICE_HANDLING.search(name):
+        if isinstance(arg.value, (cst.Name, cst.Attribute)) and device_like_name(dotted_name(arg.value)):
             return True
-        for arg in node.args:
-            if arg.keyword is not None and arg.keyword.value == "device":
-                return True
-            if isinstance(arg.value, (cst.Name, cst.Attribute)) and device_like_name(dotted_name(arg.value)):
-                return True
     return False
+
+
+def file_handles_devices(ctx: FileContext) -> bool:
+    """Does the file's code place anything on a device, choose one or ask about one: ``.cuda()``, ``.to(device)``, a
+    ``device=`` argument, ``torch.device(...)``, anything of ``torch.cuda``, a data-parallel wrapper? A file that
+    never does runs its tensors where they are made, on the CPU, whatever its comments and strings say."""
+    nodes = ctx.facts(ModuleNodes)
+    for node in nodes.of_type(cst.Name, cst.Attribute):
+        qualified = ctx.qualified_name(node) or ""
+        if qualified == "torch.device" or qualified.startswith("torch.cuda.") or is_data_parallel(qualified):
+            return True
+    return any(_call_handles_device(call, ctx) for call in nodes.of_type(cst.Call))
 
 
 def keeps_place_type(expr: cst.BaseExpression, ctx: FileContext) -> bool:

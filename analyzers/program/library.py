@@ -52,6 +52,7 @@ class Does(enum.Enum):
     RETURNS_ITERATOR = "returns a Python 3 iterator (a generator): next(it) works, the Python 2 it.next() does not"
     KEEPS_FP32_MASTER_WEIGHTS = "trains a float16 model through a float32 master copy of its weights"
     CLIPS_GRADIENTS = "clips the gradients of the parameters it is given (or of the model it wraps) in place"
+    SETS_DEFAULT_DEVICE = "sets the device factory functions (torch.zeros...) create tensors on without device="
     # where a value comes from when it comes from outside the program (analyzers/program/origins.py)
     READS_COMMAND_LINE = "gives what the command line said (the arguments the program was started with)"
     READS_ENVIRONMENT = "gives what the process's environment variables say"
@@ -313,15 +314,19 @@ def pretrained_gives_no_module(receiver: Optional[str]) -> bool:
 
 
 _LIGHTNING = ("https://lightning.ai/docs/pytorch/stable/common/trainer.html (precision=\"16-mixed\" scales the "
-              "loss; use_distributed_sampler sets the sampler's epoch; validation runs in eval mode)")
+              "loss; use_distributed_sampler adds a DistributedSampler and sets its epoch; validation runs in eval "
+              "mode)")
 _ACCELERATE = ("https://huggingface.co/docs/accelerate/package_reference/accelerator (accelerator.backward scales the "
-               "loss under mixed precision; prepared data loaders set their sampler's epoch)")
+               "loss under mixed precision; prepared data loaders are sharded across processes and set their "
+               "sampler's epoch)")
 _SCALES = "the library's mixed-precision training wraps backward in its own loss scaler: "
 # Libraries whose own training loop does a duty the rules otherwise ask of the user's loop, by top-level package.
 TRAINING_LIBRARIES: dict[str, Api] = {
-    "lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
-    "pytorch_lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE),
-    "accelerate": _api(_ACCELERATE, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH),
+    "lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE,
+                      Does.SHARDS_DATA),
+    "pytorch_lightning": _api(_LIGHTNING, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SETS_MODULE_MODE,
+                              Does.SHARDS_DATA),
+    "accelerate": _api(_ACCELERATE, Does.SCALES_LOSS, Does.ADVANCES_SAMPLER_EPOCH, Does.SHARDS_DATA),
     "deepspeed": _api(_SCALES + "https://www.deepspeed.ai/docs/config-json/#fp16-training-options", Does.SCALES_LOSS),
     "apex": _api(_SCALES + "https://nvidia.github.io/apex/amp.html", Does.SCALES_LOSS),
     "fairscale": _api(_SCALES + "https://fairscale.readthedocs.io/en/latest/api/optim/grad_scaler.html",
@@ -468,6 +473,33 @@ def wrapped_module_argument(qualified: Optional[str]) -> Optional[tuple[int, str
     return api.module_argument
 
 
+# --- half precision. torch's 16-bit floating dtypes (https://pytorch.org/docs/stable/tensor_attributes.html#torch.dtype)
+# and its autocast regions, which run eligible ops in float16 or bfloat16 (https://pytorch.org/docs/stable/amp.html);
+# the libraries' options that do the same: transformers' ``torch_dtype``
+# (https://huggingface.co/docs/transformers/main_classes/model#large-model-loading), accelerate's
+# ``mixed_precision`` (https://huggingface.co/docs/accelerate/package_reference/accelerator), Lightning's
+# ``precision`` (https://lightning.ai/docs/pytorch/stable/common/precision_basic.html).
+HALF_PRECISION_DTYPES = frozenset({"torch.float16", "torch.half", "torch.bfloat16"})
+AUTOCAST_APIS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
+HALF_PRECISION_METHODS = frozenset({"half", "bfloat16"})
+PRECISION_OPTIONS = frozenset({"dtype", "torch_dtype", "mixed_precision", "precision"})
+HALF_PRECISION_SETTINGS = frozenset({"float16", "bfloat16", "fp16", "bf16", "half", "16", "16-mixed", "bf16-mixed",
+                                     "16-true", "bf16-true"})
+
+# --- work that runs asynchronously of the host: CUDA streams and events
+# (https://pytorch.org/docs/stable/notes/cuda.html#cuda-streams, https://pytorch.org/docs/stable/generated/
+# torch.cuda.Event.html), and the tensor methods that order work across streams (Tensor.record_stream,
+# https://pytorch.org/docs/stable/generated/torch.Tensor.record_stream.html; Stream.wait_stream / wait_event).
+STREAM_APIS = frozenset({"torch.cuda.Stream", "torch.cuda.Event", "torch.cuda.stream", "torch.cuda.ExternalStream",
+                         "torch.Stream", "torch.Event", "torch.cuda.current_stream", "torch.cuda.default_stream"})
+STREAM_METHODS = frozenset({"record_stream", "wait_stream", "wait_event", "record_event"})
+
+# --- the default device: "Sets the default torch.Tensor to be allocated on device. ... factory calls will be
+# performed as if they were passed device as an argument" (https://pytorch.org/docs/stable/generated/
+# torch.set_default_device.html)
+APIS["torch.set_default_device"] = _api("https://pytorch.org/docs/stable/generated/torch.set_default_device.html",
+                                        Does.SETS_DEFAULT_DEVICE)
+
 # --- gradient clipping. torch's functions clip "the gradient norm of an iterable of parameters ... in-place"
 # (https://pytorch.org/docs/stable/generated/torch.nn.utils.clip_grad_norm_.html, .../clip_grad_value_.html,
 # .../clip_grads_with_norm_.html); timm's dispatch_clip_grad calls them
@@ -526,6 +558,13 @@ def apis_that(what: Does) -> frozenset:
     return frozenset(name for name, api in APIS.items() if what in api.does)
 
 
+# Iterable-style data sets: "each worker / process ... the dataset itself decides what it yields" (an IterableDataset
+# is never given a sampler: https://pytorch.org/docs/stable/data.html#iterable-style-datasets); webdataset's
+# WebDataset is one (https://github.com/webdataset/webdataset#readme, nodesplitter= splits its shards across nodes).
+ITERABLE_DATASETS = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset",
+                               "torch.utils.data.IterDataPipe", "webdataset.WebDataset", "webdataset.DataPipeline"})
+
+
 def training_libraries_that(what: Does) -> tuple[str, ...]:
     """Top-level packages whose training loop does ``what`` for the user (a file importing one leaves it to them)."""
     return tuple(root for root, api in TRAINING_LIBRARIES.items() if what in api.does)
@@ -546,6 +585,17 @@ MODE_DEPENDENT_LAYERS = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout
 # batch norm: mode-dependent by default, not with track_running_stats=False
 NORM_LAYERS_WITH_STATS = frozenset({"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
                                     "LazyBatchNorm2d", "LazyBatchNorm3d"})
+# batch norm with its statistics fixed by construction: torchvision's FrozenBatchNorm2d ("BatchNorm2d where the batch
+# statistics and the affine parameters are fixed", https://pytorch.org/vision/stable/generated/
+# torchvision.ops.FrozenBatchNorm2d.html), and the copies detectron2 and timm keep
+# (https://detectron2.readthedocs.io/en/latest/modules/layers.html#detectron2.layers.FrozenBatchNorm2d,
+# https://huggingface.co/docs/timm/reference/layers); OpenMMLab backbones' ``norm_eval=True`` "set norm layers to eval
+# mode, namely, freeze running stats" (https://mmdetection.readthedocs.io/en/latest/api.html#mmdet.models.backbones.
+# ResNet), and BatchNorm's own ``track_running_stats=False`` / ``momentum=0`` keep no running statistics to change.
+FROZEN_NORM_LAYERS = frozenset({"torchvision.ops.FrozenBatchNorm2d", "torchvision.ops.misc.FrozenBatchNorm2d",
+                                "detectron2.layers.FrozenBatchNorm2d", "timm.layers.FrozenBatchNorm2d",
+                                "timm.models.layers.FrozenBatchNorm2d"})
+NORM_FREEZING_OPTIONS = frozenset({"norm_eval"})
 # instance norm: mode-dependent only with track_running_stats=True
 NORM_LAYERS_STATS_OPTIONAL = frozenset({"InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LazyInstanceNorm1d",
                                         "LazyInstanceNorm2d", "LazyInstanceNorm3d"})

@@ -102,6 +102,8 @@ class ClassSummary:
     # a data set's items, from what ``__getitem__`` does: "memory" (it only indexes what the instance holds and
     # converts it to tensors), "disk" (it opens, reads or decodes files), None (anything else: unknown)
     item_source: Optional[str] = None
+    # the class cuts part of its computation out of the graph (no_grad, inference_mode, .detach()): see freezing.py
+    stops_gradient: bool = False
 
     @property
     def changes_in_eval(self) -> bool:
@@ -126,6 +128,12 @@ class FileSummary:
     eval_helpers: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
     # functions that clip gradients (see analyzers/program/clipping.py): name -> True
     clipping_functions: dict[str, bool] = field(default_factory=dict)
+    # functions that replace the built-in print (see analyzers/program/ranks.py): name -> True
+    print_replacing_functions: dict[str, bool] = field(default_factory=dict)
+    # functions that freeze parameters, and whether the file's code freezes any (see analyzers/program/freezing.py)
+    freezing_functions: dict[str, bool] = field(default_factory=dict)
+    freezes: bool = False
+    batchnorm_fixing_functions: dict[str, bool] = field(default_factory=dict)  # put BatchNorm modules in eval mode
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -460,6 +468,15 @@ def summarize(source: str, path: str) -> FileSummary:
                 summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
     from analyzers.program.clipping import clipping_functions  # clipping asks this module about other files
     summary.clipping_functions = dict.fromkeys(clipping_functions(tree), True)
+    from analyzers.program.ranks import print_replacing_functions  # ranks asks this module about other files
+    summary.print_replacing_functions = dict.fromkeys(print_replacing_functions(tree), True)
+    from analyzers.program.freezing import batchnorm_fixing_functions, file_freezes, freezing_functions, stops_gradient
+    summary.freezing_functions = dict.fromkeys(freezing_functions(tree), True)
+    summary.batchnorm_fixing_functions = dict.fromkeys(batchnorm_fixing_functions(tree), True)
+    summary.freezes = file_freezes(tree)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in summary.classes:
+            summary.classes[node.name].stops_gradient = stops_gradient(node)
     summary.saved_names = _saved_names(nodes)
     if "save" in source:
         summary.refused_payloads = _refused_payloads(nodes)
@@ -741,6 +758,21 @@ class RepositoryIndex:
         """True when the function ``local_name`` means in ``importer`` clips gradients."""
         return self._find_defined(importer, local_name, lambda summary: summary.clipping_functions, source, 0)
 
+    def find_print_replacing_function(self, importer: Path, local_name: str,
+                                      source: Optional[str] = None) -> Optional[bool]:
+        """True when the function ``local_name`` means in ``importer`` replaces the built-in ``print``."""
+        return self._find_defined(importer, local_name, lambda summary: summary.print_replacing_functions, source, 0)
+
+    def find_freezing_function(self, importer: Path, local_name: str,
+                               source: Optional[str] = None) -> Optional[bool]:
+        """True when the function ``local_name`` means in ``importer`` freezes parameters."""
+        return self._find_defined(importer, local_name, lambda summary: summary.freezing_functions, source, 0)
+
+    def find_batchnorm_fixing_function(self, importer: Path, local_name: str,
+                                       source: Optional[str] = None) -> Optional[bool]:
+        """True when the function ``local_name`` means in ``importer`` puts BatchNorm modules in eval mode."""
+        return self._find_defined(importer, local_name, lambda summary: summary.batchnorm_fixing_functions, source, 0)
+
     def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
         """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
         re-exported."""
@@ -966,6 +998,30 @@ class ModuleFacts:
         if index is None:
             return None
         return index.find_clipping_function(file_in_repository(self.ctx), name, self.ctx.source)
+
+    def print_replacing_function(self, name: str) -> Optional[bool]:
+        """Does the function ``name`` this file imports from the repository replace the built-in ``print`` (see
+        :func:`analyzers.program.ranks.print_kept_to_one_process`)? None when it cannot be found."""
+        index = self.ctx.repository
+        if index is None:
+            return None
+        return index.find_print_replacing_function(file_in_repository(self.ctx), name, self.ctx.source)
+
+    def freezing_function(self, name: str) -> Optional[bool]:
+        """Does the function ``name`` this file imports from the repository freeze parameters (see
+        :mod:`analyzers.program.freezing`)? None when it cannot be found."""
+        index = self.ctx.repository
+        if index is None:
+            return None
+        return index.find_freezing_function(file_in_repository(self.ctx), name, self.ctx.source)
+
+    def batchnorm_fixing_function(self, name: str) -> Optional[bool]:
+        """Does the function ``name`` this file imports from the repository put BatchNorm modules in eval mode (see
+        :mod:`analyzers.program.freezing`)? None when it cannot be found."""
+        index = self.ctx.repository
+        if index is None:
+            return None
+        return index.find_batchnorm_fixing_function(file_in_repository(self.ctx), name, self.ctx.source)
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see

@@ -19,14 +19,15 @@ A rank guard is a test (``if``, ``while``, conditional expression) that reads su
 """
 from __future__ import annotations
 
+import ast
 from typing import Iterator, Optional
 
 import libcst as cst
 
 from analyzers.context import (NODE_TYPES, FileContext, all_children, argument, code_children, dotted_name,
-                               string_value)
+                               parse_ast, string_value)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import module_function, small_statements
+from analyzers.program.flow import ModuleNodes, module_function, small_statements
 from analyzers.program.library import (DISTRIBUTED_PACKAGES, RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES,
                                        Does, does, is_ddp, is_library)
 from analyzers.program.names import name_words
@@ -245,3 +246,75 @@ def _does_distributed_work(fn: cst.FunctionDef, ctx: FileContext, depth: int) ->
                     return True
     return False
 
+
+
+# ---- print kept to one process ------------------------------------------------------------------------------------
+# Distributed launch helpers (``init_distributed_mode`` of DeiT, DETR, MAE...) replace the built-in ``print`` by one
+# that prints on the main process only. What counts is that the program replaces it, whatever the helper is called.
+
+_BUILTINS_MODULES = frozenset({"builtins", "__builtin__"})
+
+
+def _builtins_aliases(tree: ast.Module) -> set[str]:
+    """The names a parsed file binds the built-ins module to (``import builtins as __builtin__``), anywhere in it."""
+    return {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names if alias.name in _BUILTINS_MODULES}
+
+
+def _replaces_print(nodes: Iterator[ast.AST], aliases: set[str]) -> bool:
+    """Does any of ``nodes`` assign the built-in ``print``: ``builtins.print = f``, ``setattr(builtins, "print", f)``?"""
+    def is_builtins(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in aliases
+
+    for node in nodes:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "print"
+                                                and is_builtins(t.value) for t in node.targets):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and \
+                len(node.args) >= 2 and is_builtins(node.args[0]) and \
+                isinstance(node.args[1], ast.Constant) and node.args[1].value == "print":
+            return True
+    return False
+
+
+def print_replacing_functions(tree: ast.Module) -> set[str]:
+    """The top-level functions of a parsed file that replace the built-in ``print``, or call another function of the
+    file that does (for :mod:`analyzers.program.modules`' summaries of the repository's files)."""
+    aliases = _builtins_aliases(tree)
+    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if not aliases:
+        return set()
+    from analyzers.program.loops import closure  # loops asks this module about rank guards
+    direct = {name for name, fn in functions.items() if _replaces_print(ast.walk(fn), aliases)}
+    calls = {name: {node.func.id for node in ast.walk(fn) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name) and node.func.id in functions}
+             for name, fn in functions.items()}
+    return closure(direct, calls)
+
+
+def print_kept_to_one_process(ctx: FileContext) -> bool:
+    """Does the program replace the built-in ``print`` (the way launch helpers keep it to the main process): at the
+    file's top level, or through a function it calls, its own or one it imports from the repository? Then a bare
+    ``print(...)`` prints on one process, not on every rank."""
+    try:
+        tree = parse_ast(ctx.source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    aliases = _builtins_aliases(tree)
+    top_level = [node for statement in tree.body if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                                ast.ClassDef))
+                 for node in ast.walk(statement)]
+    if aliases and _replaces_print(iter(top_level), aliases):
+        return True
+    own = print_replacing_functions(tree)
+    from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
+    facts = ctx.facts(ModuleFacts)
+    asked: set[str] = set()
+    for call in ctx.facts(ModuleNodes).of_type(cst.Call):
+        called = dotted_name(call.func)
+        if called is None or called in asked or called.startswith("self."):
+            continue
+        asked.add(called)
+        if called in own or facts.print_replacing_function(called):
+            return True
+    return False

@@ -11,6 +11,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, keyword_arg,
                                method_name, short, string_value)
+from analyzers.program.data import hands_a_collate_function
 from analyzers.program.flow import assignment_before, call_site_values, may_run_before, parameter_index, targets
 from analyzers.program.library import is_data_loader, is_data_parallel
 from analyzers.program.loops import iterated
@@ -197,6 +198,22 @@ class BatchNotMovedToDevice(Rule):
                 for images, labels in train_loader:
                     labels = labels.to(device)
                     loss = criterion(model(images), labels)
+            """,
+            line=11, message="`images` from `train_loader` reaches `model(...)`",
+        ),
+        # options built as a dict: no collate function is ever handed over, whatever the comment says
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            from torchvision import datasets
+            device = torch.device("cuda")
+            model = Net().to(device)
+            options = {"batch_size": 64, "shuffle": True}
+            options.update({"num_workers": 2})  # the default collate stacks the samples
+            train_loader = DataLoader(datasets.MNIST("data", train=True), **options)
+            for images, labels in train_loader:
+                loss = criterion(model(images), labels.to(device))
             """,
             line=11, message="`images` from `train_loader` reaches `model(...)`",
         ),
@@ -451,8 +468,8 @@ class BatchNotMovedToDevice(Rule):
     @staticmethod
     def _plain_options(expr: cst.BaseExpression, loader: cst.Call, ctx: FileContext) -> bool:
         """``**train_kwargs`` built in this file as a dict (``{"batch_size": 64}``, updated with more), in a file that
-        never names a collate function: the options cannot carry one."""
-        if "collate" in ctx.source:
+        never hands a loader a collate function: the options cannot carry one."""
+        if hands_a_collate_function(ctx):
             return False
         if isinstance(expr, (cst.Name, cst.Attribute)):
             expr = assignment_before(ctx, loader, dotted_name(expr) or "")

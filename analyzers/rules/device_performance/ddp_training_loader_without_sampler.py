@@ -18,16 +18,12 @@ from analyzers.program.roles import is_test_code
 from analyzers.program.ranks import depends_on_rank
 from analyzers.program.library import is_data_loader
 from analyzers.program.values import is_ddp_call as _is_ddp_call, DDP_HINT as _DDP_HINT
-from analyzers.program.data import (is_sharding_sampler as _is_sharding_sampler, loader_trains,
+from analyzers.program.data import (data_splits_itself, is_sharding_sampler as _is_sharding_sampler, loader_trains,
                                     may_have_sampler as _may_have_sampler)
 from analyzers.program.flow import assigned_name as _assigned_name
 
 
 _PROCESS_GROUP = {"torch.distributed.init_process_group"}
-# Data that shards itself, or a framework that adds the sampler: nothing to say.
-_SELF_SHARDING = re.compile(r"IterableDataset|split_dataset_by_node|webdataset|\bwds\.|accelerate|lightning|"
-                            r"Lightning|shard|DistributedBatchSampler|\[\s*\w*rank\w*\s*::", re.IGNORECASE)
-
 
 class DdpTrainingLoaderWithoutSampler(Rule):
     id = "TR728"
@@ -41,8 +37,10 @@ class DdpTrainingLoaderWithoutSampler(Rule):
         calls `.backward()`, shuffled, named `train*` or over `train*` data) of a file that starts a process group (`init_process_group`) and
         wraps its model in `DistributedDataParallel`, when that loader has no `sampler=` /
         `batch_sampler=` and nothing in the file shards the data another way: no
-        `DistributedSampler` at all, no rank in the dataset's construction, no `IterableDataset`,
-        `split_dataset_by_node`, WebDataset, Accelerate or Lightning.
+        `DistributedSampler` at all, no rank in the dataset's construction or in a slice of the
+        data, no iterable-style data set (`IterableDataset`, WebDataset), no
+        `split_dataset_by_node`, and no Accelerate or Lightning imported (they add the sampler).
+        What the code does decides, not the words in its comments.
     """
     why = """
         DDP only averages gradients; splitting the data is the sampler's job. Without one, each
@@ -90,6 +88,22 @@ class DdpTrainingLoaderWithoutSampler(Rule):
         for x, y in train_loader:
             model(x).sum().backward()
         """,
+        # an iterable-style data set decides what each process reads; a list of files sliced by the rank
+        """
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader, IterableDataset
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        class Stream(IterableDataset):
+            def __iter__(self):
+                yield from read(self.files)
+        dist.init_process_group("nccl")
+        model = DDP(net)
+        mine = all_files[dist.get_rank()::dist.get_world_size()]
+        for loader in (DataLoader(Stream(all_files)), DataLoader(FileRows(mine))):
+            for x in loader:
+                model(x).sum().backward()
+        """,
         # no process group started here: a single-process script with a DDP option
         """
         import torch
@@ -133,6 +147,21 @@ class DdpTrainingLoaderWithoutSampler(Rule):
             """,
             line=7, message="`train_dl`",
         ),
+        # the words of self-sharding data in a comment and a string shard nothing
+        Invalid(
+            """
+            import torch
+            import torch.distributed as dist
+            from torch.utils.data import DataLoader
+            dist.init_process_group("nccl")
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            # TODO: an IterableDataset, or accelerate, would shard this
+            train_dl = DataLoader(train_ds, batch_size=16)
+            print("shard", "lightning")
+            train(model, train_dl)
+            """,
+            line=8, message="`train_dl`",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
@@ -156,9 +185,9 @@ class DdpTrainingLoaderWithoutSampler(Rule):
             self.loaders.append((node, _assigned_name(node, ctx), argument(node, 0, "dataset")))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not (self.ddp and self.process_group) or self.sharded or is_test_code(ctx) or \
-                _SELF_SHARDING.search(ctx.source):
-            return
+        if not (self.ddp and self.process_group) or self.sharded or not self.loaders or is_test_code(ctx) or \
+                data_splits_itself(ctx):
+            return  # data that splits itself, or a library that adds the sampler: nothing to say
         for call, variable, dataset in self.loaders:
             if dataset is None or self._built_per_rank(dataset, ctx) or not loader_trains(call, variable, dataset, ctx):
                 continue
@@ -171,14 +200,20 @@ class DdpTrainingLoaderWithoutSampler(Rule):
 
     @staticmethod
     def _built_per_rank(dataset: cst.BaseExpression, ctx: FileContext) -> bool:
-        """The dataset (or what its name was assigned) mentions the rank: it is split per process already."""
-        if depends_on_rank(dataset, ctx):
+        """The dataset (or what its name was assigned) is the rank's, or is built with it
+        (``Shards(path, rank=rank)``, ``Subset(data, range(rank, n, world))``): it is split per process already."""
+        def per_rank(value: cst.BaseExpression) -> bool:
+            return depends_on_rank(value, ctx) or isinstance(value, cst.Call) and any(
+                isinstance(part, (cst.Name, cst.Attribute, cst.Call)) and depends_on_rank(part, ctx)
+                for arg in value.args for part in subtree(arg.value))
+
+        if per_rank(dataset):
             return True
         name = dotted_name(dataset)
         if name is None:
             return False
         for node in subtree(ctx.module):
             if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets) and \
-                    depends_on_rank(node.value, ctx):
+                    per_rank(node.value):
                 return True
         return False

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import libcst as cst
 
@@ -12,14 +13,12 @@ from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid
 from analyzers.program.loops import loop_stack, loop_trains
 from analyzers.program.names import node_text
-from analyzers.program.ranks import depends_on_rank, rank_guarded
+from analyzers.program.ranks import depends_on_rank, print_kept_to_one_process, rank_guarded
 from analyzers.program.values import DDP_HINT as _DDP_HINT
 from analyzers.rules.device_performance._distributed import CallsOnEveryRank as _CallsOnEveryRank
 
 
 _METRIC_WORDS = re.compile(r"loss|acc(?!um)|top1|top5|metric|perplexity|ppl|bleu|psnr|iou|f1|auc|score", re.IGNORECASE)
-# helpers that replace builtins.print by a rank-0-only print (DeiT/DINO/MAE's init_distributed_mode)
-_PRINT_SILENCED = re.compile(r"builtins\.print|setup_for_distributed|init_distributed_mode|__builtin__\.print")
 _LOGGING_CALLS = {"logging.info", "logging.warning", "logging.debug"}
 
 
@@ -39,8 +38,10 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
         accuracy, score, or `.item()` value) inside the training loop of a file that trains a
         `DistributedDataParallel` model, when the call is not under a rank check (`if rank == 0`,
         `if is_main_process()`...), its function does not return early on other ranks, and the
-        message does not name the rank. Stays quiet where a helper silences `print` on the other
-        ranks (`setup_for_distributed` / `builtins.print` replaced, as `init_distributed_mode` does).
+        message does not name the rank. Stays quiet about a bare `print` where the program replaces
+        the built-in `print` (`builtins.print = ...`), at the file's top level or in a function it
+        calls, its own or one imported from the repository: launch helpers such as DeiT's
+        `init_distributed_mode` do, to print on the main process only.
     """
     why = """
         Every process prints: N interleaved copies of each line, each showing its own shard's
@@ -75,13 +76,22 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
                     print(f"loss {loss.item()}")
                 print(f"[GPU{rank}] batch done, loss {loss.item()}")
         """,
-        # print is replaced by a rank-0-only print
+        # print is replaced by a main-process-only print, through a helper that calls the one replacing it
         """
         import torch
-        import utils
         from torch.nn.parallel import DistributedDataParallel
+        def quiet_other_processes(is_main):
+            import builtins as _builtins
+            original = _builtins.print
+            def print(*args, **kwargs):
+                if is_main:
+                    original(*args, **kwargs)
+            _builtins.print = print
+        def start_processes(args):
+            torch.distributed.init_process_group("nccl")
+            quiet_other_processes(args.rank == 0)
         def main(args):
-            utils.init_distributed_mode(args)
+            start_processes(args)
             model = DistributedDataParallel(build())
             for x in loader:
                 loss = model(x).mean()
@@ -133,6 +143,23 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
             """,
             line=13,
         ),
+        # a launch helper that does not touch print: every process still prints, whatever the helper is called
+        Invalid(
+            """
+            import torch
+            from torch.nn.parallel import DistributedDataParallel
+            def init_distributed_mode(args):
+                torch.distributed.init_process_group("nccl", rank=args.rank)
+            def main(args):
+                init_distributed_mode(args)
+                model = DistributedDataParallel(build())
+                for x in loader:
+                    loss = model(x).mean()
+                    loss.backward()
+                    print("loss", loss.item())
+            """,
+            line=12, message="every DDP rank",
+        ),
     ]
 
     def collects(self, node: cst.Call, ctx: FileContext) -> bool:
@@ -161,13 +188,16 @@ class MetricsPrintedOnEveryRank(_CallsOnEveryRank):
             isinstance(n, cst.Call) and method_name(n) == "item" for arg in node.args for n in subtree(arg.value))
 
     def end_file(self, ctx: FileContext) -> None:
-        silenced = _PRINT_SILENCED.search(ctx.source) is not None
+        silenced: Optional[bool] = None  # asked once, and only of a file with a bare print to report
         reported: set[int] = set()
         for call, fn in self.unguarded_calls(ctx):
             if id(fn) in reported:
                 continue
-            if silenced and isinstance(call.func, cst.Name):
-                continue
+            if isinstance(call.func, cst.Name):
+                if silenced is None:
+                    silenced = print_kept_to_one_process(ctx)
+                if silenced:
+                    continue
             reported.add(id(fn))  # one per function: the fix is the same guard
             self.report(call, f"{code_span(node_text(ctx, call))} runs on every DDP rank: N interleaved copies of the "
                               f"line, each with its own shard's value; print on rank 0 (`if dist.get_rank() == 0:`), "

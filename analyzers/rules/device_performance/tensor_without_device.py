@@ -7,7 +7,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, dotted_name, keyword_arg,
                                method_name, short)
-from analyzers.program.devices import embedding_attributes, expression_nodes
+from analyzers.program.devices import embedding_attributes, expression_nodes, sets_default_device
 from analyzers.program.flow import (computed_into, decides_branch, makes_python_number, read_only_as_host_scalar,
                                    reads_of, subtree)
 from analyzers.program.state import runs_only_off_cuda
@@ -256,6 +256,20 @@ class TensorWithoutDevice(Rule):
             """,
             line=6, message="torch.zeros(2, x.size(0), 64) in Encoder.forward()",
         ),
+        # the default device named in a comment and a message, never set
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            # without torch.set_default_device("cuda") the noise below is made on the CPU
+            class Noisy(nn.Module):
+                def forward(self, x):
+                    return x + torch.randn(x.shape[-1])
+            model = Noisy().cuda()
+            print("call set_default_device to change this")
+            """,
+            line=7, message="torch.randn",
+        ),
         Invalid(
             """
             import torch
@@ -393,7 +407,7 @@ class TensorWithoutDevice(Rule):
             return False
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.candidates or "set_default_device" in ctx.source:
+        if not self.candidates or sets_default_device(ctx):
             return  # ``torch.set_default_device("cuda")``: tensors made without device= land on it
         cuda = _facts(ctx).cuda_evidence
         moved = _facts(ctx).moved_roots

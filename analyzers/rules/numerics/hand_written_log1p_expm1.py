@@ -11,6 +11,7 @@ import libcst as cst
 from analyzers.context import FileContext, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.devices import computes_in_half_precision
 from analyzers.program.flow import subtree
 from analyzers.rules.base import Invalid, Rule, Valid
 from analyzers.program.names import parenthesized
@@ -23,8 +24,9 @@ from analyzers.rules.numerics._numerics_exact import (
 )
 
 
-# Half-precision evidence in the file: where `1 + x` rounds away anything below 5e-4 (float16) / 4e-3 (bfloat16).
-_HALF_PRECISION = re.compile(r"bfloat16|float16|\.half\(\)|autocast|torch_dtype")
+# What half-precision code is written with, as a cheap gate before the program is asked
+# (devices.computes_in_half_precision): where `1 + x` rounds away anything below 5e-4 (float16) / 4e-3 (bfloat16).
+_HALF_PRECISION = re.compile(r"bfloat16|float16|\bhalf\b|autocast|torch_dtype|precision|\bfp16|\bbf16")
 # ``x`` that is a magnitude or a count: log(1 + |x|) compresses a range, and small values cannot be lost there.
 _MAGNITUDES = {"abs", "arange", "numel", "long", "int", "count_nonzero", "bincount", "len", "size"}
 
@@ -115,6 +117,13 @@ class HandWrittenLog1pExpm1(Rule):
         """
         import torch
         log_rate = torch.log(1 + rate)
+        """,
+        # half precision only in a comment and a message: the code computes in float32
+        """
+        import torch
+        # a float16 version of this would lose small rates; see the autocast notes
+        log_rate = torch.log(1 + rate)
+        print("no .half() here")
         """,
         # selected through TorchFix, in any precision: a magnitude still has no tiny values to lose
         Valid("""
@@ -252,11 +261,11 @@ class HandWrittenLog1pExpm1(Rule):
         if is_test_code(ctx):
             return  # a test's reference formula mirrors the math on purpose
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
-        if _HALF_PRECISION.search(ctx.source):
+        if computes_in_half_precision(ctx):
             self.report(node, f"{code_span(short(ctx, node))} in half-precision code: {loss} when |x| is below ~5e-4 "
                               f"in float16 (4e-3 in bfloat16) and keeps only a few digits above; {instead} computes "
                               f"the same function without the rounding", replacement=replacement)
-        else:  # only with the any-precision option: the source hint keeps other files out
+        elif "any-precision" in self.options:  # float32 too, as TorchFix's rule; low
             code = "TOR106" if "log1p" in generic else "TOR107"
             self.report(node, f"{code_span(short(ctx, node))}: {loss} when |x| is below ~6e-8 in float32 and keeps "
                               f"fewer digits of small x; {instead} computes the same function without the rounding "

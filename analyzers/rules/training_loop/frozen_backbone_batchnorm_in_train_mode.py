@@ -16,6 +16,7 @@ from analyzers.model import Category, Severity
 from analyzers.program.flow import exclusive_branches, subtree
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.values import BACKWARD_METHODS
+from analyzers.program.freezing import program_fixes_batchnorm_statistics
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
 from analyzers.program.values import batchnorm_evidence
@@ -25,14 +26,6 @@ from analyzers.program.names import within as _within
 # frozen copies whose weights follow another model (EMA teachers, momentum encoders): their train-mode BatchNorm is
 # part of the method (MoCo's shuffled BN, DINO's teacher)
 _FOLLOWER_WORDS = ("teacher", "ema", "momentum", "target", "shadow", "_k", "key_encoder", "average", "swa")
-# what keeps BatchNorm statistics fixed without eval()
-# (``isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):`` then ``m.eval()``, ``model.apply(set_bn_to_eval)``,
-# ``model.apply(lambda m: m.eval() if isinstance(m, nn.BatchNorm2d) else None)``...)
-_FROZEN_BN = re.compile(r"FrozenBatchNorm|track_running_stats\s*=\s*False|fix_?bn|norm_eval|freeze_?norm|"
-                        r"(?:bn|batch_?norm)\w*(?:eval|freeze|frozen|fix)|(?:eval|freeze|frozen|fix)\w*(?:bn|batch_?norm)|"
-                        r"BatchNorm[^\n]*\n?[^\n]*\.eval\(\)|\.eval\(\)[^\n]*BatchNorm|"
-                        r"momentum\s*=\s*0(?:\.0*)?\s*[,)]", re.IGNORECASE)
-
 
 def _is_follower(path: str) -> bool:
     lowered = path.lower()
@@ -117,9 +110,10 @@ class FrozenBatchNormInTrainMode(Rule):
         training loop) when it holds BatchNorm (a torchvision/timm ResNet, DenseNet, EfficientNet,
         MobileNet, `vgg*_bn`..., or a project class that builds `BatchNorm*`) and the training loop runs it
         in train mode: `model.train()` with no `backbone.eval()` after it, or no mode switch at all.
-        Quiet when the class overrides `train()`, when BatchNorm is frozen another way
-        (`FrozenBatchNorm2d`, `track_running_stats=False`), and for EMA teachers and momentum encoders,
-        whose weights follow another model.
+        Quiet when the class overrides `train()`, when the code keeps BatchNorm statistics fixed another
+        way (`FrozenBatchNorm2d`, `track_running_stats=False`, `momentum=0`, `norm_eval=True`, a loop,
+        function or lambda, here or in the repository, that puts `BatchNorm` modules in eval mode),
+        and for EMA teachers and momentum encoders, whose weights follow another model.
     """
     why = """
         `requires_grad = False` stops the weights, not the BatchNorm statistics: in train mode every
@@ -292,6 +286,27 @@ class FrozenBatchNormInTrainMode(Rule):
                 model.train()
             """,
             line=6, message="`model` (a densenet121, which holds BatchNorm) is frozen",
+        ),
+        # a helper named for freezing BatchNorm that only logs: the statistics still move
+        Invalid(
+            """
+            import torch
+            from torch import nn, optim
+            from torchvision import models
+            def fix_bn_stats(model):
+                print("batch norm layers:", sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()))
+            model = models.resnet18(weights="DEFAULT")
+            for param in model.parameters():
+                param.requires_grad = False
+            model.fc = nn.Linear(512, 2)
+            fix_bn_stats(model)
+            optimizer = optim.Adam(model.fc.parameters(), lr=3e-3)
+            model.train()
+            for inputs, labels in trainloader:
+                criterion(model(inputs), labels).backward()
+                optimizer.step()
+            """,
+            line=8, message="is frozen",
         ),
         Invalid(
             """
@@ -473,7 +488,8 @@ class FrozenBatchNormInTrainMode(Rule):
     # ---- the verdict ---------------------------------------------------------------------------
     def end_file(self, ctx: FileContext) -> None:
         facts = self.facts
-        if facts.backward is None or not (facts.freezes or facts.no_grad_calls) or _FROZEN_BN.search(ctx.source):
+        if facts.backward is None or not (facts.freezes or facts.no_grad_calls) or \
+                program_fixes_batchnorm_statistics(ctx):
             return
         reported: set[str] = set()
         for freeze in facts.freezes:

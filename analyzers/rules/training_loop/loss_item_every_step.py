@@ -10,6 +10,7 @@ from analyzers.context import (
     dotted_name,
     method_name)
 from analyzers.markdown import code_span, named
+from analyzers.program.devices import file_handles_devices
 from analyzers.program.loops import loop_stack
 from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
@@ -79,6 +80,16 @@ class PerStepSyncForLogging(Rule):
             loss.backward()
             optimizer.step()
             print(loss.item())
+        """,
+        # only its comments and strings speak of devices: the code places nothing on one
+        """
+        import torch
+        # on a cuda device this would wait for the GPU every step
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            print("device: cpu, loss", loss.item())
         """,
         # behind a logging-interval guard
         """
@@ -263,7 +274,7 @@ class PerStepSyncForLogging(Rule):
                 return
 
     def end_file(self, ctx: FileContext) -> None:
-        if "cuda" not in ctx.source and "device" not in ctx.source:
+        if not self.events or not file_handles_devices(ctx):
             return  # nothing here runs on a GPU: reading a CPU tensor waits for nothing
         flagged = {id(node) for node, _, _, _ in self.events}
         reported: set = set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import libcst as cst
@@ -13,7 +12,7 @@ import libcst as cst
 from analyzers.context import FileContext, argument, call_receiver, dotted_name, method_name, short
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
-from analyzers.program.modules import ModuleFacts
+from analyzers.program.freezing import class_freezes_or_stops_gradient, program_freezes
 from analyzers.program.values import builds_optimizer, fresh_model_constructor
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack, loop_trains
@@ -25,12 +24,6 @@ _WHOLE = {"module", "_orig_mod", "model", "net", "network", "inner"}
 # uses of a model's parameters that neither optimize nor freeze them
 _BOOKKEEPING = {"clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "parameters_to_vector", "len", "print",
                 "count_parameters", "sum", "list", "next", "numel"}
-_FREEZES = re.compile(r"requires_grad\w*\s*(?:=|\()\s*False|requires_grad_\(\s*\)|requires_grad\s*=\s*not\b|"
-                      r"requires_grad\s*=\s*(?!True\b)[a-z_]|set_parameter_requires_grad|freeze", re.IGNORECASE)
-
-# a forward that runs a part without autograd: that part computes no gradients, whatever the optimizer holds
-_STOPS_GRAD = re.compile(r"no_grad|inference_mode|set_grad_enabled|\.detach\(")
-
 
 @dataclass
 class _PartOptimizer:
@@ -221,20 +214,9 @@ class OptimizerOverPartOfTrainedModel(Rule):
 
     @staticmethod
     def _class_freezes_nothing(name: str, ctx: FileContext) -> bool:
-        """The class is found (this file, or the repository), its file sets no ``requires_grad`` to False and the
-        class cuts no part out of the graph (``with torch.no_grad(): feats = self.backbone(x)``, ``.detach()``)."""
-        if name in ctx.module_classes_in_file:
-            cls_def = next((s for s in ctx.module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
-            # this file's text was checked for freezes already
-            return cls_def is None or _STOPS_GRAD.search(ctx.module.code_for_node(cls_def)) is None
-        cls = ctx.facts(ModuleFacts).find_class(name)
-        if cls is None:
-            return False
-        try:
-            text = Path(cls.path).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return False
-        return _FREEZES.search(text) is None and _STOPS_GRAD.search(text) is None
+        """The class is found (this file, or the repository), its file freezes no parameter and the class cuts no
+        part out of the graph (``with torch.no_grad(): feats = self.backbone(x)``, ``.detach()``)."""
+        return class_freezes_or_stops_gradient(name, ctx) is False
 
     @staticmethod
     def _bookkeeping(node: cst.Call, ctx: FileContext) -> bool:
@@ -273,7 +255,7 @@ class OptimizerOverPartOfTrainedModel(Rule):
                                          built))
 
     def end_file(self, ctx: FileContext) -> None:
-        if not self.parts or self.param_groups_added or _FREEZES.search(ctx.source):
+        if not self.parts or self.param_groups_added or program_freezes(ctx):
             return
         for found in self.parts:
             call = self.trained_calls.get(found.model)

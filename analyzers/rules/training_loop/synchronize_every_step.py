@@ -16,6 +16,7 @@ from analyzers.context import (
     method_name,
     short)
 from analyzers.markdown import code_span
+from analyzers.program.devices import overlaps_work_asynchronously
 from analyzers.program.flow import subtree
 from analyzers.program.loops import loop_stack
 from analyzers.program.values import (BACKWARD_METHODS)
@@ -31,9 +32,6 @@ _TIMERS = {"time.time", "time.perf_counter", "time.monotonic", "time.process_tim
 _COLLECTIVE_NAMES = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                      "all_reduce_coalesced")
 _COLLECTIVES = {f"torch.distributed.{name}" for name in _COLLECTIVE_NAMES}
-# Streams and events: code that overlaps copies with compute may need the synchronize for correctness.
-_STREAMS = re.compile(r"Stream\s*\(|\.stream\s*\(|Event\s*\(|record_stream|wait_stream|non_blocking\s*=\s*True\)\.cpu|"
-                      r"to\([^)]*cpu[^)]*non_blocking")
 # Where a reduced value may go when it is only reported: a logger, a progress bar, a meter, a list.
 _REPORTING = _LOG_SINKS | {"update", "add_scalar", "item"}
 
@@ -196,6 +194,23 @@ class PerStepSynchronizeForLogging(Rule):
             """,
             line=10, message="`torch.cuda.synchronize()` every training step",
         ),
+        # streams named only in a comment and a log message: nothing here overlaps work
+        Invalid(
+            """
+            import time
+            import torch
+            # no torch.cuda.Stream() or record_stream here: one stream does everything
+            for i, (images, target) in enumerate(train_loader):
+                loss = criterion(model(images.cuda()), target.cuda())
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                torch.cuda.synchronize()
+                log("Event(step) took", time.time() - end)
+                end = time.time()
+            """,
+            line=10, message="`torch.cuda.synchronize()` every training step",
+        ),
         Invalid(
             """
             import torch
@@ -311,8 +326,8 @@ class PerStepSynchronizeForLogging(Rule):
         return None
 
     def end_file(self, ctx: FileContext) -> None:
-        if _STREAMS.search(ctx.source):
-            return
+        if not self.candidates or overlaps_work_asynchronously(ctx):
+            return  # streams and events: the synchronize may be needed for correctness
         for candidate in self.candidates:
             loop = candidate.loop
             if id(loop) not in self.backward_loops:
