@@ -434,6 +434,11 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
         if features is None or features & MODE_FEATURES:
             return True
         seen = True
+    if not seen and "." in name and depth < 3:
+        # ``model.encoder`` that nothing assigns: a submodule or a method of ``model``, which holds no layer, no
+        # code and no train/eval switch that ``model`` does not hold itself; mode-free when ``model`` is
+        owner = name.rsplit(".", 1)[0]
+        return changes_in_eval(ctx, cst.parse_expression(owner), use if use is not None else ctx.module, depth + 1)
     return not seen
 
 
