@@ -157,6 +157,21 @@ def test_a_part_or_a_method_of_a_model_is_as_mode_free_as_the_model():
     """, "model.encode")
 
 
+
+def test_the_library_table_names_embedding_models_that_eval_does_not_change():
+    """A graph embedding model of the table (one embedding table, no dropout or norm) is mode-free; another model
+    of the same library is not known to be."""
+    code = """
+        import torch
+        from torch_geometric.nn import %s
+        model = %s(edges, embedding_dim=16).to("cpu")
+        use(model)
+    """
+    assert not _mode_dependent(code % ("MetaPath2Vec", "MetaPath2Vec"))
+    assert not _mode_dependent(code % ("Node2Vec", "Node2Vec"))
+    assert _mode_dependent(code % ("GraphSAGE", "GraphSAGE"))
+
+
 # ---- where a data set's items come from --------------------------------------------------------------------
 
 DATASETS = """
