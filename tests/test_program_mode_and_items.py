@@ -150,6 +150,14 @@ def test_a_part_or_a_method_of_a_model_is_as_mode_free_as_the_model():
     assert not _mode_dependent(code % ("", "nn.Sigmoid()", ""), "model.outer")
     assert _mode_dependent(code % ("", "nn.Dropout(0.1)", ""), "model.encode")
     assert _mode_dependent(code % ("", "nn.Sigmoid()", "model.outer = nn.BatchNorm1d(8)"), "model.outer")
+    # an attribute of an object that is not a module: whatever it holds is not known
+    assert _mode_dependent("""
+        class Embedder:
+            def __init__(self):
+                self.net = fetch_network()
+        holder = Embedder()
+        use(holder.net)
+    """, "holder.net")
     # the owner is unknown (a parameter no call in view passes): so is its part
     assert _mode_dependent("""
         def check(model, rows):

@@ -364,6 +364,21 @@ def test_a_path_two_helpers_build_from_the_same_parts_is_the_programs_own(sub, o
     assert ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None) is own
 
 
+def test_a_folder_a_loading_function_is_handed_may_hold_anyones_file():
+    ctx = context("""
+        import torch
+        def write_parts(parts, folder):
+            for key, part in parts.items():
+                target = (folder / key).with_suffix(".pt")
+                torch.save(part, target)
+        def read_part(key, folder):
+            source = (folder / key).with_suffix(".pt")
+            return torch.load(source)
+    """)
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert not ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None)
+
+
 @pytest.mark.parametrize("load, own", [
     ("'snap_30_%s.pt' % device", True),  # one epoch's file of the template the loop saves
     ("'snap_%d_%s.pt' % (last, device)", True),

@@ -12,7 +12,7 @@ import libcst as cst
 
 from analyzers.context import all_children, argument, dotted_name, string_value
 from analyzers.program.builds import built_module
-from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, parameter, subtree
 from analyzers.program.library import (CHECKPOINT_CALLBACK_ATTRIBUTES, WRITTEN_CHECKPOINT_ATTRIBUTES, Does, does,
                                        method_returns_same_module)
 from analyzers.program.names import last_segment, name_is_model_like, names_configuration
@@ -357,19 +357,33 @@ class CheckpointWrites:
         """A path expression with each local name replaced by the value last assigned to it where ``at`` runs
         (``os.path.join(args.out, 'best', 'model.bin')`` for ``path`` after ``folder = os.path.join(args.out,
         'best')`` and ``path = os.path.join(folder, 'model.bin')``): two functions that each build the path
-        from the same parts name the same file. None unless it spells a file name (a bare parameter is any file)."""
+        from the same parts name the same file. None unless it spells a file name, or when a part is a folder or
+        a name the function is handed (``def load(folder): torch.load(os.path.join(folder, 'x.pt'))``): its
+        callers choose where it reads, and the file there may be anyone's."""
         text = self._spell(expr, at, depth)
-        return text if _FILE_LITERAL.search(text) else None
+        return text if text is not None and _FILE_LITERAL.search(text) else None
 
-    def _spell(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> str:
-        if isinstance(expr, cst.Name) and depth:
-            value = assignment_before(self.ctx, at, expr.value)
+    def _spell(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> Optional[str]:
+        if isinstance(expr, cst.Name):
+            value = assignment_before(self.ctx, at, expr.value) if depth else None
             if value is not None and value is not expr:
                 return self._spell(value, value, depth - 1)
+            fn = _function_of(self._ancestry(at))
+            if isinstance(fn, cst.FunctionDef) and parameter(fn, expr.value) is not None:
+                return None
         if isinstance(expr, cst.Call) and not any(arg.star for arg in expr.args):
-            parts = [(f"{arg.keyword.value}=" if arg.keyword is not None else "") + self._spell(arg.value, at, depth)
-                     for arg in expr.args]
+            parts = []
+            for arg in expr.args:
+                spelled = self._spell(arg.value, at, depth)
+                if spelled is None:
+                    return None
+                parts.append((f"{arg.keyword.value}=" if arg.keyword is not None else "") + spelled)
+            if isinstance(expr.func, cst.Attribute) and self._spell(expr.func.value, at, depth) is None:
+                return None  # ``(folder / key).with_suffix('.pt')`` of a folder the function is handed
             return f"{_normalized(self.ctx, expr.func)}({','.join(parts)})"
+        if isinstance(expr, cst.BinaryOperation):
+            left, right = self._spell(expr.left, at, depth), self._spell(expr.right, at, depth)
+            return None if left is None or right is None else f"{left}{_normalized(self.ctx, expr.operator)}{right}"
         return _normalized(self.ctx, expr)
 
     def writes_fixed_path(self, path: cst.BaseExpression) -> bool:

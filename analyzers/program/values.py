@@ -437,10 +437,17 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
             return True
         seen = True
     if not seen and "." in name and depth < 3:
-        # ``model.encoder`` that nothing assigns: a submodule or a method of ``model``, which holds no layer, no
-        # code and no train/eval switch that ``model`` does not hold itself; mode-free when ``model`` is
-        owner = name.rsplit(".", 1)[0]
-        return changes_in_eval(ctx, cst.parse_expression(owner), use if use is not None else ctx.module, depth + 1)
+        # ``model.encoder`` that nothing assigns, where ``model`` is built as an ``nn.Module``: a submodule or a
+        # method of it, which holds no layer, no code and no train/eval switch that ``model`` does not hold
+        # itself; mode-free when ``model`` is. The attribute of any other object is not known.
+        owner = cst.parse_expression(name.rsplit(".", 1)[0])
+        at = use if use is not None else ctx.module
+        built = constructor(ctx, owner, at)
+        if built is None or not (torch_layer_features(ctx, built) is not None
+                                 or ctx.qualified_name(built.func) in MODE_FREE_LIBRARY_MODELS
+                                 or ctx.facts(ModuleFacts).is_module_class(dotted_name(built.func) or "")):
+            return True
+        return changes_in_eval(ctx, owner, at, depth + 1)
     return not seen
 
 
