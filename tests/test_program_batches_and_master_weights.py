@@ -427,6 +427,79 @@ def test_which_built_modules_hold_nothing_to_register():
     assert registered_kind(values["b"], ctx) == "stateless" and registered_kind(values["e"], ctx) == "module"
 
 
+def test_a_module_built_from_stateless_layers_and_the_sizes_it_is_given_holds_nothing():
+    """A class whose ``__init__`` keeps a size it is given (used only in arithmetic) and a pooling layer holds
+    nothing to register, and so does a class that keeps such a class; a size it calls, hands on or compares with
+    nothing but keeps as a module, or a layer with weights beside, may hold something."""
+    from analyzers.program.builds import stateless_module
+    ctx = context("""
+        from torch import nn
+
+
+        class Smooth(nn.Module):
+            def __init__(self, width, step):
+                super(Smooth, self).__init__()
+                self.width = width
+                self.pool = nn.AvgPool1d(kernel_size=width, stride=step)
+
+            def forward(self, x):
+                pad = (self.width - 1) // 2
+                return self.pool(x[:, :, pad:]) if -self.width < 0 else x
+
+
+        class Split(nn.Module):
+            def __init__(self, width):
+                super().__init__()
+                self.smooth = Smooth(width, 1)
+
+            def forward(self, x):
+                trend = self.smooth(x)
+                return x - trend, trend
+
+
+        class Calls(nn.Module):
+            def __init__(self, act):
+                super().__init__()
+                self.act = act
+
+            def forward(self, x):
+                return self.act(x)
+
+
+        class HandsOn(nn.Module):
+            def __init__(self, block):
+                super().__init__()
+                self.block = block
+
+            def forward(self, x):
+                return run(self.block, x) + 1
+
+
+        class Weighted(nn.Module):
+            def __init__(self, width):
+                super().__init__()
+                self.smooth = Smooth(width, 1)
+                self.proj = nn.Linear(width, 1)
+
+
+        class Loop(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.again = Loop()
+
+
+        a = Smooth(5, 1)
+        b = Split(3)
+        c = Calls(nn.ReLU())
+        d = HandsOn(nn.Linear(2, 2))
+        e = Weighted(4)
+        f = Loop()
+    """)
+    values = {n.targets[0].target.value: n.value for n in subtree(ctx.module)
+              if isinstance(n, cst.Assign) and isinstance(n.targets[0].target, cst.Name)}
+    assert sorted(k for k, v in values.items() if stateless_module(v, ctx)) == ["a", "b"]
+
+
 def test_the_name_a_computation_from_a_new_tensor_lands_in_and_a_modules_embedding_tables():
     from analyzers.program.devices import embedding_attributes
     from analyzers.program.flow import computed_into

@@ -127,6 +127,59 @@ def test_an_attribute_stored_from_a_constructor_parameter_is_answered_by_the_cla
     assert changes_in_eval(ctx, cst.parse_expression("self.scorer"), _call_of(ctx, "use"))
 
 
+
+def test_a_part_or_a_method_of_a_model_is_as_mode_free_as_the_model():
+    """``model.encode`` (a method) or ``model.head`` (a submodule) that nothing assigns holds nothing the model does
+    not hold; one assigned a module of its own is answered by what it is assigned."""
+    code = """
+        import torch.nn as nn
+        class Coder(nn.Module):
+            def __init__(self, %s):
+                super().__init__()
+                self.inner = nn.Linear(8, 2)
+                self.outer = nn.Sequential(nn.Linear(2, 8), %s)
+            def encode(self, x):
+                return self.inner(x)
+            def forward(self, x):
+                return self.outer(self.encode(x))
+        model = Coder().to("cpu")
+        %s
+        use(model.encode, model.outer)
+    """
+    assert not _mode_dependent(code % ("", "nn.Sigmoid()", ""), "model.encode")
+    assert not _mode_dependent(code % ("", "nn.Sigmoid()", ""), "model.outer")
+    assert _mode_dependent(code % ("", "nn.Dropout(0.1)", ""), "model.encode")
+    assert _mode_dependent(code % ("", "nn.Sigmoid()", "model.outer = nn.BatchNorm1d(8)"), "model.outer")
+    # an attribute of an object that is not a module: whatever it holds is not known
+    assert _mode_dependent("""
+        class Embedder:
+            def __init__(self):
+                self.net = fetch_network()
+        holder = Embedder()
+        use(holder.net)
+    """, "holder.net")
+    # the owner is unknown (a parameter no call in view passes): so is its part
+    assert _mode_dependent("""
+        def check(model, rows):
+            use(model.encode(rows))
+    """, "model.encode")
+
+
+
+def test_the_library_table_names_embedding_models_that_eval_does_not_change():
+    """A graph embedding model of the table (one embedding table, no dropout or norm) is mode-free; another model
+    of the same library is not known to be."""
+    code = """
+        import torch
+        from torch_geometric.nn import %s
+        model = %s(edges, embedding_dim=16).to("cpu")
+        use(model)
+    """
+    assert not _mode_dependent(code % ("MetaPath2Vec", "MetaPath2Vec"))
+    assert not _mode_dependent(code % ("Node2Vec", "Node2Vec"))
+    assert _mode_dependent(code % ("GraphSAGE", "GraphSAGE"))
+
+
 # ---- where a data set's items come from --------------------------------------------------------------------
 
 DATASETS = """

@@ -337,6 +337,66 @@ def test_a_load_in_the_loop_that_saves_reads_the_previous_iterations_file():
     assert ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None)
 
 
+TWO_HELPERS = """
+    import os
+    import torch
+    def keep_best(opts, net):
+        FILE = "weights.bin"
+        folder = os.path.join(opts.out, "top")
+        target = os.path.join(folder, FILE)
+        torch.save(net.state_dict(), target)
+    def restore_best(opts, net):
+        FILE = "weights.bin"
+        top = os.path.join(opts.out, {sub})
+        source = os.path.join(top, FILE)
+        net.load_state_dict(torch.load(source))
+"""
+
+
+@pytest.mark.parametrize("sub, own", [
+    ('"top"', True),  # built from the same parts under other local names: the file the other helper saves
+    ('"final"', False),  # another folder: a file nothing here writes
+    ("opts.folder", False),
+])
+def test_a_path_two_helpers_build_from_the_same_parts_is_the_programs_own(sub, own):
+    ctx = context(TWO_HELPERS.format(sub=sub))
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None) is own
+
+
+def test_a_folder_a_loading_function_is_handed_may_hold_anyones_file():
+    ctx = context("""
+        import torch
+        def write_parts(parts, folder):
+            for key, part in parts.items():
+                target = (folder / key).with_suffix(".pt")
+                torch.save(part, target)
+        def read_part(key, folder):
+            source = (folder / key).with_suffix(".pt")
+            return torch.load(source)
+    """)
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert not ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None)
+
+
+@pytest.mark.parametrize("load, own", [
+    ("'snap_30_%s.pt' % device", True),  # one epoch's file of the template the loop saves
+    ("'snap_%d_%s.pt' % (last, device)", True),
+    ("'other_30_%s.pt' % device", False),
+    ("'snap_30.pt'", False),  # no slot: not one of the template's files by its spelling
+])
+def test_a_template_with_a_slot_filled_in_the_text_reads_a_file_the_loop_saved(load, own):
+    ctx = context(f"""
+        import torch
+        for epoch in range(40):
+            fit(net)
+            torch.save(net.state_dict(), 'snap_%d_%s.pt' % (epoch, device))
+        net.load_state_dict(torch.load({load}))
+    """)
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert ctx.facts(CheckpointWrites).written_before_loaded(call.args[0].value, None) is own
+
+
 @pytest.mark.parametrize("keyword, own", [
     ("checkpoint_save_file", True),  # the imported helper's parameter says it saves there
     ("init_from", False),  # a file handed to the helper to read: another run's, wherever it came from

@@ -165,35 +165,39 @@ _NN_STATELESS = frozenset({
 })
 
 
-def stateless_module(expr: Optional[cst.BaseExpression], ctx: FileContext, follow: bool = True) -> bool:
-    """Does ``expr`` build an ``nn.Module`` that holds nothing to register: no parameter, no buffer, no submodule,
-    and no behaviour that ``train()`` / ``eval()`` switches? A ``torch.nn`` activation, pooling or padding layer,
-    or a module class of this file whose ``__init__`` stores only constants and which never reads
-    ``self.training``. False when anything is unknown (a parameter, a class of another file, one without its own
-    ``__init__``)."""
+def stateless_module(expr: Optional[cst.BaseExpression], ctx: FileContext, follow: bool = True,
+                     _seen: frozenset = frozenset()) -> bool:
+    """Does ``expr`` build an ``nn.Module`` that holds nothing to register: no parameter, no buffer, no submodule
+    that holds one, and no behaviour that ``train()`` / ``eval()`` switches? A ``torch.nn`` activation, pooling or
+    padding layer, or a module class of this file whose ``__init__`` stores only constants, sizes it is given
+    (used only in arithmetic) and such stateless layers, and which never reads ``self.training``. False when
+    anything is unknown (a parameter, a class of another file, one without its own ``__init__``)."""
     if isinstance(expr, (cst.Name, cst.Attribute)) and follow:
         origin = ctx.origin(expr)
-        return origin is not expr and stateless_module(origin, ctx, follow=False)
+        return origin is not expr and stateless_module(origin, ctx, follow=False, _seen=_seen)
     if not isinstance(expr, cst.Call):
         return False
     called = ctx.call_name(expr) or ""
     if called.startswith("torch.nn."):
         return called.rsplit(".", 1)[-1] in _NN_STATELESS
     local = dotted_name(expr.func)
-    if local is None or local not in ctx.module_classes_in_file:
+    if local is None or local not in ctx.module_classes_in_file or local in _seen:
         return False
     cls = next((s for s in ctx.module.body if isinstance(s, cst.ClassDef) and s.name.value == local), None)
-    return cls is not None and _holds_nothing(cls, ctx)
+    return cls is not None and _holds_nothing(cls, ctx, _seen | {local})
 
 
-def _holds_nothing(cls: cst.ClassDef, ctx: FileContext) -> bool:
+def _holds_nothing(cls: cst.ClassDef, ctx: FileContext, seen: frozenset) -> bool:
     """A module class based on ``nn.Module`` itself whose ``__init__`` only calls ``super().__init__()`` and stores
-    constants, and whose code never reads ``self.training``."""
+    constants, numbers it is given (an ``__init__`` parameter that the class only uses as an operand of arithmetic
+    or a comparison, never calls or hands on) and stateless modules, and whose code never reads
+    ``self.training``."""
     if not cls.bases or any(base != "torch.nn.Module" for base in ctx.class_bases(cls)):
         return False
     init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
     if init is None or not isinstance(init.body, cst.IndentedBlock):
         return False
+    parameters = {p.name.value for p in init.params.params + init.params.kwonly_params}
     for statement in init.body.body:
         if not isinstance(statement, cst.SimpleStatementLine):
             return False
@@ -202,11 +206,35 @@ def _holds_nothing(cls: cst.ClassDef, ctx: FileContext) -> bool:
                     isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
                     or _calls_super_init(small.value))):
                 continue
-            if isinstance(small, cst.Assign) and _constant(small.value) and all(
-                    (dotted_name(t.target) or "").startswith("self.") for t in small.targets):
+            if isinstance(small, cst.Assign) and all(
+                    (dotted_name(t.target) or "").startswith("self.") for t in small.targets) and (
+                    _constant(small.value)
+                    or (isinstance(small.value, cst.Name) and small.value.value in parameters
+                        and all(_only_arithmetic(cls, t.target) for t in small.targets))
+                    or stateless_module(small.value, ctx, follow=False, _seen=seen)):
                 continue
             return False
     return not m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name("training")))
+
+
+def _only_arithmetic(cls: cst.ClassDef, target: cst.BaseAssignTargetExpression) -> bool:
+    """Is every read of the attribute ``target`` (``self.size``) in ``cls`` an operand of arithmetic or of a
+    comparison: a number, never a module called or handed on? False when nothing reads it (a module stored and
+    never read is still registered)."""
+    if not isinstance(target, cst.Attribute) or dotted_name(target.value) != "self":
+        return False
+    attr = target.attr.value
+    operands: set[int] = set()
+    for node in m.findall(cls, m.BinaryOperation() | m.UnaryOperation() | m.Comparison()):
+        if isinstance(node, cst.BinaryOperation):
+            operands.update((id(node.left), id(node.right)))
+        elif isinstance(node, cst.UnaryOperation):
+            operands.add(id(node.expression))
+        else:
+            operands.add(id(node.left))
+            operands.update(id(c.comparator) for c in node.comparisons)
+    reads = [n for n in m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name(attr))) if n is not target]
+    return bool(reads) and all(id(n) in operands for n in reads)
 
 
 def _calls_super_init(expr: cst.BaseExpression) -> bool:

@@ -600,6 +600,12 @@ NORM_FREEZING_OPTIONS = frozenset({"norm_eval"})
 NORM_LAYERS_STATS_OPTIONAL = frozenset({"InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LazyInstanceNorm1d",
                                         "LazyInstanceNorm2d", "LazyInstanceNorm3d"})
 
+# Library models that hold no dropout, no batch norm and no code reading ``self.training``, so ``eval()`` changes
+# nothing in them: PyTorch Geometric's shallow embedding models, one ``nn.Embedding`` table each
+# (https://pytorch-geometric.readthedocs.io/en/latest/generated/torch_geometric.nn.models.Node2Vec.html,
+# https://pytorch-geometric.readthedocs.io/en/latest/generated/torch_geometric.nn.models.MetaPath2Vec.html).
+MODE_FREE_LIBRARY_MODELS = frozenset({"torch_geometric.nn.Node2Vec", "torch_geometric.nn.models.Node2Vec",
+                                      "torch_geometric.nn.MetaPath2Vec", "torch_geometric.nn.models.MetaPath2Vec"})
 
 # Model builders that name the architecture they build: ``torchvision.models.<architecture>(...)`` (every builder of
 # https://pytorch.org/vision/stable/models.html) and ``timm.create_model("<architecture>", ...)``

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Iterable, Optional
@@ -11,7 +12,7 @@ import libcst as cst
 
 from analyzers.context import all_children, argument, dotted_name, string_value
 from analyzers.program.builds import built_module
-from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, parameter, subtree
 from analyzers.program.library import (CHECKPOINT_CALLBACK_ATTRIBUTES, WRITTEN_CHECKPOINT_ATTRIBUTES, Does, does,
                                        method_returns_same_module)
 from analyzers.program.names import last_segment, name_is_model_like, names_configuration
@@ -327,15 +328,20 @@ class CheckpointWrites:
             text = _normalized(self.ctx, expr)
             literals: Optional[set[str]] = None  # the file names the path spells: read when a question needs them
             names = self._names(expr)
+            spelled = self._spelled_out(expr, path)
             for write in self.writes:
                 if write.path_text == text and self._saved_first(write.call, path):
+                    return True
+                if write.path is not None and spelled is not None and self._saved_first(write.call, path) \
+                        and spelled == self._spelled_out(write.path, write.call):
                     return True
                 if same_expression_only:
                     continue
                 if literals is None:
                     literals = self.literals(expr)
-                if literals & write.path_literals and write.path is not None and self._saved_first(write.call, path) \
-                        and (names <= self._names(write.path) or self._same_file_name_family(expr, write.path)):
+                if write.path is not None and self._saved_first(write.call, path) and (
+                        (literals & write.path_literals and names <= self._names(write.path))
+                        or self._same_file_name_family(expr, write.path)):
                     return True
             if same_expression_only or names:
                 continue
@@ -346,6 +352,39 @@ class CheckpointWrites:
             if literals and literals & self._save_parameter_literals:
                 return True
         return False
+
+    def _spelled_out(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int = 3) -> Optional[str]:
+        """A path expression with each local name replaced by the value last assigned to it where ``at`` runs
+        (``os.path.join(args.out, 'best', 'model.bin')`` for ``path`` after ``folder = os.path.join(args.out,
+        'best')`` and ``path = os.path.join(folder, 'model.bin')``): two functions that each build the path
+        from the same parts name the same file. None unless it spells a file name, or when a part is a folder or
+        a name the function is handed (``def load(folder): torch.load(os.path.join(folder, 'x.pt'))``): its
+        callers choose where it reads, and the file there may be anyone's."""
+        text = self._spell(expr, at, depth)
+        return text if text is not None and _FILE_LITERAL.search(text) else None
+
+    def _spell(self, expr: cst.BaseExpression, at: cst.CSTNode, depth: int) -> Optional[str]:
+        if isinstance(expr, cst.Name):
+            value = assignment_before(self.ctx, at, expr.value) if depth else None
+            if value is not None and value is not expr:
+                return self._spell(value, value, depth - 1)
+            fn = _function_of(self._ancestry(at))
+            if isinstance(fn, cst.FunctionDef) and parameter(fn, expr.value) is not None:
+                return None
+        if isinstance(expr, cst.Call) and not any(arg.star for arg in expr.args):
+            parts = []
+            for arg in expr.args:
+                spelled = self._spell(arg.value, at, depth)
+                if spelled is None:
+                    return None
+                parts.append((f"{arg.keyword.value}=" if arg.keyword is not None else "") + spelled)
+            if isinstance(expr.func, cst.Attribute) and self._spell(expr.func.value, at, depth) is None:
+                return None  # ``(folder / key).with_suffix('.pt')`` of a folder the function is handed
+            return f"{_normalized(self.ctx, expr.func)}({','.join(parts)})"
+        if isinstance(expr, cst.BinaryOperation):
+            left, right = self._spell(expr.left, at, depth), self._spell(expr.right, at, depth)
+            return None if left is None or right is None else f"{left}{_normalized(self.ctx, expr.operator)}{right}"
+        return _normalized(self.ctx, expr)
 
     def writes_fixed_path(self, path: cst.BaseExpression) -> bool:
         """Is ``path`` one fixed file of this program's own: a constant string (no name, option or template slot
@@ -401,11 +440,12 @@ class CheckpointWrites:
 
     def _same_file_name_family(self, load: cst.BaseExpression, save: cst.BaseExpression) -> bool:
         """One file-name template, filled with different values, in the same place: ``'{}.pkl'.format(best_epoch)``
-        reads one of the files ``'{}.pkl'.format(epoch)`` wrote (the best epoch's). The values fill only the last
+        reads one of the files ``'{}.pkl'.format(epoch)`` wrote (the best epoch's), and so does
+        ``'net_20_%s.pt' % device`` of ``'net_%d_%s.pt' % (epoch, device)`` (a slot filled in the text). The values fill only the last
         path segment, and whatever builds the rest of the path (a directory variable) is the same on both sides;
         a template with a slot in its directory (``'%s/model.pt' % args.dir``) is not a family."""
         load_template, save_template = _file_name_template(load), _file_name_template(save)
-        if load_template is None or save_template is None or load_template[0] != save_template[0]:
+        if load_template is None or save_template is None or not _fills_template(load_template[0], save_template[0]):
             return False
         return load_template[1] <= save_template[1] | self._names(save)
 
@@ -547,6 +587,22 @@ def _file_name_template(expr: cst.BaseExpression) -> Optional[tuple[str, set[str
     if not any(slot in name for slot in slots) or any(slot in folder for slot in slots) or "." not in name:
         return None
     return templates[0], outside
+
+
+_FILE_LITERAL = re.compile(r"""['"][^'"]*\.\w+['"]""")  # a string that spells a file name: 'model.bin'
+_SLOT = re.compile(r"%[-+ #0]*\d*(?:\.\d+)?[sdifgeExr]|\{[^{}]*\}")  # %d, %s, {}, {epoch}
+
+
+def _fills_template(load: str, save: str) -> bool:
+    """Does the file-name template ``load`` name one of the files ``save`` names: the same text, each slot of
+    ``save`` filled by any text (``net_20_%s.pt`` of ``net_%d_%s.pt``)? A template without slots is not one."""
+    if load == save:
+        return True
+    pieces = _SLOT.split(save)
+    if len(pieces) < 2:
+        return False
+    pattern = ".+".join(re.escape(piece) for piece in pieces)
+    return re.fullmatch(pattern, load) is not None
 
 
 def _function_of(chain: list[cst.CSTNode]) -> Optional[cst.CSTNode]:

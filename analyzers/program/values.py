@@ -11,7 +11,7 @@ import libcst as cst
 from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args, \
     short, string_value
 from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
-from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, NAN_CONSTANTS, PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
+from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, MODE_FREE_LIBRARY_MODELS, NAN_CONSTANTS, PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp,
                                        library_architecture_with_batchnorm, builds_library_model)
 from analyzers.program.builds import built_module
@@ -379,6 +379,8 @@ def changes_in_eval(ctx: FileContext, model: cst.BaseExpression, use: cst.CSTNod
     if built is None:
         return _assigned_features(ctx, dotted_name(model), use, depth)
     features = torch_layer_features(ctx, built)
+    if features is None and ctx.qualified_name(built.func) in MODE_FREE_LIBRARY_MODELS:
+        return False
     if features is None:
         cls = model_class(ctx, model, use)
         features = ctx.facts(ModuleFacts).features(cls) if cls is not None else None
@@ -434,6 +436,18 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
         if features is None or features & MODE_FEATURES:
             return True
         seen = True
+    if not seen and "." in name and depth < 3:
+        # ``model.encoder`` that nothing assigns, where ``model`` is built as an ``nn.Module``: a submodule or a
+        # method of it, which holds no layer, no code and no train/eval switch that ``model`` does not hold
+        # itself; mode-free when ``model`` is. The attribute of any other object is not known.
+        owner = cst.parse_expression(name.rsplit(".", 1)[0])
+        at = use if use is not None else ctx.module
+        built = constructor(ctx, owner, at)
+        if built is None or not (torch_layer_features(ctx, built) is not None
+                                 or ctx.qualified_name(built.func) in MODE_FREE_LIBRARY_MODELS
+                                 or ctx.facts(ModuleFacts).is_module_class(dotted_name(built.func) or "")):
+            return True
+        return changes_in_eval(ctx, owner, at, depth + 1)
     return not seen
 
 

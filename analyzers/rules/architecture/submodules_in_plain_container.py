@@ -42,7 +42,8 @@ class SubmodulesInPlainContainer(Rule):
         Python list, tuple or dict: a list/dict display or comprehension of modules, or an empty
         list/dict later filled with `.append(Block(...))` / `[key] = nn.Linear(...)`. Quiet when every
         module there holds nothing to register (activations, pooling, padding, a class of the file whose
-        `__init__` keeps only constants): leaving those out of `.parameters()` or `state_dict()` loses nothing.
+        `__init__` keeps only constants, sizes it only computes with, and such layers): leaving those out of
+        `.parameters()` or `state_dict()` loses nothing.
     """
     why = """
         `nn.Module` only registers submodules assigned directly as attributes or held in
@@ -92,6 +93,12 @@ class SubmodulesInPlainContainer(Rule):
         "        self.beta = 1.0\n    def forward(self, x):\n        return x * (self.beta * x).sigmoid()\n"
         "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.acts = []\n"
         "        for _ in range(2):\n            self.acts.append(Swish())\n",
+        # a class of the file that keeps a window size it only computes with and a pooling layer
+        "import torch.nn as nn\nclass Window(nn.Module):\n    def __init__(self, size):\n        super().__init__()\n"
+        "        self.size = size\n        self.pool = nn.AvgPool1d(size, stride=1)\n    def forward(self, x):\n"
+        "        return self.pool(x[..., self.size - 1:])\n"
+        "class Net(nn.Module):\n    def __init__(self, sizes):\n        super().__init__()\n"
+        "        self.windows = [Window(s) for s in sizes]\n",
         # not a module class
         "import torch.nn as nn\nclass Builder:\n    def __init__(self):\n        self.layers = [nn.Linear(2, 2)]\n",
     ]

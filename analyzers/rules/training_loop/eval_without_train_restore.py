@@ -16,12 +16,14 @@ from analyzers.context import (
     method_name)
 from analyzers.program.loops import LoopStack, loop_stack
 from analyzers.program.modules import ModuleFacts
-from analyzers.program.values import (BACKWARD_METHODS)
+from analyzers.program.values import (BACKWARD_METHODS, changes_in_eval)
 from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.values import optimizer_step as _optimizer_step
 from analyzers.program.loops import enclosing_function_name as _fn_name, closure as _closure
 
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 @dataclass
 class _Helper:
@@ -45,7 +47,8 @@ class EvalWithoutTrainRestore(Rule):
         Flags a call, inside a training loop (a loop that calls `.backward()` or steps an
         optimizer), to a function (of the same file, or of the repository) that puts a module into eval mode
         (`model.eval()` / `model.train(False)`) and never restores training mode, when the loop
-        itself never calls `.train()` on each iteration.
+        itself never calls `.train()` on each iteration. Quiet when the model is known to hold no dropout, no
+        batch norm with running statistics and no code reading `self.training`: eval() changes nothing in it.
     """
     why = """
         `eval()` is sticky. After the first validation, every later training step runs with
@@ -77,6 +80,24 @@ class EvalWithoutTrainRestore(Rule):
             validate(model)
     """
     VALID = [
+        # the model holds no dropout and no batch norm: eval() changes nothing in it
+        """
+        import torch
+        from torch import nn
+        def check(net, loader):
+            net.eval()
+            with torch.no_grad():
+                return sum(net(x).argmax(1).eq(y).sum().item() for x, y in loader)
+        net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        net.train()
+        for epoch in range(10):
+            for x, y in train_loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+            check(net, val_loader)
+        """,
         # train() at the top of each epoch
         """
         import torch
@@ -318,6 +339,8 @@ class EvalWithoutTrainRestore(Rule):
                 continue
             if any(self._restored_in(loop, fn, trainers) for loop in stack):
                 continue  # ``model.train()`` somewhere in an enclosing loop re-runs every iteration
+            if _DOTTED.fullmatch(obj) and not changes_in_eval(ctx, cst.parse_expression(obj), call):
+                continue  # no dropout, no batch norm, nothing reading self.training: eval() changes nothing
             for loop in stack:
                 if self._training_loop(loop, fn) and self._used_in(loop, fn, obj, call):
                     self.report(call, (
