@@ -94,6 +94,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     _IMPORT_NOTES.clear()
     _LAST_ARGUMENTS.clear()
     _CODE_ROOT[:] = [code_root]
+    _BUILD_DEVICE[:] = [device]
     _SITE_INPUTS.clear()
     _PARENT_INPUTS.clear()
     built = _construct(code_root, target, config, notes)
@@ -344,6 +345,7 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
         return ""
     return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
 _CODE_ROOT: list[Path] = []  # the code tree of the target being built
+_BUILD_DEVICE: list[str] = []  # the device the target runs on
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 _PARENT_INPUTS: list = []  # (parent, InputPlan or None, instance): what the parent it was built inside fed it
@@ -1479,6 +1481,9 @@ def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str
     repository_options = _repository_options(attributes, notes, parameter)
     if repository_options is not None:
         return repository_options
+    read_statically = _config_class_fields(module, attributes, notes, parameter)
+    if read_statically is not None:
+        return read_statically
     namespace = types.SimpleNamespace()
     for attribute in attributes:
         found, value = guess_argument(attribute)
@@ -1530,6 +1535,64 @@ def _repository_options(attributes: list[str], notes: list[str], parameter: str)
                             if compared else ""))
             return types.SimpleNamespace(**values)
     return None
+
+
+def _config_class_fields(module: Any, attributes: list[str], notes: list[str],
+                         parameter: str) -> Optional[types.SimpleNamespace]:
+    """A config object read from a configuration class of the module (or one it imports from the code tree) whose
+    constructor needs arguments (a dataset folder, an embedding file): the fields its constructor assigns, evaluated
+    statically (``sites.constructor_fields``), None fields and zero sizes set at run time (``n_vocab = 0``) guessed
+    by name, sizes shrunk. Only a class that gives every attribute the model's constructor reads, by value or by a
+    name the guess table knows; None when there is none."""
+    from gpu_runner import guess
+
+    if not attributes or not _CODE_ROOT or module is None:
+        return None
+    code_root = _CODE_ROOT[0]
+    best: Optional[tuple[int, str, dict]] = None
+    for value in list(vars(module).values()):
+        if not inspect.isclass(value) or not any(w in value.__name__.lower() for w in guess._CONFIG_CLASS_WORDS):
+            continue
+        try:
+            source = Path(inspect.getsourcefile(value) or "").resolve()
+            relative = source.relative_to(code_root).as_posix()
+            required = [p for p in inspect.signature(value).parameters.values()
+                        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        except (TypeError, ValueError, OSError):
+            continue
+        if not required:
+            continue  # made by calling it (guess.config_candidates)
+        try:
+            fields = sites.constructor_fields(code_root, relative, value.__name__)
+        except Exception:  # noqa: BLE001 - reading the tree is a help, never a reason to skip
+            continue
+        covered = sum(a in fields or guess_argument(a)[0] for a in attributes)
+        if covered == len(attributes) and (best is None or len(fields) > len(best[2])):
+            best = (covered, f"{relative}:{value.__name__}", fields)
+    if best is None:
+        return None
+    where, fields = best[1], best[2]
+    values, guessed = {}, []
+    for key, value in fields.items():
+        if isinstance(value, sites.LibraryRef):
+            value = library_object(value)
+            if value is _NOT_MADE:
+                continue
+        if value is sites.RUN_DEVICE:
+            values[key] = torch.device(_BUILD_DEVICE[0] if _BUILD_DEVICE else "cpu")
+            continue
+        found, by_name = guess_argument(key)
+        if found and (value is None or (type(value) is int and value == 0 and type(by_name) is int and by_name > 0)):
+            value = by_name
+            guessed.append(f"{key}={by_name!r}")
+        values[key] = _shrunk_value(key, value, fields)
+    for attribute in attributes:
+        if attribute not in values:
+            values[attribute] = guess_argument(attribute)[1]
+            guessed.append(f"{attribute}={values[attribute]!r}")
+    notes.append(f"constructor: {parameter}=the fields {where}'s constructor assigns, read statically"
+                 + (f"; guessed by name {', '.join(guessed)}" if guessed else ""))
+    return types.SimpleNamespace(**values)
 
 
 def _set(config: Any, key: str, value: Any) -> None:
@@ -1591,6 +1654,14 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             value = tuple([element] * length)
         elif found and length and isinstance(value, list):
             value = tuple((value * length)[:length])
+        if not found and parameter.name.lower() == "device":
+            # where the model runs, which the code chooses when it runs (``torch.device("cuda" if ... )``): the runner's
+            found, value = True, torch.device(_BUILD_DEVICE[0] if _BUILD_DEVICE else "cpu")
+        if not found and usage is not None and usage.layer_size and not (
+                usage.called or usage.attributes or usage.iterated or usage.length or usage.max_index is not None
+                or usage.is_tuple or usage.choices or usage.dict_keys):
+            found, value = True, guess.GUESSED_LAYER_SIZE  # a torch layer's width or count: any small size builds it
+            notes.append(f"constructor: {parameter.name} is a layer's size in the constructor")
         if not found and usage is not None and module is not None:
             if usage.called and inspect.isclass(fn):
                 sibling = guess.sibling_class(usage, module, nn.Module, fn)
@@ -2329,9 +2400,21 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                        and not spec.adjacency] + choices
         return _unique(choices)
 
+    packed = {p.name: n for p in tensors if p.role in ("input", "tokens")
+              for name, n in forward_body.packed_parameters(model).items() if name == p.name}
+
+    def packing(combination: tuple) -> tuple:
+        """A parameter the body only unpacks or indexes gets its tensor as a tuple (``ids, lengths = batch``)."""
+        if not packed:
+            return combination
+        return tuple((TupleSpec((spec,) * packed[p.name]), why + f", as the {packed[p.name]}-tuple the forward "
+                      f"unpacks") if p.name in packed and isinstance(spec, TensorSpec) else (spec, why)
+                     for (spec, why), p in zip(combination, tensors))
+
     def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:
         for rank in range(sum(len(o) for o in options)):
             for combination in _combinations_of_rank(options, rank):
+                combination = packing(combination)
                 args = tuple(spec for (spec, _), p in zip(combination, tensors) if not p.keyword)
                 kwargs = tuple((p.name, spec) for (spec, _), p in zip(combination, tensors) if p.keyword)
                 sources = [source for _, source in combination]

@@ -1,0 +1,184 @@
+"""gpu_runner.build and gpu_runner.sites: constructor arguments read from what the repository defines (issue 27 item 1).
+
+Each tree holds small classes written for the case: a settings class that needs a data folder to be made, a layer
+whose sizes are named nothing the guess table knows, a constructor that takes the device it runs on."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from gpu_runner import sites  # noqa: E402
+from gpu_runner.build import Skip, build_subject  # noqa: E402
+from gpu_runner.subject import Subject  # noqa: E402
+from tests.runner_support import single_thread, write_tree  # noqa: E402,F401
+
+SETTINGS_AND_CLASSIFIER = """\
+    import torch
+    from torch import nn
+
+    class Settings:
+        def __init__(self, folder, vectors):
+            self.labels = [line.strip() for line in open(folder + "/labels.txt")]
+            self.table = torch.load(folder + "/" + vectors) if vectors != "none" else None
+            self.where = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            self.vocab_size = 0                       # set by the script once it has read the data
+            self.width = self.table.size(1) if self.table is not None else 24
+            self.n_hidden = 20
+            self.n_stacked = 1
+            self.num_classes = len(self.labels)
+
+    class Classifier(nn.Module):
+        def __init__(self, settings):
+            super().__init__()
+            if settings.table is not None:
+                self.embed = nn.Embedding.from_pretrained(settings.table)
+            else:
+                self.embed = nn.Embedding(settings.vocab_size, settings.width)
+            self.rnn = nn.GRU(settings.width, settings.n_hidden, settings.n_stacked, batch_first=True)
+            self.head = nn.Linear(settings.n_hidden, settings.num_classes)
+            self.where = settings.where
+
+        def forward(self, ids):
+            out, _ = self.rnn(self.embed(ids.to(self.where)))
+            return self.head(out[:, -1])
+    """
+
+
+def test_the_fields_a_settings_constructor_assigns_are_read_without_running_it(tmp_path):
+    root = write_tree(tmp_path, {"textcls/__init__.py": "", "textcls/gru.py": SETTINGS_AND_CLASSIFIER})
+    fields = sites.constructor_fields(root, "textcls/gru.py", "Settings")
+    assert fields["table"] is None  # the arm without the file
+    assert fields["width"] == 24
+    assert fields["n_hidden"] == 20 and fields["vocab_size"] == 0
+    assert fields["where"] is sites.RUN_DEVICE
+    assert "labels" not in fields and "num_classes" not in fields  # read from a file: not evaluated
+
+
+def test_a_model_whose_settings_class_needs_a_data_folder_is_built_from_its_fields(tmp_path):
+    root = write_tree(tmp_path, {"textcls/__init__.py": "", "textcls/gru.py": SETTINGS_AND_CLASSIFIER})
+    subject = build_subject(root, "textcls/gru.py:Classifier", device="cpu")
+    assert isinstance(subject, Subject), subject
+    model = subject.model
+    assert model.embed.num_embeddings > 0  # the size set at run time is guessed by name, not left at 0
+    assert model.rnn.hidden_size == 20
+    assert any("textcls/gru.py:Settings's constructor assigns, read statically" in n for n in subject.notes), \
+        subject.notes
+
+
+def test_a_settings_class_missing_an_attribute_the_model_reads_is_not_used(tmp_path):
+    root = write_tree(tmp_path, {"textcls/__init__.py": "", "textcls/gru.py": SETTINGS_AND_CLASSIFIER.replace(
+        "settings.n_stacked", "settings.unheard_of_knob")})
+    skipped = build_subject(root, "textcls/gru.py:Classifier", device="cpu")
+    assert isinstance(skipped, Skip)
+    assert "cannot guess constructor argument 'settings'" in skipped.reason  # its real cause: the model's config
+
+
+def test_a_size_named_nothing_known_is_guessed_when_the_constructor_gives_it_to_a_layer(tmp_path):
+    root = write_tree(tmp_path, {"graphs/__init__.py": "", "graphs/readout.py": """\
+        import torch
+        from torch import nn
+
+        class Readout(nn.Module):
+            def __init__(self, ft_in, nb_out, squash=False):
+                super().__init__()
+                self.proj = nn.Linear(ft_in, nb_out)
+                self.squash = squash
+
+            def forward(self, x):
+                h = self.proj(x)
+                return torch.tanh(h) if self.squash else h
+        """})
+    subject = build_subject(root, "graphs/readout.py:Readout", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.proj.in_features == 16 and subject.model.proj.out_features == 16
+    assert any("ft_in is a layer's size" in n for n in subject.notes), subject.notes
+
+
+def test_a_sequence_of_sizes_is_not_taken_for_one_layer_size(tmp_path):
+    root = write_tree(tmp_path, {"graphs/__init__.py": "", "graphs/stack.py": """\
+        import torch
+        from torch import nn
+
+        class Stack(nn.Module):
+            def __init__(self, widths_here):
+                super().__init__()
+                self.first = nn.Linear(widths_here, 8)
+                self.rest = nn.ModuleList(nn.Linear(8, 8) for _ in widths_here)
+
+            def forward(self, x):
+                x = self.first(x)
+                for layer in self.rest:
+                    x = layer(x)
+                return x
+        """})
+    skipped = build_subject(root, "graphs/stack.py:Stack", device="cpu")
+    assert isinstance(skipped, Skip)
+    assert "'widths_here'" in skipped.reason
+
+
+def test_a_constructor_taking_its_device_gets_the_runners(tmp_path):
+    root = write_tree(tmp_path, {"critics/__init__.py": "", "critics/judge.py": """\
+        import torch
+        from torch import nn
+
+        class Judge(nn.Module):
+            def __init__(self, num_inputs, hidden_dim, device):
+                super().__init__()
+                self.device = device
+                self.body = nn.Sequential(nn.Linear(num_inputs, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1))
+                self.to(device)
+
+            def forward(self, x):
+                return self.body(x.to(self.device))
+        """})
+    subject = build_subject(root, "critics/judge.py:Judge", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.device == torch.device("cpu")
+
+
+def test_a_forward_that_unpacks_its_argument_is_given_a_tuple(tmp_path):
+    root = write_tree(tmp_path, {"textcls/__init__.py": "", "textcls/bag.py": """\
+        import torch
+        from torch import nn
+
+        class Bag(nn.Module):
+            def __init__(self, vocab_size=50, n_hidden=12, num_classes=3):
+                super().__init__()
+                self.table = nn.Embedding(vocab_size, n_hidden)
+                self.head = nn.Linear(n_hidden, num_classes)
+
+            def forward(self, batch):
+                ids, lengths = batch
+                return self.head(self.table(ids).mean(1))
+        """})
+    described = inputs_inferred(root, "textcls/bag.py:Bag")
+    assert "2-tuple the forward unpacks" in described, described
+    assert "(long [B, 16] in [0, 50), long [B, 16] in [0, 50))" in described, described
+
+
+def test_an_argument_indexed_by_constants_is_read_as_the_tuple_it_indexes(tmp_path):
+    from gpu_runner import forward_body
+
+    class Pair(torch.nn.Module):
+        def forward(self, packed, scale):
+            first = packed[0] * scale
+            return first + packed[1] + scale.sum()
+
+    class Rebinds(torch.nn.Module):
+        def forward(self, x):
+            x, _ = x
+            return x[0]
+
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x[0] + x.sum()
+
+    assert forward_body.packed_parameters(Pair()) == {"packed": 2}
+    assert forward_body.packed_parameters(Rebinds()) == {"x": 2}  # x[0] reads the rebound name, not the argument
+    assert forward_body.packed_parameters(Plain()) == {}  # also used whole: a tensor
+
+
+def inputs_inferred(root, target: str) -> str:
+    subject = build_subject(root, target, device="cpu")
+    assert isinstance(subject, Subject), subject
+    return next(n for n in subject.notes if n.startswith("input inferred"))
