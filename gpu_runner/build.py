@@ -1657,11 +1657,6 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
         if not found and parameter.name.lower() == "device":
             # where the model runs, which the code chooses when it runs (``torch.device("cuda" if ... )``): the runner's
             found, value = True, torch.device(_BUILD_DEVICE[0] if _BUILD_DEVICE else "cpu")
-        if not found and usage is not None and usage.layer_size and not (
-                usage.called or usage.attributes or usage.iterated or usage.length or usage.max_index is not None
-                or usage.is_tuple or usage.choices or usage.dict_keys):
-            found, value = True, guess.GUESSED_LAYER_SIZE  # a torch layer's width or count: any small size builds it
-            notes.append(f"constructor: {parameter.name} is a layer's size in the constructor")
         if not found and usage is not None and module is not None:
             if usage.called and inspect.isclass(fn):
                 sibling = guess.sibling_class(usage, module, nn.Module, fn)

@@ -39,10 +39,6 @@ class Usage:
     # ``forward``; or handed on to a class of the module that does): the smallest value that keeps the loop's
     # body running (1 when every ``range`` reads it bare, else 2); None for anything else
     loop_floor: Optional[int] = None
-    # a width or count given to a torch layer as its size (``nn.Linear(in_ft, n_out)``, ``nn.Conv2d(c_in, ...)``,
-    # ``nn.Embedding(n_tokens, d)``, ``nn.LSTM(n_in, n_hidden)``): any small positive size builds the layer, whatever
-    # the argument is called
-    layer_size: bool = False
 
 
 # Layers whose output width (out_features, out_channels) or number of rows (num_embeddings) is free: the layer
@@ -52,20 +48,6 @@ _FREE_SIZES = {**{name: (1, "out_features") for name in ("Linear", "LazyLinear")
                **{name: (1, "out_channels") for name in ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
                                                          "ConvTranspose2d", "ConvTranspose3d")},
                **{name: (0, "num_embeddings") for name in ("Embedding", "EmbeddingBag")}}
-
-
-# Layers and the arguments that are sizes (positions among the positional arguments, and keywords): a width or a
-# count of features, channels, rows. Group counts, kernels and strides are not: they must divide or fit.
-_CONVOLUTIONS = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d")
-_LAYER_SIZES = {**{name: ((0, 1), ("in_features", "out_features")) for name in ("Linear", "Bilinear")},
-                **{name: ((0, 1), ("in_channels", "out_channels")) for name in _CONVOLUTIONS},
-                **{name: ((0, 1), ("num_embeddings", "embedding_dim")) for name in ("Embedding", "EmbeddingBag")},
-                **{name: ((0, 1), ("input_size", "hidden_size")) for name in ("LSTM", "GRU", "RNN", "LSTMCell",
-                                                                                "GRUCell", "RNNCell")},
-                **{name: ((0,), ("num_features",)) for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
-                                                                 "InstanceNorm1d", "InstanceNorm2d")},
-                "LayerNorm": ((0,), ("normalized_shape",))}
-GUESSED_LAYER_SIZE = 16
 
 
 def _parsed_source(obj: Any) -> Optional[ast.Module]:
@@ -265,14 +247,6 @@ def _collect_usage(node: ast.AST, names: set, usage: dict[str, Usage], module: O
                 usage[arg].called = True
             func = sub.func
             layer = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            if layer in _LAYER_SIZES:
-                positions, keywords = _LAYER_SIZES[layer]
-                given = [sub.args[i] for i in positions if len(sub.args) > i] \
-                    + [k.value for k in sub.keywords if k.arg in keywords]
-                for expression in given:
-                    for named in _size_operands(expression):
-                        if named in names:
-                            usage[named].layer_size = True
             if layer in _FREE_SIZES:
                 index, keyword = _FREE_SIZES[layer]
                 given = sub.args[index] if len(sub.args) > index else \

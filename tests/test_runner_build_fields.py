@@ -1,7 +1,7 @@
 """gpu_runner.build and gpu_runner.sites: constructor arguments read from what the repository defines (issue 27 item 1).
 
-Each tree holds small classes written for the case: a settings class that needs a data folder to be made, a layer
-whose sizes are named nothing the guess table knows, a constructor that takes the device it runs on."""
+Each tree holds small classes written for the case: a settings class that needs a data folder to be made, a forward
+that unpacks the pair it is given, a constructor that takes the device it runs on."""
 from __future__ import annotations
 
 import pytest
@@ -71,49 +71,6 @@ def test_a_settings_class_missing_an_attribute_the_model_reads_is_not_used(tmp_p
     skipped = build_subject(root, "textcls/gru.py:Classifier", device="cpu")
     assert isinstance(skipped, Skip)
     assert "cannot guess constructor argument 'settings'" in skipped.reason  # its real cause: the model's config
-
-
-def test_a_size_named_nothing_known_is_guessed_when_the_constructor_gives_it_to_a_layer(tmp_path):
-    root = write_tree(tmp_path, {"graphs/__init__.py": "", "graphs/readout.py": """\
-        import torch
-        from torch import nn
-
-        class Readout(nn.Module):
-            def __init__(self, ft_in, nb_out, squash=False):
-                super().__init__()
-                self.proj = nn.Linear(ft_in, nb_out)
-                self.squash = squash
-
-            def forward(self, x):
-                h = self.proj(x)
-                return torch.tanh(h) if self.squash else h
-        """})
-    subject = build_subject(root, "graphs/readout.py:Readout", device="cpu")
-    assert isinstance(subject, Subject), subject
-    assert subject.model.proj.in_features == 16 and subject.model.proj.out_features == 16
-    assert any("ft_in is a layer's size" in n for n in subject.notes), subject.notes
-
-
-def test_a_sequence_of_sizes_is_not_taken_for_one_layer_size(tmp_path):
-    root = write_tree(tmp_path, {"graphs/__init__.py": "", "graphs/stack.py": """\
-        import torch
-        from torch import nn
-
-        class Stack(nn.Module):
-            def __init__(self, widths_here):
-                super().__init__()
-                self.first = nn.Linear(widths_here, 8)
-                self.rest = nn.ModuleList(nn.Linear(8, 8) for _ in widths_here)
-
-            def forward(self, x):
-                x = self.first(x)
-                for layer in self.rest:
-                    x = layer(x)
-                return x
-        """})
-    skipped = build_subject(root, "graphs/stack.py:Stack", device="cpu")
-    assert isinstance(skipped, Skip)
-    assert "'widths_here'" in skipped.reason
 
 
 def test_a_constructor_taking_its_device_gets_the_runners(tmp_path):
