@@ -634,6 +634,8 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         given = _materialized(code_root, _bind_site(cls, construction), site_notes)
         if not given:
             continue
+        given = {key: _options_compared(value, code_root / spec.path, key, site_notes, usages.get(key))
+                 for key, value in given.items()}
         shrunk = {}
         for key, value in given.items():
             smaller = _shrunk_value(key, value, given)
@@ -670,6 +672,37 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         _SITE_INPUTS[:] = [(construction.where, site_input) for site_input in construction.inputs]
         return built
     return None
+
+
+def _options_compared(value: Any, defining: Path, key: str, notes: list[str], usage: Any = None) -> Any:
+    """A namespace a call site passes (a script's argparse options) whose options without a default the class's file
+    compares with a constant (``if opt.Stage == "conv":``, the option ``required=True``): each such option set to
+    that constant, as a run that passes it gets it (``script_steps._compared_constants``); an attribute the
+    constructor reads that the script sets only later (``opt.num_class = len(charset)``) guessed by its name.
+    Anything else as it is."""
+    read = [a for a in (usage.attributes if usage is not None else []) if a not in value] \
+        if isinstance(value, sites.AttrDict) else []
+    if not isinstance(value, sites.AttrDict) or not (read or any(v is sites.UNKNOWN for v in value.values())):
+        return value
+    from gpu_runner.script_steps import _compared_constants
+
+    filled = sites.AttrDict(value)
+    chosen = []
+    for option, given in value.items():
+        if given is sites.UNKNOWN and isinstance(option, str):
+            constant = _compared_constants(option, defining)
+            if constant is not None:
+                filled[option] = constant
+                chosen.append(f"{option}={constant!r}")
+    for attribute in read:
+        found, guessed = guess_argument(attribute)
+        if found:
+            filled[attribute] = guessed
+            chosen.append(f"{attribute}={guessed!r} (by its name: the script sets it later)")
+    if chosen:
+        notes.append(f"constructor: {key}'s options without a value set to the constant its class compares them "
+                     f"with: {', '.join(chosen)}")
+    return filled
 
 
 MAX_PARENT_DEPTH = 2  # a class built inside a parent built inside its own parent, no deeper
@@ -1060,10 +1093,13 @@ def _name_suffixes(name: str) -> list[str]:
         counted = _COUNT_LAST.fullmatch(tail)
         if counted:  # a count named thing-first means what its count-first name means: class_num as num_classes
             named += [f"num_{counted.group(1)}{plural}" for plural in ("s", "es", "")]
+        elif _COUNT_FIRST_SINGULAR.fullmatch(tail):  # and one named in the singular its plural: num_class
+            named += [f"{tail}{plural}" for plural in ("s", "es")]
     return named
 
 
 _COUNT_LAST = re.compile(r"([a-z][a-z0-9]*)_(?:num|number|count|cnt)", re.I)
+_COUNT_FIRST_SINGULAR = re.compile(r"(?:num|number|n)_[a-z][a-z0-9]*", re.I)
 
 
 def _matches(pattern: "re.Pattern", name: str) -> bool:

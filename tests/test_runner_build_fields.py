@@ -139,3 +139,51 @@ def inputs_inferred(root, target: str) -> str:
     subject = build_subject(root, target, device="cpu")
     assert isinstance(subject, Subject), subject
     return next(n for n in subject.notes if n.startswith("input inferred"))
+
+
+RECOGNIZER = """\
+    from torch import nn
+
+    class Recognizer(nn.Module):
+        def __init__(self, opt):
+            super().__init__()
+            if opt.Backbone == "small":
+                self.body = nn.Sequential(nn.Conv2d(opt.channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+                width = 8
+            elif opt.Backbone == "large":
+                self.body = nn.Sequential(nn.Conv2d(opt.channels, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+                width = 32
+            else:
+                raise ValueError("no backbone chosen")
+            self.head = nn.Linear(width, opt.num_class)
+
+        def forward(self, image):
+            return self.head(self.body(image).flatten(1))
+    """
+RECOGNIZER_SCRIPT = """\
+    import argparse
+    from recog.net import Recognizer
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--Backbone", required=True, help="small | large")
+    parser.add_argument("--channels", type=int, default=1)
+    opt = parser.parse_args()
+    opt.num_class = len("0123456789") + 1
+    model = Recognizer(opt)
+    """
+
+
+def test_a_required_option_takes_the_constant_its_class_compares_it_with(tmp_path):
+    root = write_tree(tmp_path, {"recog/__init__.py": "", "recog/net.py": RECOGNIZER, "train.py": RECOGNIZER_SCRIPT})
+    subject = build_subject(root, "recog/net.py:Recognizer", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert subject.model.body[0].out_channels == 8  # "small", the first constant compared
+    assert subject.model.body[0].in_channels == 1  # the script's default
+    assert any("Backbone='small'" in n and "num_class=10 (by its name" in n for n in subject.notes), subject.notes
+
+
+def test_a_count_named_in_the_singular_is_guessed_as_its_plural():
+    from gpu_runner.build import guess_argument
+
+    assert guess_argument("num_class") == guess_argument("num_classes")
+    assert guess_argument("num_class")[0]
