@@ -2166,6 +2166,8 @@ class _Prober:
                 with _BroadcastWatch(list(args) + list(kwargs.values()), names) as watch:
                     output = self.model(*args, **kwargs)
                 self.broadcast, self.broadcast_shape = watch.found, watch.broadcast_shape
+                if self.broadcast is None and not plan.is_graph():
+                    self.broadcast = self._batch_on_two_axes(plan, output, batch_size)
                 return output
         except (Exception, SystemExit) as exc:
             self.missing_package = self.missing_package or absent.missing_package(exc)
@@ -2179,6 +2181,29 @@ class _Prober:
                 for name, buffer in self.model.named_buffers():
                     if name in buffers and buffer.shape == buffers[name].shape:
                         buffer.copy_(buffers[name])
+
+    def _batch_on_two_axes(self, plan: InputPlan, output: Any, batch_size: int) -> Optional[str]:
+        """Why the output says the input has a shape the model was not written for: two of its axes grow with the
+        batch (``context.view(b, -1, d) + x`` with x [B, d] gives [B, B, d]: the batch combined with itself, where a
+        [B, L, d] input gives [B, L, d]); None when one axis at most does (graphs, whose nodes are the batch, aside)."""
+        first = next((t for t in _flat([output]) if isinstance(t, torch.Tensor)), None)
+        if first is None or sum(size == batch_size for size in first.shape) < 2 or batch_size == SECOND_PROBE_BATCH:
+            return None
+        generator = torch.Generator().manual_seed(0)
+        try:
+            args, kwargs = plan.make(SECOND_PROBE_BATCH, generator, self.float_dtype, self.device)
+            with torch.no_grad():
+                second = next((t for t in _flat([self.model(*args, **kwargs)]) if isinstance(t, torch.Tensor)), None)
+        except (Exception, SystemExit):  # noqa: BLE001 - the PR's forward: the first answer stands
+            return None
+        if second is None or second.dim() != first.dim():
+            return None
+        growing = [axis for axis, (a, b) in enumerate(zip(first.shape, second.shape))
+                   if a == batch_size and b == SECOND_PROBE_BATCH]
+        if len(growing) < 2:
+            return None
+        return (f"the output {list(first.shape)} has the batch on axes {growing[0]} and {growing[1]}: the input's "
+                "batch is combined with itself, a shape the model was not written for")
 
 
 def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],

@@ -187,3 +187,28 @@ def test_a_count_named_in_the_singular_is_guessed_as_its_plural():
 
     assert guess_argument("num_class") == guess_argument("num_classes")
     assert guess_argument("num_class")[0]
+
+
+def test_an_input_whose_batch_the_model_combines_with_itself_is_rejected_for_one_it_was_written_for(tmp_path):
+    root = write_tree(tmp_path, {"blocks/__init__.py": "", "blocks/mixer.py": """\
+        import torch
+        from torch import nn
+
+        class TokenMixer(nn.Module):
+            def __init__(self, width=24, groups=4):
+                super().__init__()
+                self.groups = groups
+                self.proj = nn.Linear(width, width)
+                self.norm = nn.LayerNorm(width)
+
+            def forward(self, x):
+                b = x.size(0)
+                y = self.proj(x).view(b * self.groups, -1, x.size(-1) // self.groups)
+                y = y.softmax(dim=1).view(b, -1, x.size(-1))
+                return self.norm(y + x)  # [B, L, D] + [B, L, D]; a [B, D] input would give [B, B, D]
+        """})
+    described = inputs_inferred(root, "blocks/mixer.py:TokenMixer")
+    assert "float [B, 16, 24]" in described, described
+    subject = build_subject(root, "blocks/mixer.py:TokenMixer", device="cpu")
+    assert any(n.startswith("rejected the input float [B, 24]") and "batch on axes 0 and 1" in n
+               for n in subject.notes), subject.notes
