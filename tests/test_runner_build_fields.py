@@ -212,3 +212,33 @@ def test_an_input_whose_batch_the_model_combines_with_itself_is_rejected_for_one
     subject = build_subject(root, "blocks/mixer.py:TokenMixer", device="cpu")
     assert any(n.startswith("rejected the input float [B, 24]") and "batch on axes 0 and 1" in n
                for n in subject.notes), subject.notes
+
+
+PLACED = """\
+    import torch
+    from torch import nn
+
+    DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    class Padder(nn.Module):
+        def __init__(self, width=12):
+            super().__init__()
+            self.proj = nn.Linear(width, width)
+
+        def forward(self, x):
+            extra = torch.zeros(x.size(0), 2, x.size(-1)).to(WHERE)
+            return torch.cat((self.proj(x), extra), dim=1)
+    """
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the code's own device choice is the CPU only without a GPU")
+@pytest.mark.parametrize("where, status", [("DEVICE", "pass"), ('"cpu"', "fail")], ids=["chosen", "hard-coded"])
+def test_a_tensor_moved_to_the_device_the_code_chooses_is_placed(tmp_path, where, status):
+    from gpu_runner.checks import run_checks
+
+    root = write_tree(tmp_path, {"pads/__init__.py": "", "pads/net.py": PLACED.replace("WHERE", where)})
+    subject = build_subject(root, "pads/net.py:Padder", device="cpu")
+    assert isinstance(subject, Subject), subject
+    report = run_checks(subject, steps=2, batch_size=2)
+    (placement,) = [c for c in report.checks if c.name == "device-placement"]
+    assert placement.status == status, placement.message
