@@ -94,6 +94,7 @@ def build_subject(code_root: Path, target: str, *, device: str, config: Optional
     _IMPORT_NOTES.clear()
     _LAST_ARGUMENTS.clear()
     _CODE_ROOT[:] = [code_root]
+    _BUILD_DEVICE[:] = [device]
     _SITE_INPUTS.clear()
     _PARENT_INPUTS.clear()
     built = _construct(code_root, target, config, notes)
@@ -344,6 +345,7 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
         return ""
     return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
 _CODE_ROOT: list[Path] = []  # the code tree of the target being built
+_BUILD_DEVICE: list[str] = []  # the device the target runs on
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 _PARENT_INPUTS: list = []  # (parent, InputPlan or None, instance): what the parent it was built inside fed it
@@ -632,6 +634,8 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         given = _materialized(code_root, _bind_site(cls, construction), site_notes)
         if not given:
             continue
+        given = {key: _options_compared(value, code_root / spec.path, key, site_notes, usages.get(key))
+                 for key, value in given.items()}
         shrunk = {}
         for key, value in given.items():
             smaller = _shrunk_value(key, value, given)
@@ -668,6 +672,37 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
         _SITE_INPUTS[:] = [(construction.where, site_input) for site_input in construction.inputs]
         return built
     return None
+
+
+def _options_compared(value: Any, defining: Path, key: str, notes: list[str], usage: Any = None) -> Any:
+    """A namespace a call site passes (a script's argparse options) whose options without a default the class's file
+    compares with a constant (``if opt.Stage == "conv":``, the option ``required=True``): each such option set to
+    that constant, as a run that passes it gets it (``script_steps._compared_constants``); an attribute the
+    constructor reads that the script sets only later (``opt.num_class = len(charset)``) guessed by its name.
+    Anything else as it is."""
+    read = [a for a in (usage.attributes if usage is not None else []) if a not in value] \
+        if isinstance(value, sites.AttrDict) else []
+    if not isinstance(value, sites.AttrDict) or not (read or any(v is sites.UNKNOWN for v in value.values())):
+        return value
+    from gpu_runner.script_steps import _compared_constants
+
+    filled = sites.AttrDict(value)
+    chosen = []
+    for option, given in value.items():
+        if given is sites.UNKNOWN and isinstance(option, str):
+            constant = _compared_constants(option, defining)
+            if constant is not None:
+                filled[option] = constant
+                chosen.append(f"{option}={constant!r}")
+    for attribute in read:
+        found, guessed = guess_argument(attribute)
+        if found:
+            filled[attribute] = guessed
+            chosen.append(f"{attribute}={guessed!r} (by its name: the script sets it later)")
+    if chosen:
+        notes.append(f"constructor: {key}'s options without a value set to the constant its class compares them "
+                     f"with: {', '.join(chosen)}")
+    return filled
 
 
 MAX_PARENT_DEPTH = 2  # a class built inside a parent built inside its own parent, no deeper
@@ -1058,10 +1093,13 @@ def _name_suffixes(name: str) -> list[str]:
         counted = _COUNT_LAST.fullmatch(tail)
         if counted:  # a count named thing-first means what its count-first name means: class_num as num_classes
             named += [f"num_{counted.group(1)}{plural}" for plural in ("s", "es", "")]
+        elif _COUNT_FIRST_SINGULAR.fullmatch(tail):  # and one named in the singular its plural: num_class
+            named += [f"{tail}{plural}" for plural in ("s", "es")]
     return named
 
 
 _COUNT_LAST = re.compile(r"([a-z][a-z0-9]*)_(?:num|number|count|cnt)", re.I)
+_COUNT_FIRST_SINGULAR = re.compile(r"(?:num|number|n)_[a-z][a-z0-9]*", re.I)
 
 
 def _matches(pattern: "re.Pattern", name: str) -> bool:
@@ -1479,6 +1517,9 @@ def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str
     repository_options = _repository_options(attributes, notes, parameter)
     if repository_options is not None:
         return repository_options
+    read_statically = _config_class_fields(module, attributes, notes, parameter)
+    if read_statically is not None:
+        return read_statically
     namespace = types.SimpleNamespace()
     for attribute in attributes:
         found, value = guess_argument(attribute)
@@ -1530,6 +1571,64 @@ def _repository_options(attributes: list[str], notes: list[str], parameter: str)
                             if compared else ""))
             return types.SimpleNamespace(**values)
     return None
+
+
+def _config_class_fields(module: Any, attributes: list[str], notes: list[str],
+                         parameter: str) -> Optional[types.SimpleNamespace]:
+    """A config object read from a configuration class of the module (or one it imports from the code tree) whose
+    constructor needs arguments (a dataset folder, an embedding file): the fields its constructor assigns, evaluated
+    statically (``sites.constructor_fields``), None fields and zero sizes set at run time (``n_vocab = 0``) guessed
+    by name, sizes shrunk. Only a class that gives every attribute the model's constructor reads, by value or by a
+    name the guess table knows; None when there is none."""
+    from gpu_runner import guess
+
+    if not attributes or not _CODE_ROOT or module is None:
+        return None
+    code_root = _CODE_ROOT[0]
+    best: Optional[tuple[int, str, dict]] = None
+    for value in list(vars(module).values()):
+        if not inspect.isclass(value) or not any(w in value.__name__.lower() for w in guess._CONFIG_CLASS_WORDS):
+            continue
+        try:
+            source = Path(inspect.getsourcefile(value) or "").resolve()
+            relative = source.relative_to(code_root).as_posix()
+            required = [p for p in inspect.signature(value).parameters.values()
+                        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        except (TypeError, ValueError, OSError):
+            continue
+        if not required:
+            continue  # made by calling it (guess.config_candidates)
+        try:
+            fields = sites.constructor_fields(code_root, relative, value.__name__)
+        except Exception:  # noqa: BLE001 - reading the tree is a help, never a reason to skip
+            continue
+        covered = sum(a in fields or guess_argument(a)[0] for a in attributes)
+        if covered == len(attributes) and (best is None or len(fields) > len(best[2])):
+            best = (covered, f"{relative}:{value.__name__}", fields)
+    if best is None:
+        return None
+    where, fields = best[1], best[2]
+    values, guessed = {}, []
+    for key, value in fields.items():
+        if isinstance(value, sites.LibraryRef):
+            value = library_object(value)
+            if value is _NOT_MADE:
+                continue
+        if value is sites.RUN_DEVICE:
+            values[key] = torch.device(_BUILD_DEVICE[0] if _BUILD_DEVICE else "cpu")
+            continue
+        found, by_name = guess_argument(key)
+        if found and (value is None or (type(value) is int and value == 0 and type(by_name) is int and by_name > 0)):
+            value = by_name
+            guessed.append(f"{key}={by_name!r}")
+        values[key] = _shrunk_value(key, value, fields)
+    for attribute in attributes:
+        if attribute not in values:
+            values[attribute] = guess_argument(attribute)[1]
+            guessed.append(f"{attribute}={values[attribute]!r}")
+    notes.append(f"constructor: {parameter}=the fields {where}'s constructor assigns, read statically"
+                 + (f"; guessed by name {', '.join(guessed)}" if guessed else ""))
+    return types.SimpleNamespace(**values)
 
 
 def _set(config: Any, key: str, value: Any) -> None:
@@ -1591,6 +1690,9 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
             value = tuple([element] * length)
         elif found and length and isinstance(value, list):
             value = tuple((value * length)[:length])
+        if not found and parameter.name.lower() == "device":
+            # where the model runs, which the code chooses when it runs (``torch.device("cuda" if ... )``): the runner's
+            found, value = True, torch.device(_BUILD_DEVICE[0] if _BUILD_DEVICE else "cpu")
         if not found and usage is not None and module is not None:
             if usage.called and inspect.isclass(fn):
                 sibling = guess.sibling_class(usage, module, nn.Module, fn)
@@ -2064,6 +2166,8 @@ class _Prober:
                 with _BroadcastWatch(list(args) + list(kwargs.values()), names) as watch:
                     output = self.model(*args, **kwargs)
                 self.broadcast, self.broadcast_shape = watch.found, watch.broadcast_shape
+                if self.broadcast is None and not plan.is_graph():
+                    self.broadcast = self._batch_on_two_axes(plan, output, batch_size)
                 return output
         except (Exception, SystemExit) as exc:
             self.missing_package = self.missing_package or absent.missing_package(exc)
@@ -2077,6 +2181,29 @@ class _Prober:
                 for name, buffer in self.model.named_buffers():
                     if name in buffers and buffer.shape == buffers[name].shape:
                         buffer.copy_(buffers[name])
+
+    def _batch_on_two_axes(self, plan: InputPlan, output: Any, batch_size: int) -> Optional[str]:
+        """Why the output says the input has a shape the model was not written for: two of its axes grow with the
+        batch (``context.view(b, -1, d) + x`` with x [B, d] gives [B, B, d]: the batch combined with itself, where a
+        [B, L, d] input gives [B, L, d]); None when one axis at most does (graphs, whose nodes are the batch, aside)."""
+        first = next((t for t in _flat([output]) if isinstance(t, torch.Tensor)), None)
+        if first is None or sum(size == batch_size for size in first.shape) < 2 or batch_size == SECOND_PROBE_BATCH:
+            return None
+        generator = torch.Generator().manual_seed(0)
+        try:
+            args, kwargs = plan.make(SECOND_PROBE_BATCH, generator, self.float_dtype, self.device)
+            with torch.no_grad():
+                second = next((t for t in _flat([self.model(*args, **kwargs)]) if isinstance(t, torch.Tensor)), None)
+        except (Exception, SystemExit):  # noqa: BLE001 - the PR's forward: the first answer stands
+            return None
+        if second is None or second.dim() != first.dim():
+            return None
+        growing = [axis for axis, (a, b) in enumerate(zip(first.shape, second.shape))
+                   if a == batch_size and b == SECOND_PROBE_BATCH]
+        if len(growing) < 2:
+            return None
+        return (f"the output {list(first.shape)} has the batch on axes {growing[0]} and {growing[1]}: the input's "
+                "batch is combined with itself, a shape the model was not written for")
 
 
 def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
@@ -2329,9 +2456,21 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                        and not spec.adjacency] + choices
         return _unique(choices)
 
+    packed = {p.name: n for p in tensors if p.role in ("input", "tokens")
+              for name, n in forward_body.packed_parameters(model).items() if name == p.name}
+
+    def packing(combination: tuple) -> tuple:
+        """A parameter the body only unpacks or indexes gets its tensor as a tuple (``ids, lengths = batch``)."""
+        if not packed:
+            return combination
+        return tuple((TupleSpec((spec,) * packed[p.name]), why + f", as the {packed[p.name]}-tuple the forward "
+                      f"unpacks") if p.name in packed and isinstance(spec, TensorSpec) else (spec, why)
+                     for (spec, why), p in zip(combination, tensors))
+
     def plans(options: list[list[tuple[TensorSpec, str]]]) -> Iterator[InputPlan]:
         for rank in range(sum(len(o) for o in options)):
             for combination in _combinations_of_rank(options, rank):
+                combination = packing(combination)
                 args = tuple(spec for (spec, _), p in zip(combination, tensors) if not p.keyword)
                 kwargs = tuple((p.name, spec) for (spec, _), p in zip(combination, tensors) if p.keyword)
                 sources = [source for _, source in combination]

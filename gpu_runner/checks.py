@@ -1801,11 +1801,18 @@ class _FactoryRecorder(torch.overrides.TorchFunctionMode):
         # (file, line) of such a call -> True: its tensor is made on 'meta' instead, as if it had device= (and it
         # is not recorded); gpu_runner.confirm places every factory but the flagged one's so
         self.on_meta = on_meta
+        self.placed_by_code = 0  # tensors moved with .to(<a torch.device the code chose>), see _placed_by_the_code
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _INDEXING_OPS:
             _check_index_device(func, args, kwargs)
+        if func is torch.Tensor.to and _placed_by_the_code(args, kwargs):
+            # ``torch.zeros(n).to(device)`` with ``device = torch.device("cuda" if torch.cuda.is_available() else
+            # "cpu")``: a device object the code chose, the CPU only because this machine has no GPU; on one the
+            # tensor would follow the model, so here it goes where the fake model is
+            self.placed_by_code += 1
+            return func(args[0], torch.device("meta"))
         result = func(*args, **kwargs)
         caller = sys._getframe(1)  # __torch_function__ is entered from C: this is the code that called func
         if func in self._factories and kwargs.get("device") is None and isinstance(result, torch.Tensor) \
@@ -1815,6 +1822,16 @@ class _FactoryRecorder(torch.overrides.TorchFunctionMode):
                 return func(*args, **{**kwargs, "device": torch.device("meta")})
             self.calls.append(f"torch.{func.__name__} at {_format_frame(traceback.extract_stack(caller, limit=1)[0])}")
         return result
+
+
+def _placed_by_the_code(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``Tensor.to`` call moves a tensor to the CPU given as a ``torch.device`` object (not the string
+    ``"cpu"``, nor a dtype) on a machine without a GPU: a device the code computes, ``torch.device("cuda" if
+    torch.cuda.is_available() else "cpu")``, which on a GPU machine names the GPU the model is on."""
+    if torch.cuda.is_available() or not args or not isinstance(args[0], torch.Tensor) or args[0].device.type != "cpu":
+        return False
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    return isinstance(target, torch.device) and target.type == "cpu"
 
 
 def _unregistered_tensor_attributes(model: nn.Module) -> list[str]:
@@ -1865,8 +1882,10 @@ def check_device_placement(run: _Run) -> CheckResult:
             fake_error = exc
             break
     if fake_error is None:
+        chosen = (f" ({recorder.placed_by_code} moved with .to() to a torch.device the code chooses, the CPU here "
+                  "only because this machine has no GPU)") if recorder.placed_by_code else ""
         return CheckResult(name, "pass", "forward runs with every tensor on a non-CPU device (fake 'meta' tensors, "
-                           "train and eval mode): no tensor is created without device=.", {"mode": "fake-meta"})
+                           f"train and eval mode): no tensor is created without device={chosen}.", {"mode": "fake-meta"})
 
     reason = f"{type(fake_error).__name__}: {_one_line(fake_error, 160)}"
     recorder = _FactoryRecorder()

@@ -118,6 +118,39 @@ def _forward_node(model: nn.Module) -> Optional[ast.FunctionDef]:
     return next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
 
 
+def packed_parameters(model: nn.Module) -> dict[str, int]:
+    """The forward parameters the body only unpacks (``ids, lengths = batch``) or indexes by constants
+    (``batch[0]``, ``batch[1]``): a tuple of tensors a loader hands over as one argument. Name -> how many items
+    (the unpacking's, else the highest index read plus one). Uses after the name is bound again do not count."""
+    node = _forward_node(model)
+    if node is None:
+        return {}
+    parents = {id(child): parent for parent in ast.walk(node) for child in ast.iter_child_nodes(parent)}
+    names = [a.arg for a in node.args.args[1:]]
+    found: dict[str, int] = {}
+    for name in names:
+        rebound = min((n.lineno for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == name
+                       and isinstance(n.ctx, ast.Store)), default=None)
+        uses = [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                and (rebound is None or n.lineno <= rebound)]
+        count = 0
+        for use in uses:
+            parent = parents.get(id(use))
+            if isinstance(parent, ast.Subscript) and parent.value is use and isinstance(parent.slice, ast.Constant) \
+                    and type(parent.slice.value) is int and 0 <= parent.slice.value < 8:
+                count = max(count, parent.slice.value + 1)
+            elif isinstance(parent, ast.Assign) and parent.value is use and len(parent.targets) == 1 \
+                    and isinstance(parent.targets[0], (ast.Tuple, ast.List)) \
+                    and not any(isinstance(e, ast.Starred) for e in parent.targets[0].elts):
+                count = max(count, len(parent.targets[0].elts))
+            else:
+                count = 0
+                break
+        if count:
+            found[name] = count
+    return found
+
+
 def _is_minus_one(node: ast.AST) -> bool:
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
         and node.operand.value == 1

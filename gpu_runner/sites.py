@@ -1558,6 +1558,56 @@ def argparse_namespaces(code_root: Path) -> list[tuple[str, dict]]:
     return repository._namespaces
 
 
+def constructor_fields(code_root: Path, path: str, name: str) -> dict:
+    """What the constructor of class ``name`` (in ``path``) assigns to ``self.<field>``, evaluated statically: the
+    fields of a configuration class whose constructor needs arguments the runner cannot give (a dataset folder it
+    reads a class list from, an embedding file it loads). Its parameters are what the class's calls pass, else their
+    defaults; a field chosen by a condition that cannot be evaluated takes the one arm that evaluates (``load(f) if
+    embedding != "random" else None``: None, the configuration without the file). Fields that do not evaluate are
+    left out (the builder guesses them by name)."""
+    repository = repository_for(code_root)
+    defining = (repository.root / path).resolve()
+    parsed = repository.file(defining)
+    if parsed is None:
+        return {}
+    cls = next((n for n in parsed.tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    init = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None) \
+        if cls is not None else None
+    if init is None or not init.args.args:
+        return {}
+    owner = init.args.args[0].arg
+    evaluator = _Evaluator(repository)
+    fields: dict = {}
+    for node in _own_nodes(init):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                    and target.value.id == owner) or target.attr in fields:
+                continue
+            assigned = _attribute_assignment(init, owner, target.attr, 10 ** 9)
+            if isinstance(assigned, ast.Call) and parsed.qualified(assigned.func) == "torch.device":
+                fields[target.attr] = RUN_DEVICE  # chosen where it runs (cuda when available): the runner's
+                continue
+            value = evaluator.value(defining, parsed, assigned)
+            if value is UNKNOWN and isinstance(assigned, ast.IfExp):
+                arms = [evaluator.value(defining, parsed, arm) for arm in (assigned.body, assigned.orelse)]
+                known = [arm for arm in arms if arm is not UNKNOWN]
+                value = known[0] if len(known) == 1 else UNKNOWN
+            if value is not UNKNOWN and not isinstance(value, (_ModuleRef, _OpenFile)):
+                fields[target.attr] = value
+    return fields
+
+
+class _RunDevice:
+    def __repr__(self) -> str:
+        return "RUN_DEVICE"
+
+
+RUN_DEVICE = _RunDevice()  # a field the code sets to the device it runs on: the builder gives its own
+
+
 _REPOSITORIES: dict[Path, Repository] = {}
 
 
