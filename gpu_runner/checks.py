@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import inspect
 import math
 import os
 import re
@@ -1834,14 +1835,27 @@ def _placed_by_the_code(args: tuple, kwargs: dict) -> bool:
     return isinstance(target, torch.device) and target.type == "cpu"
 
 
-def _unregistered_tensor_attributes(model: nn.Module) -> list[str]:
-    """Tensors kept as plain attributes: model.to(device) does not move them (register_buffer does)."""
+def _unregistered_tensor_attributes(model: nn.Module, told_where: bool = True) -> list[str]:
+    """Tensors kept as plain attributes: model.to(device) does not move them (register_buffer does). Without
+    ``told_where``, those of modules whose constructor takes a ``device`` are left out: they are made where the
+    program tells the module to run, which the runner cannot see (it builds them on its own device)."""
     found = []
     for module_name, module in model.named_modules():
+        if not told_where and _told_its_device(module):
+            continue
         for attribute, value in vars(module).items():
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.dim() > 0:
                 found.append(f"{module_name + '.' if module_name else ''}{attribute}")
     return found
+
+
+def _told_its_device(module: nn.Module) -> bool:
+    """Does the module's constructor take the device to build on (``def __init__(self, ..., device)``, torch's own
+    factory-keyword convention)?"""
+    try:
+        return "device" in inspect.signature(type(module).__init__).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def check_device_placement(run: _Run) -> CheckResult:
@@ -1870,6 +1884,11 @@ def check_device_placement(run: _Run) -> CheckResult:
                 attributes = _unregistered_tensor_attributes(model)
                 if attributes and not recorder.calls:
                     details["unregistered_tensors"] = attributes
+                    if not _unregistered_tensor_attributes(model, told_where=False):
+                        return CheckResult(name, "skip", f"{_names(attributes, 2)} is a plain tensor attribute of a "
+                                           "module whose constructor takes the device to build on: it is made where "
+                                           "the program tells it to run, which this run cannot see (undecided)",
+                                           details)
                     return CheckResult(name, "fail", f"{_names(attributes, 2)} is a plain tensor attribute that "
                                        "model.to(device) does not move (use register_buffer), and forward mixes it "
                                        f"with the model's tensors{at}: {text}", details)

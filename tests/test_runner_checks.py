@@ -439,6 +439,25 @@ def test_unregistered_tensor_attribute_fails_device_placement():
     assert placement.message.startswith("class_bias is a plain tensor attribute that model.to(device) does not move")
 
 
+class TableMadeWhereItIsTold(nn.Module):
+    """Built on the device its constructor is given, as torch's own layers take ``device=``: where the program
+    builds it, the table is where the model runs."""
+
+    def __init__(self, device="cpu"):
+        super().__init__()
+        self.encoder = nn.Linear(20, 10)
+        self.table = torch.linspace(-1, 1, 10, device=device)
+
+    def forward(self, x):
+        return self.encoder(x) + self.table
+
+
+def test_a_tensor_attribute_made_where_the_constructor_is_told_is_undecided():
+    placement = check(run_checks(classification_subject(TableMadeWhereItIsTold(), (20,), 10), steps=STEPS),
+                      "device-placement")
+    assert placement.status == "skip" and "constructor takes the device" in placement.message
+
+
 class DataDependentWithoutDevice(nn.Module):
     """.item() cannot run on fake tensors, so the check falls back to recording factory calls."""
 
