@@ -10,6 +10,7 @@ from analyzers.context import (
     method_name)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.library import Does, method_does, method_returns_same_module
 from analyzers.program.loops import body_nodes, loop_stack, loop_trains
 from analyzers.program.names import node_text
 from analyzers.program.modules import ModuleFacts
@@ -314,9 +315,14 @@ def _flat_names(expr: cst.CSTNode) -> list[str]:
     return []
 
 
-# what a loop may call on a model without touching the state its modules keep
-_STATELESS_METHODS = {"parameters", "named_parameters", "train", "eval", "zero_grad", "to", "cuda", "cpu",
-                      "state_dict", "forward", "children", "modules", "named_modules", "buffers", "requires_grad_"}
+# what a loop may call on a model without touching the state its modules keep, besides the methods that return
+# the module itself (``to``, ``train``; not ``apply``, which runs a function on each submodule) and its traversals
+_READ_ONLY_METHODS = frozenset({"zero_grad", "state_dict", "forward"})
+
+
+def _keeps_state(method: str) -> bool:
+    return method in _READ_ONLY_METHODS or method_does(method, Does.RETURNS_ITERATOR) or \
+        (method_returns_same_module(method) and method != "apply")
 
 
 def _touches_model(loop: cst.CSTNode, root: str, forward: cst.Call) -> bool:
@@ -332,7 +338,7 @@ def _touches_model(loop: cst.CSTNode, root: str, forward: cst.Call) -> bool:
                     return True
         elif isinstance(node, cst.Call):
             name = dotted_name(node.func) or ""
-            if "." in name and name.split(".")[0] == root and name.rsplit(".", 1)[1] not in _STATELESS_METHODS:
+            if "." in name and name.split(".")[0] == root and not _keeps_state(name.rsplit(".", 1)[1]):
                 return True
             if any((dotted_name(arg.value) or "").split(".")[0] == root for arg in node.args):
                 return True
