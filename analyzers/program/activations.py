@@ -59,12 +59,7 @@ CONDITIONAL = tuple(c for c in (cst.If, cst.ExceptHandler, getattr(cst, "MatchCa
 
 def is_conditional(binding: Binding, use: cst.CSTNode, ctx: FileContext) -> bool:
     """The assignment sits in an ``if``/``except`` branch that does not also enclose ``use``."""
-    for ancestor in ctx.ancestors(binding.node):
-        if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module, cst.Lambda)):
-            return False
-        if isinstance(ancestor, CONDITIONAL) and not ctx.inside(use, ancestor):
-            return True
-    return False
+    return _branch_of(binding, use, ctx) is not None
 
 
 def _is_none(expr: Optional[cst.BaseExpression]) -> bool:
