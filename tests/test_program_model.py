@@ -1126,3 +1126,23 @@ def test_a_script_loading_what_its_notebook_saved_is_judged_as_reloading_its_own
     (by_script / "train.py").write_text(save)
     (by_notebook / "train.ipynb").write_text(_notebook(save))
     assert tr601(by_notebook) == tr601(by_script) != tr601(by_nothing)
+
+
+@pytest.mark.parametrize("forward, kept", [
+    # the state the previous call stored is read, then replaced by a submodule's output
+    ("    def forward(self, x):\n        if self.h is None:\n            self.h = self.init(x)\n"
+     "        _, self.h = self.rnn(x, self.h)\n        return self.h\n", True),
+    # detached before it is stored: nothing of the graph is kept
+    ("    def forward(self, x):\n        self.h = self.rnn(x, self.h).detach()\n        return self.h\n", False),
+    # set first, read after, in the same call: a value of this call only
+    ("    def forward(self, x):\n        self.last = self.rnn(x)\n        return self.last * 2\n", False),
+    # kept under no_grad
+    ("    @torch.no_grad()\n    def forward(self, x):\n        self.h = self.rnn(x, self.h)\n        return self.h\n",
+     False),
+    # computed by a method of the class, not a submodule: no layer's parameters in it
+    ("    def forward(self, x):\n        self.h = self.init(self.h)\n        return x + self.h\n"
+     "    def init(self, h):\n        return h\n", False),
+])
+def test_a_module_keeping_a_tensor_with_its_graph_from_one_call_to_the_next(forward, kept):
+    code = "import torch\nimport torch.nn as nn\nclass Cell(nn.Module):\n" + forward
+    assert ("carries-state" in summarize(code, "x.py").classes["Cell"].features) is kept

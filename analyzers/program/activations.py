@@ -59,12 +59,59 @@ CONDITIONAL = tuple(c for c in (cst.If, cst.ExceptHandler, getattr(cst, "MatchCa
 
 def is_conditional(binding: Binding, use: cst.CSTNode, ctx: FileContext) -> bool:
     """The assignment sits in an ``if``/``except`` branch that does not also enclose ``use``."""
+    return _branch_of(binding, use, ctx) is not None
+
+
+def _is_none(expr: Optional[cst.BaseExpression]) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def _branch_of(binding: Binding, use: cst.CSTNode, ctx: FileContext) -> Optional[cst.CSTNode]:
+    """The innermost ``if``/``except`` branch around the assignment that does not also enclose ``use``."""
     for ancestor in ctx.ancestors(binding.node):
         if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Module, cst.Lambda)):
-            return False
+            return None
         if isinstance(ancestor, CONDITIONAL) and not ctx.inside(use, ancestor):
-            return True
-    return False
+            return ancestor
+    return None
+
+
+def fills_default(binding: Binding, name: str, use: cst.CSTNode, ctx: FileContext) -> bool:
+    """``if loss_fn is None: loss_fn = nn.BCELoss()``: the branch gives the name its value when it held
+    ``None`` before (a parameter defaulting to ``None``, or ``name = None``). What the name holds at ``use`` is
+    then this value whenever nobody set it: the default behaviour of the code."""
+    branch = _branch_of(binding, use, ctx)
+    if not isinstance(branch, cst.If) or branch.orelse is not None:
+        return False
+    test = branch.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or \
+            not isinstance(test.comparisons[0].operator, cst.Is) or \
+            not _is_none(test.comparisons[0].comparator) or dotted_name(test.left) != name:
+        return False
+    previous = binding.previous
+    return previous is not None and previous.kind in ("param", "assign") and _is_none(previous.value)
+
+
+def arms(expr: Optional[cst.BaseExpression]) -> list[tuple[Optional[tuple[cst.BaseExpression, bool]],
+                                                           Optional[cst.BaseExpression]]]:
+    """The values an expression may be: ``a if c else b`` is ``a`` (where ``c`` holds) or ``b`` (where it does
+    not), each with the condition and the side that picks it; anything else is itself, picked always."""
+    if isinstance(expr, cst.IfExp):
+        test, holds = expr.test, True
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, holds = test.expression, not holds  # ``a if not c else b`` is ``b if c else a``
+        return [((test, holds), expr.body), ((test, not holds), expr.orelse)]
+    return [(None, expr)]
+
+
+def same_choice(a: Optional[tuple[cst.BaseExpression, bool]], b: Optional[tuple[cst.BaseExpression, bool]],
+                ctx: FileContext) -> bool:
+    """Two values picked by conditions may meet: unless both are picked by the same condition (the same code)
+    on opposite sides, which never hold at once."""
+    if a is None or b is None:
+        return True
+    code = ctx.module.code_for_node
+    return code(a[0]) != code(b[0]) or a[1] == b[1]
 
 
 def resolve(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst.CSTNode,
@@ -91,11 +138,15 @@ def follow(expr, ctx: FileContext, use: cst.CSTNode, inside: Optional[tuple[str,
         if binding is None or binding.value is None or binding.kind not in FOLLOWED_KINDS:
             return expr, inside
         if is_conditional(binding, use, ctx):
-            moved = wrapped_module(binding.value, ctx)
+            if fills_default(binding, name, use, ctx):
+                inside = (name, binding)
+                expr = binding.value
+                continue
+            moved = wrapped_module(binding.value, ctx) or unshaped(binding.value, ctx)
             if moved is None or dotted_name(moved) != name or binding.previous is None:
                 return None, inside
-            # ``if use_gpu: model = model.cuda()``: the branch moves or wraps the same value, so whether it ran
-            # or not, the value is the one bound before it
+            # ``if use_gpu: model = model.cuda()``: the branch moves, wraps or reshapes the same value, so
+            # whether it ran or not, the value is the one bound before it
             inside = (name, binding)
             expr = moved
             continue
@@ -124,6 +175,8 @@ class Act:
     form: str  # function | method | module | class
     class_name: Optional[str] = None
     layer: Optional[cst.Call] = None  # the activation layer of the module that produced it (the line to change)
+    # picked by a condition (``nn.Sigmoid() if binary else nn.Identity()``): the condition and the side that holds
+    choice: Optional[tuple[cst.BaseExpression, bool]] = None
 
 
 # the methods that add a layer at the end of a Sequential built first and filled after
@@ -266,6 +319,21 @@ def _unwrapped(expr: Optional[cst.BaseExpression], ctx: FileContext) -> Optional
     return expr
 
 
+def chosen_module(module: Optional[cst.BaseExpression], ctx: FileContext, use: cst.CSTNode
+                  ) -> tuple[Optional[tuple[cst.BaseExpression, bool]], Optional[cst.BaseExpression]]:
+    """``act = nn.Sigmoid() if binary else nn.Identity()``: (the condition and side, the arm) of the one arm that
+    is an activation module, when only one is; else (None, the module itself)."""
+    if not isinstance(module, cst.IfExp):
+        return None, module
+    found = []
+    for choice, arm in arms(module):
+        arm = module_value(arm, ctx, use) if isinstance(arm, (cst.Name, cst.Attribute)) else _unwrapped(arm, ctx)
+        kind, _ = module_kind(arm, ctx)
+        if kind is not None and kind != "class":
+            found.append((choice, arm))
+    return found[0] if len(found) == 1 else (None, module)
+
+
 def call_activation(call: cst.Call, ctx: FileContext, use: cst.CSTNode) -> tuple[Optional[str], str, Optional[str]]:
     """(kind, form, class name) for a call producing an activation output, or (None, "", None)."""
     func = call.func
@@ -293,7 +361,7 @@ def call_activation(call: cst.Call, ctx: FileContext, use: cst.CSTNode) -> tuple
         cls = ctx.class_def
         return ("class", "class", cls.name.value) if cls is not None else (None, "", None)
     if isinstance(func, (cst.Name, cst.Attribute)):
-        module = module_value(func, ctx, use)
+        module = chosen_module(module_value(func, ctx, use), ctx, use)[1]
         kind, cls = module_kind(module, ctx)
         if kind:
             return kind, "class" if kind == "class" else "module", cls
@@ -328,13 +396,14 @@ def activation_of(expr: Optional[cst.BaseExpression], ctx: FileContext, use: cst
     kind, form, cls = call_activation(value, ctx, use)
     if kind is None:
         return None
-    layer = None
+    layer, choice = None, None
     if form == "module" and isinstance(value.func, (cst.Name, cst.Attribute)):
         func = value.func
         if isinstance(func, cst.Attribute) and func.attr.value == "forward":
             func = func.value
-        layer = activation_layer(module_value(func, ctx, use), ctx)
-    return Act(kind, value, value is expr, form, cls, layer)
+        choice, module = chosen_module(module_value(func, ctx, use), ctx, use)
+        layer = activation_layer(module, ctx)
+    return Act(kind, value, value is expr, form, cls, layer, choice)
 
 
 def caller_value(value: Optional[cst.BaseExpression], ctx: FileContext) -> Optional[cst.BaseExpression]:

@@ -47,7 +47,8 @@ _CONTAINERS = {"Sequential"}
 # ``nn.Linear`` / ``torch.nn.Conv2d`` / ``torchvision.models.resnet18``: library layers, never project classes
 _LIBRARY_PREFIXES = {"nn", "torch", "torchvision", "timm", "transformers", "F", "L", "pl"}
 # What a class's layers tell about it (the rest of Layer.kinds are project class names to resolve).
-_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output", "reads-training"}
+_FEATURES = {"dropout", "batchnorm", "recurrent", "vanilla-rnn", "transformer", "vocab-output", "reads-training",
+             "carries-state"}
 # The features that make eval() change what a module computes: dropout, batch norm with running statistics, and code
 # of the repository's own that reads ``self.training`` (a branch of its own for training).
 MODE_FEATURES = frozenset({"dropout", "batchnorm", "reads-training"})
@@ -266,6 +267,60 @@ def _item_source(getitem: ast.AST) -> Optional[str]:
     if indexes_held and all(name in _IN_MEMORY_ITEM_CALLS for name in calls):
         return "memory"
     return None
+
+
+_NO_GRAD_CALLS = ("no_grad", "inference_mode")
+_OFF_GRAPH_METHODS = ("detach", "detach_", "item", "tolist", "numpy")
+
+
+def _off_graph(value: ast.AST) -> bool:
+    """``h.detach()``, ``x.item()``, a constant: a value that holds no autograd graph."""
+    if isinstance(value, ast.Constant):
+        return True
+    return isinstance(value, ast.Call) and _last(value.func) in _OFF_GRAPH_METHODS
+
+
+def carried_state(forward: ast.FunctionDef, methods: set[str]) -> list[str]:
+    """The attributes ``forward`` keeps from one call to the next with their graph: it assigns ``self.x`` a value
+    computed by one of the instance's submodules (``_, self.h = self.gru(inp, self.h)``), outside no-grad and not
+    detached, and reads ``self.x`` before (or while) assigning it: what the previous call left. The next call's
+    output then hangs on the previous call's graph. Not an attribute only read after it is set in the same call."""
+    if any(_last(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD_CALLS for d in forward.decorator_list):
+        return []
+    first_read: dict[str, int] = {}
+    for node in _walk(forward):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name) \
+                and node.value.id == "self":
+            first_read[node.attr] = min(first_read.get(node.attr, node.lineno), node.lineno)
+    kept: list[str] = []
+
+    def submodule_call(value: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                   and n.func.value.id == "self" and n.func.attr not in methods for n in _walk(value))
+
+    def visit(body: list[ast.stmt]) -> None:
+        for stmt in body:
+            if isinstance(stmt, (ast.With, ast.AsyncWith)) and any(
+                    isinstance(item.context_expr, ast.Call) and _last(item.context_expr.func) in _NO_GRAD_CALLS
+                    for item in stmt.items):
+                continue
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            if isinstance(stmt, ast.Assign) and not _off_graph(stmt.value) and submodule_call(stmt.value):
+                for target in stmt.targets:
+                    elements = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+                    for element in elements:
+                        if isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name) and \
+                                element.value.id == "self" and element.attr not in kept and \
+                                first_read.get(element.attr, stmt.end_lineno + 1) <= stmt.end_lineno:
+                            kept.append(element.attr)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(stmt, field, None)
+                if isinstance(inner, list):
+                    visit([n for n in inner if isinstance(n, (ast.stmt, ast.excepthandler))])
+
+    visit(forward.body)
+    return kept
 
 
 def _reads_training(method: ast.AST) -> bool:
@@ -661,6 +716,8 @@ def _summarize_class(node: ast.ClassDef, path: str) -> ClassSummary:
             if isinstance(inner, ast.Call) and _last(inner.func) in ("dropout", "dropout2d", "dropout1d",
                                                                     "alpha_dropout"):
                 cls.functional_dropout = True
+        if carried_state(forward, set(methods)):
+            cls.features.add("carries-state")
     return cls
 
 

@@ -5,13 +5,16 @@ import libcst as cst
 
 from analyzers.context import (
     FileContext,
+    dotted_name,
     iter_names,
     method_name)
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
+from analyzers.program.library import Does, method_does, method_returns_same_module
 from analyzers.program.loops import body_nodes, loop_stack, loop_trains
 from analyzers.program.names import node_text
-from analyzers.program.values import calls_recurrent_module
+from analyzers.program.modules import ModuleFacts
+from analyzers.program.values import calls_recurrent_module, is_model_call, model_class
 from analyzers.rules.base import Invalid, Rule
 
 
@@ -25,7 +28,10 @@ class HiddenStateNotDetached(Rule):
         Flags `output, hidden = model(x, hidden)` in a loop that also calls `.backward()` when
         `hidden` is never detached or re-initialized inside that loop (`hidden.detach()`,
         `repackage_hidden(hidden)`, `model.init_hidden(...)`), so each batch's state still
-        points into the previous batches' graphs.
+        points into the previous batches' graphs. Also a model whose class (or one of its submodules, in this
+        repository) keeps the state itself: its `forward` reads what the previous call stored in an attribute
+        and stores a submodule's new output there, outside no-grad and not detached, while the training loop
+        never assigns into the model, calls a method of it that may reset it, or hands it to a function.
     """
     why = """
         The second `backward()` then tries to go back through the previous batch's graph, which
@@ -94,6 +100,60 @@ class HiddenStateNotDetached(Rule):
             criterion(out, y).backward()
             hidden.detach_()
         """,
+        # a module that keeps its state between calls, detached by the loop after each step
+        """
+        import torch
+        import torch.nn as nn
+        class Drifting(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.cell = nn.GRUCell(n, n)
+                self.state = None
+            def forward(self, x):
+                self.state = self.cell(x, self.state)
+                return self.state
+        net = Drifting(8)
+        for x, y in batches:
+            ((net(x) - y) ** 2).mean().backward()
+            opt.step()
+            net.state = net.state.detach()
+        """,
+        # an attribute set and read within one forward pass: nothing passes to the next call
+        """
+        import torch
+        import torch.nn as nn
+        class Probe(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Linear(4, 4)
+                self.head = nn.Linear(4, 1)
+            def forward(self, x):
+                self.features = self.body(x)
+                return self.head(self.features)
+        probe = Probe()
+        for x, y in batches:
+            ((probe(x) - y) ** 2).mean().backward()
+            opt.step()
+        """,
+        # the state is kept under no_grad: no graph to carry
+        """
+        import torch
+        import torch.nn as nn
+        class Tracker(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(4, 4)
+                self.avg = None
+            def forward(self, x):
+                out = self.proj(x)
+                with torch.no_grad():
+                    self.avg = out.mean(0) if self.avg is None else 0.9 * self.avg + 0.1 * self.proj(x).mean(0)
+                return out
+        tracker = Tracker()
+        for x in batches:
+            tracker(x).sum().backward()
+            opt.step()
+        """,
     ]
     INVALID = [
         Invalid(
@@ -123,11 +183,51 @@ class HiddenStateNotDetached(Rule):
             """,
             line=7, message="`h`",
         ),
+        # the recurrent state lives inside the module: each forward pass starts from the one the previous call
+        # stored, and nothing in the loop detaches or resets it
+        Invalid(
+            """
+            import torch
+            import torch.nn as nn
+            class Memory(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    self.cell = nn.GRUCell(n, n)
+                    self.h = None
+                def forward(self, x):
+                    if self.h is None:
+                        self.h = torch.zeros(x.size(0), x.size(1))
+                    self.h = self.cell(x, self.h)
+                    return self.h
+            class Forecaster(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.memory = Memory(16)
+                    self.out = nn.Linear(16, 1)
+                def forward(self, x):
+                    return self.out(self.memory(x))
+            model = Forecaster()
+            for epoch in range(50):
+                total = 0
+                for x, y in windows:
+                    total = total + ((model(x) - y) ** 2).mean()
+                total.backward(retain_graph=True)
+                opt.step()
+                opt.zero_grad()
+            """,
+            line=25, message="keeps a tensor from one forward pass to the next",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
         super().__init__(ctx)
         self.candidates: list[tuple[cst.Assign, list[str], cst.CSTNode]] = []
+        self.model_calls: list[tuple[cst.Call, tuple]] = []  # forward passes in loops, for the state kept inside
+
+    def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
+        stack = loop_stack(ctx)
+        if stack and isinstance(node.func, (cst.Name, cst.Attribute)) and is_model_call(node.func, ctx):
+            self.model_calls.append((node, stack))
 
     def visit_Assign(self, node: cst.Assign, ctx: FileContext) -> None:
         if len(node.targets) != 1 or not isinstance(node.value, cst.Call):
@@ -148,6 +248,7 @@ class HiddenStateNotDetached(Rule):
             self.candidates.append((node, passed, stack[-1]))
 
     def end_file(self, ctx: FileContext) -> None:
+        self._state_kept_inside(ctx)
         for node, names, loop in self.candidates:
             if not loop_trains(loop, ctx):
                 continue
@@ -159,6 +260,31 @@ class HiddenStateNotDetached(Rule):
                               f"never detached: the next `backward()` reaches into the previous batches' graphs "
                               f"(an error, or with `retain_graph=True` ever slower backprop through all history); "
                               f"detach it at the start of each batch")
+
+    def _state_kept_inside(self, ctx: FileContext) -> None:
+        """A model whose class (or a submodule of it, in this repository) keeps a tensor from one forward to the
+        next (``self.h`` computed by a submodule and read back): called in a loop that trains, whose body never
+        sets, resets or detaches anything of the model, the next ``backward()`` reaches into the previous
+        iterations' graphs."""
+        reported: set[tuple[int, str]] = set()
+        for call, stack in self.model_calls:
+            model = dotted_name(call.func)
+            cls = model_class(ctx, call.func, call)
+            if model is None or cls is None or "carries-state" not in (ctx.facts(ModuleFacts).features(cls) or ()):
+                continue
+            training = [loop for loop in stack if loop_trains(loop, ctx)]
+            if not training or any(_touches_model(loop, model.split(".")[0], call) for loop in training):
+                continue
+            key = (id(training[0]), model)
+            if key in reported:
+                continue
+            reported.add(key)
+            self.report(call, f"{code_span(model)} ({code_span(cls)}) keeps a tensor from one forward pass to the "
+                              f"next (its `forward`, or a submodule's, stores state computed by a layer and reads it "
+                              f"back), and this training loop never resets or detaches it: each `backward()` reaches "
+                              f"into the previous iterations' graphs (an error, or with `retain_graph=True` ever "
+                              f"slower steps); detach the kept state after each step",
+                        severity=Severity.MEDIUM)
 
     @staticmethod
     def _refreshed(loop: cst.CSTNode, name: str, candidate: cst.Assign) -> bool:
@@ -187,3 +313,39 @@ def _flat_names(expr: cst.CSTNode) -> list[str]:
             out.extend(_flat_names(element.value))
         return out
     return []
+
+
+# what a loop may call on a model without touching the state its modules keep, besides the methods that return
+# the module itself (``to``, ``train``; not ``apply``, which runs a function on each submodule) and its traversals
+_READ_ONLY_METHODS = frozenset({"zero_grad", "state_dict", "forward"})
+
+
+def _keeps_state(method: str) -> bool:
+    return method in _READ_ONLY_METHODS or method_does(method, Does.RETURNS_ITERATOR) or \
+        (method_returns_same_module(method) and method != "apply")
+
+
+def _touches_model(loop: cst.CSTNode, root: str, forward: cst.Call) -> bool:
+    """The loop's body may reset what the model keeps: it assigns into the model (``model.rnn.h = ...``), calls
+    one of its methods (``model.reset()``), hands the model to a function, or builds it anew."""
+    for node in body_nodes(loop):
+        if node is forward:
+            continue
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for target in targets:
+                if any((dotted_name(t) or "").split(".")[0] == root for t in _flat_targets(target)):
+                    return True
+        elif isinstance(node, cst.Call):
+            name = dotted_name(node.func) or ""
+            if "." in name and name.split(".")[0] == root and not _keeps_state(name.rsplit(".", 1)[1]):
+                return True
+            if any((dotted_name(arg.value) or "").split(".")[0] == root for arg in node.args):
+                return True
+    return False
+
+
+def _flat_targets(expr: cst.CSTNode) -> list[cst.CSTNode]:
+    if isinstance(expr, (cst.Tuple, cst.List)):
+        return [t for element in expr.elements for t in _flat_targets(element.value)]
+    return [expr]

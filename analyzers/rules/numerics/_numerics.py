@@ -9,8 +9,8 @@ import libcst as cst
 from analyzers.context import FileContext, short, argument, dotted_name
 from analyzers.markdown import code_span
 from analyzers.model import Severity
-from analyzers.program.activations import (Act, activation_of, caller_value, layer_passed_to, module_passed_to,
-                                           module_value)
+from analyzers.program.activations import (Act, activation_of, arms, caller_value, layer_passed_to, module_passed_to,
+                                           module_value, same_choice)
 from analyzers.program.flow import call_site_values
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
@@ -47,13 +47,9 @@ class ActivationIntoLoss(Rule):
             self._note_criterion([node.target], node.value, ctx)
 
     def _note_criterion(self, targets, value, ctx: FileContext) -> None:
-        if not isinstance(value, cst.Call):
+        if not any(self._names_loss(arm, ctx) for _, arm in arms(value)):
             return
-        last = last_name(value.func)
-        if last not in self._module_last and not method_returns_same_module(last) and \
-                ctx.imports.names.get(last or "") not in self.LOSS_MODULES:
-            return
-        if self._loss_module(module_value(value, ctx, value), ctx) is None:
+        if not self._losses(value, ctx):
             return
         for target in targets:
             name = dotted_name(target)
@@ -75,10 +71,28 @@ class ActivationIntoLoss(Rule):
                 self._passed[key] = losses.pop() if len(losses) == 1 else None
         return self._passed[key]
 
+    def _names_loss(self, value, ctx: FileContext) -> bool:
+        """A call that may build one of the losses (cheap, by the name called)."""
+        if not isinstance(value, cst.Call):
+            return False
+        last = last_name(value.func)
+        return last in self._module_last or method_returns_same_module(last) or \
+            ctx.imports.names.get(last or "") in self.LOSS_MODULES
+
     def _loss_module(self, expr, ctx: FileContext) -> Optional[str]:
         if isinstance(expr, cst.Call):
             return self.LOSS_MODULES.get(ctx.call_name(expr) or "")
         return None
+
+    def _losses(self, expr, ctx: FileContext) -> list[tuple[Optional[tuple], str]]:
+        """The losses a criterion object may be, each with the condition that picks it (``nn.BCELoss() if binary
+        else nn.CrossEntropyLoss()`` may be a BCELoss, where ``binary`` holds)."""
+        found = []
+        for choice, arm in arms(module_value(expr, ctx, expr) if not isinstance(expr, cst.IfExp) else expr):
+            loss = self._loss_module(module_value(arm, ctx, arm) if arm is not None else None, ctx)
+            if loss is not None:
+                found.append((choice, loss))
+        return found
 
     # ---- the check ---------------------------------------------------------------------
     def visit_Call(self, node: cst.Call, ctx: FileContext) -> None:
@@ -92,8 +106,13 @@ class ActivationIntoLoss(Rule):
             loss = self.LOSS_FUNCS.get(ctx.qualified_name(func) or "")
             crit_text = loss
         elif last in self._criteria_last and dotted_name(func) in self._criteria:
-            loss = self._loss_module(module_value(func, ctx, node), ctx)
+            losses = [(choice, loss) for choice, loss in self._losses(module_value(func, ctx, node), ctx)]
             crit_text = dotted_name(func)
+            if len(losses) == 1 and losses[0][0] is None:
+                loss = losses[0][1]
+            elif losses:
+                self._chosen(node, losses, crit_text, ctx)
+                return
         elif isinstance(func, cst.Name) and ctx.function_def is not None:
             loss = self._passed_loss(ctx.function_def, func.value, ctx)
             crit_text = func.value
@@ -112,6 +131,19 @@ class ActivationIntoLoss(Rule):
             return
         if act.kind in self.KINDS.get(loss, ()):
             self._emit(node, value, act, act.kind, crit_text, loss, None)
+
+    def _chosen(self, node: cst.Call, losses: list[tuple[Optional[tuple], str]], crit_text: str,
+                ctx: FileContext) -> None:
+        """A criterion picked by a condition: reported when an activation it objects to may meet the loss that
+        applies it (not when the same condition picks them on opposite sides)."""
+        value = argument(node, 0, "input")
+        act = activation_of(value, ctx, node)
+        if act is None or act.kind in ("class", "param"):
+            return
+        for choice, loss in losses:
+            if act.kind in self.KINDS.get(loss, ()) and same_choice(choice, act.choice, ctx):
+                self._emit(node, value, act, act.kind, crit_text, loss, None)
+                return
 
     def end_file(self, ctx: FileContext) -> None:
         for node, value, act, crit_text, loss, fn in self._deferred:
@@ -140,6 +172,9 @@ class ActivationIntoLoss(Rule):
             source = f"{code_span(shown)} is a {kind} output"
         else:
             source = f"{code_span(shown)} comes from {code_span(short(ctx, act.producer))}"
+        if act.choice is not None:
+            test, holds = act.choice
+            source += f" (where `{short(ctx, test)}` {'holds' if holds else 'does not hold'})"
         crit = f"`{crit_text}` ({loss})" if crit_text != loss else f"{loss}"
         message, severity = self.describe(crit, source, kind, loss)
         # the other site: where the activation is applied (often the line to change), so a pull request

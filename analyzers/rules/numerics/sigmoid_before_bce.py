@@ -59,8 +59,52 @@ class SigmoidBeforeBCE(_ActivationIntoLoss):
         p = p.clamp(1e-6, 1 - 1e-6)
         loss = F.binary_cross_entropy(p.clamp(1e-6, 1 - 1e-6), y)
         """,
+        # one condition picks both: the sigmoid meets the loss that takes logits, the raw scores meet BCELoss
+        """
+        import torch.nn as nn
+        def fit(net, batches, opt, probs_out=False):
+            head = nn.Sigmoid() if probs_out else nn.Identity()
+            crit = nn.BCEWithLogitsLoss() if probs_out else nn.BCELoss()
+            for x, y in batches:
+                crit(head(net(x)), y).backward()
+                opt.step()
+        """,
+        # the default is filled only in one branch of two: the other keeps what the caller passed
+        """
+        import torch
+        import torch.nn as nn
+        def score(p, y, crit=None):
+            if crit is None:
+                crit = nn.BCELoss()
+            elif isinstance(crit, str):
+                crit = make_loss(crit)
+            return crit(torch.sigmoid(p), y)
+        """,
     ]
     INVALID = [
+        # the defaults a training method fills in for arguments left at None: with one output, the sigmoid
+        # head (picked by the same condition as the loss) feeds BCELoss
+        Invalid("""
+            import torch.nn as nn
+            class Scorer:
+                def train(self, batches, crit=None, head=None):
+                    if crit is None:
+                        crit = nn.BCELoss() if self.outputs == 1 else nn.CrossEntropyLoss()
+                    if head is None:
+                        head = nn.Sigmoid() if self.outputs == 1 else nn.Identity()
+                    for x, y in batches:
+                        out = head(self.net(x))
+                        if self.outputs == 1:
+                            out = out.flatten()
+                        crit(out, y).backward()
+            """, line=13, message="where `self.outputs == 1` holds"),
+        # a sigmoid head chosen by a flag meets a fixed BCELoss
+        Invalid("""
+            import torch.nn as nn
+            head = nn.Identity() if not args.probabilities else nn.Sigmoid()
+            bce = nn.BCELoss()
+            loss = bce(head(net(x)), y)
+            """, line=5, message="where `args.probabilities` holds"),
         # a Sequential ending in Sigmoid, moved to the device under its own name
         Invalid("""
             import torch.nn as nn
