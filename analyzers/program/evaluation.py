@@ -456,15 +456,6 @@ class EvaluationPaths:
             return f"{where} after `{call.model}.eval()`"
         return None
 
-    def runs_for_results_only(self, call: ModelCall) -> bool:
-        """The call is on an inference path only because its function runs under no_grad (path_of's last but
-        two reason): nothing in the names or the loop says evaluation."""
-        if call.loop is not None and not call.loop.has_backward:
-            return False
-        if any(state.eval_named and not state.has_backward for state in call.stack):
-            return False
-        return any(state.nograd_run and not state.has_backward and not state.needs_grad for state in call.stack)
-
     def covered_by_callers(self, state: FnState, kind: str, visiting: Optional[set] = None) -> bool:
         if state.node is None:
             return False

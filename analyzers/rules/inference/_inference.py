@@ -7,7 +7,6 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import FileContext
-from analyzers.model import Severity
 from analyzers.program.evaluation import ModelCall, EvaluationPaths
 from analyzers.rules.base import Rule
 
@@ -83,11 +82,7 @@ class InferencePathRule(Rule):
             message = self.check(call, where)
             if message:
                 seen.add(key)
-                self.report(call.node, message, severity=self.severity_of(call))
+                self.report(call.node, message)
 
     def check(self, call: ModelCall, where: str) -> Optional[str]:  # pragma: no cover - overridden
         raise NotImplementedError
-
-    def severity_of(self, call: ModelCall) -> Optional[Severity]:
-        """The rule's own unless a subclass knows less."""
-        return None

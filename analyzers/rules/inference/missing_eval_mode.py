@@ -235,16 +235,6 @@ class MissingEvalMode(_InferencePathRule):
                 line=4, message="encoder"),
     ]
 
-    def severity_of(self, call: _ModelCall) -> Optional[Severity]:
-        # only the no_grad says inference, and the model arrives as a parameter: its callers, perhaps in other
-        # files, may have put it in eval mode already
-        fn = call.stack[-1].node
-        head = call.model.split(".", 1)[0]
-        if fn is not None and self.facts.runs_for_results_only(call) and \
-                any(param.name.value == head for param in fn.params.params):
-            return Severity.LOW
-        return None
-
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
         if self.facts.eval_covered(call) or self.facts.runs_a_function(call):
             return None
@@ -252,8 +242,7 @@ class MissingEvalMode(_InferencePathRule):
             return None  # no dropout and no BatchNorm anywhere in the model: eval() would change nothing
         return (f"`{call.model}` runs in {where} without `{call.model}.eval()` before it: dropout stays active and "
                 f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "
-                f"call `{call.model}.eval()` first"
-                + (" (unless every caller hands it over in eval mode)" if self.severity_of(call) else ""))
+                f"call `{call.model}.eval()` first")
 
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*$")
