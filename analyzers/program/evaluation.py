@@ -13,7 +13,6 @@ from analyzers.program.builds import built_module, passed_module
 from analyzers.program.flow import attribute_values, subtree
 from analyzers.program.graphs import output_taken_off_graph
 from analyzers.program.library import method_returns_same_module
-from analyzers.program.loops import loop_stack
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import (name_is_model_like, name_says_not_a_model, names_evaluation_data,
                                      names_evaluation_function, node_text)
@@ -53,7 +52,7 @@ def val_iter_name(iter_expr: cst.BaseExpression) -> Optional[str]:
 
 class FnState:
     __slots__ = ("node", "name", "eval_named", "skip", "evals", "nograd_dec", "grad_off", "has_backward",
-                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval", "returns_eval_at", "nograd_run")
+                 "needs_grad", "val_loops", "cls", "returns_eval", "leaves_eval", "returns_eval_at")
 
     def __init__(self, node: Optional[cst.FunctionDef], name: str, cls: Optional[cst.ClassDef]) -> None:
         self.node = node
@@ -70,8 +69,6 @@ class FnState:
         self.returns_eval = False  # ``return model.eval()`` / eval() before a return: a loader of eval models
         self.leaves_eval = False  # still has something in eval mode when it ends
         self.returns_eval_at: set[int] = set()  # ``return text_model, tokenizer``: the tuple items in eval mode
-        # a plain function (no method) decorated with no_grad: whoever wrote it runs its models for their results
-        self.nograd_run = False
 
 
 class ValLoop:
@@ -145,7 +142,6 @@ class EvaluationPaths:
         if direct_cls is not None and self._framework_class(direct_cls, ctx):
             state.skip = True
         state.nograd_dec = any(d in NO_GRAD_CONTEXTS for d in decorators)
-        state.nograd_run = state.nograd_dec and cls is None
         if any(decorator_evaluates(ctx, dec.decorator) for dec in node.decorators):
             state.evals["*"] = True  # a decorator of this repository runs the function with its model in eval mode
         self.stack.append(state)
@@ -327,10 +323,7 @@ class EvaluationPaths:
         return any(s.eval_named for s in self.stack)
 
     def _maybe_model_call(self, node: cst.Call, ctx: FileContext) -> None:
-        # a forward repeated in a loop of a function that turned autograd off for all of its body: run for its
-        # results (sampling, generation, feature extraction), whatever the function is called; path_of checks
-        # that nothing in it trains
-        in_path = self._in_path() or (self.stack[-1].nograd_run and bool(loop_stack(ctx)))
+        in_path = self._in_path()
         # a model put in eval mode in this scope and run in a loop there runs for inference, whatever the names
         # say (``demo()``, a loop over ``dataloader``), unless that scope also trains (path_of checks the backward)
         data_loop = None if in_path or self.evaled_any() else data_loop_of(ctx)
@@ -439,9 +432,6 @@ class EvaluationPaths:
         for state in reversed(call.stack):
             if state.eval_named and not state.has_backward:
                 return f"`{state.name}()`"
-        for state in reversed(call.stack):
-            if state.nograd_run and not state.has_backward and not state.needs_grad:
-                return f"`{state.name}()`, which runs its model under `torch.no_grad()`"
         if call.data_loop is not None:
             if any(state.has_backward for state in call.stack) or \
                     not output_taken_off_graph(call.node, call.data_loop.body, self.ctx):

@@ -23,9 +23,7 @@ class MissingEvalMode(_InferencePathRule):
         function named like `validate`, `evaluate`, `predict`, `infer`, `test`, or a loop over a
         `val`/`test`/`eval`/`dev` loader; also, whatever the names, a loop over data that keeps only
         the numbers of each forward pass while nothing around it trains, or a module's own method
-        that calls `self.eval()`, or a loop in a plain function decorated with `torch.no_grad()` /
-        `torch.inference_mode()` that neither trains nor asks for gradients back) when no `model.eval()` (or
-        `model.train(False)`) comes
+        that calls `self.eval()`) when no `model.eval()` (or `model.train(False)`) comes
         before it in that function, in its class, or before the call sites in this file. Lightning
         `LightningModule` hooks are skipped: Lightning switches modes itself. A model the program
         model knows to be mode-free is skipped: its class (found in this repository, through its
@@ -55,16 +53,6 @@ class MissingEvalMode(_InferencePathRule):
             model.train()
     """
     VALID = [
-        # one forward under no_grad (an embedding of one input): no loop runs the model for results
-        "import torch\n@torch.no_grad()\ndef embed(encoder, tokens):\n    return encoder(tokens).mean(1)\n",
-        # a module's own no_grad method: its caller decides the mode of what it holds
-        "import torch\nimport torch.nn as nn\nclass Averager(nn.Module):\n    def __init__(self, net):\n"
-        "        super().__init__()\n        self.net = nn.Sequential(net, nn.Dropout(0.1))\n"
-        "    @torch.no_grad()\n    def refine(self, xs):\n        for x in xs:\n            yield self.net(x)\n",
-        # a no_grad function that asks for gradients back inside: it computes them, not results only
-        "import torch\n@torch.no_grad()\ndef attack(net, x, steps):\n    for _ in range(steps):\n"
-        "        with torch.enable_grad():\n            x.requires_grad_(True)\n"
-        "            g, = torch.autograd.grad(net(x).sum(), x)\n        x = x + g.sign()\n    return x\n",
         # every part of a model kept as a mapping switched in a comprehension over its keys
         "import torch\nfrom networks import build_model\ndef main(args):\n    model = build_model(args)\n"
         "    for epoch in range(args.epochs):\n        _ = [model[key].train() for key in model]\n"
@@ -185,12 +173,6 @@ class MissingEvalMode(_InferencePathRule):
               "    test(pick, batches)\n"),
     ]
     INVALID = [
-        # a function that turns autograd off for all of its body and runs the model step after step: it runs it
-        # for its outputs (sampling one token at a time), whatever it is called, and never puts it in eval mode
-        Invalid("import torch\n@torch.no_grad()\ndef continue_text(model, ids, n_new):\n    for _ in range(n_new):\n"
-                "        logits = model(ids)[:, -1]\n        nxt = torch.multinomial(logits.softmax(-1), 1)\n"
-                "        ids = torch.cat([ids, nxt], dim=1)\n    return ids\n",
-                line=5, message="runs its model under `torch.no_grad()`"),
         # the second module of an evaluation function is a parameter; the caller hands it a module with dropout
         Invalid("import torch\nimport torch.nn as nn\nclass Head(nn.Module):\n    def __init__(self):\n"
                 "        super().__init__()\n        self.drop = nn.Dropout(0.2)\n    def forward(self, x):\n"
