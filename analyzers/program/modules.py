@@ -523,15 +523,21 @@ def summarize(source: str, path: str) -> FileSummary:
                 summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
     from analyzers.program.clipping import clipping_functions  # clipping asks this module about other files
     summary.clipping_functions = dict.fromkeys(clipping_functions(tree), True)
-    from analyzers.program.ranks import print_replacing_functions  # ranks asks this module about other files
-    summary.print_replacing_functions = dict.fromkeys(print_replacing_functions(tree), True)
+    # each question below walks the file again: asked only of a file whose text holds what an answer needs (a gate,
+    # as a rule's source_hint; the answer itself is read from the code)
+    if "builtin" in source:
+        from analyzers.program.ranks import print_replacing_functions  # ranks asks this module about other files
+        summary.print_replacing_functions = dict.fromkeys(print_replacing_functions(tree), True)
     from analyzers.program.freezing import batchnorm_fixing_functions, file_freezes, freezing_functions, stops_gradient
-    summary.freezing_functions = dict.fromkeys(freezing_functions(tree), True)
-    summary.batchnorm_fixing_functions = dict.fromkeys(batchnorm_fixing_functions(tree), True)
-    summary.freezes = file_freezes(tree)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name in summary.classes:
-            summary.classes[node.name].stops_gradient = stops_gradient(node)
+    if "requires_grad" in source:
+        summary.freezing_functions = dict.fromkeys(freezing_functions(tree), True)
+        summary.freezes = file_freezes(tree)
+    if "isinstance" in source and ("eval" in source or "train" in source):
+        summary.batchnorm_fixing_functions = dict.fromkeys(batchnorm_fixing_functions(tree), True)
+    if any(word in source for word in ("no_grad", "inference_mode", "set_grad_enabled", "detach")):
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name in summary.classes:
+                summary.classes[node.name].stops_gradient = stops_gradient(node)
     summary.saved_names = _saved_names(nodes)
     if "save" in source:
         summary.refused_payloads = _refused_payloads(nodes)
