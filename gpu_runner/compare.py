@@ -3,8 +3,8 @@
 Works on report dicts (what the sandboxed child returns), so the worker needs no torch. Step times are noisy
 (another process on the machine moves them by 2x), so a step-time regression needs all three of: the head's
 samples slower than the base's by a one-sided Mann-Whitney U test (``SIGNIFICANCE``), the head's median over the
-base's beyond the threshold, and every round of the interleaved measurements (base then head, back to back: the
-load they share cancels; each side by its fastest step) beyond the threshold too. One measurement per side decides nothing. Peak memory is
+base's beyond the threshold, and every round of the interleaved measurements (base and head back to back, in
+alternating order: the load they share cancels, and so does whatever being measured second does; each side by its fastest step) beyond the threshold too. One measurement per side decides nothing. Peak memory is
 counted in tensor bytes (or CUDA's allocator), which no load moves, so its threshold applies as it is.
 """
 from __future__ import annotations

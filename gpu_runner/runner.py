@@ -38,8 +38,9 @@ MAX_REPORT_BYTES = 64 << 10
 MAX_CHECKS = 40  # the runner's own checks are about a dozen
 MAX_LOSS_POINTS = 500
 MAX_STEP_TIMES = 100
-# Rounds of step-time measurements after head's and base's own runs, each base then head in fresh children, so
-# that a change of the machine's load between the two runs is not taken for a change of the code (gpu_runner.compare)
+# Rounds of step-time measurements after head's and base's own runs, base and head in fresh children in alternating
+# order, so that a change of the machine's load between the two runs is not taken for a change of the code
+# (gpu_runner.compare)
 COMPARE_ROUNDS = 2
 
 
@@ -401,15 +402,17 @@ def smoke(head_dir: Path, requests: list[TargetRequest], *, base_dir: Optional[P
 
 def _interleaved_rounds(compared: list[tuple[TargetOutcome, TargetRequest]], measure, head_dir: Path,
                         base_dir: Path, rounds: int = COMPARE_ROUNDS) -> None:
-    """``COMPARE_ROUNDS`` more rounds of step times for each compared target, base then head back to back
-    (``measure(code_dir, requests)``: measure-only reports); each side's ``step_time_rounds`` holds its samples of
+    """``COMPARE_ROUNDS`` more rounds of step times for each compared target, base and head back to back, in
+    alternating order (``measure(code_dir, requests)``: measure-only reports); each side's ``step_time_rounds`` holds its samples of
     every round, its own run first, for gpu_runner.compare's decision."""
     for outcome, _ in compared:
         outcome.head["step_time_rounds"] = [outcome.head.get("step_times_ms") or []]
         outcome.base["step_time_rounds"] = [outcome.base.get("step_times_ms") or []]
     requests = [request for _, request in compared]
-    for _ in range(rounds if requests else 0):
-        for side, code_dir in (("base", base_dir), ("head", head_dir)):
+    for number in range(rounds if requests else 0):
+        # base then head, then head then base: whatever being measured second does to a side, both sides get it
+        order = (("base", base_dir), ("head", head_dir))
+        for side, code_dir in (order if number % 2 == 0 else order[::-1]):
             for (outcome, _), report in zip(compared, measure(code_dir, requests)):
                 times = report.get("step_times_ms") if report.get("status") == "passed" else None
                 getattr(outcome, side)["step_time_rounds"].append(times or [])

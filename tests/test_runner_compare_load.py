@@ -1,6 +1,6 @@
 """Head vs base under load: identical code is never flagged, a real slowdown is, and peak memory does not move
 with the machine's load. The measurements are the runner's own (gpu_runner.checks.measure_subject, interleaved
-base then head as gpu_runner.runner does), with a bursty CPU burner in the background."""
+base and head in alternating order as gpu_runner.runner does), with a bursty CPU burner in the background."""
 from __future__ import annotations
 
 import subprocess
@@ -61,10 +61,12 @@ def subject(tmp_path, name: str, config: dict):
 
 
 def interleaved(head_subject, base_subject, rounds: int = COMPARE_ROUNDS + 1) -> tuple[dict, dict]:
-    """Report dicts of both sides with ``rounds`` rounds of step times, base then head, as the runner takes them."""
+    """Report dicts of both sides with ``rounds`` rounds of step times, base and head in alternating order, as the
+    runner takes them."""
     head, base = {"step_time_rounds": []}, {"step_time_rounds": []}
-    for _ in range(rounds):
-        for side, built in ((base, base_subject), (head, head_subject)):
+    for number in range(rounds):
+        order = ((base, base_subject), (head, head_subject))
+        for side, built in (order if number % 2 == 0 else order[::-1]):
             measured = measure_subject(built, steps=10, seed=0)
             side["measures"] = measured.measures
             side["step_time_rounds"].append(measured.step_times_ms)
