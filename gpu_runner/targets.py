@@ -357,19 +357,24 @@ def trainer_builds_its_own_model(node: ast.ClassDef) -> bool:
     methods = {m.name: m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
     if "forward" in methods or "__init__" not in methods:
         return False
-    reached, pending = set(), ["__init__"]
+    return any(_calls_method(item, "parameters") or _makes_torch_optimizer(item)
+               for item in _reached_from(methods, "__init__"))
+
+
+def _reached_from(methods: dict[str, ast.AST], start: str):
+    """The nodes of method ``start`` and of every method of the class it calls on ``self``, transitively; lazily, so
+    a caller that finds what it looks for stops the walk."""
+    reached, pending = set(), [start]
     while pending:
         name = pending.pop()
         if name in reached or name not in methods:
             continue
         reached.add(name)
         for item in ast.walk(methods[name]):
-            if _calls_method(item, "parameters") or _makes_torch_optimizer(item):
-                return True
+            yield item
             if isinstance(item, ast.Call) and isinstance(item.func, ast.Attribute) \
                     and isinstance(item.func.value, ast.Name) and item.func.value.id == "self":
                 pending.append(item.func.attr)
-    return False
 
 
 def _makes_torch_optimizer(node: ast.AST) -> bool:
@@ -392,23 +397,9 @@ def trainer_optimizes_what_it_holds(node: ast.ClassDef) -> bool:
     if "forward" in methods or "__init__" not in methods:
         return False
 
-    def optimizes_held_parameters(start: str) -> bool:
-        reached, pending = set(), [start]
-        while pending:
-            name = pending.pop()
-            if name in reached or name not in methods:
-                continue
-            reached.add(name)
-            for item in ast.walk(methods[name]):
-                if _calls_method(item, "parameters") and _is_self_attribute(item.func.value):
-                    return True
-                if isinstance(item, ast.Call) and isinstance(item.func, ast.Attribute) \
-                        and isinstance(item.func.value, ast.Name) and item.func.value.id == "self":
-                    pending.append(item.func.attr)
-        return False
-
-    return any(name != "__init__" and _holds_training_loop(method) and optimizes_held_parameters(name)
-               for name, method in methods.items())
+    return any(name != "__init__" and _holds_training_loop(method) and any(
+        _calls_method(item, "parameters") and _is_self_attribute(item.func.value)
+        for item in _reached_from(methods, name)) for name, method in methods.items())
 
 
 def _is_self_attribute(node: ast.AST) -> bool:
