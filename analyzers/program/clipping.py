@@ -25,7 +25,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, dotted_name, literal_bool, method_name, parse_ast
 from analyzers.program.flow import ModuleNodes, subtree
-from analyzers.program.loops import closure
+from analyzers.program.loops import functions_that
 from analyzers.program.library import CLIPPING_APIS, CLIPPING_OPTIONS, METHODS, Does, does, is_library, method_does
 
 # The in-place operations that bound or rescale a tensor's values: on a gradient, clipping by value, or by norm
@@ -51,27 +51,21 @@ def clipping_functions(tree: ast.Module) -> set[str]:
     """The top-level functions of a parsed file that clip gradients: they call a clipping function or method, bound
     a gradient in place, or call another function of the file that does (for :mod:`analyzers.program.modules`'
     summaries of the repository's files)."""
-    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    calls: dict[str, set[str]] = {}
-    clipping: set[str] = set()
-    for name, fn in functions.items():
-        calls[name] = set()
-        for node in ast.walk(fn):
-            if not isinstance(node, ast.Call):
-                continue
+    return functions_that(tree, _clips_directly)
+
+
+def _clips_directly(fn: ast.AST) -> bool:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
             func = node.func
             last = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-            if last in _CLIPPING_LAST_NAMES:
-                clipping.add(name)
-            elif last in _IN_PLACE_BOUNDS and isinstance(func, ast.Attribute) and \
+            if last in _CLIPPING_LAST_NAMES or last in _IN_PLACE_BOUNDS and isinstance(func, ast.Attribute) and \
                     _bounds_a_gradient(_ast_dotted(func.value)):
-                clipping.add(name)
-            elif isinstance(func, ast.Name) and func.id in functions:
-                calls[name].add(func.id)
-        if any(isinstance(node, ast.AugAssign) and isinstance(node.op, _IN_PLACE_SCALINGS)
-               and _bounds_a_gradient(_ast_dotted(node.target)) for node in ast.walk(fn)):
-            clipping.add(name)
-    return closure(clipping, calls)
+                return True
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, _IN_PLACE_SCALINGS) and \
+                _bounds_a_gradient(_ast_dotted(node.target)):
+            return True
+    return False
 
 
 def _ast_dotted(node: ast.AST) -> Optional[str]:
@@ -157,7 +151,8 @@ class ClippingFacts:
             return False
         if dotted not in self._repository_answers:  # a function of the repository: asked once per name
             from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
-            self._repository_answers[dotted] = ctx.facts(ModuleFacts).clipping_function(dotted)
+            self._repository_answers[dotted] = ctx.facts(ModuleFacts).marked_function(
+                dotted, lambda summary: summary.clipping_functions)
         answer = self._repository_answers[dotted]
         # a function nothing resolves (a package beside the script, put on sys.path at run time) that the training
         # loop hands what the optimizer trains may clip it: unknown, so no claim that the step does not clip

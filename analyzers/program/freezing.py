@@ -13,10 +13,10 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, parse_ast
+from analyzers.context import FileContext, parse_ast
 from analyzers.program.flow import ModuleNodes
 from analyzers.program.library import FROZEN_NORM_LAYERS, NORM_FREEZING_OPTIONS, NORM_LAYERS_WITH_STATS
-from analyzers.program.loops import closure
+from analyzers.program.loops import functions_that
 
 # the context managers and decorators under which autograd records nothing (torch.no_grad, torch.inference_mode,
 # torch.set_grad_enabled(False), and torch.enable_grad's opposite is not one): known by their last name here, as
@@ -47,12 +47,7 @@ def _freezes_directly(nodes) -> bool:
 def freezing_functions(tree: ast.Module) -> set[str]:
     """The top-level functions of a parsed file that freeze parameters of what they are given or build, or call
     another function of the file that does (for the repository's summaries)."""
-    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    direct = {name for name, fn in functions.items() if _freezes_directly(ast.walk(fn))}
-    calls = {name: {node.func.id for node in ast.walk(fn) if isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name) and node.func.id in functions}
-             for name, fn in functions.items()}
-    return closure(direct, calls)
+    return functions_that(tree, lambda fn: _freezes_directly(ast.walk(fn)))
 
 
 def file_freezes(tree: ast.Module) -> bool:
@@ -110,12 +105,7 @@ def _evaluates_batchnorm(scope: ast.AST) -> bool:
 def batchnorm_fixing_functions(tree: ast.Module) -> set[str]:
     """The top-level functions of a parsed file that put BatchNorm modules in eval mode, or call another function of
     the file that does (for the repository's summaries)."""
-    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    direct = {name for name, fn in functions.items() if _evaluates_batchnorm(fn)}
-    calls = {name: {node.func.id for node in ast.walk(fn) if isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name) and node.func.id in functions}
-             for name, fn in functions.items()}
-    return closure(direct, calls)
+    return functions_that(tree, _evaluates_batchnorm)
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.For)
@@ -158,18 +148,8 @@ def program_fixes_batchnorm_statistics(ctx: FileContext) -> bool:
     nodes = ctx.facts(ModuleNodes)
     if any(ctx.qualified_name(node) in FROZEN_NORM_LAYERS for node in nodes.of_type(cst.Name, cst.Attribute)):
         return True
-    from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
-    facts = ctx.facts(ModuleFacts)
-    asked: set[str] = set()
-    for node in nodes.of_type(cst.Name, cst.Attribute):  # called, or handed to ``apply``
-        named = dotted_name(node)
-        if named is None or named in asked or named.startswith("self.") or not isinstance(
-                ctx.facts(ModuleNodes).parents.get(id(node)), (cst.Call, cst.Arg)):
-            continue
-        asked.add(named)
-        if facts.batchnorm_fixing_function(named):
-            return True
-    return False
+    from analyzers.program.modules import calls_marked_function  # modules summarizes files with this module
+    return calls_marked_function(ctx, lambda summary: summary.batchnorm_fixing_functions, handed=True)
 
 
 def program_freezes(ctx: FileContext) -> bool:
@@ -181,17 +161,8 @@ def program_freezes(ctx: FileContext) -> bool:
         return False
     if file_freezes(tree):
         return True
-    from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
-    facts = ctx.facts(ModuleFacts)
-    asked: set[str] = set()
-    for call in ctx.facts(ModuleNodes).of_type(cst.Call):
-        called = dotted_name(call.func)
-        if called is None or called in asked or called.startswith("self."):
-            continue
-        asked.add(called)
-        if facts.freezing_function(called):
-            return True
-    return False
+    from analyzers.program.modules import calls_marked_function  # modules summarizes files with this module
+    return calls_marked_function(ctx, lambda summary: summary.freezing_functions)
 
 
 def class_freezes_or_stops_gradient(name: str, ctx: FileContext) -> Optional[bool]:

@@ -1,6 +1,7 @@
 """Facts about loops: which loops enclose a node, which loops train, and gradient-accumulation steps."""
 from __future__ import annotations
 
+import ast
 from typing import Callable, Iterator, Optional
 
 import libcst as cst
@@ -212,6 +213,17 @@ def in_inner_loop(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> boo
 def enclosing_function_name(ctx: FileContext) -> Optional[str]:
     fn = ctx.function_def
     return fn.name.value if fn is not None else None
+
+
+def functions_that(tree: ast.Module, does: Callable[[ast.AST], bool]) -> set[str]:
+    """The top-level functions of a parsed file for which ``does(function)`` holds, or that call (by name) another
+    function of the file that does, transitively: what the repository's summaries say a file's functions do."""
+    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    direct = {name for name, fn in functions.items() if does(fn)}
+    calls = {name: {node.func.id for node in ast.walk(fn) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name) and node.func.id in functions}
+             for name, fn in functions.items()}
+    return closure(direct, calls)
 
 
 def closure(direct: set, calls: dict) -> set:

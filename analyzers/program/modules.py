@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 import libcst as cst
 
-from analyzers.context import parse_ast
+from analyzers.context import dotted_name, parse_ast
 from analyzers.hints import prepare, search
+from analyzers.program.flow import ModuleNodes
 from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_OPTIONAL, NORM_LAYERS_WITH_STATS,
                                        norm_keeps_running_stats)
 from analyzers.program.names import name_is_model_like, names_configuration
@@ -817,24 +818,11 @@ class RepositoryIndex:
         it leaves a module it is given in eval mode."""
         return self._find_defined(importer, local_name, lambda summary: summary.eval_helpers, source, 0)
 
-    def find_clipping_function(self, importer: Path, local_name: str, source: Optional[str] = None) -> Optional[bool]:
-        """True when the function ``local_name`` means in ``importer`` clips gradients."""
-        return self._find_defined(importer, local_name, lambda summary: summary.clipping_functions, source, 0)
-
-    def find_print_replacing_function(self, importer: Path, local_name: str,
-                                      source: Optional[str] = None) -> Optional[bool]:
-        """True when the function ``local_name`` means in ``importer`` replaces the built-in ``print``."""
-        return self._find_defined(importer, local_name, lambda summary: summary.print_replacing_functions, source, 0)
-
-    def find_freezing_function(self, importer: Path, local_name: str,
-                               source: Optional[str] = None) -> Optional[bool]:
-        """True when the function ``local_name`` means in ``importer`` freezes parameters."""
-        return self._find_defined(importer, local_name, lambda summary: summary.freezing_functions, source, 0)
-
-    def find_batchnorm_fixing_function(self, importer: Path, local_name: str,
-                                       source: Optional[str] = None) -> Optional[bool]:
-        """True when the function ``local_name`` means in ``importer`` puts BatchNorm modules in eval mode."""
-        return self._find_defined(importer, local_name, lambda summary: summary.batchnorm_fixing_functions, source, 0)
+    def find_marked_function(self, importer: Path, local_name: str, marks: Callable[[FileSummary], dict],
+                             source: Optional[str] = None) -> Optional[bool]:
+        """True when the function ``local_name`` means in ``importer`` is one ``marks(summary)`` lists for the file
+        that defines it (``FileSummary.clipping_functions``, ``freezing_functions``...)."""
+        return self._find_defined(importer, local_name, marks, source, 0)
 
     def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
         """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
@@ -1053,38 +1041,14 @@ class ModuleFacts:
             return None
         return index.find_eval_helper(file_in_repository(self.ctx), name, self.ctx.source)
 
-    def clipping_function(self, name: str) -> Optional[bool]:
-        """Does the function ``name`` this file imports from the repository clip gradients (see
-        :func:`analyzers.program.clipping.clipping_functions`)? None when it cannot be found (no repository, or a
+    def marked_function(self, name: str, marks: Callable[[FileSummary], dict]) -> Optional[bool]:
+        """Is the function ``name`` this file calls (its own, or one it imports from the repository) one
+        ``marks(summary)`` lists for the file that defines it? None when it cannot be found (no repository, or a
         module the index does not resolve)."""
         index = self.ctx.repository
         if index is None:
             return None
-        return index.find_clipping_function(file_in_repository(self.ctx), name, self.ctx.source)
-
-    def print_replacing_function(self, name: str) -> Optional[bool]:
-        """Does the function ``name`` this file imports from the repository replace the built-in ``print`` (see
-        :func:`analyzers.program.ranks.print_kept_to_one_process`)? None when it cannot be found."""
-        index = self.ctx.repository
-        if index is None:
-            return None
-        return index.find_print_replacing_function(file_in_repository(self.ctx), name, self.ctx.source)
-
-    def freezing_function(self, name: str) -> Optional[bool]:
-        """Does the function ``name`` this file imports from the repository freeze parameters (see
-        :mod:`analyzers.program.freezing`)? None when it cannot be found."""
-        index = self.ctx.repository
-        if index is None:
-            return None
-        return index.find_freezing_function(file_in_repository(self.ctx), name, self.ctx.source)
-
-    def batchnorm_fixing_function(self, name: str) -> Optional[bool]:
-        """Does the function ``name`` this file imports from the repository put BatchNorm modules in eval mode (see
-        :mod:`analyzers.program.freezing`)? None when it cannot be found."""
-        index = self.ctx.repository
-        if index is None:
-            return None
-        return index.find_batchnorm_fixing_function(file_in_repository(self.ctx), name, self.ctx.source)
+        return index.find_marked_function(file_in_repository(self.ctx), name, marks, self.ctx.source)
 
     def star_imported(self, name: str) -> Optional[str]:
         """What a name this file neither defines nor imports means through its star imports (see
@@ -1190,6 +1154,30 @@ class ModuleFacts:
 
 
 _ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "README.md", "LICENSE")
+
+
+def calls_marked_function(ctx: "FileContext", marks: Callable[[FileSummary], dict], own: Iterable[str] = (),
+                          handed: bool = False) -> bool:
+    """Does the file call a function ``marks(summary)`` lists: one of ``own`` (this file's, found without a
+    repository), or one the repository's summaries mark where it is defined? With ``handed``, a function handed to a
+    call counts too (``model.apply(set_bn_eval)``)."""
+    nodes = ctx.facts(ModuleNodes)
+    facts = ctx.facts(ModuleFacts)
+    own = set(own)
+    if handed:
+        named_nodes = [node for node in nodes.of_type(cst.Name, cst.Attribute)
+                       if isinstance(nodes.parents.get(id(node)), (cst.Call, cst.Arg))]
+    else:
+        named_nodes = [call.func for call in nodes.of_type(cst.Call)]
+    asked: set[str] = set()
+    for node in named_nodes:
+        named = dotted_name(node)
+        if named is None or named in asked or named.startswith("self."):
+            continue
+        asked.add(named)
+        if named in own or facts.marked_function(named, marks):
+            return True
+    return False
 
 
 def repository_root(path: Path) -> Path:

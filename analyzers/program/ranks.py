@@ -27,7 +27,7 @@ import libcst as cst
 from analyzers.context import (NODE_TYPES, FileContext, all_children, argument, code_children, dotted_name,
                                parse_ast, string_value)
 from analyzers.program.devices import expression_nodes
-from analyzers.program.flow import ModuleNodes, module_function, small_statements
+from analyzers.program.flow import module_function, small_statements
 from analyzers.program.library import (DISTRIBUTED_PACKAGES, RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES,
                                        Does, does, is_ddp, is_library)
 from analyzers.program.names import name_words
@@ -281,15 +281,10 @@ def print_replacing_functions(tree: ast.Module) -> set[str]:
     """The top-level functions of a parsed file that replace the built-in ``print``, or call another function of the
     file that does (for :mod:`analyzers.program.modules`' summaries of the repository's files)."""
     aliases = _builtins_aliases(tree)
-    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     if not aliases:
         return set()
-    from analyzers.program.loops import closure  # loops asks this module about rank guards
-    direct = {name for name, fn in functions.items() if _replaces_print(ast.walk(fn), aliases)}
-    calls = {name: {node.func.id for node in ast.walk(fn) if isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name) and node.func.id in functions}
-             for name, fn in functions.items()}
-    return closure(direct, calls)
+    from analyzers.program.loops import functions_that  # loops asks this module about rank guards
+    return functions_that(tree, lambda fn: _replaces_print(ast.walk(fn), aliases))
 
 
 def print_kept_to_one_process(ctx: FileContext) -> bool:
@@ -306,15 +301,6 @@ def print_kept_to_one_process(ctx: FileContext) -> bool:
                  for node in ast.walk(statement)]
     if aliases and _replaces_print(iter(top_level), aliases):
         return True
-    own = print_replacing_functions(tree)
-    from analyzers.program.modules import ModuleFacts  # modules summarizes files with this module's functions
-    facts = ctx.facts(ModuleFacts)
-    asked: set[str] = set()
-    for call in ctx.facts(ModuleNodes).of_type(cst.Call):
-        called = dotted_name(call.func)
-        if called is None or called in asked or called.startswith("self."):
-            continue
-        asked.add(called)
-        if called in own or facts.print_replacing_function(called):
-            return True
-    return False
+    from analyzers.program.modules import calls_marked_function  # modules summarizes files with this module
+    return calls_marked_function(ctx, lambda summary: summary.print_replacing_functions,
+                                 own=print_replacing_functions(tree))
