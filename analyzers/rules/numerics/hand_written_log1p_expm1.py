@@ -256,12 +256,18 @@ class HandWrittenLog1pExpm1(Rule):
             return cls.source_hint[0].search(source) is not None
         return super().may_report_on(source, options)
 
+    def __init__(self, ctx: FileContext) -> None:
+        super().__init__(ctx)
+        self._half: Optional[bool] = None  # does the file compute in half precision: asked once, at the first site
+
     def _report(self, node: cst.CSTNode, replacement: Optional[cst.BaseExpression], generic: str, loss: str,
                 ctx: FileContext) -> None:
         if is_test_code(ctx):
             return  # a test's reference formula mirrors the math on purpose
         instead = code_span(short(ctx, replacement)) if replacement is not None else code_span(generic)
-        if computes_in_half_precision(ctx):
+        if self._half is None:
+            self._half = computes_in_half_precision(ctx)
+        if self._half:
             self.report(node, f"{code_span(short(ctx, node))} in half-precision code: {loss} when |x| is below ~5e-4 "
                               f"in float16 (4e-3 in bfloat16) and keeps only a few digits above; {instead} computes "
                               f"the same function without the rounding", replacement=replacement)
