@@ -240,6 +240,18 @@ def iter_names(expr: cst.CSTNode) -> Iterator[str]:
             stack.extend(code_children(node))
 
 
+def uses_name(expr: cst.CSTNode, name: str) -> bool:
+    """``name`` is used in ``expr`` as a variable, an attribute, a keyword or a function it calls
+    (``p.requires_grad``, ``isinstance(x, T)``), never because a string or a comment spells it."""
+    stack: list[cst.CSTNode] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name) and node.value == name:
+            return True
+        stack.extend(code_children(node))
+    return False
+
+
 def string_value(expr: Optional[cst.BaseExpression]) -> Optional[str]:
     if isinstance(expr, cst.SimpleString):
         try:

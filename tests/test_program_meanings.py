@@ -684,6 +684,41 @@ def test_a_file_handles_devices_when_its_code_does(code, handles):
     assert file_handles_devices(context(code)) is handles
 
 
+@pytest.mark.parametrize("code,host", [
+    # a data set class that builds tensors, through torch, NumPy or its transform
+    ("import torch\nclass Rows:\n    def __getitem__(self, i):\n        return torch.as_tensor(self.rows[i])\n", True),
+    ("import numpy as np\nclass Rows:\n    def __getitem__(self, i):\n        return np.load(self.files[i])\n", True),
+    ("class Images:\n    def __getitem__(self, i):\n        return self.transform(read(self.paths[i]))\n", True),
+    # a docstring or a comment that names the device moves nothing
+    ("import torch\nclass Rows:\n    'the loop moves the rows to the device'\n    def __getitem__(self, i):\n"
+     "        return torch.as_tensor(self.rows[i])  # .cuda() in the loop\n", True),
+    # a dtype conversion is not a move
+    ("import torch\nclass Rows:\n    def __getitem__(self, i):\n        return self.rows[i].to(torch.float32)\n", True),
+    # it places its items: a move, a device argument, a device it keeps
+    ("import torch\nclass Rows:\n    def __getitem__(self, i):\n        return torch.as_tensor(self.rows[i]).cuda()\n",
+     False),
+    ("import torch\nclass Rows:\n    def __getitem__(self, i):\n        return torch.zeros(3, device=self.where)\n", False),
+    ("import torch\nclass Rows:\n    def __init__(self, device):\n        self.device = device\n"
+     "    def __getitem__(self, i):\n        return torch.as_tensor(self.rows[i], self.device)\n", False),
+    # raw text a model tokenizes and moves itself
+    ("import torch\nclass Sentences(torch.utils.data.Dataset):\n    def __getitem__(self, i):\n"
+     "        return self.lines[i]\n", False),
+])
+def test_a_data_set_yields_host_tensors_when_its_code_makes_them_and_places_none(code, host):
+    from analyzers.program.devices import yields_host_tensors
+    ctx = context(code)
+    cls = next(n for n in subtree(ctx.module) if isinstance(n, cst.ClassDef))
+    assert yields_host_tensors(cls, ctx) is host
+
+
+def test_a_name_is_used_by_code_not_spelled_in_a_string():
+    from analyzers.context import uses_name
+    assert uses_name(cst.parse_expression("[p for p in ps if p.requires_grad]"), "requires_grad")
+    assert uses_name(cst.parse_expression("x if isinstance(x, T) else y"), "isinstance")
+    assert not uses_name(cst.parse_expression("getattr(p, 'requires_grad')"), "requires_grad")
+    assert not uses_name(cst.parse_expression("x if kind == 'isinstance' else y"), "isinstance")
+
+
 @pytest.mark.parametrize("code,hands", [
     ("loader = DataLoader(ds, collate_fn=pad)\n", True),
     ("options = dict(batch_size=8, collate_fn=pad)\n", True),
@@ -783,3 +818,31 @@ def test_no_rule_decides_from_the_files_text():
                     isinstance(node.value, ast.Attribute) and node.value.attr == "ctx"):
                 found.append(f"{path.parent.name}/{path.name}:{node.lineno}")
     assert not found, f"rules read the file's text to decide; ask analyzers/program what the code does: {found}"
+
+
+def _is_code_text(expr: ast.expr, text_names: set[str]) -> bool:
+    """``ctx.module.code_for_node(x)`` (and ``.strip()`` / ``.lower()`` of it), or a variable that holds it."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+        return expr.func.attr == "code_for_node" or (
+            expr.func.attr in ("strip", "lower") and _is_code_text(expr.func.value, text_names))
+    return isinstance(expr, ast.Name) and expr.id in text_names
+
+
+def test_no_rule_searches_the_text_of_code():
+    """A rule shows code in its messages; it never decides by searching that text (``"requires_grad" in text``, a
+    regular expression over it): a string, a comment or a longer name would decide. It asks the nodes
+    (``analyzers.context.uses_name``, the program model)."""
+    found = []
+    for path in RULE_FILES:
+        tree = ast.parse(path.read_text())
+        text_names = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                      and _is_code_text(node.value, set()) for target in node.targets if isinstance(target, ast.Name)}
+        for node in ast.walk(tree):
+            searched = isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) \
+                and any(_is_code_text(c, text_names) for c in node.comparators)
+            searched = searched or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("search", "match", "fullmatch", "findall", "startswith", "endswith") and \
+                (any(_is_code_text(a, text_names) for a in node.args) or _is_code_text(node.func.value, text_names))
+            if searched:
+                found.append(f"{path.parent.name}/{path.name}:{node.lineno}")
+    assert not found, f"rules search the text of code to decide; ask the nodes what the code does: {found}"

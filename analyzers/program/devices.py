@@ -11,7 +11,7 @@ import libcst as cst
 from analyzers.context import (FileContext, code_children, iter_names, string_value, argument, call_receiver,
                                dotted_name, is_true, keyword_arg, method_name, short)
 from analyzers.program.flow import ModuleNodes, targets
-from analyzers.program.names import names_configuration
+from analyzers.program.names import last_segment, name_words, names_configuration
 from analyzers.program.library import (AUTOCAST_APIS, HALF_PRECISION_DTYPES, HALF_PRECISION_METHODS,
                                        HALF_PRECISION_SETTINGS, PRECISION_OPTIONS, STREAM_APIS, STREAM_METHODS, Does, does,
                                        is_data_parallel)
@@ -425,6 +425,37 @@ def _call_handles_device(node: cst.Call, ctx: FileContext) -> bool:
         if arg.keyword is not None and arg.keyword.value == "device":
             return True
         if isinstance(arg.value, (cst.Name, cst.Attribute)) and device_like_name(dotted_name(arg.value)):
+            return True
+    return False
+
+
+def places_on_a_device(code: cst.CSTNode, ctx: FileContext) -> bool:
+    """Does ``code`` move a value or name a device to make one on: ``.to(device)``, ``.cuda()``, ``device=``, a
+    ``device`` variable or attribute, a helper that moves (``to_device``). A ``.to(torch.float32)`` does not."""
+    for node in expression_nodes(code):
+        if isinstance(node, cst.Call) and _call_handles_device(node, ctx):
+            return True
+        name = node.value if isinstance(node, cst.Name) else node.attr.value if isinstance(node, cst.Attribute) \
+            else None
+        if name is not None and "device" in name_words(name):
+            return True
+    return False
+
+
+def yields_host_tensors(code: cst.CSTNode, ctx: FileContext) -> bool:
+    """Does ``code`` (a data set class) make tensors on the host: it uses torch or NumPy, or calls a tensor type or
+    a transform, and never places anything on a device. Not raw text a model might tokenize and move itself."""
+    if isinstance(code, cst.ClassDef):
+        code = code.body  # its bases (``torch.utils.data.Dataset``) make nothing
+    if places_on_a_device(code, ctx):
+        return False
+    for node in expression_nodes(code):
+        if isinstance(node, cst.Call):
+            words = name_words(last_segment(dotted_name(node.func)))
+            if "tensor" in words or "transform" in words:
+                return True
+        elif isinstance(node, (cst.Name, cst.Attribute)) and \
+                (ctx.qualified_name(node) or "").startswith(("torch.", "numpy.")):
             return True
     return False
 

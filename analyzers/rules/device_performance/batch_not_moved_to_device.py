@@ -19,12 +19,11 @@ from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.devices import (BatchFlow, CpuBatchUse, expression_nodes, is_cuda_device as _is_cuda_device,
                                        receiver_root as _receiver_root, observe_assign as _observe_assign,
-                                       chain_top as _chain_top, to_moves_device as _to_moves_device)
+                                       chain_top as _chain_top, to_moves_device as _to_moves_device,
+                                       places_on_a_device, yields_host_tensors)
 
 
 _CPU_DATASETS = ("torchvision.", "torchaudio.")
-_MOVES_IN_TEXT = re.compile(r"\.(?:to|cuda)\s*\(|device")
-_MAKES_TENSORS = re.compile(r"torch\.|[Tt]ensor|transform|numpy|np\.")
 
 
 def _target_paths(target: cst.BaseExpression) -> list[str]:
@@ -272,6 +271,41 @@ class BatchNotMovedToDevice(Rule):
             """,
             line=14, message="`self.model`",
         ),
+        # arrays converted to another dtype stay on the host: ``.to(torch.float32)`` is not a move
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+            device = torch.device("cuda")
+            model = Regressor().to(device)
+            features = torch.from_numpy(table).to(torch.float32)
+            targets = torch.from_numpy(prices).to(torch.float32)
+            loader = DataLoader(TensorDataset(features, targets), batch_size=32, shuffle=True)
+            for x, y in loader:
+                loss = criterion(model(x), y)
+            """,
+            line=10, message="`x` from `loader` reaches `model(...)`",
+        ),
+        # a data set class of the file that makes host tensors: a docstring naming the device moves nothing
+        Invalid(
+            """
+            import torch
+            from torch.utils.data import DataLoader, Dataset
+            class Windows(Dataset):
+                '''Sliding windows of a series; the training loop is meant to move them to the device.'''
+                def __init__(self, series):
+                    self.series = torch.as_tensor(series)
+                def __len__(self):
+                    return len(self.series) - 8
+                def __getitem__(self, i):
+                    return self.series[i:i + 8], self.series[i + 8]
+            model = Forecaster().cuda()
+            loader = DataLoader(Windows(values), batch_size=16)
+            for window, target in loader:
+                prediction = model(window)
+            """,
+            line=15, message="`window` from `loader` reaches `model(...)`",
+        ),
     ]
 
     def __init__(self, ctx: FileContext) -> None:
@@ -345,9 +379,10 @@ class BatchNotMovedToDevice(Rule):
         loader = short(ctx, entry.iterable, 40)
         if method_name(move) == "to":
             target = keyword_arg(move, "device")
-            device = ctx.module.code_for_node(target.value if target is not None else move.args[0].value)
+            device_node = target.value if target is not None else move.args[0].value
+            device = ctx.module.code_for_node(device_node)
             moved_to = f"`.to({device})`"
-            device = self._device_in_loop(device, move, entry)
+            device = self._device_in_loop(device_node, device, move, entry)
             copy = f".to({device})"
         else:
             device, moved_to, copy = "the GPU", "`.cuda()`", ".cuda()"
@@ -369,10 +404,12 @@ class BatchNotMovedToDevice(Rule):
                 f"tensors, so where CUDA is available the forward raises \"Expected all tensors to be on the same "
                 f"device\"; {fix}")
 
-    def _device_in_loop(self, device: str, move: cst.Call, entry: _LoaderLoop) -> str:
+    def _device_in_loop(self, device_node: cst.BaseExpression, device: str, move: cst.Call,
+                        entry: _LoaderLoop) -> str:
         """The device as the loop can spell it: ``self.device`` for a trainer whose ``__init__`` moved the model with
         its ``device`` parameter and kept it (``self.device = device``)."""
-        if entry.cls is None or self._function_of(move) is entry.fn or "." in device:
+        if entry.cls is None or self._function_of(move) is entry.fn or \
+                not isinstance(device_node, cst.Name):
             return device
         for node in expression_nodes(entry.cls.body):
             if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Name) and \
@@ -455,15 +492,11 @@ class BatchNotMovedToDevice(Rule):
                     value = assignment_before(ctx, loader, dotted_name(value) or "", unpacked=True)
                     if value is None:
                         return False
-                if _MOVES_IN_TEXT.search(ctx.module.code_for_node(value)):
+                if places_on_a_device(value, ctx):
                     return False
             return True
         cls = self._class_in_file(called, ctx)
-        if cls is None:
-            return False
-        text = ctx.module.code_for_node(cls)
-        # it never names a device, and it makes tensors (not raw text a model might tokenize and move itself)
-        return not _MOVES_IN_TEXT.search(text) and _MAKES_TENSORS.search(text) is not None
+        return cls is not None and yields_host_tensors(cls, ctx)
 
     @staticmethod
     def _plain_options(expr: cst.BaseExpression, loader: cst.Call, ctx: FileContext) -> bool:

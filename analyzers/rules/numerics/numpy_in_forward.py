@@ -11,7 +11,8 @@ from analyzers.context import (
     all_children,
     FileContext,
     short,
-    dotted_name)
+    dotted_name,
+    uses_name)
 from analyzers.markdown import code_span, named
 from analyzers.program.flow import subtree
 from analyzers.program.graphs import detached_side_output, flows_back_into_result, taken_off_graph
@@ -460,7 +461,7 @@ class NumpyInForward(Rule):
                 return
 
     def _found(self, state: _NumpyState, node: cst.Call, message: str) -> None:
-        if any(isinstance(a, (cst.IfExp, cst.If)) and "isinstance" in self.ctx.module.code_for_node(a.test)
+        if any(isinstance(a, (cst.IfExp, cst.If)) and uses_name(a.test, "isinstance")
                for a in self.ctx.ancestors(node)):
             return  # type dispatch (``x if isinstance(x, np.ndarray) else x.numpy()``): other runtimes' outputs
         if self.ctx.in_no_grad() or any("inference" in d or "no_grad" in d

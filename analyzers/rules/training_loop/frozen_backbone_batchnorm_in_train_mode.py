@@ -10,7 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, call_receiver, dotted_name, is_false, is_true, \
-    method_name, short
+    method_name, short, uses_name
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.flow import exclusive_branches, subtree
@@ -446,11 +446,11 @@ class FrozenBatchNormInTrainMode(Rule):
         """``X.parameters()`` given to an optimizer (``optim.SGD(...)``, a param group) or to ``zip``."""
         for ancestor in ctx.ancestors(node):
             if isinstance(ancestor, (cst.ListComp, cst.GeneratorExp)) and any(
-                    "requires_grad" in ctx.module.code_for_node(clause) for clause in ancestor.for_in.ifs):
+                    uses_name(clause, "requires_grad") for clause in ancestor.for_in.ifs):
                 return False  # ``[p for p in X.parameters() if p.requires_grad]``: the frozen ones are left out
             if isinstance(ancestor, cst.Call):
                 callee = dotted_name(ancestor.func) or ""
-                if callee == "filter" and "requires_grad" in ctx.module.code_for_node(ancestor.args[0]):
+                if callee == "filter" and ancestor.args and uses_name(ancestor.args[0], "requires_grad"):
                     return False
                 last = callee.rsplit(".", 1)[-1]
                 if last == "zip" or last[:1].isupper() or (ctx.qualified_name(ancestor.func) or "").startswith(

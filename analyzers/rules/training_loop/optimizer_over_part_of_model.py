@@ -9,7 +9,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, argument, call_receiver, dotted_name, method_name, short
+from analyzers.context import FileContext, argument, call_receiver, dotted_name, method_name, short, uses_name
 from analyzers.markdown import code_span
 from analyzers.model import Category, Severity
 from analyzers.program.freezing import class_freezes_or_stops_gradient, program_freezes
@@ -228,8 +228,8 @@ class OptimizerOverPartOfTrainedModel(Rule):
                     return True
                 if last != "filter":
                     return False
-            elif isinstance(ancestor, (cst.GeneratorExp, cst.ListComp)) and "numel" in \
-                    ctx.module.code_for_node(ancestor.elt):
+            elif isinstance(ancestor, (cst.GeneratorExp, cst.ListComp)) and \
+                    uses_name(ancestor.elt, "numel"):
                 return True
             elif isinstance(ancestor, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
                 return False
