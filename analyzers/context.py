@@ -548,6 +548,15 @@ class FileContext:
         return False
 
     @property
+    def python_tree(self) -> Optional[ast.Module]:
+        """The file's ``ast`` tree, parsed once and shared (read it, never change it); None where Python's own
+        parser refuses what libcst read."""
+        try:
+            return parse_ast(self.source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+
+    @property
     def module_classes_in_file(self) -> set[str]:
         cached = getattr(self, "_module_classes", None)
         if cached is None:

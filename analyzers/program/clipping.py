@@ -23,7 +23,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, dotted_name, literal_bool, method_name, parse_ast
+from analyzers.context import FileContext, dotted_name, literal_bool, method_name
 from analyzers.program.flow import ModuleNodes, subtree
 from analyzers.program.loops import functions_that
 from analyzers.program.library import CLIPPING_APIS, CLIPPING_OPTIONS, METHODS, Does, does, is_library, method_does
@@ -115,9 +115,8 @@ class ClippingFacts:
 
     def _own_functions(self) -> set[str]:
         """This file's functions that clip (its top-level functions and its classes' methods)."""
-        try:
-            tree = parse_ast(self.ctx.source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = self.ctx.python_tree
+        if tree is None:
             return set()
         found = clipping_functions(tree)
         for node in tree.body:

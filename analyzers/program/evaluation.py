@@ -9,7 +9,7 @@ from typing import Optional
 import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
-from analyzers.program.builds import built_module, passed_module
+from analyzers.program.builds import BuiltModule, built_module, passed_module
 from analyzers.program.flow import attribute_values, subtree
 from analyzers.program.graphs import output_taken_off_graph
 from analyzers.program.library import method_returns_same_module

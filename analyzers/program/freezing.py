@@ -13,7 +13,7 @@ from typing import Optional
 
 import libcst as cst
 
-from analyzers.context import FileContext, parse_ast
+from analyzers.context import FileContext
 from analyzers.program.flow import ModuleNodes
 from analyzers.program.library import FROZEN_NORM_LAYERS, NORM_FREEZING_OPTIONS, NORM_LAYERS_WITH_STATS
 from analyzers.program.loops import functions_that
@@ -139,9 +139,8 @@ def program_fixes_batchnorm_statistics(ctx: FileContext) -> bool:
     BatchNorm layer (:data:`FROZEN_NORM_LAYERS`), BatchNorm built without running statistics, a norm-freezing option,
     code that puts BatchNorm modules in eval mode, or a function of the repository it calls that does
     (``model.apply(set_bn_eval)`` with ``set_bn_eval`` in ``utils.py``)?"""
-    try:
-        tree = parse_ast(ctx.source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = ctx.python_tree
+    if tree is None:
         return False
     if _fixes_batchnorm_statistics(tree):
         return True
@@ -155,9 +154,8 @@ def program_fixes_batchnorm_statistics(ctx: FileContext) -> bool:
 def program_freezes(ctx: FileContext) -> bool:
     """Does the analyzed program freeze parameters: in this file's code, or through a function it calls, its own
     or one it imports from the repository (``freeze(model.backbone)`` with ``freeze`` in ``utils.py``)?"""
-    try:
-        tree = parse_ast(ctx.source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = ctx.python_tree
+    if tree is None:
         return False
     if file_freezes(tree):
         return True
@@ -169,9 +167,8 @@ def class_freezes_or_stops_gradient(name: str, ctx: FileContext) -> Optional[boo
     """Does the model class ``name`` (this file's, or the repository's) cut part of itself out of the graph, or does
     the file that defines it freeze parameters? None when the class is not found."""
     if name in ctx.module_classes_in_file:
-        try:
-            tree = parse_ast(ctx.source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = ctx.python_tree
+        if tree is None:
             return None
         cls = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == name), None)
         return None if cls is None else stops_gradient(cls)  # this file's freezes are asked of the program

@@ -19,7 +19,6 @@ A file with none of these keeps its findings' severities: a training script, an 
 from __future__ import annotations
 
 import math
-import sys
 from functools import cached_property
 from typing import TYPE_CHECKING, Optional
 

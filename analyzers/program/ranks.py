@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from analyzers.context import (NODE_TYPES, FileContext, all_children, argument, code_children, dotted_name,
-                               parse_ast, string_value)
+                               string_value)
 from analyzers.program.devices import expression_nodes
 from analyzers.program.flow import module_function, small_statements
 from analyzers.program.library import (DISTRIBUTED_PACKAGES, RANK_ATTRIBUTES, RANK_ENVIRONMENT, RANK_PREDICATE_NAMES,
@@ -291,9 +291,8 @@ def print_kept_to_one_process(ctx: FileContext) -> bool:
     """Does the program replace the built-in ``print`` (the way launch helpers keep it to the main process): at the
     file's top level, or through a function it calls, its own or one it imports from the repository? Then a bare
     ``print(...)`` prints on one process, not on every rank."""
-    try:
-        tree = parse_ast(ctx.source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = ctx.python_tree
+    if tree is None:
         return False
     aliases = _builtins_aliases(tree)
     top_level = [node for statement in tree.body if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef,
