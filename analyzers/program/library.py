@@ -213,12 +213,10 @@ APIS: dict[str, Api] = {
        for name in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")},
     "torch.utils.data.TensorDataset": _api("https://pytorch.org/docs/stable/data.html#torch.utils.data.TensorDataset"
                                            " (wraps tensors already in memory)", Does.HOLDS_DATA_IN_MEMORY),
-    # torchvision's MNIST family loads the whole (70k x 28 x 28) set into one tensor when built; CIFAR-10/100, SVHN
-    # and USPS read their files into one array (``.data``) when built, and an item is a slice of it (the
-    # transform, given third or by keyword, is what an item may cost)
+    # torchvision's MNIST family loads the whole (70k x 28 x 28) set into one tensor when built
     **{f"torchvision.datasets.{name}": _api(f"https://pytorch.org/vision/stable/generated/torchvision.datasets"
                                             f".{name}.html", Does.HOLDS_DATA_IN_MEMORY)
-       for name in ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST", "CIFAR10", "CIFAR100", "SVHN", "USPS")},
+       for name in ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST")},
     # a tensor is itself a map-style data set (``__getitem__`` indexes its first dimension) held in memory
     **{f"torch.{name}": _api("https://pytorch.org/docs/stable/data.html#map-style-datasets (a tensor built in "
                              "memory, indexed by its first dimension)", Does.HOLDS_DATA_IN_MEMORY)

@@ -24,7 +24,7 @@ class DataLoaderNoWorkers(_LoaderRule):
     what = """
         Flags a training `DataLoader` (`shuffle=True`, or a dataset/loader named `train*`) that
         does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA. A data
-        set the program model knows to be in memory is skipped (`TensorDataset`, torchvision's MNIST family, CIFAR, SVHN and USPS without random augmentation, or a
+        set the program model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a
         `Dataset` class of the repository whose `__getitem__` only indexes what it holds).
     """
     why = """
@@ -63,11 +63,6 @@ class DataLoaderNoWorkers(_LoaderRule):
         "train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)\n"
         "test_loader = DataLoader(test_folder, batch_size=64, shuffle=True)\n"
         "for x, y in train_loader:\n    x = x.cuda()\n",
-        # CIFAR-10 is read into one array when built: an item without augmentation is a slice of it
-        "import torch, torchvision\nimport torchvision.transforms as T\nfrom torch.utils.data import DataLoader\n"
-        "train_set = torchvision.datasets.CIFAR10('data', True, T.Compose([T.ToTensor(), T.Normalize(mean, std)]))\n"
-        "train_loader = DataLoader(train_set, batch_size=128, shuffle=True)\n"
-        "for x, y in train_loader:\n    x = x.cuda()\n",
         "import torch\nfrom torch.utils.data import DataLoader\n"
         "loader = DataLoader(train_ds, batch_size=32, shuffle=True, num_workers=8)\nmodel.cuda()\n",
         "import torch\nfrom torch.utils.data import DataLoader\n"
@@ -86,11 +81,6 @@ class DataLoaderNoWorkers(_LoaderRule):
               "loader = DataLoader(ds, 10, False, None, None, 2)\n", select=("TOR401",)),
     ]
     INVALID = [
-        # in memory, but every item is randomly cropped and flipped: that work is what workers take off the step
-        Invalid("import torch\nfrom torchvision import datasets, transforms as T\nfrom torch.utils.data import DataLoader\n"
-                "augment = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor()])\n"
-                "train_loader = DataLoader(datasets.CIFAR100('data', transform=augment), batch_size=128, shuffle=True)\n"
-                "for x, y in train_loader:\n    x = x.cuda()\n", line=5),
         # its __getitem__ opens an image file per item
         Invalid("import torch\nfrom PIL import Image\nfrom torch.utils.data import Dataset, DataLoader\nclass Photos(Dataset):\n"
                 "    def __init__(self, paths):\n        self.paths = paths\n"

@@ -23,7 +23,7 @@ class MissingPinMemory(_LoaderRule):
     what = """
         Flags a `DataLoader` without `pin_memory=True` (absent or `False`) in a script whose
         loop copies batches to the GPU (`batch.to(device)`, `x.cuda()`...). A data set the program
-        model knows to be in memory is skipped (`TensorDataset`, torchvision's MNIST family, CIFAR, SVHN and USPS without random augmentation, or a `Dataset` class
+        model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a `Dataset` class
         of the repository whose `__getitem__` only indexes what it holds).
     """
     why = """
