@@ -318,6 +318,9 @@ RESTORE_THEN_TRAIN = """
     ("os.path.join(folder, 'pair.bin')", "os.path.join(folder, 'pair.bin')", False),
     ("opts.resume", "'state/pair.bin'", False),
     ("f'state/{tag}.bin'", "f'state/{tag}.bin'", False),
+    # an f-string with nothing to fill in is spelled whole too
+    ("'state/pair.bin'", "f'./state/pair.bin'", True),
+    ("f'state/{{pair}}.bin'", "'state/{pair}.bin'", False),
 ])
 def test_a_fixed_file_the_program_saves_to_is_its_own_whatever_the_order(load, save, fixed):
     ctx = context(RESTORE_THEN_TRAIN.format(load=load, save=save))
@@ -1146,3 +1149,20 @@ def test_a_script_loading_what_its_notebook_saved_is_judged_as_reloading_its_own
 def test_a_module_keeping_a_tensor_with_its_graph_from_one_call_to_the_next(forward, kept):
     code = "import torch\nimport torch.nn as nn\nclass Cell(nn.Module):\n" + forward
     assert ("carries-state" in summarize(code, "x.py").classes["Cell"].features) is kept
+
+
+@pytest.mark.parametrize("code, forwards", [
+    # the function's own **kwargs, handed on: its callers choose the keywords
+    ("def load(f, **kwargs):\n    return torch.load(f, **kwargs)\n", True),
+    # a dict the function builds: the keywords are in view, not its callers'
+    ("def load(f, **kwargs):\n    opts = dict(kwargs)\n    return torch.load(f, **opts)\n", False),
+    ("def load(f, **kwargs):\n    kwargs = {'map_location': 'cpu'}\n    return torch.load(f, **kwargs)\n", False),
+    ("def load(f, opts):\n    return torch.load(f, **opts)\n", False),
+    ("def load(f, **kwargs):\n    return torch.load(f)\n", False),
+])
+def test_a_call_forwards_its_callers_keywords_only_through_its_own_double_star_parameter(code, forwards):
+    from analyzers.program.values import forwards_callers_keywords
+
+    ctx = context("import torch\n" + code)
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert forwards_callers_keywords(ctx, call) is forwards

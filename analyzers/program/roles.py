@@ -619,12 +619,22 @@ def _constant_path(expr: cst.BaseExpression) -> Optional[str]:
     if isinstance(expr, cst.Call) and dotted_name(expr.func) in ("os.path.join", "path.join"):
         if not expr.args or any(arg.star or arg.keyword is not None for arg in expr.args):
             return None
-        values = [string_value(arg.value) for arg in expr.args]
+        values = [_constant_text(arg.value) for arg in expr.args]
     else:
-        values = [string_value(expr)]
+        values = [_constant_text(expr)]
     if not all(values):
         return None
     return os.path.normpath(os.path.join(*values))
+
+
+def _constant_text(expr: cst.BaseExpression) -> Optional[str]:
+    """The text of a string spelled whole: a plain literal, or an f-string with no placeholder in it
+    (``f"./net.pth"`` names the same file as ``"net.pth"``)."""
+    if isinstance(expr, cst.FormattedString):
+        text = "".join(part.value for part in expr.parts if isinstance(part, cst.FormattedStringText))
+        whole = all(isinstance(part, cst.FormattedStringText) for part in expr.parts) and "{" not in text
+        return text if whole else None
+    return string_value(expr)
 
 
 def _normalized(ctx: "FileContext", expr: cst.CSTNode) -> str:

@@ -13,7 +13,7 @@ from analyzers.program.library import Does, does
 from analyzers.program.origins import Outside, path_outside_origin
 from analyzers.program.payloads import LoadedPayloads
 from analyzers.program.roles import collects_tests, describe, unrestricted_load_beside
-from analyzers.program.values import called_functions, unpacked_keyword
+from analyzers.program.values import called_functions, forwards_callers_keywords, unpacked_keyword
 from analyzers.program.versions import VersionFacts
 from analyzers.rules.base import Invalid, Rule
 
@@ -43,7 +43,9 @@ class UnsafeTorchLoad(Rule):
         program hands to a function's saving parameter (`fit(..., best_model_save_path='top.pt')`,
         whether the function is defined in the file or imported), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
-        `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
+        `except TypeError:` fallback for torch builds that lack the `weights_only` keyword, and a wrapper
+        of `torch.load` that hands on the keywords its own callers give (`**kwargs`): whether they pass
+        `weights_only` is theirs to say.
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
@@ -122,8 +124,13 @@ class UnsafeTorchLoad(Rule):
         # restored from the fixed file its own training loop saves to: what an earlier run of it left there
         "import torch\ntry:\n    net = torch.load('saved/net.pkl')\nexcept OSError:\n    net = Net()\n"
         "for epoch in range(5):\n    fit(net)\n    torch.save(net, 'saved/net.pkl')\n",
+        # the same fixed file, saved through an f-string with nothing to fill in and read back without the ./
+        "import torch\nif resume:\n    net.load_state_dict(torch.load('weights_final.pt'))\n"
+        "for epoch in range(9):\n    step(net)\n    torch.save(net.state_dict(), f'./weights_final.pt')\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
+        # a wrapper of torch.load that hands on whatever keywords its callers give (weights_only among them)
+        "import torch\ndef load_on_cpu(f, **options):\n    return torch.load(f, map_location='cpu', **options)\n",
         # the fallback for torch builds without the keyword
         "import torch\ntry:\n    sd = torch.load(p, map_location='cpu', weights_only=True)\nexcept TypeError:\n"
         "    sd = torch.load(p, map_location='cpu')\n",
@@ -163,6 +170,9 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch\nstate = torch.load(args.ckpt)\n", line=2, message="the torch < 2.6 the repository pins",
                 requirements="torch==1.12.1\n"),
         Invalid("import torch.serialization\nsd = torch.serialization.load(p)\n", line=2),
+        # keywords unpacked from a dict the function builds itself, not from its callers: weights_only is not among them
+        Invalid("import torch\ndef restore(f, **options):\n    settings = dict(map_location='cpu')\n"
+                "    return torch.load(f, **settings)\n", line=4),
         # the same file name, but read from a directory the user names (features dumped by another run)
         Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
                 "feats = torch.load(os.path.join(args.load_dir, 'feat.pth'))\n", line=3),
@@ -242,6 +252,8 @@ class UnsafeTorchLoad(Rule):
             return
         if passed is not None and not is_false(passed):
             return  # a variable: the author decides at run time; nothing mechanical to say
+        if passed is None and forwards_callers_keywords(ctx, node):
+            return  # a wrapper handing on its callers' keywords: whether they pass weights_only is theirs to say
         # a call of a function chosen at run time, or options unpacked from a dict: no edit of this call fits
         fixable = ctx.call_name(node) is not None and (weights_only is not None or passed is None)
         if ctx.in_context_manager(*SAFE_GLOBALS) or in_compat_fallback(ctx, node):
