@@ -15,7 +15,7 @@ from analyzers.program.payloads import LoadedPayloads
 from analyzers.program.roles import collects_tests, describe, unrestricted_load_beside
 from analyzers.program.values import called_functions, forwards_callers_keywords, unpacked_keyword
 from analyzers.program.versions import VersionFacts
-from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.base import Invalid, Rule, Valid
 
 
 # torch.load defaults to weights_only=True from this release on (unless a pickle_module is passed)
@@ -45,7 +45,9 @@ class UnsafeTorchLoad(Rule):
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
         `except TypeError:` fallback for torch builds that lack the `weights_only` keyword, and a wrapper
         of `torch.load` that hands on the keywords its own callers give (`**kwargs`): whether they pass
-        `weights_only` is theirs to say.
+        `weights_only` is theirs to say. Also the program's own: a file that a function or class of the
+        repository saves into a folder it is handed, when this function handed it that folder before the
+        load (an early-stopping helper's best weights, reloaded once training ends).
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
@@ -127,6 +129,13 @@ class UnsafeTorchLoad(Rule):
         # the same fixed file, saved through an f-string with nothing to fill in and read back without the ./
         "import torch\nif resume:\n    net.load_state_dict(torch.load('weights_final.pt'))\n"
         "for epoch in range(9):\n    step(net)\n    torch.save(net.state_dict(), f'./weights_final.pt')\n",
+        # the best weights an early-stopping helper saved into the folder this function handed it, reloaded after
+        # training (the helper may live in another module of the repository)
+        Valid("import torch\nclass KeepBest:\n    def __call__(self, score, net, where):\n"
+              "        torch.save(net.state_dict(), where + '/top.pth')\n"
+              "def train(net, folder):\n    keeper = KeepBest()\n    for epoch in range(9):\n"
+              "        keeper(step(net), net, folder)\n    net.load_state_dict(torch.load(folder + '/top.pth'))\n",
+              requirements="numpy\n"),
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # a wrapper of torch.load that hands on whatever keywords its callers give (weights_only among them)
@@ -176,6 +185,12 @@ class UnsafeTorchLoad(Rule):
         # the same file name, but read from a directory the user names (features dumped by another run)
         Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
                 "feats = torch.load(os.path.join(args.load_dir, 'feat.pth'))\n", line=3),
+        # the helper saves into the folder it is handed, but this function hands it another one
+        Invalid("import torch\nclass KeepBest:\n    def __call__(self, score, net, where):\n"
+                "        torch.save(net.state_dict(), where + '/top.pth')\n"
+                "def train(net, folder, out):\n    keeper = KeepBest()\n    for epoch in range(9):\n"
+                "        keeper(step(net), net, out)\n    net.load_state_dict(torch.load(folder + '/top.pth'))\n",
+                line=9, requirements="numpy\n"),
         # a path attribute of an object the library table does not know as a checkpoint callback
         Invalid("import torch\nrun = fetch_run(args.run_id)\nweights = torch.load(run.best_model_path)\n", line=3),
         # the same template, but the slot picks the folder: another run's files, wherever it wrote them
