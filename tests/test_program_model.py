@@ -318,6 +318,9 @@ RESTORE_THEN_TRAIN = """
     ("os.path.join(folder, 'pair.bin')", "os.path.join(folder, 'pair.bin')", False),
     ("opts.resume", "'state/pair.bin'", False),
     ("f'state/{tag}.bin'", "f'state/{tag}.bin'", False),
+    # an f-string with nothing to fill in is spelled whole too
+    ("'state/pair.bin'", "f'./state/pair.bin'", True),
+    ("f'state/{{pair}}.bin'", "'state/{pair}.bin'", False),
 ])
 def test_a_fixed_file_the_program_saves_to_is_its_own_whatever_the_order(load, save, fixed):
     ctx = context(RESTORE_THEN_TRAIN.format(load=load, save=save))
@@ -1146,3 +1149,55 @@ def test_a_script_loading_what_its_notebook_saved_is_judged_as_reloading_its_own
 def test_a_module_keeping_a_tensor_with_its_graph_from_one_call_to_the_next(forward, kept):
     code = "import torch\nimport torch.nn as nn\nclass Cell(nn.Module):\n" + forward
     assert ("carries-state" in summarize(code, "x.py").classes["Cell"].features) is kept
+
+
+@pytest.mark.parametrize("code, forwards", [
+    # the function's own **kwargs, handed on: its callers choose the keywords
+    ("def load(f, **kwargs):\n    return torch.load(f, **kwargs)\n", True),
+    # a dict the function builds: the keywords are in view, not its callers'
+    ("def load(f, **kwargs):\n    opts = dict(kwargs)\n    return torch.load(f, **opts)\n", False),
+    ("def load(f, **kwargs):\n    kwargs = {'map_location': 'cpu'}\n    return torch.load(f, **kwargs)\n", False),
+    ("def load(f, opts):\n    return torch.load(f, **opts)\n", False),
+    ("def load(f, **kwargs):\n    return torch.load(f)\n", False),
+])
+def test_a_call_forwards_its_callers_keywords_only_through_its_own_double_star_parameter(code, forwards):
+    from analyzers.program.values import forwards_callers_keywords
+
+    ctx = context("import torch\n" + code)
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert forwards_callers_keywords(ctx, call) is forwards
+
+
+SAVER = ("import torch\nclass KeepBest:\n    def __init__(self, patience):\n        self.best = None\n"
+         "    def __call__(self, score, net, folder):\n        if self.best is None or score < self.best:\n"
+         "            self.best = score\n            self.store(net, folder)\n"
+         "    def store(self, net, folder):\n        torch.save(net.state_dict(), folder + '/top.pth')\n")
+
+
+@pytest.mark.parametrize("fit, self_written", [
+    # the helper, handed the run's folder in the loop, saves top.pth there: reloaded after training
+    ("keeper = KeepBest(3)\n    for epoch in range(9):\n        keeper(step(net), net, folder)\n"
+     "    best = folder + '/' + 'top.pth'\n    net.load_state_dict(torch.load(best))\n", True),
+    ("for epoch in range(9):\n        dump(step(net), net, folder)\n"
+     "    net.load_state_dict(torch.load(os.path.join(folder, 'top.pth')))\n", True),
+    # another file name than the one the helper writes
+    ("keeper = KeepBest(3)\n    for epoch in range(9):\n        keeper(step(net), net, folder)\n"
+     "    net.load_state_dict(torch.load(folder + '/other.pth'))\n", False),
+    # the folder is never handed to the helper: whoever runs it chose where to read
+    ("keeper = KeepBest(3)\n    for epoch in range(9):\n        keeper(step(net), net, out)\n"
+     "    net.load_state_dict(torch.load(folder + '/top.pth'))\n", False),
+    # a resume before the helper is ever called: the file comes from an earlier run
+    ("net.load_state_dict(torch.load(folder + '/top.pth'))\n    keeper = KeepBest(3)\n"
+     "    keeper(step(net), net, folder)\n", False),
+])
+def test_a_file_a_repository_helper_saves_into_a_folder_it_is_handed_is_the_programs_own(tmp_path, fit,
+                                                                                         self_written):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "helpers.py").write_text(SAVER + "def dump(score, net, where):\n"
+                                         "    torch.save(net.state_dict(), os.path.join(where, 'top.pth'))\n")
+    code = "import os\nimport torch\nfrom helpers import KeepBest, dump\ndef train(net, folder):\n    " + fit
+    (tmp_path / "run.py").write_text(code)
+    ctx = context(code, path=str(tmp_path / "run.py"), repository=RepositoryIndex(tmp_path))
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    path = call.args[0].value
+    assert ctx.facts(CheckpointWrites).written_before_loaded(path, ctx.origin(path)) is self_written

@@ -342,6 +342,8 @@ class EvaluationPaths:
         if model is None or (model == "self" and not own) or model.startswith("super"):
             return
         head = model.split(".", 1)[0]
+        if _lambda_parameter(ctx, node, head):
+            return  # ``lambda model, x: model(x)``: an adapter whose caller hands it the model, in whatever mode
         if head == "self":
             # a model an object holds (``self.model``): its owner's caller decides the mode, so what this code does
             # with it (a loop over data keeping only numbers) says nothing on its own
@@ -645,6 +647,20 @@ def bound_locally(head: str, ctx: FileContext) -> bool:
             continue
         if head in scope.bindings:
             return True
+    return False
+
+
+def _lambda_parameter(ctx: FileContext, node: cst.CSTNode, name: str) -> bool:
+    """Is ``name`` a parameter of a lambda around ``node``? The lambda's body runs where it is called, on what its
+    caller hands it (a default ``model_fn=lambda model, x: model(x)`` runs inside the step that set the mode)."""
+    for ancestor in ctx.ancestors(node):
+        if isinstance(ancestor, cst.FunctionDef):
+            return False
+        if isinstance(ancestor, cst.Lambda):
+            params = ancestor.params
+            if any(param.name.value == name for param in [*params.posonly_params, *params.params,
+                                                          *params.kwonly_params]):
+                return True
     return False
 
 

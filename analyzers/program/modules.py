@@ -123,6 +123,8 @@ class FileSummary:
     star_imports: list[tuple[str, int]] = field(default_factory=list)
     module_layers: dict[str, Layer] = field(default_factory=dict)  # D = nn.Sequential(..., nn.Sigmoid())
     saved_names: set[str] = field(default_factory=set)  # file names given literally to torch.save
+    # functions and classes that save a checkpoint into a folder they are handed: name -> the file names
+    folder_savers: dict[str, frozenset[str]] = field(default_factory=dict)
     # what its checkpoints hold that weights_only=True refuses (a whole module, a Namespace, NumPy arrays)
     refused_payloads: set[Payload] = field(default_factory=set)
     reads_data: bool = False  # reads a data set (files, a dataset library, a download): see READS_DATA
@@ -474,6 +476,35 @@ def _saved_names(nodes: list[ast.AST]) -> set[str]:
     return names
 
 
+def _folder_savers(tree: ast.Module) -> dict[str, frozenset[str]]:
+    """The module-level functions and classes of a file that ``torch.save`` into a folder they are handed: the save's
+    path joins one of the function's (or one of the class's methods') parameters with a literal file name
+    (``def keep_best(self, score, model, folder): torch.save(model.state_dict(), folder + '/best.pth')``). A caller
+    that hands such a function, or an object of such a class, a folder has that file written there."""
+    found: dict[str, frozenset[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            functions = [node]
+        elif isinstance(node, ast.ClassDef):
+            functions = [item for item in node.body if isinstance(item, ast.FunctionDef)]
+        else:
+            continue
+        names: set[str] = set()
+        for fn in functions:
+            arguments = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+            params = {a.arg for a in arguments} - {"self", "cls"}
+            for call in _walk(fn):
+                if not (isinstance(call, ast.Call) and _dotted(call.func) in ("torch.save", "save") and len(call.args) > 1):
+                    continue
+                parts = list(_walk(call.args[1]))
+                if any(isinstance(part, ast.Name) and part.id in params for part in parts):
+                    names |= {part.value.rsplit("/", 1)[-1] for part in parts if isinstance(part, ast.Constant)
+                              and isinstance(part.value, str) and "." in part.value.rsplit("/", 1)[-1]}
+        if names:
+            found[node.name] = frozenset(names)
+    return found
+
+
 def notebook_saved_names(data: bytes) -> set[str]:
     """:func:`_saved_names` over the code cells of a notebook's JSON, each cell read as IPython runs it; a cell
     that does not parse says nothing, an unreadable notebook nothing at all."""
@@ -540,6 +571,8 @@ def summarize(source: str, path: str) -> FileSummary:
             if isinstance(node, ast.ClassDef) and node.name in summary.classes:
                 summary.classes[node.name].stops_gradient = stops_gradient(node)
     summary.saved_names = _saved_names(nodes)
+    if summary.saved_names:
+        summary.folder_savers = _folder_savers(tree)
     if "save" in source:
         summary.refused_payloads = _refused_payloads(nodes)
     for name, extra in appended.items():

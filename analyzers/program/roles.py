@@ -323,6 +323,8 @@ class CheckpointWrites:
         there later) does not count: that file comes from an earlier run, from wherever the path points."""
         if self.names_a_file_training_wrote(path) or (origin is not None and self.names_a_file_training_wrote(origin)):
             return True
+        if any(self.handed_to_a_saver(expr, path) for expr in (path, origin) if expr is not None):
+            return True  # the very folder it reads was handed to the helper that wrote the file there
         candidates = [path] + ([origin] if origin is not None else [])
         for expr in candidates:
             text = _normalized(self.ctx, expr)
@@ -385,6 +387,43 @@ class CheckpointWrites:
             left, right = self._spell(expr.left, at, depth), self._spell(expr.right, at, depth)
             return None if left is None or right is None else f"{left}{_normalized(self.ctx, expr.operator)}{right}"
         return _normalized(self.ctx, expr)
+
+    def handed_to_a_saver(self, path: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """Does ``path`` name a file that a function of the repository wrote into a folder this function handed it
+        before the load at ``at``? The path joins one folder name and a file name (``folder + '/best.pth'``,
+        ``os.path.join(folder, 'best.pth')``), and a call before it in the same function (or in a loop around both)
+        hands that folder to a function, a class or an object built from a class, that saves that file name into
+        a folder it is handed (``FileSummary.folder_savers``): an early-stopping helper that keeps the best
+        weights, reloaded once training ends."""
+        if isinstance(path, cst.Name):
+            value = assignment_before(self.ctx, at, path.value)
+            if value is None:
+                return False
+            path = value
+        folders = _value_names(path)
+        files = self.literals(path, depth=0)
+        if len(folders) != 1 or not files:
+            return False
+        [folder] = folders
+        fn = _function_of(self._ancestry(at))
+        if not isinstance(fn, cst.FunctionDef):
+            return False
+        from analyzers.program.modules import ModuleFacts  # modules needs this module
+
+        facts = self.ctx.facts(ModuleFacts)
+        for call in subtree(fn):
+            if not isinstance(call, cst.Call) or not any(dotted_name(arg.value) == folder for arg in call.args):
+                continue
+            callee = dotted_name(call.func)
+            if callee is None or callee.startswith("self."):
+                continue
+            built = assignment_before(self.ctx, call, callee) if "." not in callee else None
+            if isinstance(built, cst.Call) and dotted_name(built.func) is not None:
+                callee = dotted_name(built.func)  # an object built from a class: what the class's methods save
+            saved = facts.marked_function(callee, lambda summary: summary.folder_savers)
+            if saved and files & saved and self._saved_first(call, at):
+                return True
+        return False
 
     def writes_fixed_path(self, path: cst.BaseExpression) -> bool:
         """Is ``path`` one fixed file of this program's own: a constant string (no name, option or template slot
@@ -619,12 +658,22 @@ def _constant_path(expr: cst.BaseExpression) -> Optional[str]:
     if isinstance(expr, cst.Call) and dotted_name(expr.func) in ("os.path.join", "path.join"):
         if not expr.args or any(arg.star or arg.keyword is not None for arg in expr.args):
             return None
-        values = [string_value(arg.value) for arg in expr.args]
+        values = [_constant_text(arg.value) for arg in expr.args]
     else:
-        values = [string_value(expr)]
+        values = [_constant_text(expr)]
     if not all(values):
         return None
     return os.path.normpath(os.path.join(*values))
+
+
+def _constant_text(expr: cst.BaseExpression) -> Optional[str]:
+    """The text of a string spelled whole: a plain literal, or an f-string with no placeholder in it
+    (``f"./net.pth"`` names the same file as ``"net.pth"``)."""
+    if isinstance(expr, cst.FormattedString):
+        text = "".join(part.value for part in expr.parts if isinstance(part, cst.FormattedStringText))
+        whole = all(isinstance(part, cst.FormattedStringText) for part in expr.parts) and "{" not in text
+        return text if whole else None
+    return string_value(expr)
 
 
 def _normalized(ctx: "FileContext", expr: cst.CSTNode) -> str:

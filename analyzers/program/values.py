@@ -752,6 +752,26 @@ def unpacked_keyword(ctx: FileContext, call: cst.Call, keyword: str) -> Optional
     return None
 
 
+def forwards_callers_keywords(ctx: FileContext, call: cst.Call) -> bool:
+    """Does ``call`` hand on the keywords its own function was called with (``def load(f, **kwargs): return
+    torch.load(f, **kwargs)``)? Then any keyword the call does not spell itself may come from those callers: which
+    ones is their choice, not something this call decides. A ``**`` parameter the function rebinds first is its
+    own dict, not its callers' keywords."""
+    nodes = ctx.facts(ModuleNodes)
+    fn = nodes.parents.get(id(call))
+    while fn is not None and not isinstance(fn, (cst.FunctionDef, cst.Lambda)):
+        fn = nodes.parents.get(id(fn))
+    star = fn.params.star_kwarg if fn is not None else None
+    if not isinstance(star, cst.Param):
+        return False
+    name = star.name.value
+    if not any(arg.star == "**" and isinstance(arg.value, cst.Name) and arg.value.value == name for arg in call.args):
+        return False
+    rebound = (target for node in subtree(fn) if isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign))
+               for target in [node.target] if isinstance(target, cst.Name))
+    return all(target.value != name for target in rebound)
+
+
 def nan_constant_source(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
     """``torch`` / ``numpy`` / ``math`` / ``float`` when ``expr`` is a NaN constant (``float("nan")``, ``np.nan``),
     else None."""

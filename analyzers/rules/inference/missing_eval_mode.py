@@ -30,7 +30,9 @@ class MissingEvalMode(_InferencePathRule):
         submodules and bases) or its torch.nn layers hold no dropout, no batch norm with running
         statistics (InstanceNorm keeps none by default) and no code reading `self.training`; a
         helper's parameter is answered by what every call in the file passes. eval() changes
-        nothing there.
+        nothing there. A lambda that is handed the model (`model_fn=lambda model, x: model(x)`)
+        runs where it is called, on whatever model its caller gives: not an evaluation path of
+        its own.
     """
     why = """
         In training mode dropout keeps dropping activations and batch-norm normalizes with the
@@ -133,6 +135,10 @@ class MissingEvalMode(_InferencePathRule):
         Valid("import torch\nfrom zoo import GCN, GIN\nMODELS = {'gcn': GCN, 'gin': GIN}\n"
               "@torch.no_grad()\ndef run_inference(name, data):\n    Model = MODELS[name]\n"
               "    model = Model(data, 3).eval()\n    return model(data)\n"),
+        # an adapter handed to the step that sets the mode: the lambda runs there, on the model it is given
+        "import torch\ndef make_evaluator(model, loader, model_fn=lambda model, x: model(x)):\n"
+        "    def step(x):\n        model.eval()\n        with torch.no_grad():\n            return model_fn(model, x)\n"
+        "    return step\n",
         # a method of the class that loads weights is no module
         Valid("import torch\nclass Solver:\n    def reload_model(self, step):\n        self.step = step\n"
               "    def test(self):\n        with torch.no_grad():\n            self.reload_model(self.test_iters)\n"),
@@ -213,6 +219,10 @@ class MissingEvalMode(_InferencePathRule):
                 "        super().__init__()\n        self.norm = nn.InstanceNorm2d(3, track_running_stats=True)\n"
                 "    def forward(self, x):\n        return self.norm(x)\nstyler = Styler()\n"
                 "with torch.no_grad():\n    for x in val_loader:\n        styler(x)\n", line=12),
+        # a lambda that runs a model it does not receive: the model the evaluation path holds
+        Invalid("import torch\ndef evaluate(model, loader):\n    with torch.no_grad():\n"
+                "        scores = map(lambda x: model(x), loader)\n        return list(scores)\n", line=4,
+                message="`model`"),
         Invalid("import torch as th\ndef predict(encoder, x):\n    with th.inference_mode():\n        return encoder.forward(x)\n",
                 line=4, message="encoder"),
     ]

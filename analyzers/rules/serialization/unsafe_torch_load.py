@@ -13,9 +13,9 @@ from analyzers.program.library import Does, does
 from analyzers.program.origins import Outside, path_outside_origin
 from analyzers.program.payloads import LoadedPayloads
 from analyzers.program.roles import collects_tests, describe, unrestricted_load_beside
-from analyzers.program.values import called_functions, unpacked_keyword
+from analyzers.program.values import called_functions, forwards_callers_keywords, unpacked_keyword
 from analyzers.program.versions import VersionFacts
-from analyzers.rules.base import Invalid, Rule
+from analyzers.rules.base import Invalid, Rule, Valid
 
 
 # torch.load defaults to weights_only=True from this release on (unless a pickle_module is passed)
@@ -43,7 +43,11 @@ class UnsafeTorchLoad(Rule):
         program hands to a function's saving parameter (`fit(..., best_model_save_path='top.pt')`,
         whether the function is defined in the file or imported), loads inside
         `with torch.serialization.safe_globals([...])` (weights-only with an allowlist), and the
-        `except TypeError:` fallback for torch builds that lack the `weights_only` keyword.
+        `except TypeError:` fallback for torch builds that lack the `weights_only` keyword, and a wrapper
+        of `torch.load` that hands on the keywords its own callers give (`**kwargs`): whether they pass
+        `weights_only` is theirs to say. Also the program's own: a file that a function or class of the
+        repository saves into a folder it is handed, when this function handed it that folder before the
+        load (an early-stopping helper's best weights, reloaded once training ends).
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
@@ -122,8 +126,20 @@ class UnsafeTorchLoad(Rule):
         # restored from the fixed file its own training loop saves to: what an earlier run of it left there
         "import torch\ntry:\n    net = torch.load('saved/net.pkl')\nexcept OSError:\n    net = Net()\n"
         "for epoch in range(5):\n    fit(net)\n    torch.save(net, 'saved/net.pkl')\n",
+        # the same fixed file, saved through an f-string with nothing to fill in and read back without the ./
+        "import torch\nif resume:\n    net.load_state_dict(torch.load('weights_final.pt'))\n"
+        "for epoch in range(9):\n    step(net)\n    torch.save(net.state_dict(), f'./weights_final.pt')\n",
+        # the best weights an early-stopping helper saved into the folder this function handed it, reloaded after
+        # training (the helper may live in another module of the repository)
+        Valid("import torch\nclass KeepBest:\n    def __call__(self, score, net, where):\n"
+              "        torch.save(net.state_dict(), where + '/top.pth')\n"
+              "def train(net, folder):\n    keeper = KeepBest()\n    for epoch in range(9):\n"
+              "        keeper(step(net), net, folder)\n    net.load_state_dict(torch.load(folder + '/top.pth'))\n",
+              requirements="numpy\n"),
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
+        # a wrapper of torch.load that hands on whatever keywords its callers give (weights_only among them)
+        "import torch\ndef load_on_cpu(f, **options):\n    return torch.load(f, map_location='cpu', **options)\n",
         # the fallback for torch builds without the keyword
         "import torch\ntry:\n    sd = torch.load(p, map_location='cpu', weights_only=True)\nexcept TypeError:\n"
         "    sd = torch.load(p, map_location='cpu')\n",
@@ -163,9 +179,18 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch\nstate = torch.load(args.ckpt)\n", line=2, message="the torch < 2.6 the repository pins",
                 requirements="torch==1.12.1\n"),
         Invalid("import torch.serialization\nsd = torch.serialization.load(p)\n", line=2),
+        # keywords unpacked from a dict the function builds itself, not from its callers: weights_only is not among them
+        Invalid("import torch\ndef restore(f, **options):\n    settings = dict(map_location='cpu')\n"
+                "    return torch.load(f, **settings)\n", line=4),
         # the same file name, but read from a directory the user names (features dumped by another run)
         Invalid("import torch, os\ntorch.save(feats, os.path.join(args.dump_dir, 'feat.pth'))\n"
                 "feats = torch.load(os.path.join(args.load_dir, 'feat.pth'))\n", line=3),
+        # the helper saves into the folder it is handed, but this function hands it another one
+        Invalid("import torch\nclass KeepBest:\n    def __call__(self, score, net, where):\n"
+                "        torch.save(net.state_dict(), where + '/top.pth')\n"
+                "def train(net, folder, out):\n    keeper = KeepBest()\n    for epoch in range(9):\n"
+                "        keeper(step(net), net, out)\n    net.load_state_dict(torch.load(folder + '/top.pth'))\n",
+                line=9, requirements="numpy\n"),
         # a path attribute of an object the library table does not know as a checkpoint callback
         Invalid("import torch\nrun = fetch_run(args.run_id)\nweights = torch.load(run.best_model_path)\n", line=3),
         # the same template, but the slot picks the folder: another run's files, wherever it wrote them
@@ -242,6 +267,8 @@ class UnsafeTorchLoad(Rule):
             return
         if passed is not None and not is_false(passed):
             return  # a variable: the author decides at run time; nothing mechanical to say
+        if passed is None and forwards_callers_keywords(ctx, node):
+            return  # a wrapper handing on its callers' keywords: whether they pass weights_only is theirs to say
         # a call of a function chosen at run time, or options unpacked from a dict: no edit of this call fits
         fixable = ctx.call_name(node) is not None and (weights_only is not None or passed is None)
         if ctx.in_context_manager(*SAFE_GLOBALS) or in_compat_fallback(ctx, node):
