@@ -948,14 +948,16 @@ class _Evaluator:
                                line: int, value: Any, depth: int) -> Any:
         """A namespace or configuration (``args = parser.parse_args()``) as the scope has changed it before ``line``:
         ``args.vocab_size = len(vocab)``, ``args.sizes = [int(k) for k in args.sizes.split(",")]``, ``del
-        args.flag``, in the order the statements come (each value evaluated where it is written; UNKNOWN where it
-        cannot be: the script computes it when it runs). Anything but an AttrDict as it is."""
+        args.flag``, in the order the statements come, each value evaluated where it is written. Only the writes
+        that run whenever the use does: one inside a branch, a loop or a ``try`` that does not also hold the use is
+        left out, and so is a value that does not evaluate (the value before it stays). Anything but an AttrDict as
+        it is."""
         if not isinstance(value, AttrDict):
             return value
         start = getattr(binding, "lineno", getattr(getattr(binding, "context_expr", None), "lineno", 0))
         writes = []
         for node in _own_nodes(scope):
-            if not start < getattr(node, "lineno", -1) < line:
+            if not start < getattr(node, "lineno", -1) < line or _runs_conditionally(parsed, node, scope, line):
                 continue
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -971,8 +973,10 @@ class _Evaluator:
         for _, attribute, expression in sorted(writes, key=lambda w: w[0]):
             if expression is None:
                 changed.pop(attribute, None)
-            else:
-                changed[attribute] = self.value(path, parsed, expression, depth + 1)
+                continue
+            written = self.value(path, parsed, expression, depth + 1)
+            if written is not UNKNOWN:
+                changed[attribute] = written
         return changed
 
     def _imported(self, path: Path, parsed: _File, name: str, depth: int) -> Any:
@@ -1358,6 +1362,20 @@ def _copies_keys_to_attributes(function: ast.FunctionDef, returned: ast.Return) 
                     len(call.args) >= 2 and isinstance(call.args[0], ast.Name) and call.args[0].id == result and \
                     isinstance(call.args[1], ast.Name) and call.args[1].id == key:
                 return True
+    return False
+
+
+_CONDITIONAL_STATEMENTS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith, ast.Match) \
+    if hasattr(ast, "Match") else (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith)
+
+
+def _runs_conditionally(parsed: _File, node: ast.AST, scope: ast.AST, line: int) -> bool:
+    """Whether ``node`` sits in a branch, loop, ``try`` or ``with`` of ``scope`` that does not span ``line``."""
+    current = parsed.parents.get(id(node))
+    while current is not None and current is not scope:
+        if isinstance(current, _CONDITIONAL_STATEMENTS) and not current.lineno <= line <= (current.end_lineno or 0):
+            return True
+        current = parsed.parents.get(id(current))
     return False
 
 

@@ -210,6 +210,31 @@ def test_the_attributes_a_script_writes_into_its_namespace_after_parsing(tmp_pat
     assert subject.model.out.out_features == build.COUNT_GUESS
 
 
+def test_only_the_writes_that_always_run_before_the_call_count(tmp_path):
+    script = """\
+        import argparse
+        from textconv import TextConv
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--dim", type=int, default=8)
+        parser.add_argument("--sizes", type=str, default="2,3")
+        parser.add_argument("--n_words_seen", type=int, default=30)
+        parser.add_argument("--n_labels_seen", type=int, default=5)
+        args = parser.parse_args()
+        if args.dim > 100:
+            args.sizes = "7,9"              # a branch that may not run: left out
+        args.n_words_seen = tokenizer.size()  # no value here: the default stays
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+        model = TextConv(args)
+        args.dim = 1000                     # after the call
+        """
+    root = write_tree(tmp_path, {"textconv.py": TEXT_CONV, "main.py": script})
+    subject = build_subject(root, "textconv.py:TextConv", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert [c.kernel_size[0] for c in subject.model.convs] == [2, 3]
+    assert subject.model.embed.num_embeddings == 30 and subject.model.out.out_features == 5
+
+
 def test_a_comprehension_is_evaluated_item_by_item(tmp_path):
     root = write_tree(tmp_path, {"m.py": "from torch import nn\nclass Net(nn.Module):\n"
                                          "    def __init__(self, widths):\n        super().__init__()\n",
