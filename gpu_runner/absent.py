@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dis
 import importlib.abc
 import importlib.machinery
 import sys
@@ -43,6 +44,8 @@ class StandIn(types.ModuleType):
             found = substitute(self.__name__)
             if found is not None:  # what the runner has in the package's place while a step runs
                 return found(*args, **kwargs)
+        if _discarded_at_import(sys._getframe(1)):
+            return None  # ``plotting.use("Agg")`` as a statement of the module: a setting nothing here reads
         raise _missing(self.__name__)
 
     def __mro_entries__(self, bases):  # class Net(missing.Base): the class cannot exist without the package
@@ -59,6 +62,22 @@ class StandIn(types.ModuleType):
 
     def __subclasscheck__(self, subclass) -> bool:
         return False
+
+
+def _discarded_at_import(frame: Optional[types.FrameType]) -> bool:
+    """Whether ``frame`` runs a module's own top-level code and the call it is making is a statement of its own,
+    its result thrown away (``plotting.use("Agg")``, ``tracker.login()``): a setting of the missing package that the
+    model cannot read back without using the package again, where the first real use still raises. Read from the
+    frame's bytecode: the instruction after the call pops its result."""
+    if frame is None or frame.f_code.co_name != "<module>":
+        return False
+    try:
+        instructions = [i for i in dis.get_instructions(frame.f_code) if i.opname != "CACHE"]
+    except Exception:  # noqa: BLE001 - unreadable code: the use counts, as before
+        return False
+    at = [i for i in instructions if i.offset <= frame.f_lasti]
+    after = [i for i in instructions if i.offset > frame.f_lasti]
+    return bool(at) and at[-1].opname.startswith("CALL") and bool(after) and after[0].opname == "POP_TOP"
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -131,6 +150,13 @@ def _bound_names(node: ast.stmt, missing: str) -> set[str]:
     return names
 
 
+def _root(node: ast.AST) -> ast.AST:
+    """``a`` of ``a.b.c``."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
 def _is_main_guard(statement: ast.stmt) -> bool:
     test = statement.test if isinstance(statement, ast.If) else None
     return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__" \
@@ -139,8 +165,10 @@ def _is_main_guard(statement: ast.stmt) -> bool:
 
 def used_when_imported(tree: ast.Module, missing: str) -> bool:
     """Whether the module's own top-level code (not the bodies of its functions) uses a name bound to the
-    package ``missing``: a call at import time, a base class, a decorator, a default value. Annotations count
-    unless ``from __future__ import annotations`` makes them strings. ``import *`` counts as a use."""
+    package ``missing``: a call at import time whose result is kept, a base class, a decorator, a default value.
+    A call that is a statement of its own (``plotting.use("Agg")``) is not a use: the stand-in lets it pass
+    (``_discarded_at_import``), though its arguments still count. Annotations count unless ``from __future__
+    import annotations`` makes them strings. ``import *`` counts as a use."""
     bound: set[str] = set()
     lazy_annotations = any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
                            and any(a.name == "annotations" for a in n.names) for n in tree.body)
@@ -153,9 +181,15 @@ def used_when_imported(tree: ast.Module, missing: str) -> bool:
     if not bound:
         return False
 
-    def executed(node: ast.AST) -> Iterator[ast.AST]:
-        """The nodes evaluated when the module runs: function bodies and lazy annotations are left out."""
+    def executed(node: ast.AST, in_class: bool = False) -> Iterator[ast.AST]:
+        """The nodes evaluated when the module runs: function bodies and lazy annotations are left out, and the
+        callee of a call whose result the module's own code throws away."""
         yield node
+        if not in_class and isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(_root(node.value.func), ast.Name):
+            for part in [*node.value.args, *node.value.keywords]:
+                yield from executed(part)
+            return
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             arguments = node.args
             parts: list[ast.AST] = list(arguments.defaults) + [d for d in arguments.kw_defaults if d is not None]
@@ -165,12 +199,12 @@ def used_when_imported(tree: ast.Module, missing: str) -> bool:
                     parts += [a.annotation for a in arguments.args + arguments.kwonlyargs if a.annotation]
                     parts += [node.returns] if node.returns else []
             for part in parts:
-                yield from executed(part)
+                yield from executed(part, in_class)
             return
         for child in ast.iter_child_nodes(node):
             if lazy_annotations and isinstance(node, ast.AnnAssign) and child is node.annotation:
                 continue
-            yield from executed(child)
+            yield from executed(child, in_class or isinstance(node, ast.ClassDef))
 
     for statement in tree.body:
         if _is_main_guard(statement):  # the runner imports the file, it does not run it as a script

@@ -155,6 +155,8 @@ def subject_of_model(model: Any, name: str, resolved_name: str, config: dict, co
             plan, output = _input_from_sites(prober, notes)
         if plan is None:
             plan, output = _infer_input(model, prober, notes, _input_hints(model))
+        if plan is None:
+            plan, output = _input_from_children(model, prober, notes)
         if plan is None and prober.missing_package:
             return Skip(f"the forward of {name} needs '{prober.missing_package}', which is not installed on the smoke "
                         "runner; install it in the runner image")
@@ -677,12 +679,14 @@ def _build_as_the_repository_does(code_root: Path, spec: TargetSpec, cls: type, 
 def _options_compared(value: Any, defining: Path, key: str, notes: list[str], usage: Any = None) -> Any:
     """A namespace a call site passes (a script's argparse options) whose options without a default the class's file
     compares with a constant (``if opt.Stage == "conv":``, the option ``required=True``): each such option set to
-    that constant, as a run that passes it gets it (``script_steps._compared_constants``); an attribute the
-    constructor reads that the script sets only later (``opt.num_class = len(charset)``) guessed by its name.
+    that constant, as a run that passes it gets it (``script_steps._compared_constants``); a number the script
+    computes after parsing (``opt.vocab = len(words)``, a ``sites.Typed``) by its name, else as any count; an
+    attribute the constructor reads that the script sets only later (``opt.num_class = ...``) guessed by its name.
     Anything else as it is."""
     read = [a for a in (usage.attributes if usage is not None else []) if a not in value] \
         if isinstance(value, sites.AttrDict) else []
-    if not isinstance(value, sites.AttrDict) or not (read or any(v is sites.UNKNOWN for v in value.values())):
+    if not isinstance(value, sites.AttrDict) or not (read or any(v is sites.UNKNOWN or isinstance(v, sites.Typed)
+                                                                 for v in value.values())):
         return value
     from gpu_runner.script_steps import _compared_constants
 
@@ -693,15 +697,20 @@ def _options_compared(value: Any, defining: Path, key: str, notes: list[str], us
             constant = _compared_constants(option, defining)
             if constant is not None:
                 filled[option] = constant
-                chosen.append(f"{option}={constant!r}")
+                chosen.append(f"{option}={constant!r} (the constant its class compares it with)")
+        elif isinstance(given, sites.Typed) and isinstance(option, str):
+            # ``args.embed_num = len(vocab)`` after parsing: a count the script takes from its data
+            made = _typed_value(option, given, [])
+            if made is not _NOT_MADE:
+                filled[option] = made
+                chosen.append(f"{option}={made!r} (the script computes it when it runs)")
     for attribute in read:
         found, guessed = guess_argument(attribute)
         if found:
             filled[attribute] = guessed
             chosen.append(f"{attribute}={guessed!r} (by its name: the script sets it later)")
     if chosen:
-        notes.append(f"constructor: {key}'s options without a value set to the constant its class compares them "
-                     f"with: {', '.join(chosen)}")
+        notes.append(f"constructor: {key}'s options without a value: {', '.join(chosen)}")
     return filled
 
 
@@ -950,14 +959,8 @@ def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: 
     if isinstance(value, (list, tuple)):
         items = [_made_value(code_root, key, v, notes, depth) for v in value]
         return _NOT_MADE if any(i is _NOT_MADE for i in items) else type(value)(items)
-    if isinstance(value, sites.Typed):
-        found, guessed = guess_argument(key)
-        if found and type(guessed).__name__ == value.kind:
-            return guessed
-        if value.kind == "float":
-            notes.append(f"constructor: {key}=1.0 guessed (the repository passes a float it computes when it runs)")
-            return 1.0
-        return _NOT_MADE
+    if isinstance(value, sites.Typed):  # a count as a value the site does not give: guessed with the rest
+        return _typed_value(key, value, notes) if value.kind != "count" else _NOT_MADE
     if isinstance(value, sites.ClassRef):
         loaded = _load_attribute(code_root, TargetSpec(value.path, value.name), "class")
         return _NOT_MADE if isinstance(loaded, Skip) else loaded
@@ -989,6 +992,26 @@ def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: 
     shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
     notes.append(f"constructor: {key}={value.cls.name}({shown}), as the repository builds it")
     return built
+
+
+COUNT_GUESS = 10  # a count the repository takes from its data when it runs (``len(vocab)``) and the name does not say
+
+
+def _typed_value(key: str, value: "sites.Typed", notes: list[str]) -> Any:
+    """A number the repository computes when it runs, of the type its code says: by the name when the guess table
+    knows it with that type; a float 1.0; a count (``len(labels)``, positive: any size builds) COUNT_GUESS."""
+    found, guessed = guess_argument(key)
+    if found and (type(guessed).__name__ == value.kind or (value.kind == "count" and type(guessed) is int
+                                                         and guessed > 0)):
+        return guessed
+    if value.kind == "float":
+        notes.append(f"constructor: {key}=1.0 guessed (the repository passes a float it computes when it runs)")
+        return 1.0
+    if value.kind == "count":
+        notes.append(f"constructor: {key}={COUNT_GUESS} guessed (the repository passes the length of something it "
+                     "loads when it runs)")
+        return COUNT_GUESS
+    return _NOT_MADE
 
 
 def _shrunk_value(name: str, value: Any, others: dict) -> Any:
@@ -1520,6 +1543,9 @@ def _make_config(parameter: str, owner: Any, module: Any, usage: Any, label: str
     read_statically = _config_class_fields(module, attributes, notes, parameter)
     if read_statically is not None:
         return read_statically
+    from_file = _data_file_section(attributes, notes, f"{parameter}=")
+    if from_file is not None:
+        return types.SimpleNamespace(**from_file)
     namespace = types.SimpleNamespace()
     for attribute in attributes:
         found, value = guess_argument(attribute)
@@ -1631,6 +1657,26 @@ def _config_class_fields(module: Any, attributes: list[str], notes: list[str],
     return types.SimpleNamespace(**values)
 
 
+def _data_file_section(names: list[str], notes: list[str], what: str) -> Optional[dict]:
+    """The values of a mapping of the repository's YAML / JSON files that holds every one of ``names``
+    (``sites.data_file_sections``: the configuration a script reads from a file its command line names), sizes
+    shrunk; None when no file has one."""
+    if not _CODE_ROOT:
+        return None
+    try:
+        sections = sites.data_file_sections(_CODE_ROOT[0], names)
+    except Exception:  # noqa: BLE001 - reading the tree is a help, never a reason to skip
+        return None
+    if not sections:
+        return None
+    where, section = sections[0]
+    values = {str(k): _shrunk_value(str(k), v, section) for k, v in section.items()}
+    others = f" (the smallest of {len(sections)} that hold them)" if len(sections) > 1 else ""
+    notes.append(f"constructor: {what}the mapping in {where}{others}, which holds all {len(set(names))} names the "
+                 "constructor needs (a configuration file the command line names)")
+    return values
+
+
 def _set(config: Any, key: str, value: Any) -> None:
     try:
         setattr(config, key, value)
@@ -1639,8 +1685,10 @@ def _set(config: Any, key: str, value: Any) -> None:
 
 
 def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
-                     module: Any = None, known: Optional[dict] = None) -> Union[dict, Skip]:
-    """Arguments for ``fn``: ``known`` ones as given, defaults (shrunk), the rest guessed."""
+                     module: Any = None, known: Optional[dict] = None, from_data_file: bool = False
+                     ) -> Union[dict, Skip]:
+    """Arguments for ``fn``: ``known`` ones as given, defaults (shrunk), the rest guessed; when one cannot be, a
+    mapping of the repository's data files that holds every required one (``_data_file_section``)."""
     from gpu_runner import guess
 
     try:
@@ -1708,6 +1756,15 @@ def _guess_arguments(fn: Callable, label: str, notes: list[str], depth: int = 0,
                     return config
                 arguments[parameter.name] = config
                 continue
+        if not found and not from_data_file:
+            # ``Net(**cfg["net"])`` with the file the command line names: a mapping of the repository's data files
+            # that holds every required argument gives them all, so that they fit one another
+            required = [p.name for p in signature.parameters.values() if p.default is p.empty
+                        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in known]
+            section = _data_file_section(required, notes, "")
+            if section is not None:
+                return _guess_arguments(fn, label, notes, depth, module,
+                                        {**known, **{k: section[k] for k in required}}, from_data_file=True)
         if not found:
             return Skip(f"{_NOT_GUESSED} '{parameter.name}' of {label}; "
                         "configure smoke.targets with a factory")
@@ -2255,6 +2312,48 @@ def _input_from_parent(prober: "_Prober", notes: list[str]) -> tuple[Optional[In
     return None, None
 
 
+MAX_CHILD_DEPTH = 2  # a wrapper of a wrapper: its input read from the submodule two levels down, no deeper
+
+
+def _input_from_children(model: nn.Module, prober: "_Prober", notes: list[str],
+                         depth: int = 0) -> tuple[Optional[InputPlan], Any]:
+    """When no input was found for the model itself: each forward parameter it hands as it is to a submodule
+    (``forward_body.parameters_handed_to_children``: ``self.encoder(x)``, each discriminator of a list it loops
+    over) given the input found for that submodule at that position, inferred as for any model. Every parameter
+    the forward needs must be handed on so; (None, None) otherwise or when the model rejects the result."""
+    from gpu_runner import forward_body
+
+    try:
+        handed = forward_body.parameters_handed_to_children(model)
+    except Exception:  # noqa: BLE001 - reading the forward is a help, never a reason to skip
+        return None, None
+    parameters = _forward_parameters(model)
+    if not parameters or not handed or any(p.name not in handed or p.keyword for p in parameters):
+        return None, None
+    plans: dict[int, Optional[InputPlan]] = {}
+    args = []
+    for parameter in parameters:
+        child, position = handed[parameter.name]
+        if id(child) not in plans:
+            child_prober = _Prober(child, prober.device, prober.float_dtype)
+            child_plan, _ = _infer_input(child, child_prober, [], _input_hints(child))
+            if child_plan is None and depth + 1 < MAX_CHILD_DEPTH:
+                child_plan, _ = _input_from_children(child, child_prober, [], depth + 1)
+            plans[id(child)] = child_plan
+        child_plan = plans[id(child)]
+        if child_plan is None or position >= len(child_plan.args):
+            return None, None
+        args.append(child_plan.args[position])
+    plan = InputPlan(tuple(args), source="from the submodules the forward hands its inputs to")
+    output = prober.try_plan(plan)
+    if output is _FAILED:
+        notes.append(f"the input the submodules take ({plan.describe()}) failed for the whole model: "
+                     f"{prober.last_error}")
+        return None, None
+    notes.append(f"input inferred {plan.source}: {plan.describe()}")
+    return plan, output
+
+
 def _input_from_sites(prober: "_Prober", notes: list[str]) -> tuple[Optional[InputPlan], Any]:
     """The input the repository feeds the model where it builds it (``model(torch.randn(8, 3, 32, 32))``), its
     first axis taken as the batch; (None, None) when there is none or the model (with its shrunk sizes) rejects it."""
@@ -2762,6 +2861,13 @@ def _select_primary(output: Any) -> tuple[Optional[Callable[[Any], Any]], str]:
             if isinstance(item, torch.Tensor):
                 note = f"output is a {type(output).__name__}; trained on element {index}"
                 return (lambda out, index=index: out[index]), note
+        for index, item in enumerate(output):
+            # (scores, feature maps) of several heads, each a list: the first tensor of the first list that has one
+            inner, inner_note = _select_primary(item) if isinstance(item, (tuple, list)) else (None, "")
+            if inner is not None:
+                note = f"output is a {type(output).__name__} of sequences; trained on element {index}, " \
+                       f"{inner_note.split('; ', 1)[-1]}"
+                return (lambda out, index=index, inner=inner: inner(out[index])), note
         return None, ""
     if isinstance(getattr(output, "logits", None), torch.Tensor):
         return (lambda out: out.logits), "trained on the output's .logits"

@@ -151,6 +151,58 @@ def packed_parameters(model: nn.Module) -> dict[str, int]:
     return found
 
 
+def parameters_handed_to_children(model: nn.Module) -> dict[str, tuple[nn.Module, int]]:
+    """The forward parameters the body hands, as they are, to a submodule of the model: ``self.encoder(x)``,
+    ``self.heads[0](x)``, or each module of a list it loops over (``for d in self.discriminators: d(y)``, also
+    through ``enumerate``), read as the list's first module. Name -> (that submodule, the position it takes the
+    parameter at); the first such call of each parameter. A parameter bound again before the call, outside a
+    branch, does not count."""
+    node = _forward_node(model)
+    if node is None or not node.args.args:
+        return {}
+    owner = node.args.args[0].arg
+    names = [a.arg for a in node.args.args[1:]]
+
+    def child(expression: ast.AST) -> Optional[nn.Module]:
+        if isinstance(expression, ast.Attribute) and isinstance(expression.value, ast.Name) \
+                and expression.value.id == owner:
+            found = getattr(model, expression.attr, None)
+            return found if isinstance(found, nn.Module) else None
+        if isinstance(expression, ast.Subscript) and isinstance(expression.slice, ast.Constant) \
+                and type(expression.slice.value) is int:
+            listed = child(expression.value)
+            if isinstance(listed, (nn.ModuleList, nn.Sequential)) and -len(listed) <= expression.slice.value < len(listed):
+                return listed[expression.slice.value]
+        return None
+
+    looped: dict[str, nn.Module] = {}
+    for loop in ast.walk(node):
+        if not isinstance(loop, ast.For):
+            continue
+        iterated, target = loop.iter, loop.target
+        if isinstance(iterated, ast.Call) and isinstance(iterated.func, ast.Name) and iterated.func.id == "enumerate" \
+                and len(iterated.args) == 1 and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            iterated, target = iterated.args[0], target.elts[1]
+        listed = child(iterated)
+        if isinstance(target, ast.Name) and isinstance(listed, (nn.ModuleList, nn.Sequential)) and len(listed):
+            looped[target.id] = listed[0]
+    conditional = {id(n) for branch in ast.walk(node) if isinstance(branch, ast.If)
+                   for statement in branch.body + branch.orelse for n in ast.walk(statement)}
+    # bound again before the call, unconditionally (``x = self.embed(x)``); a branch (``if i: y = pool(y)``) may not run
+    stores = {name: [n.lineno for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == name
+                     and isinstance(n.ctx, ast.Store) and id(n) not in conditional] for name in names}
+    found: dict[str, tuple[nn.Module, int]] = {}
+    for call in sorted((n for n in ast.walk(node) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)):
+        module = looped.get(call.func.id) if isinstance(call.func, ast.Name) else child(call.func)
+        if module is None or module is model:
+            continue
+        for position, argument in enumerate(call.args):
+            if isinstance(argument, ast.Name) and argument.id in stores and argument.id not in found \
+                    and not any(line < call.lineno for line in stores[argument.id]):
+                found[argument.id] = (module, position)
+    return found
+
+
 def _is_minus_one(node: ast.AST) -> bool:
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
         and node.operand.value == 1

@@ -117,7 +117,7 @@ IMPORTABLE_LIBRARIES = ("torch", "einops")
 class Typed:
     """A number computed at run time whose type the code says: ``max_action = float(env.action_space.high[0])``."""
 
-    kind: str  # "int" | "float"
+    kind: str  # "int" | "float" | "count" (``len(vocab)``: a positive int)
 
 
 @dataclass
@@ -160,6 +160,8 @@ def _resolve_interpolations(root: Any, value: Any = None, depth: int = 0) -> Any
 
 
 MAX_CONFIGURATIONS_COMPARED = 50
+MAX_COMPREHENSION_ITEMS = 64
+_STRING_METHODS = frozenset({"split", "strip", "lower", "upper", "replace", "rsplit", "lstrip", "rstrip"})
 
 
 def _configuration_size(path: Path) -> float:
@@ -169,6 +171,10 @@ def _configuration_size(path: Path) -> float:
     data = _load_data_file(path)
     if data is UNKNOWN:
         return float("inf")
+    return _numbers_size(data)
+
+
+def _numbers_size(data: Any) -> float:
     total, stack = 0.0, [data]
     while stack:
         value = stack.pop()
@@ -703,6 +709,7 @@ class _Evaluator:
         self.origins: list[str] = []
         self.budget = [MAX_EVALUATIONS]  # shared with the evaluators of called functions (_Bound)
         self.visiting: set[int] = set()  # nodes being evaluated: a cycle (f(x) passing f's own x) has no value
+        self.comprehended: list[tuple[ast.AST, str, Any]] = []  # (comprehension, its loop's name, the item now)
 
     def value(self, path: Path, parsed: _File, node: Optional[ast.AST], depth: int = 0) -> Any:
         if node is None or depth > MAX_DEPTH or self.budget[0] <= 0 or id(node) in self.visiting:
@@ -797,11 +804,41 @@ class _Evaluator:
             return self.value(path, parsed, node.body if test else node.orelse, depth + 1)
         if isinstance(node, ast.Call):
             return self._call(path, parsed, node, depth)
+        if isinstance(node, (ast.ListComp, ast.SetComp)) and len(node.generators) == 1:
+            return self._comprehension(path, parsed, node, depth)
         return UNKNOWN
+
+    def _comprehension(self, path: Path, parsed: _File, node: ast.AST, depth: int) -> Any:
+        """``[int(k) for k in sizes.split(",")]``: one loop over a known sequence, its filters and items evaluated
+        with the loop's name bound to each element; UNKNOWN as soon as one does not evaluate."""
+        loop = node.generators[0]
+        items = self.value(path, parsed, loop.iter, depth + 1)
+        if not isinstance(loop.target, ast.Name) or loop.is_async or not isinstance(items, (list, tuple, str, range)) \
+                or len(items) > MAX_COMPREHENSION_ITEMS:
+            return UNKNOWN
+        result = []
+        for item in items:
+            self.comprehended.append((node, loop.target.id, item))
+            try:
+                tests = [self.value(path, parsed, test, depth + 1) for test in loop.ifs]
+                if UNKNOWN in tests:
+                    return UNKNOWN
+                if not all(tests):
+                    continue
+                element = self.value(path, parsed, node.elt, depth + 1)
+            finally:
+                self.comprehended.pop()
+            if element is UNKNOWN:
+                return UNKNOWN
+            result.append(element)
+        return result if isinstance(node, ast.ListComp) else set(result)
 
     # -- names ---------------------------------------------------------------------------------------------
 
     def _name(self, path: Path, parsed: _File, node: ast.Name, depth: int) -> Any:
+        for comprehension, name, item in reversed(self.comprehended):
+            if name == node.id and _inside(parsed, node, comprehension):
+                return item
         function = parsed.enclosing_function(node)
         while function is not None:
             found = self._local(path, parsed, function, node.id, node.lineno, depth)
@@ -816,7 +853,8 @@ class _Evaluator:
         """(value,) when ``name`` is bound in ``function`` (an assignment before ``line``, or a parameter)."""
         binding = _last_binding(function, name, line)
         if binding is not None:
-            return (self._bound_value(path, parsed, binding, name, depth),)
+            return (self._with_attribute_writes(path, parsed, function, binding, name, line,
+                                                self._bound_value(path, parsed, binding, name, depth), depth),)
         arguments = function.args
         positional = [*arguments.posonlyargs, *arguments.args]
         parameters = positional + arguments.kwonlyargs
@@ -899,10 +937,47 @@ class _Evaluator:
         return UNKNOWN
 
     def _module_level(self, path: Path, parsed: _File, name: str, depth: int, before: Optional[int] = None) -> Any:
-        binding = _last_binding(parsed.tree, name, before if before is not None else 10 ** 9)
+        line = before if before is not None else 10 ** 9
+        binding = _last_binding(parsed.tree, name, line)
         if binding is not None:
-            return self._bound_value(path, parsed, binding, name, depth)
+            return self._with_attribute_writes(path, parsed, parsed.tree, binding, name, line,
+                                               self._bound_value(path, parsed, binding, name, depth), depth)
         return UNKNOWN
+
+    def _with_attribute_writes(self, path: Path, parsed: _File, scope: ast.AST, binding: ast.AST, name: str,
+                               line: int, value: Any, depth: int) -> Any:
+        """A namespace or configuration (``args = parser.parse_args()``) as the scope has changed it before ``line``:
+        ``args.vocab_size = len(vocab)``, ``args.sizes = [int(k) for k in args.sizes.split(",")]``, ``del
+        args.flag``, in the order the statements come, each value evaluated where it is written. Only the writes
+        that run whenever the use does: one inside a branch, a loop or a ``try`` that does not also hold the use is
+        left out, and so is a value that does not evaluate (the value before it stays). Anything but an AttrDict as
+        it is."""
+        if not isinstance(value, AttrDict):
+            return value
+        start = getattr(binding, "lineno", getattr(getattr(binding, "context_expr", None), "lineno", 0))
+        writes = []
+        for node in _own_nodes(scope):
+            if not start < getattr(node, "lineno", -1) < line or _runs_conditionally(parsed, node, scope, line):
+                continue
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == name:
+                        writes.append((node.lineno, target.attr, node.value))
+            elif isinstance(node, ast.Delete):
+                writes += [(node.lineno, t.attr, None) for t in node.targets if isinstance(t, ast.Attribute)
+                           and isinstance(t.value, ast.Name) and t.value.id == name]
+        if not writes:
+            return value
+        changed = AttrDict(value)
+        for _, attribute, expression in sorted(writes, key=lambda w: w[0]):
+            if expression is None:
+                changed.pop(attribute, None)
+                continue
+            written = self.value(path, parsed, expression, depth + 1)
+            if written is not UNKNOWN:
+                changed[attribute] = written
+        return changed
 
     def _imported(self, path: Path, parsed: _File, name: str, depth: int) -> Any:
         origin = parsed.imports.get(name)
@@ -1030,6 +1105,11 @@ class _Evaluator:
             return AttrDict(args[0])
         if qualified == "getattr" and len(args) >= 2 and isinstance(args[0], dict):
             return args[0].get(args[1], args[2] if len(args) > 2 else UNKNOWN)
+        if method in _STRING_METHODS and isinstance(node.func, ast.Attribute) and UNKNOWN not in args \
+                and all(v is not UNKNOWN for v in keywords.values()):
+            base = self.value(path, parsed, node.func.value, depth + 1)  # "3,4,5".split(",")
+            if isinstance(base, str):
+                return getattr(base, method)(*args, **keywords)
         if method == "get" and isinstance(node.func, ast.Attribute):
             base = self.value(path, parsed, node.func.value, depth + 1)
             if isinstance(base, dict) and args:
@@ -1044,6 +1124,8 @@ class _Evaluator:
             return _tensor_shape(qualified, args, keywords)
         if qualified in _PURE_BUILTINS and qualified not in parsed.imports:
             if UNKNOWN in args or any(v is UNKNOWN for v in keywords.values()):
+                if qualified == "len" and len(args) == 1 and not keywords:
+                    return Typed("count")  # the size of what the script loads when it runs (a vocabulary, a label set)
                 return Typed(qualified) if qualified in ("int", "float") and len(args) == 1 else UNKNOWN
             return _PURE_BUILTINS[qualified](*args, **keywords)
         if isinstance(node.func, (ast.Name, ast.Attribute)):
@@ -1226,6 +1308,7 @@ class _Bound(_Evaluator):
                  caller: _File, method: bool = False):
         super().__init__(outer.repository)
         self.origins, self.budget, self.visiting = outer.origins, outer.budget, outer.visiting
+        self.comprehended = outer.comprehended
         self.outer, self.function, self.call, self.caller_path, self.caller = outer, function, call, caller_path, caller
         self.method = method  # a constructor called through its class or super(): ``self`` is not in the call
 
@@ -1279,6 +1362,28 @@ def _copies_keys_to_attributes(function: ast.FunctionDef, returned: ast.Return) 
                     len(call.args) >= 2 and isinstance(call.args[0], ast.Name) and call.args[0].id == result and \
                     isinstance(call.args[1], ast.Name) and call.args[1].id == key:
                 return True
+    return False
+
+
+_CONDITIONAL_STATEMENTS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith, ast.Match) \
+    if hasattr(ast, "Match") else (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith)
+
+
+def _runs_conditionally(parsed: _File, node: ast.AST, scope: ast.AST, line: int) -> bool:
+    """Whether ``node`` sits in a branch, loop, ``try`` or ``with`` of ``scope`` that does not span ``line``."""
+    current = parsed.parents.get(id(node))
+    while current is not None and current is not scope:
+        if isinstance(current, _CONDITIONAL_STATEMENTS) and not current.lineno <= line <= (current.end_lineno or 0):
+            return True
+        current = parsed.parents.get(id(current))
+    return False
+
+
+def _inside(parsed: _File, node: ast.AST, ancestor: ast.AST) -> bool:
+    while node is not None:
+        if node is ancestor:
+            return True
+        node = parsed.parents.get(id(node))
     return False
 
 
@@ -1539,6 +1644,42 @@ def argparse_defaults(code_root: Path, path: str) -> dict:
     return {k: v for k, v in namespace.items() if v is not UNKNOWN}
 
 
+MIN_SECTION_KEYS = 2  # a data file's mapping chosen by its keys alone must hold at least this many of the names
+MAX_SECTION_DEPTH = 3  # mappings nested this deep in a data file are looked at
+
+
+def data_file_sections(code_root: Path, names: list[str]) -> list[tuple[str, AttrDict]]:
+    """The mappings of the tree's YAML / JSON files (a whole file or a section of one, ``waveglow_config:``) whose
+    keys include every one of ``names``: the configuration a script reads from a file the command line names
+    (``json.load(open(args.config))``, the option without a default) and hands the model whole (``Net(h)``,
+    ``h.upsample_rates``) or unpacked (``Net(**cfg["net"])``). At least MIN_SECTION_KEYS names, so that a mapping
+    is chosen by what the model reads, not by one common word. Smallest numbers first (the cheapest to check:
+    any of them is one the repository runs with), then by file and place; ``where`` is ``file`` or
+    ``file: a.b``."""
+    wanted = [n for n in dict.fromkeys(names) if isinstance(n, str)]
+    if len(wanted) < MIN_SECTION_KEYS:
+        return []
+    repository = repository_for(code_root)
+    found: list[tuple[float, str, AttrDict]] = []
+    for path in repository.data_files():
+        text = repository.text(path)
+        if text is None or not all(n in text for n in wanted):
+            continue
+        data = _load_data_file(path)
+        relative = path.relative_to(repository.root).as_posix()
+        stack: list[tuple[Any, list[str]]] = [(data, [])]
+        while stack:
+            value, place = stack.pop()
+            if not isinstance(value, dict):
+                continue
+            if all(n in value for n in wanted):
+                found.append((_numbers_size(value), relative + (f": {'.'.join(place)}" if place else ""), value))
+            if len(place) < MAX_SECTION_DEPTH:
+                stack.extend((v, [*place, str(k)]) for k, v in value.items() if isinstance(v, dict))
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [(where, value) for _, where, value in found]
+
+
 def argparse_namespaces(code_root: Path) -> list[tuple[str, dict]]:
     """Every file of the tree that defines command-line options, with its argparse defaults (UNKNOWN where an
     option has none): the namespaces a script may hand a model as its ``args`` / ``configs``."""
@@ -1595,7 +1736,7 @@ def constructor_fields(code_root: Path, path: str, name: str) -> dict:
                 arms = [evaluator.value(defining, parsed, arm) for arm in (assigned.body, assigned.orelse)]
                 known = [arm for arm in arms if arm is not UNKNOWN]
                 value = known[0] if len(known) == 1 else UNKNOWN
-            if value is not UNKNOWN and not isinstance(value, (_ModuleRef, _OpenFile)):
+            if value is not UNKNOWN and not isinstance(value, (_ModuleRef, _OpenFile, Typed)):
                 fields[target.attr] = value
     return fields
 

@@ -351,7 +351,7 @@ def test_a_factory_that_raises_is_an_error_and_a_missing_package_a_skip(tmp_path
         import torch.nn as nn
         import some_package_the_runner_lacks
 
-        some_package_the_runner_lacks.setup()  # used when imported: no stand-in can replace it
+        HOOKS = some_package_the_runner_lacks.setup()  # its result kept when imported: no stand-in can replace it
 
         class Net(nn.Module):
             def forward(self, x):

@@ -179,7 +179,8 @@ def test_a_required_option_takes_the_constant_its_class_compares_it_with(tmp_pat
     assert isinstance(subject, Subject), subject
     assert subject.model.body[0].out_channels == 8  # "small", the first constant compared
     assert subject.model.body[0].in_channels == 1  # the script's default
-    assert any("Backbone='small'" in n and "num_class=10 (by its name" in n for n in subject.notes), subject.notes
+    assert any("Backbone='small'" in n for n in subject.notes), subject.notes
+    assert subject.model.head.out_features == 11  # what the script writes into the namespace after parsing
 
 
 def test_a_count_named_in_the_singular_is_guessed_as_its_plural():

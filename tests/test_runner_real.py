@@ -262,8 +262,8 @@ def test_the_modules_own_factory_when_the_class_cannot_be_built(tmp_path):
     source = RESNET_STYLE.replace("self.layer1 = self._make_layer(block, 8, num_blocks[0])",
                                   "assert num_blocks[0] > 1, 'too shallow'\n"
                                   "            self.layer1 = self._make_layer(block, 8, num_blocks[0])")
-    # a comprehension is no value gpu_runner.sites evaluates: the factory's call is not read, the factory is run
-    source = source.replace("ResNet(BasicBlock, [2, 2])", "ResNet(BasicBlock, [k for k in (2, 2)])")
+    # a generator expression is no value gpu_runner.sites evaluates: the factory's call is not read, the factory is run
+    source = source.replace("ResNet(BasicBlock, [2, 2])", "ResNet(BasicBlock, list(k for k in (2, 2)))")
     subject = build(write_tree(tmp_path, {"models/resnet.py": source}), "models/resnet.py:ResNet")
     assert any("built by ResNetTiny()" in note for note in subject.notes)
 
@@ -296,7 +296,7 @@ def test_sequences_of_the_length_the_constructor_asserts(tmp_path):
 
 @pytest.mark.parametrize("init, note", [
     ("import a_package_nobody_has\n", "stand-ins for 'a_package_nobody_has'"),  # imported: a stand-in for it
-    ("import a_package_nobody_has\na_package_nobody_has.setup()\n",  # used: the package is skipped over
+    ("import a_package_nobody_has\nHOOKS = a_package_nobody_has.setup()\n",  # used: the package is skipped over
      "without running its package's __init__.py, which raised MissingPackageError: a_package_nobody_has.setup"),
 ])
 def test_a_package_whose_init_cannot_be_imported_is_skipped_over(tmp_path, init, note):
@@ -700,7 +700,7 @@ def test_a_missing_package_is_decided_before_import_torch(tmp_path):
     from gpu_runner.child import missing_import
 
     root = write_tree(tmp_path, {"m.py": "import os\nimport torch\nimport a_package_nobody_has.sub\n"
-                                    "a_package_nobody_has.sub.configure()\n"
+                                    "SETTINGS = a_package_nobody_has.sub.configure()\n"
                                     "try:\n    import another_missing_one\nexcept ImportError:\n    pass\n",
                             "ok.py": "import torch\nfrom helpers import thing\n", "helpers.py": "thing = 1\n"})
     assert missing_import(root, "m.py:Net") == ("m.py", "a_package_nobody_has")
@@ -715,7 +715,7 @@ def test_one_child_for_all_targets_a_crash_costs_only_its_target(tmp_path):
         "a.py": "import torch.nn as nn\nclass A(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                 "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        return self.fc(x)\n",
         "crash.py": "import os\nos._exit(3)\n",
-        "missing.py": "import a_package_nobody_has\na_package_nobody_has.setup()\n",
+        "missing.py": "import a_package_nobody_has\nHOOKS = a_package_nobody_has.setup()\n",
         # an exception no per-target handler takes ends the worker: the error names it and the line that raised it
         "interrupt.py": "import torch.nn as nn\nclass I(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                         "        self.fc = nn.Linear(16, 4)\n    def forward(self, x):\n        raise KeyboardInterrupt\n"})
@@ -829,7 +829,7 @@ def test_a_missing_package_the_model_uses_is_still_a_skip_naming_it(tmp_path):
         "uses.py": "import torch.nn as nn\nimport a_missing_zoo_pkg as zoo\n\n"
                    "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                    "        self.fc = nn.Linear(8, 2)\n\n    def forward(self, x):\n        return self.fc(zoo.ops.f(x))\n",
-        "script.py": "import torch.nn as nn\nimport a_missing_plotting_pkg\na_missing_plotting_pkg.use('Agg')\n"})
+        "script.py": "import torch.nn as nn\nimport a_missing_plotting_pkg\nBACKEND = a_missing_plotting_pkg.use('Agg')\n"})
     assert missing_import(root, "base.py:Net") == ("base.py", "a_missing_zoo_pkg")
     assert missing_import(root, "script.py:Net") == ("script.py", "a_missing_plotting_pkg")
     for target in ("base.py:Net", "calls.py:Net", "uses.py:Net", "script.py:Net"):
