@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import contextlib
 import copy
 import inspect
@@ -636,18 +637,24 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
                          + "; ".join(dict.fromkeys(used["arguments"])))
 
 
-def required_argument_value(action: argparse.Action, script: Path) -> Optional[tuple[Any, str]]:
-    """(value, where it comes from) for a command-line argument without a default: its first choice; else a value
-    the code compares it with (``args.net == "vgg16"``, ``args.mode in ("train", "test")``) in the script or the
-    files beside it; else, for a number, a small one by its name (as constructor arguments are guessed) or its
-    type. None for a string nothing declares (a path, a name): the step stays skipped, naming it."""
+def required_argument_value(action: argparse.Action, script: Path,
+                            also: tuple = ()) -> Optional[tuple[Any, str]]:
+    """(value, where it comes from) for a command-line argument without a default: its first choice; else the
+    default it declares although ``required=True`` makes argparse ignore it (``required=True, default='informer'``);
+    else a value the code compares it with (``args.net == "vgg16"``, ``self.args.mode in ("train", "test")``) in
+    the script, the files beside it or ``also`` (the class that reads the options); else, for a number, a small one
+    by its name (as constructor arguments are guessed) or its type. None for a string nothing declares (a path, a
+    name): the step stays skipped, naming it."""
     from gpu_runner.build import guess_argument
 
     many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
     if action.choices:
         value, source = list(action.choices)[0], "its first choice"
+    elif action.default is not None and action.default is not argparse.SUPPRESS and not isinstance(action.default,
+                                                                                                   bool):
+        value, source = action.default, "the default it declares, which argparse ignores for a required option"
     else:
-        compared = _compared_constants(action.dest, script)
+        compared = _compared_constants(action.dest, script, also)
         if compared is not None and (action.type in (None, str) or isinstance(compared, action.type)):
             value, source = compared, "a value the code compares it with"
         elif action.type in (int, float):
@@ -662,10 +669,137 @@ def required_argument_value(action: argparse.Action, script: Path) -> Optional[t
     return value, source
 
 
-def _compared_constants(name: str, script: Path) -> Any:
-    """The first constant that ``<options>.name`` is compared with (``==``, ``!=``, ``in``) in ``script``, else in
-    the Python files beside it; None when none is."""
+def required_options(script: Path, also: tuple = ()) -> dict:
+    """Read without running ``script``: ``{dest: (value, where it comes from)}`` for each of its command-line
+    options that the command line must give (``required=True``, or a positional without ``nargs='?'``/``'*'``),
+    valued by ``required_argument_value`` (``also``: further files that compare the options with constants). An
+    option nothing values is left out (it stays unknown, and the code reading it says so)."""
+    try:
+        tree = ast.parse(script.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return {}
+    kinds = {"int": int, "float": float, "str": str}
+    found: dict = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            continue
+        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        keywords = {k.arg: k.value for k in node.keywords if k.arg}
+
+        def literal(key: str, otherwise: Any = None) -> Any:
+            try:
+                return ast.literal_eval(keywords[key]) if key in keywords else otherwise
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                return otherwise
+
+        if not flags:
+            continue
+        options = [f for f in flags if f.startswith("-")]
+        nargs = literal("nargs")
+        if not (literal("required") is True or not options and nargs not in ("?", "*")):
+            continue
+        dest = literal("dest") or (next((f for f in options if f.startswith("--")), options[0] if options else
+                                        flags[0]).lstrip("-").replace("-", "_"))
+        kind = keywords.get("type")
+        kind = kinds.get(kind.id) if isinstance(kind, ast.Name) else None
+        choices = literal("choices")
+        try:
+            action = argparse.Action(options, dest, nargs=nargs, default=literal("default"), type=kind,
+                                     choices=choices if isinstance(choices, (list, tuple, set)) else None,
+                                     required=True)
+        except (TypeError, ValueError):
+            continue
+        valued = required_argument_value(action, script, also)
+        if valued is not None:
+            found.setdefault(dest, valued)
+    return found
+
+
+def _parsed_options_block(tree: ast.Module) -> Optional[tuple[str, list]]:
+    """(the name ``parse_args()`` is assigned to, the statements after it in its block): the first such
+    assignment at module level, under ``__main__`` or in a function."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for index, statement in enumerate(body):
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                    and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call) \
+                    and isinstance(statement.value.func, ast.Attribute) and statement.value.func.attr == "parse_args":
+                return statement.targets[0].id, body[index + 1:]
+    return None
+
+
+def _only_sets_options(statement: ast.stmt, options: str) -> bool:
+    """``statement`` assigns only ``<options>.X`` or plain names (``args.use_gpu = torch.cuda.is_available() and
+    args.use_gpu``, ``info = table[args.data]``, the ``if`` blocks made of such), and calls no function of the
+    repository (a call of a plain name is a builtin's): what a script does to its options after parsing them."""
+    if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.If)):
+        return False
+    for node in ast.walk(statement):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.Assign, ast.AugAssign, ast.If, ast.Pass)):
+            return False
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                if not all(isinstance(t, ast.Name) or isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                           and t.value.id == options for t in names):
+                    return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not hasattr(builtins, node.func.id):
+            return False
+    return True
+
+
+def options_set_after_parsing(script: Path, options: dict, notes: list) -> dict:
+    """``options`` (a script's argparse values) with what the script itself sets on them after ``parse_args()``
+    (``args.use_gpu = True if torch.cuda.is_available() and args.use_gpu else False``, ``args.cuda = not
+    args.no_cuda and torch.cuda.is_available()``, sizes looked up in a table by the data set's name), run here as
+    the script runs them: the statements of ``parse_args()``'s block that only set options or plain names, in
+    order, with the script's imports; a statement that raises is left out. Runs inside the sandbox, as the step
+    does. The options changed are said in ``notes``."""
+    try:
+        tree = ast.parse(script.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return options
+    found = _parsed_options_block(tree)
+    if found is None:
+        return options
+    name, statements = found
+    namespace = argparse.Namespace(**options)
+    scope: dict = {"__name__": "__torchreview_options__", name: namespace}
+    for statement in tree.body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            with contextlib.suppress(Exception):
+                exec(compile(ast.Module([statement], []), str(script), "exec"), scope)  # noqa: S102 - sandboxed
+    for statement in statements:
+        if not _only_sets_options(statement, name):
+            continue
+        with contextlib.suppress(Exception):
+            exec(compile(ast.Module([statement], []), str(script), "exec"), scope)  # noqa: S102 - sandboxed
+    changed = {k: v for k, v in vars(namespace).items() if k not in options or options[k] is not v
+               and not _same(options[k], v)}
+    if changed:
+        notes.append(f"options {script.name} sets after parsing them, as it runs: "
+                     + ", ".join(f"{k}={v!r}" for k, v in list(changed.items())[:8])
+                     + (f" and {len(changed) - 8} more" if len(changed) > 8 else ""))
+    return vars(namespace)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - tensors, arrays: not the same object, so changed
+        return False
+
+
+def _compared_constants(name: str, script: Path, also: tuple = ()) -> Any:
+    """The first constant that ``<options>.name`` (``args.name``, or ``self.args.name`` where a class keeps its
+    options) is compared with (``==``, ``!=``, ``in``) in ``script``, else in the Python files beside it, else in
+    ``also``; None when none is."""
     files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)
+    files += [p for p in also if p not in files]
     for path in files:
         try:
             tree = ast.parse(path.read_text(errors="replace"))
@@ -677,7 +811,9 @@ def _compared_constants(name: str, script: Path) -> Any:
                 continue
             sides = [node.left, node.comparators[0]]
             for mine, other in (sides, sides[::-1]):
-                if not (isinstance(mine, ast.Attribute) and mine.attr == name and isinstance(mine.value, ast.Name)):
+                if not (isinstance(mine, ast.Attribute) and mine.attr == name
+                        and (isinstance(mine.value, ast.Name) or isinstance(mine.value, ast.Attribute)
+                             and mine.value.attr.lower() in CONFIG_NAMES)):
                     continue
                 items = other.elts if isinstance(other, (ast.Tuple, ast.List, ast.Set)) else [other]
                 constant = next((i.value for i in items if isinstance(i, ast.Constant) and i.value is not None

@@ -1520,10 +1520,26 @@ class _TrainerPlan(_Plan):
     def __init__(self, code_root, target, where, function: Callable, owner: type, given: Optional[dict], device):
         super().__init__(code_root, target, None, where, device=device)
         self.function, self.owner, self.given = function, owner, dict(given or {})
+        from gpu_runner.script_steps import options_set_after_parsing, required_options
+
         self.repository_defaults = {}
-        for path in [where[0], *_files_constructing(code_root, owner.__name__)]:
+        paths = [where[0], *_files_constructing(code_root, owner.__name__, where[0])]
+        for path in paths:
             for key, value in sites.argparse_defaults(code_root, path).items():
                 self.repository_defaults.setdefault(key, value)
+        # options the command line must give (``required=True``): a value the code declares, as a script's run gets
+        given = []
+        for path in paths:
+            for key, (value, source) in required_options(code_root / path, (code_root / where[0],)).items():
+                if key not in self.repository_defaults:
+                    self.repository_defaults[key] = value
+                    given.append(f"--{key} {value} ({source})")
+        if given:
+            self.notes.append("options the command line must give were given values the code declares: "
+                              + "; ".join(given))
+        for path in paths[1:]:  # the scripts that construct the class: what they set on their options first
+            self.repository_defaults = options_set_after_parsing(code_root / path, self.repository_defaults,
+                                                                 self.notes)
 
     def execute(self, iterations: int) -> None:
         from gpu_runner.script_steps import _script_environment
@@ -1707,18 +1723,52 @@ class _TrainerPlan(_Plan):
         return frames[-1].lineno
 
 
-def _files_constructing(code_root: Path, name: str) -> list[str]:
+def _files_constructing(code_root: Path, name: str, defining: Optional[str] = None) -> list[str]:
     """The repository's files (relative paths) that call ``name(...)``, or take it under another name
-    (``Exp = Exp_Informer`` before ``Exp(args)``): where a class is built from its options."""
+    (``Exp = Exp_Informer`` before ``Exp(args)``): where a class is built from its options. With ``defining`` (the
+    class's file), a file that imports a class of that name from another file (``from exp.exp_stat import
+    Exp_Main`` beside ``exp/exp_main.py``; a sub-project's own ``exp/exp_main.py``) builds another class and is
+    left out; one whose import cannot be read stays in."""
     pattern = re.compile(rf"\b{re.escape(name)}\(|=\s*{re.escape(name)}\s*$", re.M)
     found = []
     for path in sorted(code_root.rglob("*.py")):
         try:
-            if pattern.search(path.read_text(errors="replace")):
-                found.append(path.relative_to(code_root).as_posix())
+            text = path.read_text(errors="replace")
+            relative = path.relative_to(code_root).as_posix()
         except (OSError, ValueError):
             continue
+        if pattern.search(text) and (defining is None or relative == defining
+                                     or _imports_name_from(code_root, path, text, name) in (None, defining)):
+            found.append(relative)
     return found[:8]
+
+
+def _imports_name_from(code_root: Path, path: Path, text: str, name: str) -> Optional[str]:
+    """The file (relative path) that ``path``'s ``from M import name`` takes ``name`` from, resolved as Python
+    would with the script's folder and then the code root on the path (a relative import against its package);
+    None when the file does not import ``name`` that way or the module is not a file of the repository."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not any(a.name == name for a in node.names):
+            continue
+        parts = (node.module or "").split(".") if node.module else []
+        if node.level:
+            bases = [path.parents[node.level - 1]] if len(path.parents) >= node.level else []
+        else:
+            bases = [path.parent, code_root]
+        for base in bases:
+            for candidate in (base.joinpath(*parts).with_suffix(".py") if parts else None,
+                              base.joinpath(*parts, "__init__.py")):
+                if candidate is not None and candidate.is_file():
+                    try:
+                        return candidate.resolve().relative_to(code_root.resolve()).as_posix()
+                    except ValueError:
+                        return None
+        return None
+    return None
 
 
 def _data_by_use(function: Callable, batch: tuple, depth: int = 1) -> dict:
