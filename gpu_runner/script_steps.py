@@ -540,6 +540,54 @@ def _is_distributed_error(exc: BaseException) -> bool:
 
 # ---- the script's environment ----------------------------------------------------------------------------
 
+class _NotDownloaded(dict):
+    """What a pretrained-weights download the sandbox cannot make returns: no weights (the model keeps those it
+    was initialized with); loading it into a module changes nothing."""
+
+
+@contextlib.contextmanager
+def weights_not_downloaded(notes: list):
+    """While a step runs: ``torch.hub.load_state_dict_from_url`` (``torch.utils.model_zoo.load_url``) that fails
+    for want of the network (the sandbox has none) returns no weights instead of raising, and ``load_state_dict``
+    of those loads nothing: the step trains the model as initialized, said in the notes. A weights file that is
+    there (the hub's cache), or any other error, is as it was."""
+    import torch.hub
+    import torch.utils.model_zoo
+
+    original, original_load = torch.hub.load_state_dict_from_url, nn.Module.load_state_dict
+    missed: list = []
+
+    def load_or_nothing(url, *args, **kwargs):
+        try:
+            return original(url, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - only the network's absence is answered; the rest re-raised
+            if not _is_network_error(exc):
+                raise
+            if url not in missed:
+                missed.append(url)
+            return _NotDownloaded()
+
+    def load_state_dict(module, state_dict, *args, **kwargs):
+        if isinstance(state_dict, _NotDownloaded):
+            return original_load(module, module.state_dict(), *args, **kwargs)
+        return original_load(module, state_dict, *args, **kwargs)
+
+    saved_zoo = getattr(torch.utils.model_zoo, "load_url", None)
+    torch.hub.load_state_dict_from_url = load_or_nothing
+    torch.utils.model_zoo.load_url = load_or_nothing
+    nn.Module.load_state_dict = load_state_dict
+    try:
+        yield
+    finally:
+        torch.hub.load_state_dict_from_url = original
+        if saved_zoo is not None:
+            torch.utils.model_zoo.load_url = saved_zoo
+        nn.Module.load_state_dict = original_load
+        if missed:
+            notes.append(f"pretrained weights the code downloads ({', '.join(missed[:2])}) cannot be fetched in the "
+                         "sandbox (no network): the model kept the weights it was initialized with")
+
+
 @contextlib.contextmanager
 def loaders_in_process(notes: list):
     """While a step runs: its data loaders load in the process (``num_workers=0``: no worker processes in the
@@ -622,7 +670,7 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     os.chdir(scratch)
     try:
         with stand_ins, loaders_in_process(notes), vision_data.synthetic_vision_data(notes), \
-                training_apis.single_process_apis(device, notes):
+                training_apis.single_process_apis(device, notes), weights_not_downloaded(notes):
             yield
     finally:
         os.chdir(saved_cwd)
@@ -773,8 +821,18 @@ def options_set_after_parsing(script: Path, options: dict, notes: list) -> dict:
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
             with contextlib.suppress(Exception):
                 exec(compile(ast.Module([statement], []), str(script), "exec"), scope)  # noqa: S102 - sandboxed
-    for statement in statements:
-        if not _only_sets_options(statement, name):
+    candidates = [st for st in statements if _only_sets_options(st, name)]
+
+    def sets_options(statement: ast.stmt) -> bool:
+        return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
+                   and n.value.id == name for n in ast.walk(statement))
+
+    # a plain name is set only where a statement setting options reads it (``info = table[args.data]``)
+    read = {n.id for st in candidates if sets_options(st) for n in ast.walk(st)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for statement in candidates:
+        if not sets_options(statement) and not any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                                                   and n.id in read for n in ast.walk(statement)):
             continue
         with contextlib.suppress(Exception):
             exec(compile(ast.Module([statement], []), str(script), "exec"), scope)  # noqa: S102 - sandboxed
