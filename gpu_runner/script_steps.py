@@ -385,7 +385,6 @@ class ScriptPlan(_Plan):
 
     def _function_arguments(self, function: Callable) -> dict:
         """Its defaults (shrunk like settings), the runner's device, options from the file's argparse defaults."""
-        from gpu_runner import sites
         from gpu_runner.steps import _config_namespace
 
         arguments = {}
@@ -398,8 +397,11 @@ class ScriptPlan(_Plan):
             elif role_of(parameter.name) == "device":
                 arguments[parameter.name] = self.device
             elif parameter.name.lower() in CONFIG_NAMES:
-                defaults = {k: shrunk_setting(k, v, {}, self.device, self.shrunk)
-                            for k, v in sites.argparse_defaults(self.code_root, self.path).items()}
+                from gpu_runner.steps import _repository_options
+
+                # the script's options as its run hands them over (required ones valued, those set after parsing)
+                options = _repository_options(self.code_root, [self.path], self.path, self.notes)
+                defaults = {k: shrunk_setting(k, v, {}, self.device, self.shrunk) for k, v in options.items()}
                 try:
                     arguments[parameter.name] = _config_namespace(function, parameter.name, {"device": self.device},
                                                                   None, defaults)

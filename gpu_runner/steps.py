@@ -1215,7 +1215,8 @@ class _FunctionPlan(_Plan):
             values = {**values, "model": self.backbone}
         if self.owner is not None:
             try:
-                instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True))
+                instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True,
+                                                   repository_defaults=self.repository_defaults))
             except StepSkip:
                 raise
             except Exception as exc:
@@ -1561,9 +1562,11 @@ class _PendingLoader:
 class _TrainerPlan(_Plan):
     """A method of a class that builds what it trains itself (an experiment / solver / agent class: its
     constructor, or a method it calls, makes the model and an optimizer over its parameters): the class is
-    constructed from its options (the argparse defaults of the files that construct it, the class's config),
-    the model is what its optimizers hold, a batch is made for that model as for any built model, and the method
-    runs on the runner's loader, its loop bounded."""
+    constructed from its options (those the scripts that construct it hand over: ``_repository_options``; the
+    class's config), the model is what its optimizers hold, a batch is made for that model as for any built model,
+    and the method runs on the runner's loader, its loop bounded. A data set of the repository that the
+    constructor cannot build (its files are not here) stands in with rows made once the model exists
+    (``_PendingRows``); one built over stand-ins stands in too."""
 
     kind = "trainer"
     unchanged_fails = False  # the class's own optimizer and learning rate update the model, as a script's do
