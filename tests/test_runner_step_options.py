@@ -139,3 +139,67 @@ def test_options_set_after_parsing_are_read_only_from_statements_that_set_option
     options = options_set_after_parsing(script, {"data": "small", "rows": 1}, notes)
     assert options == {"data": "small", "rows": 3, "cols": 4, "name": "run-3"}, options
     assert not (tmp_path / "written.txt").exists() and "rows=3" in notes[0]
+
+
+# A step method of a class the step's model and optimizer are handed to (``Coach(model, optimizer, args)``): the
+# class reads options its script declares, one of them required.
+COACHED = {
+    "net.py": '''
+        import torch.nn as nn
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3))
+
+            def forward(self, x):
+                return self.body(x)
+    ''',
+    "coach.py": '''
+        import torch.nn.functional as F
+
+
+        class Coach:
+            def __init__(self, model, optimizer, args):
+                self.model, self.optimizer = model, optimizer
+                self.smoothing = 0.1 if args.style == "smooth" else 0.0
+                self.on_gpu = args.on_gpu
+
+            def train_epoch(self, loader):
+                for x, y in loader:
+                    if self.on_gpu:
+                        x, y = x.cuda(), y.cuda()
+                    self.optimizer.zero_grad()
+                    loss = F.cross_entropy(self.model(x), y, label_smoothing=self.smoothing)
+                    loss.backward()
+                    self.optimizer.step()
+    ''',
+    "run.py": '''
+        import argparse
+        import torch
+        from coach import Coach
+        from net import Net
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--style", required=True)
+        parser.add_argument("--no_gpu", action="store_true")
+        args = parser.parse_args()
+        args.on_gpu = not args.no_gpu and torch.cuda.is_available()
+        model = Net()
+        Coach(model, torch.optim.SGD(model.parameters(), lr=0.1), args).train_epoch([])
+    ''',
+}
+
+
+def test_a_step_methods_class_gets_the_options_its_script_hands_it(tmp_path):
+    report = smoke_step(write_tree(tmp_path, COACHED), "coach.py:Coach.train_epoch", None, device="cpu")
+    assert report["status"] == "passed", report
+    notes = " ".join(report["notes"])
+    assert "--style smooth" in notes and "on_gpu=False" in notes, notes
+    planted = dict(COACHED, **{"coach.py": COACHED["coach.py"].replace("self.optimizer.zero_grad()\n", "pass\n")})
+    root = write_tree(tmp_path / "planted", planted)
+    failed = smoke_step(root, "coach.py:Coach.train_epoch", None, device="cpu")
+    zero_grad = next(c for c in failed["checks"] if c["name"] == "zero-grad")
+    assert failed["status"] == "failed" and zero_grad["status"] == "fail", failed
+    assert zero_grad["details"]["line"] == line_of(root, "coach.py", "self.optimizer.step()")
