@@ -55,13 +55,15 @@ def _batch_names(node: ast.AST, role_of: Callable[[str], Optional[str]]) -> set[
     loader``, ``for i, batch in enumerate(tqdm(loader))``, or over a name assigned such an iterable first)."""
     names = {a.arg for a in node.args.args + node.args.kwonlyargs if role_of(a.arg) == "batch"}
 
-    def loader_in(expression: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and role_of(n.id) == "loader"
-                   or isinstance(n, ast.Attribute) and role_of(n.attr) == "loader" for n in ast.walk(expression))
-
-    # an iterable named first (``data_iter = tqdm(enumerate(loader)); for i, data in data_iter``)
+    # an iterable named first (``data_iter = tqdm(enumerate(loader)); for i, data in data_iter``, or
+    # ``bar = tqdm(loader); for i, data in enumerate(bar)``)
     named = {n.targets[0].id: n.value for n in ast.walk(node) if isinstance(n, ast.Assign) and len(n.targets) == 1
              and isinstance(n.targets[0], ast.Name)}
+
+    def loader_in(expression: ast.AST, depth: int = 2) -> bool:
+        return any(isinstance(n, ast.Name) and (role_of(n.id) == "loader" or depth > 0 and n.id in named
+                                                and loader_in(named[n.id], depth - 1))
+                   or isinstance(n, ast.Attribute) and role_of(n.attr) == "loader" for n in ast.walk(expression))
 
     def enumerates(expression: ast.AST) -> bool:
         return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "enumerate"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import contextlib
 import copy
 import inspect
@@ -384,7 +385,6 @@ class ScriptPlan(_Plan):
 
     def _function_arguments(self, function: Callable) -> dict:
         """Its defaults (shrunk like settings), the runner's device, options from the file's argparse defaults."""
-        from gpu_runner import sites
         from gpu_runner.steps import _config_namespace
 
         arguments = {}
@@ -397,8 +397,11 @@ class ScriptPlan(_Plan):
             elif role_of(parameter.name) == "device":
                 arguments[parameter.name] = self.device
             elif parameter.name.lower() in CONFIG_NAMES:
-                defaults = {k: shrunk_setting(k, v, {}, self.device, self.shrunk)
-                            for k, v in sites.argparse_defaults(self.code_root, self.path).items()}
+                from gpu_runner.steps import _repository_options
+
+                # the script's options as its run hands them over (required ones valued, those set after parsing)
+                options = _repository_options(self.code_root, [self.path], self.path, self.notes)
+                defaults = {k: shrunk_setting(k, v, {}, self.device, self.shrunk) for k, v in options.items()}
                 try:
                     arguments[parameter.name] = _config_namespace(function, parameter.name, {"device": self.device},
                                                                   None, defaults)
@@ -539,6 +542,54 @@ def _is_distributed_error(exc: BaseException) -> bool:
 
 # ---- the script's environment ----------------------------------------------------------------------------
 
+class _NotDownloaded(dict):
+    """What a pretrained-weights download the sandbox cannot make returns: no weights (the model keeps those it
+    was initialized with); loading it into a module changes nothing."""
+
+
+@contextlib.contextmanager
+def weights_not_downloaded(notes: list):
+    """While a step runs: ``torch.hub.load_state_dict_from_url`` (``torch.utils.model_zoo.load_url``) that fails
+    for want of the network (the sandbox has none) returns no weights instead of raising, and ``load_state_dict``
+    of those loads nothing: the step trains the model as initialized, said in the notes. A weights file that is
+    there (the hub's cache), or any other error, is as it was."""
+    import torch.hub
+    import torch.utils.model_zoo
+
+    original, original_load = torch.hub.load_state_dict_from_url, nn.Module.load_state_dict
+    missed: list = []
+
+    def load_or_nothing(url, *args, **kwargs):
+        try:
+            return original(url, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - only the network's absence is answered; the rest re-raised
+            if not _is_network_error(exc):
+                raise
+            if url not in missed:
+                missed.append(url)
+            return _NotDownloaded()
+
+    def load_state_dict(module, state_dict, *args, **kwargs):
+        if isinstance(state_dict, _NotDownloaded):
+            return original_load(module, module.state_dict(), *args, **kwargs)
+        return original_load(module, state_dict, *args, **kwargs)
+
+    saved_zoo = getattr(torch.utils.model_zoo, "load_url", None)
+    torch.hub.load_state_dict_from_url = load_or_nothing
+    torch.utils.model_zoo.load_url = load_or_nothing
+    nn.Module.load_state_dict = load_state_dict
+    try:
+        yield
+    finally:
+        torch.hub.load_state_dict_from_url = original
+        if saved_zoo is not None:
+            torch.utils.model_zoo.load_url = saved_zoo
+        nn.Module.load_state_dict = original_load
+        if missed:
+            notes.append(f"pretrained weights the code downloads ({', '.join(missed[:2])}) cannot be fetched in the "
+                         "sandbox (no network): the model kept the weights it was initialized with")
+
+
 @contextlib.contextmanager
 def loaders_in_process(notes: list):
     """While a step runs: its data loaders load in the process (``num_workers=0``: no worker processes in the
@@ -621,7 +672,7 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     os.chdir(scratch)
     try:
         with stand_ins, loaders_in_process(notes), vision_data.synthetic_vision_data(notes), \
-                training_apis.single_process_apis(device, notes):
+                training_apis.single_process_apis(device, notes), weights_not_downloaded(notes):
             yield
     finally:
         os.chdir(saved_cwd)
@@ -636,18 +687,24 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
                          + "; ".join(dict.fromkeys(used["arguments"])))
 
 
-def required_argument_value(action: argparse.Action, script: Path) -> Optional[tuple[Any, str]]:
-    """(value, where it comes from) for a command-line argument without a default: its first choice; else a value
-    the code compares it with (``args.net == "vgg16"``, ``args.mode in ("train", "test")``) in the script or the
-    files beside it; else, for a number, a small one by its name (as constructor arguments are guessed) or its
-    type. None for a string nothing declares (a path, a name): the step stays skipped, naming it."""
+def required_argument_value(action: argparse.Action, script: Path,
+                            also: tuple = ()) -> Optional[tuple[Any, str]]:
+    """(value, where it comes from) for a command-line argument without a default: its first choice; else the
+    default it declares although ``required=True`` makes argparse ignore it (``required=True, default='informer'``);
+    else a value the code compares it with (``args.net == "vgg16"``, ``self.args.mode in ("train", "test")``) in
+    the script, the files beside it or ``also`` (the class that reads the options); else, for a number, a small one
+    by its name (as constructor arguments are guessed) or its type. None for a string nothing declares (a path, a
+    name): the step stays skipped, naming it."""
     from gpu_runner.build import guess_argument
 
     many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
     if action.choices:
         value, source = list(action.choices)[0], "its first choice"
+    elif action.default is not None and action.default is not argparse.SUPPRESS and not isinstance(action.default,
+                                                                                                   bool):
+        value, source = action.default, "the default it declares, which argparse ignores for a required option"
     else:
-        compared = _compared_constants(action.dest, script)
+        compared = _compared_constants(action.dest, script, also)
         if compared is not None and (action.type in (None, str) or isinstance(compared, action.type)):
             value, source = compared, "a value the code compares it with"
         elif action.type in (int, float):
@@ -662,10 +719,147 @@ def required_argument_value(action: argparse.Action, script: Path) -> Optional[t
     return value, source
 
 
-def _compared_constants(name: str, script: Path) -> Any:
-    """The first constant that ``<options>.name`` is compared with (``==``, ``!=``, ``in``) in ``script``, else in
-    the Python files beside it; None when none is."""
+def required_options(script: Path, also: tuple = ()) -> dict:
+    """Read without running ``script``: ``{dest: (value, where it comes from)}`` for each of its command-line
+    options that the command line must give (``required=True``, or a positional without ``nargs='?'``/``'*'``),
+    valued by ``required_argument_value`` (``also``: further files that compare the options with constants). An
+    option nothing values is left out (it stays unknown, and the code reading it says so)."""
+    try:
+        tree = ast.parse(script.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return {}
+    kinds = {"int": int, "float": float, "str": str}
+    found: dict = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            continue
+        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        keywords = {k.arg: k.value for k in node.keywords if k.arg}
+
+        def literal(key: str, otherwise: Any = None) -> Any:
+            try:
+                return ast.literal_eval(keywords[key]) if key in keywords else otherwise
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                return otherwise
+
+        if not flags:
+            continue
+        options = [f for f in flags if f.startswith("-")]
+        nargs = literal("nargs")
+        if not (literal("required") is True or not options and nargs not in ("?", "*")):
+            continue
+        dest = literal("dest") or (next((f for f in options if f.startswith("--")), options[0] if options else
+                                        flags[0]).lstrip("-").replace("-", "_"))
+        kind = keywords.get("type")
+        kind = kinds.get(kind.id) if isinstance(kind, ast.Name) else None
+        choices = literal("choices")
+        try:
+            action = argparse.Action(options, dest, nargs=nargs, default=literal("default"), type=kind,
+                                     choices=choices if isinstance(choices, (list, tuple, set)) else None,
+                                     required=True)
+        except (TypeError, ValueError):
+            continue
+        valued = required_argument_value(action, script, also)
+        if valued is not None:
+            found.setdefault(dest, valued)
+    return found
+
+
+def _parsed_options_block(tree: ast.Module) -> Optional[tuple[str, list]]:
+    """(the name ``parse_args()`` is assigned to, the statements after it in its block): the first such
+    assignment at module level, under ``__main__`` or in a function."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for index, statement in enumerate(body):
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                    and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Call) \
+                    and isinstance(statement.value.func, ast.Attribute) and statement.value.func.attr == "parse_args":
+                return statement.targets[0].id, body[index + 1:]
+    return None
+
+
+def _only_sets_options(statement: ast.stmt, options: str) -> bool:
+    """``statement`` assigns only ``<options>.X`` or plain names (``args.use_gpu = torch.cuda.is_available() and
+    args.use_gpu``, ``info = table[args.data]``, the ``if`` blocks made of such), and calls no function of the
+    repository (a call of a plain name is a builtin's): what a script does to its options after parsing them."""
+    if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.If)):
+        return False
+    for node in ast.walk(statement):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.Assign, ast.AugAssign, ast.If, ast.Pass)):
+            return False
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                if not all(isinstance(t, ast.Name) or isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                           and t.value.id == options for t in names):
+                    return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not hasattr(builtins, node.func.id):
+            return False
+    return True
+
+
+def options_set_after_parsing(script: Path, options: dict, notes: list) -> dict:
+    """``options`` (a script's argparse values) with what the script itself sets on them after ``parse_args()``
+    (``args.use_gpu = True if torch.cuda.is_available() and args.use_gpu else False``, ``args.cuda = not
+    args.no_cuda and torch.cuda.is_available()``, sizes looked up in a table by the data set's name), run here as
+    the script runs them: the statements of ``parse_args()``'s block that only set options or plain names, in
+    order, with the script's imports; a statement that raises is left out. Runs inside the sandbox, as the step
+    does. The options changed are said in ``notes``."""
+    try:
+        tree = ast.parse(script.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return options
+    found = _parsed_options_block(tree)
+    if found is None:
+        return options
+    name, statements = found
+    namespace = argparse.Namespace(**options)
+    scope: dict = {"__name__": "__torchreview_options__", name: namespace}
+    for statement in tree.body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            with contextlib.suppress(Exception):
+                exec(compile(ast.Module([statement], []), str(script), "exec"), scope)  # noqa: S102 - sandboxed
+    candidates = [st for st in statements if _only_sets_options(st, name)]
+
+    def sets_options(statement: ast.stmt) -> bool:
+        return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name)
+                   and n.value.id == name for n in ast.walk(statement))
+
+    # a plain name is set only where a statement setting options reads it (``info = table[args.data]``)
+    read = {n.id for st in candidates if sets_options(st) for n in ast.walk(st)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for statement in candidates:
+        if not sets_options(statement) and not any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                                                   and n.id in read for n in ast.walk(statement)):
+            continue
+        with contextlib.suppress(Exception):
+            exec(compile(ast.Module([statement], []), str(script), "exec"), scope)  # noqa: S102 - sandboxed
+    changed = {k: v for k, v in vars(namespace).items() if k not in options or options[k] is not v
+               and not _same(options[k], v)}
+    if changed:
+        notes.append(f"options {script.name} sets after parsing them, as it runs: "
+                     + ", ".join(f"{k}={v!r}" for k, v in list(changed.items())[:8])
+                     + (f" and {len(changed) - 8} more" if len(changed) > 8 else ""))
+    return vars(namespace)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - tensors, arrays: not the same object, so changed
+        return False
+
+
+def _compared_constants(name: str, script: Path, also: tuple = ()) -> Any:
+    """The first constant that ``<options>.name`` (``args.name``, or ``self.args.name`` where a class keeps its
+    options) is compared with (``==``, ``!=``, ``in``) in ``script``, else in the Python files beside it, else in
+    ``also``; None when none is."""
     files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)
+    files += [p for p in also if p not in files]
     for path in files:
         try:
             tree = ast.parse(path.read_text(errors="replace"))
@@ -677,7 +871,9 @@ def _compared_constants(name: str, script: Path) -> Any:
                 continue
             sides = [node.left, node.comparators[0]]
             for mine, other in (sides, sides[::-1]):
-                if not (isinstance(mine, ast.Attribute) and mine.attr == name and isinstance(mine.value, ast.Name)):
+                if not (isinstance(mine, ast.Attribute) and mine.attr == name
+                        and (isinstance(mine.value, ast.Name) or isinstance(mine.value, ast.Attribute)
+                             and mine.value.attr.lower() in CONFIG_NAMES)):
                     continue
                 items = other.elts if isinstance(other, (ast.Tuple, ast.List, ast.Set)) else [other]
                 constant = next((i.value for i in items if isinstance(i, ast.Constant) and i.value is not None

@@ -1122,7 +1122,9 @@ class _FunctionPlan(_Plan):
         super().__init__(code_root, target, subject, where)
         self.function, self.owner = function, owner
         self.given = dict(given or {})  # smoke.steps args: parameter values by name
-        self.repository_defaults = sites.argparse_defaults(code_root, where[0])
+        # the options of the step's file, and for a method those of the scripts that construct its class
+        paths = [where[0], *(_files_constructing(code_root, owner.__name__, where[0]) if owner is not None else [])]
+        self.repository_defaults = _repository_options(code_root, paths, where[0], self.notes)
         self.from_callers = _options_from_callers(code_root, where[0], function, self.repository_defaults)
         if self.from_callers:
             self.notes.append("its file calls the step with options: "
@@ -1213,7 +1215,8 @@ class _FunctionPlan(_Plan):
             values = {**values, "model": self.backbone}
         if self.owner is not None:
             try:
-                instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True))
+                instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True,
+                                                   repository_defaults=self.repository_defaults))
             except StepSkip:
                 raise
             except Exception as exc:
@@ -1429,6 +1432,23 @@ class _StandInDataset(torch.utils.data.Dataset):
         return self._torchreview_rows[index]
 
 
+_STAND_IN_CLASSES: dict = {}
+
+
+def _stand_in_class(cls: type) -> type:
+    """``_StandInDataset`` keeping what ``cls`` declares as plain class-level values (``NUM_CLASSES = 21``, a
+    class list), which the code reads of a data set it built; none of its methods."""
+    if cls not in _STAND_IN_CLASSES:
+        kept = {}
+        for base in reversed(cls.__mro__):
+            if base in (object, torch.utils.data.Dataset) or not issubclass(base, torch.utils.data.Dataset):
+                continue
+            kept.update({k: v for k, v in vars(base).items() if not k.startswith("__")
+                         and isinstance(v, (int, float, str, bytes, tuple, list, dict, frozenset, type(None)))})
+        _STAND_IN_CLASSES[cls] = type(cls.__name__, (_StandInDataset,), {**kept, "__module__": __name__})
+    return _STAND_IN_CLASSES[cls]
+
+
 class _RepositoryDatasets:
     """While a step that is given its model runs: a data set class the repository defines (a ``Dataset`` subclass
     in a file under the code root) whose constructor raises, because its files are not on the runner (an image
@@ -1475,13 +1495,27 @@ class _RepositoryDatasets:
         def init_or_stand_in(instance, *args, **kwargs):
             if isinstance(instance, _StandInDataset):
                 return None  # a subclass's ``super().__init__()`` after its base stood in
+            given = [v for v in [*args, *kwargs.values()] for v in (v if isinstance(v, (list, tuple)) else [v])]
+            if any(isinstance(v, _StandInDataset) for v in given):
+                # built over data sets that stood in (a concatenation, a subset of them): its rows would be theirs,
+                # and what it reads of them (their file lists) the stand-ins do not have
+                try:
+                    instance.__class__ = _stand_in_class(cls)
+                except TypeError:
+                    return init(instance, *args, **kwargs)
+                instance._torchreview_rows = plan.rows()
+                note = (f"the repository's data set {cls.__name__} is built over data sets that stood in: it stood "
+                        f"in too ({len(instance)} of the runner's rows)")
+                if note not in plan.notes:
+                    plan.notes.append(note)
+                return None
             try:
                 init(instance, *args, **kwargs)
             except StepSkip:
                 raise  # the runner's own verdict on what the step reached, not the data set's failure
             except Exception as exc:
                 try:
-                    instance.__class__ = _StandInDataset
+                    instance.__class__ = _stand_in_class(cls)
                 except TypeError:  # a layout the stand-in cannot take (``__slots__``): the failure stands
                     raise exc from None
                 instance._torchreview_rows = plan.rows()
@@ -1493,6 +1527,24 @@ class _RepositoryDatasets:
 
         init_or_stand_in.__wrapped__ = init
         return init_or_stand_in
+
+
+class _PendingRows(torch.utils.data.Dataset):
+    """The rows a data set of the repository stands in with while a trainer class is constructed, before the model
+    it builds exists to make them for: ``length`` rows (as many as the runner's loader holds), readable once
+    ``rows`` is set (the runner's data set for that model)."""
+
+    def __init__(self, length: int):
+        self.length, self.rows = length, None
+
+    def __len__(self) -> int:
+        return self.length if self.rows is None else len(self.rows)
+
+    def __getitem__(self, index: int) -> Any:
+        if self.rows is None:
+            raise StepSkip("the trainer reads its data while it is constructed, before its model exists: the runner "
+                           "cannot make batches for it; configure smoke.steps with an input")
+        return self.rows[index]
 
 
 class _PendingLoader:
@@ -1510,9 +1562,11 @@ class _PendingLoader:
 class _TrainerPlan(_Plan):
     """A method of a class that builds what it trains itself (an experiment / solver / agent class: its
     constructor, or a method it calls, makes the model and an optimizer over its parameters): the class is
-    constructed from its options (the argparse defaults of the files that construct it, the class's config),
-    the model is what its optimizers hold, a batch is made for that model as for any built model, and the method
-    runs on the runner's loader, its loop bounded."""
+    constructed from its options (those the scripts that construct it hand over: ``_repository_options``; the
+    class's config), the model is what its optimizers hold, a batch is made for that model as for any built model,
+    and the method runs on the runner's loader, its loop bounded. A data set of the repository that the
+    constructor cannot build (its files are not here) stands in with rows made once the model exists
+    (``_PendingRows``); one built over stand-ins stands in too."""
 
     kind = "trainer"
     unchanged_fails = False  # the class's own optimizer and learning rate update the model, as a script's do
@@ -1520,10 +1574,8 @@ class _TrainerPlan(_Plan):
     def __init__(self, code_root, target, where, function: Callable, owner: type, given: Optional[dict], device):
         super().__init__(code_root, target, None, where, device=device)
         self.function, self.owner, self.given = function, owner, dict(given or {})
-        self.repository_defaults = {}
-        for path in [where[0], *_files_constructing(code_root, owner.__name__)]:
-            for key, value in sites.argparse_defaults(code_root, path).items():
-                self.repository_defaults.setdefault(key, value)
+        paths = [where[0], *_files_constructing(code_root, owner.__name__, where[0])]
+        self.repository_defaults = _repository_options(code_root, paths, where[0], self.notes)
 
     def execute(self, iterations: int) -> None:
         from gpu_runner.script_steps import _script_environment
@@ -1537,7 +1589,9 @@ class _TrainerPlan(_Plan):
         from gpu_runner.script_steps import _named_values_of, _outermost, shrunk_setting
 
         pending = _PendingLoader()
-        values = {"loader": pending, "dataset": pending, "device": self.device, "epoch": 1, "epochs": 1,
+        # the epoch the method is given (1) lies within the epochs its class is built for (0 and 1: a schedule over
+        # ``epochs * len(loader)`` iterations is not past its end while the method runs)
+        values = {"loader": pending, "dataset": pending, "device": self.device, "epoch": 1, "epochs": 2,
                   "logger": _NullLogger(), "interval": 10, "clip": 1.0, "accumulation": 1, "flag": False}
         defaults = {k: shrunk_setting(k, v, self.repository_defaults, self.device, [])
                     for k, v in self.repository_defaults.items()}
@@ -1547,10 +1601,14 @@ class _TrainerPlan(_Plan):
                  if p.lower() in CONFIG_NAMES}
         given.update(self._annotated_modules())
         given.update(self._guessed_sizes(given, values))
+        # a data set of the repository the constructor builds from files that are not here (its loaders made
+        # before its model): it stands in with rows made once the model exists, as during the method
+        pending_rows = _PendingRows(iterations * STEP_BATCH)
         try:
             arguments = _arguments(self.owner.__init__, values, skip_first=True, given=given,
                                    repository_defaults=defaults)
-            instance = self.owner(**arguments)
+            with _RepositoryDatasets(self.code_root, lambda: pending_rows, self.notes):
+                instance = self.owner(**arguments)
         except StepSkip:
             raise
         except Exception as exc:
@@ -1591,8 +1649,15 @@ class _TrainerPlan(_Plan):
             # the class's criterion takes probabilities against targets in [0, 1] (binary masks, labels)
             batch = batch[:-1] + ((batch[-1] > 0).to(batch[-1].dtype),)
             self.notes.append("the class's criterion is a BCELoss: the batch's targets are 0 / 1")
+        elif batch[-1].is_floating_point() and any(_takes_class_indices(v) for v in attributes.values()):
+            from gpu_runner.batch_keys import class_indices
+
+            batch = batch[:-1] + (class_indices(batch[-1]),)
+            self.notes.append("the class's criterion reads its target as class indices (a cross-entropy, or a "
+                              "function casting its target to integers): the batch's targets are class indices")
         self._batch_by_keys(self.function, "the step", batch=batch)
         loader = self._loader(iterations)
+        pending_rows.rows = loader.dataset
         for key, value in attributes.items():
             if value is pending:
                 setattr(instance, key, loader)
@@ -1707,18 +1772,98 @@ class _TrainerPlan(_Plan):
         return frames[-1].lineno
 
 
-def _files_constructing(code_root: Path, name: str) -> list[str]:
+def _repository_options(code_root: Path, paths: list, reader: str, notes: list) -> dict:
+    """The options a step's code gets from the scripts in ``paths`` (the step's file first, then the scripts that
+    construct its class), as a run of them hands them over: their argparse defaults; an option the command line
+    must give (``required=True``) valued as a script's run values it (``script_steps.required_options``: its first
+    choice, the default it declares, a constant the code compares it with, in ``reader`` too); then what the
+    scripts set on their options after ``parse_args()`` (``script_steps.options_set_after_parsing``). Said in
+    ``notes``."""
+    from gpu_runner.script_steps import options_set_after_parsing, required_options
+
+    options: dict = {}
+    for path in paths:
+        for key, value in sites.argparse_defaults(code_root, path).items():
+            options.setdefault(key, value)
+    given = []
+    for path in paths:
+        for key, (value, source) in required_options(code_root / path, (code_root / reader,)).items():
+            if key not in options:
+                options[key] = value
+                given.append(f"--{key} {value} ({source})")
+    if given:
+        notes.append("options the command line must give were given values the code declares: " + "; ".join(given))
+    for path in paths:
+        options = options_set_after_parsing(code_root / path, options, notes)
+    return options
+
+
+def _takes_class_indices(criterion: Any) -> bool:
+    """A trainer's criterion that reads its target as class indices: a cross-entropy / NLL loss module, or a
+    function (a bound method: ``SegmentationLosses(...).build_loss("ce")``) that casts its second parameter to
+    integers (``target.long()``) before its loss."""
+    from gpu_runner.batch_keys import _casts_to_integer
+
+    if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
+        return True
+    if not (inspect.isfunction(criterion) or inspect.ismethod(criterion)):
+        return False
+    node = _function_node(criterion)
+    if node is None:
+        return False
+    parameters = [a.arg for a in node.args.posonlyargs + node.args.args][1 if inspect.ismethod(criterion) else 0:]
+    if len(parameters) < 2:
+        return False
+    return any(_casts_to_integer(n) and isinstance(n.func.value, ast.Name) and n.func.value.id == parameters[1]
+               for n in ast.walk(node))
+
+
+def _files_constructing(code_root: Path, name: str, defining: Optional[str] = None) -> list[str]:
     """The repository's files (relative paths) that call ``name(...)``, or take it under another name
-    (``Exp = Exp_Informer`` before ``Exp(args)``): where a class is built from its options."""
+    (``Exp = Exp_Informer`` before ``Exp(args)``): where a class is built from its options. With ``defining`` (the
+    class's file), a file that imports a class of that name from another file (``from exp.exp_stat import
+    Exp_Main`` beside ``exp/exp_main.py``; a sub-project's own ``exp/exp_main.py``) builds another class and is
+    left out; one whose import cannot be read stays in."""
     pattern = re.compile(rf"\b{re.escape(name)}\(|=\s*{re.escape(name)}\s*$", re.M)
     found = []
     for path in sorted(code_root.rglob("*.py")):
         try:
-            if pattern.search(path.read_text(errors="replace")):
-                found.append(path.relative_to(code_root).as_posix())
+            text = path.read_text(errors="replace")
+            relative = path.relative_to(code_root).as_posix()
         except (OSError, ValueError):
             continue
+        if pattern.search(text) and (defining is None or relative == defining
+                                     or _imports_name_from(code_root, path, text, name) in (None, defining)):
+            found.append(relative)
     return found[:8]
+
+
+def _imports_name_from(code_root: Path, path: Path, text: str, name: str) -> Optional[str]:
+    """The file (relative path) that ``path``'s ``from M import name`` takes ``name`` from, resolved as Python
+    would with the script's folder and then the code root on the path (a relative import against its package);
+    None when the file does not import ``name`` that way or the module is not a file of the repository."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not any(a.name == name for a in node.names):
+            continue
+        parts = (node.module or "").split(".") if node.module else []
+        if node.level:
+            bases = [path.parents[node.level - 1]] if len(path.parents) >= node.level else []
+        else:
+            bases = [path.parent, code_root]
+        for base in bases:
+            for candidate in (base.joinpath(*parts).with_suffix(".py") if parts else None,
+                              base.joinpath(*parts, "__init__.py")):
+                if candidate is not None and candidate.is_file():
+                    try:
+                        return candidate.resolve().relative_to(code_root.resolve()).as_posix()
+                    except ValueError:
+                        return None
+        return None
+    return None
 
 
 def _data_by_use(function: Callable, batch: tuple, depth: int = 1) -> dict:

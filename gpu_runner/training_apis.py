@@ -22,8 +22,9 @@ Only what the packages document, for the single process the runner is:
   ``accelerate.utils``...) is still the missing package, and the step is skipped naming it.
 - TensorBoard's ``SummaryWriter`` (``torch.utils.tensorboard``, ``tensorboardX``) without the ``tensorboard`` /
   ``tensorboardX`` package: a writer whose methods (``add_scalar``, ``add_histogram``, ``flush``, ``close``...)
-  write nothing and return None, as theirs return None; bound only where the script's own import of it failed
-  and left the name unset (``unset_writers``).
+  write nothing and return None, as theirs return None; bound where the script's own import of it failed and
+  left the name unset (``unset_writers``), and, for tensorboardX, made wherever the step's code (a helper module
+  of the repository) calls the stand-in ``tensorboardX.SummaryWriter``.
 - ``wandb``: ``init`` gives a disabled run, and its ``log``, ``finish``, ``watch``, ``config.update``,
   ``define_metric``, ``save``, ``alert``, ``login`` and the media types it logs (``Image``, ``Histogram``,
   ``Table``...) do nothing, as wandb documents for ``mode="disabled"`` ("all calls to the wandb API are no-ops").
@@ -205,8 +206,13 @@ def substitutes(device: Any, used: list) -> dict[str, Callable]:
             return DisabledRun()
         return call
 
+    def writer(*args, **kwargs):
+        _note(used, "tensorboardX.SummaryWriter")
+        return DisabledWriter(*args, **kwargs)
+
     table: dict[str, Callable] = {"accelerate.Accelerator": accelerator,
-                                  "accelerate.accelerator.Accelerator": accelerator}
+                                  "accelerate.accelerator.Accelerator": accelerator,
+                                  "tensorboardX.SummaryWriter": writer, "tensorboardX.writer.SummaryWriter": writer}
     table.update({f"wandb.{name}": disabled(name) for name in _WANDB_CALLS})
     return table
 
@@ -257,7 +263,7 @@ def _note(used: list, name: str) -> None:
         used.append(name)
 
 
-PACKAGES = ("accelerate", "wandb")
+PACKAGES = ("accelerate", "wandb", "tensorboardX")
 
 
 @contextlib.contextmanager
@@ -284,6 +290,9 @@ def single_process_apis(device: Any, notes: list) -> Iterator[None]:
                              "one process (gpu_runner.training_apis: prepare returns what it is given, on the "
                              "runner's device; backward is loss.backward())"
                              + (f"; used: {', '.join(methods)}" if methods else ""))
+            if "tensorboardX.SummaryWriter" in used:
+                notes.append("tensorboardX is not installed: its SummaryWriter, made where the step's code imports "
+                             "it, wrote nothing (gpu_runner.training_apis)")
             if any(n.startswith("wandb") for n in used):
                 notes.append("wandb is not installed: its calls were no-ops, as with mode=\"disabled\" "
                              f"(gpu_runner.training_apis): {', '.join(n[6:] for n in used if n.startswith('wandb'))}")
