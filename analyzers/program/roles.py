@@ -330,6 +330,8 @@ class CheckpointWrites:
             names = self._names(expr)
             spelled = self._spelled_out(expr, path)
             for write in self.writes:
+                if write.path is not None and not self._one_value(write.call, write.path, path, expr):
+                    continue  # the same spelling in two functions, each handed its value by its own callers
                 if write.path_text == text and self._saved_first(write.call, path):
                     return True
                 if write.path is not None and spelled is not None and self._saved_first(write.call, path) \
@@ -481,6 +483,21 @@ class CheckpointWrites:
         while (parent := self._parents.get(id(chain[-1]))) is not None:
             chain.append(parent)
         return chain
+
+    def _one_value(self, save: cst.Call, saved: cst.BaseExpression, load: cst.CSTNode,
+                   loaded: cst.BaseExpression) -> bool:
+        """Can a path the save writes and one the load reads, built from the same names, hold the same value? Not
+        when they sit in different functions and one of them is built from a parameter of its function: a
+        parameter holds whatever that function's callers pass, so ``def save(self, path)`` and ``def load(cls,
+        path)`` share a spelling, not a file (the load reads what its own callers name)."""
+        save_fn, load_fn = _function_of(self._ancestry(save)), _function_of(self._ancestry(load))
+        if save_fn is load_fn:
+            return True
+        for fn, expr in ((save_fn, saved), (load_fn, loaded)):
+            if isinstance(fn, cst.FunctionDef) and any(
+                    "." not in name and parameter(fn, name) is not None for name in _value_names(expr)):
+                return False
+        return True
 
     def _saved_first(self, save: cst.Call, load: cst.CSTNode) -> bool:
         """Can this save have run before this load, in one run of the program?

@@ -37,7 +37,8 @@ class UnsafeTorchLoad(Rule):
         `weights_only=True`, on a file the program did not write itself. The finding is critical
         when the path comes from outside the program (command-line arguments, environment,
         configuration, a download). Not flagged: a checkpoint the same file saved before loading it
-        (the best-model reload of a training script or notebook, a cache), a fixed file spelled
+        (the best-model reload of a training script or notebook, a cache; not a `load(path)` helper
+        beside a `save(path)` one, whose parameters only share a name), a fixed file spelled
         whole in the code that the program itself saves to as it runs (a notebook that restores
         `'./model/net.pkl'` from its earlier run, then trains and saves there again), a file the
         program hands to a function's saving parameter (`fit(..., best_model_save_path='top.pt')`,
@@ -226,6 +227,12 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch\nif args.resume_snapshot:\n    model = torch.load(args.resume_snapshot)\nelse:\n"
                 "    model = SNLIClassifier(config)\nfor step in range(10):\n    torch.save(model, snapshot_path)\n",
                 line=3, message="this file saves a whole nn.Module into checkpoints"),
+        # a save helper and a load helper that both call their parameter `path`: the same word, two values, each
+        # chosen by its own callers; the load reads whatever file a caller names
+        Invalid("import torch\nclass Agent(torch.nn.Module):\n    def dump(self, path):\n"
+                "        torch.save(self.state_dict(), path)\n    @classmethod\n    def restore(cls, path):\n"
+                "        agent = cls()\n        agent.load_state_dict(torch.load(path))\n        return agent\n",
+                line=8, message="`torch.load(path)`"),
         # handed whole to load_state_dict, the file is a state dict whatever else the script saves: the fix is safe
         Invalid("import torch\nmodel.load_state_dict(torch.load(args.weights))\ntorch.save(model, 'final.pt')\n",
                 line=2, message="pass `weights_only=True`",
