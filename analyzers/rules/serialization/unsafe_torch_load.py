@@ -123,6 +123,10 @@ class UnsafeTorchLoad(Rule):
         # restored from the fixed file its own training loop saves to: what an earlier run of it left there
         "import torch\ntry:\n    net = torch.load('saved/net.pkl')\nexcept OSError:\n    net = Net()\n"
         "for epoch in range(5):\n    fit(net)\n    torch.save(net, 'saved/net.pkl')\n",
+        # a saving helper and a scoring helper, both handed the one file this program picks
+        "import torch\ndef fit(net, out):\n    for epoch in range(3):\n        torch.save(net.state_dict(), out)\n"
+        "def score(net, where):\n    net.load_state_dict(torch.load(where))\ntarget = 'runs/best.pt'\n"
+        "fit(net, target)\nscore(net, target)\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # the fallback for torch builds without the keyword
