@@ -332,6 +332,10 @@ class CheckpointWrites:
             names = self._names(expr)
             spelled = self._spelled_out(expr, path)
             for write in self.writes:
+                if write.path is not None and self._handed_by_caller(write, expr) and self._saved_first(write.call, path):
+                    return True  # a saving helper that the function reading ``expr`` hands this very path
+                if write.path is not None and not self._one_value(write.call, write.path, path, expr):
+                    continue  # the same spelling in two functions, each handed its value by its own callers
                 if write.path_text == text and self._saved_first(write.call, path):
                     return True
                 if write.path is not None and spelled is not None and self._saved_first(write.call, path) \
@@ -520,6 +524,35 @@ class CheckpointWrites:
         while (parent := self._parents.get(id(chain[-1]))) is not None:
             chain.append(parent)
         return chain
+
+    def _one_value(self, save: cst.Call, saved: cst.BaseExpression, load: cst.CSTNode,
+                   loaded: cst.BaseExpression) -> bool:
+        """Can a path the save writes and one the load reads, built from the same names, hold the same value? Not
+        when they sit in different functions and one of them is built from a parameter of its function: a
+        parameter holds whatever that function's callers pass, so ``def save(self, path)`` and ``def load(cls,
+        path)`` share a spelling, not a file (the load reads what its own callers name)."""
+        save_fn, load_fn = _function_of(self._ancestry(save)), _function_of(self._ancestry(load))
+        if save_fn is load_fn:
+            return True
+        if isinstance(load_fn, cst.FunctionDef) and self._from_parameter(load_fn, loaded):
+            return False
+        return not (isinstance(save_fn, cst.FunctionDef) and self._from_parameter(save_fn, saved))
+
+    def _handed_by_caller(self, write: CheckpointWrite, loaded: cst.BaseExpression) -> bool:
+        """Does a saving helper write where the load reads because a caller, in the function that loads (or hands
+        the path on), passes it the very path the load reads (``fit(net, target)`` then ``score(net, target)``)?"""
+        save_fn = _function_of(self._ancestry(write.call))
+        if not isinstance(save_fn, cst.FunctionDef) or not isinstance(write.path, cst.Name) or \
+                parameter(save_fn, write.path.value) is None:
+            return False
+        load_fn = _function_of(self._ancestry(loaded))
+        text = _normalized(self.ctx, loaded)
+        return any(_normalized(self.ctx, value) == text and _function_of(self._ancestry(value)) is load_fn
+                   for value in call_site_values(self.ctx, save_fn, write.path.value) or ())
+
+    @staticmethod
+    def _from_parameter(fn: cst.FunctionDef, expr: cst.BaseExpression) -> bool:
+        return any("." not in name and parameter(fn, name) is not None for name in _value_names(expr))
 
     def _saved_first(self, save: cst.Call, load: cst.CSTNode) -> bool:
         """Can this save have run before this load, in one run of the program?

@@ -10,7 +10,7 @@ import libcst as cst
 
 from analyzers.context import FileContext, argument, dotted_name, call_receiver, keyword_arg, literal_bool, positional_args, \
     short, string_value
-from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, subtree
+from analyzers.program.flow import ModuleNodes, assignment_before, call_site_values, module_function, parameter, subtree
 from analyzers.program.library import (BATCHNORM_BODY_ATTRIBUTES, MODE_FREE_LIBRARY_MODELS, NAN_CONSTANTS, PARAMETER_CLASSES, PARAMETER_ITERATORS, SAME_GRAD_CONVERSIONS, TENSOR_CREATION_OPS, WRAPPER_LAST_NAMES, Does, does, is_library, method_does, method_returns_same_module,
                                        names_an_optimizer_class, wrapped_module_argument, is_data_loader, is_ddp,
                                        library_architecture_with_batchnorm, builds_library_model)
@@ -836,16 +836,88 @@ _FULL_REDUCTIONS = {"sum", "mean", "max", "min", "prod", "norm", "std", "var", "
 
 def zero_dim_origin(expr: cst.BaseExpression, ctx: FileContext) -> Optional[str]:
     """Why ``expr`` is a 0-dim tensor: it is a loss (named as one, or what a loss function returns), or a full
-    reduction such as ``x.sum()``; None when nothing says so."""
+    reduction such as ``x.sum()``, or the result of a function of this file that returns one (called by its name,
+    or through a parameter every caller fills with such a function: ``f(True)`` in ``def search(f)`` called as
+    ``search(closure)``); None when nothing says so."""
     name = dotted_name(expr)
     if name is not None and name_is_loss_like(name):
         return "a loss"
     value = ctx.origin(expr) if name is not None else expr
-    if isinstance(value, cst.Call):
-        func = value.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _FULL_REDUCTIONS and not value.args and \
-                ctx.qualified_name(func) is None:
-            return f"a full reduction (`.{func.attr.value}()`)"
-        if name_is_criterion_like(dotted_name(called_object(func))):
+    return _zero_dim_value(value, ctx, 0) if isinstance(value, cst.Call) else None
+
+
+def _zero_dim_value(value: Optional[cst.BaseExpression], ctx: FileContext, depth: int) -> Optional[str]:
+    """:func:`zero_dim_origin` for a value read anywhere in the file (a ``return`` of another function): names are
+    followed through their assignment before the read, not through the walk's scopes."""
+    if isinstance(value, cst.Name) and depth:
+        if name_is_loss_like(value.value):
             return "a loss"
-    return None
+        value = assignment_before(ctx, value, value.value)
+    if not isinstance(value, cst.Call):
+        return None
+    func = value.func
+    if isinstance(func, cst.Attribute) and func.attr.value in _FULL_REDUCTIONS and not value.args and \
+            ctx.qualified_name(func) is None:
+        return f"a full reduction (`.{func.attr.value}()`)"
+    if name_is_criterion_like(dotted_name(called_object(func))):
+        return "a loss"
+    if depth >= 2:
+        return None
+    functions = functions_called(value, ctx)
+    if not functions:
+        return None
+    from analyzers.program.graphs import FunctionShapes  # graphs reads values: imported where it is needed
+    shapes = ctx.facts(FunctionShapes)
+    reasons = set()
+    for fn in functions:
+        returns = shapes.own_returns(fn)
+        found = {_zero_dim_value(node.value, ctx, depth + 1) for node in returns}
+        if not returns or None in found:
+            return None
+        reasons |= found
+    named = ", ".join(f"`{fn.name.value}`" for fn in functions)
+    return f"what {named} {'returns' if len(functions) == 1 else 'return'}: {sorted(reasons)[0]}"
+
+
+def functions_called(call: cst.Call, ctx: FileContext) -> list[cst.FunctionDef]:
+    """The functions of this file a call by a bare name runs: the one that name is bound to, or, for a parameter of
+    the function around the call, the functions every call of that function passes for it (a closure handed to a
+    search helper). Empty when any of them is not known."""
+    if not isinstance(call.func, cst.Name):
+        return []
+    name = call.func.value
+    owner = _function_around(call, ctx)
+    if owner is not None and parameter(owner, name) is not None:
+        values = call_site_values(ctx, owner, name)
+        if not values:
+            return []
+        found = [_function_named(value, ctx) for value in values]
+        return found if all(found) else []
+    fn = _function_named(call.func, ctx)
+    return [fn] if fn is not None else []
+
+
+def _function_around(node: cst.CSTNode, ctx: FileContext) -> Optional[cst.FunctionDef]:
+    """The innermost function around ``node`` by the whole file's parents (the node may lie past the walk)."""
+    parents = ctx.facts(ModuleNodes).parents
+    current = parents.get(id(node))
+    while current is not None and not isinstance(current, cst.FunctionDef):
+        current = parents.get(id(current))
+    return current
+
+
+def _function_named(expr: cst.BaseExpression, ctx: FileContext) -> Optional[cst.FunctionDef]:
+    """The function a bare name read at ``expr`` is bound to by a ``def`` of this file: one of the enclosing
+    functions' own (a closure), else one at module level."""
+    if not isinstance(expr, cst.Name):
+        return None
+    scope = _function_around(expr, ctx)
+    while scope is not None:
+        if parameter(scope, expr.value) is not None:
+            return None
+        local = next((node for node in scope.body.body
+                      if isinstance(node, cst.FunctionDef) and node.name.value == expr.value), None)
+        if local is not None:
+            return local
+        scope = _function_around(scope, ctx)
+    return module_function(ctx, expr.value)

@@ -22,7 +22,10 @@ class IndexZeroDimData(Rule):
     summary = "loss.data[0] indexes a 0-dim tensor: an IndexError since PyTorch 0.5; use loss.item()"
     what = """
         Flags `x.data[0]` where `x` is a scalar: a loss (a name containing "loss", or the result
-        of `criterion(...)` / `F.*_loss(...)`) or a full reduction such as `(pred == y).sum()`.
+        of `criterion(...)` / `F.*_loss(...)`) or a full reduction such as `(pred == y).sum()`,
+        or what a function of the same file returns when every `return` of it is one: called by
+        its name, or through a parameter that each caller fills with such a function (an
+        objective closure handed to a line search).
     """
     why = """
         Before PyTorch 0.4 losses were 1-element vectors and `loss.data[0]` read the number.
@@ -41,6 +44,23 @@ class IndexZeroDimData(Rule):
         total += loss.item()
         first = outputs.data[0]
         loss.data[0] += 1
+        """,
+        # a helper of the file that hands back the network's raw output, a batch: its first row is a real read
+        """
+        import torch
+        def forward_all(net, xs):
+            return net(xs)
+        top = forward_all(net, xs).data[0]
+        """,
+        # the function a caller passes may return anything: one caller hands over something unknown
+        """
+        import torch
+        def probe(fn):
+            return fn().data[0]
+        def mean_cost():
+            return costs.mean()
+        probe(mean_cost)
+        probe(make_fn())
         """,
         # indexing a batch of per-sample losses
         """
@@ -110,6 +130,21 @@ class IndexZeroDimData(Rule):
                     total += loss.item()
                 return total
             """,
+        ),
+        # an objective closure handed to a search helper, which reads its value the pre-0.4 way
+        Invalid(
+            """
+            import torch
+            def backtrack(objective, steps):
+                start = objective().data[0]
+                return start
+            def fit(policy, batch, weights):
+                def surrogate():
+                    ratio = policy(batch)
+                    return (-weights * ratio).mean()
+                backtrack(surrogate, 10)
+            """,
+            line=4, message="what `surrogate` returns",
         ),
         Invalid(
             """

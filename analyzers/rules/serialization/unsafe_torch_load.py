@@ -37,7 +37,8 @@ class UnsafeTorchLoad(Rule):
         `weights_only=True`, on a file the program did not write itself. The finding is critical
         when the path comes from outside the program (command-line arguments, environment,
         configuration, a download). Not flagged: a checkpoint the same file saved before loading it
-        (the best-model reload of a training script or notebook, a cache), a fixed file spelled
+        (the best-model reload of a training script or notebook, a cache; not a `load(path)` helper
+        beside a `save(path)` one, whose parameters only share a name), a fixed file spelled
         whole in the code that the program itself saves to as it runs (a notebook that restores
         `'./model/net.pkl'` from its earlier run, then trains and saves there again), a file the
         program hands to a function's saving parameter (`fit(..., best_model_save_path='top.pt')`,
@@ -136,6 +137,10 @@ class UnsafeTorchLoad(Rule):
               "def train(net, folder):\n    keeper = KeepBest()\n    for epoch in range(9):\n"
               "        keeper(step(net), net, folder)\n    net.load_state_dict(torch.load(folder + '/top.pth'))\n",
               requirements="numpy\n"),
+        # a saving helper and a scoring helper, both handed the one file this program picks
+        "import torch\ndef fit(net, out):\n    for epoch in range(3):\n        torch.save(net.state_dict(), out)\n"
+        "def score(net, where):\n    net.load_state_dict(torch.load(where))\ntarget = 'runs/best.pt'\n"
+        "fit(net, target)\nscore(net, target)\n",
         # weights-only with an allowlist
         "import torch\nwith torch.serialization.safe_globals([Net]):\n    model = torch.load(args.model)\n",
         # a wrapper of torch.load that hands on whatever keywords its callers give (weights_only among them)
@@ -251,6 +256,12 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch\nif args.resume_snapshot:\n    model = torch.load(args.resume_snapshot)\nelse:\n"
                 "    model = SNLIClassifier(config)\nfor step in range(10):\n    torch.save(model, snapshot_path)\n",
                 line=3, message="this file saves a whole nn.Module into checkpoints"),
+        # a save helper and a load helper that both call their parameter `path`: the same word, two values, each
+        # chosen by its own callers; the load reads whatever file a caller names
+        Invalid("import torch\nclass Agent(torch.nn.Module):\n    def dump(self, path):\n"
+                "        torch.save(self.state_dict(), path)\n    @classmethod\n    def restore(cls, path):\n"
+                "        agent = cls()\n        agent.load_state_dict(torch.load(path))\n        return agent\n",
+                line=8, message="`torch.load(path)`"),
         # handed whole to load_state_dict, the file is a state dict whatever else the script saves: the fix is safe
         Invalid("import torch\nmodel.load_state_dict(torch.load(args.weights))\ntorch.save(model, 'final.pt')\n",
                 line=2, message="pass `weights_only=True`",
