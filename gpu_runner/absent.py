@@ -71,6 +71,10 @@ def _discarded_at_import(frame: Optional[types.FrameType]) -> bool:
     frame's bytecode: the instruction after the call pops its result."""
     if frame is None or frame.f_code.co_name != "<module>":
         return False
+    # only while the module is being imported (importlib marks its spec ``_initializing``): a script's main block
+    # the runner executes as a step reports such statements itself (``script_steps``: "statements that only call")
+    if not getattr(frame.f_globals.get("__spec__"), "_initializing", False):
+        return False
     try:
         instructions = [i for i in dis.get_instructions(frame.f_code) if i.opname != "CACHE"]
     except Exception:  # noqa: BLE001 - unreadable code: the use counts, as before
