@@ -534,9 +534,9 @@ class CheckpointWrites:
         save_fn, load_fn = _function_of(self._ancestry(save)), _function_of(self._ancestry(load))
         if save_fn is load_fn:
             return True
-        if isinstance(load_fn, cst.FunctionDef) and self._from_parameter(load_fn, loaded):
+        if isinstance(load_fn, cst.FunctionDef) and self._from_parameter(load_fn, loaded, saved):
             return False
-        return not (isinstance(save_fn, cst.FunctionDef) and self._from_parameter(save_fn, saved))
+        return not (isinstance(save_fn, cst.FunctionDef) and self._from_parameter(save_fn, saved, loaded))
 
     def _handed_by_caller(self, write: CheckpointWrite, loaded: cst.BaseExpression) -> bool:
         """Does a saving helper write where the load reads because a caller, in the function that loads (or hands
@@ -550,9 +550,29 @@ class CheckpointWrites:
         return any(_normalized(self.ctx, value) == text and _function_of(self._ancestry(value)) is load_fn
                    for value in call_site_values(self.ctx, save_fn, write.path.value) or ())
 
-    @staticmethod
-    def _from_parameter(fn: cst.FunctionDef, expr: cst.BaseExpression) -> bool:
-        return any("." not in name and parameter(fn, name) is not None for name in _value_names(expr))
+    def _from_parameter(self, fn: cst.FunctionDef, expr: cst.BaseExpression, other: cst.BaseExpression) -> bool:
+        """Is ``expr`` built from a parameter of ``fn`` whose callers may pass anything: not one that every call in
+        the file fills with the value the instance keeps in the attribute ``other`` is (``self._restore(path)``
+        beside ``self.path = path``, where the save writes ``self.path``)."""
+        kept = dotted_name(other)
+        return any("." not in name and parameter(fn, name) is not None and not (
+            kept is not None and kept.startswith("self.") and self._always_the_kept_value(fn, name, kept))
+            for name in _value_names(expr))
+
+    def _always_the_kept_value(self, fn: cst.FunctionDef, name: str, kept: str) -> bool:
+        """Does every call of ``fn`` in the file pass, for ``name``, a variable that its own function also stores
+        in ``kept`` (``self.path = path`` ... ``self._restore(path)``)?"""
+        values = call_site_values(self.ctx, fn, name)
+        if not values:
+            return False
+        for value in values:
+            caller = _function_of(self._ancestry(value))
+            if not isinstance(value, cst.Name) or not isinstance(caller, cst.FunctionDef) or not any(
+                    isinstance(node, cst.Assign) and len(node.targets) == 1
+                    and dotted_name(node.targets[0].target) == kept and isinstance(node.value, cst.Name)
+                    and node.value.value == value.value for node in subtree(caller)):
+                return False
+        return True
 
     def _saved_first(self, save: cst.Call, load: cst.CSTNode) -> bool:
         """Can this save have run before this load, in one run of the program?

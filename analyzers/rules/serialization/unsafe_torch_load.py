@@ -137,6 +137,16 @@ class UnsafeTorchLoad(Rule):
               "def train(net, folder):\n    keeper = KeepBest()\n    for epoch in range(9):\n"
               "        keeper(step(net), net, folder)\n    net.load_state_dict(torch.load(folder + '/top.pth'))\n",
               requirements="numpy\n"),
+        # a runner that keeps its snapshot file in an attribute, saves there, and restores through a method every
+        # call of which it hands that same file: one value, the program's own snapshot
+        "import os\nimport torch\nclass Runner:\n    def __init__(self, net, snapshot_path):\n"
+        "        self.net = net\n        self.snapshot_path = snapshot_path\n"
+        "        if os.path.exists(snapshot_path):\n            self._restore(snapshot_path)\n"
+        "    def _restore(self, snapshot_path):\n        self.net.load_state_dict(torch.load(snapshot_path))\n"
+        "    def _keep(self):\n        torch.save(self.net.state_dict(), self.snapshot_path)\n"
+        "    def fit(self, epochs):\n        for epoch in range(epochs):\n            step(self.net)\n"
+        "            self._keep()\n"
+        "def main(epochs, snapshot_path='snapshot.pt'):\n    Runner(Net(), snapshot_path).fit(epochs)\n",
         # a saving helper and a scoring helper, both handed the one file this program picks
         "import torch\ndef fit(net, out):\n    for epoch in range(3):\n        torch.save(net.state_dict(), out)\n"
         "def score(net, where):\n    net.load_state_dict(torch.load(where))\ntarget = 'runs/best.pt'\n"
