@@ -432,14 +432,10 @@ def _call_handles_device(node: cst.Call, ctx: FileContext) -> bool:
 def places_on_a_device(code: cst.CSTNode, ctx: FileContext) -> bool:
     """Does ``code`` move a value or name a device to make one on: ``.to(device)``, ``.cuda()``, ``device=``, a
     ``device`` variable or attribute, a helper that moves (``to_device``). A ``.to(torch.float32)`` does not."""
-    for node in expression_nodes(code):
-        if isinstance(node, cst.Call) and _call_handles_device(node, ctx):
-            return True
-        name = node.value if isinstance(node, cst.Name) else node.attr.value if isinstance(node, cst.Attribute) \
-            else None
-        if name is not None and "device" in name_words(name):
-            return True
-    return False
+    if moves_or_handles_device(code, ctx):
+        return True
+    return any("device" in name_words(node.value if isinstance(node, cst.Name) else node.attr.value)
+               for node in expression_nodes(code) if isinstance(node, (cst.Name, cst.Attribute)))
 
 
 def yields_host_tensors(code: cst.CSTNode, ctx: FileContext) -> bool:
