@@ -566,9 +566,12 @@ class _Settings(types.SimpleNamespace):
 
 
 def _arguments(function: Callable, values: dict, *, skip_first: bool = False, given: Optional[dict] = None,
-               repository_defaults: Optional[dict] = None, by_use: Optional[dict] = None) -> dict:
+               repository_defaults: Optional[dict] = None, by_use: Optional[dict] = None,
+               notes: Optional[list] = None) -> dict:
     """Keyword arguments for ``function``: as configured (``given``, by parameter name), by role, a config
-    namespace, or its default. Raises StepSkip for a required argument the runner cannot build."""
+    namespace, or its default. A loader parameter the function looks its loaders up in by key gets every key as
+    the runner's loader (``_LoadersByKey``, said in ``notes``). Raises StepSkip for a required argument the runner
+    cannot build."""
     given = given or {}
     try:
         parameters = list(inspect.signature(function).parameters.values())
@@ -590,6 +593,12 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
             arguments[parameter.name] = configured
         elif role == "loader" and "dataset" in values and _builds_its_own_loader(function, parameter.name):
             arguments[parameter.name] = values["dataset"]
+        elif "loader" in values and "loader" in (role, role_of(parameter.name.rstrip("s"))) \
+                and _looks_up_loaders_by_key(function, parameter.name):
+            arguments[parameter.name] = _LoadersByKey(values["loader"])
+            if notes is not None:
+                notes.append(f"{function.__qualname__} looks its loaders up in '{parameter.name}' by key (a dict of "
+                             "loaders): every key gave the runner's loader")
         elif role in values and (parameter.default is parameter.empty or role in _ALWAYS_GIVEN):
             arguments[parameter.name] = values[role]
         elif parameter.default is not parameter.empty:
@@ -611,6 +620,60 @@ def _arguments(function: Callable, values: dict, *, skip_first: bool = False, gi
 
 _NOT_GIVEN = object()
 _DATASET_NAMES = re.compile(r"(\w+_)?(dataset|ds)")
+
+
+class _LoadersByKey(dict):
+    """What a step (or a trainer's constructor) that looks its loaders up by key is given in place of a dict of
+    loaders (``{"train": ..., "val": ...}``): any string key is the runner's loader."""
+
+    def __init__(self, loader: Any):
+        super().__init__()
+        self.loader = loader
+
+    def __missing__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return self.loader
+        raise KeyError(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.loader if isinstance(key, str) else default
+
+
+def _looks_up_loaders_by_key(function: Callable, name: str) -> bool:
+    """``function`` subscripts its parameter ``name`` with a string (a constant, or a loop variable over string
+    constants: ``for phase in ("train", "val")``) and uses what it gets as a loader: iterates it (``for x, y in
+    loaders[phase]``, ``enumerate(data["train"])``) or keeps it under a loader's name (``self.tr_loader =
+    data["tr_loader"]``). A string subscript used otherwise (a batch read by key) is not a loader."""
+    node = _function_node(inspect.unwrap(function))
+    if node is None:
+        return False
+    string_names = {loop.target.id for loop in ast.walk(node) if isinstance(loop, (ast.For, ast.AsyncFor))
+                    and isinstance(loop.target, ast.Name) and isinstance(loop.iter, (ast.List, ast.Tuple, ast.Set))
+                    and loop.iter.elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
+                                               for e in loop.iter.elts)}
+
+    def keyed(expression: ast.AST) -> bool:
+        if not (isinstance(expression, ast.Subscript) and isinstance(expression.value, ast.Name)
+                and expression.value.id == name):
+            return False
+        key = expression.slice
+        return isinstance(key, ast.Constant) and isinstance(key.value, str) \
+            or isinstance(key, ast.Name) and key.id in string_names
+
+    def iterated(expression: ast.AST) -> bool:
+        # the loop's iterable itself, or an argument of a call wrapping it (``enumerate``, a progress bar)
+        return keyed(expression) or isinstance(expression, ast.Call) and any(iterated(a) for a in expression.args)
+
+    for n in ast.walk(node):
+        if isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)) and iterated(n.iter):
+            return True
+        if isinstance(n, ast.Assign) and keyed(n.value):
+            for target in n.targets:
+                named = target.id if isinstance(target, ast.Name) else \
+                    target.attr if isinstance(target, ast.Attribute) else None
+                if named is not None and role_of(named) == "loader":
+                    return True
+    return False
 
 
 def _builds_its_own_loader(function: Callable, name: str) -> bool:
@@ -1216,7 +1279,7 @@ class _FunctionPlan(_Plan):
         if self.owner is not None:
             try:
                 instance = self.owner(**_arguments(self.owner.__init__, values, skip_first=True,
-                                                   repository_defaults=self.repository_defaults))
+                                                   repository_defaults=self.repository_defaults, notes=self.notes))
             except StepSkip:
                 raise
             except Exception as exc:
@@ -1232,7 +1295,7 @@ class _FunctionPlan(_Plan):
         if self.probe is not None:
             given.update({self.probe[0]: self.backbone, self.probe[1]: self.head})
         arguments = _arguments(call, values, given=given, repository_defaults=self.repository_defaults,
-                               by_use=by_use)
+                               by_use=by_use, notes=self.notes)
         for key in arguments:
             if role_of(key) == "device" and isinstance(arguments[key], str) and _reads_attribute_of(call, key):
                 arguments[key] = torch.device(arguments[key])  # ``device.type``: the step takes a torch.device
@@ -1606,7 +1669,7 @@ class _TrainerPlan(_Plan):
         pending_rows = _PendingRows(iterations * STEP_BATCH)
         try:
             arguments = _arguments(self.owner.__init__, values, skip_first=True, given=given,
-                                   repository_defaults=defaults)
+                                   repository_defaults=defaults, notes=self.notes)
             with _RepositoryDatasets(self.code_root, lambda: pending_rows, self.notes):
                 instance = self.owner(**arguments)
         except StepSkip:
@@ -1671,7 +1734,7 @@ class _TrainerPlan(_Plan):
                    extra_parameter_ids=frozenset(held - {id(p) for p in model.parameters()}))
         method = getattr(instance, self.function.__name__)
         values.update(loader=loader, dataset=loader.dataset, model=model, batch=self._one_batch())
-        call_arguments = _arguments(method, values, given=self.given, repository_defaults=defaults)
+        call_arguments = _arguments(method, values, given=self.given, repository_defaults=defaults, notes=self.notes)
         # the method may build its own data (``self._get_data(flag="train")``): a repository data set whose files are
         # not on the runner yields the runner's rows for the model, as for a step that is given its model
         datasets = _RepositoryDatasets(self.code_root, lambda: self._loader(iterations).dataset, self.notes)
