@@ -14,6 +14,7 @@ import contextlib
 import dis
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 from typing import Callable, Iterable, Iterator, Optional
@@ -23,19 +24,47 @@ class MissingPackageError(ModuleNotFoundError):
     """The PR's code used a package the runner does not have."""
 
 
-def _missing(name: str) -> MissingPackageError:
+def _missing(name: str, module: Optional[str] = None) -> MissingPackageError:
     top = name.split(".")[0]
+    if module and "." in module:  # a module an installed package does not have (see ``absent_module``)
+        return MissingPackageError(f"{name} is used, but the installed package '{top}' has no module '{module}' (a "
+                                   "module of another release of it)", name=module)
     return MissingPackageError(f"{name} is used, but the package '{top}' is not installed on the smoke runner",
                                name=top)
+
+
+def absent_module(name: str) -> str:
+    """What to stand in for when importing the dotted module ``name`` failed: its top-level package when that is not
+    installed; the module itself when the package is installed but has no such module (an API another release
+    of the package had: ``from scipy.sparse.linalg.eigen.arpack import eigsh`` against a SciPy that moved it), so
+    that the rest of the installed package stays real."""
+    top = name.split(".")[0]
+    if "." not in name:
+        return top
+    try:
+        installed = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        installed = False
+    return name if installed else top
+
+
+def _covers(packages: Iterable[str], fullname: str) -> Optional[str]:
+    """The package (or dotted module) of ``packages`` that ``fullname`` is or lies under."""
+    return next((p for p in packages if fullname == p or fullname.startswith(p + ".")), None)
 
 
 class StandIn(types.ModuleType):
     """Any attribute is another stand-in; any use other than naming it raises ``MissingPackageError``."""
 
+    _standing_for: Optional[str] = None  # the package or module it stands in for (a child: its parent's)
+
     def __getattr__(self, attribute: str) -> "StandIn":
         if attribute.startswith("__") and attribute.endswith("__"):
             raise AttributeError(attribute)  # protocols probed by inspect, copy, pickle... are absent
+        if attribute == "_standing_for":
+            return None
         child = StandIn(f"{self.__name__}.{attribute}")
+        child._standing_for = self._standing_for
         setattr(self, attribute, child)
         return child
 
@@ -46,16 +75,16 @@ class StandIn(types.ModuleType):
                 return found(*args, **kwargs)
         if _discarded_at_import(sys._getframe(1)):
             return None  # ``plotting.use("Agg")`` as a statement of the module: a setting nothing here reads
-        raise _missing(self.__name__)
+        raise _missing(self.__name__, self._standing_for)
 
     def __mro_entries__(self, bases):  # class Net(missing.Base): the class cannot exist without the package
-        raise _missing(self.__name__)
+        raise _missing(self.__name__, self._standing_for)
 
     def __iter__(self):
-        raise _missing(self.__name__)
+        raise _missing(self.__name__, self._standing_for)
 
     def __getitem__(self, key):
-        raise _missing(self.__name__)
+        raise _missing(self.__name__, self._standing_for)
 
     def __instancecheck__(self, instance) -> bool:  # nothing is an instance of a class that is not installed
         return False
@@ -89,17 +118,22 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.packages = set(packages)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in self.packages:
+        if _covers(self.packages, fullname):
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
     def create_module(self, spec):
-        module = StandIn(spec.name)
-        module.__path__ = []
-        return module
+        return _stand_in_module(spec.name, _covers(self.packages, spec.name))
 
     def exec_module(self, module):
         pass
+
+
+def _stand_in_module(name: str, standing_for: Optional[str]) -> StandIn:
+    module = StandIn(name)
+    module.__path__ = []
+    module._standing_for = standing_for
+    return module
 
 
 _SUBSTITUTES: list[Callable[[str], Optional[Callable]]] = []
@@ -118,14 +152,19 @@ def substituted(lookup: Callable[[str], Optional[Callable]]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def stand_ins(packages: Iterable[str]) -> Iterator[None]:
-    """Within the block, importing any of ``packages`` (or their submodules) gives stand-ins."""
+    """Within the block, importing any of ``packages`` (or their submodules) gives stand-ins. A dotted name is a
+    module an installed package lacks (``absent_module``): it is registered as it is, since the import system would
+    not ask a finder for a child of a parent that is a real module and not a package."""
     finder = _StandInFinder(packages)
     sys.meta_path.insert(0, finder)
+    for name in finder.packages:
+        if "." in name and name not in sys.modules:
+            sys.modules[name] = _stand_in_module(name, name)
     try:
         yield
     finally:
         sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n.split(".")[0] in finder.packages]:
+        for name in [n for n in sys.modules if _covers(finder.packages, n)]:
             if isinstance(sys.modules[name], StandIn):
                 del sys.modules[name]
 

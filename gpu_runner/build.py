@@ -410,8 +410,9 @@ def import_with_stand_ins(code_root: Path, path: str,
             with absent.stand_ins(missing):
                 module = import_file(code_root, path, raise_missing=True, transform=transform)
         except ModuleNotFoundError as exc:
-            name = absent.missing_package(exc) or (exc.name or "").split(".")[0]
-            local = (code_root / name).exists() or (code_root / f"{name}.py").exists()
+            name = absent.missing_package(exc) or absent.absent_module(exc.name or "")
+            top = name.split(".")[0]
+            local = (code_root / top).exists() or (code_root / f"{top}.py").exists()
             if not name or local:
                 raise BuildError(f"importing {path} failed: {exc}{_where_in(exc, code_root)}"
                                  f"{_bare_package_cause(exc)}") from exc

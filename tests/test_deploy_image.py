@@ -132,8 +132,8 @@ def test_the_image_stages_install_offline_from_the_wheel_set(tmp_path):
 
     runner = offline_resolve(stages["runner"][1], wheels, [torch_dir], tmp_path / "runner.json", context)
     assert {"torchreview", "torch", "numpy", "celery", "prometheus-client", "lightning", "pytorch-lightning"} <= runner
-    # what the code the runner runs imports at module level (einops in models, pandas in training scripts)
-    assert {"einops", "pandas"} <= runner
+    # what the code the runner runs imports at module level (einops in models, pandas and scipy in training scripts)
+    assert {"einops", "pandas", "scipy"} <= runner
     app = offline_resolve(stages["app"][0], wheels, [], tmp_path / "app.json", context)
     # the App's server stack comes with its extra, and IPython for notebooks in its syntax; the webhook and
     # static workers never need torch
