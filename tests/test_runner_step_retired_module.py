@@ -41,9 +41,10 @@ SCORER = '''
     def train(model, loader, optimizer, device):
         model.train()
         for rows, kinds in loader:
+            rows, kinds = rows.to(device), kinds.to(device)
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(rows.to(device)), kinds.to(device))
-            loss.backward()
+            scores = model(rows)
+            F.cross_entropy(scores, kinds).backward()
             optimizer.step()
 '''
 
