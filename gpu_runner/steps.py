@@ -643,18 +643,46 @@ def _looks_up_loaders_by_key(function: Callable, name: str) -> bool:
     """``function`` subscripts its parameter ``name`` with a string (a constant, or a loop variable over string
     constants: ``for phase in ("train", "val")``) and uses what it gets as a loader: iterates it (``for x, y in
     loaders[phase]``, ``enumerate(data["train"])``) or keeps it under a loader's name (``self.tr_loader =
-    data["tr_loader"]``). A string subscript used otherwise (a batch read by key) is not a loader."""
+    data["tr_loader"]``). A constructor that keeps the parameter (``self.data = data``) looks it up so where its
+    class's other methods do (``for x, y in self.data["train"]``). A string subscript used otherwise (a batch read by
+    key) is not a loader."""
     node = _function_node(inspect.unwrap(function))
     if node is None:
         return False
+    kept = {t.attr for n in ast.walk(node) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)
+            and n.value.id == name for t in n.targets if isinstance(t, ast.Attribute)
+            and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    if kept and function.__name__ == "__init__":
+        owner = _class_node(function)
+        if owner is not None and any(_subscripts_loaders(n, lambda e: isinstance(e, ast.Attribute)
+                                                         and e.attr in kept and isinstance(e.value, ast.Name)
+                                                         and e.value.id == "self")
+                                     for n in owner.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            return True
+    return _subscripts_loaders(node, lambda e: isinstance(e, ast.Name) and e.id == name)
+
+
+def _class_node(method: Callable) -> Optional[ast.ClassDef]:
+    """The class statement a method is defined in, read from its module's source."""
+    owner_name = method.__qualname__.rpartition(".")[0]
+    owner = getattr(inspect.getmodule(method), owner_name, None) if owner_name and "<" not in owner_name else None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(owner))) if inspect.isclass(owner) else None
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef)), None) if tree is not None else None
+
+
+def _subscripts_loaders(node: ast.AST, is_dict: Callable[[ast.AST], bool]) -> bool:
+    """``node`` subscripts what ``is_dict`` names with a string and uses what it gets as a loader (see
+    ``_looks_up_loaders_by_key``)."""
     string_names = {loop.target.id for loop in ast.walk(node) if isinstance(loop, (ast.For, ast.AsyncFor))
                     and isinstance(loop.target, ast.Name) and isinstance(loop.iter, (ast.List, ast.Tuple, ast.Set))
                     and loop.iter.elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
                                                for e in loop.iter.elts)}
 
     def keyed(expression: ast.AST) -> bool:
-        if not (isinstance(expression, ast.Subscript) and isinstance(expression.value, ast.Name)
-                and expression.value.id == name):
+        if not (isinstance(expression, ast.Subscript) and is_dict(expression.value)):
             return False
         key = expression.slice
         return isinstance(key, ast.Constant) and isinstance(key.value, str) \
@@ -1724,6 +1752,8 @@ class _TrainerPlan(_Plan):
         for key, value in attributes.items():
             if value is pending:
                 setattr(instance, key, loader)
+            elif isinstance(value, _LoadersByKey) and value.loader is pending:
+                value.loader = loader  # a dict of loaders the class keeps and looks up later
         self.notes.append(f"{self.owner.__name__} built its own model: {name} ({type(model).__name__}, "
                           f"{sum(p.numel() for p in model.parameters()):,} parameters), trained by its own optimizer"
                           + ("s" if len(optimizers) > 1 else "")

@@ -68,6 +68,27 @@ KEPT = '''
                 self.optimizer.step()
 '''
 
+# A class that builds its own model and optimizer, keeps the dict of loaders and looks the fitting one up per epoch.
+HELD = '''
+    import torch
+    import torch.nn as nn
+    from curve import Curve
+
+
+    class Workshop:
+        def __init__(self, data, width=6):
+            self.data = data
+            self.net = Curve(width)
+            self.optimizer = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+
+        def train_epoch(self):
+            self.net.train()
+            for points, heights in self.data["fit"]:
+                self.optimizer.zero_grad()
+                nn.functional.mse_loss(self.net(points), heights).backward()
+                self.optimizer.step()
+'''
+
 
 def test_a_step_looping_over_phases_of_a_dict_of_loaders_runs(tmp_path):
     root = write_tree(tmp_path, {"curve.py": PHASES})
@@ -121,3 +142,14 @@ def test_a_string_subscript_not_used_as_a_loader_is_not_a_dict_of_loaders(tmp_pa
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert _looks_up_loaders_by_key(module.fit, "loaders")
+
+
+def test_a_trainer_building_its_model_looks_up_a_kept_dict_of_loaders(tmp_path):
+    root = write_tree(tmp_path, {"curve.py": PHASES, "workshop.py": HELD})
+    report = smoke_step(root, "workshop.py:Workshop.train_epoch", None, device="cpu")
+    assert report["status"] == "passed", report
+    assert any("looks its loaders up in 'data' by key" in n for n in report["notes"]), report["notes"]
+    planted = write_tree(tmp_path / "planted", {"curve.py": PHASES, "workshop.py": HELD.replace(
+        "self.optimizer.zero_grad()\n", "pass\n")})
+    report = smoke_step(planted, "workshop.py:Workshop.train_epoch", None, device="cpu")
+    assert_zero_grad_fails_at(report, planted, "workshop.py", "self.optimizer.step()")
