@@ -165,6 +165,15 @@ def context_lowered(severity: Severity, category: str, role: Optional[str]) -> t
     return Severity(severity - 1), f"lowered: {role}"
 
 
+def context_drops(severity: Severity, category: str, role: Optional[str]) -> bool:
+    """A finding that is low in test code (low already, or medium lowered by :func:`context_lowered`) says
+    nothing. A test exercises an API on purpose (a deprecated call, a pinned device, activation checkpointing),
+    and the hygiene advice a low finding gives is not worth a comment there; bugs of high severity and above stay
+    (one level lower). Security rules are kept, as in :func:`context_lowered`. ``severity`` is the one after
+    lowering."""
+    return role == TEST_CODE and severity is Severity.LOW and category not in NOT_LOWERED_BY_CONTEXT
+
+
 # Roles where code never runs long enough for speed to matter (``analyzers.program.harm``'s names; a benchmark
 # is where speed is the point, so it is not one).
 SPEED_IRRELEVANT_ROLES = (TEST_CODE, TINY_DATA)

@@ -264,3 +264,42 @@ def test_only_rules_whose_harm_is_speed_alone_are_silenced():
     assert context_silences(True, TEST_CODE) and context_silences(True, TINY_DATA)
     assert not context_silences(True, BENCHMARK) and not context_silences(True, None)
     assert not context_silences(False, TEST_CODE)
+
+
+# activation checkpointing without use_reentrant= (TR812, low and not about speed): hygiene advice
+CHECKPOINTED = """\
+import torch
+from torch.utils import checkpoint
+
+
+class Block(torch.nn.Module):
+    def forward(self, x):
+        return checkpoint.checkpoint(self.inner, x)
+"""
+
+CHECKPOINTED_PYTEST = CHECKPOINTED + """
+
+def test_block_runs():
+    assert Block()(torch.ones(2)).shape == (2,)
+"""
+
+
+def test_a_low_finding_says_nothing_in_test_code_and_is_kept_elsewhere():
+    assert [f.rule for f in _findings(CHECKPOINTED, "model.py", rule="TR812")] == ["TR812"]
+    # lowered to low in a test, it says nothing: the test exercises the call on purpose
+    assert _findings(CHECKPOINTED_PYTEST, "tests/test_block.py", rule="TR812") == []
+    # a file that only sits in a tests folder but collects no test keeps it, as does a run without context
+    assert [f.rule for f in _findings(CHECKPOINTED, "tests/model.py", rule="TR812")] == ["TR812"]
+    off = Config(preview=True, measured_severities=False, context_severity=False)
+    assert [f.rule for f in _findings(CHECKPOINTED_PYTEST, "tests/test_block.py", off, rule="TR812")] == ["TR812"]
+
+
+def test_only_low_non_security_findings_in_test_code_are_dropped():
+    from analyzers.levels import context_drops
+    from analyzers.model import Category
+    from analyzers.program.harm import BENCHMARK, TEST_CODE, TINY_DATA
+    assert context_drops(Severity.LOW, "training", TEST_CODE)
+    assert not context_drops(Severity.MEDIUM, "training", TEST_CODE)  # a high finding lowered in a test is said
+    assert not context_drops(Severity.LOW, Category.SECURITY.value, TEST_CODE)
+    assert not context_drops(Severity.LOW, "training", BENCHMARK) and not context_drops(Severity.LOW, "training", TINY_DATA)
+    assert not context_drops(Severity.LOW, "training", None)
