@@ -430,6 +430,9 @@ def _run_rules(ctx: FileContext, result: FileResult, source: str, path: str, con
         if config.context_severity and levels.context_silences(rule.speed_only, ctx.facts(HarmContext).role):
             continue  # speed advice where the code never runs at scale
         severity, context = _severity(rule, p.severity or rule.severity, config, ctx)
+        if config.context_severity and rule.id not in config.severity and \
+                levels.context_drops(severity, rule.category.value, ctx.facts(HarmContext).role):
+            continue  # low in a test (already, or once lowered): hygiene advice a test does not need
         key = (rule.id, start.line, start.column, p.message)
         if key in seen:
             continue

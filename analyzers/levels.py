@@ -165,6 +165,20 @@ def context_lowered(severity: Severity, category: str, role: Optional[str]) -> t
     return Severity(severity - 1), f"lowered: {role}"
 
 
+# Rules whose low findings a test keeps: security (as above) and APIs a library release removes
+KEPT_IN_TESTS = (*NOT_LOWERED_BY_CONTEXT, Category.DEPRECATION.value)
+
+
+def context_drops(severity: Severity, category: str, role: Optional[str]) -> bool:
+    """A finding that is low in test code (low already, or medium lowered by :func:`context_lowered`) says
+    nothing. A test exercises code on purpose (a pinned device, a toy loader, a fake model's state), and the
+    hygiene advice a low finding gives is not worth a comment there; bugs of high severity and above stay (one
+    level lower). Security rules are kept, as in :func:`context_lowered`, and so are deprecated and removed APIs:
+    a test breaks on the release that removes one just as a training run does. ``severity`` is the one after
+    lowering."""
+    return role == TEST_CODE and severity is Severity.LOW and category not in KEPT_IN_TESTS
+
+
 # Roles where code never runs long enough for speed to matter (``analyzers.program.harm``'s names; a benchmark
 # is where speed is the point, so it is not one).
 SPEED_IRRELEVANT_ROLES = (TEST_CODE, TINY_DATA)

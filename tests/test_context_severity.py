@@ -264,3 +264,61 @@ def test_only_rules_whose_harm_is_speed_alone_are_silenced():
     assert context_silences(True, TEST_CODE) and context_silences(True, TINY_DATA)
     assert not context_silences(True, BENCHMARK) and not context_silences(True, None)
     assert not context_silences(False, TEST_CODE)
+
+
+# a loader without workers (TR702, low, speed) and a hard-coded CUDA device (TR704, low): hygiene advice
+PINNED = """\
+import torch
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+model = Net().to(device)
+for x in batches:
+    x = x.cuda()
+    model(x)
+"""
+
+PINNED_PYTEST = PINNED + """
+
+def test_runs_on_gpu():
+    assert model is not None
+"""
+
+DEPRECATED_PYTEST = """\
+import torch
+
+
+def test_loss_per_item():
+    loss = torch.nn.MSELoss(reduce=False)
+    assert loss(torch.ones(2), torch.zeros(2)).shape == (2,)
+"""
+
+
+def test_a_low_finding_says_nothing_in_test_code_and_is_kept_elsewhere():
+    assert [f.rule for f in _findings(PINNED, "gpu.py", rule="TR704")] == ["TR704"]
+    # low in a test, it says nothing: the test pins the device on purpose
+    assert _findings(PINNED_PYTEST, "tests/test_gpu.py", rule="TR704") == []
+    # a file that holds a test function but is no test file (a script's self-check) keeps it
+    assert [f.rule for f in _findings(PINNED_PYTEST, "check_gpu.py", rule="TR704")] == ["TR704"]
+    # as does a run without context
+    off = Config(preview=True, measured_severities=False, context_severity=False)
+    assert [f.rule for f in _findings(PINNED_PYTEST, "tests/test_gpu.py", off, rule="TR704")] == ["TR704"]
+
+
+def test_a_deprecated_api_in_a_test_is_still_reported():
+    # the release that removes the argument breaks the test as it breaks training code
+    assert [f.rule for f in _findings(DEPRECATED_PYTEST, "tests/test_loss.py", rule="TR818")] == ["TR818"]
+
+
+def test_only_low_findings_of_hygiene_rules_in_test_code_are_dropped():
+    from analyzers.levels import context_drops
+    from analyzers.model import Category
+    from analyzers.program.harm import BENCHMARK, TEST_CODE, TINY_DATA
+    assert context_drops(Severity.LOW, Category.DEVICE.value, TEST_CODE)
+    assert not context_drops(Severity.MEDIUM, Category.DEVICE.value, TEST_CODE)  # a high one lowered in a test
+    assert not context_drops(Severity.LOW, Category.SECURITY.value, TEST_CODE)
+    assert not context_drops(Severity.LOW, Category.DEPRECATION.value, TEST_CODE)
+    assert not context_drops(Severity.LOW, Category.DEVICE.value, BENCHMARK)
+    assert not context_drops(Severity.LOW, Category.DEVICE.value, TINY_DATA)
+    assert not context_drops(Severity.LOW, Category.DEVICE.value, None)

@@ -653,6 +653,19 @@ def test_the_default_device_is_set_by_a_call_not_by_its_name_in_a_comment():
                                            "print('set_default_device')\ntorch.cuda.set_device(0)\n"))
 
 
+@pytest.mark.parametrize("code,busy", [
+    ("import torch\nnet = torch.compile(net, mode='max-autotune')\n", True),  # a compiled module
+    ("import torch\n@torch.compile\ndef step(x):\n    return x * 2\n", True),  # a compiled function
+    ("from torch import compile as fuse\nnet = fuse(net)\n", True),  # under another name
+    ("import torch\ng = torch.cuda.CUDAGraph()\nwith torch.cuda.graph(g):\n    y = net(x)\n", True),
+    ("import torch\nnet = net.cuda()\n# torch.compile(net) later\nprint('compile')\n", False),  # words only
+    ("import re\npattern = re.compile('a+')\n", False),  # another library's compile
+])
+def test_a_program_keeps_the_gpu_busy_by_compiling_or_capturing_not_by_saying_so(code, busy):
+    from analyzers.program.devices import keeps_gpu_busy
+    assert keeps_gpu_busy(context(code)) is busy
+
+
 @pytest.mark.parametrize("code,kept", [
     # replaced at the top of the file, under another name for the module
     ("import builtins as b\nb.print = lambda *a, **k: None\n", True),

@@ -159,6 +159,18 @@ def sets_default_device(ctx: FileContext) -> bool:
     return any(does(ctx.call_name(call), Does.SETS_DEFAULT_DEVICE) for call in ctx.facts(ModuleNodes).of_type(cst.Call))
 
 
+def keeps_gpu_busy(ctx: FileContext) -> bool:
+    """Is the file's program built to keep the GPU busy (:attr:`Does.KEEPS_GPU_BUSY`): does it compile a module or
+    function (``torch.compile(model)``, ``@torch.compile``) or capture CUDA graphs? Where it does, the host only
+    launches the step's work, and anything that waits for the GPU every step undoes what the program set up; where
+    it does not, a step's own launches and data loading already dominate and one host read more is not worth a
+    comment."""
+    nodes = ctx.facts(ModuleNodes)
+    if any(does(ctx.call_name(call), Does.KEEPS_GPU_BUSY) for call in nodes.of_type(cst.Call)):
+        return True
+    return any(does(ctx.qualified_name(d.decorator), Does.KEEPS_GPU_BUSY) for d in nodes.of_type(cst.Decorator))
+
+
 def device_like_name(dotted: Optional[str]) -> bool:
     """An unresolved device variable: ``device``, ``args.device``, ``self.cfg.device``, ``local_device``."""
     if not dotted:

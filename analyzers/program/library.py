@@ -53,6 +53,8 @@ class Does(enum.Enum):
     KEEPS_FP32_MASTER_WEIGHTS = "trains a float16 model through a float32 master copy of its weights"
     CLIPS_GRADIENTS = "clips the gradients of the parameters it is given (or of the model it wraps) in place"
     SETS_DEFAULT_DEVICE = "sets the device factory functions (torch.zeros...) create tensors on without device="
+    KEEPS_GPU_BUSY = ("compiles or captures the GPU work of a step so that the host only launches it (torch.compile, "
+                      "CUDA graphs): a program that does this is built for throughput, and a host sync stalls it")
     # where a value comes from when it comes from outside the program (analyzers/program/origins.py)
     READS_COMMAND_LINE = "gives what the command line said (the arguments the program was started with)"
     READS_ENVIRONMENT = "gives what the process's environment variables say"
@@ -100,7 +102,7 @@ _SERIALIZATION = "https://pytorch.org/docs/stable/notes/serialization.html"
 APIS: dict[str, Api] = {
     # --- torch: wrappers that return a module around the one they are given
     "torch.compile": _api("https://pytorch.org/docs/stable/generated/torch.compile.html", Does.WRAPS_MODULE,
-                          module_argument=(0, "model")),
+                          Does.KEEPS_GPU_BUSY, module_argument=(0, "model")),
     **{name: _api(_DP_DOC, Does.WRAPS_MODULE, Does.REPLICATES_PER_DEVICE, module_argument=(0, "module"))
        for name in ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                     "torch.nn.parallel.data_parallel.DataParallel")},
@@ -499,6 +501,12 @@ STREAM_METHODS = frozenset({"record_stream", "wait_stream", "wait_event", "recor
 # torch.set_default_device.html)
 APIS["torch.set_default_device"] = _api("https://pytorch.org/docs/stable/generated/torch.set_default_device.html",
                                         Does.SETS_DEFAULT_DEVICE)
+
+# --- CUDA graphs: "CUDA Graphs ... reduce CPU overhead": the captured work is replayed by one launch
+# (https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs, .../generated/torch.cuda.graph.html,
+# .../generated/torch.cuda.CUDAGraph.html, .../generated/torch.cuda.make_graphed_callables.html)
+APIS.update({name: _api("https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs", Does.KEEPS_GPU_BUSY)
+             for name in ("torch.cuda.graph", "torch.cuda.CUDAGraph", "torch.cuda.make_graphed_callables")})
 
 # --- gradient clipping. torch's functions clip "the gradient norm of an iterable of parameters ... in-place"
 # (https://pytorch.org/docs/stable/generated/torch.nn.utils.clip_grad_norm_.html, .../clip_grad_value_.html,

@@ -10,7 +10,7 @@ from analyzers.context import (
     dotted_name,
     method_name)
 from analyzers.markdown import code_span, named
-from analyzers.program.devices import file_handles_devices
+from analyzers.program.devices import file_handles_devices, keeps_gpu_busy
 from analyzers.program.loops import loop_stack
 from analyzers.program.names import last_segment
 from analyzers.program.values import (BACKWARD_METHODS)
@@ -37,7 +37,10 @@ class PerStepSyncForLogging(Rule):
         Flags `loss.item()`, `loss.cpu()`, `loss.numpy()` or printing the loss tensor in every
         iteration of a training loop (a loop that calls `.backward()`), when the value only goes
         to `print`, a logger, `tqdm.set_postfix`, `wandb.log`, `writer.add_scalar` or a list, and
-        the call is not behind an `if step % N == 0:`-style guard.
+        the call is not behind an `if step % N == 0:`-style guard, in a program built to keep the GPU
+        busy (it compiles its model with `torch.compile` or captures CUDA graphs). In a plain eager
+        loop the step's own kernel launches and data loading dwarf one host read for a log, and the
+        finding is not worth a comment.
     """
     why = """
         Reading a CUDA tensor on the host waits for every queued kernel to finish, so the CPU
@@ -46,6 +49,7 @@ class PerStepSyncForLogging(Rule):
         on the device and reading once, avoids the stall.
     """
     example = """
+        model = torch.compile(model)
         for step, (x, y) in enumerate(loader):
             loss = criterion(model(x), y)
             loss.backward()
@@ -53,6 +57,7 @@ class PerStepSyncForLogging(Rule):
             print(f"step {step}: {loss.item():.4f}")
     """
     fix_example = """
+        model = torch.compile(model)
         for step, (x, y) in enumerate(loader):
             loss = criterion(model(x), y)
             loss.backward()
@@ -71,6 +76,17 @@ class PerStepSyncForLogging(Rule):
             optimizer.step()
             epoch_loss += loss.item()
             print(loss.item())
+        """,
+        # a plain eager loop on a GPU: nothing compiled or captured, one host read for a log is not worth a comment
+        """
+        import torch
+        device = torch.device("cuda")
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            print(f"step {step}: {loss.item():.4f}")
         """,
         # nothing in the file uses a GPU
         """
@@ -145,18 +161,20 @@ class PerStepSyncForLogging(Rule):
             """
             import torch
             device = torch.device("cuda")
+            model = torch.compile(model)
             for step, (x, y) in enumerate(loader):
                 loss = criterion(model(x), y)
                 loss.backward()
                 optimizer.step()
                 print(f"step {step}: {loss.item():.4f}")
             """,
-            line=8, message="loss.item()",
+            line=9, message="loss.item()",
         ),
         Invalid(
             """
             import torch
             device = torch.device("cuda")
+            model = torch.compile(model)
             from tqdm import tqdm
             pbar = tqdm(loader)
             for x, y in pbar:
@@ -165,23 +183,25 @@ class PerStepSyncForLogging(Rule):
                 pbar.set_postfix(loss=loss.item())
                 writer.add_scalar("loss", loss.detach().cpu().numpy(), step)
             """,
-            line=9, message="set_postfix", count=2,
+            line=10, message="set_postfix", count=2,
         ),
         Invalid(
             """
             import torch
             device = torch.device("cuda")
+            model = torch.compile(model)
             for batch in loader:
                 loss = criterion(model(batch.x), batch.y)
                 loss.backward()
                 print("loss", loss)
             """,
-            line=7, message="print",
+            line=8, message="print",
         ),
         Invalid(
             """
             import torch
             device = torch.device("cuda")
+            model = torch.compile(model)
             def train(model, loader):
                 history = []
                 for x, y in loader:
@@ -191,7 +211,24 @@ class PerStepSyncForLogging(Rule):
                     if is_main_process:
                         logger.info("loss %.4f", loss.item())
             """,
-            line=9, message="history", count=2,
+            line=10, message="history", count=2,
+        ),
+        # a compiled step function: the decorator marks the program as built for throughput
+        Invalid(
+            """
+            import torch
+
+            @torch.compile
+            def compute_loss(x, y):
+                return criterion(model(x), y)
+
+            for x, y in loader:
+                loss = compute_loss(x.cuda(), y.cuda())
+                loss.backward()
+                optimizer.step()
+                progress.set_postfix(loss=loss.item())
+            """,
+            line=12, message="set_postfix",
         ),
     ]
 
@@ -276,6 +313,8 @@ class PerStepSyncForLogging(Rule):
     def end_file(self, ctx: FileContext) -> None:
         if not self.events or not file_handles_devices(ctx):
             return  # nothing here runs on a GPU: reading a CPU tensor waits for nothing
+        if not keeps_gpu_busy(ctx):
+            return  # a plain eager step: its own launches and data loading dwarf one host read for a log
         flagged = {id(node) for node, _, _, _ in self.events}
         reported: set = set()
         for node, loop, sink, message in self.events:
