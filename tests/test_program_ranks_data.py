@@ -191,8 +191,8 @@ def test_evaluation_functions_are_read_from_their_names(name, evaluation):
 
 
 @pytest.mark.parametrize("name, predicts", [
-    ("predict", True), ("full_sort_predict", True), ("predictScores", True), ("inference", True),
-    ("infer_batch", True), ("predictor", False), ("evaluate", False), ("parameters", False), ("state_dict", False),
+    ("predict", True), ("full_sort_predict", True), ("predictScores", True), ("inference", False),
+    ("predictor", False), ("evaluate", False), ("parameters", False), ("state_dict", False),
 ])
 def test_prediction_methods_are_read_from_their_names(name, predicts):
     assert names_prediction_method(name) is predicts

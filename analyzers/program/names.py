@@ -97,9 +97,10 @@ def names_evaluation_function(name: str) -> bool:
 
 
 def names_prediction_method(name: str) -> bool:
-    """``predict`` / ``full_sort_predict`` / ``inference`` / ``infer_batch``: a model's method named for running it on
-    inputs to get its outputs (its forward pass for inference), not ``evaluate`` (a whole loop) or ``predictor``."""
-    return any(word.startswith(("predict", "infer")) and not word.startswith("predictor") for word in name_words(name))
+    """``predict`` / ``full_sort_predict`` / ``predict_scores``: a model's method named for running it on inputs to get
+    its outputs (its forward pass), not ``evaluate`` (a whole loop) or ``predictor``. Not ``inference(loader)``: a
+    library model's batched inference turns gradients off itself often enough (PyG's ``@torch.no_grad() inference``)."""
+    return any(word.startswith("predict") and not word.startswith("predictor") for word in name_words(name))
 
 
 # What the run's configuration is called (``args.lr``, ``cfg.device``, ``hparams``, ``train_args``). Not ``params``:

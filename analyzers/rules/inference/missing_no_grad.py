@@ -83,6 +83,8 @@ class MissingNoGrad(_InferencePathRule):
         "import torch\nclass Runner:\n    @torch.no_grad()\n    def evaluate(self, data):\n        self.net.eval()\n"
         "        return [self.net.predict_scores(b) for b in data]\n",
         "import torch\ndef evaluate(model, data):\n    return [model.predict(b) for b in data]\n",
+        # a batched inference method: libraries often turn gradients off inside it
+        "import torch\ndef run(model, loader):\n    model.eval()\n    for _ in range(3):\n        model.inference(loader)\n",
         # a helper object named for predicting is no model
         "import torch\ndef evaluate(model, predictor, data):\n    model.eval()\n    with torch.no_grad():\n"
         "        feats = [model(b) for b in data]\n    return [predictor.predict(f) for f in feats]\n",
@@ -111,7 +113,7 @@ class MissingNoGrad(_InferencePathRule):
                 "        scores = []\n        for batch in data:\n            scores.append(self.net.predict_scores(batch))\n"
                 "        return scores\n", line=7, message="`self.net`"),
         Invalid("import torch\ndef test(model, loader):\n    model.eval()\n    for x, y in loader:\n"
-                "        hits = (model.infer(x) == y).sum()\n", line=5, message="`model`"),
+                "        hits = (model.predict(x) == y).sum()\n", line=5, message="`model`"),
     ]
 
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
