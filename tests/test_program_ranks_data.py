@@ -11,7 +11,7 @@ from analyzers.program.builds import built_module
 from analyzers.program.data import dataset_in_memory, random_transforms, sampler_feeds_training
 from analyzers.program.flow import subtree
 from analyzers.program.library import is_data_loader
-from analyzers.program.names import names_evaluation_data, names_evaluation_function
+from analyzers.program.names import names_evaluation_data, names_evaluation_function, names_prediction_method
 from analyzers.program.ranks import depends_on_rank, is_rank_test, rank_guarded
 from tests.test_program_meanings import context
 
@@ -188,6 +188,14 @@ def test_evaluation_data_is_read_from_the_words_of_a_name(name, evaluation):
 ])
 def test_evaluation_functions_are_read_from_their_names(name, evaluation):
     assert names_evaluation_function(name) is evaluation
+
+
+@pytest.mark.parametrize("name, predicts", [
+    ("predict", True), ("full_sort_predict", True), ("predictScores", True), ("inference", False),
+    ("predictor", False), ("evaluate", False), ("parameters", False), ("state_dict", False),
+])
+def test_prediction_methods_are_read_from_their_names(name, predicts):
+    assert names_prediction_method(name) is predicts
 
 
 # ---- accumulators that live for one optimizer step or one call ---------------------------------------------

@@ -15,7 +15,7 @@ from analyzers.program.graphs import output_taken_off_graph
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
 from analyzers.program.names import (name_is_model_like, name_says_not_a_model, names_evaluation_data,
-                                     names_evaluation_function, node_text)
+                                     names_evaluation_function, names_prediction_method, node_text)
 from analyzers.program.roles import collects_tests, is_test_code, main_block
 from analyzers.program.state import enters_grad_off
 from analyzers.program.values import alias_names, hands_a_model, names_a_class
@@ -333,6 +333,13 @@ class EvaluationPaths:
             return
         func = node.func
         target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
+        # ``self.model.predict(batch)`` / ``net.inference(x)``: a model's prediction method runs its forward pass;
+        # taken as one only where this scope put that model in eval mode (below), i.e. the code runs it to infer
+        by_method = isinstance(func, cst.Attribute) and func.attr.value != "forward" and \
+            isinstance(func.value, (cst.Name, cst.Attribute)) and names_prediction_method(func.attr.value) and \
+            name_is_model_like(dotted_name(func.value) or "")
+        if by_method:
+            target = func.value
         if not isinstance(target, (cst.Name, cst.Attribute)):
             return
         model = dotted_name(target)
@@ -394,6 +401,8 @@ class EvaluationPaths:
         if origin_name:
             aliases.add(origin_name)
         eval_local = any(v and covers(k, a) for s in self.stack for k, v in s.evals.items() for a in aliases)
+        if by_method and not eval_local:
+            return  # a method of a model this code did not put in eval mode: what it does is its class's business
         if not in_path and (not eval_local or not ctx.loops_in_function()) and data_loop is None and not own:
             # after eval(), inference is a forward repeated over data; a single one compares, counts or checks
             # the model (a conversion script, a FLOPs count on a random tensor, a shape self-check)

@@ -96,6 +96,13 @@ def names_evaluation_function(name: str) -> bool:
                for word in name_words(name))
 
 
+def names_prediction_method(name: str) -> bool:
+    """``predict`` / ``full_sort_predict`` / ``predict_scores``: a model's method named for running it on inputs to get
+    its outputs (its forward pass), not ``evaluate`` (a whole loop) or ``predictor``. Not ``inference(loader)``: a
+    library model's batched inference turns gradients off itself often enough (PyG's ``@torch.no_grad() inference``)."""
+    return any(word.startswith("predict") and not word.startswith("predictor") for word in name_words(name))
+
+
 # What the run's configuration is called (``args.lr``, ``cfg.device``, ``hparams``, ``train_args``). Not ``params``:
 # it holds a model's parameters as often as settings. One list for every question about configuration.
 CONFIG_NAMES = frozenset({"args", "arg", "opt", "opts", "options", "cfg", "cfgs", "config", "conf", "hparams", "hp",

@@ -78,6 +78,16 @@ class MissingNoGrad(_InferencePathRule):
         "    assert torch.allclose(model(x), model(x, use_cache=False))\n",
         # a pytest test in a file pytest collects
         "import torch\nimport pytest\ndef test_forward(model, batch):\n    for x in batch:\n        assert model(x).shape\n",
+        # a model's prediction method under no_grad; and one of a model this code never put in eval mode (its class
+        # may turn gradients off itself)
+        "import torch\nclass Runner:\n    @torch.no_grad()\n    def evaluate(self, data):\n        self.net.eval()\n"
+        "        return [self.net.predict_scores(b) for b in data]\n",
+        "import torch\ndef evaluate(model, data):\n    return [model.predict(b) for b in data]\n",
+        # a batched inference method: libraries often turn gradients off inside it
+        "import torch\ndef run(model, loader):\n    model.eval()\n    for _ in range(3):\n        model.inference(loader)\n",
+        # a helper object named for predicting is no model
+        "import torch\ndef evaluate(model, predictor, data):\n    model.eval()\n    with torch.no_grad():\n"
+        "        feats = [model(b) for b in data]\n    return [predictor.predict(f) for f in feats]\n",
     ]
     INVALID = [
         Invalid("import torch\ndef evaluate(model, loader):\n    model.eval()\n    for x, y in loader:\n"
@@ -98,6 +108,12 @@ class MissingNoGrad(_InferencePathRule):
         Invalid("import torch\ndef test_net(net, image):\n    return net(image.unsqueeze(0))\n"
                 "if __name__ == '__main__':\n    net = Detector()\n    net.eval()\n    test_net(net, load_image())\n",
                 line=3, message="test_net"),
+        # a model put in eval mode and run through its prediction method, as through its forward
+        Invalid("import torch\nclass Runner:\n    def evaluate(self, data):\n        self.net.eval()\n"
+                "        scores = []\n        for batch in data:\n            scores.append(self.net.predict_scores(batch))\n"
+                "        return scores\n", line=7, message="`self.net`"),
+        Invalid("import torch\ndef test(model, loader):\n    model.eval()\n    for x, y in loader:\n"
+                "        hits = (model.predict(x) == y).sum()\n", line=5, message="`model`"),
     ]
 
     def check(self, call: _ModelCall, where: str) -> Optional[str]:
