@@ -29,7 +29,8 @@ class MissingEvalMode(_InferencePathRule):
         model knows to be mode-free is skipped: its class (found in this repository, through its
         submodules and bases) or its torch.nn layers hold no dropout, no batch norm with running
         statistics (InstanceNorm keeps none by default) and no code reading `self.training`; a
-        helper's parameter is answered by what every call in the file passes. eval() changes
+        helper's parameter is answered by what every call in the file passes (a lambda, alone or
+        unpacked from a tuple, is no module). eval() changes
         nothing there. A lambda that is handed the model (`model_fn=lambda model, x: model(x)`)
         runs where it is called, on whatever model its caller gives: not an evaluation path of
         its own.
@@ -145,6 +146,11 @@ class MissingEvalMode(_InferencePathRule):
         # every caller hands a plain function: no module, no mode
         Valid("import torch\ndef net(X):\n    return X @ W\ndef evaluate_accuracy(loader, net):\n"
               "    with torch.no_grad():\n        return [net(x) for x, y in loader]\nevaluate_accuracy(test_loader, net)\n"),
+        # the only caller hands a lambda, unpacked from a tuple beside the loss: a function, with no mode to switch
+        "import torch\ndef evaluate_fit(net, batches, loss):\n    total = 0.0\n    for x, y in batches:\n"
+        "        total += loss(net(x), y).sum().item()\n    return total\n"
+        "def fit(batches, w, b):\n    net, loss = lambda x: x @ w + b, torch.nn.functional.mse_loss\n"
+        "    for x, y in batches:\n        loss(net(x), y).backward()\n    print(evaluate_fit(net, batches, loss))\n",
         # a class picked from a registry and built: construction, no forward pass
         Valid("import torch\nfrom detectors import factory\ndef test(opt):\n    Detector = factory[opt.task]\n"
               "    with torch.no_grad():\n        detector = Detector(opt)\n"),
