@@ -185,6 +185,12 @@ class MissingEvalMode(_InferencePathRule):
               "    test(pick, batches)\n"),
     ]
     INVALID = [
+        # the same tuple assignment handing the helper a module with dropout: its mode matters
+        Invalid("import torch\nimport torch.nn as nn\ndef evaluate_fit(net, batches, loss):\n    total = 0.0\n"
+                "    for x, y in batches:\n        total += loss(net(x), y).sum().item()\n    return total\n"
+                "def fit(batches):\n    net, loss = nn.Sequential(nn.Linear(4, 1), nn.Dropout(0.5)), nn.MSELoss()\n"
+                "    for x, y in batches:\n        loss(net(x), y).backward()\n    print(evaluate_fit(net, batches, loss))\n",
+                line=6),
         # the second module of an evaluation function is a parameter; the caller hands it a module with dropout
         Invalid("import torch\nimport torch.nn as nn\nclass Head(nn.Module):\n    def __init__(self):\n"
                 "        super().__init__()\n        self.drop = nn.Dropout(0.2)\n    def forward(self, x):\n"
