@@ -102,6 +102,19 @@ class CallSite:
         self.functions = functions
 
 
+def _hands_evaluated(call: cst.Call) -> bool:
+    """``demo(net.eval(), frames)``: the call hands a module it has just put in eval mode (``eval()`` returns the
+    module itself), so the function it calls runs that module in eval mode."""
+    for arg in call.args:
+        value = arg.value
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and (
+                value.func.attr.value == "eval" and not value.args or
+                value.func.attr.value == "train" and len(value.args) == 1 and
+                isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == "False"):
+            return True
+    return False
+
+
 def covers(evaled: str, model: str) -> bool:
     return (evaled == "*" or evaled == model or model.startswith(evaled + ".") or evaled.startswith(model + "."))
 
@@ -283,8 +296,8 @@ class EvaluationPaths:
             for target in targets or ["*"]:
                 self._record_eval(target, True, ctx, node)
             return
-        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any(), self.nograd_now(),
-                                                          _function_arguments(node, ctx, state)))
+        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any() or _hands_evaluated(node),
+                                                          self.nograd_now(), _function_arguments(node, ctx, state)))
         defined = self.functions.get(callee)
         if defined and any(s.leaves_eval for s in defined if s.node is not None and s not in self.stack):
             # a helper defined above that leaves its argument in eval mode (evaluate(model) without train())

@@ -435,6 +435,8 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
         # ``net = nn.Sequential(nn.Linear(...))`` is read from torch's own layers, ``net = Net()`` from the class
         features = torch_layer_features(ctx, value) if isinstance(value.func, cst.Attribute) else \
             facts.features(value.func.value) if isinstance(value.func, cst.Name) else None
+        if features is None and isinstance(value.func, cst.Name):
+            features = facts.built_features(value.func.value)  # ``net = build_net(...)`` of a factory function
         if features is None or features & MODE_FEATURES:
             return True
         seen = True

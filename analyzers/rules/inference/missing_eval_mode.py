@@ -151,6 +151,16 @@ class MissingEvalMode(_InferencePathRule):
         "        total += loss(net(x), y).sum().item()\n    return total\n"
         "def fit(batches, w, b):\n    net, loss = lambda x: x @ w + b, torch.nn.functional.mse_loss\n"
         "    for x, y in batches:\n        loss(net(x), y).backward()\n    print(evaluate_fit(net, batches, loss))\n",
+        # the caller hands the module in eval mode: eval() returns the module itself
+        "import torch\ndef show(net, frames):\n    def predict(frame):\n        return net(frame)\n"
+        "    for frame in frames:\n        predict(frame)\nif __name__ == '__main__':\n    net = load_detector()\n"
+        "    show(net.eval(), camera_frames())\n",
+        # built by a factory function that returns a class holding no dropout and no batch norm
+        "import torch\nimport torch.nn as nn\nclass Scorer(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.fc = nn.Linear(8, 1)\n    def forward(self, x):\n"
+        "        return self.fc(x)\ndef make_scorer():\n    return Scorer()\ndef evaluate(batches):\n"
+        "    net = make_scorer()\n    with torch.no_grad():\n        for x, y in batches:\n"
+        "            print((net(x) - y).abs().mean())\n",
         # a class picked from a registry and built: construction, no forward pass
         Valid("import torch\nfrom detectors import factory\ndef test(opt):\n    Detector = factory[opt.task]\n"
               "    with torch.no_grad():\n        detector = Detector(opt)\n"),
