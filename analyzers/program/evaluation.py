@@ -506,6 +506,37 @@ class EvaluationPaths:
                 return False
         return True
 
+    def handed_from_elsewhere(self, call: ModelCall) -> bool:
+        """Is the model a parameter of the function that runs it (or of a function around it), which no call in
+        this file fills, itself or through a parameter of its caller that none fills either: a helper whose
+        models come from other files (which may switch them to eval mode first, or hand pretrained ones in eval
+        mode, or models that eval() does not change), none of which this file shows."""
+        head = call.model.split(".", 1)[0]
+        for state in reversed(call.stack):
+            if state.node is None:
+                return False
+            if head in [p.name.value for p in state.node.params.params] and head not in ("self", "cls"):
+                return self._reached_only_from_elsewhere(state, head, set())
+            if any(isinstance(n, cst.Assign) and any(dotted_name(t.target) == head for t in n.targets)
+                   for n in subtree(state.node.body)):
+                return False
+        return False
+
+    def _reached_only_from_elsewhere(self, state: FnState, parameter: str, visiting: set) -> bool:
+        params = [p.name.value for p in state.node.params.params]
+        index = params.index(parameter) - (1 if state.cls is not None and params[:1] in (["self"], ["cls"]) else 0)
+        if (id(state), parameter) in visiting or index < 0:
+            return False
+        visiting.add((id(state), parameter))
+        for site in self.sites.get(state.name, ()):
+            if site.caller is state:
+                continue
+            passed = site.functions[index] if index < len(site.functions) else None
+            if passed is None or passed == "def" or site.caller.node is None or \
+                    not self._reached_only_from_elsewhere(site.caller, passed, visiting):
+                return False
+        return True
+
     def passed_module(self, call: ModelCall) -> Optional[BuiltModule]:
         """For a call of a parameter known by its callers only: the module every caller in this file passes."""
         if call.passed is None:

@@ -259,4 +259,10 @@ class MissingEvalMode(_InferencePathRule):
                 f"call `{call.model}.eval()` first")
 
 
+    def severity_of(self, call: _ModelCall) -> Optional[Severity]:
+        # a helper handed its model by code in other files: whether that code switched it to eval mode first (or
+        # hands a pretrained or mode-free one) is not shown here; said one step lower
+        return Severity.MEDIUM if self.facts.handed_from_elsewhere(call) else None
+
+
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*$")
