@@ -33,7 +33,10 @@ class MissingEvalMode(_InferencePathRule):
         unpacked from a tuple, is no module). eval() changes
         nothing there. A lambda that is handed the model (`model_fn=lambda model, x: model(x)`)
         runs where it is called, on whatever model its caller gives: not an evaluation path of
-        its own.
+        its own. A helper whose model only code in other files hands it (no call in this file fills
+        that parameter, itself or through its own caller's) is reported one step lower: those
+        callers may switch it to eval mode first. A model built by a factory function (`net =
+        build_net()`, here or in another module of the repository) is judged by the class it returns.
     """
     why = """
         In training mode dropout keeps dropping activations and batch-norm normalizes with the

@@ -48,7 +48,10 @@ class UnsafeTorchLoad(Rule):
         of `torch.load` that hands on the keywords its own callers give (`**kwargs`): whether they pass
         `weights_only` is theirs to say. Also the program's own: a file that a function or class of the
         repository saves into a folder it is handed, when this function handed it that folder before the
-        load (an early-stopping helper's best weights, reloaded once training ends).
+        load (an early-stopping helper's best weights, reloaded once training ends), and a file that another
+        method of the same class saves, built from the same parts (a file name spelled in the code, a folder
+        from the instance's own settings or spelled in the code, and the parameters both methods take: an
+        experiment's `test(setting)` rereading what its `train(setting)` wrote).
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
