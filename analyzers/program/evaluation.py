@@ -10,7 +10,7 @@ import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
 from analyzers.program.builds import BuiltModule, built_module, passed_module
-from analyzers.program.flow import attribute_values, subtree
+from analyzers.program.flow import ModuleNodes, assignment_before, attribute_values, subtree
 from analyzers.program.graphs import output_taken_off_graph
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
@@ -100,6 +100,9 @@ class CallSite:
         self.nograd = nograd
         # per positional argument: "def" (a plain function), the caller's parameter it passes on, or None
         self.functions = functions
+
+
+_NOT_BUILT = BuiltModule(model=False, eval_mode=False)
 
 
 def _hands_evaluated(call: cst.Call) -> bool:
@@ -577,6 +580,7 @@ class EvaluationPaths:
                 call.unpacked_from[1] in s.returns_eval_at for s in self.functions.get(call.unpacked_from[0], ())))
         passed = self.passed_module(call)
         built_eval = built_eval or (passed is not None and passed.eval_mode)
+        built_eval = built_eval or self._kept_in_eval_by_its_class(call)
         if built_eval and not self.trained_again(call):
             return True
         if call.cls is not None and any(covers(k, a) for k in self.class_evals.get(call.cls, ()) for a in call.aliases):
@@ -584,6 +588,23 @@ class EvaluationPaths:
         if call.is_global and any(covers(k, a) for k in self.module_evals for a in call.aliases):
             return True
         return any(self.covered_by_callers(s, "eval") for s in call.stack)
+
+    def _kept_in_eval_by_its_class(self, call: ModelCall) -> bool:
+        """``helper.encoder(x)`` after ``helper = Embedder(device)``, where every assignment of ``self.encoder`` in
+        the class ``Embedder`` of this file builds it in eval mode (``from_pretrained``, ``Net().eval()``)."""
+        head, _, attribute = call.model.partition(".")
+        if not attribute or "." in attribute or head in ("self", "cls"):
+            return False
+        built = assignment_before(self.ctx, call.node, head)
+        if not isinstance(built, cst.Call) or not isinstance(built.func, cst.Name):
+            return False
+        cls = next((node for node in self.ctx.facts(ModuleNodes).of_type(cst.ClassDef)
+                    if node.name.value == built.func.value), None)
+        if cls is None:
+            return False
+        values = [node.value for node in subtree(cls) if isinstance(node, cst.Assign)
+                  and any(dotted_name(t.target) == f"self.{attribute}" for t in node.targets)]
+        return bool(values) and all((built_module(self.ctx, value) or _NOT_BUILT).eval_mode for value in values)
 
     def nograd_covered(self, call: ModelCall) -> bool:
         if call.nograd_local or self.module_state.grad_off:

@@ -36,7 +36,9 @@ class MissingEvalMode(_InferencePathRule):
         its own. A helper whose model only code in other files hands it (no call in this file fills
         that parameter, itself or through its own caller's) is reported one step lower: those
         callers may switch it to eval mode first. A model built by a factory function (`net =
-        build_net()`, here or in another module of the repository) is judged by the class it returns.
+        build_net()`, here or in another module of the repository) is judged by the class it returns;
+        the attribute of a helper object (`enc.backbone`) whose class in this file only ever assigns it
+        a model built in eval mode (`from_pretrained`) is in eval mode.
     """
     why = """
         In training mode dropout keeps dropping activations and batch-norm normalizes with the
@@ -164,6 +166,10 @@ class MissingEvalMode(_InferencePathRule):
         "        return self.fc(x)\ndef make_scorer():\n    return Scorer()\ndef evaluate(batches):\n"
         "    net = make_scorer()\n    with torch.no_grad():\n        for x, y in batches:\n"
         "            print((net(x) - y).abs().mean())\n",
+        # an attribute of a helper object whose class builds it pretrained (in eval mode) and never trains it
+        "import torch\nfrom transformers import AutoModel\nclass Encoder:\n    def __init__(self, name):\n"
+        "        self.backbone = AutoModel.from_pretrained(name)\ndef _test(batches):\n    enc = Encoder('m')\n"
+        "    with torch.no_grad():\n        for ids in batches:\n            print(enc.backbone(ids))\n",
         # a class picked from a registry and built: construction, no forward pass
         Valid("import torch\nfrom detectors import factory\ndef test(opt):\n    Detector = factory[opt.task]\n"
               "    with torch.no_grad():\n        detector = Detector(opt)\n"),
@@ -198,6 +204,11 @@ class MissingEvalMode(_InferencePathRule):
               "    test(pick, batches)\n"),
     ]
     INVALID = [
+        # the same helper object, its class building the attribute fresh (with dropout) rather than pretrained
+        Invalid("import torch\nfrom torch import nn\nclass Encoder:\n    def __init__(self):\n"
+                "        self.backbone = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.2))\ndef _test(batches):\n"
+                "    enc = Encoder()\n    with torch.no_grad():\n        for ids in batches:\n"
+                "            print(enc.backbone(ids))\n", line=10),
         # the same tuple assignment handing the helper a module with dropout: its mode matters
         Invalid("import torch\nimport torch.nn as nn\ndef evaluate_fit(net, batches, loss):\n    total = 0.0\n"
                 "    for x, y in batches:\n        total += loss(net(x), y).sum().item()\n    return total\n"
