@@ -188,3 +188,33 @@ def test_a_repository_decorator_that_puts_the_model_in_eval_mode_covers_the_func
     """
     assert _rules_hit(_HEADER + body) == []
     assert _rules_hit(_HEADER + body.replace("            net.eval()\n", "")) == [("TR201", 25)]
+
+
+def test_a_helper_handed_its_model_only_by_other_files_is_said_one_step_lower():
+    from analyzers.config import Config
+    from analyzers.model import Severity
+
+    code = textwrap.dedent("""
+        import torch
+        def evaluate(net, batches):
+            with torch.no_grad():
+                for x, y in batches:
+                    print((net(x).argmax(1) == y).float().mean())
+        def report(net, batches):
+            evaluate(net, batches)
+        def local(batches):
+            net = build()
+            evaluate(net, batches)
+    """)
+    config = Config(preview=True, measured_severities=False, context_severity=False)
+
+    def severities(source: str) -> list[Severity]:
+        result = analyze_source(source, "helpers.py", config, rules=[r for r in RULES if r.id == "TR201"])
+        return [f.severity for f in result.findings]
+
+    # a caller of this file hands it a model built here: the rule's own severity
+    assert severities(code) == [Severity.HIGH]
+    # no caller here, or only one that passes on its own parameter, which no caller here fills: callers elsewhere
+    without_local = code.split("def local")[0]
+    assert severities(without_local) == [Severity.MEDIUM]
+    assert severities(without_local.split("def report")[0]) == [Severity.MEDIUM]

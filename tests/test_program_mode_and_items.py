@@ -128,6 +128,57 @@ def test_an_attribute_stored_from_a_constructor_parameter_is_answered_by_the_cla
 
 
 
+def test_a_lambda_unpacked_from_a_tuple_is_no_module():
+    assert not _mode_dependent("""
+        def fit(w, b):
+            model, loss = lambda x: x @ w + b, mse
+            use(model)
+    """)
+    assert _mode_dependent("""
+        import torch.nn as nn
+        def fit():
+            model, loss = nn.Sequential(nn.Linear(2, 2), nn.Dropout()), mse
+            use(model)
+    """)
+
+
+FACTORIES = """
+    import torch.nn as nn
+    class Straight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+    class Dropping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1))
+    def make_straight(kind):
+        if kind not in ("a", "b"):
+            print("unknown kind")
+            return
+        return Straight()
+    def make_dropping():
+        return Dropping()
+    def make_either(flag):
+        return Straight() if flag else Dropping()
+"""
+
+
+def test_a_model_built_by_a_factory_function_of_another_file_is_as_mode_free_as_its_class(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "zoo.py").write_text(textwrap.dedent(FACTORIES))
+    code = "from zoo import make_straight, make_dropping, make_either\nmodel = {}\nuse(model)\n"
+
+    def dependent(factory: str) -> bool:
+        ctx = context(code.format(factory), path=str(tmp_path / "run.py"), repository=RepositoryIndex(tmp_path))
+        return changes_in_eval(ctx, cst.parse_expression("model"), _call_of(ctx, "use"))
+
+    assert not dependent("make_straight('a')")  # the bare return of its error path builds nothing
+    assert dependent("make_dropping()")
+    assert dependent("make_either(True)")  # returns something other than one call of a class: not known
+    assert dependent("make_unknown()")
+
+
 def test_a_part_or_a_method_of_a_model_is_as_mode_free_as_the_model():
     """``model.encode`` (a method) or ``model.head`` (a submodule) that nothing assigns holds nothing the model does
     not hold; one assigned a module of its own is answered by what it is assigned."""

@@ -10,7 +10,7 @@ import libcst as cst
 
 from analyzers.context import NO_GRAD_CONTEXTS, FileContext, argument, dotted_name, is_false, is_true, method_name
 from analyzers.program.builds import BuiltModule, built_module, passed_module
-from analyzers.program.flow import attribute_values, subtree
+from analyzers.program.flow import ModuleNodes, assignment_before, attribute_values, subtree
 from analyzers.program.graphs import output_taken_off_graph
 from analyzers.program.library import method_returns_same_module
 from analyzers.program.modules import ModuleFacts
@@ -100,6 +100,22 @@ class CallSite:
         self.nograd = nograd
         # per positional argument: "def" (a plain function), the caller's parameter it passes on, or None
         self.functions = functions
+
+
+_NOT_BUILT = BuiltModule(model=False, eval_mode=False)
+
+
+def _hands_evaluated(call: cst.Call) -> bool:
+    """``demo(net.eval(), frames)``: the call hands a module it has just put in eval mode (``eval()`` returns the
+    module itself), so the function it calls runs that module in eval mode."""
+    for arg in call.args:
+        value = arg.value
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and (
+                value.func.attr.value == "eval" and not value.args or
+                value.func.attr.value == "train" and len(value.args) == 1 and
+                isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == "False"):
+            return True
+    return False
 
 
 def covers(evaled: str, model: str) -> bool:
@@ -283,8 +299,8 @@ class EvaluationPaths:
             for target in targets or ["*"]:
                 self._record_eval(target, True, ctx, node)
             return
-        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any(), self.nograd_now(),
-                                                          _function_arguments(node, ctx, state)))
+        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any() or _hands_evaluated(node),
+                                                          self.nograd_now(), _function_arguments(node, ctx, state)))
         defined = self.functions.get(callee)
         if defined and any(s.leaves_eval for s in defined if s.node is not None and s not in self.stack):
             # a helper defined above that leaves its argument in eval mode (evaluate(model) without train())
@@ -502,6 +518,37 @@ class EvaluationPaths:
                 return False
         return True
 
+    def handed_from_elsewhere(self, call: ModelCall) -> bool:
+        """Is the model a parameter of the function that runs it (or of a function around it), which no call in
+        this file fills, itself or through a parameter of its caller that none fills either: a helper whose
+        models come from other files (which may switch them to eval mode first, or hand pretrained ones in eval
+        mode, or models that eval() does not change), none of which this file shows."""
+        head = call.model.split(".", 1)[0]
+        for state in reversed(call.stack):
+            if state.node is None:
+                return False
+            if head in [p.name.value for p in state.node.params.params] and head not in ("self", "cls"):
+                return self._reached_only_from_elsewhere(state, head, set())
+            if any(isinstance(n, cst.Assign) and any(dotted_name(t.target) == head for t in n.targets)
+                   for n in subtree(state.node.body)):
+                return False
+        return False
+
+    def _reached_only_from_elsewhere(self, state: FnState, parameter: str, visiting: set) -> bool:
+        params = [p.name.value for p in state.node.params.params]
+        index = params.index(parameter) - (1 if state.cls is not None and params[:1] in (["self"], ["cls"]) else 0)
+        if (id(state), parameter) in visiting or index < 0:
+            return False
+        visiting.add((id(state), parameter))
+        for site in self.sites.get(state.name, ()):
+            if site.caller is state:
+                continue
+            passed = site.functions[index] if index < len(site.functions) else None
+            if passed is None or passed == "def" or site.caller.node is None or \
+                    not self._reached_only_from_elsewhere(site.caller, passed, visiting):
+                return False
+        return True
+
     def passed_module(self, call: ModelCall) -> Optional[BuiltModule]:
         """For a call of a parameter known by its callers only: the module every caller in this file passes."""
         if call.passed is None:
@@ -542,6 +589,7 @@ class EvaluationPaths:
                 call.unpacked_from[1] in s.returns_eval_at for s in self.functions.get(call.unpacked_from[0], ())))
         passed = self.passed_module(call)
         built_eval = built_eval or (passed is not None and passed.eval_mode)
+        built_eval = built_eval or self._kept_in_eval_by_its_class(call)
         if built_eval and not self.trained_again(call):
             return True
         if call.cls is not None and any(covers(k, a) for k in self.class_evals.get(call.cls, ()) for a in call.aliases):
@@ -549,6 +597,23 @@ class EvaluationPaths:
         if call.is_global and any(covers(k, a) for k in self.module_evals for a in call.aliases):
             return True
         return any(self.covered_by_callers(s, "eval") for s in call.stack)
+
+    def _kept_in_eval_by_its_class(self, call: ModelCall) -> bool:
+        """``helper.encoder(x)`` after ``helper = Embedder(device)``, where every assignment of ``self.encoder`` in
+        the class ``Embedder`` of this file builds it in eval mode (``from_pretrained``, ``Net().eval()``)."""
+        head, _, attribute = call.model.partition(".")
+        if not attribute or "." in attribute or head in ("self", "cls"):
+            return False
+        built = assignment_before(self.ctx, call.node, head)
+        if not isinstance(built, cst.Call) or not isinstance(built.func, cst.Name):
+            return False
+        cls = next((node for node in self.ctx.facts(ModuleNodes).of_type(cst.ClassDef)
+                    if node.name.value == built.func.value), None)
+        if cls is None:
+            return False
+        values = [node.value for node in subtree(cls) if isinstance(node, cst.Assign)
+                  and any(dotted_name(t.target) == f"self.{attribute}" for t in node.targets)]
+        return bool(values) and all((built_module(self.ctx, value) or _NOT_BUILT).eval_mode for value in values)
 
     def nograd_covered(self, call: ModelCall) -> bool:
         if call.nograd_local or self.module_state.grad_off:

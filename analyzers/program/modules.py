@@ -138,6 +138,8 @@ class FileSummary:
     freezing_functions: dict[str, bool] = field(default_factory=dict)
     freezes: bool = False
     batchnorm_fixing_functions: dict[str, bool] = field(default_factory=dict)  # put BatchNorm modules in eval mode
+    # functions that build and return an instance of a class: name -> the classes every ``return`` builds
+    factories: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 _VOCABULARY_WORDS = ("vocab", "ntoken", "n_token", "num_token", "ntokens")
@@ -553,6 +555,9 @@ def summarize(source: str, path: str) -> FileSummary:
             left = _leaves_in_eval(node)
             if left:
                 summary.eval_helpers[node.name] = ([a.arg for a in node.args.posonlyargs + node.args.args], left)
+            built = _built_classes(node)
+            if built:
+                summary.factories[node.name] = built
     from analyzers.program.clipping import clipping_functions  # clipping asks this module about other files
     summary.clipping_functions = dict.fromkeys(clipping_functions(tree), True)
     # each question below walks the file again: asked only of a file whose text holds what an answer needs (a gate,
@@ -579,6 +584,24 @@ def summarize(source: str, path: str) -> FileSummary:
         if name in summary.module_layers:
             summary.module_layers[name].activation = (layer_of(extra[-1]) or Layer()).activation
     return summary
+
+
+def _built_classes(fn: ast.FunctionDef) -> tuple[str, ...]:
+    """The classes a factory function returns an instance of (``def build_net(size): ... return Net(size)``): every
+    ``return`` with a value returns a call of a class name (a bare ``return`` or ``return None`` of an error path
+    aside); () when one returns anything else, or none builds."""
+    built: list[str] = []
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) and node is not fn:
+            return ()  # a nested scope's returns are not this function's: not read
+        if not isinstance(node, ast.Return) or node.value is None or \
+                isinstance(node.value, ast.Constant) and node.value.value is None:
+            continue
+        name = _dotted(node.value.func) if isinstance(node.value, ast.Call) else None
+        if name is None or not name.rsplit(".", 1)[-1][:1].isupper():
+            return ()
+        built.append(name)
+    return tuple(dict.fromkeys(built))
 
 
 def _evaluates_itself(init: ast.FunctionDef) -> bool:
@@ -856,6 +879,13 @@ class RepositoryIndex:
         """True when the function ``local_name`` means in ``importer`` is one ``marks(summary)`` lists for the file
         that defines it (``FileSummary.clipping_functions``, ``freezing_functions``...)."""
         return self._find_defined(importer, local_name, marks, source, 0)
+
+    def find_factory(self, importer: Path, local_name: str,
+                     source: Optional[str] = None) -> Optional[tuple[str, tuple[str, ...]]]:
+        """(the file that defines it, the classes it builds) of the factory function ``local_name`` means in
+        ``importer`` (``FileSummary.factories``)."""
+        return self._find_defined(importer, local_name, lambda summary: {
+            name: (summary.path, built) for name, built in summary.factories.items()}, source, 0)
 
     def _find_defined(self, importer: Path, local_name: str, defined, source: Optional[str], depth: int):
         """What ``defined(summary)`` holds for ``local_name`` in ``importer``: defined there, imported, or
@@ -1171,6 +1201,26 @@ class ModuleFacts:
         if index is not None:
             return index.features(cls)
         return self._local_features(cls, set())
+
+    def built_features(self, name: str) -> Optional[set[str]]:
+        """The features of what the factory function ``name`` (this file's, or one it imports from the repository)
+        returns: every class it builds, found in the file that defines the function; None when not known."""
+        index = self.ctx.repository
+        if index is None:
+            summary = self._summary()
+            built = summary.factories.get(name)
+            classes = [summary.classes.get(kind) for kind in built] if built else []
+            if not classes or any(cls is None for cls in classes):
+                return None
+            return set().union(*(self._local_features(cls, set()) for cls in classes))
+        found = index.find_factory(file_in_repository(self.ctx), name, self.ctx.source)
+        if found is None:
+            return None
+        where, built = found
+        classes = [index.find_class(Path(where), kind) for kind in built]
+        if not classes or any(cls is None for cls in classes):
+            return None
+        return set().union(*(index.features(cls) for cls in classes))
 
     def _local_features(self, cls: ClassSummary, seen: set[str]) -> set[str]:
         """Without a repository: the features of a class, its submodules and bases defined in this file."""

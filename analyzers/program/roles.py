@@ -429,6 +429,125 @@ class CheckpointWrites:
                 return True
         return False
 
+    def saved_by_the_instance(self, path: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """Does a method of the class whose method loads ``path`` save that same file, built from the same parts: a
+        file name spelled in the code, and a folder from the instance's own settings (``self.args.checkpoints``) or
+        spelled in the code, with the parameters both methods take (the run's ``setting``)? An experiment class
+        whose ``test(setting)`` rereads what its ``train(setting)`` wrote (itself, or through a helper handed that
+        folder: an early-stopping helper keeping the best weights) reads the program's own checkpoint. A path that
+        is wholly a parameter (``def restore(self, path)``) has no such anchor: its callers choose the file."""
+        load_fn = _function_of(self._ancestry(at))
+        cls = self._method_class(load_fn)
+        if cls is None:
+            return False
+        loaded = self._instance_parts(path, at, load_fn)
+        if loaded is None or not loaded.files or not (loaded.attributes or loaded.folders):
+            return False
+        from analyzers.program.modules import ModuleFacts  # modules needs this module
+
+        facts = self.ctx.facts(ModuleFacts)
+        for method in cls.body.body:
+            if not isinstance(method, cst.FunctionDef) or method is load_fn:
+                continue
+            for node in subtree(method):
+                if not isinstance(node, cst.Call) or _function_of(self._ancestry(node)) is not method:
+                    continue
+                for saved in self._instance_saves(node, method, facts):
+                    if loaded.files & saved.files and loaded.parameters <= saved.parameters and \
+                            loaded.attributes <= saved.attributes and \
+                            (not saved.folders or loaded.folders <= saved.folders):
+                        return True
+        return False
+
+    def _instance_saves(self, call: cst.Call, method: cst.FunctionDef, facts) -> list["_PathParts"]:
+        """The files a call in a method saves, by the parts of their paths: a ``torch.save`` there, or a folder
+        handed to a function or class of the repository that saves file names into a folder it is handed."""
+        write = next((w for w in self.writes if w.call is call), None)
+        if write is not None:
+            parts = self._instance_parts(write.path, call, method) if write.path is not None else None
+            return [parts] if parts is not None and parts.files else []
+        callee = dotted_name(call.func)
+        if callee is None or callee.startswith("self."):
+            return []
+        built = assignment_before(self.ctx, call, callee) if "." not in callee else None
+        if isinstance(built, cst.Call) and dotted_name(built.func) is not None:
+            callee = dotted_name(built.func)  # an object built from a class: what the class's methods save
+        saved_names: frozenset[str] = frozenset()
+        found = []
+        for arg in call.args:
+            if not isinstance(arg.value, (cst.Name, cst.Attribute)):
+                continue
+            if not saved_names:
+                saved_names = facts.marked_function(callee, lambda summary: summary.folder_savers) or frozenset()
+                if not saved_names:
+                    return []
+            folder = self._instance_parts(arg.value, call, method)
+            if folder is not None and (folder.attributes or folder.folders):
+                found.append(_PathParts(folder.parameters, folder.attributes, folder.folders,
+                                        frozenset(saved_names) | folder.files))
+        return found
+
+    def _method_class(self, fn: Optional[cst.CSTNode]) -> Optional[cst.ClassDef]:
+        if not isinstance(fn, cst.FunctionDef):
+            return None
+        block = self._parents.get(id(fn))
+        cls = self._parents.get(id(block)) if block is not None else None
+        return cls if isinstance(cls, cst.ClassDef) else None
+
+    def _instance_parts(self, expr: cst.BaseExpression, at: cst.CSTNode, fn: cst.FunctionDef,
+                        depth: int = 4) -> Optional["_PathParts"]:
+        """What a path in a method is built from: parameters of the method, attributes of ``self``, folder and file
+        names spelled in the code; None when a part is anything else (a call that computes it, a global)."""
+        params: set[str] = set()
+        attributes: set[str] = set()
+        folders: set[str] = set()
+        files: set[str] = set()
+        stack: list[tuple[cst.BaseExpression, cst.CSTNode, int]] = [(expr, at, depth)]
+        while stack:
+            node, where, left = stack.pop()
+            if isinstance(node, (cst.SimpleString, cst.FormattedStringText)):
+                text = string_value(node) if isinstance(node, cst.SimpleString) else node.value
+                if text is None:
+                    return None
+                for segment in text.replace("\\", "/").split("/"):
+                    if segment in ("", "."):
+                        continue
+                    (files if _FILE_NAME.fullmatch(segment) else folders).add(segment)
+            elif isinstance(node, cst.FormattedString):
+                stack.extend((part.expression if isinstance(part, cst.FormattedStringExpression) else part, where,
+                              left) for part in node.parts)
+            elif isinstance(node, cst.Name):
+                if node.value == "self":
+                    return None
+                if parameter(fn, node.value) is not None:
+                    params.add(node.value)
+                    continue
+                value = assignment_before(self.ctx, where, node.value) if left else None
+                if value is None or _function_of(self._ancestry(value)) is not fn:
+                    return None
+                stack.append((value, value, left - 1))
+            elif isinstance(node, cst.Attribute):
+                name = dotted_name(node)
+                if name is None or not name.startswith("self."):
+                    return None
+                attributes.add(name)
+            elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Divide,
+                                                                                           cst.Modulo)):
+                stack.extend([(node.left, where, left), (node.right, where, left)])
+            elif isinstance(node, cst.Call) and not any(arg.star or arg.keyword is not None for arg in node.args):
+                qualified = self.ctx.qualified_name(node.func) or dotted_name(node.func) or ""
+                if qualified in _PATH_BUILDERS:
+                    pass
+                elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "format" and \
+                        isinstance(node.func.value, cst.SimpleString):
+                    stack.append((node.func.value, where, left))
+                else:
+                    return None
+                stack.extend((arg.value, where, left) for arg in node.args)
+            else:
+                return None
+        return _PathParts(frozenset(params), frozenset(attributes), frozenset(folders), frozenset(files))
+
     def writes_fixed_path(self, path: cst.BaseExpression) -> bool:
         """Is ``path`` one fixed file of this program's own: a constant string (no name, option or template slot
         in it) that a save of this program writes to, spelled the same, wherever that save runs? A notebook that
@@ -629,6 +748,19 @@ class CheckpointWrites:
         for write in self.writes:
             kinds |= write.payloads
         return kinds
+
+
+@dataclass(frozen=True)
+class _PathParts:
+    """What a path in a method is built from (see ``CheckpointWrites.saved_by_the_instance``)."""
+    parameters: frozenset[str]
+    attributes: frozenset[str]
+    folders: frozenset[str]
+    files: frozenset[str]
+
+
+_FILE_NAME = re.compile(r"[^/]*\.[A-Za-z]\w*")  # 'checkpoint.pth'
+_PATH_BUILDERS = {"os.path.join", "posixpath.join", "str", "pathlib.Path", "Path"}
 
 
 def _value_names(expr: cst.BaseExpression) -> set[str]:

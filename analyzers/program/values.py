@@ -399,8 +399,7 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
             # the caller's model: mode-free only when every call in this file passes a mode-free one
             passed = call_site_values(ctx, fn, name) if depth < 3 and name not in ("self", "cls") else None
             return not passed or any(changes_in_eval(ctx, value, value, depth + 1) for value in passed)
-        if any(isinstance(n, cst.Assign) and any(dotted_name(t.target) == name for t in n.targets)
-               for n in subtree(fn.body)):
+        if any(isinstance(n, cst.Assign) and _assigned_value(n, name) is not None for n in subtree(fn.body)):
             scope = fn
             break
     facts = ctx.facts(ModuleFacts)
@@ -408,9 +407,12 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
     assignments = (ctx.facts(ModuleNodes).of_type(cst.Assign) if scope is ctx.module
                    else (n for n in subtree(scope) if isinstance(n, cst.Assign)))
     for node in assignments:
-        if not any(dotted_name(t.target) == name for t in node.targets):
+        value = _assigned_value(node, name)
+        if value is None:
             continue
-        value = node.value
+        if isinstance(value, cst.Lambda):
+            seen = True  # ``net = lambda X: X @ w + b``: a function, not a module; it has no mode to switch
+            continue
         # ``model = model.cuda()`` and ``model = CNN().cuda()``: the module the chain starts from
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
                 isinstance(value.func.value, (cst.Name, cst.Attribute, cst.Call)) and \
@@ -433,6 +435,8 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
         # ``net = nn.Sequential(nn.Linear(...))`` is read from torch's own layers, ``net = Net()`` from the class
         features = torch_layer_features(ctx, value) if isinstance(value.func, cst.Attribute) else \
             facts.features(value.func.value) if isinstance(value.func, cst.Name) else None
+        if features is None and isinstance(value.func, cst.Name):
+            features = facts.built_features(value.func.value)  # ``net = build_net(...)`` of a factory function
         if features is None or features & MODE_FEATURES:
             return True
         seen = True
@@ -449,6 +453,21 @@ def _assigned_features(ctx: FileContext, name: Optional[str], use: Optional[cst.
             return True
         return changes_in_eval(ctx, owner, at, depth + 1)
     return not seen
+
+
+def _assigned_value(node: cst.Assign, name: str) -> Optional[cst.BaseExpression]:
+    """What ``node`` assigns to ``name``: the whole value, or its element in a tuple assignment of as many values
+    (``net, loss = lambda X: ..., squared_loss``); None when it does not assign ``name``."""
+    for target in node.targets:
+        if dotted_name(target.target) == name:
+            return node.value
+        if isinstance(target.target, (cst.Tuple, cst.List)) and isinstance(node.value, (cst.Tuple, cst.List)) and \
+                len(target.target.elements) == len(node.value.elements):
+            for element, value in zip(target.target.elements, node.value.elements):
+                if dotted_name(element.value) == name:
+                    return None if isinstance(element, cst.StarredElement) or \
+                        isinstance(value, cst.StarredElement) else value.value
+    return None
 
 
 def _parameter_values(ctx: FileContext, assignment: cst.Assign, name: str) -> Optional[list[cst.BaseExpression]]:

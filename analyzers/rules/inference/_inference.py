@@ -8,6 +8,7 @@ import libcst as cst
 
 from analyzers.context import FileContext
 from analyzers.program.evaluation import ModelCall, EvaluationPaths
+from analyzers.model import Severity
 from analyzers.rules.base import Rule
 
 
@@ -82,7 +83,11 @@ class InferencePathRule(Rule):
             message = self.check(call, where)
             if message:
                 seen.add(key)
-                self.report(call.node, message)
+                self.report(call.node, message, severity=self.severity_of(call))
 
     def check(self, call: ModelCall, where: str) -> Optional[str]:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def severity_of(self, call: ModelCall) -> Optional[Severity]:
+        """The finding's severity when it differs from the rule's: None keeps the rule's."""
+        return None

@@ -29,10 +29,16 @@ class MissingEvalMode(_InferencePathRule):
         model knows to be mode-free is skipped: its class (found in this repository, through its
         submodules and bases) or its torch.nn layers hold no dropout, no batch norm with running
         statistics (InstanceNorm keeps none by default) and no code reading `self.training`; a
-        helper's parameter is answered by what every call in the file passes. eval() changes
+        helper's parameter is answered by what every call in the file passes (a lambda, alone or
+        unpacked from a tuple, is no module). eval() changes
         nothing there. A lambda that is handed the model (`model_fn=lambda model, x: model(x)`)
         runs where it is called, on whatever model its caller gives: not an evaluation path of
-        its own.
+        its own. A helper whose model only code in other files hands it (no call in this file fills
+        that parameter, itself or through its own caller's) is reported one step lower: those
+        callers may switch it to eval mode first. A model built by a factory function (`net =
+        build_net()`, here or in another module of the repository) is judged by the class it returns;
+        the attribute of a helper object (`enc.backbone`) whose class in this file only ever assigns it
+        a model built in eval mode (`from_pretrained`) is in eval mode.
     """
     why = """
         In training mode dropout keeps dropping activations and batch-norm normalizes with the
@@ -145,6 +151,25 @@ class MissingEvalMode(_InferencePathRule):
         # every caller hands a plain function: no module, no mode
         Valid("import torch\ndef net(X):\n    return X @ W\ndef evaluate_accuracy(loader, net):\n"
               "    with torch.no_grad():\n        return [net(x) for x, y in loader]\nevaluate_accuracy(test_loader, net)\n"),
+        # the only caller hands a lambda, unpacked from a tuple beside the loss: a function, with no mode to switch
+        "import torch\ndef evaluate_fit(net, batches, loss):\n    total = 0.0\n    for x, y in batches:\n"
+        "        total += loss(net(x), y).sum().item()\n    return total\n"
+        "def fit(batches, w, b):\n    net, loss = lambda x: x @ w + b, torch.nn.functional.mse_loss\n"
+        "    for x, y in batches:\n        loss(net(x), y).backward()\n    print(evaluate_fit(net, batches, loss))\n",
+        # the caller hands the module in eval mode: eval() returns the module itself
+        "import torch\ndef show(net, frames):\n    def predict(frame):\n        return net(frame)\n"
+        "    for frame in frames:\n        predict(frame)\nif __name__ == '__main__':\n    net = load_detector()\n"
+        "    show(net.eval(), camera_frames())\n",
+        # built by a factory function that returns a class holding no dropout and no batch norm
+        "import torch\nimport torch.nn as nn\nclass Scorer(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.fc = nn.Linear(8, 1)\n    def forward(self, x):\n"
+        "        return self.fc(x)\ndef make_scorer():\n    return Scorer()\ndef evaluate(batches):\n"
+        "    net = make_scorer()\n    with torch.no_grad():\n        for x, y in batches:\n"
+        "            print((net(x) - y).abs().mean())\n",
+        # an attribute of a helper object whose class builds it pretrained (in eval mode) and never trains it
+        "import torch\nfrom transformers import AutoModel\nclass Encoder:\n    def __init__(self, name):\n"
+        "        self.backbone = AutoModel.from_pretrained(name)\ndef _test(batches):\n    enc = Encoder('m')\n"
+        "    with torch.no_grad():\n        for ids in batches:\n            print(enc.backbone(ids))\n",
         # a class picked from a registry and built: construction, no forward pass
         Valid("import torch\nfrom detectors import factory\ndef test(opt):\n    Detector = factory[opt.task]\n"
               "    with torch.no_grad():\n        detector = Detector(opt)\n"),
@@ -179,6 +204,17 @@ class MissingEvalMode(_InferencePathRule):
               "    test(pick, batches)\n"),
     ]
     INVALID = [
+        # the same helper object, its class building the attribute fresh (with dropout) rather than pretrained
+        Invalid("import torch\nfrom torch import nn\nclass Encoder:\n    def __init__(self):\n"
+                "        self.backbone = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.2))\ndef _test(batches):\n"
+                "    enc = Encoder()\n    with torch.no_grad():\n        for ids in batches:\n"
+                "            print(enc.backbone(ids))\n", line=10),
+        # the same tuple assignment handing the helper a module with dropout: its mode matters
+        Invalid("import torch\nimport torch.nn as nn\ndef evaluate_fit(net, batches, loss):\n    total = 0.0\n"
+                "    for x, y in batches:\n        total += loss(net(x), y).sum().item()\n    return total\n"
+                "def fit(batches):\n    net, loss = nn.Sequential(nn.Linear(4, 1), nn.Dropout(0.5)), nn.MSELoss()\n"
+                "    for x, y in batches:\n        loss(net(x), y).backward()\n    print(evaluate_fit(net, batches, loss))\n",
+                line=6),
         # the second module of an evaluation function is a parameter; the caller hands it a module with dropout
         Invalid("import torch\nimport torch.nn as nn\nclass Head(nn.Module):\n    def __init__(self):\n"
                 "        super().__init__()\n        self.drop = nn.Dropout(0.2)\n    def forward(self, x):\n"
@@ -235,6 +271,12 @@ class MissingEvalMode(_InferencePathRule):
         return (f"`{call.model}` runs in {where} without `{call.model}.eval()` before it: dropout stays active and "
                 f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "
                 f"call `{call.model}.eval()` first")
+
+
+    def severity_of(self, call: _ModelCall) -> Optional[Severity]:
+        # a helper handed its model by code in other files: whether that code switched it to eval mode first (or
+        # hands a pretrained or mode-free one) is not shown here; said one step lower
+        return Severity.MEDIUM if self.facts.handed_from_elsewhere(call) else None
 
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*$")

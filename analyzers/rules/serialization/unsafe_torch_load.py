@@ -48,7 +48,10 @@ class UnsafeTorchLoad(Rule):
         of `torch.load` that hands on the keywords its own callers give (`**kwargs`): whether they pass
         `weights_only` is theirs to say. Also the program's own: a file that a function or class of the
         repository saves into a folder it is handed, when this function handed it that folder before the
-        load (an early-stopping helper's best weights, reloaded once training ends).
+        load (an early-stopping helper's best weights, reloaded once training ends), and a file that another
+        method of the same class saves, built from the same parts (a file name spelled in the code, a folder
+        from the instance's own settings or spelled in the code, and the parameters both methods take: an
+        experiment's `test(setting)` rereading what its `train(setting)` wrote).
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
@@ -147,6 +150,21 @@ class UnsafeTorchLoad(Rule):
         "    def fit(self, epochs):\n        for epoch in range(epochs):\n            step(self.net)\n"
         "            self._keep()\n"
         "def main(epochs, snapshot_path='snapshot.pt'):\n    Runner(Net(), snapshot_path).fit(epochs)\n",
+        # an experiment object whose scoring step rereads what its fitting step saved for the same run name: the
+        # folder from the object's own options, the file name spelled in the code
+        "import os\nimport torch\nclass Study:\n    def __init__(self, opts):\n        self.opts = opts\n"
+        "    def fit(self, run):\n        where = os.path.join(self.opts.out_dir, run)\n"
+        "        torch.save(self.net.state_dict(), os.path.join(where, 'top.ckpt'))\n"
+        "    def score(self, run):\n        target = os.path.join(self.opts.out_dir, run) + '/top.ckpt'\n"
+        "        self.net.load_state_dict(torch.load(target))\n",
+        # the same, the scoring step naming the folder spelled in the code, the fitting step handing its folder to a
+        # keeper object that saves the file there
+        Valid("import torch\nclass Keeper:\n    def __call__(self, net, folder):\n"
+              "        torch.save(net.state_dict(), folder + '/top.ckpt')\nclass Study:\n"
+              "    def fit(self, run):\n        folder = self.opts.out_dir + run\n        keep = Keeper()\n"
+              "        for epoch in range(3):\n            keep(self.net, folder)\n"
+              "    def score(self, run):\n        self.net.load_state_dict(torch.load('./runs/' + run + '/top.ckpt'))\n",
+              requirements="numpy\n"),
         # a saving helper and a scoring helper, both handed the one file this program picks
         "import torch\ndef fit(net, out):\n    for epoch in range(3):\n        torch.save(net.state_dict(), out)\n"
         "def score(net, where):\n    net.load_state_dict(torch.load(where))\ntarget = 'runs/best.pt'\n"
@@ -272,6 +290,12 @@ class UnsafeTorchLoad(Rule):
                 "        torch.save(self.state_dict(), path)\n    @classmethod\n    def restore(cls, path):\n"
                 "        agent = cls()\n        agent.load_state_dict(torch.load(path))\n        return agent\n",
                 line=8, message="`torch.load(path)`"),
+        # a method of the object that saves into its own folder, but reading from a folder its caller names: the
+        # same file name in anyone's folder
+        Invalid("import os\nimport torch\nclass Study:\n    def fit(self, run):\n"
+                "        torch.save(self.net.state_dict(), os.path.join(self.opts.out_dir, run, 'top.ckpt'))\n"
+                "    def score(self, folder):\n        self.net.load_state_dict(torch.load(os.path.join(folder, 'top.ckpt')))\n",
+                line=7, message="`torch.load(os.path.join(folder, 'top.ckpt'))`"),
         # handed whole to load_state_dict, the file is a state dict whatever else the script saves: the fix is safe
         Invalid("import torch\nmodel.load_state_dict(torch.load(args.weights))\ntorch.save(model, 'final.pt')\n",
                 line=2, message="pass `weights_only=True`",
@@ -417,6 +441,8 @@ class UnsafeTorchLoad(Rule):
             return True
         if checkpoints.writes_fixed_path(source):
             return True  # restored from the fixed file this program saves to as it runs (an earlier run's)
+        if checkpoints.saved_by_the_instance(source, source):
+            return True  # a method of the same object saved it there: an experiment's test step after its train step
         if external:
             return False
         # a helper's parameter: self-written when every call in the file passes a self-written path
