@@ -348,6 +348,8 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
     return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
 _CODE_ROOT: list[Path] = []  # the code tree of the target being built
 _BUILD_DEVICE: list[str] = []  # the device the target runs on
+_DATA_FILE_CHOICE: list[int] = [0]  # which of the data files' mappings that fit a constructor to use (0: smallest)
+_DATA_FILE_OFFERED: list[int] = []  # how many mappings each read of the data files offered since it was cleared
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 _PARENT_INPUTS: list = []  # (parent, InputPlan or None, instance): what the parent it was built inside fed it
@@ -715,6 +717,7 @@ def _options_compared(value: Any, defining: Path, key: str, notes: list[str], us
 
 
 MAX_PARENT_DEPTH = 2  # a class built inside a parent built inside its own parent, no deeper
+MAX_DATA_FILE_CHOICES = 4  # a parent built from a settings file that holds no instance: the next files, this many in all
 PARENTS_TIME_S = 30.0  # no further parent is tried once the ones tried took this long: the target's timeout stays far
 
 
@@ -784,19 +787,29 @@ def _capture_in_parent(code_root: Path, parent: TargetSpec, cls: type) -> Union[
                 records[id(self)] = {}
 
     cls.__init__ = recording_init
+    saved_choice = _DATA_FILE_CHOICE[0]
     try:
-        built = _construct(code_root, str(parent), {}, [])
+        # a parent built from a settings file may choose another of its classes with the smallest file
+        # (``Block = BlockA if h.block == "1" else BlockB``): the next files that fit are tried, in size order
+        for choice in range(MAX_DATA_FILE_CHOICES):
+            _DATA_FILE_CHOICE[0] = choice
+            _DATA_FILE_OFFERED.clear()
+            records.clear()
+            built = _construct(code_root, str(parent), {}, [])
+            if isinstance(built, Skip):
+                return built.reason.split(";")[0]
+            model = built[0]
+            if not isinstance(model, nn.Module):
+                return f"it made a {type(model).__name__}"
+            instances = [m for m in model.modules() if type(m) is cls and id(m) in records]
+            if instances or choice + 1 >= max(_DATA_FILE_OFFERED, default=0):
+                break
     finally:
+        _DATA_FILE_CHOICE[0] = saved_choice
         if own_init is not None:
             cls.__init__ = own_init
         else:
             del cls.__init__
-    if isinstance(built, Skip):
-        return built.reason.split(";")[0]
-    model = built[0]
-    if not isinstance(model, nn.Module):
-        return f"it made a {type(model).__name__}"
-    instances = [m for m in model.modules() if type(m) is cls and id(m) in records]
     if not instances:
         return f"the {parent.name} built here holds no {cls.__name__}"
     plan, how, called = _input_inside_parent(model, instances)
@@ -1669,9 +1682,12 @@ def _data_file_section(names: list[str], notes: list[str], what: str) -> Optiona
         return None
     if not sections:
         return None
-    where, section = sections[0]
+    _DATA_FILE_OFFERED.append(len(sections))
+    choice = min(_DATA_FILE_CHOICE[0], len(sections) - 1)
+    where, section = sections[choice]
     values = {str(k): _shrunk_value(str(k), v, section) for k, v in section.items()}
-    others = f" (the smallest of {len(sections)} that hold them)" if len(sections) > 1 else ""
+    others = (f" (the smallest of {len(sections)} that hold them)" if choice == 0 else
+              f" (number {choice + 1} by size of {len(sections)} that hold them)") if len(sections) > 1 else ""
     notes.append(f"constructor: {what}the mapping in {where}{others}, which holds all {len(set(names))} names the "
                  "constructor needs (a configuration file the command line names)")
     return values
