@@ -14,6 +14,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import itertools
 import math
 import re
 import socket
@@ -2605,6 +2606,8 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                                                                         "attention scores [B, heads, L, L]")
 
     heuristic = [heuristic_options(i, p) for i, p in enumerate(tensors)]
+    for index, p in enumerate(tensors):  # a packed pair whose items the body reads apart: each its own tensor
+        heuristic[index] = _packed_item_options(model, p, packed.get(p.name), hints) + heuristic[index]
     read = _options_from_forward_body(model, tensors, hints)
     if read is not None:  # what the body requires, before what the names suggest
         body_options, joint, time_first = read
@@ -2642,7 +2645,37 @@ def _width_specs(facts: "forward_body.ParameterFacts", width: int, layer: Option
     return _specs_for_width(width, layer if layer is not None else facts.layer)
 
 
-def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict
+MAX_PACKED_CHOICES = 3  # per item of a packed argument: this many of the shapes the body allows it
+
+
+def _packed_item_options(model: nn.Module, parameter: _ForwardParameter, count: Optional[int], hints: dict
+                         ) -> list[tuple[TupleSpec, str]]:
+    """For a parameter the forward unpacks into names (``audio, cond = pair``), tuples whose items are the
+    inputs the body requires of each name, read as parameters of their own (``forward_body.read_packed``): the
+    two tensors of a pair may differ in width. [] when the body does not say what every item is."""
+    if not count:
+        return []
+    try:
+        items = forward_body.read_packed(model).get(parameter.name)
+    except (Exception, SystemExit):  # noqa: BLE001 - reading the body is a help: the same-tensor tuple still runs
+        return []
+    if not items or len(items) != count:
+        return []
+    read = _options_from_forward_body(model, [_ForwardParameter(n, "input", False) for n, _ in items], hints,
+                                      facts=dict(items))
+    if read is None:
+        return []
+    options, joint, _ = read
+    assignments = [list(a) for a in joint] + [list(c) for c in itertools.product(
+        *[o[:MAX_PACKED_CHOICES] for o in options])]
+    names = ", ".join(n for n, _ in items)
+    return _unique([(TupleSpec(tuple(spec for spec, _ in a)), f"as the ({names}) the forward unpacks, each read "
+                     "from the forward body") for a in assignments
+                    if a and all(isinstance(spec, TensorSpec) for spec, _ in a)])
+
+
+def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict,
+                               facts: Optional[dict] = None
                                ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]],
                                                    list[int]]]:
     """Per tensor parameter, the inputs its use in ``forward`` requires (``forward_body``), and whole
@@ -2651,7 +2684,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
     the names and entry layers do not: a single input that only reaches a layer. Third, the parameters the body
     transposes to batch-first (time-first inputs)."""
     try:
-        facts = forward_body.read_forward(model)
+        facts = forward_body.read_forward(model) if facts is None else facts
     except (Exception, SystemExit):  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
         return None
     if not facts:

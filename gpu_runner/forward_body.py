@@ -151,6 +151,38 @@ def packed_parameters(model: nn.Module) -> dict[str, int]:
     return found
 
 
+def _unpacking(node: ast.FunctionDef, name: str) -> Optional[ast.Assign]:
+    """The forward's own statement ``a, b = name`` (names only, at the top of the body), if there is one."""
+    for statement in node.body:
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name) \
+                and statement.value.id == name and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], (ast.Tuple, ast.List)) \
+                and all(isinstance(e, ast.Name) for e in statement.targets[0].elts):
+            return statement
+    return None
+
+
+def read_packed(model: nn.Module, depth: int = 0) -> dict[str, list[tuple[str, ParameterFacts]]]:
+    """Per packed parameter the body unpacks into names (``audio, cond = pair``), what the body requires of each
+    item, read as if the items were parameters of their own: a pair of tensors of different widths handed over
+    as one argument. Name -> [(item name, its facts)] in order; parameters only indexed are left out."""
+    node = _forward_node(model)
+    if node is None:
+        return {}
+    found: dict[str, list[tuple[str, ParameterFacts]]] = {}
+    for name in packed_parameters(model):
+        unpacking = _unpacking(node, name)
+        if unpacking is None:
+            continue
+        items = [e.id for e in unpacking.targets[0].elts]
+        if len(set(items)) != len(items):
+            continue
+        reader = _Reader(model, items, depth)
+        reader.run([statement for statement in node.body if statement is not unpacking])
+        found[name] = [(item, reader.facts[item]) for item in items]
+    return found
+
+
 def parameters_handed_to_children(model: nn.Module) -> dict[str, tuple[nn.Module, int]]:
     """The forward parameters the body hands, as they are, to a submodule of the model: ``self.encoder(x)``,
     ``self.heads[0](x)``, or each module of a list it loops over (``for d in self.discriminators: d(y)``, also

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_runner import sites  # noqa: E402
+from gpu_runner import forward_body, sites  # noqa: E402
 from gpu_runner.build import Skip, build_subject  # noqa: E402
 from gpu_runner.subject import Subject  # noqa: E402
 from tests.runner_support import single_thread, write_tree  # noqa: E402,F401
@@ -243,3 +243,27 @@ def test_a_tensor_moved_to_the_device_the_code_chooses_is_placed(tmp_path, where
     report = run_checks(subject, steps=2, batch_size=2)
     (placement,) = [c for c in report.checks if c.name == "device-placement"]
     assert placement.status == status, placement.message
+
+
+def test_a_packed_pair_of_different_widths_gets_each_item_its_own_tensor(tmp_path):
+    root = write_tree(tmp_path, {"coupling.py": """\
+        import torch
+        from torch import nn
+
+        class Coupler(nn.Module):
+            def __init__(self, signal_channels=4, condition_channels=6, hidden=10):
+                super().__init__()
+                self.enter = nn.Conv1d(signal_channels, hidden, 1)
+                self.condition = nn.Conv1d(condition_channels, hidden, 1)
+                self.leave = nn.Conv1d(hidden, signal_channels, 1)
+
+            def forward(self, pair):
+                signal, cond = pair
+                return self.leave(torch.tanh(self.enter(signal) + self.condition(cond)))
+        """})
+    model = build_subject(root, "coupling.py:Coupler", device="cpu").model
+    (signal, cond), = [facts for facts in forward_body.read_packed(model).values()]
+    assert signal[0] == "signal" and signal[1].width == 4 and cond[0] == "cond" and cond[1].width == 6
+    described = inputs_inferred(root, "coupling.py:Coupler")
+    assert "(signal, cond) the forward unpacks" in described, described
+    assert "(float [B, 4, " in described and "float [B, 6, " in described, described
