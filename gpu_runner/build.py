@@ -2259,25 +2259,32 @@ class _Prober:
     def _batch_on_two_axes(self, plan: InputPlan, output: Any, batch_size: int) -> Optional[str]:
         """Why the output says the input has a shape the model was not written for: two of its axes grow with the
         batch (``context.view(b, -1, d) + x`` with x [B, d] gives [B, B, d]: the batch combined with itself, where a
-        [B, L, d] input gives [B, L, d]); None when one axis at most does (graphs, whose nodes are the batch, aside)."""
-        first = next((t for t in _flat([output]) if isinstance(t, torch.Tensor)), None)
-        if first is None or sum(size == batch_size for size in first.shape) < 2 or batch_size == SECOND_PROBE_BATCH:
+        [B, L, d] input gives [B, L, d]); None when one axis at most does (graphs, whose nodes are the batch, aside).
+        Every tensor of the output counts: attention weights returned beside the attended values show it as well."""
+        firsts = [t for t in _flat([output]) if isinstance(t, torch.Tensor)]
+        suspects = [i for i, t in enumerate(firsts) if sum(size == batch_size for size in t.shape) >= 2]
+        if not suspects or batch_size == SECOND_PROBE_BATCH:
             return None
         generator = torch.Generator().manual_seed(0)
         try:
             args, kwargs = plan.make(SECOND_PROBE_BATCH, generator, self.float_dtype, self.device)
             with torch.no_grad():
-                second = next((t for t in _flat([self.model(*args, **kwargs)]) if isinstance(t, torch.Tensor)), None)
+                seconds = [t for t in _flat([self.model(*args, **kwargs)]) if isinstance(t, torch.Tensor)]
         except (Exception, SystemExit):  # noqa: BLE001 - the PR's forward: the first answer stands
             return None
-        if second is None or second.dim() != first.dim():
+        if len(seconds) != len(firsts):
             return None
-        growing = [axis for axis, (a, b) in enumerate(zip(first.shape, second.shape))
-                   if a == batch_size and b == SECOND_PROBE_BATCH]
-        if len(growing) < 2:
-            return None
-        return (f"the output {list(first.shape)} has the batch on axes {growing[0]} and {growing[1]}: the input's "
-                "batch is combined with itself, a shape the model was not written for")
+        for index in suspects:
+            first, second = firsts[index], seconds[index]
+            if second.dim() != first.dim():
+                continue
+            growing = [axis for axis, (a, b) in enumerate(zip(first.shape, second.shape))
+                       if a == batch_size and b == SECOND_PROBE_BATCH]
+            if len(growing) >= 2:
+                which = "output" if len(firsts) == 1 else f"output's tensor {index + 1}"
+                return (f"the {which} {list(first.shape)} has the batch on axes {growing[0]} and {growing[1]}: the "
+                        "input's batch is combined with itself, a shape the model was not written for")
+        return None
 
 
 def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],

@@ -267,3 +267,29 @@ def test_a_packed_pair_of_different_widths_gets_each_item_its_own_tensor(tmp_pat
     described = inputs_inferred(root, "coupling.py:Coupler")
     assert "(signal, cond) the forward unpacks" in described, described
     assert "(float [B, 4, " in described and "float [B, 6, " in described, described
+
+
+def test_weights_returned_beside_the_output_also_show_the_batch_combined_with_itself(tmp_path):
+    # pooling over the positions of a [B, P, D] map: a [B, D] map and a [B, H] query broadcast into a [B, B, ...]
+    # score table whose softmax mixes samples; the pooled values are [B, D] either way, the weights are not
+    root = write_tree(tmp_path, {"pooling.py": """\
+        import torch
+        from torch import nn
+
+        class QueryPool(nn.Module):
+            def __init__(self, map_dim=12, query_dim=10, score_dim=8):
+                super().__init__()
+                self.keys = nn.Linear(map_dim, score_dim)
+                self.query = nn.Linear(query_dim, score_dim)
+                self.score = nn.Linear(score_dim, 1)
+
+            def forward(self, features, state):
+                scores = self.score(torch.tanh(self.keys(features) + self.query(state).unsqueeze(1))).squeeze(2)
+                weights = scores.softmax(dim=1)
+                return (features * weights.unsqueeze(2)).sum(dim=1), weights
+        """})
+    subject = build_subject(root, "pooling.py:QueryPool", device="cpu")
+    assert isinstance(subject, Subject), subject
+    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    assert "float [B, 16, 12]" in described, described  # positions between the batch and the features
+    assert any(n.startswith("rejected the input") and "output's tensor 2" in n for n in subject.notes), subject.notes
