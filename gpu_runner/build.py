@@ -1816,7 +1816,7 @@ class TensorSpec:
         if self.adjacency:
             return [batch_size, batch_size]
         if self.lengths:
-            return [batch_size]
+            return [batch_size, *self.shape]  # [B], or [B, 1] where the forward squeezes it
         shape = list(self.shape)
         shape.insert(self.batch_axis, batch_size)
         return shape
@@ -1831,7 +1831,7 @@ class TensorSpec:
         elif self.lengths:  # pack_padded_sequence takes lengths on the CPU, longest first by default
             lengths = torch.randint(1, SEQUENCE_LENGTH + 1, shape, generator=generator)
             lengths[0] = SEQUENCE_LENGTH
-            return lengths.sort(descending=True).values
+            return lengths.sort(dim=0, descending=True).values
         elif self.fill is not None:
             tensor = torch.full(shape, self.fill, dtype=dtype)
         elif dtype.is_floating_point:
@@ -1846,7 +1846,8 @@ class TensorSpec:
         if self.adjacency:
             return "float [B, B] adjacency (the batch rows are one graph's nodes)"
         if self.lengths:
-            return f"long [B] sequence lengths in [1, {SEQUENCE_LENGTH}], longest first, on the CPU"
+            return (f"long [{', '.join(['B', *map(str, self.shape)])}] sequence lengths in [1, {SEQUENCE_LENGTH}], "
+                    "longest first, on the CPU")
         dims = [str(d) for d in self.shape]
         dims.insert(self.batch_axis, "B")
         text = f"{self.dtype} [{', '.join(dims)}]"
@@ -2707,8 +2708,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         why = "from the forward body (" + "; ".join(facts_of.why) + ")" if facts_of.why else ""
         if facts_of.adjacency:
             options.append([(TensorSpec((), adjacency=True), why)])
-        elif facts_of.lengths:
-            options.append([(TensorSpec((), "long", lengths=True), why)])
+        elif facts_of.lengths:  # [B], or [B, 1] where the body squeezes axis 1 before it sorts them
+            options.append([(TensorSpec((1,) if facts_of.axis_sizes == {1: 1} else (), "long", lengths=True), why)])
         elif facts_of.state_of is not None:
             options.append([(spec, why) for spec in _recurrent_state(facts_of.state_of)])
         elif facts_of.vocabulary:  # a sequence of ids, else one id per row (a decoder's single step)

@@ -21,6 +21,7 @@ per sample). Nothing here runs the model: the facts become candidate inputs that
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import sys
 import textwrap
@@ -493,6 +494,11 @@ class _Reader:
             return self._call(node)
         if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
             return self._over_modules(node)
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and node.slice.id not in self.axes:
+            index = self.env.get(node.slice.id, _UNKNOWN)
+            if index.sources:  # ``x[order]``, an index tensor made from the inputs (a batch sorted by length): rows
+                base = self.value(node.value)  # chosen or reordered, each row's shape kept
+                return dataclasses.replace(base, sources=base.sources | index.sources)
         if isinstance(node, ast.BinOp):
             left, right = self.value(node.left), self.value(node.right)
             if isinstance(node.op, ast.MatMult):
@@ -565,6 +571,8 @@ class _Reader:
             return self._matrix_product(node.args[0], arguments[0], arguments[1], node.args[1])
         if name == "pack_padded_sequence" and len(node.args) >= 2 and arguments[1].bare:
             self._note(arguments[1].bare, "lengths", True, "the lengths given to pack_padded_sequence")
+        if name == "sort" and isinstance(node.func, ast.Attribute):
+            self._sorted_lengths(node)
         if name in _WIDTH_PRESERVING and isinstance(node.func, (ast.Name, ast.Attribute)):
             if receiver.parts:  # h.relu(), h.contiguous()
                 return _Value(sources, receiver.parts, receiver.kind)
@@ -722,6 +730,27 @@ class _Reader:
                 self.facts[b].split_of = (a, width)
                 for p in (a, b):
                     self.facts[p].layer = self.facts[p].layer or layer
+
+    def _sorted_lengths(self, node: ast.Call) -> None:
+        """``lengths.sort(dim=0, descending=True)`` (also of ``lengths.squeeze(1)``): a batch ordered longest
+        first, the idiom of sequence lengths; a squeezed axis is one of size 1 ([B, 1] lengths)."""
+        if not any(k.arg == "descending" and isinstance(k.value, ast.Constant) and k.value.value is True
+                   for k in node.keywords):
+            return
+        receiver, squeezed = node.func.value, None
+        if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) \
+                and receiver.func.attr == "squeeze" and len(receiver.args) == 1 \
+                and isinstance(receiver.args[0], ast.Constant) and type(receiver.args[0].value) is int \
+                and receiver.args[0].value > 0:
+            receiver, squeezed = receiver.func.value, receiver.args[0].value
+        if not isinstance(receiver, ast.Name):
+            return
+        parameter = self._unchanged(receiver.id)
+        if parameter is None or parameter not in self.facts:
+            return
+        self._note(parameter, "lengths", True, "sorted longest first, as sequence lengths are")
+        if squeezed is not None and not self.facts[parameter].axis_sizes:
+            self.facts[parameter].axis_sizes = {squeezed: 1}
 
     def _note(self, parameter: str, key: str, value: Any, why: str) -> None:
         facts = self.facts.get(parameter)

@@ -293,3 +293,38 @@ def test_weights_returned_beside_the_output_also_show_the_batch_combined_with_it
     described = next(n for n in subject.notes if n.startswith("input inferred"))
     assert "float [B, 16, 12]" in described, described  # positions between the batch and the features
     assert any(n.startswith("rejected the input") and "output's tensor 2" in n for n in subject.notes), subject.notes
+
+
+def test_lengths_sorted_longest_first_reorder_the_batch_and_are_given_as_lengths(tmp_path):
+    # a decoder that orders its batch by the lengths it is handed ([B, 1], squeezed) and reads ids through that
+    # order: the lengths are sequence lengths, the ids still reach the embedding after the reordering
+    root = write_tree(tmp_path, {"captioner.py": """\
+        import torch
+        from torch import nn
+
+        class Captioner(nn.Module):
+            def __init__(self, vocab_size=40, width=12):
+                super().__init__()
+                self.words = nn.Embedding(vocab_size, width)
+                self.cell = nn.GRUCell(width, width)
+                self.out = nn.Linear(width, vocab_size)
+
+            def forward(self, ids, spans):
+                spans, order = spans.squeeze(1).sort(dim=0, descending=True)
+                ids = ids[order]
+                embedded = self.words(ids)
+                steps = (spans - 1).tolist()
+                h = torch.zeros(ids.size(0), self.cell.hidden_size)
+                scores = torch.zeros(ids.size(0), max(steps), self.out.out_features)
+                for t in range(max(steps)):
+                    live = sum(n > t for n in steps)
+                    h = self.cell(embedded[:live, t], h[:live])
+                    scores[:live, t] = self.out(h)
+                return scores
+        """})
+    model = build_subject(root, "captioner.py:Captioner", device="cpu").model
+    facts = forward_body.read_forward(model)
+    assert facts["ids"].vocabulary == 40  # through ``ids[order]``
+    assert facts["spans"].lengths and facts["spans"].axis_sizes == {1: 1}
+    described = inputs_inferred(root, "captioner.py:Captioner")
+    assert "long [B, 1] sequence lengths" in described, described
