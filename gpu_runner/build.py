@@ -2769,6 +2769,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
             ranked = [(spec, why_) for spec, why_ in options[index] if _rank(spec) == facts_of.rank]
             if not ranked and facts_of.rank == 1:  # one value per sample: a [B] vector, real-valued or counts
                 ranked = [(TensorSpec(()), why), (TensorSpec((), "long", 0, ONE_PER_SAMPLE_HIGH), why)]
+            if not ranked and facts_of.rank == 2 and not options[index]:  # nothing else known: a [B, T] signal
+                ranked = [(TensorSpec((SEQUENCE_LENGTH,)), why + f", {SEQUENCE_LENGTH} steps")]
             options[index] = ranked or options[index]
     for index, facts_of in enumerate(per_parameter):  # sizes an assert in the forward requires of its axes
         if facts_of.axis_sizes:

@@ -573,6 +573,8 @@ class _Reader:
             self._note(arguments[1].bare, "lengths", True, "the lengths given to pack_padded_sequence")
         if name == "sort" and isinstance(node.func, ast.Attribute):
             self._sorted_lengths(node)
+        if name == "permute" and isinstance(node.func, ast.Attribute):
+            self._permuted_rank(node)
         if name in _WIDTH_PRESERVING and isinstance(node.func, (ast.Name, ast.Attribute)):
             if receiver.parts:  # h.relu(), h.contiguous()
                 return _Value(sources, receiver.parts, receiver.kind)
@@ -730,6 +732,24 @@ class _Reader:
                 self.facts[b].split_of = (a, width)
                 for p in (a, b):
                     self.facts[p].layer = self.facts[p].layer or layer
+
+    def _permuted_rank(self, node: ast.Call) -> None:
+        """``x.permute(0, 2, 1)`` names every axis of what it permutes: x has that many, less one for each
+        ``unfold`` between them (``x.unfold(1, n, n).permute(0, 2, 1)``: frames cut from a [B, T] signal)."""
+        if not node.args or node.keywords or not all(isinstance(a, ast.Constant) and type(a.value) is int
+                                                      for a in node.args):
+            return
+        receiver, added = node.func.value, 0
+        while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) \
+                and receiver.func.attr == "unfold" and len(receiver.args) == 3:
+            receiver, added = receiver.func.value, added + 1
+        if not isinstance(receiver, ast.Name):
+            return
+        parameter = self._unchanged(receiver.id)
+        rank = len(node.args) - added
+        if parameter is not None and parameter in self.facts and rank >= 1:
+            self._note(parameter, "rank", rank, f"{len(node.args)} axes permuted"
+                       + (f" after {added} unfold" if added else ""))
 
     def _sorted_lengths(self, node: ast.Call) -> None:
         """``lengths.sort(dim=0, descending=True)`` (also of ``lengths.squeeze(1)``): a batch ordered longest

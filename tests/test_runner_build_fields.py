@@ -328,3 +328,24 @@ def test_lengths_sorted_longest_first_reorder_the_batch_and_are_given_as_lengths
     assert facts["spans"].lengths and facts["spans"].axis_sizes == {1: 1}
     described = inputs_inferred(root, "captioner.py:Captioner")
     assert "long [B, 1] sequence lengths" in described, described
+
+
+def test_a_signal_cut_into_frames_before_a_permute_has_the_axes_the_permute_names_less_one(tmp_path):
+    root = write_tree(tmp_path, {"framer.py": """\
+        import torch
+        from torch import nn
+
+        class Framer(nn.Module):
+            def __init__(self, frame=4, hidden=6):
+                super().__init__()
+                self.frame = frame
+                self.mix = nn.Conv1d(frame, hidden, 1)
+
+            def forward(self, signal):
+                frames = signal.unfold(1, self.frame, self.frame).permute(0, 2, 1)
+                return self.mix(frames)
+        """})
+    model = build_subject(root, "framer.py:Framer", device="cpu").model
+    assert forward_body.read_forward(model)["signal"].rank == 2
+    described = inputs_inferred(root, "framer.py:Framer")
+    assert described.startswith("input inferred from the forward body") and "float [B, 16]" in described, described
