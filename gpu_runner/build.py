@@ -14,6 +14,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import itertools
 import math
 import re
 import socket
@@ -348,6 +349,8 @@ def _where_in(exc: BaseException, code_root: Path) -> str:
     return f" (at {Path(frames[-1].filename).relative_to(code_root).as_posix()}:{frames[-1].lineno})"
 _CODE_ROOT: list[Path] = []  # the code tree of the target being built
 _BUILD_DEVICE: list[str] = []  # the device the target runs on
+_DATA_FILE_CHOICE: list[int] = [0]  # which of the data files' mappings that fit a constructor to use (0: smallest)
+_DATA_FILE_OFFERED: list[int] = []  # how many mappings each read of the data files offered since it was cleared
 _LAST_ARGUMENTS: dict = {}  # the constructor arguments (defaults included) of the model last built: input hints
 _SITE_INPUTS: list = []  # (where, (args, kwargs) of sites.TensorShape): what the repository feeds the model last built
 _PARENT_INPUTS: list = []  # (parent, InputPlan or None, instance): what the parent it was built inside fed it
@@ -716,6 +719,7 @@ def _options_compared(value: Any, defining: Path, key: str, notes: list[str], us
 
 
 MAX_PARENT_DEPTH = 2  # a class built inside a parent built inside its own parent, no deeper
+MAX_DATA_FILE_CHOICES = 4  # a parent built from a settings file that holds no instance: the next files, this many in all
 PARENTS_TIME_S = 30.0  # no further parent is tried once the ones tried took this long: the target's timeout stays far
 
 
@@ -785,19 +789,29 @@ def _capture_in_parent(code_root: Path, parent: TargetSpec, cls: type) -> Union[
                 records[id(self)] = {}
 
     cls.__init__ = recording_init
+    saved_choice = _DATA_FILE_CHOICE[0]
     try:
-        built = _construct(code_root, str(parent), {}, [])
+        # a parent built from a settings file may choose another of its classes with the smallest file
+        # (``Block = BlockA if h.block == "1" else BlockB``): the next files that fit are tried, in size order
+        for choice in range(MAX_DATA_FILE_CHOICES):
+            _DATA_FILE_CHOICE[0] = choice
+            _DATA_FILE_OFFERED.clear()
+            records.clear()
+            built = _construct(code_root, str(parent), {}, [])
+            if isinstance(built, Skip):
+                return built.reason.split(";")[0]
+            model = built[0]
+            if not isinstance(model, nn.Module):
+                return f"it made a {type(model).__name__}"
+            instances = [m for m in model.modules() if type(m) is cls and id(m) in records]
+            if instances or choice + 1 >= max(_DATA_FILE_OFFERED, default=0):
+                break
     finally:
+        _DATA_FILE_CHOICE[0] = saved_choice
         if own_init is not None:
             cls.__init__ = own_init
         else:
             del cls.__init__
-    if isinstance(built, Skip):
-        return built.reason.split(";")[0]
-    model = built[0]
-    if not isinstance(model, nn.Module):
-        return f"it made a {type(model).__name__}"
-    instances = [m for m in model.modules() if type(m) is cls and id(m) in records]
     if not instances:
         return f"the {parent.name} built here holds no {cls.__name__}"
     plan, how, called = _input_inside_parent(model, instances)
@@ -1670,9 +1684,12 @@ def _data_file_section(names: list[str], notes: list[str], what: str) -> Optiona
         return None
     if not sections:
         return None
-    where, section = sections[0]
+    _DATA_FILE_OFFERED.append(len(sections))
+    choice = min(_DATA_FILE_CHOICE[0], len(sections) - 1)
+    where, section = sections[choice]
     values = {str(k): _shrunk_value(str(k), v, section) for k, v in section.items()}
-    others = f" (the smallest of {len(sections)} that hold them)" if len(sections) > 1 else ""
+    others = (f" (the smallest of {len(sections)} that hold them)" if choice == 0 else
+              f" (number {choice + 1} by size of {len(sections)} that hold them)") if len(sections) > 1 else ""
     notes.append(f"constructor: {what}the mapping in {where}{others}, which holds all {len(set(names))} names the "
                  "constructor needs (a configuration file the command line names)")
     return values
@@ -1800,7 +1817,7 @@ class TensorSpec:
         if self.adjacency:
             return [batch_size, batch_size]
         if self.lengths:
-            return [batch_size]
+            return [batch_size, *self.shape]  # [B], or [B, 1] where the forward squeezes it
         shape = list(self.shape)
         shape.insert(self.batch_axis, batch_size)
         return shape
@@ -1815,7 +1832,7 @@ class TensorSpec:
         elif self.lengths:  # pack_padded_sequence takes lengths on the CPU, longest first by default
             lengths = torch.randint(1, SEQUENCE_LENGTH + 1, shape, generator=generator)
             lengths[0] = SEQUENCE_LENGTH
-            return lengths.sort(descending=True).values
+            return lengths.sort(dim=0, descending=True).values
         elif self.fill is not None:
             tensor = torch.full(shape, self.fill, dtype=dtype)
         elif dtype.is_floating_point:
@@ -1830,7 +1847,8 @@ class TensorSpec:
         if self.adjacency:
             return "float [B, B] adjacency (the batch rows are one graph's nodes)"
         if self.lengths:
-            return f"long [B] sequence lengths in [1, {SEQUENCE_LENGTH}], longest first, on the CPU"
+            return (f"long [{', '.join(['B', *map(str, self.shape)])}] sequence lengths in [1, {SEQUENCE_LENGTH}], "
+                    "longest first, on the CPU")
         dims = [str(d) for d in self.shape]
         dims.insert(self.batch_axis, "B")
         text = f"{self.dtype} [{', '.join(dims)}]"
@@ -2243,25 +2261,32 @@ class _Prober:
     def _batch_on_two_axes(self, plan: InputPlan, output: Any, batch_size: int) -> Optional[str]:
         """Why the output says the input has a shape the model was not written for: two of its axes grow with the
         batch (``context.view(b, -1, d) + x`` with x [B, d] gives [B, B, d]: the batch combined with itself, where a
-        [B, L, d] input gives [B, L, d]); None when one axis at most does (graphs, whose nodes are the batch, aside)."""
-        first = next((t for t in _flat([output]) if isinstance(t, torch.Tensor)), None)
-        if first is None or sum(size == batch_size for size in first.shape) < 2 or batch_size == SECOND_PROBE_BATCH:
+        [B, L, d] input gives [B, L, d]); None when one axis at most does (graphs, whose nodes are the batch, aside).
+        Every tensor of the output counts: attention weights returned beside the attended values show it as well."""
+        firsts = [t for t in _flat([output]) if isinstance(t, torch.Tensor)]
+        suspects = [i for i, t in enumerate(firsts) if sum(size == batch_size for size in t.shape) >= 2]
+        if not suspects or batch_size == SECOND_PROBE_BATCH:
             return None
         generator = torch.Generator().manual_seed(0)
         try:
             args, kwargs = plan.make(SECOND_PROBE_BATCH, generator, self.float_dtype, self.device)
             with torch.no_grad():
-                second = next((t for t in _flat([self.model(*args, **kwargs)]) if isinstance(t, torch.Tensor)), None)
+                seconds = [t for t in _flat([self.model(*args, **kwargs)]) if isinstance(t, torch.Tensor)]
         except (Exception, SystemExit):  # noqa: BLE001 - the PR's forward: the first answer stands
             return None
-        if second is None or second.dim() != first.dim():
+        if len(seconds) != len(firsts):
             return None
-        growing = [axis for axis, (a, b) in enumerate(zip(first.shape, second.shape))
-                   if a == batch_size and b == SECOND_PROBE_BATCH]
-        if len(growing) < 2:
-            return None
-        return (f"the output {list(first.shape)} has the batch on axes {growing[0]} and {growing[1]}: the input's "
-                "batch is combined with itself, a shape the model was not written for")
+        for index in suspects:
+            first, second = firsts[index], seconds[index]
+            if second.dim() != first.dim():
+                continue
+            growing = [axis for axis, (a, b) in enumerate(zip(first.shape, second.shape))
+                       if a == batch_size and b == SECOND_PROBE_BATCH]
+            if len(growing) >= 2:
+                which = "output" if len(firsts) == 1 else f"output's tensor {index + 1}"
+                return (f"the {which} {list(first.shape)} has the batch on axes {growing[0]} and {growing[1]}: the "
+                        "input's batch is combined with itself, a shape the model was not written for")
+        return None
 
 
 def _infer_input(model: nn.Module, prober: _Prober, notes: list[str],
@@ -2590,6 +2615,8 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                                                                         "attention scores [B, heads, L, L]")
 
     heuristic = [heuristic_options(i, p) for i, p in enumerate(tensors)]
+    for index, p in enumerate(tensors):  # a packed pair whose items the body reads apart: each its own tensor
+        heuristic[index] = _packed_item_options(model, p, packed.get(p.name), hints) + heuristic[index]
     read = _options_from_forward_body(model, tensors, hints)
     if read is not None:  # what the body requires, before what the names suggest
         body_options, joint, time_first = read
@@ -2627,7 +2654,37 @@ def _width_specs(facts: "forward_body.ParameterFacts", width: int, layer: Option
     return _specs_for_width(width, layer if layer is not None else facts.layer)
 
 
-def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict
+MAX_PACKED_CHOICES = 3  # per item of a packed argument: this many of the shapes the body allows it
+
+
+def _packed_item_options(model: nn.Module, parameter: _ForwardParameter, count: Optional[int], hints: dict
+                         ) -> list[tuple[TupleSpec, str]]:
+    """For a parameter the forward unpacks into names (``audio, cond = pair``), tuples whose items are the
+    inputs the body requires of each name, read as parameters of their own (``forward_body.read_packed``): the
+    two tensors of a pair may differ in width. [] when the body does not say what every item is."""
+    if not count:
+        return []
+    try:
+        items = forward_body.read_packed(model).get(parameter.name)
+    except (Exception, SystemExit):  # noqa: BLE001 - reading the body is a help: the same-tensor tuple still runs
+        return []
+    if not items or len(items) != count:
+        return []
+    read = _options_from_forward_body(model, [_ForwardParameter(n, "input", False) for n, _ in items], hints,
+                                      facts=dict(items))
+    if read is None:
+        return []
+    options, joint, _ = read
+    assignments = [list(a) for a in joint] + [list(c) for c in itertools.product(
+        *[o[:MAX_PACKED_CHOICES] for o in options])]
+    names = ", ".join(n for n, _ in items)
+    return _unique([(TupleSpec(tuple(spec for spec, _ in a)), f"as the ({names}) the forward unpacks, each read "
+                     "from the forward body") for a in assignments
+                    if a and all(isinstance(spec, TensorSpec) for spec, _ in a)])
+
+
+def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter], hints: dict,
+                               facts: Optional[dict] = None
                                ) -> Optional[tuple[list[list[tuple[TensorSpec, str]]], list[list[tuple[TensorSpec, str]]],
                                                    list[int]]]:
     """Per tensor parameter, the inputs its use in ``forward`` requires (``forward_body``), and whole
@@ -2636,7 +2693,7 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
     the names and entry layers do not: a single input that only reaches a layer. Third, the parameters the body
     transposes to batch-first (time-first inputs)."""
     try:
-        facts = forward_body.read_forward(model)
+        facts = forward_body.read_forward(model) if facts is None else facts
     except (Exception, SystemExit):  # noqa: BLE001 - a property of the model raising while read: the guesses below still run
         return None
     if not facts:
@@ -2652,8 +2709,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
         why = "from the forward body (" + "; ".join(facts_of.why) + ")" if facts_of.why else ""
         if facts_of.adjacency:
             options.append([(TensorSpec((), adjacency=True), why)])
-        elif facts_of.lengths:
-            options.append([(TensorSpec((), "long", lengths=True), why)])
+        elif facts_of.lengths:  # [B], or [B, 1] where the body squeezes axis 1 before it sorts them
+            options.append([(TensorSpec((1,) if facts_of.axis_sizes == {1: 1} else (), "long", lengths=True), why)])
         elif facts_of.state_of is not None:
             options.append([(spec, why) for spec in _recurrent_state(facts_of.state_of)])
         elif facts_of.vocabulary:  # a sequence of ids, else one id per row (a decoder's single step)
@@ -2713,6 +2770,8 @@ def _options_from_forward_body(model: nn.Module, tensors: list[_ForwardParameter
             ranked = [(spec, why_) for spec, why_ in options[index] if _rank(spec) == facts_of.rank]
             if not ranked and facts_of.rank == 1:  # one value per sample: a [B] vector, real-valued or counts
                 ranked = [(TensorSpec(()), why), (TensorSpec((), "long", 0, ONE_PER_SAMPLE_HIGH), why)]
+            if not ranked and facts_of.rank == 2 and not options[index]:  # nothing else known: a [B, T] signal
+                ranked = [(TensorSpec((SEQUENCE_LENGTH,)), why + f", {SEQUENCE_LENGTH} steps")]
             options[index] = ranked or options[index]
     for index, facts_of in enumerate(per_parameter):  # sizes an assert in the forward requires of its axes
         if facts_of.axis_sizes:

@@ -21,6 +21,7 @@ per sample). Nothing here runs the model: the facts become candidate inputs that
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import sys
 import textwrap
@@ -148,6 +149,38 @@ def packed_parameters(model: nn.Module) -> dict[str, int]:
                 break
         if count:
             found[name] = count
+    return found
+
+
+def _unpacking(node: ast.FunctionDef, name: str) -> Optional[ast.Assign]:
+    """The forward's own statement ``a, b = name`` (names only, at the top of the body), if there is one."""
+    for statement in node.body:
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name) \
+                and statement.value.id == name and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], (ast.Tuple, ast.List)) \
+                and all(isinstance(e, ast.Name) for e in statement.targets[0].elts):
+            return statement
+    return None
+
+
+def read_packed(model: nn.Module, depth: int = 0) -> dict[str, list[tuple[str, ParameterFacts]]]:
+    """Per packed parameter the body unpacks into names (``audio, cond = pair``), what the body requires of each
+    item, read as if the items were parameters of their own: a pair of tensors of different widths handed over
+    as one argument. Name -> [(item name, its facts)] in order; parameters only indexed are left out."""
+    node = _forward_node(model)
+    if node is None:
+        return {}
+    found: dict[str, list[tuple[str, ParameterFacts]]] = {}
+    for name in packed_parameters(model):
+        unpacking = _unpacking(node, name)
+        if unpacking is None:
+            continue
+        items = [e.id for e in unpacking.targets[0].elts]
+        if len(set(items)) != len(items):
+            continue
+        reader = _Reader(model, items, depth)
+        reader.run([statement for statement in node.body if statement is not unpacking])
+        found[name] = [(item, reader.facts[item]) for item in items]
     return found
 
 
@@ -461,6 +494,11 @@ class _Reader:
             return self._call(node)
         if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
             return self._over_modules(node)
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and node.slice.id not in self.axes:
+            index = self.env.get(node.slice.id, _UNKNOWN)
+            if index.sources:  # ``x[order]``, an index tensor made from the inputs (a batch sorted by length): rows
+                base = self.value(node.value)  # chosen or reordered, each row's shape kept
+                return dataclasses.replace(base, sources=base.sources | index.sources)
         if isinstance(node, ast.BinOp):
             left, right = self.value(node.left), self.value(node.right)
             if isinstance(node.op, ast.MatMult):
@@ -533,6 +571,10 @@ class _Reader:
             return self._matrix_product(node.args[0], arguments[0], arguments[1], node.args[1])
         if name == "pack_padded_sequence" and len(node.args) >= 2 and arguments[1].bare:
             self._note(arguments[1].bare, "lengths", True, "the lengths given to pack_padded_sequence")
+        if name == "sort" and isinstance(node.func, ast.Attribute):
+            self._sorted_lengths(node)
+        if name == "permute" and isinstance(node.func, ast.Attribute):
+            self._permuted_rank(node)
         if name in _WIDTH_PRESERVING and isinstance(node.func, (ast.Name, ast.Attribute)):
             if receiver.parts:  # h.relu(), h.contiguous()
                 return _Value(sources, receiver.parts, receiver.kind)
@@ -690,6 +732,45 @@ class _Reader:
                 self.facts[b].split_of = (a, width)
                 for p in (a, b):
                     self.facts[p].layer = self.facts[p].layer or layer
+
+    def _permuted_rank(self, node: ast.Call) -> None:
+        """``x.permute(0, 2, 1)`` names every axis of what it permutes: x has that many, less one for each
+        ``unfold`` between them (``x.unfold(1, n, n).permute(0, 2, 1)``: frames cut from a [B, T] signal)."""
+        if not node.args or node.keywords or not all(isinstance(a, ast.Constant) and type(a.value) is int
+                                                      for a in node.args):
+            return
+        receiver, added = node.func.value, 0
+        while isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) \
+                and receiver.func.attr == "unfold" and len(receiver.args) == 3:
+            receiver, added = receiver.func.value, added + 1
+        if not isinstance(receiver, ast.Name):
+            return
+        parameter = self._unchanged(receiver.id)
+        rank = len(node.args) - added
+        if parameter is not None and parameter in self.facts and rank >= 1:
+            self._note(parameter, "rank", rank, f"{len(node.args)} axes permuted"
+                       + (f" after {added} unfold" if added else ""))
+
+    def _sorted_lengths(self, node: ast.Call) -> None:
+        """``lengths.sort(dim=0, descending=True)`` (also of ``lengths.squeeze(1)``): a batch ordered longest
+        first, the idiom of sequence lengths; a squeezed axis is one of size 1 ([B, 1] lengths)."""
+        if not any(k.arg == "descending" and isinstance(k.value, ast.Constant) and k.value.value is True
+                   for k in node.keywords):
+            return
+        receiver, squeezed = node.func.value, None
+        if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) \
+                and receiver.func.attr == "squeeze" and len(receiver.args) == 1 \
+                and isinstance(receiver.args[0], ast.Constant) and type(receiver.args[0].value) is int \
+                and receiver.args[0].value > 0:
+            receiver, squeezed = receiver.func.value, receiver.args[0].value
+        if not isinstance(receiver, ast.Name):
+            return
+        parameter = self._unchanged(receiver.id)
+        if parameter is None or parameter not in self.facts:
+            return
+        self._note(parameter, "lengths", True, "sorted longest first, as sequence lengths are")
+        if squeezed is not None and not self.facts[parameter].axis_sizes:
+            self.facts[parameter].axis_sizes = {squeezed: 1}
 
     def _note(self, parameter: str, key: str, value: Any, why: str) -> None:
         facts = self.facts.get(parameter)

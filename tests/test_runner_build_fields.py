@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_runner import sites  # noqa: E402
+from gpu_runner import forward_body, sites  # noqa: E402
 from gpu_runner.build import Skip, build_subject  # noqa: E402
 from gpu_runner.subject import Subject  # noqa: E402
 from tests.runner_support import single_thread, write_tree  # noqa: E402,F401
@@ -243,3 +243,109 @@ def test_a_tensor_moved_to_the_device_the_code_chooses_is_placed(tmp_path, where
     report = run_checks(subject, steps=2, batch_size=2)
     (placement,) = [c for c in report.checks if c.name == "device-placement"]
     assert placement.status == status, placement.message
+
+
+def test_a_packed_pair_of_different_widths_gets_each_item_its_own_tensor(tmp_path):
+    root = write_tree(tmp_path, {"coupling.py": """\
+        import torch
+        from torch import nn
+
+        class Coupler(nn.Module):
+            def __init__(self, signal_channels=4, condition_channels=6, hidden=10):
+                super().__init__()
+                self.enter = nn.Conv1d(signal_channels, hidden, 1)
+                self.condition = nn.Conv1d(condition_channels, hidden, 1)
+                self.leave = nn.Conv1d(hidden, signal_channels, 1)
+
+            def forward(self, pair):
+                signal, cond = pair
+                return self.leave(torch.tanh(self.enter(signal) + self.condition(cond)))
+        """})
+    model = build_subject(root, "coupling.py:Coupler", device="cpu").model
+    (signal, cond), = [facts for facts in forward_body.read_packed(model).values()]
+    assert signal[0] == "signal" and signal[1].width == 4 and cond[0] == "cond" and cond[1].width == 6
+    described = inputs_inferred(root, "coupling.py:Coupler")
+    assert "(signal, cond) the forward unpacks" in described, described
+    assert "(float [B, 4, " in described and "float [B, 6, " in described, described
+
+
+def test_weights_returned_beside_the_output_also_show_the_batch_combined_with_itself(tmp_path):
+    # pooling over the positions of a [B, P, D] map: a [B, D] map and a [B, H] query broadcast into a [B, B, ...]
+    # score table whose softmax mixes samples; the pooled values are [B, D] either way, the weights are not
+    root = write_tree(tmp_path, {"pooling.py": """\
+        import torch
+        from torch import nn
+
+        class QueryPool(nn.Module):
+            def __init__(self, map_dim=12, query_dim=10, score_dim=8):
+                super().__init__()
+                self.keys = nn.Linear(map_dim, score_dim)
+                self.query = nn.Linear(query_dim, score_dim)
+                self.score = nn.Linear(score_dim, 1)
+
+            def forward(self, features, state):
+                scores = self.score(torch.tanh(self.keys(features) + self.query(state).unsqueeze(1))).squeeze(2)
+                weights = scores.softmax(dim=1)
+                return (features * weights.unsqueeze(2)).sum(dim=1), weights
+        """})
+    subject = build_subject(root, "pooling.py:QueryPool", device="cpu")
+    assert isinstance(subject, Subject), subject
+    described = next(n for n in subject.notes if n.startswith("input inferred"))
+    assert "float [B, 16, 12]" in described, described  # positions between the batch and the features
+    assert any(n.startswith("rejected the input") and "output's tensor 2" in n for n in subject.notes), subject.notes
+
+
+def test_lengths_sorted_longest_first_reorder_the_batch_and_are_given_as_lengths(tmp_path):
+    # a decoder that orders its batch by the lengths it is handed ([B, 1], squeezed) and reads ids through that
+    # order: the lengths are sequence lengths, the ids still reach the embedding after the reordering
+    root = write_tree(tmp_path, {"captioner.py": """\
+        import torch
+        from torch import nn
+
+        class Captioner(nn.Module):
+            def __init__(self, vocab_size=40, width=12):
+                super().__init__()
+                self.words = nn.Embedding(vocab_size, width)
+                self.cell = nn.GRUCell(width, width)
+                self.out = nn.Linear(width, vocab_size)
+
+            def forward(self, ids, spans):
+                spans, order = spans.squeeze(1).sort(dim=0, descending=True)
+                ids = ids[order]
+                embedded = self.words(ids)
+                steps = (spans - 1).tolist()
+                h = torch.zeros(ids.size(0), self.cell.hidden_size)
+                scores = torch.zeros(ids.size(0), max(steps), self.out.out_features)
+                for t in range(max(steps)):
+                    live = sum(n > t for n in steps)
+                    h = self.cell(embedded[:live, t], h[:live])
+                    scores[:live, t] = self.out(h)
+                return scores
+        """})
+    model = build_subject(root, "captioner.py:Captioner", device="cpu").model
+    facts = forward_body.read_forward(model)
+    assert facts["ids"].vocabulary == 40  # through ``ids[order]``
+    assert facts["spans"].lengths and facts["spans"].axis_sizes == {1: 1}
+    described = inputs_inferred(root, "captioner.py:Captioner")
+    assert "long [B, 1] sequence lengths" in described, described
+
+
+def test_a_signal_cut_into_frames_before_a_permute_has_the_axes_the_permute_names_less_one(tmp_path):
+    root = write_tree(tmp_path, {"framer.py": """\
+        import torch
+        from torch import nn
+
+        class Framer(nn.Module):
+            def __init__(self, frame=4, hidden=6):
+                super().__init__()
+                self.frame = frame
+                self.mix = nn.Conv1d(frame, hidden, 1)
+
+            def forward(self, signal):
+                frames = signal.unfold(1, self.frame, self.frame).permute(0, 2, 1)
+                return self.mix(frames)
+        """})
+    model = build_subject(root, "framer.py:Framer", device="cpu").model
+    assert forward_body.read_forward(model)["signal"].rank == 2
+    described = inputs_inferred(root, "framer.py:Framer")
+    assert described.startswith("input inferred from the forward body") and "float [B, 16]" in described, described

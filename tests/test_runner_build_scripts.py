@@ -317,3 +317,57 @@ def test_a_parameter_bound_again_before_the_call_is_not_handed_on():
     handed = forward_body.parameters_handed_to_children(Outer())
     assert "x" not in handed  # rebound before the call on every path
     assert set(handed) == {"y"}  # a branch may not run
+
+
+# -- a parent whose smallest settings file chooses another of its block classes ----------------------------------
+
+STACK = """\
+    from torch import nn
+
+    class PlainUnit(nn.Module):
+        def __init__(self, h, width):
+            super().__init__()
+            self.conv = nn.Conv1d(width, width, h.span, padding=h.span // 2)
+
+        def forward(self, x):
+            return x + self.conv(x)
+
+    class GatedUnit(nn.Module):
+        def __init__(self, h, width):
+            super().__init__()
+            self.value = nn.Conv1d(width, width, h.span, padding=h.span // 2)
+            self.gate = nn.Conv1d(width, width, h.span, padding=h.span // 2)
+
+        def forward(self, x):
+            return x + self.value(x) * self.gate(x).sigmoid()
+
+    class Stack(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            unit = GatedUnit if h.unit_kind == "gated" else PlainUnit
+            self.pre = nn.Conv1d(3, h.width, 1)
+            self.units = nn.ModuleList([unit(h, h.width) for _ in range(h.depth)])
+
+        def forward(self, x):
+            x = self.pre(x)
+            for u in self.units:
+                x = u(x)
+            return x
+    """
+STACK_TRAIN = VOCODER_TRAIN.replace("vocoder.net import Upsampler", "stack.net import Stack").replace(
+    "Upsampler(h)", "Stack(h)")
+
+
+def test_a_parent_built_from_the_next_settings_file_when_the_smallest_holds_no_instance(tmp_path):
+    root = write_tree(tmp_path, {
+        "stack/__init__.py": "", "stack/net.py": STACK, "train.py": STACK_TRAIN,
+        "settings/small.json": '{"unit_kind": "plain", "width": 8, "depth": 2, "span": 3}',
+        "settings/large.json": '{"unit_kind": "gated", "width": 32, "depth": 3, "span": 5}'})
+    gated = build_subject(root, "stack/net.py:GatedUnit", device="cpu")
+    assert isinstance(gated, Subject), gated
+    assert gated.model.value.kernel_size == (5,)  # the large file's units, the only ones that are gated
+    assert any("built inside Stack" in n for n in gated.notes), gated.notes
+    plain = build_subject(root, "stack/net.py:PlainUnit", device="cpu")
+    assert isinstance(plain, Subject), plain
+    assert plain.model.conv.kernel_size == (3,)  # the smallest file still comes first when it holds one
+    assert build._DATA_FILE_CHOICE == [0]
