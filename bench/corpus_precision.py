@@ -138,8 +138,25 @@ def analyze_repo(entry: CorpusRepo, root: Path, jobs: int) -> dict:
     findings = [asdict(CorpusFinding(fid, entry.repo, entry.commit, f.path, f.cell, f.line, f.end_line, f.rule,
                                      f.severity.label, f.message))
                 for fid, f in zip(assign_ids(keys), ordered)]
+    failed = Counter(e.kind for e in result.errors if e.kind in ENGINE_FAILURES)
     return {"repo": entry.repo, "commit": entry.commit, "files": result.files, "errors": len(result.errors),
-            "seconds": round(result.seconds, 2), "findings": findings}
+            "failed_files": dict(sorted(failed.items())), "seconds": round(result.seconds, 2), "findings": findings}
+
+
+# File errors that say nothing about the file's code: the engine ran out of time on it (a busy machine does that),
+# its child died, or a rule raised. A repository with any has incomplete findings, and a figure counting it is low.
+ENGINE_FAILURES = ("timeout", "parser-crash", "rule-error")
+
+
+def engine_failures(out: Path, entries: list[CorpusRepo]) -> dict[str, dict[str, int]]:
+    """repo -> {kind: files} for the listed repositories whose recorded run has files the engine failed on."""
+    found = {}
+    for entry in entries:
+        target = out / f"{slug(entry.repo)}.json"
+        run = json.loads(target.read_text()) if target.is_file() else {}
+        if run.get("failed_files"):
+            found[entry.repo] = run["failed_files"]
+    return found
 
 
 def analyze_corpus(entries: list[CorpusRepo], cache: Path, out: Path, jobs: int, rerun: bool,
@@ -158,14 +175,23 @@ def analyze_corpus(entries: list[CorpusRepo], cache: Path, out: Path, jobs: int,
         if not marker.is_file() or marker.read_text().strip() != entry.commit:
             absent.append(entry.repo)
             continue
-        if target.is_file() and not rerun and json.loads(target.read_text()).get("commit") == entry.commit:
-            continue
-        if timeout is None:
-            _analyze_into(entry, root, jobs, target)
-        else:
-            _analyze_with_timeout(entry, root, jobs, target, timeout)
-        run = json.loads(target.read_text())
+        recorded = json.loads(target.read_text()) if target.is_file() and not rerun else {}
+        if recorded.get("commit") == entry.commit and not recorded.get("failed_files", {}).get("timeout"):
+            continue  # done, unless a file ran out of time: analyzing again redoes that repository
+        for attempt in range(2):
+            if timeout is None:
+                _analyze_into(entry, root, jobs, target)
+            else:
+                _analyze_with_timeout(entry, root, jobs, target, timeout)
+            run = json.loads(target.read_text())
+            if attempt or not run.get("failed_files", {}).get("timeout"):
+                break
+            # a file ran out of time: on a busy machine that is the load, not the file; once more, then it stands
+            print(f"  {entry.repo}: {run['failed_files']['timeout']} files ran out of time; analyzing it again",
+                  flush=True)
         state = f"timed out after {timeout:.0f} s" if run.get("timed_out") else f"{run['seconds']} s"
+        if run.get("failed_files"):
+            state += "; files the engine failed on: " + ", ".join(f"{k} {n}" for k, n in run["failed_files"].items())
         print(f"  {entry.repo}: {run['files']} files, {len(run['findings'])} findings, {state}", flush=True)
     return absent
 
@@ -523,6 +549,11 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{args.per_stratum} a stratum, all high/critical on holdout); {len(counted)} judged")
     if slow:
         print(f"left out, the engine did not finish them within the analyze timeout: {' '.join(slow)}")
+    failures = engine_failures(out, [e for e in entries if e.repo not in absent])
+    if failures:
+        print(f"incomplete, files the engine failed on (analyze again on a quieter machine redoes the ones that ran "
+              f"out of time; quote no figure before): " + "; ".join(
+                  f"{repo} ({', '.join(f'{k} {n}' for k, n in kinds.items())})" for repo, kinds in failures.items()))
     if stale or set(verdicts) - stale - counted:
         print(f"verdicts not counted: {len(stale)} on findings the engine no longer reports, "
               f"{len(set(verdicts) - stale - counted)} on findings outside the sample")

@@ -265,3 +265,45 @@ def test_analyze_in_a_child_process_writes_the_engine_findings(tmp_path):
     findings, absent = bench.load_findings(out, entries)
     assert absent == [] and {f.rule for f in findings} >= {"TR601"}
     assert all(f.repo == "a/x" and f.path == "train.py" for f in findings)
+
+
+def _run_with_failures(failed_files):
+    return {"repo": "a/x", "commit": "0" * 40, "files": 3, "errors": sum(failed_files.values()),
+            "failed_files": failed_files, "seconds": 1.0, "findings": []}
+
+
+def test_a_repository_whose_file_ran_out_of_time_is_analyzed_once_more_and_again_on_the_next_analyze(
+        tmp_path, monkeypatch, capsys):
+    cache, entries = _one_repo_cache(tmp_path)
+    runs = iter([_run_with_failures({"timeout": 1}), _run_with_failures({"timeout": 1}),
+                 _run_with_failures({}), _run_with_failures({"timeout": 1})])
+    monkeypatch.setattr(bench, "analyze_repo", lambda *args: next(runs))
+    out = tmp_path / "findings"
+    bench.analyze_corpus(entries, cache, out, jobs=1, rerun=False)
+    assert "1 files ran out of time; analyzing it again" in capsys.readouterr().out
+    assert bench.engine_failures(out, entries) == {"a/x": {"timeout": 1}}  # twice out of time: it stands, recorded
+    bench.analyze_corpus(entries, cache, out, jobs=1, rerun=False)  # a later analyze redoes it
+    assert bench.engine_failures(out, entries) == {}
+    bench.analyze_corpus(entries, cache, out, jobs=1, rerun=False)  # complete now: kept, not analyzed again
+    assert next(runs)["failed_files"] == {"timeout": 1}
+
+
+def test_the_report_names_repositories_with_files_the_engine_failed_on(tmp_path, capsys):
+    listing = tmp_path / "repos.tsv"
+    listing.write_text(f"repo\tcommit\ttags\na/x\t{'0' * 40}\tscript\n")
+    runs = tmp_path / "findings"
+    runs.mkdir()
+    split = tmp_path / "split.tsv"
+    split.write_text(f"repo\tsplit\tnote\na/x\t{corpus.split_by_hash('a/x')}\thash\n")
+    (runs / "a+x.json").write_text(json.dumps(_run_with_failures({"rule-error": 2})))
+    assert bench.main(["report", "--list", str(listing), "--split", str(split), "--findings", str(runs),
+                       "--verdicts", str(tmp_path / "none")]) == 0
+    out = capsys.readouterr().out
+    assert "incomplete, files the engine failed on" in out and "a/x (rule-error 2)" in out
+
+
+def test_the_engine_records_which_files_it_failed_on_by_kind(tmp_path):
+    cache, entries = _one_repo_cache(tmp_path)
+    (cache / "a+x" / "binary.py").write_bytes(b"x = 1\0\n")  # the file's own fault, not the engine's failure
+    run = bench.analyze_repo(entries[0], cache / "a+x", jobs=1)
+    assert run["errors"] == 1 and run["failed_files"] == {}
