@@ -666,11 +666,16 @@ def _class_node(method: Callable) -> Optional[ast.ClassDef]:
     """The class statement a method is defined in, read from its module's source."""
     owner_name = method.__qualname__.rpartition(".")[0]
     owner = getattr(inspect.getmodule(method), owner_name, None) if owner_name and "<" not in owner_name else None
+    return _class_statement(owner) if inspect.isclass(owner) else None
+
+
+def _class_statement(cls: type) -> Optional[ast.ClassDef]:
+    """The ``class`` statement of ``cls``, parsed from its source; None when the source cannot be read."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(owner))) if inspect.isclass(owner) else None
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError, SyntaxError):
         return None
-    return next((n for n in tree.body if isinstance(n, ast.ClassDef)), None) if tree is not None else None
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
 
 
 def _subscripts_loaders(node: ast.AST, is_dict: Callable[[ast.AST], bool]) -> bool:
@@ -2172,10 +2177,9 @@ def _trainer_builds_its_own_model(owner: type) -> bool:
 
     try:
         parameters = list(inspect.signature(owner.__init__).parameters)[1:]
-        tree = ast.parse(textwrap.dedent(inspect.getsource(owner)))
-    except (OSError, TypeError, ValueError, SyntaxError):
+    except (TypeError, ValueError):
         return False
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+    node = _class_statement(owner)
     return node is not None and not any(STEP_MODEL_ARGUMENTS.fullmatch(p.lower()) for p in parameters) \
         and (trainer_builds_its_own_model(node) or trainer_optimizes_what_it_holds(node))
 

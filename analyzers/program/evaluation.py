@@ -102,22 +102,6 @@ class CallSite:
         self.functions = functions
 
 
-_NOT_BUILT = BuiltModule(model=False, eval_mode=False)
-
-
-def _hands_evaluated(call: cst.Call) -> bool:
-    """``demo(net.eval(), frames)``: the call hands a module it has just put in eval mode (``eval()`` returns the
-    module itself), so the function it calls runs that module in eval mode."""
-    for arg in call.args:
-        value = arg.value
-        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and (
-                value.func.attr.value == "eval" and not value.args or
-                value.func.attr.value == "train" and len(value.args) == 1 and
-                isinstance(value.args[0].value, cst.Name) and value.args[0].value.value == "False"):
-            return True
-    return False
-
-
 def covers(evaled: str, model: str) -> bool:
     return (evaled == "*" or evaled == model or model.startswith(evaled + ".") or evaled.startswith(model + "."))
 
@@ -299,7 +283,9 @@ class EvaluationPaths:
             for target in targets or ["*"]:
                 self._record_eval(target, True, ctx, node)
             return
-        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any() or _hands_evaluated(node),
+        # ``demo(net.eval(), frames)``: a module handed in eval mode (eval() returns the module) counts as evaled
+        handed_evaluated = any(has_eval_chain(arg.value) for arg in node.args)
+        self.sites.setdefault(callee, []).append(CallSite(callee, state, self.evaled_any() or handed_evaluated,
                                                           self.nograd_now(), _function_arguments(node, ctx, state)))
         defined = self.functions.get(callee)
         if defined and any(s.leaves_eval for s in defined if s.node is not None and s not in self.stack):
@@ -349,7 +335,7 @@ class EvaluationPaths:
             return
         func = node.func
         target = func.value if isinstance(func, cst.Attribute) and func.attr.value == "forward" else func
-        # ``self.model.predict(batch)`` / ``net.inference(x)``: a model's prediction method runs its forward pass;
+        # ``self.model.predict(batch)``: a model's prediction method runs its forward pass;
         # taken as one only where this scope put that model in eval mode (below), i.e. the code runs it to infer
         by_method = isinstance(func, cst.Attribute) and func.attr.value != "forward" and \
             isinstance(func.value, (cst.Name, cst.Attribute)) and names_prediction_method(func.attr.value) and \
@@ -613,7 +599,8 @@ class EvaluationPaths:
             return False
         values = [node.value for node in subtree(cls) if isinstance(node, cst.Assign)
                   and any(dotted_name(t.target) == f"self.{attribute}" for t in node.targets)]
-        return bool(values) and all((built_module(self.ctx, value) or _NOT_BUILT).eval_mode for value in values)
+        built = [built_module(self.ctx, value) for value in values]
+        return bool(built) and all(b is not None and b.eval_mode for b in built)
 
     def nograd_covered(self, call: ModelCall) -> bool:
         if call.nograd_local or self.module_state.grad_off:

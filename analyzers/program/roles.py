@@ -536,7 +536,7 @@ class CheckpointWrites:
                 stack.extend([(node.left, where, left), (node.right, where, left)])
             elif isinstance(node, cst.Call) and not any(arg.star or arg.keyword is not None for arg in node.args):
                 qualified = self.ctx.qualified_name(node.func) or dotted_name(node.func) or ""
-                if qualified in _PATH_BUILDERS:
+                if qualified == "str" or does(qualified, Does.BUILDS_PATH):
                     pass
                 elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "format" and \
                         isinstance(node.func.value, cst.SimpleString):
@@ -760,7 +760,6 @@ class _PathParts:
 
 
 _FILE_NAME = re.compile(r"[^/]*\.[A-Za-z]\w*")  # 'checkpoint.pth'
-_PATH_BUILDERS = {"os.path.join", "posixpath.join", "str", "pathlib.Path", "Path"}
 
 
 def _value_names(expr: cst.BaseExpression) -> set[str]:

@@ -272,7 +272,6 @@ class MissingEvalMode(_InferencePathRule):
                 f"batch-norm normalizes with (and updates its running statistics from) the evaluation batches; "
                 f"call `{call.model}.eval()` first")
 
-
     def severity_of(self, call: _ModelCall) -> Optional[Severity]:
         # a helper handed its model by code in other files: whether that code switched it to eval mode first (or
         # hands a pretrained or mode-free one) is not shown here; said one step lower
