@@ -29,6 +29,8 @@ from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_
                                        norm_keeps_running_stats)
 from analyzers.program.names import name_is_model_like, names_configuration
 from analyzers.program.roles import SAVE_ON_MASTER, Payload
+from analyzers.program.saves import SavedCheckpoint, checkpoint_saves
+from analyzers.program.saves import dotted_ast as _dotted
 
 if TYPE_CHECKING:
     from analyzers.context import FileContext
@@ -60,17 +62,6 @@ def _last(node: ast.AST) -> Optional[str]:
         return node.attr
     if isinstance(node, ast.Name):
         return node.id
-    return None
-
-
-def _dotted(node: ast.AST) -> Optional[str]:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
     return None
 
 
@@ -127,6 +118,8 @@ class FileSummary:
     folder_savers: dict[str, frozenset[str]] = field(default_factory=dict)
     # what its checkpoints hold that weights_only=True refuses (a whole module, a Namespace, NumPy arrays)
     refused_payloads: set[Payload] = field(default_factory=set)
+    # every torch.save, by the shape of its path and what it holds (analyzers/program/saves.py)
+    checkpoint_saves: list[SavedCheckpoint] = field(default_factory=list)
     reads_data: bool = False  # reads a data set (files, a dataset library, a download): see READS_DATA
     # functions that leave a module they are given in eval mode: name -> (parameters, the eval()'d parameters)
     eval_helpers: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
@@ -580,6 +573,7 @@ def summarize(source: str, path: str) -> FileSummary:
         summary.folder_savers = _folder_savers(tree)
     if "save" in source:
         summary.refused_payloads = _refused_payloads(nodes)
+        summary.checkpoint_saves = checkpoint_saves(nodes)
     for name, extra in appended.items():
         if name in summary.module_layers:
             summary.module_layers[name].activation = (layer_of(extra[-1]) or Layer()).activation
@@ -791,6 +785,9 @@ _SUMMARIES: dict[str, FileSummary] = {}
 
 # The imports of a file whose modules refused_payloads_near reads (a script imports a few project modules).
 MAX_IMPORTS_FOLLOWED = 50
+# The folders above a file whose scripts checkpoint_saves_near reads (the file's own, then up to the root).
+MAX_FOLDERS_UP = 4
+LISTING_PROBE = ".torchreview-listing"  # a name no script has: python_siblings of it lists a whole folder
 
 
 def summary_by_digest(digest: str, source: str, path: str) -> FileSummary:
@@ -1009,6 +1006,52 @@ class RepositoryIndex:
                     shown = other.name
                 found[shown] = set(refused)
         return found
+
+    def checkpoint_saves_near(self, path: Path) -> dict[str, list[SavedCheckpoint]]:
+        """The checkpoints the other scripts of the repository around ``path`` save, by file (relative to the root
+        when inside it): the scripts of its folder and of each folder above it up to the root (``tools/eval.py``
+        reads what ``train.py`` wrote; ``utils/checkpoint.py`` what the training script beside ``utils/`` wrote),
+        and the repository modules it imports. Summaries are the index's, cached by content: asking for the files
+        of one repository again parses nothing."""
+        found: dict[str, list[SavedCheckpoint]] = {}
+        others: list[Path] = []
+        folder = path.resolve().parent
+        probe = path
+        for _ in range(MAX_FOLDERS_UP):
+            siblings = python_siblings(probe)
+            _note_listing(probe, siblings)
+            others += siblings
+            if folder == self.root or folder.parent == folder or self.root not in folder.parents:
+                break
+            folder = folder.parent
+            probe = folder / LISTING_PROBE
+        summary = self.summary(path)
+        for module, name, level in list(summary.imports.values())[:MAX_IMPORTS_FOLLOWED] if summary else ():
+            others += self._module_files(module, level, path)
+            if name is not None:
+                others += self._module_files(f"{module}.{name}" if module else name, level, path)
+        resolved = path.resolve()
+        for other in dict.fromkeys(others):
+            if other.resolve() == resolved or not self._may_save(other):
+                continue
+            other_summary = self.summary(other)
+            if other_summary is not None and other_summary.checkpoint_saves:
+                try:
+                    shown = other.resolve().relative_to(self.root).as_posix()
+                except ValueError:
+                    shown = other.name
+                found[shown] = other_summary.checkpoint_saves
+        return found
+
+    def _may_save(self, path: Path) -> bool:
+        """Can ``path`` hold a checkpoint save: summarized already, or its bytes say ``save`` (read, not parsed)."""
+        if path in self._by_path:
+            return True
+        data = _read_bounded(path)
+        if data is not None and b"save" not in data:
+            _note_file(path, _digest(data))  # what summary() notes: the answer depends on these bytes
+            return False
+        return data is not None
 
     def _refused_payloads_of(self, path: Path) -> set[Payload]:
         """``summary(path).refused_payloads``. A file not summarized yet that never says ``save`` is read, not

@@ -1,6 +1,7 @@
 """What role code plays: compatibility fallbacks, and the checkpoints a program writes before loading them."""
 from __future__ import annotations
 
+import ast
 import enum
 import os
 import re
@@ -742,6 +743,71 @@ class CheckpointWrites:
         from analyzers.program.modules import file_in_repository
 
         return index.refused_payloads_near(file_in_repository(self.ctx))
+
+    def saved_elsewhere(self, path: cst.BaseExpression, at: cst.CSTNode) -> dict[str, Optional[frozenset[Payload]]]:
+        """The other files of the repository that save the checkpoint a load of ``path`` (at ``at``) reads, with what
+        they put there (None: their code does not show it): a ``torch.save`` in the scripts around this file or the
+        modules it imports (``RepositoryIndex.checkpoint_saves_near``) whose path is built from the same parts. The
+        load's file names spelled in the code are among the save's, and the option or configuration keys its path
+        is built from among the save's (``os.path.join(args.save_dir, 'best.pth')`` in ``eval.py`` and in
+        ``train.py``); a path with no file name matches a save built from exactly the same keys
+        (``cfg['ckpt_path']`` both times). {} when none matches, or the load's path is a parameter no call in the
+        file fills: its callers choose the file."""
+        index = self.ctx.repository
+        if index is None:
+            return {}
+        shape = self._load_shape(path, at)
+        if shape is None or not (shape[0] or shape[1]):
+            return {}
+        files, keys = shape
+        found: dict[str, Optional[frozenset[Payload]]] = {}
+        for other, saves in self._saves_near.items():
+            for save in saves:
+                if files and not (files & save.files and keys <= save.keys):
+                    continue
+                if not files and (save.files or keys != save.keys):
+                    continue
+                if other in found and (found[other] is None or save.kinds is None):
+                    found[other] = None
+                elif save.kinds is not None:
+                    found[other] = found.get(other, frozenset()) | save.kinds
+                else:
+                    found[other] = None
+        return found
+
+    @cached_property
+    def _saves_near(self) -> dict:
+        """``RepositoryIndex.checkpoint_saves_near`` of this file, asked once for all its loads."""
+        from analyzers.program.modules import file_in_repository  # modules needs this module
+
+        return self.ctx.repository.checkpoint_saves_near(file_in_repository(self.ctx))
+
+    def _load_shape(self, path: cst.BaseExpression, at: cst.CSTNode):
+        """:func:`analyzers.program.saves.path_shape` of a path in this file (its names read here, with libcst)."""
+        from analyzers.program.saves import path_shape
+
+        def as_ast(expr: cst.BaseExpression) -> Optional[ast.AST]:
+            try:
+                return ast.parse("(" + self.ctx.module.code_for_node(expr) + ")", mode="eval").body
+            except (SyntaxError, ValueError, RecursionError):
+                return None
+
+        def resolver(where: cst.CSTNode):
+            fn = _function_of(self._ancestry(where))
+
+            def resolve(name: str):
+                if isinstance(fn, cst.FunctionDef) and parameter(fn, name) is not None:
+                    values = call_site_values(self.ctx, fn, name)
+                    if not values:
+                        return None  # the callers of the function choose it
+                else:
+                    value = assignment_before(self.ctx, where, name)
+                    values = [value] if value is not None else self._assignments.get(name, [])[:2]
+                return [(tree, resolver(value)) for value in values[:4] if (tree := as_ast(value)) is not None]
+            return resolve
+
+        tree = as_ast(path)
+        return path_shape(tree, resolver(at)) if tree is not None else None
 
     def payload_kinds(self) -> set[Payload]:
         kinds: set[Payload] = set()

@@ -52,6 +52,11 @@ class UnsafeTorchLoad(Rule):
         method of the same class saves, built from the same parts (a file name spelled in the code, a folder
         from the instance's own settings or spelled in the code, and the parameters both methods take: an
         experiment's `test(setting)` rereading what its `train(setting)` wrote).
+        A file that another script or module of the repository saves, its path built from the same parts (the
+        file name spelled in the code, the same option or configuration keys: `eval.py` reading
+        `os.path.join(args.save_dir, 'best.pth')`, which `train.py` writes), is the repository's own checkpoint:
+        when every such save holds tensors and plain values, the finding is low (medium when the command line or
+        a configuration names the path) and keeps the fix; when one saves a pickled object, the message names it.
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
@@ -337,8 +342,22 @@ class UnsafeTorchLoad(Rule):
         loaded = ctx.facts(LoadedPayloads)
         # handed whole to load_state_dict, the file holds a state dict (anything else fails there), whatever
         # else this file or its neighbours save; a checkpoint read for one of its items may hold more
-        refused, saved_by = (set(), "") if loaded.fed_whole_to_state_dict(node) else \
-            self._refused_payloads(source, checkpoints)
+        # the repository's other scripts that save the file this load reads (``eval.py`` reading what ``train.py``
+        # wrote, built from the same parts), when what each puts there is known; not for a download or a file the
+        # user types in, whoever else writes that name
+        elsewhere = checkpoints.saved_elsewhere(source, node) if source is not None and outside not in (
+            Outside.DOWNLOAD, Outside.USER_INPUT) else {}
+        savers = sorted(path for path, kinds in elsewhere.items()
+                        if kinds is not None and any(not kind.loads_weights_only for kind in kinds))
+        # known: every save of it shows what it holds, or one holds what weights_only=True refuses, whatever the rest
+        known = bool(elsewhere) and (None not in elsewhere.values() or bool(savers))
+        if loaded.fed_whole_to_state_dict(node):
+            refused, saved_by = set(), ""
+        elif known:
+            refused = {kind for path in savers for kind in elsewhere[path] if not kind.loads_weights_only}
+            saved_by = _shown_files(savers) + (" in this repository " + ("saves" if len(savers) == 1 else "save"))
+        else:
+            refused, saved_by = self._refused_payloads(source, checkpoints)
         used_as = {kind for kind in loaded.of(node) if not kind.loads_weights_only} - refused
         reasons = [f"{saved_by} {describe(refused)} into checkpoints"] if refused else []
         if used_as:
@@ -351,7 +370,13 @@ class UnsafeTorchLoad(Rule):
         # this file (or the name the load reads) is saved with holds tensors and plain values. Neither that nor
         # refused: the fix stays on offer while every use of the result is in view (it is used as a dict or a
         # tensor, or not at all), not when it goes to code that decides what it must be
-        compatible = not refused and (Payload.TENSORS in loaded.of(node) or self._saves_tensors(source, checkpoints))
+        compatible = not refused and (known or Payload.TENSORS in loaded.of(node)
+                                      or self._saves_tensors(source, checkpoints))
+        # the repository's own checkpoint, of tensors and plain values only: the fix is safe and the file is not a
+        # stranger's; said quietly (a little louder when the command line or a configuration names it)
+        own = f"{_shown_files(sorted(elsewhere))} in this repository " \
+            f"{'saves' if len(elsewhere) == 1 else 'save'} this file with tensors and plain values only, which " \
+            "`weights_only=True` loads" if known and not refused else ""
         pickle_module = keyword_arg(node, "pickle_module")
         versions = ctx.facts(VersionFacts)
         floor = versions.floor("torch")
@@ -398,6 +423,11 @@ class UnsafeTorchLoad(Rule):
                         "if it is a `state_dict()` or tensors, pass `weights_only=True`; if it holds other objects, "
                         "allow their classes with `torch.serialization.safe_globals([...])`", severity=lowered)
             return
+        if own:
+            self.report(node, message + f"; {own}: pass `weights_only=True`",
+                        replacement=node.with_changes(args=new_args) if fixable else None,
+                        severity=Severity.MEDIUM if external else Severity.LOW)
+            return
         self.report(node, message + "; pass `weights_only=True`",
                     replacement=node.with_changes(args=new_args) if fixable else None,
                     severity=Severity.CRITICAL if external else None)
@@ -429,8 +459,8 @@ class UnsafeTorchLoad(Rule):
         if not nearby:
             return set(), ""
         files = sorted(nearby)
-        shown = ", ".join(f"`{path}`" for path in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-        return set().union(*nearby.values()), f"{shown} in this repository {'saves' if len(files) == 1 else 'save'}"
+        return set().union(*nearby.values()), \
+            f"{_shown_files(files)} in this repository {'saves' if len(files) == 1 else 'save'}"
 
     @staticmethod
     def _self_written(source: cst.BaseExpression, ctx: FileContext, checkpoints: CheckpointWrites,
@@ -452,6 +482,10 @@ class UnsafeTorchLoad(Rule):
             values = call_site_values(ctx, fn, source.value)
             return bool(values) and all(checkpoints.written_before_loaded(v, None) for v in values)
         return False
+
+
+def _shown_files(files: Sequence[str]) -> str:
+    return ", ".join(f"`{path}`" for path in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
 
 
 def _with_weights_only(args: Sequence[cst.Arg]) -> list[cst.Arg]:
