@@ -136,3 +136,15 @@ def test_the_scripts_of_the_folders_above_are_read_and_noted_for_the_results_cac
     assert list(near) == ["fit.py"]
     assert {Path(path).name for path, digest in deps.files.items() if digest} >= {"fit.py", "data.py"}
     assert any(Path(path).parent == tmp_path for path in deps.listings)
+
+
+def test_a_script_that_writes_the_file_itself_is_judged_by_its_own_saves(tmp_path):
+    """A resume of the checkpoint the loading script itself writes: another module saving a file of the same shape
+    (an evaluation script's, with its own options) says nothing about it."""
+    loader = LOADER + "    torch.save({'net': net.state_dict()}, os.path.join(opts.run_dir, 'top.ckpt'))\n"
+    target = _repo(tmp_path, SAVER.replace("'step': step", "'opts': opts"), loader)
+    from tests.test_program_model import context, first
+
+    ctx = context(loader, path=str(target), repository=RepositoryIndex(tmp_path))
+    call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
+    assert ctx.facts(CheckpointWrites).saved_elsewhere(call.args[0].value, call) == {}

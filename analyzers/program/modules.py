@@ -1139,6 +1139,10 @@ class ModuleFacts:
                                             str(self.ctx.path))
         return self._local
 
+    def checkpoint_saves(self) -> list[SavedCheckpoint]:
+        """The file's own ``torch.save`` calls, as the repository index records them for the other files."""
+        return self._summary().checkpoint_saves
+
     def eval_helper(self, name: str) -> Optional[tuple[list[str], list[str]]]:
         """(parameters, parameters left in eval mode) of a function this file imports from the repository that
         puts a module it is given in eval mode and never back; None otherwise, or without a repository."""

@@ -760,12 +760,17 @@ class CheckpointWrites:
         if shape is None or not (shape[0] or shape[1]):
             return {}
         files, keys = shape
+
+        def matches(save) -> bool:
+            return bool(files & save.files and keys <= save.keys) if files else not save.files and keys == save.keys
+
+        own, near = self._saves_near
+        if any(matches(save) for save in own):
+            return {}  # this file writes that file itself (a resume of its own checkpoint): judged as its own
         found: dict[str, Optional[frozenset[Payload]]] = {}
-        for other, saves in self._saves_near.items():
+        for other, saves in near.items():
             for save in saves:
-                if files and not (files & save.files and keys <= save.keys):
-                    continue
-                if not files and (save.files or keys != save.keys):
+                if not matches(save):
                     continue
                 if other in found and (found[other] is None or save.kinds is None):
                     found[other] = None
@@ -776,11 +781,13 @@ class CheckpointWrites:
         return found
 
     @cached_property
-    def _saves_near(self) -> dict:
-        """``RepositoryIndex.checkpoint_saves_near`` of this file, asked once for all its loads."""
-        from analyzers.program.modules import file_in_repository  # modules needs this module
+    def _saves_near(self) -> tuple[list, dict]:
+        """This file's own saves (its summary's) and ``RepositoryIndex.checkpoint_saves_near``, asked once for all its
+        loads."""
+        from analyzers.program.modules import ModuleFacts, file_in_repository  # modules needs this module
 
-        return self.ctx.repository.checkpoint_saves_near(file_in_repository(self.ctx))
+        return self.ctx.facts(ModuleFacts).checkpoint_saves(), \
+            self.ctx.repository.checkpoint_saves_near(file_in_repository(self.ctx))
 
     def _load_shape(self, path: cst.BaseExpression, at: cst.CSTNode):
         """:func:`analyzers.program.saves.path_shape` of a path in this file (its names read here, with libcst)."""
