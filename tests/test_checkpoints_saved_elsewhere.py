@@ -138,13 +138,20 @@ def test_the_scripts_of_the_folders_above_are_read_and_noted_for_the_results_cac
     assert any(Path(path).parent == tmp_path for path in deps.listings)
 
 
-def test_a_script_that_writes_the_file_itself_is_judged_by_its_own_saves(tmp_path):
-    """A resume of the checkpoint the loading script itself writes: another module saving a file of the same shape
-    (an evaluation script's, with its own options) says nothing about it."""
-    loader = LOADER + "    torch.save({'net': net.state_dict()}, os.path.join(opts.run_dir, 'top.ckpt'))\n"
-    target = _repo(tmp_path, SAVER.replace("'step': step", "'opts': opts"), loader)
+@pytest.mark.parametrize("own, other, expected", [
+    # both hold tensors and numbers: the other module's save confirms the format
+    ("{'net': net.state_dict()}", "'step': step", {"fit.py": TENSORS}),
+    # the other module's save of that shape holds the run's options: the two disagree, judged by this file's saves
+    ("{'net': net.state_dict()}", "'opts': opts", {}),
+    # this file's own save holds a whole module: judged by this file's saves
+    ("net", "'step': step", {}),
+])
+def test_a_script_that_writes_the_file_itself_asks_the_other_modules_only_when_they_agree(tmp_path, own, other,
+                                                                                          expected):
+    loader = LOADER + f"    torch.save({own}, os.path.join(opts.run_dir, 'top.ckpt'))\n"
+    target = _repo(tmp_path, SAVER.replace("'step': step", other), loader)
     from tests.test_program_model import context, first
 
     ctx = context(loader, path=str(target), repository=RepositoryIndex(tmp_path))
     call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
-    assert ctx.facts(CheckpointWrites).saved_elsewhere(call.args[0].value, call) == {}
+    assert ctx.facts(CheckpointWrites).saved_elsewhere(call.args[0].value, call) == expected

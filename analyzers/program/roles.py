@@ -765,8 +765,12 @@ class CheckpointWrites:
             return bool(files & save.files and keys <= save.keys) if files else not save.files and keys == save.keys
 
         own, near = self._saves_near
-        if any(matches(save) for save in own):
-            return {}  # this file writes that file itself (a resume of its own checkpoint): judged as its own
+        # this file writes that file too (a resume of its own checkpoint): the other modules' saves add to what its
+        # own say only when both hold tensors and plain values; its own pickled objects, or saves that disagree, are
+        # judged as before (by this file's saves)
+        mine = [save.kinds for save in own if matches(save)]
+        if any(kinds is None or not all(kind.loads_weights_only for kind in kinds) for kinds in mine):
+            return {}
         found: dict[str, Optional[frozenset[Payload]]] = {}
         for other, saves in near.items():
             for save in saves:
@@ -778,6 +782,9 @@ class CheckpointWrites:
                     found[other] = found.get(other, frozenset()) | save.kinds
                 else:
                     found[other] = None
+        if mine and any(kinds is None or not all(kind.loads_weights_only for kind in kinds)
+                        for kinds in found.values()):
+            return {}
         return found
 
     @cached_property

@@ -57,7 +57,8 @@ class UnsafeTorchLoad(Rule):
         `os.path.join(args.save_dir, 'best.pth')`, which `train.py` writes), is the repository's own checkpoint:
         when every such save holds tensors and plain values, the finding is low (medium when the command line or
         a configuration names the path) and keeps the fix; when one saves a pickled object, the message names it.
-        A script that writes that file itself (a resume of its own checkpoint) is judged by its own saves, as above.
+        A script that writes that file itself (a resume of its own checkpoint) is judged so only when its own saves
+        there hold tensors and plain values too; otherwise by its own saves, as above.
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
