@@ -155,3 +155,13 @@ def test_a_script_that_writes_the_file_itself_asks_the_other_modules_only_when_t
     ctx = context(loader, path=str(target), repository=RepositoryIndex(tmp_path))
     call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
     assert ctx.facts(CheckpointWrites).saved_elsewhere(call.args[0].value, call) == expected
+
+
+def test_what_a_name_was_assigned_decides_before_what_it_is_called():
+    """``config = {k: globals()[k] ...}`` and ``model_args = dict(...)`` hold plain values whatever their names say;
+    the parsed arguments are a Namespace whatever theirs."""
+    code = ("import torch\nconfig = {k: globals()[k] for k in keys}\nmodel_args = dict(n_layer=n_layer)\n"
+            "settings = parser.parse_args()\n"
+            "torch.save({'model': raw.state_dict(), 'model_args': model_args, 'config': config}, 'a.pt')\n"
+            "torch.save({'model': raw.state_dict(), 'settings': settings}, 'b.pt')\n")
+    assert [kinds for _, _, kinds in saves(code)] == [TENSORS, frozenset({Payload.TENSORS, Payload.NAMESPACE})]

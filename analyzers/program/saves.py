@@ -188,6 +188,8 @@ def saved_kinds(value: ast.AST, file: _File, fn: Optional[ast.FunctionDef], key:
                    for k, v in zip(value.keys, value.values)]
         return _union([saved_kinds(v, file, fn, k, depth) for k, v in entries]) if entries else \
             frozenset({Payload.TENSORS})
+    if isinstance(value, ast.IfExp):
+        return _union([saved_kinds(value.body, file, fn, key, depth), saved_kinds(value.orelse, file, fn, key, depth)])
     if isinstance(value, _PLAIN_NODES):
         return frozenset({Payload.TENSORS})
     if isinstance(value, ast.Call):
@@ -212,19 +214,31 @@ def saved_kinds(value: ast.AST, file: _File, fn: Optional[ast.FunctionDef], key:
     name = dotted_ast(value)
     if name is None:
         return None
+    # what the name holds, before what it is called: ``config = {k: globals()[k] ...}`` and ``model_args =
+    # dict(n_layer=...)`` hold plain values whatever their names say; a saving function's parameter holds what the
+    # file's calls hand it
+    unknown = False
+    if isinstance(value, ast.Name) and _parameter(fn, value.id) is not None:
+        values = file.call_values(fn, value.id) if depth else []
+        if values:
+            return _union([saved_kinds(v, file, file.owner.get(id(v)), key, depth - 1) for v in values[:4]])
+        unknown = True  # no call in view: only its name may tell
+    elif depth and (name in file.stored or name in file.assigned):
+        kinds = [saved_kinds(v, file, fn, k, depth - 1) for k, v in file.stored.get(name, ())]
+        kinds += [saved_kinds(v, file, fn, key, depth - 1) for v in file.assigned.get(name, ())[:4]]
+        if _union(kinds) is not None:
+            return _union(kinds)
+        if all(isinstance(v, ast.Dict) or isinstance(v, ast.Call) and dotted_ast(v.func) == "dict"
+               for v in file.assigned.get(name, ())):
+            return None  # a dict filled with values nothing shows: not known, whatever the name says
+        unknown = True
     short = name.rsplit(".", 1)[-1].lower()
     if names_configuration(short) or names_configuration(key):
         return frozenset({Payload.NAMESPACE})
-    if isinstance(value, ast.Name) and _parameter(fn, value.id) is not None:
-        values = file.call_values(fn, value.id) if depth else []
-        return _union([saved_kinds(v, file, file.owner.get(id(v)), key, depth - 1) for v in values[:4]]) \
-            if values else None  # what the callers hand the saving function; none in view: not known
-    if depth and name in file.stored or depth and name in file.assigned:
-        kinds = [saved_kinds(v, file, fn, k, depth - 1) for k, v in file.stored.get(name, ())]
-        kinds += [saved_kinds(v, file, fn, key, depth - 1) for v in file.assigned.get(name, ())[:4]]
-        return _union(kinds)
     if name_is_model_like(short) and not short.endswith(("_state", "state_dict", "_sd", "states")):
         return frozenset({Payload.MODULE})
+    if unknown:
+        return None
     return frozenset({Payload.TENSORS})  # ``epoch``, ``best_acc``, ``features``: a plain value by its name
 
 
