@@ -912,11 +912,12 @@ class _RawDataStandIns:
     ``RAW_TOKEN_BOUND`` (token ids, labels) or floats from a normal distribution, and says so in the step's notes.
     A file that exists is read as the code asks; a file opened for writing is the code's own business.
 
-    The files such code lists first (``glob.glob(os.path.join(folder, "*.bin"))`` over shards a preparation step
-    writes) are listed the same way: where the folder is missing and the file calling ``glob`` itself maps or
-    reads raw files, the listing is ``RAW_SHARD_NAMES`` names in that folder matching the pattern, which the
-    readers above then give stand-in data for; said in the notes. A folder that exists is listed as it is, and a
-    file that reads no raw data (a listing of checkpoints to resume from) gets the real, empty, listing."""
+    The files such code lists first (``glob.glob(os.path.join(folder, "*.bin"))``, ``Path(folder).glob("*.bin")``
+    over shards a preparation step writes) are listed the same way: where the folder is missing and the file
+    calling ``glob`` itself maps or reads raw files, the listing is ``RAW_SHARD_NAMES`` names in that folder matching
+    the pattern, which the readers above then give stand-in data for; said in the notes. A folder that exists is
+    listed as it is, and a file that reads no raw data (a listing of checkpoints to resume from) gets the real,
+    empty, listing."""
 
     def __init__(self, notes: list):
         self.notes = notes
@@ -949,24 +950,35 @@ class _RawDataStandIns:
         listing = self.saved_glob = glob.glob
         notes = self.notes
 
+        def shard_names(folder: str, pattern: str, caller: str) -> Optional[list]:
+            """Stand-in names for a listing of ``pattern`` in ``folder`` that found nothing, or None."""
+            if not pattern or not glob.has_magic(pattern) or glob.has_magic(folder) or os.path.isdir(folder or ".") \
+                    or not _reads_raw_files(caller):
+                return None
+            note = (f"the folder '{folder}' is missing: the runner listed {RAW_SHARD_NAMES} stand-in files for "
+                    f"'{pattern}' in it, whose raw data it then stands in for")
+            if note not in notes:
+                notes.append(note)
+            return list(dict.fromkeys(os.path.join(folder, _shard_name(pattern, index))
+                                      for index in range(RAW_SHARD_NAMES)))
+
         def glob_or_stand_in(pathname, *args, **kwargs):
             found = listing(pathname, *args, **kwargs)
             if found or not isinstance(pathname, (str, os.PathLike)) or kwargs.get("recursive"):
                 return found
             folder, pattern = os.path.split(os.fspath(pathname))
-            if not pattern or not glob.has_magic(pattern) or glob.has_magic(folder) or os.path.isdir(folder or "."):
-                return found
-            caller = sys._getframe(1).f_code.co_filename
-            if not _reads_raw_files(caller):
-                return found
-            names = list(dict.fromkeys(os.path.join(folder, _shard_name(pattern, index))
-                                       for index in range(RAW_SHARD_NAMES)))
-            note = (f"the folder '{folder}' is missing: the runner listed {RAW_SHARD_NAMES} stand-in files for "
-                    f"glob('{pathname}'), whose raw data it then stands in for")
-            if note not in notes:
-                notes.append(note)
-            return names
+            names = shard_names(folder, pattern, sys._getframe(1).f_code.co_filename)
+            return found if names is None else names
 
+        path_listing = self.saved_path_glob = Path.glob
+
+        def path_glob_or_stand_in(folder, pattern, *args, **kwargs):
+            found = list(path_listing(folder, pattern, *args, **kwargs))
+            names = None if found or "/" in str(pattern) or os.sep in str(pattern) \
+                else shard_names(str(folder), str(pattern), sys._getframe(1).f_code.co_filename)
+            return iter(found if names is None else [type(folder)(name) for name in names])
+
+        Path.glob = path_glob_or_stand_in
         glob.glob = glob_or_stand_in
         # ``from glob import glob`` in the repository's modules bound the function before the step ran
         self.rebound = [(module, name) for module in list(sys.modules.values()) if _is_user_module(module)
@@ -979,6 +991,7 @@ class _RawDataStandIns:
         for name, value in self.saved.items():
             setattr(self.numpy, name, value)
         glob.glob = self.saved_glob
+        Path.glob = self.saved_path_glob
         for module, name in self.rebound:
             setattr(module, name, self.saved_glob)
         return False

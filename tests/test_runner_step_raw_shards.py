@@ -108,6 +108,15 @@ def test_a_listing_function_imported_by_name_gets_the_stand_in_names_too(tmp_pat
     assert any("the folder 'cache/packed' is missing" in note for note in report["notes"])
 
 
+def test_a_path_listing_gets_the_stand_in_names_too(tmp_path):
+    by_path = SHARDS["shards.py"].replace("        import glob\n", "        from pathlib import Path\n")
+    by_path = by_path.replace('glob.glob(os.path.join(FOLDER, "part_*.u16"))', 'Path(FOLDER).glob("part_*.u16")')
+    report = smoke_step(write_tree(tmp_path, dict(SHARDS, **{"shards.py": by_path})), "train.py:__main__", None,
+                        device="cpu")
+    assert report["status"] == "passed", report
+    assert any("the folder 'cache/packed' is missing" in note for note in report["notes"])
+
+
 def test_shards_that_exist_are_listed_and_read_as_they_are(tmp_path):
     root = write_tree(tmp_path, SHARDS)
     (root / "cache" / "packed").mkdir(parents=True)
@@ -133,7 +142,9 @@ def test_a_file_that_reads_no_raw_data_gets_the_real_empty_listing(tmp_path):
 
 
 def test_the_listing_is_the_real_one_outside_a_step():
-    assert glob.glob("no-such-folder-anywhere/*.u16") == []
+    from pathlib import Path
+
+    assert glob.glob("no-such-folder-anywhere/*.u16") == [] and list(Path("no-such-folder").glob("*.u16")) == []
 
 
 def test_stand_in_names_match_their_pattern_and_differ():
