@@ -13,7 +13,8 @@ What changes from running ``python train.py``:
   see ``required_argument_value``), ``sys.argv`` is the script alone, ``torch.compile`` is the identity (the checks
   are about the model's code, not the compiler), data loaders load in the process;
 - a raw data file mapped or read with ``np.memmap`` / ``np.fromfile`` that is missing is stand-in data of the
-  dtype and shape the code passes (``_RawDataStandIns``), said in the notes;
+  dtype and shape the code passes (``_RawDataStandIns``), said in the notes; so are the shards of such data that
+  a file which maps them lists with ``glob`` in a folder that is missing (a few stand-in names);
 - the script runs in a scratch folder that mirrors its own (links to its files), so that what it writes (a
   checkpoint folder) does not need the read-only code tree;
 - the loop stops at the runner's bound (``iterations`` optimizer steps), and what follows it (saving, plotting)
@@ -32,6 +33,8 @@ import ast
 import builtins
 import contextlib
 import copy
+import functools
+import glob
 import inspect
 import linecache
 import os
@@ -885,6 +888,21 @@ def _compared_constants(name: str, script: Path, also: tuple = ()) -> Any:
 
 RAW_DATA_LENGTH = 1 << 15  # elements of a raw data file's stand-in when the code gives no shape
 RAW_TOKEN_BOUND = 64  # integer stand-in values are below it: any vocabulary, class count or index range fits
+# names a listing of raw shards in a missing folder gets: a few, so that a split keeping one shard apart (a
+# validation shard, ``shards[1:]`` for training) still leaves the other split some
+RAW_SHARD_NAMES = 4
+_RAW_READERS = ("memmap", "fromfile")
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_raw_files(filename: str) -> bool:
+    """The source file calls ``np.memmap`` / ``np.fromfile`` (any receiver): it maps or reads raw data files."""
+    try:
+        tree = ast.parse(Path(filename).read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _RAW_READERS
+               for n in ast.walk(tree))
 
 
 class _RawDataStandIns:
@@ -892,11 +910,19 @@ class _RawDataStandIns:
     such a file has no header, so its dtype and shape are the code's own (the ``dtype`` and ``shape`` it passes,
     else one dimension); the runner gives the code an array of that dtype and shape, integers below
     ``RAW_TOKEN_BOUND`` (token ids, labels) or floats from a normal distribution, and says so in the step's notes.
-    A file that exists is read as the code asks; a file opened for writing is the code's own business."""
+    A file that exists is read as the code asks; a file opened for writing is the code's own business.
+
+    The files such code lists first (``glob.glob(os.path.join(folder, "*.bin"))``, ``Path(folder).glob("*.bin")``
+    over shards a preparation step writes) are listed the same way: where the folder is missing and the file
+    calling ``glob`` itself maps or reads raw files, the listing is ``RAW_SHARD_NAMES`` names in that folder matching
+    the pattern, which the readers above then give stand-in data for; said in the notes. A folder that exists is
+    listed as it is, and a file that reads no raw data (a listing of checkpoints to resume from) gets the real,
+    empty, listing."""
 
     def __init__(self, notes: list):
         self.notes = notes
         self.saved: dict = {}
+        self.rebound: list = []
 
     def __enter__(self):
         import numpy
@@ -921,11 +947,53 @@ class _RawDataStandIns:
             return fromfile(file, dtype, count, *args, **kwargs)
 
         numpy.memmap, numpy.fromfile = _MemmapOrStandIn, fromfile_or_stand_in
+        listing = self.saved_glob = glob.glob
+        notes = self.notes
+
+        def shard_names(folder: str, pattern: str, caller: str) -> Optional[list]:
+            """Stand-in names for a listing of ``pattern`` in ``folder`` that found nothing, or None."""
+            if not pattern or not glob.has_magic(pattern) or glob.has_magic(folder) or os.path.isdir(folder or ".") \
+                    or not _reads_raw_files(caller):
+                return None
+            note = (f"the folder '{folder}' is missing: the runner listed {RAW_SHARD_NAMES} stand-in files for "
+                    f"'{pattern}' in it, whose raw data it then stands in for")
+            if note not in notes:
+                notes.append(note)
+            return list(dict.fromkeys(os.path.join(folder, _shard_name(pattern, index))
+                                      for index in range(RAW_SHARD_NAMES)))
+
+        def glob_or_stand_in(pathname, *args, **kwargs):
+            found = listing(pathname, *args, **kwargs)
+            if found or not isinstance(pathname, (str, os.PathLike)) or kwargs.get("recursive"):
+                return found
+            folder, pattern = os.path.split(os.fspath(pathname))
+            names = shard_names(folder, pattern, sys._getframe(1).f_code.co_filename)
+            return found if names is None else names
+
+        path_listing = self.saved_path_glob = Path.glob
+
+        def path_glob_or_stand_in(folder, pattern, *args, **kwargs):
+            found = list(path_listing(folder, pattern, *args, **kwargs))
+            names = None if found or "/" in str(pattern) or os.sep in str(pattern) \
+                else shard_names(str(folder), str(pattern), sys._getframe(1).f_code.co_filename)
+            return iter(found if names is None else [type(folder)(name) for name in names])
+
+        Path.glob = path_glob_or_stand_in
+        glob.glob = glob_or_stand_in
+        # ``from glob import glob`` in the repository's modules bound the function before the step ran
+        self.rebound = [(module, name) for module in list(sys.modules.values()) if _is_user_module(module)
+                        for name, value in list(vars(module).items()) if value is listing]
+        for module, name in self.rebound:
+            setattr(module, name, glob_or_stand_in)
         return self
 
     def __exit__(self, *exc_info):
         for name, value in self.saved.items():
             setattr(self.numpy, name, value)
+        glob.glob = self.saved_glob
+        Path.glob = self.saved_path_glob
+        for module, name in self.rebound:
+            setattr(module, name, self.saved_glob)
         return False
 
     def stand_in(self, filename: Any, dtype: Any, shape: Any, reader: str):
@@ -945,6 +1013,24 @@ class _RawDataStandIns:
         if note not in self.notes:
             self.notes.append(note)
         return values
+
+
+def _is_user_module(module: Any) -> bool:
+    """A module imported from outside the Python installation and the runner's own package (the repository's)."""
+    where = getattr(module, "__file__", None)
+    if not isinstance(where, str) or not isinstance(module, types.ModuleType):
+        return False
+    installed = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parent)}
+    return not any(where.startswith(prefix.rstrip("/") + "/") for prefix in installed)
+
+
+def _shard_name(pattern: str, index: int) -> str:
+    """A file name ``pattern`` matches: each ``*`` a stand-in word, each ``?`` a digit of the index, a ``[...]`` set
+    its first member."""
+    name = re.sub(r"\[(!?)([^\]]+)\]", lambda m: "_" if m.group(1) else m.group(2)[0], pattern)
+    name = name.replace("*", f"standin{index:04d}", 1).replace("*", "")
+    digits = iter(str(index).zfill(name.count("?"))[-name.count("?"):] if "?" in name else "")
+    return re.sub(r"\?", lambda m: next(digits), name)
 
 
 def script_plan(code_root: Path, target: str, path: str, name: str, module: types.ModuleType,

@@ -1201,3 +1201,49 @@ def test_a_file_a_repository_helper_saves_into_a_folder_it_is_handed_is_the_prog
     call = first(ctx, cst.Call, lambda node: ctx.call_name(node) == "torch.load")
     path = call.args[0].value
     assert ctx.facts(CheckpointWrites).written_before_loaded(path, ctx.origin(path)) is self_written
+
+
+# ---- passes a count picks (gradient accumulation) ---------------------------------------------------------
+
+def _step_and_loop(code: str):
+    ctx = context(code)
+    step = first(ctx, cst.Call, lambda call: isinstance(call.func, cst.Attribute) and call.func.attr.value == "step")
+    loop = first(ctx, (cst.For, cst.While))
+    return ctx, step, loop
+
+
+@pytest.mark.parametrize("code, counted", [
+    # a remainder of the pass index
+    ("for k, item in enumerate(items):\n    work(item)\n    if (k + 1) % every == 0:\n        opt.step()\n", True),
+    # a count-down the loop advances, whose branch skips the rest of the pass
+    ("left = n\nwhile feed():\n    work()\n    if left > 1:\n        left -= 1\n        continue\n    opt.step()\n"
+     "    left = n\n", True),
+    # a counter the loop advances, compared
+    ("seen = 0\nfor item in items:\n    work(item)\n    seen += 1\n    if seen == every:\n        opt.step()\n"
+     "        seen = 0\n", True),
+    # the pass index compared picks the passes from some point on, not every few
+    ("for k in range(total):\n    work(k)\n    if k >= warmup:\n        opt.step()\n", False),
+    # what a pass computed picks the pass, not a count
+    ("for item in items:\n    value = work(item)\n    if value < limit:\n        opt.step()\n", False),
+    # an identity test on an item of the pass counts nothing
+    ("for k, item in enumerate(items):\n    if item is None:\n        continue\n    opt.step()\n", False),
+    # a skip whose branch does not end the pass
+    ("for k, item in enumerate(items):\n    if k % 2:\n        log(k)\n    opt.step()\n", False),
+    # every pass
+    ("for item in items:\n    work(item)\n    opt.step()\n", False),
+])
+def test_a_call_that_runs_only_on_the_passes_a_count_picks(code, counted):
+    from analyzers.program.loops import counted_guard
+
+    ctx, step, loop = _step_and_loop(code)
+    assert (counted_guard(step, loop, ctx) is not None) is counted
+
+
+def test_a_counted_guard_stops_at_a_nested_loop():
+    from analyzers.program.loops import counted_guard, counts_passes
+
+    ctx = context("for k, item in enumerate(items):\n    if k % 4 == 0:\n        for o in opts:\n            o.step()\n")
+    step = first(ctx, cst.Call, lambda call: isinstance(call.func, cst.Attribute) and call.func.attr.value == "step")
+    outer = first(ctx, cst.For)
+    assert counted_guard(step, outer, ctx) is None  # the nested loop decides how often it runs
+    assert counts_passes(cst.parse_expression("k % 4 == 0"), outer)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import textwrap
 
+from analyzers.config import Config
 from analyzers.engine import analyze_source
 from analyzers.rules import all_rules
 
@@ -558,3 +559,63 @@ def test_an_attribute_that_holds_a_function_it_was_handed_is_no_model():
     assert ids(code, "stepper.py") == []
     # handed a model, the same class runs it for inference: both rules still speak
     assert sorted(ids(code.replace("score_fn", "score_model"), "stepper.py")) == ["TR201", "TR202"]
+
+
+def _missing_eval_severities(code: str, path: str = "evaluate.py") -> list[str]:
+    """TR201's own severities (not capped at the level measured on holdout)."""
+    config = Config(preview=True, measured_severities=False, context_severity=False)
+    result = analyze_source(textwrap.dedent(code), path, config=config, rules=RULES)
+    assert not result.errors, result.errors
+    return [f.severity.name.lower() for f in result.findings if f.rule == "TR201"]
+
+
+def test_a_model_this_file_never_builds_nor_receives_is_reported_one_level_lower():
+    # the helper's model comes from callers in other files: whether they switched it to eval mode is not shown here
+    handed = """
+    import torch
+
+    @torch.no_grad()
+    def evaluate(model, batches):
+        predictions = [model(features).argmax(-1) for features in batches]
+        return torch.cat(predictions)
+    """
+    assert _missing_eval_severities(handed) == ["medium"]
+    # the same helper fed by this file with a model it builds: the file shows everything, so it speaks at high
+    built = handed + """
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2))
+    print(evaluate(net, []))
+    """
+    assert _missing_eval_severities(built) == ["high"]
+
+
+_EVALUATE_METHOD = """
+        def evaluate(self, loader):
+            correct = 0
+            with torch.no_grad():
+                for x, y in loader:
+                    correct += (self.model(x).argmax(1) == y).sum().item()
+            return correct
+"""
+_BUILT_HERE = """
+        def __init__(self):
+            self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5))
+"""
+
+
+def test_an_attribute_only_a_base_class_of_another_file_sets_is_reported_one_level_lower():
+    # ``self.model`` comes from a base class defined elsewhere (a trainer or pipeline base built from whatever its
+    # caller hands it): the mode it is in is not shown by this file
+    inherited = "    import torch\n    from engine.base import BaseEvaluator\n\n    class Evaluator(BaseEvaluator):" + \
+        _EVALUATE_METHOD
+    assert _missing_eval_severities(inherited) == ["medium"]
+
+
+def test_an_attribute_this_file_sets_keeps_its_level():
+    # the class sets it itself, though it derives from a base of another file
+    own = "    import torch\n    from engine.base import BaseEvaluator\n\n    class Evaluator(BaseEvaluator):" + \
+        _BUILT_HERE + _EVALUATE_METHOD
+    assert _missing_eval_severities(own) == ["high"]
+    # a base class of this file sets it
+    same_file_base = "    import torch\n\n    class BaseEvaluator:" + _BUILT_HERE + \
+        "\n    class Evaluator(BaseEvaluator):" + _EVALUATE_METHOD
+    assert _missing_eval_severities(same_file_base) == ["high"]

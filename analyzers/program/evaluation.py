@@ -510,6 +510,8 @@ class EvaluationPaths:
         models come from other files (which may switch them to eval mode first, or hand pretrained ones in eval
         mode, or models that eval() does not change), none of which this file shows."""
         head = call.model.split(".", 1)[0]
+        if head == "self":
+            return self.inherited_from_elsewhere(call)
         for state in reversed(call.stack):
             if state.node is None:
                 return False
@@ -519,6 +521,35 @@ class EvaluationPaths:
                    for n in subtree(state.node.body)):
                 return False
         return False
+
+    def inherited_from_elsewhere(self, call: ModelCall) -> bool:
+        """Is the model ``self.<attribute>`` of a class that derives from another, where neither the class nor
+        any of its bases defined in this file ever sets that attribute: a base class of another file or of a
+        library holds it (a trainer or pipeline base built from a model its caller hands over), and whether that
+        code builds it pretrained, switches it to eval mode first, or gives it dropout at all, this file does not
+        show."""
+        parts = call.model.split(".")
+        cls = call.cls
+        if len(parts) < 2 or cls is None:
+            return False
+        attribute = parts[1]
+        defined = {node.name.value: node for node in self.ctx.module.body if isinstance(node, cst.ClassDef)}
+        todo, seen, derived = [cls], set(), False
+        while todo:
+            current = todo.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if attribute_values(current, attribute) or _class_body_sets(current, attribute):
+                return False
+            for base in current.bases:
+                name = dotted_name(base.value)
+                if name in (None, "object"):
+                    continue
+                derived = True
+                if name in defined:
+                    todo.append(defined[name])
+        return derived
 
     def _reached_only_from_elsewhere(self, state: FnState, parameter: str, visiting: set) -> bool:
         params = [p.name.value for p in state.node.params.params]
@@ -673,6 +704,18 @@ def decorator_evaluates(ctx: FileContext, decorator: cst.BaseExpression) -> bool
         for call in subtree(inner.body):
             if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "eval" \
                     and not call.args and isinstance(call.func.value, cst.Name) and call.func.value.value in params:
+                return True
+    return False
+
+
+def _class_body_sets(cls: cst.ClassDef, attribute: str) -> bool:
+    """``model = None`` or ``model: nn.Module = build()`` in the class body: the class gives the attribute itself."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    for statement in body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign) and any(dotted_name(t.target) == attribute for t in small.targets):
+                return True
+            if isinstance(small, cst.AnnAssign) and small.value is not None and dotted_name(small.target) == attribute:
                 return True
     return False
 

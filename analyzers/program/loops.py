@@ -237,3 +237,66 @@ def closure(direct: set, calls: dict) -> set:
                 result.add(fn)
                 changed = True
     return result
+
+
+def _counted_names(loop: cst.CSTNode) -> set[str]:
+    """Dotted names ``loop``'s body counts with (``n += 1``, ``left -= 1``): what a test that counts passes
+    compares. The pass index itself is not one: ``if k >= warmup`` picks the passes from some point on, not
+    every few."""
+    names = {dotted_name(node.target) for node in body_nodes(loop.body)
+             if isinstance(node, cst.AugAssign) and isinstance(node.operator, (cst.AddAssign, cst.SubtractAssign))}
+    return {name for name in names if name}
+
+
+def counts_passes(test: cst.BaseExpression, loop: cst.CSTNode) -> bool:
+    """``test`` holds on some passes of ``loop`` by counting them: a remainder (``(i + 1) % accum == 0``,
+    ``step % n``) or a comparison of a counter the loop advances (``if left > 1``, after ``left -= 1`` in the
+    loop). A test on what a pass computed (``torch.isfinite(loss)``, ``norm < limit``) does
+    not count passes."""
+    counters = _counted_names(loop)
+    for node in body_nodes(test):
+        if isinstance(node, cst.Comparison) and any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn))
+                                                    for c in node.comparisons):
+            continue
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            return True
+        if isinstance(node, cst.Comparison):
+            operands = [node.left, *(c.comparator for c in node.comparisons)]
+            if any(dotted_name(o) in counters for o in operands if isinstance(o, (cst.Name, cst.Attribute))):
+                return True
+    return False
+
+
+def _ends_in_continue(block: cst.BaseSuite) -> bool:
+    body = block.body
+    last = body[-1] if body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        return bool(last.body) and isinstance(last.body[-1], cst.Continue)
+    return False
+
+
+def counted_guard(node: cst.CSTNode, loop: cst.CSTNode, ctx: FileContext) -> Optional[cst.If]:
+    """The ``if`` that lets ``node`` (in ``loop``'s own body, not in a loop nested in it) run only on the passes a
+    count picks: an ``if`` around it whose test :func:`counts_passes` (``if (i + 1) % accum == 0: opt.step()``),
+    or an ``if`` before it in the loop's body whose branch ends in ``continue`` (``if left > 1: left -= 1;
+    continue`` then ``opt.step()``). None when ``node`` runs on every pass or on passes something else picks."""
+    below, holder = node, node
+    for ancestor in ctx.ancestors(node):
+        if ancestor is loop.body:
+            break
+        if isinstance(ancestor, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return None
+        if isinstance(ancestor, cst.If) and below is not ancestor.test:
+            return ancestor if counts_passes(ancestor.test, loop) else None
+        below = holder = ancestor
+    else:
+        return None
+    # ``holder`` is the statement of the loop's body that holds ``node``: an ``if`` before it that skips the rest
+    statements = list(loop.body.body) if isinstance(loop.body, cst.IndentedBlock) else []
+    for statement in statements:
+        if statement is holder:
+            break
+        if (isinstance(statement, cst.If) and statement.orelse is None and _ends_in_continue(statement.body)
+                and counts_passes(statement.test, loop)):
+            return statement
+    return None
