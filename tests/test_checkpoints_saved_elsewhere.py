@@ -165,3 +165,32 @@ def test_what_a_name_was_assigned_decides_before_what_it_is_called():
             "torch.save({'model': raw.state_dict(), 'model_args': model_args, 'config': config}, 'a.pt')\n"
             "torch.save({'model': raw.state_dict(), 'settings': settings}, 'b.pt')\n")
     assert [kinds for _, _, kinds in saves(code)] == [TENSORS, frozenset({Payload.TENSORS, Payload.NAMESPACE})]
+
+
+def _tr601_alone(code: str):
+    rules = [rule for rule in all_rules() if rule.id == "TR601"]
+    config = Config(preview=True, measured_severities=False)
+    return analyze_source(code, "fit.py", config=config, rules=rules).findings
+
+
+RESUME = ("import os, torch\nif opts.resume:\n    state = torch.load(os.path.join(opts.run_dir, 'last.ckpt'))\n"
+          "    net.load_state_dict(state['net'])\nfor epoch in range(opts.epochs):\n"
+          "    torch.save({SAVED}, os.path.join(opts.run_dir, 'last.ckpt'))\n")
+
+
+def test_a_resume_of_the_scripts_own_checkpoint_of_tensors_is_said_quietly_with_the_fix():
+    # the script writes that file itself, with a state dict and a number: the program's own checkpoint
+    found = _tr601_alone(RESUME.replace("{SAVED}", "{'net': net.state_dict(), 'epoch': epoch}"))
+    assert [f.severity for f in found] == [Severity.LOW]
+    assert "this file saves it with tensors and plain values only" in found[0].message
+    assert found[0].fix is not None
+
+
+@pytest.mark.parametrize("saved", [
+    "{'net': net.state_dict(), 'opts': opts}",  # the run's options: a Namespace weights_only=True refuses
+    "state",  # what the loaded checkpoint held, which nothing here shows
+])
+def test_a_resume_of_a_checkpoint_the_script_saves_with_more_than_tensors_keeps_its_weight(saved):
+    found = _tr601_alone(RESUME.replace("{SAVED}", saved))
+    assert len(found) == 1 and found[0].severity is not Severity.LOW
+    assert "this file saves it with tensors" not in found[0].message

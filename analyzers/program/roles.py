@@ -762,7 +762,7 @@ class CheckpointWrites:
         files, keys = shape
 
         def matches(save) -> bool:
-            return bool(files & save.files and keys <= save.keys) if files else not save.files and keys == save.keys
+            return _save_matches(files, keys, save)
 
         own, near = self._saves_near
         # this file writes that file too (a resume of its own checkpoint): the other modules' saves add to what its
@@ -786,6 +786,20 @@ class CheckpointWrites:
                         for kinds in found.values()):
             return {}
         return found
+
+    def saved_here_holding_weights(self, path: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """Does this file itself save the checkpoint a load of ``path`` (at ``at``) reads, matched as
+        :meth:`saved_elsewhere` matches another file's saves, and does every such save show tensors and plain values
+        only: a resume of the program's own checkpoint, which ``weights_only=True`` loads."""
+        from analyzers.program.modules import ModuleFacts  # modules needs this module
+
+        shape = self._load_shape(path, at)
+        if shape is None or not (shape[0] or shape[1]):
+            return False
+        files, keys = shape
+        mine = [save.kinds for save in self.ctx.facts(ModuleFacts).checkpoint_saves() if _save_matches(files, keys, save)]
+        return bool(mine) and all(kinds is not None and kinds and all(kind.loads_weights_only for kind in kinds)
+                                  for kinds in mine)
 
     @cached_property
     def _saves_near(self) -> tuple[list, dict]:
@@ -840,6 +854,12 @@ class _PathParts:
 
 
 _FILE_NAME = re.compile(r"[^/]*\.[A-Za-z]\w*")  # 'checkpoint.pth'
+
+
+def _save_matches(files: frozenset[str], keys: frozenset[str], save) -> bool:
+    """A load whose path spells ``files`` and is built from ``keys`` reads what ``save`` writes: a file name in
+    common and the load's keys among the save's, or, with no file name, exactly the same keys."""
+    return bool(files & save.files and keys <= save.keys) if files else not save.files and keys == save.keys
 
 
 def _value_names(expr: cst.BaseExpression) -> set[str]:

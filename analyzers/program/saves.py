@@ -204,6 +204,8 @@ def saved_kinds(value: ast.AST, file: _File, fn: Optional[ast.FunctionDef], key:
                 if depth else None
         if last == "numpy" or called.startswith(("np.", "numpy.")):
             return frozenset({Payload.NUMPY})
+        if last in ("load", "loads") and not called.startswith("json."):
+            return None  # what a load returns is what the file held: nothing here shows it (a resume saving it back)
         if last in _PLAIN_RESULTS or called.startswith("torch.") and last[:1].islower():
             return frozenset({Payload.TENSORS})
         if last == "deepcopy" and value.args and depth:

@@ -58,7 +58,9 @@ class UnsafeTorchLoad(Rule):
         when every such save holds tensors and plain values, the finding is low (medium when the command line or
         a configuration names the path) and keeps the fix; when one saves a pickled object, the message names it.
         A script that writes that file itself (a resume of its own checkpoint) is judged so only when its own saves
-        there hold tensors and plain values too; otherwise by its own saves, as above.
+        there hold tensors and plain values too; otherwise by its own saves, as above. A resume of a checkpoint
+        the script itself saves with tensors and plain values only is the program's own file too: low (medium
+        when the command line or a configuration names the path), with the fix.
         What the file holds decides the fix. Known to load weights-only (the result feeds
         `load_state_dict`, or every checkpoint the program saves there holds tensors and plain
         values): the `weights_only=True` fix, at full severity. Known not to (the file, the scripts
@@ -253,12 +255,13 @@ class UnsafeTorchLoad(Rule):
         Invalid("import torch\ntorch.save({'model': model.state_dict(), 'args': args}, 'checkpoint.pth')\n"
                 "ckpt = torch.load(args.resume, map_location='cpu')\n", line=3, message="add_safe_globals"),
         # a resume from the script's own output folder: the options only pick the run and the epoch inside it, so
-        # the path does not count as coming from outside (high, not critical)
+        # the path does not count as coming from outside; the script itself saves that file with a state dict
+        # only, so it is the program's own checkpoint and the finding is low, with the fix
         Invalid("import torch\nif opt.start_epoch > 0:\n"
                 "    gen.load_state_dict(torch.load('checkpoints/%s/gen_%d.pt' % (opt.run_name, opt.start_epoch)))\n"
                 "for epoch in range(opt.start_epoch, opt.epochs):\n"
                 "    torch.save(gen.state_dict(), 'checkpoints/%s/gen_%d.pt' % (opt.run_name, epoch))\n",
-                line=3, message="rules out; pass `weights_only=True`"),
+                line=3, message="this file saves it with tensors and plain values only"),
         # a config dict and model arguments built with dict(): plain values whatever their names, so the message
         # claims no Namespace or module and the fix stays on offer
         Invalid("import torch\nconfig = {k: globals()[k] for k in keys}\nmodel_args = dict(n_layer=4, n_head=4)\n"
@@ -379,6 +382,9 @@ class UnsafeTorchLoad(Rule):
         own = f"{_shown_files(sorted(elsewhere))} in this repository " \
             f"{'saves' if len(elsewhere) == 1 else 'save'} this file with tensors and plain values only, which " \
             "`weights_only=True` loads" if known and not refused else ""
+        if not own and not refused and source is not None and checkpoints.saved_here_holding_weights(source, node):
+            # a resume of the program's own checkpoint, which this file writes with tensors and plain values only
+            own = "this file saves it with tensors and plain values only, which `weights_only=True` loads"
         pickle_module = keyword_arg(node, "pickle_module")
         versions = ctx.facts(VersionFacts)
         floor = versions.floor("torch")
