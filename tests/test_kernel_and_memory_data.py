@@ -83,7 +83,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 def load_examples(path, evaluate=False):
     features = torch.load(path)
-    return TensorDataset(features["ids"], features["labels"])
+    dataset = TensorDataset(features["ids"], features["labels"])
+    return dataset
 def train(args, train_dataset, model):
     train_loader = DataLoader(train_dataset, batch_size=32, shuffle=True)
     for ids, labels in train_loader:
@@ -103,6 +104,6 @@ def test_a_data_set_a_function_of_the_file_builds_in_memory_and_hands_to_train_i
 def test_one_caller_handing_in_data_read_from_disk_is_enough_to_report():
     from_disk = FEATURES_SCRIPT + "def other(args, model):\n    train(args, ImageFolder(args.root), model)\n"
     assert len(_rules(analyze_source(from_disk, "run.py", CONFIG).findings, "TR702")) == 1
-    unknown = FEATURES_SCRIPT.replace("    return TensorDataset(", "    if evaluate:\n        return read_split(path)\n"
-                                      "    return TensorDataset(")
+    unknown = FEATURES_SCRIPT.replace("    return dataset", "    if evaluate:\n        return read_split(path)\n"
+                                      "    return dataset")
     assert len(_rules(analyze_source(unknown, "run.py", CONFIG).findings, "TR702")) == 1

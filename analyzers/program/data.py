@@ -70,6 +70,9 @@ def random_transforms(expr: Optional[cst.BaseExpression], ctx: FileContext, dept
     return []
 
 
+_DEPTH = 5  # steps from a loader's data set to where it is built: parameter, caller's name, call, return, name
+
+
 def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0,
                       images: bool = False) -> bool:
     """A data set of small tensors already in memory whose items need no random augmentation: loading one costs
@@ -84,7 +87,7 @@ def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext, d
     origin = ctx.origin(dataset) if dataset is not None else None
     if isinstance(origin, (cst.List, cst.ListComp)):
         return True  # a list built in the program: its items are already in memory
-    if isinstance(origin, cst.Name) and depth < 3:
+    if isinstance(origin, cst.Name) and depth < _DEPTH:
         # a name of another scope than the one being walked, or a parameter: every value it may hold
         fn = _enclosing_function(origin, ctx.facts(ModuleNodes))
         if fn is not None and parameter_index(fn, origin.value) is not None:
@@ -102,7 +105,7 @@ def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext, d
     if not isinstance(origin.func, cst.Name):
         return False
     source = ctx.facts(ModuleFacts).item_source(origin.func.value)
-    if source is not None or depth >= 3:
+    if source is not None or depth >= _DEPTH:
         return source == "memory"
     from analyzers.program.graphs import FunctionShapes  # graphs reads values, which reads this module
     from analyzers.program.values import functions_called
