@@ -9,7 +9,7 @@ import libcst as cst
 
 from analyzers.context import (FileContext, argument, call_receiver, dotted_name, is_false, is_true, iter_names,
                                keyword_arg, positional_args, short, string_value)
-from analyzers.program.flow import ModuleNodes, call_site_values, parameter_index, subtree
+from analyzers.program.flow import ModuleNodes, assigned_values, call_site_values, parameter_index, subtree
 from analyzers.program.library import (COLUMN_TRANSFORMERS, ITERABLE_DATASETS, PIPELINES, Does, does,
                                        fitted_transformer, is_data_loader, learns_from_rows, training_libraries_that)
 from analyzers.program.modules import ModuleFacts
@@ -70,22 +70,49 @@ def random_transforms(expr: Optional[cst.BaseExpression], ctx: FileContext, dept
     return []
 
 
-def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext) -> bool:
+_DEPTH = 5  # steps from a loader's data set to where it is built: parameter, caller's name, call, return, name
+
+
+def dataset_in_memory(dataset: Optional[cst.BaseExpression], ctx: FileContext, depth: int = 0,
+                      images: bool = False) -> bool:
     """A data set of small tensors already in memory whose items need no random augmentation: loading one costs
-    nothing worth a worker process or pinned memory. Library data sets from the library table (``TensorDataset``,
-    torchvision's MNIST family, a tensor built by torch); a list built in the program; a class of the repository from what its ``__getitem__`` does (it indexes tensors
-    or lists the instance holds, opens no file); anything else is unknown, and not in memory."""
+    nothing worth a worker process or pinned memory. With ``images``, also one that holds full images in memory
+    (the CIFAR family): nothing to read or decode per item, though each is still an image to copy to the device.
+    Library data sets from the library table (``TensorDataset``, torchvision's MNIST family, a tensor built by
+    torch); a list built in the program; a class of the repository from what its ``__getitem__`` does (it
+    indexes tensors or lists the instance holds, opens no file);
+    a parameter of the function around it when every call of that function in the file hands in such a data set
+    (``train(args, train_dataset)``); what a function of this file returns when each of its ``return``s is one
+    (``load_and_cache_examples`` building a ``TensorDataset``). Anything else is unknown, and not in memory."""
     origin = ctx.origin(dataset) if dataset is not None else None
     if isinstance(origin, (cst.List, cst.ListComp)):
         return True  # a list built in the program: its items are already in memory
+    if isinstance(origin, cst.Name) and depth < _DEPTH:
+        # a name of another scope than the one being walked, or a parameter: every value it may hold
+        fn = _enclosing_function(origin, ctx.facts(ModuleNodes))
+        if fn is not None and parameter_index(fn, origin.value) is not None:
+            values = call_site_values(ctx, fn, origin.value) or []
+        else:
+            values = [v for v in assigned_values(ctx, fn if fn is not None else ctx.module, origin.value)
+                      if not (isinstance(v, cst.Name) and v.value == origin.value)]
+        return bool(values) and all(dataset_in_memory(value, ctx, depth + 1, images) for value in values)
     if not isinstance(origin, cst.Call):
         return False
-    if does(ctx.call_name(origin), Does.HOLDS_DATA_IN_MEMORY):
+    qualified = ctx.call_name(origin)
+    if does(qualified, Does.HOLDS_DATA_IN_MEMORY) or (images and does(qualified, Does.HOLDS_IMAGES_IN_MEMORY)):
         transform = argument(origin, 2, "transform")
         return not random_transforms(transform, ctx)
     if not isinstance(origin.func, cst.Name):
         return False
-    return ctx.facts(ModuleFacts).item_source(origin.func.value) == "memory"
+    source = ctx.facts(ModuleFacts).item_source(origin.func.value)
+    if source is not None or depth >= _DEPTH:
+        return source == "memory"
+    from analyzers.program.graphs import FunctionShapes  # graphs reads values, which reads this module
+    from analyzers.program.values import functions_called
+    functions = functions_called(origin, ctx)
+    returned = [node.value for fn in functions for node in ctx.facts(FunctionShapes).own_returns(fn)]
+    return bool(functions) and bool(returned) and all(
+        value is not None and dataset_in_memory(value, ctx, depth + 1, images) for value in returned)
 
 
 def transform_replaced(dataset: str, ctx: FileContext) -> bool:
@@ -106,6 +133,7 @@ class Loader:
     label: str  # ``train_loader = DataLoader(train_ds, ...)`` → "train_loader"
     training: bool
     in_memory: bool = False  # MNIST-like or TensorDataset: nothing to decode, little to copy
+    read_in_memory: bool = False  # in memory, or images held in memory (CIFAR): nothing to read or decode per item
 
 
 # ``train_loader``, ``trainset``, ``dataset_train``, ``pretrain_ds``: a word of the name says training data
@@ -190,7 +218,9 @@ def loader_of_call(node: cst.Call, ctx: FileContext) -> Optional[Loader]:
     elif isinstance(parent, cst.AnnAssign):
         target = dotted_name(parent.target)
     label = target or (f"DataLoader({dataset_name})" if dataset_name else short(ctx, node, 50))
-    return Loader(node, label, loader_trains(node, target, dataset, ctx), dataset_in_memory(dataset, ctx))
+    in_memory = dataset_in_memory(dataset, ctx)
+    return Loader(node, label, loader_trains(node, target, dataset, ctx), in_memory,
+                  in_memory or dataset_in_memory(dataset, ctx, images=True))
 
 
 DISTRIBUTED_SAMPLER_NAME = re.compile(r"Distributed\w*Sampler")

@@ -43,6 +43,8 @@ class Does(enum.Enum):
     SETS_MODULE_MODE = "its training loop switches the model between train() and eval() itself"
     LOADS_BATCHES = "iterates a data set in batches (a data loader)"
     HOLDS_DATA_IN_MEMORY = "a data set of small tensors held in memory: nothing to decode or read per item"
+    HOLDS_IMAGES_IN_MEMORY = ("a data set that reads its whole array of images when built: nothing to read or "
+                              "decode per item, but each item is still an image to copy to the device")
     RETURNS_RANK = "returns the process's rank in the job, or whether it is the main process"
     SELECTS_PROCESS_DEVICE = "selects this process's device (its argument is the process's device index)"
     JOINS_PROCESS_GROUP = "joins the process group (its rank= argument is this process's rank)"
@@ -219,6 +221,11 @@ APIS: dict[str, Api] = {
     **{f"torchvision.datasets.{name}": _api(f"https://pytorch.org/vision/stable/generated/torchvision.datasets"
                                             f".{name}.html", Does.HOLDS_DATA_IN_MEMORY)
        for name in ("MNIST", "FashionMNIST", "KMNIST", "EMNIST", "QMNIST")},
+    # the CIFAR family, SVHN and USPS read their whole set into one uint8 array when built;
+    # ``__getitem__`` indexes it and wraps the item as an image: nothing to read or decode per item
+    **{f"torchvision.datasets.{name}": _api(f"https://pytorch.org/vision/stable/generated/torchvision.datasets"
+                                            f".{name}.html", Does.HOLDS_IMAGES_IN_MEMORY)
+       for name in ("CIFAR10", "CIFAR100", "SVHN", "USPS")},
     # a tensor is itself a map-style data set (``__getitem__`` indexes its first dimension) held in memory
     **{f"torch.{name}": _api("https://pytorch.org/docs/stable/data.html#map-style-datasets (a tensor built in "
                              "memory, indexed by its first dimension)", Does.HOLDS_DATA_IN_MEMORY)

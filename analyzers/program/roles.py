@@ -1026,6 +1026,13 @@ def is_test_code(ctx: "FileContext") -> bool:
     return ctx.facts(_TestModule).is_test
 
 
+def runs_in_interactive_kernel(ctx: "FileContext") -> bool:
+    """The file is a notebook: its cells run in one interactive kernel process, which no launcher (``torchrun``,
+    ``mp.spawn`` of functions the kernel defined) turns into one process per GPU. Advice that needs the code to run
+    as several processes of a script does not apply to it."""
+    return ctx.path.endswith(".ipynb")
+
+
 class LightningClasses:
     """The classes of a file that derive from ``LightningModule`` (directly or through another such class of the
     file): the Trainer runs their steps. Known once per file (``ctx.facts(LightningClasses).names``)."""

@@ -11,7 +11,7 @@ from analyzers.model import Category, Severity
 from analyzers.rules.base import Invalid, Rule
 from analyzers.program.loops import loop_stack
 from analyzers.program.names import node_text
-from analyzers.program.roles import is_test_code
+from analyzers.program.roles import is_test_code, runs_in_interactive_kernel
 from analyzers.program.library import Does, does
 from analyzers.program.values import is_plain_backward
 
@@ -27,7 +27,8 @@ class DataParallelTraining(Rule):
     what = """
         Flags `nn.DataParallel(model)` in a file that trains (calls `.backward()` in a loop) and
         does not offer `DistributedDataParallel` or `torch.distributed` (where it does, DataParallel is
-        a fallback).
+        a fallback). A notebook is not flagged: its kernel is one process, which cannot be launched as one
+        process per GPU.
     """
     why = """
         DataParallel runs one Python process: it scatters each batch, replicates the model on
@@ -107,6 +108,8 @@ class DataParallelTraining(Rule):
     def end_file(self, ctx: FileContext) -> None:
         if not self.trains or self.ddp or ctx.imports.imports_root("torch.distributed") or is_test_code(ctx):
             return  # with DDP in the file, DataParallel is the single-process fallback
+        if runs_in_interactive_kernel(ctx):
+            return  # a notebook runs in one kernel process: DataParallel is how it uses several GPUs
         for call in self.calls[:1]:
             self.report(call, f"{code_span(node_text(ctx, call))} trains through single-process DataParallel "
                               f"(model replicated every step, outputs gathered on GPU 0, GIL-bound); "

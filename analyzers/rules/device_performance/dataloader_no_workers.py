@@ -24,8 +24,9 @@ class DataLoaderNoWorkers(_LoaderRule):
     what = """
         Flags a training `DataLoader` (`shuffle=True`, or a dataset/loader named `train*`) that
         does not pass `num_workers`, or passes `num_workers=0`, in a file that trains on CUDA. A data
-        set the program model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a
-        `Dataset` class of the repository whose `__getitem__` only indexes what it holds).
+        set the program model knows to be in memory is skipped (`TensorDataset`, the MNIST and CIFAR
+        families, SVHN, a `Dataset` class of the repository whose `__getitem__` only indexes what it holds, or one
+        of these handed in by every caller of the function or returned by a function of the file).
     """
     why = """
         With `num_workers=0` every batch is loaded, decoded and collated in the training
@@ -115,7 +116,7 @@ class DataLoaderNoWorkers(_LoaderRule):
     def wants(self, loader: _Loader) -> bool:
         workers = argument(loader.call, 5, "num_workers")  # the sixth positional parameter
         in_process = workers is None or (isinstance(workers, cst.Integer) and workers.evaluated_value == 0)
-        return in_process and ("every-loader" in self.options or (loader.training and not loader.in_memory))
+        return in_process and ("every-loader" in self.options or (loader.training and not loader.read_in_memory))
 
     def end_file(self, ctx: FileContext) -> None:
         if not self.loaders:
@@ -123,7 +124,7 @@ class DataLoaderNoWorkers(_LoaderRule):
         cuda = _facts(ctx).cuda_evidence
         for loader in self.loaders:
             how = "no `num_workers`" if argument(loader.call, 5, "num_workers") is None else "`num_workers=0`"
-            if cuda and loader.training and not loader.in_memory:
+            if cuda and loader.training and not loader.read_in_memory:
                 self.report(loader.call, f"training {named('DataLoader', loader.label)} has {how}: batches are loaded "
                                          f"in the training process and the GPU waits for them; pass num_workers>0 "
                                          f"(e.g. num_workers=4, persistent_workers=True)")

@@ -23,8 +23,10 @@ class MissingPinMemory(_LoaderRule):
     what = """
         Flags a `DataLoader` without `pin_memory=True` (absent or `False`) in a script whose
         loop copies batches to the GPU (`batch.to(device)`, `x.cuda()`...). A data set the program
-        model knows to be in memory is skipped (`TensorDataset`, the MNIST family, or a `Dataset` class
-        of the repository whose `__getitem__` only indexes what it holds).
+        model knows to hold small items in memory is skipped (`TensorDataset`, the MNIST family, a `Dataset`
+        class of the repository whose `__getitem__` only indexes what it holds, or one of these handed in by
+        every caller of the function or returned by a function of the file); a set of full images held in
+        memory (CIFAR) still copies an image per item, and is not.
     """
     why = """
         Host-to-device copies from pageable memory go through an extra staging copy and cannot
