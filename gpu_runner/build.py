@@ -1029,8 +1029,10 @@ def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: 
     if isinstance(value, (list, tuple)):
         items = [_made_value(code_root, key, v, notes, depth) for v in value]
         return _NOT_MADE if any(i is _NOT_MADE for i in items) else type(value)(items)
-    if isinstance(value, sites.Typed):  # a count as a value the site does not give: guessed with the rest
-        return _typed_value(key, value, notes) if value.kind != "count" else _NOT_MADE
+    if isinstance(value, sites.Typed):  # a count the name says: as a value the site does not give, guessed with
+        # the rest; one whose name the guess table does not know: any count builds (the number of classes of the
+        # labels a script loads, ``nb_classes = labels.shape[1]``)
+        return _typed_value(key, value, notes) if value.kind != "count" or not guess_argument(key)[0] else _NOT_MADE
     if isinstance(value, sites.ClassRef):
         loaded = _load_attribute(code_root, TargetSpec(value.path, value.name), "class")
         return _NOT_MADE if isinstance(loaded, Skip) else loaded
