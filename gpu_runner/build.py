@@ -2605,6 +2605,12 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     recurrent = next((m for m in model.modules() if isinstance(m, nn.RNNBase)), None)
     # an RNN called with its state: time-first inputs when the RNN is (the state's batch is its dim 1)
     time_first = recurrent is not None and not recurrent.batch_first and any(p.role == "hidden" for p in tensors)
+    attentions = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+    # masks handed to torch's attention, which is time-first unless told otherwise: [T, B] inputs first too
+    attention_time_first = bool(masks and attentions) and not any(m.batch_first for m in attentions) \
+        and not _swaps_its_inputs(model)
+    first_kind = "like the RNN" if time_first else "like torch's attention it holds (batch_first=False)"
+    time_first = time_first or attention_time_first
 
     def heuristic_options(index: int, parameter: _ForwardParameter) -> list[tuple[TensorSpec, str]]:
         choices: list[tuple[TensorSpec, str]] = []
@@ -2644,11 +2650,12 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                     choices += [(TensorSpec(shape), "from the first input's shape, as a skip connection")
                                 for shape in ((rest, 2 * h, 2 * w), (rest, h, w), (c, 2 * h, 2 * w))]
         if time_first:
-            choices = [(dataclasses.replace(spec, batch_axis=1), why + ", time-first like the RNN")
+            choices = [(dataclasses.replace(spec, batch_axis=1), why + f", time-first {first_kind}")
                        for spec, why in choices if isinstance(spec, TensorSpec) and spec.shape
                        and not spec.adjacency] + choices
         return _unique(choices)
 
+    torch_attention = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
     packed = {p.name: n for p in tensors if p.role in ("input", "tokens")
               for name, n in forward_body.packed_parameters(model).items() if name == p.name}
 
@@ -2669,7 +2676,7 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                 sources = [source for _, source in combination]
                 source = sources[0] if len(set(sources)) == 1 else "; ".join(
                     f"{p.name} {source}" for source, p in zip(sources, tensors))
-                mask_choices = [_mask_specs(m, combination[0][0]) for m in masks]
+                mask_choices = [_mask_specs(m, combination[0][0], torch_attention) for m in masks]
                 mask_specs = tuple((m.name, choices[0]) for m, choices in zip(masks, mask_choices))
                 yield InputPlan(args, kwargs + mask_specs, source)
                 if masks and all(m.keyword for m in masks):
@@ -2701,6 +2708,15 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     common = [(spec, "by a search over common shapes") for spec in _common_shapes(min(sizes + [100]))]
     yield from plans([_unique(options + [(spec, "from a torch.fx trace") for spec in traced.get(p.name, [])] + common)
                       for options, p in zip(heuristic, tensors)])
+
+
+def _swaps_its_inputs(model: nn.Module) -> bool:
+    """Whether the forward body swaps the first two axes of one of its inputs (``x.transpose(0, 1)``): it then
+    orders the axes for its layers itself. True when the body cannot be read."""
+    try:
+        return any(facts.time_first for facts in forward_body.read_forward(model).values())
+    except (Exception, SystemExit):  # noqa: BLE001 - a property of the model raising while read: say it may
+        return True
 
 
 def _specs_for_width(width: int, layer: Optional[nn.Module]) -> list[TensorSpec]:
@@ -2938,11 +2954,15 @@ def _combinations_of_rank(options: list[list], rank: int) -> Iterator[tuple]:
             yield (options[0][first],) + rest
 
 
-def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec) -> list[TensorSpec]:
+def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec, torch_attention: bool = False
+                ) -> list[TensorSpec]:
     """Masks that hide nothing (ones for attention masks, False for padding masks), most likely shape first:
     one value per position ([B, L]), then, for an attention mask over a sequence of L positions, the shapes that
     broadcast over the scores [B, heads, L, L] that attention masks are applied to: [B, 1, 1, L] (a key
-    padding mask), [B, 1, L, L] (one mask for every head), [B, L, L]."""
+    padding mask), [B, 1, L, L] (one mask for every head), [B, L, L]. For a model built on torch's attention
+    (``torch_attention``: an ``nn.MultiheadAttention`` inside, as ``nn.Transformer`` has), an attention mask is
+    first what torch takes: one [L, L] mask for the whole batch, all False (torch hides True and refuses integer
+    masks; boolean like the padding masks, which torch wants of the same type)."""
     if first_input.dtype == "long":
         shape = first_input.shape
     elif len(first_input.shape) >= 2:
@@ -2951,6 +2971,8 @@ def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec) -> list[T
         shape = (SEQUENCE_LENGTH,)
     if parameter.role == "padding_mask":
         return [TensorSpec(shape, "bool", fill=0)]
+    if torch_attention and shape:
+        return [TensorSpec((shape[0], shape[0]), "bool", fill=0, batchless=True), TensorSpec(shape, "long", fill=1)]
     shapes = [shape]
     sequence = first_input.batch_axis == 0 and (len(first_input.shape) == 2 or (
         first_input.dtype == "long" and len(first_input.shape) == 1))
