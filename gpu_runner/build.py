@@ -194,7 +194,8 @@ def _halved_plan(plan: InputPlan) -> Optional[tuple[InputPlan, str]]:
     specs = [spec for spec in plan.all_specs() if not spec.is_target]
     first = next((spec for spec in specs if spec.fill is None), None)
     if first is None or plan.is_graph() or any(isinstance(spec, TupleSpec) for spec in plan.args) \
-            or any(spec.lengths or spec.columns for spec in specs):  # lengths are tied to the sequence length
+            or any(spec.lengths or spec.columns or spec.batchless for spec in specs):
+        # lengths are tied to the sequence length; a tensor for the whole batch was made for the sizes it came with
         return None
     if first.dtype not in ("long", "int", "int64", "int32") and len(first.shape) >= 3:
         sizes, floor, what = set(first.shape[-2:]), IMAGE_SIDE_FLOOR, "resolution"
@@ -718,6 +719,7 @@ def _options_compared(value: Any, defining: Path, key: str, notes: list[str], us
     return filled
 
 
+MAX_GRANDPARENTS = 2  # classes building a parent whose own input was not found, tried as parents
 MAX_PARENT_DEPTH = 2  # a class built inside a parent built inside its own parent, no deeper
 MAX_DATA_FILE_CHOICES = 4  # a parent built from a settings file that holds no instance: the next files, this many in all
 PARENTS_TIME_S = 30.0  # no further parent is tried once the ones tried took this long: the target's timeout stays far
@@ -737,7 +739,12 @@ def _build_inside_parent(code_root: Path, spec: TargetSpec, cls: type, notes: li
         return None
     tried: list[str] = []
     started = time.monotonic()
-    for path, name in candidates:
+    fallback: Optional[tuple] = None  # an instance a parent built whose own input was not found
+    extended = False
+    index = 0
+    while index < len(candidates):
+        path, name = candidates[index]
+        index += 1
         if time.monotonic() - started > PARENTS_TIME_S:
             tried.append(f"{path}:{name} (not tried: the parents before it took over {PARENTS_TIME_S:.0f}s)")
             break
@@ -755,17 +762,41 @@ def _build_inside_parent(code_root: Path, spec: TargetSpec, cls: type, notes: li
         if isinstance(found, str):
             tried.append(f"{path}:{name} ({found})")
             continue
-        instance, arguments, plan, how = found
-        shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
-        notes.append(f"built inside {name} ({path}) as the repository builds it: {spec.name}({shown}); {how}")
-        _LAST_ARGUMENTS.clear()
-        _LAST_ARGUMENTS.update(arguments)
-        _SITE_INPUTS.clear()
-        _PARENT_INPUTS[:] = [(f"{path}:{name}", plan, instance)]
-        return instance
+        if found[2] is None and not extended:
+            # the parent holds one but its own input was not found (a block whose forward takes what its model
+            # computes): the classes that build the parent build this one too, and their forward feeds it
+            extended = True
+            fallback = (path, name, found)
+            try:
+                grand = [g for g in parents.builders(code_root, path, name) if g not in candidates
+                         and g != (spec.path, spec.name)]
+            except Exception:  # noqa: BLE001 - reading the tree is a help: the instance without input stands
+                grand = []
+            if grand:
+                candidates = list(candidates) + grand[:MAX_GRANDPARENTS]
+                tried.append(f"{path}:{name} ({found[3]})")
+                continue
+        if found[2] is None and fallback is not None and fallback[2] is not found:
+            path, name, found = fallback
+        return _taken_from_parent(spec, path, name, found, notes)
+    if fallback is not None:  # no grandparent fed it either: the instance its parent built, input inferred alone
+        return _taken_from_parent(spec, *fallback, notes)
     if tried:
         notes.append(f"the repository's classes that build {spec.name} did not give one here: {'; '.join(tried)}")
     return None
+
+
+def _taken_from_parent(spec: TargetSpec, path: str, name: str, found: tuple, notes: list[str]) -> nn.Module:
+    """The instance ``found`` (``_capture_in_parent``'s answer for the parent ``path:name``), its constructor
+    arguments and the input its parent feeds it recorded for the subject."""
+    instance, arguments, plan, how = found
+    shown = ", ".join(f"{k}={_short_repr(v)}" for k, v in arguments.items())
+    notes.append(f"built inside {name} ({path}) as the repository builds it: {spec.name}({shown}); {how}")
+    _LAST_ARGUMENTS.clear()
+    _LAST_ARGUMENTS.update(arguments)
+    _SITE_INPUTS.clear()
+    _PARENT_INPUTS[:] = [(f"{path}:{name}", plan, instance)]
+    return instance
 
 
 _PARENT_CHAIN: list = []  # the classes being built inside parents, outermost first
@@ -832,10 +863,19 @@ def _input_inside_parent(parent: nn.Module, instances: list) -> tuple[Optional[I
         return None, "no input was found for the parent, so its own input is inferred", None
     calls: dict[int, list] = {}
 
-    def record(module, args, kwargs):
-        calls.setdefault(id(module), []).append((args, kwargs))
+    def recording(module: nn.Module) -> Callable:
+        # the instance's own forward wrapped, not a pre-hook: a parent may call ``self.block.forward(x)``
+        # directly, which runs no hook
+        original = module.forward
 
-    handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in instances]
+        def forward(*args, **kwargs):
+            calls.setdefault(id(module), []).append((args, kwargs))
+            return original(*args, **kwargs)
+        return forward
+
+    own = {id(m): m.__dict__["forward"] for m in instances if "forward" in m.__dict__}
+    for m in instances:
+        m.forward = recording(m)
     seen: list[tuple] = []
     try:
         for batch in (PROBE_BATCH, SECOND_PROBE_BATCH):
@@ -847,13 +887,18 @@ def _input_inside_parent(parent: nn.Module, instances: list) -> tuple[Optional[I
                 return None, "the parent's forward does not call it, so its own input is inferred", None
             seen.append((first, calls[id(first)][0]))
     finally:
-        for handle in handles:
-            handle.remove()
+        for m in instances:
+            m.__dict__.pop("forward", None)
+            if id(m) in own:
+                m.forward = own[id(m)]
     (module, (args_a, kwargs_a)), (_, (args_b, kwargs_b)) = seen
     captured = _plan_from_two_calls(module, (args_a, kwargs_a), (args_b, kwargs_b))
     if isinstance(captured, str):
         return None, f"what the parent feeds it is not usable here ({captured}), so its own input is inferred", module
     return captured, f"input: what the parent's forward feeds it ({captured.describe()})", module
+
+
+BATCH_LIKE_SIZES = (PROBE_BATCH, SECOND_PROBE_BATCH, 1, 8)  # the probes' and the checks' batches (run_checks: 8)
 
 
 def _plan_from_two_calls(module: nn.Module, first: tuple, second: tuple) -> Union[InputPlan, str]:
@@ -874,6 +919,14 @@ def _plan_from_two_calls(module: nn.Module, first: tuple, second: tuple) -> Unio
         if a.dim() != b.dim():
             return f"{label} changes rank with the batch"
         moved = [d for d in range(a.dim()) if a.shape[d] != b.shape[d]]
+        if not moved and (a.is_floating_point() or a.dtype in (torch.long, torch.bool)):
+            # the same shape at both batch sizes: one tensor for the whole batch (a rotary or position table the
+            # parent hands every block), fed as captured; not when its first axis could pass for a checks' batch
+            # (the checks slice and perturb inputs whose dim 0 is the batch size)
+            if a.dim() and a.shape[0] in BATCH_LIKE_SIZES:
+                return f"{label} {list(a.shape)} stays the same with the batch, its first axis a batch size"
+            return TensorSpec(tuple(a.shape), "float" if a.is_floating_point() else str(a.dtype).replace("torch.", ""),
+                              batchless=True, value=a.detach().cpu())
         if len(moved) != 1 or a.shape[moved[0]] != PROBE_BATCH or b.shape[moved[0]] != SECOND_PROBE_BATCH:
             return f"{label} {list(a.shape)} does not follow the batch on one axis"
         axis = moved[0]
@@ -904,6 +957,8 @@ def _plan_from_two_calls(module: nn.Module, first: tuple, second: tuple) -> Unio
         return bad
     if not specs and not named:
         return "it takes no tensor"
+    if all(isinstance(s, TensorSpec) and s.batchless for s in specs + [s for _, s in named]):
+        return "none of its tensors follows the batch"
     return InputPlan(tuple(specs), tuple(named), source="from the parent's forward")
 
 
@@ -974,8 +1029,10 @@ def _made_value(code_root: Path, key: str, value: Any, notes: list[str], depth: 
     if isinstance(value, (list, tuple)):
         items = [_made_value(code_root, key, v, notes, depth) for v in value]
         return _NOT_MADE if any(i is _NOT_MADE for i in items) else type(value)(items)
-    if isinstance(value, sites.Typed):  # a count as a value the site does not give: guessed with the rest
-        return _typed_value(key, value, notes) if value.kind != "count" else _NOT_MADE
+    if isinstance(value, sites.Typed):  # a count the name says: as a value the site does not give, guessed with
+        # the rest; one whose name the guess table does not know: any count builds (the number of classes of the
+        # labels a script loads, ``nb_classes = labels.shape[1]``)
+        return _typed_value(key, value, notes) if value.kind != "count" or not guess_argument(key)[0] else _NOT_MADE
     if isinstance(value, sites.ClassRef):
         loaded = _load_attribute(code_root, TargetSpec(value.path, value.name), "class")
         return _NOT_MADE if isinstance(loaded, Skip) else loaded
@@ -1812,8 +1869,14 @@ class TensorSpec:
     adjacency: bool = False  # [B, B]: the rows of the batch are the nodes of one graph
     lengths: bool = False  # [B] sequence lengths for pack_padded_sequence: sorted, longest first, on the CPU
     columns: bool = False  # ids of categorical features, one per column into its own table: not a sequence
+    # the same tensor whatever the batch (a rotary table, positions a parent hands every block): ``value`` as it was
+    # captured, ``shape`` its whole shape; never compared or hashed (plans stay comparable)
+    batchless: bool = False
+    value: Any = dataclasses.field(default=None, compare=False, hash=False, repr=False)
 
     def batched_shape(self, batch_size: int) -> list[int]:
+        if self.batchless:
+            return list(self.shape)
         if self.adjacency:
             return [batch_size, batch_size]
         if self.lengths:
@@ -1825,6 +1888,8 @@ class TensorSpec:
     def make(self, batch_size: int, generator: torch.Generator, float_dtype: torch.dtype, device: str) -> torch.Tensor:
         shape = self.batched_shape(batch_size)
         dtype = float_dtype if self.dtype == "float" else _DTYPES[self.dtype]
+        if self.batchless and self.value is not None:
+            return self.value.detach().clone().to(device=device, dtype=dtype)
         if self.adjacency:  # a random symmetric graph with self-loops, rows normalised (as GCNs expect)
             edges = torch.rand(shape, generator=generator) < 0.3
             edges = edges | edges.T | torch.eye(shape[0], dtype=torch.bool)
@@ -1850,8 +1915,9 @@ class TensorSpec:
             return (f"long [{', '.join(['B', *map(str, self.shape)])}] sequence lengths in [1, {SEQUENCE_LENGTH}], "
                     "longest first, on the CPU")
         dims = [str(d) for d in self.shape]
-        dims.insert(self.batch_axis, "B")
-        text = f"{self.dtype} [{', '.join(dims)}]"
+        if not self.batchless:
+            dims.insert(self.batch_axis, "B")
+        text = f"{self.dtype} [{', '.join(dims)}]" + (" (one for the whole batch)" if self.batchless else "")
         if self.fill is not None:
             return text + f" filled with {self.fill:g}"
         if self.dtype in ("long", "int64", "int", "int32"):
@@ -1902,7 +1968,8 @@ class InputPlan:
         return any(s.adjacency for s in self.all_specs())
 
     def has_token_inputs(self) -> bool:
-        return any(s.dtype == "long" and s.fill is None and not s.is_target and s.shape for s in self.all_specs())
+        return any(s.dtype == "long" and s.fill is None and not s.is_target and s.shape and not s.batchless
+                   for s in self.all_specs())
 
     def describe(self) -> str:
         parts = [spec.describe() for spec in self.args] + [f"{name}={spec.describe()}" for name, spec in self.kwargs]
@@ -2408,7 +2475,7 @@ def _with_broadcast_shapes(plans: Iterator[InputPlan], prober: "_Prober") -> Ite
             continue
         spec = plan.args[0]
         if isinstance(spec, TensorSpec) and spec.dtype == "float" and spec.batch_axis == 0 and not spec.adjacency \
-                and len(shape) == len(spec.shape) + 1 and shape[0] == PROBE_BATCH:
+                and not spec.batchless and len(shape) == len(spec.shape) + 1 and shape[0] == PROBE_BATCH:
             yield InputPlan((TensorSpec(tuple(shape[1:])),), (), "from the shape the parameters broadcast "
                                                                   f"{spec.describe()} to")
 
@@ -2500,7 +2567,8 @@ def _grow_small_image(model: nn.Module, prober: "_Prober", plan: InputPlan,
     if len(plan.args) != 1 or plan.kwargs:
         return None
     spec = plan.args[0]
-    if spec.dtype != "float" or spec.adjacency or len(spec.shape) != 3 or max(spec.shape[1:]) >= GROWN_IMAGE_SIDES[-1]:
+    if spec.dtype != "float" or spec.adjacency or spec.batchless or len(spec.shape) != 3 \
+            or max(spec.shape[1:]) >= GROWN_IMAGE_SIDES[-1]:
         return None
     dead = _dead_parameters(model, plan, prober.device, prober.float_dtype)
     if not dead:
@@ -2537,6 +2605,12 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     recurrent = next((m for m in model.modules() if isinstance(m, nn.RNNBase)), None)
     # an RNN called with its state: time-first inputs when the RNN is (the state's batch is its dim 1)
     time_first = recurrent is not None and not recurrent.batch_first and any(p.role == "hidden" for p in tensors)
+    attentions = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+    # masks handed to torch's attention, which is time-first unless told otherwise: [T, B] inputs first too
+    attention_time_first = bool(masks and attentions) and not any(m.batch_first for m in attentions) \
+        and not _swaps_its_inputs(model)
+    first_kind = "like the RNN" if time_first else "like torch's attention it holds (batch_first=False)"
+    time_first = time_first or attention_time_first
 
     def heuristic_options(index: int, parameter: _ForwardParameter) -> list[tuple[TensorSpec, str]]:
         choices: list[tuple[TensorSpec, str]] = []
@@ -2576,11 +2650,12 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                     choices += [(TensorSpec(shape), "from the first input's shape, as a skip connection")
                                 for shape in ((rest, 2 * h, 2 * w), (rest, h, w), (c, 2 * h, 2 * w))]
         if time_first:
-            choices = [(dataclasses.replace(spec, batch_axis=1), why + ", time-first like the RNN")
+            choices = [(dataclasses.replace(spec, batch_axis=1), why + f", time-first {first_kind}")
                        for spec, why in choices if isinstance(spec, TensorSpec) and spec.shape
                        and not spec.adjacency] + choices
         return _unique(choices)
 
+    torch_attention = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
     packed = {p.name: n for p in tensors if p.role in ("input", "tokens")
               for name, n in forward_body.packed_parameters(model).items() if name == p.name}
 
@@ -2601,7 +2676,7 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
                 sources = [source for _, source in combination]
                 source = sources[0] if len(set(sources)) == 1 else "; ".join(
                     f"{p.name} {source}" for source, p in zip(sources, tensors))
-                mask_choices = [_mask_specs(m, combination[0][0]) for m in masks]
+                mask_choices = [_mask_specs(m, combination[0][0], torch_attention) for m in masks]
                 mask_specs = tuple((m.name, choices[0]) for m, choices in zip(masks, mask_choices))
                 yield InputPlan(args, kwargs + mask_specs, source)
                 if masks and all(m.keyword for m in masks):
@@ -2633,6 +2708,15 @@ def _candidate_plans(model: nn.Module, hints: Optional[dict] = None) -> Iterator
     common = [(spec, "by a search over common shapes") for spec in _common_shapes(min(sizes + [100]))]
     yield from plans([_unique(options + [(spec, "from a torch.fx trace") for spec in traced.get(p.name, [])] + common)
                       for options, p in zip(heuristic, tensors)])
+
+
+def _swaps_its_inputs(model: nn.Module) -> bool:
+    """Whether the forward body swaps the first two axes of one of its inputs (``x.transpose(0, 1)``): it then
+    orders the axes for its layers itself. True when the body cannot be read."""
+    try:
+        return any(facts.time_first for facts in forward_body.read_forward(model).values())
+    except (Exception, SystemExit):  # noqa: BLE001 - a property of the model raising while read: say it may
+        return True
 
 
 def _specs_for_width(width: int, layer: Optional[nn.Module]) -> list[TensorSpec]:
@@ -2793,6 +2877,8 @@ def _rank(spec: Any) -> Optional[int]:
         return None
     if spec.adjacency:
         return 2
+    if spec.batchless:
+        return len(spec.shape)
     return 1 if spec.lengths else len(spec.shape) + 1
 
 
@@ -2868,11 +2954,15 @@ def _combinations_of_rank(options: list[list], rank: int) -> Iterator[tuple]:
             yield (options[0][first],) + rest
 
 
-def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec) -> list[TensorSpec]:
+def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec, torch_attention: bool = False
+                ) -> list[TensorSpec]:
     """Masks that hide nothing (ones for attention masks, False for padding masks), most likely shape first:
     one value per position ([B, L]), then, for an attention mask over a sequence of L positions, the shapes that
     broadcast over the scores [B, heads, L, L] that attention masks are applied to: [B, 1, 1, L] (a key
-    padding mask), [B, 1, L, L] (one mask for every head), [B, L, L]."""
+    padding mask), [B, 1, L, L] (one mask for every head), [B, L, L]. For a model built on torch's attention
+    (``torch_attention``: an ``nn.MultiheadAttention`` inside, as ``nn.Transformer`` has), an attention mask is
+    first what torch takes: one [L, L] mask for the whole batch, all False (torch hides True and refuses integer
+    masks; boolean like the padding masks, which torch wants of the same type)."""
     if first_input.dtype == "long":
         shape = first_input.shape
     elif len(first_input.shape) >= 2:
@@ -2881,6 +2971,8 @@ def _mask_specs(parameter: _ForwardParameter, first_input: TensorSpec) -> list[T
         shape = (SEQUENCE_LENGTH,)
     if parameter.role == "padding_mask":
         return [TensorSpec(shape, "bool", fill=0)]
+    if torch_attention and shape:
+        return [TensorSpec((shape[0], shape[0]), "bool", fill=0, batchless=True), TensorSpec(shape, "long", fill=1)]
     shapes = [shape]
     sequence = first_input.batch_axis == 0 and (len(first_input.shape) == 2 or (
         first_input.dtype == "long" and len(first_input.shape) == 1))
@@ -2975,7 +3067,7 @@ def _choose_task(plan: InputPlan, output: Any, prober: _Prober, config: dict, co
         second = prober.try_plan(plan, SECOND_PROBE_BATCH)
         axis = _batch_axis(primary, select(second) if second is not _FAILED else None)
     tokens_index = next((i for i, s in enumerate(plan.args) if s.dtype == "long" and len(s.shape) == 1
-                         and not getattr(s, "columns", False)), None)
+                         and not getattr(s, "columns", False) and not getattr(s, "batchless", False)), None)
 
     task = configured_task or _infer_task_name(primary, axis, plan, tokens_index)
     if configured_task is not None:

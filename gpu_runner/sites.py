@@ -765,6 +765,9 @@ class _Evaluator:
         if isinstance(node, ast.Subscript):
             base = self.value(path, parsed, node.value, depth + 1)
             key = self.value(path, parsed, node.slice, depth + 1)
+            if base is UNKNOWN and type(key) is int and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "shape":
+                return Typed("count")  # ``labels.shape[1]`` of data the script loads when it runs: a size
             if base is UNKNOWN or key is UNKNOWN or isinstance(base, (_ModuleRef, _OpenFile, TensorShape)):
                 return UNKNOWN
             return base[key]

@@ -371,3 +371,38 @@ def test_a_parent_built_from_the_next_settings_file_when_the_smallest_holds_no_i
     assert isinstance(plain, Subject), plain
     assert plain.model.conv.kernel_size == (3,)  # the smallest file still comes first when it holds one
     assert build._DATA_FILE_CHOICE == [0]
+
+
+# -- sizes a script reads off the data it loads, passed to a constructor whose names the guess table does not know --
+
+PROBE = """\
+    from torch import nn
+
+    class Probe(nn.Module):
+        # a linear probe over the columns of a loaded table
+        def __init__(self, src_ft, n_kinds):
+            super().__init__()
+            self.read, self.kinds = nn.Linear(src_ft, n_kinds), n_kinds
+
+        def forward(self, x):
+            return self.read(x).view(-1, self.kinds)
+    """
+PROBE_MAIN = """\
+    from probe import Probe
+
+    table, kinds = read_dataset("somewhere")
+    n_cols = table.shape[1]
+    probe = Probe(n_cols, kinds.shape[-1])
+    """
+
+
+def test_a_size_read_off_loaded_data_is_any_count(tmp_path):
+    """``table.shape[1]`` of data the script loads when it runs is a size the code cannot know: any count builds,
+    whatever the parameter's name; the same constructor without the script stays unbuilt by guessing."""
+    alone = build_subject(write_tree(tmp_path / "alone", {"probe.py": PROBE}), "probe.py:Probe", device="cpu")
+    assert isinstance(alone, build.Skip) and "cannot guess constructor argument 'src_ft'" in alone.reason, alone
+    root = write_tree(tmp_path / "script", {"probe.py": PROBE, "main.py": PROBE_MAIN})
+    subject = build_subject(root, "probe.py:Probe", device="cpu")
+    assert isinstance(subject, Subject), subject
+    assert (subject.model.read.in_features, subject.model.read.out_features) == (build.COUNT_GUESS,) * 2
+    assert any("loads when it runs" in note for note in subject.notes), subject.notes

@@ -42,6 +42,31 @@ def test_a_required_mask_is_offered_in_the_shapes_that_broadcast_over_attention_
     assert "mask=long [B, 1, 1, 16]" in described or "mask=long [B, 1, 16, 16]" in described, described
 
 
+def test_masks_handed_to_torch_attention_are_what_torch_takes_and_the_inputs_time_first(tmp_path):
+    """A sequence-to-sequence model on ``nn.Transformer`` (time-first by default) whose forward requires the
+    attention masks and padding masks it hands on: the attention masks are one [L, L] of False for the whole batch
+    (torch hides True and refuses integer masks), the padding masks [B, L], the token sequences [L, B]."""
+    root = write_tree(tmp_path, {"seq.py": """\
+        from torch import nn
+
+        class Seq2Seq(nn.Module):
+            def __init__(self, n_src=40, n_tgt=30, width=32):
+                super().__init__()
+                self.src_words, self.tgt_words = nn.Embedding(n_src, width), nn.Embedding(n_tgt, width)
+                self.core = nn.Transformer(width, 4, 1, 1, 64, 0.0)
+                self.head = nn.Linear(width, n_tgt)
+
+            def forward(self, src, tgt, src_mask, tgt_mask, src_key_padding_mask, tgt_key_padding_mask):
+                return self.head(self.core(self.src_words(src), self.tgt_words(tgt), src_mask, tgt_mask, None,
+                                           src_key_padding_mask, tgt_key_padding_mask))
+        """})
+    described = inputs_inferred(root, "seq.py:Seq2Seq")
+    assert described.endswith(
+        "long [16, B] in [0, 40), long [16, B] in [0, 30), src_mask=bool [16, 16] (one for the whole batch) filled "
+        "with 0, tgt_mask=bool [16, 16] (one for the whole batch) filled with 0, src_key_padding_mask=bool [B, 16] "
+        "filled with 0, tgt_key_padding_mask=bool [B, 16] filled with 0"), described
+
+
 def test_a_layer_that_only_calls_the_function_it_is_given_skips_as_having_no_parameters(tmp_path):
     root = write_tree(tmp_path, {"pooling/__init__.py": "", "pooling/mean.py": """\
         import torch

@@ -154,8 +154,8 @@ def test_without_a_parent_the_skip_reason_is_unchanged(tmp_path):
 
 def test_a_captured_input_is_used_only_where_it_follows_the_batch():
     """What a parent feeds at batch 4 and at batch 2: an input whose one moving axis follows the batch is described
-    on that axis (a sequence-first [T, B, C] too); a shared [T, T] bias that does not follow the batch, a number, or
-    a tensor that moves on two axes is no input plan."""
+    on that axis (a sequence-first [T, B, C] too); a number, a tensor that moves on two axes, or a shared tensor
+    whose first axis is a size the checks' batches take is no input plan (a shared [T, T] bias is: below)."""
     from gpu_runner.build import _plan_from_two_calls
 
     class Block(torch.nn.Module):
@@ -166,9 +166,11 @@ def test_a_captured_input_is_used_only_where_it_follows_the_batch():
     plan = _plan_from_two_calls(block, ((torch.zeros(7, 4, 5),), {"mask": None}), ((torch.zeros(7, 2, 5),),
                                                                                     {"mask": None}))
     assert plan.describe() == "float [7, B, 5]" and plan.args[0].batch_axis == 1
-    bias = torch.zeros(7, 7)
+    table = torch.zeros(8, 7)
     for first, second, why in (
-            ((torch.zeros(4, 7), bias), (torch.zeros(2, 7), bias), "argument 2 [7, 7] does not follow the batch"),
+            ((torch.zeros(4, 7), table), (torch.zeros(2, 7), table), "argument 2 [8, 7] stays the same with the "
+                                                                      "batch, its first axis a batch size"),
+            ((torch.ones(7), torch.ones(7)), (torch.ones(7), torch.ones(7)), "none of its tensors follows the batch"),
             ((torch.zeros(4, 7), 3), (torch.zeros(2, 7), 3), "argument 2 is a int"),
             ((torch.zeros(4, 4),), (torch.zeros(2, 2),), "argument 1 [4, 4] does not follow the batch")):
         reason = _plan_from_two_calls(block, (first, {}), (second, {}))
@@ -241,3 +243,86 @@ def test_a_parent_whose_constructor_exits_is_a_parent_that_does_not_help(tmp_pat
     skipped = _build(root, "blocks/mixing.py:Mixer")
     assert isinstance(skipped, Skip), skipped
     assert skipped.reason.startswith("could not infer an input for blocks/mixing.py:Mixer"), skipped.reason
+
+
+def test_a_table_shared_by_the_whole_batch_is_fed_as_the_parent_made_it():
+    """A [T, T] bias or a rotary table a parent hands every block is the same at both batch sizes: one tensor for
+    the whole batch, fed with the values the parent gave it (not random ones: a mask's -inf must stay where it was)."""
+    from gpu_runner.build import _plan_from_two_calls
+
+    class Block(torch.nn.Module):
+        def forward(self, x, bias):
+            return x
+
+    bias = torch.triu(torch.full((7, 7), float("-inf")), diagonal=1)
+    plan = _plan_from_two_calls(Block(), ((torch.zeros(4, 7, 5), bias), {}), ((torch.zeros(2, 7, 5), bias), {}))
+    assert plan.describe() == "float [B, 7, 5], float [7, 7] (one for the whole batch)", plan.describe()
+    x, made = plan.make(3, torch.Generator().manual_seed(0), torch.float32, "cpu")[0]
+    assert tuple(x.shape) == (3, 7, 5) and torch.equal(made, bias)
+    assert not plan.has_token_inputs()
+
+
+# A llama-style stack: the model makes rotary tables once and hands them, with the hidden states, to every block,
+# whose mixer it calls through ``.forward`` (no module hook sees that call). Built alone from its defaults, the mixer
+# gets no input: its second and third arguments are [T, D/2] tables no guess makes, and its block holds no input
+# of its own either; the stack that builds the block feeds the mixer.
+ROTARY_STACK = """\
+    import torch
+    from torch import nn
+
+
+    class Mixer(nn.Module):
+        def __init__(self, dim=32, n_heads=4):
+            super().__init__()
+            self.n_heads, self.head_dim = n_heads, dim // n_heads
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.out = nn.Linear(dim, dim)
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+            q1, q2 = q[..., ::2], q[..., 1::2]
+            q = torch.cat([q1 * cos[None, :, None] - q2 * sin[None, :, None],
+                           q1 * sin[None, :, None] + q2 * cos[None, :, None]], dim=-1)
+            att = torch.einsum("bthd,bshd->bhts", q, k).softmax(-1)
+            return self.out(torch.einsum("bhts,bshd->bthd", att, v).reshape(b, t, -1))
+
+
+    class Layer(nn.Module):
+        def __init__(self, dim=32, n_heads=4):
+            super().__init__()
+            self.mixer = Mixer(dim, n_heads)
+            self.norm = nn.LayerNorm(dim)
+
+        def forward(self, x, cos, sin):
+            return x + self.mixer.forward(self.norm(x), cos, sin)
+
+
+    class Stack(nn.Module):
+        def __init__(self, vocab=50, dim=32, n_heads=4, depth=2, longest=64):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, dim)
+            self.layers = nn.ModuleList([Layer(dim, n_heads) for _ in range(depth)])
+            angles = torch.outer(torch.arange(longest).float(), torch.arange(dim // n_heads // 2).float())
+            self.register_buffer("cos", angles.cos(), persistent=False)
+            self.register_buffer("sin", angles.sin(), persistent=False)
+            self.head = nn.Linear(dim, vocab)
+
+        def forward(self, tokens):
+            t = tokens.shape[1]
+            h = self.embed(tokens)
+            for layer in self.layers:
+                h = layer(h, self.cos[:t], self.sin[:t])
+            return self.head(h)
+    """
+
+
+@pytest.mark.parametrize("target", ["Layer", "Mixer"])
+def test_blocks_take_the_tables_their_stack_hands_them(tmp_path, target):
+    subject = _build(write_tree(tmp_path, {"model.py": ROTARY_STACK}), f"model.py:{target}")
+    assert isinstance(subject, Subject), subject
+    assert any(n.startswith("input from what model.py:") and n.endswith(
+        "float [B, 16, 32], float [16, 4] (one for the whole batch), float [16, 4] (one for the whole batch)")
+        for n in subject.notes), subject.notes
+    batch = subject.make_batch(3, 0)
+    assert [tuple(a.shape) for a in batch.args] == [(3, 16, 32), (16, 4), (16, 4)]
