@@ -1267,3 +1267,27 @@ def test_the_count_a_counter_of_passes_reaches(code, count):
     test = first(ctx, cst.If).test
     found = counted_divisor(test, loop)
     assert (dotted_name(found) if found is not None else None) == count
+
+
+# ---- values that keep or drop the autograd graph -----------------------------------------------------------
+
+@pytest.mark.parametrize("expr, kind", [
+    # tensor -> tensor methods keep the graph of their receiver: a copy to the CPU, a reduction, a cast
+    ("criterion(out, y).cpu().mean()", "loss"),
+    ("criterion(out, y).to('cpu')", "loss"),
+    ("criterion(out, y).float().sum()", "loss"),
+    ("model(x).mean()", "model"),
+    # what is read off the graph drops it, whatever comes after
+    ("criterion(out, y).item()", None),
+    ("criterion(out, y).detach().cpu().mean()", None),
+    ("criterion(out, y).detach().numpy()", None),
+    ("criterion(out, y).tolist()", None),
+    ("float(criterion(out, y))", None),
+])
+def test_which_values_keep_the_autograd_graph(expr, kind):
+    from analyzers.program.graphs import graph_free, graph_kind
+
+    ctx = context(f"import torch\nvalue = {expr}\n")
+    value = first(ctx, cst.Assign).value
+    assert graph_kind(value, ctx) == kind
+    assert graph_free(value, ctx) is (kind is None)
