@@ -7,7 +7,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from analyzers.context import FileContext, code_children
+from analyzers.context import FileContext, code_children, dotted_name
 from analyzers.engine import analyze_source
 from analyzers.program import CheckpointWrites, Payload, call_site_values, in_compat_fallback, mutated_names
 from analyzers.program.flow import assignment_before, stored_attributes, subtree
@@ -1247,3 +1247,47 @@ def test_a_counted_guard_stops_at_a_nested_loop():
     outer = first(ctx, cst.For)
     assert counted_guard(step, outer, ctx) is None  # the nested loop decides how often it runs
     assert counts_passes(cst.parse_expression("k % 4 == 0"), outer)
+
+
+@pytest.mark.parametrize("code, count", [
+    # a counter the loop advances reaches the count
+    ("seen = 0\nfor item in items:\n    seen += 1\n    if seen == cfg.accum:\n        opt.step()\n", "cfg.accum"),
+    ("seen = 0\nfor item in items:\n    seen += 1\n    if every <= seen:\n        opt.step()\n", "every"),
+    # the passes before the count are not the pass that reaches it
+    ("seen = 0\nfor item in items:\n    seen += 1\n    if seen < every:\n        opt.step()\n", None),
+    # two counters compared: no count to read
+    ("a = b = 0\nfor item in items:\n    a += 1\n    b += 2\n    if a == b:\n        opt.step()\n", None),
+    # the pass index is not a counter the loop advances
+    ("for k in range(total):\n    if k >= warmup:\n        opt.step()\n", None),
+])
+def test_the_count_a_counter_of_passes_reaches(code, count):
+    from analyzers.program.loops import counted_divisor
+
+    ctx, step, loop = _step_and_loop(code)
+    test = first(ctx, cst.If).test
+    found = counted_divisor(test, loop)
+    assert (dotted_name(found) if found is not None else None) == count
+
+
+# ---- values that keep or drop the autograd graph -----------------------------------------------------------
+
+@pytest.mark.parametrize("expr, kind", [
+    # tensor -> tensor methods keep the graph of their receiver: a copy to the CPU, a reduction, a cast
+    ("criterion(out, y).cpu().mean()", "loss"),
+    ("criterion(out, y).to('cpu')", "loss"),
+    ("criterion(out, y).float().sum()", "loss"),
+    ("model(x).mean()", "model"),
+    # what is read off the graph drops it, whatever comes after
+    ("criterion(out, y).item()", None),
+    ("criterion(out, y).detach().cpu().mean()", None),
+    ("criterion(out, y).detach().numpy()", None),
+    ("criterion(out, y).tolist()", None),
+    ("float(criterion(out, y))", None),
+])
+def test_which_values_keep_the_autograd_graph(expr, kind):
+    from analyzers.program.graphs import graph_free, graph_kind
+
+    ctx = context(f"import torch\nvalue = {expr}\n")
+    value = first(ctx, cst.Assign).value
+    assert graph_kind(value, ctx) == kind
+    assert graph_free(value, ctx) is (kind is None)

@@ -96,6 +96,28 @@ def accumulation_divisor(test: cst.BaseExpression) -> Optional[cst.BaseExpressio
     return None
 
 
+def counted_divisor(test: cst.BaseExpression, loop: cst.CSTNode) -> Optional[cst.BaseExpression]:
+    """``N`` for a test that reaches a count of passes by a counter the loop advances: ``if n == accum_steps``,
+    ``if self.micro >= self.grad_accum`` (after ``n += 1`` in the loop). The count is a name, not a counter
+    itself; ``<`` / ``!=`` tests pick the passes before the count, not the one that reaches it."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not counts_passes(test, loop):
+        return None
+    comparison = test.comparisons[0]
+    counters = _counted_names(loop)
+    left, right = test.left, comparison.comparator
+    if isinstance(comparison.operator, (cst.Equal, cst.GreaterThanEqual, cst.GreaterThan)) and \
+            dotted_name(left) in counters:
+        counted, count = left, right
+    elif isinstance(comparison.operator, (cst.Equal, cst.LessThanEqual, cst.LessThan)) and \
+            dotted_name(right) in counters:
+        counted, count = right, left
+    else:
+        return None
+    if not isinstance(count, (cst.Name, cst.Attribute)) or dotted_name(count) in counters:
+        return None
+    return count if isinstance(counted, (cst.Name, cst.Attribute)) else None
+
+
 _ACCUM_WORDS = ("accum", "grad_steps", "update_freq", "iters_to_accumulate", "accumulate")
 
 
@@ -121,9 +143,11 @@ class AccumulationFacts:
         if id(node) in self._seen:
             return
         self._seen.add(id(node))
-        divisor = accumulation_divisor(node.test)
         stack = loop_stack(ctx)
-        if divisor is None or not stack:
+        if not stack:
+            return
+        divisor = accumulation_divisor(node.test) or counted_divisor(node.test, stack[-1])
+        if divisor is None:
             return
         word = (dotted_name(divisor) or "").rsplit(".", 1)[-1].lower()
         if not any(w in word for w in _ACCUM_WORDS):

@@ -18,14 +18,15 @@ from analyzers.rules.base import Invalid, Rule
 
 class AccumulatedLossNotScaled(Rule):
     id = "TR111"
-    source_hint = (re.compile(r"backward"), re.compile(r"\.step\s*\("), re.compile(r"%"))  # backward every batch, step under ``% N``
+    source_hint = (re.compile(r"backward"), re.compile(r"\.step\s*\("), re.compile(r"%|[+-]="))  # backward every batch, step under ``% N`` or a count
     slug = "accumulated-loss-not-scaled"
     category = Category.TRAINING
     severity = Severity.MEDIUM
     summary = "gradient accumulation without dividing the loss by the accumulation steps"
     what = """
         Flags gradient accumulation - `backward()` on every batch, `optimizer.step()` only
-        under `if (i + 1) % accum_steps == 0` - when the loss is never divided by the number of
+        under `if (i + 1) % accum_steps == 0` or once a counter of micro-batches reaches
+        `accum_steps` - when the loss is never divided by the number of
         accumulation steps (`accum_steps` appears in no division in the file).
     """
     why = """
@@ -90,6 +91,19 @@ class AccumulatedLossNotScaled(Rule):
                 opt.step()
                 opt.zero_grad()
         """,
+        # a counter of micro-batches reaching the count, with the loss divided
+        """
+        import torch
+        micro = 0
+        for x, y in loader:
+            loss = criterion(model(x), y) / cfg.accumulation_steps
+            loss.backward()
+            micro += 1
+            if micro == cfg.accumulation_steps:
+                optimizer.step()
+                optimizer.zero_grad()
+                micro = 0
+        """,
         # a logging interval, not accumulation
         """
         import torch
@@ -130,6 +144,21 @@ class AccumulatedLossNotScaled(Rule):
                             opt.zero_grad()
             """,
             line=9,
+        ),
+        # the same accumulation counted by hand: a counter of micro-batches reaches the count
+        Invalid(
+            """
+            import torch
+            pending = 0
+            for x, y in loader:
+                criterion(model(x), y).backward()
+                pending += 1
+                if pending >= self.accumulate_every:
+                    opt.step()
+                    opt.zero_grad()
+                    pending = 0
+            """,
+            line=7, message="`self.accumulate_every`",
         ),
     ]
 
