@@ -629,10 +629,28 @@ def loaders_in_process(notes: list):
 
 
 @contextlib.contextmanager
+def scratch_working_folder(folder: Path):
+    """The working folder a scratch mirror of ``folder`` (a link to each of its entries) for the time of the block:
+    what the PR's code reads relative to it is there, and what it writes (a checkpoint or experiment folder it makes
+    in a constructor) lands in the scratch folder, not in the read-only code tree. Every step kind runs in one."""
+    saved_cwd = os.getcwd()
+    scratch = Path(tempfile.mkdtemp(prefix="torchreview_script_"))
+    for entry in folder.iterdir():
+        with contextlib.suppress(OSError):
+            (scratch / entry.name).symlink_to(entry)
+    os.chdir(scratch)
+    try:
+        yield scratch
+    finally:
+        os.chdir(saved_cwd)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
     """``sys.argv`` of the script alone; ``parse_args()`` on no command line, its values shrunk; ``torch.compile``
     the identity; data loaders without worker processes; the working folder a scratch mirror of the script's."""
-    saved_argv, saved_cwd = sys.argv, os.getcwd()
+    saved_argv = sys.argv
     parse_known_args = argparse.ArgumentParser.parse_known_args
     compile_ = torch.compile
     used: dict = {}
@@ -664,25 +682,19 @@ def _script_environment(script: Path, device: Any, shrunk: list, notes: list):
         used["compile"] = True
         return model if model is not None else (lambda fn: fn)
 
-    scratch = Path(tempfile.mkdtemp(prefix="torchreview_script_"))
     stand_ins = _RawDataStandIns(notes)
-    for entry in script.parent.iterdir():
-        with contextlib.suppress(OSError):
-            (scratch / entry.name).symlink_to(entry)
     sys.argv = [str(script)]
     argparse.ArgumentParser.parse_known_args = parse_without_command_line
     torch.compile = identity_compile
-    os.chdir(scratch)
     try:
-        with stand_ins, loaders_in_process(notes), vision_data.synthetic_vision_data(notes), \
-                training_apis.single_process_apis(device, notes), weights_not_downloaded(notes):
+        with scratch_working_folder(script.parent), stand_ins, loaders_in_process(notes), \
+                vision_data.synthetic_vision_data(notes), training_apis.single_process_apis(device, notes), \
+                weights_not_downloaded(notes):
             yield
     finally:
-        os.chdir(saved_cwd)
         sys.argv = saved_argv
         argparse.ArgumentParser.parse_known_args = parse_known_args
         torch.compile = compile_
-        shutil.rmtree(scratch, ignore_errors=True)
         if used.get("compile"):
             notes.append("torch.compile was the identity: the checks are about the model's code")
         if used.get("arguments"):

@@ -1305,6 +1305,14 @@ class _FunctionPlan(_Plan):
                           "the checks are about the head")
 
     def execute(self, iterations: int) -> None:
+        from gpu_runner.script_steps import scratch_working_folder
+
+        # where the step's file is, as a script or a trainer's method runs: a scratch mirror of its folder, so that
+        # what the step or its class's constructor writes (an experiment folder) does not need the read-only code
+        with scratch_working_folder((self.code_root / self.path).resolve().parent):
+            self._execute(iterations)
+
+    def _execute(self, iterations: int) -> None:
         values = self.values(iterations)
         call = self.function
         if self.probe is not None:
