@@ -28,8 +28,8 @@ from analyzers.program.flow import ModuleNodes
 from analyzers.program.library import (MODE_DEPENDENT_LAYERS, NORM_LAYERS_STATS_OPTIONAL, NORM_LAYERS_WITH_STATS,
                                        norm_keeps_running_stats)
 from analyzers.program.names import name_is_model_like, names_configuration
-from analyzers.program.roles import SAVE_ON_MASTER, Payload
-from analyzers.program.saves import SavedCheckpoint, checkpoint_saves
+from analyzers.program.roles import Payload
+from analyzers.program.saves import SavedCheckpoint, checkpoint_saves, writes_checkpoint
 from analyzers.program.saves import dotted_ast as _dotted
 
 if TYPE_CHECKING:
@@ -659,7 +659,7 @@ def _refused_payloads(nodes: list[ast.AST]) -> set[Payload]:
                 dicts.setdefault(target.value.id, []).append((key if isinstance(key, str) else None, node.value))
     found: set[Payload] = set()
     for node in nodes:
-        if not (isinstance(node, ast.Call) and node.args and _writes_checkpoint(_dotted(node.func) or "")):
+        if not (isinstance(node, ast.Call) and node.args and writes_checkpoint(node)):
             continue
         obj = node.args[0]
         if isinstance(obj, ast.Dict):
@@ -672,10 +672,6 @@ def _refused_payloads(nodes: list[ast.AST]) -> set[Payload]:
         for key, value in entries:
             found |= _refused_value(key, value, assigned)
     return found
-
-
-def _writes_checkpoint(called: str) -> bool:
-    return called in ("torch.save", "save") or called.rsplit(".", 1)[-1] == SAVE_ON_MASTER
 
 
 # values that show they hold plain data (a dict, a list, a number...) whatever the name they are assigned to

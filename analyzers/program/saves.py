@@ -51,7 +51,8 @@ def dotted_ast(node: ast.AST) -> Optional[str]:
     return None
 
 
-def _writes(call: ast.Call) -> bool:
+def writes_checkpoint(call: ast.Call) -> bool:
+    """``torch.save(...)``, a bare ``save(...)``, or a ``save_on_master(...)`` helper."""
     called = dotted_ast(call.func) or ""
     return called in ("torch.save", "save") or called.rsplit(".", 1)[-1] == SAVE_ON_MASTER
 
@@ -62,7 +63,6 @@ class _File:
     def __init__(self, nodes: list[ast.AST]) -> None:
         self.assigned: dict[str, list[ast.AST]] = {}
         self.stored: dict[str, list[tuple[Optional[str], ast.AST]]] = {}  # ``ckpt["args"] = args``
-        self.functions: dict[str, ast.FunctionDef] = {}
         self.calls: list[ast.Call] = []
         self.owner: dict[int, ast.FunctionDef] = {}
         for node in nodes:
@@ -75,19 +75,13 @@ class _File:
                     key = target.slice.value if isinstance(target.slice, ast.Constant) else None
                     self.stored.setdefault(dotted_ast(target.value), []).append(
                         (key if isinstance(key, str) else None, node.value))
-            elif isinstance(node, ast.FunctionDef):
-                self.functions.setdefault(node.name, node)
             elif isinstance(node, ast.Call):
                 self.calls.append(node)
         # the innermost function holding each node (``nodes`` is breadth-first: an inner def comes later)
-        for fn in self.functions_in_order(nodes):
+        for fn in (node for node in nodes if isinstance(node, ast.FunctionDef)):
             for inner in ast.walk(fn):
                 if inner is not fn:
                     self.owner[id(inner)] = fn
-
-    @staticmethod
-    def functions_in_order(nodes: list[ast.AST]) -> list[ast.FunctionDef]:
-        return [node for node in nodes if isinstance(node, ast.FunctionDef)]
 
     def call_values(self, fn: ast.FunctionDef, name: str) -> list[ast.AST]:
         """What the calls of ``fn`` in this file pass for its parameter ``name`` (positional or keyword)."""
@@ -260,7 +254,7 @@ def checkpoint_saves(nodes: list[ast.AST]) -> list[SavedCheckpoint]:
     file: Optional[_File] = None
     found = []
     for node in nodes:
-        if not (isinstance(node, ast.Call) and len(node.args) + len(node.keywords) > 1 and _writes(node)):
+        if not (isinstance(node, ast.Call) and len(node.args) + len(node.keywords) > 1 and writes_checkpoint(node)):
             continue
         file = file or _File(nodes)
         fn = file.owner.get(id(node))
